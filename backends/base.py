@@ -1,0 +1,262 @@
+"""The embedding backend interface every backend implements.
+
+The lifecycle mirrors TF's TPU embedding mid-level API so that TPU backends are
+thin wrappers and the TensorCore backend is a drop-in for `TPUEmbeddingV0`:
+
+    emb = backends.create(feature_config, optimizer, strategy)   # or a class
+    with strategy.scope():
+      emb.build()
+    # inside strategy.run(step):
+    with tf.GradientTape() as tape:
+      activations = emb.lookup(features, weights, training=True)
+      tape.watch(activations)
+      loss = model(activations, ...)
+    emb.apply_gradients(tape.gradient(loss, activations))
+
+Output-shape convention (the same on every backend): a feature without
+`max_sequence_length` yields `[B, D]` whatever its input kind (dense ids of
+shape `[B]` or `[B, N]`, sparse or ragged bags of shape `[B, None]`), the bag
+combined with its table's combiner; a sequence feature yields `[B, L, D]` with
+`L = max_sequence_length`, padded with zeros or truncated; a feature with
+`output_shape` yields `output_shape + [D]`.
+"""
+
+import abc
+import dataclasses
+from typing import Any, ClassVar, Dict, FrozenSet, List, Mapping, Optional, Tuple
+
+import tensorflow as tf
+from tensorflow.python.trackable import autotrackable  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
+
+embedding = tf.tpu.experimental.embedding
+
+#: The optimizer classes of `tf.tpu.experimental.embedding`, by their names.
+OPTIMIZER_CLASSES: Tuple[type, ...] = (embedding.SGD, embedding.Adagrad,
+                                       embedding.AdagradMomentum,
+                                       embedding.Adam, embedding.FTRL)
+ALL_COMBINERS = frozenset({"sum", "mean", "sqrtn"})
+ALL_INPUT_KINDS = frozenset({"dense", "sparse", "ragged"})
+
+
+class BackendUnavailableError(RuntimeError):
+  """The backend cannot run under the current strategy or hardware."""
+
+
+class UnsupportedConfigError(ValueError):
+  """The configuration asks for something the backend cannot do faithfully."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+  """What a backend supports, so callers and tests can check before running.
+
+  Attributes:
+    combiners: table combiners it implements.
+    optimizers: `tf.tpu.experimental.embedding` optimizer classes it applies.
+    input_kinds: "dense", "sparse", "ragged".
+    sequence_features: whether `max_sequence_length > 0` works.
+    trains: False for lookup-only backends (serving).
+    sharded_tables: tables are split across devices or hosts (else replicated).
+    needs_tpu: it only runs under a TPUStrategy.
+  """
+  combiners: FrozenSet[str] = ALL_COMBINERS
+  optimizers: FrozenSet[type] = frozenset(OPTIMIZER_CLASSES)
+  input_kinds: FrozenSet[str] = ALL_INPUT_KINDS
+  sequence_features: bool = True
+  trains: bool = True
+  sharded_tables: bool = False
+  needs_tpu: bool = False
+
+
+def table_names(tables: List[embedding.TableConfig]) -> Dict[int, str]:
+  """Names tables as TF's mid-level API does: their name, else `table_<i>`."""
+  names = {}
+  for i, table in enumerate(tables):
+    names[id(table)] = table.name if table.name is not None else f"table_{i}"
+  seen = {}
+  for table in tables:
+    name = names[id(table)]
+    if name in seen:
+      raise ValueError(
+          f"two different TableConfig objects are both named {name!r}; table "
+          "names must be unique. Features that share a table must share one "
+          "TableConfig object (in gin: a scoped singleton or a name-keyed spec).")
+    seen[name] = table
+  return names
+
+
+class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
+  """Base class of every embedding backend.
+
+  Subclasses set `name` and `capabilities`, implement `build`, `lookup`,
+  `apply_gradients` and `embedding_tables`, and may override
+  `unavailable_reason`, `input_options` and `preprocess`.
+
+  Checkpoints: a backend is a `Trackable` whose children are `<table name>`
+  and `<table name>/<slot name>`, the layout of TF's mid-level API (written to
+  checkpoints as `<table name>.S<slot name>`), so `tf.train.Checkpoint(
+  embedding=backend)` moves between backends and into
+  `TPUEmbeddingForServing`.
+  """
+
+  name: ClassVar[str] = "base"
+  capabilities: ClassVar[Capabilities] = Capabilities()
+
+  def __init__(self,
+               feature_config: Any,
+               optimizer: Optional[Any] = None,
+               strategy: Optional[tf.distribute.Strategy] = None):
+    """Validates the configuration against what this backend supports.
+
+    Args:
+      feature_config: a nested structure of `FeatureConfig`.
+      optimizer: the default embedding optimizer, used by tables whose
+        `TableConfig.optimizer` is None.
+      strategy: the strategy to build and run under; defaults to the current
+        one (`tf.distribute.get_strategy()`).
+
+    Raises:
+      BackendUnavailableError: this backend cannot run under `strategy`.
+      UnsupportedConfigError: a table asks for a combiner or an optimizer the
+        backend does not implement.
+      ValueError: malformed configuration (e.g. duplicate table names).
+    """
+    self._strategy = strategy or tf.distribute.get_strategy()
+    reason = self.unavailable_reason(self._strategy)
+    if reason:
+      raise BackendUnavailableError(
+          f"embedding backend {self.name!r} cannot run here: {reason}")
+    self._feature_config = feature_config
+    self._flat_features: List[Tuple[str, embedding.FeatureConfig]] = []
+    for path, feature in nest.flatten_with_joined_string_paths(feature_config):
+      if not isinstance(feature, embedding.FeatureConfig):
+        raise TypeError(
+            f"feature_config[{path!r}] is a {type(feature).__name__}; expected "
+            "tf.tpu.experimental.embedding.FeatureConfig.")
+      self._flat_features.append((path, feature))
+    if not self._flat_features:
+      raise ValueError("feature_config is empty: give at least one FeatureConfig.")
+    tables: List[embedding.TableConfig] = []
+    for _, feature in self._flat_features:
+      if all(feature.table is not t for t in tables):
+        tables.append(feature.table)
+    self._tables = tables
+    self._names = table_names(tables)
+    self._optimizers = {}
+    for table in tables:
+      opt = table.optimizer if table.optimizer is not None else optimizer
+      self._check_table(table, opt)
+      self._optimizers[self._names[id(table)]] = opt
+    self._built = False
+
+  # -- configuration -------------------------------------------------------
+
+  def _check_table(self, table: embedding.TableConfig, opt: Any) -> None:
+    name = self.table_name(table) if hasattr(self, "_names") else table.name
+    caps = self.capabilities
+    if not isinstance(table.combiner, str) or table.combiner not in caps.combiners:
+      raise UnsupportedConfigError(
+          f"table {name!r}: combiner {table.combiner!r} is not supported by "
+          f"the {self.name!r} backend; use one of {sorted(caps.combiners)}.")
+    if opt is None:
+      if caps.trains:
+        raise ValueError(
+            f"table {name!r} has no optimizer: set TableConfig.optimizer or "
+            "pass optimizer= (e.g. tf.tpu.experimental.embedding.Adagrad(0.05)).")
+      return
+    if not isinstance(opt, OPTIMIZER_CLASSES):
+      raise UnsupportedConfigError(
+          f"table {name!r}: optimizer {type(opt).__name__} is not a "
+          "tf.tpu.experimental.embedding optimizer; use one of "
+          f"{', '.join(c.__name__ for c in OPTIMIZER_CLASSES)}.")
+    if caps.trains and type(opt) not in caps.optimizers:
+      raise UnsupportedConfigError(
+          f"table {name!r}: the {self.name!r} backend does not implement "
+          f"{type(opt).__name__}; it supports "
+          f"{', '.join(sorted(c.__name__ for c in caps.optimizers))}.")
+
+  @classmethod
+  def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> Optional[str]:
+    """Why this backend cannot run under `strategy`, or None if it can."""
+    del strategy
+    return None
+
+  @property
+  def feature_config(self) -> Any:
+    return self._feature_config
+
+  @property
+  def strategy(self) -> tf.distribute.Strategy:
+    return self._strategy
+
+  @property
+  def tables(self) -> List[embedding.TableConfig]:
+    """Tables in the order of their first use in the flattened features."""
+    return list(self._tables)
+
+  def table_name(self, table: embedding.TableConfig) -> str:
+    return self._names[id(table)]
+
+  def optimizer_for(self, table: embedding.TableConfig) -> Any:
+    """The embedding optimizer that applies to `table`."""
+    return self._optimizers[self.table_name(table)]
+
+  # -- lifecycle -------------------------------------------------------------
+
+  @abc.abstractmethod
+  def build(self) -> None:
+    """Creates tables and optimizer slots (call under `strategy.scope()`)."""
+
+  @property
+  @abc.abstractmethod
+  def embedding_tables(self) -> Dict[embedding.TableConfig, tf.Variable]:
+    """The table variables, keyed by `TableConfig`."""
+
+  @abc.abstractmethod
+  def lookup(self, features: Any, weights: Optional[Any] = None,
+             training: bool = False) -> Any:
+    """Looks up and combines embeddings; returns the structure of features."""
+
+  def apply_gradients(self, activation_gradients: Any) -> None:
+    """Applies each table's optimizer given d(loss)/d(activations).
+
+    Must follow a `lookup(..., training=True)` in the same step.
+    """
+    raise NotImplementedError(
+        f"the {self.name!r} backend is lookup-only and cannot train.")
+
+  def __call__(self, features: Any, weights: Optional[Any] = None,
+               training: bool = False) -> Any:
+    return self.lookup(features, weights, training=training)
+
+  def input_options(self) -> tf.distribute.InputOptions:
+    """The `InputOptions` for `strategy.distribute_datasets_from_function`."""
+    return tf.distribute.InputOptions()
+
+  def preprocess(self, features: Any, weights: Optional[Any] = None
+                ) -> Tuple[Any, Optional[Any]]:
+    """Host-side work to run in the input pipeline (e.g. static padding)."""
+    return features, weights
+
+  def slot_variables(self) -> Dict[str, Dict[str, tf.Variable]]:
+    """Optimizer slots by table name and TF slot name (may be empty)."""
+    return {}
+
+  def _flatten_like_config(self, structure: Any, what: str) -> List[Any]:
+    """Flattens `structure` in feature order, naming missing and extra keys."""
+    try:
+      nest.assert_same_structure(self._feature_config, structure,
+                                 check_types=False)
+    except (ValueError, TypeError) as e:
+      expected = {p for p, _ in self._flat_features}
+      try:
+        got = {p for p, _ in nest.flatten_with_joined_string_paths(structure)}
+      except Exception:  # noqa: BLE001 - best effort for the message
+        got = set()
+      missing, extra = sorted(expected - got), sorted(got - expected)
+      raise ValueError(
+          f"{what} do not match feature_config: missing {missing or 'nothing'}, "
+          f"unexpected {extra or 'nothing'}; expected exactly "
+          f"{sorted(expected)}.") from e
+    return nest.flatten(structure)

@@ -1,0 +1,43 @@
+"""Shared test set-up: Keras 2, four logical CPUs, clean gin state per test.
+
+Four logical CPU devices are configured before TensorFlow initialises its
+runtime so that tests can build MirroredStrategy over 2 or 4 replicas.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import recsys  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TF)
+import gin  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+NUM_LOGICAL_CPUS = 4
+
+_cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    _cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS)
+
+
+@pytest.fixture(autouse=True)
+def _clear_gin():
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+def mirrored_strategy(num_replicas: int) -> tf.distribute.MirroredStrategy:
+  """A MirroredStrategy over `num_replicas` logical CPUs."""
+  cpus = tf.config.list_logical_devices("CPU")
+  if len(cpus) < num_replicas:
+    pytest.skip(f"needs {num_replicas} logical CPUs, TF runtime has {len(cpus)}")
+  return tf.distribute.MirroredStrategy([d.name for d in cpus[:num_replicas]])
+
+
+@pytest.fixture(params=[1, 2], ids=["1replica", "2replicas"])
+def strategy(request):
+  """The default strategy, then a 2-replica MirroredStrategy."""
+  if request.param == 1:
+    return tf.distribute.get_strategy()
+  return mirrored_strategy(request.param)

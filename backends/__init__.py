@@ -26,7 +26,14 @@ _legacy_keras.ensure_legacy_keras()
 from backends.base import Capabilities, EmbeddingBackend, BackendUnavailableError
 from backends.registry import (UnknownBackendError, available, create, get,
                                names, select)
-from backends.tensorcore import TensorCoreEmbedding
+
+
+def __getattr__(name):
+  # Lazy, so `import backends` stays light and backends import independently.
+  if name == "TensorCoreEmbedding":
+    from backends.tensorcore import TensorCoreEmbedding
+    return TensorCoreEmbedding
+  raise AttributeError(f"module 'backends' has no attribute {name!r}")
 
 __all__ = [
     "BackendUnavailableError",

@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Dict, FrozenSet, List, Mapping, Optional, Tupl
 
 import tensorflow as tf
 from tensorflow.python.trackable import autotrackable  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
 embedding = tf.tpu.experimental.embedding
@@ -127,7 +128,9 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
     if reason:
       raise BackendUnavailableError(
           f"embedding backend {self.name!r} cannot run here: {reason}")
-    self._feature_config = feature_config
+    # NoDependency: keep the user's containers as they are (not tracked
+    # wrappers), so outputs packed like feature_config are plain dicts.
+    self._feature_config = data_structures.NoDependency(feature_config)
     self._flat_features: List[Tuple[str, embedding.FeatureConfig]] = []
     for path, feature in nest.flatten_with_joined_string_paths(feature_config):
       if not isinstance(feature, embedding.FeatureConfig):
@@ -244,19 +247,28 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
     return {}
 
   def _flatten_like_config(self, structure: Any, what: str) -> List[Any]:
-    """Flattens `structure` in feature order, naming missing and extra keys."""
+    """Flattens `structure` to one entry per feature, in feature order.
+
+    Entries may themselves be structures (e.g. `PaddedBags`); a structure that
+    does not match `feature_config` raises naming missing and extra keys.
+    """
     try:
-      nest.assert_same_structure(self._feature_config, structure,
-                                 check_types=False)
+      flat = nest.flatten_up_to(self._feature_config, structure,
+                                check_types=False)
+      if len(flat) == len(self._flat_features):
+        return flat
+      raise ValueError("length mismatch")
     except (ValueError, TypeError) as e:
-      expected = {p for p, _ in self._flat_features}
+      expected = [p for p, _ in self._flat_features]
       try:
-        got = {p for p, _ in nest.flatten_with_joined_string_paths(structure)}
+        got = [p for p, _ in nest.flatten_with_joined_string_paths(structure)]
       except Exception:  # noqa: BLE001 - best effort for the message
-        got = set()
-      missing, extra = sorted(expected - got), sorted(got - expected)
+        got = []
+      covered = lambda g: any(g == p or g.startswith(p + "/") for p in expected)
+      missing = sorted(p for p in expected
+                       if not any(g == p or g.startswith(p + "/") for g in got))
+      extra = sorted(g for g in got if not covered(g))
       raise ValueError(
           f"{what} do not match feature_config: missing {missing or 'nothing'}, "
           f"unexpected {extra or 'nothing'}; expected exactly "
           f"{sorted(expected)}.") from e
-    return nest.flatten(structure)

@@ -110,10 +110,13 @@ def select(strategy: Optional[tf.distribute.Strategy] = None) -> Tuple[str, str]
   if _is_parameter_server(strategy):
     return "sharded", (f"{strategy_name}: tables row-sharded over the "
                        "parameter servers")
-  devices = getattr(strategy.extended, "worker_devices", ())
-  return "tensorcore", (f"{strategy_name} on {len(devices) or 1} device(s) "
-                        f"({', '.join(devices) or 'default device'}): tables "
-                        "replicated, lookups on the compute devices")
+  try:
+    devices = tuple(strategy.extended.worker_devices)
+  except RuntimeError:  # the default strategy has no device list
+    devices = ()
+  where = ", ".join(devices) if devices else "the default device"
+  return "tensorcore", (f"{strategy_name} on {where}: tables replicated, "
+                        "lookups on the compute devices")
 
 
 def resolve(backend: str, strategy: Optional[tf.distribute.Strategy] = None

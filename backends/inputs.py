@@ -1,0 +1,341 @@
+"""Turns one feature's input (dense, sparse, ragged, padded) into flat bags.
+
+Every backend that computes lookups itself works on one canonical form, the
+`FlatBags`: three parallel 1-D tensors (ids, the output segment each id
+contributes to, its weight) plus the number of segments. A non-sequence
+feature has one segment per batch row; a sequence feature of length L has
+`B * L` segments (row `b`, position `p` -> segment `b * L + p`). Combining is
+then one `unsorted_segment_sum`, for every input kind and combiner.
+
+This module also owns input validation (types, ranks, weights, id range) and
+the host-side static padding (`pad_bags`) that gives compiled steps fixed
+shapes.
+"""
+
+import collections
+import dataclasses
+from typing import Any, Optional
+
+import tensorflow as tf
+
+embedding = tf.tpu.experimental.embedding
+
+#: Static-shape bag produced by `pad_bags` on the host: ids `[B, W]`, lengths
+#: `[B]` (entries at positions >= length are padding) and weights `[B, W]`.
+PaddedBags = collections.namedtuple("PaddedBags", ["ids", "lengths", "weights"])
+
+ID_POLICIES = ("error", "drop", "oov")
+
+
+class InvalidInputError(ValueError):
+  """A feature's input has the wrong type, rank, dtype or weights."""
+
+
+@dataclasses.dataclass
+class FlatBags:
+  """One feature's ids in canonical flat form.
+
+  Attributes:
+    ids: int64 `[N]` row ids.
+    segments: int32 `[N]` output segment of each id.
+    weights: float32 `[N]` per-id weights (1 where none were given).
+    num_segments: scalar int32, `B` or `B * L`.
+    batch_size: scalar int32 `B`.
+    sequence_length: 0, or `L` for sequence outputs `[B, L, D]`.
+    truncated: scalar int64, ids dropped because their bag or sequence was
+      longer than the static width.
+  """
+  ids: tf.Tensor
+  segments: tf.Tensor
+  weights: tf.Tensor
+  num_segments: tf.Tensor
+  batch_size: tf.Tensor
+  sequence_length: int
+  truncated: tf.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureLayout:
+  """How one feature's output is shaped: `[B, D]`, `[B, L, D]` or custom."""
+  path: str
+  feature: Any  # FeatureConfig
+  table_name: str
+
+  @property
+  def sequence_length(self) -> int:
+    return self.feature.max_sequence_length
+
+  def output_shape(self, batch_size: Optional[int]) -> Optional[list]:
+    """The `output_shape` of the config resolved against the batch size."""
+    shape = self.feature.output_shape
+    if not shape or shape.rank is None or shape.rank == 0:
+      return None
+    return shape.as_list()
+
+
+def _describe(layout: FeatureLayout) -> str:
+  table = layout.feature.table
+  return (f"feature {layout.path!r} (table {layout.table_name!r}, "
+          f"vocabulary_size={table.vocabulary_size})")
+
+
+def _template_safe(text: str) -> str:
+  return text.replace("{", "{{").replace("}", "}}")
+
+
+def _check_id_dtype(layout: FeatureLayout, ids: tf.Tensor) -> None:
+  if not ids.dtype.is_integer:
+    raise InvalidInputError(
+        f"{_describe(layout)} got ids of dtype {ids.dtype.name}; expected "
+        "int32 or int64 row ids (hash or look up strings in the input pipeline).")
+
+
+def _check_weights(layout: FeatureLayout, inp: Any, weights: Any) -> None:
+  if weights is None:
+    return
+  if isinstance(inp, PaddedBags):
+    raise InvalidInputError(
+        f"{_describe(layout)}: the ids are PaddedBags, which carry their own "
+        "weights; pass weights=None for this feature.")
+  if isinstance(inp, tf.Tensor):
+    raise InvalidInputError(
+        f"{_describe(layout)}: weights were given but the ids are a dense "
+        "tensor; weights apply to SparseTensor or RaggedTensor bags only.")
+  if type(weights) is not type(inp):  # pylint: disable=unidiomatic-typecheck
+    raise InvalidInputError(
+        f"{_describe(layout)}: weights are a {type(weights).__name__} but the "
+        f"ids are a {type(inp).__name__}; they must be the same kind.")
+  if layout.sequence_length > 0:
+    raise InvalidInputError(
+        f"{_describe(layout)} is a sequence feature (max_sequence_length="
+        f"{layout.sequence_length}); sequence features take no weights.")
+  values = weights.values
+  if not values.dtype.is_floating:
+    raise InvalidInputError(
+        f"{_describe(layout)}: weights have dtype {values.dtype.name}; expected "
+        "a floating-point dtype.")
+
+
+def _positions_in_rows(row_ids: tf.Tensor, row_starts: tf.Tensor) -> tf.Tensor:
+  """Position of each value within its row, given each row's first index."""
+  n = tf.shape(row_ids, out_type=tf.int64)[0]
+  return tf.range(n, dtype=tf.int64) - tf.gather(row_starts, row_ids)
+
+
+def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
+                 bag_width: Optional[int] = None) -> FlatBags:
+  """Converts one feature's input to `FlatBags` (validating types and ranks).
+
+  Args:
+    layout: the feature's config and names.
+    inp: int ids: `tf.Tensor` `[B]` or `[B, N]`, `tf.SparseTensor` `[B, None]`,
+      `tf.RaggedTensor` `[B, None]`, or `PaddedBags` from `pad_bags`.
+    weights: None, or float weights of the same kind and shape as `inp`.
+    bag_width: keep at most this many ids per bag (non-sequence features);
+      extra ids are counted in `FlatBags.truncated`.
+
+  Raises:
+    InvalidInputError: unsupported type, rank or dtype; misplaced weights.
+  """
+  _check_weights(layout, inp, weights)
+  seq_len = layout.sequence_length
+  out_shape = layout.output_shape(None)
+  cut = tf.constant(0, tf.int64)
+  if isinstance(inp, PaddedBags):
+    ids, row, pos, w, cut = _from_padded(layout, inp)
+  elif isinstance(inp, tf.SparseTensor):
+    _check_id_dtype(layout, inp.values)
+    if inp.shape.rank not in (None, 2):
+      raise InvalidInputError(
+          f"{_describe(layout)} got a SparseTensor of rank {inp.shape.rank}; "
+          "expected rank 2 [batch, ids].")
+    ids = inp.values
+    row, pos = inp.indices[:, 0], inp.indices[:, 1]
+    w = weights.values if weights is not None else None
+  elif isinstance(inp, tf.RaggedTensor):
+    _check_id_dtype(layout, inp.flat_values)
+    if inp.ragged_rank != 1 or inp.shape.rank != 2:
+      raise InvalidInputError(
+          f"{_describe(layout)} got a RaggedTensor of rank {inp.shape.rank} "
+          f"(ragged_rank {inp.ragged_rank}); expected rank 2 [batch, (ids)].")
+    ids = inp.values
+    row = inp.value_rowids()
+    row = tf.cast(row, tf.int64)
+    pos = _positions_in_rows(row, tf.cast(inp.row_splits[:-1], tf.int64))
+    w = weights.values if weights is not None else None
+  elif isinstance(inp, (tf.Tensor, tf.Variable)) or tf.is_tensor(inp):
+    inp = tf.convert_to_tensor(inp)
+    _check_id_dtype(layout, inp)
+    if inp.shape.rank == 1:
+      inp = inp[:, tf.newaxis]
+    elif inp.shape.rank != 2:
+      raise InvalidInputError(
+          f"{_describe(layout)} got dense ids of shape {inp.shape}; expected "
+          "[B] (one id per example) or [B, N] (bags of N ids).")
+    shape = tf.shape(inp, out_type=tf.int64)
+    width = shape[1]
+    ids = tf.reshape(inp, [-1])
+    flat = tf.range(tf.size(ids, out_type=tf.int64), dtype=tf.int64)
+    row, pos = flat // width, flat % width
+    w = None
+  else:
+    raise InvalidInputError(
+        f"{_describe(layout)} got a {type(inp).__name__}; expected a tf.Tensor, "
+        "tf.SparseTensor or tf.RaggedTensor of int ids.")
+
+  ids = tf.cast(ids, tf.int64)
+  if w is None:
+    w = tf.ones_like(ids, dtype=tf.float32)
+  else:
+    w = tf.cast(w, tf.float32)
+    tf.debugging.assert_equal(
+        tf.size(w), tf.size(ids),
+        message=f"{_describe(layout)}: weights and ids have different numbers "
+        "of values; weights must have exactly the ids' shape")
+  batch_size = _batch_size(inp)
+
+  if out_shape is not None:
+    seq_len = _sequence_length_from_output_shape(layout, out_shape, batch_size)
+  limit = seq_len if seq_len > 0 else bag_width
+  truncated = cut
+  if limit:
+    keep = pos < limit
+    truncated += tf.reduce_sum(tf.cast(tf.logical_not(keep), tf.int64))
+    ids, row, pos, w = (tf.boolean_mask(t, keep) for t in (ids, row, pos, w))
+  if seq_len > 0:
+    segments = row * seq_len + pos
+    num_segments = batch_size * seq_len
+  else:
+    segments = row
+    num_segments = batch_size
+  return FlatBags(ids=ids, segments=tf.cast(segments, tf.int32), weights=w,
+                  num_segments=tf.cast(num_segments, tf.int32),
+                  batch_size=tf.cast(batch_size, tf.int32),
+                  sequence_length=seq_len, truncated=truncated)
+
+
+def _batch_size(inp: Any) -> tf.Tensor:
+  if isinstance(inp, PaddedBags):
+    return tf.shape(inp.ids, out_type=tf.int64)[0]
+  if isinstance(inp, tf.SparseTensor):
+    return inp.dense_shape[0]
+  if isinstance(inp, tf.RaggedTensor):
+    return inp.nrows(out_type=tf.int64)
+  return tf.shape(inp, out_type=tf.int64)[0]
+
+
+def _sequence_length_from_output_shape(layout, out_shape, batch_size) -> int:
+  """TF's `output_shape` rule: prod == B combines; a multiple of B is a sequence."""
+  out_batch = 1
+  for d in out_shape:
+    out_batch *= d
+  static_b = tf.get_static_value(batch_size)
+  if static_b is None:
+    raise InvalidInputError(
+        f"{_describe(layout)} sets output_shape={out_shape} but the batch size "
+        "is not static; batch with drop_remainder=True.")
+  static_b = int(static_b)
+  if out_batch == static_b:
+    return 0
+  if out_batch > static_b and out_batch % static_b == 0:
+    return out_batch // static_b
+  raise InvalidInputError(
+      f"{_describe(layout)}: output_shape={out_shape} (product {out_batch}) must "
+      f"equal the batch size {static_b} or be a multiple of it.")
+
+
+def _from_padded(layout: FeatureLayout, padded: PaddedBags):
+  _check_id_dtype(layout, padded.ids)
+  ids = padded.ids
+  width = tf.shape(ids, out_type=tf.int64)[1]
+  flat = tf.range(tf.size(ids, out_type=tf.int64), dtype=tf.int64)
+  row, pos = flat // width, flat % width
+  lengths = tf.cast(padded.lengths, tf.int64)
+  valid = pos < tf.gather(lengths, row)
+  cut = tf.reduce_sum(tf.maximum(lengths - width, 0))
+  ids = tf.boolean_mask(tf.reshape(ids, [-1]), valid)
+  w = tf.boolean_mask(tf.reshape(padded.weights, [-1]), valid)
+  return ids, tf.boolean_mask(row, valid), tf.boolean_mask(pos, valid), w, cut
+
+
+def _check(ok: tf.Tensor, template: str, args: list) -> None:
+  """Raises `InvalidInputError` (eager) or fails the step (graph) unless ok.
+
+  `template` has one `{}` per tensor in `args`, filled in the message.
+  """
+  if tf.executing_eagerly():
+    if not bool(ok):
+      raise InvalidInputError(template.format(*(a.numpy() for a in args)))
+  else:
+    tf.debugging.Assert(ok, [tf.strings.format(template, args)])
+
+
+def _first_where(mask: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+  """`values` at the first True of `mask`; safe on empty tensors."""
+  first = tf.argmax(tf.concat([tf.cast(mask, tf.int32), [1]], 0))
+  return tf.gather(tf.concat([values, tf.zeros([1], values.dtype)], 0), first)
+
+
+def validate(layout: FeatureLayout, bags: FlatBags, policy: str
+            ) -> "tuple[FlatBags, tf.Tensor]":
+  """Applies the id policy and checks weights; returns (bags, invalid count).
+
+  Args:
+    layout: the feature.
+    bags: its flat bags.
+    policy: "error" raises on an id outside [0, vocabulary_size) naming the
+      feature, table, id and batch row; "drop" removes such ids; "oov" maps
+      them to the last row (`vocabulary_size - 1`, reserve it for OOV).
+
+  Returns:
+    The bags with the policy applied, and the number of invalid ids (int64).
+  """
+  vocab = layout.feature.table.vocabulary_size
+  ids, w = bags.ids, bags.weights
+  bad_w = tf.logical_not(tf.logical_and(tf.math.is_finite(w), w >= 0.0))
+  _check(tf.logical_not(tf.reduce_any(bad_w)),
+         _template_safe(_describe(layout)) + " got weight {}; weights must be finite and >= 0.",
+         [_first_where(bad_w, w)])
+  bad = tf.logical_or(ids < 0, ids >= vocab)
+  num_bad = tf.reduce_sum(tf.cast(bad, tf.int64))
+  if policy == "error":
+    row = _first_where(bad, bags.segments)
+    if bags.sequence_length:
+      row = row // bags.sequence_length
+    _check(tf.equal(num_bad, 0),
+           _template_safe(_describe(layout)) + " got id {} at batch row {}; ids must be in "
+           f"[0, {vocab}).", [_first_where(bad, ids), row])
+    return bags, num_bad
+  if policy == "drop":
+    keep = tf.logical_not(bad)
+    return dataclasses.replace(
+        bags, ids=tf.boolean_mask(ids, keep),
+        segments=tf.boolean_mask(bags.segments, keep),
+        weights=tf.boolean_mask(w, keep)), num_bad
+  if policy == "oov":
+    return dataclasses.replace(
+        bags, ids=tf.where(bad, tf.constant(vocab - 1, tf.int64), ids)), num_bad
+  raise ValueError(f"unknown id policy {policy!r}; use one of {ID_POLICIES}.")
+
+
+def pad_bags(inp: Any, weights: Any, width: int) -> PaddedBags:
+  """Pads a sparse or ragged `[B, None]` bag to static `[B, width]` on the host.
+
+  Ids past `width` are cut; `lengths` keeps the true bag lengths so the
+  lookup counts what was cut. Run it in the input pipeline so the
+  compiled step sees fixed shapes.
+  """
+  if isinstance(inp, tf.SparseTensor):
+    inp = tf.RaggedTensor.from_sparse(inp)
+    if weights is not None:
+      weights = tf.RaggedTensor.from_sparse(weights)
+  if not isinstance(inp, tf.RaggedTensor):
+    raise InvalidInputError(
+        f"pad_bags takes SparseTensor or RaggedTensor bags, got {type(inp).__name__}.")
+  if weights is None:
+    weights = tf.ones_like(inp, dtype=tf.float32)
+  batch = inp.nrows()
+  ids = inp.to_tensor(default_value=0, shape=[batch, width])
+  w = tf.cast(weights, tf.float32).to_tensor(default_value=0.0, shape=[batch, width])
+  lengths = tf.cast(inp.row_lengths(), tf.int32)  # true lengths: cuts are counted
+  return PaddedBags(ids=ids, lengths=lengths, weights=w)

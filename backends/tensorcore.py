@@ -1,0 +1,381 @@
+"""The TensorCore backend: replicated tables, lookups on the compute devices.
+
+This is the design of TF's `TPUEmbeddingV0` (the path for TPUs without an
+embedding accelerator), implemented so that it runs under any strategy —
+default, `MirroredStrategy`, `MultiWorkerMirroredStrategy`, `TPUStrategy` —
+and improved where V0 falls short:
+
+* The embedding optimizer is applied here, as sparse row updates with the TPU
+  optimizers' math (`backends.optimizers`), after summing each touched row's
+  gradient over the global batch.
+* Replicas exchange only the rows they touched (unique ids and their summed
+  gradients, via `all_gather`), never a dense all-reduce of whole tables.
+  Every replica then applies the same update, so copies stay bit-identical.
+* Ids are de-duplicated per table before the gather (features sharing a
+  table share one gather).
+* Inputs are validated: ids outside `[0, vocabulary_size)` raise an error
+  naming the feature, table, id and batch row (or are dropped / mapped to an
+  OOV row, and counted).
+* `preprocess` pads sparse and ragged bags to a static width on the host.
+
+It keeps V0's public API (`embedding_lookup`, `__call__`, `embedding_tables`,
+slots through `slot_variable_creation_fn`), so V0's own training-loop example
+(a tape on `embedding_tables` and a Keras optimizer) also runs, with several
+mirrored replicas.
+
+Example:
+  >>> table = tf.tpu.experimental.embedding.TableConfig(1000, 16, name="items")
+  >>> config = {"item": tf.tpu.experimental.embedding.FeatureConfig(table)}
+  >>> emb = TensorCoreEmbedding(config, tf.tpu.experimental.embedding.Adagrad(0.1))
+  >>> with tf.GradientTape() as tape:
+  ...   acts = emb({"item": tf.constant([3, 5])}, training=True)
+  ...   loss = tf.reduce_sum(acts["item"])
+  >>> emb.apply_gradients(tape.gradient(loss, acts))
+"""
+
+import dataclasses
+import functools
+import threading
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+import tensorflow as tf
+from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
+
+from backends import base
+from backends import inputs as inputs_lib
+from backends import optimizers
+
+embedding = tf.tpu.experimental.embedding
+
+
+@dataclasses.dataclass
+class _TableStep:
+  """What a training lookup leaves for `apply_gradients`, per table."""
+  unique_ids: tf.Tensor          # int64 [U]
+  id_index: List[tf.Tensor]      # per feature: int32 [N_f], index into unique_ids
+  segments: List[tf.Tensor]      # per feature: int32 [N_f]
+  scales: List[tf.Tensor]        # per feature: float32 [N_f], d act / d row
+  positions: List[int]           # per feature: index in the flat feature list
+
+
+class _Counters:
+  """Per-feature input counters (not checkpointed): invalid and truncated ids."""
+
+  def __init__(self, paths: List[str]):
+    def counter(kind, path):
+      return tf.Variable(
+          0, dtype=tf.int64, trainable=False,
+          name=f"{kind}_{path.replace('/', '_')}",
+          synchronization=tf.VariableSynchronization.ON_READ,
+          aggregation=tf.VariableAggregation.SUM)
+    self.invalid = {p: counter("invalid_ids", p) for p in paths}
+    self.truncated = {p: counter("truncated_ids", p) for p in paths}
+
+
+class TensorCoreEmbedding(base.EmbeddingBackend):
+  """Replicated embedding tables trained with TPU optimizer semantics anywhere.
+
+  Args:
+    feature_config: nested structure of `FeatureConfig`.
+    optimizer: default embedding optimizer for tables without one.
+    strategy: defaults to the strategy in scope.
+    bag_widths: static padding width for the bags of non-sequence sparse or
+      ragged features, used by `preprocess`: an int for every feature or a
+      mapping feature path -> int. Sequence features use their
+      `max_sequence_length`. Ids past the width are dropped and counted.
+    invalid_ids: "error" (default), "drop" or "oov": what to do with an id
+      outside `[0, vocabulary_size)` (see `backends.inputs.validate`).
+      Features with `validate_weights_and_indices=False` are not checked.
+  """
+
+  name = "tensorcore"
+  capabilities = base.Capabilities()
+
+  def __init__(self,
+               feature_config: Any,
+               optimizer: Optional[Any] = None,
+               strategy: Optional[tf.distribute.Strategy] = None,
+               *,
+               bag_widths: Union[None, int, Mapping[str, int]] = None,
+               invalid_ids: str = "error"):
+    super().__init__(feature_config, optimizer, strategy)
+    if invalid_ids not in inputs_lib.ID_POLICIES:
+      raise ValueError(f"invalid_ids={invalid_ids!r}; use one of "
+                       f"{', '.join(inputs_lib.ID_POLICIES)}.")
+    self._invalid_ids = invalid_ids
+    self._layouts = [
+        inputs_lib.FeatureLayout(path, feature, self.table_name(feature.table))
+        for path, feature in self._flat_features]
+    self._bag_widths = self._resolve_bag_widths(bag_widths)
+    for table in self._tables:
+      opt = self.optimizer_for(table)
+      if opt is not None:
+        optimizers.check_supported(opt, self.table_name(table))
+    # Pending training lookups, per replica thread (MirroredStrategy runs
+    # each replica's step in its own thread and may interleave them).
+    self._pending = data_structures.NoDependency({})
+    self._pending_lock = threading.Lock()
+
+  def _resolve_bag_widths(self, bag_widths) -> Dict[str, Optional[int]]:
+    paths = [layout.path for layout in self._layouts]
+    if bag_widths is None or isinstance(bag_widths, int):
+      return {p: bag_widths for p in paths}
+    unknown = sorted(set(bag_widths) - set(paths))
+    if unknown:
+      raise ValueError(f"bag_widths names unknown features {unknown}; "
+                       f"features are {paths}.")
+    return {p: bag_widths.get(p) for p in paths}
+
+  # -- variables -----------------------------------------------------------
+
+  def build(self) -> None:
+    """Creates tables and slots under the backend's strategy (idempotent)."""
+    if self._built:
+      return
+    with tf.init_scope(), self._strategy.scope():
+      variables = {}
+      for table in self._tables:
+        variables[self.table_name(table)] = self._create_table_variables(table)
+      self._variables = data_structures.NoDependency(variables)
+      self._counters = data_structures.NoDependency(
+          _Counters([layout.path for layout in self._layouts]))
+    self._built = True
+
+  def _create_table_variables(self, table) -> Dict[str, tf.Variable]:
+    name = self.table_name(table)
+    shape = (table.vocabulary_size, table.dim)
+
+    def getter(name, shape, dtype, initializer, trainable):
+      del shape  # the custom getter may drop it; use the table's shape
+      return tf.Variable(
+          initial_value=functools.partial(initializer, (table.vocabulary_size,
+                                                        table.dim), dtype=dtype),
+          name=name, shape=(table.vocabulary_size, table.dim), dtype=dtype,
+          trainable=trainable)
+
+    def create(var_name, initializer, trainable):
+      # Restore-on-create: a pending checkpoint restore fills the value.
+      return self._add_variable_with_custom_getter(
+          name=var_name, initializer=initializer, shape=shape,
+          dtype=tf.float32, getter=getter, trainable=trainable)
+
+    params = create(name, table.initializer, True)
+    opt = self.optimizer_for(table)
+    slots = {}
+    if opt is not None:
+      slots = opt._create_slots(  # pylint: disable=protected-access
+          params, lambda slot, init: create(f"{name}/{slot}", init, False))
+    return {"parameters": params, **slots}
+
+  @property
+  def embedding_tables(self) -> Dict[Any, tf.Variable]:
+    """The table variables, keyed by `TableConfig` (V0's API)."""
+    self._maybe_build()
+    return {t: self._variables[self.table_name(t)]["parameters"]
+            for t in self._tables}
+
+  def slot_variables(self) -> Dict[str, Dict[str, tf.Variable]]:
+    self._maybe_build()
+    return {name: {k: v for k, v in table_vars.items() if k != "parameters"}
+            for name, table_vars in self._variables.items()}
+
+  def input_stats(self) -> Dict[str, Dict[str, int]]:
+    """Counts of invalid (dropped / mapped) and truncated ids per feature."""
+    self._maybe_build()
+    return {
+        "invalid_ids": {p: int(v.numpy()) for p, v in self._counters.invalid.items()},
+        "truncated_ids": {p: int(v.numpy()) for p, v in self._counters.truncated.items()},
+    }
+
+  def _maybe_build(self):
+    if not self._built:
+      self.build()
+
+  # -- host side -------------------------------------------------------------
+
+  def preprocess(self, features: Any, weights: Optional[Any] = None
+                ) -> Tuple[Any, Optional[Any]]:
+    """Pads sparse/ragged bags to static `PaddedBags` (run in tf.data).
+
+    Features without a width (no `bag_widths` entry and no
+    `max_sequence_length`) and dense ids pass through unchanged. Returns
+    `(features, weights)`; a padded feature's weight entry becomes None.
+    """
+    flat = self._flatten_like_config(features, "features")
+    flat_w = (self._flatten_like_config(weights, "weights")
+              if weights is not None else [None] * len(flat))
+    out, out_w = [], []
+    for layout, inp, w in zip(self._layouts, flat, flat_w):
+      width = layout.sequence_length or self._bag_widths[layout.path]
+      if width and isinstance(inp, (tf.SparseTensor, tf.RaggedTensor)):
+        out.append(inputs_lib.pad_bags(inp, w, width))
+        out_w.append(None)
+      else:
+        out.append(inp)
+        out_w.append(w)
+    features = nest.pack_sequence_as(self._feature_config, out)
+    if all(w is None for w in out_w):
+      return features, None
+    return features, nest.pack_sequence_as(self._feature_config, out_w)
+
+  # -- lookup ------------------------------------------------------------------
+
+  def embedding_lookup(self, features: Any, weights: Optional[Any] = None) -> Any:
+    """V0's name for a lookup; with gradients through the tables."""
+    return self.lookup(features, weights, training=False)
+
+  def __call__(self, features: Any, weights: Optional[Any] = None,
+               training: bool = False) -> Any:
+    return self.lookup(features, weights, training=training)
+
+  def lookup(self, features: Any, weights: Optional[Any] = None,
+             training: bool = False) -> Any:
+    """Looks up and combines every feature.
+
+    Args:
+      features: the structure of `feature_config` holding int ids: dense
+        `[B]`/`[B, N]`, `SparseTensor`/`RaggedTensor` `[B, None]`, or
+        `PaddedBags` from `preprocess`.
+      weights: None or the same structure with float weights (None leaves
+        allowed) for sparse/ragged features.
+      training: remember what `apply_gradients` needs for this step.
+
+    Returns:
+      The structure of `feature_config`: `[B, D]` per non-sequence feature,
+      `[B, L, D]` per sequence feature, `output_shape + [D]` when set.
+    """
+    self._maybe_build()
+    flat = self._flatten_like_config(features, "features")
+    flat_w = (self._flatten_like_config(weights, "weights")
+              if weights is not None else [None] * len(flat))
+    # Counters are per-replica sums: only countable inside a replica.
+    count = tf.distribute.get_replica_context() is not None
+    bags = []
+    for layout, inp, w in zip(self._layouts, flat, flat_w):
+      bag = inputs_lib.to_flat_bags(layout, inp, w, self._bag_widths[layout.path])
+      if layout.feature.validate_weights_and_indices:
+        bag, num_invalid = inputs_lib.validate(layout, bag, self._invalid_ids)
+        if count and self._invalid_ids != "error":
+          self._counters.invalid[layout.path].assign_add(num_invalid)
+      if count and (layout.sequence_length or self._bag_widths[layout.path]):
+        self._counters.truncated[layout.path].assign_add(bag.truncated)
+      bags.append(bag)
+
+    outputs: List[Optional[tf.Tensor]] = [None] * len(bags)
+    steps = {}
+    for table in self._tables:
+      name = self.table_name(table)
+      positions = [i for i, l in enumerate(self._layouts) if l.table_name == name]
+      table_bags = [bags[i] for i in positions]
+      unique_ids, index = tf.unique(
+          tf.concat([b.ids for b in table_bags], axis=0), out_idx=tf.int32)
+      rows = tf.gather(self._variables[name]["parameters"], unique_ids)
+      sizes = [tf.size(b.ids) for b in table_bags]
+      id_index = tf.split(index, sizes) if len(sizes) > 1 else [index]
+      scales = []
+      for i, bag, idx in zip(positions, table_bags, id_index):
+        scale = _combiner_scale(bag, table.combiner)
+        acts = tf.math.unsorted_segment_sum(
+            tf.gather(rows, idx) * scale[:, tf.newaxis], bag.segments,
+            bag.num_segments)
+        outputs[i] = self._shape_output(self._layouts[i], bag, acts)
+        scales.append(scale)
+      if training:
+        steps[name] = _TableStep(unique_ids, id_index,
+                                 [b.segments for b in table_bags], scales,
+                                 positions)
+    if training:
+      with self._pending_lock:
+        self._pending[threading.get_ident()] = steps
+    return nest.pack_sequence_as(self._feature_config, outputs)
+
+  def _shape_output(self, layout, bag: inputs_lib.FlatBags, acts: tf.Tensor):
+    dim = layout.feature.table.dim
+    out_shape = layout.output_shape(None)
+    if out_shape is not None:
+      return tf.reshape(acts, out_shape + [dim])
+    if bag.sequence_length:
+      return tf.reshape(acts, [-1, bag.sequence_length, dim])
+    return acts
+
+  # -- training ----------------------------------------------------------------
+
+  def apply_gradients(self, activation_gradients: Any) -> None:
+    """Applies each table's embedding optimizer to the rows this step touched.
+
+    Call in the same step as `lookup(..., training=True)`, with the gradient
+    of the loss with respect to its activations (None leaves: no gradient).
+    Under several replicas the touched rows' gradients are summed over the
+    global batch before the (identical) update on every replica.
+    """
+    with self._pending_lock:
+      steps = self._pending.pop(threading.get_ident(), None)
+    if steps is None:
+      raise RuntimeError(
+          "apply_gradients() needs a lookup(..., training=True) earlier in the "
+          "same step (and in the same replica).")
+    flat_grads = self._flatten_like_config(activation_gradients,
+                                           "activation gradients")
+    replica_ctx = tf.distribute.get_replica_context()
+    num_replicas = self._strategy.num_replicas_in_sync
+    for table in self._tables:
+      name = self.table_name(table)
+      step = steps[name]
+      opt = self.optimizer_for(table)
+      row_grads = self._row_gradients(table, step, flat_grads)
+      ids = step.unique_ids
+      if num_replicas > 1 and replica_ctx is not None:
+        ids, row_grads = _sum_across_replicas(replica_ctx, ids, row_grads)
+      table_vars = self._variables[name]
+      slots = {k: v for k, v in table_vars.items() if k != "parameters"}
+      optimizers.apply_sparse_update(opt, table_vars["parameters"], slots,
+                                     ids, row_grads)
+
+  def _row_gradients(self, table, step: _TableStep, flat_grads) -> tf.Tensor:
+    """d(loss)/d(row) for each unique row: [U, D]."""
+    per_id, index = [], []
+    for pos, idx, segments, scale in zip(step.positions, step.id_index,
+                                         step.segments, step.scales):
+      grad = flat_grads[pos]
+      if grad is None:
+        continue
+      if isinstance(grad, tf.IndexedSlices):
+        grad = tf.convert_to_tensor(grad)
+      grad = tf.reshape(grad, [-1, table.dim])
+      per_id.append(tf.gather(grad, segments) * scale[:, tf.newaxis])
+      index.append(idx)
+    num_rows = tf.size(step.unique_ids)
+    if not per_id:
+      return tf.zeros([num_rows, table.dim], tf.float32)
+    return tf.math.unsorted_segment_sum(
+        tf.concat(per_id, 0), tf.concat(index, 0), num_rows)
+
+
+def _combiner_scale(bag: inputs_lib.FlatBags, combiner: str) -> tf.Tensor:
+  """d(activation)/d(row) of each id: its weight over its bag's normaliser."""
+  w = bag.weights
+  if bag.sequence_length or combiner == "sum":
+    return w
+  if combiner == "mean":
+    norm = tf.math.unsorted_segment_sum(w, bag.segments, bag.num_segments)
+  elif combiner == "sqrtn":
+    norm = tf.sqrt(tf.math.unsorted_segment_sum(w * w, bag.segments,
+                                                bag.num_segments))
+  else:
+    raise ValueError(f"unknown combiner {combiner!r}")
+  return tf.math.divide_no_nan(w, tf.gather(norm, bag.segments))
+
+
+def _sum_across_replicas(replica_ctx, ids: tf.Tensor, grads: tf.Tensor
+                        ) -> Tuple[tf.Tensor, tf.Tensor]:
+  """Exchanges each replica's touched rows and sums them per unique id.
+
+  Every replica ends with the same (ids, grads), in the same order, so the
+  updates it applies keep the replicated tables bit-identical.
+  """
+  all_ids = replica_ctx.all_gather(ids, axis=0)
+  all_grads = replica_ctx.all_gather(grads, axis=0)
+  unique_ids, index = tf.unique(all_ids, out_idx=tf.int32)
+  summed = tf.math.unsorted_segment_sum(all_grads, index, tf.size(unique_ids))
+  return unique_ids, summed

@@ -27,12 +27,25 @@ def _clear_gin():
   gin.clear_config()
 
 
+_STRATEGIES = {}
+
+
 def mirrored_strategy(num_replicas: int) -> tf.distribute.MirroredStrategy:
-  """A MirroredStrategy over `num_replicas` logical CPUs."""
+  """A MirroredStrategy over `num_replicas` logical CPUs (one per size).
+
+  Collective ops key their groups from 1 in every MirroredStrategy, so two
+  strategies of different sizes in one process collide ("joining a group with
+  size 4, but that group has size 2"). Tests share one strategy per size and
+  give each size its own key range.
+  """
   cpus = tf.config.list_logical_devices("CPU")
   if len(cpus) < num_replicas:
     pytest.skip(f"needs {num_replicas} logical CPUs, TF runtime has {len(cpus)}")
-  return tf.distribute.MirroredStrategy([d.name for d in cpus[:num_replicas]])
+  if num_replicas not in _STRATEGIES:
+    tf.distribute.MirroredStrategy._collective_key_base = 10_000 * num_replicas  # pylint: disable=protected-access
+    _STRATEGIES[num_replicas] = tf.distribute.MirroredStrategy(
+        [d.name for d in cpus[:num_replicas]])
+  return _STRATEGIES[num_replicas]
 
 
 @pytest.fixture(params=[1, 2], ids=["1replica", "2replicas"])

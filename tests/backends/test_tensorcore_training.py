@@ -1,0 +1,258 @@
+"""TensorCore training: optimizer math vs NumPy, replicas vs one replica."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import backends
+from tests import reference_optimizers as ref
+from tests.conftest import mirrored_strategy
+
+E = tf.tpu.experimental.embedding
+DIM = 7
+
+
+def _optimizers():
+  lr = tf.Variable(0.05, trainable=False)
+  return {
+      "sgd": lambda: E.SGD(0.1),
+      "adagrad": lambda: E.Adagrad(0.1),
+      "adagrad_options": lambda: E.Adagrad(
+          0.1, initial_accumulator_value=0.5, clipvalue=0.3,
+          weight_decay_factor=0.01,
+          multiply_weight_decay_factor_by_learning_rate=True,
+          clip_weight_min=-0.4, clip_weight_max=0.4),
+      "adagrad_momentum": lambda: E.AdagradMomentum(
+          0.1, momentum=0.9, use_nesterov=True, beta2=0.9, exponent=3.0),
+      "adam_lazy": lambda: E.Adam(0.05),
+      "adam_dense": lambda: E.Adam(0.05, lazy_adam=False, sum_inside_sqrt=False),
+      "adam_callable_lr": lambda: E.Adam(lambda: lr.read_value()),
+      "ftrl": lambda: E.FTRL(0.1, l1_regularization_strength=0.01,
+                             l2_regularization_strength=0.02, beta=0.1),
+  }, lr
+
+
+def _config(optimizer):
+  """Two features sharing a mean-combined table, a sum table, a sequence."""
+  shared = E.TableConfig(23, DIM, combiner="mean", name="shared")
+  other = E.TableConfig(11, DIM, combiner="sqrtn", name="other",
+                        optimizer=E.SGD(0.2))
+  config = {"a": E.FeatureConfig(shared), "b": E.FeatureConfig(shared),
+            "c": E.FeatureConfig(other),
+            "s": E.FeatureConfig(other, max_sequence_length=3)}
+  return config, {"shared": optimizer, "other": other.optimizer}
+
+
+def _batch(rng, batch):
+  def bags(vocab, max_len):
+    rows = [list(rng.integers(0, vocab, size=rng.integers(0, max_len + 1)))
+            for _ in range(batch)]
+    rows[0] = [1, 1, 2] if vocab > 2 else rows[0]  # repeated ids in a bag
+    return rows
+  rows = {"a": bags(23, 4), "b": bags(23, 3), "c": bags(11, 3), "s": bags(11, 5)}
+  weights = {"a": [list(rng.uniform(0.2, 2.0, len(r))) for r in rows["a"]]}
+  return rows, weights
+
+
+def _tensors(rows, weights):
+  features = {k: tf.ragged.constant(v, dtype=tf.int64, ragged_rank=1)
+              for k, v in rows.items()}
+  w = {k: None for k in rows}
+  w["a"] = tf.ragged.constant(weights["a"], dtype=tf.float32, ragged_rank=1)
+  return features, w
+
+
+def _numpy_row_grads(rows, weights, combiners, cotangents, seq_len):
+  """d(sum(acts * cotangent))/d(row), summed per (table, id), in NumPy."""
+  grads = {}
+  for feature, bags in rows.items():
+    table, combiner = combiners[feature]
+    for b, bag in enumerate(bags):
+      if feature == "s":
+        for p, i in enumerate(bag[:seq_len]):
+          grads.setdefault(table, []).append((i, cotangents[feature][b, p]))
+        continue
+      w = np.asarray(weights.get(feature, [[1.0] * len(x) for x in bags])[b],
+                     np.float64)
+      norm = {"sum": 1.0, "mean": w.sum(), "sqrtn": np.sqrt((w * w).sum())}[combiner]
+      for i, wi in zip(bag, w):
+        grads.setdefault(table, []).append((i, cotangents[feature][b] * wi / norm))
+  out = {}
+  for table, pairs in grads.items():
+    ids = np.array([i for i, _ in pairs])
+    out[table] = ref.sum_duplicates(ids, np.stack([g for _, g in pairs]))
+  return out
+
+
+OPTIMIZER_NAMES = sorted(_optimizers()[0])
+
+
+@pytest.mark.parametrize("name", OPTIMIZER_NAMES)
+def test_training_steps_match_numpy_reference(name):
+  factories, lr = _optimizers()
+  config, table_opts = _config(factories[name]())
+  emb = backends.TensorCoreEmbedding(config, table_opts["shared"])
+  emb.build()
+  vocab = {"shared": 23, "other": 11}
+  tables = {t.name: v.numpy().astype(np.float64) for t, v in emb.embedding_tables.items()}
+  slots = {t: ref.initial_slots(table_opts[t], vocab[t], DIM) for t in vocab}
+  combiners = {"a": ("shared", "mean"), "b": ("shared", "mean"),
+               "c": ("other", "sqrtn"), "s": ("other", "sum")}
+  rng = np.random.default_rng(7)
+
+  @tf.function
+  def step(features, weights, cotangents):
+    with tf.GradientTape() as tape:
+      acts = emb.lookup(features, weights, training=True)
+      tape.watch(acts)
+      loss = tf.add_n([tf.reduce_sum(acts[k] * cotangents[k]) for k in acts])
+    emb.apply_gradients(tape.gradient(loss, acts))
+
+  for i in range(3):
+    lr.assign(0.05 * (i + 1))
+    rows, weights = _batch(rng, 6)
+    cot = {k: rng.normal(size=(6, 3, DIM) if k == "s" else (6, DIM))
+           for k in rows}
+    step(*_tensors(rows, weights),
+         {k: tf.constant(v, tf.float32) for k, v in cot.items()})
+    for table, (ids, g) in _numpy_row_grads(rows, weights, combiners, cot, 3).items():
+      tables[table], slots[table] = ref.apply(table_opts[table], tables[table],
+                                              slots[table], ids, g)
+
+  got_slots = emb.slot_variables()
+  for t, var in emb.embedding_tables.items():
+    np.testing.assert_allclose(var.numpy(), tables[t.name], rtol=2e-5,
+                               atol=2e-6, err_msg=t.name)
+    assert sorted(got_slots[t.name]) == sorted(slots[t.name])
+    for slot, value in slots[t.name].items():
+      np.testing.assert_allclose(got_slots[t.name][slot].numpy(), value,
+                                 rtol=2e-5, atol=2e-6, err_msg=f"{t.name}/{slot}")
+
+
+def _train(strategy, optimizer_factory, batches, num_replicas):
+  """Trains on `batches` (global) split evenly over the replicas."""
+  config, _ = _config(optimizer_factory())
+  with strategy.scope():
+    emb = backends.TensorCoreEmbedding(config, config["a"].table.optimizer
+                                       or optimizer_factory())
+    emb.build()
+    for var in emb.embedding_tables.values():  # same start on every run
+      var.assign(tf.random.stateless_normal(var.shape, seed=[1, var.shape[0]]))
+
+  @tf.function
+  def step(features, weights, cotangents):
+    def replica_step(features, weights, cotangents):
+      with tf.GradientTape() as tape:
+        acts = emb.lookup(features, weights, training=True)
+        tape.watch(acts)
+        loss = tf.add_n([tf.reduce_sum(acts[k] * cotangents[k]) for k in acts])
+      emb.apply_gradients(tape.gradient(loss, acts))
+    strategy.run(replica_step, args=(features, weights, cotangents))
+
+  for rows, weights, cot in batches:
+    per = len(rows["a"]) // num_replicas
+
+    def shard(ctx, rows=rows, weights=weights, cot=cot, per=per):
+      i = ctx.replica_id_in_sync_group
+      sl = slice(i * per, (i + 1) * per)
+      f, w = _tensors({k: v[sl] for k, v in rows.items()},
+                      {"a": weights["a"][sl]})
+      return f, w, {k: tf.constant(v[sl], tf.float32) for k, v in cot.items()}
+
+    step(*strategy.experimental_distribute_values_from_function(shard))
+  return emb
+
+
+@pytest.mark.parametrize("num_replicas", [2, 4])
+@pytest.mark.parametrize("name", ["adagrad", "adam_dense", "ftrl"])
+def test_replicas_match_one_replica_on_the_combined_batch(num_replicas, name):
+  factories, _ = _optimizers()
+  rng = np.random.default_rng(11)
+  batches = []
+  for _ in range(3):
+    rows, weights = _batch(rng, 8)
+    cot = {k: rng.normal(size=(8, 3, DIM) if k == "s" else (8, DIM)) for k in rows}
+    batches.append((rows, weights, cot))
+  one = _train(tf.distribute.get_strategy(), factories[name], batches, 1)
+  many = _train(mirrored_strategy(num_replicas), factories[name], batches,
+                num_replicas)
+  for (t, want), got in zip(one.embedding_tables.items(),
+                            many.embedding_tables.values()):
+    copies = [v.numpy() for v in got.values]
+    for copy in copies[1:]:
+      np.testing.assert_array_equal(copy, copies[0])  # bit-identical replicas
+    np.testing.assert_allclose(copies[0], want.numpy(), rtol=1e-5, atol=1e-6,
+                               err_msg=t.name)
+  for table, slots in one.slot_variables().items():
+    for slot, want in slots.items():
+      got = many.slot_variables()[table][slot].values[0]
+      np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5,
+                                 atol=1e-6, err_msg=f"{table}/{slot}")
+
+
+def test_seed_example_keras_optimizer_loop_under_two_replicas():
+  """TPUEmbeddingV0's documented loop: tape on the tables, Keras Adagrad."""
+  strategy = mirrored_strategy(2)
+  table = E.TableConfig(23, DIM, combiner="sum", name="t")
+  config = {"f": E.FeatureConfig(table)}
+  with strategy.scope():
+    optimizer = tf.keras.optimizers.legacy.Adagrad(learning_rate=0.1)
+
+    def slot_variable_creation_fn(table, slot_names, slot_initializers):
+      return {slot: optimizer.add_slot(table, slot, init)
+              for slot, init in zip(slot_names, slot_initializers)}
+
+    embedding = backends.TensorCoreEmbedding(
+        config, E.Adagrad(0.1, slot_variable_creation_fn=slot_variable_creation_fn))
+    embedding.build()
+  rng = np.random.default_rng(3)
+  per_replica = [tf.ragged.constant(
+      [list(rng.integers(0, 23, rng.integers(1, 5))) for _ in range(4)],
+      dtype=tf.int64) for _ in range(2)]
+  features = strategy.experimental_distribute_values_from_function(
+      lambda ctx: {"f": per_replica[ctx.replica_id_in_sync_group]})
+
+  @tf.function
+  def training_step(features):
+    def tpu_step(features):
+      tables = list(embedding.embedding_tables.values())
+      with tf.GradientTape() as tape:
+        tape.watch(tables)
+        activations = embedding(features)
+        loss = tf.reduce_sum(tf.square(activations["f"] - 1.0))
+      gradients = tape.gradient(loss, tables)
+      optimizer.apply_gradients(list(zip(gradients, tables)))
+      return loss
+    losses = strategy.run(tpu_step, args=(features,))
+    return strategy.reduce("SUM", losses, axis=None)
+
+  losses = [float(training_step(features)) for _ in range(20)]
+  assert losses[-1] < 0.5 * losses[0]
+  copies = [v.numpy() for v in embedding.embedding_tables[table].values]
+  np.testing.assert_array_equal(copies[0], copies[1])
+  # Keras's Adagrad (epsilon 1e-7) on the summed gradient: check the slot is Keras's.
+  assert embedding.slot_variables()["t"]["accumulators"] is optimizer.get_slot(
+      embedding.embedding_tables[table], "accumulators")
+
+
+def test_apply_gradients_without_training_lookup_is_an_error():
+  table = E.TableConfig(23, DIM, name="t")
+  emb = backends.TensorCoreEmbedding({"f": E.FeatureConfig(table)}, E.SGD(0.1))
+  emb({"f": tf.constant([1, 2])})
+  with pytest.raises(RuntimeError, match="lookup"):
+    emb.apply_gradients({"f": tf.ones([2, DIM])})
+
+
+def test_unused_feature_gradient_is_none_and_rows_untouched():
+  table = E.TableConfig(23, DIM, combiner="sum", name="t")
+  config = {"f": E.FeatureConfig(table), "g": E.FeatureConfig(table)}
+  emb = backends.TensorCoreEmbedding(config, E.SGD(1.0))
+  before = emb.embedding_tables[table].numpy()
+  with tf.GradientTape() as tape:
+    acts = emb({"f": tf.constant([1, 2]), "g": tf.constant([5, 6])}, training=True)
+    loss = tf.reduce_sum(acts["f"])
+  emb.apply_gradients(tape.gradient(loss, acts))
+  after = emb.embedding_tables[table].numpy()
+  np.testing.assert_allclose(after[[1, 2]], before[[1, 2]] - 1.0, rtol=1e-6)
+  untouched = [i for i in range(23) if i not in (1, 2)]
+  np.testing.assert_array_equal(after[untouched], before[untouched])

@@ -258,16 +258,19 @@ def _from_padded(layout: FeatureLayout, padded: PaddedBags):
   return ids, tf.boolean_mask(row, valid), tf.boolean_mask(pos, valid), w, cut
 
 
-def _check(ok: tf.Tensor, template: str, args: list) -> None:
+def _check(ok: tf.Tensor, template: str, args: list) -> list:
   """Raises `InvalidInputError` (eager) or fails the step (graph) unless ok.
 
   `template` has one `{}` per tensor in `args`, filled in the message.
+  Returns the assertion ops (graph mode) that must run before the lookup.
   """
   if tf.executing_eagerly():
     if not bool(ok):
       raise InvalidInputError(template.format(*(a.numpy() for a in args)))
-  else:
-    tf.debugging.Assert(ok, [tf.strings.format(template, args)])
+    return []
+  # The graph-mode assertion message C-escapes quotes (\\'): use backticks.
+  template = template.replace("'", "`")
+  return [tf.debugging.Assert(ok, [tf.strings.format(template, args)])]
 
 
 def _first_where(mask: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
@@ -290,22 +293,26 @@ def validate(layout: FeatureLayout, bags: FlatBags, policy: str
   Returns:
     The bags with the policy applied, and the number of invalid ids (int64).
   """
+  if policy not in ID_POLICIES:
+    raise ValueError(f"unknown id policy {policy!r}; use one of {ID_POLICIES}.")
   vocab = layout.feature.table.vocabulary_size
+  what = _template_safe(_describe(layout))
   ids, w = bags.ids, bags.weights
   bad_w = tf.logical_not(tf.logical_and(tf.math.is_finite(w), w >= 0.0))
-  _check(tf.logical_not(tf.reduce_any(bad_w)),
-         _template_safe(_describe(layout)) + " got weight {}; weights must be finite and >= 0.",
-         [_first_where(bad_w, w)])
+  checks = _check(tf.logical_not(tf.reduce_any(bad_w)),
+                  what + " got weight {}; weights must be finite and >= 0.",
+                  [_first_where(bad_w, w)])
   bad = tf.logical_or(ids < 0, ids >= vocab)
   num_bad = tf.reduce_sum(tf.cast(bad, tf.int64))
   if policy == "error":
     row = _first_where(bad, bags.segments)
     if bags.sequence_length:
       row = row // bags.sequence_length
-    _check(tf.equal(num_bad, 0),
-           _template_safe(_describe(layout)) + " got id {} at batch row {}; ids must be in "
-           f"[0, {vocab}).", [_first_where(bad, ids), row])
-    return bags, num_bad
+    checks += _check(tf.equal(num_bad, 0),
+                     what + f" got id {{}} at batch row {{}}; ids must be in "
+                     f"[0, {vocab}).", [_first_where(bad, ids), row])
+  with tf.control_dependencies(checks):  # checked before any gather reads ids
+    ids = tf.identity(ids)
   if policy == "drop":
     keep = tf.logical_not(bad)
     return dataclasses.replace(
@@ -313,9 +320,8 @@ def validate(layout: FeatureLayout, bags: FlatBags, policy: str
         segments=tf.boolean_mask(bags.segments, keep),
         weights=tf.boolean_mask(w, keep)), num_bad
   if policy == "oov":
-    return dataclasses.replace(
-        bags, ids=tf.where(bad, tf.constant(vocab - 1, tf.int64), ids)), num_bad
-  raise ValueError(f"unknown id policy {policy!r}; use one of {ID_POLICIES}.")
+    ids = tf.where(bad, tf.constant(vocab - 1, tf.int64), ids)
+  return dataclasses.replace(bags, ids=ids), num_bad
 
 
 def pad_bags(inp: Any, weights: Any, width: int) -> PaddedBags:

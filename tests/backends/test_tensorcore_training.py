@@ -163,7 +163,7 @@ def _train(strategy, optimizer_factory, batches, num_replicas):
   return emb
 
 
-@pytest.mark.parametrize("num_replicas", [2, 4])
+@pytest.mark.parametrize("num_replicas", [2, pytest.param(4, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", ["adagrad", "adam_dense", "ftrl"])
 def test_replicas_match_one_replica_on_the_combined_batch(num_replicas, name):
   factories, _ = _optimizers()

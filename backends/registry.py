@@ -130,12 +130,15 @@ def resolve(backend: str, strategy: Optional[tf.distribute.Strategy] = None
   cls = get(backend)
   why_not = cls.unavailable_reason(strategy)
   if why_not:
-    auto_name, _ = select(strategy)
     from backends.base import BackendUnavailableError  # pylint: disable=g-import-not-at-top
+    runnable = available(strategy)
+    auto_name, _ = select(strategy)
+    hint = (f"Use backend='auto' (here: {auto_name!r}) or one of "
+            f"{', '.join(runnable)}." if auto_name in runnable else
+            f"Runnable here: {', '.join(runnable) or 'none'}.")
     raise BackendUnavailableError(
         f"embedding backend {backend!r} was requested but cannot run under "
-        f"{type(strategy).__name__}: {why_not}. Use backend='auto' (here: "
-        f"{auto_name!r}) or one of {', '.join(available(strategy))}.")
+        f"{type(strategy).__name__}: {why_not}. {hint}")
   reason = f"forced by configuration under {type(strategy).__name__}"
   log.info("embedding backend %s (%s)", backend, reason)
   return backend, reason

@@ -1,0 +1,237 @@
+"""Checkpoint compatibility: does a checkpoint hold exactly this backend's tables?
+
+Every backend writes the layout of TF's mid-level API under its checkpoint
+node (`<prefix><table>` and `<prefix><table>.S<slot>`, TF's slot names per
+optimizer). TF's own restore assigns whatever matches by name and silently
+skips the rest (a renamed table, a slot of another optimizer); a wrong shape
+fails with a message that names no table. `verify_compatible` compares the
+checkpoint with what the backend expects first and fails with every
+difference, naming the table and both shapes; `restore` verifies, then
+restores.
+
+Example:
+  >>> backends.checkpoint.restore(emb, "/tmp/model")   # dir or ckpt prefix
+"""
+
+import dataclasses
+import os
+from typing import Dict, List, Tuple
+
+import tensorflow as tf
+from tensorflow.core.tpu.kernels import sparse_core_layout_pb2  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.tpu import tpu_embedding_v3_utils  # pylint: disable=g-direct-tensorflow-import
+
+from backends import base
+
+_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+_SLOT_SEPARATOR = ".S"  # how checkpoints escape the "/" of "<table>/<slot>"
+_LAYOUTS = tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY
+
+
+class CheckpointMismatchError(ValueError):
+  """The checkpoint's tables or slots differ from the backend's."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpectedTable:
+  """What a backend's checkpoint entry for one table looks like."""
+  name: str
+  shape: Tuple[int, int]
+  optimizer: str
+  slots: Tuple[str, ...]
+
+
+def expected_tables(backend: base.EmbeddingBackend) -> List[ExpectedTable]:
+  """The tables and slots `backend` saves and restores, from its config."""
+  out = []
+  for table in backend.tables:
+    opt = backend.optimizer_for(table)
+    slots = tuple(opt._slot_names()) if opt is not None else ()  # pylint: disable=protected-access
+    out.append(ExpectedTable(backend.table_name(table),
+                             (table.vocabulary_size, table.dim),
+                             type(opt).__name__ if opt is not None else "none",
+                             slots))
+  return out
+
+
+def _resolve_path(path: str) -> str:
+  if os.path.isdir(path):
+    latest = tf.train.latest_checkpoint(path)
+    if latest is None:
+      raise FileNotFoundError(f"no checkpoint in directory {path!r} (no "
+                              "'checkpoint' index file).")
+    return latest
+  return path
+
+
+def _read(path: str, prefix: str) -> Dict[str, Tuple[int, ...]]:
+  """`{local key: shape}` of the variables under `prefix` in the checkpoint."""
+  out = {}
+  for key, shape in tf.train.list_variables(path):
+    if key.startswith(prefix) and key.endswith(_SUFFIX):
+      out[key[len(prefix):-len(_SUFFIX)]] = tuple(shape)
+  return out
+
+
+def _unescape(local_name: str) -> List[str]:
+  """Splits a checkpoint object name on its escaped "/" (".S"); ".." is "."."""
+  parts, current, i = [], [], 0
+  while i < len(local_name):
+    if local_name.startswith(_SLOT_SEPARATOR, i):
+      parts.append("".join(current))
+      current, i = [], i + 2
+    elif local_name.startswith("..", i):
+      current.append(".")
+      i += 2
+    else:
+      current.append(local_name[i])
+      i += 1
+  parts.append("".join(current))
+  return parts
+
+
+def _unstacked(path, prefix, backend, tables, slots):
+  """Per-table shapes and slots of a SparseCore (TPUEmbeddingV2) checkpoint.
+
+  V2 checkpoints hold stacked, padded tables and the layouts that say where
+  each table lives; only TF's `TPUEmbeddingForServing` (the `serving`
+  backend) unstacks them on restore.
+  """
+  if backend.name != "serving":
+    raise CheckpointMismatchError(
+        f"checkpoint {path!r} holds SparseCore (TPUEmbeddingV2) stacked tables; "
+        f"the {backend.name!r} backend cannot read them. Restore it into the "
+        "'serving' backend (with the optimizer, for slots), which unstacks "
+        "them, and save that.")
+  raw = tf.train.load_checkpoint(path).get_tensor(prefix + _LAYOUTS + _SUFFIX)
+  layouts = sparse_core_layout_pb2.SparseCoreTableLayouts()
+  layouts.ParseFromString(raw)
+  out_tables, out_slots = {}, {}
+  for layout in layouts.tables:
+    shape = tuple(layout.unsharded_shape)
+    out_tables[layout.table_name] = shape
+    out_slots[layout.table_name] = {
+        s: shape for s in slots.get(layout.stacked_table_name, {})}
+  del tables
+  return out_tables, out_slots
+
+
+def _fmt(shape) -> str:
+  return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def verify_compatible(checkpoint_path: str,
+                      backend: base.EmbeddingBackend,
+                      prefix: str = "embedding/",
+                      allow_extra_tables: bool = False) -> str:
+  """Checks that the checkpoint holds exactly the backend's tables and slots.
+
+  Args:
+    checkpoint_path: a checkpoint prefix (`.../ckpt-7`) or a directory (its
+      latest checkpoint is used).
+    backend: the backend to restore into (built or not).
+    prefix: the backend's path in the checkpoint's object graph plus "/",
+      e.g. "embedding/" for `tf.train.Checkpoint(embedding=backend)`.
+    allow_extra_tables: accept tables in the checkpoint the backend lacks.
+
+  Returns:
+    The resolved checkpoint prefix.
+
+  Raises:
+    CheckpointMismatchError: lists every difference: a table missing from the
+      checkpoint (with the tables it has), a table of another shape
+      (vocabulary_size, dim) with both shapes, missing or unexpected slots
+      (another optimizer), extra tables. Slots the checkpoint has but the
+      backend does not use are accepted for lookup-only backends without an
+      optimizer (serving exports).
+    FileNotFoundError: no checkpoint at `checkpoint_path`.
+  """
+  path = _resolve_path(checkpoint_path)
+  stored = _read(path, prefix)
+  if not stored:
+    keys = sorted({k.split("/")[0] for k, _ in tf.train.list_variables(path)})
+    raise CheckpointMismatchError(
+        f"checkpoint {path!r} has no variables under {prefix!r}; its top-level "
+        f"objects are {keys}. Pass the prefix the embedding was saved under.")
+  tables: Dict[str, Tuple[int, ...]] = {}
+  slots: Dict[str, Dict[str, Tuple[int, ...]]] = {}
+  for key, shape in stored.items():
+    parts = _unescape(key)
+    if len(parts) == 2:
+      slots.setdefault(parts[0], {})[parts[1]] = shape
+    elif len(parts) == 1:
+      tables[parts[0]] = shape
+  if _LAYOUTS in tables:
+    tables, slots = _unstacked(path, prefix, backend, tables, slots)
+  problems = []
+  lookup_only = not backend.capabilities.trains
+  expected = expected_tables(backend)
+  stored_desc = ", ".join(f"{n!r} {_fmt(s)}" for n, s in sorted(tables.items()))
+  for exp in expected:
+    if exp.name not in tables:
+      problems.append(
+          f"table {exp.name!r} {_fmt(exp.shape)} is not in the checkpoint; it "
+          f"has {stored_desc or 'no tables'} (renamed table?).")
+      continue
+    got = tables[exp.name]
+    if got != exp.shape:
+      problems.append(
+          f"table {exp.name!r}: checkpoint shape {_fmt(got)}, backend shape "
+          f"{_fmt(exp.shape)} (vocabulary_size={exp.shape[0]}, dim="
+          f"{exp.shape[1]}).")
+    have = slots.get(exp.name, {})
+    missing = [s for s in exp.slots if s not in have]
+    extra = sorted(s for s in have if s not in exp.slots)
+    if missing or (extra and not (lookup_only and not exp.slots)):
+      problems.append(
+          f"table {exp.name!r}: the backend's optimizer {exp.optimizer} has "
+          f"slots {list(exp.slots)}, the checkpoint has {sorted(have)} "
+          "(trained with another optimizer?).")
+    for slot in exp.slots:
+      if slot in have and have[slot] != exp.shape:
+        problems.append(
+            f"table {exp.name!r} slot {slot!r}: checkpoint shape "
+            f"{_fmt(have[slot])}, backend shape {_fmt(exp.shape)}.")
+  if not allow_extra_tables:
+    known = {e.name for e in expected}
+    for name in sorted(set(tables) - known):
+      problems.append(
+          f"the checkpoint has table {name!r} {_fmt(tables[name])}, which the "
+          f"backend does not have (its tables: {sorted(known)}).")
+  if problems:
+    raise CheckpointMismatchError(
+        f"checkpoint {path!r} (under {prefix!r}) does not match the "
+        f"{backend.name!r} backend's tables:\n  - " + "\n  - ".join(problems))
+  return path
+
+
+def restore(backend: base.EmbeddingBackend, checkpoint_path: str,
+            name: str = "embedding",
+            allow_extra_tables: bool = False) -> tf.train.Checkpoint:
+  """Verifies, then restores the backend's tables and slots from a checkpoint.
+
+  Other objects in the checkpoint (model, optimizer, step) are ignored.
+  Before `build()` the values are restored when the variables are created;
+  after it, immediately.
+
+  Args:
+    backend: the backend to restore into.
+    checkpoint_path: checkpoint prefix or directory.
+    name: the attribute the backend was saved under in the
+      `tf.train.Checkpoint` (`tf.train.Checkpoint(embedding=...)` -> "embedding").
+    allow_extra_tables: see `verify_compatible`.
+
+  Returns:
+    The `tf.train.Checkpoint` used (its `restore` status is consumed).
+
+  Raises:
+    CheckpointMismatchError: see `verify_compatible`.
+  """
+  path = verify_compatible(checkpoint_path, backend, prefix=name + "/",
+                           allow_extra_tables=allow_extra_tables)
+  checkpoint = tf.train.Checkpoint(**{name: backend})
+  status = checkpoint.restore(path)
+  status.expect_partial()
+  if getattr(backend, "_built", False):
+    status.assert_existing_objects_matched()
+  return checkpoint

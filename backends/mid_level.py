@@ -1,0 +1,160 @@
+"""Shared plumbing of the backends that wrap a TF mid-level API object.
+
+The `tpu_embedding`, `tpu_embedding_v0` and `serving` backends each hold one
+of TF's classes (`TPUEmbedding`, `TPUEmbeddingV2`, `TPUEmbeddingV0`,
+`TPUEmbeddingForServing`). This module owns what they share:
+
+* `tf_feature_config`: the configuration handed to TF. TF's classes write
+  into the `TableConfig`s they receive (a table without an optimizer gets the
+  default one, an unnamed table gets a name, SparseCore rewrites layouts and
+  padded sizes), so they get copies with every field kept — initializer,
+  combiner, quantization, layout, dtype — and the resolved name and
+  optimizer filled in. The user's objects are never modified.
+* `MidLevelBackend`: checkpoint delegation. The backend's trackable children
+  are the wrapped object's children, so `tf.train.Checkpoint(embedding=
+  backend)` writes exactly the keys `tf.train.Checkpoint(embedding=tf_object)`
+  writes (`<table>` and `<table>.S<slot>`), and a restore requested before
+  `build()` is handed to the TF object, which restores on variable creation.
+"""
+
+import copy
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import tensorflow as tf
+from tensorflow.python.trackable import base as trackable_base  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
+
+from backends import base
+
+embedding = tf.tpu.experimental.embedding
+
+
+def tf_feature_config(
+    backend: base.EmbeddingBackend,
+    feature_fn: Optional[Callable[[str, Any], Dict[str, Any]]] = None,
+) -> Tuple[Any, Dict[str, embedding.TableConfig]]:
+  """Copies the backend's feature config for a TF mid-level class.
+
+  Args:
+    backend: the (constructed) backend whose configuration to copy.
+    feature_fn: optional `(path, FeatureConfig) -> {attribute: value}` of
+      FeatureConfig attributes to override in the copy (e.g. `output_shape`).
+
+  Returns:
+    `(feature_config, tables)`: the copied nested structure, whose features
+    sharing a table share one copied `TableConfig`; and the copied tables by
+    table name. Each copy has `name` set to the backend's table name and
+    `optimizer` to the table's resolved optimizer (None for lookup-only use
+    without one).
+  """
+  copies: Dict[int, embedding.TableConfig] = {}
+  by_name: Dict[str, embedding.TableConfig] = {}
+  for table in backend.tables:
+    clone = copy.copy(table)
+    clone.name = backend.table_name(table)
+    clone.optimizer = backend.optimizer_for(table)
+    copies[id(table)] = clone
+    by_name[clone.name] = clone
+  flat = []
+  for path, feature in nest.flatten_with_joined_string_paths(
+      backend.feature_config):
+    clone = copy.copy(feature)
+    clone.table = copies[id(feature.table)]
+    for key, value in (feature_fn(path, feature) if feature_fn else {}).items():
+      setattr(clone, key, value)
+    flat.append(clone)
+  return nest.pack_sequence_as(backend.feature_config, flat), by_name
+
+
+class MidLevelBackend(base.EmbeddingBackend):
+  """A backend whose variables live in a wrapped TF mid-level API object.
+
+  Subclasses implement `_create_mid_level()` (called by `build()` under the
+  strategy scope) and the lookup/training methods.
+  """
+
+  def __init__(self, feature_config: Any, optimizer: Optional[Any] = None,
+               strategy: Optional[tf.distribute.Strategy] = None):
+    super().__init__(feature_config, optimizer, strategy)
+    self._mid = None
+
+  def _create_mid_level(self) -> Any:
+    """Returns the TF object (called once, under the strategy's scope)."""
+    raise NotImplementedError
+
+  @property
+  def mid_level(self) -> Any:
+    """The wrapped TF object (None before `build()`)."""
+    return self._mid
+
+  def build(self) -> None:
+    """Creates the TF object and its tables and slots (idempotent)."""
+    if self._built:
+      return
+    with tf.init_scope(), self._strategy.scope():
+      mid = self._create_mid_level()
+      self._mid = data_structures.NoDependency(mid)
+      self._hand_over_deferred_restores(mid)
+      self._build_mid_level(mid)
+    self._built = True
+
+  def _build_mid_level(self, mid: Any) -> None:
+    mid.build()
+
+  def _maybe_build(self) -> None:
+    if not self._built:
+      self.build()
+
+  def _hand_over_deferred_restores(self, mid: Any) -> None:
+    """Moves restores requested before build() to the TF object.
+
+    `checkpoint.restore()` on an unbuilt backend queues the values under the
+    backend; the TF object creates its variables through
+    `_add_variable_with_custom_getter`, which restores from its own queue.
+    """
+    pending = self._deferred_dependencies
+    if not pending:
+      return
+    mid._maybe_initialize_trackable()  # pylint: disable=protected-access
+    for name, positions in list(pending.items()):
+      mid._deferred_dependencies.setdefault(name, []).extend(positions)  # pylint: disable=protected-access
+    pending.clear()
+
+  # -- checkpoint layout: the wrapped object's children, under our node -------
+
+  def _trackable_children(self,
+                          save_type=trackable_base.SaveType.CHECKPOINT,
+                          **kwargs):
+    if getattr(self, "_mid", None) is None:
+      return {}
+    return self._mid._trackable_children(save_type, **kwargs)  # pylint: disable=protected-access
+
+  def _lookup_dependency(self, name, cached_dependencies=None):
+    if cached_dependencies:
+      return cached_dependencies.get(name)
+    mid = getattr(self, "_mid", None)
+    if mid is not None:
+      found = mid._lookup_dependency(name)  # pylint: disable=protected-access
+      if found is not None:
+        return found
+    return super()._lookup_dependency(name)
+
+  # -- variables ---------------------------------------------------------------
+
+  def _variables_by_table(self) -> Dict[str, Dict[str, tf.Variable]]:
+    """TF's `{table name: {"parameters" | slot name: variable}}`."""
+    self._maybe_build()
+    return self._mid._variables  # pylint: disable=protected-access
+
+  @property
+  def embedding_tables(self) -> Dict[embedding.TableConfig, tf.Variable]:
+    """The table variables, keyed by the user's `TableConfig`."""
+    variables = self._variables_by_table()
+    return {t: variables[self.table_name(t)]["parameters"] for t in self._tables}
+
+  def slot_variables(self) -> Dict[str, Dict[str, tf.Variable]]:
+    variables = self._variables_by_table()
+    return {self.table_name(t): {
+        k: v for k, v in variables[self.table_name(t)].items()
+        if k != "parameters"} for t in self._tables}

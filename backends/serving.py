@@ -1,0 +1,220 @@
+"""The serving backend (TF's `TPUEmbeddingForServing`) and SavedModel export.
+
+`ServingEmbedding` is lookup-only and runs on CPU or GPU under any non-TPU
+strategy. It restores checkpoints written by every training backend (the
+layout of TF's mid-level API: `<table>` and `<table>.S<slot>`; SparseCore's
+stacked tables are unstacked by TF on restore), and its lookups follow the
+project's output-shape convention, which TF's serving lookup does not for
+dense ids: TF returns `[B, N, D]` for dense `[B, N]` ids (even `N == 1`)
+where every backend returns the bag combined with the table's combiner,
+`[B, D]`. Dense `[B, N]` ids are therefore looked up as a ragged bag of `N`
+ids per row.
+
+`export_saved_model` writes a model and a serving embedding to a SavedModel
+whose `serve(features)` function needs neither this package nor a TPU.
+
+Example:
+  >>> emb = ServingEmbedding(feature_config)            # no slots for export
+  >>> restore(emb, "/tmp/model/ckpt-100")               # backends.checkpoint
+  >>> export_saved_model("/tmp/export", emb, model, signature)
+"""
+
+import collections.abc
+from typing import Any, Callable, Optional, Tuple
+
+import tensorflow as tf
+from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
+
+from backends import base
+from backends import mid_level
+from backends import registry
+
+embedding = tf.tpu.experimental.embedding
+
+
+class ServingEmbedding(mid_level.MidLevelBackend):
+  """Lookup-only embedding for CPU/GPU inference, wrapping `TPUEmbeddingForServing`.
+
+  Args:
+    feature_config: nested structure of `FeatureConfig`.
+    optimizer: optional embedding optimizer. Without one (and without
+      per-table optimizers) no slot variables are created — what an export
+      wants. With one, the slots of TF's layout exist too, so a training
+      checkpoint round-trips through this backend slots included.
+    strategy: any non-TPU strategy (default: the current one).
+
+  Example:
+    >>> table = tf.tpu.experimental.embedding.TableConfig(23, 7, name="t")
+    >>> emb = ServingEmbedding({"f": tf.tpu.experimental.embedding.FeatureConfig(table)})
+    >>> emb.build()
+    >>> emb.lookup({"f": tf.constant([[1, 2], [3, 4]])})["f"].shape
+    TensorShape([2, 7])
+  """
+
+  name = "serving"
+  capabilities = base.Capabilities(trains=False)
+
+  @classmethod
+  def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> Optional[str]:
+    feature = registry._embedding_feature(strategy)  # pylint: disable=protected-access
+    if feature is not None:
+      return (f"{type(strategy).__name__} is a TPU strategy (embedding_feature="
+              f"{feature.name}); TPUEmbeddingForServing runs on CPU/GPU only. "
+              "Serve under the default strategy, or use 'tensorcore' for "
+              "lookups on a TPU")
+    return None
+
+  def _create_mid_level(self) -> Any:
+    config, _ = mid_level.tf_feature_config(self)
+    return embedding.TPUEmbeddingForServing(config, optimizer=None)
+
+  def lookup(self, features: Any, weights: Optional[Any] = None,
+             training: bool = False) -> Any:
+    """Looks up and combines every feature (see `backends.base` for shapes).
+
+    Args:
+      features: the structure of `feature_config` with int ids: dense `[B]` or
+        `[B, N]`, `tf.SparseTensor` or `tf.RaggedTensor` `[B, None]`.
+      weights: None, or the same structure with float weights for sparse or
+        ragged features (None leaves allowed; when `feature_config` is a
+        dict, missing keys mean no weights).
+      training: must be False: this backend cannot train.
+
+    Returns:
+      The structure of `feature_config`: `[B, D]` per feature, `[B, L, D]`
+      per sequence feature, `output_shape + [D]` when set.
+
+    Raises:
+      NotImplementedError: `training=True`.
+      ValueError: weights given for dense ids or a sequence feature; a
+        structure that does not match `feature_config`.
+    """
+    if training:
+      raise NotImplementedError(
+          "the 'serving' backend is lookup-only: call lookup(training=False), "
+          "or train with 'tensorcore' / 'tpu_embedding'.")
+    self._maybe_build()
+    if (weights is not None and isinstance(weights, collections.abc.Mapping)
+        and isinstance(self._feature_config, collections.abc.Mapping)):
+      unknown = sorted(set(weights) - set(self._feature_config))
+      if unknown:
+        raise ValueError(f"weights name unknown features {unknown}; features "
+                         f"are {sorted(self._feature_config)}.")
+      weights = {k: weights.get(k) for k in self._feature_config}
+    flat = self._flatten_like_config(features, "features")
+    flat_w = (self._flatten_like_config(weights, "weights")
+              if weights is not None else [None] * len(flat))
+    ids, wts = [], []
+    for (path, feature), inp, w in zip(self._flat_features, flat, flat_w):
+      inp, w = _as_bag(path, feature, inp, w)
+      ids.append(inp)
+      wts.append(w)
+    tf_config = self._mid._feature_config  # pylint: disable=protected-access
+    packed_w = None
+    if any(w is not None for w in wts):
+      packed_w = nest.pack_sequence_as(tf_config, wts)
+    outputs = nest.flatten(embedding.serving_embedding_lookup(
+        nest.pack_sequence_as(tf_config, ids), packed_w,
+        self._mid.embedding_tables, tf_config))
+    for i, (_, feature) in enumerate(self._flat_features):
+      if feature.output_shape and feature.output_shape.rank:
+        outputs[i] = tf.reshape(
+            outputs[i], feature.output_shape.as_list() + [feature.table.dim])
+    return nest.pack_sequence_as(self._feature_config, outputs)
+
+
+def _as_bag(path: str, feature: Any, ids: Any, weights: Any
+           ) -> Tuple[Any, Any]:
+  """Dense `[B, N]` ids -> a ragged bag of N ids per row (TF combines bags)."""
+  if isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
+    return ids, weights
+  ids = tf.convert_to_tensor(ids)
+  if weights is not None:
+    raise ValueError(
+        f"feature {path!r}: weights were given but the ids are a dense tensor "
+        f"of shape {ids.shape}; weights apply to SparseTensor or RaggedTensor "
+        "bags only (the 'tensorcore' backend has the same rule).")
+  if ids.shape.rank == 1 and not feature.max_sequence_length:
+    return ids, None  # TF's [B] -> [B, D] already follows the convention.
+  if ids.shape.rank == 1:
+    ids = ids[:, tf.newaxis]
+  if ids.shape.rank != 2:
+    raise ValueError(
+        f"feature {path!r} got dense ids of shape {ids.shape}; expected [B] "
+        "(one id per example) or [B, N] (bags of N ids).")
+  return tf.RaggedTensor.from_tensor(ids), None
+
+
+# -- export ----------------------------------------------------------------------
+
+
+def _default_split(features: Any) -> Tuple[Any, Any]:
+  return features, None
+
+
+class _ServingModule(tf.Module):
+  """What the SavedModel holds: the embedding, the model and `serve`."""
+
+  def __init__(self, emb: ServingEmbedding, model: Any,
+               split_fn: Callable[[Any], Tuple[Any, Any]],
+               input_signature: Any):
+    super().__init__(name="recsys_serving")
+    self.embedding = emb
+    self.model = model
+    self._split_fn = split_fn
+
+    def serve(features):
+      ids, weights = self._split_fn(features)
+      activations = self.embedding.lookup(ids, weights, training=False)
+      return self.model(activations, features)
+
+    self.serve = tf.function(serve, input_signature=[input_signature])
+
+
+def export_saved_model(export_dir: str,
+                       emb: ServingEmbedding,
+                       model: Any,
+                       input_signature: Any,
+                       split_fn: Callable[[Any], Tuple[Any, Any]] = _default_split
+                      ) -> str:
+  """Writes `model` on top of `emb` as a SavedModel that serves on CPU.
+
+  The SavedModel has a `serve(features)` function (`tf.saved_model.load(dir)
+  .serve(features)`) computing `model(emb.lookup(ids, weights), features)`
+  with `(ids, weights) = split_fn(features)`; when every input is a dense
+  `tf.TensorSpec` it is also the `serving_default` signature, taking the
+  features as flat keyword arguments named by their paths (`/` -> `__`).
+
+  Args:
+    export_dir: directory to write.
+    emb: a built (or restorable) `ServingEmbedding`, e.g. restored from a
+      training checkpoint with `backends.checkpoint.restore`.
+    model: callable `model(activations, features) -> scores`, trackable (a
+      Keras model or `tf.Module`) so its variables are saved.
+    input_signature: nested `tf.TensorSpec` / `tf.RaggedTensorSpec` /
+      `tf.SparseTensorSpec` of `features`.
+    split_fn: `features -> (ids, weights)` for the embedding lookup, e.g.
+      `lambda f: (f["categorical"], f.get("weights"))`.
+
+  Returns:
+    `export_dir`.
+  """
+  emb.build()
+  module = _ServingModule(emb, model, split_fn, input_signature)
+  signatures = None
+  leaves = nest.flatten_with_joined_string_paths(input_signature)
+  if all(type(spec) is tf.TensorSpec for _, spec in leaves):  # pylint: disable=unidiomatic-typecheck
+    names = [path.replace("/", "__") for path, _ in leaves]
+    specs = [tf.TensorSpec(spec.shape, spec.dtype, name=n)
+             for n, (_, spec) in zip(names, leaves)]
+
+    def flat_serve(**kwargs):
+      features = nest.pack_sequence_as(input_signature,
+                                       [kwargs[n] for n in names])
+      scores = module.serve(features)
+      return scores if isinstance(scores, dict) else {"scores": scores}
+
+    signatures = {"serving_default": tf.function(flat_serve).get_concrete_function(
+        **{n: s for n, s in zip(names, specs)})}
+  tf.saved_model.save(module, export_dir, signatures=signatures)
+  return export_dir

@@ -1,0 +1,183 @@
+"""The tpu_embedding_v0 backend: TF's own `TPUEmbeddingV0` behind the interface.
+
+For users who want exactly TF's class on TPUs without an embedding
+accelerator (`embedding_feature=UNSUPPORTED`, or any TPU). Lookups are TF's:
+tables replicated on every TensorCore, sparse and ragged bags densified on the
+host (`outside_compilation`) and looked up with a gather.
+
+TF leaves training to the user: `TPUEmbeddingV0` expects a Keras optimizer
+over its `embedding_tables`, whose math (e.g. Keras Adagrad's epsilon, Adam's
+bias correction, dense updates of every row) is not the TPU optimizers'.
+This backend instead applies the table's `tf.tpu.experimental.embedding`
+optimizer with TPU semantics, like every other backend: `lookup(training=
+True)` records the lookup on a tape; `apply_gradients` turns the activation
+gradients into row gradients, keeps only the rows the step looked up (V0's
+densified bags also gather row 0 as padding, with zero weight), sums them
+over the replicas and calls `backends.optimizers.apply_sparse_update`.
+
+`backend="auto"` never picks this backend: the project's `tensorcore`
+implements the same design with static shapes, de-duplicated gathers, input
+validation and row-only exchange between replicas, and runs under every
+strategy; choose `tpu_embedding_v0` by name to get TF's class itself.
+
+No TPU was reachable where this was written: this backend has only been
+checked on CPU, for its refusals and its gradient bookkeeping.
+"""
+
+from typing import Any, List, Optional, Tuple
+
+import tensorflow as tf
+from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
+
+from backends import base
+from backends import mid_level
+from backends import optimizers
+from backends import registry
+
+embedding = tf.tpu.experimental.embedding
+
+
+class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
+  """TF's `TPUEmbeddingV0` (replicated tables on a TPU's TensorCores).
+
+  Args:
+    feature_config: nested structure of `FeatureConfig`.
+    optimizer: default embedding optimizer (applied with TPU semantics).
+    strategy: a `TPUStrategy` (any embedding feature).
+
+  Example:
+    >>> emb = backends.create(feature_config, Adagrad(0.05), tpu_strategy,
+    ...                       backend="tpu_embedding_v0")
+  """
+
+  name = "tpu_embedding_v0"
+  capabilities = base.Capabilities(needs_tpu=True)
+
+  def __init__(self, feature_config: Any, optimizer: Optional[Any] = None,
+               strategy: Optional[tf.distribute.Strategy] = None):
+    super().__init__(feature_config, optimizer, strategy)
+    for table in self._tables:
+      optimizers.check_supported(self.optimizer_for(table), self.table_name(table))
+    self._pending = data_structures.NoDependency([])
+
+  @classmethod
+  def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> Optional[str]:
+    if registry._embedding_feature(strategy) is not None:  # pylint: disable=protected-access
+      return None
+    return (f"TF's TPUEmbeddingV0 only runs under a TPUStrategy; this is "
+            f"{type(strategy).__name__}. Use 'tensorcore', which implements "
+            "the same replicated design under any strategy")
+
+  def _create_mid_level(self) -> Any:
+    config, _ = mid_level.tf_feature_config(self)
+    return embedding.TPUEmbeddingV0(config, optimizer=None)
+
+  def lookup(self, features: Any, weights: Optional[Any] = None,
+             training: bool = False) -> Any:
+    """TF's V0 lookup; with `training=True`, recorded for `apply_gradients`."""
+    self._maybe_build()
+    flat = self._flatten_like_config(features, "features")
+    if not training:
+      return self._mid.embedding_lookup(features, weights)
+    tables = [self._variables_by_table()[self.table_name(t)]["parameters"]
+              for t in self._tables]
+    with tf.GradientTape(watch_accessed_variables=False,
+                         persistent=False) as tape:
+      tape.watch(tables)
+      activations = self._mid.embedding_lookup(features, weights)
+    touched = touched_ids(self._flat_features, flat,
+                          [self.table_name(t) for t in self._tables],
+                          self.table_name)
+    self._pending[:] = [(tape, nest.flatten(activations), tables, touched)]
+    return activations
+
+  def apply_gradients(self, activation_gradients: Any) -> None:
+    """Applies each table's optimizer (TPU semantics) to the looked-up rows."""
+    if not self._pending:
+      raise RuntimeError("apply_gradients() needs a lookup(..., training=True) "
+                         "earlier in the same step.")
+    tape, flat_acts, tables, touched = self._pending.pop()
+    flat_grads = self._flatten_like_config(activation_gradients,
+                                           "activation gradients")
+    targets = [a for a, g in zip(flat_acts, flat_grads) if g is not None]
+    grads = [g for g in flat_grads if g is not None]
+    table_grads = (tape.gradient(targets, tables, output_gradients=grads)
+                   if targets else [None] * len(tables))
+    replica_ctx = tf.distribute.get_replica_context()
+    for table, variable, grad, ids in zip(self._tables, tables, table_grads,
+                                          touched):
+      rows = row_gradients(ids, grad, table.dim)
+      if self._strategy.num_replicas_in_sync > 1 and replica_ctx is not None:
+        ids, rows = sum_over_replicas(replica_ctx, ids, rows)
+      name = self.table_name(table)
+      slots = self.slot_variables()[name]
+      optimizers.apply_sparse_update(self.optimizer_for(table), variable, slots,
+                                     ids, rows)
+
+  def input_options(self) -> tf.distribute.InputOptions:
+    """Bags stay on the host, where V0 densifies them."""
+    return tf.distribute.InputOptions(experimental_fetch_to_device=False)
+
+
+def _feature_ids(feature: Any, ids: Any) -> tf.Tensor:
+  """The ids a feature's lookup reads (sequence features: the first L)."""
+  length = feature.max_sequence_length
+  if isinstance(ids, tf.RaggedTensor):
+    return (ids[:, :length] if length else ids).flat_values
+  if isinstance(ids, tf.SparseTensor):
+    if length:
+      return tf.boolean_mask(ids.values, ids.indices[:, -1] < length)
+    return ids.values
+  return tf.reshape(tf.convert_to_tensor(ids), [-1])
+
+
+def touched_ids(flat_features: List[Tuple[str, Any]], flat_ids: List[Any],
+                table_names: List[str], name_of) -> List[tf.Tensor]:
+  """Unique int64 ids `[U]` each table's lookup reads, in table order."""
+  per_table = {name: [] for name in table_names}
+  for (_, feature), ids in zip(flat_features, flat_ids):
+    per_table[name_of(feature.table)].append(
+        tf.cast(_feature_ids(feature, ids), tf.int64))
+  return [tf.unique(tf.concat(per_table[name], 0))[0] for name in table_names]
+
+
+def row_gradients(ids: tf.Tensor, table_grad: Any, dim: int) -> tf.Tensor:
+  """Gradient `[U, D]` of each of the unique `ids` from a table's gradient.
+
+  Args:
+    ids: int64 `[U]` unique ids the step looked up.
+    table_grad: `tf.IndexedSlices` (gradient of gathers; indices may repeat
+      and include rows not in `ids`, e.g. padding), a dense `[V, D]` tensor,
+      or None.
+    dim: the table's width D.
+
+  Returns:
+    float32 `[U, D]`: the summed gradient of each id; entries for indices
+    outside `ids` are dropped.
+  """
+  count = tf.size(ids)
+  if table_grad is None:
+    return tf.zeros([count, dim], tf.float32)
+  if isinstance(table_grad, tf.IndexedSlices):
+    indices = tf.cast(table_grad.indices, tf.int64)
+    values = table_grad.values
+  else:
+    return tf.gather(tf.convert_to_tensor(table_grad), ids)
+  # `ids` are unique, so tf.unique keeps them first and in order: positions
+  # [0, U) are `ids`, anything after is a row the step did not look up.
+  _, position = tf.unique(tf.concat([ids, indices], 0), out_idx=tf.int32)
+  position = position[count:]
+  summed = tf.math.unsorted_segment_sum(
+      tf.reshape(values, [-1, dim]), position, count + tf.size(indices))
+  return summed[:count]
+
+
+def sum_over_replicas(replica_ctx, ids: tf.Tensor, grads: tf.Tensor
+                     ) -> Tuple[tf.Tensor, tf.Tensor]:
+  """All-gathers every replica's (ids, grads) and sums them per unique id."""
+  all_ids = replica_ctx.all_gather(ids, axis=0)
+  all_grads = replica_ctx.all_gather(grads, axis=0)
+  unique_ids, index = tf.unique(all_ids, out_idx=tf.int32)
+  return unique_ids, tf.math.unsorted_segment_sum(all_grads, index,
+                                                  tf.size(unique_ids))

@@ -1,0 +1,274 @@
+"""What `recsys info` reports: the environment, the backend choice, table memory.
+
+`describe_environment` lists the devices, the strategy, the TPU embedding
+feature, the backend "auto" would pick and why, and (given a feature config)
+the memory plan. `plan_memory` computes, per table, the bytes of the table and
+its optimizer slots that each device holds — everything on every device for
+replicated backends (tensorcore, tpu_embedding_v0), a `1/N` row shard for
+sharded ones (tpu_embedding over the TPU cores, sharded over the parameter
+servers) — against the device's memory, and warns before a configuration
+that cannot fit. Importable and runnable without a TPU.
+
+Example:
+  >>> print(describe_environment(strategy, feature_config, Adagrad(0.05)))
+"""
+
+import dataclasses
+import math
+import os
+from typing import Any, List, Optional, Tuple
+
+import tensorflow as tf
+from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
+
+import backends
+from backends import optimizers as embedding_optimizers
+from backends import registry
+
+#: Fraction of device memory the embedding may use before a warning: the
+#: rest is for activations, the model, the input pipeline.
+HEADROOM = 0.8
+
+
+@dataclasses.dataclass(frozen=True)
+class TableMemory:
+  """One table's memory on one device.
+
+  Attributes:
+    table: table name.
+    vocabulary_size, dim: the table's shape.
+    optimizer: optimizer class name ("none" without one).
+    slots: the optimizer's slot names (each the table's shape).
+    table_bytes: the whole table.
+    slot_bytes: all its slots, whole.
+    shards: devices the rows are split over (1 = replicated).
+    bytes_per_device: table and slots held by one device.
+  """
+  table: str
+  vocabulary_size: int
+  dim: int
+  optimizer: str
+  slots: Tuple[str, ...]
+  table_bytes: int
+  slot_bytes: int
+  shards: int
+  bytes_per_device: int
+
+  @property
+  def placement(self) -> str:
+    return "replicated" if self.shards == 1 else f"sharded /{self.shards}"
+
+
+@dataclasses.dataclass
+class MemoryPlan:
+  """Per-table rows, their total per device and the verdict."""
+  backend: str
+  rows: List[TableMemory]
+  device_memory_bytes: Optional[int]
+  memory_source: str
+  warnings: List[str]
+
+  @property
+  def bytes_per_device(self) -> int:
+    return sum(r.bytes_per_device for r in self.rows)
+
+  @property
+  def fits(self) -> Optional[bool]:
+    """True/False against HEADROOM of device memory; None if unknown."""
+    if not self.device_memory_bytes:
+      return None
+    return self.bytes_per_device <= HEADROOM * self.device_memory_bytes
+
+  def format(self) -> str:
+    """A fixed-width table, the total, and any warnings."""
+    header = ("table", "vocab", "dim", "optimizer", "slots", "table",
+              "slots", "per device", "placement")
+    lines = [header] + [
+        (r.table, str(r.vocabulary_size), str(r.dim), r.optimizer,
+         str(len(r.slots)), human_bytes(r.table_bytes),
+         human_bytes(r.slot_bytes), human_bytes(r.bytes_per_device),
+         r.placement) for r in self.rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip()
+           for line in lines]
+    total = f"total per device: {human_bytes(self.bytes_per_device)}"
+    if self.device_memory_bytes:
+      share = 100.0 * self.bytes_per_device / self.device_memory_bytes
+      total += (f" of {human_bytes(self.device_memory_bytes)} "
+                f"({self.memory_source}), {share:.1f}%")
+    else:
+      total += f" (device memory unknown: {self.memory_source})"
+    out.append(total)
+    out.extend(f"WARNING: {w}" for w in self.warnings)
+    return "\n".join(out)
+
+
+def human_bytes(n: float) -> str:
+  for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+    if abs(n) < 1024 or unit == "TiB":
+      return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    n /= 1024.0
+  return f"{n:.1f} TiB"
+
+
+def _tables(feature_config: Any) -> List[Any]:
+  tables = []
+  for feature in nest.flatten(feature_config):
+    if all(feature.table is not t for t in tables):
+      tables.append(feature.table)
+  return tables
+
+
+def _local_devices(strategy: tf.distribute.Strategy) -> List[str]:
+  try:
+    return list(strategy.extended.worker_devices)
+  except (AttributeError, RuntimeError):
+    return []
+
+
+def _num_parameter_servers(strategy: tf.distribute.Strategy) -> int:
+  resolver = getattr(strategy, "cluster_resolver", None)
+  try:
+    return max(1, resolver.cluster_spec().num_tasks("ps"))
+  except Exception:  # noqa: BLE001 - no resolver or no ps job
+    return 1
+
+
+def host_memory_bytes() -> Optional[int]:
+  """Physical RAM of this host (`/proc/meminfo` MemTotal, else sysconf)."""
+  try:
+    with open("/proc/meminfo", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("MemTotal:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  try:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def _device_memory(strategy: tf.distribute.Strategy
+                  ) -> Tuple[Optional[int], str]:
+  """Memory available to one device, and where that figure comes from."""
+  devices = _local_devices(strategy)
+  kinds = {tf.DeviceSpec.from_string(d).device_type for d in devices} or {"CPU"}
+  if kinds <= {"CPU"}:
+    ram = host_memory_bytes()
+    if ram is None:
+      return None, "host RAM unknown; pass device_memory_bytes"
+    copies = max(1, len(devices))
+    if copies == 1:
+      return ram, "host RAM"
+    return ram // copies, f"host RAM / {copies} replicas on this host"
+  kind = sorted(kinds - {"CPU"})[0]
+  return None, (f"{kind} memory is not reported by TensorFlow; pass "
+                "device_memory_bytes (e.g. --device_memory_gb)")
+
+
+def _resolve_backend(strategy, backend: str) -> Tuple[str, str]:
+  if backend == "auto":
+    return backends.select(strategy)
+  why_not = backends.get(backend).unavailable_reason(strategy)
+  if why_not:
+    return backend, f"forced, but cannot run here: {why_not}"
+  return backend, "forced by configuration"
+
+
+def plan_memory(feature_config: Any,
+                optimizer: Optional[Any] = None,
+                strategy: Optional[tf.distribute.Strategy] = None,
+                device_memory_bytes: Optional[int] = None,
+                backend: str = "auto") -> MemoryPlan:
+  """Bytes of each table and its slots per device, and whether they fit.
+
+  Args:
+    feature_config: nested structure of `FeatureConfig`.
+    optimizer: default embedding optimizer for tables without their own.
+    strategy: defaults to the current strategy.
+    device_memory_bytes: one device's memory; default: host RAM (shared by
+      the replicas on this host) on CPU, unknown on accelerators.
+    backend: "auto" or a backend name: decides replicated vs sharded.
+
+  Returns:
+    A `MemoryPlan`; `plan.rows` has one `TableMemory` per table, `plan.fits`
+    the verdict, `plan.format()` the printable table.
+  """
+  strategy = strategy or tf.distribute.get_strategy()
+  name, _ = _resolve_backend(strategy, backend)
+  sharded = backends.get(name).capabilities.sharded_tables
+  if not sharded:
+    shards = 1
+  elif name == "sharded":
+    shards = _num_parameter_servers(strategy)
+  else:
+    shards = max(1, strategy.num_replicas_in_sync)
+  source = "given"
+  if device_memory_bytes is None:
+    device_memory_bytes, source = _device_memory(strategy)
+  rows, warnings = [], []
+  for i, table in enumerate(_tables(feature_config)):
+    table_name = table.name if table.name is not None else f"table_{i}"
+    opt = table.optimizer if table.optimizer is not None else optimizer
+    slots = tuple(embedding_optimizers.slot_names(opt)) if opt is not None else ()
+    width = table.dim * table.dtype.size
+    table_bytes = table.vocabulary_size * width
+    rows_per_device = math.ceil(table.vocabulary_size / shards)
+    rows.append(TableMemory(
+        table=table_name, vocabulary_size=table.vocabulary_size, dim=table.dim,
+        optimizer=type(opt).__name__ if opt is not None else "none",
+        slots=slots, table_bytes=table_bytes,
+        slot_bytes=len(slots) * table_bytes, shards=shards,
+        bytes_per_device=rows_per_device * width * (1 + len(slots))))
+  plan = MemoryPlan(name, rows, device_memory_bytes, source, warnings)
+  if plan.fits is False:
+    budget = HEADROOM * device_memory_bytes
+    biggest = max(rows, key=lambda r: r.bytes_per_device)
+    warnings.append(
+        f"the embedding needs {human_bytes(plan.bytes_per_device)} per device "
+        f"with the {name!r} backend ({rows[0].placement}), over "
+        f"{HEADROOM:.0%} of the {human_bytes(device_memory_bytes)} a device "
+        f"has ({human_bytes(budget)}); the largest is table {biggest.table!r} "
+        f"({human_bytes(biggest.bytes_per_device)}). Shard the tables "
+        "('tpu_embedding' on TPUs with an embedding accelerator, 'sharded' on "
+        "parameter servers), shrink vocabularies or dims, or use an optimizer "
+        "with fewer slots (SGD 0, Adagrad 1, Adam/FTRL/AdagradMomentum 2).")
+  return plan
+
+
+def describe_environment(strategy: Optional[tf.distribute.Strategy] = None,
+                         feature_config: Optional[Any] = None,
+                         optimizer: Optional[Any] = None,
+                         backend: str = "auto",
+                         device_memory_bytes: Optional[int] = None) -> str:
+  """The report of `recsys info`: devices, strategy, TPU, backend, memory.
+
+  Args:
+    strategy: defaults to the current strategy.
+    feature_config: if given, the memory plan of its tables is appended.
+    optimizer: default embedding optimizer of that config.
+    backend: "auto" or a forced backend name.
+    device_memory_bytes: see `plan_memory`.
+
+  Returns:
+    Multi-line text.
+  """
+  strategy = strategy or tf.distribute.get_strategy()
+  devices = [d.name for d in tf.config.list_logical_devices()]
+  lines = [f"devices: {', '.join(devices) or 'none'}"]
+  lines.append(f"strategy: {type(strategy).__name__} "
+               f"({strategy.num_replicas_in_sync} replica(s))")
+  feature = registry._embedding_feature(strategy)  # pylint: disable=protected-access
+  lines.append("TPU embedding feature: " +
+               (feature.name if feature is not None else "not a TPU"))
+  name, reason = _resolve_backend(strategy, backend)
+  lines.append(f"embedding backend: {backend} -> {name} ({reason})")
+  lines.append(f"backends that can run here: "
+               f"{', '.join(backends.available(strategy))}")
+  if feature_config is not None:
+    plan = plan_memory(feature_config, optimizer, strategy,
+                       device_memory_bytes, backend)
+    lines.append("embedding memory per device:")
+    lines.extend("  " + line for line in plan.format().splitlines())
+  return "\n".join(lines)

@@ -1,0 +1,260 @@
+"""TPU smoke test: every TPU embedding backend against `tensorcore` on one TPU.
+
+    python -m recsys.tools.tpu_smoke --tpu <name or grpc://host:8470>
+
+For each optimizer, trains a few steps of a small synthetic embedding model
+with each backend the TPU supports (`tpu_embedding` on embedding_feature V1
+or V2, `tpu_embedding_v0` on any TPU) and with `tensorcore`, from the same
+initial tables on the same batches; saves each run's checkpoint; restores
+every checkpoint on the CPU into the `serving` backend (which also proves the
+checkpoints portable) and compares tables and slots with tensorcore's. Exits
+with status 1 if any differs beyond the tolerance.
+
+Each training run is a separate process: a TPU hosts one embedding engine
+configuration per initialisation.
+
+This tool has never been run by its authors: no TPU was reachable from the
+machines the project was developed on. Please report what it prints.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Dict, List, Optional
+
+OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
+TPU_BACKENDS = ("tpu_embedding", "tpu_embedding_v0")
+REFERENCE = "tensorcore"
+VOCAB = {"users": 1009, "tags": 97}
+DIMS = {"users": 16, "tags": 8}
+MAX_TAGS = 4
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="python -m recsys.tools.tpu_smoke",
+      description=("Train a few steps with each TPU embedding backend this TPU "
+                   "supports and with the reference backend 'tensorcore' on the "
+                   "same data; compare tables and optimizer slots."))
+  parser.add_argument("--tpu", required=True,
+                      help="TPU name or address (as for TPUClusterResolver); "
+                      "'local' for a TPU VM.")
+  parser.add_argument("--steps", type=int, default=5, help="training steps")
+  parser.add_argument("--per_replica_batch", type=int, default=16,
+                      help="per-replica batch (a multiple of 4 for SparseCore)")
+  parser.add_argument("--optimizers", default=",".join(OPTIMIZERS),
+                      help=f"comma-separated subset of {', '.join(OPTIMIZERS)}")
+  parser.add_argument("--backends", default=",".join(TPU_BACKENDS),
+                      help="TPU backends to compare with tensorcore (those the "
+                      "hardware cannot run are skipped, with the reason)")
+  parser.add_argument("--rtol", type=float, default=1e-3)
+  parser.add_argument("--atol", type=float, default=1e-4)
+  parser.add_argument("--workdir", default=None,
+                      help="where checkpoints go (default: a temp directory)")
+  parser.add_argument("--run_one", default=None, help=argparse.SUPPRESS)
+  return parser
+
+
+# -- one training run (a child process) ---------------------------------------------
+
+
+def _optimizer(name: str):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  e = tf.tpu.experimental.embedding
+  return {"sgd": lambda: e.SGD(0.1),
+          "adagrad": lambda: e.Adagrad(0.1),
+          "adagrad_momentum": lambda: e.AdagradMomentum(0.1, momentum=0.9),
+          "adam": lambda: e.Adam(0.01),
+          "ftrl": lambda: e.FTRL(0.1)}[name]()
+
+
+def _feature_config():
+  """Two tables from fixed initial values; `tags` is a mean-combined bag."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  e = tf.tpu.experimental.embedding
+  rng = np.random.default_rng(0)
+  tables = {}
+  for name, combiner in (("users", "sum"), ("tags", "mean")):
+    init = rng.normal(0, 0.1, (VOCAB[name], DIMS[name])).astype(np.float32)
+    tables[name] = e.TableConfig(VOCAB[name], DIMS[name], name=name,
+                                 combiner=combiner,
+                                 initializer=tf.constant_initializer(init))
+  return {"user": e.FeatureConfig(tables["users"]),
+          "tags": e.FeatureConfig(tables["tags"])}
+
+
+def _dataset(ctx, per_replica_batch: int, steps: int):
+  """Deterministic batches: the same for every backend, sharded by pipeline."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  seed = 1000 * ctx.input_pipeline_id
+
+  def batch(step):
+    s = tf.stack([seed, step])
+    user = tf.random.stateless_uniform([per_replica_batch], s, 0, VOCAB["users"],
+                                       tf.int64)
+    lengths = tf.random.stateless_uniform([per_replica_batch], s + 1, 1,
+                                          MAX_TAGS + 1, tf.int64)
+    values = tf.random.stateless_uniform([tf.reduce_sum(lengths)], s + 2, 0,
+                                         VOCAB["tags"], tf.int64)
+    tags = tf.RaggedTensor.from_row_lengths(values, lengths)
+    label = tf.random.stateless_uniform([per_replica_batch], s + 3)
+    return {"user": user, "tags": tags}, label
+
+  per_pipeline = steps * ctx.num_replicas_in_sync // ctx.num_input_pipelines
+  return tf.data.Dataset.range(per_pipeline).map(batch)
+
+
+def _train_one(args, backend: str, optimizer: str, out: str) -> None:
+  import recsys  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=args.tpu)
+  tf.config.experimental_connect_to_cluster(resolver)
+  tf.tpu.experimental.initialize_tpu_system(resolver)
+  strategy = tf.distribute.TPUStrategy(resolver)
+  path = train_and_save(strategy, backend, optimizer, args.steps,
+                        args.per_replica_batch, out)
+  print(json.dumps({"checkpoint": path}))
+
+
+def train_and_save(strategy, backend: str, optimizer: str, steps: int,
+                   per_replica_batch: int, out: str) -> str:
+  """Trains `steps` steps with `backend` under `strategy`; returns the checkpoint."""
+  import recsys  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import backends  # pylint: disable=g-import-not-at-top
+
+  options = {}
+  if backend == "tpu_embedding":
+    options["per_replica_batch_size"] = per_replica_batch
+  if backend == REFERENCE:
+    options["bag_widths"] = MAX_TAGS
+  emb = backends.create(_feature_config(), _optimizer(optimizer), strategy,
+                        backend=backend, **options)
+  with strategy.scope():
+    emb.build()
+  global_batch = per_replica_batch * strategy.num_replicas_in_sync
+
+  def dataset_fn(ctx):
+    ds = _dataset(ctx, per_replica_batch, steps)
+    return ds.map(lambda f, y: (emb.preprocess(f)[0], y))
+
+  data = iter(strategy.distribute_datasets_from_function(
+      dataset_fn, options=emb.input_options()))
+
+  @tf.function
+  def step(iterator):
+    def replica_step(features, labels):
+      with tf.GradientTape() as tape:
+        acts = emb.lookup(features, training=True)
+        tape.watch(acts)
+        score = tf.reduce_sum(acts["user"], 1) + tf.reduce_sum(acts["tags"], 1)
+        loss = tf.reduce_sum((score - labels) ** 2) / global_batch
+      emb.apply_gradients(tape.gradient(loss, acts))
+      return loss
+    return strategy.run(replica_step, args=next(iterator))
+
+  for _ in range(steps):
+    step(data)
+  return tf.train.Checkpoint(embedding=emb).save(os.path.join(out, "ckpt"))
+
+
+# -- the comparison (the parent process, CPU only) -----------------------------------
+
+
+def read_on_cpu(path: str, optimizer: str) -> Dict[str, "object"]:
+  """Tables and slots of a smoke checkpoint, restored into `serving` on CPU."""
+  import recsys  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
+  from backends import checkpoint  # pylint: disable=g-import-not-at-top
+  from backends.serving import ServingEmbedding  # pylint: disable=g-import-not-at-top
+  emb = ServingEmbedding(_feature_config(), _optimizer(optimizer))
+  checkpoint.restore(emb, path)
+  values = {emb.table_name(t): v.numpy() for t, v in emb.embedding_tables.items()}
+  for table, slots in emb.slot_variables().items():
+    values.update({f"{table}/{s}": v.numpy() for s, v in slots.items()})
+  return values
+
+
+def _tpu_facts(tpu: str) -> Dict[str, object]:
+  """Embedding feature and the backends that can run (asked in a child)."""
+  code = (
+      "import json, recsys, tensorflow as tf, backends\n"
+      f"r = tf.distribute.cluster_resolver.TPUClusterResolver(tpu={tpu!r})\n"
+      "tf.config.experimental_connect_to_cluster(r)\n"
+      "tf.tpu.experimental.initialize_tpu_system(r)\n"
+      "s = tf.distribute.TPUStrategy(r)\n"
+      "f = s.extended.tpu_hardware_feature.embedding_feature\n"
+      "reasons = {n: backends.get(n).unavailable_reason(s) for n in backends.names()}\n"
+      "print(json.dumps({'feature': f.name, 'replicas': s.num_replicas_in_sync,"
+      " 'unavailable': reasons}))\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, check=True).stdout
+  return json.loads(out.strip().splitlines()[-1])
+
+
+def _run_child(args, backend: str, optimizer: str, out: str) -> Optional[str]:
+  cmd = [sys.executable, "-m", "recsys.tools.tpu_smoke", "--tpu", args.tpu,
+         "--steps", str(args.steps), "--per_replica_batch",
+         str(args.per_replica_batch), "--run_one", f"{backend}:{optimizer}",
+         "--workdir", out]
+  result = subprocess.run(cmd, capture_output=True, text=True)
+  if result.returncode:
+    print(f"  {backend} / {optimizer}: FAILED to train:\n{result.stderr[-3000:]}")
+    return None
+  return json.loads(result.stdout.strip().splitlines()[-1])["checkpoint"]
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+  args = _parser().parse_args(argv)
+  if args.run_one:
+    backend, optimizer = args.run_one.split(":")
+    _train_one(args, backend, optimizer, args.workdir)
+    return 0
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  optimizers = [o for o in args.optimizers.split(",") if o]
+  unknown = sorted(set(optimizers) - set(OPTIMIZERS))
+  if unknown:
+    raise SystemExit(f"unknown optimizers {unknown}; choose from {OPTIMIZERS}")
+  facts = _tpu_facts(args.tpu)
+  print(f"TPU {args.tpu}: embedding_feature={facts['feature']}, "
+        f"{facts['replicas']} replicas")
+  candidates = []
+  for name in [b for b in args.backends.split(",") if b]:
+    reason = facts["unavailable"].get(name, "not a registered backend")
+    if reason:
+      print(f"  skipping {name}: {reason}")
+    else:
+      candidates.append(name)
+  workdir = args.workdir or tempfile.mkdtemp(prefix="tpu_smoke_")
+  failures = 0
+  for optimizer in optimizers:
+    runs = {}
+    for backend in [REFERENCE] + candidates:
+      out = os.path.join(workdir, f"{backend}_{optimizer}")
+      path = _run_child(args, backend, optimizer, out)
+      if path is None:
+        failures += 1
+      else:
+        runs[backend] = read_on_cpu(path, optimizer)
+    if REFERENCE not in runs:
+      continue
+    reference = runs.pop(REFERENCE)
+    for backend, values in runs.items():
+      worst = max(float(np.max(np.abs(values[k] - reference[k])))
+                  for k in reference)
+      ok = all(np.allclose(values[k], reference[k], rtol=args.rtol,
+                           atol=args.atol) for k in reference)
+      failures += not ok
+      print(f"  {optimizer:17s} {backend:17s} vs tensorcore after {args.steps} "
+            f"steps: max |diff| {worst:.3g} over {sorted(reference)} -> "
+            f"{'OK' if ok else 'MISMATCH'}")
+  print("PASS" if not failures else f"FAIL ({failures})")
+  return 1 if failures else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,122 @@
+"""Tests of recsys/planning.py: memory per device and the `recsys info` report.
+
+References are the byte formulas (rows x dim x 4 bytes x (1 + slots)) and the
+host's RAM read independently; TPU strategies are fakes of the hardware
+feature (no TPU is reachable here).
+"""
+
+import recsys  # noqa: F401  (Keras 2 before TensorFlow)
+
+import math  # noqa: E402
+import os  # noqa: E402
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from recsys import planning  # noqa: E402
+from tests.backends.test_selection import fake_tpu_strategy  # noqa: E402
+from tests.conftest import mirrored_strategy  # noqa: E402
+
+E = tf.tpu.experimental.embedding
+
+
+def _config():
+  users = E.TableConfig(23, 7, name="users")
+  items = E.TableConfig(11, 11, name="items", optimizer=E.Adam(0.1))
+  return {"user": E.FeatureConfig(users), "friend": E.FeatureConfig(users),
+          "item": E.FeatureConfig(items)}
+
+
+def test_replicated_tables_hold_everything_on_every_device():
+  plan = planning.plan_memory(_config(), E.Adagrad(0.1),
+                              device_memory_bytes=10 ** 9)
+  assert plan.backend == "tensorcore"
+  by_name = {r.table: r for r in plan.rows}
+  assert sorted(by_name) == ["items", "users"]  # shared table counted once
+  assert by_name["users"].slots == ("accumulators",)
+  assert by_name["users"].bytes_per_device == 23 * 7 * 4 * 2
+  assert by_name["items"].slots == ("momenta", "velocities")
+  assert by_name["items"].bytes_per_device == 11 * 11 * 4 * 3
+  assert by_name["items"].placement == "replicated"
+  assert plan.bytes_per_device == 23 * 7 * 4 * 2 + 11 * 11 * 4 * 3
+  assert plan.fits is True and not plan.warnings
+
+
+def test_tpu_embedding_shards_rows_over_the_replicas():
+  plan = planning.plan_memory(_config(), E.SGD(0.1),
+                              fake_tpu_strategy("V1", num_replicas=4),
+                              device_memory_bytes=10 ** 9)
+  assert plan.backend == "tpu_embedding"
+  users = next(r for r in plan.rows if r.table == "users")
+  assert users.shards == 4 and users.placement == "sharded /4"
+  assert users.bytes_per_device == math.ceil(23 / 4) * 7 * 4  # SGD: no slots
+  replicated = planning.plan_memory(_config(), E.SGD(0.1),
+                                    fake_tpu_strategy("V1", num_replicas=4),
+                                    10 ** 9, backend="tpu_embedding_v0")
+  assert next(r for r in replicated.rows
+              if r.table == "users").bytes_per_device == 23 * 7 * 4
+
+
+def test_warns_before_a_configuration_that_cannot_fit():
+  need = 23 * 7 * 4 * 2 + 11 * 11 * 4 * 3
+  plan = planning.plan_memory(_config(), E.Adagrad(0.1),
+                              device_memory_bytes=need)  # no headroom left
+  assert plan.fits is False
+  assert len(plan.warnings) == 1
+  assert "largest is table 'items'" in plan.warnings[0]  # 1452 B > 1288 B
+  assert "Shard the tables" in plan.warnings[0]
+  assert "WARNING:" in plan.format()
+
+
+def _mem_total() -> int:
+  with open("/proc/meminfo", encoding="ascii") as f:
+    for line in f:
+      if line.startswith("MemTotal:"):
+        return int(line.split()[1]) * 1024
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def test_cpu_memory_is_host_ram_shared_by_local_replicas():
+  one = planning.plan_memory(_config(), E.Adagrad(0.1))
+  assert one.device_memory_bytes == _mem_total()
+  assert one.memory_source == "host RAM"
+  two = planning.plan_memory(_config(), E.Adagrad(0.1), mirrored_strategy(2))
+  assert two.device_memory_bytes == _mem_total() // 2
+  assert "/ 2 replicas" in two.memory_source
+
+
+def test_accelerator_memory_unknown_unless_given():
+  plan = planning.plan_memory(_config(), E.Adagrad(0.1),
+                              fake_tpu_strategy("UNSUPPORTED"))
+  assert plan.device_memory_bytes is None and plan.fits is None
+  assert "TPU memory is not reported" in plan.format()
+
+
+def test_describe_environment_on_cpu():
+  text = planning.describe_environment(mirrored_strategy(2), _config(),
+                                       E.Adagrad(0.1))
+  assert "/device:CPU:1" in text
+  assert "strategy: MirroredStrategy (2 replica(s))" in text
+  assert "TPU embedding feature: not a TPU" in text
+  assert "embedding backend: auto -> tensorcore (MirroredStrategy on" in text
+  assert "backends that can run here: serving, tensorcore" in text
+  assert "embedding memory per device:" in text and "users" in text
+
+
+@pytest.mark.parametrize("feature,backend,expected", [
+    ("V2", "auto", "embedding backend: auto -> tpu_embedding (FakeTPUStrategy, "
+     "embedding_feature=V2"),
+    ("UNSUPPORTED", "tpu_embedding", "embedding backend: tpu_embedding -> "
+     "tpu_embedding (forced, but cannot run here: it needs a TPU with an "
+     "embedding accelerator"),
+])
+def test_describe_environment_on_tpus(feature, backend, expected):
+  text = planning.describe_environment(fake_tpu_strategy(feature),
+                                       backend=backend)
+  assert f"TPU embedding feature: {feature}" in text
+  assert expected in text
+
+
+def test_human_bytes():
+  assert planning.human_bytes(512) == "512 B"
+  assert planning.human_bytes(3 * 1024 ** 3) == "3.0 GiB"

@@ -14,7 +14,7 @@ shapes.
 
 import collections
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
@@ -258,19 +258,26 @@ def _from_padded(layout: FeatureLayout, padded: PaddedBags):
   return ids, tf.boolean_mask(row, valid), tf.boolean_mask(pos, valid), w, cut
 
 
-def _check(ok: tf.Tensor, template: str, args: list) -> list:
+def _check(ok: tf.Tensor, template: str, args_fn: Callable[[], list]) -> list:
   """Raises `InvalidInputError` (eager) or fails the step (graph) unless ok.
 
-  `template` has one `{}` per tensor in `args`, filled in the message.
-  Returns the assertion ops (graph mode) that must run before the lookup.
+  `template` has one `{}` per tensor that `args_fn()` returns; they are only
+  computed when the check fails, so a passing check costs one reduction.
+  Returns the ops (graph mode) that must run before the lookup.
   """
   if tf.executing_eagerly():
     if not bool(ok):
-      raise InvalidInputError(template.format(*(a.numpy() for a in args)))
+      raise InvalidInputError(template.format(*(a.numpy() for a in args_fn())))
     return []
   # The graph-mode assertion message C-escapes quotes (\\'): use backticks.
   template = template.replace("'", "`")
-  return [tf.debugging.Assert(ok, [tf.strings.format(template, args)])]
+
+  def fail():
+    message = tf.strings.format(template, args_fn())
+    with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
+      return tf.constant(False)
+
+  return [tf.cond(ok, lambda: tf.constant(True), fail)]
 
 
 def _first_where(mask: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
@@ -301,16 +308,18 @@ def validate(layout: FeatureLayout, bags: FlatBags, policy: str
   bad_w = tf.logical_not(tf.logical_and(tf.math.is_finite(w), w >= 0.0))
   checks = _check(tf.logical_not(tf.reduce_any(bad_w)),
                   what + " got weight {}; weights must be finite and >= 0.",
-                  [_first_where(bad_w, w)])
+                  lambda: [_first_where(bad_w, w)])
   bad = tf.logical_or(ids < 0, ids >= vocab)
   num_bad = tf.reduce_sum(tf.cast(bad, tf.int64))
   if policy == "error":
-    row = _first_where(bad, bags.segments)
-    if bags.sequence_length:
-      row = row // bags.sequence_length
+    def bad_id_and_row():
+      row = _first_where(bad, bags.segments)
+      if bags.sequence_length:
+        row = row // bags.sequence_length
+      return [_first_where(bad, ids), row]
     checks += _check(tf.equal(num_bad, 0),
                      what + f" got id {{}} at batch row {{}}; ids must be in "
-                     f"[0, {vocab}).", [_first_where(bad, ids), row])
+                     f"[0, {vocab}).", bad_id_and_row)
   with tf.control_dependencies(checks):  # checked before any gather reads ids
     ids = tf.identity(ids)
   if policy == "drop":

@@ -1,0 +1,37 @@
+"""Ranking and retrieval models over embedding-backend activations (DLRM, DCN-v2, two-tower).
+
+Models never create embedding tables nor touch `tf.tpu` or strategies: they
+take the backend's activations (dict feature name -> `[B, D]` / `[B, L, D]`)
+plus the batch's features and return predictions or a loss (see
+`recsys.models.base` for the per-replica loss convention).
+
+Example (inside `strategy.run`, with `acts = backend.lookup(...)` under a tape):
+
+  model = DLRM(source.feature_specs, num_dense=source.num_dense, bottom_mlp=(64, 16))
+  model.create_variables({"user": 16, "item": 16})      # in strategy.scope()
+  loss = model.compute_loss(acts, features, labels, global_batch_size=1024)
+"""
+
+from recsys.models.base import RankingModel, RetrievalModel
+from recsys.models.dcn import DCNv2
+from recsys.models.dlrm import DLRM
+from recsys.models.errors import EmbeddingDimError, FeatureMismatchError, ModelConfigError
+from recsys.models.retrieval_index import CorpusIndex, make_serving_index, scann_available
+from recsys.models.retrieval_metrics import hit_rates, popularity_hit_rates
+from recsys.models.two_tower import TwoTower
+
+__all__ = [
+    "CorpusIndex",
+    "DCNv2",
+    "DLRM",
+    "EmbeddingDimError",
+    "FeatureMismatchError",
+    "ModelConfigError",
+    "RankingModel",
+    "RetrievalModel",
+    "TwoTower",
+    "hit_rates",
+    "make_serving_index",
+    "popularity_hit_rates",
+    "scann_available",
+]

@@ -1,0 +1,138 @@
+"""DCN-v2: a cross network of `tfrs.layers.dcn.Cross` layers with a deep tower, stacked or parallel.
+
+Wang et al., "DCN V2: Improved Deep & Cross Network and Practical Lessons for
+Web-scale Learning to Rank Systems" (2020), https://arxiv.org/abs/2008.13535.
+"""
+
+from typing import Mapping, Optional, Sequence
+
+import gin
+import tensorflow as tf
+import tensorflow_recommenders as tfrs
+
+from recsys._keras import keras
+from recsys.data.spec import FeatureSpec
+from recsys.models import layers as model_layers
+from recsys.models.base import RankingModel
+from recsys.models.errors import ModelConfigError
+
+STRUCTURES = ("stacked", "parallel")
+
+
+@gin.register
+class DCNv2(RankingModel):
+  """DCN-v2 ranking model.
+
+  x0 = concat(features["dense"], every categorical activation) `[B, d0]`
+  (activations may have different dims; sequence features are pooled).
+
+  - "stacked":  x0 -> cross network -> deep MLP -> logit.
+  - "parallel": concat(cross network(x0), deep MLP(x0)) -> logit.
+
+  The cross network is `num_cross_layers` `tfrs.layers.dcn.Cross` layers,
+  x_{l+1} = x0 * (W x_l + b) + x_l, with W full-rank or, with
+  `projection_dim`, low-rank U V (U: d0 x r, V: r x d0).
+
+  Example:
+    >>> specs = [FeatureSpec("user", 23), FeatureSpec("item", 29)]
+    >>> model = DCNv2(specs, num_dense=3, num_cross_layers=2, deep_mlp=(16,))
+    >>> acts = {"user": tf.zeros([5, 7]), "item": tf.zeros([5, 11])}
+    >>> model(acts, {"dense": tf.zeros([5, 3])}).shape
+    TensorShape([5])
+  """
+
+  def __init__(self,
+               feature_specs: Sequence[FeatureSpec],
+               num_dense: int = 0,
+               num_cross_layers: int = 3,
+               projection_dim: Optional[int] = None,
+               use_bias: bool = True,
+               diag_scale: float = 0.0,
+               structure: str = "stacked",
+               deep_mlp: Sequence[int] = (64, 32),
+               objective: str = "binary",
+               sequence_pooling: str = "mean",
+               l2_regularization: float = 0.0,
+               auc_num_thresholds: int = 1000,
+               name: Optional[str] = "dcn_v2") -> None:
+    """Builds the layers (their variables are created on the first call).
+
+    Args:
+      feature_specs: the data source's categorical features (model order).
+      num_dense: width of `features["dense"]` (0: none).
+      num_cross_layers: number of Cross layers (>= 1).
+      projection_dim: rank r of the low-rank cross kernel (None: full rank).
+      use_bias: bias in each Cross layer.
+      diag_scale: added to the diagonal of each cross kernel (>= 0).
+      structure: "stacked" or "parallel".
+      deep_mlp: hidden sizes of the deep tower (ReLU; may be empty); a linear
+        layer of width 1 gives the logit.
+      objective: "binary" (click, BCE) or "mse" (rating).
+      sequence_pooling: "mean", "sum" or "reject" for `[B, L, D]` activations.
+      l2_regularization: L2 factor on every kernel (0: none).
+      auc_num_thresholds: thresholds of the AUC metric.
+      name: Keras name.
+
+    Raises:
+      ModelConfigError: bad structure, layer count or projection.
+    """
+    super().__init__(feature_specs, num_dense=num_dense, objective=objective,
+                     sequence_pooling=sequence_pooling,
+                     auc_num_thresholds=auc_num_thresholds, name=name)
+    if structure not in STRUCTURES:
+      raise ModelConfigError(f"DCNv2: unknown structure {structure!r}; choose one of "
+                             f"{', '.join(STRUCTURES)}.")
+    if not isinstance(num_cross_layers, int) or num_cross_layers < 1:
+      raise ModelConfigError(f"DCNv2: num_cross_layers must be an integer >= 1, got "
+                             f"{num_cross_layers!r}.")
+    if projection_dim is not None and (not isinstance(projection_dim, int) or projection_dim < 1):
+      raise ModelConfigError(f"DCNv2: projection_dim must be None or an integer >= 1, got "
+                             f"{projection_dim!r}.")
+    self._structure = structure
+    regularizer = keras.regularizers.L2(l2_regularization) if l2_regularization else None
+    self.cross_layers = [
+        tfrs.layers.dcn.Cross(projection_dim=projection_dim, use_bias=use_bias,
+                              diag_scale=diag_scale, kernel_regularizer=regularizer,
+                              name=f"cross_{i}")
+        for i in range(num_cross_layers)
+    ]
+    self.deep_mlp = model_layers.mlp(deep_mlp, kernel_regularizer=regularizer, name="deep_mlp")
+    self.logit_layer = keras.layers.Dense(1, kernel_regularizer=regularizer, name="logit")
+
+  @property
+  def structure(self) -> str:
+    return self._structure
+
+  def cross_network(self, x0: tf.Tensor) -> tf.Tensor:
+    """The cross network `[B, d0] -> [B, d0]`."""
+    x = x0
+    for layer in self.cross_layers:
+      x = layer(x0, x)
+    return x
+
+  def logits(self, activations: Mapping[str, tf.Tensor],
+             features: Optional[Mapping[str, tf.Tensor]] = None,
+             training: bool = False) -> tf.Tensor:
+    """Logits `[B]`.
+
+    Args:
+      activations: feature name -> `[B, D_f]` (or `[B, L, D_f]`, pooled).
+      features: the batch; `features["dense"]` `[B, num_dense]` if num_dense.
+      training: Keras training flag.
+
+    Returns:
+      `[B]` float32 logits.
+
+    Raises:
+      FeatureMismatchError: activations/dense features do not match the specs.
+    """
+    model_layers.check_names(activations, self.feature_names, "DCNv2")
+    vectors = model_layers.flat_activations(
+        activations, self.feature_names, sequence_pooling=self._sequence_pooling, owner="DCNv2")
+    dense = model_layers.dense_input(features, self.num_dense, "DCNv2")
+    x0 = tf.concat(([dense] if dense is not None else []) + vectors, axis=-1)  # [B, d0]
+    if self._structure == "stacked":
+      top = self.deep_mlp(self.cross_network(x0), training=training)
+    else:
+      top = tf.concat([self.cross_network(x0), self.deep_mlp(x0, training=training)], axis=-1)
+    return tf.squeeze(self.logit_layer(top), axis=-1)

@@ -1,0 +1,136 @@
+"""DLRM: bottom MLP over dense features, dot interaction with the embeddings, top MLP.
+
+Naumov et al., "Deep Learning Recommendation Model for Personalization and
+Recommendation Systems" (2019), https://arxiv.org/abs/1906.00091.
+"""
+
+from typing import Mapping, Optional, Sequence
+
+import gin
+import tensorflow as tf
+import tensorflow_recommenders as tfrs
+
+from recsys._keras import keras
+from recsys.data.spec import FeatureSpec
+from recsys.models import layers as model_layers
+from recsys.models.base import RankingModel
+from recsys.models.errors import EmbeddingDimError, ModelConfigError
+
+
+@gin.register
+class DLRM(RankingModel):
+  """DLRM ranking model.
+
+  `features["dense"]` `[B, num_dense]` goes through the bottom MLP to `[B, D]`;
+  with the activations of every categorical feature (each `[B, D]`; sequence
+  features pooled) it forms F vectors whose pairwise dot products
+  (`tfrs.layers.feature_interaction.DotInteraction`, with or without
+  self-interaction) are concatenated with the bottom output and fed to the top
+  MLP, which ends in one logit. All activations must share the embedding dim
+  D, and the bottom MLP must end in D.
+
+  Example:
+    >>> specs = [FeatureSpec("user", 23), FeatureSpec("item", 29)]
+    >>> model = DLRM(specs, num_dense=3, bottom_mlp=(16, 8), top_mlp=(16,))
+    >>> acts = {"user": tf.zeros([5, 8]), "item": tf.zeros([5, 8])}
+    >>> model(acts, {"dense": tf.zeros([5, 3])}).shape
+    TensorShape([5])
+  """
+
+  def __init__(self,
+               feature_specs: Sequence[FeatureSpec],
+               num_dense: int = 0,
+               bottom_mlp: Sequence[int] = (64, 16),
+               top_mlp: Sequence[int] = (64, 32),
+               self_interaction: bool = False,
+               objective: str = "binary",
+               sequence_pooling: str = "mean",
+               l2_regularization: float = 0.0,
+               auc_num_thresholds: int = 1000,
+               name: Optional[str] = "dlrm") -> None:
+    """Builds the layers (their variables are created on the first call).
+
+    Args:
+      feature_specs: the data source's categorical features (model order).
+      num_dense: width of `features["dense"]`; 0 -> no bottom MLP.
+      bottom_mlp: layer sizes of the bottom MLP (all ReLU); the last size must
+        equal the embedding dim.
+      top_mlp: hidden layer sizes of the top MLP (ReLU); a linear layer of
+        width 1 is appended.
+      self_interaction: include each vector's dot product with itself.
+      objective: "binary" (click, BCE) or "mse" (rating).
+      sequence_pooling: "mean", "sum" or "reject" for `[B, L, D]` activations.
+      l2_regularization: L2 factor on every MLP kernel (0: none).
+      auc_num_thresholds: thresholds of the AUC metric.
+      name: Keras name.
+
+    Raises:
+      ModelConfigError: bad sizes, objective or pooling; a model with neither
+        dense nor two or more interacting vectors.
+    """
+    super().__init__(feature_specs, num_dense=num_dense, objective=objective,
+                     sequence_pooling=sequence_pooling,
+                     auc_num_thresholds=auc_num_thresholds, name=name)
+    num_vectors = len(self.feature_specs) + (1 if num_dense else 0)
+    if num_vectors < 2:
+      raise ModelConfigError(
+          f"DLRM: dot interaction needs at least two vectors, got {num_vectors} "
+          f"(features {self.feature_names}, num_dense={num_dense}); add features or "
+          "use DCNv2.")
+    if num_dense and not tuple(bottom_mlp):
+      raise ModelConfigError(
+          f"DLRM: num_dense={num_dense} needs a non-empty bottom_mlp ending in the "
+          "embedding dim.")
+    regularizer = keras.regularizers.L2(l2_regularization) if l2_regularization else None
+    self._bottom_sizes = tuple(bottom_mlp)
+    self.bottom_mlp = (model_layers.mlp(bottom_mlp, kernel_regularizer=regularizer,
+                                        name="bottom_mlp") if num_dense else None)
+    self.interaction = tfrs.layers.feature_interaction.DotInteraction(
+        self_interaction=self_interaction, name="dot_interaction")
+    self.top_mlp = model_layers.mlp(tuple(top_mlp) + (1,), final_activation=None,
+                                    kernel_regularizer=regularizer, name="top_mlp")
+
+  def _check_dims(self, vectors: list) -> None:
+    dims = {name: v.shape[-1] for name, v in zip(self.feature_names, vectors)}
+    distinct = sorted({d for d in dims.values()})
+    if len(distinct) > 1:
+      by_dim = {d: [n for n, dd in dims.items() if dd == d] for d in distinct}
+      raise EmbeddingDimError(
+          f"DLRM: dot interaction needs one embedding dim for all features; got "
+          + "; ".join(f"dim {d}: {names}" for d, names in by_dim.items())
+          + ". Give every table the same dim, or use DCNv2.")
+    if self.bottom_mlp is not None and self._bottom_sizes[-1] != distinct[0]:
+      raise EmbeddingDimError(
+          f"DLRM: bottom_mlp={self._bottom_sizes} ends in {self._bottom_sizes[-1]} but "
+          f"the embedding dim is {distinct[0]}; the last bottom_mlp size must equal it.")
+
+  def logits(self, activations: Mapping[str, tf.Tensor],
+             features: Optional[Mapping[str, tf.Tensor]] = None,
+             training: bool = False) -> tf.Tensor:
+    """Logits `[B]`.
+
+    Args:
+      activations: feature name -> `[B, D]` (or `[B, L, D]`, pooled).
+      features: the batch; `features["dense"]` `[B, num_dense]` if num_dense.
+      training: Keras training flag.
+
+    Returns:
+      `[B]` float32 logits.
+
+    Raises:
+      FeatureMismatchError: activations/dense features do not match the specs.
+      EmbeddingDimError: unequal embedding dims or bottom MLP width.
+    """
+    model_layers.check_names(activations, self.feature_names, "DLRM")
+    vectors = model_layers.flat_activations(
+        activations, self.feature_names, sequence_pooling=self._sequence_pooling, owner="DLRM")
+    self._check_dims(vectors)
+    dense = model_layers.dense_input(features, self.num_dense, "DLRM")
+    head = []
+    if dense is not None:
+      bottom = self.bottom_mlp(dense, training=training)  # [B, D]
+      vectors = [bottom] + vectors
+      head = [bottom]
+    interactions = self.interaction(vectors)  # [B, F(F-1)/2] or [B, F(F+1)/2]
+    top_input = tf.concat(head + [interactions], axis=-1)
+    return tf.squeeze(self.top_mlp(top_input, training=training), axis=-1)

@@ -1,0 +1,175 @@
+"""Building blocks shared by the models: MLPs and turning activations into `[B, D]` inputs.
+
+Models receive activations from an embedding backend as a dict
+`feature name -> [B, D]` (or `[B, L, D]` for sequence features) plus the raw
+batch `features` (for `features["dense"]`). The helpers here check those
+against the model's feature specs and say exactly what is wrong.
+"""
+
+from typing import Mapping, Optional, Sequence
+
+import tensorflow as tf
+
+from recsys._keras import keras
+from recsys.models.errors import FeatureMismatchError, ModelConfigError
+
+SEQUENCE_POOLINGS = ("mean", "sum", "reject")
+
+
+def mlp(sizes: Sequence[int],
+        *,
+        final_activation: Optional[str] = "relu",
+        activation: str = "relu",
+        kernel_regularizer: Optional[keras.regularizers.Regularizer] = None,
+        name: Optional[str] = None) -> keras.Sequential:
+  """A stack of `Dense` layers.
+
+  Args:
+    sizes: output width of each layer, e.g. `(256, 64)`; empty -> identity.
+    final_activation: activation of the last layer (None -> linear).
+    activation: activation of the other layers.
+    kernel_regularizer: regularizer on every kernel (its losses end up in
+      `model.losses`).
+    name: Keras name of the stack.
+
+  Returns:
+    A `keras.Sequential` mapping `[B, d_in]` to `[B, sizes[-1]]`.
+
+  Raises:
+    ModelConfigError: a size is not a positive integer.
+
+  Example:
+    >>> tower = mlp((64, 32), final_activation=None, name="query_tower")
+  """
+  sizes = tuple(sizes)
+  for size in sizes:
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+      raise ModelConfigError(
+          f"MLP {name or ''!s}: layer sizes must be positive integers, got {sizes}.")
+  layers = []
+  for i, size in enumerate(sizes):
+    last = i == len(sizes) - 1
+    layers.append(keras.layers.Dense(
+        size,
+        activation=final_activation if last else activation,
+        kernel_regularizer=kernel_regularizer,
+        name=f"{name}_{i}" if name else None))
+  return keras.Sequential(layers, name=name)
+
+
+def check_pooling(sequence_pooling: str, owner: str) -> str:
+  """Returns `sequence_pooling` if valid, else raises ModelConfigError."""
+  if sequence_pooling not in SEQUENCE_POOLINGS:
+    raise ModelConfigError(
+        f"{owner}: unknown sequence_pooling {sequence_pooling!r}; "
+        f"choose one of {', '.join(SEQUENCE_POOLINGS)}.")
+  return sequence_pooling
+
+
+def pool_sequence(x: tf.Tensor, sequence_pooling: str = "mean") -> tf.Tensor:
+  """Pools a sequence activation `[B, L, D]` to `[B, D]`.
+
+  Padding positions are the all-zero vectors that embedding backends return
+  past a sequence's end; "mean" averages only the other positions (an all
+  padding row pools to zeros).
+
+  Args:
+    x: `[B, L, D]` activations.
+    sequence_pooling: "mean" (masked mean) or "sum".
+
+  Returns:
+    `[B, D]` pooled activations.
+  """
+  if sequence_pooling == "sum":
+    return tf.reduce_sum(x, axis=1)
+  mask = tf.cast(tf.reduce_any(tf.not_equal(x, 0.0), axis=-1), x.dtype)  # [B, L]
+  total = tf.reduce_sum(x * mask[:, :, tf.newaxis], axis=1)  # [B, D]
+  count = tf.reduce_sum(mask, axis=1, keepdims=True)  # [B, 1]
+  return total / tf.maximum(count, 1.0)
+
+
+def check_names(activations: Mapping[str, tf.Tensor], expected: Sequence[str],
+                owner: str, *, allow_extra: bool = False) -> None:
+  """Checks that `activations` has exactly (or at least) the expected features.
+
+  Args:
+    activations: dict feature name -> activation.
+    expected: feature names the model was configured with.
+    owner: model name for the message.
+    allow_extra: accept activations of features the model does not use.
+
+  Raises:
+    FeatureMismatchError: a feature is missing (or unexpected).
+  """
+  if not isinstance(activations, Mapping):
+    raise FeatureMismatchError(
+        f"{owner}: activations must be a dict feature name -> tensor, got "
+        f"{type(activations).__name__}.")
+  got = set(activations)
+  missing = [n for n in expected if n not in got]
+  extra = sorted(got - set(expected))
+  if missing or (extra and not allow_extra):
+    raise FeatureMismatchError(
+        f"{owner}: activations do not match the model's features. "
+        f"Missing: {missing or 'none'}; unexpected: {extra or 'none'}; "
+        f"expected exactly {list(expected)}. Build the model and the embedding "
+        "feature_config from the same data source feature_specs.")
+
+
+def flat_activations(activations: Mapping[str, tf.Tensor], names: Sequence[str],
+                     *, sequence_pooling: str, owner: str) -> list:
+  """The activations of `names`, in that order, each as `[B, D]`.
+
+  Args:
+    activations: dict feature name -> `[B, D]` or `[B, L, D]`.
+    names: which features, in which order.
+    sequence_pooling: how to pool `[B, L, D]` ("mean", "sum", or "reject").
+    owner: model name for messages.
+
+  Returns:
+    A list of float tensors `[B, D_f]`.
+
+  Raises:
+    FeatureMismatchError: a sequence activation with `sequence_pooling="reject"`,
+      or an activation that is neither rank 2 nor rank 3.
+  """
+  out = []
+  for name in names:
+    x = tf.convert_to_tensor(activations[name])
+    rank = x.shape.rank
+    if rank == 3:
+      if sequence_pooling == "reject":
+        raise FeatureMismatchError(
+            f"{owner}: feature {name!r} is a sequence activation {x.shape} "
+            "[B, L, D] and sequence_pooling='reject'; set sequence_pooling to "
+            "'mean' or 'sum', or drop max_sequence_length for this feature.")
+      x = pool_sequence(x, sequence_pooling)
+    elif rank != 2:
+      raise FeatureMismatchError(
+          f"{owner}: feature {name!r} activation has shape {x.shape}; expected "
+          "[B, D] or, for a sequence feature, [B, L, D].")
+    out.append(x)
+  return out
+
+
+def dense_input(features: Optional[Mapping[str, tf.Tensor]], num_dense: int,
+                owner: str) -> Optional[tf.Tensor]:
+  """`features["dense"]` as float32 `[B, num_dense]`, or None when num_dense == 0.
+
+  Raises:
+    FeatureMismatchError: dense features are missing or have the wrong width.
+  """
+  if num_dense == 0:
+    return None
+  if not features or "dense" not in features:
+    got = sorted(features) if features else "no features"
+    raise FeatureMismatchError(
+        f"{owner}: num_dense={num_dense} but the batch has no features['dense'] "
+        f"(got keys {got}). Pass the batch's features dict, or set num_dense=0.")
+  dense = tf.cast(features["dense"], tf.float32)
+  width = dense.shape[-1]
+  if dense.shape.rank != 2 or (width is not None and width != num_dense):
+    raise FeatureMismatchError(
+        f"{owner}: features['dense'] has shape {dense.shape}; expected "
+        f"[B, {num_dense}] (num_dense={num_dense}).")
+  return dense

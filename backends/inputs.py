@@ -159,9 +159,10 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
           f"{_describe(layout)} got a RaggedTensor of rank {inp.shape.rank} "
           f"(ragged_rank {inp.ragged_rank}); expected rank 2 [batch, (ids)].")
     ids = inp.values
-    row = inp.value_rowids()
-    row = tf.cast(row, tf.int64)
-    pos = _positions_in_rows(row, tf.cast(inp.row_splits[:-1], tf.int64))
+    row = tf.cast(inp.value_rowids(), tf.int64)
+    # Positions matter only where bags are cut or sequences laid out.
+    pos = (_positions_in_rows(row, tf.cast(inp.row_splits[:-1], tf.int64))
+           if seq_len or bag_width or out_shape is not None else None)
     w = weights.values if weights is not None else None
   elif isinstance(inp, (tf.Tensor, tf.Variable)) or tf.is_tensor(inp):
     inp = tf.convert_to_tensor(inp)

@@ -51,12 +51,17 @@ embedding = tf.tpu.experimental.embedding
 
 @dataclasses.dataclass
 class _TableStep:
-  """What a training lookup leaves for `apply_gradients`, per table."""
-  unique_ids: tf.Tensor          # int64 [U]
-  id_index: List[tf.Tensor]      # per feature: int32 [N_f], index into unique_ids
-  segments: List[tf.Tensor]      # per feature: int32 [N_f]
-  scales: List[tf.Tensor]        # per feature: float32 [N_f], d act / d row
-  positions: List[int]           # per feature: index in the flat feature list
+  """What a training lookup leaves for `apply_gradients`, per table.
+
+  `combination` is the table's features' lookups as one sparse matrix
+  `[sum_f S_f, U]`: entry (segment + offset_f, row) holds d act / d row, so
+  the rows' gradients are one sparse-dense product with the activations'
+  gradients stacked in feature order.
+  """
+  unique_ids: tf.Tensor            # int64 [U]
+  combination: tf.SparseTensor     # float32 [sum_f S_f, U]
+  positions: List[int]             # per feature: index in the flat feature list
+  num_segments: List[tf.Tensor]    # per feature: S_f
 
 
 class _Counters:
@@ -268,23 +273,28 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       name = self.table_name(table)
       positions = [i for i, l in enumerate(self._layouts) if l.table_name == name]
       table_bags = [bags[i] for i in positions]
+      # De-duplicate the ids of every feature of the table: one gather of the
+      # unique rows ([U, D], gradient IndexedSlices of U rows for a tape on
+      # the table), then each feature's combination is a sparse [S_f, U]
+      # matrix times those rows.
       unique_ids, index = tf.unique(
           tf.concat([b.ids for b in table_bags], axis=0), out_idx=tf.int32)
       rows = tf.gather(self._variables[name]["parameters"], unique_ids)
+      num_unique = tf.size(unique_ids, out_type=tf.int64)
       sizes = [tf.size(b.ids) for b in table_bags]
       id_index = tf.split(index, sizes) if len(sizes) > 1 else [index]
-      scales = []
+      blocks = []
       for i, bag, idx in zip(positions, table_bags, id_index):
-        scale = _combiner_scale(bag, table.combiner)
-        acts = tf.math.unsorted_segment_sum(
-            tf.gather(rows, idx) * scale[:, tf.newaxis], bag.segments,
-            bag.num_segments)
+        matrix = tf.SparseTensor(
+            tf.stack([tf.cast(bag.segments, tf.int64), tf.cast(idx, tf.int64)], 1),
+            _combiner_scale(bag, table.combiner),
+            tf.stack([tf.cast(bag.num_segments, tf.int64), num_unique]))
+        acts = tf.sparse.sparse_dense_matmul(matrix, rows)
         outputs[i] = self._shape_output(self._layouts[i], bag, acts)
-        scales.append(scale)
+        blocks.append(matrix)
       if training:
-        steps[name] = _TableStep(unique_ids, id_index,
-                                 [b.segments for b in table_bags], scales,
-                                 positions)
+        steps[name] = _TableStep(unique_ids, _stack_rows(blocks), positions,
+                                 [b.num_segments for b in table_bags])
     if training:
       with self._pending_lock:
         self._pending[threading.get_ident()] = steps
@@ -333,23 +343,25 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
                                      ids, row_grads)
 
   def _row_gradients(self, table, step: _TableStep, flat_grads) -> tf.Tensor:
-    """d(loss)/d(row) for each unique row: [U, D]."""
-    per_id, index = [], []
-    for pos, idx, segments, scale in zip(step.positions, step.id_index,
-                                         step.segments, step.scales):
+    """d(loss)/d(row) for each unique row: [U, D], one sparse-dense product."""
+    stacked = []
+    for pos, num_segments in zip(step.positions, step.num_segments):
       grad = flat_grads[pos]
-      if grad is None:
-        continue
-      if isinstance(grad, tf.IndexedSlices):
+      if grad is None:  # the loss does not use this feature
+        grad = tf.zeros([num_segments, table.dim], tf.float32)
+      elif isinstance(grad, tf.IndexedSlices):
         grad = tf.convert_to_tensor(grad)
-      grad = tf.reshape(grad, [-1, table.dim])
-      per_id.append(tf.gather(grad, segments) * scale[:, tf.newaxis])
-      index.append(idx)
-    num_rows = tf.size(step.unique_ids)
-    if not per_id:
-      return tf.zeros([num_rows, table.dim], tf.float32)
-    return tf.math.unsorted_segment_sum(
-        tf.concat(per_id, 0), tf.concat(index, 0), num_rows)
+      stacked.append(tf.reshape(grad, [-1, table.dim]))
+    return tf.sparse.sparse_dense_matmul(
+        step.combination, tf.concat(stacked, 0) if len(stacked) > 1 else stacked[0],
+        adjoint_a=True)
+
+
+def _stack_rows(blocks: List[tf.SparseTensor]) -> tf.SparseTensor:
+  """Stacks sparse matrices with equal column counts along their rows."""
+  if len(blocks) == 1:
+    return blocks[0]
+  return tf.sparse.concat(axis=0, sp_inputs=blocks)
 
 
 def _combiner_scale(bag: inputs_lib.FlatBags, combiner: str) -> tf.Tensor:

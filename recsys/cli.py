@@ -1,0 +1,322 @@
+"""The `recsys` command: train, evaluate, export and info subcommands.
+
+Examples:
+  recsys train --gin_file experiments/synthetic_dlrm.gin --model_dir runs/demo
+  recsys train --gin_file experiments/criteo_dcn.gin \\
+      --gin_bindings "CRITEO_TRAIN = '/data/criteo/day_*'" --model_dir runs/dcn
+  recsys evaluate --model_dir runs/demo
+  recsys export --model_dir runs/demo --export_dir runs/demo/export
+  recsys info --gin_file experiments/synthetic_dlrm.gin
+"""
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+from typing import List, Optional, Sequence
+
+DESCRIPTION = ("Train, evaluate and export gin-configured recommender models "
+               "whose embeddings run on CPU, GPU or any Cloud TPU.")
+
+log = logging.getLogger("recsys")
+
+
+def _add_gin_flags(parser: argparse.ArgumentParser, required: bool) -> None:
+  parser.add_argument(
+      "--gin_file", action="append", default=[], required=required,
+      metavar="FILE",
+      help="gin file to parse (repeatable; later files override earlier ones; "
+           "`include` paths may be relative to the file or to experiments/).")
+  parser.add_argument(
+      "--gin_bindings", action="append", default=[], metavar="BINDING",
+      help="extra gin binding, e.g. \"train.train_steps = 100\" (repeatable; "
+           "applied after the files).")
+
+
+def _add_runtime_flags(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--tpu", default=None, metavar="ADDR",
+                      help="TPU name or grpc:// address, or 'local' on a TPU VM "
+                           "(default: no TPU; GPUs are used when present).")
+  parser.add_argument("--backend", default=None, metavar="NAME",
+                      help="force an embedding backend (tensorcore, "
+                           "tpu_embedding, tpu_embedding_v0, sharded, serving) "
+                           "instead of gin's train.backend / 'auto'.")
+  parser.add_argument("--intra_op_threads", type=int, default=0,
+                      help="TensorFlow intra-op threads (0: TF's default).")
+  parser.add_argument("--inter_op_threads", type=int, default=0,
+                      help="TensorFlow inter-op threads (0: TF's default).")
+  parser.add_argument("-v", "--verbose", action="store_true",
+                      help="TensorFlow's own logs and full tracebacks.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The argument parser of `recsys` and its subcommands."""
+  parser = argparse.ArgumentParser(
+      prog="recsys", description=DESCRIPTION,
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      epilog="Run `recsys <command> --help` for a command's flags.\n\n" +
+      __doc__.split("\n", 1)[1])
+  sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+  sub.required = True
+
+  train = sub.add_parser(
+      "train", help="train a model (resumes from --model_dir).",
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      description="Train the experiment the gin files describe. An existing "
+      "checkpoint in --model_dir is resumed at its step. Writes checkpoints, "
+      "TensorBoard summaries, operative_config.gin and metrics.json there.",
+      epilog="example:\n  recsys train --gin_file experiments/synthetic_dlrm.gin "
+      "--model_dir runs/demo\n  recsys train --gin_file experiments/synthetic_dlrm.gin "
+      "--gin_file experiments/hardware/cpu_2replicas.gin \\\n"
+      "      --gin_bindings 'train.train_steps = 500' --model_dir runs/demo2")
+  _add_gin_flags(train, required=True)
+  train.add_argument("--model_dir", required=True,
+                     help="where checkpoints, summaries and metrics go.")
+  train.add_argument("--no_progress", action="store_true",
+                     help="log lines instead of a progress bar.")
+  _add_runtime_flags(train)
+
+  evaluate = sub.add_parser(
+      "evaluate", help="evaluate the latest checkpoint of a model dir.",
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      description="Restore the latest checkpoint of --model_dir and evaluate "
+      "it; prints the metrics as JSON and writes eval_metrics.json. Without "
+      "--gin_file the run's own operative_config.gin is used.",
+      epilog="example:\n  recsys evaluate --model_dir runs/demo\n"
+      "  recsys evaluate --model_dir runs/demo --gin_bindings 'train.eval_steps = None'")
+  _add_gin_flags(evaluate, required=False)
+  evaluate.add_argument("--model_dir", required=True)
+  _add_runtime_flags(evaluate)
+
+  export = sub.add_parser(
+      "export", help="export a SavedModel that serves on CPU.",
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      description="Restore the latest checkpoint of --model_dir (trained with "
+      "any backend) and write a SavedModel whose serving signature takes raw "
+      "features and returns scores (ranking) or top-k candidates (retrieval).",
+      epilog="example:\n  recsys export --model_dir runs/demo --export_dir runs/demo/export")
+  _add_gin_flags(export, required=False)
+  export.add_argument("--model_dir", required=True)
+  export.add_argument("--export_dir", required=True)
+  export.add_argument("-v", "--verbose", action="store_true")
+
+  info = sub.add_parser(
+      "info", help="print versions, devices, strategy and backend choice.",
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      description="Print what recsys detects here: versions, devices, the "
+      "strategy and the embedding backend it would pick and why; with "
+      "--gin_file also the experiment's tables and their memory plan.",
+      epilog="example:\n  recsys info\n  recsys info --gin_file experiments/synthetic_dlrm.gin")
+  _add_gin_flags(info, required=False)
+  _add_runtime_flags(info)
+  return parser
+
+
+def _configure_runtime(args: argparse.Namespace) -> None:
+  verbose = getattr(args, "verbose", False)
+  if not verbose:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  logging.basicConfig(
+      level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
+      datefmt="%H:%M:%S")
+  import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if not verbose:
+    tf.get_logger().setLevel(logging.ERROR)
+  if getattr(args, "intra_op_threads", 0):
+    tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
+  if getattr(args, "inter_op_threads", 0):
+    tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
+
+
+def _gin_files(args: argparse.Namespace) -> List[str]:
+  """--gin_file, or the model dir's operative config for evaluate/export."""
+  if args.gin_file:
+    return list(args.gin_file)
+  model_dir = getattr(args, "model_dir", None)
+  if model_dir:
+    from recsys.training import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+    path = os.path.join(model_dir, trainer_lib.OPERATIVE_CONFIG_FILE)
+    if os.path.isfile(path):
+      return [path]
+    raise FileNotFoundError(
+        f"{path} does not exist: pass --gin_file (the experiment's gin files) "
+        f"or point --model_dir at a directory written by `recsys train`.")
+  return []
+
+
+def _bindings(args: argparse.Namespace) -> List[str]:
+  bindings = list(args.gin_bindings)
+  if getattr(args, "no_progress", False):
+    bindings.append("train.progress_bar = False")
+  return bindings
+
+
+def _call_train(files, bindings, **kwargs):
+  """Calls the gin-configured `train`, adding gin file context to gin errors."""
+  from recsys import config  # pylint: disable=g-import-not-at-top
+  from recsys.training import train  # pylint: disable=g-import-not-at-top
+  try:
+    return train(**kwargs)
+  except RuntimeError as e:
+    if "Required bindings" in str(e) or "gin" in str(e).lower():
+      raise config.GinConfigError(config.explain(e, files, bindings)) from e
+    raise
+
+
+def _runtime_kwargs(args: argparse.Namespace) -> dict:
+  kwargs = {}
+  if getattr(args, "tpu", None):
+    kwargs["tpu"] = args.tpu
+  if getattr(args, "backend", None):
+    kwargs["backend"] = args.backend
+  return kwargs
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+  from recsys import config  # pylint: disable=g-import-not-at-top
+  files, bindings = _gin_files(args), _bindings(args)
+  config.parse(files, bindings)
+  metrics = _call_train(files, bindings, model_dir=args.model_dir,
+                        **_runtime_kwargs(args))
+  print(json.dumps(metrics, indent=2, sort_keys=True))
+  return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+  from recsys import config  # pylint: disable=g-import-not-at-top
+  files, bindings = _gin_files(args), _bindings(args)
+  config.parse(files, bindings)
+  metrics = _call_train(files, bindings, model_dir=args.model_dir,
+                        action="evaluate", **_runtime_kwargs(args))
+  with open(os.path.join(args.model_dir, "eval_metrics.json"), "w",
+            encoding="utf-8") as f:
+    json.dump(metrics, f, indent=2, sort_keys=True)
+  print(json.dumps(metrics, indent=2, sort_keys=True))
+  return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from recsys import config  # pylint: disable=g-import-not-at-top
+  from recsys import export as export_lib  # pylint: disable=g-import-not-at-top
+  files, bindings = _gin_files(args), list(args.gin_bindings)
+  config.parse(files, bindings + ["train.progress_bar = False",
+                                  "train.summaries = False"])
+  trainer = _call_train(files, bindings, model_dir=args.model_dir,
+                        action="build", backend="tensorcore",
+                        strategy=tf.distribute.get_strategy())
+  if not trainer.restored_step:
+    raise FileNotFoundError(
+        f"no checkpoint in {args.model_dir!r}/checkpoints to export; train "
+        "first with `recsys train ... --model_dir`.")
+  path = export_lib.export(trainer, args.export_dir)
+  print(f"exported step {trainer.restored_step} to {path}")
+  return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import backends  # pylint: disable=g-import-not-at-top
+  from recsys import config  # pylint: disable=g-import-not-at-top
+  from recsys.training import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  import recsys  # pylint: disable=g-import-not-at-top
+  try:
+    from importlib import metadata  # pylint: disable=g-import-not-at-top
+    keras_version = metadata.version("tf-keras")
+  except Exception:  # noqa: BLE001 - informational only
+    keras_version = "?"
+  lines = [f"recsys {recsys.__version__}, TensorFlow {tf.__version__}, "
+           f"Keras {keras_version} ({tf.keras.__name__.split('.')[0]}), "
+           f"Python {platform.python_version()}"]
+  for kind in ("CPU", "GPU", "TPU"):
+    devices = tf.config.list_logical_devices(kind)
+    lines.append(f"{kind} devices: {len(devices)}" +
+                 (f" ({', '.join(d.name for d in devices)})" if devices else ""))
+  strategy, why = strategy_lib.make_strategy(args.tpu)
+  lines.append(f"strategy: {why}")
+  name, reason = backends.select(strategy)
+  lines.append(f"embedding backend auto -> {name} ({reason})")
+  lines.append(f"backends available here: {', '.join(backends.available(strategy))}"
+               f" (registered: {', '.join(backends.names())})")
+  missing = config.register_all()
+  if missing:
+    lines.append(f"could not import: {', '.join(missing)}")
+  feature_config = None
+  if args.gin_file:
+    config.parse(args.gin_file, args.gin_bindings)
+    feature_config = _feature_config_from_gin()
+    if feature_config:
+      for fname, feature in feature_config.items():
+        t = feature.table
+        lines.append(f"  feature {fname}: table {t.name} [{t.vocabulary_size}, "
+                     f"{t.dim}] combiner={t.combiner}"
+                     + (f" max_sequence_length={feature.max_sequence_length}"
+                        if feature.max_sequence_length else ""))
+  try:
+    from recsys import planning  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    planning = None
+  if planning is not None and hasattr(planning, "describe_environment"):
+    lines.append(planning.describe_environment(strategy, feature_config))
+  print("\n".join(lines))
+  return 0
+
+
+def _feature_config_from_gin():
+  """The experiment's feature_config from the parsed gin `train` bindings."""
+  import gin  # pylint: disable=g-import-not-at-top
+  from recsys import features as features_lib  # pylint: disable=g-import-not-at-top
+  try:
+    data = gin.query_parameter("train.data")
+  except ValueError:
+    return None
+  settings = None
+  try:
+    settings = gin.query_parameter("train.embedding")
+  except ValueError:
+    pass
+
+  def evaluate(ref):
+    # Macros parse to references to the `macro` configurable: calling the
+    # scoped function evaluates them like gin does at call time.
+    if isinstance(ref, gin.config.ConfigurableReference):
+      fn = ref.scoped_configurable_fn
+      return evaluate(fn()) if ref.evaluate else fn
+    return ref
+
+  source = evaluate(data)
+  if isinstance(source, type):
+    source = source()
+  return features_lib.feature_config(source.feature_specs, evaluate(settings))
+
+
+COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "export": cmd_export,
+            "info": cmd_info}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """Entry point of the `recsys` console script and `python -m recsys`."""
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  _configure_runtime(args)
+  from recsys import config  # pylint: disable=g-import-not-at-top
+  try:
+    return COMMANDS[args.command](args)
+  except config.GinConfigError as e:
+    if args.verbose:
+      raise
+    print(f"recsys {args.command}: gin configuration error:\n{e}", file=sys.stderr)
+    return 2
+  except (ValueError, RuntimeError, FileNotFoundError) as e:
+    if args.verbose:
+      raise
+    print(f"recsys {args.command}: {type(e).__name__}: {e}\n(run with "
+          "--verbose for the traceback)", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,280 @@
+"""Gin plumbing: registers TF/Keras classes with gin and parses gin files.
+
+This is the ONE module that makes classes we do not own configurable (`import
+gin.tf` is broken on TF 2.21). Our own classes carry `@gin.register` at their
+definition. Names in gin files:
+
+  embedding.TableConfig, embedding.FeatureConfig,
+  embedding.SGD, embedding.Adagrad, embedding.AdagradMomentum, embedding.Adam,
+  embedding.FTRL                       (tf.tpu.experimental.embedding.*)
+  keras.optimizers.{SGD, Adam, AdamW, Adagrad, RMSprop, Ftrl, ...}
+  keras.optimizers.schedules.{PolynomialDecay, CosineDecay, ...}
+  keras.losses.{BinaryCrossentropy, MeanSquaredError, ...}
+  keras.initializers.{TruncatedNormal, RandomUniform, ...}
+
+Example:
+  >>> from recsys import config
+  >>> config.parse(["experiments/synthetic_dlrm.gin"], ["train.train_steps = 10"])
+"""
+
+import contextlib
+import importlib
+import logging
+import os
+import pkgutil
+import re
+from typing import List, Optional, Sequence
+
+import gin
+
+from recsys._keras import keras, tf
+
+log = logging.getLogger("recsys.config")
+
+_embedding = tf.tpu.experimental.embedding
+
+_EXTERNAL = {
+    "embedding": {
+        "TableConfig": _embedding.TableConfig,
+        "FeatureConfig": _embedding.FeatureConfig,
+        "SGD": _embedding.SGD,
+        "Adagrad": _embedding.Adagrad,
+        "AdagradMomentum": _embedding.AdagradMomentum,
+        "Adam": _embedding.Adam,
+        "FTRL": _embedding.FTRL,
+    },
+    "keras.optimizers": {
+        name: getattr(keras.optimizers, name)
+        for name in ("SGD", "Adam", "AdamW", "Adagrad", "Adamax", "Adadelta",
+                     "Nadam", "RMSprop", "Ftrl", "Lion")
+        if hasattr(keras.optimizers, name)
+    },
+    "keras.optimizers.legacy": {
+        name: getattr(keras.optimizers.legacy, name)
+        for name in ("SGD", "Adam", "Adagrad", "RMSprop", "Ftrl")
+        if hasattr(keras.optimizers.legacy, name)
+    },
+    "keras.optimizers.schedules": {
+        name: getattr(keras.optimizers.schedules, name)
+        for name in ("PolynomialDecay", "ExponentialDecay", "CosineDecay",
+                     "CosineDecayRestarts", "PiecewiseConstantDecay",
+                     "InverseTimeDecay")
+    },
+    "keras.losses": {
+        name: getattr(keras.losses, name)
+        for name in ("BinaryCrossentropy", "MeanSquaredError",
+                     "CategoricalCrossentropy", "Huber", "MeanAbsoluteError")
+    },
+    "keras.initializers": {
+        name: getattr(keras.initializers, name)
+        for name in ("TruncatedNormal", "RandomNormal", "RandomUniform",
+                     "GlorotUniform", "GlorotNormal", "HeNormal", "HeUniform",
+                     "Zeros", "Constant", "VarianceScaling")
+    },
+    "keras.regularizers": {
+        name: getattr(keras.regularizers, name) for name in ("L1", "L2", "L1L2")
+    },
+    "keras.metrics": {
+        name: getattr(keras.metrics, name)
+        for name in ("AUC", "BinaryAccuracy", "BinaryCrossentropy",
+                     "RootMeanSquaredError", "MeanSquaredError")
+    },
+}
+
+# Modules whose import registers our own classes (`@gin.register`). Missing
+# modules are tolerated so that one broken or absent part does not hide the
+# others; `register_all()` logs what it could not import.
+_OWN_MODULES = ("recsys.features", "recsys.training", "recsys.models",
+                "recsys.data")
+
+_registered = False
+
+
+class GinConfigError(ValueError):
+  """A gin file or binding is invalid; the message names the file and line."""
+
+
+def register_external() -> None:
+  """Registers the TF/Keras classes above with gin (idempotent)."""
+  global _registered
+  if _registered:
+    return
+  for module, classes in _EXTERNAL.items():
+    for name, cls in classes.items():
+      gin.external_configurable(cls, name=name, module=module)
+  _registered = True
+
+
+def register_all() -> List[str]:
+  """Registers external classes and imports our gin-registered modules.
+
+  Returns:
+    The names of the modules that could not be imported (logged as warnings),
+    so callers such as `recsys info` can report them.
+  """
+  register_external()
+  missing = []
+  for name in _OWN_MODULES:
+    try:
+      module = importlib.import_module(name)
+    except ImportError as e:
+      log.warning("could not import %s (its gin names are unavailable): %s",
+                  name, e)
+      missing.append(name)
+      continue
+    # Packages: import their public submodules too, so every @gin.register
+    # runs even when the package's __init__ does not import them all.
+    for info in pkgutil.iter_modules(getattr(module, "__path__", [])):
+      if info.name.startswith("_"):
+        continue
+      full = f"{name}.{info.name}"
+      try:
+        importlib.import_module(full)
+      except ImportError as e:
+        log.warning("could not import %s (its gin names are unavailable): %s",
+                    full, e)
+        missing.append(full)
+  return missing
+
+
+register_external()
+
+
+def _gin_files_closure(files: Sequence[str]) -> List[str]:
+  """The files and, recursively, the files they `include`, in parse order."""
+  seen: List[str] = []
+
+  def visit(path: str, base_dir: Optional[str]) -> None:
+    candidates = [path]
+    if base_dir and not os.path.isabs(path):
+      candidates.append(os.path.join(base_dir, path))
+    for prefix in gin.config._LOCATION_PREFIXES:  # pylint: disable=protected-access
+      candidates.append(os.path.join(prefix, path))
+    for candidate in candidates:
+      if os.path.isfile(candidate):
+        break
+    else:
+      return
+    if candidate in seen:
+      return
+    seen.append(candidate)
+    with open(candidate, encoding="utf-8") as f:
+      for line in f:
+        m = re.match(r"\s*include\s+['\"]([^'\"]+)['\"]", line)
+        if m:
+          visit(m.group(1), os.path.dirname(candidate))
+
+  for path in files:
+    visit(path, None)
+  return seen
+
+
+def locate(name: str, files: Sequence[str]) -> List[str]:
+  """`file:line: text` for each line of `files` (and includes) naming `name`.
+
+  Args:
+    name: a macro (`DATA_DIR`), a configurable (`train`) or a binding key
+      (`train.data`).
+    files: gin files as given on the command line.
+  """
+  hits = []
+  pattern = re.compile(r"(?<![\w.])%?" + re.escape(name) + r"(?![\w])")
+  for path in _gin_files_closure(files):
+    with open(path, encoding="utf-8") as f:
+      for lineno, line in enumerate(f, 1):
+        code = line.split("#", 1)[0]
+        if pattern.search(code):
+          hits.append(f"{path}:{lineno}: {line.strip()}")
+  return hits
+
+
+def explain(error: Exception, files: Sequence[str],
+            bindings: Sequence[str] = ()) -> str:
+  """Gin's message for `error`, plus the gin files/lines it came from."""
+  message = str(error)
+  names = re.findall(r"'([\w./]+?)(?:/(?:gin\.)?macro(?:\.value)?)?'", message)
+  names += re.findall(r"^([\w.]+)/macro\.value", message)
+  names += re.findall(r"`([\w.]+)`", message)
+  required = re.search(r"Required bindings for `([\w.]+)` not provided in "
+                       r"config: \[([^\]]*)\]", message)
+  if required:
+    names = [f"{required.group(1)}.{p.strip(' ' + chr(39))}"
+             for p in required.group(2).split(",")] + [required.group(1)]
+  lines = []
+  for name in dict.fromkeys(names):
+    lines.extend(locate(name, files))
+  parts = [message.rstrip()]
+  if "In file" not in message:
+    if lines:
+      parts.append("Found in:\n  " + "\n  ".join(dict.fromkeys(lines)))
+    parts.append("Gin files: " + (", ".join(files) or "(none)") +
+                 ("; bindings: " + "; ".join(bindings) if bindings else ""))
+    if "REQUIRED" in message or "Required" in message:
+      parts.append("Bind the missing value in a gin file or with "
+                   "--gin_bindings 'NAME = value'.")
+  return "\n".join(parts)
+
+
+#: The project's experiments folder; gin `include` paths may be relative to it.
+EXPERIMENTS_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments")
+
+
+def add_search_paths(files: Sequence[str]) -> None:
+  """Lets `include` resolve relative to each file's folder and experiments/."""
+  dirs = [os.path.dirname(os.path.abspath(p)) for p in files] + [EXPERIMENTS_DIR]
+  for d in dirs:
+    if d not in gin.config._LOCATION_PREFIXES:  # pylint: disable=protected-access
+      gin.add_config_file_search_path(d)
+
+
+class _DropPathNotFound(logging.Filter):
+  """Drops gin's "Path not found" logs for search-path misses."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    message = str(record.msg)
+    return not (message.startswith("Path not found") or
+                message.startswith("system_path_file_exists"))
+
+
+@contextlib.contextmanager
+def _quiet_include_search():
+  # gin tries every search path for each include and logs each miss at
+  # ERROR level on the root logger; a real miss still raises an IOError.
+  root, drop = logging.getLogger(), _DropPathNotFound()
+  root.addFilter(drop)
+  try:
+    yield
+  finally:
+    root.removeFilter(drop)
+
+
+def parse(files: Sequence[str] = (), bindings: Sequence[str] = (),
+          finalize: bool = True) -> None:
+  """Parses gin files and bindings after registering every configurable.
+
+  Args:
+    files: gin file paths (later files override earlier ones).
+    bindings: gin binding strings such as `"train.train_steps = 10"`.
+    finalize: lock the config (checks `%gin.REQUIRED` macros).
+
+  Raises:
+    GinConfigError: a file is missing, a name or parameter is unknown, or a
+      required macro is unbound; the message is gin's plus the file and line.
+  """
+  register_all()
+  add_search_paths(files)
+  for path in files:
+    if not os.path.isfile(path):
+      raise GinConfigError(f"gin file {path!r} does not exist (cwd: "
+                           f"{os.getcwd()}); pass an existing --gin_file.")
+  try:
+    with _quiet_include_search():
+      gin.parse_config_files_and_bindings(list(files), list(bindings),
+                                          finalize_config=finalize)
+  except (ValueError, TypeError, RuntimeError, IOError) as e:
+    raise GinConfigError(explain(e, files, bindings)) from e
+
+
+__all__ = ["GinConfigError", "explain", "locate", "parse", "register_all",
+           "register_external"]

@@ -1,0 +1,213 @@
+"""Exports a trained model as a SavedModel that serves on CPU.
+
+The serving graph looks embeddings up with TF's
+`tf.tpu.experimental.embedding.serving_embedding_lookup` on plain copies of
+the trained tables, so the export works from a checkpoint written by any
+backend (the checkpoint layout is the same everywhere) and needs no TPU.
+
+Signature inputs (raw features, one tensor each):
+  dense              float32 `[B, num_dense]`         (if the model has dense features)
+  <feature>          int64 `[B]` for one-hot features; `[B, W]` padded with -1
+                     for multi-hot (W = spec.max_ids) and sequence features
+                     (W = spec.sequence_length)
+  <feature>_weights  float32 `[B, W]` for weighted features (ignored where the
+                     id is -1)
+
+Outputs:
+  ranking:   {"scores": float32 `[B]`} (probabilities, or ratings for MSE)
+  retrieval: {"scores": `[B, k]`, "candidate_ids": int64 `[B, k]`} over the
+             whole candidate corpus (brute force), plus the signatures
+             "query_embeddings" and "candidate_embeddings" (`[B, K]`).
+
+Example:
+  >>> path = export(trainer, "/tmp/export")
+  >>> serve = tf.saved_model.load(path).signatures["serving_default"]
+  >>> serve(dense=..., C1=..., C7=...)["scores"]
+"""
+
+import os
+from typing import Any, Dict, Mapping, Sequence
+
+from recsys._keras import keras, tf
+from recsys.data.spec import FeatureSpec
+
+_embedding = tf.tpu.experimental.embedding
+
+
+def _width(spec: FeatureSpec) -> int:
+  """0 for one-hot ids `[B]`, else the padded width W of `[B, W]`."""
+  if spec.sequence_length:
+    return spec.sequence_length
+  if spec.multi_hot:
+    return spec.max_ids
+  return 0
+
+
+def input_signature(specs: Sequence[FeatureSpec], num_dense: int,
+                    names: Sequence[str]) -> Dict[str, tf.TensorSpec]:
+  """The raw-feature `TensorSpec`s of the serving signature for `names`."""
+  by_name = {s.name: s for s in specs}
+  signature = {}
+  if num_dense:
+    signature["dense"] = tf.TensorSpec([None, num_dense], tf.float32, "dense")
+  for name in names:
+    spec = by_name[name]
+    width = _width(spec)
+    shape = [None, width] if width else [None]
+    signature[name] = tf.TensorSpec(shape, tf.int64, name)
+    if spec.weighted and width and not spec.sequence_length:
+      signature[f"{name}_weights"] = tf.TensorSpec(shape, tf.float32,
+                                                   f"{name}_weights")
+  return signature
+
+
+def to_features(inputs: Mapping[str, tf.Tensor], specs: Sequence[FeatureSpec],
+                names: Sequence[str]) -> Dict[str, Any]:
+  """Raw signature inputs -> a batch's `features` dict (the data contract).
+
+  Padded `[B, W]` ids (-1 = padding) become `tf.RaggedTensor` `[B, None]`.
+  """
+  by_name = {s.name: s for s in specs}
+  categorical, weights = {}, {}
+  for name in names:
+    ids = inputs[name]
+    if _width(by_name[name]):
+      mask = ids >= 0
+      categorical[name] = tf.ragged.boolean_mask(ids, mask)
+      if f"{name}_weights" in inputs:
+        weights[name] = tf.ragged.boolean_mask(inputs[f"{name}_weights"], mask)
+    else:
+      categorical[name] = ids
+  features = {"categorical": categorical}
+  if weights:
+    features["weights"] = weights
+  if "dense" in inputs:
+    features["dense"] = inputs["dense"]
+  return features
+
+
+class ServingModule(tf.Module):
+  """The exported object: model, table copies and the serving functions.
+
+  Args:
+    model: the trained ranking or retrieval model.
+    feature_config: dict feature name -> `FeatureConfig` used in training.
+    tables: table name -> trained table values `[vocab, dim]`.
+    specs: the data source's feature specs.
+    num_dense: width of `features["dense"]`.
+    corpus: retrieval only: (candidate ids `[N]`, embeddings `[N, K]`).
+    k: retrieval only: candidates returned per query.
+  """
+
+  def __init__(self, model: keras.Model, feature_config: Mapping[str, Any],
+               tables: Mapping[str, Any], specs: Sequence[FeatureSpec],
+               num_dense: int, corpus=None, k: int = 100):
+    super().__init__(name="recsys_serving")
+    self.model = model
+    self._specs = list(specs)
+    self._num_dense = num_dense
+    self._config = dict(feature_config)
+    self.table_variables = {
+        name: tf.Variable(value, trainable=False, name=name)
+        for name, value in tables.items()}
+    self._retrieval = corpus is not None
+    if self._retrieval:
+      ids, embeddings = corpus
+      self.corpus_ids = tf.Variable(tf.cast(ids, tf.int64), trainable=False)
+      self.corpus_embeddings = tf.Variable(embeddings, trainable=False)
+      self._k = int(min(k, int(ids.shape[0])))
+
+  def activations(self, features: Mapping[str, Any], names: Sequence[str]):
+    """Embedding lookups of `names` on the table copies (the serving path)."""
+    config = {n: self._config[n] for n in names}
+    ids = {n: features["categorical"][n] for n in names}
+    weights = features.get("weights") or {}
+    w = ({n: weights.get(n) for n in names}
+         if any(n in weights for n in names) else None)
+    # Built per call: a dict keyed by TableConfig cannot be a tracked attribute.
+    tables = {f.table: self.table_variables[f.table.name]
+              for f in config.values()}
+    acts = _embedding.serving_embedding_lookup(ids, w, tables, config)
+    return {n: _squeeze_one_hot(acts[n], config[n]) for n in names}
+
+  def signatures(self) -> Dict[str, Any]:
+    """Concrete functions to save as the SavedModel's signatures."""
+    names = list(self._config)
+    if not self._retrieval:
+      sig = input_signature(self._specs, self._num_dense, names)
+
+      @tf.function(autograph=False)
+      def serve(inputs):
+        features = to_features(inputs, self._specs, names)
+        return {"scores": self.model(self.activations(features, names),
+                                     features, training=False)}
+
+      return {"serving_default": serve.get_concrete_function(sig)}
+
+    query, candidate = self.model.query_features, self.model.candidate_features
+    q_sig = input_signature(self._specs, self._num_dense, query)
+    c_sig = input_signature(self._specs, 0, candidate)
+
+    @tf.function(autograph=False)
+    def query_embeddings(inputs):
+      features = to_features(inputs, self._specs, query)
+      acts = self.activations(features, query)
+      return {"embeddings": self.model.query_embeddings(acts, features)}
+
+    @tf.function(autograph=False)
+    def candidate_embeddings(inputs):
+      features = to_features(inputs, self._specs, candidate)
+      acts = self.activations(features, candidate)
+      return {"embeddings": self.model.candidate_embeddings(acts, features)}
+
+    @tf.function(autograph=False)
+    def top_k(inputs):
+      q = query_embeddings(inputs)["embeddings"]
+      scores = tf.matmul(q, self.corpus_embeddings, transpose_b=True)
+      values, index = tf.math.top_k(scores, k=self._k)
+      return {"scores": values,
+              "candidate_ids": tf.gather(self.corpus_ids, index)}
+
+    return {"serving_default": top_k.get_concrete_function(q_sig),
+            "query_embeddings": query_embeddings.get_concrete_function(q_sig),
+            "candidate_embeddings":
+                candidate_embeddings.get_concrete_function(c_sig)}
+
+
+def _squeeze_one_hot(act: tf.Tensor, feature: Any) -> tf.Tensor:
+  """TF's serving lookup returns `[B, 1, D]` for dense `[B, 1]` ids: -> `[B, D]`."""
+  if not feature.max_sequence_length and act.shape.rank == 3 and act.shape[1] == 1:
+    return act[:, 0, :]
+  return act
+
+
+def export(trainer: Any, export_dir: str, k: int = 100) -> str:
+  """Writes a CPU-serving SavedModel of a trainer's (restored) model.
+
+  Args:
+    trainer: a `recsys.training.Trainer` whose checkpoint was restored (e.g.
+      `train(model_dir=..., action="build")`).
+    export_dir: the SavedModel directory (created).
+    k: retrieval only: candidates returned per query.
+
+  Returns:
+    `export_dir`.
+  """
+  backend = trainer.backend
+  tables = {backend.table_name(t): v.numpy()
+            for t, v in backend.embedding_tables.items()}
+  corpus = None
+  if trainer.is_retrieval:
+    trainer.index_corpus()
+    ids, embeddings = trainer.model.corpus_index.corpus()
+    corpus = (tf.convert_to_tensor(ids), tf.convert_to_tensor(embeddings))
+  module = ServingModule(trainer.model, trainer.feature_config, tables,
+                         trainer.source.feature_specs,
+                         int(getattr(trainer.source, "num_dense", 0) or 0),
+                         corpus=corpus, k=k)
+  os.makedirs(export_dir, exist_ok=True)
+  tf.saved_model.save(module, export_dir, signatures=module.signatures())
+  return export_dir
+
+
+__all__ = ["ServingModule", "export", "input_signature", "to_features"]

@@ -1,0 +1,9 @@
+"""Training: strategy, compiled step loops, the Trainer and the gin entry point."""
+
+from recsys.training import schedules
+from recsys.training.strategy import StrategyError, make_strategy
+from recsys.training.train import train
+from recsys.training.trainer import Trainer, TrainerConfigError
+
+__all__ = ["StrategyError", "Trainer", "TrainerConfigError", "make_strategy",
+           "schedules", "train"]

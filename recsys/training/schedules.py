@@ -1,0 +1,67 @@
+"""Learning-rate schedules used by the experiments (MLPerf DLRM's warm-up + decay).
+
+Example:
+  >>> lr = WarmupPolyDecay(24.0, warmup_steps=2750, decay_start_step=49315,
+  ...                      decay_steps=27772, power=2.0)
+  >>> float(lr(0)), float(lr(2750))
+"""
+
+import gin
+
+from recsys._keras import keras, tf
+
+
+@gin.register
+class WarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
+  """Linear warm-up, constant, then polynomial decay (MLPerf DLRM's schedule).
+
+  lr(step) = base * (step+1) / warmup                     for step < warmup
+           = base                                         until decay_start
+           = base * (1 - (step - start) / decay_steps)^power, floored at
+             base * end_factor, afterwards.
+
+  Args:
+    base_learning_rate: the peak learning rate.
+    warmup_steps: linear warm-up steps (0: none).
+    decay_start_step: first step of the decay.
+    decay_steps: steps over which the rate decays (0: no decay).
+    power: exponent of the polynomial decay.
+    end_factor: final rate as a fraction of the peak.
+  """
+
+  def __init__(self, base_learning_rate: float, warmup_steps: int = 0,
+               decay_start_step: int = 0, decay_steps: int = 0,
+               power: float = 2.0, end_factor: float = 0.0):
+    super().__init__()
+    if decay_steps and decay_start_step < warmup_steps:
+      raise ValueError(
+          f"WarmupPolyDecay: decay_start_step={decay_start_step} must be >= "
+          f"warmup_steps={warmup_steps}.")
+    self.base_learning_rate = float(base_learning_rate)
+    self.warmup_steps = int(warmup_steps)
+    self.decay_start_step = int(decay_start_step)
+    self.decay_steps = int(decay_steps)
+    self.power = float(power)
+    self.end_factor = float(end_factor)
+
+  def __call__(self, step):
+    step = tf.cast(step, tf.float32)
+    base = tf.constant(self.base_learning_rate, tf.float32)
+    lr = base
+    if self.warmup_steps:
+      lr = tf.where(step < self.warmup_steps,
+                    base * (step + 1.0) / self.warmup_steps, lr)
+    if self.decay_steps:
+      progress = tf.clip_by_value(
+          (step - self.decay_start_step) / self.decay_steps, 0.0, 1.0)
+      decayed = base * tf.maximum((1.0 - progress) ** self.power,
+                                  self.end_factor)
+      lr = tf.where(step >= self.decay_start_step, decayed, lr)
+    return lr
+
+  def get_config(self):
+    return {"base_learning_rate": self.base_learning_rate,
+            "warmup_steps": self.warmup_steps,
+            "decay_start_step": self.decay_start_step,
+            "decay_steps": self.decay_steps, "power": self.power,
+            "end_factor": self.end_factor}

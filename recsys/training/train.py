@@ -1,0 +1,127 @@
+"""The one gin-configurable entry point: `train(...)`, what a gin file sets.
+
+Gin files bind `train.*` (data source, model class, embedding settings,
+optimizers, batch size, steps); `recsys train|evaluate|export` call it with
+the model dir and an action. Objects that own variables (model, dense
+optimizer) are passed as classes or factories (`@DLRM`, `@keras.optimizers.Adam`)
+and built inside `strategy.scope()`; embedding optimizers own no variables and
+are passed as instances (`@embedding.Adagrad()`).
+
+Example (gin):
+  train.data = @SyntheticCTR()
+  train.model = @DLRM
+  train.embedding = @EmbeddingSettings()
+  EmbeddingSettings.dim = 16
+  train.embedding_optimizer = @embedding.Adagrad()
+  embedding.Adagrad.learning_rate = 0.05
+  train.dense_optimizer = @keras.optimizers.Adam
+  train.global_batch_size = 1024
+  train.train_steps = 2000
+"""
+
+import logging
+from typing import Any, Callable, Dict, Mapping, Optional, Union
+
+import gin
+
+from recsys import features as features_lib
+from recsys._keras import keras, tf
+from recsys.training import strategy as strategy_lib
+from recsys.training.trainer import Trainer
+
+log = logging.getLogger("recsys.training")
+
+ACTIONS = ("train", "evaluate", "build")
+
+
+def _instance(source: Any) -> Any:
+  return source() if isinstance(source, type) else source
+
+
+@gin.configurable("train")
+def train(model_dir: str,
+          data: Any = gin.REQUIRED,
+          model: Callable[..., keras.Model] = gin.REQUIRED,
+          eval_data: Optional[Any] = None,
+          embedding: Optional[features_lib.EmbeddingSettings] = None,
+          embedding_optimizer: Optional[Any] = None,
+          dense_optimizer: Optional[Callable[[], Any]] = None,
+          backend: str = "auto",
+          backend_options: Optional[Mapping[str, Any]] = None,
+          tpu: Optional[str] = None,
+          num_cpu_replicas: int = 0,
+          global_batch_size: int = 1024,
+          eval_batch_size: Optional[int] = None,
+          train_steps: int = 1000,
+          steps_per_loop: int = 100,
+          eval_every: int = 0,
+          eval_steps: Optional[int] = 20,
+          checkpoint_every: int = 0,
+          max_checkpoints: int = 3,
+          seed: int = 0,
+          progress_bar: bool = True,
+          summaries: bool = True,
+          strategy: Optional[tf.distribute.Strategy] = None,
+          action: str = "train") -> Union[Dict[str, float], Trainer]:
+  """Builds the strategy and the Trainer, then trains or evaluates.
+
+  Args:
+    model_dir: where checkpoints, summaries, `operative_config.gin` and
+      `metrics.json` go; an existing run there is resumed.
+    data: the training data source (e.g. `@SyntheticCTR()`).
+    model: model class or factory (e.g. `@DLRM`), built inside the scope.
+    eval_data: evaluation source (default: `data` with training=False).
+    embedding: `EmbeddingSettings` (dim, combiner, per-table overrides).
+    embedding_optimizer: default `tf.tpu.experimental.embedding` optimizer
+      (default: Adagrad(0.05)).
+    dense_optimizer: Keras optimizer class or factory (default: Adam).
+    backend: embedding backend name, or "auto" to choose from the hardware.
+    backend_options: backend constructor options (e.g. `bag_widths`).
+    tpu: TPU address or "local"; None: no TPU.
+    num_cpu_replicas: > 1: MirroredStrategy over that many logical CPUs.
+    global_batch_size: examples per step over all replicas.
+    eval_batch_size: global eval batch (default: global_batch_size).
+    train_steps: total training steps.
+    steps_per_loop: steps per compiled host call (TPU host-loop pattern).
+    eval_every: evaluate every N steps (0: at the end only).
+    eval_steps: eval batches per evaluation (None: the whole eval set).
+    checkpoint_every: checkpoint every N steps (0: at the end only).
+    max_checkpoints: checkpoints kept in the model dir.
+    seed: random seed of the run.
+    progress_bar: show a progress bar with throughput and ETA.
+    summaries: write TensorBoard summaries.
+    strategy: an already built strategy (Python callers; overrides `tpu`).
+    action: "train" (returns final metrics), "evaluate" (restores the latest
+      checkpoint, returns eval metrics) or "build" (returns the Trainer).
+
+  Raises:
+    ValueError: unknown action, or inconsistent settings (see `Trainer`).
+  """
+  if action not in ACTIONS:
+    raise ValueError(f"train(action={action!r}): use one of {list(ACTIONS)}.")
+  if strategy is None:
+    strategy, why = strategy_lib.make_strategy(tpu, num_cpu_replicas)
+    log.info("strategy: %s", why)
+  trainer = Trainer(
+      model_dir=model_dir, source=_instance(data), model=model,
+      strategy=strategy, embedding=embedding,
+      embedding_optimizer=embedding_optimizer,
+      dense_optimizer=dense_optimizer, backend=backend,
+      backend_options=backend_options,
+      eval_source=_instance(eval_data) if eval_data is not None else None,
+      global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
+      train_steps=train_steps, steps_per_loop=steps_per_loop,
+      eval_every=eval_every, eval_steps=eval_steps,
+      checkpoint_every=checkpoint_every, max_checkpoints=max_checkpoints,
+      seed=seed, progress_bar=progress_bar, summaries=summaries)
+  if action == "build":
+    return trainer
+  if action == "evaluate":
+    if not trainer.restored_step:
+      raise FileNotFoundError(
+          f"no checkpoint in {model_dir!r}/checkpoints to evaluate; train "
+          "first (recsys train ... --model_dir) or point --model_dir at a run.")
+    results = trainer.evaluate()
+    results["step"] = trainer.restored_step
+    return results
+  return trainer.train()

@@ -1,0 +1,131 @@
+"""The `recsys` command: help, gin errors with their file, train/evaluate/export."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from recsys import cli
+from recsys import config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
+TINY = ["train.global_batch_size = 64", "train.train_steps = 6",
+        "train.steps_per_loop = 3", "train.eval_steps = 2",
+        "SyntheticCTR.oracle_examples = 4096"]
+
+
+def run_recsys(*args, timeout=300):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  return subprocess.run([sys.executable, "-m", "recsys", *args], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("command", [[], ["train"], ["evaluate"], ["export"], ["info"]])
+def test_help(command, capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.main(command + ["--help"])
+  assert e.value.code == 0
+  out = capsys.readouterr().out
+  assert "usage: recsys" in out
+  if command:
+    assert "example:" in out
+  if command in (["train"], ["evaluate"]):
+    assert "--gin_file" in out and "--gin_bindings" in out and "--model_dir" in out
+
+
+def test_unknown_gin_parameter_names_the_file(tmp_path, capsys):
+  bad = tmp_path / "bad.gin"
+  bad.write_text("include 'base.gin'\ntrain.global_batch = 64\n")
+  code = cli.main(["train", "--gin_file", str(bad), "--model_dir", str(tmp_path / "m")])
+  err = capsys.readouterr().err
+  assert code == 2
+  assert "global_batch" in err and str(bad) in err and "line 2" in err
+
+
+def test_missing_required_macro_names_the_file_that_declares_it(tmp_path, capsys):
+  code = cli.main(["train", "--gin_file",
+                   os.path.join(config.EXPERIMENTS_DIR, "criteo_dlrm.gin"),
+                   "--model_dir", str(tmp_path)])
+  err = capsys.readouterr().err
+  assert code == 2
+  assert "CRITEO_DIR" in err and "criteo_kaggle.gin:" in err
+  assert "--gin_bindings" in err
+
+
+def test_missing_required_train_argument_names_the_files(tmp_path, capsys):
+  only_base = os.path.join(config.EXPERIMENTS_DIR, "base.gin")
+  code = cli.main(["train", "--gin_file", only_base, "--model_dir", str(tmp_path)])
+  err = capsys.readouterr().err
+  assert code == 2
+  assert "train" in err and "data" in err and "base.gin" in err
+
+
+def test_info_prints_strategy_and_backend_choice(capsys):
+  assert cli.main(["info"]) == 0
+  out = capsys.readouterr().out
+  assert "embedding backend auto -> tensorcore" in out and "TensorFlow" in out
+
+
+def _padded(ids, width):
+  """Ragged/dense ids -> the export's `[B, W]` padded with -1 (or `[B]`)."""
+  if isinstance(ids, tf.RaggedTensor):
+    return ids.to_tensor(default_value=-1, shape=[None, width]).numpy()
+  return ids.numpy()
+
+
+@pytest.mark.slow  # ~40 s: three recsys processes (train, evaluate, export) and a loader
+def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path):
+  model_dir, export_dir = tmp_path / "run", tmp_path / "export"
+  bindings = sum((["--gin_bindings", b] for b in TINY), [])
+  done = run_recsys("train", "--gin_file", DEFAULT, *bindings,
+                    "--model_dir", str(model_dir), "--no_progress")
+  assert done.returncode == 0, done.stderr[-3000:]
+  metrics = json.loads((model_dir / "metrics.json").read_text())
+  assert metrics["step"] == 6
+
+  done = run_recsys("evaluate", "--model_dir", str(model_dir))
+  assert done.returncode == 0, done.stderr[-3000:]
+  evaluated = json.loads((model_dir / "eval_metrics.json").read_text())
+  np.testing.assert_allclose(evaluated["eval/auc"], metrics["eval/auc"], rtol=1e-6)
+
+  done = run_recsys("export", "--model_dir", str(model_dir),
+                    "--export_dir", str(export_dir))
+  assert done.returncode == 0, done.stderr[-3000:]
+
+  # Reference predictions in this process, from the checkpoint, through the
+  # tensorcore backend's lookups (not the export's serving lookups).
+  from recsys.training import train  # pylint: disable=g-import-not-at-top
+  config.parse([str(model_dir / "operative_config.gin")],
+               ["train.progress_bar = False", "train.summaries = False"])
+  trainer = train(model_dir=str(model_dir), action="build")
+  assert trainer.restored_step == 6
+  features, _ = next(iter(trainer.source.dataset(13, training=False)))
+  names = list(trainer.feature_config)
+  acts = trainer.backend.lookup({n: features["categorical"][n] for n in names})
+  want = trainer.model(acts, features).numpy()
+
+  specs = {s.name: s for s in trainer.source.feature_specs}
+  inputs = {"dense": features["dense"].numpy()}
+  for n in names:
+    inputs[n] = _padded(features["categorical"][n], specs[n].max_ids)
+  np.savez(tmp_path / "inputs.npz", **inputs)
+  loader = textwrap.dedent(f"""
+      import numpy as np, tensorflow as tf
+      served = tf.saved_model.load({str(export_dir)!r}).signatures["serving_default"]
+      inputs = dict(np.load({str(tmp_path / "inputs.npz")!r}))
+      scores = served(**{{k: tf.constant(v) for k, v in inputs.items()}})["scores"]
+      np.save({str(tmp_path / "scores.npy")!r}, scores.numpy())
+  """)
+  done = subprocess.run([sys.executable, "-c", loader], capture_output=True,
+                        text=True, timeout=300,
+                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  assert done.returncode == 0, done.stderr[-3000:]
+  got = np.load(tmp_path / "scores.npy")
+  assert got.shape == (13,)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,157 @@
+"""Trainer: files it writes, resume at the exact step, seeds, replicas."""
+
+import functools
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from recsys.features import EmbeddingSettings
+from recsys.models import DLRM
+from recsys.training import Trainer, TrainerConfigError
+from recsys.training import schedules
+from tests.conftest import mirrored_strategy
+from tests.training.sources import ArraySource
+
+embedding = tf.tpu.experimental.embedding
+
+MODEL = functools.partial(DLRM, bottom_mlp=(11, 7), top_mlp=(11,))
+
+
+def make_trainer(model_dir, strategy=None, train_steps=12, optimizer=None,
+                 **kwargs):
+  settings = dict(global_batch_size=10, train_steps=train_steps,
+                  steps_per_loop=4, eval_steps=None, progress_bar=False,
+                  seed=3)
+  settings.update(kwargs)
+  return Trainer(
+      str(model_dir), ArraySource(), MODEL, strategy=strategy,
+      embedding=EmbeddingSettings(dim=7),
+      embedding_optimizer=optimizer or embedding.Adagrad(0.1),
+      **settings)
+
+
+def state(trainer):
+  """Every variable a step changes: tables, slots, dense weights, opt slots."""
+  out = {}
+  for table, var in trainer.backend.embedding_tables.items():
+    out[f"table/{table.name}"] = var.numpy()
+  for table, slots in trainer.backend.slot_variables().items():
+    for name, var in slots.items():
+      out[f"slot/{table}/{name}"] = var.numpy()
+  for var in trainer.model.trainable_variables:
+    out[f"dense/{var.name}"] = var.numpy()
+  for i, var in enumerate(trainer.dense_optimizer.variables):
+    out[f"opt/{i}"] = np.asarray(var.numpy())
+  return out
+
+
+def assert_same_state(a, b, **tol):
+  assert sorted(a) == sorted(b)
+  for key in a:
+    if tol:
+      np.testing.assert_allclose(a[key], b[key], err_msg=key, **tol)
+    else:
+      np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_train_writes_run_files(tmp_path):
+  trainer = make_trainer(tmp_path, train_steps=8)
+  metrics = trainer.train()
+  assert metrics["step"] == 8
+  assert int(trainer.global_step.numpy()) == 8
+  for key in ("train/loss", "eval/loss", "eval/auc", "examples_per_second"):
+    assert np.isfinite(metrics[key]), key
+  on_disk = json.loads((tmp_path / "metrics.json").read_text())
+  assert on_disk["step"] == 8 and on_disk["backend"] == "tensorcore"
+  assert (tmp_path / "operative_config.gin").exists()
+  assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("-8")
+  assert os.listdir(tmp_path / "train") and os.listdir(tmp_path / "eval")
+
+
+def test_eval_loss_matches_numpy_bce_of_predictions(tmp_path):
+  """eval/loss is the mean BCE over the eval split (a NumPy reference)."""
+  trainer = make_trainer(tmp_path, train_steps=4)
+  trainer.train()
+  logits, labels = [], []
+  for features, y in trainer.source.dataset(10, training=False):
+    acts = trainer.backend.lookup(
+        {n: features["categorical"][n] for n in ("user", "tags")},
+        {"user": None, "tags": features["weights"]["tags"]})
+    logits.append(trainer.model.logits(acts, features).numpy())
+    labels.append(y.numpy())
+  z, y = np.concatenate(logits), np.concatenate(labels)
+  bce = np.mean(np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z))))
+  np.testing.assert_allclose(trainer.evaluate()["eval/loss"], bce, rtol=1e-5)
+
+
+def test_kill_and_resume_continues_at_saved_step(tmp_path):
+  """Stop after 8 steps, restart on the same dir: same end state as 16 at once."""
+  whole = make_trainer(tmp_path / "whole", train_steps=16)
+  whole.train()
+  first = make_trainer(tmp_path / "split", train_steps=8)
+  first.train()
+  saved = state(first)
+  del first  # the "kill"
+  resumed = make_trainer(tmp_path / "split", train_steps=16)
+  assert resumed.restored_step == 8
+  assert int(resumed.global_step.numpy()) == 8
+  # Restored tables, optimizer slots and dense weights are exactly the saved ones.
+  assert_same_state(state(resumed), saved)
+  resumed.train()
+  assert int(resumed.global_step.numpy()) == 16
+  # ... and the data continued where it stopped: same as the run that never stopped.
+  assert_same_state(state(resumed), state(whole), rtol=1e-6, atol=1e-7)
+
+
+def test_same_seed_same_metrics(tmp_path):
+  a = make_trainer(tmp_path / "a").train()
+  b = make_trainer(tmp_path / "b").train()
+  for key in a:
+    if key.startswith(("train/", "eval/")):
+      assert a[key] == b[key], key
+
+
+def test_two_replicas_match_one_on_the_same_global_batch(tmp_path):
+  """2 mirrored CPU replicas == 1 replica with the combined batch (all state)."""
+  one = make_trainer(tmp_path / "one", strategy=mirrored_strategy(1),
+                     train_steps=8, optimizer=embedding.Adam(0.01))
+  one.train()
+  two = make_trainer(tmp_path / "two", strategy=mirrored_strategy(2),
+                     train_steps=8, optimizer=embedding.Adam(0.01))
+  two.train()
+  assert two.strategy.num_replicas_in_sync == 2
+  assert_same_state(state(one), state(two), rtol=2e-5, atol=1e-6)
+
+
+def test_batch_not_divisible_by_replicas_is_refused(tmp_path):
+  with pytest.raises(TrainerConfigError, match="multiple of the 2 replicas"):
+    make_trainer(tmp_path, strategy=mirrored_strategy(2), global_batch_size=9)
+
+
+def test_embedding_learning_rate_schedule_follows_the_step(tmp_path):
+  """A Keras schedule as embedding lr is evaluated at the global step (SGD)."""
+  schedule = schedules.WarmupPolyDecay(0.5, warmup_steps=4)
+  opt = embedding.SGD(learning_rate=schedule)
+  trainer = make_trainer(tmp_path, train_steps=4, optimizer=opt)
+  assert callable(opt.learning_rate)
+  trainer.global_step.assign(1)
+  np.testing.assert_allclose(float(opt.learning_rate()), 0.5 * 2 / 4)
+  trainer.global_step.assign(10)
+  np.testing.assert_allclose(float(opt.learning_rate()), 0.5)
+
+
+def test_warmup_poly_decay_matches_formula():
+  lr = schedules.WarmupPolyDecay(2.0, warmup_steps=10, decay_start_step=20,
+                                 decay_steps=30, power=2.0, end_factor=0.1)
+  for step in (0, 5, 9, 10, 19, 20, 35, 49, 50, 80):
+    if step < 10:
+      want = 2.0 * (step + 1) / 10
+    elif step < 20:
+      want = 2.0
+    else:
+      frac = min((step - 20) / 30, 1.0)
+      want = 2.0 * max((1 - frac) ** 2, 0.1)
+    np.testing.assert_allclose(float(lr(step)), want, rtol=1e-6, err_msg=step)

@@ -23,7 +23,7 @@ combined with its table's combiner; a sequence feature yields `[B, L, D]` with
 
 import abc
 import dataclasses
-from typing import Any, ClassVar, Dict, FrozenSet, List, Mapping, Optional, Tuple
+from typing import Any, ClassVar, Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
 
 import tensorflow as tf
 from tensorflow.python.trackable import autotrackable  # pylint: disable=g-direct-tensorflow-import
@@ -107,7 +107,9 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
   def __init__(self,
                feature_config: Any,
                optimizer: Optional[Any] = None,
-               strategy: Optional[tf.distribute.Strategy] = None):
+               strategy: Optional[tf.distribute.Strategy] = None,
+               *,
+               bag_widths: Union[None, int, Mapping[str, int]] = None):
     """Validates the configuration against what this backend supports.
 
     Args:
@@ -116,6 +118,10 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
         `TableConfig.optimizer` is None.
       strategy: the strategy to build and run under; defaults to the current
         one (`tf.distribute.get_strategy()`).
+      bag_widths: the most ids a bag of a non-sequence feature holds (an int
+        for every feature, or feature path -> int): backends that need static
+        shapes pad to it in `preprocess` and cut (and count) longer bags.
+        Sequence features use `max_sequence_length`.
 
     Raises:
       BackendUnavailableError: this backend cannot run under `strategy`.
@@ -146,6 +152,7 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
         tables.append(feature.table)
     self._tables = tables
     self._names = table_names(tables)
+    self._bag_widths = self._resolve_bag_widths(bag_widths)
     self._optimizers = {}
     for table in tables:
       opt = table.optimizer if table.optimizer is not None else optimizer
@@ -154,6 +161,25 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
     self._built = False
 
   # -- configuration -------------------------------------------------------
+
+  def _resolve_bag_widths(self, bag_widths) -> Dict[str, Optional[int]]:
+    paths = [path for path, _ in self._flat_features]
+    if bag_widths is None or isinstance(bag_widths, int):
+      widths = {p: bag_widths for p in paths}
+    else:
+      unknown = sorted(set(bag_widths) - set(paths))
+      if unknown:
+        raise ValueError(f"bag_widths names unknown features {unknown}; "
+                         f"features are {paths}.")
+      widths = {p: bag_widths.get(p) for p in paths}
+    for path, width in widths.items():
+      if width is not None and (not isinstance(width, int) or width < 1):
+        raise ValueError(f"bag_widths[{path!r}] = {width!r}; expected an int >= 1.")
+    return widths
+
+  def bag_width(self, path: str) -> Optional[int]:
+    """The static bag width of feature `path` (None: dynamic)."""
+    return self._bag_widths[path]
 
   def _check_table(self, table: embedding.TableConfig, opt: Any) -> None:
     name = self.table_name(table) if hasattr(self, "_names") else table.name

@@ -44,6 +44,8 @@ class FlatBags:
     sequence_length: 0, or `L` for sequence outputs `[B, L, D]`.
     truncated: scalar int64, ids dropped because their bag or sequence was
       longer than the static width.
+    capacity: a static upper bound on the number of ids (static batch size
+      times static width), or None when the input's shape is dynamic.
   """
   ids: tf.Tensor
   segments: tf.Tensor
@@ -52,6 +54,7 @@ class FlatBags:
   batch_size: tf.Tensor
   sequence_length: int
   truncated: tf.Tensor
+  capacity: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +206,7 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
     keep = pos < limit
     truncated += tf.reduce_sum(tf.cast(tf.logical_not(keep), tf.int64))
     ids, row, pos, w = (tf.boolean_mask(t, keep) for t in (ids, row, pos, w))
+  capacity = _static_capacity(inp, limit)
   if seq_len > 0:
     segments = row * seq_len + pos
     num_segments = batch_size * seq_len
@@ -212,7 +216,23 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
   return FlatBags(ids=ids, segments=tf.cast(segments, tf.int32), weights=w,
                   num_segments=tf.cast(num_segments, tf.int32),
                   batch_size=tf.cast(batch_size, tf.int32),
-                  sequence_length=seq_len, truncated=truncated)
+                  sequence_length=seq_len, truncated=truncated,
+                  capacity=capacity)
+
+
+def _static_capacity(inp: Any, limit: Optional[int]) -> Optional[int]:
+  """Most ids `inp` can hold after cutting bags to `limit`, if static."""
+  if isinstance(inp, PaddedBags):
+    batch, width = inp.ids.shape.as_list()
+  elif isinstance(inp, (tf.SparseTensor, tf.RaggedTensor)):
+    batch, width = inp.shape[0], None
+  else:  # dense [B] was reshaped to [B, 1] above
+    batch, width = tf.convert_to_tensor(inp).shape.as_list()[:2]
+  if limit:
+    width = min(width, limit) if width is not None else limit
+  if batch is None or width is None:
+    return None
+  return batch * width
 
 
 def _batch_size(inp: Any) -> tf.Tensor:

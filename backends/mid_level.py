@@ -75,8 +75,8 @@ class MidLevelBackend(base.EmbeddingBackend):
   """
 
   def __init__(self, feature_config: Any, optimizer: Optional[Any] = None,
-               strategy: Optional[tf.distribute.Strategy] = None):
-    super().__init__(feature_config, optimizer, strategy)
+               strategy: Optional[tf.distribute.Strategy] = None, **kwargs: Any):
+    super().__init__(feature_config, optimizer, strategy, **kwargs)
     self._mid = None
 
   def _create_mid_level(self) -> Any:

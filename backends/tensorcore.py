@@ -35,6 +35,7 @@ Example:
 
 import dataclasses
 import functools
+import logging
 import threading
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -47,6 +48,7 @@ from backends import inputs as inputs_lib
 from backends import optimizers
 
 embedding = tf.tpu.experimental.embedding
+log = logging.getLogger("recsys.backends")
 
 
 @dataclasses.dataclass
@@ -62,6 +64,7 @@ class _TableStep:
   combination: tf.SparseTensor     # float32 [sum_f S_f, U]
   positions: List[int]             # per feature: index in the flat feature list
   num_segments: List[tf.Tensor]    # per feature: S_f
+  capacity: Optional[int]          # static bound on U, or None
 
 
 class _Counters:
@@ -85,10 +88,9 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     feature_config: nested structure of `FeatureConfig`.
     optimizer: default embedding optimizer for tables without one.
     strategy: defaults to the strategy in scope.
-    bag_widths: static padding width for the bags of non-sequence sparse or
-      ragged features, used by `preprocess`: an int for every feature or a
-      mapping feature path -> int. Sequence features use their
-      `max_sequence_length`. Ids past the width are dropped and counted.
+    bag_widths: see `EmbeddingBackend`; `preprocess` pads sparse and ragged
+      bags to these widths, which gives compiled steps static shapes (and a
+      static-size exchange between replicas).
     invalid_ids: "error" (default), "drop" or "oov": what to do with an id
       outside `[0, vocabulary_size)` (see `backends.inputs.validate`).
       Features with `validate_weights_and_indices=False` are not checked.
@@ -104,7 +106,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
                *,
                bag_widths: Union[None, int, Mapping[str, int]] = None,
                invalid_ids: str = "error"):
-    super().__init__(feature_config, optimizer, strategy)
+    super().__init__(feature_config, optimizer, strategy, bag_widths=bag_widths)
     if invalid_ids not in inputs_lib.ID_POLICIES:
       raise ValueError(f"invalid_ids={invalid_ids!r}; use one of "
                        f"{', '.join(inputs_lib.ID_POLICIES)}.")
@@ -112,7 +114,6 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     self._layouts = [
         inputs_lib.FeatureLayout(path, feature, self.table_name(feature.table))
         for path, feature in self._flat_features]
-    self._bag_widths = self._resolve_bag_widths(bag_widths)
     for table in self._tables:
       opt = self.optimizer_for(table)
       if opt is not None:
@@ -121,16 +122,6 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     # each replica's step in its own thread and may interleave them).
     self._pending = data_structures.NoDependency({})
     self._pending_lock = threading.Lock()
-
-  def _resolve_bag_widths(self, bag_widths) -> Dict[str, Optional[int]]:
-    paths = [layout.path for layout in self._layouts]
-    if bag_widths is None or isinstance(bag_widths, int):
-      return {p: bag_widths for p in paths}
-    unknown = sorted(set(bag_widths) - set(paths))
-    if unknown:
-      raise ValueError(f"bag_widths names unknown features {unknown}; "
-                       f"features are {paths}.")
-    return {p: bag_widths.get(p) for p in paths}
 
   # -- variables -----------------------------------------------------------
 
@@ -293,8 +284,11 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
         outputs[i] = self._shape_output(self._layouts[i], bag, acts)
         blocks.append(matrix)
       if training:
+        capacities = [b.capacity for b in table_bags]
+        capacity = (min(sum(capacities), table.vocabulary_size)
+                    if None not in capacities else None)
         steps[name] = _TableStep(unique_ids, _stack_rows(blocks), positions,
-                                 [b.num_segments for b in table_bags])
+                                 [b.num_segments for b in table_bags], capacity)
     if training:
       with self._pending_lock:
         self._pending[threading.get_ident()] = steps
@@ -336,7 +330,10 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       row_grads = self._row_gradients(table, step, flat_grads)
       ids = step.unique_ids
       if num_replicas > 1 and replica_ctx is not None:
-        ids, row_grads = _sum_across_replicas(replica_ctx, ids, row_grads)
+        if step.capacity is None:
+          _warn_dynamic_exchange(name)
+        ids, row_grads = _sum_across_replicas(replica_ctx, ids, row_grads,
+                                              step.capacity)
       table_vars = self._variables[name]
       slots = {k: v for k, v in table_vars.items() if k != "parameters"}
       optimizers.apply_sparse_update(opt, table_vars["parameters"], slots,
@@ -379,15 +376,37 @@ def _combiner_scale(bag: inputs_lib.FlatBags, combiner: str) -> tf.Tensor:
   return tf.math.divide_no_nan(w, tf.gather(norm, bag.segments))
 
 
-def _sum_across_replicas(replica_ctx, ids: tf.Tensor, grads: tf.Tensor
-                        ) -> Tuple[tf.Tensor, tf.Tensor]:
+@functools.lru_cache(maxsize=None)
+def _warn_dynamic_exchange(table_name: str) -> None:
+  log.warning(
+      "table %r: the touched rows exchanged between replicas have a dynamic "
+      "size because some of its features have sparse/ragged inputs without a "
+      "static width. Several steps in one tf.function loop then fail under "
+      "MirroredStrategy ('Shape mismatch in the collective instance'); give "
+      "bag_widths= and run preprocess() in the input pipeline.", table_name)
+
+
+def _sum_across_replicas(replica_ctx, ids: tf.Tensor, grads: tf.Tensor,
+                         capacity: Optional[int]) -> Tuple[tf.Tensor, tf.Tensor]:
   """Exchanges each replica's touched rows and sums them per unique id.
 
-  Every replica ends with the same (ids, grads), in the same order, so the
-  updates it applies keep the replicated tables bit-identical.
+  With a static `capacity` (an upper bound on each replica's unique ids) the
+  exchanged tensors are padded to it (ids -1), so the collective has the same
+  shape every step, as collectives inside a loop need. Every replica ends with
+  the same (ids, grads), in the same order, so the updates it applies keep
+  the replicated tables bit-identical.
   """
+  if capacity is not None:
+    pad = capacity - tf.size(ids)
+    ids = tf.reshape(tf.pad(ids, [[0, pad]], constant_values=-1), [capacity])
+    grads = tf.reshape(tf.pad(grads, [[0, pad], [0, 0]]),
+                       [capacity, grads.shape[-1]])
   all_ids = replica_ctx.all_gather(ids, axis=0)
   all_grads = replica_ctx.all_gather(grads, axis=0)
+  if capacity is not None:
+    keep = all_ids >= 0
+    all_ids = tf.boolean_mask(all_ids, keep)
+    all_grads = tf.boolean_mask(all_grads, keep)
   unique_ids, index = tf.unique(all_ids, out_idx=tf.int32)
   summed = tf.math.unsorted_segment_sum(all_grads, index, tf.size(unique_ids))
   return unique_ids, summed

@@ -117,8 +117,9 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
                *,
                per_replica_batch_size: Optional[int] = None,
                pipeline_execution_with_tensor_core: bool = False,
-               sparse_core_embedding_config: Optional[Any] = None):
-    super().__init__(feature_config, optimizer, strategy)
+               sparse_core_embedding_config: Optional[Any] = None,
+               **kwargs: Any):
+    super().__init__(feature_config, optimizer, strategy, **kwargs)
     self._version = _hardware_version(self._strategy)
     self._per_replica_batch_size = per_replica_batch_size
     self._pipelining = pipeline_execution_with_tensor_core

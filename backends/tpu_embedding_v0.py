@@ -55,8 +55,8 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
   capabilities = base.Capabilities(needs_tpu=True)
 
   def __init__(self, feature_config: Any, optimizer: Optional[Any] = None,
-               strategy: Optional[tf.distribute.Strategy] = None):
-    super().__init__(feature_config, optimizer, strategy)
+               strategy: Optional[tf.distribute.Strategy] = None, **kwargs: Any):
+    super().__init__(feature_config, optimizer, strategy, **kwargs)
     for table in self._tables:
       optimizers.check_supported(self.optimizer_for(table), self.table_name(table))
     self._pending = data_structures.NoDependency([])

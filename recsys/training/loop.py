@@ -113,30 +113,9 @@ class StepFunctions:
     self._loss_metric.update_state(
         loss * tf.cast(self._strategy.num_replicas_in_sync, loss.dtype))
 
-  @property
-  def host_steps_per_call(self) -> Optional[int]:
-    """Steps one `train_loop` call may run: None (any) or 1.
-
-    Under MirroredStrategy with several replicas, several steps inside one
-    while loop abort with "Shape mismatch in the collective instance": the
-    tensorcore backend's variable-size `all_gather` of touched rows across
-    loop iterations (TF 2.21, CPU collectives). Until that is fixed, such
-    strategies run one step per call (the TPU and one-replica paths keep the
-    host loop).
-    """
-    multi = self._strategy.num_replicas_in_sync > 1
-    tpu = isinstance(self._strategy, (tf.distribute.TPUStrategy,
-                                      tf.distribute.experimental.TPUStrategy))
-    return 1 if multi and not tpu else None
-
   def run_train_steps(self, iterator, num_steps: int) -> None:
-    """Runs `num_steps` training steps (see `host_steps_per_call`)."""
-    if self.host_steps_per_call == 1:
-      one = tf.constant(1, tf.int32)
-      for _ in range(num_steps):
-        self.train_loop(iterator, one)
-    else:
-      self.train_loop(iterator, tf.constant(num_steps, tf.int32))
+    """Runs `num_steps` training steps in one call of the compiled loop."""
+    self.train_loop(iterator, tf.constant(num_steps, tf.int32))
 
   def _train_loop(self, iterator, num_steps: tf.Tensor) -> None:
     for _ in tf.range(num_steps):

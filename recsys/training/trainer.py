@@ -177,9 +177,15 @@ class Trainer:
         backend, self.strategy)
     # `resolve` logs the choice and its reason (the one place "auto" is
     # decided); construct the resolved class directly so it is not re-resolved.
+    # The data source knows its longest bags: static widths give compiled
+    # steps fixed shapes (and replicas a fixed-size exchange of touched rows).
+    options = {"bag_widths": {spec.name: spec.max_ids
+                              for spec in source.feature_specs
+                              if spec.multi_hot and not spec.sequence_length}}
+    options.update(backend_options or {})
     self.backend = backends.get(self.backend_name)(
         self.feature_config, embedding_optimizer, strategy=self.strategy,
-        **dict(backend_options or {}))
+        **options)
     dense_optimizer = dense_optimizer or keras.optimizers.Adam
     with self.strategy.scope():
       self.backend.build()

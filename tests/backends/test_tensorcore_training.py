@@ -256,3 +256,48 @@ def test_unused_feature_gradient_is_none_and_rows_untouched():
   np.testing.assert_allclose(after[[1, 2]], before[[1, 2]] - 1.0, rtol=1e-6)
   untouched = [i for i in range(23) if i not in (1, 2)]
   np.testing.assert_array_equal(after[untouched], before[untouched])
+
+
+def _loop_run(strategy, per_replica_batch, steps=3):
+  """Trains `steps` steps inside ONE tf.function loop on padded bags."""
+  table = E.TableConfig(23, DIM, combiner="mean", name="t")
+  config = {"f": E.FeatureConfig(table)}
+  with strategy.scope():
+    emb = backends.TensorCoreEmbedding(config, E.Adagrad(0.1), bag_widths=4)
+    emb.build()
+    emb.embedding_tables[table].assign(
+        tf.reshape(tf.range(23 * DIM, dtype=tf.float32) / 100.0, [23, DIM]))
+  rng = np.random.default_rng(2)
+  rows = [list(rng.integers(0, 23, rng.integers(1, 6))) for _ in range(8 * steps)]
+
+  def dataset_fn(ctx):
+    ds = tf.data.Dataset.from_tensor_slices(
+        tf.ragged.constant(rows, dtype=tf.int64)).shard(
+            ctx.num_input_pipelines, ctx.input_pipeline_id)
+    ds = ds.batch(ctx.get_per_replica_batch_size(8), drop_remainder=True)
+    return ds.map(lambda ids: emb.preprocess({"f": ids})[0])
+
+  iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+
+  @tf.function
+  def loop(iterator, n):
+    def replica_step(features):
+      with tf.GradientTape() as tape:
+        acts = emb.lookup(features, training=True)
+        tape.watch(acts)
+        loss = tf.reduce_sum(acts["f"] * acts["f"])
+      emb.apply_gradients(tape.gradient(loss, acts))
+    for _ in tf.range(n):
+      strategy.run(replica_step, args=(next(iterator),))
+
+  loop(iterator, tf.constant(steps))
+  return emb, table
+
+
+def test_several_steps_in_one_loop_under_two_replicas():
+  """Static bag widths give the replicas' exchange a fixed shape per step."""
+  one, table = _loop_run(tf.distribute.get_strategy(), 8)
+  two, table2 = _loop_run(mirrored_strategy(2), 4)
+  np.testing.assert_allclose(two.embedding_tables[table2].values[0].numpy(),
+                             one.embedding_tables[table].numpy(),
+                             rtol=1e-5, atol=1e-6)

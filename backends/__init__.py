@@ -18,32 +18,35 @@ Example:
   >>> emb.build()
 """
 
+import importlib
+
 from backends import _legacy_keras
 
 _legacy_keras.ensure_legacy_keras()
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
-from backends.base import Capabilities, EmbeddingBackend, BackendUnavailableError
-from backends.registry import (UnknownBackendError, available, create, get,
-                               names, select)
+# Public names, imported on first use so that `import backends` (and
+# `import recsys`) do not import TensorFlow: a command can still set
+# TF_CPP_MIN_LOG_LEVEL and thread settings first.
+_EXPORTS = {
+    "BackendUnavailableError": "backends.base",
+    "Capabilities": "backends.base",
+    "EmbeddingBackend": "backends.base",
+    "UnknownBackendError": "backends.registry",
+    "available": "backends.registry",
+    "create": "backends.registry",
+    "get": "backends.registry",
+    "names": "backends.registry",
+    "select": "backends.registry",
+    "TensorCoreEmbedding": "backends.tensorcore",
+}
+
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name):
-  # Lazy, so `import backends` stays light and backends import independently.
-  if name == "TensorCoreEmbedding":
-    from backends.tensorcore import TensorCoreEmbedding
-    return TensorCoreEmbedding
-  raise AttributeError(f"module 'backends' has no attribute {name!r}")
-
-__all__ = [
-    "BackendUnavailableError",
-    "Capabilities",
-    "EmbeddingBackend",
-    "TensorCoreEmbedding",
-    "UnknownBackendError",
-    "available",
-    "create",
-    "get",
-    "names",
-    "select",
-]
+  if name in _EXPORTS:
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+  try:  # a submodule, e.g. backends.registry
+    return importlib.import_module(f"backends.{name}")
+  except ModuleNotFoundError:
+    raise AttributeError(f"module 'backends' has no attribute {name!r}") from None

@@ -1,0 +1,47 @@
+"""Input pipelines: synthetic data with a known optimum, Criteo TSV, MovieLens.
+
+Every source yields `(features, labels)` batches:
+
+    features = {
+      "dense": float32 [B, num_dense],              # only if the source has dense features
+      "categorical": {name: ids},                   # int64 [B], or RaggedTensor [B, None] bags
+      "weights": {name: float32 like ids},          # only for weighted features
+      "candidate_sampling_probability": float32 [B] # retrieval sources only
+    }
+    labels = float32 [B]
+
+and describes its categorical features with `feature_specs` (`FeatureSpec`)
+and `num_dense`. `dataset(batch_size, training=..., input_context=...)`
+takes the PER-REPLICA batch size; `distribute()` wires a source into
+`strategy.distribute_datasets_from_function`.
+"""
+
+from recsys.data.criteo import (CATEGORICAL_NAMES, KAGGLE_VOCAB_SIZES, MLPERF_VOCAB_SIZES,
+                                CriteoConfigError, CriteoTSV, MalformedLines)
+from recsys.data.errors import DataFormatError, DatasetNotFoundError
+from recsys.data.movielens import MovieLens, MovieLensConfigError
+from recsys.data.pipeline import DataSource, InvalidBatchSizeError, distribute
+from recsys.data.spec import FeatureSpec
+from recsys.data.synthetic_ctr import SyntheticConfigError, SyntheticCTR
+from recsys.data.synthetic_retrieval import SyntheticRetrieval, SyntheticRetrievalConfigError
+
+__all__ = [
+    "CATEGORICAL_NAMES",
+    "CriteoConfigError",
+    "CriteoTSV",
+    "DataFormatError",
+    "DataSource",
+    "DatasetNotFoundError",
+    "FeatureSpec",
+    "InvalidBatchSizeError",
+    "KAGGLE_VOCAB_SIZES",
+    "MLPERF_VOCAB_SIZES",
+    "MalformedLines",
+    "MovieLens",
+    "MovieLensConfigError",
+    "SyntheticCTR",
+    "SyntheticConfigError",
+    "SyntheticRetrieval",
+    "SyntheticRetrievalConfigError",
+    "distribute",
+]

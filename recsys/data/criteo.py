@@ -1,0 +1,432 @@
+"""Criteo click logs in TSV: the Kaggle Display Advertising and Terabyte `day_N` files.
+
+Each line is `label \\t I1..I13 \\t C1..C26`: a 0/1 label, 13 integer counts and
+26 categorical values (8-digit hex), any of them possibly empty. Both public
+releases share the columns and differ in file naming: Kaggle ships
+`train.txt`, Terabyte ships `day_0` .. `day_23` (plain or `.gz`; by the MLPerf
+convention `day_23` is the evaluation day).
+
+Conventions (those of the DLRM and MLPerf references):
+  * dense: empty -> 0, negatives (Criteo has -1, -2) clipped to 0, then
+    `log(1 + x)`; delivered as `features["dense"]` float32 `[B, 13]`.
+  * categorical: id 0 is reserved for an empty value (and for out-of-vocabulary
+    values with vocabulary files); other values are hashed with
+    `tf.strings.to_hash_bucket_fast` (Fingerprint64, stable across runs,
+    processes and machines) into ids [1, V) of the feature's vocabulary size V,
+    or mapped through a vocabulary file (`<vocab_dir>/C<i>.txt`, one value per
+    line, line n -> id n). Delivered as `features["categorical"]["C<i>"]`
+    int64 `[B]`.
+  * malformed lines (wrong column count, label not 0/1, non-integer dense
+    value): `malformed="fail"` (default) stops with an InvalidArgumentError
+    naming file, line number and the reason; `malformed="skip"` drops them,
+    counts them (`malformed_lines()`), logs the first few and reports the
+    total when a finite dataset ends.
+
+Pipeline: files are interleaved in parallel, each read in chunks of lines
+that carry their line numbers, parsed vectorised (batch before parse), then
+re-batched to the per-replica batch size. Input pipelines take whole files
+when there are at least as many files as pipelines, else every P-th chunk.
+"""
+
+import glob
+import logging
+import os
+import threading
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import gin
+import numpy as np
+import tensorflow as tf
+
+from recsys.data.errors import DatasetNotFoundError
+from recsys.data.pipeline import AUTOTUNE, DataSource, check_batch_size, finish, shard_of
+from recsys.data.spec import FeatureSpec
+
+log = logging.getLogger("recsys.data.criteo")
+
+NUM_DENSE = 13
+NUM_CATEGORICAL = 26
+DENSE_NAMES = tuple(f"I{i}" for i in range(1, NUM_DENSE + 1))
+CATEGORICAL_NAMES = tuple(f"C{i}" for i in range(1, NUM_CATEGORICAL + 1))
+
+#: Vocabulary sizes of the MLPerf DLRM benchmark (Terabyte, ids capped at 40M),
+#: as in the Cloud TPU DLRM tutorial and the TF Model Garden.
+MLPERF_VOCAB_SIZES = (39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63,
+                      38532951, 2953546, 403346, 10, 2208, 11938, 155, 4, 976,
+                      14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36)
+#: Distinct values per feature in Kaggle's train.txt (the DLRM reference's sizes).
+KAGGLE_VOCAB_SIZES = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3,
+                      93145, 5683, 8351593, 3194, 27, 14992, 5461306, 10, 5652,
+                      2173, 4, 7046547, 18, 15, 286181, 105, 142572)
+VOCAB_PRESETS = {"mlperf": MLPERF_VOCAB_SIZES, "kaggle": KAGGLE_VOCAB_SIZES}
+
+LAYOUTS = ("kaggle", "terabyte")
+MALFORMED_POLICIES = ("fail", "skip")
+_REASONS = ("", "wrong number of tab-separated columns", "label is not 0 or 1",
+            "a dense (integer) column is not an integer")
+_LOGGED_SKIPS = 10
+
+
+class CriteoConfigError(ValueError):
+  """Inconsistent CriteoTSV settings."""
+
+
+class MalformedLines:
+  """Counts (and remembers the first few of) the malformed lines a source skipped.
+
+  Thread-safe: parallel parse calls record into it through `tf.py_function`.
+  """
+
+  def __init__(self, keep: int = _LOGGED_SKIPS):
+    self._lock = threading.Lock()
+    self._keep = keep
+    self.count = 0
+    self.first: List[Tuple[str, int, str]] = []   # (file, line, reason)
+
+  def record(self, path: str, lines: np.ndarray, reasons: np.ndarray) -> None:
+    with self._lock:
+      self.count += len(lines)
+      for line, reason in zip(lines, reasons):
+        if len(self.first) >= self._keep:
+          break
+        self.first.append((path, int(line), _REASONS[int(reason)]))
+        log.warning("skipping malformed Criteo line %s:%d (%s)", path, int(line),
+                    _REASONS[int(reason)])
+
+  def __repr__(self) -> str:
+    where = ", ".join(f"{f}:{n} ({r})" for f, n, r in self.first)
+    return f"MalformedLines(count={self.count}, first=[{where}])"
+
+
+def _expand(patterns: Union[str, Sequence[str]]) -> List[str]:
+  if isinstance(patterns, str):
+    patterns = [patterns]
+  files = []
+  for pattern in patterns:
+    matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else (
+        [pattern] if os.path.exists(pattern) else [])
+    files.extend(matches)
+  return files
+
+
+def _day_files(data_dir: str, days: Sequence[int]) -> List[str]:
+  files = []
+  for day in days:
+    for suffix in ("", ".gz"):
+      path = os.path.join(data_dir, f"day_{day}{suffix}")
+      if os.path.exists(path):
+        files.append(path)
+        break
+  return files
+
+
+@gin.register
+class CriteoTSV(DataSource):
+  """Criteo TSV files (Kaggle or Terabyte layout), hashed or vocabulary-mapped ids.
+
+  Example:
+    >>> source = CriteoTSV(data_dir="/data/criteo_tb", layout="terabyte",
+    ...                    vocab_sizes="mlperf", max_vocab_size=1_000_000)
+    >>> features, labels = next(iter(source.dataset(2048)))
+    >>> features["dense"].shape, features["categorical"]["C1"].shape
+    (TensorShape([2048, 13]), TensorShape([2048]))
+
+  Attributes:
+    feature_specs: C1..C26, one-hot, one table each.
+    num_dense: 13.
+    train_files, eval_files: the resolved file lists.
+    skipped: the `MalformedLines` record of `malformed="skip"`.
+  """
+
+  def __init__(self,
+               train_files: Union[None, str, Sequence[str]] = None,
+               eval_files: Union[None, str, Sequence[str]] = None,
+               *,
+               data_dir: Optional[str] = None,
+               layout: str = "kaggle",
+               vocab_sizes: Union[str, int, Sequence[int]] = "kaggle",
+               max_vocab_size: Optional[int] = None,
+               vocab_dir: Optional[str] = None,
+               malformed: str = "fail",
+               has_label: bool = True,
+               train_days: Sequence[int] = tuple(range(23)),
+               eval_days: Sequence[int] = (23,),
+               shuffle_files: bool = True,
+               cycle_length: int = 4,
+               chunk_size: int = 4096,
+               seed: int = 0):
+    """Resolves files and vocabularies.
+
+    Args:
+      train_files: glob pattern(s) or paths of training files.
+      eval_files: glob pattern(s) or paths of evaluation files.
+      data_dir: instead of file lists, a folder in the given layout: Kaggle
+        `train.txt[.gz]` (+ `eval.txt[.gz]` or `val.txt[.gz]`), Terabyte
+        `day_<n>[.gz]` for `train_days` / `eval_days`.
+      layout: "kaggle" or "terabyte" (the file naming under `data_dir`).
+      vocab_sizes: per-feature vocabulary sizes V (ids [0, V), 0 reserved), a
+        preset name ("kaggle", "mlperf"), or one int for all features; each
+        size is at least 2.
+      max_vocab_size: cap every vocabulary size (e.g. to fit a CPU).
+      vocab_dir: folder of vocabulary files `C<i>.txt`; features with a file
+        use it (size = lines + 1), the others are hashed.
+      malformed: "fail" or "skip" (see module docstring).
+      has_label: False for files without the label column (Kaggle test.txt);
+        labels are then zeros.
+      train_days, eval_days: Terabyte days under `data_dir`.
+      shuffle_files: shuffle the training file order each epoch (seeded).
+      cycle_length: files read in parallel.
+      chunk_size: lines parsed per vectorised call.
+      seed: file-order seed.
+
+    Raises:
+      CriteoConfigError: bad layout, policy or vocabulary settings.
+      DatasetNotFoundError: no file matched.
+    """
+    if layout not in LAYOUTS:
+      raise CriteoConfigError(f"unknown Criteo layout {layout!r}; valid: {', '.join(LAYOUTS)}.")
+    if malformed not in MALFORMED_POLICIES:
+      raise CriteoConfigError(f"unknown malformed-line policy {malformed!r}; valid: "
+                              f"{', '.join(MALFORMED_POLICIES)}.")
+    self.layout, self.malformed, self.has_label = layout, malformed, bool(has_label)
+    self.shuffle_files, self.seed = bool(shuffle_files), int(seed)
+    self.cycle_length, self.chunk_size = int(cycle_length), int(chunk_size)
+    self.num_dense = NUM_DENSE
+    self.skipped = MalformedLines()
+    self.train_files, self.eval_files = self._resolve(
+        train_files, eval_files, data_dir, train_days, eval_days)
+
+    if isinstance(vocab_sizes, str):
+      if vocab_sizes not in VOCAB_PRESETS:
+        raise CriteoConfigError(f"unknown vocabulary preset {vocab_sizes!r}; valid: "
+                                f"{', '.join(VOCAB_PRESETS)}, or give 26 sizes.")
+      sizes = list(VOCAB_PRESETS[vocab_sizes])
+    elif isinstance(vocab_sizes, int):
+      sizes = [vocab_sizes] * NUM_CATEGORICAL
+    else:
+      sizes = [int(v) for v in vocab_sizes]
+    if len(sizes) != NUM_CATEGORICAL:
+      raise CriteoConfigError(f"vocab_sizes has {len(sizes)} entries; Criteo has "
+                              f"{NUM_CATEGORICAL} categorical features (C1..C26).")
+    if max_vocab_size is not None:
+      sizes = [min(v, int(max_vocab_size)) for v in sizes]
+    for name, v in zip(CATEGORICAL_NAMES, sizes):
+      if v < 2:
+        raise CriteoConfigError(f"feature {name!r}: vocabulary size must be >= 2 (id 0 "
+                                f"is reserved for empty values), got {v}.")
+    self._tables: Dict[int, tf.lookup.StaticHashTable] = {}
+    if vocab_dir is not None:
+      if not os.path.isdir(vocab_dir):
+        raise DatasetNotFoundError(
+            f"vocab_dir {vocab_dir!r} is not a folder; it should hold C1.txt .. C26.txt, "
+            "one categorical value per line.")
+      with tf.init_scope():
+        for j, name in enumerate(CATEGORICAL_NAMES):
+          path = os.path.join(vocab_dir, f"{name}.txt")
+          if not os.path.exists(path):
+            continue
+          with open(path, encoding="utf-8") as f:
+            values = [line.rstrip("\n") for line in f]
+          self._tables[j] = tf.lookup.StaticHashTable(
+              tf.lookup.KeyValueTensorInitializer(
+                  tf.constant(values, tf.string),
+                  tf.range(1, len(values) + 1, dtype=tf.int64)), default_value=0)
+          sizes[j] = len(values) + 1
+      if not self._tables:
+        raise DatasetNotFoundError(
+            f"vocab_dir {vocab_dir!r} holds none of C1.txt .. C26.txt.")
+    self.vocab_sizes = sizes
+    self.feature_specs = [FeatureSpec(name, v) for name, v in zip(CATEGORICAL_NAMES, sizes)]
+
+  def _resolve(self, train_files, eval_files, data_dir, train_days, eval_days):
+    if data_dir is not None:
+      if not os.path.isdir(data_dir):
+        raise DatasetNotFoundError(self._where(data_dir, f"folder {data_dir!r} does not exist"))
+      if self.layout == "terabyte":
+        found_train = _day_files(data_dir, train_days)
+        found_eval = _day_files(data_dir, eval_days)
+      else:
+        found_train = _expand([os.path.join(data_dir, "train.txt"),
+                               os.path.join(data_dir, "train.txt.gz")])[:1]
+        found_eval = (_expand([os.path.join(data_dir, n) for n in (
+            "eval.txt", "eval.txt.gz", "val.txt", "val.txt.gz")]))[:1]
+      train = _expand(train_files) if train_files is not None else found_train
+      evaluation = _expand(eval_files) if eval_files is not None else found_eval
+      if not train:
+        raise DatasetNotFoundError(self._where(data_dir, "no training file found"))
+      return train, evaluation
+    if train_files is None:
+      raise CriteoConfigError("give train_files (glob patterns) or data_dir.")
+    train = _expand(train_files)
+    if not train:
+      raise DatasetNotFoundError(
+          f"no Criteo file matches train_files={train_files!r}; check the path or "
+          "pattern (plain or .gz TSV files).")
+    evaluation = _expand(eval_files) if eval_files is not None else []
+    if eval_files is not None and not evaluation:
+      raise DatasetNotFoundError(f"no Criteo file matches eval_files={eval_files!r}.")
+    return train, evaluation
+
+  def _where(self, data_dir: str, problem: str) -> str:
+    if self.layout == "terabyte":
+      expected = ("day_0 .. day_22 for training and day_23 for evaluation (plain or .gz), "
+                  "from the Criteo 1TB Click Logs (https://ailab.criteo.com/ressources/)")
+    else:
+      expected = ("train.txt (and eval.txt or val.txt) from Kaggle's Display Advertising "
+                  "Challenge dac.tar.gz (plain or .gz); or pass train_files/eval_files")
+    return f"Criteo {self.layout} data: {problem} in {data_dir!r}; put {expected} there."
+
+  # ------------------------------------------------------------------ parsing
+
+  @property
+  def num_columns(self) -> int:
+    """Tab-separated columns per line: 39, plus 1 with the label."""
+    return NUM_DENSE + NUM_CATEGORICAL + (1 if self.has_label else 0)
+
+  @property
+  def _line_pattern(self) -> str:
+    """RE2 pattern of a well-formed line (column count, label, integer columns)."""
+    dense = r"-?[0-9]*" + r"(\t-?[0-9]*)" + "{%d}" % (NUM_DENSE - 1)
+    label = r"[01]\t" if self.has_label else ""
+    return label + dense + r"(\t[^\t]*)" + "{%d}" % NUM_CATEGORICAL
+
+  def _reasons(self, lines: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+    """For malformed lines: the reason code `[n]` (see _REASONS) and column counts `[n]`."""
+    ncol = self.num_columns
+    offset = 1 if self.has_label else 0
+    cols = tf.strings.split(lines, "\t")
+    counts = cols.row_lengths()
+    table = cols.to_tensor(default_value="", shape=[None, ncol])
+    dense_ok = tf.reduce_all(tf.strings.regex_full_match(
+        table[:, offset:offset + NUM_DENSE], r"-?[0-9]*"), axis=1)
+    reason = tf.where(counts != ncol, 1, 0)
+    if self.has_label:
+      label_ok = tf.logical_or(tf.equal(table[:, 0], "0"), tf.equal(table[:, 0], "1"))
+      reason = tf.where((reason == 0) & ~label_ok, 2, reason)
+    return tf.where((reason == 0) & ~dense_ok, 3, reason), counts
+
+  def _parse(self, files: tf.Tensor, file_index, first_line, lines):
+    """Parses a chunk of lines into `(features, labels)` (malformed lines handled).
+
+    Fast path: one RE2 match per line validates it, then a split whose values
+    reshape to `[n, columns]`; malformed lines are diagnosed only when present.
+    """
+    ncol = self.num_columns
+    offset = 1 if self.has_label else 0
+    ok = tf.strings.regex_full_match(lines, self._line_pattern)
+    any_bad = tf.logical_not(tf.reduce_all(ok))
+    line_numbers = first_line + tf.range(tf.size(lines, out_type=tf.int64)) + 1
+
+    if self.malformed == "fail":
+      def message():
+        row = tf.argmin(tf.cast(ok, tf.int32), output_type=tf.int32)
+        reason, counts = self._reasons(lines[row:row + 1])
+        return tf.strings.join([
+            "malformed Criteo line ", files[file_index], ":",
+            tf.strings.as_string(line_numbers[row]), ": ",
+            tf.gather(tf.constant(_REASONS), reason[0]), " (expected ", str(ncol),
+            " tab-separated columns: ", "label 0/1, " if self.has_label else "",
+            "13 integers or empty, 26 categorical; got ", tf.strings.as_string(counts[0]),
+            " columns): ", tf.strings.substr(lines[row], 0, 200),
+            ". Fix or remove the line, or set malformed to skip to drop and count such lines."])
+      text = tf.cond(any_bad, message, lambda: tf.constant(""))
+      deps = [tf.debugging.Assert(tf.logical_not(any_bad), [text])]
+    else:
+      def record():
+        reason, _ = self._reasons(tf.boolean_mask(lines, ~ok))
+        tf.py_function(
+            lambda f, n, r: self.skipped.record(f.numpy().decode("utf-8", "replace"),
+                                                n.numpy(), r.numpy()),
+            [files[file_index], tf.boolean_mask(line_numbers, ~ok), reason], [])
+        return tf.constant(0)
+      deps = [tf.cond(any_bad, record, lambda: tf.constant(0))]
+      lines = tf.boolean_mask(lines, ok)
+
+    with tf.control_dependencies(deps):
+      table = tf.reshape(tf.strings.split(lines, "\t").flat_values, [-1, ncol])
+    dense_str = table[:, offset:offset + NUM_DENSE]
+    dense_str = tf.where(dense_str == "", "0", dense_str)
+    dense = tf.math.log1p(tf.maximum(tf.strings.to_number(dense_str, tf.float32), 0.0))
+    categorical = {}
+    for j, name in enumerate(CATEGORICAL_NAMES):
+      values = table[:, offset + NUM_DENSE + j]
+      if j in self._tables:
+        ids = self._tables[j].lookup(values)
+      else:
+        ids = tf.strings.to_hash_bucket_fast(values, self.vocab_sizes[j] - 1) + 1
+      categorical[name] = tf.where(values == "", tf.constant(0, tf.int64), ids)
+    if self.has_label:
+      labels = tf.strings.to_number(table[:, 0], tf.float32)
+    else:
+      labels = tf.zeros(tf.shape(dense)[:1], tf.float32)
+    return {"dense": dense, "categorical": categorical}, labels
+
+  # ------------------------------------------------------------------ batches
+
+  def dataset(self,
+              batch_size: int,
+              *,
+              training: bool = True,
+              input_context: Optional[tf.distribute.InputContext] = None,
+              drop_remainder: bool = True,
+              repeat: Optional[bool] = None) -> tf.data.Dataset:
+    """Batches of `(features, labels)`; see `DataSource.dataset`.
+
+    Raises:
+      DatasetNotFoundError: the evaluation split has no files.
+    """
+    size = check_batch_size(batch_size)
+    paths = self.train_files if training else self.eval_files
+    if not paths:
+      raise DatasetNotFoundError(
+          "CriteoTSV has no evaluation files: pass eval_files=..., or under data_dir "
+          "put eval.txt (Kaggle layout) or day_23 (Terabyte layout).")
+    pipeline, pipelines = shard_of(input_context)
+    repeat = training if repeat is None else repeat
+    indices = np.arange(len(paths))
+    by_file = len(paths) >= pipelines
+    if by_file:
+      indices = indices[pipeline::pipelines]
+    files = tf.constant(paths)
+    chunk = self.chunk_size
+
+    def read(file_index):
+      path = files[file_index]
+      compression = tf.where(tf.strings.regex_full_match(path, r".*\.gz"), "GZIP", "")
+      chunks = tf.data.TextLineDataset(path, compression_type=compression,
+                                       buffer_size=1 << 20).batch(chunk).enumerate()
+      if not by_file:
+        chunks = chunks.shard(pipelines, pipeline)
+      return chunks.map(tf.autograph.experimental.do_not_convert(
+          lambda n, lines: (file_index, n * chunk, lines)))
+
+    ds = tf.data.Dataset.from_tensor_slices(indices)
+    if training and self.shuffle_files and len(indices) > 1:
+      ds = ds.shuffle(len(indices), seed=self.seed, reshuffle_each_iteration=True)
+    if repeat:
+      ds = ds.repeat()
+    ds = ds.interleave(tf.autograph.experimental.do_not_convert(read),
+                       cycle_length=max(1, min(self.cycle_length, len(indices))),
+                       num_parallel_calls=AUTOTUNE, deterministic=True)
+    parse = tf.autograph.experimental.do_not_convert(
+        lambda i, first, lines: self._parse(files, i, first, lines))
+    ds = ds.map(parse, num_parallel_calls=AUTOTUNE, deterministic=True)
+    ds = ds.rebatch(size, drop_remainder=drop_remainder)
+    if self.malformed == "skip" and not repeat:
+      ds = ds.concatenate(self._end_report(ds, paths))
+    return finish(ds)
+
+  def _end_report(self, ds: tf.data.Dataset, paths: List[str]) -> tf.data.Dataset:
+    """An empty dataset that logs the skipped-line count when it is reached."""
+    def report(x):
+      def log_total():
+        if self.skipped.count:
+          log.warning("skipped %d malformed Criteo line(s) in %d file(s) %s; first: %s",
+                      self.skipped.count, len(paths), paths[:3], self.skipped.first[:3])
+      tf.py_function(log_total, [], [])
+      return x
+    return tf.data.Dataset.range(1).map(report).flat_map(lambda _: ds.take(0))
+
+  def malformed_lines(self) -> int:
+    """How many malformed lines the "skip" policy has dropped so far."""
+    return self.skipped.count

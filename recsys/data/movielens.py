@@ -1,0 +1,311 @@
+"""MovieLens as a data source: ratings for ranking, (user, item) pairs for retrieval.
+
+Reads a local folder (`recsys.data.movielens_files`: GroupLens ml-100k,
+ml-1m, or RecBole atomic files), maps raw ids to contiguous ids (0 is
+reserved for unknown/out-of-vocabulary everywhere), splits deterministically
+(random with a seed, or temporal: the latest `test_fraction` of ratings by
+timestamp), and serves batches from memory.
+
+Categorical features (all int64 `[B]` except item_genres, a RaggedTensor
+`[B, None]`):
+
+  user_id, item_id       contiguous ids, raw ids sorted (numerically when numeric)
+  user_age               1..7: <18, 18-24, 25-34, 35-44, 45-49, 50-55, 56+ (ml-1m groups)
+  user_gender            1 = M, 2 = F
+  user_occupation        occupations sorted by name -> 1..n
+  user_zip               the first `zip_prefix_length` characters, sorted -> 1..n
+  item_genres            genres sorted by name -> 1..n (id 0 for an item without genre)
+  timestamp              (only if timestamp_buckets > 0) quantile bucket of the
+                         training timestamps, 1..timestamp_buckets
+
+Ranking (`task="ranking"`): labels are the ratings. Retrieval
+(`task="retrieval"`): one example per rating >= `min_rating`, labels ones,
+plus `features["candidate_sampling_probability"]` (the item's share of the
+training interactions) and `candidates()` over the whole corpus.
+"""
+
+import logging
+from typing import Dict, List, Optional, Sequence
+
+import gin
+import numpy as np
+import tensorflow as tf
+
+from recsys.data import movielens_files
+from recsys.data.pipeline import AUTOTUNE, Batch, DataSource, check_batch_size, finish, shard_of
+from recsys.data.spec import FeatureSpec
+
+log = logging.getLogger("recsys.data.movielens")
+
+AGE_BOUNDARIES = (18, 25, 35, 45, 50, 56)
+QUERY_FEATURES = ("user_id", "user_age", "user_gender", "user_occupation", "user_zip",
+                  "timestamp")
+CANDIDATE_FEATURES = ("item_id", "item_genres")
+ALL_FEATURES = QUERY_FEATURES + CANDIDATE_FEATURES
+VARIANTS = ("ml-100k", "ml-1m", "atomic")
+TASKS = ("ranking", "retrieval")
+SPLITS = ("random", "temporal")
+
+
+class MovieLensConfigError(ValueError):
+  """Inconsistent MovieLens settings."""
+
+
+def _sorted_vocab(values) -> List[str]:
+  values = sorted(set(values))
+  if values and all(v.isdigit() for v in values):
+    values.sort(key=int)
+  return values
+
+
+def _encode(values: Sequence[str], vocab: List[str]) -> np.ndarray:
+  index = {v: i + 1 for i, v in enumerate(vocab)}
+  return np.array([index.get(v, 0) for v in values], np.int64)
+
+
+def _age_bucket(age: str) -> int:
+  try:
+    value = float(age)
+  except ValueError:
+    return 0
+  return 1 + int(np.searchsorted(AGE_BOUNDARIES, value, side="right"))
+
+
+@gin.register
+class MovieLens(DataSource):
+  """MovieLens ratings (ranking) or interactions (retrieval) from a local folder.
+
+  Example:
+    >>> source = MovieLens("/data/ml-100k", variant="ml-100k", task="retrieval")
+    >>> features, labels = next(iter(source.dataset(256)))
+    >>> features["categorical"]["item_genres"].shape
+    TensorShape([256, None])
+    >>> corpus = source.candidates(1024)
+
+  Attributes:
+    feature_specs: the selected features (see module docstring).
+    num_dense: 0.
+    query_features, candidate_features: names in `features["categorical"]`.
+    candidate_id_feature: "item_id".
+    num_users, num_items: distinct users and items (vocabularies are one larger).
+    train_size, test_size: examples in each split.
+  """
+
+  candidate_id_feature: str = "item_id"
+
+  def __init__(self,
+               data_dir: str,
+               variant: str = "ml-100k",
+               task: str = "ranking",
+               split: str = "random",
+               test_fraction: float = 0.2,
+               seed: int = 0,
+               features: Optional[Sequence[str]] = None,
+               min_rating: float = 0.0,
+               zip_prefix_length: int = 2,
+               timestamp_buckets: int = 0,
+               dataset_name: Optional[str] = None,
+               download: bool = False,
+               shuffle: bool = True):
+    """Reads, encodes and splits the data.
+
+    Args:
+      data_dir: folder with the files (or with a `<variant>/` subfolder).
+      variant: "ml-100k", "ml-1m" or "atomic" (RecBole files).
+      task: "ranking" (labels = ratings) or "retrieval" (labels = ones).
+      split: "random" (seeded) or "temporal" (test = latest ratings).
+      test_fraction: share of ratings in the test split.
+      seed: split and shuffle seed.
+      features: categorical features to deliver (default: all available; see
+        module docstring); user_id and item_id are always included.
+      min_rating: retrieval keeps ratings >= min_rating as interactions.
+      zip_prefix_length: characters of the zip code kept.
+      timestamp_buckets: > 0 adds a "timestamp" feature of that many buckets.
+      dataset_name: the atomic file stem (`<name>.inter`); default: the only one.
+      download: fetch a missing GroupLens variant with `tf.keras.utils.get_file`.
+      shuffle: shuffle training examples (seeded, reshuffled each epoch).
+
+    Raises:
+      MovieLensConfigError: unknown variant/task/split/feature, bad fraction.
+      DatasetNotFoundError: the folder or files are missing.
+      DataFormatError: a file does not parse (names file and line).
+    """
+    for value, valid, what in ((variant, VARIANTS, "variant"), (task, TASKS, "task"),
+                               (split, SPLITS, "split")):
+      if value not in valid:
+        raise MovieLensConfigError(f"unknown MovieLens {what} {value!r}; valid: "
+                                   f"{', '.join(valid)}.")
+    if not 0.0 <= test_fraction < 1.0:
+      raise MovieLensConfigError(f"test_fraction must be in [0, 1), got {test_fraction}.")
+    self.variant, self.task, self.split = variant, task, split
+    self.seed, self.shuffle = int(seed), bool(shuffle)
+    self.num_dense = 0
+    raw = movielens_files.read(data_dir, variant, dataset_name, allow_download=download)
+    self.source_folder = raw.source
+
+    # Vocabularies over every id in the files (an id map, not a statistic).
+    user_vocab = _sorted_vocab(list(raw.user) + list(raw.users))
+    item_vocab = _sorted_vocab(list(raw.item) + list(raw.items))
+    self.num_users, self.num_items = len(user_vocab), len(item_vocab)
+    user = _encode(raw.user, user_vocab)
+    item = _encode(raw.item, item_vocab)
+    side = {name: np.zeros(self.num_users + 1, np.int64) for name in QUERY_FEATURES[1:5]}
+    occupations = _sorted_vocab(u["occupation"] for u in raw.users.values() if u["occupation"])
+    zips = _sorted_vocab(u["zip"][:zip_prefix_length] for u in raw.users.values() if u["zip"])
+    occ_index = {v: i + 1 for i, v in enumerate(occupations)}
+    zip_index = {v: i + 1 for i, v in enumerate(zips)}
+    user_index = {v: i + 1 for i, v in enumerate(user_vocab)}
+    for uid, info in raw.users.items():
+      row = user_index[uid]
+      side["user_age"][row] = _age_bucket(info["age"])
+      side["user_gender"][row] = {"M": 1, "F": 2}.get(info["gender"].upper(), 0)
+      side["user_occupation"][row] = occ_index.get(info["occupation"], 0)
+      side["user_zip"][row] = zip_index.get(info["zip"][:zip_prefix_length], 0)
+    self.genres = _sorted_vocab(g for gs in raw.items.values() for g in gs)
+    genre_index = {g: i + 1 for i, g in enumerate(self.genres)}
+    item_index = {v: i + 1 for i, v in enumerate(item_vocab)}
+    bags: List[List[int]] = [[0] for _ in range(self.num_items + 1)]
+    for iid, names in raw.items.items():
+      ids = sorted(genre_index[g] for g in set(names))
+      bags[item_index[iid]] = ids or [0]
+    self._side = side
+    self._genre_values = np.concatenate([np.array(b, np.int64) for b in bags])
+    self._genre_lengths = np.array([len(b) for b in bags], np.int64)
+    vocab_sizes = {
+        "user_id": self.num_users + 1, "item_id": self.num_items + 1,
+        "user_age": len(AGE_BOUNDARIES) + 2, "user_gender": 3,
+        "user_occupation": len(occupations) + 1, "user_zip": len(zips) + 1,
+        "item_genres": len(self.genres) + 1, "timestamp": int(timestamp_buckets) + 1,
+    }
+
+    # Which features.
+    available = ["user_id", "item_id", "item_genres"]
+    if raw.users:
+      available += ["user_age", "user_gender", "user_occupation", "user_zip"]
+    if timestamp_buckets > 0:
+      available.append("timestamp")
+    if features is None:
+      chosen = [f for f in ALL_FEATURES if f in available]
+    else:
+      unknown = [f for f in features if f not in available]
+      if unknown:
+        raise MovieLensConfigError(
+            f"MovieLens {variant} in {raw.source!r} has no feature(s) {unknown}; "
+            f"available: {', '.join(available)}.")
+      chosen = [f for f in ALL_FEATURES if f in set(features) | {"user_id", "item_id"}]
+    self._chosen = chosen
+    max_genres = int(self._genre_lengths.max())
+    self.feature_specs = [
+        FeatureSpec(name, vocab_sizes[name],
+                    multi_hot=(name == "item_genres"),
+                    max_ids=max_genres if name == "item_genres" else 1)
+        for name in chosen]
+    self.query_features = [f for f in chosen if f in QUERY_FEATURES]
+    self.candidate_features = [f for f in chosen if f in CANDIDATE_FEATURES]
+
+    # Split.
+    n = len(user)
+    num_test = int(round(test_fraction * n))
+    if split == "random":
+      order = np.random.default_rng([self.seed, 3]).permutation(n)
+    else:
+      order = np.lexsort((np.arange(n), raw.timestamp))[::-1]   # newest first
+    is_test = np.zeros(n, bool)
+    is_test[order[:num_test]] = True
+    keep = raw.rating >= min_rating if task == "retrieval" else np.ones(n, bool)
+    stamp = np.zeros(n, np.int64)
+    if timestamp_buckets > 0:
+      train_ts = raw.timestamp[~is_test]
+      edges = np.quantile(train_ts, np.linspace(0, 1, timestamp_buckets + 1)[1:-1])
+      stamp = 1 + np.searchsorted(edges, raw.timestamp, side="right")
+    self._splits = {}
+    for name, mask in (("train", ~is_test & keep), ("test", is_test & keep)):
+      rows = np.flatnonzero(mask)
+      self._splits[name] = (user[rows], item[rows], raw.rating[rows], stamp[rows])
+    self.train_size = len(self._splits["train"][0])
+    self.test_size = len(self._splits["test"][0])
+    counts = np.bincount(self._splits["train"][1], minlength=self.num_items + 1)
+    self._item_probability = (counts / max(counts.sum(), 1)).astype(np.float32)
+    log.info("MovieLens %s from %s: %d users, %d items, %d ratings; %s split %d train / %d test",
+             variant, raw.source, self.num_users, self.num_items, n, split,
+             self.train_size, self.test_size)
+
+  # ----------------------------------------------------------------- batches
+
+  def _genre_table(self) -> tf.RaggedTensor:
+    return tf.RaggedTensor.from_row_lengths(self._genre_values, self._genre_lengths,
+                                            validate=False)
+
+  def _item_features(self, item: tf.Tensor) -> Dict[str, tf.Tensor]:
+    out = {"item_id": item}
+    if "item_genres" in self._chosen:
+      out["item_genres"] = tf.gather(self._genre_table(), item)
+    return out
+
+  def _lookup(self, user, item, rating, stamp) -> Batch:
+    categorical = {"user_id": user}
+    for name in QUERY_FEATURES[1:5]:
+      if name in self._chosen:
+        categorical[name] = tf.gather(self._side[name], user)
+    if "timestamp" in self._chosen:
+      categorical["timestamp"] = stamp
+    categorical.update(self._item_features(item))
+    categorical = {name: categorical[name] for name in self._chosen}
+    features = {"categorical": categorical}
+    if self.task == "retrieval":
+      features["candidate_sampling_probability"] = tf.gather(self._item_probability, item)
+      return features, tf.ones(tf.shape(user), tf.float32)
+    return features, rating
+
+  def dataset(self,
+              batch_size: int,
+              *,
+              training: bool = True,
+              input_context: Optional[tf.distribute.InputContext] = None,
+              drop_remainder: bool = True,
+              repeat: Optional[bool] = None) -> tf.data.Dataset:
+    """Batches of the train (or test) split; see `DataSource.dataset`.
+
+    Input pipeline p of P takes examples p, p+P, ... of the split. Training
+    batches are drawn from a seeded permutation, reshuffled every epoch;
+    batching happens on indices, so the per-example cost is a gather.
+    """
+    size = check_batch_size(batch_size)
+    pipeline, pipelines = shard_of(input_context)
+    arrays = self._splits["train" if training else "test"]
+    rows = np.arange(pipeline, len(arrays[0]), pipelines)
+    arrays = tuple(tf.constant(a[rows]) for a in arrays)
+    n = len(rows)
+    repeat = training if repeat is None else repeat
+    shuffle = training and self.shuffle
+    full = (n // size) * size
+    if repeat and (full if drop_remainder else n) == 0:
+      raise MovieLensConfigError(
+          f"the {'train' if training else 'test'} split of input pipeline {pipeline} has "
+          f"{n} examples, fewer than one batch of {size}: use a smaller batch size, "
+          "a larger test_fraction, or drop_remainder=False.")
+
+    def epoch(e):
+      if shuffle:
+        noise = tf.random.stateless_uniform([n], seed=tf.stack([np.int64(self.seed), e]))
+        order = tf.argsort(noise)
+      else:
+        order = tf.range(n)
+      batches = tf.data.Dataset.from_tensor_slices(tf.reshape(order[:full], [-1, size]))
+      if not drop_remainder and full < n:
+        batches = batches.concatenate(tf.data.Dataset.from_tensors(order[full:]))
+      return batches
+
+    epochs = tf.data.Dataset.range(1 << 40 if repeat else 1)
+    ds = epochs.flat_map(tf.autograph.experimental.do_not_convert(epoch))
+    lookup = tf.autograph.experimental.do_not_convert(
+        lambda index: self._lookup(*(tf.gather(a, index) for a in arrays)))
+    return finish(ds.map(lookup, num_parallel_calls=AUTOTUNE))
+
+  def candidates(self, batch_size: int) -> tf.data.Dataset:
+    """Every item once (ids 1..num_items) as `{"categorical": {item features}}` batches."""
+    size = check_batch_size(batch_size)
+    ds = tf.data.Dataset.range(1, self.num_items + 1).batch(size)
+    ds = ds.map(tf.autograph.experimental.do_not_convert(
+        lambda item: {"categorical": self._item_features(item)}), num_parallel_calls=AUTOTUNE)
+    return finish(ds)

@@ -1,0 +1,285 @@
+"""Reads MovieLens files into NumPy tables: GroupLens ml-100k and ml-1m, RecBole atomic files.
+
+The files are small (at most a few million lines), so they are parsed once in
+Python/NumPy; `recsys.data.movielens` builds the tf.data pipeline from the
+resulting `RawMovieLens`. Layouts:
+
+  ml-100k  u.data (user \\t item \\t rating \\t timestamp), u.item (pipe-separated,
+           latin-1, 19 genre flags), u.user (id|age|gender|occupation|zip)
+  ml-1m    ratings.dat (user::item::rating::timestamp), movies.dat
+           (id::title::Genre|Genre, latin-1), users.dat (id::gender::age::occupation::zip)
+  atomic   RecBole's <name>.inter / .user / .item: tab-separated with a typed
+           header (`user_id:token  item_id:token  rating:float  timestamp:float`);
+           `token_seq` fields are space-separated (genres: field `genre` or `class`).
+"""
+
+import dataclasses
+import glob
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from recsys.data.errors import DataFormatError, DatasetNotFoundError
+
+ML100K_GENRES = ("unknown", "Action", "Adventure", "Animation", "Children's", "Comedy",
+                 "Crime", "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror",
+                 "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller", "War", "Western")
+
+URLS = {
+    "ml-100k": "https://files.grouplens.org/datasets/movielens/ml-100k.zip",
+    "ml-1m": "https://files.grouplens.org/datasets/movielens/ml-1m.zip",
+}
+REQUIRED = {
+    "ml-100k": ("u.data", "u.item", "u.user"),
+    "ml-1m": ("ratings.dat", "movies.dat", "users.dat"),
+    "atomic": ("<name>.inter",),
+}
+
+
+@dataclasses.dataclass
+class RawMovieLens:
+  """Parsed files, raw ids as strings.
+
+  Attributes:
+    user, item: `[N]` raw ids of each rating (str arrays).
+    rating: `[N]` float32.
+    timestamp: `[N]` int64 seconds.
+    users: raw user id -> {"age", "gender", "occupation", "zip"} (strings).
+    items: raw item id -> list of genre names.
+    source: the folder the files came from.
+  """
+  user: np.ndarray
+  item: np.ndarray
+  rating: np.ndarray
+  timestamp: np.ndarray
+  users: Dict[str, Dict[str, str]]
+  items: Dict[str, List[str]]
+  source: str
+
+
+def missing_message(variant: str, data_dir: str, problem: str) -> str:
+  """The 'what to put where' message for a missing or incomplete folder."""
+  files = ", ".join(REQUIRED[variant])
+  if variant == "atomic":
+    where = ("RecBole atomic files (e.g. ml-100k.inter, ml-100k.user, ml-100k.item, as "
+             "in the recbole wheel's recbole/dataset_example/ml-100k/)")
+  else:
+    where = (f"the GroupLens files {files} (unzip {URLS[variant]}), or pass "
+             "download=True on a machine that is online")
+  return f"MovieLens {variant}: {problem}; put {where} in {data_dir!r}."
+
+
+def _lines(path: str, encoding: str) -> List[str]:
+  with open(path, encoding=encoding, newline="") as f:
+    return [line.rstrip("\r\n") for line in f]
+
+
+def _fields(path: str, line_no: int, line: str, sep: str, expected: int) -> List[str]:
+  parts = line.split(sep)
+  if len(parts) < expected:
+    raise DataFormatError(
+        f"{path}:{line_no}: expected {expected} {sep!r}-separated fields, got "
+        f"{len(parts)}: {line[:200]!r}")
+  return parts
+
+
+def _ratings(path: str, sep: str, encoding: str = "latin-1"):
+  users, items, ratings, stamps = [], [], [], []
+  for n, line in enumerate(_lines(path, encoding), start=1):
+    if not line.strip():
+      continue
+    u, i, r, t = _fields(path, n, line, sep, 4)[:4]
+    try:
+      ratings.append(float(r))
+      stamps.append(int(float(t)))
+    except ValueError as e:
+      raise DataFormatError(f"{path}:{n}: rating and timestamp must be numbers, got "
+                            f"{r!r} and {t!r}") from e
+    users.append(u.strip())
+    items.append(i.strip())
+  return (np.array(users, dtype=object), np.array(items, dtype=object),
+          np.array(ratings, np.float32), np.array(stamps, np.int64))
+
+
+def _read_100k(folder: str) -> RawMovieLens:
+  user, item, rating, ts = _ratings(os.path.join(folder, "u.data"), "\t")
+  users = {}
+  path = os.path.join(folder, "u.user")
+  for n, line in enumerate(_lines(path, "latin-1"), start=1):
+    if line.strip():
+      uid, age, gender, occupation, zip_code = _fields(path, n, line, "|", 5)[:5]
+      users[uid] = {"age": age, "gender": gender, "occupation": occupation, "zip": zip_code}
+  items = {}
+  path = os.path.join(folder, "u.item")
+  for n, line in enumerate(_lines(path, "latin-1"), start=1):
+    if line.strip():
+      parts = _fields(path, n, line, "|", 5 + len(ML100K_GENRES))
+      flags = parts[-len(ML100K_GENRES):]
+      items[parts[0]] = [g for g, flag in zip(ML100K_GENRES, flags) if flag.strip() == "1"]
+  return RawMovieLens(user, item, rating, ts, users, items, folder)
+
+
+def _read_1m(folder: str) -> RawMovieLens:
+  user, item, rating, ts = _ratings(os.path.join(folder, "ratings.dat"), "::")
+  users = {}
+  path = os.path.join(folder, "users.dat")
+  for n, line in enumerate(_lines(path, "latin-1"), start=1):
+    if line.strip():
+      uid, gender, age, occupation, zip_code = _fields(path, n, line, "::", 5)[:5]
+      users[uid] = {"age": age, "gender": gender, "occupation": occupation, "zip": zip_code}
+  items = {}
+  path = os.path.join(folder, "movies.dat")
+  for n, line in enumerate(_lines(path, "latin-1"), start=1):
+    if line.strip():
+      parts = _fields(path, n, line, "::", 3)
+      items[parts[0]] = [g for g in parts[-1].split("|") if g]
+  return RawMovieLens(user, item, rating, ts, users, items, folder)
+
+
+def _atomic_table(path: str) -> Tuple[List[str], List[List[str]]]:
+  """(field names without types, rows) of a RecBole atomic file."""
+  lines = _lines(path, "utf-8")
+  if not lines:
+    raise DataFormatError(f"{path}:1: empty file; expected a header like "
+                          "'user_id:token\\titem_id:token\\trating:float\\ttimestamp:float'.")
+  header = lines[0].split("\t")
+  names = []
+  for field in header:
+    if ":" not in field:
+      raise DataFormatError(f"{path}:1: header field {field!r} has no ':type' (RecBole "
+                            "atomic headers look like 'user_id:token').")
+    names.append(field.rsplit(":", 1)[0])
+  rows = []
+  for n, line in enumerate(lines[1:], start=2):
+    if not line.strip():
+      continue
+    parts = line.split("\t")
+    if len(parts) != len(names):
+      raise DataFormatError(f"{path}:{n}: expected {len(names)} tab-separated fields "
+                            f"({', '.join(header)}), got {len(parts)}: {line[:200]!r}")
+    rows.append(parts)
+  return names, rows
+
+
+def _column(path: str, names: List[str], candidates: Sequence[str],
+            required: bool = True) -> Optional[int]:
+  for name in candidates:
+    if name in names:
+      return names.index(name)
+  if required:
+    raise DataFormatError(f"{path}:1: no field named {' or '.join(candidates)} in header "
+                          f"{names}.")
+  return None
+
+
+def _read_atomic(folder: str, name: Optional[str]) -> RawMovieLens:
+  if name is None:
+    inters = sorted(glob.glob(os.path.join(folder, "*.inter")))
+    if len(inters) != 1:
+      raise DatasetNotFoundError(missing_message(
+          "atomic", folder, f"expected exactly one *.inter file, found {len(inters)} "
+          "(pass dataset_name= to choose)"))
+    name = os.path.basename(inters[0])[:-len(".inter")]
+  path = os.path.join(folder, f"{name}.inter")
+  if not os.path.exists(path):
+    raise DatasetNotFoundError(missing_message("atomic", folder, f"{name}.inter is missing"))
+  names, rows = _atomic_table(path)
+  cu, ci = _column(path, names, ["user_id"]), _column(path, names, ["item_id"])
+  cr = _column(path, names, ["rating"], required=False)
+  ct = _column(path, names, ["timestamp"], required=False)
+  try:
+    rating = np.array([float(r[cr]) if cr is not None else 1.0 for r in rows], np.float32)
+    ts = np.array([int(float(r[ct])) if ct is not None else 0 for r in rows], np.int64)
+  except ValueError as e:
+    raise DataFormatError(f"{path}: rating/timestamp fields must be numbers ({e})") from e
+  user = np.array([r[cu] for r in rows], dtype=object)
+  item = np.array([r[ci] for r in rows], dtype=object)
+  users = {}
+  upath = os.path.join(folder, f"{name}.user")
+  if os.path.exists(upath):
+    unames, urows = _atomic_table(upath)
+    cols = {key: _column(upath, unames, cands, required=False) for key, cands in (
+        ("age", ["age"]), ("gender", ["gender"]), ("occupation", ["occupation"]),
+        ("zip", ["zip_code", "zip"]))}
+    uid = _column(upath, unames, ["user_id"])
+    for r in urows:
+      users[r[uid]] = {k: (r[c] if c is not None else "") for k, c in cols.items()}
+  items = {}
+  ipath = os.path.join(folder, f"{name}.item")
+  if os.path.exists(ipath):
+    inames, irows = _atomic_table(ipath)
+    iid = _column(ipath, inames, ["item_id"])
+    cg = _column(ipath, inames, ["genre", "class", "genres"], required=False)
+    for r in irows:
+      items[r[iid]] = r[cg].split() if cg is not None else []
+  return RawMovieLens(user, item, rating, ts, users, items, folder)
+
+
+def _has(folder: str, variant: str, name: Optional[str]) -> bool:
+  if variant == "atomic":
+    pattern = f"{name}.inter" if name else "*.inter"
+    return bool(glob.glob(os.path.join(folder, pattern)))
+  return all(os.path.exists(os.path.join(folder, f)) for f in REQUIRED[variant])
+
+
+def find_folder(data_dir: str, variant: str, name: Optional[str] = None) -> Optional[str]:
+  """`data_dir` or `data_dir/<variant or name>` if it holds the files, else None."""
+  for folder in (data_dir, os.path.join(data_dir, name or variant)):
+    if os.path.isdir(folder) and _has(folder, variant, name):
+      return folder
+  return None
+
+
+def download(data_dir: str, variant: str) -> None:
+  """Downloads and unzips a GroupLens variant into `data_dir/<variant>/`.
+
+  Raises:
+    DatasetNotFoundError: offline, or the download failed.
+  """
+  from recsys._keras import keras  # pylint: disable=g-import-not-at-top
+  if variant not in URLS:
+    raise DatasetNotFoundError(missing_message(
+        variant, data_dir, f"there is no download for the {variant} layout"))
+  try:
+    os.makedirs(data_dir, exist_ok=True)
+    keras.utils.get_file(f"{variant}.zip", URLS[variant], cache_dir=os.path.abspath(data_dir),
+                         cache_subdir=".", extract=True)
+  except Exception as e:  # noqa: BLE001 - any network/IO failure means "fill the folder"
+    raise DatasetNotFoundError(missing_message(
+        variant, data_dir,
+        f"download from {URLS[variant]} failed ({type(e).__name__}: {e})")) from e
+
+
+def read(data_dir: str, variant: str, name: Optional[str] = None,
+         allow_download: bool = False) -> RawMovieLens:
+  """Reads a MovieLens folder.
+
+  Args:
+    data_dir: folder holding the files (or a `<variant>/` subfolder with them).
+    variant: "ml-100k", "ml-1m" or "atomic".
+    name: for "atomic", the file stem (`<name>.inter`); None: the only *.inter.
+    allow_download: download GroupLens variants that are missing.
+
+  Returns:
+    The parsed `RawMovieLens`.
+
+  Raises:
+    DatasetNotFoundError: the folder or its files are missing (and not downloaded).
+    DataFormatError: a file does not parse; the message names file and line.
+  """
+  if variant not in REQUIRED:
+    raise ValueError(f"unknown MovieLens variant {variant!r}; valid: {', '.join(REQUIRED)}.")
+  folder = find_folder(data_dir, variant, name)
+  if folder is None and allow_download and variant in URLS:
+    download(data_dir, variant)
+    folder = find_folder(data_dir, variant, name)
+  if folder is None:
+    problem = (f"folder {data_dir!r} does not exist" if not os.path.isdir(data_dir)
+               else f"the files are not in {data_dir!r}")
+    raise DatasetNotFoundError(missing_message(variant, data_dir, problem))
+  if variant == "ml-100k":
+    return _read_100k(folder)
+  if variant == "ml-1m":
+    return _read_1m(folder)
+  return _read_atomic(folder, name)

@@ -268,6 +268,14 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
     """Host-side work to run in the input pipeline (e.g. static padding)."""
     return features, weights
 
+  def _pack_inputs(self, flat_features: List[Any], flat_weights: List[Any]
+                  ) -> Tuple[Any, Optional[Any]]:
+    """`(features, weights)` shaped like `feature_config` (weights None if empty)."""
+    features = nest.pack_sequence_as(self._feature_config, flat_features)
+    if all(w is None for w in flat_weights):
+      return features, None
+    return features, nest.pack_sequence_as(self._feature_config, flat_weights)
+
   def slot_variables(self) -> Dict[str, Dict[str, tf.Variable]]:
     """Optimizer slots by table name and TF slot name (may be empty)."""
     return {}

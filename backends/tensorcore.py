@@ -210,10 +210,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       else:
         out.append(inp)
         out_w.append(w)
-    features = nest.pack_sequence_as(self._feature_config, out)
-    if all(w is None for w in out_w):
-      return features, None
-    return features, nest.pack_sequence_as(self._feature_config, out_w)
+    return self._pack_inputs(out, out_w)
 
   # -- lookup ------------------------------------------------------------------
 

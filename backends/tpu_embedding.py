@@ -315,10 +315,7 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
         inp, w = _dense_to_sparse(inp, w)
       out.append(inp)
       out_w.append(w)
-    features = nest.pack_sequence_as(self._feature_config, out)
-    if all(w is None for w in out_w):
-      return features, None
-    return features, nest.pack_sequence_as(self._feature_config, out_w)
+    return self._pack_inputs(out, out_w)
 
   def lookup(self, features: Any, weights: Optional[Any] = None,
              training: bool = False) -> Any:

@@ -10,6 +10,11 @@ where every backend returns the bag combined with the table's combiner,
 `[B, D]`. Dense `[B, N]` ids are therefore looked up as a ragged bag of `N`
 ids per row.
 
+`serving_lookup` is that lookup as a function of any tables (TF's
+`serving_embedding_lookup` with the convention): `ServingEmbedding.lookup`
+runs it on its own tables, and callers run it on a subset of the features
+(one tower of a retrieval model) or in place on a training backend's tables.
+
 `export_saved_model` writes a model and a serving embedding to a SavedModel
 whose `serve(features)` function needs neither this package nor a TPU.
 
@@ -17,6 +22,7 @@ Example:
   >>> emb = ServingEmbedding(feature_config)            # no slots for export
   >>> restore(emb, "/tmp/model/ckpt-100")               # backends.checkpoint
   >>> export_saved_model("/tmp/export", emb, model, signature)
+  >>> emb = ServingEmbedding.from_backend(trained)      # or: copy a live backend
 """
 
 import collections.abc
@@ -101,26 +107,101 @@ class ServingEmbedding(mid_level.MidLevelBackend):
         raise ValueError(f"weights name unknown features {unknown}; features "
                          f"are {sorted(self._feature_config)}.")
       weights = {k: weights.get(k) for k in self._feature_config}
+    # Flattening checks the structures against feature_config (naming missing
+    # and extra features); repacking makes the output structure the config's.
     flat = self._flatten_like_config(features, "features")
     flat_w = (self._flatten_like_config(weights, "weights")
               if weights is not None else [None] * len(flat))
-    ids, wts = [], []
-    for (path, feature), inp, w in zip(self._flat_features, flat, flat_w):
-      inp, w = _as_bag(path, feature, inp, w)
-      ids.append(inp)
-      wts.append(w)
-    tf_config = self._mid._feature_config  # pylint: disable=protected-access
-    packed_w = None
-    if any(w is not None for w in wts):
-      packed_w = nest.pack_sequence_as(tf_config, wts)
-    outputs = nest.flatten(embedding.serving_embedding_lookup(
-        nest.pack_sequence_as(tf_config, ids), packed_w,
-        self._mid.embedding_tables, tf_config))
-    for i, (_, feature) in enumerate(self._flat_features):
-      if feature.output_shape and feature.output_shape.rank:
-        outputs[i] = tf.reshape(
-            outputs[i], feature.output_shape.as_list() + [feature.table.dim])
-    return nest.pack_sequence_as(self._feature_config, outputs)
+    features, weights = self._pack_inputs(flat, flat_w)
+    return serving_lookup(features, weights, self.embedding_tables,
+                          self._feature_config)
+
+  @classmethod
+  def from_backend(cls, backend: base.EmbeddingBackend) -> "ServingEmbedding":
+    """A built, slot-free serving copy of another backend's current tables.
+
+    For exporting what was trained in this process: the copy has the
+    backend's feature structure, table names and settings (combiners,
+    sequence lengths, output shapes) but no optimizer, and its tables hold
+    the values of `backend.embedding_tables` (replicated, mirrored or
+    sharded variables are all read as one `[vocab, dim]` value).
+
+    Args:
+      backend: a built backend that runs here (any but the TPU ones).
+
+    Returns:
+      The built `ServingEmbedding`, under the current strategy.
+    """
+    config, copies = mid_level.tf_feature_config(backend)
+    for table in copies.values():
+      table.optimizer = None  # lookup-only: no slot variables
+    emb = cls(config)
+    emb.build()
+    trained = {backend.table_name(t): v
+               for t, v in backend.embedding_tables.items()}
+    for table, variable in emb.embedding_tables.items():
+      variable.assign(tf.convert_to_tensor(trained[emb.table_name(table)]))
+    return emb
+
+
+def serving_lookup(features: Any, weights: Optional[Any], tables: Any,
+                   feature_config: Any) -> Any:
+  """TF's `serving_embedding_lookup`, with the project's output-shape convention.
+
+  The one CPU/GPU lookup of trained tables in this project. Arguments are
+  those of `tf.tpu.experimental.embedding.serving_embedding_lookup`: the
+  features may be any subset of `feature_config` (matched by path), and
+  `tables` may be any backend's `embedding_tables`, read in place.
+
+  Args:
+    features: a nested structure of int ids whose paths are paths of
+      `feature_config`: dense `[B]` or `[B, N]`, `tf.SparseTensor` or
+      `tf.RaggedTensor` `[B, None]`.
+    weights: None, or the structure of `features` with float weights for
+      sparse or ragged ids (None leaves allowed).
+    tables: `TableConfig` -> table variable `[vocab, dim]`, keyed by the
+      `TableConfig` objects of `feature_config`, for every table looked up.
+    feature_config: a nested structure of `FeatureConfig`.
+
+  Returns:
+    The structure of `features`: `[B, D]` per feature (a dense `[B, N]` bag
+    combined with its table's combiner), `[B, L, D]` per sequence feature,
+    `output_shape + [D]` when set.
+
+  Raises:
+    ValueError: a feature that is not in `feature_config`; weights given for
+      dense ids; dense ids of rank > 2.
+
+  Example:
+    >>> acts = serving_lookup({"user": ids}, None, backend.embedding_tables,
+    ...                       backend.feature_config)   # {"user": [B, D]}
+  """
+  flat = nest.flatten_with_joined_string_paths(features)
+  flat_w = [None] * len(flat)
+  if weights is not None:
+    nest.assert_same_structure(features, weights)
+    flat_w = nest.flatten(weights)
+  by_path = dict(nest.flatten_with_joined_string_paths(feature_config))
+  unknown = sorted(path for path, _ in flat if path not in by_path)
+  if unknown:
+    raise ValueError(f"features {unknown} are not in feature_config; its "
+                     f"features are {sorted(by_path)}.")
+  ids, wts = [], []
+  for (path, inp), w in zip(flat, flat_w):
+    inp, w = _as_bag(path, by_path[path], inp, w)
+    ids.append(inp)
+    wts.append(w)
+  packed_w = None
+  if any(w is not None for w in wts):
+    packed_w = nest.pack_sequence_as(features, wts)
+  outputs = nest.flatten(embedding.serving_embedding_lookup(
+      nest.pack_sequence_as(features, ids), packed_w, tables, feature_config))
+  for i, (path, _) in enumerate(flat):
+    feature = by_path[path]
+    if feature.output_shape and feature.output_shape.rank:
+      outputs[i] = tf.reshape(
+          outputs[i], feature.output_shape.as_list() + [feature.table.dim])
+  return nest.pack_sequence_as(features, outputs)
 
 
 def _as_bag(path: str, feature: Any, ids: Any, weights: Any

@@ -154,18 +154,6 @@ def _bindings(args: argparse.Namespace) -> List[str]:
   return bindings
 
 
-def _call_train(files, bindings, **kwargs):
-  """Calls the gin-configured `train`, adding gin file context to gin errors."""
-  from recsys import config  # pylint: disable=g-import-not-at-top
-  from recsys.training import train  # pylint: disable=g-import-not-at-top
-  try:
-    return train(**kwargs)
-  except RuntimeError as e:
-    if "Required bindings" in str(e) or "gin" in str(e).lower():
-      raise config.GinConfigError(config.explain(e, files, bindings)) from e
-    raise
-
-
 def _runtime_kwargs(args: argparse.Namespace) -> dict:
   kwargs = {}
   if getattr(args, "tpu", None):
@@ -175,22 +163,42 @@ def _runtime_kwargs(args: argparse.Namespace) -> dict:
   return kwargs
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def _call_train(args: argparse.Namespace, extra_bindings: Sequence[str] = (),
+                **kwargs):
+  """Parses the command's gin files, then calls the gin-configured `train`.
+
+  Args:
+    args: the parsed flags (gin files and bindings, model dir, runtime flags).
+    extra_bindings: bindings the command adds after the user's.
+    **kwargs: arguments of `train` besides `model_dir`; they override the
+      runtime flags.
+
+  Returns:
+    What `train` returns for the action.
+
+  Raises:
+    config.GinConfigError: a gin error, with the gin files and bindings named.
+  """
   from recsys import config  # pylint: disable=g-import-not-at-top
+  from recsys.training import train  # pylint: disable=g-import-not-at-top
   files, bindings = _gin_files(args), _bindings(args)
-  config.parse(files, bindings)
-  metrics = _call_train(files, bindings, model_dir=args.model_dir,
-                        **_runtime_kwargs(args))
+  config.parse(files, bindings + list(extra_bindings))
+  try:
+    return train(model_dir=args.model_dir, **{**_runtime_kwargs(args), **kwargs})
+  except RuntimeError as e:
+    if "Required bindings" in str(e) or "gin" in str(e).lower():
+      raise config.GinConfigError(config.explain(e, files, bindings)) from e
+    raise
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+  metrics = _call_train(args)
   print(json.dumps(metrics, indent=2, sort_keys=True))
   return 0
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-  from recsys import config  # pylint: disable=g-import-not-at-top
-  files, bindings = _gin_files(args), _bindings(args)
-  config.parse(files, bindings)
-  metrics = _call_train(files, bindings, model_dir=args.model_dir,
-                        action="evaluate", **_runtime_kwargs(args))
+  metrics = _call_train(args, action="evaluate")
   with open(os.path.join(args.model_dir, "eval_metrics.json"), "w",
             encoding="utf-8") as f:
     json.dump(metrics, f, indent=2, sort_keys=True)
@@ -200,13 +208,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from recsys import config  # pylint: disable=g-import-not-at-top
   from recsys import export as export_lib  # pylint: disable=g-import-not-at-top
-  files, bindings = _gin_files(args), list(args.gin_bindings)
-  config.parse(files, bindings + ["train.progress_bar = False",
-                                  "train.summaries = False"])
-  trainer = _call_train(files, bindings, model_dir=args.model_dir,
-                        action="build", backend="tensorcore",
+  # The serving backend restores a checkpoint of any training backend
+  # (SparseCore's stacked tables included) on CPU; the export copies its
+  # tables without the optimizer slots.
+  trainer = _call_train(args, ["train.progress_bar = False", "train.summaries = False"],
+                        action="build", backend="serving",
                         strategy=tf.distribute.get_strategy())
   if not trainer.restored_step:
     raise FileNotFoundError(

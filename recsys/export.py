@@ -1,9 +1,10 @@
 """Exports a trained model as a SavedModel that serves on CPU.
 
-The serving graph looks embeddings up with TF's
-`tf.tpu.experimental.embedding.serving_embedding_lookup` on plain copies of
-the trained tables, so the export works from a checkpoint written by any
-backend (the checkpoint layout is the same everywhere) and needs no TPU.
+The embeddings are the serving backend's: a slot-free
+`backends.serving.ServingEmbedding` copy of the trainer's tables (trained
+with any backend; the CLI restores them from the checkpoint), looked up with
+`backends.serving.serving_lookup`, so serving has the output shapes of
+training and needs no TPU. This module adds the signatures of raw features.
 
 Signature inputs (raw features, one tensor each):
   dense              float32 `[B, num_dense]`         (if the model has dense features)
@@ -28,10 +29,10 @@ Example:
 import os
 from typing import Any, Dict, Mapping, Sequence
 
+from backends import serving
 from recsys._keras import keras, tf
 from recsys.data.spec import FeatureSpec
-
-_embedding = tf.tpu.experimental.embedding
+from recsys.training import loop as loop_lib
 
 
 def _width(spec: FeatureSpec) -> int:
@@ -87,29 +88,26 @@ def to_features(inputs: Mapping[str, tf.Tensor], specs: Sequence[FeatureSpec],
 
 
 class ServingModule(tf.Module):
-  """The exported object: model, table copies and the serving functions.
+  """The exported object: model, serving embedding and the serving functions.
 
   Args:
     model: the trained ranking or retrieval model.
-    feature_config: dict feature name -> `FeatureConfig` used in training.
-    tables: table name -> trained table values `[vocab, dim]`.
+    embedding: a built `backends.serving.ServingEmbedding` holding the
+      trained tables (e.g. `ServingEmbedding.from_backend(trainer.backend)`).
     specs: the data source's feature specs.
     num_dense: width of `features["dense"]`.
     corpus: retrieval only: (candidate ids `[N]`, embeddings `[N, K]`).
     k: retrieval only: candidates returned per query.
   """
 
-  def __init__(self, model: keras.Model, feature_config: Mapping[str, Any],
-               tables: Mapping[str, Any], specs: Sequence[FeatureSpec],
-               num_dense: int, corpus=None, k: int = 100):
+  def __init__(self, model: keras.Model, embedding: serving.ServingEmbedding,
+               specs: Sequence[FeatureSpec], num_dense: int, corpus=None,
+               k: int = 100):
     super().__init__(name="recsys_serving")
     self.model = model
+    self.embedding = embedding
     self._specs = list(specs)
     self._num_dense = num_dense
-    self._config = dict(feature_config)
-    self.table_variables = {
-        name: tf.Variable(value, trainable=False, name=name)
-        for name, value in tables.items()}
     self._retrieval = corpus is not None
     if self._retrieval:
       ids, embeddings = corpus
@@ -118,21 +116,12 @@ class ServingModule(tf.Module):
       self._k = int(min(k, int(ids.shape[0])))
 
   def activations(self, features: Mapping[str, Any], names: Sequence[str]):
-    """Embedding lookups of `names` on the table copies (the serving path)."""
-    config = {n: self._config[n] for n in names}
-    ids = {n: features["categorical"][n] for n in names}
-    weights = features.get("weights") or {}
-    w = ({n: weights.get(n) for n in names}
-         if any(n in weights for n in names) else None)
-    # Built per call: a dict keyed by TableConfig cannot be a tracked attribute.
-    tables = {f.table: self.table_variables[f.table.name]
-              for f in config.values()}
-    acts = _embedding.serving_embedding_lookup(ids, w, tables, config)
-    return {n: _squeeze_one_hot(acts[n], config[n]) for n in names}
+    """Embedding lookups of `names` on the serving embedding's tables."""
+    return loop_lib.serving_activations(self.embedding, features, names)
 
   def signatures(self) -> Dict[str, Any]:
     """Concrete functions to save as the SavedModel's signatures."""
-    names = list(self._config)
+    names = list(self.embedding.feature_config)
     if not self._retrieval:
       sig = input_signature(self._specs, self._num_dense, names)
 
@@ -174,13 +163,6 @@ class ServingModule(tf.Module):
                 candidate_embeddings.get_concrete_function(c_sig)}
 
 
-def _squeeze_one_hot(act: tf.Tensor, feature: Any) -> tf.Tensor:
-  """TF's serving lookup returns `[B, 1, D]` for dense `[B, 1]` ids: -> `[B, D]`."""
-  if not feature.max_sequence_length and act.shape.rank == 3 and act.shape[1] == 1:
-    return act[:, 0, :]
-  return act
-
-
 def export(trainer: Any, export_dir: str, k: int = 100) -> str:
   """Writes a CPU-serving SavedModel of a trainer's (restored) model.
 
@@ -193,15 +175,13 @@ def export(trainer: Any, export_dir: str, k: int = 100) -> str:
   Returns:
     `export_dir`.
   """
-  backend = trainer.backend
-  tables = {backend.table_name(t): v.numpy()
-            for t, v in backend.embedding_tables.items()}
   corpus = None
   if trainer.is_retrieval:
     trainer.index_corpus()
     ids, embeddings = trainer.model.corpus_index.corpus()
     corpus = (tf.convert_to_tensor(ids), tf.convert_to_tensor(embeddings))
-  module = ServingModule(trainer.model, trainer.feature_config, tables,
+  module = ServingModule(trainer.model,
+                         serving.ServingEmbedding.from_backend(trainer.backend),
                          trainer.source.feature_specs,
                          int(getattr(trainer.source, "num_dense", 0) or 0),
                          corpus=corpus, k=k)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import gin
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -129,3 +130,51 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path):
   got = np.load(tmp_path / "scores.npy")
   assert got.shape == (13,)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow  # ~10 s: trains, exports and loads a two-tower model in-process
+def test_export_of_a_retrieval_model_serves_the_models_top_k(tmp_path):
+  """Two-tower: the exported tower signatures and top-k equal the trained model's."""
+  model_dir, export_dir = str(tmp_path / "run"), str(tmp_path / "export")
+  tiny = ["SyntheticRetrieval.num_users = 50", "SyntheticRetrieval.num_items = 37",
+          "EmbeddingSettings.dim = 7", "TwoTower.query_tower = (11,)",
+          "TwoTower.candidate_tower = (11,)", "train.global_batch_size = 32",
+          "train.train_steps = 4", "train.steps_per_loop = 2", "train.eval_steps = 1",
+          "train.summaries = False"]
+  flags = sum((["--gin_bindings", b] for b in tiny), [])
+  two_tower = os.path.join(config.EXPERIMENTS_DIR, "synthetic_two_tower.gin")
+  assert cli.main(["train", "--gin_file", two_tower, *flags, "--model_dir", model_dir,
+                   "--no_progress"]) == 0
+  gin.clear_config()
+  assert cli.main(["export", "--model_dir", model_dir, "--export_dir", export_dir]) == 0
+  gin.clear_config()
+
+  # Reference: the checkpoint through the training backend's lookups.
+  from recsys.training import loop, train  # pylint: disable=g-import-not-at-top
+  config.parse([os.path.join(model_dir, "operative_config.gin")],
+               ["train.progress_bar = False"])
+  trainer = train(model_dir=model_dir, action="build")
+  trainer.index_corpus()
+  model, names = trainer.model, list(trainer.feature_config)
+  features, _ = next(iter(trainer.source.dataset(13, training=False)))
+  acts = trainer.backend.lookup(*loop.split_batch((features, None), names))
+  want_q = model.query_embeddings(acts, features).numpy()
+  want_c = model.candidate_embeddings(acts, features).numpy()
+  corpus_ids, corpus = (t.numpy() for t in model.corpus_index.corpus())
+  want_scores = np.sort(want_q @ corpus.T, axis=1)[:, ::-1]
+
+  specs = {s.name: s for s in trainer.source.feature_specs}
+  inputs = {n: tf.constant(_padded(features["categorical"][n], specs[n].max_ids))
+            for n in names}
+  loaded = tf.saved_model.load(export_dir)
+  query = {n: inputs[n] for n in model.query_features}
+  got_q = loaded.signatures["query_embeddings"](**query)["embeddings"].numpy()
+  got_c = loaded.signatures["candidate_embeddings"](
+      **{n: inputs[n] for n in model.candidate_features})["embeddings"].numpy()
+  top = loaded.signatures["serving_default"](**query)
+  np.testing.assert_allclose(got_q, want_q, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got_c, want_c, rtol=1e-5, atol=1e-6)
+  assert top["scores"].shape == (13, 37)
+  np.testing.assert_allclose(top["scores"].numpy(), want_scores, rtol=1e-5, atol=1e-6)
+  best = corpus_ids[np.argmax(want_q @ corpus.T, axis=1)]
+  np.testing.assert_array_equal(top["candidate_ids"].numpy()[:, 0], best)

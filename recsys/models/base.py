@@ -84,6 +84,19 @@ class _ModelBase(keras.Model):
     """Names of the categorical features, in model order."""
     return [s.name for s in self._specs]
 
+  def _vectors(self, activations: Mapping[str, tf.Tensor], names: Sequence[str],
+               allow_extra: bool = False) -> list:
+    """The activations of `names` as `[B, D_f]` (sequences pooled), checked.
+
+    Raises:
+      FeatureMismatchError: a feature is missing (or, without `allow_extra`,
+        unexpected), or an activation has the wrong rank.
+    """
+    owner = type(self).__name__
+    model_layers.check_names(activations, names, owner, allow_extra=allow_extra)
+    return model_layers.flat_activations(
+        activations, names, sequence_pooling=self._sequence_pooling, owner=owner)
+
   def _regularization(self) -> tf.Tensor:
     if not self.losses:
       return tf.constant(0.0)
@@ -176,7 +189,19 @@ class RankingModel(_ModelBase, metaclass=abc.ABCMeta):
   def logits(self, activations: Mapping[str, tf.Tensor],
              features: Optional[Mapping[str, tf.Tensor]] = None,
              training: bool = False) -> tf.Tensor:
-    """The model's output before the link function, `[B]`."""
+    """The model's output before the link function.
+
+    Args:
+      activations: feature name -> `[B, D_f]` (or `[B, L, D_f]`, pooled).
+      features: the batch; `features["dense"]` `[B, num_dense]` if num_dense.
+      training: Keras training flag.
+
+    Returns:
+      `[B]` float32 logits.
+
+    Raises:
+      FeatureMismatchError: activations/dense features do not match the specs.
+    """
 
   def call(self, activations: Mapping[str, tf.Tensor],
            features: Optional[Mapping[str, tf.Tensor]] = None,

@@ -113,22 +113,8 @@ class DCNv2(RankingModel):
   def logits(self, activations: Mapping[str, tf.Tensor],
              features: Optional[Mapping[str, tf.Tensor]] = None,
              training: bool = False) -> tf.Tensor:
-    """Logits `[B]`.
-
-    Args:
-      activations: feature name -> `[B, D_f]` (or `[B, L, D_f]`, pooled).
-      features: the batch; `features["dense"]` `[B, num_dense]` if num_dense.
-      training: Keras training flag.
-
-    Returns:
-      `[B]` float32 logits.
-
-    Raises:
-      FeatureMismatchError: activations/dense features do not match the specs.
-    """
-    model_layers.check_names(activations, self.feature_names, "DCNv2")
-    vectors = model_layers.flat_activations(
-        activations, self.feature_names, sequence_pooling=self._sequence_pooling, owner="DCNv2")
+    """Logits `[B]` (see `RankingModel.logits`); activation dims may differ."""
+    vectors = self._vectors(activations, self.feature_names)
     dense = model_layers.dense_input(features, self.num_dense, "DCNv2")
     x0 = tf.concat(([dense] if dense is not None else []) + vectors, axis=-1)  # [B, d0]
     if self._structure == "stacked":

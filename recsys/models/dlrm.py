@@ -107,23 +107,13 @@ class DLRM(RankingModel):
   def logits(self, activations: Mapping[str, tf.Tensor],
              features: Optional[Mapping[str, tf.Tensor]] = None,
              training: bool = False) -> tf.Tensor:
-    """Logits `[B]`.
-
-    Args:
-      activations: feature name -> `[B, D]` (or `[B, L, D]`, pooled).
-      features: the batch; `features["dense"]` `[B, num_dense]` if num_dense.
-      training: Keras training flag.
-
-    Returns:
-      `[B]` float32 logits.
+    """Logits `[B]` (see `RankingModel.logits`).
 
     Raises:
       FeatureMismatchError: activations/dense features do not match the specs.
       EmbeddingDimError: unequal embedding dims or bottom MLP width.
     """
-    model_layers.check_names(activations, self.feature_names, "DLRM")
-    vectors = model_layers.flat_activations(
-        activations, self.feature_names, sequence_pooling=self._sequence_pooling, owner="DLRM")
+    vectors = self._vectors(activations, self.feature_names)
     self._check_dims(vectors)
     dense = model_layers.dense_input(features, self.num_dense, "DLRM")
     head = []

@@ -105,9 +105,7 @@ class TwoTower(RetrievalModel):
                                             name="candidate_tower")
 
   def _tower(self, tower: keras.Sequential, names: list, activations, extra, training):
-    model_layers.check_names(activations, names, "TwoTower", allow_extra=True)
-    vectors = model_layers.flat_activations(
-        activations, names, sequence_pooling=self._sequence_pooling, owner="TwoTower")
+    vectors = self._vectors(activations, names, allow_extra=True)
     x = tower(tf.concat(extra + vectors, axis=-1), training=training)
     return tf.math.l2_normalize(x, axis=-1) if self._normalize else x
 

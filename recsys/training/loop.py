@@ -14,6 +14,7 @@ the embedding backend and the dense optimizer are explicit:
 
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+from backends import serving
 from recsys._keras import keras, tf
 
 
@@ -127,37 +128,42 @@ class StepFunctions:
       self._strategy.run(self.eval_step, args=(batch,))
 
 
-def embed_fn(backend: Any, model: keras.Model,
-             embed: Callable[..., tf.Tensor], feature_names) -> Callable:
-  """A lookup + tower function for retrieval evaluation on one device.
+def serving_activations(backend: Any, features: Mapping[str, Any],
+                        feature_names) -> Dict[str, tf.Tensor]:
+  """Activations of `feature_names` from a backend's tables, on one device.
 
-  Uses the trained tables through `serving_embedding_lookup`, so it needs only
-  the features that `embed` reads (query or candidate features).
+  The serving path (`backends.serving.serving_lookup`): it reads the tables
+  in place, outside `strategy.run`, with the output-shape convention of every
+  backend, and needs only the features named (e.g. one retrieval tower's).
 
   Args:
-    backend: the built backend (its `embedding_tables` and `feature_config`).
-    model: the retrieval model (unused; kept for symmetry with callers).
-    embed: `model.query_embeddings` or `model.candidate_embeddings`.
+    backend: a built backend (`embedding_tables`, `feature_config`).
+    features: a batch's features in the data contract (`"categorical"`,
+      optionally `"weights"`).
     feature_names: the features to look up (a subset of feature_config).
+
+  Returns:
+    Feature name -> `[B, D]` (or `[B, L, D]` for sequence features).
   """
-  del model
-  config = {n: backend.feature_config[n] for n in feature_names}
-  tables = backend.embedding_tables
+  ids, weights = split_batch((features, None), feature_names)
+  return serving.serving_lookup(ids, weights, backend.embedding_tables,
+                                backend.feature_config)
+
+
+def embed_fn(backend: Any, embed: Callable[..., tf.Tensor],
+             feature_names) -> Callable:
+  """A compiled lookup + tower function for retrieval evaluation on one device.
+
+  Args:
+    backend: the built backend whose trained tables to read.
+    embed: `model.query_embeddings` or `model.candidate_embeddings`.
+    feature_names: the features `embed` reads (query or candidate features).
+
+  Returns:
+    `features -> [B, K]` embeddings, a `tf.function`.
+  """
 
   def fn(features):
-    ids, weights = split_batch((features, None), feature_names)
-    acts = tf.tpu.experimental.embedding.serving_embedding_lookup(
-        ids, weights, tables, config)
-    acts = {n: _flatten_one_hot(acts[n], config[n]) for n in acts}
-    return embed(acts, features)
+    return embed(serving_activations(backend, features, feature_names), features)
 
   return tf.function(fn)
-
-
-def _flatten_one_hot(act: tf.Tensor, feature) -> tf.Tensor:
-  """[B, 1, D] -> [B, D] for dense `[B, 1]` ids of a non-sequence feature."""
-  if feature.max_sequence_length or feature.output_shape:
-    return act
-  if act.shape.rank == 3:
-    return tf.reduce_sum(act, axis=1) if act.shape[1] != 1 else act[:, 0, :]
-  return act

@@ -433,8 +433,7 @@ class Trainer:
     Returns:
       The number of candidates indexed.
     """
-    embed = loop_lib.embed_fn(self.backend, self.model,
-                              self.model.candidate_embeddings,
+    embed = loop_lib.embed_fn(self.backend, self.model.candidate_embeddings,
                               self.model.candidate_features)
     ids, embeddings = [], []
     for batch in self.eval_source.candidates(self.eval_batch_size):

@@ -3,7 +3,9 @@
 Where TF's `serving_embedding_lookup` already returns the project's shapes
 (dense `[B]`, sparse and ragged bags, sequences) it is the reference; for
 dense `[B, N]` ids (TF: `[B, N, D]`, uncombined) the reference is TF's output
-combined with the NumPy combiner. The export test trains with `tensorcore`,
+combined with the NumPy combiner. `serving_lookup` on a training backend's
+tables (in place) and `ServingEmbedding.from_backend` (a copy) are checked
+against that backend's own lookups. The export test trains with `tensorcore`,
 restores the checkpoint into `serving`, exports, and compares the scores of
 the SavedModel loaded in a fresh Python process (without recsys) with the
 trained model's.
@@ -25,7 +27,7 @@ import tensorflow as tf  # noqa: E402
 import backends  # noqa: E402
 from backends import base  # noqa: E402
 from backends import checkpoint as ckpt  # noqa: E402
-from backends.serving import ServingEmbedding, export_saved_model  # noqa: E402
+from backends.serving import ServingEmbedding, export_saved_model, serving_lookup  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 B = 5
@@ -162,6 +164,59 @@ def test_does_not_modify_the_users_configs():
   table = E.TableConfig(23, 7)  # no name, no optimizer
   ServingEmbedding({"f": E.FeatureConfig(table)}, E.Adagrad(0.1)).build()
   assert table.name is None and table.optimizer is None
+
+
+def _trained_tensorcore():
+  """A tensorcore backend after one Adagrad step: mixed features, shared table."""
+  rng = np.random.default_rng(6)
+  shared = _table("mean", name="shared")
+  config = {"bag": E.FeatureConfig(shared), "one": E.FeatureConfig(shared),
+            "dense_bag": E.FeatureConfig(_table("sqrtn", vocab=11, dim=11, name="d")),
+            "seq": E.FeatureConfig(_table("sum", vocab=13, dim=5, name="s"),
+                                   max_sequence_length=3)}
+  emb = backends.create(config, E.Adagrad(0.5), backend="tensorcore")
+  emb.build()
+  features = {"bag": _ragged(rng), "one": tf.constant(rng.integers(0, 23, size=B)),
+              "dense_bag": tf.constant(rng.integers(0, 11, size=(B, 3))),
+              "seq": _ragged(rng, vocab=13)}
+  bag = features["bag"]
+  weights = {"bag": bag.with_flat_values(
+      tf.constant(rng.uniform(0.5, 2.0, size=bag.values.shape[0]), tf.float32)),
+             "one": None, "dense_bag": None, "seq": None}
+  acts = emb.lookup(features, weights, training=True)
+  emb.apply_gradients(tf.nest.map_structure(tf.ones_like, acts))
+  return emb, features, weights
+
+
+def test_serving_lookup_on_a_training_backends_tables_in_place():
+  """Any subset of features, on tensorcore's own variables: tensorcore's lookups."""
+  emb, features, weights = _trained_tensorcore()
+  want = emb.lookup(features, weights)
+  got = serving_lookup(features, weights, emb.embedding_tables, emb.feature_config)
+  subset = serving_lookup({"dense_bag": features["dense_bag"]}, None,
+                          emb.embedding_tables, emb.feature_config)
+  assert sorted(subset) == ["dense_bag"] and subset["dense_bag"].shape == (B, 11)
+  assert got["seq"].shape == (B, 3, 5)
+  for name in want:
+    np.testing.assert_allclose(got[name].numpy(), want[name].numpy(),
+                               rtol=1e-6, atol=1e-7, err_msg=name)
+  np.testing.assert_allclose(subset["dense_bag"].numpy(), want["dense_bag"].numpy(),
+                             rtol=1e-6, atol=1e-7)
+  with pytest.raises(ValueError, match=r"\['nope'\] are not in feature_config"):
+    serving_lookup({"nope": features["one"]}, None, emb.embedding_tables,
+                   emb.feature_config)
+
+
+def test_from_backend_copies_the_tables_without_slots():
+  emb, features, weights = _trained_tensorcore()
+  copy = ServingEmbedding.from_backend(emb)
+  assert sorted(copy.slot_variables()["shared"]) == []
+  assert [copy.table_name(t) for t in copy.tables] == [emb.table_name(t) for t in emb.tables]
+  served = copy.lookup(features, {"bag": weights["bag"]})  # missing: unweighted
+  want = emb.lookup(features, weights)
+  for name in want:
+    np.testing.assert_allclose(served[name].numpy(), want[name].numpy(),
+                               rtol=1e-6, atol=1e-7, err_msg=name)
 
 
 # -- export ---------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Trainer: files it writes, resume at the exact step, seeds, replicas."""
 
 import functools
+import inspect
 import json
 import os
 
@@ -10,7 +11,7 @@ import tensorflow as tf
 
 from recsys.features import EmbeddingSettings
 from recsys.models import DLRM
-from recsys.training import Trainer, TrainerConfigError
+from recsys.training import Trainer, TrainerConfigError, train
 from recsys.training import schedules
 from tests.conftest import mirrored_strategy
 from tests.training.sources import ArraySource
@@ -155,3 +156,16 @@ def test_warmup_poly_decay_matches_formula():
       frac = min((step - 20) / 30, 1.0)
       want = 2.0 * max((1 - frac) ** 2, 0.1)
     np.testing.assert_allclose(float(lr(step)), want, rtol=1e-6, err_msg=step)
+
+
+def test_train_spells_out_every_trainer_setting_with_its_default():
+  """`train` (the gin surface) repeats Trainer's signature; they must not drift."""
+  trainer_params = inspect.signature(Trainer.__init__).parameters
+  train_params = inspect.signature(train).parameters
+  renamed = {"source": "data", "eval_source": "eval_data"}
+  for name, param in trainer_params.items():
+    if name == "self":
+      continue
+    assert renamed.get(name, name) in train_params, name
+    if name not in renamed and param.default is not inspect.Parameter.empty:
+      assert train_params[name].default == param.default, name

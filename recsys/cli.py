@@ -125,6 +125,7 @@ def _configure_runtime(args: argparse.Namespace) -> None:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if not verbose:
     tf.get_logger().setLevel(logging.ERROR)
+    logging.getLogger("absl").setLevel(logging.WARNING)
   if getattr(args, "intra_op_threads", 0):
     tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
   if getattr(args, "inter_op_threads", 0):
@@ -238,66 +239,54 @@ def cmd_info(args: argparse.Namespace) -> int:
   lines = [f"recsys {recsys.__version__}, TensorFlow {tf.__version__}, "
            f"Keras {keras_version} ({tf.keras.__name__.split('.')[0]}), "
            f"Python {platform.python_version()}"]
-  for kind in ("CPU", "GPU", "TPU"):
-    devices = tf.config.list_logical_devices(kind)
-    lines.append(f"{kind} devices: {len(devices)}" +
-                 (f" ({', '.join(d.name for d in devices)})" if devices else ""))
-  strategy, why = strategy_lib.make_strategy(args.tpu)
-  lines.append(f"strategy: {why}")
-  name, reason = backends.select(strategy)
-  lines.append(f"embedding backend auto -> {name} ({reason})")
-  lines.append(f"backends available here: {', '.join(backends.available(strategy))}"
-               f" (registered: {', '.join(backends.names())})")
+  strategy, _ = strategy_lib.make_strategy(args.tpu)
   missing = config.register_all()
   if missing:
     lines.append(f"could not import: {', '.join(missing)}")
-  feature_config = None
+  feature_config, optimizer, backend = None, None, args.backend or "auto"
   if args.gin_file:
     config.parse(args.gin_file, args.gin_bindings)
     feature_config = _feature_config_from_gin()
-    if feature_config:
-      for fname, feature in feature_config.items():
-        t = feature.table
-        lines.append(f"  feature {fname}: table {t.name} [{t.vocabulary_size}, "
-                     f"{t.dim}] combiner={t.combiner}"
-                     + (f" max_sequence_length={feature.max_sequence_length}"
-                        if feature.max_sequence_length else ""))
-  try:
-    from recsys import planning  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    planning = None
-  if planning is not None and hasattr(planning, "describe_environment"):
-    lines.append(planning.describe_environment(strategy, feature_config))
+    optimizer = _gin_value("train.embedding_optimizer")
+    if optimizer is None:  # the trainer's default
+      optimizer = tf.tpu.experimental.embedding.Adagrad(0.05)
+    backend = args.backend or _gin_value("train.backend") or "auto"
+  from recsys import planning  # pylint: disable=g-import-not-at-top
+  lines.append(planning.describe_environment(strategy, feature_config,
+                                             optimizer=optimizer,
+                                             backend=backend))
   print("\n".join(lines))
   return 0
 
 
-def _feature_config_from_gin():
-  """The experiment's feature_config from the parsed gin `train` bindings."""
+def _evaluate_gin(ref):
+  """The value a parsed gin binding stands for (`@X()` called, macros resolved)."""
   import gin  # pylint: disable=g-import-not-at-top
-  from recsys import features as features_lib  # pylint: disable=g-import-not-at-top
+  if isinstance(ref, gin.config.ConfigurableReference):
+    fn = ref.scoped_configurable_fn
+    return _evaluate_gin(fn()) if ref.evaluate else fn
+  return ref
+
+
+def _gin_value(binding: str):
+  """The evaluated value of `binding` in the parsed config, or None if unset."""
+  import gin  # pylint: disable=g-import-not-at-top
   try:
-    data = gin.query_parameter("train.data")
+    return _evaluate_gin(gin.query_parameter(binding))
   except ValueError:
     return None
-  settings = None
-  try:
-    settings = gin.query_parameter("train.embedding")
-  except ValueError:
-    pass
 
-  def evaluate(ref):
-    # Macros parse to references to the `macro` configurable: calling the
-    # scoped function evaluates them like gin does at call time.
-    if isinstance(ref, gin.config.ConfigurableReference):
-      fn = ref.scoped_configurable_fn
-      return evaluate(fn()) if ref.evaluate else fn
-    return ref
 
-  source = evaluate(data)
+def _feature_config_from_gin():
+  """The experiment's feature_config from the parsed gin `train` bindings."""
+  from recsys import features as features_lib  # pylint: disable=g-import-not-at-top
+  source = _gin_value("train.data")
+  if source is None:
+    return None
   if isinstance(source, type):
     source = source()
-  return features_lib.feature_config(source.feature_specs, evaluate(settings))
+  return features_lib.feature_config(source.feature_specs,
+                                     _gin_value("train.embedding"))
 
 
 COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "export": cmd_export,

@@ -70,7 +70,16 @@ def test_missing_required_train_argument_names_the_files(tmp_path, capsys):
 def test_info_prints_strategy_and_backend_choice(capsys):
   assert cli.main(["info"]) == 0
   out = capsys.readouterr().out
-  assert "embedding backend auto -> tensorcore" in out and "TensorFlow" in out
+  assert "embedding backend: auto -> tensorcore" in out and "TensorFlow" in out
+
+
+def test_info_plans_the_experiment_tables_with_its_optimizer(capsys):
+  assert cli.main(["info", "--gin_file", "experiments/synthetic_dlrm.gin",
+                   "--gin_bindings", "EmbeddingSettings.dim = 8",
+                   "--gin_bindings", "train.embedding_optimizer = @embedding.FTRL()"]) == 0
+  out = capsys.readouterr().out
+  # C4: 10000 x 8 floats = 312.5 KiB, FTRL keeps two slots of the same size.
+  assert "C4     10000  8    FTRL       2      312.5 KiB  625.0 KiB  937.5 KiB" in out
 
 
 def _padded(ids, width):

@@ -202,7 +202,12 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
     seq_len = _sequence_length_from_output_shape(layout, out_shape, batch_size)
   limit = seq_len if seq_len > 0 else bag_width
   truncated = cut
-  if limit:
+  if isinstance(inp, PaddedBags) and limit and inp.ids.shape[1] is not None \
+      and inp.ids.shape[1] <= limit:
+    limit_cut = False  # padded no wider than the limit: nothing to cut
+  else:
+    limit_cut = bool(limit)
+  if limit_cut:
     keep = pos < limit
     truncated += tf.reduce_sum(tf.cast(tf.logical_not(keep), tf.int64))
     ids, row, pos, w = (tf.boolean_mask(t, keep) for t in (ids, row, pos, w))
@@ -266,17 +271,15 @@ def _sequence_length_from_output_shape(layout, out_shape, batch_size) -> int:
 
 
 def _from_padded(layout: FeatureLayout, padded: PaddedBags):
+  """Flat (ids, row, pos, weights, cut) of the real entries of padded bags."""
   _check_id_dtype(layout, padded.ids)
-  ids = padded.ids
-  width = tf.shape(ids, out_type=tf.int64)[1]
-  flat = tf.range(tf.size(ids, out_type=tf.int64), dtype=tf.int64)
-  row, pos = flat // width, flat % width
   lengths = tf.cast(padded.lengths, tf.int64)
-  valid = pos < tf.gather(lengths, row)
+  width = tf.shape(padded.ids, out_type=tf.int64)[1]
+  # One `where` of the real entries, then gathers: cheaper than a mask each.
+  real = tf.where(tf.range(width)[tf.newaxis, :] < lengths[:, tf.newaxis])
   cut = tf.reduce_sum(tf.maximum(lengths - width, 0))
-  ids = tf.boolean_mask(tf.reshape(ids, [-1]), valid)
-  w = tf.boolean_mask(tf.reshape(padded.weights, [-1]), valid)
-  return ids, tf.boolean_mask(row, valid), tf.boolean_mask(pos, valid), w, cut
+  return (tf.gather_nd(padded.ids, real), real[:, 0], real[:, 1],
+          tf.gather_nd(padded.weights, real), cut)
 
 
 def _check(ok: tf.Tensor, template: str, args_fn: Callable[[], list]) -> list:

@@ -39,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from recsys.data.errors import DatasetNotFoundError
-from recsys.data.pipeline import AUTOTUNE, DataSource, check_batch_size, finish, shard_of
+from recsys.data.pipeline import AUTOTUNE, BatchRequest, DataSource
 from recsys.data.spec import FeatureSpec
 
 log = logging.getLogger("recsys.data.criteo")
@@ -363,26 +363,19 @@ class CriteoTSV(DataSource):
 
   # ------------------------------------------------------------------ batches
 
-  def dataset(self,
-              batch_size: int,
-              *,
-              training: bool = True,
-              input_context: Optional[tf.distribute.InputContext] = None,
-              drop_remainder: bool = True,
-              repeat: Optional[bool] = None) -> tf.data.Dataset:
-    """Batches of `(features, labels)`; see `DataSource.dataset`.
+  def _batches(self, request: BatchRequest) -> tf.data.Dataset:
+    """Batches of `(features, labels)` from the split's files, for `DataSource.dataset`.
 
     Raises:
       DatasetNotFoundError: the evaluation split has no files.
     """
-    size = check_batch_size(batch_size)
+    training, repeat = request.training, request.repeat
     paths = self.train_files if training else self.eval_files
     if not paths:
       raise DatasetNotFoundError(
           "CriteoTSV has no evaluation files: pass eval_files=..., or under data_dir "
           "put eval.txt (Kaggle layout) or day_23 (Terabyte layout).")
-    pipeline, pipelines = shard_of(input_context)
-    repeat = training if repeat is None else repeat
+    pipeline, pipelines = request.pipeline, request.pipelines
     indices = np.arange(len(paths))
     by_file = len(paths) >= pipelines
     if by_file:
@@ -411,10 +404,10 @@ class CriteoTSV(DataSource):
     parse = tf.autograph.experimental.do_not_convert(
         lambda i, first, lines: self._parse(files, i, first, lines))
     ds = ds.map(parse, num_parallel_calls=AUTOTUNE, deterministic=True)
-    ds = ds.rebatch(size, drop_remainder=drop_remainder)
+    ds = ds.rebatch(request.batch_size, drop_remainder=request.drop_remainder)
     if self.malformed == "skip" and not repeat:
       ds = ds.concatenate(self._end_report(ds, paths))
-    return finish(ds)
+    return ds
 
   def _end_report(self, ds: tf.data.Dataset, paths: List[str]) -> tf.data.Dataset:
     """An empty dataset that logs the skipped-line count when it is reached."""

@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from recsys.data import movielens_files
-from recsys.data.pipeline import AUTOTUNE, Batch, DataSource, check_batch_size, finish, shard_of
+from recsys.data.pipeline import AUTOTUNE, Batch, BatchRequest, DataSource, candidate_batches
 from recsys.data.spec import FeatureSpec
 
 log = logging.getLogger("recsys.data.movielens")
@@ -257,26 +257,22 @@ class MovieLens(DataSource):
       return features, tf.ones(tf.shape(user), tf.float32)
     return features, rating
 
-  def dataset(self,
-              batch_size: int,
-              *,
-              training: bool = True,
-              input_context: Optional[tf.distribute.InputContext] = None,
-              drop_remainder: bool = True,
-              repeat: Optional[bool] = None) -> tf.data.Dataset:
-    """Batches of the train (or test) split; see `DataSource.dataset`.
+  def _batches(self, request: BatchRequest) -> tf.data.Dataset:
+    """Batches of the train (or test) split, for `DataSource.dataset`.
 
     Input pipeline p of P takes examples p, p+P, ... of the split. Training
     batches are drawn from a seeded permutation, reshuffled every epoch;
     batching happens on indices, so the per-example cost is a gather.
+
+    Raises:
+      MovieLensConfigError: a repeated split gives this input pipeline no batch.
     """
-    size = check_batch_size(batch_size)
-    pipeline, pipelines = shard_of(input_context)
+    size, training, pipeline = request.batch_size, request.training, request.pipeline
+    drop_remainder, repeat = request.drop_remainder, request.repeat
     arrays = self._splits["train" if training else "test"]
-    rows = np.arange(pipeline, len(arrays[0]), pipelines)
+    rows = np.arange(pipeline, len(arrays[0]), request.pipelines)
     arrays = tuple(tf.constant(a[rows]) for a in arrays)
     n = len(rows)
-    repeat = training if repeat is None else repeat
     shuffle = training and self.shuffle
     full = (n // size) * size
     if repeat and (full if drop_remainder else n) == 0:
@@ -300,12 +296,8 @@ class MovieLens(DataSource):
     ds = epochs.flat_map(tf.autograph.experimental.do_not_convert(epoch))
     lookup = tf.autograph.experimental.do_not_convert(
         lambda index: self._lookup(*(tf.gather(a, index) for a in arrays)))
-    return finish(ds.map(lookup, num_parallel_calls=AUTOTUNE))
+    return ds.map(lookup, num_parallel_calls=AUTOTUNE)
 
   def candidates(self, batch_size: int) -> tf.data.Dataset:
     """Every item once (ids 1..num_items) as `{"categorical": {item features}}` batches."""
-    size = check_batch_size(batch_size)
-    ds = tf.data.Dataset.range(1, self.num_items + 1).batch(size)
-    ds = ds.map(tf.autograph.experimental.do_not_convert(
-        lambda item: {"categorical": self._item_features(item)}), num_parallel_calls=AUTOTUNE)
-    return finish(ds)
+    return candidate_batches(range(1, self.num_items + 1), self._item_features, batch_size)

@@ -16,7 +16,7 @@ resulting `RawMovieLens`. Layouts:
 import dataclasses
 import glob
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -84,12 +84,18 @@ def _fields(path: str, line_no: int, line: str, sep: str, expected: int) -> List
   return parts
 
 
+def _rows(path: str, sep: str, expected: int,
+          encoding: str = "latin-1") -> Iterator[Tuple[int, List[str]]]:
+  """`(line number, fields)` of each non-blank line (DataFormatError if it is short)."""
+  for n, line in enumerate(_lines(path, encoding), start=1):
+    if line.strip():
+      yield n, _fields(path, n, line, sep, expected)
+
+
 def _ratings(path: str, sep: str, encoding: str = "latin-1"):
   users, items, ratings, stamps = [], [], [], []
-  for n, line in enumerate(_lines(path, encoding), start=1):
-    if not line.strip():
-      continue
-    u, i, r, t = _fields(path, n, line, sep, 4)[:4]
+  for n, parts in _rows(path, sep, 4, encoding):
+    u, i, r, t = parts[:4]
     try:
       ratings.append(float(r))
       stamps.append(int(float(t)))
@@ -102,38 +108,36 @@ def _ratings(path: str, sep: str, encoding: str = "latin-1"):
           np.array(ratings, np.float32), np.array(stamps, np.int64))
 
 
+def _users(path: str, sep: str, columns: Sequence[str]) -> Dict[str, Dict[str, str]]:
+  """User id -> {"age", "gender", "occupation", "zip"} of a GroupLens user file.
+
+  `columns` names the file's first five fields in order ("id" for the user id).
+  """
+  users = {}
+  for _, parts in _rows(path, sep, 5):
+    user = dict(zip(columns, parts))
+    users[user["id"]] = {key: user[key] for key in ("age", "gender", "occupation", "zip")}
+  return users
+
+
 def _read_100k(folder: str) -> RawMovieLens:
   user, item, rating, ts = _ratings(os.path.join(folder, "u.data"), "\t")
-  users = {}
-  path = os.path.join(folder, "u.user")
-  for n, line in enumerate(_lines(path, "latin-1"), start=1):
-    if line.strip():
-      uid, age, gender, occupation, zip_code = _fields(path, n, line, "|", 5)[:5]
-      users[uid] = {"age": age, "gender": gender, "occupation": occupation, "zip": zip_code}
+  users = _users(os.path.join(folder, "u.user"), "|",
+                 ("id", "age", "gender", "occupation", "zip"))
   items = {}
-  path = os.path.join(folder, "u.item")
-  for n, line in enumerate(_lines(path, "latin-1"), start=1):
-    if line.strip():
-      parts = _fields(path, n, line, "|", 5 + len(ML100K_GENRES))
-      flags = parts[-len(ML100K_GENRES):]
-      items[parts[0]] = [g for g, flag in zip(ML100K_GENRES, flags) if flag.strip() == "1"]
+  for _, parts in _rows(os.path.join(folder, "u.item"), "|", 5 + len(ML100K_GENRES)):
+    flags = parts[-len(ML100K_GENRES):]
+    items[parts[0]] = [g for g, flag in zip(ML100K_GENRES, flags) if flag.strip() == "1"]
   return RawMovieLens(user, item, rating, ts, users, items, folder)
 
 
 def _read_1m(folder: str) -> RawMovieLens:
   user, item, rating, ts = _ratings(os.path.join(folder, "ratings.dat"), "::")
-  users = {}
-  path = os.path.join(folder, "users.dat")
-  for n, line in enumerate(_lines(path, "latin-1"), start=1):
-    if line.strip():
-      uid, gender, age, occupation, zip_code = _fields(path, n, line, "::", 5)[:5]
-      users[uid] = {"age": age, "gender": gender, "occupation": occupation, "zip": zip_code}
+  users = _users(os.path.join(folder, "users.dat"), "::",
+                 ("id", "gender", "age", "occupation", "zip"))
   items = {}
-  path = os.path.join(folder, "movies.dat")
-  for n, line in enumerate(_lines(path, "latin-1"), start=1):
-    if line.strip():
-      parts = _fields(path, n, line, "::", 3)
-      items[parts[0]] = [g for g in parts[-1].split("|") if g]
+  for _, parts in _rows(os.path.join(folder, "movies.dat"), "::", 3):
+    items[parts[0]] = [g for g in parts[-1].split("|") if g]
   return RawMovieLens(user, item, rating, ts, users, items, folder)
 
 

@@ -1,9 +1,15 @@
-"""What every source shares: the `DataSource` interface, sharding, and `distribute`.
+"""What every source shares: the `DataSource` interface, sharding, batching, and `distribute`.
 
 A source builds a per-replica `tf.data.Dataset` of `(features, labels)` for
 one input pipeline; `distribute` hands it to
 `strategy.distribute_datasets_from_function` with per-replica batch sizes and
 the embedding backend's `input_options()`.
+
+`DataSource.dataset` checks and resolves its arguments once (a
+`BatchRequest`), asks the source's `_batches(request)` for the batches and
+finishes them (prefetch, options). Sources whose example i of a split is a
+pure function of i build those batches with `indexed_batches`; retrieval
+sources serve their corpus with `candidate_batches`.
 
 Example:
   >>> source = recsys.data.SyntheticCTR()
@@ -13,7 +19,8 @@ Example:
 """
 
 import abc
-from typing import Any, Dict, List, Optional, Tuple
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 import tensorflow as tf
 
@@ -23,9 +30,35 @@ AUTOTUNE = tf.data.AUTOTUNE
 
 Batch = Tuple[Dict[str, Any], tf.Tensor]
 
+_INFINITE_BATCHES = 1 << 40
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchRequest:
+  """The arguments of `DataSource.dataset`, checked and with defaults resolved.
+
+  Attributes:
+    batch_size: the PER-REPLICA batch size B, a positive int.
+    training: the training split (else the evaluation split).
+    pipeline, pipelines: this input pipeline's id and the number of input
+      pipelines (`0, 1` without an input context).
+    drop_remainder: drop a final partial batch (static shape `[B, ...]`).
+    repeat: repeat the split forever (`dataset(repeat=None)` means `training`).
+  """
+  batch_size: int
+  training: bool
+  pipeline: int
+  pipelines: int
+  drop_remainder: bool
+  repeat: bool
+
 
 class DataSource(abc.ABC):
   """A source of `(features, labels)` batches (see recsys.data for the contract).
+
+  A source implements `_batches(request)`, the batches of one input pipeline;
+  `dataset()` checks the arguments and finishes the batches. (A source may
+  override `dataset()` itself instead.)
 
   Attributes:
     feature_specs: the categorical features in `features["categorical"]`.
@@ -35,7 +68,6 @@ class DataSource(abc.ABC):
   feature_specs: List[FeatureSpec]
   num_dense: int = 0
 
-  @abc.abstractmethod
   def dataset(self,
               batch_size: int,
               *,
@@ -55,7 +87,24 @@ class DataSource(abc.ABC):
 
     Returns:
       A dataset of `(features, labels)`, labels float32 `[B]`.
+
+    Raises:
+      InvalidBatchSizeError: `batch_size` is not a positive integer. (Each
+        source's `_batches` lists what else it raises: a split too small for
+        a batch, missing evaluation files.)
     """
+    pipeline, pipelines = shard_of(input_context)
+    request = BatchRequest(batch_size=check_batch_size(batch_size), training=bool(training),
+                           pipeline=pipeline, pipelines=pipelines,
+                           drop_remainder=bool(drop_remainder),
+                           repeat=bool(training if repeat is None else repeat))
+    return finish(self._batches(request))
+
+  def _batches(self, request: BatchRequest) -> tf.data.Dataset:
+    """The batches `request` asks for, before `finish` (what a source implements)."""
+    raise NotImplementedError(
+        f"{type(self).__name__} implements neither _batches(request) nor dataset(...); "
+        "a DataSource needs one of them.")
 
   def spec(self, name: str) -> FeatureSpec:
     """The `FeatureSpec` called `name` (raises KeyError listing the names)."""
@@ -100,6 +149,78 @@ def finish(dataset: tf.data.Dataset, *, deterministic: bool = True) -> tf.data.D
   # each call cost less CPU than splitting small ops over the intra-op pool.
   options.threading.max_intra_op_parallelism = 1
   return dataset.prefetch(AUTOTUNE).with_options(options)
+
+
+def indexed_batches(request: BatchRequest,
+                    total: Optional[int],
+                    make_batch: Callable[[tf.Tensor], Batch],
+                    error: Type[ValueError] = ValueError) -> tf.data.Dataset:
+  """The batches of a split whose example i is a pure function of i.
+
+  Batch b holds examples [b*B, (b+1)*B); input pipeline p of P generates
+  batches p, p+P, p+2P, ... A split of `total=None` examples is infinite (and
+  not repeated); with `drop_remainder=False` a finite split ends with its
+  partial batch.
+
+  Args:
+    request: what `DataSource.dataset` was asked for.
+    total: examples in the split; None: infinite.
+    make_batch: `(features, labels)` of the examples `index` (int64 `[n]`).
+    error: the source's config error, raised when a repeated split gives this
+      input pipeline no batch.
+
+  Returns:
+    The unfinished dataset of `make_batch` results.
+
+  Raises:
+    error: the split is repeated but gives this input pipeline no batch.
+  """
+  size, pipeline, pipelines = request.batch_size, request.pipeline, request.pipelines
+  if total is None:
+    num_batches = _INFINITE_BATCHES
+  elif request.drop_remainder:
+    num_batches = total // size
+  else:
+    num_batches = -(-total // size)
+  repeat = total is not None and request.repeat
+  if repeat and num_batches <= pipeline:
+    raise error(
+        f"{total} examples make no full batch of {size} for input pipeline {pipeline} "
+        f"of {pipelines}: set num_examples larger, or use a smaller batch.")
+  ds = tf.data.Dataset.range(pipeline, num_batches, pipelines)
+  if repeat:
+    ds = ds.repeat()
+  # Only a finite split kept whole and not a multiple of B has a partial batch.
+  partial_last = total is not None and not request.drop_remainder and total % size
+
+  def make(b):
+    index = b * size + tf.range(size, dtype=tf.int64)
+    if partial_last:
+      index = index[:tf.minimum(tf.cast(size, tf.int64), total - b * size)]
+    return make_batch(index)
+
+  return ds.map(tf.autograph.experimental.do_not_convert(make),
+                num_parallel_calls=AUTOTUNE, deterministic=True)
+
+
+def candidate_batches(ids: range,
+                      item_features: Callable[[tf.Tensor], Dict[str, Any]],
+                      batch_size: int) -> tf.data.Dataset:
+  """Every candidate once, as finished `{"categorical": item_features(ids)}` batches.
+
+  Args:
+    ids: the candidate ids, e.g. `range(num_items)`.
+    item_features: the candidate features of int64 ids `[n]`.
+    batch_size: candidates per batch (the last batch may be smaller).
+
+  Raises:
+    InvalidBatchSizeError: `batch_size` is not a positive integer.
+  """
+  size = check_batch_size(batch_size)
+  ds = tf.data.Dataset.range(ids.start, ids.stop, ids.step).batch(size)
+  ds = ds.map(tf.autograph.experimental.do_not_convert(
+      lambda item: {"categorical": item_features(item)}), num_parallel_calls=AUTOTUNE)
+  return finish(ds)
 
 
 def distribute(strategy: tf.distribute.Strategy,

@@ -36,10 +36,9 @@ import tensorflow as tf
 
 from recsys.data import _random
 from recsys.data import oracle
-from recsys.data.pipeline import AUTOTUNE, Batch, DataSource, check_batch_size, finish, shard_of
+from recsys.data.pipeline import Batch, BatchRequest, DataSource, indexed_batches
 from recsys.data.spec import FeatureSpec
 
-_INFINITE_BATCHES = 1 << 40
 _CALIBRATION_EXAMPLES = 1 << 15
 _CHUNK = 1 << 16
 
@@ -382,47 +381,21 @@ class SyntheticCTR(DataSource):
     """`(features, labels)` of the examples with the given indices (int64 `[N]`)."""
     return self._batch(tf.convert_to_tensor(index, tf.int64), "train" if training else "eval")
 
-  def dataset(self,
-              batch_size: int,
-              *,
-              training: bool = True,
-              input_context: Optional[tf.distribute.InputContext] = None,
-              drop_remainder: bool = True,
-              repeat: Optional[bool] = None) -> tf.data.Dataset:
-    """Batches of `(features, labels)`; see `DataSource.dataset`.
+  def _batches(self, request: BatchRequest) -> tf.data.Dataset:
+    """Batches of `(features, labels)`, for `DataSource.dataset`.
 
     Batch b holds examples [b*B, (b+1)*B); input pipeline p of P generates
-    batches p, p+P, p+2P, ... The training split is infinite unless
-    `num_examples` is set; the evaluation split has `num_eval_examples`.
+    batches p, p+P, p+2P, ... (`indexed_batches`). The training split is
+    infinite unless `num_examples` is set; the evaluation split has
+    `num_eval_examples`.
+
+    Raises:
+      SyntheticConfigError: a repeated split gives this input pipeline no batch.
     """
-    size = check_batch_size(batch_size)
-    stream = "train" if training else "eval"
-    total = self.num_examples if training else self.num_eval_examples
-    pipeline, pipelines = shard_of(input_context)
-    if total is None:
-      num_batches = _INFINITE_BATCHES
-    elif drop_remainder:
-      num_batches = total // size
-    else:
-      num_batches = -(-total // size)
-    repeat = total is not None and (training if repeat is None else repeat)
-    if repeat and num_batches <= pipeline:
-      raise SyntheticConfigError(
-          f"{total} examples make no full batch of {size} for input pipeline {pipeline} "
-          f"of {pipelines}: set num_examples larger, or use a smaller batch.")
-    ds = tf.data.Dataset.range(pipeline, num_batches, pipelines)
-    if repeat:
-      ds = ds.repeat()
-
-    def make(b):
-      index = b * size + tf.range(size, dtype=tf.int64)
-      if total is not None and not drop_remainder and total % size:
-        index = index[:tf.minimum(tf.cast(size, tf.int64), total - b * size)]
-      return self._batch(index, stream)
-
-    ds = ds.map(tf.autograph.experimental.do_not_convert(make),
-                num_parallel_calls=AUTOTUNE, deterministic=True)
-    return finish(ds)
+    stream = "train" if request.training else "eval"
+    total = self.num_examples if request.training else self.num_eval_examples
+    return indexed_batches(request, total, lambda index: self._batch(index, stream),
+                           SyntheticConfigError)
 
   # ----------------------------------------------------------------- optimum
 

@@ -29,10 +29,10 @@ import numpy as np
 import tensorflow as tf
 
 from recsys.data import _random
-from recsys.data.pipeline import AUTOTUNE, Batch, DataSource, check_batch_size, finish, shard_of
+from recsys.data.pipeline import (Batch, BatchRequest, DataSource, candidate_batches,
+                                  indexed_batches)
 from recsys.data.spec import FeatureSpec
 
-_INFINITE_BATCHES = 1 << 40
 _MAX_TABLE = 1 << 24
 
 
@@ -200,49 +200,21 @@ class SyntheticRetrieval(DataSource):
     """`(features, labels)` of the interactions with the given indices (int64 `[N]`)."""
     return self._batch(tf.convert_to_tensor(index, tf.int64), "train" if training else "eval")
 
-  def dataset(self,
-              batch_size: int,
-              *,
-              training: bool = True,
-              input_context: Optional[tf.distribute.InputContext] = None,
-              drop_remainder: bool = True,
-              repeat: Optional[bool] = None) -> tf.data.Dataset:
-    """Batches of interactions; see `DataSource.dataset` (sharded like SyntheticCTR)."""
-    size = check_batch_size(batch_size)
-    stream = "train" if training else "eval"
-    total = self.num_examples if training else self.num_eval_examples
-    pipeline, pipelines = shard_of(input_context)
-    if total is None:
-      num_batches = _INFINITE_BATCHES
-    elif drop_remainder:
-      num_batches = total // size
-    else:
-      num_batches = -(-total // size)
-    repeat = total is not None and (training if repeat is None else repeat)
-    if repeat and num_batches <= pipeline:
-      raise SyntheticRetrievalConfigError(
-          f"{total} examples make no full batch of {size} for input pipeline {pipeline} "
-          f"of {pipelines}: set num_examples larger, or use a smaller batch.")
-    ds = tf.data.Dataset.range(pipeline, num_batches, pipelines)
-    if repeat:
-      ds = ds.repeat()
+  def _batches(self, request: BatchRequest) -> tf.data.Dataset:
+    """Batches of interactions, for `DataSource.dataset` (sharded like SyntheticCTR).
 
-    def make(b):
-      index = b * size + tf.range(size, dtype=tf.int64)
-      if total is not None and not drop_remainder:
-        index = index[:tf.maximum(tf.minimum(tf.cast(size, tf.int64), total - b * size), 0)]
-      return self._batch(index, stream)
-
-    return finish(ds.map(tf.autograph.experimental.do_not_convert(make),
-                          num_parallel_calls=AUTOTUNE, deterministic=True))
+    Raises:
+      SyntheticRetrievalConfigError: a repeated split gives this input
+        pipeline no batch.
+    """
+    stream = "train" if request.training else "eval"
+    total = self.num_examples if request.training else self.num_eval_examples
+    return indexed_batches(request, total, lambda index: self._batch(index, stream),
+                           SyntheticRetrievalConfigError)
 
   def candidates(self, batch_size: int) -> tf.data.Dataset:
     """Every item once, as `{"categorical": {item_id, item_genres}}` batches."""
-    size = check_batch_size(batch_size)
-    ds = tf.data.Dataset.range(self.num_items).batch(size)
-    ds = ds.map(tf.autograph.experimental.do_not_convert(
-        lambda item: {"categorical": self._item_features(item)}), num_parallel_calls=AUTOTUNE)
-    return finish(ds)
+    return candidate_batches(range(self.num_items), self._item_features, batch_size)
 
   # ---------------------------------------------------------------- optimum
 

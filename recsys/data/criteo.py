@@ -84,14 +84,20 @@ class MalformedLines:
     self.first: List[Tuple[str, int, str]] = []   # (file, line, reason)
 
   def record(self, path: str, lines: np.ndarray, reasons: np.ndarray) -> None:
+    """Counts a chunk's malformed lines and keeps the earliest few by (file, line).
+
+    Chunks are parsed in parallel, so they arrive in any order: keeping the
+    smallest (file, line) makes the report the same on every run.
+    """
     with self._lock:
-      self.count += len(lines)
       for line, reason in zip(lines, reasons):
-        if len(self.first) >= self._keep:
-          break
+        if self.count < self._keep:  # log a few, count them all
+          log.warning("skipping malformed Criteo line %s:%d (%s)", path,
+                      int(line), _REASONS[int(reason)])
+        self.count += 1
         self.first.append((path, int(line), _REASONS[int(reason)]))
-        log.warning("skipping malformed Criteo line %s:%d (%s)", path, int(line),
-                    _REASONS[int(reason)])
+      self.first.sort(key=lambda entry: entry[:2])
+      del self.first[self._keep:]
 
   def __repr__(self) -> str:
     where = ", ".join(f"{f}:{n} ({r})" for f, n, r in self.first)

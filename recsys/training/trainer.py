@@ -42,9 +42,14 @@ class TrainerConfigError(ValueError):
 
 
 def _call_with_supported(factory: Callable[..., Any], **kwargs) -> Any:
-  """Calls `factory` with the keyword arguments its signature accepts."""
+  """Calls `factory` with the keyword arguments its signature accepts.
+
+  A class is inspected through its `__init__`: gin hands `@Model` over as a
+  generated subclass whose own signature is `(*args, **kwargs)`.
+  """
+  target = factory.__init__ if isinstance(factory, type) else factory
   try:
-    params = inspect.signature(factory).parameters
+    params = inspect.signature(target).parameters
   except (TypeError, ValueError):
     return factory(**kwargs)
   if any(p.kind == p.VAR_KEYWORD for p in params.values()):

@@ -169,3 +169,18 @@ def test_train_spells_out_every_trainer_setting_with_its_default():
     assert renamed.get(name, name) in train_params, name
     if name not in renamed and param.default is not inspect.Parameter.empty:
       assert train_params[name].default == param.default, name
+
+
+def test_model_factory_from_gin_gets_only_the_arguments_it_accepts():
+  """gin wraps `@DLRM` in a (*args, **kwargs) subclass; the trainer must still
+  drop keywords the model does not take (a MovieLens source has query_features)."""
+  import gin
+  from recsys.models import DLRM
+  from recsys.training import trainer as trainer_lib
+  from recsys.data.spec import FeatureSpec
+  gin.parse_config("import recsys.models\nx/macro.value = @DLRM")
+  wrapped = gin.query_parameter("x/macro.value").scoped_configurable_fn
+  model = trainer_lib._call_with_supported(  # pylint: disable=protected-access
+      wrapped, feature_specs=[FeatureSpec("u", 5), FeatureSpec("i", 7)], num_dense=0,
+      query_features=["u"], candidate_features=["u"])
+  assert isinstance(model, DLRM)

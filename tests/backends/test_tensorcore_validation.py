@@ -61,10 +61,14 @@ def test_oov_policy_maps_to_last_row():
 
 
 def test_validation_can_be_switched_off_per_feature():
-  table = E.TableConfig(23, 7, name="t")
+  """validate_weights_and_indices=False: a negative weight is used as given."""
+  table = E.TableConfig(23, 7, combiner="sum", name="t")
   emb = backends.TensorCoreEmbedding(
       {"f": E.FeatureConfig(table, validate_weights_and_indices=False)}, E.SGD(0.1))
-  emb({"f": tf.constant([1, 2])})  # no check: nothing to assert but no error
+  values = emb.embedding_tables[table].numpy()
+  ids = tf.ragged.constant([[1, 2]], dtype=tf.int64)
+  out = emb({"f": ids}, {"f": tf.ragged.constant([[1.0, -0.5]])})
+  np.testing.assert_allclose(out["f"][0], values[1] - 0.5 * values[2], rtol=1e-6)
 
 
 def test_unknown_id_policy():

@@ -182,7 +182,7 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
     return self._bag_widths[path]
 
   def _check_table(self, table: embedding.TableConfig, opt: Any) -> None:
-    name = self.table_name(table) if hasattr(self, "_names") else table.name
+    name = self.table_name(table)
     caps = self.capabilities
     if not isinstance(table.combiner, str) or table.combiner not in caps.combiners:
       raise UnsupportedConfigError(

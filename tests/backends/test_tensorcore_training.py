@@ -87,6 +87,15 @@ def _numpy_row_grads(rows, weights, combiners, cotangents, seq_len):
 OPTIMIZER_NAMES = sorted(_optimizers()[0])
 
 
+def _linear_loss_step(emb, features, weights, cotangents):
+  """One training step of loss = sum(acts * cotangents): d loss/d acts known."""
+  with tf.GradientTape() as tape:
+    acts = emb.lookup(features, weights, training=True)
+    tape.watch(acts)
+    loss = tf.add_n([tf.reduce_sum(acts[k] * cotangents[k]) for k in acts])
+  emb.apply_gradients(tape.gradient(loss, acts))
+
+
 @pytest.mark.parametrize("name", OPTIMIZER_NAMES)
 def test_training_steps_match_numpy_reference(name):
   factories, lr = _optimizers()
@@ -102,11 +111,7 @@ def test_training_steps_match_numpy_reference(name):
 
   @tf.function
   def step(features, weights, cotangents):
-    with tf.GradientTape() as tape:
-      acts = emb.lookup(features, weights, training=True)
-      tape.watch(acts)
-      loss = tf.add_n([tf.reduce_sum(acts[k] * cotangents[k]) for k in acts])
-    emb.apply_gradients(tape.gradient(loss, acts))
+    _linear_loss_step(emb, features, weights, cotangents)
 
   for i in range(3):
     lr.assign(0.05 * (i + 1))
@@ -141,13 +146,8 @@ def _train(strategy, optimizer_factory, batches, num_replicas):
 
   @tf.function
   def step(features, weights, cotangents):
-    def replica_step(features, weights, cotangents):
-      with tf.GradientTape() as tape:
-        acts = emb.lookup(features, weights, training=True)
-        tape.watch(acts)
-        loss = tf.add_n([tf.reduce_sum(acts[k] * cotangents[k]) for k in acts])
-      emb.apply_gradients(tape.gradient(loss, acts))
-    strategy.run(replica_step, args=(features, weights, cotangents))
+    strategy.run(lambda *args: _linear_loss_step(emb, *args),
+                 args=(features, weights, cotangents))
 
   for rows, weights, cot in batches:
     per = len(rows["a"]) // num_replicas

@@ -21,7 +21,8 @@ import tensorflow as tf
 embedding = tf.tpu.experimental.embedding
 
 #: Static-shape bag produced by `pad_bags` on the host: ids `[B, W]`, lengths
-#: `[B]` (entries at positions >= length are padding) and weights `[B, W]`.
+#: `[B]` (entries at positions >= length are padding) and weights `[B, W]`, or
+#: `[B, 0]` when the bags have no weights (every weight 1).
 PaddedBags = collections.namedtuple("PaddedBags", ["ids", "lengths", "weights"])
 
 ID_POLICIES = ("error", "drop", "oov")
@@ -46,6 +47,11 @@ class FlatBags:
       longer than the static width.
     capacity: a static upper bound on the number of ids (static batch size
       times static width), or None when the input's shape is dynamic.
+    unit_weights: True when no weights were given, so every weight is 1 by
+      construction (lets the lookup skip multiplying by them).
+    sorted_segments: True when `segments` is non-decreasing by construction
+      (dense, ragged and padded inputs; not SparseTensors, whose indices need
+      not be in canonical order), which sorted segment reductions need.
   """
   ids: tf.Tensor
   segments: tf.Tensor
@@ -55,6 +61,8 @@ class FlatBags:
   sequence_length: int
   truncated: tf.Tensor
   capacity: Optional[int] = None
+  unit_weights: bool = False
+  sorted_segments: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,6 +196,7 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
         "tf.SparseTensor or tf.RaggedTensor of int ids.")
 
   ids = tf.cast(ids, tf.int64)
+  unit_weights = w is None
   if w is None:
     w = tf.ones_like(ids, dtype=tf.float32)
   else:
@@ -222,7 +231,8 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
                   num_segments=tf.cast(num_segments, tf.int32),
                   batch_size=tf.cast(batch_size, tf.int32),
                   sequence_length=seq_len, truncated=truncated,
-                  capacity=capacity)
+                  capacity=capacity, unit_weights=unit_weights,
+                  sorted_segments=not isinstance(inp, tf.SparseTensor))
 
 
 def _static_capacity(inp: Any, limit: Optional[int]) -> Optional[int]:
@@ -278,8 +288,10 @@ def _from_padded(layout: FeatureLayout, padded: PaddedBags):
   # One `where` of the real entries, then gathers: cheaper than a mask each.
   real = tf.where(tf.range(width)[tf.newaxis, :] < lengths[:, tf.newaxis])
   cut = tf.reduce_sum(tf.maximum(lengths - width, 0))
-  return (tf.gather_nd(padded.ids, real), real[:, 0], real[:, 1],
-          tf.gather_nd(padded.weights, real), cut)
+  # Weights of static width 0 are `pad_bags`' mark for "no weights" (all 1).
+  weights = (None if padded.weights.shape.rank == 2 and padded.weights.shape[1] == 0
+             else tf.gather_nd(padded.weights, real))
+  return (tf.gather_nd(padded.ids, real), real[:, 0], real[:, 1], weights, cut)
 
 
 def _check(ok: tf.Tensor, template: str, args_fn: Callable[[], list]) -> list:
@@ -329,10 +341,12 @@ def validate(layout: FeatureLayout, bags: FlatBags, policy: str
   vocab = layout.feature.table.vocabulary_size
   what = _template_safe(_describe(layout))
   ids, w = bags.ids, bags.weights
-  bad_w = tf.logical_not(tf.logical_and(tf.math.is_finite(w), w >= 0.0))
-  checks = _check(tf.logical_not(tf.reduce_any(bad_w)),
-                  what + " got weight {}; weights must be finite and >= 0.",
-                  lambda: [_first_where(bad_w, w)])
+  checks = []
+  if not bags.unit_weights:  # ones by construction need no check
+    bad_w = tf.logical_not(tf.logical_and(tf.math.is_finite(w), w >= 0.0))
+    checks += _check(tf.logical_not(tf.reduce_any(bad_w)),
+                     what + " got weight {}; weights must be finite and >= 0.",
+                     lambda: [_first_where(bad_w, w)])
   bad = tf.logical_or(ids < 0, ids >= vocab)
   num_bad = tf.reduce_sum(tf.cast(bad, tf.int64))
   if policy == "error":
@@ -371,10 +385,13 @@ def pad_bags(inp: Any, weights: Any, width: int) -> PaddedBags:
   if not isinstance(inp, tf.RaggedTensor):
     raise InvalidInputError(
         f"pad_bags takes SparseTensor or RaggedTensor bags, got {type(inp).__name__}.")
-  if weights is None:
-    weights = tf.ones_like(inp, dtype=tf.float32)
   batch = inp.nrows()
   ids = inp.to_tensor(default_value=0, shape=[batch, width])
-  w = tf.cast(weights, tf.float32).to_tensor(default_value=0.0, shape=[batch, width])
+  if weights is None:
+    # Static width 0 marks "no weights" (all 1): the lookup then skips them.
+    w = tf.zeros_like(ids[:, :0], dtype=tf.float32)
+  else:
+    w = tf.cast(weights, tf.float32).to_tensor(default_value=0.0,
+                                               shape=[batch, width])
   lengths = tf.cast(inp.row_lengths(), tf.int32)  # true lengths: cuts are counted
   return PaddedBags(ids=ids, lengths=lengths, weights=w)

@@ -36,7 +36,7 @@ Example:
 """
 
 import logging
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -299,7 +299,8 @@ def _check_args(optimizer, table, slots: Mapping[str, Any], ids, grads):
 
 def apply_sparse_update(optimizer: Any, table: tf.Variable,
                         slots: Dict[str, tf.Variable], ids: tf.Tensor,
-                        grads: tf.Tensor) -> None:
+                        grads: tf.Tensor,
+                        rows: Optional[tf.Tensor] = None) -> None:
   """Applies one step of `optimizer` (TPU semantics) to the rows `ids`.
 
   Applies gradient clipping, weight decay, the optimizer's update and weight
@@ -324,6 +325,10 @@ def apply_sparse_update(optimizer: Any, table: tf.Variable,
       give undefined results).
     grads: float32 `[U, D]`, the gradient of each row, already summed over
       every occurrence in the global batch (all replicas).
+    rows: optional float32 `[U, D]`, the current values `table[ids]` if the
+      caller has just read them (e.g. the lookup of the same step, when
+      nothing wrote to the table since): saves one gather of the table. The
+      caller vouches that they are current.
 
   Raises:
     UnsupportedConfigError: the optimizer is not supported (see
@@ -353,8 +358,11 @@ def apply_sparse_update(optimizer: Any, table: tf.Variable,
     return
 
   g = _clip(grads, optimizer.clip_gradient_min, optimizer.clip_gradient_max)
-  w = tf.raw_ops.ResourceGather(resource=table.handle, indices=ids,
-                                dtype=table.dtype)
+  if rows is not None:
+    w = tf.cast(rows, table.dtype)
+  else:
+    w = tf.raw_ops.ResourceGather(resource=table.handle, indices=ids,
+                                  dtype=table.dtype)
   s = {n: tf.raw_ops.ResourceGather(resource=slots[n].handle, indices=ids,
                                     dtype=slots[n].dtype) for n in names}
   w, s = _step(optimizer, lr, w, s, g)
@@ -363,3 +371,61 @@ def apply_sparse_update(optimizer: Any, table: tf.Variable,
   for n in names:
     tf.raw_ops.ResourceScatterUpdate(resource=slots[n].handle, indices=ids,
                                      updates=s[n])
+
+
+class SparseUpdate(NamedTuple):
+  """One table's part of `apply_sparse_updates` (see `apply_sparse_update`)."""
+  table: tf.Variable
+  slots: Dict[str, tf.Variable]
+  ids: tf.Tensor
+  grads: tf.Tensor
+  rows: Optional[tf.Tensor] = None
+
+
+def apply_sparse_updates(optimizer: Any, updates: Sequence[SparseUpdate]) -> None:
+  """`apply_sparse_update` for several tables that share `optimizer`.
+
+  Each table's rows are read and written separately, but the optimizer's
+  element-wise math runs once on the rows of all tables stacked (same
+  formulas, element by element, so the same numbers as one call per table),
+  which saves per-op overhead when many small tables share an optimizer.
+  Tables of different dimensions or dtypes, and non-lazy Adam (dense), are
+  updated one by one.
+
+  Args:
+    optimizer: the `tf.tpu.experimental.embedding` optimizer of every table.
+    updates: one `SparseUpdate` per table; each table appears once.
+  """
+  dims = {(u.table.dtype, u.table.shape[-1]) for u in updates}
+  dense_adam = isinstance(optimizer, embedding.Adam) and not optimizer.lazy_adam
+  if len(updates) < 2 or len(dims) > 1 or dense_adam or None in {d for _, d in dims}:
+    for u in updates:
+      apply_sparse_update(optimizer, u.table, u.slots, u.ids, u.grads, rows=u.rows)
+    return
+  names = optimizer._slot_names()  # pylint: disable=protected-access
+  ws, gs, ss, idss = [], [], {n: [] for n in names}, []
+  for u in updates:
+    ids = tf.convert_to_tensor(u.ids)
+    grads = tf.cast(tf.convert_to_tensor(u.grads), u.table.dtype)
+    _check_args(optimizer, u.table, u.slots, ids, grads)
+    idss.append(ids)
+    gs.append(grads)
+    ws.append(tf.cast(u.rows, u.table.dtype) if u.rows is not None else
+              tf.raw_ops.ResourceGather(resource=u.table.handle, indices=ids,
+                                        dtype=u.table.dtype))
+    for n in names:
+      ss[n].append(tf.raw_ops.ResourceGather(
+          resource=u.slots[n].handle, indices=ids, dtype=u.slots[n].dtype))
+  sizes = [tf.shape(i)[0] for i in idss]
+  g = _clip(tf.concat(gs, 0), optimizer.clip_gradient_min,
+            optimizer.clip_gradient_max)
+  w, s = _step(optimizer, learning_rate(optimizer), tf.concat(ws, 0),
+               {n: tf.concat(ss[n], 0) for n in names}, g)
+  new_w = tf.split(w, sizes)
+  new_s = {n: tf.split(s[n], sizes) for n in names}
+  for k, u in enumerate(updates):
+    tf.raw_ops.ResourceScatterUpdate(resource=u.table.handle, indices=idss[k],
+                                     updates=new_w[k])
+    for n in names:
+      tf.raw_ops.ResourceScatterUpdate(resource=u.slots[n].handle,
+                                       indices=idss[k], updates=new_s[n][k])

@@ -55,13 +55,16 @@ log = logging.getLogger("recsys.backends")
 class _TableStep:
   """What a training lookup leaves for `apply_gradients`, per table.
 
-  `combination` is the table's features' lookups as one sparse matrix
-  `[sum_f S_f, U]`: entry (segment + offset_f, row) holds d act / d row, so
-  the rows' gradients are one sparse-dense product with the activations'
-  gradients stacked in feature order.
+  The table's features are looked up as one flat bag: `index` maps every id
+  (all features, in feature order) to its row in `unique_ids`, `segments`
+  to its output row in the features' activations stacked in feature order,
+  and `scale` (None when every id counts once) is d act / d row of each id.
   """
   unique_ids: tf.Tensor            # int64 [U]
-  combination: tf.SparseTensor     # float32 [sum_f S_f, U]
+  rows: tf.Tensor                  # float32 [U, D], the table's rows at lookup
+  index: tf.Tensor                 # int32 [N]
+  segments: tf.Tensor              # int32 [N]
+  scale: Optional[tf.Tensor]       # float32 [N] or None
   positions: List[int]             # per feature: index in the flat feature list
   num_segments: List[tf.Tensor]    # per feature: S_f
   capacity: Optional[int]          # static bound on U, or None
@@ -261,31 +264,24 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       name = self.table_name(table)
       positions = [i for i, l in enumerate(self._layouts) if l.table_name == name]
       table_bags = [bags[i] for i in positions]
-      # De-duplicate the ids of every feature of the table: one gather of the
-      # unique rows ([U, D], gradient IndexedSlices of U rows for a tape on
-      # the table), then each feature's combination is a sparse [S_f, U]
-      # matrix times those rows.
-      unique_ids, index = tf.unique(
-          tf.concat([b.ids for b in table_bags], axis=0), out_idx=tf.int32)
+      # All features of the table as one flat bag: one de-duplication, one
+      # gather of the unique rows ([U, D]; a tape on the table sees gradient
+      # IndexedSlices of U rows), one segment sum into the activations of
+      # every feature stacked in feature order.
+      flat = _concat_bags(table_bags, table.combiner)
+      unique_ids, index = tf.unique(flat.ids, out_idx=tf.int32)
       rows = tf.gather(self._variables[name]["parameters"], unique_ids)
-      num_unique = tf.size(unique_ids, out_type=tf.int64)
-      sizes = [tf.size(b.ids) for b in table_bags]
-      id_index = tf.split(index, sizes) if len(sizes) > 1 else [index]
-      blocks = []
-      for i, bag, idx in zip(positions, table_bags, id_index):
-        matrix = tf.SparseTensor(
-            tf.stack([tf.cast(bag.segments, tf.int64), tf.cast(idx, tf.int64)], 1),
-            _combiner_scale(bag, table.combiner),
-            tf.stack([tf.cast(bag.num_segments, tf.int64), num_unique]))
-        acts = tf.sparse.sparse_dense_matmul(matrix, rows)
-        outputs[i] = self._shape_output(self._layouts[i], bag, acts)
-        blocks.append(matrix)
+      acts = _segment_combine(rows, index, flat)
+      per_feature = (tf.split(acts, flat.sizes) if len(table_bags) > 1
+                     else [acts])
+      for i, bag, out in zip(positions, table_bags, per_feature):
+        outputs[i] = self._shape_output(self._layouts[i], bag, out)
       if training:
         capacities = [b.capacity for b in table_bags]
         capacity = (min(sum(capacities), table.vocabulary_size)
                     if None not in capacities else None)
-        steps[name] = _TableStep(unique_ids, _stack_rows(blocks), positions,
-                                 [b.num_segments for b in table_bags], capacity)
+        steps[name] = _TableStep(unique_ids, rows, index, flat.segments,
+                                 flat.scale, positions, flat.sizes, capacity)
     if training:
       with self._pending_lock:
         self._pending[threading.get_ident()] = steps
@@ -320,24 +316,32 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
                                            "activation gradients")
     replica_ctx = tf.distribute.get_replica_context()
     num_replicas = self._strategy.num_replicas_in_sync
+    exchange = num_replicas > 1 and replica_ctx is not None
+    # Tables sharing an optimizer are updated together: one run of its
+    # element-wise math over all their touched rows (same numbers).
+    groups: Dict[int, Tuple[Any, List[optimizers.SparseUpdate]]] = {}
     for table in self._tables:
       name = self.table_name(table)
       step = steps[name]
       opt = self.optimizer_for(table)
       row_grads = self._row_gradients(table, step, flat_grads)
       ids = step.unique_ids
-      if num_replicas > 1 and replica_ctx is not None:
+      rows = step.rows  # this step's rows of the table: no second gather
+      if exchange:
         if step.capacity is None:
           _warn_dynamic_exchange(name)
         ids, row_grads = _sum_across_replicas(replica_ctx, ids, row_grads,
                                               step.capacity)
+        rows = None  # other replicas' rows too: gathered by the update
       table_vars = self._variables[name]
       slots = {k: v for k, v in table_vars.items() if k != "parameters"}
-      optimizers.apply_sparse_update(opt, table_vars["parameters"], slots,
-                                     ids, row_grads)
+      groups.setdefault(id(opt), (opt, []))[1].append(optimizers.SparseUpdate(
+          table_vars["parameters"], slots, ids, row_grads, rows))
+    for opt, updates in groups.values():
+      optimizers.apply_sparse_updates(opt, updates)
 
   def _row_gradients(self, table, step: _TableStep, flat_grads) -> tf.Tensor:
-    """d(loss)/d(row) for each unique row: [U, D], one sparse-dense product."""
+    """d(loss)/d(row) for each unique row: [U, D], one segment reduction."""
     stacked = []
     for pos, num_segments in zip(step.positions, step.num_segments):
       grad = flat_grads[pos]
@@ -346,16 +350,70 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       elif isinstance(grad, tf.IndexedSlices):
         grad = tf.convert_to_tensor(grad)
       stacked.append(tf.reshape(grad, [-1, table.dim]))
-    return tf.sparse.sparse_dense_matmul(
-        step.combination, tf.concat(stacked, 0) if len(stacked) > 1 else stacked[0],
-        adjoint_a=True)
+    grads = tf.concat(stacked, 0) if len(stacked) > 1 else stacked[0]
+    num_unique = tf.size(step.unique_ids, out_type=tf.int32)
+    if step.scale is None:
+      # Fused gather + scatter-add: row index[i] += grads[segments[i]].
+      return tf.raw_ops.SparseSegmentSumGrad(
+          grad=grads, indices=step.index, segment_ids=step.segments,
+          output_dim0=num_unique)
+    return tf.math.unsorted_segment_sum(
+        tf.gather(grads, step.segments) * step.scale[:, tf.newaxis],
+        step.index, num_unique)
 
 
-def _stack_rows(blocks: List[tf.SparseTensor]) -> tf.SparseTensor:
-  """Stacks sparse matrices with equal column counts along their rows."""
-  if len(blocks) == 1:
-    return blocks[0]
-  return tf.sparse.concat(axis=0, sp_inputs=blocks)
+@dataclasses.dataclass
+class _TableBag:
+  """The ids of every feature of one table as one flat bag."""
+  ids: tf.Tensor                 # int64 [N]
+  segments: tf.Tensor            # int32 [N], offset per feature
+  scale: Optional[tf.Tensor]     # float32 [N], None when every id counts once
+  num_segments: tf.Tensor        # int32 scalar, sum of the features' S_f
+  sizes: List[tf.Tensor]         # per feature: S_f
+  sorted_segments: bool          # segments non-decreasing
+
+
+def _concat_bags(bags: List[inputs_lib.FlatBags], combiner: str) -> _TableBag:
+  """Stacks the features of one table: segments offset by earlier features."""
+  sizes = [b.num_segments for b in bags]
+  scales = [None if _unit_scale(b, combiner) else _combiner_scale(b, combiner)
+            for b in bags]
+  if all(s is None for s in scales):
+    scale = None
+  else:
+    scale = tf.concat([s if s is not None else tf.ones_like(b.weights)
+                       for s, b in zip(scales, bags)], 0)
+  if len(bags) == 1:
+    return _TableBag(bags[0].ids, bags[0].segments, scale, sizes[0], sizes,
+                     bags[0].sorted_segments)
+  segments, offset = [], tf.constant(0, tf.int32)
+  for bag, size in zip(bags, sizes):
+    segments.append(bag.segments + offset)
+    offset += size
+  return _TableBag(tf.concat([b.ids for b in bags], 0), tf.concat(segments, 0),
+                   scale, offset, sizes, all(b.sorted_segments for b in bags))
+
+
+def _unit_scale(bag: inputs_lib.FlatBags, combiner: str) -> bool:
+  """Whether every id of `bag` enters its activation with factor 1."""
+  return bag.unit_weights and (bool(bag.sequence_length) or combiner == "sum")
+
+
+def _segment_combine(rows: tf.Tensor, index: tf.Tensor, flat: _TableBag
+                    ) -> tf.Tensor:
+  """The table's activations `[sum_f S_f, D]` from its unique rows `[U, D]`.
+
+  Id `i` adds `scale[i] * rows[index[i]]` to activation row `segments[i]`.
+  """
+  if flat.scale is None and flat.sorted_segments:
+    # One fused gather + sorted segment sum, no [N, D] intermediate.
+    return tf.raw_ops.SparseSegmentSumWithNumSegments(
+        data=rows, indices=index, segment_ids=flat.segments,
+        num_segments=flat.num_segments)
+  per_id = tf.gather(rows, index)
+  if flat.scale is not None:
+    per_id *= flat.scale[:, tf.newaxis]
+  return tf.math.unsorted_segment_sum(per_id, flat.segments, flat.num_segments)
 
 
 def _combiner_scale(bag: inputs_lib.FlatBags, combiner: str) -> tf.Tensor:

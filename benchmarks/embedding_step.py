@@ -1,38 +1,68 @@
-"""Embedding training-step throughput: recsys backends vs. other implementations.
+"""Embedding training-step throughput: recsys vs. other implementations.
 
-The standard workload (issue "Performance"): 8 categorical features, each with
-its own table of 200,000 x 32; multi-hot bags of 1-8 ids (uniform length),
-Zipf-skewed ids (s = 1.05, fixed seed); sum combiner; batch 2048; a tiny dense
-head (concat -> Dense(1)) with binary cross-entropy on random labels; Adagrad
+The standard workload (issue 6): 8 categorical features, each with its own
+table of 200,000 x 32; multi-hot bags of 1-8 ids (uniform length), Zipf-skewed
+ids (s = 1.05, fixed seed); sum combiner; batch 2048; a tiny dense head
+(concat -> Dense(1)) with binary cross-entropy on random labels; Adagrad
 lr 0.05 on the tables. One step = forward + backward + embedding update.
 
 Each implementation runs in its own subprocess (clean peak RSS, no shared
-caches), implementations interleaved over `--repeats` rounds; the table
-reports medians of the per-run median step time, ids/s and the ratio to the
-first implementation.
+caches or thread pools); implementations are interleaved over `--repeats`
+rounds so a busy machine slows them alike. The table reports, per
+implementation, the median over rounds of each run's median step time after
+warm-up, examples/s, ids/s, the ratio of ids/s to the first implementation,
+and peak RSS. Thread settings are set explicitly and printed.
 
-    OMP_NUM_THREADS=2 python benchmarks/embedding_step.py
-    python benchmarks/embedding_step.py --impls tensorcore,keras_embedding --rows 10000,1000000
+Implementations (those whose packages are missing are skipped with a line):
+  recsys           backends.create(backend="tensorcore", bag_widths=8): the
+                   trainer's path, bags padded to [B, 8] by `preprocess` in
+                   the input pipeline (done once here, outside the timing)
+  recsys_ragged    the same backend fed RaggedTensor bags directly
+  tfrs             tfrs.layers.embedding.TPUEmbedding on CPU, SparseTensor
+                   input, legacy Keras Adagrad
+  keras_embedding  tf_keras Embedding per feature on RaggedTensor bags,
+                   Keras Adagrad
+  tf_fused         tf.nn.safe_embedding_lookup_sparse (SparseTensor input) +
+                   raw ResourceSparseApplyAdagradV2
+  torch_bag        torch nn.EmbeddingBag(sparse=True) + torch Adagrad
+  fbgemm           FBGEMM SplitTableBatchedEmbeddingBagsCodegen (EXACT_ADAGRAD)
+  torchrec         TorchRec FusedEmbeddingBagCollection, fused Adagrad
+
+Examples:
+  python benchmarks/embedding_step.py                      # standard workload
+  python benchmarks/embedding_step.py --impls recsys,fbgemm --rows 10000,1000000,10000000
+  python benchmarks/embedding_step.py --impls recsys --batch 512,2048,16384 --json out.json
+
+Torch, FBGEMM and TorchRec come from the `bench` extra: pip install -e '.[bench]'.
 """
 
 import argparse
 import json
 import os
+import platform
 import resource
 import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 
-IMPLS = ("tensorcore", "tensorcore_padded", "keras_embedding", "tf_sparse_fused")
+IMPLS = ("recsys", "recsys_ragged", "tfrs", "keras_embedding", "tf_fused",
+         "torch_bag", "fbgemm", "torchrec")
+DEFAULT_IMPLS = ("recsys", "tfrs", "keras_embedding", "tf_fused", "torch_bag",
+                 "fbgemm", "torchrec")
+_NEEDS = {"torch_bag": ("torch",), "fbgemm": ("torch", "fbgemm_gpu"),
+          "torchrec": ("torch", "fbgemm_gpu", "torchrec"),
+          "tfrs": ("tensorflow_recommenders",)}
+
+Batch = Dict[str, Tuple[np.ndarray, np.ndarray]]
 
 
 def make_batches(num_batches: int, batch: int, features: int, rows: int,
-                 max_bag: int, zipf: float, seed: int) -> List[Dict[str, tuple]]:
-  """Pre-generated batches: per feature (values, row_lengths) int64 arrays."""
+                 max_bag: int, zipf: float, seed: int) -> List[Batch]:
+  """Pre-generated batches: per feature (ids int64 [N], lengths int64 [B])."""
   rng = np.random.default_rng(seed)
   ranks = np.arange(1, rows + 1, dtype=np.float64)
   cdf = np.cumsum(ranks ** -zipf)
@@ -43,22 +73,26 @@ def make_batches(num_batches: int, batch: int, features: int, rows: int,
     feats = {}
     for f in range(features):
       lengths = rng.integers(1, max_bag + 1, size=batch)
-      ids = permutation[np.searchsorted(cdf, rng.random(lengths.sum()))]
+      ids = permutation[np.minimum(np.searchsorted(cdf, rng.random(lengths.sum())),
+                                   rows - 1)]
       feats[f"f{f}"] = (ids.astype(np.int64), lengths.astype(np.int64))
     batches.append(feats)
   return batches
 
 
-def _ragged(batch):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return {k: tf.RaggedTensor.from_row_lengths(v, l) for k, (v, l) in batch.items()}
+def make_labels(num_batches: int, batch: int, seed: int) -> List[np.ndarray]:
+  rng = np.random.default_rng(seed + 1)
+  return [rng.integers(0, 2, (batch, 1)).astype(np.float32)
+          for _ in range(num_batches)]
 
 
-def build_step(impl: str, args):
-  """Returns step(features_dict, labels), or (step, prepare_inputs)."""
+# -- TensorFlow implementations ------------------------------------------------
+
+
+def _tf_step(impl: str, args) -> Tuple[Callable, Callable]:
+  """(step(inputs, labels) -> loss, prepare(batch, labels) -> inputs, labels)."""
   import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import backends  # pylint: disable=g-import-not-at-top
 
   E = tf.tpu.experimental.embedding
   names = [f"f{i}" for i in range(args.features)]
@@ -67,51 +101,81 @@ def build_step(impl: str, args):
   head_opt = tf.keras.optimizers.SGD(0.01)
   bce = tf.keras.losses.BinaryCrossentropy(from_logits=True)
 
-  if impl.startswith("tensorcore"):
+  def ragged(batch):
+    return {k: tf.RaggedTensor.from_row_lengths(v, l) for k, (v, l) in batch.items()}
+
+  def sparse(batch):
+    return {k: r.to_sparse() for k, r in ragged(batch).items()}
+
+  if impl in ("recsys", "recsys_ragged"):
+    import backends  # pylint: disable=g-import-not-at-top
     tables = {n: E.TableConfig(args.rows, args.dim, combiner="sum", name=n)
               for n in names}
     config = {n: E.FeatureConfig(tables[n]) for n in names}
-    emb = backends.TensorCoreEmbedding(
-        config, E.Adagrad(args.lr),
-        bag_widths=args.max_bag if impl == "tensorcore_padded" else None)
+    emb = backends.create(config, E.Adagrad(args.lr), backend="tensorcore",
+                          bag_widths=args.max_bag if impl == "recsys" else None)
     emb.build()
+    lookup = tf.autograph.experimental.do_not_convert(emb.lookup)
+    apply = tf.autograph.experimental.do_not_convert(emb.apply_gradients)
 
     @tf.function
     def step(features, labels):
       with tf.GradientTape() as tape:
-        acts = emb.lookup(features, training=True)
+        acts = lookup(features, training=True)
         tape.watch(acts)
         logits = head(tf.concat([acts[n] for n in names], axis=1))
         loss = bce(labels, logits)
       dense_grads, act_grads = tape.gradient(loss, (head.trainable_variables, acts))
       head_opt.apply_gradients(zip(dense_grads, head.trainable_variables))
-      emb.apply_gradients(act_grads)
+      apply(act_grads)
       return loss
 
-    if impl == "tensorcore_padded":
-      # preprocess() belongs to the input pipeline: padded once, not timed.
-      return step, lambda f: emb.preprocess(f)[0]
-    return step
+    if impl == "recsys":
+      # The trainer runs preprocess() in its tf.data pipeline (in parallel
+      # with the step); here it runs once per distinct batch, not timed.
+      return step, lambda b: emb.preprocess(ragged(b))[0]
+    return step, ragged
+
+  if impl == "tfrs":
+    import tensorflow_recommenders as tfrs  # pylint: disable=g-import-not-at-top
+    config = {n: E.FeatureConfig(E.TableConfig(args.rows, args.dim, combiner="sum",
+                                               name=n)) for n in names}
+    opt = tf.keras.optimizers.legacy.Adagrad(args.lr)
+    layer = tfrs.layers.embedding.TPUEmbedding(config, opt)
+    layer(sparse(make_batches(1, 4, args.features, args.rows, args.max_bag,
+                              args.zipf, 1)[0]))
+    tvars = layer.trainable_variables
+
+    @tf.function
+    def step(features, labels):
+      with tf.GradientTape() as tape:
+        acts = layer(features)
+        loss = bce(labels, head(tf.concat([acts[n] for n in names], axis=1)))
+      grads = tape.gradient(loss, tvars + head.trainable_variables)
+      opt.apply_gradients(zip(grads[:len(tvars)], tvars))
+      head_opt.apply_gradients(zip(grads[len(tvars):], head.trainable_variables))
+      return loss
+    return step, sparse
 
   if impl == "keras_embedding":
     layers = {n: tf.keras.layers.Embedding(args.rows, args.dim) for n in names}
     for layer in layers.values():
       layer.build([None])
     opt = tf.keras.optimizers.Adagrad(args.lr)
-    variables = [v for n in names for v in layers[n].trainable_variables] + \
-        head.trainable_variables
+    variables = [v for n in names for v in layers[n].trainable_variables]
 
     @tf.function
     def step(features, labels):
       with tf.GradientTape() as tape:
         acts = [tf.reduce_sum(layers[n](features[n]), axis=1) for n in names]
         loss = bce(labels, head(tf.concat(acts, axis=1)))
-      grads = tape.gradient(loss, variables)
-      opt.apply_gradients(zip(grads, variables))
+      grads = tape.gradient(loss, variables + head.trainable_variables)
+      opt.apply_gradients(zip(grads[:len(variables)], variables))
+      head_opt.apply_gradients(zip(grads[len(variables):], head.trainable_variables))
       return loss
-    return step
+    return step, ragged
 
-  if impl == "tf_sparse_fused":
+  if impl == "tf_fused":
     init = tf.keras.initializers.TruncatedNormal(stddev=args.dim ** -0.5)
     tables = {n: tf.Variable(init([args.rows, args.dim])) for n in names}
     accs = {n: tf.Variable(tf.fill([args.rows, args.dim], 0.1)) for n in names}
@@ -119,8 +183,8 @@ def build_step(impl: str, args):
     @tf.function
     def step(features, labels):
       with tf.GradientTape() as tape:
-        acts = [tf.nn.safe_embedding_lookup_sparse(
-            tables[n], features[n].to_sparse(), combiner="sum") for n in names]
+        acts = [tf.nn.safe_embedding_lookup_sparse(tables[n], features[n],
+                                                   combiner="sum") for n in names]
         loss = bce(labels, head(tf.concat(acts, axis=1)))
       grads = tape.gradient(loss, [tables[n] for n in names] + head.trainable_variables)
       for n, g in zip(names, grads[:len(names)]):
@@ -129,35 +193,132 @@ def build_step(impl: str, args):
             grad=g.values, indices=g.indices)
       head_opt.apply_gradients(zip(grads[len(names):], head.trainable_variables))
       return loss
-    return step
+    return step, sparse
 
   raise ValueError(f"unknown implementation {impl!r}; choose from {IMPLS}")
 
 
-def run_one(impl: str, args) -> Dict[str, float]:
+# -- PyTorch implementations ---------------------------------------------------
+
+
+def _torch_step(impl: str, args) -> Tuple[Callable, Callable]:
+  import torch  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(args.intra_threads)
+  torch.manual_seed(args.seed)
+  names = [f"f{i}" for i in range(args.features)]
+  head = torch.nn.Linear(args.features * args.dim, 1)
+  head_opt = torch.optim.SGD(head.parameters(), lr=0.01)
+  bce = torch.nn.BCEWithLogitsLoss()
+
+  def finish(pooled, labels):
+    loss = bce(head(pooled), labels)
+    head_opt.zero_grad()
+    loss.backward()
+    head_opt.step()
+    return loss
+
+  if impl == "torch_bag":
+    bags = torch.nn.ModuleList(
+        torch.nn.EmbeddingBag(args.rows, args.dim, mode="sum", sparse=True)
+        for _ in names)
+    opt = torch.optim.Adagrad(bags.parameters(), lr=args.lr)
+
+    def prepare(batch):
+      out = []
+      for n in names:
+        ids, lengths = batch[n]
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        out.append((torch.from_numpy(ids), torch.from_numpy(offsets)))
+      return out
+
+    def step(inputs, labels):
+      opt.zero_grad()
+      pooled = torch.cat([bag(i, o) for bag, (i, o) in zip(bags, inputs)], dim=1)
+      loss = finish(pooled, labels)
+      opt.step()
+      return loss
+    return step, prepare
+
+  if impl == "fbgemm":
+    # pylint: disable=g-import-not-at-top
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+        EmbeddingLocation, PoolingMode)
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen)
+    emb = SplitTableBatchedEmbeddingBagsCodegen(
+        embedding_specs=[(args.rows, args.dim, EmbeddingLocation.HOST,
+                          ComputeDevice.CPU) for _ in names],
+        optimizer=EmbOptimType.EXACT_ADAGRAD, learning_rate=args.lr,
+        pooling_mode=PoolingMode.SUM)
+
+    def prepare(batch):
+      ids = np.concatenate([batch[n][0] for n in names])
+      lengths = np.concatenate([batch[n][1] for n in names])
+      offsets = np.concatenate([[0], np.cumsum(lengths)])
+      return torch.from_numpy(ids), torch.from_numpy(offsets)
+
+    def step(inputs, labels):
+      return finish(emb(inputs[0], inputs[1]), labels)
+    return step, prepare
+
+  if impl == "torchrec":
+    # pylint: disable=g-import-not-at-top
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+    from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+    ebc = FusedEmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name=f"t_{n}", embedding_dim=args.dim,
+                                   num_embeddings=args.rows, feature_names=[n],
+                                   pooling=PoolingType.SUM) for n in names],
+        optimizer_type=torch.optim.Adagrad, optimizer_kwargs={"lr": args.lr},
+        device=torch.device("cpu"))
+
+    def prepare(batch):
+      return KeyedJaggedTensor.from_lengths_sync(
+          keys=names,
+          values=torch.from_numpy(np.concatenate([batch[n][0] for n in names])),
+          lengths=torch.from_numpy(np.concatenate([batch[n][1] for n in names])))
+
+    def step(inputs, labels):
+      return finish(ebc(inputs).values(), labels)
+    return step, prepare
+
+  raise ValueError(f"unknown implementation {impl!r}; choose from {IMPLS}")
+
+
+# -- one run (child process) ---------------------------------------------------
+
+
+def run_one(impl: str, args) -> Dict[str, Any]:
   """Times one implementation in this process; returns its figures."""
-  import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  tf.config.threading.set_intra_op_parallelism_threads(args.intra_threads)
-  tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
   batches = make_batches(args.distinct_batches, args.batch, args.features,
                          args.rows, args.max_bag, args.zipf, args.seed)
-  inputs = [_ragged(b) for b in batches]
-  labels = [tf.constant(np.random.default_rng(i).integers(0, 2, (args.batch, 1)),
-                        tf.float32) for i in range(len(batches))]
-  step = build_step(impl, args)
-  if isinstance(step, tuple):  # host-side preparation, outside the timing
-    step, prepare = step
-    inputs = [prepare(f) for f in inputs]
+  labels = make_labels(len(batches), args.batch, args.seed)
+  if impl in ("torch_bag", "fbgemm", "torchrec"):
+    import torch  # pylint: disable=g-import-not-at-top
+    step, prepare = _torch_step(impl, args)
+    inputs = [prepare(b) for b in batches]
+    labels = [torch.from_numpy(l) for l in labels]
+    sync = lambda loss: float(loss.detach())
+  else:
+    import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf.config.threading.set_intra_op_parallelism_threads(args.intra_threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
+    step, prepare = _tf_step(impl, args)
+    inputs = [prepare(b) for b in batches]
+    labels = [tf.constant(l) for l in labels]
+    sync = lambda loss: float(loss.numpy())
+  n = len(inputs)
   for i in range(args.warmup):
-    step(inputs[i % len(inputs)], labels[i % len(inputs)]).numpy()
+    sync(step(inputs[i % n], labels[i % n]))
   times = []
   for i in range(args.steps):
-    j = i % len(inputs)
     start = time.perf_counter()
-    step(inputs[j], labels[j]).numpy()
+    sync(step(inputs[i % n], labels[i % n]))
     times.append(time.perf_counter() - start)
-  ids_per_step = np.mean([sum(len(v) for v, _ in b.values()) for b in batches])
+  ids_per_step = float(np.mean([sum(len(v) for v, _ in b.values()) for b in batches]))
   median = statistics.median(times)
   return {"impl": impl, "step_ms": median * 1e3,
           "examples_per_s": args.batch / median,
@@ -165,14 +326,80 @@ def run_one(impl: str, args) -> Dict[str, float]:
           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+# -- driver --------------------------------------------------------------------
+
+
+def missing_packages(impl: str) -> List[str]:
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  return [m for m in _NEEDS.get(impl, ()) if importlib.util.find_spec(m) is None]
+
+
+def thread_env(args) -> Dict[str, str]:
+  """The threading environment every child runs with (printed in the header)."""
+  return {"OMP_NUM_THREADS": str(args.intra_threads),
+          "OMP_WAIT_POLICY": "PASSIVE",  # spinning OpenMP threads starve the other core
+          "MKL_NUM_THREADS": str(args.intra_threads),
+          "TF_NUM_INTRAOP_THREADS": str(args.intra_threads),
+          "TF_NUM_INTEROP_THREADS": str(args.inter_threads),
+          "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+_FIGURES = ("step_ms", "examples_per_s", "ids_per_s", "peak_rss_mb")
+_CHILD_FLAGS = ("features", "dim", "max_bag", "zipf", "lr", "seed", "warmup",
+                "steps", "distinct_batches", "intra_threads", "inter_threads")
+
+
+def sweep(args, impls: List[str]) -> List[Dict[str, Any]]:
+  """Runs every (rows, batch) point, impls interleaved over rounds."""
+  results = []
+  env = dict(os.environ, **thread_env(args))
+  for rows in args.rows.split(","):
+    for batch in args.batch.split(","):
+      runs: Dict[str, List[Dict[str, float]]] = {impl: [] for impl in impls}
+      for _ in range(args.repeats):
+        for impl in impls:
+          cmd = [sys.executable, os.path.abspath(__file__), "--_child", impl,
+                 f"--rows={rows}", f"--batch={batch}"] + [
+                     f"--{k}={getattr(args, k)}" for k in _CHILD_FLAGS]
+          out = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                               check=False)
+          if out.returncode != 0:
+            print(f"{impl} (rows={rows}, batch={batch}) failed:\n"
+                  f"{out.stderr[-2000:]}", file=sys.stderr)
+            continue
+          runs[impl].append(json.loads(out.stdout.strip().splitlines()[-1]))
+          print(f"  round: {impl:16s} rows={rows} batch={batch} "
+                f"{runs[impl][-1]['ids_per_s'] / 1e6:.2f} M ids/s", file=sys.stderr)
+      base = None
+      for impl in impls:
+        if not runs[impl]:
+          continue
+        row = {k: statistics.median(r[k] for r in runs[impl]) for k in _FIGURES}
+        row.update(impl=impl, rows=int(rows), batch=int(batch), runs=len(runs[impl]))
+        base = base or row["ids_per_s"]
+        row["ratio"] = row["ids_per_s"] / base
+        results.append(row)
+  return results
+
+
+def print_table(results: List[Dict[str, Any]]) -> None:
+  print(f"| {'implementation':16s} | {'rows':>9s} | {'batch':>6s} | {'step ms':>8s} | "
+        f"{'examples/s':>10s} | {'M ids/s':>7s} | {'ratio':>5s} | {'RSS MB':>6s} |")
+  print("|" + "|".join("-" * w for w in (18, 11, 8, 10, 12, 9, 7, 8)) + "|")
+  for r in results:
+    print(f"| {r['impl']:16s} | {r['rows']:9d} | {r['batch']:6d} | {r['step_ms']:8.1f} | "
+          f"{r['examples_per_s']:10.0f} | {r['ids_per_s'] / 1e6:7.2f} | "
+          f"{r['ratio']:5.2f} | {r['peak_rss_mb']:6.0f} |")
+
+
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--impls", default=",".join(IMPLS),
-                      help=f"comma-separated, first is the baseline of the ratios; from {IMPLS}")
+  parser = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--impls", default=",".join(DEFAULT_IMPLS),
+                      help=f"comma-separated, the first is the base of the ratios; from {IMPLS}")
   parser.add_argument("--rows", default="200000",
-                      help="table rows; a comma-separated list sweeps sizes")
-  parser.add_argument("--batches", default="2048",
+                      help="rows per table; a comma-separated list sweeps sizes")
+  parser.add_argument("--batch", default="2048",
                       help="batch size; a comma-separated list sweeps sizes")
   parser.add_argument("--features", type=int, default=8)
   parser.add_argument("--dim", type=int, default=32)
@@ -182,57 +409,43 @@ def main(argv=None) -> None:
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--warmup", type=int, default=5)
   parser.add_argument("--steps", type=int, default=30)
-  parser.add_argument("--distinct_batches", type=int, default=10)
+  parser.add_argument("--distinct_batches", type=int, default=8)
   parser.add_argument("--repeats", type=int, default=3,
-                      help="interleaved rounds (each impl once per round)")
-  parser.add_argument("--intra_threads", type=int, default=2)
-  parser.add_argument("--inter_threads", type=int, default=1)
-  parser.add_argument("--json", help="also write the results here")
+                      help="interleaved rounds (each implementation once per round)")
+  parser.add_argument("--intra_threads", type=int, default=2,
+                      help="TF intra-op threads = torch/OpenMP threads")
+  parser.add_argument("--inter_threads", type=int, default=2,
+                      help="TF inter-op threads")
+  parser.add_argument("--json", help="also write the results (and settings) here")
   parser.add_argument("--_child", help=argparse.SUPPRESS)
-  parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
 
   if args._child:  # pylint: disable=protected-access
-    args.rows = int(args.rows)
+    args.rows, args.batch = int(args.rows), int(args.batch)
     print(json.dumps(run_one(args._child, args)))  # pylint: disable=protected-access
     return
 
-  impls = args.impls.split(",")
-  results = []
-  for rows in args.rows.split(","):
-    for batch in args.batches.split(","):
-      runs = {impl: [] for impl in impls}
-      for _ in range(args.repeats):
-        for impl in impls:
-          cmd = [sys.executable, __file__, "--_child", impl, "--rows", rows,
-                 "--batch", batch] + [f"--{k}={getattr(args, k)}" for k in (
-                     "features", "dim", "max_bag", "zipf", "lr", "seed", "warmup",
-                     "steps", "distinct_batches", "intra_threads", "inter_threads")]
-          env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-          out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-          if out.returncode != 0:
-            print(f"{impl} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
-            continue
-          runs[impl].append(json.loads(out.stdout.strip().splitlines()[-1]))
-      base = None
-      for impl in impls:
-        if not runs[impl]:
-          continue
-        row = {k: statistics.median(r[k] for r in runs[impl])
-               for k in ("step_ms", "examples_per_s", "ids_per_s", "peak_rss_mb")}
-        row.update(impl=impl, rows=int(rows), batch=int(batch), runs=len(runs[impl]))
-        base = base or row["ids_per_s"]
-        row["ratio"] = row["ids_per_s"] / base
-        results.append(row)
-  print(f"{'impl':20s} {'rows':>9s} {'batch':>6s} {'step ms':>8s} {'examples/s':>11s} "
-        f"{'M ids/s':>8s} {'ratio':>6s} {'RSS MB':>7s}")
-  for r in results:
-    print(f"{r['impl']:20s} {r['rows']:9d} {r['batch']:6d} {r['step_ms']:8.1f} "
-          f"{r['examples_per_s']:11.0f} {r['ids_per_s'] / 1e6:8.2f} {r['ratio']:6.2f} "
-          f"{r['peak_rss_mb']:7.0f}")
+  impls = []
+  for impl in args.impls.split(","):
+    if impl not in IMPLS:
+      parser.error(f"unknown implementation {impl!r}; choose from {', '.join(IMPLS)}")
+    missing = missing_packages(impl)
+    if missing:
+      print(f"skipping {impl}: package(s) {', '.join(missing)} not installed "
+            "(pip install -e '.[bench]')")
+    else:
+      impls.append(impl)
+  settings = {"machine": f"{platform.machine()}, {os.cpu_count()} cpus, "
+                         f"{platform.python_version()}",
+              "threads": thread_env(args), "features": args.features,
+              "dim": args.dim, "max_bag": args.max_bag, "zipf": args.zipf,
+              "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats}
+  print("settings: " + json.dumps(settings))
+  results = sweep(args, impls)
+  print_table(results)
   if args.json:
     with open(args.json, "w") as f:
-      json.dump(results, f, indent=1)
+      json.dump({"settings": settings, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

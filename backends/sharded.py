@@ -1,37 +1,534 @@
-"""The sharded backend (tables row-sharded over parameter servers): a placeholder.
+"""The sharded backend: tables row-sharded over parameter servers.
 
-Registered so that selection under a `ParameterServerStrategy` names it and
-explains itself; it is not implemented yet and reports itself unavailable
-everywhere, so `backends.create` refuses it with that reason.
+Under `tf.distribute.experimental.ParameterServerStrategy`, a variable created
+in `strategy.scope()` becomes a `ShardedVariable` when the strategy's
+`variable_partitioner` splits it: contiguous row ranges ("div" partitioning,
+the first `V % N` shards one row longer) on different parameter servers. This
+backend builds each table that way, and each optimizer slot shard by shard
+next to the table shard it belongs to (same rows, same parameter server), so
+a row's weights and slots always live together.
+
+Per step and table, on the worker that runs it:
+
+* lookup: the ids of every feature of the table are de-duplicated, routed to
+  the shards that own them (local row = id - shard offset), gathered on each
+  parameter server (only the touched rows cross the network) and combined per
+  feature with the conventions of every backend (`backends.inputs` flat bags,
+  `sum` / `mean` / `sqrtn`, weights, sequence features);
+* update: each unique row's gradient (summed over the worker's batch) is sent
+  to its shard's parameter server, which applies the table's TPU-semantics
+  optimizer (`backends.optimizers.apply_sparse_update`) to its table and slot
+  shards in place.
+
+Workers train asynchronously, as `ParameterServerStrategy` does: each step is
+one worker's batch, one replica per worker, no all-reduce; a step's update
+lands on the parameter servers while other workers' steps read them. A single
+worker running the steps one after another computes exactly what one process
+computes.
+
+Checkpoints have the layout of every other backend (`<table>` and
+`<table>/<slot>`, full `[vocab, dim]` tensors: a `ShardedVariable` saves its
+shards as slices of one full tensor), so a sharded checkpoint restores into
+`tensorcore` or `serving` on one machine and the other way round.
+
+Example:
+  >>> strategy = tf.distribute.experimental.ParameterServerStrategy(
+  ...     resolver, variable_partitioner=TablePartitioner(num_shards=2))
+  >>> emb = backends.create(config, Adagrad(0.1), strategy, backend="sharded")
+  >>> with strategy.scope():
+  ...   emb.build()
+  >>> # in a function scheduled with ClusterCoordinator.schedule:
+  >>> #   acts = emb.lookup(ids, training=True); ...
+  >>> #   emb.apply_gradients(tape.gradient(loss, acts))
 """
 
-from typing import Any, Dict, Optional
+import contextlib
+import dataclasses
+import functools
+import logging
+import threading
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import tensorflow as tf
+from tensorflow.python.distribute import sharded_variable  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.trackable import base as trackable_base  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
 from backends import base
+from backends import inputs as inputs_lib
+from backends import optimizers
 
-NOT_IMPLEMENTED = "not implemented yet: see the scale-out issue"
+embedding = tf.tpu.experimental.embedding
+log = logging.getLogger("recsys.backends")
+
+_BUILDING = threading.local()
+
+
+@contextlib.contextmanager
+def _building_tables():
+  """Marks variable creation as "an embedding table" for `TablePartitioner`."""
+  previous = getattr(_BUILDING, "active", False)
+  _BUILDING.active = True
+  try:
+    yield
+  finally:
+    _BUILDING.active = previous
+
+
+class TablePartitioner:
+  """A `variable_partitioner` that shards embedding tables and nothing else.
+
+  `ParameterServerStrategy` calls its `variable_partitioner` for every
+  variable created in its scope. This one splits the tables that the sharded
+  backend builds into `num_shards` row ranges (fewer if a shard would hold
+  less than `min_shard_bytes`, never more than the table's rows) and leaves
+  every other variable (the dense model, the optimizers, metrics) whole, so
+  Keras layers never see a `ShardedVariable`.
+
+  Args:
+    num_shards: the most shards per table, usually the number of parameter
+      servers.
+    min_shard_bytes: a table shard holds at least this many bytes (0: always
+      `num_shards` shards).
+
+  Example:
+    >>> strategy = tf.distribute.experimental.ParameterServerStrategy(
+    ...     resolver, variable_partitioner=TablePartitioner(2))
+  """
+
+  def __init__(self, num_shards: int, min_shard_bytes: int = 0):
+    if int(num_shards) < 1:
+      raise ValueError(f"TablePartitioner(num_shards={num_shards!r}): need >= 1.")
+    self.num_shards = int(num_shards)
+    self.min_shard_bytes = int(min_shard_bytes)
+
+  def __call__(self, shape: tf.TensorShape, dtype: tf.dtypes.DType,
+               axis: int = 0) -> List[int]:
+    partitions = [1] * len(shape)
+    if not getattr(_BUILDING, "active", False) or not len(shape):
+      return partitions
+    shards = self.num_shards
+    if self.min_shard_bytes > 0:
+      total = shape.num_elements() * tf.as_dtype(dtype).size
+      shards = max(1, min(shards, total // self.min_shard_bytes))
+    partitions[axis] = max(1, min(shards, int(shape[axis])))
+    return partitions
+
+  def __repr__(self) -> str:
+    return (f"TablePartitioner(num_shards={self.num_shards}, "
+            f"min_shard_bytes={self.min_shard_bytes})")
+
+
+def shards_of(variable: tf.Variable) -> List[tf.Variable]:
+  """The shard variables of a table (one, if it is not sharded)."""
+  if isinstance(variable, sharded_variable.ShardedVariable):
+    return list(variable.variables)
+  return [variable]
+
+
+def shard_offsets(variable: tf.Variable) -> List[int]:
+  """First row of each shard, then the row count: `[0, n0, n0 + n1, ..., V]`."""
+  offsets = [0]
+  for shard in shards_of(variable):
+    offsets.append(offsets[-1] + int(shard.shape[0]))
+  return offsets
+
+
+@dataclasses.dataclass
+class _FeatureStep:
+  """One feature's part of a table lookup, kept for the backward pass."""
+  index: tf.Tensor          # int32 [N]: position of each id in the unique ids
+  segments: tf.Tensor       # int32 [N]
+  scale: tf.Tensor          # float32 [N]: d act / d row of each id
+  num_segments: tf.Tensor   # int32 scalar
+  position: int             # index in the flat feature list
+
+
+@dataclasses.dataclass
+class _TableStep:
+  unique_ids: tf.Tensor            # int64 [U]
+  features: List[_FeatureStep]
 
 
 class ShardedEmbedding(base.EmbeddingBackend):
-  """Tables row-sharded over parameter servers (not implemented yet)."""
+  """Tables row-sharded over the parameter servers of a ParameterServerStrategy.
+
+  Args:
+    feature_config: nested structure of `FeatureConfig`.
+    optimizer: default embedding optimizer for tables without one.
+    strategy: a `ParameterServerStrategy` (default: the one in scope), built
+      with a `variable_partitioner` that splits the tables, e.g.
+      `TablePartitioner(num_ps)` (`recsys.training.strategy` does this),
+      `MinSizePartitioner` or `FixedShardsPartitioner`. Without one every
+      table lives whole on one parameter server (a warning says so).
+    bag_widths: see `EmbeddingBackend`; `preprocess` pads sparse and ragged
+      bags to these widths on the host.
+    invalid_ids: "error" (default), "drop" or "oov" for ids outside
+      `[0, vocabulary_size)` (see `backends.inputs.validate`).
+
+  Workers are asynchronous: one replica per worker, each step's update is
+  applied on the parameter servers without waiting for other workers.
+  """
 
   name = "sharded"
   capabilities = base.Capabilities(sharded_tables=True)
 
+  def __init__(self,
+               feature_config: Any,
+               optimizer: Optional[Any] = None,
+               strategy: Optional[tf.distribute.Strategy] = None,
+               *,
+               bag_widths: Union[None, int, Mapping[str, int]] = None,
+               invalid_ids: str = "error"):
+    super().__init__(feature_config, optimizer, strategy, bag_widths=bag_widths)
+    if invalid_ids not in inputs_lib.ID_POLICIES:
+      raise ValueError(f"invalid_ids={invalid_ids!r}; use one of "
+                       f"{', '.join(inputs_lib.ID_POLICIES)}.")
+    self._invalid_ids = invalid_ids
+    self._layouts = [
+        inputs_lib.FeatureLayout(path, feature, self.table_name(feature.table))
+        for path, feature in self._flat_features]
+    for table in self._tables:
+      optimizers.check_supported(self.optimizer_for(table), self.table_name(table))
+    self._pending = data_structures.NoDependency({})
+    self._pending_lock = threading.Lock()
+
   @classmethod
   def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> Optional[str]:
-    del strategy
-    return NOT_IMPLEMENTED
+    if not isinstance(strategy,
+                      tf.distribute.experimental.ParameterServerStrategy):
+      return (f"it needs a ParameterServerStrategy (the tables live on its "
+              f"parameter servers); this is {type(strategy).__name__}. Start a "
+              "cluster (TF_CONFIG with a 'ps' job, e.g. `recsys launch --ps 2 "
+              "--workers 2 -- ...`) or use 'tensorcore'")
+    replicas = strategy.num_replicas_in_sync
+    if replicas > 1:
+      return (f"it runs one replica per worker (asynchronous CPU workers); "
+              f"this ParameterServerStrategy has {replicas} GPUs per worker. "
+              "Hide the GPUs (CUDA_VISIBLE_DEVICES=) or use "
+              "MultiWorkerMirroredStrategy with 'tensorcore'")
+    return None
+
+  # -- variables ---------------------------------------------------------------
 
   def build(self) -> None:
-    raise NotImplementedError(NOT_IMPLEMENTED)
+    """Creates the sharded tables and slots on the parameter servers."""
+    if self._built:
+      return
+    with tf.init_scope(), self._strategy.scope():
+      variables = {}
+      for table in self._tables:
+        variables[self.table_name(table)] = self._create_table_variables(table)
+      self._variables = data_structures.NoDependency(variables)
+    self._built = True
+    for name, table_vars in self._variables.items():
+      params = table_vars["parameters"]
+      shards = shards_of(params)
+      log.info("table %r %s: %d shard(s) of rows %s on %s", name,
+               params.shape.as_list(), len(shards), shard_offsets(params),
+               ", ".join(s.device for s in shards))
+      num_ps = _num_parameter_servers(self._strategy)
+      if len(shards) == 1 and num_ps > 1:
+        log.warning(
+            "table %r is not sharded: it lives whole on %s. Build the "
+            "ParameterServerStrategy with variable_partitioner="
+            "backends.sharded.TablePartitioner(%d) to split tables over the "
+            "%d parameter servers.", name, shards[0].device, num_ps, num_ps)
+
+  def _create_table_variables(self, table) -> Dict[str, tf.Variable]:
+    name = self.table_name(table)
+    shape = (table.vocabulary_size, table.dim)
+
+    def table_getter(name, shape, dtype, initializer, trainable):
+      del shape
+      with _building_tables():
+        return tf.Variable(
+            initial_value=_partition_aware(initializer, (table.vocabulary_size,
+                                                         table.dim), dtype),
+            name=name, shape=(table.vocabulary_size, table.dim), dtype=dtype,
+            trainable=trainable)
+
+    params = self._add_variable_with_custom_getter(
+        name=name, initializer=table.initializer, shape=shape,
+        dtype=tf.float32, getter=table_getter, trainable=True)
+    out = {"parameters": params}
+    opt = self.optimizer_for(table)
+    for slot, init in optimizers.slot_initializers(opt).items():
+
+      def slot_getter(name, shape, dtype, initializer, trainable):
+        del shape
+        return self._colocated_like(params, name, initializer, dtype, trainable)
+
+      out[slot] = self._add_variable_with_custom_getter(
+          name=f"{name}/{slot}", initializer=init, shape=shape,
+          dtype=tf.float32, getter=slot_getter, trainable=False)
+    return out
+
+  def _colocated_like(self, params, name, initializer, dtype, trainable):
+    """A variable partitioned like `params`, each shard next to its shard."""
+    parts = []
+    offsets = shard_offsets(params)
+    full = params.shape.as_list()
+    for i, shard in enumerate(shards_of(params)):
+      rows = offsets[i + 1] - offsets[i]
+      init = _shard_value(initializer, full, rows, offsets[i], dtype)
+      with self._strategy.extended.colocate_vars_with(shard):
+        parts.append(tf.Variable(
+            initial_value=init, shape=(rows,) + tuple(full[1:]), dtype=dtype,
+            name=(f"{name}/part_{i}" if len(offsets) > 2 else name),
+            trainable=trainable))
+    if len(parts) == 1:
+      return parts[0]
+    return sharded_variable.ShardedVariable(parts, name=name)
 
   @property
   def embedding_tables(self) -> Dict[Any, tf.Variable]:
-    raise NotImplementedError(NOT_IMPLEMENTED)
+    """The table variables (`ShardedVariable`s), keyed by `TableConfig`."""
+    self._maybe_build()
+    return {t: self._variables[self.table_name(t)]["parameters"]
+            for t in self._tables}
+
+  def slot_variables(self) -> Dict[str, Dict[str, tf.Variable]]:
+    self._maybe_build()
+    return {name: {k: v for k, v in table_vars.items() if k != "parameters"}
+            for name, table_vars in self._variables.items()}
+
+  def shard_devices(self) -> Dict[str, List[str]]:
+    """The parameter-server device of each shard, per table name."""
+    self._maybe_build()
+    return {name: [s.device for s in shards_of(v["parameters"])]
+            for name, v in self._variables.items()}
+
+  def _maybe_build(self):
+    if not self._built:
+      self.build()
+
+  # -- host side -----------------------------------------------------------------
+
+  def preprocess(self, features: Any, weights: Optional[Any] = None
+                ) -> Tuple[Any, Optional[Any]]:
+    """Pads sparse/ragged bags with a width to static `PaddedBags` (tf.data)."""
+    flat = self._flatten_like_config(features, "features")
+    flat_w = (self._flatten_like_config(weights, "weights")
+              if weights is not None else [None] * len(flat))
+    out, out_w = [], []
+    for layout, inp, w in zip(self._layouts, flat, flat_w):
+      width = layout.sequence_length or self._bag_widths[layout.path]
+      if width and isinstance(inp, (tf.SparseTensor, tf.RaggedTensor)):
+        out.append(inputs_lib.pad_bags(inp, w, width))
+        out_w.append(None)
+      else:
+        out.append(inp)
+        out_w.append(w)
+    return self._pack_inputs(out, out_w)
+
+  # -- lookup --------------------------------------------------------------------
 
   def lookup(self, features: Any, weights: Optional[Any] = None,
              training: bool = False) -> Any:
-    raise NotImplementedError(NOT_IMPLEMENTED)
+    """Looks up and combines every feature, gathering rows from their shards.
+
+    Args:
+      features: the structure of `feature_config` holding int ids: dense
+        `[B]`/`[B, N]`, `SparseTensor`/`RaggedTensor` `[B, None]`, or
+        `PaddedBags` from `preprocess`.
+      weights: None or the same structure of float weights (None leaves
+        allowed) for sparse/ragged features.
+      training: remember what `apply_gradients` needs for this step.
+
+    Returns:
+      The structure of `feature_config`: `[B, D]` per non-sequence feature,
+      `[B, L, D]` per sequence feature, `output_shape + [D]` when set.
+    """
+    self._maybe_build()
+    flat = self._flatten_like_config(features, "features")
+    flat_w = (self._flatten_like_config(weights, "weights")
+              if weights is not None else [None] * len(flat))
+    bags = []
+    for layout, inp, w in zip(self._layouts, flat, flat_w):
+      bag = inputs_lib.to_flat_bags(layout, inp, w, self._bag_widths[layout.path])
+      if layout.feature.validate_weights_and_indices:
+        bag, _ = inputs_lib.validate(layout, bag, self._invalid_ids)
+      bags.append(bag)
+
+    outputs: List[Optional[tf.Tensor]] = [None] * len(bags)
+    steps = {}
+    for table in self._tables:
+      name = self.table_name(table)
+      positions = [i for i, l in enumerate(self._layouts) if l.table_name == name]
+      table_bags = [bags[i] for i in positions]
+      unique_ids, index = tf.unique(
+          tf.concat([b.ids for b in table_bags], axis=0), out_idx=tf.int32)
+      rows = _gather_rows(self._variables[name]["parameters"], unique_ids)
+      sizes = [tf.size(b.ids) for b in table_bags]
+      id_index = tf.split(index, sizes) if len(sizes) > 1 else [index]
+      feature_steps = []
+      for i, bag, idx in zip(positions, table_bags, id_index):
+        scale = _combiner_scale(bag, table.combiner)
+        acts = tf.math.unsorted_segment_sum(
+            tf.gather(rows, idx) * scale[:, tf.newaxis], bag.segments,
+            bag.num_segments)
+        outputs[i] = _shape_output(self._layouts[i], bag, acts)
+        feature_steps.append(_FeatureStep(idx, bag.segments, scale,
+                                          bag.num_segments, i))
+      if training:
+        steps[name] = _TableStep(unique_ids, feature_steps)
+    if training:
+      with self._pending_lock:
+        self._pending[threading.get_ident()] = steps
+    return nest.pack_sequence_as(self._feature_config, outputs)
+
+  # -- training --------------------------------------------------------------------
+
+  def apply_gradients(self, activation_gradients: Any) -> None:
+    """Applies each table's optimizer on the parameter servers owning the rows.
+
+    Call in the same step as `lookup(..., training=True)`. Each unique row's
+    gradient is summed over this worker's batch (no all-reduce: workers are
+    asynchronous) and sent to its shard, where the update runs.
+    """
+    with self._pending_lock:
+      steps = self._pending.pop(threading.get_ident(), None)
+    if steps is None:
+      raise RuntimeError(
+          "apply_gradients() needs a lookup(..., training=True) earlier in the "
+          "same step (and in the same replica).")
+    flat_grads = self._flatten_like_config(activation_gradients,
+                                           "activation gradients")
+    for table in self._tables:
+      name = self.table_name(table)
+      step = steps[name]
+      num_unique = tf.size(step.unique_ids)
+      row_grads = tf.zeros([num_unique, table.dim], tf.float32)
+      for fs in step.features:
+        grad = flat_grads[fs.position]
+        if grad is None:
+          continue
+        if isinstance(grad, tf.IndexedSlices):
+          grad = tf.convert_to_tensor(grad)
+        grad = tf.reshape(tf.cast(grad, tf.float32), [-1, table.dim])
+        per_id = tf.gather(grad, fs.segments) * fs.scale[:, tf.newaxis]
+        row_grads += tf.math.unsorted_segment_sum(per_id, fs.index, num_unique)
+      table_vars = self._variables[name]
+      slots = {k: v for k, v in table_vars.items() if k != "parameters"}
+      _apply_on_shards(self.optimizer_for(table), table_vars["parameters"],
+                       slots, step.unique_ids, row_grads)
+
+
+# -- helpers ---------------------------------------------------------------------
+
+
+def num_tasks(strategy: tf.distribute.Strategy, job: str) -> int:
+  """Tasks of `job` ("ps", "worker") in the cluster `strategy` runs on.
+
+  `ParameterServerStrategy` has no public `cluster_resolver`; it connects
+  this process to its cluster, whose remote devices are listed by
+  `tf.config.list_logical_devices()`.
+  """
+  resolver = getattr(strategy, "cluster_resolver", None)
+  if resolver is not None:
+    try:
+      return resolver.cluster_spec().num_tasks(job)
+    except (ValueError, KeyError):
+      return 0
+  tasks = set()
+  for device in tf.config.list_logical_devices():
+    spec = tf.DeviceSpec.from_string(device.name)
+    if spec.job == job:
+      tasks.add(spec.task)
+  return len(tasks)
+
+
+def _num_parameter_servers(strategy) -> int:
+  return max(1, num_tasks(strategy, "ps"))
+
+
+def _partition_aware(initializer, full_shape, dtype):
+  """An `initial_value` the strategy can call per partition (or whole)."""
+  if isinstance(initializer, trackable_base.CheckpointInitialValueCallable):
+    # Restore on create: the strategy passes each shard's `shard_info`, the
+    # callable reads that slice of the full tensor.
+    return functools.partial(initializer, shape=tuple(full_shape), dtype=dtype)
+
+  def initial_value(partition_shape=None, partition_offset=None):
+    del partition_offset
+    return initializer(tuple(partition_shape or full_shape), dtype=dtype)
+
+  return initial_value
+
+
+def _shard_value(initializer, full_shape, rows, offset, dtype):
+  """The initial value of one shard: its checkpoint slice or a fresh value."""
+  shape = (rows,) + tuple(full_shape[1:])
+  if isinstance(initializer, trackable_base.CheckpointInitialValueCallable):
+    info = trackable_base.ShardInfo(shape=tf.TensorShape(shape),
+                                    offset=(offset,) + (0,) * (len(shape) - 1))
+    return lambda: initializer(shape=tuple(full_shape), shard_info=info)
+  return lambda: initializer(shape, dtype=dtype)
+
+
+def _route(variable, ids: tf.Tensor):
+  """Splits unique ids by owning shard: (shards, local ids, positions)."""
+  shards = shards_of(variable)
+  offsets = shard_offsets(variable)
+  if len(shards) == 1:
+    return shards, [ids], None
+  bounds = tf.constant(offsets[1:-1], tf.int64)
+  owner = tf.cast(tf.searchsorted(bounds, ids, side="right"), tf.int32)
+  local = ids - tf.gather(tf.constant(offsets[:-1], tf.int64), owner)
+  positions = tf.dynamic_partition(tf.range(tf.size(ids)), owner, len(shards))
+  return shards, tf.dynamic_partition(local, owner, len(shards)), positions
+
+
+def _gather_rows(variable, ids: tf.Tensor) -> tf.Tensor:
+  """Rows `ids` of a (sharded) table, each shard gathered where it lives."""
+  shards, local_ids, positions = _route(variable, ids)
+  parts = []
+  for shard, local in zip(shards, local_ids):
+    with tf.device(shard.device):
+      parts.append(tf.raw_ops.ResourceGather(resource=shard.handle,
+                                             indices=local, dtype=shard.dtype))
+  if positions is None:
+    return parts[0]
+  return tf.dynamic_stitch(positions, parts)
+
+
+def _apply_on_shards(opt, params, slots: Dict[str, tf.Variable],
+                     ids: tf.Tensor, grads: tf.Tensor) -> None:
+  """`apply_sparse_update` on each shard with its local rows, on its server."""
+  shards, local_ids, positions = _route(params, ids)
+  slot_shards = {k: shards_of(v) for k, v in slots.items()}
+  for i, (shard, local) in enumerate(zip(shards, local_ids)):
+    shard_grads = grads if positions is None else tf.gather(grads, positions[i])
+    with tf.device(shard.device):
+      optimizers.apply_sparse_update(
+          opt, shard, {k: v[i] for k, v in slot_shards.items()}, local,
+          shard_grads)
+
+
+def _combiner_scale(bag: inputs_lib.FlatBags, combiner: str) -> tf.Tensor:
+  """d(activation)/d(row) of each id: its weight over its bag's normaliser."""
+  w = bag.weights
+  if bag.sequence_length or combiner == "sum":
+    return w
+  if combiner == "mean":
+    norm = tf.math.unsorted_segment_sum(w, bag.segments, bag.num_segments)
+  elif combiner == "sqrtn":
+    norm = tf.sqrt(tf.math.unsorted_segment_sum(w * w, bag.segments,
+                                                bag.num_segments))
+  else:
+    raise ValueError(f"unknown combiner {combiner!r}")
+  return tf.math.divide_no_nan(w, tf.gather(norm, bag.segments))
+
+
+def _shape_output(layout: inputs_lib.FeatureLayout, bag: inputs_lib.FlatBags,
+                  acts: tf.Tensor) -> tf.Tensor:
+  dim = layout.feature.table.dim
+  out_shape = layout.output_shape(None)
+  if out_shape is not None:
+    return tf.reshape(acts, out_shape + [dim])
+  if bag.sequence_length:
+    return tf.reshape(acts, [-1, bag.sequence_length, dim])
+  return acts
+

@@ -111,6 +111,22 @@ def build_parser() -> argparse.ArgumentParser:
       epilog="example:\n  recsys info\n  recsys info --gin_file experiments/synthetic_dlrm.gin")
   _add_gin_flags(info, required=False)
   _add_runtime_flags(info)
+
+  launch = sub.add_parser(
+      "launch", help="run a command on a local cluster (chief, workers, ps).",
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      description="Start a small TF_CONFIG cluster of processes on this "
+      "machine (127.0.0.1, free ports) that all run the command after `--`: "
+      "with --ps > 0 a chief, workers and parameter servers "
+      "(ParameterServerStrategy, 'sharded' tables); with --ps 0 workers of a "
+      "MultiWorkerMirroredStrategy. Log lines are prefixed with the task; "
+      "every process is stopped when the chief exits, on Ctrl-C, or when a "
+      "task the cluster cannot lose fails.",
+      epilog="example:\n  recsys launch --workers 2 --ps 2 -- train "
+      "--gin_file experiments/synthetic_dlrm.gin \\\n"
+      "      --gin_file experiments/hardware/local_cluster.gin --model_dir runs/ps")
+  from recsys import launch as launch_lib  # pylint: disable=g-import-not-at-top
+  launch_lib.add_arguments(launch)
   return parser
 
 
@@ -184,8 +200,23 @@ def _call_train(args: argparse.Namespace, extra_bindings: Sequence[str] = (),
   from recsys.training import train  # pylint: disable=g-import-not-at-top
   files, bindings = _gin_files(args), _bindings(args)
   config.parse(files, bindings + list(extra_bindings))
+  from recsys.training import signals  # pylint: disable=g-import-not-at-top
+  from recsys.training import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  kwargs = {**_runtime_kwargs(args), **kwargs}
+  if "strategy" not in kwargs:
+    # Before gin calls `train`, which first builds its arguments (data
+    # sources may run TF ops): multi-worker collectives, TPUs and logical
+    # CPUs must be configured before TensorFlow's runtime starts.
+    tpu = kwargs.pop("tpu", None) or _gin_value("train.tpu")
+    replicas = kwargs.pop("num_cpu_replicas", None)
+    if replicas is None:
+      replicas = _gin_value("train.num_cpu_replicas") or 0
+    kwargs["strategy"], why = strategy_lib.make_strategy(tpu, int(replicas))
+    log.info("strategy: %s", why)
   try:
-    return train(model_dir=args.model_dir, **{**_runtime_kwargs(args), **kwargs})
+    return train(model_dir=args.model_dir, **kwargs)
+  except signals.TrainingPreempted:
+    raise
   except RuntimeError as e:
     if "Required bindings" in str(e) or "gin" in str(e).lower():
       raise config.GinConfigError(config.explain(e, files, bindings)) from e
@@ -289,6 +320,15 @@ def _feature_config_from_gin():
                                      _gin_value("train.embedding"))
 
 
+def cmd_launch(args: argparse.Namespace) -> int:
+  from recsys import launch as launch_lib  # pylint: disable=g-import-not-at-top
+  try:
+    return launch_lib.run(args)
+  except launch_lib.LaunchError as e:
+    print(f"recsys launch: {e}", file=sys.stderr)
+    return 2
+
+
 COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "export": cmd_export,
             "info": cmd_info}
 
@@ -297,6 +337,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   """Entry point of the `recsys` console script and `python -m recsys`."""
   parser = build_parser()
   args = parser.parse_args(argv)
+  if args.command == "launch":  # starts processes; needs no TensorFlow here
+    return cmd_launch(args)
   _configure_runtime(args)
   from recsys import config  # pylint: disable=g-import-not-at-top
   try:
@@ -306,7 +348,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       raise
     print(f"recsys {args.command}: gin configuration error:\n{e}", file=sys.stderr)
     return 2
-  except (ValueError, RuntimeError, FileNotFoundError) as e:
+  except (ValueError, RuntimeError, FileNotFoundError, FloatingPointError) as e:
+    if getattr(e, "exit_code", None):  # a clean stop, e.g. TrainingPreempted
+      print(f"recsys {args.command}: {e}", file=sys.stderr)
+      return e.exit_code
     if args.verbose:
       raise
     print(f"recsys {args.command}: {type(e).__name__}: {e}\n(run with "

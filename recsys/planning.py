@@ -2,12 +2,16 @@
 
 `describe_environment` lists the devices, the strategy, the TPU embedding
 feature, the backend "auto" would pick and why, and (given a feature config)
-the memory plan. `plan_memory` computes, per table, the bytes of the table and
-its optimizer slots that each device holds — everything on every device for
-replicated backends (tensorcore, tpu_embedding_v0), a `1/N` row shard for
-sharded ones (tpu_embedding over the TPU cores, sharded over the parameter
-servers) — against the device's memory, and warns before a configuration
-that cannot fit. Importable and runnable without a TPU.
+the memory plan. `plan_memory` chooses, per table, between replicated (a full
+copy of the table and its optimizer slots on every device) and sharded (a
+`1/N` row range per device: tpu_embedding over the TPU cores, sharded over
+the parameter servers) from the table's size with its slots against a
+device's memory: a backend that can shard keeps a table replicated while it
+takes at most `REPLICATE_SHARE` of a device's budget, and shards bigger ones;
+replicated backends (tensorcore, tpu_embedding_v0) replicate everything and
+name the tables too big for that. It says what it chose and why, per table,
+and warns before a configuration that cannot fit. Importable and runnable
+without a TPU.
 
 Example:
   >>> print(describe_environment(strategy, feature_config, Adagrad(0.05)))
@@ -29,6 +33,13 @@ from backends import registry
 #: rest is for activations, the model, the input pipeline.
 HEADROOM = 0.8
 
+#: With a backend that can shard, a table (with its slots) stays replicated
+#: while it takes at most this share of a device's embedding budget
+#: (HEADROOM x memory): its lookups then need no network or cross-device
+#: traffic. Bigger tables are row-sharded over the devices or parameter
+#: servers.
+REPLICATE_SHARE = 0.1
+
 
 @dataclasses.dataclass(frozen=True)
 class TableMemory:
@@ -43,6 +54,7 @@ class TableMemory:
     slot_bytes: all its slots, whole.
     shards: devices the rows are split over (1 = replicated).
     bytes_per_device: table and slots held by one device.
+    reason: why the planner replicated or sharded it.
   """
   table: str
   vocabulary_size: int
@@ -53,6 +65,11 @@ class TableMemory:
   slot_bytes: int
   shards: int
   bytes_per_device: int
+  reason: str = ""
+
+  @property
+  def total_bytes(self) -> int:
+    return self.table_bytes + self.slot_bytes
 
   @property
   def placement(self) -> str:
@@ -99,6 +116,8 @@ class MemoryPlan:
     else:
       total += f" (device memory unknown: {self.memory_source})"
     out.append(total)
+    out.extend(f"{r.table}: {r.placement}: {r.reason}" for r in self.rows
+               if r.reason)
     out.extend(f"WARNING: {w}" for w in self.warnings)
     return "\n".join(out)
 
@@ -127,11 +146,31 @@ def _local_devices(strategy: tf.distribute.Strategy) -> List[str]:
 
 
 def _num_parameter_servers(strategy: tf.distribute.Strategy) -> int:
-  resolver = getattr(strategy, "cluster_resolver", None)
-  try:
-    return max(1, resolver.cluster_spec().num_tasks("ps"))
-  except Exception:  # noqa: BLE001 - no resolver or no ps job
-    return 1
+  from backends import sharded  # pylint: disable=g-import-not-at-top
+  return max(1, sharded.num_tasks(strategy, "ps"))
+
+
+def _choose(total_bytes: int, can_shard: int, budget: Optional[float],
+            backend: str) -> Tuple[int, str]:
+  """(shards, reason) for one table: replicated if small, else sharded."""
+  if can_shard <= 1:
+    if budget and total_bytes > budget:
+      return 1, (f"{backend!r} replicates every table; this one alone is "
+                 f"{human_bytes(total_bytes)}, over a device's budget "
+                 f"{human_bytes(budget)}: it needs a sharding backend")
+    return 1, ""
+  if budget is None:
+    return can_shard, (f"device memory unknown: sharded over {can_shard} like "
+                       f"every table of {backend!r}")
+  share = total_bytes / budget
+  limit = REPLICATE_SHARE * budget
+  if total_bytes <= limit:
+    return 1, (f"{human_bytes(total_bytes)} with slots is {share:.1%} of a "
+               f"device's budget <= {REPLICATE_SHARE:.0%}: a full copy per "
+               "device, lookups without network")
+  return can_shard, (f"{human_bytes(total_bytes)} with slots is {share:.1%} "
+                     f"of a device's budget > {REPLICATE_SHARE:.0%}: rows "
+                     f"split over {can_shard}")
 
 
 def host_memory_bytes() -> Optional[int]:
@@ -180,7 +219,8 @@ def plan_memory(feature_config: Any,
                 optimizer: Optional[Any] = None,
                 strategy: Optional[tf.distribute.Strategy] = None,
                 device_memory_bytes: Optional[int] = None,
-                backend: str = "auto") -> MemoryPlan:
+                backend: str = "auto",
+                num_shards: Optional[int] = None) -> MemoryPlan:
   """Bytes of each table and its slots per device, and whether they fit.
 
   Args:
@@ -189,7 +229,10 @@ def plan_memory(feature_config: Any,
     strategy: defaults to the current strategy.
     device_memory_bytes: one device's memory; default: host RAM (shared by
       the replicas on this host) on CPU, unknown on accelerators.
-    backend: "auto" or a backend name: decides replicated vs sharded.
+    backend: "auto" or a backend name: whether tables can be sharded.
+    num_shards: how many devices (parameter servers, TPU cores) a sharded
+      table is split over; default: the strategy's parameter servers for
+      'sharded', its replicas for 'tpu_embedding'.
 
   Returns:
     A `MemoryPlan`; `plan.rows` has one `TableMemory` per table, `plan.fits`
@@ -199,14 +242,17 @@ def plan_memory(feature_config: Any,
   name, _ = _resolve_backend(strategy, backend)
   sharded = backends.get(name).capabilities.sharded_tables
   if not sharded:
-    shards = 1
+    can_shard = 1
   elif name == "sharded":
-    shards = _num_parameter_servers(strategy)
+    can_shard = _num_parameter_servers(strategy)
   else:
-    shards = max(1, strategy.num_replicas_in_sync)
+    can_shard = max(1, strategy.num_replicas_in_sync)
+  if sharded and num_shards is not None:
+    can_shard = int(num_shards)
   source = "given"
   if device_memory_bytes is None:
     device_memory_bytes, source = _device_memory(strategy)
+  budget = HEADROOM * device_memory_bytes if device_memory_bytes else None
   rows, warnings = [], []
   for i, table in enumerate(_tables(feature_config)):
     table_name = table.name if table.name is not None else f"table_{i}"
@@ -214,20 +260,30 @@ def plan_memory(feature_config: Any,
     slots = tuple(embedding_optimizers.slot_names(opt)) if opt is not None else ()
     width = table.dim * table.dtype.size
     table_bytes = table.vocabulary_size * width
+    if name == "sharded":  # placement is a software choice: per table
+      shards, reason = _choose(table_bytes * (1 + len(slots)), can_shard,
+                               budget, name)
+    elif can_shard > 1:  # the TPU embedding engine shards every table
+      shards, reason = can_shard, (f"{name!r} shards every table over the "
+                                   f"{can_shard} TPU cores")
+    else:
+      shards, reason = _choose(table_bytes * (1 + len(slots)), 1, budget, name)
     rows_per_device = math.ceil(table.vocabulary_size / shards)
     rows.append(TableMemory(
         table=table_name, vocabulary_size=table.vocabulary_size, dim=table.dim,
         optimizer=type(opt).__name__ if opt is not None else "none",
         slots=slots, table_bytes=table_bytes,
         slot_bytes=len(slots) * table_bytes, shards=shards,
-        bytes_per_device=rows_per_device * width * (1 + len(slots))))
+        bytes_per_device=rows_per_device * width * (1 + len(slots)),
+        reason=reason))
   plan = MemoryPlan(name, rows, device_memory_bytes, source, warnings)
   if plan.fits is False:
     budget = HEADROOM * device_memory_bytes
     biggest = max(rows, key=lambda r: r.bytes_per_device)
+    placements = sorted({r.placement for r in rows})
     warnings.append(
         f"the embedding needs {human_bytes(plan.bytes_per_device)} per device "
-        f"with the {name!r} backend ({rows[0].placement}), over "
+        f"with the {name!r} backend ({', '.join(placements)}), over "
         f"{HEADROOM:.0%} of the {human_bytes(device_memory_bytes)} a device "
         f"has ({human_bytes(budget)}); the largest is table {biggest.table!r} "
         f"({human_bytes(biggest.bytes_per_device)}). Shard the tables "

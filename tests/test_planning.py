@@ -120,3 +120,38 @@ def test_describe_environment_on_tpus(feature, backend, expected):
 def test_human_bytes():
   assert planning.human_bytes(512) == "512 B"
   assert planning.human_bytes(3 * 1024 ** 3) == "3.0 GiB"
+
+
+def _sizes_config():
+  """'small' is 23x7 floats, 'big' 5000x11; both Adagrad (one slot)."""
+  small = E.TableConfig(23, 7, name="small")
+  big = E.TableConfig(5000, 11, name="big")
+  return {"s": E.FeatureConfig(small), "b": E.FeatureConfig(big)}
+
+
+def test_sharded_backend_replicates_small_tables_and_shards_big_ones():
+  small, big = 23 * 7 * 4 * 2, 5000 * 11 * 4 * 2  # table + accumulators
+  # Budget HEADROOM x memory: big is above REPLICATE_SHARE of it, small below.
+  memory = int(big / (planning.REPLICATE_SHARE * planning.HEADROOM) / 2)
+  plan = planning.plan_memory(_sizes_config(), E.Adagrad(0.1),
+                              device_memory_bytes=memory, backend="sharded",
+                              num_shards=3)
+  rows = {r.table: r for r in plan.rows}
+  assert rows["small"].placement == "replicated"
+  assert rows["small"].bytes_per_device == small
+  assert rows["big"].placement == "sharded /3"
+  assert rows["big"].bytes_per_device == math.ceil(5000 / 3) * 11 * 4 * 2
+  text = plan.format()
+  assert "small: replicated: " in text and "<= 10%" in text
+  assert "big: sharded /3: " in text and "rows split over 3" in text
+
+
+def test_replicated_backend_names_the_table_too_big_for_one_device():
+  big = 5000 * 11 * 4 * 2
+  plan = planning.plan_memory(_sizes_config(), E.Adagrad(0.1),
+                              device_memory_bytes=big, backend="tensorcore")
+  rows = {r.table: r for r in plan.rows}
+  assert rows["big"].placement == rows["small"].placement == "replicated"
+  assert "it needs a sharding backend" in rows["big"].reason
+  assert not rows["small"].reason
+  assert plan.fits is False

@@ -10,6 +10,11 @@ the embedding backend and the dense optimizer are explicit:
                               global_batch_size=GB)
     dense_optimizer.apply_gradients(zip(dense_grads, model.trainable_variables))
     backend.apply_gradients(activation_grads)
+
+Training health: every step checks that its loss and gradients are finite
+(replicas agree on the verdict). A non-finite step is never applied under
+"skip" (it is counted, the batch is consumed); under "stop" the loop ends
+before that step and the trainer reports it without saving anything.
 """
 
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
@@ -40,6 +45,22 @@ def split_batch(batch: Tuple[Mapping[str, Any], Any],
   return ids, {name: weights.get(name) for name in feature_names}
 
 
+NONFINITE_POLICIES = ("stop", "skip")
+
+
+def _all_finite(*structures) -> tf.Tensor:
+  """True iff every float tensor (or IndexedSlices' values) is finite."""
+  checks = []
+  for t in tf.nest.flatten(structures, expand_composites=False):
+    if t is None:
+      continue
+    if isinstance(t, tf.IndexedSlices):
+      t = t.values
+    if t.dtype.is_floating:
+      checks.append(tf.reduce_all(tf.math.is_finite(t)))
+  return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
 def _zeros_for_none(grads, acts):
   return tf.nest.map_structure(
       lambda g, a: tf.zeros_like(a) if g is None else g, grads, acts)
@@ -56,11 +77,38 @@ class StepFunctions:
     global_batch_size: examples per step over all replicas.
     global_step: int64 variable counting training steps (cross-replica).
     loss_metric: a `keras.metrics.Mean` fed the global mean loss of each step.
+    nonfinite_policy: "stop" (end the loop before a step whose loss or
+      gradients are NaN/inf; `first_nonfinite_step` names it) or "skip"
+      (leave such steps out, count them in `nonfinite_steps`).
+
+  Raises:
+    ValueError: an unknown policy, or "skip" with a backend that must send
+      gradients every step (the TPU embedding accelerator).
   """
 
   def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model,
                backend: Any, dense_optimizer: Any, global_batch_size: int,
-               global_step: tf.Variable, loss_metric: keras.metrics.Metric):
+               global_step: tf.Variable, loss_metric: keras.metrics.Metric,
+               nonfinite_policy: str = "stop"):
+    if nonfinite_policy not in NONFINITE_POLICIES:
+      raise ValueError(
+          f"nonfinite_policy={nonfinite_policy!r}: use one of "
+          f"{list(NONFINITE_POLICIES)}.")
+    if nonfinite_policy == "skip" and getattr(
+        getattr(backend, "capabilities", None), "needs_tpu", False):
+      raise ValueError(
+          f"nonfinite_policy='skip' needs a backend that can leave a step's "
+          f"update out; {type(backend).__name__} runs the TPU's own update "
+          "every step: use nonfinite_policy='stop'.")
+    self.nonfinite_policy = nonfinite_policy
+    with strategy.scope():
+      agg = tf.VariableAggregation.ONLY_FIRST_REPLICA
+      self.nonfinite_steps = tf.Variable(
+          0, dtype=tf.int64, trainable=False, name="nonfinite_steps",
+          aggregation=agg)
+      self.first_nonfinite_step = tf.Variable(
+          -1, dtype=tf.int64, trainable=False, name="first_nonfinite_step",
+          aggregation=agg)
     self._strategy = strategy
     self._model = model
     self._backend = backend
@@ -84,8 +132,17 @@ class StepFunctions:
     ids, weights = split_batch(batch, self._names)
     return self._backend_lookup(ids, weights, training=training)
 
+  def _agreed(self, finite: tf.Tensor) -> tf.Tensor:
+    """Every replica's verdict combined: finite only if finite everywhere."""
+    if self._strategy.num_replicas_in_sync == 1:
+      return finite
+    ctx = tf.distribute.get_replica_context()
+    bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM,
+                         1.0 - tf.cast(finite, tf.float32))
+    return bad < 0.5
+
   def train_step(self, batch) -> tf.Tensor:
-    """One replica's step; returns its share of the global mean loss."""
+    """One replica's step; returns whether it was finite on every replica."""
     features, labels = batch
     variables = self._model.trainable_variables
     with tf.GradientTape() as tape:
@@ -95,15 +152,26 @@ class StepFunctions:
           acts, features, labels, training=True,
           global_batch_size=self._global_batch_size)
     dense_grads, act_grads = tape.gradient(loss, (variables, acts))
+    act_grads = _zeros_for_none(act_grads, acts)
+    finite = self._agreed(_all_finite(loss, dense_grads, act_grads))
     pairs = [(g, v) for g, v in zip(dense_grads, variables) if g is not None]
-    if pairs:
-      self._optimizer.apply_gradients(pairs)
-    self._backend_apply(_zeros_for_none(act_grads, acts))
-    # The per-replica loss is already divided by the global batch: the sum
-    # over replicas is the step's mean loss; Mean averages replica values.
-    self._loss_metric.update_state(
-        loss * tf.cast(self._strategy.num_replicas_in_sync, loss.dtype))
-    return loss
+
+    def apply():
+      if pairs:
+        self._optimizer.apply_gradients(pairs)
+      self._backend_apply(act_grads)
+      # The per-replica loss is already divided by the global batch: the sum
+      # over replicas is the step's mean loss; Mean averages replica values.
+      self._loss_metric.update_state(
+          loss * tf.cast(self._strategy.num_replicas_in_sync, loss.dtype))
+      return tf.constant(True)
+
+    if self.nonfinite_policy == "skip":
+      return tf.cond(finite, apply, lambda: tf.constant(False))
+    # "stop": the loop ends at this step and nothing after it is saved, so
+    # the update can run unconditionally (no branch around TPU updates).
+    apply()
+    return finite
 
   def eval_step(self, batch) -> None:
     """One replica's eval step: updates `model.metrics` and the loss metric."""
@@ -120,7 +188,16 @@ class StepFunctions:
 
   def _train_loop(self, iterator, num_steps: tf.Tensor) -> None:
     for _ in tf.range(num_steps):
-      self._strategy.run(self.train_step, args=(next(iterator),))
+      finite = self._strategy.run(self.train_step, args=(next(iterator),))
+      finite = self._strategy.experimental_local_results(finite)[0]
+      if not finite:
+        if self.first_nonfinite_step < 0:
+          self.first_nonfinite_step.assign(self._global_step + 1)
+        self.nonfinite_steps.assign_add(1)
+        if self.nonfinite_policy == "stop":
+          break
+      # Skipped steps count: the step is the number of batches consumed,
+      # which is what positions the data on resume.
       self._global_step.assign_add(1)
 
   def _eval_loop(self, dataset) -> None:

@@ -2,7 +2,8 @@
 
 One function, `make_strategy`, decides: a TPU address (or "local") ->
 `TPUStrategy`; a `TF_CONFIG` cluster with parameter servers ->
-`ParameterServerStrategy`, with several workers ->
+`ParameterServerStrategy` with the embedding tables row-sharded over them
+(on a worker or ps task: serve the chief instead), with several workers ->
 `MultiWorkerMirroredStrategy`; GPUs -> `MirroredStrategy` over all of them
 (one GPU -> `OneDeviceStrategy`); else the CPU, either the default strategy or
 `MirroredStrategy` over `num_cpu_replicas` logical CPUs (replicas on one
@@ -60,6 +61,62 @@ def logical_cpus(num: int) -> list:
   return tf.config.list_logical_devices("CPU")[:num]
 
 
+def serve(tf_config: dict) -> None:
+  """Runs this worker or parameter-server task's gRPC server until killed.
+
+  In a parameter-server cluster only the chief runs Python training code;
+  workers and parameter servers run a `tf.distribute.Server` that executes
+  what the chief's `ClusterCoordinator` sends them. The process exits when
+  it is killed (the launcher stops it after the chief exits).
+  """
+  resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+  task = tf_config.get("task", {})
+  log.info("serving as %s %s of %s", task.get("type"), task.get("index", 0),
+           resolver.cluster_spec().as_dict())
+  server = tf.distribute.Server(
+      resolver.cluster_spec(), job_name=resolver.task_type,
+      task_index=resolver.task_id, protocol=resolver.rpc_layer or "grpc",
+      start=True)
+  server.join()
+
+
+def parameter_server_strategy(tf_config: dict
+                             ) -> Tuple[tf.distribute.Strategy, str]:
+  """The chief's `ParameterServerStrategy` for a TF_CONFIG with a "ps" job.
+
+  Embedding tables are row-sharded over every parameter server (the sharded
+  backend's `TablePartitioner`); other variables stay whole. On a "worker"
+  or "ps" task this serves (`serve`) and does not return.
+
+  Raises:
+    StrategyError: the cluster has no "chief" (the coordinator) or no
+      "worker" job, or this task's type is unknown.
+  """
+  cluster = tf_config.get("cluster", {})
+  task_type = tf_config.get("task", {}).get("type")
+  if not cluster.get("worker") or len(cluster.get("chief", [])) != 1:
+    raise StrategyError(
+        "a TF_CONFIG cluster with a 'ps' job needs exactly one 'chief' (the "
+        "coordinator that runs `recsys train`) and at least one 'worker'; got "
+        f"jobs {sorted(cluster)} with {len(cluster.get('chief', []))} chief(s) "
+        f"and {len(cluster.get('worker', []))} worker(s).")
+  if task_type in ("worker", "ps"):
+    serve(tf_config)
+    raise SystemExit(0)
+  if task_type != "chief":
+    raise StrategyError(
+        f"TF_CONFIG task type {task_type!r} is not one of 'chief', 'worker', "
+        "'ps' (parameter-server training; an 'evaluator' is not supported).")
+  from backends import sharded  # pylint: disable=g-import-not-at-top
+  num_ps = len(cluster["ps"])
+  resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+  strategy = tf.distribute.experimental.ParameterServerStrategy(
+      resolver, variable_partitioner=sharded.TablePartitioner(num_ps))
+  return strategy, (f"ParameterServerStrategy from TF_CONFIG ({num_ps} ps, "
+                    f"{len(cluster['worker'])} workers; tables row-sharded "
+                    f"over the {num_ps} ps)")
+
+
 def make_strategy(tpu: Optional[str] = None,
                   num_cpu_replicas: int = 0,
                   use_gpus: bool = True) -> Tuple[tf.distribute.Strategy, str]:
@@ -92,12 +149,10 @@ def make_strategy(tpu: Optional[str] = None,
           "TPU's name/grpc address; omit --tpu to train on CPU/GPU.") from e
     return tf.distribute.TPUStrategy(resolver), f"TPUStrategy on TPU {tpu!r}"
 
-  cluster = _tf_config().get("cluster", {})
+  tf_config = _tf_config()
+  cluster = tf_config.get("cluster", {})
   if cluster.get("ps"):
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    return (tf.distribute.experimental.ParameterServerStrategy(resolver),
-            f"ParameterServerStrategy from TF_CONFIG ({len(cluster['ps'])} ps, "
-            f"{len(cluster.get('worker', []))} workers)")
+    return parameter_server_strategy(tf_config)
   workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
   if workers > 1:
     return (tf.distribute.MultiWorkerMirroredStrategy(),

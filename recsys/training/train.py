@@ -61,6 +61,7 @@ def train(model_dir: str,
           seed: int = 0,
           progress_bar: bool = True,
           summaries: bool = True,
+          nonfinite_policy: str = "stop",
           strategy: Optional[tf.distribute.Strategy] = None,
           action: str = "train") -> Union[Dict[str, float], Trainer]:
   """Builds the strategy and the Trainer, then trains or evaluates.
@@ -90,6 +91,9 @@ def train(model_dir: str,
     seed: random seed of the run.
     progress_bar: show a progress bar with throughput and ETA.
     summaries: write TensorBoard summaries.
+    nonfinite_policy: "stop" (raise at a step with NaN/inf loss or gradients,
+      naming it and the last good checkpoint) or "skip" (leave such steps
+      out and count them).
     strategy: an already built strategy (Python callers; overrides `tpu`).
     action: "train" (returns final metrics), "evaluate" (restores the latest
       checkpoint, returns eval metrics) or "build" (returns the Trainer).
@@ -113,7 +117,8 @@ def train(model_dir: str,
       train_steps=train_steps, steps_per_loop=steps_per_loop,
       eval_every=eval_every, eval_steps=eval_steps,
       checkpoint_every=checkpoint_every, max_checkpoints=max_checkpoints,
-      seed=seed, progress_bar=progress_bar, summaries=summaries)
+      seed=seed, progress_bar=progress_bar, summaries=summaries,
+      nonfinite_policy=nonfinite_policy)
   if action == "build":
     return trainer
   if action == "evaluate":

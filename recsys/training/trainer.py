@@ -13,11 +13,12 @@ Example:
   >>> metrics = trainer.train()
 """
 
+import functools
 import inspect
 import json
 import logging
-import math
 import os
+import shutil
 import time
 from typing import Any, Callable, Dict, Mapping, Optional
 
@@ -29,7 +30,10 @@ from tensorflow.core.framework import summary_pb2  # pylint: disable=g-direct-te
 import backends
 from recsys import features as features_lib
 from recsys._keras import keras, tf
+from recsys.training import lock as lock_lib
+from recsys.training import coordinated as coordinated_lib
 from recsys.training import loop as loop_lib
+from recsys.training import signals as signals_lib
 
 log = logging.getLogger("recsys.training")
 
@@ -39,6 +43,32 @@ OPERATIVE_CONFIG_FILE = "operative_config.gin"
 
 class TrainerConfigError(ValueError):
   """The trainer's settings are inconsistent (batch sizes, steps, sources)."""
+
+
+class CorruptCheckpointError(RuntimeError):
+  """Checkpoints exist in the model dir but none of them reads back whole."""
+
+
+class NonFiniteLossError(FloatingPointError):
+  """A training step's loss or gradients were NaN/inf (policy "stop").
+
+  Attributes:
+    step: the failing step (1-based: the batch consumed by that step).
+    last_checkpoint: path of the newest checkpoint, or None.
+  """
+
+  def __init__(self, message: str, step: int, last_checkpoint: Optional[str]):
+    super().__init__(message)
+    self.step, self.last_checkpoint = step, last_checkpoint
+
+
+# What reading a damaged checkpoint raises (truncated data or index file;
+# TF's reader raises IndexError "Read less bytes than requested").
+_UNREADABLE_CHECKPOINT_ERRORS = (tf.errors.DataLossError,
+                                 tf.errors.OutOfRangeError,
+                                 tf.errors.NotFoundError,
+                                 tf.errors.InvalidArgumentError,
+                                 IndexError)
 
 
 def _call_with_supported(factory: Callable[..., Any], **kwargs) -> Any:
@@ -119,6 +149,18 @@ class Trainer:
     seed: seeds Python, NumPy and TF (`keras.utils.set_random_seed`).
     progress_bar: show a tqdm bar (on a terminal).
     summaries: write TensorBoard summaries.
+    nonfinite_policy: what a step with NaN/inf loss or gradients does:
+      "stop" (raise `NonFiniteLossError` naming the step and the last good
+      checkpoint; nothing is saved) or "skip" (leave the step out, count it
+      in `train/nonfinite_steps`).
+
+  Reliability: `train()` holds an exclusive lock on the model dir (a second
+  run there is refused), turns SIGTERM/Ctrl-C into a checkpoint at the exact
+  step and `TrainingPreempted`, and resumes from the newest checkpoint that
+  reads back whole (a truncated one is skipped with a warning, not deleted).
+  Checkpoints are written by TF's `CheckpointManager`, which publishes a
+  checkpoint only after all its files are written, so a crash (even SIGKILL
+  during a save) loses at most the steps since the last one.
   """
 
   def __init__(self,
@@ -142,7 +184,8 @@ class Trainer:
                max_checkpoints: int = 3,
                seed: int = 0,
                progress_bar: bool = True,
-               summaries: bool = True):
+               summaries: bool = True,
+               nonfinite_policy: str = "stop"):
     self.model_dir = model_dir
     self.source = source
     self.eval_source = eval_source if eval_source is not None else source
@@ -157,12 +200,11 @@ class Trainer:
     self.seed = seed
     self.progress_bar = progress_bar
     self._check_batch_sizes()
-    if isinstance(self.strategy,
-                  tf.distribute.experimental.ParameterServerStrategy):
-      raise TrainerConfigError(
-          "the Trainer's host loop does not drive ParameterServerStrategy "
-          "(it needs a ClusterCoordinator); unset the 'ps' job in TF_CONFIG "
-          "or use MultiWorkerMirroredStrategy.")
+    # ParameterServerStrategy: this process coordinates; steps run on the
+    # workers through a ClusterCoordinator (recsys.training.coordinated).
+    self._coordinator = (coordinated_lib.make_coordinator(self.strategy)
+                         if coordinated_lib.is_parameter_server(self.strategy)
+                         else None)
     os.makedirs(model_dir, exist_ok=True)
     keras.utils.set_random_seed(seed)
 
@@ -199,18 +241,34 @@ class Trainer:
       self.dense_optimizer = dense_optimizer()
       self.dense_optimizer.build(self.model.trainable_variables)
       self.loss_metric = keras.metrics.Mean("loss")
+      # Randomness drawn during training comes from this generator, saved with
+      # the run so a resumed run continues its stream (the built-in models
+      # and data draw none: they are functions of the seed and the step).
+      self.rng = tf.random.Generator.from_seed(seed)
     self.checkpoint = tf.train.Checkpoint(
         model=self.model, embedding=self.backend,
-        optimizer=self.dense_optimizer, step=self.global_step)
-    self.manager = tf.train.CheckpointManager(
-        self.checkpoint, os.path.join(model_dir, "checkpoints"),
-        max_to_keep=max_checkpoints, step_counter=self.global_step)
-    self.steps = loop_lib.StepFunctions(
+        optimizer=self.dense_optimizer, step=self.global_step, rng=self.rng)
+    # Every worker of a MultiWorkerMirroredStrategy must take part in a save
+    # (it may all-reduce), but only the chief writes the run's files: the
+    # others write to a scratch folder they delete, and all read the chief's.
+    checkpoint_dir = os.path.join(model_dir, "checkpoints")
+    self._chief = self._is_chief()
+    self._read_manager = tf.train.CheckpointManager(
+        self.checkpoint, checkpoint_dir, max_to_keep=max_checkpoints,
+        step_counter=self.global_step)
+    self.manager = self._read_manager
+    if not self._chief:
+      self.manager = tf.train.CheckpointManager(
+          self.checkpoint, self._scratch_dir("checkpoints"),
+          max_to_keep=1, step_counter=self.global_step)
+    self._saved_step: Optional[int] = None
+    self.steps = self._step_functions_class(
         self.strategy, self.model, self.backend, self.dense_optimizer,
-        self.global_batch_size, self.global_step, self.loss_metric)
+        self.global_batch_size, self.global_step, self.loss_metric,
+        nonfinite_policy=nonfinite_policy)
     self._eval_dataset = None
     self._writers = None
-    if summaries:
+    if summaries and self._chief:
       self._writers = {
           kind: tf.summary.create_file_writer(os.path.join(model_dir, kind))
           for kind in ("train", "eval")}
@@ -275,7 +333,19 @@ class Trainer:
 
   def _distribute(self, source, global_batch: int, training: bool,
                   skip_steps: int = 0, take_steps: Optional[int] = None):
-    """A distributed dataset of per-replica batches of `source`."""
+    """A distributed dataset of per-replica batches of `source`.
+
+    Under ParameterServerStrategy: training data is a per-worker dataset
+    (worker k reads pipeline k of the workers), evaluation data a dataset on
+    this coordinator process.
+    """
+    if self._coordinator is not None:
+      if not training:
+        return coordinated_lib.coordinator_dataset(
+            source, global_batch, self._preprocess, take_steps)
+      return coordinated_lib.per_worker_dataset(
+          self._coordinator, source, global_batch, self._preprocess,
+          skip_steps, self.backend.input_options())
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
       per_replica = ctx.get_per_replica_batch_size(global_batch)
@@ -290,6 +360,12 @@ class Trainer:
         ds = ds.skip(skip_steps * batches_per_step)
       if take_steps is not None:
         ds = ds.take(take_steps * batches_per_step)
+      if training:
+        # Infinite to tf.distribute: with a finite (even astronomically
+        # long) dataset, MultiWorkerMirroredStrategy hands out batches of
+        # unknown size (its "last partial batch" handling), and the compiled
+        # steps lose their static shapes.
+        ds = ds.repeat()
       ds = ds.map(tf.autograph.experimental.do_not_convert(self._preprocess),
                   num_parallel_calls=tf.data.AUTOTUNE)
       return ds.prefetch(tf.data.AUTOTUNE)
@@ -300,27 +376,109 @@ class Trainer:
   # -- checkpoints -----------------------------------------------------------
 
   def restore(self) -> int:
-    """Restores the latest checkpoint of the model dir; returns its step."""
-    path = self.manager.latest_checkpoint
-    if not path:
+    """Restores the newest readable checkpoint of the model dir.
+
+    Checkpoints are tried newest first. One whose files cannot be read back
+    whole (truncated or corrupted after it was written) is skipped with a
+    warning naming it, and left on disk; an incompatible one (another run's
+    tables) raises at once: falling back would silently train another model.
+
+    Returns:
+      The restored step (0 when there is no checkpoint).
+
+    Raises:
+      backends.checkpoint.CheckpointMismatchError: the newest checkpoint
+        belongs to a different configuration.
+      CorruptCheckpointError: checkpoints exist but none reads back.
+    """
+    candidates = list(reversed(self._read_manager.checkpoints))
+    if not candidates:
       return 0
-    try:
-      from backends import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-      verify = getattr(ckpt_lib, "verify_compatible", None)
-    except ImportError:
-      verify = None
-    if verify is not None:
-      verify(path, self.backend)
-    self.checkpoint.restore(path).assert_existing_objects_matched()
-    step = int(self.global_step.numpy())
-    log.info("restored %s at step %d", path, step)
-    return step
+    from backends import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+    failures = []
+    for path in candidates:
+      try:
+        ckpt_lib.verify_compatible(path, self.backend)
+        self.checkpoint.restore(path).assert_existing_objects_matched()
+      except _UNREADABLE_CHECKPOINT_ERRORS as e:
+        reason = str(e).strip().splitlines()[0][:300] if str(e) else type(e).__name__
+        log.warning("checkpoint %s is unreadable (%s); trying an older one. "
+                    "It is left on disk.", path, reason)
+        failures.append(f"{path}: {reason}")
+        continue
+      step = int(self.global_step.numpy())
+      self._saved_step = step
+      log.info("restored %s at step %d", path, step)
+      return step
+    raise CorruptCheckpointError(
+        f"no checkpoint in {self._read_manager.directory!r} reads back whole: "
+        + "; ".join(failures) + ". Move the directory aside to start over.")
 
   def save(self) -> str:
+    """Saves a checkpoint at the current step; returns the chief's path."""
     step = int(self.global_step.numpy())
     path = self.manager.save(checkpoint_number=step)
+    self._saved_step = step
+    if not self._chief:
+      shutil.rmtree(self.manager.directory, ignore_errors=True)
+      path = os.path.join(self._read_manager.directory, os.path.basename(path))
     log.info("saved checkpoint %s", path)
     return path
+
+  def _save_if_new(self, step: int) -> str:
+    """Saves unless this step is saved already (same decision on every worker)."""
+    if self._saved_step == step:
+      return os.path.join(self._read_manager.directory, f"ckpt-{step}")
+    return self.save()
+
+  def _scratch_dir(self, name: str) -> str:
+    """A non-chief worker's own folder for files only the chief keeps."""
+    resolver = self.strategy.cluster_resolver
+    return os.path.join(self.model_dir, ".workers",
+                        f"{resolver.task_type}-{resolver.task_id}", name)
+
+  def _is_chief(self) -> bool:
+    """Whether this process writes the run's files (not a non-chief worker)."""
+    resolver = getattr(self.strategy, "cluster_resolver", None)
+    task_type = getattr(resolver, "task_type", None)
+    if not task_type:
+      return True
+    if task_type == "chief":
+      return True
+    spec = resolver.cluster_spec().as_dict() if resolver else {}
+    return task_type == "worker" and "chief" not in spec and not resolver.task_id
+
+  def _agreed_stop(self, requested: Optional[str]) -> Optional[str]:
+    """The stop signal, agreed by every worker so all save the same step."""
+    resolver = getattr(self.strategy, "cluster_resolver", None)
+    spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    workers = len(spec.get("worker", [])) + len(spec.get("chief", []))
+    if workers <= 1 or isinstance(
+        self.strategy, tf.distribute.experimental.ParameterServerStrategy):
+      return requested
+    flag = self.strategy.experimental_distribute_values_from_function(
+        lambda _: tf.constant(1.0 if requested else 0.0))
+    agreed = self.strategy.reduce(tf.distribute.ReduceOp.SUM, flag, axis=None)
+    return (requested or "SIGTERM") if float(agreed) > 0 else None
+
+  def _check_finite(self, reached: int) -> None:
+    """Raises `NonFiniteLossError` if the loop stopped on a NaN/inf step."""
+    if self.steps.nonfinite_policy != "stop":
+      return
+    bad = int(self.steps.first_nonfinite_step.numpy())
+    if bad < 0:
+      return
+    latest = self._read_manager.latest_checkpoint
+    saved = (f"the last good checkpoint is {latest}" if latest else
+             "no checkpoint was saved yet (set checkpoint_every)")
+    raise NonFiniteLossError(
+        f"training step {bad} produced a NaN/inf loss or gradients (on the "
+        f"batch that step reads: batch {bad - 1} of the training data counted "
+        f"from 0, {self.global_batch_size} examples); training stopped at "
+        f"step {reached} without saving; {saved}. Lower the learning rates, "
+        "check that batch for NaN/inf dense features or extreme labels, or "
+        "set train.nonfinite_policy = 'skip' to leave such steps out.",
+        step=bad, last_checkpoint=latest)
 
   # -- running ---------------------------------------------------------------
 
@@ -354,7 +512,24 @@ class Trainer:
       The final metrics: `train/loss`, `train/<metric>`, `eval/<metric>`,
       `examples_per_second`, `step`, and the source's known optimum
       (`bayes_auc`, ...) when it reports one.
+
+    Raises:
+      ModelDirBusyError: another live run trains in this model dir.
+      TrainingPreempted: SIGTERM or Ctrl-C arrived; a checkpoint was saved at
+        the step reached (`recsys train` exits with status 143).
+      NonFiniteLossError: a step had NaN/inf loss or gradients (policy
+        "stop"); names the step and the last good checkpoint.
     """
+    lock = lock_lib.ModelDirLock(self.model_dir)
+    if self._is_chief():
+      lock.acquire()
+    try:
+      with signals_lib.StopRequests() as stop:
+        return self._train(stop)
+    finally:
+      lock.release()
+
+  def _train(self, stop: signals_lib.StopRequests) -> Dict[str, float]:
     step = int(self.global_step.numpy())
     self.write_operative_config()
     iterator = iter(self._distribute(self.source, self.global_batch_size,
@@ -370,6 +545,8 @@ class Trainer:
         m.reset_state()
       t0 = time.time()
       self.steps.run_train_steps(iterator, end - step)
+      reached = int(self.global_step.numpy())
+      self._check_finite(reached)
       results = _flat_results(self.model.metrics, "train")
       if self.is_retrieval:  # corpus hit rates are computed in evaluation only
         results = {k: v for k, v in results.items() if "hit_rate" not in k}
@@ -382,10 +559,9 @@ class Trainer:
       results["learning_rate"] = self._learning_rate()
       results["examples_per_second"] = examples_per_second
       self._write("train", results, step)
-      if not math.isfinite(results["train/loss"]):
-        raise FloatingPointError(
-            f"training loss is {results['train/loss']} at step {step}; lower "
-            "the learning rates or check the data.")
+      if self.steps.nonfinite_policy == "skip":
+        results["train/nonfinite_steps"] = float(
+            self.steps.nonfinite_steps.numpy())
       if bar is not None:
         bar.update(end - bar.n)
         bar.set_postfix(loss=f"{results['train/loss']:.4f}",
@@ -397,11 +573,15 @@ class Trainer:
         self.save()
       if self.eval_every and step % self.eval_every == 0 and step < self.train_steps:
         self._log_eval(self.evaluate(), step)
+      signal_name = self._agreed_stop(stop.requested)
+      if signal_name and step < self.train_steps:
+        if bar is not None:
+          bar.close()
+        path = self._save_if_new(step)
+        raise signals_lib.TrainingPreempted(step, path, signal_name)
     if bar is not None:
       bar.close()
-    latest = self.manager.latest_checkpoint
-    if latest is None or not latest.endswith(f"-{step}"):
-      self.save()
+    self._save_if_new(step)
     final = dict(results)
     final.update(self.evaluate())
     self._log_eval(final, step)
@@ -493,12 +673,16 @@ class Trainer:
 
   def write_operative_config(self) -> str:
     path = os.path.join(self.model_dir, OPERATIVE_CONFIG_FILE)
+    if not self._chief:
+      return path
     with open(path, "w", encoding="utf-8") as f:
       f.write(gin.operative_config_str())
     return path
 
   def write_metrics(self, metrics: Mapping[str, float]) -> str:
     path = os.path.join(self.model_dir, METRICS_FILE)
+    if not self._chief:
+      return path
     with open(path, "w", encoding="utf-8") as f:
       json.dump({"backend": self.backend_name,
                  "strategy": type(self.strategy).__name__,
@@ -507,3 +691,13 @@ class Trainer:
                  **{k: v for k, v in metrics.items()}}, f, indent=2,
                 sort_keys=True)
     return path
+
+  # -- parameter-server training (recsys.training.coordinated) ---------------
+
+  @property
+  def _step_functions_class(self) -> Callable[..., loop_lib.StepFunctions]:
+    """`StepFunctions`, or its coordinator-scheduled version under PS."""
+    if self._coordinator is None:
+      return loop_lib.StepFunctions
+    return functools.partial(coordinated_lib.CoordinatedStepFunctions,
+                             self._coordinator)

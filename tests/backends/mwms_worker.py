@@ -1,7 +1,12 @@
 """One worker of the 2-process MultiWorkerMirroredStrategy test (run as a script).
 
-Usage: python mwms_worker.py OUT.npz   (TF_CONFIG set by the test; without it,
-the process trains alone on the whole batch: the reference).
+Usage: python mwms_worker.py OUT.npz [--replicas 2]
+
+With TF_CONFIG (set by the test) it is one worker of the 2-process cluster and
+trains on its half of each global batch. Without it the process trains alone:
+on the whole batch with one replica, or with `--replicas 2` under a
+MirroredStrategy over 2 logical CPUs, each replica on its half (the same
+global batch, split as the 2 workers split it).
 """
 
 import json
@@ -27,10 +32,18 @@ def batches():
     yield rows, cot
 
 
-def main(out_path: str) -> None:
+def main(out_path: str, local_replicas: int = 1) -> None:
   multi = "TF_CONFIG" in os.environ
-  strategy = (tf.distribute.MultiWorkerMirroredStrategy() if multi
-              else tf.distribute.get_strategy())
+  if multi:
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  elif local_replicas > 1:
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * local_replicas)
+    strategy = tf.distribute.MirroredStrategy(
+        [d.name for d in tf.config.list_logical_devices("CPU")])
+  else:
+    strategy = tf.distribute.get_strategy()
   worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"] if multi else 0
   workers = strategy.num_replicas_in_sync if multi else 1
   table = E.TableConfig(23, DIM, combiner="mean", name="t")
@@ -52,6 +65,18 @@ def main(out_path: str) -> None:
 
   per = GLOBAL_BATCH // workers
   for rows, cot in batches():
+    if local_replicas > 1 and not multi:
+      half = GLOBAL_BATCH // local_replicas
+      def part(ctx, rows=rows, cot=cot, half=half):
+        mine = slice(ctx.replica_id_in_sync_group * half,
+                     (ctx.replica_id_in_sync_group + 1) * half)
+        return tf.ragged.constant(rows[mine], dtype=tf.int64), tf.constant(cot[mine])
+      ids = strategy.experimental_distribute_values_from_function(
+          lambda ctx: part(ctx)[0])
+      cots = strategy.experimental_distribute_values_from_function(
+          lambda ctx: part(ctx)[1])
+      step(ids, cots)
+      continue
     mine = slice(worker * per, (worker + 1) * per)
     step(tf.ragged.constant(rows[mine], dtype=tf.int64), tf.constant(cot[mine]))
   np.savez(out_path, table=var.numpy(),
@@ -59,4 +84,4 @@ def main(out_path: str) -> None:
 
 
 if __name__ == "__main__":
-  main(sys.argv[1])
+  main(sys.argv[1], int(sys.argv[3]) if sys.argv[2:3] == ["--replicas"] else 1)

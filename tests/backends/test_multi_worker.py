@@ -31,9 +31,13 @@ def _env(**extra):
 
 @pytest.mark.slow
 def test_two_workers_equal_one_process_on_the_global_batch(tmp_path):
+  """2 processes == 1 process with 2 replicas == 1 replica, same global batch."""
   ref = tmp_path / "ref.npz"
   subprocess.run([sys.executable, str(WORKER), str(ref)], env=_env(),
                  check=True, timeout=300)
+  two_replicas = tmp_path / "two_replicas.npz"
+  subprocess.run([sys.executable, str(WORKER), str(two_replicas), "--replicas",
+                  "2"], env=_env(), check=True, timeout=300)
   cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
   procs = []
   try:
@@ -52,6 +56,8 @@ def test_two_workers_equal_one_process_on_the_global_batch(tmp_path):
         p.kill()
   want = np.load(ref)
   w0, w1 = np.load(tmp_path / "w0.npz"), np.load(tmp_path / "w1.npz")
+  mirrored = np.load(two_replicas)
   for key in ("table", "acc"):
     np.testing.assert_array_equal(w0[key], w1[key])  # replicas bit-identical
+    np.testing.assert_allclose(w0[key], mirrored[key], rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(w0[key], want[key], rtol=1e-5, atol=1e-6)

@@ -110,7 +110,7 @@ def test_forcing_a_backend_that_can_run():
      r"TPUEmbeddingForServing runs on CPU/GPU only.*or one of tensorcore, "
      r"tpu_embedding, tpu_embedding_v0"),
     (tf.distribute.get_strategy, "sharded",
-     r"not implemented yet: see the scale-out issue"),
+     r"needs a ParameterServerStrategy .* or use 'tensorcore'"),
 ])
 def test_forced_backend_that_cannot_run_is_refused_with_why_and_what_instead(
     strategy_fn, backend, expected):

@@ -1,0 +1,261 @@
+"""The local launcher: a small TF_CONFIG cluster of processes on this machine.
+
+`recsys launch --workers 2 --ps 2 -- train --gin_file ... --model_dir ...`
+starts one process per task, each `python -m recsys <command...>` with its
+own `TF_CONFIG` (the standard convention, so the same command runs on real
+hosts with TF_CONFIG set by the cluster manager):
+
+* with `--ps N > 0`: a parameter-server cluster: a "chief" (the coordinator,
+  which runs the training loop and writes the model dir), `--workers`
+  "worker" tasks and N "ps" tasks (which serve, see
+  `recsys.training.strategy.serve`); `recsys train` picks
+  `ParameterServerStrategy` and the `sharded` backend;
+* with `--ps 0`: `--workers` "worker" tasks of a
+  `MultiWorkerMirroredStrategy` (replicated `tensorcore` tables, input
+  sharded per worker), worker 0 being the chief.
+
+Every line a task prints is prefixed with its name (`[chief]`, `[worker 1]`,
+`[ps 0]`). The launcher stops every process it started when the chief exits,
+when a task it cannot lose fails (a parameter server, or any worker of a
+mirrored cluster), and on Ctrl-C / SIGTERM (the chief first gets SIGTERM and
+`--grace_seconds` to save a checkpoint). In a parameter-server cluster a
+worker may die: the chief's coordinator moves its work to the others.
+
+Addresses are 127.0.0.1 on free ports. TensorFlow's gRPC server listens on
+every interface of the machine, though (it has no bind-address setting);
+`--private_network` runs the whole cluster in a new network namespace with
+only a loopback interface (`unshare -rn`, Linux with user namespaces), so
+nothing outside can reach it.
+
+Example:
+  recsys launch --workers 2 --ps 2 -- train \\
+      --gin_file experiments/synthetic_dlrm.gin --model_dir runs/ps
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Sequence, TextIO, Tuple
+
+_PRIVATE_ENV = "RECSYS_LAUNCH_PRIVATE_NETWORK"
+
+
+class LaunchError(RuntimeError):
+  """The cluster could not be started as asked."""
+
+
+def free_ports(n: int) -> List[int]:
+  """`n` distinct free TCP ports on 127.0.0.1."""
+  socks = [socket.socket() for _ in range(n)]
+  try:
+    for s in socks:
+      s.bind(("127.0.0.1", 0))
+    return [s.getsockname()[1] for s in socks]
+  finally:
+    for s in socks:
+      s.close()
+
+
+def cluster_spec(workers: int, ps: int) -> Dict[str, List[str]]:
+  """The TF_CONFIG cluster: chief + workers + ps, or workers only (ps=0)."""
+  if workers < 1 or ps < 0:
+    raise LaunchError(f"need --workers >= 1 and --ps >= 0; got workers={workers}, "
+                      f"ps={ps}.")
+  ports = iter(free_ports(workers + ps + (1 if ps else 0)))
+  spec = {}
+  if ps:
+    spec["chief"] = [f"127.0.0.1:{next(ports)}"]
+  spec["worker"] = [f"127.0.0.1:{next(ports)}" for _ in range(workers)]
+  if ps:
+    spec["ps"] = [f"127.0.0.1:{next(ports)}" for _ in range(ps)]
+  return spec
+
+
+def tasks(spec: Dict[str, List[str]]) -> List[Tuple[str, int]]:
+  """Every (task type, index), the chief (or worker 0) first."""
+  order = ["chief", "worker", "ps"]
+  return [(job, i) for job in order for i in range(len(spec.get(job, [])))]
+
+
+def task_name(job: str, index: int) -> str:
+  return "chief" if job == "chief" else f"{job} {index}"
+
+
+class Cluster:
+  """Processes of a local cluster; `stop()` ends every one of them.
+
+  Args:
+    spec: the cluster dict (see `cluster_spec`).
+    command: the `recsys` command line each task runs (e.g. ["train", ...]).
+    out: where the prefixed log lines go.
+    env: base environment (TF_CONFIG is set per task).
+  """
+
+  def __init__(self, spec: Dict[str, List[str]], command: Sequence[str],
+               out: TextIO = sys.stdout, env: Optional[Dict[str, str]] = None):
+    self.spec = spec
+    self.command = list(command)
+    self.out = out
+    self.env = dict(env if env is not None else os.environ)
+    self.procs: Dict[Tuple[str, int], subprocess.Popen] = {}
+    self._threads: List[threading.Thread] = []
+    self._lock = threading.Lock()
+
+  @property
+  def chief(self) -> Tuple[str, int]:
+    return ("chief", 0) if "chief" in self.spec else ("worker", 0)
+
+  @property
+  def parameter_server_mode(self) -> bool:
+    return bool(self.spec.get("ps"))
+
+  def start(self) -> None:
+    for job, index in tasks(self.spec):
+      env = dict(self.env)
+      env["TF_CONFIG"] = json.dumps(
+          {"cluster": self.spec, "task": {"type": job, "index": index}})
+      proc = subprocess.Popen(
+          [sys.executable, "-m", "recsys", *self.command], env=env,
+          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+          bufsize=1, start_new_session=True)
+      self.procs[(job, index)] = proc
+      self._print(f"[launch] {task_name(job, index)} pid {proc.pid} at "
+                  f"{self.spec[job][index]}")
+      thread = threading.Thread(target=self._pump, args=(job, index, proc),
+                                daemon=True)
+      thread.start()
+      self._threads.append(thread)
+
+  def _print(self, line: str) -> None:
+    with self._lock:
+      self.out.write(line.rstrip("\n") + "\n")
+      self.out.flush()
+
+  def _pump(self, job: str, index: int, proc: subprocess.Popen) -> None:
+    prefix = f"[{task_name(job, index)}] "
+    for line in proc.stdout:
+      self._print(prefix + line)
+
+  def wait(self, poll_seconds: float = 0.2) -> int:
+    """Waits for the chief; stops early if a task it cannot lose fails.
+
+    Returns:
+      The chief's exit status (1 if another essential task failed first).
+    """
+    chief = self.procs[self.chief]
+    reported = set()
+    while True:
+      code = chief.poll()
+      if code is not None:
+        self._print(f"[launch] {task_name(*self.chief)} exited with status {code}")
+        return code
+      for key, proc in self.procs.items():
+        code = proc.poll()
+        if key == self.chief or code is None or key in reported:
+          continue
+        reported.add(key)
+        job = key[0]
+        if self.parameter_server_mode and job == "worker":
+          self._print(f"[launch] {task_name(*key)} exited with status {code}; "
+                      "the coordinator moves its work to the other workers")
+          continue
+        self._print(f"[launch] {task_name(*key)} exited with status {code}; a "
+                    f"{'parameter server' if job == 'ps' else 'mirrored worker'}"
+                    " cannot be lost: stopping the cluster")
+        return 1
+      time.sleep(poll_seconds)
+
+  def stop(self, grace_seconds: float = 10.0) -> None:
+    """SIGTERM to the chief (grace to checkpoint), then SIGKILL to every group."""
+    chief = self.procs.get(self.chief)
+    if chief is not None and chief.poll() is None:
+      _signal_group(chief, signal.SIGTERM)
+      try:
+        chief.wait(timeout=grace_seconds)
+      except subprocess.TimeoutExpired:
+        pass
+    for proc in self.procs.values():
+      _signal_group(proc, signal.SIGKILL)
+    for proc in self.procs.values():
+      try:
+        proc.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        self._print(f"[launch] pid {proc.pid} did not exit after SIGKILL")
+    for thread in self._threads:
+      thread.join(timeout=5)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+  try:
+    os.killpg(proc.pid, sig)  # each task leads its own session
+  except (ProcessLookupError, PermissionError):
+    pass
+
+
+def _private_network_argv(argv: Sequence[str]) -> List[str]:
+  if shutil.which("unshare") is None or shutil.which("ip") is None:
+    raise LaunchError("--private_network needs the `unshare` and `ip` commands "
+                      "(util-linux, iproute2) and user namespaces; run without it.")
+  return ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
+          sys.executable, "-m", "recsys", "launch", *argv]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+  """The flags of `recsys launch`."""
+  parser.add_argument("--workers", type=int, default=2,
+                      help="worker tasks (default 2).")
+  parser.add_argument("--ps", type=int, default=2,
+                      help="parameter-server tasks (default 2); 0: a "
+                           "MultiWorkerMirroredStrategy cluster of the workers.")
+  parser.add_argument("--grace_seconds", type=float, default=10.0,
+                      help="on Ctrl-C/SIGTERM, how long the chief may take to "
+                           "save a checkpoint before everything is killed.")
+  parser.add_argument("--private_network", action="store_true",
+                      help="run the cluster in a new network namespace with only "
+                           "a loopback interface (Linux, unshare -rn): TF's "
+                           "servers listen on all interfaces otherwise.")
+  parser.add_argument("task_command", nargs=argparse.REMAINDER,
+                      metavar="COMMAND",
+                      help="after `--`: the recsys command every task runs, e.g. "
+                           "train --gin_file F --model_dir D")
+
+
+def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+  """Starts the cluster, waits for the chief, stops everything; its status."""
+  command = list(args.task_command)
+  if command and command[0] == "--":
+    command = command[1:]
+  if not command:
+    raise LaunchError("give the command every task runs after `--`, e.g. "
+                      "recsys launch --workers 2 --ps 2 -- train --gin_file "
+                      "experiments/synthetic_dlrm.gin --model_dir runs/ps")
+  if args.private_network and not os.environ.get(_PRIVATE_ENV):
+    argv = [f"--workers={args.workers}", f"--ps={args.ps}",
+            f"--grace_seconds={args.grace_seconds}", "--", *command]
+    env = dict(os.environ, **{_PRIVATE_ENV: "1"})
+    return subprocess.call(_private_network_argv(argv), env=env)
+  cluster = Cluster(cluster_spec(args.workers, args.ps), command, out=out)
+  stopping = threading.Event()
+
+  def on_signal(signum, frame):
+    del frame
+    stopping.set()
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+  previous = signal.signal(signal.SIGTERM, on_signal)
+  try:
+    cluster.start()
+    return cluster.wait()
+  except KeyboardInterrupt:
+    cluster._print("[launch] interrupted: stopping the cluster")  # pylint: disable=protected-access
+    return 130
+  finally:
+    cluster.stop(args.grace_seconds)
+    signal.signal(signal.SIGTERM, previous)

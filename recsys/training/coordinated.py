@@ -1,0 +1,172 @@
+"""Training under ParameterServerStrategy: ClusterCoordinator steps and data.
+
+With a `ParameterServerStrategy` the trainer's process is the coordinator
+(TF_CONFIG task "chief"): it owns no data and runs no training step itself.
+It schedules functions on the workers with
+`tf.distribute.coordinator.ClusterCoordinator`, each running a few training
+steps on that worker's own input pipeline, while the variables (the sharded
+embedding tables, the dense model, the optimizers, the metrics) live on the
+parameter servers. Workers run asynchronously: one replica per worker, each
+step is one worker's batch of `global_batch_size` examples, no all-reduce.
+
+`CoordinatedStepFunctions` has the interface of
+`recsys.training.loop.StepFunctions` (`run_train_steps`, `eval_loop`), so the
+Trainer's `train()` / `evaluate()` run unchanged: the same step body
+(`train_step`) runs on the workers, evaluation runs on the coordinator, which
+reads the parameter servers directly (every example once, in order), and
+checkpoints and summaries are written by the coordinator.
+
+A worker that dies mid-run is survived as TF's coordinator allows: the
+functions it was running are rescheduled on the other workers (and on it
+again once it is back), so exactly the requested number of steps runs.
+Losing a parameter server or the coordinator ends the run; restart it and it
+resumes from the last checkpoint.
+
+Example:
+  >>> coordinator = make_coordinator(strategy)
+  >>> dataset = per_worker_dataset(coordinator, source, 512, preprocess)
+  >>> steps = CoordinatedStepFunctions(coordinator, strategy, model, backend,
+  ...                                  optimizer, 512, global_step, loss)
+  >>> steps.run_train_steps(iter(dataset), 100)
+"""
+
+import logging
+import math
+from typing import Any, Callable, Optional
+
+from recsys._keras import tf
+from recsys.training import loop as loop_lib
+
+log = logging.getLogger("recsys.training")
+
+#: Training steps a scheduled function runs on a worker before returning:
+#: fewer means finer load balancing and faster recovery, more means less
+#: scheduling overhead (one RPC round trip per function).
+STEPS_PER_FUNCTION = 10
+
+
+def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
+  return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+
+
+def make_coordinator(strategy: tf.distribute.Strategy
+                    ) -> "tf.distribute.coordinator.ClusterCoordinator":
+  """The strategy's `ClusterCoordinator` (one per strategy; made once)."""
+  return tf.distribute.coordinator.ClusterCoordinator(strategy)
+
+
+def num_workers(strategy: tf.distribute.Strategy) -> int:
+  """Workers in the strategy's cluster (tasks of job "worker")."""
+  from backends import sharded  # pylint: disable=g-import-not-at-top
+  return max(1, sharded.num_tasks(strategy, "worker"))
+
+
+def per_worker_dataset(coordinator, source: Any, global_batch: int,
+                       preprocess: Callable[[Any, Any], Any],
+                       skip_steps: int = 0,
+                       options: Optional[tf.distribute.InputOptions] = None):
+  """A dataset on every worker, each reading its own shard of `source`.
+
+  Worker `k` of `W` reads input pipeline `k` of `W` of the training split
+  (`source.dataset(global_batch, input_context=...)`: one replica per worker,
+  so a worker's batch is the global batch). The dataset function is traced
+  once and runs on every worker; it builds the `W` pipelines and reads only
+  the one of the worker it runs on
+  (`tf.distribute.coordinator.experimental_get_current_worker_index`).
+
+  Args:
+    coordinator: the run's `ClusterCoordinator`.
+    source: a data source (`dataset(batch_size, *, training, input_context,
+      drop_remainder)`).
+    global_batch: examples per step (per worker batch).
+    preprocess: `(features, labels) -> (features, labels)` on the host.
+    skip_steps: steps already trained (resume): each worker skips its share.
+    options: the backend's input options.
+
+  Returns:
+    A per-worker dataset; `iter()` it and pass the iterator to
+    `CoordinatedStepFunctions.run_train_steps`.
+  """
+  strategy = coordinator.strategy
+  workers = num_workers(strategy)
+  skip = int(math.ceil(skip_steps / workers)) if skip_steps else 0
+
+  def pipeline(k: int) -> tf.data.Dataset:
+    ctx = tf.distribute.InputContext(num_input_pipelines=workers,
+                                     input_pipeline_id=k,
+                                     num_replicas_in_sync=1)
+    ds = source.dataset(global_batch, training=True, input_context=ctx,
+                        drop_remainder=True)
+    if skip:
+      ds = ds.skip(skip)
+    return ds.map(tf.autograph.experimental.do_not_convert(preprocess),
+                  num_parallel_calls=tf.data.AUTOTUNE)
+
+  def dataset_fn(_: tf.distribute.InputContext) -> tf.data.Dataset:
+    if workers == 1:
+      return pipeline(0).prefetch(tf.data.AUTOTUNE)
+    index = tf.distribute.coordinator.experimental_get_current_worker_index()
+    choice = tf.data.Dataset.from_tensors(tf.cast(index, tf.int64)).repeat()
+    ds = tf.data.Dataset.choose_from_datasets(
+        [pipeline(k) for k in range(workers)], choice)
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+  @tf.function
+  def per_worker_fn():
+    return strategy.distribute_datasets_from_function(dataset_fn, options)
+
+  return coordinator.create_per_worker_dataset(per_worker_fn)
+
+
+def coordinator_dataset(source: Any, global_batch: int,
+                        preprocess: Callable[[Any, Any], Any],
+                        take_steps: Optional[int] = None) -> tf.data.Dataset:
+  """The evaluation split as a dataset on the coordinator (every example once)."""
+  ds = source.dataset(global_batch, training=False, drop_remainder=True,
+                      repeat=False)
+  if take_steps is not None:
+    ds = ds.take(take_steps)
+  ds = ds.map(tf.autograph.experimental.do_not_convert(preprocess),
+              num_parallel_calls=tf.data.AUTOTUNE)
+  return ds.prefetch(tf.data.AUTOTUNE)
+
+
+class CoordinatedStepFunctions(loop_lib.StepFunctions):
+  """`StepFunctions` whose training steps the coordinator schedules on workers.
+
+  Args:
+    coordinator: the strategy's `ClusterCoordinator`.
+    *args, **kwargs: those of `recsys.training.loop.StepFunctions`.
+
+  The step body (`train_step`: lookup, loss, dense and embedding updates, the
+  non-finite check) is the one every strategy runs; `run_train_steps`
+  schedules it in functions of at most `STEPS_PER_FUNCTION` steps and waits
+  for all of them, then sets the step counter to exactly the steps requested
+  (a function retried after its worker died may have counted some twice).
+  """
+
+  def __init__(self, coordinator, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._coordinator = coordinator
+    self.eval_loop = tf.function(self._coordinator_eval_loop)
+
+  def run_train_steps(self, iterator, num_steps: int) -> None:
+    """Schedules `num_steps` steps on the workers and waits for them."""
+    start = int(self._global_step.numpy())
+    workers = num_workers(self._strategy)
+    per_function = max(1, min(STEPS_PER_FUNCTION,
+                              math.ceil(num_steps / workers)))
+    remaining = num_steps
+    while remaining > 0:
+      n = min(per_function, remaining)
+      self._coordinator.schedule(self.train_loop,
+                                 args=(iterator, tf.constant(n, tf.int32)))
+      remaining -= n
+    self._coordinator.join()
+    self._global_step.assign(start + num_steps)
+
+  def _coordinator_eval_loop(self, dataset) -> None:
+    # On the coordinator, outside `strategy.run`: it reads the variables on
+    # the parameter servers and updates the metrics there.
+    for batch in dataset:
+      self.eval_step(batch)

@@ -1,0 +1,50 @@
+"""A small training run for the fault-injection tests (run as a script).
+
+Usage: python -m tests.reliability.train_worker MODEL_DIR OUT.npz STEPS [POLICY]
+
+Trains the trainer tests' tiny DLRM with a checkpoint after every step (so a
+kill often lands inside a checkpoint write), prints `resumed <step>` once
+built and `step <n>` after each step, and saves every variable a step changes
+to OUT.npz when training completes. Exit status: 0 done, 143 stopped by
+SIGTERM after saving (what `recsys train` returns).
+"""
+
+import logging
+import sys
+
+import numpy as np
+
+import recsys  # noqa: F401  (Keras 2 before TensorFlow)
+import tensorflow as tf
+
+from recsys.training import signals
+from tests.training import test_trainer
+
+
+class _PrintSteps(logging.Handler):
+
+  def emit(self, record):
+    message = record.getMessage()
+    if message.startswith("step "):
+      print(message.split("/")[0], flush=True)
+
+
+def main(model_dir: str, out_path: str, steps: int) -> int:
+  tf.config.experimental.enable_op_determinism()
+  logging.getLogger("recsys.training").addHandler(_PrintSteps())
+  logging.getLogger("recsys.training").setLevel(logging.INFO)
+  trainer = test_trainer.make_trainer(
+      model_dir, train_steps=steps, steps_per_loop=1, checkpoint_every=1,
+      max_checkpoints=2, summaries=False, eval_steps=1)
+  print(f"resumed {trainer.restored_step}", flush=True)
+  try:
+    trainer.train()
+  except signals.TrainingPreempted as e:
+    print(f"preempted {e.step}", flush=True)
+    return e.exit_code
+  np.savez(out_path, **test_trainer.state(trainer))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))

@@ -47,7 +47,7 @@ import dataclasses
 import functools
 import logging
 import threading
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
 from tensorflow.python.distribute import sharded_variable  # pylint: disable=g-direct-tensorflow-import
@@ -58,6 +58,7 @@ from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-i
 from backends import base
 from backends import inputs as inputs_lib
 from backends import optimizers
+from backends import tensorcore
 
 embedding = tf.tpu.experimental.embedding
 log = logging.getLogger("recsys.backends")
@@ -151,7 +152,7 @@ class _TableStep:
   features: List[_FeatureStep]
 
 
-class ShardedEmbedding(base.EmbeddingBackend):
+class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
   """Tables row-sharded over the parameter servers of a ParameterServerStrategy.
 
   Args:
@@ -173,26 +174,6 @@ class ShardedEmbedding(base.EmbeddingBackend):
 
   name = "sharded"
   capabilities = base.Capabilities(sharded_tables=True)
-
-  def __init__(self,
-               feature_config: Any,
-               optimizer: Optional[Any] = None,
-               strategy: Optional[tf.distribute.Strategy] = None,
-               *,
-               bag_widths: Union[None, int, Mapping[str, int]] = None,
-               invalid_ids: str = "error"):
-    super().__init__(feature_config, optimizer, strategy, bag_widths=bag_widths)
-    if invalid_ids not in inputs_lib.ID_POLICIES:
-      raise ValueError(f"invalid_ids={invalid_ids!r}; use one of "
-                       f"{', '.join(inputs_lib.ID_POLICIES)}.")
-    self._invalid_ids = invalid_ids
-    self._layouts = [
-        inputs_lib.FeatureLayout(path, feature, self.table_name(feature.table))
-        for path, feature in self._flat_features]
-    for table in self._tables:
-      optimizers.check_supported(self.optimizer_for(table), self.table_name(table))
-    self._pending = data_structures.NoDependency({})
-    self._pending_lock = threading.Lock()
 
   @classmethod
   def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> Optional[str]:
@@ -300,28 +281,9 @@ class ShardedEmbedding(base.EmbeddingBackend):
     return {name: [s.device for s in shards_of(v["parameters"])]
             for name, v in self._variables.items()}
 
-  def _maybe_build(self):
-    if not self._built:
-      self.build()
-
-  # -- host side -----------------------------------------------------------------
-
-  def preprocess(self, features: Any, weights: Optional[Any] = None
-                ) -> Tuple[Any, Optional[Any]]:
-    """Pads sparse/ragged bags with a width to static `PaddedBags` (tf.data)."""
-    flat = self._flatten_like_config(features, "features")
-    flat_w = (self._flatten_like_config(weights, "weights")
-              if weights is not None else [None] * len(flat))
-    out, out_w = [], []
-    for layout, inp, w in zip(self._layouts, flat, flat_w):
-      width = layout.sequence_length or self._bag_widths[layout.path]
-      if width and isinstance(inp, (tf.SparseTensor, tf.RaggedTensor)):
-        out.append(inputs_lib.pad_bags(inp, w, width))
-        out_w.append(None)
-      else:
-        out.append(inp)
-        out_w.append(w)
-    return self._pack_inputs(out, out_w)
+  def input_stats(self) -> Dict[str, Dict[str, int]]:
+    """Not kept: the sharded backend counts no dropped or truncated ids."""
+    return {}
 
   # -- lookup --------------------------------------------------------------------
 

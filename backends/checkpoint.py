@@ -7,18 +7,24 @@ skips the rest (a renamed table, a slot of another optimizer); a wrong shape
 fails with a message that names no table. `verify_compatible` compares the
 checkpoint with what the backend expects first and fails with every
 difference, naming the table and both shapes; `restore` verifies, then
-restores.
+restores. `verify_objects` does the same for every other variable of a
+checkpoint (a model's layers, a dense optimizer's slots), so restoring
+another run's checkpoint fails with one list of what differs instead of
+TF's first shape error.
 
 Example:
   >>> backends.checkpoint.restore(emb, "/tmp/model")   # dir or ckpt prefix
 """
 
+import collections
 import dataclasses
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.core.tpu.kernels import sparse_core_layout_pb2  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.checkpoint import graph_view  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.tpu import tpu_embedding_v3_utils  # pylint: disable=g-direct-tensorflow-import
 
 from backends import base
@@ -29,7 +35,7 @@ _LAYOUTS = tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY
 
 
 class CheckpointMismatchError(ValueError):
-  """The checkpoint's tables or slots differ from the backend's."""
+  """The checkpoint's tables, slots or other variables differ from this run's."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +208,103 @@ def verify_compatible(checkpoint_path: str,
     raise CheckpointMismatchError(
         f"checkpoint {path!r} (under {prefix!r}) does not match the "
         f"{backend.name!r} backend's tables:\n  - " + "\n  - ".join(problems))
+  return path
+
+
+_VALUE = "VARIABLE_VALUE"
+_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+
+
+def _stored_variables(graph, shapes) -> Dict[Tuple[str, ...], Tuple[int, ...]]:
+  """`{object path: shape}` of the variables in a checkpoint's object graph."""
+  paths = {0: ()}
+  queue = collections.deque([0])
+  while queue:
+    node_id = queue.popleft()
+    for child in graph.nodes[node_id].children:
+      if child.node_id not in paths:
+        paths[child.node_id] = paths[node_id] + (child.local_name,)
+        queue.append(child.node_id)
+  out = {}
+  for node_id, path in paths.items():
+    for attribute in graph.nodes[node_id].attributes:
+      if attribute.name == _VALUE and attribute.checkpoint_key in shapes:
+        out[path] = tuple(shapes[attribute.checkpoint_key])
+  return out
+
+
+def _live_variables(root) -> Dict[Tuple[str, ...], Tuple[int, ...]]:
+  """`{object path: shape}` of the variables reachable from `root`."""
+  objects, paths = graph_view.ObjectGraphView(root).breadth_first_traversal()
+  out = {}
+  for obj in objects:
+    if isinstance(obj, tf.Variable):  # MirroredVariable etc. are Variables too
+      out[tuple(ref.name for ref in paths[obj])] = tuple(obj.shape.as_list())
+  return out
+
+
+def verify_objects(checkpoint_path: str, root: tf.train.Checkpoint,
+                   skip: Sequence[str] = ("embedding",),
+                   hint: str = "") -> str:
+  """Checks that a checkpoint holds exactly `root`'s variables, by path and shape.
+
+  TF restores variables by object path and fails on the first shape that
+  differs ("Received incompatible tensor with shape ..."), naming neither
+  the run nor the other differences, and silently leaves checkpoint values
+  that match no object unused. This compares everything first.
+
+  Args:
+    checkpoint_path: a checkpoint prefix or a directory (its latest).
+    root: the object that will restore it, e.g. `tf.train.Checkpoint(model=...,
+      optimizer=..., embedding=backend)`.
+    skip: top-level names not compared (the embedding backend's node, which
+      `verify_compatible` checks with table-level messages).
+    hint: appended to the error, e.g. how to find the configuration that
+      wrote the checkpoint.
+
+  Returns:
+    The resolved checkpoint prefix.
+
+  Raises:
+    CheckpointMismatchError: lists every variable whose shape differs, that
+      the checkpoint lacks, or that the checkpoint has under one of `root`'s
+      objects but `root` does not (another model or optimizer).
+    FileNotFoundError: no checkpoint at `checkpoint_path`.
+  """
+  path = _resolve_path(checkpoint_path)
+  reader = tf.train.load_checkpoint(path)
+  if not reader.has_tensor(_GRAPH_KEY):
+    raise CheckpointMismatchError(
+        f"checkpoint {path!r} has no object graph (written by tf.compat.v1 "
+        "Saver?); it cannot be restored into TF2 objects.")
+  graph = trackable_object_graph_pb2.TrackableObjectGraph()
+  graph.ParseFromString(reader.get_tensor(_GRAPH_KEY))
+  stored = _stored_variables(graph, reader.get_variable_to_shape_map())
+  live = _live_variables(root)
+  kept = lambda p: p and p[0] not in skip
+  stored = {p: s for p, s in stored.items() if kept(p)}
+  live = {p: s for p, s in live.items() if kept(p)}
+  roots = {p[0] for p in live}
+  natural = lambda p: [(0, int(x), "") if x.isdigit() else (1, 0, x) for x in p]
+  problems = []
+  for var_path, shape in sorted(live.items(), key=lambda kv: natural(kv[0])):
+    name = "/".join(var_path)
+    if var_path not in stored:
+      problems.append(f"{name} {_fmt(shape)} is not in the checkpoint")
+    elif stored[var_path] != shape:
+      problems.append(f"{name}: checkpoint shape {_fmt(stored[var_path])}, "
+                      f"this run {_fmt(shape)}")
+  for var_path in sorted(set(stored) - set(live), key=natural):
+    if var_path[0] in roots:
+      problems.append(f"{'/'.join(var_path)} {_fmt(stored[var_path])} is in "
+                      "the checkpoint but not in this run")
+  if problems:
+    shown = problems[:20] + ([f"... and {len(problems) - 20} more"]
+                             if len(problems) > 20 else [])
+    raise CheckpointMismatchError(
+        f"checkpoint {path!r} was written by a different configuration: "
+        f"{len(problems)} variable(s) differ:\n  - " + "\n  - ".join(shown) +
+        (f"\n{hint}" if hint else ""))
   return path
 
 

@@ -84,7 +84,8 @@ class FeatureLayout:
     return shape.as_list()
 
 
-def _describe(layout: FeatureLayout) -> str:
+def describe(layout: FeatureLayout) -> str:
+  """Names a feature, its table and vocabulary for error messages."""
   table = layout.feature.table
   return (f"feature {layout.path!r} (table {layout.table_name!r}, "
           f"vocabulary_size={table.vocabulary_size})")
@@ -97,7 +98,7 @@ def _template_safe(text: str) -> str:
 def _check_id_dtype(layout: FeatureLayout, ids: tf.Tensor) -> None:
   if not ids.dtype.is_integer:
     raise InvalidInputError(
-        f"{_describe(layout)} got ids of dtype {ids.dtype.name}; expected "
+        f"{describe(layout)} got ids of dtype {ids.dtype.name}; expected "
         "int32 or int64 row ids (hash or look up strings in the input pipeline).")
 
 
@@ -106,24 +107,24 @@ def _check_weights(layout: FeatureLayout, inp: Any, weights: Any) -> None:
     return
   if isinstance(inp, PaddedBags):
     raise InvalidInputError(
-        f"{_describe(layout)}: the ids are PaddedBags, which carry their own "
+        f"{describe(layout)}: the ids are PaddedBags, which carry their own "
         "weights; pass weights=None for this feature.")
   if isinstance(inp, tf.Tensor):
     raise InvalidInputError(
-        f"{_describe(layout)}: weights were given but the ids are a dense "
+        f"{describe(layout)}: weights were given but the ids are a dense "
         "tensor; weights apply to SparseTensor or RaggedTensor bags only.")
   if type(weights) is not type(inp):  # pylint: disable=unidiomatic-typecheck
     raise InvalidInputError(
-        f"{_describe(layout)}: weights are a {type(weights).__name__} but the "
+        f"{describe(layout)}: weights are a {type(weights).__name__} but the "
         f"ids are a {type(inp).__name__}; they must be the same kind.")
   if layout.sequence_length > 0:
     raise InvalidInputError(
-        f"{_describe(layout)} is a sequence feature (max_sequence_length="
+        f"{describe(layout)} is a sequence feature (max_sequence_length="
         f"{layout.sequence_length}); sequence features take no weights.")
   values = weights.values
   if not values.dtype.is_floating:
     raise InvalidInputError(
-        f"{_describe(layout)}: weights have dtype {values.dtype.name}; expected "
+        f"{describe(layout)}: weights have dtype {values.dtype.name}; expected "
         "a floating-point dtype.")
 
 
@@ -131,6 +132,59 @@ def _positions_in_rows(row_ids: tf.Tensor, row_starts: tf.Tensor) -> tf.Tensor:
   """Position of each value within its row, given each row's first index."""
   n = tf.shape(row_ids, out_type=tf.int64)[0]
   return tf.range(n, dtype=tf.int64) - tf.gather(row_starts, row_ids)
+
+
+def _require(ok: Any, message: str) -> None:
+  """Raises `InvalidInputError` (eager) or fails the step (graph) unless ok."""
+  if tf.executing_eagerly():
+    if not bool(tf.reduce_all(ok)):
+      raise InvalidInputError(message)
+    return
+  tf.debugging.Assert(tf.reduce_all(ok), [message.replace("'", "`")])
+
+
+def _same_vector(a: tf.Tensor, b: tf.Tensor, counts_differ: tf.Tensor
+                 ) -> tf.Tensor:
+  """Whether two 1-D int tensors are equal; True when `counts_differ` (the
+  values-count check reports that case with its own message)."""
+  same_shape = tf.reduce_all(tf.equal(tf.shape(a), tf.shape(b)))
+  return tf.logical_or(counts_differ, tf.cond(
+      same_shape, lambda: tf.reduce_all(tf.equal(a, tf.cast(b, a.dtype))),
+      lambda: tf.constant(False)))
+
+
+def check_bag_structure(what: str, inp: Any, weights: Any) -> None:
+  """Checks that sparse/ragged bags are well formed and weights sit on the ids.
+
+  Weights are paired with ids by position: ragged weights must have the ids'
+  row lengths and sparse weights the ids' indices, or each weight would land
+  on another id. A SparseTensor's rows must lie in `[0, dense_shape[0])`.
+
+  Args:
+    what: names the feature in the message.
+    inp: ids (`SparseTensor` or `RaggedTensor`; other kinds are not checked).
+    weights: None or weights of the same kind.
+
+  Raises:
+    InvalidInputError: (eager; a failed step in graph mode) on a mismatch.
+  """
+  if isinstance(inp, tf.SparseTensor):
+    rows = inp.indices[:, 0]
+    _require(tf.logical_and(tf.reduce_all(rows >= 0),
+                            tf.reduce_all(rows < inp.dense_shape[0])),
+             f"{what}: a SparseTensor index has a row outside [0, "
+             "dense_shape[0]); indices must lie inside dense_shape.")
+    if isinstance(weights, tf.SparseTensor):
+      _require(_same_vector(tf.reshape(weights.indices, [-1]),
+                            tf.reshape(inp.indices, [-1]),
+                            tf.size(weights.values) != tf.size(inp.values)),
+               f"{what}: weights sit at other indices than the ids; sparse "
+               "weights must have exactly the ids' indices.")
+  elif isinstance(inp, tf.RaggedTensor) and isinstance(weights, tf.RaggedTensor):
+    _require(_same_vector(weights.row_splits, inp.row_splits,
+                          tf.size(weights.flat_values) != tf.size(inp.flat_values)),
+             f"{what}: weights have other row lengths than the ids; ragged "
+             "weights must have exactly the ids' row lengths.")
 
 
 def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
@@ -149,6 +203,7 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
     InvalidInputError: unsupported type, rank or dtype; misplaced weights.
   """
   _check_weights(layout, inp, weights)
+  check_bag_structure(describe(layout), inp, weights)
   seq_len = layout.sequence_length
   out_shape = layout.output_shape(None)
   cut = tf.constant(0, tf.int64)
@@ -158,7 +213,7 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
     _check_id_dtype(layout, inp.values)
     if inp.shape.rank not in (None, 2):
       raise InvalidInputError(
-          f"{_describe(layout)} got a SparseTensor of rank {inp.shape.rank}; "
+          f"{describe(layout)} got a SparseTensor of rank {inp.shape.rank}; "
           "expected rank 2 [batch, ids].")
     ids = inp.values
     row, pos = inp.indices[:, 0], inp.indices[:, 1]
@@ -167,7 +222,7 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
     _check_id_dtype(layout, inp.flat_values)
     if inp.ragged_rank != 1 or inp.shape.rank != 2:
       raise InvalidInputError(
-          f"{_describe(layout)} got a RaggedTensor of rank {inp.shape.rank} "
+          f"{describe(layout)} got a RaggedTensor of rank {inp.shape.rank} "
           f"(ragged_rank {inp.ragged_rank}); expected rank 2 [batch, (ids)].")
     ids = inp.values
     row = tf.cast(inp.value_rowids(), tf.int64)
@@ -182,7 +237,7 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
       inp = inp[:, tf.newaxis]
     elif inp.shape.rank != 2:
       raise InvalidInputError(
-          f"{_describe(layout)} got dense ids of shape {inp.shape}; expected "
+          f"{describe(layout)} got dense ids of shape {inp.shape}; expected "
           "[B] (one id per example) or [B, N] (bags of N ids).")
     shape = tf.shape(inp, out_type=tf.int64)
     width = shape[1]
@@ -192,7 +247,7 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
     w = None
   else:
     raise InvalidInputError(
-        f"{_describe(layout)} got a {type(inp).__name__}; expected a tf.Tensor, "
+        f"{describe(layout)} got a {type(inp).__name__}; expected a tf.Tensor, "
         "tf.SparseTensor or tf.RaggedTensor of int ids.")
 
   ids = tf.cast(ids, tf.int64)
@@ -203,7 +258,7 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
     w = tf.cast(w, tf.float32)
     tf.debugging.assert_equal(
         tf.size(w), tf.size(ids),
-        message=f"{_describe(layout)}: weights and ids have different numbers "
+        message=f"{describe(layout)}: weights and ids have different numbers "
         "of values; weights must have exactly the ids' shape")
   batch_size = _batch_size(inp)
 
@@ -268,7 +323,7 @@ def _sequence_length_from_output_shape(layout, out_shape, batch_size) -> int:
   static_b = tf.get_static_value(batch_size)
   if static_b is None:
     raise InvalidInputError(
-        f"{_describe(layout)} sets output_shape={out_shape} but the batch size "
+        f"{describe(layout)} sets output_shape={out_shape} but the batch size "
         "is not static; batch with drop_remainder=True.")
   static_b = int(static_b)
   if out_batch == static_b:
@@ -276,7 +331,7 @@ def _sequence_length_from_output_shape(layout, out_shape, batch_size) -> int:
   if out_batch > static_b and out_batch % static_b == 0:
     return out_batch // static_b
   raise InvalidInputError(
-      f"{_describe(layout)}: output_shape={out_shape} (product {out_batch}) must "
+      f"{describe(layout)}: output_shape={out_shape} (product {out_batch}) must "
       f"equal the batch size {static_b} or be a multiple of it.")
 
 
@@ -339,7 +394,7 @@ def validate(layout: FeatureLayout, bags: FlatBags, policy: str
   if policy not in ID_POLICIES:
     raise ValueError(f"unknown id policy {policy!r}; use one of {ID_POLICIES}.")
   vocab = layout.feature.table.vocabulary_size
-  what = _template_safe(_describe(layout))
+  what = _template_safe(describe(layout))
   ids, w = bags.ids, bags.weights
   checks = []
   if not bags.unit_weights:  # ones by construction need no check
@@ -371,13 +426,15 @@ def validate(layout: FeatureLayout, bags: FlatBags, policy: str
   return dataclasses.replace(bags, ids=ids), num_bad
 
 
-def pad_bags(inp: Any, weights: Any, width: int) -> PaddedBags:
+def pad_bags(inp: Any, weights: Any, width: int, what: str = "bags"
+             ) -> PaddedBags:
   """Pads a sparse or ragged `[B, None]` bag to static `[B, width]` on the host.
 
   Ids past `width` are cut; `lengths` keeps the true bag lengths so the
   lookup counts what was cut. Run it in the input pipeline so the
-  compiled step sees fixed shapes.
+  compiled step sees fixed shapes. `what` names the feature in errors.
   """
+  check_bag_structure(what, inp, weights)
   if isinstance(inp, tf.SparseTensor):
     inp = tf.RaggedTensor.from_sparse(inp)
     if weights is not None:

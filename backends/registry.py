@@ -5,6 +5,7 @@ third-party backends register under the entry-point group `recsys.backends`.
 `select()` is the one function that resolves "auto".
 """
 
+import difflib
 import importlib
 import logging
 from importlib import metadata
@@ -48,7 +49,8 @@ def get(name: str) -> Type[EmbeddingBackend]:
   """The backend class registered under `name`.
 
   Raises:
-    UnknownBackendError: no such name; the message lists the valid ones.
+    UnknownBackendError: no such name; the message suggests the closest
+      name (a typo) and lists the valid ones.
   """
   if name in _BUILTIN:
     module_name, class_name = _BUILTIN[name].split(":")
@@ -60,10 +62,19 @@ def get(name: str) -> Type[EmbeddingBackend]:
       raise TypeError(f"entry point {name!r} in group {ENTRY_POINT_GROUP!r} "
                       f"loads {cls!r}, which is not an EmbeddingBackend subclass.")
     return cls
+  valid = names()
   raise UnknownBackendError(
-      f"unknown embedding backend {name!r}; available: {', '.join(names())} "
-      f"(third-party backends register under the entry-point group "
-      f"{ENTRY_POINT_GROUP!r}).")
+      f"unknown embedding backend {name!r};{_did_you_mean(name, valid)} "
+      f"available: {', '.join(valid)} (third-party backends register under "
+      f"the entry-point group {ENTRY_POINT_GROUP!r}).")
+
+
+def _did_you_mean(name: Any, valid: List[str]) -> str:
+  """' did you mean 'x'?' for the closest valid name (typos), else ''."""
+  if not isinstance(name, str):
+    return f" got a {type(name).__name__}, expected a backend name string;"
+  close = difflib.get_close_matches(name.lower(), valid, n=1, cutoff=0.6)
+  return f" did you mean {close[0]!r}?" if close else ""
 
 
 def available(strategy: Optional[tf.distribute.Strategy] = None) -> List[str]:

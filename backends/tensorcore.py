@@ -208,7 +208,8 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     for layout, inp, w in zip(self._layouts, flat, flat_w):
       width = layout.sequence_length or self._bag_widths[layout.path]
       if width and isinstance(inp, (tf.SparseTensor, tf.RaggedTensor)):
-        out.append(inputs_lib.pad_bags(inp, w, width))
+        out.append(inputs_lib.pad_bags(inp, w, width,
+                                         inputs_lib.describe(layout)))
         out_w.append(None)
       else:
         out.append(inp)

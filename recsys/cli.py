@@ -348,15 +348,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       raise
     print(f"recsys {args.command}: gin configuration error:\n{e}", file=sys.stderr)
     return 2
-  except (ValueError, RuntimeError, FileNotFoundError, FloatingPointError) as e:
+  except (ValueError, RuntimeError, OSError, FloatingPointError) as e:
     if getattr(e, "exit_code", None):  # a clean stop, e.g. TrainingPreempted
       print(f"recsys {args.command}: {e}", file=sys.stderr)
       return e.exit_code
     if args.verbose:
       raise
-    print(f"recsys {args.command}: {type(e).__name__}: {e}\n(run with "
-          "--verbose for the traceback)", file=sys.stderr)
+    print(f"recsys {args.command}: {type(e).__name__}: {_short(e)}\n(run "
+          "with --verbose for the traceback)", file=sys.stderr)
     return 1
+  except Exception as e:  # noqa: BLE001 - TF's errors raised inside a step
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    if args.verbose or not isinstance(e, tf.errors.OpError):
+      raise
+    print(f"recsys {args.command}: {type(e).__name__}: {_short(e)}\n(run "
+          "with --verbose for the traceback)", file=sys.stderr)
+    return 1
+
+
+def _short(error: BaseException) -> str:
+  """An error's own message: TF's OpErrors without their graph-node trail."""
+  message = getattr(error, "message", None) or str(error)
+  kept = [line for line in str(message).splitlines()
+          if line.strip() and not line.lstrip().startswith(("[[", "\t [["))
+          and "Op:__inference" not in line]
+  return "\n".join(kept) or str(error)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,14 @@ Example:
 """
 
 import contextlib
+import difflib
 import importlib
+import inspect
 import logging
 import os
 import pkgutil
 import re
+import tokenize
 from typing import List, Optional, Sequence
 
 import gin
@@ -188,10 +191,88 @@ def locate(name: str, files: Sequence[str]) -> List[str]:
   return hits
 
 
+def _registered_names() -> List[str]:
+  """Every name a gin file may use for a registered configurable.
+
+  Gin matches selectors by their innermost components, so
+  `recsys.models.dlrm.DLRM` is also `dlrm.DLRM` and `DLRM`.
+  """
+  names = set()
+  for selector, _ in gin.config._REGISTRY.items():  # pylint: disable=protected-access
+    parts = selector.split(".")
+    names.update(".".join(parts[i:]) for i in range(len(parts)))
+  return sorted(names)
+
+
+def _parameters(selector: str) -> Optional[List[str]]:
+  """The parameter names of the configurable `selector`, or None if unknown."""
+  try:
+    configurable = gin.config._REGISTRY.get_match(selector)  # pylint: disable=protected-access
+  except ValueError:  # ambiguous selector
+    return None
+  if configurable is None:
+    return None
+  target = configurable.wrapped
+  if inspect.isclass(target):
+    target = target.__init__
+  try:
+    params = inspect.signature(target).parameters.values()
+  except (TypeError, ValueError):
+    return None
+  return [p.name for p in params if p.name != "self" and
+          p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _closest(name: str, candidates: Sequence[str]) -> List[str]:
+  """Up to three candidates close to `name` (case-insensitive)."""
+  lowered = {c.lower(): c for c in candidates}
+  close = difflib.get_close_matches(name.lower(), list(lowered), n=3, cutoff=0.6)
+  return [lowered[c] for c in close]
+
+
+def suggest(message: str) -> str:
+  """A "did you mean" hint for gin's unknown-name errors ('' if none).
+
+  Args:
+    message: gin's error message, e.g. "No configurable matching reference
+      '@embedding.Adagard()'." or "Configurable 'train' doesn't have a
+      parameter named 'backned'."
+
+  Returns:
+    One line naming the closest registered configurables or parameters, or
+    the valid parameters when none is close; '' for other messages.
+  """
+  unknown = re.search(r"No configurable matching (?:reference )?'@?([\w.]+)", message)
+  if unknown:
+    name = unknown.group(1)
+    close = _closest(name, [n for n in _registered_names()
+                            if n.count(".") == name.count(".")])
+    if close:
+      return "Did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
+    return ("Registered names include the classes in recsys.config's module "
+            "docstring and @gin.register classes (e.g. 'DLRM', "
+            "'SyntheticCTR', 'EmbeddingSettings').")
+  param = re.search(r"Configurable '([\w.]+)' doesn't have a parameter named "
+                    r"'(\w+)'", message)
+  if param:
+    params = _parameters(param.group(1))
+    if params is None:
+      return ""
+    close = _closest(param.group(2), params)
+    hint = ("Did you mean " + " or ".join(f"'{c}'" for c in close) + "? "
+            if close else "")
+    return f"{hint}'{param.group(1)}' takes: {', '.join(params)}."
+  return ""
+
+
 def explain(error: Exception, files: Sequence[str],
             bindings: Sequence[str] = ()) -> str:
-  """Gin's message for `error`, plus the gin files/lines it came from."""
+  """Gin's message for `error`, plus a suggestion and the gin files/lines."""
   message = str(error)
+  hint = suggest(message)
+  if hint:
+    first, _, rest = message.partition("\n")
+    message = first + " " + hint + ("\n" + rest if rest else "")
   names = re.findall(r"'([\w./]+?)(?:/(?:gin\.)?macro(?:\.value)?)?'", message)
   names += re.findall(r"^([\w.]+)/macro\.value", message)
   names += re.findall(r"`([\w.]+)`", message)
@@ -259,7 +340,8 @@ def parse(files: Sequence[str] = (), bindings: Sequence[str] = (),
     finalize: lock the config (checks `%gin.REQUIRED` macros).
 
   Raises:
-    GinConfigError: a file is missing, a name or parameter is unknown, or a
+    GinConfigError: a file is missing or does not parse, a name or parameter
+      is unknown (the message suggests the closest registered ones), or a
       required macro is unbound; the message is gin's plus the file and line.
   """
   register_all()
@@ -272,9 +354,37 @@ def parse(files: Sequence[str] = (), bindings: Sequence[str] = (),
     with _quiet_include_search():
       gin.parse_config_files_and_bindings(list(files), list(bindings),
                                           finalize_config=finalize)
+  except SyntaxError as e:
+    raise GinConfigError(_syntax_message(e, files, bindings)) from e
+  except tokenize.TokenError as e:
+    raise GinConfigError(
+        f"gin syntax error: {e.args[0]} (an unclosed bracket or quote) in the "
+        f"gin files {list(files)} or bindings {list(bindings)}; check that "
+        "every (, [, { and quote is closed.") from e
   except (ValueError, TypeError, RuntimeError, IOError) as e:
     raise GinConfigError(explain(e, files, bindings)) from e
 
 
+def _syntax_message(error: SyntaxError, files: Sequence[str],
+                    bindings: Sequence[str]) -> str:
+  """`file:line:col: gin syntax error: ...` with the offending line."""
+  where = error.filename or "<bindings>"
+  if where and not os.path.isabs(where):  # gin names included files as given
+    for path in _gin_files_closure(files):
+      if os.path.basename(path) == os.path.basename(where):
+        where = path
+        break
+  text = (error.text or "").rstrip("\n")
+  pointer = (" " * (max(error.offset or 1, 1) - 1) + "^") if text else ""
+  lines = [f"{where}:{error.lineno}:{error.offset}: gin syntax error: "
+           f"{error.msg} (an unclosed quote or bracket, a missing '=' or "
+           "'@'?)"]
+  if text:
+    lines += ["    " + text, "    " + pointer]
+  lines.append("Gin files: " + (", ".join(files) or "(none)") +
+               ("; bindings: " + "; ".join(bindings) if bindings else ""))
+  return "\n".join(lines)
+
+
 __all__ = ["GinConfigError", "explain", "locate", "parse", "register_all",
-           "register_external"]
+           "register_external", "suggest"]

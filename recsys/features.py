@@ -16,7 +16,10 @@ Example:
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+import difflib
+import math
+import numbers
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import gin
 
@@ -27,6 +30,10 @@ embedding = tf.tpu.experimental.embedding
 
 _OVERRIDE_KEYS = ("dim", "combiner", "initializer", "optimizer")
 _COMBINERS = ("sum", "mean", "sqrtn")
+#: The `tf.tpu.experimental.embedding` optimizer classes, by name.
+EMBEDDING_OPTIMIZERS = {cls.__name__: cls for cls in (
+    embedding.SGD, embedding.Adagrad, embedding.AdagradMomentum,
+    embedding.Adam, embedding.FTRL)}
 
 
 class FeatureConfigError(ValueError):
@@ -70,6 +77,76 @@ class EmbeddingSettings:
     return values
 
 
+def _did_you_mean(name: str, valid: Sequence[str]) -> str:
+  close = difflib.get_close_matches(str(name).lower(),
+                                    [v.lower() for v in valid], n=1, cutoff=0.5)
+  if not close:
+    return ""
+  match = [v for v in valid if v.lower() == close[0]][0]
+  return f" Did you mean {match!r}?"
+
+
+def _gin_class_name(cls: type) -> str:
+  """The class name under gin's generated subclass (`@embedding.Adam` is one)."""
+  for klass in cls.__mro__:
+    if klass.__module__ != "gin.config" and not klass.__name__.startswith("_"):
+      return klass.__name__
+  return cls.__name__
+
+
+def check_embedding_optimizer(optimizer: Any, where: str) -> None:
+  """Checks an embedding optimizer setting; explains the usual gin mistakes.
+
+  Args:
+    optimizer: None (use the default) or a `tf.tpu.experimental.embedding`
+      optimizer instance.
+    where: what set it, for the message (e.g. "train.embedding_optimizer" or
+      "EmbeddingSettings.overrides['item']['optimizer']").
+
+  Raises:
+    FeatureConfigError: the class instead of an instance (gin
+      `@embedding.Adam` without parentheses), a name string, a Keras
+      optimizer, or a learning rate that is not a number >= 0 or a
+      zero-argument callable.
+  """
+  if optimizer is None:
+    return
+  valid = ", ".join(f"@embedding.{n}()" for n in EMBEDDING_OPTIMIZERS)
+  if isinstance(optimizer, type):
+    name = _gin_class_name(optimizer)
+    if issubclass(optimizer, tuple(EMBEDDING_OPTIMIZERS.values())):
+      raise FeatureConfigError(
+          f"{where} is the class {name}, not an optimizer: in gin write "
+          f"@embedding.{name}() with parentheses (an instance), not "
+          f"@embedding.{name}.")
+    raise FeatureConfigError(
+        f"{where} is the class {name}; embedding tables take an instance of a "
+        f"tf.tpu.experimental.embedding optimizer: {valid}.")
+  if isinstance(optimizer, str):
+    hint = _did_you_mean(optimizer, list(EMBEDDING_OPTIMIZERS))
+    raise FeatureConfigError(
+        f"{where} = {optimizer!r} is a string; give an optimizer instance, "
+        f"e.g. @embedding.Adagrad() in gin.{hint} Valid: {valid}.")
+  if not isinstance(optimizer, tuple(EMBEDDING_OPTIMIZERS.values())):
+    kind = type(optimizer)
+    keras_like = "keras" in kind.__module__ or hasattr(optimizer, "apply_gradients")
+    raise FeatureConfigError(
+        f"{where} is a {kind.__module__}.{kind.__name__}"
+        + (" (a Keras optimizer, which trains dense layers: set it as "
+           "train.dense_optimizer)" if keras_like else "")
+        + f"; embedding tables take a tf.tpu.experimental.embedding optimizer: "
+        f"{valid}.")
+  lr = optimizer.learning_rate
+  if callable(lr):
+    return
+  if (isinstance(lr, bool) or not isinstance(lr, numbers.Real)
+      or not math.isfinite(lr) or lr < 0):
+    raise FeatureConfigError(
+        f"{where}: {type(optimizer).__name__}.learning_rate = {lr!r}; expected "
+        "a finite number >= 0, or a zero-argument callable / Keras "
+        "LearningRateSchedule.")
+
+
 def table_name(spec: FeatureSpec) -> str:
   """The table a feature embeds into: `spec.table`, else its own name."""
   return spec.table or spec.name
@@ -92,8 +169,10 @@ def feature_config(specs: Sequence[FeatureSpec],
 
   Raises:
     FeatureConfigError: duplicate feature names, features sharing a table
-      with different vocabulary sizes, overrides naming unknown tables or
-      keys, an unknown combiner or a non-positive dim.
+      with different vocabulary sizes, overrides naming unknown tables (or
+      a feature of a shared table) or keys, an unknown combiner, a
+      non-positive dim, or an optimizer setting that is not an embedding
+      optimizer instance (see `check_embedding_optimizer`).
   """
   settings = settings if settings is not None else EmbeddingSettings()
   specs = list(specs)
@@ -114,11 +193,8 @@ def feature_config(specs: Sequence[FeatureSpec],
           f"features {first.name!r} and {spec.name!r} share table {name!r} "
           f"but have vocabulary sizes {first.vocabulary_size} and "
           f"{spec.vocabulary_size}; shared tables need one vocabulary size.")
-  unknown = sorted(set(settings.overrides) - set(by_table))
-  if unknown:
-    raise FeatureConfigError(
-        f"embedding overrides name unknown tables {unknown}; tables are "
-        f"{sorted(by_table)}.")
+  _check_override_tables(settings, specs, by_table)
+  check_embedding_optimizer(settings.optimizer, "EmbeddingSettings.optimizer")
 
   tables: Dict[str, embedding.TableConfig] = {}
   for name, spec in by_table.items():
@@ -130,7 +206,11 @@ def feature_config(specs: Sequence[FeatureSpec],
     if combiner not in _COMBINERS:
       raise FeatureConfigError(
           f"table {name!r}: combiner must be one of {list(_COMBINERS)}, got "
-          f"{combiner!r}.")
+          f"{combiner!r}.{_did_you_mean(combiner, _COMBINERS)}")
+    if name in settings.overrides:
+      check_embedding_optimizer(
+          values["optimizer"],
+          f"EmbeddingSettings.overrides[{name!r}]['optimizer']")
     tables[name] = embedding.TableConfig(
         vocabulary_size=spec.vocabulary_size, dim=dim,
         initializer=values["initializer"], optimizer=values["optimizer"],
@@ -145,10 +225,38 @@ def feature_config(specs: Sequence[FeatureSpec],
   }
 
 
+def _check_override_tables(settings: EmbeddingSettings,
+                           specs: List[FeatureSpec],
+                           by_table: Mapping[str, FeatureSpec]) -> None:
+  """Overrides must name tables; a feature's name is explained, typos suggested."""
+  unknown = sorted(set(settings.overrides) - set(by_table))
+  if not unknown:
+    return
+  table_of = {spec.name: table_name(spec) for spec in specs}
+  sharing = {}
+  for spec in specs:
+    sharing.setdefault(table_name(spec), []).append(spec.name)
+  hints = []
+  for name in unknown:
+    if name in table_of:
+      table = table_of[name]
+      hints.append(
+          f"{name!r} is a feature of the shared table {table!r} (with "
+          f"{sharing[table]}); features sharing a table share its dim, "
+          f"combiner and optimizer, so override the table: {table!r}.")
+    else:
+      hint = _did_you_mean(name, sorted(by_table)).strip()
+      if hint:
+        hints.append(f"{name!r}: {hint}")
+  raise FeatureConfigError(
+      f"embedding overrides name unknown tables {unknown}; tables are "
+      f"{sorted(by_table)}." + ("".join(" " + h for h in hints)))
+
+
 def dims(config: Mapping[str, "embedding.FeatureConfig"]) -> Dict[str, int]:
   """Feature name -> embedding dim D of its table."""
   return {name: f.table.dim for name, f in config.items()}
 
 
-__all__ = ["EmbeddingSettings", "FeatureConfigError", "dims", "feature_config",
-           "table_name"]
+__all__ = ["EMBEDDING_OPTIMIZERS", "EmbeddingSettings", "FeatureConfigError",
+           "check_embedding_optimizer", "dims", "feature_config", "table_name"]

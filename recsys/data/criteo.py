@@ -21,6 +21,11 @@ Conventions (those of the DLRM and MLPerf references):
     naming file, line number and the reason; `malformed="skip"` drops them,
     counts them (`malformed_lines()`), logs the first few and reports the
     total when a finite dataset ends.
+  * damaged files: a `.gz` file that is not gzip, or that ends before its gzip
+    end-of-stream marker (truncated; checked where an input pipeline reads the
+    file whole), stops reading with an error naming the file; so does a split
+    whose files are all empty, or (when repeated) hold no well-formed line,
+    instead of waiting forever for a batch.
 
 Pipeline: files are interleaved in parallel, each read in chunks of lines
 that carry their line numbers, parsed vectorised (batch before parse), then
@@ -29,16 +34,19 @@ when there are at least as many files as pipelines, else every P-th chunk.
 """
 
 import glob
+import gzip
 import logging
 import os
+import struct
 import threading
+import zlib
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import gin
 import numpy as np
 import tensorflow as tf
 
-from recsys.data.errors import DatasetNotFoundError
+from recsys.data.errors import DataFormatError, DatasetNotFoundError
 from recsys.data.pipeline import AUTOTUNE, BatchRequest, DataSource
 from recsys.data.spec import FeatureSpec
 
@@ -105,14 +113,86 @@ class MalformedLines:
 
 
 def _expand(patterns: Union[str, Sequence[str]]) -> List[str]:
+  """The files the patterns name (glob matches skip folders; a named folder raises)."""
   if isinstance(patterns, str):
     patterns = [patterns]
   files = []
   for pattern in patterns:
-    matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else (
-        [pattern] if os.path.exists(pattern) else [])
+    if glob.has_magic(pattern):
+      files.extend(p for p in sorted(glob.glob(pattern)) if not os.path.isdir(p))
+      continue
+    matches = [pattern] if os.path.exists(pattern) else []
+    for path in matches:
+      if os.path.isdir(path):
+        raise DatasetNotFoundError(
+            f"Criteo file pattern {pattern!r} names the folder {path!r}; "
+            f"train_files/eval_files take files or glob patterns (e.g. "
+            f"{os.path.join(path, 'day_*')!r}), or pass data_dir={path!r}.")
     files.extend(matches)
   return files
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _gzip_size(path: str) -> int:
+  """The uncompressed size mod 2**32 that a gzip file's trailer records.
+
+  Raises:
+    DataFormatError: the file is not gzip (its name ends in .gz).
+  """
+  with open(path, "rb") as f:
+    head = f.read(2)
+    if head != _GZIP_MAGIC:
+      raise DataFormatError(
+          f"Criteo file {path!r} ends in .gz but is not gzip-compressed (it "
+          f"starts with bytes {head.hex() or 'nothing: the file is empty'}, not "
+          "1f8b). Check it with `gzip -t`; if it is plain text, remove the .gz "
+          "suffix.")
+    f.seek(0, os.SEEK_END)
+    if f.tell() < 18:  # header (10) + trailer (8): a cut-off file
+      return -1
+    f.seek(-4, os.SEEK_END)
+    return struct.unpack("<I", f.read(4))[0]
+
+
+def _gzip_intact(path: tf.Tensor) -> bool:
+  """Whether Python's gzip reads the whole file (multi-member files too)."""
+  try:
+    with gzip.open(path.numpy().decode("utf-8"), "rb") as f:
+      while f.read(1 << 24):
+        pass
+  except (EOFError, OSError, zlib.error):
+    return False
+  return True
+
+
+def _check_files(paths: List[str], split: str) -> List[int]:
+  """Checks a split's files; returns each file's gzip trailer size (-1: none).
+
+  Raises:
+    DataFormatError: a .gz file is not gzip, or every file of the split is
+      empty (a repeated split would wait forever for its first batch).
+  """
+  sizes, empty = [], []
+  for path in paths:
+    if path.endswith(".gz"):
+      size = _gzip_size(path) if os.path.getsize(path) else 0
+      sizes.append(size)
+    else:
+      size = os.path.getsize(path)
+      sizes.append(-1)
+    if size == 0:
+      empty.append(path)
+  if empty and len(empty) == len(paths):
+    raise DataFormatError(
+        f"every Criteo {split} file is empty: {empty[:5]}"
+        f"{' ...' if len(empty) > 5 else ''}. Expected lines of 'label \\t 13 "
+        "integers \\t 26 categorical values'; re-download or re-extract them.")
+  for path in empty:
+    log.warning("Criteo %s file %s is empty; it contributes no examples.",
+                split, path)
+  return sizes
 
 
 def _day_files(data_dir: str, days: Sequence[int]) -> List[str]:
@@ -124,6 +204,84 @@ def _day_files(data_dir: str, days: Sequence[int]) -> List[str]:
         files.append(path)
         break
   return files
+
+
+def _read_vocabulary(path: str, name: str) -> List[str]:
+  """The values of a vocabulary file, line n -> id n (checked).
+
+  Raises:
+    DataFormatError: the file is empty or a value repeats (names the lines).
+  """
+  with open(path, encoding="utf-8") as f:
+    values = [line.rstrip("\r\n") for line in f]
+  if not values:
+    raise DataFormatError(
+        f"vocabulary file {path!r} is empty; expected one {name} value per "
+        f"line (line n -> id n), or remove it to hash {name} instead.")
+  first: Dict[str, int] = {}
+  for line, value in enumerate(values, start=1):
+    if value in first:
+      raise DataFormatError(
+          f"{path}:{line}: vocabulary value {value!r} repeats line "
+          f"{first[value]}; each {name} value must appear once (line n -> id n).")
+    first[value] = line
+  return values
+
+
+def _fail_at_end(ds: tf.data.Dataset, message: str) -> tf.data.Dataset:
+  """An empty dataset like `ds` that raises InvalidArgumentError(message) when reached."""
+  def fail(x):
+    with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
+      return tf.identity(x)
+  return tf.data.Dataset.range(1).map(fail).flat_map(lambda _: ds.take(0))
+
+
+def _check_gzip_end(chunks: tf.data.Dataset, file_index: tf.Tensor,
+                    path: tf.Tensor, expected: tf.Tensor) -> tf.data.Dataset:
+  """A file's `(file_index, first_line, lines)` chunks, checked to end whole.
+
+  TF's gzip reader ends quietly where a truncated file ends. The gzip trailer
+  records the uncompressed size (mod 2**32), which the bytes of the lines
+  read plus their line ends must match (newlines "\\n" or "\\r\\n", the last
+  one optional). Only on a mismatch is the file decompressed again in Python,
+  which tells a truncated file from a (complete) multi-member one. The check
+  runs once, after the file's last chunk, in the same pass.
+
+  Args:
+    chunks: one file's chunks.
+    file_index: the file's index (scalar int64).
+    path: the file's path (scalar string), for the message.
+    expected: the trailer's size; < 0 for a file that is not gzip (no check).
+  """
+  sentinel = tf.data.Dataset.from_tensors(
+      (file_index, tf.constant(-1, tf.int64), tf.constant([], tf.string)))
+  zero = tf.constant(0, tf.int64)
+
+  def count(state, x):
+    num_bytes = state[0] + tf.reduce_sum(
+        tf.cast(tf.strings.length(x[2]), tf.int64))
+    num_lines = state[1] + tf.size(x[2], out_type=tf.int64)
+    return (num_bytes, num_lines), (x, num_bytes, num_lines)
+
+  def whole(num_bytes, num_lines):
+    sizes = tf.stack([num_bytes + num_lines, num_bytes + num_lines - 1,
+                      num_bytes + 2 * num_lines, num_bytes + 2 * num_lines - 1])
+    fits = tf.reduce_any(tf.equal(tf.math.floormod(sizes, 1 << 32), expected))
+    return tf.cond(fits, lambda: tf.constant(True),
+                   lambda: tf.py_function(_gzip_intact, [path], tf.bool))
+
+  def check(x, num_bytes, num_lines):
+    last = tf.logical_and(tf.equal(x[1], -1), expected >= 0)
+    ok = tf.cond(last, lambda: whole(num_bytes, num_lines), lambda: tf.constant(True))
+    message = tf.strings.join([
+        "Criteo file ", path, " is a truncated or corrupt gzip file: it ends "
+        "before its gzip end-of-stream marker (", tf.strings.as_string(num_lines),
+        " lines read). Re-download or re-compress it; `gzip -t` checks a file."])
+    with tf.control_dependencies([tf.debugging.Assert(ok, [message])]):
+      return tf.identity(x[0]), tf.identity(x[1]), tf.identity(x[2])
+
+  checked = chunks.concatenate(sentinel).scan((zero, zero), count).map(check)
+  return checked.filter(lambda i, first, lines: tf.not_equal(first, -1))
 
 
 @gin.register
@@ -201,6 +359,11 @@ class CriteoTSV(DataSource):
     self.skipped = MalformedLines()
     self.train_files, self.eval_files = self._resolve(
         train_files, eval_files, data_dir, train_days, eval_days)
+    self._gzip_sizes = dict(zip(self.train_files,
+                                _check_files(self.train_files, "training")))
+    if self.eval_files:
+      self._gzip_sizes.update(zip(self.eval_files,
+                                  _check_files(self.eval_files, "evaluation")))
 
     if isinstance(vocab_sizes, str):
       if vocab_sizes not in VOCAB_PRESETS:
@@ -231,8 +394,7 @@ class CriteoTSV(DataSource):
           path = os.path.join(vocab_dir, f"{name}.txt")
           if not os.path.exists(path):
             continue
-          with open(path, encoding="utf-8") as f:
-            values = [line.rstrip("\n") for line in f]
+          values = _read_vocabulary(path, name)
           self._tables[j] = tf.lookup.StaticHashTable(
               tf.lookup.KeyValueTensorInitializer(
                   tf.constant(values, tf.string),
@@ -334,7 +496,10 @@ class CriteoTSV(DataSource):
             " tab-separated columns: ", "label 0/1, " if self.has_label else "",
             "13 integers or empty, 26 categorical; got ", tf.strings.as_string(counts[0]),
             " columns): ", tf.strings.substr(lines[row], 0, 200),
-            ". Fix or remove the line, or set malformed to skip to drop and count such lines."])
+            ". Fix or remove the line, or set malformed to skip to drop and count such lines.",
+            tf.where(tf.strings.regex_full_match(files[file_index], r".*\.gz"),
+                     " If it is the file's last line, the .gz file may be truncated: "
+                     "check it with `gzip -t`.", "")])
       text = tf.cond(any_bad, message, lambda: tf.constant(""))
       deps = [tf.debugging.Assert(tf.logical_not(any_bad), [text])]
     else:
@@ -372,6 +537,11 @@ class CriteoTSV(DataSource):
   def _batches(self, request: BatchRequest) -> tf.data.Dataset:
     """Batches of `(features, labels)` from the split's files, for `DataSource.dataset`.
 
+    One epoch reads the (shuffled) files in parallel chunks; a repeated split
+    repeats whole epochs before re-batching, so batches still run on across
+    epoch boundaries, and an epoch without a single well-formed line is an
+    error instead of a silent endless loop.
+
     Raises:
       DatasetNotFoundError: the evaluation split has no files.
     """
@@ -387,6 +557,7 @@ class CriteoTSV(DataSource):
     if by_file:
       indices = indices[pipeline::pipelines]
     files = tf.constant(paths)
+    gzip_sizes = tf.constant([self._gzip_sizes.get(p, -1) for p in paths], tf.int64)
     chunk = self.chunk_size
 
     def read(file_index):
@@ -396,20 +567,32 @@ class CriteoTSV(DataSource):
                                        buffer_size=1 << 20).batch(chunk).enumerate()
       if not by_file:
         chunks = chunks.shard(pipelines, pipeline)
-      return chunks.map(tf.autograph.experimental.do_not_convert(
+      chunks = chunks.map(tf.autograph.experimental.do_not_convert(
           lambda n, lines: (file_index, n * chunk, lines)))
+      if by_file:  # whole files: check that a .gz file was read to its end
+        chunks = _check_gzip_end(chunks, file_index, path, gzip_sizes[file_index])
+      return chunks
 
     ds = tf.data.Dataset.from_tensor_slices(indices)
     if training and self.shuffle_files and len(indices) > 1:
       ds = ds.shuffle(len(indices), seed=self.seed, reshuffle_each_iteration=True)
-    if repeat:
-      ds = ds.repeat()
     ds = ds.interleave(tf.autograph.experimental.do_not_convert(read),
                        cycle_length=max(1, min(self.cycle_length, len(indices))),
                        num_parallel_calls=AUTOTUNE, deterministic=True)
     parse = tf.autograph.experimental.do_not_convert(
         lambda i, first, lines: self._parse(files, i, first, lines))
     ds = ds.map(parse, num_parallel_calls=AUTOTUNE, deterministic=True)
+    if repeat:
+      # `repeat` ends (instead of looping forever) when an epoch is empty;
+      # chunks emptied by the skip policy must not count as data.
+      ds = ds.filter(lambda features, labels: tf.size(labels) > 0)
+      mine = [paths[i] for i in indices]
+      ds = ds.repeat().concatenate(_fail_at_end(ds, (
+          f"CriteoTSV: the {'training' if training else 'evaluation'} files "
+          f"{mine[:3]}{' ...' if len(mine) > 3 else ''} of input pipeline "
+          f"{pipeline} hold no well-formed line (all empty, blank, or dropped "
+          "as malformed by malformed='skip': see the warnings), so the "
+          "repeated split can give no batch. Check the files.")))
     ds = ds.rebatch(request.batch_size, drop_remainder=request.drop_remainder)
     if self.malformed == "skip" and not repeat:
       ds = ds.concatenate(self._end_report(ds, paths))

@@ -15,12 +15,16 @@ resulting `RawMovieLens`. Layouts:
 
 import dataclasses
 import glob
+import logging
+import math
 import os
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from recsys.data.errors import DataFormatError, DatasetNotFoundError
+
+log = logging.getLogger("recsys.data.movielens")
 
 ML100K_GENRES = ("unknown", "Action", "Adventure", "Animation", "Children's", "Comedy",
                  "Crime", "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror",
@@ -97,15 +101,34 @@ def _ratings(path: str, sep: str, encoding: str = "latin-1"):
   for n, parts in _rows(path, sep, 4, encoding):
     u, i, r, t = parts[:4]
     try:
-      ratings.append(float(r))
+      ratings.append(_finite(float(r)))
       stamps.append(int(float(t)))
-    except ValueError as e:
-      raise DataFormatError(f"{path}:{n}: rating and timestamp must be numbers, got "
-                            f"{r!r} and {t!r}") from e
+    except (ValueError, OverflowError) as e:
+      raise DataFormatError(f"{path}:{n}: rating and timestamp must be finite numbers, "
+                            f"got {r!r} and {t!r}") from e
     users.append(u.strip())
     items.append(i.strip())
   return (np.array(users, dtype=object), np.array(items, dtype=object),
           np.array(ratings, np.float32), np.array(stamps, np.int64))
+
+
+def _finite(value: float) -> float:
+  if not math.isfinite(value):
+    raise ValueError(f"{value} is not finite")
+  return value
+
+
+def _required_rows(path: str, sep: str, expected: int,
+                   what: str) -> Iterator[Tuple[int, List[str]]]:
+  """`_rows` of a file that must hold at least one row (DataFormatError if empty)."""
+  empty = True
+  for n, parts in _rows(path, sep, expected):
+    empty = False
+    yield n, parts
+  if empty:
+    raise DataFormatError(
+        f"{path}: no {what} (the file is empty or blank); a complete download "
+        "has one per line. Re-extract the dataset's zip.")
 
 
 def _users(path: str, sep: str, columns: Sequence[str]) -> Dict[str, Dict[str, str]]:
@@ -114,7 +137,7 @@ def _users(path: str, sep: str, columns: Sequence[str]) -> Dict[str, Dict[str, s
   `columns` names the file's first five fields in order ("id" for the user id).
   """
   users = {}
-  for _, parts in _rows(path, sep, 5):
+  for _, parts in _required_rows(path, sep, 5, "users"):
     user = dict(zip(columns, parts))
     users[user["id"]] = {key: user[key] for key in ("age", "gender", "occupation", "zip")}
   return users
@@ -125,7 +148,8 @@ def _read_100k(folder: str) -> RawMovieLens:
   users = _users(os.path.join(folder, "u.user"), "|",
                  ("id", "age", "gender", "occupation", "zip"))
   items = {}
-  for _, parts in _rows(os.path.join(folder, "u.item"), "|", 5 + len(ML100K_GENRES)):
+  for _, parts in _required_rows(os.path.join(folder, "u.item"), "|",
+                                 5 + len(ML100K_GENRES), "movies"):
     flags = parts[-len(ML100K_GENRES):]
     items[parts[0]] = [g for g, flag in zip(ML100K_GENRES, flags) if flag.strip() == "1"]
   return RawMovieLens(user, item, rating, ts, users, items, folder)
@@ -136,7 +160,7 @@ def _read_1m(folder: str) -> RawMovieLens:
   users = _users(os.path.join(folder, "users.dat"), "::",
                  ("id", "gender", "age", "occupation", "zip"))
   items = {}
-  for _, parts in _rows(os.path.join(folder, "movies.dat"), "::", 3):
+  for _, parts in _required_rows(os.path.join(folder, "movies.dat"), "::", 3, "movies"):
     items[parts[0]] = [g for g in parts[-1].split("|") if g]
   return RawMovieLens(user, item, rating, ts, users, items, folder)
 
@@ -166,6 +190,11 @@ def _atomic_table(path: str) -> Tuple[List[str], List[List[str]]]:
   return names, rows
 
 
+def _atomic_lines(path: str) -> List[int]:
+  """The line numbers of the data rows `_atomic_table` returns, in order."""
+  return [n for n, line in enumerate(_lines(path, "utf-8")[1:], start=2) if line.strip()]
+
+
 def _column(path: str, names: List[str], candidates: Sequence[str],
             required: bool = True) -> Optional[int]:
   for name in candidates:
@@ -192,11 +221,19 @@ def _read_atomic(folder: str, name: Optional[str]) -> RawMovieLens:
   cu, ci = _column(path, names, ["user_id"]), _column(path, names, ["item_id"])
   cr = _column(path, names, ["rating"], required=False)
   ct = _column(path, names, ["timestamp"], required=False)
-  try:
-    rating = np.array([float(r[cr]) if cr is not None else 1.0 for r in rows], np.float32)
-    ts = np.array([int(float(r[ct])) if ct is not None else 0 for r in rows], np.int64)
-  except ValueError as e:
-    raise DataFormatError(f"{path}: rating/timestamp fields must be numbers ({e})") from e
+  rating, ts = [], []
+  for i, r in enumerate(rows):
+    try:
+      rating.append(_finite(float(r[cr])) if cr is not None else 1.0)
+      ts.append(int(float(r[ct])) if ct is not None else 0)
+    except (ValueError, OverflowError) as e:
+      raise DataFormatError(
+          f"{path}:{_atomic_lines(path)[i]}: rating and timestamp fields must be "
+          "finite numbers, got "
+          f"{r[cr] if cr is not None else None!r} and "
+          f"{r[ct] if ct is not None else None!r} ({e})") from e
+  rating = np.array(rating, np.float32)
+  ts = np.array(ts, np.int64)
   user = np.array([r[cu] for r in rows], dtype=object)
   item = np.array([r[ci] for r in rows], dtype=object)
   users = {}
@@ -270,7 +307,9 @@ def read(data_dir: str, variant: str, name: Optional[str] = None,
 
   Raises:
     DatasetNotFoundError: the folder or its files are missing (and not downloaded).
-    DataFormatError: a file does not parse; the message names file and line.
+    DataFormatError: a file does not parse (or a required one is empty, or a
+      rating is not finite); the message names file and line. Ratings of users
+      or movies missing from the metadata files are logged with their count.
   """
   if variant not in REQUIRED:
     raise ValueError(f"unknown MovieLens variant {variant!r}; valid: {', '.join(REQUIRED)}.")
@@ -279,11 +318,41 @@ def read(data_dir: str, variant: str, name: Optional[str] = None,
     download(data_dir, variant)
     folder = find_folder(data_dir, variant, name)
   if folder is None:
-    problem = (f"folder {data_dir!r} does not exist" if not os.path.isdir(data_dir)
-               else f"the files are not in {data_dir!r}")
+    if os.path.isfile(data_dir):
+      problem = f"{data_dir!r} is a file; data_dir must be the folder that holds the files"
+    elif not os.path.isdir(data_dir):
+      problem = f"folder {data_dir!r} does not exist"
+    else:
+      problem = f"the files are not in {data_dir!r}"
     raise DatasetNotFoundError(missing_message(variant, data_dir, problem))
   if variant == "ml-100k":
-    return _read_100k(folder)
-  if variant == "ml-1m":
-    return _read_1m(folder)
-  return _read_atomic(folder, name)
+    raw, ratings_file = _read_100k(folder), "u.data"
+  elif variant == "ml-1m":
+    raw, ratings_file = _read_1m(folder), "ratings.dat"
+  else:
+    raw = _read_atomic(folder, name)
+    inter = glob.glob(os.path.join(folder, f"{name or '*'}.inter"))[0]
+    ratings_file = os.path.basename(inter)
+  _check_ratings(raw, os.path.join(folder, ratings_file))
+  return raw
+
+
+def _check_ratings(raw: RawMovieLens, path: str) -> None:
+  """No ratings is an error; ratings of users or movies without metadata are counted.
+
+  Raises:
+    DataFormatError: the ratings file has no rating.
+  """
+  if raw.rating.size == 0:
+    raise DataFormatError(
+        f"{path}: no ratings (the file is empty, blank or only a header); expected "
+        "one 'user, item, rating, timestamp' row per line.")
+  for what, ids, known in (("users", raw.user, raw.users),
+                           ("movies", raw.item, raw.items)):
+    if not known:  # optional metadata files (RecBole) may be absent
+      continue
+    missing = sorted({i for i in ids if i not in known})
+    if missing:
+      log.warning("%s: %d rated %s have no metadata (e.g. %s); their %s features "
+                  "are id 0 (unknown).", path, len(missing), what, missing[:5],
+                  "user" if what == "users" else "genre")

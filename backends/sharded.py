@@ -263,17 +263,7 @@ class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
       return parts[0]
     return sharded_variable.ShardedVariable(parts, name=name)
 
-  @property
-  def embedding_tables(self) -> Dict[Any, tf.Variable]:
-    """The table variables (`ShardedVariable`s), keyed by `TableConfig`."""
-    self._maybe_build()
-    return {t: self._variables[self.table_name(t)]["parameters"]
-            for t in self._tables}
-
-  def slot_variables(self) -> Dict[str, Dict[str, tf.Variable]]:
-    self._maybe_build()
-    return {name: {k: v for k, v in table_vars.items() if k != "parameters"}
-            for name, table_vars in self._variables.items()}
+  # `embedding_tables` / `slot_variables` (inherited) hold `ShardedVariable`s.
 
   def shard_devices(self) -> Dict[str, List[str]]:
     """The parameter-server device of each shard, per table name."""
@@ -289,20 +279,7 @@ class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
 
   def lookup(self, features: Any, weights: Optional[Any] = None,
              training: bool = False) -> Any:
-    """Looks up and combines every feature, gathering rows from their shards.
-
-    Args:
-      features: the structure of `feature_config` holding int ids: dense
-        `[B]`/`[B, N]`, `SparseTensor`/`RaggedTensor` `[B, None]`, or
-        `PaddedBags` from `preprocess`.
-      weights: None or the same structure of float weights (None leaves
-        allowed) for sparse/ragged features.
-      training: remember what `apply_gradients` needs for this step.
-
-    Returns:
-      The structure of `feature_config`: `[B, D]` per non-sequence feature,
-      `[B, L, D]` per sequence feature, `output_shape + [D]` when set.
-    """
+    """`TensorCoreEmbedding.lookup`'s contract; rows come from their shards."""
     self._maybe_build()
     flat = self._flatten_like_config(features, "features")
     flat_w = (self._flatten_like_config(weights, "weights")
@@ -327,11 +304,11 @@ class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
       id_index = tf.split(index, sizes) if len(sizes) > 1 else [index]
       feature_steps = []
       for i, bag, idx in zip(positions, table_bags, id_index):
-        scale = _combiner_scale(bag, table.combiner)
+        scale = tensorcore._combiner_scale(bag, table.combiner)  # pylint: disable=protected-access
         acts = tf.math.unsorted_segment_sum(
             tf.gather(rows, idx) * scale[:, tf.newaxis], bag.segments,
             bag.num_segments)
-        outputs[i] = _shape_output(self._layouts[i], bag, acts)
+        outputs[i] = self._shape_output(self._layouts[i], bag, acts)
         feature_steps.append(_FeatureStep(idx, bag.segments, scale,
                                           bag.num_segments, i))
       if training:
@@ -467,30 +444,3 @@ def _apply_on_shards(opt, params, slots: Dict[str, tf.Variable],
       optimizers.apply_sparse_update(
           opt, shard, {k: v[i] for k, v in slot_shards.items()}, local,
           shard_grads)
-
-
-def _combiner_scale(bag: inputs_lib.FlatBags, combiner: str) -> tf.Tensor:
-  """d(activation)/d(row) of each id: its weight over its bag's normaliser."""
-  w = bag.weights
-  if bag.sequence_length or combiner == "sum":
-    return w
-  if combiner == "mean":
-    norm = tf.math.unsorted_segment_sum(w, bag.segments, bag.num_segments)
-  elif combiner == "sqrtn":
-    norm = tf.sqrt(tf.math.unsorted_segment_sum(w * w, bag.segments,
-                                                bag.num_segments))
-  else:
-    raise ValueError(f"unknown combiner {combiner!r}")
-  return tf.math.divide_no_nan(w, tf.gather(norm, bag.segments))
-
-
-def _shape_output(layout: inputs_lib.FeatureLayout, bag: inputs_lib.FlatBags,
-                  acts: tf.Tensor) -> tf.Tensor:
-  dim = layout.feature.table.dim
-  out_shape = layout.output_shape(None)
-  if out_shape is not None:
-    return tf.reshape(acts, out_shape + [dim])
-  if bag.sequence_length:
-    return tf.reshape(acts, [-1, bag.sequence_length, dim])
-  return acts
-

@@ -42,18 +42,22 @@ KINDS = ("ragged", "sparse", "dense")
 # -- the NumPy reference ----------------------------------------------------------
 
 
+def bag_norm(ws, combiner: str) -> float:
+  """The combiner's normaliser of one bag's weights (1 for sum)."""
+  if combiner == "mean":
+    return sum(ws)
+  if combiner == "sqrtn":
+    return np.sqrt(sum(w * w for w in ws))
+  return 1.0
+
+
 def combine(table: np.ndarray, bags, weights, combiner: str) -> np.ndarray:
   """`[B, D]`: each bag's rows combined as TF's embedding_lookup_sparse does."""
   out = np.zeros((len(bags), table.shape[1]), np.float64)
   for b, (ids, ws) in enumerate(zip(bags, weights)):
     for i, w in zip(ids, ws):
       out[b] += w * table[i]
-    if combiner == "mean":
-      norm = sum(ws)
-    elif combiner == "sqrtn":
-      norm = np.sqrt(sum(w * w for w in ws))
-    else:
-      norm = 1.0
+    norm = bag_norm(ws, combiner)
     out[b] = out[b] / norm if norm else 0.0
   return out
 
@@ -62,12 +66,7 @@ def row_gradients(bags, weights, combiner: str, act_grads: np.ndarray):
   """Per-occurrence (id, d loss / d row) of one feature, for `ref.sum_duplicates`."""
   ids, grads = [], []
   for b, (bag, ws) in enumerate(zip(bags, weights)):
-    if combiner == "mean":
-      norm = sum(ws)
-    elif combiner == "sqrtn":
-      norm = np.sqrt(sum(w * w for w in ws))
-    else:
-      norm = 1.0
+    norm = bag_norm(ws, combiner)
     for i, w in zip(bag, ws):
       ids.append(i)
       grads.append((w / norm if norm else 0.0) * act_grads[b])

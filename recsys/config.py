@@ -304,8 +304,12 @@ EXPERIMENTS_DIR = os.path.join(
 def add_search_paths(files: Sequence[str]) -> None:
   """Lets `include` resolve relative to each file's folder and experiments/."""
   dirs = [os.path.dirname(os.path.abspath(p)) for p in files] + [EXPERIMENTS_DIR]
+  # gin keeps search paths for the whole process; start from its default so
+  # an `include` never resolves in the folder of an earlier parse's files.
+  prefixes = gin.config._LOCATION_PREFIXES  # pylint: disable=protected-access
+  del prefixes[1:]
   for d in dirs:
-    if d not in gin.config._LOCATION_PREFIXES:  # pylint: disable=protected-access
+    if d not in prefixes:
       gin.add_config_file_search_path(d)
 
 

@@ -166,6 +166,10 @@ class Cluster:
           self._print(f"[launch] {task_name(*key)} exited with status {code}; "
                       "the coordinator moves its work to the other workers")
           continue
+        if job == "worker" and code == 0:
+          # A mirrored worker that finished its run; the chief follows.
+          self._print(f"[launch] {task_name(*key)} finished (status 0)")
+          continue
         self._print(f"[launch] {task_name(*key)} exited with status {code}; a "
                     f"{'parameter server' if job == 'ps' else 'mirrored worker'}"
                     " cannot be lost: stopping the cluster")

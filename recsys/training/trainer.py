@@ -532,7 +532,7 @@ class Trainer:
         "stop"); names the step and the last good checkpoint.
     """
     lock = lock_lib.ModelDirLock(self.model_dir)
-    if self._is_chief():
+    if self._chief:  # other workers write nothing of their own here
       lock.acquire()
     try:
       with signals_lib.StopRequests() as stop:
@@ -569,10 +569,10 @@ class Trainer:
       step = end
       results["learning_rate"] = self._learning_rate()
       results["examples_per_second"] = examples_per_second
-      self._write("train", results, step)
       if self.steps.nonfinite_policy == "skip":
         results["train/nonfinite_steps"] = float(
             self.steps.nonfinite_steps.numpy())
+      self._write("train", results, step)
       if bar is not None:
         bar.update(end - bar.n)
         bar.set_postfix(loss=f"{results['train/loss']:.4f}",

@@ -87,6 +87,36 @@ def _call_with_supported(factory: Callable[..., Any], **kwargs) -> Any:
   return factory(**{k: v for k, v in kwargs.items() if k in params})
 
 
+def _check_source(source: Any, where: str) -> None:
+  """A data source has `feature_specs` and `dataset()` (the data contract)."""
+  if not (hasattr(source, "feature_specs") and callable(
+      getattr(source, "dataset", None))):
+    raise TrainerConfigError(
+        f"{where} is {source!r} ({type(source).__name__}); expected a data "
+        "source with feature_specs and dataset(), e.g. @SyntheticCTR() or "
+        "@CriteoTSV().")
+
+
+def _check_dense_optimizer(factory: Any) -> None:
+  """`dense_optimizer` is a Keras optimizer class or factory, not an instance."""
+  if factory is None:
+    return
+  if isinstance(factory, (keras.optimizers.Optimizer,
+                          keras.optimizers.legacy.Optimizer)):
+    raise TrainerConfigError(
+        f"train.dense_optimizer is an optimizer instance "
+        f"({type(factory).__name__}); give the class or a factory so it is "
+        "built inside the strategy's scope: in gin write "
+        "@keras.optimizers.Adam without parentheses (set its arguments with "
+        "keras.optimizers.Adam.learning_rate = ...).")
+  if not callable(factory) or getattr(factory, "__module__", "").startswith(
+      "tensorflow.python.tpu"):
+    raise TrainerConfigError(
+        f"train.dense_optimizer is {factory!r}; expected a Keras optimizer "
+        "class such as @keras.optimizers.Adam (the tables' optimizer is "
+        "train.embedding_optimizer).")
+
+
 def _flat_results(metrics, prefix: str) -> Dict[str, float]:
   """{prefix/name: float} for Keras metrics; vector results get `_i` names."""
   out = {}
@@ -200,6 +230,10 @@ class Trainer:
     self.seed = seed
     self.progress_bar = progress_bar
     self._check_batch_sizes()
+    _check_source(source, "train.data")
+    if eval_source is not None:
+      _check_source(eval_source, "train.eval_data")
+    _check_dense_optimizer(dense_optimizer)
     # ParameterServerStrategy: this process coordinates; steps run on the
     # workers through a ClusterCoordinator (recsys.training.coordinated).
     self._coordinator = (coordinated_lib.make_coordinator(self.strategy)
@@ -236,7 +270,15 @@ class Trainer:
                               for spec in source.feature_specs
                               if spec.multi_hot and not spec.sequence_length}}
     options.update(backend_options or {})
-    self.backend = backends.get(self.backend_name)(
+    backend_cls = backends.get(self.backend_name)
+    accepted = inspect.signature(backend_cls.__init__).parameters
+    unknown = sorted(set(backend_options or {}) - set(accepted))
+    if unknown and not any(p.kind == p.VAR_KEYWORD for p in accepted.values()):
+      raise TrainerConfigError(
+          f"train.backend_options {unknown} are not options of the "
+          f"{self.backend_name!r} backend; it takes "
+          f"{sorted(k for k in accepted if k not in ('self', 'feature_config', 'optimizer', 'strategy'))}.")
+    self.backend = backend_cls(
         self.feature_config, embedding_optimizer, strategy=self.strategy,
         **options)
     dense_optimizer = dense_optimizer or keras.optimizers.Adam

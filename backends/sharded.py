@@ -281,15 +281,7 @@ class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
              training: bool = False) -> Any:
     """`TensorCoreEmbedding.lookup`'s contract; rows come from their shards."""
     self._maybe_build()
-    flat = self._flatten_like_config(features, "features")
-    flat_w = (self._flatten_like_config(weights, "weights")
-              if weights is not None else [None] * len(flat))
-    bags = []
-    for layout, inp, w in zip(self._layouts, flat, flat_w):
-      bag = inputs_lib.to_flat_bags(layout, inp, w, self._bag_widths[layout.path])
-      if layout.feature.validate_weights_and_indices:
-        bag, _ = inputs_lib.validate(layout, bag, self._invalid_ids)
-      bags.append(bag)
+    bags = self._flat_bags(features, weights)
 
     outputs: List[Optional[tf.Tensor]] = [None] * len(bags)
     steps = {}

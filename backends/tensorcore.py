@@ -125,6 +125,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     # each replica's step in its own thread and may interleave them).
     self._pending = data_structures.NoDependency({})
     self._pending_lock = threading.Lock()
+    self._counters = None  # built with the tables; None: not counted
 
   # -- variables -----------------------------------------------------------
 
@@ -243,21 +244,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       `[B, L, D]` per sequence feature, `output_shape + [D]` when set.
     """
     self._maybe_build()
-    flat = self._flatten_like_config(features, "features")
-    flat_w = (self._flatten_like_config(weights, "weights")
-              if weights is not None else [None] * len(flat))
-    # Counters are per-replica sums: only countable inside a replica.
-    count = tf.distribute.get_replica_context() is not None
-    bags = []
-    for layout, inp, w in zip(self._layouts, flat, flat_w):
-      bag = inputs_lib.to_flat_bags(layout, inp, w, self._bag_widths[layout.path])
-      if layout.feature.validate_weights_and_indices:
-        bag, num_invalid = inputs_lib.validate(layout, bag, self._invalid_ids)
-        if count and self._invalid_ids != "error":
-          self._counters.invalid[layout.path].assign_add(num_invalid)
-      if count and (layout.sequence_length or self._bag_widths[layout.path]):
-        self._counters.truncated[layout.path].assign_add(bag.truncated)
-      bags.append(bag)
+    bags = self._flat_bags(features, weights)
 
     outputs: List[Optional[tf.Tensor]] = [None] * len(bags)
     steps = {}
@@ -287,6 +274,30 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       with self._pending_lock:
         self._pending[threading.get_ident()] = steps
     return nest.pack_sequence_as(self._feature_config, outputs)
+
+  def _flat_bags(self, features: Any, weights: Optional[Any]
+                 ) -> List[inputs_lib.FlatBags]:
+    """Every feature's input as validated flat bags, in config order.
+
+    Counts invalid and truncated ids when the backend keeps counters (they
+    are per-replica sums: only countable inside a replica).
+    """
+    flat = self._flatten_like_config(features, "features")
+    flat_w = (self._flatten_like_config(weights, "weights")
+              if weights is not None else [None] * len(flat))
+    count = (self._counters is not None and
+             tf.distribute.get_replica_context() is not None)
+    bags = []
+    for layout, inp, w in zip(self._layouts, flat, flat_w):
+      bag = inputs_lib.to_flat_bags(layout, inp, w, self._bag_widths[layout.path])
+      if layout.feature.validate_weights_and_indices:
+        bag, num_invalid = inputs_lib.validate(layout, bag, self._invalid_ids)
+        if count and self._invalid_ids != "error":
+          self._counters.invalid[layout.path].assign_add(num_invalid)
+      if count and (layout.sequence_length or self._bag_widths[layout.path]):
+        self._counters.truncated[layout.path].assign_add(bag.truncated)
+      bags.append(bag)
+    return bags
 
   def _shape_output(self, layout, bag: inputs_lib.FlatBags, acts: tf.Tensor):
     dim = layout.feature.table.dim

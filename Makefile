@@ -6,12 +6,13 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 MODEL_DIR ?= runs/demo
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-fast bench kernels clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/python -m backends.kernels || echo "make: fused CPU kernels not built; the TF ops will be used"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -29,6 +30,10 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]' && $(BIN)/pip install -q --no-deps torchrec==1.8.0
 	OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE $(BIN)/python benchmarks/embedding_step.py --repeats 3
+
+# The fused CPU kernels (backends/kernels/embedding_ops.cc), rebuilt.
+kernels: $(STAMP)
+	$(BIN)/python -m backends.kernels --force
 
 clean:
 	rm -rf $(VENV) runs

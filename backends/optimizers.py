@@ -382,7 +382,48 @@ class SparseUpdate(NamedTuple):
   rows: Optional[tf.Tensor] = None
 
 
-def apply_sparse_updates(optimizer: Any, updates: Sequence[SparseUpdate]) -> None:
+# The optimizers the fused kernel (backends/kernels, RecsysSparseApply)
+# implements, by the name of its `optimizer` attribute.
+_FUSED = {embedding.SGD: "sgd", embedding.Adagrad: "adagrad",
+          embedding.Adam: "adam"}
+
+
+def fused_attrs(optimizer: Any) -> Optional[Dict[str, Any]]:
+  """`RecsysSparseApply`'s attributes for `optimizer`, or None if it has none.
+
+  The fused kernel implements SGD, Adagrad and lazy Adam (with clipping and
+  weight decay), exactly as `apply_sparse_update`; other optimizers, and
+  subclasses that override the math, stay on the TF ops.
+  """
+  name = _FUSED.get(type(optimizer))
+  if name is None or (name == "adam" and not optimizer.lazy_adam):
+    return None
+  inf = float("inf")
+
+  def bound(value, default):
+    return default if value is None else float(value)
+
+  attrs = dict(
+      optimizer=name,
+      clip_gradient_min=bound(optimizer.clip_gradient_min, -inf),
+      clip_gradient_max=bound(optimizer.clip_gradient_max, inf),
+      clip_weight_min=bound(optimizer.clip_weight_min, -inf),
+      clip_weight_max=bound(optimizer.clip_weight_max, inf),
+      weight_decay=float(optimizer.weight_decay_factor or 0.0),
+      decay_by_lr=bool(optimizer.multiply_weight_decay_factor_by_learning_rate))
+  if name == "adam":
+    # 1 - beta and eps * eps in double, then float32, as `_adam`'s constants.
+    attrs.update(beta_1=float(optimizer.beta_1), beta_2=float(optimizer.beta_2),
+                 epsilon=float(optimizer.epsilon),
+                 one_minus_beta_1=1.0 - optimizer.beta_1,
+                 one_minus_beta_2=1.0 - optimizer.beta_2,
+                 epsilon_squared=optimizer.epsilon * optimizer.epsilon,
+                 sum_inside_sqrt=bool(optimizer.sum_inside_sqrt))
+  return attrs
+
+
+def apply_sparse_updates(optimizer: Any, updates: Sequence[SparseUpdate],
+                         fused_ops: Optional[Any] = None) -> None:
   """`apply_sparse_update` for several tables that share `optimizer`.
 
   Each table's rows are read and written separately, but the optimizer's
@@ -395,7 +436,29 @@ def apply_sparse_updates(optimizer: Any, updates: Sequence[SparseUpdate]) -> Non
   Args:
     optimizer: the `tf.tpu.experimental.embedding` optimizer of every table.
     updates: one `SparseUpdate` per table; each table appears once.
+    fused_ops: the fused kernels' module (`backends.kernels.load()`): float32
+      tables whose optimizer it implements (`fused_attrs`) are updated in
+      place by one `RecsysSparseApply` each. The variables must be on the
+      CPU, outside XLA.
   """
+  attrs = fused_attrs(optimizer) if fused_ops else None
+  if attrs is not None:
+    names = optimizer._slot_names()  # pylint: disable=protected-access
+    lr = learning_rate(optimizer)
+    rest = []
+    for u in updates:
+      if u.table.dtype != tf.float32:
+        rest.append(u)
+        continue
+      ids = tf.convert_to_tensor(u.ids)
+      grads = tf.cast(tf.convert_to_tensor(u.grads), tf.float32)
+      _check_args(optimizer, u.table, u.slots, ids, grads)
+      fused_ops.recsys_sparse_apply(
+          table=u.table.handle, slots=[u.slots[n].handle for n in names],
+          ids=tf.cast(ids, tf.int64), grads=grads, learning_rate=lr, **attrs)
+    updates = rest
+    if not updates:
+      return
   dims = {(u.table.dtype, u.table.shape[-1]) for u in updates}
   dense_adam = isinstance(optimizer, embedding.Adam) and not optimizer.lazy_adam
   if len(updates) < 2 or len(dims) > 1 or dense_adam or None in {d for _, d in dims}:

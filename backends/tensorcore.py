@@ -17,6 +17,9 @@ and improved where V0 falls short:
   naming the feature, table, id and batch row (or are dropped / mapped to an
   OOV row, and counted).
 * `preprocess` pads sparse and ragged bags to a static width on the host.
+* On CPU hosts a training step runs fused C++ kernels (`backends.kernels`:
+  one pass for de-duplication + lookup, one for the row gradients, one for
+  the optimizer update) instead of a chain of generic TF ops; same math.
 
 It keeps V0's public API (`embedding_lookup`, `__call__`, `embedding_tables`,
 slots through `slot_variable_creation_fn`), so V0's own training-loop example
@@ -40,11 +43,13 @@ import threading
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import tensorflow as tf
+from tensorflow.python.eager import tape as tape_lib  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
 from backends import base
 from backends import inputs as inputs_lib
+from backends import kernels
 from backends import optimizers
 
 embedding = tf.tpu.experimental.embedding
@@ -61,7 +66,7 @@ class _TableStep:
   and `scale` (None when every id counts once) is d act / d row of each id.
   """
   unique_ids: tf.Tensor            # int64 [U]
-  rows: tf.Tensor                  # float32 [U, D], the table's rows at lookup
+  rows: Optional[tf.Tensor]        # float32 [U, D], the rows at lookup (TF ops)
   index: tf.Tensor                 # int32 [N]
   segments: tf.Tensor              # int32 [N]
   scale: Optional[tf.Tensor]       # float32 [N] or None
@@ -97,10 +102,14 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     invalid_ids: "error" (default), "drop" or "oov": what to do with an id
       outside `[0, vocabulary_size)` (see `backends.inputs.validate`).
       Features with `validate_weights_and_indices=False` are not checked.
+    fused_kernels: on CPU-only strategies, run training lookups and updates
+      with the fused C++ kernels of `backends.kernels` (built on first use;
+      the TF ops when they cannot be). False: always the TF ops.
   """
 
   name = "tensorcore"
   capabilities = base.Capabilities()
+  _kernels = None  # the fused CPU ops (backends.kernels), set by build()
 
   def __init__(self,
                feature_config: Any,
@@ -108,8 +117,10 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
                strategy: Optional[tf.distribute.Strategy] = None,
                *,
                bag_widths: Union[None, int, Mapping[str, int]] = None,
-               invalid_ids: str = "error"):
+               invalid_ids: str = "error",
+               fused_kernels: bool = True):
     super().__init__(feature_config, optimizer, strategy, bag_widths=bag_widths)
+    self._use_fused_kernels = bool(fused_kernels)
     if invalid_ids not in inputs_lib.ID_POLICIES:
       raise ValueError(f"invalid_ids={invalid_ids!r}; use one of "
                        f"{', '.join(inputs_lib.ID_POLICIES)}.")
@@ -140,6 +151,8 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       self._variables = data_structures.NoDependency(variables)
       self._counters = data_structures.NoDependency(
           _Counters([layout.path for layout in self._layouts]))
+    if self._use_fused_kernels and _on_cpu_only(self._strategy):
+      self._kernels = kernels.load()
     self._built = True
 
   def _create_table_variables(self, table) -> Dict[str, tf.Variable]:
@@ -245,6 +258,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     """
     self._maybe_build()
     bags = self._flat_bags(features, weights)
+    fused = training and self._fused_ops()
 
     outputs: List[Optional[tf.Tensor]] = [None] * len(bags)
     steps = {}
@@ -257,9 +271,22 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       # IndexedSlices of U rows), one segment sum into the activations of
       # every feature stacked in feature order.
       flat = _concat_bags(table_bags, table.combiner)
-      unique_ids, index = tf.unique(flat.ids, out_idx=tf.int32)
-      rows = tf.gather(self._variables[name]["parameters"], unique_ids)
-      acts = _segment_combine(rows, index, flat)
+      params = self._variables[name]["parameters"]
+      if fused:
+        # The same in one C++ pass over the ids, reading the table in place;
+        # a tape on the table still gets IndexedSlices of the U rows.
+        if params.trainable:
+          tape_lib.variable_accessed(params)
+        acts, unique_ids, index = fused.recsys_bag_lookup(
+            table=params.handle, ids=tf.cast(flat.ids, tf.int64),
+            segments=flat.segments, scale=_scale_or_empty(flat.scale),
+            num_segments=flat.num_segments)
+        acts.set_shape([None, table.dim])  # the kernel cannot see the table's
+        rows = None
+      else:
+        unique_ids, index = tf.unique(flat.ids, out_idx=tf.int32)
+        rows = tf.gather(params, unique_ids)
+        acts = _segment_combine(rows, index, flat)
       per_feature = (tf.split(acts, flat.sizes) if len(table_bags) > 1
                      else [acts])
       for i, bag, out in zip(positions, table_bags, per_feature):
@@ -274,6 +301,15 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       with self._pending_lock:
         self._pending[threading.get_ident()] = steps
     return nest.pack_sequence_as(self._feature_config, outputs)
+
+  def _fused_ops(self):
+    """The fused kernels' module if this trace can run them, else None.
+
+    Not inside XLA compilation (the kernels have no XLA implementation).
+    """
+    if self._kernels is None or _in_xla_context():
+      return None
+    return self._kernels
 
   def _flat_bags(self, features: Any, weights: Optional[Any]
                  ) -> List[inputs_lib.FlatBags]:
@@ -349,8 +385,9 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       slots = {k: v for k, v in table_vars.items() if k != "parameters"}
       groups.setdefault(id(opt), (opt, []))[1].append(optimizers.SparseUpdate(
           table_vars["parameters"], slots, ids, row_grads, rows))
+    fused = self._fused_ops()
     for opt, updates in groups.values():
-      optimizers.apply_sparse_updates(opt, updates)
+      optimizers.apply_sparse_updates(opt, updates, fused_ops=fused)
 
   def _row_gradients(self, table, step: _TableStep, flat_grads) -> tf.Tensor:
     """d(loss)/d(row) for each unique row: [U, D], one segment reduction."""
@@ -364,6 +401,11 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       stacked.append(tf.reshape(grad, [-1, table.dim]))
     grads = tf.concat(stacked, 0) if len(stacked) > 1 else stacked[0]
     num_unique = tf.size(step.unique_ids, out_type=tf.int32)
+    fused = self._fused_ops()
+    if fused:
+      return fused.recsys_row_gradients(
+          grads=grads, index=step.index, segments=step.segments,
+          scale=_scale_or_empty(step.scale), num_rows=num_unique)
     if step.scale is None:
       # Fused gather + scatter-add: row index[i] += grads[segments[i]].
       return tf.raw_ops.SparseSegmentSumGrad(
@@ -441,6 +483,32 @@ def _combiner_scale(bag: inputs_lib.FlatBags, combiner: str) -> tf.Tensor:
   else:
     raise ValueError(f"unknown combiner {combiner!r}")
   return tf.math.divide_no_nan(w, tf.gather(norm, bag.segments))
+
+
+def _scale_or_empty(scale: Optional[tf.Tensor]) -> tf.Tensor:
+  """The fused kernels' spelling of "every id counts once": an empty scale."""
+  return scale if scale is not None else tf.zeros([0], tf.float32)
+
+
+def _on_cpu_only(strategy: tf.distribute.Strategy) -> bool:
+  """Whether the tables and steps of `strategy` live on CPUs only."""
+  if tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"):
+    return False
+  try:
+    devices = strategy.extended.worker_devices
+  except RuntimeError:  # the default strategy: this host's CPU
+    devices = ()
+  for device in devices:
+    kind = tf.DeviceSpec.from_string(device).device_type
+    if kind and kind.upper() != "CPU":
+      return False
+  return True
+
+
+def _in_xla_context() -> bool:
+  from tensorflow.python.framework import ops  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+  from tensorflow.python.ops import control_flow_util  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+  return control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())
 
 
 @functools.lru_cache(maxsize=None)

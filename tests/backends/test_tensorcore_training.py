@@ -96,12 +96,15 @@ def _linear_loss_step(emb, features, weights, cotangents):
   emb.apply_gradients(tape.gradient(loss, acts))
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "tf_ops"])
 @pytest.mark.parametrize("name", OPTIMIZER_NAMES)
-def test_training_steps_match_numpy_reference(name):
+def test_training_steps_match_numpy_reference(name, fused):
   factories, lr = _optimizers()
   config, table_opts = _config(factories[name]())
-  emb = backends.TensorCoreEmbedding(config, table_opts["shared"])
+  emb = backends.TensorCoreEmbedding(config, table_opts["shared"],
+                                     fused_kernels=fused)
   emb.build()
+  assert (emb._kernels is not None) == fused  # pylint: disable=protected-access
   vocab = {"shared": 23, "other": 11}
   tables = {t.name: v.numpy().astype(np.float64) for t, v in emb.embedding_tables.items()}
   slots = {t: ref.initial_slots(table_opts[t], vocab[t], DIM) for t in vocab}

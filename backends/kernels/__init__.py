@@ -1,0 +1,208 @@
+"""Fused CPU kernels for the tensorcore backend, built from this folder.
+
+`embedding_ops.cc` holds three TF ops (a de-duplicating bag lookup, the
+per-row gradient reduction, an in-place SGD / Adagrad / lazy-Adam row update)
+that replace the tensorcore step's chain of generic TF ops on the CPU with
+the same math (shared/OPTIMIZERS.md). They are compiled against the installed
+TensorFlow with the system C++ compiler, once per TF version and source:
+`make` does it (`python -m backends.kernels`), and `load()` does it on first
+use if nobody did. The library lands in `$RECSYS_KERNEL_DIR`, default
+`~/.cache/recsys/kernels`.
+
+Without a compiler, on another TF build, or with `RECSYS_FUSED_KERNELS=0`,
+`load()` returns None (saying why once in the log) and the backend runs its
+pure-TF ops, which give the same numbers up to float rounding.
+
+Example:
+  >>> from backends import kernels
+  >>> ops = kernels.load()      # None: use the TF ops
+"""
+
+import fcntl
+import hashlib
+import logging
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any, List, Optional
+
+log = logging.getLogger("recsys.backends")
+
+SOURCE = pathlib.Path(__file__).with_name("embedding_ops.cc")
+ENV_SWITCH = "RECSYS_FUSED_KERNELS"
+ENV_DIR = "RECSYS_KERNEL_DIR"
+
+_lock = threading.Lock()
+_loaded: List[Any] = []    # [module or None] once load() has decided
+_reason: List[str] = []    # why load() returned None
+
+
+class KernelBuildError(RuntimeError):
+  """The compiler failed on embedding_ops.cc (its output is in the message)."""
+
+
+def enabled() -> bool:
+  """False when `RECSYS_FUSED_KERNELS` is 0/false/off (use the TF ops)."""
+  return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def _flags() -> List[str]:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  # x86-64-v3 (AVX2, FMA) where the CPU has it: wide loads for the row loops.
+  # Not -march=native: TF's Eigen headers fail on AVX512-FP16 with GCC 12.
+  arch = (["-march=x86-64-v3"] if _cpu_has("avx2") and _cpu_has("fma") else [])
+  # -ffp-contract=off: no fused multiply-add, each operation rounded as the
+  # TF ops round it. -fno-math-errno: sqrt without the errno branch, so the
+  # row loops vectorize (results unchanged).
+  return (["-std=c++17", "-shared", "-fPIC", "-O3", "-ffp-contract=off",
+           "-fno-math-errno", "-Wno-deprecated-declarations"] + arch +
+          tf.sysconfig.get_compile_flags())
+
+
+def _cpu_has(flag: str) -> bool:
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith("flags"):
+          return flag in line.split()
+  except OSError:
+    pass
+  return False
+
+
+def library_path() -> pathlib.Path:
+  """Where the library for this TF version, source and flags is kept."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  key = hashlib.sha256()
+  key.update(SOURCE.read_bytes())
+  key.update(" ".join(_flags()).encode())
+  key.update(tf.__version__.encode())
+  folder = pathlib.Path(os.environ.get(ENV_DIR) or
+                        pathlib.Path.home() / ".cache" / "recsys" / "kernels")
+  return folder / f"recsys_ops-tf{tf.__version__}-{key.hexdigest()[:16]}.so"
+
+
+def compiler() -> Optional[str]:
+  """The C++ compiler to use ($CXX, else g++ or c++ on PATH), or None."""
+  for name in (os.environ.get("CXX"), "g++", "c++"):
+    if name and shutil.which(name):
+      return shutil.which(name)
+  return None
+
+
+def build(force: bool = False) -> pathlib.Path:
+  """Compiles `embedding_ops.cc` into `library_path()` (no-op if it exists).
+
+  Safe to call from several processes at once: one compiles, under a file
+  lock, into a temporary file renamed into place; the others wait for it.
+
+  Raises:
+    KernelBuildError: no compiler, or the compiler failed.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  target = library_path()
+  if target.exists() and not force:
+    return target
+  cxx = compiler()
+  if cxx is None:
+    raise KernelBuildError(
+        "no C++ compiler found (set CXX or install g++) to build "
+        f"{SOURCE}; the tensorcore backend uses its TF ops meanwhile.")
+  target.parent.mkdir(parents=True, exist_ok=True)
+  with open(target.parent / ".build.lock", "w", encoding="utf-8") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if target.exists() and not force:
+      return target
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    cmd = ([cxx] + _flags() + [str(SOURCE), "-o", tmp] +
+           tf.sysconfig.get_link_flags())
+    log.info("compiling the fused CPU kernels (once, ~15 s): %s", " ".join(cmd))
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+      os.unlink(tmp)
+      errors = [l for l in result.stderr.splitlines() if "error" in l]
+      raise KernelBuildError(
+          f"compiling {SOURCE} failed (exit {result.returncode}):\n" +
+          "\n".join(errors[:20] or result.stderr.splitlines()[-20:]))
+    os.replace(tmp, target)
+  return target
+
+
+def load() -> Optional[Any]:
+  """The ops module (`recsys_bag_lookup`, ...), or None to use the TF ops.
+
+  Builds the library first if needed. Decides once per process; says why in
+  the log when it returns None.
+  """
+  with _lock:
+    if _loaded:
+      return _loaded[0]
+    module, reason = None, ""
+    if not enabled():
+      reason = f"{ENV_SWITCH}=0"
+    else:
+      try:
+        import tensorflow as tf  # pylint: disable=g-import-not-at-top
+        module = tf.load_op_library(str(build()))
+        _register_gradients(tf, module)
+      except (KernelBuildError, OSError, tf.errors.NotFoundError) as e:
+        reason = str(e)
+    if module is None:
+      log.warning("tensorcore: using TF ops, not the fused CPU kernels (%s)",
+                  reason)
+      _reason.append(reason)
+    _loaded.append(module)
+    return module
+
+
+def _register_gradients(tf, module) -> None:
+  """A tape on the table sees the lookup as a gather of its unique rows.
+
+  The gradient of `RecsysBagLookup` with respect to the table is
+  `IndexedSlices(row_grads, unique_ids)`, as for `tf.gather` of the unique
+  rows followed by a segment sum; none flows to ids or weights.
+  """
+  from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+
+  def bag_lookup_gradient(op, grad, *unused_int_grads):
+    unique_ids, index = op.outputs[1], op.outputs[2]
+    row_grads = module.recsys_row_gradients(
+        grads=tf.convert_to_tensor(grad), index=index, segments=op.inputs[2],
+        scale=op.inputs[3], num_rows=tf.size(unique_ids, out_type=tf.int32))
+    shape = resource_variable_ops.variable_shape(op.inputs[0])
+    return [tf.IndexedSlices(row_grads, unique_ids, shape), None, None, None,
+            None]
+
+  for op, register in (("RecsysBagLookup", tf.RegisterGradient),
+                       ("RecsysRowGradients", None),
+                       ("RecsysSparseApply", None)):
+    try:
+      if register is None:
+        tf.no_gradient(op)
+      else:
+        register(op)(bag_lookup_gradient)
+    except KeyError:  # registered already (a second load in this process)
+      pass
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+  """`python -m backends.kernels [--force]`: build, load, print the path."""
+  argv = sys.argv[1:] if argv is None else argv
+  logging.basicConfig(level=logging.INFO, format="%(message)s")
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  try:
+    path = build(force="--force" in argv)
+  except KernelBuildError as e:
+    print(f"backends.kernels: {e}", file=sys.stderr)
+    return 1
+  if load() is None:
+    print(f"backends.kernels: built {path} but could not load it: "
+          f"{_reason[-1] if _reason else ''}", file=sys.stderr)
+    return 1
+  print(path)
+  return 0

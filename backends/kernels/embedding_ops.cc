@@ -1,0 +1,507 @@
+// Fused CPU kernels for the tensorcore backend's training step.
+//
+// The pure-TF step of one table runs Unique, ResourceGather, SparseSegmentSum,
+// SparseSegmentSumGrad and a gather / compute / scatter of the optimizer: each
+// a pass over memory with its own scheduling overhead, and SparseSegmentSumGrad
+// alone was the largest cost in the profile. These three kernels do the same
+// work in one pass each:
+//
+//   RecsysBagLookup     de-duplicates ids (first-occurrence order, as
+//                       tf.unique) and sums scale * table[id] into each
+//                       id's segment, reading rows straight from the variable
+//   RecsysRowGradients  row_grads[index[i]] += scale[i] * grads[segments[i]]
+//   RecsysSparseApply   gradient clipping, weight decay, the SGD / Adagrad /
+//                       lazy Adam update and weight clipping of the touched
+//                       rows, in place (shared/OPTIMIZERS.md, the same float32
+//                       operations in the same order as backends/optimizers.py)
+//
+// Variables are accessed like TF's own sparse resource ops: the first sparse
+// access switches the variable to copy-on-read mode (copying its buffer if a
+// dense read still aliases it), reads take the variable's lock shared, updates
+// exclusive. Built by backends/kernels/build.py; compile with
+// -ffp-contract=off so that no multiply-add is fused (the TF ops round each
+// operation separately).
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace recsys {
+namespace {
+
+using ::tensorflow::DEVICE_CPU;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::Var;
+using ::tensorflow::errors::InvalidArgument;
+using ::tensorflow::shape_inference::InferenceContext;
+
+// Switches `var` to copy-on-read mode (as TF's sparse ops do), copying its
+// buffer first if a dense read still aliases it.
+absl::Status EnsureSparseAccess(OpKernelContext* ctx, Var* var) {
+  if (var->copy_on_read_mode.load()) return absl::OkStatus();
+  tsl::mutex_lock lock(*var->mu());
+  if (var->copy_on_read_mode.load()) return absl::OkStatus();
+  if (!var->tensor()->RefCountIsOne()) {
+    Tensor copy;
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(var->tensor()->dtype(),
+                                          var->tensor()->shape(), &copy));
+    std::memcpy(copy.data(), var->tensor()->data(),
+                var->tensor()->TotalBytes());
+    *var->tensor() = copy;
+  }
+  var->copy_on_read_mode.store(true);
+  return absl::OkStatus();
+}
+
+// Looks up the float32 matrix variable behind resource input `index`.
+absl::Status LookupMatrix(OpKernelContext* ctx, int index, const char* what,
+                          tsl::core::RefCountPtr<Var>* var) {
+  TF_RETURN_IF_ERROR(tensorflow::LookupResource(
+      ctx, tensorflow::HandleFromInput(ctx, index), var));
+  TF_RETURN_IF_ERROR(EnsureSparseAccess(ctx, var->get()));
+  const Tensor& t = *(*var)->tensor();
+  if (t.dtype() != tensorflow::DT_FLOAT || t.dims() != 2) {
+    return InvalidArgument(what, " must be a float32 matrix variable; got ",
+                           tensorflow::DataTypeString(t.dtype()), " ",
+                           t.shape().DebugString());
+  }
+  return absl::OkStatus();
+}
+
+// Open-addressing map from id to its first-occurrence position.
+class IdIndex {
+ public:
+  explicit IdIndex(int64_t n) {
+    int64_t cap = 16;
+    while (cap < 2 * n) cap <<= 1;
+    mask_ = cap - 1;
+    keys_.assign(cap, -1);
+    values_.resize(cap);
+  }
+  // The position of `id` (non-negative), adding it as `next` if new.
+  int32_t Insert(int64_t id, int32_t next, bool* added) {
+    uint64_t h = static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull;
+    int64_t slot = static_cast<int64_t>(h >> 17) & mask_;
+    while (true) {
+      if (keys_[slot] == id) { *added = false; return values_[slot]; }
+      if (keys_[slot] < 0) {
+        keys_[slot] = id; values_[slot] = next; *added = true; return next;
+      }
+      slot = (slot + 1) & mask_;
+    }
+  }
+ private:
+  int64_t mask_;
+  std::vector<int64_t> keys_;
+  std::vector<int32_t> values_;
+};
+
+absl::Status CheckBags(const Tensor& ids, const Tensor& segments,
+                       const Tensor& scale) {
+  if (ids.dims() != 1 || segments.dims() != 1 ||
+      ids.NumElements() != segments.NumElements()) {
+    return InvalidArgument("ids and segments must be vectors of one length; "
+                           "got ", ids.shape().DebugString(), " and ",
+                           segments.shape().DebugString());
+  }
+  if (scale.NumElements() != 0 && scale.NumElements() != ids.NumElements()) {
+    return InvalidArgument("scale must be empty or have one value per id; "
+                           "got ", scale.NumElements(), " for ",
+                           ids.NumElements(), " ids");
+  }
+  return absl::OkStatus();
+}
+
+class BagLookupOp : public OpKernel {
+ public:
+  explicit BagLookupOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    tsl::core::RefCountPtr<Var> table;
+    OP_REQUIRES_OK(ctx, LookupMatrix(ctx, 0, "table", &table));
+    const Tensor& ids_t = ctx->input(1);
+    const Tensor& segments_t = ctx->input(2);
+    const Tensor& scale_t = ctx->input(3);
+    OP_REQUIRES_OK(ctx, CheckBags(ids_t, segments_t, scale_t));
+    const int32_t num_segments = ctx->input(4).scalar<int32_t>()();
+    OP_REQUIRES(ctx, num_segments >= 0,
+                InvalidArgument("num_segments must be >= 0"));
+    const int64_t n = ids_t.NumElements();
+    const auto ids = ids_t.flat<int64_t>();
+    const auto segments = segments_t.flat<int32_t>();
+    const float* scale = scale_t.NumElements() ? scale_t.flat<float>().data()
+                                               : nullptr;
+
+    tsl::tf_shared_lock lock(*table->mu());
+    const Tensor& params = *table->tensor();
+    const int64_t vocab = params.dim_size(0), dim = params.dim_size(1);
+    const float* rows = params.flat<float>().data();
+
+    Tensor* acts_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+        0, TensorShape({num_segments, dim}), &acts_t));
+    float* acts = acts_t->flat<float>().data();
+    std::fill(acts, acts + num_segments * dim, 0.0f);
+    Tensor* index_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &index_t));
+    int32_t* index = index_t->flat<int32_t>().data();
+
+    std::vector<int64_t> unique;
+    unique.reserve(std::min<int64_t>(n, vocab));
+    IdIndex positions(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t id = ids(i);
+      const int32_t seg = segments(i);
+      OP_REQUIRES(ctx, id >= 0 && id < vocab,
+                  InvalidArgument("id ", id, " at position ", i,
+                                  " is outside the table's rows [0, ", vocab,
+                                  ")"));
+      OP_REQUIRES(ctx, seg >= 0 && seg < num_segments,
+                  InvalidArgument("segment ", seg, " at position ", i,
+                                  " is outside [0, ", num_segments, ")"));
+      if (i + 4 < n) {
+        const int64_t ahead = ids(i + 4);
+        if (ahead >= 0 && ahead < vocab) __builtin_prefetch(rows + ahead * dim);
+      }
+      bool added;
+      index[i] = positions.Insert(id, static_cast<int32_t>(unique.size()),
+                                  &added);
+      if (added) unique.push_back(id);
+      const float* row = rows + id * dim;
+      float* out = acts + static_cast<int64_t>(seg) * dim;
+      if (scale == nullptr) {
+        for (int64_t d = 0; d < dim; ++d) out[d] += row[d];
+      } else {
+        const float s = scale[i];
+        for (int64_t d = 0; d < dim; ++d) out[d] += s * row[d];
+      }
+    }
+    Tensor* unique_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+        1, TensorShape({static_cast<int64_t>(unique.size())}), &unique_t));
+    std::copy(unique.begin(), unique.end(), unique_t->flat<int64_t>().data());
+  }
+};
+
+class RowGradientsOp : public OpKernel {
+ public:
+  explicit RowGradientsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& grads_t = ctx->input(0);
+    const Tensor& index_t = ctx->input(1);
+    const Tensor& segments_t = ctx->input(2);
+    const Tensor& scale_t = ctx->input(3);
+    const int32_t num_rows = ctx->input(4).scalar<int32_t>()();
+    OP_REQUIRES(ctx, grads_t.dims() == 2,
+                InvalidArgument("grads must be [segments, dim]; got ",
+                                grads_t.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckBags(index_t, segments_t, scale_t));
+    const int64_t n = index_t.NumElements();
+    const int64_t num_segments = grads_t.dim_size(0), dim = grads_t.dim_size(1);
+    const float* grads = grads_t.flat<float>().data();
+    const auto index = index_t.flat<int32_t>();
+    const auto segments = segments_t.flat<int32_t>();
+    const float* scale = scale_t.NumElements() ? scale_t.flat<float>().data()
+                                               : nullptr;
+    Tensor* out_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_rows, dim}),
+                                             &out_t));
+    float* out = out_t->flat<float>().data();
+    std::fill(out, out + static_cast<int64_t>(num_rows) * dim, 0.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t row = index(i), seg = segments(i);
+      OP_REQUIRES(ctx, row >= 0 && row < num_rows && seg >= 0 &&
+                           seg < num_segments,
+                  InvalidArgument("index ", row, " or segment ", seg,
+                                  " at position ", i, " is out of range"));
+      const float* g = grads + static_cast<int64_t>(seg) * dim;
+      float* o = out + static_cast<int64_t>(row) * dim;
+      if (scale == nullptr) {
+        for (int64_t d = 0; d < dim; ++d) o[d] += g[d];
+      } else {
+        const float s = scale[i];
+        for (int64_t d = 0; d < dim; ++d) o[d] += g[d] * s;
+      }
+    }
+  }
+};
+
+enum class Optimizer { kSgd, kAdagrad, kAdam };
+
+// The rows of one update: ids[r] is the table row of grads row r.
+struct Rows {
+  const int64_t* ids;
+  const float* grads;
+  float* table;
+  float* slot0;  // Adagrad accumulators, Adam momenta
+  float* slot1;  // Adam velocities
+  int64_t count, dim;
+};
+
+// Hyper-parameters as float32, as the TF ops see them.
+struct Hyper {
+  float lr, gmin, gmax, wmin, wmax, decay;
+  bool has_decay;
+  float beta1, beta2, eps, one_minus_beta1, one_minus_beta2, eps_squared;
+  bool sum_inside_sqrt;
+};
+
+// Clipping, decay, the optimizer, weight clipping on each touched row, with
+// one float32 operation per step of backends/optimizers.py (same rounding).
+// Unclipped bounds are +-inf, so max/min leave values (and NaNs) unchanged.
+// The branches are template arguments so that the row loop vectorizes.
+template <Optimizer kOpt, bool kDecay, bool kSumInsideSqrt>
+void UpdateRows(const Rows& rows, const Hyper& h) {
+  constexpr int kAhead = 4;  // rows prefetched ahead: they are random in memory
+  const int64_t dim = rows.dim;
+  const float lr = h.lr, gmin = h.gmin, gmax = h.gmax, wmin = h.wmin,
+              wmax = h.wmax, decay = h.decay, beta1 = h.beta1,
+              beta2 = h.beta2, eps = h.eps, omb1 = h.one_minus_beta1,
+              omb2 = h.one_minus_beta2, eps2 = h.eps_squared;
+  for (int64_t r = 0; r < rows.count; ++r) {
+    if (r + kAhead < rows.count) {
+      const int64_t next = rows.ids[r + kAhead] * dim;
+      __builtin_prefetch(rows.table + next, 1);
+      if (kOpt != Optimizer::kSgd) __builtin_prefetch(rows.slot0 + next, 1);
+      if (kOpt == Optimizer::kAdam) __builtin_prefetch(rows.slot1 + next, 1);
+    }
+    const int64_t offset = rows.ids[r] * dim;
+    float* __restrict w = rows.table + offset;
+    float* __restrict s0 = kOpt == Optimizer::kSgd ? nullptr : rows.slot0 + offset;
+    float* __restrict s1 = kOpt == Optimizer::kAdam ? rows.slot1 + offset : nullptr;
+    const float* __restrict g_row = rows.grads + r * dim;
+    for (int64_t d = 0; d < dim; ++d) {
+      const float g = std::min(std::max(g_row[d], gmin), gmax);
+      float x = w[d];
+      if constexpr (kDecay) x = x - decay * x;
+      if constexpr (kOpt == Optimizer::kSgd) {
+        x = x - lr * g;
+      } else if constexpr (kOpt == Optimizer::kAdagrad) {
+        const float acc = s0[d] + g * g;
+        s0[d] = acc;
+        x = x - lr * g / std::sqrt(acc);
+      } else {
+        const float m = beta1 * s0[d] + omb1 * g;
+        const float v = beta2 * s1[d] + omb2 * g * g;
+        s0[d] = m;
+        s1[d] = v;
+        if constexpr (kSumInsideSqrt) {
+          x = x - lr * (m / std::sqrt(v + eps2));
+        } else {
+          x = x - lr * (m / (std::sqrt(v) + eps));
+        }
+      }
+      w[d] = std::min(std::max(x, wmin), wmax);
+    }
+  }
+}
+
+template <Optimizer kOpt>
+void UpdateRows(const Rows& rows, const Hyper& h) {
+  if (h.has_decay) {
+    h.sum_inside_sqrt ? UpdateRows<kOpt, true, true>(rows, h)
+                      : UpdateRows<kOpt, true, false>(rows, h);
+  } else {
+    h.sum_inside_sqrt ? UpdateRows<kOpt, false, true>(rows, h)
+                      : UpdateRows<kOpt, false, false>(rows, h);
+  }
+}
+
+// Holds the exclusive locks of several variables (taken in the given order).
+class ExclusiveLocks {
+ public:
+  explicit ExclusiveLocks(const std::vector<Var*>& vars) : vars_(vars) {
+    for (Var* v : vars_) v->mu()->lock();
+  }
+  ~ExclusiveLocks() {
+    for (auto it = vars_.rbegin(); it != vars_.rend(); ++it) (*it)->mu()->unlock();
+  }
+
+ private:
+  std::vector<Var*> vars_;
+};
+
+class SparseApplyOp : public OpKernel {
+ public:
+  explicit SparseApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::string name;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("optimizer", &name));
+    if (name == "sgd") {
+      optimizer_ = Optimizer::kSgd; num_slots_ = 0;
+    } else if (name == "adagrad") {
+      optimizer_ = Optimizer::kAdagrad; num_slots_ = 1;
+    } else if (name == "adam") {
+      optimizer_ = Optimizer::kAdam; num_slots_ = 2;
+    } else {
+      ctx->CtxFailure(InvalidArgument("unknown optimizer ", name));
+      return;
+    }
+    int slots;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_slots", &slots));
+    OP_REQUIRES(ctx, slots == num_slots_,
+                InvalidArgument(name, " needs ", num_slots_, " slots; got ",
+                                slots));
+    for (const char* attr : {"clip_gradient_min", "clip_gradient_max",
+                             "clip_weight_min", "clip_weight_max",
+                             "weight_decay", "beta_1", "beta_2", "epsilon",
+                             "one_minus_beta_1", "one_minus_beta_2",
+                             "epsilon_squared"}) {
+      float v;
+      OP_REQUIRES_OK(ctx, ctx->GetAttr(attr, &v));
+      hyper_.push_back(v);
+    }
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("decay_by_lr", &decay_by_lr_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("sum_inside_sqrt", &sum_inside_sqrt_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int num_vars = 1 + num_slots_;
+    std::vector<tsl::core::RefCountPtr<Var>> vars(num_vars);
+    for (int k = 0; k < num_vars; ++k) {
+      OP_REQUIRES_OK(ctx, LookupMatrix(ctx, k, k ? "slot" : "table", &vars[k]));
+    }
+    const Tensor& ids_t = ctx->input(num_vars);
+    const Tensor& grads_t = ctx->input(num_vars + 1);
+    const float lr = ctx->input(num_vars + 2).scalar<float>()();
+    // Exclusive locks, in address order (no deadlock with other updates).
+    std::vector<Var*> order;
+    for (auto& v : vars) order.push_back(v.get());
+    std::sort(order.begin(), order.end());
+    order.erase(std::unique(order.begin(), order.end()), order.end());
+    ExclusiveLocks locks(order);
+
+    const Tensor& params = *vars[0]->tensor();
+    const int64_t vocab = params.dim_size(0), dim = params.dim_size(1);
+    for (int k = 1; k < num_vars; ++k) {
+      OP_REQUIRES(ctx, vars[k]->tensor()->shape() == params.shape(),
+                  InvalidArgument("slot ", k, " has shape ",
+                                  vars[k]->tensor()->shape().DebugString(),
+                                  ", the table ", params.shape().DebugString()));
+    }
+    OP_REQUIRES(ctx, ids_t.dims() == 1 && grads_t.dims() == 2 &&
+                         grads_t.dim_size(0) == ids_t.dim_size(0) &&
+                         grads_t.dim_size(1) == dim,
+                InvalidArgument("ids [U] and grads [U, ", dim, "] expected; "
+                                "got ", ids_t.shape().DebugString(), " and ",
+                                grads_t.shape().DebugString()));
+    const int64_t u = ids_t.NumElements();
+    const auto ids = ids_t.flat<int64_t>();
+    for (int64_t r = 0; r < u; ++r) {
+      OP_REQUIRES(ctx, ids(r) >= 0 && ids(r) < vocab,
+                  InvalidArgument("row id ", ids(r), " is outside the table's ",
+                                  "rows [0, ", vocab, ")"));
+    }
+    Rows rows{ids.data(), grads_t.flat<float>().data(),
+              vars[0]->tensor()->flat<float>().data(),
+              num_slots_ > 0 ? vars[1]->tensor()->flat<float>().data() : nullptr,
+              num_slots_ > 1 ? vars[2]->tensor()->flat<float>().data() : nullptr,
+              u, dim};
+    // As in backends/optimizers.py, 1 - beta and eps * eps come from Python
+    // (computed in double before rounding to float32); d or d * lr is float32.
+    Hyper h{lr, hyper_[0], hyper_[1], hyper_[2], hyper_[3],
+            decay_by_lr_ ? hyper_[4] * lr : hyper_[4], hyper_[4] != 0.0f,
+            hyper_[5], hyper_[6], hyper_[7], hyper_[8], hyper_[9], hyper_[10],
+            sum_inside_sqrt_};
+    switch (optimizer_) {
+      case Optimizer::kSgd: UpdateRows<Optimizer::kSgd>(rows, h); break;
+      case Optimizer::kAdagrad: UpdateRows<Optimizer::kAdagrad>(rows, h); break;
+      case Optimizer::kAdam: UpdateRows<Optimizer::kAdam>(rows, h); break;
+    }
+  }
+
+ private:
+  Optimizer optimizer_;
+  int num_slots_ = 0;
+  std::vector<float> hyper_;
+  bool decay_by_lr_ = false;
+  bool sum_inside_sqrt_ = false;
+};
+
+absl::Status BagLookupShape(InferenceContext* c) {
+  // [num_segments (when constant), table dim (unknown here: the caller sets it)].
+  tensorflow::shape_inference::DimensionHandle segments;
+  TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(4, &segments));
+  c->set_output(0, c->Matrix(segments, c->UnknownDim()));
+  c->set_output(1, c->Vector(c->UnknownDim()));
+  c->set_output(2, c->Vector(c->Dim(c->input(1), 0)));
+  return absl::OkStatus();
+}
+
+absl::Status RowGradientsShape(InferenceContext* c) {
+  tensorflow::shape_inference::DimensionHandle rows;
+  TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(4, &rows));
+  c->set_output(0, c->Matrix(rows, c->Dim(c->input(0), 1)));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("RecsysBagLookup")
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Input("segments: int32")
+    .Input("scale: float")
+    .Input("num_segments: int32")
+    .Output("activations: float")
+    .Output("unique_ids: int64")
+    .Output("index: int32")
+    .SetIsStateful()  // reads a variable: ordered with its updates
+    .SetShapeFn(BagLookupShape)
+    .Doc("Sums scale * table[id] per segment; de-duplicates the ids.");
+
+REGISTER_OP("RecsysRowGradients")
+    .Input("grads: float")
+    .Input("index: int32")
+    .Input("segments: int32")
+    .Input("scale: float")
+    .Input("num_rows: int32")
+    .Output("row_grads: float")
+    .SetShapeFn(RowGradientsShape)
+    .Doc("row_grads[index[i]] += scale[i] * grads[segments[i]].");
+
+REGISTER_OP("RecsysSparseApply")
+    .Input("table: resource")
+    .Input("slots: num_slots * resource")
+    .Input("ids: int64")
+    .Input("grads: float")
+    .Input("learning_rate: float")
+    .Attr("optimizer: {'sgd', 'adagrad', 'adam'}")
+    .Attr("num_slots: int >= 0")
+    .Attr("clip_gradient_min: float")
+    .Attr("clip_gradient_max: float")
+    .Attr("clip_weight_min: float")
+    .Attr("clip_weight_max: float")
+    .Attr("weight_decay: float = 0.0")
+    .Attr("decay_by_lr: bool = false")
+    .Attr("beta_1: float = 0.9")
+    .Attr("beta_2: float = 0.999")
+    .Attr("epsilon: float = 1e-8")
+    .Attr("one_minus_beta_1: float = 0.1")
+    .Attr("one_minus_beta_2: float = 0.001")
+    .Attr("epsilon_squared: float = 1e-16")
+    .Attr("sum_inside_sqrt: bool = true")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("One TPU-semantics optimizer step on the rows ids, in place.");
+
+REGISTER_KERNEL_BUILDER(Name("RecsysBagLookup").Device(DEVICE_CPU), BagLookupOp);
+REGISTER_KERNEL_BUILDER(Name("RecsysRowGradients").Device(DEVICE_CPU),
+                        RowGradientsOp);
+REGISTER_KERNEL_BUILDER(Name("RecsysSparseApply").Device(DEVICE_CPU),
+                        SparseApplyOp);
+
+}  // namespace recsys

@@ -1,0 +1,185 @@
+"""The fused CPU kernels (backends/kernels) against the TF ops they replace.
+
+The NumPy reference tests of test_tensorcore_training run both paths; here:
+the two paths side by side on every optimizer and input kind, the tape's
+view of a fused lookup, the variables' copy-on-read protocol, errors, and the
+build and fallback machinery.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import backends
+from backends import kernels
+from backends import optimizers
+from tests.backends import test_tensorcore_training as training
+from tests.conftest import mirrored_strategy
+
+E = tf.tpu.experimental.embedding
+DIM = training.DIM
+
+
+def test_kernels_build_and_load_here():
+  # CI has a compiler: a broken build must fail here, not fall back quietly.
+  assert kernels.load() is not None
+  assert kernels.library_path().exists()
+
+
+def _run(name, fused, strategy=None, steps=3):
+  """Trains the mixed config of test_tensorcore_training on fixed batches."""
+  strategy = strategy or tf.distribute.get_strategy()
+  factories, lr = training._optimizers()  # pylint: disable=protected-access
+  config, table_opts = training._config(factories[name]())  # pylint: disable=protected-access
+  with strategy.scope():
+    emb = backends.TensorCoreEmbedding(config, table_opts["shared"],
+                                       fused_kernels=fused)
+    emb.build()
+    for var in emb.embedding_tables.values():
+      var.assign(tf.random.stateless_normal(var.shape, seed=[3, var.shape[0]]))
+  rng = np.random.default_rng(5)
+
+  @tf.function
+  def step(features, weights, cotangents):
+    strategy.run(lambda *a: training._linear_loss_step(emb, *a),  # pylint: disable=protected-access
+                 args=(features, weights, cotangents))
+
+  for i in range(steps):
+    lr.assign(0.05 * (i + 1))
+    rows, weights = training._batch(rng, 8)  # pylint: disable=protected-access
+    cot = {k: tf.constant(rng.normal(size=(8, 3, DIM) if k == "s" else (8, DIM)),
+                          tf.float32) for k in rows}
+    step(*training._tensors(rows, weights), cot)  # pylint: disable=protected-access
+  values = {t.name: v for t, v in emb.embedding_tables.items()}
+  for table, slots in emb.slot_variables().items():
+    values.update({f"{table}/{k}": v for k, v in slots.items()})
+  return {k: (v.values[0] if hasattr(v, "values") else v).numpy()
+          for k, v in values.items()}
+
+
+@pytest.mark.parametrize("name", training.OPTIMIZER_NAMES)
+def test_fused_steps_equal_tf_ops(name):
+  fused, tf_ops = _run(name, True), _run(name, False)
+  assert sorted(fused) == sorted(tf_ops)
+  for key in fused:
+    # Same float32 operations; TF's graph rewrites (x / sqrt(y) becomes
+    # x * rsqrt(y)) and summation order leave a few ulps.
+    np.testing.assert_allclose(fused[key], tf_ops[key], rtol=3e-6, atol=3e-7,
+                               err_msg=key)
+
+
+@pytest.mark.parametrize("name", ["adagrad_options", "adam_lazy"])
+def test_fused_equal_tf_ops_under_two_replicas(name):
+  # Each replica gets the whole batch; the touched rows' exchange is shared.
+  fused = _run(name, True, strategy=mirrored_strategy(2))
+  tf_ops = _run(name, False, strategy=mirrored_strategy(2))
+  for key in fused:
+    np.testing.assert_allclose(fused[key], tf_ops[key], rtol=3e-6, atol=3e-7,
+                               err_msg=key)
+
+
+def test_tape_on_table_sees_the_fused_lookup_as_a_gather():
+  table = E.TableConfig(30, DIM, combiner="mean", name="t")
+  config = {"f": E.FeatureConfig(table), "g": E.FeatureConfig(table)}
+  feats = {"f": tf.ragged.constant([[1, 2, 2], [7]], dtype=tf.int64),
+           "g": tf.ragged.constant([[2], [9, 1]], dtype=tf.int64)}
+  grads = {}
+  for fused in (True, False):
+    emb = backends.TensorCoreEmbedding(config, E.SGD(0.1), fused_kernels=fused)
+    emb.build()
+    var = emb.embedding_tables[table]
+    var.assign(tf.reshape(tf.range(30 * DIM, dtype=tf.float32), [30, DIM]))
+    with tf.GradientTape() as tape:  # no watch: the table is a trainable variable
+      acts = emb(feats, training=True)
+      loss = tf.reduce_sum(acts["f"] * 2.0) + tf.reduce_sum(acts["g"] ** 2)
+    grad = tape.gradient(loss, var)
+    assert isinstance(grad, tf.IndexedSlices)
+    grads[fused] = tf.convert_to_tensor(grad).numpy()
+  np.testing.assert_allclose(grads[True], grads[False], rtol=1e-6)
+  assert np.count_nonzero(grads[True].any(axis=1)) == 4  # rows 1, 2, 7, 9
+
+
+def test_a_value_read_before_the_update_keeps_its_value():
+  """Copy-on-read: the in-place update never writes into a dense read."""
+  table = E.TableConfig(10, DIM, name="t")
+  emb = backends.TensorCoreEmbedding({"f": E.FeatureConfig(table)}, E.SGD(1.0))
+  emb.build()
+  var = emb.embedding_tables[table]
+  before = var.read_value()  # aliases the buffer until a sparse access
+  kept = before.numpy().copy()
+  with tf.GradientTape() as tape:
+    acts = emb({"f": tf.constant([3, 4])}, training=True)
+    loss = tf.reduce_sum(acts["f"])
+  emb.apply_gradients(tape.gradient(loss, acts))
+  np.testing.assert_array_equal(before.numpy(), kept)
+  np.testing.assert_allclose(var.numpy()[[3, 4]], kept[[3, 4]] - 1.0, rtol=1e-6)
+
+
+def test_unchecked_out_of_range_id_is_an_error_in_the_kernel():
+  table = E.TableConfig(10, DIM, name="t")
+  feature = E.FeatureConfig(table, name="f")
+  feature.validate_weights_and_indices = False  # Python checks off
+  emb = backends.TensorCoreEmbedding({"f": feature}, E.SGD(1.0))
+  emb.build()
+  with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 12 .*\[0, 10\)"):
+    emb({"f": tf.constant([3, 12])}, training=True)
+
+
+def test_sparse_apply_refuses_mismatched_slots():
+  ops = kernels.load()
+  table = tf.Variable(tf.zeros([5, 4]))
+  acc = tf.Variable(tf.zeros([6, 4]))
+  attrs = optimizers.fused_attrs(E.Adagrad(0.1))
+  with pytest.raises(tf.errors.InvalidArgumentError, match="slot 1 has shape"):
+    ops.recsys_sparse_apply(table=table.handle, slots=[acc.handle],
+                            ids=tf.constant([1], tf.int64),
+                            grads=tf.ones([1, 4]), learning_rate=0.1, **attrs)
+
+
+@pytest.mark.parametrize("opt, expected", [
+    (E.SGD(0.1), "sgd"), (E.Adagrad(0.1), "adagrad"), (E.Adam(0.1), "adam"),
+    (E.Adam(0.1, lazy_adam=False), None), (E.FTRL(0.1), None),
+    (E.AdagradMomentum(0.1, momentum=0.9), None)])
+def test_fused_attrs_cover_sgd_adagrad_lazy_adam(opt, expected):
+  attrs = optimizers.fused_attrs(opt)
+  assert (attrs and attrs["optimizer"]) == expected
+
+
+def _python(code: str, **env) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-c", code], capture_output=True,
+                        text=True, check=False, timeout=300,
+                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env},
+                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                            os.path.abspath(__file__)))))
+
+
+def test_switched_off_by_environment_falls_back_to_tf_ops():
+  out = _python("import recsys; from backends import kernels; "
+                "print(kernels.load())", RECSYS_FUSED_KERNELS="0")
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.strip() == "None"
+  assert "RECSYS_FUSED_KERNELS=0" in out.stderr
+
+
+@pytest.mark.slow
+def test_compiler_failure_is_reported_and_training_falls_back(tmp_path):
+  fake = tmp_path / "fake-g++"
+  fake.write_text("#!/bin/sh\necho 'embedding_ops.cc:1: error: no compiler here' >&2\nexit 1\n")
+  fake.chmod(0o755)
+  code = ("import recsys, tensorflow as tf, backends\n"
+          "E = tf.tpu.experimental.embedding\n"
+          "t = E.TableConfig(5, 2, name='t')\n"
+          "emb = backends.TensorCoreEmbedding({'f': E.FeatureConfig(t)}, E.SGD(1.0))\n"
+          "emb.build()\n"
+          "print('kernels', emb._kernels)\n"
+          "with tf.GradientTape() as tape:\n"
+          "  acts = emb({'f': tf.constant([1])}, training=True)\n"
+          "emb.apply_gradients(tape.gradient(tf.reduce_sum(acts['f']), acts))\n")
+  out = _python(code, CXX=str(fake), RECSYS_KERNEL_DIR=str(tmp_path / "cache"))
+  assert out.returncode == 0, out.stderr
+  assert "kernels None" in out.stdout
+  assert "no compiler here" in out.stderr  # the compiler's error, in the log

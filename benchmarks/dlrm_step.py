@@ -31,6 +31,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import recsys  # noqa: E402,F401  (Keras 2 before TensorFlow)
 import tensorflow as tf  # noqa: E402
 
+from recsys import cli  # noqa: E402
 from recsys import config as config_lib  # noqa: E402
 from recsys.training import loop as loop_lib  # noqa: E402
 import recsys.training.train  # noqa: E402,F401
@@ -55,9 +56,12 @@ def main(argv=None) -> None:
   parser.add_argument("--gin_file", default="experiments/synthetic_dlrm.gin")
   parser.add_argument("--loop", type=int, default=20, help="steps per call")
   parser.add_argument("--reps", type=int, default=8)
-  parser.add_argument("--intra_threads", type=int, default=2)
-  parser.add_argument("--inter_threads", type=int, default=2)
+  parser.add_argument("--intra_threads", type=int, default=0,
+                      help="0: as `recsys train` chooses (cli.thread_settings)")
+  parser.add_argument("--inter_threads", type=int, default=0)
   args = parser.parse_args(argv)
+  args.intra_threads, args.inter_threads, _ = cli.thread_settings(
+      args.intra_threads, args.inter_threads, cli._available_cores())  # pylint: disable=protected-access
   tf.config.threading.set_intra_op_parallelism_threads(args.intra_threads)
   tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
 

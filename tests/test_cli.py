@@ -187,3 +187,16 @@ def test_export_of_a_retrieval_model_serves_the_models_top_k(tmp_path):
   np.testing.assert_allclose(top["scores"].numpy(), want_scores, rtol=1e-5, atol=1e-6)
   best = corpus_ids[np.argmax(want_q @ corpus.T, axis=1)]
   np.testing.assert_array_equal(top["candidate_ids"].numpy()[:, 0], best)
+
+
+@pytest.mark.parametrize("given, cores, expected", [
+    ((0, 0), 2, (1, 2)),      # small machine, nothing given: 1 / 2
+    ((0, 0), 1, (1, 2)),
+    ((0, 0), 8, (0, 0)),      # larger machine: TF's defaults
+    ((2, 0), 2, (2, 0)),      # a flag given: kept as given
+    ((0, 3), 2, (0, 3)),
+])
+def test_thread_settings(given, cores, expected):
+  intra, inter, why = cli.thread_settings(*given, cores)
+  assert (intra, inter) == expected
+  assert bool(why) == (expected == (1, 2) and given == (0, 0))

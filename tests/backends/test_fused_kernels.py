@@ -183,3 +183,11 @@ def test_compiler_failure_is_reported_and_training_falls_back(tmp_path):
   assert out.returncode == 0, out.stderr
   assert "kernels None" in out.stdout
   assert "no compiler here" in out.stderr  # the compiler's error, in the log
+
+
+def test_module_command_builds_and_prints_the_library():
+  out = subprocess.run([sys.executable, "-m", "backends.kernels"],
+                       capture_output=True, text=True, check=False, timeout=300,
+                       env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.strip() == str(kernels.library_path())

@@ -147,12 +147,17 @@ def _configure_runtime(args: argparse.Namespace) -> None:
   intra, inter, why = thread_settings(getattr(args, "intra_op_threads", 0),
                                       getattr(args, "inter_op_threads", 0),
                                       _available_cores())
+  try:
+    if intra:
+      tf.config.threading.set_intra_op_parallelism_threads(intra)
+    if inter:
+      tf.config.threading.set_inter_op_parallelism_threads(inter)
+  except RuntimeError:  # TF already running in this process (called as a library)
+    if not why:
+      raise
+    why = ""
   if why:
     logging.getLogger("recsys").info(why)
-  if intra:
-    tf.config.threading.set_intra_op_parallelism_threads(intra)
-  if inter:
-    tf.config.threading.set_inter_op_parallelism_threads(inter)
 
 
 def thread_settings(intra: int, inter: int, cores: int) -> Tuple[int, int, str]:

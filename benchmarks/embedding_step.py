@@ -18,6 +18,8 @@ Implementations (those whose packages are missing are skipped with a line):
                    trainer's path, bags padded to [B, 8] by `preprocess` in
                    the input pipeline (done once here, outside the timing)
   recsys_ragged    the same backend fed RaggedTensor bags directly
+  recsys_tf_ops    `recsys` without its fused CPU kernels (fused_kernels=False):
+                   the TF-ops path, for the kernels' A/B
   tfrs             tfrs.layers.embedding.TPUEmbedding on CPU, SparseTensor
                    input, legacy Keras Adagrad
   keras_embedding  tf_keras Embedding per feature on RaggedTensor bags,
@@ -49,8 +51,8 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 
-IMPLS = ("recsys", "recsys_ragged", "tfrs", "keras_embedding", "tf_fused",
-         "torch_bag", "fbgemm", "torchrec")
+IMPLS = ("recsys", "recsys_ragged", "recsys_tf_ops", "tfrs", "keras_embedding",
+         "tf_fused", "torch_bag", "fbgemm", "torchrec")
 DEFAULT_IMPLS = ("recsys", "tfrs", "keras_embedding", "tf_fused", "torch_bag",
                  "fbgemm", "torchrec")
 _NEEDS = {"torch_bag": ("torch",), "fbgemm": ("torch", "fbgemm_gpu"),
@@ -107,13 +109,14 @@ def _tf_step(impl: str, args) -> Tuple[Callable, Callable]:
   def sparse(batch):
     return {k: r.to_sparse() for k, r in ragged(batch).items()}
 
-  if impl in ("recsys", "recsys_ragged"):
+  if impl in ("recsys", "recsys_ragged", "recsys_tf_ops"):
     import backends  # pylint: disable=g-import-not-at-top
     tables = {n: E.TableConfig(args.rows, args.dim, combiner="sum", name=n)
               for n in names}
     config = {n: E.FeatureConfig(tables[n]) for n in names}
     emb = backends.create(config, E.Adagrad(args.lr), backend="tensorcore",
-                          bag_widths=args.max_bag if impl == "recsys" else None)
+                          bag_widths=None if impl == "recsys_ragged" else args.max_bag,
+                          fused_kernels=impl != "recsys_tf_ops")
     emb.build()
     lookup = tf.autograph.experimental.do_not_convert(emb.lookup)
     apply = tf.autograph.experimental.do_not_convert(emb.apply_gradients)
@@ -130,7 +133,7 @@ def _tf_step(impl: str, args) -> Tuple[Callable, Callable]:
       apply(act_grads)
       return loss
 
-    if impl == "recsys":
+    if impl != "recsys_ragged":
       # The trainer runs preprocess() in its tf.data pipeline (in parallel
       # with the step); here it runs once per distinct batch, not timed.
       return step, lambda b: emb.preprocess(ragged(b))[0]

@@ -18,9 +18,10 @@
 // Variables are accessed like TF's own sparse resource ops: the first sparse
 // access switches the variable to copy-on-read mode (copying its buffer if a
 // dense read still aliases it), reads take the variable's lock shared, updates
-// exclusive. Built by backends/kernels/build.py; compile with
-// -ffp-contract=off so that no multiply-add is fused (the TF ops round each
-// operation separately).
+// exclusive. Built by `python -m backends.kernels` (backends/kernels/
+// __init__.py) with -ffp-contract=off, so that no multiply-add is fused (the
+// TF ops round each operation separately), and -fno-math-errno, so that the
+// row loops with sqrt vectorize.
 
 #include <algorithm>
 #include <cmath>

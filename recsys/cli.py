@@ -320,6 +320,8 @@ def cmd_info(args: argparse.Namespace) -> int:
   lines.append(planning.describe_environment(strategy, feature_config,
                                              optimizer=optimizer,
                                              backend=backend))
+  from backends import kernels  # pylint: disable=g-import-not-at-top
+  lines.append(f"fused CPU kernels (tensorcore on CPU): {kernels.status()}")
   print("\n".join(lines))
   return 0
 

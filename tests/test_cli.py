@@ -71,6 +71,7 @@ def test_info_prints_strategy_and_backend_choice(capsys):
   assert cli.main(["info"]) == 0
   out = capsys.readouterr().out
   assert "embedding backend: auto -> tensorcore" in out and "TensorFlow" in out
+  assert "fused CPU kernels (tensorcore on CPU): " in out
 
 
 def test_info_plans_the_experiment_tables_with_its_optimizer(capsys):

@@ -133,6 +133,22 @@ def build(force: bool = False) -> pathlib.Path:
   return target
 
 
+def status() -> str:
+  """One line for `recsys info`: whether training will use the kernels.
+
+  Does not build or load anything.
+  """
+  if not enabled():
+    return f"off ({ENV_SWITCH}=0): tensorcore uses its TF ops"
+  path = library_path()
+  if path.exists():
+    return f"built, {path}"
+  if compiler() is None:
+    return "unavailable (no C++ compiler): tensorcore uses its TF ops"
+  return ("not built yet: built on first use, or now with "
+          "`python -m backends.kernels`")
+
+
 def load() -> Optional[Any]:
   """The ops module (`recsys_bag_lookup`, ...), or None to use the TF ops.
 

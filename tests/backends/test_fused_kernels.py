@@ -28,6 +28,17 @@ def test_kernels_build_and_load_here():
   # CI has a compiler: a broken build must fail here, not fall back quietly.
   assert kernels.load() is not None
   assert kernels.library_path().exists()
+  assert kernels.status() == f"built, {kernels.library_path()}"
+
+
+def test_status_says_what_training_will_use(monkeypatch, tmp_path):
+  monkeypatch.setenv(kernels.ENV_DIR, str(tmp_path))
+  assert kernels.status().startswith("not built yet")
+  monkeypatch.setenv("CXX", "")
+  monkeypatch.setenv("PATH", str(tmp_path))
+  assert kernels.status().startswith("unavailable (no C++ compiler)")
+  monkeypatch.setenv(kernels.ENV_SWITCH, "0")
+  assert kernels.status().startswith("off")
 
 
 def _run(name, fused, strategy=None, steps=3):

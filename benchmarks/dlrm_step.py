@@ -17,7 +17,7 @@ Parts are timed interleaved (the machine may be shared); `cpu ms` is this
 process's CPU time per step (2 threads busy -> about 2x wall), steadier than
 wall time when other processes load the cores.
 
-    python benchmarks/dlrm_step.py [--gin_file experiments/synthetic_dlrm.gin]
+    python benchmarks/dlrm_step.py [--gin_file experiments/synthetic_dlrm.gin] [--profile]
 """
 
 import argparse
@@ -59,6 +59,8 @@ def main(argv=None) -> None:
   parser.add_argument("--intra_threads", type=int, default=0,
                       help="0: as `recsys train` chooses (cli.thread_settings)")
   parser.add_argument("--inter_threads", type=int, default=0)
+  parser.add_argument("--profile", action="store_true",
+                      help="also print the op-time table of the whole step")
   args = parser.parse_args(argv)
   args.intra_threads, args.inter_threads, _ = cli.thread_settings(
       args.intra_threads, args.inter_threads, cli._available_cores())  # pylint: disable=protected-access
@@ -134,6 +136,11 @@ def main(argv=None) -> None:
     cpu = statistics.median(c for _, c in rows[part])
     print(f"| {part:9s} | {ms:7.2f} | {gb / ms * 1e3:10.0f} | {ms / emb_ms:11.2f} "
           f"| {cpu:11.2f} |")
+  if args.profile:
+    import op_profile  # pylint: disable=g-import-not-at-top  (this folder)
+    print("\nwhole step:")
+    op_profile.print_op_table(op_profile.profile_steps(
+        lambda: full(n), steps=2, steps_per_call=args.loop))
 
 
 if __name__ == "__main__":

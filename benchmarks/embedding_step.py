@@ -34,6 +34,7 @@ Examples:
   python benchmarks/embedding_step.py                      # standard workload
   python benchmarks/embedding_step.py --impls recsys,fbgemm --rows 10000,1000000,10000000
   python benchmarks/embedding_step.py --impls recsys --batch 512,2048,16384 --json out.json
+  python benchmarks/embedding_step.py --impls recsys,recsys_tf_ops --profile --steps 20
 
 Torch, FBGEMM and TorchRec come from the `bench` extra: pip install -e '.[bench]'.
 """
@@ -329,6 +330,26 @@ def run_one(impl: str, args) -> Dict[str, Any]:
           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def profile_one(impl: str, args) -> None:
+  """Prints the op-time table of `args.steps` steps of a TF implementation."""
+  import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import op_profile  # pylint: disable=g-import-not-at-top  (this folder)
+  tf.config.threading.set_intra_op_parallelism_threads(args.intra_threads)
+  tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
+  step, prepare = _tf_step(impl, args)
+  batches = make_batches(args.distinct_batches, args.batch, args.features,
+                         args.rows, args.max_bag, args.zipf, args.seed)
+  inputs = [prepare(b) for b in batches]
+  labels = [tf.constant(l) for l in make_labels(len(batches), args.batch, args.seed)]
+  n, count = len(inputs), iter(range(1 << 30))
+  run = lambda: step(inputs[next(count) % n], labels[0]).numpy()  # pylint: disable=unnecessary-lambda-assignment
+  for _ in range(args.warmup):
+    run()
+  print(f"\n{impl} (rows={args.rows}, batch={args.batch}, {args.steps} steps):")
+  op_profile.print_op_table(op_profile.profile_steps(run, args.steps))
+
+
 # -- driver --------------------------------------------------------------------
 
 
@@ -420,11 +441,17 @@ def main(argv=None) -> None:
   parser.add_argument("--inter_threads", type=int, default=2,
                       help="TF inter-op threads")
   parser.add_argument("--json", help="also write the results (and settings) here")
+  parser.add_argument("--profile", action="store_true",
+                      help="instead of timing: the op-time table of each TF "
+                           "implementation (TF profiler, --steps steps)")
   parser.add_argument("--_child", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
 
   if args._child:  # pylint: disable=protected-access
     args.rows, args.batch = int(args.rows), int(args.batch)
+    if args.profile:
+      profile_one(args._child, args)  # pylint: disable=protected-access
+      return
     print(json.dumps(run_one(args._child, args)))  # pylint: disable=protected-access
     return
 
@@ -444,6 +471,18 @@ def main(argv=None) -> None:
               "dim": args.dim, "max_bag": args.max_bag, "zipf": args.zipf,
               "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats}
   print("settings: " + json.dumps(settings))
+  if args.profile:
+    env = dict(os.environ, **thread_env(args))
+    for impl in impls:
+      if impl in ("torch_bag", "fbgemm", "torchrec"):
+        print(f"\n{impl}: --profile covers the TF implementations only")
+        continue
+      subprocess.run([sys.executable, os.path.abspath(__file__), "--_child", impl,
+                      "--profile", f"--rows={args.rows.split(',')[0]}",
+                      f"--batch={args.batch.split(',')[0]}"] + [
+                          f"--{k}={getattr(args, k)}" for k in _CHILD_FLAGS],
+                     env=env, check=False)
+    return
   results = sweep(args, impls)
   print_table(results)
   if args.json:

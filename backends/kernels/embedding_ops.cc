@@ -82,20 +82,23 @@ absl::Status LookupMatrix(OpKernelContext* ctx, int index, const char* what,
   return absl::OkStatus();
 }
 
-// Open-addressing map from id to its first-occurrence position.
+// Open-addressing map from id to its first-occurrence position. Fibonacci
+// hashing: the top bits of id * 2^64/phi index the slots, so ids sharing low
+// bits (multiples of a power of two) still spread.
 class IdIndex {
  public:
   explicit IdIndex(int64_t n) {
-    int64_t cap = 16;
-    while (cap < 2 * n) cap <<= 1;
-    mask_ = cap - 1;
-    keys_.assign(cap, -1);
-    values_.resize(cap);
+    int bits = 4;
+    while ((int64_t{1} << bits) < 2 * n) ++bits;
+    shift_ = 64 - bits;
+    mask_ = (int64_t{1} << bits) - 1;
+    keys_.assign(mask_ + 1, -1);
+    values_.resize(mask_ + 1);
   }
   // The position of `id` (non-negative), adding it as `next` if new.
   int32_t Insert(int64_t id, int32_t next, bool* added) {
-    uint64_t h = static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull;
-    int64_t slot = static_cast<int64_t>(h >> 17) & mask_;
+    int64_t slot = static_cast<int64_t>(
+        (static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >> shift_);
     while (true) {
       if (keys_[slot] == id) { *added = false; return values_[slot]; }
       if (keys_[slot] < 0) {
@@ -104,7 +107,9 @@ class IdIndex {
       slot = (slot + 1) & mask_;
     }
   }
+
  private:
+  int shift_;
   int64_t mask_;
   std::vector<int64_t> keys_;
   std::vector<int32_t> values_;

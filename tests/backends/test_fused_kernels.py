@@ -202,3 +202,23 @@ def test_module_command_builds_and_prints_the_library():
                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
   assert out.returncode == 0, out.stderr
   assert out.stdout.strip() == str(kernels.library_path())
+
+
+@pytest.mark.parametrize("ids", [
+    np.arange(0, 1 << 20, 1 << 9),                               # shared low bits
+    np.random.default_rng(0).integers(0, 1 << 20, 3000),          # repeats
+    np.array([5, 5, 0, 7, 0, 5]),
+    np.array([], np.int64),
+], ids=["powers_of_two", "random", "small", "empty"])
+def test_lookup_deduplicates_in_first_occurrence_order(ids):
+  ops = kernels.load()
+  table = tf.Variable(tf.random.stateless_normal([1 << 20, 2], seed=[1, 2]))
+  ids = ids.astype(np.int64)
+  acts, unique, index = ops.recsys_bag_lookup(
+      table=table.handle, ids=ids, segments=np.arange(len(ids), dtype=np.int32),
+      scale=tf.zeros([0]), num_segments=len(ids))
+  want_unique, want_index = tf.unique(tf.constant(ids, tf.int64), out_idx=tf.int32)
+  np.testing.assert_array_equal(unique.numpy(), want_unique.numpy())
+  np.testing.assert_array_equal(index.numpy(), want_index.numpy())
+  np.testing.assert_array_equal(acts.numpy(),
+                                tf.gather(table, ids).numpy().reshape(-1, 2))

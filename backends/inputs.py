@@ -188,7 +188,8 @@ def check_bag_structure(what: str, inp: Any, weights: Any) -> None:
 
 
 def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
-                 bag_width: Optional[int] = None) -> FlatBags:
+                 bag_width: Optional[int] = None,
+                 fused_ops: Optional[Any] = None) -> FlatBags:
   """Converts one feature's input to `FlatBags` (validating types and ranks).
 
   Args:
@@ -198,6 +199,8 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
     weights: None, or float weights of the same kind and shape as `inp`.
     bag_width: keep at most this many ids per bag (non-sequence features);
       extra ids are counted in `FlatBags.truncated`.
+    fused_ops: the fused CPU kernels (`backends.kernels.load()`), to flatten
+      `PaddedBags` in one op; None: TF ops (any device).
 
   Raises:
     InvalidInputError: unsupported type, rank or dtype; misplaced weights.
@@ -208,7 +211,7 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
   out_shape = layout.output_shape(None)
   cut = tf.constant(0, tf.int64)
   if isinstance(inp, PaddedBags):
-    ids, row, pos, w, cut = _from_padded(layout, inp)
+    ids, row, pos, w, cut = _from_padded(layout, inp, fused_ops)
   elif isinstance(inp, tf.SparseTensor):
     _check_id_dtype(layout, inp.values)
     if inp.shape.rank not in (None, 2):
@@ -335,17 +338,22 @@ def _sequence_length_from_output_shape(layout, out_shape, batch_size) -> int:
       f"equal the batch size {static_b} or be a multiple of it.")
 
 
-def _from_padded(layout: FeatureLayout, padded: PaddedBags):
+def _from_padded(layout: FeatureLayout, padded: PaddedBags, fused_ops=None):
   """Flat (ids, row, pos, weights, cut) of the real entries of padded bags."""
   _check_id_dtype(layout, padded.ids)
   lengths = tf.cast(padded.lengths, tf.int64)
+  no_weights = padded.weights.shape.rank == 2 and padded.weights.shape[1] == 0
+  if fused_ops is not None:
+    ids, row, pos, w, cut = fused_ops.recsys_padded_bags(
+        ids=tf.cast(padded.ids, tf.int64), lengths=lengths,
+        weights=tf.cast(padded.weights, tf.float32))
+    return ids, row, pos, None if no_weights else w, cut
   width = tf.shape(padded.ids, out_type=tf.int64)[1]
   # One `where` of the real entries, then gathers: cheaper than a mask each.
   real = tf.where(tf.range(width)[tf.newaxis, :] < lengths[:, tf.newaxis])
   cut = tf.reduce_sum(tf.maximum(lengths - width, 0))
   # Weights of static width 0 are `pad_bags`' mark for "no weights" (all 1).
-  weights = (None if padded.weights.shape.rank == 2 and padded.weights.shape[1] == 0
-             else tf.gather_nd(padded.weights, real))
+  weights = None if no_weights else tf.gather_nd(padded.weights, real)
   return (tf.gather_nd(padded.ids, real), real[:, 0], real[:, 1], weights, cut)
 
 

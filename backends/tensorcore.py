@@ -257,8 +257,10 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       `[B, L, D]` per sequence feature, `output_shape + [D]` when set.
     """
     self._maybe_build()
-    bags = self._flat_bags(features, weights)
-    fused = training and self._fused_ops()
+    # Training steps only: lookups for evaluation or export stay TF ops
+    # (a SavedModel must not need this library).
+    fused = self._fused_ops() if training else None
+    bags = self._flat_bags(features, weights, fused)
 
     outputs: List[Optional[tf.Tensor]] = [None] * len(bags)
     steps = {}
@@ -311,12 +313,13 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       return None
     return self._kernels
 
-  def _flat_bags(self, features: Any, weights: Optional[Any]
-                 ) -> List[inputs_lib.FlatBags]:
+  def _flat_bags(self, features: Any, weights: Optional[Any],
+                 fused_ops: Optional[Any] = None) -> List[inputs_lib.FlatBags]:
     """Every feature's input as validated flat bags, in config order.
 
     Counts invalid and truncated ids when the backend keeps counters (they
-    are per-replica sums: only countable inside a replica).
+    are per-replica sums: only countable inside a replica). `fused_ops`: the
+    fused kernels, to flatten padded bags in one op.
     """
     flat = self._flatten_like_config(features, "features")
     flat_w = (self._flatten_like_config(weights, "weights")
@@ -325,7 +328,8 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
              tf.distribute.get_replica_context() is not None)
     bags = []
     for layout, inp, w in zip(self._layouts, flat, flat_w):
-      bag = inputs_lib.to_flat_bags(layout, inp, w, self._bag_widths[layout.path])
+      bag = inputs_lib.to_flat_bags(layout, inp, w, self._bag_widths[layout.path],
+                                    fused_ops=fused_ops)
       if layout.feature.validate_weights_and_indices:
         bag, num_invalid = inputs_lib.validate(layout, bag, self._invalid_ids)
         if count and self._invalid_ids != "error":

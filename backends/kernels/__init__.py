@@ -196,6 +196,7 @@ def _register_gradients(tf, module) -> None:
 
   for op, register in (("RecsysBagLookup", tf.RegisterGradient),
                        ("RecsysRowGradients", None),
+                       ("RecsysPaddedBags", None),
                        ("RecsysSparseApply", None)):
     try:
       if register is None:

@@ -3,12 +3,15 @@
 // The pure-TF step of one table runs Unique, ResourceGather, SparseSegmentSum,
 // SparseSegmentSumGrad and a gather / compute / scatter of the optimizer: each
 // a pass over memory with its own scheduling overhead, and SparseSegmentSumGrad
-// alone was the largest cost in the profile. These three kernels do the same
-// work in one pass each:
+// alone was the largest cost in the profile. These kernels do the same work
+// in one pass each:
 //
 //   RecsysBagLookup     de-duplicates ids (first-occurrence order, as
 //                       tf.unique) and sums scale * table[id] into each
 //                       id's segment, reading rows straight from the variable
+//   RecsysPaddedBags    the real entries of padded [B, W] bags as flat values
+//                       with their rows and positions (replaces range / less /
+//                       where / gather_nd of the padded input)
 //   RecsysRowGradients  row_grads[index[i]] += scale[i] * grads[segments[i]]
 //   RecsysSparseApply   gradient clipping, weight decay, the SGD / Adagrad /
 //                       lazy Adam update and weight clipping of the touched
@@ -437,6 +440,61 @@ class SparseApplyOp : public OpKernel {
   bool sum_inside_sqrt_ = false;
 };
 
+// The real entries of left-aligned padded bags, in row-major order: what
+// tf.where(range(W) < lengths) + gather_nd compute in four ops.
+class PaddedBagsOp : public OpKernel {
+ public:
+  explicit PaddedBagsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& ids_t = ctx->input(0);
+    const Tensor& lengths_t = ctx->input(1);
+    const Tensor& weights_t = ctx->input(2);
+    OP_REQUIRES(ctx, ids_t.dims() == 2 && lengths_t.dims() == 1 &&
+                         lengths_t.dim_size(0) == ids_t.dim_size(0),
+                InvalidArgument("ids [B, W] and lengths [B] expected; got ",
+                                ids_t.shape().DebugString(), " and ",
+                                lengths_t.shape().DebugString()));
+    const bool weighted = weights_t.NumElements() > 0;
+    OP_REQUIRES(ctx, !weighted || weights_t.shape() == ids_t.shape(),
+                InvalidArgument("weights must be [B, 0] or the ids' shape ",
+                                ids_t.shape().DebugString(), "; got ",
+                                weights_t.shape().DebugString()));
+    const int64_t batch = ids_t.dim_size(0), width = ids_t.dim_size(1);
+    const auto ids = ids_t.matrix<int64_t>();
+    const auto lengths = lengths_t.flat<int64_t>();
+    int64_t n = 0, cut = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t len = std::max<int64_t>(lengths(b), 0);
+      n += std::min(len, width);
+      cut += std::max<int64_t>(len - width, 0);
+    }
+    Tensor *values_t, *rows_t, *positions_t, *weights_out_t, *cut_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &values_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &rows_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &positions_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+        3, TensorShape({weighted ? n : 0}), &weights_out_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({}), &cut_t));
+    int64_t* values = values_t->flat<int64_t>().data();
+    int64_t* rows = rows_t->flat<int64_t>().data();
+    int64_t* positions = positions_t->flat<int64_t>().data();
+    float* weights_out = weights_out_t->flat<float>().data();
+    const float* weights = weighted ? weights_t.flat<float>().data() : nullptr;
+    int64_t k = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t len = std::min(std::max<int64_t>(lengths(b), 0), width);
+      for (int64_t j = 0; j < len; ++j, ++k) {
+        values[k] = ids(b, j);
+        rows[k] = b;
+        positions[k] = j;
+        if (weighted) weights_out[k] = weights[b * width + j];
+      }
+    }
+    cut_t->scalar<int64_t>()() = cut;
+  }
+};
+
 absl::Status BagLookupShape(InferenceContext* c) {
   // [num_segments (when constant), table dim (unknown here: the caller sets it)].
   tensorflow::shape_inference::DimensionHandle segments;
@@ -468,6 +526,22 @@ REGISTER_OP("RecsysBagLookup")
     .SetIsStateful()  // reads a variable: ordered with its updates
     .SetShapeFn(BagLookupShape)
     .Doc("Sums scale * table[id] per segment; de-duplicates the ids.");
+
+REGISTER_OP("RecsysPaddedBags")
+    .Input("ids: int64")
+    .Input("lengths: int64")
+    .Input("weights: float")
+    .Output("values: int64")
+    .Output("rows: int64")
+    .Output("positions: int64")
+    .Output("value_weights: float")
+    .Output("cut: int64")
+    .SetShapeFn([](InferenceContext* c) {
+      for (int i = 0; i < 4; ++i) c->set_output(i, c->Vector(c->UnknownDim()));
+      c->set_output(4, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc("The real entries of left-aligned padded bags, row-major.");
 
 REGISTER_OP("RecsysRowGradients")
     .Input("grads: float")
@@ -505,6 +579,8 @@ REGISTER_OP("RecsysSparseApply")
     .Doc("One TPU-semantics optimizer step on the rows ids, in place.");
 
 REGISTER_KERNEL_BUILDER(Name("RecsysBagLookup").Device(DEVICE_CPU), BagLookupOp);
+REGISTER_KERNEL_BUILDER(Name("RecsysPaddedBags").Device(DEVICE_CPU),
+                        PaddedBagsOp);
 REGISTER_KERNEL_BUILDER(Name("RecsysRowGradients").Device(DEVICE_CPU),
                         RowGradientsOp);
 REGISTER_KERNEL_BUILDER(Name("RecsysSparseApply").Device(DEVICE_CPU),

@@ -222,3 +222,24 @@ def test_lookup_deduplicates_in_first_occurrence_order(ids):
   np.testing.assert_array_equal(index.numpy(), want_index.numpy())
   np.testing.assert_array_equal(acts.numpy(),
                                 tf.gather(table, ids).numpy().reshape(-1, 2))
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_padded_bags_flatten_like_the_tf_ops(weighted):
+  from backends import inputs  # pylint: disable=g-import-not-at-top
+  bags = [[3, 1, 4], [], [1, 5, 9, 2, 6], [5]]  # the 5-id bag is cut to 4
+  weights = [[0.5 + i for i, _ in enumerate(b)] for b in bags]
+  ragged = tf.ragged.constant(bags, dtype=tf.int64)
+  w = tf.ragged.constant(weights, dtype=tf.float32) if weighted else None
+  padded = inputs.pad_bags(ragged, w, 4)
+  table = E.TableConfig(10, DIM, name="t")
+  layout = inputs.FeatureLayout("f", E.FeatureConfig(table, name="f"), "t")
+  fused = inputs._from_padded(layout, padded, kernels.load())  # pylint: disable=protected-access
+  tf_ops = inputs._from_padded(layout, padded)  # pylint: disable=protected-access
+  for got, want, what in zip(fused, tf_ops, ("ids", "rows", "positions",
+                                             "weights", "cut")):
+    if want is None:
+      assert got is None, what
+    else:
+      np.testing.assert_array_equal(got.numpy(), want.numpy(), err_msg=what)
+  assert int(fused[4]) == 1

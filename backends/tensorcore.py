@@ -18,8 +18,9 @@ and improved where V0 falls short:
   OOV row, and counted).
 * `preprocess` pads sparse and ragged bags to a static width on the host.
 * On CPU hosts a training step runs fused C++ kernels (`backends.kernels`:
-  one pass for de-duplication + lookup, one for the row gradients, one for
-  the optimizer update) instead of a chain of generic TF ops; same math.
+  one pass each to flatten padded bags, to de-duplicate and look up, for the
+  row gradients and for the optimizer update) instead of a chain of generic
+  TF ops; same math.
 
 It keeps V0's public API (`embedding_lookup`, `__call__`, `embedding_tables`,
 slots through `slot_variable_creation_fn`), so V0's own training-loop example

@@ -319,14 +319,7 @@ class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
     gradient is summed over this worker's batch (no all-reduce: workers are
     asynchronous) and sent to its shard, where the update runs.
     """
-    with self._pending_lock:
-      steps = self._pending.pop(threading.get_ident(), None)
-    if steps is None:
-      raise RuntimeError(
-          "apply_gradients() needs a lookup(..., training=True) earlier in the "
-          "same step (and in the same replica).")
-    flat_grads = self._flatten_like_config(activation_gradients,
-                                           "activation gradients")
+    steps, flat_grads = self._take_pending_step(activation_gradients)
     for table in self._tables:
       name = self.table_name(table)
       step = steps[name]

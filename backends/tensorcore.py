@@ -359,14 +359,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     Under several replicas the touched rows' gradients are summed over the
     global batch before the (identical) update on every replica.
     """
-    with self._pending_lock:
-      steps = self._pending.pop(threading.get_ident(), None)
-    if steps is None:
-      raise RuntimeError(
-          "apply_gradients() needs a lookup(..., training=True) earlier in the "
-          "same step (and in the same replica).")
-    flat_grads = self._flatten_like_config(activation_gradients,
-                                           "activation gradients")
+    steps, flat_grads = self._take_pending_step(activation_gradients)
     replica_ctx = tf.distribute.get_replica_context()
     num_replicas = self._strategy.num_replicas_in_sync
     exchange = num_replicas > 1 and replica_ctx is not None
@@ -393,6 +386,22 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     fused = self._fused_ops()
     for opt, updates in groups.values():
       optimizers.apply_sparse_updates(opt, updates, fused_ops=fused)
+
+  def _take_pending_step(self, activation_gradients: Any
+                        ) -> Tuple[Dict[str, Any], List[Any]]:
+    """This replica's pending training lookup, and the gradients flattened.
+
+    Raises:
+      RuntimeError: no `lookup(..., training=True)` earlier in this step.
+    """
+    with self._pending_lock:
+      steps = self._pending.pop(threading.get_ident(), None)
+    if steps is None:
+      raise RuntimeError(
+          "apply_gradients() needs a lookup(..., training=True) earlier in the "
+          "same step (and in the same replica).")
+    return steps, self._flatten_like_config(activation_gradients,
+                                            "activation gradients")
 
   def _row_gradients(self, table, step: _TableStep, flat_grads) -> tf.Tensor:
     """d(loss)/d(row) for each unique row: [U, D], one segment reduction."""

@@ -63,7 +63,7 @@ def main(argv=None) -> None:
                       help="also print the op-time table of the whole step")
   args = parser.parse_args(argv)
   args.intra_threads, args.inter_threads, _ = cli.thread_settings(
-      args.intra_threads, args.inter_threads, cli._available_cores())  # pylint: disable=protected-access
+      args.intra_threads, args.inter_threads, cli.available_cores())
   tf.config.threading.set_intra_op_parallelism_threads(args.intra_threads)
   tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
 

@@ -40,6 +40,7 @@ Torch, FBGEMM and TorchRec come from the `bench` extra: pip install -e '.[bench]
 """
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -342,8 +343,12 @@ def profile_one(impl: str, args) -> None:
                          args.rows, args.max_bag, args.zipf, args.seed)
   inputs = [prepare(b) for b in batches]
   labels = [tf.constant(l) for l in make_labels(len(batches), args.batch, args.seed)]
-  n, count = len(inputs), iter(range(1 << 30))
-  run = lambda: step(inputs[next(count) % n], labels[0]).numpy()  # pylint: disable=unnecessary-lambda-assignment
+  batch_numbers = itertools.count()
+
+  def run():
+    i = next(batch_numbers) % len(inputs)
+    step(inputs[i], labels[i]).numpy()
+
   for _ in range(args.warmup):
     run()
   print(f"\n{impl} (rows={args.rows}, batch={args.batch}, {args.steps} steps):")

@@ -146,7 +146,7 @@ def _configure_runtime(args: argparse.Namespace) -> None:
     logging.getLogger("absl").setLevel(logging.WARNING)
   intra, inter, why = thread_settings(getattr(args, "intra_op_threads", 0),
                                       getattr(args, "inter_op_threads", 0),
-                                      _available_cores())
+                                      available_cores())
   try:
     if intra:
       tf.config.threading.set_intra_op_parallelism_threads(intra)
@@ -175,7 +175,7 @@ def thread_settings(intra: int, inter: int, cores: int) -> Tuple[int, int, str]:
                 "(set --intra_op_threads / --inter_op_threads to override)")
 
 
-def _available_cores() -> int:
+def available_cores() -> int:
   try:
     return len(os.sched_getaffinity(0))
   except AttributeError:  # not Linux

@@ -54,7 +54,7 @@ def _flags() -> List[str]:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   # x86-64-v3 (AVX2, FMA) where the CPU has it: wide loads for the row loops.
   # Not -march=native: TF's Eigen headers fail on AVX512-FP16 with GCC 12.
-  arch = (["-march=x86-64-v3"] if _cpu_has("avx2") and _cpu_has("fma") else [])
+  arch = ["-march=x86-64-v3"] if {"avx2", "fma"} <= _cpu_flags() else []
   # -ffp-contract=off: no fused multiply-add, each operation rounded as the
   # TF ops round it. -fno-math-errno: sqrt without the errno branch, so the
   # row loops vectorize (results unchanged).
@@ -63,15 +63,16 @@ def _flags() -> List[str]:
           tf.sysconfig.get_compile_flags())
 
 
-def _cpu_has(flag: str) -> bool:
+def _cpu_flags() -> set:
+  """The CPU's feature flags from /proc/cpuinfo (empty where it is absent)."""
   try:
     with open("/proc/cpuinfo", encoding="utf-8") as f:
       for line in f:
         if line.startswith("flags"):
-          return flag in line.split()
+          return set(line.split(":", 1)[1].split())
   except OSError:
     pass
-  return False
+  return set()
 
 
 def library_path() -> pathlib.Path:
@@ -158,12 +159,12 @@ def load() -> Optional[Any]:
   with _lock:
     if _loaded:
       return _loaded[0]
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
     module, reason = None, ""
     if not enabled():
       reason = f"{ENV_SWITCH}=0"
     else:
       try:
-        import tensorflow as tf  # pylint: disable=g-import-not-at-top
         module = tf.load_op_library(str(build()))
         _register_gradients(tf, module)
       except (KernelBuildError, OSError, tf.errors.NotFoundError) as e:

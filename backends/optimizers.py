@@ -300,7 +300,8 @@ def _check_args(optimizer, table, slots: Mapping[str, Any], ids, grads):
 def apply_sparse_update(optimizer: Any, table: tf.Variable,
                         slots: Dict[str, tf.Variable], ids: tf.Tensor,
                         grads: tf.Tensor,
-                        rows: Optional[tf.Tensor] = None) -> None:
+                        rows: Optional[tf.Tensor] = None,
+                        keep: Optional[tf.Tensor] = None) -> None:
   """Applies one step of `optimizer` (TPU semantics) to the rows `ids`.
 
   Applies gradient clipping, weight decay, the optimizer's update and weight
@@ -329,6 +330,11 @@ def apply_sparse_update(optimizer: Any, table: tf.Variable,
       caller has just read them (e.g. the lookup of the same step, when
       nothing wrote to the table since): saves one gather of the table. The
       caller vouches that they are current.
+    keep: optional bool scalar; False writes the rows back unchanged. For
+      fixed-size steps (`backends.static_bags`) whose `ids` may hold no real
+      row at all. Duplicate ids are allowed when their `grads` (and `rows`)
+      are equal too: each computes the same new row. Ignored by non-lazy
+      Adam, which updates every row every step.
 
   Raises:
     UnsupportedConfigError: the optimizer is not supported (see
@@ -365,12 +371,23 @@ def apply_sparse_update(optimizer: Any, table: tf.Variable,
                                   dtype=table.dtype)
   s = {n: tf.raw_ops.ResourceGather(resource=slots[n].handle, indices=ids,
                                     dtype=slots[n].dtype) for n in names}
-  w, s = _step(optimizer, lr, w, s, g)
+  w, s = _kept(keep, _step(optimizer, lr, w, s, g), (w, s))
   tf.raw_ops.ResourceScatterUpdate(resource=table.handle, indices=ids,
                                    updates=w)
   for n in names:
     tf.raw_ops.ResourceScatterUpdate(resource=slots[n].handle, indices=ids,
                                      updates=s[n])
+
+
+def _kept(keep: Optional[tf.Tensor], new: Tuple[tf.Tensor, _Rows],
+          old: Tuple[tf.Tensor, _Rows]) -> Tuple[tf.Tensor, _Rows]:
+  """`new` rows where `keep` (a scalar or one flag per row), else `old`."""
+  if keep is None:
+    return new
+  if keep.shape.rank == 1:
+    keep = keep[:, tf.newaxis]
+  pick = lambda n, o: tf.where(keep, n, o)
+  return pick(new[0], old[0]), {k: pick(v, old[1][k]) for k, v in new[1].items()}
 
 
 class SparseUpdate(NamedTuple):
@@ -380,6 +397,7 @@ class SparseUpdate(NamedTuple):
   ids: tf.Tensor
   grads: tf.Tensor
   rows: Optional[tf.Tensor] = None
+  keep: Optional[tf.Tensor] = None
 
 
 # The optimizers the fused kernel (backends/kernels, RecsysSparseApply)
@@ -463,7 +481,8 @@ def apply_sparse_updates(optimizer: Any, updates: Sequence[SparseUpdate],
   dense_adam = isinstance(optimizer, embedding.Adam) and not optimizer.lazy_adam
   if len(updates) < 2 or len(dims) > 1 or dense_adam or None in {d for _, d in dims}:
     for u in updates:
-      apply_sparse_update(optimizer, u.table, u.slots, u.ids, u.grads, rows=u.rows)
+      apply_sparse_update(optimizer, u.table, u.slots, u.ids, u.grads,
+                          rows=u.rows, keep=u.keep)
     return
   names = optimizer._slot_names()  # pylint: disable=protected-access
   ws, gs, ss, idss = [], [], {n: [] for n in names}, []
@@ -482,8 +501,12 @@ def apply_sparse_updates(optimizer: Any, updates: Sequence[SparseUpdate],
   sizes = [tf.shape(i)[0] for i in idss]
   g = _clip(tf.concat(gs, 0), optimizer.clip_gradient_min,
             optimizer.clip_gradient_max)
-  w, s = _step(optimizer, learning_rate(optimizer), tf.concat(ws, 0),
-               {n: tf.concat(ss[n], 0) for n in names}, g)
+  old = (tf.concat(ws, 0), {n: tf.concat(ss[n], 0) for n in names})
+  keep = None
+  if any(u.keep is not None for u in updates):
+    keep = tf.concat([tf.fill([size], tf.constant(True) if u.keep is None
+                              else u.keep) for u, size in zip(updates, sizes)], 0)
+  w, s = _kept(keep, _step(optimizer, learning_rate(optimizer), *old, g), old)
   new_w = tf.split(w, sizes)
   new_s = {n: tf.split(s[n], sizes) for n in names}
   for k, u in enumerate(updates):

@@ -44,6 +44,7 @@ import threading
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import tensorflow as tf
+from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.eager import tape as tape_lib  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
@@ -52,6 +53,7 @@ from backends import base
 from backends import inputs as inputs_lib
 from backends import kernels
 from backends import optimizers
+from backends import static_bags
 
 embedding = tf.tpu.experimental.embedding
 log = logging.getLogger("recsys.backends")
@@ -88,6 +90,17 @@ class _Counters:
           aggregation=tf.VariableAggregation.SUM)
     self.invalid = {p: counter("invalid_ids", p) for p in paths}
     self.truncated = {p: counter("truncated_ids", p) for p in paths}
+    # Compiled steps cannot raise: they count refused ids and weights here
+    # (and keep one refused id with its batch row) for
+    # `raise_for_invalid_inputs`.
+    self.refused_ids = {p: counter("refused_ids", p) for p in paths}
+    self.refused_weights = {p: counter("refused_weights", p) for p in paths}
+    self.refused_example = {
+        p: tf.Variable(tf.zeros([2], tf.int64), trainable=False,
+                       name=f"refused_example_{p.replace('/', '_')}",
+                       synchronization=tf.VariableSynchronization.ON_READ,
+                       aggregation=tf.VariableAggregation.SUM)
+        for p in paths}
 
 
 class TensorCoreEmbedding(base.EmbeddingBackend):
@@ -106,6 +119,13 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     fused_kernels: on CPU-only strategies, run training lookups and updates
       with the fused C++ kernels of `backends.kernels` (built on first use;
       the TF ops when they cannot be). False: always the TF ops.
+    static_shapes: run the static-shape path (`backends.static_bags`) that a
+      compiled step needs. None (default): whenever the step is compiled
+      (under `tf.function(jit_compile=True)` or a TPUStrategy), and for
+      lookups whose table gradients a tape may take on several replicas.
+      True: always (what a compiled step computes, also uncompiled, e.g. on
+      CPU replicas, whose collectives XLA cannot compile). False: never
+      (a compiled step then fails).
   """
 
   name = "tensorcore"
@@ -119,9 +139,13 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
                *,
                bag_widths: Union[None, int, Mapping[str, int]] = None,
                invalid_ids: str = "error",
-               fused_kernels: bool = True):
+               fused_kernels: bool = True,
+               static_shapes: Optional[bool] = None):
     super().__init__(feature_config, optimizer, strategy, bag_widths=bag_widths)
     self._use_fused_kernels = bool(fused_kernels)
+    if static_shapes not in (None, True, False):
+      raise ValueError(f"static_shapes={static_shapes!r}; use None, True or False.")
+    self._static_shapes = static_shapes
     if invalid_ids not in inputs_lib.ID_POLICIES:
       raise ValueError(f"invalid_ids={invalid_ids!r}; use one of "
                        f"{', '.join(inputs_lib.ID_POLICIES)}.")
@@ -203,8 +227,20 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     }
 
   def _maybe_build(self):
-    if not self._built:
-      self.build()
+    """Builds on first use, also from inside a replica function.
+
+    TF's V0 builds lazily too: its documented loop first touches
+    `embedding_tables` inside `strategy.run`. There the variables are made
+    once, in cross-replica context (every replica reaches this merge).
+    """
+    if self._built:
+      return
+    ctx = tf.distribute.get_replica_context()
+    if ctx is not None and self._strategy.num_replicas_in_sync > 1 and \
+        not tf.distribute.in_cross_replica_context():
+      ctx.merge_call(lambda _: self._maybe_build())
+      return
+    self.build()
 
   # -- host side -------------------------------------------------------------
 
@@ -258,6 +294,8 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       `[B, L, D]` per sequence feature, `output_shape + [D]` when set.
     """
     self._maybe_build()
+    if self._static_path(training):
+      return self._static_lookup(features, weights, training)
     # Training steps only: lookups for evaluation or export stay TF ops
     # (a SavedModel must not need this library).
     fused = self._fused_ops() if training else None
@@ -304,6 +342,183 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       with self._pending_lock:
         self._pending[threading.get_ident()] = steps
     return nest.pack_sequence_as(self._feature_config, outputs)
+
+  def _static_path(self, training: bool) -> bool:
+    """Whether this trace takes the static-shape path (see `static_shapes`)."""
+    if self._static_shapes is not None:
+      return self._static_shapes
+    if _in_xla_context() or _is_tpu(self._strategy):
+      return True
+    # A tape may take the tables' gradients (V0's loop, a Keras optimizer on
+    # `embedding_tables`): several replicas all-reduce them, which needs the
+    # same size on every replica.
+    return (not training and self._strategy.num_replicas_in_sync > 1
+            and tf.distribute.get_replica_context() is not None
+            and record.could_possibly_record())
+
+  def _static_bags(self, features: Any, weights: Optional[Any]
+                  ) -> List[static_bags.StaticBags]:
+    """Every feature as validated `StaticBags` with its combiner's scale.
+
+    Refused ids and weights are counted per feature (the counters behind
+    `raise_for_invalid_inputs`); outside a compiled step, the "error" policy
+    also raises (eagerly) or fails the step (graph) right away.
+    """
+    flat = self._flatten_like_config(features, "features")
+    flat_w = (self._flatten_like_config(weights, "weights")
+              if weights is not None else [None] * len(flat))
+    count = (self._counters is not None and
+             tf.distribute.get_replica_context() is not None)
+    compiled = _in_xla_context()
+    out = []
+    for layout, inp, w in zip(self._layouts, flat, flat_w):
+      bags = static_bags.from_input(layout, inp, w,
+                                    self._bag_widths[layout.path])
+      if layout.feature.validate_weights_and_indices:
+        bags, report = static_bags.validate(layout, bags, self._invalid_ids)
+        if self._invalid_ids == "error" and not compiled:
+          bags = dataclasses.replace(
+              bags, ids=_raise_for_report(layout, report, bags.ids))
+        if count:
+          c = self._counters
+          if self._invalid_ids == "error":
+            c.refused_ids[layout.path].assign_add(report.bad_ids)
+            example = c.refused_example[layout.path]
+            example.assign(tf.where(report.bad_ids > 0, report.example,
+                                    example.read_value()))
+          else:
+            c.invalid[layout.path].assign_add(report.bad_ids)
+          c.refused_weights[layout.path].assign_add(report.bad_weights)
+      if count and (layout.sequence_length or self._bag_widths[layout.path]):
+        self._counters.truncated[layout.path].assign_add(bags.truncated)
+      out.append(static_bags.with_combiner_scale(
+          bags, layout.feature.table.combiner))
+    return out
+
+  def _static_lookup(self, features: Any, weights: Optional[Any],
+                     training: bool) -> Any:
+    """`lookup` with static shapes only, as XLA and TPUs compile it.
+
+    Each table's ids are de-duplicated into a fixed capacity (the number of
+    id slots of its features), its unique rows gathered once (a tape on the
+    table sees `IndexedSlices` of that fixed size) and combined per feature.
+    """
+    bags = self._static_bags(features, weights)
+    outputs: List[Optional[tf.Tensor]] = [None] * len(bags)
+    steps = {}
+    replicas = self._strategy.num_replicas_in_sync
+    for table in self._tables:
+      name = self.table_name(table)
+      positions = [i for i, l in enumerate(self._layouts) if l.table_name == name]
+      table_bags = [bags[i] for i in positions]
+      ids = tf.concat([b.ids for b in table_bags], 0)
+      valid = tf.concat([b.valid for b in table_bags], 0)
+      dd = static_bags.dedup(ids, valid, table.vocabulary_size)
+      params = self._variables[name]["parameters"]
+      dynamic = any(b.capacity is None for b in table_bags)
+      if (dynamic and replicas > 1 and not training
+          and record.could_possibly_record()):
+        # No fixed size for the tape's IndexedSlices: a dense gradient of
+        # the table (what V0 gives on a TPU), the same shape everywhere.
+        _warn_dense_table_gradient(name, table.vocabulary_size, table.dim)
+        rows = _gather_with_dense_gradient(params, dd.ids)
+      else:
+        rows = tf.gather(params, dd.ids)
+      sizes = [tf.shape(b.ids)[0] if b.capacity is None else b.capacity
+               for b in table_bags]
+      indices = tf.split(dd.index, sizes) if len(table_bags) > 1 else [dd.index]
+      for i, bag, index in zip(positions, table_bags, indices):
+        acts = static_bags.combine(rows, index, bag)
+        outputs[i] = self._shape_output(self._layouts[i], bag, acts)
+      if training:
+        steps[name] = _StaticTableStep(dd, rows, table_bags, positions)
+    if training:
+      with self._pending_lock:
+        self._pending[threading.get_ident()] = steps
+    return nest.pack_sequence_as(self._feature_config, outputs)
+
+  def _static_apply(self, steps, flat_grads) -> None:
+    """`apply_gradients` for a static-shape lookup (see `_static_lookup`)."""
+    replica_ctx = tf.distribute.get_replica_context()
+    exchange = (self._strategy.num_replicas_in_sync > 1
+                and replica_ctx is not None)
+    groups: Dict[int, Tuple[Any, List[optimizers.SparseUpdate]]] = {}
+    for table in self._tables:
+      name = self.table_name(table)
+      step = steps[name]
+      grads = []
+      for pos, bag in zip(step.positions, step.bags):
+        grad = flat_grads[pos]
+        if grad is None:
+          grad = tf.zeros([bag.num_segments, table.dim], tf.float32)
+        elif isinstance(grad, tf.IndexedSlices):
+          grad = tf.convert_to_tensor(grad)
+        grads.append(tf.reshape(grad, [-1, table.dim]))
+      dd = step.dedup
+      capacity = tf.shape(dd.ids)[0]
+      row_grads = static_bags.pad_rows(
+          static_bags.row_gradients(grads, step.bags, dd.index, capacity),
+          dd.num_unique)
+      ids, rows, num_unique = dd.ids, step.rows, dd.num_unique
+      if exchange:
+        dynamic = [self._layouts[p].path for p, b in
+                   zip(step.positions, step.bags) if b.capacity is None]
+        if dynamic:
+          raise static_bags.StaticShapeError(
+              f"table {name!r}: feature(s) {dynamic} have no static number of "
+              "ids, so the rows that replicas exchange have no fixed size; "
+              "set bag_widths for them and run the backend's preprocess() in "
+              "the input pipeline.")
+        ids, row_grads, num_unique = _static_sum_across_replicas(
+            replica_ctx, dd, row_grads, table.vocabulary_size)
+        rows = None  # other replicas' rows too: gathered by the update
+      table_vars = self._variables[name]
+      slots = {k: v for k, v in table_vars.items() if k != "parameters"}
+      groups.setdefault(id(self.optimizer_for(table)),
+                        (self.optimizer_for(table), []))[1].append(
+          optimizers.SparseUpdate(table_vars["parameters"], slots, ids,
+                                  row_grads, rows, keep=num_unique > 0))
+    for opt, updates in groups.values():
+      optimizers.apply_sparse_updates(opt, updates)
+
+  def raise_for_invalid_inputs(self) -> None:
+    """Raises if a compiled step refused ids or weights (see `static_bags`).
+
+    A compiled step cannot raise: under the "error" policy it leaves ids
+    outside `[0, vocabulary_size)` and NaN, infinite or negative weights
+    out of the step and counts them. Call this after compiled steps (the
+    Trainer does, before it saves anything); it resets the counts.
+
+    Raises:
+      InvalidInputError: naming the feature, table, an id and its batch row.
+    """
+    if not self._built or self._counters is None:
+      return
+    c = self._counters
+    for layout in self._layouts:
+      path = layout.path
+      bad_ids = int(c.refused_ids[path].numpy())
+      bad_weights = int(c.refused_weights[path].numpy())
+      if not bad_ids and not bad_weights:
+        continue
+      examples = [v.numpy() for v in self._strategy.experimental_local_results(
+          c.refused_example[path])]
+      example = next((e for e in examples if e.any()), examples[0])
+      for var in (c.refused_ids[path], c.refused_weights[path],
+                  c.refused_example[path]):
+        for local in self._strategy.experimental_local_results(var):
+          local.assign(tf.zeros_like(local))
+      what = inputs_lib.describe(layout)
+      if bad_ids:
+        raise inputs_lib.InvalidInputError(
+            f"{what} got id {example[0]} at batch row {example[1]} in a "
+            f"compiled step ({bad_ids} such ids); ids must be in [0, "
+            f"{layout.feature.table.vocabulary_size}). The step left them "
+            "out; nothing was saved after it.")
+      raise inputs_lib.InvalidInputError(
+          f"{what} got {bad_weights} weights that are NaN, infinite or "
+          "negative in a compiled step; weights must be finite and >= 0. The "
+          "step left those ids out; nothing was saved after it.")
 
   def _fused_ops(self):
     """The fused kernels' module if this trace can run them, else None.
@@ -360,6 +575,9 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     global batch before the (identical) update on every replica.
     """
     steps, flat_grads = self._take_pending_step(activation_gradients)
+    if any(isinstance(s, _StaticTableStep) for s in steps.values()):
+      self._static_apply(steps, flat_grads)
+      return
     replica_ctx = tf.distribute.get_replica_context()
     num_replicas = self._strategy.num_replicas_in_sync
     exchange = num_replicas > 1 and replica_ctx is not None
@@ -428,6 +646,82 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     return tf.math.unsorted_segment_sum(
         tf.gather(grads, step.segments) * step.scale[:, tf.newaxis],
         step.index, num_unique)
+
+
+@dataclasses.dataclass
+class _StaticTableStep:
+  """What a static-shape training lookup leaves for `apply_gradients`."""
+  dedup: static_bags.Dedup
+  rows: tf.Tensor                          # [N, D], the unique slots' rows
+  bags: List[static_bags.StaticBags]       # the table's features, in order
+  positions: List[int]                     # their index in the feature list
+
+
+def _is_tpu(strategy: tf.distribute.Strategy) -> bool:
+  return isinstance(strategy, (tf.distribute.TPUStrategy,
+                               tf.distribute.experimental.TPUStrategy))
+
+
+def _raise_for_report(layout, report: static_bags.Report, ids: tf.Tensor
+                     ) -> tf.Tensor:
+  """`ids`, after checks that raise (eager) or fail the step (graph)."""
+  what = inputs_lib._template_safe(inputs_lib.describe(layout))  # pylint: disable=protected-access
+  vocab = layout.feature.table.vocabulary_size
+  checks = inputs_lib._check(  # pylint: disable=protected-access
+      tf.equal(report.bad_ids, 0),
+      what + f" got id {{}} at batch row {{}}; ids must be in [0, {vocab}).",
+      lambda: [report.example[0], report.example[1]])
+  checks += inputs_lib._check(  # pylint: disable=protected-access
+      tf.equal(report.bad_weights, 0),
+      what + " got {} weights that are NaN, infinite or negative; weights "
+      "must be finite and >= 0.", lambda: [report.bad_weights])
+  with tf.control_dependencies(checks):
+    return tf.identity(ids)
+
+
+def _gather_with_dense_gradient(params: tf.Variable, ids: tf.Tensor
+                               ) -> tf.Tensor:
+  """`params[ids]` whose gradient for the table is a dense `[V, D]` tensor."""
+  vocab = params.shape[0]
+
+  @tf.custom_gradient
+  def gather(table):
+    def grad(upstream):
+      return tf.math.unsorted_segment_sum(upstream, ids, vocab)
+    return tf.gather(table, ids), grad
+
+  return gather(tf.convert_to_tensor(params))
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_dense_table_gradient(table_name: str, vocab: int, dim: int) -> None:
+  log.warning(
+      "table %r: ragged/sparse inputs without a static width under several "
+      "replicas, and a tape on the table: its gradient is a dense [%d, %d] "
+      "tensor (%.1f MB all-reduced per step), as TF's TPUEmbeddingV0 does. "
+      "Give bag_widths= and run preprocess() in the input pipeline for "
+      "gradients of a fixed sparse size.", table_name, vocab, dim,
+      vocab * dim * 4 / 1e6)
+
+
+def _static_sum_across_replicas(replica_ctx, dd: static_bags.Dedup,
+                                grads: tf.Tensor, vocabulary_size: int):
+  """Every replica's unique rows and gradients, summed per id; fixed sizes.
+
+  Returns `(ids, grads, num_unique)` laid out like `static_bags.dedup`'s
+  result over the `R * N` gathered slots: identical on every replica, so
+  the replicas' copies of the table stay bit-identical.
+  """
+  real = tf.range(tf.shape(dd.ids)[0]) < dd.num_unique
+  all_ids = replica_ctx.all_gather(dd.ids, axis=0)
+  all_real = replica_ctx.all_gather(real, axis=0)
+  all_grads = replica_ctx.all_gather(grads, axis=0)
+  merged = static_bags.dedup(all_ids, all_real, vocabulary_size)
+  summed = tf.math.unsorted_segment_sum(
+      all_grads * tf.cast(all_real, grads.dtype)[:, tf.newaxis], merged.index,
+      tf.shape(all_ids)[0])
+  return merged.ids, static_bags.pad_rows(summed, merged.num_unique), \
+      merged.num_unique
 
 
 @dataclasses.dataclass

@@ -255,6 +255,13 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
     raise NotImplementedError(
         f"the {self.name!r} backend is lookup-only and cannot train.")
 
+  def raise_for_invalid_inputs(self) -> None:
+    """Raises for bad ids or weights that compiled steps could only count.
+
+    A compiled step cannot raise; backends that leave such inputs out of it
+    report them here (call it after steps, before saving). Default: nothing.
+    """
+
   def __call__(self, features: Any, weights: Optional[Any] = None,
                training: bool = False) -> Any:
     return self.lookup(features, weights, training=training)

@@ -39,6 +39,9 @@ from backends import inputs as inputs_lib
 
 class StaticShapeError(ValueError):
   """A feature's input has no size a compiled step can be built for."""
+  # Raised while a tf.function traces: AutoGraph re-raises an error with its
+  # own type only if the type's __init__ is Exception's (else StagingError).
+  __init__ = Exception.__init__
 
 
 @dataclasses.dataclass

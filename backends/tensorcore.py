@@ -78,6 +78,11 @@ class _TableStep:
   capacity: Optional[int]          # static bound on U, or None
 
 
+# The backend has no data-dependent Python control flow: AutoGraph need not
+# convert it (faster traces), and its errors reach the caller as raised.
+_not_converted = tf.autograph.experimental.do_not_convert
+
+
 class _Counters:
   """Per-feature input counters (not checkpointed): invalid and truncated ids."""
 
@@ -269,14 +274,17 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
 
   # -- lookup ------------------------------------------------------------------
 
+  @_not_converted
   def embedding_lookup(self, features: Any, weights: Optional[Any] = None) -> Any:
     """V0's name for a lookup; with gradients through the tables."""
     return self.lookup(features, weights, training=False)
 
+  @_not_converted
   def __call__(self, features: Any, weights: Optional[Any] = None,
                training: bool = False) -> Any:
     return self.lookup(features, weights, training=training)
 
+  @_not_converted
   def lookup(self, features: Any, weights: Optional[Any] = None,
              training: bool = False) -> Any:
     """Looks up and combines every feature.
@@ -566,6 +574,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
 
   # -- training ----------------------------------------------------------------
 
+  @_not_converted
   def apply_gradients(self, activation_gradients: Any) -> None:
     """Applies each table's embedding optimizer to the rows this step touched.
 
@@ -714,7 +723,7 @@ def _static_sum_across_replicas(replica_ctx, dd: static_bags.Dedup,
   """
   real = tf.range(tf.shape(dd.ids)[0]) < dd.num_unique
   all_ids = replica_ctx.all_gather(dd.ids, axis=0)
-  all_real = replica_ctx.all_gather(real, axis=0)
+  all_real = replica_ctx.all_gather(tf.cast(real, tf.int32), axis=0) > 0
   all_grads = replica_ctx.all_gather(grads, axis=0)
   merged = static_bags.dedup(all_ids, all_real, vocabulary_size)
   summed = tf.math.unsorted_segment_sum(

@@ -80,6 +80,11 @@ class StepFunctions:
     nonfinite_policy: "stop" (end the loop before a step whose loss or
       gradients are NaN/inf; `first_nonfinite_step` names it) or "skip"
       (leave such steps out, count them in `nonfinite_steps`).
+    jit_compile: compile each replica's train and eval step with XLA
+      (`tf.function(jit_compile=True)`): lookup, model, dense optimizer,
+      embedding update, metrics and the non-finite guard in one program.
+      Needs collectives XLA can compile (one replica, GPUs, TPUs); under a
+      TPUStrategy the step is compiled anyway.
 
   Raises:
     ValueError: an unknown policy, or "skip" with a backend that must send
@@ -89,7 +94,7 @@ class StepFunctions:
   def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model,
                backend: Any, dense_optimizer: Any, global_batch_size: int,
                global_step: tf.Variable, loss_metric: keras.metrics.Metric,
-               nonfinite_policy: str = "stop"):
+               nonfinite_policy: str = "stop", jit_compile: bool = False):
     if nonfinite_policy not in NONFINITE_POLICIES:
       raise ValueError(
           f"nonfinite_policy={nonfinite_policy!r}: use one of "
@@ -125,6 +130,12 @@ class StepFunctions:
         backend.lookup)
     self._backend_apply = tf.autograph.experimental.do_not_convert(
         backend.apply_gradients)
+    self.jit_compile = bool(jit_compile)
+    self._replica_train_step = self.train_step
+    self._replica_eval_step = self.eval_step
+    if self.jit_compile:
+      self._replica_train_step = tf.function(self.train_step, jit_compile=True)
+      self._replica_eval_step = tf.function(self.eval_step, jit_compile=True)
     self.train_loop = tf.function(self._train_loop)
     self.eval_loop = tf.function(self._eval_loop)
 
@@ -188,7 +199,8 @@ class StepFunctions:
 
   def _train_loop(self, iterator, num_steps: tf.Tensor) -> None:
     for _ in tf.range(num_steps):
-      finite = self._strategy.run(self.train_step, args=(next(iterator),))
+      finite = self._strategy.run(self._replica_train_step,
+                                  args=(next(iterator),))
       finite = self._strategy.experimental_local_results(finite)[0]
       if not finite:
         if self.first_nonfinite_step < 0:
@@ -202,7 +214,7 @@ class StepFunctions:
 
   def _eval_loop(self, dataset) -> None:
     for batch in dataset:
-      self._strategy.run(self.eval_step, args=(batch,))
+      self._strategy.run(self._replica_eval_step, args=(batch,))
 
 
 def serving_activations(backend: Any, features: Mapping[str, Any],

@@ -62,6 +62,7 @@ def train(model_dir: str,
           progress_bar: bool = True,
           summaries: bool = True,
           nonfinite_policy: str = "stop",
+          jit_compile: Optional[bool] = None,
           strategy: Optional[tf.distribute.Strategy] = None,
           action: str = "train") -> Union[Dict[str, float], Trainer]:
   """Builds the strategy and the Trainer, then trains or evaluates.
@@ -94,6 +95,8 @@ def train(model_dir: str,
     nonfinite_policy: "stop" (raise at a step with NaN/inf loss or gradients,
       naming it and the last good checkpoint) or "skip" (leave such steps
       out and count them).
+    jit_compile: compile each replica step with XLA as a TPU does (None: on
+      under a TPUStrategy only); see `recsys.training.compile`.
     strategy: an already built strategy (Python callers; overrides `tpu`).
     action: "train" (returns final metrics), "evaluate" (restores the latest
       checkpoint, returns eval metrics) or "build" (returns the Trainer).
@@ -118,7 +121,7 @@ def train(model_dir: str,
       eval_every=eval_every, eval_steps=eval_steps,
       checkpoint_every=checkpoint_every, max_checkpoints=max_checkpoints,
       seed=seed, progress_bar=progress_bar, summaries=summaries,
-      nonfinite_policy=nonfinite_policy)
+      nonfinite_policy=nonfinite_policy, jit_compile=jit_compile)
   if action == "build":
     return trainer
   if action == "evaluate":

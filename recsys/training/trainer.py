@@ -31,6 +31,7 @@ import backends
 from recsys import features as features_lib
 from recsys._keras import keras, tf
 from recsys.training import lock as lock_lib
+from recsys.training import compile as compile_lib
 from recsys.training import coordinated as coordinated_lib
 from recsys.training import loop as loop_lib
 from recsys.training import signals as signals_lib
@@ -183,6 +184,10 @@ class Trainer:
       "stop" (raise `NonFiniteLossError` naming the step and the last good
       checkpoint; nothing is saved) or "skip" (leave the step out, count it
       in `train/nonfinite_steps`).
+    jit_compile: compile each replica's step with XLA, as a TPU does (None:
+      on under a TPUStrategy, off elsewhere). On several CPU replicas, whose
+      collectives XLA cannot compile, the step runs uncompiled on the same
+      static shapes (`recsys.training.compile.plan`).
 
   Reliability: `train()` holds an exclusive lock on the model dir (a second
   run there is refused), turns SIGTERM/Ctrl-C into a checkpoint at the exact
@@ -215,7 +220,8 @@ class Trainer:
                seed: int = 0,
                progress_bar: bool = True,
                summaries: bool = True,
-               nonfinite_policy: str = "stop"):
+               nonfinite_policy: str = "stop",
+               jit_compile: Optional[bool] = None):
     self.model_dir = model_dir
     self.source = source
     self.eval_source = eval_source if eval_source is not None else source
@@ -269,8 +275,12 @@ class Trainer:
     options = {"bag_widths": {spec.name: spec.max_ids
                               for spec in source.feature_specs
                               if spec.multi_hot and not spec.sequence_length}}
-    options.update(backend_options or {})
+    self.compile_plan = compile_lib.plan(self.strategy, jit_compile)
     backend_cls = backends.get(self.backend_name)
+    if self.compile_plan.static_shapes and "static_shapes" in inspect.signature(
+        backend_cls.__init__).parameters:
+      options["static_shapes"] = True
+    options.update(backend_options or {})
     accepted = inspect.signature(backend_cls.__init__).parameters
     unknown = sorted(set(backend_options or {}) - set(accepted))
     if unknown and not any(p.kind == p.VAR_KEYWORD for p in accepted.values()):
@@ -313,7 +323,8 @@ class Trainer:
     self.steps = self._step_functions_class(
         self.strategy, self.model, self.backend, self.dense_optimizer,
         self.global_batch_size, self.global_step, self.loss_metric,
-        nonfinite_policy=nonfinite_policy)
+        nonfinite_policy=nonfinite_policy,
+        jit_compile=self.compile_plan.compile_steps)
     self._eval_dataset = None
     self._writers = None
     if summaries and self._chief:
@@ -598,6 +609,7 @@ class Trainer:
         m.reset_state()
       t0 = time.time()
       self.steps.run_train_steps(iterator, end - step)
+      self.backend.raise_for_invalid_inputs()  # before anything is saved
       reached = int(self.global_step.numpy())
       self._check_finite(reached)
       results = _flat_results(self.model.metrics, "train")

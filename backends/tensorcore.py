@@ -415,6 +415,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     outputs: List[Optional[tf.Tensor]] = [None] * len(bags)
     steps = {}
     replicas = self._strategy.num_replicas_in_sync
+    compiled = _in_xla_context()
     for table in self._tables:
       name = self.table_name(table)
       positions = [i for i, l in enumerate(self._layouts) if l.table_name == name]
@@ -423,12 +424,21 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       valid = tf.concat([b.valid for b in table_bags], 0)
       dd = static_bags.dedup(ids, valid, table.vocabulary_size)
       params = self._variables[name]["parameters"]
-      dynamic = any(b.capacity is None for b in table_bags)
-      if (dynamic and replicas > 1 and not training
-          and record.could_possibly_record()):
-        # No fixed size for the tape's IndexedSlices: a dense gradient of
-        # the table (what V0 gives on a TPU), the same shape everywhere.
-        _warn_dense_table_gradient(name, table.vocabulary_size, table.dim)
+      dense_reason = None
+      if not training and record.could_possibly_record():
+        # A tape may take the table's gradient (V0's loop with a Keras
+        # optimizer on `embedding_tables`).
+        if any(b.capacity is None for b in table_bags) and replicas > 1:
+          dense_reason = ("ragged/sparse inputs without a static width under "
+                          "several replicas")
+        elif compiled:
+          dense_reason = ("a compiled step (Keras's sparse updates, e.g. "
+                          "ResourceSparseApplyAdagradV2, have no XLA kernel)")
+      if dense_reason:
+        # What V0 gives on a TPU: a dense gradient of the table, the same
+        # shape on every replica, that every Keras optimizer can compile.
+        _warn_dense_table_gradient(name, table.vocabulary_size, table.dim,
+                                   dense_reason)
         rows = _gather_with_dense_gradient(params, dd.ids)
       else:
         rows = tf.gather(params, dd.ids)
@@ -703,14 +713,16 @@ def _gather_with_dense_gradient(params: tf.Variable, ids: tf.Tensor
 
 
 @functools.lru_cache(maxsize=None)
-def _warn_dense_table_gradient(table_name: str, vocab: int, dim: int) -> None:
+def _warn_dense_table_gradient(table_name: str, vocab: int, dim: int,
+                               reason: str) -> None:
   log.warning(
-      "table %r: ragged/sparse inputs without a static width under several "
-      "replicas, and a tape on the table: its gradient is a dense [%d, %d] "
-      "tensor (%.1f MB all-reduced per step), as TF's TPUEmbeddingV0 does. "
-      "Give bag_widths= and run preprocess() in the input pipeline for "
-      "gradients of a fixed sparse size.", table_name, vocab, dim,
-      vocab * dim * 4 / 1e6)
+      "table %r: a tape on the table in %s: its gradient is a dense [%d, %d] "
+      "tensor (%.1f MB per step, all-reduced over replicas), as TF's "
+      "TPUEmbeddingV0 gives it on a TPU. Train the tables with "
+      "lookup(..., training=True) and apply_gradients() (the backend's "
+      "sparse update, TPU optimizer math), with bag_widths= and preprocess() "
+      "in the input pipeline, to update only the rows a step touched.",
+      table_name, reason, vocab, dim, vocab * dim * 4 / 1e6)
 
 
 def _static_sum_across_replicas(replica_ctx, dd: static_bags.Dedup,

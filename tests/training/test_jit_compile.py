@@ -1,0 +1,89 @@
+"""`train.jit_compile`: every model's replica step compiled with XLA, as on a TPU.
+
+Reference: the same run uncompiled (tables, slots, dense weights and the
+dense optimizer's state), and an HLO without dynamic dimensions.
+"""
+
+import functools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from recsys.data import SyntheticRetrieval
+from recsys.features import EmbeddingSettings
+from recsys.models import DCNv2, DLRM, TwoTower
+from recsys.training import Trainer
+from recsys.training import compile as compile_lib
+from tests.conftest import mirrored_strategy
+from tests.training.sources import ArraySource
+from tests.training.test_trainer import state
+
+E = tf.tpu.experimental.embedding
+
+CASES = {
+    "dlrm_adagrad": (ArraySource, functools.partial(DLRM, bottom_mlp=(11, 7), top_mlp=(11,)),
+                     lambda: E.Adagrad(0.1)),
+    "dcn_ftrl": (ArraySource, functools.partial(DCNv2, num_cross_layers=2, deep_mlp=(11,)),
+                 lambda: E.FTRL(0.1)),
+    "two_tower_adam": (
+        lambda: SyntheticRetrieval(num_users=23, num_items=11, num_examples=240,
+                                   num_eval_examples=40),
+        functools.partial(TwoTower, query_tower=(11, 7), candidate_tower=(11, 7)),
+        lambda: E.Adam(0.01)),
+}
+
+
+def make(tmp_path, case, jit_compile, strategy=None, steps=6):
+  source, model, optimizer = CASES[case]
+  return Trainer(str(tmp_path), source(), model, strategy=strategy,
+                 embedding=EmbeddingSettings(dim=7),
+                 embedding_optimizer=optimizer(), global_batch_size=10,
+                 train_steps=steps, steps_per_loop=3, eval_steps=2,
+                 progress_bar=False, summaries=False, seed=3,
+                 jit_compile=jit_compile)
+
+
+def assert_same_values(want, got):
+  """Same variables in the same order (Keras numbers layer names per model)."""
+  assert len(want) == len(got)
+  for (key, a), b in zip(want.items(), got.values()):
+    scale = max(1.0, float(np.abs(a).max()))
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * scale, err_msg=key)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_compiled_trainer_step_equals_uncompiled(tmp_path, case):
+  want = make(tmp_path / "plain", case, False)
+  want.train()
+  got = make(tmp_path / "xla", case, True)
+  assert got.steps.jit_compile
+  metrics = got.train()
+  assert np.isfinite(metrics["eval/loss"])
+  assert_same_values(state(want), state(got))
+  # The compiled replica step has only static shapes.
+  batch = next(iter(got._distribute(got.source, 10, training=True)))  # pylint: disable=protected-access
+  hlo = got.steps._replica_train_step.experimental_get_compiler_ir(batch)(  # pylint: disable=protected-access
+      stage="hlo")
+  assert "<=" not in hlo
+
+
+def test_compiled_two_replicas_equal_one(tmp_path):
+  """2 CPU replicas asked to compile run the static path: same numbers."""
+  one = make(tmp_path / "one", "dlrm_adagrad", True)
+  one.train()
+  two = make(tmp_path / "two", "dlrm_adagrad", True,
+             strategy=mirrored_strategy(2))
+  assert two.compile_plan.static_shapes and not two.compile_plan.compile_steps
+  two.train()
+  assert_same_values(state(one), state(two))
+
+
+def test_plan_by_strategy():
+  default = tf.distribute.get_strategy()
+  assert compile_lib.plan(default, None) == compile_lib.CompilePlan(
+      False, False, "not asked for (train.jit_compile)")
+  assert compile_lib.plan(default, True).compile_steps
+  two = compile_lib.plan(mirrored_strategy(2), True)
+  assert (two.compile_steps, two.static_shapes) == (False, True)
+  assert "XLA cannot compile CPU collectives" in two.reason

@@ -3,12 +3,17 @@
     python -m recsys.tools.tpu_smoke --tpu <name or grpc://host:8470>
 
 For each optimizer, trains a few steps of a small synthetic embedding model
-with each backend the TPU supports (`tpu_embedding` on embedding_feature V1
-or V2, `tpu_embedding_v0` on any TPU) and with `tensorcore`, from the same
-initial tables on the same batches; saves each run's checkpoint; restores
-every checkpoint on the CPU into the `serving` backend (which also proves the
-checkpoints portable) and compares tables and slots with tensorcore's. Exits
-with status 1 if any differs beyond the tolerance.
+on the TPU with `tensorcore` (its XLA-compiled step: the path `auto` takes on
+a TPU without an embedding accelerator), with the backend `auto` picks, and
+with each TPU embedding backend the TPU supports (`tpu_embedding` on
+embedding_feature V1 or V2, `tpu_embedding_v0` on any TPU); and once with
+`tensorcore` on this machine's CPU, uncompiled, on the same global batches:
+the reference. Every run starts from the same initial tables and saves a
+checkpoint; each checkpoint is restored on the CPU into the `serving` backend
+(which also proves the checkpoints portable) and its tables and slots are
+compared with the CPU run's. Exits with status 1 if any differs beyond the
+tolerance, and with status 2 within `--connect_timeout` seconds if the TPU
+cannot be reached.
 
 Each training run is a separate process: a TPU hosts one embedding engine
 configuration per initialisation.
@@ -20,14 +25,15 @@ machines the project was developed on. Please report what it prints.
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 from typing import Dict, List, Optional
 
 OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
-TPU_BACKENDS = ("tpu_embedding", "tpu_embedding_v0")
-REFERENCE = "tensorcore"
+TPU_BACKENDS = ("tensorcore", "auto", "tpu_embedding", "tpu_embedding_v0")
+REFERENCE = "tensorcore@cpu"  # tensorcore, uncompiled, on this machine's CPU
 VOCAB = {"users": 1009, "tags": 97}
 DIMS = {"users": 16, "tags": 8}
 MAX_TAGS = 4
@@ -48,13 +54,19 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument("--optimizers", default=",".join(OPTIMIZERS),
                       help=f"comma-separated subset of {', '.join(OPTIMIZERS)}")
   parser.add_argument("--backends", default=",".join(TPU_BACKENDS),
-                      help="TPU backends to compare with tensorcore (those the "
-                      "hardware cannot run are skipped, with the reason)")
+                      help="backends to run on the TPU and compare with "
+                      "tensorcore on the CPU (those the hardware cannot run "
+                      "are skipped, with the reason; 'auto' is the automatic "
+                      "choice)")
+  parser.add_argument("--connect_timeout", type=float, default=30.0,
+                      help="seconds to wait for the TPU to answer before "
+                      "giving up with an error")
   parser.add_argument("--rtol", type=float, default=1e-3)
   parser.add_argument("--atol", type=float, default=1e-4)
   parser.add_argument("--workdir", default=None,
                       help="where checkpoints go (default: a temp directory)")
   parser.add_argument("--run_one", default=None, help=argparse.SUPPRESS)
+  parser.add_argument("--replicas", type=int, default=1, help=argparse.SUPPRESS)
   return parser
 
 
@@ -112,6 +124,12 @@ def _train_one(args, backend: str, optimizer: str, out: str) -> None:
   import recsys  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+  if backend == REFERENCE:  # the TPU's global batches, on one CPU replica
+    path = train_and_save(tf.distribute.get_strategy(), "tensorcore",
+                          optimizer, args.steps, args.per_replica_batch, out,
+                          replicas=args.replicas)
+    print(json.dumps({"checkpoint": path}))
+    return
   resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=args.tpu)
   tf.config.experimental_connect_to_cluster(resolver)
   tf.tpu.experimental.initialize_tpu_system(resolver)
@@ -122,25 +140,40 @@ def _train_one(args, backend: str, optimizer: str, out: str) -> None:
 
 
 def train_and_save(strategy, backend: str, optimizer: str, steps: int,
-                   per_replica_batch: int, out: str) -> str:
-  """Trains `steps` steps with `backend` under `strategy`; returns the checkpoint."""
+                   per_replica_batch: int, out: str,
+                   replicas: Optional[int] = None) -> str:
+  """Trains `steps` steps with `backend` under `strategy`; returns the checkpoint.
+
+  `replicas`: on a one-replica strategy, train on the global batches that
+  this many replicas would see (each step the replicas' batches joined).
+  """
   import recsys  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import backends  # pylint: disable=g-import-not-at-top
 
+  if backend == "auto":
+    backend, _ = backends.registry.resolve("auto", strategy)
   options = {}
   if backend == "tpu_embedding":
     options["per_replica_batch_size"] = per_replica_batch
-  if backend == REFERENCE:
+  if backend == "tensorcore":
     options["bag_widths"] = MAX_TAGS
   emb = backends.create(_feature_config(), _optimizer(optimizer), strategy,
                         backend=backend, **options)
   with strategy.scope():
     emb.build()
-  global_batch = per_replica_batch * strategy.num_replicas_in_sync
+  joined = replicas or 1
+  global_batch = per_replica_batch * strategy.num_replicas_in_sync * joined
 
   def dataset_fn(ctx):
-    ds = _dataset(ctx, per_replica_batch, steps)
+    if joined > 1:
+      ctx = tf.distribute.InputContext(num_replicas_in_sync=joined)
+      ds = _dataset(ctx, per_replica_batch, steps).batch(joined)
+      ds = ds.map(lambda f, y: ({"user": tf.reshape(f["user"], [-1]),
+                                 "tags": f["tags"].merge_dims(0, 1)},
+                                tf.reshape(y, [-1])))
+    else:
+      ds = _dataset(ctx, per_replica_batch, steps)
     return ds.map(lambda f, y: (emb.preprocess(f)[0], y))
 
   data = iter(strategy.distribute_datasets_from_function(
@@ -179,8 +212,32 @@ def read_on_cpu(path: str, optimizer: str) -> Dict[str, "object"]:
   return values
 
 
-def _tpu_facts(tpu: str) -> Dict[str, object]:
-  """Embedding feature and the backends that can run (asked in a child)."""
+class TPUUnreachableError(RuntimeError):
+  """The TPU did not answer in time."""
+
+
+def _check_reachable(tpu: str, timeout: float) -> None:
+  """Fails fast on a `grpc://host:port` address nothing listens on."""
+  if not tpu.startswith("grpc://"):
+    return
+  host, _, port = tpu[len("grpc://"):].rpartition(":")
+  try:
+    with socket.create_connection((host, int(port)), timeout=timeout):
+      pass
+  except (OSError, ValueError) as e:
+    raise TPUUnreachableError(
+        f"TPU {tpu!r}: cannot connect to {host}:{port} within {timeout:.0f} s "
+        f"({e}). Check the address (grpc://<host>:8470) and that the TPU is "
+        "running and reachable from this machine.") from e
+
+
+def _tpu_facts(tpu: str, timeout: float = 30.0) -> Dict[str, object]:
+  """Embedding feature and the backends that can run (asked in a child).
+
+  Raises:
+    TPUUnreachableError: no answer from the TPU within `timeout` seconds.
+  """
+  _check_reachable(tpu, timeout)
   code = (
       "import json, recsys, tensorflow as tf, backends\n"
       f"r = tf.distribute.cluster_resolver.TPUClusterResolver(tpu={tpu!r})\n"
@@ -191,16 +248,25 @@ def _tpu_facts(tpu: str) -> Dict[str, object]:
       "reasons = {n: backends.get(n).unavailable_reason(s) for n in backends.names()}\n"
       "print(json.dumps({'feature': f.name, 'replicas': s.num_replicas_in_sync,"
       " 'unavailable': reasons}))\n")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, check=True).stdout
-  return json.loads(out.strip().splitlines()[-1])
+  try:
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                            text=True, timeout=timeout)
+  except subprocess.TimeoutExpired as e:
+    raise TPUUnreachableError(
+        f"TPU {tpu!r}: no answer within {timeout:.0f} s (connecting and "
+        "initialising the TPU system). Check the name or address and that "
+        "the TPU is running; --connect_timeout waits longer.") from e
+  if result.returncode:
+    raise TPUUnreachableError(
+        f"TPU {tpu!r}: connecting failed:\n{result.stderr[-2000:]}")
+  return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def _run_child(args, backend: str, optimizer: str, out: str) -> Optional[str]:
   cmd = [sys.executable, "-m", "recsys.tools.tpu_smoke", "--tpu", args.tpu,
          "--steps", str(args.steps), "--per_replica_batch",
          str(args.per_replica_batch), "--run_one", f"{backend}:{optimizer}",
-         "--workdir", out]
+         "--replicas", str(args.replicas), "--workdir", out]
   result = subprocess.run(cmd, capture_output=True, text=True)
   if result.returncode:
     print(f"  {backend} / {optimizer}: FAILED to train:\n{result.stderr[-3000:]}")
@@ -219,12 +285,18 @@ def main(argv: Optional[List[str]] = None) -> int:
   unknown = sorted(set(optimizers) - set(OPTIMIZERS))
   if unknown:
     raise SystemExit(f"unknown optimizers {unknown}; choose from {OPTIMIZERS}")
-  facts = _tpu_facts(args.tpu)
+  try:
+    facts = _tpu_facts(args.tpu, args.connect_timeout)
+  except TPUUnreachableError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  args.replicas = facts["replicas"]
   print(f"TPU {args.tpu}: embedding_feature={facts['feature']}, "
         f"{facts['replicas']} replicas")
   candidates = []
   for name in [b for b in args.backends.split(",") if b]:
-    reason = facts["unavailable"].get(name, "not a registered backend")
+    reason = (None if name == "auto" else
+              facts["unavailable"].get(name, "not a registered backend"))
     if reason:
       print(f"  skipping {name}: {reason}")
     else:
@@ -249,7 +321,7 @@ def main(argv: Optional[List[str]] = None) -> int:
       ok = all(np.allclose(values[k], reference[k], rtol=args.rtol,
                            atol=args.atol) for k in reference)
       failures += not ok
-      print(f"  {optimizer:17s} {backend:17s} vs tensorcore after {args.steps} "
+      print(f"  {optimizer:17s} {backend:17s} vs tensorcore@cpu after {args.steps} "
             f"steps: max |diff| {worst:.3g} over {sorted(reference)} -> "
             f"{'OK' if ok else 'MISMATCH'}")
   print("PASS" if not failures else f"FAIL ({failures})")

@@ -20,6 +20,10 @@ Implementations (those whose packages are missing are skipped with a line):
   recsys_ragged    the same backend fed RaggedTensor bags directly
   recsys_tf_ops    `recsys` without its fused CPU kernels (fused_kernels=False):
                    the TF-ops path, for the kernels' A/B
+  recsys_xla       `recsys` with the step in tf.function(jit_compile=True):
+                   the static-shape path a TPU compiles, here compiled by
+                   XLA for the CPU (--bag_width sets the padded width, to
+                   measure what static capacity costs)
   tfrs             tfrs.layers.embedding.TPUEmbedding on CPU, SparseTensor
                    input, legacy Keras Adagrad
   keras_embedding  tf_keras Embedding per feature on RaggedTensor bags,
@@ -35,11 +39,13 @@ Examples:
   python benchmarks/embedding_step.py --impls recsys,fbgemm --rows 10000,1000000,10000000
   python benchmarks/embedding_step.py --impls recsys --batch 512,2048,16384 --json out.json
   python benchmarks/embedding_step.py --impls recsys,recsys_tf_ops --profile --steps 20
+  python benchmarks/embedding_step.py --impls recsys_xla,recsys --bag_width 16
 
 Torch, FBGEMM and TorchRec come from the `bench` extra: pip install -e '.[bench]'.
 """
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -53,8 +59,8 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 
-IMPLS = ("recsys", "recsys_ragged", "recsys_tf_ops", "tfrs", "keras_embedding",
-         "tf_fused", "torch_bag", "fbgemm", "torchrec")
+IMPLS = ("recsys", "recsys_ragged", "recsys_tf_ops", "recsys_xla", "tfrs",
+         "keras_embedding", "tf_fused", "torch_bag", "fbgemm", "torchrec")
 DEFAULT_IMPLS = ("recsys", "tfrs", "keras_embedding", "tf_fused", "torch_bag",
                  "fbgemm", "torchrec")
 _NEEDS = {"torch_bag": ("torch",), "fbgemm": ("torch", "fbgemm_gpu"),
@@ -111,19 +117,20 @@ def _tf_step(impl: str, args) -> Tuple[Callable, Callable]:
   def sparse(batch):
     return {k: r.to_sparse() for k, r in ragged(batch).items()}
 
-  if impl in ("recsys", "recsys_ragged", "recsys_tf_ops"):
+  if impl in ("recsys", "recsys_ragged", "recsys_tf_ops", "recsys_xla"):
     import backends  # pylint: disable=g-import-not-at-top
     tables = {n: E.TableConfig(args.rows, args.dim, combiner="sum", name=n)
               for n in names}
     config = {n: E.FeatureConfig(tables[n]) for n in names}
     emb = backends.create(config, E.Adagrad(args.lr), backend="tensorcore",
-                          bag_widths=None if impl == "recsys_ragged" else args.max_bag,
+                          bag_widths=None if impl == "recsys_ragged"
+                          else args.bag_width or args.max_bag,
                           fused_kernels=impl != "recsys_tf_ops")
     emb.build()
     lookup = tf.autograph.experimental.do_not_convert(emb.lookup)
     apply = tf.autograph.experimental.do_not_convert(emb.apply_gradients)
 
-    @tf.function
+    @functools.partial(tf.function, jit_compile=impl == "recsys_xla")
     def step(features, labels):
       with tf.GradientTape() as tape:
         acts = lookup(features, training=True)
@@ -374,7 +381,7 @@ def thread_env(args) -> Dict[str, str]:
 
 
 _FIGURES = ("step_ms", "examples_per_s", "ids_per_s", "peak_rss_mb")
-_CHILD_FLAGS = ("features", "dim", "max_bag", "zipf", "lr", "seed", "warmup",
+_CHILD_FLAGS = ("features", "dim", "max_bag", "bag_width", "zipf", "lr", "seed", "warmup",
                 "steps", "distinct_batches", "intra_threads", "inter_threads")
 
 
@@ -433,6 +440,8 @@ def main(argv=None) -> None:
   parser.add_argument("--features", type=int, default=8)
   parser.add_argument("--dim", type=int, default=32)
   parser.add_argument("--max_bag", type=int, default=8)
+  parser.add_argument("--bag_width", type=int, default=0,
+                      help="static width recsys pads bags to (default: max_bag)")
   parser.add_argument("--zipf", type=float, default=1.05)
   parser.add_argument("--lr", type=float, default=0.05)
   parser.add_argument("--seed", type=int, default=0)
@@ -473,7 +482,8 @@ def main(argv=None) -> None:
   settings = {"machine": f"{platform.machine()}, {os.cpu_count()} cpus, "
                          f"{platform.python_version()}",
               "threads": thread_env(args), "features": args.features,
-              "dim": args.dim, "max_bag": args.max_bag, "zipf": args.zipf,
+              "dim": args.dim, "max_bag": args.max_bag,
+              "bag_width": args.bag_width or args.max_bag, "zipf": args.zipf,
               "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats}
   print("settings: " + json.dumps(settings))
   if args.profile:

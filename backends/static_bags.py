@@ -330,8 +330,11 @@ def dedup(ids: tf.Tensor, valid: tf.Tensor, vocabulary_size: int) -> Dedup:
   them scale 0.
   """
   n = tf.shape(ids)[0]
-  key = tf.where(valid, ids, tf.constant(vocabulary_size, tf.int64))
-  order = tf.argsort(key, stable=True)
+  # 32-bit keys sort faster (XLA's CPU sort: ~2x); ties need no order.
+  key_type = tf.int32 if vocabulary_size < 2**31 - 1 else tf.int64
+  key = tf.where(valid, tf.cast(ids, key_type),
+                 tf.constant(vocabulary_size, key_type))
+  order = tf.argsort(key)
   sorted_key = tf.gather(key, order)
   is_new = tf.concat([tf.ones([1], tf.bool)[:n],
                       sorted_key[1:] != sorted_key[:-1]], 0)
@@ -340,8 +343,8 @@ def dedup(ids: tf.Tensor, valid: tf.Tensor, vocabulary_size: int) -> Dedup:
   real_new = tf.logical_and(is_new, sorted_key < vocabulary_size)
   num_unique = tf.reduce_sum(tf.cast(real_new, tf.int32))
   # Each unique slot's id; slots no sorted id lands in stay 0.
-  unique = tf.tensor_scatter_nd_max(tf.zeros_like(ids),
-                                    slot_of_sorted[:, tf.newaxis], sorted_key)
+  unique = tf.cast(tf.tensor_scatter_nd_max(
+      tf.zeros_like(key), slot_of_sorted[:, tf.newaxis], sorted_key), tf.int64)
   first = tf.where(num_unique > 0, unique[:1], tf.zeros([1], tf.int64)[:n])
   unique = tf.where(tf.range(n) < num_unique, unique, first)
   return Dedup(unique, index, num_unique)

@@ -21,11 +21,15 @@ and improved where V0 falls short:
   one pass each to flatten padded bags, to de-duplicate and look up, for the
   row gradients and for the optimizer update) instead of a chain of generic
   TF ops; same math.
+* Compiled steps (a TPU, `jit_compile=True`) take a static-shape path
+  (`backends.static_bags`): fixed-capacity de-duplication, padding slots that
+  never touch a row, a fixed-size exchange; same math again.
 
 It keeps V0's public API (`embedding_lookup`, `__call__`, `embedding_tables`,
-slots through `slot_variable_creation_fn`), so V0's own training-loop example
-(a tape on `embedding_tables` and a Keras optimizer) also runs, with several
-mirrored replicas.
+slots through `slot_variable_creation_fn`, building on first use), so V0's
+own training-loop example (a tape on `embedding_tables` and a Keras
+optimizer, in a `tf.range` loop) runs as written, with several mirrored
+replicas and compiled.
 
 Example:
   >>> table = tf.tpu.experimental.embedding.TableConfig(1000, 16, name="items")

@@ -65,6 +65,12 @@ def plan(strategy: tf.distribute.Strategy,
     return CompilePlan(False, False, "TPUStrategy compiles every replica step")
   if not jit_compile:
     return CompilePlan(False, False, "not asked for (train.jit_compile)")
+  if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+    result = CompilePlan(
+        False, False, "parameter-server training: the steps read variables on "
+        "other tasks, which XLA cannot compile; they run uncompiled")
+    log.warning("jit_compile: %s.", result.reason)
+    return result
   replicas = strategy.num_replicas_in_sync
   if replicas > 1 and "CPU" in _device_kinds(strategy):
     result = CompilePlan(

@@ -21,23 +21,28 @@ from tests.training.test_trainer import state
 
 E = tf.tpu.experimental.embedding
 
+# Every model, and every embedding optimizer on some table of one of them
+# (a default plus a per-table override each).
 CASES = {
-    "dlrm_adagrad": (ArraySource, functools.partial(DLRM, bottom_mlp=(11, 7), top_mlp=(11,)),
-                     lambda: E.Adagrad(0.1)),
-    "dcn_ftrl": (ArraySource, functools.partial(DCNv2, num_cross_layers=2, deep_mlp=(11,)),
-                 lambda: E.FTRL(0.1)),
-    "two_tower_adam": (
+    "dlrm_adagrad_sgd": (
+        ArraySource, functools.partial(DLRM, bottom_mlp=(11, 7), top_mlp=(11,)),
+        lambda: E.Adagrad(0.1), {"user": lambda: E.SGD(0.1)}),
+    "dcn_ftrl_momentum": (
+        ArraySource, functools.partial(DCNv2, num_cross_layers=2, deep_mlp=(11,)),
+        lambda: E.FTRL(0.1), {"user": lambda: E.AdagradMomentum(0.1, momentum=0.5)}),
+    "two_tower_adam_dense_adam": (
         lambda: SyntheticRetrieval(num_users=23, num_items=11, num_examples=240,
                                    num_eval_examples=40),
         functools.partial(TwoTower, query_tower=(11, 7), candidate_tower=(11, 7)),
-        lambda: E.Adam(0.01)),
+        lambda: E.Adam(0.01), {"item_id": lambda: E.Adam(0.01, lazy_adam=False)}),
 }
 
 
 def make(tmp_path, case, jit_compile, strategy=None, steps=6):
-  source, model, optimizer = CASES[case]
+  source, model, optimizer, overrides = CASES[case]
+  overrides = {table: {"optimizer": opt()} for table, opt in overrides.items()}
   return Trainer(str(tmp_path), source(), model, strategy=strategy,
-                 embedding=EmbeddingSettings(dim=7),
+                 embedding=EmbeddingSettings(dim=7, overrides=overrides),
                  embedding_optimizer=optimizer(), global_batch_size=10,
                  train_steps=steps, steps_per_loop=3, eval_steps=2,
                  progress_bar=False, summaries=False, seed=3,
@@ -70,9 +75,9 @@ def test_compiled_trainer_step_equals_uncompiled(tmp_path, case):
 
 def test_compiled_two_replicas_equal_one(tmp_path):
   """2 CPU replicas asked to compile run the static path: same numbers."""
-  one = make(tmp_path / "one", "dlrm_adagrad", True)
+  one = make(tmp_path / "one", "dlrm_adagrad_sgd", True)
   one.train()
-  two = make(tmp_path / "two", "dlrm_adagrad", True,
+  two = make(tmp_path / "two", "dlrm_adagrad_sgd", True,
              strategy=mirrored_strategy(2))
   assert two.compile_plan.static_shapes and not two.compile_plan.compile_steps
   two.train()

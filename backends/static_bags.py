@@ -319,16 +319,25 @@ class Dedup(NamedTuple):
   num_unique: tf.Tensor  # int32 scalar K: slots [0, K) are distinct valid ids
 
 
+#: `dedup` marks rows in a `[V]` vector instead of sorting when V is at most
+#: this many times the number of ids: O(V + N) beats XLA's CPU sort there
+#: (16k ids of a 200k-row table: ~0.5 vs ~6.5 ms). Same result either way.
+_MARK_RATIO = 32
+
+
 def dedup(ids: tf.Tensor, valid: tf.Tensor, vocabulary_size: int) -> Dedup:
   """De-duplicates the valid ids into as many slots as there are ids.
 
-  One sort (XLA has it; `tf.unique` has only dynamic sizes): invalid slots get
-  the key `vocabulary_size`, after every real id, so the first `K` unique
-  slots are the distinct valid ids in ascending order. Unique slots from `K`
-  on repeat slot 0 (row 0 if there is no valid id), so every slot names a
-  real row. Invalid input slots point at slot `K` or later: callers give
-  them scale 0.
+  `tf.unique` has only dynamic sizes. Here the first `K` unique slots are the
+  distinct valid ids in ascending order, found by one sort, or for small
+  tables by marking rows in a `[V]` vector and counting marks (the same
+  layout). Unique slots from `K` on repeat slot 0 (row 0 if there is no
+  valid id), so every slot names a real row. Invalid input slots point at
+  slot `K` or later: callers give them scale 0.
   """
+  n_static = ids.shape[0]
+  if n_static is not None and vocabulary_size <= _MARK_RATIO * max(n_static, 1):
+    return _dedup_by_marking(ids, valid, vocabulary_size)
   n = tf.shape(ids)[0]
   # 32-bit keys sort faster (XLA's CPU sort: ~2x); ties need no order.
   key_type = tf.int32 if vocabulary_size < 2**31 - 1 else tf.int64
@@ -345,6 +354,23 @@ def dedup(ids: tf.Tensor, valid: tf.Tensor, vocabulary_size: int) -> Dedup:
   # Each unique slot's id; slots no sorted id lands in stay 0.
   unique = tf.cast(tf.tensor_scatter_nd_max(
       tf.zeros_like(key), slot_of_sorted[:, tf.newaxis], sorted_key), tf.int64)
+  first = tf.where(num_unique > 0, unique[:1], tf.zeros([1], tf.int64)[:n])
+  unique = tf.where(tf.range(n) < num_unique, unique, first)
+  return Dedup(unique, index, num_unique)
+
+
+def _dedup_by_marking(ids: tf.Tensor, valid: tf.Tensor, vocabulary_size: int
+                      ) -> Dedup:
+  """`dedup` through a `[V + 1]` mark vector (row V: the invalid slots)."""
+  n = tf.shape(ids)[0]
+  key = tf.where(valid, tf.cast(ids, tf.int32), vocabulary_size)
+  marks = tf.tensor_scatter_nd_max(tf.zeros([vocabulary_size + 1], tf.int32),
+                                   key[:, tf.newaxis], tf.ones_like(key))
+  slot_of_row = tf.cumsum(marks) - 1           # ascending rows, then row V
+  num_unique = slot_of_row[vocabulary_size - 1] + 1
+  index = tf.gather(slot_of_row, key)
+  unique = tf.cast(tf.tensor_scatter_nd_max(
+      tf.zeros([n], tf.int32), index[:, tf.newaxis], key), tf.int64)
   first = tf.where(num_unique > 0, unique[:1], tf.zeros([1], tf.int64)[:n])
   unique = tf.where(tf.range(n) < num_unique, unique, first)
   return Dedup(unique, index, num_unique)

@@ -151,6 +151,19 @@ def _scalar_summary(name: str, value: float, step: int) -> None:
                    metadata=metadata.SerializeToString())
 
 
+def _with_batch_size(batch_size: int, *batch):
+  """`batch` with its dense tensors' first dimension set to `batch_size`.
+
+  Sources that gather ragged rows can lose the static batch size, and with
+  it the padded bags' (`preprocess`): compiled steps need it.
+  """
+  def fix(t):
+    if isinstance(t, tf.Tensor) and t.shape.rank and t.shape[0] is None:
+      return tf.ensure_shape(t, [batch_size] + t.shape[1:].as_list())
+    return t
+  return tf.nest.map_structure(fix, batch)
+
+
 class Trainer:
   """Builds and runs one experiment under one strategy.
 
@@ -427,6 +440,8 @@ class Trainer:
         ds = ds.repeat()
       ds = ds.map(tf.autograph.experimental.do_not_convert(self._preprocess),
                   num_parallel_calls=tf.data.AUTOTUNE)
+      if training:  # every batch is whole: say so, for static shapes
+        ds = ds.map(functools.partial(_with_batch_size, per_replica))
       return ds.prefetch(tf.data.AUTOTUNE)
 
     return self.strategy.distribute_datasets_from_function(

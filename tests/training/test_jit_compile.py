@@ -92,3 +92,10 @@ def test_plan_by_strategy():
   two = compile_lib.plan(mirrored_strategy(2), True)
   assert (two.compile_steps, two.static_shapes) == (False, True)
   assert "XLA cannot compile CPU collectives" in two.reason
+
+
+def test_compiled_two_tower_on_two_replicas_has_static_bags(tmp_path):
+  """A source whose ragged bags lose the batch size still gets static shapes."""
+  trainer = make(tmp_path, "two_tower_adam_dense_adam", True,
+                 strategy=mirrored_strategy(2), steps=2)
+  assert np.isfinite(trainer.train()["train/loss"])

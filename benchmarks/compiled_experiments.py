@@ -73,7 +73,7 @@ def bindings(name: str, data: dict, steps: int, batch: int) -> list:
   if name.startswith("criteo"):
     out += [f"CRITEO_DIR = '{data['criteo']}'", "CriteoTSV.max_vocab_size = 1000",
             "EmbeddingSettings.dim = 16", "DLRM.bottom_mlp = (64, 16)",
-            "DLRM.top_mlp = (64, 32)", "WarmupPolyDecay.base_learning_rate = 0.5",
+            "DLRM.top_mlp = (64, 32)", "WarmupPolyDecay.base_learning_rate = 0.1",
             "WarmupPolyDecay.warmup_steps = 10",
             f"WarmupPolyDecay.decay_start_step = {steps}",
             "WarmupPolyDecay.decay_steps = 10"]

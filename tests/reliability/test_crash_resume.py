@@ -22,7 +22,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 60
-TRIALS = int(os.environ.get("RECSYS_CRASH_TRIALS", "20"))
+TRIALS = int(os.environ.get("RECSYS_CRASH_TRIALS", "8"))
 LINE_TIMEOUT = 240.0  # seconds to wait for one progress line (a busy CI box)
 
 pytestmark = pytest.mark.slow

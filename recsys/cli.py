@@ -265,9 +265,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
   metrics = _call_train(args, action="evaluate")
-  with open(os.path.join(args.model_dir, "eval_metrics.json"), "w",
-            encoding="utf-8") as f:
-    json.dump(metrics, f, indent=2, sort_keys=True)
+  from recsys.training import run_files  # pylint: disable=g-import-not-at-top
+  run_files.write_text(os.path.join(args.model_dir, "eval_metrics.json"),
+                       json.dumps(metrics, indent=2, sort_keys=True))
   print(json.dumps(metrics, indent=2, sort_keys=True))
   return 0
 

@@ -10,13 +10,16 @@ link) to another file made a run truncate and overwrite that file. Here:
   never sees a half-written file.
 * `open_lock_file` opens the lock with `O_NOFOLLOW` and refuses anything but
   a regular file with a single link.
+* `remove_partial_checkpoint` deletes the shards a failed save left.
 
 Example:
   >>> write_text(os.path.join(model_dir, "metrics.json"), json.dumps(metrics))
 """
 
 import errno
+import glob
 import os
+import shutil
 import stat
 import tempfile
 from typing import Sequence
@@ -92,3 +95,16 @@ def open_lock_file(path: str) -> int:
         f"{path} is {what}; a run would overwrite what it shares. Remove it, "
         "or use another --model_dir.")
   return fd
+
+
+def remove_partial_checkpoint(checkpoint_dir: str, step: int) -> None:
+  """Deletes what a failed save of `ckpt-<step>` left (its `_temp` shards).
+
+  TF writes a checkpoint's shards into `ckpt-<step>_temp*` and moves them
+  into place at the end; a save that fails midway (disk full) leaves the
+  folder behind, which only fills the disk further.
+  """
+  prefix = os.path.join(glob.escape(checkpoint_dir), f"ckpt-{step}_temp")
+  for path in glob.glob(prefix + "*"):
+    if os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path, ignore_errors=True)

@@ -497,7 +497,13 @@ class Trainer:
   def save(self) -> str:
     """Saves a checkpoint at the current step; returns the chief's path."""
     step = int(self.global_step.numpy())
-    path = self.manager.save(checkpoint_number=step)
+    try:
+      path = self.manager.save(checkpoint_number=step)
+    except (OSError, tf.errors.OpError):  # e.g. the disk is full
+      # TF leaves the shards it was writing in `ckpt-<step>_temp`: remove
+      # them (the last complete checkpoint stays) and report the error.
+      run_files.remove_partial_checkpoint(self.manager.directory, step)
+      raise
     self._saved_step = step
     if not self._chief:
       shutil.rmtree(self.manager.directory, ignore_errors=True)

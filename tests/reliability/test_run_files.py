@@ -59,3 +59,27 @@ def test_a_run_still_writes_its_files(tmp_path):
   written = json.loads((model_dir / "metrics.json").read_text())
   assert written["step"] == metrics["step"] == 2
   assert not [n for n in os.listdir(model_dir) if n.startswith(".metrics")]
+
+
+def test_a_save_that_runs_out_of_space_leaves_no_temporary_folder(tmp_path):
+  """RLIMIT_FSIZE makes writes fail as a full disk does (EFBIG for ENOSPC)."""
+  resource = pytest.importorskip("resource")
+  import signal  # pylint: disable=g-import-not-at-top
+  model_dir = tmp_path / "model"
+  trainer = make_trainer(model_dir)
+  trainer.train()
+  checkpoints = model_dir / "checkpoints"
+  before = sorted(os.listdir(checkpoints))
+  trainer.global_step.assign_add(1)
+  soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+  previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+  resource.setrlimit(resource.RLIMIT_FSIZE, (256, hard))
+  try:
+    with pytest.raises(Exception) as e:  # noqa: B017 - TF's or Python's
+      trainer.save()
+  finally:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    signal.signal(signal.SIGXFSZ, previous)
+  assert "too large" in str(e.value).lower() or "space" in str(e.value).lower()
+  assert sorted(os.listdir(checkpoints)) == before  # no ckpt-3_temp
+  assert trainer.save().endswith("ckpt-3")  # space again: it saves

@@ -192,9 +192,10 @@ def _gin_files(args: argparse.Namespace) -> List[str]:
   model_dir = getattr(args, "model_dir", None)
   if model_dir:
     from recsys.training import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+    from recsys import untrusted_config  # pylint: disable=g-import-not-at-top
     path = os.path.join(model_dir, trainer_lib.OPERATIVE_CONFIG_FILE)
     if os.path.isfile(path):
-      return [path]
+      return [untrusted_config.check_bindings_only(path)]  # no imports
     raise FileNotFoundError(
         f"{path} does not exist: pass --gin_file (the experiment's gin files) "
         f"or point --model_dir at a directory written by `recsys train`.")

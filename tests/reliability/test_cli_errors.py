@@ -77,3 +77,31 @@ def test_sigterm_during_start_up_exits_143(tmp_path):
   err = proc.communicate(timeout=120)[1]
   assert proc.returncode == 143, err
   assert "SIGTERM received outside the training loop" in err
+
+
+@pytest.mark.parametrize("command", ["evaluate", "export"])
+@pytest.mark.parametrize("statement,line", [
+    ("import planted_module", 2),
+    ("from __gin__ import dynamic_registration\nimport planted_module", 2),
+    ("include 'other.gin'", 2),
+])
+def test_a_model_dirs_config_may_not_import_code(tmp_path, capsys, monkeypatch,
+                                                 command, statement, line):
+  marker = tmp_path / "ran.txt"
+  (tmp_path / "planted_module.py").write_text(
+      f"open({str(marker)!r}, 'w').write('ran')\n")
+  (tmp_path / "other.gin").write_text("import planted_module\n")
+  monkeypatch.syspath_prepend(str(tmp_path))  # as the cwd is for `python -m`
+  monkeypatch.chdir(tmp_path)
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  (model_dir / "operative_config.gin").write_text(
+      f"# written by someone else\n{statement}\ntrain.train_steps = 2\n")
+  args = [command, "--model_dir", str(model_dir)]
+  if command == "export":
+    args += ["--export_dir", str(tmp_path / "export")]
+  assert cli.main(args) == 1
+  err = capsys.readouterr().err
+  assert "UntrustedConfigError" in err
+  assert f"operative_config.gin:{line}:" in err and "--gin_file" in err
+  assert not marker.exists()

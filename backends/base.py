@@ -23,7 +23,7 @@ combined with its table's combiner; a sequence feature yields `[B, L, D]` with
 
 import abc
 import dataclasses
-from typing import Any, ClassVar, Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
+from typing import Any, ClassVar, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 from tensorflow.python.trackable import autotrackable  # pylint: disable=g-direct-tensorflow-import
@@ -46,6 +46,77 @@ class BackendUnavailableError(RuntimeError):
 
 class UnsupportedConfigError(ValueError):
   """The configuration asks for something the backend cannot do faithfully."""
+
+
+class GradientShapeError(ValueError):
+  """An activation gradient's shape differs from its activation's shape."""
+  # Raised while a tf.function traces: AutoGraph re-raises an error with its
+  # own type only if the type's __init__ is Exception's (else StagingError).
+  __init__ = Exception.__init__
+
+
+def check_activation_gradients(paths: Sequence[str], gradients: Sequence[Any],
+                               activations: Sequence[Any]
+                              ) -> List[Optional[tf.Tensor]]:
+  """Refuses activation gradients whose shape is not their activation's.
+
+  A gradient of the wrong shape would otherwise be reshaped or partly read
+  (an extra row ignored, `[D, B]` taken for `[B, D]`) and silently applied.
+  Shapes known when tracing (always, eagerly) are compared right away; any
+  dimension known only at run time costs one comparison of `tf.shape`s in
+  the step, which fails it with the same message.
+
+  Args:
+    paths: the features' paths, in feature order (named in the error).
+    gradients: per feature, d(loss)/d(activations): a tensor,
+      `tf.IndexedSlices` or None (the loss does not use the feature).
+    activations: per feature, the activations `lookup` returned (or their
+      `tf.TensorShape` when no tensor is at hand).
+
+  Returns:
+    The gradients as dense tensors (None stays None), carrying the run-time
+    check where one was needed.
+
+  Raises:
+    GradientShapeError: naming the feature, the expected and the got shape.
+  """
+  out: List[Optional[tf.Tensor]] = []
+  for path, grad, act in zip(paths, gradients, activations):
+    if grad is None:
+      out.append(None)
+      continue
+    if isinstance(grad, tf.IndexedSlices):
+      grad = tf.convert_to_tensor(grad)
+    elif not tf.is_tensor(grad):
+      grad = tf.convert_to_tensor(grad)
+    expected = (act if isinstance(act, tf.TensorShape)
+                else tf.TensorShape(act.shape))
+    got = grad.shape
+    message = (f"activation gradient of feature {path!r} has shape {{got}}; "
+               f"expected {{expected}}, the shape of the feature's "
+               "activations from lookup(..., training=True).")
+    if expected.rank is not None and got.rank is not None:
+      if expected.rank != got.rank or not got.is_compatible_with(expected):
+        raise GradientShapeError(message.format(got=got.as_list(),
+                                                expected=expected.as_list()))
+    if (got.is_fully_defined() and expected.is_fully_defined()) or \
+        isinstance(act, tf.TensorShape) or tf.executing_eagerly():
+      out.append(grad)
+      continue
+    # Some dimension is known only when the step runs: one cheap check.
+    got_dyn, exp_dyn = tf.shape(grad), tf.shape(act)
+    same = tf.logical_and(
+        tf.equal(tf.size(got_dyn), tf.size(exp_dyn)),
+        tf.reduce_all(tf.equal(
+            tf.pad(got_dyn, [[0, tf.maximum(tf.size(exp_dyn) - tf.size(got_dyn), 0)]]),
+            tf.pad(exp_dyn, [[0, tf.maximum(tf.size(got_dyn) - tf.size(exp_dyn), 0)]]))))
+    check = tf.debugging.Assert(same, [
+        f"activation gradient of feature `{path}` has shape", got_dyn,
+        "; expected", exp_dyn, ", the shape of the feature's activations "
+        "from lookup(..., training=True)."])
+    with tf.control_dependencies([check]):
+      out.append(tf.identity(grad))
+  return out
 
 
 @dataclasses.dataclass(frozen=True)

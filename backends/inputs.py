@@ -174,6 +174,13 @@ def check_bag_structure(what: str, inp: Any, weights: Any) -> None:
                             tf.reduce_all(rows < inp.dense_shape[0])),
              f"{what}: a SparseTensor index has a row outside [0, "
              "dense_shape[0]); indices must lie inside dense_shape.")
+    if inp.indices.shape.rank == 2 and inp.indices.shape[1] == 2:
+      # A negative column would be read as a position before the row's first
+      # (a sequence's id landing in the previous row's last slot).
+      cols = inp.indices[:, 1]
+      _require(tf.reduce_all(cols >= 0),
+               f"{what}: a SparseTensor index has a negative column; indices "
+               "must lie inside dense_shape (columns >= 0).")
     if isinstance(weights, tf.SparseTensor):
       _require(_same_vector(tf.reshape(weights.indices, [-1]),
                             tf.reshape(inp.indices, [-1]),
@@ -185,6 +192,45 @@ def check_bag_structure(what: str, inp: Any, weights: Any) -> None:
                           tf.size(weights.flat_values) != tf.size(inp.flat_values)),
              f"{what}: weights have other row lengths than the ids; ragged "
              "weights must have exactly the ids' row lengths.")
+
+
+def _lexsort(rows: tf.Tensor, cols: tf.Tensor) -> tf.Tensor:
+  """The permutation that sorts entries by (row, column), ties kept in order."""
+  by_col = tf.argsort(cols, stable=True)
+  return tf.gather(by_col, tf.argsort(tf.gather(rows, by_col), stable=True))
+
+
+def canonical_order(inp: tf.SparseTensor, weights: Optional[tf.SparseTensor]
+                    ) -> "tuple[tf.SparseTensor, Optional[tf.SparseTensor]]":
+  """`inp` (and its weights) with indices in row-major order.
+
+  TF's sparse ops assume canonical order, but many producers (hand-built
+  indices, concatenated batches) do not give it: read unordered, ids land in
+  other rows' bags. One O(N) pass checks the order; the entries are sorted
+  (stably, so weights stay on their ids) only when it is broken.
+  """
+  rows, cols = inp.indices[:, 0], inp.indices[:, 1]
+  ordered = tf.reduce_all(tf.logical_or(
+      rows[1:] > rows[:-1],
+      tf.logical_and(rows[1:] == rows[:-1], cols[1:] >= cols[:-1])))
+  if tf.executing_eagerly() and bool(ordered):
+    return inp, weights
+  n = tf.shape(rows)[0]
+  perm = tf.cond(ordered, lambda: tf.range(n), lambda: _lexsort(rows, cols))
+
+  def permuted(sp):
+    return tf.SparseTensor(tf.gather(sp.indices, perm),
+                           tf.gather(sp.values, perm), sp.dense_shape)
+
+  return permuted(inp), (permuted(weights) if weights is not None else None)
+
+
+def _rank_in_row(rows: tf.Tensor, num_rows: Any) -> tf.Tensor:
+  """Each entry's position among its row's entries (rows sorted, in range)."""
+  n = tf.shape(rows, out_type=tf.int64)[0]
+  index = tf.range(n, dtype=tf.int64)
+  first = tf.math.unsorted_segment_min(index, rows, num_rows)
+  return index - tf.gather(first, rows)
 
 
 def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
@@ -218,8 +264,15 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
       raise InvalidInputError(
           f"{describe(layout)} got a SparseTensor of rank {inp.shape.rank}; "
           "expected rank 2 [batch, ids].")
+    if bag_width and not seq_len and out_shape is None:
+      # A bag is its row's ids, wherever their columns: the first `bag_width`
+      # of them in column order are kept (gaps are not ids).
+      inp, weights = canonical_order(inp, weights)
+      row = inp.indices[:, 0]
+      pos = _rank_in_row(row, inp.dense_shape[0])
+    else:  # a sequence's column is its position
+      row, pos = inp.indices[:, 0], inp.indices[:, 1]
     ids = inp.values
-    row, pos = inp.indices[:, 0], inp.indices[:, 1]
     w = weights.values if weights is not None else None
   elif isinstance(inp, tf.RaggedTensor):
     _check_id_dtype(layout, inp.flat_values)
@@ -434,19 +487,52 @@ def validate(layout: FeatureLayout, bags: FlatBags, policy: str
   return dataclasses.replace(bags, ids=ids), num_bad
 
 
-def pad_bags(inp: Any, weights: Any, width: int, what: str = "bags"
-             ) -> PaddedBags:
+def pad_bags(inp: Any, weights: Any, width: int, what: str = "bags",
+             sequence: bool = False) -> PaddedBags:
   """Pads a sparse or ragged `[B, None]` bag to static `[B, width]` on the host.
 
   Ids past `width` are cut; `lengths` keeps the true bag lengths so the
   lookup counts what was cut. Run it in the input pipeline so the
   compiled step sees fixed shapes. `what` names the feature in errors.
+
+  A `SparseTensor` may come in any order (it is put in row-major order when
+  it is not). A bag's ids are its row's ids in column order, whatever gaps
+  lie between their columns. For a sequence (`sequence=True`) a column is a
+  position: a row's first `width` ids must sit at columns 0, 1, 2, ... (a
+  gap or a repeated column has no padded layout); ids after them are cut.
+
+  Raises:
+    InvalidInputError: (eager; a failed step in graph mode) bad indices,
+      misplaced weights, or a sequence with a gap or a repeated column.
   """
   check_bag_structure(what, inp, weights)
+  checks = []
   if isinstance(inp, tf.SparseTensor):
-    inp = tf.RaggedTensor.from_sparse(inp)
+    inp, weights = canonical_order(inp, weights)
+    rows, cols = inp.indices[:, 0], inp.indices[:, 1]
+    nrows = inp.dense_shape[0]
+    values = inp.values
+    if sequence:
+      # The first `width` ids of a row must sit at columns 0 .. width-1; the
+      # ones after them (columns >= width) are cut, as a ragged row's are.
+      rank = _rank_in_row(rows, nrows)
+      misplaced = tf.logical_and(
+          tf.logical_or(rank < width, cols < width), tf.not_equal(cols, rank))
+      checks = _check(
+          tf.logical_not(tf.reduce_any(misplaced)),
+          _template_safe(what) + " is a sequence but batch row {} has an id "
+          "at column {} where position {} comes next; a sequence's ids must "
+          "fill columns 0, 1, 2, ... of their row (no gaps, no repeats) to be "
+          "padded. Pass it as a RaggedTensor, or to lookup() without "
+          "preprocess() (a gap is then a zero row).",
+          lambda: [_first_where(misplaced, rows), _first_where(misplaced, cols),
+                   _first_where(misplaced, rank)])
+    with tf.control_dependencies(checks):
+      values = tf.identity(values)
+    inp = tf.RaggedTensor.from_value_rowids(values, rows, nrows=nrows)
     if weights is not None:
-      weights = tf.RaggedTensor.from_sparse(weights)
+      weights = tf.RaggedTensor.from_value_rowids(weights.values, rows,
+                                                  nrows=nrows)
   if not isinstance(inp, tf.RaggedTensor):
     raise InvalidInputError(
         f"pad_bags takes SparseTensor or RaggedTensor bags, got {type(inp).__name__}.")

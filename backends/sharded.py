@@ -307,7 +307,7 @@ class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
         steps[name] = _TableStep(unique_ids, feature_steps)
     if training:
       with self._pending_lock:
-        self._pending[threading.get_ident()] = steps
+        self._pending[threading.get_ident()] = (steps, outputs)
     return nest.pack_sequence_as(self._feature_config, outputs)
 
   # -- training --------------------------------------------------------------------

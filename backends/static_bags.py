@@ -200,7 +200,15 @@ def _flat_bags(layout, inp, weights, limit: Optional[int]):
           f"{what} got a SparseTensor of rank {inp.shape.rank}; expected rank "
           "2 [batch, ids].")
     batch = _static_batch(layout, inp)
+    if limit is not None and not layout.sequence_length:
+      # A bag's first `limit` ids in column order are kept, gaps or not.
+      inp, weights = inputs_lib.canonical_order(inp, weights)
     ids, row, pos = inp.values, inp.indices[:, 0], inp.indices[:, 1]
+    if limit is not None and not layout.sequence_length:
+      # Rows outside the batch (left out below) rank in a segment of their own.
+      outside = tf.logical_or(row < 0, row >= batch)
+      pos = inputs_lib._rank_in_row(  # pylint: disable=protected-access
+          tf.where(outside, tf.cast(batch, tf.int64), row), batch + 1)
     # Only rows inside the batch count; the generic path refuses the rest.
     in_batch = tf.logical_and(row >= 0, row < batch)
     pos_ok = pos >= 0

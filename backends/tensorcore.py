@@ -269,7 +269,8 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       width = layout.sequence_length or self._bag_widths[layout.path]
       if width and isinstance(inp, (tf.SparseTensor, tf.RaggedTensor)):
         out.append(inputs_lib.pad_bags(inp, w, width,
-                                         inputs_lib.describe(layout)))
+                                       inputs_lib.describe(layout),
+                                       sequence=bool(layout.sequence_length)))
         out_w.append(None)
       else:
         out.append(inp)
@@ -352,7 +353,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
                                  flat.scale, positions, flat.sizes, capacity)
     if training:
       with self._pending_lock:
-        self._pending[threading.get_ident()] = steps
+        self._pending[threading.get_ident()] = (steps, outputs)
     return nest.pack_sequence_as(self._feature_config, outputs)
 
   def _static_path(self, training: bool) -> bool:
@@ -456,7 +457,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
         steps[name] = _StaticTableStep(dd, rows, table_bags, positions)
     if training:
       with self._pending_lock:
-        self._pending[threading.get_ident()] = steps
+        self._pending[threading.get_ident()] = (steps, outputs)
     return nest.pack_sequence_as(self._feature_config, outputs)
 
   def _static_apply(self, steps, flat_grads) -> None:
@@ -634,15 +635,19 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
 
     Raises:
       RuntimeError: no `lookup(..., training=True)` earlier in this step.
+      GradientShapeError: a gradient's shape is not its activation's.
     """
     with self._pending_lock:
-      steps = self._pending.pop(threading.get_ident(), None)
-    if steps is None:
+      pending = self._pending.pop(threading.get_ident(), None)
+    if pending is None:
       raise RuntimeError(
           "apply_gradients() needs a lookup(..., training=True) earlier in the "
           "same step (and in the same replica).")
-    return steps, self._flatten_like_config(activation_gradients,
-                                            "activation gradients")
+    steps, outputs = pending
+    flat_grads = self._flatten_like_config(activation_gradients,
+                                           "activation gradients")
+    return steps, base.check_activation_gradients(
+        [layout.path for layout in self._layouts], flat_grads, outputs)
 
   def _row_gradients(self, table, step: _TableStep, flat_grads) -> tf.Tensor:
     """d(loss)/d(row) for each unique row: [U, D], one segment reduction."""

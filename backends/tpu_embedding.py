@@ -138,6 +138,7 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
           "\nChange these settings, or train with backend='tensorcore', "
           "which implements all of them.")
     self._preserved = data_structures.NoDependency([])
+    self._activations = data_structures.NoDependency([])
 
   @classmethod
   def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> Optional[str]:
@@ -337,13 +338,25 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
     if self._version == "V2":
       activations, preserved = self._mid(features, weights)
       self._preserved[:] = [preserved]
-      return activations
-    self._mid.enqueue(features, weights, training=training)
-    return self._mid.dequeue()
+    else:
+      self._mid.enqueue(features, weights, training=training)
+      activations = self._mid.dequeue()
+    if training:  # what apply_gradients checks the gradients' shapes against
+      self._activations[:] = [nest.flatten(activations)]
+    return activations
 
   def apply_gradients(self, activation_gradients: Any) -> None:
-    """Sends d(loss)/d(activations) to the embedding hardware's optimizer."""
-    self._flatten_like_config(activation_gradients, "activation gradients")
+    """Sends d(loss)/d(activations) to the embedding hardware's optimizer.
+
+    Raises:
+      GradientShapeError: a gradient's shape is not its activation's.
+    """
+    flat_grads = self._flatten_like_config(activation_gradients,
+                                           "activation gradients")
+    if self._activations:
+      base.check_activation_gradients(
+          [path for path, _ in self._flat_features], flat_grads,
+          self._activations.pop())
     if self._version == "V2":
       if not self._preserved:
         raise RuntimeError("apply_gradients() needs a lookup(..., training=True) "

@@ -98,8 +98,10 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
       raise RuntimeError("apply_gradients() needs a lookup(..., training=True) "
                          "earlier in the same step.")
     tape, flat_acts, tables, touched = self._pending.pop()
-    flat_grads = self._flatten_like_config(activation_gradients,
-                                           "activation gradients")
+    flat_grads = base.check_activation_gradients(
+        [path for path, _ in self._flat_features],
+        self._flatten_like_config(activation_gradients, "activation gradients"),
+        flat_acts)
     targets = [a for a, g in zip(flat_acts, flat_grads) if g is not None]
     grads = [g for g in flat_grads if g is not None]
     table_grads = (tape.gradient(targets, tables, output_gradients=grads)

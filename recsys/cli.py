@@ -10,12 +10,15 @@ Examples:
 """
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import platform
+import signal
 import sys
-from typing import List, Optional, Sequence, Tuple
+import threading
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 DESCRIPTION = ("Train, evaluate and export gin-configured recommender models "
                "whose embeddings run on CPU, GPU or any Cloud TPU.")
@@ -189,9 +192,10 @@ def _gin_files(args: argparse.Namespace) -> List[str]:
   model_dir = getattr(args, "model_dir", None)
   if model_dir:
     from recsys.training import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+    from recsys import untrusted_config  # pylint: disable=g-import-not-at-top
     path = os.path.join(model_dir, trainer_lib.OPERATIVE_CONFIG_FILE)
     if os.path.isfile(path):
-      return [path]
+      return [untrusted_config.check_bindings_only(path)]  # no imports
     raise FileNotFoundError(
         f"{path} does not exist: pass --gin_file (the experiment's gin files) "
         f"or point --model_dir at a directory written by `recsys train`.")
@@ -252,9 +256,55 @@ def _call_train(args: argparse.Namespace, extra_bindings: Sequence[str] = (),
   except signals.TrainingPreempted:
     raise
   except RuntimeError as e:
-    if "Required bindings" in str(e) or "gin" in str(e).lower():
+    # By origin, not text: a busy model dir's message may well mention gin.
+    if _raised_by_gin(e):
       raise config.GinConfigError(config.explain(e, files, bindings)) from e
     raise
+
+
+def _raised_by_gin(error: BaseException) -> bool:
+  """Whether gin itself raised `error` (e.g. required bindings missing).
+
+  Errors raised inside a configurable pass through gin's wrapper but are
+  raised by our code: their innermost frame is not in the gin package.
+  """
+  import gin  # pylint: disable=g-import-not-at-top
+  gin_dir = os.path.dirname(os.path.abspath(gin.__file__)) + os.sep
+  tb, last = error.__traceback__, None
+  while tb is not None:
+    last, tb = tb, tb.tb_next
+  return last is not None and os.path.abspath(
+      last.tb_frame.f_code.co_filename).startswith(gin_dir)
+
+
+#: `recsys` exits with this status on SIGTERM (128 + 15), as a preempted
+#: training run does (recsys.training.signals.PREEMPTED_EXIT_CODE).
+SIGTERM_EXIT_CODE = 143
+
+
+@contextlib.contextmanager
+def _sigterm_exits_143() -> Iterator[None]:
+  """SIGTERM outside the training loop exits with 143, not by the signal.
+
+  The training loop installs its own handler (save, then stop with 143);
+  before it does — TF's start-up, restoring, building — and for evaluate
+  and export there is nothing to save, but a scheduler still expects 143.
+  """
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+
+  def handler(signum, frame):
+    del signum, frame
+    print("recsys: SIGTERM received outside the training loop; stopping "
+          "(checkpoints already saved are kept).", file=sys.stderr)
+    raise SystemExit(SIGTERM_EXIT_CODE)
+
+  previous = signal.signal(signal.SIGTERM, handler)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -265,9 +315,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
   metrics = _call_train(args, action="evaluate")
-  with open(os.path.join(args.model_dir, "eval_metrics.json"), "w",
-            encoding="utf-8") as f:
-    json.dump(metrics, f, indent=2, sort_keys=True)
+  from recsys.training import run_files  # pylint: disable=g-import-not-at-top
+  run_files.write_text(os.path.join(args.model_dir, "eval_metrics.json"),
+                       json.dumps(metrics, indent=2, sort_keys=True))
   print(json.dumps(metrics, indent=2, sort_keys=True))
   return 0
 
@@ -375,6 +425,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = parser.parse_args(argv)
   if args.command == "launch":  # starts processes; needs no TensorFlow here
     return cmd_launch(args)
+  with _sigterm_exits_143():
+    return _run_command(args)
+
+
+def _run_command(args: argparse.Namespace) -> int:
+  """Runs a TensorFlow command; errors become a message and an exit status."""
   _configure_runtime(args)
   from recsys import config  # pylint: disable=g-import-not-at-top
   try:

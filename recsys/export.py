@@ -30,6 +30,7 @@ import os
 from typing import Any, Dict, Mapping, Sequence
 
 from backends import serving
+from recsys import atomic_dir
 from recsys._keras import keras, tf
 from recsys.data.spec import FeatureSpec
 from recsys.training import loop as loop_lib
@@ -169,11 +170,16 @@ def export(trainer: Any, export_dir: str, k: int = 100) -> str:
   Args:
     trainer: a `recsys.training.Trainer` whose checkpoint was restored (e.g.
       `train(model_dir=..., action="build")`).
-    export_dir: the SavedModel directory (created).
+    export_dir: the SavedModel directory: created, or replaced whole if it
+      holds a SavedModel (a kill midway leaves the previous one).
     k: retrieval only: candidates returned per query.
 
   Returns:
     `export_dir`.
+
+  Raises:
+    atomic_dir.UnsafeReplaceError: `export_dir` is a non-empty directory
+      that holds no SavedModel (it would be replaced and lost).
   """
   corpus = None
   if trainer.is_retrieval:
@@ -185,9 +191,18 @@ def export(trainer: Any, export_dir: str, k: int = 100) -> str:
                          trainer.source.feature_specs,
                          int(getattr(trainer.source, "num_dense", 0) or 0),
                          corpus=corpus, k=k)
-  os.makedirs(export_dir, exist_ok=True)
-  tf.saved_model.save(module, export_dir, signatures=module.signatures())
+  # Written next to export_dir and swapped in whole: a kill at any moment
+  # leaves the previous export (if any) loadable, never a mixture.
+  with atomic_dir.replaced_atomically(export_dir,
+                                      may_replace=_is_saved_model) as tmp:
+    tf.saved_model.save(module, tmp, signatures=module.signatures())
   return export_dir
+
+
+def _is_saved_model(path: str) -> bool:
+  """Whether `path` holds a SavedModel (which a new export may replace)."""
+  return any(os.path.isfile(os.path.join(path, f))
+             for f in ("saved_model.pb", "saved_model.pbtxt"))
 
 
 __all__ = ["ServingModule", "export", "input_signature", "to_features"]

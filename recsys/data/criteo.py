@@ -71,8 +71,24 @@ VOCAB_PRESETS = {"mlperf": MLPERF_VOCAB_SIZES, "kaggle": KAGGLE_VOCAB_SIZES}
 LAYOUTS = ("kaggle", "terabyte")
 MALFORMED_POLICIES = ("fail", "skip")
 _REASONS = ("", "wrong number of tab-separated columns", "label is not 0 or 1",
-            "a dense (integer) column is not an integer")
+            "a dense (integer) column is not an integer (an optional '-' and 1 "
+            "to 38 digits, or empty)",
+            "the line is not valid UTF-8 text")
+#: A dense value: empty, or an integer that float32 holds (at most 38 digits;
+#: 40 digits became inf). A lone '-' is not a number.
+_DENSE = r"(-?[0-9]{1,38})?"
 _LOGGED_SKIPS = 10
+
+
+def _printable(text: tf.Tensor) -> tf.Tensor:
+  """`text` with bytes that are not UTF-8 replaced (U+FFFD).
+
+  An error message must decode: TF hands it to Python as UTF-8, and a stray
+  byte (or a cut multi-byte character) turned the report of a bad line into
+  a UnicodeDecodeError without file or line.
+  """
+  return tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace",
+                                      replacement_char=0xFFFD)
 
 
 class CriteoConfigError(ValueError):
@@ -454,7 +470,7 @@ class CriteoTSV(DataSource):
   @property
   def _line_pattern(self) -> str:
     """RE2 pattern of a well-formed line (column count, label, integer columns)."""
-    dense = r"-?[0-9]*" + r"(\t-?[0-9]*)" + "{%d}" % (NUM_DENSE - 1)
+    dense = _DENSE + r"(\t" + _DENSE + ")" + "{%d}" % (NUM_DENSE - 1)
     label = r"[01]\t" if self.has_label else ""
     return label + dense + r"(\t[^\t]*)" + "{%d}" % NUM_CATEGORICAL
 
@@ -466,12 +482,14 @@ class CriteoTSV(DataSource):
     counts = cols.row_lengths()
     table = cols.to_tensor(default_value="", shape=[None, ncol])
     dense_ok = tf.reduce_all(tf.strings.regex_full_match(
-        table[:, offset:offset + NUM_DENSE], r"-?[0-9]*"), axis=1)
+        table[:, offset:offset + NUM_DENSE], _DENSE), axis=1)
     reason = tf.where(counts != ncol, 1, 0)
     if self.has_label:
       label_ok = tf.logical_or(tf.equal(table[:, 0], "0"), tf.equal(table[:, 0], "1"))
       reason = tf.where((reason == 0) & ~label_ok, 2, reason)
-    return tf.where((reason == 0) & ~dense_ok, 3, reason), counts
+    reason = tf.where((reason == 0) & ~dense_ok, 3, reason)
+    utf8_ok = tf.equal(_printable(lines), lines)
+    return tf.where((reason == 0) & ~utf8_ok, 4, reason), counts
 
   def _parse(self, files: tf.Tensor, file_index, first_line, lines):
     """Parses a chunk of lines into `(features, labels)` (malformed lines handled).
@@ -495,7 +513,7 @@ class CriteoTSV(DataSource):
             tf.gather(tf.constant(_REASONS), reason[0]), " (expected ", str(ncol),
             " tab-separated columns: ", "label 0/1, " if self.has_label else "",
             "13 integers or empty, 26 categorical; got ", tf.strings.as_string(counts[0]),
-            " columns): ", tf.strings.substr(lines[row], 0, 200),
+            " columns): ", _printable(tf.strings.substr(lines[row], 0, 200)),
             ". Fix or remove the line, or set malformed to skip to drop and count such lines.",
             tf.where(tf.strings.regex_full_match(files[file_index], r".*\.gz"),
                      " If it is the file's last line, the .gz file may be truncated: "

@@ -15,6 +15,7 @@ resulting `RawMovieLens`. Layouts:
 
 import dataclasses
 import glob
+import io
 import logging
 import math
 import os
@@ -75,8 +76,18 @@ def missing_message(variant: str, data_dir: str, problem: str) -> str:
 
 
 def _lines(path: str, encoding: str) -> List[str]:
-  with open(path, encoding=encoding, newline="") as f:
-    return [line.rstrip("\r\n") for line in f]
+  """The file's lines; DataFormatError naming file and line if one does not decode."""
+  with open(path, "rb") as f:
+    raw = f.read()
+  try:
+    text = raw.decode(encoding)
+  except UnicodeDecodeError as e:
+    line_no = raw.count(b"\n", 0, e.start) + 1
+    raise DataFormatError(
+        f"{path}:{line_no}: not valid {encoding} text ({e.reason} at byte "
+        f"{e.start} of the file); re-extract the dataset or convert the file "
+        f"to {encoding}.") from e
+  return [line.rstrip("\r\n") for line in io.StringIO(text, newline="")]
 
 
 def _fields(path: str, line_no: int, line: str, sep: str, expected: int) -> List[str]:
@@ -102,19 +113,32 @@ def _ratings(path: str, sep: str, encoding: str = "latin-1"):
     u, i, r, t = parts[:4]
     try:
       ratings.append(_finite(float(r)))
-      stamps.append(int(float(t)))
+      stamps.append(_timestamp(t))
     except (ValueError, OverflowError) as e:
       raise DataFormatError(f"{path}:{n}: rating and timestamp must be finite numbers, "
-                            f"got {r!r} and {t!r}") from e
+                            f"got {r!r} and {t!r} ({e})") from e
     users.append(u.strip())
     items.append(i.strip())
   return (np.array(users, dtype=object), np.array(items, dtype=object),
           np.array(ratings, np.float32), np.array(stamps, np.int64))
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_INT64 = np.iinfo(np.int64)
+
+
 def _finite(value: float) -> float:
-  if not math.isfinite(value):
-    raise ValueError(f"{value} is not finite")
+  """A rating that stays finite as the float32 label it becomes (1e39: inf)."""
+  if not math.isfinite(value) or abs(value) > _FLOAT32_MAX:
+    raise ValueError(f"{value} is not a finite float32")
+  return value
+
+
+def _timestamp(text: str) -> int:
+  """A timestamp in seconds that fits int64 (1e30 overflowed the array)."""
+  value = int(float(text))
+  if not _INT64.min <= value <= _INT64.max:
+    raise ValueError(f"{text.strip()} does not fit a 64-bit integer")
   return value
 
 
@@ -225,7 +249,7 @@ def _read_atomic(folder: str, name: Optional[str]) -> RawMovieLens:
   for i, r in enumerate(rows):
     try:
       rating.append(_finite(float(r[cr])) if cr is not None else 1.0)
-      ts.append(int(float(r[ct])) if ct is not None else 0)
+      ts.append(_timestamp(r[ct]) if ct is not None else 0)
     except (ValueError, OverflowError) as e:
       raise DataFormatError(
           f"{path}:{_atomic_lines(path)[i]}: rating and timestamp fields must be "

@@ -16,6 +16,8 @@ import socket
 import sys
 from typing import Optional
 
+from recsys.training import run_files
+
 LOCK_FILE = ".recsys.lock"
 
 
@@ -43,11 +45,12 @@ class ModelDirLock:
 
     Raises:
       ModelDirBusyError: another process holds it; names that process.
+      run_files.UnsafeRunFileError: the lock file is a symlink or hard link.
     """
     if self._fd is not None:
       return self
     os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = run_files.open_lock_file(self.path)  # a symlink is refused
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -34,6 +34,7 @@ from recsys.training import lock as lock_lib
 from recsys.training import compile as compile_lib
 from recsys.training import coordinated as coordinated_lib
 from recsys.training import loop as loop_lib
+from recsys.training import run_files
 from recsys.training import signals as signals_lib
 
 log = logging.getLogger("recsys.training")
@@ -496,7 +497,13 @@ class Trainer:
   def save(self) -> str:
     """Saves a checkpoint at the current step; returns the chief's path."""
     step = int(self.global_step.numpy())
-    path = self.manager.save(checkpoint_number=step)
+    try:
+      path = self.manager.save(checkpoint_number=step)
+    except (OSError, tf.errors.OpError):  # e.g. the disk is full
+      # TF leaves the shards it was writing in `ckpt-<step>_temp`: remove
+      # them (the last complete checkpoint stays) and report the error.
+      run_files.remove_partial_checkpoint(self.manager.directory, step)
+      raise
     self._saved_step = step
     if not self._chief:
       shutil.rmtree(self.manager.directory, ignore_errors=True)
@@ -610,6 +617,8 @@ class Trainer:
 
   def _train(self, stop: signals_lib.StopRequests) -> Dict[str, float]:
     step = int(self.global_step.numpy())
+    if self._chief:  # before training, not after: a link is refused up front
+      run_files.refuse_links(self.model_dir, [METRICS_FILE])
     self.write_operative_config()
     iterator = iter(self._distribute(self.source, self.global_batch_size,
                                      training=True, skip_steps=step))
@@ -755,22 +764,18 @@ class Trainer:
     path = os.path.join(self.model_dir, OPERATIVE_CONFIG_FILE)
     if not self._chief:
       return path
-    with open(path, "w", encoding="utf-8") as f:
-      f.write(gin.operative_config_str())
-    return path
+    return run_files.write_text(path, gin.operative_config_str())
 
   def write_metrics(self, metrics: Mapping[str, float]) -> str:
     path = os.path.join(self.model_dir, METRICS_FILE)
     if not self._chief:
       return path
-    with open(path, "w", encoding="utf-8") as f:
-      json.dump({"backend": self.backend_name,
-                 "strategy": type(self.strategy).__name__,
-                 "replicas": self.strategy.num_replicas_in_sync,
-                 "global_batch_size": self.global_batch_size,
-                 **{k: v for k, v in metrics.items()}}, f, indent=2,
-                sort_keys=True)
-    return path
+    return run_files.write_text(path, json.dumps(
+        {"backend": self.backend_name,
+         "strategy": type(self.strategy).__name__,
+         "replicas": self.strategy.num_replicas_in_sync,
+         "global_batch_size": self.global_batch_size,
+         **{k: v for k, v in metrics.items()}}, indent=2, sort_keys=True))
 
   # -- parameter-server training (recsys.training.coordinated) ---------------
 

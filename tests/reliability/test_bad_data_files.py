@@ -278,3 +278,65 @@ def test_recsys_train_on_a_malformed_criteo_line_prints_the_line_not_a_traceback
   assert result.returncode == 1
   assert f"{tmp_path / 'train.txt'}:31" in result.stderr
   assert "Traceback" not in result.stderr
+
+
+# -- values that overflow, bytes that are not text (issue 15) ----------------
+
+
+@pytest.mark.parametrize("rating,stamp,match", [
+    ("1e39", "881250950", "got '1e39'"),          # inf as a float32 label
+    ("4", "1e30", "got '4' and '1e30'"),          # overflows int64
+])
+def test_movielens_values_that_overflow_name_file_and_line(tmp_path, rating, stamp,
+                                                           match):
+  folder = tmp_path / "ml-100k"
+  write_ml100k(folder, [(1, 1, 5, 881250949), (2, 1, rating, stamp)])
+  with pytest.raises(DataFormatError, match=rf"u\.data:2: .*{match}"):
+    MovieLens(str(folder))
+  atomic = tmp_path / "atomic"
+  write_atomic(atomic)
+  header = "user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
+  (atomic / "mini.inter").write_text(header + f"1\t1\t4\t1\n2\t1\t{rating}\t{stamp}\n")
+  with pytest.raises(DataFormatError, match=r"mini\.inter:3: "):
+    MovieLens(str(atomic), variant="atomic")
+
+
+def test_invalid_utf8_in_a_movielens_file_names_file_and_line(tmp_path):
+  folder = tmp_path / "atomic"
+  write_atomic(folder)
+  header = b"user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
+  (folder / "mini.inter").write_bytes(header + b"1\t1\t4\t1\n2\t\xff\xfe\t4\t2\n")
+  with pytest.raises(DataFormatError, match=r"mini\.inter:3: not valid utf-8"):
+    MovieLens(str(folder), variant="atomic")
+
+
+@pytest.mark.parametrize("value,reason", [
+    (b"-", "is not an integer"),
+    (b"9" * 40, "is not an integer"),          # float32 inf
+    (b"12\xff", "is not an integer"),
+])
+def test_criteo_dense_values_that_do_not_parse_name_file_and_line(tmp_path, value,
+                                                                  reason):
+  lines = [to_line(r).encode() for r in ROWS[:6]]
+  parts = lines[3].split(b"\t")
+  parts[2] = value
+  lines[3] = b"\t".join(parts)
+  path = tmp_path / "train.txt"
+  path.write_bytes(b"\n".join(lines) + b"\n")
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=rf"train\.txt:4: a dense .*{reason}"):
+    read_all(path)
+  got = read_all(path, malformed="skip")  # or dropped and counted
+  assert len(got[0]) == 5
+
+
+def test_criteo_invalid_utf8_names_file_and_line(tmp_path):
+  lines = [to_line(r).encode() for r in ROWS[:6]]
+  parts = lines[4].split(b"\t")
+  parts[30] = b"\xff\xfe" + parts[30]
+  lines[4] = b"\t".join(parts)
+  path = tmp_path / "train.txt"
+  path.write_bytes(b"\n".join(lines) + b"\n")
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"train\.txt:5: the line is not valid UTF-8"):
+    read_all(path)

@@ -33,6 +33,7 @@ from recsys._keras import keras, tf
 from recsys.training import lock as lock_lib
 from recsys.training import compile as compile_lib
 from recsys.training import coordinated as coordinated_lib
+from recsys.training import eval_padding
 from recsys.training import loop as loop_lib
 from recsys.training import signals as signals_lib
 
@@ -44,6 +45,10 @@ OPERATIVE_CONFIG_FILE = "operative_config.gin"
 
 class TrainerConfigError(ValueError):
   """The trainer's settings are inconsistent (batch sizes, steps, sources)."""
+
+
+class EmptyEvalSetError(ValueError):
+  """The evaluation split has no example to score."""
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -137,6 +142,13 @@ def _flat_results(metrics, prefix: str) -> Dict[str, float]:
         suffix = f"top{ks[i]}" if len(ks) == value.size else str(i)
         out[f"{prefix}/{name}_{suffix}"] = float(v)
   return out
+
+
+def _regularization_loss(model: keras.Model) -> float:
+  """The model's regularization loss (0.0 without regularizers)."""
+  if not model.losses:
+    return 0.0
+  return float(tf.add_n(model.losses))
 
 
 def _scalar_summary(name: str, value: float, step: int) -> None:
@@ -386,7 +398,7 @@ class Trainer:
 
   # -- data ----------------------------------------------------------------
 
-  def _preprocess(self, features, labels):
+  def _preprocess(self, features, labels, *mask):
     names = list(self.feature_config)
     ids, weights = loop_lib.split_batch((features, labels), names)
     ids, weights = self.backend.preprocess(ids, weights)
@@ -401,7 +413,7 @@ class Trainer:
       features["weights"] = {**extra, **kept}
     else:
       features.pop("weights", None)
-    return features, labels
+    return (features, labels, *mask)
 
   def _distribute(self, source, global_batch: int, training: bool,
                   skip_steps: int = 0, take_steps: Optional[int] = None):
@@ -421,13 +433,16 @@ class Trainer:
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
       per_replica = ctx.get_per_replica_batch_size(global_batch)
-      kwargs = {"training": training, "input_context": ctx,
-                "drop_remainder": True}
-      if not training:
-        kwargs["repeat"] = False
-      ds = source.dataset(per_replica, **kwargs)
       batches_per_step = max(1, ctx.num_replicas_in_sync //
                              ctx.num_input_pipelines)
+      if training:
+        ds = source.dataset(per_replica, training=True, input_context=ctx,
+                            drop_remainder=True)
+      else:  # every example once: whole batches with a mask, no remainder lost
+        ds = eval_padding.pad_eval_batches(
+            source.dataset(per_replica, training=False, input_context=ctx,
+                           drop_remainder=False, repeat=False),
+            per_replica, batches_per_step)
       if skip_steps:
         ds = ds.skip(skip_steps * batches_per_step)
       if take_steps is not None:
@@ -440,8 +455,8 @@ class Trainer:
         ds = ds.repeat()
       ds = ds.map(tf.autograph.experimental.do_not_convert(self._preprocess),
                   num_parallel_calls=tf.data.AUTOTUNE)
-      if training:  # every batch is whole: say so, for static shapes
-        ds = ds.map(functools.partial(_with_batch_size, per_replica))
+      # Every batch is whole (eval batches padded): say so, for static shapes.
+      ds = ds.map(functools.partial(_with_batch_size, per_replica))
       return ds.prefetch(tf.data.AUTOTUNE)
 
     return self.strategy.distribute_datasets_from_function(
@@ -709,11 +724,20 @@ class Trainer:
     return int(ids.shape[0])
 
   def evaluate(self) -> Dict[str, float]:
-    """Evaluates on `eval_steps` batches of the eval source.
+    """Evaluates on `eval_steps` batches of the eval source (None: all of it).
+
+    Every example is scored exactly once: the last partial batch is padded
+    and masked (`recsys.training.eval_padding`), on every strategy and in
+    compiled steps.
 
     Returns:
-      `eval/loss` and `eval/<metric>` for each of the model's metrics (AUC,
-      log-loss, accuracy / RMSE / top-k hit rates).
+      `eval/loss` (the mean per-example loss of the examples scored, plus
+      the regularization term as in `train/loss`), `eval/<metric>` for each
+      of the model's metrics (AUC, log-loss, accuracy / RMSE / top-k hit
+      rates) and `eval/examples`, the number of examples scored.
+
+    Raises:
+      EmptyEvalSetError: the eval split has no example.
     """
     if self.is_retrieval:
       self.index_corpus()
@@ -724,12 +748,23 @@ class Trainer:
           self.eval_source, self.eval_batch_size, training=False,
           take_steps=self.eval_steps)
     dataset = self._eval_dataset
-    self.loss_metric.reset_state()
+    self.steps.reset_eval_metrics()
     for m in self.model.metrics:
       m.reset_state()
     self.steps.eval_loop(dataset)
+    examples = int(self.steps.eval_examples.result())
+    if not examples:
+      source = type(self.eval_source).__name__
+      raise EmptyEvalSetError(
+          f"the evaluation split of {source} has no example, so there is "
+          "nothing to score; give the source evaluation data (e.g. "
+          "num_eval_examples > 0, eval files that are not empty) or set "
+          "train.eval_data to a source that has some.")
     results = _flat_results(self.model.metrics, "eval")
-    results["eval/loss"] = float(self.loss_metric.result())
+    results["eval/loss"] = (float(self.steps.eval_loss_sum.result()) / examples
+                            + _regularization_loss(self.model))
+    results["eval/examples"] = float(examples)
+    log.info("evaluated %d examples", examples)
     return results
 
   def optimum(self) -> Dict[str, float]:

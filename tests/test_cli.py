@@ -83,6 +83,22 @@ def test_info_plans_the_experiment_tables_with_its_optimizer(capsys):
   assert "C4     10000  8    FTRL       2      312.5 KiB  625.0 KiB  937.5 KiB" in out
 
 
+@pytest.mark.slow  # ~15 s: one recsys process, two replicas
+def test_two_replicas_from_the_command_line_score_every_eval_example(tmp_path):
+  """The README's cpu_2replicas.gin from a fresh process (TF not yet started),
+  on an eval split smaller than one eval batch: all 50 examples scored."""
+  bindings = sum((["--gin_bindings", b] for b in TINY + [
+      "SyntheticCTR.num_eval_examples = 50", "train.eval_steps = None"]), [])
+  done = run_recsys("train", "--gin_file", "experiments/synthetic_dlrm.gin",
+                    "--gin_file", "experiments/hardware/cpu_2replicas.gin",
+                    *bindings, "--model_dir", str(tmp_path), "--no_progress")
+  assert done.returncode == 0, done.stderr[-3000:]
+  metrics = json.loads((tmp_path / "metrics.json").read_text())
+  assert metrics["replicas"] == 2 and metrics["step"] == 6
+  assert metrics["eval/examples"] == 50
+  assert 0.0 < metrics["eval/auc"] < 1.0
+
+
 def _padded(ids, width):
   """Ragged/dense ids -> the export's `[B, W]` padded with -1 (or `[B]`)."""
   if isinstance(ids, tf.RaggedTensor):

@@ -278,7 +278,7 @@ class Trainer:
     keras.utils.set_random_seed(seed)
 
     self.feature_config = features_lib.feature_config(
-        source.feature_specs, embedding)
+        source.feature_specs, embedding, seed=seed)
     features_lib.check_embedding_optimizer(embedding_optimizer,
                                            "train.embedding_optimizer")
     if embedding_optimizer is None:

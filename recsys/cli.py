@@ -78,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where checkpoints, summaries and metrics go.")
   train.add_argument("--no_progress", action="store_true",
                      help="log lines instead of a progress bar.")
+  train.add_argument(
+      "--allow_changed_settings", action="store_true",
+      help="resume the checkpoint in --model_dir although settings that "
+      "change the math (data, model, optimizers, batch size, seed, ...) "
+      "differ from the previous run's; refused by default, naming them.")
   _add_runtime_flags(train)
 
   evaluate = sub.add_parser(
@@ -202,6 +207,8 @@ def _bindings(args: argparse.Namespace) -> List[str]:
   bindings = list(args.gin_bindings)
   if getattr(args, "no_progress", False):
     bindings.append("train.progress_bar = False")
+  if getattr(args, "allow_changed_settings", False):
+    bindings.append("train.allow_changed_settings = True")
   return bindings
 
 

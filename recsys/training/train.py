@@ -63,6 +63,7 @@ def train(model_dir: str,
           summaries: bool = True,
           nonfinite_policy: str = "stop",
           jit_compile: Optional[bool] = None,
+          allow_changed_settings: bool = False,
           strategy: Optional[tf.distribute.Strategy] = None,
           action: str = "train") -> Union[Dict[str, float], Trainer]:
   """Builds the strategy and the Trainer, then trains or evaluates.
@@ -97,6 +98,9 @@ def train(model_dir: str,
       out and count them).
     jit_compile: compile each replica step with XLA as a TPU does (None: on
       under a TPUStrategy only); see `recsys.training.compile`.
+    allow_changed_settings: resume although settings that change the math
+      (data, model, optimizers, batch size, seed, ...) differ from the
+      previous run's; refused by default, naming them.
     strategy: an already built strategy (Python callers; overrides `tpu`).
     action: "train" (returns final metrics), "evaluate" (restores the latest
       checkpoint, returns eval metrics) or "build" (returns the Trainer).
@@ -121,7 +125,8 @@ def train(model_dir: str,
       eval_every=eval_every, eval_steps=eval_steps,
       checkpoint_every=checkpoint_every, max_checkpoints=max_checkpoints,
       seed=seed, progress_bar=progress_bar, summaries=summaries,
-      nonfinite_policy=nonfinite_policy, jit_compile=jit_compile)
+      nonfinite_policy=nonfinite_policy, jit_compile=jit_compile,
+      allow_changed_settings=allow_changed_settings)
   if action == "build":
     return trainer
   if action == "evaluate":

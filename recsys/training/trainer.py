@@ -35,6 +35,7 @@ from recsys.training import compile as compile_lib
 from recsys.training import coordinated as coordinated_lib
 from recsys.training import eval_padding
 from recsys.training import loop as loop_lib
+from recsys.training import run_configs
 from recsys.training import signals as signals_lib
 
 log = logging.getLogger("recsys.training")
@@ -213,6 +214,9 @@ class Trainer:
       on under a TPUStrategy, off elsewhere). On several CPU replicas, whose
       collectives XLA cannot compile, the step runs uncompiled on the same
       static shapes (`recsys.training.compile.plan`).
+    allow_changed_settings: resume a checkpoint although settings that
+      change the math differ from the previous run's (refused otherwise,
+      `run_configs.ChangedSettingsError`); every run's config is kept.
 
   Reliability: `train()` holds an exclusive lock on the model dir (a second
   run there is refused), turns SIGTERM/Ctrl-C into a checkpoint at the exact
@@ -246,8 +250,10 @@ class Trainer:
                progress_bar: bool = True,
                summaries: bool = True,
                nonfinite_policy: str = "stop",
-               jit_compile: Optional[bool] = None):
+               jit_compile: Optional[bool] = None,
+               allow_changed_settings: bool = False):
     self.model_dir = model_dir
+    self.allow_changed_settings = bool(allow_changed_settings)
     self.source = source
     self.eval_source = eval_source if eval_source is not None else source
     self.strategy = strategy or tf.distribute.get_strategy()
@@ -351,6 +357,7 @@ class Trainer:
         nonfinite_policy=nonfinite_policy,
         jit_compile=self.compile_plan.compile_steps)
     self._eval_dataset = None
+    self._run_config_path: Optional[str] = None
     self._writers = None
     if summaries and self._chief:
       self._writers = {
@@ -625,6 +632,13 @@ class Trainer:
 
   def _train(self, stop: signals_lib.StopRequests) -> Dict[str, float]:
     step = int(self.global_step.numpy())
+    if step and self._chief:  # a resume: same math settings as the last run?
+      changes = run_configs.check_resume(
+          os.path.join(self.model_dir, OPERATIVE_CONFIG_FILE),
+          gin.operative_config_str(), step, self.allow_changed_settings)
+      for key, old, new in changes:
+        log.warning("resuming with a changed setting (allowed): %s: %s -> %s",
+                    key, old, new)
     self.write_operative_config()
     iterator = iter(self._distribute(self.source, self.global_batch_size,
                                      training=True, skip_steps=step))
@@ -787,11 +801,18 @@ class Trainer:
   # -- files -----------------------------------------------------------------
 
   def write_operative_config(self) -> str:
+    """Writes `operative_config.gin` (the latest run's) and this run's own
+    numbered copy (`configs/operative_config-<k>.gin`, see `run_configs`)."""
     path = os.path.join(self.model_dir, OPERATIVE_CONFIG_FILE)
     if not self._chief:
       return path
-    with open(path, "w", encoding="utf-8") as f:
-      f.write(gin.operative_config_str())
+    if self._run_config_path is None:
+      self._run_config_path = run_configs.next_config_path(self.model_dir)
+      os.makedirs(os.path.dirname(self._run_config_path), exist_ok=True)
+    text = gin.operative_config_str()
+    for target in (self._run_config_path, path):
+      with open(target, "w", encoding="utf-8") as f:
+        f.write(text)
     return path
 
   def write_metrics(self, metrics: Mapping[str, float]) -> str:

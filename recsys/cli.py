@@ -27,8 +27,10 @@ def _add_gin_flags(parser: argparse.ArgumentParser, required: bool) -> None:
   parser.add_argument(
       "--gin_file", action="append", default=[], required=required,
       metavar="FILE",
-      help="gin file to parse (repeatable; later files override earlier ones; "
-           "`include` paths may be relative to the file or to experiments/).")
+      help="gin file to parse: a path or a shipped experiment's name, e.g. "
+           "synthetic_dlrm.gin (`recsys experiments` lists them). Repeatable; "
+           "later files override earlier ones; `include` resolves relative to "
+           "the including file first, then in the shipped experiments.")
   parser.add_argument(
       "--gin_bindings", action="append", default=[], metavar="BINDING",
       help="extra gin binding, e.g. \"train.train_steps = 100\" (repeatable; "
@@ -118,6 +120,17 @@ def build_parser() -> argparse.ArgumentParser:
       epilog="example:\n  recsys info\n  recsys info --gin_file experiments/synthetic_dlrm.gin")
   _add_gin_flags(info, required=False)
   _add_runtime_flags(info)
+
+  experiments = sub.add_parser(
+      "experiments", help="list the shipped experiment gin files, or print one.",
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      description="The experiment gin files installed with recsys. Pass a "
+      "name to --gin_file from any directory, include it from your own gin "
+      "file (include 'synthetic_dlrm.gin'), or print it to start your own.",
+      epilog="example:\n  recsys experiments\n  recsys experiments "
+      "synthetic_dlrm.gin > my_dlrm.gin")
+  experiments.add_argument("name", nargs="?", default=None,
+                           help="print this experiment's gin file.")
 
   launch = sub.add_parser(
       "launch", help="run a command on a local cluster (chief, workers, ps).",
@@ -363,6 +376,26 @@ def _feature_config_from_gin():
                                      _gin_value("train.embedding"))
 
 
+def cmd_experiments(args: argparse.Namespace) -> int:
+  """Lists the shipped experiments, or prints the one named."""
+  from recsys import experiments_catalog as catalog  # pylint: disable=g-import-not-at-top
+  if args.name:
+    try:
+      sys.stdout.write(catalog.read_experiment(args.name))
+    except catalog.UnknownExperimentError as e:
+      print(f"recsys experiments: {e}", file=sys.stderr)
+      return 2
+    return 0
+  shipped = catalog.list_experiments()
+  width = max(len(e.name) for e in shipped)
+  print(f"experiments shipped with recsys ({catalog.EXPERIMENTS_DIR}):")
+  for e in shipped:
+    print(f"  {e.name:<{width}}  {e.summary}")
+  print("\nuse: recsys train --gin_file synthetic_dlrm.gin --model_dir runs/demo;"
+        " print one: recsys experiments NAME")
+  return 0
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
   from recsys import launch as launch_lib  # pylint: disable=g-import-not-at-top
   try:
@@ -382,6 +415,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = parser.parse_args(argv)
   if args.command == "launch":  # starts processes; needs no TensorFlow here
     return cmd_launch(args)
+  if args.command == "experiments":  # reads files; needs no TensorFlow
+    return cmd_experiments(args)
   _configure_runtime(args)
   from recsys import config  # pylint: disable=g-import-not-at-top
   try:

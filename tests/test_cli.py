@@ -217,3 +217,34 @@ def test_thread_settings(given, cores, expected):
   intra, inter, why = cli.thread_settings(*given, cores)
   assert (intra, inter) == expected
   assert bool(why) == (expected == (1, 2) and given == (0, 0))
+
+
+def test_experiments_lists_and_prints_the_shipped_gin_files(capsys):
+  assert cli.main(["experiments"]) == 0
+  out = capsys.readouterr().out
+  for name in ("synthetic_dlrm.gin", "hardware/cpu_2replicas.gin", "data/criteo_kaggle.gin"):
+    assert f"  {name} " in out
+  assert cli.main(["experiments", "hardware/cpu_2replicas.gin"]) == 0
+  with open(os.path.join(config.EXPERIMENTS_DIR, "hardware", "cpu_2replicas.gin"),
+            encoding="utf-8") as f:
+    assert capsys.readouterr().out == f.read()
+  assert cli.main(["experiments", "nope.gin"]) == 2
+  assert "synthetic_dlrm.gin" in capsys.readouterr().err  # the valid names
+
+
+def test_includes_resolve_next_to_the_including_file_then_shipped(tmp_path, monkeypatch):
+  """A user's gin tree outside the repo: a nested include is found next to
+  the file that includes it, a shipped experiment by its name."""
+  (tmp_path / "cfg" / "sub").mkdir(parents=True)
+  (tmp_path / "cfg" / "my.gin").write_text(
+      "include 'synthetic_dlrm.gin'\ninclude 'sub/tiny.gin'\n")
+  (tmp_path / "cfg" / "sub" / "tiny.gin").write_text("include 'steps.gin'\n")
+  (tmp_path / "cfg" / "sub" / "steps.gin").write_text("train.train_steps = 7\n")
+  (tmp_path / "elsewhere").mkdir()
+  monkeypatch.chdir(tmp_path / "elsewhere")
+  config.parse(["../cfg/my.gin"])
+  assert gin.query_parameter("train.train_steps") == 7
+  assert gin.query_parameter("DLRM.bottom_mlp") == (64, 16)  # shipped, with base.gin
+  gin.clear_config()
+  config.parse(["synthetic_dlrm.gin"])  # a shipped experiment by name
+  assert gin.query_parameter("train.steps_per_loop") == 200

@@ -34,9 +34,10 @@ def test_wheel_in_a_fresh_venv_trains_a_users_gin_file_from_elsewhere(tmp_path):
   wheels, venv, work = tmp_path / "wheels", tmp_path / "venv", tmp_path / "work"
   # Built from a copy: the build leaves build/ and *.egg-info behind.
   src = tmp_path / "src"
-  shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
-      ".git", ".venv", "runs", "data", "build", "*.egg-info", "__pycache__",
-      ".pytest_cache", ".hypothesis"))
+  anywhere = shutil.ignore_patterns("*.egg-info", "__pycache__")
+  top_level = {".git", ".venv", "runs", "data", "build", ".pytest_cache", ".hypothesis"}
+  shutil.copytree(ROOT, src, symlinks=True, ignore=lambda d, names: set(
+      anywhere(d, names)) | (top_level & set(names) if d == ROOT else set()))
   _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels),
         str(src)], cwd=tmp_path)
   _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp_path)

@@ -85,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="resume the checkpoint in --model_dir although settings that "
       "change the math (data, model, optimizers, batch size, seed, ...) "
       "differ from the previous run's; refused by default, naming them.")
+  train.add_argument(
+      "--skip_memory_check", action="store_true",
+      help="build the embedding tables even if their memory plan exceeds "
+      "this host's memory (refused by default, naming the tables).")
   _add_runtime_flags(train)
 
   evaluate = sub.add_parser(
@@ -222,6 +226,8 @@ def _bindings(args: argparse.Namespace) -> List[str]:
     bindings.append("train.progress_bar = False")
   if getattr(args, "allow_changed_settings", False):
     bindings.append("train.allow_changed_settings = True")
+  if getattr(args, "skip_memory_check", False):
+    bindings.append("train.skip_memory_check = True")
   return bindings
 
 

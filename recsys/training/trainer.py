@@ -29,6 +29,7 @@ from tensorflow.core.framework import summary_pb2  # pylint: disable=g-direct-te
 
 import backends
 from recsys import features as features_lib
+from recsys import planning
 from recsys._keras import keras, tf
 from recsys.training import lock as lock_lib
 from recsys.training import compile as compile_lib
@@ -217,6 +218,9 @@ class Trainer:
     allow_changed_settings: resume a checkpoint although settings that
       change the math differ from the previous run's (refused otherwise,
       `run_configs.ChangedSettingsError`); every run's config is kept.
+    skip_memory_check: build the tables even when their memory plan
+      (`recsys.planning`) exceeds the host's memory (refused otherwise,
+      `planning.MemoryPlanError`, naming the tables and sizes).
 
   Reliability: `train()` holds an exclusive lock on the model dir (a second
   run there is refused), turns SIGTERM/Ctrl-C into a checkpoint at the exact
@@ -251,7 +255,8 @@ class Trainer:
                summaries: bool = True,
                nonfinite_policy: str = "stop",
                jit_compile: Optional[bool] = None,
-               allow_changed_settings: bool = False):
+               allow_changed_settings: bool = False,
+               skip_memory_check: bool = False):
     self.model_dir = model_dir
     self.allow_changed_settings = bool(allow_changed_settings)
     self.source = source
@@ -319,6 +324,10 @@ class Trainer:
           f"train.backend_options {unknown} are not options of the "
           f"{self.backend_name!r} backend; it takes "
           f"{sorted(k for k in accepted if k not in ('self', 'feature_config', 'optimizer', 'strategy'))}.")
+    if not skip_memory_check:  # before a table is allocated
+      planning.check_fits(planning.plan_memory(
+          self.feature_config, embedding_optimizer, self.strategy,
+          backend=self.backend_name))
     self.backend = backend_cls(
         self.feature_config, embedding_optimizer, strategy=self.strategy,
         **options)

@@ -3,7 +3,9 @@
 Examples:
   recsys train --gin_file experiments/synthetic_dlrm.gin --model_dir runs/demo
   recsys train --gin_file experiments/criteo_dcn.gin \\
-      --gin_bindings "CRITEO_TRAIN = '/data/criteo/day_*'" --model_dir runs/dcn
+      --gin_bindings "CRITEO_DIR = '/data/criteo'" --model_dir runs/dcn
+  recsys train --gin_file experiments/movielens_ranking.gin \\
+      --gin_bindings "MOVIELENS_DIR = '/data/ml-100k'" --model_dir runs/ml100k
   recsys evaluate --model_dir runs/demo
   recsys export --model_dir runs/demo --export_dir runs/demo/export
   recsys info --gin_file experiments/synthetic_dlrm.gin

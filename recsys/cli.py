@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
       "evaluate", help="evaluate the latest checkpoint of a model dir.",
       formatter_class=argparse.RawDescriptionHelpFormatter,
       description="Restore the latest checkpoint of --model_dir and evaluate "
-      "it; prints the metrics as JSON and writes eval_metrics.json. Without "
+      "it; prints the metrics as JSON and, if the model dir is writable, "
+      "keeps them in eval_metrics.json (nothing else is written). Without "
       "--gin_file the run's own operative_config.gin is used.",
       epilog="example:\n  recsys evaluate --model_dir runs/demo\n"
       "  recsys evaluate --model_dir runs/demo --gin_bindings 'train.eval_steps = None'")
@@ -163,8 +164,9 @@ def _configure_runtime(args: argparse.Namespace) -> None:
   logging.basicConfig(
       level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
       datefmt="%H:%M:%S")
-  import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from recsys import _tf_startup  # pylint: disable=g-import-not-at-top
+  tf, devices = _tf_startup.start(verbose)
+  logging.getLogger("recsys").info(devices)
   if not verbose:
     tf.get_logger().setLevel(logging.ERROR)
     logging.getLogger("absl").setLevel(logging.WARNING)
@@ -292,11 +294,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-  metrics = _call_train(args, action="evaluate")
-  with open(os.path.join(args.model_dir, "eval_metrics.json"), "w",
-            encoding="utf-8") as f:
-    json.dump(metrics, f, indent=2, sort_keys=True)
+  metrics = _call_train(args, action="evaluate")  # reads the model dir only
   print(json.dumps(metrics, indent=2, sort_keys=True))
+  path = os.path.join(args.model_dir, "eval_metrics.json")
+  try:  # a convenience copy; a read-only model dir (e.g. a shared run) is fine
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(metrics, f, indent=2, sort_keys=True)
+  except OSError as e:
+    log.info("%s not written (%s); the metrics are printed above", path,
+             e.strerror or e)
   return 0
 
 

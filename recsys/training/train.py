@@ -127,7 +127,9 @@ def train(model_dir: str,
       train_steps=train_steps, steps_per_loop=steps_per_loop,
       eval_every=eval_every, eval_steps=eval_steps,
       checkpoint_every=checkpoint_every, max_checkpoints=max_checkpoints,
-      seed=seed, progress_bar=progress_bar, summaries=summaries,
+      # Only training writes summaries: evaluate/export just read the run.
+      seed=seed, progress_bar=progress_bar,
+      summaries=summaries and action == "train",
       nonfinite_policy=nonfinite_policy, jit_compile=jit_compile,
       allow_changed_settings=allow_changed_settings,
       skip_memory_check=skip_memory_check)

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 from typing import Any, Callable, Dict, Mapping, Optional
 
@@ -144,6 +145,13 @@ def _flat_results(metrics, prefix: str) -> Dict[str, float]:
         suffix = f"top{ks[i]}" if len(ks) == value.size else str(i)
         out[f"{prefix}/{name}_{suffix}"] = float(v)
   return out
+
+
+def _on_a_terminal() -> bool:
+  """Whether stdout and stderr are terminals: a progress bar's \\r frames in
+  a log file or pipe glue onto the log lines, so there it logs lines."""
+  return all(getattr(stream, "isatty", lambda: False)()
+             for stream in (sys.stdout, sys.stderr))
 
 
 def _regularization_loss(model: keras.Model) -> float:
@@ -721,7 +729,8 @@ class Trainer:
              ", ".join(f"{k}={v:.5f}" for k, v in sorted(evals.items())))
 
   def _progress(self, step: int):
-    if not self.progress_bar:
+    """A tqdm bar on a terminal; None (plain log lines) otherwise."""
+    if not self.progress_bar or not _on_a_terminal():
       return None
     try:
       from tqdm import auto as tqdm  # pylint: disable=g-import-not-at-top

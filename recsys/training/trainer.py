@@ -38,6 +38,7 @@ from recsys.training import coordinated as coordinated_lib
 from recsys.training import eval_padding
 from recsys.training import loop as loop_lib
 from recsys.training import run_configs
+from recsys.training import run_summaries
 from recsys.training import signals as signals_lib
 
 log = logging.getLogger("recsys.training")
@@ -657,6 +658,9 @@ class Trainer:
         log.warning("resuming with a changed setting (allowed): %s: %s -> %s",
                     key, old, new)
     self.write_operative_config()
+    if self._writers:  # the settings next to the curves in TensorBoard
+      with self._writers["train"].as_default(step=step):
+        run_summaries.write_config_summaries(gin.operative_config_str(), step)
     iterator = iter(self._distribute(self.source, self.global_batch_size,
                                      training=True, skip_steps=step))
     bar = self._progress(step)

@@ -63,3 +63,26 @@ def test_changed_settings_compare_values_not_text():
   old = "A.x = (1, 2)\nA.y = @B()\nA.z = 3\ntrain.train_steps = 10\nC.w = 1\n"
   new = "A.x = (1,2)\nA.y = @D()\nA.z = 3\ntrain.train_steps = 20\nE.v = 2\n"
   assert run_configs.changed_settings(old, new) == [("A.y", "@B()", "@D()")]
+
+
+def test_operative_config_is_a_text_summary(tmp_path):
+  """TensorBoard shows the run's settings: the config as a text summary."""
+  from recsys.training import run_summaries  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  gin.clear_config()
+  config.parse([os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")],
+               TINY + ["train.train_steps = 2", "train.summaries = True"])
+  train(model_dir=str(tmp_path))
+  texts = []
+  for path in tf.io.gfile.glob(str(tmp_path / "train" / "events.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        if value.tag == run_summaries.CONFIG_TAG:
+          assert value.metadata.plugin_data.plugin_name == "text"
+          texts.append(tf.make_ndarray(value.tensor).item().decode())
+  assert len(texts) == 1
+  assert "    EmbeddingSettings.combiner = 'mean'" in texts[0]
+  assert read(tmp_path / "operative_config.gin").splitlines()[0] in texts[0]
+  params = run_summaries.hparams(read(tmp_path / "operative_config.gin"))
+  assert params["train.global_batch_size"] == 16 and params["EmbeddingSettings.dim"] == 7
+  assert "train.data" not in params  # a reference, not a value

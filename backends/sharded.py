@@ -376,10 +376,26 @@ def _partition_aware(initializer, full_shape, dtype):
     return functools.partial(initializer, shape=tuple(full_shape), dtype=dtype)
 
   def initial_value(partition_shape=None, partition_offset=None):
-    del partition_offset
-    return initializer(tuple(partition_shape or full_shape), dtype=dtype)
+    init = initializer
+    if partition_offset is not None and partition_offset[0]:
+      init = _reseeded_for_rows(initializer, int(partition_offset[0]))
+    return init(tuple(partition_shape or full_shape), dtype=dtype)
 
   return initial_value
+
+
+def _reseeded_for_rows(initializer, first_row: int):
+  """A seeded Keras initializer's copy for the shard starting at `first_row`.
+
+  A seeded initializer returns the same values for the same shape: without
+  this, shards of equal size would start identical.
+  """
+  get_config = getattr(initializer, "get_config", None)
+  config = get_config() if callable(get_config) else {}
+  if config.get("seed") is None:
+    return initializer
+  seed = (int(config["seed"]) + 1_000_003 * first_row) % (1 << 31)
+  return type(initializer).from_config({**config, "seed": seed})
 
 
 def _shard_value(initializer, full_shape, rows, offset, dtype):

@@ -3,7 +3,9 @@
 Examples:
   recsys train --gin_file experiments/synthetic_dlrm.gin --model_dir runs/demo
   recsys train --gin_file experiments/criteo_dcn.gin \\
-      --gin_bindings "CRITEO_TRAIN = '/data/criteo/day_*'" --model_dir runs/dcn
+      --gin_bindings "CRITEO_DIR = '/data/criteo'" --model_dir runs/dcn
+  recsys train --gin_file experiments/movielens_ranking.gin \\
+      --gin_bindings "MOVIELENS_DIR = '/data/ml-100k'" --model_dir runs/ml100k
   recsys evaluate --model_dir runs/demo
   recsys export --model_dir runs/demo --export_dir runs/demo/export
   recsys info --gin_file experiments/synthetic_dlrm.gin
@@ -30,8 +32,10 @@ def _add_gin_flags(parser: argparse.ArgumentParser, required: bool) -> None:
   parser.add_argument(
       "--gin_file", action="append", default=[], required=required,
       metavar="FILE",
-      help="gin file to parse (repeatable; later files override earlier ones; "
-           "`include` paths may be relative to the file or to experiments/).")
+      help="gin file to parse: a path or a shipped experiment's name, e.g. "
+           "synthetic_dlrm.gin (`recsys experiments` lists them). Repeatable; "
+           "later files override earlier ones; `include` resolves relative to "
+           "the including file first, then in the shipped experiments.")
   parser.add_argument(
       "--gin_bindings", action="append", default=[], metavar="BINDING",
       help="extra gin binding, e.g. \"train.train_steps = 100\" (repeatable; "
@@ -81,13 +85,23 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where checkpoints, summaries and metrics go.")
   train.add_argument("--no_progress", action="store_true",
                      help="log lines instead of a progress bar.")
+  train.add_argument(
+      "--allow_changed_settings", action="store_true",
+      help="resume the checkpoint in --model_dir although settings that "
+      "change the math (data, model, optimizers, batch size, seed, ...) "
+      "differ from the previous run's; refused by default, naming them.")
+  train.add_argument(
+      "--skip_memory_check", action="store_true",
+      help="build the embedding tables even if their memory plan exceeds "
+      "this host's memory (refused by default, naming the tables).")
   _add_runtime_flags(train)
 
   evaluate = sub.add_parser(
       "evaluate", help="evaluate the latest checkpoint of a model dir.",
       formatter_class=argparse.RawDescriptionHelpFormatter,
       description="Restore the latest checkpoint of --model_dir and evaluate "
-      "it; prints the metrics as JSON and writes eval_metrics.json. Without "
+      "it; prints the metrics as JSON and, if the model dir is writable, "
+      "keeps them in eval_metrics.json (nothing else is written). Without "
       "--gin_file the run's own operative_config.gin is used.",
       epilog="example:\n  recsys evaluate --model_dir runs/demo\n"
       "  recsys evaluate --model_dir runs/demo --gin_bindings 'train.eval_steps = None'")
@@ -117,6 +131,17 @@ def build_parser() -> argparse.ArgumentParser:
   _add_gin_flags(info, required=False)
   _add_runtime_flags(info)
 
+  experiments = sub.add_parser(
+      "experiments", help="list the shipped experiment gin files, or print one.",
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      description="The experiment gin files installed with recsys. Pass a "
+      "name to --gin_file from any directory, include it from your own gin "
+      "file (include 'synthetic_dlrm.gin'), or print it to start your own.",
+      epilog="example:\n  recsys experiments\n  recsys experiments "
+      "synthetic_dlrm.gin > my_dlrm.gin")
+  experiments.add_argument("name", nargs="?", default=None,
+                           help="print this experiment's gin file.")
+
   launch = sub.add_parser(
       "launch", help="run a command on a local cluster (chief, workers, ps).",
       formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -142,8 +167,9 @@ def _configure_runtime(args: argparse.Namespace) -> None:
   logging.basicConfig(
       level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
       datefmt="%H:%M:%S")
-  import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from recsys import _tf_startup  # pylint: disable=g-import-not-at-top
+  tf, devices = _tf_startup.start(verbose)
+  logging.getLogger("recsys").info(devices)
   if not verbose:
     tf.get_logger().setLevel(logging.ERROR)
     logging.getLogger("absl").setLevel(logging.WARNING)
@@ -206,6 +232,10 @@ def _bindings(args: argparse.Namespace) -> List[str]:
   bindings = list(args.gin_bindings)
   if getattr(args, "no_progress", False):
     bindings.append("train.progress_bar = False")
+  if getattr(args, "allow_changed_settings", False):
+    bindings.append("train.allow_changed_settings = True")
+  if getattr(args, "skip_memory_check", False):
+    bindings.append("train.skip_memory_check = True")
   return bindings
 
 
@@ -314,11 +344,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-  metrics = _call_train(args, action="evaluate")
-  from recsys.training import run_files  # pylint: disable=g-import-not-at-top
-  run_files.write_text(os.path.join(args.model_dir, "eval_metrics.json"),
-                       json.dumps(metrics, indent=2, sort_keys=True))
+  metrics = _call_train(args, action="evaluate")  # reads the model dir only
   print(json.dumps(metrics, indent=2, sort_keys=True))
+  from recsys.training import run_files  # pylint: disable=g-import-not-at-top
+  path = os.path.join(args.model_dir, "eval_metrics.json")
+  try:  # a convenience copy; a read-only model dir (e.g. a shared run) is fine
+    run_files.write_text(path, json.dumps(metrics, indent=2, sort_keys=True))
+  except OSError as e:
+    log.warning("%s not written (%s); the metrics are printed above", path,
+             e.strerror or e)
   return 0
 
 
@@ -406,6 +440,26 @@ def _feature_config_from_gin():
                                      _gin_value("train.embedding"))
 
 
+def cmd_experiments(args: argparse.Namespace) -> int:
+  """Lists the shipped experiments, or prints the one named."""
+  from recsys import experiments_catalog as catalog  # pylint: disable=g-import-not-at-top
+  if args.name:
+    try:
+      sys.stdout.write(catalog.read_experiment(args.name))
+    except catalog.UnknownExperimentError as e:
+      print(f"recsys experiments: {e}", file=sys.stderr)
+      return 2
+    return 0
+  shipped = catalog.list_experiments()
+  width = max(len(e.name) for e in shipped)
+  print(f"experiments shipped with recsys ({catalog.EXPERIMENTS_DIR}):")
+  for e in shipped:
+    print(f"  {e.name:<{width}}  {e.summary}")
+  print("\nuse: recsys train --gin_file synthetic_dlrm.gin --model_dir runs/demo;"
+        " print one: recsys experiments NAME")
+  return 0
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
   from recsys import launch as launch_lib  # pylint: disable=g-import-not-at-top
   try:
@@ -425,6 +479,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = parser.parse_args(argv)
   if args.command == "launch":  # starts processes; needs no TensorFlow here
     return cmd_launch(args)
+  if args.command == "experiments":  # reads files; needs no TensorFlow
+    return cmd_experiments(args)
   with _sigterm_exits_143():
     return _run_command(args)
 

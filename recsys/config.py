@@ -30,6 +30,7 @@ from typing import List, Optional, Sequence
 
 import gin
 
+from recsys import experiments_catalog
 from recsys._keras import keras, tf
 
 log = logging.getLogger("recsys.config")
@@ -148,11 +149,14 @@ def _gin_files_closure(files: Sequence[str]) -> List[str]:
   seen: List[str] = []
 
   def visit(path: str, base_dir: Optional[str]) -> None:
+    # The order gin (with experiments_catalog's reader) resolves includes in:
+    # the including file's folder, as given, the search paths, experiments/.
     candidates = [path]
     if base_dir and not os.path.isabs(path):
-      candidates.append(os.path.join(base_dir, path))
+      candidates.insert(0, os.path.join(base_dir, path))
     for prefix in gin.config._LOCATION_PREFIXES:  # pylint: disable=protected-access
       candidates.append(os.path.join(prefix, path))
+    candidates.append(os.path.join(EXPERIMENTS_DIR, path))
     for candidate in candidates:
       if os.path.isfile(candidate):
         break
@@ -297,8 +301,7 @@ def explain(error: Exception, files: Sequence[str],
 
 
 #: The project's experiments folder; gin `include` paths may be relative to it.
-EXPERIMENTS_DIR = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments")
+EXPERIMENTS_DIR = experiments_catalog.EXPERIMENTS_DIR
 
 
 def add_search_paths(files: Sequence[str]) -> None:
@@ -349,11 +352,12 @@ def parse(files: Sequence[str] = (), bindings: Sequence[str] = (),
       required macro is unbound; the message is gin's plus the file and line.
   """
   register_all()
+  try:  # a path, or the name of a shipped experiment ("synthetic_dlrm.gin")
+    files = [experiments_catalog.find_experiment(path) for path in files]
+  except experiments_catalog.UnknownExperimentError as e:
+    raise GinConfigError(f"{e} Pass an existing --gin_file.") from e
   add_search_paths(files)
-  for path in files:
-    if not os.path.isfile(path):
-      raise GinConfigError(f"gin file {path!r} does not exist (cwd: "
-                           f"{os.getcwd()}); pass an existing --gin_file.")
+  experiments_catalog.install_include_resolution()
   try:
     with _quiet_include_search():
       gin.parse_config_files_and_bindings(list(files), list(bindings),

@@ -19,11 +19,13 @@ import dataclasses
 import difflib
 import math
 import numbers
+import zlib
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import gin
+import numpy as np
 
-from recsys._keras import tf
+from recsys._keras import keras, tf
 from recsys.data.spec import FeatureSpec
 
 embedding = tf.tpu.experimental.embedding
@@ -152,14 +154,47 @@ def table_name(spec: FeatureSpec) -> str:
   return spec.table or spec.name
 
 
+def table_seed(seed: int, table: str) -> int:
+  """A table's initializer seed: a function of the run seed and its name only
+  (adding or reordering tables leaves the others' initial values alone)."""
+  return int(np.random.SeedSequence(
+      [int(seed) & 0xFFFFFFFF, zlib.crc32(table.encode("utf-8"))]
+  ).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def seeded_initializer(initializer: Optional[Callable[..., Any]], dim: int,
+                       seed: int, table: str) -> Optional[Callable[..., Any]]:
+  """The table's own initializer, seeded from the run seed and its name.
+
+  One gin-built initializer instance is shared by every table; an unseeded
+  Keras initializer called twice returns identical values, so same-shape
+  tables would start equal. Each table gets a copy with its own seed: a
+  Keras initializer from its config; None (TF's default) as its
+  `TruncatedNormal(stddev=1/sqrt(dim))`. Other callables are kept (they own
+  their randomness).
+  """
+  if initializer is None:
+    return keras.initializers.TruncatedNormal(
+        stddev=1 / math.sqrt(dim), seed=table_seed(seed, table))
+  get_config = getattr(initializer, "get_config", None)
+  if callable(get_config) and "seed" in get_config():
+    return type(initializer).from_config(
+        {**get_config(), "seed": table_seed(seed, table)})
+  return initializer
+
+
 def feature_config(specs: Sequence[FeatureSpec],
                    settings: Optional[EmbeddingSettings] = None,
+                   seed: Optional[int] = None,
                    ) -> Dict[str, "embedding.FeatureConfig"]:
   """Builds the feature_config dict the embedding backends take.
 
   Args:
     specs: the data source's feature specs, in its order.
     settings: embedding settings; defaults to `EmbeddingSettings()`.
+    seed: the run seed; when given every table gets its own seeded
+      initializer (`seeded_initializer`), independent of the others and
+      reproducible from the seed.
 
   Returns:
     Dict feature name -> `FeatureConfig`, in the order of `specs`. Features
@@ -211,9 +246,12 @@ def feature_config(specs: Sequence[FeatureSpec],
       check_embedding_optimizer(
           values["optimizer"],
           f"EmbeddingSettings.overrides[{name!r}]['optimizer']")
+    initializer = values["initializer"]
+    if seed is not None:
+      initializer = seeded_initializer(initializer, dim, seed, name)
     tables[name] = embedding.TableConfig(
         vocabulary_size=spec.vocabulary_size, dim=dim,
-        initializer=values["initializer"], optimizer=values["optimizer"],
+        initializer=initializer, optimizer=values["optimizer"],
         combiner=combiner, name=name)
 
   return {

@@ -20,6 +20,7 @@ Example:
 import dataclasses
 import math
 import os
+import re
 from typing import Any, List, Optional, Tuple
 
 import tensorflow as tf
@@ -130,9 +131,20 @@ def human_bytes(n: float) -> str:
   return f"{n:.1f} TiB"
 
 
+def _natural_key(name: Any) -> list:
+  """Sort key that orders C2 before C10 (digit runs compare as numbers)."""
+  return [int(part) if part.isdigit() else part
+          for part in re.split(r"(\d+)", str(name))]
+
+
 def _tables(feature_config: Any) -> List[Any]:
+  """The distinct tables, in the natural order of their features' names."""
+  if isinstance(feature_config, dict):
+    features = [feature_config[k] for k in sorted(feature_config, key=_natural_key)]
+  else:
+    features = nest.flatten(feature_config)
   tables = []
-  for feature in nest.flatten(feature_config):
+  for feature in features:
     if all(feature.table is not t for t in tables):
       tables.append(feature.table)
   return tables
@@ -291,6 +303,35 @@ def plan_memory(feature_config: Any,
         "parameter servers), shrink vocabularies or dims, or use an optimizer "
         "with fewer slots (SGD 0, Adagrad 1, Adam/FTRL/AdagradMomentum 2).")
   return plan
+
+
+class MemoryPlanError(ValueError):
+  """The embedding tables would not fit this host's memory."""
+
+
+def check_fits(plan: MemoryPlan) -> None:
+  """Refuses a plan that exceeds the device's memory, naming its tables.
+
+  Raises:
+    MemoryPlanError: `plan.fits` is False; lists the largest tables with
+      their shapes and bytes per device, and how to proceed.
+  """
+  if plan.fits is not False:
+    return
+  biggest = sorted(plan.rows, key=lambda r: -r.bytes_per_device)
+  listed = ", ".join(
+      f"{r.table} ({r.vocabulary_size} x {r.dim}, {len(r.slots)} slot(s): "
+      f"{human_bytes(r.bytes_per_device)})" for r in biggest[:5])
+  more = f" and {len(biggest) - 5} smaller" if len(biggest) > 5 else ""
+  raise MemoryPlanError(
+      f"the embedding tables need {human_bytes(plan.bytes_per_device)} per "
+      f"device, over {HEADROOM:.0%} of the {human_bytes(plan.device_memory_bytes)} "
+      f"available ({plan.memory_source}): {listed}{more}. Cap the "
+      "vocabularies (e.g. CriteoTSV.max_vocab_size, or --gin_file "
+      "experiments/hardware/cpu_small.gin), lower EmbeddingSettings.dim, use "
+      "an optimizer with fewer slots, or shard the tables; `recsys info "
+      "--gin_file ...` prints the plan. To try anyway pass --skip_memory_check "
+      "(gin: train.skip_memory_check = True).")
 
 
 def describe_environment(strategy: Optional[tf.distribute.Strategy] = None,

@@ -21,8 +21,8 @@ TINY = ["train.global_batch_size = 64", "train.train_steps = 6",
         "SyntheticCTR.oracle_examples = 4096"]
 
 
-def run_recsys(*args, timeout=300):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+def run_recsys(*args, timeout=300, env=None):
+  env = env or dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
   return subprocess.run([sys.executable, "-m", "recsys", *args], cwd=ROOT,
                         env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -36,6 +36,8 @@ def test_help(command, capsys):
   assert "usage: recsys" in out
   if command:
     assert "example:" in out
+  else:  # the macros the shipped gin files really require
+    assert "CRITEO_DIR = " in out and "MOVIELENS_DIR = " in out and "CRITEO_TRAIN" not in out
   if command in (["train"], ["evaluate"]):
     assert "--gin_file" in out and "--gin_bindings" in out and "--model_dir" in out
 
@@ -81,6 +83,29 @@ def test_info_plans_the_experiment_tables_with_its_optimizer(capsys):
   out = capsys.readouterr().out
   # C4: 10000 x 8 floats = 312.5 KiB, FTRL keeps two slots of the same size.
   assert "C4     10000  8    FTRL       2      312.5 KiB  625.0 KiB  937.5 KiB" in out
+
+
+@pytest.mark.slow  # ~15 s: one recsys process, two replicas
+def test_two_replicas_from_the_command_line_score_every_eval_example(tmp_path):
+  """The README's cpu_2replicas.gin from a fresh process (TF not yet started),
+  on an eval split smaller than one eval batch: all 50 examples scored. Run
+  as a user would (TF's own log level), output to a pipe."""
+  bindings = sum((["--gin_bindings", b] for b in TINY + [
+      "SyntheticCTR.num_eval_examples = 50", "train.eval_steps = None"]), [])
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  done = run_recsys("train", "--gin_file", "experiments/synthetic_dlrm.gin",
+                    "--gin_file", "experiments/hardware/cpu_2replicas.gin",
+                    *bindings, "--model_dir", str(tmp_path), env=env)
+  assert done.returncode == 0, done.stderr[-3000:]
+  # Not a terminal: log lines, no progress-bar frames; TF's start-up noise
+  # is gone and the devices are said once.
+  assert "\r" not in done.stderr and "step 6/6 loss" in done.stderr
+  assert "oneDNN custom operations" not in done.stderr and "cuInit" not in done.stderr
+  assert done.stderr.count("devices: ") == 1
+  metrics = json.loads((tmp_path / "metrics.json").read_text())
+  assert metrics["replicas"] == 2 and metrics["step"] == 6
+  assert metrics["eval/examples"] == 50
+  assert 0.0 < metrics["eval/auc"] < 1.0
 
 
 def _padded(ids, width):
@@ -201,3 +226,66 @@ def test_thread_settings(given, cores, expected):
   intra, inter, why = cli.thread_settings(*given, cores)
   assert (intra, inter) == expected
   assert bool(why) == (expected == (1, 2) and given == (0, 0))
+
+
+def test_experiments_lists_and_prints_the_shipped_gin_files(capsys):
+  assert cli.main(["experiments"]) == 0
+  out = capsys.readouterr().out
+  for name in ("synthetic_dlrm.gin", "hardware/cpu_2replicas.gin", "data/criteo_kaggle.gin"):
+    assert f"  {name} " in out
+  assert cli.main(["experiments", "hardware/cpu_2replicas.gin"]) == 0
+  with open(os.path.join(config.EXPERIMENTS_DIR, "hardware", "cpu_2replicas.gin"),
+            encoding="utf-8") as f:
+    assert capsys.readouterr().out == f.read()
+  assert cli.main(["experiments", "nope.gin"]) == 2
+  assert "synthetic_dlrm.gin" in capsys.readouterr().err  # the valid names
+
+
+def test_includes_resolve_next_to_the_including_file_then_shipped(tmp_path, monkeypatch):
+  """A user's gin tree outside the repo: a nested include is found next to
+  the file that includes it, a shipped experiment by its name."""
+  (tmp_path / "cfg" / "sub").mkdir(parents=True)
+  (tmp_path / "cfg" / "my.gin").write_text(
+      "include 'synthetic_dlrm.gin'\ninclude 'sub/tiny.gin'\n")
+  (tmp_path / "cfg" / "sub" / "tiny.gin").write_text("include 'steps.gin'\n")
+  (tmp_path / "cfg" / "sub" / "steps.gin").write_text("train.train_steps = 7\n")
+  (tmp_path / "elsewhere").mkdir()
+  monkeypatch.chdir(tmp_path / "elsewhere")
+  config.parse(["../cfg/my.gin"])
+  assert gin.query_parameter("train.train_steps") == 7
+  assert gin.query_parameter("DLRM.bottom_mlp") == (64, 16)  # shipped, with base.gin
+  gin.clear_config()
+  config.parse(["synthetic_dlrm.gin"])  # a shipped experiment by name
+  assert gin.query_parameter("train.steps_per_loop") == 200
+
+
+@pytest.mark.slow  # ~15 s: trains 2 steps in-process, then evaluates
+def test_evaluate_only_reads_the_model_dir(tmp_path, capsys):
+  """No event files, no config rewritten: only eval_metrics.json is added."""
+  model_dir = str(tmp_path / "run")
+  bindings = sum((["--gin_bindings", b] for b in TINY + ["train.train_steps = 2"]), [])
+  assert cli.main(["train", "--gin_file", DEFAULT, *bindings, "--model_dir", model_dir,
+                   "--no_progress"]) == 0
+  gin.clear_config()
+
+  def files():
+    return {os.path.join(d, f): os.path.getmtime(os.path.join(d, f))
+            for d, _, names in os.walk(model_dir) for f in names}
+
+  before = files()
+  capsys.readouterr()
+  assert cli.main(["evaluate", "--model_dir", model_dir]) == 0
+  printed = json.loads(capsys.readouterr().out)
+  assert printed["step"] == 2 and printed["eval/examples"] == 2 * 64
+  after = files()
+  assert set(after) - set(before) == {os.path.join(model_dir, "eval_metrics.json")}
+  assert all(after[p] == t for p, t in before.items())
+
+
+def test_tf_startup_noise_is_dropped_and_the_rest_kept():
+  from recsys import _tf_startup  # pylint: disable=g-import-not-at-top
+  lines = ["WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n",
+           "I0000 00:00:1.1 1 port.cc:153] oneDNN custom operations are on. You may see\n",
+           "E0000 00:00:1.2 1 cuda_platform.cc:52] failed call to cuInit: INTERNAL\n",
+           "E0000 00:00:1.3 1 something.cc:1] a real error\n"]
+  assert _tf_startup.keep(lines) == lines[3:]

@@ -155,3 +155,55 @@ def test_replicated_backend_names_the_table_too_big_for_one_device():
   assert "it needs a sharding backend" in rows["big"].reason
   assert not rows["small"].reason
   assert plan.fits is False
+
+
+def test_tables_are_listed_in_numeric_order():
+  config = {f"C{i}": E.FeatureConfig(E.TableConfig(5, 3, name=f"C{i}"))
+            for i in (1, 10, 2, 26, 3)}
+  plan = planning.plan_memory(config, E.SGD(0.1), device_memory_bytes=1 << 30)
+  assert [r.table for r in plan.rows] == ["C1", "C2", "C3", "C10", "C26"]
+
+
+@pytest.mark.parametrize("experiment", ["criteo_dlrm.gin", "criteo_dcn.gin"])
+def test_cpu_small_fits_criteo_on_a_small_machine(tmp_path, experiment):
+  """The override caps Criteo's vocabularies: under 1 GiB (it was 16 GiB)."""
+  import gin  # noqa: E402  pylint: disable=g-import-not-at-top
+  from recsys import config, features  # pylint: disable=g-import-not-at-top
+  (tmp_path / "train.txt").write_text("1\t" + "\t".join(["1"] * 13 + ["a"] * 26) + "\n")
+  config.parse([os.path.join(config.EXPERIMENTS_DIR, experiment),
+                os.path.join(config.EXPERIMENTS_DIR, "hardware", "cpu_small.gin")],
+               [f"CRITEO_DIR = '{tmp_path}'"])
+  source = gin.query_parameter("train.data").scoped_configurable_fn()
+  settings = gin.query_parameter("train.embedding").scoped_configurable_fn()
+  optimizer = gin.query_parameter("train.embedding_optimizer").scoped_configurable_fn()
+  plan = planning.plan_memory(features.feature_config(source.feature_specs, settings),
+                              optimizer, device_memory_bytes=4 << 30)
+  assert max(r.vocabulary_size for r in plan.rows) == 50_000
+  assert plan.bytes_per_device < 1 << 30 and plan.fits
+
+
+def test_train_refuses_tables_larger_than_the_host_naming_them(tmp_path):
+  """A 10^10-row table: refused before anything is allocated."""
+  import functools  # pylint: disable=g-import-not-at-top
+  from recsys.features import EmbeddingSettings  # pylint: disable=g-import-not-at-top
+  from recsys.models import DLRM  # pylint: disable=g-import-not-at-top
+  from recsys.training import Trainer  # pylint: disable=g-import-not-at-top
+  from recsys.data.spec import FeatureSpec  # pylint: disable=g-import-not-at-top
+
+  class HugeSource:  # the data contract; never read: refused before
+    feature_specs = [FeatureSpec("user", 10**10),
+                     FeatureSpec("tags", 10**10, multi_hot=True, max_ids=3)]
+    num_dense = 3
+
+    def dataset(self, *args, **kwargs):
+      raise AssertionError("the trainer read data it should have refused")
+
+  with pytest.raises(planning.MemoryPlanError) as e:
+    Trainer(str(tmp_path), HugeSource(),
+            functools.partial(DLRM, bottom_mlp=(7,), top_mlp=(7,)),
+            embedding=EmbeddingSettings(dim=7), embedding_optimizer=E.Adagrad(0.1),
+            global_batch_size=10, progress_bar=False, summaries=False)
+  message = str(e.value)
+  # user and tags: 10^10 x 7 floats + one Adagrad slot = 521.5 GiB each.
+  assert "user (10000000000 x 7, 1 slot(s): 521.5 GiB)" in message
+  assert "tags (" in message and "--skip_memory_check" in message

@@ -95,7 +95,7 @@ class MovieLens(DataSource):
 
   def __init__(self,
                data_dir: str,
-               variant: str = "ml-100k",
+               variant: str = "auto",
                task: str = "ranking",
                split: str = "random",
                test_fraction: float = 0.2,
@@ -111,7 +111,9 @@ class MovieLens(DataSource):
 
     Args:
       data_dir: folder with the files (or with a `<variant>/` subfolder).
-      variant: "ml-100k", "ml-1m" or "atomic" (RecBole files).
+      variant: "ml-100k", "ml-1m", "atomic" (RecBole files), or "auto":
+        detected from the files (`*.inter` -> atomic, `u.data` -> ml-100k,
+        `ratings.dat` -> ml-1m; ml-100k to download when there are none).
       task: "ranking" (labels = ratings) or "retrieval" (labels = ones).
       split: "random" (seeded) or "temporal" (test = latest ratings).
       test_fraction: share of ratings in the test split.
@@ -130,6 +132,16 @@ class MovieLens(DataSource):
       DatasetNotFoundError: the folder or files are missing.
       DataFormatError: a file does not parse (names file and line).
     """
+    if variant == "auto":
+      detected = movielens_files.detect_variant(data_dir, dataset_name)
+      if detected is None and not download:
+        raise movielens_files.DatasetNotFoundError(
+            f"MovieLens variant='auto': no MovieLens files in {data_dir!r} (nor a "
+            "subfolder named after the variant); expected RecBole atomic files "
+            "(<name>.inter), ml-100k's u.data, u.item, u.user or ml-1m's "
+            "ratings.dat, movies.dat, users.dat. Check MovieLens.data_dir / "
+            "MOVIELENS_DIR, or set MovieLens.download = True for ml-100k.")
+      variant = detected or "ml-100k"
     for value, valid, what in ((variant, VARIANTS, "variant"), (task, TASKS, "task"),
                                (split, SPLITS, "split")):
       if value not in valid:

@@ -296,6 +296,18 @@ def find_folder(data_dir: str, variant: str, name: Optional[str] = None) -> Opti
   return None
 
 
+def detect_variant(data_dir: str, name: Optional[str] = None) -> Optional[str]:
+  """The layout of the files in `data_dir` (or its `<variant>/` subfolder).
+
+  RecBole's `*.inter` files mean "atomic" (checked first), `u.data` & co.
+  "ml-100k", `ratings.dat` & co. "ml-1m"; None if none is there.
+  """
+  for variant in ("atomic", "ml-100k", "ml-1m"):
+    if find_folder(data_dir, variant, name if variant == "atomic" else None):
+      return variant
+  return None
+
+
 def download(data_dir: str, variant: str) -> None:
   """Downloads and unzips a GroupLens variant into `data_dir/<variant>/`.
 

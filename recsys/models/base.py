@@ -56,6 +56,17 @@ def _average_loss(per_example: tf.Tensor, global_batch_size: Optional[int]) -> t
   return tf.reduce_sum(per_example) / tf.cast(global_batch_size, per_example.dtype)
 
 
+def _masked_weight(sample_weight: Optional[tf.Tensor], mask: Optional[tf.Tensor],
+                   dtype: tf.DType) -> Optional[tf.Tensor]:
+  """The example weights `[B]` with padding rows (mask 0) weighted 0."""
+  if mask is None:
+    return sample_weight
+  mask = tf.cast(tf.reshape(mask, [-1]), dtype)
+  if sample_weight is None:
+    return mask
+  return tf.cast(tf.reshape(sample_weight, [-1]), dtype) * mask
+
+
 class _ModelBase(keras.Model):
   """What ranking and retrieval models share: specs, variable creation, regularization."""
 
@@ -217,7 +228,9 @@ class RankingModel(_ModelBase, metaclass=abc.ABCMeta):
                    training: bool = True,
                    global_batch_size: Optional[int] = None,
                    sample_weight: Optional[tf.Tensor] = None,
-                   compute_metrics: bool = True) -> tf.Tensor:
+                   compute_metrics: bool = True,
+                   mask: Optional[tf.Tensor] = None,
+                   include_regularization: bool = True) -> tf.Tensor:
     """The per-replica loss (see the module docstring) and metric updates.
 
     Args:
@@ -228,6 +241,9 @@ class RankingModel(_ModelBase, metaclass=abc.ABCMeta):
       global_batch_size: examples in the global batch (all replicas).
       sample_weight: optional `[B]` example weights.
       compute_metrics: update `model.metrics` too.
+      mask: optional `[B]` 1/0: rows with 0 are padding (a padded eval
+        batch) and count in neither the loss nor the metrics.
+      include_regularization: add the regularization term.
 
     Returns:
       Scalar loss.
@@ -236,9 +252,11 @@ class RankingModel(_ModelBase, metaclass=abc.ABCMeta):
       raise FeatureMismatchError(f"{type(self).__name__}.compute_loss needs labels [B].")
     logits = self.logits(activations, features, training=training)[:, tf.newaxis]
     labels = tf.cast(tf.reshape(labels, [-1, 1]), logits.dtype)
+    sample_weight = _masked_weight(sample_weight, mask, logits.dtype)
     per_example = self.task(labels=labels, predictions=logits, sample_weight=sample_weight,
                             training=training, compute_metrics=compute_metrics)
-    return _average_loss(per_example, global_batch_size) + self._regularization()
+    loss = _average_loss(per_example, global_batch_size)
+    return loss + self._regularization() if include_regularization else loss
 
 
 class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
@@ -391,7 +409,9 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
                    training: bool = True,
                    global_batch_size: Optional[int] = None,
                    sample_weight: Optional[tf.Tensor] = None,
-                   compute_metrics: Optional[bool] = None) -> tf.Tensor:
+                   compute_metrics: Optional[bool] = None,
+                   mask: Optional[tf.Tensor] = None,
+                   include_regularization: bool = True) -> tf.Tensor:
     """In-batch softmax loss (per-replica convention of the module docstring).
 
     Row i's candidate is the positive of query i; the other rows' candidates
@@ -407,6 +427,9 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
       sample_weight: optional `[B]` query weights.
       compute_metrics: update the corpus hit rates (default: not training);
         needs `index_candidates` first.
+      mask: optional `[B]` 1/0: rows with 0 are padding (a padded eval
+        batch): neither queries that count nor in-batch negatives.
+      include_regularization: add the regularization term.
 
     Returns:
       Scalar loss.
@@ -436,14 +459,20 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
       sampling_probability = tf.cast(
           tf.reshape(features["candidate_sampling_probability"], [-1]), q.dtype)
     ids = self.candidate_ids(features) if "categorical" in features else None
+    score_mask = None
+    if mask is not None:  # padding rows are no candidate of any query
+      score_mask = tf.broadcast_to(tf.reshape(mask, [1, -1]) > 0,
+                                   [tf.shape(q)[0], tf.shape(c)[0]])
     per_example = self.task(
         q, c,
-        sample_weight=sample_weight,
+        sample_weight=_masked_weight(sample_weight, mask, q.dtype),
         candidate_sampling_probability=sampling_probability,
         candidate_ids=ids,
         compute_metrics=compute_metrics,
-        compute_batch_metrics=False)
-    return _average_loss(per_example, global_batch_size) + self._regularization()
+        compute_batch_metrics=False,
+        score_mask=score_mask)
+    loss = _average_loss(per_example, global_batch_size)
+    return loss + self._regularization() if include_regularization else loss
 
   def index_candidates(self, candidate_ids: tf.Tensor,
                        candidate_embeddings: tf.Tensor) -> None:

@@ -35,6 +35,7 @@ import math
 from typing import Any, Callable, Optional
 
 from recsys._keras import tf
+from recsys.training import eval_padding
 from recsys.training import loop as loop_lib
 
 log = logging.getLogger("recsys.training")
@@ -122,8 +123,9 @@ def coordinator_dataset(source: Any, global_batch: int,
                         preprocess: Callable[[Any, Any], Any],
                         take_steps: Optional[int] = None) -> tf.data.Dataset:
   """The evaluation split as a dataset on the coordinator (every example once)."""
-  ds = source.dataset(global_batch, training=False, drop_remainder=True,
-                      repeat=False)
+  ds = eval_padding.pad_eval_batches(
+      source.dataset(global_batch, training=False, drop_remainder=False,
+                     repeat=False), global_batch)
   if take_steps is not None:
     ds = ds.take(take_steps)
   ds = ds.map(tf.autograph.experimental.do_not_convert(preprocess),

@@ -114,6 +114,10 @@ class StepFunctions:
       self.first_nonfinite_step = tf.Variable(
           -1, dtype=tf.int64, trainable=False, name="first_nonfinite_step",
           aggregation=agg)
+      # Evaluation sums the masked per-example losses and counts the real
+      # examples; the trainer divides (eval batches differ from training's).
+      self.eval_loss_sum = keras.metrics.Sum("eval_loss_sum")
+      self.eval_examples = keras.metrics.Sum("eval_examples", dtype=tf.int64)
     self._strategy = strategy
     self._model = model
     self._backend = backend
@@ -185,13 +189,25 @@ class StepFunctions:
     return finite
 
   def eval_step(self, batch) -> None:
-    """One replica's eval step: updates `model.metrics` and the loss metric."""
-    features, labels = batch
-    acts = self._lookup(batch, training=False)
-    loss = self._model.compute_loss(acts, features, labels, training=False,
-                                    global_batch_size=self._global_batch_size)
-    self._loss_metric.update_state(
-        loss * tf.cast(self._strategy.num_replicas_in_sync, loss.dtype))
+    """One replica's eval step on a masked batch `(features, labels, mask)`.
+
+    Updates `model.metrics` (weighted by the mask), the sum of the real
+    examples' losses (`eval_loss_sum`, regularization left out) and their
+    count (`eval_examples`); padding rows count for nothing.
+    """
+    features, labels, mask = batch
+    acts = self._lookup((features, labels), training=False)
+    loss_sum = self._model.compute_loss(
+        acts, features, labels, training=False, global_batch_size=1,
+        mask=mask, include_regularization=False)
+    self.eval_loss_sum.update_state(loss_sum)
+    self.eval_examples.update_state(
+        tf.reduce_sum(tf.cast(mask > 0, tf.int64)))
+
+  def reset_eval_metrics(self) -> None:
+    """Zeroes `eval_loss_sum` and `eval_examples` before an evaluation."""
+    self.eval_loss_sum.reset_state()
+    self.eval_examples.reset_state()
 
   def run_train_steps(self, iterator, num_steps: int) -> None:
     """Runs `num_steps` training steps in one call of the compiled loop."""

@@ -46,19 +46,24 @@ def logical_cpus(num: int) -> list:
     StrategyError: the TF runtime is already initialised with fewer logical
       CPUs than `num` (logical devices can only be set before first use).
   """
-  cpus = tf.config.list_logical_devices("CPU")
-  if len(cpus) >= num:
-    return cpus[:num]
+  # Only physical devices and their configuration may be queried here:
+  # listing logical devices starts TensorFlow's runtime, after which the CPU
+  # can no longer be split.
   physical = tf.config.list_physical_devices("CPU")[0]
-  try:
-    tf.config.set_logical_device_configuration(
-        physical, [tf.config.LogicalDeviceConfiguration()] * num)
-  except RuntimeError as e:
+  configured = tf.config.get_logical_device_configuration(physical) or []
+  if len(configured) < num:
+    try:
+      tf.config.set_logical_device_configuration(
+          physical, [tf.config.LogicalDeviceConfiguration()] * num)
+    except RuntimeError:  # already running: usable if it has enough CPUs
+      pass
+  cpus = tf.config.list_logical_devices("CPU")
+  if len(cpus) < num:
     raise StrategyError(
         f"need {num} logical CPUs for num_cpu_replicas={num} but TensorFlow is "
         f"already initialised with {len(cpus)}; set num_cpu_replicas before any "
-        "TensorFlow op runs (e.g. as the first thing in the process).") from e
-  return tf.config.list_logical_devices("CPU")[:num]
+        "TensorFlow op runs (e.g. as the first thing in the process).")
+  return cpus[:num]
 
 
 def serve(tf_config: dict) -> None:
@@ -158,7 +163,11 @@ def make_strategy(tpu: Optional[str] = None,
     return (tf.distribute.MultiWorkerMirroredStrategy(),
             f"MultiWorkerMirroredStrategy from TF_CONFIG ({workers} workers)")
 
-  gpus = tf.config.list_logical_devices("GPU") if use_gpus else []
+  # Physical devices first: listing logical ones starts the runtime, which
+  # must not happen before the CPU is split into replicas.
+  gpus = []
+  if use_gpus and tf.config.list_physical_devices("GPU"):
+    gpus = tf.config.list_logical_devices("GPU")
   if len(gpus) > 1:
     return (tf.distribute.MirroredStrategy([d.name for d in gpus]),
             f"MirroredStrategy over {len(gpus)} GPUs")

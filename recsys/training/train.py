@@ -63,6 +63,8 @@ def train(model_dir: str,
           summaries: bool = True,
           nonfinite_policy: str = "stop",
           jit_compile: Optional[bool] = None,
+          allow_changed_settings: bool = False,
+          skip_memory_check: bool = False,
           strategy: Optional[tf.distribute.Strategy] = None,
           action: str = "train") -> Union[Dict[str, float], Trainer]:
   """Builds the strategy and the Trainer, then trains or evaluates.
@@ -97,6 +99,11 @@ def train(model_dir: str,
       out and count them).
     jit_compile: compile each replica step with XLA as a TPU does (None: on
       under a TPUStrategy only); see `recsys.training.compile`.
+    allow_changed_settings: resume although settings that change the math
+      (data, model, optimizers, batch size, seed, ...) differ from the
+      previous run's; refused by default, naming them.
+    skip_memory_check: build tables whose memory plan exceeds the host's
+      memory (refused by default, naming the tables and sizes).
     strategy: an already built strategy (Python callers; overrides `tpu`).
     action: "train" (returns final metrics), "evaluate" (restores the latest
       checkpoint, returns eval metrics) or "build" (returns the Trainer).
@@ -120,8 +127,12 @@ def train(model_dir: str,
       train_steps=train_steps, steps_per_loop=steps_per_loop,
       eval_every=eval_every, eval_steps=eval_steps,
       checkpoint_every=checkpoint_every, max_checkpoints=max_checkpoints,
-      seed=seed, progress_bar=progress_bar, summaries=summaries,
-      nonfinite_policy=nonfinite_policy, jit_compile=jit_compile)
+      # Only training writes summaries: evaluate/export just read the run.
+      seed=seed, progress_bar=progress_bar,
+      summaries=summaries and action == "train",
+      nonfinite_policy=nonfinite_policy, jit_compile=jit_compile,
+      allow_changed_settings=allow_changed_settings,
+      skip_memory_check=skip_memory_check)
   if action == "build":
     return trainer
   if action == "evaluate":

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 from typing import Any, Callable, Dict, Mapping, Optional
 
@@ -29,12 +30,16 @@ from tensorflow.core.framework import summary_pb2  # pylint: disable=g-direct-te
 
 import backends
 from recsys import features as features_lib
+from recsys import planning
 from recsys._keras import keras, tf
 from recsys.training import lock as lock_lib
 from recsys.training import compile as compile_lib
 from recsys.training import coordinated as coordinated_lib
+from recsys.training import eval_padding
 from recsys.training import loop as loop_lib
+from recsys.training import run_configs
 from recsys.training import run_files
+from recsys.training import run_summaries
 from recsys.training import signals as signals_lib
 
 log = logging.getLogger("recsys.training")
@@ -45,6 +50,10 @@ OPERATIVE_CONFIG_FILE = "operative_config.gin"
 
 class TrainerConfigError(ValueError):
   """The trainer's settings are inconsistent (batch sizes, steps, sources)."""
+
+
+class EmptyEvalSetError(ValueError):
+  """The evaluation split has no example to score."""
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -140,6 +149,20 @@ def _flat_results(metrics, prefix: str) -> Dict[str, float]:
   return out
 
 
+def _on_a_terminal() -> bool:
+  """Whether stdout and stderr are terminals: a progress bar's \\r frames in
+  a log file or pipe glue onto the log lines, so there it logs lines."""
+  return all(getattr(stream, "isatty", lambda: False)()
+             for stream in (sys.stdout, sys.stderr))
+
+
+def _regularization_loss(model: keras.Model) -> float:
+  """The model's regularization loss (0.0 without regularizers)."""
+  if not model.losses:
+    return 0.0
+  return float(tf.add_n(model.losses))
+
+
 def _scalar_summary(name: str, value: float, step: int) -> None:
   """A TensorBoard scalar, with or without the tensorboard package installed.
 
@@ -202,6 +225,12 @@ class Trainer:
       on under a TPUStrategy, off elsewhere). On several CPU replicas, whose
       collectives XLA cannot compile, the step runs uncompiled on the same
       static shapes (`recsys.training.compile.plan`).
+    allow_changed_settings: resume a checkpoint although settings that
+      change the math differ from the previous run's (refused otherwise,
+      `run_configs.ChangedSettingsError`); every run's config is kept.
+    skip_memory_check: build the tables even when their memory plan
+      (`recsys.planning`) exceeds the host's memory (refused otherwise,
+      `planning.MemoryPlanError`, naming the tables and sizes).
 
   Reliability: `train()` holds an exclusive lock on the model dir (a second
   run there is refused), turns SIGTERM/Ctrl-C into a checkpoint at the exact
@@ -235,8 +264,11 @@ class Trainer:
                progress_bar: bool = True,
                summaries: bool = True,
                nonfinite_policy: str = "stop",
-               jit_compile: Optional[bool] = None):
+               jit_compile: Optional[bool] = None,
+               allow_changed_settings: bool = False,
+               skip_memory_check: bool = False):
     self.model_dir = model_dir
+    self.allow_changed_settings = bool(allow_changed_settings)
     self.source = source
     self.eval_source = eval_source if eval_source is not None else source
     self.strategy = strategy or tf.distribute.get_strategy()
@@ -267,7 +299,7 @@ class Trainer:
     keras.utils.set_random_seed(seed)
 
     self.feature_config = features_lib.feature_config(
-        source.feature_specs, embedding)
+        source.feature_specs, embedding, seed=seed)
     features_lib.check_embedding_optimizer(embedding_optimizer,
                                            "train.embedding_optimizer")
     if embedding_optimizer is None:
@@ -302,6 +334,10 @@ class Trainer:
           f"train.backend_options {unknown} are not options of the "
           f"{self.backend_name!r} backend; it takes "
           f"{sorted(k for k in accepted if k not in ('self', 'feature_config', 'optimizer', 'strategy'))}.")
+    if not skip_memory_check:  # before a table is allocated
+      planning.check_fits(planning.plan_memory(
+          self.feature_config, embedding_optimizer, self.strategy,
+          backend=self.backend_name))
     self.backend = backend_cls(
         self.feature_config, embedding_optimizer, strategy=self.strategy,
         **options)
@@ -340,6 +376,7 @@ class Trainer:
         nonfinite_policy=nonfinite_policy,
         jit_compile=self.compile_plan.compile_steps)
     self._eval_dataset = None
+    self._run_config_path: Optional[str] = None
     self._writers = None
     if summaries and self._chief:
       self._writers = {
@@ -387,7 +424,7 @@ class Trainer:
 
   # -- data ----------------------------------------------------------------
 
-  def _preprocess(self, features, labels):
+  def _preprocess(self, features, labels, *mask):
     names = list(self.feature_config)
     ids, weights = loop_lib.split_batch((features, labels), names)
     ids, weights = self.backend.preprocess(ids, weights)
@@ -402,7 +439,7 @@ class Trainer:
       features["weights"] = {**extra, **kept}
     else:
       features.pop("weights", None)
-    return features, labels
+    return (features, labels, *mask)
 
   def _distribute(self, source, global_batch: int, training: bool,
                   skip_steps: int = 0, take_steps: Optional[int] = None):
@@ -422,13 +459,16 @@ class Trainer:
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
       per_replica = ctx.get_per_replica_batch_size(global_batch)
-      kwargs = {"training": training, "input_context": ctx,
-                "drop_remainder": True}
-      if not training:
-        kwargs["repeat"] = False
-      ds = source.dataset(per_replica, **kwargs)
       batches_per_step = max(1, ctx.num_replicas_in_sync //
                              ctx.num_input_pipelines)
+      if training:
+        ds = source.dataset(per_replica, training=True, input_context=ctx,
+                            drop_remainder=True)
+      else:  # every example once: whole batches with a mask, no remainder lost
+        ds = eval_padding.pad_eval_batches(
+            source.dataset(per_replica, training=False, input_context=ctx,
+                           drop_remainder=False, repeat=False),
+            per_replica, batches_per_step)
       if skip_steps:
         ds = ds.skip(skip_steps * batches_per_step)
       if take_steps is not None:
@@ -441,8 +481,8 @@ class Trainer:
         ds = ds.repeat()
       ds = ds.map(tf.autograph.experimental.do_not_convert(self._preprocess),
                   num_parallel_calls=tf.data.AUTOTUNE)
-      if training:  # every batch is whole: say so, for static shapes
-        ds = ds.map(functools.partial(_with_batch_size, per_replica))
+      # Every batch is whole (eval batches padded): say so, for static shapes.
+      ds = ds.map(functools.partial(_with_batch_size, per_replica))
       return ds.prefetch(tf.data.AUTOTUNE)
 
     return self.strategy.distribute_datasets_from_function(
@@ -619,7 +659,17 @@ class Trainer:
     step = int(self.global_step.numpy())
     if self._chief:  # before training, not after: a link is refused up front
       run_files.refuse_links(self.model_dir, [METRICS_FILE])
+    if step and self._chief:  # a resume: same math settings as the last run?
+      changes = run_configs.check_resume(
+          os.path.join(self.model_dir, OPERATIVE_CONFIG_FILE),
+          gin.operative_config_str(), step, self.allow_changed_settings)
+      for key, old, new in changes:
+        log.warning("resuming with a changed setting (allowed): %s: %s -> %s",
+                    key, old, new)
     self.write_operative_config()
+    if self._writers:  # the settings next to the curves in TensorBoard
+      with self._writers["train"].as_default(step=step):
+        run_summaries.write_config_summaries(gin.operative_config_str(), step)
     iterator = iter(self._distribute(self.source, self.global_batch_size,
                                      training=True, skip_steps=step))
     bar = self._progress(step)
@@ -692,7 +742,8 @@ class Trainer:
              ", ".join(f"{k}={v:.5f}" for k, v in sorted(evals.items())))
 
   def _progress(self, step: int):
-    if not self.progress_bar:
+    """A tqdm bar on a terminal; None (plain log lines) otherwise."""
+    if not self.progress_bar or not _on_a_terminal():
       return None
     try:
       from tqdm import auto as tqdm  # pylint: disable=g-import-not-at-top
@@ -718,11 +769,20 @@ class Trainer:
     return int(ids.shape[0])
 
   def evaluate(self) -> Dict[str, float]:
-    """Evaluates on `eval_steps` batches of the eval source.
+    """Evaluates on `eval_steps` batches of the eval source (None: all of it).
+
+    Every example is scored exactly once: the last partial batch is padded
+    and masked (`recsys.training.eval_padding`), on every strategy and in
+    compiled steps.
 
     Returns:
-      `eval/loss` and `eval/<metric>` for each of the model's metrics (AUC,
-      log-loss, accuracy / RMSE / top-k hit rates).
+      `eval/loss` (the mean per-example loss of the examples scored, plus
+      the regularization term as in `train/loss`), `eval/<metric>` for each
+      of the model's metrics (AUC, log-loss, accuracy / RMSE / top-k hit
+      rates) and `eval/examples`, the number of examples scored.
+
+    Raises:
+      EmptyEvalSetError: the eval split has no example.
     """
     if self.is_retrieval:
       self.index_corpus()
@@ -733,12 +793,23 @@ class Trainer:
           self.eval_source, self.eval_batch_size, training=False,
           take_steps=self.eval_steps)
     dataset = self._eval_dataset
-    self.loss_metric.reset_state()
+    self.steps.reset_eval_metrics()
     for m in self.model.metrics:
       m.reset_state()
     self.steps.eval_loop(dataset)
+    examples = int(self.steps.eval_examples.result())
+    if not examples:
+      source = type(self.eval_source).__name__
+      raise EmptyEvalSetError(
+          f"the evaluation split of {source} has no example, so there is "
+          "nothing to score; give the source evaluation data (e.g. "
+          "num_eval_examples > 0, eval files that are not empty) or set "
+          "train.eval_data to a source that has some.")
     results = _flat_results(self.model.metrics, "eval")
-    results["eval/loss"] = float(self.loss_metric.result())
+    results["eval/loss"] = (float(self.steps.eval_loss_sum.result()) / examples
+                            + _regularization_loss(self.model))
+    results["eval/examples"] = float(examples)
+    log.info("evaluated %d examples", examples)
     return results
 
   def optimum(self) -> Dict[str, float]:
@@ -761,10 +832,17 @@ class Trainer:
   # -- files -----------------------------------------------------------------
 
   def write_operative_config(self) -> str:
+    """Writes `operative_config.gin` (the latest run's) and this run's own
+    numbered copy (`configs/operative_config-<k>.gin`, see `run_configs`)."""
     path = os.path.join(self.model_dir, OPERATIVE_CONFIG_FILE)
     if not self._chief:
       return path
-    return run_files.write_text(path, gin.operative_config_str())
+    if self._run_config_path is None:
+      self._run_config_path = run_configs.next_config_path(self.model_dir)
+      os.makedirs(os.path.dirname(self._run_config_path), exist_ok=True)
+    text = gin.operative_config_str()
+    run_files.write_text(self._run_config_path, text)
+    return run_files.write_text(path, text)
 
   def write_metrics(self, metrics: Mapping[str, float]) -> str:
     path = os.path.join(self.model_dir, METRICS_FILE)

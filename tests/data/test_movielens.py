@@ -234,3 +234,13 @@ def test_training_shuffle_is_seeded_and_covers_each_epoch(tmp_path):
   assert first != second                                  # reshuffled each epoch
   assert epochs(seed=4) == (first, second)                # seeded
   assert epochs(seed=5)[0] != first
+
+
+def test_variant_auto_detects_the_layout_from_the_files(tmp_path):
+  atomic = MovieLens(write_atomic(tmp_path / "mini"), test_fraction=0.0, shuffle=False)
+  assert atomic.variant == "atomic" and everything(atomic)[0] == EXPECTED_100K
+  grouplens = MovieLens(write_ml100k(tmp_path / "ml-100k"), test_fraction=0.0, shuffle=False)
+  assert grouplens.variant == "ml-100k" and everything(grouplens)[0] == EXPECTED_100K
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(DatasetNotFoundError, match=r"\.inter.*u\.data.*ratings\.dat"):
+    MovieLens(str(tmp_path / "empty"))

@@ -1,0 +1,144 @@
+"""Each run's operative config, kept numbered, and the resume settings check.
+
+A model dir holds one training history. Every `train()` on it (the first run
+and each resume) keeps its operative config as `configs/operative_config-<k>.gin`
+(k = 1, 2, ...; never overwritten), and `operative_config.gin` is the latest
+(what `recsys evaluate` and `export` rebuild the model from).
+
+A resume whose settings differ from the previous run's in anything that
+changes the math (data, model, optimizers, batch size, seed, embedding
+settings, ...) would silently continue another experiment from this one's
+checkpoint: it is refused, naming the settings, unless allowed explicitly.
+Settings that only change how a run is executed or reported (steps, loop
+and checkpoint cadence, evaluation, backend, replicas, compilation) may change.
+
+Example:
+  >>> changes = changed_settings(old_config_text, gin.operative_config_str())
+  >>> [(key, old, new) for key, old, new in changes]
+  [('EmbeddingSettings.combiner', "'mean'", "'sum'")]
+"""
+
+import glob
+import os
+import re
+from typing import Dict, List, Optional, Tuple
+
+from gin import config_parser
+
+CONFIGS_DIR = "configs"
+
+#: `train` arguments that do not change the numbers a resumed run computes.
+EXECUTION_SETTINGS = frozenset(f"train.{name}" for name in (
+    "action", "train_steps", "steps_per_loop", "eval_every", "eval_steps",
+    "eval_batch_size", "checkpoint_every", "max_checkpoints", "progress_bar",
+    "summaries", "tpu", "num_cpu_replicas", "backend", "backend_options",
+    "jit_compile", "nonfinite_policy", "allow_changed_settings",
+    "skip_memory_check"))
+
+
+class ChangedSettingsError(ValueError):
+  """A resume would change settings that change the math of the run."""
+
+
+class _Delegate(config_parser.ParserDelegate):
+  """Keeps references and macros as their text: only compared, never called."""
+
+  def configurable_reference(self, scoped_configurable_name, evaluate):
+    return _Text(f"@{scoped_configurable_name}{'()' if evaluate else ''}")
+
+  def macro(self, macro_name):
+    return _Text(f"%{macro_name}")
+
+
+class _Text(str):
+
+  def __repr__(self):
+    return str(self)
+
+
+def bindings(config_text: str) -> Dict[str, str]:
+  """`{"scope/Configurable.param": repr(value)}` of an operative config."""
+  out = {}
+  for statement in config_parser.ConfigParser(config_text, _Delegate()):
+    if isinstance(statement, config_parser.BindingStatement):
+      scope = f"{statement.scope}/" if statement.scope else ""
+      out[f"{scope}{statement.selector}.{statement.arg_name}"] = repr(
+          statement.value)
+  return out
+
+
+def changed_settings(old_text: str, new_text: str
+                     ) -> List[Tuple[str, str, str]]:
+  """The math settings that differ: `[(key, old value, new value)]`, sorted.
+
+  A parameter only one side binds counts when the other side configures the
+  same configurable (a new default, a removed binding); a configurable used
+  by one side only (another model class) shows as the reference that chose
+  it (`train.model`).
+  """
+  old, new = bindings(old_text), bindings(new_text)
+  configurables = lambda b: {k.rsplit(".", 1)[0] for k in b}  # noqa: E731
+  old_confs, new_confs = configurables(old), configurables(new)
+  changes = []
+  for key in sorted(set(old) | set(new)):
+    if key in EXECUTION_SETTINGS:
+      continue
+    configurable = key.rsplit(".", 1)[0]
+    if configurable not in old_confs or configurable not in new_confs:
+      continue
+    before, after = old.get(key, "(unset)"), new.get(key, "(unset)")
+    if before != after:
+      changes.append((key, before, after))
+  return changes
+
+
+def numbered_configs(model_dir: str) -> List[str]:
+  """The kept configs of a model dir, oldest first."""
+  paths = glob.glob(os.path.join(model_dir, CONFIGS_DIR, "operative_config-*.gin"))
+  number = lambda p: int(re.search(r"-(\d+)\.gin$", p).group(1))  # noqa: E731
+  return sorted((p for p in paths if re.search(r"-(\d+)\.gin$", p)), key=number)
+
+
+def next_config_path(model_dir: str) -> str:
+  """Where this run keeps its config: `configs/operative_config-<k+1>.gin`."""
+  kept = numbered_configs(model_dir)
+  k = int(re.search(r"-(\d+)\.gin$", kept[-1]).group(1)) if kept else 0
+  return os.path.join(model_dir, CONFIGS_DIR, f"operative_config-{k + 1}.gin")
+
+
+def check_resume(previous_path: Optional[str], new_text: str, step: int,
+                 allow: bool) -> List[Tuple[str, str, str]]:
+  """Refuses a resume at `step` whose math settings changed (unless `allow`).
+
+  Args:
+    previous_path: the previous run's operative config (None or missing:
+      nothing to compare, e.g. a run from Python without gin).
+    new_text: this run's operative config.
+    step: the checkpoint step being resumed.
+    allow: let the changed settings through (they are returned, to log).
+
+  Returns:
+    The changed settings (empty when nothing that matters changed).
+
+  Raises:
+    ChangedSettingsError: settings changed and `allow` is False; names each
+      setting with its old and new value and how to proceed.
+  """
+  if not previous_path or not os.path.isfile(previous_path):
+    return []
+  with open(previous_path, encoding="utf-8") as f:
+    old_text = f.read()
+  if not bindings(new_text):
+    return []
+  changes = changed_settings(old_text, new_text)
+  if changes and not allow:
+    listed = "\n".join(f"  {key}: {old} -> {new}" for key, old, new in changes)
+    raise ChangedSettingsError(
+        f"the checkpoint at step {step} was trained with other settings "
+        f"({previous_path}); resuming would change:\n{listed}\n"
+        "Use the same settings to resume, another --model_dir to start a new "
+        "run, or pass --allow_changed_settings (gin: "
+        "train.allow_changed_settings = True) to resume with the new ones "
+        "(every run's config is kept in "
+        f"{os.path.join(os.path.dirname(previous_path), CONFIGS_DIR)}/).")
+  return changes

@@ -7,8 +7,9 @@ against the model's feature specs and say exactly what is wrong.
 """
 
 import functools
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 from recsys._keras import keras
@@ -177,7 +178,8 @@ def dense_input(features: Optional[Mapping[str, tf.Tensor]], num_dense: int,
 
 
 @functools.lru_cache(maxsize=None)
-def _pair_matrices(num_features: int, self_interaction: bool) -> tuple:
+def _pair_matrices(num_features: int, self_interaction: bool
+                  ) -> Tuple[np.ndarray, np.ndarray]:
   """The 0/1 matrices that pick the lower triangle of the `[F, F]` Gram matrix.
 
   Returns:
@@ -188,15 +190,16 @@ def _pair_matrices(num_features: int, self_interaction: bool) -> tuple:
     is `dG + dG^T`, the symmetric Gram gradient.
   """
   offset = 1 if self_interaction else 0
-  pairs = [(i, j) for i in range(num_features) for j in range(i + offset)]
+  rows, cols = np.tril_indices(num_features, -1 + offset)  # row-major pairs
+  pairs = np.arange(rows.size)
   size = num_features * num_features
-  selection = [[0.0] * len(pairs) for _ in range(size)]
-  gradient = [[0.0] * size for _ in pairs]
-  for p, (i, j) in enumerate(pairs):
-    selection[i * num_features + j][p] = 1.0
-    gradient[p][i * num_features + j] += 1.0
-    gradient[p][j * num_features + i] += 1.0
-  return tuple(map(tuple, selection)), tuple(map(tuple, gradient))
+  selection = np.zeros([size, rows.size], np.float32)
+  selection[rows * num_features + cols, pairs] = 1.0
+  gradient = np.zeros([rows.size, size], np.float32)
+  np.add.at(gradient, (pairs, rows * num_features + cols), 1.0)
+  np.add.at(gradient, (pairs, cols * num_features + rows), 1.0)
+  selection.flags.writeable = gradient.flags.writeable = False  # cached
+  return selection, gradient
 
 
 class DotInteraction(keras.layers.Layer):

@@ -137,3 +137,15 @@ def test_a_compiled_lookup_reorders_with_static_shapes():
       got, [(TABLE[5] + TABLE[8]) / 2, (TABLE[4] + TABLE[9]) / 2], rtol=1e-6)
   hlo = lookup.experimental_get_compiler_ir(sp.indices, sp.values)(stage="hlo")
   assert "<=" not in hlo
+
+
+@pytest.mark.parametrize("indices", [[[0, 0], [5, 0]], [[0, 0], [1, -1]]],
+                         ids=["row outside", "negative column"])
+def test_bad_indices_in_a_tf_data_pipeline_name_the_feature(indices):
+  """Graph mode: the check runs before the ops that would fail anonymously."""
+  emb = _emb(seq_len=3)
+  sp = _sparse(indices, [4, 5], [2, 3])
+  ds = tf.data.Dataset.from_tensors({"f": sp}).map(
+      lambda f: emb.preprocess(f)[0])
+  with pytest.raises(tf.errors.InvalidArgumentError, match="feature `f`"):
+    next(iter(ds))

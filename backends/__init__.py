@@ -31,6 +31,7 @@ _EXPORTS = {
     "BackendUnavailableError": "backends.base",
     "Capabilities": "backends.base",
     "EmbeddingBackend": "backends.base",
+    "GradientShapeError": "backends.base",
     "UnknownBackendError": "backends.registry",
     "available": "backends.registry",
     "create": "backends.registry",

@@ -134,13 +134,17 @@ def _positions_in_rows(row_ids: tf.Tensor, row_starts: tf.Tensor) -> tf.Tensor:
   return tf.range(n, dtype=tf.int64) - tf.gather(row_starts, row_ids)
 
 
-def _require(ok: Any, message: str) -> None:
-  """Raises `InvalidInputError` (eager) or fails the step (graph) unless ok."""
+def _require(ok: Any, message: str) -> list:
+  """Raises `InvalidInputError` (eager) or fails the step (graph) unless ok.
+
+  Returns the graph-mode assertion (to run before ops that would fail on
+  the same input with a message of their own), or nothing eagerly.
+  """
   if tf.executing_eagerly():
     if not bool(tf.reduce_all(ok)):
       raise InvalidInputError(message)
-    return
-  tf.debugging.Assert(tf.reduce_all(ok), [message.replace("'", "`")])
+    return []
+  return [tf.debugging.Assert(tf.reduce_all(ok), [message.replace("'", "`")])]
 
 
 def _same_vector(a: tf.Tensor, b: tf.Tensor, counts_differ: tf.Tensor
@@ -153,7 +157,7 @@ def _same_vector(a: tf.Tensor, b: tf.Tensor, counts_differ: tf.Tensor
       lambda: tf.constant(False)))
 
 
-def check_bag_structure(what: str, inp: Any, weights: Any) -> None:
+def check_bag_structure(what: str, inp: Any, weights: Any) -> list:
   """Checks that sparse/ragged bags are well formed and weights sit on the ids.
 
   Weights are paired with ids by position: ragged weights must have the ids'
@@ -165,33 +169,42 @@ def check_bag_structure(what: str, inp: Any, weights: Any) -> None:
     inp: ids (`SparseTensor` or `RaggedTensor`; other kinds are not checked).
     weights: None or weights of the same kind.
 
+  Returns:
+    The graph-mode checks, for control dependencies (empty eagerly).
+
   Raises:
     InvalidInputError: (eager; a failed step in graph mode) on a mismatch.
   """
+  checks = []
   if isinstance(inp, tf.SparseTensor):
     rows = inp.indices[:, 0]
-    _require(tf.logical_and(tf.reduce_all(rows >= 0),
-                            tf.reduce_all(rows < inp.dense_shape[0])),
-             f"{what}: a SparseTensor index has a row outside [0, "
-             "dense_shape[0]); indices must lie inside dense_shape.")
+    checks += _require(
+        tf.logical_and(tf.reduce_all(rows >= 0),
+                       tf.reduce_all(rows < inp.dense_shape[0])),
+        f"{what}: a SparseTensor index has a row outside [0, "
+        "dense_shape[0]); indices must lie inside dense_shape.")
     if inp.indices.shape.rank == 2 and inp.indices.shape[1] == 2:
       # A negative column would be read as a position before the row's first
       # (a sequence's id landing in the previous row's last slot).
       cols = inp.indices[:, 1]
-      _require(tf.reduce_all(cols >= 0),
-               f"{what}: a SparseTensor index has a negative column; indices "
-               "must lie inside dense_shape (columns >= 0).")
+      checks += _require(
+          tf.reduce_all(cols >= 0),
+          f"{what}: a SparseTensor index has a negative column; indices "
+          "must lie inside dense_shape (columns >= 0).")
     if isinstance(weights, tf.SparseTensor):
-      _require(_same_vector(tf.reshape(weights.indices, [-1]),
-                            tf.reshape(inp.indices, [-1]),
-                            tf.size(weights.values) != tf.size(inp.values)),
-               f"{what}: weights sit at other indices than the ids; sparse "
-               "weights must have exactly the ids' indices.")
+      checks += _require(
+          _same_vector(tf.reshape(weights.indices, [-1]),
+                       tf.reshape(inp.indices, [-1]),
+                       tf.size(weights.values) != tf.size(inp.values)),
+          f"{what}: weights sit at other indices than the ids; sparse "
+          "weights must have exactly the ids' indices.")
   elif isinstance(inp, tf.RaggedTensor) and isinstance(weights, tf.RaggedTensor):
-    _require(_same_vector(weights.row_splits, inp.row_splits,
-                          tf.size(weights.flat_values) != tf.size(inp.flat_values)),
-             f"{what}: weights have other row lengths than the ids; ragged "
-             "weights must have exactly the ids' row lengths.")
+    checks += _require(
+        _same_vector(weights.row_splits, inp.row_splits,
+                     tf.size(weights.flat_values) != tf.size(inp.flat_values)),
+        f"{what}: weights have other row lengths than the ids; ragged "
+        "weights must have exactly the ids' row lengths.")
+  return checks
 
 
 def _lexsort(rows: tf.Tensor, cols: tf.Tensor) -> tf.Tensor:
@@ -252,7 +265,11 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
     InvalidInputError: unsupported type, rank or dtype; misplaced weights.
   """
   _check_weights(layout, inp, weights)
-  check_bag_structure(describe(layout), inp, weights)
+  checks = check_bag_structure(describe(layout), inp, weights)
+  if checks and isinstance(inp, tf.SparseTensor):
+    with tf.control_dependencies(checks):  # rows checked before they index
+      inp = tf.SparseTensor(tf.identity(inp.indices), inp.values,
+                            inp.dense_shape)
   seq_len = layout.sequence_length
   out_shape = layout.output_shape(None)
   cut = tf.constant(0, tf.int64)
@@ -505,9 +522,11 @@ def pad_bags(inp: Any, weights: Any, width: int, what: str = "bags",
     InvalidInputError: (eager; a failed step in graph mode) bad indices,
       misplaced weights, or a sequence with a gap or a repeated column.
   """
-  check_bag_structure(what, inp, weights)
-  checks = []
+  checks = check_bag_structure(what, inp, weights)
   if isinstance(inp, tf.SparseTensor):
+    with tf.control_dependencies(checks):  # rows checked before they index
+      inp = tf.SparseTensor(tf.identity(inp.indices), inp.values,
+                            inp.dense_shape)
     inp, weights = canonical_order(inp, weights)
     rows, cols = inp.indices[:, 0], inp.indices[:, 1]
     nrows = inp.dense_shape[0]
@@ -518,7 +537,7 @@ def pad_bags(inp: Any, weights: Any, width: int, what: str = "bags",
       rank = _rank_in_row(rows, nrows)
       misplaced = tf.logical_and(
           tf.logical_or(rank < width, cols < width), tf.not_equal(cols, rank))
-      checks = _check(
+      checks += _check(
           tf.logical_not(tf.reduce_any(misplaced)),
           _template_safe(what) + " is a sequence but batch row {} has an id "
           "at column {} where position {} comes next; a sequence's ids must "

@@ -270,12 +270,16 @@ def validate(layout: inputs_lib.FeatureLayout, bags: StaticBags, policy: str
   bad_w = tf.logical_and(valid, tf.logical_not(tf.logical_and(
       tf.math.is_finite(bags.weights), bags.weights >= 0.0)))
   count = lambda m: tf.reduce_sum(tf.cast(m, tf.int64))
-  first = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int32)
-  row = tf.cast(tf.gather(bags.segments, first), tf.int64)
+  # One slot past the end (found when no slot is bad): safe with no slots.
+  first = tf.argmax(tf.concat([tf.cast(bad, tf.int32), [1]], 0),
+                    output_type=tf.int32)
+  padded = lambda t: tf.concat([t, tf.zeros([1], t.dtype)], 0)
+  row = tf.cast(tf.gather(padded(bags.segments), first), tf.int64)
   if bags.sequence_length:
     row //= bags.sequence_length
   any_bad = tf.reduce_any(bad)
-  example = tf.where(any_bad, tf.stack([tf.gather(bags.ids, first), row]),
+  example = tf.where(any_bad,
+                     tf.stack([tf.gather(padded(bags.ids), first), row]),
                      tf.zeros([2], tf.int64))
   ids = bags.ids
   if policy == "oov":

@@ -385,6 +385,8 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     compiled = _in_xla_context()
     out = []
     for layout, inp, w in zip(self._layouts, flat, flat_w):
+      if not compiled:  # a compiled step cannot raise: it leaves such ids out
+        inputs_lib.check_bag_structure(inputs_lib.describe(layout), inp, w)
       bags = static_bags.from_input(layout, inp, w,
                                     self._bag_widths[layout.path])
       if layout.feature.validate_weights_and_indices:

@@ -107,6 +107,9 @@ def replaced_atomically(target: str, *,
           "it is left as it is. Choose an empty or new directory.")
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(tmp, 0o777 & ~umask)  # as os.makedirs would (mkdtemp gives 0700)
   try:
     yield tmp
   except BaseException:

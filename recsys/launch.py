@@ -22,10 +22,13 @@ mirrored cluster), and on Ctrl-C / SIGTERM (the chief first gets SIGTERM and
 worker may die: the chief's coordinator moves its work to the others.
 
 Addresses are 127.0.0.1 on free ports. TensorFlow's gRPC server listens on
-every interface of the machine, though (it has no bind-address setting);
-`--private_network` runs the whole cluster in a new network namespace with
-only a loopback interface (`unshare -rn`, Linux with user namespaces), so
-nothing outside can reach it.
+every interface of the machine, though (it has no bind-address setting), and
+has no authentication: anyone who reaches a port can run ops in the task. So
+by default the whole cluster runs in a new network namespace with only a
+loopback interface (`unshare -rn`, Linux with user namespaces): nothing
+outside can reach it. Where no namespace can be made, launch refuses to
+start; `--listen_all_interfaces` runs the servers on every interface instead
+(a trusted network only, e.g. to reach the tasks from other hosts).
 
 Example:
   recsys launch --workers 2 --ps 2 -- train \\
@@ -203,12 +206,34 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     pass
 
 
-def _private_network_argv(argv: Sequence[str]) -> List[str]:
+_LOOPBACK_ONLY = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"',
+                  "sh"]
+
+
+def _namespace_problem() -> Optional[str]:
+  """Why no loopback-only network namespace can be made here, or None."""
   if shutil.which("unshare") is None or shutil.which("ip") is None:
-    raise LaunchError("--private_network needs the `unshare` and `ip` commands "
-                      "(util-linux, iproute2) and user namespaces; run without it.")
-  return ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
-          sys.executable, "-m", "recsys", "launch", *argv]
+    return "the `unshare` and `ip` commands (util-linux, iproute2) are missing"
+  try:
+    probe = subprocess.run([*_LOOPBACK_ONLY, "true"], capture_output=True,
+                           text=True, timeout=30, check=False)
+  except (OSError, subprocess.TimeoutExpired) as e:
+    return f"`unshare -rn` failed: {e}"
+  if probe.returncode != 0:
+    return (f"`unshare -rn` failed ({probe.stderr.strip()[:200] or probe.returncode}"
+            "): user namespaces may be disabled")
+  return None
+
+
+def _private_network_argv(argv: Sequence[str]) -> List[str]:
+  problem = _namespace_problem()
+  if problem:
+    raise LaunchError(
+        f"cannot run the cluster on loopback only: {problem}. TensorFlow's "
+        "gRPC servers listen on every interface and have no authentication "
+        "(anyone who reaches a port can run ops in a task). Pass "
+        "--listen_all_interfaces to run them that way on a trusted network.")
+  return [*_LOOPBACK_ONLY, sys.executable, "-m", "recsys", "launch", *argv]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -222,9 +247,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="on Ctrl-C/SIGTERM, how long the chief may take to "
                            "save a checkpoint before everything is killed.")
   parser.add_argument("--private_network", action="store_true",
-                      help="run the cluster in a new network namespace with only "
-                           "a loopback interface (Linux, unshare -rn): TF's "
-                           "servers listen on all interfaces otherwise.")
+                      help="the default: run the cluster in a new network "
+                           "namespace with only a loopback interface (Linux, "
+                           "unshare -rn), as TF's servers listen on every "
+                           "interface without authentication.")
+  parser.add_argument("--listen_all_interfaces", action="store_true",
+                      help="run the tasks without a private namespace: TF's "
+                           "gRPC servers then listen on every interface, with "
+                           "no authentication (trusted networks only, e.g. to "
+                           "reach them from other hosts).")
   parser.add_argument("task_command", nargs=argparse.REMAINDER,
                       metavar="COMMAND",
                       help="after `--`: the recsys command every task runs, e.g. "
@@ -240,7 +271,11 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     raise LaunchError("give the command every task runs after `--`, e.g. "
                       "recsys launch --workers 2 --ps 2 -- train --gin_file "
                       "experiments/synthetic_dlrm.gin --model_dir runs/ps")
-  if args.private_network and not os.environ.get(_PRIVATE_ENV):
+  listen_all = getattr(args, "listen_all_interfaces", False)
+  if listen_all and args.private_network:
+    raise LaunchError("--private_network and --listen_all_interfaces "
+                      "contradict each other; give one.")
+  if not listen_all and not os.environ.get(_PRIVATE_ENV):
     argv = [f"--workers={args.workers}", f"--ps={args.ps}",
             f"--grace_seconds={args.grace_seconds}", "--", *command]
     env = dict(os.environ, **{_PRIVATE_ENV: "1"})

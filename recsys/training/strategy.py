@@ -17,6 +17,8 @@ Example:
 import json
 import logging
 import os
+import signal
+import threading
 from typing import Optional, Tuple
 
 from recsys._keras import tf
@@ -82,6 +84,10 @@ def serve(tf_config: dict) -> None:
       resolver.cluster_spec(), job_name=resolver.task_type,
       task_index=resolver.task_id, protocol=resolver.rpc_layer or "grpc",
       start=True)
+  if threading.current_thread() is threading.main_thread():
+    # join() blocks in C++, where no Python signal handler (`recsys`'s
+    # exit-143 one included) can run: let SIGTERM end the task at once.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
   server.join()
 
 

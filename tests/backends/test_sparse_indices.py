@@ -67,9 +67,9 @@ def test_a_gap_in_a_bag_is_not_an_id(path):
     assert emb.input_stats()["truncated_ids"]["f"] == 1  # only id 11
 
 
-@pytest.mark.parametrize("path", ["preprocess", "lookup"])
+@pytest.mark.parametrize("path", PATHS)
 def test_a_negative_column_is_refused_naming_the_feature(path):
-  emb = _emb(seq_len=3)
+  emb = _emb(seq_len=3, static=path == "static lookup")
   sp = _sparse([[0, 0], [1, -1]], [4, 5], [2, 3])
   with pytest.raises(inputs.InvalidInputError, match="feature 'f'.*negative column"):
     _run(emb, sp, path)
@@ -119,3 +119,33 @@ def test_unordered_weights_stay_on_their_ids_in_a_tf_data_pipeline():
   got = emb.lookup(features, weights, training=True)["f"].numpy()
   np.testing.assert_allclose(
       got, [(TABLE[8] + 3 * TABLE[3]) / 4, TABLE[4]], rtol=1e-6)
+
+
+def test_a_compiled_lookup_reorders_with_static_shapes():
+  """The XLA path (a TPU's) sorts only when needed, with no dynamic shape."""
+  emb = _emb(combiner="mean", static=None)  # None: static path when compiled
+  emb.build()
+  sp = _sparse([[1, 0], [0, 5], [1, 1], [0, 1], [0, 2]], [4, 3, 9, 5, 8],
+               [2, 6])
+
+  @tf.function(jit_compile=True)
+  def lookup(indices, values):
+    return emb.lookup({"f": tf.SparseTensor(indices, values, [2, 6])})["f"]
+
+  got = lookup(sp.indices, sp.values).numpy()
+  np.testing.assert_allclose(
+      got, [(TABLE[5] + TABLE[8]) / 2, (TABLE[4] + TABLE[9]) / 2], rtol=1e-6)
+  hlo = lookup.experimental_get_compiler_ir(sp.indices, sp.values)(stage="hlo")
+  assert "<=" not in hlo
+
+
+@pytest.mark.parametrize("indices", [[[0, 0], [5, 0]], [[0, 0], [1, -1]]],
+                         ids=["row outside", "negative column"])
+def test_bad_indices_in_a_tf_data_pipeline_name_the_feature(indices):
+  """Graph mode: the check runs before the ops that would fail anonymously."""
+  emb = _emb(seq_len=3)
+  sp = _sparse(indices, [4, 5], [2, 3])
+  ds = tf.data.Dataset.from_tensors({"f": sp}).map(
+      lambda f: emb.preprocess(f)[0])
+  with pytest.raises(tf.errors.InvalidArgumentError, match="feature `f`"):
+    next(iter(ds))

@@ -44,7 +44,8 @@ AUC_TOLERANCE = 0.03
 
 
 def _launch_cmd(model_dir, workers=2, ps=2):
-  private = ["--private_network"] if cluster_lib.loopback_namespace_prefix() else []
+  private = (["--private_network"] if cluster_lib.loopback_namespace_prefix()
+             else ["--listen_all_interfaces"])
   return [sys.executable, "-m", "recsys", "launch", *private,
           f"--workers={workers}", f"--ps={ps}", "--grace_seconds=5", "--",
           "train", *ARGS, "--model_dir", str(model_dir)]

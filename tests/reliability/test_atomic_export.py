@@ -144,3 +144,6 @@ def test_a_failed_write_leaves_the_old_folder_and_no_temporary(tmp_path):
       f.write("new")
   assert sorted(os.listdir(tmp_path)) == ["out"]
   assert (target / "a").read_text() == "new"
+  umask = os.umask(0)
+  os.umask(umask)
+  assert os.stat(target).st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's 0700

@@ -25,6 +25,7 @@ training interactions) and `candidates()` over the whole corpus.
 """
 
 import logging
+import os
 from typing import Dict, List, Optional, Sequence
 
 import gin
@@ -134,7 +135,8 @@ class MovieLens(DataSource):
     """
     if variant == "auto":
       detected = movielens_files.detect_variant(data_dir, dataset_name)
-      if detected is None and not download:
+      # A missing folder or a file as data_dir: read()'s errors say so.
+      if detected is None and not download and os.path.isdir(data_dir):
         raise movielens_files.DatasetNotFoundError(
             f"MovieLens variant='auto': no MovieLens files in {data_dir!r} (nor a "
             "subfolder named after the variant); expected RecBole atomic files "

@@ -25,6 +25,7 @@ training interactions) and `candidates()` over the whole corpus.
 """
 
 import logging
+import os
 from typing import Dict, List, Optional, Sequence
 
 import gin
@@ -32,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from recsys.data import movielens_files
+from recsys.data import movielens_split_files
 from recsys.data.pipeline import AUTOTUNE, Batch, BatchRequest, DataSource, candidate_batches
 from recsys.data.spec import FeatureSpec
 
@@ -44,7 +46,7 @@ CANDIDATE_FEATURES = ("item_id", "item_genres")
 ALL_FEATURES = QUERY_FEATURES + CANDIDATE_FEATURES
 VARIANTS = ("ml-100k", "ml-1m", "atomic")
 TASKS = ("ranking", "retrieval")
-SPLITS = ("random", "temporal")
+SPLITS = ("random", "temporal", "files")
 
 
 class MovieLensConfigError(ValueError):
@@ -106,7 +108,8 @@ class MovieLens(DataSource):
                timestamp_buckets: int = 0,
                dataset_name: Optional[str] = None,
                download: bool = False,
-               shuffle: bool = True):
+               shuffle: bool = True,
+               fold: str = "u1"):
     """Reads, encodes and splits the data.
 
     Args:
@@ -115,8 +118,11 @@ class MovieLens(DataSource):
         detected from the files (`*.inter` -> atomic, `u.data` -> ml-100k,
         `ratings.dat` -> ml-1m; ml-100k to download when there are none).
       task: "ranking" (labels = ratings) or "retrieval" (labels = ones).
-      split: "random" (seeded) or "temporal" (test = latest ratings).
-      test_fraction: share of ratings in the test split.
+      split: "random" (seeded), "temporal" (test = latest ratings) or
+        "files": a fixed split given as files, used as given
+        (`recsys.data.movielens_split_files`: ml-100k's `<fold>.base` /
+        `<fold>.test`, RecBole's `<name>.train.inter` / `<name>.test.inter`).
+      test_fraction: share of ratings in the test split (not with "files").
       seed: split and shuffle seed.
       features: categorical features to deliver (default: all available; see
         module docstring); user_id and item_id are always included.
@@ -126,6 +132,7 @@ class MovieLens(DataSource):
       dataset_name: the atomic file stem (`<name>.inter`); default: the only one.
       download: fetch a missing GroupLens variant with `tf.keras.utils.get_file`.
       shuffle: shuffle training examples (seeded, reshuffled each epoch).
+      fold: with split="files" on ml-100k, GroupLens' fold: u1 ... u5, ua, ub.
 
     Raises:
       MovieLensConfigError: unknown variant/task/split/feature, bad fraction.
@@ -134,7 +141,8 @@ class MovieLens(DataSource):
     """
     if variant == "auto":
       detected = movielens_files.detect_variant(data_dir, dataset_name)
-      if detected is None and not download:
+      # A missing folder or a file as data_dir: read()'s errors say so.
+      if detected is None and not download and os.path.isdir(data_dir):
         raise movielens_files.DatasetNotFoundError(
             f"MovieLens variant='auto': no MovieLens files in {data_dir!r} (nor a "
             "subfolder named after the variant); expected RecBole atomic files "
@@ -152,7 +160,11 @@ class MovieLens(DataSource):
     self.variant, self.task, self.split = variant, task, split
     self.seed, self.shuffle = int(seed), bool(shuffle)
     self.num_dense = 0
-    raw = movielens_files.read(data_dir, variant, dataset_name, allow_download=download)
+    file_is_test = None
+    if split == "files":
+      raw, file_is_test = movielens_split_files.read(data_dir, variant, dataset_name, fold)
+    else:
+      raw = movielens_files.read(data_dir, variant, dataset_name, allow_download=download)
     self.source_folder = raw.source
 
     # Vocabularies over every id in the files (an id map, not a statistic).
@@ -224,6 +236,8 @@ class MovieLens(DataSource):
       order = np.lexsort((np.arange(n), raw.timestamp))[::-1]   # newest first
     is_test = np.zeros(n, bool)
     is_test[order[:num_test]] = True
+    if file_is_test is not None:  # the split the files give, as given
+      is_test = file_is_test
     keep = raw.rating >= min_rating if task == "retrieval" else np.ones(n, bool)
     stamp = np.zeros(n, np.int64)
     if timestamp_buckets > 0:

@@ -260,6 +260,13 @@ def _read_atomic(folder: str, name: Optional[str]) -> RawMovieLens:
   ts = np.array(ts, np.int64)
   user = np.array([r[cu] for r in rows], dtype=object)
   item = np.array([r[ci] for r in rows], dtype=object)
+  users, items = atomic_metadata(folder, name)
+  return RawMovieLens(user, item, rating, ts, users, items, folder)
+
+
+def atomic_metadata(folder: str, name: str
+                    ) -> Tuple[Dict[str, Dict[str, str]], Dict[str, List[str]]]:
+  """(users, items) from RecBole's optional `<name>.user` / `<name>.item` files."""
   users = {}
   upath = os.path.join(folder, f"{name}.user")
   if os.path.exists(upath):
@@ -278,7 +285,7 @@ def _read_atomic(folder: str, name: Optional[str]) -> RawMovieLens:
     cg = _column(ipath, inames, ["genre", "class", "genres"], required=False)
     for r in irows:
       items[r[iid]] = r[cg].split() if cg is not None else []
-  return RawMovieLens(user, item, rating, ts, users, items, folder)
+  return users, items
 
 
 def _has(folder: str, variant: str, name: Optional[str]) -> bool:

@@ -1,5 +1,7 @@
 """MovieLens readers (ml-100k, ml-1m, RecBole atomic) on small files the tests write."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -244,3 +246,39 @@ def test_variant_auto_detects_the_layout_from_the_files(tmp_path):
   (tmp_path / "empty").mkdir()
   with pytest.raises(DatasetNotFoundError, match=r"\.inter.*u\.data.*ratings\.dat"):
     MovieLens(str(tmp_path / "empty"))
+
+
+def _ratings_text(rows, sep="\t"):
+  return "".join(sep.join(str(v) for v in row) + "\n" for row in rows)
+
+
+def test_fixed_split_from_grouplens_fold_files(tmp_path):
+  """ml-100k's u1.base / u1.test are the train / test split, as given."""
+  folder = tmp_path / "ml-100k"
+  write_ml100k(folder)
+  (folder / "u1.base").write_text(_ratings_text(RATINGS[:3]))
+  (folder / "u1.test").write_text(_ratings_text(RATINGS[3:]))
+  source = MovieLens(str(folder), split="files", shuffle=False)
+  assert source.variant == "ml-100k" and (source.train_size, source.test_size) == (3, 2)
+  train, train_labels = everything(source, training=True)
+  test, test_labels = everything(source, training=False)
+  # Same encodings as the whole-file reader: users 1, 2, 10 -> 1, 2, 3.
+  assert train["user_id"] == EXPECTED_100K["user_id"][:3] and train_labels == [5.0, 3.0, 4.0]
+  assert test["user_id"] == EXPECTED_100K["user_id"][3:] and test_labels == [1.0, 2.0]
+  assert test["item_genres"] == EXPECTED_100K["item_genres"][3:]
+  with pytest.raises(DatasetNotFoundError, match="u2.base and u2.test"):
+    MovieLens(str(folder), split="files", fold="u2")
+
+
+def test_fixed_split_from_recbole_benchmark_files(tmp_path):
+  folder = tmp_path / "mini"
+  write_atomic(folder)
+  os.remove(folder / "mini.inter")
+  header = "user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
+  (folder / "mini.train.inter").write_text(header + _ratings_text(RATINGS[1:]))
+  (folder / "mini.test.inter").write_text(header + _ratings_text(RATINGS[:1]))
+  source = MovieLens(str(folder), split="files", shuffle=False)
+  assert source.variant == "atomic" and (source.train_size, source.test_size) == (4, 1)
+  test, labels = everything(source, training=False)
+  assert labels == [5.0] and test["user_id"] == [1] and test["user_age"] == [2]
+  assert everything(source)[1] == [3.0, 4.0, 1.0, 2.0]

@@ -272,8 +272,9 @@ def export(trainer: Any, export_dir: str, k: int = 100) -> str:
     corpus = (tf.convert_to_tensor(ids), tf.convert_to_tensor(embeddings))
   raw_parser = trainer.source.raw_parser()
   if raw_parser is None:
-    log.info("export: no raw-feature signature: %s has no raw form (synthetic "
-             "data); the signatures take ids.", type(trainer.source).__name__)
+    log.info("export: no raw-feature signature: %s has no raw form (its "
+             "raw_parser() is None, as for synthetic data); the signatures take "
+             "ids.", type(trainer.source).__name__)
   module = ServingModule(trainer.model,
                          serving.ServingEmbedding.from_backend(trainer.backend),
                          trainer.source.feature_specs,

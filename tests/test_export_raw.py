@@ -1,8 +1,9 @@
 """`recsys export`'s raw-feature signatures, served where recsys is not importable.
 
 Criteo and MovieLens files are written to tmp, a model trains two steps
-through the CLI and is exported; a fresh Python process that cannot import
-`recsys` (or `backends`) loads the SavedModel and sends the same rows twice:
+through the CLI and is exported; a separate Python process (one for the
+module) that cannot import `recsys` (or `backends`) and runs from another
+directory without PYTHONPATH loads the SavedModel and sends the same rows twice:
 as raw values through "serving_raw", and as the ids the training pipeline
 made of them through the id signature. The two must agree (rtol 1e-6).
 """
@@ -82,49 +83,91 @@ def _padded(ids, width):
   return ids.numpy()
 
 
-def _serve(tmp_path, export_dir, calls):
-  """Runs `calls` ({result: (signature, inputs)}) in a process without recsys.
+# The serving process: TensorFlow only. It loads each request's SavedModel and
+# runs its calls; requests and replies are JSON lines (arrays in .npz files).
+_SERVER = _NO_PROJECT + textwrap.dedent("""
+    import json, traceback
+    import numpy as np, tensorflow as tf
+    for line in sys.stdin:
+      request = json.loads(line)
+      try:
+        loaded = tf.saved_model.load(request["export_dir"])
+        arrays = np.load(request["inputs"])
+        out = {}
+        for result, (signature, inputs) in request["plan"].items():
+          fn = loaded.signatures[signature]
+          got = fn(**{name: tf.constant(arrays[key]) for name, key in inputs.items()})
+          for name, value in got.items():
+            value = value.numpy()
+            out[result + "__" + name] = value.astype(bytes) if value.dtype == object else value
+        np.savez(request["outputs"], **out)
+        reply = {"ok": True}
+      except Exception:  # reported to the test, which fails with it
+        reply = {"ok": False, "error": traceback.format_exc()}
+      print(json.dumps(reply), flush=True)
+""")
 
-  Inputs are NumPy arrays (strings as str arrays); returns each call's outputs.
-  """
-  arrays = {}
-  plan = {}
-  for result, (signature, inputs) in calls.items():
-    plan[result] = [signature, {}]
-    for name, value in inputs.items():
-      key = f"{result}__{name}"
-      arrays[key] = np.asarray(value)
-      plan[result][1][name] = key
-  np.savez(tmp_path / "inputs.npz", **arrays)
-  (tmp_path / "plan.json").write_text(json.dumps(plan))
-  script = _NO_PROJECT + textwrap.dedent(f"""
-      import json, numpy as np, tensorflow as tf
-      loaded = tf.saved_model.load({export_dir!r})
-      arrays = np.load("inputs.npz")
-      out = {{}}
-      for result, (signature, inputs) in json.load(open("plan.json")).items():
-        fn = loaded.signatures[signature]
-        got = fn(**{{name: tf.constant(arrays[key]) for name, key in inputs.items()}})
-        for name, value in got.items():
-          value = value.numpy()
-          out[result + "__" + name] = value.astype(bytes) if value.dtype == object else value
-      np.savez("outputs.npz", **out)
-  """)
-  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-  env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-  done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
-                        capture_output=True, text=True, timeout=300)
-  assert done.returncode == 0, done.stderr[-3000:]
-  with np.load(tmp_path / "outputs.npz", allow_pickle=False) as outputs:
+
+class _Server:
+  """One serving process for the module (TensorFlow starts once, not per test)."""
+
+  def __init__(self, cwd):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    self._stderr = os.path.join(cwd, "stderr.txt")
+    with open(self._stderr, "w") as stderr:  # a file: a full pipe would block it
+      self._process = subprocess.Popen(
+          [sys.executable, "-c", _SERVER], cwd=cwd, env=env, stdin=subprocess.PIPE,
+          stdout=subprocess.PIPE, stderr=stderr, text=True)
+
+  def serve(self, tmp_path, export_dir, calls):
+    """Runs `calls` ({result: (signature, inputs)}) on the export; their outputs.
+
+    Inputs are NumPy arrays (strings as str arrays).
+    """
+    arrays, plan = {}, {}
+    for result, (signature, inputs) in calls.items():
+      plan[result] = [signature, {}]
+      for name, value in inputs.items():
+        key = f"{result}__{name}"
+        arrays[key] = np.asarray(value)
+        plan[result][1][name] = key
+    np.savez(tmp_path / "inputs.npz", **arrays)
+    request = {"export_dir": export_dir, "plan": plan, "inputs": str(tmp_path / "inputs.npz"),
+               "outputs": str(tmp_path / "outputs.npz")}
+    self._process.stdin.write(json.dumps(request) + "\n")
+    self._process.stdin.flush()
+    line = self._process.stdout.readline()
+    if not line:
+      with open(self._stderr) as stderr:
+        raise AssertionError("the serving process died: " + stderr.read()[-3000:])
+    reply = json.loads(line)
+    assert reply["ok"], reply["error"]
     got = {}
-    for key in outputs.files:
-      result, name = key.split("__", 1)
-      got.setdefault(result, {})[name] = outputs[key]
-  return got
+    with np.load(tmp_path / "outputs.npz", allow_pickle=False) as outputs:
+      for key in outputs.files:
+        result, name = key.split("__", 1)
+        got.setdefault(result, {})[name] = outputs[key]
+    return got
+
+  def close(self):
+    self._process.stdin.close()
+    try:
+      self._process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+      self._process.kill()
+      self._process.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+  serving = _Server(tmp_path_factory.mktemp("serving"))
+  yield serving
+  serving.close()
 
 
 @pytest.mark.slow  # ~15 s: trains and exports DLRM on a Criteo file, one serving process
-def test_criteo_raw_signature_scores_like_the_id_signature(tmp_path):
+def test_criteo_raw_signature_scores_like_the_id_signature(tmp_path, server):
   data, vocab = tmp_path / "criteo", tmp_path / "vocab"
   data.mkdir()
   vocab.mkdir()
@@ -148,7 +191,7 @@ def test_criteo_raw_signature_scores_like_the_id_signature(tmp_path):
   raw.update({name: np.array([r[2][k] for r in eval_rows])
               for k, name in enumerate(CATEGORICAL_NAMES)})
 
-  got = _serve(tmp_path, export_dir, {"ids": ("serving_default", ids),
+  got = server.serve(tmp_path, export_dir, {"ids": ("serving_default", ids),
                                       "raw": ("serving_raw", raw)})
   assert got["raw"]["scores"].shape == (len(eval_rows),)
   np.testing.assert_allclose(got["raw"]["scores"], got["ids"]["scores"], rtol=1e-6)
@@ -169,7 +212,7 @@ def _ml100k(folder):
 
 
 @pytest.mark.slow  # ~15 s: trains and exports DCN-v2 on MovieLens, one serving process
-def test_movielens_ranking_raw_signature_scores_like_the_id_signature(tmp_path):
+def test_movielens_ranking_raw_signature_scores_like_the_id_signature(tmp_path, server):
   data, ratings = _ml100k(tmp_path / "ml-100k")
   model_dir, export_dir = _train_and_export(tmp_path, "movielens_ranking.gin", [
       f"MOVIELENS_DIR = '{data}'", "MovieLens.timestamp_buckets = 3",
@@ -197,7 +240,7 @@ def test_movielens_ranking_raw_signature_scores_like_the_id_signature(tmp_path):
   new_item.update(item_id=np.array([0]), item_genres=no_genre, timestamp=np.array([3]))
   ids = {n: np.concatenate([ids[n], new_user[n], new_item[n]]) for n in ids}
 
-  got = _serve(tmp_path, export_dir, {"ids": ("serving_default", ids),
+  got = server.serve(tmp_path, export_dir, {"ids": ("serving_default", ids),
                                       "raw": ("serving_raw", raw)})
   assert got["raw"]["scores"].shape == (11,)
   np.testing.assert_allclose(got["raw"]["scores"], got["ids"]["scores"], rtol=1e-6)
@@ -206,7 +249,7 @@ def test_movielens_ranking_raw_signature_scores_like_the_id_signature(tmp_path):
 
 
 @pytest.mark.slow  # ~15 s: trains and exports a two-tower model on MovieLens
-def test_movielens_retrieval_raw_signatures_match_the_id_signatures(tmp_path):
+def test_movielens_retrieval_raw_signatures_match_the_id_signatures(tmp_path, server):
   data, _ = _ml100k(tmp_path / "ml-100k")
   model_dir, export_dir = _train_and_export(tmp_path, "movielens_retrieval.gin", [
       f"MOVIELENS_DIR = '{data}'", "MovieLens.test_fraction = 0.25",
@@ -222,7 +265,7 @@ def test_movielens_retrieval_raw_signatures_match_the_id_signatures(tmp_path):
   query = {n: ids[n] for n in source.query_features}
   candidate = {n: ids[n] for n in source.candidate_features}
 
-  got = _serve(tmp_path, export_dir, {
+  got = server.serve(tmp_path, export_dir, {
       "top": ("serving_default", query), "raw_top": ("serving_raw", {"user_id": users}),
       "c": ("candidate_embeddings", candidate),
       "raw_c": ("raw_candidate_embeddings", {"item_id": items}),

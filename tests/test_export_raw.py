@@ -120,10 +120,11 @@ class _Server:
           [sys.executable, "-c", _SERVER], cwd=cwd, env=env, stdin=subprocess.PIPE,
           stdout=subprocess.PIPE, stderr=stderr, text=True)
 
-  def serve(self, tmp_path, export_dir, calls):
+  def serve(self, tmp_path, export_dir, calls, expect_error=False):
     """Runs `calls` ({result: (signature, inputs)}) on the export; their outputs.
 
-    Inputs are NumPy arrays (strings as str arrays).
+    Inputs are NumPy arrays (strings as str arrays). With `expect_error`, the
+    calls must fail: returns the serving process's traceback.
     """
     arrays, plan = {}, {}
     for result, (signature, inputs) in calls.items():
@@ -142,6 +143,9 @@ class _Server:
       with open(self._stderr) as stderr:
         raise AssertionError("the serving process died: " + stderr.read()[-3000:])
     reply = json.loads(line)
+    if expect_error:
+      assert not reply["ok"], "the call succeeded; expected an error"
+      return reply["error"]
     assert reply["ok"], reply["error"]
     got = {}
     with np.load(tmp_path / "outputs.npz", allow_pickle=False) as outputs:
@@ -203,6 +207,12 @@ def test_criteo_raw_signature_scores_like_the_id_signature(tmp_path, server):
   assert got["raw"]["unknown_C2"][:3].tolist() == [False, False, True]
   assert sorted(k for k in got["raw"] if k.startswith("unknown_")) == ["unknown_C1",
                                                                        "unknown_C2"]
+  # A dense value the reader would refuse is refused, naming column and row.
+  raw["I4"] = raw["I4"].copy()
+  raw["I4"][1] = "1.5"
+  error = server.serve(tmp_path, export_dir, {"raw": ("serving_raw", raw)},
+                       expect_error=True)
+  assert "raw feature I4 got [1.5] at row 1" in error
 
 
 def _ml100k(folder):

@@ -125,10 +125,11 @@ def _checked_dense(name: str, column: tf.Tensor) -> tf.Tensor:
     value = tf.strings.unicode_transcode(  # a message must be valid UTF-8
         tf.strings.substr(column[row], 0, 100), "UTF-8", "UTF-8",
         errors="replace", replacement_char=0xFFFD)
+    # No quotes: TF escapes them in an assertion's message.
     return tf.strings.join([
-        "Criteo raw feature ", name, " got '", value, "' at row ",
+        "Criteo raw feature ", name, " got [", value, "] at row ",
         tf.strings.as_string(row), "; expected an integer as text (an optional "
-        "'-' and 1 to 38 digits) or the empty string for a missing value."])
+        "minus sign and 1 to 38 digits) or the empty string for a missing value."])
 
   all_ok = tf.reduce_all(ok)
   text = tf.cond(all_ok, lambda: tf.constant(""), message)

@@ -65,8 +65,12 @@ def test_criteo_parse_raw_refuses_a_dense_value_the_reader_refuses(bad):
   parser = CriteoRawParser([V] * 26)
   raw = _raw_columns(TRICKY[:2])
   raw["I4"] = tf.constant(["7", bad])
-  with pytest.raises(tf.errors.InvalidArgumentError, match=r"raw feature I4 got '.*' at row 1"):
+  with pytest.raises(tf.errors.InvalidArgumentError) as error:
     parser.parse_raw(raw, CATEGORICAL_NAMES)
+  assert f"raw feature I4 got [{bad}] at row 1;" in str(error.value)
+  with pytest.raises(tf.errors.InvalidArgumentError) as error:  # in a graph too
+    tf.function(lambda r: parser.parse_raw(r, CATEGORICAL_NAMES))(raw)
+  assert f"raw feature I4 got [{bad}] at row 1;" in str(error.value)
 
 
 def test_movielens_parse_raw_equals_the_reader(tmp_path):

@@ -198,7 +198,7 @@ def test_criteo_raw_signature_scores_like_the_id_signature(tmp_path, server):
               for k, name in enumerate(CATEGORICAL_NAMES)})
 
   got = server.serve(tmp_path, export_dir, {"ids": ("serving_default", ids),
-                                      "raw": ("serving_raw", raw)})
+                                            "raw": ("serving_raw", raw)})
   assert got["raw"]["scores"].shape == (len(eval_rows),)
   np.testing.assert_allclose(got["raw"]["scores"], got["ids"]["scores"], rtol=1e-6)
   # Out of vocabulary (vocabulary files): id 0 like a missing value, and flagged.
@@ -208,8 +208,7 @@ def test_criteo_raw_signature_scores_like_the_id_signature(tmp_path, server):
   assert sorted(k for k in got["raw"] if k.startswith("unknown_")) == ["unknown_C1",
                                                                        "unknown_C2"]
   # A dense value the reader would refuse is refused, naming column and row.
-  raw["I4"] = raw["I4"].copy()
-  raw["I4"][1] = "1.5"
+  raw["I4"] = np.array(["1.5" if row == 1 else v for row, v in enumerate(raw["I4"])])
   error = server.serve(tmp_path, export_dir, {"raw": ("serving_raw", raw)},
                        expect_error=True)
   assert "raw feature I4 got [1.5] at row 1" in error
@@ -253,7 +252,7 @@ def test_movielens_ranking_raw_signature_scores_like_the_id_signature(tmp_path, 
   ids = {n: np.concatenate([ids[n], new_user[n], new_item[n]]) for n in ids}
 
   got = server.serve(tmp_path, export_dir, {"ids": ("serving_default", ids),
-                                      "raw": ("serving_raw", raw)})
+                                            "raw": ("serving_raw", raw)})
   assert got["raw"]["scores"].shape == (11,)
   np.testing.assert_allclose(got["raw"]["scores"], got["ids"]["scores"], rtol=1e-6)
   assert got["raw"]["unknown_user_id"].tolist() == [False] * 9 + [True, False]

@@ -113,8 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
       "export", help="export a SavedModel that serves on CPU.",
       formatter_class=argparse.RawDescriptionHelpFormatter,
       description="Restore the latest checkpoint of --model_dir (trained with "
-      "any backend) and write a SavedModel whose serving signature takes raw "
-      "features and returns scores (ranking) or top-k candidates (retrieval).",
+      "any backend) and write a SavedModel whose serving_default signature "
+      "takes the data source's ids and returns scores (ranking) or top-k "
+      "candidates (retrieval); for Criteo and MovieLens, serving_raw takes "
+      "raw values (TSV columns, raw user/item ids) and applies the training "
+      "hashing and vocabularies in the graph.",
       epilog="example:\n  recsys export --model_dir runs/demo --export_dir runs/demo/export")
   _add_gin_flags(export, required=False)
   export.add_argument("--model_dir", required=True)

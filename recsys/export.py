@@ -4,9 +4,10 @@ The embeddings are the serving backend's: a slot-free
 `backends.serving.ServingEmbedding` copy of the trainer's tables (trained
 with any backend; the CLI restores them from the checkpoint), looked up with
 `backends.serving.serving_lookup`, so serving has the output shapes of
-training and needs no TPU. This module adds the signatures of raw features.
+training and needs no TPU. This module adds the serving signatures.
 
-Signature inputs (raw features, one tensor each):
+Id signatures ("serving_default" and, for retrieval, "query_embeddings",
+"candidate_embeddings") take the ids a data source delivers, one tensor each:
   dense              float32 `[B, num_dense]`         (if the model has dense features)
   <feature>          int64 `[B]` for one-hot features; `[B, W]` padded with -1
                      for multi-hot (W = spec.max_ids) and sequence features
@@ -20,20 +21,40 @@ Outputs:
              whole candidate corpus (brute force), plus the signatures
              "query_embeddings" and "candidate_embeddings" (`[B, K]`).
 
+Raw signatures ("serving_raw" and, for retrieval, "raw_query_embeddings",
+"raw_candidate_embeddings") take raw values instead, for sources with a
+`recsys.data.raw.RawParser` (Criteo, MovieLens): the parser the source's
+reader uses runs inside the graph, so a client sends what is in the data
+files and gets the scores training would give:
+  Criteo     I1..I13, C1..C26: string `[B]` each, as in the TSV ("" = missing)
+  MovieLens  user_id, item_id: string `[B]` raw ids; timestamp: int64 `[B]`
+             seconds (if the model uses it); side features come from the
+             tables built from the training files.
+Their outputs are those of the id signatures, plus `unknown_<input>` bool `[B]`
+(True where a raw id is not in the vocabulary and mapped to id 0) and, for
+retrieval, "candidate_raw_ids" (string `[B, k]`). Synthetic sources have no
+raw form and no raw signatures.
+
 Example:
   >>> path = export(trainer, "/tmp/export")
   >>> serve = tf.saved_model.load(path).signatures["serving_default"]
   >>> serve(dense=..., C1=..., C7=...)["scores"]
+  >>> raw = tf.saved_model.load(path).signatures["serving_raw"]
+  >>> raw(I1=tf.constant(["3"]), ..., C1=tf.constant(["68fd1e64"]), ...)["scores"]
 """
 
+import logging
 import os
-from typing import Any, Dict, Mapping, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from backends import serving
 from recsys import atomic_dir
 from recsys._keras import keras, tf
+from recsys.data.raw import RawParser
 from recsys.data.spec import FeatureSpec
 from recsys.training import loop as loop_lib
+
+log = logging.getLogger("recsys.export")
 
 
 def _width(spec: FeatureSpec) -> int:
@@ -99,14 +120,17 @@ class ServingModule(tf.Module):
     num_dense: width of `features["dense"]`.
     corpus: retrieval only: (candidate ids `[N]`, embeddings `[N, K]`).
     k: retrieval only: candidates returned per query.
+    raw_parser: the data source's raw-value parser (`source.raw_parser()`);
+      None: no raw signatures.
   """
 
   def __init__(self, model: keras.Model, embedding: serving.ServingEmbedding,
                specs: Sequence[FeatureSpec], num_dense: int, corpus=None,
-               k: int = 100):
+               k: int = 100, raw_parser: Optional[RawParser] = None):
     super().__init__(name="recsys_serving")
     self.model = model
     self.embedding = embedding
+    self.raw_parser = raw_parser  # tracked: its vocabulary tables are saved
     self._specs = list(specs)
     self._num_dense = num_dense
     self._retrieval = corpus is not None
@@ -132,7 +156,10 @@ class ServingModule(tf.Module):
         return {"scores": self.model(self.activations(features, names),
                                      features, training=False)}
 
-      return {"serving_default": serve.get_concrete_function(sig)}
+      signatures = {"serving_default": serve.get_concrete_function(sig)}
+      if self.raw_parser is not None:
+        signatures.update(self._raw_ranking_signatures(names))
+      return signatures
 
     query, candidate = self.model.query_features, self.model.candidate_features
     q_sig = input_signature(self._specs, self._num_dense, query)
@@ -158,10 +185,67 @@ class ServingModule(tf.Module):
       return {"scores": values,
               "candidate_ids": tf.gather(self.corpus_ids, index)}
 
-    return {"serving_default": top_k.get_concrete_function(q_sig),
-            "query_embeddings": query_embeddings.get_concrete_function(q_sig),
-            "candidate_embeddings":
-                candidate_embeddings.get_concrete_function(c_sig)}
+    signatures = {"serving_default": top_k.get_concrete_function(q_sig),
+                  "query_embeddings": query_embeddings.get_concrete_function(q_sig),
+                  "candidate_embeddings":
+                      candidate_embeddings.get_concrete_function(c_sig)}
+    if self.raw_parser is not None:
+      signatures.update(self._raw_retrieval_signatures())
+    return signatures
+
+  # -- raw signatures ---------------------------------------------------------
+
+  def _raw_features(self, inputs: Mapping[str, tf.Tensor], names: Sequence[str]):
+    """Raw inputs -> (features of `names`, `unknown_<input>` flags)."""
+    features = self.raw_parser.parse_raw(inputs, names)
+    unknown = {f"unknown_{k}": v for k, v in self.raw_parser.unknown(inputs).items()}
+    return features, unknown
+
+  def _raw_ranking_signatures(self, names: Sequence[str]) -> Dict[str, Any]:
+    """"serving_raw": raw values -> scores, via the source's own parser."""
+    sig = self.raw_parser.raw_feature_spec(names, dense=bool(self._num_dense))
+
+    @tf.function(autograph=False)
+    def serve_raw(inputs):
+      features, unknown = self._raw_features(inputs, names)
+      scores = self.model(self.activations(features, names), features, training=False)
+      return {"scores": scores, **unknown}
+
+    return {"serving_raw": serve_raw.get_concrete_function(sig)}
+
+  def _raw_retrieval_signatures(self) -> Dict[str, Any]:
+    """The retrieval signatures on raw values: top-k and both towers."""
+    query, candidate = self.model.query_features, self.model.candidate_features
+    q_sig = self.raw_parser.raw_feature_spec(query, dense=bool(self._num_dense))
+    c_sig = self.raw_parser.raw_feature_spec(candidate)
+
+    def tower(names, embed):
+      @tf.function(autograph=False)
+      def embeddings(inputs):
+        features, unknown = self._raw_features(inputs, names)
+        acts = self.activations(features, names)
+        return {"embeddings": embed(acts, features), **unknown}
+      return embeddings
+
+    raw_query = tower(query, self.model.query_embeddings)
+    raw_candidate = tower(candidate, self.model.candidate_embeddings)
+    id_feature = self.model.candidate_id_feature
+
+    @tf.function(autograph=False)
+    def raw_top_k(inputs):
+      out = raw_query(inputs)
+      scores = tf.matmul(out.pop("embeddings"), self.corpus_embeddings, transpose_b=True)
+      values, index = tf.math.top_k(scores, k=self._k)
+      ids = tf.gather(self.corpus_ids, index)
+      out.update(scores=values, candidate_ids=ids)
+      names = self.raw_parser.raw_ids(id_feature, ids)
+      if names is not None:
+        out["candidate_raw_ids"] = names
+      return out
+
+    return {"serving_raw": raw_top_k.get_concrete_function(q_sig),
+            "raw_query_embeddings": raw_query.get_concrete_function(q_sig),
+            "raw_candidate_embeddings": raw_candidate.get_concrete_function(c_sig)}
 
 
 def export(trainer: Any, export_dir: str, k: int = 100) -> str:
@@ -186,16 +270,23 @@ def export(trainer: Any, export_dir: str, k: int = 100) -> str:
     trainer.index_corpus()
     ids, embeddings = trainer.model.corpus_index.corpus()
     corpus = (tf.convert_to_tensor(ids), tf.convert_to_tensor(embeddings))
+  raw_parser = trainer.source.raw_parser()
+  if raw_parser is None:
+    log.info("export: no raw-feature signature: %s has no raw form (its "
+             "raw_parser() is None, as for synthetic data); the signatures take "
+             "ids.", type(trainer.source).__name__)
   module = ServingModule(trainer.model,
                          serving.ServingEmbedding.from_backend(trainer.backend),
                          trainer.source.feature_specs,
                          int(getattr(trainer.source, "num_dense", 0) or 0),
-                         corpus=corpus, k=k)
+                         corpus=corpus, k=k, raw_parser=raw_parser)
   # Written next to export_dir and swapped in whole: a kill at any moment
   # leaves the previous export (if any) loadable, never a mixture.
   with atomic_dir.replaced_atomically(export_dir,
                                       may_replace=_is_saved_model) as tmp:
-    tf.saved_model.save(module, tmp, signatures=module.signatures())
+    signatures = module.signatures()
+    tf.saved_model.save(module, tmp, signatures=signatures)
+  log.info("exported signatures: %s", ", ".join(sorted(signatures)))
   return export_dir
 
 

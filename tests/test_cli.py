@@ -133,6 +133,9 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path):
   done = run_recsys("export", "--model_dir", str(model_dir),
                     "--export_dir", str(export_dir))
   assert done.returncode == 0, done.stderr[-3000:]
+  # Synthetic data has no raw form: the export says it has only id signatures.
+  assert "no raw-feature signature: SyntheticCTR has no raw form" in done.stderr
+  assert "exported signatures: serving_default\n" in done.stderr
 
   # Reference predictions in this process, from the checkpoint, through the
   # tensorcore backend's lookups (not the export's serving lookups).

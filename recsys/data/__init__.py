@@ -11,8 +11,11 @@ Every source yields `(features, labels)` batches:
     labels = float32 [B]
 
 and describes its categorical features with `feature_specs` (`FeatureSpec`)
-and `num_dense`. `dataset(batch_size, training=..., input_context=...)`
-takes the PER-REPLICA batch size; `distribute()` wires a source into
+and `num_dense`. File-backed sources also have a `raw_parser()` (`RawParser`):
+the TF transformation of raw values into `features` that their reader and the
+export's raw serving signature share.
+`dataset(batch_size, training=..., input_context=...)` takes the PER-REPLICA
+batch size; `distribute()` wires a source into
 `strategy.distribute_datasets_from_function`.
 """
 
@@ -21,6 +24,7 @@ from recsys.data.criteo import (CATEGORICAL_NAMES, KAGGLE_VOCAB_SIZES, MLPERF_VO
 from recsys.data.errors import DataFormatError, DatasetNotFoundError
 from recsys.data.movielens import MovieLens, MovieLensConfigError
 from recsys.data.pipeline import DataSource, InvalidBatchSizeError, distribute
+from recsys.data.raw import RawParser
 from recsys.data.spec import FeatureSpec
 from recsys.data.synthetic_ctr import SyntheticConfigError, SyntheticCTR
 from recsys.data.synthetic_retrieval import SyntheticRetrieval, SyntheticRetrievalConfigError
@@ -39,6 +43,7 @@ __all__ = [
     "MalformedLines",
     "MovieLens",
     "MovieLensConfigError",
+    "RawParser",
     "SyntheticCTR",
     "SyntheticConfigError",
     "SyntheticRetrieval",

@@ -46,16 +46,14 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from recsys.data.criteo_raw import (CATEGORICAL_NAMES, DENSE_NAMES, DENSE_PATTERN,
+                                    NUM_CATEGORICAL, NUM_DENSE, CriteoRawParser)
 from recsys.data.errors import DataFormatError, DatasetNotFoundError
 from recsys.data.pipeline import AUTOTUNE, BatchRequest, DataSource
 from recsys.data.spec import FeatureSpec
 
 log = logging.getLogger("recsys.data.criteo")
 
-NUM_DENSE = 13
-NUM_CATEGORICAL = 26
-DENSE_NAMES = tuple(f"I{i}" for i in range(1, NUM_DENSE + 1))
-CATEGORICAL_NAMES = tuple(f"C{i}" for i in range(1, NUM_CATEGORICAL + 1))
 
 #: Vocabulary sizes of the MLPerf DLRM benchmark (Terabyte, ids capped at 40M),
 #: as in the Cloud TPU DLRM tutorial and the TF Model Garden.
@@ -74,9 +72,7 @@ _REASONS = ("", "wrong number of tab-separated columns", "label is not 0 or 1",
             "a dense (integer) column is not an integer (an optional '-' and 1 "
             "to 38 digits, or empty)",
             "the line is not valid UTF-8 text")
-#: A dense value: empty, or an integer that float32 holds (at most 38 digits;
-#: 40 digits became inf). A lone '-' is not a number.
-_DENSE = r"(-?[0-9]{1,38})?"
+_DENSE = DENSE_PATTERN
 _LOGGED_SKIPS = 10
 
 
@@ -421,6 +417,7 @@ class CriteoTSV(DataSource):
             f"vocab_dir {vocab_dir!r} holds none of C1.txt .. C26.txt.")
     self.vocab_sizes = sizes
     self.feature_specs = [FeatureSpec(name, v) for name, v in zip(CATEGORICAL_NAMES, sizes)]
+    self._raw = CriteoRawParser(sizes, self._tables)
 
   def _resolve(self, train_files, eval_files, data_dir, train_days, eval_days):
     if data_dir is not None:
@@ -533,22 +530,15 @@ class CriteoTSV(DataSource):
 
     with tf.control_dependencies(deps):
       table = tf.reshape(tf.strings.split(lines, "\t").flat_values, [-1, ncol])
-    dense_str = table[:, offset:offset + NUM_DENSE]
-    dense_str = tf.where(dense_str == "", "0", dense_str)
-    dense = tf.math.log1p(tf.maximum(tf.strings.to_number(dense_str, tf.float32), 0.0))
-    categorical = {}
-    for j, name in enumerate(CATEGORICAL_NAMES):
-      values = table[:, offset + NUM_DENSE + j]
-      if j in self._tables:
-        ids = self._tables[j].lookup(values)
-      else:
-        ids = tf.strings.to_hash_bucket_fast(values, self.vocab_sizes[j] - 1) + 1
-      categorical[name] = tf.where(values == "", tf.constant(0, tf.int64), ids)
+    # The line pattern has checked the dense columns: no second check here.
+    raw = {name: table[:, offset + k]
+           for k, name in enumerate(DENSE_NAMES + CATEGORICAL_NAMES)}
+    features = self._raw.parse_raw(raw, CATEGORICAL_NAMES, validate=False)
     if self.has_label:
       labels = tf.strings.to_number(table[:, 0], tf.float32)
     else:
-      labels = tf.zeros(tf.shape(dense)[:1], tf.float32)
-    return {"dense": dense, "categorical": categorical}, labels
+      labels = tf.zeros(tf.shape(features["dense"])[:1], tf.float32)
+    return features, labels
 
   # ------------------------------------------------------------------ batches
 
@@ -626,6 +616,10 @@ class CriteoTSV(DataSource):
       tf.py_function(log_total, [], [])
       return x
     return tf.data.Dataset.range(1).map(report).flat_map(lambda _: ds.take(0))
+
+  def raw_parser(self) -> CriteoRawParser:
+    """The raw columns -> features transformation `_parse` uses (for serving)."""
+    return self._raw
 
   def malformed_lines(self) -> int:
     """How many malformed lines the "skip" policy has dropped so far."""

@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from recsys.data import movielens_files
 from recsys.data import movielens_split_files
+from recsys.data.movielens_raw import MovieLensRawParser
 from recsys.data.pipeline import AUTOTUNE, Batch, BatchRequest, DataSource, candidate_batches
 from recsys.data.spec import FeatureSpec
 
@@ -58,11 +59,6 @@ def _sorted_vocab(values) -> List[str]:
   if values and all(v.isdigit() for v in values):
     values.sort(key=int)
   return values
-
-
-def _encode(values: Sequence[str], vocab: List[str]) -> np.ndarray:
-  index = {v: i + 1 for i, v in enumerate(vocab)}
-  return np.array([index.get(v, 0) for v in values], np.int64)
 
 
 def _age_bucket(age: str) -> int:
@@ -171,8 +167,6 @@ class MovieLens(DataSource):
     user_vocab = _sorted_vocab(list(raw.user) + list(raw.users))
     item_vocab = _sorted_vocab(list(raw.item) + list(raw.items))
     self.num_users, self.num_items = len(user_vocab), len(item_vocab)
-    user = _encode(raw.user, user_vocab)
-    item = _encode(raw.item, item_vocab)
     side = {name: np.zeros(self.num_users + 1, np.int64) for name in QUERY_FEATURES[1:5]}
     occupations = _sorted_vocab(u["occupation"] for u in raw.users.values() if u["occupation"])
     zips = _sorted_vocab(u["zip"][:zip_prefix_length] for u in raw.users.values() if u["zip"])
@@ -192,9 +186,8 @@ class MovieLens(DataSource):
     for iid, names in raw.items.items():
       ids = sorted(genre_index[g] for g in set(names))
       bags[item_index[iid]] = ids or [0]
-    self._side = side
-    self._genre_values = np.concatenate([np.array(b, np.int64) for b in bags])
-    self._genre_lengths = np.array([len(b) for b in bags], np.int64)
+    genre_values = np.concatenate([np.array(b, np.int64) for b in bags])
+    genre_lengths = np.array([len(b) for b in bags], np.int64)
     vocab_sizes = {
         "user_id": self.num_users + 1, "item_id": self.num_items + 1,
         "user_age": len(AGE_BOUNDARIES) + 2, "user_gender": 3,
@@ -218,7 +211,7 @@ class MovieLens(DataSource):
             f"available: {', '.join(available)}.")
       chosen = [f for f in ALL_FEATURES if f in set(features) | {"user_id", "item_id"}]
     self._chosen = chosen
-    max_genres = int(self._genre_lengths.max())
+    max_genres = int(genre_lengths.max())
     self.feature_specs = [
         FeatureSpec(name, vocab_sizes[name],
                     multi_hot=(name == "item_genres"),
@@ -228,7 +221,7 @@ class MovieLens(DataSource):
     self.candidate_features = [f for f in chosen if f in CANDIDATE_FEATURES]
 
     # Split.
-    n = len(user)
+    n = len(raw.user)
     num_test = int(round(test_fraction * n))
     if split == "random":
       order = np.random.default_rng([self.seed, 3]).permutation(n)
@@ -239,11 +232,19 @@ class MovieLens(DataSource):
     if file_is_test is not None:  # the split the files give, as given
       is_test = file_is_test
     keep = raw.rating >= min_rating if task == "retrieval" else np.ones(n, bool)
-    stamp = np.zeros(n, np.int64)
+    edges = None
     if timestamp_buckets > 0:
       train_ts = raw.timestamp[~is_test]
       edges = np.quantile(train_ts, np.linspace(0, 1, timestamp_buckets + 1)[1:-1])
-      stamp = 1 + np.searchsorted(edges, raw.timestamp, side="right")
+
+    # Every rating is encoded by the parser that the export's raw signature
+    # runs too: training and serving map raw ids the same way.
+    self._raw = MovieLensRawParser(user_vocab, item_vocab, side, genre_values,
+                                   genre_lengths, edges)
+    user = self._raw.user_index(raw.user).numpy()
+    item = self._raw.item_index(raw.item).numpy()
+    stamp = (self._raw.timestamp_bucket(raw.timestamp).numpy() if edges is not None
+             else np.zeros(n, np.int64))
     self._splits = {}
     for name, mask in (("train", ~is_test & keep), ("test", is_test & keep)):
       rows = np.flatnonzero(mask)
@@ -258,26 +259,15 @@ class MovieLens(DataSource):
 
   # ----------------------------------------------------------------- batches
 
-  def _genre_table(self) -> tf.RaggedTensor:
-    return tf.RaggedTensor.from_row_lengths(self._genre_values, self._genre_lengths,
-                                            validate=False)
+  def raw_parser(self) -> MovieLensRawParser:
+    """The raw ids -> features transformation the reader uses (for serving)."""
+    return self._raw
 
   def _item_features(self, item: tf.Tensor) -> Dict[str, tf.Tensor]:
-    out = {"item_id": item}
-    if "item_genres" in self._chosen:
-      out["item_genres"] = tf.gather(self._genre_table(), item)
-    return out
+    return self._raw.categorical(self.candidate_features, item=item)
 
   def _lookup(self, user, item, rating, stamp) -> Batch:
-    categorical = {"user_id": user}
-    for name in QUERY_FEATURES[1:5]:
-      if name in self._chosen:
-        categorical[name] = tf.gather(self._side[name], user)
-    if "timestamp" in self._chosen:
-      categorical["timestamp"] = stamp
-    categorical.update(self._item_features(item))
-    categorical = {name: categorical[name] for name in self._chosen}
-    features = {"categorical": categorical}
+    features = {"categorical": self._raw.categorical(self._chosen, user, item, stamp)}
     if self.task == "retrieval":
       features["candidate_sampling_probability"] = tf.gather(self._item_probability, item)
       return features, tf.ones(tf.shape(user), tf.float32)

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 import tensorflow as tf
 
+from recsys.data.raw import RawParser
 from recsys.data.spec import FeatureSpec
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -105,6 +106,15 @@ class DataSource(abc.ABC):
     raise NotImplementedError(
         f"{type(self).__name__} implements neither _batches(request) nor dataset(...); "
         "a DataSource needs one of them.")
+
+  def raw_parser(self) -> Optional[RawParser]:
+    """The TF transformation of this source's raw values into `features`.
+
+    File-backed sources return the parser their reader itself uses, so an
+    export can serve raw features exactly as training saw them; None (the
+    default, and synthetic sources) means the source has no raw form.
+    """
+    return None
 
   def spec(self, name: str) -> FeatureSpec:
     """The `FeatureSpec` called `name` (raises KeyError listing the names)."""

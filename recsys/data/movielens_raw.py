@@ -1,0 +1,157 @@
+"""MovieLens raw ids -> model inputs: the one transformation reader and serving share.
+
+`MovieLens` builds its vocabularies and side-feature tables once from the
+files (NumPy), then encodes every rating through `MovieLensRawParser`: raw
+user and item ids (strings, surrounding whitespace ignored as the reader
+ignores it) become contiguous ids by vocabulary lookup, timestamps (int64
+seconds) become quantile buckets of the training timestamps, and the user's
+side features (age, gender, occupation, zip prefix) and the item's genres
+are gathered by those ids. The export's raw signature runs the same parser
+on the ids a client sends.
+
+Out of vocabulary: a user or item id that was not in the files maps to id
+0, which is also what its side features become (unknown age, gender, ...,
+genres `[0]`). Training never sees id 0 for user_id or item_id, so its
+embedding row holds its initial values: `unknown()` flags such rows and the
+export returns the flags next to the scores.
+"""
+
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from recsys.data.raw import RawParser
+
+USER_SIDE_FEATURES = ("user_age", "user_gender", "user_occupation", "user_zip")
+ITEM_SIDE_FEATURES = ("item_genres",)
+
+
+def _vocabulary_table(values: Sequence[str]) -> tf.lookup.StaticHashTable:
+  """Raw id -> its line in `values` + 1; anything else -> 0."""
+  with tf.init_scope():
+    return tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(
+            tf.constant(list(values), tf.string),
+            tf.range(1, len(values) + 1, dtype=tf.int64)), default_value=0)
+
+
+class MovieLensRawParser(RawParser):
+  """Raw MovieLens ids -> `features["categorical"]`.
+
+  Args:
+    user_vocab, item_vocab: raw ids in id order (id i + 1 for entry i).
+    user_side: feature name -> int64 `[num_users + 1]`, the side-feature id
+      of each user id (row 0: unknown user).
+    genre_values, genre_lengths: the genre bag of each item id (row 0: `[0]`).
+    timestamp_edges: ascending float64 bucket edges; bucket = 1 + the number
+      of edges <= the timestamp. None: no timestamp feature.
+
+  Example:
+    >>> parser.parse_raw({"user_id": tf.constant(["196"]),
+    ...                   "item_id": tf.constant(["242"])}, ["user_id", "item_id"])
+    {'categorical': {'user_id': <[1] int64>, 'item_id': <[1] int64>}}
+  """
+
+  def __init__(self, user_vocab: Sequence[str], item_vocab: Sequence[str],
+               user_side: Mapping[str, np.ndarray], genre_values: np.ndarray,
+               genre_lengths: np.ndarray, timestamp_edges: Optional[np.ndarray] = None):
+    super().__init__(name="movielens_raw_parser")
+    self.user_table = _vocabulary_table(user_vocab)
+    self.item_table = _vocabulary_table(item_vocab)
+    self._item_vocab = np.array([""] + list(item_vocab), dtype=object)
+    self._user_side = {k: np.asarray(v, np.int64) for k, v in user_side.items()}
+    self._genre_values = np.asarray(genre_values, np.int64)
+    self._genre_lengths = np.asarray(genre_lengths, np.int64)
+    self._edges = (None if timestamp_edges is None
+                   else np.asarray(timestamp_edges, np.float64))
+
+  # -- the pieces the reader uses -------------------------------------------
+
+  def user_index(self, user: Any) -> tf.Tensor:
+    """Raw user ids (string `[B]`) -> int64 ids `[B]`, 0 if unknown."""
+    return self.user_table.lookup(tf.strings.strip(tf.convert_to_tensor(user, tf.string)))
+
+  def item_index(self, item: Any) -> tf.Tensor:
+    """Raw item ids (string `[B]`) -> int64 ids `[B]`, 0 if unknown."""
+    return self.item_table.lookup(tf.strings.strip(tf.convert_to_tensor(item, tf.string)))
+
+  def timestamp_bucket(self, timestamp: Any) -> tf.Tensor:
+    """Seconds (int64 `[B]`) -> bucket ids 1..len(edges) + 1 `[B]`."""
+    if self._edges is None:
+      raise ValueError("this MovieLens source has no timestamp feature "
+                       "(timestamp_buckets = 0).")
+    seconds = tf.cast(tf.convert_to_tensor(timestamp, tf.int64), tf.float64)
+    if not self._edges.size:
+      return tf.ones_like(seconds, tf.int64)
+    return 1 + tf.searchsorted(tf.constant(self._edges), seconds, side="right",
+                               out_type=tf.int64)
+
+  def categorical(self, feature_names: Sequence[str], user: Optional[tf.Tensor] = None,
+                  item: Optional[tf.Tensor] = None,
+                  stamp: Optional[tf.Tensor] = None) -> Dict[str, tf.Tensor]:
+    """`features["categorical"]` of `feature_names` from encoded ids `[B]`.
+
+    Args:
+      feature_names: the features to build, in this order.
+      user, item: int64 user / item ids (needed by user_* / item_* features).
+      stamp: int64 timestamp buckets (needed by "timestamp").
+    """
+    out = {}
+    for name in feature_names:
+      if name == "user_id":
+        out[name] = user
+      elif name in USER_SIDE_FEATURES:
+        out[name] = tf.gather(self._user_side[name], user)
+      elif name == "item_id":
+        out[name] = item
+      elif name == "item_genres":
+        genres = tf.RaggedTensor.from_row_lengths(self._genre_values, self._genre_lengths,
+                                                  validate=False)
+        out[name] = tf.gather(genres, item)
+      elif name == "timestamp":
+        out[name] = stamp
+      else:
+        raise KeyError(f"MovieLens has no feature {name!r}.")
+    return out
+
+  # -- RawParser --------------------------------------------------------------
+
+  def raw_feature_spec(self, feature_names: Sequence[str],
+                       dense: bool = False) -> Dict[str, tf.TensorSpec]:
+    """user_id / item_id string `[B]` and timestamp int64 `[B]`, as the names need."""
+    del dense  # MovieLens has no dense features
+    spec = {}
+    if any(n == "user_id" or n in USER_SIDE_FEATURES for n in feature_names):
+      spec["user_id"] = tf.TensorSpec([None], tf.string, "user_id")
+    if any(n == "item_id" or n in ITEM_SIDE_FEATURES for n in feature_names):
+      spec["item_id"] = tf.TensorSpec([None], tf.string, "item_id")
+    if "timestamp" in feature_names:
+      spec["timestamp"] = tf.TensorSpec([None], tf.int64, "timestamp")
+    return spec
+
+  def parse_raw(self, raw: Mapping[str, tf.Tensor],
+                feature_names: Sequence[str]) -> Dict[str, Any]:
+    """Raw `user_id`, `item_id`, `timestamp` -> `{"categorical": ...}` of the names."""
+    user = self.user_index(raw["user_id"]) if "user_id" in raw else None
+    item = self.item_index(raw["item_id"]) if "item_id" in raw else None
+    stamp = self.timestamp_bucket(raw["timestamp"]) if "timestamp" in raw else None
+    return {"categorical": self.categorical(feature_names, user, item, stamp)}
+
+  def unknown(self, raw: Mapping[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+    """user_id / item_id -> True where the raw id is not in the files (id 0)."""
+    out = {}
+    if "user_id" in raw:
+      out["user_id"] = tf.equal(self.user_index(raw["user_id"]), 0)
+    if "item_id" in raw:
+      out["item_id"] = tf.equal(self.item_index(raw["item_id"]), 0)
+    return out
+
+  def raw_ids(self, feature_name: str, ids: tf.Tensor) -> Optional[tf.Tensor]:
+    """item_id ids -> the raw item ids (id 0 -> "")."""
+    if feature_name != "item_id":
+      return None
+    return tf.gather(tf.constant(self._item_vocab.astype(str), tf.string), ids)
+
+
+__all__ = ["MovieLensRawParser"]

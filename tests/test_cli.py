@@ -292,3 +292,19 @@ def test_tf_startup_noise_is_dropped_and_the_rest_kept():
            "E0000 00:00:1.2 1 cuda_platform.cc:52] failed call to cuInit: INTERNAL\n",
            "E0000 00:00:1.3 1 something.cc:1] a real error\n"]
   assert _tf_startup.keep(lines) == lines[3:]
+
+
+def test_train_refuses_a_memory_plan_beyond_the_host(tmp_path, capsys):
+  """Criteo at MLPerf vocabularies, uncapped: ~100 GiB of tables, refused
+  before any is allocated, naming the largest; cpu_small.gin is the way out."""
+  (tmp_path / "train.txt").write_text("1\t" + "\t".join(["1"] * 13 + ["a"] * 26) + "\n")
+  code = cli.main(["train", "--gin_file", os.path.join(config.EXPERIMENTS_DIR, "criteo_dlrm.gin"),
+                   "--gin_bindings", f"CRITEO_DIR = '{tmp_path}'",
+                   "--gin_bindings", "CriteoTSV.vocab_sizes = 'mlperf'",
+                   "--gin_bindings", "CriteoTSV.max_vocab_size = None",
+                   "--model_dir", str(tmp_path / "run")])
+  err = capsys.readouterr().err
+  assert code == 1
+  assert "MemoryPlanError" in err and "C1 (39884406 x 128, 0 slot(s): 19.0 GiB)" in err
+  assert "cpu_small.gin" in err and "--skip_memory_check" in err
+  assert not os.path.exists(tmp_path / "run" / "checkpoints")

@@ -31,6 +31,7 @@ _EXPORTS = {
     "BackendUnavailableError": "backends.base",
     "Capabilities": "backends.base",
     "EmbeddingBackend": "backends.base",
+    "UnappliedGradientsError": "backends.pending",
     "UnknownBackendError": "backends.registry",
     "available": "backends.registry",
     "create": "backends.registry",

@@ -38,6 +38,7 @@ import inspect
 import logging
 from typing import Any, Dict, Mapping, Optional
 
+from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
 import backends
@@ -185,7 +186,10 @@ class Embedding(keras.layers.Layer):
 
   def call(self, features: Any, weights: Optional[Any] = None,
            training: Optional[bool] = None) -> Any:
-    if not (training and self._trains):
+    # A training lookup only where a tape can take its gradients (fit's
+    # train_step): `model(x, training=True)` outside a tape (e.g. dropout at
+    # inference) must not leave a lookup whose gradients never come.
+    if not (training and self._trains and record.could_possibly_record()):
       return self.embedding.lookup(features, weights, training=False)
     activations = self.embedding.lookup(features, weights, training=True)
     flat = nest.flatten(activations)

@@ -64,7 +64,8 @@ def train(model_dir: str,
           nonfinite_policy: str = "stop",
           jit_compile: Optional[bool] = None,
           strategy: Optional[tf.distribute.Strategy] = None,
-          action: str = "train") -> Union[Dict[str, float], Trainer]:
+          action: str = "train",
+          feature_config: Optional[Mapping[str, Any]] = None) -> Union[Dict[str, float], Trainer]:
   """Builds the strategy and the Trainer, then trains or evaluates.
 
   Args:
@@ -100,6 +101,8 @@ def train(model_dir: str,
     strategy: an already built strategy (Python callers; overrides `tpu`).
     action: "train" (returns final metrics), "evaluate" (restores the latest
       checkpoint, returns eval metrics) or "build" (returns the Trainer).
+    feature_config: with `data` an unbatched `tf.data.Dataset` (Python
+      callers): the tables to train as TF `FeatureConfig`s, used as is.
 
   Raises:
     ValueError: unknown action, or inconsistent settings (see `Trainer`).
@@ -121,7 +124,8 @@ def train(model_dir: str,
       eval_every=eval_every, eval_steps=eval_steps,
       checkpoint_every=checkpoint_every, max_checkpoints=max_checkpoints,
       seed=seed, progress_bar=progress_bar, summaries=summaries,
-      nonfinite_policy=nonfinite_policy, jit_compile=jit_compile)
+      nonfinite_policy=nonfinite_policy, jit_compile=jit_compile,
+      feature_config=feature_config)
   if action == "build":
     return trainer
   if action == "evaluate":

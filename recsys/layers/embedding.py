@@ -106,6 +106,8 @@ class Embedding(keras.layers.Layer):
     sparse_core_embedding_config: passed to SparseCore (tpu_embedding V2).
     backend: "auto" (default: chosen from the strategy in scope when the layer
       is constructed, like TFRS's layer) or a backend name.
+    strategy: the strategy to build and run under (default: the one in scope
+      when the layer is constructed).
     backend_options: extra keyword arguments of the backend's constructor
       (e.g. `bag_widths`, `invalid_ids`).
     **kwargs: Keras `Layer` arguments (`name`, ...).
@@ -132,9 +134,9 @@ class Embedding(keras.layers.Layer):
                *,
                backend: str = "auto",
                backend_options: Optional[Mapping[str, Any]] = None,
+               strategy: Optional[tf.distribute.Strategy] = None,
                **kwargs: Any):
     super().__init__(**kwargs)
-    strategy = tf.distribute.get_strategy()
     if embedding_feature is not None:
       unsupported = tf.tpu.experimental.HardwareFeature.EmbeddingFeature.UNSUPPORTED
       if embedding_feature != unsupported:
@@ -158,6 +160,7 @@ class Embedding(keras.layers.Layer):
       if key in accepted and value not in (None, False):
         options[key] = value
     options.update(backend_options or {})
+    # strategy None: the backend takes the strategy in scope.
     self.embedding = cls(feature_config, embedding_optimizer(optimizer),
                          strategy=strategy, **options)
     self.backend_name = name

@@ -125,7 +125,7 @@ class KerasRecommender(keras.Model):
     return self._results(self._loss(data, training=False))
 
   def _results(self, loss: tf.Tensor) -> Dict[str, tf.Tensor]:
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    replicas = self.distribute_strategy.num_replicas_in_sync
     out = {m.name: m.result() for m in self.model.metrics}
     # compute_loss is per replica (divided by the global batch): Keras
     # averages logged values over replicas, so scale back to the batch mean.

@@ -9,7 +9,11 @@ reason) and trains the tables with the layer's embedding optimizer — the TPU
 optimizer math — on CPU, GPU and TPU alike. Inside any `tf.keras.Model` or
 `tfrs.Model`, `compile(optimizer=...)` + `fit()` trains the tables with the
 embedding optimizer and every other variable with the Keras optimizer
-(`recsys.layers.gradient_trap`).
+(`recsys.layers.gradient_trap`), under the default strategy,
+`MirroredStrategy`, `MultiWorkerMirroredStrategy` (tensorcore backend) and
+`ParameterServerStrategy` (sharded backend, steps scheduled by Keras on the
+workers); under a `TPUStrategy` the backend is the TPU's (dispatch tested
+on CPU only: no TPU here).
 
 Checkpoints: the layer's `embedding` attribute is the backend, whose
 variables are `<table>` and `<table>.S<slot>` (TF's mid-level API names), so

@@ -209,10 +209,6 @@ class Embedding(keras.layers.Layer):
     return nest.pack_sequence_as(
         structure, gradient_trap.trap(flat, self._trap_variable, apply))
 
-  def compute_output_shape(self, input_shape: Any) -> Any:
-    del input_shape
-    raise NotImplementedError("Embedding output shapes follow feature_config.")
-
   def get_config(self) -> Dict[str, Any]:
     raise NotImplementedError(
         "Embedding holds TableConfig objects and cannot be rebuilt from a "

@@ -1,5 +1,8 @@
 """A SavedModel of a Keras model with the layer serves without this project.
 
+Both `tf.saved_model.save` (with a serving function) and Keras's
+`model.save(..., save_format="tf")` are loaded.
+
 The model is trained with `fit`, saved with `tf.saved_model.save`, and loaded
 in a fresh Python process in which importing `recsys` or `backends` raises
 (an import blocker), from another directory with PYTHONPATH empty: its
@@ -61,6 +64,8 @@ def test_saved_model_serves_in_a_process_without_the_project(tmp_path):
   root = tf.Module()
   root.model, root.serve = model, serve
   tf.saved_model.save(root, export_dir)
+  keras_dir = str(tmp_path / "keras_saved")
+  model.save(keras_dir, save_format="tf")  # Keras's SavedModel format
   want = serve(tf.constant(x["user"]), x["movies"])["scores"].numpy()
   for c, var in model.embedding.embedding_tables.items():  # fit trained them
     assert not np.allclose(var.numpy(), before[c.name])
@@ -78,8 +83,12 @@ def test_saved_model_serves_in_a_process_without_the_project(tmp_path):
       loaded = tf.saved_model.load({export_dir!r})
       out = loaded.serve(tf.constant(inputs["user"], tf.int64),
                          tf.ragged.constant(inputs["movies"], tf.int64))
+      features = {{"user": tf.constant(inputs["user"], tf.int64),
+                   "movies": tf.ragged.constant(inputs["movies"], tf.int64)}}
+      keras_out = tf.saved_model.load({keras_dir!r})(features, training=False)
       assert not any(m.split(".")[0] in ("recsys", "backends") for m in sys.modules)
-      print(json.dumps(out["scores"].numpy().tolist()))
+      print(json.dumps([out["scores"].numpy().tolist(),
+                        keras_out.numpy().tolist()]))
       """)
   inputs = {"user": x["user"].tolist(), "movies": x["movies"].to_list()}
   env = dict(os.environ, PYTHONPATH="", TF_CPP_MIN_LOG_LEVEL="3")
@@ -87,5 +96,7 @@ def test_saved_model_serves_in_a_process_without_the_project(tmp_path):
                           capture_output=True, text=True, timeout=300,
                           cwd=str(tmp_path), env=env)
   assert result.returncode == 0, result.stderr[-3000:]
-  served = np.array(json.loads(result.stdout.strip().splitlines()[-1]), np.float32)
-  np.testing.assert_allclose(served, want, rtol=1e-6, atol=1e-6)
+  served, served_keras = json.loads(result.stdout.strip().splitlines()[-1])
+  np.testing.assert_allclose(np.array(served, np.float32), want, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(np.array(served_keras, np.float32), want,
+                             rtol=1e-6, atol=1e-6)

@@ -10,6 +10,7 @@ import functools
 import numpy as np
 import pytest
 
+from recsys import layers
 from recsys._keras import keras, tf
 from recsys.models import DLRM, TwoTower
 from recsys.models.keras_model import KerasRecommender
@@ -72,6 +73,19 @@ def test_fit_equals_the_trainer(tmp_path, replicas):
   for got, want in zip(model.model.get_weights(), trainer.model.get_weights()):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
   assert np.isfinite(history.history["loss"]).all()
+
+  # The Trainer's checkpoint -> a fresh layer (its `embedding=` node).
+  path = trainer.save()
+  fresh = layers.Embedding(config(), E.Adagrad(0.1))
+  fresh.build(None)
+  tf.train.Checkpoint(embedding=fresh.embedding).restore(path).expect_partial()
+  for table, slots in trainer.backend.slot_variables().items():
+    got = fresh.embedding.slot_variables()[table]
+    for name, var in slots.items():
+      np.testing.assert_array_equal(got[name].numpy(), var.numpy())
+  for c, var in trainer.backend.embedding_tables.items():
+    got = [v for t, v in fresh.embedding_tables.items() if t.name == c.name][0]
+    np.testing.assert_array_equal(got.numpy(), var.numpy())
 
 
 def test_two_tower_fits_evaluates_and_predicts_on_a_feature_dict_dataset():

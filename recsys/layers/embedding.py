@@ -194,9 +194,11 @@ class Embedding(keras.layers.Layer):
   def call(self, features: Any, weights: Optional[Any] = None,
            training: Optional[bool] = None) -> Any:
     # A training lookup only where a tape can take its gradients (fit's
-    # train_step): `model(x, training=True)` outside a tape (e.g. dropout at
-    # inference) must not leave a lookup whose gradients never come.
-    if not (training and self._trains and record.could_possibly_record()):
+    # train_step) and will (the layer is trainable, so Keras differentiates
+    # the trap's anchor): `model(x, training=True)` outside a tape, or a
+    # frozen layer, must not leave a lookup whose gradients never come.
+    if not (training and self._trains and self.trainable and
+            record.could_possibly_record()):
       return self.embedding.lookup(features, weights, training=False)
     activations = self.embedding.lookup(features, weights, training=True)
     flat = nest.flatten(activations)

@@ -229,6 +229,22 @@ def test_evaluate_and_predict_do_not_train():
     np.testing.assert_array_equal(value, before[name])
 
 
+def test_a_frozen_layer_keeps_its_tables_while_fit_trains_the_rest():
+  config = feature_config()
+  emb = layers.Embedding(config, E.Adagrad(0.1))
+  model = ranking_model(emb)
+  emb.trainable = False
+  model.compile(optimizer="sgd", loss="mse")
+  x, y = data()
+  model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)  # builds
+  before = _by_name(emb.embedding_tables)
+  kernel = model.layers[-1].get_weights()[0]
+  model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)  # no pending error
+  for name, value in _by_name(emb.embedding_tables).items():
+    np.testing.assert_array_equal(value, before[name])
+  assert not np.allclose(model.layers[-1].get_weights()[0], kernel)
+
+
 def test_keras_optimizer_as_embedding_optimizer_is_refused():
   with pytest.raises(ValueError, match="TPU optimizer math"):
     layers.Embedding(feature_config(), keras.optimizers.Adagrad(0.1))

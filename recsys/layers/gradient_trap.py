@@ -15,8 +15,8 @@ gradient for the trap variable, which the Keras optimizer then leaves at 0.
 No `train_step` override is needed, so any `tf.keras.Model` or `tfrs.Model`
 works.
 
-This module is the only place that knows this trick (see ../STYLE: "confine
-the gradient trap to one adapter module").
+This module is the only place that knows this trick; everything else calls
+the backend's `lookup` and `apply_gradients` explicitly.
 """
 
 from typing import Any, Callable, List
@@ -52,6 +52,4 @@ def trap(activations: List[tf.Tensor], trap_variable: tf.Variable,
 
     return [tf.identity(a) for a in acts], grad
 
-  out = identity(trap_variable.read_value() if hasattr(trap_variable, "read_value")
-                 else tf.convert_to_tensor(trap_variable), *activations)
-  return list(out)
+  return list(identity(tf.convert_to_tensor(trap_variable), *activations))

@@ -62,7 +62,7 @@ class DatasetSource:
                        f"{sorted(spec[0])} and feature_config names "
                        f"{sorted(self.feature_config)}.")
     label = spec[1]
-    if label.shape.rank and label.shape.rank > 1:
+    if label.shape.rank and (label.shape.rank > 1 or label.shape[0] is None):
       raise ValueError(f"labels have shape {label.shape}: the dataset looks "
                        "batched already; give it unbatched (the Trainer "
                        "batches per replica).")

@@ -107,3 +107,12 @@ def test_two_tower_fits_evaluates_and_predicts_on_a_feature_dict_dataset():
 def test_trainer_refuses_a_dataset_without_feature_config(tmp_path):
   with pytest.raises(TrainerConfigError, match="needs feature_config"):
     Trainer(str(tmp_path), source=ratings(), model=DLRM, progress_bar=False)
+
+
+def test_a_batched_dataset_or_a_missing_feature_is_refused_by_name():
+  from recsys.data import DatasetSource  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match="looks batched already"):
+    DatasetSource(ratings().batch(4), config())
+  wrong = ratings().map(lambda x, y: ({"user": x["user"]}, y))
+  with pytest.raises(ValueError, match=r"no features \['movie'\]"):
+    DatasetSource(wrong, config())

@@ -25,8 +25,14 @@ def make(name="tensorcore", strategy=None):
 IDS = {"f": tf.constant([1, 2, 2], tf.int64)}
 
 
-def test_eager_loop_that_forgets_apply_gradients_fails_at_its_second_step():
-  emb = make()
+TRAINING_BACKENDS = [n for n in backends.available(tf.distribute.get_strategy())
+                     if backends.get(n).capabilities.trains]
+
+
+@pytest.mark.parametrize("name", TRAINING_BACKENDS)
+def test_eager_loop_that_forgets_apply_gradients_fails_at_its_second_step(name):
+  """Every training backend that runs here (from its declared capabilities)."""
+  emb = make(name)
   emb.lookup(IDS, training=True)
   with pytest.raises(pending.UnappliedGradientsError,
                      match=r"never followed by apply_gradients.*recsys.layers.Embedding"):

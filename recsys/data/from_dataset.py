@@ -8,8 +8,12 @@ scalar, a fixed-length vector or a ragged bag), optionally "dense" to a
 float vector, and batches it into the data contract of `recsys.data`
 (`{"categorical": ..., "dense": ...}`, labels `[B]`).
 
+Under a ParameterServerStrategy the dataset is captured into the workers'
+dataset function: build it from files (e.g. `tf.data.TFRecordDataset`), not
+from large in-memory arrays (gRPC cannot ship them to the workers).
+
 Example:
-  >>> source = DatasetSource(ds, feature_config, num_dense=0)
+  >>> source = DatasetSource(ds, feature_config)
   >>> Trainer(model_dir, source=source, model=DLRM, ...)   # or:
   >>> Trainer(model_dir, source=ds, feature_config=feature_config, model=DLRM)
 """
@@ -47,7 +51,10 @@ class DatasetSource:
     for ds in self._datasets.values():
       self._check(ds)
     dense = dataset.element_spec[0].get("dense")
-    self.num_dense = int(dense.shape[-1]) if dense is not None else 0
+    if dense is not None and (dense.shape.rank != 1 or dense.shape[0] is None):
+      raise ValueError(f'features["dense"] has shape {dense.shape}; expected '
+                       "a vector of known length per example.")
+    self.num_dense = int(dense.shape[0]) if dense is not None else 0
 
   def _check(self, ds: tf.data.Dataset) -> None:
     spec = ds.element_spec

@@ -32,6 +32,7 @@ _EXPORTS = {
     "Capabilities": "backends.base",
     "EmbeddingBackend": "backends.base",
     "GradientShapeError": "backends.base",
+    "UnappliedGradientsError": "backends.pending",
     "UnknownBackendError": "backends.registry",
     "available": "backends.registry",
     "create": "backends.registry",

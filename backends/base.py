@@ -321,7 +321,9 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
   def apply_gradients(self, activation_gradients: Any) -> None:
     """Applies each table's optimizer given d(loss)/d(activations).
 
-    Must follow a `lookup(..., training=True)` in the same step.
+    Must follow a `lookup(..., training=True)` in the same step; a second
+    training lookup before it raises `backends.pending.UnappliedGradientsError`
+    (gradients that are never applied would leave the tables untrained).
     """
     raise NotImplementedError(
         f"the {self.name!r} backend is lookup-only and cannot train.")

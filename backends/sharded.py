@@ -306,8 +306,7 @@ class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
       if training:
         steps[name] = _TableStep(unique_ids, feature_steps)
     if training:
-      with self._pending_lock:
-        self._pending[threading.get_ident()] = (steps, outputs)
+      self._pending.record((steps, outputs))
     return nest.pack_sequence_as(self._feature_config, outputs)
 
   # -- training --------------------------------------------------------------------

@@ -44,7 +44,6 @@ Example:
 import dataclasses
 import functools
 import logging
-import threading
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import tensorflow as tf
@@ -57,6 +56,7 @@ from backends import base
 from backends import inputs as inputs_lib
 from backends import kernels
 from backends import optimizers
+from backends import pending as pending_lib
 from backends import static_bags
 
 embedding = tf.tpu.experimental.embedding
@@ -168,8 +168,8 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
         optimizers.check_supported(opt, self.table_name(table))
     # Pending training lookups, per replica thread (MirroredStrategy runs
     # each replica's step in its own thread and may interleave them).
-    self._pending = data_structures.NoDependency({})
-    self._pending_lock = threading.Lock()
+    self._pending = data_structures.NoDependency(
+        pending_lib.PendingLookups(self.name))
     self._counters = None  # built with the tables; None: not counted
 
   # -- variables -----------------------------------------------------------
@@ -352,8 +352,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
         steps[name] = _TableStep(unique_ids, rows, index, flat.segments,
                                  flat.scale, positions, flat.sizes, capacity)
     if training:
-      with self._pending_lock:
-        self._pending[threading.get_ident()] = (steps, outputs)
+      self._pending.record((steps, outputs))
     return nest.pack_sequence_as(self._feature_config, outputs)
 
   def _static_path(self, training: bool) -> bool:
@@ -458,8 +457,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       if training:
         steps[name] = _StaticTableStep(dd, rows, table_bags, positions)
     if training:
-      with self._pending_lock:
-        self._pending[threading.get_ident()] = (steps, outputs)
+      self._pending.record((steps, outputs))
     return nest.pack_sequence_as(self._feature_config, outputs)
 
   def _static_apply(self, steps, flat_grads) -> None:
@@ -639,8 +637,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       RuntimeError: no `lookup(..., training=True)` earlier in this step.
       GradientShapeError: a gradient's shape is not its activation's.
     """
-    with self._pending_lock:
-      pending = self._pending.pop(threading.get_ident(), None)
+    pending = self._pending.take()
     if pending is None:
       raise RuntimeError(
           "apply_gradients() needs a lookup(..., training=True) earlier in the "

@@ -46,6 +46,7 @@ from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-i
 
 from backends import base
 from backends import mid_level
+from backends import pending as pending_lib
 from backends import registry
 
 embedding = tf.tpu.experimental.embedding
@@ -137,8 +138,10 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
           "configuration faithfully:\n  - " + "\n  - ".join(problems) +
           "\nChange these settings, or train with backend='tensorcore', "
           "which implements all of them.")
-    self._preserved = data_structures.NoDependency([])
-    self._activations = data_structures.NoDependency([])
+    # The training lookup awaiting apply_gradients: its activations (for the
+    # gradients' shapes) and V2's preserved outputs.
+    self._pending = data_structures.NoDependency(
+        pending_lib.PendingLookups(self.name))
 
   @classmethod
   def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> Optional[str]:
@@ -335,14 +338,14 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
     if not self._built:
       self.build()
     self._flatten_like_config(features, "features")
+    preserved = None
     if self._version == "V2":
       activations, preserved = self._mid(features, weights)
-      self._preserved[:] = [preserved]
     else:
       self._mid.enqueue(features, weights, training=training)
       activations = self._mid.dequeue()
-    if training:  # what apply_gradients checks the gradients' shapes against
-      self._activations[:] = [nest.flatten(activations)]
+    if training:
+      self._pending.record((nest.flatten(activations), preserved))
     return activations
 
   def apply_gradients(self, activation_gradients: Any) -> None:
@@ -351,18 +354,18 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
     Raises:
       GradientShapeError: a gradient's shape is not its activation's.
     """
+    pending = self._pending.take()
+    if pending is None:
+      raise RuntimeError("apply_gradients() needs a lookup(..., training=True) "
+                         "earlier in the same step.")
+    flat_activations, preserved = pending
     flat_grads = self._flatten_like_config(activation_gradients,
                                            "activation gradients")
-    if self._activations:
-      base.check_activation_gradients(
-          [path for path, _ in self._flat_features], flat_grads,
-          self._activations.pop())
+    base.check_activation_gradients(
+        [path for path, _ in self._flat_features], flat_grads, flat_activations)
     if self._version == "V2":
-      if not self._preserved:
-        raise RuntimeError("apply_gradients() needs a lookup(..., training=True) "
-                           "earlier in the same step.")
       self._mid.apply_gradients(activation_gradients,
-                                preserved_outputs=self._preserved[0])
+                                preserved_outputs=preserved)
       return
     self._mid.apply_gradients(activation_gradients)
 

@@ -33,6 +33,7 @@ from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-i
 from backends import base
 from backends import mid_level
 from backends import optimizers
+from backends import pending as pending_lib
 from backends import registry
 
 embedding = tf.tpu.experimental.embedding
@@ -59,7 +60,8 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
     super().__init__(feature_config, optimizer, strategy, **kwargs)
     for table in self._tables:
       optimizers.check_supported(self.optimizer_for(table), self.table_name(table))
-    self._pending = data_structures.NoDependency([])
+    self._pending = data_structures.NoDependency(
+        pending_lib.PendingLookups(self.name))
 
   @classmethod
   def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> Optional[str]:
@@ -89,15 +91,16 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
     touched = touched_ids(self._flat_features, flat,
                           [self.table_name(t) for t in self._tables],
                           self.table_name)
-    self._pending[:] = [(tape, nest.flatten(activations), tables, touched)]
+    self._pending.record((tape, nest.flatten(activations), tables, touched))
     return activations
 
   def apply_gradients(self, activation_gradients: Any) -> None:
     """Applies each table's optimizer (TPU semantics) to the looked-up rows."""
-    if not self._pending:
+    pending = self._pending.take()
+    if pending is None:
       raise RuntimeError("apply_gradients() needs a lookup(..., training=True) "
                          "earlier in the same step.")
-    tape, flat_acts, tables, touched = self._pending.pop()
+    tape, flat_acts, tables, touched = pending
     flat_grads = base.check_activation_gradients(
         [path for path, _ in self._flat_features],
         self._flatten_like_config(activation_gradients, "activation gradients"),

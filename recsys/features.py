@@ -263,6 +263,48 @@ def feature_config(specs: Sequence[FeatureSpec],
   }
 
 
+def specs_from_feature_config(config: Mapping[str, "embedding.FeatureConfig"],
+                              multi_hot: Optional[Mapping[str, int]] = None
+                             ) -> List[FeatureSpec]:
+  """The `FeatureSpec`s of an existing feature_config dict (its inverse).
+
+  For users who already have TF's `FeatureConfig`s: the models and the
+  Trainer read specs (names, vocabularies, sequence lengths, shared tables).
+
+  Args:
+    config: dict feature name -> `FeatureConfig` (the names the data uses).
+    multi_hot: feature name -> the most ids a bag holds, for features given
+      as `RaggedTensor`/`SparseTensor` bags (default: every feature is one
+      id per example, or a sequence of `max_sequence_length`).
+
+  Raises:
+    FeatureConfigError: `config` is not a flat dict of `FeatureConfig`, or
+      `multi_hot` names unknown features.
+  """
+  if not isinstance(config, Mapping) or not config:
+    raise FeatureConfigError(
+        f"feature_config is a {type(config).__name__}; expected a non-empty "
+        "dict feature name -> tf.tpu.experimental.embedding.FeatureConfig.")
+  multi_hot = dict(multi_hot or {})
+  unknown = sorted(set(multi_hot) - set(config))
+  if unknown:
+    raise FeatureConfigError(f"multi_hot names unknown features {unknown}; "
+                             f"features are {sorted(config)}.")
+  specs = []
+  for name, feature in config.items():
+    if not isinstance(feature, embedding.FeatureConfig):
+      raise FeatureConfigError(
+          f"feature_config[{name!r}] is a {type(feature).__name__}; expected "
+          "tf.tpu.experimental.embedding.FeatureConfig.")
+    table = feature.table
+    specs.append(FeatureSpec(
+        name=name, vocabulary_size=table.vocabulary_size,
+        multi_hot=name in multi_hot, max_ids=int(multi_hot.get(name, 1)),
+        sequence_length=int(feature.max_sequence_length or 0),
+        table=table.name if table.name != name else None))
+  return specs
+
+
 def _check_override_tables(settings: EmbeddingSettings,
                            specs: List[FeatureSpec],
                            by_table: Mapping[str, FeatureSpec]) -> None:
@@ -297,4 +339,5 @@ def dims(config: Mapping[str, "embedding.FeatureConfig"]) -> Dict[str, int]:
 
 
 __all__ = ["EMBEDDING_OPTIMIZERS", "EmbeddingSettings", "FeatureConfigError",
-           "check_embedding_optimizer", "dims", "feature_config", "table_name"]
+           "check_embedding_optimizer", "dims", "feature_config",
+           "specs_from_feature_config", "table_name"]

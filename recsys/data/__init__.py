@@ -22,6 +22,7 @@ batch size; `distribute()` wires a source into
 from recsys.data.criteo import (CATEGORICAL_NAMES, KAGGLE_VOCAB_SIZES, MLPERF_VOCAB_SIZES,
                                 CriteoConfigError, CriteoTSV, MalformedLines)
 from recsys.data.errors import DataFormatError, DatasetNotFoundError
+from recsys.data.from_dataset import DatasetSource
 from recsys.data.movielens import MovieLens, MovieLensConfigError
 from recsys.data.pipeline import DataSource, InvalidBatchSizeError, distribute
 from recsys.data.raw import RawParser
@@ -36,6 +37,7 @@ __all__ = [
     "DataFormatError",
     "DataSource",
     "DatasetNotFoundError",
+    "DatasetSource",
     "FeatureSpec",
     "InvalidBatchSizeError",
     "KAGGLE_VOCAB_SIZES",

@@ -10,11 +10,15 @@ Example (inside `strategy.run`, with `acts = backend.lookup(...)` under a tape):
   model = DLRM(source.feature_specs, num_dense=source.num_dense, bottom_mlp=(64, 16))
   model.create_variables({"user": 16, "item": 16})      # in strategy.scope()
   loss = model.compute_loss(acts, features, labels, global_batch_size=1024)
+
+For `compile` + `fit` on your own `tf.data.Dataset`, wrap a model with its
+embedding layer: `KerasRecommender.build(DLRM, feature_config, Adagrad(0.05))`.
 """
 
 from recsys.models.base import RankingModel, RetrievalModel
 from recsys.models.dcn import DCNv2
 from recsys.models.dlrm import DLRM
+from recsys.models.keras_model import KerasRecommender
 from recsys.models.errors import EmbeddingDimError, FeatureMismatchError, ModelConfigError
 from recsys.models.retrieval_index import CorpusIndex, make_serving_index, scann_available
 from recsys.models.retrieval_metrics import hit_rates, popularity_hit_rates
@@ -26,6 +30,7 @@ __all__ = [
     "DLRM",
     "EmbeddingDimError",
     "FeatureMismatchError",
+    "KerasRecommender",
     "ModelConfigError",
     "RankingModel",
     "RetrievalModel",

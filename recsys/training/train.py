@@ -66,7 +66,8 @@ def train(model_dir: str,
           allow_changed_settings: bool = False,
           skip_memory_check: bool = False,
           strategy: Optional[tf.distribute.Strategy] = None,
-          action: str = "train") -> Union[Dict[str, float], Trainer]:
+          action: str = "train",
+          feature_config: Optional[Mapping[str, Any]] = None) -> Union[Dict[str, float], Trainer]:
   """Builds the strategy and the Trainer, then trains or evaluates.
 
   Args:
@@ -107,6 +108,8 @@ def train(model_dir: str,
     strategy: an already built strategy (Python callers; overrides `tpu`).
     action: "train" (returns final metrics), "evaluate" (restores the latest
       checkpoint, returns eval metrics) or "build" (returns the Trainer).
+    feature_config: with `data` an unbatched `tf.data.Dataset` (Python
+      callers): the tables to train as TF `FeatureConfig`s, used as is.
 
   Raises:
     ValueError: unknown action, or inconsistent settings (see `Trainer`).
@@ -132,7 +135,7 @@ def train(model_dir: str,
       summaries=summaries and action == "train",
       nonfinite_policy=nonfinite_policy, jit_compile=jit_compile,
       allow_changed_settings=allow_changed_settings,
-      skip_memory_check=skip_memory_check)
+      skip_memory_check=skip_memory_check, feature_config=feature_config)
   if action == "build":
     return trainer
   if action == "evaluate":

@@ -31,6 +31,7 @@ from tensorflow.core.framework import summary_pb2  # pylint: disable=g-direct-te
 import backends
 from recsys import features as features_lib
 from recsys import planning
+from recsys.data.from_dataset import DatasetSource
 from recsys._keras import keras, tf
 from recsys.training import lock as lock_lib
 from recsys.training import compile as compile_lib
@@ -106,6 +107,32 @@ def _check_source(source: Any, where: str) -> None:
         f"{where} is {source!r} ({type(source).__name__}); expected a data "
         "source with feature_specs and dataset(), e.g. @SyntheticCTR() or "
         "@CriteoTSV().")
+
+
+def _dataset_sources(source: Any, eval_source: Any,
+                     feature_config: Optional[Mapping[str, Any]],
+                     embedding: Any):
+  """`(source, eval_source)` with `tf.data.Dataset`s wrapped as DatasetSources."""
+  datasets = [isinstance(s, tf.data.Dataset) for s in (source, eval_source)]
+  if feature_config is None:
+    if any(datasets):
+      raise TrainerConfigError(
+          "a tf.data.Dataset as train data needs feature_config= (dict feature "
+          "name -> tf.tpu.experimental.embedding.FeatureConfig); or give a "
+          "data source with feature_specs.")
+    return source, eval_source
+  if embedding is not None:
+    raise TrainerConfigError(
+        "give either feature_config= (tables as they are) or embedding= "
+        "(settings to build tables from a source's feature specs), not both.")
+  if not datasets[0]:
+    raise TrainerConfigError(
+        f"feature_config= goes with an unbatched tf.data.Dataset as source; "
+        f"got a {type(source).__name__}.")
+  eval_ds = eval_source if datasets[1] else None
+  wrapped = DatasetSource(source, feature_config, eval_dataset=eval_ds)
+  return wrapped, (None if eval_ds is not None or eval_source is None
+                   else eval_source)
 
 
 def _check_dense_optimizer(factory: Any) -> None:
@@ -231,6 +258,10 @@ class Trainer:
     skip_memory_check: build the tables even when their memory plan
       (`recsys.planning`) exceeds the host's memory (refused otherwise,
       `planning.MemoryPlanError`, naming the tables and sizes).
+    feature_config: with `source` (and `eval_source`) an unbatched
+      `tf.data.Dataset` of `(features dict, label)`: the dict feature name ->
+      `tf.tpu.experimental.embedding.FeatureConfig` to train, used as is
+      (`recsys.data.from_dataset.DatasetSource`; `embedding` must be None).
 
   Reliability: `train()` holds an exclusive lock on the model dir (a second
   run there is refused), turns SIGTERM/Ctrl-C into a checkpoint at the exact
@@ -266,9 +297,12 @@ class Trainer:
                nonfinite_policy: str = "stop",
                jit_compile: Optional[bool] = None,
                allow_changed_settings: bool = False,
-               skip_memory_check: bool = False):
+               skip_memory_check: bool = False,
+               feature_config: Optional[Mapping[str, Any]] = None):
     self.model_dir = model_dir
     self.allow_changed_settings = bool(allow_changed_settings)
+    source, eval_source = _dataset_sources(source, eval_source, feature_config,
+                                           embedding)
     self.source = source
     self.eval_source = eval_source if eval_source is not None else source
     self.strategy = strategy or tf.distribute.get_strategy()
@@ -298,8 +332,10 @@ class Trainer:
     os.makedirs(model_dir, exist_ok=True)
     keras.utils.set_random_seed(seed)
 
-    self.feature_config = features_lib.feature_config(
-        source.feature_specs, embedding, seed=seed)
+    self.feature_config = (dict(source.feature_config)
+                           if isinstance(source, DatasetSource) else
+                           features_lib.feature_config(source.feature_specs,
+                                                       embedding, seed=seed))
     features_lib.check_embedding_optimizer(embedding_optimizer,
                                            "train.embedding_optimizer")
     if embedding_optimizer is None:

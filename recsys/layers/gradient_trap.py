@@ -1,0 +1,55 @@
+"""The gradient trap: how `fit` trains embedding tables it cannot see.
+
+Keras's `train_step` differentiates the loss with respect to
+`model.trainable_variables` and hands the result to the Keras optimizer. The
+tables of an embedding backend are not among those variables (their
+optimizer is the backend's, with TPU math), so nothing would train them.
+
+The trap routes the activations through an identity whose only differentiable
+input is a one-element "trap" variable that *is* trainable. When Keras takes
+the gradient of the loss with respect to its variables, the identity's
+gradient function runs with d(loss)/d(activations): it calls the backend's
+`apply_gradients` with them (inside the same replica step, so the backend
+sums the touched rows over replicas as in any other step) and returns a zero
+gradient for the trap variable, which the Keras optimizer then leaves at 0.
+No `train_step` override is needed, so any `tf.keras.Model` or `tfrs.Model`
+works.
+
+This module is the only place that knows this trick; everything else calls
+the backend's `lookup` and `apply_gradients` explicitly.
+"""
+
+from typing import Any, Callable, List
+
+from recsys._keras import tf
+
+
+def trap(activations: List[tf.Tensor], trap_variable: tf.Variable,
+         apply_gradients: Callable[[List[Any]], None]) -> List[tf.Tensor]:
+  """Activations that call `apply_gradients` when a tape differentiates them.
+
+  Args:
+    activations: flat list of the tensors a training lookup returned.
+    trap_variable: a trainable variable of the Keras layer (its value is
+      unused); it puts the activations on the path from the loss to
+      `model.trainable_variables`.
+    apply_gradients: called once per gradient computation with the flat list
+      of d(loss)/d(activation) (None where the loss does not use one).
+
+  Returns:
+    The activations (identities), in the same order.
+  """
+
+  @tf.custom_gradient
+  def identity(anchor, *acts):
+    del anchor
+
+    def grad(*upstream):
+      apply_gradients(list(upstream))
+      # Zero for the anchor; nothing flows back into the lookup itself: the
+      # backend's optimizer, not the tape, updates the tables.
+      return (tf.zeros_like(trap_variable),) + (None,) * len(acts)
+
+    return [tf.identity(a) for a in acts], grad
+
+  return list(identity(tf.convert_to_tensor(trap_variable), *activations))

@@ -1,0 +1,66 @@
+"""`fit` with the Embedding layer on clusters equals `fit` in one process.
+
+MultiWorkerMirroredStrategy (2 worker processes on localhost, tensorcore
+backend) and ParameterServerStrategy (1 worker, 2 parameter servers, tables
+row-sharded by the sharded backend, steps scheduled by Keras through a
+ClusterCoordinator) train the same model from the same values on the same
+global batches as the default strategy (`keras_fit_run.py`): same tables,
+slots and dense weights.
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.distributed import cluster as cluster_lib
+from tests.layers import keras_fit_run
+
+SCRIPT = ["-m", "tests.layers.keras_fit_run"]
+
+
+def _reference(tmp_path):
+  path = str(tmp_path / "single.npz")
+  keras_fit_run.main("single", path)
+  return np.load(path)
+
+
+def _assert_same(got, want):
+  assert sorted(got.files) == sorted(want.files)
+  for key in want.files:
+    np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5,
+                               err_msg=key)
+
+
+@pytest.mark.slow
+def test_parameter_server_fit_equals_one_process(tmp_path):
+  out = str(tmp_path / "ps.npz")
+  log = cluster_lib.run_script(SCRIPT + ["ps", out], timeout=300)
+  assert "backend sharded" in log
+  _assert_same(np.load(out), _reference(tmp_path))
+
+
+@pytest.mark.slow
+def test_multi_worker_mirrored_fit_equals_one_process(tmp_path):
+  spec = {"worker": cluster_lib.cluster_spec(2, 0)["worker"]}
+  procs = []
+  try:
+    for i in range(2):
+      env = cluster_lib.subprocess_env(TF_CONFIG=json.dumps(
+          {"cluster": spec, "task": {"type": "worker", "index": i}}))
+      procs.append(subprocess.Popen(
+          [sys.executable, *SCRIPT, "mwms", str(tmp_path / f"w{i}.npz")],
+          env=env, cwd=str(cluster_lib.REPO), stdout=subprocess.PIPE,
+          stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+      out, _ = p.communicate(timeout=300)
+      assert p.returncode == 0, out[-3000:]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  want = _reference(tmp_path)
+  for i in range(2):
+    _assert_same(np.load(tmp_path / f"w{i}.npz"), want)

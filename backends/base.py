@@ -328,6 +328,13 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
     raise NotImplementedError(
         f"the {self.name!r} backend is lookup-only and cannot train.")
 
+  def abandon_training_lookup(self) -> None:
+    """Drops this replica's training lookup on purpose: a step left out.
+
+    A training lookup must be followed by `apply_gradients` (a lookup
+    whose gradients are never applied is an error at the next one); a
+    training loop that skips a step, e.g. on a non-finite loss, says so.
+    """
   def raise_for_invalid_inputs(self) -> None:
     """Raises for bad ids or weights that compiled steps could only count.
 

@@ -185,6 +185,14 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       self._variables = data_structures.NoDependency(variables)
       self._counters = data_structures.NoDependency(
           _Counters([layout.path for layout in self._layouts]))
+      if not (_is_tpu(self._strategy) or isinstance(
+          self._strategy, tf.distribute.experimental.ParameterServerStrategy)):
+        # Per replica: set by a training lookup, cleared by apply_gradients
+        # (backends.pending); not checkpointed.
+        self._pending.use_runtime_guard(tf.Variable(
+            0, dtype=tf.int32, trainable=False, name="unapplied_lookup",
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM))
     if self._use_fused_kernels and _on_cpu_only(self._strategy):
       self._kernels = kernels.load()
     self._built = True
@@ -352,7 +360,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
         steps[name] = _TableStep(unique_ids, rows, index, flat.segments,
                                  flat.scale, positions, flat.sizes, capacity)
     if training:
-      self._pending.record((steps, outputs))
+      self._pending.record((steps, outputs), outputs)
     return nest.pack_sequence_as(self._feature_config, outputs)
 
   def _static_path(self, training: bool) -> bool:
@@ -457,7 +465,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       if training:
         steps[name] = _StaticTableStep(dd, rows, table_bags, positions)
     if training:
-      self._pending.record((steps, outputs))
+      self._pending.record((steps, outputs), outputs)
     return nest.pack_sequence_as(self._feature_config, outputs)
 
   def _static_apply(self, steps, flat_grads) -> None:
@@ -628,6 +636,10 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     fused = self._fused_ops()
     for opt, updates in groups.values():
       optimizers.apply_sparse_updates(opt, updates, fused_ops=fused)
+
+  def abandon_training_lookup(self) -> None:
+    """Drops this replica's training lookup on purpose (a step left out)."""
+    self._pending.abandon()
 
   def _take_pending_step(self, activation_gradients: Any
                         ) -> Tuple[Dict[str, Any], List[Any]]:

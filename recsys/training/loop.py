@@ -181,8 +181,12 @@ class StepFunctions:
           loss * tf.cast(self._strategy.num_replicas_in_sync, loss.dtype))
       return tf.constant(True)
 
+    def skip():
+      self._backend.abandon_training_lookup()
+      return tf.constant(False)
+
     if self.nonfinite_policy == "skip":
-      return tf.cond(finite, apply, lambda: tf.constant(False))
+      return tf.cond(finite, apply, skip)
     # "stop": the loop ends at this step and nothing after it is saved, so
     # the update can run unconditionally (no branch around TPU updates).
     apply()

@@ -56,6 +56,48 @@ def test_traced_step_without_apply_fails_at_the_next_trace():
     forgetful_step({"f": tf.constant([[1, 2]], tf.int64)})  # a retrace
 
 
+def _applied_step(emb):
+  @tf.function
+  def step(ids):
+    with tf.GradientTape() as tape:
+      acts = emb.lookup(ids, training=True)
+      loss = tf.reduce_sum(acts["f"])
+    emb.apply_gradients(tape.gradient(loss, acts))
+  return step
+
+
+def test_traced_step_without_apply_fails_at_its_second_call():
+  """One trace runs many times: the runtime guard catches the second run."""
+  emb = make()
+
+  @tf.function
+  def forgetful_step(ids):
+    return tf.reduce_sum(emb.lookup(ids, training=True)["f"])
+
+  forgetful_step(IDS)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"never followed by apply_gradients.*recsys.layers.Embedding"):
+    forgetful_step(IDS)  # the same trace
+  # Another step's first trace still sees forgetful_step's trace (in
+  # Python); after that one error, steps that apply their gradients run on.
+  applied = _applied_step(emb)
+  with pytest.raises(pending.UnappliedGradientsError, match="forgetful_step"):
+    applied(IDS)
+  for _ in range(3):
+    applied(IDS)
+
+
+def test_a_step_that_fails_in_its_lookup_leaves_no_pending_lookup():
+  """A bad id fails the lookup before the guard is set: no follow-up error."""
+  emb = make()
+  applied = _applied_step(emb)
+  applied(IDS)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="got id 99"):
+    applied({"f": tf.constant([1, 99, 2], tf.int64)})
+  applied(IDS)
+  applied(IDS)
+
+
 def test_evaluation_lookups_and_applied_steps_never_raise():
   emb = make()
   for _ in range(3):
@@ -88,8 +130,11 @@ def test_each_mirrored_replica_has_its_own_pending_lookup():
     strategy.run(lambda i: emb.lookup(i, training=True)["f"], args=(ids,))
 
   forgetful(IDS)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match="never followed by apply_gradients"):
+    forgetful(IDS)  # the same trace, each replica's guard set
   with pytest.raises(pending.UnappliedGradientsError):
-    forgetful({"f": tf.constant([[1, 2]], tf.int64)})
+    forgetful({"f": tf.constant([[1, 2]], tf.int64)})  # a retrace
 
 
 def test_the_keras_layer_in_a_forward_pass_without_a_tape_does_not_train():

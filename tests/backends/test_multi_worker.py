@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.distributed import cluster as cluster_lib
+
 WORKER = Path(__file__).with_name("mwms_worker.py")
 
 
@@ -39,21 +41,11 @@ def test_two_workers_equal_one_process_on_the_global_batch(tmp_path):
   subprocess.run([sys.executable, str(WORKER), str(two_replicas), "--replicas",
                   "2"], env=_env(), check=True, timeout=300)
   cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
-  procs = []
-  try:
-    for i in range(2):
-      config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
-      procs.append(subprocess.Popen(
-          [sys.executable, str(WORKER), str(tmp_path / f"w{i}.npz")],
-          env=_env(TF_CONFIG=config), stdout=subprocess.PIPE,
-          stderr=subprocess.STDOUT, text=True))
-    for p in procs:
-      out, _ = p.communicate(timeout=300)
-      assert p.returncode == 0, out[-3000:]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
+  cluster_lib.run_workers(
+      [[sys.executable, str(WORKER), str(tmp_path / f"w{i}.npz")] for i in range(2)],
+      [_env(TF_CONFIG=json.dumps({"cluster": cluster,
+                                  "task": {"type": "worker", "index": i}}))
+       for i in range(2)])
   want = np.load(ref)
   w0, w1 = np.load(tmp_path / "w0.npz"), np.load(tmp_path / "w1.npz")
   mirrored = np.load(two_replicas)

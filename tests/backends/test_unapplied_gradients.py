@@ -25,6 +25,14 @@ def make(name="tensorcore", strategy=None):
 IDS = {"f": tf.constant([1, 2, 2], tf.int64)}
 
 
+def train_step(emb, ids):
+  """A training lookup followed by its apply_gradients."""
+  with tf.GradientTape() as tape:
+    acts = emb.lookup(ids, training=True)
+    loss = tf.reduce_sum(acts["f"])
+  emb.apply_gradients(tape.gradient(loss, acts))
+
+
 TRAINING_BACKENDS = [n for n in backends.available(tf.distribute.get_strategy())
                      if backends.get(n).capabilities.trains]
 
@@ -38,10 +46,7 @@ def test_eager_loop_that_forgets_apply_gradients_fails_at_its_second_step(name):
                      match=r"never followed by apply_gradients.*recsys.layers.Embedding"):
     emb.lookup(IDS, training=True)
   # One error, then a fresh start: a normal step works.
-  with tf.GradientTape() as tape:
-    acts = emb.lookup(IDS, training=True)
-    loss = tf.reduce_sum(acts["f"])
-  emb.apply_gradients(tape.gradient(loss, acts))
+  train_step(emb, IDS)
 
 
 def test_traced_step_without_apply_fails_at_the_next_trace():
@@ -57,13 +62,7 @@ def test_traced_step_without_apply_fails_at_the_next_trace():
 
 
 def _applied_step(emb):
-  @tf.function
-  def step(ids):
-    with tf.GradientTape() as tape:
-      acts = emb.lookup(ids, training=True)
-      loss = tf.reduce_sum(acts["f"])
-    emb.apply_gradients(tape.gradient(loss, acts))
-  return step
+  return tf.function(lambda ids: train_step(emb, ids))
 
 
 def test_traced_step_without_apply_fails_at_its_second_call():
@@ -102,10 +101,7 @@ def test_evaluation_lookups_and_applied_steps_never_raise():
   emb = make()
   for _ in range(3):
     emb.lookup(IDS, training=False)
-    with tf.GradientTape() as tape:
-      acts = emb.lookup(IDS, training=True)
-      loss = tf.reduce_sum(acts["f"])
-    emb.apply_gradients(tape.gradient(loss, acts))
+    train_step(emb, IDS)
 
 
 def test_each_mirrored_replica_has_its_own_pending_lookup():
@@ -115,12 +111,7 @@ def test_each_mirrored_replica_has_its_own_pending_lookup():
 
   @tf.function
   def step(ids):
-    def replica(ids):
-      with tf.GradientTape() as tape:
-        acts = emb.lookup(ids, training=True)
-        loss = tf.reduce_sum(acts["f"])
-      emb.apply_gradients(tape.gradient(loss, acts))
-    strategy.run(replica, args=(ids,))
+    strategy.run(lambda i: train_step(emb, i), args=(ids,))
 
   step(IDS)
   step(IDS)

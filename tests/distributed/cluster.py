@@ -102,6 +102,28 @@ def run_script(argv: Sequence[str], timeout: float = 240,
   return out
 
 
+def run_workers(commands: Sequence[Sequence[str]], envs: Sequence[Dict[str, str]],
+                cwd: Optional[str] = None, timeout: float = 300) -> None:
+  """Runs one process per command (with its env) at once; all must succeed.
+
+  For a multi-worker cluster, whose tasks wait for each other: raises
+  AssertionError with a failing task's output tail; kills any left running.
+  """
+  procs = []
+  try:
+    for cmd, env in zip(commands, envs):
+      procs.append(subprocess.Popen(
+          list(cmd), env=env, cwd=cwd, stdout=subprocess.PIPE,
+          stderr=subprocess.STDOUT, text=True))
+    for proc in procs:
+      out, _ = proc.communicate(timeout=timeout)
+      assert proc.returncode == 0, out[-3000:]
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+
+
 def kill_group(proc: subprocess.Popen) -> None:
   """Kills `proc`'s process group (it was started in a new session)."""
   if proc.poll() is not None:

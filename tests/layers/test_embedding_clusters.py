@@ -9,7 +9,6 @@ slots and dense weights.
 """
 
 import json
-import subprocess
 import sys
 
 import numpy as np
@@ -45,22 +44,13 @@ def test_parameter_server_fit_equals_one_process(tmp_path):
 @pytest.mark.slow
 def test_multi_worker_mirrored_fit_equals_one_process(tmp_path):
   spec = {"worker": cluster_lib.cluster_spec(2, 0)["worker"]}
-  procs = []
-  try:
-    for i in range(2):
-      env = cluster_lib.subprocess_env(TF_CONFIG=json.dumps(
+  cluster_lib.run_workers(
+      [[sys.executable, *SCRIPT, "mwms", str(tmp_path / f"w{i}.npz")]
+       for i in range(2)],
+      [cluster_lib.subprocess_env(TF_CONFIG=json.dumps(
           {"cluster": spec, "task": {"type": "worker", "index": i}}))
-      procs.append(subprocess.Popen(
-          [sys.executable, *SCRIPT, "mwms", str(tmp_path / f"w{i}.npz")],
-          env=env, cwd=str(cluster_lib.REPO), stdout=subprocess.PIPE,
-          stderr=subprocess.STDOUT, text=True))
-    for p in procs:
-      out, _ = p.communicate(timeout=300)
-      assert p.returncode == 0, out[-3000:]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
+       for i in range(2)],
+      cwd=str(cluster_lib.REPO))
   want = _reference(tmp_path)
   for i in range(2):
     _assert_same(np.load(tmp_path / f"w{i}.npz"), want)

@@ -15,7 +15,9 @@ dense features and random labels) and fed to both from memory.
   torchrec  TorchRec FusedEmbeddingBagCollection (fused exact Adagrad) +
             torch MLPs, dot interaction and torch.optim.Adam, eager
 
-Each side runs in its own process (peak RSS is that process's ru_maxrss),
+Each side runs in its own process (peak RSS is that process's ru_maxrss;
+`--memory` prints its RSS after each phase: imports, tables, batches, first
+step, warm-up, timed steps),
 interleaved over `--repeats` rounds, with deliberate thread settings. Per
 side: examples/s (median over rounds of each run's median), CPU-seconds per
 step (process CPU time / steps: 2 busy threads give 2x wall time), peak RSS.
@@ -58,6 +60,15 @@ CONFIGS = {
 }
 SIDES = ("recsys", "torchrec")
 _NEEDS = {"torchrec": ("torch", "fbgemm_gpu", "torchrec")}
+_MEMORY: List[Dict[str, Any]] = []   # this child's phases (--memory)
+
+
+def mark(phase: str) -> None:
+  """Records the process's current and peak RSS (MB) after `phase`."""
+  with open("/proc/self/statm", encoding="ascii") as f:
+    resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+  _MEMORY.append({"phase": phase, "rss_mb": resident,
+                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
 DENSE_LR, TABLE_LR, INITIAL_ACCUMULATOR = 0.003, 0.05, 0.1
 
 
@@ -82,6 +93,7 @@ def _recsys(cfg, data, args):
   import backends  # pylint: disable=g-import-not-at-top
   from recsys.data.spec import FeatureSpec  # pylint: disable=g-import-not-at-top
   from recsys.models.dlrm import DLRM  # pylint: disable=g-import-not-at-top
+  mark("import recsys + TF")
   tf.config.threading.set_intra_op_parallelism_threads(args.intra_threads)
   tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
   E = tf.tpu.experimental.embedding
@@ -92,6 +104,7 @@ def _recsys(cfg, data, args):
       config, E.Adagrad(TABLE_LR, initial_accumulator_value=INITIAL_ACCUMULATOR),
       backend="tensorcore", bag_widths=max(cfg["max_bag"]))
   emb.build()
+  mark("tables + slots built")
   specs = [FeatureSpec(n, v, multi_hot=b > 1, max_ids=b)
            for n, v, b in zip(names, cfg["vocab"], cfg["max_bag"])]
   model = DLRM(specs, num_dense=cfg["num_dense"], bottom_mlp=cfg["bottom"],
@@ -108,6 +121,7 @@ def _recsys(cfg, data, args):
   dense = tf.constant(np.stack([b["dense"] for b in data]))
   labels = tf.constant(np.stack([b["labels"] for b in data]))
   count = len(data)
+  mark("batches padded + stacked")
 
   def one_step(i):
     ids = tf.nest.map_structure(lambda x: x[i % count], stacked)
@@ -124,6 +138,7 @@ def _recsys(cfg, data, args):
     return loss
 
   one_step(tf.constant(0))  # builds the model's variables
+  mark("first eager step (model built)")
   counter = tf.Variable(0)
 
   @tf.function
@@ -149,6 +164,7 @@ def _torchrec(cfg, data, args):
   from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
   from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
   from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+  mark("import torch + torchrec")
   torch.set_num_threads(args.intra_threads)
   torch.manual_seed(args.seed)
   names = list(data[0]["ids"])
@@ -175,6 +191,7 @@ def _torchrec(cfg, data, args):
   pairs = num_vectors * (num_vectors - 1) // 2
   bottom = mlp((cfg["num_dense"],) + tuple(cfg["bottom"]), last_relu=True)
   top = mlp((dim + pairs,) + tuple(cfg["top"]) + (1,), last_relu=False)
+  mark("tables + slots built")
   dense_params = list(bottom.parameters()) + list(top.parameters())
   dense_opt = torch.optim.Adam(dense_params, lr=DENSE_LR)
   rows, cols = torch.triu_indices(num_vectors, num_vectors, offset=1)
@@ -189,6 +206,7 @@ def _torchrec(cfg, data, args):
     inputs.append((kjt, torch.from_numpy(b["dense"]),
                    torch.from_numpy(b["labels"])))
   state = {"i": 0}
+  mark("batches converted")
 
   def one_step():
     kjt, dense, labels = inputs[state["i"] % len(inputs)]
@@ -212,10 +230,13 @@ def _torchrec(cfg, data, args):
 
 def run_child(side: str, args) -> Dict[str, float]:
   """Times one side in this process."""
+  mark("python + numpy")
   cfg = CONFIGS[args.config]
   data = make_data(cfg, args.distinct_batches, args.seed)
+  mark("batches generated")
   run = (_recsys if side == "recsys" else _torchrec)(cfg, data, args)
   run(args.warmup)
+  mark("warm-up steps (traced)")
   wall, cpu = [], []
   for _ in range(args.reps):
     start, start_cpu = time.perf_counter(), time.process_time()
@@ -226,7 +247,14 @@ def run_child(side: str, args) -> Dict[str, float]:
   return {"side": side, "step_ms": step * 1e3,
           "examples_per_s": cfg["batch"] / step,
           "cpu_ms_per_step": statistics.median(cpu) * 1e3,
-          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+          "memory": _MEMORY + [{"phase": "timed steps", **_rss_now()}]}
+
+
+def _rss_now() -> Dict[str, float]:
+  mark("now")
+  last = _MEMORY.pop()
+  return {"rss_mb": last["rss_mb"], "peak_mb": last["peak_mb"]}
 
 
 _CHILD_FLAGS = ("seed", "warmup", "steps", "reps", "loop", "distinct_batches",
@@ -251,6 +279,9 @@ def main(argv=None) -> None:
   parser.add_argument("--intra_threads", type=int, default=2)
   parser.add_argument("--inter_threads", type=int, default=2)
   parser.add_argument("--json", help="also write the results here")
+  parser.add_argument("--memory", action="store_true",
+                      help="also print each side's RSS after each phase "
+                           "(first round)")
   parser.add_argument("--_child", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args._child:  # pylint: disable=protected-access
@@ -272,7 +303,7 @@ def main(argv=None) -> None:
   print("settings: " + json.dumps({"threads": env_subset(env), "steps": args.steps,
                                    "reps": args.reps, "repeats": args.repeats,
                                    "loop": args.loop}))
-  results = []
+  results, memories = [], []
   for config in args.config.split(","):
     if config not in CONFIGS:
       parser.error(f"unknown config {config!r}; choose from {', '.join(CONFIGS)}")
@@ -286,13 +317,15 @@ def main(argv=None) -> None:
           print(f"{side} ({config}) failed:\n{out.stderr[-2000:]}", file=sys.stderr)
           continue
         runs[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        if len(runs[side]) == 1:
+          memories.append((config, side, runs[side][0]["memory"]))
         print(f"  round: {config} {side:9s} "
               f"{runs[side][-1]['examples_per_s']:.0f} examples/s", file=sys.stderr)
     base = None
     for side in sides:
       if not runs[side]:
         continue
-      row = {k: statistics.median(r[k] for r in runs[side])
+      row: Dict[str, Any] = {k: statistics.median(r[k] for r in runs[side])
              for k in ("step_ms", "examples_per_s", "cpu_ms_per_step", "peak_rss_mb")}
       row.update(config=config, side=side, runs=len(runs[side]))
       base = base or row["examples_per_s"]
@@ -304,6 +337,12 @@ def main(argv=None) -> None:
     print(f"| {r['config']:7s} | {r['side']:8s} | {r['step_ms']:7.2f} | "
           f"{r['examples_per_s']:10.0f} | {r['cpu_ms_per_step']:11.2f} | "
           f"{r['recsys_is']:8.2f}x | {r['peak_rss_mb']:11.0f} |")
+  if args.memory:
+    for config, side, memory in memories:
+      print(f"\n{config} / {side}: RSS after each phase (MB)")
+      print("| phase | RSS | peak |\n|---|---|---|")
+      for m in memory:
+        print(f"| {m['phase']} | {m['rss_mb']:.0f} | {m['peak_mb']:.0f} |")
   if args.json:
     with open(args.json, "w") as f:
       json.dump(results, f, indent=1)

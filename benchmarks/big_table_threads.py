@@ -1,16 +1,16 @@
 """One big table on 1 vs 2 intra-op threads, interleaved step by step.
 
-The fused kernels split a large call over TF's intra-op pool (README, "Fused
-CPU kernels"). This measures what that buys on `embedding_step.py`'s step
+The fused kernels can split a large call over TF's intra-op pool (README,
+"Fused CPU kernels"; off by default). This measures what that buys on `embedding_step.py`'s step
 with one table (default 10^7 x 32, batch 16384): several long-lived child
 processes, one per setting, each holding its own table, take turns running
 `--burst` steps, so a machine shared with other work slows them alike
 (finer interleaving than `embedding_step.py --intra_threads 1,2`, whose
 children each build a 10^7-row table for one measurement).
 
-Settings: `1` (one intra-op thread), `2` (two, kernels split), `2-nosplit`
-(two intra-op threads for TF's own ops, kernels on one thread:
-RECSYS_KERNEL_PARALLEL_MIN_WORK set huge). Reports per setting the median
+Settings: `1` (one intra-op thread), `2` (two intra-op threads for TF's own
+ops, the kernels on one thread: the default), `2-split` (two, and the
+kernels split their calls: RECSYS_KERNEL_PARALLEL_MIN_WORK=65536). Reports per setting the median
 step time, M ids/s, CPU ms per step and the ratio to the first setting.
 
     python benchmarks/big_table_threads.py --rows 10000000 --batch 16384 --rounds 15
@@ -27,8 +27,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import embedding_step  # noqa: E402  (this folder)
 
-SETTINGS = ("1", "2", "2-nosplit")
-_NO_SPLIT = {"RECSYS_KERNEL_PARALLEL_MIN_WORK": str(10**18)}
+SETTINGS = ("1", "2", "2-split")
+_SPLIT = {"RECSYS_KERNEL_PARALLEL_MIN_WORK": str(1 << 16)}
 
 
 def child(args) -> None:
@@ -92,7 +92,7 @@ def main(argv=None) -> None:
   for s in settings:
     intra = int(s.split("-")[0])
     env = dict(os.environ, **embedding_step.thread_env(args, intra),
-               **(_NO_SPLIT if s.endswith("nosplit") else {}))
+               **(_SPLIT if s.endswith("-split") else {}))
     procs[s] = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "--_child",
          f"--intra_threads={intra}"] + flags,

@@ -2,7 +2,7 @@
 
 `embedding_ops.cc` holds four TF ops (a de-duplicating bag lookup, the padded
 bags' flattening, the per-row gradient reduction, an in-place SGD / Adagrad /
-lazy-Adam row update; each split over the intra-op threads when large) that
+lazy-Adam row update; optionally split over the intra-op threads) that
 replace the tensorcore step's chain of generic TF ops on the CPU with
 the same math (shared/OPTIMIZERS.md). They are compiled against the installed
 TensorFlow with the system C++ compiler, once per TF version and source:

@@ -23,16 +23,20 @@
 // dense read still aliases it), reads take the variable's lock shared, updates
 // exclusive.
 //
-// Threads: above kDefaultMinParallelWork floats of row traffic per call (so
-// small tables do not pay for scheduling), the row loops are split over TF's
-// intra-op pool, by output: bags' segments (lookup), unique rows (row
-// gradients), table rows (update). Each output element is still computed by
-// one thread, adding its terms in the same order as the one-thread loop, so
-// results are bit-identical for any number of threads (crash-resume tests
-// compare states exactly). The de-duplication stays one serial pass: it
-// defines the first-occurrence order of the unique ids.
-// RECSYS_KERNEL_PARALLEL_MIN_WORK overrides the threshold (0: always split
-// when the pool has several threads; a huge value: never).
+// Threads (off by default): with RECSYS_KERNEL_PARALLEL_MIN_WORK=N set, a
+// call moving at least N floats of rows (ids x dim; 65536 is a reasonable
+// value) splits its row loops over TF's intra-op pool, by output: bags'
+// segments (lookup), unique rows (row gradients), table rows (update), batch
+// rows (padded bags). Each output element is still computed by one thread,
+// adding its terms in the same order as the one-thread loop, so results are
+// bit-identical for any number of threads (crash-resume tests compare states
+// exactly). The de-duplication stays one serial pass: it defines the
+// first-occurrence order of the unique ids. Off by default because on this
+// project's 2-core machine, shared with other work, the split made the
+// standard 8-table step about 2x slower (the tables already run concurrently
+// on the inter-op threads, and each fork-join waits for a descheduled
+// thread) and did not measurably speed up one 10^7-row table (README,
+// Benchmarks).
 //
 // Built by `python -m backends.kernels` (backends/kernels/
 // __init__.py) with -ffp-contract=off, so that no multiply-add is fused (the
@@ -44,6 +48,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -100,25 +105,24 @@ absl::Status LookupMatrix(OpKernelContext* ctx, int index, const char* what,
   return absl::OkStatus();
 }
 
-// Floats of row traffic (ids x dim) below which a call stays on its thread:
-// one ParallelFor costs some microseconds, about the time of a few thousand
-// random row reads.
-constexpr int64_t kDefaultMinParallelWork = int64_t{1} << 16;
+// Floats of row traffic (ids x dim) from which a call splits over the
+// intra-op pool: never, unless RECSYS_KERNEL_PARALLEL_MIN_WORK says (see the
+// top of this file for why).
+constexpr int64_t kNeverSplit = std::numeric_limits<int64_t>::max();
 
 int64_t MinParallelWork() {
   static const int64_t value = [] {
     const char* env = std::getenv("RECSYS_KERNEL_PARALLEL_MIN_WORK");
-    if (env == nullptr || *env == '\0') return kDefaultMinParallelWork;
+    if (env == nullptr || *env == '\0') return kNeverSplit;
     char* end = nullptr;
     const long long v = std::strtoll(env, &end, 10);
-    return (end != env && v >= 0) ? static_cast<int64_t>(v)
-                                  : kDefaultMinParallelWork;
+    return (end != env && v >= 0) ? static_cast<int64_t>(v) : kNeverSplit;
   }();
   return value;
 }
 
 // How many parts to split a call of `work` floats into: the intra-op pool's
-// size above the threshold, else 1 (run the one-thread loop).
+// size from the threshold on, else 1 (run the one-thread loop).
 int NumParts(OpKernelContext* ctx, int64_t work) {
   const auto* threads = ctx->device()->tensorflow_cpu_worker_threads();
   if (threads == nullptr || threads->workers == nullptr) return 1;

@@ -1,8 +1,8 @@
 """The fused kernels split over the intra-op pool give bit-identical results.
 
-Above a work threshold (`kDefaultMinParallelWork` in embedding_ops.cc) each
-fused op splits its row loops over TF's intra-op threads, by output, keeping
-every output's summation order. Crash-resume compares states exactly, so the
+With RECSYS_KERNEL_PARALLEL_MIN_WORK set (off by default), each fused op
+whose call moves at least that many floats of rows splits its row loops over
+TF's intra-op threads, by output, keeping every output's summation order. Crash-resume compares states exactly, so the
 same training steps with 1 and 2 intra-op threads must agree bit for bit,
 and agree with the TF ops as closely as the one-thread kernels do. The pool
 size is fixed when TF starts, so each setting runs in its own process.
@@ -18,7 +18,7 @@ import pytest
 
 from backends import kernels
 
-MIN_PARALLEL_WORK = 1 << 16  # kDefaultMinParallelWork (floats of row traffic)
+MIN_PARALLEL_WORK = 1 << 16  # the threshold set here (floats of row traffic)
 VOCAB, DIM, BATCH, WIDTH = 100_000, 16, 4096, 8
 
 # Two training steps (Adagrad, `mean` combiner, one unweighted and one
@@ -98,7 +98,7 @@ def _train(tmp_path, threads: int, with_tf_ops: bool):
   env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
          "PYTHONPATH": os.pathsep.join(filter(None, [
              root, os.environ.get("PYTHONPATH")]))}
-  env.pop("RECSYS_KERNEL_PARALLEL_MIN_WORK", None)  # the default threshold
+  env["RECSYS_KERNEL_PARALLEL_MIN_WORK"] = str(MIN_PARALLEL_WORK)
   proc = subprocess.run(
       [sys.executable, "-c", _SCRIPT, str(threads), str(out),
        "1" if with_tf_ops else "0"],

@@ -30,6 +30,7 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]' && $(BIN)/pip install -q --no-deps torchrec==1.8.0
 	OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE $(BIN)/python benchmarks/embedding_step.py --repeats 3
+	OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE $(BIN)/python benchmarks/dlrm_vs_torchrec.py --config default,heavy --repeats 3
 
 # The fused CPU kernels (backends/kernels/embedding_ops.cc), rebuilt.
 kernels: $(STAMP)

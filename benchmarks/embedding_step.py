@@ -40,6 +40,8 @@ Examples:
   python benchmarks/embedding_step.py --impls recsys --batch 512,2048,16384 --json out.json
   python benchmarks/embedding_step.py --impls recsys,recsys_tf_ops --profile --steps 20
   python benchmarks/embedding_step.py --impls recsys_xla,recsys --bag_width 16
+  python benchmarks/embedding_step.py --impls recsys --features 1 --rows 10000000 --batch 4096,16384 --intra_threads 1,2
+      # one big table on 1 vs 2 intra-op threads (settings interleaved too)
 
 Torch, FBGEMM and TorchRec come from the `bench` extra: pip install -e '.[bench]'.
 """
@@ -370,32 +372,43 @@ def missing_packages(impl: str) -> List[str]:
   return [m for m in _NEEDS.get(impl, ()) if importlib.util.find_spec(m) is None]
 
 
-def thread_env(args) -> Dict[str, str]:
-  """The threading environment every child runs with (printed in the header)."""
-  return {"OMP_NUM_THREADS": str(args.intra_threads),
+def thread_env(args, intra: int = 0) -> Dict[str, str]:
+  """The threading environment a child runs with (printed in the header).
+
+  `intra` is one of `--intra_threads`' settings (default: the first).
+  """
+  intra = intra or intra_settings(args)[0]
+  return {"OMP_NUM_THREADS": str(intra),
           "OMP_WAIT_POLICY": "PASSIVE",  # spinning OpenMP threads starve the other core
-          "MKL_NUM_THREADS": str(args.intra_threads),
-          "TF_NUM_INTRAOP_THREADS": str(args.intra_threads),
+          "MKL_NUM_THREADS": str(intra),
+          "TF_NUM_INTRAOP_THREADS": str(intra),
           "TF_NUM_INTEROP_THREADS": str(args.inter_threads),
           "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
+def intra_settings(args) -> List[int]:
+  """`--intra_threads` as a list: several settings are swept, interleaved."""
+  return [int(t) for t in str(args.intra_threads).split(",")]
+
+
 _FIGURES = ("step_ms", "examples_per_s", "ids_per_s", "peak_rss_mb")
 _CHILD_FLAGS = ("features", "dim", "max_bag", "bag_width", "zipf", "lr", "seed", "warmup",
-                "steps", "distinct_batches", "intra_threads", "inter_threads")
+                "steps", "distinct_batches", "inter_threads")
 
 
 def sweep(args, impls: List[str]) -> List[Dict[str, Any]]:
-  """Runs every (rows, batch) point, impls interleaved over rounds."""
+  """Runs every (rows, batch) point, impls and thread settings interleaved."""
   results = []
-  env = dict(os.environ, **thread_env(args))
+  variants = [(impl, t) for impl in impls for t in intra_settings(args)]
   for rows in args.rows.split(","):
     for batch in args.batch.split(","):
-      runs: Dict[str, List[Dict[str, float]]] = {impl: [] for impl in impls}
+      runs: Dict[Tuple[str, int], List[Dict[str, float]]] = {v: [] for v in variants}
       for _ in range(args.repeats):
-        for impl in impls:
+        for impl, intra in variants:
+          env = dict(os.environ, **thread_env(args, intra))
           cmd = [sys.executable, os.path.abspath(__file__), "--_child", impl,
-                 f"--rows={rows}", f"--batch={batch}"] + [
+                 f"--rows={rows}", f"--batch={batch}",
+                 f"--intra_threads={intra}"] + [
                      f"--{k}={getattr(args, k)}" for k in _CHILD_FLAGS]
           out = subprocess.run(cmd, capture_output=True, text=True, env=env,
                                check=False)
@@ -403,15 +416,18 @@ def sweep(args, impls: List[str]) -> List[Dict[str, Any]]:
             print(f"{impl} (rows={rows}, batch={batch}) failed:\n"
                   f"{out.stderr[-2000:]}", file=sys.stderr)
             continue
-          runs[impl].append(json.loads(out.stdout.strip().splitlines()[-1]))
-          print(f"  round: {impl:16s} rows={rows} batch={batch} "
-                f"{runs[impl][-1]['ids_per_s'] / 1e6:.2f} M ids/s", file=sys.stderr)
+          runs[(impl, intra)].append(json.loads(out.stdout.strip().splitlines()[-1]))
+          print(f"  round: {impl:16s} rows={rows} batch={batch} intra={intra} "
+                f"{runs[(impl, intra)][-1]['ids_per_s'] / 1e6:.2f} M ids/s",
+                file=sys.stderr)
       base = None
-      for impl in impls:
-        if not runs[impl]:
+      for impl, intra in variants:
+        if not runs[(impl, intra)]:
           continue
-        row = {k: statistics.median(r[k] for r in runs[impl]) for k in _FIGURES}
-        row.update(impl=impl, rows=int(rows), batch=int(batch), runs=len(runs[impl]))
+        row = {k: statistics.median(r[k] for r in runs[(impl, intra)])
+               for k in _FIGURES}
+        row.update(impl=impl, rows=int(rows), batch=int(batch), intra=intra,
+                   runs=len(runs[(impl, intra)]))
         base = base or row["ids_per_s"]
         row["ratio"] = row["ids_per_s"] / base
         results.append(row)
@@ -419,11 +435,13 @@ def sweep(args, impls: List[str]) -> List[Dict[str, Any]]:
 
 
 def print_table(results: List[Dict[str, Any]]) -> None:
-  print(f"| {'implementation':16s} | {'rows':>9s} | {'batch':>6s} | {'step ms':>8s} | "
+  print(f"| {'implementation':16s} | {'rows':>9s} | {'batch':>6s} | {'intra':>5s} | "
+        f"{'step ms':>8s} | "
         f"{'examples/s':>10s} | {'M ids/s':>7s} | {'ratio':>5s} | {'RSS MB':>6s} |")
-  print("|" + "|".join("-" * w for w in (18, 11, 8, 10, 12, 9, 7, 8)) + "|")
+  print("|" + "|".join("-" * w for w in (18, 11, 8, 7, 10, 12, 9, 7, 8)) + "|")
   for r in results:
-    print(f"| {r['impl']:16s} | {r['rows']:9d} | {r['batch']:6d} | {r['step_ms']:8.1f} | "
+    print(f"| {r['impl']:16s} | {r['rows']:9d} | {r['batch']:6d} | {r['intra']:5d} | "
+          f"{r['step_ms']:8.1f} | "
           f"{r['examples_per_s']:10.0f} | {r['ids_per_s'] / 1e6:7.2f} | "
           f"{r['ratio']:5.2f} | {r['peak_rss_mb']:6.0f} |")
 
@@ -450,8 +468,9 @@ def main(argv=None) -> None:
   parser.add_argument("--distinct_batches", type=int, default=8)
   parser.add_argument("--repeats", type=int, default=3,
                       help="interleaved rounds (each implementation once per round)")
-  parser.add_argument("--intra_threads", type=int, default=2,
-                      help="TF intra-op threads = torch/OpenMP threads")
+  parser.add_argument("--intra_threads", default="2",
+                      help="TF intra-op threads = torch/OpenMP threads; a "
+                           "comma-separated list sweeps settings, interleaved")
   parser.add_argument("--inter_threads", type=int, default=2,
                       help="TF inter-op threads")
   parser.add_argument("--json", help="also write the results (and settings) here")
@@ -463,6 +482,7 @@ def main(argv=None) -> None:
 
   if args._child:  # pylint: disable=protected-access
     args.rows, args.batch = int(args.rows), int(args.batch)
+    args.intra_threads = intra_settings(args)[0]
     if args.profile:
       profile_one(args._child, args)  # pylint: disable=protected-access
       return
@@ -481,7 +501,8 @@ def main(argv=None) -> None:
       impls.append(impl)
   settings = {"machine": f"{platform.machine()}, {os.cpu_count()} cpus, "
                          f"{platform.python_version()}",
-              "threads": thread_env(args), "features": args.features,
+              "threads": thread_env(args),
+              "intra_threads": intra_settings(args), "features": args.features,
               "dim": args.dim, "max_bag": args.max_bag,
               "bag_width": args.bag_width or args.max_bag, "zipf": args.zipf,
               "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats}
@@ -494,6 +515,7 @@ def main(argv=None) -> None:
         continue
       subprocess.run([sys.executable, os.path.abspath(__file__), "--_child", impl,
                       "--profile", f"--rows={args.rows.split(',')[0]}",
+                      f"--intra_threads={intra_settings(args)[0]}",
                       f"--batch={args.batch.split(',')[0]}"] + [
                           f"--{k}={getattr(args, k)}" for k in _CHILD_FLAGS],
                      env=env, check=False)

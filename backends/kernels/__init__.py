@@ -1,8 +1,9 @@
 """Fused CPU kernels for the tensorcore backend, built from this folder.
 
-`embedding_ops.cc` holds three TF ops (a de-duplicating bag lookup, the
-per-row gradient reduction, an in-place SGD / Adagrad / lazy-Adam row update)
-that replace the tensorcore step's chain of generic TF ops on the CPU with
+`embedding_ops.cc` holds four TF ops (a de-duplicating bag lookup, the padded
+bags' flattening, the per-row gradient reduction, an in-place SGD / Adagrad /
+lazy-Adam row update; optionally split over the intra-op threads) that
+replace the tensorcore step's chain of generic TF ops on the CPU with
 the same math (shared/OPTIMIZERS.md). They are compiled against the installed
 TensorFlow with the system C++ compiler, once per TF version and source:
 `make` does it (`python -m backends.kernels`), and `load()` does it on first

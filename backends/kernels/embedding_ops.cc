@@ -21,14 +21,34 @@
 // Variables are accessed like TF's own sparse resource ops: the first sparse
 // access switches the variable to copy-on-read mode (copying its buffer if a
 // dense read still aliases it), reads take the variable's lock shared, updates
-// exclusive. Built by `python -m backends.kernels` (backends/kernels/
+// exclusive.
+//
+// Threads (off by default): with RECSYS_KERNEL_PARALLEL_MIN_WORK=N set, a
+// call moving at least N floats of rows (ids x dim; 65536 is a reasonable
+// value) splits its row loops over TF's intra-op pool, by output: bags'
+// segments (lookup), unique rows (row gradients), table rows (update), batch
+// rows (padded bags). Each output element is still computed by one thread,
+// adding its terms in the same order as the one-thread loop, so results are
+// bit-identical for any number of threads (crash-resume tests compare states
+// exactly). The de-duplication stays one serial pass: it defines the
+// first-occurrence order of the unique ids. Off by default because on this
+// project's 2-core machine, shared with other work, the split made the
+// standard 8-table step about 2x slower (the tables already run concurrently
+// on the inter-op threads, and each fork-join waits for a descheduled
+// thread) and did not measurably speed up one 10^7-row table (README,
+// Benchmarks).
+//
+// Built by `python -m backends.kernels` (backends/kernels/
 // __init__.py) with -ffp-contract=off, so that no multiply-add is fused (the
 // TF ops round each operation separately), and -fno-math-errno, so that the
 // row loops with sqrt vectorize.
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -37,6 +57,7 @@
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/platform/threadpool.h"
 
 namespace recsys {
 namespace {
@@ -82,6 +103,52 @@ absl::Status LookupMatrix(OpKernelContext* ctx, int index, const char* what,
                            t.shape().DebugString());
   }
   return absl::OkStatus();
+}
+
+// Floats of row traffic (ids x dim) from which a call splits over the
+// intra-op pool: never, unless RECSYS_KERNEL_PARALLEL_MIN_WORK says (see the
+// top of this file for why).
+constexpr int64_t kNeverSplit = std::numeric_limits<int64_t>::max();
+
+int64_t MinParallelWork() {
+  static const int64_t value = [] {
+    const char* env = std::getenv("RECSYS_KERNEL_PARALLEL_MIN_WORK");
+    if (env == nullptr || *env == '\0') return kNeverSplit;
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    return (end != env && v >= 0) ? static_cast<int64_t>(v) : kNeverSplit;
+  }();
+  return value;
+}
+
+// How many parts to split a call of `work` floats into: the intra-op pool's
+// size from the threshold on, else 1 (run the one-thread loop).
+int NumParts(OpKernelContext* ctx, int64_t work) {
+  const auto* threads = ctx->device()->tensorflow_cpu_worker_threads();
+  if (threads == nullptr || threads->workers == nullptr) return 1;
+  const int n = threads->workers->NumThreads();
+  return (n > 1 && work >= MinParallelWork()) ? n : 1;
+}
+
+// Runs fn(part) for part in [0, parts) on the intra-op pool, one task each.
+void RunParts(OpKernelContext* ctx, int parts,
+              const std::function<void(int)>& fn) {
+  ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(
+      parts, [&fn](int64_t begin, int64_t end) {
+        for (int64_t k = begin; k < end; ++k) fn(static_cast<int>(k));
+      });
+}
+
+// The part of [0, total) that `i` falls in, for `parts` contiguous ranges.
+inline int RangePart(int64_t i, int64_t total, int parts) {
+  return static_cast<int>((i * parts) / std::max<int64_t>(total, 1));
+}
+
+// Where a table row goes among `parts` (Fibonacci hash: Zipf-hot low ids
+// spread over the parts; all updates of one row land in one part).
+inline int RowPart(int64_t id, int parts) {
+  const uint64_t h = (static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >> 32;
+  return static_cast<int>((h * static_cast<uint64_t>(parts)) >> 32);
 }
 
 // Open-addressing map from id to its first-occurrence position. Fibonacci
@@ -170,31 +237,84 @@ class BagLookupOp : public OpKernel {
     std::vector<int64_t> unique;
     unique.reserve(std::min<int64_t>(n, vocab));
     IdIndex positions(n);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t id = ids(i);
-      const int32_t seg = segments(i);
-      OP_REQUIRES(ctx, id >= 0 && id < vocab,
-                  InvalidArgument("id ", id, " at position ", i,
-                                  " is outside the table's rows [0, ", vocab,
-                                  ")"));
-      OP_REQUIRES(ctx, seg >= 0 && seg < num_segments,
-                  InvalidArgument("segment ", seg, " at position ", i,
-                                  " is outside [0, ", num_segments, ")"));
-      if (i + 4 < n) {
-        const int64_t ahead = ids(i + 4);
-        if (ahead >= 0 && ahead < vocab) __builtin_prefetch(rows + ahead * dim);
-      }
-      bool added;
-      index[i] = positions.Insert(id, static_cast<int32_t>(unique.size()),
-                                  &added);
-      if (added) unique.push_back(id);
-      const float* row = rows + id * dim;
-      float* out = acts + static_cast<int64_t>(seg) * dim;
-      if (scale == nullptr) {
-        for (int64_t d = 0; d < dim; ++d) out[d] += row[d];
-      } else {
-        const float s = scale[i];
-        for (int64_t d = 0; d < dim; ++d) out[d] += s * row[d];
+    const int parts = NumParts(ctx, n * dim);
+    if (parts > 1) {
+      // Unit 0 de-duplicates and checks (serial: it fixes the first-occurrence
+      // order); meanwhile unit k >= 1 sums the bags of the k-th range of
+      // segments, scanning the ids in order, so each bag adds its rows in the
+      // one-thread order. Bad entries are skipped there and reported by unit 0.
+      absl::Status error;
+      RunParts(ctx, parts + 1, [&](int unit) {
+        if (unit == 0) {
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t id = ids(i);
+            const int32_t seg = segments(i);
+            if (id < 0 || id >= vocab) {
+              error = InvalidArgument("id ", id, " at position ", i,
+                                      " is outside the table's rows [0, ",
+                                      vocab, ")");
+              return;
+            }
+            if (seg < 0 || seg >= num_segments) {
+              error = InvalidArgument("segment ", seg, " at position ", i,
+                                      " is outside [0, ", num_segments, ")");
+              return;
+            }
+            bool added;
+            index[i] = positions.Insert(id, static_cast<int32_t>(unique.size()),
+                                        &added);
+            if (added) unique.push_back(id);
+          }
+          return;
+        }
+        const int64_t lo = int64_t{num_segments} * (unit - 1) / parts;
+        const int64_t hi = int64_t{num_segments} * unit / parts;
+        auto mine = [&](int64_t i) {
+          const int64_t id = ids(i);
+          const int32_t seg = segments(i);
+          return seg >= lo && seg < hi && id >= 0 && id < vocab;
+        };
+        for (int64_t i = 0; i < n; ++i) {
+          if (i + 4 < n && mine(i + 4)) __builtin_prefetch(rows + ids(i + 4) * dim);
+          if (!mine(i)) continue;
+          const float* row = rows + ids(i) * dim;
+          float* out = acts + static_cast<int64_t>(segments(i)) * dim;
+          if (scale == nullptr) {
+            for (int64_t d = 0; d < dim; ++d) out[d] += row[d];
+          } else {
+            const float s = scale[i];
+            for (int64_t d = 0; d < dim; ++d) out[d] += s * row[d];
+          }
+        }
+      });
+      OP_REQUIRES_OK(ctx, error);
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t id = ids(i);
+        const int32_t seg = segments(i);
+        OP_REQUIRES(ctx, id >= 0 && id < vocab,
+                    InvalidArgument("id ", id, " at position ", i,
+                                    " is outside the table's rows [0, ", vocab,
+                                    ")"));
+        OP_REQUIRES(ctx, seg >= 0 && seg < num_segments,
+                    InvalidArgument("segment ", seg, " at position ", i,
+                                    " is outside [0, ", num_segments, ")"));
+        if (i + 4 < n) {
+          const int64_t ahead = ids(i + 4);
+          if (ahead >= 0 && ahead < vocab) __builtin_prefetch(rows + ahead * dim);
+        }
+        bool added;
+        index[i] = positions.Insert(id, static_cast<int32_t>(unique.size()),
+                                    &added);
+        if (added) unique.push_back(id);
+        const float* row = rows + id * dim;
+        float* out = acts + static_cast<int64_t>(seg) * dim;
+        if (scale == nullptr) {
+          for (int64_t d = 0; d < dim; ++d) out[d] += row[d];
+        } else {
+          const float s = scale[i];
+          for (int64_t d = 0; d < dim; ++d) out[d] += s * row[d];
+        }
       }
     }
     Tensor* unique_t = nullptr;
@@ -236,21 +356,39 @@ class RowGradientsOp : public OpKernel {
                            seg < num_segments,
                   InvalidArgument("index ", row, " or segment ", seg,
                                   " at position ", i, " is out of range"));
-      const float* g = grads + static_cast<int64_t>(seg) * dim;
-      float* o = out + static_cast<int64_t>(row) * dim;
-      if (scale == nullptr) {
-        for (int64_t d = 0; d < dim; ++d) o[d] += g[d];
-      } else {
-        const float s = scale[i];
-        for (int64_t d = 0; d < dim; ++d) o[d] += g[d] * s;
+    }
+    // Part k sums into the k-th range of unique rows, scanning the entries in
+    // order: each row adds its terms in the one-thread order.
+    const int parts = NumParts(ctx, n * dim);
+    auto sum_rows = [&](int part) {
+      const int64_t lo = int64_t{num_rows} * part / parts;
+      const int64_t hi = int64_t{num_rows} * (part + 1) / parts;
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t row = index(i);
+        if (row < lo || row >= hi) continue;
+        const float* g = grads + static_cast<int64_t>(segments(i)) * dim;
+        float* o = out + static_cast<int64_t>(row) * dim;
+        if (scale == nullptr) {
+          for (int64_t d = 0; d < dim; ++d) o[d] += g[d];
+        } else {
+          const float s = scale[i];
+          for (int64_t d = 0; d < dim; ++d) o[d] += g[d] * s;
+        }
       }
+    };
+    if (parts > 1) {
+      RunParts(ctx, parts, sum_rows);
+    } else {
+      sum_rows(0);
     }
   }
 };
 
 enum class Optimizer { kSgd, kAdagrad, kAdam };
 
-// The rows of one update: ids[r] is the table row of grads row r.
+// The rows of one update: ids[r] is the table row of grads row r. `order`,
+// when set, lists the `count` values of r to update (one thread's part, in
+// increasing r); else r runs over [0, count).
 struct Rows {
   const int64_t* ids;
   const float* grads;
@@ -258,6 +396,7 @@ struct Rows {
   float* slot0;  // Adagrad accumulators, Adam momenta
   float* slot1;  // Adam velocities
   int64_t count, dim;
+  const int64_t* order = nullptr;
 };
 
 // Hyper-parameters as float32, as the TF ops see them.
@@ -280,9 +419,11 @@ void UpdateRows(const Rows& rows, const Hyper& h) {
               wmax = h.wmax, decay = h.decay, beta1 = h.beta1,
               beta2 = h.beta2, eps = h.eps, omb1 = h.one_minus_beta1,
               omb2 = h.one_minus_beta2, eps2 = h.eps_squared;
-  for (int64_t r = 0; r < rows.count; ++r) {
-    if (r + kAhead < rows.count) {
-      const int64_t next = rows.ids[r + kAhead] * dim;
+  const int64_t* order = rows.order;
+  for (int64_t k = 0; k < rows.count; ++k) {
+    const int64_t r = order ? order[k] : k;
+    if (k + kAhead < rows.count) {
+      const int64_t next = rows.ids[order ? order[k + kAhead] : k + kAhead] * dim;
       __builtin_prefetch(rows.table + next, 1);
       if (kOpt != Optimizer::kSgd) __builtin_prefetch(rows.slot0 + next, 1);
       if (kOpt == Optimizer::kAdam) __builtin_prefetch(rows.slot1 + next, 1);
@@ -424,11 +565,30 @@ class SparseApplyOp : public OpKernel {
             decay_by_lr_ ? hyper_[4] * lr : hyper_[4], hyper_[4] != 0.0f,
             hyper_[5], hyper_[6], hyper_[7], hyper_[8], hyper_[9], hyper_[10],
             sum_inside_sqrt_};
-    switch (optimizer_) {
-      case Optimizer::kSgd: UpdateRows<Optimizer::kSgd>(rows, h); break;
-      case Optimizer::kAdagrad: UpdateRows<Optimizer::kAdagrad>(rows, h); break;
-      case Optimizer::kAdam: UpdateRows<Optimizer::kAdam>(rows, h); break;
+    auto update = [this, &h](const Rows& part_rows) {
+      switch (optimizer_) {
+        case Optimizer::kSgd: UpdateRows<Optimizer::kSgd>(part_rows, h); break;
+        case Optimizer::kAdagrad:
+          UpdateRows<Optimizer::kAdagrad>(part_rows, h); break;
+        case Optimizer::kAdam: UpdateRows<Optimizer::kAdam>(part_rows, h); break;
+      }
+    };
+    const int parts = NumParts(ctx, u * dim);
+    if (parts == 1) {
+      update(rows);
+      return;
     }
+    // Parts by table row (RowPart), each in increasing r: a row given twice
+    // is updated twice, in order, by one thread, as in the one-thread loop.
+    std::vector<std::vector<int64_t>> orders(parts);
+    for (auto& o : orders) o.reserve(u / parts + u / (4 * parts) + 16);
+    for (int64_t r = 0; r < u; ++r) orders[RowPart(ids(r), parts)].push_back(r);
+    RunParts(ctx, parts, [&](int part) {
+      Rows mine = rows;
+      mine.order = orders[part].data();
+      mine.count = static_cast<int64_t>(orders[part].size());
+      update(mine);
+    });
   }
 
  private:
@@ -463,11 +623,14 @@ class PaddedBagsOp : public OpKernel {
     const auto ids = ids_t.matrix<int64_t>();
     const auto lengths = lengths_t.flat<int64_t>();
     int64_t n = 0, cut = 0;
+    std::vector<int64_t> starts(batch + 1);  // bag b's first output position
     for (int64_t b = 0; b < batch; ++b) {
       const int64_t len = std::max<int64_t>(lengths(b), 0);
+      starts[b] = n;
       n += std::min(len, width);
       cut += std::max<int64_t>(len - width, 0);
     }
+    starts[batch] = n;
     Tensor *values_t, *rows_t, *positions_t, *weights_out_t, *cut_t;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &values_t));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &rows_t));
@@ -480,15 +643,25 @@ class PaddedBagsOp : public OpKernel {
     int64_t* positions = positions_t->flat<int64_t>().data();
     float* weights_out = weights_out_t->flat<float>().data();
     const float* weights = weighted ? weights_t.flat<float>().data() : nullptr;
-    int64_t k = 0;
-    for (int64_t b = 0; b < batch; ++b) {
-      const int64_t len = std::min(std::max<int64_t>(lengths(b), 0), width);
-      for (int64_t j = 0; j < len; ++j, ++k) {
-        values[k] = ids(b, j);
-        rows[k] = b;
-        positions[k] = j;
-        if (weighted) weights_out[k] = weights[b * width + j];
+    // Part p copies the bags of the p-th range of batch rows (a pure copy:
+    // the same values whichever thread writes them).
+    const int parts = NumParts(ctx, 4 * n);
+    auto copy_bags = [&](int part) {
+      const int64_t lo = batch * part / parts, hi = batch * (part + 1) / parts;
+      for (int64_t b = lo; b < hi; ++b) {
+        const int64_t len = starts[b + 1] - starts[b];
+        for (int64_t j = 0, k = starts[b]; j < len; ++j, ++k) {
+          values[k] = ids(b, j);
+          rows[k] = b;
+          positions[k] = j;
+          if (weighted) weights_out[k] = weights[b * width + j];
+        }
       }
+    };
+    if (parts > 1) {
+      RunParts(ctx, parts, copy_bags);
+    } else {
+      copy_bags(0);
     }
     cut_t->scalar<int64_t>()() = cut;
   }

@@ -1,0 +1,129 @@
+"""The fused kernels split over the intra-op pool give bit-identical results.
+
+With RECSYS_KERNEL_PARALLEL_MIN_WORK set (off by default), each fused op
+whose call moves at least that many floats of rows splits its row loops over
+TF's intra-op threads, by output, keeping every output's summation order. Crash-resume compares states exactly, so the
+same training steps with 1 and 2 intra-op threads must agree bit for bit,
+and agree with the TF ops as closely as the one-thread kernels do. The pool
+size is fixed when TF starts, so each setting runs in its own process.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from backends import kernels
+
+MIN_PARALLEL_WORK = 1 << 16  # the threshold set here (floats of row traffic)
+VOCAB, DIM, BATCH, WIDTH = 100_000, 16, 4096, 8
+
+# Two training steps (Adagrad, `mean` combiner, one unweighted and one
+# weighted padded feature on one table) with the given intra-op threads;
+# saves the activations (the linear loss's gradients do not depend on them),
+# the table and its accumulator, and the padded-bags op's output.
+_SCRIPT = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+threads, out, with_tf_ops = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+tf.config.threading.set_intra_op_parallelism_threads(threads)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+import backends
+from backends import inputs, kernels
+E = tf.tpu.experimental.embedding
+VOCAB, DIM, BATCH, WIDTH = {VOCAB}, {DIM}, {BATCH}, {WIDTH}
+
+def batch(rng, weighted):
+  lengths = rng.integers(0, WIDTH + 3, BATCH)       # some bags are cut
+  ids = (rng.pareto(0.7, (BATCH, WIDTH)) * 50).astype(np.int64) % VOCAB
+  weights = (rng.uniform(0.5, 2.0, (BATCH, WIDTH)) if weighted
+             else np.zeros((BATCH, 0)))
+  return inputs.PaddedBags(tf.constant(ids), tf.constant(lengths),
+                           tf.constant(weights, tf.float32))
+
+def train(fused):
+  table = E.TableConfig(VOCAB, DIM, combiner="mean", name="t")
+  config = {{"a": E.FeatureConfig(table, name="a"),
+            "b": E.FeatureConfig(table, name="b")}}
+  emb = backends.TensorCoreEmbedding(config, E.Adagrad(0.1),
+                                     fused_kernels=fused)
+  emb.build()
+  var = emb.embedding_tables[table]
+  var.assign(tf.random.stateless_normal(var.shape, seed=[4, 2]))
+  rng = np.random.default_rng(11)
+  stats, state = [], {{}}
+  for step in range(2):
+    feats = {{"a": batch(rng, False), "b": batch(rng, True)}}
+    cot = {{k: tf.constant(rng.normal(size=(BATCH, DIM)), tf.float32)
+           for k in feats}}
+    n = sum(int(np.minimum(f.lengths.numpy(), WIDTH).sum())
+            for f in feats.values())
+    u = len(np.unique(np.concatenate(
+        [f.ids.numpy()[np.arange(WIDTH) < np.minimum(f.lengths.numpy(),
+                                                     WIDTH)[:, None]]
+         for f in feats.values()])))
+    stats.append([n, u])
+    with tf.GradientTape() as tape:
+      acts = emb.lookup(feats, None, training=True)
+      tape.watch(acts)
+      state.update({{f"acts{{step}}_{{k}}": v.numpy() for k, v in acts.items()}})
+      loss = tf.add_n([tf.reduce_sum(acts[k] * cot[k]) for k in acts])
+    emb.apply_gradients(tape.gradient(loss, acts))
+  state["table"] = var.numpy()
+  for slots in emb.slot_variables().values():
+    state.update({{k: v.numpy() for k, v in slots.items()}})
+  return state, stats
+
+fused, stats = train(True)
+assert kernels.load() is not None
+padded = kernels.load().recsys_padded_bags(*batch(np.random.default_rng(3), True))
+result = {{f"fused/{{k}}": v for k, v in fused.items()}}
+result.update({{f"padded/{{i}}": t.numpy() for i, t in enumerate(padded)}})
+if with_tf_ops:
+  tf_ops, _ = train(False)
+  result.update({{f"tf_ops/{{k}}": v for k, v in tf_ops.items()}})
+np.savez(out, **result)
+print(json.dumps(stats))
+""".format(VOCAB=VOCAB, DIM=DIM, BATCH=BATCH, WIDTH=WIDTH)
+
+
+def _train(tmp_path, threads: int, with_tf_ops: bool):
+  out = tmp_path / f"threads{threads}.npz"
+  root = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
+         "PYTHONPATH": os.pathsep.join(filter(None, [
+             root, os.environ.get("PYTHONPATH")]))}
+  env["RECSYS_KERNEL_PARALLEL_MIN_WORK"] = str(MIN_PARALLEL_WORK)
+  proc = subprocess.run(
+      [sys.executable, "-c", _SCRIPT, str(threads), str(out),
+       "1" if with_tf_ops else "0"],
+      capture_output=True, text=True, check=False, timeout=300, env=env,
+      cwd=root)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  stats = json.loads(proc.stdout.strip().splitlines()[-1])
+  with np.load(out) as data:
+    return {k: data[k] for k in data.files}, stats
+
+
+@pytest.mark.skipif(kernels.load() is None, reason="fused kernels unavailable")
+def test_one_and_two_intra_op_threads_give_identical_states(tmp_path):
+  one, stats = _train(tmp_path, 1, with_tf_ops=False)
+  two, _ = _train(tmp_path, 2, with_tf_ops=True)
+  # Every op of the step is above the threshold, so two threads split it.
+  for n, u in stats:
+    assert n * DIM >= MIN_PARALLEL_WORK and u * DIM >= MIN_PARALLEL_WORK
+  for key, value in one.items():
+    np.testing.assert_array_equal(two[key], value, err_msg=key)
+  fused = sorted(k.split("/", 1)[1] for k in two if k.startswith("fused/"))
+  assert fused == sorted(k.split("/", 1)[1] for k in two
+                         if k.startswith("tf_ops/"))
+  for key in fused:
+    # The one-thread kernels' tolerance against the TF ops
+    # (test_fused_kernels.test_fused_steps_equal_tf_ops).
+    np.testing.assert_allclose(two[f"fused/{key}"], two[f"tf_ops/{key}"],
+                               rtol=3e-6, atol=3e-7, err_msg=key)

@@ -18,11 +18,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/recsys train --gin_file experiments/synthetic_dlrm.gin --model_dir $(MODEL_DIR)
 
+# Two workers, whole test files each (module fixtures are built once): the
+# suite took 11 minutes instead of 17.5 on 2 cores.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 # The comparison implementations come from the `bench` extra; torchrec is
 # installed without its dependencies (it declares the CUDA fbgemm-gpu, the

@@ -28,18 +28,18 @@ _legacy_keras.ensure_legacy_keras()
 # `import recsys`) do not import TensorFlow: a command can still set
 # TF_CPP_MIN_LOG_LEVEL and thread settings first.
 _EXPORTS = {
-    "BackendUnavailableError": "backends.base",
-    "Capabilities": "backends.base",
-    "EmbeddingBackend": "backends.base",
-    "GradientShapeError": "backends.base",
-    "UnappliedGradientsError": "backends.pending",
-    "UnknownBackendError": "backends.registry",
-    "available": "backends.registry",
-    "create": "backends.registry",
-    "get": "backends.registry",
-    "names": "backends.registry",
-    "select": "backends.registry",
-    "TensorCoreEmbedding": "backends.tensorcore",
+  "BackendUnavailableError": "backends.base",
+  "Capabilities": "backends.base",
+  "EmbeddingBackend": "backends.base",
+  "GradientShapeError": "backends.base",
+  "UnappliedGradientsError": "backends.pending",
+  "UnknownBackendError": "backends.registry",
+  "available": "backends.registry",
+  "create": "backends.registry",
+  "get": "backends.registry",
+  "names": "backends.registry",
+  "select": "backends.registry",
+  "TensorCoreEmbedding": "backends.tensorcore",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -51,4 +51,6 @@ def __getattr__(name):
   try:  # a submodule, e.g. backends.registry
     return importlib.import_module(f"backends.{name}")
   except ModuleNotFoundError:
-    raise AttributeError(f"module 'backends' has no attribute {name!r}") from None
+    raise AttributeError(
+      f"module 'backends' has no attribute {name!r}"
+    ) from None

@@ -23,19 +23,29 @@ combined with its table's combiner; a sequence feature yields `[B, L, D]` with
 
 import abc
 import dataclasses
-from typing import Any, ClassVar, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
+from collections.abc import Mapping, Sequence
+from typing import (
+  Any,
+  ClassVar,
+)
 
 import tensorflow as tf
-from tensorflow.python.trackable import autotrackable  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.trackable import (
+  autotrackable,  # pylint: disable=g-direct-tensorflow-import
+  data_structures,  # pylint: disable=g-direct-tensorflow-import
+)
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
 embedding = tf.tpu.experimental.embedding
 
 #: The optimizer classes of `tf.tpu.experimental.embedding`, by their names.
-OPTIMIZER_CLASSES: Tuple[type, ...] = (embedding.SGD, embedding.Adagrad,
-                                       embedding.AdagradMomentum,
-                                       embedding.Adam, embedding.FTRL)
+OPTIMIZER_CLASSES: tuple[type, ...] = (
+  embedding.SGD,
+  embedding.Adagrad,
+  embedding.AdagradMomentum,
+  embedding.Adam,
+  embedding.FTRL,
+)
 ALL_COMBINERS = frozenset({"sum", "mean", "sqrtn"})
 ALL_INPUT_KINDS = frozenset({"dense", "sparse", "ragged"})
 
@@ -50,14 +60,15 @@ class UnsupportedConfigError(ValueError):
 
 class GradientShapeError(ValueError):
   """An activation gradient's shape differs from its activation's shape."""
+
   # Raised while a tf.function traces: AutoGraph re-raises an error with its
   # own type only if the type's __init__ is Exception's (else StagingError).
   __init__ = Exception.__init__
 
 
-def check_activation_gradients(paths: Sequence[str], gradients: Sequence[Any],
-                               activations: Sequence[Any]
-                              ) -> List[Optional[tf.Tensor]]:
+def check_activation_gradients(
+  paths: Sequence[str], gradients: Sequence[Any], activations: Sequence[Any]
+) -> list[tf.Tensor | None]:
   """Refuses activation gradients whose shape is not their activation's.
 
   A gradient of the wrong shape would otherwise be reshaped or partly read
@@ -80,7 +91,7 @@ def check_activation_gradients(paths: Sequence[str], gradients: Sequence[Any],
   Raises:
     GradientShapeError: naming the feature, the expected and the got shape.
   """
-  out: List[Optional[tf.Tensor]] = []
+  out: list[tf.Tensor | None] = []
   for path, grad, act in zip(paths, gradients, activations):
     if grad is None:
       out.append(None)
@@ -89,31 +100,53 @@ def check_activation_gradients(paths: Sequence[str], gradients: Sequence[Any],
       grad = tf.convert_to_tensor(grad)
     elif not tf.is_tensor(grad):
       grad = tf.convert_to_tensor(grad)
-    expected = (act if isinstance(act, tf.TensorShape)
-                else tf.TensorShape(act.shape))
+    expected = (
+      act if isinstance(act, tf.TensorShape) else tf.TensorShape(act.shape)
+    )
     got = grad.shape
-    message = (f"activation gradient of feature {path!r} has shape {{got}}; "
-               f"expected {{expected}}, the shape of the feature's "
-               "activations from lookup(..., training=True).")
+    message = (
+      f"activation gradient of feature {path!r} has shape {{got}}; "
+      f"expected {{expected}}, the shape of the feature's "
+      "activations from lookup(..., training=True)."
+    )
     if expected.rank is not None and got.rank is not None:
       if expected.rank != got.rank or not got.is_compatible_with(expected):
-        raise GradientShapeError(message.format(got=got.as_list(),
-                                                expected=expected.as_list()))
-    if (got.is_fully_defined() and expected.is_fully_defined()) or \
-        isinstance(act, tf.TensorShape) or tf.executing_eagerly():
+        raise GradientShapeError(
+          message.format(got=got.as_list(), expected=expected.as_list())
+        )
+    if (
+      (got.is_fully_defined() and expected.is_fully_defined())
+      or isinstance(act, tf.TensorShape)
+      or tf.executing_eagerly()
+    ):
       out.append(grad)
       continue
     # Some dimension is known only when the step runs: one cheap check.
     got_dyn, exp_dyn = tf.shape(grad), tf.shape(act)
     same = tf.logical_and(
-        tf.equal(tf.size(got_dyn), tf.size(exp_dyn)),
-        tf.reduce_all(tf.equal(
-            tf.pad(got_dyn, [[0, tf.maximum(tf.size(exp_dyn) - tf.size(got_dyn), 0)]]),
-            tf.pad(exp_dyn, [[0, tf.maximum(tf.size(got_dyn) - tf.size(exp_dyn), 0)]]))))
-    check = tf.debugging.Assert(same, [
-        f"activation gradient of feature `{path}` has shape", got_dyn,
-        "; expected", exp_dyn, ", the shape of the feature's activations "
-        "from lookup(..., training=True)."])
+      tf.equal(tf.size(got_dyn), tf.size(exp_dyn)),
+      tf.reduce_all(
+        tf.equal(
+          tf.pad(
+            got_dyn, [[0, tf.maximum(tf.size(exp_dyn) - tf.size(got_dyn), 0)]]
+          ),
+          tf.pad(
+            exp_dyn, [[0, tf.maximum(tf.size(got_dyn) - tf.size(exp_dyn), 0)]]
+          ),
+        )
+      ),
+    )
+    check = tf.debugging.Assert(
+      same,
+      [
+        f"activation gradient of feature `{path}` has shape",
+        got_dyn,
+        "; expected",
+        exp_dyn,
+        ", the shape of the feature's activations "
+        "from lookup(..., training=True).",
+      ],
+    )
     with tf.control_dependencies([check]):
       out.append(tf.identity(grad))
   return out
@@ -132,16 +165,17 @@ class Capabilities:
     sharded_tables: tables are split across devices or hosts (else replicated).
     needs_tpu: it only runs under a TPUStrategy.
   """
-  combiners: FrozenSet[str] = ALL_COMBINERS
-  optimizers: FrozenSet[type] = frozenset(OPTIMIZER_CLASSES)
-  input_kinds: FrozenSet[str] = ALL_INPUT_KINDS
+
+  combiners: frozenset[str] = ALL_COMBINERS
+  optimizers: frozenset[type] = frozenset(OPTIMIZER_CLASSES)
+  input_kinds: frozenset[str] = ALL_INPUT_KINDS
   sequence_features: bool = True
   trains: bool = True
   sharded_tables: bool = False
   needs_tpu: bool = False
 
 
-def table_names(tables: List[embedding.TableConfig]) -> Dict[int, str]:
+def table_names(tables: list[embedding.TableConfig]) -> dict[int, str]:
   """Names tables as TF's mid-level API does: their name, else `table_<i>`."""
   names = {}
   for i, table in enumerate(tables):
@@ -151,9 +185,10 @@ def table_names(tables: List[embedding.TableConfig]) -> Dict[int, str]:
     name = names[id(table)]
     if name in seen:
       raise ValueError(
-          f"two different TableConfig objects are both named {name!r}; table "
-          "names must be unique. Features that share a table must share one "
-          "TableConfig object (in gin: a scoped singleton or a name-keyed spec).")
+        f"two different TableConfig objects are both named {name!r}; table "
+        "names must be unique. Features that share a table must share one "
+        "TableConfig object (in gin: a scoped singleton or a name-keyed spec)."
+      )
     seen[name] = table
   return names
 
@@ -175,12 +210,14 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
   name: ClassVar[str] = "base"
   capabilities: ClassVar[Capabilities] = Capabilities()
 
-  def __init__(self,
-               feature_config: Any,
-               optimizer: Optional[Any] = None,
-               strategy: Optional[tf.distribute.Strategy] = None,
-               *,
-               bag_widths: Union[None, int, Mapping[str, int]] = None):
+  def __init__(
+    self,
+    feature_config: Any,
+    optimizer: Any | None = None,
+    strategy: tf.distribute.Strategy | None = None,
+    *,
+    bag_widths: None | int | Mapping[str, int] = None,
+  ):
     """Validates the configuration against what this backend supports.
 
     Args:
@@ -204,20 +241,24 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
     reason = self.unavailable_reason(self._strategy)
     if reason:
       raise BackendUnavailableError(
-          f"embedding backend {self.name!r} cannot run here: {reason}")
+        f"embedding backend {self.name!r} cannot run here: {reason}"
+      )
     # NoDependency: keep the user's containers as they are (not tracked
     # wrappers), so outputs packed like feature_config are plain dicts.
     self._feature_config = data_structures.NoDependency(feature_config)
-    self._flat_features: List[Tuple[str, embedding.FeatureConfig]] = []
+    self._flat_features: list[tuple[str, embedding.FeatureConfig]] = []
     for path, feature in nest.flatten_with_joined_string_paths(feature_config):
       if not isinstance(feature, embedding.FeatureConfig):
         raise TypeError(
-            f"feature_config[{path!r}] is a {type(feature).__name__}; expected "
-            "tf.tpu.experimental.embedding.FeatureConfig.")
+          f"feature_config[{path!r}] is a {type(feature).__name__}; expected "
+          "tf.tpu.experimental.embedding.FeatureConfig."
+        )
       self._flat_features.append((path, feature))
     if not self._flat_features:
-      raise ValueError("feature_config is empty: give at least one FeatureConfig.")
-    tables: List[embedding.TableConfig] = []
+      raise ValueError(
+        "feature_config is empty: give at least one FeatureConfig."
+      )
+    tables: list[embedding.TableConfig] = []
     for _, feature in self._flat_features:
       if all(feature.table is not t for t in tables):
         tables.append(feature.table)
@@ -233,51 +274,63 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
 
   # -- configuration -------------------------------------------------------
 
-  def _resolve_bag_widths(self, bag_widths) -> Dict[str, Optional[int]]:
+  def _resolve_bag_widths(self, bag_widths) -> dict[str, int | None]:
     paths = [path for path, _ in self._flat_features]
     if bag_widths is None or isinstance(bag_widths, int):
       widths = {p: bag_widths for p in paths}
     else:
       unknown = sorted(set(bag_widths) - set(paths))
       if unknown:
-        raise ValueError(f"bag_widths names unknown features {unknown}; "
-                         f"features are {paths}.")
+        raise ValueError(
+          f"bag_widths names unknown features {unknown}; features are {paths}."
+        )
       widths = {p: bag_widths.get(p) for p in paths}
     for path, width in widths.items():
       if width is not None and (not isinstance(width, int) or width < 1):
-        raise ValueError(f"bag_widths[{path!r}] = {width!r}; expected an int >= 1.")
+        raise ValueError(
+          f"bag_widths[{path!r}] = {width!r}; expected an int >= 1."
+        )
     return widths
 
-  def bag_width(self, path: str) -> Optional[int]:
+  def bag_width(self, path: str) -> int | None:
     """The static bag width of feature `path` (None: dynamic)."""
     return self._bag_widths[path]
 
   def _check_table(self, table: embedding.TableConfig, opt: Any) -> None:
     name = self.table_name(table)
     caps = self.capabilities
-    if not isinstance(table.combiner, str) or table.combiner not in caps.combiners:
+    if (
+      not isinstance(table.combiner, str)
+      or table.combiner not in caps.combiners
+    ):
       raise UnsupportedConfigError(
-          f"table {name!r}: combiner {table.combiner!r} is not supported by "
-          f"the {self.name!r} backend; use one of {sorted(caps.combiners)}.")
+        f"table {name!r}: combiner {table.combiner!r} is not supported by "
+        f"the {self.name!r} backend; use one of {sorted(caps.combiners)}."
+      )
     if opt is None:
       if caps.trains:
         raise ValueError(
-            f"table {name!r} has no optimizer: set TableConfig.optimizer or "
-            "pass optimizer= (e.g. tf.tpu.experimental.embedding.Adagrad(0.05)).")
+          f"table {name!r} has no optimizer: set TableConfig.optimizer or "
+          "pass optimizer= (e.g. tf.tpu.experimental.embedding.Adagrad(0.05))."
+        )
       return
     if not isinstance(opt, OPTIMIZER_CLASSES):
       raise UnsupportedConfigError(
-          f"table {name!r}: optimizer {type(opt).__name__} is not a "
-          "tf.tpu.experimental.embedding optimizer; use one of "
-          f"{', '.join(c.__name__ for c in OPTIMIZER_CLASSES)}.")
+        f"table {name!r}: optimizer {type(opt).__name__} is not a "
+        "tf.tpu.experimental.embedding optimizer; use one of "
+        f"{', '.join(c.__name__ for c in OPTIMIZER_CLASSES)}."
+      )
     if caps.trains and type(opt) not in caps.optimizers:
       raise UnsupportedConfigError(
-          f"table {name!r}: the {self.name!r} backend does not implement "
-          f"{type(opt).__name__}; it supports "
-          f"{', '.join(sorted(c.__name__ for c in caps.optimizers))}.")
+        f"table {name!r}: the {self.name!r} backend does not implement "
+        f"{type(opt).__name__}; it supports "
+        f"{', '.join(sorted(c.__name__ for c in caps.optimizers))}."
+      )
 
   @classmethod
-  def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> Optional[str]:
+  def unavailable_reason(
+    cls, strategy: tf.distribute.Strategy
+  ) -> str | None:
     """Why this backend cannot run under `strategy`, or None if it can."""
     del strategy
     return None
@@ -291,7 +344,7 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
     return self._strategy
 
   @property
-  def tables(self) -> List[embedding.TableConfig]:
+  def tables(self) -> list[embedding.TableConfig]:
     """Tables in the order of their first use in the flattened features."""
     return list(self._tables)
 
@@ -310,12 +363,13 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
 
   @property
   @abc.abstractmethod
-  def embedding_tables(self) -> Dict[embedding.TableConfig, tf.Variable]:
+  def embedding_tables(self) -> dict[embedding.TableConfig, tf.Variable]:
     """The table variables, keyed by `TableConfig`."""
 
   @abc.abstractmethod
-  def lookup(self, features: Any, weights: Optional[Any] = None,
-             training: bool = False) -> Any:
+  def lookup(
+    self, features: Any, weights: Any | None = None, training: bool = False
+  ) -> Any:
     """Looks up and combines embeddings; returns the structure of features."""
 
   def apply_gradients(self, activation_gradients: Any) -> None:
@@ -326,7 +380,8 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
     (gradients that are never applied would leave the tables untrained).
     """
     raise NotImplementedError(
-        f"the {self.name!r} backend is lookup-only and cannot train.")
+      f"the {self.name!r} backend is lookup-only and cannot train."
+    )
 
   def abandon_training_lookup(self) -> None:
     """Drops this replica's training lookup on purpose: a step left out.
@@ -335,6 +390,7 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
     whose gradients are never applied is an error at the next one); a
     training loop that skips a step, e.g. on a non-finite loss, says so.
     """
+
   def raise_for_invalid_inputs(self) -> None:
     """Raises for bad ids or weights that compiled steps could only count.
 
@@ -342,40 +398,44 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
     report them here (call it after steps, before saving). Default: nothing.
     """
 
-  def __call__(self, features: Any, weights: Optional[Any] = None,
-               training: bool = False) -> Any:
+  def __call__(
+    self, features: Any, weights: Any | None = None, training: bool = False
+  ) -> Any:
     return self.lookup(features, weights, training=training)
 
   def input_options(self) -> tf.distribute.InputOptions:
     """The `InputOptions` for `strategy.distribute_datasets_from_function`."""
     return tf.distribute.InputOptions()
 
-  def preprocess(self, features: Any, weights: Optional[Any] = None
-                ) -> Tuple[Any, Optional[Any]]:
+  def preprocess(
+    self, features: Any, weights: Any | None = None
+  ) -> tuple[Any, Any | None]:
     """Host-side work to run in the input pipeline (e.g. static padding)."""
     return features, weights
 
-  def _pack_inputs(self, flat_features: List[Any], flat_weights: List[Any]
-                  ) -> Tuple[Any, Optional[Any]]:
+  def _pack_inputs(
+    self, flat_features: list[Any], flat_weights: list[Any]
+  ) -> tuple[Any, Any | None]:
     """`(features, weights)` shaped like `feature_config` (weights None if empty)."""
     features = nest.pack_sequence_as(self._feature_config, flat_features)
     if all(w is None for w in flat_weights):
       return features, None
     return features, nest.pack_sequence_as(self._feature_config, flat_weights)
 
-  def slot_variables(self) -> Dict[str, Dict[str, tf.Variable]]:
+  def slot_variables(self) -> dict[str, dict[str, tf.Variable]]:
     """Optimizer slots by table name and TF slot name (may be empty)."""
     return {}
 
-  def _flatten_like_config(self, structure: Any, what: str) -> List[Any]:
+  def _flatten_like_config(self, structure: Any, what: str) -> list[Any]:
     """Flattens `structure` to one entry per feature, in feature order.
 
     Entries may themselves be structures (e.g. `PaddedBags`); a structure that
     does not match `feature_config` raises naming missing and extra keys.
     """
     try:
-      flat = nest.flatten_up_to(self._feature_config, structure,
-                                check_types=False)
+      flat = nest.flatten_up_to(
+        self._feature_config, structure, check_types=False
+      )
       if len(flat) == len(self._flat_features):
         return flat
       raise ValueError("length mismatch")
@@ -386,10 +446,14 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
       except Exception:  # noqa: BLE001 - best effort for the message
         got = []
       covered = lambda g: any(g == p or g.startswith(p + "/") for p in expected)
-      missing = sorted(p for p in expected
-                       if not any(g == p or g.startswith(p + "/") for g in got))
+      missing = sorted(
+        p
+        for p in expected
+        if not any(g == p or g.startswith(p + "/") for g in got)
+      )
       extra = sorted(g for g in got if not covered(g))
       raise ValueError(
-          f"{what} do not match feature_config: missing {missing or 'nothing'}, "
-          f"unexpected {extra or 'nothing'}; expected exactly "
-          f"{sorted(expected)}.") from e
+        f"{what} do not match feature_config: missing {missing or 'nothing'}, "
+        f"unexpected {extra or 'nothing'}; expected exactly "
+        f"{sorted(expected)}."
+      ) from e

@@ -19,7 +19,7 @@ Example:
 import collections
 import dataclasses
 import os
-from typing import Dict, List, Sequence, Tuple
+from collections.abc import Sequence
 
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2  # pylint: disable=g-direct-tensorflow-import
@@ -41,22 +41,27 @@ class CheckpointMismatchError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class ExpectedTable:
   """What a backend's checkpoint entry for one table looks like."""
+
   name: str
-  shape: Tuple[int, int]
+  shape: tuple[int, int]
   optimizer: str
-  slots: Tuple[str, ...]
+  slots: tuple[str, ...]
 
 
-def expected_tables(backend: base.EmbeddingBackend) -> List[ExpectedTable]:
+def expected_tables(backend: base.EmbeddingBackend) -> list[ExpectedTable]:
   """The tables and slots `backend` saves and restores, from its config."""
   out = []
   for table in backend.tables:
     opt = backend.optimizer_for(table)
     slots = tuple(opt._slot_names()) if opt is not None else ()  # pylint: disable=protected-access
-    out.append(ExpectedTable(backend.table_name(table),
-                             (table.vocabulary_size, table.dim),
-                             type(opt).__name__ if opt is not None else "none",
-                             slots))
+    out.append(
+      ExpectedTable(
+        backend.table_name(table),
+        (table.vocabulary_size, table.dim),
+        type(opt).__name__ if opt is not None else "none",
+        slots,
+      )
+    )
   return out
 
 
@@ -64,22 +69,23 @@ def _resolve_path(path: str) -> str:
   if os.path.isdir(path):
     latest = tf.train.latest_checkpoint(path)
     if latest is None:
-      raise FileNotFoundError(f"no checkpoint in directory {path!r} (no "
-                              "'checkpoint' index file).")
+      raise FileNotFoundError(
+        f"no checkpoint in directory {path!r} (no 'checkpoint' index file)."
+      )
     return latest
   return path
 
 
-def _read(path: str, prefix: str) -> Dict[str, Tuple[int, ...]]:
+def _read(path: str, prefix: str) -> dict[str, tuple[int, ...]]:
   """`{local key: shape}` of the variables under `prefix` in the checkpoint."""
   out = {}
   for key, shape in tf.train.list_variables(path):
     if key.startswith(prefix) and key.endswith(_SUFFIX):
-      out[key[len(prefix):-len(_SUFFIX)]] = tuple(shape)
+      out[key[len(prefix) : -len(_SUFFIX)]] = tuple(shape)
   return out
 
 
-def _unescape(local_name: str) -> List[str]:
+def _unescape(local_name: str) -> list[str]:
   """Splits a checkpoint object name on its escaped "/" (".S"); ".." is "."."""
   parts, current, i = [], [], 0
   while i < len(local_name):
@@ -105,10 +111,11 @@ def _unstacked(path, prefix, backend, tables, slots):
   """
   if backend.name != "serving":
     raise CheckpointMismatchError(
-        f"checkpoint {path!r} holds SparseCore (TPUEmbeddingV2) stacked tables; "
-        f"the {backend.name!r} backend cannot read them. Restore it into the "
-        "'serving' backend (with the optimizer, for slots), which unstacks "
-        "them, and save that.")
+      f"checkpoint {path!r} holds SparseCore (TPUEmbeddingV2) stacked tables; "
+      f"the {backend.name!r} backend cannot read them. Restore it into the "
+      "'serving' backend (with the optimizer, for slots), which unstacks "
+      "them, and save that."
+    )
   raw = tf.train.load_checkpoint(path).get_tensor(prefix + _LAYOUTS + _SUFFIX)
   layouts = sparse_core_layout_pb2.SparseCoreTableLayouts()
   layouts.ParseFromString(raw)
@@ -117,7 +124,8 @@ def _unstacked(path, prefix, backend, tables, slots):
     shape = tuple(layout.unsharded_shape)
     out_tables[layout.table_name] = shape
     out_slots[layout.table_name] = {
-        s: shape for s in slots.get(layout.stacked_table_name, {})}
+      s: shape for s in slots.get(layout.stacked_table_name, {})
+    }
   del tables
   return out_tables, out_slots
 
@@ -126,10 +134,12 @@ def _fmt(shape) -> str:
   return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def verify_compatible(checkpoint_path: str,
-                      backend: base.EmbeddingBackend,
-                      prefix: str = "embedding/",
-                      allow_extra_tables: bool = False) -> str:
+def verify_compatible(
+  checkpoint_path: str,
+  backend: base.EmbeddingBackend,
+  prefix: str = "embedding/",
+  allow_extra_tables: bool = False,
+) -> str:
   """Checks that the checkpoint holds exactly the backend's tables and slots.
 
   Args:
@@ -157,10 +167,11 @@ def verify_compatible(checkpoint_path: str,
   if not stored:
     keys = sorted({k.split("/")[0] for k, _ in tf.train.list_variables(path)})
     raise CheckpointMismatchError(
-        f"checkpoint {path!r} has no variables under {prefix!r}; its top-level "
-        f"objects are {keys}. Pass the prefix the embedding was saved under.")
-  tables: Dict[str, Tuple[int, ...]] = {}
-  slots: Dict[str, Dict[str, Tuple[int, ...]]] = {}
+      f"checkpoint {path!r} has no variables under {prefix!r}; its top-level "
+      f"objects are {keys}. Pass the prefix the embedding was saved under."
+    )
+  tables: dict[str, tuple[int, ...]] = {}
+  slots: dict[str, dict[str, tuple[int, ...]]] = {}
   for key, shape in stored.items():
     parts = _unescape(key)
     if len(parts) == 2:
@@ -176,38 +187,44 @@ def verify_compatible(checkpoint_path: str,
   for exp in expected:
     if exp.name not in tables:
       problems.append(
-          f"table {exp.name!r} {_fmt(exp.shape)} is not in the checkpoint; it "
-          f"has {stored_desc or 'no tables'} (renamed table?).")
+        f"table {exp.name!r} {_fmt(exp.shape)} is not in the checkpoint; it "
+        f"has {stored_desc or 'no tables'} (renamed table?)."
+      )
       continue
     got = tables[exp.name]
     if got != exp.shape:
       problems.append(
-          f"table {exp.name!r}: checkpoint shape {_fmt(got)}, backend shape "
-          f"{_fmt(exp.shape)} (vocabulary_size={exp.shape[0]}, dim="
-          f"{exp.shape[1]}).")
+        f"table {exp.name!r}: checkpoint shape {_fmt(got)}, backend shape "
+        f"{_fmt(exp.shape)} (vocabulary_size={exp.shape[0]}, dim="
+        f"{exp.shape[1]})."
+      )
     have = slots.get(exp.name, {})
     missing = [s for s in exp.slots if s not in have]
     extra = sorted(s for s in have if s not in exp.slots)
     if missing or (extra and not (lookup_only and not exp.slots)):
       problems.append(
-          f"table {exp.name!r}: the backend's optimizer {exp.optimizer} has "
-          f"slots {list(exp.slots)}, the checkpoint has {sorted(have)} "
-          "(trained with another optimizer?).")
+        f"table {exp.name!r}: the backend's optimizer {exp.optimizer} has "
+        f"slots {list(exp.slots)}, the checkpoint has {sorted(have)} "
+        "(trained with another optimizer?)."
+      )
     for slot in exp.slots:
       if slot in have and have[slot] != exp.shape:
         problems.append(
-            f"table {exp.name!r} slot {slot!r}: checkpoint shape "
-            f"{_fmt(have[slot])}, backend shape {_fmt(exp.shape)}.")
+          f"table {exp.name!r} slot {slot!r}: checkpoint shape "
+          f"{_fmt(have[slot])}, backend shape {_fmt(exp.shape)}."
+        )
   if not allow_extra_tables:
     known = {e.name for e in expected}
     for name in sorted(set(tables) - known):
       problems.append(
-          f"the checkpoint has table {name!r} {_fmt(tables[name])}, which the "
-          f"backend does not have (its tables: {sorted(known)}).")
+        f"the checkpoint has table {name!r} {_fmt(tables[name])}, which the "
+        f"backend does not have (its tables: {sorted(known)})."
+      )
   if problems:
     raise CheckpointMismatchError(
-        f"checkpoint {path!r} (under {prefix!r}) does not match the "
-        f"{backend.name!r} backend's tables:\n  - " + "\n  - ".join(problems))
+      f"checkpoint {path!r} (under {prefix!r}) does not match the "
+      f"{backend.name!r} backend's tables:\n  - " + "\n  - ".join(problems)
+    )
   return path
 
 
@@ -215,7 +232,7 @@ _VALUE = "VARIABLE_VALUE"
 _GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
 
-def _stored_variables(graph, shapes) -> Dict[Tuple[str, ...], Tuple[int, ...]]:
+def _stored_variables(graph, shapes) -> dict[tuple[str, ...], tuple[int, ...]]:
   """`{object path: shape}` of the variables in a checkpoint's object graph."""
   paths = {0: ()}
   queue = collections.deque([0])
@@ -233,7 +250,7 @@ def _stored_variables(graph, shapes) -> Dict[Tuple[str, ...], Tuple[int, ...]]:
   return out
 
 
-def _live_variables(root) -> Dict[Tuple[str, ...], Tuple[int, ...]]:
+def _live_variables(root) -> dict[tuple[str, ...], tuple[int, ...]]:
   """`{object path: shape}` of the variables reachable from `root`."""
   objects, paths = graph_view.ObjectGraphView(root).breadth_first_traversal()
   out = {}
@@ -243,9 +260,12 @@ def _live_variables(root) -> Dict[Tuple[str, ...], Tuple[int, ...]]:
   return out
 
 
-def verify_objects(checkpoint_path: str, root: tf.train.Checkpoint,
-                   skip: Sequence[str] = ("embedding",),
-                   hint: str = "") -> str:
+def verify_objects(
+  checkpoint_path: str,
+  root: tf.train.Checkpoint,
+  skip: Sequence[str] = ("embedding",),
+  hint: str = "",
+) -> str:
   """Checks that a checkpoint holds exactly `root`'s variables, by path and shape.
 
   TF restores variables by object path and fails on the first shape that
@@ -275,8 +295,9 @@ def verify_objects(checkpoint_path: str, root: tf.train.Checkpoint,
   reader = tf.train.load_checkpoint(path)
   if not reader.has_tensor(_GRAPH_KEY):
     raise CheckpointMismatchError(
-        f"checkpoint {path!r} has no object graph (written by tf.compat.v1 "
-        "Saver?); it cannot be restored into TF2 objects.")
+      f"checkpoint {path!r} has no object graph (written by tf.compat.v1 "
+      "Saver?); it cannot be restored into TF2 objects."
+    )
   graph = trackable_object_graph_pb2.TrackableObjectGraph()
   graph.ParseFromString(reader.get_tensor(_GRAPH_KEY))
   stored = _stored_variables(graph, reader.get_variable_to_shape_map())
@@ -292,25 +313,35 @@ def verify_objects(checkpoint_path: str, root: tf.train.Checkpoint,
     if var_path not in stored:
       problems.append(f"{name} {_fmt(shape)} is not in the checkpoint")
     elif stored[var_path] != shape:
-      problems.append(f"{name}: checkpoint shape {_fmt(stored[var_path])}, "
-                      f"this run {_fmt(shape)}")
+      problems.append(
+        f"{name}: checkpoint shape {_fmt(stored[var_path])}, "
+        f"this run {_fmt(shape)}"
+      )
   for var_path in sorted(set(stored) - set(live), key=natural):
     if var_path[0] in roots:
-      problems.append(f"{'/'.join(var_path)} {_fmt(stored[var_path])} is in "
-                      "the checkpoint but not in this run")
+      problems.append(
+        f"{'/'.join(var_path)} {_fmt(stored[var_path])} is in "
+        "the checkpoint but not in this run"
+      )
   if problems:
-    shown = problems[:20] + ([f"... and {len(problems) - 20} more"]
-                             if len(problems) > 20 else [])
+    shown = problems[:20] + (
+      [f"... and {len(problems) - 20} more"] if len(problems) > 20 else []
+    )
     raise CheckpointMismatchError(
-        f"checkpoint {path!r} was written by a different configuration: "
-        f"{len(problems)} variable(s) differ:\n  - " + "\n  - ".join(shown) +
-        (f"\n{hint}" if hint else ""))
+      f"checkpoint {path!r} was written by a different configuration: "
+      f"{len(problems)} variable(s) differ:\n  - "
+      + "\n  - ".join(shown)
+      + (f"\n{hint}" if hint else "")
+    )
   return path
 
 
-def restore(backend: base.EmbeddingBackend, checkpoint_path: str,
-            name: str = "embedding",
-            allow_extra_tables: bool = False) -> tf.train.Checkpoint:
+def restore(
+  backend: base.EmbeddingBackend,
+  checkpoint_path: str,
+  name: str = "embedding",
+  allow_extra_tables: bool = False,
+) -> tf.train.Checkpoint:
   """Verifies, then restores the backend's tables and slots from a checkpoint.
 
   Other objects in the checkpoint (model, optimizer, step) are ignored.
@@ -330,8 +361,12 @@ def restore(backend: base.EmbeddingBackend, checkpoint_path: str,
   Raises:
     CheckpointMismatchError: see `verify_compatible`.
   """
-  path = verify_compatible(checkpoint_path, backend, prefix=name + "/",
-                           allow_extra_tables=allow_extra_tables)
+  path = verify_compatible(
+    checkpoint_path,
+    backend,
+    prefix=name + "/",
+    allow_extra_tables=allow_extra_tables,
+  )
   checkpoint = tf.train.Checkpoint(**{name: backend})
   status = checkpoint.restore(path)
   status.expect_partial()

@@ -14,7 +14,8 @@ shapes.
 
 import collections
 import dataclasses
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -53,6 +54,7 @@ class FlatBags:
       (dense, ragged and padded inputs; not SparseTensors, whose indices need
       not be in canonical order), which sorted segment reductions need.
   """
+
   ids: tf.Tensor
   segments: tf.Tensor
   weights: tf.Tensor
@@ -60,7 +62,7 @@ class FlatBags:
   batch_size: tf.Tensor
   sequence_length: int
   truncated: tf.Tensor
-  capacity: Optional[int] = None
+  capacity: int | None = None
   unit_weights: bool = False
   sorted_segments: bool = False
 
@@ -68,6 +70,7 @@ class FlatBags:
 @dataclasses.dataclass(frozen=True)
 class FeatureLayout:
   """How one feature's output is shaped: `[B, D]`, `[B, L, D]` or custom."""
+
   path: str
   feature: Any  # FeatureConfig
   table_name: str
@@ -76,7 +79,7 @@ class FeatureLayout:
   def sequence_length(self) -> int:
     return self.feature.max_sequence_length
 
-  def output_shape(self, batch_size: Optional[int]) -> Optional[list]:
+  def output_shape(self, batch_size: int | None) -> list | None:
     """The `output_shape` of the config resolved against the batch size."""
     shape = self.feature.output_shape
     if not shape or shape.rank is None or shape.rank == 0:
@@ -87,8 +90,10 @@ class FeatureLayout:
 def describe(layout: FeatureLayout) -> str:
   """Names a feature, its table and vocabulary for error messages."""
   table = layout.feature.table
-  return (f"feature {layout.path!r} (table {layout.table_name!r}, "
-          f"vocabulary_size={table.vocabulary_size})")
+  return (
+    f"feature {layout.path!r} (table {layout.table_name!r}, "
+    f"vocabulary_size={table.vocabulary_size})"
+  )
 
 
 def _template_safe(text: str) -> str:
@@ -98,8 +103,9 @@ def _template_safe(text: str) -> str:
 def _check_id_dtype(layout: FeatureLayout, ids: tf.Tensor) -> None:
   if not ids.dtype.is_integer:
     raise InvalidInputError(
-        f"{describe(layout)} got ids of dtype {ids.dtype.name}; expected "
-        "int32 or int64 row ids (hash or look up strings in the input pipeline).")
+      f"{describe(layout)} got ids of dtype {ids.dtype.name}; expected "
+      "int32 or int64 row ids (hash or look up strings in the input pipeline)."
+    )
 
 
 def _check_weights(layout: FeatureLayout, inp: Any, weights: Any) -> None:
@@ -107,25 +113,30 @@ def _check_weights(layout: FeatureLayout, inp: Any, weights: Any) -> None:
     return
   if isinstance(inp, PaddedBags):
     raise InvalidInputError(
-        f"{describe(layout)}: the ids are PaddedBags, which carry their own "
-        "weights; pass weights=None for this feature.")
+      f"{describe(layout)}: the ids are PaddedBags, which carry their own "
+      "weights; pass weights=None for this feature."
+    )
   if isinstance(inp, tf.Tensor):
     raise InvalidInputError(
-        f"{describe(layout)}: weights were given but the ids are a dense "
-        "tensor; weights apply to SparseTensor or RaggedTensor bags only.")
+      f"{describe(layout)}: weights were given but the ids are a dense "
+      "tensor; weights apply to SparseTensor or RaggedTensor bags only."
+    )
   if type(weights) is not type(inp):  # pylint: disable=unidiomatic-typecheck
     raise InvalidInputError(
-        f"{describe(layout)}: weights are a {type(weights).__name__} but the "
-        f"ids are a {type(inp).__name__}; they must be the same kind.")
+      f"{describe(layout)}: weights are a {type(weights).__name__} but the "
+      f"ids are a {type(inp).__name__}; they must be the same kind."
+    )
   if layout.sequence_length > 0:
     raise InvalidInputError(
-        f"{describe(layout)} is a sequence feature (max_sequence_length="
-        f"{layout.sequence_length}); sequence features take no weights.")
+      f"{describe(layout)} is a sequence feature (max_sequence_length="
+      f"{layout.sequence_length}); sequence features take no weights."
+    )
   values = weights.values
   if not values.dtype.is_floating:
     raise InvalidInputError(
-        f"{describe(layout)}: weights have dtype {values.dtype.name}; expected "
-        "a floating-point dtype.")
+      f"{describe(layout)}: weights have dtype {values.dtype.name}; expected "
+      "a floating-point dtype."
+    )
 
 
 def _positions_in_rows(row_ids: tf.Tensor, row_starts: tf.Tensor) -> tf.Tensor:
@@ -147,14 +158,20 @@ def _require(ok: Any, message: str) -> list:
   return [tf.debugging.Assert(tf.reduce_all(ok), [message.replace("'", "`")])]
 
 
-def _same_vector(a: tf.Tensor, b: tf.Tensor, counts_differ: tf.Tensor
-                 ) -> tf.Tensor:
+def _same_vector(
+  a: tf.Tensor, b: tf.Tensor, counts_differ: tf.Tensor
+) -> tf.Tensor:
   """Whether two 1-D int tensors are equal; True when `counts_differ` (the
   values-count check reports that case with its own message)."""
   same_shape = tf.reduce_all(tf.equal(tf.shape(a), tf.shape(b)))
-  return tf.logical_or(counts_differ, tf.cond(
-      same_shape, lambda: tf.reduce_all(tf.equal(a, tf.cast(b, a.dtype))),
-      lambda: tf.constant(False)))
+  return tf.logical_or(
+    counts_differ,
+    tf.cond(
+      same_shape,
+      lambda: tf.reduce_all(tf.equal(a, tf.cast(b, a.dtype))),
+      lambda: tf.constant(False),
+    ),
+  )
 
 
 def check_bag_structure(what: str, inp: Any, weights: Any) -> list:
@@ -179,31 +196,43 @@ def check_bag_structure(what: str, inp: Any, weights: Any) -> list:
   if isinstance(inp, tf.SparseTensor):
     rows = inp.indices[:, 0]
     checks += _require(
-        tf.logical_and(tf.reduce_all(rows >= 0),
-                       tf.reduce_all(rows < inp.dense_shape[0])),
-        f"{what}: a SparseTensor index has a row outside [0, "
-        "dense_shape[0]); indices must lie inside dense_shape.")
+      tf.logical_and(
+        tf.reduce_all(rows >= 0), tf.reduce_all(rows < inp.dense_shape[0])
+      ),
+      f"{what}: a SparseTensor index has a row outside [0, "
+      "dense_shape[0]); indices must lie inside dense_shape.",
+    )
     if inp.indices.shape.rank == 2 and inp.indices.shape[1] == 2:
       # A negative column would be read as a position before the row's first
       # (a sequence's id landing in the previous row's last slot).
       cols = inp.indices[:, 1]
       checks += _require(
-          tf.reduce_all(cols >= 0),
-          f"{what}: a SparseTensor index has a negative column; indices "
-          "must lie inside dense_shape (columns >= 0).")
+        tf.reduce_all(cols >= 0),
+        f"{what}: a SparseTensor index has a negative column; indices "
+        "must lie inside dense_shape (columns >= 0).",
+      )
     if isinstance(weights, tf.SparseTensor):
       checks += _require(
-          _same_vector(tf.reshape(weights.indices, [-1]),
-                       tf.reshape(inp.indices, [-1]),
-                       tf.size(weights.values) != tf.size(inp.values)),
-          f"{what}: weights sit at other indices than the ids; sparse "
-          "weights must have exactly the ids' indices.")
-  elif isinstance(inp, tf.RaggedTensor) and isinstance(weights, tf.RaggedTensor):
+        _same_vector(
+          tf.reshape(weights.indices, [-1]),
+          tf.reshape(inp.indices, [-1]),
+          tf.size(weights.values) != tf.size(inp.values),
+        ),
+        f"{what}: weights sit at other indices than the ids; sparse "
+        "weights must have exactly the ids' indices.",
+      )
+  elif isinstance(inp, tf.RaggedTensor) and isinstance(
+    weights, tf.RaggedTensor
+  ):
     checks += _require(
-        _same_vector(weights.row_splits, inp.row_splits,
-                     tf.size(weights.flat_values) != tf.size(inp.flat_values)),
-        f"{what}: weights have other row lengths than the ids; ragged "
-        "weights must have exactly the ids' row lengths.")
+      _same_vector(
+        weights.row_splits,
+        inp.row_splits,
+        tf.size(weights.flat_values) != tf.size(inp.flat_values),
+      ),
+      f"{what}: weights have other row lengths than the ids; ragged "
+      "weights must have exactly the ids' row lengths.",
+    )
   return checks
 
 
@@ -213,8 +242,9 @@ def _lexsort(rows: tf.Tensor, cols: tf.Tensor) -> tf.Tensor:
   return tf.gather(by_col, tf.argsort(tf.gather(rows, by_col), stable=True))
 
 
-def canonical_order(inp: tf.SparseTensor, weights: Optional[tf.SparseTensor]
-                    ) -> "tuple[tf.SparseTensor, Optional[tf.SparseTensor]]":
+def canonical_order(
+  inp: tf.SparseTensor, weights: tf.SparseTensor | None
+) -> "tuple[tf.SparseTensor, tf.SparseTensor | None]":
   """`inp` (and its weights) with indices in row-major order.
 
   TF's sparse ops assume canonical order, but many producers (hand-built
@@ -223,17 +253,21 @@ def canonical_order(inp: tf.SparseTensor, weights: Optional[tf.SparseTensor]
   (stably, so weights stay on their ids) only when it is broken.
   """
   rows, cols = inp.indices[:, 0], inp.indices[:, 1]
-  ordered = tf.reduce_all(tf.logical_or(
+  ordered = tf.reduce_all(
+    tf.logical_or(
       rows[1:] > rows[:-1],
-      tf.logical_and(rows[1:] == rows[:-1], cols[1:] >= cols[:-1])))
+      tf.logical_and(rows[1:] == rows[:-1], cols[1:] >= cols[:-1]),
+    )
+  )
   if tf.executing_eagerly() and bool(ordered):
     return inp, weights
   n = tf.shape(rows)[0]
   perm = tf.cond(ordered, lambda: tf.range(n), lambda: _lexsort(rows, cols))
 
   def permuted(sp):
-    return tf.SparseTensor(tf.gather(sp.indices, perm),
-                           tf.gather(sp.values, perm), sp.dense_shape)
+    return tf.SparseTensor(
+      tf.gather(sp.indices, perm), tf.gather(sp.values, perm), sp.dense_shape
+    )
 
   return permuted(inp), (permuted(weights) if weights is not None else None)
 
@@ -246,9 +280,13 @@ def _rank_in_row(rows: tf.Tensor, num_rows: Any) -> tf.Tensor:
   return index - tf.gather(first, rows)
 
 
-def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
-                 bag_width: Optional[int] = None,
-                 fused_ops: Optional[Any] = None) -> FlatBags:
+def to_flat_bags(
+  layout: FeatureLayout,
+  inp: Any,
+  weights: Any = None,
+  bag_width: int | None = None,
+  fused_ops: Any | None = None,
+) -> FlatBags:
   """Converts one feature's input to `FlatBags` (validating types and ranks).
 
   Args:
@@ -268,8 +306,9 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
   checks = check_bag_structure(describe(layout), inp, weights)
   if checks and isinstance(inp, tf.SparseTensor):
     with tf.control_dependencies(checks):  # rows checked before they index
-      inp = tf.SparseTensor(tf.identity(inp.indices), inp.values,
-                            inp.dense_shape)
+      inp = tf.SparseTensor(
+        tf.identity(inp.indices), inp.values, inp.dense_shape
+      )
   seq_len = layout.sequence_length
   out_shape = layout.output_shape(None)
   cut = tf.constant(0, tf.int64)
@@ -279,8 +318,9 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
     _check_id_dtype(layout, inp.values)
     if inp.shape.rank not in (None, 2):
       raise InvalidInputError(
-          f"{describe(layout)} got a SparseTensor of rank {inp.shape.rank}; "
-          "expected rank 2 [batch, ids].")
+        f"{describe(layout)} got a SparseTensor of rank {inp.shape.rank}; "
+        "expected rank 2 [batch, ids]."
+      )
     if bag_width and not seq_len and out_shape is None:
       # A bag is its row's ids, wherever their columns: the first `bag_width`
       # of them in column order are kept (gaps are not ids).
@@ -295,13 +335,17 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
     _check_id_dtype(layout, inp.flat_values)
     if inp.ragged_rank != 1 or inp.shape.rank != 2:
       raise InvalidInputError(
-          f"{describe(layout)} got a RaggedTensor of rank {inp.shape.rank} "
-          f"(ragged_rank {inp.ragged_rank}); expected rank 2 [batch, (ids)].")
+        f"{describe(layout)} got a RaggedTensor of rank {inp.shape.rank} "
+        f"(ragged_rank {inp.ragged_rank}); expected rank 2 [batch, (ids)]."
+      )
     ids = inp.values
     row = tf.cast(inp.value_rowids(), tf.int64)
     # Positions matter only where bags are cut or sequences laid out.
-    pos = (_positions_in_rows(row, tf.cast(inp.row_splits[:-1], tf.int64))
-           if seq_len or bag_width or out_shape is not None else None)
+    pos = (
+      _positions_in_rows(row, tf.cast(inp.row_splits[:-1], tf.int64))
+      if seq_len or bag_width or out_shape is not None
+      else None
+    )
     w = weights.values if weights is not None else None
   elif isinstance(inp, (tf.Tensor, tf.Variable)) or tf.is_tensor(inp):
     inp = tf.convert_to_tensor(inp)
@@ -310,8 +354,9 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
       inp = inp[:, tf.newaxis]
     elif inp.shape.rank != 2:
       raise InvalidInputError(
-          f"{describe(layout)} got dense ids of shape {inp.shape}; expected "
-          "[B] (one id per example) or [B, N] (bags of N ids).")
+        f"{describe(layout)} got dense ids of shape {inp.shape}; expected "
+        "[B] (one id per example) or [B, N] (bags of N ids)."
+      )
     shape = tf.shape(inp, out_type=tf.int64)
     width = shape[1]
     ids = tf.reshape(inp, [-1])
@@ -320,8 +365,9 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
     w = None
   else:
     raise InvalidInputError(
-        f"{describe(layout)} got a {type(inp).__name__}; expected a tf.Tensor, "
-        "tf.SparseTensor or tf.RaggedTensor of int ids.")
+      f"{describe(layout)} got a {type(inp).__name__}; expected a tf.Tensor, "
+      "tf.SparseTensor or tf.RaggedTensor of int ids."
+    )
 
   ids = tf.cast(ids, tf.int64)
   unit_weights = w is None
@@ -330,17 +376,23 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
   else:
     w = tf.cast(w, tf.float32)
     tf.debugging.assert_equal(
-        tf.size(w), tf.size(ids),
-        message=f"{describe(layout)}: weights and ids have different numbers "
-        "of values; weights must have exactly the ids' shape")
+      tf.size(w),
+      tf.size(ids),
+      message=f"{describe(layout)}: weights and ids have different numbers "
+      "of values; weights must have exactly the ids' shape",
+    )
   batch_size = _batch_size(inp)
 
   if out_shape is not None:
     seq_len = _sequence_length_from_output_shape(layout, out_shape, batch_size)
   limit = seq_len if seq_len > 0 else bag_width
   truncated = cut
-  if isinstance(inp, PaddedBags) and limit and inp.ids.shape[1] is not None \
-      and inp.ids.shape[1] <= limit:
+  if (
+    isinstance(inp, PaddedBags)
+    and limit
+    and inp.ids.shape[1] is not None
+    and inp.ids.shape[1] <= limit
+  ):
     limit_cut = False  # padded no wider than the limit: nothing to cut
   else:
     limit_cut = bool(limit)
@@ -355,15 +407,21 @@ def to_flat_bags(layout: FeatureLayout, inp: Any, weights: Any = None,
   else:
     segments = row
     num_segments = batch_size
-  return FlatBags(ids=ids, segments=tf.cast(segments, tf.int32), weights=w,
-                  num_segments=tf.cast(num_segments, tf.int32),
-                  batch_size=tf.cast(batch_size, tf.int32),
-                  sequence_length=seq_len, truncated=truncated,
-                  capacity=capacity, unit_weights=unit_weights,
-                  sorted_segments=not isinstance(inp, tf.SparseTensor))
+  return FlatBags(
+    ids=ids,
+    segments=tf.cast(segments, tf.int32),
+    weights=w,
+    num_segments=tf.cast(num_segments, tf.int32),
+    batch_size=tf.cast(batch_size, tf.int32),
+    sequence_length=seq_len,
+    truncated=truncated,
+    capacity=capacity,
+    unit_weights=unit_weights,
+    sorted_segments=not isinstance(inp, tf.SparseTensor),
+  )
 
 
-def _static_capacity(inp: Any, limit: Optional[int]) -> Optional[int]:
+def _static_capacity(inp: Any, limit: int | None) -> int | None:
   """Most ids `inp` can hold after cutting bags to `limit`, if static."""
   if isinstance(inp, PaddedBags):
     batch, width = inp.ids.shape.as_list()
@@ -396,16 +454,18 @@ def _sequence_length_from_output_shape(layout, out_shape, batch_size) -> int:
   static_b = tf.get_static_value(batch_size)
   if static_b is None:
     raise InvalidInputError(
-        f"{describe(layout)} sets output_shape={out_shape} but the batch size "
-        "is not static; batch with drop_remainder=True.")
+      f"{describe(layout)} sets output_shape={out_shape} but the batch size "
+      "is not static; batch with drop_remainder=True."
+    )
   static_b = int(static_b)
   if out_batch == static_b:
     return 0
   if out_batch > static_b and out_batch % static_b == 0:
     return out_batch // static_b
   raise InvalidInputError(
-      f"{describe(layout)}: output_shape={out_shape} (product {out_batch}) must "
-      f"equal the batch size {static_b} or be a multiple of it.")
+    f"{describe(layout)}: output_shape={out_shape} (product {out_batch}) must "
+    f"equal the batch size {static_b} or be a multiple of it."
+  )
 
 
 def _from_padded(layout: FeatureLayout, padded: PaddedBags, fused_ops=None):
@@ -415,8 +475,10 @@ def _from_padded(layout: FeatureLayout, padded: PaddedBags, fused_ops=None):
   no_weights = padded.weights.shape.rank == 2 and padded.weights.shape[1] == 0
   if fused_ops is not None:
     ids, row, pos, w, cut = fused_ops.recsys_padded_bags(
-        ids=tf.cast(padded.ids, tf.int64), lengths=lengths,
-        weights=tf.cast(padded.weights, tf.float32))
+      ids=tf.cast(padded.ids, tf.int64),
+      lengths=lengths,
+      weights=tf.cast(padded.weights, tf.float32),
+    )
     return ids, row, pos, None if no_weights else w, cut
   width = tf.shape(padded.ids, out_type=tf.int64)[1]
   # One `where` of the real entries, then gathers: cheaper than a mask each.
@@ -455,8 +517,9 @@ def _first_where(mask: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
   return tf.gather(tf.concat([values, tf.zeros([1], values.dtype)], 0), first)
 
 
-def validate(layout: FeatureLayout, bags: FlatBags, policy: str
-            ) -> "tuple[FlatBags, tf.Tensor]":
+def validate(
+  layout: FeatureLayout, bags: FlatBags, policy: str
+) -> "tuple[FlatBags, tf.Tensor]":
   """Applies the id policy and checks weights; returns (bags, invalid count).
 
   Args:
@@ -477,35 +540,44 @@ def validate(layout: FeatureLayout, bags: FlatBags, policy: str
   checks = []
   if not bags.unit_weights:  # ones by construction need no check
     bad_w = tf.logical_not(tf.logical_and(tf.math.is_finite(w), w >= 0.0))
-    checks += _check(tf.logical_not(tf.reduce_any(bad_w)),
-                     what + " got weight {}; weights must be finite and >= 0.",
-                     lambda: [_first_where(bad_w, w)])
+    checks += _check(
+      tf.logical_not(tf.reduce_any(bad_w)),
+      what + " got weight {}; weights must be finite and >= 0.",
+      lambda: [_first_where(bad_w, w)],
+    )
   bad = tf.logical_or(ids < 0, ids >= vocab)
   num_bad = tf.reduce_sum(tf.cast(bad, tf.int64))
   if policy == "error":
+
     def bad_id_and_row():
       row = _first_where(bad, bags.segments)
       if bags.sequence_length:
         row = row // bags.sequence_length
       return [_first_where(bad, ids), row]
-    checks += _check(tf.equal(num_bad, 0),
-                     what + f" got id {{}} at batch row {{}}; ids must be in "
-                     f"[0, {vocab}).", bad_id_and_row)
+
+    checks += _check(
+      tf.equal(num_bad, 0),
+      what + f" got id {{}} at batch row {{}}; ids must be in [0, {vocab}).",
+      bad_id_and_row,
+    )
   with tf.control_dependencies(checks):  # checked before any gather reads ids
     ids = tf.identity(ids)
   if policy == "drop":
     keep = tf.logical_not(bad)
     return dataclasses.replace(
-        bags, ids=tf.boolean_mask(ids, keep),
-        segments=tf.boolean_mask(bags.segments, keep),
-        weights=tf.boolean_mask(w, keep)), num_bad
+      bags,
+      ids=tf.boolean_mask(ids, keep),
+      segments=tf.boolean_mask(bags.segments, keep),
+      weights=tf.boolean_mask(w, keep),
+    ), num_bad
   if policy == "oov":
     ids = tf.where(bad, tf.constant(vocab - 1, tf.int64), ids)
   return dataclasses.replace(bags, ids=ids), num_bad
 
 
-def pad_bags(inp: Any, weights: Any, width: int, what: str = "bags",
-             sequence: bool = False) -> PaddedBags:
+def pad_bags(
+  inp: Any, weights: Any, width: int, what: str = "bags", sequence: bool = False
+) -> PaddedBags:
   """Pads a sparse or ragged `[B, None]` bag to static `[B, width]` on the host.
 
   Ids past `width` are cut; `lengths` keeps the true bag lengths so the
@@ -525,8 +597,9 @@ def pad_bags(inp: Any, weights: Any, width: int, what: str = "bags",
   checks = check_bag_structure(what, inp, weights)
   if isinstance(inp, tf.SparseTensor):
     with tf.control_dependencies(checks):  # rows checked before they index
-      inp = tf.SparseTensor(tf.identity(inp.indices), inp.values,
-                            inp.dense_shape)
+      inp = tf.SparseTensor(
+        tf.identity(inp.indices), inp.values, inp.dense_shape
+      )
     inp, weights = canonical_order(inp, weights)
     rows, cols = inp.indices[:, 0], inp.indices[:, 1]
     nrows = inp.dense_shape[0]
@@ -536,32 +609,42 @@ def pad_bags(inp: Any, weights: Any, width: int, what: str = "bags",
       # ones after them (columns >= width) are cut, as a ragged row's are.
       rank = _rank_in_row(rows, nrows)
       misplaced = tf.logical_and(
-          tf.logical_or(rank < width, cols < width), tf.not_equal(cols, rank))
+        tf.logical_or(rank < width, cols < width), tf.not_equal(cols, rank)
+      )
       checks += _check(
-          tf.logical_not(tf.reduce_any(misplaced)),
-          _template_safe(what) + " is a sequence but batch row {} has an id "
-          "at column {} where position {} comes next; a sequence's ids must "
-          "fill columns 0, 1, 2, ... of their row (no gaps, no repeats) to be "
-          "padded. Pass it as a RaggedTensor, or to lookup() without "
-          "preprocess() (a gap is then a zero row).",
-          lambda: [_first_where(misplaced, rows), _first_where(misplaced, cols),
-                   _first_where(misplaced, rank)])
+        tf.logical_not(tf.reduce_any(misplaced)),
+        _template_safe(what) + " is a sequence but batch row {} has an id "
+        "at column {} where position {} comes next; a sequence's ids must "
+        "fill columns 0, 1, 2, ... of their row (no gaps, no repeats) to be "
+        "padded. Pass it as a RaggedTensor, or to lookup() without "
+        "preprocess() (a gap is then a zero row).",
+        lambda: [
+          _first_where(misplaced, rows),
+          _first_where(misplaced, cols),
+          _first_where(misplaced, rank),
+        ],
+      )
     with tf.control_dependencies(checks):
       values = tf.identity(values)
     inp = tf.RaggedTensor.from_value_rowids(values, rows, nrows=nrows)
     if weights is not None:
-      weights = tf.RaggedTensor.from_value_rowids(weights.values, rows,
-                                                  nrows=nrows)
+      weights = tf.RaggedTensor.from_value_rowids(
+        weights.values, rows, nrows=nrows
+      )
   if not isinstance(inp, tf.RaggedTensor):
     raise InvalidInputError(
-        f"pad_bags takes SparseTensor or RaggedTensor bags, got {type(inp).__name__}.")
+      f"pad_bags takes SparseTensor or RaggedTensor bags, got {type(inp).__name__}."
+    )
   batch = inp.nrows()
   ids = inp.to_tensor(default_value=0, shape=[batch, width])
   if weights is None:
     # Static width 0 marks "no weights" (all 1): the lookup then skips them.
     w = tf.zeros_like(ids[:, :0], dtype=tf.float32)
   else:
-    w = tf.cast(weights, tf.float32).to_tensor(default_value=0.0,
-                                               shape=[batch, width])
-  lengths = tf.cast(inp.row_lengths(), tf.int32)  # true lengths: cuts are counted
+    w = tf.cast(weights, tf.float32).to_tensor(
+      default_value=0.0, shape=[batch, width]
+    )
+  lengths = tf.cast(
+    inp.row_lengths(), tf.int32
+  )  # true lengths: cuts are counted
   return PaddedBags(ids=ids, lengths=lengths, weights=w)

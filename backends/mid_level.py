@@ -18,7 +18,8 @@ of TF's classes (`TPUEmbedding`, `TPUEmbeddingV2`, `TPUEmbeddingV0`,
 """
 
 import copy
-from typing import Any, Callable, Dict, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.trackable import base as trackable_base  # pylint: disable=g-direct-tensorflow-import
@@ -31,9 +32,9 @@ embedding = tf.tpu.experimental.embedding
 
 
 def tf_feature_config(
-    backend: base.EmbeddingBackend,
-    feature_fn: Optional[Callable[[str, Any], Dict[str, Any]]] = None,
-) -> Tuple[Any, Dict[str, embedding.TableConfig]]:
+  backend: base.EmbeddingBackend,
+  feature_fn: Callable[[str, Any], dict[str, Any]] | None = None,
+) -> tuple[Any, dict[str, embedding.TableConfig]]:
   """Copies the backend's feature config for a TF mid-level class.
 
   Args:
@@ -48,8 +49,8 @@ def tf_feature_config(
     `optimizer` to the table's resolved optimizer (None for lookup-only use
     without one).
   """
-  copies: Dict[int, embedding.TableConfig] = {}
-  by_name: Dict[str, embedding.TableConfig] = {}
+  copies: dict[int, embedding.TableConfig] = {}
+  by_name: dict[str, embedding.TableConfig] = {}
   for table in backend.tables:
     clone = copy.copy(table)
     clone.name = backend.table_name(table)
@@ -58,7 +59,8 @@ def tf_feature_config(
     by_name[clone.name] = clone
   flat = []
   for path, feature in nest.flatten_with_joined_string_paths(
-      backend.feature_config):
+    backend.feature_config
+  ):
     clone = copy.copy(feature)
     clone.table = copies[id(feature.table)]
     for key, value in (feature_fn(path, feature) if feature_fn else {}).items():
@@ -74,8 +76,13 @@ class MidLevelBackend(base.EmbeddingBackend):
   strategy scope) and the lookup/training methods.
   """
 
-  def __init__(self, feature_config: Any, optimizer: Optional[Any] = None,
-               strategy: Optional[tf.distribute.Strategy] = None, **kwargs: Any):
+  def __init__(
+    self,
+    feature_config: Any,
+    optimizer: Any | None = None,
+    strategy: tf.distribute.Strategy | None = None,
+    **kwargs: Any,
+  ):
     super().__init__(feature_config, optimizer, strategy, **kwargs)
     self._mid = None
 
@@ -123,9 +130,9 @@ class MidLevelBackend(base.EmbeddingBackend):
 
   # -- checkpoint layout: the wrapped object's children, under our node -------
 
-  def _trackable_children(self,
-                          save_type=trackable_base.SaveType.CHECKPOINT,
-                          **kwargs):
+  def _trackable_children(
+    self, save_type=trackable_base.SaveType.CHECKPOINT, **kwargs
+  ):
     if getattr(self, "_mid", None) is None:
       return {}
     return self._mid._trackable_children(save_type, **kwargs)  # pylint: disable=protected-access
@@ -142,19 +149,26 @@ class MidLevelBackend(base.EmbeddingBackend):
 
   # -- variables ---------------------------------------------------------------
 
-  def _variables_by_table(self) -> Dict[str, Dict[str, tf.Variable]]:
+  def _variables_by_table(self) -> dict[str, dict[str, tf.Variable]]:
     """TF's `{table name: {"parameters" | slot name: variable}}`."""
     self._maybe_build()
     return self._mid._variables  # pylint: disable=protected-access
 
   @property
-  def embedding_tables(self) -> Dict[embedding.TableConfig, tf.Variable]:
+  def embedding_tables(self) -> dict[embedding.TableConfig, tf.Variable]:
     """The table variables, keyed by the user's `TableConfig`."""
     variables = self._variables_by_table()
-    return {t: variables[self.table_name(t)]["parameters"] for t in self._tables}
+    return {
+      t: variables[self.table_name(t)]["parameters"] for t in self._tables
+    }
 
-  def slot_variables(self) -> Dict[str, Dict[str, tf.Variable]]:
+  def slot_variables(self) -> dict[str, dict[str, tf.Variable]]:
     variables = self._variables_by_table()
-    return {self.table_name(t): {
-        k: v for k, v in variables[self.table_name(t)].items()
-        if k != "parameters"} for t in self._tables}
+    return {
+      self.table_name(t): {
+        k: v
+        for k, v in variables[self.table_name(t)].items()
+        if k != "parameters"
+      }
+      for t in self._tables
+    }

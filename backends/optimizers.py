@@ -36,7 +36,11 @@ Example:
 """
 
 import logging
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import (
+  Any,
+  NamedTuple,
+)
 
 import tensorflow as tf
 
@@ -46,15 +50,16 @@ log = logging.getLogger("recsys.backends")
 
 embedding = tf.tpu.experimental.embedding
 
-_Rows = Dict[str, tf.Tensor]
-_UpdateFn = Callable[[Any, tf.Tensor, tf.Tensor, _Rows, tf.Tensor],
-                     Tuple[tf.Tensor, _Rows]]
+_Rows = dict[str, tf.Tensor]
+_UpdateFn = Callable[
+  [Any, tf.Tensor, tf.Tensor, _Rows, tf.Tensor], tuple[tf.Tensor, _Rows]
+]
 
 
 # -- configuration -------------------------------------------------------------
 
 
-def slot_names(optimizer: Any) -> List[str]:
+def slot_names(optimizer: Any) -> list[str]:
   """TF's slot names for `optimizer`, e.g. `["accumulators", "linears"]`.
 
   These are the names TF's mid-level API uses in checkpoints
@@ -68,7 +73,7 @@ def slot_names(optimizer: Any) -> List[str]:
   return list(optimizer._slot_names())  # pylint: disable=protected-access
 
 
-def slot_initializers(optimizer: Any) -> Dict[str, Any]:
+def slot_initializers(optimizer: Any) -> dict[str, Any]:
   """TF's initializer for each slot of `optimizer`, keyed by slot name.
 
   E.g. Adagrad's `accumulators` start at `initial_accumulator_value`; Adam's
@@ -99,49 +104,60 @@ def check_supported(optimizer: Any, table_name: str) -> None:
   _validate(optimizer, table_name)
   if not optimizer.use_gradient_accumulation:
     log.info(
-        "table %r: %s(use_gradient_accumulation=False) is applied with "
-        "gradient accumulation (gradients of a row summed over the global "
-        "batch), the exact behaviour the TPU approximates when it is off.",
-        table_name, type(optimizer).__name__)
+      "table %r: %s(use_gradient_accumulation=False) is applied with "
+      "gradient accumulation (gradients of a row summed over the global "
+      "batch), the exact behaviour the TPU approximates when it is off.",
+      table_name,
+      type(optimizer).__name__,
+    )
 
 
 def _validate(optimizer: Any, table_name: str) -> None:
   """The checks of `check_supported`, without its log message."""
   if isinstance(optimizer, embedding.CustomOptimizer):
     raise UnsupportedConfigError(
-        f"table {table_name!r}: tf.tpu.experimental.embedding.CustomOptimizer "
-        "runs a user computation that only the TPU embedding engine can "
-        f"execute; use one of {_SUPPORTED}, or the 'tpu_embedding' backend "
-        "on a TPU.")
+      f"table {table_name!r}: tf.tpu.experimental.embedding.CustomOptimizer "
+      "runs a user computation that only the TPU embedding engine can "
+      f"execute; use one of {_SUPPORTED}, or the 'tpu_embedding' backend "
+      "on a TPU."
+    )
   if _update_fn(optimizer) is None:
     raise UnsupportedConfigError(
-        f"table {table_name!r}: optimizer {type(optimizer).__module__}."
-        f"{type(optimizer).__qualname__} is not a "
-        f"tf.tpu.experimental.embedding optimizer; use one of {_SUPPORTED} "
-        "(Keras optimizers do not apply to embedding tables).")
+      f"table {table_name!r}: optimizer {type(optimizer).__module__}."
+      f"{type(optimizer).__qualname__} is not a "
+      f"tf.tpu.experimental.embedding optimizer; use one of {_SUPPORTED} "
+      "(Keras optimizers do not apply to embedding tables)."
+    )
   lo = optimizer.clip_gradient_min
   hi = optimizer.clip_gradient_max
   if lo is not None and hi is not None and lo > hi:
     raise UnsupportedConfigError(
-        f"table {table_name!r}: clipvalue gives clip_gradient_min={lo} > "
-        f"clip_gradient_max={hi}; pass clipvalue=c (c > 0) or (min, max) "
-        "with min <= max.")
+      f"table {table_name!r}: clipvalue gives clip_gradient_min={lo} > "
+      f"clip_gradient_max={hi}; pass clipvalue=c (c > 0) or (min, max) "
+      "with min <= max."
+    )
   lo, hi = optimizer.clip_weight_min, optimizer.clip_weight_max
   if lo is not None and hi is not None and lo > hi:
     raise UnsupportedConfigError(
-        f"table {table_name!r}: clip_weight_min={lo} > clip_weight_max={hi}.")
+      f"table {table_name!r}: clip_weight_min={lo} > clip_weight_max={hi}."
+    )
   if isinstance(optimizer, embedding.FTRL):
     if optimizer.learning_rate_power > 0:
       raise UnsupportedConfigError(
-          f"table {table_name!r}: FTRL learning_rate_power="
-          f"{optimizer.learning_rate_power}; it must be <= 0 (-0.5 is the "
-          "default, 0 a fixed learning rate).")
-    for attr in ("l1_regularization_strength", "l2_regularization_strength",
-                 "beta"):
+        f"table {table_name!r}: FTRL learning_rate_power="
+        f"{optimizer.learning_rate_power}; it must be <= 0 (-0.5 is the "
+        "default, 0 a fixed learning rate)."
+      )
+    for attr in (
+      "l1_regularization_strength",
+      "l2_regularization_strength",
+      "beta",
+    ):
       if getattr(optimizer, attr) < 0:
         raise UnsupportedConfigError(
-            f"table {table_name!r}: FTRL {attr}={getattr(optimizer, attr)}; "
-            "it must be >= 0.")
+          f"table {table_name!r}: FTRL {attr}={getattr(optimizer, attr)}; "
+          "it must be >= 0."
+        )
 
 
 def learning_rate(optimizer: Any) -> tf.Tensor:
@@ -226,17 +242,17 @@ def _ftrl(opt, lr, w, s, g):
   return w, {"accumulators": n_new, "linears": z}
 
 
-_UPDATES: Dict[type, _UpdateFn] = {
-    embedding.SGD: _sgd,
-    embedding.Adagrad: _adagrad,
-    embedding.AdagradMomentum: _adagrad_momentum,
-    embedding.Adam: _adam,
-    embedding.FTRL: _ftrl,
+_UPDATES: dict[type, _UpdateFn] = {
+  embedding.SGD: _sgd,
+  embedding.Adagrad: _adagrad,
+  embedding.AdagradMomentum: _adagrad_momentum,
+  embedding.Adam: _adam,
+  embedding.FTRL: _ftrl,
 }
 _SUPPORTED = ", ".join(sorted(cls.__name__ for cls in _UPDATES))
 
 
-def _update_fn(opt) -> Optional[_UpdateFn]:
+def _update_fn(opt) -> _UpdateFn | None:
   """The row update of `opt`'s class or of its nearest supported base class."""
   for cls in type(opt).__mro__:
     if cls in _UPDATES:
@@ -264,8 +280,9 @@ def _decay(opt, lr: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
   return w - d * w
 
 
-def _step(opt, lr: tf.Tensor, w: tf.Tensor, s: _Rows, g: tf.Tensor
-         ) -> Tuple[tf.Tensor, _Rows]:
+def _step(
+  opt, lr: tf.Tensor, w: tf.Tensor, s: _Rows, g: tf.Tensor
+) -> tuple[tf.Tensor, _Rows]:
   """Steps 2-4 (decay, update, weight clipping) on rows, g already clipped."""
   w = _decay(opt, lr, w)
   w, s = _update_fn(opt)(opt, lr, w, s, g)
@@ -279,29 +296,40 @@ def _check_args(optimizer, table, slots: Mapping[str, Any], ids, grads):
   missing = [n for n in expected if n not in slots]
   if missing:
     raise ValueError(
-        f"table {name!r}: {type(optimizer).__name__} needs slot variables "
-        f"{expected}; missing {missing}, got {sorted(slots)}.")
+      f"table {name!r}: {type(optimizer).__name__} needs slot variables "
+      f"{expected}; missing {missing}, got {sorted(slots)}."
+    )
   if ids.shape.rank is not None and ids.shape.rank != 1:
-    raise ValueError(f"table {name!r}: ids must be a vector [U] of unique row "
-                     f"ids; got shape {ids.shape}.")
+    raise ValueError(
+      f"table {name!r}: ids must be a vector [U] of unique row "
+      f"ids; got shape {ids.shape}."
+    )
   if grads.shape.rank is not None and grads.shape.rank != 2:
-    raise ValueError(f"table {name!r}: grads must be [U, D]; got shape "
-                     f"{grads.shape}.")
+    raise ValueError(
+      f"table {name!r}: grads must be [U, D]; got shape {grads.shape}."
+    )
   dim = table.shape[-1] if table.shape.rank else None
   if dim is not None and grads.shape[-1] is not None and grads.shape[-1] != dim:
-    raise ValueError(f"table {name!r}: grads have dimension {grads.shape[-1]}, "
-                     f"the table has dimension {dim} (grads shape "
-                     f"{grads.shape}, table shape {table.shape}).")
+    raise ValueError(
+      f"table {name!r}: grads have dimension {grads.shape[-1]}, "
+      f"the table has dimension {dim} (grads shape "
+      f"{grads.shape}, table shape {table.shape})."
+    )
   if ids.dtype not in (tf.int32, tf.int64):
-    raise TypeError(f"table {name!r}: ids must be int32 or int64; got "
-                    f"{ids.dtype.name}.")
+    raise TypeError(
+      f"table {name!r}: ids must be int32 or int64; got {ids.dtype.name}."
+    )
 
 
-def apply_sparse_update(optimizer: Any, table: tf.Variable,
-                        slots: Dict[str, tf.Variable], ids: tf.Tensor,
-                        grads: tf.Tensor,
-                        rows: Optional[tf.Tensor] = None,
-                        keep: Optional[tf.Tensor] = None) -> None:
+def apply_sparse_update(
+  optimizer: Any,
+  table: tf.Variable,
+  slots: dict[str, tf.Variable],
+  ids: tf.Tensor,
+  grads: tf.Tensor,
+  rows: tf.Tensor | None = None,
+  keep: tf.Tensor | None = None,
+) -> None:
   """Applies one step of `optimizer` (TPU semantics) to the rows `ids`.
 
   Applies gradient clipping, weight decay, the optimizer's update and weight
@@ -351,12 +379,18 @@ def apply_sparse_update(optimizer: Any, table: tf.Variable,
   if isinstance(optimizer, embedding.Adam) and not optimizer.lazy_adam:
     # Dense: every row, g = 0 (then clipped, like any gradient) where untouched.
     w = tf.raw_ops.ReadVariableOp(resource=table.handle, dtype=table.dtype)
-    s = {n: tf.raw_ops.ReadVariableOp(resource=slots[n].handle,
-                                      dtype=slots[n].dtype) for n in names}
+    s = {
+      n: tf.raw_ops.ReadVariableOp(
+        resource=slots[n].handle, dtype=slots[n].dtype
+      )
+      for n in names
+    }
     dense_g = tf.tensor_scatter_nd_update(
-        tf.zeros_like(w), tf.expand_dims(ids, 1), grads)
-    dense_g = _clip(dense_g, optimizer.clip_gradient_min,
-                    optimizer.clip_gradient_max)
+      tf.zeros_like(w), tf.expand_dims(ids, 1), grads
+    )
+    dense_g = _clip(
+      dense_g, optimizer.clip_gradient_min, optimizer.clip_gradient_max
+    )
     w, s = _step(optimizer, lr, w, s, dense_g)
     tf.raw_ops.AssignVariableOp(resource=table.handle, value=w)
     for n in names:
@@ -367,46 +401,62 @@ def apply_sparse_update(optimizer: Any, table: tf.Variable,
   if rows is not None:
     w = tf.cast(rows, table.dtype)
   else:
-    w = tf.raw_ops.ResourceGather(resource=table.handle, indices=ids,
-                                  dtype=table.dtype)
-  s = {n: tf.raw_ops.ResourceGather(resource=slots[n].handle, indices=ids,
-                                    dtype=slots[n].dtype) for n in names}
+    w = tf.raw_ops.ResourceGather(
+      resource=table.handle, indices=ids, dtype=table.dtype
+    )
+  s = {
+    n: tf.raw_ops.ResourceGather(
+      resource=slots[n].handle, indices=ids, dtype=slots[n].dtype
+    )
+    for n in names
+  }
   w, s = _kept(keep, _step(optimizer, lr, w, s, g), (w, s))
-  tf.raw_ops.ResourceScatterUpdate(resource=table.handle, indices=ids,
-                                   updates=w)
+  tf.raw_ops.ResourceScatterUpdate(
+    resource=table.handle, indices=ids, updates=w
+  )
   for n in names:
-    tf.raw_ops.ResourceScatterUpdate(resource=slots[n].handle, indices=ids,
-                                     updates=s[n])
+    tf.raw_ops.ResourceScatterUpdate(
+      resource=slots[n].handle, indices=ids, updates=s[n]
+    )
 
 
-def _kept(keep: Optional[tf.Tensor], new: Tuple[tf.Tensor, _Rows],
-          old: Tuple[tf.Tensor, _Rows]) -> Tuple[tf.Tensor, _Rows]:
+def _kept(
+  keep: tf.Tensor | None,
+  new: tuple[tf.Tensor, _Rows],
+  old: tuple[tf.Tensor, _Rows],
+) -> tuple[tf.Tensor, _Rows]:
   """`new` rows where `keep` (a scalar or one flag per row), else `old`."""
   if keep is None:
     return new
   if keep.shape.rank == 1:
     keep = keep[:, tf.newaxis]
   pick = lambda n, o: tf.where(keep, n, o)
-  return pick(new[0], old[0]), {k: pick(v, old[1][k]) for k, v in new[1].items()}
+  return pick(new[0], old[0]), {
+    k: pick(v, old[1][k]) for k, v in new[1].items()
+  }
 
 
 class SparseUpdate(NamedTuple):
   """One table's part of `apply_sparse_updates` (see `apply_sparse_update`)."""
+
   table: tf.Variable
-  slots: Dict[str, tf.Variable]
+  slots: dict[str, tf.Variable]
   ids: tf.Tensor
   grads: tf.Tensor
-  rows: Optional[tf.Tensor] = None
-  keep: Optional[tf.Tensor] = None
+  rows: tf.Tensor | None = None
+  keep: tf.Tensor | None = None
 
 
 # The optimizers the fused kernel (backends/kernels, RecsysSparseApply)
 # implements, by the name of its `optimizer` attribute.
-_FUSED = {embedding.SGD: "sgd", embedding.Adagrad: "adagrad",
-          embedding.Adam: "adam"}
+_FUSED = {
+  embedding.SGD: "sgd",
+  embedding.Adagrad: "adagrad",
+  embedding.Adam: "adam",
+}
 
 
-def fused_attrs(optimizer: Any) -> Optional[Dict[str, Any]]:
+def fused_attrs(optimizer: Any) -> dict[str, Any] | None:
   """`RecsysSparseApply`'s attributes for `optimizer`, or None if it has none.
 
   The fused kernel implements SGD, Adagrad and lazy Adam (with clipping and
@@ -422,26 +472,33 @@ def fused_attrs(optimizer: Any) -> Optional[Dict[str, Any]]:
     return default if value is None else float(value)
 
   attrs = dict(
-      optimizer=name,
-      clip_gradient_min=bound(optimizer.clip_gradient_min, -inf),
-      clip_gradient_max=bound(optimizer.clip_gradient_max, inf),
-      clip_weight_min=bound(optimizer.clip_weight_min, -inf),
-      clip_weight_max=bound(optimizer.clip_weight_max, inf),
-      weight_decay=float(optimizer.weight_decay_factor or 0.0),
-      decay_by_lr=bool(optimizer.multiply_weight_decay_factor_by_learning_rate))
+    optimizer=name,
+    clip_gradient_min=bound(optimizer.clip_gradient_min, -inf),
+    clip_gradient_max=bound(optimizer.clip_gradient_max, inf),
+    clip_weight_min=bound(optimizer.clip_weight_min, -inf),
+    clip_weight_max=bound(optimizer.clip_weight_max, inf),
+    weight_decay=float(optimizer.weight_decay_factor or 0.0),
+    decay_by_lr=bool(optimizer.multiply_weight_decay_factor_by_learning_rate),
+  )
   if name == "adam":
     # 1 - beta and eps * eps in double, then float32, as `_adam`'s constants.
-    attrs.update(beta_1=float(optimizer.beta_1), beta_2=float(optimizer.beta_2),
-                 epsilon=float(optimizer.epsilon),
-                 one_minus_beta_1=1.0 - optimizer.beta_1,
-                 one_minus_beta_2=1.0 - optimizer.beta_2,
-                 epsilon_squared=optimizer.epsilon * optimizer.epsilon,
-                 sum_inside_sqrt=bool(optimizer.sum_inside_sqrt))
+    attrs.update(
+      beta_1=float(optimizer.beta_1),
+      beta_2=float(optimizer.beta_2),
+      epsilon=float(optimizer.epsilon),
+      one_minus_beta_1=1.0 - optimizer.beta_1,
+      one_minus_beta_2=1.0 - optimizer.beta_2,
+      epsilon_squared=optimizer.epsilon * optimizer.epsilon,
+      sum_inside_sqrt=bool(optimizer.sum_inside_sqrt),
+    )
   return attrs
 
 
-def apply_sparse_updates(optimizer: Any, updates: Sequence[SparseUpdate],
-                         fused_ops: Optional[Any] = None) -> None:
+def apply_sparse_updates(
+  optimizer: Any,
+  updates: Sequence[SparseUpdate],
+  fused_ops: Any | None = None,
+) -> None:
   """`apply_sparse_update` for several tables that share `optimizer`.
 
   Each table's rows are read and written separately, but the optimizer's
@@ -472,17 +529,28 @@ def apply_sparse_updates(optimizer: Any, updates: Sequence[SparseUpdate],
       grads = tf.cast(tf.convert_to_tensor(u.grads), tf.float32)
       _check_args(optimizer, u.table, u.slots, ids, grads)
       fused_ops.recsys_sparse_apply(
-          table=u.table.handle, slots=[u.slots[n].handle for n in names],
-          ids=tf.cast(ids, tf.int64), grads=grads, learning_rate=lr, **attrs)
+        table=u.table.handle,
+        slots=[u.slots[n].handle for n in names],
+        ids=tf.cast(ids, tf.int64),
+        grads=grads,
+        learning_rate=lr,
+        **attrs,
+      )
     updates = rest
     if not updates:
       return
   dims = {(u.table.dtype, u.table.shape[-1]) for u in updates}
   dense_adam = isinstance(optimizer, embedding.Adam) and not optimizer.lazy_adam
-  if len(updates) < 2 or len(dims) > 1 or dense_adam or None in {d for _, d in dims}:
+  if (
+    len(updates) < 2
+    or len(dims) > 1
+    or dense_adam
+    or None in {d for _, d in dims}
+  ):
     for u in updates:
-      apply_sparse_update(optimizer, u.table, u.slots, u.ids, u.grads,
-                          rows=u.rows, keep=u.keep)
+      apply_sparse_update(
+        optimizer, u.table, u.slots, u.ids, u.grads, rows=u.rows, keep=u.keep
+      )
     return
   names = optimizer._slot_names()  # pylint: disable=protected-access
   ws, gs, ss, idss = [], [], {n: [] for n in names}, []
@@ -492,26 +560,41 @@ def apply_sparse_updates(optimizer: Any, updates: Sequence[SparseUpdate],
     _check_args(optimizer, u.table, u.slots, ids, grads)
     idss.append(ids)
     gs.append(grads)
-    ws.append(tf.cast(u.rows, u.table.dtype) if u.rows is not None else
-              tf.raw_ops.ResourceGather(resource=u.table.handle, indices=ids,
-                                        dtype=u.table.dtype))
+    ws.append(
+      tf.cast(u.rows, u.table.dtype)
+      if u.rows is not None
+      else tf.raw_ops.ResourceGather(
+        resource=u.table.handle, indices=ids, dtype=u.table.dtype
+      )
+    )
     for n in names:
-      ss[n].append(tf.raw_ops.ResourceGather(
-          resource=u.slots[n].handle, indices=ids, dtype=u.slots[n].dtype))
+      ss[n].append(
+        tf.raw_ops.ResourceGather(
+          resource=u.slots[n].handle, indices=ids, dtype=u.slots[n].dtype
+        )
+      )
   sizes = [tf.shape(i)[0] for i in idss]
-  g = _clip(tf.concat(gs, 0), optimizer.clip_gradient_min,
-            optimizer.clip_gradient_max)
+  g = _clip(
+    tf.concat(gs, 0), optimizer.clip_gradient_min, optimizer.clip_gradient_max
+  )
   old = (tf.concat(ws, 0), {n: tf.concat(ss[n], 0) for n in names})
   keep = None
   if any(u.keep is not None for u in updates):
-    keep = tf.concat([tf.fill([size], tf.constant(True) if u.keep is None
-                              else u.keep) for u, size in zip(updates, sizes)], 0)
+    keep = tf.concat(
+      [
+        tf.fill([size], tf.constant(True) if u.keep is None else u.keep)
+        for u, size in zip(updates, sizes)
+      ],
+      0,
+    )
   w, s = _kept(keep, _step(optimizer, learning_rate(optimizer), *old, g), old)
   new_w = tf.split(w, sizes)
   new_s = {n: tf.split(s[n], sizes) for n in names}
   for k, u in enumerate(updates):
-    tf.raw_ops.ResourceScatterUpdate(resource=u.table.handle, indices=idss[k],
-                                     updates=new_w[k])
+    tf.raw_ops.ResourceScatterUpdate(
+      resource=u.table.handle, indices=idss[k], updates=new_w[k]
+    )
     for n in names:
-      tf.raw_ops.ResourceScatterUpdate(resource=u.slots[n].handle,
-                                       indices=idss[k], updates=new_s[n][k])
+      tf.raw_ops.ResourceScatterUpdate(
+        resource=u.slots[n].handle, indices=idss[k], updates=new_s[n][k]
+      )

@@ -23,7 +23,7 @@ one per step.
 """
 
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
@@ -31,6 +31,7 @@ from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-
 
 class UnappliedGradientsError(RuntimeError):
   """A training lookup's gradients were never applied before the next one."""
+
   # Raised while a tf.function traces: AutoGraph re-raises an error with its
   # own type only if the type's __init__ is Exception's (else StagingError).
   __init__ = Exception.__init__
@@ -53,9 +54,9 @@ class PendingLookups:
 
   def __init__(self, backend_name: str):
     self._backend_name = backend_name
-    self._steps: Dict[int, Tuple[Any, str]] = {}
+    self._steps: dict[int, tuple[Any, str]] = {}
     self._lock = threading.Lock()
-    self._guard: Optional[tf.Variable] = None
+    self._guard: tf.Variable | None = None
 
   def use_runtime_guard(self, flag: tf.Variable) -> None:
     """Checks traced steps at run time too, with `flag` (int32 scalar, 0).
@@ -74,16 +75,17 @@ class PendingLookups:
 
   def _message(self, where: str) -> str:
     return (
-        f"embedding backend {self._backend_name!r}: a lookup(..., "
-        f"training=True) made {where} was never followed by "
-        "apply_gradients(), so its gradients were lost and the tables did not "
-        "train. In a custom training step call "
-        "backend.apply_gradients(tape.gradient(loss, activations)) after "
-        "every lookup(..., training=True); in a Keras model use "
-        "recsys.layers.Embedding, whose fit() applies them; for evaluation "
-        "and serving use lookup(..., training=False). (If that earlier step "
-        "failed with an error before apply_gradients, this error follows "
-        "from it: the next lookup starts afresh.)")
+      f"embedding backend {self._backend_name!r}: a lookup(..., "
+      f"training=True) made {where} was never followed by "
+      "apply_gradients(), so its gradients were lost and the tables did not "
+      "train. In a custom training step call "
+      "backend.apply_gradients(tape.gradient(loss, activations)) after "
+      "every lookup(..., training=True); in a Keras model use "
+      "recsys.layers.Embedding, whose fit() applies them; for evaluation "
+      "and serving use lookup(..., training=False). (If that earlier step "
+      "failed with an error before apply_gradients, this error follows "
+      "from it: the next lookup starts afresh.)"
+    )
 
   def _check_and_set(self, after: Any) -> None:
     """Runtime: fail if the previous training lookup was not applied.
@@ -93,13 +95,16 @@ class PendingLookups:
     flag is cleared first: the error is raised once, not at every later step.
     """
     flag = self._guard
-    with tf.control_dependencies(tf.nest.flatten(after, expand_composites=True)):
+    with tf.control_dependencies(
+      tf.nest.flatten(after, expand_composites=True)
+    ):
       previous = flag.read_value()
 
     def refuse():
       with tf.control_dependencies([flag.assign(0)]):
         check = tf.debugging.Assert(
-            False, [self._message("in an earlier run of this step")])
+          False, [self._message("in an earlier run of this step")]
+        )
       with tf.control_dependencies([check]):
         return tf.constant(False)
 
@@ -132,7 +137,7 @@ class PendingLookups:
     if self._guarded():
       self._check_and_set(outputs)
 
-  def take(self) -> Optional[Any]:
+  def take(self) -> Any | None:
     """This thread's pending lookup (removed), or None; clears the guard."""
     with self._lock:
       entry = self._steps.pop(threading.get_ident(), None)

@@ -26,14 +26,13 @@ Example:
 """
 
 import collections.abc
-from typing import Any, Callable, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
-from backends import base
-from backends import mid_level
-from backends import registry
+from backends import base, mid_level, registry
 
 embedding = tf.tpu.experimental.embedding
 
@@ -61,21 +60,26 @@ class ServingEmbedding(mid_level.MidLevelBackend):
   capabilities = base.Capabilities(trains=False)
 
   @classmethod
-  def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> Optional[str]:
+  def unavailable_reason(
+    cls, strategy: tf.distribute.Strategy
+  ) -> str | None:
     feature = registry._embedding_feature(strategy)  # pylint: disable=protected-access
     if feature is not None:
-      return (f"{type(strategy).__name__} is a TPU strategy (embedding_feature="
-              f"{feature.name}); TPUEmbeddingForServing runs on CPU/GPU only. "
-              "Serve under the default strategy, or use 'tensorcore' for "
-              "lookups on a TPU")
+      return (
+        f"{type(strategy).__name__} is a TPU strategy (embedding_feature="
+        f"{feature.name}); TPUEmbeddingForServing runs on CPU/GPU only. "
+        "Serve under the default strategy, or use 'tensorcore' for "
+        "lookups on a TPU"
+      )
     return None
 
   def _create_mid_level(self) -> Any:
     config, _ = mid_level.tf_feature_config(self)
     return embedding.TPUEmbeddingForServing(config, optimizer=None)
 
-  def lookup(self, features: Any, weights: Optional[Any] = None,
-             training: bool = False) -> Any:
+  def lookup(
+    self, features: Any, weights: Any | None = None, training: bool = False
+  ) -> Any:
     """Looks up and combines every feature (see `backends.base` for shapes).
 
     Args:
@@ -97,24 +101,34 @@ class ServingEmbedding(mid_level.MidLevelBackend):
     """
     if training:
       raise NotImplementedError(
-          "the 'serving' backend is lookup-only: call lookup(training=False), "
-          "or train with 'tensorcore' / 'tpu_embedding'.")
+        "the 'serving' backend is lookup-only: call lookup(training=False), "
+        "or train with 'tensorcore' / 'tpu_embedding'."
+      )
     self._maybe_build()
-    if (weights is not None and isinstance(weights, collections.abc.Mapping)
-        and isinstance(self._feature_config, collections.abc.Mapping)):
+    if (
+      weights is not None
+      and isinstance(weights, collections.abc.Mapping)
+      and isinstance(self._feature_config, collections.abc.Mapping)
+    ):
       unknown = sorted(set(weights) - set(self._feature_config))
       if unknown:
-        raise ValueError(f"weights name unknown features {unknown}; features "
-                         f"are {sorted(self._feature_config)}.")
+        raise ValueError(
+          f"weights name unknown features {unknown}; features "
+          f"are {sorted(self._feature_config)}."
+        )
       weights = {k: weights.get(k) for k in self._feature_config}
     # Flattening checks the structures against feature_config (naming missing
     # and extra features); repacking makes the output structure the config's.
     flat = self._flatten_like_config(features, "features")
-    flat_w = (self._flatten_like_config(weights, "weights")
-              if weights is not None else [None] * len(flat))
+    flat_w = (
+      self._flatten_like_config(weights, "weights")
+      if weights is not None
+      else [None] * len(flat)
+    )
     features, weights = self._pack_inputs(flat, flat_w)
-    return serving_lookup(features, weights, self.embedding_tables,
-                          self._feature_config)
+    return serving_lookup(
+      features, weights, self.embedding_tables, self._feature_config
+    )
 
   @classmethod
   def from_backend(cls, backend: base.EmbeddingBackend) -> "ServingEmbedding":
@@ -137,15 +151,17 @@ class ServingEmbedding(mid_level.MidLevelBackend):
       table.optimizer = None  # lookup-only: no slot variables
     emb = cls(config)
     emb.build()
-    trained = {backend.table_name(t): v
-               for t, v in backend.embedding_tables.items()}
+    trained = {
+      backend.table_name(t): v for t, v in backend.embedding_tables.items()
+    }
     for table, variable in emb.embedding_tables.items():
       variable.assign(tf.convert_to_tensor(trained[emb.table_name(table)]))
     return emb
 
 
-def serving_lookup(features: Any, weights: Optional[Any], tables: Any,
-                   feature_config: Any) -> Any:
+def serving_lookup(
+  features: Any, weights: Any | None, tables: Any, feature_config: Any
+) -> Any:
   """TF's `serving_embedding_lookup`, with the project's output-shape convention.
 
   The one CPU/GPU lookup of trained tables in this project. Arguments are
@@ -184,8 +200,10 @@ def serving_lookup(features: Any, weights: Optional[Any], tables: Any,
   by_path = dict(nest.flatten_with_joined_string_paths(feature_config))
   unknown = sorted(path for path, _ in flat if path not in by_path)
   if unknown:
-    raise ValueError(f"features {unknown} are not in feature_config; its "
-                     f"features are {sorted(by_path)}.")
+    raise ValueError(
+      f"features {unknown} are not in feature_config; its "
+      f"features are {sorted(by_path)}."
+    )
   ids, wts = [], []
   for (path, inp), w in zip(flat, flat_w):
     inp, w = _as_bag(path, by_path[path], inp, w)
@@ -194,51 +212,60 @@ def serving_lookup(features: Any, weights: Optional[Any], tables: Any,
   packed_w = None
   if any(w is not None for w in wts):
     packed_w = nest.pack_sequence_as(features, wts)
-  outputs = nest.flatten(embedding.serving_embedding_lookup(
-      nest.pack_sequence_as(features, ids), packed_w, tables, feature_config))
+  outputs = nest.flatten(
+    embedding.serving_embedding_lookup(
+      nest.pack_sequence_as(features, ids), packed_w, tables, feature_config
+    )
+  )
   for i, (path, _) in enumerate(flat):
     feature = by_path[path]
     if feature.output_shape and feature.output_shape.rank:
       outputs[i] = tf.reshape(
-          outputs[i], feature.output_shape.as_list() + [feature.table.dim])
+        outputs[i], feature.output_shape.as_list() + [feature.table.dim]
+      )
   return nest.pack_sequence_as(features, outputs)
 
 
-def _as_bag(path: str, feature: Any, ids: Any, weights: Any
-           ) -> Tuple[Any, Any]:
+def _as_bag(path: str, feature: Any, ids: Any, weights: Any) -> tuple[Any, Any]:
   """Dense `[B, N]` ids -> a ragged bag of N ids per row (TF combines bags)."""
   if isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
     return ids, weights
   ids = tf.convert_to_tensor(ids)
   if weights is not None:
     raise ValueError(
-        f"feature {path!r}: weights were given but the ids are a dense tensor "
-        f"of shape {ids.shape}; weights apply to SparseTensor or RaggedTensor "
-        "bags only (the 'tensorcore' backend has the same rule).")
+      f"feature {path!r}: weights were given but the ids are a dense tensor "
+      f"of shape {ids.shape}; weights apply to SparseTensor or RaggedTensor "
+      "bags only (the 'tensorcore' backend has the same rule)."
+    )
   if ids.shape.rank == 1 and not feature.max_sequence_length:
     return ids, None  # TF's [B] -> [B, D] already follows the convention.
   if ids.shape.rank == 1:
     ids = ids[:, tf.newaxis]
   if ids.shape.rank != 2:
     raise ValueError(
-        f"feature {path!r} got dense ids of shape {ids.shape}; expected [B] "
-        "(one id per example) or [B, N] (bags of N ids).")
+      f"feature {path!r} got dense ids of shape {ids.shape}; expected [B] "
+      "(one id per example) or [B, N] (bags of N ids)."
+    )
   return tf.RaggedTensor.from_tensor(ids), None
 
 
 # -- export ----------------------------------------------------------------------
 
 
-def _default_split(features: Any) -> Tuple[Any, Any]:
+def _default_split(features: Any) -> tuple[Any, Any]:
   return features, None
 
 
 class _ServingModule(tf.Module):
   """What the SavedModel holds: the embedding, the model and `serve`."""
 
-  def __init__(self, emb: ServingEmbedding, model: Any,
-               split_fn: Callable[[Any], Tuple[Any, Any]],
-               input_signature: Any):
+  def __init__(
+    self,
+    emb: ServingEmbedding,
+    model: Any,
+    split_fn: Callable[[Any], tuple[Any, Any]],
+    input_signature: Any,
+  ):
     super().__init__(name="recsys_serving")
     self.embedding = emb
     self.model = model
@@ -252,12 +279,13 @@ class _ServingModule(tf.Module):
     self.serve = tf.function(serve, input_signature=[input_signature])
 
 
-def export_saved_model(export_dir: str,
-                       emb: ServingEmbedding,
-                       model: Any,
-                       input_signature: Any,
-                       split_fn: Callable[[Any], Tuple[Any, Any]] = _default_split
-                      ) -> str:
+def export_saved_model(
+  export_dir: str,
+  emb: ServingEmbedding,
+  model: Any,
+  input_signature: Any,
+  split_fn: Callable[[Any], tuple[Any, Any]] = _default_split,
+) -> str:
   """Writes `model` on top of `emb` as a SavedModel that serves on CPU.
 
   The SavedModel has a `serve(features)` function (`tf.saved_model.load(dir)
@@ -286,16 +314,22 @@ def export_saved_model(export_dir: str,
   leaves = nest.flatten_with_joined_string_paths(input_signature)
   if all(type(spec) is tf.TensorSpec for _, spec in leaves):  # pylint: disable=unidiomatic-typecheck
     names = [path.replace("/", "__") for path, _ in leaves]
-    specs = [tf.TensorSpec(spec.shape, spec.dtype, name=n)
-             for n, (_, spec) in zip(names, leaves)]
+    specs = [
+      tf.TensorSpec(spec.shape, spec.dtype, name=n)
+      for n, (_, spec) in zip(names, leaves)
+    ]
 
     def flat_serve(**kwargs):
-      features = nest.pack_sequence_as(input_signature,
-                                       [kwargs[n] for n in names])
+      features = nest.pack_sequence_as(
+        input_signature, [kwargs[n] for n in names]
+      )
       scores = module.serve(features)
       return scores if isinstance(scores, dict) else {"scores": scores}
 
-    signatures = {"serving_default": tf.function(flat_serve).get_concrete_function(
-        **{n: s for n, s in zip(names, specs)})}
+    signatures = {
+      "serving_default": tf.function(flat_serve).get_concrete_function(
+        **{n: s for n, s in zip(names, specs)}
+      )
+    }
   tf.saved_model.save(module, export_dir, signatures=signatures)
   return export_dir

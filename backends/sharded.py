@@ -47,7 +47,7 @@ import dataclasses
 import functools
 import logging
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.distribute import sharded_variable  # pylint: disable=g-direct-tensorflow-import
@@ -55,10 +55,7 @@ from tensorflow.python.trackable import base as trackable_base  # pylint: disabl
 from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
-from backends import base
-from backends import inputs as inputs_lib
-from backends import optimizers
-from backends import tensorcore
+from backends import base, optimizers, tensorcore
 
 embedding = tf.tpu.experimental.embedding
 log = logging.getLogger("recsys.backends")
@@ -100,12 +97,15 @@ class TablePartitioner:
 
   def __init__(self, num_shards: int, min_shard_bytes: int = 0):
     if int(num_shards) < 1:
-      raise ValueError(f"TablePartitioner(num_shards={num_shards!r}): need >= 1.")
+      raise ValueError(
+        f"TablePartitioner(num_shards={num_shards!r}): need >= 1."
+      )
     self.num_shards = int(num_shards)
     self.min_shard_bytes = int(min_shard_bytes)
 
-  def __call__(self, shape: tf.TensorShape, dtype: tf.dtypes.DType,
-               axis: int = 0) -> List[int]:
+  def __call__(
+    self, shape: tf.TensorShape, dtype: tf.dtypes.DType, axis: int = 0
+  ) -> list[int]:
     partitions = [1] * len(shape)
     if not getattr(_BUILDING, "active", False) or not len(shape):
       return partitions
@@ -117,18 +117,20 @@ class TablePartitioner:
     return partitions
 
   def __repr__(self) -> str:
-    return (f"TablePartitioner(num_shards={self.num_shards}, "
-            f"min_shard_bytes={self.min_shard_bytes})")
+    return (
+      f"TablePartitioner(num_shards={self.num_shards}, "
+      f"min_shard_bytes={self.min_shard_bytes})"
+    )
 
 
-def shards_of(variable: tf.Variable) -> List[tf.Variable]:
+def shards_of(variable: tf.Variable) -> list[tf.Variable]:
   """The shard variables of a table (one, if it is not sharded)."""
   if isinstance(variable, sharded_variable.ShardedVariable):
     return list(variable.variables)
   return [variable]
 
 
-def shard_offsets(variable: tf.Variable) -> List[int]:
+def shard_offsets(variable: tf.Variable) -> list[int]:
   """First row of each shard, then the row count: `[0, n0, n0 + n1, ..., V]`."""
   offsets = [0]
   for shard in shards_of(variable):
@@ -139,17 +141,18 @@ def shard_offsets(variable: tf.Variable) -> List[int]:
 @dataclasses.dataclass
 class _FeatureStep:
   """One feature's part of a table lookup, kept for the backward pass."""
-  index: tf.Tensor          # int32 [N]: position of each id in the unique ids
-  segments: tf.Tensor       # int32 [N]
-  scale: tf.Tensor          # float32 [N]: d act / d row of each id
-  num_segments: tf.Tensor   # int32 scalar
-  position: int             # index in the flat feature list
+
+  index: tf.Tensor  # int32 [N]: position of each id in the unique ids
+  segments: tf.Tensor  # int32 [N]
+  scale: tf.Tensor  # float32 [N]: d act / d row of each id
+  num_segments: tf.Tensor  # int32 scalar
+  position: int  # index in the flat feature list
 
 
 @dataclasses.dataclass
 class _TableStep:
-  unique_ids: tf.Tensor            # int64 [U]
-  features: List[_FeatureStep]
+  unique_ids: tf.Tensor  # int64 [U]
+  features: list[_FeatureStep]
 
 
 class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
@@ -176,19 +179,26 @@ class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
   capabilities = base.Capabilities(sharded_tables=True)
 
   @classmethod
-  def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> Optional[str]:
-    if not isinstance(strategy,
-                      tf.distribute.experimental.ParameterServerStrategy):
-      return (f"it needs a ParameterServerStrategy (the tables live on its "
-              f"parameter servers); this is {type(strategy).__name__}. Start a "
-              "cluster (TF_CONFIG with a 'ps' job, e.g. `recsys launch --ps 2 "
-              "--workers 2 -- ...`) or use 'tensorcore'")
+  def unavailable_reason(
+    cls, strategy: tf.distribute.Strategy
+  ) -> str | None:
+    if not isinstance(
+      strategy, tf.distribute.experimental.ParameterServerStrategy
+    ):
+      return (
+        f"it needs a ParameterServerStrategy (the tables live on its "
+        f"parameter servers); this is {type(strategy).__name__}. Start a "
+        "cluster (TF_CONFIG with a 'ps' job, e.g. `recsys launch --ps 2 "
+        "--workers 2 -- ...`) or use 'tensorcore'"
+      )
     replicas = strategy.num_replicas_in_sync
     if replicas > 1:
-      return (f"it runs one replica per worker (asynchronous CPU workers); "
-              f"this ParameterServerStrategy has {replicas} GPUs per worker. "
-              "Hide the GPUs (CUDA_VISIBLE_DEVICES=) or use "
-              "MultiWorkerMirroredStrategy with 'tensorcore'")
+      return (
+        f"it runs one replica per worker (asynchronous CPU workers); "
+        f"this ParameterServerStrategy has {replicas} GPUs per worker. "
+        "Hide the GPUs (CUDA_VISIBLE_DEVICES=) or use "
+        "MultiWorkerMirroredStrategy with 'tensorcore'"
+      )
     return None
 
   # -- variables ---------------------------------------------------------------
@@ -206,18 +216,28 @@ class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
     for name, table_vars in self._variables.items():
       params = table_vars["parameters"]
       shards = shards_of(params)
-      log.info("table %r %s: %d shard(s) of rows %s on %s", name,
-               params.shape.as_list(), len(shards), shard_offsets(params),
-               ", ".join(s.device for s in shards))
+      log.info(
+        "table %r %s: %d shard(s) of rows %s on %s",
+        name,
+        params.shape.as_list(),
+        len(shards),
+        shard_offsets(params),
+        ", ".join(s.device for s in shards),
+      )
       num_ps = _num_parameter_servers(self._strategy)
       if len(shards) == 1 and num_ps > 1:
         log.warning(
-            "table %r is not sharded: it lives whole on %s. Build the "
-            "ParameterServerStrategy with variable_partitioner="
-            "backends.sharded.TablePartitioner(%d) to split tables over the "
-            "%d parameter servers.", name, shards[0].device, num_ps, num_ps)
+          "table %r is not sharded: it lives whole on %s. Build the "
+          "ParameterServerStrategy with variable_partitioner="
+          "backends.sharded.TablePartitioner(%d) to split tables over the "
+          "%d parameter servers.",
+          name,
+          shards[0].device,
+          num_ps,
+          num_ps,
+        )
 
-  def _create_table_variables(self, table) -> Dict[str, tf.Variable]:
+  def _create_table_variables(self, table) -> dict[str, tf.Variable]:
     name = self.table_name(table)
     shape = (table.vocabulary_size, table.dim)
 
@@ -225,14 +245,23 @@ class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
       del shape
       with _building_tables():
         return tf.Variable(
-            initial_value=_partition_aware(initializer, (table.vocabulary_size,
-                                                         table.dim), dtype),
-            name=name, shape=(table.vocabulary_size, table.dim), dtype=dtype,
-            trainable=trainable)
+          initial_value=_partition_aware(
+            initializer, (table.vocabulary_size, table.dim), dtype
+          ),
+          name=name,
+          shape=(table.vocabulary_size, table.dim),
+          dtype=dtype,
+          trainable=trainable,
+        )
 
     params = self._add_variable_with_custom_getter(
-        name=name, initializer=table.initializer, shape=shape,
-        dtype=tf.float32, getter=table_getter, trainable=True)
+      name=name,
+      initializer=table.initializer,
+      shape=shape,
+      dtype=tf.float32,
+      getter=table_getter,
+      trainable=True,
+    )
     out = {"parameters": params}
     opt = self.optimizer_for(table)
     for slot, init in optimizers.slot_initializers(opt).items():
@@ -242,8 +271,13 @@ class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
         return self._colocated_like(params, name, initializer, dtype, trainable)
 
       out[slot] = self._add_variable_with_custom_getter(
-          name=f"{name}/{slot}", initializer=init, shape=shape,
-          dtype=tf.float32, getter=slot_getter, trainable=False)
+        name=f"{name}/{slot}",
+        initializer=init,
+        shape=shape,
+        dtype=tf.float32,
+        getter=slot_getter,
+        trainable=False,
+      )
     return out
 
   def _colocated_like(self, params, name, initializer, dtype, trainable):
@@ -255,42 +289,53 @@ class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
       rows = offsets[i + 1] - offsets[i]
       init = _shard_value(initializer, full, rows, offsets[i], dtype)
       with self._strategy.extended.colocate_vars_with(shard):
-        parts.append(tf.Variable(
-            initial_value=init, shape=(rows,) + tuple(full[1:]), dtype=dtype,
+        parts.append(
+          tf.Variable(
+            initial_value=init,
+            shape=(rows,) + tuple(full[1:]),
+            dtype=dtype,
             name=(f"{name}/part_{i}" if len(offsets) > 2 else name),
-            trainable=trainable))
+            trainable=trainable,
+          )
+        )
     if len(parts) == 1:
       return parts[0]
     return sharded_variable.ShardedVariable(parts, name=name)
 
   # `embedding_tables` / `slot_variables` (inherited) hold `ShardedVariable`s.
 
-  def shard_devices(self) -> Dict[str, List[str]]:
+  def shard_devices(self) -> dict[str, list[str]]:
     """The parameter-server device of each shard, per table name."""
     self._maybe_build()
-    return {name: [s.device for s in shards_of(v["parameters"])]
-            for name, v in self._variables.items()}
+    return {
+      name: [s.device for s in shards_of(v["parameters"])]
+      for name, v in self._variables.items()
+    }
 
-  def input_stats(self) -> Dict[str, Dict[str, int]]:
+  def input_stats(self) -> dict[str, dict[str, int]]:
     """Not kept: the sharded backend counts no dropped or truncated ids."""
     return {}
 
   # -- lookup --------------------------------------------------------------------
 
-  def lookup(self, features: Any, weights: Optional[Any] = None,
-             training: bool = False) -> Any:
+  def lookup(
+    self, features: Any, weights: Any | None = None, training: bool = False
+  ) -> Any:
     """`TensorCoreEmbedding.lookup`'s contract; rows come from their shards."""
     self._maybe_build()
     bags = self._flat_bags(features, weights)
 
-    outputs: List[Optional[tf.Tensor]] = [None] * len(bags)
+    outputs: list[tf.Tensor | None] = [None] * len(bags)
     steps = {}
     for table in self._tables:
       name = self.table_name(table)
-      positions = [i for i, l in enumerate(self._layouts) if l.table_name == name]
+      positions = [
+        i for i, l in enumerate(self._layouts) if l.table_name == name
+      ]
       table_bags = [bags[i] for i in positions]
       unique_ids, index = tf.unique(
-          tf.concat([b.ids for b in table_bags], axis=0), out_idx=tf.int32)
+        tf.concat([b.ids for b in table_bags], axis=0), out_idx=tf.int32
+      )
       rows = _gather_rows(self._variables[name]["parameters"], unique_ids)
       sizes = [tf.size(b.ids) for b in table_bags]
       id_index = tf.split(index, sizes) if len(sizes) > 1 else [index]
@@ -298,11 +343,14 @@ class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
       for i, bag, idx in zip(positions, table_bags, id_index):
         scale = tensorcore._combiner_scale(bag, table.combiner)  # pylint: disable=protected-access
         acts = tf.math.unsorted_segment_sum(
-            tf.gather(rows, idx) * scale[:, tf.newaxis], bag.segments,
-            bag.num_segments)
+          tf.gather(rows, idx) * scale[:, tf.newaxis],
+          bag.segments,
+          bag.num_segments,
+        )
         outputs[i] = self._shape_output(self._layouts[i], bag, acts)
-        feature_steps.append(_FeatureStep(idx, bag.segments, scale,
-                                          bag.num_segments, i))
+        feature_steps.append(
+          _FeatureStep(idx, bag.segments, scale, bag.num_segments, i)
+        )
       if training:
         steps[name] = _TableStep(unique_ids, feature_steps)
     if training:
@@ -335,8 +383,13 @@ class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
         row_grads += tf.math.unsorted_segment_sum(per_id, fs.index, num_unique)
       table_vars = self._variables[name]
       slots = {k: v for k, v in table_vars.items() if k != "parameters"}
-      _apply_on_shards(self.optimizer_for(table), table_vars["parameters"],
-                       slots, step.unique_ids, row_grads)
+      _apply_on_shards(
+        self.optimizer_for(table),
+        table_vars["parameters"],
+        slots,
+        step.unique_ids,
+        row_grads,
+      )
 
 
 # -- helpers ---------------------------------------------------------------------
@@ -401,8 +454,9 @@ def _shard_value(initializer, full_shape, rows, offset, dtype):
   """The initial value of one shard: its checkpoint slice or a fresh value."""
   shape = (rows,) + tuple(full_shape[1:])
   if isinstance(initializer, trackable_base.CheckpointInitialValueCallable):
-    info = trackable_base.ShardInfo(shape=tf.TensorShape(shape),
-                                    offset=(offset,) + (0,) * (len(shape) - 1))
+    info = trackable_base.ShardInfo(
+      shape=tf.TensorShape(shape), offset=(offset,) + (0,) * (len(shape) - 1)
+    )
     return lambda: initializer(shape=tuple(full_shape), shard_info=info)
   return lambda: initializer(shape, dtype=dtype)
 
@@ -426,15 +480,19 @@ def _gather_rows(variable, ids: tf.Tensor) -> tf.Tensor:
   parts = []
   for shard, local in zip(shards, local_ids):
     with tf.device(shard.device):
-      parts.append(tf.raw_ops.ResourceGather(resource=shard.handle,
-                                             indices=local, dtype=shard.dtype))
+      parts.append(
+        tf.raw_ops.ResourceGather(
+          resource=shard.handle, indices=local, dtype=shard.dtype
+        )
+      )
   if positions is None:
     return parts[0]
   return tf.dynamic_stitch(positions, parts)
 
 
-def _apply_on_shards(opt, params, slots: Dict[str, tf.Variable],
-                     ids: tf.Tensor, grads: tf.Tensor) -> None:
+def _apply_on_shards(
+  opt, params, slots: dict[str, tf.Variable], ids: tf.Tensor, grads: tf.Tensor
+) -> None:
   """`apply_sparse_update` on each shard with its local rows, on its server."""
   shards, local_ids, positions = _route(params, ids)
   slot_shards = {k: shards_of(v) for k, v in slots.items()}
@@ -442,5 +500,9 @@ def _apply_on_shards(opt, params, slots: Dict[str, tf.Variable],
     shard_grads = grads if positions is None else tf.gather(grads, positions[i])
     with tf.device(shard.device):
       optimizers.apply_sparse_update(
-          opt, shard, {k: v[i] for k, v in slot_shards.items()}, local,
-          shard_grads)
+        opt,
+        shard,
+        {k: v[i] for k, v in slot_shards.items()},
+        local,
+        shard_grads,
+      )

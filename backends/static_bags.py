@@ -30,7 +30,7 @@ Example:
 """
 
 import dataclasses
-from typing import Any, List, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -39,6 +39,7 @@ from backends import inputs as inputs_lib
 
 class StaticShapeError(ValueError):
   """A feature's input has no size a compiled step can be built for."""
+
   # Raised while a tf.function traces: AutoGraph re-raises an error with its
   # own type only if the type's __init__ is Exception's (else StagingError).
   __init__ = Exception.__init__
@@ -61,27 +62,28 @@ class StaticBags:
     sequence_length: 0, or `L` for `[B, L, D]` outputs.
     truncated: int64 scalar, ids cut because a bag or sequence was too long.
   """
+
   ids: tf.Tensor
   valid: tf.Tensor
   segments: tf.Tensor
   scale: tf.Tensor
   weights: tf.Tensor
   num_segments: Any
-  width: Optional[int]
+  width: int | None
   sequence_length: int
   truncated: tf.Tensor
 
   @property
-  def capacity(self) -> Optional[int]:
+  def capacity(self) -> int | None:
     """The number of slots if static at trace time."""
     return self.ids.shape[0]
 
 
-def _static_or_dynamic(dim: Optional[int], dynamic: tf.Tensor):
+def _static_or_dynamic(dim: int | None, dynamic: tf.Tensor):
   return dim if dim is not None else dynamic
 
 
-def _rectangle(layout, ids, lengths, weights, limit: Optional[int]):
+def _rectangle(layout, ids, lengths, weights, limit: int | None):
   """Slots of padded or dense `[B, W]` ids whose first `lengths` are real."""
   width = ids.shape[1]
   seq_len = layout.sequence_length
@@ -94,15 +96,24 @@ def _rectangle(layout, ids, lengths, weights, limit: Optional[int]):
       pad = [[0, 0], [0, seq_len - keep]]
       ids, weights = tf.pad(ids, pad), tf.pad(weights, pad)
     width = ids.shape[1]
-  real = (tf.range(width, dtype=tf.int64)[tf.newaxis, :]
-          < tf.cast(lengths, tf.int64)[:, tf.newaxis])
+  real = (
+    tf.range(width, dtype=tf.int64)[tf.newaxis, :]
+    < tf.cast(lengths, tf.int64)[:, tf.newaxis]
+  )
   batch = _static_or_dynamic(ids.shape[0], tf.shape(ids)[0])
   flat = lambda t: tf.reshape(t, [-1])
   if seq_len:  # one segment per (row, position)
     n = flat(ids).shape[0] if ids.shape.is_fully_defined() else tf.size(ids)
     segments = tf.range(n, dtype=tf.int32)
-    return (flat(ids), flat(real), segments, flat(weights), batch * seq_len,
-            1, cut)
+    return (
+      flat(ids),
+      flat(real),
+      segments,
+      flat(weights),
+      batch * seq_len,
+      1,
+      cut,
+    )
   segments = tf.repeat(tf.range(batch, dtype=tf.int32), width)
   return flat(ids), flat(real), segments, flat(weights), batch, width, cut
 
@@ -112,16 +123,21 @@ def _static_batch(layout, inp) -> Any:
   batch = inp.shape[0]
   if batch is None:
     raise StaticShapeError(
-        f"{inputs_lib.describe(layout)}: a SparseTensor without a static "
-        "batch size cannot be looked up in a compiled step (its dense_shape "
-        "is a value, not a shape). Set bag_widths for this feature and run "
-        "the backend's preprocess() in the input pipeline (static [B, W] "
-        "bags), or batch with drop_remainder=True.")
+      f"{inputs_lib.describe(layout)}: a SparseTensor without a static "
+      "batch size cannot be looked up in a compiled step (its dense_shape "
+      "is a value, not a shape). Set bag_widths for this feature and run "
+      "the backend's preprocess() in the input pipeline (static [B, W] "
+      "bags), or batch with drop_remainder=True."
+    )
   return batch
 
 
-def from_input(layout: inputs_lib.FeatureLayout, inp: Any, weights: Any,
-               bag_width: Optional[int]) -> StaticBags:
+def from_input(
+  layout: inputs_lib.FeatureLayout,
+  inp: Any,
+  weights: Any,
+  bag_width: int | None,
+) -> StaticBags:
   """One feature's input as `StaticBags` (types and ranks validated).
 
   Args:
@@ -147,10 +163,14 @@ def from_input(layout: inputs_lib.FeatureLayout, inp: Any, weights: Any,
   if isinstance(inp, inputs_lib.PaddedBags):
     inputs_lib._check_id_dtype(layout, inp.ids)  # pylint: disable=protected-access
     no_weights = inp.weights.shape.rank == 2 and inp.weights.shape[1] == 0
-    w = (tf.ones_like(inp.ids, tf.float32) if no_weights
-         else tf.cast(inp.weights, tf.float32))
-    parts = _rectangle(layout, tf.cast(inp.ids, tf.int64), inp.lengths, w,
-                       limit or None)
+    w = (
+      tf.ones_like(inp.ids, tf.float32)
+      if no_weights
+      else tf.cast(inp.weights, tf.float32)
+    )
+    parts = _rectangle(
+      layout, tf.cast(inp.ids, tf.int64), inp.lengths, w, limit or None
+    )
   elif isinstance(inp, (tf.RaggedTensor, tf.SparseTensor)):
     parts = _flat_bags(layout, inp, weights, limit or None)
   else:
@@ -160,18 +180,33 @@ def from_input(layout: inputs_lib.FeatureLayout, inp: Any, weights: Any,
       inp = inp[:, tf.newaxis]
     elif inp.shape.rank != 2:
       raise inputs_lib.InvalidInputError(
-          f"{inputs_lib.describe(layout)} got dense ids of shape {inp.shape}; "
-          "expected [B] (one id per example) or [B, N] (bags of N ids).")
+        f"{inputs_lib.describe(layout)} got dense ids of shape {inp.shape}; "
+        "expected [B] (one id per example) or [B, N] (bags of N ids)."
+      )
     lengths = tf.fill([tf.shape(inp)[0]], tf.shape(inp, out_type=tf.int64)[1])
-    parts = _rectangle(layout, tf.cast(inp, tf.int64), lengths,
-                       tf.ones_like(inp, tf.float32), limit or None)
+    parts = _rectangle(
+      layout,
+      tf.cast(inp, tf.int64),
+      lengths,
+      tf.ones_like(inp, tf.float32),
+      limit or None,
+    )
   ids, valid, segments, w, num_segments, width, cut = parts
   if out_shape is not None:
     num_segments, width, seq_len = _apply_output_shape(
-        layout, out_shape, num_segments, width)
-  bags = StaticBags(ids=ids, valid=valid, segments=segments, scale=w,
-                    weights=w, num_segments=num_segments, width=width,
-                    sequence_length=seq_len, truncated=cut)
+      layout, out_shape, num_segments, width
+    )
+  bags = StaticBags(
+    ids=ids,
+    valid=valid,
+    segments=segments,
+    scale=w,
+    weights=w,
+    num_segments=num_segments,
+    width=width,
+    sequence_length=seq_len,
+    truncated=cut,
+  )
   return bags
 
 
@@ -181,24 +216,27 @@ def _apply_output_shape(layout, out_shape, num_segments, width):
   if batch is None or layout.sequence_length:
     return num_segments, width, layout.sequence_length
   seq = inputs_lib._sequence_length_from_output_shape(  # pylint: disable=protected-access
-      layout, out_shape, tf.constant(int(batch), tf.int64))
+    layout, out_shape, tf.constant(int(batch), tf.int64)
+  )
   if seq == 0:
     return num_segments, width, 0
   raise StaticShapeError(
-      f"{inputs_lib.describe(layout)}: output_shape={out_shape} asks for a "
-      f"sequence of the batch; give the feature max_sequence_length={seq} "
-      "instead, which compiled steps support.")
+    f"{inputs_lib.describe(layout)}: output_shape={out_shape} asks for a "
+    f"sequence of the batch; give the feature max_sequence_length={seq} "
+    "instead, which compiled steps support."
+  )
 
 
-def _flat_bags(layout, inp, weights, limit: Optional[int]):
+def _flat_bags(layout, inp, weights, limit: int | None):
   """Slots of a ragged or sparse `[B, None]` input, one per value."""
   what = inputs_lib.describe(layout)
   if isinstance(inp, tf.SparseTensor):
     inputs_lib._check_id_dtype(layout, inp.values)  # pylint: disable=protected-access
     if inp.shape.rank not in (None, 2):
       raise inputs_lib.InvalidInputError(
-          f"{what} got a SparseTensor of rank {inp.shape.rank}; expected rank "
-          "2 [batch, ids].")
+        f"{what} got a SparseTensor of rank {inp.shape.rank}; expected rank "
+        "2 [batch, ids]."
+      )
     batch = _static_batch(layout, inp)
     if limit is not None and not layout.sequence_length:
       # A bag's first `limit` ids in column order are kept, gaps or not.
@@ -208,7 +246,8 @@ def _flat_bags(layout, inp, weights, limit: Optional[int]):
       # Rows outside the batch (left out below) rank in a segment of their own.
       outside = tf.logical_or(row < 0, row >= batch)
       pos = inputs_lib._rank_in_row(  # pylint: disable=protected-access
-          tf.where(outside, tf.cast(batch, tf.int64), row), batch + 1)
+        tf.where(outside, tf.cast(batch, tf.int64), row), batch + 1
+      )
     # Only rows inside the batch count; the generic path refuses the rest.
     in_batch = tf.logical_and(row >= 0, row < batch)
     pos_ok = pos >= 0
@@ -216,8 +255,9 @@ def _flat_bags(layout, inp, weights, limit: Optional[int]):
     inputs_lib._check_id_dtype(layout, inp.flat_values)  # pylint: disable=protected-access
     if inp.ragged_rank != 1 or inp.shape.rank != 2:
       raise inputs_lib.InvalidInputError(
-          f"{what} got a RaggedTensor of rank {inp.shape.rank} (ragged_rank "
-          f"{inp.ragged_rank}); expected rank 2 [batch, (ids)].")
+        f"{what} got a RaggedTensor of rank {inp.shape.rank} (ragged_rank "
+        f"{inp.ragged_rank}); expected rank 2 [batch, (ids)]."
+      )
     batch = _static_or_dynamic(inp.shape[0], tf.shape(inp.row_splits)[0] - 1)
     ids = inp.values
     row = tf.cast(inp.value_rowids(), tf.int64)
@@ -225,8 +265,11 @@ def _flat_bags(layout, inp, weights, limit: Optional[int]):
     pos = tf.range(tf.shape(ids, out_type=tf.int64)[0]) - tf.gather(starts, row)
     in_batch = tf.ones_like(row, tf.bool)
     pos_ok = in_batch
-  w = (tf.ones_like(ids, tf.float32) if weights is None
-       else tf.cast(weights.values, tf.float32))
+  w = (
+    tf.ones_like(ids, tf.float32)
+    if weights is None
+    else tf.cast(weights.values, tf.float32)
+  )
   valid = tf.logical_and(in_batch, pos_ok)
   cut = tf.constant(0, tf.int64)
   if limit is not None:
@@ -240,8 +283,15 @@ def _flat_bags(layout, inp, weights, limit: Optional[int]):
     segments, num_segments = row * seq_len + pos, batch * seq_len
   else:
     segments, num_segments = row, batch
-  return (tf.cast(ids, tf.int64), valid, tf.cast(segments, tf.int32), w,
-          num_segments, None, cut)
+  return (
+    tf.cast(ids, tf.int64),
+    valid,
+    tf.cast(segments, tf.int32),
+    w,
+    num_segments,
+    None,
+    cut,
+  )
 
 
 # -- validation -----------------------------------------------------------
@@ -249,13 +299,15 @@ def _flat_bags(layout, inp, weights, limit: Optional[int]):
 
 class Report(NamedTuple):
   """What `validate` found in one feature's ids and weights, per replica."""
-  bad_ids: tf.Tensor      # int64 scalar: ids outside [0, vocabulary_size)
-  example: tf.Tensor      # int64 [2]: one bad id and its batch row, or zeros
+
+  bad_ids: tf.Tensor  # int64 scalar: ids outside [0, vocabulary_size)
+  example: tf.Tensor  # int64 [2]: one bad id and its batch row, or zeros
   bad_weights: tf.Tensor  # int64 scalar: weights NaN, inf or negative
 
 
-def validate(layout: inputs_lib.FeatureLayout, bags: StaticBags, policy: str
-            ) -> "tuple[StaticBags, Report]":
+def validate(
+  layout: inputs_lib.FeatureLayout, bags: StaticBags, policy: str
+) -> "tuple[StaticBags, Report]":
   """Applies the id policy without leaving the compiled step.
 
   A compiled step cannot raise, so nothing bad is ever read: ids outside
@@ -267,20 +319,27 @@ def validate(layout: inputs_lib.FeatureLayout, bags: StaticBags, policy: str
   vocab = layout.feature.table.vocabulary_size
   valid = bags.valid
   bad = tf.logical_and(valid, tf.logical_or(bags.ids < 0, bags.ids >= vocab))
-  bad_w = tf.logical_and(valid, tf.logical_not(tf.logical_and(
-      tf.math.is_finite(bags.weights), bags.weights >= 0.0)))
+  bad_w = tf.logical_and(
+    valid,
+    tf.logical_not(
+      tf.logical_and(tf.math.is_finite(bags.weights), bags.weights >= 0.0)
+    ),
+  )
   count = lambda m: tf.reduce_sum(tf.cast(m, tf.int64))
   # One slot past the end (found when no slot is bad): safe with no slots.
-  first = tf.argmax(tf.concat([tf.cast(bad, tf.int32), [1]], 0),
-                    output_type=tf.int32)
+  first = tf.argmax(
+    tf.concat([tf.cast(bad, tf.int32), [1]], 0), output_type=tf.int32
+  )
   padded = lambda t: tf.concat([t, tf.zeros([1], t.dtype)], 0)
   row = tf.cast(tf.gather(padded(bags.segments), first), tf.int64)
   if bags.sequence_length:
     row //= bags.sequence_length
   any_bad = tf.reduce_any(bad)
-  example = tf.where(any_bad,
-                     tf.stack([tf.gather(padded(bags.ids), first), row]),
-                     tf.zeros([2], tf.int64))
+  example = tf.where(
+    any_bad,
+    tf.stack([tf.gather(padded(bags.ids), first), row]),
+    tf.zeros([2], tf.int64),
+  )
   ids = bags.ids
   if policy == "oov":
     ids = tf.where(bad, tf.constant(vocab - 1, tf.int64), ids)
@@ -326,8 +385,9 @@ def with_combiner_scale(bags: StaticBags, combiner: str) -> StaticBags:
 
 class Dedup(NamedTuple):
   """Distinct ids in a fixed capacity (see `dedup`)."""
-  ids: tf.Tensor        # int64 [N]: distinct valid ids, then repeats of slot 0
-  index: tf.Tensor      # int32 [N]: each input slot's unique slot
+
+  ids: tf.Tensor  # int64 [N]: distinct valid ids, then repeats of slot 0
+  index: tf.Tensor  # int32 [N]: each input slot's unique slot
   num_unique: tf.Tensor  # int32 scalar K: slots [0, K) are distinct valid ids
 
 
@@ -353,36 +413,50 @@ def dedup(ids: tf.Tensor, valid: tf.Tensor, vocabulary_size: int) -> Dedup:
   n = tf.shape(ids)[0]
   # 32-bit keys sort faster (XLA's CPU sort: ~2x); ties need no order.
   key_type = tf.int32 if vocabulary_size < 2**31 - 1 else tf.int64
-  key = tf.where(valid, tf.cast(ids, key_type),
-                 tf.constant(vocabulary_size, key_type))
+  key = tf.where(
+    valid, tf.cast(ids, key_type), tf.constant(vocabulary_size, key_type)
+  )
   order = tf.argsort(key)
   sorted_key = tf.gather(key, order)
-  is_new = tf.concat([tf.ones([1], tf.bool)[:n],
-                      sorted_key[1:] != sorted_key[:-1]], 0)
+  is_new = tf.concat(
+    [tf.ones([1], tf.bool)[:n], sorted_key[1:] != sorted_key[:-1]], 0
+  )
   slot_of_sorted = tf.cumsum(tf.cast(is_new, tf.int32)) - 1
   index = tf.scatter_nd(order[:, tf.newaxis], slot_of_sorted, [n])
   real_new = tf.logical_and(is_new, sorted_key < vocabulary_size)
   num_unique = tf.reduce_sum(tf.cast(real_new, tf.int32))
   # Each unique slot's id; slots no sorted id lands in stay 0.
-  unique = tf.cast(tf.tensor_scatter_nd_max(
-      tf.zeros_like(key), slot_of_sorted[:, tf.newaxis], sorted_key), tf.int64)
+  unique = tf.cast(
+    tf.tensor_scatter_nd_max(
+      tf.zeros_like(key), slot_of_sorted[:, tf.newaxis], sorted_key
+    ),
+    tf.int64,
+  )
   first = tf.where(num_unique > 0, unique[:1], tf.zeros([1], tf.int64)[:n])
   unique = tf.where(tf.range(n) < num_unique, unique, first)
   return Dedup(unique, index, num_unique)
 
 
-def _dedup_by_marking(ids: tf.Tensor, valid: tf.Tensor, vocabulary_size: int
-                      ) -> Dedup:
+def _dedup_by_marking(
+  ids: tf.Tensor, valid: tf.Tensor, vocabulary_size: int
+) -> Dedup:
   """`dedup` through a `[V + 1]` mark vector (row V: the invalid slots)."""
   n = tf.shape(ids)[0]
   key = tf.where(valid, tf.cast(ids, tf.int32), vocabulary_size)
-  marks = tf.tensor_scatter_nd_max(tf.zeros([vocabulary_size + 1], tf.int32),
-                                   key[:, tf.newaxis], tf.ones_like(key))
-  slot_of_row = tf.cumsum(marks) - 1           # ascending rows, then row V
+  marks = tf.tensor_scatter_nd_max(
+    tf.zeros([vocabulary_size + 1], tf.int32),
+    key[:, tf.newaxis],
+    tf.ones_like(key),
+  )
+  slot_of_row = tf.cumsum(marks) - 1  # ascending rows, then row V
   num_unique = slot_of_row[vocabulary_size - 1] + 1
   index = tf.gather(slot_of_row, key)
-  unique = tf.cast(tf.tensor_scatter_nd_max(
-      tf.zeros([n], tf.int32), index[:, tf.newaxis], key), tf.int64)
+  unique = tf.cast(
+    tf.tensor_scatter_nd_max(
+      tf.zeros([n], tf.int32), index[:, tf.newaxis], key
+    ),
+    tf.int64,
+  )
   first = tf.where(num_unique > 0, unique[:1], tf.zeros([1], tf.int64)[:n])
   unique = tf.where(tf.range(n) < num_unique, unique, first)
   return Dedup(unique, index, num_unique)
@@ -401,8 +475,9 @@ def combine(rows: tf.Tensor, index: tf.Tensor, bags: StaticBags) -> tf.Tensor:
   return _segment_sum(per_slot, bags)
 
 
-def row_gradients(grads: List[tf.Tensor], bags: List[StaticBags],
-                  index: tf.Tensor, capacity) -> tf.Tensor:
+def row_gradients(
+  grads: list[tf.Tensor], bags: list[StaticBags], index: tf.Tensor, capacity
+) -> tf.Tensor:
   """d(loss)/d(row) per unique slot, `[N, D]`: `combine`'s transpose.
 
   Args:
@@ -411,7 +486,8 @@ def row_gradients(grads: List[tf.Tensor], bags: List[StaticBags],
     index: the unique slot of every slot (all features).
     capacity: `N`, the number of unique slots.
   """
-  per_slot = [_per_slot(g, b) * b.scale[:, tf.newaxis]
-              for g, b in zip(grads, bags)]
+  per_slot = [
+    _per_slot(g, b) * b.scale[:, tf.newaxis] for g, b in zip(grads, bags)
+  ]
   per_slot = tf.concat(per_slot, 0) if len(per_slot) > 1 else per_slot[0]
   return tf.math.unsorted_segment_sum(per_slot, index, capacity)

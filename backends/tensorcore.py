@@ -44,7 +44,8 @@ Example:
 import dataclasses
 import functools
 import logging
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from collections.abc import Mapping
+from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
@@ -52,12 +53,9 @@ from tensorflow.python.eager import tape as tape_lib  # pylint: disable=g-direct
 from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
-from backends import base
+from backends import base, kernels, optimizers, static_bags
 from backends import inputs as inputs_lib
-from backends import kernels
-from backends import optimizers
 from backends import pending as pending_lib
-from backends import static_bags
 
 embedding = tf.tpu.experimental.embedding
 log = logging.getLogger("recsys.backends")
@@ -72,14 +70,15 @@ class _TableStep:
   to its output row in the features' activations stacked in feature order,
   and `scale` (None when every id counts once) is d act / d row of each id.
   """
-  unique_ids: tf.Tensor            # int64 [U]
-  rows: Optional[tf.Tensor]        # float32 [U, D], the rows at lookup (TF ops)
-  index: tf.Tensor                 # int32 [N]
-  segments: tf.Tensor              # int32 [N]
-  scale: Optional[tf.Tensor]       # float32 [N] or None
-  positions: List[int]             # per feature: index in the flat feature list
-  num_segments: List[tf.Tensor]    # per feature: S_f
-  capacity: Optional[int]          # static bound on U, or None
+
+  unique_ids: tf.Tensor  # int64 [U]
+  rows: tf.Tensor | None  # float32 [U, D], the rows at lookup (TF ops)
+  index: tf.Tensor  # int32 [N]
+  segments: tf.Tensor  # int32 [N]
+  scale: tf.Tensor | None  # float32 [N] or None
+  positions: list[int]  # per feature: index in the flat feature list
+  num_segments: list[tf.Tensor]  # per feature: S_f
+  capacity: int | None  # static bound on U, or None
 
 
 # The backend has no data-dependent Python control flow: AutoGraph need not
@@ -90,13 +89,17 @@ _not_converted = tf.autograph.experimental.do_not_convert
 class _Counters:
   """Per-feature input counters (not checkpointed): invalid and truncated ids."""
 
-  def __init__(self, paths: List[str]):
+  def __init__(self, paths: list[str]):
     def counter(kind, path):
       return tf.Variable(
-          0, dtype=tf.int64, trainable=False,
-          name=f"{kind}_{path.replace('/', '_')}",
-          synchronization=tf.VariableSynchronization.ON_READ,
-          aggregation=tf.VariableAggregation.SUM)
+        0,
+        dtype=tf.int64,
+        trainable=False,
+        name=f"{kind}_{path.replace('/', '_')}",
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.SUM,
+      )
+
     self.invalid = {p: counter("invalid_ids", p) for p in paths}
     self.truncated = {p: counter("truncated_ids", p) for p in paths}
     # Compiled steps cannot raise: they count refused ids and weights here
@@ -105,11 +108,15 @@ class _Counters:
     self.refused_ids = {p: counter("refused_ids", p) for p in paths}
     self.refused_weights = {p: counter("refused_weights", p) for p in paths}
     self.refused_example = {
-        p: tf.Variable(tf.zeros([2], tf.int64), trainable=False,
-                       name=f"refused_example_{p.replace('/', '_')}",
-                       synchronization=tf.VariableSynchronization.ON_READ,
-                       aggregation=tf.VariableAggregation.SUM)
-        for p in paths}
+      p: tf.Variable(
+        tf.zeros([2], tf.int64),
+        trainable=False,
+        name=f"refused_example_{p.replace('/', '_')}",
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.SUM,
+      )
+      for p in paths
+    }
 
 
 class TensorCoreEmbedding(base.EmbeddingBackend):
@@ -141,27 +148,34 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
   capabilities = base.Capabilities()
   _kernels = None  # the fused CPU ops (backends.kernels), set by build()
 
-  def __init__(self,
-               feature_config: Any,
-               optimizer: Optional[Any] = None,
-               strategy: Optional[tf.distribute.Strategy] = None,
-               *,
-               bag_widths: Union[None, int, Mapping[str, int]] = None,
-               invalid_ids: str = "error",
-               fused_kernels: bool = True,
-               static_shapes: Optional[bool] = None):
+  def __init__(
+    self,
+    feature_config: Any,
+    optimizer: Any | None = None,
+    strategy: tf.distribute.Strategy | None = None,
+    *,
+    bag_widths: None | int | Mapping[str, int] = None,
+    invalid_ids: str = "error",
+    fused_kernels: bool = True,
+    static_shapes: bool | None = None,
+  ):
     super().__init__(feature_config, optimizer, strategy, bag_widths=bag_widths)
     self._use_fused_kernels = bool(fused_kernels)
     if static_shapes not in (None, True, False):
-      raise ValueError(f"static_shapes={static_shapes!r}; use None, True or False.")
+      raise ValueError(
+        f"static_shapes={static_shapes!r}; use None, True or False."
+      )
     self._static_shapes = static_shapes
     if invalid_ids not in inputs_lib.ID_POLICIES:
-      raise ValueError(f"invalid_ids={invalid_ids!r}; use one of "
-                       f"{', '.join(inputs_lib.ID_POLICIES)}.")
+      raise ValueError(
+        f"invalid_ids={invalid_ids!r}; use one of "
+        f"{', '.join(inputs_lib.ID_POLICIES)}."
+      )
     self._invalid_ids = invalid_ids
     self._layouts = [
-        inputs_lib.FeatureLayout(path, feature, self.table_name(feature.table))
-        for path, feature in self._flat_features]
+      inputs_lib.FeatureLayout(path, feature, self.table_name(feature.table))
+      for path, feature in self._flat_features
+    ]
     for table in self._tables:
       opt = self.optimizer_for(table)
       if opt is not None:
@@ -169,7 +183,8 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     # Pending training lookups, per replica thread (MirroredStrategy runs
     # each replica's step in its own thread and may interleave them).
     self._pending = data_structures.NoDependency(
-        pending_lib.PendingLookups(self.name))
+      pending_lib.PendingLookups(self.name)
+    )
     self._counters = None  # built with the tables; None: not counted
 
   # -- variables -----------------------------------------------------------
@@ -184,63 +199,91 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
         variables[self.table_name(table)] = self._create_table_variables(table)
       self._variables = data_structures.NoDependency(variables)
       self._counters = data_structures.NoDependency(
-          _Counters([layout.path for layout in self._layouts]))
-      if not (_is_tpu(self._strategy) or isinstance(
-          self._strategy, tf.distribute.experimental.ParameterServerStrategy)):
+        _Counters([layout.path for layout in self._layouts])
+      )
+      if not (
+        _is_tpu(self._strategy)
+        or isinstance(
+          self._strategy, tf.distribute.experimental.ParameterServerStrategy
+        )
+      ):
         # Per replica: set by a training lookup, cleared by apply_gradients
         # (backends.pending); not checkpointed.
-        self._pending.use_runtime_guard(tf.Variable(
-            0, dtype=tf.int32, trainable=False, name="unapplied_lookup",
+        self._pending.use_runtime_guard(
+          tf.Variable(
+            0,
+            dtype=tf.int32,
+            trainable=False,
+            name="unapplied_lookup",
             synchronization=tf.VariableSynchronization.ON_READ,
-            aggregation=tf.VariableAggregation.SUM))
+            aggregation=tf.VariableAggregation.SUM,
+          )
+        )
     if self._use_fused_kernels and _on_cpu_only(self._strategy):
       self._kernels = kernels.load()
     self._built = True
 
-  def _create_table_variables(self, table) -> Dict[str, tf.Variable]:
+  def _create_table_variables(self, table) -> dict[str, tf.Variable]:
     name = self.table_name(table)
     shape = (table.vocabulary_size, table.dim)
 
     def getter(name, shape, dtype, initializer, trainable):
       del shape  # the custom getter may drop it; use the table's shape
       return tf.Variable(
-          initial_value=functools.partial(initializer, (table.vocabulary_size,
-                                                        table.dim), dtype=dtype),
-          name=name, shape=(table.vocabulary_size, table.dim), dtype=dtype,
-          trainable=trainable)
+        initial_value=functools.partial(
+          initializer, (table.vocabulary_size, table.dim), dtype=dtype
+        ),
+        name=name,
+        shape=(table.vocabulary_size, table.dim),
+        dtype=dtype,
+        trainable=trainable,
+      )
 
     def create(var_name, initializer, trainable):
       # Restore-on-create: a pending checkpoint restore fills the value.
       return self._add_variable_with_custom_getter(
-          name=var_name, initializer=initializer, shape=shape,
-          dtype=tf.float32, getter=getter, trainable=trainable)
+        name=var_name,
+        initializer=initializer,
+        shape=shape,
+        dtype=tf.float32,
+        getter=getter,
+        trainable=trainable,
+      )
 
     params = create(name, table.initializer, True)
     opt = self.optimizer_for(table)
     slots = {}
     if opt is not None:
       slots = opt._create_slots(  # pylint: disable=protected-access
-          params, lambda slot, init: create(f"{name}/{slot}", init, False))
+        params, lambda slot, init: create(f"{name}/{slot}", init, False)
+      )
     return {"parameters": params, **slots}
 
   @property
-  def embedding_tables(self) -> Dict[Any, tf.Variable]:
+  def embedding_tables(self) -> dict[Any, tf.Variable]:
     """The table variables, keyed by `TableConfig` (V0's API)."""
     self._maybe_build()
-    return {t: self._variables[self.table_name(t)]["parameters"]
-            for t in self._tables}
+    return {
+      t: self._variables[self.table_name(t)]["parameters"] for t in self._tables
+    }
 
-  def slot_variables(self) -> Dict[str, Dict[str, tf.Variable]]:
+  def slot_variables(self) -> dict[str, dict[str, tf.Variable]]:
     self._maybe_build()
-    return {name: {k: v for k, v in table_vars.items() if k != "parameters"}
-            for name, table_vars in self._variables.items()}
+    return {
+      name: {k: v for k, v in table_vars.items() if k != "parameters"}
+      for name, table_vars in self._variables.items()
+    }
 
-  def input_stats(self) -> Dict[str, Dict[str, int]]:
+  def input_stats(self) -> dict[str, dict[str, int]]:
     """Counts of invalid (dropped / mapped) and truncated ids per feature."""
     self._maybe_build()
     return {
-        "invalid_ids": {p: int(v.numpy()) for p, v in self._counters.invalid.items()},
-        "truncated_ids": {p: int(v.numpy()) for p, v in self._counters.truncated.items()},
+      "invalid_ids": {
+        p: int(v.numpy()) for p, v in self._counters.invalid.items()
+      },
+      "truncated_ids": {
+        p: int(v.numpy()) for p, v in self._counters.truncated.items()
+      },
     }
 
   def _maybe_build(self):
@@ -253,16 +296,20 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     if self._built:
       return
     ctx = tf.distribute.get_replica_context()
-    if ctx is not None and self._strategy.num_replicas_in_sync > 1 and \
-        not tf.distribute.in_cross_replica_context():
+    if (
+      ctx is not None
+      and self._strategy.num_replicas_in_sync > 1
+      and not tf.distribute.in_cross_replica_context()
+    ):
       ctx.merge_call(lambda _: self._maybe_build())
       return
     self.build()
 
   # -- host side -------------------------------------------------------------
 
-  def preprocess(self, features: Any, weights: Optional[Any] = None
-                ) -> Tuple[Any, Optional[Any]]:
+  def preprocess(
+    self, features: Any, weights: Any | None = None
+  ) -> tuple[Any, Any | None]:
     """Pads sparse/ragged bags to static `PaddedBags` (run in tf.data).
 
     Features without a width (no `bag_widths` entry and no
@@ -270,15 +317,24 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     `(features, weights)`; a padded feature's weight entry becomes None.
     """
     flat = self._flatten_like_config(features, "features")
-    flat_w = (self._flatten_like_config(weights, "weights")
-              if weights is not None else [None] * len(flat))
+    flat_w = (
+      self._flatten_like_config(weights, "weights")
+      if weights is not None
+      else [None] * len(flat)
+    )
     out, out_w = [], []
     for layout, inp, w in zip(self._layouts, flat, flat_w):
       width = layout.sequence_length or self._bag_widths[layout.path]
       if width and isinstance(inp, (tf.SparseTensor, tf.RaggedTensor)):
-        out.append(inputs_lib.pad_bags(inp, w, width,
-                                       inputs_lib.describe(layout),
-                                       sequence=bool(layout.sequence_length)))
+        out.append(
+          inputs_lib.pad_bags(
+            inp,
+            w,
+            width,
+            inputs_lib.describe(layout),
+            sequence=bool(layout.sequence_length),
+          )
+        )
         out_w.append(None)
       else:
         out.append(inp)
@@ -288,18 +344,22 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
   # -- lookup ------------------------------------------------------------------
 
   @_not_converted
-  def embedding_lookup(self, features: Any, weights: Optional[Any] = None) -> Any:
+  def embedding_lookup(
+    self, features: Any, weights: Any | None = None
+  ) -> Any:
     """V0's name for a lookup; with gradients through the tables."""
     return self.lookup(features, weights, training=False)
 
   @_not_converted
-  def __call__(self, features: Any, weights: Optional[Any] = None,
-               training: bool = False) -> Any:
+  def __call__(
+    self, features: Any, weights: Any | None = None, training: bool = False
+  ) -> Any:
     return self.lookup(features, weights, training=training)
 
   @_not_converted
-  def lookup(self, features: Any, weights: Optional[Any] = None,
-             training: bool = False) -> Any:
+  def lookup(
+    self, features: Any, weights: Any | None = None, training: bool = False
+  ) -> Any:
     """Looks up and combines every feature.
 
     Args:
@@ -322,11 +382,13 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     fused = self._fused_ops() if training else None
     bags = self._flat_bags(features, weights, fused)
 
-    outputs: List[Optional[tf.Tensor]] = [None] * len(bags)
+    outputs: list[tf.Tensor | None] = [None] * len(bags)
     steps = {}
     for table in self._tables:
       name = self.table_name(table)
-      positions = [i for i, l in enumerate(self._layouts) if l.table_name == name]
+      positions = [
+        i for i, l in enumerate(self._layouts) if l.table_name == name
+      ]
       table_bags = [bags[i] for i in positions]
       # All features of the table as one flat bag: one de-duplication, one
       # gather of the unique rows ([U, D]; a tape on the table sees gradient
@@ -340,25 +402,40 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
         if params.trainable:
           tape_lib.variable_accessed(params)
         acts, unique_ids, index = fused.recsys_bag_lookup(
-            table=params.handle, ids=tf.cast(flat.ids, tf.int64),
-            segments=flat.segments, scale=_scale_or_empty(flat.scale),
-            num_segments=flat.num_segments)
+          table=params.handle,
+          ids=tf.cast(flat.ids, tf.int64),
+          segments=flat.segments,
+          scale=_scale_or_empty(flat.scale),
+          num_segments=flat.num_segments,
+        )
         acts.set_shape([None, table.dim])  # the kernel cannot see the table's
         rows = None
       else:
         unique_ids, index = tf.unique(flat.ids, out_idx=tf.int32)
         rows = tf.gather(params, unique_ids)
         acts = _segment_combine(rows, index, flat)
-      per_feature = (tf.split(acts, flat.sizes) if len(table_bags) > 1
-                     else [acts])
+      per_feature = (
+        tf.split(acts, flat.sizes) if len(table_bags) > 1 else [acts]
+      )
       for i, bag, out in zip(positions, table_bags, per_feature):
         outputs[i] = self._shape_output(self._layouts[i], bag, out)
       if training:
         capacities = [b.capacity for b in table_bags]
-        capacity = (min(sum(capacities), table.vocabulary_size)
-                    if None not in capacities else None)
-        steps[name] = _TableStep(unique_ids, rows, index, flat.segments,
-                                 flat.scale, positions, flat.sizes, capacity)
+        capacity = (
+          min(sum(capacities), table.vocabulary_size)
+          if None not in capacities
+          else None
+        )
+        steps[name] = _TableStep(
+          unique_ids,
+          rows,
+          index,
+          flat.segments,
+          flat.scale,
+          positions,
+          flat.sizes,
+          capacity,
+        )
     if training:
       self._pending.record((steps, outputs), outputs)
     return nest.pack_sequence_as(self._feature_config, outputs)
@@ -372,12 +449,16 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     # A tape may take the tables' gradients (V0's loop, a Keras optimizer on
     # `embedding_tables`): several replicas all-reduce them, which needs the
     # same size on every replica.
-    return (not training and self._strategy.num_replicas_in_sync > 1
-            and tf.distribute.get_replica_context() is not None
-            and record.could_possibly_record())
+    return (
+      not training
+      and self._strategy.num_replicas_in_sync > 1
+      and tf.distribute.get_replica_context() is not None
+      and record.could_possibly_record()
+    )
 
-  def _static_bags(self, features: Any, weights: Optional[Any]
-                  ) -> List[static_bags.StaticBags]:
+  def _static_bags(
+    self, features: Any, weights: Any | None
+  ) -> list[static_bags.StaticBags]:
     """Every feature as validated `StaticBags` with its combiner's scale.
 
     Refused ids and weights are counted per feature (the counters behind
@@ -385,40 +466,50 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     also raises (eagerly) or fails the step (graph) right away.
     """
     flat = self._flatten_like_config(features, "features")
-    flat_w = (self._flatten_like_config(weights, "weights")
-              if weights is not None else [None] * len(flat))
-    count = (self._counters is not None and
-             tf.distribute.get_replica_context() is not None)
+    flat_w = (
+      self._flatten_like_config(weights, "weights")
+      if weights is not None
+      else [None] * len(flat)
+    )
+    count = (
+      self._counters is not None
+      and tf.distribute.get_replica_context() is not None
+    )
     compiled = _in_xla_context()
     out = []
     for layout, inp, w in zip(self._layouts, flat, flat_w):
       if not compiled:  # a compiled step cannot raise: it leaves such ids out
         inputs_lib.check_bag_structure(inputs_lib.describe(layout), inp, w)
-      bags = static_bags.from_input(layout, inp, w,
-                                    self._bag_widths[layout.path])
+      bags = static_bags.from_input(
+        layout, inp, w, self._bag_widths[layout.path]
+      )
       if layout.feature.validate_weights_and_indices:
         bags, report = static_bags.validate(layout, bags, self._invalid_ids)
         if self._invalid_ids == "error" and not compiled:
           bags = dataclasses.replace(
-              bags, ids=_raise_for_report(layout, report, bags.ids))
+            bags, ids=_raise_for_report(layout, report, bags.ids)
+          )
         if count:
           c = self._counters
           if self._invalid_ids == "error":
             c.refused_ids[layout.path].assign_add(report.bad_ids)
             example = c.refused_example[layout.path]
-            example.assign(tf.where(report.bad_ids > 0, report.example,
-                                    example.read_value()))
+            example.assign(
+              tf.where(report.bad_ids > 0, report.example, example.read_value())
+            )
           else:
             c.invalid[layout.path].assign_add(report.bad_ids)
           c.refused_weights[layout.path].assign_add(report.bad_weights)
       if count and (layout.sequence_length or self._bag_widths[layout.path]):
         self._counters.truncated[layout.path].assign_add(bags.truncated)
-      out.append(static_bags.with_combiner_scale(
-          bags, layout.feature.table.combiner))
+      out.append(
+        static_bags.with_combiner_scale(bags, layout.feature.table.combiner)
+      )
     return out
 
-  def _static_lookup(self, features: Any, weights: Optional[Any],
-                     training: bool) -> Any:
+  def _static_lookup(
+    self, features: Any, weights: Any | None, training: bool
+  ) -> Any:
     """`lookup` with static shapes only, as XLA and TPUs compile it.
 
     Each table's ids are de-duplicated into a fixed capacity (the number of
@@ -426,13 +517,15 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     table sees `IndexedSlices` of that fixed size) and combined per feature.
     """
     bags = self._static_bags(features, weights)
-    outputs: List[Optional[tf.Tensor]] = [None] * len(bags)
+    outputs: list[tf.Tensor | None] = [None] * len(bags)
     steps = {}
     replicas = self._strategy.num_replicas_in_sync
     compiled = _in_xla_context()
     for table in self._tables:
       name = self.table_name(table)
-      positions = [i for i, l in enumerate(self._layouts) if l.table_name == name]
+      positions = [
+        i for i, l in enumerate(self._layouts) if l.table_name == name
+      ]
       table_bags = [bags[i] for i in positions]
       ids = tf.concat([b.ids for b in table_bags], 0)
       valid = tf.concat([b.valid for b in table_bags], 0)
@@ -443,21 +536,27 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
         # A tape may take the table's gradient (V0's loop with a Keras
         # optimizer on `embedding_tables`).
         if any(b.capacity is None for b in table_bags) and replicas > 1:
-          dense_reason = ("ragged/sparse inputs without a static width under "
-                          "several replicas")
+          dense_reason = (
+            "ragged/sparse inputs without a static width under several replicas"
+          )
         elif compiled:
-          dense_reason = ("a compiled step (Keras's sparse updates, e.g. "
-                          "ResourceSparseApplyAdagradV2, have no XLA kernel)")
+          dense_reason = (
+            "a compiled step (Keras's sparse updates, e.g. "
+            "ResourceSparseApplyAdagradV2, have no XLA kernel)"
+          )
       if dense_reason:
         # What V0 gives on a TPU: a dense gradient of the table, the same
         # shape on every replica, that every Keras optimizer can compile.
-        _warn_dense_table_gradient(name, table.vocabulary_size, table.dim,
-                                   dense_reason)
+        _warn_dense_table_gradient(
+          name, table.vocabulary_size, table.dim, dense_reason
+        )
         rows = _gather_with_dense_gradient(params, dd.ids)
       else:
         rows = tf.gather(params, dd.ids)
-      sizes = [tf.shape(b.ids)[0] if b.capacity is None else b.capacity
-               for b in table_bags]
+      sizes = [
+        tf.shape(b.ids)[0] if b.capacity is None else b.capacity
+        for b in table_bags
+      ]
       indices = tf.split(dd.index, sizes) if len(table_bags) > 1 else [dd.index]
       for i, bag, index in zip(positions, table_bags, indices):
         acts = static_bags.combine(rows, index, bag)
@@ -471,9 +570,10 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
   def _static_apply(self, steps, flat_grads) -> None:
     """`apply_gradients` for a static-shape lookup (see `_static_lookup`)."""
     replica_ctx = tf.distribute.get_replica_context()
-    exchange = (self._strategy.num_replicas_in_sync > 1
-                and replica_ctx is not None)
-    groups: Dict[int, Tuple[Any, List[optimizers.SparseUpdate]]] = {}
+    exchange = (
+      self._strategy.num_replicas_in_sync > 1 and replica_ctx is not None
+    )
+    groups: dict[int, tuple[Any, list[optimizers.SparseUpdate]]] = {}
     for table in self._tables:
       name = self.table_name(table)
       step = steps[name]
@@ -488,27 +588,41 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       dd = step.dedup
       capacity = tf.shape(dd.ids)[0]
       row_grads = static_bags.pad_rows(
-          static_bags.row_gradients(grads, step.bags, dd.index, capacity),
-          dd.num_unique)
+        static_bags.row_gradients(grads, step.bags, dd.index, capacity),
+        dd.num_unique,
+      )
       ids, rows, num_unique = dd.ids, step.rows, dd.num_unique
       if exchange:
-        dynamic = [self._layouts[p].path for p, b in
-                   zip(step.positions, step.bags) if b.capacity is None]
+        dynamic = [
+          self._layouts[p].path
+          for p, b in zip(step.positions, step.bags)
+          if b.capacity is None
+        ]
         if dynamic:
           raise static_bags.StaticShapeError(
-              f"table {name!r}: feature(s) {dynamic} have no static number of "
-              "ids, so the rows that replicas exchange have no fixed size; "
-              "set bag_widths for them and run the backend's preprocess() in "
-              "the input pipeline.")
+            f"table {name!r}: feature(s) {dynamic} have no static number of "
+            "ids, so the rows that replicas exchange have no fixed size; "
+            "set bag_widths for them and run the backend's preprocess() in "
+            "the input pipeline."
+          )
         ids, row_grads, num_unique = _static_sum_across_replicas(
-            replica_ctx, dd, row_grads, table.vocabulary_size)
+          replica_ctx, dd, row_grads, table.vocabulary_size
+        )
         rows = None  # other replicas' rows too: gathered by the update
       table_vars = self._variables[name]
       slots = {k: v for k, v in table_vars.items() if k != "parameters"}
-      groups.setdefault(id(self.optimizer_for(table)),
-                        (self.optimizer_for(table), []))[1].append(
-          optimizers.SparseUpdate(table_vars["parameters"], slots, ids,
-                                  row_grads, rows, keep=num_unique > 0))
+      groups.setdefault(
+        id(self.optimizer_for(table)), (self.optimizer_for(table), [])
+      )[1].append(
+        optimizers.SparseUpdate(
+          table_vars["parameters"],
+          slots,
+          ids,
+          row_grads,
+          rows,
+          keep=num_unique > 0,
+        )
+      )
     for opt, updates in groups.values():
       optimizers.apply_sparse_updates(opt, updates)
 
@@ -532,24 +646,33 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       bad_weights = int(c.refused_weights[path].numpy())
       if not bad_ids and not bad_weights:
         continue
-      examples = [v.numpy() for v in self._strategy.experimental_local_results(
-          c.refused_example[path])]
+      examples = [
+        v.numpy()
+        for v in self._strategy.experimental_local_results(
+          c.refused_example[path]
+        )
+      ]
       example = next((e for e in examples if e.any()), examples[0])
-      for var in (c.refused_ids[path], c.refused_weights[path],
-                  c.refused_example[path]):
+      for var in (
+        c.refused_ids[path],
+        c.refused_weights[path],
+        c.refused_example[path],
+      ):
         for local in self._strategy.experimental_local_results(var):
           local.assign(tf.zeros_like(local))
       what = inputs_lib.describe(layout)
       if bad_ids:
         raise inputs_lib.InvalidInputError(
-            f"{what} got id {example[0]} at batch row {example[1]} in a "
-            f"compiled step ({bad_ids} such ids); ids must be in [0, "
-            f"{layout.feature.table.vocabulary_size}). The step left them "
-            "out; nothing was saved after it.")
+          f"{what} got id {example[0]} at batch row {example[1]} in a "
+          f"compiled step ({bad_ids} such ids); ids must be in [0, "
+          f"{layout.feature.table.vocabulary_size}). The step left them "
+          "out; nothing was saved after it."
+        )
       raise inputs_lib.InvalidInputError(
-          f"{what} got {bad_weights} weights that are NaN, infinite or "
-          "negative in a compiled step; weights must be finite and >= 0. The "
-          "step left those ids out; nothing was saved after it.")
+        f"{what} got {bad_weights} weights that are NaN, infinite or "
+        "negative in a compiled step; weights must be finite and >= 0. The "
+        "step left those ids out; nothing was saved after it."
+      )
 
   def _fused_ops(self):
     """The fused kernels' module if this trace can run them, else None.
@@ -560,8 +683,9 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       return None
     return self._kernels
 
-  def _flat_bags(self, features: Any, weights: Optional[Any],
-                 fused_ops: Optional[Any] = None) -> List[inputs_lib.FlatBags]:
+  def _flat_bags(
+    self, features: Any, weights: Any | None, fused_ops: Any | None = None
+  ) -> list[inputs_lib.FlatBags]:
     """Every feature's input as validated flat bags, in config order.
 
     Counts invalid and truncated ids when the backend keeps counters (they
@@ -569,14 +693,20 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     fused kernels, to flatten padded bags in one op.
     """
     flat = self._flatten_like_config(features, "features")
-    flat_w = (self._flatten_like_config(weights, "weights")
-              if weights is not None else [None] * len(flat))
-    count = (self._counters is not None and
-             tf.distribute.get_replica_context() is not None)
+    flat_w = (
+      self._flatten_like_config(weights, "weights")
+      if weights is not None
+      else [None] * len(flat)
+    )
+    count = (
+      self._counters is not None
+      and tf.distribute.get_replica_context() is not None
+    )
     bags = []
     for layout, inp, w in zip(self._layouts, flat, flat_w):
-      bag = inputs_lib.to_flat_bags(layout, inp, w, self._bag_widths[layout.path],
-                                    fused_ops=fused_ops)
+      bag = inputs_lib.to_flat_bags(
+        layout, inp, w, self._bag_widths[layout.path], fused_ops=fused_ops
+      )
       if layout.feature.validate_weights_and_indices:
         bag, num_invalid = inputs_lib.validate(layout, bag, self._invalid_ids)
         if count and self._invalid_ids != "error":
@@ -615,7 +745,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     exchange = num_replicas > 1 and replica_ctx is not None
     # Tables sharing an optimizer are updated together: one run of its
     # element-wise math over all their touched rows (same numbers).
-    groups: Dict[int, Tuple[Any, List[optimizers.SparseUpdate]]] = {}
+    groups: dict[int, tuple[Any, list[optimizers.SparseUpdate]]] = {}
     for table in self._tables:
       name = self.table_name(table)
       step = steps[name]
@@ -626,13 +756,17 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       if exchange:
         if step.capacity is None:
           _warn_dynamic_exchange(name)
-        ids, row_grads = _sum_across_replicas(replica_ctx, ids, row_grads,
-                                              step.capacity)
+        ids, row_grads = _sum_across_replicas(
+          replica_ctx, ids, row_grads, step.capacity
+        )
         rows = None  # other replicas' rows too: gathered by the update
       table_vars = self._variables[name]
       slots = {k: v for k, v in table_vars.items() if k != "parameters"}
-      groups.setdefault(id(opt), (opt, []))[1].append(optimizers.SparseUpdate(
-          table_vars["parameters"], slots, ids, row_grads, rows))
+      groups.setdefault(id(opt), (opt, []))[1].append(
+        optimizers.SparseUpdate(
+          table_vars["parameters"], slots, ids, row_grads, rows
+        )
+      )
     fused = self._fused_ops()
     for opt, updates in groups.values():
       optimizers.apply_sparse_updates(opt, updates, fused_ops=fused)
@@ -641,8 +775,9 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     """Drops this replica's training lookup on purpose (a step left out)."""
     self._pending.abandon()
 
-  def _take_pending_step(self, activation_gradients: Any
-                        ) -> Tuple[Dict[str, Any], List[Any]]:
+  def _take_pending_step(
+    self, activation_gradients: Any
+  ) -> tuple[dict[str, Any], list[Any]]:
     """This replica's pending training lookup, and the gradients flattened.
 
     Raises:
@@ -652,13 +787,16 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     pending = self._pending.take()
     if pending is None:
       raise RuntimeError(
-          "apply_gradients() needs a lookup(..., training=True) earlier in the "
-          "same step (and in the same replica).")
+        "apply_gradients() needs a lookup(..., training=True) earlier in the "
+        "same step (and in the same replica)."
+      )
     steps, outputs = pending
-    flat_grads = self._flatten_like_config(activation_gradients,
-                                           "activation gradients")
+    flat_grads = self._flatten_like_config(
+      activation_gradients, "activation gradients"
+    )
     return steps, base.check_activation_gradients(
-        [layout.path for layout in self._layouts], flat_grads, outputs)
+      [layout.path for layout in self._layouts], flat_grads, outputs
+    )
 
   def _row_gradients(self, table, step: _TableStep, flat_grads) -> tf.Tensor:
     """d(loss)/d(row) for each unique row: [U, D], one segment reduction."""
@@ -675,51 +813,68 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     fused = self._fused_ops()
     if fused:
       return fused.recsys_row_gradients(
-          grads=grads, index=step.index, segments=step.segments,
-          scale=_scale_or_empty(step.scale), num_rows=num_unique)
+        grads=grads,
+        index=step.index,
+        segments=step.segments,
+        scale=_scale_or_empty(step.scale),
+        num_rows=num_unique,
+      )
     if step.scale is None:
       # Fused gather + scatter-add: row index[i] += grads[segments[i]].
       return tf.raw_ops.SparseSegmentSumGrad(
-          grad=grads, indices=step.index, segment_ids=step.segments,
-          output_dim0=num_unique)
+        grad=grads,
+        indices=step.index,
+        segment_ids=step.segments,
+        output_dim0=num_unique,
+      )
     return tf.math.unsorted_segment_sum(
-        tf.gather(grads, step.segments) * step.scale[:, tf.newaxis],
-        step.index, num_unique)
+      tf.gather(grads, step.segments) * step.scale[:, tf.newaxis],
+      step.index,
+      num_unique,
+    )
 
 
 @dataclasses.dataclass
 class _StaticTableStep:
   """What a static-shape training lookup leaves for `apply_gradients`."""
+
   dedup: static_bags.Dedup
-  rows: tf.Tensor                          # [N, D], the unique slots' rows
-  bags: List[static_bags.StaticBags]       # the table's features, in order
-  positions: List[int]                     # their index in the feature list
+  rows: tf.Tensor  # [N, D], the unique slots' rows
+  bags: list[static_bags.StaticBags]  # the table's features, in order
+  positions: list[int]  # their index in the feature list
 
 
 def _is_tpu(strategy: tf.distribute.Strategy) -> bool:
-  return isinstance(strategy, (tf.distribute.TPUStrategy,
-                               tf.distribute.experimental.TPUStrategy))
+  return isinstance(
+    strategy,
+    (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy),
+  )
 
 
-def _raise_for_report(layout, report: static_bags.Report, ids: tf.Tensor
-                     ) -> tf.Tensor:
+def _raise_for_report(
+  layout, report: static_bags.Report, ids: tf.Tensor
+) -> tf.Tensor:
   """`ids`, after checks that raise (eager) or fail the step (graph)."""
   what = inputs_lib._template_safe(inputs_lib.describe(layout))  # pylint: disable=protected-access
   vocab = layout.feature.table.vocabulary_size
   checks = inputs_lib._check(  # pylint: disable=protected-access
-      tf.equal(report.bad_ids, 0),
-      what + f" got id {{}} at batch row {{}}; ids must be in [0, {vocab}).",
-      lambda: [report.example[0], report.example[1]])
+    tf.equal(report.bad_ids, 0),
+    what + f" got id {{}} at batch row {{}}; ids must be in [0, {vocab}).",
+    lambda: [report.example[0], report.example[1]],
+  )
   checks += inputs_lib._check(  # pylint: disable=protected-access
-      tf.equal(report.bad_weights, 0),
-      what + " got {} weights that are NaN, infinite or negative; weights "
-      "must be finite and >= 0.", lambda: [report.bad_weights])
+    tf.equal(report.bad_weights, 0),
+    what + " got {} weights that are NaN, infinite or negative; weights "
+    "must be finite and >= 0.",
+    lambda: [report.bad_weights],
+  )
   with tf.control_dependencies(checks):
     return tf.identity(ids)
 
 
-def _gather_with_dense_gradient(params: tf.Variable, ids: tf.Tensor
-                               ) -> tf.Tensor:
+def _gather_with_dense_gradient(
+  params: tf.Variable, ids: tf.Tensor
+) -> tf.Tensor:
   """`params[ids]` whose gradient for the table is a dense `[V, D]` tensor."""
   vocab = params.shape[0]
 
@@ -727,26 +882,34 @@ def _gather_with_dense_gradient(params: tf.Variable, ids: tf.Tensor
   def gather(table):
     def grad(upstream):
       return tf.math.unsorted_segment_sum(upstream, ids, vocab)
+
     return tf.gather(table, ids), grad
 
   return gather(tf.convert_to_tensor(params))
 
 
-@functools.lru_cache(maxsize=None)
-def _warn_dense_table_gradient(table_name: str, vocab: int, dim: int,
-                               reason: str) -> None:
+@functools.cache
+def _warn_dense_table_gradient(
+  table_name: str, vocab: int, dim: int, reason: str
+) -> None:
   log.warning(
-      "table %r: a tape on the table in %s: its gradient is a dense [%d, %d] "
-      "tensor (%.1f MB per step, all-reduced over replicas), as TF's "
-      "TPUEmbeddingV0 gives it on a TPU. Train the tables with "
-      "lookup(..., training=True) and apply_gradients() (the backend's "
-      "sparse update, TPU optimizer math), with bag_widths= and preprocess() "
-      "in the input pipeline, to update only the rows a step touched.",
-      table_name, reason, vocab, dim, vocab * dim * 4 / 1e6)
+    "table %r: a tape on the table in %s: its gradient is a dense [%d, %d] "
+    "tensor (%.1f MB per step, all-reduced over replicas), as TF's "
+    "TPUEmbeddingV0 gives it on a TPU. Train the tables with "
+    "lookup(..., training=True) and apply_gradients() (the backend's "
+    "sparse update, TPU optimizer math), with bag_widths= and preprocess() "
+    "in the input pipeline, to update only the rows a step touched.",
+    table_name,
+    reason,
+    vocab,
+    dim,
+    vocab * dim * 4 / 1e6,
+  )
 
 
-def _static_sum_across_replicas(replica_ctx, dd: static_bags.Dedup,
-                                grads: tf.Tensor, vocabulary_size: int):
+def _static_sum_across_replicas(
+  replica_ctx, dd: static_bags.Dedup, grads: tf.Tensor, vocabulary_size: int
+):
   """Every replica's unique rows and gradients, summed per id; fixed sizes.
 
   Returns `(ids, grads, num_unique)` laid out like `static_bags.dedup`'s
@@ -759,42 +922,67 @@ def _static_sum_across_replicas(replica_ctx, dd: static_bags.Dedup,
   all_grads = replica_ctx.all_gather(grads, axis=0)
   merged = static_bags.dedup(all_ids, all_real, vocabulary_size)
   summed = tf.math.unsorted_segment_sum(
-      all_grads * tf.cast(all_real, grads.dtype)[:, tf.newaxis], merged.index,
-      tf.shape(all_ids)[0])
-  return merged.ids, static_bags.pad_rows(summed, merged.num_unique), \
-      merged.num_unique
+    all_grads * tf.cast(all_real, grads.dtype)[:, tf.newaxis],
+    merged.index,
+    tf.shape(all_ids)[0],
+  )
+  return (
+    merged.ids,
+    static_bags.pad_rows(summed, merged.num_unique),
+    merged.num_unique,
+  )
 
 
 @dataclasses.dataclass
 class _TableBag:
   """The ids of every feature of one table as one flat bag."""
-  ids: tf.Tensor                 # int64 [N]
-  segments: tf.Tensor            # int32 [N], offset per feature
-  scale: Optional[tf.Tensor]     # float32 [N], None when every id counts once
-  num_segments: tf.Tensor        # int32 scalar, sum of the features' S_f
-  sizes: List[tf.Tensor]         # per feature: S_f
-  sorted_segments: bool          # segments non-decreasing
+
+  ids: tf.Tensor  # int64 [N]
+  segments: tf.Tensor  # int32 [N], offset per feature
+  scale: tf.Tensor | None  # float32 [N], None when every id counts once
+  num_segments: tf.Tensor  # int32 scalar, sum of the features' S_f
+  sizes: list[tf.Tensor]  # per feature: S_f
+  sorted_segments: bool  # segments non-decreasing
 
 
-def _concat_bags(bags: List[inputs_lib.FlatBags], combiner: str) -> _TableBag:
+def _concat_bags(bags: list[inputs_lib.FlatBags], combiner: str) -> _TableBag:
   """Stacks the features of one table: segments offset by earlier features."""
   sizes = [b.num_segments for b in bags]
-  scales = [None if _unit_scale(b, combiner) else _combiner_scale(b, combiner)
-            for b in bags]
+  scales = [
+    None if _unit_scale(b, combiner) else _combiner_scale(b, combiner)
+    for b in bags
+  ]
   if all(s is None for s in scales):
     scale = None
   else:
-    scale = tf.concat([s if s is not None else tf.ones_like(b.weights)
-                       for s, b in zip(scales, bags)], 0)
+    scale = tf.concat(
+      [
+        s if s is not None else tf.ones_like(b.weights)
+        for s, b in zip(scales, bags)
+      ],
+      0,
+    )
   if len(bags) == 1:
-    return _TableBag(bags[0].ids, bags[0].segments, scale, sizes[0], sizes,
-                     bags[0].sorted_segments)
+    return _TableBag(
+      bags[0].ids,
+      bags[0].segments,
+      scale,
+      sizes[0],
+      sizes,
+      bags[0].sorted_segments,
+    )
   segments, offset = [], tf.constant(0, tf.int32)
   for bag, size in zip(bags, sizes):
     segments.append(bag.segments + offset)
     offset += size
-  return _TableBag(tf.concat([b.ids for b in bags], 0), tf.concat(segments, 0),
-                   scale, offset, sizes, all(b.sorted_segments for b in bags))
+  return _TableBag(
+    tf.concat([b.ids for b in bags], 0),
+    tf.concat(segments, 0),
+    scale,
+    offset,
+    sizes,
+    all(b.sorted_segments for b in bags),
+  )
 
 
 def _unit_scale(bag: inputs_lib.FlatBags, combiner: str) -> bool:
@@ -802,8 +990,9 @@ def _unit_scale(bag: inputs_lib.FlatBags, combiner: str) -> bool:
   return bag.unit_weights and (bool(bag.sequence_length) or combiner == "sum")
 
 
-def _segment_combine(rows: tf.Tensor, index: tf.Tensor, flat: _TableBag
-                    ) -> tf.Tensor:
+def _segment_combine(
+  rows: tf.Tensor, index: tf.Tensor, flat: _TableBag
+) -> tf.Tensor:
   """The table's activations `[sum_f S_f, D]` from its unique rows `[U, D]`.
 
   Id `i` adds `scale[i] * rows[index[i]]` to activation row `segments[i]`.
@@ -811,8 +1000,11 @@ def _segment_combine(rows: tf.Tensor, index: tf.Tensor, flat: _TableBag
   if flat.scale is None and flat.sorted_segments:
     # One fused gather + sorted segment sum, no [N, D] intermediate.
     return tf.raw_ops.SparseSegmentSumWithNumSegments(
-        data=rows, indices=index, segment_ids=flat.segments,
-        num_segments=flat.num_segments)
+      data=rows,
+      indices=index,
+      segment_ids=flat.segments,
+      num_segments=flat.num_segments,
+    )
   per_id = tf.gather(rows, index)
   if flat.scale is not None:
     per_id *= flat.scale[:, tf.newaxis]
@@ -827,21 +1019,24 @@ def _combiner_scale(bag: inputs_lib.FlatBags, combiner: str) -> tf.Tensor:
   if combiner == "mean":
     norm = tf.math.unsorted_segment_sum(w, bag.segments, bag.num_segments)
   elif combiner == "sqrtn":
-    norm = tf.sqrt(tf.math.unsorted_segment_sum(w * w, bag.segments,
-                                                bag.num_segments))
+    norm = tf.sqrt(
+      tf.math.unsorted_segment_sum(w * w, bag.segments, bag.num_segments)
+    )
   else:
     raise ValueError(f"unknown combiner {combiner!r}")
   return tf.math.divide_no_nan(w, tf.gather(norm, bag.segments))
 
 
-def _scale_or_empty(scale: Optional[tf.Tensor]) -> tf.Tensor:
+def _scale_or_empty(scale: tf.Tensor | None) -> tf.Tensor:
   """The fused kernels' spelling of "every id counts once": an empty scale."""
   return scale if scale is not None else tf.zeros([0], tf.float32)
 
 
 def _on_cpu_only(strategy: tf.distribute.Strategy) -> bool:
   """Whether the tables and steps of `strategy` live on CPUs only."""
-  if tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"):
+  if tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices(
+    "TPU"
+  ):
     return False
   try:
     devices = strategy.extended.worker_devices
@@ -857,21 +1052,25 @@ def _on_cpu_only(strategy: tf.distribute.Strategy) -> bool:
 def _in_xla_context() -> bool:
   from tensorflow.python.framework import ops  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
   from tensorflow.python.ops import control_flow_util  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+
   return control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _warn_dynamic_exchange(table_name: str) -> None:
   log.warning(
-      "table %r: the touched rows exchanged between replicas have a dynamic "
-      "size because some of its features have sparse/ragged inputs without a "
-      "static width. Several steps in one tf.function loop then fail under "
-      "MirroredStrategy ('Shape mismatch in the collective instance'); give "
-      "bag_widths= and run preprocess() in the input pipeline.", table_name)
+    "table %r: the touched rows exchanged between replicas have a dynamic "
+    "size because some of its features have sparse/ragged inputs without a "
+    "static width. Several steps in one tf.function loop then fail under "
+    "MirroredStrategy ('Shape mismatch in the collective instance'); give "
+    "bag_widths= and run preprocess() in the input pipeline.",
+    table_name,
+  )
 
 
-def _sum_across_replicas(replica_ctx, ids: tf.Tensor, grads: tf.Tensor,
-                         capacity: Optional[int]) -> Tuple[tf.Tensor, tf.Tensor]:
+def _sum_across_replicas(
+  replica_ctx, ids: tf.Tensor, grads: tf.Tensor, capacity: int | None
+) -> tuple[tf.Tensor, tf.Tensor]:
   """Exchanges each replica's touched rows and sums them per unique id.
 
   With a static `capacity` (an upper bound on each replica's unique ids) the
@@ -883,8 +1082,9 @@ def _sum_across_replicas(replica_ctx, ids: tf.Tensor, grads: tf.Tensor,
   if capacity is not None:
     pad = capacity - tf.size(ids)
     ids = tf.reshape(tf.pad(ids, [[0, pad]], constant_values=-1), [capacity])
-    grads = tf.reshape(tf.pad(grads, [[0, pad], [0, 0]]),
-                       [capacity, grads.shape[-1]])
+    grads = tf.reshape(
+      tf.pad(grads, [[0, pad], [0, 0]]), [capacity, grads.shape[-1]]
+    )
   all_ids = replica_ctx.all_gather(ids, axis=0)
   all_grads = replica_ctx.all_gather(grads, axis=0)
   if capacity is not None:

@@ -37,17 +37,15 @@ on CPU; `python -m recsys.tools.tpu_smoke` checks the rest on real hardware.
 
 import copy
 import math
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.saved_model import registration  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
-from backends import base
-from backends import mid_level
+from backends import base, mid_level, registry
 from backends import pending as pending_lib
-from backends import registry
 
 embedding = tf.tpu.experimental.embedding
 EmbeddingFeature = tf.tpu.experimental.HardwareFeature.EmbeddingFeature
@@ -60,7 +58,7 @@ class TablesOnDeviceError(RuntimeError):
   """The tables live in TPU embedding memory and cannot be read directly."""
 
 
-def _hardware_version(strategy: tf.distribute.Strategy) -> Optional[str]:
+def _hardware_version(strategy: tf.distribute.Strategy) -> str | None:
   feature = registry._embedding_feature(strategy)  # pylint: disable=protected-access
   if feature == EmbeddingFeature.V1:
     return "V1"
@@ -111,15 +109,17 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
   name = "tpu_embedding"
   capabilities = base.Capabilities(needs_tpu=True, sharded_tables=True)
 
-  def __init__(self,
-               feature_config: Any,
-               optimizer: Optional[Any] = None,
-               strategy: Optional[tf.distribute.Strategy] = None,
-               *,
-               per_replica_batch_size: Optional[int] = None,
-               pipeline_execution_with_tensor_core: bool = False,
-               sparse_core_embedding_config: Optional[Any] = None,
-               **kwargs: Any):
+  def __init__(
+    self,
+    feature_config: Any,
+    optimizer: Any | None = None,
+    strategy: tf.distribute.Strategy | None = None,
+    *,
+    per_replica_batch_size: int | None = None,
+    pipeline_execution_with_tensor_core: bool = False,
+    sparse_core_embedding_config: Any | None = None,
+    **kwargs: Any,
+  ):
     super().__init__(feature_config, optimizer, strategy, **kwargs)
     self._version = _hardware_version(self._strategy)
     self._per_replica_batch_size = per_replica_batch_size
@@ -127,58 +127,76 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
     self._sc_config = sparse_core_embedding_config
     if sparse_core_embedding_config is not None and self._version != "V2":
       raise base.UnsupportedConfigError(
-          "sparse_core_embedding_config applies to SparseCore "
-          "(embedding_feature=V2) only; this TPU has embedding_feature="
-          f"{self._version}. Remove it.")
-    problems = (self._sparsecore_problems() if self._version == "V2"
-                else self._v1_problems())
+        "sparse_core_embedding_config applies to SparseCore "
+        "(embedding_feature=V2) only; this TPU has embedding_feature="
+        f"{self._version}. Remove it."
+      )
+    problems = (
+      self._sparsecore_problems()
+      if self._version == "V2"
+      else self._v1_problems()
+    )
     if problems:
       raise base.UnsupportedConfigError(
-          f"the 'tpu_embedding' backend ({self.engine}) cannot run this "
-          "configuration faithfully:\n  - " + "\n  - ".join(problems) +
-          "\nChange these settings, or train with backend='tensorcore', "
-          "which implements all of them.")
+        f"the 'tpu_embedding' backend ({self.engine}) cannot run this "
+        "configuration faithfully:\n  - "
+        + "\n  - ".join(problems)
+        + "\nChange these settings, or train with backend='tensorcore', "
+        "which implements all of them."
+      )
     # The training lookup awaiting apply_gradients: its activations (for the
     # gradients' shapes) and V2's preserved outputs.
     self._pending = data_structures.NoDependency(
-        pending_lib.PendingLookups(self.name))
+      pending_lib.PendingLookups(self.name)
+    )
 
   @classmethod
-  def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> Optional[str]:
+  def unavailable_reason(
+    cls, strategy: tf.distribute.Strategy
+  ) -> str | None:
     if _hardware_version(strategy) is not None:
       return None
     feature = registry._embedding_feature(strategy)  # pylint: disable=protected-access
     if feature is not None:
-      return (f"it needs a TPU with an embedding accelerator (embedding_feature "
-              f"V1 or V2); this TPU has embedding_feature={feature.name}. Use "
-              "'tensorcore' (replicated tables on the TensorCores) or "
-              "'tpu_embedding_v0'")
-    return ("it needs a TPUStrategy on hardware with embedding_feature V1 or "
-            f"V2; this is {_describe_strategy(strategy)}")
+      return (
+        f"it needs a TPU with an embedding accelerator (embedding_feature "
+        f"V1 or V2); this TPU has embedding_feature={feature.name}. Use "
+        "'tensorcore' (replicated tables on the TensorCores) or "
+        "'tpu_embedding_v0'"
+      )
+    return (
+      "it needs a TPUStrategy on hardware with embedding_feature V1 or "
+      f"V2; this is {_describe_strategy(strategy)}"
+    )
 
   @property
   def engine(self) -> str:
     """`"TPUEmbedding (V1)"` or `"TPUEmbeddingV2 (SparseCore)"`."""
-    return ("TPUEmbeddingV2 (SparseCore)" if self._version == "V2"
-            else "TPUEmbedding (V1)")
+    return (
+      "TPUEmbeddingV2 (SparseCore)"
+      if self._version == "V2"
+      else "TPUEmbedding (V1)"
+    )
 
   # -- what the hardware cannot do ---------------------------------------------
 
-  def _v1_problems(self) -> List[str]:
+  def _v1_problems(self) -> list[str]:
     problems = []
     for table in self._tables:
       name = self.table_name(table)
       if table.layout is not None:
         problems.append(
-            f"table {name!r}: layout is a SparseCore (V2) setting; the V1 "
-            "embedding engine ignores it. Set TableConfig.layout=None.")
+          f"table {name!r}: layout is a SparseCore (V2) setting; the V1 "
+          "embedding engine ignores it. Set TableConfig.layout=None."
+        )
       if table.dtype != tf.float32:
         problems.append(
-            f"table {name!r}: dtype={table.dtype.name}; the V1 embedding engine "
-            "only has float32 tables and would ignore it. Use float32.")
+          f"table {name!r}: dtype={table.dtype.name}; the V1 embedding engine "
+          "only has float32 tables and would ignore it. Use float32."
+        )
     return problems
 
-  def _sparsecore_problems(self) -> List[str]:
+  def _sparsecore_problems(self) -> list[str]:
     problems = []
     for table in self._tables:
       name = self.table_name(table)
@@ -186,14 +204,17 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
       kind = type(opt).__name__
       ignored = []
       if opt.clip_gradient_min is not None or opt.clip_gradient_max is not None:
-        ignored.append(f"clipvalue=({opt.clip_gradient_min}, "
-                       f"{opt.clip_gradient_max})")
+        ignored.append(
+          f"clipvalue=({opt.clip_gradient_min}, {opt.clip_gradient_max})"
+        )
       if opt.clip_weight_min is not None:
         ignored.append(f"clip_weight_min={opt.clip_weight_min}")
       if opt.clip_weight_max is not None:
         ignored.append(f"clip_weight_max={opt.clip_weight_max}")
-      if (opt.weight_decay_factor is not None or
-          opt.multiply_weight_decay_factor_by_learning_rate is not None):
+      if (
+        opt.weight_decay_factor is not None
+        or opt.multiply_weight_decay_factor_by_learning_rate is not None
+      ):
         ignored.append(f"weight_decay_factor={opt.weight_decay_factor}")
       if not opt.use_gradient_accumulation:
         ignored.append("use_gradient_accumulation=False")
@@ -205,33 +226,37 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
         ignored.append("allow_zero_accumulator=True")
       if ignored:
         problems.append(
-            f"table {name!r}: SparseCore ignores {kind} "
-            f"{', '.join(ignored)}; leave them at their defaults.")
+          f"table {name!r}: SparseCore ignores {kind} "
+          f"{', '.join(ignored)}; leave them at their defaults."
+        )
     cores = self.sparsecores_per_chip
     for path, feature in self._flat_features:
       table = self.table_name(feature.table)
       if feature.max_sequence_length:
         problems.append(
-            f"feature {path!r} (table {table!r}): max_sequence_length="
-            f"{feature.max_sequence_length}; TPUEmbeddingV2 has no sequence "
-            "features and would ignore it.")
+          f"feature {path!r} (table {table!r}): max_sequence_length="
+          f"{feature.max_sequence_length}; TPUEmbeddingV2 has no sequence "
+          "features and would ignore it."
+        )
       shape = feature.output_shape
       has_shape = bool(shape) and shape.rank and shape.is_fully_defined()
       if has_shape:
         samples = math.prod(shape.as_list())
       elif self._per_replica_batch_size is None:
         problems.append(
-            f"feature {path!r} (table {table!r}): SparseCore needs static "
-            "per-replica output shapes; pass per_replica_batch_size= (or set "
-            "FeatureConfig.output_shape).")
+          f"feature {path!r} (table {table!r}): SparseCore needs static "
+          "per-replica output shapes; pass per_replica_batch_size= (or set "
+          "FeatureConfig.output_shape)."
+        )
         continue
       else:
         samples = self._per_replica_batch_size
       if samples % cores:
         problems.append(
-            f"feature {path!r} (table {table!r}): {samples} samples per "
-            f"replica is not a multiple of the {cores} SparseCores per chip; "
-            f"use a per-replica batch that is.")
+          f"feature {path!r} (table {table!r}): {samples} samples per "
+          f"replica is not a multiple of the {cores} SparseCores per chip; "
+          f"use a per-replica batch that is."
+        )
     return problems
 
   @property
@@ -243,9 +268,13 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
   # -- what is passed to TF ------------------------------------------------------
 
   def _tf_class(self) -> type:
-    return embedding.TPUEmbeddingV2 if self._version == "V2" else embedding.TPUEmbedding
+    return (
+      embedding.TPUEmbeddingV2
+      if self._version == "V2"
+      else embedding.TPUEmbedding
+    )
 
-  def _tf_constructor_kwargs(self) -> Dict[str, Any]:
+  def _tf_constructor_kwargs(self) -> dict[str, Any]:
     """The keyword arguments for `_tf_class()`: copied configs, TF's options.
 
     Every table of the copied `feature_config` carries its resolved optimizer,
@@ -254,22 +283,27 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
     """
     feature_fn = None
     if self._version == "V2":
+
       def feature_fn(path, feature):
         del path
         if feature.output_shape and feature.output_shape.rank:
           return {}
         return {"output_shape": tf.TensorShape([self._per_replica_batch_size])}
+
     config, tables = mid_level.tf_feature_config(self, feature_fn)
     if self._version == "V1":
       for table in tables.values():
         table.optimizer = _with_proto_packing_status(table.optimizer)
-    kwargs = {"feature_config": config, "optimizer": None,
-              "pipeline_execution_with_tensor_core": self._pipelining}
+    kwargs = {
+      "feature_config": config,
+      "optimizer": None,
+      "pipeline_execution_with_tensor_core": self._pipelining,
+    }
     if self._version == "V2":
       kwargs["sparse_core_embedding_config"] = self._sc_config
     return kwargs
 
-  def _per_replica_input_shapes(self) -> Optional[List[tf.TensorShape]]:
+  def _per_replica_input_shapes(self) -> list[tf.TensorShape] | None:
     """Input shapes for V1's `build()` from the per-replica batch, or None.
 
     TF derives each feature's output shape from its input shape: `[B]` ->
@@ -303,11 +337,14 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
 
   # -- the step ---------------------------------------------------------------------
 
-  def preprocess(self, features: Any, weights: Optional[Any] = None):
+  def preprocess(self, features: Any, weights: Any | None = None):
     """Dense `[B, N]` bags and weighted dense ids -> `SparseTensor` (host side)."""
     flat = self._flatten_like_config(features, "features")
-    flat_w = (self._flatten_like_config(weights, "weights")
-              if weights is not None else [None] * len(flat))
+    flat_w = (
+      self._flatten_like_config(weights, "weights")
+      if weights is not None
+      else [None] * len(flat)
+    )
     out, out_w = [], []
     for inp, w in zip(flat, flat_w):
       if isinstance(inp, (tf.SparseTensor, tf.RaggedTensor)):
@@ -321,8 +358,9 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
       out_w.append(w)
     return self._pack_inputs(out, out_w)
 
-  def lookup(self, features: Any, weights: Optional[Any] = None,
-             training: bool = False) -> Any:
+  def lookup(
+    self, features: Any, weights: Any | None = None, training: bool = False
+  ) -> Any:
     """Enqueues the ids and returns the activations (inside `strategy.run`).
 
     Args:
@@ -356,16 +394,21 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
     """
     pending = self._pending.take()
     if pending is None:
-      raise RuntimeError("apply_gradients() needs a lookup(..., training=True) "
-                         "earlier in the same step.")
+      raise RuntimeError(
+        "apply_gradients() needs a lookup(..., training=True) "
+        "earlier in the same step."
+      )
     flat_activations, preserved = pending
-    flat_grads = self._flatten_like_config(activation_gradients,
-                                           "activation gradients")
+    flat_grads = self._flatten_like_config(
+      activation_gradients, "activation gradients"
+    )
     base.check_activation_gradients(
-        [path for path, _ in self._flat_features], flat_grads, flat_activations)
+      [path for path, _ in self._flat_features], flat_grads, flat_activations
+    )
     if self._version == "V2":
-      self._mid.apply_gradients(activation_gradients,
-                                preserved_outputs=preserved)
+      self._mid.apply_gradients(
+        activation_gradients, preserved_outputs=preserved
+      )
       return
     self._mid.apply_gradients(activation_gradients)
 
@@ -375,13 +418,14 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
 
   # -- variables ----------------------------------------------------------------------
 
-  def _variables_by_table(self) -> Dict[str, Dict[str, tf.Variable]]:
+  def _variables_by_table(self) -> dict[str, dict[str, tf.Variable]]:
     raise TablesOnDeviceError(
-        f"the tables of the 'tpu_embedding' backend ({self.engine}) live sharded "
-        "in TPU memory and cannot be read as variables here. Save a checkpoint "
-        "(tf.train.Checkpoint(embedding=backend)) and restore it into "
-        "backends.serving.ServingEmbedding, or read it with "
-        "tf.train.load_checkpoint.")
+      f"the tables of the 'tpu_embedding' backend ({self.engine}) live sharded "
+      "in TPU memory and cannot be read as variables here. Save a checkpoint "
+      "(tf.train.Checkpoint(embedding=backend)) and restore it into "
+      "backends.serving.ServingEmbedding, or read it with "
+      "tf.train.load_checkpoint."
+    )
 
   def _retrieve_from_tpu(self) -> None:
     if self._mid is not None and self._version == "V1":
@@ -404,15 +448,18 @@ def _with_proto_packing_status(optimizer: Any) -> Any:
   """
   fixed = copy.copy(optimizer)
   fixed.low_dimensional_packing_status = int(
-      bool(optimizer.low_dimensional_packing_status))
+    bool(optimizer.low_dimensional_packing_status)
+  )
   return fixed
 
 
-def _dense_to_sparse(ids: tf.Tensor, weights: Optional[tf.Tensor]):
+def _dense_to_sparse(ids: tf.Tensor, weights: tf.Tensor | None):
   """Every entry of dense `[B]`/`[B, N]` ids (id 0 included) as a SparseTensor."""
   if ids.shape.rank == 1:
     ids = ids[:, tf.newaxis]
-    weights = None if weights is None else tf.convert_to_tensor(weights)[:, tf.newaxis]
+    weights = (
+      None if weights is None else tf.convert_to_tensor(weights)[:, tf.newaxis]
+    )
   shape = tf.shape(ids, out_type=tf.int64)
   rows = tf.repeat(tf.range(shape[0]), shape[1])
   cols = tf.tile(tf.range(shape[1]), [shape[0]])
@@ -421,7 +468,8 @@ def _dense_to_sparse(ids: tf.Tensor, weights: Optional[tf.Tensor]):
   if weights is None:
     return sparse_ids, None
   return sparse_ids, tf.SparseTensor(
-      indices, tf.reshape(tf.cast(weights, tf.float32), [-1]), shape)
+    indices, tf.reshape(tf.cast(weights, tf.float32), [-1]), shape
+  )
 
 
 # With V1 on a TPU the tables live in the embedding engine; the CPU variables
@@ -430,8 +478,11 @@ def _dense_to_sparse(ids: tf.Tensor, weights: Optional[tf.Tensor]):
 # the backend, so the backend registers the same callbacks.
 def _on_tpu_engine(obj: Any) -> bool:
   mid = getattr(obj, "_mid", None)
-  return (isinstance(obj, TPUEmbeddingBackend) and mid is not None and
-          getattr(mid, "_using_tpu", False))
+  return (
+    isinstance(obj, TPUEmbeddingBackend)
+    and mid is not None
+    and getattr(mid, "_using_tpu", False)
+  )
 
 
 def _save_callback(trackables, **unused_kwargs):
@@ -446,6 +497,10 @@ def _restore_callback(trackables, **unused_kwargs):
 
 
 registration.register_checkpoint_saver(
-    package="recsys", name="TPUEmbeddingBackendCallback",
-    predicate=_on_tpu_engine, save_fn=_save_callback,
-    restore_fn=_restore_callback, strict_predicate_restore=False)
+  package="recsys",
+  name="TPUEmbeddingBackendCallback",
+  predicate=_on_tpu_engine,
+  save_fn=_save_callback,
+  restore_fn=_restore_callback,
+  strict_predicate_restore=False,
+)

@@ -24,17 +24,14 @@ No TPU was reachable where this was written: this backend has only been
 checked on CPU, for its refusals and its gradient bookkeeping.
 """
 
-from typing import Any, List, Optional, Tuple
+from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
-from backends import base
-from backends import mid_level
-from backends import optimizers
+from backends import base, mid_level, optimizers, registry
 from backends import pending as pending_lib
-from backends import registry
 
 embedding = tf.tpu.experimental.embedding
 
@@ -55,42 +52,61 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
   name = "tpu_embedding_v0"
   capabilities = base.Capabilities(needs_tpu=True)
 
-  def __init__(self, feature_config: Any, optimizer: Optional[Any] = None,
-               strategy: Optional[tf.distribute.Strategy] = None, **kwargs: Any):
+  def __init__(
+    self,
+    feature_config: Any,
+    optimizer: Any | None = None,
+    strategy: tf.distribute.Strategy | None = None,
+    **kwargs: Any,
+  ):
     super().__init__(feature_config, optimizer, strategy, **kwargs)
     for table in self._tables:
-      optimizers.check_supported(self.optimizer_for(table), self.table_name(table))
+      optimizers.check_supported(
+        self.optimizer_for(table), self.table_name(table)
+      )
     self._pending = data_structures.NoDependency(
-        pending_lib.PendingLookups(self.name))
+      pending_lib.PendingLookups(self.name)
+    )
 
   @classmethod
-  def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> Optional[str]:
+  def unavailable_reason(
+    cls, strategy: tf.distribute.Strategy
+  ) -> str | None:
     if registry._embedding_feature(strategy) is not None:  # pylint: disable=protected-access
       return None
-    return (f"TF's TPUEmbeddingV0 only runs under a TPUStrategy; this is "
-            f"{type(strategy).__name__}. Use 'tensorcore', which implements "
-            "the same replicated design under any strategy")
+    return (
+      f"TF's TPUEmbeddingV0 only runs under a TPUStrategy; this is "
+      f"{type(strategy).__name__}. Use 'tensorcore', which implements "
+      "the same replicated design under any strategy"
+    )
 
   def _create_mid_level(self) -> Any:
     config, _ = mid_level.tf_feature_config(self)
     return embedding.TPUEmbeddingV0(config, optimizer=None)
 
-  def lookup(self, features: Any, weights: Optional[Any] = None,
-             training: bool = False) -> Any:
+  def lookup(
+    self, features: Any, weights: Any | None = None, training: bool = False
+  ) -> Any:
     """TF's V0 lookup; with `training=True`, recorded for `apply_gradients`."""
     self._maybe_build()
     flat = self._flatten_like_config(features, "features")
     if not training:
       return self._mid.embedding_lookup(features, weights)
-    tables = [self._variables_by_table()[self.table_name(t)]["parameters"]
-              for t in self._tables]
-    with tf.GradientTape(watch_accessed_variables=False,
-                         persistent=False) as tape:
+    tables = [
+      self._variables_by_table()[self.table_name(t)]["parameters"]
+      for t in self._tables
+    ]
+    with tf.GradientTape(
+      watch_accessed_variables=False, persistent=False
+    ) as tape:
       tape.watch(tables)
       activations = self._mid.embedding_lookup(features, weights)
-    touched = touched_ids(self._flat_features, flat,
-                          [self.table_name(t) for t in self._tables],
-                          self.table_name)
+    touched = touched_ids(
+      self._flat_features,
+      flat,
+      [self.table_name(t) for t in self._tables],
+      self.table_name,
+    )
     self._pending.record((tape, nest.flatten(activations), tables, touched))
     return activations
 
@@ -98,27 +114,35 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
     """Applies each table's optimizer (TPU semantics) to the looked-up rows."""
     pending = self._pending.take()
     if pending is None:
-      raise RuntimeError("apply_gradients() needs a lookup(..., training=True) "
-                         "earlier in the same step.")
+      raise RuntimeError(
+        "apply_gradients() needs a lookup(..., training=True) "
+        "earlier in the same step."
+      )
     tape, flat_acts, tables, touched = pending
     flat_grads = base.check_activation_gradients(
-        [path for path, _ in self._flat_features],
-        self._flatten_like_config(activation_gradients, "activation gradients"),
-        flat_acts)
+      [path for path, _ in self._flat_features],
+      self._flatten_like_config(activation_gradients, "activation gradients"),
+      flat_acts,
+    )
     targets = [a for a, g in zip(flat_acts, flat_grads) if g is not None]
     grads = [g for g in flat_grads if g is not None]
-    table_grads = (tape.gradient(targets, tables, output_gradients=grads)
-                   if targets else [None] * len(tables))
+    table_grads = (
+      tape.gradient(targets, tables, output_gradients=grads)
+      if targets
+      else [None] * len(tables)
+    )
     replica_ctx = tf.distribute.get_replica_context()
-    for table, variable, grad, ids in zip(self._tables, tables, table_grads,
-                                          touched):
+    for table, variable, grad, ids in zip(
+      self._tables, tables, table_grads, touched
+    ):
       rows = row_gradients(ids, grad, table.dim)
       if self._strategy.num_replicas_in_sync > 1 and replica_ctx is not None:
         ids, rows = sum_over_replicas(replica_ctx, ids, rows)
       name = self.table_name(table)
       slots = self.slot_variables()[name]
-      optimizers.apply_sparse_update(self.optimizer_for(table), variable, slots,
-                                     ids, rows)
+      optimizers.apply_sparse_update(
+        self.optimizer_for(table), variable, slots, ids, rows
+      )
 
   def input_options(self) -> tf.distribute.InputOptions:
     """Bags stay on the host, where V0 densifies them."""
@@ -137,13 +161,18 @@ def _feature_ids(feature: Any, ids: Any) -> tf.Tensor:
   return tf.reshape(tf.convert_to_tensor(ids), [-1])
 
 
-def touched_ids(flat_features: List[Tuple[str, Any]], flat_ids: List[Any],
-                table_names: List[str], name_of) -> List[tf.Tensor]:
+def touched_ids(
+  flat_features: list[tuple[str, Any]],
+  flat_ids: list[Any],
+  table_names: list[str],
+  name_of,
+) -> list[tf.Tensor]:
   """Unique int64 ids `[U]` each table's lookup reads, in table order."""
   per_table = {name: [] for name in table_names}
   for (_, feature), ids in zip(flat_features, flat_ids):
     per_table[name_of(feature.table)].append(
-        tf.cast(_feature_ids(feature, ids), tf.int64))
+      tf.cast(_feature_ids(feature, ids), tf.int64)
+    )
   return [tf.unique(tf.concat(per_table[name], 0))[0] for name in table_names]
 
 
@@ -174,15 +203,18 @@ def row_gradients(ids: tf.Tensor, table_grad: Any, dim: int) -> tf.Tensor:
   _, position = tf.unique(tf.concat([ids, indices], 0), out_idx=tf.int32)
   position = position[count:]
   summed = tf.math.unsorted_segment_sum(
-      tf.reshape(values, [-1, dim]), position, count + tf.size(indices))
+    tf.reshape(values, [-1, dim]), position, count + tf.size(indices)
+  )
   return summed[:count]
 
 
-def sum_over_replicas(replica_ctx, ids: tf.Tensor, grads: tf.Tensor
-                     ) -> Tuple[tf.Tensor, tf.Tensor]:
+def sum_over_replicas(
+  replica_ctx, ids: tf.Tensor, grads: tf.Tensor
+) -> tuple[tf.Tensor, tf.Tensor]:
   """All-gathers every replica's (ids, grads) and sums them per unique id."""
   all_ids = replica_ctx.all_gather(ids, axis=0)
   all_grads = replica_ctx.all_gather(grads, axis=0)
   unique_ids, index = tf.unique(all_ids, out_idx=tf.int32)
-  return unique_ids, tf.math.unsorted_segment_sum(all_grads, index,
-                                                  tf.size(unique_ids))
+  return unique_ids, tf.math.unsorted_segment_sum(
+    all_grads, index, tf.size(unique_ids)
+  )

@@ -35,16 +35,25 @@ def child(args) -> None:
   """Builds the step, then runs `N` steps per line read; prints the times."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   tf.config.threading.set_intra_op_parallelism_threads(args.intra_threads)
   tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
   step, prepare = embedding_step._tf_step("recsys", args)  # pylint: disable=protected-access
-  batches = embedding_step.make_batches(args.distinct_batches, args.batch, 1,
-                                        args.rows, args.max_bag, args.zipf,
-                                        args.seed)
+  batches = embedding_step.make_batches(
+    args.distinct_batches,
+    args.batch,
+    1,
+    args.rows,
+    args.max_bag,
+    args.zipf,
+    args.seed,
+  )
   ids = float(np.mean([len(b["f0"][0]) for b in batches]))
   inputs = [prepare(b) for b in batches]
-  labels = [tf.constant(l) for l in embedding_step.make_labels(
-      len(batches), args.batch, args.seed)]
+  labels = [
+    tf.constant(l)
+    for l in embedding_step.make_labels(len(batches), args.batch, args.seed)
+  ]
   i = 0
   for _ in range(3):  # trace and warm up
     step(inputs[i % len(inputs)], labels[i % len(inputs)]).numpy()
@@ -63,7 +72,8 @@ def child(args) -> None:
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(
-      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument("--settings", default=",".join(SETTINGS))
   parser.add_argument("--rows", type=int, default=10_000_000)
   parser.add_argument("--batch", type=int, default=16384)
@@ -84,24 +94,49 @@ def main(argv=None) -> None:
     child(args)
     return
 
-  flags = [f"--{k}={getattr(args, k)}" for k in (
-      "rows", "batch", "dim", "max_bag", "zipf", "lr", "seed",
-      "distinct_batches", "inter_threads")]
+  flags = [
+    f"--{k}={getattr(args, k)}"
+    for k in (
+      "rows",
+      "batch",
+      "dim",
+      "max_bag",
+      "zipf",
+      "lr",
+      "seed",
+      "distinct_batches",
+      "inter_threads",
+    )
+  ]
   procs, ids = {}, 0.0
   settings = args.settings.split(",")
   for s in settings:
     intra = int(s.split("-")[0])
-    env = dict(os.environ, **embedding_step.thread_env(args, intra),
-               **(_SPLIT if s.endswith("-split") else {}))
+    env = dict(
+      os.environ,
+      **embedding_step.thread_env(args, intra),
+      **(_SPLIT if s.endswith("-split") else {}),
+    )
     procs[s] = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "--_child",
-         f"--intra_threads={intra}"] + flags,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+      [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--_child",
+        f"--intra_threads={intra}",
+      ]
+      + flags,
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      text=True,
+      env=env,
+    )
     ids = json.loads(procs[s].stdout.readline())["ids_per_step"]
-  print(f"one table {args.rows} x {args.dim}, batch {args.batch}, "
-        f"{ids:.0f} ids/step; {args.rounds} rounds x {args.burst} steps per "
-        f"setting, interleaved; threads: {embedding_step.thread_env(args, 1)} "
-        "with OMP/MKL/TF intra set to each setting's count")
+  print(
+    f"one table {args.rows} x {args.dim}, batch {args.batch}, "
+    f"{ids:.0f} ids/step; {args.rounds} rounds x {args.burst} steps per "
+    f"setting, interleaved; threads: {embedding_step.thread_env(args, 1)} "
+    "with OMP/MKL/TF intra set to each setting's count"
+  )
   times = {s: {"wall": [], "cpu": []} for s in settings}
   for _ in range(args.rounds):
     for s in settings:
@@ -120,8 +155,10 @@ def main(argv=None) -> None:
     wall = statistics.median(times[s]["wall"])
     cpu = statistics.median(times[s]["cpu"])
     base = base or wall
-    print(f"| {s} | {wall * 1e3:.1f} | {ids / wall / 1e6:.2f} | "
-          f"{cpu * 1e3:.1f} | {base / wall:.2f}x |")
+    print(
+      f"| {s} | {wall * 1e3:.1f} | {ids / wall / 1e6:.2f} | "
+      f"{cpu * 1e3:.1f} | {base / wall:.2f}x |"
+    )
 
 
 if __name__ == "__main__":

@@ -31,29 +31,49 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _args(steps: int, batch: int) -> list:
-  return ["--gin_file", "experiments/synthetic_dlrm.gin",
-          "--gin_file", "experiments/hardware/local_cluster.gin",
-          "--gin_bindings", "SyntheticCTR.vocab_sizes = (50, 200, 1000, 30, 500)",
-          "--gin_bindings", "SyntheticCTR.multi_hot_sizes = (1, 1, 1, 3, 1)",
-          "--gin_bindings", "SyntheticCTR.num_dense = 5",
-          "--gin_bindings", f"train.train_steps = {steps}",
-          "--gin_bindings", f"train.steps_per_loop = {max(1, steps // 3)}",
-          "--gin_bindings", f"train.global_batch_size = {batch}",
-          "--gin_bindings", "train.checkpoint_every = 0",
-          "--gin_bindings", "train.summaries = False",
-          "--no_progress"]
+  return [
+    "--gin_file",
+    "experiments/synthetic_dlrm.gin",
+    "--gin_file",
+    "experiments/hardware/local_cluster.gin",
+    "--gin_bindings",
+    "SyntheticCTR.vocab_sizes = (50, 200, 1000, 30, 500)",
+    "--gin_bindings",
+    "SyntheticCTR.multi_hot_sizes = (1, 1, 1, 3, 1)",
+    "--gin_bindings",
+    "SyntheticCTR.num_dense = 5",
+    "--gin_bindings",
+    f"train.train_steps = {steps}",
+    "--gin_bindings",
+    f"train.steps_per_loop = {max(1, steps // 3)}",
+    "--gin_bindings",
+    f"train.global_batch_size = {batch}",
+    "--gin_bindings",
+    "train.checkpoint_every = 0",
+    "--gin_bindings",
+    "train.summaries = False",
+    "--no_progress",
+  ]
 
 
 def _run(cmd: list, model_dir: str) -> dict:
   env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   start = time.time()
-  proc = subprocess.run(cmd + ["--model_dir", model_dir], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=1800,
-                        check=False)
+  proc = subprocess.run(
+    cmd + ["--model_dir", model_dir],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=1800,
+    check=False,
+  )
   if proc.returncode:
-    sys.exit(f"{' '.join(cmd[:6])} ... failed:\n{proc.stdout[-3000:]}"
-             f"{proc.stderr[-3000:]}")
+    sys.exit(
+      f"{' '.join(cmd[:6])} ... failed:\n{proc.stdout[-3000:]}"
+      f"{proc.stderr[-3000:]}"
+    )
   with open(os.path.join(model_dir, "metrics.json"), encoding="utf-8") as f:
     metrics = json.load(f)
   metrics["wall_seconds"] = time.time() - start
@@ -70,17 +90,32 @@ def main() -> None:
   runs = {}
   with tempfile.TemporaryDirectory() as tmp:
     runs["1 process (tensorcore)"] = _run(
-        [sys.executable, "-m", "recsys", "train", *_args(args.steps, args.batch)],
-        os.path.join(tmp, "one"))
+      [sys.executable, "-m", "recsys", "train", *_args(args.steps, args.batch)],
+      os.path.join(tmp, "one"),
+    )
     runs[f"chief + {args.workers} workers + {args.ps} ps (sharded)"] = _run(
-        [sys.executable, "-m", "recsys", "launch", f"--workers={args.workers}",
-         f"--ps={args.ps}", "--", "train", *_args(args.steps, args.batch)],
-        os.path.join(tmp, "cluster"))
-  print(f"{os.cpu_count()} CPU cores; {args.steps} steps of {args.batch} examples")
+      [
+        sys.executable,
+        "-m",
+        "recsys",
+        "launch",
+        f"--workers={args.workers}",
+        f"--ps={args.ps}",
+        "--",
+        "train",
+        *_args(args.steps, args.batch),
+      ],
+      os.path.join(tmp, "cluster"),
+    )
+  print(
+    f"{os.cpu_count()} CPU cores; {args.steps} steps of {args.batch} examples"
+  )
   print(f"{'run':40s} {'examples/s':>11s} {'eval AUC':>9s} {'wall s':>7s}")
   for name, m in runs.items():
-    print(f"{name:40s} {m['examples_per_second']:11,.0f} {m['eval/auc']:9.4f} "
-          f"{m['wall_seconds']:7.1f}")
+    print(
+      f"{name:40s} {m['examples_per_second']:11,.0f} {m['eval/auc']:9.4f} "
+      f"{m['wall_seconds']:7.1f}"
+    )
 
 
 if __name__ == "__main__":

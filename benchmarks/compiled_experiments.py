@@ -23,9 +23,15 @@ import time
 
 import numpy as np
 
-EXPERIMENTS = ("synthetic_dlrm", "synthetic_dcn", "synthetic_two_tower",
-               "movielens_ranking", "movielens_retrieval", "criteo_dlrm",
-               "criteo_dcn")
+EXPERIMENTS = (
+  "synthetic_dlrm",
+  "synthetic_dcn",
+  "synthetic_two_tower",
+  "movielens_ranking",
+  "movielens_retrieval",
+  "criteo_dlrm",
+  "criteo_dcn",
+)
 
 
 def write_criteo(folder: str, lines: int, seed: int = 0) -> str:
@@ -39,13 +45,24 @@ def write_criteo(folder: str, lines: int, seed: int = 0) -> str:
         cats = rng.integers(0, 50, 26)
         logit = 0.05 * (dense[0] - 50) + (cats[0] % 5 - 2) * 0.8
         label = int(rng.uniform() < 1 / (1 + np.exp(-logit)))
-        f.write("\t".join([str(label)] + [str(d) for d in dense] +
-                          [f"{c * 2654435761 % (1 << 32):08x}" for c in cats]) + "\n")
+        f.write(
+          "\t".join(
+            [str(label)]
+            + [str(d) for d in dense]
+            + [f"{c * 2654435761 % (1 << 32):08x}" for c in cats]
+          )
+          + "\n"
+        )
   return folder
 
 
-def write_movielens(folder: str, users: int = 300, items: int = 200,
-                    ratings: int = 12000, seed: int = 0) -> str:
+def write_movielens(
+  folder: str,
+  users: int = 300,
+  items: int = 200,
+  ratings: int = 12000,
+  seed: int = 0,
+) -> str:
   """A small ml-100k-layout folder (u.data, u.user, u.item) with a planted MF."""
   rng = np.random.default_rng(seed)
   os.makedirs(folder, exist_ok=True)
@@ -56,7 +73,11 @@ def write_movielens(folder: str, users: int = 300, items: int = 200,
   with open(os.path.join(folder, "u.item"), "wb") as f:
     for i in range(1, items + 1):
       genres = "|".join(str(int(rng.uniform() < 0.2)) for _ in range(19))
-      f.write(f"{i}|Movie {i} (1995)|01-Jan-1995||http://x|{genres}\n".encode("latin-1"))
+      f.write(
+        f"{i}|Movie {i} (1995)|01-Jan-1995||http://x|{genres}\n".encode(
+          "latin-1"
+        )
+      )
   with open(os.path.join(folder, "u.data"), "w") as f:
     for k in range(ratings):
       u, i = rng.integers(0, users), rng.integers(0, items)
@@ -66,17 +87,28 @@ def write_movielens(folder: str, users: int = 300, items: int = 200,
 
 
 def bindings(name: str, data: dict, steps: int, batch: int) -> list:
-  out = [f"train.train_steps = {steps}", f"train.global_batch_size = {batch}",
-         f"train.steps_per_loop = {max(1, steps // 4)}", "train.eval_steps = 8",
-         "train.eval_every = 0", "train.checkpoint_every = 0",
-         "train.progress_bar = False", "train.summaries = False"]
+  out = [
+    f"train.train_steps = {steps}",
+    f"train.global_batch_size = {batch}",
+    f"train.steps_per_loop = {max(1, steps // 4)}",
+    "train.eval_steps = 8",
+    "train.eval_every = 0",
+    "train.checkpoint_every = 0",
+    "train.progress_bar = False",
+    "train.summaries = False",
+  ]
   if name.startswith("criteo"):
-    out += [f"CRITEO_DIR = '{data['criteo']}'", "CriteoTSV.max_vocab_size = 1000",
-            "EmbeddingSettings.dim = 16", "DLRM.bottom_mlp = (64, 16)",
-            "DLRM.top_mlp = (64, 32)", "WarmupPolyDecay.base_learning_rate = 0.1",
-            "WarmupPolyDecay.warmup_steps = 10",
-            f"WarmupPolyDecay.decay_start_step = {steps}",
-            "WarmupPolyDecay.decay_steps = 10"]
+    out += [
+      f"CRITEO_DIR = '{data['criteo']}'",
+      "CriteoTSV.max_vocab_size = 1000",
+      "EmbeddingSettings.dim = 16",
+      "DLRM.bottom_mlp = (64, 16)",
+      "DLRM.top_mlp = (64, 32)",
+      "WarmupPolyDecay.base_learning_rate = 0.1",
+      "WarmupPolyDecay.warmup_steps = 10",
+      f"WarmupPolyDecay.decay_start_step = {steps}",
+      "WarmupPolyDecay.decay_steps = 10",
+    ]
   if name.startswith("movielens"):
     out.append(f"MOVIELENS_DIR = '{data['movielens']}'")
   if name.startswith("synthetic") and "two_tower" not in name:
@@ -86,7 +118,8 @@ def bindings(name: str, data: dict, steps: int, batch: int) -> list:
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(
-      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument("--experiments", default=",".join(EXPERIMENTS))
   parser.add_argument("--replicas", default="1,2")
   parser.add_argument("--steps", type=int, default=200)
@@ -95,20 +128,26 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
 
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   import gin  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   from recsys import config  # pylint: disable=g-import-not-at-top
   from recsys.training import train  # pylint: disable=g-import-not-at-top
 
   cpu = tf.config.list_physical_devices("CPU")[0]
   tf.config.set_logical_device_configuration(
-      cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-  strategies = {1: tf.distribute.get_strategy(),
-                2: tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])}
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+  )
+  strategies = {
+    1: tf.distribute.get_strategy(),
+    2: tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]),
+  }
   work = tempfile.mkdtemp(prefix="compiled_experiments_")
-  data = {"criteo": write_criteo(os.path.join(work, "criteo"), 20000),
-          "movielens": write_movielens(os.path.join(work, "movielens"))}
+  data = {
+    "criteo": write_criteo(os.path.join(work, "criteo"), 20000),
+    "movielens": write_movielens(os.path.join(work, "movielens")),
+  }
   rows = []
   for name in args.experiments.split(","):
     path = os.path.join(config.EXPERIMENTS_DIR, f"{name}.gin")
@@ -117,13 +156,21 @@ def main(argv=None) -> None:
         gin.clear_config()
         config.parse([path], bindings(name, data, args.steps, args.batch))
         start = time.time()
-        metrics = train(model_dir=os.path.join(work, f"{name}_{replicas}_{jit}"),
-                        strategy=strategies[replicas], jit_compile=jit)
-        row = {"experiment": name, "replicas": replicas, "jit_compile": jit,
-               "wall_s": round(time.time() - start, 1),
-               "examples_per_s": round(metrics.get("examples_per_second", 0)),
-               **{k: round(v, 4) for k, v in metrics.items()
-                  if k.startswith("eval/")}}
+        metrics = train(
+          model_dir=os.path.join(work, f"{name}_{replicas}_{jit}"),
+          strategy=strategies[replicas],
+          jit_compile=jit,
+        )
+        row = {
+          "experiment": name,
+          "replicas": replicas,
+          "jit_compile": jit,
+          "wall_s": round(time.time() - start, 1),
+          "examples_per_s": round(metrics.get("examples_per_second", 0)),
+          **{
+            k: round(v, 4) for k, v in metrics.items() if k.startswith("eval/")
+          },
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
   if args.json:

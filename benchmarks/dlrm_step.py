@@ -28,14 +28,16 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import recsys  # noqa: E402,F401  (Keras 2 before TensorFlow)
+import sys  # noqa: E402
+
 import tensorflow as tf  # noqa: E402
 
+import recsys  # noqa: E402,F401  (Keras 2 before TensorFlow)
+import recsys.training.train  # noqa: E402,F401
 from recsys import cli  # noqa: E402
 from recsys import config as config_lib  # noqa: E402
 from recsys.training import loop as loop_lib  # noqa: E402
-import recsys.training.train  # noqa: E402,F401
-import sys  # noqa: E402
+
 train_lib = sys.modules["recsys.training.train"]
 
 
@@ -51,28 +53,41 @@ def _time(fn, reps: int, per_call: int) -> tuple:
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument("--gin_file", default="experiments/synthetic_dlrm.gin")
   parser.add_argument("--loop", type=int, default=20, help="steps per call")
   parser.add_argument("--reps", type=int, default=8)
-  parser.add_argument("--intra_threads", type=int, default=0,
-                      help="0: as `recsys train` chooses (cli.thread_settings)")
+  parser.add_argument(
+    "--intra_threads",
+    type=int,
+    default=0,
+    help="0: as `recsys train` chooses (cli.thread_settings)",
+  )
   parser.add_argument("--inter_threads", type=int, default=0)
-  parser.add_argument("--profile", action="store_true",
-                      help="also print the op-time table of the whole step")
+  parser.add_argument(
+    "--profile",
+    action="store_true",
+    help="also print the op-time table of the whole step",
+  )
   args = parser.parse_args(argv)
   args.intra_threads, args.inter_threads, _ = cli.thread_settings(
-      args.intra_threads, args.inter_threads, cli.available_cores())
+    args.intra_threads, args.inter_threads, cli.available_cores()
+  )
   tf.config.threading.set_intra_op_parallelism_threads(args.intra_threads)
   tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
 
-  config_lib.parse([args.gin_file], ["train.progress_bar = False",
-                                     "train.summaries = False"])
+  config_lib.parse(
+    [args.gin_file], ["train.progress_bar = False", "train.summaries = False"]
+  )
   trainer = train_lib.train(model_dir=tempfile.mkdtemp(), action="build")
   steps = trainer.steps
-  dataset = trainer._distribute(trainer.source, trainer.global_batch_size,  # pylint: disable=protected-access
-                                training=True)
+  dataset = trainer._distribute(
+    trainer.source,
+    trainer.global_batch_size,  # pylint: disable=protected-access
+    training=True,
+  )
   batch = next(iter(dataset))
   backend, names = trainer.backend, list(trainer.backend.feature_config)
   strategy = trainer.strategy
@@ -94,15 +109,21 @@ def main(argv=None) -> None:
 
   model, optimizer = trainer.model, trainer.dense_optimizer
   cached = strategy.run(
-      lambda b: backend.lookup(*loop_lib.split_batch(b, names), training=False),
-      args=(batch,))
+    lambda b: backend.lookup(*loop_lib.split_batch(b, names), training=False),
+    args=(batch,),
+  )
 
   def dense_step(b, acts):
     features, labels = b
     with tf.GradientTape() as tape:
       tape.watch(acts)
-      loss = model.compute_loss(acts, features, labels, training=True,
-                                global_batch_size=trainer.global_batch_size)
+      loss = model.compute_loss(
+        acts,
+        features,
+        labels,
+        training=True,
+        global_batch_size=trainer.global_batch_size,
+      )
     grads, act_grads = tape.gradient(loss, (model.trainable_variables, acts))
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return act_grads
@@ -125,22 +146,30 @@ def main(argv=None) -> None:
     next(iterator)
   rows["input"] = [_time(lambda: next(iterator), args.reps * args.loop, 1)]
   gb = trainer.global_batch_size
-  print(f"{args.gin_file}: global batch {gb}, threads intra={args.intra_threads} "
-        f"inter={args.inter_threads}, backend {trainer.backend_name}, "
-        f"{args.reps} interleaved reps x {args.loop} steps")
+  print(
+    f"{args.gin_file}: global batch {gb}, threads intra={args.intra_threads} "
+    f"inter={args.inter_threads}, backend {trainer.backend_name}, "
+    f"{args.reps} interleaved reps x {args.loop} steps"
+  )
   print("| part      | ms/step | examples/s | x embedding | cpu ms/step |")
   print("|-----------|---------|------------|-------------|-------------|")
   emb_ms = statistics.median(wall for wall, _ in rows["embedding"])
   for part in ("step", "embedding", "dense", "input"):
     ms = statistics.median(wall for wall, _ in rows[part])
     cpu = statistics.median(c for _, c in rows[part])
-    print(f"| {part:9s} | {ms:7.2f} | {gb / ms * 1e3:10.0f} | {ms / emb_ms:11.2f} "
-          f"| {cpu:11.2f} |")
+    print(
+      f"| {part:9s} | {ms:7.2f} | {gb / ms * 1e3:10.0f} | {ms / emb_ms:11.2f} "
+      f"| {cpu:11.2f} |"
+    )
   if args.profile:
     import op_profile  # pylint: disable=g-import-not-at-top  (this folder)
+
     print("\nwhole step:")
-    op_profile.print_op_table(op_profile.profile_steps(
-        lambda: full(n), steps=2, steps_per_call=args.loop))
+    op_profile.print_op_table(
+      op_profile.profile_steps(
+        lambda: full(n), steps=2, steps_per_call=args.loop
+      )
+    )
 
 
 if __name__ == "__main__":

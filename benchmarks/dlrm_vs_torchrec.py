@@ -44,7 +44,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any
 
 import numpy as np
 
@@ -52,71 +52,118 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import embedding_step  # noqa: E402  (this folder: batches, thread settings)
 
 CONFIGS = {
-    "default": dict(vocab=(1000, 200, 5000, 10000, 100, 3000, 800, 2000),
-                    max_bag=(1, 1, 1, 1, 1, 1, 3, 5), dim=16, num_dense=13,
-                    bottom=(64, 16), top=(128, 64), batch=1024),
-    "heavy": dict(vocab=(200_000,) * 8, max_bag=(8,) * 8, dim=32,
-                  num_dense=13, bottom=(64, 32), top=(128, 64), batch=2048),
+  "default": dict(
+    vocab=(1000, 200, 5000, 10000, 100, 3000, 800, 2000),
+    max_bag=(1, 1, 1, 1, 1, 1, 3, 5),
+    dim=16,
+    num_dense=13,
+    bottom=(64, 16),
+    top=(128, 64),
+    batch=1024,
+  ),
+  "heavy": dict(
+    vocab=(200_000,) * 8,
+    max_bag=(8,) * 8,
+    dim=32,
+    num_dense=13,
+    bottom=(64, 32),
+    top=(128, 64),
+    batch=2048,
+  ),
 }
 SIDES = ("recsys", "torchrec")
 _NEEDS = {"torchrec": ("torch", "fbgemm_gpu", "torchrec")}
-_MEMORY: List[Dict[str, Any]] = []   # this child's phases (--memory)
+_MEMORY: list[dict[str, Any]] = []  # this child's phases (--memory)
 
 
 def mark(phase: str) -> None:
   """Records the process's current and peak RSS (MB) after `phase`."""
   with open("/proc/self/statm", encoding="ascii") as f:
     resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-  _MEMORY.append({"phase": phase, "rss_mb": resident,
-                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+  _MEMORY.append(
+    {
+      "phase": phase,
+      "rss_mb": resident,
+      "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+  )
+
+
 DENSE_LR, TABLE_LR, INITIAL_ACCUMULATOR = 0.003, 0.05, 0.1
 
 
-def make_data(cfg: Dict[str, Any], num_batches: int, seed: int) -> List[Dict]:
+def make_data(cfg: dict[str, Any], num_batches: int, seed: int) -> list[dict]:
   """Batches: {"ids": {f: (ids [N], lengths [B])}, "dense": [B, 13], "labels": [B]}."""
   per_feature = [
-      embedding_step.make_batches(num_batches, cfg["batch"], 1, rows, bag,
-                                  zipf=1.05, seed=seed + 101 * f)
-      for f, (rows, bag) in enumerate(zip(cfg["vocab"], cfg["max_bag"]))]
+    embedding_step.make_batches(
+      num_batches, cfg["batch"], 1, rows, bag, zipf=1.05, seed=seed + 101 * f
+    )
+    for f, (rows, bag) in enumerate(zip(cfg["vocab"], cfg["max_bag"]))
+  ]
   rng = np.random.default_rng(seed)
-  return [{"ids": {f"f{f}": per_feature[f][i]["f0"]
-                   for f in range(len(cfg["vocab"]))},
-           "dense": rng.normal(size=(cfg["batch"], cfg["num_dense"])).astype(np.float32),
-           "labels": rng.integers(0, 2, cfg["batch"]).astype(np.float32)}
-          for i in range(num_batches)]
+  return [
+    {
+      "ids": {
+        f"f{f}": per_feature[f][i]["f0"] for f in range(len(cfg["vocab"]))
+      },
+      "dense": rng.normal(size=(cfg["batch"], cfg["num_dense"])).astype(
+        np.float32
+      ),
+      "labels": rng.integers(0, 2, cfg["batch"]).astype(np.float32),
+    }
+    for i in range(num_batches)
+  ]
 
 
 def _recsys(cfg, data, args):
   """(run(steps) -> None, sync) for the recsys side."""
-  import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   import backends  # pylint: disable=g-import-not-at-top
+  import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   from recsys.data.spec import FeatureSpec  # pylint: disable=g-import-not-at-top
   from recsys.models.dlrm import DLRM  # pylint: disable=g-import-not-at-top
+
   mark("import recsys + TF")
   tf.config.threading.set_intra_op_parallelism_threads(args.intra_threads)
   tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
   E = tf.tpu.experimental.embedding
   names = list(data[0]["ids"])
-  config = {n: E.FeatureConfig(E.TableConfig(v, cfg["dim"], combiner="sum", name=n))
-            for n, v in zip(names, cfg["vocab"])}
+  config = {
+    n: E.FeatureConfig(E.TableConfig(v, cfg["dim"], combiner="sum", name=n))
+    for n, v in zip(names, cfg["vocab"])
+  }
   emb = backends.create(
-      config, E.Adagrad(TABLE_LR, initial_accumulator_value=INITIAL_ACCUMULATOR),
-      backend="tensorcore", bag_widths=max(cfg["max_bag"]))
+    config,
+    E.Adagrad(TABLE_LR, initial_accumulator_value=INITIAL_ACCUMULATOR),
+    backend="tensorcore",
+    bag_widths=max(cfg["max_bag"]),
+  )
   emb.build()
   mark("tables + slots built")
-  specs = [FeatureSpec(n, v, multi_hot=b > 1, max_ids=b)
-           for n, v, b in zip(names, cfg["vocab"], cfg["max_bag"])]
-  model = DLRM(specs, num_dense=cfg["num_dense"], bottom_mlp=cfg["bottom"],
-               top_mlp=cfg["top"], self_interaction=False)
+  specs = [
+    FeatureSpec(n, v, multi_hot=b > 1, max_ids=b)
+    for n, v, b in zip(names, cfg["vocab"], cfg["max_bag"])
+  ]
+  model = DLRM(
+    specs,
+    num_dense=cfg["num_dense"],
+    bottom_mlp=cfg["bottom"],
+    top_mlp=cfg["top"],
+    self_interaction=False,
+  )
   dense_opt = tf.keras.optimizers.Adam(DENSE_LR)
   lookup = tf.autograph.experimental.do_not_convert(emb.lookup)
   apply = tf.autograph.experimental.do_not_convert(emb.apply_gradients)
 
   # The distinct batches stacked (padded bags have static shapes), so one
   # tf.function call runs `--loop` steps over them like the trainer's loop.
-  prepared = [emb.preprocess({n: tf.RaggedTensor.from_row_lengths(*b["ids"][n])
-                              for n in names})[0] for b in data]
+  prepared = [
+    emb.preprocess(
+      {n: tf.RaggedTensor.from_row_lengths(*b["ids"][n]) for n in names}
+    )[0]
+    for b in data
+  ]
   stacked = tf.nest.map_structure(lambda *xs: tf.stack(xs), *prepared)
   dense = tf.constant(np.stack([b["dense"] for b in data]))
   labels = tf.constant(np.stack([b["labels"] for b in data]))
@@ -129,9 +176,14 @@ def _recsys(cfg, data, args):
     with tf.GradientTape() as tape:
       acts = lookup(ids, training=True)
       tape.watch(acts)
-      loss = model.compute_loss(acts, features, labels[i % count],
-                                training=True, global_batch_size=cfg["batch"],
-                                compute_metrics=False)
+      loss = model.compute_loss(
+        acts,
+        features,
+        labels[i % count],
+        training=True,
+        global_batch_size=cfg["batch"],
+        compute_metrics=False,
+      )
     grads, act_grads = tape.gradient(loss, (model.trainable_variables, acts))
     dense_opt.apply_gradients(zip(grads, model.trainable_variables))
     apply(act_grads)
@@ -154,6 +206,7 @@ def _recsys(cfg, data, args):
       k = min(args.loop, steps - done)
       loop(tf.constant(k)).numpy()
       done += k
+
   return run
 
 
@@ -162,22 +215,34 @@ def _torchrec(cfg, data, args):
   # pylint: disable=g-import-not-at-top
   import torch
   from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
-  from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
+  from torchrec.modules.fused_embedding_modules import (
+    FusedEmbeddingBagCollection,
+  )
   from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
   mark("import torch + torchrec")
   torch.set_num_threads(args.intra_threads)
   torch.manual_seed(args.seed)
   names = list(data[0]["ids"])
   dim = cfg["dim"]
   ebc = FusedEmbeddingBagCollection(
-      tables=[EmbeddingBagConfig(name=f"t_{n}", embedding_dim=dim,
-                                 num_embeddings=v, feature_names=[n],
-                                 pooling=PoolingType.SUM)
-              for n, v in zip(names, cfg["vocab"])],
-      optimizer_type=torch.optim.Adagrad,
-      optimizer_kwargs={"lr": TABLE_LR,
-                        "initial_accumulator_value": INITIAL_ACCUMULATOR},
-      device=torch.device("cpu"))
+    tables=[
+      EmbeddingBagConfig(
+        name=f"t_{n}",
+        embedding_dim=dim,
+        num_embeddings=v,
+        feature_names=[n],
+        pooling=PoolingType.SUM,
+      )
+      for n, v in zip(names, cfg["vocab"])
+    ],
+    optimizer_type=torch.optim.Adagrad,
+    optimizer_kwargs={
+      "lr": TABLE_LR,
+      "initial_accumulator_value": INITIAL_ACCUMULATOR,
+    },
+    device=torch.device("cpu"),
+  )
 
   def mlp(sizes, last_relu):
     layers = []
@@ -200,35 +265,38 @@ def _torchrec(cfg, data, args):
   inputs = []
   for b in data:
     kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=names,
-        values=torch.from_numpy(np.concatenate([b["ids"][n][0] for n in names])),
-        lengths=torch.from_numpy(np.concatenate([b["ids"][n][1] for n in names])))
-    inputs.append((kjt, torch.from_numpy(b["dense"]),
-                   torch.from_numpy(b["labels"])))
+      keys=names,
+      values=torch.from_numpy(np.concatenate([b["ids"][n][0] for n in names])),
+      lengths=torch.from_numpy(np.concatenate([b["ids"][n][1] for n in names])),
+    )
+    inputs.append(
+      (kjt, torch.from_numpy(b["dense"]), torch.from_numpy(b["labels"]))
+    )
   state = {"i": 0}
   mark("batches converted")
 
   def one_step():
     kjt, dense, labels = inputs[state["i"] % len(inputs)]
     state["i"] += 1
-    pooled = ebc(kjt).values().view(-1, len(names), dim)     # [B, F, D]
-    x = bottom(dense)                                        # [B, D]
-    vectors = torch.cat([x.unsqueeze(1), pooled], dim=1)     # [B, F+1, D]
+    pooled = ebc(kjt).values().view(-1, len(names), dim)  # [B, F, D]
+    x = bottom(dense)  # [B, D]
+    vectors = torch.cat([x.unsqueeze(1), pooled], dim=1)  # [B, F+1, D]
     dots = torch.bmm(vectors, vectors.transpose(1, 2))[:, rows, cols]
     logits = top(torch.cat([x, dots], dim=1)).squeeze(1)
     loss = bce(logits, labels)
     dense_opt.zero_grad()
-    loss.backward()        # the tables update inside (fused Adagrad)
+    loss.backward()  # the tables update inside (fused Adagrad)
     dense_opt.step()
     return float(loss.detach())
 
   def run(steps):
     for _ in range(steps):
       one_step()
+
   return run
 
 
-def run_child(side: str, args) -> Dict[str, float]:
+def run_child(side: str, args) -> dict[str, float]:
   """Times one side in this process."""
   mark("python + numpy")
   cfg = CONFIGS[args.config]
@@ -244,44 +312,68 @@ def run_child(side: str, args) -> Dict[str, float]:
     wall.append((time.perf_counter() - start) / args.steps)
     cpu.append((time.process_time() - start_cpu) / args.steps)
   step = statistics.median(wall)
-  return {"side": side, "step_ms": step * 1e3,
-          "examples_per_s": cfg["batch"] / step,
-          "cpu_ms_per_step": statistics.median(cpu) * 1e3,
-          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-          "memory": _MEMORY + [{"phase": "timed steps", **_rss_now()}]}
+  return {
+    "side": side,
+    "step_ms": step * 1e3,
+    "examples_per_s": cfg["batch"] / step,
+    "cpu_ms_per_step": statistics.median(cpu) * 1e3,
+    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "memory": _MEMORY + [{"phase": "timed steps", **_rss_now()}],
+  }
 
 
-def _rss_now() -> Dict[str, float]:
+def _rss_now() -> dict[str, float]:
   mark("now")
   last = _MEMORY.pop()
   return {"rss_mb": last["rss_mb"], "peak_mb": last["peak_mb"]}
 
 
-_CHILD_FLAGS = ("seed", "warmup", "steps", "reps", "loop", "distinct_batches",
-                "intra_threads", "inter_threads")
+_CHILD_FLAGS = (
+  "seed",
+  "warmup",
+  "steps",
+  "reps",
+  "loop",
+  "distinct_batches",
+  "intra_threads",
+  "inter_threads",
+)
 
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(
-      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--config", default="default",
-                      help=f"comma-separated, from {', '.join(CONFIGS)}")
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+  parser.add_argument(
+    "--config",
+    default="default",
+    help=f"comma-separated, from {', '.join(CONFIGS)}",
+  )
   parser.add_argument("--sides", default=",".join(SIDES))
-  parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
-  parser.add_argument("--steps", type=int, default=100, help="steps per timed rep")
+  parser.add_argument(
+    "--repeats", type=int, default=3, help="interleaved rounds"
+  )
+  parser.add_argument(
+    "--steps", type=int, default=100, help="steps per timed rep"
+  )
   parser.add_argument("--reps", type=int, default=3, help="timed reps per run")
   parser.add_argument("--warmup", type=int, default=20)
-  parser.add_argument("--loop", type=int, default=100,
-                      help="recsys steps per tf.function call (the trainer's "
-                           "steps_per_loop)")
+  parser.add_argument(
+    "--loop",
+    type=int,
+    default=100,
+    help="recsys steps per tf.function call (the trainer's steps_per_loop)",
+  )
   parser.add_argument("--distinct_batches", type=int, default=8)
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--intra_threads", type=int, default=2)
   parser.add_argument("--inter_threads", type=int, default=2)
   parser.add_argument("--json", help="also write the results here")
-  parser.add_argument("--memory", action="store_true",
-                      help="also print each side's RSS after each phase "
-                           "(first round)")
+  parser.add_argument(
+    "--memory",
+    action="store_true",
+    help="also print each side's RSS after each phase (first round)",
+  )
   parser.add_argument("--_child", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args._child:  # pylint: disable=protected-access
@@ -292,51 +384,86 @@ def main(argv=None) -> None:
   for side in args.sides.split(","):
     if side not in SIDES:
       parser.error(f"unknown side {side!r}; choose from {', '.join(SIDES)}")
-    missing = [m for m in _NEEDS.get(side, ()) if importlib.util.find_spec(m) is None]
+    missing = [
+      m for m in _NEEDS.get(side, ()) if importlib.util.find_spec(m) is None
+    ]
     if missing:
-      print(f"skipping {side}: package(s) {', '.join(missing)} not installed "
-            "(make bench, or pip install -e '.[bench]' then "
-            "pip install --no-deps torchrec==1.8.0)")
+      print(
+        f"skipping {side}: package(s) {', '.join(missing)} not installed "
+        "(make bench, or pip install -e '.[bench]' then "
+        "pip install --no-deps torchrec==1.8.0)"
+      )
     else:
       sides.append(side)
   env = dict(os.environ, **embedding_step.thread_env(args, args.intra_threads))
-  print("settings: " + json.dumps({"threads": env_subset(env), "steps": args.steps,
-                                   "reps": args.reps, "repeats": args.repeats,
-                                   "loop": args.loop}))
+  print(
+    "settings: "
+    + json.dumps(
+      {
+        "threads": env_subset(env),
+        "steps": args.steps,
+        "reps": args.reps,
+        "repeats": args.repeats,
+        "loop": args.loop,
+      }
+    )
+  )
   results, memories = [], []
   for config in args.config.split(","):
     if config not in CONFIGS:
-      parser.error(f"unknown config {config!r}; choose from {', '.join(CONFIGS)}")
-    runs: Dict[str, List[Dict[str, float]]] = {s: [] for s in sides}
+      parser.error(
+        f"unknown config {config!r}; choose from {', '.join(CONFIGS)}"
+      )
+    runs: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
     for _ in range(args.repeats):
       for side in sides:
-        cmd = [sys.executable, os.path.abspath(__file__), "--_child", side,
-               f"--config={config}"] + [f"--{k}={getattr(args, k)}" for k in _CHILD_FLAGS]
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        cmd = [
+          sys.executable,
+          os.path.abspath(__file__),
+          "--_child",
+          side,
+          f"--config={config}",
+        ] + [f"--{k}={getattr(args, k)}" for k in _CHILD_FLAGS]
+        out = subprocess.run(
+          cmd, capture_output=True, text=True, env=env, check=False
+        )
         if out.returncode != 0:
-          print(f"{side} ({config}) failed:\n{out.stderr[-2000:]}", file=sys.stderr)
+          print(
+            f"{side} ({config}) failed:\n{out.stderr[-2000:]}", file=sys.stderr
+          )
           continue
         runs[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
         if len(runs[side]) == 1:
           memories.append((config, side, runs[side][0]["memory"]))
-        print(f"  round: {config} {side:9s} "
-              f"{runs[side][-1]['examples_per_s']:.0f} examples/s", file=sys.stderr)
+        print(
+          f"  round: {config} {side:9s} "
+          f"{runs[side][-1]['examples_per_s']:.0f} examples/s",
+          file=sys.stderr,
+        )
     base = None
     for side in sides:
       if not runs[side]:
         continue
-      row: Dict[str, Any] = {k: statistics.median(r[k] for r in runs[side])
-             for k in ("step_ms", "examples_per_s", "cpu_ms_per_step", "peak_rss_mb")}
+      row: dict[str, Any] = {
+        k: statistics.median(r[k] for r in runs[side])
+        for k in ("step_ms", "examples_per_s", "cpu_ms_per_step", "peak_rss_mb")
+      }
       row.update(config=config, side=side, runs=len(runs[side]))
       base = base or row["examples_per_s"]
       row["recsys_is"] = base / row["examples_per_s"]
       results.append(row)
-  print("| config  | side     | step ms | examples/s | CPU ms/step | recsys is | peak RSS MB |")
-  print("|---------|----------|---------|------------|-------------|-----------|-------------|")
+  print(
+    "| config  | side     | step ms | examples/s | CPU ms/step | recsys is | peak RSS MB |"
+  )
+  print(
+    "|---------|----------|---------|------------|-------------|-----------|-------------|"
+  )
   for r in results:
-    print(f"| {r['config']:7s} | {r['side']:8s} | {r['step_ms']:7.2f} | "
-          f"{r['examples_per_s']:10.0f} | {r['cpu_ms_per_step']:11.2f} | "
-          f"{r['recsys_is']:8.2f}x | {r['peak_rss_mb']:11.0f} |")
+    print(
+      f"| {r['config']:7s} | {r['side']:8s} | {r['step_ms']:7.2f} | "
+      f"{r['examples_per_s']:10.0f} | {r['cpu_ms_per_step']:11.2f} | "
+      f"{r['recsys_is']:8.2f}x | {r['peak_rss_mb']:11.0f} |"
+    )
   if args.memory:
     for config, side, memory in memories:
       print(f"\n{config} / {side}: RSS after each phase (MB)")
@@ -348,7 +475,7 @@ def main(argv=None) -> None:
       json.dump(results, f, indent=1)
 
 
-def env_subset(env: Dict[str, str]) -> Dict[str, str]:
+def env_subset(env: dict[str, str]) -> dict[str, str]:
   """The thread variables of `env` (for the printed settings)."""
   return {k: v for k, v in env.items() if "THREAD" in k or "OMP" in k}
 

@@ -57,27 +57,55 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-IMPLS = ("recsys", "recsys_ragged", "recsys_tf_ops", "recsys_xla", "tfrs",
-         "keras_embedding", "tf_fused", "torch_bag", "fbgemm", "torchrec")
-DEFAULT_IMPLS = ("recsys", "tfrs", "keras_embedding", "tf_fused", "torch_bag",
-                 "fbgemm", "torchrec")
-_NEEDS = {"torch_bag": ("torch",), "fbgemm": ("torch", "fbgemm_gpu"),
-          "torchrec": ("torch", "fbgemm_gpu", "torchrec"),
-          "tfrs": ("tensorflow_recommenders",)}
+IMPLS = (
+  "recsys",
+  "recsys_ragged",
+  "recsys_tf_ops",
+  "recsys_xla",
+  "tfrs",
+  "keras_embedding",
+  "tf_fused",
+  "torch_bag",
+  "fbgemm",
+  "torchrec",
+)
+DEFAULT_IMPLS = (
+  "recsys",
+  "tfrs",
+  "keras_embedding",
+  "tf_fused",
+  "torch_bag",
+  "fbgemm",
+  "torchrec",
+)
+_NEEDS = {
+  "torch_bag": ("torch",),
+  "fbgemm": ("torch", "fbgemm_gpu"),
+  "torchrec": ("torch", "fbgemm_gpu", "torchrec"),
+  "tfrs": ("tensorflow_recommenders",),
+}
 
-Batch = Dict[str, Tuple[np.ndarray, np.ndarray]]
+Batch = dict[str, tuple[np.ndarray, np.ndarray]]
 
 
-def make_batches(num_batches: int, batch: int, features: int, rows: int,
-                 max_bag: int, zipf: float, seed: int) -> List[Batch]:
+def make_batches(
+  num_batches: int,
+  batch: int,
+  features: int,
+  rows: int,
+  max_bag: int,
+  zipf: float,
+  seed: int,
+) -> list[Batch]:
   """Pre-generated batches: per feature (ids int64 [N], lengths int64 [B])."""
   rng = np.random.default_rng(seed)
   ranks = np.arange(1, rows + 1, dtype=np.float64)
-  cdf = np.cumsum(ranks ** -zipf)
+  cdf = np.cumsum(ranks**-zipf)
   cdf /= cdf[-1]
   permutation = rng.permutation(rows)  # hot ids spread over the table
   batches = []
@@ -85,26 +113,30 @@ def make_batches(num_batches: int, batch: int, features: int, rows: int,
     feats = {}
     for f in range(features):
       lengths = rng.integers(1, max_bag + 1, size=batch)
-      ids = permutation[np.minimum(np.searchsorted(cdf, rng.random(lengths.sum())),
-                                   rows - 1)]
+      ids = permutation[
+        np.minimum(np.searchsorted(cdf, rng.random(lengths.sum())), rows - 1)
+      ]
       feats[f"f{f}"] = (ids.astype(np.int64), lengths.astype(np.int64))
     batches.append(feats)
   return batches
 
 
-def make_labels(num_batches: int, batch: int, seed: int) -> List[np.ndarray]:
+def make_labels(num_batches: int, batch: int, seed: int) -> list[np.ndarray]:
   rng = np.random.default_rng(seed + 1)
-  return [rng.integers(0, 2, (batch, 1)).astype(np.float32)
-          for _ in range(num_batches)]
+  return [
+    rng.integers(0, 2, (batch, 1)).astype(np.float32)
+    for _ in range(num_batches)
+  ]
 
 
 # -- TensorFlow implementations ------------------------------------------------
 
 
-def _tf_step(impl: str, args) -> Tuple[Callable, Callable]:
+def _tf_step(impl: str, args) -> tuple[Callable, Callable]:
   """(step(inputs, labels) -> loss, prepare(batch, labels) -> inputs, labels)."""
-  import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
 
   E = tf.tpu.experimental.embedding
   names = [f"f{i}" for i in range(args.features)]
@@ -114,20 +146,30 @@ def _tf_step(impl: str, args) -> Tuple[Callable, Callable]:
   bce = tf.keras.losses.BinaryCrossentropy(from_logits=True)
 
   def ragged(batch):
-    return {k: tf.RaggedTensor.from_row_lengths(v, l) for k, (v, l) in batch.items()}
+    return {
+      k: tf.RaggedTensor.from_row_lengths(v, l) for k, (v, l) in batch.items()
+    }
 
   def sparse(batch):
     return {k: r.to_sparse() for k, r in ragged(batch).items()}
 
   if impl in ("recsys", "recsys_ragged", "recsys_tf_ops", "recsys_xla"):
     import backends  # pylint: disable=g-import-not-at-top
-    tables = {n: E.TableConfig(args.rows, args.dim, combiner="sum", name=n)
-              for n in names}
+
+    tables = {
+      n: E.TableConfig(args.rows, args.dim, combiner="sum", name=n)
+      for n in names
+    }
     config = {n: E.FeatureConfig(tables[n]) for n in names}
-    emb = backends.create(config, E.Adagrad(args.lr), backend="tensorcore",
-                          bag_widths=None if impl == "recsys_ragged"
-                          else args.bag_width or args.max_bag,
-                          fused_kernels=impl != "recsys_tf_ops")
+    emb = backends.create(
+      config,
+      E.Adagrad(args.lr),
+      backend="tensorcore",
+      bag_widths=None
+      if impl == "recsys_ragged"
+      else args.bag_width or args.max_bag,
+      fused_kernels=impl != "recsys_tf_ops",
+    )
     emb.build()
     lookup = tf.autograph.experimental.do_not_convert(emb.lookup)
     apply = tf.autograph.experimental.do_not_convert(emb.apply_gradients)
@@ -139,7 +181,9 @@ def _tf_step(impl: str, args) -> Tuple[Callable, Callable]:
         tape.watch(acts)
         logits = head(tf.concat([acts[n] for n in names], axis=1))
         loss = bce(labels, logits)
-      dense_grads, act_grads = tape.gradient(loss, (head.trainable_variables, acts))
+      dense_grads, act_grads = tape.gradient(
+        loss, (head.trainable_variables, acts)
+      )
       head_opt.apply_gradients(zip(dense_grads, head.trainable_variables))
       apply(act_grads)
       return loss
@@ -152,12 +196,22 @@ def _tf_step(impl: str, args) -> Tuple[Callable, Callable]:
 
   if impl == "tfrs":
     import tensorflow_recommenders as tfrs  # pylint: disable=g-import-not-at-top
-    config = {n: E.FeatureConfig(E.TableConfig(args.rows, args.dim, combiner="sum",
-                                               name=n)) for n in names}
+
+    config = {
+      n: E.FeatureConfig(
+        E.TableConfig(args.rows, args.dim, combiner="sum", name=n)
+      )
+      for n in names
+    }
     opt = tf.keras.optimizers.legacy.Adagrad(args.lr)
     layer = tfrs.layers.embedding.TPUEmbedding(config, opt)
-    layer(sparse(make_batches(1, 4, args.features, args.rows, args.max_bag,
-                              args.zipf, 1)[0]))
+    layer(
+      sparse(
+        make_batches(
+          1, 4, args.features, args.rows, args.max_bag, args.zipf, 1
+        )[0]
+      )
+    )
     tvars = layer.trainable_variables
 
     @tf.function
@@ -166,9 +220,12 @@ def _tf_step(impl: str, args) -> Tuple[Callable, Callable]:
         acts = layer(features)
         loss = bce(labels, head(tf.concat([acts[n] for n in names], axis=1)))
       grads = tape.gradient(loss, tvars + head.trainable_variables)
-      opt.apply_gradients(zip(grads[:len(tvars)], tvars))
-      head_opt.apply_gradients(zip(grads[len(tvars):], head.trainable_variables))
+      opt.apply_gradients(zip(grads[: len(tvars)], tvars))
+      head_opt.apply_gradients(
+        zip(grads[len(tvars) :], head.trainable_variables)
+      )
       return loss
+
     return step, sparse
 
   if impl == "keras_embedding":
@@ -184,29 +241,46 @@ def _tf_step(impl: str, args) -> Tuple[Callable, Callable]:
         acts = [tf.reduce_sum(layers[n](features[n]), axis=1) for n in names]
         loss = bce(labels, head(tf.concat(acts, axis=1)))
       grads = tape.gradient(loss, variables + head.trainable_variables)
-      opt.apply_gradients(zip(grads[:len(variables)], variables))
-      head_opt.apply_gradients(zip(grads[len(variables):], head.trainable_variables))
+      opt.apply_gradients(zip(grads[: len(variables)], variables))
+      head_opt.apply_gradients(
+        zip(grads[len(variables) :], head.trainable_variables)
+      )
       return loss
+
     return step, ragged
 
   if impl == "tf_fused":
-    init = tf.keras.initializers.TruncatedNormal(stddev=args.dim ** -0.5)
+    init = tf.keras.initializers.TruncatedNormal(stddev=args.dim**-0.5)
     tables = {n: tf.Variable(init([args.rows, args.dim])) for n in names}
     accs = {n: tf.Variable(tf.fill([args.rows, args.dim], 0.1)) for n in names}
 
     @tf.function
     def step(features, labels):
       with tf.GradientTape() as tape:
-        acts = [tf.nn.safe_embedding_lookup_sparse(tables[n], features[n],
-                                                   combiner="sum") for n in names]
+        acts = [
+          tf.nn.safe_embedding_lookup_sparse(
+            tables[n], features[n], combiner="sum"
+          )
+          for n in names
+        ]
         loss = bce(labels, head(tf.concat(acts, axis=1)))
-      grads = tape.gradient(loss, [tables[n] for n in names] + head.trainable_variables)
-      for n, g in zip(names, grads[:len(names)]):
+      grads = tape.gradient(
+        loss, [tables[n] for n in names] + head.trainable_variables
+      )
+      for n, g in zip(names, grads[: len(names)]):
         tf.raw_ops.ResourceSparseApplyAdagradV2(
-            var=tables[n].handle, accum=accs[n].handle, lr=args.lr, epsilon=0.0,
-            grad=g.values, indices=g.indices)
-      head_opt.apply_gradients(zip(grads[len(names):], head.trainable_variables))
+          var=tables[n].handle,
+          accum=accs[n].handle,
+          lr=args.lr,
+          epsilon=0.0,
+          grad=g.values,
+          indices=g.indices,
+        )
+      head_opt.apply_gradients(
+        zip(grads[len(names) :], head.trainable_variables)
+      )
       return loss
+
     return step, sparse
 
   raise ValueError(f"unknown implementation {impl!r}; choose from {IMPLS}")
@@ -215,8 +289,9 @@ def _tf_step(impl: str, args) -> Tuple[Callable, Callable]:
 # -- PyTorch implementations ---------------------------------------------------
 
 
-def _torch_step(impl: str, args) -> Tuple[Callable, Callable]:
+def _torch_step(impl: str, args) -> tuple[Callable, Callable]:
   import torch  # pylint: disable=g-import-not-at-top
+
   torch.set_num_threads(args.intra_threads)
   torch.manual_seed(args.seed)
   names = [f"f{i}" for i in range(args.features)]
@@ -233,8 +308,9 @@ def _torch_step(impl: str, args) -> Tuple[Callable, Callable]:
 
   if impl == "torch_bag":
     bags = torch.nn.ModuleList(
-        torch.nn.EmbeddingBag(args.rows, args.dim, mode="sum", sparse=True)
-        for _ in names)
+      torch.nn.EmbeddingBag(args.rows, args.dim, mode="sum", sparse=True)
+      for _ in names
+    )
     opt = torch.optim.Adagrad(bags.parameters(), lr=args.lr)
 
     def prepare(batch):
@@ -247,24 +323,36 @@ def _torch_step(impl: str, args) -> Tuple[Callable, Callable]:
 
     def step(inputs, labels):
       opt.zero_grad()
-      pooled = torch.cat([bag(i, o) for bag, (i, o) in zip(bags, inputs)], dim=1)
+      pooled = torch.cat(
+        [bag(i, o) for bag, (i, o) in zip(bags, inputs)], dim=1
+      )
       loss = finish(pooled, labels)
       opt.step()
       return loss
+
     return step, prepare
 
   if impl == "fbgemm":
     # pylint: disable=g-import-not-at-top
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
-        EmbeddingLocation, PoolingMode)
+      EmbeddingLocation,
+      PoolingMode,
+    )
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-        ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen)
+      ComputeDevice,
+      SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
     emb = SplitTableBatchedEmbeddingBagsCodegen(
-        embedding_specs=[(args.rows, args.dim, EmbeddingLocation.HOST,
-                          ComputeDevice.CPU) for _ in names],
-        optimizer=EmbOptimType.EXACT_ADAGRAD, learning_rate=args.lr,
-        pooling_mode=PoolingMode.SUM)
+      embedding_specs=[
+        (args.rows, args.dim, EmbeddingLocation.HOST, ComputeDevice.CPU)
+        for _ in names
+      ],
+      optimizer=EmbOptimType.EXACT_ADAGRAD,
+      learning_rate=args.lr,
+      pooling_mode=PoolingMode.SUM,
+    )
 
     def prepare(batch):
       ids = np.concatenate([batch[n][0] for n in names])
@@ -274,28 +362,46 @@ def _torch_step(impl: str, args) -> Tuple[Callable, Callable]:
 
     def step(inputs, labels):
       return finish(emb(inputs[0], inputs[1]), labels)
+
     return step, prepare
 
   if impl == "torchrec":
     # pylint: disable=g-import-not-at-top
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
-    from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
+    from torchrec.modules.embedding_configs import (
+      EmbeddingBagConfig,
+      PoolingType,
+    )
+    from torchrec.modules.fused_embedding_modules import (
+      FusedEmbeddingBagCollection,
+    )
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
     ebc = FusedEmbeddingBagCollection(
-        tables=[EmbeddingBagConfig(name=f"t_{n}", embedding_dim=args.dim,
-                                   num_embeddings=args.rows, feature_names=[n],
-                                   pooling=PoolingType.SUM) for n in names],
-        optimizer_type=torch.optim.Adagrad, optimizer_kwargs={"lr": args.lr},
-        device=torch.device("cpu"))
+      tables=[
+        EmbeddingBagConfig(
+          name=f"t_{n}",
+          embedding_dim=args.dim,
+          num_embeddings=args.rows,
+          feature_names=[n],
+          pooling=PoolingType.SUM,
+        )
+        for n in names
+      ],
+      optimizer_type=torch.optim.Adagrad,
+      optimizer_kwargs={"lr": args.lr},
+      device=torch.device("cpu"),
+    )
 
     def prepare(batch):
       return KeyedJaggedTensor.from_lengths_sync(
-          keys=names,
-          values=torch.from_numpy(np.concatenate([batch[n][0] for n in names])),
-          lengths=torch.from_numpy(np.concatenate([batch[n][1] for n in names])))
+        keys=names,
+        values=torch.from_numpy(np.concatenate([batch[n][0] for n in names])),
+        lengths=torch.from_numpy(np.concatenate([batch[n][1] for n in names])),
+      )
 
     def step(inputs, labels):
       return finish(ebc(inputs).values(), labels)
+
     return step, prepare
 
   raise ValueError(f"unknown implementation {impl!r}; choose from {IMPLS}")
@@ -304,20 +410,30 @@ def _torch_step(impl: str, args) -> Tuple[Callable, Callable]:
 # -- one run (child process) ---------------------------------------------------
 
 
-def run_one(impl: str, args) -> Dict[str, Any]:
+def run_one(impl: str, args) -> dict[str, Any]:
   """Times one implementation in this process; returns its figures."""
-  batches = make_batches(args.distinct_batches, args.batch, args.features,
-                         args.rows, args.max_bag, args.zipf, args.seed)
+  batches = make_batches(
+    args.distinct_batches,
+    args.batch,
+    args.features,
+    args.rows,
+    args.max_bag,
+    args.zipf,
+    args.seed,
+  )
   labels = make_labels(len(batches), args.batch, args.seed)
   if impl in ("torch_bag", "fbgemm", "torchrec"):
     import torch  # pylint: disable=g-import-not-at-top
+
     step, prepare = _torch_step(impl, args)
     inputs = [prepare(b) for b in batches]
     labels = [torch.from_numpy(l) for l in labels]
     sync = lambda loss: float(loss.detach())
   else:
-    import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+
     tf.config.threading.set_intra_op_parallelism_threads(args.intra_threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
     step, prepare = _tf_step(impl, args)
@@ -332,26 +448,42 @@ def run_one(impl: str, args) -> Dict[str, Any]:
     start = time.perf_counter()
     sync(step(inputs[i % n], labels[i % n]))
     times.append(time.perf_counter() - start)
-  ids_per_step = float(np.mean([sum(len(v) for v, _ in b.values()) for b in batches]))
+  ids_per_step = float(
+    np.mean([sum(len(v) for v, _ in b.values()) for b in batches])
+  )
   median = statistics.median(times)
-  return {"impl": impl, "step_ms": median * 1e3,
-          "examples_per_s": args.batch / median,
-          "ids_per_s": ids_per_step / median,
-          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+  return {
+    "impl": impl,
+    "step_ms": median * 1e3,
+    "examples_per_s": args.batch / median,
+    "ids_per_s": ids_per_step / median,
+    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+  }
 
 
 def profile_one(impl: str, args) -> None:
   """Prints the op-time table of `args.steps` steps of a TF implementation."""
-  import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import op_profile  # pylint: disable=g-import-not-at-top  (this folder)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+
   tf.config.threading.set_intra_op_parallelism_threads(args.intra_threads)
   tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
   step, prepare = _tf_step(impl, args)
-  batches = make_batches(args.distinct_batches, args.batch, args.features,
-                         args.rows, args.max_bag, args.zipf, args.seed)
+  batches = make_batches(
+    args.distinct_batches,
+    args.batch,
+    args.features,
+    args.rows,
+    args.max_bag,
+    args.zipf,
+    args.seed,
+  )
   inputs = [prepare(b) for b in batches]
-  labels = [tf.constant(l) for l in make_labels(len(batches), args.batch, args.seed)]
+  labels = [
+    tf.constant(l) for l in make_labels(len(batches), args.batch, args.seed)
+  ]
   batch_numbers = itertools.count()
 
   def run():
@@ -367,116 +499,185 @@ def profile_one(impl: str, args) -> None:
 # -- driver --------------------------------------------------------------------
 
 
-def missing_packages(impl: str) -> List[str]:
+def missing_packages(impl: str) -> list[str]:
   import importlib.util  # pylint: disable=g-import-not-at-top
-  return [m for m in _NEEDS.get(impl, ()) if importlib.util.find_spec(m) is None]
+
+  return [
+    m for m in _NEEDS.get(impl, ()) if importlib.util.find_spec(m) is None
+  ]
 
 
-def thread_env(args, intra: int = 0) -> Dict[str, str]:
+def thread_env(args, intra: int = 0) -> dict[str, str]:
   """The threading environment a child runs with (printed in the header).
 
   `intra` is one of `--intra_threads`' settings (default: the first).
   """
   intra = intra or intra_settings(args)[0]
-  return {"OMP_NUM_THREADS": str(intra),
-          "OMP_WAIT_POLICY": "PASSIVE",  # spinning OpenMP threads starve the other core
-          "MKL_NUM_THREADS": str(intra),
-          "TF_NUM_INTRAOP_THREADS": str(intra),
-          "TF_NUM_INTEROP_THREADS": str(args.inter_threads),
-          "TF_CPP_MIN_LOG_LEVEL": "3"}
+  return {
+    "OMP_NUM_THREADS": str(intra),
+    "OMP_WAIT_POLICY": "PASSIVE",  # spinning OpenMP threads starve the other core
+    "MKL_NUM_THREADS": str(intra),
+    "TF_NUM_INTRAOP_THREADS": str(intra),
+    "TF_NUM_INTEROP_THREADS": str(args.inter_threads),
+    "TF_CPP_MIN_LOG_LEVEL": "3",
+  }
 
 
-def intra_settings(args) -> List[int]:
+def intra_settings(args) -> list[int]:
   """`--intra_threads` as a list: several settings are swept, interleaved."""
   return [int(t) for t in str(args.intra_threads).split(",")]
 
 
 _FIGURES = ("step_ms", "examples_per_s", "ids_per_s", "peak_rss_mb")
-_CHILD_FLAGS = ("features", "dim", "max_bag", "bag_width", "zipf", "lr", "seed", "warmup",
-                "steps", "distinct_batches", "inter_threads")
+_CHILD_FLAGS = (
+  "features",
+  "dim",
+  "max_bag",
+  "bag_width",
+  "zipf",
+  "lr",
+  "seed",
+  "warmup",
+  "steps",
+  "distinct_batches",
+  "inter_threads",
+)
 
 
-def sweep(args, impls: List[str]) -> List[Dict[str, Any]]:
+def sweep(args, impls: list[str]) -> list[dict[str, Any]]:
   """Runs every (rows, batch) point, impls and thread settings interleaved."""
   results = []
   variants = [(impl, t) for impl in impls for t in intra_settings(args)]
   for rows in args.rows.split(","):
     for batch in args.batch.split(","):
-      runs: Dict[Tuple[str, int], List[Dict[str, float]]] = {v: [] for v in variants}
+      runs: dict[tuple[str, int], list[dict[str, float]]] = {
+        v: [] for v in variants
+      }
       for _ in range(args.repeats):
         for impl, intra in variants:
           env = dict(os.environ, **thread_env(args, intra))
-          cmd = [sys.executable, os.path.abspath(__file__), "--_child", impl,
-                 f"--rows={rows}", f"--batch={batch}",
-                 f"--intra_threads={intra}"] + [
-                     f"--{k}={getattr(args, k)}" for k in _CHILD_FLAGS]
-          out = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                               check=False)
+          cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--_child",
+            impl,
+            f"--rows={rows}",
+            f"--batch={batch}",
+            f"--intra_threads={intra}",
+          ] + [f"--{k}={getattr(args, k)}" for k in _CHILD_FLAGS]
+          out = subprocess.run(
+            cmd, capture_output=True, text=True, env=env, check=False
+          )
           if out.returncode != 0:
-            print(f"{impl} (rows={rows}, batch={batch}) failed:\n"
-                  f"{out.stderr[-2000:]}", file=sys.stderr)
+            print(
+              f"{impl} (rows={rows}, batch={batch}) failed:\n"
+              f"{out.stderr[-2000:]}",
+              file=sys.stderr,
+            )
             continue
-          runs[(impl, intra)].append(json.loads(out.stdout.strip().splitlines()[-1]))
-          print(f"  round: {impl:16s} rows={rows} batch={batch} intra={intra} "
-                f"{runs[(impl, intra)][-1]['ids_per_s'] / 1e6:.2f} M ids/s",
-                file=sys.stderr)
+          runs[(impl, intra)].append(
+            json.loads(out.stdout.strip().splitlines()[-1])
+          )
+          print(
+            f"  round: {impl:16s} rows={rows} batch={batch} intra={intra} "
+            f"{runs[(impl, intra)][-1]['ids_per_s'] / 1e6:.2f} M ids/s",
+            file=sys.stderr,
+          )
       base = None
       for impl, intra in variants:
         if not runs[(impl, intra)]:
           continue
-        row = {k: statistics.median(r[k] for r in runs[(impl, intra)])
-               for k in _FIGURES}
-        row.update(impl=impl, rows=int(rows), batch=int(batch), intra=intra,
-                   runs=len(runs[(impl, intra)]))
+        row = {
+          k: statistics.median(r[k] for r in runs[(impl, intra)])
+          for k in _FIGURES
+        }
+        row.update(
+          impl=impl,
+          rows=int(rows),
+          batch=int(batch),
+          intra=intra,
+          runs=len(runs[(impl, intra)]),
+        )
         base = base or row["ids_per_s"]
         row["ratio"] = row["ids_per_s"] / base
         results.append(row)
   return results
 
 
-def print_table(results: List[Dict[str, Any]]) -> None:
-  print(f"| {'implementation':16s} | {'rows':>9s} | {'batch':>6s} | {'intra':>5s} | "
-        f"{'step ms':>8s} | "
-        f"{'examples/s':>10s} | {'M ids/s':>7s} | {'ratio':>5s} | {'RSS MB':>6s} |")
+def print_table(results: list[dict[str, Any]]) -> None:
+  print(
+    f"| {'implementation':16s} | {'rows':>9s} | {'batch':>6s} | {'intra':>5s} | "
+    f"{'step ms':>8s} | "
+    f"{'examples/s':>10s} | {'M ids/s':>7s} | {'ratio':>5s} | {'RSS MB':>6s} |"
+  )
   print("|" + "|".join("-" * w for w in (18, 11, 8, 7, 10, 12, 9, 7, 8)) + "|")
   for r in results:
-    print(f"| {r['impl']:16s} | {r['rows']:9d} | {r['batch']:6d} | {r['intra']:5d} | "
-          f"{r['step_ms']:8.1f} | "
-          f"{r['examples_per_s']:10.0f} | {r['ids_per_s'] / 1e6:7.2f} | "
-          f"{r['ratio']:5.2f} | {r['peak_rss_mb']:6.0f} |")
+    print(
+      f"| {r['impl']:16s} | {r['rows']:9d} | {r['batch']:6d} | {r['intra']:5d} | "
+      f"{r['step_ms']:8.1f} | "
+      f"{r['examples_per_s']:10.0f} | {r['ids_per_s'] / 1e6:7.2f} | "
+      f"{r['ratio']:5.2f} | {r['peak_rss_mb']:6.0f} |"
+    )
 
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(
-      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--impls", default=",".join(DEFAULT_IMPLS),
-                      help=f"comma-separated, the first is the base of the ratios; from {IMPLS}")
-  parser.add_argument("--rows", default="200000",
-                      help="rows per table; a comma-separated list sweeps sizes")
-  parser.add_argument("--batch", default="2048",
-                      help="batch size; a comma-separated list sweeps sizes")
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+  parser.add_argument(
+    "--impls",
+    default=",".join(DEFAULT_IMPLS),
+    help=f"comma-separated, the first is the base of the ratios; from {IMPLS}",
+  )
+  parser.add_argument(
+    "--rows",
+    default="200000",
+    help="rows per table; a comma-separated list sweeps sizes",
+  )
+  parser.add_argument(
+    "--batch",
+    default="2048",
+    help="batch size; a comma-separated list sweeps sizes",
+  )
   parser.add_argument("--features", type=int, default=8)
   parser.add_argument("--dim", type=int, default=32)
   parser.add_argument("--max_bag", type=int, default=8)
-  parser.add_argument("--bag_width", type=int, default=0,
-                      help="static width recsys pads bags to (default: max_bag)")
+  parser.add_argument(
+    "--bag_width",
+    type=int,
+    default=0,
+    help="static width recsys pads bags to (default: max_bag)",
+  )
   parser.add_argument("--zipf", type=float, default=1.05)
   parser.add_argument("--lr", type=float, default=0.05)
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--warmup", type=int, default=5)
   parser.add_argument("--steps", type=int, default=30)
   parser.add_argument("--distinct_batches", type=int, default=8)
-  parser.add_argument("--repeats", type=int, default=3,
-                      help="interleaved rounds (each implementation once per round)")
-  parser.add_argument("--intra_threads", default="2",
-                      help="TF intra-op threads = torch/OpenMP threads; a "
-                           "comma-separated list sweeps settings, interleaved")
-  parser.add_argument("--inter_threads", type=int, default=2,
-                      help="TF inter-op threads")
-  parser.add_argument("--json", help="also write the results (and settings) here")
-  parser.add_argument("--profile", action="store_true",
-                      help="instead of timing: the op-time table of each TF "
-                           "implementation (TF profiler, --steps steps)")
+  parser.add_argument(
+    "--repeats",
+    type=int,
+    default=3,
+    help="interleaved rounds (each implementation once per round)",
+  )
+  parser.add_argument(
+    "--intra_threads",
+    default="2",
+    help="TF intra-op threads = torch/OpenMP threads; a "
+    "comma-separated list sweeps settings, interleaved",
+  )
+  parser.add_argument(
+    "--inter_threads", type=int, default=2, help="TF inter-op threads"
+  )
+  parser.add_argument(
+    "--json", help="also write the results (and settings) here"
+  )
+  parser.add_argument(
+    "--profile",
+    action="store_true",
+    help="instead of timing: the op-time table of each TF "
+    "implementation (TF profiler, --steps steps)",
+  )
   parser.add_argument("--_child", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
 
@@ -492,20 +693,31 @@ def main(argv=None) -> None:
   impls = []
   for impl in args.impls.split(","):
     if impl not in IMPLS:
-      parser.error(f"unknown implementation {impl!r}; choose from {', '.join(IMPLS)}")
+      parser.error(
+        f"unknown implementation {impl!r}; choose from {', '.join(IMPLS)}"
+      )
     missing = missing_packages(impl)
     if missing:
-      print(f"skipping {impl}: package(s) {', '.join(missing)} not installed "
-            "(pip install -e '.[bench]')")
+      print(
+        f"skipping {impl}: package(s) {', '.join(missing)} not installed "
+        "(pip install -e '.[bench]')"
+      )
     else:
       impls.append(impl)
-  settings = {"machine": f"{platform.machine()}, {os.cpu_count()} cpus, "
-                         f"{platform.python_version()}",
-              "threads": thread_env(args),
-              "intra_threads": intra_settings(args), "features": args.features,
-              "dim": args.dim, "max_bag": args.max_bag,
-              "bag_width": args.bag_width or args.max_bag, "zipf": args.zipf,
-              "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats}
+  settings = {
+    "machine": f"{platform.machine()}, {os.cpu_count()} cpus, "
+    f"{platform.python_version()}",
+    "threads": thread_env(args),
+    "intra_threads": intra_settings(args),
+    "features": args.features,
+    "dim": args.dim,
+    "max_bag": args.max_bag,
+    "bag_width": args.bag_width or args.max_bag,
+    "zipf": args.zipf,
+    "steps": args.steps,
+    "warmup": args.warmup,
+    "repeats": args.repeats,
+  }
   print("settings: " + json.dumps(settings))
   if args.profile:
     env = dict(os.environ, **thread_env(args))
@@ -513,12 +725,21 @@ def main(argv=None) -> None:
       if impl in ("torch_bag", "fbgemm", "torchrec"):
         print(f"\n{impl}: --profile covers the TF implementations only")
         continue
-      subprocess.run([sys.executable, os.path.abspath(__file__), "--_child", impl,
-                      "--profile", f"--rows={args.rows.split(',')[0]}",
-                      f"--intra_threads={intra_settings(args)[0]}",
-                      f"--batch={args.batch.split(',')[0]}"] + [
-                          f"--{k}={getattr(args, k)}" for k in _CHILD_FLAGS],
-                     env=env, check=False)
+      subprocess.run(
+        [
+          sys.executable,
+          os.path.abspath(__file__),
+          "--_child",
+          impl,
+          "--profile",
+          f"--rows={args.rows.split(',')[0]}",
+          f"--intra_threads={intra_settings(args)[0]}",
+          f"--batch={args.batch.split(',')[0]}",
+        ]
+        + [f"--{k}={getattr(args, k)}" for k in _CHILD_FLAGS],
+        env=env,
+        check=False,
+      )
     return
   results = sweep(args, impls)
   print_table(results)

@@ -21,6 +21,7 @@ tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
 tf.config.threading.set_inter_op_parallelism_threads(1)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from backends import kernels  # noqa: E402
+
 ops = kernels.load()
 rows, dim, n = 10_000_000, 32, int(sys.argv[2])
 t = tf.Variable(tf.zeros([rows, dim]))
@@ -29,22 +30,59 @@ rng = np.random.default_rng(0)
 ids = tf.constant(rng.integers(0, rows, n), tf.int64)
 segs = tf.constant((np.arange(n) // 4).astype(np.int32))
 from backends import optimizers  # noqa: E402
+
 E = tf.tpu.experimental.embedding
 attrs = optimizers.fused_attrs(E.Adagrad(0.05))
+
+
 @tf.function
 def lookup():
-  return ops.recsys_bag_lookup(table=t.handle, ids=ids, segments=segs, scale=tf.zeros([0]), num_segments=n // 4)
+  return ops.recsys_bag_lookup(
+    table=t.handle,
+    ids=ids,
+    segments=segs,
+    scale=tf.zeros([0]),
+    num_segments=n // 4,
+  )
+
+
 acts, uniq, index = lookup()
 grads = tf.ones_like(acts)
+
+
 @tf.function
 def rowgrad():
-  return ops.recsys_row_gradients(grads=grads, index=index, segments=segs, scale=tf.zeros([0]), num_rows=tf.size(uniq, out_type=tf.int32))
+  return ops.recsys_row_gradients(
+    grads=grads,
+    index=index,
+    segments=segs,
+    scale=tf.zeros([0]),
+    num_rows=tf.size(uniq, out_type=tf.int32),
+  )
+
+
 rg = rowgrad()
+
+
 @tf.function
 def apply():
-  ops.recsys_sparse_apply(table=t.handle, slots=[acc.handle], ids=uniq, grads=rg, learning_rate=0.05, **attrs)
-for name, f in (("lookup", lookup), ("row_gradients", rowgrad), ("sparse_apply", apply)):
-  for _ in range(3): f()
+  ops.recsys_sparse_apply(
+    table=t.handle,
+    slots=[acc.handle],
+    ids=uniq,
+    grads=rg,
+    learning_rate=0.05,
+    **attrs,
+  )
+
+
+for name, f in (
+  ("lookup", lookup),
+  ("row_gradients", rowgrad),
+  ("sparse_apply", apply),
+):
+  for _ in range(3):
+    f()
   ts = []
   for _ in range(30):
     s = time.perf_counter()

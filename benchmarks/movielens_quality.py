@@ -38,7 +38,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -49,43 +50,52 @@ if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
 EXPERIMENTS = {
-    "ranking": os.path.join(REPO, "experiments", "movielens_ranking.gin"),
-    "retrieval": os.path.join(REPO, "experiments", "movielens_retrieval.gin"),
+  "ranking": os.path.join(REPO, "experiments", "movielens_ranking.gin"),
+  "retrieval": os.path.join(REPO, "experiments", "movielens_retrieval.gin"),
 }
 KS = (1, 5, 10, 50, 100)
-FIXED_DAMPING = (10.0, 25.0)            # (user, item)
+FIXED_DAMPING = (10.0, 25.0)  # (user, item)
 DAMPING_GRID = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0)
 VALIDATION_STEM = "movielens_train"
 
-Arrays = Dict[str, np.ndarray]
+Arrays = dict[str, np.ndarray]
 
 
 # -- the experiments' data, through gin ------------------------------------------
 
 
-def base_bindings(data_dir: str, variant: str, seed: int) -> List[str]:
+def base_bindings(data_dir: str, variant: str, seed: int) -> list[str]:
   """Bindings every run gets: the data folder and layout, split and run seeds."""
-  return [f"MOVIELENS_DIR = {data_dir!r}", f"MovieLens.variant = {variant!r}",
-          f"MovieLens.seed = {seed}", f"train.seed = {seed}"]
+  return [
+    f"MOVIELENS_DIR = {data_dir!r}",
+    f"MovieLens.variant = {variant!r}",
+    f"MovieLens.seed = {seed}",
+    f"train.seed = {seed}",
+  ]
 
 
-def validation_bindings(folder: str, fraction: float) -> List[str]:
+def validation_bindings(folder: str, fraction: float) -> list[str]:
   """Bindings that point an experiment at a carved validation folder."""
-  return [f"MOVIELENS_DIR = {folder!r}", "MovieLens.variant = 'atomic'",
-          f"MovieLens.dataset_name = {VALIDATION_STEM!r}", "MovieLens.download = False",
-          f"MovieLens.test_fraction = {fraction}"]
+  return [
+    f"MOVIELENS_DIR = {folder!r}",
+    "MovieLens.variant = 'atomic'",
+    f"MovieLens.dataset_name = {VALIDATION_STEM!r}",
+    "MovieLens.download = False",
+    f"MovieLens.test_fraction = {fraction}",
+  ]
 
 
 def _query(name: str, default: Any = None) -> Any:
   """The parsed gin value of `name` (e.g. "train.eval_batch_size"), or `default`."""
   import gin  # pylint: disable=g-import-not-at-top
+
   try:
     return gin.query_parameter(name)
   except ValueError:
     return default
 
 
-def build_source(gin_file: str, bindings: Sequence[str]) -> Tuple[Any, int]:
+def build_source(gin_file: str, bindings: Sequence[str]) -> tuple[Any, int]:
   """The experiment's data source, built by gin, unshuffled; and its eval batch size.
 
   Args:
@@ -96,12 +106,18 @@ def build_source(gin_file: str, bindings: Sequence[str]) -> Tuple[Any, int]:
     (source, number of held-out rows the trainer evaluates).
   """
   import gin  # pylint: disable=g-import-not-at-top
+
   from recsys import config  # pylint: disable=g-import-not-at-top
+
   gin.clear_config()
-  config.parse([gin_file], list(bindings) + ["MovieLens.shuffle = False"], finalize=False)
+  config.parse(
+    [gin_file], list(bindings) + ["MovieLens.shuffle = False"], finalize=False
+  )
   reference = gin.query_parameter("train.data")
   source = reference.scoped_configurable_fn()
-  batch = _query("train.eval_batch_size") or _query("train.global_batch_size", 1024)
+  batch = _query("train.eval_batch_size") or _query(
+    "train.global_batch_size", 1024
+  )
   steps = _query("train.eval_steps", 20)
   evaluated = (source.test_size // batch) * batch
   if steps is not None:
@@ -113,7 +129,9 @@ def build_source(gin_file: str, bindings: Sequence[str]) -> Tuple[Any, int]:
 def split_arrays(source: Any, training: bool, batch_size: int = 8192) -> Arrays:
   """user_id, item_id and label of every example of a split, in dataset order."""
   out = collections.defaultdict(list)
-  dataset = source.dataset(batch_size, training=training, repeat=False, drop_remainder=False)
+  dataset = source.dataset(
+    batch_size, training=training, repeat=False, drop_remainder=False
+  )
   for features, labels in dataset:
     out["user"].append(features["categorical"]["user_id"].numpy())
     out["item"].append(features["categorical"]["item_id"].numpy())
@@ -124,7 +142,7 @@ def split_arrays(source: Any, training: bool, batch_size: int = 8192) -> Arrays:
 # -- the validation folder -----------------------------------------------------------
 
 
-def _id_vocab(values: Sequence[str]) -> List[str]:
+def _id_vocab(values: Sequence[str]) -> list[str]:
   """The data source's documented id map: raw ids sorted, numerically when numeric."""
   values = sorted(set(values))
   if values and all(v.isdigit() for v in values):
@@ -132,8 +150,13 @@ def _id_vocab(values: Sequence[str]) -> List[str]:
   return values
 
 
-def write_validation_folder(source: Any, train: Arrays, variant: str, folder: str,
-                            dataset_name: Optional[str] = None) -> int:
+def write_validation_folder(
+  source: Any,
+  train: Arrays,
+  variant: str,
+  folder: str,
+  dataset_name: str | None = None,
+) -> int:
   """Writes the training ratings, users and items as RecBole atomic files.
 
   Args:
@@ -150,6 +173,7 @@ def write_validation_folder(source: Any, train: Arrays, variant: str, folder: st
     ValueError: a training row has no matching rating in the files.
   """
   from recsys.data import movielens_files  # pylint: disable=g-import-not-at-top
+
   raw = movielens_files.read(source.source_folder, variant, dataset_name)
   users = _id_vocab(list(raw.user) + list(raw.users))
   items = _id_vocab(list(raw.item) + list(raw.items))
@@ -162,8 +186,10 @@ def write_validation_folder(source: Any, train: Arrays, variant: str, folder: st
   for u, i, r in zip(train["user"], train["item"], train["label"]):
     bucket = rows.get((int(u), int(i), float(r)))
     if not bucket:
-      raise ValueError(f"training row (user {u}, item {i}, rating {r}) is not in "
-                       f"{source.source_folder}: the id map differs from {variant}'s.")
+      raise ValueError(
+        f"training row (user {u}, item {i}, rating {r}) is not in "
+        f"{source.source_folder}: the id map differs from {variant}'s."
+      )
     chosen.append(bucket.pop())
   chosen.sort()
   os.makedirs(folder, exist_ok=True)
@@ -171,13 +197,21 @@ def write_validation_folder(source: Any, train: Arrays, variant: str, folder: st
   with open(path + ".inter", "w", encoding="utf-8") as f:
     f.write("user_id:token\titem_id:token\trating:float\ttimestamp:float\n")
     for row in chosen:
-      f.write(f"{raw.user[row]}\t{raw.item[row]}\t{raw.rating[row]:g}\t{raw.timestamp[row]}\n")
+      f.write(
+        f"{raw.user[row]}\t{raw.item[row]}\t{raw.rating[row]:g}\t{raw.timestamp[row]}\n"
+      )
   if raw.users:
     with open(path + ".user", "w", encoding="utf-8") as f:
-      f.write("user_id:token\tage:token\tgender:token\toccupation:token\tzip_code:token\n")
+      f.write(
+        "user_id:token\tage:token\tgender:token\toccupation:token\tzip_code:token\n"
+      )
       for uid, info in raw.users.items():
-        f.write("\t".join([uid, info["age"], info["gender"], info["occupation"],
-                           info["zip"]]) + "\n")
+        f.write(
+          "\t".join(
+            [uid, info["age"], info["gender"], info["occupation"], info["zip"]]
+          )
+          + "\n"
+        )
   with open(path + ".item", "w", encoding="utf-8") as f:
     f.write("item_id:token\tgenre:token_seq\n")
     for iid, genres in raw.items.items():
@@ -185,8 +219,9 @@ def write_validation_folder(source: Any, train: Arrays, variant: str, folder: st
   return len(chosen)
 
 
-def check_same_ids(full: Any, carved: Any, train: Arrays,
-                   carved_arrays: Sequence[Arrays]) -> None:
+def check_same_ids(
+  full: Any, carved: Any, train: Arrays, carved_arrays: Sequence[Arrays]
+) -> None:
   """Checks that the carved source encodes like the full one and holds its training rows.
 
   Args:
@@ -198,24 +233,37 @@ def check_same_ids(full: Any, carved: Any, train: Arrays,
   Raises:
     ValueError: different feature vocabularies, or different rows.
   """
+
   def specs(source):
-    return [(f.name, f.vocabulary_size, f.max_ids) for f in source.feature_specs]
+    return [
+      (f.name, f.vocabulary_size, f.max_ids) for f in source.feature_specs
+    ]
 
   def rows(arrays: Sequence[Arrays]) -> np.ndarray:
-    table = np.stack([np.concatenate([a[k] for a in arrays]).astype(np.float64)
-                      for k in ("user", "item", "label")])
+    table = np.stack(
+      [
+        np.concatenate([a[k] for a in arrays]).astype(np.float64)
+        for k in ("user", "item", "label")
+      ]
+    )
     return table[:, np.lexsort(table[::-1])]
 
   if specs(full) != specs(carved):
-    raise ValueError(f"validation folder features {specs(carved)} differ from {specs(full)}")
+    raise ValueError(
+      f"validation folder features {specs(carved)} differ from {specs(full)}"
+    )
   if not np.array_equal(rows([train]), rows(carved_arrays)):
-    raise ValueError("the validation folder's ratings differ from the training split's.")
+    raise ValueError(
+      "the validation folder's ratings differ from the training split's."
+    )
 
 
 # -- baselines -------------------------------------------------------------------------
 
 
-def fit_bias(train: Arrays, user_damping: float, item_damping: float) -> Callable:
+def fit_bias(
+  train: Arrays, user_damping: float, item_damping: float
+) -> Callable:
   """Damped bias baseline: r = mu + b_i + b_u, fit on `train`.
 
   b_i = sum(r - mu) / (n_i + item_damping) over the item's ratings;
@@ -224,7 +272,11 @@ def fit_bias(train: Arrays, user_damping: float, item_damping: float) -> Callabl
   Returns:
     predict(users, items) -> ratings clipped to the training rating range.
   """
-  user, item, rating = train["user"], train["item"], train["label"].astype(np.float64)
+  user, item, rating = (
+    train["user"],
+    train["item"],
+    train["label"].astype(np.float64),
+  )
   mu = rating.mean()
   size = int(max(user.max(), item.max())) + 1
   item_sum = np.bincount(item, rating - mu, minlength=size)
@@ -246,21 +298,28 @@ def rmse(predicted: np.ndarray, actual: np.ndarray) -> float:
   return float(np.sqrt(np.mean((predicted - actual.astype(np.float64)) ** 2)))
 
 
-def choose_damping(train: Arrays, valid: Arrays) -> Tuple[float, float, float]:
+def choose_damping(train: Arrays, valid: Arrays) -> tuple[float, float, float]:
   """(user damping, item damping, validation RMSE) of the best grid point."""
   best = None
   for du in DAMPING_GRID:
     for di in DAMPING_GRID:
-      score = rmse(fit_bias(train, du, di)(valid["user"], valid["item"]), valid["label"])
+      score = rmse(
+        fit_bias(train, du, di)(valid["user"], valid["item"]), valid["label"]
+      )
       if best is None or score < best[2]:
         best = (du, di, score)
   return best
 
 
-def popularity(train_items: np.ndarray, held_out_items: np.ndarray) -> Dict[str, float]:
+def popularity(
+  train_items: np.ndarray, held_out_items: np.ndarray
+) -> dict[str, float]:
   """Most-popular top-K hit rates (`recsys.models.popularity_hit_rates`)."""
   from recsys.models import retrieval_metrics  # pylint: disable=g-import-not-at-top
-  rates = retrieval_metrics.popularity_hit_rates(train_items, held_out_items, KS)
+
+  rates = retrieval_metrics.popularity_hit_rates(
+    train_items, held_out_items, KS
+  )
   return {f"top{k}": rates[f"top_{k}_hit_rate"] for k in KS}
 
 
@@ -276,39 +335,68 @@ def _explicit_kwargs_factory(factory: Callable) -> Callable:
   ranking models that do not take it.
   """
   import inspect  # pylint: disable=g-import-not-at-top
+
   target = factory.__init__ if isinstance(factory, type) else factory
   params = inspect.signature(target).parameters
   if any(p.kind == p.VAR_KEYWORD for p in params.values()):
     return factory
   accepted = set(params)
 
-  def build(feature_specs, num_dense: int = 0, query_features=None,
-            candidate_features=None, candidate_id_feature=None):
-    kwargs = {"feature_specs": feature_specs, "num_dense": num_dense,
-              "query_features": query_features, "candidate_features": candidate_features,
-              "candidate_id_feature": candidate_id_feature}
+  def build(
+    feature_specs,
+    num_dense: int = 0,
+    query_features=None,
+    candidate_features=None,
+    candidate_id_feature=None,
+  ):
+    kwargs = {
+      "feature_specs": feature_specs,
+      "num_dense": num_dense,
+      "query_features": query_features,
+      "candidate_features": candidate_features,
+      "candidate_id_feature": candidate_id_feature,
+    }
     return factory(**{k: v for k, v in kwargs.items() if k in accepted})
 
   return build
 
 
-def train_one(gin_file: str, bindings: Sequence[str], model_dir: str) -> Dict[str, Any]:
+def train_one(
+  gin_file: str, bindings: Sequence[str], model_dir: str
+) -> dict[str, Any]:
   """Trains one experiment in this process through `recsys.training.train`."""
   import logging  # pylint: disable=g-import-not-at-top
-  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
-                      datefmt="%H:%M:%S")
+
+  logging.basicConfig(
+    level=logging.INFO,
+    format="%(asctime)s %(name)s %(message)s",
+    datefmt="%H:%M:%S",
+  )
   import gin  # pylint: disable=g-import-not-at-top
+
   from recsys import config  # pylint: disable=g-import-not-at-top
   from recsys.training import train  # pylint: disable=g-import-not-at-top
+
   config.parse([gin_file], list(bindings) + ["train.progress_bar = False"])
   model = gin.query_parameter("train.model")
-  return train(model_dir=model_dir, model=_explicit_kwargs_factory(model.scoped_configurable_fn))
+  return train(
+    model_dir=model_dir,
+    model=_explicit_kwargs_factory(model.scoped_configurable_fn),
+  )
 
 
-def run_experiment(name: str, bindings: Sequence[str], model_dir: str) -> Dict[str, Any]:
+def run_experiment(
+  name: str, bindings: Sequence[str], model_dir: str
+) -> dict[str, Any]:
   """Trains experiment `name` in a child process; returns its metrics.json plus wall time."""
-  command = [sys.executable, os.path.abspath(__file__), "--_train", EXPERIMENTS[name],
-             "--_model_dir", model_dir]
+  command = [
+    sys.executable,
+    os.path.abspath(__file__),
+    "--_train",
+    EXPERIMENTS[name],
+    "--_model_dir",
+    model_dir,
+  ]
   for binding in bindings:
     command += ["--_binding", binding]
   start = time.time()
@@ -319,14 +407,16 @@ def run_experiment(name: str, bindings: Sequence[str], model_dir: str) -> Dict[s
   if code:
     with open(log_path, encoding="utf-8") as f:
       tail = f.read()[-3000:]
-    raise RuntimeError(f"training {name} failed (exit {code}); log {log_path}:\n{tail}")
+    raise RuntimeError(
+      f"training {name} failed (exit {code}); log {log_path}:\n{tail}"
+    )
   with open(os.path.join(model_dir, "metrics.json"), encoding="utf-8") as f:
     metrics = json.load(f)
   metrics["wall_seconds"] = time.time() - start
   return metrics
 
 
-def model_hit_rates(metrics: Dict[str, Any]) -> Dict[str, float]:
+def model_hit_rates(metrics: dict[str, Any]) -> dict[str, float]:
   """{"top<k>": rate} from a metrics.json's `eval/hit_rate/top_<k>_...` entries."""
   out = {}
   for k in KS:
@@ -339,7 +429,7 @@ def model_hit_rates(metrics: Dict[str, Any]) -> Dict[str, float]:
 # -- main ----------------------------------------------------------------------------
 
 
-def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   """Computes the baselines, trains the experiments, prints the table.
 
   Args:
@@ -348,33 +438,70 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   Returns:
     The results (also written to --json when given).
   """
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                   formatter_class=argparse.RawDescriptionHelpFormatter,
-                                   epilog=__doc__.split("\n", 1)[1])
+  parser = argparse.ArgumentParser(
+    description=__doc__.splitlines()[0],
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+    epilog=__doc__.split("\n", 1)[1],
+  )
   parser.add_argument("--data_dir", help="folder with the MovieLens files.")
-  parser.add_argument("--variant", default="ml-100k", choices=("ml-100k", "ml-1m", "atomic"),
-                      help="file layout (atomic: RecBole's ml-100k.inter/.user/.item).")
-  parser.add_argument("--seed", type=int, default=0,
-                      help="split seed (MovieLens.seed) and run seed (train.seed).")
-  parser.add_argument("--holdout", default="test", choices=("test", "validation"),
-                      help="score on the test split, or on a validation split carved "
-                           "from train (for tuning).")
-  parser.add_argument("--validation_fraction", type=float, default=0.125,
-                      help="share of the training ratings held out for validation.")
-  parser.add_argument("--experiments", nargs="*", default=["ranking", "retrieval"],
-                      choices=sorted(EXPERIMENTS), help="experiments to train (none: "
-                      "baselines only).")
-  parser.add_argument("--ranking_bindings", action="append", default=[],
-                      help="extra gin binding for the ranking run (repeatable).")
-  parser.add_argument("--retrieval_bindings", action="append", default=[],
-                      help="extra gin binding for the retrieval run (repeatable).")
-  parser.add_argument("--model_root", default=None,
-                      help="where the runs' model dirs go (default: a new temporary folder; "
-                           "a finished run already there is resumed, i.e. only evaluated).")
-  parser.add_argument("--json", default=None, help="also write the results here.")
+  parser.add_argument(
+    "--variant",
+    default="ml-100k",
+    choices=("ml-100k", "ml-1m", "atomic"),
+    help="file layout (atomic: RecBole's ml-100k.inter/.user/.item).",
+  )
+  parser.add_argument(
+    "--seed",
+    type=int,
+    default=0,
+    help="split seed (MovieLens.seed) and run seed (train.seed).",
+  )
+  parser.add_argument(
+    "--holdout",
+    default="test",
+    choices=("test", "validation"),
+    help="score on the test split, or on a validation split carved "
+    "from train (for tuning).",
+  )
+  parser.add_argument(
+    "--validation_fraction",
+    type=float,
+    default=0.125,
+    help="share of the training ratings held out for validation.",
+  )
+  parser.add_argument(
+    "--experiments",
+    nargs="*",
+    default=["ranking", "retrieval"],
+    choices=sorted(EXPERIMENTS),
+    help="experiments to train (none: baselines only).",
+  )
+  parser.add_argument(
+    "--ranking_bindings",
+    action="append",
+    default=[],
+    help="extra gin binding for the ranking run (repeatable).",
+  )
+  parser.add_argument(
+    "--retrieval_bindings",
+    action="append",
+    default=[],
+    help="extra gin binding for the retrieval run (repeatable).",
+  )
+  parser.add_argument(
+    "--model_root",
+    default=None,
+    help="where the runs' model dirs go (default: a new temporary folder; "
+    "a finished run already there is resumed, i.e. only evaluated).",
+  )
+  parser.add_argument(
+    "--json", default=None, help="also write the results here."
+  )
   parser.add_argument("--_train", help=argparse.SUPPRESS)
   parser.add_argument("--_model_dir", help=argparse.SUPPRESS)
-  parser.add_argument("--_binding", action="append", default=[], help=argparse.SUPPRESS)
+  parser.add_argument(
+    "--_binding", action="append", default=[], help=argparse.SUPPRESS
+  )
   args = parser.parse_args(argv)
   if args._train:  # pylint: disable=protected-access
     train_one(args._train, args._binding, args._model_dir)  # pylint: disable=protected-access
@@ -385,9 +512,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
   root = args.model_root or tempfile.mkdtemp(prefix="movielens_quality_")
   os.makedirs(root, exist_ok=True)
-  bindings = base_bindings(os.path.abspath(args.data_dir), args.variant, args.seed)
-  results: Dict[str, Any] = {"holdout": args.holdout, "seed": args.seed,
-                             "variant": args.variant, "data_dir": args.data_dir}
+  bindings = base_bindings(
+    os.path.abspath(args.data_dir), args.variant, args.seed
+  )
+  results: dict[str, Any] = {
+    "holdout": args.holdout,
+    "seed": args.seed,
+    "variant": args.variant,
+    "data_dir": args.data_dir,
+  }
 
   # The test split of the experiments, and a validation split carved from its train.
   t0 = time.time()
@@ -395,46 +528,88 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   full, evaluated = build_source(rank_file, bindings)
   train, test = split_arrays(full, True), split_arrays(full, False)
   folder = os.path.join(root, "validation_data")
-  write_validation_folder(full, train, args.variant, folder, _dataset_name(rank_file, bindings))
+  write_validation_folder(
+    full, train, args.variant, folder, _dataset_name(rank_file, bindings)
+  )
   carve = validation_bindings(folder, args.validation_fraction)
   carved, carved_evaluated = build_source(rank_file, bindings + carve)
   fit, valid = split_arrays(carved, True), split_arrays(carved, False)
   check_same_ids(full, carved, train, [fit, valid])
   du, di, valid_rmse = choose_damping(fit, valid)
-  results["split"] = {"split": full.split, "test_fraction": _query_file(rank_file, bindings,
-                                                                         "MovieLens.test_fraction"),
-                      "train": full.train_size, "test": full.test_size,
-                      "validation_fit": carved.train_size, "validation": carved.test_size}
-  results["damping_chosen_on_validation"] = {"user": du, "item": di, "validation_rmse": valid_rmse}
+  results["split"] = {
+    "split": full.split,
+    "test_fraction": _query_file(
+      rank_file, bindings, "MovieLens.test_fraction"
+    ),
+    "train": full.train_size,
+    "test": full.test_size,
+    "validation_fit": carved.train_size,
+    "validation": carved.test_size,
+  }
+  results["damping_chosen_on_validation"] = {
+    "user": du,
+    "item": di,
+    "validation_rmse": valid_rmse,
+  }
 
   if args.holdout == "validation":
-    fit_rows, eval_rows, n_eval, run_bindings = fit, valid, carved_evaluated, bindings + carve
+    fit_rows, eval_rows, n_eval, run_bindings = (
+      fit,
+      valid,
+      carved_evaluated,
+      bindings + carve,
+    )
   else:
     fit_rows, eval_rows, n_eval, run_bindings = train, test, evaluated, bindings
   eval_rows = {k: v[:n_eval] for k, v in eval_rows.items()}
   results["ranking_rows_scored"] = n_eval
-  results["global_mean_rmse"] = rmse(np.full(n_eval, fit_rows["label"].mean()), eval_rows["label"])
-  results["bias_fixed"] = {"user_damping": FIXED_DAMPING[0], "item_damping": FIXED_DAMPING[1],
-                           "rmse": rmse(fit_bias(fit_rows, *FIXED_DAMPING)(
-                               eval_rows["user"], eval_rows["item"]), eval_rows["label"])}
-  results["bias_tuned"] = {"user_damping": du, "item_damping": di,
-                           "rmse": rmse(fit_bias(fit_rows, du, di)(
-                               eval_rows["user"], eval_rows["item"]), eval_rows["label"])}
+  results["global_mean_rmse"] = rmse(
+    np.full(n_eval, fit_rows["label"].mean()), eval_rows["label"]
+  )
+  results["bias_fixed"] = {
+    "user_damping": FIXED_DAMPING[0],
+    "item_damping": FIXED_DAMPING[1],
+    "rmse": rmse(
+      fit_bias(fit_rows, *FIXED_DAMPING)(eval_rows["user"], eval_rows["item"]),
+      eval_rows["label"],
+    ),
+  }
+  results["bias_tuned"] = {
+    "user_damping": du,
+    "item_damping": di,
+    "rmse": rmse(
+      fit_bias(fit_rows, du, di)(eval_rows["user"], eval_rows["item"]),
+      eval_rows["label"],
+    ),
+  }
 
   # Retrieval: the experiment's own interactions (its min_rating) on the same split.
   ret_source, ret_evaluated = build_source(ret_file, run_bindings)
-  ret_train, ret_test = split_arrays(ret_source, True), split_arrays(ret_source, False)
+  ret_train, ret_test = (
+    split_arrays(ret_source, True),
+    split_arrays(ret_source, False),
+  )
   results["retrieval_rows_scored"] = ret_evaluated
-  results["retrieval_min_rating"] = _query_file(ret_file, run_bindings,
-                                                 "MovieLens.min_rating", 0.0)
-  results["popularity"] = popularity(ret_train["item"], ret_test["item"][:ret_evaluated])
+  results["retrieval_min_rating"] = _query_file(
+    ret_file, run_bindings, "MovieLens.min_rating", 0.0
+  )
+  results["popularity"] = popularity(
+    ret_train["item"], ret_test["item"][:ret_evaluated]
+  )
   results["baseline_seconds"] = time.time() - t0
 
-  extra = {"ranking": args.ranking_bindings, "retrieval": args.retrieval_bindings}
+  extra = {
+    "ranking": args.ranking_bindings,
+    "retrieval": args.retrieval_bindings,
+  }
   for name in args.experiments:
     model_dir = os.path.join(root, f"{name}_{args.holdout}_seed{args.seed}")
     metrics = run_experiment(name, run_bindings + extra[name], model_dir)
-    results[name] = {"metrics": metrics, "model_dir": model_dir, "bindings": extra[name]}
+    results[name] = {
+      "metrics": metrics,
+      "model_dir": model_dir,
+      "bindings": extra[name],
+    }
   print_table(results)
   if args.json:
     with open(args.json, "w", encoding="utf-8") as f:
@@ -442,10 +617,14 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   return results
 
 
-def _query_file(gin_file: str, bindings: Sequence[str], name: str, default: Any = None) -> Any:
+def _query_file(
+  gin_file: str, bindings: Sequence[str], name: str, default: Any = None
+) -> Any:
   """The value of `name` after parsing `gin_file` with `bindings`."""
   import gin  # pylint: disable=g-import-not-at-top
+
   from recsys import config  # pylint: disable=g-import-not-at-top
+
   gin.clear_config()
   config.parse([gin_file], bindings, finalize=False)
   value = _query(name, default)
@@ -453,44 +632,71 @@ def _query_file(gin_file: str, bindings: Sequence[str], name: str, default: Any 
   return value
 
 
-def _dataset_name(gin_file: str, bindings: Sequence[str]) -> Optional[str]:
+def _dataset_name(gin_file: str, bindings: Sequence[str]) -> str | None:
   """MovieLens.dataset_name of the experiment (the atomic file stem), if bound."""
   return _query_file(gin_file, bindings, "MovieLens.dataset_name")
 
 
-def print_table(results: Dict[str, Any]) -> None:
+def print_table(results: dict[str, Any]) -> None:
   """Prints the baselines and the experiments side by side."""
   s = results["split"]
   holdout = results["holdout"]
-  print(f"\nMovieLens {results['variant']} ({results['data_dir']}): {s['split']} split, "
-        f"test_fraction {s['test_fraction']}, seed {results['seed']}: {s['train']} train / "
-        f"{s['test']} test ratings; validation carved from train: {s['validation_fit']} fit / "
-        f"{s['validation']} validation.")
+  print(
+    f"\nMovieLens {results['variant']} ({results['data_dir']}): {s['split']} split, "
+    f"test_fraction {s['test_fraction']}, seed {results['seed']}: {s['train']} train / "
+    f"{s['test']} test ratings; validation carved from train: {s['validation_fit']} fit / "
+    f"{s['validation']} validation."
+  )
   print(f"Scored on the {holdout} split.\n")
-  print(f"Ranking: RMSE on {results['ranking_rows_scored']} {holdout} ratings (lower is better)")
-  rows = [("global mean", results["global_mean_rmse"], ""),
-          (f"damped bias (user {FIXED_DAMPING[0]:g}, item {FIXED_DAMPING[1]:g})",
-           results["bias_fixed"]["rmse"], ""),
-          (f"damped bias (user {results['bias_tuned']['user_damping']:g}, item "
-           f"{results['bias_tuned']['item_damping']:g}; chosen on validation)",
-           results["bias_tuned"]["rmse"], "")]
+  print(
+    f"Ranking: RMSE on {results['ranking_rows_scored']} {holdout} ratings (lower is better)"
+  )
+  rows = [
+    ("global mean", results["global_mean_rmse"], ""),
+    (
+      f"damped bias (user {FIXED_DAMPING[0]:g}, item {FIXED_DAMPING[1]:g})",
+      results["bias_fixed"]["rmse"],
+      "",
+    ),
+    (
+      f"damped bias (user {results['bias_tuned']['user_damping']:g}, item "
+      f"{results['bias_tuned']['item_damping']:g}; chosen on validation)",
+      results["bias_tuned"]["rmse"],
+      "",
+    ),
+  ]
   if "ranking" in results:
     m = results["ranking"]["metrics"]
-    rows.append(("movielens_ranking.gin", m["eval/rmse"],
-                 f"train+eval {m['elapsed_seconds']:.0f} s, process {m['wall_seconds']:.0f} s"))
+    rows.append(
+      (
+        "movielens_ranking.gin",
+        m["eval/rmse"],
+        f"train+eval {m['elapsed_seconds']:.0f} s, process {m['wall_seconds']:.0f} s",
+      )
+    )
   for label, value, note in rows:
     print(f"  {label:<58} {value:.4f}  {note}")
-  print(f"\nRetrieval: top-K hit rate on {results['retrieval_rows_scored']} {holdout} "
-        f"interactions (ratings >= {results['retrieval_min_rating']:g}; whole corpus)")
+  print(
+    f"\nRetrieval: top-K hit rate on {results['retrieval_rows_scored']} {holdout} "
+    f"interactions (ratings >= {results['retrieval_min_rating']:g}; whole corpus)"
+  )
   print(f"  {'':<24}" + "".join(f"{'top' + str(k):>9}" for k in KS))
   lines = [("most popular", results["popularity"], "")]
   if "retrieval" in results:
     m = results["retrieval"]["metrics"]
-    lines.append(("movielens_retrieval.gin", model_hit_rates(m),
-                  f"train+eval {m['elapsed_seconds']:.0f} s, process {m['wall_seconds']:.0f} s"))
+    lines.append(
+      (
+        "movielens_retrieval.gin",
+        model_hit_rates(m),
+        f"train+eval {m['elapsed_seconds']:.0f} s, process {m['wall_seconds']:.0f} s",
+      )
+    )
   for label, rates, note in lines:
-    print(f"  {label:<24}" + "".join(f"{rates.get(f'top{k}', float('nan')):>9.4f}" for k in KS)
-          + f"  {note}")
+    print(
+      f"  {label:<24}"
+      + "".join(f"{rates.get(f'top{k}', float('nan')):>9.4f}" for k in KS)
+      + f"  {note}"
+    )
   print()
 
 

@@ -13,18 +13,22 @@ import collections
 import glob
 import os
 import tempfile
-from typing import Callable, List, Optional, Tuple
+from collections.abc import Callable
 
 
-def profile_steps(run_step: Callable[[], None], steps: int,
-                  logdir: Optional[str] = None,
-                  steps_per_call: int = 1) -> List[Tuple[str, float]]:
+def profile_steps(
+  run_step: Callable[[], None],
+  steps: int,
+  logdir: str | None = None,
+  steps_per_call: int = 1,
+) -> list[tuple[str, float]]:
   """(op type, microseconds per step) over `steps` calls, largest first.
 
   `steps_per_call`: training steps each call runs (a compiled loop).
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+
   logdir = logdir or tempfile.mkdtemp(prefix="recsys_profile_")
   tf.profiler.experimental.start(logdir)
   try:
@@ -32,8 +36,10 @@ def profile_steps(run_step: Callable[[], None], steps: int,
       run_step()
   finally:
     tf.profiler.experimental.stop()
-  paths = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*",
-                                        "*.xplane.pb")), key=os.path.getmtime)
+  paths = sorted(
+    glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")),
+    key=os.path.getmtime,
+  )
   space = xplane_pb2.XSpace()
   with open(paths[-1], "rb") as f:
     space.ParseFromString(f.read())
@@ -51,7 +57,7 @@ def profile_steps(run_step: Callable[[], None], steps: int,
   return [(op, us / per_step) for op, us in totals.most_common()]
 
 
-def print_op_table(rows: List[Tuple[str, float]], top: int = 20) -> None:
+def print_op_table(rows: list[tuple[str, float]], top: int = 20) -> None:
   total = sum(us for _, us in rows) or 1.0
   print(f"| op type (top {top}) | op us per step | share |")
   print("|---|---|---|")

@@ -17,32 +17,34 @@ import contextlib
 import os
 import sys
 import tempfile
-from typing import Iterator, List, Tuple
+from collections.abc import Iterator
 
 #: Substrings of TensorFlow's start-up lines that carry no information for a run.
 NOISE = (
-    "All log messages before absl::InitializeLog",
-    "oneDNN custom operations are on",
-    "cudart_stub.cc",
-    "Could not find cuda drivers",
-    "failed call to cuInit",
-    "cpu_feature_guard.cc",
-    "To enable the following instructions",
-    "Unable to register cuDNN", "Unable to register cuFFT",
-    "Unable to register cuBLAS", "computation placer already registered",
-    "TF-TRT Warning",
+  "All log messages before absl::InitializeLog",
+  "oneDNN custom operations are on",
+  "cudart_stub.cc",
+  "Could not find cuda drivers",
+  "failed call to cuInit",
+  "cpu_feature_guard.cc",
+  "To enable the following instructions",
+  "Unable to register cuDNN",
+  "Unable to register cuFFT",
+  "Unable to register cuBLAS",
+  "computation placer already registered",
+  "TF-TRT Warning",
 )
 
 
-def keep(lines: List[str]) -> List[str]:
+def keep(lines: list[str]) -> list[str]:
   """The lines that are not known start-up noise."""
   return [line for line in lines if not any(n in line for n in NOISE)]
 
 
 @contextlib.contextmanager
-def filtered_stderr() -> Iterator[List[str]]:
+def filtered_stderr() -> Iterator[list[str]]:
   """Runs the block with fd 2 captured; yields the list of dropped lines."""
-  dropped: List[str] = []
+  dropped: list[str] = []
   sys.stderr.flush()
   saved = os.dup(2)
   with tempfile.TemporaryFile() as capture:
@@ -62,7 +64,7 @@ def filtered_stderr() -> Iterator[List[str]]:
         sys.stderr.flush()
 
 
-def start(verbose: bool) -> Tuple[object, str]:
+def start(verbose: bool) -> tuple[object, str]:
   """Imports TensorFlow (quietly unless `verbose`) and lists its devices.
 
   Only physical devices are listed, which does not start TensorFlow's
@@ -73,8 +75,10 @@ def start(verbose: bool) -> Tuple[object, str]:
   """
   context = contextlib.nullcontext([]) if verbose else filtered_stderr()
   with context as dropped:
-    import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+
     cpus = tf.config.list_physical_devices("CPU")
     gpus = tf.config.list_physical_devices("GPU")
   found = [f"{len(cpus)} CPU"] + [f"{len(gpus)} GPU" if gpus else "no GPU"]

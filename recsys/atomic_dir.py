@@ -23,7 +23,7 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
 
 log = logging.getLogger("recsys")
 
@@ -35,15 +35,21 @@ class UnsafeReplaceError(OSError):
   """The target holds something that replacing it would destroy."""
 
 
-def _load_renameat2() -> Optional[Callable[..., int]]:
+def _load_renameat2() -> Callable[..., int] | None:
   try:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6",
-                       use_errno=True)
+    libc = ctypes.CDLL(
+      ctypes.util.find_library("c") or "libc.so.6", use_errno=True
+    )
     fn = libc.renameat2
   except (OSError, AttributeError):
     return None
-  fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
-                 ctypes.c_uint]
+  fn.argtypes = [
+    ctypes.c_int,
+    ctypes.c_char_p,
+    ctypes.c_int,
+    ctypes.c_char_p,
+    ctypes.c_uint,
+  ]
   fn.restype = ctypes.c_int
   return fn
 
@@ -53,8 +59,10 @@ def exchange(a: str, b: str) -> bool:
   fn = _load_renameat2()
   if fn is None:
     return False
-  if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b),
-        _RENAME_EXCHANGE) == 0:
+  if (
+    fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    == 0
+  ):
     return True
   err = ctypes.get_errno()
   if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
@@ -76,9 +84,9 @@ def _fsync_dir(path: str) -> None:
 
 
 @contextlib.contextmanager
-def replaced_atomically(target: str, *,
-                        may_replace: Callable[[str], bool] = lambda _: True
-                        ) -> Iterator[str]:
+def replaced_atomically(
+  target: str, *, may_replace: Callable[[str], bool] = lambda _: True
+) -> Iterator[str]:
   """Yields a temporary sibling to write into, then swaps it in as `target`.
 
   Args:
@@ -99,12 +107,14 @@ def replaced_atomically(target: str, *,
   if os.path.lexists(target):
     if os.path.islink(target) or not os.path.isdir(target):
       raise UnsafeReplaceError(
-          f"{target!r} exists and is not a directory; remove it or choose "
-          "another path.")
+        f"{target!r} exists and is not a directory; remove it or choose "
+        "another path."
+      )
     if os.listdir(target) and not may_replace(target):
       raise UnsafeReplaceError(
-          f"{target!r} is not empty and does not hold what would replace it; "
-          "it is left as it is. Choose an empty or new directory.")
+        f"{target!r} is not empty and does not hold what would replace it; "
+        "it is left as it is. Choose an empty or new directory."
+      )
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
   umask = os.umask(0)
@@ -123,8 +133,11 @@ def replaced_atomically(target: str, *,
   else:
     aside = f"{target}.old-{os.getpid()}"
     os.rename(target, aside)
-    log.info("replacing %s; the previous one is at %s until the new one is "
-             "in place", target, aside)
+    log.info(
+      "replacing %s; the previous one is at %s until the new one is in place",
+      target,
+      aside,
+    )
     os.rename(tmp, target)
     shutil.rmtree(aside, ignore_errors=True)
   _fsync_dir(parent)

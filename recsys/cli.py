@@ -20,145 +20,201 @@ import platform
 import signal
 import sys
 import threading
-from typing import Iterator, List, Optional, Sequence, Tuple
+from collections.abc import Iterator, Sequence
 
-DESCRIPTION = ("Train, evaluate and export gin-configured recommender models "
-               "whose embeddings run on CPU, GPU or any Cloud TPU.")
+DESCRIPTION = (
+  "Train, evaluate and export gin-configured recommender models "
+  "whose embeddings run on CPU, GPU or any Cloud TPU."
+)
 
 log = logging.getLogger("recsys")
 
 
 def _add_gin_flags(parser: argparse.ArgumentParser, required: bool) -> None:
   parser.add_argument(
-      "--gin_file", action="append", default=[], required=required,
-      metavar="FILE",
-      help="gin file to parse: a path or a shipped experiment's name, e.g. "
-           "synthetic_dlrm.gin (`recsys experiments` lists them). Repeatable; "
-           "later files override earlier ones; `include` resolves relative to "
-           "the including file first, then in the shipped experiments.")
+    "--gin_file",
+    action="append",
+    default=[],
+    required=required,
+    metavar="FILE",
+    help="gin file to parse: a path or a shipped experiment's name, e.g. "
+    "synthetic_dlrm.gin (`recsys experiments` lists them). Repeatable; "
+    "later files override earlier ones; `include` resolves relative to "
+    "the including file first, then in the shipped experiments.",
+  )
   parser.add_argument(
-      "--gin_bindings", action="append", default=[], metavar="BINDING",
-      help="extra gin binding, e.g. \"train.train_steps = 100\" (repeatable; "
-           "applied after the files).")
+    "--gin_bindings",
+    action="append",
+    default=[],
+    metavar="BINDING",
+    help='extra gin binding, e.g. "train.train_steps = 100" (repeatable; '
+    "applied after the files).",
+  )
 
 
 def _add_runtime_flags(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("--tpu", default=None, metavar="ADDR",
-                      help="TPU name or grpc:// address, or 'local' on a TPU VM "
-                           "(default: no TPU; GPUs are used when present).")
-  parser.add_argument("--backend", default=None, metavar="NAME",
-                      help="force an embedding backend (tensorcore, "
-                           "tpu_embedding, tpu_embedding_v0, sharded, serving) "
-                           "instead of gin's train.backend / 'auto'.")
-  parser.add_argument("--intra_op_threads", type=int, default=0,
-                      help="TensorFlow intra-op threads (0: automatic: 1 on a "
-                           "machine with 2 cores or fewer, else TF's default).")
-  parser.add_argument("--inter_op_threads", type=int, default=0,
-                      help="TensorFlow inter-op threads (0: automatic: 2 on a "
-                           "machine with 2 cores or fewer, else TF's default).")
-  parser.add_argument("-v", "--verbose", action="store_true",
-                      help="TensorFlow's own logs and full tracebacks.")
+  parser.add_argument(
+    "--tpu",
+    default=None,
+    metavar="ADDR",
+    help="TPU name or grpc:// address, or 'local' on a TPU VM "
+    "(default: no TPU; GPUs are used when present).",
+  )
+  parser.add_argument(
+    "--backend",
+    default=None,
+    metavar="NAME",
+    help="force an embedding backend (tensorcore, "
+    "tpu_embedding, tpu_embedding_v0, sharded, serving) "
+    "instead of gin's train.backend / 'auto'.",
+  )
+  parser.add_argument(
+    "--intra_op_threads",
+    type=int,
+    default=0,
+    help="TensorFlow intra-op threads (0: automatic: 1 on a "
+    "machine with 2 cores or fewer, else TF's default).",
+  )
+  parser.add_argument(
+    "--inter_op_threads",
+    type=int,
+    default=0,
+    help="TensorFlow inter-op threads (0: automatic: 2 on a "
+    "machine with 2 cores or fewer, else TF's default).",
+  )
+  parser.add_argument(
+    "-v",
+    "--verbose",
+    action="store_true",
+    help="TensorFlow's own logs and full tracebacks.",
+  )
 
 
 def build_parser() -> argparse.ArgumentParser:
   """The argument parser of `recsys` and its subcommands."""
   parser = argparse.ArgumentParser(
-      prog="recsys", description=DESCRIPTION,
-      formatter_class=argparse.RawDescriptionHelpFormatter,
-      epilog="Run `recsys <command> --help` for a command's flags.\n\n" +
-      __doc__.split("\n", 1)[1])
+    prog="recsys",
+    description=DESCRIPTION,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+    epilog="Run `recsys <command> --help` for a command's flags.\n\n"
+    + __doc__.split("\n", 1)[1],
+  )
   sub = parser.add_subparsers(dest="command", metavar="COMMAND")
   sub.required = True
 
   train = sub.add_parser(
-      "train", help="train a model (resumes from --model_dir).",
-      formatter_class=argparse.RawDescriptionHelpFormatter,
-      description="Train the experiment the gin files describe. An existing "
-      "checkpoint in --model_dir is resumed at its step. Writes checkpoints, "
-      "TensorBoard summaries, operative_config.gin and metrics.json there.",
-      epilog="example:\n  recsys train --gin_file experiments/synthetic_dlrm.gin "
-      "--model_dir runs/demo\n  recsys train --gin_file experiments/synthetic_dlrm.gin "
-      "--gin_file experiments/hardware/cpu_2replicas.gin \\\n"
-      "      --gin_bindings 'train.train_steps = 500' --model_dir runs/demo2")
+    "train",
+    help="train a model (resumes from --model_dir).",
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+    description="Train the experiment the gin files describe. An existing "
+    "checkpoint in --model_dir is resumed at its step. Writes checkpoints, "
+    "TensorBoard summaries, operative_config.gin and metrics.json there.",
+    epilog="example:\n  recsys train --gin_file experiments/synthetic_dlrm.gin "
+    "--model_dir runs/demo\n  recsys train --gin_file experiments/synthetic_dlrm.gin "
+    "--gin_file experiments/hardware/cpu_2replicas.gin \\\n"
+    "      --gin_bindings 'train.train_steps = 500' --model_dir runs/demo2",
+  )
   _add_gin_flags(train, required=True)
-  train.add_argument("--model_dir", required=True,
-                     help="where checkpoints, summaries and metrics go.")
-  train.add_argument("--no_progress", action="store_true",
-                     help="log lines instead of a progress bar.")
   train.add_argument(
-      "--allow_changed_settings", action="store_true",
-      help="resume the checkpoint in --model_dir although settings that "
-      "change the math (data, model, optimizers, batch size, seed, ...) "
-      "differ from the previous run's; refused by default, naming them.")
+    "--model_dir",
+    required=True,
+    help="where checkpoints, summaries and metrics go.",
+  )
   train.add_argument(
-      "--skip_memory_check", action="store_true",
-      help="build the embedding tables even if their memory plan exceeds "
-      "this host's memory (refused by default, naming the tables).")
+    "--no_progress",
+    action="store_true",
+    help="log lines instead of a progress bar.",
+  )
+  train.add_argument(
+    "--allow_changed_settings",
+    action="store_true",
+    help="resume the checkpoint in --model_dir although settings that "
+    "change the math (data, model, optimizers, batch size, seed, ...) "
+    "differ from the previous run's; refused by default, naming them.",
+  )
+  train.add_argument(
+    "--skip_memory_check",
+    action="store_true",
+    help="build the embedding tables even if their memory plan exceeds "
+    "this host's memory (refused by default, naming the tables).",
+  )
   _add_runtime_flags(train)
 
   evaluate = sub.add_parser(
-      "evaluate", help="evaluate the latest checkpoint of a model dir.",
-      formatter_class=argparse.RawDescriptionHelpFormatter,
-      description="Restore the latest checkpoint of --model_dir and evaluate "
-      "it; prints the metrics as JSON and, if the model dir is writable, "
-      "keeps them in eval_metrics.json (nothing else is written). Without "
-      "--gin_file the run's own operative_config.gin is used.",
-      epilog="example:\n  recsys evaluate --model_dir runs/demo\n"
-      "  recsys evaluate --model_dir runs/demo --gin_bindings 'train.eval_steps = None'")
+    "evaluate",
+    help="evaluate the latest checkpoint of a model dir.",
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+    description="Restore the latest checkpoint of --model_dir and evaluate "
+    "it; prints the metrics as JSON and, if the model dir is writable, "
+    "keeps them in eval_metrics.json (nothing else is written). Without "
+    "--gin_file the run's own operative_config.gin is used.",
+    epilog="example:\n  recsys evaluate --model_dir runs/demo\n"
+    "  recsys evaluate --model_dir runs/demo --gin_bindings 'train.eval_steps = None'",
+  )
   _add_gin_flags(evaluate, required=False)
   evaluate.add_argument("--model_dir", required=True)
   _add_runtime_flags(evaluate)
 
   export = sub.add_parser(
-      "export", help="export a SavedModel that serves on CPU.",
-      formatter_class=argparse.RawDescriptionHelpFormatter,
-      description="Restore the latest checkpoint of --model_dir (trained with "
-      "any backend) and write a SavedModel whose serving_default signature "
-      "takes the data source's ids and returns scores (ranking) or top-k "
-      "candidates (retrieval); for Criteo and MovieLens, serving_raw takes "
-      "raw values (TSV columns, raw user/item ids) and applies the training "
-      "hashing and vocabularies in the graph.",
-      epilog="example:\n  recsys export --model_dir runs/demo --export_dir runs/demo/export")
+    "export",
+    help="export a SavedModel that serves on CPU.",
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+    description="Restore the latest checkpoint of --model_dir (trained with "
+    "any backend) and write a SavedModel whose serving_default signature "
+    "takes the data source's ids and returns scores (ranking) or top-k "
+    "candidates (retrieval); for Criteo and MovieLens, serving_raw takes "
+    "raw values (TSV columns, raw user/item ids) and applies the training "
+    "hashing and vocabularies in the graph.",
+    epilog="example:\n  recsys export --model_dir runs/demo --export_dir runs/demo/export",
+  )
   _add_gin_flags(export, required=False)
   export.add_argument("--model_dir", required=True)
   export.add_argument("--export_dir", required=True)
   export.add_argument("-v", "--verbose", action="store_true")
 
   info = sub.add_parser(
-      "info", help="print versions, devices, strategy and backend choice.",
-      formatter_class=argparse.RawDescriptionHelpFormatter,
-      description="Print what recsys detects here: versions, devices, the "
-      "strategy and the embedding backend it would pick and why; with "
-      "--gin_file also the experiment's tables and their memory plan.",
-      epilog="example:\n  recsys info\n  recsys info --gin_file experiments/synthetic_dlrm.gin")
+    "info",
+    help="print versions, devices, strategy and backend choice.",
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+    description="Print what recsys detects here: versions, devices, the "
+    "strategy and the embedding backend it would pick and why; with "
+    "--gin_file also the experiment's tables and their memory plan.",
+    epilog="example:\n  recsys info\n  recsys info --gin_file experiments/synthetic_dlrm.gin",
+  )
   _add_gin_flags(info, required=False)
   _add_runtime_flags(info)
 
   experiments = sub.add_parser(
-      "experiments", help="list the shipped experiment gin files, or print one.",
-      formatter_class=argparse.RawDescriptionHelpFormatter,
-      description="The experiment gin files installed with recsys. Pass a "
-      "name to --gin_file from any directory, include it from your own gin "
-      "file (include 'synthetic_dlrm.gin'), or print it to start your own.",
-      epilog="example:\n  recsys experiments\n  recsys experiments "
-      "synthetic_dlrm.gin > my_dlrm.gin")
-  experiments.add_argument("name", nargs="?", default=None,
-                           help="print this experiment's gin file.")
+    "experiments",
+    help="list the shipped experiment gin files, or print one.",
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+    description="The experiment gin files installed with recsys. Pass a "
+    "name to --gin_file from any directory, include it from your own gin "
+    "file (include 'synthetic_dlrm.gin'), or print it to start your own.",
+    epilog="example:\n  recsys experiments\n  recsys experiments "
+    "synthetic_dlrm.gin > my_dlrm.gin",
+  )
+  experiments.add_argument(
+    "name", nargs="?", default=None, help="print this experiment's gin file."
+  )
 
   launch = sub.add_parser(
-      "launch", help="run a command on a local cluster (chief, workers, ps).",
-      formatter_class=argparse.RawDescriptionHelpFormatter,
-      description="Start a small TF_CONFIG cluster of processes on this "
-      "machine (127.0.0.1, free ports) that all run the command after `--`: "
-      "with --ps > 0 a chief, workers and parameter servers "
-      "(ParameterServerStrategy, 'sharded' tables); with --ps 0 workers of a "
-      "MultiWorkerMirroredStrategy. Log lines are prefixed with the task; "
-      "every process is stopped when the chief exits, on Ctrl-C, or when a "
-      "task the cluster cannot lose fails.",
-      epilog="example:\n  recsys launch --workers 2 --ps 2 -- train "
-      "--gin_file experiments/synthetic_dlrm.gin \\\n"
-      "      --gin_file experiments/hardware/local_cluster.gin --model_dir runs/ps")
+    "launch",
+    help="run a command on a local cluster (chief, workers, ps).",
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+    description="Start a small TF_CONFIG cluster of processes on this "
+    "machine (127.0.0.1, free ports) that all run the command after `--`: "
+    "with --ps > 0 a chief, workers and parameter servers "
+    "(ParameterServerStrategy, 'sharded' tables); with --ps 0 workers of a "
+    "MultiWorkerMirroredStrategy. Log lines are prefixed with the task; "
+    "every process is stopped when the chief exits, on Ctrl-C, or when a "
+    "task the cluster cannot lose fails.",
+    epilog="example:\n  recsys launch --workers 2 --ps 2 -- train "
+    "--gin_file experiments/synthetic_dlrm.gin \\\n"
+    "      --gin_file experiments/hardware/local_cluster.gin --model_dir runs/ps",
+  )
   from recsys import launch as launch_lib  # pylint: disable=g-import-not-at-top
+
   launch_lib.add_arguments(launch)
   return parser
 
@@ -168,23 +224,30 @@ def _configure_runtime(args: argparse.Namespace) -> None:
   if not verbose:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   logging.basicConfig(
-      level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
-      datefmt="%H:%M:%S")
+    level=logging.INFO,
+    format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    datefmt="%H:%M:%S",
+  )
   from recsys import _tf_startup  # pylint: disable=g-import-not-at-top
+
   tf, devices = _tf_startup.start(verbose)
   logging.getLogger("recsys").info(devices)
   if not verbose:
     tf.get_logger().setLevel(logging.ERROR)
     logging.getLogger("absl").setLevel(logging.WARNING)
-  intra, inter, why = thread_settings(getattr(args, "intra_op_threads", 0),
-                                      getattr(args, "inter_op_threads", 0),
-                                      available_cores())
+  intra, inter, why = thread_settings(
+    getattr(args, "intra_op_threads", 0),
+    getattr(args, "inter_op_threads", 0),
+    available_cores(),
+  )
   try:
     if intra:
       tf.config.threading.set_intra_op_parallelism_threads(intra)
     if inter:
       tf.config.threading.set_inter_op_parallelism_threads(inter)
-  except RuntimeError:  # TF already running in this process (called as a library)
+  except (
+    RuntimeError
+  ):  # TF already running in this process (called as a library)
     if not why:
       raise
     why = ""
@@ -192,7 +255,7 @@ def _configure_runtime(args: argparse.Namespace) -> None:
     logging.getLogger("recsys").info(why)
 
 
-def thread_settings(intra: int, inter: int, cores: int) -> Tuple[int, int, str]:
+def thread_settings(intra: int, inter: int, cores: int) -> tuple[int, int, str]:
   """The TF (intra-op, inter-op) threads to set (0: TF's default), and why.
 
   Flags given are kept. With neither given on a machine of 2 cores or fewer,
@@ -203,8 +266,14 @@ def thread_settings(intra: int, inter: int, cores: int) -> Tuple[int, int, str]:
   """
   if intra or inter or cores > 2:
     return intra, inter, ""
-  return 1, 2, (f"{cores} CPU core(s): TF intra-op threads 1, inter-op 2 "
-                "(set --intra_op_threads / --inter_op_threads to override)")
+  return (
+    1,
+    2,
+    (
+      f"{cores} CPU core(s): TF intra-op threads 1, inter-op 2 "
+      "(set --intra_op_threads / --inter_op_threads to override)"
+    ),
+  )
 
 
 def available_cores() -> int:
@@ -214,24 +283,26 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
-def _gin_files(args: argparse.Namespace) -> List[str]:
+def _gin_files(args: argparse.Namespace) -> list[str]:
   """--gin_file, or the model dir's operative config for evaluate/export."""
   if args.gin_file:
     return list(args.gin_file)
   model_dir = getattr(args, "model_dir", None)
   if model_dir:
-    from recsys.training import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
     from recsys import untrusted_config  # pylint: disable=g-import-not-at-top
+    from recsys.training import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+
     path = os.path.join(model_dir, trainer_lib.OPERATIVE_CONFIG_FILE)
     if os.path.isfile(path):
       return [untrusted_config.check_bindings_only(path)]  # no imports
     raise FileNotFoundError(
-        f"{path} does not exist: pass --gin_file (the experiment's gin files) "
-        f"or point --model_dir at a directory written by `recsys train`.")
+      f"{path} does not exist: pass --gin_file (the experiment's gin files) "
+      f"or point --model_dir at a directory written by `recsys train`."
+    )
   return []
 
 
-def _bindings(args: argparse.Namespace) -> List[str]:
+def _bindings(args: argparse.Namespace) -> list[str]:
   bindings = list(args.gin_bindings)
   if getattr(args, "no_progress", False):
     bindings.append("train.progress_bar = False")
@@ -251,8 +322,9 @@ def _runtime_kwargs(args: argparse.Namespace) -> dict:
   return kwargs
 
 
-def _call_train(args: argparse.Namespace, extra_bindings: Sequence[str] = (),
-                **kwargs):
+def _call_train(
+  args: argparse.Namespace, extra_bindings: Sequence[str] = (), **kwargs
+):
   """Parses the command's gin files, then calls the gin-configured `train`.
 
   Args:
@@ -269,10 +341,12 @@ def _call_train(args: argparse.Namespace, extra_bindings: Sequence[str] = (),
   """
   from recsys import config  # pylint: disable=g-import-not-at-top
   from recsys.training import train  # pylint: disable=g-import-not-at-top
+
   files, bindings = _gin_files(args), _bindings(args)
   config.parse(files, bindings + list(extra_bindings))
   from recsys.training import signals  # pylint: disable=g-import-not-at-top
   from recsys.training import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+
   kwargs = {**_runtime_kwargs(args), **kwargs}
   if "strategy" not in kwargs:
     # Before gin calls `train`, which first builds its arguments (data
@@ -302,12 +376,14 @@ def _raised_by_gin(error: BaseException) -> bool:
   raised by our code: their innermost frame is not in the gin package.
   """
   import gin  # pylint: disable=g-import-not-at-top
+
   gin_dir = os.path.dirname(os.path.abspath(gin.__file__)) + os.sep
   tb, last = error.__traceback__, None
   while tb is not None:
     last, tb = tb, tb.tb_next
   return last is not None and os.path.abspath(
-      last.tb_frame.f_code.co_filename).startswith(gin_dir)
+    last.tb_frame.f_code.co_filename
+  ).startswith(gin_dir)
 
 
 #: `recsys` exits with this status on SIGTERM (128 + 15), as a preempted
@@ -329,8 +405,11 @@ def _sigterm_exits_143() -> Iterator[None]:
 
   def handler(signum, frame):
     del signum, frame
-    print("recsys: SIGTERM received outside the training loop; stopping "
-          "(checkpoints already saved are kept).", file=sys.stderr)
+    print(
+      "recsys: SIGTERM received outside the training loop; stopping "
+      "(checkpoints already saved are kept).",
+      file=sys.stderr,
+    )
     raise SystemExit(SIGTERM_EXIT_CODE)
 
   previous = signal.signal(signal.SIGTERM, handler)
@@ -350,28 +429,39 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
   metrics = _call_train(args, action="evaluate")  # reads the model dir only
   print(json.dumps(metrics, indent=2, sort_keys=True))
   from recsys.training import run_files  # pylint: disable=g-import-not-at-top
+
   path = os.path.join(args.model_dir, "eval_metrics.json")
   try:  # a convenience copy; a read-only model dir (e.g. a shared run) is fine
     run_files.write_text(path, json.dumps(metrics, indent=2, sort_keys=True))
   except OSError as e:
-    log.warning("%s not written (%s); the metrics are printed above", path,
-             e.strerror or e)
+    log.warning(
+      "%s not written (%s); the metrics are printed above",
+      path,
+      e.strerror or e,
+    )
   return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   from recsys import export as export_lib  # pylint: disable=g-import-not-at-top
+
   # The serving backend restores a checkpoint of any training backend
   # (SparseCore's stacked tables included) on CPU; the export copies its
   # tables without the optimizer slots.
-  trainer = _call_train(args, ["train.progress_bar = False", "train.summaries = False"],
-                        action="build", backend="serving",
-                        strategy=tf.distribute.get_strategy())
+  trainer = _call_train(
+    args,
+    ["train.progress_bar = False", "train.summaries = False"],
+    action="build",
+    backend="serving",
+    strategy=tf.distribute.get_strategy(),
+  )
   if not trainer.restored_step:
     raise FileNotFoundError(
-        f"no checkpoint in {args.model_dir!r}/checkpoints to export; train "
-        "first with `recsys train ... --model_dir`.")
+      f"no checkpoint in {args.model_dir!r}/checkpoints to export; train "
+      "first with `recsys train ... --model_dir`."
+    )
   path = export_lib.export(trainer, args.export_dir)
   print(f"exported step {trainer.restored_step} to {path}")
   return 0
@@ -379,18 +469,22 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import backends  # pylint: disable=g-import-not-at-top
+
+  import recsys  # pylint: disable=g-import-not-at-top
   from recsys import config  # pylint: disable=g-import-not-at-top
   from recsys.training import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
-  import recsys  # pylint: disable=g-import-not-at-top
+
   try:
     from importlib import metadata  # pylint: disable=g-import-not-at-top
+
     keras_version = metadata.version("tf-keras")
   except Exception:  # noqa: BLE001 - informational only
     keras_version = "?"
-  lines = [f"recsys {recsys.__version__}, TensorFlow {tf.__version__}, "
-           f"Keras {keras_version} ({tf.keras.__name__.split('.')[0]}), "
-           f"Python {platform.python_version()}"]
+  lines = [
+    f"recsys {recsys.__version__}, TensorFlow {tf.__version__}, "
+    f"Keras {keras_version} ({tf.keras.__name__.split('.')[0]}), "
+    f"Python {platform.python_version()}"
+  ]
   strategy, _ = strategy_lib.make_strategy(args.tpu)
   missing = config.register_all()
   if missing:
@@ -404,10 +498,14 @@ def cmd_info(args: argparse.Namespace) -> int:
       optimizer = tf.tpu.experimental.embedding.Adagrad(0.05)
     backend = args.backend or _gin_value("train.backend") or "auto"
   from recsys import planning  # pylint: disable=g-import-not-at-top
-  lines.append(planning.describe_environment(strategy, feature_config,
-                                             optimizer=optimizer,
-                                             backend=backend))
+
+  lines.append(
+    planning.describe_environment(
+      strategy, feature_config, optimizer=optimizer, backend=backend
+    )
+  )
   from backends import kernels  # pylint: disable=g-import-not-at-top
+
   lines.append(f"fused CPU kernels (tensorcore on CPU): {kernels.status()}")
   print("\n".join(lines))
   return 0
@@ -416,6 +514,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def _evaluate_gin(ref):
   """The value a parsed gin binding stands for (`@X()` called, macros resolved)."""
   import gin  # pylint: disable=g-import-not-at-top
+
   if isinstance(ref, gin.config.ConfigurableReference):
     fn = ref.scoped_configurable_fn
     return _evaluate_gin(fn()) if ref.evaluate else fn
@@ -425,6 +524,7 @@ def _evaluate_gin(ref):
 def _gin_value(binding: str):
   """The evaluated value of `binding` in the parsed config, or None if unset."""
   import gin  # pylint: disable=g-import-not-at-top
+
   try:
     return _evaluate_gin(gin.query_parameter(binding))
   except ValueError:
@@ -434,18 +534,21 @@ def _gin_value(binding: str):
 def _feature_config_from_gin():
   """The experiment's feature_config from the parsed gin `train` bindings."""
   from recsys import features as features_lib  # pylint: disable=g-import-not-at-top
+
   source = _gin_value("train.data")
   if source is None:
     return None
   if isinstance(source, type):
     source = source()
-  return features_lib.feature_config(source.feature_specs,
-                                     _gin_value("train.embedding"))
+  return features_lib.feature_config(
+    source.feature_specs, _gin_value("train.embedding")
+  )
 
 
 def cmd_experiments(args: argparse.Namespace) -> int:
   """Lists the shipped experiments, or prints the one named."""
   from recsys import experiments_catalog as catalog  # pylint: disable=g-import-not-at-top
+
   if args.name:
     try:
       sys.stdout.write(catalog.read_experiment(args.name))
@@ -458,13 +561,16 @@ def cmd_experiments(args: argparse.Namespace) -> int:
   print(f"experiments shipped with recsys ({catalog.EXPERIMENTS_DIR}):")
   for e in shipped:
     print(f"  {e.name:<{width}}  {e.summary}")
-  print("\nuse: recsys train --gin_file synthetic_dlrm.gin --model_dir runs/demo;"
-        " print one: recsys experiments NAME")
+  print(
+    "\nuse: recsys train --gin_file synthetic_dlrm.gin --model_dir runs/demo;"
+    " print one: recsys experiments NAME"
+  )
   return 0
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
   from recsys import launch as launch_lib  # pylint: disable=g-import-not-at-top
+
   try:
     return launch_lib.run(args)
   except launch_lib.LaunchError as e:
@@ -472,11 +578,15 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return 2
 
 
-COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "export": cmd_export,
-            "info": cmd_info}
+COMMANDS = {
+  "train": cmd_train,
+  "evaluate": cmd_evaluate,
+  "export": cmd_export,
+  "info": cmd_info,
+}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
   """Entry point of the `recsys` console script and `python -m recsys`."""
   parser = build_parser()
   args = parser.parse_args(argv)
@@ -492,12 +602,15 @@ def _run_command(args: argparse.Namespace) -> int:
   """Runs a TensorFlow command; errors become a message and an exit status."""
   _configure_runtime(args)
   from recsys import config  # pylint: disable=g-import-not-at-top
+
   try:
     return COMMANDS[args.command](args)
   except config.GinConfigError as e:
     if args.verbose:
       raise
-    print(f"recsys {args.command}: gin configuration error:\n{e}", file=sys.stderr)
+    print(
+      f"recsys {args.command}: gin configuration error:\n{e}", file=sys.stderr
+    )
     return 2
   except (ValueError, RuntimeError, OSError, FloatingPointError) as e:
     if getattr(e, "exit_code", None):  # a clean stop, e.g. TrainingPreempted
@@ -505,24 +618,35 @@ def _run_command(args: argparse.Namespace) -> int:
       return e.exit_code
     if args.verbose:
       raise
-    print(f"recsys {args.command}: {type(e).__name__}: {_short(e)}\n(run "
-          "with --verbose for the traceback)", file=sys.stderr)
+    print(
+      f"recsys {args.command}: {type(e).__name__}: {_short(e)}\n(run "
+      "with --verbose for the traceback)",
+      file=sys.stderr,
+    )
     return 1
   except Exception as e:  # noqa: BLE001 - TF's errors raised inside a step
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
     if args.verbose or not isinstance(e, tf.errors.OpError):
       raise
-    print(f"recsys {args.command}: {type(e).__name__}: {_short(e)}\n(run "
-          "with --verbose for the traceback)", file=sys.stderr)
+    print(
+      f"recsys {args.command}: {type(e).__name__}: {_short(e)}\n(run "
+      "with --verbose for the traceback)",
+      file=sys.stderr,
+    )
     return 1
 
 
 def _short(error: BaseException) -> str:
   """An error's own message: TF's OpErrors without their graph-node trail."""
   message = getattr(error, "message", None) or str(error)
-  kept = [line for line in str(message).splitlines()
-          if line.strip() and not line.lstrip().startswith(("[[", "\t [["))
-          and "Op:__inference" not in line]
+  kept = [
+    line
+    for line in str(message).splitlines()
+    if line.strip()
+    and not line.lstrip().startswith(("[[", "\t [["))
+    and "Op:__inference" not in line
+  ]
   return "\n".join(kept) or str(error)
 
 

@@ -26,7 +26,7 @@ import os
 import pkgutil
 import re
 import tokenize
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 import gin
 
@@ -38,58 +38,96 @@ log = logging.getLogger("recsys.config")
 _embedding = tf.tpu.experimental.embedding
 
 _EXTERNAL = {
-    "embedding": {
-        "TableConfig": _embedding.TableConfig,
-        "FeatureConfig": _embedding.FeatureConfig,
-        "SGD": _embedding.SGD,
-        "Adagrad": _embedding.Adagrad,
-        "AdagradMomentum": _embedding.AdagradMomentum,
-        "Adam": _embedding.Adam,
-        "FTRL": _embedding.FTRL,
-    },
-    "keras.optimizers": {
-        name: getattr(keras.optimizers, name)
-        for name in ("SGD", "Adam", "AdamW", "Adagrad", "Adamax", "Adadelta",
-                     "Nadam", "RMSprop", "Ftrl", "Lion")
-        if hasattr(keras.optimizers, name)
-    },
-    "keras.optimizers.legacy": {
-        name: getattr(keras.optimizers.legacy, name)
-        for name in ("SGD", "Adam", "Adagrad", "RMSprop", "Ftrl")
-        if hasattr(keras.optimizers.legacy, name)
-    },
-    "keras.optimizers.schedules": {
-        name: getattr(keras.optimizers.schedules, name)
-        for name in ("PolynomialDecay", "ExponentialDecay", "CosineDecay",
-                     "CosineDecayRestarts", "PiecewiseConstantDecay",
-                     "InverseTimeDecay")
-    },
-    "keras.losses": {
-        name: getattr(keras.losses, name)
-        for name in ("BinaryCrossentropy", "MeanSquaredError",
-                     "CategoricalCrossentropy", "Huber", "MeanAbsoluteError")
-    },
-    "keras.initializers": {
-        name: getattr(keras.initializers, name)
-        for name in ("TruncatedNormal", "RandomNormal", "RandomUniform",
-                     "GlorotUniform", "GlorotNormal", "HeNormal", "HeUniform",
-                     "Zeros", "Constant", "VarianceScaling")
-    },
-    "keras.regularizers": {
-        name: getattr(keras.regularizers, name) for name in ("L1", "L2", "L1L2")
-    },
-    "keras.metrics": {
-        name: getattr(keras.metrics, name)
-        for name in ("AUC", "BinaryAccuracy", "BinaryCrossentropy",
-                     "RootMeanSquaredError", "MeanSquaredError")
-    },
+  "embedding": {
+    "TableConfig": _embedding.TableConfig,
+    "FeatureConfig": _embedding.FeatureConfig,
+    "SGD": _embedding.SGD,
+    "Adagrad": _embedding.Adagrad,
+    "AdagradMomentum": _embedding.AdagradMomentum,
+    "Adam": _embedding.Adam,
+    "FTRL": _embedding.FTRL,
+  },
+  "keras.optimizers": {
+    name: getattr(keras.optimizers, name)
+    for name in (
+      "SGD",
+      "Adam",
+      "AdamW",
+      "Adagrad",
+      "Adamax",
+      "Adadelta",
+      "Nadam",
+      "RMSprop",
+      "Ftrl",
+      "Lion",
+    )
+    if hasattr(keras.optimizers, name)
+  },
+  "keras.optimizers.legacy": {
+    name: getattr(keras.optimizers.legacy, name)
+    for name in ("SGD", "Adam", "Adagrad", "RMSprop", "Ftrl")
+    if hasattr(keras.optimizers.legacy, name)
+  },
+  "keras.optimizers.schedules": {
+    name: getattr(keras.optimizers.schedules, name)
+    for name in (
+      "PolynomialDecay",
+      "ExponentialDecay",
+      "CosineDecay",
+      "CosineDecayRestarts",
+      "PiecewiseConstantDecay",
+      "InverseTimeDecay",
+    )
+  },
+  "keras.losses": {
+    name: getattr(keras.losses, name)
+    for name in (
+      "BinaryCrossentropy",
+      "MeanSquaredError",
+      "CategoricalCrossentropy",
+      "Huber",
+      "MeanAbsoluteError",
+    )
+  },
+  "keras.initializers": {
+    name: getattr(keras.initializers, name)
+    for name in (
+      "TruncatedNormal",
+      "RandomNormal",
+      "RandomUniform",
+      "GlorotUniform",
+      "GlorotNormal",
+      "HeNormal",
+      "HeUniform",
+      "Zeros",
+      "Constant",
+      "VarianceScaling",
+    )
+  },
+  "keras.regularizers": {
+    name: getattr(keras.regularizers, name) for name in ("L1", "L2", "L1L2")
+  },
+  "keras.metrics": {
+    name: getattr(keras.metrics, name)
+    for name in (
+      "AUC",
+      "BinaryAccuracy",
+      "BinaryCrossentropy",
+      "RootMeanSquaredError",
+      "MeanSquaredError",
+    )
+  },
 }
 
 # Modules whose import registers our own classes (`@gin.register`). Missing
 # modules are tolerated so that one broken or absent part does not hide the
 # others; `register_all()` logs what it could not import.
-_OWN_MODULES = ("recsys.features", "recsys.training", "recsys.models",
-                "recsys.data")
+_OWN_MODULES = (
+  "recsys.features",
+  "recsys.training",
+  "recsys.models",
+  "recsys.data",
+)
 
 _registered = False
 
@@ -109,7 +147,7 @@ def register_external() -> None:
   _registered = True
 
 
-def register_all() -> List[str]:
+def register_all() -> list[str]:
   """Registers external classes and imports our gin-registered modules.
 
   Returns:
@@ -122,8 +160,9 @@ def register_all() -> List[str]:
     try:
       module = importlib.import_module(name)
     except ImportError as e:
-      log.warning("could not import %s (its gin names are unavailable): %s",
-                  name, e)
+      log.warning(
+        "could not import %s (its gin names are unavailable): %s", name, e
+      )
       missing.append(name)
       continue
     # Packages: import their public submodules too, so every @gin.register
@@ -135,8 +174,9 @@ def register_all() -> List[str]:
       try:
         importlib.import_module(full)
       except ImportError as e:
-        log.warning("could not import %s (its gin names are unavailable): %s",
-                    full, e)
+        log.warning(
+          "could not import %s (its gin names are unavailable): %s", full, e
+        )
         missing.append(full)
   return missing
 
@@ -144,11 +184,11 @@ def register_all() -> List[str]:
 register_external()
 
 
-def _gin_files_closure(files: Sequence[str]) -> List[str]:
+def _gin_files_closure(files: Sequence[str]) -> list[str]:
   """The files and, recursively, the files they `include`, in parse order."""
-  seen: List[str] = []
+  seen: list[str] = []
 
-  def visit(path: str, base_dir: Optional[str]) -> None:
+  def visit(path: str, base_dir: str | None) -> None:
     # The order gin (with experiments_catalog's reader) resolves includes in:
     # the including file's folder, as given, the search paths, experiments/.
     candidates = [path]
@@ -176,7 +216,7 @@ def _gin_files_closure(files: Sequence[str]) -> List[str]:
   return seen
 
 
-def locate(name: str, files: Sequence[str]) -> List[str]:
+def locate(name: str, files: Sequence[str]) -> list[str]:
   """`file:line: text` for each line of `files` (and includes) naming `name`.
 
   Args:
@@ -195,7 +235,7 @@ def locate(name: str, files: Sequence[str]) -> List[str]:
   return hits
 
 
-def _registered_names() -> List[str]:
+def _registered_names() -> list[str]:
   """Every name a gin file may use for a registered configurable.
 
   Gin matches selectors by their innermost components, so
@@ -208,7 +248,7 @@ def _registered_names() -> List[str]:
   return sorted(names)
 
 
-def _parameters(selector: str) -> Optional[List[str]]:
+def _parameters(selector: str) -> list[str] | None:
   """The parameter names of the configurable `selector`, or None if unknown."""
   try:
     configurable = gin.config._REGISTRY.get_match(selector)  # pylint: disable=protected-access
@@ -223,14 +263,19 @@ def _parameters(selector: str) -> Optional[List[str]]:
     params = inspect.signature(target).parameters.values()
   except (TypeError, ValueError):
     return None
-  return [p.name for p in params if p.name != "self" and
-          p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+  return [
+    p.name
+    for p in params
+    if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+  ]
 
 
-def _closest(name: str, candidates: Sequence[str]) -> List[str]:
+def _closest(name: str, candidates: Sequence[str]) -> list[str]:
   """Up to three candidates close to `name` (case-insensitive)."""
   lowered = {c.lower(): c for c in candidates}
-  close = difflib.get_close_matches(name.lower(), list(lowered), n=3, cutoff=0.6)
+  close = difflib.get_close_matches(
+    name.lower(), list(lowered), n=3, cutoff=0.6
+  )
   return [lowered[c] for c in close]
 
 
@@ -246,31 +291,43 @@ def suggest(message: str) -> str:
     One line naming the closest registered configurables or parameters, or
     the valid parameters when none is close; '' for other messages.
   """
-  unknown = re.search(r"No configurable matching (?:reference )?'@?([\w.]+)", message)
+  unknown = re.search(
+    r"No configurable matching (?:reference )?'@?([\w.]+)", message
+  )
   if unknown:
     name = unknown.group(1)
-    close = _closest(name, [n for n in _registered_names()
-                            if n.count(".") == name.count(".")])
+    close = _closest(
+      name, [n for n in _registered_names() if n.count(".") == name.count(".")]
+    )
     if close:
       return "Did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
-    return ("Registered names include the classes in recsys.config's module "
-            "docstring and @gin.register classes (e.g. 'DLRM', "
-            "'SyntheticCTR', 'EmbeddingSettings').")
-  param = re.search(r"Configurable '([\w.]+)' doesn't have a parameter named "
-                    r"'(\w+)'", message)
+    return (
+      "Registered names include the classes in recsys.config's module "
+      "docstring and @gin.register classes (e.g. 'DLRM', "
+      "'SyntheticCTR', 'EmbeddingSettings')."
+    )
+  param = re.search(
+    r"Configurable '([\w.]+)' doesn't have a parameter named "
+    r"'(\w+)'",
+    message,
+  )
   if param:
     params = _parameters(param.group(1))
     if params is None:
       return ""
     close = _closest(param.group(2), params)
-    hint = ("Did you mean " + " or ".join(f"'{c}'" for c in close) + "? "
-            if close else "")
+    hint = (
+      "Did you mean " + " or ".join(f"'{c}'" for c in close) + "? "
+      if close
+      else ""
+    )
     return f"{hint}'{param.group(1)}' takes: {', '.join(params)}."
   return ""
 
 
-def explain(error: Exception, files: Sequence[str],
-            bindings: Sequence[str] = ()) -> str:
+def explain(
+  error: Exception, files: Sequence[str], bindings: Sequence[str] = ()
+) -> str:
   """Gin's message for `error`, plus a suggestion and the gin files/lines."""
   message = str(error)
   hint = suggest(message)
@@ -280,11 +337,16 @@ def explain(error: Exception, files: Sequence[str],
   names = re.findall(r"'([\w./]+?)(?:/(?:gin\.)?macro(?:\.value)?)?'", message)
   names += re.findall(r"^([\w.]+)/macro\.value", message)
   names += re.findall(r"`([\w.]+)`", message)
-  required = re.search(r"Required bindings for `([\w.]+)` not provided in "
-                       r"config: \[([^\]]*)\]", message)
+  required = re.search(
+    r"Required bindings for `([\w.]+)` not provided in "
+    r"config: \[([^\]]*)\]",
+    message,
+  )
   if required:
-    names = [f"{required.group(1)}.{p.strip(' ' + chr(39))}"
-             for p in required.group(2).split(",")] + [required.group(1)]
+    names = [
+      f"{required.group(1)}.{p.strip(' ' + chr(39))}"
+      for p in required.group(2).split(",")
+    ] + [required.group(1)]
   lines = []
   for name in dict.fromkeys(names):
     lines.extend(locate(name, files))
@@ -292,11 +354,16 @@ def explain(error: Exception, files: Sequence[str],
   if "In file" not in message:
     if lines:
       parts.append("Found in:\n  " + "\n  ".join(dict.fromkeys(lines)))
-    parts.append("Gin files: " + (", ".join(files) or "(none)") +
-                 ("; bindings: " + "; ".join(bindings) if bindings else ""))
+    parts.append(
+      "Gin files: "
+      + (", ".join(files) or "(none)")
+      + ("; bindings: " + "; ".join(bindings) if bindings else "")
+    )
     if "REQUIRED" in message or "Required" in message:
-      parts.append("Bind the missing value in a gin file or with "
-                   "--gin_bindings 'NAME = value'.")
+      parts.append(
+        "Bind the missing value in a gin file or with "
+        "--gin_bindings 'NAME = value'."
+      )
   return "\n".join(parts)
 
 
@@ -306,7 +373,9 @@ EXPERIMENTS_DIR = experiments_catalog.EXPERIMENTS_DIR
 
 def add_search_paths(files: Sequence[str]) -> None:
   """Lets `include` resolve relative to each file's folder and experiments/."""
-  dirs = [os.path.dirname(os.path.abspath(p)) for p in files] + [EXPERIMENTS_DIR]
+  dirs = [os.path.dirname(os.path.abspath(p)) for p in files] + [
+    EXPERIMENTS_DIR
+  ]
   # gin keeps search paths for the whole process; start from its default so
   # an `include` never resolves in the folder of an earlier parse's files.
   prefixes = gin.config._LOCATION_PREFIXES  # pylint: disable=protected-access
@@ -321,8 +390,10 @@ class _DropPathNotFound(logging.Filter):
 
   def filter(self, record: logging.LogRecord) -> bool:
     message = str(record.msg)
-    return not (message.startswith("Path not found") or
-                message.startswith("system_path_file_exists"))
+    return not (
+      message.startswith("Path not found")
+      or message.startswith("system_path_file_exists")
+    )
 
 
 @contextlib.contextmanager
@@ -337,8 +408,9 @@ def _quiet_include_search():
     root.removeFilter(drop)
 
 
-def parse(files: Sequence[str] = (), bindings: Sequence[str] = (),
-          finalize: bool = True) -> None:
+def parse(
+  files: Sequence[str] = (), bindings: Sequence[str] = (), finalize: bool = True
+) -> None:
   """Parses gin files and bindings after registering every configurable.
 
   Args:
@@ -360,21 +432,24 @@ def parse(files: Sequence[str] = (), bindings: Sequence[str] = (),
   experiments_catalog.install_include_resolution()
   try:
     with _quiet_include_search():
-      gin.parse_config_files_and_bindings(list(files), list(bindings),
-                                          finalize_config=finalize)
+      gin.parse_config_files_and_bindings(
+        list(files), list(bindings), finalize_config=finalize
+      )
   except SyntaxError as e:
     raise GinConfigError(_syntax_message(e, files, bindings)) from e
   except tokenize.TokenError as e:
     raise GinConfigError(
-        f"gin syntax error: {e.args[0]} (an unclosed bracket or quote) in the "
-        f"gin files {list(files)} or bindings {list(bindings)}; check that "
-        "every (, [, { and quote is closed.") from e
-  except (ValueError, TypeError, RuntimeError, IOError) as e:
+      f"gin syntax error: {e.args[0]} (an unclosed bracket or quote) in the "
+      f"gin files {list(files)} or bindings {list(bindings)}; check that "
+      "every (, [, { and quote is closed."
+    ) from e
+  except (OSError, ValueError, TypeError, RuntimeError) as e:
     raise GinConfigError(explain(e, files, bindings)) from e
 
 
-def _syntax_message(error: SyntaxError, files: Sequence[str],
-                    bindings: Sequence[str]) -> str:
+def _syntax_message(
+  error: SyntaxError, files: Sequence[str], bindings: Sequence[str]
+) -> str:
   """`file:line:col: gin syntax error: ...` with the offending line."""
   where = error.filename or "<bindings>"
   if where and not os.path.isabs(where):  # gin names included files as given
@@ -384,15 +459,27 @@ def _syntax_message(error: SyntaxError, files: Sequence[str],
         break
   text = (error.text or "").rstrip("\n")
   pointer = (" " * (max(error.offset or 1, 1) - 1) + "^") if text else ""
-  lines = [f"{where}:{error.lineno}:{error.offset}: gin syntax error: "
-           f"{error.msg} (an unclosed quote or bracket, a missing '=' or "
-           "'@'?)"]
+  lines = [
+    f"{where}:{error.lineno}:{error.offset}: gin syntax error: "
+    f"{error.msg} (an unclosed quote or bracket, a missing '=' or "
+    "'@'?)"
+  ]
   if text:
     lines += ["    " + text, "    " + pointer]
-  lines.append("Gin files: " + (", ".join(files) or "(none)") +
-               ("; bindings: " + "; ".join(bindings) if bindings else ""))
+  lines.append(
+    "Gin files: "
+    + (", ".join(files) or "(none)")
+    + ("; bindings: " + "; ".join(bindings) if bindings else "")
+  )
   return "\n".join(lines)
 
 
-__all__ = ["GinConfigError", "explain", "locate", "parse", "register_all",
-           "register_external", "suggest"]
+__all__ = [
+  "GinConfigError",
+  "explain",
+  "locate",
+  "parse",
+  "register_all",
+  "register_external",
+  "suggest",
+]

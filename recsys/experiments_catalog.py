@@ -19,12 +19,13 @@ Example:
 import contextlib
 import dataclasses
 import os
-from typing import Iterator, List
+from collections.abc import Iterator
 
 import gin
 
-EXPERIMENTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                               "experiments")
+EXPERIMENTS_DIR = os.path.join(
+  os.path.dirname(os.path.abspath(__file__)), "experiments"
+)
 
 
 class UnknownExperimentError(FileNotFoundError):
@@ -34,6 +35,7 @@ class UnknownExperimentError(FileNotFoundError):
 @dataclasses.dataclass(frozen=True)
 class Experiment:
   """A shipped gin file: its name relative to experiments/ and first comment."""
+
   name: str
   path: str
   summary: str
@@ -50,19 +52,22 @@ def _summary(path: str, width: int = 90) -> str:
       words += text.lstrip("# ").split()
   comment = " ".join(words)
   end = comment.find(". ")
-  sentence = comment[:end + 1] if end >= 0 else comment
-  return sentence if len(sentence) <= width else sentence[:width - 3] + "..."
+  sentence = comment[: end + 1] if end >= 0 else comment
+  return sentence if len(sentence) <= width else sentence[: width - 3] + "..."
 
 
-def list_experiments() -> List[Experiment]:
+def list_experiments() -> list[Experiment]:
   """Every shipped gin file, sorted by name (`hardware/tpu.gin`, ...)."""
   out = []
   for root, _, files in os.walk(EXPERIMENTS_DIR, followlinks=True):
     for name in files:
       if name.endswith(".gin"):
         path = os.path.join(root, name)
-        out.append(Experiment(os.path.relpath(path, EXPERIMENTS_DIR), path,
-                              _summary(path)))
+        out.append(
+          Experiment(
+            os.path.relpath(path, EXPERIMENTS_DIR), path, _summary(path)
+          )
+        )
   return sorted(out, key=lambda e: (e.name.count(os.sep), e.name))
 
 
@@ -74,15 +79,20 @@ def find_experiment(name: str) -> str:
   """
   if os.path.isfile(name):
     return name
-  for candidate in (name, os.path.join(*name.split("/")[1:]) if name.startswith(
-      "experiments/") else None):
+  for candidate in (
+    name,
+    os.path.join(*name.split("/")[1:])
+    if name.startswith("experiments/")
+    else None,
+  ):
     if candidate and os.path.isfile(os.path.join(EXPERIMENTS_DIR, candidate)):
       return os.path.join(EXPERIMENTS_DIR, candidate)
   names = ", ".join(e.name for e in list_experiments())
   raise UnknownExperimentError(
-      f"gin file {name!r} does not exist (cwd: {os.getcwd()}) and is not a "
-      f"shipped experiment; shipped: {names} (`recsys experiments` lists "
-      "them, `recsys experiments NAME` prints one).")
+    f"gin file {name!r} does not exist (cwd: {os.getcwd()}) and is not a "
+    f"shipped experiment; shipped: {names} (`recsys experiments` lists "
+    "them, `recsys experiments NAME` prints one)."
+  )
 
 
 def read_experiment(name: str) -> str:

@@ -45,7 +45,8 @@ Example:
 
 import logging
 import os
-from typing import Any, Dict, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from backends import serving
 from recsys import atomic_dir
@@ -66,8 +67,9 @@ def _width(spec: FeatureSpec) -> int:
   return 0
 
 
-def input_signature(specs: Sequence[FeatureSpec], num_dense: int,
-                    names: Sequence[str]) -> Dict[str, tf.TensorSpec]:
+def input_signature(
+  specs: Sequence[FeatureSpec], num_dense: int, names: Sequence[str]
+) -> dict[str, tf.TensorSpec]:
   """The raw-feature `TensorSpec`s of the serving signature for `names`."""
   by_name = {s.name: s for s in specs}
   signature = {}
@@ -79,13 +81,17 @@ def input_signature(specs: Sequence[FeatureSpec], num_dense: int,
     shape = [None, width] if width else [None]
     signature[name] = tf.TensorSpec(shape, tf.int64, name)
     if spec.weighted and width and not spec.sequence_length:
-      signature[f"{name}_weights"] = tf.TensorSpec(shape, tf.float32,
-                                                   f"{name}_weights")
+      signature[f"{name}_weights"] = tf.TensorSpec(
+        shape, tf.float32, f"{name}_weights"
+      )
   return signature
 
 
-def to_features(inputs: Mapping[str, tf.Tensor], specs: Sequence[FeatureSpec],
-                names: Sequence[str]) -> Dict[str, Any]:
+def to_features(
+  inputs: Mapping[str, tf.Tensor],
+  specs: Sequence[FeatureSpec],
+  names: Sequence[str],
+) -> dict[str, Any]:
   """Raw signature inputs -> a batch's `features` dict (the data contract).
 
   Padded `[B, W]` ids (-1 = padding) become `tf.RaggedTensor` `[B, None]`.
@@ -124,9 +130,16 @@ class ServingModule(tf.Module):
       None: no raw signatures.
   """
 
-  def __init__(self, model: keras.Model, embedding: serving.ServingEmbedding,
-               specs: Sequence[FeatureSpec], num_dense: int, corpus=None,
-               k: int = 100, raw_parser: Optional[RawParser] = None):
+  def __init__(
+    self,
+    model: keras.Model,
+    embedding: serving.ServingEmbedding,
+    specs: Sequence[FeatureSpec],
+    num_dense: int,
+    corpus=None,
+    k: int = 100,
+    raw_parser: RawParser | None = None,
+  ):
     super().__init__(name="recsys_serving")
     self.model = model
     self.embedding = embedding
@@ -144,7 +157,7 @@ class ServingModule(tf.Module):
     """Embedding lookups of `names` on the serving embedding's tables."""
     return loop_lib.serving_activations(self.embedding, features, names)
 
-  def signatures(self) -> Dict[str, Any]:
+  def signatures(self) -> dict[str, Any]:
     """Concrete functions to save as the SavedModel's signatures."""
     names = list(self.embedding.feature_config)
     if not self._retrieval:
@@ -153,8 +166,11 @@ class ServingModule(tf.Module):
       @tf.function(autograph=False)
       def serve(inputs):
         features = to_features(inputs, self._specs, names)
-        return {"scores": self.model(self.activations(features, names),
-                                     features, training=False)}
+        return {
+          "scores": self.model(
+            self.activations(features, names), features, training=False
+          )
+        }
 
       signatures = {"serving_default": serve.get_concrete_function(sig)}
       if self.raw_parser is not None:
@@ -182,38 +198,47 @@ class ServingModule(tf.Module):
       q = query_embeddings(inputs)["embeddings"]
       scores = tf.matmul(q, self.corpus_embeddings, transpose_b=True)
       values, index = tf.math.top_k(scores, k=self._k)
-      return {"scores": values,
-              "candidate_ids": tf.gather(self.corpus_ids, index)}
+      return {
+        "scores": values,
+        "candidate_ids": tf.gather(self.corpus_ids, index),
+      }
 
-    signatures = {"serving_default": top_k.get_concrete_function(q_sig),
-                  "query_embeddings": query_embeddings.get_concrete_function(q_sig),
-                  "candidate_embeddings":
-                      candidate_embeddings.get_concrete_function(c_sig)}
+    signatures = {
+      "serving_default": top_k.get_concrete_function(q_sig),
+      "query_embeddings": query_embeddings.get_concrete_function(q_sig),
+      "candidate_embeddings": candidate_embeddings.get_concrete_function(c_sig),
+    }
     if self.raw_parser is not None:
       signatures.update(self._raw_retrieval_signatures())
     return signatures
 
   # -- raw signatures ---------------------------------------------------------
 
-  def _raw_features(self, inputs: Mapping[str, tf.Tensor], names: Sequence[str]):
+  def _raw_features(
+    self, inputs: Mapping[str, tf.Tensor], names: Sequence[str]
+  ):
     """Raw inputs -> (features of `names`, `unknown_<input>` flags)."""
     features = self.raw_parser.parse_raw(inputs, names)
-    unknown = {f"unknown_{k}": v for k, v in self.raw_parser.unknown(inputs).items()}
+    unknown = {
+      f"unknown_{k}": v for k, v in self.raw_parser.unknown(inputs).items()
+    }
     return features, unknown
 
-  def _raw_ranking_signatures(self, names: Sequence[str]) -> Dict[str, Any]:
-    """"serving_raw": raw values -> scores, via the source's own parser."""
+  def _raw_ranking_signatures(self, names: Sequence[str]) -> dict[str, Any]:
+    """ "serving_raw": raw values -> scores, via the source's own parser."""
     sig = self.raw_parser.raw_feature_spec(names, dense=bool(self._num_dense))
 
     @tf.function(autograph=False)
     def serve_raw(inputs):
       features, unknown = self._raw_features(inputs, names)
-      scores = self.model(self.activations(features, names), features, training=False)
+      scores = self.model(
+        self.activations(features, names), features, training=False
+      )
       return {"scores": scores, **unknown}
 
     return {"serving_raw": serve_raw.get_concrete_function(sig)}
 
-  def _raw_retrieval_signatures(self) -> Dict[str, Any]:
+  def _raw_retrieval_signatures(self) -> dict[str, Any]:
     """The retrieval signatures on raw values: top-k and both towers."""
     query, candidate = self.model.query_features, self.model.candidate_features
     q_sig = self.raw_parser.raw_feature_spec(query, dense=bool(self._num_dense))
@@ -225,6 +250,7 @@ class ServingModule(tf.Module):
         features, unknown = self._raw_features(inputs, names)
         acts = self.activations(features, names)
         return {"embeddings": embed(acts, features), **unknown}
+
       return embeddings
 
     raw_query = tower(query, self.model.query_embeddings)
@@ -234,7 +260,9 @@ class ServingModule(tf.Module):
     @tf.function(autograph=False)
     def raw_top_k(inputs):
       out = raw_query(inputs)
-      scores = tf.matmul(out.pop("embeddings"), self.corpus_embeddings, transpose_b=True)
+      scores = tf.matmul(
+        out.pop("embeddings"), self.corpus_embeddings, transpose_b=True
+      )
       values, index = tf.math.top_k(scores, k=self._k)
       ids = tf.gather(self.corpus_ids, index)
       out.update(scores=values, candidate_ids=ids)
@@ -243,9 +271,11 @@ class ServingModule(tf.Module):
         out["candidate_raw_ids"] = names
       return out
 
-    return {"serving_raw": raw_top_k.get_concrete_function(q_sig),
-            "raw_query_embeddings": raw_query.get_concrete_function(q_sig),
-            "raw_candidate_embeddings": raw_candidate.get_concrete_function(c_sig)}
+    return {
+      "serving_raw": raw_top_k.get_concrete_function(q_sig),
+      "raw_query_embeddings": raw_query.get_concrete_function(q_sig),
+      "raw_candidate_embeddings": raw_candidate.get_concrete_function(c_sig),
+    }
 
 
 def export(trainer: Any, export_dir: str, k: int = 100) -> str:
@@ -272,18 +302,26 @@ def export(trainer: Any, export_dir: str, k: int = 100) -> str:
     corpus = (tf.convert_to_tensor(ids), tf.convert_to_tensor(embeddings))
   raw_parser = trainer.source.raw_parser()
   if raw_parser is None:
-    log.info("export: no raw-feature signature: %s has no raw form (its "
-             "raw_parser() is None, as for synthetic data); the signatures take "
-             "ids.", type(trainer.source).__name__)
-  module = ServingModule(trainer.model,
-                         serving.ServingEmbedding.from_backend(trainer.backend),
-                         trainer.source.feature_specs,
-                         int(getattr(trainer.source, "num_dense", 0) or 0),
-                         corpus=corpus, k=k, raw_parser=raw_parser)
+    log.info(
+      "export: no raw-feature signature: %s has no raw form (its "
+      "raw_parser() is None, as for synthetic data); the signatures take "
+      "ids.",
+      type(trainer.source).__name__,
+    )
+  module = ServingModule(
+    trainer.model,
+    serving.ServingEmbedding.from_backend(trainer.backend),
+    trainer.source.feature_specs,
+    int(getattr(trainer.source, "num_dense", 0) or 0),
+    corpus=corpus,
+    k=k,
+    raw_parser=raw_parser,
+  )
   # Written next to export_dir and swapped in whole: a kill at any moment
   # leaves the previous export (if any) loadable, never a mixture.
-  with atomic_dir.replaced_atomically(export_dir,
-                                      may_replace=_is_saved_model) as tmp:
+  with atomic_dir.replaced_atomically(
+    export_dir, may_replace=_is_saved_model
+  ) as tmp:
     signatures = module.signatures()
     tf.saved_model.save(module, tmp, signatures=signatures)
   log.info("exported signatures: %s", ", ".join(sorted(signatures)))
@@ -292,8 +330,10 @@ def export(trainer: Any, export_dir: str, k: int = 100) -> str:
 
 def _is_saved_model(path: str) -> bool:
   """Whether `path` holds a SavedModel (which a new export may replace)."""
-  return any(os.path.isfile(os.path.join(path, f))
-             for f in ("saved_model.pb", "saved_model.pbtxt"))
+  return any(
+    os.path.isfile(os.path.join(path, f))
+    for f in ("saved_model.pb", "saved_model.pbtxt")
+  )
 
 
 __all__ = ["ServingModule", "export", "input_signature", "to_features"]

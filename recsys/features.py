@@ -20,7 +20,8 @@ import difflib
 import math
 import numbers
 import zlib
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import gin
 import numpy as np
@@ -33,9 +34,16 @@ embedding = tf.tpu.experimental.embedding
 _OVERRIDE_KEYS = ("dim", "combiner", "initializer", "optimizer")
 _COMBINERS = ("sum", "mean", "sqrtn")
 #: The `tf.tpu.experimental.embedding` optimizer classes, by name.
-EMBEDDING_OPTIMIZERS = {cls.__name__: cls for cls in (
-    embedding.SGD, embedding.Adagrad, embedding.AdagradMomentum,
-    embedding.Adam, embedding.FTRL)}
+EMBEDDING_OPTIMIZERS = {
+  cls.__name__: cls
+  for cls in (
+    embedding.SGD,
+    embedding.Adagrad,
+    embedding.AdagradMomentum,
+    embedding.Adam,
+    embedding.FTRL,
+  )
+}
 
 
 class FeatureConfigError(ValueError):
@@ -59,29 +67,33 @@ class EmbeddingSettings:
       to override the settings above for that table, e.g.
       `{"item": {"dim": 32, "optimizer": @embedding.Adam()}}` in gin.
   """
+
   dim: int = 16
   combiner: str = "mean"
-  initializer: Optional[Callable[..., Any]] = None
-  optimizer: Optional[Any] = None
+  initializer: Callable[..., Any] | None = None
+  optimizer: Any | None = None
   overrides: Mapping[str, Mapping[str, Any]] = dataclasses.field(
-      default_factory=dict)
+    default_factory=dict
+  )
 
-  def for_table(self, table: str) -> Dict[str, Any]:
+  def for_table(self, table: str) -> dict[str, Any]:
     """The dim/combiner/initializer/optimizer of `table` after overrides."""
     values = {key: getattr(self, key) for key in _OVERRIDE_KEYS}
     override = dict(self.overrides.get(table, {}))
     unknown = sorted(set(override) - set(_OVERRIDE_KEYS))
     if unknown:
       raise FeatureConfigError(
-          f"embedding override for table {table!r} has unknown keys "
-          f"{unknown}; valid keys: {list(_OVERRIDE_KEYS)}.")
+        f"embedding override for table {table!r} has unknown keys "
+        f"{unknown}; valid keys: {list(_OVERRIDE_KEYS)}."
+      )
     values.update(override)
     return values
 
 
 def _did_you_mean(name: str, valid: Sequence[str]) -> str:
-  close = difflib.get_close_matches(str(name).lower(),
-                                    [v.lower() for v in valid], n=1, cutoff=0.5)
+  close = difflib.get_close_matches(
+    str(name).lower(), [v.lower() for v in valid], n=1, cutoff=0.5
+  )
   if not close:
     return ""
   match = [v for v in valid if v.lower() == close[0]][0]
@@ -118,35 +130,50 @@ def check_embedding_optimizer(optimizer: Any, where: str) -> None:
     name = _gin_class_name(optimizer)
     if issubclass(optimizer, tuple(EMBEDDING_OPTIMIZERS.values())):
       raise FeatureConfigError(
-          f"{where} is the class {name}, not an optimizer: in gin write "
-          f"@embedding.{name}() with parentheses (an instance), not "
-          f"@embedding.{name}.")
+        f"{where} is the class {name}, not an optimizer: in gin write "
+        f"@embedding.{name}() with parentheses (an instance), not "
+        f"@embedding.{name}."
+      )
     raise FeatureConfigError(
-        f"{where} is the class {name}; embedding tables take an instance of a "
-        f"tf.tpu.experimental.embedding optimizer: {valid}.")
+      f"{where} is the class {name}; embedding tables take an instance of a "
+      f"tf.tpu.experimental.embedding optimizer: {valid}."
+    )
   if isinstance(optimizer, str):
     hint = _did_you_mean(optimizer, list(EMBEDDING_OPTIMIZERS))
     raise FeatureConfigError(
-        f"{where} = {optimizer!r} is a string; give an optimizer instance, "
-        f"e.g. @embedding.Adagrad() in gin.{hint} Valid: {valid}.")
+      f"{where} = {optimizer!r} is a string; give an optimizer instance, "
+      f"e.g. @embedding.Adagrad() in gin.{hint} Valid: {valid}."
+    )
   if not isinstance(optimizer, tuple(EMBEDDING_OPTIMIZERS.values())):
     kind = type(optimizer)
-    keras_like = "keras" in kind.__module__ or hasattr(optimizer, "apply_gradients")
+    keras_like = "keras" in kind.__module__ or hasattr(
+      optimizer, "apply_gradients"
+    )
     raise FeatureConfigError(
-        f"{where} is a {kind.__module__}.{kind.__name__}"
-        + (" (a Keras optimizer, which trains dense layers: set it as "
-           "train.dense_optimizer)" if keras_like else "")
-        + f"; embedding tables take a tf.tpu.experimental.embedding optimizer: "
-        f"{valid}.")
+      f"{where} is a {kind.__module__}.{kind.__name__}"
+      + (
+        " (a Keras optimizer, which trains dense layers: set it as "
+        "train.dense_optimizer)"
+        if keras_like
+        else ""
+      )
+      + f"; embedding tables take a tf.tpu.experimental.embedding optimizer: "
+      f"{valid}."
+    )
   lr = optimizer.learning_rate
   if callable(lr):
     return
-  if (isinstance(lr, bool) or not isinstance(lr, numbers.Real)
-      or not math.isfinite(lr) or lr < 0):
+  if (
+    isinstance(lr, bool)
+    or not isinstance(lr, numbers.Real)
+    or not math.isfinite(lr)
+    or lr < 0
+  ):
     raise FeatureConfigError(
-        f"{where}: {type(optimizer).__name__}.learning_rate = {lr!r}; expected "
-        "a finite number >= 0, or a zero-argument callable / Keras "
-        "LearningRateSchedule.")
+      f"{where}: {type(optimizer).__name__}.learning_rate = {lr!r}; expected "
+      "a finite number >= 0, or a zero-argument callable / Keras "
+      "LearningRateSchedule."
+    )
 
 
 def table_name(spec: FeatureSpec) -> str:
@@ -157,13 +184,17 @@ def table_name(spec: FeatureSpec) -> str:
 def table_seed(seed: int, table: str) -> int:
   """A table's initializer seed: a function of the run seed and its name only
   (adding or reordering tables leaves the others' initial values alone)."""
-  return int(np.random.SeedSequence(
+  return int(
+    np.random.SeedSequence(
       [int(seed) & 0xFFFFFFFF, zlib.crc32(table.encode("utf-8"))]
-  ).generate_state(1)[0] & 0x7FFFFFFF)
+    ).generate_state(1)[0]
+    & 0x7FFFFFFF
+  )
 
 
-def seeded_initializer(initializer: Optional[Callable[..., Any]], dim: int,
-                       seed: int, table: str) -> Optional[Callable[..., Any]]:
+def seeded_initializer(
+  initializer: Callable[..., Any] | None, dim: int, seed: int, table: str
+) -> Callable[..., Any] | None:
   """The table's own initializer, seeded from the run seed and its name.
 
   One gin-built initializer instance is shared by every table; an unseeded
@@ -175,18 +206,21 @@ def seeded_initializer(initializer: Optional[Callable[..., Any]], dim: int,
   """
   if initializer is None:
     return keras.initializers.TruncatedNormal(
-        stddev=1 / math.sqrt(dim), seed=table_seed(seed, table))
+      stddev=1 / math.sqrt(dim), seed=table_seed(seed, table)
+    )
   get_config = getattr(initializer, "get_config", None)
   if callable(get_config) and "seed" in get_config():
     return type(initializer).from_config(
-        {**get_config(), "seed": table_seed(seed, table)})
+      {**get_config(), "seed": table_seed(seed, table)}
+    )
   return initializer
 
 
-def feature_config(specs: Sequence[FeatureSpec],
-                   settings: Optional[EmbeddingSettings] = None,
-                   seed: Optional[int] = None,
-                   ) -> Dict[str, "embedding.FeatureConfig"]:
+def feature_config(
+  specs: Sequence[FeatureSpec],
+  settings: EmbeddingSettings | None = None,
+  seed: int | None = None,
+) -> dict[str, "embedding.FeatureConfig"]:
   """Builds the feature_config dict the embedding backends take.
 
   Args:
@@ -212,60 +246,72 @@ def feature_config(specs: Sequence[FeatureSpec],
   settings = settings if settings is not None else EmbeddingSettings()
   specs = list(specs)
   if not specs:
-    raise FeatureConfigError("no feature specs: the data source declares no "
-                             "categorical features to embed.")
+    raise FeatureConfigError(
+      "no feature specs: the data source declares no "
+      "categorical features to embed."
+    )
   names = [s.name for s in specs]
   duplicates = sorted({n for n in names if names.count(n) > 1})
   if duplicates:
     raise FeatureConfigError(f"duplicate feature names {duplicates} in specs.")
 
-  by_table: Dict[str, FeatureSpec] = {}
+  by_table: dict[str, FeatureSpec] = {}
   for spec in specs:
     name = table_name(spec)
     first = by_table.setdefault(name, spec)
     if first.vocabulary_size != spec.vocabulary_size:
       raise FeatureConfigError(
-          f"features {first.name!r} and {spec.name!r} share table {name!r} "
-          f"but have vocabulary sizes {first.vocabulary_size} and "
-          f"{spec.vocabulary_size}; shared tables need one vocabulary size.")
+        f"features {first.name!r} and {spec.name!r} share table {name!r} "
+        f"but have vocabulary sizes {first.vocabulary_size} and "
+        f"{spec.vocabulary_size}; shared tables need one vocabulary size."
+      )
   _check_override_tables(settings, specs, by_table)
   check_embedding_optimizer(settings.optimizer, "EmbeddingSettings.optimizer")
 
-  tables: Dict[str, embedding.TableConfig] = {}
+  tables: dict[str, embedding.TableConfig] = {}
   for name, spec in by_table.items():
     values = settings.for_table(name)
     dim, combiner = values["dim"], values["combiner"]
     if not isinstance(dim, int) or dim < 1:
       raise FeatureConfigError(
-          f"table {name!r}: dim must be a positive int, got {dim!r}.")
+        f"table {name!r}: dim must be a positive int, got {dim!r}."
+      )
     if combiner not in _COMBINERS:
       raise FeatureConfigError(
-          f"table {name!r}: combiner must be one of {list(_COMBINERS)}, got "
-          f"{combiner!r}.{_did_you_mean(combiner, _COMBINERS)}")
+        f"table {name!r}: combiner must be one of {list(_COMBINERS)}, got "
+        f"{combiner!r}.{_did_you_mean(combiner, _COMBINERS)}"
+      )
     if name in settings.overrides:
       check_embedding_optimizer(
-          values["optimizer"],
-          f"EmbeddingSettings.overrides[{name!r}]['optimizer']")
+        values["optimizer"],
+        f"EmbeddingSettings.overrides[{name!r}]['optimizer']",
+      )
     initializer = values["initializer"]
     if seed is not None:
       initializer = seeded_initializer(initializer, dim, seed, name)
     tables[name] = embedding.TableConfig(
-        vocabulary_size=spec.vocabulary_size, dim=dim,
-        initializer=initializer, optimizer=values["optimizer"],
-        combiner=combiner, name=name)
+      vocabulary_size=spec.vocabulary_size,
+      dim=dim,
+      initializer=initializer,
+      optimizer=values["optimizer"],
+      combiner=combiner,
+      name=name,
+    )
 
   return {
-      spec.name: embedding.FeatureConfig(
-          table=tables[table_name(spec)],
-          max_sequence_length=spec.sequence_length,
-          name=spec.name)
-      for spec in specs
+    spec.name: embedding.FeatureConfig(
+      table=tables[table_name(spec)],
+      max_sequence_length=spec.sequence_length,
+      name=spec.name,
+    )
+    for spec in specs
   }
 
 
-def specs_from_feature_config(config: Mapping[str, "embedding.FeatureConfig"],
-                              multi_hot: Optional[Mapping[str, int]] = None
-                             ) -> List[FeatureSpec]:
+def specs_from_feature_config(
+  config: Mapping[str, "embedding.FeatureConfig"],
+  multi_hot: Mapping[str, int] | None = None,
+) -> list[FeatureSpec]:
   """The `FeatureSpec`s of an existing feature_config dict (its inverse).
 
   For users who already have TF's `FeatureConfig`s: the models and the
@@ -283,31 +329,42 @@ def specs_from_feature_config(config: Mapping[str, "embedding.FeatureConfig"],
   """
   if not isinstance(config, Mapping) or not config:
     raise FeatureConfigError(
-        f"feature_config is a {type(config).__name__}; expected a non-empty "
-        "dict feature name -> tf.tpu.experimental.embedding.FeatureConfig.")
+      f"feature_config is a {type(config).__name__}; expected a non-empty "
+      "dict feature name -> tf.tpu.experimental.embedding.FeatureConfig."
+    )
   multi_hot = dict(multi_hot or {})
   unknown = sorted(set(multi_hot) - set(config))
   if unknown:
-    raise FeatureConfigError(f"multi_hot names unknown features {unknown}; "
-                             f"features are {sorted(config)}.")
+    raise FeatureConfigError(
+      f"multi_hot names unknown features {unknown}; "
+      f"features are {sorted(config)}."
+    )
   specs = []
   for name, feature in config.items():
     if not isinstance(feature, embedding.FeatureConfig):
       raise FeatureConfigError(
-          f"feature_config[{name!r}] is a {type(feature).__name__}; expected "
-          "tf.tpu.experimental.embedding.FeatureConfig.")
+        f"feature_config[{name!r}] is a {type(feature).__name__}; expected "
+        "tf.tpu.experimental.embedding.FeatureConfig."
+      )
     table = feature.table
-    specs.append(FeatureSpec(
-        name=name, vocabulary_size=table.vocabulary_size,
-        multi_hot=name in multi_hot, max_ids=int(multi_hot.get(name, 1)),
+    specs.append(
+      FeatureSpec(
+        name=name,
+        vocabulary_size=table.vocabulary_size,
+        multi_hot=name in multi_hot,
+        max_ids=int(multi_hot.get(name, 1)),
         sequence_length=int(feature.max_sequence_length or 0),
-        table=table.name if table.name != name else None))
+        table=table.name if table.name != name else None,
+      )
+    )
   return specs
 
 
-def _check_override_tables(settings: EmbeddingSettings,
-                           specs: List[FeatureSpec],
-                           by_table: Mapping[str, FeatureSpec]) -> None:
+def _check_override_tables(
+  settings: EmbeddingSettings,
+  specs: list[FeatureSpec],
+  by_table: Mapping[str, FeatureSpec],
+) -> None:
   """Overrides must name tables; a feature's name is explained, typos suggested."""
   unknown = sorted(set(settings.overrides) - set(by_table))
   if not unknown:
@@ -321,23 +378,32 @@ def _check_override_tables(settings: EmbeddingSettings,
     if name in table_of:
       table = table_of[name]
       hints.append(
-          f"{name!r} is a feature of the shared table {table!r} (with "
-          f"{sharing[table]}); features sharing a table share its dim, "
-          f"combiner and optimizer, so override the table: {table!r}.")
+        f"{name!r} is a feature of the shared table {table!r} (with "
+        f"{sharing[table]}); features sharing a table share its dim, "
+        f"combiner and optimizer, so override the table: {table!r}."
+      )
     else:
       hint = _did_you_mean(name, sorted(by_table)).strip()
       if hint:
         hints.append(f"{name!r}: {hint}")
   raise FeatureConfigError(
-      f"embedding overrides name unknown tables {unknown}; tables are "
-      f"{sorted(by_table)}." + ("".join(" " + h for h in hints)))
+    f"embedding overrides name unknown tables {unknown}; tables are "
+    f"{sorted(by_table)}." + ("".join(" " + h for h in hints))
+  )
 
 
-def dims(config: Mapping[str, "embedding.FeatureConfig"]) -> Dict[str, int]:
+def dims(config: Mapping[str, "embedding.FeatureConfig"]) -> dict[str, int]:
   """Feature name -> embedding dim D of its table."""
   return {name: f.table.dim for name, f in config.items()}
 
 
-__all__ = ["EMBEDDING_OPTIMIZERS", "EmbeddingSettings", "FeatureConfigError",
-           "check_embedding_optimizer", "dims", "feature_config",
-           "specs_from_feature_config", "table_name"]
+__all__ = [
+  "EMBEDDING_OPTIMIZERS",
+  "EmbeddingSettings",
+  "FeatureConfigError",
+  "check_embedding_optimizer",
+  "dims",
+  "feature_config",
+  "specs_from_feature_config",
+  "table_name",
+]

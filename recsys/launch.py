@@ -45,7 +45,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, TextIO, Tuple
+from collections.abc import Sequence
+from typing import TextIO
 
 _PRIVATE_ENV = "RECSYS_LAUNCH_PRIVATE_NETWORK"
 
@@ -54,7 +55,7 @@ class LaunchError(RuntimeError):
   """The cluster could not be started as asked."""
 
 
-def free_ports(n: int) -> List[int]:
+def free_ports(n: int) -> list[int]:
   """`n` distinct free TCP ports on 127.0.0.1."""
   socks = [socket.socket() for _ in range(n)]
   try:
@@ -66,11 +67,12 @@ def free_ports(n: int) -> List[int]:
       s.close()
 
 
-def cluster_spec(workers: int, ps: int) -> Dict[str, List[str]]:
+def cluster_spec(workers: int, ps: int) -> dict[str, list[str]]:
   """The TF_CONFIG cluster: chief + workers + ps, or workers only (ps=0)."""
   if workers < 1 or ps < 0:
-    raise LaunchError(f"need --workers >= 1 and --ps >= 0; got workers={workers}, "
-                      f"ps={ps}.")
+    raise LaunchError(
+      f"need --workers >= 1 and --ps >= 0; got workers={workers}, ps={ps}."
+    )
   ports = iter(free_ports(workers + ps + (1 if ps else 0)))
   spec = {}
   if ps:
@@ -81,7 +83,7 @@ def cluster_spec(workers: int, ps: int) -> Dict[str, List[str]]:
   return spec
 
 
-def tasks(spec: Dict[str, List[str]]) -> List[Tuple[str, int]]:
+def tasks(spec: dict[str, list[str]]) -> list[tuple[str, int]]:
   """Every (task type, index), the chief (or worker 0) first."""
   order = ["chief", "worker", "ps"]
   return [(job, i) for job in order for i in range(len(spec.get(job, [])))]
@@ -101,18 +103,23 @@ class Cluster:
     env: base environment (TF_CONFIG is set per task).
   """
 
-  def __init__(self, spec: Dict[str, List[str]], command: Sequence[str],
-               out: TextIO = sys.stdout, env: Optional[Dict[str, str]] = None):
+  def __init__(
+    self,
+    spec: dict[str, list[str]],
+    command: Sequence[str],
+    out: TextIO = sys.stdout,
+    env: dict[str, str] | None = None,
+  ):
     self.spec = spec
     self.command = list(command)
     self.out = out
     self.env = dict(env if env is not None else os.environ)
-    self.procs: Dict[Tuple[str, int], subprocess.Popen] = {}
-    self._threads: List[threading.Thread] = []
+    self.procs: dict[tuple[str, int], subprocess.Popen] = {}
+    self._threads: list[threading.Thread] = []
     self._lock = threading.Lock()
 
   @property
-  def chief(self) -> Tuple[str, int]:
+  def chief(self) -> tuple[str, int]:
     return ("chief", 0) if "chief" in self.spec else ("worker", 0)
 
   @property
@@ -123,16 +130,25 @@ class Cluster:
     for job, index in tasks(self.spec):
       env = dict(self.env)
       env["TF_CONFIG"] = json.dumps(
-          {"cluster": self.spec, "task": {"type": job, "index": index}})
+        {"cluster": self.spec, "task": {"type": job, "index": index}}
+      )
       proc = subprocess.Popen(
-          [sys.executable, "-m", "recsys", *self.command], env=env,
-          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-          bufsize=1, start_new_session=True)
+        [sys.executable, "-m", "recsys", *self.command],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+      )
       self.procs[(job, index)] = proc
-      self._print(f"[launch] {task_name(job, index)} pid {proc.pid} at "
-                  f"{self.spec[job][index]}")
-      thread = threading.Thread(target=self._pump, args=(job, index, proc),
-                                daemon=True)
+      self._print(
+        f"[launch] {task_name(job, index)} pid {proc.pid} at "
+        f"{self.spec[job][index]}"
+      )
+      thread = threading.Thread(
+        target=self._pump, args=(job, index, proc), daemon=True
+      )
       thread.start()
       self._threads.append(thread)
 
@@ -157,7 +173,9 @@ class Cluster:
     while True:
       code = chief.poll()
       if code is not None:
-        self._print(f"[launch] {task_name(*self.chief)} exited with status {code}")
+        self._print(
+          f"[launch] {task_name(*self.chief)} exited with status {code}"
+        )
         return code
       for key, proc in self.procs.items():
         code = proc.poll()
@@ -166,16 +184,20 @@ class Cluster:
         reported.add(key)
         job = key[0]
         if self.parameter_server_mode and job == "worker":
-          self._print(f"[launch] {task_name(*key)} exited with status {code}; "
-                      "the coordinator moves its work to the other workers")
+          self._print(
+            f"[launch] {task_name(*key)} exited with status {code}; "
+            "the coordinator moves its work to the other workers"
+          )
           continue
         if job == "worker" and code == 0:
           # A mirrored worker that finished its run; the chief follows.
           self._print(f"[launch] {task_name(*key)} finished (status 0)")
           continue
-        self._print(f"[launch] {task_name(*key)} exited with status {code}; a "
-                    f"{'parameter server' if job == 'ps' else 'mirrored worker'}"
-                    " cannot be lost: stopping the cluster")
+        self._print(
+          f"[launch] {task_name(*key)} exited with status {code}; a "
+          f"{'parameter server' if job == 'ps' else 'mirrored worker'}"
+          " cannot be lost: stopping the cluster"
+        )
         return 1
       time.sleep(poll_seconds)
 
@@ -206,60 +228,92 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     pass
 
 
-_LOOPBACK_ONLY = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"',
-                  "sh"]
+_LOOPBACK_ONLY = [
+  "unshare",
+  "-rn",
+  "sh",
+  "-c",
+  'ip link set lo up && exec "$@"',
+  "sh",
+]
 
 
-def _namespace_problem() -> Optional[str]:
+def _namespace_problem() -> str | None:
   """Why no loopback-only network namespace can be made here, or None."""
   if shutil.which("unshare") is None or shutil.which("ip") is None:
     return "the `unshare` and `ip` commands (util-linux, iproute2) are missing"
   try:
-    probe = subprocess.run([*_LOOPBACK_ONLY, "true"], capture_output=True,
-                           text=True, timeout=30, check=False)
+    probe = subprocess.run(
+      [*_LOOPBACK_ONLY, "true"],
+      capture_output=True,
+      text=True,
+      timeout=30,
+      check=False,
+    )
   except (OSError, subprocess.TimeoutExpired) as e:
     return f"`unshare -rn` failed: {e}"
   if probe.returncode != 0:
-    return (f"`unshare -rn` failed ({probe.stderr.strip()[:200] or probe.returncode}"
-            "): user namespaces may be disabled")
+    return (
+      f"`unshare -rn` failed ({probe.stderr.strip()[:200] or probe.returncode}"
+      "): user namespaces may be disabled"
+    )
   return None
 
 
-def _private_network_argv(argv: Sequence[str]) -> List[str]:
+def _private_network_argv(argv: Sequence[str]) -> list[str]:
   problem = _namespace_problem()
   if problem:
     raise LaunchError(
-        f"cannot run the cluster on loopback only: {problem}. TensorFlow's "
-        "gRPC servers listen on every interface and have no authentication "
-        "(anyone who reaches a port can run ops in a task). Pass "
-        "--listen_all_interfaces to run them that way on a trusted network.")
+      f"cannot run the cluster on loopback only: {problem}. TensorFlow's "
+      "gRPC servers listen on every interface and have no authentication "
+      "(anyone who reaches a port can run ops in a task). Pass "
+      "--listen_all_interfaces to run them that way on a trusted network."
+    )
   return [*_LOOPBACK_ONLY, sys.executable, "-m", "recsys", "launch", *argv]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
   """The flags of `recsys launch`."""
-  parser.add_argument("--workers", type=int, default=2,
-                      help="worker tasks (default 2).")
-  parser.add_argument("--ps", type=int, default=2,
-                      help="parameter-server tasks (default 2); 0: a "
-                           "MultiWorkerMirroredStrategy cluster of the workers.")
-  parser.add_argument("--grace_seconds", type=float, default=10.0,
-                      help="on Ctrl-C/SIGTERM, how long the chief may take to "
-                           "save a checkpoint before everything is killed.")
-  parser.add_argument("--private_network", action="store_true",
-                      help="the default: run the cluster in a new network "
-                           "namespace with only a loopback interface (Linux, "
-                           "unshare -rn), as TF's servers listen on every "
-                           "interface without authentication.")
-  parser.add_argument("--listen_all_interfaces", action="store_true",
-                      help="run the tasks without a private namespace: TF's "
-                           "gRPC servers then listen on every interface, with "
-                           "no authentication (trusted networks only, e.g. to "
-                           "reach them from other hosts).")
-  parser.add_argument("task_command", nargs=argparse.REMAINDER,
-                      metavar="COMMAND",
-                      help="after `--`: the recsys command every task runs, e.g. "
-                           "train --gin_file F --model_dir D")
+  parser.add_argument(
+    "--workers", type=int, default=2, help="worker tasks (default 2)."
+  )
+  parser.add_argument(
+    "--ps",
+    type=int,
+    default=2,
+    help="parameter-server tasks (default 2); 0: a "
+    "MultiWorkerMirroredStrategy cluster of the workers.",
+  )
+  parser.add_argument(
+    "--grace_seconds",
+    type=float,
+    default=10.0,
+    help="on Ctrl-C/SIGTERM, how long the chief may take to "
+    "save a checkpoint before everything is killed.",
+  )
+  parser.add_argument(
+    "--private_network",
+    action="store_true",
+    help="the default: run the cluster in a new network "
+    "namespace with only a loopback interface (Linux, "
+    "unshare -rn), as TF's servers listen on every "
+    "interface without authentication.",
+  )
+  parser.add_argument(
+    "--listen_all_interfaces",
+    action="store_true",
+    help="run the tasks without a private namespace: TF's "
+    "gRPC servers then listen on every interface, with "
+    "no authentication (trusted networks only, e.g. to "
+    "reach them from other hosts).",
+  )
+  parser.add_argument(
+    "task_command",
+    nargs=argparse.REMAINDER,
+    metavar="COMMAND",
+    help="after `--`: the recsys command every task runs, e.g. "
+    "train --gin_file F --model_dir D",
+  )
 
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
@@ -268,16 +322,25 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
   if command and command[0] == "--":
     command = command[1:]
   if not command:
-    raise LaunchError("give the command every task runs after `--`, e.g. "
-                      "recsys launch --workers 2 --ps 2 -- train --gin_file "
-                      "experiments/synthetic_dlrm.gin --model_dir runs/ps")
+    raise LaunchError(
+      "give the command every task runs after `--`, e.g. "
+      "recsys launch --workers 2 --ps 2 -- train --gin_file "
+      "experiments/synthetic_dlrm.gin --model_dir runs/ps"
+    )
   listen_all = getattr(args, "listen_all_interfaces", False)
   if listen_all and args.private_network:
-    raise LaunchError("--private_network and --listen_all_interfaces "
-                      "contradict each other; give one.")
+    raise LaunchError(
+      "--private_network and --listen_all_interfaces "
+      "contradict each other; give one."
+    )
   if not listen_all and not os.environ.get(_PRIVATE_ENV):
-    argv = [f"--workers={args.workers}", f"--ps={args.ps}",
-            f"--grace_seconds={args.grace_seconds}", "--", *command]
+    argv = [
+      f"--workers={args.workers}",
+      f"--ps={args.ps}",
+      f"--grace_seconds={args.grace_seconds}",
+      "--",
+      *command,
+    ]
     env = dict(os.environ, **{_PRIVATE_ENV: "1"})
     return subprocess.call(_private_network_argv(argv), env=env)
   cluster = Cluster(cluster_spec(args.workers, args.ps), command, out=out)

@@ -21,7 +21,7 @@ import dataclasses
 import math
 import os
 import re
-from typing import Any, List, Optional, Tuple
+from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
@@ -57,11 +57,12 @@ class TableMemory:
     bytes_per_device: table and slots held by one device.
     reason: why the planner replicated or sharded it.
   """
+
   table: str
   vocabulary_size: int
   dim: int
   optimizer: str
-  slots: Tuple[str, ...]
+  slots: tuple[str, ...]
   table_bytes: int
   slot_bytes: int
   shards: int
@@ -80,18 +81,19 @@ class TableMemory:
 @dataclasses.dataclass
 class MemoryPlan:
   """Per-table rows, their total per device and the verdict."""
+
   backend: str
-  rows: List[TableMemory]
-  device_memory_bytes: Optional[int]
+  rows: list[TableMemory]
+  device_memory_bytes: int | None
   memory_source: str
-  warnings: List[str]
+  warnings: list[str]
 
   @property
   def bytes_per_device(self) -> int:
     return sum(r.bytes_per_device for r in self.rows)
 
   @property
-  def fits(self) -> Optional[bool]:
+  def fits(self) -> bool | None:
     """True/False against HEADROOM of device memory; None if unknown."""
     if not self.device_memory_bytes:
       return None
@@ -99,26 +101,49 @@ class MemoryPlan:
 
   def format(self) -> str:
     """A fixed-width table, the total, and any warnings."""
-    header = ("table", "vocab", "dim", "optimizer", "slots", "table",
-              "slots", "per device", "placement")
+    header = (
+      "table",
+      "vocab",
+      "dim",
+      "optimizer",
+      "slots",
+      "table",
+      "slots",
+      "per device",
+      "placement",
+    )
     lines = [header] + [
-        (r.table, str(r.vocabulary_size), str(r.dim), r.optimizer,
-         str(len(r.slots)), human_bytes(r.table_bytes),
-         human_bytes(r.slot_bytes), human_bytes(r.bytes_per_device),
-         r.placement) for r in self.rows]
+      (
+        r.table,
+        str(r.vocabulary_size),
+        str(r.dim),
+        r.optimizer,
+        str(len(r.slots)),
+        human_bytes(r.table_bytes),
+        human_bytes(r.slot_bytes),
+        human_bytes(r.bytes_per_device),
+        r.placement,
+      )
+      for r in self.rows
+    ]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip()
-           for line in lines]
+    out = [
+      "  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip()
+      for line in lines
+    ]
     total = f"total per device: {human_bytes(self.bytes_per_device)}"
     if self.device_memory_bytes:
       share = 100.0 * self.bytes_per_device / self.device_memory_bytes
-      total += (f" of {human_bytes(self.device_memory_bytes)} "
-                f"({self.memory_source}), {share:.1f}%")
+      total += (
+        f" of {human_bytes(self.device_memory_bytes)} "
+        f"({self.memory_source}), {share:.1f}%"
+      )
     else:
       total += f" (device memory unknown: {self.memory_source})"
     out.append(total)
-    out.extend(f"{r.table}: {r.placement}: {r.reason}" for r in self.rows
-               if r.reason)
+    out.extend(
+      f"{r.table}: {r.placement}: {r.reason}" for r in self.rows if r.reason
+    )
     out.extend(f"WARNING: {w}" for w in self.warnings)
     return "\n".join(out)
 
@@ -133,14 +158,18 @@ def human_bytes(n: float) -> str:
 
 def _natural_key(name: Any) -> list:
   """Sort key that orders C2 before C10 (digit runs compare as numbers)."""
-  return [int(part) if part.isdigit() else part
-          for part in re.split(r"(\d+)", str(name))]
+  return [
+    int(part) if part.isdigit() else part
+    for part in re.split(r"(\d+)", str(name))
+  ]
 
 
-def _tables(feature_config: Any) -> List[Any]:
+def _tables(feature_config: Any) -> list[Any]:
   """The distinct tables, in the natural order of their features' names."""
   if isinstance(feature_config, dict):
-    features = [feature_config[k] for k in sorted(feature_config, key=_natural_key)]
+    features = [
+      feature_config[k] for k in sorted(feature_config, key=_natural_key)
+    ]
   else:
     features = nest.flatten(feature_config)
   tables = []
@@ -150,7 +179,7 @@ def _tables(feature_config: Any) -> List[Any]:
   return tables
 
 
-def _local_devices(strategy: tf.distribute.Strategy) -> List[str]:
+def _local_devices(strategy: tf.distribute.Strategy) -> list[str]:
   try:
     return list(strategy.extended.worker_devices)
   except (AttributeError, RuntimeError):
@@ -159,33 +188,43 @@ def _local_devices(strategy: tf.distribute.Strategy) -> List[str]:
 
 def _num_parameter_servers(strategy: tf.distribute.Strategy) -> int:
   from backends import sharded  # pylint: disable=g-import-not-at-top
+
   return max(1, sharded.num_tasks(strategy, "ps"))
 
 
-def _choose(total_bytes: int, can_shard: int, budget: Optional[float],
-            backend: str) -> Tuple[int, str]:
+def _choose(
+  total_bytes: int, can_shard: int, budget: float | None, backend: str
+) -> tuple[int, str]:
   """(shards, reason) for one table: replicated if small, else sharded."""
   if can_shard <= 1:
     if budget and total_bytes > budget:
-      return 1, (f"{backend!r} replicates every table; this one alone is "
-                 f"{human_bytes(total_bytes)}, over a device's budget "
-                 f"{human_bytes(budget)}: it needs a sharding backend")
+      return 1, (
+        f"{backend!r} replicates every table; this one alone is "
+        f"{human_bytes(total_bytes)}, over a device's budget "
+        f"{human_bytes(budget)}: it needs a sharding backend"
+      )
     return 1, ""
   if budget is None:
-    return can_shard, (f"device memory unknown: sharded over {can_shard} like "
-                       f"every table of {backend!r}")
+    return can_shard, (
+      f"device memory unknown: sharded over {can_shard} like "
+      f"every table of {backend!r}"
+    )
   share = total_bytes / budget
   limit = REPLICATE_SHARE * budget
   if total_bytes <= limit:
-    return 1, (f"{human_bytes(total_bytes)} with slots is {share:.1%} of a "
-               f"device's budget <= {REPLICATE_SHARE:.0%}: a full copy per "
-               "device, lookups without network")
-  return can_shard, (f"{human_bytes(total_bytes)} with slots is {share:.1%} "
-                     f"of a device's budget > {REPLICATE_SHARE:.0%}: rows "
-                     f"split over {can_shard}")
+    return 1, (
+      f"{human_bytes(total_bytes)} with slots is {share:.1%} of a "
+      f"device's budget <= {REPLICATE_SHARE:.0%}: a full copy per "
+      "device, lookups without network"
+    )
+  return can_shard, (
+    f"{human_bytes(total_bytes)} with slots is {share:.1%} "
+    f"of a device's budget > {REPLICATE_SHARE:.0%}: rows "
+    f"split over {can_shard}"
+  )
 
 
-def host_memory_bytes() -> Optional[int]:
+def host_memory_bytes() -> int | None:
   """Physical RAM of this host (`/proc/meminfo` MemTotal, else sysconf)."""
   try:
     with open("/proc/meminfo", encoding="ascii") as f:
@@ -200,8 +239,9 @@ def host_memory_bytes() -> Optional[int]:
     return None
 
 
-def _device_memory(strategy: tf.distribute.Strategy
-                  ) -> Tuple[Optional[int], str]:
+def _device_memory(
+  strategy: tf.distribute.Strategy,
+) -> tuple[int | None, str]:
   """Memory available to one device, and where that figure comes from."""
   devices = _local_devices(strategy)
   kinds = {tf.DeviceSpec.from_string(d).device_type for d in devices} or {"CPU"}
@@ -214,11 +254,13 @@ def _device_memory(strategy: tf.distribute.Strategy
       return ram, "host RAM"
     return ram // copies, f"host RAM / {copies} replicas on this host"
   kind = sorted(kinds - {"CPU"})[0]
-  return None, (f"{kind} memory is not reported by TensorFlow; pass "
-                "device_memory_bytes (e.g. --device_memory_gb)")
+  return None, (
+    f"{kind} memory is not reported by TensorFlow; pass "
+    "device_memory_bytes (e.g. --device_memory_gb)"
+  )
 
 
-def _resolve_backend(strategy, backend: str) -> Tuple[str, str]:
+def _resolve_backend(strategy, backend: str) -> tuple[str, str]:
   if backend == "auto":
     return backends.select(strategy)
   why_not = backends.get(backend).unavailable_reason(strategy)
@@ -227,12 +269,14 @@ def _resolve_backend(strategy, backend: str) -> Tuple[str, str]:
   return backend, "forced by configuration"
 
 
-def plan_memory(feature_config: Any,
-                optimizer: Optional[Any] = None,
-                strategy: Optional[tf.distribute.Strategy] = None,
-                device_memory_bytes: Optional[int] = None,
-                backend: str = "auto",
-                num_shards: Optional[int] = None) -> MemoryPlan:
+def plan_memory(
+  feature_config: Any,
+  optimizer: Any | None = None,
+  strategy: tf.distribute.Strategy | None = None,
+  device_memory_bytes: int | None = None,
+  backend: str = "auto",
+  num_shards: int | None = None,
+) -> MemoryPlan:
   """Bytes of each table and its slots per device, and whether they fit.
 
   Args:
@@ -269,39 +313,52 @@ def plan_memory(feature_config: Any,
   for i, table in enumerate(_tables(feature_config)):
     table_name = table.name if table.name is not None else f"table_{i}"
     opt = table.optimizer if table.optimizer is not None else optimizer
-    slots = tuple(embedding_optimizers.slot_names(opt)) if opt is not None else ()
+    slots = (
+      tuple(embedding_optimizers.slot_names(opt)) if opt is not None else ()
+    )
     width = table.dim * table.dtype.size
     table_bytes = table.vocabulary_size * width
     if name == "sharded":  # placement is a software choice: per table
-      shards, reason = _choose(table_bytes * (1 + len(slots)), can_shard,
-                               budget, name)
+      shards, reason = _choose(
+        table_bytes * (1 + len(slots)), can_shard, budget, name
+      )
     elif can_shard > 1:  # the TPU embedding engine shards every table
-      shards, reason = can_shard, (f"{name!r} shards every table over the "
-                                   f"{can_shard} TPU cores")
+      shards, reason = (
+        can_shard,
+        (f"{name!r} shards every table over the {can_shard} TPU cores"),
+      )
     else:
       shards, reason = _choose(table_bytes * (1 + len(slots)), 1, budget, name)
     rows_per_device = math.ceil(table.vocabulary_size / shards)
-    rows.append(TableMemory(
-        table=table_name, vocabulary_size=table.vocabulary_size, dim=table.dim,
+    rows.append(
+      TableMemory(
+        table=table_name,
+        vocabulary_size=table.vocabulary_size,
+        dim=table.dim,
         optimizer=type(opt).__name__ if opt is not None else "none",
-        slots=slots, table_bytes=table_bytes,
-        slot_bytes=len(slots) * table_bytes, shards=shards,
+        slots=slots,
+        table_bytes=table_bytes,
+        slot_bytes=len(slots) * table_bytes,
+        shards=shards,
         bytes_per_device=rows_per_device * width * (1 + len(slots)),
-        reason=reason))
+        reason=reason,
+      )
+    )
   plan = MemoryPlan(name, rows, device_memory_bytes, source, warnings)
   if plan.fits is False:
     budget = HEADROOM * device_memory_bytes
     biggest = max(rows, key=lambda r: r.bytes_per_device)
     placements = sorted({r.placement for r in rows})
     warnings.append(
-        f"the embedding needs {human_bytes(plan.bytes_per_device)} per device "
-        f"with the {name!r} backend ({', '.join(placements)}), over "
-        f"{HEADROOM:.0%} of the {human_bytes(device_memory_bytes)} a device "
-        f"has ({human_bytes(budget)}); the largest is table {biggest.table!r} "
-        f"({human_bytes(biggest.bytes_per_device)}). Shard the tables "
-        "('tpu_embedding' on TPUs with an embedding accelerator, 'sharded' on "
-        "parameter servers), shrink vocabularies or dims, or use an optimizer "
-        "with fewer slots (SGD 0, Adagrad 1, Adam/FTRL/AdagradMomentum 2).")
+      f"the embedding needs {human_bytes(plan.bytes_per_device)} per device "
+      f"with the {name!r} backend ({', '.join(placements)}), over "
+      f"{HEADROOM:.0%} of the {human_bytes(device_memory_bytes)} a device "
+      f"has ({human_bytes(budget)}); the largest is table {biggest.table!r} "
+      f"({human_bytes(biggest.bytes_per_device)}). Shard the tables "
+      "('tpu_embedding' on TPUs with an embedding accelerator, 'sharded' on "
+      "parameter servers), shrink vocabularies or dims, or use an optimizer "
+      "with fewer slots (SGD 0, Adagrad 1, Adam/FTRL/AdagradMomentum 2)."
+    )
   return plan
 
 
@@ -320,25 +377,30 @@ def check_fits(plan: MemoryPlan) -> None:
     return
   biggest = sorted(plan.rows, key=lambda r: -r.bytes_per_device)
   listed = ", ".join(
-      f"{r.table} ({r.vocabulary_size} x {r.dim}, {len(r.slots)} slot(s): "
-      f"{human_bytes(r.bytes_per_device)})" for r in biggest[:5])
+    f"{r.table} ({r.vocabulary_size} x {r.dim}, {len(r.slots)} slot(s): "
+    f"{human_bytes(r.bytes_per_device)})"
+    for r in biggest[:5]
+  )
   more = f" and {len(biggest) - 5} smaller" if len(biggest) > 5 else ""
   raise MemoryPlanError(
-      f"the embedding tables need {human_bytes(plan.bytes_per_device)} per "
-      f"device, over {HEADROOM:.0%} of the {human_bytes(plan.device_memory_bytes)} "
-      f"available ({plan.memory_source}): {listed}{more}. Cap the "
-      "vocabularies (e.g. CriteoTSV.max_vocab_size, or --gin_file "
-      "experiments/hardware/cpu_small.gin), lower EmbeddingSettings.dim, use "
-      "an optimizer with fewer slots, or shard the tables; `recsys info "
-      "--gin_file ...` prints the plan. To try anyway pass --skip_memory_check "
-      "(gin: train.skip_memory_check = True).")
+    f"the embedding tables need {human_bytes(plan.bytes_per_device)} per "
+    f"device, over {HEADROOM:.0%} of the {human_bytes(plan.device_memory_bytes)} "
+    f"available ({plan.memory_source}): {listed}{more}. Cap the "
+    "vocabularies (e.g. CriteoTSV.max_vocab_size, or --gin_file "
+    "experiments/hardware/cpu_small.gin), lower EmbeddingSettings.dim, use "
+    "an optimizer with fewer slots, or shard the tables; `recsys info "
+    "--gin_file ...` prints the plan. To try anyway pass --skip_memory_check "
+    "(gin: train.skip_memory_check = True)."
+  )
 
 
-def describe_environment(strategy: Optional[tf.distribute.Strategy] = None,
-                         feature_config: Optional[Any] = None,
-                         optimizer: Optional[Any] = None,
-                         backend: str = "auto",
-                         device_memory_bytes: Optional[int] = None) -> str:
+def describe_environment(
+  strategy: tf.distribute.Strategy | None = None,
+  feature_config: Any | None = None,
+  optimizer: Any | None = None,
+  backend: str = "auto",
+  device_memory_bytes: int | None = None,
+) -> str:
   """The report of `recsys info`: devices, strategy, TPU, backend, memory.
 
   Args:
@@ -354,18 +416,24 @@ def describe_environment(strategy: Optional[tf.distribute.Strategy] = None,
   strategy = strategy or tf.distribute.get_strategy()
   devices = [d.name for d in tf.config.list_logical_devices()]
   lines = [f"devices: {', '.join(devices) or 'none'}"]
-  lines.append(f"strategy: {type(strategy).__name__} "
-               f"({strategy.num_replicas_in_sync} replica(s))")
+  lines.append(
+    f"strategy: {type(strategy).__name__} "
+    f"({strategy.num_replicas_in_sync} replica(s))"
+  )
   feature = registry._embedding_feature(strategy)  # pylint: disable=protected-access
-  lines.append("TPU embedding feature: " +
-               (feature.name if feature is not None else "not a TPU"))
+  lines.append(
+    "TPU embedding feature: "
+    + (feature.name if feature is not None else "not a TPU")
+  )
   name, reason = _resolve_backend(strategy, backend)
   lines.append(f"embedding backend: {backend} -> {name} ({reason})")
-  lines.append(f"backends that can run here: "
-               f"{', '.join(backends.available(strategy))}")
+  lines.append(
+    f"backends that can run here: {', '.join(backends.available(strategy))}"
+  )
   if feature_config is not None:
-    plan = plan_memory(feature_config, optimizer, strategy,
-                       device_memory_bytes, backend)
+    plan = plan_memory(
+      feature_config, optimizer, strategy, device_memory_bytes, backend
+    )
     lines.append("embedding memory per device:")
     lines.extend("  " + line for line in plan.format().splitlines())
   return "\n".join(lines)

@@ -9,7 +9,7 @@ configurables, so a config read back from a model dir may hold bindings
 only. Gin files given with `--gin_file` are the user's own, trusted input.
 """
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import gin  # noqa: F401  (gin.config_parser needs gin's package set up)
 from gin import config as gin_config
@@ -23,7 +23,8 @@ class UntrustedConfigError(ValueError):
 def _statements(path: str) -> Iterator[object]:
   with open(path, encoding="utf-8") as f:
     parser = config_parser.ConfigParser(
-        f, gin_config.ParserDelegate(skip_unknown=True))
+      f, gin_config.ParserDelegate(skip_unknown=True)
+    )
     try:
       yield from parser  # one statement at a time, in file order
     except SyntaxError:
@@ -38,14 +39,16 @@ def check_bindings_only(path: str) -> str:
       file and line.
   """
   for statement in _statements(path):
-    if isinstance(statement, (config_parser.ImportStatement,
-                              config_parser.IncludeStatement)):
+    if isinstance(
+      statement, (config_parser.ImportStatement, config_parser.IncludeStatement)
+    ):
       where = statement.location
       line = (where.line_content or "").strip()
       raise UntrustedConfigError(
-          f"{path}:{where.line_num}: {line!r}: a config read back from a "
-          "model dir may hold only bindings; 'import' and 'include' run or "
-          "pull in code, and a model dir is not trusted input. If you trust "
-          "this run, pass its gin files with --gin_file (gin files are "
-          "code: use only ones you trust).")
+        f"{path}:{where.line_num}: {line!r}: a config read back from a "
+        "model dir may hold only bindings; 'import' and 'include' run or "
+        "pull in code, and a model dir is not trusted input. If you trust "
+        "this run, pass its gin files with --gin_file (gin files are "
+        "code: use only ones you trust)."
+      )
   return path

@@ -8,16 +8,18 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import recsys  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TF)
 import gin  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+import recsys  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TF)
 
 NUM_LOGICAL_CPUS = 4
 
 _cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(
-    _cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS)
+  _cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS
+)
 
 
 @pytest.fixture(autouse=True)
@@ -40,11 +42,14 @@ def mirrored_strategy(num_replicas: int) -> tf.distribute.MirroredStrategy:
   """
   cpus = tf.config.list_logical_devices("CPU")
   if len(cpus) < num_replicas:
-    pytest.skip(f"needs {num_replicas} logical CPUs, TF runtime has {len(cpus)}")
+    pytest.skip(
+      f"needs {num_replicas} logical CPUs, TF runtime has {len(cpus)}"
+    )
   if num_replicas not in _STRATEGIES:
     tf.distribute.MirroredStrategy._collective_key_base = 10_000 * num_replicas  # pylint: disable=protected-access
     _STRATEGIES[num_replicas] = tf.distribute.MirroredStrategy(
-        [d.name for d in cpus[:num_replicas]])
+      [d.name for d in cpus[:num_replicas]]
+    )
   return _STRATEGIES[num_replicas]
 
 

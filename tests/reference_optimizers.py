@@ -19,13 +19,15 @@ clipping — on the rows in `ids` only, except non-lazy Adam, which steps every
 row with `g = 0` for the rows not in `ids`.
 """
 
-from typing import Any, Callable, Dict, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-Slots = Dict[str, np.ndarray]
-_RowUpdate = Callable[[Any, float, np.ndarray, Slots, np.ndarray],
-                      Tuple[np.ndarray, Slots]]
+Slots = dict[str, np.ndarray]
+_RowUpdate = Callable[
+  [Any, float, np.ndarray, Slots, np.ndarray], tuple[np.ndarray, Slots]
+]
 
 
 def learning_rate(optimizer: Any) -> float:
@@ -48,21 +50,32 @@ def initial_slots(optimizer: Any, vocabulary_size: int, dim: int) -> Slots:
   if kind == "SGD":
     return {}
   if kind == "Adagrad":
-    return {"accumulators": np.full(shape, optimizer.initial_accumulator_value,
-                                    np.float32)}
+    return {
+      "accumulators": np.full(
+        shape, optimizer.initial_accumulator_value, np.float32
+      )
+    }
   if kind == "AdagradMomentum":
-    return {"accumulators": np.zeros(shape, np.float32),
-            "momenta": np.zeros(shape, np.float32)}
+    return {
+      "accumulators": np.zeros(shape, np.float32),
+      "momenta": np.zeros(shape, np.float32),
+    }
   if kind == "Adam":
-    return {"momenta": np.zeros(shape, np.float32),
-            "velocities": np.zeros(shape, np.float32)}
-  return {"accumulators": np.full(shape, optimizer.initial_accumulator_value,
-                                  np.float32),
-          "linears": np.zeros(shape, np.float32)}
+    return {
+      "momenta": np.zeros(shape, np.float32),
+      "velocities": np.zeros(shape, np.float32),
+    }
+  return {
+    "accumulators": np.full(
+      shape, optimizer.initial_accumulator_value, np.float32
+    ),
+    "linears": np.zeros(shape, np.float32),
+  }
 
 
-def sum_duplicates(ids: np.ndarray, grads: np.ndarray
-                  ) -> Tuple[np.ndarray, np.ndarray]:
+def sum_duplicates(
+  ids: np.ndarray, grads: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
   """Sums the gradients of repeated ids: ids `[N]`, grads `[N, D]` -> unique.
 
   Returns:
@@ -95,7 +108,7 @@ def _adagrad_momentum_rows(opt, lr, w, s, g):
     acc = s["accumulators"] + g**2
   else:
     acc = opt.beta2 * s["accumulators"] + (1 - opt.beta2) * g**2
-  scaled = (acc + opt.epsilon)**(-1.0 / opt.exponent) * g
+  scaled = (acc + opt.epsilon) ** (-1.0 / opt.exponent) * g
   m = opt.momentum * s["momenta"] + scaled
   u = opt.momentum * m + scaled if opt.use_nesterov else m
   return w - lr * u, {"accumulators": acc, "momenta": m}
@@ -127,15 +140,15 @@ def _ftrl_rows(opt, lr, w, s, g):
   n, z = s["accumulators"], s["linears"]
   l1, l2 = opt.l1_regularization_strength, opt.l2_regularization_strength
   n_new = n + g**2
-  sigma = n_new**(-opt.learning_rate_power) - n**(-opt.learning_rate_power)
+  sigma = n_new ** (-opt.learning_rate_power) - n ** (-opt.learning_rate_power)
   if opt.multiply_linear_by_learning_rate:
     z = z + lr * g - sigma * w
     threshold = l1 * lr
-    denominator = n_new**(-opt.learning_rate_power) + 2 * l2 * lr + opt.beta
+    denominator = n_new ** (-opt.learning_rate_power) + 2 * l2 * lr + opt.beta
   else:
     z = z + g - sigma / lr * w
     threshold = l1
-    denominator = (n_new**(-opt.learning_rate_power) + opt.beta) / lr + 2 * l2
+    denominator = (n_new ** (-opt.learning_rate_power) + opt.beta) / lr + 2 * l2
   numerator = np.sign(z) * threshold - z
   with np.errstate(divide="ignore", invalid="ignore"):
     w = numerator / denominator
@@ -145,12 +158,12 @@ def _ftrl_rows(opt, lr, w, s, g):
   return w, {"accumulators": n_new, "linears": z}
 
 
-_ROW_UPDATES: Dict[str, _RowUpdate] = {
-    "SGD": _sgd_rows,
-    "Adagrad": _adagrad_rows,
-    "AdagradMomentum": _adagrad_momentum_rows,
-    "Adam": _adam_rows,
-    "FTRL": _ftrl_rows,
+_ROW_UPDATES: dict[str, _RowUpdate] = {
+  "SGD": _sgd_rows,
+  "Adagrad": _adagrad_rows,
+  "AdagradMomentum": _adagrad_momentum_rows,
+  "Adam": _adam_rows,
+  "FTRL": _ftrl_rows,
 }
 
 
@@ -158,11 +171,13 @@ def _kind(optimizer: Any) -> str:
   for cls in type(optimizer).__mro__:
     if cls.__name__ in _ROW_UPDATES:
       return cls.__name__
-  raise ValueError(f"no NumPy reference for {type(optimizer).__name__}; have "
-                   f"{sorted(_ROW_UPDATES)}.")
+  raise ValueError(
+    f"no NumPy reference for {type(optimizer).__name__}; have "
+    f"{sorted(_ROW_UPDATES)}."
+  )
 
 
-def _clip(x: np.ndarray, lo: Optional[float], hi: Optional[float]):
+def _clip(x: np.ndarray, lo: float | None, hi: float | None):
   if lo is not None:
     x = np.maximum(x, lo)
   if hi is not None:
@@ -170,9 +185,14 @@ def _clip(x: np.ndarray, lo: Optional[float], hi: Optional[float]):
   return x
 
 
-def apply(optimizer: Any, table: np.ndarray, slots: Slots, ids: np.ndarray,
-          grads: np.ndarray, lr: Optional[float] = None
-         ) -> Tuple[np.ndarray, Slots]:
+def apply(
+  optimizer: Any,
+  table: np.ndarray,
+  slots: Slots,
+  ids: np.ndarray,
+  grads: np.ndarray,
+  lr: float | None = None,
+) -> tuple[np.ndarray, Slots]:
   """One step of `optimizer` on rows `ids`; returns (new table, new slots).
 
   Args:
@@ -207,8 +227,9 @@ def apply(optimizer: Any, table: np.ndarray, slots: Slots, ids: np.ndarray,
     if opt.multiply_weight_decay_factor_by_learning_rate:
       d *= lr
     w = w - d * w
-  w, new_rows = _ROW_UPDATES[_kind(opt)](opt, lr, w, {k: v[rows] for k, v
-                                                        in slots.items()}, g)
+  w, new_rows = _ROW_UPDATES[_kind(opt)](
+    opt, lr, w, {k: v[rows] for k, v in slots.items()}, g
+  )
   table[rows] = _clip(w, opt.clip_weight_min, opt.clip_weight_max)
   for k in slots:
     slots[k][rows] = new_rows[k]
@@ -217,8 +238,10 @@ def apply(optimizer: Any, table: np.ndarray, slots: Slots, ids: np.ndarray,
 
 def _apply_as(kind, table, slots, ids, grads, optimizer, lr):
   if _kind(optimizer) != kind:
-    raise ValueError(f"the {kind} reference got a {type(optimizer).__name__} "
-                     "optimizer; use apply() to dispatch on the type.")
+    raise ValueError(
+      f"the {kind} reference got a {type(optimizer).__name__} "
+      "optimizer; use apply() to dispatch on the type."
+    )
   return apply(optimizer, table, slots, ids, grads, lr)
 
 

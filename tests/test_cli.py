@@ -11,23 +11,34 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from recsys import cli
-from recsys import config
+from recsys import cli, config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
-TINY = ["train.global_batch_size = 64", "train.train_steps = 6",
-        "train.steps_per_loop = 3", "train.eval_steps = 2",
-        "SyntheticCTR.oracle_examples = 4096"]
+TINY = [
+  "train.global_batch_size = 64",
+  "train.train_steps = 6",
+  "train.steps_per_loop = 3",
+  "train.eval_steps = 2",
+  "SyntheticCTR.oracle_examples = 4096",
+]
 
 
 def run_recsys(*args, timeout=300, env=None):
   env = env or dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  return subprocess.run([sys.executable, "-m", "recsys", *args], cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=timeout)
+  return subprocess.run(
+    [sys.executable, "-m", "recsys", *args],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["evaluate"], ["export"], ["info"]])
+@pytest.mark.parametrize(
+  "command", [[], ["train"], ["evaluate"], ["export"], ["info"]]
+)
 def test_help(command, capsys):
   with pytest.raises(SystemExit) as e:
     cli.main(command + ["--help"])
@@ -37,24 +48,40 @@ def test_help(command, capsys):
   if command:
     assert "example:" in out
   else:  # the macros the shipped gin files really require
-    assert "CRITEO_DIR = " in out and "MOVIELENS_DIR = " in out and "CRITEO_TRAIN" not in out
+    assert (
+      "CRITEO_DIR = " in out
+      and "MOVIELENS_DIR = " in out
+      and "CRITEO_TRAIN" not in out
+    )
   if command in (["train"], ["evaluate"]):
-    assert "--gin_file" in out and "--gin_bindings" in out and "--model_dir" in out
+    assert (
+      "--gin_file" in out and "--gin_bindings" in out and "--model_dir" in out
+    )
 
 
 def test_unknown_gin_parameter_names_the_file(tmp_path, capsys):
   bad = tmp_path / "bad.gin"
   bad.write_text("include 'base.gin'\ntrain.global_batch = 64\n")
-  code = cli.main(["train", "--gin_file", str(bad), "--model_dir", str(tmp_path / "m")])
+  code = cli.main(
+    ["train", "--gin_file", str(bad), "--model_dir", str(tmp_path / "m")]
+  )
   err = capsys.readouterr().err
   assert code == 2
   assert "global_batch" in err and str(bad) in err and "line 2" in err
 
 
-def test_missing_required_macro_names_the_file_that_declares_it(tmp_path, capsys):
-  code = cli.main(["train", "--gin_file",
-                   os.path.join(config.EXPERIMENTS_DIR, "criteo_dlrm.gin"),
-                   "--model_dir", str(tmp_path)])
+def test_missing_required_macro_names_the_file_that_declares_it(
+  tmp_path, capsys
+):
+  code = cli.main(
+    [
+      "train",
+      "--gin_file",
+      os.path.join(config.EXPERIMENTS_DIR, "criteo_dlrm.gin"),
+      "--model_dir",
+      str(tmp_path),
+    ]
+  )
   err = capsys.readouterr().err
   assert code == 2
   assert "CRITEO_DIR" in err and "criteo_kaggle.gin:" in err
@@ -63,7 +90,9 @@ def test_missing_required_macro_names_the_file_that_declares_it(tmp_path, capsys
 
 def test_missing_required_train_argument_names_the_files(tmp_path, capsys):
   only_base = os.path.join(config.EXPERIMENTS_DIR, "base.gin")
-  code = cli.main(["train", "--gin_file", only_base, "--model_dir", str(tmp_path)])
+  code = cli.main(
+    ["train", "--gin_file", only_base, "--model_dir", str(tmp_path)]
+  )
   err = capsys.readouterr().err
   assert code == 2
   assert "train" in err and "data" in err and "base.gin" in err
@@ -77,12 +106,26 @@ def test_info_prints_strategy_and_backend_choice(capsys):
 
 
 def test_info_plans_the_experiment_tables_with_its_optimizer(capsys):
-  assert cli.main(["info", "--gin_file", "experiments/synthetic_dlrm.gin",
-                   "--gin_bindings", "EmbeddingSettings.dim = 8",
-                   "--gin_bindings", "train.embedding_optimizer = @embedding.FTRL()"]) == 0
+  assert (
+    cli.main(
+      [
+        "info",
+        "--gin_file",
+        "experiments/synthetic_dlrm.gin",
+        "--gin_bindings",
+        "EmbeddingSettings.dim = 8",
+        "--gin_bindings",
+        "train.embedding_optimizer = @embedding.FTRL()",
+      ]
+    )
+    == 0
+  )
   out = capsys.readouterr().out
   # C4: 10000 x 8 floats = 312.5 KiB, FTRL keeps two slots of the same size.
-  assert "C4     10000  8    FTRL       2      312.5 KiB  625.0 KiB  937.5 KiB" in out
+  assert (
+    "C4     10000  8    FTRL       2      312.5 KiB  625.0 KiB  937.5 KiB"
+    in out
+  )
 
 
 @pytest.mark.slow  # ~15 s: one recsys process, two replicas
@@ -90,17 +133,34 @@ def test_two_replicas_from_the_command_line_score_every_eval_example(tmp_path):
   """The README's cpu_2replicas.gin from a fresh process (TF not yet started),
   on an eval split smaller than one eval batch: all 50 examples scored. Run
   as a user would (TF's own log level), output to a pipe."""
-  bindings = sum((["--gin_bindings", b] for b in TINY + [
-      "SyntheticCTR.num_eval_examples = 50", "train.eval_steps = None"]), [])
+  bindings = sum(
+    (
+      ["--gin_bindings", b]
+      for b in TINY
+      + ["SyntheticCTR.num_eval_examples = 50", "train.eval_steps = None"]
+    ),
+    [],
+  )
   env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-  done = run_recsys("train", "--gin_file", "experiments/synthetic_dlrm.gin",
-                    "--gin_file", "experiments/hardware/cpu_2replicas.gin",
-                    *bindings, "--model_dir", str(tmp_path), env=env)
+  done = run_recsys(
+    "train",
+    "--gin_file",
+    "experiments/synthetic_dlrm.gin",
+    "--gin_file",
+    "experiments/hardware/cpu_2replicas.gin",
+    *bindings,
+    "--model_dir",
+    str(tmp_path),
+    env=env,
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   # Not a terminal: log lines, no progress-bar frames; TF's start-up noise
   # is gone and the devices are said once.
   assert "\r" not in done.stderr and "step 6/6 loss" in done.stderr
-  assert "oneDNN custom operations" not in done.stderr and "cuInit" not in done.stderr
+  assert (
+    "oneDNN custom operations" not in done.stderr
+    and "cuInit" not in done.stderr
+  )
   assert done.stderr.count("devices: ") == 1
   metrics = json.loads((tmp_path / "metrics.json").read_text())
   assert metrics["replicas"] == 2 and metrics["step"] == 6
@@ -119,8 +179,15 @@ def _padded(ids, width):
 def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path):
   model_dir, export_dir = tmp_path / "run", tmp_path / "export"
   bindings = sum((["--gin_bindings", b] for b in TINY), [])
-  done = run_recsys("train", "--gin_file", DEFAULT, *bindings,
-                    "--model_dir", str(model_dir), "--no_progress")
+  done = run_recsys(
+    "train",
+    "--gin_file",
+    DEFAULT,
+    *bindings,
+    "--model_dir",
+    str(model_dir),
+    "--no_progress",
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   metrics = json.loads((model_dir / "metrics.json").read_text())
   assert metrics["step"] == 6
@@ -128,10 +195,13 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path):
   done = run_recsys("evaluate", "--model_dir", str(model_dir))
   assert done.returncode == 0, done.stderr[-3000:]
   evaluated = json.loads((model_dir / "eval_metrics.json").read_text())
-  np.testing.assert_allclose(evaluated["eval/auc"], metrics["eval/auc"], rtol=1e-6)
+  np.testing.assert_allclose(
+    evaluated["eval/auc"], metrics["eval/auc"], rtol=1e-6
+  )
 
-  done = run_recsys("export", "--model_dir", str(model_dir),
-                    "--export_dir", str(export_dir))
+  done = run_recsys(
+    "export", "--model_dir", str(model_dir), "--export_dir", str(export_dir)
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   # Synthetic data has no raw form: the export says it has only id signatures.
   assert "no raw-feature signature: SyntheticCTR has no raw form" in done.stderr
@@ -140,8 +210,11 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path):
   # Reference predictions in this process, from the checkpoint, through the
   # tensorcore backend's lookups (not the export's serving lookups).
   from recsys.training import train  # pylint: disable=g-import-not-at-top
-  config.parse([str(model_dir / "operative_config.gin")],
-               ["train.progress_bar = False", "train.summaries = False"])
+
+  config.parse(
+    [str(model_dir / "operative_config.gin")],
+    ["train.progress_bar = False", "train.summaries = False"],
+  )
   trainer = train(model_dir=str(model_dir), action="build")
   assert trainer.restored_step == 6
   features, _ = next(iter(trainer.source.dataset(13, training=False)))
@@ -161,9 +234,13 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path):
       scores = served(**{{k: tf.constant(v) for k, v in inputs.items()}})["scores"]
       np.save({str(tmp_path / "scores.npy")!r}, scores.numpy())
   """)
-  done = subprocess.run([sys.executable, "-c", loader], capture_output=True,
-                        text=True, timeout=300,
-                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  done = subprocess.run(
+    [sys.executable, "-c", loader],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   got = np.load(tmp_path / "scores.npy")
   assert got.shape == (13,)
@@ -174,23 +251,48 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path):
 def test_export_of_a_retrieval_model_serves_the_models_top_k(tmp_path):
   """Two-tower: the exported tower signatures and top-k equal the trained model's."""
   model_dir, export_dir = str(tmp_path / "run"), str(tmp_path / "export")
-  tiny = ["SyntheticRetrieval.num_users = 50", "SyntheticRetrieval.num_items = 37",
-          "EmbeddingSettings.dim = 7", "TwoTower.query_tower = (11,)",
-          "TwoTower.candidate_tower = (11,)", "train.global_batch_size = 32",
-          "train.train_steps = 4", "train.steps_per_loop = 2", "train.eval_steps = 1",
-          "train.summaries = False"]
+  tiny = [
+    "SyntheticRetrieval.num_users = 50",
+    "SyntheticRetrieval.num_items = 37",
+    "EmbeddingSettings.dim = 7",
+    "TwoTower.query_tower = (11,)",
+    "TwoTower.candidate_tower = (11,)",
+    "train.global_batch_size = 32",
+    "train.train_steps = 4",
+    "train.steps_per_loop = 2",
+    "train.eval_steps = 1",
+    "train.summaries = False",
+  ]
   flags = sum((["--gin_bindings", b] for b in tiny), [])
   two_tower = os.path.join(config.EXPERIMENTS_DIR, "synthetic_two_tower.gin")
-  assert cli.main(["train", "--gin_file", two_tower, *flags, "--model_dir", model_dir,
-                   "--no_progress"]) == 0
+  assert (
+    cli.main(
+      [
+        "train",
+        "--gin_file",
+        two_tower,
+        *flags,
+        "--model_dir",
+        model_dir,
+        "--no_progress",
+      ]
+    )
+    == 0
+  )
   gin.clear_config()
-  assert cli.main(["export", "--model_dir", model_dir, "--export_dir", export_dir]) == 0
+  assert (
+    cli.main(["export", "--model_dir", model_dir, "--export_dir", export_dir])
+    == 0
+  )
   gin.clear_config()
 
   # Reference: the checkpoint through the training backend's lookups.
   from recsys.training import loop, train  # pylint: disable=g-import-not-at-top
-  config.parse([os.path.join(model_dir, "operative_config.gin")],
-               ["train.progress_bar = False"])
+
+  config.parse(
+    [os.path.join(model_dir, "operative_config.gin")],
+    ["train.progress_bar = False"],
+  )
   trainer = train(model_dir=model_dir, action="build")
   trainer.index_corpus()
   model, names = trainer.model, list(trainer.feature_config)
@@ -202,29 +304,37 @@ def test_export_of_a_retrieval_model_serves_the_models_top_k(tmp_path):
   want_scores = np.sort(want_q @ corpus.T, axis=1)[:, ::-1]
 
   specs = {s.name: s for s in trainer.source.feature_specs}
-  inputs = {n: tf.constant(_padded(features["categorical"][n], specs[n].max_ids))
-            for n in names}
+  inputs = {
+    n: tf.constant(_padded(features["categorical"][n], specs[n].max_ids))
+    for n in names
+  }
   loaded = tf.saved_model.load(export_dir)
   query = {n: inputs[n] for n in model.query_features}
   got_q = loaded.signatures["query_embeddings"](**query)["embeddings"].numpy()
   got_c = loaded.signatures["candidate_embeddings"](
-      **{n: inputs[n] for n in model.candidate_features})["embeddings"].numpy()
+    **{n: inputs[n] for n in model.candidate_features}
+  )["embeddings"].numpy()
   top = loaded.signatures["serving_default"](**query)
   np.testing.assert_allclose(got_q, want_q, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(got_c, want_c, rtol=1e-5, atol=1e-6)
   assert top["scores"].shape == (13, 37)
-  np.testing.assert_allclose(top["scores"].numpy(), want_scores, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    top["scores"].numpy(), want_scores, rtol=1e-5, atol=1e-6
+  )
   best = corpus_ids[np.argmax(want_q @ corpus.T, axis=1)]
   np.testing.assert_array_equal(top["candidate_ids"].numpy()[:, 0], best)
 
 
-@pytest.mark.parametrize("given, cores, expected", [
-    ((0, 0), 2, (1, 2)),      # small machine, nothing given: 1 / 2
+@pytest.mark.parametrize(
+  "given, cores, expected",
+  [
+    ((0, 0), 2, (1, 2)),  # small machine, nothing given: 1 / 2
     ((0, 0), 1, (1, 2)),
-    ((0, 0), 8, (0, 0)),      # larger machine: TF's defaults
-    ((2, 0), 2, (2, 0)),      # a flag given: kept as given
+    ((0, 0), 8, (0, 0)),  # larger machine: TF's defaults
+    ((2, 0), 2, (2, 0)),  # a flag given: kept as given
     ((0, 3), 2, (0, 3)),
-])
+  ],
+)
 def test_thread_settings(given, cores, expected):
   intra, inter, why = cli.thread_settings(*given, cores)
   assert (intra, inter) == expected
@@ -234,29 +344,41 @@ def test_thread_settings(given, cores, expected):
 def test_experiments_lists_and_prints_the_shipped_gin_files(capsys):
   assert cli.main(["experiments"]) == 0
   out = capsys.readouterr().out
-  for name in ("synthetic_dlrm.gin", "hardware/cpu_2replicas.gin", "data/criteo_kaggle.gin"):
+  for name in (
+    "synthetic_dlrm.gin",
+    "hardware/cpu_2replicas.gin",
+    "data/criteo_kaggle.gin",
+  ):
     assert f"  {name} " in out
   assert cli.main(["experiments", "hardware/cpu_2replicas.gin"]) == 0
-  with open(os.path.join(config.EXPERIMENTS_DIR, "hardware", "cpu_2replicas.gin"),
-            encoding="utf-8") as f:
+  with open(
+    os.path.join(config.EXPERIMENTS_DIR, "hardware", "cpu_2replicas.gin"),
+    encoding="utf-8",
+  ) as f:
     assert capsys.readouterr().out == f.read()
   assert cli.main(["experiments", "nope.gin"]) == 2
   assert "synthetic_dlrm.gin" in capsys.readouterr().err  # the valid names
 
 
-def test_includes_resolve_next_to_the_including_file_then_shipped(tmp_path, monkeypatch):
+def test_includes_resolve_next_to_the_including_file_then_shipped(
+  tmp_path, monkeypatch
+):
   """A user's gin tree outside the repo: a nested include is found next to
   the file that includes it, a shipped experiment by its name."""
   (tmp_path / "cfg" / "sub").mkdir(parents=True)
   (tmp_path / "cfg" / "my.gin").write_text(
-      "include 'synthetic_dlrm.gin'\ninclude 'sub/tiny.gin'\n")
+    "include 'synthetic_dlrm.gin'\ninclude 'sub/tiny.gin'\n"
+  )
   (tmp_path / "cfg" / "sub" / "tiny.gin").write_text("include 'steps.gin'\n")
   (tmp_path / "cfg" / "sub" / "steps.gin").write_text("train.train_steps = 7\n")
   (tmp_path / "elsewhere").mkdir()
   monkeypatch.chdir(tmp_path / "elsewhere")
   config.parse(["../cfg/my.gin"])
   assert gin.query_parameter("train.train_steps") == 7
-  assert gin.query_parameter("DLRM.bottom_mlp") == (64, 16)  # shipped, with base.gin
+  assert gin.query_parameter("DLRM.bottom_mlp") == (
+    64,
+    16,
+  )  # shipped, with base.gin
   gin.clear_config()
   config.parse(["synthetic_dlrm.gin"])  # a shipped experiment by name
   assert gin.query_parameter("train.steps_per_loop") == 200
@@ -266,14 +388,31 @@ def test_includes_resolve_next_to_the_including_file_then_shipped(tmp_path, monk
 def test_evaluate_only_reads_the_model_dir(tmp_path, capsys):
   """No event files, no config rewritten: only eval_metrics.json is added."""
   model_dir = str(tmp_path / "run")
-  bindings = sum((["--gin_bindings", b] for b in TINY + ["train.train_steps = 2"]), [])
-  assert cli.main(["train", "--gin_file", DEFAULT, *bindings, "--model_dir", model_dir,
-                   "--no_progress"]) == 0
+  bindings = sum(
+    (["--gin_bindings", b] for b in TINY + ["train.train_steps = 2"]), []
+  )
+  assert (
+    cli.main(
+      [
+        "train",
+        "--gin_file",
+        DEFAULT,
+        *bindings,
+        "--model_dir",
+        model_dir,
+        "--no_progress",
+      ]
+    )
+    == 0
+  )
   gin.clear_config()
 
   def files():
-    return {os.path.join(d, f): os.path.getmtime(os.path.join(d, f))
-            for d, _, names in os.walk(model_dir) for f in names}
+    return {
+      os.path.join(d, f): os.path.getmtime(os.path.join(d, f))
+      for d, _, names in os.walk(model_dir)
+      for f in names
+    }
 
   before = files()
   capsys.readouterr()
@@ -281,30 +420,50 @@ def test_evaluate_only_reads_the_model_dir(tmp_path, capsys):
   printed = json.loads(capsys.readouterr().out)
   assert printed["step"] == 2 and printed["eval/examples"] == 2 * 64
   after = files()
-  assert set(after) - set(before) == {os.path.join(model_dir, "eval_metrics.json")}
+  assert set(after) - set(before) == {
+    os.path.join(model_dir, "eval_metrics.json")
+  }
   assert all(after[p] == t for p, t in before.items())
 
 
 def test_tf_startup_noise_is_dropped_and_the_rest_kept():
   from recsys import _tf_startup  # pylint: disable=g-import-not-at-top
-  lines = ["WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n",
-           "I0000 00:00:1.1 1 port.cc:153] oneDNN custom operations are on. You may see\n",
-           "E0000 00:00:1.2 1 cuda_platform.cc:52] failed call to cuInit: INTERNAL\n",
-           "E0000 00:00:1.3 1 something.cc:1] a real error\n"]
+
+  lines = [
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n",
+    "I0000 00:00:1.1 1 port.cc:153] oneDNN custom operations are on. You may see\n",
+    "E0000 00:00:1.2 1 cuda_platform.cc:52] failed call to cuInit: INTERNAL\n",
+    "E0000 00:00:1.3 1 something.cc:1] a real error\n",
+  ]
   assert _tf_startup.keep(lines) == lines[3:]
 
 
 def test_train_refuses_a_memory_plan_beyond_the_host(tmp_path, capsys):
   """Criteo at MLPerf vocabularies, uncapped: ~100 GiB of tables, refused
   before any is allocated, naming the largest; cpu_small.gin is the way out."""
-  (tmp_path / "train.txt").write_text("1\t" + "\t".join(["1"] * 13 + ["a"] * 26) + "\n")
-  code = cli.main(["train", "--gin_file", os.path.join(config.EXPERIMENTS_DIR, "criteo_dlrm.gin"),
-                   "--gin_bindings", f"CRITEO_DIR = '{tmp_path}'",
-                   "--gin_bindings", "CriteoTSV.vocab_sizes = 'mlperf'",
-                   "--gin_bindings", "CriteoTSV.max_vocab_size = None",
-                   "--model_dir", str(tmp_path / "run")])
+  (tmp_path / "train.txt").write_text(
+    "1\t" + "\t".join(["1"] * 13 + ["a"] * 26) + "\n"
+  )
+  code = cli.main(
+    [
+      "train",
+      "--gin_file",
+      os.path.join(config.EXPERIMENTS_DIR, "criteo_dlrm.gin"),
+      "--gin_bindings",
+      f"CRITEO_DIR = '{tmp_path}'",
+      "--gin_bindings",
+      "CriteoTSV.vocab_sizes = 'mlperf'",
+      "--gin_bindings",
+      "CriteoTSV.max_vocab_size = None",
+      "--model_dir",
+      str(tmp_path / "run"),
+    ]
+  )
   err = capsys.readouterr().err
   assert code == 1
-  assert "MemoryPlanError" in err and "C1 (39884406 x 128, 0 slot(s): 19.0 GiB)" in err
+  assert (
+    "MemoryPlanError" in err
+    and "C1 (39884406 x 128, 0 slot(s): 19.0 GiB)" in err
+  )
   assert "cpu_small.gin" in err and "--skip_memory_check" in err
   assert not os.path.exists(tmp_path / "run" / "checkpoints")

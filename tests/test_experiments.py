@@ -13,15 +13,19 @@ from recsys.training import train
 
 EXPERIMENTS = config.EXPERIMENTS_DIR
 DEFAULT = os.path.join(EXPERIMENTS, "synthetic_dlrm.gin")
-ALL_FILES = sorted(glob.glob(os.path.join(EXPERIMENTS, "**", "*.gin"),
-                             recursive=True))
+ALL_FILES = sorted(
+  glob.glob(os.path.join(EXPERIMENTS, "**", "*.gin"), recursive=True)
+)
 # Files in these folders override an experiment: parse them after one.
 OVERRIDE_DIRS = ("hardware", "data")
 
 TINY = [
-    "train.global_batch_size = 64", "train.train_steps = 4",
-    "train.steps_per_loop = 2", "train.eval_steps = 2",
-    "train.progress_bar = False", "SyntheticCTR.oracle_examples = 4096",
+  "train.global_batch_size = 64",
+  "train.train_steps = 4",
+  "train.steps_per_loop = 2",
+  "train.eval_steps = 2",
+  "train.progress_bar = False",
+  "SyntheticCTR.oracle_examples = 4096",
 ]
 
 
@@ -36,18 +40,29 @@ def required_macros(files):
 
 def test_there_are_experiments():
   names = {os.path.relpath(p, EXPERIMENTS) for p in ALL_FILES}
-  assert {"base.gin", "synthetic_dlrm.gin", "synthetic_dcn.gin",
-          "synthetic_two_tower.gin", "criteo_dlrm.gin", "criteo_dcn.gin",
-          "movielens_ranking.gin", "movielens_retrieval.gin",
-          "hardware/tpu.gin", "hardware/cpu_2replicas.gin"} <= names
+  assert {
+    "base.gin",
+    "synthetic_dlrm.gin",
+    "synthetic_dcn.gin",
+    "synthetic_two_tower.gin",
+    "criteo_dlrm.gin",
+    "criteo_dcn.gin",
+    "movielens_ranking.gin",
+    "movielens_retrieval.gin",
+    "hardware/tpu.gin",
+    "hardware/cpu_2replicas.gin",
+  } <= names
 
 
-@pytest.mark.parametrize("path", ALL_FILES,
-                         ids=[os.path.relpath(p, EXPERIMENTS) for p in ALL_FILES])
+@pytest.mark.parametrize(
+  "path", ALL_FILES, ids=[os.path.relpath(p, EXPERIMENTS) for p in ALL_FILES]
+)
 def test_gin_file_parses_with_required_macros_bound(path):
   with open(path, encoding="utf-8") as f:
     first = f.readline()
-  assert first.startswith("#"), f"{path} must open with a comment saying what it configures"
+  assert first.startswith("#"), (
+    f"{path} must open with a comment saying what it configures"
+  )
   rel = os.path.relpath(path, EXPERIMENTS)
   files = [DEFAULT, path] if rel.startswith(OVERRIDE_DIRS) else [path]
   macros = required_macros(files)
@@ -69,4 +84,7 @@ def test_default_experiment_trains_a_few_steps(tmp_path):
   assert metrics["step"] == 4
   saved = json.loads((tmp_path / "metrics.json").read_text())
   assert 0.0 <= saved["eval/auc"] <= 1.0 and saved["bayes_auc"] > 0.5
-  assert "train.global_batch_size = 64" in (tmp_path / "operative_config.gin").read_text()
+  assert (
+    "train.global_batch_size = 64"
+    in (tmp_path / "operative_config.gin").read_text()
+  )

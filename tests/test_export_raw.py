@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from recsys import cli
-from recsys import config
+from recsys import cli, config
 from recsys.data import CATEGORICAL_NAMES
 from recsys.data.criteo_raw import DENSE_NAMES
 from tests.data.test_criteo import make_rows, write
@@ -45,24 +44,65 @@ _NO_PROJECT = textwrap.dedent("""
 # Tricky Criteo values: negatives, missing, huge counts, values in and out of
 # the C1/C2 vocabulary files, a row of empty categoricals.
 _TRICKY = [
-    ("1", ["-2", "", "0", "7", "123456789012", "-1", "3", "", "5", "1", "0", "2", "9"],
-     ["aaaa0001", "bbbb0002"] + [f"{j:08x}" for j in range(24)]),
-    ("0", [""] * 13, [""] * 26),
-    ("1", ["99999999999999999999999999999999999999"] + ["1"] * 12,
-     ["ffffffff", "notinvoc"] + ["68fd1e64"] * 24),
+  (
+    "1",
+    [
+      "-2",
+      "",
+      "0",
+      "7",
+      "123456789012",
+      "-1",
+      "3",
+      "",
+      "5",
+      "1",
+      "0",
+      "2",
+      "9",
+    ],
+    ["aaaa0001", "bbbb0002"] + [f"{j:08x}" for j in range(24)],
+  ),
+  ("0", [""] * 13, [""] * 26),
+  (
+    "1",
+    ["99999999999999999999999999999999999999"] + ["1"] * 12,
+    ["ffffffff", "notinvoc"] + ["68fd1e64"] * 24,
+  ),
 ]
 
 
 def _train_and_export(tmp_path, gin_file, bindings):
   model_dir, export_dir = str(tmp_path / "run"), str(tmp_path / "export")
-  tiny = ["train.global_batch_size = 8", "train.train_steps = 2",
-          "train.steps_per_loop = 1", "train.eval_steps = 1", "train.summaries = False",
-          "train.eval_batch_size = 8", "EmbeddingSettings.dim = 4"]
+  tiny = [
+    "train.global_batch_size = 8",
+    "train.train_steps = 2",
+    "train.steps_per_loop = 1",
+    "train.eval_steps = 1",
+    "train.summaries = False",
+    "train.eval_batch_size = 8",
+    "EmbeddingSettings.dim = 4",
+  ]
   flags = sum((["--gin_bindings", b] for b in tiny + bindings), [])
-  assert cli.main(["train", "--gin_file", os.path.join(config.EXPERIMENTS_DIR, gin_file),
-                   *flags, "--model_dir", model_dir, "--no_progress"]) == 0
+  assert (
+    cli.main(
+      [
+        "train",
+        "--gin_file",
+        os.path.join(config.EXPERIMENTS_DIR, gin_file),
+        *flags,
+        "--model_dir",
+        model_dir,
+        "--no_progress",
+      ]
+    )
+    == 0
+  )
   gin.clear_config()
-  assert cli.main(["export", "--model_dir", model_dir, "--export_dir", export_dir]) == 0
+  assert (
+    cli.main(["export", "--model_dir", model_dir, "--export_dir", export_dir])
+    == 0
+  )
   gin.clear_config()
   return model_dir, export_dir
 
@@ -70,8 +110,11 @@ def _train_and_export(tmp_path, gin_file, bindings):
 def _source(model_dir):
   """The trained run's data source, rebuilt from its operative config."""
   from recsys.training import train  # pylint: disable=g-import-not-at-top
-  config.parse([os.path.join(model_dir, "operative_config.gin")],
-               ["train.progress_bar = False", "train.summaries = False"])
+
+  config.parse(
+    [os.path.join(model_dir, "operative_config.gin")],
+    ["train.progress_bar = False", "train.summaries = False"],
+  )
   source = train(model_dir=model_dir, action="build").source
   gin.clear_config()
   return source
@@ -115,10 +158,18 @@ class _Server:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     self._stderr = os.path.join(cwd, "stderr.txt")
-    with open(self._stderr, "w") as stderr:  # a file: a full pipe would block it
+    with open(
+      self._stderr, "w"
+    ) as stderr:  # a file: a full pipe would block it
       self._process = subprocess.Popen(
-          [sys.executable, "-c", _SERVER], cwd=cwd, env=env, stdin=subprocess.PIPE,
-          stdout=subprocess.PIPE, stderr=stderr, text=True)
+        [sys.executable, "-c", _SERVER],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+      )
 
   def serve(self, tmp_path, export_dir, calls, expect_error=False):
     """Runs `calls` ({result: (signature, inputs)}) on the export; their outputs.
@@ -134,14 +185,20 @@ class _Server:
         arrays[key] = np.asarray(value)
         plan[result][1][name] = key
     np.savez(tmp_path / "inputs.npz", **arrays)
-    request = {"export_dir": export_dir, "plan": plan, "inputs": str(tmp_path / "inputs.npz"),
-               "outputs": str(tmp_path / "outputs.npz")}
+    request = {
+      "export_dir": export_dir,
+      "plan": plan,
+      "inputs": str(tmp_path / "inputs.npz"),
+      "outputs": str(tmp_path / "outputs.npz"),
+    }
     self._process.stdin.write(json.dumps(request) + "\n")
     self._process.stdin.flush()
     line = self._process.stdout.readline()
     if not line:
       with open(self._stderr) as stderr:
-        raise AssertionError("the serving process died: " + stderr.read()[-3000:])
+        raise AssertionError(
+          "the serving process died: " + stderr.read()[-3000:]
+        )
     reply = json.loads(line)
     if expect_error:
       assert not reply["ok"], "the call succeeded; expected an error"
@@ -182,110 +239,196 @@ def test_criteo_raw_signature_scores_like_the_id_signature(tmp_path, server):
   (vocab / "C1.txt").write_text("aaaa0001\nffffffff\n")
   (vocab / "C2.txt").write_text("bbbb0002\n" + rows[0][2][1] + "\n")
   # DCN-v2 rather than DLRM: DLRM's 27-vector interaction costs ~15 s of tracing.
-  model_dir, export_dir = _train_and_export(tmp_path, "criteo_dcn.gin", [
-      f"CRITEO_DIR = '{data}'", f"CriteoTSV.vocab_dir = '{vocab}'",
-      "CriteoTSV.vocab_sizes = 23", "DCNv2.num_cross_layers = 1",
-      "DCNv2.projection_dim = 2", "DCNv2.deep_mlp = (8,)"])
+  model_dir, export_dir = _train_and_export(
+    tmp_path,
+    "criteo_dcn.gin",
+    [
+      f"CRITEO_DIR = '{data}'",
+      f"CriteoTSV.vocab_dir = '{vocab}'",
+      "CriteoTSV.vocab_sizes = 23",
+      "DCNv2.num_cross_layers = 1",
+      "DCNv2.projection_dim = 2",
+      "DCNv2.deep_mlp = (8,)",
+    ],
+  )
 
   # The ids the training pipeline makes of the evaluation file's rows.
   source = _source(model_dir)
-  features, _ = next(iter(source.dataset(len(eval_rows), training=False,
-                                         drop_remainder=False, repeat=False)))
-  ids = {"dense": features["dense"].numpy(),
-         **{n: features["categorical"][n].numpy() for n in CATEGORICAL_NAMES}}
-  raw = {name: np.array([r[1][k] for r in eval_rows]) for k, name in enumerate(DENSE_NAMES)}
-  raw.update({name: np.array([r[2][k] for r in eval_rows])
-              for k, name in enumerate(CATEGORICAL_NAMES)})
+  features, _ = next(
+    iter(
+      source.dataset(
+        len(eval_rows), training=False, drop_remainder=False, repeat=False
+      )
+    )
+  )
+  ids = {
+    "dense": features["dense"].numpy(),
+    **{n: features["categorical"][n].numpy() for n in CATEGORICAL_NAMES},
+  }
+  raw = {
+    name: np.array([r[1][k] for r in eval_rows])
+    for k, name in enumerate(DENSE_NAMES)
+  }
+  raw.update(
+    {
+      name: np.array([r[2][k] for r in eval_rows])
+      for k, name in enumerate(CATEGORICAL_NAMES)
+    }
+  )
 
-  got = server.serve(tmp_path, export_dir, {"ids": ("serving_default", ids),
-                                            "raw": ("serving_raw", raw)})
+  got = server.serve(
+    tmp_path,
+    export_dir,
+    {"ids": ("serving_default", ids), "raw": ("serving_raw", raw)},
+  )
   assert got["raw"]["scores"].shape == (len(eval_rows),)
-  np.testing.assert_allclose(got["raw"]["scores"], got["ids"]["scores"], rtol=1e-6)
+  np.testing.assert_allclose(
+    got["raw"]["scores"], got["ids"]["scores"], rtol=1e-6
+  )
   # Out of vocabulary (vocabulary files): id 0 like a missing value, and flagged.
   assert ids["C1"][:3].tolist() == [1, 0, 2] and ids["C2"][2] == 0
   assert got["raw"]["unknown_C1"][:3].tolist() == [False, False, False]
   assert got["raw"]["unknown_C2"][:3].tolist() == [False, False, True]
-  assert sorted(k for k in got["raw"] if k.startswith("unknown_")) == ["unknown_C1",
-                                                                       "unknown_C2"]
+  assert sorted(k for k in got["raw"] if k.startswith("unknown_")) == [
+    "unknown_C1",
+    "unknown_C2",
+  ]
   # A dense value the reader would refuse is refused, naming column and row.
-  raw["I4"] = np.array(["1.5" if row == 1 else v for row, v in enumerate(raw["I4"])])
-  error = server.serve(tmp_path, export_dir, {"raw": ("serving_raw", raw)},
-                       expect_error=True)
+  raw["I4"] = np.array(
+    ["1.5" if row == 1 else v for row, v in enumerate(raw["I4"])]
+  )
+  error = server.serve(
+    tmp_path, export_dir, {"raw": ("serving_raw", raw)}, expect_error=True
+  )
   assert "raw feature I4 got [1.5] at row 1" in error
 
 
 def _ml100k(folder):
   """ml-100k files: 3 users x 3 items rated 4 times, timestamps increasing by line."""
   pairs = [(u, i) for u in (1, 2, 10) for i in (1, 2, 3)] * 4
-  ratings = [(u, i, 1 + (u * 7 + i * 3 + n) % 5, 881250000 + 1000 * n)
-             for n, (u, i) in enumerate(pairs)]
+  ratings = [
+    (u, i, 1 + (u * 7 + i * 3 + n) % 5, 881250000 + 1000 * n)
+    for n, (u, i) in enumerate(pairs)
+  ]
   return write_ml100k(folder, ratings), ratings
 
 
 @pytest.mark.slow  # ~10 s: trains and exports DCN-v2 on MovieLens
-def test_movielens_ranking_raw_signature_scores_like_the_id_signature(tmp_path, server):
+def test_movielens_ranking_raw_signature_scores_like_the_id_signature(
+  tmp_path, server
+):
   data, ratings = _ml100k(tmp_path / "ml-100k")
-  model_dir, export_dir = _train_and_export(tmp_path, "movielens_ranking.gin", [
-      f"MOVIELENS_DIR = '{data}'", "MovieLens.timestamp_buckets = 3",
-      "MovieLens.split = 'temporal'", "MovieLens.test_fraction = 0.25",
-      "DCNv2.deep_mlp = (8,)", "DCNv2.projection_dim = 2"])
+  model_dir, export_dir = _train_and_export(
+    tmp_path,
+    "movielens_ranking.gin",
+    [
+      f"MOVIELENS_DIR = '{data}'",
+      "MovieLens.timestamp_buckets = 3",
+      "MovieLens.split = 'temporal'",
+      "MovieLens.test_fraction = 0.25",
+      "DCNv2.deep_mlp = (8,)",
+      "DCNv2.projection_dim = 2",
+    ],
+  )
   # The temporal split's test ratings are the newest 9: the file's last 9 lines.
   source = _source(model_dir)
-  features, _ = next(iter(source.dataset(9, training=False, drop_remainder=False,
-                                         repeat=False)))
+  features, _ = next(
+    iter(source.dataset(9, training=False, drop_remainder=False, repeat=False))
+  )
   specs = {s.name: s for s in source.feature_specs}
   assert "timestamp" in specs and "item_genres" in specs and "user_zip" in specs
-  ids = {n: _padded(v, specs[n].max_ids) for n, v in features["categorical"].items()}
+  ids = {
+    n: _padded(v, specs[n].max_ids) for n, v in features["categorical"].items()
+  }
   tested = ratings[-9:]
-  raw = {"user_id": np.array([str(u) for u, _, _, _ in tested] + ["424242", " 2 "]),
-         "item_id": np.array([str(i) for _, i, _, _ in tested] + ["3", "999"]),
-         "timestamp": np.array([t for _, _, _, t in tested] + [0, 2 ** 40], np.int64)}
+  raw = {
+    "user_id": np.array([str(u) for u, _, _, _ in tested] + ["424242", " 2 "]),
+    "item_id": np.array([str(i) for _, i, _, _ in tested] + ["3", "999"]),
+    "timestamp": np.array([t for _, _, _, t in tested] + [0, 2**40], np.int64),
+  }
   # The two rows not in the files, by the documented rules: an unknown user is
   # id 0 with side features 0; item 3 has no genre ([0]); the earliest time is
   # bucket 1, the latest bucket 3; an unknown item is id 0 with genres [0].
   no_genre = np.array([[0] + [-1] * (specs["item_genres"].max_ids - 1)])
   new_user = {n: np.zeros_like(ids[n][:1]) for n in ids}
-  new_user.update(item_id=np.array([3]), item_genres=no_genre, timestamp=np.array([1]))
+  new_user.update(
+    item_id=np.array([3]), item_genres=no_genre, timestamp=np.array([1])
+  )
   row = int(np.flatnonzero(ids["user_id"] == 2)[0])  # user "2" has id 2
-  new_item = {n: ids[n][row:row + 1].copy() for n in ids}
-  new_item.update(item_id=np.array([0]), item_genres=no_genre, timestamp=np.array([3]))
+  new_item = {n: ids[n][row : row + 1].copy() for n in ids}
+  new_item.update(
+    item_id=np.array([0]), item_genres=no_genre, timestamp=np.array([3])
+  )
   ids = {n: np.concatenate([ids[n], new_user[n], new_item[n]]) for n in ids}
 
-  got = server.serve(tmp_path, export_dir, {"ids": ("serving_default", ids),
-                                            "raw": ("serving_raw", raw)})
+  got = server.serve(
+    tmp_path,
+    export_dir,
+    {"ids": ("serving_default", ids), "raw": ("serving_raw", raw)},
+  )
   assert got["raw"]["scores"].shape == (11,)
-  np.testing.assert_allclose(got["raw"]["scores"], got["ids"]["scores"], rtol=1e-6)
+  np.testing.assert_allclose(
+    got["raw"]["scores"], got["ids"]["scores"], rtol=1e-6
+  )
   assert got["raw"]["unknown_user_id"].tolist() == [False] * 9 + [True, False]
   assert got["raw"]["unknown_item_id"].tolist() == [False] * 9 + [False, True]
 
 
 @pytest.mark.slow  # ~10 s: trains and exports a two-tower model on MovieLens
-def test_movielens_retrieval_raw_signatures_match_the_id_signatures(tmp_path, server):
+def test_movielens_retrieval_raw_signatures_match_the_id_signatures(
+  tmp_path, server
+):
   data, _ = _ml100k(tmp_path / "ml-100k")
-  model_dir, export_dir = _train_and_export(tmp_path, "movielens_retrieval.gin", [
-      f"MOVIELENS_DIR = '{data}'", "MovieLens.test_fraction = 0.25",
-      "TwoTower.query_tower = (5,)", "TwoTower.candidate_tower = (5,)"])
+  model_dir, export_dir = _train_and_export(
+    tmp_path,
+    "movielens_retrieval.gin",
+    [
+      f"MOVIELENS_DIR = '{data}'",
+      "MovieLens.test_fraction = 0.25",
+      "TwoTower.query_tower = (5,)",
+      "TwoTower.candidate_tower = (5,)",
+    ],
+  )
   source = _source(model_dir)
-  features, _ = next(iter(source.dataset(9, training=False, drop_remainder=False,
-                                         repeat=False)))
+  features, _ = next(
+    iter(source.dataset(9, training=False, drop_remainder=False, repeat=False))
+  )
   specs = {s.name: s for s in source.feature_specs}
-  ids = {n: _padded(v, specs[n].max_ids) for n, v in features["categorical"].items()}
+  ids = {
+    n: _padded(v, specs[n].max_ids) for n, v in features["categorical"].items()
+  }
   # Raw ids by the documented rule: raw ids sorted numerically -> 1, 2, 3.
   users = np.array(["", "1", "2", "10"])[ids["user_id"]]
   items = np.array(["", "1", "2", "3"])[ids["item_id"]]
   query = {n: ids[n] for n in source.query_features}
   candidate = {n: ids[n] for n in source.candidate_features}
 
-  got = server.serve(tmp_path, export_dir, {
-      "top": ("serving_default", query), "raw_top": ("serving_raw", {"user_id": users}),
+  got = server.serve(
+    tmp_path,
+    export_dir,
+    {
+      "top": ("serving_default", query),
+      "raw_top": ("serving_raw", {"user_id": users}),
       "c": ("candidate_embeddings", candidate),
       "raw_c": ("raw_candidate_embeddings", {"item_id": items}),
       "q": ("query_embeddings", query),
-      "raw_q": ("raw_query_embeddings", {"user_id": users})})
-  np.testing.assert_allclose(got["raw_q"]["embeddings"], got["q"]["embeddings"], rtol=1e-6)
-  np.testing.assert_allclose(got["raw_c"]["embeddings"], got["c"]["embeddings"], rtol=1e-6)
-  np.testing.assert_allclose(got["raw_top"]["scores"], got["top"]["scores"], rtol=1e-6)
-  np.testing.assert_array_equal(got["raw_top"]["candidate_ids"], got["top"]["candidate_ids"])
+      "raw_q": ("raw_query_embeddings", {"user_id": users}),
+    },
+  )
+  np.testing.assert_allclose(
+    got["raw_q"]["embeddings"], got["q"]["embeddings"], rtol=1e-6
+  )
+  np.testing.assert_allclose(
+    got["raw_c"]["embeddings"], got["c"]["embeddings"], rtol=1e-6
+  )
+  np.testing.assert_allclose(
+    got["raw_top"]["scores"], got["top"]["scores"], rtol=1e-6
+  )
+  np.testing.assert_array_equal(
+    got["raw_top"]["candidate_ids"], got["top"]["candidate_ids"]
+  )
   # Candidate ids 1, 2, 3 are the raw movie ids "1", "2", "3".
   raw_ids = got["raw_top"]["candidate_raw_ids"].astype(str)
-  np.testing.assert_array_equal(raw_ids, got["top"]["candidate_ids"].astype(str))
+  np.testing.assert_array_equal(
+    raw_ids, got["top"]["candidate_ids"].astype(str)
+  )

@@ -10,8 +10,13 @@ import pytest
 def _run(code: str, **env):
   full_env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
   full_env.update(env, TF_CPP_MIN_LOG_LEVEL="3")
-  return subprocess.run([sys.executable, "-c", code], capture_output=True,
-                        text=True, env=full_env, timeout=300)
+  return subprocess.run(
+    [sys.executable, "-c", code],
+    capture_output=True,
+    text=True,
+    env=full_env,
+    timeout=300,
+  )
 
 
 @pytest.mark.slow

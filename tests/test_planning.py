@@ -5,14 +5,13 @@ host's RAM read independently; TPU strategies are fakes of the hardware
 feature (no TPU is reachable here).
 """
 
-import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-
 import math  # noqa: E402
 import os  # noqa: E402
 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from recsys import planning  # noqa: E402
 from tests.backends.test_selection import fake_tpu_strategy  # noqa: E402
 from tests.conftest import mirrored_strategy  # noqa: E402
@@ -23,13 +22,17 @@ E = tf.tpu.experimental.embedding
 def _config():
   users = E.TableConfig(23, 7, name="users")
   items = E.TableConfig(11, 11, name="items", optimizer=E.Adam(0.1))
-  return {"user": E.FeatureConfig(users), "friend": E.FeatureConfig(users),
-          "item": E.FeatureConfig(items)}
+  return {
+    "user": E.FeatureConfig(users),
+    "friend": E.FeatureConfig(users),
+    "item": E.FeatureConfig(items),
+  }
 
 
 def test_replicated_tables_hold_everything_on_every_device():
-  plan = planning.plan_memory(_config(), E.Adagrad(0.1),
-                              device_memory_bytes=10 ** 9)
+  plan = planning.plan_memory(
+    _config(), E.Adagrad(0.1), device_memory_bytes=10**9
+  )
   assert plan.backend == "tensorcore"
   by_name = {r.table: r for r in plan.rows}
   assert sorted(by_name) == ["items", "users"]  # shared table counted once
@@ -43,24 +46,34 @@ def test_replicated_tables_hold_everything_on_every_device():
 
 
 def test_tpu_embedding_shards_rows_over_the_replicas():
-  plan = planning.plan_memory(_config(), E.SGD(0.1),
-                              fake_tpu_strategy("V1", num_replicas=4),
-                              device_memory_bytes=10 ** 9)
+  plan = planning.plan_memory(
+    _config(),
+    E.SGD(0.1),
+    fake_tpu_strategy("V1", num_replicas=4),
+    device_memory_bytes=10**9,
+  )
   assert plan.backend == "tpu_embedding"
   users = next(r for r in plan.rows if r.table == "users")
   assert users.shards == 4 and users.placement == "sharded /4"
   assert users.bytes_per_device == math.ceil(23 / 4) * 7 * 4  # SGD: no slots
-  replicated = planning.plan_memory(_config(), E.SGD(0.1),
-                                    fake_tpu_strategy("V1", num_replicas=4),
-                                    10 ** 9, backend="tpu_embedding_v0")
-  assert next(r for r in replicated.rows
-              if r.table == "users").bytes_per_device == 23 * 7 * 4
+  replicated = planning.plan_memory(
+    _config(),
+    E.SGD(0.1),
+    fake_tpu_strategy("V1", num_replicas=4),
+    10**9,
+    backend="tpu_embedding_v0",
+  )
+  assert (
+    next(r for r in replicated.rows if r.table == "users").bytes_per_device
+    == 23 * 7 * 4
+  )
 
 
 def test_warns_before_a_configuration_that_cannot_fit():
   need = 23 * 7 * 4 * 2 + 11 * 11 * 4 * 3
-  plan = planning.plan_memory(_config(), E.Adagrad(0.1),
-                              device_memory_bytes=need)  # no headroom left
+  plan = planning.plan_memory(
+    _config(), E.Adagrad(0.1), device_memory_bytes=need
+  )  # no headroom left
   assert plan.fits is False
   assert len(plan.warnings) == 1
   assert "largest is table 'items'" in plan.warnings[0]  # 1452 B > 1288 B
@@ -86,15 +99,17 @@ def test_cpu_memory_is_host_ram_shared_by_local_replicas():
 
 
 def test_accelerator_memory_unknown_unless_given():
-  plan = planning.plan_memory(_config(), E.Adagrad(0.1),
-                              fake_tpu_strategy("UNSUPPORTED"))
+  plan = planning.plan_memory(
+    _config(), E.Adagrad(0.1), fake_tpu_strategy("UNSUPPORTED")
+  )
   assert plan.device_memory_bytes is None and plan.fits is None
   assert "TPU memory is not reported" in plan.format()
 
 
 def test_describe_environment_on_cpu():
-  text = planning.describe_environment(mirrored_strategy(2), _config(),
-                                       E.Adagrad(0.1))
+  text = planning.describe_environment(
+    mirrored_strategy(2), _config(), E.Adagrad(0.1)
+  )
   assert "/device:CPU:1" in text
   assert "strategy: MirroredStrategy (2 replica(s))" in text
   assert "TPU embedding feature: not a TPU" in text
@@ -103,23 +118,35 @@ def test_describe_environment_on_cpu():
   assert "embedding memory per device:" in text and "users" in text
 
 
-@pytest.mark.parametrize("feature,backend,expected", [
-    ("V2", "auto", "embedding backend: auto -> tpu_embedding (FakeTPUStrategy, "
-     "embedding_feature=V2"),
-    ("UNSUPPORTED", "tpu_embedding", "embedding backend: tpu_embedding -> "
-     "tpu_embedding (forced, but cannot run here: it needs a TPU with an "
-     "embedding accelerator"),
-])
+@pytest.mark.parametrize(
+  "feature,backend,expected",
+  [
+    (
+      "V2",
+      "auto",
+      "embedding backend: auto -> tpu_embedding (FakeTPUStrategy, "
+      "embedding_feature=V2",
+    ),
+    (
+      "UNSUPPORTED",
+      "tpu_embedding",
+      "embedding backend: tpu_embedding -> "
+      "tpu_embedding (forced, but cannot run here: it needs a TPU with an "
+      "embedding accelerator",
+    ),
+  ],
+)
 def test_describe_environment_on_tpus(feature, backend, expected):
-  text = planning.describe_environment(fake_tpu_strategy(feature),
-                                       backend=backend)
+  text = planning.describe_environment(
+    fake_tpu_strategy(feature), backend=backend
+  )
   assert f"TPU embedding feature: {feature}" in text
   assert expected in text
 
 
 def test_human_bytes():
   assert planning.human_bytes(512) == "512 B"
-  assert planning.human_bytes(3 * 1024 ** 3) == "3.0 GiB"
+  assert planning.human_bytes(3 * 1024**3) == "3.0 GiB"
 
 
 def _sizes_config():
@@ -133,9 +160,13 @@ def test_sharded_backend_replicates_small_tables_and_shards_big_ones():
   small, big = 23 * 7 * 4 * 2, 5000 * 11 * 4 * 2  # table + accumulators
   # Budget HEADROOM x memory: big is above REPLICATE_SHARE of it, small below.
   memory = int(big / (planning.REPLICATE_SHARE * planning.HEADROOM) / 2)
-  plan = planning.plan_memory(_sizes_config(), E.Adagrad(0.1),
-                              device_memory_bytes=memory, backend="sharded",
-                              num_shards=3)
+  plan = planning.plan_memory(
+    _sizes_config(),
+    E.Adagrad(0.1),
+    device_memory_bytes=memory,
+    backend="sharded",
+    num_shards=3,
+  )
   rows = {r.table: r for r in plan.rows}
   assert rows["small"].placement == "replicated"
   assert rows["small"].bytes_per_device == small
@@ -148,8 +179,12 @@ def test_sharded_backend_replicates_small_tables_and_shards_big_ones():
 
 def test_replicated_backend_names_the_table_too_big_for_one_device():
   big = 5000 * 11 * 4 * 2
-  plan = planning.plan_memory(_sizes_config(), E.Adagrad(0.1),
-                              device_memory_bytes=big, backend="tensorcore")
+  plan = planning.plan_memory(
+    _sizes_config(),
+    E.Adagrad(0.1),
+    device_memory_bytes=big,
+    backend="tensorcore",
+  )
   rows = {r.table: r for r in plan.rows}
   assert rows["big"].placement == rows["small"].placement == "replicated"
   assert "it needs a sharding backend" in rows["big"].reason
@@ -158,8 +193,10 @@ def test_replicated_backend_names_the_table_too_big_for_one_device():
 
 
 def test_tables_are_listed_in_numeric_order():
-  config = {f"C{i}": E.FeatureConfig(E.TableConfig(5, 3, name=f"C{i}"))
-            for i in (1, 10, 2, 26, 3)}
+  config = {
+    f"C{i}": E.FeatureConfig(E.TableConfig(5, 3, name=f"C{i}"))
+    for i in (1, 10, 2, 26, 3)
+  }
   plan = planning.plan_memory(config, E.SGD(0.1), device_memory_bytes=1 << 30)
   assert [r.table for r in plan.rows] == ["C1", "C2", "C3", "C10", "C26"]
 
@@ -168,16 +205,29 @@ def test_tables_are_listed_in_numeric_order():
 def test_cpu_small_fits_criteo_on_a_small_machine(tmp_path, experiment):
   """The override caps Criteo's vocabularies: under 1 GiB (it was 16 GiB)."""
   import gin  # noqa: E402  pylint: disable=g-import-not-at-top
+
   from recsys import config, features  # pylint: disable=g-import-not-at-top
-  (tmp_path / "train.txt").write_text("1\t" + "\t".join(["1"] * 13 + ["a"] * 26) + "\n")
-  config.parse([os.path.join(config.EXPERIMENTS_DIR, experiment),
-                os.path.join(config.EXPERIMENTS_DIR, "hardware", "cpu_small.gin")],
-               [f"CRITEO_DIR = '{tmp_path}'"])
+
+  (tmp_path / "train.txt").write_text(
+    "1\t" + "\t".join(["1"] * 13 + ["a"] * 26) + "\n"
+  )
+  config.parse(
+    [
+      os.path.join(config.EXPERIMENTS_DIR, experiment),
+      os.path.join(config.EXPERIMENTS_DIR, "hardware", "cpu_small.gin"),
+    ],
+    [f"CRITEO_DIR = '{tmp_path}'"],
+  )
   source = gin.query_parameter("train.data").scoped_configurable_fn()
   settings = gin.query_parameter("train.embedding").scoped_configurable_fn()
-  optimizer = gin.query_parameter("train.embedding_optimizer").scoped_configurable_fn()
-  plan = planning.plan_memory(features.feature_config(source.feature_specs, settings),
-                              optimizer, device_memory_bytes=4 << 30)
+  optimizer = gin.query_parameter(
+    "train.embedding_optimizer"
+  ).scoped_configurable_fn()
+  plan = planning.plan_memory(
+    features.feature_config(source.feature_specs, settings),
+    optimizer,
+    device_memory_bytes=4 << 30,
+  )
   assert max(r.vocabulary_size for r in plan.rows) == 50_000
   assert plan.bytes_per_device < 1 << 30 and plan.fits
 
@@ -185,24 +235,33 @@ def test_cpu_small_fits_criteo_on_a_small_machine(tmp_path, experiment):
 def test_train_refuses_tables_larger_than_the_host_naming_them(tmp_path):
   """A 10^10-row table: refused before anything is allocated."""
   import functools  # pylint: disable=g-import-not-at-top
+
+  from recsys.data.spec import FeatureSpec  # pylint: disable=g-import-not-at-top
   from recsys.features import EmbeddingSettings  # pylint: disable=g-import-not-at-top
   from recsys.models import DLRM  # pylint: disable=g-import-not-at-top
   from recsys.training import Trainer  # pylint: disable=g-import-not-at-top
-  from recsys.data.spec import FeatureSpec  # pylint: disable=g-import-not-at-top
 
   class HugeSource:  # the data contract; never read: refused before
-    feature_specs = [FeatureSpec("user", 10**10),
-                     FeatureSpec("tags", 10**10, multi_hot=True, max_ids=3)]
+    feature_specs = [
+      FeatureSpec("user", 10**10),
+      FeatureSpec("tags", 10**10, multi_hot=True, max_ids=3),
+    ]
     num_dense = 3
 
     def dataset(self, *args, **kwargs):
       raise AssertionError("the trainer read data it should have refused")
 
   with pytest.raises(planning.MemoryPlanError) as e:
-    Trainer(str(tmp_path), HugeSource(),
-            functools.partial(DLRM, bottom_mlp=(7,), top_mlp=(7,)),
-            embedding=EmbeddingSettings(dim=7), embedding_optimizer=E.Adagrad(0.1),
-            global_batch_size=10, progress_bar=False, summaries=False)
+    Trainer(
+      str(tmp_path),
+      HugeSource(),
+      functools.partial(DLRM, bottom_mlp=(7,), top_mlp=(7,)),
+      embedding=EmbeddingSettings(dim=7),
+      embedding_optimizer=E.Adagrad(0.1),
+      global_batch_size=10,
+      progress_bar=False,
+      summaries=False,
+    )
   message = str(e.value)
   # user and tags: 10^10 x 7 floats + one Adagrad slot = 521.5 GiB each.
   assert "user (10000000000 x 7, 1 slot(s): 521.5 GiB)" in message

@@ -38,8 +38,8 @@ ENV_SWITCH = "RECSYS_FUSED_KERNELS"
 ENV_DIR = "RECSYS_KERNEL_DIR"
 
 _lock = threading.Lock()
-_loaded: List[Any] = []    # [module or None] once load() has decided
-_reason: List[str] = []    # why load() returned None
+_loaded: list[Any] = []  # [module or None] once load() has decided
+_reason: list[str] = []  # why load() returned None
 
 
 class KernelBuildError(RuntimeError):
@@ -48,20 +48,36 @@ class KernelBuildError(RuntimeError):
 
 def enabled() -> bool:
   """False when `RECSYS_FUSED_KERNELS` is 0/false/off (use the TF ops)."""
-  return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
+  return os.environ.get(ENV_SWITCH, "1").strip().lower() not in (
+    "0",
+    "false",
+    "off",
+    "no",
+  )
 
 
-def _flags() -> List[str]:
+def _flags() -> list[str]:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   # x86-64-v3 (AVX2, FMA) where the CPU has it: wide loads for the row loops.
   # Not -march=native: TF's Eigen headers fail on AVX512-FP16 with GCC 12.
   arch = ["-march=x86-64-v3"] if {"avx2", "fma"} <= _cpu_flags() else []
   # -ffp-contract=off: no fused multiply-add, each operation rounded as the
   # TF ops round it. -fno-math-errno: sqrt without the errno branch, so the
   # row loops vectorize (results unchanged).
-  return (["-std=c++17", "-shared", "-fPIC", "-O3", "-ffp-contract=off",
-           "-fno-math-errno", "-Wno-deprecated-declarations"] + arch +
-          tf.sysconfig.get_compile_flags())
+  return (
+    [
+      "-std=c++17",
+      "-shared",
+      "-fPIC",
+      "-O3",
+      "-ffp-contract=off",
+      "-fno-math-errno",
+      "-Wno-deprecated-declarations",
+    ]
+    + arch
+    + tf.sysconfig.get_compile_flags()
+  )
 
 
 def _cpu_flags() -> set:
@@ -79,16 +95,19 @@ def _cpu_flags() -> set:
 def library_path() -> pathlib.Path:
   """Where the library for this TF version, source and flags is kept."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   key = hashlib.sha256()
   key.update(SOURCE.read_bytes())
   key.update(" ".join(_flags()).encode())
   key.update(tf.__version__.encode())
-  folder = pathlib.Path(os.environ.get(ENV_DIR) or
-                        pathlib.Path.home() / ".cache" / "recsys" / "kernels")
+  folder = pathlib.Path(
+    os.environ.get(ENV_DIR)
+    or pathlib.Path.home() / ".cache" / "recsys" / "kernels"
+  )
   return folder / f"recsys_ops-tf{tf.__version__}-{key.hexdigest()[:16]}.so"
 
 
-def compiler() -> Optional[str]:
+def compiler() -> str | None:
   """The C++ compiler to use ($CXX, else g++ or c++ on PATH), or None."""
   for name in (os.environ.get("CXX"), "g++", "c++"):
     if name and shutil.which(name):
@@ -106,14 +125,16 @@ def build(force: bool = False) -> pathlib.Path:
     KernelBuildError: no compiler, or the compiler failed.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   target = library_path()
   if target.exists() and not force:
     return target
   cxx = compiler()
   if cxx is None:
     raise KernelBuildError(
-        "no C++ compiler found (set CXX or install g++) to build "
-        f"{SOURCE}; the tensorcore backend uses its TF ops meanwhile.")
+      "no C++ compiler found (set CXX or install g++) to build "
+      f"{SOURCE}; the tensorcore backend uses its TF ops meanwhile."
+    )
   target.parent.mkdir(parents=True, exist_ok=True)
   with open(target.parent / ".build.lock", "w", encoding="utf-8") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
@@ -121,16 +142,21 @@ def build(force: bool = False) -> pathlib.Path:
       return target
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = ([cxx] + _flags() + [str(SOURCE), "-o", tmp] +
-           tf.sysconfig.get_link_flags())
+    cmd = (
+      [cxx]
+      + _flags()
+      + [str(SOURCE), "-o", tmp]
+      + tf.sysconfig.get_link_flags()
+    )
     log.info("compiling the fused CPU kernels (once, ~15 s): %s", " ".join(cmd))
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
       os.unlink(tmp)
       errors = [l for l in result.stderr.splitlines() if "error" in l]
       raise KernelBuildError(
-          f"compiling {SOURCE} failed (exit {result.returncode}):\n" +
-          "\n".join(errors[:20] or result.stderr.splitlines()[-20:]))
+        f"compiling {SOURCE} failed (exit {result.returncode}):\n"
+        + "\n".join(errors[:20] or result.stderr.splitlines()[-20:])
+      )
     os.replace(tmp, target)
   return target
 
@@ -147,11 +173,13 @@ def status() -> str:
     return f"built, {path}"
   if compiler() is None:
     return "unavailable (no C++ compiler): tensorcore uses its TF ops"
-  return ("not built yet: built on first use, or now with "
-          "`python -m backends.kernels`")
+  return (
+    "not built yet: built on first use, or now with "
+    "`python -m backends.kernels`"
+  )
 
 
-def load() -> Optional[Any]:
+def load() -> Any | None:
   """The ops module (`recsys_bag_lookup`, ...), or None to use the TF ops.
 
   Builds the library first if needed. Decides once per process; says why in
@@ -161,6 +189,7 @@ def load() -> Optional[Any]:
     if _loaded:
       return _loaded[0]
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
     module, reason = None, ""
     if not enabled():
       reason = f"{ENV_SWITCH}=0"
@@ -171,8 +200,9 @@ def load() -> Optional[Any]:
       except (KernelBuildError, OSError, tf.errors.NotFoundError) as e:
         reason = str(e)
     if module is None:
-      log.warning("tensorcore: using TF ops, not the fused CPU kernels (%s)",
-                  reason)
+      log.warning(
+        "tensorcore: using TF ops, not the fused CPU kernels (%s)", reason
+      )
       _reason.append(reason)
     _loaded.append(module)
     return module
@@ -190,16 +220,27 @@ def _register_gradients(tf, module) -> None:
   def bag_lookup_gradient(op, grad, *unused_int_grads):
     unique_ids, index = op.outputs[1], op.outputs[2]
     row_grads = module.recsys_row_gradients(
-        grads=tf.convert_to_tensor(grad), index=index, segments=op.inputs[2],
-        scale=op.inputs[3], num_rows=tf.size(unique_ids, out_type=tf.int32))
+      grads=tf.convert_to_tensor(grad),
+      index=index,
+      segments=op.inputs[2],
+      scale=op.inputs[3],
+      num_rows=tf.size(unique_ids, out_type=tf.int32),
+    )
     shape = resource_variable_ops.variable_shape(op.inputs[0])
-    return [tf.IndexedSlices(row_grads, unique_ids, shape), None, None, None,
-            None]
+    return [
+      tf.IndexedSlices(row_grads, unique_ids, shape),
+      None,
+      None,
+      None,
+      None,
+    ]
 
-  for op, register in (("RecsysBagLookup", tf.RegisterGradient),
-                       ("RecsysRowGradients", None),
-                       ("RecsysPaddedBags", None),
-                       ("RecsysSparseApply", None)):
+  for op, register in (
+    ("RecsysBagLookup", tf.RegisterGradient),
+    ("RecsysRowGradients", None),
+    ("RecsysPaddedBags", None),
+    ("RecsysSparseApply", None),
+  ):
     try:
       if register is None:
         tf.no_gradient(op)
@@ -209,7 +250,7 @@ def _register_gradients(tf, module) -> None:
       pass
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
   """`python -m backends.kernels [--force]`: build, load, print the path."""
   argv = sys.argv[1:] if argv is None else argv
   logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -220,8 +261,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"backends.kernels: {e}", file=sys.stderr)
     return 1
   if load() is None:
-    print(f"backends.kernels: built {path} but could not load it: "
-          f"{_reason[-1] if _reason else ''}", file=sys.stderr)
+    print(
+      f"backends.kernels: built {path} but could not load it: "
+      f"{_reason[-1] if _reason else ''}",
+      file=sys.stderr,
+    )
     return 1
   print(path)
   return 0

@@ -19,8 +19,14 @@ batch size; `distribute()` wires a source into
 `strategy.distribute_datasets_from_function`.
 """
 
-from recsys.data.criteo import (CATEGORICAL_NAMES, KAGGLE_VOCAB_SIZES, MLPERF_VOCAB_SIZES,
-                                CriteoConfigError, CriteoTSV, MalformedLines)
+from recsys.data.criteo import (
+  CATEGORICAL_NAMES,
+  KAGGLE_VOCAB_SIZES,
+  MLPERF_VOCAB_SIZES,
+  CriteoConfigError,
+  CriteoTSV,
+  MalformedLines,
+)
 from recsys.data.errors import DataFormatError, DatasetNotFoundError
 from recsys.data.from_dataset import DatasetSource
 from recsys.data.movielens import MovieLens, MovieLensConfigError
@@ -28,27 +34,30 @@ from recsys.data.pipeline import DataSource, InvalidBatchSizeError, distribute
 from recsys.data.raw import RawParser
 from recsys.data.spec import FeatureSpec
 from recsys.data.synthetic_ctr import SyntheticConfigError, SyntheticCTR
-from recsys.data.synthetic_retrieval import SyntheticRetrieval, SyntheticRetrievalConfigError
+from recsys.data.synthetic_retrieval import (
+  SyntheticRetrieval,
+  SyntheticRetrievalConfigError,
+)
 
 __all__ = [
-    "CATEGORICAL_NAMES",
-    "CriteoConfigError",
-    "CriteoTSV",
-    "DataFormatError",
-    "DataSource",
-    "DatasetNotFoundError",
-    "DatasetSource",
-    "FeatureSpec",
-    "InvalidBatchSizeError",
-    "KAGGLE_VOCAB_SIZES",
-    "MLPERF_VOCAB_SIZES",
-    "MalformedLines",
-    "MovieLens",
-    "MovieLensConfigError",
-    "RawParser",
-    "SyntheticCTR",
-    "SyntheticConfigError",
-    "SyntheticRetrieval",
-    "SyntheticRetrievalConfigError",
-    "distribute",
+  "CATEGORICAL_NAMES",
+  "CriteoConfigError",
+  "CriteoTSV",
+  "DataFormatError",
+  "DataSource",
+  "DatasetNotFoundError",
+  "DatasetSource",
+  "FeatureSpec",
+  "InvalidBatchSizeError",
+  "KAGGLE_VOCAB_SIZES",
+  "MLPERF_VOCAB_SIZES",
+  "MalformedLines",
+  "MovieLens",
+  "MovieLensConfigError",
+  "RawParser",
+  "SyntheticCTR",
+  "SyntheticConfigError",
+  "SyntheticRetrieval",
+  "SyntheticRetrievalConfigError",
+  "distribute",
 ]

@@ -8,7 +8,7 @@ can be generated in parallel without any RNG state. The hash is Chris
 Wellons' `lowbias32` (two rounds per draw, 32-bit lanes, 24-bit uniforms).
 """
 
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -29,7 +29,7 @@ def mix32_py(x: int) -> int:
   return x
 
 
-def make_key(*parts: Union[int, str]) -> int:
+def make_key(*parts: int | str) -> int:
   """A 32-bit key from ints and strings, e.g. `make_key(seed, "train", col)`."""
   key = 0x9E3779B9
   for part in parts:
@@ -45,15 +45,22 @@ def make_key(*parts: Union[int, str]) -> int:
 
 
 def _mix32(x: tf.Tensor) -> tf.Tensor:
-  x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(16, tf.uint32)))
+  x = tf.bitwise.bitwise_xor(
+    x, tf.bitwise.right_shift(x, tf.constant(16, tf.uint32))
+  )
   x = x * tf.constant(_M1, tf.uint32)
-  x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(15, tf.uint32)))
+  x = tf.bitwise.bitwise_xor(
+    x, tf.bitwise.right_shift(x, tf.constant(15, tf.uint32))
+  )
   x = x * tf.constant(_M2, tf.uint32)
-  return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(15, tf.uint32)))
+  return tf.bitwise.bitwise_xor(
+    x, tf.bitwise.right_shift(x, tf.constant(15, tf.uint32))
+  )
 
 
-def hash32(keys: Union[Sequence[int], np.ndarray, tf.Tensor],
-           index: tf.Tensor) -> tf.Tensor:
+def hash32(
+  keys: Sequence[int] | np.ndarray | tf.Tensor, index: tf.Tensor
+) -> tf.Tensor:
   """Hashes `index` under each key.
 
   Args:
@@ -67,10 +74,16 @@ def hash32(keys: Union[Sequence[int], np.ndarray, tf.Tensor],
   if not isinstance(keys, tf.Tensor):
     keys = tf.constant(np.asarray(keys, dtype=np.uint32))
   index = tf.cast(index, tf.int64)
-  lo = tf.cast(tf.bitwise.bitwise_and(index, tf.constant(_MASK, tf.int64)), tf.uint32)
-  hi = tf.cast(tf.bitwise.right_shift(index, tf.constant(32, tf.int64)), tf.uint32)
+  lo = tf.cast(
+    tf.bitwise.bitwise_and(index, tf.constant(_MASK, tf.int64)), tf.uint32
+  )
+  hi = tf.cast(
+    tf.bitwise.right_shift(index, tf.constant(32, tf.int64)), tf.uint32
+  )
   h = _mix32(tf.bitwise.bitwise_xor(lo, keys))
-  return _mix32(tf.bitwise.bitwise_xor(h, tf.bitwise.bitwise_xor(hi, _mix32(keys))))
+  return _mix32(
+    tf.bitwise.bitwise_xor(h, tf.bitwise.bitwise_xor(hi, _mix32(keys)))
+  )
 
 
 def uniform(keys, index: tf.Tensor) -> tf.Tensor:
@@ -92,8 +105,9 @@ def logistic(u: tf.Tensor) -> tf.Tensor:
   - 1/2), which stays finite at both ends (1 - u would round to 0 in float32).
   """
   k = u * float(1 << 24)
-  return (tf.math.log(k + 0.5) - tf.math.log(float(1 << 24) - 0.5 - k)) * np.float32(
-      np.sqrt(3.0) / np.pi)
+  return (
+    tf.math.log(k + 0.5) - tf.math.log(float(1 << 24) - 0.5 - k)
+  ) * np.float32(np.sqrt(3.0) / np.pi)
 
 
 def normal(keys_a, keys_b, index: tf.Tensor) -> tf.Tensor:
@@ -108,8 +122,9 @@ def symmetric(keys, index: tf.Tensor) -> tf.Tensor:
   return (uniform(keys, index) * 2.0 - 1.0) * np.float32(np.sqrt(3.0))
 
 
-def zipf_rank(u: tf.Tensor, num_ranks: Union[np.ndarray, int],
-              exponent: float) -> tf.Tensor:
+def zipf_rank(
+  u: tf.Tensor, num_ranks: np.ndarray | int, exponent: float
+) -> tf.Tensor:
   """Maps uniforms to ranks in [0, num_ranks) with P(rank r) ~ (r + 1)^-exponent.
 
   A discretised bounded power law: the inverse CDF of the density
@@ -133,10 +148,12 @@ def zipf_rank(u: tf.Tensor, num_ranks: Union[np.ndarray, int],
     x = tf.exp(u * np.log1p(n).astype(np.float32))
   else:
     a = 1.0 - exponent
-    span = ((n + 1.0)**a - 1.0).astype(np.float32)
+    span = ((n + 1.0) ** a - 1.0).astype(np.float32)
     x = tf.exp(tf.math.log1p(u * span) * np.float32(1.0 / a))
   rank = tf.cast(x, tf.int64) - 1
-  return tf.clip_by_value(rank, tf.constant(0, tf.int64), (n.astype(np.int64) - 1))
+  return tf.clip_by_value(
+    rank, tf.constant(0, tf.int64), (n.astype(np.int64) - 1)
+  )
 
 
 def zipf_pmf(num_ranks: int, exponent: float) -> np.ndarray:
@@ -148,7 +165,7 @@ def zipf_pmf(num_ranks: int, exponent: float) -> np.ndarray:
     cdf = np.log(edges) / np.log1p(num_ranks)
   else:
     a = 1.0 - exponent
-    cdf = (edges**a - 1.0) / ((num_ranks + 1.0)**a - 1.0)
+    cdf = (edges**a - 1.0) / ((num_ranks + 1.0) ** a - 1.0)
   return np.diff(cdf)
 
 

@@ -40,14 +40,20 @@ import os
 import struct
 import threading
 import zlib
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
 
 import gin
 import numpy as np
 import tensorflow as tf
 
-from recsys.data.criteo_raw import (CATEGORICAL_NAMES, DENSE_NAMES, DENSE_PATTERN,
-                                    NUM_CATEGORICAL, NUM_DENSE, CriteoRawParser)
+from recsys.data.criteo_raw import (
+  CATEGORICAL_NAMES,
+  DENSE_NAMES,
+  DENSE_PATTERN,
+  NUM_CATEGORICAL,
+  NUM_DENSE,
+  CriteoRawParser,
+)
 from recsys.data.errors import DataFormatError, DatasetNotFoundError
 from recsys.data.pipeline import AUTOTUNE, BatchRequest, DataSource
 from recsys.data.spec import FeatureSpec
@@ -57,21 +63,75 @@ log = logging.getLogger("recsys.data.criteo")
 
 #: Vocabulary sizes of the MLPerf DLRM benchmark (Terabyte, ids capped at 40M),
 #: as in the Cloud TPU DLRM tutorial and the TF Model Garden.
-MLPERF_VOCAB_SIZES = (39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63,
-                      38532951, 2953546, 403346, 10, 2208, 11938, 155, 4, 976,
-                      14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36)
+MLPERF_VOCAB_SIZES = (
+  39884406,
+  39043,
+  17289,
+  7420,
+  20263,
+  3,
+  7120,
+  1543,
+  63,
+  38532951,
+  2953546,
+  403346,
+  10,
+  2208,
+  11938,
+  155,
+  4,
+  976,
+  14,
+  39979771,
+  25641295,
+  39664984,
+  585935,
+  12972,
+  108,
+  36,
+)
 #: Distinct values per feature in Kaggle's train.txt (the DLRM reference's sizes).
-KAGGLE_VOCAB_SIZES = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3,
-                      93145, 5683, 8351593, 3194, 27, 14992, 5461306, 10, 5652,
-                      2173, 4, 7046547, 18, 15, 286181, 105, 142572)
+KAGGLE_VOCAB_SIZES = (
+  1460,
+  583,
+  10131227,
+  2202608,
+  305,
+  24,
+  12517,
+  633,
+  3,
+  93145,
+  5683,
+  8351593,
+  3194,
+  27,
+  14992,
+  5461306,
+  10,
+  5652,
+  2173,
+  4,
+  7046547,
+  18,
+  15,
+  286181,
+  105,
+  142572,
+)
 VOCAB_PRESETS = {"mlperf": MLPERF_VOCAB_SIZES, "kaggle": KAGGLE_VOCAB_SIZES}
 
 LAYOUTS = ("kaggle", "terabyte")
 MALFORMED_POLICIES = ("fail", "skip")
-_REASONS = ("", "wrong number of tab-separated columns", "label is not 0 or 1",
-            "a dense (integer) column is not an integer (an optional '-' and 1 "
-            "to 38 digits, or empty)",
-            "the line is not valid UTF-8 text")
+_REASONS = (
+  "",
+  "wrong number of tab-separated columns",
+  "label is not 0 or 1",
+  "a dense (integer) column is not an integer (an optional '-' and 1 "
+  "to 38 digits, or empty)",
+  "the line is not valid UTF-8 text",
+)
 _DENSE = DENSE_PATTERN
 _LOGGED_SKIPS = 10
 
@@ -83,8 +143,9 @@ def _printable(text: tf.Tensor) -> tf.Tensor:
   byte (or a cut multi-byte character) turned the report of a bad line into
   a UnicodeDecodeError without file or line.
   """
-  return tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace",
-                                      replacement_char=0xFFFD)
+  return tf.strings.unicode_transcode(
+    text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
+  )
 
 
 class CriteoConfigError(ValueError):
@@ -101,7 +162,7 @@ class MalformedLines:
     self._lock = threading.Lock()
     self._keep = keep
     self.count = 0
-    self.first: List[Tuple[str, int, str]] = []   # (file, line, reason)
+    self.first: list[tuple[str, int, str]] = []  # (file, line, reason)
 
   def record(self, path: str, lines: np.ndarray, reasons: np.ndarray) -> None:
     """Counts a chunk's malformed lines and keeps the earliest few by (file, line).
@@ -112,34 +173,41 @@ class MalformedLines:
     with self._lock:
       for line, reason in zip(lines, reasons):
         if self.count < self._keep:  # log a few, count them all
-          log.warning("skipping malformed Criteo line %s:%d (%s)", path,
-                      int(line), _REASONS[int(reason)])
+          log.warning(
+            "skipping malformed Criteo line %s:%d (%s)",
+            path,
+            int(line),
+            _REASONS[int(reason)],
+          )
         self.count += 1
         self.first.append((path, int(line), _REASONS[int(reason)]))
       self.first.sort(key=lambda entry: entry[:2])
-      del self.first[self._keep:]
+      del self.first[self._keep :]
 
   def __repr__(self) -> str:
     where = ", ".join(f"{f}:{n} ({r})" for f, n, r in self.first)
     return f"MalformedLines(count={self.count}, first=[{where}])"
 
 
-def _expand(patterns: Union[str, Sequence[str]]) -> List[str]:
+def _expand(patterns: str | Sequence[str]) -> list[str]:
   """The files the patterns name (glob matches skip folders; a named folder raises)."""
   if isinstance(patterns, str):
     patterns = [patterns]
   files = []
   for pattern in patterns:
     if glob.has_magic(pattern):
-      files.extend(p for p in sorted(glob.glob(pattern)) if not os.path.isdir(p))
+      files.extend(
+        p for p in sorted(glob.glob(pattern)) if not os.path.isdir(p)
+      )
       continue
     matches = [pattern] if os.path.exists(pattern) else []
     for path in matches:
       if os.path.isdir(path):
         raise DatasetNotFoundError(
-            f"Criteo file pattern {pattern!r} names the folder {path!r}; "
-            f"train_files/eval_files take files or glob patterns (e.g. "
-            f"{os.path.join(path, 'day_*')!r}), or pass data_dir={path!r}.")
+          f"Criteo file pattern {pattern!r} names the folder {path!r}; "
+          f"train_files/eval_files take files or glob patterns (e.g. "
+          f"{os.path.join(path, 'day_*')!r}), or pass data_dir={path!r}."
+        )
     files.extend(matches)
   return files
 
@@ -157,10 +225,11 @@ def _gzip_size(path: str) -> int:
     head = f.read(2)
     if head != _GZIP_MAGIC:
       raise DataFormatError(
-          f"Criteo file {path!r} ends in .gz but is not gzip-compressed (it "
-          f"starts with bytes {head.hex() or 'nothing: the file is empty'}, not "
-          "1f8b). Check it with `gzip -t`; if it is plain text, remove the .gz "
-          "suffix.")
+        f"Criteo file {path!r} ends in .gz but is not gzip-compressed (it "
+        f"starts with bytes {head.hex() or 'nothing: the file is empty'}, not "
+        "1f8b). Check it with `gzip -t`; if it is plain text, remove the .gz "
+        "suffix."
+      )
     f.seek(0, os.SEEK_END)
     if f.tell() < 18:  # header (10) + trailer (8): a cut-off file
       return -1
@@ -179,7 +248,7 @@ def _gzip_intact(path: tf.Tensor) -> bool:
   return True
 
 
-def _check_files(paths: List[str], split: str) -> List[int]:
+def _check_files(paths: list[str], split: str) -> list[int]:
   """Checks a split's files; returns each file's gzip trailer size (-1: none).
 
   Raises:
@@ -198,16 +267,18 @@ def _check_files(paths: List[str], split: str) -> List[int]:
       empty.append(path)
   if empty and len(empty) == len(paths):
     raise DataFormatError(
-        f"every Criteo {split} file is empty: {empty[:5]}"
-        f"{' ...' if len(empty) > 5 else ''}. Expected lines of 'label \\t 13 "
-        "integers \\t 26 categorical values'; re-download or re-extract them.")
+      f"every Criteo {split} file is empty: {empty[:5]}"
+      f"{' ...' if len(empty) > 5 else ''}. Expected lines of 'label \\t 13 "
+      "integers \\t 26 categorical values'; re-download or re-extract them."
+    )
   for path in empty:
-    log.warning("Criteo %s file %s is empty; it contributes no examples.",
-                split, path)
+    log.warning(
+      "Criteo %s file %s is empty; it contributes no examples.", split, path
+    )
   return sizes
 
 
-def _day_files(data_dir: str, days: Sequence[int]) -> List[str]:
+def _day_files(data_dir: str, days: Sequence[int]) -> list[str]:
   files = []
   for day in days:
     for suffix in ("", ".gz"):
@@ -218,7 +289,7 @@ def _day_files(data_dir: str, days: Sequence[int]) -> List[str]:
   return files
 
 
-def _read_vocabulary(path: str, name: str) -> List[str]:
+def _read_vocabulary(path: str, name: str) -> list[str]:
   """The values of a vocabulary file, line n -> id n (checked).
 
   Raises:
@@ -228,28 +299,36 @@ def _read_vocabulary(path: str, name: str) -> List[str]:
     values = [line.rstrip("\r\n") for line in f]
   if not values:
     raise DataFormatError(
-        f"vocabulary file {path!r} is empty; expected one {name} value per "
-        f"line (line n -> id n), or remove it to hash {name} instead.")
-  first: Dict[str, int] = {}
+      f"vocabulary file {path!r} is empty; expected one {name} value per "
+      f"line (line n -> id n), or remove it to hash {name} instead."
+    )
+  first: dict[str, int] = {}
   for line, value in enumerate(values, start=1):
     if value in first:
       raise DataFormatError(
-          f"{path}:{line}: vocabulary value {value!r} repeats line "
-          f"{first[value]}; each {name} value must appear once (line n -> id n).")
+        f"{path}:{line}: vocabulary value {value!r} repeats line "
+        f"{first[value]}; each {name} value must appear once (line n -> id n)."
+      )
     first[value] = line
   return values
 
 
 def _fail_at_end(ds: tf.data.Dataset, message: str) -> tf.data.Dataset:
   """An empty dataset like `ds` that raises InvalidArgumentError(message) when reached."""
+
   def fail(x):
     with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
       return tf.identity(x)
+
   return tf.data.Dataset.range(1).map(fail).flat_map(lambda _: ds.take(0))
 
 
-def _check_gzip_end(chunks: tf.data.Dataset, file_index: tf.Tensor,
-                    path: tf.Tensor, expected: tf.Tensor) -> tf.data.Dataset:
+def _check_gzip_end(
+  chunks: tf.data.Dataset,
+  file_index: tf.Tensor,
+  path: tf.Tensor,
+  expected: tf.Tensor,
+) -> tf.data.Dataset:
   """A file's `(file_index, first_line, lines)` chunks, checked to end whole.
 
   TF's gzip reader ends quietly where a truncated file ends. The gzip trailer
@@ -266,29 +345,48 @@ def _check_gzip_end(chunks: tf.data.Dataset, file_index: tf.Tensor,
     expected: the trailer's size; < 0 for a file that is not gzip (no check).
   """
   sentinel = tf.data.Dataset.from_tensors(
-      (file_index, tf.constant(-1, tf.int64), tf.constant([], tf.string)))
+    (file_index, tf.constant(-1, tf.int64), tf.constant([], tf.string))
+  )
   zero = tf.constant(0, tf.int64)
 
   def count(state, x):
     num_bytes = state[0] + tf.reduce_sum(
-        tf.cast(tf.strings.length(x[2]), tf.int64))
+      tf.cast(tf.strings.length(x[2]), tf.int64)
+    )
     num_lines = state[1] + tf.size(x[2], out_type=tf.int64)
     return (num_bytes, num_lines), (x, num_bytes, num_lines)
 
   def whole(num_bytes, num_lines):
-    sizes = tf.stack([num_bytes + num_lines, num_bytes + num_lines - 1,
-                      num_bytes + 2 * num_lines, num_bytes + 2 * num_lines - 1])
+    sizes = tf.stack(
+      [
+        num_bytes + num_lines,
+        num_bytes + num_lines - 1,
+        num_bytes + 2 * num_lines,
+        num_bytes + 2 * num_lines - 1,
+      ]
+    )
     fits = tf.reduce_any(tf.equal(tf.math.floormod(sizes, 1 << 32), expected))
-    return tf.cond(fits, lambda: tf.constant(True),
-                   lambda: tf.py_function(_gzip_intact, [path], tf.bool))
+    return tf.cond(
+      fits,
+      lambda: tf.constant(True),
+      lambda: tf.py_function(_gzip_intact, [path], tf.bool),
+    )
 
   def check(x, num_bytes, num_lines):
     last = tf.logical_and(tf.equal(x[1], -1), expected >= 0)
-    ok = tf.cond(last, lambda: whole(num_bytes, num_lines), lambda: tf.constant(True))
-    message = tf.strings.join([
-        "Criteo file ", path, " is a truncated or corrupt gzip file: it ends "
-        "before its gzip end-of-stream marker (", tf.strings.as_string(num_lines),
-        " lines read). Re-download or re-compress it; `gzip -t` checks a file."])
+    ok = tf.cond(
+      last, lambda: whole(num_bytes, num_lines), lambda: tf.constant(True)
+    )
+    message = tf.strings.join(
+      [
+        "Criteo file ",
+        path,
+        " is a truncated or corrupt gzip file: it ends "
+        "before its gzip end-of-stream marker (",
+        tf.strings.as_string(num_lines),
+        " lines read). Re-download or re-compress it; `gzip -t` checks a file.",
+      ]
+    )
     with tf.control_dependencies([tf.debugging.Assert(ok, [message])]):
       return tf.identity(x[0]), tf.identity(x[1]), tf.identity(x[2])
 
@@ -314,23 +412,25 @@ class CriteoTSV(DataSource):
     skipped: the `MalformedLines` record of `malformed="skip"`.
   """
 
-  def __init__(self,
-               train_files: Union[None, str, Sequence[str]] = None,
-               eval_files: Union[None, str, Sequence[str]] = None,
-               *,
-               data_dir: Optional[str] = None,
-               layout: str = "kaggle",
-               vocab_sizes: Union[str, int, Sequence[int]] = "kaggle",
-               max_vocab_size: Optional[int] = None,
-               vocab_dir: Optional[str] = None,
-               malformed: str = "fail",
-               has_label: bool = True,
-               train_days: Sequence[int] = tuple(range(23)),
-               eval_days: Sequence[int] = (23,),
-               shuffle_files: bool = True,
-               cycle_length: int = 4,
-               chunk_size: int = 4096,
-               seed: int = 0):
+  def __init__(
+    self,
+    train_files: None | str | Sequence[str] = None,
+    eval_files: None | str | Sequence[str] = None,
+    *,
+    data_dir: str | None = None,
+    layout: str = "kaggle",
+    vocab_sizes: str | int | Sequence[int] = "kaggle",
+    max_vocab_size: int | None = None,
+    vocab_dir: str | None = None,
+    malformed: str = "fail",
+    has_label: bool = True,
+    train_days: Sequence[int] = tuple(range(23)),
+    eval_days: Sequence[int] = (23,),
+    shuffle_files: bool = True,
+    cycle_length: int = 4,
+    chunk_size: int = 4096,
+    seed: int = 0,
+  ):
     """Resolves files and vocabularies.
 
     Args:
@@ -360,47 +460,65 @@ class CriteoTSV(DataSource):
       DatasetNotFoundError: no file matched.
     """
     if layout not in LAYOUTS:
-      raise CriteoConfigError(f"unknown Criteo layout {layout!r}; valid: {', '.join(LAYOUTS)}.")
+      raise CriteoConfigError(
+        f"unknown Criteo layout {layout!r}; valid: {', '.join(LAYOUTS)}."
+      )
     if malformed not in MALFORMED_POLICIES:
-      raise CriteoConfigError(f"unknown malformed-line policy {malformed!r}; valid: "
-                              f"{', '.join(MALFORMED_POLICIES)}.")
-    self.layout, self.malformed, self.has_label = layout, malformed, bool(has_label)
+      raise CriteoConfigError(
+        f"unknown malformed-line policy {malformed!r}; valid: "
+        f"{', '.join(MALFORMED_POLICIES)}."
+      )
+    self.layout, self.malformed, self.has_label = (
+      layout,
+      malformed,
+      bool(has_label),
+    )
     self.shuffle_files, self.seed = bool(shuffle_files), int(seed)
     self.cycle_length, self.chunk_size = int(cycle_length), int(chunk_size)
     self.num_dense = NUM_DENSE
     self.skipped = MalformedLines()
     self.train_files, self.eval_files = self._resolve(
-        train_files, eval_files, data_dir, train_days, eval_days)
-    self._gzip_sizes = dict(zip(self.train_files,
-                                _check_files(self.train_files, "training")))
+      train_files, eval_files, data_dir, train_days, eval_days
+    )
+    self._gzip_sizes = dict(
+      zip(self.train_files, _check_files(self.train_files, "training"))
+    )
     if self.eval_files:
-      self._gzip_sizes.update(zip(self.eval_files,
-                                  _check_files(self.eval_files, "evaluation")))
+      self._gzip_sizes.update(
+        zip(self.eval_files, _check_files(self.eval_files, "evaluation"))
+      )
 
     if isinstance(vocab_sizes, str):
       if vocab_sizes not in VOCAB_PRESETS:
-        raise CriteoConfigError(f"unknown vocabulary preset {vocab_sizes!r}; valid: "
-                                f"{', '.join(VOCAB_PRESETS)}, or give 26 sizes.")
+        raise CriteoConfigError(
+          f"unknown vocabulary preset {vocab_sizes!r}; valid: "
+          f"{', '.join(VOCAB_PRESETS)}, or give 26 sizes."
+        )
       sizes = list(VOCAB_PRESETS[vocab_sizes])
     elif isinstance(vocab_sizes, int):
       sizes = [vocab_sizes] * NUM_CATEGORICAL
     else:
       sizes = [int(v) for v in vocab_sizes]
     if len(sizes) != NUM_CATEGORICAL:
-      raise CriteoConfigError(f"vocab_sizes has {len(sizes)} entries; Criteo has "
-                              f"{NUM_CATEGORICAL} categorical features (C1..C26).")
+      raise CriteoConfigError(
+        f"vocab_sizes has {len(sizes)} entries; Criteo has "
+        f"{NUM_CATEGORICAL} categorical features (C1..C26)."
+      )
     if max_vocab_size is not None:
       sizes = [min(v, int(max_vocab_size)) for v in sizes]
     for name, v in zip(CATEGORICAL_NAMES, sizes):
       if v < 2:
-        raise CriteoConfigError(f"feature {name!r}: vocabulary size must be >= 2 (id 0 "
-                                f"is reserved for empty values), got {v}.")
-    self._tables: Dict[int, tf.lookup.StaticHashTable] = {}
+        raise CriteoConfigError(
+          f"feature {name!r}: vocabulary size must be >= 2 (id 0 "
+          f"is reserved for empty values), got {v}."
+        )
+    self._tables: dict[int, tf.lookup.StaticHashTable] = {}
     if vocab_dir is not None:
       if not os.path.isdir(vocab_dir):
         raise DatasetNotFoundError(
-            f"vocab_dir {vocab_dir!r} is not a folder; it should hold C1.txt .. C26.txt, "
-            "one categorical value per line.")
+          f"vocab_dir {vocab_dir!r} is not a folder; it should hold C1.txt .. C26.txt, "
+          "one categorical value per line."
+        )
       with tf.init_scope():
         for j, name in enumerate(CATEGORICAL_NAMES):
           path = os.path.join(vocab_dir, f"{name}.txt")
@@ -408,53 +526,80 @@ class CriteoTSV(DataSource):
             continue
           values = _read_vocabulary(path, name)
           self._tables[j] = tf.lookup.StaticHashTable(
-              tf.lookup.KeyValueTensorInitializer(
-                  tf.constant(values, tf.string),
-                  tf.range(1, len(values) + 1, dtype=tf.int64)), default_value=0)
+            tf.lookup.KeyValueTensorInitializer(
+              tf.constant(values, tf.string),
+              tf.range(1, len(values) + 1, dtype=tf.int64),
+            ),
+            default_value=0,
+          )
           sizes[j] = len(values) + 1
       if not self._tables:
         raise DatasetNotFoundError(
-            f"vocab_dir {vocab_dir!r} holds none of C1.txt .. C26.txt.")
+          f"vocab_dir {vocab_dir!r} holds none of C1.txt .. C26.txt."
+        )
     self.vocab_sizes = sizes
-    self.feature_specs = [FeatureSpec(name, v) for name, v in zip(CATEGORICAL_NAMES, sizes)]
+    self.feature_specs = [
+      FeatureSpec(name, v) for name, v in zip(CATEGORICAL_NAMES, sizes)
+    ]
     self._raw = CriteoRawParser(sizes, self._tables)
 
   def _resolve(self, train_files, eval_files, data_dir, train_days, eval_days):
     if data_dir is not None:
       if not os.path.isdir(data_dir):
-        raise DatasetNotFoundError(self._where(data_dir, f"folder {data_dir!r} does not exist"))
+        raise DatasetNotFoundError(
+          self._where(data_dir, f"folder {data_dir!r} does not exist")
+        )
       if self.layout == "terabyte":
         found_train = _day_files(data_dir, train_days)
         found_eval = _day_files(data_dir, eval_days)
       else:
-        found_train = _expand([os.path.join(data_dir, "train.txt"),
-                               os.path.join(data_dir, "train.txt.gz")])[:1]
-        found_eval = (_expand([os.path.join(data_dir, n) for n in (
-            "eval.txt", "eval.txt.gz", "val.txt", "val.txt.gz")]))[:1]
+        found_train = _expand(
+          [
+            os.path.join(data_dir, "train.txt"),
+            os.path.join(data_dir, "train.txt.gz"),
+          ]
+        )[:1]
+        found_eval = (
+          _expand(
+            [
+              os.path.join(data_dir, n)
+              for n in ("eval.txt", "eval.txt.gz", "val.txt", "val.txt.gz")
+            ]
+          )
+        )[:1]
       train = _expand(train_files) if train_files is not None else found_train
       evaluation = _expand(eval_files) if eval_files is not None else found_eval
       if not train:
-        raise DatasetNotFoundError(self._where(data_dir, "no training file found"))
+        raise DatasetNotFoundError(
+          self._where(data_dir, "no training file found")
+        )
       return train, evaluation
     if train_files is None:
       raise CriteoConfigError("give train_files (glob patterns) or data_dir.")
     train = _expand(train_files)
     if not train:
       raise DatasetNotFoundError(
-          f"no Criteo file matches train_files={train_files!r}; check the path or "
-          "pattern (plain or .gz TSV files).")
+        f"no Criteo file matches train_files={train_files!r}; check the path or "
+        "pattern (plain or .gz TSV files)."
+      )
     evaluation = _expand(eval_files) if eval_files is not None else []
     if eval_files is not None and not evaluation:
-      raise DatasetNotFoundError(f"no Criteo file matches eval_files={eval_files!r}.")
+      raise DatasetNotFoundError(
+        f"no Criteo file matches eval_files={eval_files!r}."
+      )
     return train, evaluation
 
   def _where(self, data_dir: str, problem: str) -> str:
     if self.layout == "terabyte":
-      expected = ("day_0 .. day_22 for training and day_23 for evaluation (plain or .gz), "
-                  "from the Criteo 1TB Click Logs (https://ailab.criteo.com/ressources/)")
+      expected = (
+        "day_0 .. day_22 for training and day_23 for evaluation (plain or .gz), "
+        "from the Criteo 1TB Click Logs (https://ailab.criteo.com/ressources/)"
+      )
     else:
-      expected = ("train.txt (and eval.txt or val.txt) from Kaggle's Display Advertising "
-                  "Challenge dac.tar.gz (plain or .gz); or pass train_files/eval_files")
+      expected = (
+        "train.txt (and eval.txt or val.txt) from Kaggle's Display Advertising "
+        "Challenge dac.tar.gz (plain or .gz); or pass train_files/eval_files"
+      )
     return f"Criteo {self.layout} data: {problem} in {data_dir!r}; put {expected} there."
 
   # ------------------------------------------------------------------ parsing
@@ -471,18 +616,24 @@ class CriteoTSV(DataSource):
     label = r"[01]\t" if self.has_label else ""
     return label + dense + r"(\t[^\t]*)" + "{%d}" % NUM_CATEGORICAL
 
-  def _reasons(self, lines: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+  def _reasons(self, lines: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """For malformed lines: the reason code `[n]` (see _REASONS) and column counts `[n]`."""
     ncol = self.num_columns
     offset = 1 if self.has_label else 0
     cols = tf.strings.split(lines, "\t")
     counts = cols.row_lengths()
     table = cols.to_tensor(default_value="", shape=[None, ncol])
-    dense_ok = tf.reduce_all(tf.strings.regex_full_match(
-        table[:, offset:offset + NUM_DENSE], _DENSE), axis=1)
+    dense_ok = tf.reduce_all(
+      tf.strings.regex_full_match(
+        table[:, offset : offset + NUM_DENSE], _DENSE
+      ),
+      axis=1,
+    )
     reason = tf.where(counts != ncol, 1, 0)
     if self.has_label:
-      label_ok = tf.logical_or(tf.equal(table[:, 0], "0"), tf.equal(table[:, 0], "1"))
+      label_ok = tf.logical_or(
+        tf.equal(table[:, 0], "0"), tf.equal(table[:, 0], "1")
+      )
       reason = tf.where((reason == 0) & ~label_ok, 2, reason)
     reason = tf.where((reason == 0) & ~dense_ok, 3, reason)
     utf8_ok = tf.equal(_printable(lines), lines)
@@ -501,38 +652,61 @@ class CriteoTSV(DataSource):
     line_numbers = first_line + tf.range(tf.size(lines, out_type=tf.int64)) + 1
 
     if self.malformed == "fail":
+
       def message():
         row = tf.argmin(tf.cast(ok, tf.int32), output_type=tf.int32)
-        reason, counts = self._reasons(lines[row:row + 1])
-        return tf.strings.join([
-            "malformed Criteo line ", files[file_index], ":",
-            tf.strings.as_string(line_numbers[row]), ": ",
-            tf.gather(tf.constant(_REASONS), reason[0]), " (expected ", str(ncol),
-            " tab-separated columns: ", "label 0/1, " if self.has_label else "",
-            "13 integers or empty, 26 categorical; got ", tf.strings.as_string(counts[0]),
-            " columns): ", _printable(tf.strings.substr(lines[row], 0, 200)),
+        reason, counts = self._reasons(lines[row : row + 1])
+        return tf.strings.join(
+          [
+            "malformed Criteo line ",
+            files[file_index],
+            ":",
+            tf.strings.as_string(line_numbers[row]),
+            ": ",
+            tf.gather(tf.constant(_REASONS), reason[0]),
+            " (expected ",
+            str(ncol),
+            " tab-separated columns: ",
+            "label 0/1, " if self.has_label else "",
+            "13 integers or empty, 26 categorical; got ",
+            tf.strings.as_string(counts[0]),
+            " columns): ",
+            _printable(tf.strings.substr(lines[row], 0, 200)),
             ". Fix or remove the line, or set malformed to skip to drop and count such lines.",
-            tf.where(tf.strings.regex_full_match(files[file_index], r".*\.gz"),
-                     " If it is the file's last line, the .gz file may be truncated: "
-                     "check it with `gzip -t`.", "")])
+            tf.where(
+              tf.strings.regex_full_match(files[file_index], r".*\.gz"),
+              " If it is the file's last line, the .gz file may be truncated: "
+              "check it with `gzip -t`.",
+              "",
+            ),
+          ]
+        )
+
       text = tf.cond(any_bad, message, lambda: tf.constant(""))
       deps = [tf.debugging.Assert(tf.logical_not(any_bad), [text])]
     else:
+
       def record():
         reason, _ = self._reasons(tf.boolean_mask(lines, ~ok))
         tf.py_function(
-            lambda f, n, r: self.skipped.record(f.numpy().decode("utf-8", "replace"),
-                                                n.numpy(), r.numpy()),
-            [files[file_index], tf.boolean_mask(line_numbers, ~ok), reason], [])
+          lambda f, n, r: self.skipped.record(
+            f.numpy().decode("utf-8", "replace"), n.numpy(), r.numpy()
+          ),
+          [files[file_index], tf.boolean_mask(line_numbers, ~ok), reason],
+          [],
+        )
         return tf.constant(0)
+
       deps = [tf.cond(any_bad, record, lambda: tf.constant(0))]
       lines = tf.boolean_mask(lines, ok)
 
     with tf.control_dependencies(deps):
       table = tf.reshape(tf.strings.split(lines, "\t").flat_values, [-1, ncol])
     # The line pattern has checked the dense columns: no second check here.
-    raw = {name: table[:, offset + k]
-           for k, name in enumerate(DENSE_NAMES + CATEGORICAL_NAMES)}
+    raw = {
+      name: table[:, offset + k]
+      for k, name in enumerate(DENSE_NAMES + CATEGORICAL_NAMES)
+    }
     features = self._raw.parse_raw(raw, CATEGORICAL_NAMES, validate=False)
     if self.has_label:
       labels = tf.strings.to_number(table[:, 0], tf.float32)
@@ -557,64 +731,101 @@ class CriteoTSV(DataSource):
     paths = self.train_files if training else self.eval_files
     if not paths:
       raise DatasetNotFoundError(
-          "CriteoTSV has no evaluation files: pass eval_files=..., or under data_dir "
-          "put eval.txt (Kaggle layout) or day_23 (Terabyte layout).")
+        "CriteoTSV has no evaluation files: pass eval_files=..., or under data_dir "
+        "put eval.txt (Kaggle layout) or day_23 (Terabyte layout)."
+      )
     pipeline, pipelines = request.pipeline, request.pipelines
     indices = np.arange(len(paths))
     by_file = len(paths) >= pipelines
     if by_file:
       indices = indices[pipeline::pipelines]
     files = tf.constant(paths)
-    gzip_sizes = tf.constant([self._gzip_sizes.get(p, -1) for p in paths], tf.int64)
+    gzip_sizes = tf.constant(
+      [self._gzip_sizes.get(p, -1) for p in paths], tf.int64
+    )
     chunk = self.chunk_size
 
     def read(file_index):
       path = files[file_index]
-      compression = tf.where(tf.strings.regex_full_match(path, r".*\.gz"), "GZIP", "")
-      chunks = tf.data.TextLineDataset(path, compression_type=compression,
-                                       buffer_size=1 << 20).batch(chunk).enumerate()
+      compression = tf.where(
+        tf.strings.regex_full_match(path, r".*\.gz"), "GZIP", ""
+      )
+      chunks = (
+        tf.data.TextLineDataset(
+          path, compression_type=compression, buffer_size=1 << 20
+        )
+        .batch(chunk)
+        .enumerate()
+      )
       if not by_file:
         chunks = chunks.shard(pipelines, pipeline)
-      chunks = chunks.map(tf.autograph.experimental.do_not_convert(
-          lambda n, lines: (file_index, n * chunk, lines)))
+      chunks = chunks.map(
+        tf.autograph.experimental.do_not_convert(
+          lambda n, lines: (file_index, n * chunk, lines)
+        )
+      )
       if by_file:  # whole files: check that a .gz file was read to its end
-        chunks = _check_gzip_end(chunks, file_index, path, gzip_sizes[file_index])
+        chunks = _check_gzip_end(
+          chunks, file_index, path, gzip_sizes[file_index]
+        )
       return chunks
 
     ds = tf.data.Dataset.from_tensor_slices(indices)
     if training and self.shuffle_files and len(indices) > 1:
-      ds = ds.shuffle(len(indices), seed=self.seed, reshuffle_each_iteration=True)
-    ds = ds.interleave(tf.autograph.experimental.do_not_convert(read),
-                       cycle_length=max(1, min(self.cycle_length, len(indices))),
-                       num_parallel_calls=AUTOTUNE, deterministic=True)
+      ds = ds.shuffle(
+        len(indices), seed=self.seed, reshuffle_each_iteration=True
+      )
+    ds = ds.interleave(
+      tf.autograph.experimental.do_not_convert(read),
+      cycle_length=max(1, min(self.cycle_length, len(indices))),
+      num_parallel_calls=AUTOTUNE,
+      deterministic=True,
+    )
     parse = tf.autograph.experimental.do_not_convert(
-        lambda i, first, lines: self._parse(files, i, first, lines))
+      lambda i, first, lines: self._parse(files, i, first, lines)
+    )
     ds = ds.map(parse, num_parallel_calls=AUTOTUNE, deterministic=True)
     if repeat:
       # `repeat` ends (instead of looping forever) when an epoch is empty;
       # chunks emptied by the skip policy must not count as data.
       ds = ds.filter(lambda features, labels: tf.size(labels) > 0)
       mine = [paths[i] for i in indices]
-      ds = ds.repeat().concatenate(_fail_at_end(ds, (
-          f"CriteoTSV: the {'training' if training else 'evaluation'} files "
-          f"{mine[:3]}{' ...' if len(mine) > 3 else ''} of input pipeline "
-          f"{pipeline} hold no well-formed line (all empty, blank, or dropped "
-          "as malformed by malformed='skip': see the warnings), so the "
-          "repeated split can give no batch. Check the files.")))
+      ds = ds.repeat().concatenate(
+        _fail_at_end(
+          ds,
+          (
+            f"CriteoTSV: the {'training' if training else 'evaluation'} files "
+            f"{mine[:3]}{' ...' if len(mine) > 3 else ''} of input pipeline "
+            f"{pipeline} hold no well-formed line (all empty, blank, or dropped "
+            "as malformed by malformed='skip': see the warnings), so the "
+            "repeated split can give no batch. Check the files."
+          ),
+        )
+      )
     ds = ds.rebatch(request.batch_size, drop_remainder=request.drop_remainder)
     if self.malformed == "skip" and not repeat:
       ds = ds.concatenate(self._end_report(ds, paths))
     return ds
 
-  def _end_report(self, ds: tf.data.Dataset, paths: List[str]) -> tf.data.Dataset:
+  def _end_report(
+    self, ds: tf.data.Dataset, paths: list[str]
+  ) -> tf.data.Dataset:
     """An empty dataset that logs the skipped-line count when it is reached."""
+
     def report(x):
       def log_total():
         if self.skipped.count:
-          log.warning("skipped %d malformed Criteo line(s) in %d file(s) %s; first: %s",
-                      self.skipped.count, len(paths), paths[:3], self.skipped.first[:3])
+          log.warning(
+            "skipped %d malformed Criteo line(s) in %d file(s) %s; first: %s",
+            self.skipped.count,
+            len(paths),
+            paths[:3],
+            self.skipped.first[:3],
+          )
+
       tf.py_function(log_total, [], [])
       return x
+
     return tf.data.Dataset.range(1).map(report).flat_map(lambda _: ds.take(0))
 
   def raw_parser(self) -> CriteoRawParser:

@@ -13,7 +13,8 @@ references):
     in the file is out of vocabulary and maps to id 0, like an empty value.
 """
 
-from typing import Any, Dict, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -45,31 +46,44 @@ class CriteoRawParser(RawParser):
     (TensorShape([2, 13]), 0)
   """
 
-  def __init__(self, vocab_sizes: Sequence[int],
-               tables: Optional[Mapping[int, tf.lookup.StaticHashTable]] = None):
+  def __init__(
+    self,
+    vocab_sizes: Sequence[int],
+    tables: Mapping[int, tf.lookup.StaticHashTable] | None = None,
+  ):
     super().__init__(name="criteo_raw_parser")
     if len(vocab_sizes) != NUM_CATEGORICAL:
-      raise ValueError(f"CriteoRawParser needs {NUM_CATEGORICAL} vocabulary sizes "
-                       f"(C1..C26), got {len(vocab_sizes)}.")
+      raise ValueError(
+        f"CriteoRawParser needs {NUM_CATEGORICAL} vocabulary sizes "
+        f"(C1..C26), got {len(vocab_sizes)}."
+      )
     self._vocab_sizes = [int(v) for v in vocab_sizes]
     # A dict keyed by feature name: tracked, so a SavedModel holds the tables.
-    self.tables = {CATEGORICAL_NAMES[j]: t for j, t in sorted((tables or {}).items())}
+    self.tables = {
+      CATEGORICAL_NAMES[j]: t for j, t in sorted((tables or {}).items())
+    }
 
-  def raw_feature_spec(self, feature_names: Sequence[str],
-                       dense: bool = False) -> Dict[str, tf.TensorSpec]:
+  def raw_feature_spec(
+    self, feature_names: Sequence[str], dense: bool = False
+  ) -> dict[str, tf.TensorSpec]:
     """String `[B]` per raw column: I1..I13 if `dense`, then the named C<i>."""
     spec = {}
     if dense:
       spec.update({n: tf.TensorSpec([None], tf.string, n) for n in DENSE_NAMES})
     for name in feature_names:
       if name not in CATEGORICAL_NAMES:
-        raise KeyError(f"Criteo has no categorical feature {name!r}; it has C1..C26.")
+        raise KeyError(
+          f"Criteo has no categorical feature {name!r}; it has C1..C26."
+        )
       spec[name] = tf.TensorSpec([None], tf.string, name)
     return spec
 
-  def parse_raw(self, raw: Mapping[str, tf.Tensor],
-                feature_names: Sequence[str] = CATEGORICAL_NAMES,
-                validate: bool = True) -> Dict[str, Any]:
+  def parse_raw(
+    self,
+    raw: Mapping[str, tf.Tensor],
+    feature_names: Sequence[str] = CATEGORICAL_NAMES,
+    validate: bool = True,
+  ) -> dict[str, Any]:
     """Raw columns -> `{"dense": [B, 13], "categorical": {C<i>: int64 [B]}}`.
 
     Args:
@@ -80,7 +94,7 @@ class CriteoRawParser(RawParser):
         InvalidArgumentError naming the column and row otherwise). The reader
         passes False: its line pattern has checked the columns already.
     """
-    features: Dict[str, Any] = {}
+    features: dict[str, Any] = {}
     if DENSE_NAMES[0] in raw:
       columns = []
       for name in DENSE_NAMES:
@@ -91,22 +105,26 @@ class CriteoRawParser(RawParser):
       text = tf.stack(columns, axis=1)
       text = tf.where(text == "", "0", text)
       features["dense"] = tf.math.log1p(
-          tf.maximum(tf.strings.to_number(text, tf.float32), 0.0))
+        tf.maximum(tf.strings.to_number(text, tf.float32), 0.0)
+      )
     categorical = {}
     for name in feature_names:
       values = tf.convert_to_tensor(raw[name], tf.string)
-      categorical[name] = tf.where(values == "", tf.constant(0, tf.int64),
-                                   self._ids(name, values))
+      categorical[name] = tf.where(
+        values == "", tf.constant(0, tf.int64), self._ids(name, values)
+      )
     features["categorical"] = categorical
     return features
 
-  def unknown(self, raw: Mapping[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+  def unknown(self, raw: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """For features with a vocabulary file: non-empty values not in it (-> id 0)."""
     out = {}
     for name, table in self.tables.items():
       if name in raw:
         values = tf.convert_to_tensor(raw[name], tf.string)
-        out[name] = tf.logical_and(values != "", tf.equal(table.lookup(values), 0))
+        out[name] = tf.logical_and(
+          values != "", tf.equal(table.lookup(values), 0)
+        )
     return out
 
   def _ids(self, name: str, values: tf.Tensor) -> tf.Tensor:
@@ -123,13 +141,25 @@ def _checked_dense(name: str, column: tf.Tensor) -> tf.Tensor:
   def message():
     row = tf.argmin(tf.cast(ok, tf.int32), output_type=tf.int32)
     value = tf.strings.unicode_transcode(  # a message must be valid UTF-8
-        tf.strings.substr(column[row], 0, 100), "UTF-8", "UTF-8",
-        errors="replace", replacement_char=0xFFFD)
+      tf.strings.substr(column[row], 0, 100),
+      "UTF-8",
+      "UTF-8",
+      errors="replace",
+      replacement_char=0xFFFD,
+    )
     # No quotes: TF escapes them in an assertion's message.
-    return tf.strings.join([
-        "Criteo raw feature ", name, " got [", value, "] at row ",
-        tf.strings.as_string(row), "; expected an integer as text (an optional "
-        "minus sign and 1 to 38 digits) or the empty string for a missing value."])
+    return tf.strings.join(
+      [
+        "Criteo raw feature ",
+        name,
+        " got [",
+        value,
+        "] at row ",
+        tf.strings.as_string(row),
+        "; expected an integer as text (an optional "
+        "minus sign and 1 to 38 digits) or the empty string for a missing value.",
+      ]
+    )
 
   all_ok = tf.reduce_all(ok)
   text = tf.cond(all_ok, lambda: tf.constant(""), message)
@@ -137,4 +167,9 @@ def _checked_dense(name: str, column: tf.Tensor) -> tf.Tensor:
     return tf.identity(column)
 
 
-__all__ = ["CATEGORICAL_NAMES", "CriteoRawParser", "DENSE_NAMES", "DENSE_PATTERN"]
+__all__ = [
+  "CATEGORICAL_NAMES",
+  "CriteoRawParser",
+  "DENSE_NAMES",
+  "DENSE_PATTERN",
+]

@@ -18,7 +18,8 @@ Example:
   >>> Trainer(model_dir, source=ds, feature_config=feature_config, model=DLRM)
 """
 
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from recsys import features as features_lib
 from recsys._keras import tf
@@ -40,39 +41,56 @@ class DatasetSource:
       `feature_config`.
   """
 
-  def __init__(self, dataset: tf.data.Dataset, feature_config: Mapping[str, Any],
-               eval_dataset: Optional[tf.data.Dataset] = None,
-               multi_hot: Optional[Mapping[str, int]] = None):
+  def __init__(
+    self,
+    dataset: tf.data.Dataset,
+    feature_config: Mapping[str, Any],
+    eval_dataset: tf.data.Dataset | None = None,
+    multi_hot: Mapping[str, int] | None = None,
+  ):
     self.feature_config = dict(feature_config)
     self.feature_specs = features_lib.specs_from_feature_config(
-        self.feature_config, multi_hot)
-    self._datasets = {True: dataset,
-                      False: eval_dataset if eval_dataset is not None else dataset}
+      self.feature_config, multi_hot
+    )
+    self._datasets = {
+      True: dataset,
+      False: eval_dataset if eval_dataset is not None else dataset,
+    }
     for ds in self._datasets.values():
       self._check(ds)
     dense = dataset.element_spec[0].get("dense")
     if dense is not None and (dense.shape.rank != 1 or dense.shape[0] is None):
-      raise ValueError(f'features["dense"] has shape {dense.shape}; expected '
-                       "a vector of known length per example.")
+      raise ValueError(
+        f'features["dense"] has shape {dense.shape}; expected '
+        "a vector of known length per example."
+      )
     self.num_dense = int(dense.shape[0]) if dense is not None else 0
 
   def _check(self, ds: tf.data.Dataset) -> None:
     spec = ds.element_spec
-    if not (isinstance(spec, tuple) and len(spec) == 2 and
-            isinstance(spec[0], Mapping)):
+    if not (
+      isinstance(spec, tuple)
+      and len(spec) == 2
+      and isinstance(spec[0], Mapping)
+    ):
       raise ValueError(
-          f"the dataset's elements are {spec}; expected (features dict, "
-          "label) pairs.")
+        f"the dataset's elements are {spec}; expected (features dict, "
+        "label) pairs."
+      )
     missing = sorted(set(self.feature_config) - set(spec[0]))
     if missing:
-      raise ValueError(f"the dataset has no features {missing}; it has "
-                       f"{sorted(spec[0])} and feature_config names "
-                       f"{sorted(self.feature_config)}.")
+      raise ValueError(
+        f"the dataset has no features {missing}; it has "
+        f"{sorted(spec[0])} and feature_config names "
+        f"{sorted(self.feature_config)}."
+      )
     label = spec[1]
     if label.shape.rank and (label.shape.rank > 1 or label.shape[0] is None):
-      raise ValueError(f"labels have shape {label.shape}: the dataset looks "
-                       "batched already; give it unbatched (the Trainer "
-                       "batches per replica).")
+      raise ValueError(
+        f"labels have shape {label.shape}: the dataset looks "
+        "batched already; give it unbatched (the Trainer "
+        "batches per replica)."
+      )
 
   def _to_contract(self, features, labels):
     out = {"categorical": {k: features[k] for k in self.feature_config}}
@@ -80,18 +98,23 @@ class DatasetSource:
       out["dense"] = tf.cast(features["dense"], tf.float32)
     return out, tf.reshape(tf.cast(labels, tf.float32), [-1])
 
-  def dataset(self, batch_size: int, training: bool = True,
-              input_context: Optional[tf.distribute.InputContext] = None,
-              drop_remainder: bool = True,
-              repeat: Optional[bool] = None) -> tf.data.Dataset:
+  def dataset(
+    self,
+    batch_size: int,
+    training: bool = True,
+    input_context: tf.distribute.InputContext | None = None,
+    drop_remainder: bool = True,
+    repeat: bool | None = None,
+  ) -> tf.data.Dataset:
     """Per-replica batches in the data contract (`recsys.data`).
 
     With several input pipelines, pipeline i reads every n-th element.
     """
     ds = self._datasets[bool(training)]
     if input_context is not None and input_context.num_input_pipelines > 1:
-      ds = ds.shard(input_context.num_input_pipelines,
-                    input_context.input_pipeline_id)
+      ds = ds.shard(
+        input_context.num_input_pipelines, input_context.input_pipeline_id
+      )
     if training if repeat is None else repeat:
       ds = ds.repeat()
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)

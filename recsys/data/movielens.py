@@ -26,23 +26,34 @@ training interactions) and `candidates()` over the whole corpus.
 
 import logging
 import os
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
 
 import gin
 import numpy as np
 import tensorflow as tf
 
-from recsys.data import movielens_files
-from recsys.data import movielens_split_files
+from recsys.data import movielens_files, movielens_split_files
 from recsys.data.movielens_raw import MovieLensRawParser
-from recsys.data.pipeline import AUTOTUNE, Batch, BatchRequest, DataSource, candidate_batches
+from recsys.data.pipeline import (
+  AUTOTUNE,
+  Batch,
+  BatchRequest,
+  DataSource,
+  candidate_batches,
+)
 from recsys.data.spec import FeatureSpec
 
 log = logging.getLogger("recsys.data.movielens")
 
 AGE_BOUNDARIES = (18, 25, 35, 45, 50, 56)
-QUERY_FEATURES = ("user_id", "user_age", "user_gender", "user_occupation", "user_zip",
-                  "timestamp")
+QUERY_FEATURES = (
+  "user_id",
+  "user_age",
+  "user_gender",
+  "user_occupation",
+  "user_zip",
+  "timestamp",
+)
 CANDIDATE_FEATURES = ("item_id", "item_genres")
 ALL_FEATURES = QUERY_FEATURES + CANDIDATE_FEATURES
 VARIANTS = ("ml-100k", "ml-1m", "atomic")
@@ -54,7 +65,7 @@ class MovieLensConfigError(ValueError):
   """Inconsistent MovieLens settings."""
 
 
-def _sorted_vocab(values) -> List[str]:
+def _sorted_vocab(values) -> list[str]:
   values = sorted(set(values))
   if values and all(v.isdigit() for v in values):
     values.sort(key=int)
@@ -91,21 +102,23 @@ class MovieLens(DataSource):
 
   candidate_id_feature: str = "item_id"
 
-  def __init__(self,
-               data_dir: str,
-               variant: str = "auto",
-               task: str = "ranking",
-               split: str = "random",
-               test_fraction: float = 0.2,
-               seed: int = 0,
-               features: Optional[Sequence[str]] = None,
-               min_rating: float = 0.0,
-               zip_prefix_length: int = 2,
-               timestamp_buckets: int = 0,
-               dataset_name: Optional[str] = None,
-               download: bool = False,
-               shuffle: bool = True,
-               fold: str = "u1"):
+  def __init__(
+    self,
+    data_dir: str,
+    variant: str = "auto",
+    task: str = "ranking",
+    split: str = "random",
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    features: Sequence[str] | None = None,
+    min_rating: float = 0.0,
+    zip_prefix_length: int = 2,
+    timestamp_buckets: int = 0,
+    dataset_name: str | None = None,
+    download: bool = False,
+    shuffle: bool = True,
+    fold: str = "u1",
+  ):
     """Reads, encodes and splits the data.
 
     Args:
@@ -140,36 +153,54 @@ class MovieLens(DataSource):
       # A missing folder or a file as data_dir: read()'s errors say so.
       if detected is None and not download and os.path.isdir(data_dir):
         raise movielens_files.DatasetNotFoundError(
-            f"MovieLens variant='auto': no MovieLens files in {data_dir!r} (nor a "
-            "subfolder named after the variant); expected RecBole atomic files "
-            "(<name>.inter), ml-100k's u.data, u.item, u.user or ml-1m's "
-            "ratings.dat, movies.dat, users.dat. Check MovieLens.data_dir / "
-            "MOVIELENS_DIR, or set MovieLens.download = True for ml-100k.")
+          f"MovieLens variant='auto': no MovieLens files in {data_dir!r} (nor a "
+          "subfolder named after the variant); expected RecBole atomic files "
+          "(<name>.inter), ml-100k's u.data, u.item, u.user or ml-1m's "
+          "ratings.dat, movies.dat, users.dat. Check MovieLens.data_dir / "
+          "MOVIELENS_DIR, or set MovieLens.download = True for ml-100k."
+        )
       variant = detected or "ml-100k"
-    for value, valid, what in ((variant, VARIANTS, "variant"), (task, TASKS, "task"),
-                               (split, SPLITS, "split")):
+    for value, valid, what in (
+      (variant, VARIANTS, "variant"),
+      (task, TASKS, "task"),
+      (split, SPLITS, "split"),
+    ):
       if value not in valid:
-        raise MovieLensConfigError(f"unknown MovieLens {what} {value!r}; valid: "
-                                   f"{', '.join(valid)}.")
+        raise MovieLensConfigError(
+          f"unknown MovieLens {what} {value!r}; valid: {', '.join(valid)}."
+        )
     if not 0.0 <= test_fraction < 1.0:
-      raise MovieLensConfigError(f"test_fraction must be in [0, 1), got {test_fraction}.")
+      raise MovieLensConfigError(
+        f"test_fraction must be in [0, 1), got {test_fraction}."
+      )
     self.variant, self.task, self.split = variant, task, split
     self.seed, self.shuffle = int(seed), bool(shuffle)
     self.num_dense = 0
     file_is_test = None
     if split == "files":
-      raw, file_is_test = movielens_split_files.read(data_dir, variant, dataset_name, fold)
+      raw, file_is_test = movielens_split_files.read(
+        data_dir, variant, dataset_name, fold
+      )
     else:
-      raw = movielens_files.read(data_dir, variant, dataset_name, allow_download=download)
+      raw = movielens_files.read(
+        data_dir, variant, dataset_name, allow_download=download
+      )
     self.source_folder = raw.source
 
     # Vocabularies over every id in the files (an id map, not a statistic).
     user_vocab = _sorted_vocab(list(raw.user) + list(raw.users))
     item_vocab = _sorted_vocab(list(raw.item) + list(raw.items))
     self.num_users, self.num_items = len(user_vocab), len(item_vocab)
-    side = {name: np.zeros(self.num_users + 1, np.int64) for name in QUERY_FEATURES[1:5]}
-    occupations = _sorted_vocab(u["occupation"] for u in raw.users.values() if u["occupation"])
-    zips = _sorted_vocab(u["zip"][:zip_prefix_length] for u in raw.users.values() if u["zip"])
+    side = {
+      name: np.zeros(self.num_users + 1, np.int64)
+      for name in QUERY_FEATURES[1:5]
+    }
+    occupations = _sorted_vocab(
+      u["occupation"] for u in raw.users.values() if u["occupation"]
+    )
+    zips = _sorted_vocab(
+      u["zip"][:zip_prefix_length] for u in raw.users.values() if u["zip"]
+    )
     occ_index = {v: i + 1 for i, v in enumerate(occupations)}
     zip_index = {v: i + 1 for i, v in enumerate(zips)}
     user_index = {v: i + 1 for i, v in enumerate(user_vocab)}
@@ -182,17 +213,21 @@ class MovieLens(DataSource):
     self.genres = _sorted_vocab(g for gs in raw.items.values() for g in gs)
     genre_index = {g: i + 1 for i, g in enumerate(self.genres)}
     item_index = {v: i + 1 for i, v in enumerate(item_vocab)}
-    bags: List[List[int]] = [[0] for _ in range(self.num_items + 1)]
+    bags: list[list[int]] = [[0] for _ in range(self.num_items + 1)]
     for iid, names in raw.items.items():
       ids = sorted(genre_index[g] for g in set(names))
       bags[item_index[iid]] = ids or [0]
     genre_values = np.concatenate([np.array(b, np.int64) for b in bags])
     genre_lengths = np.array([len(b) for b in bags], np.int64)
     vocab_sizes = {
-        "user_id": self.num_users + 1, "item_id": self.num_items + 1,
-        "user_age": len(AGE_BOUNDARIES) + 2, "user_gender": 3,
-        "user_occupation": len(occupations) + 1, "user_zip": len(zips) + 1,
-        "item_genres": len(self.genres) + 1, "timestamp": int(timestamp_buckets) + 1,
+      "user_id": self.num_users + 1,
+      "item_id": self.num_items + 1,
+      "user_age": len(AGE_BOUNDARIES) + 2,
+      "user_gender": 3,
+      "user_occupation": len(occupations) + 1,
+      "user_zip": len(zips) + 1,
+      "item_genres": len(self.genres) + 1,
+      "timestamp": int(timestamp_buckets) + 1,
     }
 
     # Which features.
@@ -207,16 +242,23 @@ class MovieLens(DataSource):
       unknown = [f for f in features if f not in available]
       if unknown:
         raise MovieLensConfigError(
-            f"MovieLens {variant} in {raw.source!r} has no feature(s) {unknown}; "
-            f"available: {', '.join(available)}.")
-      chosen = [f for f in ALL_FEATURES if f in set(features) | {"user_id", "item_id"}]
+          f"MovieLens {variant} in {raw.source!r} has no feature(s) {unknown}; "
+          f"available: {', '.join(available)}."
+        )
+      chosen = [
+        f for f in ALL_FEATURES if f in set(features) | {"user_id", "item_id"}
+      ]
     self._chosen = chosen
     max_genres = int(genre_lengths.max())
     self.feature_specs = [
-        FeatureSpec(name, vocab_sizes[name],
-                    multi_hot=(name == "item_genres"),
-                    max_ids=max_genres if name == "item_genres" else 1)
-        for name in chosen]
+      FeatureSpec(
+        name,
+        vocab_sizes[name],
+        multi_hot=(name == "item_genres"),
+        max_ids=max_genres if name == "item_genres" else 1,
+      )
+      for name in chosen
+    ]
     self.query_features = [f for f in chosen if f in QUERY_FEATURES]
     self.candidate_features = [f for f in chosen if f in CANDIDATE_FEATURES]
 
@@ -226,7 +268,7 @@ class MovieLens(DataSource):
     if split == "random":
       order = np.random.default_rng([self.seed, 3]).permutation(n)
     else:
-      order = np.lexsort((np.arange(n), raw.timestamp))[::-1]   # newest first
+      order = np.lexsort((np.arange(n), raw.timestamp))[::-1]  # newest first
     is_test = np.zeros(n, bool)
     is_test[order[:num_test]] = True
     if file_is_test is not None:  # the split the files give, as given
@@ -235,27 +277,46 @@ class MovieLens(DataSource):
     edges = None
     if timestamp_buckets > 0:
       train_ts = raw.timestamp[~is_test]
-      edges = np.quantile(train_ts, np.linspace(0, 1, timestamp_buckets + 1)[1:-1])
+      edges = np.quantile(
+        train_ts, np.linspace(0, 1, timestamp_buckets + 1)[1:-1]
+      )
 
     # Every rating is encoded by the parser that the export's raw signature
     # runs too: training and serving map raw ids the same way.
-    self._raw = MovieLensRawParser(user_vocab, item_vocab, side, genre_values,
-                                   genre_lengths, edges)
+    self._raw = MovieLensRawParser(
+      user_vocab, item_vocab, side, genre_values, genre_lengths, edges
+    )
     user = self._raw.user_index(raw.user).numpy()
     item = self._raw.item_index(raw.item).numpy()
-    stamp = (self._raw.timestamp_bucket(raw.timestamp).numpy() if edges is not None
-             else np.zeros(n, np.int64))
+    stamp = (
+      self._raw.timestamp_bucket(raw.timestamp).numpy()
+      if edges is not None
+      else np.zeros(n, np.int64)
+    )
     self._splits = {}
     for name, mask in (("train", ~is_test & keep), ("test", is_test & keep)):
       rows = np.flatnonzero(mask)
-      self._splits[name] = (user[rows], item[rows], raw.rating[rows], stamp[rows])
+      self._splits[name] = (
+        user[rows],
+        item[rows],
+        raw.rating[rows],
+        stamp[rows],
+      )
     self.train_size = len(self._splits["train"][0])
     self.test_size = len(self._splits["test"][0])
     counts = np.bincount(self._splits["train"][1], minlength=self.num_items + 1)
     self._item_probability = (counts / max(counts.sum(), 1)).astype(np.float32)
-    log.info("MovieLens %s from %s: %d users, %d items, %d ratings; %s split %d train / %d test",
-             variant, raw.source, self.num_users, self.num_items, n, split,
-             self.train_size, self.test_size)
+    log.info(
+      "MovieLens %s from %s: %d users, %d items, %d ratings; %s split %d train / %d test",
+      variant,
+      raw.source,
+      self.num_users,
+      self.num_items,
+      n,
+      split,
+      self.train_size,
+      self.test_size,
+    )
 
   # ----------------------------------------------------------------- batches
 
@@ -263,13 +324,17 @@ class MovieLens(DataSource):
     """The raw ids -> features transformation the reader uses (for serving)."""
     return self._raw
 
-  def _item_features(self, item: tf.Tensor) -> Dict[str, tf.Tensor]:
+  def _item_features(self, item: tf.Tensor) -> dict[str, tf.Tensor]:
     return self._raw.categorical(self.candidate_features, item=item)
 
   def _lookup(self, user, item, rating, stamp) -> Batch:
-    features = {"categorical": self._raw.categorical(self._chosen, user, item, stamp)}
+    features = {
+      "categorical": self._raw.categorical(self._chosen, user, item, stamp)
+    }
     if self.task == "retrieval":
-      features["candidate_sampling_probability"] = tf.gather(self._item_probability, item)
+      features["candidate_sampling_probability"] = tf.gather(
+        self._item_probability, item
+      )
       return features, tf.ones(tf.shape(user), tf.float32)
     return features, rating
 
@@ -283,7 +348,11 @@ class MovieLens(DataSource):
     Raises:
       MovieLensConfigError: a repeated split gives this input pipeline no batch.
     """
-    size, training, pipeline = request.batch_size, request.training, request.pipeline
+    size, training, pipeline = (
+      request.batch_size,
+      request.training,
+      request.pipeline,
+    )
     drop_remainder, repeat = request.drop_remainder, request.repeat
     arrays = self._splits["train" if training else "test"]
     rows = np.arange(pipeline, len(arrays[0]), request.pipelines)
@@ -293,27 +362,37 @@ class MovieLens(DataSource):
     full = (n // size) * size
     if repeat and (full if drop_remainder else n) == 0:
       raise MovieLensConfigError(
-          f"the {'train' if training else 'test'} split of input pipeline {pipeline} has "
-          f"{n} examples, fewer than one batch of {size}: use a smaller batch size, "
-          "a larger test_fraction, or drop_remainder=False.")
+        f"the {'train' if training else 'test'} split of input pipeline {pipeline} has "
+        f"{n} examples, fewer than one batch of {size}: use a smaller batch size, "
+        "a larger test_fraction, or drop_remainder=False."
+      )
 
     def epoch(e):
       if shuffle:
-        noise = tf.random.stateless_uniform([n], seed=tf.stack([np.int64(self.seed), e]))
+        noise = tf.random.stateless_uniform(
+          [n], seed=tf.stack([np.int64(self.seed), e])
+        )
         order = tf.argsort(noise)
       else:
         order = tf.range(n)
-      batches = tf.data.Dataset.from_tensor_slices(tf.reshape(order[:full], [-1, size]))
+      batches = tf.data.Dataset.from_tensor_slices(
+        tf.reshape(order[:full], [-1, size])
+      )
       if not drop_remainder and full < n:
-        batches = batches.concatenate(tf.data.Dataset.from_tensors(order[full:]))
+        batches = batches.concatenate(
+          tf.data.Dataset.from_tensors(order[full:])
+        )
       return batches
 
     epochs = tf.data.Dataset.range(1 << 40 if repeat else 1)
     ds = epochs.flat_map(tf.autograph.experimental.do_not_convert(epoch))
     lookup = tf.autograph.experimental.do_not_convert(
-        lambda index: self._lookup(*(tf.gather(a, index) for a in arrays)))
+      lambda index: self._lookup(*(tf.gather(a, index) for a in arrays))
+    )
     return ds.map(lookup, num_parallel_calls=AUTOTUNE)
 
   def candidates(self, batch_size: int) -> tf.data.Dataset:
     """Every item once (ids 1..num_items) as `{"categorical": {item features}}` batches."""
-    return candidate_batches(range(1, self.num_items + 1), self._item_features, batch_size)
+    return candidate_batches(
+      range(1, self.num_items + 1), self._item_features, batch_size
+    )

@@ -19,7 +19,7 @@ import io
 import logging
 import math
 import os
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -27,18 +27,36 @@ from recsys.data.errors import DataFormatError, DatasetNotFoundError
 
 log = logging.getLogger("recsys.data.movielens")
 
-ML100K_GENRES = ("unknown", "Action", "Adventure", "Animation", "Children's", "Comedy",
-                 "Crime", "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror",
-                 "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller", "War", "Western")
+ML100K_GENRES = (
+  "unknown",
+  "Action",
+  "Adventure",
+  "Animation",
+  "Children's",
+  "Comedy",
+  "Crime",
+  "Documentary",
+  "Drama",
+  "Fantasy",
+  "Film-Noir",
+  "Horror",
+  "Musical",
+  "Mystery",
+  "Romance",
+  "Sci-Fi",
+  "Thriller",
+  "War",
+  "Western",
+)
 
 URLS = {
-    "ml-100k": "https://files.grouplens.org/datasets/movielens/ml-100k.zip",
-    "ml-1m": "https://files.grouplens.org/datasets/movielens/ml-1m.zip",
+  "ml-100k": "https://files.grouplens.org/datasets/movielens/ml-100k.zip",
+  "ml-1m": "https://files.grouplens.org/datasets/movielens/ml-1m.zip",
 }
 REQUIRED = {
-    "ml-100k": ("u.data", "u.item", "u.user"),
-    "ml-1m": ("ratings.dat", "movies.dat", "users.dat"),
-    "atomic": ("<name>.inter",),
+  "ml-100k": ("u.data", "u.item", "u.user"),
+  "ml-1m": ("ratings.dat", "movies.dat", "users.dat"),
+  "atomic": ("<name>.inter",),
 }
 
 
@@ -54,12 +72,13 @@ class RawMovieLens:
     items: raw item id -> list of genre names.
     source: the folder the files came from.
   """
+
   user: np.ndarray
   item: np.ndarray
   rating: np.ndarray
   timestamp: np.ndarray
-  users: Dict[str, Dict[str, str]]
-  items: Dict[str, List[str]]
+  users: dict[str, dict[str, str]]
+  items: dict[str, list[str]]
   source: str
 
 
@@ -67,15 +86,19 @@ def missing_message(variant: str, data_dir: str, problem: str) -> str:
   """The 'what to put where' message for a missing or incomplete folder."""
   files = ", ".join(REQUIRED[variant])
   if variant == "atomic":
-    where = ("RecBole atomic files (e.g. ml-100k.inter, ml-100k.user, ml-100k.item, as "
-             "in the recbole wheel's recbole/dataset_example/ml-100k/)")
+    where = (
+      "RecBole atomic files (e.g. ml-100k.inter, ml-100k.user, ml-100k.item, as "
+      "in the recbole wheel's recbole/dataset_example/ml-100k/)"
+    )
   else:
-    where = (f"the GroupLens files {files} (unzip {URLS[variant]}), or pass "
-             "download=True on a machine that is online")
+    where = (
+      f"the GroupLens files {files} (unzip {URLS[variant]}), or pass "
+      "download=True on a machine that is online"
+    )
   return f"MovieLens {variant}: {problem}; put {where} in {data_dir!r}."
 
 
-def _lines(path: str, encoding: str) -> List[str]:
+def _lines(path: str, encoding: str) -> list[str]:
   """The file's lines; DataFormatError naming file and line if one does not decode."""
   with open(path, "rb") as f:
     raw = f.read()
@@ -84,23 +107,28 @@ def _lines(path: str, encoding: str) -> List[str]:
   except UnicodeDecodeError as e:
     line_no = raw.count(b"\n", 0, e.start) + 1
     raise DataFormatError(
-        f"{path}:{line_no}: not valid {encoding} text ({e.reason} at byte "
-        f"{e.start} of the file); re-extract the dataset or convert the file "
-        f"to {encoding}.") from e
+      f"{path}:{line_no}: not valid {encoding} text ({e.reason} at byte "
+      f"{e.start} of the file); re-extract the dataset or convert the file "
+      f"to {encoding}."
+    ) from e
   return [line.rstrip("\r\n") for line in io.StringIO(text, newline="")]
 
 
-def _fields(path: str, line_no: int, line: str, sep: str, expected: int) -> List[str]:
+def _fields(
+  path: str, line_no: int, line: str, sep: str, expected: int
+) -> list[str]:
   parts = line.split(sep)
   if len(parts) < expected:
     raise DataFormatError(
-        f"{path}:{line_no}: expected {expected} {sep!r}-separated fields, got "
-        f"{len(parts)}: {line[:200]!r}")
+      f"{path}:{line_no}: expected {expected} {sep!r}-separated fields, got "
+      f"{len(parts)}: {line[:200]!r}"
+    )
   return parts
 
 
-def _rows(path: str, sep: str, expected: int,
-          encoding: str = "latin-1") -> Iterator[Tuple[int, List[str]]]:
+def _rows(
+  path: str, sep: str, expected: int, encoding: str = "latin-1"
+) -> Iterator[tuple[int, list[str]]]:
   """`(line number, fields)` of each non-blank line (DataFormatError if it is short)."""
   for n, line in enumerate(_lines(path, encoding), start=1):
     if line.strip():
@@ -115,12 +143,18 @@ def _ratings(path: str, sep: str, encoding: str = "latin-1"):
       ratings.append(_finite(float(r)))
       stamps.append(_timestamp(t))
     except (ValueError, OverflowError) as e:
-      raise DataFormatError(f"{path}:{n}: rating and timestamp must be finite numbers, "
-                            f"got {r!r} and {t!r} ({e})") from e
+      raise DataFormatError(
+        f"{path}:{n}: rating and timestamp must be finite numbers, "
+        f"got {r!r} and {t!r} ({e})"
+      ) from e
     users.append(u.strip())
     items.append(i.strip())
-  return (np.array(users, dtype=object), np.array(items, dtype=object),
-          np.array(ratings, np.float32), np.array(stamps, np.int64))
+  return (
+    np.array(users, dtype=object),
+    np.array(items, dtype=object),
+    np.array(ratings, np.float32),
+    np.array(stamps, np.int64),
+  )
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -142,8 +176,9 @@ def _timestamp(text: str) -> int:
   return value
 
 
-def _required_rows(path: str, sep: str, expected: int,
-                   what: str) -> Iterator[Tuple[int, List[str]]]:
+def _required_rows(
+  path: str, sep: str, expected: int, what: str
+) -> Iterator[tuple[int, list[str]]]:
   """`_rows` of a file that must hold at least one row (DataFormatError if empty)."""
   empty = True
   for n, parts in _rows(path, sep, expected):
@@ -151,11 +186,14 @@ def _required_rows(path: str, sep: str, expected: int,
     yield n, parts
   if empty:
     raise DataFormatError(
-        f"{path}: no {what} (the file is empty or blank); a complete download "
-        "has one per line. Re-extract the dataset's zip.")
+      f"{path}: no {what} (the file is empty or blank); a complete download "
+      "has one per line. Re-extract the dataset's zip."
+    )
 
 
-def _users(path: str, sep: str, columns: Sequence[str]) -> Dict[str, Dict[str, str]]:
+def _users(
+  path: str, sep: str, columns: Sequence[str]
+) -> dict[str, dict[str, str]]:
   """User id -> {"age", "gender", "occupation", "zip"} of a GroupLens user file.
 
   `columns` names the file's first five fields in order ("id" for the user id).
@@ -163,44 +201,61 @@ def _users(path: str, sep: str, columns: Sequence[str]) -> Dict[str, Dict[str, s
   users = {}
   for _, parts in _required_rows(path, sep, 5, "users"):
     user = dict(zip(columns, parts))
-    users[user["id"]] = {key: user[key] for key in ("age", "gender", "occupation", "zip")}
+    users[user["id"]] = {
+      key: user[key] for key in ("age", "gender", "occupation", "zip")
+    }
   return users
 
 
 def _read_100k(folder: str) -> RawMovieLens:
   user, item, rating, ts = _ratings(os.path.join(folder, "u.data"), "\t")
-  users = _users(os.path.join(folder, "u.user"), "|",
-                 ("id", "age", "gender", "occupation", "zip"))
+  users = _users(
+    os.path.join(folder, "u.user"),
+    "|",
+    ("id", "age", "gender", "occupation", "zip"),
+  )
   items = {}
-  for _, parts in _required_rows(os.path.join(folder, "u.item"), "|",
-                                 5 + len(ML100K_GENRES), "movies"):
-    flags = parts[-len(ML100K_GENRES):]
-    items[parts[0]] = [g for g, flag in zip(ML100K_GENRES, flags) if flag.strip() == "1"]
+  for _, parts in _required_rows(
+    os.path.join(folder, "u.item"), "|", 5 + len(ML100K_GENRES), "movies"
+  ):
+    flags = parts[-len(ML100K_GENRES) :]
+    items[parts[0]] = [
+      g for g, flag in zip(ML100K_GENRES, flags) if flag.strip() == "1"
+    ]
   return RawMovieLens(user, item, rating, ts, users, items, folder)
 
 
 def _read_1m(folder: str) -> RawMovieLens:
   user, item, rating, ts = _ratings(os.path.join(folder, "ratings.dat"), "::")
-  users = _users(os.path.join(folder, "users.dat"), "::",
-                 ("id", "gender", "age", "occupation", "zip"))
+  users = _users(
+    os.path.join(folder, "users.dat"),
+    "::",
+    ("id", "gender", "age", "occupation", "zip"),
+  )
   items = {}
-  for _, parts in _required_rows(os.path.join(folder, "movies.dat"), "::", 3, "movies"):
+  for _, parts in _required_rows(
+    os.path.join(folder, "movies.dat"), "::", 3, "movies"
+  ):
     items[parts[0]] = [g for g in parts[-1].split("|") if g]
   return RawMovieLens(user, item, rating, ts, users, items, folder)
 
 
-def _atomic_table(path: str) -> Tuple[List[str], List[List[str]]]:
+def _atomic_table(path: str) -> tuple[list[str], list[list[str]]]:
   """(field names without types, rows) of a RecBole atomic file."""
   lines = _lines(path, "utf-8")
   if not lines:
-    raise DataFormatError(f"{path}:1: empty file; expected a header like "
-                          "'user_id:token\\titem_id:token\\trating:float\\ttimestamp:float'.")
+    raise DataFormatError(
+      f"{path}:1: empty file; expected a header like "
+      "'user_id:token\\titem_id:token\\trating:float\\ttimestamp:float'."
+    )
   header = lines[0].split("\t")
   names = []
   for field in header:
     if ":" not in field:
-      raise DataFormatError(f"{path}:1: header field {field!r} has no ':type' (RecBole "
-                            "atomic headers look like 'user_id:token').")
+      raise DataFormatError(
+        f"{path}:1: header field {field!r} has no ':type' (RecBole "
+        "atomic headers look like 'user_id:token')."
+      )
     names.append(field.rsplit(":", 1)[0])
   rows = []
   for n, line in enumerate(lines[1:], start=2):
@@ -208,39 +263,54 @@ def _atomic_table(path: str) -> Tuple[List[str], List[List[str]]]:
       continue
     parts = line.split("\t")
     if len(parts) != len(names):
-      raise DataFormatError(f"{path}:{n}: expected {len(names)} tab-separated fields "
-                            f"({', '.join(header)}), got {len(parts)}: {line[:200]!r}")
+      raise DataFormatError(
+        f"{path}:{n}: expected {len(names)} tab-separated fields "
+        f"({', '.join(header)}), got {len(parts)}: {line[:200]!r}"
+      )
     rows.append(parts)
   return names, rows
 
 
-def _atomic_lines(path: str) -> List[int]:
+def _atomic_lines(path: str) -> list[int]:
   """The line numbers of the data rows `_atomic_table` returns, in order."""
-  return [n for n, line in enumerate(_lines(path, "utf-8")[1:], start=2) if line.strip()]
+  return [
+    n
+    for n, line in enumerate(_lines(path, "utf-8")[1:], start=2)
+    if line.strip()
+  ]
 
 
-def _column(path: str, names: List[str], candidates: Sequence[str],
-            required: bool = True) -> Optional[int]:
+def _column(
+  path: str, names: list[str], candidates: Sequence[str], required: bool = True
+) -> int | None:
   for name in candidates:
     if name in names:
       return names.index(name)
   if required:
-    raise DataFormatError(f"{path}:1: no field named {' or '.join(candidates)} in header "
-                          f"{names}.")
+    raise DataFormatError(
+      f"{path}:1: no field named {' or '.join(candidates)} in header {names}."
+    )
   return None
 
 
-def _read_atomic(folder: str, name: Optional[str]) -> RawMovieLens:
+def _read_atomic(folder: str, name: str | None) -> RawMovieLens:
   if name is None:
     inters = sorted(glob.glob(os.path.join(folder, "*.inter")))
     if len(inters) != 1:
-      raise DatasetNotFoundError(missing_message(
-          "atomic", folder, f"expected exactly one *.inter file, found {len(inters)} "
-          "(pass dataset_name= to choose)"))
-    name = os.path.basename(inters[0])[:-len(".inter")]
+      raise DatasetNotFoundError(
+        missing_message(
+          "atomic",
+          folder,
+          f"expected exactly one *.inter file, found {len(inters)} "
+          "(pass dataset_name= to choose)",
+        )
+      )
+    name = os.path.basename(inters[0])[: -len(".inter")]
   path = os.path.join(folder, f"{name}.inter")
   if not os.path.exists(path):
-    raise DatasetNotFoundError(missing_message("atomic", folder, f"{name}.inter is missing"))
+    raise DatasetNotFoundError(
+      missing_message("atomic", folder, f"{name}.inter is missing")
+    )
   names, rows = _atomic_table(path)
   cu, ci = _column(path, names, ["user_id"]), _column(path, names, ["item_id"])
   cr = _column(path, names, ["rating"], required=False)
@@ -252,10 +322,11 @@ def _read_atomic(folder: str, name: Optional[str]) -> RawMovieLens:
       ts.append(_timestamp(r[ct]) if ct is not None else 0)
     except (ValueError, OverflowError) as e:
       raise DataFormatError(
-          f"{path}:{_atomic_lines(path)[i]}: rating and timestamp fields must be "
-          "finite numbers, got "
-          f"{r[cr] if cr is not None else None!r} and "
-          f"{r[ct] if ct is not None else None!r} ({e})") from e
+        f"{path}:{_atomic_lines(path)[i]}: rating and timestamp fields must be "
+        "finite numbers, got "
+        f"{r[cr] if cr is not None else None!r} and "
+        f"{r[ct] if ct is not None else None!r} ({e})"
+      ) from e
   rating = np.array(rating, np.float32)
   ts = np.array(ts, np.int64)
   user = np.array([r[cu] for r in rows], dtype=object)
@@ -264,19 +335,28 @@ def _read_atomic(folder: str, name: Optional[str]) -> RawMovieLens:
   return RawMovieLens(user, item, rating, ts, users, items, folder)
 
 
-def atomic_metadata(folder: str, name: str
-                    ) -> Tuple[Dict[str, Dict[str, str]], Dict[str, List[str]]]:
+def atomic_metadata(
+  folder: str, name: str
+) -> tuple[dict[str, dict[str, str]], dict[str, list[str]]]:
   """(users, items) from RecBole's optional `<name>.user` / `<name>.item` files."""
   users = {}
   upath = os.path.join(folder, f"{name}.user")
   if os.path.exists(upath):
     unames, urows = _atomic_table(upath)
-    cols = {key: _column(upath, unames, cands, required=False) for key, cands in (
-        ("age", ["age"]), ("gender", ["gender"]), ("occupation", ["occupation"]),
-        ("zip", ["zip_code", "zip"]))}
+    cols = {
+      key: _column(upath, unames, cands, required=False)
+      for key, cands in (
+        ("age", ["age"]),
+        ("gender", ["gender"]),
+        ("occupation", ["occupation"]),
+        ("zip", ["zip_code", "zip"]),
+      )
+    }
     uid = _column(upath, unames, ["user_id"])
     for r in urows:
-      users[r[uid]] = {k: (r[c] if c is not None else "") for k, c in cols.items()}
+      users[r[uid]] = {
+        k: (r[c] if c is not None else "") for k, c in cols.items()
+      }
   items = {}
   ipath = os.path.join(folder, f"{name}.item")
   if os.path.exists(ipath):
@@ -288,14 +368,16 @@ def atomic_metadata(folder: str, name: str
   return users, items
 
 
-def _has(folder: str, variant: str, name: Optional[str]) -> bool:
+def _has(folder: str, variant: str, name: str | None) -> bool:
   if variant == "atomic":
     pattern = f"{name}.inter" if name else "*.inter"
     return bool(glob.glob(os.path.join(folder, pattern)))
   return all(os.path.exists(os.path.join(folder, f)) for f in REQUIRED[variant])
 
 
-def find_folder(data_dir: str, variant: str, name: Optional[str] = None) -> Optional[str]:
+def find_folder(
+  data_dir: str, variant: str, name: str | None = None
+) -> str | None:
   """`data_dir` or `data_dir/<variant or name>` if it holds the files, else None."""
   for folder in (data_dir, os.path.join(data_dir, name or variant)):
     if os.path.isdir(folder) and _has(folder, variant, name):
@@ -303,7 +385,7 @@ def find_folder(data_dir: str, variant: str, name: Optional[str] = None) -> Opti
   return None
 
 
-def detect_variant(data_dir: str, name: Optional[str] = None) -> Optional[str]:
+def detect_variant(data_dir: str, name: str | None = None) -> str | None:
   """The layout of the files in `data_dir` (or its `<variant>/` subfolder).
 
   RecBole's `*.inter` files mean "atomic" (checked first), `u.data` & co.
@@ -322,21 +404,38 @@ def download(data_dir: str, variant: str) -> None:
     DatasetNotFoundError: offline, or the download failed.
   """
   from recsys._keras import keras  # pylint: disable=g-import-not-at-top
+
   if variant not in URLS:
-    raise DatasetNotFoundError(missing_message(
-        variant, data_dir, f"there is no download for the {variant} layout"))
+    raise DatasetNotFoundError(
+      missing_message(
+        variant, data_dir, f"there is no download for the {variant} layout"
+      )
+    )
   try:
     os.makedirs(data_dir, exist_ok=True)
-    keras.utils.get_file(f"{variant}.zip", URLS[variant], cache_dir=os.path.abspath(data_dir),
-                         cache_subdir=".", extract=True)
+    keras.utils.get_file(
+      f"{variant}.zip",
+      URLS[variant],
+      cache_dir=os.path.abspath(data_dir),
+      cache_subdir=".",
+      extract=True,
+    )
   except Exception as e:  # noqa: BLE001 - any network/IO failure means "fill the folder"
-    raise DatasetNotFoundError(missing_message(
-        variant, data_dir,
-        f"download from {URLS[variant]} failed ({type(e).__name__}: {e})")) from e
+    raise DatasetNotFoundError(
+      missing_message(
+        variant,
+        data_dir,
+        f"download from {URLS[variant]} failed ({type(e).__name__}: {e})",
+      )
+    ) from e
 
 
-def read(data_dir: str, variant: str, name: Optional[str] = None,
-         allow_download: bool = False) -> RawMovieLens:
+def read(
+  data_dir: str,
+  variant: str,
+  name: str | None = None,
+  allow_download: bool = False,
+) -> RawMovieLens:
   """Reads a MovieLens folder.
 
   Args:
@@ -355,7 +454,9 @@ def read(data_dir: str, variant: str, name: Optional[str] = None,
       or movies missing from the metadata files are logged with their count.
   """
   if variant not in REQUIRED:
-    raise ValueError(f"unknown MovieLens variant {variant!r}; valid: {', '.join(REQUIRED)}.")
+    raise ValueError(
+      f"unknown MovieLens variant {variant!r}; valid: {', '.join(REQUIRED)}."
+    )
   folder = find_folder(data_dir, variant, name)
   if folder is None and allow_download and variant in URLS:
     download(data_dir, variant)
@@ -388,14 +489,23 @@ def _check_ratings(raw: RawMovieLens, path: str) -> None:
   """
   if raw.rating.size == 0:
     raise DataFormatError(
-        f"{path}: no ratings (the file is empty, blank or only a header); expected "
-        "one 'user, item, rating, timestamp' row per line.")
-  for what, ids, known in (("users", raw.user, raw.users),
-                           ("movies", raw.item, raw.items)):
+      f"{path}: no ratings (the file is empty, blank or only a header); expected "
+      "one 'user, item, rating, timestamp' row per line."
+    )
+  for what, ids, known in (
+    ("users", raw.user, raw.users),
+    ("movies", raw.item, raw.items),
+  ):
     if not known:  # optional metadata files (RecBole) may be absent
       continue
     missing = sorted({i for i in ids if i not in known})
     if missing:
-      log.warning("%s: %d rated %s have no metadata (e.g. %s); their %s features "
-                  "are id 0 (unknown).", path, len(missing), what, missing[:5],
-                  "user" if what == "users" else "genre")
+      log.warning(
+        "%s: %d rated %s have no metadata (e.g. %s); their %s features "
+        "are id 0 (unknown).",
+        path,
+        len(missing),
+        what,
+        missing[:5],
+        "user" if what == "users" else "genre",
+      )

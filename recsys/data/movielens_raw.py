@@ -16,7 +16,8 @@ embedding row holds its initial values: `unknown()` flags such rows and the
 export returns the flags next to the scores.
 """
 
-from typing import Any, Dict, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -31,9 +32,12 @@ def _vocabulary_table(values: Sequence[str]) -> tf.lookup.StaticHashTable:
   """Raw id -> its line in `values` + 1; anything else -> 0."""
   with tf.init_scope():
     return tf.lookup.StaticHashTable(
-        tf.lookup.KeyValueTensorInitializer(
-            tf.constant(list(values), tf.string),
-            tf.range(1, len(values) + 1, dtype=tf.int64)), default_value=0)
+      tf.lookup.KeyValueTensorInitializer(
+        tf.constant(list(values), tf.string),
+        tf.range(1, len(values) + 1, dtype=tf.int64),
+      ),
+      default_value=0,
+    )
 
 
 class MovieLensRawParser(RawParser):
@@ -53,9 +57,15 @@ class MovieLensRawParser(RawParser):
     {'categorical': {'user_id': <[1] int64>, 'item_id': <[1] int64>}}
   """
 
-  def __init__(self, user_vocab: Sequence[str], item_vocab: Sequence[str],
-               user_side: Mapping[str, np.ndarray], genre_values: np.ndarray,
-               genre_lengths: np.ndarray, timestamp_edges: Optional[np.ndarray] = None):
+  def __init__(
+    self,
+    user_vocab: Sequence[str],
+    item_vocab: Sequence[str],
+    user_side: Mapping[str, np.ndarray],
+    genre_values: np.ndarray,
+    genre_lengths: np.ndarray,
+    timestamp_edges: np.ndarray | None = None,
+  ):
     super().__init__(name="movielens_raw_parser")
     self.user_table = _vocabulary_table(user_vocab)
     self.item_table = _vocabulary_table(item_vocab)
@@ -63,33 +73,47 @@ class MovieLensRawParser(RawParser):
     self._user_side = {k: np.asarray(v, np.int64) for k, v in user_side.items()}
     self._genre_values = np.asarray(genre_values, np.int64)
     self._genre_lengths = np.asarray(genre_lengths, np.int64)
-    self._edges = (None if timestamp_edges is None
-                   else np.asarray(timestamp_edges, np.float64))
+    self._edges = (
+      None
+      if timestamp_edges is None
+      else np.asarray(timestamp_edges, np.float64)
+    )
 
   # -- the pieces the reader uses -------------------------------------------
 
   def user_index(self, user: Any) -> tf.Tensor:
     """Raw user ids (string `[B]`) -> int64 ids `[B]`, 0 if unknown."""
-    return self.user_table.lookup(tf.strings.strip(tf.convert_to_tensor(user, tf.string)))
+    return self.user_table.lookup(
+      tf.strings.strip(tf.convert_to_tensor(user, tf.string))
+    )
 
   def item_index(self, item: Any) -> tf.Tensor:
     """Raw item ids (string `[B]`) -> int64 ids `[B]`, 0 if unknown."""
-    return self.item_table.lookup(tf.strings.strip(tf.convert_to_tensor(item, tf.string)))
+    return self.item_table.lookup(
+      tf.strings.strip(tf.convert_to_tensor(item, tf.string))
+    )
 
   def timestamp_bucket(self, timestamp: Any) -> tf.Tensor:
     """Seconds (int64 `[B]`) -> bucket ids 1..len(edges) + 1 `[B]`."""
     if self._edges is None:
-      raise ValueError("this MovieLens source has no timestamp feature "
-                       "(timestamp_buckets = 0).")
+      raise ValueError(
+        "this MovieLens source has no timestamp feature "
+        "(timestamp_buckets = 0)."
+      )
     seconds = tf.cast(tf.convert_to_tensor(timestamp, tf.int64), tf.float64)
     if not self._edges.size:
       return tf.ones_like(seconds, tf.int64)
-    return 1 + tf.searchsorted(tf.constant(self._edges), seconds, side="right",
-                               out_type=tf.int64)
+    return 1 + tf.searchsorted(
+      tf.constant(self._edges), seconds, side="right", out_type=tf.int64
+    )
 
-  def categorical(self, feature_names: Sequence[str], user: Optional[tf.Tensor] = None,
-                  item: Optional[tf.Tensor] = None,
-                  stamp: Optional[tf.Tensor] = None) -> Dict[str, tf.Tensor]:
+  def categorical(
+    self,
+    feature_names: Sequence[str],
+    user: tf.Tensor | None = None,
+    item: tf.Tensor | None = None,
+    stamp: tf.Tensor | None = None,
+  ) -> dict[str, tf.Tensor]:
     """`features["categorical"]` of `feature_names` from encoded ids `[B]`.
 
     Args:
@@ -106,8 +130,9 @@ class MovieLensRawParser(RawParser):
       elif name == "item_id":
         out[name] = item
       elif name == "item_genres":
-        genres = tf.RaggedTensor.from_row_lengths(self._genre_values, self._genre_lengths,
-                                                  validate=False)
+        genres = tf.RaggedTensor.from_row_lengths(
+          self._genre_values, self._genre_lengths, validate=False
+        )
         out[name] = tf.gather(genres, item)
       elif name == "timestamp":
         out[name] = stamp
@@ -117,8 +142,9 @@ class MovieLensRawParser(RawParser):
 
   # -- RawParser --------------------------------------------------------------
 
-  def raw_feature_spec(self, feature_names: Sequence[str],
-                       dense: bool = False) -> Dict[str, tf.TensorSpec]:
+  def raw_feature_spec(
+    self, feature_names: Sequence[str], dense: bool = False
+  ) -> dict[str, tf.TensorSpec]:
     """user_id / item_id string `[B]` and timestamp int64 `[B]`, as the names need."""
     del dense  # MovieLens has no dense features
     spec = {}
@@ -130,15 +156,18 @@ class MovieLensRawParser(RawParser):
       spec["timestamp"] = tf.TensorSpec([None], tf.int64, "timestamp")
     return spec
 
-  def parse_raw(self, raw: Mapping[str, tf.Tensor],
-                feature_names: Sequence[str]) -> Dict[str, Any]:
+  def parse_raw(
+    self, raw: Mapping[str, tf.Tensor], feature_names: Sequence[str]
+  ) -> dict[str, Any]:
     """Raw `user_id`, `item_id`, `timestamp` -> `{"categorical": ...}` of the names."""
     user = self.user_index(raw["user_id"]) if "user_id" in raw else None
     item = self.item_index(raw["item_id"]) if "item_id" in raw else None
-    stamp = self.timestamp_bucket(raw["timestamp"]) if "timestamp" in raw else None
+    stamp = (
+      self.timestamp_bucket(raw["timestamp"]) if "timestamp" in raw else None
+    )
     return {"categorical": self.categorical(feature_names, user, item, stamp)}
 
-  def unknown(self, raw: Mapping[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+  def unknown(self, raw: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """user_id / item_id -> True where the raw id is not in the files (id 0)."""
     out = {}
     if "user_id" in raw:
@@ -147,7 +176,7 @@ class MovieLensRawParser(RawParser):
       out["item_id"] = tf.equal(self.item_index(raw["item_id"]), 0)
     return out
 
-  def raw_ids(self, feature_name: str, ids: tf.Tensor) -> Optional[tf.Tensor]:
+  def raw_ids(self, feature_name: str, ids: tf.Tensor) -> tf.Tensor | None:
     """item_id ids -> the raw item ids (id 0 -> "")."""
     if feature_name != "item_id":
       return None

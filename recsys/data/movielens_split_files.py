@@ -18,7 +18,6 @@ Example:
 import glob
 import logging
 import os
-from typing import Optional, Tuple
 
 import numpy as np
 
@@ -30,55 +29,94 @@ log = logging.getLogger("recsys.data.movielens")
 FOLDS = ("u1", "u2", "u3", "u4", "u5", "ua", "ub")
 
 
-def _joined(train: files.RawMovieLens, test: files.RawMovieLens, users, items,
-            folder: str) -> Tuple[files.RawMovieLens, np.ndarray]:
+def _joined(
+  train: files.RawMovieLens, test: files.RawMovieLens, users, items, folder: str
+) -> tuple[files.RawMovieLens, np.ndarray]:
   raw = files.RawMovieLens(
-      np.concatenate([train.user, test.user]), np.concatenate([train.item, test.item]),
-      np.concatenate([train.rating, test.rating]),
-      np.concatenate([train.timestamp, test.timestamp]), users, items, folder)
-  is_test = np.concatenate([np.zeros(len(train.user), bool), np.ones(len(test.user), bool)])
+    np.concatenate([train.user, test.user]),
+    np.concatenate([train.item, test.item]),
+    np.concatenate([train.rating, test.rating]),
+    np.concatenate([train.timestamp, test.timestamp]),
+    users,
+    items,
+    folder,
+  )
+  is_test = np.concatenate(
+    [np.zeros(len(train.user), bool), np.ones(len(test.user), bool)]
+  )
   return raw, is_test
 
 
-def _read_100k_fold(data_dir: str, fold: str) -> Tuple[files.RawMovieLens, np.ndarray]:
+def _read_100k_fold(
+  data_dir: str, fold: str
+) -> tuple[files.RawMovieLens, np.ndarray]:
   if fold not in FOLDS:
-    raise ValueError(f"unknown ml-100k fold {fold!r}; GroupLens ships {', '.join(FOLDS)}.")
+    raise ValueError(
+      f"unknown ml-100k fold {fold!r}; GroupLens ships {', '.join(FOLDS)}."
+    )
   folder = files.find_folder(data_dir, "ml-100k")
   base, test = f"{fold}.base", f"{fold}.test"
-  if folder is None or not all(os.path.isfile(os.path.join(folder, f)) for f in (base, test)):
-    raise DatasetNotFoundError(files.missing_message(
-        "ml-100k", data_dir, f"split='files' needs {base} and {test} next to u.item and "
-        "u.user (they come in GroupLens' ml-100k.zip)"))
+  if folder is None or not all(
+    os.path.isfile(os.path.join(folder, f)) for f in (base, test)
+  ):
+    raise DatasetNotFoundError(
+      files.missing_message(
+        "ml-100k",
+        data_dir,
+        f"split='files' needs {base} and {test} next to u.item and "
+        "u.user (they come in GroupLens' ml-100k.zip)",
+      )
+    )
   meta = files._read_100k(folder)  # pylint: disable=protected-access
   parts = []
   for name in (base, test):
     path = os.path.join(folder, name)
     user, item, rating, ts = files._ratings(path, "\t")  # pylint: disable=protected-access
-    part = files.RawMovieLens(user, item, rating, ts, meta.users, meta.items, folder)
+    part = files.RawMovieLens(
+      user, item, rating, ts, meta.users, meta.items, folder
+    )
     files._check_ratings(part, path)  # pylint: disable=protected-access
     parts.append(part)
   return _joined(*parts, meta.users, meta.items, folder)
 
 
-def _read_atomic_benchmark(data_dir: str, name: Optional[str]
-                           ) -> Tuple[files.RawMovieLens, np.ndarray]:
+def _read_atomic_benchmark(
+  data_dir: str, name: str | None
+) -> tuple[files.RawMovieLens, np.ndarray]:
   for folder in [data_dir] + ([os.path.join(data_dir, name)] if name else []):
-    found = sorted(glob.glob(os.path.join(folder, f"{name or '*'}.train.inter")))
+    found = sorted(
+      glob.glob(os.path.join(folder, f"{name or '*'}.train.inter"))
+    )
     if found:
       break
   if len(found) != 1:
-    raise DatasetNotFoundError(files.missing_message(
-        "atomic", data_dir, f"split='files' needs one <name>.train.inter and "
+    raise DatasetNotFoundError(
+      files.missing_message(
+        "atomic",
+        data_dir,
+        f"split='files' needs one <name>.train.inter and "
         f"<name>.test.inter (RecBole's benchmark files); found {len(found)} *.train.inter"
-        + ("" if name else " (pass dataset_name= to choose)")))
+        + ("" if name else " (pass dataset_name= to choose)"),
+      )
+    )
   folder = os.path.dirname(found[0])
-  name = os.path.basename(found[0])[:-len(".train.inter")]
+  name = os.path.basename(found[0])[: -len(".train.inter")]
   if not os.path.isfile(os.path.join(folder, f"{name}.test.inter")):
-    raise DatasetNotFoundError(files.missing_message(
-        "atomic", folder, f"{name}.train.inter has no {name}.test.inter beside it"))
+    raise DatasetNotFoundError(
+      files.missing_message(
+        "atomic",
+        folder,
+        f"{name}.train.inter has no {name}.test.inter beside it",
+      )
+    )
   if os.path.isfile(os.path.join(folder, f"{name}.valid.inter")):
-    log.info("%s.valid.inter is not used: training on %s.train.inter, evaluating on "
-             "%s.test.inter", name, name, name)
+    log.info(
+      "%s.valid.inter is not used: training on %s.train.inter, evaluating on "
+      "%s.test.inter",
+      name,
+      name,
+      name,
+    )
   parts = []
   for split in ("train", "test"):
     part = files._read_atomic(folder, f"{name}.{split}")  # pylint: disable=protected-access
@@ -88,8 +126,9 @@ def _read_atomic_benchmark(data_dir: str, name: Optional[str]
   return _joined(*parts, users, items, folder)
 
 
-def read(data_dir: str, variant: str, name: Optional[str] = None,
-         fold: str = "u1") -> Tuple[files.RawMovieLens, np.ndarray]:
+def read(
+  data_dir: str, variant: str, name: str | None = None, fold: str = "u1"
+) -> tuple[files.RawMovieLens, np.ndarray]:
   """Both files of a fixed split: `(ratings of train then test, is_test)`.
 
   Raises:
@@ -101,6 +140,8 @@ def read(data_dir: str, variant: str, name: Optional[str] = None,
     return _read_100k_fold(data_dir, fold)
   if variant == "atomic":
     return _read_atomic_benchmark(data_dir, name)
-  raise ValueError(f"MovieLens {variant} ships no train/test split files; split='files' "
-                   "reads ml-100k's u1.base/u1.test or RecBole's <name>.train.inter/"
-                   "<name>.test.inter. Use split='random' or 'temporal'.")
+  raise ValueError(
+    f"MovieLens {variant} ships no train/test split files; split='files' "
+    "reads ml-100k's u1.base/u1.test or RecBole's <name>.train.inter/"
+    "<name>.test.inter. Use split='random' or 'temporal'."
+  )

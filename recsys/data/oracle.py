@@ -26,22 +26,28 @@ def expected_auc(scores: np.ndarray, p: np.ndarray) -> float:
   s = np.asarray(scores, np.float64).ravel()
   p = np.asarray(p, np.float64).ravel()
   if s.shape != p.shape:
-    raise ValueError(f"scores has {s.size} entries but p has {p.size}; they must match.")
+    raise ValueError(
+      f"scores has {s.size} entries but p has {p.size}; they must match."
+    )
   q = 1.0 - p
-  _, group = np.unique(s, return_inverse=True)       # ties share a group
-  pos_in = np.bincount(group, weights=p)              # [G] positive mass per group
-  neg_in = np.bincount(group, weights=q)              # [G] negative mass per group
-  neg_below = np.cumsum(neg_in) - neg_in              # negatives with strictly lower score
+  _, group = np.unique(s, return_inverse=True)  # ties share a group
+  pos_in = np.bincount(group, weights=p)  # [G] positive mass per group
+  neg_in = np.bincount(group, weights=q)  # [G] negative mass per group
+  neg_below = np.cumsum(neg_in) - neg_in  # negatives with strictly lower score
   # Pairs inside a tie group count 1/2, excluding the i == j pairs.
   same = pos_in * neg_in - np.bincount(group, weights=p * q)
   numerator = np.sum(pos_in * neg_below) + 0.5 * np.sum(same)
   denominator = p.sum() * q.sum() - np.sum(p * q)
   if denominator <= 0:
-    raise ValueError("expected_auc needs both positive and negative probability mass.")
+    raise ValueError(
+      "expected_auc needs both positive and negative probability mass."
+    )
   return float(numerator / denominator)
 
 
-def expected_logloss(predictions: np.ndarray, p: np.ndarray, eps: float = 1e-7) -> float:
+def expected_logloss(
+  predictions: np.ndarray, p: np.ndarray, eps: float = 1e-7
+) -> float:
   """Expected binary cross-entropy of `predictions` under labels ~ Bernoulli(p).
 
   With `predictions == p` this is the mean binary entropy, the Bayes log-loss.

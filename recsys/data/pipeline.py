@@ -20,7 +20,8 @@ Example:
 
 import abc
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -29,7 +30,7 @@ from recsys.data.spec import FeatureSpec
 
 AUTOTUNE = tf.data.AUTOTUNE
 
-Batch = Tuple[Dict[str, Any], tf.Tensor]
+Batch = tuple[dict[str, Any], tf.Tensor]
 
 _INFINITE_BATCHES = 1 << 40
 
@@ -46,6 +47,7 @@ class BatchRequest:
     drop_remainder: drop a final partial batch (static shape `[B, ...]`).
     repeat: repeat the split forever (`dataset(repeat=None)` means `training`).
   """
+
   batch_size: int
   training: bool
   pipeline: int
@@ -66,16 +68,18 @@ class DataSource(abc.ABC):
     num_dense: width of `features["dense"]` (0: no dense key).
   """
 
-  feature_specs: List[FeatureSpec]
+  feature_specs: list[FeatureSpec]
   num_dense: int = 0
 
-  def dataset(self,
-              batch_size: int,
-              *,
-              training: bool = True,
-              input_context: Optional[tf.distribute.InputContext] = None,
-              drop_remainder: bool = True,
-              repeat: Optional[bool] = None) -> tf.data.Dataset:
+  def dataset(
+    self,
+    batch_size: int,
+    *,
+    training: bool = True,
+    input_context: tf.distribute.InputContext | None = None,
+    drop_remainder: bool = True,
+    repeat: bool | None = None,
+  ) -> tf.data.Dataset:
     """The batches of one input pipeline.
 
     Args:
@@ -95,19 +99,24 @@ class DataSource(abc.ABC):
         a batch, missing evaluation files.)
     """
     pipeline, pipelines = shard_of(input_context)
-    request = BatchRequest(batch_size=check_batch_size(batch_size), training=bool(training),
-                           pipeline=pipeline, pipelines=pipelines,
-                           drop_remainder=bool(drop_remainder),
-                           repeat=bool(training if repeat is None else repeat))
+    request = BatchRequest(
+      batch_size=check_batch_size(batch_size),
+      training=bool(training),
+      pipeline=pipeline,
+      pipelines=pipelines,
+      drop_remainder=bool(drop_remainder),
+      repeat=bool(training if repeat is None else repeat),
+    )
     return finish(self._batches(request))
 
   def _batches(self, request: BatchRequest) -> tf.data.Dataset:
     """The batches `request` asks for, before `finish` (what a source implements)."""
     raise NotImplementedError(
-        f"{type(self).__name__} implements neither _batches(request) nor dataset(...); "
-        "a DataSource needs one of them.")
+      f"{type(self).__name__} implements neither _batches(request) nor dataset(...); "
+      "a DataSource needs one of them."
+    )
 
-  def raw_parser(self) -> Optional[RawParser]:
+  def raw_parser(self) -> RawParser | None:
     """The TF transformation of this source's raw values into `features`.
 
     File-backed sources return the parser their reader itself uses, so an
@@ -121,8 +130,10 @@ class DataSource(abc.ABC):
     for spec in self.feature_specs:
       if spec.name == name:
         return spec
-    raise KeyError(f"{type(self).__name__} has no feature {name!r}; it has "
-                   f"{[s.name for s in self.feature_specs]}.")
+    raise KeyError(
+      f"{type(self).__name__} has no feature {name!r}; it has "
+      f"{[s.name for s in self.feature_specs]}."
+    )
 
 
 class InvalidBatchSizeError(ValueError):
@@ -131,20 +142,29 @@ class InvalidBatchSizeError(ValueError):
 
 def check_batch_size(batch_size: int) -> int:
   """Returns `batch_size` as an int, or raises InvalidBatchSizeError."""
-  if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
+  if (
+    isinstance(batch_size, bool)
+    or int(batch_size) != batch_size
+    or batch_size < 1
+  ):
     raise InvalidBatchSizeError(
-        f"batch_size must be a positive integer (the per-replica batch), got {batch_size!r}.")
+      f"batch_size must be a positive integer (the per-replica batch), got {batch_size!r}."
+    )
   return int(batch_size)
 
 
-def shard_of(input_context: Optional[tf.distribute.InputContext]) -> Tuple[int, int]:
+def shard_of(
+  input_context: tf.distribute.InputContext | None,
+) -> tuple[int, int]:
   """`(input_pipeline_id, num_input_pipelines)`, `(0, 1)` without a context."""
   if input_context is None:
     return 0, 1
   return input_context.input_pipeline_id, input_context.num_input_pipelines
 
 
-def finish(dataset: tf.data.Dataset, *, deterministic: bool = True) -> tf.data.Dataset:
+def finish(
+  dataset: tf.data.Dataset, *, deterministic: bool = True
+) -> tf.data.Dataset:
   """Prefetches and sets the options every source wants.
 
   Auto-sharding is switched off: sources shard themselves by input context
@@ -153,7 +173,8 @@ def finish(dataset: tf.data.Dataset, *, deterministic: bool = True) -> tf.data.D
   """
   options = tf.data.Options()
   options.experimental_distribute.auto_shard_policy = (
-      tf.data.experimental.AutoShardPolicy.OFF)
+    tf.data.experimental.AutoShardPolicy.OFF
+  )
   options.deterministic = deterministic
   # Parallelism comes from parallel map calls; single-threaded ops inside
   # each call cost less CPU than splitting small ops over the intra-op pool.
@@ -161,10 +182,12 @@ def finish(dataset: tf.data.Dataset, *, deterministic: bool = True) -> tf.data.D
   return dataset.prefetch(AUTOTUNE).with_options(options)
 
 
-def indexed_batches(request: BatchRequest,
-                    total: Optional[int],
-                    make_batch: Callable[[tf.Tensor], Batch],
-                    error: Type[ValueError] = ValueError) -> tf.data.Dataset:
+def indexed_batches(
+  request: BatchRequest,
+  total: int | None,
+  make_batch: Callable[[tf.Tensor], Batch],
+  error: type[ValueError] = ValueError,
+) -> tf.data.Dataset:
   """The batches of a split whose example i is a pure function of i.
 
   Batch b holds examples [b*B, (b+1)*B); input pipeline p of P generates
@@ -185,7 +208,11 @@ def indexed_batches(request: BatchRequest,
   Raises:
     error: the split is repeated but gives this input pipeline no batch.
   """
-  size, pipeline, pipelines = request.batch_size, request.pipeline, request.pipelines
+  size, pipeline, pipelines = (
+    request.batch_size,
+    request.pipeline,
+    request.pipelines,
+  )
   if total is None:
     num_batches = _INFINITE_BATCHES
   elif request.drop_remainder:
@@ -195,27 +222,35 @@ def indexed_batches(request: BatchRequest,
   repeat = total is not None and request.repeat
   if repeat and num_batches <= pipeline:
     raise error(
-        f"{total} examples make no full batch of {size} for input pipeline {pipeline} "
-        f"of {pipelines}: set num_examples larger, or use a smaller batch.")
+      f"{total} examples make no full batch of {size} for input pipeline {pipeline} "
+      f"of {pipelines}: set num_examples larger, or use a smaller batch."
+    )
   ds = tf.data.Dataset.range(pipeline, num_batches, pipelines)
   if repeat:
     ds = ds.repeat()
   # Only a finite split kept whole and not a multiple of B has a partial batch.
-  partial_last = total is not None and not request.drop_remainder and total % size
+  partial_last = (
+    total is not None and not request.drop_remainder and total % size
+  )
 
   def make(b):
     index = b * size + tf.range(size, dtype=tf.int64)
     if partial_last:
-      index = index[:tf.minimum(tf.cast(size, tf.int64), total - b * size)]
+      index = index[: tf.minimum(tf.cast(size, tf.int64), total - b * size)]
     return make_batch(index)
 
-  return ds.map(tf.autograph.experimental.do_not_convert(make),
-                num_parallel_calls=AUTOTUNE, deterministic=True)
+  return ds.map(
+    tf.autograph.experimental.do_not_convert(make),
+    num_parallel_calls=AUTOTUNE,
+    deterministic=True,
+  )
 
 
-def candidate_batches(ids: range,
-                      item_features: Callable[[tf.Tensor], Dict[str, Any]],
-                      batch_size: int) -> tf.data.Dataset:
+def candidate_batches(
+  ids: range,
+  item_features: Callable[[tf.Tensor], dict[str, Any]],
+  batch_size: int,
+) -> tf.data.Dataset:
   """Every candidate once, as finished `{"categorical": item_features(ids)}` batches.
 
   Args:
@@ -228,17 +263,23 @@ def candidate_batches(ids: range,
   """
   size = check_batch_size(batch_size)
   ds = tf.data.Dataset.range(ids.start, ids.stop, ids.step).batch(size)
-  ds = ds.map(tf.autograph.experimental.do_not_convert(
-      lambda item: {"categorical": item_features(item)}), num_parallel_calls=AUTOTUNE)
+  ds = ds.map(
+    tf.autograph.experimental.do_not_convert(
+      lambda item: {"categorical": item_features(item)}
+    ),
+    num_parallel_calls=AUTOTUNE,
+  )
   return finish(ds)
 
 
-def distribute(strategy: tf.distribute.Strategy,
-               source: DataSource,
-               global_batch_size: int,
-               training: bool = True,
-               input_options: Optional[tf.distribute.InputOptions] = None,
-               **dataset_kwargs) -> tf.distribute.DistributedDataset:
+def distribute(
+  strategy: tf.distribute.Strategy,
+  source: DataSource,
+  global_batch_size: int,
+  training: bool = True,
+  input_options: tf.distribute.InputOptions | None = None,
+  **dataset_kwargs,
+) -> tf.distribute.DistributedDataset:
   """Distributes `source` over `strategy`'s replicas.
 
   Each input pipeline gets `source.dataset(per_replica_batch, training=...,
@@ -263,11 +304,16 @@ def distribute(strategy: tf.distribute.Strategy,
   replicas = strategy.num_replicas_in_sync
   if global_batch_size % replicas:
     raise InvalidBatchSizeError(
-        f"global_batch_size {global_batch_size} does not split evenly over "
-        f"{replicas} replicas; use a multiple of {replicas}.")
+      f"global_batch_size {global_batch_size} does not split evenly over "
+      f"{replicas} replicas; use a multiple of {replicas}."
+    )
 
   def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-    return source.dataset(ctx.get_per_replica_batch_size(global_batch_size),
-                          training=training, input_context=ctx, **dataset_kwargs)
+    return source.dataset(
+      ctx.get_per_replica_batch_size(global_batch_size),
+      training=training,
+      input_context=ctx,
+      **dataset_kwargs,
+    )
 
   return strategy.distribute_datasets_from_function(dataset_fn, input_options)

@@ -14,7 +14,8 @@ signature.
 """
 
 import abc
-from typing import Any, Dict, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -28,8 +29,9 @@ class RawParser(tf.Module, abc.ABC):
   """
 
   @abc.abstractmethod
-  def raw_feature_spec(self, feature_names: Sequence[str],
-                       dense: bool = False) -> Dict[str, tf.TensorSpec]:
+  def raw_feature_spec(
+    self, feature_names: Sequence[str], dense: bool = False
+  ) -> dict[str, tf.TensorSpec]:
     """The raw inputs `[B]` (one tensor per raw column) that `feature_names` need.
 
     Args:
@@ -38,18 +40,19 @@ class RawParser(tf.Module, abc.ABC):
     """
 
   @abc.abstractmethod
-  def parse_raw(self, raw: Mapping[str, tf.Tensor],
-                feature_names: Sequence[str]) -> Dict[str, Any]:
+  def parse_raw(
+    self, raw: Mapping[str, tf.Tensor], feature_names: Sequence[str]
+  ) -> dict[str, Any]:
     """`features` (`"categorical"` of `feature_names`, `"dense"` if its raw
     columns are in `raw`) from raw values `[B]` keyed as `raw_feature_spec`."""
 
-  def unknown(self, raw: Mapping[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+  def unknown(self, raw: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """Raw input name -> bool `[B]`, True where a non-empty raw id is not in
     the vocabulary (mapped to id 0). Empty: every value maps to a real id."""
     del raw
     return {}
 
-  def raw_ids(self, feature_name: str, ids: tf.Tensor) -> Optional[tf.Tensor]:
+  def raw_ids(self, feature_name: str, ids: tf.Tensor) -> tf.Tensor | None:
     """The raw values (strings) of `feature_name`'s ids, or None if unknown."""
     del feature_name, ids
     return None

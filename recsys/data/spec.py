@@ -6,7 +6,6 @@ vocabularies and bag shapes) and `recsys.features` (which turns specs into
 """
 
 import dataclasses
-from typing import Optional
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,17 +22,22 @@ class FeatureSpec:
     sequence_length: > 0 for ordered sequences (embedded as `[B, L, D]`).
     table: name of the table to share with other features (default: own table).
   """
+
   name: str
   vocabulary_size: int
   multi_hot: bool = False
   max_ids: int = 1
   weighted: bool = False
   sequence_length: int = 0
-  table: Optional[str] = None
+  table: str | None = None
 
   def __post_init__(self):
     if self.vocabulary_size < 1:
-      raise ValueError(f"feature {self.name!r}: vocabulary_size must be >= 1, "
-                       f"got {self.vocabulary_size}.")
+      raise ValueError(
+        f"feature {self.name!r}: vocabulary_size must be >= 1, "
+        f"got {self.vocabulary_size}."
+      )
     if self.max_ids < 1:
-      raise ValueError(f"feature {self.name!r}: max_ids must be >= 1, got {self.max_ids}.")
+      raise ValueError(
+        f"feature {self.name!r}: max_ids must be >= 1, got {self.max_ids}."
+      )

@@ -28,15 +28,19 @@ size or sharding, and input pipeline p of P generates batches p, p+P, ...
 
 import functools
 import math
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
 
 import gin
 import numpy as np
 import tensorflow as tf
 
-from recsys.data import _random
-from recsys.data import oracle
-from recsys.data.pipeline import Batch, BatchRequest, DataSource, indexed_batches
+from recsys.data import _random, oracle
+from recsys.data.pipeline import (
+  Batch,
+  BatchRequest,
+  DataSource,
+  indexed_batches,
+)
 from recsys.data.spec import FeatureSpec
 
 _CALIBRATION_EXAMPLES = 1 << 15
@@ -54,8 +58,9 @@ def _per_feature(value, n: int, name: str, kind):
   value = list(value)
   if len(value) != n:
     raise SyntheticConfigError(
-        f"{name} has {len(value)} entries but vocab_sizes has {n}; give one per "
-        "categorical feature, or a single value for all.")
+      f"{name} has {len(value)} entries but vocab_sizes has {n}; give one per "
+      "categorical feature, or a single value for all."
+    )
   return [kind(v) for v in value]
 
 
@@ -76,24 +81,26 @@ class SyntheticCTR(DataSource):
     num_dense: width of `features["dense"]`.
   """
 
-  def __init__(self,
-               num_dense: int = 13,
-               vocab_sizes: Sequence[int] = (1000, 200, 5000, 10000, 100, 3000, 800, 2000),
-               multi_hot_sizes: Union[int, Sequence[int]] = (1, 1, 1, 1, 1, 1, 3, 5),
-               weighted: Union[bool, Sequence[bool]] = False,
-               zipf_exponent: float = 1.05,
-               num_examples: Optional[int] = None,
-               num_eval_examples: int = 1 << 16,
-               factor_dim: int = 4,
-               logit_std: float = 1.5,
-               ctr: float = 0.25,
-               dense_weight: float = 0.5,
-               first_order_weight: float = 1.0,
-               interaction_weight: float = 1.0,
-               oracle_examples: int = 1 << 17,
-               max_factor_table_size: int = 1 << 21,
-               seed: int = 0,
-               name_prefix: str = "C"):
+  def __init__(
+    self,
+    num_dense: int = 13,
+    vocab_sizes: Sequence[int] = (1000, 200, 5000, 10000, 100, 3000, 800, 2000),
+    multi_hot_sizes: int | Sequence[int] = (1, 1, 1, 1, 1, 1, 3, 5),
+    weighted: bool | Sequence[bool] = False,
+    zipf_exponent: float = 1.05,
+    num_examples: int | None = None,
+    num_eval_examples: int = 1 << 16,
+    factor_dim: int = 4,
+    logit_std: float = 1.5,
+    ctr: float = 0.25,
+    dense_weight: float = 0.5,
+    first_order_weight: float = 1.0,
+    interaction_weight: float = 1.0,
+    oracle_examples: int = 1 << 17,
+    max_factor_table_size: int = 1 << 21,
+    seed: int = 0,
+    name_prefix: str = "C",
+  ):
     """Plants the model and calibrates its scale and bias.
 
     Args:
@@ -125,20 +132,30 @@ class SyntheticCTR(DataSource):
     vocab_sizes = [int(v) for v in vocab_sizes]
     n = len(vocab_sizes)
     if n == 0:
-      raise SyntheticConfigError("vocab_sizes is empty: give at least one categorical feature.")
+      raise SyntheticConfigError(
+        "vocab_sizes is empty: give at least one categorical feature."
+      )
     if min(vocab_sizes) < 1:
-      raise SyntheticConfigError(f"vocab_sizes must all be >= 1, got {vocab_sizes}.")
+      raise SyntheticConfigError(
+        f"vocab_sizes must all be >= 1, got {vocab_sizes}."
+      )
     if num_dense < 0:
       raise SyntheticConfigError(f"num_dense must be >= 0, got {num_dense}.")
     if not 0.0 < ctr < 1.0:
       raise SyntheticConfigError(f"ctr must be in (0, 1), got {ctr}.")
     if num_examples is not None and num_examples < 1:
-      raise SyntheticConfigError(f"num_examples must be None or >= 1, got {num_examples}.")
+      raise SyntheticConfigError(
+        f"num_examples must be None or >= 1, got {num_examples}."
+      )
     self.num_dense = int(num_dense)
     self.vocab_sizes = vocab_sizes
-    self.multi_hot_sizes = _per_feature(multi_hot_sizes, n, "multi_hot_sizes", int)
+    self.multi_hot_sizes = _per_feature(
+      multi_hot_sizes, n, "multi_hot_sizes", int
+    )
     if min(self.multi_hot_sizes) < 1:
-      raise SyntheticConfigError(f"multi_hot_sizes must be >= 1, got {self.multi_hot_sizes}.")
+      raise SyntheticConfigError(
+        f"multi_hot_sizes must be >= 1, got {self.multi_hot_sizes}."
+      )
     self.weighted = _per_feature(weighted, n, "weighted", bool)
     self.zipf_exponent = float(zipf_exponent)
     self.num_examples = num_examples
@@ -149,8 +166,13 @@ class SyntheticCTR(DataSource):
     self.oracle_examples = int(oracle_examples)
     self.names = [f"{name_prefix}{i + 1}" for i in range(n)]
     self.feature_specs = [
-        FeatureSpec(name=name, vocabulary_size=v, multi_hot=m > 1, max_ids=m, weighted=w)
-        for name, v, m, w in zip(self.names, vocab_sizes, self.multi_hot_sizes, self.weighted)]
+      FeatureSpec(
+        name=name, vocabulary_size=v, multi_hot=m > 1, max_ids=m, weighted=w
+      )
+      for name, v, m, w in zip(
+        self.names, vocab_sizes, self.multi_hot_sizes, self.weighted
+      )
+    ]
 
     key = functools.partial(_random.make_key, self.seed)
     k = self.factor_dim
@@ -158,7 +180,7 @@ class SyntheticCTR(DataSource):
     # then per categorical feature its m id slots, m weight slots (weighted
     # features), 1 bag-length slot (multi-hot features), then the label.
     self._id_cols, self._w_cols, self._len_cols = [], [], []
-    names: List[Tuple] = [("dense", d) for d in range(num_dense)]
+    names: list[tuple] = [("dense", d) for d in range(num_dense)]
     for f, m in enumerate(self.multi_hot_sizes):
       self._id_cols.append(list(range(len(names), len(names) + m)))
       names += [("id", f, t) for t in range(m)]
@@ -172,36 +194,49 @@ class SyntheticCTR(DataSource):
     self._label_col = len(names)
     names.append(("label",))
     self._column_names = names
-    self._stream_keys: Dict[str, np.ndarray] = {}
+    self._stream_keys: dict[str, np.ndarray] = {}
     # Id permutation (rank -> id) so that popular ids are spread over the table.
-    self._id_mult = [_random.coprime_multiplier(v, key("mult", f))
-                     for f, v in enumerate(vocab_sizes)]
+    self._id_mult = [
+      _random.coprime_multiplier(v, key("mult", f))
+      for f, v in enumerate(vocab_sizes)
+    ]
     self._id_offset = [key("offset", f) % v for f, v in enumerate(vocab_sizes)]
     # Hidden per-id factors, hashed from (feature, id): no memory for any
     # vocabulary. Row f holds feature f's keys [u, v_1 .. v_k]. Small
     # vocabularies get the same values precomputed as a table (a gather is
     # cheaper than hashing).
-    self._factor_keys = np.array([[key("u", f)] + [key("v", f, j) for j in range(k)]
-                                  for f in range(n)], np.uint32)
+    self._factor_keys = np.array(
+      [[key("u", f)] + [key("v", f, j) for j in range(k)] for f in range(n)],
+      np.uint32,
+    )
     self._table_offsets = np.cumsum([0] + vocab_sizes[:-1]).astype(np.int64)
     self._factor_table = None
     if sum(vocab_sizes) * (k + 1) <= max_factor_table_size:
       with tf.init_scope():
-        self._factor_table = tf.concat([
-            _random.symmetric(self._factor_keys[f][None, :],
-                              tf.range(v, dtype=tf.int64)[:, None])
-            for f, v in enumerate(vocab_sizes)], axis=0).numpy()       # [sum V, 1 + k]
+        self._factor_table = tf.concat(
+          [
+            _random.symmetric(
+              self._factor_keys[f][None, :],
+              tf.range(v, dtype=tf.int64)[:, None],
+            )
+            for f, v in enumerate(vocab_sizes)
+          ],
+          axis=0,
+        ).numpy()  # [sum V, 1 + k]
     # Which column of the concatenated bags belongs to which feature.
     self._column_feature = np.repeat(np.arange(n), self.multi_hot_sizes)
-    self._group = np.eye(n, dtype=np.float32)[self._column_feature]        # [M, F]
+    self._group = np.eye(n, dtype=np.float32)[self._column_feature]  # [M, F]
     # Small planted parameters.
     rng = np.random.default_rng([self.seed, 7])
     self._dense_mu = rng.uniform(0.0, 3.0, num_dense).astype(np.float32)
     self._dense_sigma = rng.uniform(0.5, 1.5, num_dense).astype(np.float32)
     self._dense_w = rng.standard_normal(num_dense).astype(np.float32)
     self._dense_proj = rng.standard_normal((num_dense, k)).astype(np.float32)
-    self._weights = (float(dense_weight) if num_dense else 0.0,
-                     float(first_order_weight), float(interaction_weight))
+    self._weights = (
+      float(dense_weight) if num_dense else 0.0,
+      float(first_order_weight),
+      float(interaction_weight),
+    )
     self._calibrate(float(logit_std))
 
   # ----------------------------------------------------------------- features
@@ -215,30 +250,49 @@ class SyntheticCTR(DataSource):
     """The uint32 key of every column of `stream`, `[1, C]`."""
     if stream not in self._stream_keys:
       self._stream_keys[stream] = np.array(
-          [[_random.make_key(self.seed, stream, *name) for name in self._column_names]],
-          np.uint32)
+        [
+          [
+            _random.make_key(self.seed, stream, *name)
+            for name in self._column_names
+          ]
+        ],
+        np.uint32,
+      )
     return self._stream_keys[stream]
 
   def _generate(self, index: tf.Tensor, stream: str):
     """`(padded batch, label uniforms [N])` of examples `index` (int64 `[N]`)."""
-    u = _random.uniform(self._keys(stream), index[:, None])              # [N, C]
+    u = _random.uniform(self._keys(stream), index[:, None])  # [N, C]
     d = self.num_dense
     dense = None
     if d:
       # Log-logistic counts (a heavy right tail, like Criteo's): z is a
       # standard logistic variable scaled to unit variance.
       z = _random.logistic(u[:, :d])
-      dense = tf.math.log1p(tf.floor(tf.exp(self._dense_mu + self._dense_sigma * z)))
+      dense = tf.math.log1p(
+        tf.floor(tf.exp(self._dense_mu + self._dense_sigma * z))
+      )
     sizes = self.multi_hot_sizes
     vocab = np.repeat(self.vocab_sizes, sizes)
-    rank = _random.zipf_rank(tf.gather(u, [c for cols in self._id_cols for c in cols], axis=1),
-                             vocab, self.zipf_exponent)
-    ids = (rank * np.repeat(self._id_mult, sizes) + np.repeat(self._id_offset, sizes)) % vocab
+    rank = _random.zipf_rank(
+      tf.gather(u, [c for cols in self._id_cols for c in cols], axis=1),
+      vocab,
+      self.zipf_exponent,
+    )
+    ids = (
+      rank * np.repeat(self._id_mult, sizes) + np.repeat(self._id_offset, sizes)
+    ) % vocab
     weights, lengths = [], []
     for f, m in enumerate(sizes):
-      w = (0.5 + tf.gather(u, self._w_cols[f], axis=1)) if self.weighted[f] else None
+      w = (
+        (0.5 + tf.gather(u, self._w_cols[f], axis=1))
+        if self.weighted[f]
+        else None
+      )
       if m > 1:
-        length = tf.minimum(tf.cast(u[:, self._len_cols[f]] * m, tf.int64) + 1, m)
+        length = tf.minimum(
+          tf.cast(u[:, self._len_cols[f]] * m, tf.int64) + 1, m
+        )
         mask = tf.sequence_mask(length, m, dtype=tf.float32)
         w = mask if w is None else w * mask
         lengths.append(length)
@@ -246,20 +300,27 @@ class SyntheticCTR(DataSource):
         lengths.append(None)
         w = tf.ones_like(u[:, :1]) if w is None else w
       weights.append(w)
-    padded = {"dense": dense, "ids": ids, "weights": tf.concat(weights, axis=1),
-              "lengths": lengths}
+    padded = {
+      "dense": dense,
+      "ids": ids,
+      "weights": tf.concat(weights, axis=1),
+      "lengths": lengths,
+    }
     return padded, u[:, self._label_col]
 
-  def _public(self, padded) -> Dict[str, object]:
+  def _public(self, padded) -> dict[str, object]:
     """The contract's features dict from a padded batch."""
-    features: Dict[str, object] = {}
+    features: dict[str, object] = {}
     if self.num_dense:
       features["dense"] = padded["dense"]
     categorical, weights = {}, {}
     start = 0
     for f, name in enumerate(self.names):
       m = self.multi_hot_sizes[f]
-      ids, w = padded["ids"][:, start:start + m], padded["weights"][:, start:start + m]
+      ids, w = (
+        padded["ids"][:, start : start + m],
+        padded["weights"][:, start : start + m],
+      )
       start += m
       if m == 1:
         categorical[name] = ids[:, 0]
@@ -269,15 +330,18 @@ class SyntheticCTR(DataSource):
       lengths = padded["lengths"][f]
       mask = tf.sequence_mask(lengths, m)
       categorical[name] = tf.RaggedTensor.from_row_lengths(
-          tf.boolean_mask(ids, mask), lengths, validate=False)
+        tf.boolean_mask(ids, mask), lengths, validate=False
+      )
       if self.weighted[f]:
-        weights[name] = categorical[name].with_flat_values(tf.boolean_mask(w, mask))
+        weights[name] = categorical[name].with_flat_values(
+          tf.boolean_mask(w, mask)
+        )
     features["categorical"] = categorical
     if weights:
       features["weights"] = weights
     return features
 
-  def _padded(self, features) -> Dict[str, object]:
+  def _padded(self, features) -> dict[str, object]:
     """A padded batch from the contract's features dict (any batch of this source)."""
     given = features.get("weights", {})
     ids, weights = [], []
@@ -286,38 +350,56 @@ class SyntheticCTR(DataSource):
       value = features["categorical"][name]
       if isinstance(value, tf.RaggedTensor):
         ids.append(tf.cast(value.to_tensor(shape=[None, m]), tf.int64))
-        w = (given[name] if name in given
-             else value.with_flat_values(tf.ones_like(value.flat_values, tf.float32)))
+        w = (
+          given[name]
+          if name in given
+          else value.with_flat_values(
+            tf.ones_like(value.flat_values, tf.float32)
+          )
+        )
         weights.append(tf.cast(w.to_tensor(shape=[None, m]), tf.float32))
       else:
         value = tf.reshape(tf.cast(value, tf.int64), [-1, 1])
         ids.append(value)
-        weights.append(tf.ones_like(value, tf.float32))   # one id: its weight cancels
-    return {"dense": features.get("dense"), "ids": tf.concat(ids, axis=1),
-            "weights": tf.concat(weights, axis=1)}
+        weights.append(
+          tf.ones_like(value, tf.float32)
+        )  # one id: its weight cancels
+    return {
+      "dense": features.get("dense"),
+      "ids": tf.concat(ids, axis=1),
+      "weights": tf.concat(weights, axis=1),
+    }
 
   # ------------------------------------------------------------ planted model
 
-  def _parts(self, padded) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+  def _parts(self, padded) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """The three unnormalised logit parts of a padded batch, each float32 `[N]`."""
-    ids, w = padded["ids"], padded["weights"]                             # [N, M]
+    ids, w = padded["ids"], padded["weights"]  # [N, M]
     if self._factor_table is not None:
-      factors = tf.gather(tf.constant(self._factor_table), ids + self._table_offsets[
-          self._column_feature])                                          # [N, M, 1 + k]
+      factors = tf.gather(
+        tf.constant(self._factor_table),
+        ids + self._table_offsets[self._column_feature],
+      )  # [N, M, 1 + k]
     else:
-      factors = _random.symmetric(self._factor_keys[self._column_feature][None],
-                                  ids[:, :, None])
-    group = tf.constant(self._group)                                      # [M, F]
+      factors = _random.symmetric(
+        self._factor_keys[self._column_feature][None], ids[:, :, None]
+      )
+    group = tf.constant(self._group)  # [M, F]
     num_features, width = len(self.names), self.factor_dim + 1
-    weighted = tf.reshape(tf.transpose(factors * w[:, :, None], [0, 2, 1]),
-                          [-1, tf.shape(ids)[1]])                         # [N * (1+k), M]
+    weighted = tf.reshape(
+      tf.transpose(factors * w[:, :, None], [0, 2, 1]), [-1, tf.shape(ids)[1]]
+    )  # [N * (1+k), M]
     sums = tf.reshape(tf.matmul(weighted, group), [-1, width, num_features])
-    totals = tf.matmul(w, group)                                          # [N, F]
-    means = sums / tf.where(totals > 0, totals, tf.ones_like(totals))[:, None, :]
+    totals = tf.matmul(w, group)  # [N, F]
+    means = (
+      sums / tf.where(totals > 0, totals, tf.ones_like(totals))[:, None, :]
+    )
     first = tf.reduce_sum(means[:, 0, :], axis=1)
-    embeddings = tf.transpose(means[:, 1:, :], [0, 2, 1])                 # [N, F, k]
+    embeddings = tf.transpose(means[:, 1:, :], [0, 2, 1])  # [N, F, k]
     if self.num_dense:
-      x = (tf.cast(padded["dense"], tf.float32) - self._dense_mean) / self._dense_std
+      x = (
+        tf.cast(padded["dense"], tf.float32) - self._dense_mean
+      ) / self._dense_std
       dense_part = tf.linalg.matvec(x, self._dense_w)
       dense_emb = tf.matmul(x, self._dense_proj) / math.sqrt(self.num_dense)
       embeddings = tf.concat([embeddings, dense_emb[:, None, :]], axis=1)
@@ -325,7 +407,11 @@ class SyntheticCTR(DataSource):
       dense_part = tf.zeros_like(first)
     total = tf.reduce_sum(embeddings, axis=1)
     squares = tf.reduce_sum(embeddings * embeddings, axis=[1, 2])
-    pairs = 0.5 * (tf.reduce_sum(total * total, axis=1) - squares) / math.sqrt(self.factor_dim)
+    pairs = (
+      0.5
+      * (tf.reduce_sum(total * total, axis=1) - squares)
+      / math.sqrt(self.factor_dim)
+    )
     return dense_part, first, pairs
 
   def _calibrate(self, logit_std: float) -> None:
@@ -339,17 +425,20 @@ class SyntheticCTR(DataSource):
         self._dense_std = np.maximum(dense.std(axis=0), 1e-3).astype(np.float32)
       parts = [p.numpy().astype(np.float64) for p in self._parts(padded)]
     stds = [p.std() for p in parts]
-    self._part_scale = [w / s if s > 1e-9 else 0.0 for w, s in zip(self._weights, stds)]
+    self._part_scale = [
+      w / s if s > 1e-9 else 0.0 for w, s in zip(self._weights, stds)
+    ]
     combined = sum(c * p for c, p in zip(self._part_scale, parts))
     spread = combined.std()
     if spread < 1e-9:
       raise SyntheticConfigError(
-          "the planted logit is constant: give a non-zero dense_weight, "
-          "first_order_weight or interaction_weight.")
+        "the planted logit is constant: give a non-zero dense_weight, "
+        "first_order_weight or interaction_weight."
+      )
     self._scale = logit_std / spread
     z = self._scale * (combined - combined.mean())
     lo, hi = -30.0, 30.0
-    for _ in range(100):   # mean sigmoid(bias + z) == ctr
+    for _ in range(100):  # mean sigmoid(bias + z) == ctr
       mid = 0.5 * (lo + hi)
       if np.mean(1.0 / (1.0 + np.exp(-(mid + z)))) < self.ctr:
         lo = mid
@@ -359,7 +448,9 @@ class SyntheticCTR(DataSource):
 
   def _logits(self, padded) -> tf.Tensor:
     parts = self._parts(padded)
-    combined = tf.add_n([np.float32(c) * p for c, p in zip(self._part_scale, parts)])
+    combined = tf.add_n(
+      [np.float32(c) * p for c, p in zip(self._part_scale, parts)]
+    )
     return np.float32(self._bias) + np.float32(self._scale) * combined
 
   def planted_logits(self, features) -> tf.Tensor:
@@ -379,7 +470,9 @@ class SyntheticCTR(DataSource):
 
   def examples(self, index: tf.Tensor, training: bool = True) -> Batch:
     """`(features, labels)` of the examples with the given indices (int64 `[N]`)."""
-    return self._batch(tf.convert_to_tensor(index, tf.int64), "train" if training else "eval")
+    return self._batch(
+      tf.convert_to_tensor(index, tf.int64), "train" if training else "eval"
+    )
 
   def _batches(self, request: BatchRequest) -> tf.data.Dataset:
     """Batches of `(features, labels)`, for `DataSource.dataset`.
@@ -394,25 +487,33 @@ class SyntheticCTR(DataSource):
     """
     stream = "train" if request.training else "eval"
     total = self.num_examples if request.training else self.num_eval_examples
-    return indexed_batches(request, total, lambda index: self._batch(index, stream),
-                           SyntheticConfigError)
+    return indexed_batches(
+      request,
+      total,
+      lambda index: self._batch(index, stream),
+      SyntheticConfigError,
+    )
 
   # ----------------------------------------------------------------- optimum
 
   @functools.cached_property
-  def _oracle(self) -> Dict[str, float]:
+  def _oracle(self) -> dict[str, float]:
     with tf.init_scope():
       probs = []
       for start in range(0, self.oracle_examples, _CHUNK):
-        index = tf.range(start, min(start + _CHUNK, self.oracle_examples), dtype=tf.int64)
-        probs.append(tf.sigmoid(self._logits(self._generate(index, "oracle")[0])).numpy())
+        index = tf.range(
+          start, min(start + _CHUNK, self.oracle_examples), dtype=tf.int64
+        )
+        probs.append(
+          tf.sigmoid(self._logits(self._generate(index, "oracle")[0])).numpy()
+        )
     p = np.concatenate(probs).astype(np.float64)
     mean = float(p.mean())
     return {
-        "auc": oracle.expected_auc(p, p),
-        "logloss": oracle.expected_logloss(p, p),
-        "constant_logloss": oracle.expected_logloss(np.full_like(p, mean), p),
-        "ctr": mean,
+      "auc": oracle.expected_auc(p, p),
+      "logloss": oracle.expected_logloss(p, p),
+      "constant_logloss": oracle.expected_logloss(np.full_like(p, mean), p),
+      "ctr": mean,
     }
 
   @property
@@ -430,6 +531,6 @@ class SyntheticCTR(DataSource):
     """The log-loss of predicting the mean click rate for every example."""
     return self._oracle["constant_logloss"]
 
-  def optimum(self) -> Dict[str, float]:
+  def optimum(self) -> dict[str, float]:
     """`{"auc", "logloss", "constant_logloss", "ctr"}` of the Bayes predictor."""
     return dict(self._oracle)

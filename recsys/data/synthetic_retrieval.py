@@ -22,15 +22,19 @@ Examples are pure functions of `(seed, split, index)` as in
 """
 
 import functools
-from typing import Dict, List, Optional
 
 import gin
 import numpy as np
 import tensorflow as tf
 
 from recsys.data import _random
-from recsys.data.pipeline import (Batch, BatchRequest, DataSource, candidate_batches,
-                                  indexed_batches)
+from recsys.data.pipeline import (
+  Batch,
+  BatchRequest,
+  DataSource,
+  candidate_batches,
+  indexed_batches,
+)
 from recsys.data.spec import FeatureSpec
 
 _MAX_TABLE = 1 << 24
@@ -40,9 +44,11 @@ class SyntheticRetrievalConfigError(ValueError):
   """Inconsistent synthetic retrieval settings."""
 
 
-def _zipf_probs(n: int, exponent: float, rng: np.random.Generator) -> np.ndarray:
+def _zipf_probs(
+  n: int, exponent: float, rng: np.random.Generator
+) -> np.ndarray:
   """Zipf probabilities over n entries, assigned to entries in random order."""
-  p = (np.arange(1, n + 1, dtype=np.float64))**(-exponent)
+  p = (np.arange(1, n + 1, dtype=np.float64)) ** (-exponent)
   p /= p.sum()
   return p[rng.permutation(n)]
 
@@ -66,23 +72,25 @@ class SyntheticRetrieval(DataSource):
     num_dense: 0.
   """
 
-  query_features: List[str] = ["user_id", "user_age"]
-  candidate_features: List[str] = ["item_id", "item_genres"]
+  query_features: list[str] = ["user_id", "user_age"]
+  candidate_features: list[str] = ["item_id", "item_genres"]
   candidate_id_feature: str = "item_id"
 
-  def __init__(self,
-               num_users: int = 2000,
-               num_items: int = 1000,
-               factor_dim: int = 8,
-               affinity_scale: float = 2.0,
-               popularity_exponent: float = 0.8,
-               user_activity_exponent: float = 0.5,
-               num_age_buckets: int = 7,
-               num_genres: int = 18,
-               max_genres: int = 3,
-               num_examples: Optional[int] = None,
-               num_eval_examples: int = 1 << 14,
-               seed: int = 0):
+  def __init__(
+    self,
+    num_users: int = 2000,
+    num_items: int = 1000,
+    factor_dim: int = 8,
+    affinity_scale: float = 2.0,
+    popularity_exponent: float = 0.8,
+    user_activity_exponent: float = 0.5,
+    num_age_buckets: int = 7,
+    num_genres: int = 18,
+    max_genres: int = 3,
+    num_examples: int | None = None,
+    num_eval_examples: int = 1 << 14,
+    seed: int = 0,
+  ):
     """Plants users, items and their affinities.
 
     Args:
@@ -105,25 +113,32 @@ class SyntheticRetrieval(DataSource):
     """
     if num_users < 1 or num_items < 2:
       raise SyntheticRetrievalConfigError(
-          f"need num_users >= 1 and num_items >= 2, got {num_users} and {num_items}.")
+        f"need num_users >= 1 and num_items >= 2, got {num_users} and {num_items}."
+      )
     if num_users * num_items > _MAX_TABLE:
       raise SyntheticRetrievalConfigError(
-          f"num_users * num_items = {num_users * num_items} exceeds {_MAX_TABLE}: the "
-          "generator keeps the exact [users, items] softmax; use fewer users or items.")
+        f"num_users * num_items = {num_users * num_items} exceeds {_MAX_TABLE}: the "
+        "generator keeps the exact [users, items] softmax; use fewer users or items."
+      )
     if not 1 <= max_genres <= num_genres:
       raise SyntheticRetrievalConfigError(
-          f"max_genres must be in [1, num_genres={num_genres}], got {max_genres}.")
+        f"max_genres must be in [1, num_genres={num_genres}], got {max_genres}."
+      )
     self.num_users, self.num_items = int(num_users), int(num_items)
     self.num_examples = num_examples
     self.num_eval_examples = int(num_eval_examples)
     self.seed = int(seed)
     self.num_dense = 0
     self.feature_specs = [
-        FeatureSpec("user_id", self.num_users),
-        FeatureSpec("user_age", int(num_age_buckets)),
-        FeatureSpec("item_id", self.num_items),
-        FeatureSpec("item_genres", int(num_genres), multi_hot=max_genres > 1,
-                    max_ids=int(max_genres)),
+      FeatureSpec("user_id", self.num_users),
+      FeatureSpec("user_age", int(num_age_buckets)),
+      FeatureSpec("item_id", self.num_items),
+      FeatureSpec(
+        "item_genres",
+        int(num_genres),
+        multi_hot=max_genres > 1,
+        max_ids=int(max_genres),
+      ),
     ]
 
     rng = np.random.default_rng([self.seed, 11])
@@ -131,23 +146,27 @@ class SyntheticRetrieval(DataSource):
     users = rng.standard_normal((num_users, k)) / np.sqrt(k)
     items = rng.standard_normal((num_items, k))
     popularity = np.log(_zipf_probs(num_items, popularity_exponent, rng))
-    logits = affinity_scale * users @ items.T + popularity[None, :]      # [U, I]
+    logits = affinity_scale * users @ items.T + popularity[None, :]  # [U, I]
     logits -= logits.max(axis=1, keepdims=True)
     probs = np.exp(logits)
     probs /= probs.sum(axis=1, keepdims=True)
-    self._probs = probs                                                  # p(i | u)
+    self._probs = probs  # p(i | u)
     self._user_probs = _zipf_probs(num_users, user_activity_exponent, rng)
-    self._item_marginal = self._user_probs @ probs                       # q(i)
+    self._item_marginal = self._user_probs @ probs  # q(i)
     self._affinity = logits
 
     # Side features that carry part of the signal.
     projection = users @ rng.standard_normal(k)
-    edges = np.quantile(projection, np.linspace(0, 1, num_age_buckets + 1)[1:-1])
+    edges = np.quantile(
+      projection, np.linspace(0, 1, num_age_buckets + 1)[1:-1]
+    )
     self._user_age = np.searchsorted(edges, projection).astype(np.int64)
     genre_dirs = rng.standard_normal((num_genres, k))
-    order = np.argsort(-(items @ genre_dirs.T), axis=1)                  # [I, G]
+    order = np.argsort(-(items @ genre_dirs.T), axis=1)  # [I, G]
     lengths = rng.integers(1, max_genres + 1, size=num_items)
-    self._genres = [order[i, :lengths[i]].astype(np.int64) for i in range(num_items)]
+    self._genres = [
+      order[i, : lengths[i]].astype(np.int64) for i in range(num_items)
+    ]
 
     cdf = np.cumsum(probs, axis=1)
     cdf /= cdf[:, -1:]
@@ -159,10 +178,12 @@ class SyntheticRetrieval(DataSource):
 
   def _genre_table(self) -> tf.RaggedTensor:
     return tf.RaggedTensor.from_row_lengths(
-        np.concatenate(self._genres), [len(g) for g in self._genres],
-        validate=False).with_row_splits_dtype(tf.int64)
+      np.concatenate(self._genres),
+      [len(g) for g in self._genres],
+      validate=False,
+    ).with_row_splits_dtype(tf.int64)
 
-  def _item_features(self, item: tf.Tensor) -> Dict[str, tf.Tensor]:
+  def _item_features(self, item: tf.Tensor) -> dict[str, tf.Tensor]:
     genres = tf.gather(self._genre_table(), item)
     if not self.feature_specs[3].multi_hot:
       genres = genres.flat_values
@@ -184,21 +205,26 @@ class SyntheticRetrieval(DataSource):
   def _batch(self, index: tf.Tensor, stream: str) -> Batch:
     key = functools.partial(_random.make_key, self.seed, stream)
     u_user = _random.uniform([key("user")], index)
-    user = tf.searchsorted(tf.constant(self._user_cdf), u_user, side="right", out_type=tf.int64)
+    user = tf.searchsorted(
+      tf.constant(self._user_cdf), u_user, side="right", out_type=tf.int64
+    )
     user = tf.minimum(user, self.num_users - 1)
     item = self._sample_items(user, _random.uniform([key("item")], index))
     categorical = {"user_id": user, "user_age": tf.gather(self._user_age, user)}
     categorical.update(self._item_features(item))
     features = {
-        "categorical": categorical,
-        "candidate_sampling_probability": tf.gather(
-            tf.constant(self._item_marginal, tf.float32), item),
+      "categorical": categorical,
+      "candidate_sampling_probability": tf.gather(
+        tf.constant(self._item_marginal, tf.float32), item
+      ),
     }
     return features, tf.ones(tf.shape(index), tf.float32)
 
   def examples(self, index: tf.Tensor, training: bool = True) -> Batch:
     """`(features, labels)` of the interactions with the given indices (int64 `[N]`)."""
-    return self._batch(tf.convert_to_tensor(index, tf.int64), "train" if training else "eval")
+    return self._batch(
+      tf.convert_to_tensor(index, tf.int64), "train" if training else "eval"
+    )
 
   def _batches(self, request: BatchRequest) -> tf.data.Dataset:
     """Batches of interactions, for `DataSource.dataset` (sharded like SyntheticCTR).
@@ -209,12 +235,18 @@ class SyntheticRetrieval(DataSource):
     """
     stream = "train" if request.training else "eval"
     total = self.num_examples if request.training else self.num_eval_examples
-    return indexed_batches(request, total, lambda index: self._batch(index, stream),
-                           SyntheticRetrievalConfigError)
+    return indexed_batches(
+      request,
+      total,
+      lambda index: self._batch(index, stream),
+      SyntheticRetrievalConfigError,
+    )
 
   def candidates(self, batch_size: int) -> tf.data.Dataset:
     """Every item once, as `{"categorical": {item_id, item_genres}}` batches."""
-    return candidate_batches(range(self.num_items), self._item_features, batch_size)
+    return candidate_batches(
+      range(self.num_items), self._item_features, batch_size
+    )
 
   # ---------------------------------------------------------------- optimum
 

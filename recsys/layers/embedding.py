@@ -40,7 +40,8 @@ Example:
 
 import inspect
 import logging
-from typing import Any, Dict, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
@@ -55,8 +56,12 @@ log = logging.getLogger("recsys.layers")
 embedding = tf.tpu.experimental.embedding
 
 # String names TFRS's layer accepts for an optimizer, with TF's defaults.
-_OPTIMIZER_NAMES = {"sgd": embedding.SGD, "adagrad": embedding.Adagrad,
-                    "adam": embedding.Adam, "ftrl": embedding.FTRL}
+_OPTIMIZER_NAMES = {
+  "sgd": embedding.SGD,
+  "adagrad": embedding.Adagrad,
+  "adam": embedding.Adam,
+  "ftrl": embedding.FTRL,
+}
 
 
 def embedding_optimizer(optimizer: Any) -> Any:
@@ -76,21 +81,26 @@ def embedding_optimizer(optimizer: Any) -> Any:
     return optimizer
   if isinstance(optimizer, str):
     if optimizer.lower() not in _OPTIMIZER_NAMES:
-      raise ValueError(f"unknown embedding optimizer name {optimizer!r}; use "
-                       f"one of {sorted(_OPTIMIZER_NAMES)} or an instance of "
-                       "a tf.tpu.experimental.embedding optimizer.")
+      raise ValueError(
+        f"unknown embedding optimizer name {optimizer!r}; use "
+        f"one of {sorted(_OPTIMIZER_NAMES)} or an instance of "
+        "a tf.tpu.experimental.embedding optimizer."
+      )
     return _OPTIMIZER_NAMES[optimizer.lower()]()
-  if isinstance(optimizer, (keras.optimizers.Optimizer,
-                            keras.optimizers.legacy.Optimizer)):
+  if isinstance(
+    optimizer, (keras.optimizers.Optimizer, keras.optimizers.legacy.Optimizer)
+  ):
     raise ValueError(
-        f"optimizer is a Keras {type(optimizer).__name__}; the embedding "
-        "tables are trained with TPU optimizer math: pass e.g. "
-        "tf.tpu.experimental.embedding.Adagrad(learning_rate=0.1) (the Keras "
-        "optimizer of compile() trains the other variables).")
+      f"optimizer is a Keras {type(optimizer).__name__}; the embedding "
+      "tables are trained with TPU optimizer math: pass e.g. "
+      "tf.tpu.experimental.embedding.Adagrad(learning_rate=0.1) (the Keras "
+      "optimizer of compile() trains the other variables)."
+    )
   raise ValueError(
-      f"optimizer is a {type(optimizer).__name__}; expected a "
-      "tf.tpu.experimental.embedding optimizer (SGD, Adagrad, "
-      "AdagradMomentum, Adam, FTRL), one of their names, or None.")
+    f"optimizer is a {type(optimizer).__name__}; expected a "
+    "tf.tpu.experimental.embedding optimizer (SGD, Adagrad, "
+    "AdagradMomentum, Adam, FTRL), one of their names, or None."
+  )
 
 
 class Embedding(keras.layers.Layer):
@@ -128,45 +138,59 @@ class Embedding(keras.layers.Layer):
     sequence features).
   """
 
-  def __init__(self,
-               feature_config: Any,
-               optimizer: Any = None,
-               pipeline_execution_with_tensor_core: bool = False,
-               batch_size: Optional[int] = None,
-               embedding_feature: Optional[Any] = None,
-               sparse_core_embedding_config: Optional[Any] = None,
-               *,
-               backend: str = "auto",
-               backend_options: Optional[Mapping[str, Any]] = None,
-               strategy: Optional[tf.distribute.Strategy] = None,
-               **kwargs: Any):
+  def __init__(
+    self,
+    feature_config: Any,
+    optimizer: Any = None,
+    pipeline_execution_with_tensor_core: bool = False,
+    batch_size: int | None = None,
+    embedding_feature: Any | None = None,
+    sparse_core_embedding_config: Any | None = None,
+    *,
+    backend: str = "auto",
+    backend_options: Mapping[str, Any] | None = None,
+    strategy: tf.distribute.Strategy | None = None,
+    **kwargs: Any,
+  ):
     super().__init__(**kwargs)
     if embedding_feature is not None:
-      unsupported = tf.tpu.experimental.HardwareFeature.EmbeddingFeature.UNSUPPORTED
+      unsupported = (
+        tf.tpu.experimental.HardwareFeature.EmbeddingFeature.UNSUPPORTED
+      )
       if embedding_feature != unsupported:
         raise ValueError(
-            f"embedding_feature={embedding_feature!r}: only UNSUPPORTED (run "
-            "the tables on the TensorCore) can be forced; the accelerator "
-            "version is read from the TPU. Or pass backend=<name>.")
+          f"embedding_feature={embedding_feature!r}: only UNSUPPORTED (run "
+          "the tables on the TensorCore) can be forced; the accelerator "
+          "version is read from the TPU. Or pass backend=<name>."
+        )
       if backend not in ("auto", "tensorcore"):
-        raise ValueError(f"embedding_feature=UNSUPPORTED means backend "
-                         f"'tensorcore', but backend={backend!r} was given.")
+        raise ValueError(
+          f"embedding_feature=UNSUPPORTED means backend "
+          f"'tensorcore', but backend={backend!r} was given."
+        )
       backend = "tensorcore"
     name, _ = backends.registry.resolve(backend, strategy)
     cls = backends.get(name)
     accepted = inspect.signature(cls.__init__).parameters
-    options: Dict[str, Any] = {}
-    for key, value in (("pipeline_execution_with_tensor_core",
-                        pipeline_execution_with_tensor_core),
-                       ("per_replica_batch_size", batch_size),
-                       ("sparse_core_embedding_config",
-                        sparse_core_embedding_config)):
+    options: dict[str, Any] = {}
+    for key, value in (
+      (
+        "pipeline_execution_with_tensor_core",
+        pipeline_execution_with_tensor_core,
+      ),
+      ("per_replica_batch_size", batch_size),
+      ("sparse_core_embedding_config", sparse_core_embedding_config),
+    ):
       if key in accepted and value not in (None, False):
         options[key] = value
     options.update(backend_options or {})
     # strategy None: the backend takes the strategy in scope.
-    self.embedding = cls(feature_config, embedding_optimizer(optimizer),
-                         strategy=strategy, **options)
+    self.embedding = cls(
+      feature_config,
+      embedding_optimizer(optimizer),
+      strategy=strategy,
+      **options,
+    )
     self.backend_name = name
     self.batch_size = batch_size
     self._trains = self.embedding.capabilities.trains
@@ -177,7 +201,7 @@ class Embedding(keras.layers.Layer):
     return self.embedding.feature_config
 
   @property
-  def embedding_tables(self) -> Dict[Any, tf.Variable]:
+  def embedding_tables(self) -> dict[Any, tf.Variable]:
     """The table variables, keyed by `TableConfig`."""
     return self.embedding.embedding_tables
 
@@ -187,18 +211,30 @@ class Embedding(keras.layers.Layer):
     if self._trains:
       # One trainable float: the gradient trap's anchor (value unused).
       self._trap_variable = self.add_weight(
-          name="embedding_gradient_trap", shape=(1,), dtype=tf.float32,
-          initializer="zeros", trainable=True)
+        name="embedding_gradient_trap",
+        shape=(1,),
+        dtype=tf.float32,
+        initializer="zeros",
+        trainable=True,
+      )
     super().build(input_shape)
 
-  def call(self, features: Any, weights: Optional[Any] = None,
-           training: Optional[bool] = None) -> Any:
+  def call(
+    self,
+    features: Any,
+    weights: Any | None = None,
+    training: bool | None = None,
+  ) -> Any:
     # A training lookup only where a tape can take its gradients (fit's
     # train_step) and will (the layer is trainable, so Keras differentiates
     # the trap's anchor): `model(x, training=True)` outside a tape, or a
     # frozen layer, must not leave a lookup whose gradients never come.
-    if not (training and self._trains and self.trainable and
-            record.could_possibly_record()):
+    if not (
+      training
+      and self._trains
+      and self.trainable
+      and record.could_possibly_record()
+    ):
       return self.embedding.lookup(features, weights, training=False)
     activations = self.embedding.lookup(features, weights, training=True)
     flat = nest.flatten(activations)
@@ -206,13 +242,15 @@ class Embedding(keras.layers.Layer):
 
     def apply(flat_gradients):
       self.embedding.apply_gradients(
-          nest.pack_sequence_as(structure, flat_gradients))
+        nest.pack_sequence_as(structure, flat_gradients)
+      )
 
     return nest.pack_sequence_as(
-        structure, gradient_trap.trap(flat, self._trap_variable, apply))
+      structure, gradient_trap.trap(flat, self._trap_variable, apply)
+    )
 
-  def get_config(self) -> Dict[str, Any]:
+  def get_config(self) -> dict[str, Any]:
     raise NotImplementedError(
-        "Embedding holds TableConfig objects and cannot be rebuilt from a "
-        "config: save weights or checkpoints, or a SavedModel for serving.")
-
+      "Embedding holds TableConfig objects and cannot be rebuilt from a "
+      "config: save weights or checkpoints, or a SavedModel for serving."
+    )

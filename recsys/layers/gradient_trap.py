@@ -19,13 +19,17 @@ This module is the only place that knows this trick; everything else calls
 the backend's `lookup` and `apply_gradients` explicitly.
 """
 
-from typing import Any, Callable, List
+from collections.abc import Callable
+from typing import Any
 
 from recsys._keras import tf
 
 
-def trap(activations: List[tf.Tensor], trap_variable: tf.Variable,
-         apply_gradients: Callable[[List[Any]], None]) -> List[tf.Tensor]:
+def trap(
+  activations: list[tf.Tensor],
+  trap_variable: tf.Variable,
+  apply_gradients: Callable[[list[Any]], None],
+) -> list[tf.Tensor]:
   """Activations that call `apply_gradients` when a tape differentiates them.
 
   Args:

@@ -18,25 +18,33 @@ embedding layer: `KerasRecommender.build(DLRM, feature_config, Adagrad(0.05))`.
 from recsys.models.base import RankingModel, RetrievalModel
 from recsys.models.dcn import DCNv2
 from recsys.models.dlrm import DLRM
+from recsys.models.errors import (
+  EmbeddingDimError,
+  FeatureMismatchError,
+  ModelConfigError,
+)
 from recsys.models.keras_model import KerasRecommender
-from recsys.models.errors import EmbeddingDimError, FeatureMismatchError, ModelConfigError
-from recsys.models.retrieval_index import CorpusIndex, make_serving_index, scann_available
+from recsys.models.retrieval_index import (
+  CorpusIndex,
+  make_serving_index,
+  scann_available,
+)
 from recsys.models.retrieval_metrics import hit_rates, popularity_hit_rates
 from recsys.models.two_tower import TwoTower
 
 __all__ = [
-    "CorpusIndex",
-    "DCNv2",
-    "DLRM",
-    "EmbeddingDimError",
-    "FeatureMismatchError",
-    "KerasRecommender",
-    "ModelConfigError",
-    "RankingModel",
-    "RetrievalModel",
-    "TwoTower",
-    "hit_rates",
-    "make_serving_index",
-    "popularity_hit_rates",
-    "scann_available",
+  "CorpusIndex",
+  "DCNv2",
+  "DLRM",
+  "EmbeddingDimError",
+  "FeatureMismatchError",
+  "KerasRecommender",
+  "ModelConfigError",
+  "RankingModel",
+  "RetrievalModel",
+  "TwoTower",
+  "hit_rates",
+  "make_serving_index",
+  "popularity_hit_rates",
+  "scann_available",
 ]

@@ -22,7 +22,7 @@ updates them (also inside `strategy.run` with several replicas) and
 """
 
 import abc
-from typing import Dict, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
@@ -30,8 +30,7 @@ import tensorflow_recommenders as tfrs
 from recsys._keras import keras
 from recsys.data.spec import FeatureSpec
 from recsys.models import layers as model_layers
-from recsys.models import retrieval_index
-from recsys.models import retrieval_metrics
+from recsys.models import retrieval_index, retrieval_metrics
 from recsys.models.errors import FeatureMismatchError, ModelConfigError
 
 OBJECTIVES = ("binary", "mse")
@@ -41,23 +40,32 @@ DEFAULT_KS = (1, 5, 10, 50, 100)
 def _check_specs(feature_specs: Sequence[FeatureSpec], owner: str) -> tuple:
   specs = tuple(feature_specs)
   if not specs:
-    raise ModelConfigError(f"{owner}: feature_specs is empty; a model needs at "
-                           "least one categorical feature.")
+    raise ModelConfigError(
+      f"{owner}: feature_specs is empty; a model needs at "
+      "least one categorical feature."
+    )
   names = [s.name for s in specs]
   duplicates = sorted({n for n in names if names.count(n) > 1})
   if duplicates:
-    raise ModelConfigError(f"{owner}: duplicate feature names {duplicates} in feature_specs.")
+    raise ModelConfigError(
+      f"{owner}: duplicate feature names {duplicates} in feature_specs."
+    )
   return specs
 
 
-def _average_loss(per_example: tf.Tensor, global_batch_size: Optional[int]) -> tf.Tensor:
+def _average_loss(
+  per_example: tf.Tensor, global_batch_size: int | None
+) -> tf.Tensor:
   if global_batch_size is None:
     return tf.nn.compute_average_loss(per_example)
-  return tf.reduce_sum(per_example) / tf.cast(global_batch_size, per_example.dtype)
+  return tf.reduce_sum(per_example) / tf.cast(
+    global_batch_size, per_example.dtype
+  )
 
 
-def _masked_weight(sample_weight: Optional[tf.Tensor], mask: Optional[tf.Tensor],
-                   dtype: tf.DType) -> Optional[tf.Tensor]:
+def _masked_weight(
+  sample_weight: tf.Tensor | None, mask: tf.Tensor | None, dtype: tf.DType
+) -> tf.Tensor | None:
   """The example weights `[B]` with padding rows (mask 0) weighted 0."""
   if mask is None:
     return sample_weight
@@ -70,14 +78,25 @@ def _masked_weight(sample_weight: Optional[tf.Tensor], mask: Optional[tf.Tensor]
 class _ModelBase(keras.Model):
   """What ranking and retrieval models share: specs, variable creation, regularization."""
 
-  def __init__(self, feature_specs: Sequence[FeatureSpec], num_dense: int,
-               sequence_pooling: str, name: Optional[str]) -> None:
+  def __init__(
+    self,
+    feature_specs: Sequence[FeatureSpec],
+    num_dense: int,
+    sequence_pooling: str,
+    name: str | None,
+  ) -> None:
     super().__init__(name=name)
     owner = type(self).__name__
     self._specs = _check_specs(feature_specs, owner)
     self._sequence_pooling = model_layers.check_pooling(sequence_pooling, owner)
-    if not isinstance(num_dense, int) or isinstance(num_dense, bool) or num_dense < 0:
-      raise ModelConfigError(f"{owner}: num_dense must be an integer >= 0, got {num_dense!r}.")
+    if (
+      not isinstance(num_dense, int)
+      or isinstance(num_dense, bool)
+      or num_dense < 0
+    ):
+      raise ModelConfigError(
+        f"{owner}: num_dense must be an integer >= 0, got {num_dense!r}."
+      )
     self._num_dense = num_dense
 
   @property
@@ -95,8 +114,12 @@ class _ModelBase(keras.Model):
     """Names of the categorical features, in model order."""
     return [s.name for s in self._specs]
 
-  def _vectors(self, activations: Mapping[str, tf.Tensor], names: Sequence[str],
-               allow_extra: bool = False) -> list:
+  def _vectors(
+    self,
+    activations: Mapping[str, tf.Tensor],
+    names: Sequence[str],
+    allow_extra: bool = False,
+  ) -> list:
     """The activations of `names` as `[B, D_f]` (sequences pooled), checked.
 
     Raises:
@@ -106,7 +129,8 @@ class _ModelBase(keras.Model):
     owner = type(self).__name__
     model_layers.check_names(activations, names, owner, allow_extra=allow_extra)
     return model_layers.flat_activations(
-        activations, names, sequence_pooling=self._sequence_pooling, owner=owner)
+      activations, names, sequence_pooling=self._sequence_pooling, owner=owner
+    )
 
   def _regularization(self) -> tf.Tensor:
     if not self.losses:
@@ -131,14 +155,19 @@ class _ModelBase(keras.Model):
     missing = [n for n in self.feature_names if n not in embedding_dims]
     if missing:
       raise FeatureMismatchError(
-          f"{type(self).__name__}.create_variables: no embedding dim for "
-          f"features {missing}; got dims for {sorted(embedding_dims)}.")
+        f"{type(self).__name__}.create_variables: no embedding dim for "
+        f"features {missing}; got dims for {sorted(embedding_dims)}."
+      )
     acts = {}
     for spec in self._specs:
       dim = int(embedding_dims[spec.name])
-      shape = [1, spec.sequence_length, dim] if spec.sequence_length else [1, dim]
+      shape = (
+        [1, spec.sequence_length, dim] if spec.sequence_length else [1, dim]
+      )
       acts[spec.name] = tf.zeros(shape)
-    features = {"dense": tf.zeros([1, self._num_dense])} if self._num_dense else {}
+    features = (
+      {"dense": tf.zeros([1, self._num_dense])} if self._num_dense else {}
+    )
     self(acts, features, training=False)
     return self
 
@@ -152,13 +181,15 @@ class RankingModel(_ModelBase, metaclass=abc.ABCMeta):
   with `objective="mse"` the logit is the predicted rating (metric: RMSE).
   """
 
-  def __init__(self,
-               feature_specs: Sequence[FeatureSpec],
-               num_dense: int = 0,
-               objective: str = "binary",
-               sequence_pooling: str = "mean",
-               auc_num_thresholds: int = 1000,
-               name: Optional[str] = None) -> None:
+  def __init__(
+    self,
+    feature_specs: Sequence[FeatureSpec],
+    num_dense: int = 0,
+    objective: str = "binary",
+    sequence_pooling: str = "mean",
+    auc_num_thresholds: int = 1000,
+    name: str | None = None,
+  ) -> None:
     """Initializes the task and metrics.
 
     Args:
@@ -176,16 +207,22 @@ class RankingModel(_ModelBase, metaclass=abc.ABCMeta):
     super().__init__(feature_specs, num_dense, sequence_pooling, name)
     owner = type(self).__name__
     if objective not in OBJECTIVES:
-      raise ModelConfigError(f"{owner}: unknown objective {objective!r}; choose "
-                             f"one of {', '.join(OBJECTIVES)}.")
+      raise ModelConfigError(
+        f"{owner}: unknown objective {objective!r}; choose "
+        f"one of {', '.join(OBJECTIVES)}."
+      )
     self._objective = objective
     none = keras.losses.Reduction.NONE
     if objective == "binary":
       loss = keras.losses.BinaryCrossentropy(from_logits=True, reduction=none)
       metrics = [
-          keras.metrics.AUC(num_thresholds=auc_num_thresholds, from_logits=True, name="auc"),
-          keras.metrics.BinaryCrossentropy(from_logits=True, name="logloss"),
-          keras.metrics.BinaryAccuracy(threshold=0.0, name="accuracy"),  # logit > 0
+        keras.metrics.AUC(
+          num_thresholds=auc_num_thresholds, from_logits=True, name="auc"
+        ),
+        keras.metrics.BinaryCrossentropy(from_logits=True, name="logloss"),
+        keras.metrics.BinaryAccuracy(
+          threshold=0.0, name="accuracy"
+        ),  # logit > 0
       ]
     else:
       loss = keras.losses.MeanSquaredError(reduction=none)
@@ -197,9 +234,12 @@ class RankingModel(_ModelBase, metaclass=abc.ABCMeta):
     return self._objective
 
   @abc.abstractmethod
-  def logits(self, activations: Mapping[str, tf.Tensor],
-             features: Optional[Mapping[str, tf.Tensor]] = None,
-             training: bool = False) -> tf.Tensor:
+  def logits(
+    self,
+    activations: Mapping[str, tf.Tensor],
+    features: Mapping[str, tf.Tensor] | None = None,
+    training: bool = False,
+  ) -> tf.Tensor:
     """The model's output before the link function.
 
     Args:
@@ -214,23 +254,28 @@ class RankingModel(_ModelBase, metaclass=abc.ABCMeta):
       FeatureMismatchError: activations/dense features do not match the specs.
     """
 
-  def call(self, activations: Mapping[str, tf.Tensor],
-           features: Optional[Mapping[str, tf.Tensor]] = None,
-           training: bool = False) -> tf.Tensor:
+  def call(
+    self,
+    activations: Mapping[str, tf.Tensor],
+    features: Mapping[str, tf.Tensor] | None = None,
+    training: bool = False,
+  ) -> tf.Tensor:
     """Predictions `[B]`: probabilities ("binary") or ratings ("mse")."""
     logits = self.logits(activations, features, training=training)
     return tf.sigmoid(logits) if self._objective == "binary" else logits
 
-  def compute_loss(self,
-                   activations: Mapping[str, tf.Tensor],
-                   features: Optional[Mapping[str, tf.Tensor]] = None,
-                   labels: Optional[tf.Tensor] = None,
-                   training: bool = True,
-                   global_batch_size: Optional[int] = None,
-                   sample_weight: Optional[tf.Tensor] = None,
-                   compute_metrics: bool = True,
-                   mask: Optional[tf.Tensor] = None,
-                   include_regularization: bool = True) -> tf.Tensor:
+  def compute_loss(
+    self,
+    activations: Mapping[str, tf.Tensor],
+    features: Mapping[str, tf.Tensor] | None = None,
+    labels: tf.Tensor | None = None,
+    training: bool = True,
+    global_batch_size: int | None = None,
+    sample_weight: tf.Tensor | None = None,
+    compute_metrics: bool = True,
+    mask: tf.Tensor | None = None,
+    include_regularization: bool = True,
+  ) -> tf.Tensor:
     """The per-replica loss (see the module docstring) and metric updates.
 
     Args:
@@ -249,12 +294,21 @@ class RankingModel(_ModelBase, metaclass=abc.ABCMeta):
       Scalar loss.
     """
     if labels is None:
-      raise FeatureMismatchError(f"{type(self).__name__}.compute_loss needs labels [B].")
-    logits = self.logits(activations, features, training=training)[:, tf.newaxis]
+      raise FeatureMismatchError(
+        f"{type(self).__name__}.compute_loss needs labels [B]."
+      )
+    logits = self.logits(activations, features, training=training)[
+      :, tf.newaxis
+    ]
     labels = tf.cast(tf.reshape(labels, [-1, 1]), logits.dtype)
     sample_weight = _masked_weight(sample_weight, mask, logits.dtype)
-    per_example = self.task(labels=labels, predictions=logits, sample_weight=sample_weight,
-                            training=training, compute_metrics=compute_metrics)
+    per_example = self.task(
+      labels=labels,
+      predictions=logits,
+      sample_weight=sample_weight,
+      training=training,
+      compute_metrics=compute_metrics,
+    )
     loss = _average_loss(per_example, global_batch_size)
     return loss + self._regularization() if include_regularization else loss
 
@@ -274,19 +328,21 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
   Subclasses implement `query_embeddings` and `candidate_embeddings`.
   """
 
-  def __init__(self,
-               feature_specs: Sequence[FeatureSpec],
-               query_features: Sequence[str],
-               candidate_features: Sequence[str],
-               candidate_id_feature: Optional[str],
-               embedding_dim: int,
-               num_dense: int = 0,
-               temperature: Optional[float] = None,
-               logq_correction: bool = False,
-               remove_accidental_hits: bool = True,
-               ks: Sequence[int] = DEFAULT_KS,
-               sequence_pooling: str = "mean",
-               name: Optional[str] = None) -> None:
+  def __init__(
+    self,
+    feature_specs: Sequence[FeatureSpec],
+    query_features: Sequence[str],
+    candidate_features: Sequence[str],
+    candidate_id_feature: str | None,
+    embedding_dim: int,
+    num_dense: int = 0,
+    temperature: float | None = None,
+    logq_correction: bool = False,
+    remove_accidental_hits: bool = True,
+    ks: Sequence[int] = DEFAULT_KS,
+    sequence_pooling: str = "mean",
+    name: str | None = None,
+  ) -> None:
     """Initializes the task, the corpus index and the metrics.
 
     Args:
@@ -314,43 +370,59 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     by_name = {s.name: s for s in self._specs}
     self._query_features = list(query_features)
     self._candidate_features = list(candidate_features)
-    for role, names in (("query_features", self._query_features),
-                        ("candidate_features", self._candidate_features)):
+    for role, names in (
+      ("query_features", self._query_features),
+      ("candidate_features", self._candidate_features),
+    ):
       if not names:
-        raise ModelConfigError(f"{owner}: {role} is empty; name at least one feature.")
+        raise ModelConfigError(
+          f"{owner}: {role} is empty; name at least one feature."
+        )
       unknown = [n for n in names if n not in by_name]
       if unknown:
         raise ModelConfigError(
-            f"{owner}: {role} {unknown} are not in feature_specs; known features: "
-            f"{sorted(by_name)}.")
+          f"{owner}: {role} {unknown} are not in feature_specs; known features: "
+          f"{sorted(by_name)}."
+        )
     if candidate_id_feature is None:
       candidate_id_feature = self._candidate_features[0]
     if candidate_id_feature not in self._candidate_features:
       raise ModelConfigError(
-          f"{owner}: candidate_id_feature {candidate_id_feature!r} is not one of the "
-          f"candidate_features {self._candidate_features}.")
+        f"{owner}: candidate_id_feature {candidate_id_feature!r} is not one of the "
+        f"candidate_features {self._candidate_features}."
+      )
     id_spec = by_name[candidate_id_feature]
     if id_spec.multi_hot or id_spec.sequence_length:
       raise ModelConfigError(
-          f"{owner}: candidate_id_feature {candidate_id_feature!r} must be one-hot "
-          f"(one id per example); its spec is {id_spec}.")
+        f"{owner}: candidate_id_feature {candidate_id_feature!r} must be one-hot "
+        f"(one id per example); its spec is {id_spec}."
+      )
     if temperature is not None and not temperature > 0:
-      raise ModelConfigError(f"{owner}: temperature must be > 0 or None, got {temperature!r}.")
+      raise ModelConfigError(
+        f"{owner}: temperature must be > 0 or None, got {temperature!r}."
+      )
     ks = tuple(sorted(set(int(k) for k in ks)))
     if not ks or ks[0] < 1:
-      raise ModelConfigError(f"{owner}: ks must be positive integers, got {ks}.")
+      raise ModelConfigError(
+        f"{owner}: ks must be positive integers, got {ks}."
+      )
     self._candidate_id_feature = candidate_id_feature
     self._embedding_dim = int(embedding_dim)
     self._logq_correction = logq_correction
     self._ks = ks
     self.corpus_index = retrieval_index.CorpusIndex(
-        num_candidates=id_spec.vocabulary_size, dim=self._embedding_dim, k=max(ks))
+      num_candidates=id_spec.vocabulary_size, dim=self._embedding_dim, k=max(ks)
+    )
     self.task = tfrs.tasks.Retrieval(
-        loss=keras.losses.CategoricalCrossentropy(
-            from_logits=True, reduction=keras.losses.Reduction.NONE),
-        metrics=tfrs.metrics.FactorizedTopK(self.corpus_index, ks=ks, name="hit_rate"),
-        temperature=temperature,
-        remove_accidental_hits=remove_accidental_hits)
+      loss=keras.losses.CategoricalCrossentropy(
+        from_logits=True, reduction=keras.losses.Reduction.NONE
+      ),
+      metrics=tfrs.metrics.FactorizedTopK(
+        self.corpus_index, ks=ks, name="hit_rate"
+      ),
+      temperature=temperature,
+      remove_accidental_hits=remove_accidental_hits,
+    )
 
   @property
   def query_features(self) -> list:
@@ -373,20 +445,29 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     return self._ks
 
   @abc.abstractmethod
-  def query_embeddings(self, activations: Mapping[str, tf.Tensor],
-                       features: Optional[Mapping[str, tf.Tensor]] = None,
-                       training: bool = False) -> tf.Tensor:
+  def query_embeddings(
+    self,
+    activations: Mapping[str, tf.Tensor],
+    features: Mapping[str, tf.Tensor] | None = None,
+    training: bool = False,
+  ) -> tf.Tensor:
     """Query embeddings `[B, K]` from the query features' activations."""
 
   @abc.abstractmethod
-  def candidate_embeddings(self, activations: Mapping[str, tf.Tensor],
-                           features: Optional[Mapping[str, tf.Tensor]] = None,
-                           training: bool = False) -> tf.Tensor:
+  def candidate_embeddings(
+    self,
+    activations: Mapping[str, tf.Tensor],
+    features: Mapping[str, tf.Tensor] | None = None,
+    training: bool = False,
+  ) -> tf.Tensor:
     """Candidate embeddings `[B, K]` from the candidate features' activations."""
 
-  def call(self, activations: Mapping[str, tf.Tensor],
-           features: Optional[Mapping[str, tf.Tensor]] = None,
-           training: bool = False) -> tf.Tensor:
+  def call(
+    self,
+    activations: Mapping[str, tf.Tensor],
+    features: Mapping[str, tf.Tensor] | None = None,
+    training: bool = False,
+  ) -> tf.Tensor:
     """Affinity `[B]` of each row's query with the same row's candidate."""
     q = self.query_embeddings(activations, features, training=training)
     c = self.candidate_embeddings(activations, features, training=training)
@@ -398,20 +479,23 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
       ids = features["categorical"][self._candidate_id_feature]
     except (KeyError, TypeError) as e:
       raise FeatureMismatchError(
-          f"{type(self).__name__}: the batch has no features['categorical']"
-          f"[{self._candidate_id_feature!r}] (the candidate id feature).") from e
+        f"{type(self).__name__}: the batch has no features['categorical']"
+        f"[{self._candidate_id_feature!r}] (the candidate id feature)."
+      ) from e
     return tf.reshape(tf.cast(ids, tf.int64), [-1])
 
-  def compute_loss(self,
-                   activations: Mapping[str, tf.Tensor],
-                   features: Optional[Mapping[str, tf.Tensor]] = None,
-                   labels: Optional[tf.Tensor] = None,
-                   training: bool = True,
-                   global_batch_size: Optional[int] = None,
-                   sample_weight: Optional[tf.Tensor] = None,
-                   compute_metrics: Optional[bool] = None,
-                   mask: Optional[tf.Tensor] = None,
-                   include_regularization: bool = True) -> tf.Tensor:
+  def compute_loss(
+    self,
+    activations: Mapping[str, tf.Tensor],
+    features: Mapping[str, tf.Tensor] | None = None,
+    labels: tf.Tensor | None = None,
+    training: bool = True,
+    global_batch_size: int | None = None,
+    sample_weight: tf.Tensor | None = None,
+    compute_metrics: bool | None = None,
+    mask: tf.Tensor | None = None,
+    include_regularization: bool = True,
+  ) -> tf.Tensor:
     """In-batch softmax loss (per-replica convention of the module docstring).
 
     Row i's candidate is the positive of query i; the other rows' candidates
@@ -443,9 +527,10 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
       compute_metrics = not training
     if compute_metrics and not self.corpus_index.is_indexed:
       raise RuntimeError(
-          f"{type(self).__name__}: corpus hit rates need the candidate corpus: call "
-          "model.index_candidates(ids, embeddings) before compute_loss(..., "
-          "compute_metrics=True), or pass compute_metrics=False.")
+        f"{type(self).__name__}: corpus hit rates need the candidate corpus: call "
+        "model.index_candidates(ids, embeddings) before compute_loss(..., "
+        "compute_metrics=True), or pass compute_metrics=False."
+      )
     features = features or {}
     q = self.query_embeddings(activations, features, training=training)
     c = self.candidate_embeddings(activations, features, training=training)
@@ -453,29 +538,35 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     if self._logq_correction:
       if "candidate_sampling_probability" not in features:
         raise FeatureMismatchError(
-            f"{type(self).__name__}: logq_correction=True but the batch has no "
-            f"features['candidate_sampling_probability'] (got keys {sorted(features)}); "
-            "use a source that provides it or set logq_correction=False.")
+          f"{type(self).__name__}: logq_correction=True but the batch has no "
+          f"features['candidate_sampling_probability'] (got keys {sorted(features)}); "
+          "use a source that provides it or set logq_correction=False."
+        )
       sampling_probability = tf.cast(
-          tf.reshape(features["candidate_sampling_probability"], [-1]), q.dtype)
+        tf.reshape(features["candidate_sampling_probability"], [-1]), q.dtype
+      )
     ids = self.candidate_ids(features) if "categorical" in features else None
     score_mask = None
     if mask is not None:  # padding rows are no candidate of any query
-      score_mask = tf.broadcast_to(tf.reshape(mask, [1, -1]) > 0,
-                                   [tf.shape(q)[0], tf.shape(c)[0]])
+      score_mask = tf.broadcast_to(
+        tf.reshape(mask, [1, -1]) > 0, [tf.shape(q)[0], tf.shape(c)[0]]
+      )
     per_example = self.task(
-        q, c,
-        sample_weight=_masked_weight(sample_weight, mask, q.dtype),
-        candidate_sampling_probability=sampling_probability,
-        candidate_ids=ids,
-        compute_metrics=compute_metrics,
-        compute_batch_metrics=False,
-        score_mask=score_mask)
+      q,
+      c,
+      sample_weight=_masked_weight(sample_weight, mask, q.dtype),
+      candidate_sampling_probability=sampling_probability,
+      candidate_ids=ids,
+      compute_metrics=compute_metrics,
+      compute_batch_metrics=False,
+      score_mask=score_mask,
+    )
     loss = _average_loss(per_example, global_batch_size)
     return loss + self._regularization() if include_regularization else loss
 
-  def index_candidates(self, candidate_ids: tf.Tensor,
-                       candidate_embeddings: tf.Tensor) -> None:
+  def index_candidates(
+    self, candidate_ids: tf.Tensor, candidate_embeddings: tf.Tensor
+  ) -> None:
     """Stores the corpus for hit-rate evaluation and serving.
 
     Args:
@@ -484,23 +575,38 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     """
     self.corpus_index.index(candidate_embeddings, candidate_ids)
 
-  def evaluate_retrieval(self, query_embeddings: tf.Tensor, candidate_embeddings: tf.Tensor,
-                         candidate_ids: tf.Tensor, true_ids: tf.Tensor,
-                         ks: Optional[Sequence[int]] = None) -> Dict[str, float]:
+  def evaluate_retrieval(
+    self,
+    query_embeddings: tf.Tensor,
+    candidate_embeddings: tf.Tensor,
+    candidate_ids: tf.Tensor,
+    true_ids: tf.Tensor,
+    ks: Sequence[int] | None = None,
+  ) -> dict[str, float]:
     """Top-k hit rates of queries against a corpus, by brute force.
 
     See `recsys.models.retrieval_metrics.hit_rates`; `ks` defaults to the
     model's.
     """
-    return retrieval_metrics.hit_rates(query_embeddings, candidate_embeddings,
-                                       candidate_ids, true_ids, ks or self._ks)
+    return retrieval_metrics.hit_rates(
+      query_embeddings,
+      candidate_embeddings,
+      candidate_ids,
+      true_ids,
+      ks or self._ks,
+    )
 
-  def serving_index(self, k: int = 100, query_model: Optional[keras.Model] = None,
-                    use_scann: str = "auto") -> tfrs.layers.factorized_top_k.TopK:
+  def serving_index(
+    self,
+    k: int = 100,
+    query_model: keras.Model | None = None,
+    use_scann: str = "auto",
+  ) -> tfrs.layers.factorized_top_k.TopK:
     """A top-k index over the indexed corpus for serving (ScaNN when installed).
 
     See `recsys.models.retrieval_index.make_serving_index`.
     """
     ids, embeddings = self.corpus_index.corpus()
-    return retrieval_index.make_serving_index(embeddings, ids, k=k, query_model=query_model,
-                                              use_scann=use_scann)
+    return retrieval_index.make_serving_index(
+      embeddings, ids, k=k, query_model=query_model, use_scann=use_scann
+    )

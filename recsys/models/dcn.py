@@ -4,7 +4,7 @@ Wang et al., "DCN V2: Improved Deep & Cross Network and Practical Lessons for
 Web-scale Learning to Rank Systems" (2020), https://arxiv.org/abs/2008.13535.
 """
 
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import gin
 import tensorflow as tf
@@ -41,20 +41,22 @@ class DCNv2(RankingModel):
     TensorShape([5])
   """
 
-  def __init__(self,
-               feature_specs: Sequence[FeatureSpec],
-               num_dense: int = 0,
-               num_cross_layers: int = 3,
-               projection_dim: Optional[int] = None,
-               use_bias: bool = True,
-               diag_scale: float = 0.0,
-               structure: str = "stacked",
-               deep_mlp: Sequence[int] = (64, 32),
-               objective: str = "binary",
-               sequence_pooling: str = "mean",
-               l2_regularization: float = 0.0,
-               auc_num_thresholds: int = 1000,
-               name: Optional[str] = "dcn_v2") -> None:
+  def __init__(
+    self,
+    feature_specs: Sequence[FeatureSpec],
+    num_dense: int = 0,
+    num_cross_layers: int = 3,
+    projection_dim: int | None = None,
+    use_bias: bool = True,
+    diag_scale: float = 0.0,
+    structure: str = "stacked",
+    deep_mlp: Sequence[int] = (64, 32),
+    objective: str = "binary",
+    sequence_pooling: str = "mean",
+    l2_regularization: float = 0.0,
+    auc_num_thresholds: int = 1000,
+    name: str | None = "dcn_v2",
+  ) -> None:
     """Builds the layers (their variables are created on the first call).
 
     Args:
@@ -76,28 +78,51 @@ class DCNv2(RankingModel):
     Raises:
       ModelConfigError: bad structure, layer count or projection.
     """
-    super().__init__(feature_specs, num_dense=num_dense, objective=objective,
-                     sequence_pooling=sequence_pooling,
-                     auc_num_thresholds=auc_num_thresholds, name=name)
+    super().__init__(
+      feature_specs,
+      num_dense=num_dense,
+      objective=objective,
+      sequence_pooling=sequence_pooling,
+      auc_num_thresholds=auc_num_thresholds,
+      name=name,
+    )
     if structure not in STRUCTURES:
-      raise ModelConfigError(f"DCNv2: unknown structure {structure!r}; choose one of "
-                             f"{', '.join(STRUCTURES)}.")
+      raise ModelConfigError(
+        f"DCNv2: unknown structure {structure!r}; choose one of "
+        f"{', '.join(STRUCTURES)}."
+      )
     if not isinstance(num_cross_layers, int) or num_cross_layers < 1:
-      raise ModelConfigError(f"DCNv2: num_cross_layers must be an integer >= 1, got "
-                             f"{num_cross_layers!r}.")
-    if projection_dim is not None and (not isinstance(projection_dim, int) or projection_dim < 1):
-      raise ModelConfigError(f"DCNv2: projection_dim must be None or an integer >= 1, got "
-                             f"{projection_dim!r}.")
+      raise ModelConfigError(
+        f"DCNv2: num_cross_layers must be an integer >= 1, got "
+        f"{num_cross_layers!r}."
+      )
+    if projection_dim is not None and (
+      not isinstance(projection_dim, int) or projection_dim < 1
+    ):
+      raise ModelConfigError(
+        f"DCNv2: projection_dim must be None or an integer >= 1, got "
+        f"{projection_dim!r}."
+      )
     self._structure = structure
-    regularizer = keras.regularizers.L2(l2_regularization) if l2_regularization else None
+    regularizer = (
+      keras.regularizers.L2(l2_regularization) if l2_regularization else None
+    )
     self.cross_layers = [
-        tfrs.layers.dcn.Cross(projection_dim=projection_dim, use_bias=use_bias,
-                              diag_scale=diag_scale, kernel_regularizer=regularizer,
-                              name=f"cross_{i}")
-        for i in range(num_cross_layers)
+      tfrs.layers.dcn.Cross(
+        projection_dim=projection_dim,
+        use_bias=use_bias,
+        diag_scale=diag_scale,
+        kernel_regularizer=regularizer,
+        name=f"cross_{i}",
+      )
+      for i in range(num_cross_layers)
     ]
-    self.deep_mlp = model_layers.mlp(deep_mlp, kernel_regularizer=regularizer, name="deep_mlp")
-    self.logit_layer = keras.layers.Dense(1, kernel_regularizer=regularizer, name="logit")
+    self.deep_mlp = model_layers.mlp(
+      deep_mlp, kernel_regularizer=regularizer, name="deep_mlp"
+    )
+    self.logit_layer = keras.layers.Dense(
+      1, kernel_regularizer=regularizer, name="logit"
+    )
 
   @property
   def structure(self) -> str:
@@ -110,15 +135,22 @@ class DCNv2(RankingModel):
       x = layer(x0, x)
     return x
 
-  def logits(self, activations: Mapping[str, tf.Tensor],
-             features: Optional[Mapping[str, tf.Tensor]] = None,
-             training: bool = False) -> tf.Tensor:
+  def logits(
+    self,
+    activations: Mapping[str, tf.Tensor],
+    features: Mapping[str, tf.Tensor] | None = None,
+    training: bool = False,
+  ) -> tf.Tensor:
     """Logits `[B]` (see `RankingModel.logits`); activation dims may differ."""
     vectors = self._vectors(activations, self.feature_names)
     dense = model_layers.dense_input(features, self.num_dense, "DCNv2")
-    x0 = tf.concat(([dense] if dense is not None else []) + vectors, axis=-1)  # [B, d0]
+    x0 = tf.concat(
+      ([dense] if dense is not None else []) + vectors, axis=-1
+    )  # [B, d0]
     if self._structure == "stacked":
       top = self.deep_mlp(self.cross_network(x0), training=training)
     else:
-      top = tf.concat([self.cross_network(x0), self.deep_mlp(x0, training=training)], axis=-1)
+      top = tf.concat(
+        [self.cross_network(x0), self.deep_mlp(x0, training=training)], axis=-1
+      )
     return tf.squeeze(self.logit_layer(top), axis=-1)

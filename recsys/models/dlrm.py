@@ -4,7 +4,7 @@ Naumov et al., "Deep Learning Recommendation Model for Personalization and
 Recommendation Systems" (2019), https://arxiv.org/abs/1906.00091.
 """
 
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import gin
 import tensorflow as tf
@@ -36,17 +36,19 @@ class DLRM(RankingModel):
     TensorShape([5])
   """
 
-  def __init__(self,
-               feature_specs: Sequence[FeatureSpec],
-               num_dense: int = 0,
-               bottom_mlp: Sequence[int] = (64, 16),
-               top_mlp: Sequence[int] = (64, 32),
-               self_interaction: bool = False,
-               objective: str = "binary",
-               sequence_pooling: str = "mean",
-               l2_regularization: float = 0.0,
-               auc_num_thresholds: int = 1000,
-               name: Optional[str] = "dlrm") -> None:
+  def __init__(
+    self,
+    feature_specs: Sequence[FeatureSpec],
+    num_dense: int = 0,
+    bottom_mlp: Sequence[int] = (64, 16),
+    top_mlp: Sequence[int] = (64, 32),
+    self_interaction: bool = False,
+    objective: str = "binary",
+    sequence_pooling: str = "mean",
+    l2_regularization: float = 0.0,
+    auc_num_thresholds: int = 1000,
+    name: str | None = "dlrm",
+  ) -> None:
     """Builds the layers (their variables are created on the first call).
 
     Args:
@@ -67,27 +69,46 @@ class DLRM(RankingModel):
       ModelConfigError: bad sizes, objective or pooling; a model with neither
         dense nor two or more interacting vectors.
     """
-    super().__init__(feature_specs, num_dense=num_dense, objective=objective,
-                     sequence_pooling=sequence_pooling,
-                     auc_num_thresholds=auc_num_thresholds, name=name)
+    super().__init__(
+      feature_specs,
+      num_dense=num_dense,
+      objective=objective,
+      sequence_pooling=sequence_pooling,
+      auc_num_thresholds=auc_num_thresholds,
+      name=name,
+    )
     num_vectors = len(self.feature_specs) + (1 if num_dense else 0)
     if num_vectors < 2:
       raise ModelConfigError(
-          f"DLRM: dot interaction needs at least two vectors, got {num_vectors} "
-          f"(features {self.feature_names}, num_dense={num_dense}); add features or "
-          "use DCNv2.")
+        f"DLRM: dot interaction needs at least two vectors, got {num_vectors} "
+        f"(features {self.feature_names}, num_dense={num_dense}); add features or "
+        "use DCNv2."
+      )
     if num_dense and not tuple(bottom_mlp):
       raise ModelConfigError(
-          f"DLRM: num_dense={num_dense} needs a non-empty bottom_mlp ending in the "
-          "embedding dim.")
-    regularizer = keras.regularizers.L2(l2_regularization) if l2_regularization else None
+        f"DLRM: num_dense={num_dense} needs a non-empty bottom_mlp ending in the "
+        "embedding dim."
+      )
+    regularizer = (
+      keras.regularizers.L2(l2_regularization) if l2_regularization else None
+    )
     self._bottom_sizes = tuple(bottom_mlp)
-    self.bottom_mlp = (model_layers.mlp(bottom_mlp, kernel_regularizer=regularizer,
-                                        name="bottom_mlp") if num_dense else None)
+    self.bottom_mlp = (
+      model_layers.mlp(
+        bottom_mlp, kernel_regularizer=regularizer, name="bottom_mlp"
+      )
+      if num_dense
+      else None
+    )
     self.interaction = model_layers.DotInteraction(
-        self_interaction=self_interaction, name="dot_interaction")
-    self.top_mlp = model_layers.mlp(tuple(top_mlp) + (1,), final_activation=None,
-                                    kernel_regularizer=regularizer, name="top_mlp")
+      self_interaction=self_interaction, name="dot_interaction"
+    )
+    self.top_mlp = model_layers.mlp(
+      tuple(top_mlp) + (1,),
+      final_activation=None,
+      kernel_regularizer=regularizer,
+      name="top_mlp",
+    )
 
   def _check_dims(self, vectors: list) -> None:
     dims = {name: v.shape[-1] for name, v in zip(self.feature_names, vectors)}
@@ -95,17 +116,22 @@ class DLRM(RankingModel):
     if len(distinct) > 1:
       by_dim = {d: [n for n, dd in dims.items() if dd == d] for d in distinct}
       raise EmbeddingDimError(
-          f"DLRM: dot interaction needs one embedding dim for all features; got "
-          + "; ".join(f"dim {d}: {names}" for d, names in by_dim.items())
-          + ". Give every table the same dim, or use DCNv2.")
+        "DLRM: dot interaction needs one embedding dim for all features; got "
+        + "; ".join(f"dim {d}: {names}" for d, names in by_dim.items())
+        + ". Give every table the same dim, or use DCNv2."
+      )
     if self.bottom_mlp is not None and self._bottom_sizes[-1] != distinct[0]:
       raise EmbeddingDimError(
-          f"DLRM: bottom_mlp={self._bottom_sizes} ends in {self._bottom_sizes[-1]} but "
-          f"the embedding dim is {distinct[0]}; the last bottom_mlp size must equal it.")
+        f"DLRM: bottom_mlp={self._bottom_sizes} ends in {self._bottom_sizes[-1]} but "
+        f"the embedding dim is {distinct[0]}; the last bottom_mlp size must equal it."
+      )
 
-  def logits(self, activations: Mapping[str, tf.Tensor],
-             features: Optional[Mapping[str, tf.Tensor]] = None,
-             training: bool = False) -> tf.Tensor:
+  def logits(
+    self,
+    activations: Mapping[str, tf.Tensor],
+    features: Mapping[str, tf.Tensor] | None = None,
+    training: bool = False,
+  ) -> tf.Tensor:
     """Logits `[B]` (see `RankingModel.logits`).
 
     Raises:

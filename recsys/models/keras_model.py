@@ -19,7 +19,8 @@ Example:
   >>> model.fit(dataset.batch(256), epochs=3)
 """
 
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from recsys import features as features_lib
 from recsys import layers
@@ -39,18 +40,28 @@ class KerasRecommender(keras.Model):
     name: Keras name.
   """
 
-  def __init__(self, model: keras.Model, feature_config: Mapping[str, Any],
-               optimizer: Any = None, backend: str = "auto",
-               backend_options: Optional[Mapping[str, Any]] = None,
-               name: Optional[str] = None):
+  def __init__(
+    self,
+    model: keras.Model,
+    feature_config: Mapping[str, Any],
+    optimizer: Any = None,
+    backend: str = "auto",
+    backend_options: Mapping[str, Any] | None = None,
+    name: str | None = None,
+  ):
     super().__init__(name=name)
     missing = sorted(set(model.feature_names) - set(feature_config))
     if missing:
-      raise ValueError(f"the model reads features {missing} that "
-                       f"feature_config does not have ({sorted(feature_config)}).")
-    self.embedding = layers.Embedding(dict(feature_config), optimizer,
-                                      backend=backend,
-                                      backend_options=backend_options)
+      raise ValueError(
+        f"the model reads features {missing} that "
+        f"feature_config does not have ({sorted(feature_config)})."
+      )
+    self.embedding = layers.Embedding(
+      dict(feature_config),
+      optimizer,
+      backend=backend,
+      backend_options=backend_options,
+    )
     self.model = model
     self._names = list(feature_config)
     # Every variable now (call inside strategy.scope()), so fit, checkpoints
@@ -61,20 +72,27 @@ class KerasRecommender(keras.Model):
     self.built = True
 
   @classmethod
-  def build(cls, model_factory: Callable[..., keras.Model],
-            feature_config: Mapping[str, Any], optimizer: Any = None,
-            num_dense: int = 0, backend: str = "auto",
-            **model_kwargs: Any) -> "KerasRecommender":
+  def build(
+    cls,
+    model_factory: Callable[..., keras.Model],
+    feature_config: Mapping[str, Any],
+    optimizer: Any = None,
+    num_dense: int = 0,
+    backend: str = "auto",
+    **model_kwargs: Any,
+  ) -> "KerasRecommender":
     """Constructs `model_factory(feature_specs, num_dense, **model_kwargs)` and
     the wrapper, with the specs read from `feature_config` (call it inside
     `strategy.scope()`)."""
     specs = features_lib.specs_from_feature_config(feature_config)
-    model = model_factory(feature_specs=specs, num_dense=num_dense,
-                          **model_kwargs)
+    model = model_factory(
+      feature_specs=specs, num_dense=num_dense, **model_kwargs
+    )
     return cls(model, feature_config, optimizer, backend=backend)
 
-  def _split(self, features: Mapping[str, Any]
-            ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+  def _split(
+    self, features: Mapping[str, Any]
+  ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(ids for the layer, the batch in the models' data contract)."""
     if "categorical" in features:
       contract = dict(features)
@@ -84,11 +102,14 @@ class KerasRecommender(keras.Model):
     categorical = contract["categorical"]
     missing = [k for k in self._names if k not in categorical]
     if missing:
-      raise ValueError(f"the batch has no features {missing}; it has "
-                       f"{sorted(categorical)}.")
+      raise ValueError(
+        f"the batch has no features {missing}; it has {sorted(categorical)}."
+      )
     return {k: categorical[k] for k in self._names}, contract
 
-  def call(self, features: Mapping[str, Any], training: bool = False) -> tf.Tensor:
+  def call(
+    self, features: Mapping[str, Any], training: bool = False
+  ) -> tf.Tensor:
     """Predictions `[B]` (probabilities, ratings or affinities)."""
     ids, contract = self._split(features)
     weights = contract.get("weights")
@@ -105,26 +126,36 @@ class KerasRecommender(keras.Model):
       weights = {k: weights.get(k) for k in self._names}
     acts = self.embedding(ids, weights, training=training)
     kwargs = {}
-    if hasattr(self.model, "corpus_index"):  # retrieval: hit rates need the corpus
-      kwargs["compute_metrics"] = (not training and
-                                   self.model.corpus_index.is_indexed)
-    return self.model.compute_loss(acts, contract, labels, training=training,
-                                   sample_weight=sample_weight, **kwargs)
+    if hasattr(
+      self.model, "corpus_index"
+    ):  # retrieval: hit rates need the corpus
+      kwargs["compute_metrics"] = (
+        not training and self.model.corpus_index.is_indexed
+      )
+    return self.model.compute_loss(
+      acts,
+      contract,
+      labels,
+      training=training,
+      sample_weight=sample_weight,
+      **kwargs,
+    )
 
-  def train_step(self, data) -> Dict[str, tf.Tensor]:
+  def train_step(self, data) -> dict[str, tf.Tensor]:
     with tf.GradientTape() as tape:
       loss = self._loss(data, training=True)
     variables = self.trainable_variables
     # The embedding layer's gradient trap applies the tables' optimizer here.
     grads = tape.gradient(loss, variables)
     self.optimizer.apply_gradients(
-        [(g, v) for g, v in zip(grads, variables) if g is not None])
+      [(g, v) for g, v in zip(grads, variables) if g is not None]
+    )
     return self._results(loss)
 
-  def test_step(self, data) -> Dict[str, tf.Tensor]:
+  def test_step(self, data) -> dict[str, tf.Tensor]:
     return self._results(self._loss(data, training=False))
 
-  def _results(self, loss: tf.Tensor) -> Dict[str, tf.Tensor]:
+  def _results(self, loss: tf.Tensor) -> dict[str, tf.Tensor]:
     replicas = self.distribute_strategy.num_replicas_in_sync
     out = {m.name: m.result() for m in self.model.metrics}
     # compute_loss is per replica (divided by the global batch): Keras

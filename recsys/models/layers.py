@@ -7,7 +7,7 @@ against the model's feature specs and say exactly what is wrong.
 """
 
 import functools
-from typing import Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -18,12 +18,14 @@ from recsys.models.errors import FeatureMismatchError, ModelConfigError
 SEQUENCE_POOLINGS = ("mean", "sum", "reject")
 
 
-def mlp(sizes: Sequence[int],
-        *,
-        final_activation: Optional[str] = "relu",
-        activation: str = "relu",
-        kernel_regularizer: Optional[keras.regularizers.Regularizer] = None,
-        name: Optional[str] = None) -> keras.Sequential:
+def mlp(
+  sizes: Sequence[int],
+  *,
+  final_activation: str | None = "relu",
+  activation: str = "relu",
+  kernel_regularizer: keras.regularizers.Regularizer | None = None,
+  name: str | None = None,
+) -> keras.Sequential:
   """A stack of `Dense` layers.
 
   Args:
@@ -47,15 +49,19 @@ def mlp(sizes: Sequence[int],
   for size in sizes:
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
       raise ModelConfigError(
-          f"MLP {name or ''!s}: layer sizes must be positive integers, got {sizes}.")
+        f"MLP {name or ''!s}: layer sizes must be positive integers, got {sizes}."
+      )
   layers = []
   for i, size in enumerate(sizes):
     last = i == len(sizes) - 1
-    layers.append(keras.layers.Dense(
+    layers.append(
+      keras.layers.Dense(
         size,
         activation=final_activation if last else activation,
         kernel_regularizer=kernel_regularizer,
-        name=f"{name}_{i}" if name else None))
+        name=f"{name}_{i}" if name else None,
+      )
+    )
   return keras.Sequential(layers, name=name)
 
 
@@ -63,8 +69,9 @@ def check_pooling(sequence_pooling: str, owner: str) -> str:
   """Returns `sequence_pooling` if valid, else raises ModelConfigError."""
   if sequence_pooling not in SEQUENCE_POOLINGS:
     raise ModelConfigError(
-        f"{owner}: unknown sequence_pooling {sequence_pooling!r}; "
-        f"choose one of {', '.join(SEQUENCE_POOLINGS)}.")
+      f"{owner}: unknown sequence_pooling {sequence_pooling!r}; "
+      f"choose one of {', '.join(SEQUENCE_POOLINGS)}."
+    )
   return sequence_pooling
 
 
@@ -84,14 +91,21 @@ def pool_sequence(x: tf.Tensor, sequence_pooling: str = "mean") -> tf.Tensor:
   """
   if sequence_pooling == "sum":
     return tf.reduce_sum(x, axis=1)
-  mask = tf.cast(tf.reduce_any(tf.not_equal(x, 0.0), axis=-1), x.dtype)  # [B, L]
+  mask = tf.cast(
+    tf.reduce_any(tf.not_equal(x, 0.0), axis=-1), x.dtype
+  )  # [B, L]
   total = tf.reduce_sum(x * mask[:, :, tf.newaxis], axis=1)  # [B, D]
   count = tf.reduce_sum(mask, axis=1, keepdims=True)  # [B, 1]
   return total / tf.maximum(count, 1.0)
 
 
-def check_names(activations: Mapping[str, tf.Tensor], expected: Sequence[str],
-                owner: str, *, allow_extra: bool = False) -> None:
+def check_names(
+  activations: Mapping[str, tf.Tensor],
+  expected: Sequence[str],
+  owner: str,
+  *,
+  allow_extra: bool = False,
+) -> None:
   """Checks that `activations` has exactly (or at least) the expected features.
 
   Args:
@@ -105,21 +119,28 @@ def check_names(activations: Mapping[str, tf.Tensor], expected: Sequence[str],
   """
   if not isinstance(activations, Mapping):
     raise FeatureMismatchError(
-        f"{owner}: activations must be a dict feature name -> tensor, got "
-        f"{type(activations).__name__}.")
+      f"{owner}: activations must be a dict feature name -> tensor, got "
+      f"{type(activations).__name__}."
+    )
   got = set(activations)
   missing = [n for n in expected if n not in got]
   extra = sorted(got - set(expected))
   if missing or (extra and not allow_extra):
     raise FeatureMismatchError(
-        f"{owner}: activations do not match the model's features. "
-        f"Missing: {missing or 'none'}; unexpected: {extra or 'none'}; "
-        f"expected exactly {list(expected)}. Build the model and the embedding "
-        "feature_config from the same data source feature_specs.")
+      f"{owner}: activations do not match the model's features. "
+      f"Missing: {missing or 'none'}; unexpected: {extra or 'none'}; "
+      f"expected exactly {list(expected)}. Build the model and the embedding "
+      "feature_config from the same data source feature_specs."
+    )
 
 
-def flat_activations(activations: Mapping[str, tf.Tensor], names: Sequence[str],
-                     *, sequence_pooling: str, owner: str) -> list:
+def flat_activations(
+  activations: Mapping[str, tf.Tensor],
+  names: Sequence[str],
+  *,
+  sequence_pooling: str,
+  owner: str,
+) -> list:
   """The activations of `names`, in that order, each as `[B, D]`.
 
   Args:
@@ -142,20 +163,23 @@ def flat_activations(activations: Mapping[str, tf.Tensor], names: Sequence[str],
     if rank == 3:
       if sequence_pooling == "reject":
         raise FeatureMismatchError(
-            f"{owner}: feature {name!r} is a sequence activation {x.shape} "
-            "[B, L, D] and sequence_pooling='reject'; set sequence_pooling to "
-            "'mean' or 'sum', or drop max_sequence_length for this feature.")
+          f"{owner}: feature {name!r} is a sequence activation {x.shape} "
+          "[B, L, D] and sequence_pooling='reject'; set sequence_pooling to "
+          "'mean' or 'sum', or drop max_sequence_length for this feature."
+        )
       x = pool_sequence(x, sequence_pooling)
     elif rank != 2:
       raise FeatureMismatchError(
-          f"{owner}: feature {name!r} activation has shape {x.shape}; expected "
-          "[B, D] or, for a sequence feature, [B, L, D].")
+        f"{owner}: feature {name!r} activation has shape {x.shape}; expected "
+        "[B, D] or, for a sequence feature, [B, L, D]."
+      )
     out.append(x)
   return out
 
 
-def dense_input(features: Optional[Mapping[str, tf.Tensor]], num_dense: int,
-                owner: str) -> Optional[tf.Tensor]:
+def dense_input(
+  features: Mapping[str, tf.Tensor] | None, num_dense: int, owner: str
+) -> tf.Tensor | None:
   """`features["dense"]` as float32 `[B, num_dense]`, or None when num_dense == 0.
 
   Raises:
@@ -166,20 +190,23 @@ def dense_input(features: Optional[Mapping[str, tf.Tensor]], num_dense: int,
   if not features or "dense" not in features:
     got = sorted(features) if features else "no features"
     raise FeatureMismatchError(
-        f"{owner}: num_dense={num_dense} but the batch has no features['dense'] "
-        f"(got keys {got}). Pass the batch's features dict, or set num_dense=0.")
+      f"{owner}: num_dense={num_dense} but the batch has no features['dense'] "
+      f"(got keys {got}). Pass the batch's features dict, or set num_dense=0."
+    )
   dense = tf.cast(features["dense"], tf.float32)
   width = dense.shape[-1]
   if dense.shape.rank != 2 or (width is not None and width != num_dense):
     raise FeatureMismatchError(
-        f"{owner}: features['dense'] has shape {dense.shape}; expected "
-        f"[B, {num_dense}] (num_dense={num_dense}).")
+      f"{owner}: features['dense'] has shape {dense.shape}; expected "
+      f"[B, {num_dense}] (num_dense={num_dense})."
+    )
   return dense
 
 
-@functools.lru_cache(maxsize=None)
-def _pair_matrices(num_features: int, self_interaction: bool
-                  ) -> Tuple[np.ndarray, np.ndarray]:
+@functools.cache
+def _pair_matrices(
+  num_features: int, self_interaction: bool
+) -> tuple[np.ndarray, np.ndarray]:
   """The 0/1 matrices that pick the lower triangle of the `[F, F]` Gram matrix.
 
   Returns:
@@ -232,8 +259,9 @@ class DotInteraction(keras.layers.Layer):
     widths = [x.shape[-1] for x in inputs]
     if len({w for w in widths if w is not None}) > 1:
       raise FeatureMismatchError(
-          f"DotInteraction: all {len(inputs)} vectors must share one width, got "
-          f"widths {widths}.")
+        f"DotInteraction: all {len(inputs)} vectors must share one width, got "
+        f"widths {widths}."
+      )
     num_features = len(inputs)
     selection, gradient = _pair_matrices(num_features, self._self_interaction)
     x = tf.stack(inputs, axis=1)  # [B, F, D]
@@ -243,10 +271,14 @@ class DotInteraction(keras.layers.Layer):
     @tf.custom_gradient
     def interact(x):
       gram = tf.matmul(x, x, transpose_b=True)  # [B, F, F]
-      out = tf.matmul(tf.reshape(gram, [-1, num_features * num_features]), selection)
+      out = tf.matmul(
+        tf.reshape(gram, [-1, num_features * num_features]), selection
+      )
 
       def grad(dout):  # [B, P] -> [B, F, D]
-        dgram = tf.reshape(tf.matmul(dout, gradient), [-1, num_features, num_features])
+        dgram = tf.reshape(
+          tf.matmul(dout, gradient), [-1, num_features, num_features]
+        )
         return tf.matmul(dgram, x)
 
       return out, grad

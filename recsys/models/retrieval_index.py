@@ -11,7 +11,6 @@ after each training phase creates no variables: it works inside
 """
 
 import logging
-from typing import Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -33,8 +32,13 @@ class CorpusIndex(tfrs.layers.factorized_top_k.TopK):
     >>> scores, ids = index(tf.random.normal([4, 7]))  # [4, 5] each
   """
 
-  def __init__(self, num_candidates: int, dim: int, k: int = 100,
-               name: str = "corpus_index") -> None:
+  def __init__(
+    self,
+    num_candidates: int,
+    dim: int,
+    k: int = 100,
+    name: str = "corpus_index",
+  ) -> None:
     """Creates the (empty) index.
 
     Args:
@@ -46,18 +50,27 @@ class CorpusIndex(tfrs.layers.factorized_top_k.TopK):
     super().__init__(k=k, name=name)
     if num_candidates < 1 or dim < 1:
       raise ModelConfigError(
-          f"CorpusIndex: num_candidates and dim must be >= 1, got {num_candidates}, {dim}.")
+        f"CorpusIndex: num_candidates and dim must be >= 1, got {num_candidates}, {dim}."
+      )
     self._num_candidates = int(num_candidates)
     self._dim = int(dim)
     # ONLY_FIRST_REPLICA: assigning from a replica context (strategy.run) is allowed.
     self._embeddings = self.add_weight(
-        name="embeddings", shape=[self._num_candidates, self._dim], dtype=tf.float32,
-        initializer="zeros", trainable=False,
-        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+      name="embeddings",
+      shape=[self._num_candidates, self._dim],
+      dtype=tf.float32,
+      initializer="zeros",
+      trainable=False,
+      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+    )
     self._valid = self.add_weight(
-        name="valid", shape=[self._num_candidates], dtype=tf.float32,
-        initializer="zeros", trainable=False,
-        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+      name="valid",
+      shape=[self._num_candidates],
+      dtype=tf.float32,
+      initializer="zeros",
+      trainable=False,
+      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+    )
     self._is_indexed = False
 
   @property
@@ -65,8 +78,9 @@ class CorpusIndex(tfrs.layers.factorized_top_k.TopK):
     """Whether `index` was called since construction."""
     return self._is_indexed
 
-  def index(self, candidates: tf.Tensor,
-            identifiers: Optional[tf.Tensor] = None) -> "CorpusIndex":
+  def index(
+    self, candidates: tf.Tensor, identifiers: tf.Tensor | None = None
+  ) -> "CorpusIndex":
     """Replaces the corpus.
 
     Args:
@@ -84,30 +98,43 @@ class CorpusIndex(tfrs.layers.factorized_top_k.TopK):
     candidates = tf.convert_to_tensor(candidates, tf.float32)
     if candidates.shape.rank != 2 or candidates.shape[-1] != self._dim:
       raise ModelConfigError(
-          f"{self.name}: candidate embeddings have shape {candidates.shape}; "
-          f"expected [N, {self._dim}].")
+        f"{self.name}: candidate embeddings have shape {candidates.shape}; "
+        f"expected [N, {self._dim}]."
+      )
     if identifiers is None:
       identifiers = tf.range(tf.shape(candidates)[0])
     ids = tf.reshape(tf.cast(identifiers, tf.int64), [-1])
     checks = [
-        tf.debugging.assert_equal(
-            tf.shape(ids, out_type=tf.int64)[0], tf.shape(candidates, out_type=tf.int64)[0],
-            message=f"{self.name}: candidate ids and embeddings differ in length"),
-        tf.debugging.assert_non_negative(ids, message=f"{self.name}: negative candidate id"),
-        tf.debugging.assert_less(
-            ids, tf.constant(self._num_candidates, tf.int64),
-            message=f"{self.name}: candidate id >= vocabulary size {self._num_candidates}"),
+      tf.debugging.assert_equal(
+        tf.shape(ids, out_type=tf.int64)[0],
+        tf.shape(candidates, out_type=tf.int64)[0],
+        message=f"{self.name}: candidate ids and embeddings differ in length",
+      ),
+      tf.debugging.assert_non_negative(
+        ids, message=f"{self.name}: negative candidate id"
+      ),
+      tf.debugging.assert_less(
+        ids,
+        tf.constant(self._num_candidates, tf.int64),
+        message=f"{self.name}: candidate id >= vocabulary size {self._num_candidates}",
+      ),
     ]
     with tf.control_dependencies(checks):
       rows = ids[:, tf.newaxis]
-      embeddings = tf.scatter_nd(rows, candidates, [self._num_candidates, self._dim])
-      valid = tf.scatter_nd(rows, tf.ones_like(ids, tf.float32), [self._num_candidates])
+      embeddings = tf.scatter_nd(
+        rows, candidates, [self._num_candidates, self._dim]
+      )
+      valid = tf.scatter_nd(
+        rows, tf.ones_like(ids, tf.float32), [self._num_candidates]
+      )
     self._embeddings.assign(embeddings)
     self._valid.assign(tf.minimum(valid, 1.0))
     self._is_indexed = True
     return self
 
-  def call(self, queries: tf.Tensor, k: Optional[int] = None) -> Tuple[tf.Tensor, tf.Tensor]:
+  def call(
+    self, queries: tf.Tensor, k: int | None = None
+  ) -> tuple[tf.Tensor, tf.Tensor]:
     """Top-k scores and ids `[Q, min(k, V)]` of each query `[Q, K]`, best first.
 
     When fewer than k candidates are indexed, the missing results have id -1
@@ -118,13 +145,15 @@ class CorpusIndex(tfrs.layers.factorized_top_k.TopK):
     scores = tf.matmul(queries, self._embeddings, transpose_b=True)  # [Q, V]
     scores = tf.where(valid[tf.newaxis, :], scores, _MIN_SCORE)
     values, rows = tf.math.top_k(scores, k=k)
-    ids = tf.where(tf.gather(valid, rows), tf.cast(rows, tf.int64), tf.constant(-1, tf.int64))
+    ids = tf.where(
+      tf.gather(valid, rows), tf.cast(rows, tf.int64), tf.constant(-1, tf.int64)
+    )
     return values, ids
 
   def is_exact(self) -> bool:
     return True
 
-  def corpus(self) -> Tuple[tf.Tensor, tf.Tensor]:
+  def corpus(self) -> tuple[tf.Tensor, tf.Tensor]:
     """The indexed ids `[N]` (int64) and embeddings `[N, K]`."""
     ids = tf.reshape(tf.where(self._valid > 0), [-1])
     return ids, tf.gather(self._embeddings, ids)
@@ -139,11 +168,13 @@ def scann_available() -> bool:
   return True
 
 
-def make_serving_index(candidate_embeddings: tf.Tensor,
-                       candidate_ids: tf.Tensor,
-                       k: int = 100,
-                       query_model: Optional[keras.Model] = None,
-                       use_scann: str = "auto") -> tfrs.layers.factorized_top_k.TopK:
+def make_serving_index(
+  candidate_embeddings: tf.Tensor,
+  candidate_ids: tf.Tensor,
+  k: int = 100,
+  query_model: keras.Model | None = None,
+  use_scann: str = "auto",
+) -> tfrs.layers.factorized_top_k.TopK:
   """A TFRS top-k layer over a corpus, for export.
 
   Args:
@@ -162,19 +193,30 @@ def make_serving_index(candidate_embeddings: tf.Tensor,
   """
   if use_scann not in ("auto", "always", "never"):
     raise ModelConfigError(
-        f"make_serving_index: use_scann must be 'auto', 'always' or 'never', got {use_scann!r}.")
+      f"make_serving_index: use_scann must be 'auto', 'always' or 'never', got {use_scann!r}."
+    )
   num = int(candidate_embeddings.shape[0])
   k = min(k, num)
   want_scann = use_scann != "never"
   if want_scann and scann_available():
     index = tfrs.layers.factorized_top_k.ScaNN(
-        query_model=query_model, k=k, num_leaves=max(1, min(1000, int(np.sqrt(num)))),
-        num_leaves_to_search=max(1, min(100, int(np.sqrt(num)) // 10)))
+      query_model=query_model,
+      k=k,
+      num_leaves=max(1, min(1000, int(np.sqrt(num)))),
+      num_leaves_to_search=max(1, min(100, int(np.sqrt(num)) // 10)),
+    )
   else:
     if use_scann == "always":
-      raise ModelConfigError("make_serving_index: use_scann='always' but the 'scann' "
-                             "package is not installed (pip install scann).")
+      raise ModelConfigError(
+        "make_serving_index: use_scann='always' but the 'scann' "
+        "package is not installed (pip install scann)."
+      )
     if want_scann:
-      _log.info("ScaNN is not installed; serving index uses brute force over %d candidates.", num)
-    index = tfrs.layers.factorized_top_k.BruteForce(query_model=query_model, k=k)
+      _log.info(
+        "ScaNN is not installed; serving index uses brute force over %d candidates.",
+        num,
+      )
+    index = tfrs.layers.factorized_top_k.BruteForce(
+      query_model=query_model, k=k
+    )
   return index.index(candidate_embeddings, candidate_ids)

@@ -6,7 +6,7 @@ best-scoring candidates of the whole corpus (brute force, exact) or among
 the k most popular candidates of the training interactions.
 """
 
-from typing import Dict, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -25,12 +25,14 @@ def _check_ks(ks: Sequence[int]) -> tuple:
   return ks
 
 
-def hit_rates(query_embeddings: tf.Tensor,
-              candidate_embeddings: tf.Tensor,
-              candidate_ids: tf.Tensor,
-              true_ids: tf.Tensor,
-              ks: Sequence[int] = (1, 5, 10, 50, 100),
-              query_batch_size: int = 1024) -> Dict[str, float]:
+def hit_rates(
+  query_embeddings: tf.Tensor,
+  candidate_embeddings: tf.Tensor,
+  candidate_ids: tf.Tensor,
+  true_ids: tf.Tensor,
+  ks: Sequence[int] = (1, 5, 10, 50, 100),
+  query_batch_size: int = 1024,
+) -> dict[str, float]:
   """Top-k hit rates of queries against the whole corpus, by brute force.
 
   Args:
@@ -54,28 +56,34 @@ def hit_rates(query_embeddings: tf.Tensor,
   tids = tf.reshape(tf.cast(true_ids, tf.int64), [-1])
   if q.shape.rank != 2 or c.shape.rank != 2 or q.shape[1] != c.shape[1]:
     raise ModelConfigError(
-        f"hit_rates: query embeddings {q.shape} and candidate embeddings {c.shape} "
-        "must be [Q, K] and [N, K].")
+      f"hit_rates: query embeddings {q.shape} and candidate embeddings {c.shape} "
+      "must be [Q, K] and [N, K]."
+    )
   if cids.shape[0] != c.shape[0] or tids.shape[0] != q.shape[0]:
     raise ModelConfigError(
-        f"hit_rates: {cids.shape[0]} candidate ids for {c.shape[0]} candidates and "
-        f"{tids.shape[0]} true ids for {q.shape[0]} queries; lengths must match.")
+      f"hit_rates: {cids.shape[0]} candidate ids for {c.shape[0]} candidates and "
+      f"{tids.shape[0]} true ids for {q.shape[0]} queries; lengths must match."
+    )
   num_queries = int(q.shape[0])
   top = min(max(ks), int(c.shape[0]))
   hits = np.zeros(len(ks))
   for start in range(0, num_queries, query_batch_size):
-    scores = tf.matmul(q[start:start + query_batch_size], c, transpose_b=True)
+    scores = tf.matmul(q[start : start + query_batch_size], c, transpose_b=True)
     _, rows = tf.math.top_k(scores, k=top)
     retrieved = tf.gather(cids, rows)  # [b, top]
-    match = tf.equal(retrieved, tids[start:start + query_batch_size, tf.newaxis]).numpy()
+    match = tf.equal(
+      retrieved, tids[start : start + query_batch_size, tf.newaxis]
+    ).numpy()
     for i, k in enumerate(ks):
       hits[i] += match[:, :k].any(axis=1).sum()
   return {_key(k): float(h / max(num_queries, 1)) for k, h in zip(ks, hits)}
 
 
-def popularity_hit_rates(train_ids: Sequence[int],
-                         true_ids: Sequence[int],
-                         ks: Sequence[int] = (1, 5, 10, 50, 100)) -> Dict[str, float]:
+def popularity_hit_rates(
+  train_ids: Sequence[int],
+  true_ids: Sequence[int],
+  ks: Sequence[int] = (1, 5, 10, 50, 100),
+) -> dict[str, float]:
   """Hit rates of recommending the k most frequent training candidates to everyone.
 
   Ties in frequency are broken by the smaller id.
@@ -95,5 +103,7 @@ def popularity_hit_rates(train_ids: Sequence[int],
   ranked = ids[np.argsort(-counts, kind="stable")]
   out = {}
   for k in ks:
-    out[_key(k)] = float(np.isin(true_ids, ranked[:k]).mean()) if true_ids.size else 0.0
+    out[_key(k)] = (
+      float(np.isin(true_ids, ranked[:k]).mean()) if true_ids.size else 0.0
+    )
   return out

@@ -5,7 +5,7 @@ Recommendations" (RecSys 2019): in-batch softmax with log-Q correction,
 L2-normalized embeddings and a temperature.
 """
 
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import gin
 import tensorflow as tf
@@ -39,22 +39,24 @@ class TwoTower(RetrievalModel):
     TensorShape([5, 8])
   """
 
-  def __init__(self,
-               feature_specs: Sequence[FeatureSpec],
-               query_features: Sequence[str],
-               candidate_features: Sequence[str],
-               candidate_id_feature: Optional[str] = None,
-               num_dense: int = 0,
-               query_tower: Sequence[int] = (64, 32),
-               candidate_tower: Sequence[int] = (64, 32),
-               normalize: bool = True,
-               temperature: Optional[float] = 0.1,
-               logq_correction: bool = False,
-               remove_accidental_hits: bool = True,
-               l2_regularization: float = 0.0,
-               ks: Sequence[int] = DEFAULT_KS,
-               sequence_pooling: str = "mean",
-               name: Optional[str] = "two_tower") -> None:
+  def __init__(
+    self,
+    feature_specs: Sequence[FeatureSpec],
+    query_features: Sequence[str],
+    candidate_features: Sequence[str],
+    candidate_id_feature: str | None = None,
+    num_dense: int = 0,
+    query_tower: Sequence[int] = (64, 32),
+    candidate_tower: Sequence[int] = (64, 32),
+    normalize: bool = True,
+    temperature: float | None = 0.1,
+    logq_correction: bool = False,
+    remove_accidental_hits: bool = True,
+    l2_regularization: float = 0.0,
+    ks: Sequence[int] = DEFAULT_KS,
+    sequence_pooling: str = "mean",
+    name: str | None = "two_tower",
+  ) -> None:
     """Builds the towers (their variables are created on the first call).
 
     Args:
@@ -85,33 +87,58 @@ class TwoTower(RetrievalModel):
     query_tower, candidate_tower = tuple(query_tower), tuple(candidate_tower)
     if not query_tower or not candidate_tower:
       raise ModelConfigError(
-          f"TwoTower: query_tower {query_tower} and candidate_tower {candidate_tower} "
-          "need at least one layer each (the last size is the embedding width K).")
+        f"TwoTower: query_tower {query_tower} and candidate_tower {candidate_tower} "
+        "need at least one layer each (the last size is the embedding width K)."
+      )
     if query_tower[-1] != candidate_tower[-1]:
       raise ModelConfigError(
-          f"TwoTower: query_tower ends in {query_tower[-1]} but candidate_tower ends "
-          f"in {candidate_tower[-1]}; both towers must output the same width K.")
-    super().__init__(feature_specs, query_features, candidate_features, candidate_id_feature,
-                     embedding_dim=query_tower[-1], num_dense=num_dense,
-                     temperature=temperature, logq_correction=logq_correction,
-                     remove_accidental_hits=remove_accidental_hits, ks=ks,
-                     sequence_pooling=sequence_pooling, name=name)
+        f"TwoTower: query_tower ends in {query_tower[-1]} but candidate_tower ends "
+        f"in {candidate_tower[-1]}; both towers must output the same width K."
+      )
+    super().__init__(
+      feature_specs,
+      query_features,
+      candidate_features,
+      candidate_id_feature,
+      embedding_dim=query_tower[-1],
+      num_dense=num_dense,
+      temperature=temperature,
+      logq_correction=logq_correction,
+      remove_accidental_hits=remove_accidental_hits,
+      ks=ks,
+      sequence_pooling=sequence_pooling,
+      name=name,
+    )
     self._normalize = normalize
-    regularizer = keras.regularizers.L2(l2_regularization) if l2_regularization else None
-    self.query_tower = model_layers.mlp(query_tower, final_activation=None,
-                                        kernel_regularizer=regularizer, name="query_tower")
-    self.candidate_tower = model_layers.mlp(candidate_tower, final_activation=None,
-                                            kernel_regularizer=regularizer,
-                                            name="candidate_tower")
+    regularizer = (
+      keras.regularizers.L2(l2_regularization) if l2_regularization else None
+    )
+    self.query_tower = model_layers.mlp(
+      query_tower,
+      final_activation=None,
+      kernel_regularizer=regularizer,
+      name="query_tower",
+    )
+    self.candidate_tower = model_layers.mlp(
+      candidate_tower,
+      final_activation=None,
+      kernel_regularizer=regularizer,
+      name="candidate_tower",
+    )
 
-  def _tower(self, tower: keras.Sequential, names: list, activations, extra, training):
+  def _tower(
+    self, tower: keras.Sequential, names: list, activations, extra, training
+  ):
     vectors = self._vectors(activations, names, allow_extra=True)
     x = tower(tf.concat(extra + vectors, axis=-1), training=training)
     return tf.math.l2_normalize(x, axis=-1) if self._normalize else x
 
-  def query_embeddings(self, activations: Mapping[str, tf.Tensor],
-                       features: Optional[Mapping[str, tf.Tensor]] = None,
-                       training: bool = False) -> tf.Tensor:
+  def query_embeddings(
+    self,
+    activations: Mapping[str, tf.Tensor],
+    features: Mapping[str, tf.Tensor] | None = None,
+    training: bool = False,
+  ) -> tf.Tensor:
     """Query embeddings `[B, K]`.
 
     Args:
@@ -124,16 +151,22 @@ class TwoTower(RetrievalModel):
     """
     dense = model_layers.dense_input(features, self.num_dense, "TwoTower")
     extra = [dense] if dense is not None else []
-    return self._tower(self.query_tower, self._query_features, activations, extra, training)
+    return self._tower(
+      self.query_tower, self._query_features, activations, extra, training
+    )
 
-  def candidate_embeddings(self, activations: Mapping[str, tf.Tensor],
-                           features: Optional[Mapping[str, tf.Tensor]] = None,
-                           training: bool = False) -> tf.Tensor:
+  def candidate_embeddings(
+    self,
+    activations: Mapping[str, tf.Tensor],
+    features: Mapping[str, tf.Tensor] | None = None,
+    training: bool = False,
+  ) -> tf.Tensor:
     """Candidate embeddings `[B, K]` (features unused; kept for symmetry).
 
     Raises:
       FeatureMismatchError: a candidate feature is missing.
     """
     del features
-    return self._tower(self.candidate_tower, self._candidate_features, activations, [],
-                       training)
+    return self._tower(
+      self.candidate_tower, self._candidate_features, activations, [], training
+    )

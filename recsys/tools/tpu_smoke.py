@@ -29,7 +29,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-from typing import Dict, List, Optional
 
 OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
 TPU_BACKENDS = ("tensorcore", "auto", "tpu_embedding", "tpu_embedding_v0")
@@ -41,30 +40,52 @@ MAX_TAGS = 4
 
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
-      prog="python -m recsys.tools.tpu_smoke",
-      description=("Train a few steps with each TPU embedding backend this TPU "
-                   "supports and with the reference backend 'tensorcore' on the "
-                   "same data; compare tables and optimizer slots."))
-  parser.add_argument("--tpu", required=True,
-                      help="TPU name or address (as for TPUClusterResolver); "
-                      "'local' for a TPU VM.")
+    prog="python -m recsys.tools.tpu_smoke",
+    description=(
+      "Train a few steps with each TPU embedding backend this TPU "
+      "supports and with the reference backend 'tensorcore' on the "
+      "same data; compare tables and optimizer slots."
+    ),
+  )
+  parser.add_argument(
+    "--tpu",
+    required=True,
+    help="TPU name or address (as for TPUClusterResolver); "
+    "'local' for a TPU VM.",
+  )
   parser.add_argument("--steps", type=int, default=5, help="training steps")
-  parser.add_argument("--per_replica_batch", type=int, default=16,
-                      help="per-replica batch (a multiple of 4 for SparseCore)")
-  parser.add_argument("--optimizers", default=",".join(OPTIMIZERS),
-                      help=f"comma-separated subset of {', '.join(OPTIMIZERS)}")
-  parser.add_argument("--backends", default=",".join(TPU_BACKENDS),
-                      help="backends to run on the TPU and compare with "
-                      "tensorcore on the CPU (those the hardware cannot run "
-                      "are skipped, with the reason; 'auto' is the automatic "
-                      "choice)")
-  parser.add_argument("--connect_timeout", type=float, default=30.0,
-                      help="seconds to wait for the TPU to answer before "
-                      "giving up with an error")
+  parser.add_argument(
+    "--per_replica_batch",
+    type=int,
+    default=16,
+    help="per-replica batch (a multiple of 4 for SparseCore)",
+  )
+  parser.add_argument(
+    "--optimizers",
+    default=",".join(OPTIMIZERS),
+    help=f"comma-separated subset of {', '.join(OPTIMIZERS)}",
+  )
+  parser.add_argument(
+    "--backends",
+    default=",".join(TPU_BACKENDS),
+    help="backends to run on the TPU and compare with "
+    "tensorcore on the CPU (those the hardware cannot run "
+    "are skipped, with the reason; 'auto' is the automatic "
+    "choice)",
+  )
+  parser.add_argument(
+    "--connect_timeout",
+    type=float,
+    default=30.0,
+    help="seconds to wait for the TPU to answer before giving up with an error",
+  )
   parser.add_argument("--rtol", type=float, default=1e-3)
   parser.add_argument("--atol", type=float, default=1e-4)
-  parser.add_argument("--workdir", default=None,
-                      help="where checkpoints go (default: a temp directory)")
+  parser.add_argument(
+    "--workdir",
+    default=None,
+    help="where checkpoints go (default: a temp directory)",
+  )
   parser.add_argument("--run_one", default=None, help=argparse.SUPPRESS)
   parser.add_argument("--replicas", type=int, default=1, help=argparse.SUPPRESS)
   return parser
@@ -75,43 +96,57 @@ def _parser() -> argparse.ArgumentParser:
 
 def _optimizer(name: str):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   e = tf.tpu.experimental.embedding
-  return {"sgd": lambda: e.SGD(0.1),
-          "adagrad": lambda: e.Adagrad(0.1),
-          "adagrad_momentum": lambda: e.AdagradMomentum(0.1, momentum=0.9),
-          "adam": lambda: e.Adam(0.01),
-          "ftrl": lambda: e.FTRL(0.1)}[name]()
+  return {
+    "sgd": lambda: e.SGD(0.1),
+    "adagrad": lambda: e.Adagrad(0.1),
+    "adagrad_momentum": lambda: e.AdagradMomentum(0.1, momentum=0.9),
+    "adam": lambda: e.Adam(0.01),
+    "ftrl": lambda: e.FTRL(0.1),
+  }[name]()
 
 
 def _feature_config():
   """Two tables from fixed initial values; `tags` is a mean-combined bag."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   e = tf.tpu.experimental.embedding
   rng = np.random.default_rng(0)
   tables = {}
   for name, combiner in (("users", "sum"), ("tags", "mean")):
     init = rng.normal(0, 0.1, (VOCAB[name], DIMS[name])).astype(np.float32)
-    tables[name] = e.TableConfig(VOCAB[name], DIMS[name], name=name,
-                                 combiner=combiner,
-                                 initializer=tf.constant_initializer(init))
-  return {"user": e.FeatureConfig(tables["users"]),
-          "tags": e.FeatureConfig(tables["tags"])}
+    tables[name] = e.TableConfig(
+      VOCAB[name],
+      DIMS[name],
+      name=name,
+      combiner=combiner,
+      initializer=tf.constant_initializer(init),
+    )
+  return {
+    "user": e.FeatureConfig(tables["users"]),
+    "tags": e.FeatureConfig(tables["tags"]),
+  }
 
 
 def _dataset(ctx, per_replica_batch: int, steps: int):
   """Deterministic batches: the same for every backend, sharded by pipeline."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   seed = 1000 * ctx.input_pipeline_id
 
   def batch(step):
     s = tf.stack([seed, step])
-    user = tf.random.stateless_uniform([per_replica_batch], s, 0, VOCAB["users"],
-                                       tf.int64)
-    lengths = tf.random.stateless_uniform([per_replica_batch], s + 1, 1,
-                                          MAX_TAGS + 1, tf.int64)
-    values = tf.random.stateless_uniform([tf.reduce_sum(lengths)], s + 2, 0,
-                                         VOCAB["tags"], tf.int64)
+    user = tf.random.stateless_uniform(
+      [per_replica_batch], s, 0, VOCAB["users"], tf.int64
+    )
+    lengths = tf.random.stateless_uniform(
+      [per_replica_batch], s + 1, 1, MAX_TAGS + 1, tf.int64
+    )
+    values = tf.random.stateless_uniform(
+      [tf.reduce_sum(lengths)], s + 2, 0, VOCAB["tags"], tf.int64
+    )
     tags = tf.RaggedTensor.from_row_lengths(values, lengths)
     label = tf.random.stateless_uniform([per_replica_batch], s + 3)
     return {"user": user, "tags": tags}, label
@@ -121,35 +156,50 @@ def _dataset(ctx, per_replica_batch: int, steps: int):
 
 
 def _train_one(args, backend: str, optimizer: str, out: str) -> None:
-  import recsys  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+  import recsys  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
+
   if backend == REFERENCE:  # the TPU's global batches, on one CPU replica
-    path = train_and_save(tf.distribute.get_strategy(), "tensorcore",
-                          optimizer, args.steps, args.per_replica_batch, out,
-                          replicas=args.replicas)
+    path = train_and_save(
+      tf.distribute.get_strategy(),
+      "tensorcore",
+      optimizer,
+      args.steps,
+      args.per_replica_batch,
+      out,
+      replicas=args.replicas,
+    )
     print(json.dumps({"checkpoint": path}))
     return
   resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=args.tpu)
   tf.config.experimental_connect_to_cluster(resolver)
   tf.tpu.experimental.initialize_tpu_system(resolver)
   strategy = tf.distribute.TPUStrategy(resolver)
-  path = train_and_save(strategy, backend, optimizer, args.steps,
-                        args.per_replica_batch, out)
+  path = train_and_save(
+    strategy, backend, optimizer, args.steps, args.per_replica_batch, out
+  )
   print(json.dumps({"checkpoint": path}))
 
 
-def train_and_save(strategy, backend: str, optimizer: str, steps: int,
-                   per_replica_batch: int, out: str,
-                   replicas: Optional[int] = None) -> str:
+def train_and_save(
+  strategy,
+  backend: str,
+  optimizer: str,
+  steps: int,
+  per_replica_batch: int,
+  out: str,
+  replicas: int | None = None,
+) -> str:
   """Trains `steps` steps with `backend` under `strategy`; returns the checkpoint.
 
   `replicas`: on a one-replica strategy, train on the global batches that
   this many replicas would see (each step the replicas' batches joined).
   """
-  import recsys  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   import backends  # pylint: disable=g-import-not-at-top
+  import recsys  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
 
   if backend == "auto":
     backend, _ = backends.registry.resolve("auto", strategy)
@@ -158,8 +208,13 @@ def train_and_save(strategy, backend: str, optimizer: str, steps: int,
     options["per_replica_batch_size"] = per_replica_batch
   if backend == "tensorcore":
     options["bag_widths"] = MAX_TAGS
-  emb = backends.create(_feature_config(), _optimizer(optimizer), strategy,
-                        backend=backend, **options)
+  emb = backends.create(
+    _feature_config(),
+    _optimizer(optimizer),
+    strategy,
+    backend=backend,
+    **options,
+  )
   with strategy.scope():
     emb.build()
   joined = replicas or 1
@@ -169,15 +224,24 @@ def train_and_save(strategy, backend: str, optimizer: str, steps: int,
     if joined > 1:
       ctx = tf.distribute.InputContext(num_replicas_in_sync=joined)
       ds = _dataset(ctx, per_replica_batch, steps).batch(joined)
-      ds = ds.map(lambda f, y: ({"user": tf.reshape(f["user"], [-1]),
-                                 "tags": f["tags"].merge_dims(0, 1)},
-                                tf.reshape(y, [-1])))
+      ds = ds.map(
+        lambda f, y: (
+          {
+            "user": tf.reshape(f["user"], [-1]),
+            "tags": f["tags"].merge_dims(0, 1),
+          },
+          tf.reshape(y, [-1]),
+        )
+      )
     else:
       ds = _dataset(ctx, per_replica_batch, steps)
     return ds.map(lambda f, y: (emb.preprocess(f)[0], y))
 
-  data = iter(strategy.distribute_datasets_from_function(
-      dataset_fn, options=emb.input_options()))
+  data = iter(
+    strategy.distribute_datasets_from_function(
+      dataset_fn, options=emb.input_options()
+    )
+  )
 
   @tf.function
   def step(iterator):
@@ -189,6 +253,7 @@ def train_and_save(strategy, backend: str, optimizer: str, steps: int,
         loss = tf.reduce_sum((score - labels) ** 2) / global_batch
       emb.apply_gradients(tape.gradient(loss, acts))
       return loss
+
     return strategy.run(replica_step, args=next(iterator))
 
   for _ in range(steps):
@@ -199,14 +264,17 @@ def train_and_save(strategy, backend: str, optimizer: str, steps: int,
 # -- the comparison (the parent process, CPU only) -----------------------------------
 
 
-def read_on_cpu(path: str, optimizer: str) -> Dict[str, "object"]:
+def read_on_cpu(path: str, optimizer: str) -> dict[str, "object"]:
   """Tables and slots of a smoke checkpoint, restored into `serving` on CPU."""
   import recsys  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
   from backends import checkpoint  # pylint: disable=g-import-not-at-top
   from backends.serving import ServingEmbedding  # pylint: disable=g-import-not-at-top
+
   emb = ServingEmbedding(_feature_config(), _optimizer(optimizer))
   checkpoint.restore(emb, path)
-  values = {emb.table_name(t): v.numpy() for t, v in emb.embedding_tables.items()}
+  values = {
+    emb.table_name(t): v.numpy() for t, v in emb.embedding_tables.items()
+  }
   for table, slots in emb.slot_variables().items():
     values.update({f"{table}/{s}": v.numpy() for s, v in slots.items()})
   return values
@@ -220,18 +288,19 @@ def _check_reachable(tpu: str, timeout: float) -> None:
   """Fails fast on a `grpc://host:port` address nothing listens on."""
   if not tpu.startswith("grpc://"):
     return
-  host, _, port = tpu[len("grpc://"):].rpartition(":")
+  host, _, port = tpu[len("grpc://") :].rpartition(":")
   try:
     with socket.create_connection((host, int(port)), timeout=timeout):
       pass
   except (OSError, ValueError) as e:
     raise TPUUnreachableError(
-        f"TPU {tpu!r}: cannot connect to {host}:{port} within {timeout:.0f} s "
-        f"({e}). Check the address (grpc://<host>:8470) and that the TPU is "
-        "running and reachable from this machine.") from e
+      f"TPU {tpu!r}: cannot connect to {host}:{port} within {timeout:.0f} s "
+      f"({e}). Check the address (grpc://<host>:8470) and that the TPU is "
+      "running and reachable from this machine."
+    ) from e
 
 
-def _tpu_facts(tpu: str, timeout: float = 30.0) -> Dict[str, object]:
+def _tpu_facts(tpu: str, timeout: float = 30.0) -> dict[str, object]:
   """Embedding feature and the backends that can run (asked in a child).
 
   Raises:
@@ -239,48 +308,71 @@ def _tpu_facts(tpu: str, timeout: float = 30.0) -> Dict[str, object]:
   """
   _check_reachable(tpu, timeout)
   code = (
-      "import json, recsys, tensorflow as tf, backends\n"
-      f"r = tf.distribute.cluster_resolver.TPUClusterResolver(tpu={tpu!r})\n"
-      "tf.config.experimental_connect_to_cluster(r)\n"
-      "tf.tpu.experimental.initialize_tpu_system(r)\n"
-      "s = tf.distribute.TPUStrategy(r)\n"
-      "f = s.extended.tpu_hardware_feature.embedding_feature\n"
-      "reasons = {n: backends.get(n).unavailable_reason(s) for n in backends.names()}\n"
-      "print(json.dumps({'feature': f.name, 'replicas': s.num_replicas_in_sync,"
-      " 'unavailable': reasons}))\n")
+    "import json, recsys, tensorflow as tf, backends\n"
+    f"r = tf.distribute.cluster_resolver.TPUClusterResolver(tpu={tpu!r})\n"
+    "tf.config.experimental_connect_to_cluster(r)\n"
+    "tf.tpu.experimental.initialize_tpu_system(r)\n"
+    "s = tf.distribute.TPUStrategy(r)\n"
+    "f = s.extended.tpu_hardware_feature.embedding_feature\n"
+    "reasons = {n: backends.get(n).unavailable_reason(s) for n in backends.names()}\n"
+    "print(json.dumps({'feature': f.name, 'replicas': s.num_replicas_in_sync,"
+    " 'unavailable': reasons}))\n"
+  )
   try:
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                            text=True, timeout=timeout)
+    result = subprocess.run(
+      [sys.executable, "-c", code],
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+    )
   except subprocess.TimeoutExpired as e:
     raise TPUUnreachableError(
-        f"TPU {tpu!r}: no answer within {timeout:.0f} s (connecting and "
-        "initialising the TPU system). Check the name or address and that "
-        "the TPU is running; --connect_timeout waits longer.") from e
+      f"TPU {tpu!r}: no answer within {timeout:.0f} s (connecting and "
+      "initialising the TPU system). Check the name or address and that "
+      "the TPU is running; --connect_timeout waits longer."
+    ) from e
   if result.returncode:
     raise TPUUnreachableError(
-        f"TPU {tpu!r}: connecting failed:\n{result.stderr[-2000:]}")
+      f"TPU {tpu!r}: connecting failed:\n{result.stderr[-2000:]}"
+    )
   return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _run_child(args, backend: str, optimizer: str, out: str) -> Optional[str]:
-  cmd = [sys.executable, "-m", "recsys.tools.tpu_smoke", "--tpu", args.tpu,
-         "--steps", str(args.steps), "--per_replica_batch",
-         str(args.per_replica_batch), "--run_one", f"{backend}:{optimizer}",
-         "--replicas", str(args.replicas), "--workdir", out]
+def _run_child(args, backend: str, optimizer: str, out: str) -> str | None:
+  cmd = [
+    sys.executable,
+    "-m",
+    "recsys.tools.tpu_smoke",
+    "--tpu",
+    args.tpu,
+    "--steps",
+    str(args.steps),
+    "--per_replica_batch",
+    str(args.per_replica_batch),
+    "--run_one",
+    f"{backend}:{optimizer}",
+    "--replicas",
+    str(args.replicas),
+    "--workdir",
+    out,
+  ]
   result = subprocess.run(cmd, capture_output=True, text=True)
   if result.returncode:
-    print(f"  {backend} / {optimizer}: FAILED to train:\n{result.stderr[-3000:]}")
+    print(
+      f"  {backend} / {optimizer}: FAILED to train:\n{result.stderr[-3000:]}"
+    )
     return None
   return json.loads(result.stdout.strip().splitlines()[-1])["checkpoint"]
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
   if args.run_one:
     backend, optimizer = args.run_one.split(":")
     _train_one(args, backend, optimizer, args.workdir)
     return 0
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   optimizers = [o for o in args.optimizers.split(",") if o]
   unknown = sorted(set(optimizers) - set(OPTIMIZERS))
   if unknown:
@@ -291,12 +383,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   args.replicas = facts["replicas"]
-  print(f"TPU {args.tpu}: embedding_feature={facts['feature']}, "
-        f"{facts['replicas']} replicas")
+  print(
+    f"TPU {args.tpu}: embedding_feature={facts['feature']}, "
+    f"{facts['replicas']} replicas"
+  )
   candidates = []
   for name in [b for b in args.backends.split(",") if b]:
-    reason = (None if name == "auto" else
-              facts["unavailable"].get(name, "not a registered backend"))
+    reason = (
+      None
+      if name == "auto"
+      else facts["unavailable"].get(name, "not a registered backend")
+    )
     if reason:
       print(f"  skipping {name}: {reason}")
     else:
@@ -316,14 +413,19 @@ def main(argv: Optional[List[str]] = None) -> int:
       continue
     reference = runs.pop(REFERENCE)
     for backend, values in runs.items():
-      worst = max(float(np.max(np.abs(values[k] - reference[k])))
-                  for k in reference)
-      ok = all(np.allclose(values[k], reference[k], rtol=args.rtol,
-                           atol=args.atol) for k in reference)
+      worst = max(
+        float(np.max(np.abs(values[k] - reference[k]))) for k in reference
+      )
+      ok = all(
+        np.allclose(values[k], reference[k], rtol=args.rtol, atol=args.atol)
+        for k in reference
+      )
       failures += not ok
-      print(f"  {optimizer:17s} {backend:17s} vs tensorcore@cpu after {args.steps} "
-            f"steps: max |diff| {worst:.3g} over {sorted(reference)} -> "
-            f"{'OK' if ok else 'MISMATCH'}")
+      print(
+        f"  {optimizer:17s} {backend:17s} vs tensorcore@cpu after {args.steps} "
+        f"steps: max |diff| {worst:.3g} over {sorted(reference)} -> "
+        f"{'OK' if ok else 'MISMATCH'}"
+      )
   print("PASS" if not failures else f"FAIL ({failures})")
   return 1 if failures else 0
 

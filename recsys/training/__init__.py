@@ -3,7 +3,18 @@
 from recsys.training import schedules
 from recsys.training.strategy import StrategyError, make_strategy
 from recsys.training.train import train
-from recsys.training.trainer import EmptyEvalSetError, Trainer, TrainerConfigError
+from recsys.training.trainer import (
+  EmptyEvalSetError,
+  Trainer,
+  TrainerConfigError,
+)
 
-__all__ = ["EmptyEvalSetError", "StrategyError", "Trainer", "TrainerConfigError", "make_strategy",
-           "schedules", "train"]
+__all__ = [
+  "EmptyEvalSetError",
+  "StrategyError",
+  "Trainer",
+  "TrainerConfigError",
+  "make_strategy",
+  "schedules",
+  "train",
+]

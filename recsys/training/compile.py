@@ -14,7 +14,7 @@ Example:
 """
 
 import logging
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -30,14 +30,17 @@ class CompilePlan(NamedTuple):
       although the step is not compiled (CPU replicas; see module doc).
     reason: one line for the log.
   """
+
   compile_steps: bool
   static_shapes: bool
   reason: str
 
 
 def _is_tpu(strategy: tf.distribute.Strategy) -> bool:
-  return isinstance(strategy, (tf.distribute.TPUStrategy,
-                               tf.distribute.experimental.TPUStrategy))
+  return isinstance(
+    strategy,
+    (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy),
+  )
 
 
 def _device_kinds(strategy: tf.distribute.Strategy) -> set:
@@ -45,12 +48,14 @@ def _device_kinds(strategy: tf.distribute.Strategy) -> set:
     devices = strategy.extended.worker_devices
   except RuntimeError:  # the default strategy
     devices = ()
-  return {(tf.DeviceSpec.from_string(d).device_type or "CPU").upper()
-          for d in devices} or {"CPU"}
+  return {
+    (tf.DeviceSpec.from_string(d).device_type or "CPU").upper() for d in devices
+  } or {"CPU"}
 
 
-def plan(strategy: tf.distribute.Strategy,
-         jit_compile: Optional[bool]) -> CompilePlan:
+def plan(
+  strategy: tf.distribute.Strategy, jit_compile: bool | None
+) -> CompilePlan:
   """The compile plan for `strategy`; logs it when compiling was asked for.
 
   Args:
@@ -60,23 +65,30 @@ def plan(strategy: tf.distribute.Strategy,
   """
   if _is_tpu(strategy):
     if jit_compile is False:
-      log.warning("train.jit_compile=False has no effect under a "
-                  "TPUStrategy: a TPU compiles every step.")
+      log.warning(
+        "train.jit_compile=False has no effect under a "
+        "TPUStrategy: a TPU compiles every step."
+      )
     return CompilePlan(False, False, "TPUStrategy compiles every replica step")
   if not jit_compile:
     return CompilePlan(False, False, "not asked for (train.jit_compile)")
   if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
     result = CompilePlan(
-        False, False, "parameter-server training: the steps read variables on "
-        "other tasks, which XLA cannot compile; they run uncompiled")
+      False,
+      False,
+      "parameter-server training: the steps read variables on "
+      "other tasks, which XLA cannot compile; they run uncompiled",
+    )
     log.warning("jit_compile: %s.", result.reason)
     return result
   replicas = strategy.num_replicas_in_sync
   if replicas > 1 and "CPU" in _device_kinds(strategy):
     result = CompilePlan(
-        False, True,
-        f"{replicas} CPU replicas: XLA cannot compile CPU collectives, so the "
-        "steps run uncompiled on the compiled path's static shapes")
+      False,
+      True,
+      f"{replicas} CPU replicas: XLA cannot compile CPU collectives, so the "
+      "steps run uncompiled on the compiled path's static shapes",
+    )
   else:
     result = CompilePlan(True, False, "each replica step compiled with XLA")
   log.info("jit_compile: %s.", result.reason)

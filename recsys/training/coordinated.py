@@ -32,7 +32,8 @@ Example:
 
 import logging
 import math
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from recsys._keras import tf
 from recsys.training import eval_padding
@@ -47,11 +48,14 @@ STEPS_PER_FUNCTION = 10
 
 
 def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
-  return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+  return isinstance(
+    strategy, tf.distribute.experimental.ParameterServerStrategy
+  )
 
 
-def make_coordinator(strategy: tf.distribute.Strategy
-                    ) -> "tf.distribute.coordinator.ClusterCoordinator":
+def make_coordinator(
+  strategy: tf.distribute.Strategy,
+) -> "tf.distribute.coordinator.ClusterCoordinator":
   """The strategy's `ClusterCoordinator` (one per strategy; made once)."""
   return tf.distribute.coordinator.ClusterCoordinator(strategy)
 
@@ -59,13 +63,18 @@ def make_coordinator(strategy: tf.distribute.Strategy
 def num_workers(strategy: tf.distribute.Strategy) -> int:
   """Workers in the strategy's cluster (tasks of job "worker")."""
   from backends import sharded  # pylint: disable=g-import-not-at-top
+
   return max(1, sharded.num_tasks(strategy, "worker"))
 
 
-def per_worker_dataset(coordinator, source: Any, global_batch: int,
-                       preprocess: Callable[[Any, Any], Any],
-                       skip_steps: int = 0,
-                       options: Optional[tf.distribute.InputOptions] = None):
+def per_worker_dataset(
+  coordinator,
+  source: Any,
+  global_batch: int,
+  preprocess: Callable[[Any, Any], Any],
+  skip_steps: int = 0,
+  options: tf.distribute.InputOptions | None = None,
+):
   """A dataset on every worker, each reading its own shard of `source`.
 
   Worker `k` of `W` reads input pipeline `k` of `W` of the training split
@@ -93,15 +102,18 @@ def per_worker_dataset(coordinator, source: Any, global_batch: int,
   skip = int(math.ceil(skip_steps / workers)) if skip_steps else 0
 
   def pipeline(k: int) -> tf.data.Dataset:
-    ctx = tf.distribute.InputContext(num_input_pipelines=workers,
-                                     input_pipeline_id=k,
-                                     num_replicas_in_sync=1)
-    ds = source.dataset(global_batch, training=True, input_context=ctx,
-                        drop_remainder=True)
+    ctx = tf.distribute.InputContext(
+      num_input_pipelines=workers, input_pipeline_id=k, num_replicas_in_sync=1
+    )
+    ds = source.dataset(
+      global_batch, training=True, input_context=ctx, drop_remainder=True
+    )
     if skip:
       ds = ds.skip(skip)
-    return ds.map(tf.autograph.experimental.do_not_convert(preprocess),
-                  num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.map(
+      tf.autograph.experimental.do_not_convert(preprocess),
+      num_parallel_calls=tf.data.AUTOTUNE,
+    )
 
   def dataset_fn(_: tf.distribute.InputContext) -> tf.data.Dataset:
     if workers == 1:
@@ -109,7 +121,8 @@ def per_worker_dataset(coordinator, source: Any, global_batch: int,
     index = tf.distribute.coordinator.experimental_get_current_worker_index()
     choice = tf.data.Dataset.from_tensors(tf.cast(index, tf.int64)).repeat()
     ds = tf.data.Dataset.choose_from_datasets(
-        [pipeline(k) for k in range(workers)], choice)
+      [pipeline(k) for k in range(workers)], choice
+    )
     return ds.prefetch(tf.data.AUTOTUNE)
 
   @tf.function
@@ -119,17 +132,25 @@ def per_worker_dataset(coordinator, source: Any, global_batch: int,
   return coordinator.create_per_worker_dataset(per_worker_fn)
 
 
-def coordinator_dataset(source: Any, global_batch: int,
-                        preprocess: Callable[[Any, Any], Any],
-                        take_steps: Optional[int] = None) -> tf.data.Dataset:
+def coordinator_dataset(
+  source: Any,
+  global_batch: int,
+  preprocess: Callable[[Any, Any], Any],
+  take_steps: int | None = None,
+) -> tf.data.Dataset:
   """The evaluation split as a dataset on the coordinator (every example once)."""
   ds = eval_padding.pad_eval_batches(
-      source.dataset(global_batch, training=False, drop_remainder=False,
-                     repeat=False), global_batch)
+    source.dataset(
+      global_batch, training=False, drop_remainder=False, repeat=False
+    ),
+    global_batch,
+  )
   if take_steps is not None:
     ds = ds.take(take_steps)
-  ds = ds.map(tf.autograph.experimental.do_not_convert(preprocess),
-              num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.map(
+    tf.autograph.experimental.do_not_convert(preprocess),
+    num_parallel_calls=tf.data.AUTOTUNE,
+  )
   return ds.prefetch(tf.data.AUTOTUNE)
 
 
@@ -156,13 +177,15 @@ class CoordinatedStepFunctions(loop_lib.StepFunctions):
     """Schedules `num_steps` steps on the workers and waits for them."""
     start = int(self._global_step.numpy())
     workers = num_workers(self._strategy)
-    per_function = max(1, min(STEPS_PER_FUNCTION,
-                              math.ceil(num_steps / workers)))
+    per_function = max(
+      1, min(STEPS_PER_FUNCTION, math.ceil(num_steps / workers))
+    )
     remaining = num_steps
     while remaining > 0:
       n = min(per_function, remaining)
-      self._coordinator.schedule(self.train_loop,
-                                 args=(iterator, tf.constant(n, tf.int32)))
+      self._coordinator.schedule(
+        self.train_loop, args=(iterator, tf.constant(n, tf.int32))
+      )
       remaining -= n
     self._coordinator.join()
     self._global_step.assign(start + num_steps)

@@ -67,12 +67,14 @@ def pad_batch(batch: Any, size: int):
   n = num_rows(batch)
   mask = tf.cast(tf.range(size) < n, tf.float32)
   features, labels = tf.nest.map_structure(
-      lambda t: _pad_rows(t, size), tuple(batch))
+    lambda t: _pad_rows(t, size), tuple(batch)
+  )
   return features, labels, mask
 
 
-def pad_eval_batches(dataset: tf.data.Dataset, batch_size: int,
-                     batches_per_step: int = 1) -> tf.data.Dataset:
+def pad_eval_batches(
+  dataset: tf.data.Dataset, batch_size: int, batches_per_step: int = 1
+) -> tf.data.Dataset:
   """An eval pipeline's batches, each whole and masked, in whole steps.
 
   Args:
@@ -91,9 +93,15 @@ def pad_eval_batches(dataset: tf.data.Dataset, batch_size: int,
   padded = dataset.map(tf.autograph.experimental.do_not_convert(pad))
   if batches_per_step <= 1:
     return padded
-  empty = dataset.take(1).map(tf.autograph.experimental.do_not_convert(
-      lambda *batch: pad(*tf.nest.map_structure(_no_rows, tuple(batch)))))
+  empty = dataset.take(1).map(
+    tf.autograph.experimental.do_not_convert(
+      lambda *batch: pad(*tf.nest.map_structure(_no_rows, tuple(batch)))
+    )
+  )
   # n real batches + (k - 1) padding ones, cut into whole groups of k: the
   # ceil(n / k) groups hold every real batch and at most k - 1 padding ones.
-  return (padded.concatenate(empty.repeat(batches_per_step - 1))
-          .batch(batches_per_step, drop_remainder=True).unbatch())
+  return (
+    padded.concatenate(empty.repeat(batches_per_step - 1))
+    .batch(batches_per_step, drop_remainder=True)
+    .unbatch()
+  )

@@ -14,7 +14,6 @@ import json
 import os
 import socket
 import sys
-from typing import Optional
 
 from recsys.training import run_files
 
@@ -34,7 +33,7 @@ class ModelDirLock:
 
   def __init__(self, model_dir: str):
     self.path = os.path.join(model_dir, LOCK_FILE)
-    self._fd: Optional[int] = None
+    self._fd: int | None = None
 
   @property
   def held(self) -> bool:
@@ -57,13 +56,17 @@ class ModelDirLock:
       holder = _read_holder(fd)
       os.close(fd)
       raise ModelDirBusyError(
-          f"model dir {os.path.dirname(self.path)!r} is in use by another "
-          f"training run ({holder}); two runs in one model dir would overwrite "
-          "each other's checkpoints. Wait for it to finish, stop it, or use "
-          "another --model_dir.") from None
-    record = {"pid": os.getpid(), "host": socket.gethostname(),
-              "started": datetime.datetime.now().isoformat(timespec="seconds"),
-              "command": " ".join(sys.argv)[:500]}
+        f"model dir {os.path.dirname(self.path)!r} is in use by another "
+        f"training run ({holder}); two runs in one model dir would overwrite "
+        "each other's checkpoints. Wait for it to finish, stop it, or use "
+        "another --model_dir."
+      ) from None
+    record = {
+      "pid": os.getpid(),
+      "host": socket.gethostname(),
+      "started": datetime.datetime.now().isoformat(timespec="seconds"),
+      "command": " ".join(sys.argv)[:500],
+    }
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(record).encode(), 0)
     self._fd = fd
@@ -92,5 +95,7 @@ def _read_holder(fd: int) -> str:
     return "holder unknown"
   if not record:
     return "holder unknown"
-  return (f"pid {record.get('pid')} on {record.get('host')}, started "
-          f"{record.get('started')}: {record.get('command', '')!r}")
+  return (
+    f"pid {record.get('pid')} on {record.get('host')}, started "
+    f"{record.get('started')}: {record.get('command', '')!r}"
+  )

@@ -17,14 +17,16 @@ Training health: every step checks that its loss and gradients are finite
 before that step and the trainer reports it without saving anything.
 """
 
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from backends import serving
 from recsys._keras import keras, tf
 
 
-def split_batch(batch: Tuple[Mapping[str, Any], Any],
-                feature_names) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]]]:
+def split_batch(
+  batch: tuple[Mapping[str, Any], Any], feature_names
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
   """The backend's (ids, weights) structures from a data batch's features.
 
   Args:
@@ -63,7 +65,8 @@ def _all_finite(*structures) -> tf.Tensor:
 
 def _zeros_for_none(grads, acts):
   return tf.nest.map_structure(
-      lambda g, a: tf.zeros_like(a) if g is None else g, grads, acts)
+    lambda g, a: tf.zeros_like(a) if g is None else g, grads, acts
+  )
 
 
 class StepFunctions:
@@ -91,29 +94,48 @@ class StepFunctions:
       gradients every step (the TPU embedding accelerator).
   """
 
-  def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model,
-               backend: Any, dense_optimizer: Any, global_batch_size: int,
-               global_step: tf.Variable, loss_metric: keras.metrics.Metric,
-               nonfinite_policy: str = "stop", jit_compile: bool = False):
+  def __init__(
+    self,
+    strategy: tf.distribute.Strategy,
+    model: keras.Model,
+    backend: Any,
+    dense_optimizer: Any,
+    global_batch_size: int,
+    global_step: tf.Variable,
+    loss_metric: keras.metrics.Metric,
+    nonfinite_policy: str = "stop",
+    jit_compile: bool = False,
+  ):
     if nonfinite_policy not in NONFINITE_POLICIES:
       raise ValueError(
-          f"nonfinite_policy={nonfinite_policy!r}: use one of "
-          f"{list(NONFINITE_POLICIES)}.")
+        f"nonfinite_policy={nonfinite_policy!r}: use one of "
+        f"{list(NONFINITE_POLICIES)}."
+      )
     if nonfinite_policy == "skip" and getattr(
-        getattr(backend, "capabilities", None), "needs_tpu", False):
+      getattr(backend, "capabilities", None), "needs_tpu", False
+    ):
       raise ValueError(
-          f"nonfinite_policy='skip' needs a backend that can leave a step's "
-          f"update out; {type(backend).__name__} runs the TPU's own update "
-          "every step: use nonfinite_policy='stop'.")
+        f"nonfinite_policy='skip' needs a backend that can leave a step's "
+        f"update out; {type(backend).__name__} runs the TPU's own update "
+        "every step: use nonfinite_policy='stop'."
+      )
     self.nonfinite_policy = nonfinite_policy
     with strategy.scope():
       agg = tf.VariableAggregation.ONLY_FIRST_REPLICA
       self.nonfinite_steps = tf.Variable(
-          0, dtype=tf.int64, trainable=False, name="nonfinite_steps",
-          aggregation=agg)
+        0,
+        dtype=tf.int64,
+        trainable=False,
+        name="nonfinite_steps",
+        aggregation=agg,
+      )
       self.first_nonfinite_step = tf.Variable(
-          -1, dtype=tf.int64, trainable=False, name="first_nonfinite_step",
-          aggregation=agg)
+        -1,
+        dtype=tf.int64,
+        trainable=False,
+        name="first_nonfinite_step",
+        aggregation=agg,
+      )
       # Evaluation sums the masked per-example losses and counts the real
       # examples; the trainer divides (eval batches differ from training's).
       self.eval_loss_sum = keras.metrics.Sum("eval_loss_sum")
@@ -131,9 +153,11 @@ class StepFunctions:
     # experiment's step from ~25 s to ~5 s. Model code stays converted
     # (TFRS tasks rely on autograph, e.g. `len(tf.shape(x))`).
     self._backend_lookup = tf.autograph.experimental.do_not_convert(
-        backend.lookup)
+      backend.lookup
+    )
     self._backend_apply = tf.autograph.experimental.do_not_convert(
-        backend.apply_gradients)
+      backend.apply_gradients
+    )
     self.jit_compile = bool(jit_compile)
     self._replica_train_step = self.train_step
     self._replica_eval_step = self.eval_step
@@ -152,8 +176,9 @@ class StepFunctions:
     if self._strategy.num_replicas_in_sync == 1:
       return finite
     ctx = tf.distribute.get_replica_context()
-    bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM,
-                         1.0 - tf.cast(finite, tf.float32))
+    bad = ctx.all_reduce(
+      tf.distribute.ReduceOp.SUM, 1.0 - tf.cast(finite, tf.float32)
+    )
     return bad < 0.5
 
   def train_step(self, batch) -> tf.Tensor:
@@ -164,8 +189,12 @@ class StepFunctions:
       acts = self._lookup(batch, training=True)
       tape.watch(acts)
       loss = self._model.compute_loss(
-          acts, features, labels, training=True,
-          global_batch_size=self._global_batch_size)
+        acts,
+        features,
+        labels,
+        training=True,
+        global_batch_size=self._global_batch_size,
+      )
     dense_grads, act_grads = tape.gradient(loss, (variables, acts))
     act_grads = _zeros_for_none(act_grads, acts)
     finite = self._agreed(_all_finite(loss, dense_grads, act_grads))
@@ -178,7 +207,8 @@ class StepFunctions:
       # The per-replica loss is already divided by the global batch: the sum
       # over replicas is the step's mean loss; Mean averages replica values.
       self._loss_metric.update_state(
-          loss * tf.cast(self._strategy.num_replicas_in_sync, loss.dtype))
+        loss * tf.cast(self._strategy.num_replicas_in_sync, loss.dtype)
+      )
       return tf.constant(True)
 
     def skip():
@@ -202,11 +232,16 @@ class StepFunctions:
     features, labels, mask = batch
     acts = self._lookup((features, labels), training=False)
     loss_sum = self._model.compute_loss(
-        acts, features, labels, training=False, global_batch_size=1,
-        mask=mask, include_regularization=False)
+      acts,
+      features,
+      labels,
+      training=False,
+      global_batch_size=1,
+      mask=mask,
+      include_regularization=False,
+    )
     self.eval_loss_sum.update_state(loss_sum)
-    self.eval_examples.update_state(
-        tf.reduce_sum(tf.cast(mask > 0, tf.int64)))
+    self.eval_examples.update_state(tf.reduce_sum(tf.cast(mask > 0, tf.int64)))
 
   def reset_eval_metrics(self) -> None:
     """Zeroes `eval_loss_sum` and `eval_examples` before an evaluation."""
@@ -219,8 +254,9 @@ class StepFunctions:
 
   def _train_loop(self, iterator, num_steps: tf.Tensor) -> None:
     for _ in tf.range(num_steps):
-      finite = self._strategy.run(self._replica_train_step,
-                                  args=(next(iterator),))
+      finite = self._strategy.run(
+        self._replica_train_step, args=(next(iterator),)
+      )
       finite = self._strategy.experimental_local_results(finite)[0]
       if not finite:
         if self.first_nonfinite_step < 0:
@@ -237,8 +273,9 @@ class StepFunctions:
       self._strategy.run(self._replica_eval_step, args=(batch,))
 
 
-def serving_activations(backend: Any, features: Mapping[str, Any],
-                        feature_names) -> Dict[str, tf.Tensor]:
+def serving_activations(
+  backend: Any, features: Mapping[str, Any], feature_names
+) -> dict[str, tf.Tensor]:
   """Activations of `feature_names` from a backend's tables, on one device.
 
   The serving path (`backends.serving.serving_lookup`): it reads the tables
@@ -255,12 +292,14 @@ def serving_activations(backend: Any, features: Mapping[str, Any],
     Feature name -> `[B, D]` (or `[B, L, D]` for sequence features).
   """
   ids, weights = split_batch((features, None), feature_names)
-  return serving.serving_lookup(ids, weights, backend.embedding_tables,
-                                backend.feature_config)
+  return serving.serving_lookup(
+    ids, weights, backend.embedding_tables, backend.feature_config
+  )
 
 
-def embed_fn(backend: Any, embed: Callable[..., tf.Tensor],
-             feature_names) -> Callable:
+def embed_fn(
+  backend: Any, embed: Callable[..., tf.Tensor], feature_names
+) -> Callable:
   """A compiled lookup + tower function for retrieval evaluation on one device.
 
   Args:
@@ -273,6 +312,8 @@ def embed_fn(backend: Any, embed: Callable[..., tf.Tensor],
   """
 
   def fn(features):
-    return embed(serving_activations(backend, features, feature_names), features)
+    return embed(
+      serving_activations(backend, features, feature_names), features
+    )
 
   return tf.function(fn)

@@ -21,19 +21,35 @@ Example:
 import glob
 import os
 import re
-from typing import Dict, List, Optional, Tuple
 
 from gin import config_parser
 
 CONFIGS_DIR = "configs"
 
 #: `train` arguments that do not change the numbers a resumed run computes.
-EXECUTION_SETTINGS = frozenset(f"train.{name}" for name in (
-    "action", "train_steps", "steps_per_loop", "eval_every", "eval_steps",
-    "eval_batch_size", "checkpoint_every", "max_checkpoints", "progress_bar",
-    "summaries", "tpu", "num_cpu_replicas", "backend", "backend_options",
-    "jit_compile", "nonfinite_policy", "allow_changed_settings",
-    "skip_memory_check"))
+EXECUTION_SETTINGS = frozenset(
+  f"train.{name}"
+  for name in (
+    "action",
+    "train_steps",
+    "steps_per_loop",
+    "eval_every",
+    "eval_steps",
+    "eval_batch_size",
+    "checkpoint_every",
+    "max_checkpoints",
+    "progress_bar",
+    "summaries",
+    "tpu",
+    "num_cpu_replicas",
+    "backend",
+    "backend_options",
+    "jit_compile",
+    "nonfinite_policy",
+    "allow_changed_settings",
+    "skip_memory_check",
+  )
+)
 
 
 class ChangedSettingsError(ValueError):
@@ -51,24 +67,25 @@ class _Delegate(config_parser.ParserDelegate):
 
 
 class _Text(str):
-
   def __repr__(self):
     return str(self)
 
 
-def bindings(config_text: str) -> Dict[str, str]:
+def bindings(config_text: str) -> dict[str, str]:
   """`{"scope/Configurable.param": repr(value)}` of an operative config."""
   out = {}
   for statement in config_parser.ConfigParser(config_text, _Delegate()):
     if isinstance(statement, config_parser.BindingStatement):
       scope = f"{statement.scope}/" if statement.scope else ""
       out[f"{scope}{statement.selector}.{statement.arg_name}"] = repr(
-          statement.value)
+        statement.value
+      )
   return out
 
 
-def changed_settings(old_text: str, new_text: str
-                     ) -> List[Tuple[str, str, str]]:
+def changed_settings(
+  old_text: str, new_text: str
+) -> list[tuple[str, str, str]]:
   """The math settings that differ: `[(key, old value, new value)]`, sorted.
 
   A parameter only one side binds counts when the other side configures the
@@ -92,9 +109,11 @@ def changed_settings(old_text: str, new_text: str
   return changes
 
 
-def numbered_configs(model_dir: str) -> List[str]:
+def numbered_configs(model_dir: str) -> list[str]:
   """The kept configs of a model dir, oldest first."""
-  paths = glob.glob(os.path.join(model_dir, CONFIGS_DIR, "operative_config-*.gin"))
+  paths = glob.glob(
+    os.path.join(model_dir, CONFIGS_DIR, "operative_config-*.gin")
+  )
   number = lambda p: int(re.search(r"-(\d+)\.gin$", p).group(1))  # noqa: E731
   return sorted((p for p in paths if re.search(r"-(\d+)\.gin$", p)), key=number)
 
@@ -106,8 +125,9 @@ def next_config_path(model_dir: str) -> str:
   return os.path.join(model_dir, CONFIGS_DIR, f"operative_config-{k + 1}.gin")
 
 
-def check_resume(previous_path: Optional[str], new_text: str, step: int,
-                 allow: bool) -> List[Tuple[str, str, str]]:
+def check_resume(
+  previous_path: str | None, new_text: str, step: int, allow: bool
+) -> list[tuple[str, str, str]]:
   """Refuses a resume at `step` whose math settings changed (unless `allow`).
 
   Args:
@@ -134,11 +154,12 @@ def check_resume(previous_path: Optional[str], new_text: str, step: int,
   if changes and not allow:
     listed = "\n".join(f"  {key}: {old} -> {new}" for key, old, new in changes)
     raise ChangedSettingsError(
-        f"the checkpoint at step {step} was trained with other settings "
-        f"({previous_path}); resuming would change:\n{listed}\n"
-        "Use the same settings to resume, another --model_dir to start a new "
-        "run, or pass --allow_changed_settings (gin: "
-        "train.allow_changed_settings = True) to resume with the new ones "
-        "(every run's config is kept in "
-        f"{os.path.join(os.path.dirname(previous_path), CONFIGS_DIR)}/).")
+      f"the checkpoint at step {step} was trained with other settings "
+      f"({previous_path}); resuming would change:\n{listed}\n"
+      "Use the same settings to resume, another --model_dir to start a new "
+      "run, or pass --allow_changed_settings (gin: "
+      "train.allow_changed_settings = True) to resume with the new ones "
+      "(every run's config is kept in "
+      f"{os.path.join(os.path.dirname(previous_path), CONFIGS_DIR)}/)."
+    )
   return changes

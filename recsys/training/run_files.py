@@ -22,7 +22,7 @@ import os
 import shutil
 import stat
 import tempfile
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class UnsafeRunFileError(OSError):
@@ -32,9 +32,10 @@ class UnsafeRunFileError(OSError):
 def _refuse_link(path: str) -> None:
   if os.path.islink(path):
     raise UnsafeRunFileError(
-        f"{path} is a symbolic link (to {os.readlink(path)!r}); a run does not "
-        "write through links in its model dir, as that would overwrite the "
-        "file it points to. Remove the link, or use another --model_dir.")
+      f"{path} is a symbolic link (to {os.readlink(path)!r}); a run does not "
+      "write through links in its model dir, as that would overwrite the "
+      "file it points to. Remove the link, or use another --model_dir."
+    )
 
 
 def refuse_links(folder: str, names: Sequence[str]) -> None:
@@ -80,8 +81,9 @@ def open_lock_file(path: str) -> int:
       is not a regular file.
   """
   try:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o644)
+    fd = os.open(
+      path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+    )
   except OSError as e:
     if e.errno == errno.ELOOP:
       _refuse_link(path)
@@ -89,11 +91,15 @@ def open_lock_file(path: str) -> int:
   st = os.fstat(fd)
   if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
     os.close(fd)
-    what = ("a hard link shared with another name" if stat.S_ISREG(st.st_mode)
-            else "not a regular file")
+    what = (
+      "a hard link shared with another name"
+      if stat.S_ISREG(st.st_mode)
+      else "not a regular file"
+    )
     raise UnsafeRunFileError(
-        f"{path} is {what}; a run would overwrite what it shares. Remove it, "
-        "or use another --model_dir.")
+      f"{path} is {what}; a run would overwrite what it shares. Remove it, "
+      "or use another --model_dir."
+    )
   return fd
 
 

@@ -12,7 +12,7 @@ Example:
 
 import ast
 import logging
-from typing import Dict, Union
+from typing import Union
 
 from tensorflow.core.framework import summary_pb2  # pylint: disable=g-direct-tensorflow-import
 
@@ -26,7 +26,7 @@ CONFIG_TAG = "operative_config"
 HParam = Union[int, float, str, bool]
 
 
-def hparams(config_text: str) -> Dict[str, HParam]:
+def hparams(config_text: str) -> dict[str, HParam]:
   """The bindings of an operative config whose values are plain scalars."""
   out = {}
   for key, text in run_configs.bindings(config_text).items():
@@ -44,13 +44,19 @@ def write_config_summaries(config_text: str, step: int) -> None:
   metadata = summary_pb2.SummaryMetadata()
   metadata.plugin_data.plugin_name = "text"
   markdown = "\n".join("    " + line for line in config_text.splitlines())
-  tf.summary.write(CONFIG_TAG, tf.constant(markdown), step=step,
-                   metadata=metadata.SerializeToString())
+  tf.summary.write(
+    CONFIG_TAG,
+    tf.constant(markdown),
+    step=step,
+    metadata=metadata.SerializeToString(),
+  )
   try:
     from tensorboard.plugins.hparams import api as hp  # pylint: disable=g-import-not-at-top
   except ImportError:
-    log.info("HParams not written: the tensorboard package is not installed "
-             "(pip install tensorboard); the config is in the text summary.")
+    log.info(
+      "HParams not written: the tensorboard package is not installed "
+      "(pip install tensorboard); the config is in the text summary."
+    )
     return
   values = hparams(config_text)
   if values:

@@ -29,14 +29,21 @@ class WarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
     end_factor: final rate as a fraction of the peak.
   """
 
-  def __init__(self, base_learning_rate: float, warmup_steps: int = 0,
-               decay_start_step: int = 0, decay_steps: int = 0,
-               power: float = 2.0, end_factor: float = 0.0):
+  def __init__(
+    self,
+    base_learning_rate: float,
+    warmup_steps: int = 0,
+    decay_start_step: int = 0,
+    decay_steps: int = 0,
+    power: float = 2.0,
+    end_factor: float = 0.0,
+  ):
     super().__init__()
     if decay_steps and decay_start_step < warmup_steps:
       raise ValueError(
-          f"WarmupPolyDecay: decay_start_step={decay_start_step} must be >= "
-          f"warmup_steps={warmup_steps}.")
+        f"WarmupPolyDecay: decay_start_step={decay_start_step} must be >= "
+        f"warmup_steps={warmup_steps}."
+      )
     self.base_learning_rate = float(base_learning_rate)
     self.warmup_steps = int(warmup_steps)
     self.decay_start_step = int(decay_start_step)
@@ -49,19 +56,25 @@ class WarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
     base = tf.constant(self.base_learning_rate, tf.float32)
     lr = base
     if self.warmup_steps:
-      lr = tf.where(step < self.warmup_steps,
-                    base * (step + 1.0) / self.warmup_steps, lr)
+      lr = tf.where(
+        step < self.warmup_steps, base * (step + 1.0) / self.warmup_steps, lr
+      )
     if self.decay_steps:
       progress = tf.clip_by_value(
-          (step - self.decay_start_step) / self.decay_steps, 0.0, 1.0)
-      decayed = base * tf.maximum((1.0 - progress) ** self.power,
-                                  self.end_factor)
+        (step - self.decay_start_step) / self.decay_steps, 0.0, 1.0
+      )
+      decayed = base * tf.maximum(
+        (1.0 - progress) ** self.power, self.end_factor
+      )
       lr = tf.where(step >= self.decay_start_step, decayed, lr)
     return lr
 
   def get_config(self):
-    return {"base_learning_rate": self.base_learning_rate,
-            "warmup_steps": self.warmup_steps,
-            "decay_start_step": self.decay_start_step,
-            "decay_steps": self.decay_steps, "power": self.power,
-            "end_factor": self.end_factor}
+    return {
+      "base_learning_rate": self.base_learning_rate,
+      "warmup_steps": self.warmup_steps,
+      "decay_start_step": self.decay_start_step,
+      "decay_steps": self.decay_steps,
+      "power": self.power,
+      "end_factor": self.end_factor,
+    }

@@ -11,7 +11,6 @@ Ctrl-C restores Python's default behaviour (KeyboardInterrupt at once).
 import logging
 import signal
 import threading
-from typing import Dict, Optional
 
 log = logging.getLogger("recsys.training")
 
@@ -34,8 +33,9 @@ class TrainingPreempted(RuntimeError):
 
   def __init__(self, step: int, checkpoint: str, signal_name: str):
     super().__init__(
-        f"{signal_name} received: saved checkpoint {checkpoint} at step "
-        f"{step} and stopped; run the same command again to resume.")
+      f"{signal_name} received: saved checkpoint {checkpoint} at step "
+      f"{step} and stopped; run the same command again to resume."
+    )
     self.step, self.checkpoint, self.signal_name = step, checkpoint, signal_name
 
 
@@ -49,8 +49,8 @@ class StopRequests:
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
-    self.requested: Optional[str] = None
-    self._previous: Dict[int, object] = {}
+    self.requested: str | None = None
+    self._previous: dict[int, object] = {}
 
   def _handle(self, signum, frame) -> None:
     del frame
@@ -59,9 +59,11 @@ class StopRequests:
       signal.signal(signal.SIGINT, signal.default_int_handler)
       raise KeyboardInterrupt
     self.requested = self.requested or name
-    log.warning("%s received: finishing the current loop, then saving a "
-                "checkpoint and stopping (Ctrl-C again to abort at once).",
-                name)
+    log.warning(
+      "%s received: finishing the current loop, then saving a "
+      "checkpoint and stopping (Ctrl-C again to abort at once).",
+      name,
+    )
 
   def __enter__(self) -> "StopRequests":
     if threading.current_thread() is threading.main_thread():

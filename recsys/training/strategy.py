@@ -19,7 +19,6 @@ import logging
 import os
 import signal
 import threading
-from typing import Optional, Tuple
 
 from recsys._keras import tf
 
@@ -37,8 +36,9 @@ def _tf_config() -> dict:
   try:
     return json.loads(raw)
   except json.JSONDecodeError as e:
-    raise StrategyError(f"TF_CONFIG is not valid JSON ({e}); got {raw[:200]!r}."
-                       ) from e
+    raise StrategyError(
+      f"TF_CONFIG is not valid JSON ({e}); got {raw[:200]!r}."
+    ) from e
 
 
 def logical_cpus(num: int) -> list:
@@ -56,15 +56,17 @@ def logical_cpus(num: int) -> list:
   if len(configured) < num:
     try:
       tf.config.set_logical_device_configuration(
-          physical, [tf.config.LogicalDeviceConfiguration()] * num)
+        physical, [tf.config.LogicalDeviceConfiguration()] * num
+      )
     except RuntimeError:  # already running: usable if it has enough CPUs
       pass
   cpus = tf.config.list_logical_devices("CPU")
   if len(cpus) < num:
     raise StrategyError(
-        f"need {num} logical CPUs for num_cpu_replicas={num} but TensorFlow is "
-        f"already initialised with {len(cpus)}; set num_cpu_replicas before any "
-        "TensorFlow op runs (e.g. as the first thing in the process).")
+      f"need {num} logical CPUs for num_cpu_replicas={num} but TensorFlow is "
+      f"already initialised with {len(cpus)}; set num_cpu_replicas before any "
+      "TensorFlow op runs (e.g. as the first thing in the process)."
+    )
   return cpus[:num]
 
 
@@ -78,12 +80,19 @@ def serve(tf_config: dict) -> None:
   """
   resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
   task = tf_config.get("task", {})
-  log.info("serving as %s %s of %s", task.get("type"), task.get("index", 0),
-           resolver.cluster_spec().as_dict())
+  log.info(
+    "serving as %s %s of %s",
+    task.get("type"),
+    task.get("index", 0),
+    resolver.cluster_spec().as_dict(),
+  )
   server = tf.distribute.Server(
-      resolver.cluster_spec(), job_name=resolver.task_type,
-      task_index=resolver.task_id, protocol=resolver.rpc_layer or "grpc",
-      start=True)
+    resolver.cluster_spec(),
+    job_name=resolver.task_type,
+    task_index=resolver.task_id,
+    protocol=resolver.rpc_layer or "grpc",
+    start=True,
+  )
   if threading.current_thread() is threading.main_thread():
     # join() blocks in C++, where no Python signal handler (`recsys`'s
     # exit-143 one included) can run: let SIGTERM end the task at once.
@@ -91,8 +100,9 @@ def serve(tf_config: dict) -> None:
   server.join()
 
 
-def parameter_server_strategy(tf_config: dict
-                             ) -> Tuple[tf.distribute.Strategy, str]:
+def parameter_server_strategy(
+  tf_config: dict,
+) -> tuple[tf.distribute.Strategy, str]:
   """The chief's `ParameterServerStrategy` for a TF_CONFIG with a "ps" job.
 
   Embedding tables are row-sharded over every parameter server (the sharded
@@ -107,30 +117,36 @@ def parameter_server_strategy(tf_config: dict
   task_type = tf_config.get("task", {}).get("type")
   if not cluster.get("worker") or len(cluster.get("chief", [])) != 1:
     raise StrategyError(
-        "a TF_CONFIG cluster with a 'ps' job needs exactly one 'chief' (the "
-        "coordinator that runs `recsys train`) and at least one 'worker'; got "
-        f"jobs {sorted(cluster)} with {len(cluster.get('chief', []))} chief(s) "
-        f"and {len(cluster.get('worker', []))} worker(s).")
+      "a TF_CONFIG cluster with a 'ps' job needs exactly one 'chief' (the "
+      "coordinator that runs `recsys train`) and at least one 'worker'; got "
+      f"jobs {sorted(cluster)} with {len(cluster.get('chief', []))} chief(s) "
+      f"and {len(cluster.get('worker', []))} worker(s)."
+    )
   if task_type in ("worker", "ps"):
     serve(tf_config)
     raise SystemExit(0)
   if task_type != "chief":
     raise StrategyError(
-        f"TF_CONFIG task type {task_type!r} is not one of 'chief', 'worker', "
-        "'ps' (parameter-server training; an 'evaluator' is not supported).")
+      f"TF_CONFIG task type {task_type!r} is not one of 'chief', 'worker', "
+      "'ps' (parameter-server training; an 'evaluator' is not supported)."
+    )
   from backends import sharded  # pylint: disable=g-import-not-at-top
+
   num_ps = len(cluster["ps"])
   resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
   strategy = tf.distribute.experimental.ParameterServerStrategy(
-      resolver, variable_partitioner=sharded.TablePartitioner(num_ps))
-  return strategy, (f"ParameterServerStrategy from TF_CONFIG ({num_ps} ps, "
-                    f"{len(cluster['worker'])} workers; tables row-sharded "
-                    f"over the {num_ps} ps)")
+    resolver, variable_partitioner=sharded.TablePartitioner(num_ps)
+  )
+  return strategy, (
+    f"ParameterServerStrategy from TF_CONFIG ({num_ps} ps, "
+    f"{len(cluster['worker'])} workers; tables row-sharded "
+    f"over the {num_ps} ps)"
+  )
 
 
-def make_strategy(tpu: Optional[str] = None,
-                  num_cpu_replicas: int = 0,
-                  use_gpus: bool = True) -> Tuple[tf.distribute.Strategy, str]:
+def make_strategy(
+  tpu: str | None = None, num_cpu_replicas: int = 0, use_gpus: bool = True
+) -> tuple[tf.distribute.Strategy, str]:
   """Builds the strategy for this machine or cluster.
 
   Args:
@@ -150,14 +166,16 @@ def make_strategy(tpu: Optional[str] = None,
   if tpu:
     try:
       resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
-          tpu="" if tpu == "local" else tpu)
+        tpu="" if tpu == "local" else tpu
+      )
       if tpu != "local":
         tf.config.experimental_connect_to_cluster(resolver)
       tf.tpu.experimental.initialize_tpu_system(resolver)
     except (ValueError, RuntimeError, tf.errors.OpError) as e:
       raise StrategyError(
-          f"cannot reach TPU {tpu!r}: {e}. Pass --tpu=local on a TPU VM or the "
-          "TPU's name/grpc address; omit --tpu to train on CPU/GPU.") from e
+        f"cannot reach TPU {tpu!r}: {e}. Pass --tpu=local on a TPU VM or the "
+        "TPU's name/grpc address; omit --tpu to train on CPU/GPU."
+      ) from e
     return tf.distribute.TPUStrategy(resolver), f"TPUStrategy on TPU {tpu!r}"
 
   tf_config = _tf_config()
@@ -166,8 +184,10 @@ def make_strategy(tpu: Optional[str] = None,
     return parameter_server_strategy(tf_config)
   workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
   if workers > 1:
-    return (tf.distribute.MultiWorkerMirroredStrategy(),
-            f"MultiWorkerMirroredStrategy from TF_CONFIG ({workers} workers)")
+    return (
+      tf.distribute.MultiWorkerMirroredStrategy(),
+      f"MultiWorkerMirroredStrategy from TF_CONFIG ({workers} workers)",
+    )
 
   # Physical devices first: listing logical ones starts the runtime, which
   # must not happen before the CPU is split into replicas.
@@ -175,13 +195,19 @@ def make_strategy(tpu: Optional[str] = None,
   if use_gpus and tf.config.list_physical_devices("GPU"):
     gpus = tf.config.list_logical_devices("GPU")
   if len(gpus) > 1:
-    return (tf.distribute.MirroredStrategy([d.name for d in gpus]),
-            f"MirroredStrategy over {len(gpus)} GPUs")
+    return (
+      tf.distribute.MirroredStrategy([d.name for d in gpus]),
+      f"MirroredStrategy over {len(gpus)} GPUs",
+    )
   if len(gpus) == 1:
-    return (tf.distribute.OneDeviceStrategy(gpus[0].name),
-            f"OneDeviceStrategy on {gpus[0].name}")
+    return (
+      tf.distribute.OneDeviceStrategy(gpus[0].name),
+      f"OneDeviceStrategy on {gpus[0].name}",
+    )
   if num_cpu_replicas > 1:
     cpus = logical_cpus(num_cpu_replicas)
-    return (tf.distribute.MirroredStrategy([d.name for d in cpus]),
-            f"MirroredStrategy over {num_cpu_replicas} logical CPUs")
+    return (
+      tf.distribute.MirroredStrategy([d.name for d in cpus]),
+      f"MirroredStrategy over {num_cpu_replicas} logical CPUs",
+    )
   return tf.distribute.get_strategy(), "default strategy on the CPU"

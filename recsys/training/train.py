@@ -20,7 +20,8 @@ Example (gin):
 """
 
 import logging
-from typing import Any, Callable, Dict, Mapping, Optional, Union
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import gin
 
@@ -39,35 +40,37 @@ def _instance(source: Any) -> Any:
 
 
 @gin.configurable("train")
-def train(model_dir: str,
-          data: Any = gin.REQUIRED,
-          model: Callable[..., keras.Model] = gin.REQUIRED,
-          eval_data: Optional[Any] = None,
-          embedding: Optional[features_lib.EmbeddingSettings] = None,
-          embedding_optimizer: Optional[Any] = None,
-          dense_optimizer: Optional[Callable[[], Any]] = None,
-          backend: str = "auto",
-          backend_options: Optional[Mapping[str, Any]] = None,
-          tpu: Optional[str] = None,
-          num_cpu_replicas: int = 0,
-          global_batch_size: int = 1024,
-          eval_batch_size: Optional[int] = None,
-          train_steps: int = 1000,
-          steps_per_loop: int = 100,
-          eval_every: int = 0,
-          eval_steps: Optional[int] = 20,
-          checkpoint_every: int = 0,
-          max_checkpoints: int = 3,
-          seed: int = 0,
-          progress_bar: bool = True,
-          summaries: bool = True,
-          nonfinite_policy: str = "stop",
-          jit_compile: Optional[bool] = None,
-          allow_changed_settings: bool = False,
-          skip_memory_check: bool = False,
-          strategy: Optional[tf.distribute.Strategy] = None,
-          action: str = "train",
-          feature_config: Optional[Mapping[str, Any]] = None) -> Union[Dict[str, float], Trainer]:
+def train(
+  model_dir: str,
+  data: Any = gin.REQUIRED,
+  model: Callable[..., keras.Model] = gin.REQUIRED,
+  eval_data: Any | None = None,
+  embedding: features_lib.EmbeddingSettings | None = None,
+  embedding_optimizer: Any | None = None,
+  dense_optimizer: Callable[[], Any] | None = None,
+  backend: str = "auto",
+  backend_options: Mapping[str, Any] | None = None,
+  tpu: str | None = None,
+  num_cpu_replicas: int = 0,
+  global_batch_size: int = 1024,
+  eval_batch_size: int | None = None,
+  train_steps: int = 1000,
+  steps_per_loop: int = 100,
+  eval_every: int = 0,
+  eval_steps: int | None = 20,
+  checkpoint_every: int = 0,
+  max_checkpoints: int = 3,
+  seed: int = 0,
+  progress_bar: bool = True,
+  summaries: bool = True,
+  nonfinite_policy: str = "stop",
+  jit_compile: bool | None = None,
+  allow_changed_settings: bool = False,
+  skip_memory_check: bool = False,
+  strategy: tf.distribute.Strategy | None = None,
+  action: str = "train",
+  feature_config: Mapping[str, Any] | None = None,
+) -> dict[str, float] | Trainer:
   """Builds the strategy and the Trainer, then trains or evaluates.
 
   Args:
@@ -120,29 +123,42 @@ def train(model_dir: str,
     strategy, why = strategy_lib.make_strategy(tpu, num_cpu_replicas)
     log.info("strategy: %s", why)
   trainer = Trainer(
-      model_dir=model_dir, source=_instance(data), model=model,
-      strategy=strategy, embedding=embedding,
-      embedding_optimizer=embedding_optimizer,
-      dense_optimizer=dense_optimizer, backend=backend,
-      backend_options=backend_options,
-      eval_source=_instance(eval_data) if eval_data is not None else None,
-      global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
-      train_steps=train_steps, steps_per_loop=steps_per_loop,
-      eval_every=eval_every, eval_steps=eval_steps,
-      checkpoint_every=checkpoint_every, max_checkpoints=max_checkpoints,
-      # Only training writes summaries: evaluate/export just read the run.
-      seed=seed, progress_bar=progress_bar,
-      summaries=summaries and action == "train",
-      nonfinite_policy=nonfinite_policy, jit_compile=jit_compile,
-      allow_changed_settings=allow_changed_settings,
-      skip_memory_check=skip_memory_check, feature_config=feature_config)
+    model_dir=model_dir,
+    source=_instance(data),
+    model=model,
+    strategy=strategy,
+    embedding=embedding,
+    embedding_optimizer=embedding_optimizer,
+    dense_optimizer=dense_optimizer,
+    backend=backend,
+    backend_options=backend_options,
+    eval_source=_instance(eval_data) if eval_data is not None else None,
+    global_batch_size=global_batch_size,
+    eval_batch_size=eval_batch_size,
+    train_steps=train_steps,
+    steps_per_loop=steps_per_loop,
+    eval_every=eval_every,
+    eval_steps=eval_steps,
+    checkpoint_every=checkpoint_every,
+    max_checkpoints=max_checkpoints,
+    # Only training writes summaries: evaluate/export just read the run.
+    seed=seed,
+    progress_bar=progress_bar,
+    summaries=summaries and action == "train",
+    nonfinite_policy=nonfinite_policy,
+    jit_compile=jit_compile,
+    allow_changed_settings=allow_changed_settings,
+    skip_memory_check=skip_memory_check,
+    feature_config=feature_config,
+  )
   if action == "build":
     return trainer
   if action == "evaluate":
     if not trainer.restored_step:
       raise FileNotFoundError(
-          f"no checkpoint in {model_dir!r}/checkpoints to evaluate; train "
-          "first (recsys train ... --model_dir) or point --model_dir at a run.")
+        f"no checkpoint in {model_dir!r}/checkpoints to evaluate; train "
+        "first (recsys train ... --model_dir) or point --model_dir at a run."
+      )
     results = trainer.evaluate()
     results["step"] = trainer.restored_step
     return results

@@ -21,26 +21,23 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Callable, Dict, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import gin
 import numpy as np
-
 from tensorflow.core.framework import summary_pb2  # pylint: disable=g-direct-tensorflow-import
 
 import backends
 from recsys import features as features_lib
 from recsys import planning
-from recsys.data.from_dataset import DatasetSource
 from recsys._keras import keras, tf
-from recsys.training import lock as lock_lib
+from recsys.data.from_dataset import DatasetSource
 from recsys.training import compile as compile_lib
 from recsys.training import coordinated as coordinated_lib
-from recsys.training import eval_padding
+from recsys.training import eval_padding, run_configs, run_files, run_summaries
+from recsys.training import lock as lock_lib
 from recsys.training import loop as loop_lib
-from recsys.training import run_configs
-from recsys.training import run_files
-from recsys.training import run_summaries
 from recsys.training import signals as signals_lib
 
 log = logging.getLogger("recsys.training")
@@ -69,18 +66,20 @@ class NonFiniteLossError(FloatingPointError):
     last_checkpoint: path of the newest checkpoint, or None.
   """
 
-  def __init__(self, message: str, step: int, last_checkpoint: Optional[str]):
+  def __init__(self, message: str, step: int, last_checkpoint: str | None):
     super().__init__(message)
     self.step, self.last_checkpoint = step, last_checkpoint
 
 
 # What reading a damaged checkpoint raises (truncated data or index file;
 # TF's reader raises IndexError "Read less bytes than requested").
-_UNREADABLE_CHECKPOINT_ERRORS = (tf.errors.DataLossError,
-                                 tf.errors.OutOfRangeError,
-                                 tf.errors.NotFoundError,
-                                 tf.errors.InvalidArgumentError,
-                                 IndexError)
+_UNREADABLE_CHECKPOINT_ERRORS = (
+  tf.errors.DataLossError,
+  tf.errors.OutOfRangeError,
+  tf.errors.NotFoundError,
+  tf.errors.InvalidArgumentError,
+  IndexError,
+)
 
 
 def _call_with_supported(factory: Callable[..., Any], **kwargs) -> Any:
@@ -101,61 +100,75 @@ def _call_with_supported(factory: Callable[..., Any], **kwargs) -> Any:
 
 def _check_source(source: Any, where: str) -> None:
   """A data source has `feature_specs` and `dataset()` (the data contract)."""
-  if not (hasattr(source, "feature_specs") and callable(
-      getattr(source, "dataset", None))):
+  if not (
+    hasattr(source, "feature_specs")
+    and callable(getattr(source, "dataset", None))
+  ):
     raise TrainerConfigError(
-        f"{where} is {source!r} ({type(source).__name__}); expected a data "
-        "source with feature_specs and dataset(), e.g. @SyntheticCTR() or "
-        "@CriteoTSV().")
+      f"{where} is {source!r} ({type(source).__name__}); expected a data "
+      "source with feature_specs and dataset(), e.g. @SyntheticCTR() or "
+      "@CriteoTSV()."
+    )
 
 
-def _dataset_sources(source: Any, eval_source: Any,
-                     feature_config: Optional[Mapping[str, Any]],
-                     embedding: Any):
+def _dataset_sources(
+  source: Any,
+  eval_source: Any,
+  feature_config: Mapping[str, Any] | None,
+  embedding: Any,
+):
   """`(source, eval_source)` with `tf.data.Dataset`s wrapped as DatasetSources."""
   datasets = [isinstance(s, tf.data.Dataset) for s in (source, eval_source)]
   if feature_config is None:
     if any(datasets):
       raise TrainerConfigError(
-          "a tf.data.Dataset as train data needs feature_config= (dict feature "
-          "name -> tf.tpu.experimental.embedding.FeatureConfig); or give a "
-          "data source with feature_specs.")
+        "a tf.data.Dataset as train data needs feature_config= (dict feature "
+        "name -> tf.tpu.experimental.embedding.FeatureConfig); or give a "
+        "data source with feature_specs."
+      )
     return source, eval_source
   if embedding is not None:
     raise TrainerConfigError(
-        "give either feature_config= (tables as they are) or embedding= "
-        "(settings to build tables from a source's feature specs), not both.")
+      "give either feature_config= (tables as they are) or embedding= "
+      "(settings to build tables from a source's feature specs), not both."
+    )
   if not datasets[0]:
     raise TrainerConfigError(
-        f"feature_config= goes with an unbatched tf.data.Dataset as source; "
-        f"got a {type(source).__name__}.")
+      f"feature_config= goes with an unbatched tf.data.Dataset as source; "
+      f"got a {type(source).__name__}."
+    )
   eval_ds = eval_source if datasets[1] else None
   wrapped = DatasetSource(source, feature_config, eval_dataset=eval_ds)
-  return wrapped, (None if eval_ds is not None or eval_source is None
-                   else eval_source)
+  return wrapped, (
+    None if eval_ds is not None or eval_source is None else eval_source
+  )
 
 
 def _check_dense_optimizer(factory: Any) -> None:
   """`dense_optimizer` is a Keras optimizer class or factory, not an instance."""
   if factory is None:
     return
-  if isinstance(factory, (keras.optimizers.Optimizer,
-                          keras.optimizers.legacy.Optimizer)):
+  if isinstance(
+    factory, (keras.optimizers.Optimizer, keras.optimizers.legacy.Optimizer)
+  ):
     raise TrainerConfigError(
-        f"train.dense_optimizer is an optimizer instance "
-        f"({type(factory).__name__}); give the class or a factory so it is "
-        "built inside the strategy's scope: in gin write "
-        "@keras.optimizers.Adam without parentheses (set its arguments with "
-        "keras.optimizers.Adam.learning_rate = ...).")
+      f"train.dense_optimizer is an optimizer instance "
+      f"({type(factory).__name__}); give the class or a factory so it is "
+      "built inside the strategy's scope: in gin write "
+      "@keras.optimizers.Adam without parentheses (set its arguments with "
+      "keras.optimizers.Adam.learning_rate = ...)."
+    )
   if not callable(factory) or getattr(factory, "__module__", "").startswith(
-      "tensorflow.python.tpu"):
+    "tensorflow.python.tpu"
+  ):
     raise TrainerConfigError(
-        f"train.dense_optimizer is {factory!r}; expected a Keras optimizer "
-        "class such as @keras.optimizers.Adam (the tables' optimizer is "
-        "train.embedding_optimizer).")
+      f"train.dense_optimizer is {factory!r}; expected a Keras optimizer "
+      "class such as @keras.optimizers.Adam (the tables' optimizer is "
+      "train.embedding_optimizer)."
+    )
 
 
-def _flat_results(metrics, prefix: str) -> Dict[str, float]:
+def _flat_results(metrics, prefix: str) -> dict[str, float]:
   """{prefix/name: float} for Keras metrics; vector results get `_i` names."""
   out = {}
   for metric in metrics:
@@ -169,7 +182,9 @@ def _flat_results(metrics, prefix: str) -> Dict[str, float]:
       if value.size == 1:
         out[f"{prefix}/{name}"] = float(value[0])
         continue
-      ks = list(getattr(metric, "_ks", None) or getattr(metric, "ks", None) or [])
+      ks = list(
+        getattr(metric, "_ks", None) or getattr(metric, "ks", None) or []
+      )
       for i, v in enumerate(value):
         suffix = f"top{ks[i]}" if len(ks) == value.size else str(i)
         out[f"{prefix}/{name}_{suffix}"] = float(v)
@@ -179,8 +194,10 @@ def _flat_results(metrics, prefix: str) -> Dict[str, float]:
 def _on_a_terminal() -> bool:
   """Whether stdout and stderr are terminals: a progress bar's \\r frames in
   a log file or pipe glue onto the log lines, so there it logs lines."""
-  return all(getattr(stream, "isatty", lambda: False)()
-             for stream in (sys.stdout, sys.stderr))
+  return all(
+    getattr(stream, "isatty", lambda: False)()
+    for stream in (sys.stdout, sys.stderr)
+  )
 
 
 def _regularization_loss(model: keras.Model) -> float:
@@ -198,8 +215,12 @@ def _scalar_summary(name: str, value: float, step: int) -> None:
   """
   metadata = summary_pb2.SummaryMetadata()
   metadata.plugin_data.plugin_name = "scalars"
-  tf.summary.write(name, tf.constant(value, tf.float32), step=step,
-                   metadata=metadata.SerializeToString())
+  tf.summary.write(
+    name,
+    tf.constant(value, tf.float32),
+    step=step,
+    metadata=metadata.SerializeToString(),
+  )
 
 
 def _with_batch_size(batch_size: int, *batch):
@@ -208,10 +229,12 @@ def _with_batch_size(batch_size: int, *batch):
   Sources that gather ragged rows can lose the static batch size, and with
   it the padded bags' (`preprocess`): compiled steps need it.
   """
+
   def fix(t):
     if isinstance(t, tf.Tensor) and t.shape.rank and t.shape[0] is None:
       return tf.ensure_shape(t, [batch_size] + t.shape[1:].as_list())
     return t
+
   return tf.nest.map_structure(fix, batch)
 
 
@@ -272,37 +295,40 @@ class Trainer:
   during a save) loses at most the steps since the last one.
   """
 
-  def __init__(self,
-               model_dir: str,
-               source: Any,
-               model: Callable[..., keras.Model],
-               strategy: Optional[tf.distribute.Strategy] = None,
-               embedding: Optional[features_lib.EmbeddingSettings] = None,
-               embedding_optimizer: Optional[Any] = None,
-               dense_optimizer: Optional[Callable[[], Any]] = None,
-               backend: str = "auto",
-               backend_options: Optional[Mapping[str, Any]] = None,
-               eval_source: Optional[Any] = None,
-               global_batch_size: int = 1024,
-               eval_batch_size: Optional[int] = None,
-               train_steps: int = 1000,
-               steps_per_loop: int = 100,
-               eval_every: int = 0,
-               eval_steps: Optional[int] = 20,
-               checkpoint_every: int = 0,
-               max_checkpoints: int = 3,
-               seed: int = 0,
-               progress_bar: bool = True,
-               summaries: bool = True,
-               nonfinite_policy: str = "stop",
-               jit_compile: Optional[bool] = None,
-               allow_changed_settings: bool = False,
-               skip_memory_check: bool = False,
-               feature_config: Optional[Mapping[str, Any]] = None):
+  def __init__(
+    self,
+    model_dir: str,
+    source: Any,
+    model: Callable[..., keras.Model],
+    strategy: tf.distribute.Strategy | None = None,
+    embedding: features_lib.EmbeddingSettings | None = None,
+    embedding_optimizer: Any | None = None,
+    dense_optimizer: Callable[[], Any] | None = None,
+    backend: str = "auto",
+    backend_options: Mapping[str, Any] | None = None,
+    eval_source: Any | None = None,
+    global_batch_size: int = 1024,
+    eval_batch_size: int | None = None,
+    train_steps: int = 1000,
+    steps_per_loop: int = 100,
+    eval_every: int = 0,
+    eval_steps: int | None = 20,
+    checkpoint_every: int = 0,
+    max_checkpoints: int = 3,
+    seed: int = 0,
+    progress_bar: bool = True,
+    summaries: bool = True,
+    nonfinite_policy: str = "stop",
+    jit_compile: bool | None = None,
+    allow_changed_settings: bool = False,
+    skip_memory_check: bool = False,
+    feature_config: Mapping[str, Any] | None = None,
+  ):
     self.model_dir = model_dir
     self.allow_changed_settings = bool(allow_changed_settings)
-    source, eval_source = _dataset_sources(source, eval_source, feature_config,
-                                           embedding)
+    source, eval_source = _dataset_sources(
+      source, eval_source, feature_config, embedding
+    )
     self.source = source
     self.eval_source = eval_source if eval_source is not None else source
     self.strategy = strategy or tf.distribute.get_strategy()
@@ -322,61 +348,89 @@ class Trainer:
     _check_dense_optimizer(dense_optimizer)
     # ParameterServerStrategy: this process coordinates; steps run on the
     # workers through a ClusterCoordinator (recsys.training.coordinated).
-    self._coordinator = (coordinated_lib.make_coordinator(self.strategy)
-                         if coordinated_lib.is_parameter_server(self.strategy)
-                         else None)
+    self._coordinator = (
+      coordinated_lib.make_coordinator(self.strategy)
+      if coordinated_lib.is_parameter_server(self.strategy)
+      else None
+    )
     if os.path.exists(model_dir) and not os.path.isdir(model_dir):
       raise TrainerConfigError(
-          f"model_dir {model_dir!r} is a file; it must be a folder (new or "
-          "holding a run to resume).")
+        f"model_dir {model_dir!r} is a file; it must be a folder (new or "
+        "holding a run to resume)."
+      )
     os.makedirs(model_dir, exist_ok=True)
     keras.utils.set_random_seed(seed)
 
-    self.feature_config = (dict(source.feature_config)
-                           if isinstance(source, DatasetSource) else
-                           features_lib.feature_config(source.feature_specs,
-                                                       embedding, seed=seed))
-    features_lib.check_embedding_optimizer(embedding_optimizer,
-                                           "train.embedding_optimizer")
+    self.feature_config = (
+      dict(source.feature_config)
+      if isinstance(source, DatasetSource)
+      else features_lib.feature_config(
+        source.feature_specs, embedding, seed=seed
+      )
+    )
+    features_lib.check_embedding_optimizer(
+      embedding_optimizer, "train.embedding_optimizer"
+    )
     if embedding_optimizer is None:
       embedding_optimizer = tf.tpu.experimental.embedding.Adagrad(0.05)
     self.embedding_optimizer = embedding_optimizer
     with self.strategy.scope():
       self.global_step = tf.Variable(
-          0, dtype=tf.int64, trainable=False, name="global_step",
-          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        0,
+        dtype=tf.int64,
+        trainable=False,
+        name="global_step",
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+      )
     for opt in [embedding_optimizer] + [
-        f.table.optimizer for f in self.feature_config.values()]:
+      f.table.optimizer for f in self.feature_config.values()
+    ]:
       self._bind_schedule(opt)
     self.backend_name, self.backend_reason = backends.registry.resolve(
-        backend, self.strategy)
+      backend, self.strategy
+    )
     # `resolve` logs the choice and its reason (the one place "auto" is
     # decided); construct the resolved class directly so it is not re-resolved.
     # The data source knows its longest bags: static widths give compiled
     # steps fixed shapes (and replicas a fixed-size exchange of touched rows).
-    options = {"bag_widths": {spec.name: spec.max_ids
-                              for spec in source.feature_specs
-                              if spec.multi_hot and not spec.sequence_length}}
+    options = {
+      "bag_widths": {
+        spec.name: spec.max_ids
+        for spec in source.feature_specs
+        if spec.multi_hot and not spec.sequence_length
+      }
+    }
     self.compile_plan = compile_lib.plan(self.strategy, jit_compile)
     backend_cls = backends.get(self.backend_name)
-    if self.compile_plan.static_shapes and "static_shapes" in inspect.signature(
-        backend_cls.__init__).parameters:
+    if (
+      self.compile_plan.static_shapes
+      and "static_shapes" in inspect.signature(backend_cls.__init__).parameters
+    ):
       options["static_shapes"] = True
     options.update(backend_options or {})
     accepted = inspect.signature(backend_cls.__init__).parameters
     unknown = sorted(set(backend_options or {}) - set(accepted))
     if unknown and not any(p.kind == p.VAR_KEYWORD for p in accepted.values()):
       raise TrainerConfigError(
-          f"train.backend_options {unknown} are not options of the "
-          f"{self.backend_name!r} backend; it takes "
-          f"{sorted(k for k in accepted if k not in ('self', 'feature_config', 'optimizer', 'strategy'))}.")
+        f"train.backend_options {unknown} are not options of the "
+        f"{self.backend_name!r} backend; it takes "
+        f"{sorted(k for k in accepted if k not in ('self', 'feature_config', 'optimizer', 'strategy'))}."
+      )
     if not skip_memory_check:  # before a table is allocated
-      planning.check_fits(planning.plan_memory(
-          self.feature_config, embedding_optimizer, self.strategy,
-          backend=self.backend_name))
+      planning.check_fits(
+        planning.plan_memory(
+          self.feature_config,
+          embedding_optimizer,
+          self.strategy,
+          backend=self.backend_name,
+        )
+      )
     self.backend = backend_cls(
-        self.feature_config, embedding_optimizer, strategy=self.strategy,
-        **options)
+      self.feature_config,
+      embedding_optimizer,
+      strategy=self.strategy,
+      **options,
+    )
     dense_optimizer = dense_optimizer or keras.optimizers.Adam
     with self.strategy.scope():
       self.backend.build()
@@ -390,47 +444,67 @@ class Trainer:
       # and data draw none: they are functions of the seed and the step).
       self.rng = tf.random.Generator.from_seed(seed)
     self.checkpoint = tf.train.Checkpoint(
-        model=self.model, embedding=self.backend,
-        optimizer=self.dense_optimizer, step=self.global_step, rng=self.rng)
+      model=self.model,
+      embedding=self.backend,
+      optimizer=self.dense_optimizer,
+      step=self.global_step,
+      rng=self.rng,
+    )
     # Every worker of a MultiWorkerMirroredStrategy must take part in a save
     # (it may all-reduce), but only the chief writes the run's files: the
     # others write to a scratch folder they delete, and all read the chief's.
     checkpoint_dir = os.path.join(model_dir, "checkpoints")
     self._chief = self._is_chief()
     self._read_manager = tf.train.CheckpointManager(
-        self.checkpoint, checkpoint_dir, max_to_keep=max_checkpoints,
-        step_counter=self.global_step)
+      self.checkpoint,
+      checkpoint_dir,
+      max_to_keep=max_checkpoints,
+      step_counter=self.global_step,
+    )
     self.manager = self._read_manager
     if not self._chief:
       self.manager = tf.train.CheckpointManager(
-          self.checkpoint, self._scratch_dir("checkpoints"),
-          max_to_keep=1, step_counter=self.global_step)
-    self._saved_step: Optional[int] = None
+        self.checkpoint,
+        self._scratch_dir("checkpoints"),
+        max_to_keep=1,
+        step_counter=self.global_step,
+      )
+    self._saved_step: int | None = None
     self.steps = self._step_functions_class(
-        self.strategy, self.model, self.backend, self.dense_optimizer,
-        self.global_batch_size, self.global_step, self.loss_metric,
-        nonfinite_policy=nonfinite_policy,
-        jit_compile=self.compile_plan.compile_steps)
+      self.strategy,
+      self.model,
+      self.backend,
+      self.dense_optimizer,
+      self.global_batch_size,
+      self.global_step,
+      self.loss_metric,
+      nonfinite_policy=nonfinite_policy,
+      jit_compile=self.compile_plan.compile_steps,
+    )
     self._eval_dataset = None
-    self._run_config_path: Optional[str] = None
+    self._run_config_path: str | None = None
     self._writers = None
     if summaries and self._chief:
       self._writers = {
-          kind: tf.summary.create_file_writer(os.path.join(model_dir, kind))
-          for kind in ("train", "eval")}
+        kind: tf.summary.create_file_writer(os.path.join(model_dir, kind))
+        for kind in ("train", "eval")
+      }
     self.restored_step = self.restore()
 
   # -- construction helpers ------------------------------------------------
 
   def _check_batch_sizes(self) -> None:
     replicas = self.strategy.num_replicas_in_sync
-    for name, size in (("global_batch_size", self.global_batch_size),
-                       ("eval_batch_size", self.eval_batch_size)):
+    for name, size in (
+      ("global_batch_size", self.global_batch_size),
+      ("eval_batch_size", self.eval_batch_size),
+    ):
       if size < 1 or size % replicas:
         raise TrainerConfigError(
-            f"{name}={size} must be a positive multiple of the "
-            f"{replicas} replicas in sync (per-replica batch = {name} / "
-            f"{replicas}).")
+          f"{name}={size} must be a positive multiple of the "
+          f"{replicas} replicas in sync (per-replica batch = {name} / "
+          f"{replicas})."
+        )
 
   def _bind_schedule(self, optimizer: Any) -> None:
     """Makes a Keras schedule as embedding learning rate follow the step.
@@ -445,11 +519,16 @@ class Trainer:
       step = self.global_step
       optimizer.learning_rate = lambda: lr(step)
 
-  def _model_kwargs(self) -> Dict[str, Any]:
-    kwargs = {"feature_specs": list(self.source.feature_specs),
-              "num_dense": int(getattr(self.source, "num_dense", 0) or 0)}
-    for attr in ("query_features", "candidate_features",
-                 "candidate_id_feature"):
+  def _model_kwargs(self) -> dict[str, Any]:
+    kwargs = {
+      "feature_specs": list(self.source.feature_specs),
+      "num_dense": int(getattr(self.source, "num_dense", 0) or 0),
+    }
+    for attr in (
+      "query_features",
+      "candidate_features",
+      "candidate_id_feature",
+    ):
       if hasattr(self.source, attr):
         kwargs[attr] = getattr(self.source, attr)
     return kwargs
@@ -469,16 +548,23 @@ class Trainer:
     categorical.update(ids)
     features["categorical"] = categorical
     kept = {k: v for k, v in (weights or {}).items() if v is not None}
-    extra = {k: v for k, v in (features.get("weights") or {}).items()
-             if k not in names}
+    extra = {
+      k: v for k, v in (features.get("weights") or {}).items() if k not in names
+    }
     if kept or extra:
       features["weights"] = {**extra, **kept}
     else:
       features.pop("weights", None)
     return (features, labels, *mask)
 
-  def _distribute(self, source, global_batch: int, training: bool,
-                  skip_steps: int = 0, take_steps: Optional[int] = None):
+  def _distribute(
+    self,
+    source,
+    global_batch: int,
+    training: bool,
+    skip_steps: int = 0,
+    take_steps: int | None = None,
+  ):
     """A distributed dataset of per-replica batches of `source`.
 
     Under ParameterServerStrategy: training data is a per-worker dataset
@@ -488,23 +574,38 @@ class Trainer:
     if self._coordinator is not None:
       if not training:
         return coordinated_lib.coordinator_dataset(
-            source, global_batch, self._preprocess, take_steps)
+          source, global_batch, self._preprocess, take_steps
+        )
       return coordinated_lib.per_worker_dataset(
-          self._coordinator, source, global_batch, self._preprocess,
-          skip_steps, self.backend.input_options())
+        self._coordinator,
+        source,
+        global_batch,
+        self._preprocess,
+        skip_steps,
+        self.backend.input_options(),
+      )
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
       per_replica = ctx.get_per_replica_batch_size(global_batch)
-      batches_per_step = max(1, ctx.num_replicas_in_sync //
-                             ctx.num_input_pipelines)
+      batches_per_step = max(
+        1, ctx.num_replicas_in_sync // ctx.num_input_pipelines
+      )
       if training:
-        ds = source.dataset(per_replica, training=True, input_context=ctx,
-                            drop_remainder=True)
+        ds = source.dataset(
+          per_replica, training=True, input_context=ctx, drop_remainder=True
+        )
       else:  # every example once: whole batches with a mask, no remainder lost
         ds = eval_padding.pad_eval_batches(
-            source.dataset(per_replica, training=False, input_context=ctx,
-                           drop_remainder=False, repeat=False),
-            per_replica, batches_per_step)
+          source.dataset(
+            per_replica,
+            training=False,
+            input_context=ctx,
+            drop_remainder=False,
+            repeat=False,
+          ),
+          per_replica,
+          batches_per_step,
+        )
       if skip_steps:
         ds = ds.skip(skip_steps * batches_per_step)
       if take_steps is not None:
@@ -515,14 +616,17 @@ class Trainer:
         # unknown size (its "last partial batch" handling), and the compiled
         # steps lose their static shapes.
         ds = ds.repeat()
-      ds = ds.map(tf.autograph.experimental.do_not_convert(self._preprocess),
-                  num_parallel_calls=tf.data.AUTOTUNE)
+      ds = ds.map(
+        tf.autograph.experimental.do_not_convert(self._preprocess),
+        num_parallel_calls=tf.data.AUTOTUNE,
+      )
       # Every batch is whole (eval batches padded): say so, for static shapes.
       ds = ds.map(functools.partial(_with_batch_size, per_replica))
       return ds.prefetch(tf.data.AUTOTUNE)
 
     return self.strategy.distribute_datasets_from_function(
-        dataset_fn, options=self.backend.input_options())
+      dataset_fn, options=self.backend.input_options()
+    )
 
   # -- checkpoints -----------------------------------------------------------
 
@@ -546,20 +650,29 @@ class Trainer:
     if not candidates:
       return 0
     from backends import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+
     failures = []
     for path in candidates:
       try:
         ckpt_lib.verify_compatible(path, self.backend)
         ckpt_lib.verify_objects(
-            path, self.checkpoint,
-            hint=f" The run that wrote it kept its settings in "
-            f"{os.path.join(self.model_dir, OPERATIVE_CONFIG_FILE)}; use "
-            "the same model and optimizers, or another --model_dir.")
+          path,
+          self.checkpoint,
+          hint=f" The run that wrote it kept its settings in "
+          f"{os.path.join(self.model_dir, OPERATIVE_CONFIG_FILE)}; use "
+          "the same model and optimizers, or another --model_dir.",
+        )
         self.checkpoint.restore(path).assert_existing_objects_matched()
       except _UNREADABLE_CHECKPOINT_ERRORS as e:
-        reason = str(e).strip().splitlines()[0][:300] if str(e) else type(e).__name__
-        log.warning("checkpoint %s is unreadable (%s); trying an older one. "
-                    "It is left on disk.", path, reason)
+        reason = (
+          str(e).strip().splitlines()[0][:300] if str(e) else type(e).__name__
+        )
+        log.warning(
+          "checkpoint %s is unreadable (%s); trying an older one. "
+          "It is left on disk.",
+          path,
+          reason,
+        )
         failures.append(f"{path}: {reason}")
         continue
       step = int(self.global_step.numpy())
@@ -567,8 +680,10 @@ class Trainer:
       log.info("restored %s at step %d", path, step)
       return step
     raise CorruptCheckpointError(
-        f"no checkpoint in {self._read_manager.directory!r} reads back whole: "
-        + "; ".join(failures) + ". Move the directory aside to start over.")
+      f"no checkpoint in {self._read_manager.directory!r} reads back whole: "
+      + "; ".join(failures)
+      + ". Move the directory aside to start over."
+    )
 
   def save(self) -> str:
     """Saves a checkpoint at the current step; returns the chief's path."""
@@ -596,8 +711,12 @@ class Trainer:
   def _scratch_dir(self, name: str) -> str:
     """A non-chief worker's own folder for files only the chief keeps."""
     resolver = self.strategy.cluster_resolver
-    return os.path.join(self.model_dir, ".workers",
-                        f"{resolver.task_type}-{resolver.task_id}", name)
+    return os.path.join(
+      self.model_dir,
+      ".workers",
+      f"{resolver.task_type}-{resolver.task_id}",
+      name,
+    )
 
   def _is_chief(self) -> bool:
     """Whether this process writes the run's files (not a non-chief worker)."""
@@ -608,18 +727,22 @@ class Trainer:
     if task_type == "chief":
       return True
     spec = resolver.cluster_spec().as_dict() if resolver else {}
-    return task_type == "worker" and "chief" not in spec and not resolver.task_id
+    return (
+      task_type == "worker" and "chief" not in spec and not resolver.task_id
+    )
 
-  def _agreed_stop(self, requested: Optional[str]) -> Optional[str]:
+  def _agreed_stop(self, requested: str | None) -> str | None:
     """The stop signal, agreed by every worker so all save the same step."""
     resolver = getattr(self.strategy, "cluster_resolver", None)
     spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
     workers = len(spec.get("worker", [])) + len(spec.get("chief", []))
     if workers <= 1 or isinstance(
-        self.strategy, tf.distribute.experimental.ParameterServerStrategy):
+      self.strategy, tf.distribute.experimental.ParameterServerStrategy
+    ):
       return requested
     flag = self.strategy.experimental_distribute_values_from_function(
-        lambda _: tf.constant(1.0 if requested else 0.0))
+      lambda _: tf.constant(1.0 if requested else 0.0)
+    )
     agreed = self.strategy.reduce(tf.distribute.ReduceOp.SUM, flag, axis=None)
     return (requested or "SIGTERM") if float(agreed) > 0 else None
 
@@ -631,16 +754,21 @@ class Trainer:
     if bad < 0:
       return
     latest = self._read_manager.latest_checkpoint
-    saved = (f"the last good checkpoint is {latest}" if latest else
-             "no checkpoint was saved yet (set checkpoint_every)")
+    saved = (
+      f"the last good checkpoint is {latest}"
+      if latest
+      else "no checkpoint was saved yet (set checkpoint_every)"
+    )
     raise NonFiniteLossError(
-        f"training step {bad} produced a NaN/inf loss or gradients (on the "
-        f"batch that step reads: batch {bad - 1} of the training data counted "
-        f"from 0, {self.global_batch_size} examples); training stopped at "
-        f"step {reached} without saving; {saved}. Lower the learning rates, "
-        "check that batch for NaN/inf dense features or extreme labels, or "
-        "set train.nonfinite_policy = 'skip' to leave such steps out.",
-        step=bad, last_checkpoint=latest)
+      f"training step {bad} produced a NaN/inf loss or gradients (on the "
+      f"batch that step reads: batch {bad - 1} of the training data counted "
+      f"from 0, {self.global_batch_size} examples); training stopped at "
+      f"step {reached} without saving; {saved}. Lower the learning rates, "
+      "check that batch for NaN/inf dense features or extreme labels, or "
+      "set train.nonfinite_policy = 'skip' to leave such steps out.",
+      step=bad,
+      last_checkpoint=latest,
+    )
 
   # -- running ---------------------------------------------------------------
 
@@ -667,7 +795,7 @@ class Trainer:
         end = min(end, (step // every + 1) * every)
     return end
 
-  def train(self) -> Dict[str, float]:
+  def train(self) -> dict[str, float]:
     """Trains to `train_steps` (resuming), evaluates, writes metrics.json.
 
     Returns:
@@ -691,25 +819,35 @@ class Trainer:
     finally:
       lock.release()
 
-  def _train(self, stop: signals_lib.StopRequests) -> Dict[str, float]:
+  def _train(self, stop: signals_lib.StopRequests) -> dict[str, float]:
     step = int(self.global_step.numpy())
     if self._chief:  # before training, not after: a link is refused up front
       run_files.refuse_links(self.model_dir, [METRICS_FILE])
     if step and self._chief:  # a resume: same math settings as the last run?
       changes = run_configs.check_resume(
-          os.path.join(self.model_dir, OPERATIVE_CONFIG_FILE),
-          gin.operative_config_str(), step, self.allow_changed_settings)
+        os.path.join(self.model_dir, OPERATIVE_CONFIG_FILE),
+        gin.operative_config_str(),
+        step,
+        self.allow_changed_settings,
+      )
       for key, old, new in changes:
-        log.warning("resuming with a changed setting (allowed): %s: %s -> %s",
-                    key, old, new)
+        log.warning(
+          "resuming with a changed setting (allowed): %s: %s -> %s",
+          key,
+          old,
+          new,
+        )
     self.write_operative_config()
     if self._writers:  # the settings next to the curves in TensorBoard
       with self._writers["train"].as_default(step=step):
         run_summaries.write_config_summaries(gin.operative_config_str(), step)
-    iterator = iter(self._distribute(self.source, self.global_batch_size,
-                                     training=True, skip_steps=step))
+    iterator = iter(
+      self._distribute(
+        self.source, self.global_batch_size, training=True, skip_steps=step
+      )
+    )
     bar = self._progress(step)
-    results: Dict[str, float] = {}
+    results: dict[str, float] = {}
     throughput = []
     start_step, start_time = step, time.time()
     while step < self.train_steps:
@@ -735,18 +873,30 @@ class Trainer:
       results["examples_per_second"] = examples_per_second
       if self.steps.nonfinite_policy == "skip":
         results["train/nonfinite_steps"] = float(
-            self.steps.nonfinite_steps.numpy())
+          self.steps.nonfinite_steps.numpy()
+        )
       self._write("train", results, step)
       if bar is not None:
         bar.update(end - bar.n)
-        bar.set_postfix(loss=f"{results['train/loss']:.4f}",
-                        ex_s=f"{examples_per_second:,.0f}")
+        bar.set_postfix(
+          loss=f"{results['train/loss']:.4f}",
+          ex_s=f"{examples_per_second:,.0f}",
+        )
       else:
-        log.info("step %d/%d loss %.5f %.0f examples/s", step,
-                 self.train_steps, results["train/loss"], examples_per_second)
+        log.info(
+          "step %d/%d loss %.5f %.0f examples/s",
+          step,
+          self.train_steps,
+          results["train/loss"],
+          examples_per_second,
+        )
       if self.checkpoint_every and step % self.checkpoint_every == 0:
         self.save()
-      if self.eval_every and step % self.eval_every == 0 and step < self.train_steps:
+      if (
+        self.eval_every
+        and step % self.eval_every == 0
+        and step < self.train_steps
+      ):
         self._log_eval(self.evaluate(), step)
       signal_name = self._agreed_stop(stop.requested)
       if signal_name and step < self.train_steps:
@@ -764,7 +914,9 @@ class Trainer:
     seconds = sum(t for _, t in throughput)
     final["step"] = step
     if seconds > 0:
-      final["examples_per_second"] = steps_timed * self.global_batch_size / seconds
+      final["examples_per_second"] = (
+        steps_timed * self.global_batch_size / seconds
+      )
     final["elapsed_seconds"] = time.time() - start_time
     final.update(self.optimum())
     self.write_metrics(final)
@@ -774,8 +926,11 @@ class Trainer:
   def _log_eval(self, results: Mapping[str, float], step: int) -> None:
     evals = {k: v for k, v in results.items() if k.startswith("eval/")}
     self._write("eval", evals, step)
-    log.info("eval at step %d: %s", step,
-             ", ".join(f"{k}={v:.5f}" for k, v in sorted(evals.items())))
+    log.info(
+      "eval at step %d: %s",
+      step,
+      ", ".join(f"{k}={v:.5f}" for k, v in sorted(evals.items())),
+    )
 
   def _progress(self, step: int):
     """A tqdm bar on a terminal; None (plain log lines) otherwise."""
@@ -785,8 +940,13 @@ class Trainer:
       from tqdm import auto as tqdm  # pylint: disable=g-import-not-at-top
     except ImportError:
       return None
-    return tqdm.tqdm(total=self.train_steps, initial=step, unit="step",
-                     dynamic_ncols=True, desc="train")
+    return tqdm.tqdm(
+      total=self.train_steps,
+      initial=step,
+      unit="step",
+      dynamic_ncols=True,
+      desc="train",
+    )
 
   def index_corpus(self) -> int:
     """Embeds the whole candidate corpus into the model's index (retrieval).
@@ -794,8 +954,11 @@ class Trainer:
     Returns:
       The number of candidates indexed.
     """
-    embed = loop_lib.embed_fn(self.backend, self.model.candidate_embeddings,
-                              self.model.candidate_features)
+    embed = loop_lib.embed_fn(
+      self.backend,
+      self.model.candidate_embeddings,
+      self.model.candidate_features,
+    )
     ids, embeddings = [], []
     for batch in self.eval_source.candidates(self.eval_batch_size):
       embeddings.append(embed(batch))
@@ -804,7 +967,7 @@ class Trainer:
     self.model.index_candidates(ids, tf.concat(embeddings, 0))
     return int(ids.shape[0])
 
-  def evaluate(self) -> Dict[str, float]:
+  def evaluate(self) -> dict[str, float]:
     """Evaluates on `eval_steps` batches of the eval source (None: all of it).
 
     Every example is scored exactly once: the last partial batch is padded
@@ -826,8 +989,11 @@ class Trainer:
       # Built once: building the input pipeline and tracing the eval loop
       # cost seconds; a distributed dataset can be iterated many times.
       self._eval_dataset = self._distribute(
-          self.eval_source, self.eval_batch_size, training=False,
-          take_steps=self.eval_steps)
+        self.eval_source,
+        self.eval_batch_size,
+        training=False,
+        take_steps=self.eval_steps,
+      )
     dataset = self._eval_dataset
     self.steps.reset_eval_metrics()
     for m in self.model.metrics:
@@ -837,18 +1003,20 @@ class Trainer:
     if not examples:
       source = type(self.eval_source).__name__
       raise EmptyEvalSetError(
-          f"the evaluation split of {source} has no example, so there is "
-          "nothing to score; give the source evaluation data (e.g. "
-          "num_eval_examples > 0, eval files that are not empty) or set "
-          "train.eval_data to a source that has some.")
+        f"the evaluation split of {source} has no example, so there is "
+        "nothing to score; give the source evaluation data (e.g. "
+        "num_eval_examples > 0, eval files that are not empty) or set "
+        "train.eval_data to a source that has some."
+      )
     results = _flat_results(self.model.metrics, "eval")
-    results["eval/loss"] = (float(self.steps.eval_loss_sum.result()) / examples
-                            + _regularization_loss(self.model))
+    results["eval/loss"] = float(
+      self.steps.eval_loss_sum.result()
+    ) / examples + _regularization_loss(self.model)
     results["eval/examples"] = float(examples)
     log.info("evaluated %d examples", examples)
     return results
 
-  def optimum(self) -> Dict[str, float]:
+  def optimum(self) -> dict[str, float]:
     """The source's known best metrics (synthetic data), if it reports them."""
     out = {}
     for attr in ("bayes_auc", "bayes_logloss"):
@@ -884,12 +1052,20 @@ class Trainer:
     path = os.path.join(self.model_dir, METRICS_FILE)
     if not self._chief:
       return path
-    return run_files.write_text(path, json.dumps(
-        {"backend": self.backend_name,
-         "strategy": type(self.strategy).__name__,
-         "replicas": self.strategy.num_replicas_in_sync,
-         "global_batch_size": self.global_batch_size,
-         **{k: v for k, v in metrics.items()}}, indent=2, sort_keys=True))
+    return run_files.write_text(
+      path,
+      json.dumps(
+        {
+          "backend": self.backend_name,
+          "strategy": type(self.strategy).__name__,
+          "replicas": self.strategy.num_replicas_in_sync,
+          "global_batch_size": self.global_batch_size,
+          **{k: v for k, v in metrics.items()},
+        },
+        indent=2,
+        sort_keys=True,
+      ),
+    )
 
   # -- parameter-server training (recsys.training.coordinated) ---------------
 
@@ -898,5 +1074,6 @@ class Trainer:
     """`StepFunctions`, or its coordinator-scheduled version under PS."""
     if self._coordinator is None:
       return loop_lib.StepFunctions
-    return functools.partial(coordinated_lib.CoordinatedStepFunctions,
-                             self._coordinator)
+    return functools.partial(
+      coordinated_lib.CoordinatedStepFunctions, self._coordinator
+    )

@@ -14,11 +14,10 @@ import os
 import sys
 
 import numpy as np
-
-import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 import tensorflow as tf
 
 import backends
+import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 
 E = tf.tpu.experimental.embedding
 GLOBAL_BATCH, DIM, STEPS = 8, 7, 3
@@ -27,7 +26,9 @@ GLOBAL_BATCH, DIM, STEPS = 8, 7, 3
 def batches():
   rng = np.random.default_rng(5)
   for _ in range(STEPS):
-    rows = [list(rng.integers(0, 23, rng.integers(1, 5))) for _ in range(GLOBAL_BATCH)]
+    rows = [
+      list(rng.integers(0, 23, rng.integers(1, 5))) for _ in range(GLOBAL_BATCH)
+    ]
     cot = rng.normal(size=(GLOBAL_BATCH, DIM)).astype(np.float32)
     yield rows, cot
 
@@ -39,19 +40,25 @@ def main(out_path: str, local_replicas: int = 1) -> None:
   elif local_replicas > 1:
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * local_replicas)
+      cpu, [tf.config.LogicalDeviceConfiguration()] * local_replicas
+    )
     strategy = tf.distribute.MirroredStrategy(
-        [d.name for d in tf.config.list_logical_devices("CPU")])
+      [d.name for d in tf.config.list_logical_devices("CPU")]
+    )
   else:
     strategy = tf.distribute.get_strategy()
   worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"] if multi else 0
   workers = strategy.num_replicas_in_sync if multi else 1
   table = E.TableConfig(23, DIM, combiner="mean", name="t")
   with strategy.scope():
-    emb = backends.create({"f": E.FeatureConfig(table)}, E.Adagrad(0.1), strategy)
+    emb = backends.create(
+      {"f": E.FeatureConfig(table)}, E.Adagrad(0.1), strategy
+    )
     emb.build()
     var = emb.embedding_tables[table]
-    var.assign(tf.reshape(tf.range(23 * DIM, dtype=tf.float32) / 100.0, [23, DIM]))
+    var.assign(
+      tf.reshape(tf.range(23 * DIM, dtype=tf.float32) / 100.0, [23, DIM])
+    )
 
   @tf.function
   def step(ids, cot):
@@ -61,26 +68,38 @@ def main(out_path: str, local_replicas: int = 1) -> None:
         tape.watch(acts)
         loss = tf.reduce_sum(acts["f"] * cot)
       emb.apply_gradients(tape.gradient(loss, acts))
+
     strategy.run(replica_step, args=(ids, cot))
 
   per = GLOBAL_BATCH // workers
   for rows, cot in batches():
     if local_replicas > 1 and not multi:
       half = GLOBAL_BATCH // local_replicas
+
       def part(ctx, rows=rows, cot=cot, half=half):
-        mine = slice(ctx.replica_id_in_sync_group * half,
-                     (ctx.replica_id_in_sync_group + 1) * half)
-        return tf.ragged.constant(rows[mine], dtype=tf.int64), tf.constant(cot[mine])
+        mine = slice(
+          ctx.replica_id_in_sync_group * half,
+          (ctx.replica_id_in_sync_group + 1) * half,
+        )
+        return tf.ragged.constant(rows[mine], dtype=tf.int64), tf.constant(
+          cot[mine]
+        )
+
       ids = strategy.experimental_distribute_values_from_function(
-          lambda ctx: part(ctx)[0])
+        lambda ctx: part(ctx)[0]
+      )
       cots = strategy.experimental_distribute_values_from_function(
-          lambda ctx: part(ctx)[1])
+        lambda ctx: part(ctx)[1]
+      )
       step(ids, cots)
       continue
     mine = slice(worker * per, (worker + 1) * per)
     step(tf.ragged.constant(rows[mine], dtype=tf.int64), tf.constant(cot[mine]))
-  np.savez(out_path, table=var.numpy(),
-           acc=emb.slot_variables()["t"]["accumulators"].numpy())
+  np.savez(
+    out_path,
+    table=var.numpy(),
+    acc=emb.slot_variables()["t"]["accumulators"].numpy(),
+  )
 
 
 if __name__ == "__main__":

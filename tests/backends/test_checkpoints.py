@@ -8,12 +8,11 @@ Restoring a checkpoint whose tables differ (name, vocabulary size, dim,
 optimizer slots) must fail naming the table and both shapes.
 """
 
-import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import checkpoint as ckpt  # noqa: E402
 from backends.serving import ServingEmbedding  # noqa: E402
 from backends.tensorcore import TensorCoreEmbedding  # noqa: E402
@@ -21,15 +20,15 @@ from backends.tensorcore import TensorCoreEmbedding  # noqa: E402
 E = tf.tpu.experimental.embedding
 
 OPTIMIZERS = {
-    "sgd": lambda: E.SGD(0.1),
-    "adagrad": lambda: E.Adagrad(0.1),
-    "adagrad_momentum": lambda: E.AdagradMomentum(0.1, momentum=0.9),
-    "adam": lambda: E.Adam(0.05),
-    "ftrl": lambda: E.FTRL(0.1, l1_regularization_strength=0.01),
+  "sgd": lambda: E.SGD(0.1),
+  "adagrad": lambda: E.Adagrad(0.1),
+  "adagrad_momentum": lambda: E.AdagradMomentum(0.1, momentum=0.9),
+  "adam": lambda: E.Adam(0.05),
+  "ftrl": lambda: E.FTRL(0.1, l1_regularization_strength=0.01),
 }
 TF_CLASSES = {
-    "TPUEmbeddingForServing": E.TPUEmbeddingForServing,
-    "TPUEmbedding": E.TPUEmbedding,  # CPU mode: plain variables, TF's layout
+  "TPUEmbeddingForServing": E.TPUEmbeddingForServing,
+  "TPUEmbedding": E.TPUEmbedding,  # CPU mode: plain variables, TF's layout
 }
 
 
@@ -48,9 +47,10 @@ def _trained_tensorcore(opt_name, config=None):
   rng = np.random.default_rng(0)
   for _ in range(2):
     features = {
-        "user": tf.constant(rng.integers(0, 23, size=5)),
-        "friend": tf.ragged.constant([[1, 2], [3], [4, 5, 6], [1], [22]],
-                                     dtype=tf.int64),
+      "user": tf.constant(rng.integers(0, 23, size=5)),
+      "friend": tf.ragged.constant(
+        [[1, 2], [3], [4, 5, 6], [1], [22]], dtype=tf.int64
+      ),
     }
     if "item" in emb.feature_config:
       features["item"] = tf.constant(rng.integers(0, 11, size=5))
@@ -64,8 +64,11 @@ def _trained_tensorcore(opt_name, config=None):
 
 def _embedding_values(path):
   reader = tf.train.load_checkpoint(path)
-  return {k: reader.get_tensor(k) for k, _ in tf.train.list_variables(path)
-          if k.startswith("embedding/")}
+  return {
+    k: reader.get_tensor(k)
+    for k, _ in tf.train.list_variables(path)
+    if k.startswith("embedding/")
+  }
 
 
 def _backend_values(emb):
@@ -80,12 +83,15 @@ def _backend_values(emb):
 
 @pytest.mark.parametrize("tf_class", sorted(TF_CLASSES))
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
-def test_round_trip_through_tf_classes_is_bit_identical(tmp_path, opt_name,
-                                                       tf_class):
+def test_round_trip_through_tf_classes_is_bit_identical(
+  tmp_path, opt_name, tf_class
+):
   trained = _trained_tensorcore(opt_name)
   before = _backend_values(trained)
-  assert any(np.any(v != 0) for k, v in before.items() if "/" in k) or \
-      opt_name == "sgd"
+  assert (
+    any(np.any(v != 0) for k, v in before.items() if "/" in k)
+    or opt_name == "sgd"
+  )
   first = tf.train.Checkpoint(embedding=trained).save(str(tmp_path / "tc"))
 
   tf_emb = TF_CLASSES[tf_class](_config(), OPTIMIZERS[opt_name]())
@@ -129,7 +135,8 @@ def test_serving_without_optimizer_restores_tables_only(tmp_path):
   assert serving.slot_variables() == {"users": {}, "items": {}}
   for table, var in serving.embedding_tables.items():
     want = trained.embedding_tables[
-        next(t for t in trained.embedding_tables if t.name == table.name)]
+      next(t for t in trained.embedding_tables if t.name == table.name)
+    ]
     np.testing.assert_array_equal(var.numpy(), want.numpy())
 
 
@@ -137,34 +144,57 @@ def test_serving_without_optimizer_restores_tables_only(tmp_path):
 def _adagrad_checkpoint(tmp_path_factory):
   trained = _trained_tensorcore("adagrad")
   return tf.train.Checkpoint(embedding=trained).save(
-      str(tmp_path_factory.mktemp("ckpt") / "tc"))
+    str(tmp_path_factory.mktemp("ckpt") / "tc")
+  )
 
 
 _MISMATCHES = [
-    ({"vocab": 29}, "adagrad",
-     r"table 'users': checkpoint shape \[23, 7\], backend shape \[29, 7\]"),
-    ({"dim": 11}, "adagrad",
-     r"table 'users': checkpoint shape \[23, 7\], backend shape \[23, 11\]"),
-    ({"name": "members"}, "adagrad",
-     r"table 'members' \[23, 7\] is not in the checkpoint; it has "
-     r"'items' \[11, 11\], 'users' \[23, 7\](.|\n)*has table 'users'"),
-    ({}, "adam",
-     r"table 'users': the backend's optimizer Adam has slots \['momenta', "
-     r"'velocities'\], the checkpoint has \['accumulators'\]"),
-    ({}, "adagrad_momentum", r"slots \['accumulators', 'momenta'\]"),
-    ({}, "sgd", r"optimizer SGD has slots \[\], the checkpoint has "
-     r"\['accumulators'\]"),
+  (
+    {"vocab": 29},
+    "adagrad",
+    r"table 'users': checkpoint shape \[23, 7\], backend shape \[29, 7\]",
+  ),
+  (
+    {"dim": 11},
+    "adagrad",
+    r"table 'users': checkpoint shape \[23, 7\], backend shape \[23, 11\]",
+  ),
+  (
+    {"name": "members"},
+    "adagrad",
+    r"table 'members' \[23, 7\] is not in the checkpoint; it has "
+    r"'items' \[11, 11\], 'users' \[23, 7\](.|\n)*has table 'users'",
+  ),
+  (
+    {},
+    "adam",
+    r"table 'users': the backend's optimizer Adam has slots \['momenta', "
+    r"'velocities'\], the checkpoint has \['accumulators'\]",
+  ),
+  ({}, "adagrad_momentum", r"slots \['accumulators', 'momenta'\]"),
+  (
+    {},
+    "sgd",
+    r"optimizer SGD has slots \[\], the checkpoint has "
+    r"\['accumulators'\]",
+  ),
 ]
 
 
 # A lookup-only serving backend without slots accepts (ignores) a checkpoint's
 # slots by design, so the SGD case applies to training backends only.
-@pytest.mark.parametrize("backend_cls,config_kwargs,opt_name,expected", [
-    (cls, *case) for cls in (TensorCoreEmbedding, ServingEmbedding)
-    for case in _MISMATCHES if not (cls is ServingEmbedding and case[1] == "sgd")
-])
+@pytest.mark.parametrize(
+  "backend_cls,config_kwargs,opt_name,expected",
+  [
+    (cls, *case)
+    for cls in (TensorCoreEmbedding, ServingEmbedding)
+    for case in _MISMATCHES
+    if not (cls is ServingEmbedding and case[1] == "sgd")
+  ],
+)
 def test_mismatched_checkpoint_fails_naming_table_and_shapes(
-    adagrad_checkpoint, backend_cls, config_kwargs, opt_name, expected):
+  adagrad_checkpoint, backend_cls, config_kwargs, opt_name, expected
+):
   emb = backend_cls(_config(**config_kwargs), OPTIMIZERS[opt_name]())
   with pytest.raises(ckpt.CheckpointMismatchError, match=expected):
     ckpt.restore(emb, adagrad_checkpoint)
@@ -172,22 +202,28 @@ def test_mismatched_checkpoint_fails_naming_table_and_shapes(
 
 def test_extra_table_in_checkpoint_fails_unless_allowed(adagrad_checkpoint):
   emb = TensorCoreEmbedding(_config(with_items=False), E.Adagrad(0.1))
-  with pytest.raises(ckpt.CheckpointMismatchError,
-                     match=r"has table 'items' \[11, 11\], which the backend "
-                     r"does not have"):
+  with pytest.raises(
+    ckpt.CheckpointMismatchError,
+    match=r"has table 'items' \[11, 11\], which the backend "
+    r"does not have",
+  ):
     ckpt.verify_compatible(adagrad_checkpoint, emb)
   ckpt.restore(emb, adagrad_checkpoint, allow_extra_tables=True)
   emb.build()
   want = tf.train.load_checkpoint(adagrad_checkpoint).get_tensor(
-      "embedding/users/.ATTRIBUTES/VARIABLE_VALUE")
+    "embedding/users/.ATTRIBUTES/VARIABLE_VALUE"
+  )
   np.testing.assert_array_equal(
-      next(iter(emb.embedding_tables.values())).numpy(), want)
+    next(iter(emb.embedding_tables.values())).numpy(), want
+  )
 
 
 def test_wrong_prefix_and_missing_directory(adagrad_checkpoint, tmp_path):
   emb = TensorCoreEmbedding(_config(), E.Adagrad(0.1))
-  with pytest.raises(ckpt.CheckpointMismatchError,
-                     match=r"no variables under 'model/'.*'embedding'"):
+  with pytest.raises(
+    ckpt.CheckpointMismatchError,
+    match=r"no variables under 'model/'.*'embedding'",
+  ):
     ckpt.verify_compatible(adagrad_checkpoint, emb, prefix="model/")
   with pytest.raises(FileNotFoundError, match="no checkpoint in directory"):
     ckpt.verify_compatible(str(tmp_path), emb)
@@ -212,6 +248,7 @@ def _sparsecore_style_checkpoint(tmp_path, slot_names):
   from tensorflow.python.tpu import tpu_embedding_v3, tpu_embedding_v3_utils  # pylint: disable=g-import-not-at-top
   from tensorflow.python.trackable import autotrackable  # pylint: disable=g-import-not-at-top
   from tensorflow.python.util import nest  # pylint: disable=g-import-not-at-top
+
   config = _config()
   for feature in config.values():
     feature.output_shape = tf.TensorShape([8])
@@ -221,13 +258,17 @@ def _sparsecore_style_checkpoint(tmp_path, slot_names):
     if feature.table not in tables:
       tables.append(feature.table)
   stacking = tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer(
-      tables, nest.flatten_with_joined_string_paths(config), 2, 4, None)
+    tables, nest.flatten_with_joined_string_paths(config), 2, 4, None
+  )
   layouts = sparse_core_layout_pb2.SparseCoreTableLayouts()
   layouts.tables.extend(stacking.table_to_layout.values())
   node = autotrackable.AutoTrackable()
-  node._track_trackable(tpu_embedding_v3_utils.SparseCoreLayoutsTrackable(
-      tf.constant(layouts.SerializeToString())),
-                        tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY)
+  node._track_trackable(
+    tpu_embedding_v3_utils.SparseCoreLayoutsTrackable(
+      tf.constant(layouts.SerializeToString())
+    ),
+    tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY,
+  )
   for stacked, members in stacking.stacked_table_to_tables.items():
     rows = sum(t.vocabulary_size for t in members)
     shape = (rows, members[0].dim)
@@ -239,16 +280,24 @@ def _sparsecore_style_checkpoint(tmp_path, slot_names):
 
 def test_sparsecore_checkpoints_are_checked_by_their_layouts(tmp_path):
   path = _sparsecore_style_checkpoint(tmp_path, ["accumulators"])
-  assert ckpt.verify_compatible(path, ServingEmbedding(_config(),
-                                                       E.Adagrad(0.1))) == path
-  with pytest.raises(ckpt.CheckpointMismatchError,
-                     match=r"table 'users': checkpoint shape \[23, 7\], "
-                     r"backend shape \[29, 7\]"):
+  assert (
+    ckpt.verify_compatible(path, ServingEmbedding(_config(), E.Adagrad(0.1)))
+    == path
+  )
+  with pytest.raises(
+    ckpt.CheckpointMismatchError,
+    match=r"table 'users': checkpoint shape \[23, 7\], "
+    r"backend shape \[29, 7\]",
+  ):
     ckpt.verify_compatible(path, ServingEmbedding(_config(vocab=29)))
-  with pytest.raises(ckpt.CheckpointMismatchError,
-                     match="SparseCore.*stacked tables; the 'tensorcore' backend "
-                     "cannot read them. Restore it into the 'serving' backend"):
+  with pytest.raises(
+    ckpt.CheckpointMismatchError,
+    match="SparseCore.*stacked tables; the 'tensorcore' backend "
+    "cannot read them. Restore it into the 'serving' backend",
+  ):
     ckpt.verify_compatible(path, TensorCoreEmbedding(_config(), E.Adagrad(0.1)))
-  with pytest.raises(ckpt.CheckpointMismatchError,
-                     match=r"optimizer Adam has slots \['momenta', 'velocities'\]"):
+  with pytest.raises(
+    ckpt.CheckpointMismatchError,
+    match=r"optimizer Adam has slots \['momenta', 'velocities'\]",
+  ):
     ckpt.verify_compatible(path, ServingEmbedding(_config(), E.Adam(0.1)))

@@ -9,22 +9,23 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from backends import inputs
-from backends import static_bags
+from backends import inputs, static_bags
 from backends.tensorcore import TensorCoreEmbedding
 from tests.conftest import mirrored_strategy
 
 E = tf.tpu.experimental.embedding
 
 OPTIMIZERS = {
-    "sgd": lambda: E.SGD(0.1, clipvalue=0.5),
-    "adagrad": lambda: E.Adagrad(0.1, weight_decay_factor=0.01),
-    "adagrad_momentum": lambda: E.AdagradMomentum(0.1, momentum=0.9,
-                                                  use_nesterov=True),
-    "lazy_adam": lambda: E.Adam(0.01, clip_weight_min=-0.5, clip_weight_max=0.5),
-    "dense_adam": lambda: E.Adam(0.01, lazy_adam=False),
-    "ftrl": lambda: E.FTRL(0.1, l1_regularization_strength=0.01,
-                           multiply_linear_by_learning_rate=True),
+  "sgd": lambda: E.SGD(0.1, clipvalue=0.5),
+  "adagrad": lambda: E.Adagrad(0.1, weight_decay_factor=0.01),
+  "adagrad_momentum": lambda: E.AdagradMomentum(
+    0.1, momentum=0.9, use_nesterov=True
+  ),
+  "lazy_adam": lambda: E.Adam(0.01, clip_weight_min=-0.5, clip_weight_max=0.5),
+  "dense_adam": lambda: E.Adam(0.01, lazy_adam=False),
+  "ftrl": lambda: E.FTRL(
+    0.1, l1_regularization_strength=0.01, multiply_linear_by_learning_rate=True
+  ),
 }
 
 BATCH = 6
@@ -32,23 +33,32 @@ BATCH = 6
 
 # Every optimizer in two compiled programs: one per table (compiling is the
 # slow part of these tests).
-TABLE_OPTIMIZERS = {"a": ("sgd", "adagrad", "ftrl"),
-                    "b": ("lazy_adam", "adagrad_momentum", "dense_adam")}
+TABLE_OPTIMIZERS = {
+  "a": ("sgd", "adagrad", "ftrl"),
+  "b": ("lazy_adam", "adagrad_momentum", "dense_adam"),
+}
 
 
 def mixed_config(optimizers=(None, None, None)):
   """Shared mean table with weights, sqrtn, a sequence, dense ids, sum."""
   init = lambda seed: tf.keras.initializers.RandomUniform(-1, 1, seed=seed)
   opt = [OPTIMIZERS[o]() if o else None for o in optimizers]
-  shared = E.TableConfig(23, 7, name="shared", combiner="mean",
-                         initializer=init(1), optimizer=opt[0])
-  sq = E.TableConfig(31, 7, name="sq", combiner="sqrtn", initializer=init(2),
-                     optimizer=opt[1])
-  seq = E.TableConfig(17, 5, name="seq", combiner="sum", initializer=init(3),
-                      optimizer=opt[2])
-  return {"f1": E.FeatureConfig(shared), "f2": E.FeatureConfig(shared),
-          "f3": E.FeatureConfig(sq), "s": E.FeatureConfig(seq, max_sequence_length=3),
-          "d": E.FeatureConfig(seq)}
+  shared = E.TableConfig(
+    23, 7, name="shared", combiner="mean", initializer=init(1), optimizer=opt[0]
+  )
+  sq = E.TableConfig(
+    31, 7, name="sq", combiner="sqrtn", initializer=init(2), optimizer=opt[1]
+  )
+  seq = E.TableConfig(
+    17, 5, name="seq", combiner="sum", initializer=init(3), optimizer=opt[2]
+  )
+  return {
+    "f1": E.FeatureConfig(shared),
+    "f2": E.FeatureConfig(shared),
+    "f3": E.FeatureConfig(sq),
+    "s": E.FeatureConfig(seq, max_sequence_length=3),
+    "d": E.FeatureConfig(seq),
+  }
 
 
 WIDTHS = {"f1": 3, "f2": 2, "f3": 4}
@@ -65,21 +75,39 @@ def make_batches(num, batch=BATCH, seed=0):
 
   out = []
   for _ in range(num):
-    f = {"f1": ragged(5, 4), "f2": ragged(23, 2), "f3": ragged(31, 5),
-         "s": ragged(17, 4), "d": tf.constant(rng.integers(0, 4, batch))}
+    f = {
+      "f1": ragged(5, 4),
+      "f2": ragged(23, 2),
+      "f3": ragged(31, 5),
+      "s": ragged(17, 4),
+      "d": tf.constant(rng.integers(0, 4, batch)),
+    }
     w3 = tf.RaggedTensor.from_row_lengths(
-        rng.uniform(0.1, 2.0, f["f3"].values.shape[0]).astype(np.float32),
-        f["f3"].row_lengths())
+      rng.uniform(0.1, 2.0, f["f3"].values.shape[0]).astype(np.float32),
+      f["f3"].row_lengths(),
+    )
     out.append((f, {"f1": None, "f2": None, "f3": w3, "s": None, "d": None}))
   return out
 
 
-HEAD = np.random.default_rng(1).normal(size=(7 + 7 + 7 + 15 + 5, 1)).astype(np.float32)
+HEAD = (
+  np.random.default_rng(1)
+  .normal(size=(7 + 7 + 7 + 15 + 5, 1))
+  .astype(np.float32)
+)
 
 
 def loss_fn(acts):
-  x = tf.concat([acts["f1"], acts["f2"], acts["f3"],
-                 tf.reshape(acts["s"], [-1, 15]), acts["d"]], 1)
+  x = tf.concat(
+    [
+      acts["f1"],
+      acts["f2"],
+      acts["f3"],
+      tf.reshape(acts["s"], [-1, 15]),
+      acts["d"],
+    ],
+    1,
+  )
   return tf.reduce_sum(tf.square(x @ HEAD - 1.0))
 
 
@@ -91,6 +119,7 @@ def train_step(emb):
       loss = loss_fn(acts)
     emb.apply_gradients(tape.gradient(loss, acts))
     return loss
+
   return step
 
 
@@ -107,14 +136,17 @@ def assert_close(want, got):
   assert sorted(want) == sorted(got)
   for key in want:
     scale = max(1.0, float(np.abs(want[key]).max()))
-    np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-6 * scale,
-                               err_msg=key)
+    np.testing.assert_allclose(
+      got[key], want[key], rtol=1e-6, atol=1e-6 * scale, err_msg=key
+    )
 
 
-def run(optimizer, jit_compile, batches, table_optimizers=(None,) * 3,
-        **options):
-  emb = TensorCoreEmbedding(mixed_config(table_optimizers), optimizer,
-                            bag_widths=WIDTHS, **options)
+def run(
+  optimizer, jit_compile, batches, table_optimizers=(None,) * 3, **options
+):
+  emb = TensorCoreEmbedding(
+    mixed_config(table_optimizers), optimizer, bag_widths=WIDTHS, **options
+  )
   emb.build()
   step = tf.function(train_step(emb), jit_compile=jit_compile)
   for features, weights in batches:
@@ -129,8 +161,9 @@ def test_compiled_step_equals_uncompiled(group):
   want, _ = run(None, False, batches, TABLE_OPTIMIZERS[group])
   got, step = run(None, True, batches, TABLE_OPTIMIZERS[group])
   assert_close(table_state(want), table_state(got))
-  hlo = step.experimental_get_compiler_ir(
-      *got.preprocess(*batches[0]))(stage="hlo")
+  hlo = step.experimental_get_compiler_ir(*got.preprocess(*batches[0]))(
+    stage="hlo"
+  )
   assert "<=" not in hlo  # no dynamic (bounded) dimension anywhere
 
 
@@ -143,8 +176,9 @@ def test_static_path_uncompiled_equals_compiled():
 
 
 def test_tape_on_tables_gets_fixed_size_indexed_slices():
-  emb = TensorCoreEmbedding(mixed_config(), E.SGD(0.1), bag_widths=WIDTHS,
-                            static_shapes=True)
+  emb = TensorCoreEmbedding(
+    mixed_config(), E.SGD(0.1), bag_widths=WIDTHS, static_shapes=True
+  )
   features, weights = emb.preprocess(*make_batches(1)[0])
   names = [t.name for t in emb.embedding_tables]
   tables = list(emb.embedding_tables.values())
@@ -160,8 +194,9 @@ def test_tape_on_tables_gets_fixed_size_indexed_slices():
     ref_loss = loss_fn(ref(features, weights))
   ref_grads = tape.gradient(ref_loss, ref_tables)
   for g, r in zip(grads, ref_grads):
-    np.testing.assert_allclose(tf.convert_to_tensor(g), tf.convert_to_tensor(r),
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+      tf.convert_to_tensor(g), tf.convert_to_tensor(r), rtol=1e-6, atol=1e-6
+    )
 
 
 def test_two_replicas_equal_one_replica_compiled():
@@ -174,19 +209,34 @@ def test_two_replicas_equal_one_replica_compiled():
   batches = make_batches(3, batch=2 * BATCH, seed=7)
   want, _ = run(E.Adagrad(0.1), True, batches)
   with strategy.scope():
-    emb = TensorCoreEmbedding(mixed_config(), E.Adagrad(0.1), strategy=strategy,
-                              bag_widths=WIDTHS, static_shapes=True)
+    emb = TensorCoreEmbedding(
+      mixed_config(),
+      E.Adagrad(0.1),
+      strategy=strategy,
+      bag_widths=WIDTHS,
+      static_shapes=True,
+    )
     emb.build()
   step = train_step(emb)
 
   @tf.function
   def replicated(features, weights):
     def fn(ctx):
-      lo, hi = ctx.replica_id_in_sync_group * BATCH, (ctx.replica_id_in_sync_group + 1) * BATCH
+      lo, hi = (
+        ctx.replica_id_in_sync_group * BATCH,
+        (ctx.replica_id_in_sync_group + 1) * BATCH,
+      )
       cut = lambda t: tf.nest.map_structure(lambda x: x[lo:hi], t)
-      f = {k: (inputs.PaddedBags(*(x[lo:hi] for x in v)) if isinstance(v, inputs.PaddedBags)
-               else cut(v)) for k, v in features.items()}
+      f = {
+        k: (
+          inputs.PaddedBags(*(x[lo:hi] for x in v))
+          if isinstance(v, inputs.PaddedBags)
+          else cut(v)
+        )
+        for k, v in features.items()
+      }
       return f
+
     dist = strategy.experimental_distribute_values_from_function(fn)
     # The loss is a sum over examples: the replicas' summed gradients equal
     # one replica's on the combined batch.
@@ -199,7 +249,9 @@ def test_two_replicas_equal_one_replica_compiled():
   assert_close(table_state(want), table_state(emb))
   for name, variables in emb._variables.items():  # pylint: disable=protected-access
     local = strategy.experimental_local_results(variables["parameters"])
-    np.testing.assert_array_equal(local[0].numpy(), local[1].numpy(), err_msg=name)
+    np.testing.assert_array_equal(
+      local[0].numpy(), local[1].numpy(), err_msg=name
+    )
 
 
 def test_compiled_step_refuses_bad_ids_without_reading_them():
@@ -211,8 +263,10 @@ def test_compiled_step_refuses_bad_ids_without_reading_them():
   before = emb.embedding_tables[emb.tables[2]].numpy()
   step = tf.function(train_step(emb), jit_compile=True)
   step(*emb.preprocess(features, weights))
-  with pytest.raises(inputs.InvalidInputError,
-                     match=r"feature 'd' \(table 'seq'.*id 17 at batch row 2"):
+  with pytest.raises(
+    inputs.InvalidInputError,
+    match=r"feature 'd' \(table 'seq'.*id 17 at batch row 2",
+  ):
     emb.raise_for_invalid_inputs()
   emb.raise_for_invalid_inputs()  # reported once
   after = emb.embedding_tables[emb.tables[2]].numpy()
@@ -220,11 +274,14 @@ def test_compiled_step_refuses_bad_ids_without_reading_them():
 
 
 def test_uncompiled_static_path_raises_at_once():
-  emb = TensorCoreEmbedding(mixed_config(), E.SGD(0.1), bag_widths=WIDTHS,
-                            static_shapes=True)
+  emb = TensorCoreEmbedding(
+    mixed_config(), E.SGD(0.1), bag_widths=WIDTHS, static_shapes=True
+  )
   features, weights = make_batches(1)[0]
   features = dict(features, d=tf.constant([1, 2, -1, 3, 0, 1], tf.int64))
-  with pytest.raises(inputs.InvalidInputError, match="'d'.*id -1 at batch row 2"):
+  with pytest.raises(
+    inputs.InvalidInputError, match="'d'.*id -1 at batch row 2"
+  ):
     emb(*emb.preprocess(features, weights))
 
 
@@ -233,10 +290,12 @@ def test_sparse_input_without_static_batch_fails_at_trace_time():
   emb = TensorCoreEmbedding({"tags": E.FeatureConfig(table)}, E.SGD(0.1))
   emb.build()
   spec = tf.SparseTensorSpec([None, None], tf.int64)
-  step = tf.function(lambda sp: emb({"tags": sp}), jit_compile=True,
-                     input_signature=[spec])
-  with pytest.raises(static_bags.StaticShapeError,
-                     match="feature 'tags'.*bag_widths"):
+  step = tf.function(
+    lambda sp: emb({"tags": sp}), jit_compile=True, input_signature=[spec]
+  )
+  with pytest.raises(
+    static_bags.StaticShapeError, match="feature 'tags'.*bag_widths"
+  ):
     step.get_concrete_function()
 
 
@@ -244,8 +303,12 @@ def test_dynamic_exchange_between_replicas_fails_at_trace_time():
   strategy = mirrored_strategy(2)
   table = E.TableConfig(11, 3, name="t")
   with strategy.scope():
-    emb = TensorCoreEmbedding({"tags": E.FeatureConfig(table)}, E.SGD(0.1),
-                              strategy=strategy, static_shapes=True)
+    emb = TensorCoreEmbedding(
+      {"tags": E.FeatureConfig(table)},
+      E.SGD(0.1),
+      strategy=strategy,
+      static_shapes=True,
+    )
     emb.build()
 
   def step(rt):
@@ -256,14 +319,17 @@ def test_dynamic_exchange_between_replicas_fails_at_trace_time():
     emb.apply_gradients(tape.gradient(loss, acts))
 
   rt = tf.ragged.constant([[1, 2], [3]], dtype=tf.int64)
-  with pytest.raises(static_bags.StaticShapeError,
-                     match="table 't'.*'tags'.*bag_widths"):
+  with pytest.raises(
+    static_bags.StaticShapeError, match="table 't'.*'tags'.*bag_widths"
+  ):
     tf.function(lambda x: strategy.run(step, args=(x,)))(rt)
 
 
 @pytest.mark.parametrize("how", ["marking", "sorting"])
-@pytest.mark.parametrize("valid", [[True, True, False, True, False],
-                                   [False, False, False, False, False]])
+@pytest.mark.parametrize(
+  "valid",
+  [[True, True, False, True, False], [False, False, False, False, False]],
+)
 def test_dedup_matches_numpy(valid, how, monkeypatch):
   if how == "sorting":  # the path of tables much larger than a step's ids
     monkeypatch.setattr(static_bags, "_MARK_RATIO", 0)

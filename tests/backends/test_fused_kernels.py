@@ -15,8 +15,7 @@ import pytest
 import tensorflow as tf
 
 import backends
-from backends import kernels
-from backends import optimizers
+from backends import kernels, optimizers
 from tests.backends import test_tensorcore_training as training
 from tests.conftest import mirrored_strategy
 
@@ -47,8 +46,9 @@ def _run(name, fused, strategy=None, steps=3):
   factories, lr = training._optimizers()  # pylint: disable=protected-access
   config, table_opts = training._config(factories[name]())  # pylint: disable=protected-access
   with strategy.scope():
-    emb = backends.TensorCoreEmbedding(config, table_opts["shared"],
-                                       fused_kernels=fused)
+    emb = backends.TensorCoreEmbedding(
+      config, table_opts["shared"], fused_kernels=fused
+    )
     emb.build()
     for var in emb.embedding_tables.values():
       var.assign(tf.random.stateless_normal(var.shape, seed=[3, var.shape[0]]))
@@ -56,20 +56,28 @@ def _run(name, fused, strategy=None, steps=3):
 
   @tf.function
   def step(features, weights, cotangents):
-    strategy.run(lambda *a: training._linear_loss_step(emb, *a),  # pylint: disable=protected-access
-                 args=(features, weights, cotangents))
+    strategy.run(
+      lambda *a: training._linear_loss_step(emb, *a),  # pylint: disable=protected-access
+      args=(features, weights, cotangents),
+    )
 
   for i in range(steps):
     lr.assign(0.05 * (i + 1))
     rows, weights = training._batch(rng, 8)  # pylint: disable=protected-access
-    cot = {k: tf.constant(rng.normal(size=(8, 3, DIM) if k == "s" else (8, DIM)),
-                          tf.float32) for k in rows}
+    cot = {
+      k: tf.constant(
+        rng.normal(size=(8, 3, DIM) if k == "s" else (8, DIM)), tf.float32
+      )
+      for k in rows
+    }
     step(*training._tensors(rows, weights), cot)  # pylint: disable=protected-access
   values = {t.name: v for t, v in emb.embedding_tables.items()}
   for table, slots in emb.slot_variables().items():
     values.update({f"{table}/{k}": v for k, v in slots.items()})
-  return {k: (v.values[0] if hasattr(v, "values") else v).numpy()
-          for k, v in values.items()}
+  return {
+    k: (v.values[0] if hasattr(v, "values") else v).numpy()
+    for k, v in values.items()
+  }
 
 
 @pytest.mark.parametrize("name", training.OPTIMIZER_NAMES)
@@ -79,8 +87,9 @@ def test_fused_steps_equal_tf_ops(name):
   for key in fused:
     # Same float32 operations; TF's graph rewrites (x / sqrt(y) becomes
     # x * rsqrt(y)) and summation order leave a few ulps.
-    np.testing.assert_allclose(fused[key], tf_ops[key], rtol=3e-6, atol=3e-7,
-                               err_msg=key)
+    np.testing.assert_allclose(
+      fused[key], tf_ops[key], rtol=3e-6, atol=3e-7, err_msg=key
+    )
 
 
 @pytest.mark.parametrize("name", ["adagrad_options", "adam_lazy"])
@@ -89,22 +98,27 @@ def test_fused_equal_tf_ops_under_two_replicas(name):
   fused = _run(name, True, strategy=mirrored_strategy(2))
   tf_ops = _run(name, False, strategy=mirrored_strategy(2))
   for key in fused:
-    np.testing.assert_allclose(fused[key], tf_ops[key], rtol=3e-6, atol=3e-7,
-                               err_msg=key)
+    np.testing.assert_allclose(
+      fused[key], tf_ops[key], rtol=3e-6, atol=3e-7, err_msg=key
+    )
 
 
 def test_tape_on_table_sees_the_fused_lookup_as_a_gather():
   table = E.TableConfig(30, DIM, combiner="mean", name="t")
   config = {"f": E.FeatureConfig(table), "g": E.FeatureConfig(table)}
-  feats = {"f": tf.ragged.constant([[1, 2, 2], [7]], dtype=tf.int64),
-           "g": tf.ragged.constant([[2], [9, 1]], dtype=tf.int64)}
+  feats = {
+    "f": tf.ragged.constant([[1, 2, 2], [7]], dtype=tf.int64),
+    "g": tf.ragged.constant([[2], [9, 1]], dtype=tf.int64),
+  }
   grads = {}
   for fused in (True, False):
     emb = backends.TensorCoreEmbedding(config, E.SGD(0.1), fused_kernels=fused)
     emb.build()
     var = emb.embedding_tables[table]
     var.assign(tf.reshape(tf.range(30 * DIM, dtype=tf.float32), [30, DIM]))
-    with tf.GradientTape() as tape:  # no watch: the table is a trainable variable
+    with (
+      tf.GradientTape() as tape
+    ):  # no watch: the table is a trainable variable
       acts = emb(feats, training=True)
       loss = tf.reduce_sum(acts["f"] * 2.0) + tf.reduce_sum(acts["g"] ** 2)
     grad = tape.gradient(loss, var)
@@ -136,7 +150,9 @@ def test_unchecked_out_of_range_id_is_an_error_in_the_kernel():
   feature.validate_weights_and_indices = False  # Python checks off
   emb = backends.TensorCoreEmbedding({"f": feature}, E.SGD(1.0))
   emb.build()
-  with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 12 .*\[0, 10\)"):
+  with pytest.raises(
+    tf.errors.InvalidArgumentError, match=r"id 12 .*\[0, 10\)"
+  ):
     emb({"f": tf.constant([3, 12])}, training=True)
 
 
@@ -146,31 +162,51 @@ def test_sparse_apply_refuses_mismatched_slots():
   acc = tf.Variable(tf.zeros([6, 4]))
   attrs = optimizers.fused_attrs(E.Adagrad(0.1))
   with pytest.raises(tf.errors.InvalidArgumentError, match="slot 1 has shape"):
-    ops.recsys_sparse_apply(table=table.handle, slots=[acc.handle],
-                            ids=tf.constant([1], tf.int64),
-                            grads=tf.ones([1, 4]), learning_rate=0.1, **attrs)
+    ops.recsys_sparse_apply(
+      table=table.handle,
+      slots=[acc.handle],
+      ids=tf.constant([1], tf.int64),
+      grads=tf.ones([1, 4]),
+      learning_rate=0.1,
+      **attrs,
+    )
 
 
-@pytest.mark.parametrize("opt, expected", [
-    (E.SGD(0.1), "sgd"), (E.Adagrad(0.1), "adagrad"), (E.Adam(0.1), "adam"),
-    (E.Adam(0.1, lazy_adam=False), None), (E.FTRL(0.1), None),
-    (E.AdagradMomentum(0.1, momentum=0.9), None)])
+@pytest.mark.parametrize(
+  "opt, expected",
+  [
+    (E.SGD(0.1), "sgd"),
+    (E.Adagrad(0.1), "adagrad"),
+    (E.Adam(0.1), "adam"),
+    (E.Adam(0.1, lazy_adam=False), None),
+    (E.FTRL(0.1), None),
+    (E.AdagradMomentum(0.1, momentum=0.9), None),
+  ],
+)
 def test_fused_attrs_cover_sgd_adagrad_lazy_adam(opt, expected):
   attrs = optimizers.fused_attrs(opt)
   assert (attrs and attrs["optimizer"]) == expected
 
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-c", code], capture_output=True,
-                        text=True, check=False, timeout=300,
-                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env},
-                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(
-                            os.path.abspath(__file__)))))
+  return subprocess.run(
+    [sys.executable, "-c", code],
+    capture_output=True,
+    text=True,
+    check=False,
+    timeout=300,
+    env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env},
+    cwd=os.path.dirname(
+      os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ),
+  )
 
 
 def test_switched_off_by_environment_falls_back_to_tf_ops():
-  out = _python("import recsys; from backends import kernels; "
-                "print(kernels.load())", RECSYS_FUSED_KERNELS="0")
+  out = _python(
+    "import recsys; from backends import kernels; print(kernels.load())",
+    RECSYS_FUSED_KERNELS="0",
+  )
   assert out.returncode == 0, out.stderr
   assert out.stdout.strip() == "None"
   assert "RECSYS_FUSED_KERNELS=0" in out.stderr
@@ -179,17 +215,21 @@ def test_switched_off_by_environment_falls_back_to_tf_ops():
 @pytest.mark.slow
 def test_compiler_failure_is_reported_and_training_falls_back(tmp_path):
   fake = tmp_path / "fake-g++"
-  fake.write_text("#!/bin/sh\necho 'embedding_ops.cc:1: error: no compiler here' >&2\nexit 1\n")
+  fake.write_text(
+    "#!/bin/sh\necho 'embedding_ops.cc:1: error: no compiler here' >&2\nexit 1\n"
+  )
   fake.chmod(0o755)
-  code = ("import recsys, tensorflow as tf, backends\n"
-          "E = tf.tpu.experimental.embedding\n"
-          "t = E.TableConfig(5, 2, name='t')\n"
-          "emb = backends.TensorCoreEmbedding({'f': E.FeatureConfig(t)}, E.SGD(1.0))\n"
-          "emb.build()\n"
-          "print('kernels', emb._kernels)\n"
-          "with tf.GradientTape() as tape:\n"
-          "  acts = emb({'f': tf.constant([1])}, training=True)\n"
-          "emb.apply_gradients(tape.gradient(tf.reduce_sum(acts['f']), acts))\n")
+  code = (
+    "import recsys, tensorflow as tf, backends\n"
+    "E = tf.tpu.experimental.embedding\n"
+    "t = E.TableConfig(5, 2, name='t')\n"
+    "emb = backends.TensorCoreEmbedding({'f': E.FeatureConfig(t)}, E.SGD(1.0))\n"
+    "emb.build()\n"
+    "print('kernels', emb._kernels)\n"
+    "with tf.GradientTape() as tape:\n"
+    "  acts = emb({'f': tf.constant([1])}, training=True)\n"
+    "emb.apply_gradients(tape.gradient(tf.reduce_sum(acts['f']), acts))\n"
+  )
   out = _python(code, CXX=str(fake), RECSYS_KERNEL_DIR=str(tmp_path / "cache"))
   assert out.returncode == 0, out.stderr
   assert "kernels None" in out.stdout
@@ -197,36 +237,53 @@ def test_compiler_failure_is_reported_and_training_falls_back(tmp_path):
 
 
 def test_module_command_builds_and_prints_the_library():
-  out = subprocess.run([sys.executable, "-m", "backends.kernels"],
-                       capture_output=True, text=True, check=False, timeout=300,
-                       env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  out = subprocess.run(
+    [sys.executable, "-m", "backends.kernels"],
+    capture_output=True,
+    text=True,
+    check=False,
+    timeout=300,
+    env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+  )
   assert out.returncode == 0, out.stderr
   assert out.stdout.strip() == str(kernels.library_path())
 
 
-@pytest.mark.parametrize("ids", [
-    np.arange(0, 1 << 20, 1 << 9),                               # shared low bits
-    np.random.default_rng(0).integers(0, 1 << 20, 3000),          # repeats
+@pytest.mark.parametrize(
+  "ids",
+  [
+    np.arange(0, 1 << 20, 1 << 9),  # shared low bits
+    np.random.default_rng(0).integers(0, 1 << 20, 3000),  # repeats
     np.array([5, 5, 0, 7, 0, 5]),
     np.array([], np.int64),
-], ids=["powers_of_two", "random", "small", "empty"])
+  ],
+  ids=["powers_of_two", "random", "small", "empty"],
+)
 def test_lookup_deduplicates_in_first_occurrence_order(ids):
   ops = kernels.load()
   table = tf.Variable(tf.random.stateless_normal([1 << 20, 2], seed=[1, 2]))
   ids = ids.astype(np.int64)
   acts, unique, index = ops.recsys_bag_lookup(
-      table=table.handle, ids=ids, segments=np.arange(len(ids), dtype=np.int32),
-      scale=tf.zeros([0]), num_segments=len(ids))
-  want_unique, want_index = tf.unique(tf.constant(ids, tf.int64), out_idx=tf.int32)
+    table=table.handle,
+    ids=ids,
+    segments=np.arange(len(ids), dtype=np.int32),
+    scale=tf.zeros([0]),
+    num_segments=len(ids),
+  )
+  want_unique, want_index = tf.unique(
+    tf.constant(ids, tf.int64), out_idx=tf.int32
+  )
   np.testing.assert_array_equal(unique.numpy(), want_unique.numpy())
   np.testing.assert_array_equal(index.numpy(), want_index.numpy())
-  np.testing.assert_array_equal(acts.numpy(),
-                                tf.gather(table, ids).numpy().reshape(-1, 2))
+  np.testing.assert_array_equal(
+    acts.numpy(), tf.gather(table, ids).numpy().reshape(-1, 2)
+  )
 
 
 @pytest.mark.parametrize("weighted", [False, True])
 def test_padded_bags_flatten_like_the_tf_ops(weighted):
   from backends import inputs  # pylint: disable=g-import-not-at-top
+
   bags = [[3, 1, 4], [], [1, 5, 9, 2, 6], [5]]  # the 5-id bag is cut to 4
   weights = [[0.5 + i for i, _ in enumerate(b)] for b in bags]
   ragged = tf.ragged.constant(bags, dtype=tf.int64)
@@ -236,8 +293,9 @@ def test_padded_bags_flatten_like_the_tf_ops(weighted):
   layout = inputs.FeatureLayout("f", E.FeatureConfig(table, name="f"), "t")
   fused = inputs._from_padded(layout, padded, kernels.load())  # pylint: disable=protected-access
   tf_ops = inputs._from_padded(layout, padded)  # pylint: disable=protected-access
-  for got, want, what in zip(fused, tf_ops, ("ids", "rows", "positions",
-                                             "weights", "cut")):
+  for got, want, what in zip(
+    fused, tf_ops, ("ids", "rows", "positions", "weights", "cut")
+  ):
     if want is None:
       assert got is None, what
     else:

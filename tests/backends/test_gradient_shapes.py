@@ -6,12 +6,11 @@ was ignored, a `[D, B]` gradient was read as `[B, D]`. Every backend now runs
 training lookup.
 """
 
-import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import base  # noqa: E402
 from backends.tensorcore import TensorCoreEmbedding  # noqa: E402
 from backends.tpu_embedding import TPUEmbeddingBackend  # noqa: E402
@@ -22,15 +21,20 @@ E = tf.tpu.experimental.embedding
 
 
 def _config():
-  table = E.TableConfig(23, 4, name="t",
-                        initializer=tf.keras.initializers.Constant(0.5))
-  return {"f": E.FeatureConfig(table),
-          "s": E.FeatureConfig(table, max_sequence_length=3)}
+  table = E.TableConfig(
+    23, 4, name="t", initializer=tf.keras.initializers.Constant(0.5)
+  )
+  return {
+    "f": E.FeatureConfig(table),
+    "s": E.FeatureConfig(table, max_sequence_length=3),
+  }
 
 
 def _features():
-  return {"f": tf.constant([3, 5], tf.int64),
-          "s": tf.ragged.constant([[1, 2], [7]], dtype=tf.int64)}
+  return {
+    "f": tf.constant([3, 5], tf.int64),
+    "s": tf.ragged.constant([[1, 2], [7]], dtype=tf.int64),
+  }
 
 
 def _good_grads():
@@ -38,21 +42,23 @@ def _good_grads():
 
 
 BAD = [
-    ("f", [3, 4], "an extra row"),
-    ("f", [1, 4], "a row too few"),
-    ("f", [4, 2], "[D, B] for [B, D]"),
-    ("f", [2, 5], "a wrong dim"),
-    ("f", [2, 4, 1], "a wrong rank"),
-    ("s", [2, 4, 3], "a transposed sequence"),
-    ("s", [2, 12], "a flattened sequence"),
+  ("f", [3, 4], "an extra row"),
+  ("f", [1, 4], "a row too few"),
+  ("f", [4, 2], "[D, B] for [B, D]"),
+  ("f", [2, 5], "a wrong dim"),
+  ("f", [2, 4, 1], "a wrong rank"),
+  ("s", [2, 4, 3], "a transposed sequence"),
+  ("s", [2, 12], "a flattened sequence"),
 ]
 
 
-@pytest.mark.parametrize("static_shapes", [False, True],
-                         ids=["generic", "static"])
+@pytest.mark.parametrize(
+  "static_shapes", [False, True], ids=["generic", "static"]
+)
 @pytest.mark.parametrize("feature,shape,why", BAD, ids=[b[2] for b in BAD])
 def test_tensorcore_refuses_wrong_shapes_and_leaves_the_table(
-    static_shapes, feature, shape, why):
+  static_shapes, feature, shape, why
+):
   del why
   emb = TensorCoreEmbedding(_config(), E.SGD(0.1), static_shapes=static_shapes)
   emb.lookup(_features(), training=True)
@@ -65,8 +71,9 @@ def test_tensorcore_refuses_wrong_shapes_and_leaves_the_table(
   assert repr(feature) in message and str(shape) in message
   expected = [2, 4] if feature == "f" else [2, 3, 4]
   assert str(expected) in message
-  np.testing.assert_array_equal(emb.embedding_tables[emb.tables[0]].numpy(),
-                                before)
+  np.testing.assert_array_equal(
+    emb.embedding_tables[emb.tables[0]].numpy(), before
+  )
 
 
 def test_tensorcore_right_shapes_still_train():
@@ -84,8 +91,12 @@ def test_a_dynamic_batch_is_checked_when_the_step_runs():
   emb = TensorCoreEmbedding({"f": _config()["f"]}, E.SGD(0.1))
   emb.build()
 
-  @tf.function(input_signature=[tf.TensorSpec([None], tf.int64),
-                                tf.TensorSpec([None, 4], tf.float32)])
+  @tf.function(
+    input_signature=[
+      tf.TensorSpec([None], tf.int64),
+      tf.TensorSpec([None, 4], tf.float32),
+    ]
+  )
   def step(ids, grad):
     emb.lookup({"f": ids}, training=True)
     emb.apply_gradients({"f": grad})
@@ -100,7 +111,7 @@ def test_check_is_static_where_shapes_are_known():
   act = tf.TensorShape([None, 4])
   with pytest.raises(base.GradientShapeError, match="feature 'x'"):
     base.check_activation_gradients(["x"], [tf.ones([2, 5])], [act])
-  got, = base.check_activation_gradients(["x"], [tf.ones([2, 4])], [act])
+  (got,) = base.check_activation_gradients(["x"], [tf.ones([2, 4])], [act])
   assert got.shape == [2, 4]
   assert base.check_activation_gradients(["x"], [None], [act]) == [None]
 
@@ -125,7 +136,6 @@ class _FakeEngine:
 
 
 class _EngineBackend(TPUEmbeddingBackend):
-
   def _create_mid_level(self):
     return _FakeEngine()
 
@@ -158,12 +168,13 @@ class _FakeV0:
   def embedding_lookup(self, features, weights):
     del weights
     table = self._variables["t"]["parameters"]
-    return {"f": tf.gather(table, features["f"]),
-            "s": tf.gather(table, features["s"].to_tensor(shape=[2, 3]))}
+    return {
+      "f": tf.gather(table, features["f"]),
+      "s": tf.gather(table, features["s"].to_tensor(shape=[2, 3])),
+    }
 
 
 class _V0Backend(TPUEmbeddingV0Backend):
-
   def _create_mid_level(self):
     return _FakeV0()
 

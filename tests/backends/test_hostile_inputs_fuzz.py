@@ -8,18 +8,18 @@ the reference says the input is invalid, an error naming the feature (and
 leave the tables as they were). FUZZ_SEED=<n> runs another draw.
 """
 
-import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-
 import numpy as np  # noqa: E402
-import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from backends import base  # noqa: E402
-from backends import inputs  # noqa: E402
+import recsys  # noqa: F401  (Keras 2 before TensorFlow)
+from backends import (
+  base,  # noqa: E402
+  inputs,  # noqa: E402
+)
 from backends.tensorcore import TensorCoreEmbedding  # noqa: E402
 
 E = tf.tpu.experimental.embedding
-V, D, W, L = 13, 3, 2, 3   # vocabulary, dim, bag width, sequence length
+V, D, W, L = 13, 3, 2, 3  # vocabulary, dim, bag width, sequence length
 CASES = 120
 
 
@@ -35,12 +35,18 @@ class _Case:
       self.entries = [(r, 0, int(rng.integers(V))) for r in range(self.batch)]
     elif self.kind == "dense2":
       n = int(rng.integers(1, 5))
-      self.entries = [(r, c, int(rng.integers(V)))
-                      for r in range(self.batch) for c in range(n)]
+      self.entries = [
+        (r, c, int(rng.integers(V)))
+        for r in range(self.batch)
+        for c in range(n)
+      ]
       self.width = n
     elif self.kind == "ragged":
-      self.entries = [(r, c, int(rng.integers(V))) for r in range(self.batch)
-                      for c in range(int(rng.integers(0, 5)))]
+      self.entries = [
+        (r, c, int(rng.integers(V)))
+        for r in range(self.batch)
+        for c in range(int(rng.integers(0, 5)))
+      ]
     else:
       self.entries = []
       for r in range(self.batch):
@@ -79,14 +85,18 @@ class _Case:
     if self.kind == "dense2":
       return tf.constant(ids, tf.int64, shape=[self.batch, self.width])
     if self.kind == "ragged":
-      rows = [[v for r2, _, v in self.entries if r2 == r]
-              for r in range(self.batch)]
+      rows = [
+        [v for r2, _, v in self.entries if r2 == r] for r in range(self.batch)
+      ]
       return tf.ragged.constant(rows, dtype=tf.int64, ragged_rank=1)
     entries = [self.entries[i] for i in self.order]
     return tf.SparseTensor(
-        tf.constant([[r, c] for r, c, _ in entries], tf.int64, shape=[len(entries), 2]),
-        tf.constant([v for _, _, v in entries], tf.int64, shape=[len(entries)]),
-        [self.batch, 7])
+      tf.constant(
+        [[r, c] for r, c, _ in entries], tf.int64, shape=[len(entries), 2]
+      ),
+      tf.constant([v for _, _, v in entries], tf.int64, shape=[len(entries)]),
+      [self.batch, 7],
+    )
 
   def uses(self):
     """The reference: (output index, id, d act / d row) of every kept id."""
@@ -95,10 +105,18 @@ class _Case:
     out = []
     for r in range(self.batch):
       # Ids at one column keep the order the SparseTensor lists them in.
-      shown = (np.argsort(self.order) if self.kind == "sparse"
-               else range(len(self.entries)))
-      row = sorted([(c, shown[i], v) for i, (r2, c, v) in enumerate(self.entries)
-                    if r2 == r])[:W]
+      shown = (
+        np.argsort(self.order)
+        if self.kind == "sparse"
+        else range(len(self.entries))
+      )
+      row = sorted(
+        [
+          (c, shown[i], v)
+          for i, (r2, c, v) in enumerate(self.entries)
+          if r2 == r
+        ]
+      )[:W]
       out += [((r,), v, 1.0 / len(row)) for _, _, v in row]  # mean
     return out
 
@@ -126,15 +144,22 @@ def _wrong(shape, rng):
 
 
 def test_hostile_inputs_give_the_reference_or_an_error_naming_the_feature():
-  rng = np.random.default_rng(int(__import__("os").environ.get("FUZZ_SEED", 15)))
+  rng = np.random.default_rng(
+    int(__import__("os").environ.get("FUZZ_SEED", 15))
+  )
   table0 = rng.normal(size=(V, D)).astype(np.float32)
   config = {
-      "bag": E.FeatureConfig(E.TableConfig(V, D, name="bags", combiner="mean")),
-      "seq": E.FeatureConfig(E.TableConfig(V, D, name="seqs"),
-                             max_sequence_length=L)}
-  backends = {static: TensorCoreEmbedding(config, E.SGD(1.0), bag_widths=W,
-                                          static_shapes=static)
-              for static in (False, True)}
+    "bag": E.FeatureConfig(E.TableConfig(V, D, name="bags", combiner="mean")),
+    "seq": E.FeatureConfig(
+      E.TableConfig(V, D, name="seqs"), max_sequence_length=L
+    ),
+  }
+  backends = {
+    static: TensorCoreEmbedding(
+      config, E.SGD(1.0), bag_widths=W, static_shapes=static
+    )
+    for static in (False, True)
+  }
   outcomes = {"ok": 0, "input error": 0, "gradient error": 0}
   for case_no in range(CASES):
     cases = {"bag": _Case(rng, False), "seq": _Case(rng, True)}
@@ -148,17 +173,26 @@ def test_hostile_inputs_give_the_reference_or_an_error_naming_the_feature():
     features = {name: c.tensor() for name, c in cases.items()}
     bad = {name: c.bad_reason for name, c in cases.items() if c.bad_reason}
     if use_preprocess:
-      bad.update({name: "sequence" for name, c in cases.items()
-                  if name not in bad and c.preprocess_refuses()})
-    context = f"case {case_no}: {[(n, c.kind, c.entries) for n, c in cases.items()]}"
+      bad.update(
+        {
+          name: "sequence"
+          for name, c in cases.items()
+          if name not in bad and c.preprocess_refuses()
+        }
+      )
+    context = (
+      f"case {case_no}: {[(n, c.kind, c.entries) for n, c in cases.items()]}"
+    )
     try:
       if use_preprocess:
         features, _ = emb.preprocess(features)
       acts = emb.lookup(features, training=True)
     except (inputs.InvalidInputError, tf.errors.InvalidArgumentError) as e:
       assert bad, f"{context}: unexpected {e}"
-      assert any(f"feature '{name}'" in str(e) or f"feature `{name}`" in str(e)
-                 for name in bad), f"{context}: {e}"
+      assert any(
+        f"feature '{name}'" in str(e) or f"feature `{name}`" in str(e)
+        for name in bad
+      ), f"{context}: {e}"
       outcomes["input error"] += 1
       continue
     assert not bad, f"{context}: no error for {bad}"
@@ -168,10 +202,13 @@ def test_hostile_inputs_give_the_reference_or_an_error_naming_the_feature():
       for index, v, scale in c.uses():
         want[index] += scale * table0[v]
       want_acts[name] = want
-      np.testing.assert_allclose(acts[name].numpy(), want, rtol=1e-5,
-                                 atol=1e-6, err_msg=context)
-    grads = {name: rng.normal(size=c.out_shape()).astype(np.float32)
-             for name, c in cases.items()}
+      np.testing.assert_allclose(
+        acts[name].numpy(), want, rtol=1e-5, atol=1e-6, err_msg=context
+      )
+    grads = {
+      name: rng.normal(size=c.out_shape()).astype(np.float32)
+      for name, c in cases.items()
+    }
     wrong = None
     if rng.random() < 0.3:
       wrong = str(rng.choice(list(cases)))
@@ -191,8 +228,9 @@ def test_hostile_inputs_give_the_reference_or_an_error_naming_the_feature():
       for index, v, scale in c.uses():
         want[v] -= scale * grads[name][index]
       table = next(t for t in emb.tables if t.name == config[name].table.name)
-      np.testing.assert_allclose(tables[table].numpy(), want, rtol=1e-5,
-                                 atol=1e-5, err_msg=context)
+      np.testing.assert_allclose(
+        tables[table].numpy(), want, rtol=1e-5, atol=1e-5, err_msg=context
+      )
     outcomes["ok"] += 1
   # The generator reaches every outcome often enough to mean something.
   assert min(outcomes.values()) >= 10, outcomes

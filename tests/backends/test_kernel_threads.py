@@ -25,7 +25,7 @@ VOCAB, DIM, BATCH, WIDTH = 100_000, 16, 4096, 8
 # weighted padded feature on one table) with the given intra-op threads;
 # saves the activations (the linear loss's gradients do not depend on them),
 # the table and its accumulator, and the padded-bags op's output.
-_SCRIPT = """
+_SCRIPT = f"""
 import json, sys
 import numpy as np
 import tensorflow as tf
@@ -88,22 +88,38 @@ if with_tf_ops:
   result.update({{f"tf_ops/{{k}}": v for k, v in tf_ops.items()}})
 np.savez(out, **result)
 print(json.dumps(stats))
-""".format(VOCAB=VOCAB, DIM=DIM, BATCH=BATCH, WIDTH=WIDTH)
+"""
 
 
 def _train(tmp_path, threads: int, with_tf_ops: bool):
   out = tmp_path / f"threads{threads}.npz"
-  root = os.path.dirname(os.path.dirname(os.path.dirname(
-      os.path.abspath(__file__))))
-  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
-         "PYTHONPATH": os.pathsep.join(filter(None, [
-             root, os.environ.get("PYTHONPATH")]))}
+  root = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  )
+  env = {
+    **os.environ,
+    "TF_CPP_MIN_LOG_LEVEL": "3",
+    "PYTHONPATH": os.pathsep.join(
+      filter(None, [root, os.environ.get("PYTHONPATH")])
+    ),
+  }
   env["RECSYS_KERNEL_PARALLEL_MIN_WORK"] = str(MIN_PARALLEL_WORK)
   proc = subprocess.run(
-      [sys.executable, "-c", _SCRIPT, str(threads), str(out),
-       "1" if with_tf_ops else "0"],
-      capture_output=True, text=True, check=False, timeout=300, env=env,
-      cwd=root)
+    [
+      sys.executable,
+      "-c",
+      _SCRIPT,
+      str(threads),
+      str(out),
+      "1" if with_tf_ops else "0",
+    ],
+    capture_output=True,
+    text=True,
+    check=False,
+    timeout=300,
+    env=env,
+    cwd=root,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   stats = json.loads(proc.stdout.strip().splitlines()[-1])
   with np.load(out) as data:
@@ -120,10 +136,16 @@ def test_one_and_two_intra_op_threads_give_identical_states(tmp_path):
   for key, value in one.items():
     np.testing.assert_array_equal(two[key], value, err_msg=key)
   fused = sorted(k.split("/", 1)[1] for k in two if k.startswith("fused/"))
-  assert fused == sorted(k.split("/", 1)[1] for k in two
-                         if k.startswith("tf_ops/"))
+  assert fused == sorted(
+    k.split("/", 1)[1] for k in two if k.startswith("tf_ops/")
+  )
   for key in fused:
     # The one-thread kernels' tolerance against the TF ops
     # (test_fused_kernels.test_fused_steps_equal_tf_ops).
-    np.testing.assert_allclose(two[f"fused/{key}"], two[f"tf_ops/{key}"],
-                               rtol=3e-6, atol=3e-7, err_msg=key)
+    np.testing.assert_allclose(
+      two[f"fused/{key}"],
+      two[f"tf_ops/{key}"],
+      rtol=3e-6,
+      atol=3e-7,
+      err_msg=key,
+    )

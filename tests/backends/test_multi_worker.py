@@ -35,17 +35,31 @@ def _env(**extra):
 def test_two_workers_equal_one_process_on_the_global_batch(tmp_path):
   """2 processes == 1 process with 2 replicas == 1 replica, same global batch."""
   ref = tmp_path / "ref.npz"
-  subprocess.run([sys.executable, str(WORKER), str(ref)], env=_env(),
-                 check=True, timeout=300)
+  subprocess.run(
+    [sys.executable, str(WORKER), str(ref)], env=_env(), check=True, timeout=300
+  )
   two_replicas = tmp_path / "two_replicas.npz"
-  subprocess.run([sys.executable, str(WORKER), str(two_replicas), "--replicas",
-                  "2"], env=_env(), check=True, timeout=300)
+  subprocess.run(
+    [sys.executable, str(WORKER), str(two_replicas), "--replicas", "2"],
+    env=_env(),
+    check=True,
+    timeout=300,
+  )
   cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
   cluster_lib.run_workers(
-      [[sys.executable, str(WORKER), str(tmp_path / f"w{i}.npz")] for i in range(2)],
-      [_env(TF_CONFIG=json.dumps({"cluster": cluster,
-                                  "task": {"type": "worker", "index": i}}))
-       for i in range(2)])
+    [
+      [sys.executable, str(WORKER), str(tmp_path / f"w{i}.npz")]
+      for i in range(2)
+    ],
+    [
+      _env(
+        TF_CONFIG=json.dumps(
+          {"cluster": cluster, "task": {"type": "worker", "index": i}}
+        )
+      )
+      for i in range(2)
+    ],
+  )
   want = np.load(ref)
   w0, w1 = np.load(tmp_path / "w0.npz"), np.load(tmp_path / "w1.npz")
   mirrored = np.load(two_replicas)

@@ -6,14 +6,13 @@ Every optimizer and option runs several steps with varying id subsets on a
 compared to TF's own training kernels on the same inputs.
 """
 
-import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-
 import logging  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import optimizers  # noqa: E402
 from backends.base import UnsupportedConfigError  # noqa: E402
 from tests import reference_optimizers as ref  # noqa: E402
@@ -23,37 +22,58 @@ E = tf.tpu.experimental.embedding
 VOCAB, DIM = 23, 7
 RTOL, ATOL = 2e-5, 2e-6
 # Unique ids per step: sizes vary, sets overlap, one step touches one row.
-STEP_IDS = [[0, 5, 22, 7, 11], [5, 6, 7, 8, 9, 10, 21, 1, 3], [22],
-            [3, 11, 0, 14, 15, 16, 2, 19, 20, 12, 13, 4]]
+STEP_IDS = [
+  [0, 5, 22, 7, 11],
+  [5, 6, 7, 8, 9, 10, 21, 1, 3],
+  [22],
+  [3, 11, 0, 14, 15, 16, 2, 19, 20, 12, 13, 4],
+]
 
 
 def _steps(seed: int = 0, scale: float = 1.0):
   rng = np.random.default_rng(seed)
-  return [(np.array(ids, np.int32),
-           (scale * rng.normal(size=(len(ids), DIM))).astype(np.float32))
-          for ids in STEP_IDS]
+  return [
+    (
+      np.array(ids, np.int32),
+      (scale * rng.normal(size=(len(ids), DIM))).astype(np.float32),
+    )
+    for ids in STEP_IDS
+  ]
 
 
 def _initial_table(seed: int = 1) -> np.ndarray:
-  return np.random.default_rng(seed).normal(0, 0.1, (VOCAB, DIM)).astype(
-      np.float32)
+  return (
+    np.random.default_rng(seed).normal(0, 0.1, (VOCAB, DIM)).astype(np.float32)
+  )
 
 
 def _variables(opt, table0):
   """Table and slot variables, slots initialised by TF's own initializers."""
   table = tf.Variable(table0)
-  slots = {name: tf.Variable(init(shape=(VOCAB, DIM), dtype=tf.float32))
-           for name, init in optimizers.slot_initializers(opt).items()}
+  slots = {
+    name: tf.Variable(init(shape=(VOCAB, DIM), dtype=tf.float32))
+    for name, init in optimizers.slot_initializers(opt).items()
+  }
   return table, slots
 
 
 def _assert_matches(table, slots, want_table, want_slots, step):
-  np.testing.assert_allclose(np.asarray(table), want_table, rtol=RTOL,
-                             atol=ATOL, err_msg=f"table after step {step}")
+  np.testing.assert_allclose(
+    np.asarray(table),
+    want_table,
+    rtol=RTOL,
+    atol=ATOL,
+    err_msg=f"table after step {step}",
+  )
   assert sorted(slots) == sorted(want_slots)
   for name, var in slots.items():
-    np.testing.assert_allclose(np.asarray(var), want_slots[name], rtol=RTOL,
-                               atol=ATOL, err_msg=f"slot {name} after {step}")
+    np.testing.assert_allclose(
+      np.asarray(var),
+      want_slots[name],
+      rtol=RTOL,
+      atol=ATOL,
+      err_msg=f"slot {name} after {step}",
+    )
 
 
 def _check_against_reference(opt, steps=None, lrs=None, set_lr=None):
@@ -66,8 +86,9 @@ def _check_against_reference(opt, steps=None, lrs=None, set_lr=None):
   for i, (ids, grads) in enumerate(steps):
     if set_lr is not None:
       set_lr(lrs[i])
-    optimizers.apply_sparse_update(opt, table, slots, tf.constant(ids),
-                                   tf.constant(grads))
+    optimizers.apply_sparse_update(
+      opt, table, slots, tf.constant(ids), tf.constant(grads)
+    )
     want_table, want_slots = ref.apply(opt, want_table, want_slots, ids, grads)
     _assert_matches(table, slots, want_table, want_slots, i)
 
@@ -75,30 +96,37 @@ def _check_against_reference(opt, steps=None, lrs=None, set_lr=None):
 # -- every optimizer x the options every optimizer has -------------------------
 
 OPTIMIZERS = {
-    "SGD": lambda **kw: E.SGD(learning_rate=0.1, **kw),
-    "Adagrad": lambda **kw: E.Adagrad(learning_rate=0.1, **kw),
-    "AdagradMomentum": lambda **kw: E.AdagradMomentum(
-        learning_rate=0.05, momentum=0.9, **kw),
-    "Adam": lambda **kw: E.Adam(learning_rate=0.01, **kw),
-    "FTRL": lambda **kw: E.FTRL(learning_rate=0.1, **kw),
+  "SGD": lambda **kw: E.SGD(learning_rate=0.1, **kw),
+  "Adagrad": lambda **kw: E.Adagrad(learning_rate=0.1, **kw),
+  "AdagradMomentum": lambda **kw: E.AdagradMomentum(
+    learning_rate=0.05, momentum=0.9, **kw
+  ),
+  "Adam": lambda **kw: E.Adam(learning_rate=0.01, **kw),
+  "FTRL": lambda **kw: E.FTRL(learning_rate=0.1, **kw),
 }
 COMMON_OPTIONS = {
-    "defaults": {},
-    "clipvalue_scalar": {"clipvalue": 0.3},
-    "clipvalue_tuple": {"clipvalue": (-0.2, 0.5)},
-    "clipvalue_max_only": {"clipvalue": (None, 0.4)},
-    "clip_weight": {"clip_weight_min": -0.05, "clip_weight_max": 0.08},
-    "weight_decay": {"weight_decay_factor": 0.1},
-    "weight_decay_times_lr": {
-        "weight_decay_factor": 0.5,
-        "multiply_weight_decay_factor_by_learning_rate": True},
-    "all_combined": {"clipvalue": 0.5, "clip_weight_min": -0.1,
-                     "clip_weight_max": 0.1, "weight_decay_factor": 0.05},
+  "defaults": {},
+  "clipvalue_scalar": {"clipvalue": 0.3},
+  "clipvalue_tuple": {"clipvalue": (-0.2, 0.5)},
+  "clipvalue_max_only": {"clipvalue": (None, 0.4)},
+  "clip_weight": {"clip_weight_min": -0.05, "clip_weight_max": 0.08},
+  "weight_decay": {"weight_decay_factor": 0.1},
+  "weight_decay_times_lr": {
+    "weight_decay_factor": 0.5,
+    "multiply_weight_decay_factor_by_learning_rate": True,
+  },
+  "all_combined": {
+    "clipvalue": 0.5,
+    "clip_weight_min": -0.1,
+    "clip_weight_max": 0.1,
+    "weight_decay_factor": 0.05,
+  },
 }
 
 
-@pytest.mark.parametrize("options", COMMON_OPTIONS.values(),
-                         ids=COMMON_OPTIONS.keys())
+@pytest.mark.parametrize(
+  "options", COMMON_OPTIONS.values(), ids=COMMON_OPTIONS.keys()
+)
 @pytest.mark.parametrize("make", OPTIMIZERS.values(), ids=OPTIMIZERS.keys())
 def test_common_options_match_reference(make, options):
   _check_against_reference(make(**options))
@@ -109,52 +137,78 @@ def test_callable_learning_rate_is_read_every_step(make):
   lr = [0.1]
   opt = make()
   opt.learning_rate = lambda: lr[0]
-  _check_against_reference(opt, lrs=[0.1, 0.02, 0.3, 0.07],
-                           set_lr=lambda v: lr.__setitem__(0, v))
+  _check_against_reference(
+    opt, lrs=[0.1, 0.02, 0.3, 0.07], set_lr=lambda v: lr.__setitem__(0, v)
+  )
 
 
 # -- per-optimizer options -----------------------------------------------------
 
 SPECIFIC = {
-    "Adagrad_initial_accumulator": E.Adagrad(0.2, initial_accumulator_value=2.),
-    "AdagradMomentum_defaults": E.AdagradMomentum(0.05),
-    "AdagradMomentum_nesterov": E.AdagradMomentum(0.05, momentum=0.8,
-                                                  use_nesterov=True),
-    "AdagradMomentum_exponent": E.AdagradMomentum(0.05, momentum=0.5,
-                                                  exponent=4.0),
-    "AdagradMomentum_beta2": E.AdagradMomentum(0.05, momentum=0.9, beta2=0.95),
-    "AdagradMomentum_epsilon": E.AdagradMomentum(0.05, momentum=0.9,
-                                                 epsilon=0.3),
-    "AdagradMomentum_all": E.AdagradMomentum(
-        0.05, momentum=0.7, use_nesterov=True, exponent=3.0, beta2=0.9,
-        epsilon=1e-3, clipvalue=0.8, weight_decay_factor=0.01),
-    "Adam_non_lazy": E.Adam(0.01, lazy_adam=False),
-    "Adam_sum_outside_sqrt": E.Adam(0.01, sum_inside_sqrt=False),
-    "Adam_betas_epsilon": E.Adam(0.01, beta_1=0.5, beta_2=0.9, epsilon=0.1),
-    "Adam_non_lazy_outside_sqrt": E.Adam(0.01, lazy_adam=False,
-                                         sum_inside_sqrt=False, epsilon=0.05),
-    "Adam_non_lazy_clip_decay": E.Adam(
-        0.01, lazy_adam=False, clipvalue=(-0.3, 0.2), clip_weight_min=-0.1,
-        clip_weight_max=0.12, weight_decay_factor=0.2,
-        multiply_weight_decay_factor_by_learning_rate=True),
-    "FTRL_lr_power": E.FTRL(0.1, learning_rate_power=-0.3),
-    "FTRL_lr_power_zero": E.FTRL(0.1, learning_rate_power=0.0),
-    "FTRL_l1": E.FTRL(0.1, l1_regularization_strength=0.5),
-    "FTRL_l2": E.FTRL(0.1, l2_regularization_strength=0.4),
-    "FTRL_beta": E.FTRL(0.1, beta=0.5),
-    "FTRL_initial_accumulator": E.FTRL(0.1, initial_accumulator_value=1.5),
-    "FTRL_multiply_linear": E.FTRL(0.1, multiply_linear_by_learning_rate=True),
-    "FTRL_multiply_linear_l1_l2_beta": E.FTRL(
-        0.1, multiply_linear_by_learning_rate=True,
-        l1_regularization_strength=0.3, l2_regularization_strength=0.2,
-        beta=0.4, learning_rate_power=-0.4),
-    "FTRL_allow_zero_accumulator": E.FTRL(0.1, allow_zero_accumulator=True,
-                                          l1_regularization_strength=0.2),
-    "FTRL_all": E.FTRL(0.1, learning_rate_power=-0.6,
-                       l1_regularization_strength=0.2,
-                       l2_regularization_strength=0.1, beta=0.3,
-                       clipvalue=0.7, weight_decay_factor=0.05,
-                       clip_weight_min=-0.2, clip_weight_max=0.15),
+  "Adagrad_initial_accumulator": E.Adagrad(0.2, initial_accumulator_value=2.0),
+  "AdagradMomentum_defaults": E.AdagradMomentum(0.05),
+  "AdagradMomentum_nesterov": E.AdagradMomentum(
+    0.05, momentum=0.8, use_nesterov=True
+  ),
+  "AdagradMomentum_exponent": E.AdagradMomentum(
+    0.05, momentum=0.5, exponent=4.0
+  ),
+  "AdagradMomentum_beta2": E.AdagradMomentum(0.05, momentum=0.9, beta2=0.95),
+  "AdagradMomentum_epsilon": E.AdagradMomentum(0.05, momentum=0.9, epsilon=0.3),
+  "AdagradMomentum_all": E.AdagradMomentum(
+    0.05,
+    momentum=0.7,
+    use_nesterov=True,
+    exponent=3.0,
+    beta2=0.9,
+    epsilon=1e-3,
+    clipvalue=0.8,
+    weight_decay_factor=0.01,
+  ),
+  "Adam_non_lazy": E.Adam(0.01, lazy_adam=False),
+  "Adam_sum_outside_sqrt": E.Adam(0.01, sum_inside_sqrt=False),
+  "Adam_betas_epsilon": E.Adam(0.01, beta_1=0.5, beta_2=0.9, epsilon=0.1),
+  "Adam_non_lazy_outside_sqrt": E.Adam(
+    0.01, lazy_adam=False, sum_inside_sqrt=False, epsilon=0.05
+  ),
+  "Adam_non_lazy_clip_decay": E.Adam(
+    0.01,
+    lazy_adam=False,
+    clipvalue=(-0.3, 0.2),
+    clip_weight_min=-0.1,
+    clip_weight_max=0.12,
+    weight_decay_factor=0.2,
+    multiply_weight_decay_factor_by_learning_rate=True,
+  ),
+  "FTRL_lr_power": E.FTRL(0.1, learning_rate_power=-0.3),
+  "FTRL_lr_power_zero": E.FTRL(0.1, learning_rate_power=0.0),
+  "FTRL_l1": E.FTRL(0.1, l1_regularization_strength=0.5),
+  "FTRL_l2": E.FTRL(0.1, l2_regularization_strength=0.4),
+  "FTRL_beta": E.FTRL(0.1, beta=0.5),
+  "FTRL_initial_accumulator": E.FTRL(0.1, initial_accumulator_value=1.5),
+  "FTRL_multiply_linear": E.FTRL(0.1, multiply_linear_by_learning_rate=True),
+  "FTRL_multiply_linear_l1_l2_beta": E.FTRL(
+    0.1,
+    multiply_linear_by_learning_rate=True,
+    l1_regularization_strength=0.3,
+    l2_regularization_strength=0.2,
+    beta=0.4,
+    learning_rate_power=-0.4,
+  ),
+  "FTRL_allow_zero_accumulator": E.FTRL(
+    0.1, allow_zero_accumulator=True, l1_regularization_strength=0.2
+  ),
+  "FTRL_all": E.FTRL(
+    0.1,
+    learning_rate_power=-0.6,
+    l1_regularization_strength=0.2,
+    l2_regularization_strength=0.1,
+    beta=0.3,
+    clipvalue=0.7,
+    weight_decay_factor=0.05,
+    clip_weight_min=-0.2,
+    clip_weight_max=0.15,
+  ),
 }
 
 
@@ -177,10 +231,15 @@ def test_ftrl_l1_zeroes_some_weights_and_not_others():
 @pytest.mark.parametrize("multiply_linear", [False, True])
 def test_ftrl_callable_lr_with_multiply_linear(multiply_linear):
   lr = [0.1]
-  opt = E.FTRL(lambda: lr[0], l1_regularization_strength=0.1, beta=0.2,
-               multiply_linear_by_learning_rate=multiply_linear)
-  _check_against_reference(opt, lrs=[0.1, 0.05, 0.2, 0.01],
-                           set_lr=lambda v: lr.__setitem__(0, v))
+  opt = E.FTRL(
+    lambda: lr[0],
+    l1_regularization_strength=0.1,
+    beta=0.2,
+    multiply_linear_by_learning_rate=multiply_linear,
+  )
+  _check_against_reference(
+    opt, lrs=[0.1, 0.05, 0.2, 0.01], set_lr=lambda v: lr.__setitem__(0, v)
+  )
 
 
 def test_ftrl_allow_zero_accumulator_gives_zero_not_nan_for_zero_rows():
@@ -192,8 +251,12 @@ def test_ftrl_allow_zero_accumulator_gives_zero_not_nan_for_zero_rows():
   grads[1, :3] = 0.0  # n' = 0 for these elements of row 4
   optimizers.apply_sparse_update(opt, table, slots, ids, grads)
   want_table, want_slots = ref.apply(
-      opt, _initial_table(), {"accumulators": np.zeros((VOCAB, DIM)),
-                              "linears": np.zeros((VOCAB, DIM))}, ids, grads)
+    opt,
+    _initial_table(),
+    {"accumulators": np.zeros((VOCAB, DIM)), "linears": np.zeros((VOCAB, DIM))},
+    ids,
+    grads,
+  )
   assert np.all(np.isfinite(np.asarray(table)))
   np.testing.assert_array_equal(np.asarray(table)[4, :3], 0.0)
   _assert_matches(table, slots, want_table, want_slots, 0)
@@ -209,13 +272,19 @@ def test_non_lazy_adam_updates_untouched_rows_and_lazy_does_not():
     untouched = sorted(set(range(VOCAB)) - set(STEP_IDS[0] + STEP_IDS[1]))
     # Rows 0, 22 and 11 have momentum from step 1 but no gradient in step 2.
     moved = np.asarray(table)[[0, 11, 22]] - table0[[0, 11, 22]]
-    np.testing.assert_array_equal(np.asarray(table)[untouched],
-                                  table0[untouched])
+    np.testing.assert_array_equal(
+      np.asarray(table)[untouched], table0[untouched]
+    )
     assert np.all(moved != 0)
-    step1 = ref.apply(opt, table0, ref.initial_slots(opt, VOCAB, DIM),
-                      *_steps()[0])
-    assert lazy == np.allclose(np.asarray(table)[[0, 11, 22]],
-                               step1[0][[0, 11, 22]], rtol=RTOL, atol=ATOL)
+    step1 = ref.apply(
+      opt, table0, ref.initial_slots(opt, VOCAB, DIM), *_steps()[0]
+    )
+    assert lazy == np.allclose(
+      np.asarray(table)[[0, 11, 22]],
+      step1[0][[0, 11, 22]],
+      rtol=RTOL,
+      atol=ATOL,
+    )
 
 
 @pytest.mark.parametrize("make", OPTIMIZERS.values(), ids=OPTIMIZERS.keys())
@@ -224,8 +293,9 @@ def test_empty_ids_change_nothing(make):
   table0 = _initial_table()
   table, slots = _variables(opt, table0)
   before = {k: np.asarray(v) for k, v in slots.items()}
-  optimizers.apply_sparse_update(opt, table, slots,
-                                 tf.zeros([0], tf.int64), tf.zeros([0, DIM]))
+  optimizers.apply_sparse_update(
+    opt, table, slots, tf.zeros([0], tf.int64), tf.zeros([0, DIM])
+  )
   np.testing.assert_array_equal(np.asarray(table), table0)
   for k, v in slots.items():
     np.testing.assert_array_equal(np.asarray(v), before[k])
@@ -233,8 +303,9 @@ def test_empty_ids_change_nothing(make):
 
 def test_int64_ids():
   _check_against_reference(
-      E.FTRL(0.1, l2_regularization_strength=0.1),
-      steps=[(ids.astype(np.int64), g) for ids, g in _steps()])
+    E.FTRL(0.1, l2_regularization_strength=0.1),
+    steps=[(ids.astype(np.int64), g) for ids, g in _steps()],
+  )
 
 
 # -- tf.function, XLA and MirroredStrategy -------------------------------------
@@ -242,12 +313,11 @@ def test_int64_ids():
 
 def _one_of_each():
   return {
-      "SGD": E.SGD(0.1, clip_weight_max=0.1),
-      "Adagrad": E.Adagrad(0.1),
-      "AdagradMomentum": E.AdagradMomentum(0.05, momentum=0.9,
-                                           use_nesterov=True),
-      "Adam": E.Adam(0.01, lazy_adam=False),
-      "FTRL": E.FTRL(0.1, l1_regularization_strength=0.2, beta=0.1),
+    "SGD": E.SGD(0.1, clip_weight_max=0.1),
+    "Adagrad": E.Adagrad(0.1),
+    "AdagradMomentum": E.AdagradMomentum(0.05, momentum=0.9, use_nesterov=True),
+    "Adam": E.Adam(0.01, lazy_adam=False),
+    "FTRL": E.FTRL(0.1, l1_regularization_strength=0.2, beta=0.1),
   }
 
 
@@ -265,8 +335,13 @@ def test_inside_tf_function(name, jit_compile):
   table0 = _initial_table()
   table, slots = _variables(opt, table0)
 
-  @tf.function(jit_compile=jit_compile, input_signature=[
-      tf.TensorSpec([None], tf.int32), tf.TensorSpec([None, DIM], tf.float32)])
+  @tf.function(
+    jit_compile=jit_compile,
+    input_signature=[
+      tf.TensorSpec([None], tf.int32),
+      tf.TensorSpec([None, DIM], tf.float32),
+    ],
+  )
   def step(ids, grads):
     optimizers.apply_sparse_update(opt, table, slots, ids, grads)
 
@@ -274,8 +349,9 @@ def test_inside_tf_function(name, jit_compile):
   for i, ((ids, grads), lr) in enumerate(zip(_steps(), [0.1, 0.03, 0.2, 0.05])):
     lr_var.assign(lr)
     step(ids, grads)
-    want_table, want_slots = ref.apply(opt, want_table, want_slots, ids, grads,
-                                       lr=lr)
+    want_table, want_slots = ref.apply(
+      opt, want_table, want_slots, ids, grads, lr=lr
+    )
     _assert_matches(table, slots, want_table, want_slots, i)
   if not jit_compile:
     assert step.experimental_get_tracing_count() == 1
@@ -286,17 +362,21 @@ def two_cpus():
   """Two logical CPUs; set here unless the TF runtime already started."""
   try:
     tf.config.set_logical_device_configuration(
-        tf.config.list_physical_devices("CPU")[0],
-        [tf.config.LogicalDeviceConfiguration()] * 2)
+      tf.config.list_physical_devices("CPU")[0],
+      [tf.config.LogicalDeviceConfiguration()] * 2,
+    )
   except RuntimeError:
     pass  # Runtime already initialised (tests/conftest.py configures 4).
   if len(tf.config.list_logical_devices("CPU")) < 2:
-    pytest.skip("needs 2 logical CPUs, but the TF runtime was initialised "
-                "with fewer before this module could configure them")
+    pytest.skip(
+      "needs 2 logical CPUs, but the TF runtime was initialised "
+      "with fewer before this module could configure them"
+    )
 
 
-@pytest.mark.parametrize("in_function", [True, False],
-                         ids=["tf_function", "eager"])
+@pytest.mark.parametrize(
+  "in_function", [True, False], ids=["tf_function", "eager"]
+)
 @pytest.mark.parametrize("name", sorted(_one_of_each()))
 def test_mirrored_two_replicas_update_both_copies(name, in_function, two_cpus):
   del two_cpus
@@ -308,8 +388,9 @@ def test_mirrored_two_replicas_update_both_copies(name, in_function, two_cpus):
   assert isinstance(table, tf.distribute.DistributedValues)
 
   def step(ids, grads):
-    strategy.run(optimizers.apply_sparse_update,
-                 args=(opt, table, slots, ids, grads))
+    strategy.run(
+      optimizers.apply_sparse_update, args=(opt, table, slots, ids, grads)
+    )
 
   if in_function:
     step = tf.function(step)
@@ -319,10 +400,15 @@ def test_mirrored_two_replicas_update_both_copies(name, in_function, two_cpus):
     want_table, want_slots = ref.apply(opt, want_table, want_slots, ids, grads)
     for replica in range(2):
       _assert_matches(
-          strategy.experimental_local_results(table)[replica],
-          {k: strategy.experimental_local_results(v)[replica]
-           for k, v in slots.items()},
-          want_table, want_slots, f"{i} (replica {replica})")
+        strategy.experimental_local_results(table)[replica],
+        {
+          k: strategy.experimental_local_results(v)[replica]
+          for k, v in slots.items()
+        },
+        want_table,
+        want_slots,
+        f"{i} (replica {replica})",
+      )
 
 
 # -- against TF's own kernels --------------------------------------------------
@@ -337,35 +423,49 @@ def test_adagrad_matches_resource_sparse_apply_adagrad_v2(initial_accumulator):
   opt = E.Adagrad(0.15, initial_accumulator_value=initial_accumulator)
   table0 = _initial_table()
   table, slots = _variables(opt, table0)
-  tf_table, tf_acc = _tf_vars(table0, np.full((VOCAB, DIM),
-                                              initial_accumulator, np.float32))
+  tf_table, tf_acc = _tf_vars(
+    table0, np.full((VOCAB, DIM), initial_accumulator, np.float32)
+  )
   want_table, want_slots = table0, ref.initial_slots(opt, VOCAB, DIM)
   for ids, grads in _steps():
     optimizers.apply_sparse_update(opt, table, slots, ids, grads)
     tf.raw_ops.ResourceSparseApplyAdagradV2(
-        var=tf_table.handle, accum=tf_acc.handle, lr=0.15, epsilon=0.0,
-        grad=grads, indices=ids)
+      var=tf_table.handle,
+      accum=tf_acc.handle,
+      lr=0.15,
+      epsilon=0.0,
+      grad=grads,
+      indices=ids,
+    )
     want_table, want_slots = ref.apply(opt, want_table, want_slots, ids, grads)
-    for got, tf_got, want in [(table, tf_table, want_table),
-                              (slots["accumulators"], tf_acc,
-                               want_slots["accumulators"])]:
-      np.testing.assert_allclose(np.asarray(got), np.asarray(tf_got),
-                                 rtol=RTOL, atol=ATOL)
-      np.testing.assert_allclose(want, np.asarray(tf_got), rtol=RTOL,
-                                 atol=ATOL)
+    for got, tf_got, want in [
+      (table, tf_table, want_table),
+      (slots["accumulators"], tf_acc, want_slots["accumulators"]),
+    ]:
+      np.testing.assert_allclose(
+        np.asarray(got), np.asarray(tf_got), rtol=RTOL, atol=ATOL
+      )
+      np.testing.assert_allclose(want, np.asarray(tf_got), rtol=RTOL, atol=ATOL)
 
 
 FTRL_VS_TF = {
-    "defaults": {},
-    "lr_power": {"learning_rate_power": -0.3},
-    "l1_l2": {"l1_regularization_strength": 0.3,
-              "l2_regularization_strength": 0.2},
-    "beta": {"beta": 0.5, "l1_regularization_strength": 0.1},
-    "multiply_linear": {"multiply_linear_by_learning_rate": True,
-                        "l1_regularization_strength": 0.3,
-                        "l2_regularization_strength": 0.2},
-    "multiply_linear_beta": {"multiply_linear_by_learning_rate": True,
-                             "beta": 0.5, "learning_rate_power": -0.7},
+  "defaults": {},
+  "lr_power": {"learning_rate_power": -0.3},
+  "l1_l2": {
+    "l1_regularization_strength": 0.3,
+    "l2_regularization_strength": 0.2,
+  },
+  "beta": {"beta": 0.5, "l1_regularization_strength": 0.1},
+  "multiply_linear": {
+    "multiply_linear_by_learning_rate": True,
+    "l1_regularization_strength": 0.3,
+    "l2_regularization_strength": 0.2,
+  },
+  "multiply_linear_beta": {
+    "multiply_linear_by_learning_rate": True,
+    "beta": 0.5,
+    "learning_rate_power": -0.7,
+  },
 }
 
 
@@ -377,58 +477,91 @@ def test_ftrl_matches_resource_sparse_apply_ftrl(options):
   table0 = _initial_table()
   table, slots = _variables(opt, table0)
   tf_table, tf_acc, tf_lin = _tf_vars(
-      table0, np.full((VOCAB, DIM), 0.3, np.float32),
-      np.zeros((VOCAB, DIM), np.float32))
+    table0,
+    np.full((VOCAB, DIM), 0.3, np.float32),
+    np.zeros((VOCAB, DIM), np.float32),
+  )
   want_table, want_slots = table0, ref.initial_slots(opt, VOCAB, DIM)
   for ids, grads in _steps():
     optimizers.apply_sparse_update(opt, table, slots, ids, grads)
     tf.raw_ops.ResourceSparseApplyFtrl(
-        var=tf_table.handle, accum=tf_acc.handle, linear=tf_lin.handle,
-        grad=grads, indices=ids, lr=lr, l1=opt.l1_regularization_strength,
-        l2=opt.l2_regularization_strength + opt.beta / (2 * lr),
-        lr_power=opt.learning_rate_power,
-        multiply_linear_by_lr=opt.multiply_linear_by_learning_rate)
+      var=tf_table.handle,
+      accum=tf_acc.handle,
+      linear=tf_lin.handle,
+      grad=grads,
+      indices=ids,
+      lr=lr,
+      l1=opt.l1_regularization_strength,
+      l2=opt.l2_regularization_strength + opt.beta / (2 * lr),
+      lr_power=opt.learning_rate_power,
+      multiply_linear_by_lr=opt.multiply_linear_by_learning_rate,
+    )
     want_table, want_slots = ref.apply(opt, want_table, want_slots, ids, grads)
     for got, tf_got, want in [
-        (table, tf_table, want_table),
-        (slots["accumulators"], tf_acc, want_slots["accumulators"]),
-        (slots["linears"], tf_lin, want_slots["linears"])]:
-      np.testing.assert_allclose(np.asarray(got), np.asarray(tf_got),
-                                 rtol=1e-4, atol=1e-5)
-      np.testing.assert_allclose(want, np.asarray(tf_got), rtol=1e-4,
-                                 atol=1e-5)
+      (table, tf_table, want_table),
+      (slots["accumulators"], tf_acc, want_slots["accumulators"]),
+      (slots["linears"], tf_lin, want_slots["linears"]),
+    ]:
+      np.testing.assert_allclose(
+        np.asarray(got), np.asarray(tf_got), rtol=1e-4, atol=1e-5
+      )
+      np.testing.assert_allclose(want, np.asarray(tf_got), rtol=1e-4, atol=1e-5)
 
 
 def test_non_lazy_adam_matches_resource_apply_adam_without_bias_correction():
   """TF's dense Adam with beta powers 0 is Adam without bias correction."""
-  opt = E.Adam(0.02, beta_1=0.8, beta_2=0.95, epsilon=0.01, lazy_adam=False,
-               sum_inside_sqrt=False)
+  opt = E.Adam(
+    0.02,
+    beta_1=0.8,
+    beta_2=0.95,
+    epsilon=0.01,
+    lazy_adam=False,
+    sum_inside_sqrt=False,
+  )
   table0 = _initial_table()
   table, slots = _variables(opt, table0)
-  tf_table, tf_m, tf_v = _tf_vars(table0, np.zeros((VOCAB, DIM), np.float32),
-                                  np.zeros((VOCAB, DIM), np.float32))
+  tf_table, tf_m, tf_v = _tf_vars(
+    table0,
+    np.zeros((VOCAB, DIM), np.float32),
+    np.zeros((VOCAB, DIM), np.float32),
+  )
   for ids, grads in _steps():
     optimizers.apply_sparse_update(opt, table, slots, ids, grads)
     dense = np.zeros((VOCAB, DIM), np.float32)
     dense[ids] = grads
     tf.raw_ops.ResourceApplyAdam(
-        var=tf_table.handle, m=tf_m.handle, v=tf_v.handle, beta1_power=0.0,
-        beta2_power=0.0, lr=0.02, beta1=0.8, beta2=0.95, epsilon=0.01,
-        grad=dense)
-    for got, tf_got in [(table, tf_table), (slots["momenta"], tf_m),
-                        (slots["velocities"], tf_v)]:
-      np.testing.assert_allclose(np.asarray(got), np.asarray(tf_got),
-                                 rtol=RTOL, atol=ATOL)
+      var=tf_table.handle,
+      m=tf_m.handle,
+      v=tf_v.handle,
+      beta1_power=0.0,
+      beta2_power=0.0,
+      lr=0.02,
+      beta1=0.8,
+      beta2=0.95,
+      epsilon=0.01,
+      grad=dense,
+    )
+    for got, tf_got in [
+      (table, tf_table),
+      (slots["momenta"], tf_m),
+      (slots["velocities"], tf_v),
+    ]:
+      np.testing.assert_allclose(
+        np.asarray(got), np.asarray(tf_got), rtol=RTOL, atol=ATOL
+      )
 
 
 # -- slots and configuration checks --------------------------------------------
 
 
 # The checkpoint slot names of TF's mid-level API (shared/OPTIMIZERS.md).
-TF_SLOT_NAMES = {"SGD": [], "Adagrad": ["accumulators"],
-                 "AdagradMomentum": ["accumulators", "momenta"],
-                 "Adam": ["momenta", "velocities"],
-                 "FTRL": ["accumulators", "linears"]}
+TF_SLOT_NAMES = {
+  "SGD": [],
+  "Adagrad": ["accumulators"],
+  "AdagradMomentum": ["accumulators", "momenta"],
+  "Adam": ["momenta", "velocities"],
+  "FTRL": ["accumulators", "linears"],
+}
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
@@ -451,17 +584,22 @@ def test_custom_optimizer_is_rejected_naming_the_table():
 
 
 def test_keras_optimizer_is_rejected_naming_the_table():
-  with pytest.raises(UnsupportedConfigError,
-                     match="'items'.*keras.*SGD is not a tf.tpu"):
+  with pytest.raises(
+    UnsupportedConfigError, match="'items'.*keras.*SGD is not a tf.tpu"
+  ):
     optimizers.check_supported(tf.keras.optimizers.SGD(), "items")
 
 
-@pytest.mark.parametrize("opt,match", [
+@pytest.mark.parametrize(
+  "opt,match",
+  [
     (E.FTRL(0.1, learning_rate_power=0.5), "learning_rate_power"),
     (E.FTRL(0.1, l1_regularization_strength=-1.0), "l1_regularization"),
     (E.SGD(0.1, clip_weight_min=1.0, clip_weight_max=0.5), "clip_weight_min"),
     (E.SGD(0.1, clipvalue=(1.0, -1.0)), "clip_gradient_min"),
-], ids=["ftrl_lr_power", "ftrl_l1", "clip_weight", "clipvalue"])
+  ],
+  ids=["ftrl_lr_power", "ftrl_l1", "clip_weight", "clipvalue"],
+)
 def test_invalid_hyperparameters_are_rejected(opt, match):
   with pytest.raises(UnsupportedConfigError, match=f"'t'.*{match}"):
     optimizers.check_supported(opt, "t")
@@ -483,8 +621,9 @@ def test_missing_slot_and_bad_shapes_name_the_table():
   table, slots = _variables(opt, _initial_table())
   ids, grads = _steps()[0]
   with pytest.raises(ValueError, match="velocities"):
-    optimizers.apply_sparse_update(opt, table, {"momenta": slots["momenta"]},
-                                   ids, grads)
+    optimizers.apply_sparse_update(
+      opt, table, {"momenta": slots["momenta"]}, ids, grads
+    )
   with pytest.raises(ValueError, match="dimension 6.*dimension 7"):
     optimizers.apply_sparse_update(opt, table, slots, ids, grads[:, :6])
   with pytest.raises(ValueError, match=r"ids must be a vector"):

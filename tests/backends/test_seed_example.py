@@ -26,12 +26,21 @@ W = np.random.default_rng(5).normal(size=(6, 1)).astype(np.float32)
 def seed_example(strategy, jit_compile=False):
   """Runs the documented loop; returns the embedding object."""
   rng = np.random.default_rng(11)
-  rows = [list(rng.integers(0, 37, rng.integers(1, 7)))
-          for _ in range(GLOBAL_BATCH * STEPS)]
-  feature_config = {"f": tf.tpu.experimental.embedding.FeatureConfig(
+  rows = [
+    list(rng.integers(0, 37, rng.integers(1, 7)))
+    for _ in range(GLOBAL_BATCH * STEPS)
+  ]
+  feature_config = {
+    "f": tf.tpu.experimental.embedding.FeatureConfig(
       tf.tpu.experimental.embedding.TableConfig(
-          37, 6, name="t", combiner="mean",
-          initializer=tf.keras.initializers.RandomUniform(seed=1)))}
+        37,
+        6,
+        name="t",
+        combiner="mean",
+        initializer=tf.keras.initializers.RandomUniform(seed=1),
+      )
+    )
+  }
   model = lambda activations: activations["f"] @ W
 
   # --- the documented example ---
@@ -44,27 +53,27 @@ def seed_example(strategy, jit_compile=False):
     return slots
 
   embedding_optimizer = tf.tpu.experimental.embedding.Adagrad(
-      learning_rate=0.1,
-      slot_variable_creation_fn=slot_variable_creation_fn)
+    learning_rate=0.1, slot_variable_creation_fn=slot_variable_creation_fn
+  )
 
   with strategy.scope():
     embedding = backends.TensorCoreEmbedding(
-        feature_config=feature_config,
-        optimizer=embedding_optimizer)
+      feature_config=feature_config, optimizer=embedding_optimizer
+    )
 
   def dataset_fn(ctx):
     # Replicas take consecutive batches: step s covers the same examples
     # on N replicas as on one.
     ds = tf.data.Dataset.from_tensor_slices(tf.ragged.constant(rows, tf.int64))
-    ds = ds.batch(ctx.get_per_replica_batch_size(GLOBAL_BATCH),
-                  drop_remainder=True)
+    ds = ds.batch(
+      ctx.get_per_replica_batch_size(GLOBAL_BATCH), drop_remainder=True
+    )
     return ds.map(lambda ids: {"f": ids})
 
-  distributed_dataset = (
-      strategy.distribute_datasets_from_function(
-          dataset_fn=dataset_fn,
-          options=tf.distribute.InputOptions(
-              experimental_fetch_to_device=False)))
+  distributed_dataset = strategy.distribute_datasets_from_function(
+    dataset_fn=dataset_fn,
+    options=tf.distribute.InputOptions(experimental_fetch_to_device=False),
+  )
   dataset_iterator = iter(distributed_dataset)
 
   def tpu_step(embedding_features):
@@ -74,10 +83,12 @@ def seed_example(strategy, jit_compile=False):
       model_output = model(activations)
       loss = tf.reduce_sum(tf.square(model_output - 1.0))
 
-    embedding_gradients = tape.gradient(loss,
-                                        embedding.embedding_tables.values())
-    optimizer.apply_gradients(list(zip(embedding_gradients,
-                                       embedding.embedding_tables.values())))
+    embedding_gradients = tape.gradient(
+      loss, embedding.embedding_tables.values()
+    )
+    optimizer.apply_gradients(
+      list(zip(embedding_gradients, embedding.embedding_tables.values()))
+    )
 
   if jit_compile:  # what a TPUStrategy does to the replica function
     tpu_step = tf.function(tpu_step, jit_compile=True)
@@ -85,7 +96,8 @@ def seed_example(strategy, jit_compile=False):
   @tf.function
   def training_step(dataset_iterator, num_steps):
     for _ in tf.range(num_steps):
-      strategy.run(tpu_step, args=(next(dataset_iterator), ))
+      strategy.run(tpu_step, args=(next(dataset_iterator),))
+
   # --- end of the example ---
 
   training_step(dataset_iterator, tf.constant(STEPS))
@@ -94,8 +106,14 @@ def seed_example(strategy, jit_compile=False):
 
 def tables(embedding):
   (var,) = embedding.embedding_tables.values()
-  return [v.numpy() for v in tf.distribute.get_strategy().experimental_local_results(var)] \
-      if not hasattr(var, "values") else [v.numpy() for v in var.values]
+  return (
+    [
+      v.numpy()
+      for v in tf.distribute.get_strategy().experimental_local_results(var)
+    ]
+    if not hasattr(var, "values")
+    else [v.numpy() for v in var.values]
+  )
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,6 @@ the SavedModel loaded in a fresh Python process (without recsys) with the
 trained model's.
 """
 
-import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-
 import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
@@ -25,9 +23,14 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import backends  # noqa: E402
+import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import base  # noqa: E402
 from backends import checkpoint as ckpt  # noqa: E402
-from backends.serving import ServingEmbedding, export_saved_model, serving_lookup  # noqa: E402
+from backends.serving import (
+  ServingEmbedding,
+  export_saved_model,
+  serving_lookup,
+)  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 B = 5
@@ -35,14 +38,20 @@ B = 5
 
 def _table(combiner, vocab=23, dim=7, name="t"):
   init = tf.constant_initializer(
-      np.random.default_rng(vocab * dim).normal(size=(vocab, dim)).astype(np.float32))
-  return E.TableConfig(vocab, dim, initializer=init, combiner=combiner, name=name)
+    np.random.default_rng(vocab * dim)
+    .normal(size=(vocab, dim))
+    .astype(np.float32)
+  )
+  return E.TableConfig(
+    vocab, dim, initializer=init, combiner=combiner, name=name
+  )
 
 
 def _ragged(rng, vocab=23, max_len=4):
   lengths = rng.integers(1, max_len + 1, size=B)
   return tf.RaggedTensor.from_row_lengths(
-      rng.integers(0, vocab, size=lengths.sum()).astype(np.int64), lengths)
+    rng.integers(0, vocab, size=lengths.sum()).astype(np.int64), lengths
+  )
 
 
 def _numpy_combine(rows, weights, combiner):
@@ -52,19 +61,21 @@ def _numpy_combine(rows, weights, combiner):
     return total
   if combiner == "mean":
     return total / weights.sum(1, keepdims=True)
-  return total / np.sqrt((weights ** 2).sum(1, keepdims=True))
+  return total / np.sqrt((weights**2).sum(1, keepdims=True))
 
 
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
-@pytest.mark.parametrize("kind", ["dense1d", "ragged", "sparse",
-                                  "ragged_weighted", "sparse_weighted"])
+@pytest.mark.parametrize(
+  "kind", ["dense1d", "ragged", "sparse", "ragged_weighted", "sparse_weighted"]
+)
 def test_lookup_equals_tf_serving_lookup(combiner, kind):
   rng = np.random.default_rng(3)
   table = _table(combiner)
   config = {"f": E.FeatureConfig(table)}
   ids = _ragged(rng)
   weights = tf.ragged.map_flat_values(
-      lambda v: tf.random.stateless_uniform(tf.shape(v), [1, 2], 0.5, 2.0), ids)
+    lambda v: tf.random.stateless_uniform(tf.shape(v), [1, 2], 0.5, 2.0), ids
+  )
   if kind == "dense1d":
     ids, weights = tf.constant(rng.integers(0, 23, size=B)), None
   elif kind == "ragged":
@@ -78,8 +89,8 @@ def test_lookup_equals_tf_serving_lookup(combiner, kind):
   got = emb.lookup({"f": ids}, None if weights is None else {"f": weights})["f"]
   tables = {t: v for t, v in emb.embedding_tables.items()}
   want = E.serving_embedding_lookup(
-      {"f": ids}, None if weights is None else {"f": weights}, tables,
-      config)["f"]
+    {"f": ids}, None if weights is None else {"f": weights}, tables, config
+  )["f"]
   assert got.shape == (B, 7)
   np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
 
@@ -95,8 +106,9 @@ def test_dense_bags_are_combined(combiner, width):
   emb.build()
   got = emb.lookup({"f": ids})["f"]
   # TF keeps the bag axis: [B, N, D]; the convention combines it.
-  tf_rows = E.serving_embedding_lookup({"f": ids}, None, emb.embedding_tables,
-                                       config)["f"].numpy()
+  tf_rows = E.serving_embedding_lookup(
+    {"f": ids}, None, emb.embedding_tables, config
+  )["f"].numpy()
   assert tf_rows.shape == (B, width, 7)
   want = _numpy_combine(tf_rows, np.ones((B, width), np.float32), combiner)
   assert got.shape == (B, 7)
@@ -107,8 +119,9 @@ def test_dense_bags_are_combined(combiner, width):
 def test_sequence_feature_is_padded_and_truncated(kind):
   table = _table("mean", vocab=11, dim=11, name="seq")
   config = {"s": E.FeatureConfig(table, max_sequence_length=3)}
-  ids = tf.ragged.constant([[1], [2, 3, 4, 5], [], [6, 7], [8, 9, 10]],
-                           dtype=tf.int64)
+  ids = tf.ragged.constant(
+    [[1], [2, 3, 4, 5], [], [6, 7], [8, 9, 10]], dtype=tf.int64
+  )
   if kind == "sparse":
     ids = ids.to_sparse()
   elif kind == "dense":
@@ -117,11 +130,17 @@ def test_sequence_feature_is_padded_and_truncated(kind):
   emb.build()
   got = emb.lookup({"s": ids})["s"].numpy()
   table_np = emb.embedding_tables[table].numpy()
-  dense_ids = (ids if kind == "dense" else tf.RaggedTensor.from_sparse(ids)
-               if kind == "sparse" else ids)
+  dense_ids = (
+    ids
+    if kind == "dense"
+    else tf.RaggedTensor.from_sparse(ids)
+    if kind == "sparse"
+    else ids
+  )
   want = np.zeros((B, 3, 11), np.float32)
-  for b, row in enumerate(dense_ids.numpy() if kind == "dense"
-                          else dense_ids.to_list()):
+  for b, row in enumerate(
+    dense_ids.numpy() if kind == "dense" else dense_ids.to_list()
+  ):
     for p, i in enumerate(list(row)[:3]):
       want[b, p] = table_np[i]
   assert got.shape == (B, 3, 11)
@@ -131,13 +150,18 @@ def test_sequence_feature_is_padded_and_truncated(kind):
 def test_partial_weights_dict_and_shared_table():
   table = _table("mean")
   config = {"a": E.FeatureConfig(table), "b": E.FeatureConfig(table)}
-  ids = tf.ragged.constant([[1, 2], [3], [4, 5, 6], [7], [8, 9]], dtype=tf.int64)
-  w = tf.ragged.constant([[1., 3.], [2.], [1., 1., 2.], [5.], [1., 1.]])
+  ids = tf.ragged.constant(
+    [[1, 2], [3], [4, 5, 6], [7], [8, 9]], dtype=tf.int64
+  )
+  w = tf.ragged.constant(
+    [[1.0, 3.0], [2.0], [1.0, 1.0, 2.0], [5.0], [1.0, 1.0]]
+  )
   emb = ServingEmbedding(config)
   emb.build()
   got = emb.lookup({"a": ids, "b": ids}, {"a": w})
-  want = E.serving_embedding_lookup({"a": ids, "b": ids}, {"a": w, "b": None},
-                                    emb.embedding_tables, config)
+  want = E.serving_embedding_lookup(
+    {"a": ids, "b": ids}, {"a": w, "b": None}, emb.embedding_tables, config
+  )
   for k in ("a", "b"):
     np.testing.assert_allclose(got[k].numpy(), want[k].numpy(), rtol=1e-6)
   assert len(emb.embedding_tables) == 1
@@ -150,12 +174,15 @@ def test_refuses_training_weights_on_dense_and_tpu():
   with pytest.raises(NotImplementedError, match="lookup-only"):
     emb.lookup({"f": tf.constant([1, 2])}, training=True)
   with pytest.raises(ValueError, match="feature 'f'.*dense"):
-    emb.lookup({"f": tf.constant([1, 2])}, {"f": tf.constant([1., 2.])})
+    emb.lookup({"f": tf.constant([1, 2])}, {"f": tf.constant([1.0, 2.0])})
   with pytest.raises(NotImplementedError):
     emb.apply_gradients({"f": tf.zeros([2, 7])})
   kind = tf.tpu.experimental.HardwareFeature.EmbeddingFeature.UNSUPPORTED
-  fake_tpu = types.SimpleNamespace(extended=types.SimpleNamespace(
-      tpu_hardware_feature=types.SimpleNamespace(embedding_feature=kind)))
+  fake_tpu = types.SimpleNamespace(
+    extended=types.SimpleNamespace(
+      tpu_hardware_feature=types.SimpleNamespace(embedding_feature=kind)
+    )
+  )
   with pytest.raises(base.BackendUnavailableError, match="CPU/GPU only"):
     ServingEmbedding(config, strategy=fake_tpu)
 
@@ -170,19 +197,31 @@ def _trained_tensorcore():
   """A tensorcore backend after one Adagrad step: mixed features, shared table."""
   rng = np.random.default_rng(6)
   shared = _table("mean", name="shared")
-  config = {"bag": E.FeatureConfig(shared), "one": E.FeatureConfig(shared),
-            "dense_bag": E.FeatureConfig(_table("sqrtn", vocab=11, dim=11, name="d")),
-            "seq": E.FeatureConfig(_table("sum", vocab=13, dim=5, name="s"),
-                                   max_sequence_length=3)}
+  config = {
+    "bag": E.FeatureConfig(shared),
+    "one": E.FeatureConfig(shared),
+    "dense_bag": E.FeatureConfig(_table("sqrtn", vocab=11, dim=11, name="d")),
+    "seq": E.FeatureConfig(
+      _table("sum", vocab=13, dim=5, name="s"), max_sequence_length=3
+    ),
+  }
   emb = backends.create(config, E.Adagrad(0.5), backend="tensorcore")
   emb.build()
-  features = {"bag": _ragged(rng), "one": tf.constant(rng.integers(0, 23, size=B)),
-              "dense_bag": tf.constant(rng.integers(0, 11, size=(B, 3))),
-              "seq": _ragged(rng, vocab=13)}
+  features = {
+    "bag": _ragged(rng),
+    "one": tf.constant(rng.integers(0, 23, size=B)),
+    "dense_bag": tf.constant(rng.integers(0, 11, size=(B, 3))),
+    "seq": _ragged(rng, vocab=13),
+  }
   bag = features["bag"]
-  weights = {"bag": bag.with_flat_values(
-      tf.constant(rng.uniform(0.5, 2.0, size=bag.values.shape[0]), tf.float32)),
-             "one": None, "dense_bag": None, "seq": None}
+  weights = {
+    "bag": bag.with_flat_values(
+      tf.constant(rng.uniform(0.5, 2.0, size=bag.values.shape[0]), tf.float32)
+    ),
+    "one": None,
+    "dense_bag": None,
+    "seq": None,
+  }
   acts = emb.lookup(features, weights, training=True)
   emb.apply_gradients(tf.nest.map_structure(tf.ones_like, acts))
   return emb, features, weights
@@ -192,31 +231,50 @@ def test_serving_lookup_on_a_training_backends_tables_in_place():
   """Any subset of features, on tensorcore's own variables: tensorcore's lookups."""
   emb, features, weights = _trained_tensorcore()
   want = emb.lookup(features, weights)
-  got = serving_lookup(features, weights, emb.embedding_tables, emb.feature_config)
-  subset = serving_lookup({"dense_bag": features["dense_bag"]}, None,
-                          emb.embedding_tables, emb.feature_config)
-  assert sorted(subset) == ["dense_bag"] and subset["dense_bag"].shape == (B, 11)
+  got = serving_lookup(
+    features, weights, emb.embedding_tables, emb.feature_config
+  )
+  subset = serving_lookup(
+    {"dense_bag": features["dense_bag"]},
+    None,
+    emb.embedding_tables,
+    emb.feature_config,
+  )
+  assert sorted(subset) == ["dense_bag"] and subset["dense_bag"].shape == (
+    B,
+    11,
+  )
   assert got["seq"].shape == (B, 3, 5)
   for name in want:
-    np.testing.assert_allclose(got[name].numpy(), want[name].numpy(),
-                               rtol=1e-6, atol=1e-7, err_msg=name)
-  np.testing.assert_allclose(subset["dense_bag"].numpy(), want["dense_bag"].numpy(),
-                             rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+      got[name].numpy(), want[name].numpy(), rtol=1e-6, atol=1e-7, err_msg=name
+    )
+  np.testing.assert_allclose(
+    subset["dense_bag"].numpy(), want["dense_bag"].numpy(), rtol=1e-6, atol=1e-7
+  )
   with pytest.raises(ValueError, match=r"\['nope'\] are not in feature_config"):
-    serving_lookup({"nope": features["one"]}, None, emb.embedding_tables,
-                   emb.feature_config)
+    serving_lookup(
+      {"nope": features["one"]}, None, emb.embedding_tables, emb.feature_config
+    )
 
 
 def test_from_backend_copies_the_tables_without_slots():
   emb, features, weights = _trained_tensorcore()
   copy = ServingEmbedding.from_backend(emb)
   assert sorted(copy.slot_variables()["shared"]) == []
-  assert [copy.table_name(t) for t in copy.tables] == [emb.table_name(t) for t in emb.tables]
+  assert [copy.table_name(t) for t in copy.tables] == [
+    emb.table_name(t) for t in emb.tables
+  ]
   served = copy.lookup(features, {"bag": weights["bag"]})  # missing: unweighted
   want = emb.lookup(features, weights)
   for name in want:
-    np.testing.assert_allclose(served[name].numpy(), want[name].numpy(),
-                               rtol=1e-6, atol=1e-7, err_msg=name)
+    np.testing.assert_allclose(
+      served[name].numpy(),
+      want[name].numpy(),
+      rtol=1e-6,
+      atol=1e-7,
+      err_msg=name,
+    )
 
 
 # -- export ---------------------------------------------------------------------
@@ -228,10 +286,13 @@ class _TinyRanker(tf.keras.Model):
   def __init__(self):
     super().__init__()
     self.dense = tf.keras.layers.Dense(
-        1, kernel_initializer=tf.keras.initializers.RandomNormal(seed=3))
+      1, kernel_initializer=tf.keras.initializers.RandomNormal(seed=3)
+    )
 
   def call(self, activations, features=None):
-    x = tf.concat([activations["user"], activations["tags"], features["dense"]], 1)
+    x = tf.concat(
+      [activations["user"], activations["tags"], features["dense"]], 1
+    )
     return tf.squeeze(tf.sigmoid(self.dense(x)), -1)
 
 
@@ -244,11 +305,11 @@ def _feature_config():
 def _batch(seed):
   rng = np.random.default_rng(seed)
   return {
-      "dense": tf.constant(rng.normal(size=(B, 3)).astype(np.float32)),
-      "categorical": {
-          "user": tf.constant(rng.integers(0, 23, size=B)),
-          "tags": _ragged(rng, vocab=11),
-      },
+    "dense": tf.constant(rng.normal(size=(B, 3)).astype(np.float32)),
+    "categorical": {
+      "user": tf.constant(rng.integers(0, 23, size=B)),
+      "tags": _ragged(rng, vocab=11),
+    },
   }
 
 
@@ -269,12 +330,17 @@ def test_export_serves_the_trained_scores_in_a_fresh_process(tmp_path):
       tape.watch(acts)
       loss = tf.reduce_mean((model(acts, batch) - 1.0) ** 2)
     emb.apply_gradients(tape.gradient(loss, acts))
-    keras_opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                  model.trainable_variables))
+    keras_opt.apply_gradients(
+      zip(
+        tape.gradient(loss, model.trainable_variables),
+        model.trainable_variables,
+      )
+    )
   probe = _batch(99)
   trained_scores = model(emb.lookup(probe["categorical"]), probe).numpy()
   path = tf.train.Checkpoint(embedding=emb, model=model).save(
-      str(tmp_path / "ckpt" / "ckpt"))
+    str(tmp_path / "ckpt" / "ckpt")
+  )
 
   # Serving side: a fresh model and a slot-free serving embedding.
   serving_emb = ServingEmbedding(_feature_config())
@@ -282,17 +348,26 @@ def test_export_serves_the_trained_scores_in_a_fresh_process(tmp_path):
   serving_model = _TinyRanker()
   tf.train.Checkpoint(model=serving_model).restore(path).expect_partial()
   signature = {
-      "dense": tf.TensorSpec([None, 3], tf.float32),
-      "categorical": {"user": tf.TensorSpec([None], tf.int64),
-                      "tags": tf.RaggedTensorSpec([None, None], tf.int64)},
+    "dense": tf.TensorSpec([None, 3], tf.float32),
+    "categorical": {
+      "user": tf.TensorSpec([None], tf.int64),
+      "tags": tf.RaggedTensorSpec([None, None], tf.int64),
+    },
   }
-  export_dir = export_saved_model(str(tmp_path / "export"), serving_emb,
-                                  serving_model, signature, split_fn=_split)
+  export_dir = export_saved_model(
+    str(tmp_path / "export"),
+    serving_emb,
+    serving_model,
+    signature,
+    split_fn=_split,
+  )
 
   cat = probe["categorical"]
-  inputs = {"dense": probe["dense"].numpy().tolist(),
-            "user": cat["user"].numpy().tolist(),
-            "tags": cat["tags"].to_list()}
+  inputs = {
+    "dense": probe["dense"].numpy().tolist(),
+    "user": cat["user"].numpy().tolist(),
+    "tags": cat["tags"].to_list(),
+  }
   script = textwrap.dedent(f"""
       import json, sys
       import tensorflow as tf
@@ -304,15 +379,22 @@ def test_export_serves_the_trained_scores_in_a_fresh_process(tmp_path):
                        "tags": tf.ragged.constant(inputs["tags"], tf.int64)}}}}
       print(json.dumps(loaded.serve(features).numpy().tolist()))
       """)
-  result = subprocess.run([sys.executable, "-c", script], input=json.dumps(inputs),
-                          capture_output=True, text=True, check=True, timeout=300,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-  served = np.array(json.loads(result.stdout.strip().splitlines()[-1]), np.float32)
+  result = subprocess.run(
+    [sys.executable, "-c", script],
+    input=json.dumps(inputs),
+    capture_output=True,
+    text=True,
+    check=True,
+    timeout=300,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+  )
+  served = np.array(
+    json.loads(result.stdout.strip().splitlines()[-1]), np.float32
+  )
   np.testing.assert_allclose(served, trained_scores, rtol=1e-6, atol=1e-7)
 
 
 class _Scaled(tf.Module):
-
   def __init__(self):
     super().__init__()
     self.scale = tf.Variable(2.0)
@@ -327,10 +409,13 @@ def test_export_with_dense_inputs_has_a_serving_signature(tmp_path):
   emb = ServingEmbedding(config)
   emb.build()
   signature = {"user": tf.TensorSpec([None], tf.int64)}
-  export_dir = export_saved_model(str(tmp_path / "export"), emb, _Scaled(),
-                                  signature)
+  export_dir = export_saved_model(
+    str(tmp_path / "export"), emb, _Scaled(), signature
+  )
   loaded = tf.saved_model.load(export_dir)
   ids = tf.constant([1, 4, 22], tf.int64)
-  want = 2.0 * emb.embedding_tables[config["user"].table].numpy()[[1, 4, 22]].sum(1)
+  want = 2.0 * emb.embedding_tables[config["user"].table].numpy()[
+    [1, 4, 22]
+  ].sum(1)
   got = loaded.signatures["serving_default"](user=ids)["scores"].numpy()
   np.testing.assert_allclose(got, want, rtol=1e-6)

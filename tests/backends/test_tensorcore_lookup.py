@@ -14,16 +14,19 @@ VOCAB, DIM, BATCH = 23, 7, 5
 
 
 def _ragged_ids(rng, batch=BATCH, max_len=4, vocab=VOCAB, empty_row=1):
-  rows = [list(rng.integers(0, vocab, size=rng.integers(1, max_len + 1)))
-          for _ in range(batch)]
+  rows = [
+    list(rng.integers(0, vocab, size=rng.integers(1, max_len + 1)))
+    for _ in range(batch)
+  ]
   rows[empty_row] = []  # an empty bag must give zeros
   return tf.ragged.constant(rows, dtype=tf.int64, ragged_rank=1)
 
 
 def _ragged_weights(rng, ids):
   return tf.RaggedTensor.from_row_splits(
-      tf.constant(rng.uniform(0.1, 2.0, size=ids.values.shape[0]), tf.float32),
-      ids.row_splits)
+    tf.constant(rng.uniform(0.1, 2.0, size=ids.values.shape[0]), tf.float32),
+    ids.row_splits,
+  )
 
 
 def _as_kind(ragged, kind):
@@ -43,9 +46,15 @@ def _serving_with_same_tables(feature_config, emb):
   return serving
 
 
-@pytest.mark.parametrize("kind,combiner,weighted", [
-    (k, c, w) for k, c, w in itertools.product(
-        ["ragged", "sparse"], ["sum", "mean", "sqrtn"], [False, True])])
+@pytest.mark.parametrize(
+  "kind,combiner,weighted",
+  [
+    (k, c, w)
+    for k, c, w in itertools.product(
+      ["ragged", "sparse"], ["sum", "mean", "sqrtn"], [False, True]
+    )
+  ],
+)
 def test_bag_lookup_equals_tf_serving(kind, combiner, weighted):
   rng = np.random.default_rng(0)
   table = E.TableConfig(VOCAB, DIM, combiner=combiner, name="t")
@@ -66,19 +75,28 @@ def test_shared_table_and_mixed_kinds_equal_tf_serving():
   rng = np.random.default_rng(1)
   shared = E.TableConfig(VOCAB, DIM, combiner="mean", name="shared")
   other = E.TableConfig(11, DIM, combiner="sqrtn", name="other")
-  config = {"a": E.FeatureConfig(shared), "b": E.FeatureConfig(shared),
-            "c": E.FeatureConfig(other), "d": E.FeatureConfig(other)}
+  config = {
+    "a": E.FeatureConfig(shared),
+    "b": E.FeatureConfig(shared),
+    "c": E.FeatureConfig(other),
+    "d": E.FeatureConfig(other),
+  }
   emb = backends.TensorCoreEmbedding(config, E.Adagrad(0.1))
   a = _ragged_ids(rng)
-  features = {"a": a, "b": _ragged_ids(rng, empty_row=3).to_sparse(),
-              "c": _ragged_ids(rng, vocab=11), "d": tf.constant([3, 0, 10, 4, 4])}
+  features = {
+    "a": a,
+    "b": _ragged_ids(rng, empty_row=3).to_sparse(),
+    "c": _ragged_ids(rng, vocab=11),
+    "d": tf.constant([3, 0, 10, 4, 4]),
+  }
   weights = {"a": _ragged_weights(rng, a), "b": None, "c": None, "d": None}
   got = emb(features, weights)
   want = _serving_with_same_tables(config, emb)(features, weights)
   assert len(emb.embedding_tables) == 2
   for name in config:
-    np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-6,
-                               err_msg=name)
+    np.testing.assert_allclose(
+      got[name], want[name], rtol=1e-6, atol=1e-6, err_msg=name
+    )
 
 
 def test_dense_ids_one_per_example_and_bags():
@@ -88,12 +106,18 @@ def test_dense_ids_one_per_example_and_bags():
   emb = backends.TensorCoreEmbedding(config, E.SGD(0.1))
   values = emb.embedding_tables[table].numpy()
   ids = np.array([[1, 2, 2], [0, 5, 22], [7, 7, 7], [3, 4, 5], [9, 9, 1]])
-  np.testing.assert_allclose(emb({"f": tf.constant(ids[:, 0])})["f"],
-                             values[ids[:, 0]], rtol=1e-6)
-  np.testing.assert_allclose(emb({"f": tf.constant(ids[:, :1])})["f"],
-                             values[ids[:, 0]], rtol=1e-6)
-  np.testing.assert_allclose(emb({"f": tf.constant(ids, tf.int32)})["f"],
-                             values[ids].mean(axis=1), rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(
+    emb({"f": tf.constant(ids[:, 0])})["f"], values[ids[:, 0]], rtol=1e-6
+  )
+  np.testing.assert_allclose(
+    emb({"f": tf.constant(ids[:, :1])})["f"], values[ids[:, 0]], rtol=1e-6
+  )
+  np.testing.assert_allclose(
+    emb({"f": tf.constant(ids, tf.int32)})["f"],
+    values[ids].mean(axis=1),
+    rtol=1e-6,
+    atol=1e-7,
+  )
 
 
 @pytest.mark.parametrize("kind", ["ragged", "sparse", "dense"])
@@ -105,7 +129,13 @@ def test_sequence_feature_pads_and_truncates(kind):
   values = emb.embedding_tables[table].numpy()
   rows = [[1, 2, 3, 4, 5], [6], [], [7, 8, 9], [10, 11]]
   if kind == "dense":
-    rows = [[1, 2, 3, 4], [6, 7, 8, 9], [0, 0, 0, 0], [7, 8, 9, 1], [10, 11, 1, 2]]
+    rows = [
+      [1, 2, 3, 4],
+      [6, 7, 8, 9],
+      [0, 0, 0, 0],
+      [7, 8, 9, 1],
+      [10, 11, 1, 2],
+    ]
     inp = tf.constant(rows)
   else:
     inp = _as_kind(tf.ragged.constant(rows, dtype=tf.int64), kind)
@@ -151,15 +181,17 @@ def test_padded_bags_equal_ragged_and_trace_once(combiner):
     assert no_weights is None
     assert isinstance(padded["f"], inputs_lib.PaddedBags)
     assert padded["f"].ids.shape == (BATCH, 4)
-    np.testing.assert_allclose(lookup(padded), emb({"f": ids}, {"f": weights})["f"],
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+      lookup(padded), emb({"f": ids}, {"f": weights})["f"], rtol=1e-6, atol=1e-6
+    )
   assert lookup.experimental_get_tracing_count() == 1
 
 
 def test_truncation_is_counted_not_silent():
   table = E.TableConfig(VOCAB, DIM, combiner="sum", name="t")
-  emb = backends.TensorCoreEmbedding({"f": E.FeatureConfig(table)}, E.SGD(0.1),
-                                     bag_widths=2)
+  emb = backends.TensorCoreEmbedding(
+    {"f": E.FeatureConfig(table)}, E.SGD(0.1), bag_widths=2
+  )
   ids = tf.ragged.constant([[1, 2, 3, 4], [5], [6, 7, 8]], dtype=tf.int64)
   padded, _ = emb.preprocess({"f": ids})
   got = emb(padded)["f"].numpy()

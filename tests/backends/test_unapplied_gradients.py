@@ -16,8 +16,12 @@ E = tf.tpu.experimental.embedding
 
 def make(name="tensorcore", strategy=None):
   table = E.TableConfig(23, 7, name="t")
-  emb = backends.create({"f": E.FeatureConfig(table)}, E.Adagrad(0.1),
-                        strategy=strategy, backend=name)
+  emb = backends.create(
+    {"f": E.FeatureConfig(table)},
+    E.Adagrad(0.1),
+    strategy=strategy,
+    backend=name,
+  )
   emb.build()
   return emb
 
@@ -33,8 +37,11 @@ def train_step(emb, ids):
   emb.apply_gradients(tape.gradient(loss, acts))
 
 
-TRAINING_BACKENDS = [n for n in backends.available(tf.distribute.get_strategy())
-                     if backends.get(n).capabilities.trains]
+TRAINING_BACKENDS = [
+  n
+  for n in backends.available(tf.distribute.get_strategy())
+  if backends.get(n).capabilities.trains
+]
 
 
 @pytest.mark.parametrize("name", TRAINING_BACKENDS)
@@ -42,8 +49,10 @@ def test_eager_loop_that_forgets_apply_gradients_fails_at_its_second_step(name):
   """Every training backend that runs here (from its declared capabilities)."""
   emb = make(name)
   emb.lookup(IDS, training=True)
-  with pytest.raises(pending.UnappliedGradientsError,
-                     match=r"never followed by apply_gradients.*recsys.layers.Embedding"):
+  with pytest.raises(
+    pending.UnappliedGradientsError,
+    match=r"never followed by apply_gradients.*recsys.layers.Embedding",
+  ):
     emb.lookup(IDS, training=True)
   # One error, then a fresh start: a normal step works.
   train_step(emb, IDS)
@@ -74,8 +83,10 @@ def test_traced_step_without_apply_fails_at_its_second_call():
     return tf.reduce_sum(emb.lookup(ids, training=True)["f"])
 
   forgetful_step(IDS)
-  with pytest.raises(tf.errors.InvalidArgumentError,
-                     match=r"never followed by apply_gradients.*recsys.layers.Embedding"):
+  with pytest.raises(
+    tf.errors.InvalidArgumentError,
+    match=r"never followed by apply_gradients.*recsys.layers.Embedding",
+  ):
     forgetful_step(IDS)  # the same trace
   # Another step's first trace still sees forgetful_step's trace (in
   # Python); after that one error, steps that apply their gradients run on.
@@ -106,6 +117,7 @@ def test_evaluation_lookups_and_applied_steps_never_raise():
 
 def test_each_mirrored_replica_has_its_own_pending_lookup():
   from tests.conftest import mirrored_strategy  # pylint: disable=g-import-not-at-top
+
   strategy = mirrored_strategy(2)
   emb = make(strategy=strategy)
 
@@ -121,8 +133,9 @@ def test_each_mirrored_replica_has_its_own_pending_lookup():
     strategy.run(lambda i: emb.lookup(i, training=True)["f"], args=(ids,))
 
   forgetful(IDS)
-  with pytest.raises(tf.errors.InvalidArgumentError,
-                     match="never followed by apply_gradients"):
+  with pytest.raises(
+    tf.errors.InvalidArgumentError, match="never followed by apply_gradients"
+  ):
     forgetful(IDS)  # the same trace, each replica's guard set
   with pytest.raises(pending.UnappliedGradientsError):
     forgetful({"f": tf.constant([[1, 2]], tf.int64)})  # a retrace
@@ -131,8 +144,10 @@ def test_each_mirrored_replica_has_its_own_pending_lookup():
 def test_the_keras_layer_in_a_forward_pass_without_a_tape_does_not_train():
   """`model(x, training=True)` outside a tape is a forward pass, not a step."""
   from recsys import layers  # pylint: disable=g-import-not-at-top
-  layer = layers.Embedding({"f": E.FeatureConfig(E.TableConfig(23, 7, name="t"))},
-                           E.Adagrad(0.1))
+
+  layer = layers.Embedding(
+    {"f": E.FeatureConfig(E.TableConfig(23, 7, name="t"))}, E.Adagrad(0.1)
+  )
   before = layer(IDS, training=True)["f"].numpy()
   after = layer(IDS, training=True)["f"].numpy()  # no error, nothing pending
   assert (before == after).all()

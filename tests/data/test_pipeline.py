@@ -2,51 +2,82 @@
 
 import numpy as np
 import pytest
-
-import recsys  # noqa: F401
 import tensorflow as tf
 
-from recsys.data import (DataSource, FeatureSpec, InvalidBatchSizeError, SyntheticCTR,
-                         SyntheticRetrieval, distribute)
+import recsys  # noqa: F401
+from recsys.data import (
+  DataSource,
+  FeatureSpec,
+  InvalidBatchSizeError,
+  SyntheticCTR,
+  SyntheticRetrieval,
+  distribute,
+)
 from tests.conftest import mirrored_strategy
 
-SMALL = dict(num_dense=3, vocab_sizes=(23, 11), multi_hot_sizes=(1, 4), weighted=(False, True),
-             oracle_examples=1 << 12)
+SMALL = dict(
+  num_dense=3,
+  vocab_sizes=(23, 11),
+  multi_hot_sizes=(1, 4),
+  weighted=(False, True),
+  oracle_examples=1 << 12,
+)
 
 
 def test_distribute_gives_per_replica_batches_of_the_global_batch(strategy):
   source = SyntheticCTR(**SMALL)
   options = tf.distribute.InputOptions(experimental_fetch_to_device=False)
-  dist = distribute(strategy, source, global_batch_size=10, input_options=options)
+  dist = distribute(
+    strategy, source, global_batch_size=10, input_options=options
+  )
   features, labels = next(iter(dist))
   per_replica = strategy.experimental_local_results(labels)
   assert len(per_replica) == strategy.num_replicas_in_sync
-  assert all(l.shape == (10 // strategy.num_replicas_in_sync,) for l in per_replica)
+  assert all(
+    l.shape == (10 // strategy.num_replicas_in_sync,) for l in per_replica
+  )
   bags = strategy.experimental_local_results(features["categorical"]["C2"])
   assert all(isinstance(b, tf.RaggedTensor) for b in bags)
   # Together the replicas hold the first 10 examples of the training split.
-  want = source.examples(tf.range(10, dtype=tf.int64))[0]["categorical"]["C1"].numpy()
-  got = np.concatenate([c.numpy() for c in
-                        strategy.experimental_local_results(features["categorical"]["C1"])])
+  want = source.examples(tf.range(10, dtype=tf.int64))[0]["categorical"][
+    "C1"
+  ].numpy()
+  got = np.concatenate(
+    [
+      c.numpy()
+      for c in strategy.experimental_local_results(
+        features["categorical"]["C1"]
+      )
+    ]
+  )
   np.testing.assert_array_equal(np.sort(got), np.sort(want))
 
 
 def test_distribute_runs_a_step_with_ragged_features():
   strategy = mirrored_strategy(2)
   source = SyntheticRetrieval(num_users=23, num_items=11)
-  dist = distribute(strategy, source, global_batch_size=6,
-                    input_options=tf.distribute.InputOptions(experimental_fetch_to_device=False))
+  dist = distribute(
+    strategy,
+    source,
+    global_batch_size=6,
+    input_options=tf.distribute.InputOptions(
+      experimental_fetch_to_device=False
+    ),
+  )
 
   @tf.function
   def step(features, labels):
     def fn(features, labels):
       del labels
       return tf.reduce_sum(features["categorical"]["item_genres"].row_lengths())
-    return strategy.reduce("SUM", strategy.run(fn, args=(features, labels)), axis=None)
+
+    return strategy.reduce(
+      "SUM", strategy.run(fn, args=(features, labels)), axis=None
+    )
 
   features, labels = next(iter(dist))
   total = int(step(features, labels))
-  assert total >= 6                      # every item has at least one genre
+  assert total >= 6  # every item has at least one genre
 
 
 def test_global_batch_must_split_over_replicas():
@@ -59,8 +90,9 @@ def test_global_batch_must_split_over_replicas():
 
 def test_sources_are_gin_registered():
   import gin  # pylint: disable=g-import-not-at-top
+
   for name in ("SyntheticCTR", "SyntheticRetrieval", "CriteoTSV", "MovieLens"):
-    assert gin.get_configurable(name) is not None       # raises if not registered
+    assert gin.get_configurable(name) is not None  # raises if not registered
   gin.parse_config("""
       SyntheticCTR.num_dense = 2
       SyntheticCTR.vocab_sizes = (23, 7)
@@ -68,7 +100,9 @@ def test_sources_are_gin_registered():
       SyntheticCTR.oracle_examples = 4096
   """)
   source = gin.get_configurable("SyntheticCTR")()
-  assert source.num_dense == 2 and [s.vocabulary_size for s in source.feature_specs] == [23, 7]
+  assert source.num_dense == 2 and [
+    s.vocabulary_size for s in source.feature_specs
+  ] == [23, 7]
 
 
 class _Counting(DataSource):
@@ -80,8 +114,9 @@ class _Counting(DataSource):
     ds = tf.data.Dataset.range(request.pipeline, 10, request.pipelines)
     if request.repeat:
       ds = ds.repeat()
-    return ds.batch(request.batch_size, drop_remainder=request.drop_remainder).map(
-        lambda i: ({"categorical": {"id": i}}, tf.cast(i, tf.float32)))
+    return ds.batch(
+      request.batch_size, drop_remainder=request.drop_remainder
+    ).map(lambda i: ({"categorical": {"id": i}}, tf.cast(i, tf.float32)))
 
 
 class _OwnDataset(DataSource):
@@ -89,10 +124,20 @@ class _OwnDataset(DataSource):
 
   feature_specs = [FeatureSpec("id", 10)]
 
-  def dataset(self, batch_size, *, training=True, input_context=None, drop_remainder=True,
-              repeat=None):
-    return tf.data.Dataset.range(10).batch(batch_size).map(
-        lambda i: ({"categorical": {"id": i}}, tf.cast(i, tf.float32)))
+  def dataset(
+    self,
+    batch_size,
+    *,
+    training=True,
+    input_context=None,
+    drop_remainder=True,
+    repeat=None,
+  ):
+    return (
+      tf.data.Dataset.range(10)
+      .batch(batch_size)
+      .map(lambda i: ({"categorical": {"id": i}}, tf.cast(i, tf.float32)))
+    )
 
 
 class _Context:
@@ -103,16 +148,22 @@ def test_dataset_checks_and_resolves_arguments_for_the_source():
   source = _Counting()
   labels = [l.numpy().tolist() for _, l in source.dataset(2, repeat=False)]
   assert labels == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
-  labels = [l.numpy().tolist() for _, l in source.dataset(
-      2, training=False, input_context=_Context(), drop_remainder=False)]
-  assert labels == [[1, 3], [5, 7], [9]]                 # evaluation: not repeated
-  assert len(list(source.dataset(2).take(7))) == 7        # training: repeated
+  labels = [
+    l.numpy().tolist()
+    for _, l in source.dataset(
+      2, training=False, input_context=_Context(), drop_remainder=False
+    )
+  ]
+  assert labels == [[1, 3], [5, 7], [9]]  # evaluation: not repeated
+  assert len(list(source.dataset(2).take(7))) == 7  # training: repeated
   with pytest.raises(InvalidBatchSizeError, match="positive integer"):
     source.dataset(2.5)
   ds = source.dataset(3)
   assert ds.element_spec[1].shape == (3,)
-  assert (ds.options().experimental_distribute.auto_shard_policy ==
-          tf.data.experimental.AutoShardPolicy.OFF)
+  assert (
+    ds.options().experimental_distribute.auto_shard_policy
+    == tf.data.experimental.AutoShardPolicy.OFF
+  )
 
 
 def test_a_source_may_still_override_dataset():
@@ -128,11 +179,17 @@ def test_a_source_without_batches_says_what_to_implement():
     Empty().dataset(2)
 
 
-@pytest.mark.parametrize("make", [
+@pytest.mark.parametrize(
+  "make",
+  [
     lambda: SyntheticCTR(**SMALL, num_examples=10),
     lambda: SyntheticRetrieval(num_users=23, num_items=11, num_examples=10),
-], ids=["ctr", "retrieval"])
-def test_indexed_sources_keep_the_batch_shape_static_when_the_split_divides(make):
+  ],
+  ids=["ctr", "retrieval"],
+)
+def test_indexed_sources_keep_the_batch_shape_static_when_the_split_divides(
+  make,
+):
   source = make()
   whole = source.dataset(5, drop_remainder=False, repeat=False)
   assert whole.element_spec[1].shape == (5,)

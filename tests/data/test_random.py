@@ -2,18 +2,21 @@
 
 import numpy as np
 import pytest
-
-import recsys  # noqa: F401
 import tensorflow as tf
 
+import recsys  # noqa: F401
 from recsys.data import _random
 
 
 def test_same_key_and_index_same_value_any_batching():
   index = tf.range(1000, dtype=tf.int64)
   whole = _random.uniform([_random.make_key(0, "a")], index).numpy()
-  parts = np.concatenate([_random.uniform([_random.make_key(0, "a")], index[i:i + 7]).numpy()
-                          for i in range(0, 1000, 7)])
+  parts = np.concatenate(
+    [
+      _random.uniform([_random.make_key(0, "a")], index[i : i + 7]).numpy()
+      for i in range(0, 1000, 7)
+    ]
+  )
   np.testing.assert_array_equal(whole, parts)
   other = _random.uniform([_random.make_key(1, "a")], index).numpy()
   assert np.mean(whole == other) < 0.01
@@ -54,6 +57,8 @@ def test_zipf_ranks_follow_pmf(exponent):
 def test_logistic_is_finite_at_the_extremes_and_unit_variance():
   extremes = tf.constant([0.0, 1.0 - 2.0**-24], tf.float32)
   assert np.all(np.isfinite(_random.logistic(extremes).numpy()))
-  z = _random.logistic(_random.uniform([9], tf.range(200_000, dtype=tf.int64))).numpy()
+  z = _random.logistic(
+    _random.uniform([9], tf.range(200_000, dtype=tf.int64))
+  ).numpy()
   assert z.mean() == pytest.approx(0.0, abs=0.01)
   assert z.std() == pytest.approx(1.0, abs=0.02)

@@ -7,10 +7,9 @@ values, negative integers and out-of-vocabulary ids.
 
 import numpy as np
 import pytest
-
-import recsys  # noqa: F401
 import tensorflow as tf
 
+import recsys  # noqa: F401
 from recsys.data import CATEGORICAL_NAMES, CriteoTSV, MovieLens, SyntheticCTR
 from recsys.data.criteo_raw import DENSE_NAMES, CriteoRawParser
 from tests.data.test_criteo import V, collect, make_rows, reference, write
@@ -19,16 +18,44 @@ from tests.data.test_movielens import EXPECTED_100K, everything, write_ml100k
 # Negatives, missing, the largest integers float32 holds, 0, hex in and out of
 # the C1 vocabulary file, a row of empty categoricals, non-hex text.
 TRICKY = [
-    ("1", ["-2", "", "0", "7", "123456789012", "-1", "3", "", "5", "1", "0", "-0", "9"],
-     ["aaaa0001"] + [f"{j:08x}" for j in range(25)]),
-    ("0", [""] * 13, [""] * 26),
-    ("1", ["9" * 38] + ["1"] * 12, ["notinvoc"] + ["68fd1e64"] * 12 + ["x y", "Ü"] * 6 + [""]),
+  (
+    "1",
+    [
+      "-2",
+      "",
+      "0",
+      "7",
+      "123456789012",
+      "-1",
+      "3",
+      "",
+      "5",
+      "1",
+      "0",
+      "-0",
+      "9",
+    ],
+    ["aaaa0001"] + [f"{j:08x}" for j in range(25)],
+  ),
+  ("0", [""] * 13, [""] * 26),
+  (
+    "1",
+    ["9" * 38] + ["1"] * 12,
+    ["notinvoc"] + ["68fd1e64"] * 12 + ["x y", "Ü"] * 6 + [""],
+  ),
 ] + make_rows(6, start=40)
 
 
 def _raw_columns(rows):
-  raw = {n: tf.constant([r[1][k] for r in rows]) for k, n in enumerate(DENSE_NAMES)}
-  raw.update({n: tf.constant([r[2][k] for r in rows]) for k, n in enumerate(CATEGORICAL_NAMES)})
+  raw = {
+    n: tf.constant([r[1][k] for r in rows]) for k, n in enumerate(DENSE_NAMES)
+  }
+  raw.update(
+    {
+      n: tf.constant([r[2][k] for r in rows])
+      for k, n in enumerate(CATEGORICAL_NAMES)
+    }
+  )
   return raw
 
 
@@ -36,22 +63,33 @@ def test_criteo_parse_raw_equals_the_reader_and_the_reference(tmp_path):
   write(tmp_path / "train.txt", TRICKY)
   (tmp_path / "vocab").mkdir()
   (tmp_path / "vocab" / "C1.txt").write_text("aaaa0001\nbbbb\n")
-  source = CriteoTSV(str(tmp_path / "train.txt"), vocab_sizes=V,
-                     vocab_dir=str(tmp_path / "vocab"), shuffle_files=False)
-  read = collect(source.dataset(len(TRICKY), training=True, repeat=False,
-                                drop_remainder=False))
+  source = CriteoTSV(
+    str(tmp_path / "train.txt"),
+    vocab_sizes=V,
+    vocab_dir=str(tmp_path / "vocab"),
+    shuffle_files=False,
+  )
+  read = collect(
+    source.dataset(
+      len(TRICKY), training=True, repeat=False, drop_remainder=False
+    )
+  )
   parser = source.raw_parser()
   parsed = parser.parse_raw(_raw_columns(TRICKY), CATEGORICAL_NAMES)
 
   np.testing.assert_array_equal(parsed["dense"].numpy(), read[1])
   for name in CATEGORICAL_NAMES:
-    np.testing.assert_array_equal(parsed["categorical"][name].numpy(), read[2][name], name)
+    np.testing.assert_array_equal(
+      parsed["categorical"][name].numpy(), read[2][name], name
+    )
   # Against the documented conventions, computed independently (C2..C26 hashed).
   _, dense, ids = reference(TRICKY)
   np.testing.assert_allclose(parsed["dense"].numpy(), dense, rtol=1e-6)
   assert parsed["dense"].numpy()[0, :3].tolist() == [0.0, 0.0, 0.0]  # -2, "", 0
   for name in CATEGORICAL_NAMES[1:]:
-    np.testing.assert_array_equal(parsed["categorical"][name].numpy(), ids[name], name)
+    np.testing.assert_array_equal(
+      parsed["categorical"][name].numpy(), ids[name], name
+    )
   # C1 has a vocabulary file: line n -> id n; empty and out-of-vocabulary -> 0.
   c1 = parsed["categorical"]["C1"].numpy()
   assert c1[:3].tolist() == [1, 0, 0]
@@ -74,35 +112,60 @@ def test_criteo_parse_raw_refuses_a_dense_value_the_reader_refuses(bad):
 
 
 def test_movielens_parse_raw_equals_the_reader(tmp_path):
-  ratings = [(1, 1, 5, 881250949), (2, 1, 3, 881250950), (10, 2, 4, 881250951),
-             (1, 3, 1, 881250952), (2, 2, 2, 881250953), (10, 3, 4, 881250999)]
-  source = MovieLens(write_ml100k(tmp_path / "ml-100k", ratings), variant="ml-100k",
-                     test_fraction=0.0, shuffle=False, timestamp_buckets=3)
+  ratings = [
+    (1, 1, 5, 881250949),
+    (2, 1, 3, 881250950),
+    (10, 2, 4, 881250951),
+    (1, 3, 1, 881250952),
+    (2, 2, 2, 881250953),
+    (10, 3, 4, 881250999),
+  ]
+  source = MovieLens(
+    write_ml100k(tmp_path / "ml-100k", ratings),
+    variant="ml-100k",
+    test_fraction=0.0,
+    shuffle=False,
+    timestamp_buckets=3,
+  )
   read, _ = everything(source)
   parser = source.raw_parser()
   names = [s.name for s in source.feature_specs]
-  raw = {"user_id": tf.constant([str(u) for u, _, _, _ in ratings]),
-         "item_id": tf.constant([str(i) for _, i, _, _ in ratings]),
-         "timestamp": tf.constant([t for _, _, _, t in ratings], tf.int64)}
+  raw = {
+    "user_id": tf.constant([str(u) for u, _, _, _ in ratings]),
+    "item_id": tf.constant([str(i) for _, i, _, _ in ratings]),
+    "timestamp": tf.constant([t for _, _, _, t in ratings], tf.int64),
+  }
   parsed = parser.parse_raw(raw, names)["categorical"]
   assert list(parsed) == names
   for name in names:
     got = parsed[name]
-    got = got.to_list() if isinstance(got, tf.RaggedTensor) else got.numpy().tolist()
+    got = (
+      got.to_list()
+      if isinstance(got, tf.RaggedTensor)
+      else got.numpy().tolist()
+    )
     assert got == read[name], name
   for name, want in EXPECTED_100K.items():  # the reader's documented encodings
     assert read[name][:5] == want, name
   # Timestamp quantile buckets of the training times: 1..3 in time order.
-  assert read["timestamp"] == sorted(read["timestamp"]) and read["timestamp"][0] == 1
+  assert (
+    read["timestamp"] == sorted(read["timestamp"]) and read["timestamp"][0] == 1
+  )
 
 
 def test_movielens_out_of_vocabulary_ids_map_to_0_and_are_flagged(tmp_path):
-  source = MovieLens(write_ml100k(tmp_path / "ml-100k"), variant="ml-100k",
-                     test_fraction=0.0, shuffle=False)
+  source = MovieLens(
+    write_ml100k(tmp_path / "ml-100k"),
+    variant="ml-100k",
+    test_fraction=0.0,
+    shuffle=False,
+  )
   parser = source.raw_parser()
   names = [s.name for s in source.feature_specs]
-  raw = {"user_id": tf.constant(["10", " 10 ", "11", ""]),
-         "item_id": tf.constant(["2", "0002", "99", "1"])}
+  raw = {
+    "user_id": tf.constant(["10", " 10 ", "11", ""]),
+    "item_id": tf.constant(["2", "0002", "99", "1"]),
+  }
   parsed = parser.parse_raw(raw, names)["categorical"]
   assert parsed["user_id"].numpy().tolist() == [3, 3, 0, 0]
   for side in ("user_age", "user_gender", "user_occupation", "user_zip"):

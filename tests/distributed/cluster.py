@@ -18,15 +18,17 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
 
 from recsys.launch import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def cluster_spec(workers: int, ps: int, chief: bool = False) -> Dict[str, List[str]]:
+def cluster_spec(
+  workers: int, ps: int, chief: bool = False
+) -> dict[str, list[str]]:
   """A cluster dict of 127.0.0.1 addresses on free ports."""
   ports = iter(free_ports(workers + ps + int(chief)))
   spec = {}
@@ -44,39 +46,54 @@ def in_process_cluster(workers: int = 2, ps: int = 2):
   the coordinator of a `ParameterServerStrategy` over them.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   spec = cluster_spec(workers, ps)
   cluster = tf.train.ClusterSpec(spec)
   config = tf.compat.v1.ConfigProto()
   # Workers deadlock with too few inter-op threads (TF's own test clusters
   # give them workers + 1).
   config.inter_op_parallelism_threads = workers + 1
-  servers = [tf.distribute.Server(cluster, job_name=job, task_index=i,
-                                  protocol="grpc", config=config, start=True)
-             for job in ("worker", "ps") for i in range(len(spec[job]))]
+  servers = [
+    tf.distribute.Server(
+      cluster,
+      job_name=job,
+      task_index=i,
+      protocol="grpc",
+      config=config,
+      start=True,
+    )
+    for job in ("worker", "ps")
+    for i in range(len(spec[job]))
+  ]
   return spec, servers
 
 
-@functools.lru_cache(maxsize=None)
-def loopback_namespace_prefix() -> Optional[List[str]]:
+@functools.cache
+def loopback_namespace_prefix() -> list[str] | None:
   """`unshare` argv running a command with only a loopback interface, or None."""
   if shutil.which("unshare") is None or shutil.which("ip") is None:
     return None
   probe = subprocess.run(
-      ["unshare", "-rn", "sh", "-c", "ip link set lo up && echo ok"],
-      capture_output=True, text=True, timeout=30, check=False)
+    ["unshare", "-rn", "sh", "-c", "ip link set lo up && echo ok"],
+    capture_output=True,
+    text=True,
+    timeout=30,
+    check=False,
+  )
   if probe.returncode != 0 or "ok" not in probe.stdout:
     return None
   return ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
 
 
-def subprocess_env(**extra: str) -> Dict[str, str]:
+def subprocess_env(**extra: str) -> dict[str, str]:
   env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
   env.update(TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO), **extra)
   return env
 
 
-def run_script(argv: Sequence[str], timeout: float = 240,
-               isolate: bool = True) -> str:
+def run_script(
+  argv: Sequence[str], timeout: float = 240, isolate: bool = True
+) -> str:
   """Runs `python <argv>` (in a loopback-only namespace if possible).
 
   Returns its combined output; raises AssertionError with the output's tail
@@ -86,9 +103,15 @@ def run_script(argv: Sequence[str], timeout: float = 240,
   prefix = loopback_namespace_prefix() if isolate else None
   if prefix:
     cmd = prefix + cmd
-  proc = subprocess.Popen(cmd, env=subprocess_env(), cwd=str(REPO),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, start_new_session=True)
+  proc = subprocess.Popen(
+    cmd,
+    env=subprocess_env(),
+    cwd=str(REPO),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    start_new_session=True,
+  )
   try:
     out, _ = proc.communicate(timeout=timeout)
   except subprocess.TimeoutExpired:
@@ -102,8 +125,12 @@ def run_script(argv: Sequence[str], timeout: float = 240,
   return out
 
 
-def run_workers(commands: Sequence[Sequence[str]], envs: Sequence[Dict[str, str]],
-                cwd: Optional[str] = None, timeout: float = 300) -> None:
+def run_workers(
+  commands: Sequence[Sequence[str]],
+  envs: Sequence[dict[str, str]],
+  cwd: str | None = None,
+  timeout: float = 300,
+) -> None:
   """Runs one process per command (with its env) at once; all must succeed.
 
   For a multi-worker cluster, whose tasks wait for each other: raises
@@ -112,9 +139,16 @@ def run_workers(commands: Sequence[Sequence[str]], envs: Sequence[Dict[str, str]
   procs = []
   try:
     for cmd, env in zip(commands, envs):
-      procs.append(subprocess.Popen(
-          list(cmd), env=env, cwd=cwd, stdout=subprocess.PIPE,
-          stderr=subprocess.STDOUT, text=True))
+      procs.append(
+        subprocess.Popen(
+          list(cmd),
+          env=env,
+          cwd=cwd,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.STDOUT,
+          text=True,
+        )
+      )
     for proc in procs:
       out, _ = proc.communicate(timeout=timeout)
       assert proc.returncode == 0, out[-3000:]

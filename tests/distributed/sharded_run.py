@@ -31,9 +31,11 @@ from tests.distributed import sharded_case as case  # noqa: E402
 
 def main(out_dir: str, restore_from: str = "") -> None:
   resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-      tf.train.ClusterSpec(SPEC), rpc_layer="grpc")
+    tf.train.ClusterSpec(SPEC), rpc_layer="grpc"
+  )
   strategy = tf.distribute.experimental.ParameterServerStrategy(
-      resolver, variable_partitioner=sharded.TablePartitioner(2))
+    resolver, variable_partitioner=sharded.TablePartitioner(2)
+  )
   coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
   emb = backends.create(case.feature_config(), None, strategy, backend="auto")
   with strategy.scope():
@@ -42,6 +44,7 @@ def main(out_dir: str, restore_from: str = "") -> None:
     var.assign(case.table_values()[table.name])
 
   out = {"backend": emb.name}
+
   def make_step(raw):
     @tf.function
     def train_step():
@@ -53,7 +56,9 @@ def main(out_dir: str, restore_from: str = "") -> None:
           loss = tf.add_n([tf.reduce_sum(acts[k] * cot[k]) for k in acts])
         emb.apply_gradients(tape.gradient(loss, acts))
         return acts
+
       return strategy.run(replica_fn)
+
     return train_step
 
   for step, raw in enumerate(case.raw_batches()):
@@ -71,15 +76,22 @@ def main(out_dir: str, restore_from: str = "") -> None:
       out[f"slot/{name}/{slot}"] = tf.convert_to_tensor(var).numpy()
       for i, shard in enumerate(sharded.shards_of(var)):
         out[f"slotshard/{name}/{slot}/{i}"] = shard.numpy()
-  devices = {"tables": emb.shard_devices(), "slots": {
-      name: {slot: [s.device for s in sharded.shards_of(v)]
-             for slot, v in slots.items()}
-      for name, slots in emb.slot_variables().items()}}
+  devices = {
+    "tables": emb.shard_devices(),
+    "slots": {
+      name: {
+        slot: [s.device for s in sharded.shards_of(v)]
+        for slot, v in slots.items()
+      }
+      for name, slots in emb.slot_variables().items()
+    },
+  }
   tf.train.Checkpoint(embedding=emb).save(f"{out_dir}/ckpt")
 
   if restore_from:
-    fresh = backends.create(case.feature_config(), None, strategy,
-                            backend="sharded")
+    fresh = backends.create(
+      case.feature_config(), None, strategy, backend="sharded"
+    )
     status = tf.train.Checkpoint(embedding=fresh).restore(restore_from)
     with strategy.scope():
       fresh.build()  # restore on create: each shard reads its slice
@@ -91,8 +103,9 @@ def main(out_dir: str, restore_from: str = "") -> None:
         out[f"restored/{name}/{slot}"] = tf.convert_to_tensor(var).numpy()
     devices["restored"] = fresh.shard_devices()
 
-  np.savez(f"{out_dir}/result.npz", **{k: v for k, v in out.items()
-                                       if k != "backend"})
+  np.savez(
+    f"{out_dir}/result.npz", **{k: v for k, v in out.items() if k != "backend"}
+  )
   with open(f"{out_dir}/devices.json", "w", encoding="utf-8") as f:
     json.dump({"backend": out["backend"], **devices}, f)
   print("SHARDED_RUN_OK", flush=True)

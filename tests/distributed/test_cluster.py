@@ -27,15 +27,25 @@ import pytest
 from tests.distributed import cluster as cluster_lib
 
 STEPS = 400
-ARGS = ["--gin_file", "experiments/synthetic_dlrm.gin",
-        "--gin_file", "experiments/hardware/local_cluster.gin",
-        "--gin_bindings", "SyntheticCTR.vocab_sizes = (50, 200, 1000, 30, 500)",
-        "--gin_bindings", "SyntheticCTR.multi_hot_sizes = (1, 1, 1, 3, 1)",
-        "--gin_bindings", "SyntheticCTR.num_dense = 5",
-        "--gin_bindings", f"train.train_steps = {STEPS}",
-        "--gin_bindings", "train.eval_steps = 32",
-        "--gin_bindings", "train.summaries = False",
-        "--no_progress"]
+ARGS = [
+  "--gin_file",
+  "experiments/synthetic_dlrm.gin",
+  "--gin_file",
+  "experiments/hardware/local_cluster.gin",
+  "--gin_bindings",
+  "SyntheticCTR.vocab_sizes = (50, 200, 1000, 30, 500)",
+  "--gin_bindings",
+  "SyntheticCTR.multi_hot_sizes = (1, 1, 1, 3, 1)",
+  "--gin_bindings",
+  "SyntheticCTR.num_dense = 5",
+  "--gin_bindings",
+  f"train.train_steps = {STEPS}",
+  "--gin_bindings",
+  "train.eval_steps = 32",
+  "--gin_bindings",
+  "train.summaries = False",
+  "--no_progress",
+]
 #: Eval AUC gap allowed between the cluster and one process. Asynchronous
 #: workers apply stale gradients, the examples arrive in another order, and
 #: 32 x 256 eval examples give AUC a standard error of ~0.006: at 400 steps
@@ -44,11 +54,26 @@ AUC_TOLERANCE = 0.03
 
 
 def _launch_cmd(model_dir, workers=2, ps=2):
-  private = (["--private_network"] if cluster_lib.loopback_namespace_prefix()
-             else ["--listen_all_interfaces"])
-  return [sys.executable, "-m", "recsys", "launch", *private,
-          f"--workers={workers}", f"--ps={ps}", "--grace_seconds=5", "--",
-          "train", *ARGS, "--model_dir", str(model_dir)]
+  private = (
+    ["--private_network"]
+    if cluster_lib.loopback_namespace_prefix()
+    else ["--listen_all_interfaces"]
+  )
+  return [
+    sys.executable,
+    "-m",
+    "recsys",
+    "launch",
+    *private,
+    f"--workers={workers}",
+    f"--ps={ps}",
+    "--grace_seconds=5",
+    "--",
+    "train",
+    *ARGS,
+    "--model_dir",
+    str(model_dir),
+  ]
 
 
 def _metrics(model_dir, name="metrics.json"):
@@ -59,8 +84,11 @@ def _metrics(model_dir, name="metrics.json"):
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
   model_dir = tmp_path_factory.mktemp("one")
-  cluster_lib.run_script(["-m", "recsys", "train", *ARGS, "--model_dir",
-                          str(model_dir)], timeout=300, isolate=False)
+  cluster_lib.run_script(
+    ["-m", "recsys", "train", *ARGS, "--model_dir", str(model_dir)],
+    timeout=300,
+    isolate=False,
+  )
   return _metrics(model_dir)
 
 
@@ -69,9 +97,14 @@ class _Launch:
 
   def __init__(self, model_dir):
     self.proc = subprocess.Popen(
-        _launch_cmd(model_dir), env=cluster_lib.subprocess_env(),
-        cwd=str(cluster_lib.REPO), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+      _launch_cmd(model_dir),
+      env=cluster_lib.subprocess_env(),
+      cwd=str(cluster_lib.REPO),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+      start_new_session=True,
+    )
     self.lines = []
 
   def read_until(self, pattern, timeout):
@@ -84,8 +117,9 @@ class _Launch:
       match = re.search(pattern, line)
       if match:
         return match
-    raise AssertionError(f"no line matching {pattern!r}:\n" +
-                         "".join(self.lines[-80:]))
+    raise AssertionError(
+      f"no line matching {pattern!r}:\n" + "".join(self.lines[-80:])
+    )
 
   def finish(self, timeout):
     deadline = time.time() + timeout
@@ -108,7 +142,9 @@ class _Launch:
 
 
 @pytest.mark.slow
-def test_parameter_server_cluster_trains_like_one_process(tmp_path, one_process):
+def test_parameter_server_cluster_trains_like_one_process(
+  tmp_path, one_process
+):
   with _Launch(tmp_path) as launch:
     code = launch.finish(timeout=400)
     assert code == 0, launch.log[-6000:]
@@ -116,16 +152,22 @@ def test_parameter_server_cluster_trains_like_one_process(tmp_path, one_process)
   assert got["strategy"] == "ParameterServerStrategyV2"
   assert got["backend"] == "sharded" and got["step"] == STEPS
   assert abs(got["eval/auc"] - one_process["eval/auc"]) <= AUC_TOLERANCE, (
-      got, one_process)
+    got,
+    one_process,
+  )
   assert got["eval/auc"] >= 0.6, got  # learned something (chance is 0.5)
   # Each table: two row ranges, one per parameter server.
-  placements = re.findall(r"table '(C\d)' \[(\d+), 16\]: 2 shard\(s\) of rows "
-                          r"\[0, (\d+), \d+\] on (\S+), (\S+)\n", launch.log)
+  placements = re.findall(
+    r"table '(C\d)' \[(\d+), 16\]: 2 shard\(s\) of rows "
+    r"\[0, (\d+), \d+\] on (\S+), (\S+)\n",
+    launch.log,
+  )
   assert len(placements) == 5, launch.log[-4000:]
   for _, vocab, split, first, second in placements:
     assert int(split) == (int(vocab) + 1) // 2
     assert {first.rstrip(","), second} == {
-        f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(2)}
+      f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(2)
+    }
 
 
 @pytest.mark.slow
@@ -136,13 +178,25 @@ def test_worker_killed_mid_run_training_completes_and_restores(tmp_path):
     os.kill(pid, signal.SIGKILL)
     code = launch.finish(timeout=400)
     assert code == 0, launch.log[-6000:]
-  assert re.search(r"worker 1 exited with status -9", launch.log), launch.log[-3000:]
+  assert re.search(r"worker 1 exited with status -9", launch.log), launch.log[
+    -3000:
+  ]
   got = _metrics(tmp_path)
   assert got["step"] == STEPS, got
   # The final checkpoint on one machine, without a cluster, in tensorcore.
-  cluster_lib.run_script(["-m", "recsys", "evaluate", "--model_dir",
-                          str(tmp_path), "--backend", "tensorcore"],
-                         timeout=300, isolate=False)
+  cluster_lib.run_script(
+    [
+      "-m",
+      "recsys",
+      "evaluate",
+      "--model_dir",
+      str(tmp_path),
+      "--backend",
+      "tensorcore",
+    ],
+    timeout=300,
+    isolate=False,
+  )
   restored = _metrics(tmp_path, "eval_metrics.json")
   assert restored["step"] == STEPS
   # Same tables and model, same eval data: the same metrics.
@@ -153,21 +207,36 @@ def test_worker_killed_mid_run_training_completes_and_restores(tmp_path):
 def test_multi_worker_mirrored_trainer_writes_only_the_chiefs_files(tmp_path):
   steps = 60
   cmd = _launch_cmd(tmp_path, workers=2, ps=0)
-  cmd += ["--gin_bindings", f"train.train_steps = {steps}",
-          "--gin_bindings", "train.checkpoint_every = 30",
-          "--gin_bindings", "train.steps_per_loop = 30"]
-  proc = subprocess.run(cmd, env=cluster_lib.subprocess_env(),
-                        cwd=str(cluster_lib.REPO), capture_output=True,
-                        text=True, timeout=400, check=False)
+  cmd += [
+    "--gin_bindings",
+    f"train.train_steps = {steps}",
+    "--gin_bindings",
+    "train.checkpoint_every = 30",
+    "--gin_bindings",
+    "train.steps_per_loop = 30",
+  ]
+  proc = subprocess.run(
+    cmd,
+    env=cluster_lib.subprocess_env(),
+    cwd=str(cluster_lib.REPO),
+    capture_output=True,
+    text=True,
+    timeout=400,
+    check=False,
+  )
   assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
   got = _metrics(tmp_path)
   assert got["strategy"] == "CollectiveAllReduceStrategy"  # MWMS' class
   assert got["backend"] == "tensorcore" and got["replicas"] == 2
   assert got["step"] == steps and got["eval/auc"] > 0.55, got
-  saved = sorted(n for n in os.listdir(tmp_path / "checkpoints")
-                 if n.endswith(".index"))
+  saved = sorted(
+    n for n in os.listdir(tmp_path / "checkpoints") if n.endswith(".index")
+  )
   assert saved == ["ckpt-30.index", "ckpt-60.index"]
   # The other worker took part in every save, in a scratch folder it removed.
-  leftovers = [os.path.join(d, f) for d, _, files in
-               os.walk(tmp_path / ".workers") for f in files]
+  leftovers = [
+    os.path.join(d, f)
+    for d, _, files in os.walk(tmp_path / ".workers")
+    for f in files
+  ]
   assert not leftovers, leftovers

@@ -18,7 +18,9 @@ import pytest
 from recsys import cli
 from recsys import launch as launch_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 
 
 def _interfaces(pid="self"):
@@ -31,9 +33,26 @@ def _task_interfaces(*flags):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
   env.pop(launch_lib._PRIVATE_ENV, None)  # pylint: disable=protected-access
   proc = subprocess.Popen(
-      [sys.executable, "-m", "recsys", "launch", *flags, "--workers", "1",
-       "--ps", "0", "--", "info"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    [
+      sys.executable,
+      "-m",
+      "recsys",
+      "launch",
+      *flags,
+      "--workers",
+      "1",
+      "--ps",
+      "0",
+      "--",
+      "info",
+    ],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    start_new_session=True,
+  )
   try:
     deadline = time.time() + 120
     for line in proc.stdout:
@@ -47,7 +66,9 @@ def _task_interfaces(*flags):
     proc.wait()
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/net"), reason="needs Linux /proc")
+@pytest.mark.skipif(
+  not os.path.isdir("/proc/self/net"), reason="needs Linux /proc"
+)
 def test_tasks_see_only_loopback_by_default_and_every_interface_when_asked():
   problem = launch_lib._namespace_problem()  # pylint: disable=protected-access
   if problem:
@@ -58,12 +79,17 @@ def test_tasks_see_only_loopback_by_default_and_every_interface_when_asked():
 
 def test_launch_refuses_to_expose_tasks_it_cannot_isolate(monkeypatch, capsys):
   monkeypatch.delenv(launch_lib._PRIVATE_ENV, raising=False)  # pylint: disable=protected-access
-  monkeypatch.setattr(launch_lib, "_namespace_problem",
-                      lambda: "user namespaces are disabled")
+  monkeypatch.setattr(
+    launch_lib, "_namespace_problem", lambda: "user namespaces are disabled"
+  )
   assert cli.main(["launch", "--workers", "1", "--ps", "0", "--", "info"]) == 2
   err = capsys.readouterr().err
   assert "user namespaces are disabled" in err
   assert "--listen_all_interfaces" in err and "no authentication" in err
-  assert cli.main(["launch", "--private_network", "--listen_all_interfaces",
-                   "--", "info"]) == 2
+  assert (
+    cli.main(
+      ["launch", "--private_network", "--listen_all_interfaces", "--", "info"]
+    )
+    == 2
+  )
   assert "contradict" in capsys.readouterr().err

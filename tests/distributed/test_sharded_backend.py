@@ -9,8 +9,6 @@ and TF's "div" partition of the rows. Checkpoints are restored across
 backends both ways.
 """
 
-import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-
 import json  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -18,6 +16,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import backends  # noqa: E402
+import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import checkpoint as ckpt_lib  # noqa: E402
 from backends import sharded  # noqa: E402
 from tests import reference_optimizers as ref  # noqa: E402
@@ -28,8 +27,12 @@ E = tf.tpu.experimental.embedding
 
 
 def _tensorcore(config=None):
-  emb = backends.create(config or case.feature_config(), None,
-                        tf.distribute.get_strategy(), backend="tensorcore")
+  emb = backends.create(
+    config or case.feature_config(),
+    None,
+    tf.distribute.get_strategy(),
+    backend="tensorcore",
+  )
   emb.build()
   for table, var in emb.embedding_tables.items():
     var.assign(case.table_values()[table.name])
@@ -62,16 +65,23 @@ def run(tmp_path_factory):
     for var in slots[name].values():
       var.assign(rng.uniform(0.1, 1.0, var.shape).astype(np.float32))
   tc_path = tf.train.Checkpoint(embedding=source).save(str(tmp / "tc" / "ckpt"))
-  expected_restore = {f"{t.name}": v.numpy()
-                      for t, v in source.embedding_tables.items()}
-  expected_restore.update({f"{n}/{s}": v.numpy() for n, sl in slots.items()
-                           for s, v in sl.items()})
-  cluster_lib.run_script(["-m", "tests.distributed.sharded_run", str(tmp),
-                          tc_path], timeout=300)
+  expected_restore = {
+    f"{t.name}": v.numpy() for t, v in source.embedding_tables.items()
+  }
+  expected_restore.update(
+    {f"{n}/{s}": v.numpy() for n, sl in slots.items() for s, v in sl.items()}
+  )
+  cluster_lib.run_script(
+    ["-m", "tests.distributed.sharded_run", str(tmp), tc_path], timeout=300
+  )
   with open(tmp / "devices.json", encoding="utf-8") as f:
     devices = json.load(f)
-  return {"npz": np.load(tmp / "result.npz"), "devices": devices,
-          "ckpt": str(tmp / "ckpt-1"), "expected_restore": expected_restore}
+  return {
+    "npz": np.load(tmp / "result.npz"),
+    "devices": devices,
+    "ckpt": str(tmp / "ckpt-1"),
+    "expected_restore": expected_restore,
+  }
 
 
 def _div_offsets(rows, shards):
@@ -92,13 +102,15 @@ def test_each_parameter_server_holds_only_its_rows(run):
     offsets = _div_offsets(rows, 2)
     full = npz[f"table/{table}"]
     for i in range(2):
-      np.testing.assert_array_equal(npz[f"shard/{table}/{i}"],
-                                    full[offsets[i]:offsets[i + 1]])
+      np.testing.assert_array_equal(
+        npz[f"shard/{table}/{i}"], full[offsets[i] : offsets[i + 1]]
+      )
     for key in npz.files:
       if key.startswith(f"slotshard/{table}/") and key.endswith("/0"):
         slot = key.split("/")[2]
         np.testing.assert_array_equal(
-            npz[key], npz[f"slot/{table}/{slot}"][:offsets[1]])
+          npz[key], npz[f"slot/{table}/{slot}"][: offsets[1]]
+        )
 
 
 @pytest.mark.slow
@@ -107,15 +119,22 @@ def test_lookups_and_updates_equal_tensorcore(run):
   emb, acts_per_step = _train_tensorcore()
   for step, acts in enumerate(acts_per_step):
     for name, value in acts.items():
-      np.testing.assert_allclose(npz[f"acts{step}/{name}"], value,
-                                 rtol=1e-5, atol=1e-6, err_msg=f"{step} {name}")
+      np.testing.assert_allclose(
+        npz[f"acts{step}/{name}"],
+        value,
+        rtol=1e-5,
+        atol=1e-6,
+        err_msg=f"{step} {name}",
+      )
   for table, var in emb.embedding_tables.items():
-    np.testing.assert_allclose(npz[f"table/{table.name}"], var.numpy(),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+      npz[f"table/{table.name}"], var.numpy(), rtol=1e-5, atol=1e-6
+    )
   for name, slots in emb.slot_variables().items():
     for slot, var in slots.items():
-      np.testing.assert_allclose(npz[f"slot/{name}/{slot}"], var.numpy(),
-                                 rtol=1e-5, atol=1e-6)
+      np.testing.assert_allclose(
+        npz[f"slot/{name}/{slot}"], var.numpy(), rtol=1e-5, atol=1e-6
+      )
 
 
 def _row_grads(raw, table: str, vocab: int, dim: int) -> np.ndarray:
@@ -127,7 +146,7 @@ def _row_grads(raw, table: str, vocab: int, dim: int) -> np.ndarray:
       for i in bag:
         g[i] += cot["user"][b] / len(bag)
     for b, seq in enumerate(raw["history"]):  # sequence: position p < L
-      for p, i in enumerate(seq[:case.SEQ]):
+      for p, i in enumerate(seq[: case.SEQ]):
         g[i] += cot["history"][b, p]
   elif table == "items":
     for b, (bag, w) in enumerate(zip(raw["item"], raw["item_w"])):  # sqrtn
@@ -148,25 +167,34 @@ def test_updates_follow_the_numpy_tpu_reference(run):
   tables = {f.table.name: f.table for f in config.values()}
   for name, table in tables.items():
     w = case.table_values()[name].astype(np.float64)
-    slots = {k: v.astype(np.float64) for k, v in
-             ref.initial_slots(table.optimizer, *w.shape).items()}
+    slots = {
+      k: v.astype(np.float64)
+      for k, v in ref.initial_slots(table.optimizer, *w.shape).items()
+    }
     for raw in case.raw_batches():
       g = _row_grads(raw, name, *w.shape)
       ids = np.nonzero(np.any(g != 0, axis=1))[0]
       w, slots = ref.apply(table.optimizer, w, slots, ids, g[ids])
-    np.testing.assert_allclose(npz[f"table/{name}"], w, rtol=2e-5, atol=2e-5,
-                               err_msg=name)
+    np.testing.assert_allclose(
+      npz[f"table/{name}"], w, rtol=2e-5, atol=2e-5, err_msg=name
+    )
     for slot, value in slots.items():
-      np.testing.assert_allclose(npz[f"slot/{name}/{slot}"], value,
-                                 rtol=2e-5, atol=2e-5, err_msg=f"{name}/{slot}")
+      np.testing.assert_allclose(
+        npz[f"slot/{name}/{slot}"],
+        value,
+        rtol=2e-5,
+        atol=2e-5,
+        err_msg=f"{name}/{slot}",
+      )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["tensorcore", "serving"])
 def test_sharded_checkpoint_restores_on_one_machine(run, target):
   npz = run["npz"]
-  emb = backends.create(case.feature_config(), None,
-                        tf.distribute.get_strategy(), backend=target)
+  emb = backends.create(
+    case.feature_config(), None, tf.distribute.get_strategy(), backend=target
+  )
   ckpt_lib.restore(emb, run["ckpt"])
   emb.build()
   for table, var in emb.embedding_tables.items():
@@ -183,15 +211,22 @@ def test_tensorcore_checkpoint_restores_into_sharded_tables(run):
   for key, value in want.items():
     np.testing.assert_array_equal(npz[f"restored/{key}"], value, err_msg=key)
   assert run["devices"]["restored"]["users"] == [
-      f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(2)]
+    f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(2)
+  ]
 
 
 def test_refused_outside_a_parameter_server_strategy():
-  with pytest.raises(backends.BackendUnavailableError,
-                     match=r"needs a ParameterServerStrategy .* this is "
-                     r"_DefaultDistributionStrategy.*use 'tensorcore'"):
-    backends.create(case.feature_config(), None, tf.distribute.get_strategy(),
-                    backend="sharded")
+  with pytest.raises(
+    backends.BackendUnavailableError,
+    match=r"needs a ParameterServerStrategy .* this is "
+    r"_DefaultDistributionStrategy.*use 'tensorcore'",
+  ):
+    backends.create(
+      case.feature_config(),
+      None,
+      tf.distribute.get_strategy(),
+      backend="sharded",
+    )
   assert "sharded" not in backends.available(tf.distribute.get_strategy())
 
 

@@ -11,12 +11,12 @@ from the same initial values on the same global batches and writes the
 tables, slots and dense weights to OUT.npz.
 """
 
-import os
 import sys
 
 MODE = sys.argv[1] if __name__ == "__main__" else "single"
 if MODE == "ps":
   from tests.distributed import cluster as cluster_lib
+
   SPEC, SERVERS = cluster_lib.in_process_cluster(workers=1, ps=2)
 
 import numpy as np  # noqa: E402
@@ -38,21 +38,32 @@ def data():
 
 def initial():
   rng = np.random.default_rng(4)
-  return ({"users": rng.normal(size=(23, 7)).astype("float32"),
-           "movies": rng.normal(size=(29, 11)).astype("float32")},
-          [rng.normal(size=(18, 1)).astype("float32"), np.zeros([1], "float32")])
+  return (
+    {
+      "users": rng.normal(size=(23, 7)).astype("float32"),
+      "movies": rng.normal(size=(29, 11)).astype("float32"),
+    },
+    [rng.normal(size=(18, 1)).astype("float32"), np.zeros([1], "float32")],
+  )
 
 
 def build(strategy):
   with strategy.scope():
     emb = layers.Embedding(
-        {"user": E.FeatureConfig(E.TableConfig(23, 7, name="users")),
-         "movie": E.FeatureConfig(E.TableConfig(29, 11, name="movies"))},
-        E.Adagrad(0.1))
-    inputs = {k: keras.Input([], dtype=tf.int64, name=k) for k in ("user", "movie")}
+      {
+        "user": E.FeatureConfig(E.TableConfig(23, 7, name="users")),
+        "movie": E.FeatureConfig(E.TableConfig(29, 11, name="movies")),
+      },
+      E.Adagrad(0.1),
+    )
+    inputs = {
+      k: keras.Input([], dtype=tf.int64, name=k) for k in ("user", "movie")
+    }
     acts = emb(inputs)
     dense = keras.layers.Dense(1)
-    model = keras.Model(inputs, dense(tf.concat([acts["user"], acts["movie"]], -1)))
+    model = keras.Model(
+      inputs, dense(tf.concat([acts["user"], acts["movie"]], -1))
+    )
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
   tables, dense_values = initial()
   for config, var in emb.embedding_tables.items():
@@ -67,28 +78,45 @@ def main(mode: str, out: str) -> None:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
   elif mode == "ps":
     from backends import sharded  # pylint: disable=g-import-not-at-top
+
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(SPEC), rpc_layer="grpc")
+      tf.train.ClusterSpec(SPEC), rpc_layer="grpc"
+    )
     strategy = tf.distribute.experimental.ParameterServerStrategy(
-        resolver, variable_partitioner=sharded.TablePartitioner(2))
+      resolver, variable_partitioner=sharded.TablePartitioner(2)
+    )
   else:
     strategy = tf.distribute.get_strategy()
   emb, model, dense = build(strategy)
   ds = tf.data.Dataset.from_tensor_slices((x, y))
   if mode == "ps":
+
     def dataset_fn(ctx):
       del ctx  # one worker: it reads every batch, in order
       # Built on the worker from the data, not captured from this process.
-      return tf.data.Dataset.from_tensor_slices(data()).batch(
-          GLOBAL_BATCH, drop_remainder=True).repeat()
-    model.fit(keras.utils.experimental.DatasetCreator(dataset_fn),
-              epochs=1, steps_per_epoch=STEPS, verbose=0)
+      return (
+        tf.data.Dataset.from_tensor_slices(data())
+        .batch(GLOBAL_BATCH, drop_remainder=True)
+        .repeat()
+      )
+
+    model.fit(
+      keras.utils.experimental.DatasetCreator(dataset_fn),
+      epochs=1,
+      steps_per_epoch=STEPS,
+      verbose=0,
+    )
   else:
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.DATA)
-    model.fit(ds.batch(GLOBAL_BATCH).with_options(options), epochs=1,
-              verbose=0, shuffle=False)
+      tf.data.experimental.AutoShardPolicy.DATA
+    )
+    model.fit(
+      ds.batch(GLOBAL_BATCH).with_options(options),
+      epochs=1,
+      verbose=0,
+      shuffle=False,
+    )
   result = {}
   for config, var in emb.embedding_tables.items():
     result[config.name] = tf.convert_to_tensor(var).numpy()

@@ -29,8 +29,9 @@ def _reference(tmp_path):
 def _assert_same(got, want):
   assert sorted(got.files) == sorted(want.files)
   for key in want.files:
-    np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5,
-                               err_msg=key)
+    np.testing.assert_allclose(
+      got[key], want[key], rtol=1e-5, atol=1e-5, err_msg=key
+    )
 
 
 @pytest.mark.slow
@@ -45,12 +46,20 @@ def test_parameter_server_fit_equals_one_process(tmp_path):
 def test_multi_worker_mirrored_fit_equals_one_process(tmp_path):
   spec = {"worker": cluster_lib.cluster_spec(2, 0)["worker"]}
   cluster_lib.run_workers(
-      [[sys.executable, *SCRIPT, "mwms", str(tmp_path / f"w{i}.npz")]
-       for i in range(2)],
-      [cluster_lib.subprocess_env(TF_CONFIG=json.dumps(
-          {"cluster": spec, "task": {"type": "worker", "index": i}}))
-       for i in range(2)],
-      cwd=str(cluster_lib.REPO))
+    [
+      [sys.executable, *SCRIPT, "mwms", str(tmp_path / f"w{i}.npz")]
+      for i in range(2)
+    ],
+    [
+      cluster_lib.subprocess_env(
+        TF_CONFIG=json.dumps(
+          {"cluster": spec, "task": {"type": "worker", "index": i}}
+        )
+      )
+      for i in range(2)
+    ],
+    cwd=str(cluster_lib.REPO),
+  )
   want = _reference(tmp_path)
   for i in range(2):
     _assert_same(np.load(tmp_path / f"w{i}.npz"), want)

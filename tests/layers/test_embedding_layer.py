@@ -23,10 +23,13 @@ BATCH, STEPS = 8, 4
 
 def feature_config(optimizer=None):
   users = E.TableConfig(USERS, 7, name="users")
-  movies = E.TableConfig(MOVIES, 11, name="movies", combiner="mean",
-                         optimizer=optimizer)
-  return {"user": E.FeatureConfig(users, name="user"),
-          "movie": E.FeatureConfig(movies, name="movie")}
+  movies = E.TableConfig(
+    MOVIES, 11, name="movies", combiner="mean", optimizer=optimizer
+  )
+  return {
+    "user": E.FeatureConfig(users, name="user"),
+    "movie": E.FeatureConfig(movies, name="movie"),
+  }
 
 
 def data(seed=0, n=BATCH * STEPS):
@@ -38,19 +41,26 @@ def data(seed=0, n=BATCH * STEPS):
 
 def initial_values(config):
   rng = np.random.default_rng(7)
-  tables = {f.table.name: rng.normal(size=(f.table.vocabulary_size, f.table.dim)
-                                     ).astype("float32")
-            for f in config.values()}
+  tables = {
+    f.table.name: rng.normal(
+      size=(f.table.vocabulary_size, f.table.dim)
+    ).astype("float32")
+    for f in config.values()
+  }
   kernel = rng.normal(size=(18, 1)).astype("float32")
   return tables, [kernel, np.zeros([1], "float32")]
 
 
 def ranking_model(emb, dense_trainable=True):
   """The TFRS ranking tutorial's shape: ids -> embeddings -> a dense score."""
-  inputs = {k: keras.Input([], dtype=tf.int64, name=k) for k in ("user", "movie")}
+  inputs = {
+    k: keras.Input([], dtype=tf.int64, name=k) for k in ("user", "movie")
+  }
   acts = emb(inputs)
   dense = keras.layers.Dense(1, trainable=dense_trainable)
-  return keras.Model(inputs, dense(tf.concat([acts["user"], acts["movie"]], -1)))
+  return keras.Model(
+    inputs, dense(tf.concat([acts["user"], acts["movie"]], -1))
+  )
 
 
 def set_values(tables_by_config, dense, tables, dense_values):
@@ -74,7 +84,9 @@ def hand_loop(config, tables, dense_values, x, y, dense_lr):
       acts = emb.lookup(ids, training=True)
       pred = dense(tf.concat([acts["user"], acts["movie"]], -1))
       loss = tf.reduce_mean(tf.square(pred - y[rows]))
-    dense_grads, act_grads = tape.gradient(loss, (dense.trainable_variables, acts))
+    dense_grads, act_grads = tape.gradient(
+      loss, (dense.trainable_variables, acts)
+    )
     opt.apply_gradients(zip(dense_grads, dense.trainable_variables))
     emb.apply_gradients(act_grads)
   return emb, dense
@@ -82,8 +94,11 @@ def hand_loop(config, tables, dense_values, x, y, dense_lr):
 
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_fit_equals_the_backend_loop_on_one_replica(replicas):
-  strategy = (tf.distribute.get_strategy() if replicas == 1
-              else mirrored_strategy(replicas))
+  strategy = (
+    tf.distribute.get_strategy()
+    if replicas == 1
+    else mirrored_strategy(replicas)
+  )
   config = feature_config()
   tables, dense_values = initial_values(config)
   x, y = data()
@@ -97,22 +112,31 @@ def test_fit_equals_the_backend_loop_on_one_replica(replicas):
 
   ref_emb, ref_dense = hand_loop(config, tables, dense_values, x, y, 0.05)
   for config_, var in emb.embedding_tables.items():
-    ref_var = ref_emb.embedding_tables[[t for t in ref_emb.embedding_tables
-                                        if t.name == config_.name][0]]
-    np.testing.assert_allclose(var.numpy(), ref_var.numpy(), rtol=1e-5, atol=1e-6)
+    ref_var = ref_emb.embedding_tables[
+      [t for t in ref_emb.embedding_tables if t.name == config_.name][0]
+    ]
+    np.testing.assert_allclose(
+      var.numpy(), ref_var.numpy(), rtol=1e-5, atol=1e-6
+    )
     assert not np.allclose(var.numpy(), tables[config_.name])  # it trained
   for name, slots in emb.embedding.slot_variables().items():
     for slot, var in slots.items():
-      np.testing.assert_allclose(var.numpy(),
-                                 ref_emb.slot_variables()[name][slot].numpy(),
-                                 rtol=1e-5, atol=1e-6)
+      np.testing.assert_allclose(
+        var.numpy(),
+        ref_emb.slot_variables()[name][slot].numpy(),
+        rtol=1e-5,
+        atol=1e-6,
+      )
   for got, want in zip(model.layers[-1].get_weights(), ref_dense.get_weights()):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
   # The trap's anchor got zero gradients: it stays 0 and is not trained.
   trap = [v for v in model.trainable_variables if "gradient_trap" in v.name]
   assert len(trap) == 1 and float(tf.reduce_sum(tf.abs(trap[0]))) == 0.0
-  assert not any(v is t for v in model.trainable_variables
-                 for t in emb.embedding_tables.values())
+  assert not any(
+    v is t
+    for v in model.trainable_variables
+    for t in emb.embedding_tables.values()
+  )
 
 
 def test_one_fit_step_follows_the_numpy_tpu_math():
@@ -128,24 +152,38 @@ def test_one_fit_step_follows_the_numpy_tpu_math():
   model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False)
 
   kernel = dense_values[0].astype(np.float64)
-  pred = np.concatenate([tables["users"][x["user"]],
-                         tables["movies"][x["movie"]]], -1) @ kernel
-  d_pred = 2.0 * (pred - y) / BATCH                     # d mean-squared / d pred
-  d_acts = d_pred @ kernel.T                             # [B, 18]
-  for feature, table, opt, cols in (("user", "users", E.Adagrad(0.1), slice(0, 7)),
-                                    ("movie", "movies", ftrl, slice(7, 18))):
+  pred = (
+    np.concatenate(
+      [tables["users"][x["user"]], tables["movies"][x["movie"]]], -1
+    )
+    @ kernel
+  )
+  d_pred = 2.0 * (pred - y) / BATCH  # d mean-squared / d pred
+  d_acts = d_pred @ kernel.T  # [B, 18]
+  for feature, table, opt, cols in (
+    ("user", "users", E.Adagrad(0.1), slice(0, 7)),
+    ("movie", "movies", ftrl, slice(7, 18)),
+  ):
     ids, grads = ref.sum_duplicates(x[feature], d_acts[:, cols])
-    want, want_slots = ref.apply(opt, tables[table], ref.initial_slots(
-        opt, *tables[table].shape), ids, grads)
+    want, want_slots = ref.apply(
+      opt,
+      tables[table],
+      ref.initial_slots(opt, *tables[table].shape),
+      ids,
+      grads,
+    )
     var = [v for c, v in emb.embedding_tables.items() if c.name == table][0]
     np.testing.assert_allclose(var.numpy(), want, rtol=1e-5, atol=1e-6)
     for slot, value in emb.embedding.slot_variables()[table].items():
-      np.testing.assert_allclose(value.numpy(), want_slots[slot], rtol=1e-5, atol=1e-6)
+      np.testing.assert_allclose(
+        value.numpy(), want_slots[slot], rtol=1e-5, atol=1e-6
+      )
 
 
 def test_forward_matches_tfrs_tpu_embedding_layer():
   """Same config, tables and ids: TFRS's layer (CPU path) and ours agree."""
   import tensorflow_recommenders as tfrs  # pylint: disable=g-import-not-at-top
+
   config = feature_config()
   tables, _ = initial_values(config)
   theirs = tfrs.layers.embedding.TPUEmbedding(config, E.Adagrad(0.1))
@@ -159,7 +197,9 @@ def test_forward_matches_tfrs_tpu_embedding_layer():
       var.assign(tables[c.name])
   want, got = theirs(ids), ours(ids)
   for k in want:
-    np.testing.assert_allclose(got[k].numpy(), want[k].numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+      got[k].numpy(), want[k].numpy(), rtol=1e-6, atol=1e-7
+    )
 
 
 def _trained_layer():
@@ -178,7 +218,9 @@ def _by_name(tables):
 
 def test_checkpoints_move_between_layer_backend_and_tf_serving(tmp_path):
   emb, model = _trained_layer()
-  path = tf.train.Checkpoint(embedding=emb.embedding).save(str(tmp_path / "layer"))
+  path = tf.train.Checkpoint(embedding=emb.embedding).save(
+    str(tmp_path / "layer")
+  )
   names = {k for k, _ in tf.train.list_variables(path)}
   assert "embedding/users/.ATTRIBUTES/VARIABLE_VALUE" in names
   assert "embedding/users.Saccumulators/.ATTRIBUTES/VARIABLE_VALUE" in names
@@ -186,36 +228,52 @@ def test_checkpoints_move_between_layer_backend_and_tf_serving(tmp_path):
   # -> TF's own serving class.
   serving = E.TPUEmbeddingForServing(feature_config(), E.Adagrad(0.1))
   serving.build()
-  tf.train.Checkpoint(embedding=serving).restore(path).assert_existing_objects_matched()
+  tf.train.Checkpoint(embedding=serving).restore(
+    path
+  ).assert_existing_objects_matched()
   for name, value in _by_name(emb.embedding_tables).items():
-    np.testing.assert_array_equal(_by_name(serving.embedding_tables)[name], value)
+    np.testing.assert_array_equal(
+      _by_name(serving.embedding_tables)[name], value
+    )
 
   # -> the backend the Trainer builds (and its slots), verified by name.
   trainer_backend = backends.create(feature_config(), E.Adagrad(0.1))
   trainer_backend.build()
   backends.checkpoint.restore(trainer_backend, path)
   for name, value in _by_name(emb.embedding_tables).items():
-    np.testing.assert_array_equal(_by_name(trainer_backend.embedding_tables)[name], value)
+    np.testing.assert_array_equal(
+      _by_name(trainer_backend.embedding_tables)[name], value
+    )
   np.testing.assert_array_equal(
-      trainer_backend.slot_variables()["movies"]["accumulators"].numpy(),
-      emb.embedding.slot_variables()["movies"]["accumulators"].numpy())
+    trainer_backend.slot_variables()["movies"]["accumulators"].numpy(),
+    emb.embedding.slot_variables()["movies"]["accumulators"].numpy(),
+  )
 
   # Backend checkpoint -> a fresh layer; and model.save_weights round trip.
-  back = tf.train.Checkpoint(embedding=trainer_backend).save(str(tmp_path / "backend"))
+  back = tf.train.Checkpoint(embedding=trainer_backend).save(
+    str(tmp_path / "backend")
+  )
   fresh = layers.Embedding(feature_config(), E.Adagrad(0.1))
   fresh.build(None)
   tf.train.Checkpoint(embedding=fresh.embedding).restore(back).assert_consumed()
-  np.testing.assert_array_equal(_by_name(fresh.embedding_tables)["users"],
-                                _by_name(emb.embedding_tables)["users"])
+  np.testing.assert_array_equal(
+    _by_name(fresh.embedding_tables)["users"],
+    _by_name(emb.embedding_tables)["users"],
+  )
   model.save_weights(str(tmp_path / "weights"))
   other = layers.Embedding(feature_config(), E.Adagrad(0.1))
   other_model = ranking_model(other)
-  other_model.load_weights(str(tmp_path / "weights")).assert_existing_objects_matched()
-  np.testing.assert_array_equal(_by_name(other.embedding_tables)["movies"],
-                                _by_name(emb.embedding_tables)["movies"])
+  other_model.load_weights(
+    str(tmp_path / "weights")
+  ).assert_existing_objects_matched()
   np.testing.assert_array_equal(
-      other.embedding.slot_variables()["users"]["accumulators"].numpy(),
-      emb.embedding.slot_variables()["users"]["accumulators"].numpy())
+    _by_name(other.embedding_tables)["movies"],
+    _by_name(emb.embedding_tables)["movies"],
+  )
+  np.testing.assert_array_equal(
+    other.embedding.slot_variables()["users"]["accumulators"].numpy(),
+    emb.embedding.slot_variables()["users"]["accumulators"].numpy(),
+  )
 
 
 def test_evaluate_and_predict_do_not_train():

@@ -31,10 +31,14 @@ class Ranker(keras.Model):
   def __init__(self):
     super().__init__()
     self.embedding = layers.Embedding(
-        {"user": E.FeatureConfig(E.TableConfig(23, 7, name="users")),
-         "movies": E.FeatureConfig(E.TableConfig(29, 11, name="movies",
-                                                 combiner="mean"))},
-        optimizer=E.Adagrad(0.1))
+      {
+        "user": E.FeatureConfig(E.TableConfig(23, 7, name="users")),
+        "movies": E.FeatureConfig(
+          E.TableConfig(29, 11, name="movies", combiner="mean")
+        ),
+      },
+      optimizer=E.Adagrad(0.1),
+    )
     self.score = keras.layers.Dense(1)
 
   def call(self, features, training=False):
@@ -46,17 +50,26 @@ class Ranker(keras.Model):
 def test_saved_model_serves_in_a_process_without_the_project(tmp_path):
   rng = np.random.default_rng(0)
   n = 32
-  x = {"user": rng.integers(0, 23, n),
-       "movies": tf.ragged.constant([list(rng.integers(0, 29, 1 + i % 3))
-                                     for i in range(n)], tf.int64)}
+  x = {
+    "user": rng.integers(0, 23, n),
+    "movies": tf.ragged.constant(
+      [list(rng.integers(0, 29, 1 + i % 3)) for i in range(n)], tf.int64
+    ),
+  }
   y = rng.normal(size=n).astype("float32")
   model = Ranker()
   model.compile(optimizer="adam", loss="mse")
-  before = {c.name: v.numpy() for c, v in model.embedding.embedding_tables.items()}
+  before = {
+    c.name: v.numpy() for c, v in model.embedding.embedding_tables.items()
+  }
   model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), verbose=0)
 
-  @tf.function(input_signature=[tf.TensorSpec([None], tf.int64),
-                                tf.RaggedTensorSpec([None, None], tf.int64)])
+  @tf.function(
+    input_signature=[
+      tf.TensorSpec([None], tf.int64),
+      tf.RaggedTensorSpec([None, None], tf.int64),
+    ]
+  )
   def serve(user, movies):
     return {"scores": model({"user": user, "movies": movies}, training=False)}
 
@@ -92,11 +105,20 @@ def test_saved_model_serves_in_a_process_without_the_project(tmp_path):
       """)
   inputs = {"user": x["user"].tolist(), "movies": x["movies"].to_list()}
   env = dict(os.environ, PYTHONPATH="", TF_CPP_MIN_LOG_LEVEL="3")
-  result = subprocess.run([sys.executable, "-c", script], input=json.dumps(inputs),
-                          capture_output=True, text=True, timeout=300,
-                          cwd=str(tmp_path), env=env)
+  result = subprocess.run(
+    [sys.executable, "-c", script],
+    input=json.dumps(inputs),
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=str(tmp_path),
+    env=env,
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   served, served_keras = json.loads(result.stdout.strip().splitlines()[-1])
-  np.testing.assert_allclose(np.array(served, np.float32), want, rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(np.array(served_keras, np.float32), want,
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    np.array(served, np.float32), want, rtol=1e-6, atol=1e-6
+  )
+  np.testing.assert_allclose(
+    np.array(served_keras, np.float32), want, rtol=1e-6, atol=1e-6
+  )

@@ -22,8 +22,12 @@ USERS, MOVIES, BATCH, STEPS = 23, 29, 8, 4
 
 
 def config():
-  return {"user": E.FeatureConfig(E.TableConfig(USERS, 8, name="users"), name="user"),
-          "movie": E.FeatureConfig(E.TableConfig(MOVIES, 8, name="movies"), name="movie")}
+  return {
+    "user": E.FeatureConfig(E.TableConfig(USERS, 8, name="users"), name="user"),
+    "movie": E.FeatureConfig(
+      E.TableConfig(MOVIES, 8, name="movies"), name="movie"
+    ),
+  }
 
 
 def ratings(n=BATCH * STEPS, seed=0):
@@ -39,21 +43,36 @@ DLRM_ARGS = dict(objective="mse", bottom_mlp=(8,), top_mlp=(8,))
 
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_fit_equals_the_trainer(tmp_path, replicas):
-  strategy = (tf.distribute.get_strategy() if replicas == 1
-              else mirrored_strategy(replicas))
+  strategy = (
+    tf.distribute.get_strategy()
+    if replicas == 1
+    else mirrored_strategy(replicas)
+  )
   trainer = Trainer(
-      str(tmp_path), source=ratings(), feature_config=config(),
-      model=functools.partial(DLRM, **DLRM_ARGS), strategy=strategy,
-      embedding_optimizer=E.Adagrad(0.1),
-      dense_optimizer=lambda: keras.optimizers.SGD(0.05),
-      backend="tensorcore", global_batch_size=BATCH, train_steps=STEPS,
-      steps_per_loop=STEPS, eval_steps=1, progress_bar=False, summaries=False)
-  tables = {c.name: v.numpy() for c, v in trainer.backend.embedding_tables.items()}
+    str(tmp_path),
+    source=ratings(),
+    feature_config=config(),
+    model=functools.partial(DLRM, **DLRM_ARGS),
+    strategy=strategy,
+    embedding_optimizer=E.Adagrad(0.1),
+    dense_optimizer=lambda: keras.optimizers.SGD(0.05),
+    backend="tensorcore",
+    global_batch_size=BATCH,
+    train_steps=STEPS,
+    steps_per_loop=STEPS,
+    eval_steps=1,
+    progress_bar=False,
+    summaries=False,
+  )
+  tables = {
+    c.name: v.numpy() for c, v in trainer.backend.embedding_tables.items()
+  }
   dense = trainer.model.get_weights()
 
   with strategy.scope():
-    model = KerasRecommender.build(DLRM, config(), E.Adagrad(0.1),
-                                   backend="tensorcore", **DLRM_ARGS)
+    model = KerasRecommender.build(
+      DLRM, config(), E.Adagrad(0.1), backend="tensorcore", **DLRM_ARGS
+    )
     model.compile(optimizer=keras.optimizers.SGD(0.05))
   for c, var in model.embedding.embedding_tables.items():
     var.assign(tables[c.name])
@@ -62,14 +81,19 @@ def test_fit_equals_the_trainer(tmp_path, replicas):
   trainer.train()
 
   for c, var in model.embedding.embedding_tables.items():
-    want = [v for t, v in trainer.backend.embedding_tables.items() if t.name == c.name][0]
+    want = [
+      v for t, v in trainer.backend.embedding_tables.items() if t.name == c.name
+    ][0]
     np.testing.assert_allclose(var.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
     assert not np.allclose(var.numpy(), tables[c.name])
   for table, slots in model.embedding.embedding.slot_variables().items():
     for name, var in slots.items():
       np.testing.assert_allclose(
-          var.numpy(), trainer.backend.slot_variables()[table][name].numpy(),
-          rtol=1e-5, atol=1e-6)
+        var.numpy(),
+        trainer.backend.slot_variables()[table][name].numpy(),
+        rtol=1e-5,
+        atol=1e-6,
+      )
   for got, want in zip(model.model.get_weights(), trainer.model.get_weights()):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
   assert np.isfinite(history.history["loss"]).all()
@@ -90,8 +114,14 @@ def test_fit_equals_the_trainer(tmp_path, replicas):
 
 def test_two_tower_fits_evaluates_and_predicts_on_a_feature_dict_dataset():
   model = KerasRecommender.build(
-      TwoTower, config(), E.Adagrad(0.1), query_features=["user"],
-      candidate_features=["movie"], query_tower=(8,), candidate_tower=(8,))
+    TwoTower,
+    config(),
+    E.Adagrad(0.1),
+    query_features=["user"],
+    candidate_features=["movie"],
+    query_tower=(8,),
+    candidate_tower=(8,),
+  )
   model.compile(optimizer=keras.optimizers.Adam(0.01))
   ds = ratings().batch(BATCH)
   before = model.embedding.embedding_tables
@@ -111,6 +141,7 @@ def test_trainer_refuses_a_dataset_without_feature_config(tmp_path):
 
 def test_a_batched_dataset_or_a_missing_feature_is_refused_by_name():
   from recsys.data import DatasetSource  # pylint: disable=g-import-not-at-top
+
   with pytest.raises(ValueError, match="looks batched already"):
     DatasetSource(ratings().batch(4), config())
   wrong = ratings().map(lambda x, y: ({"user": x["user"]}, y))

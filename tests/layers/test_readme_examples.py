@@ -17,8 +17,12 @@ README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
 
 def readme_model_block() -> str:
   text = open(README, encoding="utf-8").read()
-  match = re.search(r"<!-- tested: tests/layers/test_readme_examples.py runs "
-                    r"this block -->\n```python\n(.*?)```", text, re.S)
+  match = re.search(
+    r"<!-- tested: tests/layers/test_readme_examples.py runs "
+    r"this block -->\n```python\n(.*?)```",
+    text,
+    re.S,
+  )
   assert match, "README lost its tested Keras example block"
   return match.group(1)
 
@@ -29,13 +33,19 @@ def test_readme_ranking_model_trains_its_tables_with_fit():
   rng = np.random.default_rng(0)
   n = 512
   users, movies = rng.integers(1, 944, n), rng.integers(1, 1683, n)
-  ratings = tf.data.Dataset.from_tensor_slices({
-      "user_id": users, "movie_id": movies,
-      "user_rating": ((users % 5) + 1).astype("float32")})
+  ratings = tf.data.Dataset.from_tensor_slices(
+    {
+      "user_id": users,
+      "movie_id": movies,
+      "user_rating": ((users % 5) + 1).astype("float32"),
+    }
+  )
   model = namespace["RankingModel"]()
   model.compile(optimizer=tf.keras.optimizers.Adagrad(learning_rate=0.1))
   model.fit(ratings.batch(128).take(1), verbose=0)  # builds the layers
-  before = {c.name: v.numpy() for c, v in model.embedding.embedding_tables.items()}
+  before = {
+    c.name: v.numpy() for c, v in model.embedding.embedding_tables.items()
+  }
   history = model.fit(ratings.batch(128), epochs=3, verbose=0)
   losses = history.history["loss"]
   assert losses[-1] < losses[0]

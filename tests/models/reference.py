@@ -19,7 +19,7 @@ def auc(labels, scores):
     j = i
     while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
       j += 1
-    ranks[order[i:j + 1]] = 0.5 * (i + j) + 1
+    ranks[order[i : j + 1]] = 0.5 * (i + j) + 1
     i = j + 1
   pos, neg = labels.sum(), (~labels).sum()
   return (ranks[labels].sum() - pos * (pos + 1) / 2) / (pos * neg)
@@ -29,7 +29,9 @@ def bce_with_logits(labels, logits):
   """Per-example binary cross-entropy of logits (stable form)."""
   labels = np.asarray(labels, np.float64)
   logits = np.asarray(logits, np.float64)
-  return np.maximum(logits, 0) - logits * labels + np.log1p(np.exp(-np.abs(logits)))
+  return (
+    np.maximum(logits, 0) - logits * labels + np.log1p(np.exp(-np.abs(logits)))
+  )
 
 
 def dense_stack(x, layers, final_linear):
@@ -51,7 +53,9 @@ def dot_interaction(vectors, self_interaction):
   return np.stack(out, axis=-1)
 
 
-def in_batch_softmax_loss(q, c, ids=None, temperature=None, sampling_probability=None):
+def in_batch_softmax_loss(
+  q, c, ids=None, temperature=None, sampling_probability=None
+):
   """Per-query in-batch softmax cross-entropy (positive on the diagonal).
 
   logits = q c^T / temperature - log(p_j); negatives sharing the positive's id
@@ -80,4 +84,7 @@ def top_k_hits(q, corpus, corpus_ids, true_ids, ks):
   scores = q @ corpus.T
   order = np.argsort(-scores, axis=1, kind="stable")
   ranked_ids = np.asarray(corpus_ids)[order]
-  return {k: float(np.mean([t in r[:k] for t, r in zip(true_ids, ranked_ids)])) for k in ks}
+  return {
+    k: float(np.mean([t in r[:k] for t, r in zip(true_ids, ranked_ids)]))
+    for k in ks
+  }

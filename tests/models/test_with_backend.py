@@ -5,12 +5,12 @@ per-replica loss, the dense optimizer on the model's variables and
 `backend.apply_gradients` on the activation gradients.
 """
 
-import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-import backends
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import backends
+import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from recsys.data.spec import FeatureSpec
 from recsys.models import DLRM, TwoTower
 from tests.conftest import mirrored_strategy
@@ -23,13 +23,18 @@ def _feature_config():
   users = embedding.TableConfig(23, 7, name="users", combiner="mean")
   items = embedding.TableConfig(29, 7, name="items")
   tags = embedding.TableConfig(11, 7, name="tags", combiner="sum")
-  return {"user": embedding.FeatureConfig(users, name="user"),
-          "item": embedding.FeatureConfig(items, name="item"),
-          "tags": embedding.FeatureConfig(tags, name="tags")}
+  return {
+    "user": embedding.FeatureConfig(users, name="user"),
+    "item": embedding.FeatureConfig(items, name="item"),
+    "tags": embedding.FeatureConfig(tags, name="tags"),
+  }
 
 
-SPECS = [FeatureSpec("user", 23), FeatureSpec("item", 29),
-         FeatureSpec("tags", 11, multi_hot=True, max_ids=3, weighted=True)]
+SPECS = [
+  FeatureSpec("user", 23),
+  FeatureSpec("item", 29),
+  FeatureSpec("tags", 11, multi_hot=True, max_ids=3, weighted=True),
+]
 
 
 def _data(seed=0):
@@ -37,33 +42,46 @@ def _data(seed=0):
   lengths = rng.integers(1, 4, GLOBAL_BATCH)
   tags = rng.integers(0, 11, lengths.sum())
   return {
-      "dense": rng.normal(size=(GLOBAL_BATCH, 3)).astype(np.float32),
-      "user": rng.integers(0, 23, GLOBAL_BATCH),
-      "item": rng.permutation(29)[:GLOBAL_BATCH],
-      "tag_values": tags, "tag_lengths": lengths,
-      "tag_weights": rng.uniform(0.5, 2.0, lengths.sum()).astype(np.float32),
-      "labels": rng.integers(0, 2, GLOBAL_BATCH).astype(np.float32),
+    "dense": rng.normal(size=(GLOBAL_BATCH, 3)).astype(np.float32),
+    "user": rng.integers(0, 23, GLOBAL_BATCH),
+    "item": rng.permutation(29)[:GLOBAL_BATCH],
+    "tag_values": tags,
+    "tag_lengths": lengths,
+    "tag_weights": rng.uniform(0.5, 2.0, lengths.sum()).astype(np.float32),
+    "labels": rng.integers(0, 2, GLOBAL_BATCH).astype(np.float32),
   }
 
 
 def _dataset(data, strategy, backend):
   def fn(ctx):
     per_replica = ctx.get_per_replica_batch_size(GLOBAL_BATCH)
-    tags = tf.RaggedTensor.from_row_lengths(data["tag_values"], data["tag_lengths"])
-    weights = tf.RaggedTensor.from_row_lengths(data["tag_weights"], data["tag_lengths"])
-    features = {"dense": data["dense"],
-                "categorical": {"user": data["user"], "item": data["item"], "tags": tags},
-                "weights": {"tags": weights}}
+    tags = tf.RaggedTensor.from_row_lengths(
+      data["tag_values"], data["tag_lengths"]
+    )
+    weights = tf.RaggedTensor.from_row_lengths(
+      data["tag_weights"], data["tag_lengths"]
+    )
+    features = {
+      "dense": data["dense"],
+      "categorical": {"user": data["user"], "item": data["item"], "tags": tags},
+      "weights": {"tags": weights},
+    }
     ds = tf.data.Dataset.from_tensor_slices((features, data["labels"]))
-    return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id).batch(per_replica)
-  return strategy.distribute_datasets_from_function(fn, options=backend.input_options())
+    return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id).batch(
+      per_replica
+    )
+
+  return strategy.distribute_datasets_from_function(
+    fn, options=backend.input_options()
+  )
 
 
 def _train_one_step(strategy, model_fn, data):
   tf.keras.utils.set_random_seed(1)
   with strategy.scope():
-    backend = backends.create(_feature_config(), embedding.SGD(0.5), strategy,
-                              backend="tensorcore")
+    backend = backends.create(
+      _feature_config(), embedding.SGD(0.5), strategy, backend="tensorcore"
+    )
     backend.build()
     model = model_fn()
     model.create_variables({"user": 7, "item": 7, "tags": 7})
@@ -73,23 +91,34 @@ def _train_one_step(strategy, model_fn, data):
   @tf.function
   def step(batch):
     def replica_fn(features, labels):
-      weights = {"user": None, "item": None, "tags": features["weights"]["tags"]}
+      weights = {
+        "user": None,
+        "item": None,
+        "tags": features["weights"]["tags"],
+      }
       with tf.GradientTape() as tape:
         acts = backend.lookup(features["categorical"], weights, training=True)
         tape.watch(acts)
-        loss = model.compute_loss(acts, features, labels, global_batch_size=GLOBAL_BATCH)
+        loss = model.compute_loss(
+          acts, features, labels, global_batch_size=GLOBAL_BATCH
+        )
       variables = model.trainable_variables
       grads, act_grads = tape.gradient(loss, (variables, acts))
       optimizer.apply_gradients(zip(grads, variables))
       backend.apply_gradients(act_grads)
       return loss
-    return strategy.reduce("SUM", strategy.run(replica_fn, args=batch), axis=None)
+
+    return strategy.reduce(
+      "SUM", strategy.run(replica_fn, args=batch), axis=None
+    )
 
   initial = {t.name: v.numpy() for t, v in backend.embedding_tables.items()}
   loss = step(next(iter(_dataset(data, strategy, backend))))
   tables = {t.name: v.numpy() for t, v in backend.embedding_tables.items()}
   for name, table in tables.items():
-    assert not np.allclose(table, initial[name]), f"table {name} was not updated"
+    assert not np.allclose(table, initial[name]), (
+      f"table {name} was not updated"
+    )
   return loss.numpy(), tables, [w.numpy() for w in model.trainable_variables]
 
 
@@ -114,7 +143,8 @@ def test_two_tower_trains_through_backend_on_two_replicas():
   In-batch negatives are per replica, so 2 replicas do not reproduce the
   1-replica softmax; only that the step runs and trains is checked.
   """
-  model_fn = lambda: TwoTower(SPECS, ["user", "tags"], ["item"], query_tower=(5,),
-                              candidate_tower=(5,))
+  model_fn = lambda: TwoTower(
+    SPECS, ["user", "tags"], ["item"], query_tower=(5,), candidate_tower=(5,)
+  )
   loss, _, _ = _train_one_step(mirrored_strategy(2), model_fn, _data())
   assert np.isfinite(loss)

@@ -19,15 +19,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from recsys import atomic_dir
-from recsys import cli
-from recsys import config
+from recsys import atomic_dir, cli, config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
-TINY = ["train.global_batch_size = 64", "train.steps_per_loop = 3",
-        "train.eval_steps = 1", "SyntheticCTR.oracle_examples = 1024",
-        "train.progress_bar = False"]
+TINY = [
+  "train.global_batch_size = 64",
+  "train.steps_per_loop = 3",
+  "train.eval_steps = 1",
+  "SyntheticCTR.oracle_examples = 1024",
+  "train.progress_bar = False",
+]
 
 
 def _train(model_dir, steps):
@@ -40,8 +44,10 @@ def _train(model_dir, steps):
 
 
 def _export(model_dir, export_dir):
-  assert cli.main(["export", "--model_dir", model_dir,
-                   "--export_dir", export_dir]) == 0
+  assert (
+    cli.main(["export", "--model_dir", model_dir, "--export_dir", export_dir])
+    == 0
+  )
   gin.clear_config()
 
 
@@ -67,10 +73,15 @@ def _signature(path):
 
 
 def _variables(path):
-  reader = tf.train.load_checkpoint(os.path.join(path, "variables", "variables"))
+  reader = tf.train.load_checkpoint(
+    os.path.join(path, "variables", "variables")
+  )
   values = {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()}
-  return {k: v for k, v in values.items()  # the object graph is bytes
-          if isinstance(v, np.ndarray) and v.dtype != object}
+  return {
+    k: v
+    for k, v in values.items()  # the object graph is bytes
+    if isinstance(v, np.ndarray) and v.dtype != object
+  }
 
 
 @pytest.mark.slow  # ~25 s: two short trainings, two exports, a recsys process
@@ -86,9 +97,21 @@ def test_a_killed_re_export_leaves_a_whole_export(tmp_path):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
   before = _signature(export_dir)
   proc = subprocess.Popen(
-      [sys.executable, "-m", "recsys", "export", "--model_dir", model_dir,
-       "--export_dir", export_dir], cwd=ROOT, env=env,
-      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    [
+      sys.executable,
+      "-m",
+      "recsys",
+      "export",
+      "--model_dir",
+      model_dir,
+      "--export_dir",
+      export_dir,
+    ],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+  )
   killed = False
   deadline = time.time() + 300
   while proc.poll() is None and time.time() < deadline:
@@ -122,8 +145,9 @@ def test_an_export_never_replaces_a_folder_that_is_not_an_export(tmp_path):
   (target / "notes.txt").write_text("mine")
   with pytest.raises(atomic_dir.UnsafeReplaceError, match="not_an_export"):
     with atomic_dir.replaced_atomically(
-        str(target), may_replace=lambda p: os.path.isfile(
-            os.path.join(p, "saved_model.pb"))):
+      str(target),
+      may_replace=lambda p: os.path.isfile(os.path.join(p, "saved_model.pb")),
+    ):
       pass
   assert (target / "notes.txt").read_text() == "mine"
 

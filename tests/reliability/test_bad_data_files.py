@@ -15,17 +15,28 @@ import zlib
 
 import numpy as np
 import pytest
-
-import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 import tensorflow as tf  # noqa: E402
 
-from recsys.data import (CriteoTSV, DataFormatError, DatasetNotFoundError,  # noqa: E402
-                         MovieLens)
-from tests.data.test_criteo import assert_same, collect, make_rows, reference, to_line  # noqa: E402
+import recsys  # noqa: F401  (Keras 2 before TensorFlow)
+from recsys.data import (
+  CriteoTSV,
+  DataFormatError,
+  DatasetNotFoundError,  # noqa: E402
+  MovieLens,
+)
+from tests.data.test_criteo import (
+  assert_same,
+  collect,
+  make_rows,
+  reference,
+  to_line,
+)  # noqa: E402
 from tests.data.test_movielens import write_atomic, write_ml100k  # noqa: E402
 
 V = 23
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 ROWS = make_rows(60)
 TEXT = "".join(to_line(r) + "\n" for r in ROWS)
 
@@ -48,17 +59,21 @@ def first_batch_within(dataset, seconds=60.0):
   thread = threading.Thread(target=run, daemon=True)
   thread.start()
   thread.join(seconds)
-  assert not thread.is_alive(), f"no batch and no error after {seconds} s (a hang)"
+  assert not thread.is_alive(), (
+    f"no batch and no error after {seconds} s (a hang)"
+  )
   return out
 
 
 # -- Criteo: gzip ---------------------------------------------------------------------
 
 
-def test_truncated_gzip_mid_line_fails_naming_the_file_and_hinting_truncation(tmp_path):
+def test_truncated_gzip_mid_line_fails_naming_the_file_and_hinting_truncation(
+  tmp_path,
+):
   path = tmp_path / "day_0.gz"
   data = gzip.compress(TEXT.encode())
-  path.write_bytes(data[:len(data) // 2])
+  path.write_bytes(data[: len(data) // 2])
   with pytest.raises(tf.errors.InvalidArgumentError) as info:
     read_all(path)
   assert f"{path}:" in str(info.value) and "gzip -t" in str(info.value)
@@ -67,9 +82,11 @@ def test_truncated_gzip_mid_line_fails_naming_the_file_and_hinting_truncation(tm
 def test_truncated_gzip_is_not_skipped_silently(tmp_path):
   path = tmp_path / "day_0.gz"
   data = gzip.compress(TEXT.encode())
-  path.write_bytes(data[:len(data) // 2])
-  with pytest.raises(tf.errors.InvalidArgumentError,
-                     match=rf"Criteo file {path} is a truncated or corrupt gzip file"):
+  path.write_bytes(data[: len(data) // 2])
+  with pytest.raises(
+    tf.errors.InvalidArgumentError,
+    match=rf"Criteo file {path} is a truncated or corrupt gzip file",
+  ):
     read_all(path, malformed="skip")
 
 
@@ -79,16 +96,22 @@ def test_gzip_cut_at_a_line_boundary_is_an_error_not_a_short_read(tmp_path):
   stream = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
   half = "".join(to_line(r) + "\n" for r in ROWS[:30]).encode()
   path.write_bytes(stream.compress(half) + stream.flush(zlib.Z_SYNC_FLUSH))
-  with pytest.raises(tf.errors.InvalidArgumentError,
-                     match=rf"{path} is a truncated or corrupt gzip file.*30 lines read"):
+  with pytest.raises(
+    tf.errors.InvalidArgumentError,
+    match=rf"{path} is a truncated or corrupt gzip file.*30 lines read",
+  ):
     read_all(path)
   source = CriteoTSV(train_files=str(path), vocab_sizes=V)
   outcome = first_batch_within(source.dataset(4).skip(20))  # training: repeats
   assert "truncated" in str(outcome.get("error"))
 
 
-@pytest.mark.parametrize("variant", ["multi_member", "crlf", "no_final_newline"])
-def test_complete_gzip_variants_read_whole_without_false_alarm(tmp_path, variant):
+@pytest.mark.parametrize(
+  "variant", ["multi_member", "crlf", "no_final_newline"]
+)
+def test_complete_gzip_variants_read_whole_without_false_alarm(
+  tmp_path, variant
+):
   text = TEXT
   if variant == "crlf":
     data = gzip.compress(text.replace("\n", "\r\n").encode())
@@ -96,7 +119,9 @@ def test_complete_gzip_variants_read_whole_without_false_alarm(tmp_path, variant
     data = gzip.compress(text.rstrip("\n").encode())
   else:
     half = len(text) // 2
-    data = gzip.compress(text[:half].encode()) + gzip.compress(text[half:].encode())
+    data = gzip.compress(text[:half].encode()) + gzip.compress(
+      text[half:].encode()
+    )
   path = tmp_path / "day_0.gz"
   path.write_bytes(data)
   assert_same(read_all(path), reference(ROWS))
@@ -105,22 +130,30 @@ def test_complete_gzip_variants_read_whole_without_false_alarm(tmp_path, variant
 def test_plain_text_named_gz_is_refused_at_construction(tmp_path):
   path = tmp_path / "day_0.gz"
   path.write_text(TEXT)
-  with pytest.raises(DataFormatError, match=rf"'{path}' ends in .gz but is not "
-                     r"gzip-compressed.*remove the .gz suffix"):
+  with pytest.raises(
+    DataFormatError,
+    match=rf"'{path}' ends in .gz but is not "
+    r"gzip-compressed.*remove the .gz suffix",
+  ):
     CriteoTSV(train_files=str(path), vocab_sizes=V)
 
 
 # -- Criteo: empty files, folders -------------------------------------------------------
 
 
-@pytest.mark.parametrize("name,data", [("day_0", b""), ("day_0.gz", b""),
-                                       ("day_0.gz", gzip.compress(b""))],
-                         ids=["plain", "zero_byte_gz", "empty_gz"])
+@pytest.mark.parametrize(
+  "name,data",
+  [("day_0", b""), ("day_0.gz", b""), ("day_0.gz", gzip.compress(b""))],
+  ids=["plain", "zero_byte_gz", "empty_gz"],
+)
 def test_empty_files_are_refused_at_construction(tmp_path, name, data):
   path = tmp_path / name
   path.write_bytes(data)
-  with pytest.raises(DataFormatError, match=rf"every Criteo training file is empty: "
-                     rf"\['{path}'\]"):
+  with pytest.raises(
+    DataFormatError,
+    match=rf"every Criteo training file is empty: "
+    rf"\['{path}'\]",
+  ):
     CriteoTSV(train_files=str(path), vocab_sizes=V)
 
 
@@ -128,16 +161,21 @@ def test_one_empty_file_among_others_is_a_warning(tmp_path, caplog):
   (tmp_path / "day_0").write_text("")
   (tmp_path / "day_1").write_text(TEXT)
   with caplog.at_level("WARNING", logger="recsys.data.criteo"):
-    got = collect(CriteoTSV(train_files=str(tmp_path / "day_*"), vocab_sizes=V,
-                            shuffle_files=False).dataset(4, repeat=False,
-                                                         drop_remainder=False))
+    got = collect(
+      CriteoTSV(
+        train_files=str(tmp_path / "day_*"), vocab_sizes=V, shuffle_files=False
+      ).dataset(4, repeat=False, drop_remainder=False)
+    )
   assert_same(got, reference(ROWS))
   assert f"{tmp_path / 'day_0'} is empty" in caplog.text
 
 
-@pytest.mark.parametrize("text", ["\n\n\n", "x\ny\n"], ids=["blank", "all_malformed"])
-def test_no_well_formed_line_with_skip_and_repeat_fails_instead_of_hanging(tmp_path,
-                                                                          text):
+@pytest.mark.parametrize(
+  "text", ["\n\n\n", "x\ny\n"], ids=["blank", "all_malformed"]
+)
+def test_no_well_formed_line_with_skip_and_repeat_fails_instead_of_hanging(
+  tmp_path, text
+):
   path = tmp_path / "train.txt"
   path.write_text(text)
   source = CriteoTSV(train_files=str(path), vocab_sizes=V, malformed="skip")
@@ -149,9 +187,11 @@ def test_no_well_formed_line_with_skip_and_repeat_fails_instead_of_hanging(tmp_p
 
 def test_a_folder_given_as_a_file(tmp_path):
   (tmp_path / "criteo").mkdir()
-  with pytest.raises(DatasetNotFoundError,
-                     match=rf"names the folder '{tmp_path / 'criteo'}'.*pass "
-                     rf"data_dir='{tmp_path / 'criteo'}'"):
+  with pytest.raises(
+    DatasetNotFoundError,
+    match=rf"names the folder '{tmp_path / 'criteo'}'.*pass "
+    rf"data_dir='{tmp_path / 'criteo'}'",
+  ):
     CriteoTSV(train_files=str(tmp_path / "criteo"), vocab_sizes=V)
 
 
@@ -169,30 +209,45 @@ def test_empty_vocabulary_file(tmp_path):
   (tmp_path / "train.txt").write_text(TEXT)
   (tmp_path / "vocab").mkdir()
   (tmp_path / "vocab" / "C3.txt").write_text("")
-  with pytest.raises(DataFormatError, match=r"vocabulary file '.*C3.txt' is empty; "
-                     r"expected one C3 value per line"):
-    CriteoTSV(train_files=str(tmp_path / "train.txt"), vocab_sizes=V,
-              vocab_dir=str(tmp_path / "vocab"))
+  with pytest.raises(
+    DataFormatError,
+    match=r"vocabulary file '.*C3.txt' is empty; "
+    r"expected one C3 value per line",
+  ):
+    CriteoTSV(
+      train_files=str(tmp_path / "train.txt"),
+      vocab_sizes=V,
+      vocab_dir=str(tmp_path / "vocab"),
+    )
 
 
 def test_repeated_vocabulary_value_names_both_lines(tmp_path):
   (tmp_path / "train.txt").write_text(TEXT)
   (tmp_path / "vocab").mkdir()
   (tmp_path / "vocab" / "C3.txt").write_text("a1\nb2\nc3\nb2\n")
-  with pytest.raises(DataFormatError, match=r"C3.txt:4: vocabulary value 'b2' repeats "
-                     r"line 2"):
-    CriteoTSV(train_files=str(tmp_path / "train.txt"), vocab_sizes=V,
-              vocab_dir=str(tmp_path / "vocab"))
+  with pytest.raises(
+    DataFormatError,
+    match=r"C3.txt:4: vocabulary value 'b2' repeats "
+    r"line 2",
+  ):
+    CriteoTSV(
+      train_files=str(tmp_path / "train.txt"),
+      vocab_sizes=V,
+      vocab_dir=str(tmp_path / "vocab"),
+    )
 
 
 # -- MovieLens ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("file,match", [
+@pytest.mark.parametrize(
+  "file,match",
+  [
     ("u.data", r"u\.data: no ratings \(the file is empty"),
     ("u.item", r"u\.item: no movies \(the file is empty or blank\)"),
     ("u.user", r"u\.user: no users \(the file is empty or blank\)"),
-])
+  ],
+)
 def test_movielens_empty_files(tmp_path, file, match):
   folder = tmp_path / "ml-100k"
   write_ml100k(folder)
@@ -205,8 +260,11 @@ def test_movielens_empty_files(tmp_path, file, match):
 def test_movielens_non_finite_rating_names_file_and_line(tmp_path, rating):
   folder = tmp_path / "ml-100k"
   write_ml100k(folder, [(1, 1, 5, 881250949), (2, 1, rating, 881250950)])
-  with pytest.raises(DataFormatError, match=rf"u\.data:2: rating and timestamp must be "
-                     rf"finite numbers, got '{rating}'"):
+  with pytest.raises(
+    DataFormatError,
+    match=rf"u\.data:2: rating and timestamp must be "
+    rf"finite numbers, got '{rating}'",
+  ):
     MovieLens(str(folder))
 
 
@@ -218,8 +276,11 @@ def test_atomic_header_only_and_non_finite_rating(tmp_path):
   with pytest.raises(DataFormatError, match=r"mini\.inter: no ratings"):
     MovieLens(str(folder), variant="atomic")
   (folder / "mini.inter").write_text(header + "1\t1\t4\t1\n\n2\t1\tnan\t2\n")
-  with pytest.raises(DataFormatError, match=r"mini\.inter:4: rating and timestamp "
-                     r"fields must be finite numbers, got 'nan'"):
+  with pytest.raises(
+    DataFormatError,
+    match=r"mini\.inter:4: rating and timestamp "
+    r"fields must be finite numbers, got 'nan'",
+  ):
     MovieLens(str(folder), variant="atomic")
 
 
@@ -229,27 +290,37 @@ def test_movielens_ml1m_short_line(tmp_path):
   (folder / "ratings.dat").write_text("1::1::5::978300760\n1::2\n")
   (folder / "movies.dat").write_text("1::Toy Story (1995)::Animation|Comedy\n")
   (folder / "users.dat").write_text("1::F::1::10::48067\n")
-  with pytest.raises(DataFormatError, match=r"ratings\.dat:2: expected 4 '::'-separated "
-                     r"fields, got 2"):
+  with pytest.raises(
+    DataFormatError,
+    match=r"ratings\.dat:2: expected 4 '::'-separated "
+    r"fields, got 2",
+  ):
     MovieLens(str(folder), variant="ml-1m")
 
 
 def test_movielens_ratings_without_metadata_are_counted(tmp_path, caplog):
   folder = tmp_path / "ml-100k"
-  write_ml100k(folder, [(1, 1, 5, 1), (99, 1, 3, 2), (2, 77, 4, 3), (2, 78, 4, 4)])
+  write_ml100k(
+    folder, [(1, 1, 5, 1), (99, 1, 3, 2), (2, 77, 4, 3), (2, 78, 4, 4)]
+  )
   with caplog.at_level("WARNING", logger="recsys.data.movielens"):
     source = MovieLens(str(folder), test_fraction=0.0, shuffle=False)
   assert "1 rated users have no metadata (e.g. ['99'])" in caplog.text
   assert "2 rated movies have no metadata (e.g. ['77', '78'])" in caplog.text
   features, _ = next(iter(source.dataset(4, repeat=False)))
-  np.testing.assert_array_equal(features["categorical"]["user_age"].numpy()[1], 0)
+  np.testing.assert_array_equal(
+    features["categorical"]["user_age"].numpy()[1], 0
+  )
 
 
 def test_movielens_data_dir_that_is_a_file(tmp_path):
   path = tmp_path / "u.data"
   path.write_text("1\t1\t5\t1\n")
-  with pytest.raises(DatasetNotFoundError, match=rf"'{path}' is a file; data_dir must "
-                     "be the folder that holds the files"):
+  with pytest.raises(
+    DatasetNotFoundError,
+    match=rf"'{path}' is a file; data_dir must "
+    "be the folder that holds the files",
+  ):
     MovieLens(str(path))
 
 
@@ -258,23 +329,44 @@ def test_movielens_data_dir_that_is_a_file(tmp_path):
 
 @pytest.mark.slow
 def test_recsys_train_on_a_malformed_criteo_line_prints_the_line_not_a_traceback(
-    tmp_path):
+  tmp_path,
+):
   lines = [to_line(r) for r in ROWS]
   lines[30] = "1\t2\t3"
   (tmp_path / "train.txt").write_text("\n".join(lines) + "\n")
   (tmp_path / "val.txt").write_text(TEXT)
-  bindings = [f"CRITEO_DIR = '{tmp_path}'", "CriteoTSV.max_vocab_size = 50",
-              "train.global_batch_size = 8", "train.train_steps = 4",
-              "train.steps_per_loop = 2", "EmbeddingSettings.dim = 4",
-              "DLRM.bottom_mlp = (8, 4)", "DLRM.top_mlp = (8,)",
-              "train.eval_steps = 1", "train.progress_bar = False"]
-  args = [sys.executable, "-m", "recsys", "train", "--gin_file",
-          os.path.join(ROOT, "experiments", "criteo_dlrm.gin"),
-          "--model_dir", str(tmp_path / "model")]
+  bindings = [
+    f"CRITEO_DIR = '{tmp_path}'",
+    "CriteoTSV.max_vocab_size = 50",
+    "train.global_batch_size = 8",
+    "train.train_steps = 4",
+    "train.steps_per_loop = 2",
+    "EmbeddingSettings.dim = 4",
+    "DLRM.bottom_mlp = (8, 4)",
+    "DLRM.top_mlp = (8,)",
+    "train.eval_steps = 1",
+    "train.progress_bar = False",
+  ]
+  args = [
+    sys.executable,
+    "-m",
+    "recsys",
+    "train",
+    "--gin_file",
+    os.path.join(ROOT, "experiments", "criteo_dlrm.gin"),
+    "--model_dir",
+    str(tmp_path / "model"),
+  ]
   for binding in bindings:
     args += ["--gin_bindings", binding]
-  result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  result = subprocess.run(
+    args,
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+  )
   assert result.returncode == 1
   assert f"{tmp_path / 'train.txt'}:31" in result.stderr
   assert "Traceback" not in result.stderr
@@ -283,12 +375,16 @@ def test_recsys_train_on_a_malformed_criteo_line_prints_the_line_not_a_traceback
 # -- values that overflow, bytes that are not text (issue 15) ----------------
 
 
-@pytest.mark.parametrize("rating,stamp,match", [
-    ("1e39", "881250950", "got '1e39'"),          # inf as a float32 label
-    ("4", "1e30", "got '4' and '1e30'"),          # overflows int64
-])
-def test_movielens_values_that_overflow_name_file_and_line(tmp_path, rating, stamp,
-                                                           match):
+@pytest.mark.parametrize(
+  "rating,stamp,match",
+  [
+    ("1e39", "881250950", "got '1e39'"),  # inf as a float32 label
+    ("4", "1e30", "got '4' and '1e30'"),  # overflows int64
+  ],
+)
+def test_movielens_values_that_overflow_name_file_and_line(
+  tmp_path, rating, stamp, match
+):
   folder = tmp_path / "ml-100k"
   write_ml100k(folder, [(1, 1, 5, 881250949), (2, 1, rating, stamp)])
   with pytest.raises(DataFormatError, match=rf"u\.data:2: .*{match}"):
@@ -296,7 +392,9 @@ def test_movielens_values_that_overflow_name_file_and_line(tmp_path, rating, sta
   atomic = tmp_path / "atomic"
   write_atomic(atomic)
   header = "user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
-  (atomic / "mini.inter").write_text(header + f"1\t1\t4\t1\n2\t1\t{rating}\t{stamp}\n")
+  (atomic / "mini.inter").write_text(
+    header + f"1\t1\t4\t1\n2\t1\t{rating}\t{stamp}\n"
+  )
   with pytest.raises(DataFormatError, match=r"mini\.inter:3: "):
     MovieLens(str(atomic), variant="atomic")
 
@@ -305,26 +403,33 @@ def test_invalid_utf8_in_a_movielens_file_names_file_and_line(tmp_path):
   folder = tmp_path / "atomic"
   write_atomic(folder)
   header = b"user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
-  (folder / "mini.inter").write_bytes(header + b"1\t1\t4\t1\n2\t\xff\xfe\t4\t2\n")
+  (folder / "mini.inter").write_bytes(
+    header + b"1\t1\t4\t1\n2\t\xff\xfe\t4\t2\n"
+  )
   with pytest.raises(DataFormatError, match=r"mini\.inter:3: not valid utf-8"):
     MovieLens(str(folder), variant="atomic")
 
 
-@pytest.mark.parametrize("value,reason", [
+@pytest.mark.parametrize(
+  "value,reason",
+  [
     (b"-", "is not an integer"),
-    (b"9" * 40, "is not an integer"),          # float32 inf
+    (b"9" * 40, "is not an integer"),  # float32 inf
     (b"12\xff", "is not an integer"),
-])
-def test_criteo_dense_values_that_do_not_parse_name_file_and_line(tmp_path, value,
-                                                                  reason):
+  ],
+)
+def test_criteo_dense_values_that_do_not_parse_name_file_and_line(
+  tmp_path, value, reason
+):
   lines = [to_line(r).encode() for r in ROWS[:6]]
   parts = lines[3].split(b"\t")
   parts[2] = value
   lines[3] = b"\t".join(parts)
   path = tmp_path / "train.txt"
   path.write_bytes(b"\n".join(lines) + b"\n")
-  with pytest.raises(tf.errors.InvalidArgumentError,
-                     match=rf"train\.txt:4: a dense .*{reason}"):
+  with pytest.raises(
+    tf.errors.InvalidArgumentError, match=rf"train\.txt:4: a dense .*{reason}"
+  ):
     read_all(path)
   got = read_all(path, malformed="skip")  # or dropped and counted
   assert len(got[0]) == 5
@@ -337,6 +442,8 @@ def test_criteo_invalid_utf8_names_file_and_line(tmp_path):
   lines[4] = b"\t".join(parts)
   path = tmp_path / "train.txt"
   path.write_bytes(b"\n".join(lines) + b"\n")
-  with pytest.raises(tf.errors.InvalidArgumentError,
-                     match=r"train\.txt:5: the line is not valid UTF-8"):
+  with pytest.raises(
+    tf.errors.InvalidArgumentError,
+    match=r"train\.txt:5: the line is not valid UTF-8",
+  ):
     read_all(path)

@@ -16,19 +16,27 @@ import sys
 
 import gin
 import pytest
-
-import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 import tensorflow as tf  # noqa: E402
 
 import backends  # noqa: E402
+import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from recsys import config  # noqa: E402
 from recsys.data.spec import FeatureSpec  # noqa: E402
-from recsys.features import EmbeddingSettings, FeatureConfigError, feature_config  # noqa: E402
+from recsys.features import (
+  EmbeddingSettings,
+  FeatureConfigError,
+  feature_config,
+)  # noqa: E402
 
 E = tf.tpu.experimental.embedding
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SPECS = [FeatureSpec("user", 23), FeatureSpec("item", 29),
-         FeatureSpec("history", 29, multi_hot=True, max_ids=3, table="item")]
+ROOT = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
+SPECS = [
+  FeatureSpec("user", 23),
+  FeatureSpec("item", 29),
+  FeatureSpec("history", 29, multi_hot=True, max_ids=3, table="item"),
+]
 
 
 def parse(tmp_path, text, name="bad.gin"):
@@ -54,8 +62,9 @@ def configured_feature_config(tmp_path, text):
 
 
 def test_syntax_error_names_file_line_and_shows_the_line(tmp_path):
-  message = parse_error(tmp_path, "EmbeddingSettings.dim = 8\n"
-                                  "train.backend = 'tensorcore\n")
+  message = parse_error(
+    tmp_path, "EmbeddingSettings.dim = 8\ntrain.backend = 'tensorcore\n"
+  )
   assert f"{tmp_path / 'bad.gin'}:2:" in message
   assert "gin syntax error" in message
   assert "train.backend = 'tensorcore" in message
@@ -70,97 +79,155 @@ def test_syntax_error_in_an_included_file_names_that_file(tmp_path):
 def test_unclosed_bracket_in_a_binding(tmp_path):
   path = tmp_path / "ok.gin"
   path.write_text("EmbeddingSettings.dim = 8\n")
-  with pytest.raises(config.GinConfigError, match=r"unclosed bracket.*dims = \(1,"):
+  with pytest.raises(
+    config.GinConfigError, match=r"unclosed bracket.*dims = \(1,"
+  ):
     config.parse([str(path)], ["EmbeddingSettings.dims = (1,"])
 
 
-@pytest.mark.parametrize("line,unknown,suggestion", [
+@pytest.mark.parametrize(
+  "line,unknown,suggestion",
+  [
     ("SyntheticCTRR.num_dense = 3", "'SyntheticCTRR'", "'SyntheticCTR'"),
-    ("train.embedding_optimizer = @embedding.Adagard()", "'@embedding.Adagard()'",
-     "'embedding.Adagrad'"),
-    ("train.embedding_optimizer = @embedding.adam()", "'@embedding.adam()'",
-     "'embedding.Adam'"),
-    ("train.dense_optimizer = @keras.optimizers.Adamm", "'@keras.optimizers.Adamm'",
-     "'keras.optimizers.Adam'"),
+    (
+      "train.embedding_optimizer = @embedding.Adagard()",
+      "'@embedding.Adagard()'",
+      "'embedding.Adagrad'",
+    ),
+    (
+      "train.embedding_optimizer = @embedding.adam()",
+      "'@embedding.adam()'",
+      "'embedding.Adam'",
+    ),
+    (
+      "train.dense_optimizer = @keras.optimizers.Adamm",
+      "'@keras.optimizers.Adamm'",
+      "'keras.optimizers.Adam'",
+    ),
     ("train.model = @DLMR", "'@DLMR'", "'DLRM'"),
-])
-def test_misspelt_configurable_suggests_the_closest_name(tmp_path, line, unknown,
-                                                         suggestion):
+  ],
+)
+def test_misspelt_configurable_suggests_the_closest_name(
+  tmp_path, line, unknown, suggestion
+):
   message = parse_error(tmp_path, f"EmbeddingSettings.dim = 8\n{line}\n")
-  assert f"No configurable matching {'reference ' if '@' in unknown else ''}{unknown}" \
-      in message
+  assert (
+    f"No configurable matching {'reference ' if '@' in unknown else ''}{unknown}"
+    in message
+  )
   assert "Did you mean" in message and suggestion in message
   assert str(tmp_path / "bad.gin") in message and "line 2" in message
 
 
-@pytest.mark.parametrize("line,suggestion", [
+@pytest.mark.parametrize(
+  "line,suggestion",
+  [
     ("embedding.Adagrad.learnin_rate = 0.1", "'learning_rate'"),
     ("train.backned = 'tensorcore'", "'backend'"),
     ("EmbeddingSettings.combinr = 'sum'", "'combiner'"),
-])
-def test_misspelt_parameter_suggests_and_lists_parameters(tmp_path, line, suggestion):
+  ],
+)
+def test_misspelt_parameter_suggests_and_lists_parameters(
+  tmp_path, line, suggestion
+):
   message = parse_error(tmp_path, line + "\n")
   assert "doesn't have a parameter named" in message
   assert f"Did you mean {suggestion}?" in message
-  assert "takes:" in message and suggestion.strip("'") in message.split("takes:")[1]
+  assert (
+    "takes:" in message and suggestion.strip("'") in message.split("takes:")[1]
+  )
 
 
 def test_misspelt_backend_name_suggests_the_closest(tmp_path):
-  with pytest.raises(backends.UnknownBackendError,
-                     match=r"unknown embedding backend 'tensorcor'; did you mean "
-                     r"'tensorcore'\? available: .*tensorcore"):
-    backends.create({"f": E.FeatureConfig(E.TableConfig(23, 7, name="t"))},
-                    E.SGD(0.1), backend="tensorcor")
+  with pytest.raises(
+    backends.UnknownBackendError,
+    match=r"unknown embedding backend 'tensorcor'; did you mean "
+    r"'tensorcore'\? available: .*tensorcore",
+  ):
+    backends.create(
+      {"f": E.FeatureConfig(E.TableConfig(23, 7, name="t"))},
+      E.SGD(0.1),
+      backend="tensorcor",
+    )
 
 
 # -- embedding optimizers ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("binding,match", [
-    ("EmbeddingSettings.optimizer = @embedding.Adagrad",
-     r"EmbeddingSettings.optimizer is the class Adagrad, not an optimizer: in gin "
-     r"write @embedding.Adagrad\(\) with parentheses"),
-    ("EmbeddingSettings.optimizer = @keras.optimizers.Adam()",
-     r"EmbeddingSettings.optimizer is a .*Adam \(a Keras optimizer.*"
-     r"train.dense_optimizer\).*@embedding.Adam\(\)"),
-    ("EmbeddingSettings.optimizer = 'adagrad'",
-     r"= 'adagrad' is a string.*Did you mean 'Adagrad'\?"),
-    ("EmbeddingSettings.overrides = {'item': {'optimizer': @embedding.FTRL}}",
-     r"EmbeddingSettings.overrides\['item'\]\['optimizer'\] is the class FTRL.*"
-     r"@embedding.FTRL\(\) with parentheses"),
-    ("EmbeddingSettings.optimizer = @embedding.SGD()\n"
-     "embedding.SGD.learning_rate = -0.1",
-     r"SGD.learning_rate = -0.1; expected a finite number >= 0"),
-    ("EmbeddingSettings.optimizer = @embedding.Adam()\n"
-     "embedding.Adam.learning_rate = 'fast'",
-     r"Adam.learning_rate = 'fast'; expected a finite number >= 0"),
-])
+@pytest.mark.parametrize(
+  "binding,match",
+  [
+    (
+      "EmbeddingSettings.optimizer = @embedding.Adagrad",
+      r"EmbeddingSettings.optimizer is the class Adagrad, not an optimizer: in gin "
+      r"write @embedding.Adagrad\(\) with parentheses",
+    ),
+    (
+      "EmbeddingSettings.optimizer = @keras.optimizers.Adam()",
+      r"EmbeddingSettings.optimizer is a .*Adam \(a Keras optimizer.*"
+      r"train.dense_optimizer\).*@embedding.Adam\(\)",
+    ),
+    (
+      "EmbeddingSettings.optimizer = 'adagrad'",
+      r"= 'adagrad' is a string.*Did you mean 'Adagrad'\?",
+    ),
+    (
+      "EmbeddingSettings.overrides = {'item': {'optimizer': @embedding.FTRL}}",
+      r"EmbeddingSettings.overrides\['item'\]\['optimizer'\] is the class FTRL.*"
+      r"@embedding.FTRL\(\) with parentheses",
+    ),
+    (
+      "EmbeddingSettings.optimizer = @embedding.SGD()\n"
+      "embedding.SGD.learning_rate = -0.1",
+      r"SGD.learning_rate = -0.1; expected a finite number >= 0",
+    ),
+    (
+      "EmbeddingSettings.optimizer = @embedding.Adam()\n"
+      "embedding.Adam.learning_rate = 'fast'",
+      r"Adam.learning_rate = 'fast'; expected a finite number >= 0",
+    ),
+  ],
+)
 def test_embedding_optimizer_mistakes_are_explained(tmp_path, binding, match):
   with pytest.raises(FeatureConfigError, match=match):
     configured_feature_config(tmp_path, binding + "\n")
 
 
-@pytest.mark.parametrize("optimizer,match", [
+@pytest.mark.parametrize(
+  "optimizer,match",
+  [
     (E.Adagrad, r"train.embedding_optimizer is the class Adagrad.*parentheses"),
     (E.SGD(-0.1), r"train.embedding_optimizer: SGD.learning_rate = -0.1"),
-], ids=["class", "negative_learning_rate"])
+  ],
+  ids=["class", "negative_learning_rate"],
+)
 def test_trainer_checks_its_embedding_optimizer(tmp_path, optimizer, match):
   from recsys.models import DLRM  # pylint: disable=g-import-not-at-top
   from recsys.training import Trainer  # pylint: disable=g-import-not-at-top
   from tests.training.sources import ArraySource  # pylint: disable=g-import-not-at-top
+
   with pytest.raises(FeatureConfigError, match=match):
-    Trainer(str(tmp_path), ArraySource(), functools.partial(DLRM, bottom_mlp=(11, 7)),
-            embedding=EmbeddingSettings(dim=7),
-            embedding_optimizer=optimizer, global_batch_size=10, train_steps=1,
-            progress_bar=False, summaries=False).train()
+    Trainer(
+      str(tmp_path),
+      ArraySource(),
+      functools.partial(DLRM, bottom_mlp=(11, 7)),
+      embedding=EmbeddingSettings(dim=7),
+      embedding_optimizer=optimizer,
+      global_batch_size=10,
+      train_steps=1,
+      progress_bar=False,
+      summaries=False,
+    ).train()
 
 
 def test_a_learning_rate_schedule_is_accepted(tmp_path):
   config = configured_feature_config(
-      tmp_path, "EmbeddingSettings.optimizer = @embedding.SGD()\n"
-      "embedding.SGD.learning_rate = @keras.optimizers.schedules.PolynomialDecay()\n"
-      "keras.optimizers.schedules.PolynomialDecay.initial_learning_rate = 0.1\n"
-      "keras.optimizers.schedules.PolynomialDecay.decay_steps = 10\n")
+    tmp_path,
+    "EmbeddingSettings.optimizer = @embedding.SGD()\n"
+    "embedding.SGD.learning_rate = @keras.optimizers.schedules.PolynomialDecay()\n"
+    "keras.optimizers.schedules.PolynomialDecay.initial_learning_rate = 0.1\n"
+    "keras.optimizers.schedules.PolynomialDecay.decay_steps = 10\n",
+  )
   assert isinstance(config["user"].table.optimizer, E.SGD)
 
 
@@ -168,20 +235,29 @@ def test_a_learning_rate_schedule_is_accepted(tmp_path):
 
 
 def test_override_of_a_feature_in_a_shared_table_names_the_table(tmp_path):
-  with pytest.raises(FeatureConfigError,
-                     match=r"'history' is a feature of the shared table 'item' "
-                     r"\(with \['item', 'history'\]\).*override the table: 'item'"):
-    configured_feature_config(tmp_path,
-                              "EmbeddingSettings.overrides = {'history': {'dim': 5}}\n")
+  with pytest.raises(
+    FeatureConfigError,
+    match=r"'history' is a feature of the shared table 'item' "
+    r"\(with \['item', 'history'\]\).*override the table: 'item'",
+  ):
+    configured_feature_config(
+      tmp_path, "EmbeddingSettings.overrides = {'history': {'dim': 5}}\n"
+    )
 
 
 def test_misspelt_override_table_and_combiner_suggest_the_closest(tmp_path):
-  with pytest.raises(FeatureConfigError, match=r"unknown tables \['itme'\].*Did you "
-                     r"mean 'item'\?"):
-    configured_feature_config(tmp_path,
-                              "EmbeddingSettings.overrides = {'itme': {'dim': 5}}\n")
+  with pytest.raises(
+    FeatureConfigError,
+    match=r"unknown tables \['itme'\].*Did you "
+    r"mean 'item'\?",
+  ):
+    configured_feature_config(
+      tmp_path, "EmbeddingSettings.overrides = {'itme': {'dim': 5}}\n"
+    )
   gin.clear_config()
-  with pytest.raises(FeatureConfigError, match=r"got 'sqrt'\. Did you mean 'sqrtn'\?"):
+  with pytest.raises(
+    FeatureConfigError, match=r"got 'sqrt'\. Did you mean 'sqrtn'\?"
+  ):
     configured_feature_config(tmp_path, "EmbeddingSettings.combiner = 'sqrt'\n")
 
 
@@ -212,17 +288,30 @@ def _evaluate(value):
 
 
 def test_gin_tables_with_one_name_and_two_settings_are_refused(tmp_path):
-  features = _evaluate(_gin_features(tmp_path, "@users/embedding.TableConfig()",
-                                     "@other/embedding.TableConfig()"))
-  with pytest.raises(ValueError, match=r"two different TableConfig objects are both "
-                     r"named 'users'.*share one TableConfig object"):
+  features = _evaluate(
+    _gin_features(
+      tmp_path,
+      "@users/embedding.TableConfig()",
+      "@other/embedding.TableConfig()",
+    )
+  )
+  with pytest.raises(
+    ValueError,
+    match=r"two different TableConfig objects are both "
+    r"named 'users'.*share one TableConfig object",
+  ):
     backends.create(features, E.SGD(0.1), backend="tensorcore")
 
 
 def test_a_gin_singleton_shares_one_table(tmp_path):
-  parse(tmp_path, GIN_TABLES + (
+  parse(
+    tmp_path,
+    GIN_TABLES
+    + (
       "users/gin.singleton.constructor = @users/embedding.TableConfig\n"
-      "TABLE_A = @users/gin.singleton()\nTABLE_B = @users/gin.singleton()\n"))
+      "TABLE_A = @users/gin.singleton()\nTABLE_B = @users/gin.singleton()\n"
+    ),
+  )
   features = _evaluate(gin.query_parameter("FEATURES/macro.value"))
   assert features["a"].table is features["b"].table
   emb = backends.create(features, E.SGD(0.1), backend="tensorcore")
@@ -256,9 +345,22 @@ def run_recsys(tmp_path, extra):
   path.write_text(TINY + extra)
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
   return subprocess.run(
-      [sys.executable, "-m", "recsys", "train", "--gin_file", str(path),
-       "--model_dir", str(tmp_path / "model")],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300), str(path)
+    [
+      sys.executable,
+      "-m",
+      "recsys",
+      "train",
+      "--gin_file",
+      str(path),
+      "--model_dir",
+      str(tmp_path / "model"),
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  ), str(path)
 
 
 def test_recsys_train_with_a_misspelt_backend(tmp_path):
@@ -271,5 +373,7 @@ def test_recsys_train_with_a_misspelt_backend(tmp_path):
 def test_recsys_train_with_a_gin_syntax_error(tmp_path):
   result, path = run_recsys(tmp_path, "train.train_steps = (2\n")
   assert result.returncode == 2, result.stderr[-2000:]
-  assert "gin syntax error" in result.stderr or "unclosed bracket" in result.stderr
+  assert (
+    "gin syntax error" in result.stderr or "unclosed bracket" in result.stderr
+  )
   assert "Traceback" not in result.stderr

@@ -15,10 +15,9 @@ import shutil
 
 import numpy as np
 import pytest
-
-import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 import tensorflow as tf  # noqa: E402
 
+import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import checkpoint as ckpt  # noqa: E402
 from recsys import cli  # noqa: E402
 from recsys._keras import keras  # noqa: E402
@@ -31,14 +30,29 @@ from tests.training.sources import ArraySource  # noqa: E402
 E = tf.tpu.experimental.embedding
 
 
-def make_trainer(model_dir, dim=7, vocab=23, top_mlp=(11,), model=None,
-                 optimizer=None, dense=None):
-  return Trainer(str(model_dir), ArraySource(vocab=vocab),
-                 model or functools.partial(DLRM, bottom_mlp=(11, dim), top_mlp=top_mlp),
-                 embedding=EmbeddingSettings(dim=dim),
-                 embedding_optimizer=optimizer or E.Adagrad(0.1),
-                 dense_optimizer=dense, global_batch_size=10, train_steps=2,
-                 steps_per_loop=1, eval_steps=1, progress_bar=False, summaries=False)
+def make_trainer(
+  model_dir,
+  dim=7,
+  vocab=23,
+  top_mlp=(11,),
+  model=None,
+  optimizer=None,
+  dense=None,
+):
+  return Trainer(
+    str(model_dir),
+    ArraySource(vocab=vocab),
+    model or functools.partial(DLRM, bottom_mlp=(11, dim), top_mlp=top_mlp),
+    embedding=EmbeddingSettings(dim=dim),
+    embedding_optimizer=optimizer or E.Adagrad(0.1),
+    dense_optimizer=dense,
+    global_batch_size=10,
+    train_steps=2,
+    steps_per_loop=1,
+    eval_steps=1,
+    progress_bar=False,
+    summaries=False,
+  )
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +77,27 @@ def test_the_same_configuration_resumes(other_run):
   assert make_trainer(other_run).restored_step == 2
 
 
-@pytest.mark.parametrize("change,match", [
-    (dict(dim=8), r"table 'user': checkpoint shape \[23, 7\], backend shape \[23, 8\]"),
-    (dict(vocab=29), r"table 'tags': checkpoint shape \[23, 7\], backend shape \[29, 7\]"),
-    (dict(optimizer=E.Adam(0.1)), r"table 'user': the backend's optimizer Adam has "
-     r"slots \['momenta', 'velocities'\], the checkpoint has \['accumulators'\]"),
-])
-def test_another_embedding_configuration_names_the_table(other_run, change, match):
+@pytest.mark.parametrize(
+  "change,match",
+  [
+    (
+      dict(dim=8),
+      r"table 'user': checkpoint shape \[23, 7\], backend shape \[23, 8\]",
+    ),
+    (
+      dict(vocab=29),
+      r"table 'tags': checkpoint shape \[23, 7\], backend shape \[29, 7\]",
+    ),
+    (
+      dict(optimizer=E.Adam(0.1)),
+      r"table 'user': the backend's optimizer Adam has "
+      r"slots \['momenta', 'velocities'\], the checkpoint has \['accumulators'\]",
+    ),
+  ],
+)
+def test_another_embedding_configuration_names_the_table(
+  other_run, change, match
+):
   with pytest.raises(ckpt.CheckpointMismatchError, match=match):
     make_trainer(other_run, **change)
 
@@ -78,18 +106,29 @@ def test_a_checkpoint_of_something_else(tmp_path):
   model_dir = tmp_path / "model"
   foreign = tf.train.Checkpoint(weights=tf.Variable(tf.zeros([3])))
   tf.train.CheckpointManager(foreign, str(model_dir / "checkpoints"), 1).save()
-  with pytest.raises(ckpt.CheckpointMismatchError,
-                     match=r"has no variables under 'embedding/'; its top-level "
-                     r"objects are .*'weights'"):
+  with pytest.raises(
+    ckpt.CheckpointMismatchError,
+    match=r"has no variables under 'embedding/'; its top-level "
+    r"objects are .*'weights'",
+  ):
     make_trainer(model_dir)
 
 
-@pytest.mark.parametrize("change,match", [
-    (dict(top_mlp=(13,)), r"model/top_mlp/.*checkpoint shape \[11\], this run \[13\]"),
+@pytest.mark.parametrize(
+  "change,match",
+  [
+    (
+      dict(top_mlp=(13,)),
+      r"model/top_mlp/.*checkpoint shape \[11\], this run \[13\]",
+    ),
     (dict(model=DCNv2), r"model/.* is not in the checkpoint"),
     (dict(dense=keras.optimizers.SGD), r"optimizer/.*checkpoint shape"),
-], ids=["top_mlp", "another_model", "another_dense_optimizer"])
-def test_another_model_or_dense_optimizer_lists_what_differs(other_run, change, match):
+  ],
+  ids=["top_mlp", "another_model", "another_dense_optimizer"],
+)
+def test_another_model_or_dense_optimizer_lists_what_differs(
+  other_run, change, match
+):
   with pytest.raises(ckpt.CheckpointMismatchError, match=match):
     make_trainer(other_run, **change)
 
@@ -103,8 +142,10 @@ def test_verify_objects_on_the_trainers_checkpoint(other_run, tmp_path):
   with pytest.raises(ckpt.CheckpointMismatchError) as info:
     ckpt.verify_objects(path, wider.checkpoint)
   message = str(info.value)
-  assert "model/top_mlp/layer_with_weights-0/bias: checkpoint shape [11], this run [13]" \
-      in message
+  assert (
+    "model/top_mlp/layer_with_weights-0/bias: checkpoint shape [11], this run [13]"
+    in message
+  )
   assert "embedding" not in message
 
 
@@ -113,13 +154,15 @@ def test_a_model_dir_that_is_a_file(tmp_path):
   model_dir.write_text("not a folder")
   gin_file = tmp_path / "run.gin"
   gin_file.write_text(
-      "include 'base.gin'\ntrain.data = @SyntheticCTR()\n"
-      "SyntheticCTR.vocab_sizes = (23,)\nSyntheticCTR.multi_hot_sizes = (1,)\n"
-      "SyntheticCTR.oracle_examples = 1024\ntrain.model = @DLRM\n")
+    "include 'base.gin'\ntrain.data = @SyntheticCTR()\n"
+    "SyntheticCTR.vocab_sizes = (23,)\nSyntheticCTR.multi_hot_sizes = (1,)\n"
+    "SyntheticCTR.oracle_examples = 1024\ntrain.model = @DLRM\n"
+  )
   err = io.StringIO()
   with contextlib.redirect_stderr(err):
-    code = cli.main(["train", "--gin_file", str(gin_file), "--model_dir",
-                     str(model_dir)])
+    code = cli.main(
+      ["train", "--gin_file", str(gin_file), "--model_dir", str(model_dir)]
+    )
   assert code == 1 and str(model_dir) in err.getvalue()
 
 
@@ -151,42 +194,60 @@ def test_verify_objects_accepts_the_same_configuration(tmp_path):
 
 def test_verify_objects_accepts_mirrored_variables(tmp_path):
   path = saved(tmp_path, (7, 1))
-  assert ckpt.verify_objects(path, keras_run((7, 1), strategy=mirrored_strategy(2))) == path
+  assert (
+    ckpt.verify_objects(path, keras_run((7, 1), strategy=mirrored_strategy(2)))
+    == path
+  )
 
 
 def test_verify_objects_lists_every_shape_that_differs(tmp_path):
   path = saved(tmp_path, (7, 1))
   run = keras_run((9, 1))
-  with pytest.raises(ValueError, match="incompatible tensor"):  # TF: the first only
+  with pytest.raises(
+    ValueError, match="incompatible tensor"
+  ):  # TF: the first only
     run.restore(path)
   with pytest.raises(ckpt.CheckpointMismatchError) as info:
     ckpt.verify_objects(path, keras_run((9, 1)), hint="Use a new --model_dir.")
   message = str(info.value)
-  assert "model/layer_with_weights-0/kernel: checkpoint shape [5, 7], this run [5, 9]" \
-      in message
-  assert "model/layer_with_weights-0/bias: checkpoint shape [7], this run [9]" in message
-  assert "model/layer_with_weights-1/kernel: checkpoint shape [7, 1], this run [9, 1]" \
-      in message
+  assert (
+    "model/layer_with_weights-0/kernel: checkpoint shape [5, 7], this run [5, 9]"
+    in message
+  )
+  assert (
+    "model/layer_with_weights-0/bias: checkpoint shape [7], this run [9]"
+    in message
+  )
+  assert (
+    "model/layer_with_weights-1/kernel: checkpoint shape [7, 1], this run [9, 1]"
+    in message
+  )
   assert "optimizer/" in message and message.endswith("Use a new --model_dir.")
 
 
 def test_verify_objects_finds_layers_on_either_side_only(tmp_path):
   path = saved(tmp_path, (7, 1))
-  with pytest.raises(ckpt.CheckpointMismatchError,
-                     match=r"model/layer_with_weights-2/kernel \[1, 4\] is not in the "
-                     "checkpoint"):
+  with pytest.raises(
+    ckpt.CheckpointMismatchError,
+    match=r"model/layer_with_weights-2/kernel \[1, 4\] is not in the "
+    "checkpoint",
+  ):
     ckpt.verify_objects(path, keras_run((7, 1, 4)))
   smaller = tmp_path / "smaller"
   path = saved(smaller, (7, 1, 4))
   run = keras_run((7, 1))
   run.restore(path).assert_existing_objects_matched()  # TF: silently partial
-  with pytest.raises(ckpt.CheckpointMismatchError,
-                     match=r"model/layer_with_weights-2/kernel \[1, 4\] is in the "
-                     "checkpoint but not in this run"):
+  with pytest.raises(
+    ckpt.CheckpointMismatchError,
+    match=r"model/layer_with_weights-2/kernel \[1, 4\] is in the "
+    "checkpoint but not in this run",
+  ):
     ckpt.verify_objects(path, run)
 
 
-def test_verify_objects_skips_the_embedding_and_names_another_optimizer(tmp_path):
+def test_verify_objects_skips_the_embedding_and_names_another_optimizer(
+  tmp_path,
+):
   path = saved(tmp_path, (7, 1))
   run = keras_run((7, 1), optimizer=keras.optimizers.SGD)
   with tf.device("/cpu:0"):
@@ -195,7 +256,10 @@ def test_verify_objects_skips_the_embedding_and_names_another_optimizer(tmp_path
     ckpt.verify_objects(path, run)
   message = str(info.value)
   assert "embedding" not in message and "model/" not in message
-  assert "optimizer/" in message and "in the checkpoint but not in this run" in message
+  assert (
+    "optimizer/" in message
+    and "in the checkpoint but not in this run" in message
+  )
   np.testing.assert_array_equal(run.embedding.numpy(), np.ones([11, 3]))
 
 

@@ -10,42 +10,57 @@ from tests.training.sources import ArraySource
 
 
 def make(tmp_path, **kwargs):
-  settings = dict(source=ArraySource(), model=test_trainer.MODEL,
-                  embedding=test_trainer.EmbeddingSettings(dim=7),
-                  global_batch_size=10, train_steps=2, progress_bar=False,
-                  summaries=False)
+  settings = dict(
+    source=ArraySource(),
+    model=test_trainer.MODEL,
+    embedding=test_trainer.EmbeddingSettings(dim=7),
+    global_batch_size=10,
+    train_steps=2,
+    progress_bar=False,
+    summaries=False,
+  )
   settings.update(kwargs)
   return trainer_lib.Trainer(str(tmp_path), **settings)
 
 
 def test_a_dense_optimizer_instance_is_refused_with_the_gin_spelling(tmp_path):
-  with pytest.raises(trainer_lib.TrainerConfigError,
-                     match=r"optimizer instance \(Adam\).*without parentheses"):
+  with pytest.raises(
+    trainer_lib.TrainerConfigError,
+    match=r"optimizer instance \(Adam\).*without parentheses",
+  ):
     make(tmp_path, dense_optimizer=keras.optimizers.Adam())
 
 
 def test_an_embedding_optimizer_as_dense_optimizer_is_refused(tmp_path):
-  with pytest.raises(trainer_lib.TrainerConfigError,
-                     match="expected a Keras optimizer class.*embedding_optimizer"):
+  with pytest.raises(
+    trainer_lib.TrainerConfigError,
+    match="expected a Keras optimizer class.*embedding_optimizer",
+  ):
     make(tmp_path, dense_optimizer=tf.tpu.experimental.embedding.Adagrad)
 
 
 def test_a_source_that_is_not_a_data_source_is_named(tmp_path):
-  with pytest.raises(trainer_lib.TrainerConfigError,
-                     match=r"train.data is 3 \(int\); expected a data source"):
+  with pytest.raises(
+    trainer_lib.TrainerConfigError,
+    match=r"train.data is 3 \(int\); expected a data source",
+  ):
     make(tmp_path, source=3)
 
 
 def test_unknown_backend_options_list_the_valid_ones(tmp_path):
-  with pytest.raises(trainer_lib.TrainerConfigError,
-                     match=r"\['invalid_id'\] are not options of the "
-                     r"'tensorcore' backend; it takes \['bag_widths', "
-                     r"'fused_kernels', 'invalid_ids', 'static_shapes'\]"):
-    make(tmp_path, backend="tensorcore",
-         backend_options={"invalid_id": "drop"})
+  with pytest.raises(
+    trainer_lib.TrainerConfigError,
+    match=r"\['invalid_id'\] are not options of the "
+    r"'tensorcore' backend; it takes \['bag_widths', "
+    r"'fused_kernels', 'invalid_ids', 'static_shapes'\]",
+  ):
+    make(tmp_path, backend="tensorcore", backend_options={"invalid_id": "drop"})
 
 
 def test_the_valid_settings_still_train(tmp_path):
-  trainer = make(tmp_path, dense_optimizer=keras.optimizers.SGD,
-                 backend_options={"invalid_ids": "drop"})
+  trainer = make(
+    tmp_path,
+    dense_optimizer=keras.optimizers.SGD,
+    backend_options={"invalid_ids": "drop"},
+  )
   assert trainer.train()["step"] == 2

@@ -14,15 +14,21 @@ import time
 import gin
 import pytest
 
-from recsys import cli
-from recsys import config
+from recsys import cli, config
 from recsys.training import lock as lock_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
-TINY = ["train.global_batch_size = 64", "train.train_steps = 2",
-        "train.steps_per_loop = 1", "train.eval_steps = 1",
-        "SyntheticCTR.oracle_examples = 1024", "train.progress_bar = False"]
+TINY = [
+  "train.global_batch_size = 64",
+  "train.train_steps = 2",
+  "train.steps_per_loop = 1",
+  "train.eval_steps = 1",
+  "SyntheticCTR.oracle_examples = 1024",
+  "train.progress_bar = False",
+]
 
 
 def _train_args(model_dir):
@@ -32,8 +38,9 @@ def _train_args(model_dir):
   return args
 
 
-def test_a_busy_model_dir_is_its_own_error_not_a_gin_error(tmp_path, capsys,
-                                                            monkeypatch):
+def test_a_busy_model_dir_is_its_own_error_not_a_gin_error(
+  tmp_path, capsys, monkeypatch
+):
   model_dir = tmp_path / "run"
   # The other run's command line (named in the message) mentions gin.
   monkeypatch.setattr(sys, "argv", ["recsys", "train", "--gin_file", "a.gin"])
@@ -47,8 +54,10 @@ def test_a_busy_model_dir_is_its_own_error_not_a_gin_error(tmp_path, capsys,
 
 def test_gin_errors_raised_by_gin_still_exit_2(tmp_path, capsys):
   only_base = os.path.join(config.EXPERIMENTS_DIR, "base.gin")
-  assert cli.main(["train", "--gin_file", only_base, "--model_dir",
-                   str(tmp_path)]) == 2
+  assert (
+    cli.main(["train", "--gin_file", only_base, "--model_dir", str(tmp_path)])
+    == 2
+  )
   assert "gin configuration error" in capsys.readouterr().err
   gin.clear_config()
 
@@ -64,10 +73,14 @@ def _catches_sigterm(pid):
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
 def test_sigterm_during_start_up_exits_143(tmp_path):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  proc = subprocess.Popen([sys.executable, "-m", "recsys",
-                           *_train_args(tmp_path / "run")], cwd=ROOT, env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True)
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "recsys", *_train_args(tmp_path / "run")],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   deadline = time.time() + 120
   while proc.poll() is None and time.time() < deadline:
     if _catches_sigterm(proc.pid):  # recsys's handler is in place
@@ -80,23 +93,29 @@ def test_sigterm_during_start_up_exits_143(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["evaluate", "export"])
-@pytest.mark.parametrize("statement,line", [
+@pytest.mark.parametrize(
+  "statement,line",
+  [
     ("import planted_module", 2),
     ("from __gin__ import dynamic_registration\nimport planted_module", 2),
     ("include 'other.gin'", 2),
-])
-def test_a_model_dirs_config_may_not_import_code(tmp_path, capsys, monkeypatch,
-                                                 command, statement, line):
+  ],
+)
+def test_a_model_dirs_config_may_not_import_code(
+  tmp_path, capsys, monkeypatch, command, statement, line
+):
   marker = tmp_path / "ran.txt"
   (tmp_path / "planted_module.py").write_text(
-      f"open({str(marker)!r}, 'w').write('ran')\n")
+    f"open({str(marker)!r}, 'w').write('ran')\n"
+  )
   (tmp_path / "other.gin").write_text("import planted_module\n")
   monkeypatch.syspath_prepend(str(tmp_path))  # as the cwd is for `python -m`
   monkeypatch.chdir(tmp_path)
   model_dir = tmp_path / "run"
   model_dir.mkdir()
   (model_dir / "operative_config.gin").write_text(
-      f"# written by someone else\n{statement}\ntrain.train_steps = 2\n")
+    f"# written by someone else\n{statement}\ntrain.train_steps = 2\n"
+  )
   args = [command, "--model_dir", str(model_dir)]
   if command == "export":
     args += ["--export_dir", str(tmp_path / "export")]

@@ -20,7 +20,9 @@ import time
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 STEPS = 60
 TRIALS = int(os.environ.get("RECSYS_CRASH_TRIALS", "8"))
 LINE_TIMEOUT = 240.0  # seconds to wait for one progress line (a busy CI box)
@@ -36,10 +38,21 @@ class Worker:
     self.log_path = f"{out_path}.{time.time():.3f}.log"
     with open(self.log_path, "w", encoding="utf-8") as log:
       self.proc = subprocess.Popen(
-          [sys.executable, "-m", "tests.reliability.train_worker",
-           str(model_dir), str(out_path), str(STEPS)],
-          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log,
-          text=True, start_new_session=True)
+        [
+          sys.executable,
+          "-m",
+          "tests.reliability.train_worker",
+          str(model_dir),
+          str(out_path),
+          str(STEPS),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        start_new_session=True,
+      )
     self.lines = queue.Queue()
     threading.Thread(target=self._pump, daemon=True).start()
 
@@ -113,8 +126,9 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path, reference):
     worker = Worker(model_dir, out)
     resumed = worker.expect("resumed")
     assert resumed == expected, (
-        f"life {len(kills) + 1} resumed at {resumed}, newest complete "
-        f"checkpoint is {expected} (kills so far: {kills})")
+      f"life {len(kills) + 1} resumed at {resumed}, newest complete "
+      f"checkpoint is {expected} (kills so far: {kills})"
+    )
     if len(kills) >= TRIALS:
       assert worker.wait() == 0
       break
@@ -130,13 +144,16 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path, reference):
     worker.wait()
     kills.append(seen)
     assert latest_checkpoint_step(model_dir) >= seen - 1, (
-        f"printed step {seen} but the newest checkpoint is "
-        f"{latest_checkpoint_step(model_dir)}: more than one step lost")
+      f"printed step {seen} but the newest checkpoint is "
+      f"{latest_checkpoint_step(model_dir)}: more than one step lost"
+    )
   assert len(kills) >= TRIALS
   assert_same_state(out, reference)
 
 
-def test_sigterm_saves_and_a_truncated_checkpoint_is_skipped(tmp_path, reference):
+def test_sigterm_saves_and_a_truncated_checkpoint_is_skipped(
+  tmp_path, reference
+):
   model_dir, out = tmp_path / "model", tmp_path / "final.npz"
   worker = Worker(model_dir, out)
   assert worker.expect("resumed") == 0
@@ -149,8 +166,11 @@ def test_sigterm_saves_and_a_truncated_checkpoint_is_skipped(tmp_path, reference
 
   # Damage the newest checkpoint after the fact (a disk error): the next run
   # must skip it, resume from the one before, and keep the damaged files.
-  data = [f for f in os.listdir(model_dir / "checkpoints")
-          if f.startswith(f"ckpt-{stopped}.data")]
+  data = [
+    f
+    for f in os.listdir(model_dir / "checkpoints")
+    if f.startswith(f"ckpt-{stopped}.data")
+  ]
   assert data
   path = model_dir / "checkpoints" / data[0]
   size = os.path.getsize(path)

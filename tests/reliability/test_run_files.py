@@ -22,11 +22,15 @@ def victim(tmp_path):
 
 
 @pytest.mark.parametrize("name", [".recsys.lock", "metrics.json"])
-def test_a_run_refuses_a_linked_run_file_before_training(tmp_path, victim, name):
+def test_a_run_refuses_a_linked_run_file_before_training(
+  tmp_path, victim, name
+):
   model_dir = tmp_path / "model"
   model_dir.mkdir()
   os.symlink(victim, model_dir / name)
-  with pytest.raises(run_files.UnsafeRunFileError, match=f"{name} is a symbolic link"):
+  with pytest.raises(
+    run_files.UnsafeRunFileError, match=f"{name} is a symbolic link"
+  ):
     make_trainer(model_dir).train()
   assert victim.read_text() == "do not touch"
   assert not (model_dir / "checkpoints").exists()  # refused before any step
@@ -40,7 +44,8 @@ def test_a_hard_linked_lock_file_is_refused(tmp_path, victim):
 
 
 def test_write_text_replaces_a_hard_link_and_never_writes_through_one(
-    tmp_path, victim):
+  tmp_path, victim
+):
   path = tmp_path / "metrics.json"
   os.link(victim, path)
   run_files.write_text(str(path), json.dumps({"auc": 0.5}))
@@ -65,6 +70,7 @@ def test_a_save_that_runs_out_of_space_leaves_no_temporary_folder(tmp_path):
   """RLIMIT_FSIZE makes writes fail as a full disk does (EFBIG for ENOSPC)."""
   resource = pytest.importorskip("resource")
   import signal  # pylint: disable=g-import-not-at-top
+
   model_dir = tmp_path / "model"
   trainer = make_trainer(model_dir)
   trainer.train()

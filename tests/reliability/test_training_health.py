@@ -3,7 +3,6 @@
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -39,24 +38,40 @@ class PoisonedSource(ArraySource):
 
 
 def make(model_dir, bad, **kwargs):
-  settings = dict(global_batch_size=10, train_steps=12, steps_per_loop=4,
-                  eval_steps=1, progress_bar=False, summaries=False, seed=3,
-                  checkpoint_every=4, max_checkpoints=10)
+  settings = dict(
+    global_batch_size=10,
+    train_steps=12,
+    steps_per_loop=4,
+    eval_steps=1,
+    progress_bar=False,
+    summaries=False,
+    seed=3,
+    checkpoint_every=4,
+    max_checkpoints=10,
+  )
   settings.update(kwargs)
   return trainer_lib.Trainer(
-      str(model_dir), PoisonedSource(bad), test_trainer.MODEL,
-      embedding=test_trainer.EmbeddingSettings(dim=7),
-      embedding_optimizer=tf.tpu.experimental.embedding.Adagrad(0.1),
-      **settings)
+    str(model_dir),
+    PoisonedSource(bad),
+    test_trainer.MODEL,
+    embedding=test_trainer.EmbeddingSettings(dim=7),
+    embedding_optimizer=tf.tpu.experimental.embedding.Adagrad(0.1),
+    **settings,
+  )
 
 
 def checkpoint_values(path):
   """A checkpoint's training state: not its step counters or the streaming
   training metrics (those see every batch, and restart each loop)."""
   reader = tf.train.load_checkpoint(path)
-  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-          if "OBJECT_GRAPH" not in k and not k.startswith("step/")
-          and "save_counter" not in k and "metrics" not in k}
+  return {
+    k: reader.get_tensor(k)
+    for k in reader.get_variable_to_shape_map()
+    if "OBJECT_GRAPH" not in k
+    and not k.startswith("step/")
+    and "save_counter" not in k
+    and "metrics" not in k
+  }
 
 
 def test_stop_names_the_step_and_the_last_good_checkpoint(tmp_path):
@@ -74,13 +89,21 @@ def test_stop_names_the_step_and_the_last_good_checkpoint(tmp_path):
 
 
 def test_skip_leaves_the_step_out_and_counts_it(tmp_path):
-  trainer = make(tmp_path, bad=6, nonfinite_policy="skip", steps_per_loop=1,
-                 checkpoint_every=1, train_steps=9)
+  trainer = make(
+    tmp_path,
+    bad=6,
+    nonfinite_policy="skip",
+    steps_per_loop=1,
+    checkpoint_every=1,
+    train_steps=9,
+  )
   metrics = trainer.train()
   assert metrics["train/nonfinite_steps"] == 1
   assert metrics["step"] == 9 and np.isfinite(metrics["train/loss"])
   ckpt = os.path.join(str(tmp_path), "checkpoints", "ckpt-{}")
-  before, skipped, after = (checkpoint_values(ckpt.format(s)) for s in (6, 7, 8))
+  before, skipped, after = (
+    checkpoint_values(ckpt.format(s)) for s in (6, 7, 8)
+  )
   assert sorted(before) == sorted(skipped)
   for key in before:  # tables, slots, dense weights, Adam moments, iterations
     np.testing.assert_array_equal(before[key], skipped[key], err_msg=key)
@@ -94,16 +117,24 @@ def test_unknown_policy_is_refused(tmp_path):
 
 def test_a_second_run_in_the_same_model_dir_is_refused(tmp_path):
   holder = subprocess.Popen(
-      [sys.executable, "-c",
-       "import sys, time; from recsys.training.lock import ModelDirLock; "
-       "ModelDirLock(sys.argv[1]).acquire(); print('held', flush=True); "
-       "time.sleep(120)", str(tmp_path)],
-      stdout=subprocess.PIPE, text=True)
+    [
+      sys.executable,
+      "-c",
+      "import sys, time; from recsys.training.lock import ModelDirLock; "
+      "ModelDirLock(sys.argv[1]).acquire(); print('held', flush=True); "
+      "time.sleep(120)",
+      str(tmp_path),
+    ],
+    stdout=subprocess.PIPE,
+    text=True,
+  )
   try:
     assert holder.stdout.readline().strip() == "held"
     trainer = make(tmp_path, bad=-1, train_steps=4)
-    with pytest.raises(lock_lib.ModelDirBusyError,
-                       match=f"pid {holder.pid} .*another --model_dir"):
+    with pytest.raises(
+      lock_lib.ModelDirBusyError,
+      match=f"pid {holder.pid} .*another --model_dir",
+    ):
       trainer.train()
     assert trainer.manager.latest_checkpoint is None  # nothing written
     holder.kill()  # SIGKILL: the kernel releases the lock, no stale file
@@ -116,9 +147,12 @@ def test_a_second_run_in_the_same_model_dir_is_refused(tmp_path):
 
 def test_lock_is_exclusive_and_released():
   import tempfile  # pylint: disable=g-import-not-at-top
+
   with tempfile.TemporaryDirectory() as d:
     with lock_lib.ModelDirLock(d):
-      with pytest.raises(lock_lib.ModelDirBusyError, match=f"pid {os.getpid()}"):
+      with pytest.raises(
+        lock_lib.ModelDirBusyError, match=f"pid {os.getpid()}"
+      ):
         lock_lib.ModelDirLock(d).acquire()
     lock_lib.ModelDirLock(d).acquire().release()
 
@@ -131,8 +165,15 @@ def test_cli_exits_143_after_a_preemption_checkpoint(monkeypatch, capsys):
     raise signals.TrainingPreempted(7, f"{args.model_dir}/ckpt-7", "SIGTERM")
 
   monkeypatch.setitem(cli.COMMANDS, "train", preempted)
-  code = cli.main(["train", "--gin_file", "experiments/synthetic_dlrm.gin",
-                   "--model_dir", "/tmp/run"])
+  code = cli.main(
+    [
+      "train",
+      "--gin_file",
+      "experiments/synthetic_dlrm.gin",
+      "--model_dir",
+      "/tmp/run",
+    ]
+  )
   assert code == 143
   err = capsys.readouterr().err
   assert "SIGTERM received: saved checkpoint /tmp/run/ckpt-7 at step 7" in err
@@ -146,8 +187,12 @@ def test_no_readable_checkpoint_is_an_error_naming_them(tmp_path):
     if ".data-" in name:
       with open(folder / name, "r+b") as f:
         f.truncate(3)
-  with pytest.raises(trainer_lib.CorruptCheckpointError,
-                     match="ckpt-2: .*ckpt-1: .*Move the directory aside"):
+  with pytest.raises(
+    trainer_lib.CorruptCheckpointError,
+    match="ckpt-2: .*ckpt-1: .*Move the directory aside",
+  ):
     make(tmp_path, bad=-1, train_steps=2)
   assert sorted(n for n in os.listdir(folder) if n.endswith(".index")) == [
-      "ckpt-1.index", "ckpt-2.index"]  # nothing deleted
+    "ckpt-1.index",
+    "ckpt-2.index",
+  ]  # nothing deleted

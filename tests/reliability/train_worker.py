@@ -13,16 +13,14 @@ import logging
 import sys
 
 import numpy as np
-
-import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 import tensorflow as tf
 
+import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from recsys.training import signals
 from tests.training import test_trainer
 
 
 class _PrintSteps(logging.Handler):
-
   def emit(self, record):
     message = record.getMessage()
     if message.startswith("step "):
@@ -34,8 +32,14 @@ def main(model_dir: str, out_path: str, steps: int) -> int:
   logging.getLogger("recsys.training").addHandler(_PrintSteps())
   logging.getLogger("recsys.training").setLevel(logging.INFO)
   trainer = test_trainer.make_trainer(
-      model_dir, train_steps=steps, steps_per_loop=1, checkpoint_every=1,
-      max_checkpoints=2, summaries=False, eval_steps=1)
+    model_dir,
+    train_steps=steps,
+    steps_per_loop=1,
+    checkpoint_every=1,
+    max_checkpoints=2,
+    summaries=False,
+    eval_steps=1,
+  )
   print(f"resumed {trainer.restored_step}", flush=True)
   try:
     trainer.train()

@@ -22,8 +22,19 @@ def test_unreachable_tpu_fails_fast_with_a_clear_message():
   address = f"grpc://127.0.0.1:{_closed_port()}"
   start = time.monotonic()
   result = subprocess.run(
-      [sys.executable, "-m", "recsys.tools.tpu_smoke", "--tpu", address,
-       "--connect_timeout", "5"], capture_output=True, text=True, timeout=60)
+    [
+      sys.executable,
+      "-m",
+      "recsys.tools.tpu_smoke",
+      "--tpu",
+      address,
+      "--connect_timeout",
+      "5",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
   assert time.monotonic() - start < 30
   assert result.returncode == 2
   assert f"TPU '{address}': cannot connect" in result.stderr
@@ -33,13 +44,32 @@ def test_unreachable_tpu_fails_fast_with_a_clear_message():
 def test_cpu_reference_equals_replicas_on_the_same_global_batches(tmp_path):
   """tensorcore@cpu joins the replicas' batches: 1 replica == 2 replicas."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  two = tpu_smoke.read_on_cpu(tpu_smoke.train_and_save(
-      mirrored_strategy(2), "tensorcore", "adagrad", steps=2,
-      per_replica_batch=4, out=str(tmp_path / "two")), "adagrad")
-  one = tpu_smoke.read_on_cpu(tpu_smoke.train_and_save(
-      tf.distribute.get_strategy(), "tensorcore", "adagrad", steps=2,
-      per_replica_batch=4, out=str(tmp_path / "one"), replicas=2), "adagrad")
+
+  two = tpu_smoke.read_on_cpu(
+    tpu_smoke.train_and_save(
+      mirrored_strategy(2),
+      "tensorcore",
+      "adagrad",
+      steps=2,
+      per_replica_batch=4,
+      out=str(tmp_path / "two"),
+    ),
+    "adagrad",
+  )
+  one = tpu_smoke.read_on_cpu(
+    tpu_smoke.train_and_save(
+      tf.distribute.get_strategy(),
+      "tensorcore",
+      "adagrad",
+      steps=2,
+      per_replica_batch=4,
+      out=str(tmp_path / "one"),
+      replicas=2,
+    ),
+    "adagrad",
+  )
   assert sorted(one) == sorted(two)
   for key in one:
-    np.testing.assert_allclose(one[key], two[key], rtol=1e-5, atol=1e-6,
-                               err_msg=key)
+    np.testing.assert_allclose(
+      one[key], two[key], rtol=1e-5, atol=1e-6, err_msg=key
+    )

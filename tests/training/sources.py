@@ -6,7 +6,6 @@ s is examples [s*G, (s+1)*G) whatever the number of replicas: what the
 trained model has something to learn.
 """
 
-from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -24,12 +23,17 @@ class ArraySource:
     seed: NumPy seed of the data.
   """
 
-  def __init__(self, num_examples: int = 240, num_dense: int = 3,
-               vocab: int = 23, seed: int = 0):
+  def __init__(
+    self,
+    num_examples: int = 240,
+    num_dense: int = 3,
+    vocab: int = 23,
+    seed: int = 0,
+  ):
     self.num_dense = num_dense
     self.feature_specs = [
-        FeatureSpec("user", vocab),
-        FeatureSpec("tags", vocab, multi_hot=True, max_ids=3, weighted=True),
+      FeatureSpec("user", vocab),
+      FeatureSpec("tags", vocab, multi_hot=True, max_ids=3, weighted=True),
     ]
     rng = np.random.default_rng(seed)
     self._splits = {}
@@ -45,27 +49,40 @@ class ArraySource:
       row = np.repeat(np.arange(num_examples), lengths)
       tag_logit = np.bincount(row, w_tag[tags] * tag_w, num_examples)
       logit = 2 * w_user[users] + tag_logit + dense @ w_dense
-      labels = (rng.uniform(size=num_examples) <
-                1 / (1 + np.exp(-logit))).astype(np.float32)
+      labels = (
+        rng.uniform(size=num_examples) < 1 / (1 + np.exp(-logit))
+      ).astype(np.float32)
       self._splits[split] = (users, lengths, tags, tag_w, dense, labels)
 
-  def dataset(self, batch_size: int, *, training: bool = True,
-              input_context: Optional[tf.distribute.InputContext] = None,
-              drop_remainder: bool = True,
-              repeat: Optional[bool] = None) -> tf.data.Dataset:
+  def dataset(
+    self,
+    batch_size: int,
+    *,
+    training: bool = True,
+    input_context: tf.distribute.InputContext | None = None,
+    drop_remainder: bool = True,
+    repeat: bool | None = None,
+  ) -> tf.data.Dataset:
     users, lengths, tags, tag_w, dense, labels = self._splits[
-        "train" if training else "eval"]
+      "train" if training else "eval"
+    ]
     splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     tags_rt = tf.RaggedTensor.from_row_splits(tags.astype(np.int64), splits)
     weights_rt = tf.RaggedTensor.from_row_splits(tag_w, splits)
-    ds = tf.data.Dataset.from_tensor_slices((
-        {"dense": dense,
-         "categorical": {"user": users.astype(np.int64), "tags": tags_rt},
-         "weights": {"tags": weights_rt}},
-        labels))
+    ds = tf.data.Dataset.from_tensor_slices(
+      (
+        {
+          "dense": dense,
+          "categorical": {"user": users.astype(np.int64), "tags": tags_rt},
+          "weights": {"tags": weights_rt},
+        },
+        labels,
+      )
+    )
     if input_context is not None and input_context.num_input_pipelines > 1:
-      ds = ds.shard(input_context.num_input_pipelines,
-                    input_context.input_pipeline_id)
+      ds = ds.shard(
+        input_context.num_input_pipelines, input_context.input_pipeline_id
+      )
     if repeat if repeat is not None else training:
       ds = ds.repeat()
     return ds.batch(batch_size, drop_remainder=drop_remainder)

@@ -14,8 +14,7 @@ import tensorflow as tf
 
 from recsys.features import EmbeddingSettings
 from recsys.models import DLRM
-from recsys.training import EmptyEvalSetError, Trainer
-from recsys.training import eval_padding
+from recsys.training import EmptyEvalSetError, Trainer, eval_padding
 from recsys.training import loop as loop_lib
 from tests.conftest import mirrored_strategy
 from tests.training.sources import ArraySource
@@ -26,43 +25,74 @@ EVAL_BATCH = 8
 
 def make(tmp_path, num_eval, replicas=1, jit_compile=None):
   return Trainer(
-      str(tmp_path), ArraySource(), functools.partial(DLRM, bottom_mlp=(11, 7), top_mlp=(11,)),
-      strategy=mirrored_strategy(replicas) if replicas > 1 else None,
-      eval_source=ArraySource(num_examples=num_eval, seed=5),
-      embedding=EmbeddingSettings(dim=7), embedding_optimizer=E.Adagrad(0.1),
-      global_batch_size=10, eval_batch_size=EVAL_BATCH, train_steps=2,
-      steps_per_loop=2, eval_steps=None, progress_bar=False, summaries=False,
-      seed=3, jit_compile=jit_compile)
+    str(tmp_path),
+    ArraySource(),
+    functools.partial(DLRM, bottom_mlp=(11, 7), top_mlp=(11,)),
+    strategy=mirrored_strategy(replicas) if replicas > 1 else None,
+    eval_source=ArraySource(num_examples=num_eval, seed=5),
+    embedding=EmbeddingSettings(dim=7),
+    embedding_optimizer=E.Adagrad(0.1),
+    global_batch_size=10,
+    eval_batch_size=EVAL_BATCH,
+    train_steps=2,
+    steps_per_loop=2,
+    eval_steps=None,
+    progress_bar=False,
+    summaries=False,
+    seed=3,
+    jit_compile=jit_compile,
+  )
 
 
 def reference(trainer, num_eval):
   """Mean BCE, AUC and accuracy of the model's logits over the whole split."""
-  features, labels = next(iter(trainer.eval_source.dataset(
-      num_eval, training=False, drop_remainder=False, repeat=False)))
-  acts = loop_lib.serving_activations(trainer.backend, features, ["user", "tags"])
+  features, labels = next(
+    iter(
+      trainer.eval_source.dataset(
+        num_eval, training=False, drop_remainder=False, repeat=False
+      )
+    )
+  )
+  acts = loop_lib.serving_activations(
+    trainer.backend, features, ["user", "tags"]
+  )
   z = trainer.model.logits(acts, features).numpy().astype(np.float64)
   y = labels.numpy().astype(np.float64)
   auc = tf.keras.metrics.AUC(num_thresholds=1000, from_logits=True)
   auc.update_state(y, z)
-  return {"eval/loss": np.mean(np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))),
-          "eval/logloss": np.mean(np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))),
-          "eval/accuracy": np.mean((z > 0) == (y > 0.5)),
-          "eval/auc": float(auc.result()),
-          "eval/examples": num_eval}
+  return {
+    "eval/loss": np.mean(
+      np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))
+    ),
+    "eval/logloss": np.mean(
+      np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))
+    ),
+    "eval/accuracy": np.mean((z > 0) == (y > 0.5)),
+    "eval/auc": float(auc.result()),
+    "eval/examples": num_eval,
+  }
 
 
-@pytest.mark.parametrize("num_eval,replicas,jit_compile", [
-    (5, 1, None),       # smaller than one eval batch
-    (9, 1, None),       # one batch + 1
-    (9, 2, None),       # 4 + 4 + 1 rows and a padding batch: two steps
-    (9, 1, True),       # compiled (XLA) steps on padded batches
-], ids=["lt_batch", "batch+1", "2rep_batch+1", "jit_batch+1"])
-def test_every_example_is_scored_once(tmp_path, num_eval, replicas, jit_compile):
+@pytest.mark.parametrize(
+  "num_eval,replicas,jit_compile",
+  [
+    (5, 1, None),  # smaller than one eval batch
+    (9, 1, None),  # one batch + 1
+    (9, 2, None),  # 4 + 4 + 1 rows and a padding batch: two steps
+    (9, 1, True),  # compiled (XLA) steps on padded batches
+  ],
+  ids=["lt_batch", "batch+1", "2rep_batch+1", "jit_batch+1"],
+)
+def test_every_example_is_scored_once(
+  tmp_path, num_eval, replicas, jit_compile
+):
   trainer = make(tmp_path, num_eval, replicas, jit_compile)  # initial weights
   got, want = trainer.evaluate(), reference(trainer, num_eval)
   assert got["eval/examples"] == num_eval
   for key, value in want.items():
-    np.testing.assert_allclose(got[key], value, rtol=2e-5, atol=1e-6, err_msg=key)
+    np.testing.assert_allclose(
+      got[key], value, rtol=2e-5, atol=1e-6, err_msg=key
+    )
 
 
 def test_empty_eval_split_is_refused(tmp_path):

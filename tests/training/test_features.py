@@ -4,36 +4,51 @@ import pytest
 import tensorflow as tf
 
 from recsys.data.spec import FeatureSpec
-from recsys.features import EmbeddingSettings, FeatureConfigError, feature_config
+from recsys.features import (
+  EmbeddingSettings,
+  FeatureConfigError,
+  feature_config,
+)
 
 embedding = tf.tpu.experimental.embedding
 
 SPECS = [
-    FeatureSpec("user", 23),
-    FeatureSpec("item", 29),
-    FeatureSpec("history", 29, multi_hot=True, max_ids=5, table="item"),
-    FeatureSpec("recent", 29, sequence_length=3, table="item"),
+  FeatureSpec("user", 23),
+  FeatureSpec("item", 29),
+  FeatureSpec("history", 29, multi_hot=True, max_ids=5, table="item"),
+  FeatureSpec("recent", 29, sequence_length=3, table="item"),
 ]
 
 
 def test_shared_table_is_one_object_and_sequence_length_passes_through():
   config = feature_config(SPECS, EmbeddingSettings(dim=7, combiner="sqrtn"))
   assert list(config) == ["user", "item", "history", "recent"]
-  assert config["item"].table is config["history"].table is config["recent"].table
+  assert (
+    config["item"].table is config["history"].table is config["recent"].table
+  )
   assert config["user"].table is not config["item"].table
   assert config["recent"].max_sequence_length == 3
   assert config["user"].max_sequence_length == 0
   item = config["item"].table
   assert (item.name, item.vocabulary_size, item.dim, item.combiner) == (
-      "item", 29, 7, "sqrtn")
+    "item",
+    29,
+    7,
+    "sqrtn",
+  )
   assert isinstance(config["user"], embedding.FeatureConfig)
 
 
 def test_per_table_overrides():
   adam = embedding.Adam(0.01)
-  config = feature_config(SPECS, EmbeddingSettings(
-      dim=7, optimizer=embedding.SGD(0.1),
-      overrides={"item": {"dim": 11, "optimizer": adam, "combiner": "sum"}}))
+  config = feature_config(
+    SPECS,
+    EmbeddingSettings(
+      dim=7,
+      optimizer=embedding.SGD(0.1),
+      overrides={"item": {"dim": 11, "optimizer": adam, "combiner": "sum"}},
+    ),
+  )
   assert config["user"].table.dim == 7
   assert isinstance(config["user"].table.optimizer, embedding.SGD)
   assert config["history"].table.dim == 11
@@ -41,12 +56,21 @@ def test_per_table_overrides():
   assert config["history"].table.combiner == "sum"
 
 
-@pytest.mark.parametrize("settings, match", [
-    (EmbeddingSettings(overrides={"items": {"dim": 3}}), r"unknown tables \['items'\]"),
-    (EmbeddingSettings(overrides={"item": {"size": 3}}), r"unknown keys \['size'\]"),
+@pytest.mark.parametrize(
+  "settings, match",
+  [
+    (
+      EmbeddingSettings(overrides={"items": {"dim": 3}}),
+      r"unknown tables \['items'\]",
+    ),
+    (
+      EmbeddingSettings(overrides={"item": {"size": 3}}),
+      r"unknown keys \['size'\]",
+    ),
     (EmbeddingSettings(combiner="max"), "combiner must be one of"),
     (EmbeddingSettings(dim=0), "dim must be a positive int"),
-])
+  ],
+)
 def test_bad_settings_name_the_table(settings, match):
   with pytest.raises(FeatureConfigError, match=match):
     feature_config(SPECS, settings)

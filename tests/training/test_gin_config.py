@@ -17,27 +17,40 @@ def configured_settings():
 def test_tpu_embedding_and_keras_classes_are_configurable(tmp_path):
   path = tmp_path / "x.gin"
   path.write_text(
-      "train.embedding = @EmbeddingSettings()\n"
-      "EmbeddingSettings.optimizer = @embedding.FTRL()\n"
-      "embedding.FTRL.learning_rate = 0.2\n"
-      "EmbeddingSettings.initializer = @keras.initializers.TruncatedNormal()\n"
-      "keras.initializers.TruncatedNormal.stddev = 0.01\n")
+    "train.embedding = @EmbeddingSettings()\n"
+    "EmbeddingSettings.optimizer = @embedding.FTRL()\n"
+    "embedding.FTRL.learning_rate = 0.2\n"
+    "EmbeddingSettings.initializer = @keras.initializers.TruncatedNormal()\n"
+    "keras.initializers.TruncatedNormal.stddev = 0.01\n"
+  )
   config.parse([str(path)])
   settings = configured_settings()
-  assert type(settings.optimizer) is embedding.FTRL  # the real class, not a gin subclass
+  assert (
+    type(settings.optimizer) is embedding.FTRL
+  )  # the real class, not a gin subclass
   assert settings.optimizer.learning_rate == 0.2
   assert isinstance(settings.initializer, tf.keras.initializers.TruncatedNormal)
-  for name in ("embedding.TableConfig", "embedding.FeatureConfig",
-               "embedding.SGD", "embedding.Adagrad", "embedding.AdagradMomentum",
-               "embedding.Adam", "keras.optimizers.Adam",
-               "keras.optimizers.schedules.PolynomialDecay",
-               "keras.losses.BinaryCrossentropy", "train", "EmbeddingSettings"):
+  for name in (
+    "embedding.TableConfig",
+    "embedding.FeatureConfig",
+    "embedding.SGD",
+    "embedding.Adagrad",
+    "embedding.AdagradMomentum",
+    "embedding.Adam",
+    "keras.optimizers.Adam",
+    "keras.optimizers.schedules.PolynomialDecay",
+    "keras.losses.BinaryCrossentropy",
+    "train",
+    "EmbeddingSettings",
+  ):
     assert gin.config._REGISTRY.get_match(name) is not None, name  # pylint: disable=protected-access
 
 
 def test_unknown_parameter_names_file_and_line(tmp_path):
   path = tmp_path / "bad.gin"
-  path.write_text("EmbeddingSettings.dim = 8\nEmbeddingSettings.dimension = 8\n")
+  path.write_text(
+    "EmbeddingSettings.dim = 8\nEmbeddingSettings.dimension = 8\n"
+  )
   with pytest.raises(config.GinConfigError) as e:
     config.parse([str(path)])
   assert "dimension" in str(e.value) and str(path) in str(e.value)
@@ -63,6 +76,8 @@ def test_include_relative_to_including_file(tmp_path):
   (tmp_path / "sub").mkdir()
   (tmp_path / "sub" / "inner.gin").write_text("EmbeddingSettings.dim = 5\n")
   outer = tmp_path / "sub" / "outer.gin"
-  outer.write_text("include 'inner.gin'\ntrain.embedding = @EmbeddingSettings()\n")
+  outer.write_text(
+    "include 'inner.gin'\ntrain.embedding = @EmbeddingSettings()\n"
+  )
   config.parse([str(outer)])
   assert configured_settings().dim == 5

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from recsys.data import SyntheticRetrieval
 from recsys.features import EmbeddingSettings
-from recsys.models import DCNv2, DLRM, TwoTower
+from recsys.models import DLRM, DCNv2, TwoTower
 from recsys.training import Trainer
 from recsys.training import compile as compile_lib
 from tests.conftest import mirrored_strategy
@@ -24,29 +24,48 @@ E = tf.tpu.experimental.embedding
 # Every model, and every embedding optimizer on some table of one of them
 # (a default plus a per-table override each).
 CASES = {
-    "dlrm_adagrad_sgd": (
-        ArraySource, functools.partial(DLRM, bottom_mlp=(11, 7), top_mlp=(11,)),
-        lambda: E.Adagrad(0.1), {"user": lambda: E.SGD(0.1)}),
-    "dcn_ftrl_momentum": (
-        ArraySource, functools.partial(DCNv2, num_cross_layers=2, deep_mlp=(11,)),
-        lambda: E.FTRL(0.1), {"user": lambda: E.AdagradMomentum(0.1, momentum=0.5)}),
-    "two_tower_adam_dense_adam": (
-        lambda: SyntheticRetrieval(num_users=23, num_items=11, num_examples=240,
-                                   num_eval_examples=40),
-        functools.partial(TwoTower, query_tower=(11, 7), candidate_tower=(11, 7)),
-        lambda: E.Adam(0.01), {"item_id": lambda: E.Adam(0.01, lazy_adam=False)}),
+  "dlrm_adagrad_sgd": (
+    ArraySource,
+    functools.partial(DLRM, bottom_mlp=(11, 7), top_mlp=(11,)),
+    lambda: E.Adagrad(0.1),
+    {"user": lambda: E.SGD(0.1)},
+  ),
+  "dcn_ftrl_momentum": (
+    ArraySource,
+    functools.partial(DCNv2, num_cross_layers=2, deep_mlp=(11,)),
+    lambda: E.FTRL(0.1),
+    {"user": lambda: E.AdagradMomentum(0.1, momentum=0.5)},
+  ),
+  "two_tower_adam_dense_adam": (
+    lambda: SyntheticRetrieval(
+      num_users=23, num_items=11, num_examples=240, num_eval_examples=40
+    ),
+    functools.partial(TwoTower, query_tower=(11, 7), candidate_tower=(11, 7)),
+    lambda: E.Adam(0.01),
+    {"item_id": lambda: E.Adam(0.01, lazy_adam=False)},
+  ),
 }
 
 
 def make(tmp_path, case, jit_compile, strategy=None, steps=6):
   source, model, optimizer, overrides = CASES[case]
   overrides = {table: {"optimizer": opt()} for table, opt in overrides.items()}
-  return Trainer(str(tmp_path), source(), model, strategy=strategy,
-                 embedding=EmbeddingSettings(dim=7, overrides=overrides),
-                 embedding_optimizer=optimizer(), global_batch_size=10,
-                 train_steps=steps, steps_per_loop=3, eval_steps=2,
-                 progress_bar=False, summaries=False, seed=3,
-                 jit_compile=jit_compile)
+  return Trainer(
+    str(tmp_path),
+    source(),
+    model,
+    strategy=strategy,
+    embedding=EmbeddingSettings(dim=7, overrides=overrides),
+    embedding_optimizer=optimizer(),
+    global_batch_size=10,
+    train_steps=steps,
+    steps_per_loop=3,
+    eval_steps=2,
+    progress_bar=False,
+    summaries=False,
+    seed=3,
+    jit_compile=jit_compile,
+  )
 
 
 def assert_same_values(want, got):
@@ -69,7 +88,8 @@ def test_compiled_trainer_step_equals_uncompiled(tmp_path, case):
   # The compiled replica step has only static shapes.
   batch = next(iter(got._distribute(got.source, 10, training=True)))  # pylint: disable=protected-access
   hlo = got.steps._replica_train_step.experimental_get_compiler_ir(batch)(  # pylint: disable=protected-access
-      stage="hlo")
+    stage="hlo"
+  )
   assert "<=" not in hlo
 
 
@@ -77,8 +97,9 @@ def test_compiled_two_replicas_equal_one(tmp_path):
   """2 CPU replicas asked to compile run the static path: same numbers."""
   one = make(tmp_path / "one", "dlrm_adagrad_sgd", True)
   one.train()
-  two = make(tmp_path / "two", "dlrm_adagrad_sgd", True,
-             strategy=mirrored_strategy(2))
+  two = make(
+    tmp_path / "two", "dlrm_adagrad_sgd", True, strategy=mirrored_strategy(2)
+  )
   assert two.compile_plan.static_shapes and not two.compile_plan.compile_steps
   two.train()
   assert_same_values(state(one), state(two))
@@ -87,7 +108,8 @@ def test_compiled_two_replicas_equal_one(tmp_path):
 def test_plan_by_strategy():
   default = tf.distribute.get_strategy()
   assert compile_lib.plan(default, None) == compile_lib.CompilePlan(
-      False, False, "not asked for (train.jit_compile)")
+    False, False, "not asked for (train.jit_compile)"
+  )
   assert compile_lib.plan(default, True).compile_steps
   two = compile_lib.plan(mirrored_strategy(2), True)
   assert (two.compile_steps, two.static_shapes) == (False, True)
@@ -96,6 +118,11 @@ def test_plan_by_strategy():
 
 def test_compiled_two_tower_on_two_replicas_has_static_bags(tmp_path):
   """A source whose ragged bags lose the batch size still gets static shapes."""
-  trainer = make(tmp_path, "two_tower_adam_dense_adam", True,
-                 strategy=mirrored_strategy(2), steps=2)
+  trainer = make(
+    tmp_path,
+    "two_tower_adam_dense_adam",
+    True,
+    strategy=mirrored_strategy(2),
+    steps=2,
+  )
   assert np.isfinite(trainer.train()["train/loss"])

@@ -19,22 +19,24 @@ from recsys import config
 from recsys.training import train
 
 RANKING = [
-    "SyntheticCTR.vocab_sizes = (50, 200, 1000, 30, 500)",
-    "SyntheticCTR.multi_hot_sizes = (1, 1, 1, 3, 1)",
-    "SyntheticCTR.num_dense = 5",
-    "SyntheticCTR.oracle_examples = 65536",
-    "train.global_batch_size = 512",
-    "train.train_steps = 3000",
-    "train.steps_per_loop = 500",
-    "train.eval_steps = 64",
-    "train.checkpoint_every = 0",
-    "train.progress_bar = False",
-    "train.summaries = False",
+  "SyntheticCTR.vocab_sizes = (50, 200, 1000, 30, 500)",
+  "SyntheticCTR.multi_hot_sizes = (1, 1, 1, 3, 1)",
+  "SyntheticCTR.num_dense = 5",
+  "SyntheticCTR.oracle_examples = 65536",
+  "train.global_batch_size = 512",
+  "train.train_steps = 3000",
+  "train.steps_per_loop = 500",
+  "train.eval_steps = 64",
+  "train.checkpoint_every = 0",
+  "train.progress_bar = False",
+  "train.summaries = False",
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("experiment", ["synthetic_dlrm.gin", "synthetic_dcn.gin"])
+@pytest.mark.parametrize(
+  "experiment", ["synthetic_dlrm.gin", "synthetic_dcn.gin"]
+)
 def test_ranking_reaches_bayes_auc(experiment, tmp_path):
   config.parse([f"{config.EXPERIMENTS_DIR}/{experiment}"], RANKING)
   metrics = train(model_dir=str(tmp_path))
@@ -44,10 +46,16 @@ def test_ranking_reaches_bayes_auc(experiment, tmp_path):
 
 @pytest.mark.slow
 def test_retrieval_beats_popularity_by_a_wide_margin(tmp_path):
-  config.parse([f"{config.EXPERIMENTS_DIR}/synthetic_two_tower.gin"], [
-      "train.train_steps = 1500", "train.eval_steps = 16",
-      "train.checkpoint_every = 0", "train.progress_bar = False",
-      "train.summaries = False"])
+  config.parse(
+    [f"{config.EXPERIMENTS_DIR}/synthetic_two_tower.gin"],
+    [
+      "train.train_steps = 1500",
+      "train.eval_steps = 16",
+      "train.checkpoint_every = 0",
+      "train.progress_bar = False",
+      "train.summaries = False",
+    ],
+  )
   metrics = train(model_dir=str(tmp_path))
   hit10 = metrics["eval/hit_rate/top_10_categorical_accuracy"]
   pop10 = metrics["popularity_hit_rate_10"]

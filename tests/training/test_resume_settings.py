@@ -9,19 +9,30 @@ import pytest
 from recsys import config
 from recsys.training import run_configs, train
 
-TINY = ["SyntheticCTR.vocab_sizes = (23, 29)", "SyntheticCTR.multi_hot_sizes = (1, 3)",
-        "SyntheticCTR.num_dense = 3", "SyntheticCTR.oracle_examples = 512",
-        "SyntheticCTR.num_eval_examples = 40", "EmbeddingSettings.dim = 7",
-        "DLRM.bottom_mlp = (7,)", "DLRM.top_mlp = (7,)", "train.global_batch_size = 16",
-        "train.steps_per_loop = 2", "train.eval_steps = None", "train.summaries = False",
-        "train.progress_bar = False"]
+TINY = [
+  "SyntheticCTR.vocab_sizes = (23, 29)",
+  "SyntheticCTR.multi_hot_sizes = (1, 3)",
+  "SyntheticCTR.num_dense = 3",
+  "SyntheticCTR.oracle_examples = 512",
+  "SyntheticCTR.num_eval_examples = 40",
+  "EmbeddingSettings.dim = 7",
+  "DLRM.bottom_mlp = (7,)",
+  "DLRM.top_mlp = (7,)",
+  "train.global_batch_size = 16",
+  "train.steps_per_loop = 2",
+  "train.eval_steps = None",
+  "train.summaries = False",
+  "train.progress_bar = False",
+]
 
 
 def run(model_dir, *bindings):
   """One `recsys train` on `model_dir` (gin state fresh, as in a new process)."""
   gin.clear_config()
-  config.parse([os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")],
-               TINY + list(bindings))
+  config.parse(
+    [os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")],
+    TINY + list(bindings),
+  )
   return train(model_dir=str(model_dir))
 
 
@@ -33,30 +44,49 @@ def read(path):
 def test_changed_math_settings_are_refused_unless_allowed(tmp_path):
   run(tmp_path, "train.train_steps = 2")
   # More steps and another eval cadence change no math: resumed.
-  assert run(tmp_path, "train.train_steps = 4", "train.eval_steps = 1")["step"] == 4
+  assert (
+    run(tmp_path, "train.train_steps = 4", "train.eval_steps = 1")["step"] == 4
+  )
   kept = run_configs.numbered_configs(str(tmp_path))
   assert [os.path.basename(p) for p in kept] == [
-      "operative_config-1.gin", "operative_config-2.gin"]
+    "operative_config-1.gin",
+    "operative_config-2.gin",
+  ]
   before = read(tmp_path / "operative_config.gin")
 
   with pytest.raises(run_configs.ChangedSettingsError) as e:
-    run(tmp_path, "train.train_steps = 6", "EmbeddingSettings.combiner = 'sum'",
-        "train.global_batch_size = 8")
+    run(
+      tmp_path,
+      "train.train_steps = 6",
+      "EmbeddingSettings.combiner = 'sum'",
+      "train.global_batch_size = 8",
+    )
   message = str(e.value)
   assert "step 4" in message and "--allow_changed_settings" in message
   assert "EmbeddingSettings.combiner: 'mean' -> 'sum'" in message
   assert "train.global_batch_size: 16 -> 8" in message
   assert "train_steps" not in message
-  assert read(tmp_path / "operative_config.gin") == before  # nothing overwritten
+  assert (
+    read(tmp_path / "operative_config.gin") == before
+  )  # nothing overwritten
   assert len(run_configs.numbered_configs(str(tmp_path))) == 2
 
-  assert run(tmp_path, "train.train_steps = 6", "EmbeddingSettings.combiner = 'sum'",
-             "train.allow_changed_settings = True")["step"] == 6
+  assert (
+    run(
+      tmp_path,
+      "train.train_steps = 6",
+      "EmbeddingSettings.combiner = 'sum'",
+      "train.allow_changed_settings = True",
+    )["step"]
+    == 6
+  )
   kept = run_configs.numbered_configs(str(tmp_path))
   assert len(kept) == 3
   assert "EmbeddingSettings.combiner = 'mean'" in read(kept[1])
   assert "EmbeddingSettings.combiner = 'sum'" in read(kept[2])
-  assert "EmbeddingSettings.combiner = 'sum'" in read(tmp_path / "operative_config.gin")
+  assert "EmbeddingSettings.combiner = 'sum'" in read(
+    tmp_path / "operative_config.gin"
+  )
 
 
 def test_changed_settings_compare_values_not_text():
@@ -67,11 +97,15 @@ def test_changed_settings_compare_values_not_text():
 
 def test_operative_config_is_a_text_summary(tmp_path):
   """TensorBoard shows the run's settings: the config as a text summary."""
-  from recsys.training import run_summaries  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from recsys.training import run_summaries  # pylint: disable=g-import-not-at-top
+
   gin.clear_config()
-  config.parse([os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")],
-               TINY + ["train.train_steps = 2", "train.summaries = True"])
+  config.parse(
+    [os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")],
+    TINY + ["train.train_steps = 2", "train.summaries = True"],
+  )
   train(model_dir=str(tmp_path))
   texts = []
   for path in tf.io.gfile.glob(str(tmp_path / "train" / "events.*")):
@@ -84,5 +118,8 @@ def test_operative_config_is_a_text_summary(tmp_path):
   assert "    EmbeddingSettings.combiner = 'mean'" in texts[0]
   assert read(tmp_path / "operative_config.gin").splitlines()[0] in texts[0]
   params = run_summaries.hparams(read(tmp_path / "operative_config.gin"))
-  assert params["train.global_batch_size"] == 16 and params["EmbeddingSettings.dim"] == 7
+  assert (
+    params["train.global_batch_size"] == 16
+    and params["EmbeddingSettings.dim"] == 7
+  )
   assert "train.data" not in params  # a reference, not a value

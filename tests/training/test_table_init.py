@@ -22,20 +22,37 @@ E = tf.tpu.experimental.embedding
 def initial_tables(tmp_path, seed, initializer):
   """The tables right after construction ("user" and "tags": both 23 x 7)."""
   trainer = Trainer(
-      str(tmp_path), ArraySource(), functools.partial(DLRM, bottom_mlp=(7,), top_mlp=(7,)),
-      embedding=EmbeddingSettings(dim=7, initializer=initializer),
-      embedding_optimizer=E.SGD(0.1), global_batch_size=10, train_steps=1,
-      progress_bar=False, summaries=False, seed=seed)
-  return {t.name: v.numpy() for t, v in trainer.backend.embedding_tables.items()}
+    str(tmp_path),
+    ArraySource(),
+    functools.partial(DLRM, bottom_mlp=(7,), top_mlp=(7,)),
+    embedding=EmbeddingSettings(dim=7, initializer=initializer),
+    embedding_optimizer=E.SGD(0.1),
+    global_batch_size=10,
+    train_steps=1,
+    progress_bar=False,
+    summaries=False,
+    seed=seed,
+  )
+  return {
+    t.name: v.numpy() for t, v in trainer.backend.embedding_tables.items()
+  }
 
 
-@pytest.mark.parametrize("shared", [
-    None,                                                   # TF's default
-    keras.initializers.TruncatedNormal(stddev=0.05),        # one gin instance
-], ids=["default", "shared_instance"])
-def test_same_shape_tables_start_different_and_follow_the_seed(tmp_path, shared):
+@pytest.mark.parametrize(
+  "shared",
+  [
+    None,  # TF's default
+    keras.initializers.TruncatedNormal(stddev=0.05),  # one gin instance
+  ],
+  ids=["default", "shared_instance"],
+)
+def test_same_shape_tables_start_different_and_follow_the_seed(
+  tmp_path, shared
+):
   with warnings.catch_warnings():
-    warnings.simplefilter("error", UserWarning)  # Keras: "called multiple times"
+    warnings.simplefilter(
+      "error", UserWarning
+    )  # Keras: "called multiple times"
     a = initial_tables(tmp_path / "a", seed=3, initializer=shared)
   assert a["user"].shape == a["tags"].shape == (23, 7)
   assert not np.allclose(a["user"], a["tags"])

@@ -11,8 +11,7 @@ import tensorflow as tf
 
 from recsys.features import EmbeddingSettings
 from recsys.models import DLRM
-from recsys.training import Trainer, TrainerConfigError, train
-from recsys.training import schedules
+from recsys.training import Trainer, TrainerConfigError, schedules, train
 from tests.conftest import mirrored_strategy
 from tests.training.sources import ArraySource
 
@@ -21,17 +20,27 @@ embedding = tf.tpu.experimental.embedding
 MODEL = functools.partial(DLRM, bottom_mlp=(11, 7), top_mlp=(11,))
 
 
-def make_trainer(model_dir, strategy=None, train_steps=12, optimizer=None,
-                 **kwargs):
-  settings = dict(global_batch_size=10, train_steps=train_steps,
-                  steps_per_loop=4, eval_steps=None, progress_bar=False,
-                  seed=3)
+def make_trainer(
+  model_dir, strategy=None, train_steps=12, optimizer=None, **kwargs
+):
+  settings = dict(
+    global_batch_size=10,
+    train_steps=train_steps,
+    steps_per_loop=4,
+    eval_steps=None,
+    progress_bar=False,
+    seed=3,
+  )
   settings.update(kwargs)
   return Trainer(
-      str(model_dir), ArraySource(), MODEL, strategy=strategy,
-      embedding=EmbeddingSettings(dim=7),
-      embedding_optimizer=optimizer or embedding.Adagrad(0.1),
-      **settings)
+    str(model_dir),
+    ArraySource(),
+    MODEL,
+    strategy=strategy,
+    embedding=EmbeddingSettings(dim=7),
+    embedding_optimizer=optimizer or embedding.Adagrad(0.1),
+    **settings,
+  )
 
 
 def state(trainer):
@@ -68,7 +77,9 @@ def test_train_writes_run_files(tmp_path):
   on_disk = json.loads((tmp_path / "metrics.json").read_text())
   assert on_disk["step"] == 8 and on_disk["backend"] == "tensorcore"
   assert (tmp_path / "operative_config.gin").exists()
-  assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("-8")
+  assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith(
+    "-8"
+  )
   assert os.listdir(tmp_path / "train") and os.listdir(tmp_path / "eval")
 
 
@@ -79,8 +90,9 @@ def test_eval_loss_matches_numpy_bce_of_predictions(tmp_path):
   logits, labels = [], []
   for features, y in trainer.source.dataset(10, training=False):
     acts = trainer.backend.lookup(
-        {n: features["categorical"][n] for n in ("user", "tags")},
-        {"user": None, "tags": features["weights"]["tags"]})
+      {n: features["categorical"][n] for n in ("user", "tags")},
+      {"user": None, "tags": features["weights"]["tags"]},
+    )
     logits.append(trainer.model.logits(acts, features).numpy())
     labels.append(y.numpy())
   z, y = np.concatenate(logits), np.concatenate(labels)
@@ -117,11 +129,19 @@ def test_same_seed_same_metrics(tmp_path):
 
 def test_two_replicas_match_one_on_the_same_global_batch(tmp_path):
   """2 mirrored CPU replicas == 1 replica with the combined batch (all state)."""
-  one = make_trainer(tmp_path / "one", strategy=mirrored_strategy(1),
-                     train_steps=8, optimizer=embedding.Adam(0.01))
+  one = make_trainer(
+    tmp_path / "one",
+    strategy=mirrored_strategy(1),
+    train_steps=8,
+    optimizer=embedding.Adam(0.01),
+  )
   one.train()
-  two = make_trainer(tmp_path / "two", strategy=mirrored_strategy(2),
-                     train_steps=8, optimizer=embedding.Adam(0.01))
+  two = make_trainer(
+    tmp_path / "two",
+    strategy=mirrored_strategy(2),
+    train_steps=8,
+    optimizer=embedding.Adam(0.01),
+  )
   two.train()
   assert two.strategy.num_replicas_in_sync == 2
   assert_same_state(state(one), state(two), rtol=2e-5, atol=1e-6)
@@ -145,8 +165,14 @@ def test_embedding_learning_rate_schedule_follows_the_step(tmp_path):
 
 
 def test_warmup_poly_decay_matches_formula():
-  lr = schedules.WarmupPolyDecay(2.0, warmup_steps=10, decay_start_step=20,
-                                 decay_steps=30, power=2.0, end_factor=0.1)
+  lr = schedules.WarmupPolyDecay(
+    2.0,
+    warmup_steps=10,
+    decay_start_step=20,
+    decay_steps=30,
+    power=2.0,
+    end_factor=0.1,
+  )
   for step in (0, 5, 9, 10, 19, 20, 35, 49, 50, 80):
     if step < 10:
       want = 2.0 * (step + 1) / 10
@@ -175,12 +201,18 @@ def test_model_factory_from_gin_gets_only_the_arguments_it_accepts():
   """gin wraps `@DLRM` in a (*args, **kwargs) subclass; the trainer must still
   drop keywords the model does not take (a MovieLens source has query_features)."""
   import gin
+
+  from recsys.data.spec import FeatureSpec
   from recsys.models import DLRM
   from recsys.training import trainer as trainer_lib
-  from recsys.data.spec import FeatureSpec
+
   gin.parse_config("import recsys.models\nx/macro.value = @DLRM")
   wrapped = gin.query_parameter("x/macro.value").scoped_configurable_fn
   model = trainer_lib._call_with_supported(  # pylint: disable=protected-access
-      wrapped, feature_specs=[FeatureSpec("u", 5), FeatureSpec("i", 7)], num_dense=0,
-      query_features=["u"], candidate_features=["u"])
+    wrapped,
+    feature_specs=[FeatureSpec("u", 5), FeatureSpec("i", 7)],
+    num_dense=0,
+    query_features=["u"],
+    candidate_features=["u"],
+  )
   assert isinstance(model, DLRM)

@@ -14,11 +14,11 @@ definition. Names in gin files:
 
 Example:
   >>> from recsys import config
-  >>> config.parse(["experiments/synthetic_dlrm.gin"], ["train.train_steps = 10"])
+  >>> config.parse(["experiments/synthetic_dlrm.gin"],
+  ...              ["train.train_steps = 10"])
 """
 
 import contextlib
-import difflib
 import importlib
 import inspect
 import logging
@@ -26,12 +26,16 @@ import os
 import pkgutil
 import re
 import tokenize
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import gin
 
-from recsys import experiments_catalog
+from backends import suggest as suggest_lib
+from recsys import _gin_compat, experiments_catalog
+from recsys import features as features_lib
 from recsys._keras import keras, tf
+from recsys.errors import RecsysError
 
 log = logging.getLogger("recsys.config")
 
@@ -41,11 +45,7 @@ _EXTERNAL = {
   "embedding": {
     "TableConfig": _embedding.TableConfig,
     "FeatureConfig": _embedding.FeatureConfig,
-    "SGD": _embedding.SGD,
-    "Adagrad": _embedding.Adagrad,
-    "AdagradMomentum": _embedding.AdagradMomentum,
-    "Adam": _embedding.Adam,
-    "FTRL": _embedding.FTRL,
+    **features_lib.EMBEDDING_OPTIMIZERS,
   },
   "keras.optimizers": {
     name: getattr(keras.optimizers, name)
@@ -132,7 +132,7 @@ _OWN_MODULES = (
 _registered = False
 
 
-class GinConfigError(ValueError):
+class GinConfigError(RecsysError, ValueError):
   """A gin file or binding is invalid; the message names the file and line."""
 
 
@@ -194,7 +194,7 @@ def _gin_files_closure(files: Sequence[str]) -> list[str]:
     candidates = [path]
     if base_dir and not os.path.isabs(path):
       candidates.insert(0, os.path.join(base_dir, path))
-    for prefix in gin.config._LOCATION_PREFIXES:  # pylint: disable=protected-access
+    for prefix in _gin_compat.search_paths():
       candidates.append(os.path.join(prefix, path))
     candidates.append(os.path.join(EXPERIMENTS_DIR, path))
     for candidate in candidates:
@@ -241,8 +241,8 @@ def _registered_names() -> list[str]:
   Gin matches selectors by their innermost components, so
   `recsys.models.dlrm.DLRM` is also `dlrm.DLRM` and `DLRM`.
   """
-  names = set()
-  for selector, _ in gin.config._REGISTRY.items():  # pylint: disable=protected-access
+  names: set[str] = set()
+  for selector in _gin_compat.registered_selectors():
     parts = selector.split(".")
     names.update(".".join(parts[i:]) for i in range(len(parts)))
   return sorted(names)
@@ -250,13 +250,9 @@ def _registered_names() -> list[str]:
 
 def _parameters(selector: str) -> list[str] | None:
   """The parameter names of the configurable `selector`, or None if unknown."""
-  try:
-    configurable = gin.config._REGISTRY.get_match(selector)  # pylint: disable=protected-access
-  except ValueError:  # ambiguous selector
+  target = _gin_compat.find_configurable(selector)
+  if target is None:
     return None
-  if configurable is None:
-    return None
-  target = configurable.wrapped
   if inspect.isclass(target):
     target = target.__init__
   try:
@@ -268,15 +264,6 @@ def _parameters(selector: str) -> list[str] | None:
     for p in params
     if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
   ]
-
-
-def _closest(name: str, candidates: Sequence[str]) -> list[str]:
-  """Up to three candidates close to `name` (case-insensitive)."""
-  lowered = {c.lower(): c for c in candidates}
-  close = difflib.get_close_matches(
-    name.lower(), list(lowered), n=3, cutoff=0.6
-  )
-  return [lowered[c] for c in close]
 
 
 def suggest(message: str) -> str:
@@ -291,12 +278,9 @@ def suggest(message: str) -> str:
     One line naming the closest registered configurables or parameters, or
     the valid parameters when none is close; '' for other messages.
   """
-  unknown = re.search(
-    r"No configurable matching (?:reference )?'@?([\w.]+)", message
-  )
-  if unknown:
-    name = unknown.group(1)
-    close = _closest(
+  name = _gin_compat.unknown_name(message)
+  if name:
+    close = suggest_lib.closest(
       name, [n for n in _registered_names() if n.count(".") == name.count(".")]
     )
     if close:
@@ -306,22 +290,19 @@ def suggest(message: str) -> str:
       "docstring and @gin.register classes (e.g. 'DLRM', "
       "'SyntheticCTR', 'EmbeddingSettings')."
     )
-  param = re.search(
-    r"Configurable '([\w.]+)' doesn't have a parameter named "
-    r"'(\w+)'",
-    message,
-  )
+  param = _gin_compat.unknown_parameter(message)
   if param:
-    params = _parameters(param.group(1))
+    configurable, parameter = param
+    params = _parameters(configurable)
     if params is None:
       return ""
-    close = _closest(param.group(2), params)
+    close = suggest_lib.closest(parameter, params)
     hint = (
       "Did you mean " + " or ".join(f"'{c}'" for c in close) + "? "
       if close
       else ""
     )
-    return f"{hint}'{param.group(1)}' takes: {', '.join(params)}."
+    return f"{hint}'{configurable}' takes: {', '.join(params)}."
   return ""
 
 
@@ -334,24 +315,11 @@ def explain(
   if hint:
     first, _, rest = message.partition("\n")
     message = first + " " + hint + ("\n" + rest if rest else "")
-  names = re.findall(r"'([\w./]+?)(?:/(?:gin\.)?macro(?:\.value)?)?'", message)
-  names += re.findall(r"^([\w.]+)/macro\.value", message)
-  names += re.findall(r"`([\w.]+)`", message)
-  required = re.search(
-    r"Required bindings for `([\w.]+)` not provided in "
-    r"config: \[([^\]]*)\]",
-    message,
-  )
-  if required:
-    names = [
-      f"{required.group(1)}.{p.strip(' ' + chr(39))}"
-      for p in required.group(2).split(",")
-    ] + [required.group(1)]
   lines = []
-  for name in dict.fromkeys(names):
+  for name in _gin_compat.names_in_message(message):
     lines.extend(locate(name, files))
   parts = [message.rstrip()]
-  if "In file" not in message:
+  if not _gin_compat.names_location(message):
     if lines:
       parts.append("Found in:\n  " + "\n  ".join(dict.fromkeys(lines)))
     parts.append(
@@ -378,11 +346,9 @@ def add_search_paths(files: Sequence[str]) -> None:
   ]
   # gin keeps search paths for the whole process; start from its default so
   # an `include` never resolves in the folder of an earlier parse's files.
-  prefixes = gin.config._LOCATION_PREFIXES  # pylint: disable=protected-access
-  del prefixes[1:]
+  _gin_compat.reset_search_paths()
   for d in dirs:
-    if d not in prefixes:
-      gin.add_config_file_search_path(d)
+    _gin_compat.append_search_path(d)
 
 
 class _DropPathNotFound(logging.Filter):
@@ -447,6 +413,48 @@ def parse(
     raise GinConfigError(explain(e, files, bindings)) from e
 
 
+def call(
+  configurable: Callable[..., Any],
+  files: Sequence[str] = (),
+  bindings: Sequence[str] = (),
+  **kwargs: Any,
+) -> Any:
+  """Calls a gin configurable; gin's own errors become `GinConfigError`.
+
+  Gin checks some things only when a configurable is called (e.g. required
+  bindings, `gin.REQUIRED` arguments). Those errors are told apart by where
+  they were raised, not by their text: an error raised inside the
+  configurable (e.g. a busy model dir whose message mentions gin) passes
+  through unchanged.
+
+  Args:
+    configurable: the gin-configurable function, e.g. `recsys.training.train`.
+    files: the gin files parsed (named in the error).
+    bindings: the gin bindings parsed (named in the error).
+    **kwargs: arguments for `configurable`.
+
+  Raises:
+    GinConfigError: gin refused the call; the message names files and lines.
+  """
+  try:
+    return configurable(**kwargs)
+  except RuntimeError as e:
+    if isinstance(e, RecsysError) or not _gin_compat.raised_by_gin(e):
+      raise
+    raise GinConfigError(explain(e, files, bindings)) from e
+
+
+def value(binding: str) -> Any:
+  """The value `binding` (e.g. "train.backend") has in the parsed config.
+
+  References are evaluated as gin would (`@X()` called); None if unbound.
+  """
+  try:
+    return _gin_compat.evaluate(gin.query_parameter(binding))
+  except ValueError:
+    return None
+
+
 def _syntax_message(
   error: SyntaxError, files: Sequence[str], bindings: Sequence[str]
 ) -> str:
@@ -476,10 +484,12 @@ def _syntax_message(
 
 __all__ = [
   "GinConfigError",
+  "call",
   "explain",
   "locate",
   "parse",
   "register_all",
   "register_external",
   "suggest",
+  "value",
 ]

@@ -1,4 +1,4 @@
-"""The experiment gin files shipped inside the package, and `include` resolution.
+"""The experiment gin files shipped in the package, and `include` resolution.
 
 The repo's `experiments/` folder is the package's `recsys/experiments`
 (a symlink in the repo, copied into the wheel as package data), so an
@@ -21,14 +21,15 @@ import dataclasses
 import os
 from collections.abc import Iterator
 
-import gin
+from recsys import _gin_compat
+from recsys.errors import RecsysError
 
 EXPERIMENTS_DIR = os.path.join(
   os.path.dirname(os.path.abspath(__file__)), "experiments"
 )
 
 
-class UnknownExperimentError(FileNotFoundError):
+class UnknownExperimentError(RecsysError, FileNotFoundError):
   """A gin file that is neither a path nor a shipped experiment."""
 
 
@@ -105,22 +106,13 @@ def read_experiment(name: str) -> str:
 def _open_with_own_folder_first(path: str) -> Iterator:
   """Gin's file reader: while `path` is parsed (its includes included), its
   folder is searched first."""
-  prefixes = gin.config._LOCATION_PREFIXES  # pylint: disable=protected-access
-  folder = os.path.dirname(os.path.abspath(path))
-  prefixes.insert(0, folder)
-  try:
+  with _gin_compat.searched_first(os.path.dirname(os.path.abspath(path))):
     with open(path, encoding="utf-8") as f:
       yield f
-  finally:
-    prefixes.pop(0)
 
 
 def install_include_resolution() -> None:
   """Makes gin open files through `_open_with_own_folder_first` (idempotent)
   and search the shipped experiments after the current directory."""
-  readers = gin.config._FILE_READERS  # pylint: disable=protected-access
-  if not any(r is _open_with_own_folder_first for r, _ in readers):
-    readers.insert(0, (_open_with_own_folder_first, os.path.isfile))
-  prefixes = gin.config._LOCATION_PREFIXES  # pylint: disable=protected-access
-  if EXPERIMENTS_DIR not in prefixes:
-    prefixes.append(EXPERIMENTS_DIR)
+  _gin_compat.install_file_reader(_open_with_own_folder_first, os.path.isfile)
+  _gin_compat.append_search_path(EXPERIMENTS_DIR)

@@ -16,7 +16,6 @@ Example:
 """
 
 import dataclasses
-import difflib
 import math
 import numbers
 import zlib
@@ -26,27 +25,27 @@ from typing import Any
 import gin
 import numpy as np
 
+from backends import base as backends_base
+from backends import suggest
 from recsys._keras import keras, tf
 from recsys.data.spec import FeatureSpec
+from recsys.errors import RecsysError
 
 embedding = tf.tpu.experimental.embedding
 
 _OVERRIDE_KEYS = ("dim", "combiner", "initializer", "optimizer")
-_COMBINERS = ("sum", "mean", "sqrtn")
-#: The `tf.tpu.experimental.embedding` optimizer classes, by name.
+#: The table combiners, in the order error messages list them.
+_COMBINERS = tuple(
+  c for c in ("sum", "mean", "sqrtn") if c in backends_base.ALL_COMBINERS
+)
+#: The `tf.tpu.experimental.embedding` optimizer classes, by name (the list
+#: is `backends.base.OPTIMIZER_CLASSES`).
 EMBEDDING_OPTIMIZERS = {
-  cls.__name__: cls
-  for cls in (
-    embedding.SGD,
-    embedding.Adagrad,
-    embedding.AdagradMomentum,
-    embedding.Adam,
-    embedding.FTRL,
-  )
+  cls.__name__: cls for cls in backends_base.OPTIMIZER_CLASSES
 }
 
 
-class FeatureConfigError(ValueError):
+class FeatureConfigError(RecsysError, ValueError):
   """The feature specs and embedding settings do not make a valid config."""
 
 
@@ -91,17 +90,11 @@ class EmbeddingSettings:
 
 
 def _did_you_mean(name: str, valid: Sequence[str]) -> str:
-  close = difflib.get_close_matches(
-    str(name).lower(), [v.lower() for v in valid], n=1, cutoff=0.5
-  )
-  if not close:
-    return ""
-  match = [v for v in valid if v.lower() == close[0]][0]
-  return f" Did you mean {match!r}?"
+  return suggest.did_you_mean(name, valid, cutoff=0.5)
 
 
 def _gin_class_name(cls: type) -> str:
-  """The class name under gin's generated subclass (`@embedding.Adam` is one)."""
+  """The class name under gin's generated subclass (as `@embedding.Adam`)."""
   for klass in cls.__mro__:
     if klass.__module__ != "gin.config" and not klass.__name__.startswith("_"):
       return klass.__name__
@@ -365,7 +358,7 @@ def _check_override_tables(
   specs: list[FeatureSpec],
   by_table: Mapping[str, FeatureSpec],
 ) -> None:
-  """Overrides must name tables; a feature's name is explained, typos suggested."""
+  """Overrides must name tables; feature names explained, typos suggested."""
   unknown = sorted(set(settings.overrides) - set(by_table))
   if not unknown:
     return

@@ -1,0 +1,162 @@
+"""Every use of gin-config's internals, in one place, tested against gin.
+
+Gin 0.5 has no public API for some things recsys needs: the registry of
+configurables ("did you mean"), the search paths and file readers of
+`include` (resolving includes relative to the including file), the text of
+its errors (which name or parameter was unknown) and where its errors come
+from (its own checks vs. errors raised inside a configurable). Everything
+that depends on those details lives here, so a gin upgrade breaks one
+module and `tests/training/test_gin_compat.py`, not the whole tree.
+
+Example:
+  >>> from recsys import _gin_compat
+  >>> _gin_compat.unknown_name("No configurable matching '@Adagard()'.")
+  'Adagard'
+"""
+
+import contextlib
+import os
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import gin
+
+_config = gin.config
+
+# -- the registry --------------------------------------------------------------
+
+
+def registered_selectors() -> list[str]:
+  """The full selectors (`module.Name`) of every registered configurable."""
+  return [selector for selector, _ in _config._REGISTRY.items()]  # pylint: disable=protected-access
+
+
+def find_configurable(selector: str) -> Callable[..., Any] | None:
+  """The function or class registered as `selector` (None: not one)."""
+  try:
+    configurable = _config._REGISTRY.get_match(selector)  # pylint: disable=protected-access
+  except ValueError:  # ambiguous selector
+    return None
+  return None if configurable is None else configurable.wrapped
+
+
+def evaluate(value: Any) -> Any:
+  """A parsed binding's value as gin passes it: `@X()` called, `@X` as is."""
+  if isinstance(value, _config.ConfigurableReference):
+    fn = value.scoped_configurable_fn
+    return evaluate(fn()) if value.evaluate else fn
+  return value
+
+
+# -- include search paths and file readers -------------------------------------
+
+
+def search_paths() -> list[str]:
+  """Gin's search paths for `include` (a copy; the first is gin's '')."""
+  return list(_config._LOCATION_PREFIXES)  # pylint: disable=protected-access
+
+
+def reset_search_paths() -> None:
+  """Drops every search path added since import (keeps gin's default '')."""
+  del _config._LOCATION_PREFIXES[1:]  # pylint: disable=protected-access
+
+
+def append_search_path(folder: str) -> None:
+  """Adds `folder` as the last search path, unless it is one already."""
+  if folder not in _config._LOCATION_PREFIXES:  # pylint: disable=protected-access
+    gin.add_config_file_search_path(folder)
+
+
+@contextlib.contextmanager
+def searched_first(folder: str) -> Iterator[None]:
+  """While open, `include` looks in `folder` before any other search path."""
+  prefixes = _config._LOCATION_PREFIXES  # pylint: disable=protected-access
+  prefixes.insert(0, folder)
+  try:
+    yield
+  finally:
+    prefixes.pop(0)
+
+
+def install_file_reader(
+  reader: Callable[[str], Any], exists: Callable[[str], bool]
+) -> None:
+  """Makes gin open config files with `reader` first (idempotent).
+
+  `gin.register_file_reader` appends, after gin's own `open`, which would
+  then always win; a reader that must see every file goes first.
+  """
+  readers = _config._FILE_READERS  # pylint: disable=protected-access
+  if not any(r is reader for r, _ in readers):
+    readers.insert(0, (reader, exists))
+
+
+# -- gin's error messages ------------------------------------------------------
+
+_UNKNOWN_NAME = re.compile(
+  r"No configurable matching (?:reference )?'@?([\w.]+)"
+)
+_UNKNOWN_PARAMETER = re.compile(
+  r"Configurable '([\w.]+)' doesn't have a parameter named '(\w+)'"
+)
+_REQUIRED = re.compile(
+  r"Required bindings for `([\w.]+)` not provided in config: \[([^\]]*)\]"
+)
+
+
+def unknown_name(message: str) -> str | None:
+  """The configurable an "unknown name" error of gin names, else None."""
+  m = _UNKNOWN_NAME.search(message)
+  return m.group(1) if m else None
+
+
+def unknown_parameter(message: str) -> tuple[str, str] | None:
+  """`(configurable, parameter)` of an "unknown parameter" error, else None."""
+  m = _UNKNOWN_PARAMETER.search(message)
+  return (m.group(1), m.group(2)) if m else None
+
+
+def missing_required(message: str) -> tuple[str, list[str]] | None:
+  """`(configurable, [parameters])` of a "required bindings" error or None."""
+  m = _REQUIRED.search(message)
+  if not m:
+    return None
+  return m.group(1), [p.strip(" '") for p in m.group(2).split(",")]
+
+
+def names_in_message(message: str) -> list[str]:
+  """The bindings, macros and configurables a gin error message mentions."""
+  required = missing_required(message)
+  if required:
+    name, params = required
+    return [f"{name}.{p}" for p in params] + [name]
+  names = re.findall(r"'([\w./]+?)(?:/(?:gin\.)?macro(?:\.value)?)?'", message)
+  names += re.findall(r"^([\w.]+)/macro\.value", message)
+  names += re.findall(r"`([\w.]+)`", message)
+  return list(dict.fromkeys(names))
+
+
+def names_location(message: str) -> bool:
+  """Whether gin already put the file and line in `message`."""
+  return "In file" in message
+
+
+# -- where an error comes from -------------------------------------------------
+
+_GIN_DIR = os.path.dirname(os.path.abspath(gin.__file__)) + os.sep
+
+
+def raised_by_gin(error: BaseException) -> bool:
+  """Whether gin itself raised `error` (e.g. required bindings missing).
+
+  Errors raised inside a configurable pass through gin's wrapper, which
+  re-raises them with the configurable's name added; they were raised by
+  our code: their innermost frame is not in the gin package.
+  """
+  tb, last = error.__traceback__, None
+  while tb is not None:
+    last, tb = tb, tb.tb_next
+  return last is not None and os.path.abspath(
+    last.tb_frame.f_code.co_filename
+  ).startswith(_GIN_DIR)

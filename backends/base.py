@@ -209,6 +209,8 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
 
   name: ClassVar[str] = "base"
   capabilities: ClassVar[Capabilities] = Capabilities()
+  #: The keyword options its constructor takes (`train.backend_options`).
+  options: ClassVar[frozenset[str]] = frozenset({"bag_widths"})
 
   def __init__(
     self,

@@ -5,15 +5,16 @@ third-party backends register under the entry-point group `recsys.backends`.
 `select()` is the one function that resolves "auto".
 """
 
-import difflib
 import importlib
 import logging
+from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
 import tensorflow as tf
 
-from backends.base import EmbeddingBackend
+from backends import hardware, suggest
+from backends.base import BackendUnavailableError, EmbeddingBackend
 
 log = logging.getLogger("recsys.backends")
 
@@ -30,6 +31,10 @@ _BUILTIN: dict[str, str] = {
 
 class UnknownBackendError(ValueError):
   """No backend is registered under the requested name."""
+
+
+class UnknownBackendOptionError(ValueError):
+  """An option the backend does not declare (`EmbeddingBackend.options`)."""
 
 
 def _entry_points() -> dict[str, Any]:
@@ -80,7 +85,7 @@ def _did_you_mean(name: Any, valid: list[str]) -> str:
   """' did you mean 'x'?' for the closest valid name (typos), else ''."""
   if not isinstance(name, str):
     return f" got a {type(name).__name__}, expected a backend name string;"
-  close = difflib.get_close_matches(name.lower(), valid, n=1, cutoff=0.6)
+  close = suggest.closest(name, valid, n=1)
   return f" did you mean {close[0]!r}?" if close else ""
 
 
@@ -88,19 +93,6 @@ def available(strategy: tf.distribute.Strategy | None = None) -> list[str]:
   """Names of the backends that can run under `strategy` (default: current)."""
   strategy = strategy or tf.distribute.get_strategy()
   return [n for n in names() if get(n).unavailable_reason(strategy) is None]
-
-
-def _embedding_feature(strategy: tf.distribute.Strategy) -> Any | None:
-  """The TPU's embedding feature, or None when the strategy is not on a TPU."""
-  hardware = getattr(strategy.extended, "tpu_hardware_feature", None)
-  if hardware is None:
-    return None
-  return hardware.embedding_feature
-
-
-def _is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
-  ps_classes = (tf.distribute.experimental.ParameterServerStrategy,)
-  return isinstance(strategy, ps_classes)
 
 
 def select(
@@ -115,7 +107,7 @@ def select(
   """
   strategy = strategy or tf.distribute.get_strategy()
   strategy_name = type(strategy).__name__
-  feature = _embedding_feature(strategy)
+  feature = hardware.embedding_feature(strategy)
   if feature is not None:
     kinds = tf.tpu.experimental.HardwareFeature.EmbeddingFeature
     if feature == kinds.V2:
@@ -132,14 +124,11 @@ def select(
       "no embedding accelerator, tables replicated on the "
       "TensorCores"
     )
-  if _is_parameter_server(strategy):
+  if hardware.is_parameter_server(strategy):
     return "sharded", (
       f"{strategy_name}: tables row-sharded over the parameter servers"
     )
-  try:
-    devices = tuple(strategy.extended.worker_devices)
-  except RuntimeError:  # the default strategy has no device list
-    devices = ()
+  devices = hardware.worker_devices(strategy)
   where = ", ".join(devices) if devices else "the default device"
   return "tensorcore", (
     f"{strategy_name} on {where}: tables replicated, "
@@ -147,20 +136,52 @@ def select(
   )
 
 
-def resolve(
+def decide(
   backend: str, strategy: tf.distribute.Strategy | None = None
-) -> tuple[str, str]:
-  """Resolves a backend request ("auto" or a name) to (name, reason)."""
+) -> tuple[str, str, str | None]:
+  """What a backend request means under `strategy`, without acting on it.
+
+  Args:
+    backend: "auto" or a registered name.
+    strategy: defaults to the current strategy.
+
+  Returns:
+    `(name, reason, why_not)`: the backend, why it was chosen, and why it
+    cannot run under `strategy` (None: it can). "auto" always can.
+
+  Raises:
+    UnknownBackendError: `backend` is not a registered name.
+  """
   strategy = strategy or tf.distribute.get_strategy()
   if backend == "auto":
     name, reason = select(strategy)
+    return name, reason, None
+  why_not = get(backend).unavailable_reason(strategy)
+  return (
+    backend,
+    f"forced by configuration under {type(strategy).__name__}",
+    (why_not or None),
+  )
+
+
+def resolve(
+  backend: str, strategy: tf.distribute.Strategy | None = None
+) -> tuple[str, str]:
+  """Resolves a backend request ("auto" or a name) to (name, reason).
+
+  The one place a run's backend is decided: logs the choice and its reason.
+
+  Raises:
+    UnknownBackendError: `backend` is not a registered name.
+    BackendUnavailableError: the named backend cannot run under `strategy`;
+      the message lists the ones that can.
+  """
+  strategy = strategy or tf.distribute.get_strategy()
+  name, reason, why_not = decide(backend, strategy)
+  if backend == "auto":
     log.info("embedding backend auto -> %s (%s)", name, reason)
     return name, reason
-  cls = get(backend)
-  why_not = cls.unavailable_reason(strategy)
   if why_not:
-    from backends.base import BackendUnavailableError  # pylint: disable=g-import-not-at-top
-
     runnable = available(strategy)
     auto_name, _ = select(strategy)
     hint = (
@@ -173,9 +194,24 @@ def resolve(
       f"embedding backend {backend!r} was requested but cannot run under "
       f"{type(strategy).__name__}: {why_not}. {hint}"
     )
-  reason = f"forced by configuration under {type(strategy).__name__}"
   log.info("embedding backend %s (%s)", backend, reason)
   return backend, reason
+
+
+def check_options(name: str, options: Mapping[str, Any]) -> None:
+  """Checks `options` against what the backend `name` declares it accepts.
+
+  Raises:
+    UnknownBackendOptionError: an option the backend does not declare in its
+      `options` class attribute; the message lists the accepted ones.
+  """
+  accepted = get(name).options
+  unknown = sorted(set(options) - set(accepted))
+  if unknown:
+    raise UnknownBackendOptionError(
+      f"{unknown} are not options of the {name!r} backend; it takes "
+      f"{sorted(accepted)}."
+    )
 
 
 def create(
@@ -188,7 +224,8 @@ def create(
   """Constructs the backend for `strategy` (not built; call `build()`).
 
   Args:
-    feature_config: nested structure of `tf.tpu.experimental.embedding.FeatureConfig`.
+    feature_config: nested structure of
+      `tf.tpu.experimental.embedding.FeatureConfig`.
     optimizer: default embedding optimizer for tables without one.
     strategy: defaults to the current strategy.
     backend: "auto" or a registered name (see `names()`).
@@ -196,4 +233,5 @@ def create(
   """
   strategy = strategy or tf.distribute.get_strategy()
   name, _ = resolve(backend, strategy)
+  check_options(name, options)
   return get(name)(feature_config, optimizer, strategy=strategy, **options)

@@ -32,7 +32,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
-from backends import base, mid_level, registry
+from backends import base, hardware, mid_level
 
 embedding = tf.tpu.experimental.embedding
 
@@ -60,10 +60,8 @@ class ServingEmbedding(mid_level.MidLevelBackend):
   capabilities = base.Capabilities(trains=False)
 
   @classmethod
-  def unavailable_reason(
-    cls, strategy: tf.distribute.Strategy
-  ) -> str | None:
-    feature = registry._embedding_feature(strategy)  # pylint: disable=protected-access
+  def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> str | None:
+    feature = hardware.embedding_feature(strategy)
     if feature is not None:
       return (
         f"{type(strategy).__name__} is a TPU strategy (embedding_feature="

@@ -53,7 +53,7 @@ from tensorflow.python.eager import tape as tape_lib  # pylint: disable=g-direct
 from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
-from backends import base, kernels, optimizers, static_bags
+from backends import base, hardware, kernels, optimizers, static_bags
 from backends import inputs as inputs_lib
 from backends import pending as pending_lib
 
@@ -146,6 +146,9 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
 
   name = "tensorcore"
   capabilities = base.Capabilities()
+  options = frozenset(
+    {"bag_widths", "invalid_ids", "fused_kernels", "static_shapes"}
+  )
   _kernels = None  # the fused CPU ops (backends.kernels), set by build()
 
   def __init__(
@@ -202,10 +205,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
         _Counters([layout.path for layout in self._layouts])
       )
       if not (
-        _is_tpu(self._strategy)
-        or isinstance(
-          self._strategy, tf.distribute.experimental.ParameterServerStrategy
-        )
+        _is_tpu(self._strategy) or hardware.is_parameter_server(self._strategy)
       ):
         # Per replica: set by a training lookup, cleared by apply_gradients
         # (backends.pending); not checkpointed.

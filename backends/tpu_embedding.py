@@ -44,7 +44,7 @@ from tensorflow.python.saved_model import registration  # pylint: disable=g-dire
 from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
-from backends import base, mid_level, registry
+from backends import base, hardware, mid_level
 from backends import pending as pending_lib
 
 embedding = tf.tpu.experimental.embedding
@@ -59,7 +59,7 @@ class TablesOnDeviceError(RuntimeError):
 
 
 def _hardware_version(strategy: tf.distribute.Strategy) -> str | None:
-  feature = registry._embedding_feature(strategy)  # pylint: disable=protected-access
+  feature = hardware.embedding_feature(strategy)
   if feature == EmbeddingFeature.V1:
     return "V1"
   if feature == EmbeddingFeature.V2:
@@ -108,6 +108,11 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
 
   name = "tpu_embedding"
   capabilities = base.Capabilities(needs_tpu=True, sharded_tables=True)
+  options = base.EmbeddingBackend.options | {
+    "per_replica_batch_size",
+    "pipeline_execution_with_tensor_core",
+    "sparse_core_embedding_config",
+  }
 
   def __init__(
     self,
@@ -151,12 +156,10 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
     )
 
   @classmethod
-  def unavailable_reason(
-    cls, strategy: tf.distribute.Strategy
-  ) -> str | None:
+  def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> str | None:
     if _hardware_version(strategy) is not None:
       return None
-    feature = registry._embedding_feature(strategy)  # pylint: disable=protected-access
+    feature = hardware.embedding_feature(strategy)
     if feature is not None:
       return (
         f"it needs a TPU with an embedding accelerator (embedding_feature "

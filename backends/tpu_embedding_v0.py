@@ -30,7 +30,7 @@ import tensorflow as tf
 from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
-from backends import base, mid_level, optimizers, registry
+from backends import base, hardware, mid_level, optimizers
 from backends import pending as pending_lib
 
 embedding = tf.tpu.experimental.embedding
@@ -69,10 +69,8 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
     )
 
   @classmethod
-  def unavailable_reason(
-    cls, strategy: tf.distribute.Strategy
-  ) -> str | None:
-    if registry._embedding_feature(strategy) is not None:  # pylint: disable=protected-access
+  def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> str | None:
+    if hardware.embedding_feature(strategy) is not None:
       return None
     return (
       f"TF's TPUEmbeddingV0 only runs under a TPUStrategy; this is "

@@ -27,8 +27,8 @@ import tensorflow as tf
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
 import backends
+from backends import hardware, registry
 from backends import optimizers as embedding_optimizers
-from backends import registry
 
 #: Fraction of device memory the embedding may use before a warning: the
 #: rest is for activations, the model, the input pipeline.
@@ -261,12 +261,11 @@ def _device_memory(
 
 
 def _resolve_backend(strategy, backend: str) -> tuple[str, str]:
-  if backend == "auto":
-    return backends.select(strategy)
-  why_not = backends.get(backend).unavailable_reason(strategy)
+  """`registry.decide`'s choice, with why a forced backend cannot run here."""
+  name, reason, why_not = registry.decide(backend, strategy)
   if why_not:
-    return backend, f"forced, but cannot run here: {why_not}"
-  return backend, "forced by configuration"
+    return name, f"forced, but cannot run here: {why_not}"
+  return name, reason
 
 
 def plan_memory(
@@ -420,7 +419,7 @@ def describe_environment(
     f"strategy: {type(strategy).__name__} "
     f"({strategy.num_replicas_in_sync} replica(s))"
   )
-  feature = registry._embedding_feature(strategy)  # pylint: disable=protected-access
+  feature = hardware.embedding_feature(strategy)
   lines.append(
     "TPU embedding feature: "
     + (feature.name if feature is not None else "not a TPU")

@@ -18,6 +18,8 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from backends import hardware
+
 log = logging.getLogger("recsys.training")
 
 
@@ -36,23 +38,6 @@ class CompilePlan(NamedTuple):
   reason: str
 
 
-def _is_tpu(strategy: tf.distribute.Strategy) -> bool:
-  return isinstance(
-    strategy,
-    (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy),
-  )
-
-
-def _device_kinds(strategy: tf.distribute.Strategy) -> set:
-  try:
-    devices = strategy.extended.worker_devices
-  except RuntimeError:  # the default strategy
-    devices = ()
-  return {
-    (tf.DeviceSpec.from_string(d).device_type or "CPU").upper() for d in devices
-  } or {"CPU"}
-
-
 def plan(
   strategy: tf.distribute.Strategy, jit_compile: bool | None
 ) -> CompilePlan:
@@ -63,7 +48,7 @@ def plan(
     jit_compile: True/False as set (`train.jit_compile`); None: on under a
       TPUStrategy (which compiles its steps anyway), off elsewhere.
   """
-  if _is_tpu(strategy):
+  if hardware.is_tpu(strategy):
     if jit_compile is False:
       log.warning(
         "train.jit_compile=False has no effect under a "
@@ -72,7 +57,7 @@ def plan(
     return CompilePlan(False, False, "TPUStrategy compiles every replica step")
   if not jit_compile:
     return CompilePlan(False, False, "not asked for (train.jit_compile)")
-  if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+  if hardware.is_parameter_server(strategy):
     result = CompilePlan(
       False,
       False,
@@ -82,7 +67,7 @@ def plan(
     log.warning("jit_compile: %s.", result.reason)
     return result
   replicas = strategy.num_replicas_in_sync
-  if replicas > 1 and "CPU" in _device_kinds(strategy):
+  if replicas > 1 and "CPU" in hardware.device_kinds(strategy):
     result = CompilePlan(
       False,
       True,

@@ -47,12 +47,6 @@ log = logging.getLogger("recsys.training")
 STEPS_PER_FUNCTION = 10
 
 
-def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
-  return isinstance(
-    strategy, tf.distribute.experimental.ParameterServerStrategy
-  )
-
-
 def make_coordinator(
   strategy: tf.distribute.Strategy,
 ) -> "tf.distribute.coordinator.ClusterCoordinator":

@@ -1,10 +1,20 @@
-"""Learning-rate schedules used by the experiments (MLPerf DLRM's warm-up + decay).
+"""Learning-rate schedules: MLPerf DLRM's warm-up + decay, and their binding.
+
+`tf.tpu.experimental.embedding` optimizers take a float or a zero-argument
+callable as learning rate; a Keras `LearningRateSchedule` from gin (e.g.
+`embedding.Adam.learning_rate = @WarmupPolyDecay()`) is bound to the run's
+step by `bind_to_step`, on copies: the caller's optimizers and tables are
+left as they were given.
 
 Example:
   >>> lr = WarmupPolyDecay(24.0, warmup_steps=2750, decay_start_step=49315,
   ...                      decay_steps=27772, power=2.0)
   >>> float(lr(0)), float(lr(2750))
 """
+
+import copy
+from collections.abc import Mapping
+from typing import Any
 
 import gin
 
@@ -78,3 +88,68 @@ class WarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
       "power": self.power,
       "end_factor": self.end_factor,
     }
+
+
+def bound_to_step(optimizer: Any, step: tf.Variable) -> Any:
+  """`optimizer`, or a copy whose schedule learning rate reads `step`.
+
+  Args:
+    optimizer: a `tf.tpu.experimental.embedding` optimizer (or None).
+    step: the run's global step variable.
+
+  Returns:
+    `optimizer` itself unless its learning rate is a Keras
+    `LearningRateSchedule`; then a shallow copy with
+    `learning_rate = lambda: schedule(step)`. `optimizer` is not changed.
+  """
+  lr = getattr(optimizer, "learning_rate", None)
+  if not isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+    return optimizer
+  bound = copy.copy(optimizer)
+  bound.learning_rate = lambda: lr(step)
+  return bound
+
+
+def bind_to_step(
+  optimizer: Any, feature_config: Mapping[str, Any], step: tf.Variable
+) -> tuple[Any, dict[str, Any]]:
+  """Binds the schedules of a run's embedding optimizers to `step`.
+
+  Args:
+    optimizer: the default embedding optimizer.
+    feature_config: feature name -> `FeatureConfig`; a table's own
+      optimizer (`TableConfig.optimizer`) may carry a schedule too.
+    step: the run's global step variable.
+
+  Returns:
+    `(optimizer, feature_config)` with schedule-driven optimizers replaced by
+    bound copies (`bound_to_step`), and the tables (and features) that use
+    them copied to point at the copies. An optimizer or table shared by
+    several tables or features stays shared; nothing given is changed.
+  """
+  optimizers: dict[int, Any] = {}
+  tables: dict[int, Any] = {}
+
+  def bind(opt: Any) -> Any:
+    if id(opt) not in optimizers:
+      optimizers[id(opt)] = bound_to_step(opt, step)
+    return optimizers[id(opt)]
+
+  def table_of(table: Any) -> Any:
+    if id(table) not in tables:
+      opt = bind(table.optimizer)
+      if opt is table.optimizer:
+        tables[id(table)] = table
+      else:
+        tables[id(table)] = copy.copy(table)
+        tables[id(table)].optimizer = opt
+    return tables[id(table)]
+
+  bound_features = {}
+  for name, feature in feature_config.items():
+    table = table_of(feature.table)
+    if table is not feature.table:
+      feature = copy.copy(feature)
+      feature.table = table
+    bound_features[name] = feature
+  return bind(optimizer), bound_features

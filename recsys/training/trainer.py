@@ -28,14 +28,20 @@ import gin
 import numpy as np
 from tensorflow.core.framework import summary_pb2  # pylint: disable=g-direct-tensorflow-import
 
-import backends
+from backends import hardware, registry
 from recsys import features as features_lib
 from recsys import planning
 from recsys._keras import keras, tf
 from recsys.data.from_dataset import DatasetSource
 from recsys.training import compile as compile_lib
 from recsys.training import coordinated as coordinated_lib
-from recsys.training import eval_padding, run_configs, run_files, run_summaries
+from recsys.training import (
+  eval_padding,
+  run_configs,
+  run_files,
+  run_summaries,
+  schedules,
+)
 from recsys.training import lock as lock_lib
 from recsys.training import loop as loop_lib
 from recsys.training import signals as signals_lib
@@ -82,6 +88,11 @@ _UNREADABLE_CHECKPOINT_ERRORS = (
 )
 
 
+def default_embedding_optimizer() -> Any:
+  """The embedding optimizer of a run that names none: Adagrad(0.05)."""
+  return tf.tpu.experimental.embedding.Adagrad(0.05)
+
+
 def _call_with_supported(factory: Callable[..., Any], **kwargs) -> Any:
   """Calls `factory` with the keyword arguments its signature accepts.
 
@@ -117,7 +128,7 @@ def _dataset_sources(
   feature_config: Mapping[str, Any] | None,
   embedding: Any,
 ):
-  """`(source, eval_source)` with `tf.data.Dataset`s wrapped as DatasetSources."""
+  """`(source, eval_source)`, `tf.data.Dataset`s wrapped as DatasetSources."""
   datasets = [isinstance(s, tf.data.Dataset) for s in (source, eval_source)]
   if feature_config is None:
     if any(datasets):
@@ -145,7 +156,7 @@ def _dataset_sources(
 
 
 def _check_dense_optimizer(factory: Any) -> None:
-  """`dense_optimizer` is a Keras optimizer class or factory, not an instance."""
+  """`dense_optimizer` is a Keras optimizer class or factory, no instance."""
   if factory is None:
     return
   if isinstance(
@@ -350,7 +361,7 @@ class Trainer:
     # workers through a ClusterCoordinator (recsys.training.coordinated).
     self._coordinator = (
       coordinated_lib.make_coordinator(self.strategy)
-      if coordinated_lib.is_parameter_server(self.strategy)
+      if hardware.is_parameter_server(self.strategy)
       else None
     )
     if os.path.exists(model_dir) and not os.path.isdir(model_dir):
@@ -372,7 +383,7 @@ class Trainer:
       embedding_optimizer, "train.embedding_optimizer"
     )
     if embedding_optimizer is None:
-      embedding_optimizer = tf.tpu.experimental.embedding.Adagrad(0.05)
+      embedding_optimizer = default_embedding_optimizer()
     self.embedding_optimizer = embedding_optimizer
     with self.strategy.scope():
       self.global_step = tf.Variable(
@@ -382,18 +393,19 @@ class Trainer:
         name="global_step",
         aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
       )
-    for opt in [embedding_optimizer] + [
-      f.table.optimizer for f in self.feature_config.values()
-    ]:
-      self._bind_schedule(opt)
-    self.backend_name, self.backend_reason = backends.registry.resolve(
+    # On copies: the caller's optimizers and tables keep their schedules.
+    self.embedding_optimizer, self.feature_config = schedules.bind_to_step(
+      embedding_optimizer, self.feature_config, self.global_step
+    )
+    embedding_optimizer = self.embedding_optimizer
+    self.backend_name, self.backend_reason = registry.resolve(
       backend, self.strategy
     )
     # `resolve` logs the choice and its reason (the one place "auto" is
     # decided); construct the resolved class directly so it is not re-resolved.
     # The data source knows its longest bags: static widths give compiled
     # steps fixed shapes (and replicas a fixed-size exchange of touched rows).
-    options = {
+    options: dict[str, Any] = {
       "bag_widths": {
         spec.name: spec.max_ids
         for spec in source.feature_specs
@@ -401,21 +413,16 @@ class Trainer:
       }
     }
     self.compile_plan = compile_lib.plan(self.strategy, jit_compile)
-    backend_cls = backends.get(self.backend_name)
+    backend_cls = registry.get(self.backend_name)
     if (
-      self.compile_plan.static_shapes
-      and "static_shapes" in inspect.signature(backend_cls.__init__).parameters
+      self.compile_plan.static_shapes and "static_shapes" in backend_cls.options
     ):
       options["static_shapes"] = True
+    try:
+      registry.check_options(self.backend_name, backend_options or {})
+    except registry.UnknownBackendOptionError as e:
+      raise TrainerConfigError(f"train.backend_options {e}") from e
     options.update(backend_options or {})
-    accepted = inspect.signature(backend_cls.__init__).parameters
-    unknown = sorted(set(backend_options or {}) - set(accepted))
-    if unknown and not any(p.kind == p.VAR_KEYWORD for p in accepted.values()):
-      raise TrainerConfigError(
-        f"train.backend_options {unknown} are not options of the "
-        f"{self.backend_name!r} backend; it takes "
-        f"{sorted(k for k in accepted if k not in ('self', 'feature_config', 'optimizer', 'strategy'))}."
-      )
     if not skip_memory_check:  # before a table is allocated
       planning.check_fits(
         planning.plan_memory(
@@ -505,19 +512,6 @@ class Trainer:
           f"{replicas} replicas in sync (per-replica batch = {name} / "
           f"{replicas})."
         )
-
-  def _bind_schedule(self, optimizer: Any) -> None:
-    """Makes a Keras schedule as embedding learning rate follow the step.
-
-    `tf.tpu.experimental.embedding` optimizers take a float or a
-    zero-argument callable; a `LearningRateSchedule` from gin (e.g.
-    `embedding.Adam.learning_rate = @WarmupPolyDecay()`) is wrapped in
-    `lambda: schedule(global_step)` (the optimizer object is updated).
-    """
-    lr = getattr(optimizer, "learning_rate", None)
-    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
-      step = self.global_step
-      optimizer.learning_rate = lambda: lr(step)
 
   def _model_kwargs(self) -> dict[str, Any]:
     kwargs = {
@@ -703,7 +697,7 @@ class Trainer:
     return path
 
   def _save_if_new(self, step: int) -> str:
-    """Saves unless this step is saved already (same decision on every worker)."""
+    """Saves unless this step is saved already (same on every worker)."""
     if self._saved_step == step:
       return os.path.join(self._read_manager.directory, f"ckpt-{step}")
     return self.save()
@@ -736,9 +730,7 @@ class Trainer:
     resolver = getattr(self.strategy, "cluster_resolver", None)
     spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
     workers = len(spec.get("worker", [])) + len(spec.get("chief", []))
-    if workers <= 1 or isinstance(
-      self.strategy, tf.distribute.experimental.ParameterServerStrategy
-    ):
+    if workers <= 1 or hardware.is_parameter_server(self.strategy):
       return requested
     flag = self.strategy.experimental_distribute_values_from_function(
       lambda _: tf.constant(1.0 if requested else 0.0)

@@ -157,11 +157,14 @@ def test_embedding_learning_rate_schedule_follows_the_step(tmp_path):
   schedule = schedules.WarmupPolyDecay(0.5, warmup_steps=4)
   opt = embedding.SGD(learning_rate=schedule)
   trainer = make_trainer(tmp_path, train_steps=4, optimizer=opt)
-  assert callable(opt.learning_rate)
+  bound = trainer.embedding_optimizer
+  assert type(bound) is embedding.SGD and callable(bound.learning_rate)
   trainer.global_step.assign(1)
-  np.testing.assert_allclose(float(opt.learning_rate()), 0.5 * 2 / 4)
+  np.testing.assert_allclose(float(bound.learning_rate()), 0.5 * 2 / 4)
   trainer.global_step.assign(10)
-  np.testing.assert_allclose(float(opt.learning_rate()), 0.5)
+  np.testing.assert_allclose(float(bound.learning_rate()), 0.5)
+  # The caller's optimizer is not rewritten (bound on a copy).
+  assert opt.learning_rate is schedule
 
 
 def test_warmup_poly_decay_matches_formula():

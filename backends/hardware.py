@@ -1,0 +1,74 @@
+"""What a `tf.distribute` strategy runs on: the one place that asks.
+
+Which TPU embedding feature a strategy's TPU has, whether it is a
+parameter-server or a TPU strategy, and what kinds of devices its replicas
+run on. The backend registry, the backends, the compile plan and the
+trainer all ask here instead of repeating the `isinstance` checks.
+
+Example:
+  >>> import tensorflow as tf
+  >>> from backends import hardware
+  >>> hardware.is_parameter_server(tf.distribute.get_strategy())
+  False
+  >>> hardware.device_kinds(tf.distribute.get_strategy())
+  {'CPU'}
+"""
+
+from typing import Any
+
+import tensorflow as tf
+
+_TPU_STRATEGIES = (
+  tf.distribute.TPUStrategy,
+  tf.distribute.experimental.TPUStrategy,
+)
+
+
+def embedding_feature(strategy: tf.distribute.Strategy) -> Any | None:
+  """The TPU's embedding feature, or None when the strategy is not on a TPU.
+
+  Returns:
+    A `tf.tpu.experimental.HardwareFeature.EmbeddingFeature` (V1, V2,
+    UNSUPPORTED) or None.
+  """
+  hardware = getattr(strategy.extended, "tpu_hardware_feature", None)
+  if hardware is None:
+    return None
+  return hardware.embedding_feature
+
+
+def is_tpu(strategy: tf.distribute.Strategy) -> bool:
+  """Whether `strategy` is a `TPUStrategy` (its steps are compiled)."""
+  return isinstance(strategy, _TPU_STRATEGIES)
+
+
+def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
+  """Whether `strategy` is a `ParameterServerStrategy` (a coordinator)."""
+  return isinstance(
+    strategy, tf.distribute.experimental.ParameterServerStrategy
+  )
+
+
+def worker_devices(strategy: tf.distribute.Strategy) -> tuple[str, ...]:
+  """The devices the replicas run on; () for the default strategy."""
+  try:
+    return tuple(strategy.extended.worker_devices)
+  except RuntimeError:  # the default strategy has no device list
+    return ()
+
+
+def device_kinds(strategy: tf.distribute.Strategy) -> set[str]:
+  """The device types (`"CPU"`, `"GPU"`, ...) the replicas run on."""
+  return {
+    (tf.DeviceSpec.from_string(d).device_type or "CPU").upper()
+    for d in worker_devices(strategy)
+  } or {"CPU"}
+
+
+__all__ = [
+  "device_kinds",
+  "embedding_feature",
+  "is_parameter_server",
+  "is_tpu",
+  "worker_devices",
+]

@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 DESCRIPTION = (
   "Train, evaluate and export gin-configured recommender models "
@@ -110,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     "checkpoint in --model_dir is resumed at its step. Writes checkpoints, "
     "TensorBoard summaries, operative_config.gin and metrics.json there.",
     epilog="example:\n  recsys train --gin_file experiments/synthetic_dlrm.gin "
-    "--model_dir runs/demo\n  recsys train --gin_file experiments/synthetic_dlrm.gin "
+    "--model_dir runs/demo\n  recsys train "
+    "--gin_file experiments/synthetic_dlrm.gin "
     "--gin_file experiments/hardware/cpu_2replicas.gin \\\n"
     "      --gin_bindings 'train.train_steps = 500' --model_dir runs/demo2",
   )
@@ -149,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     "keeps them in eval_metrics.json (nothing else is written). Without "
     "--gin_file the run's own operative_config.gin is used.",
     epilog="example:\n  recsys evaluate --model_dir runs/demo\n"
-    "  recsys evaluate --model_dir runs/demo --gin_bindings 'train.eval_steps = None'",
+    "  recsys evaluate --model_dir runs/demo "
+    "--gin_bindings 'train.eval_steps = None'",
   )
   _add_gin_flags(evaluate, required=False)
   evaluate.add_argument("--model_dir", required=True)
@@ -165,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     "candidates (retrieval); for Criteo and MovieLens, serving_raw takes "
     "raw values (TSV columns, raw user/item ids) and applies the training "
     "hashing and vocabularies in the graph.",
-    epilog="example:\n  recsys export --model_dir runs/demo --export_dir runs/demo/export",
+    epilog="example:\n  recsys export --model_dir runs/demo "
+    "--export_dir runs/demo/export",
   )
   _add_gin_flags(export, required=False)
   export.add_argument("--model_dir", required=True)
@@ -179,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     description="Print what recsys detects here: versions, devices, the "
     "strategy and the embedding backend it would pick and why; with "
     "--gin_file also the experiment's tables and their memory plan.",
-    epilog="example:\n  recsys info\n  recsys info --gin_file experiments/synthetic_dlrm.gin",
+    epilog="example:\n  recsys info\n  recsys info "
+    "--gin_file experiments/synthetic_dlrm.gin",
   )
   _add_gin_flags(info, required=False)
   _add_runtime_flags(info)
@@ -211,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     "task the cluster cannot lose fails.",
     epilog="example:\n  recsys launch --workers 2 --ps 2 -- train "
     "--gin_file experiments/synthetic_dlrm.gin \\\n"
-    "      --gin_file experiments/hardware/local_cluster.gin --model_dir runs/ps",
+    "      --gin_file experiments/hardware/local_cluster.gin "
+    "--model_dir runs/ps",
   )
   from recsys import launch as launch_lib  # pylint: disable=g-import-not-at-top
 
@@ -230,7 +236,8 @@ def _configure_runtime(args: argparse.Namespace) -> None:
   )
   from recsys import _tf_startup  # pylint: disable=g-import-not-at-top
 
-  tf, devices = _tf_startup.start(verbose)
+  tf_module, devices = _tf_startup.start(verbose)
+  tf: Any = tf_module
   logging.getLogger("recsys").info(devices)
   if not verbose:
     tf.get_logger().setLevel(logging.ERROR)
@@ -290,9 +297,9 @@ def _gin_files(args: argparse.Namespace) -> list[str]:
   model_dir = getattr(args, "model_dir", None)
   if model_dir:
     from recsys import untrusted_config  # pylint: disable=g-import-not-at-top
-    from recsys.training import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+    from recsys.training import run_dir  # pylint: disable=g-import-not-at-top
 
-    path = os.path.join(model_dir, trainer_lib.OPERATIVE_CONFIG_FILE)
+    path = run_dir.RunDir(model_dir).operative_config
     if os.path.isfile(path):
       return [untrusted_config.check_bindings_only(path)]  # no imports
     raise FileNotFoundError(
@@ -344,46 +351,15 @@ def _call_train(
 
   files, bindings = _gin_files(args), _bindings(args)
   config.parse(files, bindings + list(extra_bindings))
-  from recsys.training import signals  # pylint: disable=g-import-not-at-top
-  from recsys.training import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  from recsys.training.train import configured_strategy  # pylint: disable=g-import-not-at-top
 
   kwargs = {**_runtime_kwargs(args), **kwargs}
   if "strategy" not in kwargs:
-    # Before gin calls `train`, which first builds its arguments (data
-    # sources may run TF ops): multi-worker collectives, TPUs and logical
-    # CPUs must be configured before TensorFlow's runtime starts.
-    tpu = kwargs.pop("tpu", None) or _gin_value("train.tpu")
-    replicas = kwargs.pop("num_cpu_replicas", None)
-    if replicas is None:
-      replicas = _gin_value("train.num_cpu_replicas") or 0
-    kwargs["strategy"], why = strategy_lib.make_strategy(tpu, int(replicas))
-    log.info("strategy: %s", why)
-  try:
-    return train(model_dir=args.model_dir, **kwargs)
-  except signals.TrainingPreempted:
-    raise
-  except RuntimeError as e:
-    # By origin, not text: a busy model dir's message may well mention gin.
-    if _raised_by_gin(e):
-      raise config.GinConfigError(config.explain(e, files, bindings)) from e
-    raise
-
-
-def _raised_by_gin(error: BaseException) -> bool:
-  """Whether gin itself raised `error` (e.g. required bindings missing).
-
-  Errors raised inside a configurable pass through gin's wrapper but are
-  raised by our code: their innermost frame is not in the gin package.
-  """
-  import gin  # pylint: disable=g-import-not-at-top
-
-  gin_dir = os.path.dirname(os.path.abspath(gin.__file__)) + os.sep
-  tb, last = error.__traceback__, None
-  while tb is not None:
-    last, tb = tb, tb.tb_next
-  return last is not None and os.path.abspath(
-    last.tb_frame.f_code.co_filename
-  ).startswith(gin_dir)
+    # Built before gin calls `train` (see `configured_strategy`).
+    kwargs["strategy"], _ = configured_strategy(
+      kwargs.pop("tpu", None), kwargs.pop("num_cpu_replicas", None)
+    )
+  return config.call(train, files, bindings, model_dir=args.model_dir, **kwargs)
 
 
 #: `recsys` exits with this status on SIGTERM (128 + 15), as a preempted
@@ -428,11 +404,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
   metrics = _call_train(args, action="evaluate")  # reads the model dir only
   print(json.dumps(metrics, indent=2, sort_keys=True))
-  from recsys.training import run_files  # pylint: disable=g-import-not-at-top
+  from recsys.training import run_dir  # pylint: disable=g-import-not-at-top
 
-  path = os.path.join(args.model_dir, "eval_metrics.json")
+  run = run_dir.RunDir(args.model_dir)
+  path = run.eval_metrics
   try:  # a convenience copy; a read-only model dir (e.g. a shared run) is fine
-    run_files.write_text(path, json.dumps(metrics, indent=2, sort_keys=True))
+    run.write_eval_metrics(metrics)
   except OSError as e:
     log.warning(
       "%s not written (%s); the metrics are printed above",
@@ -491,12 +468,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     lines.append(f"could not import: {', '.join(missing)}")
   feature_config, optimizer, backend = None, None, args.backend or "auto"
   if args.gin_file:
+    from recsys.training.train import configured_embedding  # pylint: disable=g-import-not-at-top
+
     config.parse(args.gin_file, args.gin_bindings)
-    feature_config = _feature_config_from_gin()
-    optimizer = _gin_value("train.embedding_optimizer")
-    if optimizer is None:  # the trainer's default
-      optimizer = tf.tpu.experimental.embedding.Adagrad(0.05)
-    backend = args.backend or _gin_value("train.backend") or "auto"
+    feature_config, optimizer, backend = configured_embedding(args.backend)
   from recsys import planning  # pylint: disable=g-import-not-at-top
 
   lines.append(
@@ -511,40 +486,6 @@ def cmd_info(args: argparse.Namespace) -> int:
   return 0
 
 
-def _evaluate_gin(ref):
-  """The value a parsed gin binding stands for (`@X()` called, macros resolved)."""
-  import gin  # pylint: disable=g-import-not-at-top
-
-  if isinstance(ref, gin.config.ConfigurableReference):
-    fn = ref.scoped_configurable_fn
-    return _evaluate_gin(fn()) if ref.evaluate else fn
-  return ref
-
-
-def _gin_value(binding: str):
-  """The evaluated value of `binding` in the parsed config, or None if unset."""
-  import gin  # pylint: disable=g-import-not-at-top
-
-  try:
-    return _evaluate_gin(gin.query_parameter(binding))
-  except ValueError:
-    return None
-
-
-def _feature_config_from_gin():
-  """The experiment's feature_config from the parsed gin `train` bindings."""
-  from recsys import features as features_lib  # pylint: disable=g-import-not-at-top
-
-  source = _gin_value("train.data")
-  if source is None:
-    return None
-  if isinstance(source, type):
-    source = source()
-  return features_lib.feature_config(
-    source.feature_specs, _gin_value("train.embedding")
-  )
-
-
 def cmd_experiments(args: argparse.Namespace) -> int:
   """Lists the shipped experiments, or prints the one named."""
   from recsys import experiments_catalog as catalog  # pylint: disable=g-import-not-at-top
@@ -557,10 +498,10 @@ def cmd_experiments(args: argparse.Namespace) -> int:
       return 2
     return 0
   shipped = catalog.list_experiments()
-  width = max(len(e.name) for e in shipped)
+  width = max(len(x.name) for x in shipped)
   print(f"experiments shipped with recsys ({catalog.EXPERIMENTS_DIR}):")
-  for e in shipped:
-    print(f"  {e.name:<{width}}  {e.summary}")
+  for x in shipped:
+    print(f"  {x.name:<{width}}  {x.summary}")
   print(
     "\nuse: recsys train --gin_file synthetic_dlrm.gin --model_dir runs/demo;"
     " print one: recsys experiments NAME"
@@ -613,9 +554,10 @@ def _run_command(args: argparse.Namespace) -> int:
     )
     return 2
   except (ValueError, RuntimeError, OSError, FloatingPointError) as e:
-    if getattr(e, "exit_code", None):  # a clean stop, e.g. TrainingPreempted
+    exit_code = getattr(e, "exit_code", None)
+    if exit_code:  # a clean stop, e.g. TrainingPreempted
       print(f"recsys {args.command}: {e}", file=sys.stderr)
-      return e.exit_code
+      return exit_code
     if args.verbose:
       raise
     print(

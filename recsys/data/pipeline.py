@@ -116,6 +116,21 @@ class DataSource(abc.ABC):
       "a DataSource needs one of them."
     )
 
+  def known_optimum(self, ks: tuple[int, ...] = ()) -> dict[str, float]:
+    """The best metrics any model can reach on this data, where known.
+
+    Synthetic sources know them (the Bayes-optimal AUC, top-k hit rates);
+    the trainer reports them next to the trained model's metrics.
+
+    Args:
+      ks: the retrieval model's top-k cut-offs (empty for ranking).
+
+    Returns:
+      Metric name -> value; empty (the default) when unknown.
+    """
+    del ks
+    return {}
+
   def raw_parser(self) -> RawParser | None:
     """The TF transformation of this source's raw values into `features`.
 

@@ -531,6 +531,11 @@ class SyntheticCTR(DataSource):
     """The log-loss of predicting the mean click rate for every example."""
     return self._oracle["constant_logloss"]
 
+  def known_optimum(self, ks: tuple[int, ...] = ()) -> dict[str, float]:
+    """`bayes_auc` and `bayes_logloss` (what `Trainer.train` reports)."""
+    del ks
+    return {"bayes_auc": self.bayes_auc, "bayes_logloss": self.bayes_logloss}
+
   def optimum(self) -> dict[str, float]:
     """`{"auc", "logloss", "constant_logloss", "ctr"}` of the Bayes predictor."""
     return dict(self._oracle)

@@ -258,6 +258,14 @@ class SyntheticRetrieval(DataSource):
     """The marginal probability of each item in an interaction, `[num_items]`."""
     return self._item_marginal.copy()
 
+  def known_optimum(self, ks: tuple[int, ...] = ()) -> dict[str, float]:
+    """`best_hit_rate_<k>` and `popularity_hit_rate_<k>` for each k."""
+    out = {}
+    for k in ks:
+      out[f"best_hit_rate_{k}"] = self.best_hit_rate(k)
+      out[f"popularity_hit_rate_{k}"] = self.popularity_hit_rate(k)
+    return out
+
   def best_hit_rate(self, k: int) -> float:
     """Expected top-k hit rate of the Bayes ranking (items by p(i | u)).
 

@@ -3,7 +3,8 @@
 Gin files bind `train.*` (data source, model class, embedding settings,
 optimizers, batch size, steps); `recsys train|evaluate|export` call it with
 the model dir and an action. Objects that own variables (model, dense
-optimizer) are passed as classes or factories (`@DLRM`, `@keras.optimizers.Adam`)
+optimizer) are passed as classes or factories (`@DLRM`,
+`@keras.optimizers.Adam`)
 and built inside `strategy.scope()`; embedding optimizers own no variables and
 are passed as instances (`@embedding.Adagrad()`).
 
@@ -25,10 +26,11 @@ from typing import Any
 
 import gin
 
+from recsys import config
 from recsys import features as features_lib
 from recsys._keras import keras, tf
 from recsys.training import strategy as strategy_lib
-from recsys.training.trainer import Trainer
+from recsys.training.trainer import Trainer, default_embedding_optimizer
 
 log = logging.getLogger("recsys.training")
 
@@ -37,6 +39,53 @@ ACTIONS = ("train", "evaluate", "build")
 
 def _instance(source: Any) -> Any:
   return source() if isinstance(source, type) else source
+
+
+def configured_strategy(
+  tpu: str | None = None, num_cpu_replicas: int | None = None
+) -> tuple[tf.distribute.Strategy, str]:
+  """The strategy the parsed gin config's `train` asks for, built now.
+
+  Call it after parsing and before gin calls `train`, which first builds its
+  arguments (data sources may run TF ops): multi-worker collectives, TPUs
+  and logical CPUs must be configured before TensorFlow's runtime starts.
+
+  Args:
+    tpu: overrides `train.tpu` (e.g. the `--tpu` flag).
+    num_cpu_replicas: overrides `train.num_cpu_replicas`.
+
+  Returns:
+    `(strategy, why)` from `recsys.training.strategy.make_strategy`.
+  """
+  tpu = tpu or config.value("train.tpu")
+  if num_cpu_replicas is None:
+    num_cpu_replicas = config.value("train.num_cpu_replicas") or 0
+  strategy, why = strategy_lib.make_strategy(tpu, int(num_cpu_replicas))
+  log.info("strategy: %s", why)
+  return strategy, why
+
+
+def configured_embedding(
+  backend: str | None = None,
+) -> tuple[dict[str, Any] | None, Any, str]:
+  """`(feature_config, embedding_optimizer, backend)` of the parsed config.
+
+  What `recsys info` plans memory for: the tables `train` would build from
+  `train.data` and `train.embedding` (None without `train.data`), the
+  embedding optimizer (the trainer's default without one) and the backend
+  request (`backend` overrides `train.backend`).
+  """
+  source = config.value("train.data")
+  feature_config = None
+  if source is not None:
+    feature_config = features_lib.feature_config(
+      _instance(source).feature_specs, config.value("train.embedding")
+    )
+  optimizer = config.value("train.embedding_optimizer")
+  if optimizer is None:
+    optimizer = default_embedding_optimizer()
+  backend = backend or config.value("train.backend") or "auto"
+  return feature_config, optimizer, backend
 
 
 @gin.configurable("train")

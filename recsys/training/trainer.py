@@ -15,14 +15,13 @@ Example:
 
 import functools
 import inspect
-import json
 import logging
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, cast
 
 import gin
 import numpy as np
@@ -33,23 +32,25 @@ from recsys import features as features_lib
 from recsys import planning
 from recsys._keras import keras, tf
 from recsys.data.from_dataset import DatasetSource
+from recsys.data.pipeline import DataSource
+from recsys.models.base import RetrievalModel
 from recsys.training import compile as compile_lib
 from recsys.training import coordinated as coordinated_lib
 from recsys.training import (
   eval_padding,
-  run_configs,
   run_files,
   run_summaries,
   schedules,
 )
-from recsys.training import lock as lock_lib
 from recsys.training import loop as loop_lib
+from recsys.training import run_dir as run_dir_lib
 from recsys.training import signals as signals_lib
 
 log = logging.getLogger("recsys.training")
 
-METRICS_FILE = "metrics.json"
-OPERATIVE_CONFIG_FILE = "operative_config.gin"
+# Where a run keeps its files: recsys.training.run_dir (the one owner).
+METRICS_FILE = run_dir_lib.METRICS_FILE
+OPERATIVE_CONFIG_FILE = run_dir_lib.OPERATIVE_CONFIG_FILE
 
 
 class TrainerConfigError(ValueError):
@@ -99,7 +100,9 @@ def _call_with_supported(factory: Callable[..., Any], **kwargs) -> Any:
   A class is inspected through its `__init__`: gin hands `@Model` over as a
   generated subclass whose own signature is `(*args, **kwargs)`.
   """
-  target = factory.__init__ if isinstance(factory, type) else factory
+  target: Any = factory
+  if isinstance(factory, type):
+    target = cast(Any, factory).__init__
   try:
     params = inspect.signature(target).parameters
   except (TypeError, ValueError):
@@ -179,11 +182,18 @@ def _check_dense_optimizer(factory: Any) -> None:
     )
 
 
-def _flat_results(metrics, prefix: str) -> dict[str, float]:
-  """{prefix/name: float} for Keras metrics; vector results get `_i` names."""
+def _flat_results(
+  metrics, prefix: str, ks: tuple[int, ...] = ()
+) -> dict[str, float]:
+  """{prefix/name: float} for Keras metrics; vector results get `_i` names.
+
+  A vector result with one value per top-k cut-off in `ks` (a retrieval
+  model's hit rates) gets `_top<k>` names instead.
+  """
   out = {}
   for metric in metrics:
     result = metric.result()
+    items: Iterable[tuple[Any, Any]]
     if isinstance(result, Mapping):
       items = result.items()
     else:
@@ -193,9 +203,6 @@ def _flat_results(metrics, prefix: str) -> dict[str, float]:
       if value.size == 1:
         out[f"{prefix}/{name}"] = float(value[0])
         continue
-      ks = list(
-        getattr(metric, "_ks", None) or getattr(metric, "ks", None) or []
-      )
       for i, v in enumerate(value):
         suffix = f"top{ks[i]}" if len(ks) == value.size else str(i)
         out[f"{prefix}/{name}_{suffix}"] = float(v)
@@ -460,11 +467,18 @@ class Trainer:
     # Every worker of a MultiWorkerMirroredStrategy must take part in a save
     # (it may all-reduce), but only the chief writes the run's files: the
     # others write to a scratch folder they delete, and all read the chief's.
-    checkpoint_dir = os.path.join(model_dir, "checkpoints")
     self._chief = self._is_chief()
+    resolver = getattr(self.strategy, "cluster_resolver", None)
+    self.run_dir = run_dir_lib.RunDir(
+      model_dir,
+      chief=self._chief,
+      task=None
+      if self._chief or resolver is None
+      else (resolver.task_type, resolver.task_id),
+    )
     self._read_manager = tf.train.CheckpointManager(
       self.checkpoint,
-      checkpoint_dir,
+      self.run_dir.checkpoints,
       max_to_keep=max_checkpoints,
       step_counter=self.global_step,
     )
@@ -472,7 +486,7 @@ class Trainer:
     if not self._chief:
       self.manager = tf.train.CheckpointManager(
         self.checkpoint,
-        self._scratch_dir("checkpoints"),
+        self.run_dir.scratch("checkpoints"),
         max_to_keep=1,
         step_counter=self.global_step,
       )
@@ -489,12 +503,11 @@ class Trainer:
       jit_compile=self.compile_plan.compile_steps,
     )
     self._eval_dataset = None
-    self._run_config_path: str | None = None
     self._writers = None
     if summaries and self._chief:
       self._writers = {
-        kind: tf.summary.create_file_writer(os.path.join(model_dir, kind))
-        for kind in ("train", "eval")
+        kind: tf.summary.create_file_writer(self.run_dir.summaries(kind))
+        for kind in run_dir_lib.SUMMARY_KINDS
       }
     self.restored_step = self.restore()
 
@@ -529,7 +542,13 @@ class Trainer:
 
   @property
   def is_retrieval(self) -> bool:
-    return hasattr(self.model, "index_candidates")
+    """Whether the model is a retrieval model (it indexes a corpus)."""
+    return isinstance(self.model, RetrievalModel)
+
+  @property
+  def _ks(self) -> tuple[int, ...]:
+    """The retrieval model's top-k cut-offs (() for a ranking model)."""
+    return tuple(self.model.ks) if self.is_retrieval else ()
 
   # -- data ----------------------------------------------------------------
 
@@ -653,7 +672,7 @@ class Trainer:
           path,
           self.checkpoint,
           hint=f" The run that wrote it kept its settings in "
-          f"{os.path.join(self.model_dir, OPERATIVE_CONFIG_FILE)}; use "
+          f"{self.run_dir.operative_config}; use "
           "the same model and optimizers, or another --model_dir.",
         )
         self.checkpoint.restore(path).assert_existing_objects_matched()
@@ -702,16 +721,6 @@ class Trainer:
       return os.path.join(self._read_manager.directory, f"ckpt-{step}")
     return self.save()
 
-  def _scratch_dir(self, name: str) -> str:
-    """A non-chief worker's own folder for files only the chief keeps."""
-    resolver = self.strategy.cluster_resolver
-    return os.path.join(
-      self.model_dir,
-      ".workers",
-      f"{resolver.task_type}-{resolver.task_id}",
-      name,
-    )
-
   def _is_chief(self) -> bool:
     """Whether this process writes the run's files (not a non-chief worker)."""
     resolver = getattr(self.strategy, "cluster_resolver", None)
@@ -722,7 +731,9 @@ class Trainer:
       return True
     spec = resolver.cluster_spec().as_dict() if resolver else {}
     return (
-      task_type == "worker" and "chief" not in spec and not resolver.task_id
+      task_type == "worker"
+      and "chief" not in spec
+      and not getattr(resolver, "task_id", 0)
     )
 
   def _agreed_stop(self, requested: str | None) -> str | None:
@@ -802,7 +813,7 @@ class Trainer:
       NonFiniteLossError: a step had NaN/inf loss or gradients (policy
         "stop"); names the step and the last good checkpoint.
     """
-    lock = lock_lib.ModelDirLock(self.model_dir)
+    lock = self.run_dir.lock()
     if self._chief:  # other workers write nothing of their own here
       lock.acquire()
     try:
@@ -813,14 +824,10 @@ class Trainer:
 
   def _train(self, stop: signals_lib.StopRequests) -> dict[str, float]:
     step = int(self.global_step.numpy())
-    if self._chief:  # before training, not after: a link is refused up front
-      run_files.refuse_links(self.model_dir, [METRICS_FILE])
-    if step and self._chief:  # a resume: same math settings as the last run?
-      changes = run_configs.check_resume(
-        os.path.join(self.model_dir, OPERATIVE_CONFIG_FILE),
-        gin.operative_config_str(),
-        step,
-        self.allow_changed_settings,
+    self.run_dir.refuse_links()  # before training: refused up front
+    if step:  # a resume: same math settings as the last run?
+      changes = self.run_dir.check_resume(
+        gin.operative_config_str(), step, self.allow_changed_settings
       )
       for key, old, new in changes:
         log.warning(
@@ -852,7 +859,7 @@ class Trainer:
       self.backend.raise_for_invalid_inputs()  # before anything is saved
       reached = int(self.global_step.numpy())
       self._check_finite(reached)
-      results = _flat_results(self.model.metrics, "train")
+      results = _flat_results(self.model.metrics, "train", self._ks)
       if self.is_retrieval:  # corpus hit rates are computed in evaluation only
         results = {k: v for k, v in results.items() if "hit_rate" not in k}
       results["train/loss"] = float(self.loss_metric.result())
@@ -1000,7 +1007,7 @@ class Trainer:
         "num_eval_examples > 0, eval files that are not empty) or set "
         "train.eval_data to a source that has some."
       )
-    results = _flat_results(self.model.metrics, "eval")
+    results = _flat_results(self.model.metrics, "eval", self._ks)
     results["eval/loss"] = float(
       self.steps.eval_loss_sum.result()
     ) / examples + _regularization_loss(self.model)
@@ -1009,54 +1016,28 @@ class Trainer:
     return results
 
   def optimum(self) -> dict[str, float]:
-    """The source's known best metrics (synthetic data), if it reports them."""
-    out = {}
-    for attr in ("bayes_auc", "bayes_logloss"):
-      value = getattr(self.eval_source, attr, None)
-      if value is not None:
-        out[attr] = float(value() if callable(value) else value)
-    best = getattr(self.eval_source, "best_hit_rate", None)
-    pop = getattr(self.eval_source, "popularity_hit_rate", None)
-    ks = getattr(self.model, "ks", ())
-    for k in ks:
-      if best is not None:
-        out[f"best_hit_rate_{k}"] = float(best(k))
-      if pop is not None:
-        out[f"popularity_hit_rate_{k}"] = float(pop(k))
-    return out
+    """The source's known best metrics (`DataSource.known_optimum`)."""
+    if not isinstance(self.eval_source, DataSource):
+      return {}
+    optimum = self.eval_source.known_optimum(self._ks)
+    return {k: float(v) for k, v in optimum.items()}
 
   # -- files -----------------------------------------------------------------
 
   def write_operative_config(self) -> str:
-    """Writes `operative_config.gin` (the latest run's) and this run's own
-    numbered copy (`configs/operative_config-<k>.gin`, see `run_configs`)."""
-    path = os.path.join(self.model_dir, OPERATIVE_CONFIG_FILE)
-    if not self._chief:
-      return path
-    if self._run_config_path is None:
-      self._run_config_path = run_configs.next_config_path(self.model_dir)
-      os.makedirs(os.path.dirname(self._run_config_path), exist_ok=True)
-    text = gin.operative_config_str()
-    run_files.write_text(self._run_config_path, text)
-    return run_files.write_text(path, text)
+    """Writes the run's gin config into the model dir (`RunDir`)."""
+    return self.run_dir.write_operative_config(gin.operative_config_str())
 
   def write_metrics(self, metrics: Mapping[str, float]) -> str:
-    path = os.path.join(self.model_dir, METRICS_FILE)
-    if not self._chief:
-      return path
-    return run_files.write_text(
-      path,
-      json.dumps(
-        {
-          "backend": self.backend_name,
-          "strategy": type(self.strategy).__name__,
-          "replicas": self.strategy.num_replicas_in_sync,
-          "global_batch_size": self.global_batch_size,
-          **{k: v for k, v in metrics.items()},
-        },
-        indent=2,
-        sort_keys=True,
-      ),
+    """Writes `metrics.json`: `metrics` and what the run ran on."""
+    return self.run_dir.write_metrics(
+      {
+        "backend": self.backend_name,
+        "strategy": type(self.strategy).__name__,
+        "replicas": self.strategy.num_replicas_in_sync,
+        "global_batch_size": self.global_batch_size,
+        **metrics,
+      }
     )
 
   # -- parameter-server training (recsys.training.coordinated) ---------------

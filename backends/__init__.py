@@ -5,7 +5,8 @@ Every backend trains the same `tf.tpu.experimental.embedding` configuration
 math and the same checkpoint layout, on different hardware:
 
   tensorcore        replicated tables, lookups on the compute cores (any device)
-  tpu_embedding     TF's TPUEmbedding (embedding_feature V1) / TPUEmbeddingV2 (V2)
+  tpu_embedding     TF's TPUEmbedding (embedding_feature V1) or
+                    TPUEmbeddingV2 (V2)
   tpu_embedding_v0  TF's own TPUEmbeddingV0
   sharded           tables row-sharded over parameter servers
   serving           TF's TPUEmbeddingForServing (lookup only, CPU inference)

@@ -8,7 +8,7 @@ training and needs no TPU. This module adds the serving signatures.
 
 Id signatures ("serving_default" and, for retrieval, "query_embeddings",
 "candidate_embeddings") take the ids a data source delivers, one tensor each:
-  dense              float32 `[B, num_dense]`         (if the model has dense features)
+  dense              float32 `[B, num_dense]`         (with dense features)
   <feature>          int64 `[B]` for one-hot features; `[B, W]` padded with -1
                      for multi-hot (W = spec.max_ids) and sequence features
                      (W = spec.sequence_length)
@@ -40,7 +40,8 @@ Example:
   >>> serve = tf.saved_model.load(path).signatures["serving_default"]
   >>> serve(dense=..., C1=..., C7=...)["scores"]
   >>> raw = tf.saved_model.load(path).signatures["serving_raw"]
-  >>> raw(I1=tf.constant(["3"]), ..., C1=tf.constant(["68fd1e64"]), ...)["scores"]
+  >>> raw(I1=tf.constant(["3"]), ...,
+  ...     C1=tf.constant(["68fd1e64"]), ...)["scores"]
 """
 
 import logging
@@ -214,19 +215,26 @@ class ServingModule(tf.Module):
 
   # -- raw signatures ---------------------------------------------------------
 
+  @property
+  def _parser(self) -> RawParser:
+    """The source's raw parser (raw signatures exist only with one)."""
+    if self.raw_parser is None:
+      raise ValueError("this model's source has no raw form (raw_parser)")
+    return self.raw_parser
+
   def _raw_features(
     self, inputs: Mapping[str, tf.Tensor], names: Sequence[str]
   ):
     """Raw inputs -> (features of `names`, `unknown_<input>` flags)."""
-    features = self.raw_parser.parse_raw(inputs, names)
+    features = self._parser.parse_raw(inputs, names)
     unknown = {
-      f"unknown_{k}": v for k, v in self.raw_parser.unknown(inputs).items()
+      f"unknown_{k}": v for k, v in self._parser.unknown(inputs).items()
     }
     return features, unknown
 
   def _raw_ranking_signatures(self, names: Sequence[str]) -> dict[str, Any]:
     """ "serving_raw": raw values -> scores, via the source's own parser."""
-    sig = self.raw_parser.raw_feature_spec(names, dense=bool(self._num_dense))
+    sig = self._parser.raw_feature_spec(names, dense=bool(self._num_dense))
 
     @tf.function(autograph=False)
     def serve_raw(inputs):
@@ -241,8 +249,8 @@ class ServingModule(tf.Module):
   def _raw_retrieval_signatures(self) -> dict[str, Any]:
     """The retrieval signatures on raw values: top-k and both towers."""
     query, candidate = self.model.query_features, self.model.candidate_features
-    q_sig = self.raw_parser.raw_feature_spec(query, dense=bool(self._num_dense))
-    c_sig = self.raw_parser.raw_feature_spec(candidate)
+    q_sig = self._parser.raw_feature_spec(query, dense=bool(self._num_dense))
+    c_sig = self._parser.raw_feature_spec(candidate)
 
     def tower(names, embed):
       @tf.function(autograph=False)
@@ -266,7 +274,7 @@ class ServingModule(tf.Module):
       values, index = tf.math.top_k(scores, k=self._k)
       ids = tf.gather(self.corpus_ids, index)
       out.update(scores=values, candidate_ids=ids)
-      names = self.raw_parser.raw_ids(id_feature, ids)
+      names = self._parser.raw_ids(id_feature, ids)
       if names is not None:
         out["candidate_raw_ids"] = names
       return out

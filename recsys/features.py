@@ -153,7 +153,7 @@ def check_embedding_optimizer(optimizer: Any, where: str) -> None:
       + f"; embedding tables take a tf.tpu.experimental.embedding optimizer: "
       f"{valid}."
     )
-  lr = optimizer.learning_rate
+  lr = getattr(optimizer, "learning_rate", None)
   if callable(lr):
     return
   if (
@@ -203,7 +203,8 @@ def seeded_initializer(
     )
   get_config = getattr(initializer, "get_config", None)
   if callable(get_config) and "seed" in get_config():
-    return type(initializer).from_config(
+    initializer_cls: Any = type(initializer)
+    return initializer_cls.from_config(
       {**get_config(), "seed": table_seed(seed, table)}
     )
   return initializer
@@ -213,7 +214,7 @@ def feature_config(
   specs: Sequence[FeatureSpec],
   settings: EmbeddingSettings | None = None,
   seed: int | None = None,
-) -> dict[str, "embedding.FeatureConfig"]:
+) -> dict[str, Any]:
   """Builds the feature_config dict the embedding backends take.
 
   Args:
@@ -261,7 +262,7 @@ def feature_config(
   _check_override_tables(settings, specs, by_table)
   check_embedding_optimizer(settings.optimizer, "EmbeddingSettings.optimizer")
 
-  tables: dict[str, embedding.TableConfig] = {}
+  tables: dict[str, Any] = {}
   for name, spec in by_table.items():
     values = settings.for_table(name)
     dim, combiner = values["dim"], values["combiner"]
@@ -302,7 +303,7 @@ def feature_config(
 
 
 def specs_from_feature_config(
-  config: Mapping[str, "embedding.FeatureConfig"],
+  config: Mapping[str, Any],
   multi_hot: Mapping[str, int] | None = None,
 ) -> list[FeatureSpec]:
   """The `FeatureSpec`s of an existing feature_config dict (its inverse).
@@ -363,7 +364,7 @@ def _check_override_tables(
   if not unknown:
     return
   table_of = {spec.name: table_name(spec) for spec in specs}
-  sharing = {}
+  sharing: dict[str, list[str]] = {}
   for spec in specs:
     sharing.setdefault(table_name(spec), []).append(spec.name)
   hints = []
@@ -385,7 +386,7 @@ def _check_override_tables(
   )
 
 
-def dims(config: Mapping[str, "embedding.FeatureConfig"]) -> dict[str, int]:
+def dims(config: Mapping[str, Any]) -> dict[str, int]:
   """Feature name -> embedding dim D of its table."""
   return {name: f.table.dim for name, f in config.items()}
 

@@ -159,7 +159,7 @@ class Cluster:
 
   def _pump(self, job: str, index: int, proc: subprocess.Popen) -> None:
     prefix = f"[{task_name(job, index)}] "
-    for line in proc.stdout:
+    for line in proc.stdout or ():
       self._print(prefix + line)
 
   def wait(self, poll_seconds: float = 0.2) -> int:
@@ -202,7 +202,7 @@ class Cluster:
       time.sleep(poll_seconds)
 
   def stop(self, grace_seconds: float = 10.0) -> None:
-    """SIGTERM to the chief (grace to checkpoint), then SIGKILL to every group."""
+    """SIGTERM to the chief (grace to checkpoint), then SIGKILL the groups."""
     chief = self.procs.get(self.chief)
     if chief is not None and chief.poll() is None:
       _signal_group(chief, signal.SIGTERM)

@@ -1,4 +1,4 @@
-"""What `recsys info` reports: the environment, the backend choice, table memory.
+"""What `recsys info` reports: the environment, backend choice, table memory.
 
 `describe_environment` lists the devices, the strategy, the TPU embedding
 feature, the backend "auto" would pick and why, and (given a feature config)
@@ -172,7 +172,7 @@ def _tables(feature_config: Any) -> list[Any]:
     ]
   else:
     features = nest.flatten(feature_config)
-  tables = []
+  tables: list[Any] = []
   for feature in features:
     if all(feature.table is not t for t in tables):
       tables.append(feature.table)
@@ -308,7 +308,8 @@ def plan_memory(
   if device_memory_bytes is None:
     device_memory_bytes, source = _device_memory(strategy)
   budget = HEADROOM * device_memory_bytes if device_memory_bytes else None
-  rows, warnings = [], []
+  rows: list[Any] = []
+  warnings: list[str] = []
   for i, table in enumerate(_tables(feature_config)):
     table_name = table.name if table.name is not None else f"table_{i}"
     opt = table.optimizer if table.optimizer is not None else optimizer
@@ -344,7 +345,7 @@ def plan_memory(
       )
     )
   plan = MemoryPlan(name, rows, device_memory_bytes, source, warnings)
-  if plan.fits is False:
+  if plan.fits is False and device_memory_bytes:
     budget = HEADROOM * device_memory_bytes
     biggest = max(rows, key=lambda r: r.bytes_per_device)
     placements = sorted({r.placement for r in rows})
@@ -383,7 +384,8 @@ def check_fits(plan: MemoryPlan) -> None:
   more = f" and {len(biggest) - 5} smaller" if len(biggest) > 5 else ""
   raise MemoryPlanError(
     f"the embedding tables need {human_bytes(plan.bytes_per_device)} per "
-    f"device, over {HEADROOM:.0%} of the {human_bytes(plan.device_memory_bytes)} "
+    f"device, over {HEADROOM:.0%} of the "
+    f"{human_bytes(plan.device_memory_bytes or 0)} "
     f"available ({plan.memory_source}): {listed}{more}. Cap the "
     "vocabularies (e.g. CriteoTSV.max_vocab_size, or --gin_file "
     "experiments/hardware/cpu_small.gin), lower EmbeddingSettings.dim, use "

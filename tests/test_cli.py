@@ -1,4 +1,4 @@
-"""The `recsys` command: help, gin errors with their file, train/evaluate/export."""
+"""The `recsys` command: help, gin errors naming files, train/eval/export."""
 
 import json
 import os
@@ -175,7 +175,8 @@ def _padded(ids, width):
   return ids.numpy()
 
 
-@pytest.mark.slow  # ~40 s: three recsys processes (train, evaluate, export) and a loader
+# ~40 s: three recsys processes (train, evaluate, export) and a loader
+@pytest.mark.slow
 def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path):
   model_dir, export_dir = tmp_path / "run", tmp_path / "export"
   bindings = sum((["--gin_bindings", b] for b in TINY), [])
@@ -229,9 +230,11 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path):
   np.savez(tmp_path / "inputs.npz", **inputs)
   loader = textwrap.dedent(f"""
       import numpy as np, tensorflow as tf
-      served = tf.saved_model.load({str(export_dir)!r}).signatures["serving_default"]
+      served = tf.saved_model.load(
+          {str(export_dir)!r}).signatures["serving_default"]
       inputs = dict(np.load({str(tmp_path / "inputs.npz")!r}))
-      scores = served(**{{k: tf.constant(v) for k, v in inputs.items()}})["scores"]
+      scores = served(
+          **{{k: tf.constant(v) for k, v in inputs.items()}})["scores"]
       np.save({str(tmp_path / "scores.npy")!r}, scores.numpy())
   """)
   done = subprocess.run(
@@ -247,9 +250,10 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path):
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.slow  # ~10 s: trains, exports and loads a two-tower model in-process
+# ~10 s: trains, exports and loads a two-tower model in-process
+@pytest.mark.slow
 def test_export_of_a_retrieval_model_serves_the_models_top_k(tmp_path):
-  """Two-tower: the exported tower signatures and top-k equal the trained model's."""
+  """Two-tower: exported tower signatures and top-k equal the trained model."""
   model_dir, export_dir = str(tmp_path / "run"), str(tmp_path / "export")
   tiny = [
     "SyntheticRetrieval.num_users = 50",
@@ -430,8 +434,10 @@ def test_tf_startup_noise_is_dropped_and_the_rest_kept():
   from recsys import _tf_startup  # pylint: disable=g-import-not-at-top
 
   lines = [
-    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n",
-    "I0000 00:00:1.1 1 port.cc:153] oneDNN custom operations are on. You may see\n",
+    "WARNING: All log messages before absl::InitializeLog() is called are "
+    "written to STDERR\n",
+    "I0000 00:00:1.1 1 port.cc:153] oneDNN custom operations are on. "
+    "You may see\n",
     "E0000 00:00:1.2 1 cuda_platform.cc:52] failed call to cuInit: INTERNAL\n",
     "E0000 00:00:1.3 1 something.cc:1] a real error\n",
   ]

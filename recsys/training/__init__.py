@@ -1,4 +1,4 @@
-"""Training: strategy, compiled step loops, the Trainer and the gin entry point."""
+"""Training: strategy, compiled step loops, the Trainer, the gin entry point."""
 
 from recsys.training import schedules
 from recsys.training.strategy import StrategyError, make_strategy

@@ -132,7 +132,7 @@ def coordinator_dataset(
   preprocess: Callable[[Any, Any], Any],
   take_steps: int | None = None,
 ) -> tf.data.Dataset:
-  """The evaluation split as a dataset on the coordinator (every example once)."""
+  """The evaluation split as a dataset on the coordinator, each example once."""
   ds = eval_padding.pad_eval_batches(
     source.dataset(
       global_batch, training=False, drop_remainder=False, repeat=False

@@ -1,9 +1,10 @@
 """Each run's operative config, kept numbered, and the resume settings check.
 
 A model dir holds one training history. Every `train()` on it (the first run
-and each resume) keeps its operative config as `configs/operative_config-<k>.gin`
-(k = 1, 2, ...; never overwritten), and `operative_config.gin` is the latest
-(what `recsys evaluate` and `export` rebuild the model from).
+and each resume) keeps its operative config as
+`configs/operative_config-<k>.gin` (k = 1, 2, ...; never overwritten), and
+`operative_config.gin` is the latest (what `recsys evaluate` and `export`
+rebuild the model from).
 
 A resume whose settings differ from the previous run's in anything that
 changes the math (data, model, optimizers, batch size, seed, embedding
@@ -114,14 +115,19 @@ def numbered_configs(model_dir: str) -> list[str]:
   paths = glob.glob(
     os.path.join(model_dir, CONFIGS_DIR, "operative_config-*.gin")
   )
-  number = lambda p: int(re.search(r"-(\d+)\.gin$", p).group(1))  # noqa: E731
-  return sorted((p for p in paths if re.search(r"-(\d+)\.gin$", p)), key=number)
+  numbered = {}
+  for path in paths:
+    m = re.search(r"-(\d+)\.gin$", path)
+    if m:
+      numbered[path] = int(m.group(1))
+  return sorted(numbered, key=numbered.__getitem__)
 
 
 def next_config_path(model_dir: str) -> str:
   """Where this run keeps its config: `configs/operative_config-<k+1>.gin`."""
   kept = numbered_configs(model_dir)
-  k = int(re.search(r"-(\d+)\.gin$", kept[-1]).group(1)) if kept else 0
+  m = re.search(r"-(\d+)\.gin$", kept[-1]) if kept else None
+  k = int(m.group(1)) if m else 0
   return os.path.join(model_dir, CONFIGS_DIR, f"operative_config-{k + 1}.gin")
 
 

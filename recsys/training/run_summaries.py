@@ -12,7 +12,6 @@ Example:
 
 import ast
 import logging
-from typing import Union
 
 from tensorflow.core.framework import summary_pb2  # pylint: disable=g-direct-tensorflow-import
 
@@ -23,7 +22,7 @@ log = logging.getLogger("recsys.training")
 
 CONFIG_TAG = "operative_config"
 
-HParam = Union[int, float, str, bool]
+HParam = int | float | str | bool
 
 
 def hparams(config_text: str) -> dict[str, HParam]:

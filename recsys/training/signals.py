@@ -11,6 +11,7 @@ Ctrl-C restores Python's default behaviour (KeyboardInterrupt at once).
 import logging
 import signal
 import threading
+from typing import Any
 
 log = logging.getLogger("recsys.training")
 
@@ -50,7 +51,7 @@ class StopRequests:
 
   def __init__(self):
     self.requested: str | None = None
-    self._previous: dict[int, object] = {}
+    self._previous: dict[int, Any] = {}
 
   def _handle(self, signum, frame) -> None:
     del frame

@@ -52,7 +52,7 @@ def _export(model_dir, export_dir):
 
 
 def _tree(path):
-  """Every file under `path` (relative name -> bytes), and the folder's inode."""
+  """Every file under `path` (relative name -> bytes), and the folder inode."""
   files = {}
   for root, _, names in os.walk(path):
     for name in names:

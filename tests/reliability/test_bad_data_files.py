@@ -1,4 +1,4 @@
-"""Damaged data files: truncated or fake gzip, empty files, folders, bad vocabularies.
+"""Damaged data files: truncated or fake gzip, empty files, folders, bad vocabs.
 
 tests/data/ covers malformed Criteo lines (fail and skip), missing folders and
 files, and short MovieLens rows; this adds what a bad download or a wrong
@@ -65,7 +65,7 @@ def first_batch_within(dataset, seconds=60.0):
   return out
 
 
-# -- Criteo: gzip ---------------------------------------------------------------------
+# -- Criteo: gzip --------------------------------------------------------------
 
 
 def test_truncated_gzip_mid_line_fails_naming_the_file_and_hinting_truncation(
@@ -91,7 +91,7 @@ def test_truncated_gzip_is_not_skipped_silently(tmp_path):
 
 
 def test_gzip_cut_at_a_line_boundary_is_an_error_not_a_short_read(tmp_path):
-  """TF's reader ends quietly here: 30 good lines and no error, without the check."""
+  """TF's reader ends quietly here: 30 good lines, no error, unchecked."""
   path = tmp_path / "day_0.gz"
   stream = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
   half = "".join(to_line(r) + "\n" for r in ROWS[:30]).encode()
@@ -138,7 +138,7 @@ def test_plain_text_named_gz_is_refused_at_construction(tmp_path):
     CriteoTSV(train_files=str(path), vocab_sizes=V)
 
 
-# -- Criteo: empty files, folders -------------------------------------------------------
+# -- Criteo: empty files, folders ----------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -202,7 +202,7 @@ def test_glob_patterns_skip_folders(tmp_path):
   assert source.train_files == [str(tmp_path / "day_0")]
 
 
-# -- Criteo: vocabulary files ----------------------------------------------------------
+# -- Criteo: vocabulary files --------------------------------------------------
 
 
 def test_empty_vocabulary_file(tmp_path):
@@ -237,7 +237,7 @@ def test_repeated_vocabulary_value_names_both_lines(tmp_path):
     )
 
 
-# -- MovieLens ---------------------------------------------------------------------------
+# -- MovieLens -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -324,11 +324,11 @@ def test_movielens_data_dir_that_is_a_file(tmp_path):
     MovieLens(str(path))
 
 
-# -- end to end: `recsys train` on a malformed Criteo file ------------------------------
+# -- end to end: `recsys train` on a malformed Criteo file ---------------------
 
 
 @pytest.mark.slow
-def test_recsys_train_on_a_malformed_criteo_line_prints_the_line_not_a_traceback(
+def test_recsys_train_on_a_malformed_criteo_line_prints_the_line(
   tmp_path,
 ):
   lines = [to_line(r) for r in ROWS]

@@ -44,7 +44,7 @@ def sparse(indices, values, shape, dtype=tf.int64):
   )
 
 
-# -- ids ---------------------------------------------------------------------------
+# -- ids -----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("bad_id,row", [(23, 1), (-4, 0), (2**40, 1)])
@@ -140,7 +140,7 @@ def test_int32_and_uint8_ids_look_up_the_same_rows_as_int64():
     np.testing.assert_allclose(got[0], values[3] + values[5], rtol=1e-6)
 
 
-# -- weights -----------------------------------------------------------------------
+# -- weights -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("weight", [float("nan"), float("-inf"), -1.0])
@@ -205,7 +205,7 @@ def test_sparse_indices_outside_the_dense_shape_name_the_feature(row):
     emb.lookup({"f": sparse([[0, 0], [row, 0]], [1, 2], [2, 3])})
 
 
-# -- empty batches -----------------------------------------------------------------
+# -- empty batches -------------------------------------------------------------
 
 
 def _train_step(emb, features, weights=None):
@@ -249,7 +249,7 @@ def test_empty_batch_trains_nothing_and_returns_zeros(ids, graph):
 
 
 def test_empty_batch_on_one_of_two_replicas():
-  """The replica with data trains; the empty one joins the exchange with none."""
+  """The replica with data trains; the empty one joins the exchange, no ids."""
   strategy = mirrored_strategy(2)
   emb, table = make(optimizer=E.SGD(0.5), strategy=strategy)
   before = emb.embedding_tables[table].numpy()
@@ -278,7 +278,7 @@ def test_empty_batch_on_one_of_two_replicas():
   )
 
 
-# -- through the trainer -------------------------------------------------------------
+# -- through the trainer -------------------------------------------------------
 
 
 def test_source_with_ids_beyond_its_declared_vocabulary_stops_training(

@@ -1,4 +1,4 @@
-"""Bad gin files: syntax errors, typos in names, wrong objects, shared-table conflicts.
+"""Bad gin files: syntax errors, typos in names, wrong objects, shared tables.
 
 tests/training/test_gin_config.py and tests/test_cli.py cover an unknown
 parameter, an unbound `%gin.REQUIRED` macro and a missing file; this adds
@@ -58,7 +58,7 @@ def configured_feature_config(tmp_path, text):
   return feature_config(SPECS, gin.get_configurable(EmbeddingSettings)())
 
 
-# -- gin syntax and names --------------------------------------------------------------
+# -- gin syntax and names ------------------------------------------------------
 
 
 def test_syntax_error_names_file_line_and_shows_the_line(tmp_path):
@@ -112,8 +112,8 @@ def test_misspelt_configurable_suggests_the_closest_name(
 ):
   message = parse_error(tmp_path, f"EmbeddingSettings.dim = 8\n{line}\n")
   assert (
-    f"No configurable matching {'reference ' if '@' in unknown else ''}{unknown}"
-    in message
+    "No configurable matching "
+    f"{'reference ' if '@' in unknown else ''}{unknown}" in message
   )
   assert "Did you mean" in message and suggestion in message
   assert str(tmp_path / "bad.gin") in message and "line 2" in message
@@ -151,7 +151,7 @@ def test_misspelt_backend_name_suggests_the_closest(tmp_path):
     )
 
 
-# -- embedding optimizers ---------------------------------------------------------------
+# -- embedding optimizers ------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -159,7 +159,8 @@ def test_misspelt_backend_name_suggests_the_closest(tmp_path):
   [
     (
       "EmbeddingSettings.optimizer = @embedding.Adagrad",
-      r"EmbeddingSettings.optimizer is the class Adagrad, not an optimizer: in gin "
+      r"EmbeddingSettings.optimizer is the class Adagrad, not an optimizer: "
+      r"in gin "
       r"write @embedding.Adagrad\(\) with parentheses",
     ),
     (
@@ -173,7 +174,8 @@ def test_misspelt_backend_name_suggests_the_closest(tmp_path):
     ),
     (
       "EmbeddingSettings.overrides = {'item': {'optimizer': @embedding.FTRL}}",
-      r"EmbeddingSettings.overrides\['item'\]\['optimizer'\] is the class FTRL.*"
+      r"EmbeddingSettings.overrides\['item'\]\['optimizer'\] "
+      r"is the class FTRL.*"
       r"@embedding.FTRL\(\) with parentheses",
     ),
     (
@@ -224,14 +226,15 @@ def test_a_learning_rate_schedule_is_accepted(tmp_path):
   config = configured_feature_config(
     tmp_path,
     "EmbeddingSettings.optimizer = @embedding.SGD()\n"
-    "embedding.SGD.learning_rate = @keras.optimizers.schedules.PolynomialDecay()\n"
+    "embedding.SGD.learning_rate = "
+    "@keras.optimizers.schedules.PolynomialDecay()\n"
     "keras.optimizers.schedules.PolynomialDecay.initial_learning_rate = 0.1\n"
     "keras.optimizers.schedules.PolynomialDecay.decay_steps = 10\n",
   )
   assert isinstance(config["user"].table.optimizer, E.SGD)
 
 
-# -- tables shared with conflicting settings ----------------------------------------
+# -- tables shared with conflicting settings -----------------------------------
 
 
 def test_override_of_a_feature_in_a_shared_table_names_the_table(tmp_path):
@@ -270,7 +273,10 @@ other/embedding.TableConfig.dim = 11
 other/embedding.TableConfig.name = 'users'
 a/embedding.FeatureConfig.table = %TABLE_A
 b/embedding.FeatureConfig.table = %TABLE_B
-FEATURES = {'a': @a/embedding.FeatureConfig(), 'b': @b/embedding.FeatureConfig()}
+FEATURES = {
+    'a': @a/embedding.FeatureConfig(),
+    'b': @b/embedding.FeatureConfig(),
+}
 """
 
 
@@ -318,7 +324,7 @@ def test_a_gin_singleton_shares_one_table(tmp_path):
   assert [emb.table_name(t) for t in emb.tables] == ["users"]
 
 
-# -- end to end: `recsys train` --------------------------------------------------------
+# -- end to end: `recsys train` ------------------------------------------------
 
 TINY = """include 'base.gin'
 train.data = @SyntheticCTR()

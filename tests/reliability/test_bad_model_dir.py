@@ -70,7 +70,7 @@ def other_run(trained_dir, tmp_path):
   return copy
 
 
-# -- through the Trainer -----------------------------------------------------------------
+# -- through the Trainer -------------------------------------------------------
 
 
 def test_the_same_configuration_resumes(other_run):
@@ -91,7 +91,8 @@ def test_the_same_configuration_resumes(other_run):
     (
       dict(optimizer=E.Adam(0.1)),
       r"table 'user': the backend's optimizer Adam has "
-      r"slots \['momenta', 'velocities'\], the checkpoint has \['accumulators'\]",
+      r"slots \['momenta', 'velocities'\], "
+      r"the checkpoint has \['accumulators'\]",
     ),
   ],
 )
@@ -143,8 +144,8 @@ def test_verify_objects_on_the_trainers_checkpoint(other_run, tmp_path):
     ckpt.verify_objects(path, wider.checkpoint)
   message = str(info.value)
   assert (
-    "model/top_mlp/layer_with_weights-0/bias: checkpoint shape [11], this run [13]"
-    in message
+    "model/top_mlp/layer_with_weights-0/bias: "
+    "checkpoint shape [11], this run [13]" in message
   )
   assert "embedding" not in message
 
@@ -166,11 +167,11 @@ def test_a_model_dir_that_is_a_file(tmp_path):
   assert code == 1 and str(model_dir) in err.getvalue()
 
 
-# -- verify_objects against Keras models and TF's restore ----------------------------------
+# -- verify_objects against Keras models and TF's restore ----------------------
 
 
 def keras_run(widths, optimizer=keras.optimizers.Adam, strategy=None):
-  """A built Keras MLP and optimizer in a `tf.train.Checkpoint`, with one table."""
+  """A built Keras MLP and optimizer in a `tf.train.Checkpoint`, one table."""
   strategy = strategy or tf.distribute.get_strategy()
   with strategy.scope():
     model = keras.Sequential([keras.layers.Dense(w) for w in widths])
@@ -211,16 +212,16 @@ def test_verify_objects_lists_every_shape_that_differs(tmp_path):
     ckpt.verify_objects(path, keras_run((9, 1)), hint="Use a new --model_dir.")
   message = str(info.value)
   assert (
-    "model/layer_with_weights-0/kernel: checkpoint shape [5, 7], this run [5, 9]"
-    in message
+    "model/layer_with_weights-0/kernel: "
+    "checkpoint shape [5, 7], this run [5, 9]" in message
   )
   assert (
     "model/layer_with_weights-0/bias: checkpoint shape [7], this run [9]"
     in message
   )
   assert (
-    "model/layer_with_weights-1/kernel: checkpoint shape [7, 1], this run [9, 1]"
-    in message
+    "model/layer_with_weights-1/kernel: "
+    "checkpoint shape [7, 1], this run [9, 1]" in message
   )
   assert "optimizer/" in message and message.endswith("Use a new --model_dir.")
 

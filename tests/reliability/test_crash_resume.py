@@ -1,4 +1,4 @@
-"""Fault injection for real: SIGKILL at random points, SIGTERM, a truncated file.
+"""Fault injection for real: SIGKILL at random points, SIGTERM, truncated files.
 
 Each test runs the trainer in subprocesses (`train_worker.py`: a checkpoint
 after every step, so kills often land inside a checkpoint write) and asserts

@@ -1,4 +1,4 @@
-"""Backends declare their constructor options; the trainer checks against that."""
+"""Backends declare their constructor options; the trainer checks them."""
 
 import inspect
 

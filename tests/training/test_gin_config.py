@@ -1,4 +1,4 @@
-"""recsys.config: registered TF/Keras names and gin errors that name the file."""
+"""recsys.config: registered TF/Keras names, gin errors that name the file."""
 
 import gin
 import pytest

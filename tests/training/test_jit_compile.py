@@ -1,4 +1,4 @@
-"""`train.jit_compile`: every model's replica step compiled with XLA, as on a TPU.
+"""`train.jit_compile`: each model's replica step compiled with XLA, as on TPU.
 
 Reference: the same run uncompiled (tables, slots, dense weights and the
 dense optimizer's state), and an HLO without dynamic dimensions.

@@ -27,7 +27,7 @@ TINY = [
 
 
 def run(model_dir, *bindings):
-  """One `recsys train` on `model_dir` (gin state fresh, as in a new process)."""
+  """One `recsys train` on `model_dir` (fresh gin state, as a new process)."""
   gin.clear_config()
   config.parse(
     [os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")],

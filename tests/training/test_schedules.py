@@ -1,4 +1,4 @@
-"""recsys.training.schedules.bind_to_step: schedules follow the step, on copies."""
+"""schedules.bind_to_step: schedules follow the step, bound on copies."""
 
 import numpy as np
 import tensorflow as tf

@@ -101,7 +101,7 @@ def test_eval_loss_matches_numpy_bce_of_predictions(tmp_path):
 
 
 def test_kill_and_resume_continues_at_saved_step(tmp_path):
-  """Stop after 8 steps, restart on the same dir: same end state as 16 at once."""
+  """Stop after 8 steps, restart on the same dir: same end state as 16 steps."""
   whole = make_trainer(tmp_path / "whole", train_steps=16)
   whole.train()
   first = make_trainer(tmp_path / "split", train_steps=8)
@@ -111,11 +111,11 @@ def test_kill_and_resume_continues_at_saved_step(tmp_path):
   resumed = make_trainer(tmp_path / "split", train_steps=16)
   assert resumed.restored_step == 8
   assert int(resumed.global_step.numpy()) == 8
-  # Restored tables, optimizer slots and dense weights are exactly the saved ones.
+  # Restored tables, optimizer slots and dense weights are exactly as saved.
   assert_same_state(state(resumed), saved)
   resumed.train()
   assert int(resumed.global_step.numpy()) == 16
-  # ... and the data continued where it stopped: same as the run that never stopped.
+  # ... and the data continued where it stopped: as the run that never did.
   assert_same_state(state(resumed), state(whole), rtol=1e-6, atol=1e-7)
 
 
@@ -128,7 +128,7 @@ def test_same_seed_same_metrics(tmp_path):
 
 
 def test_two_replicas_match_one_on_the_same_global_batch(tmp_path):
-  """2 mirrored CPU replicas == 1 replica with the combined batch (all state)."""
+  """2 mirrored CPU replicas == 1 replica with the combined batch (state)."""
   one = make_trainer(
     tmp_path / "one",
     strategy=mirrored_strategy(1),
@@ -188,7 +188,7 @@ def test_warmup_poly_decay_matches_formula():
 
 
 def test_train_spells_out_every_trainer_setting_with_its_default():
-  """`train` (the gin surface) repeats Trainer's signature; they must not drift."""
+  """`train` (the gin surface) repeats Trainer's signature: no drift."""
   trainer_params = inspect.signature(Trainer.__init__).parameters
   train_params = inspect.signature(train).parameters
   renamed = {"source": "data", "eval_source": "eval_data"}
@@ -202,7 +202,7 @@ def test_train_spells_out_every_trainer_setting_with_its_default():
 
 def test_model_factory_from_gin_gets_only_the_arguments_it_accepts():
   """gin wraps `@DLRM` in a (*args, **kwargs) subclass; the trainer must still
-  drop keywords the model does not take (a MovieLens source has query_features)."""
+  drop keywords the model does not take (MovieLens has query_features)."""
   import gin
 
   from recsys.data.spec import FeatureSpec

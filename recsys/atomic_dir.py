@@ -25,13 +25,15 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 
+from recsys.errors import RecsysError
+
 log = logging.getLogger("recsys")
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
-class UnsafeReplaceError(OSError):
+class UnsafeReplaceError(RecsysError, OSError):
   """The target holds something that replacing it would destroy."""
 
 

@@ -48,10 +48,12 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
+from recsys.errors import RecsysError
+
 _PRIVATE_ENV = "RECSYS_LAUNCH_PRIVATE_NETWORK"
 
 
-class LaunchError(RuntimeError):
+class LaunchError(RecsysError, RuntimeError):
   """The cluster could not be started as asked."""
 
 

@@ -29,6 +29,7 @@ from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-i
 import backends
 from backends import hardware, registry
 from backends import optimizers as embedding_optimizers
+from recsys.errors import RecsysError
 
 #: Fraction of device memory the embedding may use before a warning: the
 #: rest is for activations, the model, the input pipeline.
@@ -362,7 +363,7 @@ def plan_memory(
   return plan
 
 
-class MemoryPlanError(ValueError):
+class MemoryPlanError(RecsysError, ValueError):
   """The embedding tables would not fit this host's memory."""
 
 

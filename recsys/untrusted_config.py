@@ -15,8 +15,10 @@ import gin  # noqa: F401  (gin.config_parser needs gin's package set up)
 from gin import config as gin_config
 from gin import config_parser
 
+from recsys.errors import RecsysError
 
-class UntrustedConfigError(ValueError):
+
+class UntrustedConfigError(RecsysError, ValueError):
   """A config read back from a model dir holds statements that run code."""
 
 

@@ -57,6 +57,7 @@ from recsys.data.criteo_raw import (
 from recsys.data.errors import DataFormatError, DatasetNotFoundError
 from recsys.data.pipeline import AUTOTUNE, BatchRequest, DataSource
 from recsys.data.spec import FeatureSpec
+from recsys.errors import RecsysError
 
 log = logging.getLogger("recsys.data.criteo")
 
@@ -148,7 +149,7 @@ def _printable(text: tf.Tensor) -> tf.Tensor:
   )
 
 
-class CriteoConfigError(ValueError):
+class CriteoConfigError(RecsysError, ValueError):
   """Inconsistent CriteoTSV settings."""
 
 

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from recsys.data.raw import RawParser
 from recsys.data.spec import FeatureSpec
+from recsys.errors import RecsysError
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -151,7 +152,7 @@ class DataSource(abc.ABC):
     )
 
 
-class InvalidBatchSizeError(ValueError):
+class InvalidBatchSizeError(RecsysError, ValueError):
   """A batch size that is not a positive integer."""
 
 

@@ -42,12 +42,13 @@ from recsys.data.pipeline import (
   indexed_batches,
 )
 from recsys.data.spec import FeatureSpec
+from recsys.errors import RecsysError
 
 _CALIBRATION_EXAMPLES = 1 << 15
 _CHUNK = 1 << 16
 
 
-class SyntheticConfigError(ValueError):
+class SyntheticConfigError(RecsysError, ValueError):
   """Inconsistent synthetic-data settings."""
 
 

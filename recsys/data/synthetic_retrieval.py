@@ -36,11 +36,12 @@ from recsys.data.pipeline import (
   indexed_batches,
 )
 from recsys.data.spec import FeatureSpec
+from recsys.errors import RecsysError
 
 _MAX_TABLE = 1 << 24
 
 
-class SyntheticRetrievalConfigError(ValueError):
+class SyntheticRetrievalConfigError(RecsysError, ValueError):
   """Inconsistent synthetic retrieval settings."""
 
 

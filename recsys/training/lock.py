@@ -15,12 +15,13 @@ import os
 import socket
 import sys
 
+from recsys.errors import RecsysError
 from recsys.training import run_files
 
 LOCK_FILE = ".recsys.lock"
 
 
-class ModelDirBusyError(RuntimeError):
+class ModelDirBusyError(RecsysError, RuntimeError):
   """Another live process is training in the same model dir."""
 
 

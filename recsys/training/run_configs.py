@@ -25,6 +25,8 @@ import re
 
 from gin import config_parser
 
+from recsys.errors import RecsysError
+
 CONFIGS_DIR = "configs"
 
 #: `train` arguments that do not change the numbers a resumed run computes.
@@ -53,7 +55,7 @@ EXECUTION_SETTINGS = frozenset(
 )
 
 
-class ChangedSettingsError(ValueError):
+class ChangedSettingsError(RecsysError, ValueError):
   """A resume would change settings that change the math of the run."""
 
 

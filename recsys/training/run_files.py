@@ -24,8 +24,10 @@ import stat
 import tempfile
 from collections.abc import Sequence
 
+from recsys.errors import RecsysError
 
-class UnsafeRunFileError(OSError):
+
+class UnsafeRunFileError(RecsysError, OSError):
   """A model dir file is a symlink, a hard link or not a regular file."""
 
 

@@ -13,6 +13,8 @@ import signal
 import threading
 from typing import Any
 
+from recsys.errors import RecsysError
+
 log = logging.getLogger("recsys.training")
 
 # Conventional exit status of a process ended by SIGTERM (128 + 15): a job
@@ -20,7 +22,7 @@ log = logging.getLogger("recsys.training")
 PREEMPTED_EXIT_CODE = 143
 
 
-class TrainingPreempted(RuntimeError):
+class TrainingPreempted(RecsysError, RuntimeError):
   """Training stopped on a signal after saving a checkpoint.
 
   Attributes:

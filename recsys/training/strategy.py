@@ -21,11 +21,12 @@ import signal
 import threading
 
 from recsys._keras import tf
+from recsys.errors import RecsysError
 
 log = logging.getLogger("recsys.training")
 
 
-class StrategyError(RuntimeError):
+class StrategyError(RecsysError, RuntimeError):
   """The requested strategy cannot be built here."""
 
 

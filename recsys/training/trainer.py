@@ -33,6 +33,7 @@ from recsys import planning
 from recsys._keras import keras, tf
 from recsys.data.from_dataset import DatasetSource
 from recsys.data.pipeline import DataSource
+from recsys.errors import RecsysError
 from recsys.models.base import RetrievalModel
 from recsys.training import compile as compile_lib
 from recsys.training import coordinated as coordinated_lib
@@ -53,19 +54,19 @@ METRICS_FILE = run_dir_lib.METRICS_FILE
 OPERATIVE_CONFIG_FILE = run_dir_lib.OPERATIVE_CONFIG_FILE
 
 
-class TrainerConfigError(ValueError):
+class TrainerConfigError(RecsysError, ValueError):
   """The trainer's settings are inconsistent (batch sizes, steps, sources)."""
 
 
-class EmptyEvalSetError(ValueError):
+class EmptyEvalSetError(RecsysError, ValueError):
   """The evaluation split has no example to score."""
 
 
-class CorruptCheckpointError(RuntimeError):
+class CorruptCheckpointError(RecsysError, RuntimeError):
   """Checkpoints exist in the model dir but none of them reads back whole."""
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(RecsysError, FloatingPointError):
   """A training step's loss or gradients were NaN/inf (policy "stop").
 
   Attributes:

@@ -204,7 +204,6 @@ def test_tables_are_listed_in_numeric_order():
 @pytest.mark.parametrize("experiment", ["criteo_dlrm.gin", "criteo_dcn.gin"])
 def test_cpu_small_fits_criteo_on_a_small_machine(tmp_path, experiment):
   """The override caps Criteo's vocabularies: under 1 GiB (it was 16 GiB)."""
-  import gin  # noqa: E402  pylint: disable=g-import-not-at-top
 
   from recsys import config, features  # pylint: disable=g-import-not-at-top
 
@@ -218,11 +217,9 @@ def test_cpu_small_fits_criteo_on_a_small_machine(tmp_path, experiment):
     ],
     [f"CRITEO_DIR = '{tmp_path}'"],
   )
-  source = gin.query_parameter("train.data").scoped_configurable_fn()
-  settings = gin.query_parameter("train.embedding").scoped_configurable_fn()
-  optimizer = gin.query_parameter(
-    "train.embedding_optimizer"
-  ).scoped_configurable_fn()
+  source = config.value("train.data")
+  settings = config.value("train.embedding")
+  optimizer = config.value("train.embedding_optimizer")
   plan = planning.plan_memory(
     features.feature_config(source.feature_specs, settings),
     optimizer,

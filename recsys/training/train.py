@@ -4,9 +4,9 @@ Gin files bind `train.*` (data source, model class, embedding settings,
 optimizers, batch size, steps); `recsys train|evaluate|export` call it with
 the model dir and an action. Objects that own variables (model, dense
 optimizer) are passed as classes or factories (`@DLRM`,
-`@keras.optimizers.Adam`)
-and built inside `strategy.scope()`; embedding optimizers own no variables and
-are passed as instances (`@embedding.Adagrad()`).
+`@keras.optimizers.Adam`) and built inside `strategy.scope()`; embedding
+optimizers own no variables and are passed as instances
+(`@embedding.Adagrad()`).
 
 Example (gin):
   train.data = @SyntheticCTR()

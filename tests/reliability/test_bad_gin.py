@@ -20,7 +20,7 @@ import tensorflow as tf  # noqa: E402
 
 import backends  # noqa: E402
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-from recsys import config  # noqa: E402
+from recsys import _gin_compat, config  # noqa: E402
 from recsys.data.spec import FeatureSpec  # noqa: E402
 from recsys.features import (
   EmbeddingSettings,
@@ -286,11 +286,9 @@ def _gin_features(tmp_path, table_a, table_b):
 
 
 def _evaluate(value):
-  if isinstance(value, gin.config.ConfigurableReference):
-    return value.scoped_configurable_fn()
   if isinstance(value, dict):
     return {k: _evaluate(v) for k, v in value.items()}
-  return value
+  return _gin_compat.evaluate(value)
 
 
 def test_gin_tables_with_one_name_and_two_settings_are_refused(tmp_path):

@@ -1,17 +1,16 @@
 """recsys.config: registered TF/Keras names, gin errors that name the file."""
 
-import gin
 import pytest
 import tensorflow as tf
 
-from recsys import config
+from recsys import _gin_compat, config
 
 embedding = tf.tpu.experimental.embedding
 
 
 def configured_settings():
   """`train.embedding` evaluated as gin would when calling `train`."""
-  return gin.query_parameter("train.embedding").scoped_configurable_fn()
+  return config.value("train.embedding")
 
 
 def test_tpu_embedding_and_keras_classes_are_configurable(tmp_path):
@@ -43,7 +42,7 @@ def test_tpu_embedding_and_keras_classes_are_configurable(tmp_path):
     "train",
     "EmbeddingSettings",
   ):
-    assert gin.config._REGISTRY.get_match(name) is not None, name  # pylint: disable=protected-access
+    assert _gin_compat.find_configurable(name) is not None, name
 
 
 def test_unknown_parameter_names_file_and_line(tmp_path):

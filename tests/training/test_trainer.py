@@ -205,12 +205,13 @@ def test_model_factory_from_gin_gets_only_the_arguments_it_accepts():
   drop keywords the model does not take (MovieLens has query_features)."""
   import gin
 
+  from recsys import _gin_compat
   from recsys.data.spec import FeatureSpec
   from recsys.models import DLRM
   from recsys.training import trainer as trainer_lib
 
   gin.parse_config("import recsys.models\nx/macro.value = @DLRM")
-  wrapped = gin.query_parameter("x/macro.value").scoped_configurable_fn
+  wrapped = _gin_compat.evaluate(gin.query_parameter("x/macro.value"))
   model = trainer_lib._call_with_supported(  # pylint: disable=protected-access
     wrapped,
     feature_specs=[FeatureSpec("u", 5), FeatureSpec("i", 7)],

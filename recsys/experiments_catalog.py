@@ -1,4 +1,4 @@
-"""The experiment gin files shipped inside the package, and `include` resolution.
+"""The experiment gin files shipped in the package, and `include` resolution.
 
 The repo's `experiments/` folder is the package's `recsys/experiments`
 (a symlink in the repo, copied into the wheel as package data), so an

@@ -6,7 +6,6 @@ s is examples [s*G, (s+1)*G) whatever the number of replicas: what the
 trained model has something to learn.
 """
 
-
 import numpy as np
 import tensorflow as tf
 

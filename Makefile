@@ -6,12 +6,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 MODEL_DIR ?= runs/demo
 
-.PHONY: demo test test-fast bench kernels clean
+.PHONY: demo test test-fast lint bench kernels clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,lint]'
 	$(BIN)/python -m backends.kernels || echo "make: fused CPU kernels not built; the TF ops will be used"
 	touch $(STAMP)
 
@@ -22,6 +22,13 @@ demo: $(STAMP)
 # suite took 11 minutes instead of 17.5 on 2 cores.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+# Style and types (configured in pyproject.toml): formatting everywhere, lint
+# and mypy on the package. CI runs this before the tests.
+lint: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check backends recsys
+	$(BIN)/mypy
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"

@@ -1,4 +1,4 @@
-"""Checkpoint compatibility: does a checkpoint hold exactly this backend's tables?
+"""Checkpoint compatibility: does a checkpoint hold exactly these tables?
 
 Every backend writes the layout of TF's mid-level API under its checkpoint
 node (`<prefix><table>` and `<prefix><table>.S<slot>`, TF's slot names per
@@ -35,7 +35,7 @@ _LAYOUTS = tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY
 
 
 class CheckpointMismatchError(ValueError):
-  """The checkpoint's tables, slots or other variables differ from this run's."""
+  """The checkpoint's tables, slots or other variables differ from this run."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +87,9 @@ def _read(path: str, prefix: str) -> dict[str, tuple[int, ...]]:
 
 def _unescape(local_name: str) -> list[str]:
   """Splits a checkpoint object name on its escaped "/" (".S"); ".." is "."."""
-  parts, current, i = [], [], 0
+  parts: list[str] = []
+  current: list[str] = []
+  i = 0
   while i < len(local_name):
     if local_name.startswith(_SLOT_SEPARATOR, i):
       parts.append("".join(current))
@@ -234,7 +236,7 @@ _GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
 def _stored_variables(graph, shapes) -> dict[tuple[str, ...], tuple[int, ...]]:
   """`{object path: shape}` of the variables in a checkpoint's object graph."""
-  paths = {0: ()}
+  paths: dict[int, tuple[str, ...]] = {0: ()}
   queue = collections.deque([0])
   while queue:
     node_id = queue.popleft()
@@ -242,7 +244,7 @@ def _stored_variables(graph, shapes) -> dict[tuple[str, ...], tuple[int, ...]]:
       if child.node_id not in paths:
         paths[child.node_id] = paths[node_id] + (child.local_name,)
         queue.append(child.node_id)
-  out = {}
+  out: dict[tuple[str, ...], tuple[int, ...]] = {}
   for node_id, path in paths.items():
     for attribute in graph.nodes[node_id].attributes:
       if attribute.name == _VALUE and attribute.checkpoint_key in shapes:
@@ -266,7 +268,7 @@ def verify_objects(
   skip: Sequence[str] = ("embedding",),
   hint: str = "",
 ) -> str:
-  """Checks that a checkpoint holds exactly `root`'s variables, by path and shape.
+  """Checks that a checkpoint holds exactly `root`'s variables (path, shape).
 
   TF restores variables by object path and fails on the first shape that
   differs ("Received incompatible tensor with shape ..."), naming neither
@@ -302,11 +304,17 @@ def verify_objects(
   graph.ParseFromString(reader.get_tensor(_GRAPH_KEY))
   stored = _stored_variables(graph, reader.get_variable_to_shape_map())
   live = _live_variables(root)
-  kept = lambda p: p and p[0] not in skip
+
+  def kept(p):
+    return p and p[0] not in skip
+
   stored = {p: s for p, s in stored.items() if kept(p)}
   live = {p: s for p, s in live.items() if kept(p)}
   roots = {p[0] for p in live}
-  natural = lambda p: [(0, int(x), "") if x.isdigit() else (1, 0, x) for x in p]
+
+  def natural(p):
+    return [(0, int(x), "") if x.isdigit() else (1, 0, x) for x in p]
+
   problems = []
   for var_path, shape in sorted(live.items(), key=lambda kv: natural(kv[0])):
     name = "/".join(var_path)
@@ -352,7 +360,8 @@ def restore(
     backend: the backend to restore into.
     checkpoint_path: checkpoint prefix or directory.
     name: the attribute the backend was saved under in the
-      `tf.train.Checkpoint` (`tf.train.Checkpoint(embedding=...)` -> "embedding").
+      `tf.train.Checkpoint`: `tf.train.Checkpoint(embedding=...)` ->
+      "embedding".
     allow_extra_tables: see `verify_compatible`.
 
   Returns:

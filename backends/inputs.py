@@ -19,8 +19,6 @@ from typing import Any
 
 import tensorflow as tf
 
-embedding = tf.tpu.experimental.embedding
-
 #: Static-shape bag produced by `pad_bags` on the host: ids `[B, W]`, lengths
 #: `[B]` (entries at positions >= length are padding) and weights `[B, W]`, or
 #: `[B, 0]` when the bags have no weights (every weight 1).
@@ -447,7 +445,7 @@ def _batch_size(inp: Any) -> tf.Tensor:
 
 
 def _sequence_length_from_output_shape(layout, out_shape, batch_size) -> int:
-  """TF's `output_shape` rule: prod == B combines; a multiple of B is a sequence."""
+  """TF's `output_shape` rule: prod == B combines; k * B is a sequence."""
   out_batch = 1
   for d in out_shape:
     out_batch *= d
@@ -633,7 +631,8 @@ def pad_bags(
       )
   if not isinstance(inp, tf.RaggedTensor):
     raise InvalidInputError(
-      f"pad_bags takes SparseTensor or RaggedTensor bags, got {type(inp).__name__}."
+      "pad_bags takes SparseTensor or RaggedTensor bags, got "
+      f"{type(inp).__name__}."
     )
   batch = inp.nrows()
   ids = inp.to_tensor(default_value=0, shape=[batch, width])

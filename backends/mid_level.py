@@ -25,10 +25,9 @@ import tensorflow as tf
 from tensorflow.python.trackable import base as trackable_base  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.tpu.experimental import embedding
 
 from backends import base
-
-embedding = tf.tpu.experimental.embedding
 
 
 def tf_feature_config(
@@ -84,7 +83,7 @@ class MidLevelBackend(base.EmbeddingBackend):
     **kwargs: Any,
   ):
     super().__init__(feature_config, optimizer, strategy, **kwargs)
-    self._mid = None
+    self._mid: Any = None
 
   def _create_mid_level(self) -> Any:
     """Returns the TF object (called once, under the strategy's scope)."""

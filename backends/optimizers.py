@@ -43,12 +43,12 @@ from typing import (
 )
 
 import tensorflow as tf
+from tensorflow.tpu.experimental import embedding
 
 from backends.base import UnsupportedConfigError
 
 log = logging.getLogger("recsys.backends")
 
-embedding = tf.tpu.experimental.embedding
 
 _Rows = dict[str, tf.Tensor]
 _UpdateFn = Callable[
@@ -285,7 +285,9 @@ def _step(
 ) -> tuple[tf.Tensor, _Rows]:
   """Steps 2-4 (decay, update, weight clipping) on rows, g already clipped."""
   w = _decay(opt, lr, w)
-  w, s = _update_fn(opt)(opt, lr, w, s, g)
+  update = _update_fn(opt)
+  assert update is not None, "checked when the optimizer was accepted"
+  w, s = update(opt, lr, w, s, g)
   return _clip(w, opt.clip_weight_min, opt.clip_weight_max), s
 
 
@@ -430,7 +432,10 @@ def _kept(
     return new
   if keep.shape.rank == 1:
     keep = keep[:, tf.newaxis]
-  pick = lambda n, o: tf.where(keep, n, o)
+
+  def pick(n, o):
+    return tf.where(keep, n, o)
+
   return pick(new[0], old[0]), {
     k: pick(v, old[1][k]) for k, v in new[1].items()
   }
@@ -497,7 +502,7 @@ def fused_attrs(optimizer: Any) -> dict[str, Any] | None:
 def apply_sparse_updates(
   optimizer: Any,
   updates: Sequence[SparseUpdate],
-  fused_ops: Any | None = None,
+  fused_ops: Any = None,
 ) -> None:
   """`apply_sparse_update` for several tables that share `optimizer`.
 
@@ -553,7 +558,10 @@ def apply_sparse_updates(
       )
     return
   names = optimizer._slot_names()  # pylint: disable=protected-access
-  ws, gs, ss, idss = [], [], {n: [] for n in names}, []
+  ws: list[tf.Tensor] = []
+  gs: list[tf.Tensor] = []
+  idss: list[tf.Tensor] = []
+  ss: dict[str, list[tf.Tensor]] = {n: [] for n in names}
   for u in updates:
     ids = tf.convert_to_tensor(u.ids)
     grads = tf.cast(tf.convert_to_tensor(u.grads), u.table.dtype)

@@ -95,6 +95,7 @@ class PendingLookups:
     flag is cleared first: the error is raised once, not at every later step.
     """
     flag = self._guard
+    assert flag is not None
     with tf.control_dependencies(
       tf.nest.flatten(after, expand_composites=True)
     ):
@@ -113,7 +114,7 @@ class PendingLookups:
       flag.assign(1)
 
   def _clear(self) -> None:
-    if self._guarded():
+    if self._guard is not None and self._guarded():
       self._guard.assign(0)
 
   def record(self, step: Any, outputs: Any = ()) -> None:

@@ -22,7 +22,7 @@ Example:
   >>> emb = ServingEmbedding(feature_config)            # no slots for export
   >>> restore(emb, "/tmp/model/ckpt-100")               # backends.checkpoint
   >>> export_saved_model("/tmp/export", emb, model, signature)
-  >>> emb = ServingEmbedding.from_backend(trained)      # or: copy a live backend
+  >>> emb = ServingEmbedding.from_backend(trained)      # or: copy a backend
 """
 
 import collections.abc
@@ -31,14 +31,13 @@ from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.tpu.experimental import embedding
 
 from backends import base, hardware, mid_level
 
-embedding = tf.tpu.experimental.embedding
-
 
 class ServingEmbedding(mid_level.MidLevelBackend):
-  """Lookup-only embedding for CPU/GPU inference, wrapping `TPUEmbeddingForServing`.
+  """Lookup-only embedding for CPU/GPU inference (`TPUEmbeddingForServing`).
 
   Args:
     feature_config: nested structure of `FeatureConfig`.
@@ -50,7 +49,8 @@ class ServingEmbedding(mid_level.MidLevelBackend):
 
   Example:
     >>> table = tf.tpu.experimental.embedding.TableConfig(23, 7, name="t")
-    >>> emb = ServingEmbedding({"f": tf.tpu.experimental.embedding.FeatureConfig(table)})
+    >>> feature = tf.tpu.experimental.embedding.FeatureConfig(table)
+    >>> emb = ServingEmbedding({"f": feature})
     >>> emb.build()
     >>> emb.lookup({"f": tf.constant([[1, 2], [3, 4]])})["f"].shape
     TensorShape([2, 7])
@@ -160,7 +160,7 @@ class ServingEmbedding(mid_level.MidLevelBackend):
 def serving_lookup(
   features: Any, weights: Any | None, tables: Any, feature_config: Any
 ) -> Any:
-  """TF's `serving_embedding_lookup`, with the project's output-shape convention.
+  """TF's `serving_embedding_lookup`, with the project's output shapes.
 
   The one CPU/GPU lookup of trained tables in this project. Arguments are
   those of `tf.tpu.experimental.embedding.serving_embedding_lookup`: the
@@ -247,7 +247,7 @@ def _as_bag(path: str, feature: Any, ids: Any, weights: Any) -> tuple[Any, Any]:
   return tf.RaggedTensor.from_tensor(ids), None
 
 
-# -- export ----------------------------------------------------------------------
+# -- export --------------------------------------------------------------------
 
 
 def _default_split(features: Any) -> tuple[Any, Any]:

@@ -1,4 +1,4 @@
-"""The tpu_embedding backend: TF's accelerated TPU embedding APIs behind the interface.
+"""The tpu_embedding backend: TF's accelerated TPU embedding APIs.
 
 On a TPU whose `tpu_hardware_feature.embedding_feature` is `V1` (the
 embedding engine of TPU v2-v4) this wraps
@@ -43,11 +43,11 @@ import tensorflow as tf
 from tensorflow.python.saved_model import registration  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.tpu.experimental import embedding
 
 from backends import base, hardware, mid_level
 from backends import pending as pending_lib
 
-embedding = tf.tpu.experimental.embedding
 EmbeddingFeature = tf.tpu.experimental.HardwareFeature.EmbeddingFeature
 
 #: SparseCores per chip when the hardware does not say (TF's own default).
@@ -102,7 +102,8 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
   Example:
     >>> with strategy.scope():                       # a TPUStrategy
     ...   emb = backends.create(feature_config, Adagrad(0.05), strategy,
-    ...                         backend="tpu_embedding", per_replica_batch_size=128)
+    ...                         backend="tpu_embedding",
+    ...                         per_replica_batch_size=128)
     ...   emb.build()
   """
 
@@ -268,7 +269,7 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
     count = getattr(hardware, "num_embedding_devices_per_chip", 0) or 0
     return int(count) or DEFAULT_SPARSECORES_PER_CHIP
 
-  # -- what is passed to TF ------------------------------------------------------
+  # -- what is passed to TF ----------------------------------------------------
 
   def _tf_class(self) -> type:
     return (
@@ -338,10 +339,10 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
     # else: TF configures the engine and creates the tables at the first
     # enqueue, from the shapes it sees (restores queued before are kept).
 
-  # -- the step ---------------------------------------------------------------------
+  # -- the step ----------------------------------------------------------------
 
   def preprocess(self, features: Any, weights: Any | None = None):
-    """Dense `[B, N]` bags and weighted dense ids -> `SparseTensor` (host side)."""
+    """Dense `[B, N]` bags, weighted dense ids -> `SparseTensor` (on host)."""
     flat = self._flatten_like_config(features, "features")
     flat_w = (
       self._flatten_like_config(weights, "weights")
@@ -419,7 +420,7 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
     """Ids stay on the host: the embedding engine enqueues them from there."""
     return tf.distribute.InputOptions(experimental_fetch_to_device=False)
 
-  # -- variables ----------------------------------------------------------------------
+  # -- variables ---------------------------------------------------------------
 
   def _variables_by_table(self) -> dict[str, dict[str, tf.Variable]]:
     raise TablesOnDeviceError(
@@ -457,7 +458,7 @@ def _with_proto_packing_status(optimizer: Any) -> Any:
 
 
 def _dense_to_sparse(ids: tf.Tensor, weights: tf.Tensor | None):
-  """Every entry of dense `[B]`/`[B, N]` ids (id 0 included) as a SparseTensor."""
+  """Every entry of dense `[B]`/`[B, N]` ids (id 0 too) as a SparseTensor."""
   if ids.shape.rank == 1:
     ids = ids[:, tf.newaxis]
     weights = (

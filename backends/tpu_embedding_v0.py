@@ -29,11 +29,10 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.tpu.experimental import embedding
 
 from backends import base, hardware, mid_level, optimizers
 from backends import pending as pending_lib
-
-embedding = tf.tpu.experimental.embedding
 
 
 class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
@@ -166,7 +165,7 @@ def touched_ids(
   name_of,
 ) -> list[tf.Tensor]:
   """Unique int64 ids `[U]` each table's lookup reads, in table order."""
-  per_table = {name: [] for name in table_names}
+  per_table: dict[str, list[tf.Tensor]] = {name: [] for name in table_names}
   for (_, feature), ids in zip(flat_features, flat_ids):
     per_table[name_of(feature.table)].append(
       tf.cast(_feature_ids(feature, ids), tf.int64)

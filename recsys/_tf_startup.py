@@ -19,7 +19,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-#: Substrings of TensorFlow's start-up lines that carry no information for a run.
+#: Substrings of TensorFlow's start-up lines that tell a run nothing.
 NOISE = (
   "All log messages before absl::InitializeLog",
   "oneDNN custom operations are on",
@@ -73,7 +73,9 @@ def start(verbose: bool) -> tuple[object, str]:
   Returns:
     (the `tensorflow` module, a one-line description of the devices found).
   """
-  context = contextlib.nullcontext([]) if verbose else filtered_stderr()
+  context: contextlib.AbstractContextManager[list[str]] = (
+    contextlib.nullcontext([]) if verbose else filtered_stderr()
+  )
   with context as dropped:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 

@@ -227,7 +227,8 @@ def server(tmp_path_factory):
   serving.close()
 
 
-@pytest.mark.slow  # ~25 s (first test: the serving process starts): DCN-v2 on Criteo
+# ~25 s (first test: the serving process starts): DCN-v2 on Criteo
+@pytest.mark.slow
 def test_criteo_raw_signature_scores_like_the_id_signature(tmp_path, server):
   data, vocab = tmp_path / "criteo", tmp_path / "vocab"
   data.mkdir()
@@ -238,7 +239,8 @@ def test_criteo_raw_signature_scores_like_the_id_signature(tmp_path, server):
   write(data / "val.txt", eval_rows)
   (vocab / "C1.txt").write_text("aaaa0001\nffffffff\n")
   (vocab / "C2.txt").write_text("bbbb0002\n" + rows[0][2][1] + "\n")
-  # DCN-v2 rather than DLRM: DLRM's 27-vector interaction costs ~15 s of tracing.
+  # DCN-v2 rather than DLRM: DLRM's 27-vector interaction costs ~15 s of
+  # tracing.
   model_dir, export_dir = _train_and_export(
     tmp_path,
     "criteo_dcn.gin",
@@ -285,7 +287,8 @@ def test_criteo_raw_signature_scores_like_the_id_signature(tmp_path, server):
   np.testing.assert_allclose(
     got["raw"]["scores"], got["ids"]["scores"], rtol=1e-6
   )
-  # Out of vocabulary (vocabulary files): id 0 like a missing value, and flagged.
+  # Out of vocabulary (vocabulary files): id 0 like a missing value, and
+  # flagged.
   assert ids["C1"][:3].tolist() == [1, 0, 2] and ids["C2"][2] == 0
   assert got["raw"]["unknown_C1"][:3].tolist() == [False, False, False]
   assert got["raw"]["unknown_C2"][:3].tolist() == [False, False, True]

@@ -3,8 +3,8 @@
 Every source yields `(features, labels)` batches:
 
     features = {
-      "dense": float32 [B, num_dense],              # only if the source has dense features
-      "categorical": {name: ids},                   # int64 [B], or RaggedTensor [B, None] bags
+      "dense": float32 [B, num_dense],              # if the source has any
+      "categorical": {name: ids},                   # int64 [B], or ragged bags
       "weights": {name: float32 like ids},          # only for weighted features
       "candidate_sampling_probability": float32 [B] # retrieval sources only
     }

@@ -1,4 +1,4 @@
-"""Counter-based random numbers in TF ops: the value for (seed, stream, index) is fixed.
+"""Counter-based random numbers in TF ops: fixed per (seed, stream, index).
 
 Synthetic sources draw every random quantity of example `i` from a hash of
 `(key, i)`, where the key names the seed, the stream (train/eval/...) and the
@@ -99,7 +99,7 @@ def uniform_open(keys, index: tf.Tensor) -> tf.Tensor:
 
 
 def logistic(u: tf.Tensor) -> tf.Tensor:
-  """Standard logistic variates scaled to unit variance, from `uniform()` output.
+  """Standard logistic variates at unit variance, from `uniform()` output.
 
   Computed from the 24-bit integer behind `u` as log(k + 1/2) - log(2^24 - k
   - 1/2), which stays finite at both ends (1 - u would round to 0 in float32).
@@ -125,7 +125,7 @@ def symmetric(keys, index: tf.Tensor) -> tf.Tensor:
 def zipf_rank(
   u: tf.Tensor, num_ranks: np.ndarray | int, exponent: float
 ) -> tf.Tensor:
-  """Maps uniforms to ranks in [0, num_ranks) with P(rank r) ~ (r + 1)^-exponent.
+  """Maps uniforms to ranks in [0, num_ranks), P(rank r) ~ (r + 1)^-exponent.
 
   A discretised bounded power law: the inverse CDF of the density
   `x^-exponent` on `[1, num_ranks + 1)`, floored. It matches Zipf's law up to

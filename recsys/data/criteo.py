@@ -1,4 +1,4 @@
-"""Criteo click logs in TSV: the Kaggle Display Advertising and Terabyte `day_N` files.
+"""Criteo click logs in TSV: Kaggle Display Advertising and Terabyte `day_N`.
 
 Each line is `label \\t I1..I13 \\t C1..C26`: a 0/1 label, 13 integer counts and
 26 categorical values (8-digit hex), any of them possibly empty. Both public
@@ -92,7 +92,7 @@ MLPERF_VOCAB_SIZES = (
   108,
   36,
 )
-#: Distinct values per feature in Kaggle's train.txt (the DLRM reference's sizes).
+#: Distinct values per feature in Kaggle's train.txt (DLRM reference's sizes).
 KAGGLE_VOCAB_SIZES = (
   1460,
   583,
@@ -154,7 +154,7 @@ class CriteoConfigError(RecsysError, ValueError):
 
 
 class MalformedLines:
-  """Counts (and remembers the first few of) the malformed lines a source skipped.
+  """Counts (and keeps the first few of) the malformed lines a source skipped.
 
   Thread-safe: parallel parse calls record into it through `tf.py_function`.
   """
@@ -166,7 +166,7 @@ class MalformedLines:
     self.first: list[tuple[str, int, str]] = []  # (file, line, reason)
 
   def record(self, path: str, lines: np.ndarray, reasons: np.ndarray) -> None:
-    """Counts a chunk's malformed lines and keeps the earliest few by (file, line).
+    """Counts a chunk's malformed lines; keeps the earliest few by (file, line).
 
     Chunks are parsed in parallel, so they arrive in any order: keeping the
     smallest (file, line) makes the report the same on every run.
@@ -191,10 +191,10 @@ class MalformedLines:
 
 
 def _expand(patterns: str | Sequence[str]) -> list[str]:
-  """The files the patterns name (glob matches skip folders; a named folder raises)."""
+  """The files the patterns name (globs skip folders; a named folder raises)."""
   if isinstance(patterns, str):
     patterns = [patterns]
-  files = []
+  files: list[str] = []
   for pattern in patterns:
     if glob.has_magic(pattern):
       files.extend(
@@ -315,7 +315,7 @@ def _read_vocabulary(path: str, name: str) -> list[str]:
 
 
 def _fail_at_end(ds: tf.data.Dataset, message: str) -> tf.data.Dataset:
-  """An empty dataset like `ds` that raises InvalidArgumentError(message) when reached."""
+  """An empty dataset like `ds` that raises InvalidArgumentError when read."""
 
   def fail(x):
     with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
@@ -397,7 +397,7 @@ def _check_gzip_end(
 
 @gin.register
 class CriteoTSV(DataSource):
-  """Criteo TSV files (Kaggle or Terabyte layout), hashed or vocabulary-mapped ids.
+  """Criteo TSV files (Kaggle or Terabyte layout), hashed or vocabulary ids.
 
   Example:
     >>> source = CriteoTSV(data_dir="/data/criteo_tb", layout="terabyte",
@@ -517,7 +517,8 @@ class CriteoTSV(DataSource):
     if vocab_dir is not None:
       if not os.path.isdir(vocab_dir):
         raise DatasetNotFoundError(
-          f"vocab_dir {vocab_dir!r} is not a folder; it should hold C1.txt .. C26.txt, "
+          f"vocab_dir {vocab_dir!r} is not a folder; it should hold C1.txt .. "
+          "C26.txt, "
           "one categorical value per line."
         )
       with tf.init_scope():
@@ -580,7 +581,8 @@ class CriteoTSV(DataSource):
     train = _expand(train_files)
     if not train:
       raise DatasetNotFoundError(
-        f"no Criteo file matches train_files={train_files!r}; check the path or "
+        f"no Criteo file matches train_files={train_files!r}; check the path "
+        "or "
         "pattern (plain or .gz TSV files)."
       )
     evaluation = _expand(eval_files) if eval_files is not None else []
@@ -593,7 +595,8 @@ class CriteoTSV(DataSource):
   def _where(self, data_dir: str, problem: str) -> str:
     if self.layout == "terabyte":
       expected = (
-        "day_0 .. day_22 for training and day_23 for evaluation (plain or .gz), "
+        "day_0 .. day_22 for training and day_23 for evaluation (plain or "
+        ".gz), "
         "from the Criteo 1TB Click Logs (https://ailab.criteo.com/ressources/)"
       )
     else:
@@ -601,7 +604,10 @@ class CriteoTSV(DataSource):
         "train.txt (and eval.txt or val.txt) from Kaggle's Display Advertising "
         "Challenge dac.tar.gz (plain or .gz); or pass train_files/eval_files"
       )
-    return f"Criteo {self.layout} data: {problem} in {data_dir!r}; put {expected} there."
+    return (
+      f"Criteo {self.layout} data: {problem} in {data_dir!r}; "
+      f"put {expected} there."
+    )
 
   # ------------------------------------------------------------------ parsing
 
@@ -612,13 +618,13 @@ class CriteoTSV(DataSource):
 
   @property
   def _line_pattern(self) -> str:
-    """RE2 pattern of a well-formed line (column count, label, integer columns)."""
-    dense = _DENSE + r"(\t" + _DENSE + ")" + "{%d}" % (NUM_DENSE - 1)
+    """RE2 pattern of a well-formed line (columns, label, integer columns)."""
+    dense = _DENSE + r"(\t" + _DENSE + ")" + f"{{{NUM_DENSE - 1}}}"
     label = r"[01]\t" if self.has_label else ""
-    return label + dense + r"(\t[^\t]*)" + "{%d}" % NUM_CATEGORICAL
+    return label + dense + r"(\t[^\t]*)" + f"{{{NUM_CATEGORICAL}}}"
 
   def _reasons(self, lines: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """For malformed lines: the reason code `[n]` (see _REASONS) and column counts `[n]`."""
+    """Malformed lines: reason codes [n] (see _REASONS), column counts [n]."""
     ncol = self.num_columns
     offset = 1 if self.has_label else 0
     cols = tf.strings.split(lines, "\t")
@@ -641,7 +647,7 @@ class CriteoTSV(DataSource):
     return tf.where((reason == 0) & ~utf8_ok, 4, reason), counts
 
   def _parse(self, files: tf.Tensor, file_index, first_line, lines):
-    """Parses a chunk of lines into `(features, labels)` (malformed lines handled).
+    """Parses a chunk of lines into `(features, labels)`, handling bad lines.
 
     Fast path: one RE2 match per line validates it, then a split whose values
     reshape to `[n, columns]`; malformed lines are diagnosed only when present.
@@ -673,7 +679,8 @@ class CriteoTSV(DataSource):
             tf.strings.as_string(counts[0]),
             " columns): ",
             _printable(tf.strings.substr(lines[row], 0, 200)),
-            ". Fix or remove the line, or set malformed to skip to drop and count such lines.",
+            ". Fix or remove the line, or set malformed to skip to drop and "
+            "count such lines.",
             tf.where(
               tf.strings.regex_full_match(files[file_index], r".*\.gz"),
               " If it is the file's last line, the .gz file may be truncated: "
@@ -718,7 +725,7 @@ class CriteoTSV(DataSource):
   # ------------------------------------------------------------------ batches
 
   def _batches(self, request: BatchRequest) -> tf.data.Dataset:
-    """Batches of `(features, labels)` from the split's files, for `DataSource.dataset`.
+    """Batches of `(features, labels)` of a split, for `DataSource.dataset`.
 
     One epoch reads the (shuffled) files in parallel chunks; a repeated split
     repeats whole epochs before re-batching, so batches still run on across
@@ -732,7 +739,8 @@ class CriteoTSV(DataSource):
     paths = self.train_files if training else self.eval_files
     if not paths:
       raise DatasetNotFoundError(
-        "CriteoTSV has no evaluation files: pass eval_files=..., or under data_dir "
+        "CriteoTSV has no evaluation files: pass eval_files=..., or under "
+        "data_dir "
         "put eval.txt (Kaggle layout) or day_23 (Terabyte layout)."
       )
     pipeline, pipelines = request.pipeline, request.pipelines
@@ -797,7 +805,8 @@ class CriteoTSV(DataSource):
           (
             f"CriteoTSV: the {'training' if training else 'evaluation'} files "
             f"{mine[:3]}{' ...' if len(mine) > 3 else ''} of input pipeline "
-            f"{pipeline} hold no well-formed line (all empty, blank, or dropped "
+            f"{pipeline} hold no well-formed line (all empty, blank, or "
+            "dropped "
             "as malformed by malformed='skip': see the warnings), so the "
             "repeated split can give no batch. Check the files."
           ),
@@ -830,7 +839,7 @@ class CriteoTSV(DataSource):
     return tf.data.Dataset.range(1).map(report).flat_map(lambda _: ds.take(0))
 
   def raw_parser(self) -> CriteoRawParser:
-    """The raw columns -> features transformation `_parse` uses (for serving)."""
+    """The raw columns -> features transformation of `_parse` (for serving)."""
     return self._raw
 
   def malformed_lines(self) -> int:

@@ -1,4 +1,4 @@
-"""Criteo's raw columns -> model inputs: the one transformation reader and serving share.
+"""Criteo's raw columns -> model inputs: one transformation, reader and serving.
 
 `CriteoTSV` parses each chunk of TSV lines into columns of strings and hands
 them to `CriteoRawParser.parse_raw`; the export's raw signature hands it the
@@ -40,7 +40,8 @@ class CriteoRawParser(RawParser):
   Example:
     >>> parser = CriteoRawParser([23] * 26)
     >>> raw = {n: tf.constant(["1", ""]) for n in DENSE_NAMES}
-    >>> raw.update({n: tf.constant(["68fd1e64", ""]) for n in CATEGORICAL_NAMES})
+    >>> raw.update(
+    ...   {n: tf.constant(["68fd1e64", ""]) for n in CATEGORICAL_NAMES})
     >>> features = parser.parse_raw(raw, CATEGORICAL_NAMES)
     >>> features["dense"].shape, features["categorical"]["C1"].numpy()[1]
     (TensorShape([2, 13]), 0)
@@ -117,7 +118,7 @@ class CriteoRawParser(RawParser):
     return features
 
   def unknown(self, raw: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    """For features with a vocabulary file: non-empty values not in it (-> id 0)."""
+    """Features with a vocabulary file: non-empty values not in it (-> id 0)."""
     out = {}
     for name, table in self.tables.items():
       if name in raw:
@@ -157,7 +158,8 @@ def _checked_dense(name: str, column: tf.Tensor) -> tf.Tensor:
         "] at row ",
         tf.strings.as_string(row),
         "; expected an integer as text (an optional "
-        "minus sign and 1 to 38 digits) or the empty string for a missing value.",
+        "minus sign and 1 to 38 digits) or the empty string for a missing "
+        "value.",
       ]
     )
 

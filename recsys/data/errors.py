@@ -4,8 +4,8 @@ from recsys.errors import RecsysError
 
 
 class DatasetNotFoundError(RecsysError, FileNotFoundError, RuntimeError):
-  """Data files are missing; the message names the folder and what to put there."""
+  """Data files are missing; the message names the folder and what goes in."""
 
 
 class DataFormatError(RecsysError, ValueError):
-  """A data file does not have the expected layout; the message names file and line."""
+  """A data file has not the expected layout; the message names file, line."""

@@ -1,4 +1,4 @@
-"""The raw-feature parser: raw values -> the `features` of the data contract, in TF ops.
+"""The raw-feature parser: raw values -> the contract's `features`, in TF ops.
 
 A file-backed source (Criteo, MovieLens) turns raw values (hex strings,
 integer counts as text, user and item ids as they appear in the files) into
@@ -21,7 +21,7 @@ import tensorflow as tf
 
 
 class RawParser(tf.Module, abc.ABC):
-  """Raw values of one source -> `features` (see `recsys.data` for the contract).
+  """Raw values of one source -> `features` (the contract: `recsys.data`).
 
   Subclasses say which raw inputs the model features need
   (`raw_feature_spec`), transform them (`parse_raw`), and flag raw ids that
@@ -32,7 +32,7 @@ class RawParser(tf.Module, abc.ABC):
   def raw_feature_spec(
     self, feature_names: Sequence[str], dense: bool = False
   ) -> dict[str, tf.TensorSpec]:
-    """The raw inputs `[B]` (one tensor per raw column) that `feature_names` need.
+    """The raw inputs `[B]` (a tensor per raw column) that `feature_names` need.
 
     Args:
       feature_names: categorical features in `features["categorical"]`.

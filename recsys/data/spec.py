@@ -18,7 +18,8 @@ class FeatureSpec:
     multi_hot: False -> int64 `[B]` ids; True -> int64 RaggedTensor `[B, None]`.
     max_ids: the longest bag the source produces (a static padding width for
       backends that need one); 1 for one-hot features.
-    weighted: `features["weights"][name]` holds float32 weights shaped like the ids.
+    weighted: `features["weights"][name]` holds float32 weights shaped like
+      the ids.
     sequence_length: > 0 for ordered sequences (embedded as `[B, L, D]`).
     table: name of the table to share with other features (default: own table).
   """

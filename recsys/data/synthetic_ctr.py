@@ -1,4 +1,4 @@
-"""Synthetic Criteo-like click data drawn from a planted model whose optimum is known.
+"""Synthetic Criteo-like clicks from a planted model whose optimum is known.
 
 Every example has `num_dense` dense features (log(1 + count), like the Criteo
 reader delivers) and one categorical feature per vocabulary size, with
@@ -53,7 +53,7 @@ class SyntheticConfigError(RecsysError, ValueError):
 
 
 def _per_feature(value, n: int, name: str, kind):
-  """Broadcasts a scalar setting to n features, or checks a sequence's length."""
+  """Broadcasts a scalar setting to n features or checks a sequence's length."""
   if isinstance(value, (bool, int, float)):
     return [kind(value)] * n
   value = list(value)
@@ -262,7 +262,7 @@ class SyntheticCTR(DataSource):
     return self._stream_keys[stream]
 
   def _generate(self, index: tf.Tensor, stream: str):
-    """`(padded batch, label uniforms [N])` of examples `index` (int64 `[N]`)."""
+    """`(padded batch, label uniforms [N])` of examples `index` (int64 [N])."""
     u = _random.uniform(self._keys(stream), index[:, None])  # [N, C]
     d = self.num_dense
     dense = None
@@ -343,7 +343,7 @@ class SyntheticCTR(DataSource):
     return features
 
   def _padded(self, features) -> dict[str, object]:
-    """A padded batch from the contract's features dict (any batch of this source)."""
+    """A padded batch from the contract's features (any batch of the source)."""
     given = features.get("weights", {})
     ids, weights = [], []
     for f, name in enumerate(self.names):
@@ -374,7 +374,7 @@ class SyntheticCTR(DataSource):
   # ------------------------------------------------------------ planted model
 
   def _parts(self, padded) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """The three unnormalised logit parts of a padded batch, each float32 `[N]`."""
+    """The three unnormalised logit parts of a padded batch, float32 `[N]`."""
     ids, w = padded["ids"], padded["weights"]  # [N, M]
     if self._factor_table is not None:
       factors = tf.gather(
@@ -455,11 +455,11 @@ class SyntheticCTR(DataSource):
     return np.float32(self._bias) + np.float32(self._scale) * combined
 
   def planted_logits(self, features) -> tf.Tensor:
-    """The true logit of each example of a batch from this source, float32 `[B]`."""
+    """The true logit of each example of a batch of this source, float32 [B]."""
     return self._logits(self._padded(features))
 
   def probabilities(self, features) -> tf.Tensor:
-    """The true click probability of each example (the Bayes predictor), `[B]`."""
+    """The true click probability of each example (Bayes predictor), `[B]`."""
     return tf.sigmoid(self.planted_logits(features))
 
   # ------------------------------------------------------------------ batches
@@ -470,7 +470,7 @@ class SyntheticCTR(DataSource):
     return self._public(padded), labels
 
   def examples(self, index: tf.Tensor, training: bool = True) -> Batch:
-    """`(features, labels)` of the examples with the given indices (int64 `[N]`)."""
+    """`(features, labels)` of the examples at the given indices (int64 [N])."""
     return self._batch(
       tf.convert_to_tensor(index, tf.int64), "train" if training else "eval"
     )
@@ -538,5 +538,5 @@ class SyntheticCTR(DataSource):
     return {"bayes_auc": self.bayes_auc, "bayes_logloss": self.bayes_logloss}
 
   def optimum(self) -> dict[str, float]:
-    """`{"auc", "logloss", "constant_logloss", "ctr"}` of the Bayes predictor."""
+    """`{auc, logloss, constant_logloss, ctr}` of the Bayes predictor."""
     return dict(self._oracle)

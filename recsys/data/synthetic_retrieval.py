@@ -1,4 +1,4 @@
-"""Synthetic user-item interactions drawn from a planted softmax whose best hit rate is known.
+"""Synthetic user-item interactions from a planted softmax, best hit rate known.
 
 Users and items have hidden factors `U [num_users, k]`, `V [num_items, k]`
 and items a Zipf popularity. Each example picks a user u (Zipf activity) and
@@ -56,7 +56,7 @@ def _zipf_probs(
 
 @gin.register
 class SyntheticRetrieval(DataSource):
-  """(user, item) interactions from a planted softmax, with the best hit rate known.
+  """(user, item) interactions from a planted softmax; best hit rate known.
 
   Example:
     >>> source = SyntheticRetrieval(num_users=500, num_items=300)
@@ -114,12 +114,15 @@ class SyntheticRetrieval(DataSource):
     """
     if num_users < 1 or num_items < 2:
       raise SyntheticRetrievalConfigError(
-        f"need num_users >= 1 and num_items >= 2, got {num_users} and {num_items}."
+        f"need num_users >= 1 and num_items >= 2, got {num_users} and "
+        f"{num_items}."
       )
     if num_users * num_items > _MAX_TABLE:
       raise SyntheticRetrievalConfigError(
-        f"num_users * num_items = {num_users * num_items} exceeds {_MAX_TABLE}: the "
-        "generator keeps the exact [users, items] softmax; use fewer users or items."
+        f"num_users * num_items = {num_users * num_items} exceeds "
+        f"{_MAX_TABLE}: the "
+        "generator keeps the exact [users, items] softmax; use fewer users or "
+        "items."
       )
     if not 1 <= max_genres <= num_genres:
       raise SyntheticRetrievalConfigError(
@@ -222,13 +225,13 @@ class SyntheticRetrieval(DataSource):
     return features, tf.ones(tf.shape(index), tf.float32)
 
   def examples(self, index: tf.Tensor, training: bool = True) -> Batch:
-    """`(features, labels)` of the interactions with the given indices (int64 `[N]`)."""
+    """`(features, labels)` of the interactions at given indices (int64 [N])."""
     return self._batch(
       tf.convert_to_tensor(index, tf.int64), "train" if training else "eval"
     )
 
   def _batches(self, request: BatchRequest) -> tf.data.Dataset:
-    """Batches of interactions, for `DataSource.dataset` (sharded like SyntheticCTR).
+    """Batches of interactions for `DataSource.dataset`, sharded like CTR.
 
     Raises:
       SyntheticRetrievalConfigError: a repeated split gives this input
@@ -252,11 +255,11 @@ class SyntheticRetrieval(DataSource):
   # ---------------------------------------------------------------- optimum
 
   def true_affinities(self, user_ids) -> np.ndarray:
-    """The planted log-affinities (up to a per-user constant), `[N, num_items]`."""
+    """The planted log-affinities (up to a per-user constant) [N, num_items]."""
     return self._affinity[np.asarray(user_ids)]
 
   def item_probabilities(self) -> np.ndarray:
-    """The marginal probability of each item in an interaction, `[num_items]`."""
+    """The marginal probability of each item in an interaction, [num_items]."""
     return self._item_marginal.copy()
 
   def known_optimum(self, ks: tuple[int, ...] = ()) -> dict[str, float]:
@@ -278,6 +281,6 @@ class SyntheticRetrieval(DataSource):
     return float(self._user_probs @ top.sum(axis=1))
 
   def popularity_hit_rate(self, k: int) -> float:
-    """Expected top-k hit rate of recommending the k most popular items to everyone."""
+    """Expected top-k hit rate of the k most popular items for everyone."""
     k = min(int(k), self.num_items)
     return float(np.sort(self._item_marginal)[::-1][:k].sum())

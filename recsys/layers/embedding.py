@@ -45,6 +45,7 @@ from typing import Any
 
 from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.tpu.experimental import embedding
 
 import backends
 from backends import base
@@ -53,7 +54,6 @@ from recsys.layers import gradient_trap
 
 log = logging.getLogger("recsys.layers")
 
-embedding = tf.tpu.experimental.embedding
 
 # String names TFRS's layer accepts for an optimizer, with TF's defaults.
 _OPTIMIZER_NAMES = {

@@ -1,1 +1,1 @@
-"""Command-line tools that are not part of `recsys` training (e.g. `tpu_smoke`)."""
+"""Command-line tools outside `recsys` training (e.g. `tpu_smoke`)."""

@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
 OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
 TPU_BACKENDS = ("tensorcore", "auto", "tpu_embedding", "tpu_embedding_v0")
@@ -91,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
-# -- one training run (a child process) ---------------------------------------------
+# -- one training run (a child process) ----------------------------------------
 
 
 def _optimizer(name: str):
@@ -191,7 +192,7 @@ def train_and_save(
   out: str,
   replicas: int | None = None,
 ) -> str:
-  """Trains `steps` steps with `backend` under `strategy`; returns the checkpoint.
+  """Trains `steps` steps of `backend` under `strategy`; returns the checkpoint.
 
   `replicas`: on a one-replica strategy, train on the global batches that
   this many replicas would see (each step the replicas' batches joined).
@@ -261,10 +262,10 @@ def train_and_save(
   return tf.train.Checkpoint(embedding=emb).save(os.path.join(out, "ckpt"))
 
 
-# -- the comparison (the parent process, CPU only) -----------------------------------
+# -- the comparison (the parent process, CPU only) -----------------------------
 
 
-def read_on_cpu(path: str, optimizer: str) -> dict[str, "object"]:
+def read_on_cpu(path: str, optimizer: str) -> dict[str, Any]:
   """Tables and slots of a smoke checkpoint, restored into `serving` on CPU."""
   import recsys  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
   from backends import checkpoint  # pylint: disable=g-import-not-at-top
@@ -300,7 +301,7 @@ def _check_reachable(tpu: str, timeout: float) -> None:
     ) from e
 
 
-def _tpu_facts(tpu: str, timeout: float = 30.0) -> dict[str, object]:
+def _tpu_facts(tpu: str, timeout: float = 30.0) -> dict[str, Any]:
   """Embedding feature and the backends that can run (asked in a child).
 
   Raises:
@@ -314,7 +315,8 @@ def _tpu_facts(tpu: str, timeout: float = 30.0) -> dict[str, object]:
     "tf.tpu.experimental.initialize_tpu_system(r)\n"
     "s = tf.distribute.TPUStrategy(r)\n"
     "f = s.extended.tpu_hardware_feature.embedding_feature\n"
-    "reasons = {n: backends.get(n).unavailable_reason(s) for n in backends.names()}\n"
+    "reasons = "
+    "{n: backends.get(n).unavailable_reason(s) for n in backends.names()}\n"
     "print(json.dumps({'feature': f.name, 'replicas': s.num_replicas_in_sync,"
     " 'unavailable': reasons}))\n"
   )

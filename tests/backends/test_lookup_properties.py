@@ -39,7 +39,7 @@ COMBINERS = ("sum", "mean", "sqrtn")
 KINDS = ("ragged", "sparse", "dense")
 
 
-# -- the NumPy reference ----------------------------------------------------------
+# -- the NumPy reference -------------------------------------------------------
 
 
 def bag_norm(ws, combiner: str) -> float:
@@ -73,7 +73,7 @@ def row_gradients(bags, weights, combiner: str, act_grads: np.ndarray):
   return ids, grads
 
 
-# -- inputs -------------------------------------------------------------------------
+# -- inputs --------------------------------------------------------------------
 
 
 def to_input(kind: str, bags, weights, weighted: bool):
@@ -125,7 +125,7 @@ def features(draw, vocab: int, kind: str, batch=None, max_len: int = 5):
   return bags, weights, weighted
 
 
-# -- backends, cached per shape family ---------------------------------------------
+# -- backends, cached per shape family -----------------------------------------
 
 
 @functools.cache
@@ -167,7 +167,7 @@ def table_values(emb, table) -> np.ndarray:
   return emb.embedding_tables[table].numpy().astype(np.float64)
 
 
-# -- properties ---------------------------------------------------------------------
+# -- properties ----------------------------------------------------------------
 
 
 @st.composite

@@ -277,7 +277,7 @@ def test_from_backend_copies_the_tables_without_slots():
     )
 
 
-# -- export ---------------------------------------------------------------------
+# -- export --------------------------------------------------------------------
 
 
 class _TinyRanker(tf.keras.Model):

@@ -74,7 +74,7 @@ def _backend(config, optimizer=None, feature="V1", **kwargs):
   )
 
 
-# -- what is passed to TF --------------------------------------------------------
+# -- what is passed to TF ------------------------------------------------------
 
 
 @pytest.mark.parametrize("feature", ["V1", "V2"])
@@ -310,10 +310,10 @@ def test_tables_on_the_device_cannot_be_read_directly():
   with pytest.raises(
     TablesOnDeviceError, match="restore it into.*ServingEmbedding"
   ):
-    _backend(_config()).embedding_tables  # pylint: disable=expression-not-assigned
+    _ = _backend(_config()).embedding_tables
 
 
-# -- refusals ------------------------------------------------------------------------
+# -- refusals ------------------------------------------------------------------
 
 
 def test_adagrad_momentum_and_every_optimizer_are_accepted():
@@ -418,7 +418,7 @@ def test_v0_checks_optimizers_like_every_backend():
     TPUEmbeddingV0Backend(_config(), object(), strategy=strategy)
 
 
-# -- V0's gradient bookkeeping ---------------------------------------------------------
+# -- V0's gradient bookkeeping -------------------------------------------------
 
 
 def _v0_style_lookup(table, ragged):
@@ -481,7 +481,8 @@ def test_v0_replicas_sum_their_rows():
     ctx = tf.distribute.get_replica_context()
     return tpu_embedding_v0.sum_over_replicas(ctx, ctx_ids, ctx_grads)
 
-  # all_gather needs equal shapes: pad replica 0 with a repeated id of zero grad.
+  # all_gather needs equal shapes: pad replica 0 with a repeated id of zero
+  # grad.
   per_replica_ids[0] = np.array([3, 5, 3], np.int64)
   per_replica_grads[0] = np.concatenate(
     [per_replica_grads[0], np.zeros((1, 7), np.float32)]
@@ -501,7 +502,7 @@ def test_v0_replicas_sum_their_rows():
     np.testing.assert_array_equal(got[:, 0], [1.0, 3.0, 2.0, 2.0])
 
 
-# -- the TPU smoke tool ------------------------------------------------------------------
+# -- the TPU smoke tool --------------------------------------------------------
 
 
 @pytest.mark.slow

@@ -117,7 +117,9 @@ def run_script(
   except subprocess.TimeoutExpired:
     kill_group(proc)
     out, _ = proc.communicate()
-    raise AssertionError(f"{argv} timed out after {timeout} s:\n{out[-4000:]}")
+    raise AssertionError(
+      f"{argv} timed out after {timeout} s:\n{out[-4000:]}"
+    ) from None
   finally:
     kill_group(proc)
   if proc.returncode != 0:

@@ -6,7 +6,6 @@ see exactly the same numbers. Odd sizes catch shape bugs: vocabularies 23, 11
 and 5 over 2 shards are split 12/11, 6/5 and 3/2.
 """
 
-
 import numpy as np
 import tensorflow as tf
 

@@ -1,6 +1,6 @@
 """NumPy reference of the TPU embedding optimizers' sparse row updates.
 
-Plain NumPy (float64) written from the formulas of shared/OPTIMIZERS.md and
+Plain NumPy (float64) written from the formulas of docs/optimizers.md and
 TF's `optimization_parameters.proto`, to test every backend's embedding
 optimizer against. One function per optimizer, each
 

@@ -554,7 +554,8 @@ def test_non_lazy_adam_matches_resource_apply_adam_without_bias_correction():
 # -- slots and configuration checks --------------------------------------------
 
 
-# The checkpoint slot names of TF's mid-level API (shared/OPTIMIZERS.md).
+# The checkpoint slot names of TF's mid-level API
+# (docs/optimizers.md#slot-names-in-checkpoints).
 TF_SLOT_NAMES = {
   "SGD": [],
   "Adagrad": ["accumulators"],

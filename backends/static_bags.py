@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
+from backends import _bags
 from backends import inputs as inputs_lib
 
 
@@ -370,16 +371,13 @@ def _per_slot(per_segment: tf.Tensor, bags: StaticBags) -> tf.Tensor:
 
 def with_combiner_scale(bags: StaticBags, combiner: str) -> StaticBags:
   """Sets each slot's scale: its weight over its bag's normaliser, 0 if empty."""
-  w = tf.where(bags.valid, bags.weights, 0.0)
-  if bags.sequence_length or combiner == "sum":
-    scale = w
-  elif combiner == "mean":
-    scale = tf.math.divide_no_nan(w, _per_slot(_segment_sum(w, bags), bags))
-  elif combiner == "sqrtn":
-    norm = tf.sqrt(_segment_sum(w * w, bags))
-    scale = tf.math.divide_no_nan(w, _per_slot(norm, bags))
-  else:
-    raise ValueError(f"unknown combiner {combiner!r}")
+  scale = _bags.combiner_scale(
+    tf.where(bags.valid, bags.weights, 0.0),
+    combiner,
+    bool(bags.sequence_length),
+    lambda v: _segment_sum(v, bags),
+    lambda v: _per_slot(v, bags),
+  )
   return dataclasses.replace(bags, scale=scale)
 
 

@@ -34,7 +34,8 @@ replicas and compiled.
 Example:
   >>> table = tf.tpu.experimental.embedding.TableConfig(1000, 16, name="items")
   >>> config = {"item": tf.tpu.experimental.embedding.FeatureConfig(table)}
-  >>> emb = TensorCoreEmbedding(config, tf.tpu.experimental.embedding.Adagrad(0.1))
+  >>> opt = tf.tpu.experimental.embedding.Adagrad(0.1)
+  >>> emb = TensorCoreEmbedding(config, opt)
   >>> with tf.GradientTape() as tape:
   ...   acts = emb({"item": tf.constant([3, 5])}, training=True)
   ...   loss = tf.reduce_sum(acts["item"])
@@ -86,7 +87,7 @@ _not_converted = tf.autograph.experimental.do_not_convert
 
 
 class _Counters:
-  """Per-feature input counters (not checkpointed): invalid and truncated ids."""
+  """Per-feature input counters (not checkpointed): invalid, truncated ids."""
 
   def __init__(self, paths: list[str]):
     def counter(kind, path):
@@ -184,7 +185,8 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     self._pending = data_structures.NoDependency(
       pending_lib.PendingLookups(self.name)
     )
-    self._counters = None  # built with the tables; None: not counted
+    # Built with the tables; None: not counted.
+    self._counters: _Counters | None = None
 
   # -- variables -----------------------------------------------------------
 
@@ -282,13 +284,12 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
   def input_stats(self) -> dict[str, dict[str, int]]:
     """Counts of invalid (dropped / mapped) and truncated ids per feature."""
     self._maybe_build()
+    c = self._counters
+    if c is None:
+      return {}
     return {
-      "invalid_ids": {
-        p: int(v.numpy()) for p, v in self._counters.invalid.items()
-      },
-      "truncated_ids": {
-        p: int(v.numpy()) for p, v in self._counters.truncated.items()
-      },
+      "invalid_ids": {p: int(v.numpy()) for p, v in c.invalid.items()},
+      "truncated_ids": {p: int(v.numpy()) for p, v in c.truncated.items()},
     }
 
   def _maybe_build(self):
@@ -322,7 +323,8 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     `(features, weights)`; a padded feature's weight entry becomes None.
     """
     flat, flat_w, _ = self._flat_inputs(features, weights)
-    out, out_w = [], []
+    out: list[Any] = []
+    out_w: list[Any] = []
     for layout, inp, w in zip(self._layouts, flat, flat_w):
       width = layout.sequence_length or self._bag_widths[layout.path]
       if width and isinstance(inp, (tf.SparseTensor, tf.RaggedTensor)):
@@ -384,9 +386,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     steps = {}
     for table in self._tables:
       name = self.table_name(table)
-      positions = [
-        i for i, l in enumerate(self._layouts) if l.table_name == name
-      ]
+      positions = self._positions_of(name)
       table_bags = [bags[i] for i in positions]
       # All features of the table as one flat bag: one de-duplication, one
       # gather of the unique rows ([U, D]; a tape on the table sees gradient
@@ -401,10 +401,10 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       ):
         outputs[i] = self._shape_output(self._layouts[i], bag, out)
       if training:
-        capacities = [b.capacity for b in table_bags]
+        capacities = [b.capacity for b in table_bags if b.capacity is not None]
         capacity = (
           min(sum(capacities), table.vocabulary_size)
-          if None not in capacities
+          if len(capacities) == len(table_bags)
           else None
         )
         steps[name] = _TableStep(
@@ -446,7 +446,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     `raise_for_invalid_inputs`); outside a compiled step, the "error" policy
     also raises (eagerly) or fails the step (graph) right away.
     """
-    flat, flat_w, count = self._flat_inputs(features, weights)
+    flat, flat_w, counters = self._flat_inputs(features, weights)
     compiled = _in_xla_context()
     out = []
     for layout, inp, w in zip(self._layouts, flat, flat_w):
@@ -461,8 +461,8 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
           bags = dataclasses.replace(
             bags, ids=_raise_for_report(layout, report, bags.ids)
           )
-        if count:
-          c = self._counters
+        if counters is not None:
+          c = counters
           if self._invalid_ids == "error":
             c.refused_ids[layout.path].assign_add(report.bad_ids)
             example = c.refused_example[layout.path]
@@ -472,8 +472,10 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
           else:
             c.invalid[layout.path].assign_add(report.bad_ids)
           c.refused_weights[layout.path].assign_add(report.bad_weights)
-      if count and (layout.sequence_length or self._bag_widths[layout.path]):
-        self._counters.truncated[layout.path].assign_add(bags.truncated)
+      if counters is not None and (
+        layout.sequence_length or self._bag_widths[layout.path]
+      ):
+        counters.truncated[layout.path].assign_add(bags.truncated)
       out.append(
         static_bags.with_combiner_scale(bags, layout.feature.table.combiner)
       )
@@ -495,9 +497,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     compiled = _in_xla_context()
     for table in self._tables:
       name = self.table_name(table)
-      positions = [
-        i for i, l in enumerate(self._layouts) if l.table_name == name
-      ]
+      positions = self._positions_of(name)
       table_bags = [bags[i] for i in positions]
       ids = tf.concat([b.ids for b in table_bags], 0)
       valid = tf.concat([b.valid for b in table_bags], 0)
@@ -662,7 +662,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     are per-replica sums: only countable inside a replica). `fused_ops`: the
     fused kernels, to flatten padded bags in one op.
     """
-    flat, flat_w, count = self._flat_inputs(features, weights)
+    flat, flat_w, counters = self._flat_inputs(features, weights)
     bags = []
     for layout, inp, w in zip(self._layouts, flat, flat_w):
       bag = inputs_lib.to_flat_bags(
@@ -670,20 +670,23 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       )
       if layout.feature.validate_weights_and_indices:
         bag, num_invalid = inputs_lib.validate(layout, bag, self._invalid_ids)
-        if count and self._invalid_ids != "error":
-          self._counters.invalid[layout.path].assign_add(num_invalid)
-      if count and (layout.sequence_length or self._bag_widths[layout.path]):
-        self._counters.truncated[layout.path].assign_add(bag.truncated)
+        if counters is not None and self._invalid_ids != "error":
+          counters.invalid[layout.path].assign_add(num_invalid)
+      if counters is not None and (
+        layout.sequence_length or self._bag_widths[layout.path]
+      ):
+        counters.truncated[layout.path].assign_add(bag.truncated)
       bags.append(bag)
     return bags
 
   def _flat_inputs(
     self, features: Any, weights: Any | None
-  ) -> tuple[list[Any], list[Any], bool]:
-    """Features and weights flattened in config order, and whether to count.
+  ) -> tuple[list[Any], list[Any], _Counters | None]:
+    """Features and weights flattened in config order, and the counters.
 
-    Counting (invalid, truncated ids) needs the backend's counters and a
-    replica context: they are per-replica sums.
+    The counters (invalid, truncated ids) are None when nothing is counted:
+    the backend keeps none, or there is no replica context (they are
+    per-replica sums).
     """
     flat = self._flatten_like_config(features, "features")
     flat_w = (
@@ -691,13 +694,24 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       if weights is not None
       else [None] * len(flat)
     )
-    count = (
-      self._counters is not None
-      and tf.distribute.get_replica_context() is not None
-    )
-    return flat, flat_w, count
+    if tf.distribute.get_replica_context() is None:
+      return flat, flat_w, None
+    return flat, flat_w, self._counters
 
-  def _shape_output(self, layout, bag: inputs_lib.FlatBags, acts: tf.Tensor):
+  def _positions_of(self, table_name: str) -> list[int]:
+    """The indices of the table's features in the flat feature list."""
+    return [
+      i
+      for i, layout in enumerate(self._layouts)
+      if layout.table_name == table_name
+    ]
+
+  def _shape_output(
+    self,
+    layout,
+    bag: inputs_lib.FlatBags | static_bags.StaticBags,
+    acts: tf.Tensor,
+  ):
     dim = layout.feature.table.dim
     out_shape = layout.output_shape(None)
     if out_shape is not None:

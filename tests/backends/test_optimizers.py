@@ -2,7 +2,7 @@
 
 Every optimizer and option runs several steps with varying id subsets on a
 23 x 7 table and is compared, table and every slot, to the NumPy reference
-(tests/reference_optimizers.py); Adagrad, FTRL and non-lazy Adam are also
+(backends/reference_optimizers.py); Adagrad, FTRL and non-lazy Adam are also
 compared to TF's own training kernels on the same inputs.
 """
 
@@ -14,8 +14,8 @@ import tensorflow as tf  # noqa: E402
 
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import optimizers  # noqa: E402
+from backends import reference_optimizers as ref  # noqa: E402
 from backends.base import UnsupportedConfigError  # noqa: E402
-from tests import reference_optimizers as ref  # noqa: E402
 from tests.conftest import mirrored_strategy  # noqa: E402
 
 E = tf.tpu.experimental.embedding

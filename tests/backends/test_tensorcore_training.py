@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import backends
-from tests import reference_optimizers as ref
+from backends import reference_optimizers as ref
 from tests.conftest import mirrored_strategy
 
 E = tf.tpu.experimental.embedding
@@ -307,7 +307,7 @@ def test_seed_example_keras_optimizer_loop_under_two_replicas():
   assert losses[-1] < 0.5 * losses[0]
   copies = [v.numpy() for v in embedding.embedding_tables[table].values]
   np.testing.assert_array_equal(copies[0], copies[1])
-  # Keras's Adagrad (epsilon 1e-7) on the summed gradient: check the slot is Keras's.
+  # Keras's Adagrad (epsilon 1e-7) on the summed gradient: the slot is Keras's.
   assert embedding.slot_variables()["t"]["accumulators"] is optimizer.get_slot(
     embedding.embedding_tables[table], "accumulators"
   )

@@ -2,7 +2,8 @@
 
 Plain NumPy (float64) written from the formulas of docs/optimizers.md and
 TF's `optimization_parameters.proto`, to test every backend's embedding
-optimizer against. One function per optimizer, each
+optimizer against (the tests and `backends.conformance`, which a third-party
+backend's tests can run too). One function per optimizer, each
 
     new_table, new_slots = adagrad(table, slots, ids, grads, optimizer)
 

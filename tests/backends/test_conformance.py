@@ -13,13 +13,14 @@ it must refuse by name). Here it runs on:
   one combiner, one optimizer, dense ids, no sequence features): every
   refusal path of the suite.
 
-Backends that cannot run here (`tpu_embedding`, `tpu_embedding_v0`: no TPU;
-`sharded`: needs a ParameterServerStrategy cluster) are checked for a clear
-refusal (`check_unavailable`). The sharded backend's lookups and updates are
-`tensorcore`'s (`backends._bags`) and are checked against the same NumPy
-references on a real in-process cluster in tests/distributed; running this
-suite there would need the suite's eager calls scheduled on cluster workers.
+`sharded` runs the suite in a subprocess that is the coordinator of an
+in-process cluster (1 worker, 2 parameter servers: the tables are split);
+under the default strategy it must refuse. The TPU backends (`tpu_embedding`,
+`tpu_embedding_v0`) cannot run here (no TPU): they are checked for a clear
+refusal (`check_unavailable`) only.
 """
+
+import json
 
 import pytest
 import tensorflow as tf
@@ -27,6 +28,7 @@ import tensorflow as tf
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import base, conformance, registry
 from backends.tensorcore import TensorCoreEmbedding
+from tests.distributed import cluster as cluster_lib
 
 E = tf.tpu.experimental.embedding
 
@@ -50,7 +52,7 @@ def _runnable() -> dict[str, conformance.Conformance]:
     cls = registry.get(name)
     if cls.unavailable_reason(strategy) is None:
       suites[name] = conformance.Conformance(cls)
-  tensorcore = registry.get("tensorcore")
+  tensorcore = TensorCoreEmbedding
   suites["tensorcore-static"] = conformance.Conformance(
     lambda config, opt: tensorcore(config, opt, static_shapes=True),
     tensorcore.capabilities,
@@ -81,6 +83,22 @@ def test_conformance(backend, check):
 def test_unavailable_backends_refuse_clearly(backend):
   reason = conformance.check_unavailable(registry.get(backend))
   assert reason
+
+
+@pytest.fixture(scope="module")
+def sharded_results(tmp_path_factory):
+  """{check: None or failure} of the suite on the sharded backend."""
+  out = tmp_path_factory.mktemp("sharded_conformance") / "results.json"
+  cluster_lib.run_script(
+    ["-m", "tests.distributed.sharded_conformance", str(out)], timeout=300
+  )
+  with open(out, encoding="utf-8") as f:
+    return json.load(f)
+
+
+@pytest.mark.parametrize("check", conformance.check_names())
+def test_conformance_sharded_on_a_cluster(sharded_results, check):
+  assert sharded_results[check] is None, sharded_results[check]
 
 
 def test_the_suite_catches_a_wrong_optimizer():

@@ -87,7 +87,7 @@ def _tensors(rows, weights):
 
 def _numpy_row_grads(rows, weights, combiners, cotangents, seq_len):
   """d(sum(acts * cotangent))/d(row), summed per (table, id), in NumPy."""
-  grads = {}
+  grads: dict[str, list] = {}
   for feature, bags in rows.items():
     table, combiner = combiners[feature]
     for b, bag in enumerate(bags):

@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import backends
+from backends import conformance
 from backends import reference_optimizers as ref
 from tests.conftest import mirrored_strategy
 
@@ -115,15 +116,6 @@ def _numpy_row_grads(rows, weights, combiners, cotangents, seq_len):
 OPTIMIZER_NAMES = sorted(_optimizers()[0])
 
 
-def _linear_loss_step(emb, features, weights, cotangents):
-  """One training step of loss = sum(acts * cotangents): d loss/d acts known."""
-  with tf.GradientTape() as tape:
-    acts = emb.lookup(features, weights, training=True)
-    tape.watch(acts)
-    loss = tf.add_n([tf.reduce_sum(acts[k] * cotangents[k]) for k in acts])
-  emb.apply_gradients(tape.gradient(loss, acts))
-
-
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "tf_ops"])
 @pytest.mark.parametrize("name", OPTIMIZER_NAMES)
 def test_training_steps_match_numpy_reference(name, fused):
@@ -150,7 +142,7 @@ def test_training_steps_match_numpy_reference(name, fused):
 
   @tf.function
   def step(features, weights, cotangents):
-    _linear_loss_step(emb, features, weights, cotangents)
+    conformance.linear_loss_step(emb, features, weights, cotangents)
 
   for i in range(3):
     lr.assign(0.05 * (i + 1))
@@ -199,7 +191,7 @@ def _train(strategy, optimizer_factory, batches, num_replicas):
   @tf.function
   def step(features, weights, cotangents):
     strategy.run(
-      lambda *args: _linear_loss_step(emb, *args),
+      lambda *args: conformance.linear_loss_step(emb, *args),
       args=(features, weights, cotangents),
     )
 

@@ -115,6 +115,10 @@ def _numpy_row_grads(rows, weights, combiners, cotangents, seq_len):
 
 OPTIMIZER_NAMES = sorted(_optimizers()[0])
 
+# One training step of loss = sum(acts * cotangents) (test_fused_kernels uses
+# it too).
+_linear_loss_step = conformance.linear_loss_step
+
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "tf_ops"])
 @pytest.mark.parametrize("name", OPTIMIZER_NAMES)
@@ -142,7 +146,7 @@ def test_training_steps_match_numpy_reference(name, fused):
 
   @tf.function
   def step(features, weights, cotangents):
-    conformance.linear_loss_step(emb, features, weights, cotangents)
+    _linear_loss_step(emb, features, weights, cotangents)
 
   for i in range(3):
     lr.assign(0.05 * (i + 1))
@@ -191,7 +195,7 @@ def _train(strategy, optimizer_factory, batches, num_replicas):
   @tf.function
   def step(features, weights, cotangents):
     strategy.run(
-      lambda *args: conformance.linear_loss_step(emb, *args),
+      lambda *args: _linear_loss_step(emb, *args),
       args=(features, weights, cotangents),
     )
 

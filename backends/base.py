@@ -29,7 +29,12 @@ from typing import (
   ClassVar,
 )
 
+import numpy as np
 import tensorflow as tf
+from tensorflow.python.tpu.tpu_embedding_v2_utils import (  # pylint: disable=g-direct-tensorflow-import
+  FeatureConfig,
+  TableConfig,
+)
 from tensorflow.python.trackable import (
   autotrackable,  # pylint: disable=g-direct-tensorflow-import
   data_structures,  # pylint: disable=g-direct-tensorflow-import
@@ -56,6 +61,25 @@ class BackendUnavailableError(RuntimeError):
 
 class UnsupportedConfigError(ValueError):
   """The configuration asks for something the backend cannot do faithfully."""
+
+
+class UnsupportedInputError(UnsupportedConfigError):
+  """A feature's ids are of a kind the backend does not declare it takes."""
+
+
+def input_kind(ids: Any) -> str | None:
+  """The kind of a feature's ids: "dense", "sparse" or "ragged".
+
+  None for anything else, e.g. `backends.inputs.PaddedBags`, a backend's
+  own `preprocess` output.
+  """
+  if isinstance(ids, tf.SparseTensor):
+    return "sparse"
+  if isinstance(ids, tf.RaggedTensor):
+    return "ragged"
+  if tf.is_tensor(ids) or isinstance(ids, (np.ndarray, list, int)):
+    return "dense"
+  return None
 
 
 class GradientShapeError(ValueError):
@@ -156,10 +180,18 @@ def check_activation_gradients(
 class Capabilities:
   """What a backend supports, so callers and tests can check before running.
 
+  `EmbeddingBackend` enforces the declarations: a table with another
+  combiner or optimizer, or a sequence feature when `sequence_features` is
+  False, is refused when the backend is constructed
+  (`UnsupportedConfigError`); ids of another kind are refused by `lookup`
+  (`UnsupportedInputError`); a backend that does not train raises
+  `NotImplementedError` from `apply_gradients`. `backends.conformance`
+  checks each declaration against NumPy.
+
   Attributes:
     combiners: table combiners it implements.
     optimizers: `tf.tpu.experimental.embedding` optimizer classes it applies.
-    input_kinds: "dense", "sparse", "ragged".
+    input_kinds: "dense", "sparse", "ragged" (`input_kind`).
     sequence_features: whether `max_sequence_length > 0` works.
     trains: False for lookup-only backends (serving).
     sharded_tables: tables are split across devices or hosts (else replicated).
@@ -175,7 +207,7 @@ class Capabilities:
   needs_tpu: bool = False
 
 
-def table_names(tables: list[embedding.TableConfig]) -> dict[int, str]:
+def table_names(tables: list[TableConfig]) -> dict[int, str]:
   """Names tables as TF's mid-level API does: their name, else `table_<i>`."""
   names = {}
   for i, table in enumerate(tables):
@@ -248,9 +280,9 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
     # NoDependency: keep the user's containers as they are (not tracked
     # wrappers), so outputs packed like feature_config are plain dicts.
     self._feature_config = data_structures.NoDependency(feature_config)
-    self._flat_features: list[tuple[str, embedding.FeatureConfig]] = []
+    self._flat_features: list[tuple[str, FeatureConfig]] = []
     for path, feature in nest.flatten_with_joined_string_paths(feature_config):
-      if not isinstance(feature, embedding.FeatureConfig):
+      if not isinstance(feature, FeatureConfig):
         raise TypeError(
           f"feature_config[{path!r}] is a {type(feature).__name__}; expected "
           "tf.tpu.experimental.embedding.FeatureConfig."
@@ -260,12 +292,22 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
       raise ValueError(
         "feature_config is empty: give at least one FeatureConfig."
       )
-    tables: list[embedding.TableConfig] = []
+    tables: list[TableConfig] = []
     for _, feature in self._flat_features:
       if all(feature.table is not t for t in tables):
         tables.append(feature.table)
     self._tables = tables
     self._names = table_names(tables)
+    if not self.capabilities.sequence_features:
+      for path, feature in self._flat_features:
+        if feature.max_sequence_length:
+          raise UnsupportedConfigError(
+            f"feature {path!r} (table {self.table_name(feature.table)!r}) "
+            f"has max_sequence_length={feature.max_sequence_length}, but the "
+            f"{self.name!r} backend does not support sequence features; "
+            "set max_sequence_length=0 (one combined activation per bag) or "
+            "use a backend that supports them."
+          )
     self._bag_widths = self._resolve_bag_widths(bag_widths)
     self._optimizers = {}
     for table in tables:
@@ -298,7 +340,7 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
     """The static bag width of feature `path` (None: dynamic)."""
     return self._bag_widths[path]
 
-  def _check_table(self, table: embedding.TableConfig, opt: Any) -> None:
+  def _check_table(self, table: TableConfig, opt: Any) -> None:
     name = self.table_name(table)
     caps = self.capabilities
     if (
@@ -330,9 +372,7 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
       )
 
   @classmethod
-  def unavailable_reason(
-    cls, strategy: tf.distribute.Strategy
-  ) -> str | None:
+  def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> str | None:
     """Why this backend cannot run under `strategy`, or None if it can."""
     del strategy
     return None
@@ -346,14 +386,14 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
     return self._strategy
 
   @property
-  def tables(self) -> list[embedding.TableConfig]:
+  def tables(self) -> list[TableConfig]:
     """Tables in the order of their first use in the flattened features."""
     return list(self._tables)
 
-  def table_name(self, table: embedding.TableConfig) -> str:
+  def table_name(self, table: TableConfig) -> str:
     return self._names[id(table)]
 
-  def optimizer_for(self, table: embedding.TableConfig) -> Any:
+  def optimizer_for(self, table: TableConfig) -> Any:
     """The embedding optimizer that applies to `table`."""
     return self._optimizers[self.table_name(table)]
 
@@ -365,7 +405,7 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
 
   @property
   @abc.abstractmethod
-  def embedding_tables(self) -> dict[embedding.TableConfig, tf.Variable]:
+  def embedding_tables(self) -> dict[TableConfig, tf.Variable]:
     """The table variables, keyed by `TableConfig`."""
 
   @abc.abstractmethod
@@ -418,7 +458,7 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
   def _pack_inputs(
     self, flat_features: list[Any], flat_weights: list[Any]
   ) -> tuple[Any, Any | None]:
-    """`(features, weights)` shaped like `feature_config` (weights None if empty)."""
+    """`(features, weights)` shaped like `feature_config` (weights or None)."""
     features = nest.pack_sequence_as(self._feature_config, flat_features)
     if all(w is None for w in flat_weights):
       return features, None
@@ -438,16 +478,18 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
       flat = nest.flatten_up_to(
         self._feature_config, structure, check_types=False
       )
-      if len(flat) == len(self._flat_features):
-        return flat
-      raise ValueError("length mismatch")
+      if len(flat) != len(self._flat_features):
+        raise ValueError("length mismatch")
     except (ValueError, TypeError) as e:
       expected = [p for p, _ in self._flat_features]
       try:
         got = [p for p, _ in nest.flatten_with_joined_string_paths(structure)]
       except Exception:  # noqa: BLE001 - best effort for the message
         got = []
-      covered = lambda g: any(g == p or g.startswith(p + "/") for p in expected)
+
+      def covered(g):
+        return any(g == p or g.startswith(p + "/") for p in expected)
+
       missing = sorted(
         p
         for p in expected
@@ -459,3 +501,20 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
         f"unexpected {extra or 'nothing'}; expected exactly "
         f"{sorted(expected)}."
       ) from e
+    if what == "features":
+      self._check_input_kinds(flat)
+    return flat
+
+  def _check_input_kinds(self, flat: list[Any]) -> None:
+    """Refuses ids of a kind `capabilities.input_kinds` does not declare."""
+    kinds = self.capabilities.input_kinds
+    for (path, feature), ids in zip(self._flat_features, flat):
+      kind = input_kind(ids)
+      if kind is not None and kind not in kinds:
+        raise UnsupportedInputError(
+          f"feature {path!r} (table {self.table_name(feature.table)!r}) got "
+          f"{kind} ids, but the {self.name!r} backend takes only "
+          f"{', '.join(sorted(kinds))} ids (its capabilities.input_kinds); "
+          "convert them (e.g. tf.sparse.to_dense, RaggedTensor.to_tensor) "
+          "or use a backend that takes them."
+        )

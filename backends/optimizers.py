@@ -3,7 +3,7 @@
 Every backend that applies its own embedding optimizer (tensorcore, sharded)
 calls `apply_sparse_update` once per table per step with the unique rows the
 step touched and their gradients summed over the global batch. The math is the
-TPU's (shared/OPTIMIZERS.md, TF's `optimization_parameters.proto`), for the
+TPU's (docs/optimizers.md, TF's `optimization_parameters.proto`), for the
 `tf.tpu.experimental.embedding` optimizer classes, in this order:
 
   1. gradient clipping (`clipvalue` -> `clip_gradient_min/max`);

@@ -43,17 +43,15 @@ Example:
 """
 
 import contextlib
-import dataclasses
 import functools
 import logging
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.distribute import sharded_variable  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.trackable import base as trackable_base  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
 from backends import base, optimizers, tensorcore
 
@@ -138,23 +136,6 @@ def shard_offsets(variable: tf.Variable) -> list[int]:
   return offsets
 
 
-@dataclasses.dataclass
-class _FeatureStep:
-  """One feature's part of a table lookup, kept for the backward pass."""
-
-  index: tf.Tensor  # int32 [N]: position of each id in the unique ids
-  segments: tf.Tensor  # int32 [N]
-  scale: tf.Tensor  # float32 [N]: d act / d row of each id
-  num_segments: tf.Tensor  # int32 scalar
-  position: int  # index in the flat feature list
-
-
-@dataclasses.dataclass
-class _TableStep:
-  unique_ids: tf.Tensor  # int64 [U]
-  features: list[_FeatureStep]
-
-
 class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
   """Tables row-sharded over the parameter servers of a ParameterServerStrategy.
 
@@ -179,9 +160,7 @@ class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
   capabilities = base.Capabilities(sharded_tables=True)
 
   @classmethod
-  def unavailable_reason(
-    cls, strategy: tf.distribute.Strategy
-  ) -> str | None:
+  def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> str | None:
     if not isinstance(
       strategy, tf.distribute.experimental.ParameterServerStrategy
     ):
@@ -208,10 +187,7 @@ class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
     if self._built:
       return
     with tf.init_scope(), self._strategy.scope():
-      variables = {}
-      for table in self._tables:
-        variables[self.table_name(table)] = self._create_table_variables(table)
-      self._variables = data_structures.NoDependency(variables)
+      self._create_variables()
     self._built = True
     for name, table_vars in self._variables.items():
       params = table_vars["parameters"]
@@ -316,83 +292,36 @@ class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
     """Not kept: the sharded backend counts no dropped or truncated ids."""
     return {}
 
-  # -- lookup --------------------------------------------------------------------
+  # -- where the rows live ----------------------------------------------------
+  #
+  # Lookups and row gradients are `TensorCoreEmbedding`'s (`backends._bags`:
+  # one de-duplication per table, the combiners, weights, sequence features);
+  # only the gather of the unique rows and the update go to the shards. No
+  # static-shape path (no compiled steps on parameter-server workers) and no
+  # fused kernels (the rows are remote).
 
-  def lookup(
-    self, features: Any, weights: Any | None = None, training: bool = False
-  ) -> Any:
-    """`TensorCoreEmbedding.lookup`'s contract; rows come from their shards."""
-    self._maybe_build()
-    bags = self._flat_bags(features, weights)
+  def _static_path(self, training: bool) -> bool:
+    del training
+    return False
 
-    outputs: list[tf.Tensor | None] = [None] * len(bags)
-    steps = {}
-    for table in self._tables:
-      name = self.table_name(table)
-      positions = [
-        i for i, l in enumerate(self._layouts) if l.table_name == name
-      ]
-      table_bags = [bags[i] for i in positions]
-      unique_ids, index = tf.unique(
-        tf.concat([b.ids for b in table_bags], axis=0), out_idx=tf.int32
-      )
-      rows = _gather_rows(self._variables[name]["parameters"], unique_ids)
-      sizes = [tf.size(b.ids) for b in table_bags]
-      id_index = tf.split(index, sizes) if len(sizes) > 1 else [index]
-      feature_steps = []
-      for i, bag, idx in zip(positions, table_bags, id_index):
-        scale = tensorcore._combiner_scale(bag, table.combiner)  # pylint: disable=protected-access
-        acts = tf.math.unsorted_segment_sum(
-          tf.gather(rows, idx) * scale[:, tf.newaxis],
-          bag.segments,
-          bag.num_segments,
-        )
-        outputs[i] = self._shape_output(self._layouts[i], bag, acts)
-        feature_steps.append(
-          _FeatureStep(idx, bag.segments, scale, bag.num_segments, i)
-        )
-      if training:
-        steps[name] = _TableStep(unique_ids, feature_steps)
-    if training:
-      self._pending.record((steps, outputs))
-    return nest.pack_sequence_as(self._feature_config, outputs)
+  def _gather_rows(self, params: tf.Variable, ids: tf.Tensor) -> tf.Tensor:
+    """Rows `ids` of a (sharded) table, each shard gathered where it lives."""
+    return _gather_rows(params, ids)
 
-  # -- training --------------------------------------------------------------------
+  def _apply_updates(
+    self, groups: Mapping[int, tuple[Any, list[optimizers.SparseUpdate]]]
+  ) -> None:
+    """Each table's update on the parameter servers owning its rows.
 
-  def apply_gradients(self, activation_gradients: Any) -> None:
-    """Applies each table's optimizer on the parameter servers owning the rows.
-
-    Call in the same step as `lookup(..., training=True)`. Each unique row's
-    gradient is summed over this worker's batch (no all-reduce: workers are
-    asynchronous) and sent to its shard, where the update runs.
+    Each unique row's gradient is summed over this worker's batch (no
+    all-reduce: workers are asynchronous) and sent to its shard.
     """
-    steps, flat_grads = self._take_pending_step(activation_gradients)
-    for table in self._tables:
-      name = self.table_name(table)
-      step = steps[name]
-      num_unique = tf.size(step.unique_ids)
-      row_grads = tf.zeros([num_unique, table.dim], tf.float32)
-      for fs in step.features:
-        grad = flat_grads[fs.position]
-        if grad is None:
-          continue
-        if isinstance(grad, tf.IndexedSlices):
-          grad = tf.convert_to_tensor(grad)
-        grad = tf.reshape(tf.cast(grad, tf.float32), [-1, table.dim])
-        per_id = tf.gather(grad, fs.segments) * fs.scale[:, tf.newaxis]
-        row_grads += tf.math.unsorted_segment_sum(per_id, fs.index, num_unique)
-      table_vars = self._variables[name]
-      slots = {k: v for k, v in table_vars.items() if k != "parameters"}
-      _apply_on_shards(
-        self.optimizer_for(table),
-        table_vars["parameters"],
-        slots,
-        step.unique_ids,
-        row_grads,
-      )
+    for opt, updates in groups.values():
+      for u in updates:
+        _apply_on_shards(opt, u.table, u.slots, u.ids, u.grads)
 
 
-# -- helpers ---------------------------------------------------------------------
+# -- helpers -----------------------------------------------------------------
 
 
 def num_tasks(strategy: tf.distribute.Strategy, job: str) -> int:

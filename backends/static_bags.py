@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
+from backends import _bags
 from backends import inputs as inputs_lib
 
 
@@ -101,7 +102,10 @@ def _rectangle(layout, ids, lengths, weights, limit: int | None):
     < tf.cast(lengths, tf.int64)[:, tf.newaxis]
   )
   batch = _static_or_dynamic(ids.shape[0], tf.shape(ids)[0])
-  flat = lambda t: tf.reshape(t, [-1])
+
+  def flat(t):
+    return tf.reshape(t, [-1])
+
   if seq_len:  # one segment per (row, position)
     n = flat(ids).shape[0] if ids.shape.is_fully_defined() else tf.size(ids)
     segments = tf.range(n, dtype=tf.int32)
@@ -325,12 +329,18 @@ def validate(
       tf.logical_and(tf.math.is_finite(bags.weights), bags.weights >= 0.0)
     ),
   )
-  count = lambda m: tf.reduce_sum(tf.cast(m, tf.int64))
+
+  def count(m):
+    return tf.reduce_sum(tf.cast(m, tf.int64))
+
   # One slot past the end (found when no slot is bad): safe with no slots.
   first = tf.argmax(
     tf.concat([tf.cast(bad, tf.int32), [1]], 0), output_type=tf.int32
   )
-  padded = lambda t: tf.concat([t, tf.zeros([1], t.dtype)], 0)
+
+  def padded(t):
+    return tf.concat([t, tf.zeros([1], t.dtype)], 0)
+
   row = tf.cast(tf.gather(padded(bags.segments), first), tf.int64)
   if bags.sequence_length:
     row //= bags.sequence_length
@@ -369,17 +379,14 @@ def _per_slot(per_segment: tf.Tensor, bags: StaticBags) -> tf.Tensor:
 
 
 def with_combiner_scale(bags: StaticBags, combiner: str) -> StaticBags:
-  """Sets each slot's scale: its weight over its bag's normaliser, 0 if empty."""
-  w = tf.where(bags.valid, bags.weights, 0.0)
-  if bags.sequence_length or combiner == "sum":
-    scale = w
-  elif combiner == "mean":
-    scale = tf.math.divide_no_nan(w, _per_slot(_segment_sum(w, bags), bags))
-  elif combiner == "sqrtn":
-    norm = tf.sqrt(_segment_sum(w * w, bags))
-    scale = tf.math.divide_no_nan(w, _per_slot(norm, bags))
-  else:
-    raise ValueError(f"unknown combiner {combiner!r}")
+  """Sets each slot's scale: its weight over its bag's normaliser (0: empty)."""
+  scale = _bags.combiner_scale(
+    tf.where(bags.valid, bags.weights, 0.0),
+    combiner,
+    bool(bags.sequence_length),
+    lambda v: _segment_sum(v, bags),
+    lambda v: _per_slot(v, bags),
+  )
   return dataclasses.replace(bags, scale=scale)
 
 
@@ -463,7 +470,7 @@ def _dedup_by_marking(
 
 
 def pad_rows(values: tf.Tensor, num_unique: tf.Tensor) -> tf.Tensor:
-  """Makes unique slots from `num_unique` on repeat slot 0's row (see `dedup`)."""
+  """Makes unique slots from `num_unique` on repeat slot 0's row (`dedup`)."""
   real = tf.range(tf.shape(values)[0]) < num_unique
   values = tf.where(real[:, tf.newaxis], values, tf.zeros_like(values))
   return tf.where(real[:, tf.newaxis], values, values[:1])

@@ -34,7 +34,8 @@ replicas and compiled.
 Example:
   >>> table = tf.tpu.experimental.embedding.TableConfig(1000, 16, name="items")
   >>> config = {"item": tf.tpu.experimental.embedding.FeatureConfig(table)}
-  >>> emb = TensorCoreEmbedding(config, tf.tpu.experimental.embedding.Adagrad(0.1))
+  >>> opt = tf.tpu.experimental.embedding.Adagrad(0.1)
+  >>> emb = TensorCoreEmbedding(config, opt)
   >>> with tf.GradientTape() as tape:
   ...   acts = emb({"item": tf.constant([3, 5])}, training=True)
   ...   loss = tf.reduce_sum(acts["item"])
@@ -49,11 +50,10 @@ from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.eager import tape as tape_lib  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
-from backends import base, hardware, kernels, optimizers, static_bags
+from backends import _bags, base, hardware, kernels, optimizers, static_bags
 from backends import inputs as inputs_lib
 from backends import pending as pending_lib
 
@@ -87,7 +87,7 @@ _not_converted = tf.autograph.experimental.do_not_convert
 
 
 class _Counters:
-  """Per-feature input counters (not checkpointed): invalid and truncated ids."""
+  """Per-feature input counters (not checkpointed): invalid, truncated ids."""
 
   def __init__(self, paths: list[str]):
     def counter(kind, path):
@@ -188,7 +188,8 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     self._pending = data_structures.NoDependency(
       pending_lib.PendingLookups(self.name)
     )
-    self._counters = None  # built with the tables; None: not counted
+    # Built with the tables; None: not counted.
+    self._counters: _Counters | None = None
 
   # -- variables -----------------------------------------------------------
 
@@ -197,10 +198,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     if self._built:
       return
     with tf.init_scope(), self._strategy.scope():
-      variables = {}
-      for table in self._tables:
-        variables[self.table_name(table)] = self._create_table_variables(table)
-      self._variables = data_structures.NoDependency(variables)
+      self._create_variables()
       self._counters = data_structures.NoDependency(
         _Counters([layout.path for layout in self._layouts])
       )
@@ -222,6 +220,15 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     if self._use_fused_kernels and _on_cpu_only(self._strategy):
       self._kernels = kernels.load()
     self._built = True
+
+  def _create_variables(self) -> None:
+    """Every table's variables (`_create_table_variables`), by table name."""
+    self._variables = data_structures.NoDependency(
+      {
+        self.table_name(t): self._create_table_variables(t)
+        for t in self._tables
+      }
+    )
 
   def _create_table_variables(self, table) -> dict[str, tf.Variable]:
     name = self.table_name(table)
@@ -277,13 +284,12 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
   def input_stats(self) -> dict[str, dict[str, int]]:
     """Counts of invalid (dropped / mapped) and truncated ids per feature."""
     self._maybe_build()
+    c = self._counters
+    if c is None:
+      return {}
     return {
-      "invalid_ids": {
-        p: int(v.numpy()) for p, v in self._counters.invalid.items()
-      },
-      "truncated_ids": {
-        p: int(v.numpy()) for p, v in self._counters.truncated.items()
-      },
+      "invalid_ids": {p: int(v.numpy()) for p, v in c.invalid.items()},
+      "truncated_ids": {p: int(v.numpy()) for p, v in c.truncated.items()},
     }
 
   def _maybe_build(self):
@@ -316,13 +322,9 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     `max_sequence_length`) and dense ids pass through unchanged. Returns
     `(features, weights)`; a padded feature's weight entry becomes None.
     """
-    flat = self._flatten_like_config(features, "features")
-    flat_w = (
-      self._flatten_like_config(weights, "weights")
-      if weights is not None
-      else [None] * len(flat)
-    )
-    out, out_w = [], []
+    flat, flat_w, _ = self._flat_inputs(features, weights)
+    out: list[Any] = []
+    out_w: list[Any] = []
     for layout, inp, w in zip(self._layouts, flat, flat_w):
       width = layout.sequence_length or self._bag_widths[layout.path]
       if width and isinstance(inp, (tf.SparseTensor, tf.RaggedTensor)):
@@ -344,9 +346,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
   # -- lookup ------------------------------------------------------------------
 
   @_not_converted
-  def embedding_lookup(
-    self, features: Any, weights: Any | None = None
-  ) -> Any:
+  def embedding_lookup(self, features: Any, weights: Any | None = None) -> Any:
     """V0's name for a lookup; with gradients through the tables."""
     return self.lookup(features, weights, training=False)
 
@@ -386,50 +386,31 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     steps = {}
     for table in self._tables:
       name = self.table_name(table)
-      positions = [
-        i for i, l in enumerate(self._layouts) if l.table_name == name
-      ]
+      positions = self._positions_of(name)
       table_bags = [bags[i] for i in positions]
       # All features of the table as one flat bag: one de-duplication, one
       # gather of the unique rows ([U, D]; a tape on the table sees gradient
       # IndexedSlices of U rows), one segment sum into the activations of
       # every feature stacked in feature order.
-      flat = _concat_bags(table_bags, table.combiner)
-      params = self._variables[name]["parameters"]
-      if fused:
-        # The same in one C++ pass over the ids, reading the table in place;
-        # a tape on the table still gets IndexedSlices of the U rows.
-        if params.trainable:
-          tape_lib.variable_accessed(params)
-        acts, unique_ids, index = fused.recsys_bag_lookup(
-          table=params.handle,
-          ids=tf.cast(flat.ids, tf.int64),
-          segments=flat.segments,
-          scale=_scale_or_empty(flat.scale),
-          num_segments=flat.num_segments,
-        )
-        acts.set_shape([None, table.dim])  # the kernel cannot see the table's
-        rows = None
-      else:
-        unique_ids, index = tf.unique(flat.ids, out_idx=tf.int32)
-        rows = tf.gather(params, unique_ids)
-        acts = _segment_combine(rows, index, flat)
-      per_feature = (
-        tf.split(acts, flat.sizes) if len(table_bags) > 1 else [acts]
+      flat = _bags.concat_bags(table_bags, table.combiner)
+      found = _bags.lookup(
+        flat, self._variables[name]["parameters"], self._gather_rows, fused
       )
-      for i, bag, out in zip(positions, table_bags, per_feature):
+      for i, bag, out in zip(
+        positions, table_bags, _bags.split_features(found.acts, flat)
+      ):
         outputs[i] = self._shape_output(self._layouts[i], bag, out)
       if training:
-        capacities = [b.capacity for b in table_bags]
+        capacities = [b.capacity for b in table_bags if b.capacity is not None]
         capacity = (
           min(sum(capacities), table.vocabulary_size)
-          if None not in capacities
+          if len(capacities) == len(table_bags)
           else None
         )
         steps[name] = _TableStep(
-          unique_ids,
-          rows,
-          index,
+          found.unique_ids,
+          found.rows,
+          found.index,
           flat.segments,
           flat.scale,
           positions,
@@ -465,16 +446,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     `raise_for_invalid_inputs`); outside a compiled step, the "error" policy
     also raises (eagerly) or fails the step (graph) right away.
     """
-    flat = self._flatten_like_config(features, "features")
-    flat_w = (
-      self._flatten_like_config(weights, "weights")
-      if weights is not None
-      else [None] * len(flat)
-    )
-    count = (
-      self._counters is not None
-      and tf.distribute.get_replica_context() is not None
-    )
+    flat, flat_w, counters = self._flat_inputs(features, weights)
     compiled = _in_xla_context()
     out = []
     for layout, inp, w in zip(self._layouts, flat, flat_w):
@@ -489,8 +461,8 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
           bags = dataclasses.replace(
             bags, ids=_raise_for_report(layout, report, bags.ids)
           )
-        if count:
-          c = self._counters
+        if counters is not None:
+          c = counters
           if self._invalid_ids == "error":
             c.refused_ids[layout.path].assign_add(report.bad_ids)
             example = c.refused_example[layout.path]
@@ -500,8 +472,10 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
           else:
             c.invalid[layout.path].assign_add(report.bad_ids)
           c.refused_weights[layout.path].assign_add(report.bad_weights)
-      if count and (layout.sequence_length or self._bag_widths[layout.path]):
-        self._counters.truncated[layout.path].assign_add(bags.truncated)
+      if counters is not None and (
+        layout.sequence_length or self._bag_widths[layout.path]
+      ):
+        counters.truncated[layout.path].assign_add(bags.truncated)
       out.append(
         static_bags.with_combiner_scale(bags, layout.feature.table.combiner)
       )
@@ -523,9 +497,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     compiled = _in_xla_context()
     for table in self._tables:
       name = self.table_name(table)
-      positions = [
-        i for i, l in enumerate(self._layouts) if l.table_name == name
-      ]
+      positions = self._positions_of(name)
       table_bags = [bags[i] for i in positions]
       ids = tf.concat([b.ids for b in table_bags], 0)
       valid = tf.concat([b.valid for b in table_bags], 0)
@@ -577,14 +549,12 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     for table in self._tables:
       name = self.table_name(table)
       step = steps[name]
-      grads = []
-      for pos, bag in zip(step.positions, step.bags):
-        grad = flat_grads[pos]
-        if grad is None:
-          grad = tf.zeros([bag.num_segments, table.dim], tf.float32)
-        elif isinstance(grad, tf.IndexedSlices):
-          grad = tf.convert_to_tensor(grad)
-        grads.append(tf.reshape(grad, [-1, table.dim]))
+      grads = _bags.feature_gradients(
+        flat_grads,
+        step.positions,
+        [bag.num_segments for bag in step.bags],
+        table.dim,
+      )
       dd = step.dedup
       capacity = tf.shape(dd.ids)[0]
       row_grads = static_bags.pad_rows(
@@ -692,16 +662,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     are per-replica sums: only countable inside a replica). `fused_ops`: the
     fused kernels, to flatten padded bags in one op.
     """
-    flat = self._flatten_like_config(features, "features")
-    flat_w = (
-      self._flatten_like_config(weights, "weights")
-      if weights is not None
-      else [None] * len(flat)
-    )
-    count = (
-      self._counters is not None
-      and tf.distribute.get_replica_context() is not None
-    )
+    flat, flat_w, counters = self._flat_inputs(features, weights)
     bags = []
     for layout, inp, w in zip(self._layouts, flat, flat_w):
       bag = inputs_lib.to_flat_bags(
@@ -709,14 +670,48 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       )
       if layout.feature.validate_weights_and_indices:
         bag, num_invalid = inputs_lib.validate(layout, bag, self._invalid_ids)
-        if count and self._invalid_ids != "error":
-          self._counters.invalid[layout.path].assign_add(num_invalid)
-      if count and (layout.sequence_length or self._bag_widths[layout.path]):
-        self._counters.truncated[layout.path].assign_add(bag.truncated)
+        if counters is not None and self._invalid_ids != "error":
+          counters.invalid[layout.path].assign_add(num_invalid)
+      if counters is not None and (
+        layout.sequence_length or self._bag_widths[layout.path]
+      ):
+        counters.truncated[layout.path].assign_add(bag.truncated)
       bags.append(bag)
     return bags
 
-  def _shape_output(self, layout, bag: inputs_lib.FlatBags, acts: tf.Tensor):
+  def _flat_inputs(
+    self, features: Any, weights: Any | None
+  ) -> tuple[list[Any], list[Any], _Counters | None]:
+    """Features and weights flattened in config order, and the counters.
+
+    The counters (invalid, truncated ids) are None when nothing is counted:
+    the backend keeps none, or there is no replica context (they are
+    per-replica sums).
+    """
+    flat = self._flatten_like_config(features, "features")
+    flat_w = (
+      self._flatten_like_config(weights, "weights")
+      if weights is not None
+      else [None] * len(flat)
+    )
+    if tf.distribute.get_replica_context() is None:
+      return flat, flat_w, None
+    return flat, flat_w, self._counters
+
+  def _positions_of(self, table_name: str) -> list[int]:
+    """The indices of the table's features in the flat feature list."""
+    return [
+      i
+      for i, layout in enumerate(self._layouts)
+      if layout.table_name == table_name
+    ]
+
+  def _shape_output(
+    self,
+    layout,
+    bag: inputs_lib.FlatBags | static_bags.StaticBags,
+    acts: tf.Tensor,
+  ):
     dim = layout.feature.table.dim
     out_shape = layout.output_shape(None)
     if out_shape is not None:
@@ -767,9 +762,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
           table_vars["parameters"], slots, ids, row_grads, rows
         )
       )
-    fused = self._fused_ops()
-    for opt, updates in groups.values():
-      optimizers.apply_sparse_updates(opt, updates, fused_ops=fused)
+    self._apply_updates(groups)
 
   def abandon_training_lookup(self) -> None:
     """Drops this replica's training lookup on purpose (a step left out)."""
@@ -800,38 +793,31 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
 
   def _row_gradients(self, table, step: _TableStep, flat_grads) -> tf.Tensor:
     """d(loss)/d(row) for each unique row: [U, D], one segment reduction."""
-    stacked = []
-    for pos, num_segments in zip(step.positions, step.num_segments):
-      grad = flat_grads[pos]
-      if grad is None:  # the loss does not use this feature
-        grad = tf.zeros([num_segments, table.dim], tf.float32)
-      elif isinstance(grad, tf.IndexedSlices):
-        grad = tf.convert_to_tensor(grad)
-      stacked.append(tf.reshape(grad, [-1, table.dim]))
-    grads = tf.concat(stacked, 0) if len(stacked) > 1 else stacked[0]
-    num_unique = tf.size(step.unique_ids, out_type=tf.int32)
-    fused = self._fused_ops()
-    if fused:
-      return fused.recsys_row_gradients(
-        grads=grads,
-        index=step.index,
-        segments=step.segments,
-        scale=_scale_or_empty(step.scale),
-        num_rows=num_unique,
-      )
-    if step.scale is None:
-      # Fused gather + scatter-add: row index[i] += grads[segments[i]].
-      return tf.raw_ops.SparseSegmentSumGrad(
-        grad=grads,
-        indices=step.index,
-        segment_ids=step.segments,
-        output_dim0=num_unique,
-      )
-    return tf.math.unsorted_segment_sum(
-      tf.gather(grads, step.segments) * step.scale[:, tf.newaxis],
-      step.index,
-      num_unique,
+    grads = _bags.feature_gradients(
+      flat_grads, step.positions, step.num_segments, table.dim
     )
+    return _bags.row_gradients(
+      tf.concat(grads, 0) if len(grads) > 1 else grads[0],
+      step.index,
+      step.segments,
+      step.scale,
+      tf.size(step.unique_ids, out_type=tf.int32),
+      self._fused_ops(),
+    )
+
+  # -- where the rows live (the sharded backend overrides these) ---------------
+
+  def _gather_rows(self, params: tf.Variable, ids: tf.Tensor) -> tf.Tensor:
+    """Rows `ids` of the table `params` (`_bags.lookup`'s `gather_rows`)."""
+    return tf.gather(params, ids)
+
+  def _apply_updates(
+    self, groups: Mapping[int, tuple[Any, list[optimizers.SparseUpdate]]]
+  ) -> None:
+    """Applies each optimizer's updates (tables sharing it: one run)."""
+    fused = self._fused_ops()
+    for opt, updates in groups.values():
+      optimizers.apply_sparse_updates(opt, updates, fused_ops=fused)
 
 
 @dataclasses.dataclass
@@ -931,105 +917,6 @@ def _static_sum_across_replicas(
     static_bags.pad_rows(summed, merged.num_unique),
     merged.num_unique,
   )
-
-
-@dataclasses.dataclass
-class _TableBag:
-  """The ids of every feature of one table as one flat bag."""
-
-  ids: tf.Tensor  # int64 [N]
-  segments: tf.Tensor  # int32 [N], offset per feature
-  scale: tf.Tensor | None  # float32 [N], None when every id counts once
-  num_segments: tf.Tensor  # int32 scalar, sum of the features' S_f
-  sizes: list[tf.Tensor]  # per feature: S_f
-  sorted_segments: bool  # segments non-decreasing
-
-
-def _concat_bags(bags: list[inputs_lib.FlatBags], combiner: str) -> _TableBag:
-  """Stacks the features of one table: segments offset by earlier features."""
-  sizes = [b.num_segments for b in bags]
-  scales = [
-    None if _unit_scale(b, combiner) else _combiner_scale(b, combiner)
-    for b in bags
-  ]
-  if all(s is None for s in scales):
-    scale = None
-  else:
-    scale = tf.concat(
-      [
-        s if s is not None else tf.ones_like(b.weights)
-        for s, b in zip(scales, bags)
-      ],
-      0,
-    )
-  if len(bags) == 1:
-    return _TableBag(
-      bags[0].ids,
-      bags[0].segments,
-      scale,
-      sizes[0],
-      sizes,
-      bags[0].sorted_segments,
-    )
-  segments, offset = [], tf.constant(0, tf.int32)
-  for bag, size in zip(bags, sizes):
-    segments.append(bag.segments + offset)
-    offset += size
-  return _TableBag(
-    tf.concat([b.ids for b in bags], 0),
-    tf.concat(segments, 0),
-    scale,
-    offset,
-    sizes,
-    all(b.sorted_segments for b in bags),
-  )
-
-
-def _unit_scale(bag: inputs_lib.FlatBags, combiner: str) -> bool:
-  """Whether every id of `bag` enters its activation with factor 1."""
-  return bag.unit_weights and (bool(bag.sequence_length) or combiner == "sum")
-
-
-def _segment_combine(
-  rows: tf.Tensor, index: tf.Tensor, flat: _TableBag
-) -> tf.Tensor:
-  """The table's activations `[sum_f S_f, D]` from its unique rows `[U, D]`.
-
-  Id `i` adds `scale[i] * rows[index[i]]` to activation row `segments[i]`.
-  """
-  if flat.scale is None and flat.sorted_segments:
-    # One fused gather + sorted segment sum, no [N, D] intermediate.
-    return tf.raw_ops.SparseSegmentSumWithNumSegments(
-      data=rows,
-      indices=index,
-      segment_ids=flat.segments,
-      num_segments=flat.num_segments,
-    )
-  per_id = tf.gather(rows, index)
-  if flat.scale is not None:
-    per_id *= flat.scale[:, tf.newaxis]
-  return tf.math.unsorted_segment_sum(per_id, flat.segments, flat.num_segments)
-
-
-def _combiner_scale(bag: inputs_lib.FlatBags, combiner: str) -> tf.Tensor:
-  """d(activation)/d(row) of each id: its weight over its bag's normaliser."""
-  w = bag.weights
-  if bag.sequence_length or combiner == "sum":
-    return w
-  if combiner == "mean":
-    norm = tf.math.unsorted_segment_sum(w, bag.segments, bag.num_segments)
-  elif combiner == "sqrtn":
-    norm = tf.sqrt(
-      tf.math.unsorted_segment_sum(w * w, bag.segments, bag.num_segments)
-    )
-  else:
-    raise ValueError(f"unknown combiner {combiner!r}")
-  return tf.math.divide_no_nan(w, tf.gather(norm, bag.segments))
-
-
-def _scale_or_empty(scale: tf.Tensor | None) -> tf.Tensor:
-  """The fused kernels' spelling of "every id counts once": an empty scale."""
-  return scale if scale is not None else tf.zeros([0], tf.float32)
 
 
 def _on_cpu_only(strategy: tf.distribute.Strategy) -> bool:

@@ -4,7 +4,7 @@
 bags' flattening, the per-row gradient reduction, an in-place SGD / Adagrad /
 lazy-Adam row update; optionally split over the intra-op threads) that
 replace the tensorcore step's chain of generic TF ops on the CPU with
-the same math (shared/OPTIMIZERS.md). They are compiled against the installed
+the same math (docs/optimizers.md). They are compiled against the installed
 TensorFlow with the system C++ compiler, once per TF version and source:
 `make` does it (`python -m backends.kernels`), and `load()` does it on first
 use if nobody did. The library lands in `$RECSYS_KERNEL_DIR`, default

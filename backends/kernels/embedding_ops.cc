@@ -15,7 +15,7 @@
 //   RecsysRowGradients  row_grads[index[i]] += scale[i] * grads[segments[i]]
 //   RecsysSparseApply   gradient clipping, weight decay, the SGD / Adagrad /
 //                       lazy Adam update and weight clipping of the touched
-//                       rows, in place (shared/OPTIMIZERS.md, the same float32
+//                       rows, in place (docs/optimizers.md, the same float32
 //                       operations in the same order as backends/optimizers.py)
 //
 // Variables are accessed like TF's own sparse resource ops: the first sparse

@@ -14,7 +14,7 @@ import tensorflow as tf  # noqa: E402
 import backends  # noqa: E402
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import optimizers  # noqa: E402
-from tests import reference_optimizers as ref  # noqa: E402
+from backends import reference_optimizers as ref  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 VOCAB, DIM, BATCH = 23, 7, 5

@@ -11,7 +11,7 @@ per-id weights (zeros included), combiners and input kinds (dense `[B, N]`,
   inside a `tf.function`;
 * a sequence feature gives `[B, L, D]`: rows padded with zeros or cut at L;
 * one `apply_gradients` step with SGD or Adagrad, two features sharing the
-  table, changes exactly the touched rows as `tests/reference_optimizers.py`
+  table, changes exactly the touched rows as `backends/reference_optimizers.py`
   says, with each row's gradient summed over every occurrence.
 
 Backends are cached per shape family (vocab, dim, combiner, optimizer): eager
@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import backends  # noqa: E402
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-from tests import reference_optimizers as ref  # noqa: E402
+from backends import reference_optimizers as ref  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 

@@ -2,7 +2,7 @@
 
 Every optimizer and option runs several steps with varying id subsets on a
 23 x 7 table and is compared, table and every slot, to the NumPy reference
-(tests/reference_optimizers.py); Adagrad, FTRL and non-lazy Adam are also
+(backends/reference_optimizers.py); Adagrad, FTRL and non-lazy Adam are also
 compared to TF's own training kernels on the same inputs.
 """
 
@@ -14,8 +14,8 @@ import tensorflow as tf  # noqa: E402
 
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import optimizers  # noqa: E402
+from backends import reference_optimizers as ref  # noqa: E402
 from backends.base import UnsupportedConfigError  # noqa: E402
-from tests import reference_optimizers as ref  # noqa: E402
 from tests.conftest import mirrored_strategy  # noqa: E402
 
 E = tf.tpu.experimental.embedding
@@ -554,7 +554,8 @@ def test_non_lazy_adam_matches_resource_apply_adam_without_bias_correction():
 # -- slots and configuration checks --------------------------------------------
 
 
-# The checkpoint slot names of TF's mid-level API (shared/OPTIMIZERS.md).
+# The checkpoint slot names of TF's mid-level API
+# (docs/optimizers.md#slot-names-in-checkpoints).
 TF_SLOT_NAMES = {
   "SGD": [],
   "Adagrad": ["accumulators"],

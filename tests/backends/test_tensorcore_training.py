@@ -5,7 +5,8 @@ import pytest
 import tensorflow as tf
 
 import backends
-from tests import reference_optimizers as ref
+from backends import conformance
+from backends import reference_optimizers as ref
 from tests.conftest import mirrored_strategy
 
 E = tf.tpu.experimental.embedding
@@ -87,7 +88,7 @@ def _tensors(rows, weights):
 
 def _numpy_row_grads(rows, weights, combiners, cotangents, seq_len):
   """d(sum(acts * cotangent))/d(row), summed per (table, id), in NumPy."""
-  grads = {}
+  grads: dict[str, list] = {}
   for feature, bags in rows.items():
     table, combiner = combiners[feature]
     for b, bag in enumerate(bags):
@@ -114,14 +115,9 @@ def _numpy_row_grads(rows, weights, combiners, cotangents, seq_len):
 
 OPTIMIZER_NAMES = sorted(_optimizers()[0])
 
-
-def _linear_loss_step(emb, features, weights, cotangents):
-  """One training step of loss = sum(acts * cotangents): d loss/d acts known."""
-  with tf.GradientTape() as tape:
-    acts = emb.lookup(features, weights, training=True)
-    tape.watch(acts)
-    loss = tf.add_n([tf.reduce_sum(acts[k] * cotangents[k]) for k in acts])
-  emb.apply_gradients(tape.gradient(loss, acts))
+# One training step of loss = sum(acts * cotangents) (test_fused_kernels uses
+# it too).
+_linear_loss_step = conformance.linear_loss_step
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "tf_ops"])
@@ -307,7 +303,7 @@ def test_seed_example_keras_optimizer_loop_under_two_replicas():
   assert losses[-1] < 0.5 * losses[0]
   copies = [v.numpy() for v in embedding.embedding_tables[table].values]
   np.testing.assert_array_equal(copies[0], copies[1])
-  # Keras's Adagrad (epsilon 1e-7) on the summed gradient: check the slot is Keras's.
+  # Keras's Adagrad (epsilon 1e-7) on the summed gradient: the slot is Keras's.
   assert embedding.slot_variables()["t"]["accumulators"] is optimizer.get_slot(
     embedding.embedding_tables[table], "accumulators"
   )

@@ -4,9 +4,9 @@ One subprocess (`sharded_run.py`) starts 2 workers and 2 parameter servers
 in-process, builds `sharded_case`'s tables with the `sharded` backend and
 trains 2 steps through a `ClusterCoordinator`. This process computes the
 references: the same steps on `tensorcore` (tested against TF's own classes),
-the rows' gradients and TPU-math updates in NumPy (`tests/reference_optimizers`),
-and TF's "div" partition of the rows. Checkpoints are restored across
-backends both ways.
+the rows' gradients and TPU-math updates in NumPy
+(`backends/reference_optimizers`), and TF's "div" partition of the rows.
+Checkpoints are restored across backends both ways.
 """
 
 import json  # noqa: E402
@@ -18,8 +18,11 @@ import tensorflow as tf  # noqa: E402
 import backends  # noqa: E402
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import checkpoint as ckpt_lib  # noqa: E402
-from backends import sharded  # noqa: E402
-from tests import reference_optimizers as ref  # noqa: E402
+from backends import (
+  conformance,  # noqa: E402
+  sharded,  # noqa: E402
+)
+from backends import reference_optimizers as ref  # noqa: E402
 from tests.distributed import cluster as cluster_lib  # noqa: E402
 from tests.distributed import sharded_case as case  # noqa: E402
 
@@ -44,12 +47,7 @@ def _train_tensorcore():
   emb = _tensorcore()
   acts_per_step = []
   for raw in case.raw_batches():
-    features, weights, cot = case.tensors(raw)
-    with tf.GradientTape() as tape:
-      acts = emb.lookup(features, weights, training=True)
-      tape.watch(acts)
-      loss = tf.add_n([tf.reduce_sum(acts[k] * cot[k]) for k in acts])
-    emb.apply_gradients(tape.gradient(loss, acts))
+    acts = conformance.linear_loss_step(emb, *case.tensors(raw))
     acts_per_step.append({k: v.numpy() for k, v in acts.items()})
   return emb, acts_per_step
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import backends
+from backends import reference_optimizers as ref
 from recsys import layers
 from recsys._keras import keras, tf
-from tests import reference_optimizers as ref
 from tests.conftest import mirrored_strategy
 
 E = tf.tpu.experimental.embedding

@@ -1,8 +1,9 @@
 """NumPy reference of the TPU embedding optimizers' sparse row updates.
 
-Plain NumPy (float64) written from the formulas of shared/OPTIMIZERS.md and
+Plain NumPy (float64) written from the formulas of docs/optimizers.md and
 TF's `optimization_parameters.proto`, to test every backend's embedding
-optimizer against. One function per optimizer, each
+optimizer against (the tests and `backends.conformance`, which a third-party
+backend's tests can run too). One function per optimizer, each
 
     new_table, new_slots = adagrad(table, slots, ids, grads, optimizer)
 

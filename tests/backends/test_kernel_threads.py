@@ -2,10 +2,11 @@
 
 With RECSYS_KERNEL_PARALLEL_MIN_WORK set (off by default), each fused op
 whose call moves at least that many floats of rows splits its row loops over
-TF's intra-op threads, by output, keeping every output's summation order. Crash-resume compares states exactly, so the
-same training steps with 1 and 2 intra-op threads must agree bit for bit,
-and agree with the TF ops as closely as the one-thread kernels do. The pool
-size is fixed when TF starts, so each setting runs in its own process.
+TF's intra-op threads, by output, keeping every output's summation order.
+Crash-resume compares states exactly, so the same training steps with 1 and
+2 intra-op threads must agree bit for bit, and agree with the TF ops as
+closely as the one-thread kernels do. The pool size is fixed when TF starts,
+so each setting runs in its own process.
 """
 
 import json
@@ -70,7 +71,8 @@ def train(fused):
     with tf.GradientTape() as tape:
       acts = emb.lookup(feats, None, training=True)
       tape.watch(acts)
-      state.update({{f"acts{{step}}_{{k}}": v.numpy() for k, v in acts.items()}})
+      state.update({{f"acts{{step}}_{{k}}": v.numpy()
+                    for k, v in acts.items()}})
       loss = tf.add_n([tf.reduce_sum(acts[k] * cot[k]) for k in acts])
     emb.apply_gradients(tape.gradient(loss, acts))
   state["table"] = var.numpy()
@@ -80,7 +82,8 @@ def train(fused):
 
 fused, stats = train(True)
 assert kernels.load() is not None
-padded = kernels.load().recsys_padded_bags(*batch(np.random.default_rng(3), True))
+padded = kernels.load().recsys_padded_bags(
+    *batch(np.random.default_rng(3), True))
 result = {{f"fused/{{k}}": v for k, v in fused.items()}}
 # The lookup's de-duplication alone: ids Zipf-hot and spread, in bags.
 rng = np.random.default_rng(5)

@@ -49,9 +49,9 @@ REPLICATE_SHARE = 0.1
 #: in, shared with other TF processes) and ~215 MiB its heap.
 RUNTIME_BYTES = 690 << 20
 #: The training loop's own memory: the model, the traced train and eval
-#: steps, the input pipeline's buffers, summaries and checkpoints (40-100 MiB
-#: in the benchmark's bare loop, up to ~270 MiB in `recsys train`'s whole
-#: run with its evaluation).
+#: steps, the input pipeline's buffers, summaries and checkpoints (~80 MiB
+#: in the benchmark's bare loop, ~120 MiB in `recsys train`'s whole run with
+#: its evaluation on the default experiment).
 LOOP_BYTES = 150 << 20
 
 

@@ -30,10 +30,8 @@
 // rows (padded bags). Each output element is still computed by one thread,
 // adding its terms in the same order as the one-thread loop, so results are
 // bit-identical for any number of threads (crash-resume tests compare states
-// exactly). The de-duplication splits by a hash class of the id: each thread
-// finds its class's new ids in order with their first positions, and a
-// merge by first position restores tf.unique's first-occurrence order.
-// Off by default because on this
+// exactly). The de-duplication stays one serial pass: it defines the
+// first-occurrence order of the unique ids. Off by default because on this
 // project's 2-core machine, shared with other work, the split made the
 // standard 8-table step about 2x slower (the tables already run concurrently
 // on the inter-op threads, and each fork-join waits for a descheduled
@@ -153,14 +151,6 @@ inline int RowPart(int64_t id, int parts) {
   return static_cast<int>((h * static_cast<uint64_t>(parts)) >> 32);
 }
 
-// The de-duplication class of an id among `parts` (a hash independent of
-// RowPart's and IdIndex's, so that one class still spreads over a map's
-// slots; Zipf-hot low ids spread over the classes).
-inline int DedupPart(int64_t id, int parts) {
-  const uint64_t h = (static_cast<uint64_t>(id) * 0xC2B2AE3D27D4EB4Full) >> 32;
-  return static_cast<int>((h * static_cast<uint64_t>(parts)) >> 32);
-}
-
 // Open-addressing map from id to its first-occurrence position. Fibonacci
 // hashing: the top bits of id * 2^64/phi index the slots, so ids sharing low
 // bits (multiples of a power of two) still spread.
@@ -238,60 +228,57 @@ class BagLookupOp : public OpKernel {
     Tensor* acts_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
         0, TensorShape({num_segments, dim}), &acts_t));
-    float* acts = acts_t->flat<float>().data();  // zeroed below, by part
+    float* acts = acts_t->flat<float>().data();
+    std::fill(acts, acts + num_segments * dim, 0.0f);
     Tensor* index_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &index_t));
     int32_t* index = index_t->flat<int32_t>().data();
 
     std::vector<int64_t> unique;
+    unique.reserve(std::min<int64_t>(n, vocab));
+    IdIndex positions(n);
     const int parts = NumParts(ctx, n * dim);
     if (parts > 1) {
-      // Checked first (serially: a cheap pass), so the parts need not.
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t id = ids(i);
-        const int32_t seg = segments(i);
-        OP_REQUIRES(ctx, id >= 0 && id < vocab,
-                    InvalidArgument("id ", id, " at position ", i,
-                                    " is outside the table's rows [0, ", vocab,
-                                    ")"));
-        OP_REQUIRES(ctx, seg >= 0 && seg < num_segments,
-                    InvalidArgument("segment ", seg, " at position ", i,
-                                    " is outside [0, ", num_segments, ")"));
-      }
-      // Part k, scanning the ids in order, (a) de-duplicates the ids of its
-      // hash class (DedupPart), recording each new id's first position and
-      // writing its class-local position into index[], and (b) zeroes and
-      // sums the bags of the k-th range of segments, so each bag adds its
-      // rows in the one-thread order.
-      std::vector<std::vector<int64_t>> part_ids(parts), part_first(parts);
-      RunParts(ctx, parts, [&](int k) {
-        IdIndex positions(n);
-        auto& mine_ids = part_ids[k];
-        auto& mine_first = part_first[k];
-        const int64_t lo = int64_t{num_segments} * k / parts;
-        const int64_t hi = int64_t{num_segments} * (k + 1) / parts;
-        std::fill(acts + lo * dim, acts + hi * dim, 0.0f);
-        for (int64_t i = 0; i < n; ++i) {
-          const int64_t id = ids(i);
-          if (DedupPart(id, parts) == k) {
+      // Unit 0 de-duplicates and checks (serial: it fixes the first-occurrence
+      // order); meanwhile unit k >= 1 sums the bags of the k-th range of
+      // segments, scanning the ids in order, so each bag adds its rows in the
+      // one-thread order. Bad entries are skipped there and reported by unit 0.
+      absl::Status error;
+      RunParts(ctx, parts + 1, [&](int unit) {
+        if (unit == 0) {
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t id = ids(i);
+            const int32_t seg = segments(i);
+            if (id < 0 || id >= vocab) {
+              error = InvalidArgument("id ", id, " at position ", i,
+                                      " is outside the table's rows [0, ",
+                                      vocab, ")");
+              return;
+            }
+            if (seg < 0 || seg >= num_segments) {
+              error = InvalidArgument("segment ", seg, " at position ", i,
+                                      " is outside [0, ", num_segments, ")");
+              return;
+            }
             bool added;
-            index[i] = positions.Insert(
-                id, static_cast<int32_t>(mine_ids.size()), &added);
-            if (added) {
-              mine_ids.push_back(id);
-              mine_first.push_back(i);
-            }
+            index[i] = positions.Insert(id, static_cast<int32_t>(unique.size()),
+                                        &added);
+            if (added) unique.push_back(id);
           }
+          return;
+        }
+        const int64_t lo = int64_t{num_segments} * (unit - 1) / parts;
+        const int64_t hi = int64_t{num_segments} * unit / parts;
+        auto mine = [&](int64_t i) {
+          const int64_t id = ids(i);
           const int32_t seg = segments(i);
-          if (seg < lo || seg >= hi) continue;
-          if (i + 4 < n) {
-            const int32_t ahead = segments(i + 4);
-            if (ahead >= lo && ahead < hi) {
-              __builtin_prefetch(rows + ids(i + 4) * dim);
-            }
-          }
-          const float* row = rows + id * dim;
-          float* out = acts + static_cast<int64_t>(seg) * dim;
+          return seg >= lo && seg < hi && id >= 0 && id < vocab;
+        };
+        for (int64_t i = 0; i < n; ++i) {
+          if (i + 4 < n && mine(i + 4)) __builtin_prefetch(rows + ids(i + 4) * dim);
+          if (!mine(i)) continue;
+          const float* row = rows + ids(i) * dim;
+          float* out = acts + static_cast<int64_t>(segments(i)) * dim;
           if (scale == nullptr) {
             for (int64_t d = 0; d < dim; ++d) out[d] += row[d];
           } else {
@@ -300,36 +287,8 @@ class BagLookupOp : public OpKernel {
           }
         }
       });
-      // The global first-occurrence order: merge the parts' lists by first
-      // position (each list is increasing), as the one-thread pass sees them.
-      size_t total = 0;
-      for (const auto& p : part_ids) total += p.size();
-      unique.resize(total);
-      std::vector<std::vector<int32_t>> remap(parts);
-      std::vector<size_t> head(parts, 0);
-      for (int k = 0; k < parts; ++k) remap[k].resize(part_ids[k].size());
-      for (size_t g = 0; g < total; ++g) {
-        int best = -1;
-        for (int k = 0; k < parts; ++k) {
-          if (head[k] < part_first[k].size() &&
-              (best < 0 ||
-               part_first[k][head[k]] < part_first[best][head[best]])) {
-            best = k;
-          }
-        }
-        unique[g] = part_ids[best][head[best]];
-        remap[best][head[best]++] = static_cast<int32_t>(g);
-      }
-      RunParts(ctx, parts, [&](int k) {  // class-local -> global positions
-        const int64_t lo = n * k / parts, hi = n * (k + 1) / parts;
-        for (int64_t i = lo; i < hi; ++i) {
-          index[i] = remap[DedupPart(ids(i), parts)][index[i]];
-        }
-      });
+      OP_REQUIRES_OK(ctx, error);
     } else {
-      unique.reserve(std::min<int64_t>(n, vocab));
-      IdIndex positions(n);
-      std::fill(acts, acts + int64_t{num_segments} * dim, 0.0f);
       for (int64_t i = 0; i < n; ++i) {
         const int64_t id = ids(i);
         const int32_t seg = segments(i);
@@ -389,7 +348,8 @@ class RowGradientsOp : public OpKernel {
     Tensor* out_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_rows, dim}),
                                              &out_t));
-    float* out = out_t->flat<float>().data();  // zeroed by part, below
+    float* out = out_t->flat<float>().data();
+    std::fill(out, out + static_cast<int64_t>(num_rows) * dim, 0.0f);
     for (int64_t i = 0; i < n; ++i) {
       const int32_t row = index(i), seg = segments(i);
       OP_REQUIRES(ctx, row >= 0 && row < num_rows && seg >= 0 &&
@@ -403,7 +363,6 @@ class RowGradientsOp : public OpKernel {
     auto sum_rows = [&](int part) {
       const int64_t lo = int64_t{num_rows} * part / parts;
       const int64_t hi = int64_t{num_rows} * (part + 1) / parts;
-      std::fill(out + lo * dim, out + hi * dim, 0.0f);
       for (int64_t i = 0; i < n; ++i) {
         const int32_t row = index(i);
         if (row < lo || row >= hi) continue;

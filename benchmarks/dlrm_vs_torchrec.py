@@ -36,7 +36,6 @@ torch / fbgemm_gpu / torchrec that side is skipped with a line.
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import resource
@@ -51,7 +50,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import embedding_step  # noqa: E402  (this folder: batches, thread settings)
 
-CONFIGS = {
+CONFIGS: dict[str, dict[str, Any]] = {
   "default": dict(
     vocab=(1000, 200, 5000, 10000, 100, 3000, 800, 2000),
     max_bag=(1, 1, 1, 1, 1, 1, 3, 5),
@@ -72,18 +71,34 @@ CONFIGS = {
   ),
 }
 SIDES = ("recsys", "torchrec")
-_NEEDS = {"torchrec": ("torch", "fbgemm_gpu", "torchrec")}
+
+
+def _python(side: str, args) -> str:
+  """The interpreter of `side`'s children (torch may live in its own venv)."""
+  return (
+    embedding_step.torch_python(args) if side == "torchrec" else sys.executable
+  )
+
+
 _MEMORY: list[dict[str, Any]] = []  # this child's phases (--memory)
 
 
 def mark(phase: str) -> None:
-  """Records the process's current and peak RSS (MB) after `phase`."""
-  with open("/proc/self/statm", encoding="ascii") as f:
-    resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+  """Records the process's RSS (MB) after `phase`: total, its anonymous part
+  (heap, tables, arenas: what the process allocated) and its file part
+  (mapped shared-library pages, shared with other processes), and the peak."""
+  rss = {}
+  with open("/proc/self/status", encoding="ascii") as f:
+    for line in f:
+      key = line.split(":")[0]
+      if key in ("VmRSS", "RssAnon", "RssFile"):
+        rss[key] = int(line.split()[1]) / 1024
   _MEMORY.append(
     {
       "phase": phase,
-      "rss_mb": resident,
+      "rss_mb": rss["VmRSS"],
+      "anon_mb": rss["RssAnon"],
+      "file_mb": rss["RssFile"],
       "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
   )
@@ -93,7 +108,8 @@ DENSE_LR, TABLE_LR, INITIAL_ACCUMULATOR = 0.003, 0.05, 0.1
 
 
 def make_data(cfg: dict[str, Any], num_batches: int, seed: int) -> list[dict]:
-  """Batches: {"ids": {f: (ids [N], lengths [B])}, "dense": [B, 13], "labels": [B]}."""
+  """Batches: {"ids": {f: (ids [N], lengths [B])}, "dense": [B, 13],
+  "labels": [B]}."""
   per_feature = [
     embedding_step.make_batches(
       num_batches, cfg["batch"], 1, rows, bag, zipf=1.05, seed=seed + 101 * f
@@ -193,21 +209,64 @@ def _recsys(cfg, data, args):
   mark("first eager step (model built)")
   counter = tf.Variable(0)
 
-  @tf.function
-  def loop(n):
-    loss = tf.constant(0.0)
-    for _ in tf.range(n):
-      loss = one_step(counter.assign_add(1))
+  # The step split: each part alone in the same compiled loop, so the loop's
+  # own cost is in each (and the parts add up to a little more than a step).
+  # input: the batch slices only; embedding: lookup + Adagrad update with a
+  # fixed activation gradient; dense: the model's forward, backward and Adam
+  # on fixed activations.
+  fixed_acts = lookup(tf.nest.map_structure(lambda x: x[0], stacked))
+  fixed_grads = tf.nest.map_structure(tf.ones_like, fixed_acts)
+
+  def input_part(i):
+    ids = tf.nest.map_structure(lambda x: x[i % count], stacked)
+    return tf.add_n(
+      [tf.cast(tf.reduce_sum(x), tf.float32) for x in tf.nest.flatten(ids)]
+      + [dense[i % count][0, 0], labels[i % count][0]]
+    )
+
+  def embedding_part(i):
+    ids = tf.nest.map_structure(lambda x: x[i % count], stacked)
+    acts = lookup(ids, training=True)
+    apply(fixed_grads)
+    return tf.add_n([a[0, 0] for a in tf.nest.flatten(acts)])
+
+  def dense_part(i):
+    with tf.GradientTape() as tape:
+      loss = model.compute_loss(
+        fixed_acts,
+        {"dense": dense[i % count]},
+        labels[i % count],
+        training=True,
+        global_batch_size=cfg["batch"],
+        compute_metrics=False,
+      )
+    grads = tape.gradient(loss, model.trainable_variables)
+    dense_opt.apply_gradients(zip(grads, model.trainable_variables))
     return loss
 
-  def run(steps):
-    done = 0
-    while done < steps:
-      k = min(args.loop, steps - done)
-      loop(tf.constant(k)).numpy()
-      done += k
+  def looped(body):
+    @tf.function
+    def loop_fn(n):
+      out = tf.constant(0.0)
+      for _ in tf.range(n):
+        out = body(counter.assign_add(1))
+      return out
 
-  return run
+    def run_fn(steps):
+      done = 0
+      while done < steps:
+        k = min(args.loop, steps - done)
+        loop_fn(tf.constant(k)).numpy()
+        done += k
+
+    return run_fn
+
+  return {
+    "step": looped(one_step),
+    "embedding": looped(embedding_part),
+    "dense": looped(dense_part),
+    "input": looped(input_part),
+  }
 
 
 def _torchrec(cfg, data, args):
@@ -237,12 +296,16 @@ def _torchrec(cfg, data, args):
       for n, v in zip(names, cfg["vocab"])
     ],
     optimizer_type=torch.optim.Adagrad,
-    optimizer_kwargs={
-      "lr": TABLE_LR,
-      "initial_accumulator_value": INITIAL_ACCUMULATOR,
-    },
+    optimizer_kwargs={"lr": TABLE_LR},
     device=torch.device("cpu"),
   )
+  # FBGEMM's exact Adagrad starts its accumulators at 0 and takes no initial
+  # value: set them as recsys starts its slots (eps 1e-8 keeps them apart).
+  with torch.no_grad():
+    for module in ebc._emb_modules:  # pylint: disable=protected-access
+      for states in module._emb_module.split_optimizer_states():  # pylint: disable=protected-access
+        for state in states:
+          state.fill_(INITIAL_ACCUMULATOR)
 
   def mlp(sizes, last_relu):
     layers = []
@@ -289,43 +352,93 @@ def _torchrec(cfg, data, args):
     dense_opt.step()
     return float(loss.detach())
 
-  def run(steps):
-    for _ in range(steps):
-      one_step()
+  # The step split (see _recsys): input = the batch fetched, embedding =
+  # pooled lookup + backward (the fused Adagrad update) with a fixed gradient,
+  # dense = bottom/interaction/top + Adam on fixed pooled activations.
+  with torch.no_grad():
+    fixed_pooled = ebc(inputs[0][0]).values().view(-1, len(names), dim)
+  fixed_grad = torch.ones(len(data[0]["labels"]), len(names) * dim)
 
-  return run
+  def input_part():
+    kjt, dense, labels = inputs[state["i"] % len(inputs)]
+    state["i"] += 1
+    return float(dense[0, 0]) + float(labels[0]) + len(kjt.values())
+
+  def embedding_part():
+    kjt = inputs[state["i"] % len(inputs)][0]
+    state["i"] += 1
+    pooled = ebc(kjt).values()
+    pooled.backward(fixed_grad)
+    return float(pooled[0, 0].detach())
+
+  def dense_part():
+    _, dense, labels = inputs[state["i"] % len(inputs)]
+    state["i"] += 1
+    x = bottom(dense)
+    vectors = torch.cat([x.unsqueeze(1), fixed_pooled], dim=1)
+    dots = torch.bmm(vectors, vectors.transpose(1, 2))[:, rows, cols]
+    logits = top(torch.cat([x, dots], dim=1)).squeeze(1)
+    loss = bce(logits, labels)
+    dense_opt.zero_grad()
+    loss.backward()
+    dense_opt.step()
+    return float(loss.detach())
+
+  def looped(body):
+    def run_fn(steps):
+      for _ in range(steps):
+        body()
+
+    return run_fn
+
+  return {
+    "step": looped(one_step),
+    "embedding": looped(embedding_part),
+    "dense": looped(dense_part),
+    "input": looped(input_part),
+  }
 
 
-def run_child(side: str, args) -> dict[str, float]:
+def run_child(side: str, args) -> dict[str, Any]:
   """Times one side in this process."""
   mark("python + numpy")
   cfg = CONFIGS[args.config]
   data = make_data(cfg, args.distinct_batches, args.seed)
   mark("batches generated")
-  run = (_recsys if side == "recsys" else _torchrec)(cfg, data, args)
+  parts = (_recsys if side == "recsys" else _torchrec)(cfg, data, args)
+  run = parts["step"]
   run(args.warmup)
   mark("warm-up steps (traced)")
+  wall, cpu = _time(run, args)
+  step = statistics.median(wall)
+  mark("timed steps")
+  result: dict[str, Any] = {
+    "side": side,
+    "step_ms": step * 1e3,
+    "examples_per_s": cfg["batch"] / step,
+    "cpu_ms_per_step": statistics.median(cpu) * 1e3,
+    # The whole step's peak: the split below builds more graphs.
+    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+  }
+  if args.split:
+    for name in ("embedding", "dense", "input"):
+      parts[name](args.warmup)
+      part_wall, part_cpu = _time(parts[name], args)
+      result[f"{name}_ms"] = statistics.median(part_wall) * 1e3
+      result[f"{name}_cpu_ms"] = statistics.median(part_cpu) * 1e3
+  result["memory"] = _MEMORY
+  return result
+
+
+def _time(run, args) -> tuple[list[float], list[float]]:
+  """Per-step wall and process-CPU seconds of `--reps` runs of `--steps`."""
   wall, cpu = [], []
   for _ in range(args.reps):
     start, start_cpu = time.perf_counter(), time.process_time()
     run(args.steps)
     wall.append((time.perf_counter() - start) / args.steps)
     cpu.append((time.process_time() - start_cpu) / args.steps)
-  step = statistics.median(wall)
-  return {
-    "side": side,
-    "step_ms": step * 1e3,
-    "examples_per_s": cfg["batch"] / step,
-    "cpu_ms_per_step": statistics.median(cpu) * 1e3,
-    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    "memory": _MEMORY + [{"phase": "timed steps", **_rss_now()}],
-  }
-
-
-def _rss_now() -> dict[str, float]:
-  mark("now")
-  last = _MEMORY.pop()
-  return {"rss_mb": last["rss_mb"], "peak_mb": last["peak_mb"]}
+  return wall, cpu
 
 
 _CHILD_FLAGS = (
@@ -337,6 +450,7 @@ _CHILD_FLAGS = (
   "distinct_batches",
   "intra_threads",
   "inter_threads",
+  "split",
 )
 
 
@@ -365,6 +479,12 @@ def main(argv=None) -> None:
     help="recsys steps per tf.function call (the trainer's steps_per_loop)",
   )
   parser.add_argument("--distinct_batches", type=int, default=8)
+  parser.add_argument(
+    "--split",
+    type=int,
+    default=1,
+    help="1: also time the step's parts (embedding / dense / input)",
+  )
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--intra_threads", type=int, default=2)
   parser.add_argument("--inter_threads", type=int, default=2)
@@ -373,6 +493,11 @@ def main(argv=None) -> None:
     "--memory",
     action="store_true",
     help="also print each side's RSS after each phase (first round)",
+  )
+  parser.add_argument(
+    "--torch_python",
+    help="interpreter for the torchrec side (default: "
+    "$RECSYS_BENCH_TORCH_PYTHON, else this one)",
   )
   parser.add_argument("--_child", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -384,9 +509,7 @@ def main(argv=None) -> None:
   for side in args.sides.split(","):
     if side not in SIDES:
       parser.error(f"unknown side {side!r}; choose from {', '.join(SIDES)}")
-    missing = [
-      m for m in _NEEDS.get(side, ()) if importlib.util.find_spec(m) is None
-    ]
+    missing = embedding_step.missing_packages(side, _python(side, args))
     if missing:
       print(
         f"skipping {side}: package(s) {', '.join(missing)} not installed "
@@ -414,11 +537,11 @@ def main(argv=None) -> None:
       parser.error(
         f"unknown config {config!r}; choose from {', '.join(CONFIGS)}"
       )
-    runs: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
     for _ in range(args.repeats):
       for side in sides:
         cmd = [
-          sys.executable,
+          _python(side, args),
           os.path.abspath(__file__),
           "--_child",
           side,
@@ -444,35 +567,65 @@ def main(argv=None) -> None:
     for side in sides:
       if not runs[side]:
         continue
+      keys = [k for k in runs[side][0] if k not in ("side", "memory")]
       row: dict[str, Any] = {
-        k: statistics.median(r[k] for r in runs[side])
-        for k in ("step_ms", "examples_per_s", "cpu_ms_per_step", "peak_rss_mb")
+        k: statistics.median(r[k] for r in runs[side]) for k in keys
       }
       row.update(config=config, side=side, runs=len(runs[side]))
-      base = base or row["examples_per_s"]
-      row["recsys_is"] = base / row["examples_per_s"]
+      row["examples_per_cpu_s"] = cfg_batch(config) / (
+        row["cpu_ms_per_step"] / 1e3
+      )
+      base = base or row
+      row["recsys_is"] = base["examples_per_s"] / row["examples_per_s"]
+      row["recsys_is_cpu"] = (
+        base["examples_per_cpu_s"] / row["examples_per_cpu_s"]
+      )
       results.append(row)
   print(
-    "| config  | side     | step ms | examples/s | CPU ms/step | recsys is | peak RSS MB |"
+    "| config | side | examples/s | step ms | CPU ms/step | examples per "
+    "CPU-s | recsys is (wall) | recsys is (CPU) | peak RSS MB |"
   )
-  print(
-    "|---------|----------|---------|------------|-------------|-----------|-------------|"
-  )
+  print("|---|---|---|---|---|---|---|---|---|")
   for r in results:
     print(
-      f"| {r['config']:7s} | {r['side']:8s} | {r['step_ms']:7.2f} | "
-      f"{r['examples_per_s']:10.0f} | {r['cpu_ms_per_step']:11.2f} | "
-      f"{r['recsys_is']:8.2f}x | {r['peak_rss_mb']:11.0f} |"
+      f"| {r['config']} | {r['side']} | {r['examples_per_s']:.0f} | "
+      f"{r['step_ms']:.2f} | {r['cpu_ms_per_step']:.2f} | "
+      f"{r['examples_per_cpu_s']:.0f} | {r['recsys_is']:.2f}x | "
+      f"{r['recsys_is_cpu']:.2f}x | {r['peak_rss_mb']:.0f} |"
     )
+  if any("embedding_ms" in r for r in results):
+    print(
+      "\nstep split, each part alone (ms per step wall / CPU):\n"
+      "| config | side | step | embedding | dense | input |\n"
+      "|---|---|---|---|---|---|"
+    )
+    for r in results:
+      if "embedding_ms" in r:
+        print(
+          f"| {r['config']} | {r['side']} | "
+          f"{r['step_ms']:.2f} / {r['cpu_ms_per_step']:.2f} | "
+          + " | ".join(
+            f"{r[p + '_ms']:.2f} / {r[p + '_cpu_ms']:.2f}"
+            for p in ("embedding", "dense", "input")
+          )
+          + " |"
+        )
   if args.memory:
     for config, side, memory in memories:
       print(f"\n{config} / {side}: RSS after each phase (MB)")
-      print("| phase | RSS | peak |\n|---|---|---|")
+      print("| phase | RSS | anon | file | peak |\n|---|---|---|---|---|")
       for m in memory:
-        print(f"| {m['phase']} | {m['rss_mb']:.0f} | {m['peak_mb']:.0f} |")
+        print(
+          f"| {m['phase']} | {m['rss_mb']:.0f} | {m['anon_mb']:.0f} | "
+          f"{m['file_mb']:.0f} | {m['peak_mb']:.0f} |"
+        )
   if args.json:
     with open(args.json, "w") as f:
       json.dump(results, f, indent=1)
+
+
+def cfg_batch(config: str) -> int:
+  return int(CONFIGS[config]["batch"])
 
 
 def env_subset(env: dict[str, str]) -> dict[str, str]:

@@ -34,16 +34,18 @@ Implementations (those whose packages are missing are skipped with a line):
   fbgemm           FBGEMM SplitTableBatchedEmbeddingBagsCodegen (EXACT_ADAGRAD)
   torchrec         TorchRec FusedEmbeddingBagCollection, fused Adagrad
 
-Examples:
-  python benchmarks/embedding_step.py                      # standard workload
-  python benchmarks/embedding_step.py --impls recsys,fbgemm --rows 10000,1000000,10000000
-  python benchmarks/embedding_step.py --impls recsys --batch 512,2048,16384 --json out.json
-  python benchmarks/embedding_step.py --impls recsys,recsys_tf_ops --profile --steps 20
-  python benchmarks/embedding_step.py --impls recsys_xla,recsys --bag_width 16
-  python benchmarks/embedding_step.py --impls recsys --features 1 --rows 10000000 --batch 4096,16384 --intra_threads 1,2
+Examples (B = python benchmarks/embedding_step.py):
+  B                                            # standard workload
+  B --impls recsys,fbgemm --rows 10000,1000000,10000000
+  B --impls recsys --batch 512,2048,16384 --json out.json
+  B --impls recsys,recsys_tf_ops --profile --steps 20
+  B --impls recsys_xla,recsys --bag_width 16
+  B --impls recsys --features 1 --rows 10000000 --batch 4096,16384 \
+    --intra_threads 1,2
       # one big table on 1 vs 2 intra-op threads (settings interleaved too)
 
-Torch, FBGEMM and TorchRec come from the `bench` extra: pip install -e '.[bench]'.
+Torch, FBGEMM and TorchRec come from the `bench` extra (benchmarks/README.md:
+a separate venv, named by --torch_python or $RECSYS_BENCH_TORCH_PYTHON).
 """
 
 import argparse
@@ -133,7 +135,7 @@ def make_labels(num_batches: int, batch: int, seed: int) -> list[np.ndarray]:
 
 
 def _tf_step(impl: str, args) -> tuple[Callable, Callable]:
-  """(step(inputs, labels) -> loss, prepare(batch, labels) -> inputs, labels)."""
+  """(step(inputs, labels) -> loss, prepare(batch) -> inputs)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
@@ -147,7 +149,7 @@ def _tf_step(impl: str, args) -> tuple[Callable, Callable]:
 
   def ragged(batch):
     return {
-      k: tf.RaggedTensor.from_row_lengths(v, l) for k, (v, l) in batch.items()
+      k: tf.RaggedTensor.from_row_lengths(v, n) for k, (v, n) in batch.items()
     }
 
   def sparse(batch):
@@ -427,8 +429,11 @@ def run_one(impl: str, args) -> dict[str, Any]:
 
     step, prepare = _torch_step(impl, args)
     inputs = [prepare(b) for b in batches]
-    labels = [torch.from_numpy(l) for l in labels]
-    sync = lambda loss: float(loss.detach())
+    labels = [torch.from_numpy(y) for y in labels]
+
+    def sync(loss):
+      return float(loss.detach())
+
   else:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -438,16 +443,23 @@ def run_one(impl: str, args) -> dict[str, Any]:
     tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
     step, prepare = _tf_step(impl, args)
     inputs = [prepare(b) for b in batches]
-    labels = [tf.constant(l) for l in labels]
-    sync = lambda loss: float(loss.numpy())
+    labels = [tf.constant(y) for y in labels]
+
+    def sync(loss):
+      return float(loss.numpy())
+
   n = len(inputs)
   for i in range(args.warmup):
     sync(step(inputs[i % n], labels[i % n]))
   times = []
+  start_cpu = time.process_time()
   for i in range(args.steps):
     start = time.perf_counter()
     sync(step(inputs[i % n], labels[i % n]))
     times.append(time.perf_counter() - start)
+  # Process CPU time per step (all threads): on a shared machine the
+  # steadier figure, and the efficiency one (2 busy threads = 2x the wall).
+  cpu_per_step = (time.process_time() - start_cpu) / args.steps
   ids_per_step = float(
     np.mean([sum(len(v) for v, _ in b.values()) for b in batches])
   )
@@ -457,6 +469,8 @@ def run_one(impl: str, args) -> dict[str, Any]:
     "step_ms": median * 1e3,
     "examples_per_s": args.batch / median,
     "ids_per_s": ids_per_step / median,
+    "cpu_ms_per_step": cpu_per_step * 1e3,
+    "ids_per_cpu_s": ids_per_step / cpu_per_step,
     "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
   }
 
@@ -482,7 +496,7 @@ def profile_one(impl: str, args) -> None:
   )
   inputs = [prepare(b) for b in batches]
   labels = [
-    tf.constant(l) for l in make_labels(len(batches), args.batch, args.seed)
+    tf.constant(y) for y in make_labels(len(batches), args.batch, args.seed)
   ]
   batch_numbers = itertools.count()
 
@@ -499,12 +513,53 @@ def profile_one(impl: str, args) -> None:
 # -- driver --------------------------------------------------------------------
 
 
-def missing_packages(impl: str) -> list[str]:
+TORCH_IMPLS = ("torch_bag", "fbgemm", "torchrec")
+
+
+def torch_python(args=None) -> str:
+  """The interpreter that runs the torch-based sides.
+
+  `--torch_python`, else $RECSYS_BENCH_TORCH_PYTHON, else this one. torch and
+  TensorFlow each bring hundreds of MB of shared libraries and their own
+  NumPy pins; a separate venv (benchmarks/README.md) keeps the project's
+  venv free of them. The children only need NumPy besides torch.
+  """
+  return (
+    getattr(args, "torch_python", None)
+    or os.environ.get("RECSYS_BENCH_TORCH_PYTHON")
+    or sys.executable
+  )
+
+
+def missing_packages(impl: str, python: str | None = None) -> list[str]:
+  """The packages `impl` needs that `python` (default: this one) lacks."""
+  needs = list(_NEEDS.get(impl, ()))
+  if not needs:
+    return []
+  if python and python != sys.executable:
+    out = subprocess.run(
+      [
+        python,
+        "-c",
+        "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:]"
+        " if importlib.util.find_spec(m) is None))",
+        *needs,
+      ],
+      capture_output=True,
+      text=True,
+      check=False,
+    )
+    if out.returncode != 0:
+      return [f"(interpreter {python} failed)"]
+    return out.stdout.split()
   import importlib.util  # pylint: disable=g-import-not-at-top
 
-  return [
-    m for m in _NEEDS.get(impl, ()) if importlib.util.find_spec(m) is None
-  ]
+  return [m for m in needs if importlib.util.find_spec(m) is None]
+
+
+def python_for(impl: str, args=None) -> str:
+  """The interpreter a child of `impl` runs in."""
+  return torch_python(args) if impl in TORCH_IMPLS else sys.executable
 
 
 def thread_env(args, intra: int = 0) -> dict[str, str]:
@@ -515,7 +570,8 @@ def thread_env(args, intra: int = 0) -> dict[str, str]:
   intra = intra or intra_settings(args)[0]
   return {
     "OMP_NUM_THREADS": str(intra),
-    "OMP_WAIT_POLICY": "PASSIVE",  # spinning OpenMP threads starve the other core
+    # spinning OpenMP threads starve the other core
+    "OMP_WAIT_POLICY": "PASSIVE",
     "MKL_NUM_THREADS": str(intra),
     "TF_NUM_INTRAOP_THREADS": str(intra),
     "TF_NUM_INTEROP_THREADS": str(args.inter_threads),
@@ -528,7 +584,14 @@ def intra_settings(args) -> list[int]:
   return [int(t) for t in str(args.intra_threads).split(",")]
 
 
-_FIGURES = ("step_ms", "examples_per_s", "ids_per_s", "peak_rss_mb")
+_FIGURES = (
+  "step_ms",
+  "examples_per_s",
+  "ids_per_s",
+  "cpu_ms_per_step",
+  "ids_per_cpu_s",
+  "peak_rss_mb",
+)
 _CHILD_FLAGS = (
   "features",
   "dim",
@@ -550,14 +613,14 @@ def sweep(args, impls: list[str]) -> list[dict[str, Any]]:
   variants = [(impl, t) for impl in impls for t in intra_settings(args)]
   for rows in args.rows.split(","):
     for batch in args.batch.split(","):
-      runs: dict[tuple[str, int], list[dict[str, float]]] = {
+      runs: dict[tuple[str, int], list[dict[str, Any]]] = {
         v: [] for v in variants
       }
       for _ in range(args.repeats):
         for impl, intra in variants:
           env = dict(os.environ, **thread_env(args, intra))
           cmd = [
-            sys.executable,
+            python_for(impl, args),
             os.path.abspath(__file__),
             "--_child",
             impl,
@@ -587,7 +650,7 @@ def sweep(args, impls: list[str]) -> list[dict[str, Any]]:
       for impl, intra in variants:
         if not runs[(impl, intra)]:
           continue
-        row = {
+        row: dict[str, Any] = {
           k: statistics.median(r[k] for r in runs[(impl, intra)])
           for k in _FIGURES
         }
@@ -598,25 +661,27 @@ def sweep(args, impls: list[str]) -> list[dict[str, Any]]:
           intra=intra,
           runs=len(runs[(impl, intra)]),
         )
-        base = base or row["ids_per_s"]
-        row["ratio"] = row["ids_per_s"] / base
+        base = base or row
+        row["ratio"] = row["ids_per_s"] / base["ids_per_s"]
+        row["cpu_ratio"] = row["ids_per_cpu_s"] / base["ids_per_cpu_s"]
         results.append(row)
   return results
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
+  """Markdown table; ratios are to the first implementation's figure."""
   print(
-    f"| {'implementation':16s} | {'rows':>9s} | {'batch':>6s} | {'intra':>5s} | "
-    f"{'step ms':>8s} | "
-    f"{'examples/s':>10s} | {'M ids/s':>7s} | {'ratio':>5s} | {'RSS MB':>6s} |"
+    "| implementation | rows | batch | intra | step ms | examples/s | "
+    "M ids/s | ratio | CPU ms/step | M ids per CPU-s | CPU ratio | RSS MB |"
   )
-  print("|" + "|".join("-" * w for w in (18, 11, 8, 7, 10, 12, 9, 7, 8)) + "|")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|")
   for r in results:
     print(
-      f"| {r['impl']:16s} | {r['rows']:9d} | {r['batch']:6d} | {r['intra']:5d} | "
-      f"{r['step_ms']:8.1f} | "
-      f"{r['examples_per_s']:10.0f} | {r['ids_per_s'] / 1e6:7.2f} | "
-      f"{r['ratio']:5.2f} | {r['peak_rss_mb']:6.0f} |"
+      f"| {r['impl']} | {r['rows']} | {r['batch']} | {r['intra']} | "
+      f"{r['step_ms']:.1f} | {r['examples_per_s']:.0f} | "
+      f"{r['ids_per_s'] / 1e6:.2f} | {r['ratio']:.2f} | "
+      f"{r['cpu_ms_per_step']:.1f} | {r['ids_per_cpu_s'] / 1e6:.2f} | "
+      f"{r['cpu_ratio']:.2f} | {r['peak_rss_mb']:.0f} |"
     )
 
 
@@ -678,6 +743,11 @@ def main(argv=None) -> None:
     help="instead of timing: the op-time table of each TF "
     "implementation (TF profiler, --steps steps)",
   )
+  parser.add_argument(
+    "--torch_python",
+    help="interpreter for torch_bag/fbgemm/torchrec (default: "
+    "$RECSYS_BENCH_TORCH_PYTHON, else this one)",
+  )
   parser.add_argument("--_child", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
 
@@ -696,7 +766,7 @@ def main(argv=None) -> None:
       parser.error(
         f"unknown implementation {impl!r}; choose from {', '.join(IMPLS)}"
       )
-    missing = missing_packages(impl)
+    missing = missing_packages(impl, python_for(impl, args))
     if missing:
       print(
         f"skipping {impl}: package(s) {', '.join(missing)} not installed "
@@ -722,7 +792,7 @@ def main(argv=None) -> None:
   if args.profile:
     env = dict(os.environ, **thread_env(args))
     for impl in impls:
-      if impl in ("torch_bag", "fbgemm", "torchrec"):
+      if impl in TORCH_IMPLS:
         print(f"\n{impl}: --profile covers the TF implementations only")
         continue
       subprocess.run(

@@ -42,6 +42,19 @@ HEADROOM = 0.8
 #: servers.
 REPLICATE_SHARE = 0.1
 
+#: The fixed part of a CPU training process's peak RSS, besides its tables
+#: and slots (issue 19, measured on a 2-core x86-64 host with TF 2.21 by
+#: benchmarks/dlrm_vs_torchrec.py --memory and `recsys train` sampled on
+#: experiments/synthetic_dlrm.gin). The TF runtime: `import tensorflow` and
+#: recsys, ~470 MiB of it TF's shared-library pages (libtensorflow_cc mapped
+#: in, shared with other TF processes) and ~215 MiB its heap.
+RUNTIME_BYTES = 690 << 20
+#: The training loop's own memory: the model, the traced train and eval
+#: steps, the input pipeline's buffers, summaries and checkpoints (~80 MiB
+#: in the benchmark's bare loop, ~120 MiB in `recsys train`'s whole run with
+#: its evaluation on the default experiment).
+LOOP_BYTES = 150 << 20
+
 
 @dataclasses.dataclass(frozen=True)
 class TableMemory:
@@ -94,6 +107,26 @@ class MemoryPlan:
     return sum(r.bytes_per_device for r in self.rows)
 
   @property
+  def host_process(self) -> bool:
+    """Whether the tables live in this (CPU) training process's memory."""
+    return self.memory_source.startswith("host RAM") and self.backend != (
+      "sharded"
+    )
+
+  @property
+  def fixed_overhead_bytes(self) -> int:
+    """A training process's peak RSS besides its tables: runtime + loop."""
+    return RUNTIME_BYTES + LOOP_BYTES
+
+  @property
+  def predicted_peak_rss_bytes(self) -> int | None:
+    """Peak RSS of one CPU training process holding these tables (None when
+    the tables are on accelerators or parameter servers)."""
+    if not self.host_process:
+      return None
+    return self.bytes_per_device + self.fixed_overhead_bytes
+
+  @property
   def fits(self) -> bool | None:
     """True/False against HEADROOM of device memory; None if unknown."""
     if not self.device_memory_bytes:
@@ -142,6 +175,16 @@ class MemoryPlan:
     else:
       total += f" (device memory unknown: {self.memory_source})"
     out.append(total)
+    peak = self.predicted_peak_rss_bytes
+    if peak is not None:
+      out.append(
+        f"predicted peak RSS of a training process: {human_bytes(peak)} = "
+        f"tables and slots {human_bytes(self.bytes_per_device)} + fixed "
+        f"overhead {human_bytes(self.fixed_overhead_bytes)} (TF runtime "
+        f"{human_bytes(RUNTIME_BYTES)}, of which ~470 MiB TF's shared-library "
+        f"pages; model, traced steps, input pipeline and evaluation "
+        f"{human_bytes(LOOP_BYTES)})"
+      )
     out.extend(
       f"{r.table}: {r.placement}: {r.reason}" for r in self.rows if r.reason
     )

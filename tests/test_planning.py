@@ -263,3 +263,22 @@ def test_train_refuses_tables_larger_than_the_host_naming_them(tmp_path):
   # user and tags: 10^10 x 7 floats + one Adagrad slot = 521.5 GiB each.
   assert "user (10000000000 x 7, 1 slot(s): 521.5 GiB)" in message
   assert "tags (" in message and "--skip_memory_check" in message
+
+
+def test_host_plan_predicts_the_process_peak_and_names_the_overhead():
+  plan = planning.plan_memory(_config(), E.Adagrad(0.1))
+  fixed = planning.RUNTIME_BYTES + planning.LOOP_BYTES
+  assert plan.fixed_overhead_bytes == fixed
+  assert plan.predicted_peak_rss_bytes == plan.bytes_per_device + fixed
+  text = plan.format()
+  assert "predicted peak RSS of a training process" in text
+  assert "fixed overhead " + planning.human_bytes(fixed) in text
+  assert "TF runtime" in text
+
+
+def test_accelerator_plan_predicts_no_host_peak():
+  plan = planning.plan_memory(
+    _config(), E.Adagrad(0.1), fake_tpu_strategy("V1", num_replicas=4)
+  )
+  assert plan.predicted_peak_rss_bytes is None
+  assert "predicted peak RSS" not in plan.format()

@@ -45,7 +45,10 @@ from recsys.data.spec import FeatureSpec
 from recsys.errors import RecsysError
 
 _CALIBRATION_EXAMPLES = 1 << 15
-_CHUNK = 1 << 16
+# Examples per eager pass of the calibration and the oracle: TF keeps
+# buffers sized by the largest batch it ran (issue 19: 65,536 at once left
+# ~80 MB resident; 8,192 leaves almost none). Values do not depend on it.
+_CHUNK = 1 << 13
 
 
 class SyntheticConfigError(RecsysError, ValueError):
@@ -418,13 +421,21 @@ class SyntheticCTR(DataSource):
   def _calibrate(self, logit_std: float) -> None:
     """Sets dense standardisation, part scales, overall scale and bias."""
     with tf.init_scope():
-      index = tf.range(_CALIBRATION_EXAMPLES, dtype=tf.int64)
-      padded, _ = self._generate(index, "calibration")
+      chunks = [
+        self._generate(
+          tf.range(
+            start, min(start + _CHUNK, _CALIBRATION_EXAMPLES), dtype=tf.int64
+          ),
+          "calibration",
+        )[0]
+        for start in range(0, _CALIBRATION_EXAMPLES, _CHUNK)
+      ]
       if self.num_dense:
-        dense = padded["dense"].numpy()
+        dense = np.concatenate([c["dense"].numpy() for c in chunks])
         self._dense_mean = dense.mean(axis=0).astype(np.float32)
         self._dense_std = np.maximum(dense.std(axis=0), 1e-3).astype(np.float32)
-      parts = [p.numpy().astype(np.float64) for p in self._parts(padded)]
+      per_chunk = [[p.numpy() for p in self._parts(c)] for c in chunks]
+      parts = [np.concatenate(ps).astype(np.float64) for ps in zip(*per_chunk)]
     stds = [p.std() for p in parts]
     self._part_scale = [
       w / s if s > 1e-9 else 0.0 for w, s in zip(self._weights, stds)

@@ -2,10 +2,11 @@
 
 With RECSYS_KERNEL_PARALLEL_MIN_WORK set (off by default), each fused op
 whose call moves at least that many floats of rows splits its row loops over
-TF's intra-op threads, by output, keeping every output's summation order. Crash-resume compares states exactly, so the
-same training steps with 1 and 2 intra-op threads must agree bit for bit,
-and agree with the TF ops as closely as the one-thread kernels do. The pool
-size is fixed when TF starts, so each setting runs in its own process.
+TF's intra-op threads, by output, keeping every output's summation order.
+Crash-resume compares states exactly, so the same training steps with 1 and
+2 intra-op threads must agree bit for bit, and agree with the TF ops as
+closely as the one-thread kernels do. The pool size is fixed when TF starts,
+so each setting runs in its own process.
 """
 
 import json
@@ -70,7 +71,8 @@ def train(fused):
     with tf.GradientTape() as tape:
       acts = emb.lookup(feats, None, training=True)
       tape.watch(acts)
-      state.update({{f"acts{{step}}_{{k}}": v.numpy() for k, v in acts.items()}})
+      state.update({{f"acts{{step}}_{{k}}": v.numpy()
+                    for k, v in acts.items()}})
       loss = tf.add_n([tf.reduce_sum(acts[k] * cot[k]) for k in acts])
     emb.apply_gradients(tape.gradient(loss, acts))
   state["table"] = var.numpy()
@@ -80,8 +82,19 @@ def train(fused):
 
 fused, stats = train(True)
 assert kernels.load() is not None
-padded = kernels.load().recsys_padded_bags(*batch(np.random.default_rng(3), True))
+padded = kernels.load().recsys_padded_bags(
+    *batch(np.random.default_rng(3), True))
 result = {{f"fused/{{k}}": v for k, v in fused.items()}}
+# The lookup's de-duplication alone: ids Zipf-hot and spread, in bags.
+rng = np.random.default_rng(5)
+look_ids = (rng.pareto(0.7, 40_000) * 50).astype(np.int64) % VOCAB
+look_segs = np.sort(rng.integers(0, BATCH, 40_000)).astype(np.int32)
+look_table = tf.Variable(tf.random.stateless_normal([VOCAB, DIM], seed=[1, 2]))
+for i, t in enumerate(kernels.load().recsys_bag_lookup(
+    table=look_table.handle, ids=look_ids, segments=look_segs,
+    scale=tf.zeros([0]), num_segments=BATCH)):
+  result[f"lookup/{{i}}"] = t.numpy()
+result["lookup/ids"] = look_ids
 result.update({{f"padded/{{i}}": t.numpy() for i, t in enumerate(padded)}})
 if with_tf_ops:
   tf_ops, _ = train(False)
@@ -135,6 +148,11 @@ def test_one_and_two_intra_op_threads_give_identical_states(tmp_path):
     assert n * DIM >= MIN_PARALLEL_WORK and u * DIM >= MIN_PARALLEL_WORK
   for key, value in one.items():
     np.testing.assert_array_equal(two[key], value, err_msg=key)
+  # The split de-duplication keeps tf.unique's first-occurrence order.
+  ids = two["lookup/ids"]
+  _, first = np.unique(ids, return_index=True)
+  np.testing.assert_array_equal(two["lookup/1"], ids[np.sort(first)])
+  np.testing.assert_array_equal(two["lookup/1"][two["lookup/2"]], ids)
   fused = sorted(k.split("/", 1)[1] for k in two if k.startswith("fused/"))
   assert fused == sorted(
     k.split("/", 1)[1] for k in two if k.startswith("tf_ops/")

@@ -19,6 +19,7 @@ import io
 import logging
 import math
 import os
+import re
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -71,6 +72,8 @@ class RawMovieLens:
     users: raw user id -> {"age", "gender", "occupation", "zip"} (strings).
     items: raw item id -> list of genre names.
     source: the folder the files came from.
+    item_info: raw item id -> {"title", "year"} (strings; the title without
+      its "(year)" suffix, the release year or ""), where the files have them.
   """
 
   user: np.ndarray
@@ -80,6 +83,25 @@ class RawMovieLens:
   users: dict[str, dict[str, str]]
   items: dict[str, list[str]]
   source: str
+  item_info: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+
+
+_TITLE_YEAR = re.compile(r"\s*\((\d{4})\)\s*$")
+_ANY_YEAR = re.compile(r"(1[89]\d\d|20\d\d)")
+
+
+def title_and_year(title: str, date: str = "") -> dict[str, str]:
+  """{"title", "year"} from a GroupLens title "Name (1995)" and release date.
+
+  The year is the title's "(yyyy)" suffix, else the last four-digit year in
+  `date` (ml-100k's "01-Jan-1995"), else "".
+  """
+  match = _TITLE_YEAR.search(title)
+  year = match.group(1) if match else ""
+  if not year:
+    found = _ANY_YEAR.findall(date)
+    year = found[-1] if found else ""
+  return {"title": _TITLE_YEAR.sub("", title).strip(), "year": year}
 
 
 def missing_message(variant: str, data_dir: str, problem: str) -> str:
@@ -214,7 +236,7 @@ def _read_100k(folder: str) -> RawMovieLens:
     "|",
     ("id", "age", "gender", "occupation", "zip"),
   )
-  items = {}
+  items, info = {}, {}
   for _, parts in _required_rows(
     os.path.join(folder, "u.item"), "|", 5 + len(ML100K_GENRES), "movies"
   ):
@@ -222,7 +244,8 @@ def _read_100k(folder: str) -> RawMovieLens:
     items[parts[0]] = [
       g for g, flag in zip(ML100K_GENRES, flags) if flag.strip() == "1"
     ]
-  return RawMovieLens(user, item, rating, ts, users, items, folder)
+    info[parts[0]] = title_and_year(parts[1], parts[2])
+  return RawMovieLens(user, item, rating, ts, users, items, folder, info)
 
 
 def _read_1m(folder: str) -> RawMovieLens:
@@ -232,12 +255,13 @@ def _read_1m(folder: str) -> RawMovieLens:
     "::",
     ("id", "gender", "age", "occupation", "zip"),
   )
-  items = {}
+  items, info = {}, {}
   for _, parts in _required_rows(
     os.path.join(folder, "movies.dat"), "::", 3, "movies"
   ):
     items[parts[0]] = [g for g in parts[-1].split("|") if g]
-  return RawMovieLens(user, item, rating, ts, users, items, folder)
+    info[parts[0]] = title_and_year("::".join(parts[1:-1]))
+  return RawMovieLens(user, item, rating, ts, users, items, folder, info)
 
 
 def _atomic_table(path: str) -> tuple[list[str], list[list[str]]]:
@@ -332,7 +356,8 @@ def _read_atomic(folder: str, name: str | None) -> RawMovieLens:
   user = np.array([r[cu] for r in rows], dtype=object)
   item = np.array([r[ci] for r in rows], dtype=object)
   users, items = atomic_metadata(folder, name)
-  return RawMovieLens(user, item, rating, ts, users, items, folder)
+  info = atomic_item_info(folder, name)
+  return RawMovieLens(user, item, rating, ts, users, items, folder, info)
 
 
 def atomic_metadata(
@@ -366,6 +391,23 @@ def atomic_metadata(
     for r in irows:
       items[r[iid]] = r[cg].split() if cg is not None else []
   return users, items
+
+
+def atomic_item_info(folder: str, name: str) -> dict[str, dict[str, str]]:
+  """Item id -> {"title", "year"} from RecBole's optional `<name>.item` file."""
+  ipath = os.path.join(folder, f"{name}.item")
+  if not os.path.exists(ipath):
+    return {}
+  inames, irows = _atomic_table(ipath)
+  iid = _column(ipath, inames, ["item_id"])
+  ct = _column(ipath, inames, ["movie_title", "title"], required=False)
+  cy = _column(ipath, inames, ["release_year", "year"], required=False)
+  info = {}
+  for r in irows:
+    title = r[ct] if ct is not None else ""
+    year = r[cy].strip() if cy is not None else ""
+    info[r[iid]] = title_and_year(title, year)
+  return info
 
 
 def _has(folder: str, variant: str, name: str | None) -> bool:

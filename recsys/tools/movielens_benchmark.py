@@ -1,19 +1,22 @@
-"""MovieLens quality on real data: damped-bias and most-popular baselines vs. the two experiments.
+"""MovieLens benchmark: baselines vs. the shipped experiments over several split seeds.
 
-On the held-out split that experiments/movielens_ranking.gin and
-experiments/movielens_retrieval.gin use (the split is read from the
-experiment's own data source, built through gin), this script computes
+`recsys benchmark movielens --data_dir <folder>` (or `--synthetic`; also
+`python benchmarks/movielens_quality.py ...`). For each split seed, on the
+held-out split that the experiments use (read from the experiment's own data
+source, built through gin), this computes
 
-  (a) ratings: the global mean and the damped user+item bias baseline
-      (global mean + damped item bias + damped user bias, fit on train only):
-      once with fixed damping (user 10, item 25) and once with the damping
-      chosen on a validation split carved from train;
+  (a) ratings: the global mean, the damped user+item bias baseline (fixed
+      damping user 10 / item 25, and damping chosen on a validation split
+      carved from train) and a plain biased matrix factorization (NumPy ALS,
+      its regularization chosen on the same validation split);
   (b) retrieval: the most-popular baseline's top-K hit rates, K = 1, 5, 10,
       50, 100, popularity counted on the training interactions, the same
       protocol as the model's corpus hit rates (the whole movie corpus, no
       filtering of already-rated movies);
-  (c) trains both experiments through `recsys.training.train` via gin (each in
-      its own process), reads their metrics.json, and prints one table.
+  (c) trains the experiments through `recsys.training.train` via gin (each in
+      its own process), reads their metrics.json;
+
+then prints each seed's table and the mean +- sd over the seeds.
 
 Baselines are scored on exactly the rows the trainer evaluates (the first
 floor(n / eval_batch_size) * eval_batch_size held-out examples, in order).
@@ -25,8 +28,9 @@ into a temporary folder), the experiments train on the rest and are scored on
 it. Tune hyper-parameters that way; report `--holdout test` once.
 
 Usage:
-  python benchmarks/movielens_quality.py --data_dir /path/to/ml-100k --variant atomic
-  python benchmarks/movielens_quality.py --data_dir D --variant atomic --holdout validation \\
+  recsys benchmark movielens --data_dir /path/to/ml-100k --seeds 5
+  recsys benchmark movielens --synthetic --seeds 2 --experiments fm
+  recsys benchmark movielens --data_dir D --holdout validation \\
       --ranking_bindings 'train.train_steps = 2000'
 """
 
@@ -45,13 +49,25 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-  sys.path.insert(0, REPO)
-
+# The shipped experiments (recsys/experiments is the repo's experiments/).
+_EXPERIMENTS_DIR = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"
+)
 EXPERIMENTS = {
-  "ranking": os.path.join(REPO, "experiments", "movielens_ranking.gin"),
-  "retrieval": os.path.join(REPO, "experiments", "movielens_retrieval.gin"),
+  "ranking": os.path.join(_EXPERIMENTS_DIR, "movielens_ranking.gin"),
+  "retrieval": os.path.join(_EXPERIMENTS_DIR, "movielens_retrieval.gin"),
+  "fm": os.path.join(_EXPERIMENTS_DIR, "movielens_fm.gin"),
+  "retrieval_history": os.path.join(
+    _EXPERIMENTS_DIR, "movielens_retrieval_history.gin"
+  ),
+}
+MF_DIM = 32
+MF_REG_GRID = (0.03, 0.06, 0.1)
+KIND = {
+  "ranking": "ranking",
+  "fm": "ranking",
+  "retrieval": "retrieval",
+  "retrieval_history": "retrieval",
 }
 KS = (1, 5, 10, 50, 100)
 FIXED_DAMPING = (10.0, 25.0)  # (user, item)
@@ -213,9 +229,14 @@ def write_validation_folder(
           + "\n"
         )
   with open(path + ".item", "w", encoding="utf-8") as f:
-    f.write("item_id:token\tgenre:token_seq\n")
+    f.write(
+      "item_id:token\tgenre:token_seq\tmovie_title:token_seq\t"
+      "release_year:token\n"
+    )
     for iid, genres in raw.items.items():
-      f.write(f"{iid}\t{' '.join(genres)}\n")
+      info = raw.item_info.get(iid, {"title": "", "year": ""})
+      title = " ".join(info["title"].replace("\t", " ").split())
+      f.write(f"{iid}\t{' '.join(genres)}\t{title}\t{info['year']}\n")
   return len(chosen)
 
 
@@ -311,6 +332,68 @@ def choose_damping(train: Arrays, valid: Arrays) -> tuple[float, float, float]:
   return best
 
 
+def fit_mf(
+  train: Arrays, dim: int = MF_DIM, reg: float = 0.06, iters: int = 12
+) -> Callable:
+  """Plain biased MF by alternating least squares (ALS-WR), fit on `train`.
+
+  r = mu + b_u + b_i + p_u . q_i, the L2 penalty on a user's (p_u, b_u)
+  and an item's (q_i, b_i) scaled by its number of ratings (Zhou et al.,
+  2008); seeded initialization.
+
+  Returns:
+    predict(users, items) -> ratings clipped to the training rating range.
+  """
+  user, item = train["user"].astype(np.int64), train["item"].astype(np.int64)
+  rating = train["label"].astype(np.float64)
+  mu = rating.mean()
+  nu, ni = int(user.max()) + 1, int(item.max()) + 1
+  rng = np.random.default_rng(0)
+  p = rng.normal(0, 0.1, (nu, dim))
+  q = rng.normal(0, 0.1, (ni, dim))
+  bu, bi = np.zeros(nu), np.zeros(ni)
+  by_user = [np.flatnonzero(user == u) for u in range(nu)]
+  by_item = [np.flatnonzero(item == i) for i in range(ni)]
+
+  def solve(rows, other, other_bias, target_ids):
+    out = np.zeros((len(rows), dim + 1))
+    eye = np.eye(dim + 1)
+    for k, r in enumerate(rows):
+      if not len(r):
+        continue
+      x = np.concatenate([other[target_ids[r]], np.ones((len(r), 1))], 1)
+      y = rating[r] - mu - other_bias[target_ids[r]]
+      out[k] = np.linalg.solve(x.T @ x + reg * len(r) * eye, x.T @ y)
+    return out
+
+  for _ in range(iters):
+    sol = solve(by_user, q, bi, item)
+    p, bu = sol[:, :dim], sol[:, dim]
+    sol = solve(by_item, p, bu, user)
+    q, bi = sol[:, :dim], sol[:, dim]
+  lo, hi = rating.min(), rating.max()
+
+  def predict(users: np.ndarray, items: np.ndarray) -> np.ndarray:
+    u, i = np.minimum(users, nu - 1), np.minimum(items, ni - 1)
+    return np.clip(mu + bu[u] + bi[i] + (p[u] * q[i]).sum(-1), lo, hi)
+
+  return predict
+
+
+def choose_mf_reg(train: Arrays, valid: Arrays) -> tuple[float, float]:
+  """(regularization, validation RMSE) of the best MF_REG_GRID point."""
+  scores = [
+    (
+      reg,
+      rmse(
+        fit_mf(train, reg=reg)(valid["user"], valid["item"]), valid["label"]
+      ),
+    )
+    for reg in MF_REG_GRID
+  ]
+  return min(scores, key=lambda x: x[1])
+
+
 def popularity(
   train_items: np.ndarray, held_out_items: np.ndarray
 ) -> dict[str, float]:
@@ -391,7 +474,8 @@ def run_experiment(
   """Trains experiment `name` in a child process; returns its metrics.json plus wall time."""
   command = [
     sys.executable,
-    os.path.abspath(__file__),
+    "-m",
+    "recsys.tools.movielens_benchmark",
     "--_train",
     EXPERIMENTS[name],
     "--_model_dir",
@@ -445,16 +529,29 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   )
   parser.add_argument("--data_dir", help="folder with the MovieLens files.")
   parser.add_argument(
+    "--synthetic",
+    action="store_true",
+    help="no real files: generate MovieLens-like ratings with planted "
+    "effects in ml-100k's layout (recsys.data.movielens_synthetic).",
+  )
+  parser.add_argument(
     "--variant",
-    default="ml-100k",
-    choices=("ml-100k", "ml-1m", "atomic"),
-    help="file layout (atomic: RecBole's ml-100k.inter/.user/.item).",
+    default="auto",
+    choices=("auto", "ml-100k", "ml-1m", "atomic"),
+    help="file layout (atomic: RecBole's ml-100k.inter/.user/.item; auto: "
+    "detected from the files).",
   )
   parser.add_argument(
     "--seed",
     type=int,
     default=0,
-    help="split seed (MovieLens.seed) and run seed (train.seed).",
+    help="the first split seed (MovieLens.seed) and run seed (train.seed).",
+  )
+  parser.add_argument(
+    "--seeds",
+    type=int,
+    default=1,
+    help="number of split seeds: seed, seed + 1, ... (mean +- sd over them).",
   )
   parser.add_argument(
     "--holdout",
@@ -472,7 +569,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   parser.add_argument(
     "--experiments",
     nargs="*",
-    default=["ranking", "retrieval"],
+    default=["ranking", "fm", "retrieval", "retrieval_history"],
     choices=sorted(EXPERIMENTS),
     help="experiments to train (none: baselines only).",
   )
@@ -506,18 +603,49 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   if args._train:  # pylint: disable=protected-access
     train_one(args._train, args._binding, args._model_dir)  # pylint: disable=protected-access
     return {}
-  if not args.data_dir:
-    parser.error("--data_dir is required")
+  if not args.data_dir and not args.synthetic:
+    parser.error("--data_dir (or --synthetic) is required")
   import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  from recsys.data import movielens_files  # pylint: disable=g-import-not-at-top
 
-  root = args.model_root or tempfile.mkdtemp(prefix="movielens_quality_")
+  root = args.model_root or tempfile.mkdtemp(prefix="movielens_benchmark_")
   os.makedirs(root, exist_ok=True)
-  bindings = base_bindings(
-    os.path.abspath(args.data_dir), args.variant, args.seed
-  )
+  if args.synthetic:
+    from recsys.data import movielens_synthetic  # pylint: disable=g-import-not-at-top
+
+    args.data_dir = movielens_synthetic.write_ml100k_like(
+      os.path.join(root, "synthetic_ml-100k")
+    )
+    args.variant = "ml-100k"
+  if args.variant == "auto":
+    args.variant = movielens_files.detect_variant(args.data_dir)
+    if args.variant is None:
+      parser.error(
+        f"no MovieLens files in {args.data_dir!r} (u.data, ratings.dat or "
+        "<name>.inter); pass --variant or --synthetic"
+      )
+  per_seed = []
+  for seed in range(args.seed, args.seed + args.seeds):
+    results = run_seed(args, seed, root)
+    print_table(results)
+    per_seed.append(results)
+  summary = summarize(per_seed)
+  print_summary(summary, args)
+  if args.json:
+    with open(args.json, "w", encoding="utf-8") as f:
+      json.dump(
+        {"seeds": per_seed, "summary": summary}, f, indent=2, sort_keys=True
+      )
+  return {"seeds": per_seed, "summary": summary}
+
+
+def run_seed(args: argparse.Namespace, seed: int, root: str) -> dict[str, Any]:
+  """Baselines and experiments on split seed `seed`; returns the results."""
+
+  bindings = base_bindings(os.path.abspath(args.data_dir), args.variant, seed)
   results: dict[str, Any] = {
     "holdout": args.holdout,
-    "seed": args.seed,
+    "seed": seed,
     "variant": args.variant,
     "data_dir": args.data_dir,
   }
@@ -527,7 +655,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   rank_file, ret_file = EXPERIMENTS["ranking"], EXPERIMENTS["retrieval"]
   full, evaluated = build_source(rank_file, bindings)
   train, test = split_arrays(full, True), split_arrays(full, False)
-  folder = os.path.join(root, "validation_data")
+  folder = os.path.join(root, f"validation_data_seed{seed}")
   write_validation_folder(
     full, train, args.variant, folder, _dataset_name(rank_file, bindings)
   )
@@ -536,6 +664,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   fit, valid = split_arrays(carved, True), split_arrays(carved, False)
   check_same_ids(full, carved, train, [fit, valid])
   du, di, valid_rmse = choose_damping(fit, valid)
+  mf_reg, mf_valid_rmse = choose_mf_reg(fit, valid)
   results["split"] = {
     "split": full.split,
     "test_fraction": _query_file(
@@ -583,6 +712,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ),
   }
 
+  results["mf"] = {
+    "reg": mf_reg,
+    "validation_rmse": mf_valid_rmse,
+    "rmse": rmse(
+      fit_mf(fit_rows, reg=mf_reg)(eval_rows["user"], eval_rows["item"]),
+      eval_rows["label"],
+    ),
+  }
+
   # Retrieval: the experiment's own interactions (its min_rating) on the same split.
   ret_source, ret_evaluated = build_source(ret_file, run_bindings)
   ret_train, ret_test = (
@@ -603,17 +741,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     "retrieval": args.retrieval_bindings,
   }
   for name in args.experiments:
-    model_dir = os.path.join(root, f"{name}_{args.holdout}_seed{args.seed}")
-    metrics = run_experiment(name, run_bindings + extra[name], model_dir)
+    model_dir = os.path.join(root, f"{name}_{args.holdout}_seed{seed}")
+    more = extra[KIND[name]]
+    metrics = run_experiment(name, run_bindings + more, model_dir)
     results[name] = {
       "metrics": metrics,
       "model_dir": model_dir,
-      "bindings": extra[name],
+      "bindings": more,
     }
-  print_table(results)
-  if args.json:
-    with open(args.json, "w", encoding="utf-8") as f:
-      json.dump(results, f, indent=2, sort_keys=True)
   return results
 
 
@@ -635,6 +770,101 @@ def _query_file(
 def _dataset_name(gin_file: str, bindings: Sequence[str]) -> str | None:
   """MovieLens.dataset_name of the experiment (the atomic file stem), if bound."""
   return _query_file(gin_file, bindings, "MovieLens.dataset_name")
+
+
+def _ranking_rows(results: dict[str, Any]) -> dict[str, float]:
+  rows = {
+    "global mean": results["global_mean_rmse"],
+    "damped bias (user 10, item 25)": results["bias_fixed"]["rmse"],
+    "damped bias (damping chosen on validation)": results["bias_tuned"]["rmse"],
+    "plain biased MF (ALS, reg chosen on validation)": results["mf"]["rmse"],
+  }
+  for name in EXPERIMENTS:
+    if KIND[name] == "ranking" and name in results:
+      rows[os.path.basename(EXPERIMENTS[name])] = results[name]["metrics"][
+        "eval/rmse"
+      ]
+  return rows
+
+
+def _retrieval_rows(results: dict[str, Any]) -> dict[str, dict[str, float]]:
+  rows = {"most popular": results["popularity"]}
+  for name in EXPERIMENTS:
+    if KIND[name] == "retrieval" and name in results:
+      rows[os.path.basename(EXPERIMENTS[name])] = model_hit_rates(
+        results[name]["metrics"]
+      )
+  return rows
+
+
+def summarize(per_seed: Sequence[dict[str, Any]]) -> dict[str, Any]:
+  """Mean and sd (ddof 1; 0 for one seed) over seeds of every row."""
+
+  def stats(values: list[float]) -> dict[str, float]:
+    v = np.asarray(values, np.float64)
+    return {
+      "mean": float(v.mean()),
+      "sd": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+    }
+
+  ranking: dict[str, list[float]] = collections.defaultdict(list)
+  retrieval: dict[str, dict[str, list[float]]] = collections.defaultdict(
+    lambda: collections.defaultdict(list)
+  )
+  seconds: dict[str, list[float]] = collections.defaultdict(list)
+  for results in per_seed:
+    for label, value in _ranking_rows(results).items():
+      ranking[label].append(value)
+    for label, rates in _retrieval_rows(results).items():
+      for k, value in rates.items():
+        retrieval[label][k].append(value)
+    for name in EXPERIMENTS:
+      if name in results:
+        seconds[os.path.basename(EXPERIMENTS[name])].append(
+          results[name]["metrics"]["elapsed_seconds"]
+        )
+  return {
+    "seeds": [r["seed"] for r in per_seed],
+    "holdout": per_seed[0]["holdout"],
+    "ranking_rmse": {k: stats(v) for k, v in ranking.items()},
+    "retrieval_hit_rate": {
+      label: {k: stats(v) for k, v in rates.items()}
+      for label, rates in retrieval.items()
+    },
+    "train_eval_seconds": {k: stats(v) for k, v in seconds.items()},
+  }
+
+
+def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
+  """Prints mean +- sd over the seeds, models next to baselines."""
+  seeds = summary["seeds"]
+  print(
+    f"\nMovieLens {args.variant} ({args.data_dir}): mean +- sd over "
+    f"{len(seeds)} random 80/20 split seed(s) {seeds}, scored on the "
+    f"{summary['holdout']} split."
+  )
+  secs = summary["train_eval_seconds"]
+
+  def note(label: str) -> str:
+    if label not in secs:
+      return ""
+    t = secs[label]
+    return f"  (train+eval {t['mean']:.0f} +- {t['sd']:.0f} s)"
+
+  print("\nRanking RMSE (lower is better)")
+  for label, st in summary["ranking_rmse"].items():
+    print(f"  {label:<50} {st['mean']:.4f} +- {st['sd']:.4f}{note(label)}")
+  print("\nRetrieval hit rate over the whole corpus (seen items not excluded)")
+  print(f"  {'':<34}" + "".join(f"{'top' + str(k):>17}" for k in KS))
+  for label, rates in summary["retrieval_hit_rate"].items():
+    cells = "".join(
+      f"{rates[f'top{k}']['mean']:>9.4f} +-{rates[f'top{k}']['sd']:.4f}"
+      if f"top{k}" in rates
+      else f"{'':>17}"
+      for k in KS
+    )
+    print(f"  {label:<34}{cells}{note(label)}")
+  print()
 
 
 def print_table(results: dict[str, Any]) -> None:
@@ -665,15 +895,27 @@ def print_table(results: dict[str, Any]) -> None:
       "",
     ),
   ]
-  if "ranking" in results:
-    m = results["ranking"]["metrics"]
+  for name in [n for n in EXPERIMENTS if KIND[n] == "ranking"]:
+    if name not in results:
+      continue
+    m = results[name]["metrics"]
     rows.append(
       (
-        "movielens_ranking.gin",
+        os.path.basename(EXPERIMENTS[name]),
         m["eval/rmse"],
-        f"train+eval {m['elapsed_seconds']:.0f} s, process {m['wall_seconds']:.0f} s",
+        f"train+eval {m['elapsed_seconds']:.0f} s, "
+        f"process {m['wall_seconds']:.0f} s",
       )
     )
+  rows.insert(
+    3,
+    (
+      f"plain biased MF (ALS, dim {MF_DIM}, reg {results['mf']['reg']:g} "
+      "chosen on validation)",
+      results["mf"]["rmse"],
+      "",
+    ),
+  )
   for label, value, note in rows:
     print(f"  {label:<58} {value:.4f}  {note}")
   print(
@@ -682,13 +924,16 @@ def print_table(results: dict[str, Any]) -> None:
   )
   print(f"  {'':<24}" + "".join(f"{'top' + str(k):>9}" for k in KS))
   lines = [("most popular", results["popularity"], "")]
-  if "retrieval" in results:
-    m = results["retrieval"]["metrics"]
+  for name in [n for n in EXPERIMENTS if KIND[n] == "retrieval"]:
+    if name not in results:
+      continue
+    m = results[name]["metrics"]
     lines.append(
       (
-        "movielens_retrieval.gin",
+        os.path.basename(EXPERIMENTS[name])[:-4],
         model_hit_rates(m),
-        f"train+eval {m['elapsed_seconds']:.0f} s, process {m['wall_seconds']:.0f} s",
+        f"train+eval {m['elapsed_seconds']:.0f} s, "
+        f"process {m['wall_seconds']:.0f} s",
       )
     )
   for label, rates, note in lines:

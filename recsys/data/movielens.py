@@ -290,10 +290,8 @@ class MovieLens(DataSource):
       available += ["user_age", "user_gender", "user_occupation", "user_zip"]
     if timestamp_buckets > 0:
       available.append("timestamp")
-    if years:
-      available.append("item_year")
-    if self.title_vocab:
-      available.append("item_title")
+    if item_info:  # even with no year or word in 2 titles (ids 0)
+      available += ["item_year", "item_title"]
     available.append(HISTORY_FEATURE)
     if features is None:
       chosen = [

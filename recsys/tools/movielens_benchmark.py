@@ -62,7 +62,7 @@ EXPERIMENTS = {
   ),
 }
 MF_DIM = 32
-MF_REG_GRID = (0.03, 0.06, 0.1)
+MF_REG_GRID = (0.1, 0.2, 0.35)
 KIND = {
   "ranking": "ranking",
   "fm": "ranking",
@@ -333,7 +333,7 @@ def choose_damping(train: Arrays, valid: Arrays) -> tuple[float, float, float]:
 
 
 def fit_mf(
-  train: Arrays, dim: int = MF_DIM, reg: float = 0.06, iters: int = 12
+  train: Arrays, dim: int = MF_DIM, reg: float = 0.2, iters: int = 8
 ) -> Callable:
   """Plain biased MF by alternating least squares (ALS-WR), fit on `train`.
 

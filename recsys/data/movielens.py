@@ -380,7 +380,9 @@ class MovieLens(DataSource):
         multi_hot=name in max_ids,
         max_ids=max_ids.get(name, 1),
         weighted=name == HISTORY_FEATURE and bool(history and history.weighted),
-        table="item_id" if name == HISTORY_FEATURE else None,
+        table="item_id"
+        if name == HISTORY_FEATURE and history and history.share_item_table
+        else None,
       )
       for name in chosen
     ]

@@ -61,6 +61,9 @@ class UserHistory:
     max_length: keep each user's newest `max_length` items (0: all).
     half_life: the recency weights' half-life in interactions.
     feature_name: the feature's name in `features["categorical"]`.
+    share_item_table: embed the bag with the item id table (True, the
+      default) or in a table of its own (its own regularization; in
+      `EmbeddingSettings.overrides` under the feature's name).
   """
 
   def __init__(
@@ -69,6 +72,7 @@ class UserHistory:
     max_length: int = 0,
     half_life: float = 50.0,
     feature_name: str = "user_history",
+    share_item_table: bool = True,
   ) -> None:
     if weights not in WEIGHTS:
       raise UserHistoryConfigError(
@@ -84,6 +88,7 @@ class UserHistory:
     self.max_length = int(max_length)
     self.half_life = float(half_life)
     self.feature_name = feature_name
+    self.share_item_table = bool(share_item_table)
 
   @property
   def weighted(self) -> bool:

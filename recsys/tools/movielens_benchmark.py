@@ -1,4 +1,4 @@
-"""MovieLens benchmark: baselines vs. the shipped experiments over several split seeds.
+"""MovieLens benchmark: baselines vs. the experiments over several split seeds.
 
 `recsys benchmark movielens --data_dir <folder>` (or `--synthetic`; also
 `python benchmarks/movielens_quality.py ...`). For each split seed, on the
@@ -77,11 +77,11 @@ VALIDATION_STEM = "movielens_train"
 Arrays = dict[str, np.ndarray]
 
 
-# -- the experiments' data, through gin ------------------------------------------
+# -- the experiments' data, through gin ----------------------------------------
 
 
 def base_bindings(data_dir: str, variant: str, seed: int) -> list[str]:
-  """Bindings every run gets: the data folder and layout, split and run seeds."""
+  """Bindings every run gets: data folder and layout, split and run seeds."""
   return [
     f"MOVIELENS_DIR = {data_dir!r}",
     f"MovieLens.variant = {variant!r}",
@@ -102,7 +102,7 @@ def validation_bindings(folder: str, fraction: float) -> list[str]:
 
 
 def _query(name: str, default: Any = None) -> Any:
-  """The parsed gin value of `name` (e.g. "train.eval_batch_size"), or `default`."""
+  """The parsed gin value of `name` (e.g. "train.eval_steps") or `default`."""
   import gin  # pylint: disable=g-import-not-at-top
 
   try:
@@ -112,7 +112,7 @@ def _query(name: str, default: Any = None) -> Any:
 
 
 def build_source(gin_file: str, bindings: Sequence[str]) -> tuple[Any, int]:
-  """The experiment's data source, built by gin, unshuffled; and its eval batch size.
+  """The experiment's data source (gin-built, unshuffled); its eval batch size.
 
   Args:
     gin_file: the experiment file.
@@ -143,7 +143,7 @@ def build_source(gin_file: str, bindings: Sequence[str]) -> tuple[Any, int]:
 
 
 def split_arrays(source: Any, training: bool, batch_size: int = 8192) -> Arrays:
-  """user_id, item_id and label of every example of a split, in dataset order."""
+  """user_id, item_id and label of every example of a split, in order."""
   out = collections.defaultdict(list)
   dataset = source.dataset(
     batch_size, training=training, repeat=False, drop_remainder=False
@@ -155,11 +155,11 @@ def split_arrays(source: Any, training: bool, batch_size: int = 8192) -> Arrays:
   return {k: np.concatenate(v) for k, v in out.items()}
 
 
-# -- the validation folder -----------------------------------------------------------
+# -- the validation folder -----------------------------------------------------
 
 
 def _id_vocab(values: Sequence[str]) -> list[str]:
-  """The data source's documented id map: raw ids sorted, numerically when numeric."""
+  """The source's documented id map: raw ids sorted (numerically if numeric)."""
   values = sorted(set(values))
   if values and all(v.isdigit() for v in values):
     values.sort(key=int)
@@ -243,7 +243,7 @@ def write_validation_folder(
 def check_same_ids(
   full: Any, carved: Any, train: Arrays, carved_arrays: Sequence[Arrays]
 ) -> None:
-  """Checks that the carved source encodes like the full one and holds its training rows.
+  """Checks the carved source encodes like the full one, with its training rows.
 
   Args:
     full: the experiment's source.
@@ -279,7 +279,7 @@ def check_same_ids(
     )
 
 
-# -- baselines -------------------------------------------------------------------------
+# -- baselines -----------------------------------------------------------------
 
 
 def fit_bias(
@@ -321,15 +321,18 @@ def rmse(predicted: np.ndarray, actual: np.ndarray) -> float:
 
 def choose_damping(train: Arrays, valid: Arrays) -> tuple[float, float, float]:
   """(user damping, item damping, validation RMSE) of the best grid point."""
-  best = None
-  for du in DAMPING_GRID:
-    for di in DAMPING_GRID:
-      score = rmse(
+  scores = [
+    (
+      du,
+      di,
+      rmse(
         fit_bias(train, du, di)(valid["user"], valid["item"]), valid["label"]
-      )
-      if best is None or score < best[2]:
-        best = (du, di, score)
-  return best
+      ),
+    )
+    for du in DAMPING_GRID
+    for di in DAMPING_GRID
+  ]
+  return min(scores, key=lambda x: x[2])
 
 
 def fit_mf(
@@ -401,16 +404,16 @@ def popularity(
   from recsys.models import retrieval_metrics  # pylint: disable=g-import-not-at-top
 
   rates = retrieval_metrics.popularity_hit_rates(
-    train_items, held_out_items, KS
+    train_items.tolist(), held_out_items.tolist(), KS
   )
   return {f"top{k}": rates[f"top_{k}_hit_rate"] for k in KS}
 
 
-# -- training the experiments ----------------------------------------------------------
+# -- training the experiments --------------------------------------------------
 
 
 def _explicit_kwargs_factory(factory: Callable) -> Callable:
-  """Wraps a gin class reference so the Trainer passes only the kwargs it accepts.
+  """Wraps a gin class reference: the Trainer passes only kwargs it accepts.
 
   Work-around: gin's scoped class reference has the signature
   `(*args, **kwargs)`, so `Trainer._call_with_supported` passes every model
@@ -419,7 +422,7 @@ def _explicit_kwargs_factory(factory: Callable) -> Callable:
   """
   import inspect  # pylint: disable=g-import-not-at-top
 
-  target = factory.__init__ if isinstance(factory, type) else factory
+  target = factory.__init__ if isinstance(factory, type) else factory  # type: ignore[misc]
   params = inspect.signature(target).parameters
   if any(p.kind == p.VAR_KEYWORD for p in params.values()):
     return factory
@@ -471,7 +474,7 @@ def train_one(
 def run_experiment(
   name: str, bindings: Sequence[str], model_dir: str
 ) -> dict[str, Any]:
-  """Trains experiment `name` in a child process; returns its metrics.json plus wall time."""
+  """Trains `name` in a child process; its metrics.json plus wall time."""
   command = [
     sys.executable,
     "-m",
@@ -501,7 +504,7 @@ def run_experiment(
 
 
 def model_hit_rates(metrics: dict[str, Any]) -> dict[str, float]:
-  """{"top<k>": rate} from a metrics.json's `eval/hit_rate/top_<k>_...` entries."""
+  """{"top<k>": rate} from metrics.json's `eval/hit_rate/top_<k>_...` keys."""
   out = {}
   for k in KS:
     for key, value in metrics.items():
@@ -510,7 +513,7 @@ def model_hit_rates(metrics: dict[str, Any]) -> dict[str, float]:
   return out
 
 
-# -- main ----------------------------------------------------------------------------
+# -- main ----------------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -650,7 +653,7 @@ def run_seed(args: argparse.Namespace, seed: int, root: str) -> dict[str, Any]:
     "data_dir": args.data_dir,
   }
 
-  # The test split of the experiments, and a validation split carved from its train.
+  # The experiments' test split, and a validation split carved from its train.
   t0 = time.time()
   rank_file, ret_file = EXPERIMENTS["ranking"], EXPERIMENTS["retrieval"]
   full, evaluated = build_source(rank_file, bindings)
@@ -721,7 +724,7 @@ def run_seed(args: argparse.Namespace, seed: int, root: str) -> dict[str, Any]:
     ),
   }
 
-  # Retrieval: the experiment's own interactions (its min_rating) on the same split.
+  # Retrieval: the experiment's interactions (its min_rating), same split.
   ret_source, ret_evaluated = build_source(ret_file, run_bindings)
   ret_train, ret_test = (
     split_arrays(ret_source, True),
@@ -768,7 +771,7 @@ def _query_file(
 
 
 def _dataset_name(gin_file: str, bindings: Sequence[str]) -> str | None:
-  """MovieLens.dataset_name of the experiment (the atomic file stem), if bound."""
+  """The experiment's MovieLens.dataset_name (atomic file stem), if bound."""
   return _query_file(gin_file, bindings, "MovieLens.dataset_name")
 
 
@@ -872,14 +875,16 @@ def print_table(results: dict[str, Any]) -> None:
   s = results["split"]
   holdout = results["holdout"]
   print(
-    f"\nMovieLens {results['variant']} ({results['data_dir']}): {s['split']} split, "
-    f"test_fraction {s['test_fraction']}, seed {results['seed']}: {s['train']} train / "
-    f"{s['test']} test ratings; validation carved from train: {s['validation_fit']} fit / "
+    f"\nMovieLens {results['variant']} ({results['data_dir']}): "
+    f"{s['split']} split, test_fraction {s['test_fraction']}, seed "
+    f"{results['seed']}: {s['train']} train / {s['test']} test ratings; "
+    f"validation carved from train: {s['validation_fit']} fit / "
     f"{s['validation']} validation."
   )
   print(f"Scored on the {holdout} split.\n")
   print(
-    f"Ranking: RMSE on {results['ranking_rows_scored']} {holdout} ratings (lower is better)"
+    f"Ranking: RMSE on {results['ranking_rows_scored']} {holdout} ratings "
+    "(lower is better)"
   )
   rows = [
     ("global mean", results["global_mean_rmse"], ""),
@@ -919,8 +924,9 @@ def print_table(results: dict[str, Any]) -> None:
   for label, value, note in rows:
     print(f"  {label:<58} {value:.4f}  {note}")
   print(
-    f"\nRetrieval: top-K hit rate on {results['retrieval_rows_scored']} {holdout} "
-    f"interactions (ratings >= {results['retrieval_min_rating']:g}; whole corpus)"
+    f"\nRetrieval: top-K hit rate on {results['retrieval_rows_scored']} "
+    f"{holdout} interactions (ratings >= "
+    f"{results['retrieval_min_rating']:g}; whole corpus)"
   )
   print(f"  {'':<24}" + "".join(f"{'top' + str(k):>9}" for k in KS))
   lines = [("most popular", results["popularity"], "")]

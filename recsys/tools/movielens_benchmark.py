@@ -630,8 +630,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   per_seed = []
   for seed in range(args.seed, args.seed + args.seeds):
     results = run_seed(args, seed, root)
-    print_table(results)
+    print_table(results, flush=True)
     per_seed.append(results)
+    with open(os.path.join(root, "results.json"), "w", encoding="utf-8") as f:
+      json.dump(per_seed, f, indent=2, sort_keys=True)  # so far
   summary = summarize(per_seed)
   print_summary(summary, args)
   if args.json:
@@ -870,7 +872,7 @@ def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
   print()
 
 
-def print_table(results: dict[str, Any]) -> None:
+def print_table(results: dict[str, Any], flush: bool = False) -> None:
   """Prints the baselines and the experiments side by side."""
   s = results["split"]
   holdout = results["holdout"]
@@ -948,7 +950,7 @@ def print_table(results: dict[str, Any]) -> None:
       + "".join(f"{rates.get(f'top{k}', float('nan')):>9.4f}" for k in KS)
       + f"  {note}"
     )
-  print()
+  print(flush=flush)
 
 
 if __name__ == "__main__":

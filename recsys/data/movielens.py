@@ -1,4 +1,4 @@
-"""MovieLens as a data source: ratings for ranking, (user, item) pairs for retrieval.
+"""MovieLens as a data source: ratings (ranking), user-item pairs (retrieval).
 
 Reads a local folder (`recsys.data.movielens_files`: GroupLens ml-100k,
 ml-1m, or RecBole atomic files), maps raw ids to contiguous ids (0 is
@@ -9,12 +9,14 @@ timestamp), and serves batches from memory.
 Categorical features (all int64 `[B]` except item_genres, a RaggedTensor
 `[B, None]`):
 
-  user_id, item_id       contiguous ids, raw ids sorted (numerically when numeric)
-  user_age               1..7: <18, 18-24, 25-34, 35-44, 45-49, 50-55, 56+ (ml-1m groups)
+  user_id, item_id       contiguous ids, raw ids sorted (numerically if numeric)
+  user_age               1..7: <18, 18-24, 25-34, 35-44, 45-49, 50-55, 56+
+                         (ml-1m groups)
   user_gender            1 = M, 2 = F
   user_occupation        occupations sorted by name -> 1..n
-  user_zip               the first `zip_prefix_length` characters, sorted -> 1..n
-  item_genres            genres sorted by name -> 1..n (id 0 for an item without genre)
+  user_zip               the first `zip_prefix_length` characters, sorted
+                         -> 1..n
+  item_genres            genres sorted by name -> 1..n (0: an item without one)
   timestamp              (only if timestamp_buckets > 0) quantile bucket of the
                          training timestamps, 1..timestamp_buckets
 
@@ -103,7 +105,7 @@ def _age_bucket(age: str) -> int:
 
 @gin.register
 class MovieLens(DataSource):
-  """MovieLens ratings (ranking) or interactions (retrieval) from a local folder.
+  """MovieLens ratings (ranking) or interactions (retrieval) from a folder.
 
   Example:
     >>> source = MovieLens("/data/ml-100k", variant="ml-100k", task="retrieval")
@@ -117,7 +119,7 @@ class MovieLens(DataSource):
     num_dense: 0.
     query_features, candidate_features: names in `features["categorical"]`.
     candidate_id_feature: "item_id".
-    num_users, num_items: distinct users and items (vocabularies are one larger).
+    num_users, num_items: distinct users and items (vocabularies: one more).
     train_size, test_size: examples in each split.
   """
 
@@ -161,8 +163,8 @@ class MovieLens(DataSource):
       min_rating: retrieval keeps ratings >= min_rating as interactions.
       zip_prefix_length: characters of the zip code kept.
       timestamp_buckets: > 0 adds a "timestamp" feature of that many buckets.
-      dataset_name: the atomic file stem (`<name>.inter`); default: the only one.
-      download: fetch a missing GroupLens variant with `tf.keras.utils.get_file`.
+      dataset_name: the atomic file stem (`<name>.inter`); default: the one.
+      download: fetch a missing GroupLens variant (`tf.keras.utils.get_file`).
       shuffle: shuffle training examples (seeded, reshuffled each epoch).
       fold: with split="files" on ml-100k, GroupLens' fold: u1 ... u5, ua, ub.
       history: adds the "user_history" feature built this way from the
@@ -180,7 +182,8 @@ class MovieLens(DataSource):
       # A missing folder or a file as data_dir: read()'s errors say so.
       if detected is None and not download and os.path.isdir(data_dir):
         raise movielens_files.DatasetNotFoundError(
-          f"MovieLens variant='auto': no MovieLens files in {data_dir!r} (nor a "
+          "MovieLens variant='auto': no MovieLens files in "
+          f"{data_dir!r} (nor a "
           "subfolder named after the variant); expected RecBole atomic files "
           "(<name>.inter), ml-100k's u.data, u.item, u.user or ml-1m's "
           "ratings.dat, movies.dat, users.dat. Check MovieLens.data_dir / "
@@ -405,7 +408,8 @@ class MovieLens(DataSource):
     counts = np.bincount(self._splits["train"][1], minlength=self.num_items + 1)
     self._item_probability = (counts / max(counts.sum(), 1)).astype(np.float32)
     log.info(
-      "MovieLens %s from %s: %d users, %d items, %d ratings; %s split %d train / %d test",
+      "MovieLens %s from %s: %d users, %d items, %d ratings; "
+      "%s split %d train / %d test",
       variant,
       raw.source,
       self.num_users,
@@ -458,8 +462,9 @@ class MovieLens(DataSource):
     full = (n // size) * size
     if repeat and (full if drop_remainder else n) == 0:
       raise MovieLensConfigError(
-        f"the {'train' if training else 'test'} split of input pipeline {pipeline} has "
-        f"{n} examples, fewer than one batch of {size}: use a smaller batch size, "
+        f"the {'train' if training else 'test'} split of input pipeline "
+        f"{pipeline} has {n} examples, fewer than one batch of {size}: use a "
+        "smaller batch size, "
         "a larger test_fraction, or drop_remainder=False."
       )
 
@@ -488,7 +493,7 @@ class MovieLens(DataSource):
     return ds.map(lookup, num_parallel_calls=AUTOTUNE)
 
   def candidates(self, batch_size: int) -> tf.data.Dataset:
-    """Every item once (ids 1..num_items) as `{"categorical": {item features}}` batches."""
+    """Each item once (ids 1..num_items), `{"categorical": ...}` batches."""
     return candidate_batches(
       range(1, self.num_items + 1), self._item_features, batch_size
     )

@@ -1,4 +1,4 @@
-"""MovieLens raw ids -> model inputs: the one transformation reader and serving share.
+"""MovieLens raw ids -> model inputs: one transformation, reader and serving.
 
 `MovieLens` builds its vocabularies and side-feature tables once from the
 files (NumPy), then encodes every rating through `MovieLensRawParser`: raw
@@ -62,7 +62,8 @@ class MovieLensRawParser(RawParser):
 
   Example:
     >>> parser.parse_raw({"user_id": tf.constant(["196"]),
-    ...                   "item_id": tf.constant(["242"])}, ["user_id", "item_id"])
+    ...                   "item_id": tf.constant(["242"])},
+    ...                  ["user_id", "item_id"])
     {'categorical': {'user_id': <[1] int64>, 'item_id': <[1] int64>}}
   """
 
@@ -193,7 +194,7 @@ class MovieLensRawParser(RawParser):
   def raw_feature_spec(
     self, feature_names: Sequence[str], dense: bool = False
   ) -> dict[str, tf.TensorSpec]:
-    """user_id / item_id string `[B]` and timestamp int64 `[B]`, as the names need."""
+    """user_id / item_id string `[B]`, timestamp int64 `[B]`, as names need."""
     del dense  # MovieLens has no dense features
     spec = {}
     if any(
@@ -210,7 +211,7 @@ class MovieLensRawParser(RawParser):
   def parse_raw(
     self, raw: Mapping[str, tf.Tensor], feature_names: Sequence[str]
   ) -> dict[str, Any]:
-    """Raw `user_id`, `item_id`, `timestamp` -> `{"categorical": ...}` of the names.
+    """Raw `user_id`, `item_id`, `timestamp` -> `{"categorical": ...}`.
 
     "user_history" comes from the raw user id (its training history, minus
     the raw item when one is given); a weighted one adds `"weights"`.

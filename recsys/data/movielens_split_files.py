@@ -103,8 +103,8 @@ def _read_atomic_benchmark(
         "atomic",
         data_dir,
         f"split='files' needs one <name>.train.inter and "
-        f"<name>.test.inter (RecBole's benchmark files); found {len(found)} *.train.inter"
-        + ("" if name else " (pass dataset_name= to choose)"),
+        f"<name>.test.inter (RecBole's benchmark files); found {len(found)} "
+        "*.train.inter" + ("" if name else " (pass dataset_name= to choose)"),
       )
     )
   folder = os.path.dirname(found[0])

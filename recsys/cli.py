@@ -593,7 +593,10 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
   """Entry point of the `recsys` console script and `python -m recsys`."""
   argv = sys.argv[1:] if argv is None else list(argv)
-  if argv[:2] == ["benchmark", "movielens"]:  # its own flags: --help there
+  if argv[:1] == ["benchmark"]:  # its own flags: --help there
+    if argv[1:2] != ["movielens"]:
+      print("recsys benchmark: choose one: movielens", file=sys.stderr)
+      return 2
     from recsys.tools import movielens_benchmark  # pylint: disable=g-import-not-at-top
 
     movielens_benchmark.main(argv[2:])

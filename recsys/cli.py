@@ -222,6 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
   from recsys import launch as launch_lib  # pylint: disable=g-import-not-at-top
 
   launch_lib.add_arguments(launch)
+  sub.add_parser(  # handled in main(): recsys.tools.movielens_benchmark
+    "benchmark",
+    help="`benchmark movielens`: baselines vs. experiments over split seeds.",
+  )
   return parser
 
 
@@ -529,6 +533,15 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
   """Entry point of the `recsys` console script and `python -m recsys`."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if argv[:1] == ["benchmark"]:  # its own flags: --help there
+    if argv[1:2] != ["movielens"]:
+      print("recsys benchmark: choose one: movielens", file=sys.stderr)
+      return 2
+    from recsys.tools import movielens_benchmark  # pylint: disable=g-import-not-at-top
+
+    movielens_benchmark.main(argv[2:])
+    return 0
   parser = build_parser()
   args = parser.parse_args(argv)
   if args.command == "launch":  # starts processes; needs no TensorFlow here

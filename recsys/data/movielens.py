@@ -1,4 +1,4 @@
-"""MovieLens as a data source: ratings for ranking, (user, item) pairs for retrieval.
+"""MovieLens as a data source: ratings (ranking), user-item pairs (retrieval).
 
 Reads a local folder (`recsys.data.movielens_files`: GroupLens ml-100k,
 ml-1m, or RecBole atomic files), maps raw ids to contiguous ids (0 is
@@ -9,14 +9,27 @@ timestamp), and serves batches from memory.
 Categorical features (all int64 `[B]` except item_genres, a RaggedTensor
 `[B, None]`):
 
-  user_id, item_id       contiguous ids, raw ids sorted (numerically when numeric)
-  user_age               1..7: <18, 18-24, 25-34, 35-44, 45-49, 50-55, 56+ (ml-1m groups)
+  user_id, item_id       contiguous ids, raw ids sorted (numerically if numeric)
+  user_age               1..7: <18, 18-24, 25-34, 35-44, 45-49, 50-55, 56+
+                         (ml-1m groups)
   user_gender            1 = M, 2 = F
   user_occupation        occupations sorted by name -> 1..n
-  user_zip               the first `zip_prefix_length` characters, sorted -> 1..n
-  item_genres            genres sorted by name -> 1..n (id 0 for an item without genre)
+  user_zip               the first `zip_prefix_length` characters, sorted
+                         -> 1..n
+  item_genres            genres sorted by name -> 1..n (0: an item without one)
   timestamp              (only if timestamp_buckets > 0) quantile bucket of the
                          training timestamps, 1..timestamp_buckets
+
+Opt-in (name them in `features`, or pass `history`):
+
+  item_year              release year, years sorted -> 1..n (0: unknown)
+  item_title             title tokens (lower-case words of the title without
+                         its year, in >= title_min_count titles), sorted ->
+                         1..n; RaggedTensor `[B, None]` ([0]: none)
+  user_history           the user's TRAINING items minus the example's own
+                         item, RaggedTensor `[B, None]` sharing the item_id
+                         table (`recsys.data.user_history`); weighted
+                         (`features["weights"]`) with UserHistory.weights
 
 Ranking (`task="ranking"`): labels are the ratings. Retrieval
 (`task="retrieval"`): one example per rating >= `min_rating`, labels ones,
@@ -26,6 +39,7 @@ training interactions) and `candidates()` over the whole corpus.
 
 import logging
 import os
+import re
 from collections.abc import Sequence
 
 import gin
@@ -42,6 +56,7 @@ from recsys.data.pipeline import (
   candidate_batches,
 )
 from recsys.data.spec import FeatureSpec
+from recsys.data.user_history import UserHistory
 
 log = logging.getLogger("recsys.data.movielens")
 
@@ -54,8 +69,11 @@ QUERY_FEATURES = (
   "user_zip",
   "timestamp",
 )
-CANDIDATE_FEATURES = ("item_id", "item_genres")
-ALL_FEATURES = QUERY_FEATURES + CANDIDATE_FEATURES
+CANDIDATE_FEATURES = ("item_id", "item_genres", "item_year", "item_title")
+HISTORY_FEATURE = "user_history"
+ALL_FEATURES = QUERY_FEATURES + (HISTORY_FEATURE,) + CANDIDATE_FEATURES
+# Delivered only when asked for (features=..., history=...).
+OPT_IN_FEATURES = ("item_year", "item_title", HISTORY_FEATURE)
 VARIANTS = ("ml-100k", "ml-1m", "atomic")
 TASKS = ("ranking", "retrieval")
 SPLITS = ("random", "temporal", "files")
@@ -72,6 +90,11 @@ def _sorted_vocab(values) -> list[str]:
   return values
 
 
+def title_tokens(title: str) -> list[str]:
+  """Lower-case words: "Usual Suspects, The" -> [usual, suspects, the]."""
+  return re.findall(r"[a-z0-9]+", title.lower())
+
+
 def _age_bucket(age: str) -> int:
   try:
     value = float(age)
@@ -82,7 +105,7 @@ def _age_bucket(age: str) -> int:
 
 @gin.register
 class MovieLens(DataSource):
-  """MovieLens ratings (ranking) or interactions (retrieval) from a local folder.
+  """MovieLens ratings (ranking) or interactions (retrieval) from a folder.
 
   Example:
     >>> source = MovieLens("/data/ml-100k", variant="ml-100k", task="retrieval")
@@ -96,7 +119,7 @@ class MovieLens(DataSource):
     num_dense: 0.
     query_features, candidate_features: names in `features["categorical"]`.
     candidate_id_feature: "item_id".
-    num_users, num_items: distinct users and items (vocabularies are one larger).
+    num_users, num_items: distinct users and items (vocabularies: one more).
     train_size, test_size: examples in each split.
   """
 
@@ -118,6 +141,8 @@ class MovieLens(DataSource):
     download: bool = False,
     shuffle: bool = True,
     fold: str = "u1",
+    history: UserHistory | None = None,
+    title_min_count: int = 2,
   ):
     """Reads, encodes and splits the data.
 
@@ -138,10 +163,14 @@ class MovieLens(DataSource):
       min_rating: retrieval keeps ratings >= min_rating as interactions.
       zip_prefix_length: characters of the zip code kept.
       timestamp_buckets: > 0 adds a "timestamp" feature of that many buckets.
-      dataset_name: the atomic file stem (`<name>.inter`); default: the only one.
-      download: fetch a missing GroupLens variant with `tf.keras.utils.get_file`.
+      dataset_name: the atomic file stem (`<name>.inter`); default: the one.
+      download: fetch a missing GroupLens variant (`tf.keras.utils.get_file`).
       shuffle: shuffle training examples (seeded, reshuffled each epoch).
       fold: with split="files" on ml-100k, GroupLens' fold: u1 ... u5, ua, ub.
+      history: adds the "user_history" feature built this way from the
+        training split (None: no history feature unless `features` names
+        it, which uses `UserHistory()`).
+      title_min_count: item_title keeps words in at least this many titles.
 
     Raises:
       MovieLensConfigError: unknown variant/task/split/feature, bad fraction.
@@ -153,7 +182,8 @@ class MovieLens(DataSource):
       # A missing folder or a file as data_dir: read()'s errors say so.
       if detected is None and not download and os.path.isdir(data_dir):
         raise movielens_files.DatasetNotFoundError(
-          f"MovieLens variant='auto': no MovieLens files in {data_dir!r} (nor a "
+          "MovieLens variant='auto': no MovieLens files in "
+          f"{data_dir!r} (nor a "
           "subfolder named after the variant); expected RecBole atomic files "
           "(<name>.inter), ml-100k's u.data, u.item, u.user or ml-1m's "
           "ratings.dat, movies.dat, users.dat. Check MovieLens.data_dir / "
@@ -219,6 +249,30 @@ class MovieLens(DataSource):
       bags[item_index[iid]] = ids or [0]
     genre_values = np.concatenate([np.array(b, np.int64) for b in bags])
     genre_lengths = np.array([len(b) for b in bags], np.int64)
+    item_info = raw.item_info
+    years = _sorted_vocab(v["year"] for v in item_info.values() if v["year"])
+    year_index = {v: i + 1 for i, v in enumerate(years)}
+    item_year = np.zeros(self.num_items + 1, np.int64)
+    words = {
+      iid: sorted(set(title_tokens(v["title"]))) for iid, v in item_info.items()
+    }
+    word_counts: dict[str, int] = {}
+    for ws in words.values():
+      for w in ws:
+        word_counts[w] = word_counts.get(w, 0) + 1
+    self.title_vocab = sorted(
+      w for w, c in word_counts.items() if c >= max(int(title_min_count), 1)
+    )
+    word_index = {w: i + 1 for i, w in enumerate(self.title_vocab)}
+    title_bags: list[list[int]] = [[0] for _ in range(self.num_items + 1)]
+    for iid, v in item_info.items():
+      if iid not in item_index:
+        continue
+      item_year[item_index[iid]] = year_index.get(v["year"], 0)
+      ids = [word_index[w] for w in words[iid] if w in word_index]
+      title_bags[item_index[iid]] = ids or [0]
+    title_values = np.concatenate([np.array(b, np.int64) for b in title_bags])
+    title_lengths = np.array([len(b) for b in title_bags], np.int64)
     vocab_sizes = {
       "user_id": self.num_users + 1,
       "item_id": self.num_items + 1,
@@ -228,6 +282,9 @@ class MovieLens(DataSource):
       "user_zip": len(zips) + 1,
       "item_genres": len(self.genres) + 1,
       "timestamp": int(timestamp_buckets) + 1,
+      "item_year": len(years) + 1,
+      "item_title": len(self.title_vocab) + 1,
+      HISTORY_FEATURE: self.num_items + 1,
     }
 
     # Which features.
@@ -236,9 +293,19 @@ class MovieLens(DataSource):
       available += ["user_age", "user_gender", "user_occupation", "user_zip"]
     if timestamp_buckets > 0:
       available.append("timestamp")
+    if item_info:  # even with no year or word in 2 titles (ids 0)
+      available += ["item_year", "item_title"]
+    available.append(HISTORY_FEATURE)
     if features is None:
-      chosen = [f for f in ALL_FEATURES if f in available]
+      chosen = [
+        f
+        for f in ALL_FEATURES
+        if f in available
+        and (f not in OPT_IN_FEATURES or (f == HISTORY_FEATURE and history))
+      ]
     else:
+      if history is not None:
+        features = list(features) + [HISTORY_FEATURE]
       unknown = [f for f in features if f not in available]
       if unknown:
         raise MovieLensConfigError(
@@ -249,17 +316,12 @@ class MovieLens(DataSource):
         f for f in ALL_FEATURES if f in set(features) | {"user_id", "item_id"}
       ]
     self._chosen = chosen
-    max_genres = int(genre_lengths.max())
-    self.feature_specs = [
-      FeatureSpec(
-        name,
-        vocab_sizes[name],
-        multi_hot=(name == "item_genres"),
-        max_ids=max_genres if name == "item_genres" else 1,
-      )
-      for name in chosen
+    if HISTORY_FEATURE in chosen and history is None:
+      history = UserHistory()
+    self.history = history if HISTORY_FEATURE in chosen else None
+    self.query_features = [
+      f for f in chosen if f in QUERY_FEATURES or f == HISTORY_FEATURE
     ]
-    self.query_features = [f for f in chosen if f in QUERY_FEATURES]
     self.candidate_features = [f for f in chosen if f in CANDIDATE_FEATURES]
 
     # Split.
@@ -283,11 +345,50 @@ class MovieLens(DataSource):
 
     # Every rating is encoded by the parser that the export's raw signature
     # runs too: training and serving map raw ids the same way.
-    self._raw = MovieLensRawParser(
-      user_vocab, item_vocab, side, genre_values, genre_lengths, edges
+    encoder = MovieLensRawParser(
+      user_vocab, item_vocab, side, genre_values, genre_lengths
     )
-    user = self._raw.user_index(raw.user).numpy()
-    item = self._raw.item_index(raw.item).numpy()
+    user = encoder.user_index(raw.user).numpy()
+    item = encoder.item_index(raw.item).numpy()
+    table = None
+    if self.history is not None:  # from training ratings only, never test
+      train_rows = ~is_test
+      table = self.history.build(
+        user[train_rows],
+        item[train_rows],
+        raw.rating[train_rows],
+        raw.timestamp[train_rows],
+        self.num_users,
+      )
+    self._raw = MovieLensRawParser(
+      user_vocab,
+      item_vocab,
+      side,
+      genre_values,
+      genre_lengths,
+      edges,
+      item_side={"item_year": item_year},
+      item_bags={"item_title": (title_values, title_lengths)},
+      history=table,
+    )
+    max_ids = {
+      "item_genres": int(genre_lengths.max()),
+      "item_title": int(title_lengths.max()),
+      HISTORY_FEATURE: max(table.max_length, 1) if table is not None else 1,
+    }
+    self.feature_specs = [
+      FeatureSpec(
+        name,
+        vocab_sizes[name],
+        multi_hot=name in max_ids,
+        max_ids=max_ids.get(name, 1),
+        weighted=name == HISTORY_FEATURE and bool(history and history.weighted),
+        table="item_id"
+        if name == HISTORY_FEATURE and history and history.share_item_table
+        else None,
+      )
+      for name in chosen
+    ]
     stamp = (
       self._raw.timestamp_bucket(raw.timestamp).numpy()
       if edges is not None
@@ -307,7 +408,8 @@ class MovieLens(DataSource):
     counts = np.bincount(self._splits["train"][1], minlength=self.num_items + 1)
     self._item_probability = (counts / max(counts.sum(), 1)).astype(np.float32)
     log.info(
-      "MovieLens %s from %s: %d users, %d items, %d ratings; %s split %d train / %d test",
+      "MovieLens %s from %s: %d users, %d items, %d ratings; "
+      "%s split %d train / %d test",
       variant,
       raw.source,
       self.num_users,
@@ -328,9 +430,7 @@ class MovieLens(DataSource):
     return self._raw.categorical(self.candidate_features, item=item)
 
   def _lookup(self, user, item, rating, stamp) -> Batch:
-    features = {
-      "categorical": self._raw.categorical(self._chosen, user, item, stamp)
-    }
+    features = self._raw.features(self._chosen, user, item, stamp)
     if self.task == "retrieval":
       features["candidate_sampling_probability"] = tf.gather(
         self._item_probability, item
@@ -362,8 +462,9 @@ class MovieLens(DataSource):
     full = (n // size) * size
     if repeat and (full if drop_remainder else n) == 0:
       raise MovieLensConfigError(
-        f"the {'train' if training else 'test'} split of input pipeline {pipeline} has "
-        f"{n} examples, fewer than one batch of {size}: use a smaller batch size, "
+        f"the {'train' if training else 'test'} split of input pipeline "
+        f"{pipeline} has {n} examples, fewer than one batch of {size}: use a "
+        "smaller batch size, "
         "a larger test_fraction, or drop_remainder=False."
       )
 
@@ -392,7 +493,7 @@ class MovieLens(DataSource):
     return ds.map(lookup, num_parallel_calls=AUTOTUNE)
 
   def candidates(self, batch_size: int) -> tf.data.Dataset:
-    """Every item once (ids 1..num_items) as `{"categorical": {item features}}` batches."""
+    """Each item once (ids 1..num_items), `{"categorical": ...}` batches."""
     return candidate_batches(
       range(1, self.num_items + 1), self._item_features, batch_size
     )

@@ -1,16 +1,19 @@
-"""Reads MovieLens files into NumPy tables: GroupLens ml-100k and ml-1m, RecBole atomic files.
+"""Reads MovieLens files into NumPy: GroupLens ml-100k, ml-1m, RecBole atomic.
 
 The files are small (at most a few million lines), so they are parsed once in
 Python/NumPy; `recsys.data.movielens` builds the tf.data pipeline from the
 resulting `RawMovieLens`. Layouts:
 
-  ml-100k  u.data (user \\t item \\t rating \\t timestamp), u.item (pipe-separated,
-           latin-1, 19 genre flags), u.user (id|age|gender|occupation|zip)
+  ml-100k  u.data (user \\t item \\t rating \\t timestamp), u.item
+           (pipe-separated, latin-1, 19 genre flags), u.user
+           (id|age|gender|occupation|zip)
   ml-1m    ratings.dat (user::item::rating::timestamp), movies.dat
-           (id::title::Genre|Genre, latin-1), users.dat (id::gender::age::occupation::zip)
+           (id::title::Genre|Genre, latin-1), users.dat
+           (id::gender::age::occupation::zip)
   atomic   RecBole's <name>.inter / .user / .item: tab-separated with a typed
-           header (`user_id:token  item_id:token  rating:float  timestamp:float`);
-           `token_seq` fields are space-separated (genres: field `genre` or `class`).
+           header (`user_id:token  item_id:token  rating:float
+           timestamp:float`); `token_seq` fields are space-separated (genres:
+           field `genre` or `class`).
 """
 
 import dataclasses
@@ -19,6 +22,7 @@ import io
 import logging
 import math
 import os
+import re
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -71,6 +75,8 @@ class RawMovieLens:
     users: raw user id -> {"age", "gender", "occupation", "zip"} (strings).
     items: raw item id -> list of genre names.
     source: the folder the files came from.
+    item_info: raw item id -> {"title", "year"} (strings; the title without
+      its "(year)" suffix, the release year or ""), where the files have them.
   """
 
   user: np.ndarray
@@ -80,6 +86,25 @@ class RawMovieLens:
   users: dict[str, dict[str, str]]
   items: dict[str, list[str]]
   source: str
+  item_info: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+
+
+_TITLE_YEAR = re.compile(r"\s*\((\d{4})\)\s*$")
+_ANY_YEAR = re.compile(r"(1[89]\d\d|20\d\d)")
+
+
+def title_and_year(title: str, date: str = "") -> dict[str, str]:
+  """{"title", "year"} from a GroupLens title "Name (1995)" and release date.
+
+  The year is the title's "(yyyy)" suffix, else the last four-digit year in
+  `date` (ml-100k's "01-Jan-1995"), else "".
+  """
+  match = _TITLE_YEAR.search(title)
+  year = match.group(1) if match else ""
+  if not year:
+    found = _ANY_YEAR.findall(date)
+    year = found[-1] if found else ""
+  return {"title": _TITLE_YEAR.sub("", title).strip(), "year": year}
 
 
 def missing_message(variant: str, data_dir: str, problem: str) -> str:
@@ -87,7 +112,8 @@ def missing_message(variant: str, data_dir: str, problem: str) -> str:
   files = ", ".join(REQUIRED[variant])
   if variant == "atomic":
     where = (
-      "RecBole atomic files (e.g. ml-100k.inter, ml-100k.user, ml-100k.item, as "
+      "RecBole atomic files (e.g. ml-100k.inter, ml-100k.user, ml-100k.item, "
+      "as "
       "in the recbole wheel's recbole/dataset_example/ml-100k/)"
     )
   else:
@@ -99,7 +125,7 @@ def missing_message(variant: str, data_dir: str, problem: str) -> str:
 
 
 def _lines(path: str, encoding: str) -> list[str]:
-  """The file's lines; DataFormatError naming file and line if one does not decode."""
+  """The file's lines; DataFormatError naming file and line if one is bad."""
   with open(path, "rb") as f:
     raw = f.read()
   try:
@@ -129,7 +155,7 @@ def _fields(
 def _rows(
   path: str, sep: str, expected: int, encoding: str = "latin-1"
 ) -> Iterator[tuple[int, list[str]]]:
-  """`(line number, fields)` of each non-blank line (DataFormatError if it is short)."""
+  """`(line number, fields)` of each non-blank line (DataFormatError: short)."""
   for n, line in enumerate(_lines(path, encoding), start=1):
     if line.strip():
       yield n, _fields(path, n, line, sep, expected)
@@ -179,7 +205,7 @@ def _timestamp(text: str) -> int:
 def _required_rows(
   path: str, sep: str, expected: int, what: str
 ) -> Iterator[tuple[int, list[str]]]:
-  """`_rows` of a file that must hold at least one row (DataFormatError if empty)."""
+  """`_rows` of a file that must hold a row (DataFormatError if empty)."""
   empty = True
   for n, parts in _rows(path, sep, expected):
     empty = False
@@ -214,7 +240,7 @@ def _read_100k(folder: str) -> RawMovieLens:
     "|",
     ("id", "age", "gender", "occupation", "zip"),
   )
-  items = {}
+  items, info = {}, {}
   for _, parts in _required_rows(
     os.path.join(folder, "u.item"), "|", 5 + len(ML100K_GENRES), "movies"
   ):
@@ -222,7 +248,8 @@ def _read_100k(folder: str) -> RawMovieLens:
     items[parts[0]] = [
       g for g, flag in zip(ML100K_GENRES, flags) if flag.strip() == "1"
     ]
-  return RawMovieLens(user, item, rating, ts, users, items, folder)
+    info[parts[0]] = title_and_year(parts[1], parts[2])
+  return RawMovieLens(user, item, rating, ts, users, items, folder, info)
 
 
 def _read_1m(folder: str) -> RawMovieLens:
@@ -232,12 +259,13 @@ def _read_1m(folder: str) -> RawMovieLens:
     "::",
     ("id", "gender", "age", "occupation", "zip"),
   )
-  items = {}
+  items, info = {}, {}
   for _, parts in _required_rows(
     os.path.join(folder, "movies.dat"), "::", 3, "movies"
   ):
     items[parts[0]] = [g for g in parts[-1].split("|") if g]
-  return RawMovieLens(user, item, rating, ts, users, items, folder)
+    info[parts[0]] = title_and_year("::".join(parts[1:-1]))
+  return RawMovieLens(user, item, rating, ts, users, items, folder, info)
 
 
 def _atomic_table(path: str) -> tuple[list[str], list[list[str]]]:
@@ -293,6 +321,14 @@ def _column(
   return None
 
 
+def _required_column(path: str, names: list[str], candidates: list[str]) -> int:
+  """Like `_column(..., required=True)`, typed as always an index."""
+  column = _column(path, names, candidates)
+  if column is None:  # _column raised already; for the type checker
+    raise DataFormatError(f"{path}:1: no field {candidates} in {names}.")
+  return column
+
+
 def _read_atomic(folder: str, name: str | None) -> RawMovieLens:
   if name is None:
     inters = sorted(glob.glob(os.path.join(folder, "*.inter")))
@@ -312,14 +348,16 @@ def _read_atomic(folder: str, name: str | None) -> RawMovieLens:
       missing_message("atomic", folder, f"{name}.inter is missing")
     )
   names, rows = _atomic_table(path)
-  cu, ci = _column(path, names, ["user_id"]), _column(path, names, ["item_id"])
+  cu = _required_column(path, names, ["user_id"])
+  ci = _required_column(path, names, ["item_id"])
   cr = _column(path, names, ["rating"], required=False)
   ct = _column(path, names, ["timestamp"], required=False)
-  rating, ts = [], []
+  ratings: list[float] = []
+  stamps: list[int] = []
   for i, r in enumerate(rows):
     try:
-      rating.append(_finite(float(r[cr])) if cr is not None else 1.0)
-      ts.append(_timestamp(r[ct]) if ct is not None else 0)
+      ratings.append(_finite(float(r[cr])) if cr is not None else 1.0)
+      stamps.append(_timestamp(r[ct]) if ct is not None else 0)
     except (ValueError, OverflowError) as e:
       raise DataFormatError(
         f"{path}:{_atomic_lines(path)[i]}: rating and timestamp fields must be "
@@ -327,18 +365,19 @@ def _read_atomic(folder: str, name: str | None) -> RawMovieLens:
         f"{r[cr] if cr is not None else None!r} and "
         f"{r[ct] if ct is not None else None!r} ({e})"
       ) from e
-  rating = np.array(rating, np.float32)
-  ts = np.array(ts, np.int64)
-  user = np.array([r[cu] for r in rows], dtype=object)
-  item = np.array([r[ci] for r in rows], dtype=object)
+  rating = np.array(ratings, np.float32)
+  ts = np.array(stamps, np.int64)
+  user = np.array([r[cu] for r in rows], dtype=np.object_)
+  item = np.array([r[ci] for r in rows], dtype=np.object_)
   users, items = atomic_metadata(folder, name)
-  return RawMovieLens(user, item, rating, ts, users, items, folder)
+  info = atomic_item_info(folder, name)
+  return RawMovieLens(user, item, rating, ts, users, items, folder, info)
 
 
 def atomic_metadata(
   folder: str, name: str
 ) -> tuple[dict[str, dict[str, str]], dict[str, list[str]]]:
-  """(users, items) from RecBole's optional `<name>.user` / `<name>.item` files."""
+  """(users, items) from RecBole's optional `<name>.user` / `<name>.item`."""
   users = {}
   upath = os.path.join(folder, f"{name}.user")
   if os.path.exists(upath):
@@ -352,7 +391,7 @@ def atomic_metadata(
         ("zip", ["zip_code", "zip"]),
       )
     }
-    uid = _column(upath, unames, ["user_id"])
+    uid = _required_column(upath, unames, ["user_id"])
     for r in urows:
       users[r[uid]] = {
         k: (r[c] if c is not None else "") for k, c in cols.items()
@@ -361,11 +400,28 @@ def atomic_metadata(
   ipath = os.path.join(folder, f"{name}.item")
   if os.path.exists(ipath):
     inames, irows = _atomic_table(ipath)
-    iid = _column(ipath, inames, ["item_id"])
+    iid = _required_column(ipath, inames, ["item_id"])
     cg = _column(ipath, inames, ["genre", "class", "genres"], required=False)
     for r in irows:
       items[r[iid]] = r[cg].split() if cg is not None else []
   return users, items
+
+
+def atomic_item_info(folder: str, name: str) -> dict[str, dict[str, str]]:
+  """Item id -> {"title", "year"} from RecBole's optional `<name>.item` file."""
+  ipath = os.path.join(folder, f"{name}.item")
+  if not os.path.exists(ipath):
+    return {}
+  inames, irows = _atomic_table(ipath)
+  iid = _required_column(ipath, inames, ["item_id"])
+  ct = _column(ipath, inames, ["movie_title", "title"], required=False)
+  cy = _column(ipath, inames, ["release_year", "year"], required=False)
+  info = {}
+  for r in irows:
+    title = r[ct] if ct is not None else ""
+    year = r[cy].strip() if cy is not None else ""
+    info[r[iid]] = title_and_year(title, year)
+  return info
 
 
 def _has(folder: str, variant: str, name: str | None) -> bool:
@@ -378,7 +434,7 @@ def _has(folder: str, variant: str, name: str | None) -> bool:
 def find_folder(
   data_dir: str, variant: str, name: str | None = None
 ) -> str | None:
-  """`data_dir` or `data_dir/<variant or name>` if it holds the files, else None."""
+  """`data_dir` or `data_dir/<variant or name>` if it holds the files."""
   for folder in (data_dir, os.path.join(data_dir, name or variant)):
     if os.path.isdir(folder) and _has(folder, variant, name):
       return folder
@@ -448,7 +504,7 @@ def read(
     The parsed `RawMovieLens`.
 
   Raises:
-    DatasetNotFoundError: the folder or its files are missing (and not downloaded).
+    DatasetNotFoundError: the folder or its files are missing (not downloaded).
     DataFormatError: a file does not parse (or a required one is empty, or a
       rating is not finite); the message names file and line. Ratings of users
       or movies missing from the metadata files are logged with their count.
@@ -463,7 +519,10 @@ def read(
     folder = find_folder(data_dir, variant, name)
   if folder is None:
     if os.path.isfile(data_dir):
-      problem = f"{data_dir!r} is a file; data_dir must be the folder that holds the files"
+      problem = (
+        f"{data_dir!r} is a file; data_dir must be the folder that holds "
+        "the files"
+      )
     elif not os.path.isdir(data_dir):
       problem = f"folder {data_dir!r} does not exist"
     else:
@@ -482,14 +541,15 @@ def read(
 
 
 def _check_ratings(raw: RawMovieLens, path: str) -> None:
-  """No ratings is an error; ratings of users or movies without metadata are counted.
+  """No ratings is an error; ratings of users/movies without metadata counted.
 
   Raises:
     DataFormatError: the ratings file has no rating.
   """
   if raw.rating.size == 0:
     raise DataFormatError(
-      f"{path}: no ratings (the file is empty, blank or only a header); expected "
+      f"{path}: no ratings (the file is empty, blank or only a header); "
+      "expected "
       "one 'user, item, rating, timestamp' row per line."
     )
   for what, ids, known in (

@@ -1,4 +1,4 @@
-"""MovieLens raw ids -> model inputs: the one transformation reader and serving share.
+"""MovieLens raw ids -> model inputs: one transformation, reader and serving.
 
 `MovieLens` builds its vocabularies and side-feature tables once from the
 files (NumPy), then encodes every rating through `MovieLensRawParser`: raw
@@ -22,10 +22,12 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from recsys.data import user_history
 from recsys.data.raw import RawParser
 
 USER_SIDE_FEATURES = ("user_age", "user_gender", "user_occupation", "user_zip")
-ITEM_SIDE_FEATURES = ("item_genres",)
+ITEM_SIDE_FEATURES = ("item_genres", "item_year", "item_title")
+HISTORY_FEATURE = "user_history"
 
 
 def _vocabulary_table(values: Sequence[str]) -> tf.lookup.StaticHashTable:
@@ -50,10 +52,18 @@ class MovieLensRawParser(RawParser):
     genre_values, genre_lengths: the genre bag of each item id (row 0: `[0]`).
     timestamp_edges: ascending float64 bucket edges; bucket = 1 + the number
       of edges <= the timestamp. None: no timestamp feature.
+    item_side: feature name -> int64 `[num_items + 1]` one-hot item features
+      (item_year).
+    item_bags: feature name -> (values, lengths) multi-hot item features
+      besides the genres (item_title); row 0 `[0]`.
+    history: the users' training histories ("user_history": the user's bag
+      minus the example's item, see `recsys.data.user_history`); derived
+      from the raw user id, so serving needs no extra input.
 
   Example:
     >>> parser.parse_raw({"user_id": tf.constant(["196"]),
-    ...                   "item_id": tf.constant(["242"])}, ["user_id", "item_id"])
+    ...                   "item_id": tf.constant(["242"])},
+    ...                  ["user_id", "item_id"])
     {'categorical': {'user_id': <[1] int64>, 'item_id': <[1] int64>}}
   """
 
@@ -65,14 +75,30 @@ class MovieLensRawParser(RawParser):
     genre_values: np.ndarray,
     genre_lengths: np.ndarray,
     timestamp_edges: np.ndarray | None = None,
+    item_side: Mapping[str, np.ndarray] | None = None,
+    item_bags: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    history: user_history.HistoryTable | None = None,
   ):
     super().__init__(name="movielens_raw_parser")
     self.user_table = _vocabulary_table(user_vocab)
     self.item_table = _vocabulary_table(item_vocab)
     self._item_vocab = np.array([""] + list(item_vocab), dtype=object)
     self._user_side = {k: np.asarray(v, np.int64) for k, v in user_side.items()}
-    self._genre_values = np.asarray(genre_values, np.int64)
-    self._genre_lengths = np.asarray(genre_lengths, np.int64)
+    self._item_side = {
+      k: np.asarray(v, np.int64) for k, v in (item_side or {}).items()
+    }
+    self._bags = {
+      "item_genres": (
+        np.asarray(genre_values, np.int64),
+        np.asarray(genre_lengths, np.int64),
+      )
+    }
+    for name, (values, lengths) in (item_bags or {}).items():
+      self._bags[name] = (
+        np.asarray(values, np.int64),
+        np.asarray(lengths, np.int64),
+      )
+    self._history = history
     self._edges = (
       None
       if timestamp_edges is None
@@ -121,7 +147,21 @@ class MovieLensRawParser(RawParser):
       user, item: int64 user / item ids (needed by user_* / item_* features).
       stamp: int64 timestamp buckets (needed by "timestamp").
     """
-    out = {}
+    return self.features(feature_names, user, item, stamp)["categorical"]
+
+  def features(
+    self,
+    feature_names: Sequence[str],
+    user: tf.Tensor | None = None,
+    item: tf.Tensor | None = None,
+    stamp: tf.Tensor | None = None,
+  ) -> dict[str, Any]:
+    """`{"categorical": ..., ["weights": ...]}` of `feature_names`.
+
+    Like `categorical`, plus the weights of a weighted "user_history". The
+    history drops `item` from each row's bag when `item` is given.
+    """
+    out, weights = {}, {}
     for name in feature_names:
       if name == "user_id":
         out[name] = user
@@ -129,26 +169,38 @@ class MovieLensRawParser(RawParser):
         out[name] = tf.gather(self._user_side[name], user)
       elif name == "item_id":
         out[name] = item
-      elif name == "item_genres":
-        genres = tf.RaggedTensor.from_row_lengths(
-          self._genre_values, self._genre_lengths, validate=False
-        )
-        out[name] = tf.gather(genres, item)
+      elif name in self._item_side:
+        out[name] = tf.gather(self._item_side[name], item)
+      elif name in self._bags:
+        values, lengths = self._bags[name]
+        bags = tf.RaggedTensor.from_row_lengths(values, lengths, validate=False)
+        out[name] = tf.gather(bags, item)
+      elif name == HISTORY_FEATURE and self._history is not None:
+        ids, w = user_history.lookup(self._history, user, item)
+        out[name] = ids
+        if w is not None:
+          weights[name] = w
       elif name == "timestamp":
         out[name] = stamp
       else:
         raise KeyError(f"MovieLens has no feature {name!r}.")
-    return out
+    result: dict[str, Any] = {"categorical": out}
+    if weights:
+      result["weights"] = weights
+    return result
 
   # -- RawParser --------------------------------------------------------------
 
   def raw_feature_spec(
     self, feature_names: Sequence[str], dense: bool = False
   ) -> dict[str, tf.TensorSpec]:
-    """user_id / item_id string `[B]` and timestamp int64 `[B]`, as the names need."""
+    """user_id / item_id string `[B]`, timestamp int64 `[B]`, as names need."""
     del dense  # MovieLens has no dense features
     spec = {}
-    if any(n == "user_id" or n in USER_SIDE_FEATURES for n in feature_names):
+    if any(
+      n in ("user_id", HISTORY_FEATURE) or n in USER_SIDE_FEATURES
+      for n in feature_names
+    ):
       spec["user_id"] = tf.TensorSpec([None], tf.string, "user_id")
     if any(n == "item_id" or n in ITEM_SIDE_FEATURES for n in feature_names):
       spec["item_id"] = tf.TensorSpec([None], tf.string, "item_id")
@@ -159,13 +211,17 @@ class MovieLensRawParser(RawParser):
   def parse_raw(
     self, raw: Mapping[str, tf.Tensor], feature_names: Sequence[str]
   ) -> dict[str, Any]:
-    """Raw `user_id`, `item_id`, `timestamp` -> `{"categorical": ...}` of the names."""
+    """Raw `user_id`, `item_id`, `timestamp` -> `{"categorical": ...}`.
+
+    "user_history" comes from the raw user id (its training history, minus
+    the raw item when one is given); a weighted one adds `"weights"`.
+    """
     user = self.user_index(raw["user_id"]) if "user_id" in raw else None
     item = self.item_index(raw["item_id"]) if "item_id" in raw else None
     stamp = (
       self.timestamp_bucket(raw["timestamp"]) if "timestamp" in raw else None
     )
-    return {"categorical": self.categorical(feature_names, user, item, stamp)}
+    return self.features(feature_names, user, item, stamp)
 
   def unknown(self, raw: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """user_id / item_id -> True where the raw id is not in the files (id 0)."""

@@ -30,7 +30,12 @@ FOLDS = ("u1", "u2", "u3", "u4", "u5", "ua", "ub")
 
 
 def _joined(
-  train: files.RawMovieLens, test: files.RawMovieLens, users, items, folder: str
+  train: files.RawMovieLens,
+  test: files.RawMovieLens,
+  users,
+  items,
+  folder: str,
+  item_info=None,
 ) -> tuple[files.RawMovieLens, np.ndarray]:
   raw = files.RawMovieLens(
     np.concatenate([train.user, test.user]),
@@ -40,6 +45,7 @@ def _joined(
     users,
     items,
     folder,
+    dict(item_info or {}),
   )
   is_test = np.concatenate(
     [np.zeros(len(train.user), bool), np.ones(len(test.user), bool)]
@@ -77,7 +83,9 @@ def _read_100k_fold(
     )
     files._check_ratings(part, path)  # pylint: disable=protected-access
     parts.append(part)
-  return _joined(*parts, meta.users, meta.items, folder)
+  return _joined(
+    parts[0], parts[1], meta.users, meta.items, folder, meta.item_info
+  )
 
 
 def _read_atomic_benchmark(
@@ -95,8 +103,8 @@ def _read_atomic_benchmark(
         "atomic",
         data_dir,
         f"split='files' needs one <name>.train.inter and "
-        f"<name>.test.inter (RecBole's benchmark files); found {len(found)} *.train.inter"
-        + ("" if name else " (pass dataset_name= to choose)"),
+        f"<name>.test.inter (RecBole's benchmark files); found {len(found)} "
+        "*.train.inter" + ("" if name else " (pass dataset_name= to choose)"),
       )
     )
   folder = os.path.dirname(found[0])
@@ -123,7 +131,8 @@ def _read_atomic_benchmark(
     files._check_ratings(part, os.path.join(folder, f"{name}.{split}.inter"))  # pylint: disable=protected-access
     parts.append(part)
   users, items = files.atomic_metadata(folder, name)
-  return _joined(*parts, users, items, folder)
+  info = files.atomic_item_info(folder, name)
+  return _joined(parts[0], parts[1], users, items, folder, info)
 
 
 def read(

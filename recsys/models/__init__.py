@@ -23,6 +23,7 @@ from recsys.models.errors import (
   FeatureMismatchError,
   ModelConfigError,
 )
+from recsys.models.fm import FactorizationMachine
 from recsys.models.keras_model import KerasRecommender
 from recsys.models.retrieval_index import (
   CorpusIndex,
@@ -37,6 +38,7 @@ __all__ = [
   "DCNv2",
   "DLRM",
   "EmbeddingDimError",
+  "FactorizationMachine",
   "FeatureMismatchError",
   "KerasRecommender",
   "ModelConfigError",

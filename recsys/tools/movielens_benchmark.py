@@ -1,0 +1,957 @@
+"""MovieLens benchmark: baselines vs. the experiments over several split seeds.
+
+`recsys benchmark movielens --data_dir <folder>` (or `--synthetic`; also
+`python benchmarks/movielens_quality.py ...`). For each split seed, on the
+held-out split that the experiments use (read from the experiment's own data
+source, built through gin), this computes
+
+  (a) ratings: the global mean, the damped user+item bias baseline (fixed
+      damping user 10 / item 25, and damping chosen on a validation split
+      carved from train) and a plain biased matrix factorization (NumPy ALS,
+      its regularization chosen on the same validation split);
+  (b) retrieval: the most-popular baseline's top-K hit rates, K = 1, 5, 10,
+      50, 100, popularity counted on the training interactions, the same
+      protocol as the model's corpus hit rates (the whole movie corpus, no
+      filtering of already-rated movies);
+  (c) trains the experiments through `recsys.training.train` via gin (each in
+      its own process), reads their metrics.json;
+
+then prints each seed's table and the mean +- sd over the seeds.
+
+Baselines are scored on exactly the rows the trainer evaluates (the first
+floor(n / eval_batch_size) * eval_batch_size held-out examples, in order).
+
+`--holdout validation` reruns everything with the training split in the role
+of the data: a seeded random `--validation_fraction` of the training ratings
+is held out (written, with the user and item files, as RecBole atomic files
+into a temporary folder), the experiments train on the rest and are scored on
+it. Tune hyper-parameters that way; report `--holdout test` once.
+
+Usage:
+  recsys benchmark movielens --data_dir /path/to/ml-100k --seeds 5
+  recsys benchmark movielens --synthetic --seeds 2 --experiments fm
+  recsys benchmark movielens --data_dir D --holdout validation \\
+      --ranking_bindings 'train.train_steps = 2000'
+"""
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+# The shipped experiments (recsys/experiments is the repo's experiments/).
+_EXPERIMENTS_DIR = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"
+)
+EXPERIMENTS = {
+  "ranking": os.path.join(_EXPERIMENTS_DIR, "movielens_ranking.gin"),
+  "retrieval": os.path.join(_EXPERIMENTS_DIR, "movielens_retrieval.gin"),
+  "fm": os.path.join(_EXPERIMENTS_DIR, "movielens_fm.gin"),
+  "retrieval_history": os.path.join(
+    _EXPERIMENTS_DIR, "movielens_retrieval_history.gin"
+  ),
+}
+MF_DIM = 32
+MF_REG_GRID = (0.1, 0.2, 0.35)
+KIND = {
+  "ranking": "ranking",
+  "fm": "ranking",
+  "retrieval": "retrieval",
+  "retrieval_history": "retrieval",
+}
+KS = (1, 5, 10, 50, 100)
+FIXED_DAMPING = (10.0, 25.0)  # (user, item)
+DAMPING_GRID = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0)
+VALIDATION_STEM = "movielens_train"
+
+Arrays = dict[str, np.ndarray]
+
+
+# -- the experiments' data, through gin ----------------------------------------
+
+
+def base_bindings(data_dir: str, variant: str, seed: int) -> list[str]:
+  """Bindings every run gets: data folder and layout, split and run seeds."""
+  return [
+    f"MOVIELENS_DIR = {data_dir!r}",
+    f"MovieLens.variant = {variant!r}",
+    f"MovieLens.seed = {seed}",
+    f"train.seed = {seed}",
+  ]
+
+
+def validation_bindings(folder: str, fraction: float) -> list[str]:
+  """Bindings that point an experiment at a carved validation folder."""
+  return [
+    f"MOVIELENS_DIR = {folder!r}",
+    "MovieLens.variant = 'atomic'",
+    f"MovieLens.dataset_name = {VALIDATION_STEM!r}",
+    "MovieLens.download = False",
+    f"MovieLens.test_fraction = {fraction}",
+  ]
+
+
+def _query(name: str, default: Any = None) -> Any:
+  """The parsed gin value of `name` (e.g. "train.eval_steps") or `default`."""
+  import gin  # pylint: disable=g-import-not-at-top
+
+  try:
+    return gin.query_parameter(name)
+  except ValueError:
+    return default
+
+
+def build_source(gin_file: str, bindings: Sequence[str]) -> tuple[Any, int]:
+  """The experiment's data source (gin-built, unshuffled); its eval batch size.
+
+  Args:
+    gin_file: the experiment file.
+    bindings: gin bindings applied after it.
+
+  Returns:
+    (source, number of held-out rows the trainer evaluates).
+  """
+  import gin  # pylint: disable=g-import-not-at-top
+
+  from recsys import config  # pylint: disable=g-import-not-at-top
+
+  gin.clear_config()
+  config.parse(
+    [gin_file], list(bindings) + ["MovieLens.shuffle = False"], finalize=False
+  )
+  reference = gin.query_parameter("train.data")
+  source = reference.scoped_configurable_fn()
+  batch = _query("train.eval_batch_size") or _query(
+    "train.global_batch_size", 1024
+  )
+  steps = _query("train.eval_steps", 20)
+  evaluated = (source.test_size // batch) * batch
+  if steps is not None:
+    evaluated = min(evaluated, int(steps) * batch)
+  gin.clear_config()
+  return source, evaluated
+
+
+def split_arrays(source: Any, training: bool, batch_size: int = 8192) -> Arrays:
+  """user_id, item_id and label of every example of a split, in order."""
+  out = collections.defaultdict(list)
+  dataset = source.dataset(
+    batch_size, training=training, repeat=False, drop_remainder=False
+  )
+  for features, labels in dataset:
+    out["user"].append(features["categorical"]["user_id"].numpy())
+    out["item"].append(features["categorical"]["item_id"].numpy())
+    out["label"].append(labels.numpy())
+  return {k: np.concatenate(v) for k, v in out.items()}
+
+
+# -- the validation folder -----------------------------------------------------
+
+
+def _id_vocab(values: Sequence[str]) -> list[str]:
+  """The source's documented id map: raw ids sorted (numerically if numeric)."""
+  values = sorted(set(values))
+  if values and all(v.isdigit() for v in values):
+    values.sort(key=int)
+  return values
+
+
+def write_validation_folder(
+  source: Any,
+  train: Arrays,
+  variant: str,
+  folder: str,
+  dataset_name: str | None = None,
+) -> int:
+  """Writes the training ratings, users and items as RecBole atomic files.
+
+  Args:
+    source: the experiment's ranking source (its `source_folder` is read again).
+    train: `split_arrays(source, training=True)` (labels are ratings).
+    variant: the layout of `source.source_folder`.
+    folder: where `movielens_train.{inter,user,item}` go.
+    dataset_name: the atomic file stem of the original data, if any.
+
+  Returns:
+    The number of ratings written.
+
+  Raises:
+    ValueError: a training row has no matching rating in the files.
+  """
+  from recsys.data import movielens_files  # pylint: disable=g-import-not-at-top
+
+  raw = movielens_files.read(source.source_folder, variant, dataset_name)
+  users = _id_vocab(list(raw.user) + list(raw.users))
+  items = _id_vocab(list(raw.item) + list(raw.items))
+  user_index = {v: i + 1 for i, v in enumerate(users)}
+  item_index = {v: i + 1 for i, v in enumerate(items)}
+  rows = collections.defaultdict(list)
+  for row, (u, i, r) in enumerate(zip(raw.user, raw.item, raw.rating)):
+    rows[(user_index[u], item_index[i], float(r))].append(row)
+  chosen = []
+  for u, i, r in zip(train["user"], train["item"], train["label"]):
+    bucket = rows.get((int(u), int(i), float(r)))
+    if not bucket:
+      raise ValueError(
+        f"training row (user {u}, item {i}, rating {r}) is not in "
+        f"{source.source_folder}: the id map differs from {variant}'s."
+      )
+    chosen.append(bucket.pop())
+  chosen.sort()
+  os.makedirs(folder, exist_ok=True)
+  path = os.path.join(folder, VALIDATION_STEM)
+  with open(path + ".inter", "w", encoding="utf-8") as f:
+    f.write("user_id:token\titem_id:token\trating:float\ttimestamp:float\n")
+    for row in chosen:
+      f.write(
+        f"{raw.user[row]}\t{raw.item[row]}\t{raw.rating[row]:g}\t{raw.timestamp[row]}\n"
+      )
+  if raw.users:
+    with open(path + ".user", "w", encoding="utf-8") as f:
+      f.write(
+        "user_id:token\tage:token\tgender:token\toccupation:token\tzip_code:token\n"
+      )
+      for uid, info in raw.users.items():
+        f.write(
+          "\t".join(
+            [uid, info["age"], info["gender"], info["occupation"], info["zip"]]
+          )
+          + "\n"
+        )
+  with open(path + ".item", "w", encoding="utf-8") as f:
+    f.write(
+      "item_id:token\tgenre:token_seq\tmovie_title:token_seq\t"
+      "release_year:token\n"
+    )
+    for iid, genres in raw.items.items():
+      info = raw.item_info.get(iid, {"title": "", "year": ""})
+      title = " ".join(info["title"].replace("\t", " ").split())
+      f.write(f"{iid}\t{' '.join(genres)}\t{title}\t{info['year']}\n")
+  return len(chosen)
+
+
+def check_same_ids(
+  full: Any, carved: Any, train: Arrays, carved_arrays: Sequence[Arrays]
+) -> None:
+  """Checks the carved source encodes like the full one, with its training rows.
+
+  Args:
+    full: the experiment's source.
+    carved: the source over the validation folder.
+    train: the full source's training rows.
+    carved_arrays: the carved source's fit and validation rows.
+
+  Raises:
+    ValueError: different feature vocabularies, or different rows.
+  """
+
+  def specs(source):
+    return [
+      (f.name, f.vocabulary_size, f.max_ids) for f in source.feature_specs
+    ]
+
+  def rows(arrays: Sequence[Arrays]) -> np.ndarray:
+    table = np.stack(
+      [
+        np.concatenate([a[k] for a in arrays]).astype(np.float64)
+        for k in ("user", "item", "label")
+      ]
+    )
+    return table[:, np.lexsort(table[::-1])]
+
+  if specs(full) != specs(carved):
+    raise ValueError(
+      f"validation folder features {specs(carved)} differ from {specs(full)}"
+    )
+  if not np.array_equal(rows([train]), rows(carved_arrays)):
+    raise ValueError(
+      "the validation folder's ratings differ from the training split's."
+    )
+
+
+# -- baselines -----------------------------------------------------------------
+
+
+def fit_bias(
+  train: Arrays, user_damping: float, item_damping: float
+) -> Callable:
+  """Damped bias baseline: r = mu + b_i + b_u, fit on `train`.
+
+  b_i = sum(r - mu) / (n_i + item_damping) over the item's ratings;
+  b_u = sum(r - mu - b_i) / (n_u + user_damping) over the user's ratings.
+
+  Returns:
+    predict(users, items) -> ratings clipped to the training rating range.
+  """
+  user, item, rating = (
+    train["user"],
+    train["item"],
+    train["label"].astype(np.float64),
+  )
+  mu = rating.mean()
+  size = int(max(user.max(), item.max())) + 1
+  item_sum = np.bincount(item, rating - mu, minlength=size)
+  item_bias = item_sum / (np.bincount(item, minlength=size) + item_damping)
+  user_sum = np.bincount(user, rating - mu - item_bias[item], minlength=size)
+  user_bias = user_sum / (np.bincount(user, minlength=size) + user_damping)
+  lo, hi = rating.min(), rating.max()
+
+  def predict(users: np.ndarray, items: np.ndarray) -> np.ndarray:
+    users = np.minimum(users, size - 1)
+    items = np.minimum(items, size - 1)
+    return np.clip(mu + item_bias[items] + user_bias[users], lo, hi)
+
+  return predict
+
+
+def rmse(predicted: np.ndarray, actual: np.ndarray) -> float:
+  """Root mean squared error."""
+  return float(np.sqrt(np.mean((predicted - actual.astype(np.float64)) ** 2)))
+
+
+def choose_damping(train: Arrays, valid: Arrays) -> tuple[float, float, float]:
+  """(user damping, item damping, validation RMSE) of the best grid point."""
+  scores = [
+    (
+      du,
+      di,
+      rmse(
+        fit_bias(train, du, di)(valid["user"], valid["item"]), valid["label"]
+      ),
+    )
+    for du in DAMPING_GRID
+    for di in DAMPING_GRID
+  ]
+  return min(scores, key=lambda x: x[2])
+
+
+def fit_mf(
+  train: Arrays, dim: int = MF_DIM, reg: float = 0.2, iters: int = 8
+) -> Callable:
+  """Plain biased MF by alternating least squares (ALS-WR), fit on `train`.
+
+  r = mu + b_u + b_i + p_u . q_i, the L2 penalty on a user's (p_u, b_u)
+  and an item's (q_i, b_i) scaled by its number of ratings (Zhou et al.,
+  2008); seeded initialization.
+
+  Returns:
+    predict(users, items) -> ratings clipped to the training rating range.
+  """
+  user, item = train["user"].astype(np.int64), train["item"].astype(np.int64)
+  rating = train["label"].astype(np.float64)
+  mu = rating.mean()
+  nu, ni = int(user.max()) + 1, int(item.max()) + 1
+  rng = np.random.default_rng(0)
+  p = rng.normal(0, 0.1, (nu, dim))
+  q = rng.normal(0, 0.1, (ni, dim))
+  bu, bi = np.zeros(nu), np.zeros(ni)
+  by_user = [np.flatnonzero(user == u) for u in range(nu)]
+  by_item = [np.flatnonzero(item == i) for i in range(ni)]
+
+  def solve(rows, other, other_bias, target_ids):
+    out = np.zeros((len(rows), dim + 1))
+    eye = np.eye(dim + 1)
+    for k, r in enumerate(rows):
+      if not len(r):
+        continue
+      x = np.concatenate([other[target_ids[r]], np.ones((len(r), 1))], 1)
+      y = rating[r] - mu - other_bias[target_ids[r]]
+      out[k] = np.linalg.solve(x.T @ x + reg * len(r) * eye, x.T @ y)
+    return out
+
+  for _ in range(iters):
+    sol = solve(by_user, q, bi, item)
+    p, bu = sol[:, :dim], sol[:, dim]
+    sol = solve(by_item, p, bu, user)
+    q, bi = sol[:, :dim], sol[:, dim]
+  lo, hi = rating.min(), rating.max()
+
+  def predict(users: np.ndarray, items: np.ndarray) -> np.ndarray:
+    u, i = np.minimum(users, nu - 1), np.minimum(items, ni - 1)
+    return np.clip(mu + bu[u] + bi[i] + (p[u] * q[i]).sum(-1), lo, hi)
+
+  return predict
+
+
+def choose_mf_reg(train: Arrays, valid: Arrays) -> tuple[float, float]:
+  """(regularization, validation RMSE) of the best MF_REG_GRID point."""
+  scores = [
+    (
+      reg,
+      rmse(
+        fit_mf(train, reg=reg)(valid["user"], valid["item"]), valid["label"]
+      ),
+    )
+    for reg in MF_REG_GRID
+  ]
+  return min(scores, key=lambda x: x[1])
+
+
+def popularity(
+  train_items: np.ndarray, held_out_items: np.ndarray
+) -> dict[str, float]:
+  """Most-popular top-K hit rates (`recsys.models.popularity_hit_rates`)."""
+  from recsys.models import retrieval_metrics  # pylint: disable=g-import-not-at-top
+
+  rates = retrieval_metrics.popularity_hit_rates(
+    train_items.tolist(), held_out_items.tolist(), KS
+  )
+  return {f"top{k}": rates[f"top_{k}_hit_rate"] for k in KS}
+
+
+# -- training the experiments --------------------------------------------------
+
+
+def _explicit_kwargs_factory(factory: Callable) -> Callable:
+  """Wraps a gin class reference: the Trainer passes only kwargs it accepts.
+
+  Work-around: gin's scoped class reference has the signature
+  `(*args, **kwargs)`, so `Trainer._call_with_supported` passes every model
+  kwarg, including `query_features` (which a MovieLens source always has) to
+  ranking models that do not take it.
+  """
+  import inspect  # pylint: disable=g-import-not-at-top
+
+  target = factory.__init__ if isinstance(factory, type) else factory  # type: ignore[misc]
+  params = inspect.signature(target).parameters
+  if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+    return factory
+  accepted = set(params)
+
+  def build(
+    feature_specs,
+    num_dense: int = 0,
+    query_features=None,
+    candidate_features=None,
+    candidate_id_feature=None,
+  ):
+    kwargs = {
+      "feature_specs": feature_specs,
+      "num_dense": num_dense,
+      "query_features": query_features,
+      "candidate_features": candidate_features,
+      "candidate_id_feature": candidate_id_feature,
+    }
+    return factory(**{k: v for k, v in kwargs.items() if k in accepted})
+
+  return build
+
+
+def train_one(
+  gin_file: str, bindings: Sequence[str], model_dir: str
+) -> dict[str, Any]:
+  """Trains one experiment in this process through `recsys.training.train`."""
+  import logging  # pylint: disable=g-import-not-at-top
+
+  logging.basicConfig(
+    level=logging.INFO,
+    format="%(asctime)s %(name)s %(message)s",
+    datefmt="%H:%M:%S",
+  )
+  import gin  # pylint: disable=g-import-not-at-top
+
+  from recsys import config  # pylint: disable=g-import-not-at-top
+  from recsys.training import train  # pylint: disable=g-import-not-at-top
+
+  config.parse([gin_file], list(bindings) + ["train.progress_bar = False"])
+  model = gin.query_parameter("train.model")
+  return train(
+    model_dir=model_dir,
+    model=_explicit_kwargs_factory(model.scoped_configurable_fn),
+  )
+
+
+def run_experiment(
+  name: str, bindings: Sequence[str], model_dir: str
+) -> dict[str, Any]:
+  """Trains `name` in a child process; its metrics.json plus wall time."""
+  command = [
+    sys.executable,
+    "-m",
+    "recsys.tools.movielens_benchmark",
+    "--_train",
+    EXPERIMENTS[name],
+    "--_model_dir",
+    model_dir,
+  ]
+  for binding in bindings:
+    command += ["--_binding", binding]
+  start = time.time()
+  log_path = os.path.join(model_dir + ".log")
+  os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+  with open(log_path, "w", encoding="utf-8") as log:
+    code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT)
+  if code:
+    with open(log_path, encoding="utf-8") as f:
+      tail = f.read()[-3000:]
+    raise RuntimeError(
+      f"training {name} failed (exit {code}); log {log_path}:\n{tail}"
+    )
+  with open(os.path.join(model_dir, "metrics.json"), encoding="utf-8") as f:
+    metrics = json.load(f)
+  metrics["wall_seconds"] = time.time() - start
+  return metrics
+
+
+def model_hit_rates(metrics: dict[str, Any]) -> dict[str, float]:
+  """{"top<k>": rate} from metrics.json's `eval/hit_rate/top_<k>_...` keys."""
+  out = {}
+  for k in KS:
+    for key, value in metrics.items():
+      if key.startswith("eval/") and f"top_{k}_" in key and "hit_rate" in key:
+        out[f"top{k}"] = float(value)
+  return out
+
+
+# -- main ----------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+  """Computes the baselines, trains the experiments, prints the table.
+
+  Args:
+    argv: command-line arguments (default: sys.argv[1:]).
+
+  Returns:
+    The results (also written to --json when given).
+  """
+  parser = argparse.ArgumentParser(
+    description=__doc__.splitlines()[0],
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+    epilog=__doc__.split("\n", 1)[1],
+  )
+  parser.add_argument("--data_dir", help="folder with the MovieLens files.")
+  parser.add_argument(
+    "--synthetic",
+    action="store_true",
+    help="no real files: generate MovieLens-like ratings with planted "
+    "effects in ml-100k's layout (recsys.data.movielens_synthetic).",
+  )
+  parser.add_argument(
+    "--variant",
+    default="auto",
+    choices=("auto", "ml-100k", "ml-1m", "atomic"),
+    help="file layout (atomic: RecBole's ml-100k.inter/.user/.item; auto: "
+    "detected from the files).",
+  )
+  parser.add_argument(
+    "--seed",
+    type=int,
+    default=0,
+    help="the first split seed (MovieLens.seed) and run seed (train.seed).",
+  )
+  parser.add_argument(
+    "--seeds",
+    type=int,
+    default=1,
+    help="number of split seeds: seed, seed + 1, ... (mean +- sd over them).",
+  )
+  parser.add_argument(
+    "--holdout",
+    default="test",
+    choices=("test", "validation"),
+    help="score on the test split, or on a validation split carved "
+    "from train (for tuning).",
+  )
+  parser.add_argument(
+    "--validation_fraction",
+    type=float,
+    default=0.125,
+    help="share of the training ratings held out for validation.",
+  )
+  parser.add_argument(
+    "--experiments",
+    nargs="*",
+    default=["ranking", "fm", "retrieval", "retrieval_history"],
+    choices=sorted(EXPERIMENTS),
+    help="experiments to train (none: baselines only).",
+  )
+  parser.add_argument(
+    "--ranking_bindings",
+    action="append",
+    default=[],
+    help="extra gin binding for the ranking run (repeatable).",
+  )
+  parser.add_argument(
+    "--retrieval_bindings",
+    action="append",
+    default=[],
+    help="extra gin binding for the retrieval run (repeatable).",
+  )
+  parser.add_argument(
+    "--model_root",
+    default=None,
+    help="where the runs' model dirs go (default: a new temporary folder; "
+    "a finished run already there is resumed, i.e. only evaluated).",
+  )
+  parser.add_argument(
+    "--json", default=None, help="also write the results here."
+  )
+  parser.add_argument("--_train", help=argparse.SUPPRESS)
+  parser.add_argument("--_model_dir", help=argparse.SUPPRESS)
+  parser.add_argument(
+    "--_binding", action="append", default=[], help=argparse.SUPPRESS
+  )
+  args = parser.parse_args(argv)
+  if args._train:  # pylint: disable=protected-access
+    train_one(args._train, args._binding, args._model_dir)  # pylint: disable=protected-access
+    return {}
+  if not args.data_dir and not args.synthetic:
+    parser.error("--data_dir (or --synthetic) is required")
+  import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  from recsys.data import movielens_files  # pylint: disable=g-import-not-at-top
+
+  root = args.model_root or tempfile.mkdtemp(prefix="movielens_benchmark_")
+  os.makedirs(root, exist_ok=True)
+  if args.synthetic:
+    from recsys.data import movielens_synthetic  # pylint: disable=g-import-not-at-top
+
+    args.data_dir = movielens_synthetic.write_ml100k_like(
+      os.path.join(root, "synthetic_ml-100k")
+    )
+    args.variant = "ml-100k"
+  if args.variant == "auto":
+    args.variant = movielens_files.detect_variant(args.data_dir)
+    if args.variant is None:
+      parser.error(
+        f"no MovieLens files in {args.data_dir!r} (u.data, ratings.dat or "
+        "<name>.inter); pass --variant or --synthetic"
+      )
+  per_seed = []
+  for seed in range(args.seed, args.seed + args.seeds):
+    results = run_seed(args, seed, root)
+    print_table(results, flush=True)
+    per_seed.append(results)
+    with open(os.path.join(root, "results.json"), "w", encoding="utf-8") as f:
+      json.dump(per_seed, f, indent=2, sort_keys=True)  # so far
+  summary = summarize(per_seed)
+  print_summary(summary, args)
+  if args.json:
+    with open(args.json, "w", encoding="utf-8") as f:
+      json.dump(
+        {"seeds": per_seed, "summary": summary}, f, indent=2, sort_keys=True
+      )
+  return {"seeds": per_seed, "summary": summary}
+
+
+def run_seed(args: argparse.Namespace, seed: int, root: str) -> dict[str, Any]:
+  """Baselines and experiments on split seed `seed`; returns the results."""
+
+  bindings = base_bindings(os.path.abspath(args.data_dir), args.variant, seed)
+  results: dict[str, Any] = {
+    "holdout": args.holdout,
+    "seed": seed,
+    "variant": args.variant,
+    "data_dir": args.data_dir,
+  }
+
+  # The experiments' test split, and a validation split carved from its train.
+  t0 = time.time()
+  rank_file, ret_file = EXPERIMENTS["ranking"], EXPERIMENTS["retrieval"]
+  full, evaluated = build_source(rank_file, bindings)
+  train, test = split_arrays(full, True), split_arrays(full, False)
+  folder = os.path.join(root, f"validation_data_seed{seed}")
+  write_validation_folder(
+    full, train, args.variant, folder, _dataset_name(rank_file, bindings)
+  )
+  carve = validation_bindings(folder, args.validation_fraction)
+  carved, carved_evaluated = build_source(rank_file, bindings + carve)
+  fit, valid = split_arrays(carved, True), split_arrays(carved, False)
+  check_same_ids(full, carved, train, [fit, valid])
+  du, di, valid_rmse = choose_damping(fit, valid)
+  mf_reg, mf_valid_rmse = choose_mf_reg(fit, valid)
+  results["split"] = {
+    "split": full.split,
+    "test_fraction": _query_file(
+      rank_file, bindings, "MovieLens.test_fraction"
+    ),
+    "train": full.train_size,
+    "test": full.test_size,
+    "validation_fit": carved.train_size,
+    "validation": carved.test_size,
+  }
+  results["damping_chosen_on_validation"] = {
+    "user": du,
+    "item": di,
+    "validation_rmse": valid_rmse,
+  }
+
+  if args.holdout == "validation":
+    fit_rows, eval_rows, n_eval, run_bindings = (
+      fit,
+      valid,
+      carved_evaluated,
+      bindings + carve,
+    )
+  else:
+    fit_rows, eval_rows, n_eval, run_bindings = train, test, evaluated, bindings
+  eval_rows = {k: v[:n_eval] for k, v in eval_rows.items()}
+  results["ranking_rows_scored"] = n_eval
+  results["global_mean_rmse"] = rmse(
+    np.full(n_eval, fit_rows["label"].mean()), eval_rows["label"]
+  )
+  results["bias_fixed"] = {
+    "user_damping": FIXED_DAMPING[0],
+    "item_damping": FIXED_DAMPING[1],
+    "rmse": rmse(
+      fit_bias(fit_rows, *FIXED_DAMPING)(eval_rows["user"], eval_rows["item"]),
+      eval_rows["label"],
+    ),
+  }
+  results["bias_tuned"] = {
+    "user_damping": du,
+    "item_damping": di,
+    "rmse": rmse(
+      fit_bias(fit_rows, du, di)(eval_rows["user"], eval_rows["item"]),
+      eval_rows["label"],
+    ),
+  }
+
+  results["mf"] = {
+    "reg": mf_reg,
+    "validation_rmse": mf_valid_rmse,
+    "rmse": rmse(
+      fit_mf(fit_rows, reg=mf_reg)(eval_rows["user"], eval_rows["item"]),
+      eval_rows["label"],
+    ),
+  }
+
+  # Retrieval: the experiment's interactions (its min_rating), same split.
+  ret_source, ret_evaluated = build_source(ret_file, run_bindings)
+  ret_train, ret_test = (
+    split_arrays(ret_source, True),
+    split_arrays(ret_source, False),
+  )
+  results["retrieval_rows_scored"] = ret_evaluated
+  results["retrieval_min_rating"] = _query_file(
+    ret_file, run_bindings, "MovieLens.min_rating", 0.0
+  )
+  results["popularity"] = popularity(
+    ret_train["item"], ret_test["item"][:ret_evaluated]
+  )
+  results["baseline_seconds"] = time.time() - t0
+
+  extra = {
+    "ranking": args.ranking_bindings,
+    "retrieval": args.retrieval_bindings,
+  }
+  for name in args.experiments:
+    model_dir = os.path.join(root, f"{name}_{args.holdout}_seed{seed}")
+    more = extra[KIND[name]]
+    metrics = run_experiment(name, run_bindings + more, model_dir)
+    results[name] = {
+      "metrics": metrics,
+      "model_dir": model_dir,
+      "bindings": more,
+    }
+  return results
+
+
+def _query_file(
+  gin_file: str, bindings: Sequence[str], name: str, default: Any = None
+) -> Any:
+  """The value of `name` after parsing `gin_file` with `bindings`."""
+  import gin  # pylint: disable=g-import-not-at-top
+
+  from recsys import config  # pylint: disable=g-import-not-at-top
+
+  gin.clear_config()
+  config.parse([gin_file], bindings, finalize=False)
+  value = _query(name, default)
+  gin.clear_config()
+  return value
+
+
+def _dataset_name(gin_file: str, bindings: Sequence[str]) -> str | None:
+  """The experiment's MovieLens.dataset_name (atomic file stem), if bound."""
+  return _query_file(gin_file, bindings, "MovieLens.dataset_name")
+
+
+def _ranking_rows(results: dict[str, Any]) -> dict[str, float]:
+  rows = {
+    "global mean": results["global_mean_rmse"],
+    "damped bias (user 10, item 25)": results["bias_fixed"]["rmse"],
+    "damped bias (damping chosen on validation)": results["bias_tuned"]["rmse"],
+    "plain biased MF (ALS, reg chosen on validation)": results["mf"]["rmse"],
+  }
+  for name in EXPERIMENTS:
+    if KIND[name] == "ranking" and name in results:
+      rows[os.path.basename(EXPERIMENTS[name])] = results[name]["metrics"][
+        "eval/rmse"
+      ]
+  return rows
+
+
+def _retrieval_rows(results: dict[str, Any]) -> dict[str, dict[str, float]]:
+  rows = {"most popular": results["popularity"]}
+  for name in EXPERIMENTS:
+    if KIND[name] == "retrieval" and name in results:
+      rows[os.path.basename(EXPERIMENTS[name])] = model_hit_rates(
+        results[name]["metrics"]
+      )
+  return rows
+
+
+def summarize(per_seed: Sequence[dict[str, Any]]) -> dict[str, Any]:
+  """Mean and sd (ddof 1; 0 for one seed) over seeds of every row."""
+
+  def stats(values: list[float]) -> dict[str, float]:
+    v = np.asarray(values, np.float64)
+    return {
+      "mean": float(v.mean()),
+      "sd": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+    }
+
+  ranking: dict[str, list[float]] = collections.defaultdict(list)
+  retrieval: dict[str, dict[str, list[float]]] = collections.defaultdict(
+    lambda: collections.defaultdict(list)
+  )
+  seconds: dict[str, list[float]] = collections.defaultdict(list)
+  for results in per_seed:
+    for label, value in _ranking_rows(results).items():
+      ranking[label].append(value)
+    for label, rates in _retrieval_rows(results).items():
+      for k, value in rates.items():
+        retrieval[label][k].append(value)
+    for name in EXPERIMENTS:
+      if name in results:
+        seconds[os.path.basename(EXPERIMENTS[name])].append(
+          results[name]["metrics"]["elapsed_seconds"]
+        )
+  return {
+    "seeds": [r["seed"] for r in per_seed],
+    "holdout": per_seed[0]["holdout"],
+    "ranking_rmse": {k: stats(v) for k, v in ranking.items()},
+    "retrieval_hit_rate": {
+      label: {k: stats(v) for k, v in rates.items()}
+      for label, rates in retrieval.items()
+    },
+    "train_eval_seconds": {k: stats(v) for k, v in seconds.items()},
+  }
+
+
+def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
+  """Prints mean +- sd over the seeds, models next to baselines."""
+  seeds = summary["seeds"]
+  print(
+    f"\nMovieLens {args.variant} ({args.data_dir}): mean +- sd over "
+    f"{len(seeds)} random 80/20 split seed(s) {seeds}, scored on the "
+    f"{summary['holdout']} split."
+  )
+  secs = summary["train_eval_seconds"]
+
+  def note(label: str) -> str:
+    if label not in secs:
+      return ""
+    t = secs[label]
+    return f"  (train+eval {t['mean']:.0f} +- {t['sd']:.0f} s)"
+
+  print("\nRanking RMSE (lower is better)")
+  for label, st in summary["ranking_rmse"].items():
+    print(f"  {label:<50} {st['mean']:.4f} +- {st['sd']:.4f}{note(label)}")
+  print("\nRetrieval hit rate over the whole corpus (seen items not excluded)")
+  print(f"  {'':<34}" + "".join(f"{'top' + str(k):>17}" for k in KS))
+  for label, rates in summary["retrieval_hit_rate"].items():
+    cells = "".join(
+      f"{rates[f'top{k}']['mean']:>9.4f} +-{rates[f'top{k}']['sd']:.4f}"
+      if f"top{k}" in rates
+      else f"{'':>17}"
+      for k in KS
+    )
+    print(f"  {label:<34}{cells}{note(label)}")
+  print()
+
+
+def print_table(results: dict[str, Any], flush: bool = False) -> None:
+  """Prints the baselines and the experiments side by side."""
+  s = results["split"]
+  holdout = results["holdout"]
+  print(
+    f"\nMovieLens {results['variant']} ({results['data_dir']}): "
+    f"{s['split']} split, test_fraction {s['test_fraction']}, seed "
+    f"{results['seed']}: {s['train']} train / {s['test']} test ratings; "
+    f"validation carved from train: {s['validation_fit']} fit / "
+    f"{s['validation']} validation."
+  )
+  print(f"Scored on the {holdout} split.\n")
+  print(
+    f"Ranking: RMSE on {results['ranking_rows_scored']} {holdout} ratings "
+    "(lower is better)"
+  )
+  rows = [
+    ("global mean", results["global_mean_rmse"], ""),
+    (
+      f"damped bias (user {FIXED_DAMPING[0]:g}, item {FIXED_DAMPING[1]:g})",
+      results["bias_fixed"]["rmse"],
+      "",
+    ),
+    (
+      f"damped bias (user {results['bias_tuned']['user_damping']:g}, item "
+      f"{results['bias_tuned']['item_damping']:g}; chosen on validation)",
+      results["bias_tuned"]["rmse"],
+      "",
+    ),
+  ]
+  for name in [n for n in EXPERIMENTS if KIND[n] == "ranking"]:
+    if name not in results:
+      continue
+    m = results[name]["metrics"]
+    rows.append(
+      (
+        os.path.basename(EXPERIMENTS[name]),
+        m["eval/rmse"],
+        f"train+eval {m['elapsed_seconds']:.0f} s, "
+        f"process {m['wall_seconds']:.0f} s",
+      )
+    )
+  rows.insert(
+    3,
+    (
+      f"plain biased MF (ALS, dim {MF_DIM}, reg {results['mf']['reg']:g} "
+      "chosen on validation)",
+      results["mf"]["rmse"],
+      "",
+    ),
+  )
+  for label, value, note in rows:
+    print(f"  {label:<58} {value:.4f}  {note}")
+  print(
+    f"\nRetrieval: top-K hit rate on {results['retrieval_rows_scored']} "
+    f"{holdout} interactions (ratings >= "
+    f"{results['retrieval_min_rating']:g}; whole corpus)"
+  )
+  print(f"  {'':<24}" + "".join(f"{'top' + str(k):>9}" for k in KS))
+  lines = [("most popular", results["popularity"], "")]
+  for name in [n for n in EXPERIMENTS if KIND[n] == "retrieval"]:
+    if name not in results:
+      continue
+    m = results[name]["metrics"]
+    lines.append(
+      (
+        os.path.basename(EXPERIMENTS[name])[:-4],
+        model_hit_rates(m),
+        f"train+eval {m['elapsed_seconds']:.0f} s, "
+        f"process {m['wall_seconds']:.0f} s",
+      )
+    )
+  for label, rates, note in lines:
+    print(
+      f"  {label:<24}"
+      + "".join(f"{rates.get(f'top{k}', float('nan')):>9.4f}" for k in KS)
+      + f"  {note}"
+    )
+  print(flush=flush)
+
+
+if __name__ == "__main__":
+  main()

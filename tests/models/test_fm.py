@@ -1,0 +1,105 @@
+"""FactorizationMachine: formula, evaluation-only clipping, history helps."""
+
+import json
+import os
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from recsys import config
+from recsys.data.movielens_synthetic import write_ml100k_like
+from recsys.data.spec import FeatureSpec
+from recsys.models import FactorizationMachine, ModelConfigError
+from recsys.training import train
+
+SPECS = [
+  FeatureSpec("user", 23),
+  FeatureSpec("age", 7),
+  FeatureSpec("item", 29),
+]
+SPECS_NAMES = [s.name for s in SPECS]
+
+
+def test_formula_biases_and_user_item_pairs():
+  rng = np.random.default_rng(0)
+  acts = {n: rng.normal(size=(5, 8)).astype(np.float32) for n in SPECS_NAMES}
+  model = FactorizationMachine(
+    SPECS, user_features=["user", "age"], global_bias=3.5
+  )
+  got = model(acts).numpy()
+  u, a, i = (acts[n] for n in SPECS_NAMES)
+  expected = (
+    3.5
+    + u[:, 0]
+    + a[:, 0]
+    + i[:, 0]
+    + (u[:, 1:] * i[:, 1:]).sum(-1)
+    + (a[:, 1:] * i[:, 1:]).sum(-1)
+  )
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+  every_pair = FactorizationMachine(SPECS, bias_dims=0)
+  np.testing.assert_allclose(
+    every_pair(acts).numpy(),
+    (u * a).sum(-1) + (u * i).sum(-1) + (a * i).sum(-1),
+    rtol=1e-5,
+    atol=1e-5,
+  )
+
+
+def test_predictions_are_clipped_at_evaluation_only_when_asked():
+  acts = {n: tf.fill([2, 4], 3.0) for n in SPECS_NAMES}
+  model = FactorizationMachine(SPECS, prediction_range=(1, 5))
+  assert model.logits(acts, training=True).numpy().max() > 5
+  np.testing.assert_allclose(model(acts).numpy(), [5.0, 5.0])
+  assert FactorizationMachine(SPECS)(acts).numpy().max() > 5
+  with pytest.raises(ModelConfigError, match="user_features"):
+    FactorizationMachine(SPECS, user_features=["nope"])
+  with pytest.raises(ModelConfigError, match="num_dense"):
+    FactorizationMachine(SPECS, num_dense=3)
+
+
+def _test_rmse(folder, model_dir, history):
+  config.parse(
+    [os.path.join(config.EXPERIMENTS_DIR, "movielens_fm.gin")],
+    [
+      f"MOVIELENS_DIR = {folder!r}",
+      "MovieLens.features = ['user_id', 'item_id']",
+      "FactorizationMachine.user_features = "
+      + str(["user_id", "user_history"] if history else ["user_id"]),
+      f"MovieLens.history = {'@UserHistory()' if history else None}",
+      "TRAIN_STEPS = 400",
+      "train.global_batch_size = 128",
+      "train.eval_batch_size = 500",
+      "EmbeddingSettings.dim = 9",
+      "embedding_lr/WarmupPolyDecay.base_learning_rate = 2.0",
+      "train.progress_bar = False",
+    ],
+  )
+  train(model_dir=model_dir)
+  with open(os.path.join(model_dir, "metrics.json"), encoding="utf-8") as f:
+    return json.load(f)["eval/rmse"]
+
+
+@pytest.mark.slow
+def test_history_feature_lowers_the_error_on_a_planted_history_effect(
+  tmp_path,
+):
+  # Users rate 60% of their movies from a favourite cluster and like those
+  # movies 1.5 stars more; few ratings per user, so WHICH movies a user
+  # rated (the history) tells the taste better than the user id learns it.
+  folder = write_ml100k_like(
+    str(tmp_path / "ml"),
+    num_users=1500,
+    num_items=120,
+    num_ratings=7500,
+    num_clusters=4,
+    history_effect=1.5,
+    noise=0.5,
+    seed=1,
+  )
+  without = _test_rmse(folder, str(tmp_path / "ids"), history=False)
+  gin.clear_config()
+  with_history = _test_rmse(folder, str(tmp_path / "hist"), history=True)
+  assert with_history < without - 0.03, (with_history, without)

@@ -21,6 +21,7 @@ wall time when other processes load the cores.
 """
 
 import argparse
+import functools
 import os
 import statistics
 import tempfile
@@ -140,7 +141,7 @@ def main(argv=None) -> None:
   rows = {part: [] for part in parts}
   for _ in range(args.reps):  # interleaved
     for part, fn in parts.items():
-      rows[part].append(_time(lambda: fn(n), 1, args.loop))  # pylint: disable=cell-var-from-loop
+      rows[part].append(_time(functools.partial(fn, n), 1, args.loop))
   iterator = iter(dataset)
   for _ in range(5):
     next(iterator)

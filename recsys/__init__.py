@@ -1,4 +1,4 @@
-"""recsys: gin-configured ranking and retrieval models on any embedding hardware.
+"""recsys: gin-configured ranking and retrieval models on any embedding device.
 
 Importing recsys makes `tf.keras` mean Keras 2 (tf_keras), which TensorFlow
 Recommenders needs: it sets `TF_USE_LEGACY_KERAS=1` before TensorFlow is

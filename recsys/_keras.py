@@ -9,7 +9,7 @@ from backends import _legacy_keras
 
 _legacy_keras.ensure_legacy_keras()
 
-import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
+import tensorflow as tf  # noqa: E402  (Keras 2 must be chosen first)
 
 keras = tf.keras
 

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Any, List, Optional
+from typing import Any
 
 log = logging.getLogger("recsys.backends")
 
@@ -152,7 +152,7 @@ def build(force: bool = False) -> pathlib.Path:
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
       os.unlink(tmp)
-      errors = [l for l in result.stderr.splitlines() if "error" in l]
+      errors = [x for x in result.stderr.splitlines() if "error" in x]
       raise KernelBuildError(
         f"compiling {SOURCE} failed (exit {result.returncode}):\n"
         + "\n".join(errors[:20] or result.stderr.splitlines()[-20:])

@@ -440,7 +440,9 @@ class SyntheticCTR(DataSource):
     self._part_scale = [
       w / s if s > 1e-9 else 0.0 for w, s in zip(self._weights, stds)
     ]
-    combined = sum(c * p for c, p in zip(self._part_scale, parts))
+    combined = np.zeros_like(parts[0])
+    for c, p in zip(self._part_scale, parts):  # the order sum() added them
+      combined = combined + c * p
     spread = combined.std()
     if spread < 1e-9:
       raise SyntheticConfigError(

@@ -1,4 +1,4 @@
-"""Ranking and retrieval models over embedding-backend activations (DLRM, DCN-v2, two-tower).
+"""Ranking and retrieval models over embedding activations: DLRM, DCN, 2-tower.
 
 Models never create embedding tables nor touch `tf.tpu` or strategies: they
 take the backend's activations (dict feature name -> `[B, D]` / `[B, L, D]`)
@@ -7,7 +7,8 @@ plus the batch's features and return predictions or a loss (see
 
 Example (inside `strategy.run`, with `acts = backend.lookup(...)` under a tape):
 
-  model = DLRM(source.feature_specs, num_dense=source.num_dense, bottom_mlp=(64, 16))
+  model = DLRM(source.feature_specs, num_dense=source.num_dense,
+               bottom_mlp=(64, 16))
   model.create_variables({"user": 16, "item": 16})      # in strategy.scope()
   loss = model.compute_loss(acts, features, labels, global_batch_size=1024)
 

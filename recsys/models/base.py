@@ -1,4 +1,4 @@
-"""Base classes of ranking and retrieval models: the loss convention and metrics.
+"""Base classes of ranking and retrieval models: loss convention and metrics.
 
 A model receives the embedding backend's activations (dict feature name ->
 `[B, D]` or `[B, L, D]`) and the raw batch `features`; it never creates
@@ -76,7 +76,7 @@ def _masked_weight(
 
 
 class _ModelBase(keras.Model):
-  """What ranking and retrieval models share: specs, variable creation, regularization."""
+  """What ranking and retrieval models share: specs, variables, regularizers."""
 
   def __init__(
     self,
@@ -381,20 +381,23 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
       unknown = [n for n in names if n not in by_name]
       if unknown:
         raise ModelConfigError(
-          f"{owner}: {role} {unknown} are not in feature_specs; known features: "
+          f"{owner}: {role} {unknown} are not in feature_specs; known "
+          "features: "
           f"{sorted(by_name)}."
         )
     if candidate_id_feature is None:
       candidate_id_feature = self._candidate_features[0]
     if candidate_id_feature not in self._candidate_features:
       raise ModelConfigError(
-        f"{owner}: candidate_id_feature {candidate_id_feature!r} is not one of the "
+        f"{owner}: candidate_id_feature {candidate_id_feature!r} is not one "
+        "of the "
         f"candidate_features {self._candidate_features}."
       )
     id_spec = by_name[candidate_id_feature]
     if id_spec.multi_hot or id_spec.sequence_length:
       raise ModelConfigError(
-        f"{owner}: candidate_id_feature {candidate_id_feature!r} must be one-hot "
+        f"{owner}: candidate_id_feature {candidate_id_feature!r} must be "
+        "one-hot "
         f"(one id per example); its spec is {id_spec}."
       )
     if temperature is not None and not temperature > 0:
@@ -460,7 +463,7 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     features: Mapping[str, tf.Tensor] | None = None,
     training: bool = False,
   ) -> tf.Tensor:
-    """Candidate embeddings `[B, K]` from the candidate features' activations."""
+    """Candidate embeddings `[B, K]` from the candidate activations."""
 
   def call(
     self,
@@ -474,7 +477,7 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     return tf.reduce_sum(q * c, axis=-1)
 
   def candidate_ids(self, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
-    """The candidate ids `[B]` (int64) of a batch's `features["categorical"]`."""
+    """The candidate ids `[B]` (int64) of `features["categorical"]`."""
     try:
       ids = features["categorical"][self._candidate_id_feature]
     except (KeyError, TypeError) as e:
@@ -527,7 +530,8 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
       compute_metrics = not training
     if compute_metrics and not self.corpus_index.is_indexed:
       raise RuntimeError(
-        f"{type(self).__name__}: corpus hit rates need the candidate corpus: call "
+        f"{type(self).__name__}: corpus hit rates need the candidate corpus: "
+        "call "
         "model.index_candidates(ids, embeddings) before compute_loss(..., "
         "compute_metrics=True), or pass compute_metrics=False."
       )
@@ -539,7 +543,8 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
       if "candidate_sampling_probability" not in features:
         raise FeatureMismatchError(
           f"{type(self).__name__}: logq_correction=True but the batch has no "
-          f"features['candidate_sampling_probability'] (got keys {sorted(features)}); "
+          "features['candidate_sampling_probability'] (got keys "
+          f"{sorted(features)}); "
           "use a source that provides it or set logq_correction=False."
         )
       sampling_probability = tf.cast(

@@ -1,4 +1,4 @@
-"""DCN-v2: a cross network of `tfrs.layers.dcn.Cross` layers with a deep tower, stacked or parallel.
+"""DCN-v2: `tfrs.layers.dcn.Cross` layers and a deep tower, stacked or parallel.
 
 Wang et al., "DCN V2: Improved Deep & Cross Network and Practical Lessons for
 Web-scale Learning to Rank Systems" (2020), https://arxiv.org/abs/2008.13535.

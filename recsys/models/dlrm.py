@@ -1,4 +1,4 @@
-"""DLRM: bottom MLP over dense features, dot interaction with the embeddings, top MLP.
+"""DLRM: bottom MLP on dense features, dot interaction with embeddings, top MLP.
 
 Naumov et al., "Deep Learning Recommendation Model for Personalization and
 Recommendation Systems" (2019), https://arxiv.org/abs/1906.00091.
@@ -81,12 +81,14 @@ class DLRM(RankingModel):
     if num_vectors < 2:
       raise ModelConfigError(
         f"DLRM: dot interaction needs at least two vectors, got {num_vectors} "
-        f"(features {self.feature_names}, num_dense={num_dense}); add features or "
+        f"(features {self.feature_names}, num_dense={num_dense}); add "
+        "features or "
         "use DCNv2."
       )
     if num_dense and not tuple(bottom_mlp):
       raise ModelConfigError(
-        f"DLRM: num_dense={num_dense} needs a non-empty bottom_mlp ending in the "
+        f"DLRM: num_dense={num_dense} needs a non-empty bottom_mlp ending in "
+        "the "
         "embedding dim."
       )
     regularizer = (
@@ -122,8 +124,10 @@ class DLRM(RankingModel):
       )
     if self.bottom_mlp is not None and self._bottom_sizes[-1] != distinct[0]:
       raise EmbeddingDimError(
-        f"DLRM: bottom_mlp={self._bottom_sizes} ends in {self._bottom_sizes[-1]} but "
-        f"the embedding dim is {distinct[0]}; the last bottom_mlp size must equal it."
+        f"DLRM: bottom_mlp={self._bottom_sizes} ends in "
+        f"{self._bottom_sizes[-1]} but "
+        f"the embedding dim is {distinct[0]}; the last bottom_mlp size must "
+        "equal it."
       )
 
   def logits(
@@ -143,6 +147,7 @@ class DLRM(RankingModel):
     dense = model_layers.dense_input(features, self.num_dense, "DLRM")
     head = []
     if dense is not None:
+      assert self.bottom_mlp is not None  # num_dense > 0 requires one
       bottom = self.bottom_mlp(dense, training=training)  # [B, D]
       vectors = [bottom] + vectors
       head = [bottom]

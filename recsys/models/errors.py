@@ -1,4 +1,4 @@
-"""Typed errors that models raise for misconfigured features and hyper-parameters.
+"""Typed errors models raise for misconfigured features and hyper-parameters.
 
 Every message names the model, the offending feature(s) or parameter, what it
 got and what it expected, and how to fix it.
@@ -10,7 +10,7 @@ class ModelConfigError(ValueError):
 
 
 class FeatureMismatchError(ValueError):
-  """The activations or features given to a model do not match its feature specs."""
+  """The activations or features given to a model do not match its specs."""
 
 
 class EmbeddingDimError(ValueError):

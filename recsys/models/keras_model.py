@@ -1,4 +1,4 @@
-"""`KerasRecommender`: a bundled model and its embedding layer as one Keras model.
+"""`KerasRecommender`: a bundled model and its embedding layer, one Keras model.
 
 The bundled models (DLRM, DCN-v2, two-tower) take `(activations, features)`
 so the Trainer can drive the embedding backend explicitly. For `compile` +

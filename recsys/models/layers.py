@@ -1,4 +1,4 @@
-"""Building blocks shared by the models: MLPs, the DLRM dot interaction, activations as `[B, D]` inputs.
+"""Blocks the models share: MLPs, DLRM's dot interaction, `[B, D]` activations.
 
 Models receive activations from an embedding backend as a dict
 `feature name -> [B, D]` (or `[B, L, D]` for sequence features) plus the raw
@@ -49,7 +49,8 @@ def mlp(
   for size in sizes:
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
       raise ModelConfigError(
-        f"MLP {name or ''!s}: layer sizes must be positive integers, got {sizes}."
+        f"MLP {name or ''!s}: layer sizes must be positive integers, got "
+        f"{sizes}."
       )
   layers = []
   for i, size in enumerate(sizes):
@@ -153,7 +154,8 @@ def flat_activations(
     A list of float tensors `[B, D_f]`.
 
   Raises:
-    FeatureMismatchError: a sequence activation with `sequence_pooling="reject"`,
+    FeatureMismatchError: a sequence activation with
+      `sequence_pooling="reject"`,
       or an activation that is neither rank 2 nor rank 3.
   """
   out = []
@@ -180,7 +182,7 @@ def flat_activations(
 def dense_input(
   features: Mapping[str, tf.Tensor] | None, num_dense: int, owner: str
 ) -> tf.Tensor | None:
-  """`features["dense"]` as float32 `[B, num_dense]`, or None when num_dense == 0.
+  """`features["dense"]` as float32 `[B, num_dense]`; None when num_dense == 0.
 
   Raises:
     FeatureMismatchError: dense features are missing or have the wrong width.
@@ -230,7 +232,7 @@ def _pair_matrices(
 
 
 class DotInteraction(keras.layers.Layer):
-  """DLRM's pairwise dot products, as `tfrs.layers.feature_interaction.DotInteraction`.
+  """DLRM's pairwise dot products, as TFRS's `DotInteraction` computes them.
 
   Given F vectors `[B, D]` it returns the dot products `x_i . x_j` for
   `i > j` (`i >= j` with self-interaction), in row-major order of the

@@ -1,4 +1,4 @@
-"""Top-k indexes over a candidate corpus: the evaluation index and the serving index.
+"""Top-k indexes over a candidate corpus: for evaluation and for serving.
 
 `CorpusIndex` keeps the corpus in fixed-size variables (`[V, K]` embeddings
 and a `[V]` validity mask, V = the candidate id vocabulary) so re-indexing
@@ -50,11 +50,13 @@ class CorpusIndex(tfrs.layers.factorized_top_k.TopK):
     super().__init__(k=k, name=name)
     if num_candidates < 1 or dim < 1:
       raise ModelConfigError(
-        f"CorpusIndex: num_candidates and dim must be >= 1, got {num_candidates}, {dim}."
+        "CorpusIndex: num_candidates and dim must be >= 1, got "
+        f"{num_candidates}, {dim}."
       )
     self._num_candidates = int(num_candidates)
     self._dim = int(dim)
-    # ONLY_FIRST_REPLICA: assigning from a replica context (strategy.run) is allowed.
+    # ONLY_FIRST_REPLICA: assigning from a replica context (strategy.run) is
+    # allowed.
     self._embeddings = self.add_weight(
       name="embeddings",
       shape=[self._num_candidates, self._dim],
@@ -116,7 +118,9 @@ class CorpusIndex(tfrs.layers.factorized_top_k.TopK):
       tf.debugging.assert_less(
         ids,
         tf.constant(self._num_candidates, tf.int64),
-        message=f"{self.name}: candidate id >= vocabulary size {self._num_candidates}",
+        message=(
+          f"{self.name}: candidate id >= vocabulary size {self._num_candidates}"
+        ),
       ),
     ]
     with tf.control_dependencies(checks):
@@ -193,7 +197,8 @@ def make_serving_index(
   """
   if use_scann not in ("auto", "always", "never"):
     raise ModelConfigError(
-      f"make_serving_index: use_scann must be 'auto', 'always' or 'never', got {use_scann!r}."
+      "make_serving_index: use_scann must be 'auto', 'always' or 'never', "
+      f"got {use_scann!r}."
     )
   num = int(candidate_embeddings.shape[0])
   k = min(k, num)
@@ -213,7 +218,8 @@ def make_serving_index(
       )
     if want_scann:
       _log.info(
-        "ScaNN is not installed; serving index uses brute force over %d candidates.",
+        "ScaNN is not installed; serving index uses brute force over %d "
+        "candidates.",
         num,
       )
     index = tfrs.layers.factorized_top_k.BruteForce(

@@ -1,4 +1,4 @@
-"""Retrieval quality outside a training loop: corpus hit rates and the popularity baseline.
+"""Retrieval quality outside training: corpus hit rates, popularity baseline.
 
 Both return `{"top_{k}_hit_rate": float}` for each k: the fraction of
 held-out (query, true candidate) pairs whose true candidate is among the k
@@ -56,12 +56,14 @@ def hit_rates(
   tids = tf.reshape(tf.cast(true_ids, tf.int64), [-1])
   if q.shape.rank != 2 or c.shape.rank != 2 or q.shape[1] != c.shape[1]:
     raise ModelConfigError(
-      f"hit_rates: query embeddings {q.shape} and candidate embeddings {c.shape} "
+      f"hit_rates: query embeddings {q.shape} and candidate embeddings "
+      f"{c.shape} "
       "must be [Q, K] and [N, K]."
     )
   if cids.shape[0] != c.shape[0] or tids.shape[0] != q.shape[0]:
     raise ModelConfigError(
-      f"hit_rates: {cids.shape[0]} candidate ids for {c.shape[0]} candidates and "
+      f"hit_rates: {cids.shape[0]} candidate ids for {c.shape[0]} candidates "
+      "and "
       f"{tids.shape[0]} true ids for {q.shape[0]} queries; lengths must match."
     )
   num_queries = int(q.shape[0])
@@ -84,7 +86,7 @@ def popularity_hit_rates(
   true_ids: Sequence[int],
   ks: Sequence[int] = (1, 5, 10, 50, 100),
 ) -> dict[str, float]:
-  """Hit rates of recommending the k most frequent training candidates to everyone.
+  """Hit rates of the k most frequent training candidates for everyone.
 
   Ties in frequency are broken by the smaller id.
 
@@ -97,13 +99,11 @@ def popularity_hit_rates(
     `{"top_{k}_hit_rate": fraction}` for each k.
   """
   ks = _check_ks(ks)
-  train_ids = np.asarray(train_ids, dtype=np.int64).reshape(-1)
-  true_ids = np.asarray(true_ids, dtype=np.int64).reshape(-1)
-  ids, counts = np.unique(train_ids, return_counts=True)  # ids ascending
+  train = np.asarray(train_ids, dtype=np.int64).reshape(-1)
+  true = np.asarray(true_ids, dtype=np.int64).reshape(-1)
+  ids, counts = np.unique(train, return_counts=True)  # ids ascending
   ranked = ids[np.argsort(-counts, kind="stable")]
   out = {}
   for k in ks:
-    out[_key(k)] = (
-      float(np.isin(true_ids, ranked[:k]).mean()) if true_ids.size else 0.0
-    )
+    out[_key(k)] = float(np.isin(true, ranked[:k]).mean()) if true.size else 0.0
   return out

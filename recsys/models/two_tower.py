@@ -1,4 +1,4 @@
-"""Two-tower retrieval: a query tower and a candidate tower over id and side-feature activations.
+"""Two-tower retrieval: query and candidate towers over id and side features.
 
 Yi et al., "Sampling-Bias-Corrected Neural Modeling for Large Corpus Item
 Recommendations" (RecSys 2019): in-batch softmax with log-Q correction,
@@ -87,12 +87,14 @@ class TwoTower(RetrievalModel):
     query_tower, candidate_tower = tuple(query_tower), tuple(candidate_tower)
     if not query_tower or not candidate_tower:
       raise ModelConfigError(
-        f"TwoTower: query_tower {query_tower} and candidate_tower {candidate_tower} "
+        f"TwoTower: query_tower {query_tower} and candidate_tower "
+        f"{candidate_tower} "
         "need at least one layer each (the last size is the embedding width K)."
       )
     if query_tower[-1] != candidate_tower[-1]:
       raise ModelConfigError(
-        f"TwoTower: query_tower ends in {query_tower[-1]} but candidate_tower ends "
+        f"TwoTower: query_tower ends in {query_tower[-1]} but candidate_tower "
+        "ends "
         f"in {candidate_tower[-1]}; both towers must output the same width K."
       )
     super().__init__(

@@ -69,7 +69,7 @@ def _test_rmse(folder, model_dir, history):
       "FactorizationMachine.user_features = "
       + str(["user_id", "user_history"] if history else ["user_id"]),
       f"MovieLens.history = {'@UserHistory()' if history else None}",
-      "TRAIN_STEPS = 400",
+      "TRAIN_STEPS = 200",
       "train.global_batch_size = 128",
       "train.eval_batch_size = 500",
       "EmbeddingSettings.dim = 9",
@@ -89,11 +89,12 @@ def test_history_feature_lowers_the_error_on_a_planted_history_effect(
   # Users rate 60% of their movies from a favourite cluster and like those
   # movies 1.5 stars more; few ratings per user, so WHICH movies a user
   # rated (the history) tells the taste better than the user id learns it.
+  # Small on purpose (1000 users, 80 movies, 200 steps): a few seconds.
   folder = write_ml100k_like(
     str(tmp_path / "ml"),
-    num_users=1500,
-    num_items=120,
-    num_ratings=7500,
+    num_users=1000,
+    num_items=80,
+    num_ratings=5000,
     num_clusters=4,
     history_effect=1.5,
     noise=0.5,
@@ -102,4 +103,7 @@ def test_history_feature_lowers_the_error_on_a_planted_history_effect(
   without = _test_rmse(folder, str(tmp_path / "ids"), history=False)
   gin.clear_config()
   with_history = _test_rmse(folder, str(tmp_path / "hist"), history=True)
-  assert with_history < without - 0.03, (with_history, without)
+  # Margins seen (RMSE without - with history), generator seeds 1/2/3:
+  # 0.122 / 0.104 / 0.110 (seed 1: 0.845 -> 0.723), so 0.05 is cleared with
+  # room to spare.
+  assert with_history < without - 0.05, (with_history, without)

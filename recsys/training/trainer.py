@@ -37,14 +37,14 @@ from recsys.errors import RecsysError
 from recsys.models.base import RetrievalModel
 from recsys.training import compile as compile_lib
 from recsys.training import coordinated as coordinated_lib
+from recsys.training import input as input_lib
+from recsys.training import loop as loop_lib
+from recsys.training import run_dir as run_dir_lib
 from recsys.training import (
-  eval_padding,
   run_files,
   run_summaries,
   schedules,
 )
-from recsys.training import loop as loop_lib
-from recsys.training import run_dir as run_dir_lib
 from recsys.training import signals as signals_lib
 
 log = logging.getLogger("recsys.training")
@@ -240,21 +240,6 @@ def _scalar_summary(name: str, value: float, step: int) -> None:
     step=step,
     metadata=metadata.SerializeToString(),
   )
-
-
-def _with_batch_size(batch_size: int, *batch):
-  """`batch` with its dense tensors' first dimension set to `batch_size`.
-
-  Sources that gather ragged rows can lose the static batch size, and with
-  it the padded bags' (`preprocess`): compiled steps need it.
-  """
-
-  def fix(t):
-    if isinstance(t, tf.Tensor) and t.shape.rank and t.shape[0] is None:
-      return tf.ensure_shape(t, [batch_size] + t.shape[1:].as_list())
-    return t
-
-  return tf.nest.map_structure(fix, batch)
 
 
 class Trainer:
@@ -579,67 +564,25 @@ class Trainer:
     skip_steps: int = 0,
     take_steps: int | None = None,
   ):
-    """A distributed dataset of per-replica batches of `source`.
-
-    Under ParameterServerStrategy: training data is a per-worker dataset
-    (worker k reads pipeline k of the workers), evaluation data a dataset on
-    this coordinator process.
-    """
-    if self._coordinator is not None:
-      if not training:
-        return coordinated_lib.coordinator_dataset(
-          source, global_batch, self._preprocess, take_steps
-        )
-      return coordinated_lib.per_worker_dataset(
-        self._coordinator,
+    """A distributed dataset of `source` (`recsys.training.input`)."""
+    if training:
+      return input_lib.training_input(
+        self.strategy,
         source,
         global_batch,
         self._preprocess,
-        skip_steps,
-        self.backend.input_options(),
+        options=self.backend.input_options(),
+        skip_steps=skip_steps,
+        coordinator=self._coordinator,
       )
-
-    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-      per_replica = ctx.get_per_replica_batch_size(global_batch)
-      batches_per_step = max(
-        1, ctx.num_replicas_in_sync // ctx.num_input_pipelines
-      )
-      if training:
-        ds = source.dataset(
-          per_replica, training=True, input_context=ctx, drop_remainder=True
-        )
-      else:  # every example once: whole batches with a mask, no remainder lost
-        ds = eval_padding.pad_eval_batches(
-          source.dataset(
-            per_replica,
-            training=False,
-            input_context=ctx,
-            drop_remainder=False,
-            repeat=False,
-          ),
-          per_replica,
-          batches_per_step,
-        )
-      if skip_steps:
-        ds = ds.skip(skip_steps * batches_per_step)
-      if take_steps is not None:
-        ds = ds.take(take_steps * batches_per_step)
-      if training:
-        # Infinite to tf.distribute: with a finite (even astronomically
-        # long) dataset, MultiWorkerMirroredStrategy hands out batches of
-        # unknown size (its "last partial batch" handling), and the compiled
-        # steps lose their static shapes.
-        ds = ds.repeat()
-      ds = ds.map(
-        tf.autograph.experimental.do_not_convert(self._preprocess),
-        num_parallel_calls=tf.data.AUTOTUNE,
-      )
-      # Every batch is whole (eval batches padded): say so, for static shapes.
-      ds = ds.map(functools.partial(_with_batch_size, per_replica))
-      return ds.prefetch(tf.data.AUTOTUNE)
-
-    return self.strategy.distribute_datasets_from_function(
-      dataset_fn, options=self.backend.input_options()
+    return input_lib.eval_input(
+      self.strategy,
+      source,
+      global_batch,
+      self._preprocess,
+      options=self.backend.input_options(),
+      take_steps=take_steps,
+      coordinator=self._coordinator,
     )
 
   # -- checkpoints -----------------------------------------------------------

@@ -13,6 +13,7 @@ Example:
   >>> metrics = trainer.train()
 """
 
+import dataclasses
 import functools
 import inspect
 import logging
@@ -46,6 +47,7 @@ from recsys.training import (
   schedules,
 )
 from recsys.training import signals as signals_lib
+from recsys.training.settings import TrainSettings
 
 log = logging.getLogger("recsys.training")
 
@@ -254,41 +256,11 @@ class Trainer:
       `query_features`, `candidate_features`, `candidate_id_feature`) as far
       as its signature accepts them.
     strategy: the `tf.distribute` strategy (default: the current one).
-    embedding: `EmbeddingSettings` (dim, combiner, per-table overrides).
-    embedding_optimizer: default `tf.tpu.experimental.embedding` optimizer.
-    dense_optimizer: Keras optimizer class or factory (called in scope).
-    backend: embedding backend name or "auto".
-    backend_options: keyword arguments for the backend's constructor.
     eval_source: source for evaluation; default: `source` with training=False.
-    global_batch_size: examples per step over all replicas.
-    eval_batch_size: global eval batch (default: global_batch_size).
-    train_steps: total steps (a resumed run continues up to this).
-    steps_per_loop: steps per compiled host call.
-    eval_every: evaluate every N steps (0: only at the end).
-    eval_steps: eval batches per evaluation (None: the whole eval set).
-    checkpoint_every: save every N steps (0: only at the end).
-    max_checkpoints: checkpoints kept.
-    seed: seeds Python, NumPy and TF (`keras.utils.set_random_seed`).
-    progress_bar: show a tqdm bar (on a terminal).
-    summaries: write TensorBoard summaries.
-    nonfinite_policy: what a step with NaN/inf loss or gradients does:
-      "stop" (raise `NonFiniteLossError` naming the step and the last good
-      checkpoint; nothing is saved) or "skip" (leave the step out, count it
-      in `train/nonfinite_steps`).
-    jit_compile: compile each replica's step with XLA, as a TPU does (None:
-      on under a TPUStrategy, off elsewhere). On several CPU replicas, whose
-      collectives XLA cannot compile, the step runs uncompiled on the same
-      static shapes (`recsys.training.compile.plan`).
-    allow_changed_settings: resume a checkpoint although settings that
-      change the math differ from the previous run's (refused otherwise,
-      `run_configs.ChangedSettingsError`); every run's config is kept.
-    skip_memory_check: build the tables even when their memory plan
-      (`recsys.planning`) exceeds the host's memory (refused otherwise,
-      `planning.MemoryPlanError`, naming the tables and sizes).
-    feature_config: with `source` (and `eval_source`) an unbatched
-      `tf.data.Dataset` of `(features dict, label)`: the dict feature name ->
-      `tf.tpu.experimental.embedding.FeatureConfig` to train, used as is
-      (`recsys.data.from_dataset.DatasetSource`; `embedding` must be None).
+    settings: how the run trains (`TrainSettings`: batch sizes, steps,
+      optimizers, backend, ...; default: its defaults).
+    **overrides: `TrainSettings` fields that replace those of `settings`
+      (keyword callers: `Trainer(dir, source, DLRM, seed=1)`).
 
   Reliability: `train()` holds an exclusive lock on the model dir (a second
   run there is refused), turns SIGTERM/Ctrl-C into a checkpoint at the exact
@@ -305,51 +277,35 @@ class Trainer:
     source: Any,
     model: Callable[..., keras.Model],
     strategy: tf.distribute.Strategy | None = None,
-    embedding: features_lib.EmbeddingSettings | None = None,
-    embedding_optimizer: Any | None = None,
-    dense_optimizer: Callable[[], Any] | None = None,
-    backend: str = "auto",
-    backend_options: Mapping[str, Any] | None = None,
     eval_source: Any | None = None,
-    global_batch_size: int = 1024,
-    eval_batch_size: int | None = None,
-    train_steps: int = 1000,
-    steps_per_loop: int = 100,
-    eval_every: int = 0,
-    eval_steps: int | None = 20,
-    checkpoint_every: int = 0,
-    max_checkpoints: int = 3,
-    seed: int = 0,
-    progress_bar: bool = True,
-    summaries: bool = True,
-    nonfinite_policy: str = "stop",
-    jit_compile: bool | None = None,
-    allow_changed_settings: bool = False,
-    skip_memory_check: bool = False,
-    feature_config: Mapping[str, Any] | None = None,
+    settings: TrainSettings | None = None,
+    **overrides: Any,
   ):
+    # Keyword callers may name settings directly: Trainer(..., seed=1).
+    st = dataclasses.replace(settings or TrainSettings(), **overrides)
+    self.settings = st
     self.model_dir = model_dir
-    self.allow_changed_settings = bool(allow_changed_settings)
+    self.allow_changed_settings = bool(st.allow_changed_settings)
     source, eval_source = _dataset_sources(
-      source, eval_source, feature_config, embedding
+      source, eval_source, st.feature_config, st.embedding
     )
     self.source = source
     self.eval_source = eval_source if eval_source is not None else source
     self.strategy = strategy or tf.distribute.get_strategy()
-    self.global_batch_size = int(global_batch_size)
-    self.eval_batch_size = int(eval_batch_size or global_batch_size)
-    self.train_steps = int(train_steps)
-    self.steps_per_loop = max(1, int(steps_per_loop))
-    self.eval_every = int(eval_every or 0)
-    self.eval_steps = eval_steps
-    self.checkpoint_every = int(checkpoint_every or 0)
-    self.seed = seed
-    self.progress_bar = progress_bar
+    self.global_batch_size = int(st.global_batch_size)
+    self.eval_batch_size = int(st.eval_batch_size or st.global_batch_size)
+    self.train_steps = int(st.train_steps)
+    self.steps_per_loop = max(1, int(st.steps_per_loop))
+    self.eval_every = int(st.eval_every or 0)
+    self.eval_steps = st.eval_steps
+    self.checkpoint_every = int(st.checkpoint_every or 0)
+    self.seed = st.seed
+    self.progress_bar = st.progress_bar
     self._check_batch_sizes()
     _check_source(source, "train.data")
     if eval_source is not None:
       _check_source(eval_source, "train.eval_data")
-    _check_dense_optimizer(dense_optimizer)
+    _check_dense_optimizer(st.dense_optimizer)
     # ParameterServerStrategy: this process coordinates; steps run on the
     # workers through a ClusterCoordinator (recsys.training.coordinated).
     self._coordinator = (
@@ -363,18 +319,19 @@ class Trainer:
         "holding a run to resume)."
       )
     os.makedirs(model_dir, exist_ok=True)
-    keras.utils.set_random_seed(seed)
+    keras.utils.set_random_seed(st.seed)
 
     self.feature_config = (
       dict(source.feature_config)
       if isinstance(source, DatasetSource)
       else features_lib.feature_config(
-        source.feature_specs, embedding, seed=seed
+        source.feature_specs, st.embedding, seed=st.seed
       )
     )
     features_lib.check_embedding_optimizer(
-      embedding_optimizer, "train.embedding_optimizer"
+      st.embedding_optimizer, "train.embedding_optimizer"
     )
+    embedding_optimizer = st.embedding_optimizer
     if embedding_optimizer is None:
       embedding_optimizer = default_embedding_optimizer()
     self.embedding_optimizer = embedding_optimizer
@@ -392,7 +349,7 @@ class Trainer:
     )
     embedding_optimizer = self.embedding_optimizer
     self.backend_name, self.backend_reason = registry.resolve(
-      backend, self.strategy
+      st.backend, self.strategy
     )
     # `resolve` logs the choice and its reason (the one place "auto" is
     # decided); construct the resolved class directly so it is not re-resolved.
@@ -405,18 +362,18 @@ class Trainer:
         if spec.multi_hot and not spec.sequence_length
       }
     }
-    self.compile_plan = compile_lib.plan(self.strategy, jit_compile)
+    self.compile_plan = compile_lib.plan(self.strategy, st.jit_compile)
     backend_cls = registry.get(self.backend_name)
     if (
       self.compile_plan.static_shapes and "static_shapes" in backend_cls.options
     ):
       options["static_shapes"] = True
     try:
-      registry.check_options(self.backend_name, backend_options or {})
+      registry.check_options(self.backend_name, st.backend_options or {})
     except registry.UnknownBackendOptionError as e:
       raise TrainerConfigError(f"train.backend_options {e}") from e
-    options.update(backend_options or {})
-    if not skip_memory_check:  # before a table is allocated
+    options.update(st.backend_options or {})
+    if not st.skip_memory_check:  # before a table is allocated
       planning.check_fits(
         planning.plan_memory(
           self.feature_config,
@@ -431,7 +388,7 @@ class Trainer:
       strategy=self.strategy,
       **options,
     )
-    dense_optimizer = dense_optimizer or keras.optimizers.Adam
+    dense_optimizer = st.dense_optimizer or keras.optimizers.Adam
     with self.strategy.scope():
       self.backend.build()
       self.model = _call_with_supported(model, **self._model_kwargs())
@@ -442,7 +399,7 @@ class Trainer:
       # Randomness drawn during training comes from this generator, saved with
       # the run so a resumed run continues its stream (the built-in models
       # and data draw none: they are functions of the seed and the step).
-      self.rng = tf.random.Generator.from_seed(seed)
+      self.rng = tf.random.Generator.from_seed(st.seed)
     self.checkpoint = tf.train.Checkpoint(
       model=self.model,
       embedding=self.backend,
@@ -465,7 +422,7 @@ class Trainer:
     self._read_manager = tf.train.CheckpointManager(
       self.checkpoint,
       self.run_dir.checkpoints,
-      max_to_keep=max_checkpoints,
+      max_to_keep=st.max_checkpoints,
       step_counter=self.global_step,
     )
     self.manager = self._read_manager
@@ -485,12 +442,12 @@ class Trainer:
       self.global_batch_size,
       self.global_step,
       self.loss_metric,
-      nonfinite_policy=nonfinite_policy,
+      nonfinite_policy=st.nonfinite_policy,
       jit_compile=self.compile_plan.compile_steps,
     )
     self._eval_dataset = None
     self._writers = None
-    if summaries and self._chief:
+    if st.summaries and self._chief:
       self._writers = {
         kind: tf.summary.create_file_writer(self.run_dir.summaries(kind))
         for kind in run_dir_lib.SUMMARY_KINDS

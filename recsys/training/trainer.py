@@ -285,13 +285,30 @@ class Trainer:
     st = dataclasses.replace(settings or TrainSettings(), **overrides)
     self.settings = st
     self.model_dir = model_dir
-    self.allow_changed_settings = bool(st.allow_changed_settings)
-    source, eval_source = _dataset_sources(
-      source, eval_source, st.feature_config, st.embedding
-    )
-    self.source = source
-    self.eval_source = eval_source if eval_source is not None else source
     self.strategy = strategy or tf.distribute.get_strategy()
+    self._store_settings(st)
+    self._validate(source, eval_source)
+    # ParameterServerStrategy: this process coordinates; steps run on the
+    # workers through a ClusterCoordinator (recsys.training.coordinated).
+    self._coordinator = (
+      coordinated_lib.make_coordinator(self.strategy)
+      if hardware.is_parameter_server(self.strategy)
+      else None
+    )
+    self._make_folder()
+    keras.utils.set_random_seed(st.seed)
+    self._build_embedding()
+    self._build_model(model)
+    self._build_checkpoints()
+    self._build_steps()
+    self._build_writers()
+    self.restored_step = self.restore()
+
+  # -- construction steps ----------------------------------------------------
+
+  def _store_settings(self, st: TrainSettings) -> None:
+    """The settings the methods read, as attributes (normalized)."""
+    self.allow_changed_settings = bool(st.allow_changed_settings)
     self.global_batch_size = int(st.global_batch_size)
     self.eval_batch_size = int(st.eval_batch_size or st.global_batch_size)
     self.train_steps = int(st.train_steps)
@@ -301,26 +318,34 @@ class Trainer:
     self.checkpoint_every = int(st.checkpoint_every or 0)
     self.seed = st.seed
     self.progress_bar = st.progress_bar
+
+  def _validate(self, source: Any, eval_source: Any) -> None:
+    """Checks and keeps the sources; checks batch sizes, dense optimizer."""
+    st = self.settings
+    source, eval_source = _dataset_sources(
+      source, eval_source, st.feature_config, st.embedding
+    )
+    self.source = source
+    self.eval_source = eval_source if eval_source is not None else source
     self._check_batch_sizes()
     _check_source(source, "train.data")
     if eval_source is not None:
       _check_source(eval_source, "train.eval_data")
     _check_dense_optimizer(st.dense_optimizer)
-    # ParameterServerStrategy: this process coordinates; steps run on the
-    # workers through a ClusterCoordinator (recsys.training.coordinated).
-    self._coordinator = (
-      coordinated_lib.make_coordinator(self.strategy)
-      if hardware.is_parameter_server(self.strategy)
-      else None
-    )
+
+  def _make_folder(self) -> None:
+    """Creates the model dir (refusing a file of that name)."""
+    model_dir = self.model_dir
     if os.path.exists(model_dir) and not os.path.isdir(model_dir):
       raise TrainerConfigError(
         f"model_dir {model_dir!r} is a file; it must be a folder (new or "
         "holding a run to resume)."
       )
     os.makedirs(model_dir, exist_ok=True)
-    keras.utils.set_random_seed(st.seed)
 
+  def _build_embedding(self) -> None:
+    """Tables, embedding optimizer, step counter and the embedding backend."""
+    st, source = self.settings, self.source
     self.feature_config = (
       dict(source.feature_config)
       if isinstance(source, DatasetSource)
@@ -334,7 +359,6 @@ class Trainer:
     embedding_optimizer = st.embedding_optimizer
     if embedding_optimizer is None:
       embedding_optimizer = default_embedding_optimizer()
-    self.embedding_optimizer = embedding_optimizer
     with self.strategy.scope():
       self.global_step = tf.Variable(
         0,
@@ -388,7 +412,10 @@ class Trainer:
       strategy=self.strategy,
       **options,
     )
-    dense_optimizer = st.dense_optimizer or keras.optimizers.Adam
+
+  def _build_model(self, model: Callable[..., keras.Model]) -> None:
+    """Tables, model, dense optimizer, loss metric and RNG, in scope."""
+    dense_optimizer = self.settings.dense_optimizer or keras.optimizers.Adam
     with self.strategy.scope():
       self.backend.build()
       self.model = _call_with_supported(model, **self._model_kwargs())
@@ -399,7 +426,10 @@ class Trainer:
       # Randomness drawn during training comes from this generator, saved with
       # the run so a resumed run continues its stream (the built-in models
       # and data draw none: they are functions of the seed and the step).
-      self.rng = tf.random.Generator.from_seed(st.seed)
+      self.rng = tf.random.Generator.from_seed(self.settings.seed)
+
+  def _build_checkpoints(self) -> None:
+    """The checkpoint, the run folder and the chief's / a worker's managers."""
     self.checkpoint = tf.train.Checkpoint(
       model=self.model,
       embedding=self.backend,
@@ -413,7 +443,7 @@ class Trainer:
     self._chief = self._is_chief()
     resolver = getattr(self.strategy, "cluster_resolver", None)
     self.run_dir = run_dir_lib.RunDir(
-      model_dir,
+      self.model_dir,
       chief=self._chief,
       task=None
       if self._chief or resolver is None
@@ -422,7 +452,7 @@ class Trainer:
     self._read_manager = tf.train.CheckpointManager(
       self.checkpoint,
       self.run_dir.checkpoints,
-      max_to_keep=st.max_checkpoints,
+      max_to_keep=self.settings.max_checkpoints,
       step_counter=self.global_step,
     )
     self.manager = self._read_manager
@@ -434,6 +464,9 @@ class Trainer:
         step_counter=self.global_step,
       )
     self._saved_step: int | None = None
+
+  def _build_steps(self) -> None:
+    """The compiled step functions (scheduled on workers under PS)."""
     self.steps = self._step_functions_class(
       self.strategy,
       self.model,
@@ -442,17 +475,19 @@ class Trainer:
       self.global_batch_size,
       self.global_step,
       self.loss_metric,
-      nonfinite_policy=st.nonfinite_policy,
+      nonfinite_policy=self.settings.nonfinite_policy,
       jit_compile=self.compile_plan.compile_steps,
     )
     self._eval_dataset = None
+
+  def _build_writers(self) -> None:
+    """TensorBoard writers: the chief's, when summaries are on."""
     self._writers = None
-    if st.summaries and self._chief:
+    if self.settings.summaries and self._chief:
       self._writers = {
         kind: tf.summary.create_file_writer(self.run_dir.summaries(kind))
         for kind in run_dir_lib.SUMMARY_KINDS
       }
-    self.restored_step = self.restore()
 
   # -- construction helpers ------------------------------------------------
 

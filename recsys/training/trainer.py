@@ -116,15 +116,13 @@ def _call_with_supported(factory: Callable[..., Any], **kwargs) -> Any:
 
 
 def _check_source(source: Any, where: str) -> None:
-  """A data source has `feature_specs` and `dataset()` (the data contract)."""
-  if not (
-    hasattr(source, "feature_specs")
-    and callable(getattr(source, "dataset", None))
-  ):
+  """A data source is a `recsys.data.DataSource` (the data contract)."""
+  if not isinstance(source, DataSource):
     raise TrainerConfigError(
       f"{where} is {source!r} ({type(source).__name__}); expected a data "
-      "source with feature_specs and dataset(), e.g. @SyntheticCTR() or "
-      "@CriteoTSV()."
+      "source, a recsys.data.DataSource such as @SyntheticCTR() or "
+      "@CriteoTSV() (for a plain tf.data.Dataset: "
+      "recsys.data.DatasetSource(dataset, feature_config))."
     )
 
 

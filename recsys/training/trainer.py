@@ -15,14 +15,13 @@ Example:
 
 import dataclasses
 import functools
-import inspect
 import logging
 import os
 import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, cast
+from typing import Any
 
 import gin
 import numpy as np
@@ -35,7 +34,7 @@ from recsys._keras import keras, tf
 from recsys.data.from_dataset import DatasetSource
 from recsys.data.pipeline import DataSource
 from recsys.errors import RecsysError
-from recsys.models.base import RetrievalModel
+from recsys.models.base import RankingModel, RetrievalModel
 from recsys.training import compile as compile_lib
 from recsys.training import coordinated as coordinated_lib
 from recsys.training import input as input_lib
@@ -97,22 +96,20 @@ def default_embedding_optimizer() -> Any:
   return tf.tpu.experimental.embedding.Adagrad(0.05)
 
 
-def _call_with_supported(factory: Callable[..., Any], **kwargs) -> Any:
-  """Calls `factory` with the keyword arguments its signature accepts.
+def _model_arguments(factory: Any) -> tuple[str, ...]:
+  """The constructor arguments the model `factory` builds declares.
 
-  A class is inspected through its `__init__`: gin hands `@Model` over as a
-  generated subclass whose own signature is `(*args, **kwargs)`.
+  `RankingModel.TRAINER_ARGUMENTS` or `RetrievalModel.TRAINER_ARGUMENTS`
+  for a model class, a gin-wrapped one (a subclass) or a `functools.partial`
+  of one; ranking's (`feature_specs`, `num_dense`) for any other factory,
+  unless it declares its own `TRAINER_ARGUMENTS`.
   """
-  target: Any = factory
-  if isinstance(factory, type):
-    target = cast(Any, factory).__init__
-  try:
-    params = inspect.signature(target).parameters
-  except (TypeError, ValueError):
-    return factory(**kwargs)
-  if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-    return factory(**kwargs)
-  return factory(**{k: v for k, v in kwargs.items() if k in params})
+  target = factory
+  while isinstance(target, functools.partial):
+    target = target.func
+  return tuple(
+    getattr(target, "TRAINER_ARGUMENTS", RankingModel.TRAINER_ARGUMENTS)
+  )
 
 
 def _check_source(source: Any, where: str) -> None:
@@ -416,7 +413,10 @@ class Trainer:
     dense_optimizer = self.settings.dense_optimizer or keras.optimizers.Adam
     with self.strategy.scope():
       self.backend.build()
-      self.model = _call_with_supported(model, **self._model_kwargs())
+      kwargs = self._model_kwargs()
+      self.model = model(
+        **{k: kwargs[k] for k in _model_arguments(model) if k in kwargs}
+      )
       self.model.create_variables(features_lib.dims(self.feature_config))
       self.dense_optimizer = dense_optimizer()
       self.dense_optimizer.build(self.model.trainable_variables)

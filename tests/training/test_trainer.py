@@ -228,23 +228,22 @@ def test_every_train_setting_reaches_the_trainer(monkeypatch, tmp_path):
     assert getattr(settings, name) is value, name
 
 
-def test_model_factory_from_gin_gets_only_the_arguments_it_accepts():
-  """gin wraps `@DLRM` in a (*args, **kwargs) subclass; the trainer must still
-  drop keywords the model does not take (MovieLens has query_features)."""
+def test_model_factories_get_the_arguments_their_model_kind_declares():
+  """gin wraps `@DLRM` in a (*args, **kwargs) subclass; the trainer passes
+  the arguments DLRM's kind declares (not MovieLens' query_features)."""
   import gin
 
   from recsys import _gin_compat
-  from recsys.data.spec import FeatureSpec
-  from recsys.models import DLRM
+  from recsys.models import DLRM, TwoTower
+  from recsys.models.base import RankingModel, RetrievalModel
   from recsys.training import trainer as trainer_lib
 
+  arguments = trainer_lib._model_arguments  # pylint: disable=protected-access
   gin.parse_config("import recsys.models\nx/macro.value = @DLRM")
   wrapped = _gin_compat.evaluate(gin.query_parameter("x/macro.value"))
-  model = trainer_lib._call_with_supported(  # pylint: disable=protected-access
-    wrapped,
-    feature_specs=[FeatureSpec("u", 5), FeatureSpec("i", 7)],
-    num_dense=0,
-    query_features=["u"],
-    candidate_features=["u"],
+  assert arguments(wrapped) == RankingModel.TRAINER_ARGUMENTS
+  assert arguments(functools.partial(TwoTower, embedding_dim=4)) == (
+    RetrievalModel.TRAINER_ARGUMENTS
   )
-  assert isinstance(model, DLRM)
+  assert arguments(DLRM) == ("feature_specs", "num_dense")
+  assert "query_features" in RetrievalModel.TRAINER_ARGUMENTS

@@ -244,12 +244,13 @@ class Trainer:
 
   Args:
     model_dir: checkpoints, summaries, `operative_config.gin`, `metrics.json`.
-    source: the training data source (`feature_specs`, `num_dense`,
-      `dataset(...)`; retrieval sources also `candidates(...)`).
+    source: the training data source, a `recsys.data.DataSource` (or an
+      unbatched `tf.data.Dataset` with the `feature_config` setting).
     model: a model class or factory, called inside `strategy.scope()` with the
-      source's `feature_specs`, `num_dense` (and for retrieval
-      `query_features`, `candidate_features`, `candidate_id_feature`) as far
-      as its signature accepts them.
+      source's values of the arguments its kind declares:
+      `RankingModel.TRAINER_ARGUMENTS` (`feature_specs`, `num_dense`) or
+      `RetrievalModel.TRAINER_ARGUMENTS` (also `query_features`,
+      `candidate_features`, `candidate_id_feature`).
     strategy: the `tf.distribute` strategy (default: the current one).
     eval_source: source for evaluation; default: `source` with training=False.
     settings: how the run trains (`TrainSettings`: batch sizes, steps,

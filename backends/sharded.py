@@ -53,7 +53,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import sharded_variable  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.trackable import base as trackable_base  # pylint: disable=g-direct-tensorflow-import
 
-from backends import base, optimizers, tensorcore
+from backends import base, hardware, optimizers, tensorcore
 
 embedding = tf.tpu.experimental.embedding
 log = logging.getLogger("recsys.backends")
@@ -161,9 +161,7 @@ class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
 
   @classmethod
   def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> str | None:
-    if not isinstance(
-      strategy, tf.distribute.experimental.ParameterServerStrategy
-    ):
+    if not hardware.is_parameter_server(strategy):
       return (
         f"it needs a ParameterServerStrategy (the tables live on its "
         f"parameter servers); this is {type(strategy).__name__}. Start a "

@@ -203,7 +203,8 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
         _Counters([layout.path for layout in self._layouts])
       )
       if not (
-        _is_tpu(self._strategy) or hardware.is_parameter_server(self._strategy)
+        hardware.is_tpu(self._strategy)
+        or hardware.is_parameter_server(self._strategy)
       ):
         # Per replica: set by a training lookup, cleared by apply_gradients
         # (backends.pending); not checkpointed.
@@ -425,7 +426,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     """Whether this trace takes the static-shape path (see `static_shapes`)."""
     if self._static_shapes is not None:
       return self._static_shapes
-    if _in_xla_context() or _is_tpu(self._strategy):
+    if _in_xla_context() or hardware.is_tpu(self._strategy):
       return True
     # A tape may take the tables' gradients (V0's loop, a Keras optimizer on
     # `embedding_tables`): several replicas all-reduce them, which needs the
@@ -828,13 +829,6 @@ class _StaticTableStep:
   rows: tf.Tensor  # [N, D], the unique slots' rows
   bags: list[static_bags.StaticBags]  # the table's features, in order
   positions: list[int]  # their index in the feature list
-
-
-def _is_tpu(strategy: tf.distribute.Strategy) -> bool:
-  return isinstance(
-    strategy,
-    (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy),
-  )
 
 
 def _raise_for_report(

@@ -91,6 +91,13 @@ def _add_runtime_flags(parser: argparse.ArgumentParser) -> None:
   )
 
 
+def _command(sub, name: str, **kwargs) -> argparse.ArgumentParser:
+  """A subcommand whose description and examples keep their line breaks."""
+  return sub.add_parser(
+    name, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
+  )
+
+
 def build_parser() -> argparse.ArgumentParser:
   """The argument parser of `recsys` and its subcommands."""
   parser = argparse.ArgumentParser(
@@ -103,10 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
   sub = parser.add_subparsers(dest="command", metavar="COMMAND")
   sub.required = True
 
-  train = sub.add_parser(
+  train = _command(
+    sub,
     "train",
     help="train a model (resumes from --model_dir).",
-    formatter_class=argparse.RawDescriptionHelpFormatter,
     description="Train the experiment the gin files describe. An existing "
     "checkpoint in --model_dir is resumed at its step. Writes checkpoints, "
     "TensorBoard summaries, operative_config.gin and metrics.json there.",
@@ -142,10 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
   )
   _add_runtime_flags(train)
 
-  evaluate = sub.add_parser(
+  evaluate = _command(
+    sub,
     "evaluate",
     help="evaluate the latest checkpoint of a model dir.",
-    formatter_class=argparse.RawDescriptionHelpFormatter,
     description="Restore the latest checkpoint of --model_dir and evaluate "
     "it; prints the metrics as JSON and, if the model dir is writable, "
     "keeps them in eval_metrics.json (nothing else is written). Without "
@@ -158,10 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
   evaluate.add_argument("--model_dir", required=True)
   _add_runtime_flags(evaluate)
 
-  export = sub.add_parser(
+  export = _command(
+    sub,
     "export",
     help="export a SavedModel that serves on CPU.",
-    formatter_class=argparse.RawDescriptionHelpFormatter,
     description="Restore the latest checkpoint of --model_dir (trained with "
     "any backend) and write a SavedModel whose serving_default signature "
     "takes the data source's ids and returns scores (ranking) or top-k "
@@ -176,10 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
   export.add_argument("--export_dir", required=True)
   export.add_argument("-v", "--verbose", action="store_true")
 
-  info = sub.add_parser(
+  info = _command(
+    sub,
     "info",
     help="print versions, devices, strategy and backend choice.",
-    formatter_class=argparse.RawDescriptionHelpFormatter,
     description="Print what recsys detects here: versions, devices, the "
     "strategy and the embedding backend it would pick and why; with "
     "--gin_file also the experiment's tables and their memory plan.",
@@ -189,10 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
   _add_gin_flags(info, required=False)
   _add_runtime_flags(info)
 
-  experiments = sub.add_parser(
+  experiments = _command(
+    sub,
     "experiments",
     help="list the shipped experiment gin files, or print one.",
-    formatter_class=argparse.RawDescriptionHelpFormatter,
     description="The experiment gin files installed with recsys. Pass a "
     "name to --gin_file from any directory, include it from your own gin "
     "file (include 'synthetic_dlrm.gin'), or print it to start your own.",
@@ -203,10 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     "name", nargs="?", default=None, help="print this experiment's gin file."
   )
 
-  launch = sub.add_parser(
+  launch = _command(
+    sub,
     "launch",
     help="run a command on a local cluster (chief, workers, ps).",
-    formatter_class=argparse.RawDescriptionHelpFormatter,
     description="Start a small TF_CONFIG cluster of processes on this "
     "machine (127.0.0.1, free ports) that all run the command after `--`: "
     "with --ps > 0 a chief, workers and parameter servers "
@@ -573,23 +580,23 @@ def _run_command(args: argparse.Namespace) -> int:
       return exit_code
     if args.verbose:
       raise
-    print(
-      f"recsys {args.command}: {type(e).__name__}: {_short(e)}\n(run "
-      "with --verbose for the traceback)",
-      file=sys.stderr,
-    )
-    return 1
+    return _report(args.command, e)
   except Exception as e:  # noqa: BLE001 - TF's errors raised inside a step
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
     if args.verbose or not isinstance(e, tf.errors.OpError):
       raise
-    print(
-      f"recsys {args.command}: {type(e).__name__}: {_short(e)}\n(run "
-      "with --verbose for the traceback)",
-      file=sys.stderr,
-    )
-    return 1
+    return _report(args.command, e)
+
+
+def _report(command: str, error: BaseException) -> int:
+  """Prints a failed command's error in one line; the exit code, 1."""
+  print(
+    f"recsys {command}: {type(error).__name__}: {_short(error)}\n(run "
+    "with --verbose for the traceback)",
+    file=sys.stderr,
+  )
+  return 1
 
 
 def _short(error: BaseException) -> str:

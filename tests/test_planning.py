@@ -233,12 +233,13 @@ def test_train_refuses_tables_larger_than_the_host_naming_them(tmp_path):
   """A 10^10-row table: refused before anything is allocated."""
   import functools  # pylint: disable=g-import-not-at-top
 
+  from recsys.data import DataSource  # pylint: disable=g-import-not-at-top
   from recsys.data.spec import FeatureSpec  # pylint: disable=g-import-not-at-top
   from recsys.features import EmbeddingSettings  # pylint: disable=g-import-not-at-top
   from recsys.models import DLRM  # pylint: disable=g-import-not-at-top
   from recsys.training import Trainer  # pylint: disable=g-import-not-at-top
 
-  class HugeSource:  # the data contract; never read: refused before
+  class HugeSource(DataSource):  # never read: refused before
     feature_specs = [
       FeatureSpec("user", 10**10),
       FeatureSpec("tags", 10**10, multi_hot=True, max_ids=3),

@@ -30,7 +30,7 @@ from recsys.data.criteo import (
 from recsys.data.errors import DataFormatError, DatasetNotFoundError
 from recsys.data.from_dataset import DatasetSource
 from recsys.data.movielens import MovieLens, MovieLensConfigError
-from recsys.data.pipeline import DataSource, InvalidBatchSizeError, distribute
+from recsys.data.pipeline import DataSource, InvalidBatchSizeError
 from recsys.data.raw import RawParser
 from recsys.data.spec import FeatureSpec
 from recsys.data.synthetic_ctr import SyntheticConfigError, SyntheticCTR
@@ -61,3 +61,13 @@ __all__ = [
   "SyntheticRetrievalConfigError",
   "distribute",
 ]
+
+
+def __getattr__(name: str):
+  # `distribute` lives in recsys.training.input, the one place a source is
+  # distributed; imported on first use (recsys.training imports this package).
+  if name == "distribute":
+    from recsys.training.input import distribute  # pylint: disable=g-import-not-at-top
+
+    return distribute
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

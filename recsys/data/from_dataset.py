@@ -23,9 +23,10 @@ from typing import Any
 
 from recsys import features as features_lib
 from recsys._keras import tf
+from recsys.data.pipeline import BatchRequest, DataSource
 
 
-class DatasetSource:
+class DatasetSource(DataSource):
   """An unbatched `tf.data.Dataset` and its `FeatureConfig`s as a data source.
 
   Args:
@@ -98,24 +99,15 @@ class DatasetSource:
       out["dense"] = tf.cast(features["dense"], tf.float32)
     return out, tf.reshape(tf.cast(labels, tf.float32), [-1])
 
-  def dataset(
-    self,
-    batch_size: int,
-    training: bool = True,
-    input_context: tf.distribute.InputContext | None = None,
-    drop_remainder: bool = True,
-    repeat: bool | None = None,
-  ) -> tf.data.Dataset:
+  def _batches(self, request: BatchRequest) -> tf.data.Dataset:
     """Per-replica batches in the data contract (`recsys.data`).
 
     With several input pipelines, pipeline i reads every n-th element.
     """
-    ds = self._datasets[bool(training)]
-    if input_context is not None and input_context.num_input_pipelines > 1:
-      ds = ds.shard(
-        input_context.num_input_pipelines, input_context.input_pipeline_id
-      )
-    if training if repeat is None else repeat:
+    ds = self._datasets[request.training]
+    if request.pipelines > 1:
+      ds = ds.shard(request.pipelines, request.pipeline)
+    if request.repeat:
       ds = ds.repeat()
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    ds = ds.batch(request.batch_size, drop_remainder=request.drop_remainder)
     return ds.map(self._to_contract)

@@ -1,7 +1,8 @@
-"""What every source shares: the `DataSource` interface, sharding, batching, and `distribute`.
+"""What every source shares: the `DataSource` interface, sharding, batching.
 
 A source builds a per-replica `tf.data.Dataset` of `(features, labels)` for
-one input pipeline; `distribute` hands it to
+one input pipeline; `recsys.data.distribute` (`recsys.training.input`, the
+one place a source is distributed) hands it to
 `strategy.distribute_datasets_from_function` with per-replica batch sizes and
 the embedding backend's `input_options()`.
 
@@ -58,7 +59,7 @@ class BatchRequest:
 
 
 class DataSource(abc.ABC):
-  """A source of `(features, labels)` batches (see recsys.data for the contract).
+  """A source of `(features, labels)` batches (the contract: recsys.data).
 
   A source implements `_batches(request)`, the batches of one input pipeline;
   `dataset()` checks the arguments and finishes the batches. (A source may
@@ -111,10 +112,10 @@ class DataSource(abc.ABC):
     return finish(self._batches(request))
 
   def _batches(self, request: BatchRequest) -> tf.data.Dataset:
-    """The batches `request` asks for, before `finish` (what a source implements)."""
+    """The batches `request` asks for, before `finish` (a source's part)."""
     raise NotImplementedError(
-      f"{type(self).__name__} implements neither _batches(request) nor dataset(...); "
-      "a DataSource needs one of them."
+      f"{type(self).__name__} implements neither _batches(request) nor "
+      "dataset(...); a DataSource needs one of them."
     )
 
   def known_optimum(self, ks: tuple[int, ...] = ()) -> dict[str, float]:
@@ -164,7 +165,8 @@ def check_batch_size(batch_size: int) -> int:
     or batch_size < 1
   ):
     raise InvalidBatchSizeError(
-      f"batch_size must be a positive integer (the per-replica batch), got {batch_size!r}."
+      "batch_size must be a positive integer (the per-replica batch), got "
+      f"{batch_size!r}."
     )
   return int(batch_size)
 
@@ -238,8 +240,9 @@ def indexed_batches(
   repeat = total is not None and request.repeat
   if repeat and num_batches <= pipeline:
     raise error(
-      f"{total} examples make no full batch of {size} for input pipeline {pipeline} "
-      f"of {pipelines}: set num_examples larger, or use a smaller batch."
+      f"{total} examples make no full batch of {size} for input pipeline "
+      f"{pipeline} of {pipelines}: set num_examples larger, or use a "
+      "smaller batch."
     )
   ds = tf.data.Dataset.range(pipeline, num_batches, pipelines)
   if repeat:
@@ -267,7 +270,7 @@ def candidate_batches(
   item_features: Callable[[tf.Tensor], dict[str, Any]],
   batch_size: int,
 ) -> tf.data.Dataset:
-  """Every candidate once, as finished `{"categorical": item_features(ids)}` batches.
+  """Every candidate once, in finished `{"categorical": ...}` batches.
 
   Args:
     ids: the candidate ids, e.g. `range(num_items)`.
@@ -286,50 +289,3 @@ def candidate_batches(
     num_parallel_calls=AUTOTUNE,
   )
   return finish(ds)
-
-
-def distribute(
-  strategy: tf.distribute.Strategy,
-  source: DataSource,
-  global_batch_size: int,
-  training: bool = True,
-  input_options: tf.distribute.InputOptions | None = None,
-  **dataset_kwargs,
-) -> tf.distribute.DistributedDataset:
-  """Distributes `source` over `strategy`'s replicas.
-
-  Each input pipeline gets `source.dataset(per_replica_batch, training=...,
-  input_context=ctx)`, where `per_replica_batch = global_batch_size /
-  num_replicas_in_sync`.
-
-  Args:
-    strategy: the distribution strategy.
-    source: any `DataSource`.
-    global_batch_size: examples per step over all replicas; must divide evenly.
-    training: training (else evaluation) split.
-    input_options: the embedding backend's `input_options()`.
-    **dataset_kwargs: passed on to `source.dataset` (e.g. drop_remainder, repeat).
-
-  Returns:
-    A distributed dataset of PerReplica `(features, labels)`.
-
-  Raises:
-    InvalidBatchSizeError: the global batch does not split over the replicas.
-  """
-  global_batch_size = check_batch_size(global_batch_size)
-  replicas = strategy.num_replicas_in_sync
-  if global_batch_size % replicas:
-    raise InvalidBatchSizeError(
-      f"global_batch_size {global_batch_size} does not split evenly over "
-      f"{replicas} replicas; use a multiple of {replicas}."
-    )
-
-  def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-    return source.dataset(
-      ctx.get_per_replica_batch_size(global_batch_size),
-      training=training,
-      input_context=ctx,
-      **dataset_kwargs,
-    )
-
-  return strategy.distribute_datasets_from_function(dataset_fn, input_options)

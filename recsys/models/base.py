@@ -181,6 +181,9 @@ class RankingModel(_ModelBase, metaclass=abc.ABCMeta):
   with `objective="mse"` the logit is the predicted rating (metric: RMSE).
   """
 
+  #: What the Trainer passes a ranking model's constructor, from the source.
+  TRAINER_ARGUMENTS: tuple[str, ...] = ("feature_specs", "num_dense")
+
   def __init__(
     self,
     feature_specs: Sequence[FeatureSpec],
@@ -327,6 +330,15 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
 
   Subclasses implement `query_embeddings` and `candidate_embeddings`.
   """
+
+  #: What the Trainer passes a retrieval model's constructor, from the source.
+  TRAINER_ARGUMENTS: tuple[str, ...] = (
+    "feature_specs",
+    "num_dense",
+    "query_features",
+    "candidate_features",
+    "candidate_id_feature",
+  )
 
   def __init__(
     self,

@@ -4,10 +4,11 @@ With a `ParameterServerStrategy` the trainer's process is the coordinator
 (TF_CONFIG task "chief"): it owns no data and runs no training step itself.
 It schedules functions on the workers with
 `tf.distribute.coordinator.ClusterCoordinator`, each running a few training
-steps on that worker's own input pipeline, while the variables (the sharded
-embedding tables, the dense model, the optimizers, the metrics) live on the
-parameter servers. Workers run asynchronously: one replica per worker, each
-step is one worker's batch of `global_batch_size` examples, no all-reduce.
+steps on that worker's own input pipeline (`recsys.training.input`), while
+the variables (the sharded embedding tables, the dense model, the optimizers,
+the metrics) live on the parameter servers. Workers run asynchronously: one
+replica per worker, each step is one worker's batch of `global_batch_size`
+examples, no all-reduce.
 
 `CoordinatedStepFunctions` has the interface of
 `recsys.training.loop.StepFunctions` (`run_train_steps`, `eval_loop`), so the
@@ -24,7 +25,8 @@ resumes from the last checkpoint.
 
 Example:
   >>> coordinator = make_coordinator(strategy)
-  >>> dataset = per_worker_dataset(coordinator, source, 512, preprocess)
+  >>> dataset = input.training_input(strategy, source, 512, preprocess,
+  ...                                coordinator=coordinator)
   >>> steps = CoordinatedStepFunctions(coordinator, strategy, model, backend,
   ...                                  optimizer, 512, global_step, loss)
   >>> steps.run_train_steps(iter(dataset), 100)
@@ -32,11 +34,8 @@ Example:
 
 import logging
 import math
-from collections.abc import Callable
-from typing import Any
 
 from recsys._keras import tf
-from recsys.training import eval_padding
 from recsys.training import loop as loop_lib
 
 log = logging.getLogger("recsys.training")
@@ -59,93 +58,6 @@ def num_workers(strategy: tf.distribute.Strategy) -> int:
   from backends import sharded  # pylint: disable=g-import-not-at-top
 
   return max(1, sharded.num_tasks(strategy, "worker"))
-
-
-def per_worker_dataset(
-  coordinator,
-  source: Any,
-  global_batch: int,
-  preprocess: Callable[[Any, Any], Any],
-  skip_steps: int = 0,
-  options: tf.distribute.InputOptions | None = None,
-):
-  """A dataset on every worker, each reading its own shard of `source`.
-
-  Worker `k` of `W` reads input pipeline `k` of `W` of the training split
-  (`source.dataset(global_batch, input_context=...)`: one replica per worker,
-  so a worker's batch is the global batch). The dataset function is traced
-  once and runs on every worker; it builds the `W` pipelines and reads only
-  the one of the worker it runs on
-  (`tf.distribute.coordinator.experimental_get_current_worker_index`).
-
-  Args:
-    coordinator: the run's `ClusterCoordinator`.
-    source: a data source (`dataset(batch_size, *, training, input_context,
-      drop_remainder)`).
-    global_batch: examples per step (per worker batch).
-    preprocess: `(features, labels) -> (features, labels)` on the host.
-    skip_steps: steps already trained (resume): each worker skips its share.
-    options: the backend's input options.
-
-  Returns:
-    A per-worker dataset; `iter()` it and pass the iterator to
-    `CoordinatedStepFunctions.run_train_steps`.
-  """
-  strategy = coordinator.strategy
-  workers = num_workers(strategy)
-  skip = int(math.ceil(skip_steps / workers)) if skip_steps else 0
-
-  def pipeline(k: int) -> tf.data.Dataset:
-    ctx = tf.distribute.InputContext(
-      num_input_pipelines=workers, input_pipeline_id=k, num_replicas_in_sync=1
-    )
-    ds = source.dataset(
-      global_batch, training=True, input_context=ctx, drop_remainder=True
-    )
-    if skip:
-      ds = ds.skip(skip)
-    return ds.map(
-      tf.autograph.experimental.do_not_convert(preprocess),
-      num_parallel_calls=tf.data.AUTOTUNE,
-    )
-
-  def dataset_fn(_: tf.distribute.InputContext) -> tf.data.Dataset:
-    if workers == 1:
-      return pipeline(0).prefetch(tf.data.AUTOTUNE)
-    index = tf.distribute.coordinator.experimental_get_current_worker_index()
-    choice = tf.data.Dataset.from_tensors(tf.cast(index, tf.int64)).repeat()
-    ds = tf.data.Dataset.choose_from_datasets(
-      [pipeline(k) for k in range(workers)], choice
-    )
-    return ds.prefetch(tf.data.AUTOTUNE)
-
-  @tf.function
-  def per_worker_fn():
-    return strategy.distribute_datasets_from_function(dataset_fn, options)
-
-  return coordinator.create_per_worker_dataset(per_worker_fn)
-
-
-def coordinator_dataset(
-  source: Any,
-  global_batch: int,
-  preprocess: Callable[[Any, Any], Any],
-  take_steps: int | None = None,
-) -> tf.data.Dataset:
-  """The evaluation split as a dataset on the coordinator, each example once."""
-  ds = eval_padding.pad_eval_batches(
-    source.dataset(
-      global_batch, training=False, drop_remainder=False, repeat=False
-    ),
-    global_batch,
-  )
-  if take_steps is not None:
-    ds = ds.take(take_steps)
-  ds = ds.map(
-    tf.autograph.experimental.do_not_convert(preprocess),
-    num_parallel_calls=tf.data.AUTOTUNE,
-  )
-  return ds.prefetch(tf.data.AUTOTUNE)
 
 
 class CoordinatedStepFunctions(loop_lib.StepFunctions):

@@ -20,6 +20,7 @@ Example (gin):
   train.train_steps = 2000
 """
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,6 +31,7 @@ from recsys import config
 from recsys import features as features_lib
 from recsys._keras import keras, tf
 from recsys.training import strategy as strategy_lib
+from recsys.training.settings import TrainSettings
 from recsys.training.trainer import Trainer, default_embedding_optimizer
 
 log = logging.getLogger("recsys.training")
@@ -128,77 +130,33 @@ def train(
     data: the training data source (e.g. `@SyntheticCTR()`).
     model: model class or factory (e.g. `@DLRM`), built inside the scope.
     eval_data: evaluation source (default: `data` with training=False).
-    embedding: `EmbeddingSettings` (dim, combiner, per-table overrides).
-    embedding_optimizer: default `tf.tpu.experimental.embedding` optimizer
-      (default: Adagrad(0.05)).
-    dense_optimizer: Keras optimizer class or factory (default: Adam).
-    backend: embedding backend name, or "auto" to choose from the hardware.
-    backend_options: backend constructor options (e.g. `bag_widths`).
     tpu: TPU address or "local"; None: no TPU.
     num_cpu_replicas: > 1: MirroredStrategy over that many logical CPUs.
-    global_batch_size: examples per step over all replicas.
-    eval_batch_size: global eval batch (default: global_batch_size).
-    train_steps: total training steps.
-    steps_per_loop: steps per compiled host call (TPU host-loop pattern).
-    eval_every: evaluate every N steps (0: at the end only).
-    eval_steps: eval batches per evaluation (None: the whole eval set).
-    checkpoint_every: checkpoint every N steps (0: at the end only).
-    max_checkpoints: checkpoints kept in the model dir.
-    seed: random seed of the run.
-    progress_bar: show a progress bar with throughput and ETA.
-    summaries: write TensorBoard summaries.
-    nonfinite_policy: "stop" (raise at a step with NaN/inf loss or gradients,
-      naming it and the last good checkpoint) or "skip" (leave such steps
-      out and count them).
-    jit_compile: compile each replica step with XLA as a TPU does (None: on
-      under a TPUStrategy only); see `recsys.training.compile`.
-    allow_changed_settings: resume although settings that change the math
-      (data, model, optimizers, batch size, seed, ...) differ from the
-      previous run's; refused by default, naming them.
-    skip_memory_check: build tables whose memory plan exceeds the host's
-      memory (refused by default, naming the tables and sizes).
     strategy: an already built strategy (Python callers; overrides `tpu`).
     action: "train" (returns final metrics), "evaluate" (restores the latest
       checkpoint, returns eval metrics) or "build" (returns the Trainer).
-    feature_config: with `data` an unbatched `tf.data.Dataset` (Python
-      callers): the tables to train as TF `FeatureConfig`s, used as is.
+    Every other parameter is a `TrainSettings` field (documented there, with
+    the same default): the settings the Trainer gets.
 
   Raises:
     ValueError: unknown action, or inconsistent settings (see `Trainer`).
   """
+  settings = TrainSettings.pick(locals())  # first: locals() = the arguments
   if action not in ACTIONS:
     raise ValueError(f"train(action={action!r}): use one of {list(ACTIONS)}.")
   if strategy is None:
     strategy, why = strategy_lib.make_strategy(tpu, num_cpu_replicas)
     log.info("strategy: %s", why)
   trainer = Trainer(
-    model_dir=model_dir,
-    source=_instance(data),
-    model=model,
+    model_dir,
+    _instance(data),
+    model,
     strategy=strategy,
-    embedding=embedding,
-    embedding_optimizer=embedding_optimizer,
-    dense_optimizer=dense_optimizer,
-    backend=backend,
-    backend_options=backend_options,
     eval_source=_instance(eval_data) if eval_data is not None else None,
-    global_batch_size=global_batch_size,
-    eval_batch_size=eval_batch_size,
-    train_steps=train_steps,
-    steps_per_loop=steps_per_loop,
-    eval_every=eval_every,
-    eval_steps=eval_steps,
-    checkpoint_every=checkpoint_every,
-    max_checkpoints=max_checkpoints,
     # Only training writes summaries: evaluate/export just read the run.
-    seed=seed,
-    progress_bar=progress_bar,
-    summaries=summaries and action == "train",
-    nonfinite_policy=nonfinite_policy,
-    jit_compile=jit_compile,
-    allow_changed_settings=allow_changed_settings,
-    skip_memory_check=skip_memory_check,
-    feature_config=feature_config,
+    settings=dataclasses.replace(
+      settings, summaries=summaries and action == "train"
+    ),
   )
   if action == "build":
     return trainer

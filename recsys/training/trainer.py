@@ -13,15 +13,15 @@ Example:
   >>> metrics = trainer.train()
 """
 
+import dataclasses
 import functools
-import inspect
 import logging
 import os
 import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, cast
+from typing import Any
 
 import gin
 import numpy as np
@@ -34,18 +34,19 @@ from recsys._keras import keras, tf
 from recsys.data.from_dataset import DatasetSource
 from recsys.data.pipeline import DataSource
 from recsys.errors import RecsysError
-from recsys.models.base import RetrievalModel
+from recsys.models.base import RankingModel, RetrievalModel
 from recsys.training import compile as compile_lib
 from recsys.training import coordinated as coordinated_lib
+from recsys.training import input as input_lib
+from recsys.training import loop as loop_lib
+from recsys.training import run_dir as run_dir_lib
 from recsys.training import (
-  eval_padding,
   run_files,
   run_summaries,
   schedules,
 )
-from recsys.training import loop as loop_lib
-from recsys.training import run_dir as run_dir_lib
 from recsys.training import signals as signals_lib
+from recsys.training.settings import TrainSettings
 
 log = logging.getLogger("recsys.training")
 
@@ -95,34 +96,30 @@ def default_embedding_optimizer() -> Any:
   return tf.tpu.experimental.embedding.Adagrad(0.05)
 
 
-def _call_with_supported(factory: Callable[..., Any], **kwargs) -> Any:
-  """Calls `factory` with the keyword arguments its signature accepts.
+def _model_arguments(factory: Any) -> tuple[str, ...]:
+  """The constructor arguments the model `factory` builds declares.
 
-  A class is inspected through its `__init__`: gin hands `@Model` over as a
-  generated subclass whose own signature is `(*args, **kwargs)`.
+  `RankingModel.TRAINER_ARGUMENTS` or `RetrievalModel.TRAINER_ARGUMENTS`
+  for a model class, a gin-wrapped one (a subclass) or a `functools.partial`
+  of one; ranking's (`feature_specs`, `num_dense`) for any other factory,
+  unless it declares its own `TRAINER_ARGUMENTS`.
   """
-  target: Any = factory
-  if isinstance(factory, type):
-    target = cast(Any, factory).__init__
-  try:
-    params = inspect.signature(target).parameters
-  except (TypeError, ValueError):
-    return factory(**kwargs)
-  if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-    return factory(**kwargs)
-  return factory(**{k: v for k, v in kwargs.items() if k in params})
+  target = factory
+  while isinstance(target, functools.partial):
+    target = target.func
+  return tuple(
+    getattr(target, "TRAINER_ARGUMENTS", RankingModel.TRAINER_ARGUMENTS)
+  )
 
 
 def _check_source(source: Any, where: str) -> None:
-  """A data source has `feature_specs` and `dataset()` (the data contract)."""
-  if not (
-    hasattr(source, "feature_specs")
-    and callable(getattr(source, "dataset", None))
-  ):
+  """A data source is a `recsys.data.DataSource` (the data contract)."""
+  if not isinstance(source, DataSource):
     raise TrainerConfigError(
       f"{where} is {source!r} ({type(source).__name__}); expected a data "
-      "source with feature_specs and dataset(), e.g. @SyntheticCTR() or "
-      "@CriteoTSV()."
+      "source, a recsys.data.DataSource such as @SyntheticCTR() or "
+      "@CriteoTSV() (for a plain tf.data.Dataset: "
+      "recsys.data.DatasetSource(dataset, feature_config))."
     )
 
 
@@ -242,68 +239,24 @@ def _scalar_summary(name: str, value: float, step: int) -> None:
   )
 
 
-def _with_batch_size(batch_size: int, *batch):
-  """`batch` with its dense tensors' first dimension set to `batch_size`.
-
-  Sources that gather ragged rows can lose the static batch size, and with
-  it the padded bags' (`preprocess`): compiled steps need it.
-  """
-
-  def fix(t):
-    if isinstance(t, tf.Tensor) and t.shape.rank and t.shape[0] is None:
-      return tf.ensure_shape(t, [batch_size] + t.shape[1:].as_list())
-    return t
-
-  return tf.nest.map_structure(fix, batch)
-
-
 class Trainer:
   """Builds and runs one experiment under one strategy.
 
   Args:
     model_dir: checkpoints, summaries, `operative_config.gin`, `metrics.json`.
-    source: the training data source (`feature_specs`, `num_dense`,
-      `dataset(...)`; retrieval sources also `candidates(...)`).
+    source: the training data source, a `recsys.data.DataSource` (or an
+      unbatched `tf.data.Dataset` with the `feature_config` setting).
     model: a model class or factory, called inside `strategy.scope()` with the
-      source's `feature_specs`, `num_dense` (and for retrieval
-      `query_features`, `candidate_features`, `candidate_id_feature`) as far
-      as its signature accepts them.
+      source's values of the arguments its kind declares:
+      `RankingModel.TRAINER_ARGUMENTS` (`feature_specs`, `num_dense`) or
+      `RetrievalModel.TRAINER_ARGUMENTS` (also `query_features`,
+      `candidate_features`, `candidate_id_feature`).
     strategy: the `tf.distribute` strategy (default: the current one).
-    embedding: `EmbeddingSettings` (dim, combiner, per-table overrides).
-    embedding_optimizer: default `tf.tpu.experimental.embedding` optimizer.
-    dense_optimizer: Keras optimizer class or factory (called in scope).
-    backend: embedding backend name or "auto".
-    backend_options: keyword arguments for the backend's constructor.
     eval_source: source for evaluation; default: `source` with training=False.
-    global_batch_size: examples per step over all replicas.
-    eval_batch_size: global eval batch (default: global_batch_size).
-    train_steps: total steps (a resumed run continues up to this).
-    steps_per_loop: steps per compiled host call.
-    eval_every: evaluate every N steps (0: only at the end).
-    eval_steps: eval batches per evaluation (None: the whole eval set).
-    checkpoint_every: save every N steps (0: only at the end).
-    max_checkpoints: checkpoints kept.
-    seed: seeds Python, NumPy and TF (`keras.utils.set_random_seed`).
-    progress_bar: show a tqdm bar (on a terminal).
-    summaries: write TensorBoard summaries.
-    nonfinite_policy: what a step with NaN/inf loss or gradients does:
-      "stop" (raise `NonFiniteLossError` naming the step and the last good
-      checkpoint; nothing is saved) or "skip" (leave the step out, count it
-      in `train/nonfinite_steps`).
-    jit_compile: compile each replica's step with XLA, as a TPU does (None:
-      on under a TPUStrategy, off elsewhere). On several CPU replicas, whose
-      collectives XLA cannot compile, the step runs uncompiled on the same
-      static shapes (`recsys.training.compile.plan`).
-    allow_changed_settings: resume a checkpoint although settings that
-      change the math differ from the previous run's (refused otherwise,
-      `run_configs.ChangedSettingsError`); every run's config is kept.
-    skip_memory_check: build the tables even when their memory plan
-      (`recsys.planning`) exceeds the host's memory (refused otherwise,
-      `planning.MemoryPlanError`, naming the tables and sizes).
-    feature_config: with `source` (and `eval_source`) an unbatched
-      `tf.data.Dataset` of `(features dict, label)`: the dict feature name ->
-      `tf.tpu.experimental.embedding.FeatureConfig` to train, used as is
-      (`recsys.data.from_dataset.DatasetSource`; `embedding` must be None).
+    settings: how the run trains (`TrainSettings`: batch sizes, steps,
+      optimizers, backend, ...; default: its defaults).
+    **overrides: `TrainSettings` fields that replace those of `settings`
+      (keyword callers: `Trainer(dir, source, DLRM, seed=1)`).
 
   Reliability: `train()` holds an exclusive lock on the model dir (a second
   run there is refused), turns SIGTERM/Ctrl-C into a checkpoint at the exact
@@ -320,51 +273,17 @@ class Trainer:
     source: Any,
     model: Callable[..., keras.Model],
     strategy: tf.distribute.Strategy | None = None,
-    embedding: features_lib.EmbeddingSettings | None = None,
-    embedding_optimizer: Any | None = None,
-    dense_optimizer: Callable[[], Any] | None = None,
-    backend: str = "auto",
-    backend_options: Mapping[str, Any] | None = None,
     eval_source: Any | None = None,
-    global_batch_size: int = 1024,
-    eval_batch_size: int | None = None,
-    train_steps: int = 1000,
-    steps_per_loop: int = 100,
-    eval_every: int = 0,
-    eval_steps: int | None = 20,
-    checkpoint_every: int = 0,
-    max_checkpoints: int = 3,
-    seed: int = 0,
-    progress_bar: bool = True,
-    summaries: bool = True,
-    nonfinite_policy: str = "stop",
-    jit_compile: bool | None = None,
-    allow_changed_settings: bool = False,
-    skip_memory_check: bool = False,
-    feature_config: Mapping[str, Any] | None = None,
+    settings: TrainSettings | None = None,
+    **overrides: Any,
   ):
+    # Keyword callers may name settings directly: Trainer(..., seed=1).
+    st = dataclasses.replace(settings or TrainSettings(), **overrides)
+    self.settings = st
     self.model_dir = model_dir
-    self.allow_changed_settings = bool(allow_changed_settings)
-    source, eval_source = _dataset_sources(
-      source, eval_source, feature_config, embedding
-    )
-    self.source = source
-    self.eval_source = eval_source if eval_source is not None else source
     self.strategy = strategy or tf.distribute.get_strategy()
-    self.global_batch_size = int(global_batch_size)
-    self.eval_batch_size = int(eval_batch_size or global_batch_size)
-    self.train_steps = int(train_steps)
-    self.steps_per_loop = max(1, int(steps_per_loop))
-    self.eval_every = int(eval_every or 0)
-    self.eval_steps = eval_steps
-    self.checkpoint_every = int(checkpoint_every or 0)
-    self.seed = seed
-    self.progress_bar = progress_bar
-    self._check_batch_sizes()
-    _check_source(source, "train.data")
-    if eval_source is not None:
-      _check_source(eval_source, "train.eval_data")
-    _check_dense_optimizer(dense_optimizer)
+    self._store_settings(st)
+    self._validate(source, eval_source)
     # ParameterServerStrategy: this process coordinates; steps run on the
     # workers through a ClusterCoordinator (recsys.training.coordinated).
     self._coordinator = (
@@ -372,27 +291,70 @@ class Trainer:
       if hardware.is_parameter_server(self.strategy)
       else None
     )
+    self._make_folder()
+    keras.utils.set_random_seed(st.seed)
+    self._build_embedding()
+    self._build_model(model)
+    self._build_checkpoints()
+    self._build_steps()
+    self._build_writers()
+    self.restored_step = self.restore()
+
+  # -- construction steps ----------------------------------------------------
+
+  def _store_settings(self, st: TrainSettings) -> None:
+    """The settings the methods read, as attributes (normalized)."""
+    self.allow_changed_settings = bool(st.allow_changed_settings)
+    self.global_batch_size = int(st.global_batch_size)
+    self.eval_batch_size = int(st.eval_batch_size or st.global_batch_size)
+    self.train_steps = int(st.train_steps)
+    self.steps_per_loop = max(1, int(st.steps_per_loop))
+    self.eval_every = int(st.eval_every or 0)
+    self.eval_steps = st.eval_steps
+    self.checkpoint_every = int(st.checkpoint_every or 0)
+    self.seed = st.seed
+    self.progress_bar = st.progress_bar
+
+  def _validate(self, source: Any, eval_source: Any) -> None:
+    """Checks and keeps the sources; checks batch sizes, dense optimizer."""
+    st = self.settings
+    source, eval_source = _dataset_sources(
+      source, eval_source, st.feature_config, st.embedding
+    )
+    self.source = source
+    self.eval_source = eval_source if eval_source is not None else source
+    self._check_batch_sizes()
+    _check_source(source, "train.data")
+    if eval_source is not None:
+      _check_source(eval_source, "train.eval_data")
+    _check_dense_optimizer(st.dense_optimizer)
+
+  def _make_folder(self) -> None:
+    """Creates the model dir (refusing a file of that name)."""
+    model_dir = self.model_dir
     if os.path.exists(model_dir) and not os.path.isdir(model_dir):
       raise TrainerConfigError(
         f"model_dir {model_dir!r} is a file; it must be a folder (new or "
         "holding a run to resume)."
       )
     os.makedirs(model_dir, exist_ok=True)
-    keras.utils.set_random_seed(seed)
 
+  def _build_embedding(self) -> None:
+    """Tables, embedding optimizer, step counter and the embedding backend."""
+    st, source = self.settings, self.source
     self.feature_config = (
       dict(source.feature_config)
       if isinstance(source, DatasetSource)
       else features_lib.feature_config(
-        source.feature_specs, embedding, seed=seed
+        source.feature_specs, st.embedding, seed=st.seed
       )
     )
     features_lib.check_embedding_optimizer(
-      embedding_optimizer, "train.embedding_optimizer"
+      st.embedding_optimizer, "train.embedding_optimizer"
     )
+    embedding_optimizer = st.embedding_optimizer
     if embedding_optimizer is None:
       embedding_optimizer = default_embedding_optimizer()
-    self.embedding_optimizer = embedding_optimizer
     with self.strategy.scope():
       self.global_step = tf.Variable(
         0,
@@ -407,7 +369,7 @@ class Trainer:
     )
     embedding_optimizer = self.embedding_optimizer
     self.backend_name, self.backend_reason = registry.resolve(
-      backend, self.strategy
+      st.backend, self.strategy
     )
     # `resolve` logs the choice and its reason (the one place "auto" is
     # decided); construct the resolved class directly so it is not re-resolved.
@@ -420,18 +382,18 @@ class Trainer:
         if spec.multi_hot and not spec.sequence_length
       }
     }
-    self.compile_plan = compile_lib.plan(self.strategy, jit_compile)
+    self.compile_plan = compile_lib.plan(self.strategy, st.jit_compile)
     backend_cls = registry.get(self.backend_name)
     if (
       self.compile_plan.static_shapes and "static_shapes" in backend_cls.options
     ):
       options["static_shapes"] = True
     try:
-      registry.check_options(self.backend_name, backend_options or {})
+      registry.check_options(self.backend_name, st.backend_options or {})
     except registry.UnknownBackendOptionError as e:
       raise TrainerConfigError(f"train.backend_options {e}") from e
-    options.update(backend_options or {})
-    if not skip_memory_check:  # before a table is allocated
+    options.update(st.backend_options or {})
+    if not st.skip_memory_check:  # before a table is allocated
       planning.check_fits(
         planning.plan_memory(
           self.feature_config,
@@ -446,10 +408,16 @@ class Trainer:
       strategy=self.strategy,
       **options,
     )
-    dense_optimizer = dense_optimizer or keras.optimizers.Adam
+
+  def _build_model(self, model: Callable[..., keras.Model]) -> None:
+    """Tables, model, dense optimizer, loss metric and RNG, in scope."""
+    dense_optimizer = self.settings.dense_optimizer or keras.optimizers.Adam
     with self.strategy.scope():
       self.backend.build()
-      self.model = _call_with_supported(model, **self._model_kwargs())
+      kwargs = self._model_kwargs()
+      self.model = model(
+        **{k: kwargs[k] for k in _model_arguments(model) if k in kwargs}
+      )
       self.model.create_variables(features_lib.dims(self.feature_config))
       self.dense_optimizer = dense_optimizer()
       self.dense_optimizer.build(self.model.trainable_variables)
@@ -457,7 +425,10 @@ class Trainer:
       # Randomness drawn during training comes from this generator, saved with
       # the run so a resumed run continues its stream (the built-in models
       # and data draw none: they are functions of the seed and the step).
-      self.rng = tf.random.Generator.from_seed(seed)
+      self.rng = tf.random.Generator.from_seed(self.settings.seed)
+
+  def _build_checkpoints(self) -> None:
+    """The checkpoint, the run folder and the chief's / a worker's managers."""
     self.checkpoint = tf.train.Checkpoint(
       model=self.model,
       embedding=self.backend,
@@ -471,7 +442,7 @@ class Trainer:
     self._chief = self._is_chief()
     resolver = getattr(self.strategy, "cluster_resolver", None)
     self.run_dir = run_dir_lib.RunDir(
-      model_dir,
+      self.model_dir,
       chief=self._chief,
       task=None
       if self._chief or resolver is None
@@ -480,7 +451,7 @@ class Trainer:
     self._read_manager = tf.train.CheckpointManager(
       self.checkpoint,
       self.run_dir.checkpoints,
-      max_to_keep=max_checkpoints,
+      max_to_keep=self.settings.max_checkpoints,
       step_counter=self.global_step,
     )
     self.manager = self._read_manager
@@ -492,6 +463,9 @@ class Trainer:
         step_counter=self.global_step,
       )
     self._saved_step: int | None = None
+
+  def _build_steps(self) -> None:
+    """The compiled step functions (scheduled on workers under PS)."""
     self.steps = self._step_functions_class(
       self.strategy,
       self.model,
@@ -500,17 +474,19 @@ class Trainer:
       self.global_batch_size,
       self.global_step,
       self.loss_metric,
-      nonfinite_policy=nonfinite_policy,
+      nonfinite_policy=self.settings.nonfinite_policy,
       jit_compile=self.compile_plan.compile_steps,
     )
     self._eval_dataset = None
+
+  def _build_writers(self) -> None:
+    """TensorBoard writers: the chief's, when summaries are on."""
     self._writers = None
-    if summaries and self._chief:
+    if self.settings.summaries and self._chief:
       self._writers = {
         kind: tf.summary.create_file_writer(self.run_dir.summaries(kind))
         for kind in run_dir_lib.SUMMARY_KINDS
       }
-    self.restored_step = self.restore()
 
   # -- construction helpers ------------------------------------------------
 
@@ -579,67 +555,25 @@ class Trainer:
     skip_steps: int = 0,
     take_steps: int | None = None,
   ):
-    """A distributed dataset of per-replica batches of `source`.
-
-    Under ParameterServerStrategy: training data is a per-worker dataset
-    (worker k reads pipeline k of the workers), evaluation data a dataset on
-    this coordinator process.
-    """
-    if self._coordinator is not None:
-      if not training:
-        return coordinated_lib.coordinator_dataset(
-          source, global_batch, self._preprocess, take_steps
-        )
-      return coordinated_lib.per_worker_dataset(
-        self._coordinator,
+    """A distributed dataset of `source` (`recsys.training.input`)."""
+    if training:
+      return input_lib.training_input(
+        self.strategy,
         source,
         global_batch,
         self._preprocess,
-        skip_steps,
-        self.backend.input_options(),
+        options=self.backend.input_options(),
+        skip_steps=skip_steps,
+        coordinator=self._coordinator,
       )
-
-    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-      per_replica = ctx.get_per_replica_batch_size(global_batch)
-      batches_per_step = max(
-        1, ctx.num_replicas_in_sync // ctx.num_input_pipelines
-      )
-      if training:
-        ds = source.dataset(
-          per_replica, training=True, input_context=ctx, drop_remainder=True
-        )
-      else:  # every example once: whole batches with a mask, no remainder lost
-        ds = eval_padding.pad_eval_batches(
-          source.dataset(
-            per_replica,
-            training=False,
-            input_context=ctx,
-            drop_remainder=False,
-            repeat=False,
-          ),
-          per_replica,
-          batches_per_step,
-        )
-      if skip_steps:
-        ds = ds.skip(skip_steps * batches_per_step)
-      if take_steps is not None:
-        ds = ds.take(take_steps * batches_per_step)
-      if training:
-        # Infinite to tf.distribute: with a finite (even astronomically
-        # long) dataset, MultiWorkerMirroredStrategy hands out batches of
-        # unknown size (its "last partial batch" handling), and the compiled
-        # steps lose their static shapes.
-        ds = ds.repeat()
-      ds = ds.map(
-        tf.autograph.experimental.do_not_convert(self._preprocess),
-        num_parallel_calls=tf.data.AUTOTUNE,
-      )
-      # Every batch is whole (eval batches padded): say so, for static shapes.
-      ds = ds.map(functools.partial(_with_batch_size, per_replica))
-      return ds.prefetch(tf.data.AUTOTUNE)
-
-    return self.strategy.distribute_datasets_from_function(
-      dataset_fn, options=self.backend.input_options()
+    return input_lib.eval_input(
+      self.strategy,
+      source,
+      global_batch,
+      self._preprocess,
+      options=self.backend.input_options(),
+      take_steps=take_steps,
+      coordinator=self._coordinator,
     )
 
   # -- checkpoints -----------------------------------------------------------

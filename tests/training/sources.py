@@ -9,10 +9,11 @@ trained model has something to learn.
 import numpy as np
 import tensorflow as tf
 
+from recsys.data.pipeline import BatchRequest, DataSource
 from recsys.data.spec import FeatureSpec
 
 
-class ArraySource:
+class ArraySource(DataSource):
   """CTR-shaped data: one-hot "user", multi-hot weighted "tags", dense.
 
   Args:
@@ -53,17 +54,9 @@ class ArraySource:
       ).astype(np.float32)
       self._splits[split] = (users, lengths, tags, tag_w, dense, labels)
 
-  def dataset(
-    self,
-    batch_size: int,
-    *,
-    training: bool = True,
-    input_context: tf.distribute.InputContext | None = None,
-    drop_remainder: bool = True,
-    repeat: bool | None = None,
-  ) -> tf.data.Dataset:
+  def _batches(self, request: BatchRequest) -> tf.data.Dataset:
     users, lengths, tags, tag_w, dense, labels = self._splits[
-      "train" if training else "eval"
+      "train" if request.training else "eval"
     ]
     splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     tags_rt = tf.RaggedTensor.from_row_splits(tags.astype(np.int64), splits)
@@ -78,10 +71,8 @@ class ArraySource:
         labels,
       )
     )
-    if input_context is not None and input_context.num_input_pipelines > 1:
-      ds = ds.shard(
-        input_context.num_input_pipelines, input_context.input_pipeline_id
-      )
-    if repeat if repeat is not None else training:
+    if request.pipelines > 1:
+      ds = ds.shard(request.pipelines, request.pipeline)
+    if request.repeat:
       ds = ds.repeat()
-    return ds.batch(batch_size, drop_remainder=drop_remainder)
+    return ds.batch(request.batch_size, drop_remainder=request.drop_remainder)

@@ -1,6 +1,8 @@
 """Trainer: files it writes, resume at the exact step, seeds, replicas."""
 
+import dataclasses
 import functools
+import importlib
 import inspect
 import json
 import os
@@ -12,6 +14,7 @@ import tensorflow as tf
 from recsys.features import EmbeddingSettings
 from recsys.models import DLRM
 from recsys.training import Trainer, TrainerConfigError, schedules, train
+from recsys.training.settings import TrainSettings
 from tests.conftest import mirrored_strategy
 from tests.training.sources import ArraySource
 
@@ -187,36 +190,60 @@ def test_warmup_poly_decay_matches_formula():
     np.testing.assert_allclose(float(lr(step)), want, rtol=1e-6, err_msg=step)
 
 
-def test_train_spells_out_every_trainer_setting_with_its_default():
-  """`train` (the gin surface) repeats Trainer's signature: no drift."""
-  trainer_params = inspect.signature(Trainer.__init__).parameters
-  train_params = inspect.signature(train).parameters
-  renamed = {"source": "data", "eval_source": "eval_data"}
-  for name, param in trainer_params.items():
-    if name == "self":
-      continue
-    assert renamed.get(name, name) in train_params, name
-    if name not in renamed and param.default is not inspect.Parameter.empty:
-      assert train_params[name].default == param.default, name
+def test_train_parameters_are_the_settings_and_its_own_objects():
+  """Every `TrainSettings` field is a `train.*` parameter, same default."""
+  params = inspect.signature(train).parameters
+  fields = {f.name: f.default for f in dataclasses.fields(TrainSettings)}
+  own = {"model_dir", "data", "model", "eval_data", "tpu", "num_cpu_replicas"}
+  assert set(params) - own - {"strategy", "action"} == set(fields)
+  for name, default in fields.items():
+    assert params[name].default == default, name
 
 
-def test_model_factory_from_gin_gets_only_the_arguments_it_accepts():
-  """gin wraps `@DLRM` in a (*args, **kwargs) subclass; the trainer must still
-  drop keywords the model does not take (MovieLens has query_features)."""
+def test_every_train_setting_reaches_the_trainer(monkeypatch, tmp_path):
+  """What gin binds as `train.<setting>` is what the Trainer gets."""
+  # The module, not the function `recsys.training.train` names.
+  train_lib = importlib.import_module("recsys.training.train")
+  got = {}
+
+  class Recording:
+    def __init__(self, model_dir, source, model, **kwargs):
+      got.update(kwargs)
+
+    def train(self):
+      return {}
+
+  monkeypatch.setattr(train_lib, "Trainer", Recording)
+  values = {f.name: object() for f in dataclasses.fields(TrainSettings)}
+  values["summaries"] = True  # train() ands it with action == "train"
+  train(
+    str(tmp_path),
+    data=object(),
+    model=object(),
+    strategy=tf.distribute.get_strategy(),
+    **values,
+  )
+  settings = got["settings"]
+  for name, value in values.items():
+    assert getattr(settings, name) is value, name
+
+
+def test_model_factories_get_the_arguments_their_model_kind_declares():
+  """gin wraps `@DLRM` in a (*args, **kwargs) subclass; the trainer passes
+  the arguments DLRM's kind declares (not MovieLens' query_features)."""
   import gin
 
   from recsys import _gin_compat
-  from recsys.data.spec import FeatureSpec
-  from recsys.models import DLRM
+  from recsys.models import DLRM, TwoTower
+  from recsys.models.base import RankingModel, RetrievalModel
   from recsys.training import trainer as trainer_lib
 
+  arguments = trainer_lib._model_arguments  # pylint: disable=protected-access
   gin.parse_config("import recsys.models\nx/macro.value = @DLRM")
   wrapped = _gin_compat.evaluate(gin.query_parameter("x/macro.value"))
-  model = trainer_lib._call_with_supported(  # pylint: disable=protected-access
-    wrapped,
-    feature_specs=[FeatureSpec("u", 5), FeatureSpec("i", 7)],
-    num_dense=0,
-    query_features=["u"],
-    candidate_features=["u"],
+  assert arguments(wrapped) == RankingModel.TRAINER_ARGUMENTS
+  assert arguments(functools.partial(TwoTower, embedding_dim=4)) == (
+    RetrievalModel.TRAINER_ARGUMENTS
   )
-  assert isinstance(model, DLRM)
+  assert arguments(DLRM) == ("feature_specs", "num_dense")
+  assert "query_features" in RetrievalModel.TRAINER_ARGUMENTS

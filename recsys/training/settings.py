@@ -1,0 +1,98 @@
+"""`TrainSettings`: how one run trains, declared once.
+
+`train` (the gin entry point) spells these settings out as its parameters,
+so that gin binds and checks `train.<name>` (and suggests a name for a
+misspelt one); it builds one `TrainSettings` from its arguments
+(`TrainSettings.pick(locals())`) and hands it to the `Trainer`, which reads
+its settings only from there. A setting is declared here, once, with its
+default and its documentation; a test checks that every field is a `train`
+parameter with the same default and reaches the Trainer.
+
+Example:
+  >>> settings = TrainSettings(global_batch_size=256, train_steps=100)
+  >>> trainer = Trainer("/tmp/run", SyntheticCTR(), DLRM, settings=settings)
+"""
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from recsys import features as features_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+  """Every setting of a run besides its objects (folder, data, model, strategy).
+
+  Attributes:
+    embedding: `EmbeddingSettings` (dim, combiner, per-table overrides).
+    embedding_optimizer: default `tf.tpu.experimental.embedding` optimizer
+      (None: Adagrad(0.05)).
+    dense_optimizer: Keras optimizer class or factory, called in scope
+      (None: Adam).
+    backend: embedding backend name, or "auto" to choose from the hardware.
+    backend_options: keyword arguments for the backend's constructor (e.g.
+      `bag_widths`).
+    global_batch_size: examples per step over all replicas.
+    eval_batch_size: global eval batch (None: global_batch_size).
+    train_steps: total steps (a resumed run continues up to this).
+    steps_per_loop: steps per compiled host call (TPU host-loop pattern).
+    eval_every: evaluate every N steps (0: only at the end).
+    eval_steps: eval batches per evaluation (None: the whole eval set).
+    checkpoint_every: save every N steps (0: only at the end).
+    max_checkpoints: checkpoints kept in the model dir.
+    seed: seeds Python, NumPy and TF (`keras.utils.set_random_seed`).
+    progress_bar: show a tqdm bar with throughput and ETA (on a terminal).
+    summaries: write TensorBoard summaries.
+    nonfinite_policy: what a step with NaN/inf loss or gradients does:
+      "stop" (raise `NonFiniteLossError` naming the step and the last good
+      checkpoint; nothing is saved) or "skip" (leave the step out, count it
+      in `train/nonfinite_steps`).
+    jit_compile: compile each replica's step with XLA, as a TPU does (None:
+      on under a TPUStrategy, off elsewhere). On several CPU replicas, whose
+      collectives XLA cannot compile, the step runs uncompiled on the same
+      static shapes (`recsys.training.compile.plan`).
+    allow_changed_settings: resume a checkpoint although settings that
+      change the math (data, model, optimizers, batch size, seed, ...)
+      differ from the previous run's (refused otherwise,
+      `run_configs.ChangedSettingsError`); every run's config is kept.
+    skip_memory_check: build the tables even when their memory plan
+      (`recsys.planning`) exceeds the host's memory (refused otherwise,
+      `planning.MemoryPlanError`, naming the tables and sizes).
+    feature_config: with the data an unbatched `tf.data.Dataset` of
+      `(features dict, label)` (Python callers): the dict feature name ->
+      `tf.tpu.experimental.embedding.FeatureConfig` to train, used as is
+      (`recsys.data.from_dataset.DatasetSource`; `embedding` must be None).
+  """
+
+  embedding: features_lib.EmbeddingSettings | None = None
+  embedding_optimizer: Any | None = None
+  dense_optimizer: Callable[[], Any] | None = None
+  backend: str = "auto"
+  backend_options: Mapping[str, Any] | None = None
+  global_batch_size: int = 1024
+  eval_batch_size: int | None = None
+  train_steps: int = 1000
+  steps_per_loop: int = 100
+  eval_every: int = 0
+  eval_steps: int | None = 20
+  checkpoint_every: int = 0
+  max_checkpoints: int = 3
+  seed: int = 0
+  progress_bar: bool = True
+  summaries: bool = True
+  nonfinite_policy: str = "stop"
+  jit_compile: bool | None = None
+  allow_changed_settings: bool = False
+  skip_memory_check: bool = False
+  feature_config: Mapping[str, Any] | None = None
+
+  @classmethod
+  def pick(cls, values: Mapping[str, Any]) -> "TrainSettings":
+    """The settings among `values` (e.g. `train`'s `locals()`).
+
+    Names that are not settings are ignored; a setting missing from
+    `values` keeps its default.
+    """
+    names = [f.name for f in dataclasses.fields(cls)]
+    return cls(**{name: values[name] for name in names if name in values})

@@ -265,6 +265,37 @@ def indexed_batches(
   )
 
 
+class IndexedSource(DataSource):
+  """A source whose example i of a split is a pure function of (seed, i).
+
+  Its batches are `indexed_batches` of `_batch(index, stream)`: batch b
+  holds examples [b*B, (b+1)*B) and input pipeline p of P generates batches
+  p, p+P, p+2P, ... The training split is infinite unless `num_examples` is
+  set; the evaluation split has `num_eval_examples`.
+
+  Subclasses implement `_batch` and set `config_error`, the error raised
+  when a repeated split gives an input pipeline no batch.
+  """
+
+  num_examples: int | None = None
+  num_eval_examples: int = 0
+  config_error: type[ValueError] = ValueError
+
+  def _batch(self, index: tf.Tensor, stream: str) -> Batch:
+    """`(features, labels)` of examples `index` (int64 `[n]`) of `stream`."""
+    raise NotImplementedError
+
+  def _batches(self, request: BatchRequest) -> tf.data.Dataset:
+    stream = "train" if request.training else "eval"
+    total = self.num_examples if request.training else self.num_eval_examples
+    return indexed_batches(
+      request,
+      total,
+      lambda index: self._batch(index, stream),
+      self.config_error,
+    )
+
+
 def candidate_batches(
   ids: range,
   item_features: Callable[[tf.Tensor], dict[str, Any]],

@@ -35,12 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from recsys.data import _random, oracle
-from recsys.data.pipeline import (
-  Batch,
-  BatchRequest,
-  DataSource,
-  indexed_batches,
-)
+from recsys.data.pipeline import Batch, IndexedSource
 from recsys.data.spec import FeatureSpec
 from recsys.errors import RecsysError
 
@@ -69,7 +64,7 @@ def _per_feature(value, n: int, name: str, kind):
 
 
 @gin.register
-class SyntheticCTR(DataSource):
+class SyntheticCTR(IndexedSource):
   """Criteo-shaped synthetic click data with a planted, known-optimum model.
 
   Example:
@@ -84,6 +79,8 @@ class SyntheticCTR(DataSource):
     feature_specs: one `FeatureSpec` per categorical feature, named C1, C2, ...
     num_dense: width of `features["dense"]`.
   """
+
+  config_error = SyntheticConfigError
 
   def __init__(
     self,
@@ -486,26 +483,6 @@ class SyntheticCTR(DataSource):
     """`(features, labels)` of the examples at the given indices (int64 [N])."""
     return self._batch(
       tf.convert_to_tensor(index, tf.int64), "train" if training else "eval"
-    )
-
-  def _batches(self, request: BatchRequest) -> tf.data.Dataset:
-    """Batches of `(features, labels)`, for `DataSource.dataset`.
-
-    Batch b holds examples [b*B, (b+1)*B); input pipeline p of P generates
-    batches p, p+P, p+2P, ... (`indexed_batches`). The training split is
-    infinite unless `num_examples` is set; the evaluation split has
-    `num_eval_examples`.
-
-    Raises:
-      SyntheticConfigError: a repeated split gives this input pipeline no batch.
-    """
-    stream = "train" if request.training else "eval"
-    total = self.num_examples if request.training else self.num_eval_examples
-    return indexed_batches(
-      request,
-      total,
-      lambda index: self._batch(index, stream),
-      SyntheticConfigError,
     )
 
   # ----------------------------------------------------------------- optimum

@@ -28,13 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from recsys.data import _random
-from recsys.data.pipeline import (
-  Batch,
-  BatchRequest,
-  DataSource,
-  candidate_batches,
-  indexed_batches,
-)
+from recsys.data.pipeline import Batch, IndexedSource, candidate_batches
 from recsys.data.spec import FeatureSpec
 from recsys.errors import RecsysError
 
@@ -55,7 +49,7 @@ def _zipf_probs(
 
 
 @gin.register
-class SyntheticRetrieval(DataSource):
+class SyntheticRetrieval(IndexedSource):
   """(user, item) interactions from a planted softmax; best hit rate known.
 
   Example:
@@ -76,6 +70,8 @@ class SyntheticRetrieval(DataSource):
   query_features: list[str] = ["user_id", "user_age"]
   candidate_features: list[str] = ["item_id", "item_genres"]
   candidate_id_feature: str = "item_id"
+
+  config_error = SyntheticRetrievalConfigError
 
   def __init__(
     self,
@@ -228,22 +224,6 @@ class SyntheticRetrieval(DataSource):
     """`(features, labels)` of the interactions at given indices (int64 [N])."""
     return self._batch(
       tf.convert_to_tensor(index, tf.int64), "train" if training else "eval"
-    )
-
-  def _batches(self, request: BatchRequest) -> tf.data.Dataset:
-    """Batches of interactions for `DataSource.dataset`, sharded like CTR.
-
-    Raises:
-      SyntheticRetrievalConfigError: a repeated split gives this input
-        pipeline no batch.
-    """
-    stream = "train" if request.training else "eval"
-    total = self.num_examples if request.training else self.num_eval_examples
-    return indexed_batches(
-      request,
-      total,
-      lambda index: self._batch(index, stream),
-      SyntheticRetrievalConfigError,
     )
 
   def candidates(self, batch_size: int) -> tf.data.Dataset:

@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import logging
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -35,13 +34,13 @@ from recsys.data.from_dataset import DatasetSource
 from recsys.data.pipeline import DataSource
 from recsys.errors import RecsysError
 from recsys.models.base import RankingModel, RetrievalModel
+from recsys.training import checkpoints as checkpoints_lib
 from recsys.training import compile as compile_lib
 from recsys.training import coordinated as coordinated_lib
 from recsys.training import input as input_lib
 from recsys.training import loop as loop_lib
 from recsys.training import run_dir as run_dir_lib
 from recsys.training import (
-  run_files,
   run_summaries,
   schedules,
 )
@@ -63,8 +62,7 @@ class EmptyEvalSetError(RecsysError, ValueError):
   """The evaluation split has no example to score."""
 
 
-class CorruptCheckpointError(RecsysError, RuntimeError):
-  """Checkpoints exist in the model dir but none of them reads back whole."""
+CorruptCheckpointError = checkpoints_lib.CorruptCheckpointError
 
 
 class NonFiniteLossError(RecsysError, FloatingPointError):
@@ -78,17 +76,6 @@ class NonFiniteLossError(RecsysError, FloatingPointError):
   def __init__(self, message: str, step: int, last_checkpoint: str | None):
     super().__init__(message)
     self.step, self.last_checkpoint = step, last_checkpoint
-
-
-# What reading a damaged checkpoint raises (truncated data or index file;
-# TF's reader raises IndexError "Read less bytes than requested").
-_UNREADABLE_CHECKPOINT_ERRORS = (
-  tf.errors.DataLossError,
-  tf.errors.OutOfRangeError,
-  tf.errors.NotFoundError,
-  tf.errors.InvalidArgumentError,
-  IndexError,
-)
 
 
 def default_embedding_optimizer() -> Any:
@@ -429,16 +416,8 @@ class Trainer:
 
   def _build_checkpoints(self) -> None:
     """The checkpoint, the run folder and the chief's / a worker's managers."""
-    self.checkpoint = tf.train.Checkpoint(
-      model=self.model,
-      embedding=self.backend,
-      optimizer=self.dense_optimizer,
-      step=self.global_step,
-      rng=self.rng,
-    )
-    # Every worker of a MultiWorkerMirroredStrategy must take part in a save
-    # (it may all-reduce), but only the chief writes the run's files: the
-    # others write to a scratch folder they delete, and all read the chief's.
+    # Only the chief writes the run's files; the other workers of a
+    # multi-worker run save to a scratch folder (`checkpoints`).
     self._chief = self._is_chief()
     resolver = getattr(self.strategy, "cluster_resolver", None)
     self.run_dir = run_dir_lib.RunDir(
@@ -448,21 +427,19 @@ class Trainer:
       if self._chief or resolver is None
       else (resolver.task_type, resolver.task_id),
     )
-    self._read_manager = tf.train.CheckpointManager(
-      self.checkpoint,
-      self.run_dir.checkpoints,
+    self.checkpoints = checkpoints_lib.RunCheckpoints(
+      self.run_dir,
+      {
+        "model": self.model,
+        "embedding": self.backend,
+        "optimizer": self.dense_optimizer,
+        "step": self.global_step,
+        "rng": self.rng,
+      },
+      self.global_step,
+      self.backend,
       max_to_keep=self.settings.max_checkpoints,
-      step_counter=self.global_step,
     )
-    self.manager = self._read_manager
-    if not self._chief:
-      self.manager = tf.train.CheckpointManager(
-        self.checkpoint,
-        self.run_dir.scratch("checkpoints"),
-        max_to_keep=1,
-        step_counter=self.global_step,
-      )
-    self._saved_step: int | None = None
 
   def _build_steps(self) -> None:
     """The compiled step functions (scheduled on workers under PS)."""
@@ -579,82 +556,17 @@ class Trainer:
   # -- checkpoints -----------------------------------------------------------
 
   def restore(self) -> int:
-    """Restores the newest readable checkpoint of the model dir.
-
-    Checkpoints are tried newest first. One whose files cannot be read back
-    whole (truncated or corrupted after it was written) is skipped with a
-    warning naming it, and left on disk; an incompatible one (another run's
-    tables) raises at once: falling back would silently train another model.
-
-    Returns:
-      The restored step (0 when there is no checkpoint).
-
-    Raises:
-      backends.checkpoint.CheckpointMismatchError: the newest checkpoint
-        belongs to a different configuration.
-      CorruptCheckpointError: checkpoints exist but none reads back.
-    """
-    candidates = list(reversed(self._read_manager.checkpoints))
-    if not candidates:
-      return 0
-    from backends import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-
-    failures = []
-    for path in candidates:
-      try:
-        ckpt_lib.verify_compatible(path, self.backend)
-        ckpt_lib.verify_objects(
-          path,
-          self.checkpoint,
-          hint=f" The run that wrote it kept its settings in "
-          f"{self.run_dir.operative_config}; use "
-          "the same model and optimizers, or another --model_dir.",
-        )
-        self.checkpoint.restore(path).assert_existing_objects_matched()
-      except _UNREADABLE_CHECKPOINT_ERRORS as e:
-        reason = (
-          str(e).strip().splitlines()[0][:300] if str(e) else type(e).__name__
-        )
-        log.warning(
-          "checkpoint %s is unreadable (%s); trying an older one. "
-          "It is left on disk.",
-          path,
-          reason,
-        )
-        failures.append(f"{path}: {reason}")
-        continue
-      step = int(self.global_step.numpy())
-      self._saved_step = step
-      log.info("restored %s at step %d", path, step)
-      return step
-    raise CorruptCheckpointError(
-      f"no checkpoint in {self._read_manager.directory!r} reads back whole: "
-      + "; ".join(failures)
-      + ". Move the directory aside to start over."
-    )
+    """Restores the newest readable checkpoint (`RunCheckpoints.restore`)."""
+    return self.checkpoints.restore()
 
   def save(self) -> str:
     """Saves a checkpoint at the current step; returns the chief's path."""
-    step = int(self.global_step.numpy())
-    try:
-      path = self.manager.save(checkpoint_number=step)
-    except (OSError, tf.errors.OpError):  # e.g. the disk is full
-      # TF leaves the shards it was writing in `ckpt-<step>_temp`: remove
-      # them (the last complete checkpoint stays) and report the error.
-      run_files.remove_partial_checkpoint(self.manager.directory, step)
-      raise
-    self._saved_step = step
-    if not self._chief:
-      shutil.rmtree(self.manager.directory, ignore_errors=True)
-      path = os.path.join(self._read_manager.directory, os.path.basename(path))
-    log.info("saved checkpoint %s", path)
-    return path
+    return self.checkpoints.save()
 
-  def _save_if_new(self, step: int) -> str:
-    """Saves unless this step is saved already (same on every worker)."""
-    if self._saved_step == step:
-      return os.path.join(self._read_manager.directory, f"ckpt-{step}")
-    return self.save()
+  @property
+  def manager(self) -> tf.train.CheckpointManager:
+    """This process's `tf.train.CheckpointManager` (a worker's: scratch)."""
+    return self.checkpoints.manager
 
   def _is_chief(self) -> bool:
     """Whether this process writes the run's files (not a non-chief worker)."""
@@ -691,7 +603,7 @@ class Trainer:
     bad = int(self.steps.first_nonfinite_step.numpy())
     if bad < 0:
       return
-    latest = self._read_manager.latest_checkpoint
+    latest = self.checkpoints.latest
     saved = (
       f"the last good checkpoint is {latest}"
       if latest
@@ -836,11 +748,11 @@ class Trainer:
       if signal_name and step < self.train_steps:
         if bar is not None:
           bar.close()
-        path = self._save_if_new(step)
+        path = self.checkpoints.save_if_new(step)
         raise signals_lib.TrainingPreempted(step, path, signal_name)
     if bar is not None:
       bar.close()
-    self._save_if_new(step)
+    self.checkpoints.save_if_new(step)
     final = dict(results)
     final.update(self.evaluate())
     self._log_eval(final, step)

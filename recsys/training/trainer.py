@@ -19,12 +19,10 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gin
-import numpy as np
-from tensorflow.core.framework import summary_pb2  # pylint: disable=g-direct-tensorflow-import
 
 from backends import hardware, registry
 from recsys import features as features_lib
@@ -167,62 +165,12 @@ def _check_dense_optimizer(factory: Any) -> None:
     )
 
 
-def _flat_results(
-  metrics, prefix: str, ks: tuple[int, ...] = ()
-) -> dict[str, float]:
-  """{prefix/name: float} for Keras metrics; vector results get `_i` names.
-
-  A vector result with one value per top-k cut-off in `ks` (a retrieval
-  model's hit rates) gets `_top<k>` names instead.
-  """
-  out = {}
-  for metric in metrics:
-    result = metric.result()
-    items: Iterable[tuple[Any, Any]]
-    if isinstance(result, Mapping):
-      items = result.items()
-    else:
-      items = [(metric.name, result)]
-    for name, value in items:
-      value = np.asarray(value, dtype=np.float64).reshape(-1)
-      if value.size == 1:
-        out[f"{prefix}/{name}"] = float(value[0])
-        continue
-      for i, v in enumerate(value):
-        suffix = f"top{ks[i]}" if len(ks) == value.size else str(i)
-        out[f"{prefix}/{name}_{suffix}"] = float(v)
-  return out
-
-
 def _on_a_terminal() -> bool:
   """Whether stdout and stderr are terminals: a progress bar's \\r frames in
   a log file or pipe glue onto the log lines, so there it logs lines."""
   return all(
     getattr(stream, "isatty", lambda: False)()
     for stream in (sys.stdout, sys.stderr)
-  )
-
-
-def _regularization_loss(model: keras.Model) -> float:
-  """The model's regularization loss (0.0 without regularizers)."""
-  if not model.losses:
-    return 0.0
-  return float(tf.add_n(model.losses))
-
-
-def _scalar_summary(name: str, value: float, step: int) -> None:
-  """A TensorBoard scalar, with or without the tensorboard package installed.
-
-  `tf.summary.scalar` needs the tensorboard package; without it, write the
-  same record (a float32 scalar tagged for the "scalars" plugin) directly.
-  """
-  metadata = summary_pb2.SummaryMetadata()
-  metadata.plugin_data.plugin_name = "scalars"
-  tf.summary.write(
-    name,
-    tf.constant(value, tf.float32),
-    step=step,
-    metadata=metadata.SerializeToString(),
   )
 
 
@@ -458,12 +406,9 @@ class Trainer:
 
   def _build_writers(self) -> None:
     """TensorBoard writers: the chief's, when summaries are on."""
-    self._writers = None
-    if self.settings.summaries and self._chief:
-      self._writers = {
-        kind: tf.summary.create_file_writer(self.run_dir.summaries(kind))
-        for kind in run_dir_lib.SUMMARY_KINDS
-      }
+    self._writers = run_summaries.SummaryWriters(
+      self.run_dir, enabled=self.settings.summaries and self._chief
+    )
 
   # -- construction helpers ------------------------------------------------
 
@@ -622,22 +567,6 @@ class Trainer:
 
   # -- running ---------------------------------------------------------------
 
-  def _learning_rate(self) -> float:
-    lr = getattr(self.dense_optimizer, "learning_rate", None)
-    if lr is None:
-      return float("nan")
-    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
-      return float(lr(self.dense_optimizer.iterations))
-    return float(tf.convert_to_tensor(lr))
-
-  def _write(self, kind: str, values: Mapping[str, float], step: int) -> None:
-    if not self._writers:
-      return
-    with self._writers[kind].as_default(step=step):
-      for name, value in values.items():
-        _scalar_summary(name.split("/", 1)[-1], value, step)
-    self._writers[kind].flush()
-
   def _next_boundary(self, step: int) -> int:
     end = min(self.train_steps, step + self.steps_per_loop)
     for every in (self.eval_every, self.checkpoint_every):
@@ -684,9 +613,8 @@ class Trainer:
           new,
         )
     self.write_operative_config()
-    if self._writers:  # the settings next to the curves in TensorBoard
-      with self._writers["train"].as_default(step=step):
-        run_summaries.write_config_summaries(gin.operative_config_str(), step)
+    # The settings next to the curves in TensorBoard.
+    self._writers.write_config(gin.operative_config_str(), step)
     iterator = iter(
       self._distribute(
         self.source, self.global_batch_size, training=True, skip_steps=step
@@ -706,7 +634,9 @@ class Trainer:
       self.backend.raise_for_invalid_inputs()  # before anything is saved
       reached = int(self.global_step.numpy())
       self._check_finite(reached)
-      results = _flat_results(self.model.metrics, "train", self._ks)
+      results = run_summaries.flat_results(
+        self.model.metrics, "train", self._ks
+      )
       if self.is_retrieval:  # corpus hit rates are computed in evaluation only
         results = {k: v for k, v in results.items() if "hit_rate" not in k}
       results["train/loss"] = float(self.loss_metric.result())
@@ -715,13 +645,15 @@ class Trainer:
       if step > start_step or end == self.train_steps:
         throughput.append((end - step, elapsed))
       step = end
-      results["learning_rate"] = self._learning_rate()
+      results["learning_rate"] = run_summaries.learning_rate(
+        self.dense_optimizer
+      )
       results["examples_per_second"] = examples_per_second
       if self.steps.nonfinite_policy == "skip":
         results["train/nonfinite_steps"] = float(
           self.steps.nonfinite_steps.numpy()
         )
-      self._write("train", results, step)
+      self._writers.write("train", results, step)
       if bar is not None:
         bar.update(end - bar.n)
         bar.set_postfix(
@@ -771,7 +703,7 @@ class Trainer:
 
   def _log_eval(self, results: Mapping[str, float], step: int) -> None:
     evals = {k: v for k, v in results.items() if k.startswith("eval/")}
-    self._write("eval", evals, step)
+    self._writers.write("eval", evals, step)
     log.info(
       "eval at step %d: %s",
       step,
@@ -854,20 +786,17 @@ class Trainer:
         "num_eval_examples > 0, eval files that are not empty) or set "
         "train.eval_data to a source that has some."
       )
-    results = _flat_results(self.model.metrics, "eval", self._ks)
+    results = run_summaries.flat_results(self.model.metrics, "eval", self._ks)
     results["eval/loss"] = float(
       self.steps.eval_loss_sum.result()
-    ) / examples + _regularization_loss(self.model)
+    ) / examples + run_summaries.regularization_loss(self.model)
     results["eval/examples"] = float(examples)
     log.info("evaluated %d examples", examples)
     return results
 
   def optimum(self) -> dict[str, float]:
     """The source's known best metrics (`DataSource.known_optimum`)."""
-    if not isinstance(self.eval_source, DataSource):
-      return {}
-    optimum = self.eval_source.known_optimum(self._ks)
-    return {k: float(v) for k, v in optimum.items()}
+    return run_summaries.known_optimum(self.eval_source, self._ks)
 
   # -- files -----------------------------------------------------------------
 
@@ -878,13 +807,12 @@ class Trainer:
   def write_metrics(self, metrics: Mapping[str, float]) -> str:
     """Writes `metrics.json`: `metrics` and what the run ran on."""
     return self.run_dir.write_metrics(
-      {
-        "backend": self.backend_name,
-        "strategy": type(self.strategy).__name__,
-        "replicas": self.strategy.num_replicas_in_sync,
-        "global_batch_size": self.global_batch_size,
-        **metrics,
-      }
+      run_summaries.run_metrics(
+        metrics,
+        self.backend_name,
+        self.strategy,
+        self.global_batch_size,
+      )
     )
 
   # -- parameter-server training (recsys.training.coordinated) ---------------

@@ -29,19 +29,20 @@ from recsys import features as features_lib
 from recsys import planning
 from recsys._keras import keras, tf
 from recsys.data.from_dataset import DatasetSource
-from recsys.data.pipeline import DataSource
 from recsys.errors import RecsysError
-from recsys.models.base import RankingModel, RetrievalModel
+from recsys.models.base import RetrievalModel
 from recsys.training import checkpoints as checkpoints_lib
 from recsys.training import compile as compile_lib
 from recsys.training import coordinated as coordinated_lib
 from recsys.training import input as input_lib
 from recsys.training import loop as loop_lib
-from recsys.training import run_dir as run_dir_lib
 from recsys.training import (
+  model_args,
   run_summaries,
   schedules,
 )
+from recsys.training import run_dir as run_dir_lib
+from recsys.training import settings as settings_lib
 from recsys.training import signals as signals_lib
 from recsys.training.settings import TrainSettings
 
@@ -52,8 +53,7 @@ METRICS_FILE = run_dir_lib.METRICS_FILE
 OPERATIVE_CONFIG_FILE = run_dir_lib.OPERATIVE_CONFIG_FILE
 
 
-class TrainerConfigError(RecsysError, ValueError):
-  """The trainer's settings are inconsistent (batch sizes, steps, sources)."""
+TrainerConfigError = settings_lib.TrainerConfigError
 
 
 class EmptyEvalSetError(RecsysError, ValueError):
@@ -79,90 +79,6 @@ class NonFiniteLossError(RecsysError, FloatingPointError):
 def default_embedding_optimizer() -> Any:
   """The embedding optimizer of a run that names none: Adagrad(0.05)."""
   return tf.tpu.experimental.embedding.Adagrad(0.05)
-
-
-def _model_arguments(factory: Any) -> tuple[str, ...]:
-  """The constructor arguments the model `factory` builds declares.
-
-  `RankingModel.TRAINER_ARGUMENTS` or `RetrievalModel.TRAINER_ARGUMENTS`
-  for a model class, a gin-wrapped one (a subclass) or a `functools.partial`
-  of one; ranking's (`feature_specs`, `num_dense`) for any other factory,
-  unless it declares its own `TRAINER_ARGUMENTS`.
-  """
-  target = factory
-  while isinstance(target, functools.partial):
-    target = target.func
-  return tuple(
-    getattr(target, "TRAINER_ARGUMENTS", RankingModel.TRAINER_ARGUMENTS)
-  )
-
-
-def _check_source(source: Any, where: str) -> None:
-  """A data source is a `recsys.data.DataSource` (the data contract)."""
-  if not isinstance(source, DataSource):
-    raise TrainerConfigError(
-      f"{where} is {source!r} ({type(source).__name__}); expected a data "
-      "source, a recsys.data.DataSource such as @SyntheticCTR() or "
-      "@CriteoTSV() (for a plain tf.data.Dataset: "
-      "recsys.data.DatasetSource(dataset, feature_config))."
-    )
-
-
-def _dataset_sources(
-  source: Any,
-  eval_source: Any,
-  feature_config: Mapping[str, Any] | None,
-  embedding: Any,
-):
-  """`(source, eval_source)`, `tf.data.Dataset`s wrapped as DatasetSources."""
-  datasets = [isinstance(s, tf.data.Dataset) for s in (source, eval_source)]
-  if feature_config is None:
-    if any(datasets):
-      raise TrainerConfigError(
-        "a tf.data.Dataset as train data needs feature_config= (dict feature "
-        "name -> tf.tpu.experimental.embedding.FeatureConfig); or give a "
-        "data source with feature_specs."
-      )
-    return source, eval_source
-  if embedding is not None:
-    raise TrainerConfigError(
-      "give either feature_config= (tables as they are) or embedding= "
-      "(settings to build tables from a source's feature specs), not both."
-    )
-  if not datasets[0]:
-    raise TrainerConfigError(
-      f"feature_config= goes with an unbatched tf.data.Dataset as source; "
-      f"got a {type(source).__name__}."
-    )
-  eval_ds = eval_source if datasets[1] else None
-  wrapped = DatasetSource(source, feature_config, eval_dataset=eval_ds)
-  return wrapped, (
-    None if eval_ds is not None or eval_source is None else eval_source
-  )
-
-
-def _check_dense_optimizer(factory: Any) -> None:
-  """`dense_optimizer` is a Keras optimizer class or factory, no instance."""
-  if factory is None:
-    return
-  if isinstance(
-    factory, (keras.optimizers.Optimizer, keras.optimizers.legacy.Optimizer)
-  ):
-    raise TrainerConfigError(
-      f"train.dense_optimizer is an optimizer instance "
-      f"({type(factory).__name__}); give the class or a factory so it is "
-      "built inside the strategy's scope: in gin write "
-      "@keras.optimizers.Adam without parentheses (set its arguments with "
-      "keras.optimizers.Adam.learning_rate = ...)."
-    )
-  if not callable(factory) or getattr(factory, "__module__", "").startswith(
-    "tensorflow.python.tpu"
-  ):
-    raise TrainerConfigError(
-      f"train.dense_optimizer is {factory!r}; expected a Keras optimizer "
-      "class such as @keras.optimizers.Adam (the tables' optimizer is "
-      "train.embedding_optimizer)."
-    )
 
 
 def _on_a_terminal() -> bool:
@@ -252,17 +168,9 @@ class Trainer:
 
   def _validate(self, source: Any, eval_source: Any) -> None:
     """Checks and keeps the sources; checks batch sizes, dense optimizer."""
-    st = self.settings
-    source, eval_source = _dataset_sources(
-      source, eval_source, st.feature_config, st.embedding
+    self.source, self.eval_source = settings_lib.validate(
+      self.settings, source, eval_source, self.strategy
     )
-    self.source = source
-    self.eval_source = eval_source if eval_source is not None else source
-    self._check_batch_sizes()
-    _check_source(source, "train.data")
-    if eval_source is not None:
-      _check_source(eval_source, "train.eval_data")
-    _check_dense_optimizer(st.dense_optimizer)
 
   def _make_folder(self) -> None:
     """Creates the model dir (refusing a file of that name)."""
@@ -349,10 +257,7 @@ class Trainer:
     dense_optimizer = self.settings.dense_optimizer or keras.optimizers.Adam
     with self.strategy.scope():
       self.backend.build()
-      kwargs = self._model_kwargs()
-      self.model = model(
-        **{k: kwargs[k] for k in _model_arguments(model) if k in kwargs}
-      )
+      self.model = model(**model_args.model_kwargs(model, self.source))
       self.model.create_variables(features_lib.dims(self.feature_config))
       self.dense_optimizer = dense_optimizer()
       self.dense_optimizer.build(self.model.trainable_variables)
@@ -411,33 +316,6 @@ class Trainer:
     )
 
   # -- construction helpers ------------------------------------------------
-
-  def _check_batch_sizes(self) -> None:
-    replicas = self.strategy.num_replicas_in_sync
-    for name, size in (
-      ("global_batch_size", self.global_batch_size),
-      ("eval_batch_size", self.eval_batch_size),
-    ):
-      if size < 1 or size % replicas:
-        raise TrainerConfigError(
-          f"{name}={size} must be a positive multiple of the "
-          f"{replicas} replicas in sync (per-replica batch = {name} / "
-          f"{replicas})."
-        )
-
-  def _model_kwargs(self) -> dict[str, Any]:
-    kwargs = {
-      "feature_specs": list(self.source.feature_specs),
-      "num_dense": int(getattr(self.source, "num_dense", 0) or 0),
-    }
-    for attr in (
-      "query_features",
-      "candidate_features",
-      "candidate_id_feature",
-    ):
-      if hasattr(self.source, attr):
-        kwargs[attr] = getattr(self.source, attr)
-    return kwargs
 
   @property
   def is_retrieval(self) -> bool:

@@ -44,6 +44,7 @@ from recsys.training import (
 from recsys.training import run_dir as run_dir_lib
 from recsys.training import settings as settings_lib
 from recsys.training import signals as signals_lib
+from recsys.training import strategy as strategy_lib
 from recsys.training.settings import TrainSettings
 
 log = logging.getLogger("recsys.training")
@@ -271,7 +272,7 @@ class Trainer:
     """The checkpoint, the run folder and the chief's / a worker's managers."""
     # Only the chief writes the run's files; the other workers of a
     # multi-worker run save to a scratch folder (`checkpoints`).
-    self._chief = self._is_chief()
+    self._chief = strategy_lib.is_chief(self.strategy)
     resolver = getattr(self.strategy, "cluster_resolver", None)
     self.run_dir = run_dir_lib.RunDir(
       self.model_dir,
@@ -329,24 +330,6 @@ class Trainer:
 
   # -- data ----------------------------------------------------------------
 
-  def _preprocess(self, features, labels, *mask):
-    names = list(self.feature_config)
-    ids, weights = loop_lib.split_batch((features, labels), names)
-    ids, weights = self.backend.preprocess(ids, weights)
-    features = dict(features)
-    categorical = dict(features["categorical"])
-    categorical.update(ids)
-    features["categorical"] = categorical
-    kept = {k: v for k, v in (weights or {}).items() if v is not None}
-    extra = {
-      k: v for k, v in (features.get("weights") or {}).items() if k not in names
-    }
-    if kept or extra:
-      features["weights"] = {**extra, **kept}
-    else:
-      features.pop("weights", None)
-    return (features, labels, *mask)
-
   def _distribute(
     self,
     source,
@@ -356,12 +339,15 @@ class Trainer:
     take_steps: int | None = None,
   ):
     """A distributed dataset of `source` (`recsys.training.input`)."""
+    preprocess = functools.partial(
+      input_lib.preprocess, self.backend, list(self.feature_config)
+    )
     if training:
       return input_lib.training_input(
         self.strategy,
         source,
         global_batch,
-        self._preprocess,
+        preprocess,
         options=self.backend.input_options(),
         skip_steps=skip_steps,
         coordinator=self._coordinator,
@@ -370,7 +356,7 @@ class Trainer:
       self.strategy,
       source,
       global_batch,
-      self._preprocess,
+      preprocess,
       options=self.backend.input_options(),
       take_steps=take_steps,
       coordinator=self._coordinator,
@@ -390,34 +376,6 @@ class Trainer:
   def manager(self) -> tf.train.CheckpointManager:
     """This process's `tf.train.CheckpointManager` (a worker's: scratch)."""
     return self.checkpoints.manager
-
-  def _is_chief(self) -> bool:
-    """Whether this process writes the run's files (not a non-chief worker)."""
-    resolver = getattr(self.strategy, "cluster_resolver", None)
-    task_type = getattr(resolver, "task_type", None)
-    if not task_type:
-      return True
-    if task_type == "chief":
-      return True
-    spec = resolver.cluster_spec().as_dict() if resolver else {}
-    return (
-      task_type == "worker"
-      and "chief" not in spec
-      and not getattr(resolver, "task_id", 0)
-    )
-
-  def _agreed_stop(self, requested: str | None) -> str | None:
-    """The stop signal, agreed by every worker so all save the same step."""
-    resolver = getattr(self.strategy, "cluster_resolver", None)
-    spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
-    workers = len(spec.get("worker", [])) + len(spec.get("chief", []))
-    if workers <= 1 or hardware.is_parameter_server(self.strategy):
-      return requested
-    flag = self.strategy.experimental_distribute_values_from_function(
-      lambda _: tf.constant(1.0 if requested else 0.0)
-    )
-    agreed = self.strategy.reduce(tf.distribute.ReduceOp.SUM, flag, axis=None)
-    return (requested or "SIGTERM") if float(agreed) > 0 else None
 
   def _check_finite(self, reached: int) -> None:
     """Raises `NonFiniteLossError` if the loop stopped on a NaN/inf step."""
@@ -554,7 +512,7 @@ class Trainer:
         and step < self.train_steps
       ):
         self._log_eval(self.evaluate(), step)
-      signal_name = self._agreed_stop(stop.requested)
+      signal_name = strategy_lib.agreed_stop(self.strategy, stop.requested)
       if signal_name and step < self.train_steps:
         if bar is not None:
           bar.close()

@@ -294,6 +294,7 @@ class Trainer:
       self.backend,
       max_to_keep=self.settings.max_checkpoints,
     )
+    self.checkpoint = self.checkpoints.checkpoint  # the run's objects
 
   def _build_steps(self) -> None:
     """The compiled step functions (scheduled on workers under PS)."""

@@ -24,16 +24,15 @@ from typing import Any
 
 import gin
 
-from backends import hardware, registry
+from backends import hardware
 from recsys import features as features_lib
-from recsys import planning
 from recsys._keras import keras, tf
 from recsys.data.from_dataset import DatasetSource
 from recsys.errors import RecsysError
 from recsys.models.base import RetrievalModel
 from recsys.training import checkpoints as checkpoints_lib
-from recsys.training import compile as compile_lib
 from recsys.training import coordinated as coordinated_lib
+from recsys.training import embedding_backend as backend_lib
 from recsys.training import input as input_lib
 from recsys.training import loop as loop_lib
 from recsys.training import (
@@ -212,45 +211,13 @@ class Trainer:
       embedding_optimizer, self.feature_config, self.global_step
     )
     embedding_optimizer = self.embedding_optimizer
-    self.backend_name, self.backend_reason = registry.resolve(
-      st.backend, self.strategy
-    )
-    # `resolve` logs the choice and its reason (the one place "auto" is
-    # decided); construct the resolved class directly so it is not re-resolved.
-    # The data source knows its longest bags: static widths give compiled
-    # steps fixed shapes (and replicas a fixed-size exchange of touched rows).
-    options: dict[str, Any] = {
-      "bag_widths": {
-        spec.name: spec.max_ids
-        for spec in source.feature_specs
-        if spec.multi_hot and not spec.sequence_length
-      }
-    }
-    self.compile_plan = compile_lib.plan(self.strategy, st.jit_compile)
-    backend_cls = registry.get(self.backend_name)
-    if (
-      self.compile_plan.static_shapes and "static_shapes" in backend_cls.options
-    ):
-      options["static_shapes"] = True
-    try:
-      registry.check_options(self.backend_name, st.backend_options or {})
-    except registry.UnknownBackendOptionError as e:
-      raise TrainerConfigError(f"train.backend_options {e}") from e
-    options.update(st.backend_options or {})
-    if not st.skip_memory_check:  # before a table is allocated
-      planning.check_fits(
-        planning.plan_memory(
-          self.feature_config,
-          embedding_optimizer,
-          self.strategy,
-          backend=self.backend_name,
-        )
-      )
-    self.backend = backend_cls(
-      self.feature_config,
-      embedding_optimizer,
-      strategy=self.strategy,
-      **options,
+    (
+      self.backend_name,
+      self.backend_reason,
+      self.compile_plan,
+      self.backend,
+    ) = backend_lib.make_backend(
+      st, source, self.strategy, self.feature_config, embedding_optimizer
     )
 
   def _build_model(self, model: Callable[..., keras.Model]) -> None:

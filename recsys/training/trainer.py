@@ -1,11 +1,12 @@
 """The Trainer: builds a run's objects and drives training and evaluation.
 
-It owns the run's state and side effects: the strategy, the embedding backend
-(chosen through `backends.create`), the model and dense optimizer (built
-inside `strategy.scope()`), checkpoints with `tf.train.CheckpointManager`
-(automatic resume at the exact step), TensorBoard summaries, the progress bar,
-`operative_config.gin` and `metrics.json` in the model dir. The compiled step
-functions live in `recsys.training.loop`.
+It holds the run's state: the strategy, the embedding backend
+(`embedding_backend`), the model and dense optimizer (built inside
+`strategy.scope()`), the run's checkpoints (`checkpoints.RunCheckpoints`:
+automatic resume at the exact step), TensorBoard writers and metrics
+(`run_summaries`), the run folder (`run_dir`) and the progress bar. Settings
+are checked in `settings`, input is distributed by `input`, and the compiled
+step functions live in `recsys.training.loop`.
 
 Example:
   >>> trainer = Trainer(model_dir="/tmp/run", source=SyntheticCTR(),

@@ -34,6 +34,7 @@ from recsys.data.pipeline import (
   check_batch_size,
 )
 from recsys.training import coordinated, eval_padding
+from recsys.training import loop as loop_lib
 
 #: `(features, labels[, mask]) -> (features, labels[, mask])`, on the host.
 Preprocess = Callable[..., Any]
@@ -293,3 +294,26 @@ def _per_worker(
     return strategy.distribute_datasets_from_function(dataset_fn, options)
 
   return coordinator.create_per_worker_dataset(per_worker_fn)
+
+
+def preprocess(backend: Any, names: list[str], features, labels, *mask):
+  """A batch with the tables' `names` ids and weights as `backend` takes them.
+
+  The backend's `preprocess` (e.g. dense bags made sparse) on the batch's
+  table inputs; other weights (not of a table) are kept.
+  """
+  ids, weights = loop_lib.split_batch((features, labels), names)
+  ids, weights = backend.preprocess(ids, weights)
+  features = dict(features)
+  categorical = dict(features["categorical"])
+  categorical.update(ids)
+  features["categorical"] = categorical
+  kept = {k: v for k, v in (weights or {}).items() if v is not None}
+  extra = {
+    k: v for k, v in (features.get("weights") or {}).items() if k not in names
+  }
+  if kept or extra:
+    features["weights"] = {**extra, **kept}
+  else:
+    features.pop("weights", None)
+  return (features, labels, *mask)

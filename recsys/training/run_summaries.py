@@ -1,22 +1,34 @@
-"""TensorBoard records of a run's settings: the operative config and HParams.
+"""A run's metrics and TensorBoard records: values, settings, metrics.json.
 
-So runs compare side by side: the operative config is written as a text
-summary (rendered as a code block by TensorBoard's text plugin), and, when
-the `tensorboard` package is installed, the gin bindings with plain values
-(numbers, strings, booleans) go to the HParams plugin.
+Metrics: Keras metrics as flat `{prefix/name: float}` dicts
+(`flat_results`), written as TensorBoard scalars by the chief's
+`SummaryWriters` and assembled, with what the run ran on and the data's
+known optimum, into `metrics.json` (`run_metrics`, `known_optimum`).
+
+Settings, so runs compare side by side: the operative config is written as
+a text summary (rendered as a code block by TensorBoard's text plugin), and,
+when the `tensorboard` package is installed, the gin bindings with plain
+values (numbers, strings, booleans) go to the HParams plugin.
 
 Example:
+  >>> writers = SummaryWriters(run_dir, enabled=True)
+  >>> writers.write("train", flat_results(model.metrics, "train"), step=10)
   >>> with writer.as_default(step=0):
   ...   write_config_summaries(gin.operative_config_str(), step=0)
 """
 
 import ast
 import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
 
+import numpy as np
 from tensorflow.core.framework import summary_pb2  # pylint: disable=g-direct-tensorflow-import
 
-from recsys._keras import tf
+from recsys._keras import keras, tf
+from recsys.data.pipeline import DataSource
 from recsys.training import run_configs
+from recsys.training import run_dir as run_dir_lib
 
 log = logging.getLogger("recsys.training")
 
@@ -60,3 +72,127 @@ def write_config_summaries(config_text: str, step: int) -> None:
   values = hparams(config_text)
   if values:
     hp.hparams(values)
+
+
+# -- metrics -------------------------------------------------------------------
+
+
+def flat_results(
+  metrics, prefix: str, ks: tuple[int, ...] = ()
+) -> dict[str, float]:
+  """{prefix/name: float} for Keras metrics; vector results get `_i` names.
+
+  A vector result with one value per top-k cut-off in `ks` (a retrieval
+  model's hit rates) gets `_top<k>` names instead.
+  """
+  out = {}
+  for metric in metrics:
+    result = metric.result()
+    items: Iterable[tuple[Any, Any]]
+    if isinstance(result, Mapping):
+      items = result.items()
+    else:
+      items = [(metric.name, result)]
+    for name, value in items:
+      value = np.asarray(value, dtype=np.float64).reshape(-1)
+      if value.size == 1:
+        out[f"{prefix}/{name}"] = float(value[0])
+        continue
+      for i, v in enumerate(value):
+        suffix = f"top{ks[i]}" if len(ks) == value.size else str(i)
+        out[f"{prefix}/{name}_{suffix}"] = float(v)
+  return out
+
+
+def regularization_loss(model: keras.Model) -> float:
+  """The model's regularization loss (0.0 without regularizers)."""
+  if not model.losses:
+    return 0.0
+  return float(tf.add_n(model.losses))
+
+
+def learning_rate(optimizer: Any) -> float:
+  """The dense optimizer's current learning rate (NaN: it has none)."""
+  lr = getattr(optimizer, "learning_rate", None)
+  if lr is None:
+    return float("nan")
+  if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+    return float(lr(optimizer.iterations))
+  return float(tf.convert_to_tensor(lr))
+
+
+def known_optimum(source: Any, ks: tuple[int, ...] = ()) -> dict[str, float]:
+  """The source's known best metrics (`DataSource.known_optimum`)."""
+  if not isinstance(source, DataSource):
+    return {}
+  optimum = source.known_optimum(ks)
+  return {k: float(v) for k, v in optimum.items()}
+
+
+def run_metrics(
+  metrics: Mapping[str, float],
+  backend: str,
+  strategy: tf.distribute.Strategy,
+  global_batch_size: int,
+) -> dict[str, Any]:
+  """What `metrics.json` holds: `metrics` and what the run ran on."""
+  return {
+    "backend": backend,
+    "strategy": type(strategy).__name__,
+    "replicas": strategy.num_replicas_in_sync,
+    "global_batch_size": global_batch_size,
+    **metrics,
+  }
+
+
+# -- TensorBoard ---------------------------------------------------------------
+
+
+def scalar_summary(name: str, value: float, step: int) -> None:
+  """A TensorBoard scalar, with or without the tensorboard package installed.
+
+  `tf.summary.scalar` needs the tensorboard package; without it, write the
+  same record (a float32 scalar tagged for the "scalars" plugin) directly.
+  """
+  metadata = summary_pb2.SummaryMetadata()
+  metadata.plugin_data.plugin_name = "scalars"
+  tf.summary.write(
+    name,
+    tf.constant(value, tf.float32),
+    step=step,
+    metadata=metadata.SerializeToString(),
+  )
+
+
+class SummaryWriters:
+  """The run's TensorBoard writers, one per `run_dir.SUMMARY_KINDS`.
+
+  Disabled (summaries off, or a non-chief worker), they write nothing.
+  """
+
+  def __init__(self, run_dir: run_dir_lib.RunDir, enabled: bool):
+    self._writers = None
+    if enabled:
+      self._writers = {
+        kind: tf.summary.create_file_writer(run_dir.summaries(kind))
+        for kind in run_dir_lib.SUMMARY_KINDS
+      }
+
+  def __bool__(self) -> bool:
+    return self._writers is not None
+
+  def write(self, kind: str, values: Mapping[str, float], step: int) -> None:
+    """`values` as scalars (named without their `prefix/`) at `step`."""
+    if not self._writers:
+      return
+    with self._writers[kind].as_default(step=step):
+      for name, value in values.items():
+        scalar_summary(name.split("/", 1)[-1], value, step)
+    self._writers[kind].flush()
+
+  def write_config(self, config_text: str, step: int) -> None:
+    """The operative config (and HParams) next to the training curves."""
+    if not self._writers:
+      return
+    with self._writers["train"].as_default(step=step):
+      write_config_summaries(config_text, step)

@@ -11,6 +11,9 @@ parameter with the same default and reaches the Trainer.
 Example:
   >>> settings = TrainSettings(global_batch_size=256, train_steps=100)
   >>> trainer = Trainer("/tmp/run", SyntheticCTR(), DLRM, settings=settings)
+
+`validate` checks the settings against the run's sources and strategy
+before anything is built (`TrainerConfigError`).
 """
 
 import dataclasses
@@ -18,6 +21,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from recsys import features as features_lib
+from recsys._keras import keras, tf
+from recsys.data.from_dataset import DatasetSource
+from recsys.data.pipeline import DataSource
+from recsys.errors import RecsysError
+
+
+class TrainerConfigError(RecsysError, ValueError):
+  """The trainer's settings are inconsistent (batch sizes, steps, sources)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,3 +107,118 @@ class TrainSettings:
     """
     names = [f.name for f in dataclasses.fields(cls)]
     return cls(**{name: values[name] for name in names if name in values})
+
+
+# -- checks --------------------------------------------------------------------
+
+
+def validate(
+  settings: TrainSettings,
+  source: Any,
+  eval_source: Any,
+  strategy: tf.distribute.Strategy,
+) -> tuple[Any, Any]:
+  """`(source, eval_source)` checked against `settings` (eval: or source).
+
+  `tf.data.Dataset`s are wrapped as `DatasetSource`s (`feature_config`);
+  the batch sizes, the sources and the dense optimizer are checked.
+  """
+  st = settings
+  source, eval_source = dataset_sources(
+    source, eval_source, st.feature_config, st.embedding
+  )
+  check_batch_sizes(
+    strategy,
+    int(st.global_batch_size),
+    int(st.eval_batch_size or st.global_batch_size),
+  )
+  check_source(source, "train.data")
+  if eval_source is not None:
+    check_source(eval_source, "train.eval_data")
+  check_dense_optimizer(st.dense_optimizer)
+  return source, eval_source if eval_source is not None else source
+
+
+def check_batch_sizes(
+  strategy: tf.distribute.Strategy, global_batch_size: int, eval_batch_size: int
+) -> None:
+  """Both batch sizes are positive multiples of the replicas in sync."""
+  replicas = strategy.num_replicas_in_sync
+  for name, size in (
+    ("global_batch_size", global_batch_size),
+    ("eval_batch_size", eval_batch_size),
+  ):
+    if size < 1 or size % replicas:
+      raise TrainerConfigError(
+        f"{name}={size} must be a positive multiple of the "
+        f"{replicas} replicas in sync (per-replica batch = {name} / "
+        f"{replicas})."
+      )
+
+
+def check_source(source: Any, where: str) -> None:
+  """A data source is a `recsys.data.DataSource` (the data contract)."""
+  if not isinstance(source, DataSource):
+    raise TrainerConfigError(
+      f"{where} is {source!r} ({type(source).__name__}); expected a data "
+      "source, a recsys.data.DataSource such as @SyntheticCTR() or "
+      "@CriteoTSV() (for a plain tf.data.Dataset: "
+      "recsys.data.DatasetSource(dataset, feature_config))."
+    )
+
+
+def dataset_sources(
+  source: Any,
+  eval_source: Any,
+  feature_config: Mapping[str, Any] | None,
+  embedding: Any,
+):
+  """`(source, eval_source)`, `tf.data.Dataset`s wrapped as DatasetSources."""
+  datasets = [isinstance(s, tf.data.Dataset) for s in (source, eval_source)]
+  if feature_config is None:
+    if any(datasets):
+      raise TrainerConfigError(
+        "a tf.data.Dataset as train data needs feature_config= (dict feature "
+        "name -> tf.tpu.experimental.embedding.FeatureConfig); or give a "
+        "data source with feature_specs."
+      )
+    return source, eval_source
+  if embedding is not None:
+    raise TrainerConfigError(
+      "give either feature_config= (tables as they are) or embedding= "
+      "(settings to build tables from a source's feature specs), not both."
+    )
+  if not datasets[0]:
+    raise TrainerConfigError(
+      f"feature_config= goes with an unbatched tf.data.Dataset as source; "
+      f"got a {type(source).__name__}."
+    )
+  eval_ds = eval_source if datasets[1] else None
+  wrapped = DatasetSource(source, feature_config, eval_dataset=eval_ds)
+  return wrapped, (
+    None if eval_ds is not None or eval_source is None else eval_source
+  )
+
+
+def check_dense_optimizer(factory: Any) -> None:
+  """`dense_optimizer` is a Keras optimizer class or factory, no instance."""
+  if factory is None:
+    return
+  if isinstance(
+    factory, (keras.optimizers.Optimizer, keras.optimizers.legacy.Optimizer)
+  ):
+    raise TrainerConfigError(
+      f"train.dense_optimizer is an optimizer instance "
+      f"({type(factory).__name__}); give the class or a factory so it is "
+      "built inside the strategy's scope: in gin write "
+      "@keras.optimizers.Adam without parentheses (set its arguments with "
+      "keras.optimizers.Adam.learning_rate = ...)."
+    )
+  if not callable(factory) or getattr(factory, "__module__", "").startswith(
+    "tensorflow.python.tpu"
+  ):
+    raise TrainerConfigError(
+      f"train.dense_optimizer is {factory!r}; expected a Keras optimizer "
+      "class such as @keras.optimizers.Adam (the tables' optimizer is "
+      "train.embedding_optimizer)."
+    )

@@ -20,6 +20,7 @@ import os
 import signal
 import threading
 
+from backends import hardware
 from recsys._keras import tf
 from recsys.errors import RecsysError
 
@@ -212,3 +213,35 @@ def make_strategy(
       f"MirroredStrategy over {num_cpu_replicas} logical CPUs",
     )
   return tf.distribute.get_strategy(), "default strategy on the CPU"
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+  """Whether this process writes the run's files (not a non-chief worker)."""
+  resolver = getattr(strategy, "cluster_resolver", None)
+  task_type = getattr(resolver, "task_type", None)
+  if not task_type:
+    return True
+  if task_type == "chief":
+    return True
+  spec = resolver.cluster_spec().as_dict() if resolver else {}
+  return (
+    task_type == "worker"
+    and "chief" not in spec
+    and not getattr(resolver, "task_id", 0)
+  )
+
+
+def agreed_stop(
+  strategy: tf.distribute.Strategy, requested: str | None
+) -> str | None:
+  """The stop signal, agreed by every worker so all save the same step."""
+  resolver = getattr(strategy, "cluster_resolver", None)
+  spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
+  workers = len(spec.get("worker", [])) + len(spec.get("chief", []))
+  if workers <= 1 or hardware.is_parameter_server(strategy):
+    return requested
+  flag = strategy.experimental_distribute_values_from_function(
+    lambda _: tf.constant(1.0 if requested else 0.0)
+  )
+  agreed = strategy.reduce(tf.distribute.ReduceOp.SUM, flag, axis=None)
+  return (requested or "SIGTERM") if float(agreed) > 0 else None

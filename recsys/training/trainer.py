@@ -1,11 +1,12 @@
 """The Trainer: builds a run's objects and drives training and evaluation.
 
-It owns the run's state and side effects: the strategy, the embedding backend
-(chosen through `backends.create`), the model and dense optimizer (built
-inside `strategy.scope()`), checkpoints with `tf.train.CheckpointManager`
-(automatic resume at the exact step), TensorBoard summaries, the progress bar,
-`operative_config.gin` and `metrics.json` in the model dir. The compiled step
-functions live in `recsys.training.loop`.
+It holds the run's state: the strategy, the embedding backend
+(`embedding_backend`), the model and dense optimizer (built inside
+`strategy.scope()`), the run's checkpoints (`checkpoints.RunCheckpoints`:
+automatic resume at the exact step), TensorBoard writers and metrics
+(`run_summaries`), the run folder (`run_dir`) and the progress bar. Settings
+are checked in `settings`, input is distributed by `input`, and the compiled
+step functions live in `recsys.training.loop`.
 
 Example:
   >>> trainer = Trainer(model_dir="/tmp/run", source=SyntheticCTR(),
@@ -17,35 +18,33 @@ import dataclasses
 import functools
 import logging
 import os
-import shutil
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gin
-import numpy as np
-from tensorflow.core.framework import summary_pb2  # pylint: disable=g-direct-tensorflow-import
 
-from backends import hardware, registry
+from backends import hardware
 from recsys import features as features_lib
-from recsys import planning
 from recsys._keras import keras, tf
 from recsys.data.from_dataset import DatasetSource
-from recsys.data.pipeline import DataSource
 from recsys.errors import RecsysError
-from recsys.models.base import RankingModel, RetrievalModel
-from recsys.training import compile as compile_lib
+from recsys.models.base import RetrievalModel
+from recsys.training import checkpoints as checkpoints_lib
 from recsys.training import coordinated as coordinated_lib
+from recsys.training import embedding_backend as backend_lib
 from recsys.training import input as input_lib
 from recsys.training import loop as loop_lib
-from recsys.training import run_dir as run_dir_lib
 from recsys.training import (
-  run_files,
+  model_args,
   run_summaries,
   schedules,
 )
+from recsys.training import run_dir as run_dir_lib
+from recsys.training import settings as settings_lib
 from recsys.training import signals as signals_lib
+from recsys.training import strategy as strategy_lib
 from recsys.training.settings import TrainSettings
 
 log = logging.getLogger("recsys.training")
@@ -55,16 +54,14 @@ METRICS_FILE = run_dir_lib.METRICS_FILE
 OPERATIVE_CONFIG_FILE = run_dir_lib.OPERATIVE_CONFIG_FILE
 
 
-class TrainerConfigError(RecsysError, ValueError):
-  """The trainer's settings are inconsistent (batch sizes, steps, sources)."""
+TrainerConfigError = settings_lib.TrainerConfigError
 
 
 class EmptyEvalSetError(RecsysError, ValueError):
   """The evaluation split has no example to score."""
 
 
-class CorruptCheckpointError(RecsysError, RuntimeError):
-  """Checkpoints exist in the model dir but none of them reads back whole."""
+CorruptCheckpointError = checkpoints_lib.CorruptCheckpointError
 
 
 class NonFiniteLossError(RecsysError, FloatingPointError):
@@ -80,131 +77,9 @@ class NonFiniteLossError(RecsysError, FloatingPointError):
     self.step, self.last_checkpoint = step, last_checkpoint
 
 
-# What reading a damaged checkpoint raises (truncated data or index file;
-# TF's reader raises IndexError "Read less bytes than requested").
-_UNREADABLE_CHECKPOINT_ERRORS = (
-  tf.errors.DataLossError,
-  tf.errors.OutOfRangeError,
-  tf.errors.NotFoundError,
-  tf.errors.InvalidArgumentError,
-  IndexError,
-)
-
-
 def default_embedding_optimizer() -> Any:
   """The embedding optimizer of a run that names none: Adagrad(0.05)."""
   return tf.tpu.experimental.embedding.Adagrad(0.05)
-
-
-def _model_arguments(factory: Any) -> tuple[str, ...]:
-  """The constructor arguments the model `factory` builds declares.
-
-  `RankingModel.TRAINER_ARGUMENTS` or `RetrievalModel.TRAINER_ARGUMENTS`
-  for a model class, a gin-wrapped one (a subclass) or a `functools.partial`
-  of one; ranking's (`feature_specs`, `num_dense`) for any other factory,
-  unless it declares its own `TRAINER_ARGUMENTS`.
-  """
-  target = factory
-  while isinstance(target, functools.partial):
-    target = target.func
-  return tuple(
-    getattr(target, "TRAINER_ARGUMENTS", RankingModel.TRAINER_ARGUMENTS)
-  )
-
-
-def _check_source(source: Any, where: str) -> None:
-  """A data source is a `recsys.data.DataSource` (the data contract)."""
-  if not isinstance(source, DataSource):
-    raise TrainerConfigError(
-      f"{where} is {source!r} ({type(source).__name__}); expected a data "
-      "source, a recsys.data.DataSource such as @SyntheticCTR() or "
-      "@CriteoTSV() (for a plain tf.data.Dataset: "
-      "recsys.data.DatasetSource(dataset, feature_config))."
-    )
-
-
-def _dataset_sources(
-  source: Any,
-  eval_source: Any,
-  feature_config: Mapping[str, Any] | None,
-  embedding: Any,
-):
-  """`(source, eval_source)`, `tf.data.Dataset`s wrapped as DatasetSources."""
-  datasets = [isinstance(s, tf.data.Dataset) for s in (source, eval_source)]
-  if feature_config is None:
-    if any(datasets):
-      raise TrainerConfigError(
-        "a tf.data.Dataset as train data needs feature_config= (dict feature "
-        "name -> tf.tpu.experimental.embedding.FeatureConfig); or give a "
-        "data source with feature_specs."
-      )
-    return source, eval_source
-  if embedding is not None:
-    raise TrainerConfigError(
-      "give either feature_config= (tables as they are) or embedding= "
-      "(settings to build tables from a source's feature specs), not both."
-    )
-  if not datasets[0]:
-    raise TrainerConfigError(
-      f"feature_config= goes with an unbatched tf.data.Dataset as source; "
-      f"got a {type(source).__name__}."
-    )
-  eval_ds = eval_source if datasets[1] else None
-  wrapped = DatasetSource(source, feature_config, eval_dataset=eval_ds)
-  return wrapped, (
-    None if eval_ds is not None or eval_source is None else eval_source
-  )
-
-
-def _check_dense_optimizer(factory: Any) -> None:
-  """`dense_optimizer` is a Keras optimizer class or factory, no instance."""
-  if factory is None:
-    return
-  if isinstance(
-    factory, (keras.optimizers.Optimizer, keras.optimizers.legacy.Optimizer)
-  ):
-    raise TrainerConfigError(
-      f"train.dense_optimizer is an optimizer instance "
-      f"({type(factory).__name__}); give the class or a factory so it is "
-      "built inside the strategy's scope: in gin write "
-      "@keras.optimizers.Adam without parentheses (set its arguments with "
-      "keras.optimizers.Adam.learning_rate = ...)."
-    )
-  if not callable(factory) or getattr(factory, "__module__", "").startswith(
-    "tensorflow.python.tpu"
-  ):
-    raise TrainerConfigError(
-      f"train.dense_optimizer is {factory!r}; expected a Keras optimizer "
-      "class such as @keras.optimizers.Adam (the tables' optimizer is "
-      "train.embedding_optimizer)."
-    )
-
-
-def _flat_results(
-  metrics, prefix: str, ks: tuple[int, ...] = ()
-) -> dict[str, float]:
-  """{prefix/name: float} for Keras metrics; vector results get `_i` names.
-
-  A vector result with one value per top-k cut-off in `ks` (a retrieval
-  model's hit rates) gets `_top<k>` names instead.
-  """
-  out = {}
-  for metric in metrics:
-    result = metric.result()
-    items: Iterable[tuple[Any, Any]]
-    if isinstance(result, Mapping):
-      items = result.items()
-    else:
-      items = [(metric.name, result)]
-    for name, value in items:
-      value = np.asarray(value, dtype=np.float64).reshape(-1)
-      if value.size == 1:
-        out[f"{prefix}/{name}"] = float(value[0])
-        continue
-      for i, v in enumerate(value):
-        suffix = f"top{ks[i]}" if len(ks) == value.size else str(i)
-        out[f"{prefix}/{name}_{suffix}"] = float(v)
-  return out
 
 
 def _on_a_terminal() -> bool:
@@ -213,29 +88,6 @@ def _on_a_terminal() -> bool:
   return all(
     getattr(stream, "isatty", lambda: False)()
     for stream in (sys.stdout, sys.stderr)
-  )
-
-
-def _regularization_loss(model: keras.Model) -> float:
-  """The model's regularization loss (0.0 without regularizers)."""
-  if not model.losses:
-    return 0.0
-  return float(tf.add_n(model.losses))
-
-
-def _scalar_summary(name: str, value: float, step: int) -> None:
-  """A TensorBoard scalar, with or without the tensorboard package installed.
-
-  `tf.summary.scalar` needs the tensorboard package; without it, write the
-  same record (a float32 scalar tagged for the "scalars" plugin) directly.
-  """
-  metadata = summary_pb2.SummaryMetadata()
-  metadata.plugin_data.plugin_name = "scalars"
-  tf.summary.write(
-    name,
-    tf.constant(value, tf.float32),
-    step=step,
-    metadata=metadata.SerializeToString(),
   )
 
 
@@ -317,17 +169,9 @@ class Trainer:
 
   def _validate(self, source: Any, eval_source: Any) -> None:
     """Checks and keeps the sources; checks batch sizes, dense optimizer."""
-    st = self.settings
-    source, eval_source = _dataset_sources(
-      source, eval_source, st.feature_config, st.embedding
+    self.source, self.eval_source = settings_lib.validate(
+      self.settings, source, eval_source, self.strategy
     )
-    self.source = source
-    self.eval_source = eval_source if eval_source is not None else source
-    self._check_batch_sizes()
-    _check_source(source, "train.data")
-    if eval_source is not None:
-      _check_source(eval_source, "train.eval_data")
-    _check_dense_optimizer(st.dense_optimizer)
 
   def _make_folder(self) -> None:
     """Creates the model dir (refusing a file of that name)."""
@@ -368,45 +212,13 @@ class Trainer:
       embedding_optimizer, self.feature_config, self.global_step
     )
     embedding_optimizer = self.embedding_optimizer
-    self.backend_name, self.backend_reason = registry.resolve(
-      st.backend, self.strategy
-    )
-    # `resolve` logs the choice and its reason (the one place "auto" is
-    # decided); construct the resolved class directly so it is not re-resolved.
-    # The data source knows its longest bags: static widths give compiled
-    # steps fixed shapes (and replicas a fixed-size exchange of touched rows).
-    options: dict[str, Any] = {
-      "bag_widths": {
-        spec.name: spec.max_ids
-        for spec in source.feature_specs
-        if spec.multi_hot and not spec.sequence_length
-      }
-    }
-    self.compile_plan = compile_lib.plan(self.strategy, st.jit_compile)
-    backend_cls = registry.get(self.backend_name)
-    if (
-      self.compile_plan.static_shapes and "static_shapes" in backend_cls.options
-    ):
-      options["static_shapes"] = True
-    try:
-      registry.check_options(self.backend_name, st.backend_options or {})
-    except registry.UnknownBackendOptionError as e:
-      raise TrainerConfigError(f"train.backend_options {e}") from e
-    options.update(st.backend_options or {})
-    if not st.skip_memory_check:  # before a table is allocated
-      planning.check_fits(
-        planning.plan_memory(
-          self.feature_config,
-          embedding_optimizer,
-          self.strategy,
-          backend=self.backend_name,
-        )
-      )
-    self.backend = backend_cls(
-      self.feature_config,
-      embedding_optimizer,
-      strategy=self.strategy,
-      **options,
+    (
+      self.backend_name,
+      self.backend_reason,
+      self.compile_plan,
+      self.backend,
+    ) = backend_lib.make_backend(
+      st, source, self.strategy, self.feature_config, embedding_optimizer
     )
 
   def _build_model(self, model: Callable[..., keras.Model]) -> None:
@@ -414,10 +226,7 @@ class Trainer:
     dense_optimizer = self.settings.dense_optimizer or keras.optimizers.Adam
     with self.strategy.scope():
       self.backend.build()
-      kwargs = self._model_kwargs()
-      self.model = model(
-        **{k: kwargs[k] for k in _model_arguments(model) if k in kwargs}
-      )
+      self.model = model(**model_args.model_kwargs(model, self.source))
       self.model.create_variables(features_lib.dims(self.feature_config))
       self.dense_optimizer = dense_optimizer()
       self.dense_optimizer.build(self.model.trainable_variables)
@@ -429,17 +238,9 @@ class Trainer:
 
   def _build_checkpoints(self) -> None:
     """The checkpoint, the run folder and the chief's / a worker's managers."""
-    self.checkpoint = tf.train.Checkpoint(
-      model=self.model,
-      embedding=self.backend,
-      optimizer=self.dense_optimizer,
-      step=self.global_step,
-      rng=self.rng,
-    )
-    # Every worker of a MultiWorkerMirroredStrategy must take part in a save
-    # (it may all-reduce), but only the chief writes the run's files: the
-    # others write to a scratch folder they delete, and all read the chief's.
-    self._chief = self._is_chief()
+    # Only the chief writes the run's files; the other workers of a
+    # multi-worker run save to a scratch folder (`checkpoints`).
+    self._chief = strategy_lib.is_chief(self.strategy)
     resolver = getattr(self.strategy, "cluster_resolver", None)
     self.run_dir = run_dir_lib.RunDir(
       self.model_dir,
@@ -448,21 +249,20 @@ class Trainer:
       if self._chief or resolver is None
       else (resolver.task_type, resolver.task_id),
     )
-    self._read_manager = tf.train.CheckpointManager(
-      self.checkpoint,
-      self.run_dir.checkpoints,
+    self.checkpoints = checkpoints_lib.RunCheckpoints(
+      self.run_dir,
+      {
+        "model": self.model,
+        "embedding": self.backend,
+        "optimizer": self.dense_optimizer,
+        "step": self.global_step,
+        "rng": self.rng,
+      },
+      self.global_step,
+      self.backend,
       max_to_keep=self.settings.max_checkpoints,
-      step_counter=self.global_step,
     )
-    self.manager = self._read_manager
-    if not self._chief:
-      self.manager = tf.train.CheckpointManager(
-        self.checkpoint,
-        self.run_dir.scratch("checkpoints"),
-        max_to_keep=1,
-        step_counter=self.global_step,
-      )
-    self._saved_step: int | None = None
+    self.checkpoint = self.checkpoints.checkpoint  # the run's objects
 
   def _build_steps(self) -> None:
     """The compiled step functions (scheduled on workers under PS)."""
@@ -481,41 +281,11 @@ class Trainer:
 
   def _build_writers(self) -> None:
     """TensorBoard writers: the chief's, when summaries are on."""
-    self._writers = None
-    if self.settings.summaries and self._chief:
-      self._writers = {
-        kind: tf.summary.create_file_writer(self.run_dir.summaries(kind))
-        for kind in run_dir_lib.SUMMARY_KINDS
-      }
+    self._writers = run_summaries.SummaryWriters(
+      self.run_dir, enabled=self.settings.summaries and self._chief
+    )
 
   # -- construction helpers ------------------------------------------------
-
-  def _check_batch_sizes(self) -> None:
-    replicas = self.strategy.num_replicas_in_sync
-    for name, size in (
-      ("global_batch_size", self.global_batch_size),
-      ("eval_batch_size", self.eval_batch_size),
-    ):
-      if size < 1 or size % replicas:
-        raise TrainerConfigError(
-          f"{name}={size} must be a positive multiple of the "
-          f"{replicas} replicas in sync (per-replica batch = {name} / "
-          f"{replicas})."
-        )
-
-  def _model_kwargs(self) -> dict[str, Any]:
-    kwargs = {
-      "feature_specs": list(self.source.feature_specs),
-      "num_dense": int(getattr(self.source, "num_dense", 0) or 0),
-    }
-    for attr in (
-      "query_features",
-      "candidate_features",
-      "candidate_id_feature",
-    ):
-      if hasattr(self.source, attr):
-        kwargs[attr] = getattr(self.source, attr)
-    return kwargs
 
   @property
   def is_retrieval(self) -> bool:
@@ -529,24 +299,6 @@ class Trainer:
 
   # -- data ----------------------------------------------------------------
 
-  def _preprocess(self, features, labels, *mask):
-    names = list(self.feature_config)
-    ids, weights = loop_lib.split_batch((features, labels), names)
-    ids, weights = self.backend.preprocess(ids, weights)
-    features = dict(features)
-    categorical = dict(features["categorical"])
-    categorical.update(ids)
-    features["categorical"] = categorical
-    kept = {k: v for k, v in (weights or {}).items() if v is not None}
-    extra = {
-      k: v for k, v in (features.get("weights") or {}).items() if k not in names
-    }
-    if kept or extra:
-      features["weights"] = {**extra, **kept}
-    else:
-      features.pop("weights", None)
-    return (features, labels, *mask)
-
   def _distribute(
     self,
     source,
@@ -556,12 +308,15 @@ class Trainer:
     take_steps: int | None = None,
   ):
     """A distributed dataset of `source` (`recsys.training.input`)."""
+    preprocess = functools.partial(
+      input_lib.preprocess, self.backend, list(self.feature_config)
+    )
     if training:
       return input_lib.training_input(
         self.strategy,
         source,
         global_batch,
-        self._preprocess,
+        preprocess,
         options=self.backend.input_options(),
         skip_steps=skip_steps,
         coordinator=self._coordinator,
@@ -570,7 +325,7 @@ class Trainer:
       self.strategy,
       source,
       global_batch,
-      self._preprocess,
+      preprocess,
       options=self.backend.input_options(),
       take_steps=take_steps,
       coordinator=self._coordinator,
@@ -579,110 +334,17 @@ class Trainer:
   # -- checkpoints -----------------------------------------------------------
 
   def restore(self) -> int:
-    """Restores the newest readable checkpoint of the model dir.
-
-    Checkpoints are tried newest first. One whose files cannot be read back
-    whole (truncated or corrupted after it was written) is skipped with a
-    warning naming it, and left on disk; an incompatible one (another run's
-    tables) raises at once: falling back would silently train another model.
-
-    Returns:
-      The restored step (0 when there is no checkpoint).
-
-    Raises:
-      backends.checkpoint.CheckpointMismatchError: the newest checkpoint
-        belongs to a different configuration.
-      CorruptCheckpointError: checkpoints exist but none reads back.
-    """
-    candidates = list(reversed(self._read_manager.checkpoints))
-    if not candidates:
-      return 0
-    from backends import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-
-    failures = []
-    for path in candidates:
-      try:
-        ckpt_lib.verify_compatible(path, self.backend)
-        ckpt_lib.verify_objects(
-          path,
-          self.checkpoint,
-          hint=f" The run that wrote it kept its settings in "
-          f"{self.run_dir.operative_config}; use "
-          "the same model and optimizers, or another --model_dir.",
-        )
-        self.checkpoint.restore(path).assert_existing_objects_matched()
-      except _UNREADABLE_CHECKPOINT_ERRORS as e:
-        reason = (
-          str(e).strip().splitlines()[0][:300] if str(e) else type(e).__name__
-        )
-        log.warning(
-          "checkpoint %s is unreadable (%s); trying an older one. "
-          "It is left on disk.",
-          path,
-          reason,
-        )
-        failures.append(f"{path}: {reason}")
-        continue
-      step = int(self.global_step.numpy())
-      self._saved_step = step
-      log.info("restored %s at step %d", path, step)
-      return step
-    raise CorruptCheckpointError(
-      f"no checkpoint in {self._read_manager.directory!r} reads back whole: "
-      + "; ".join(failures)
-      + ". Move the directory aside to start over."
-    )
+    """Restores the newest readable checkpoint (`RunCheckpoints.restore`)."""
+    return self.checkpoints.restore()
 
   def save(self) -> str:
     """Saves a checkpoint at the current step; returns the chief's path."""
-    step = int(self.global_step.numpy())
-    try:
-      path = self.manager.save(checkpoint_number=step)
-    except (OSError, tf.errors.OpError):  # e.g. the disk is full
-      # TF leaves the shards it was writing in `ckpt-<step>_temp`: remove
-      # them (the last complete checkpoint stays) and report the error.
-      run_files.remove_partial_checkpoint(self.manager.directory, step)
-      raise
-    self._saved_step = step
-    if not self._chief:
-      shutil.rmtree(self.manager.directory, ignore_errors=True)
-      path = os.path.join(self._read_manager.directory, os.path.basename(path))
-    log.info("saved checkpoint %s", path)
-    return path
+    return self.checkpoints.save()
 
-  def _save_if_new(self, step: int) -> str:
-    """Saves unless this step is saved already (same on every worker)."""
-    if self._saved_step == step:
-      return os.path.join(self._read_manager.directory, f"ckpt-{step}")
-    return self.save()
-
-  def _is_chief(self) -> bool:
-    """Whether this process writes the run's files (not a non-chief worker)."""
-    resolver = getattr(self.strategy, "cluster_resolver", None)
-    task_type = getattr(resolver, "task_type", None)
-    if not task_type:
-      return True
-    if task_type == "chief":
-      return True
-    spec = resolver.cluster_spec().as_dict() if resolver else {}
-    return (
-      task_type == "worker"
-      and "chief" not in spec
-      and not getattr(resolver, "task_id", 0)
-    )
-
-  def _agreed_stop(self, requested: str | None) -> str | None:
-    """The stop signal, agreed by every worker so all save the same step."""
-    resolver = getattr(self.strategy, "cluster_resolver", None)
-    spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
-    workers = len(spec.get("worker", [])) + len(spec.get("chief", []))
-    if workers <= 1 or hardware.is_parameter_server(self.strategy):
-      return requested
-    flag = self.strategy.experimental_distribute_values_from_function(
-      lambda _: tf.constant(1.0 if requested else 0.0)
-    )
-    agreed = self.strategy.reduce(tf.distribute.ReduceOp.SUM, flag, axis=None)
-    return (requested or "SIGTERM") if float(agreed) > 0 else None
+  @property
+  def manager(self) -> tf.train.CheckpointManager:
+    """This process's `tf.train.CheckpointManager` (a worker's: scratch)."""
+    return self.checkpoints.manager
 
   def _check_finite(self, reached: int) -> None:
     """Raises `NonFiniteLossError` if the loop stopped on a NaN/inf step."""
@@ -691,7 +353,7 @@ class Trainer:
     bad = int(self.steps.first_nonfinite_step.numpy())
     if bad < 0:
       return
-    latest = self._read_manager.latest_checkpoint
+    latest = self.checkpoints.latest
     saved = (
       f"the last good checkpoint is {latest}"
       if latest
@@ -709,22 +371,6 @@ class Trainer:
     )
 
   # -- running ---------------------------------------------------------------
-
-  def _learning_rate(self) -> float:
-    lr = getattr(self.dense_optimizer, "learning_rate", None)
-    if lr is None:
-      return float("nan")
-    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
-      return float(lr(self.dense_optimizer.iterations))
-    return float(tf.convert_to_tensor(lr))
-
-  def _write(self, kind: str, values: Mapping[str, float], step: int) -> None:
-    if not self._writers:
-      return
-    with self._writers[kind].as_default(step=step):
-      for name, value in values.items():
-        _scalar_summary(name.split("/", 1)[-1], value, step)
-    self._writers[kind].flush()
 
   def _next_boundary(self, step: int) -> int:
     end = min(self.train_steps, step + self.steps_per_loop)
@@ -772,9 +418,8 @@ class Trainer:
           new,
         )
     self.write_operative_config()
-    if self._writers:  # the settings next to the curves in TensorBoard
-      with self._writers["train"].as_default(step=step):
-        run_summaries.write_config_summaries(gin.operative_config_str(), step)
+    # The settings next to the curves in TensorBoard.
+    self._writers.write_config(gin.operative_config_str(), step)
     iterator = iter(
       self._distribute(
         self.source, self.global_batch_size, training=True, skip_steps=step
@@ -794,7 +439,9 @@ class Trainer:
       self.backend.raise_for_invalid_inputs()  # before anything is saved
       reached = int(self.global_step.numpy())
       self._check_finite(reached)
-      results = _flat_results(self.model.metrics, "train", self._ks)
+      results = run_summaries.flat_results(
+        self.model.metrics, "train", self._ks
+      )
       if self.is_retrieval:  # corpus hit rates are computed in evaluation only
         results = {k: v for k, v in results.items() if "hit_rate" not in k}
       results["train/loss"] = float(self.loss_metric.result())
@@ -803,13 +450,15 @@ class Trainer:
       if step > start_step or end == self.train_steps:
         throughput.append((end - step, elapsed))
       step = end
-      results["learning_rate"] = self._learning_rate()
+      results["learning_rate"] = run_summaries.learning_rate(
+        self.dense_optimizer
+      )
       results["examples_per_second"] = examples_per_second
       if self.steps.nonfinite_policy == "skip":
         results["train/nonfinite_steps"] = float(
           self.steps.nonfinite_steps.numpy()
         )
-      self._write("train", results, step)
+      self._writers.write("train", results, step)
       if bar is not None:
         bar.update(end - bar.n)
         bar.set_postfix(
@@ -832,15 +481,15 @@ class Trainer:
         and step < self.train_steps
       ):
         self._log_eval(self.evaluate(), step)
-      signal_name = self._agreed_stop(stop.requested)
+      signal_name = strategy_lib.agreed_stop(self.strategy, stop.requested)
       if signal_name and step < self.train_steps:
         if bar is not None:
           bar.close()
-        path = self._save_if_new(step)
+        path = self.checkpoints.save_if_new(step)
         raise signals_lib.TrainingPreempted(step, path, signal_name)
     if bar is not None:
       bar.close()
-    self._save_if_new(step)
+    self.checkpoints.save_if_new(step)
     final = dict(results)
     final.update(self.evaluate())
     self._log_eval(final, step)
@@ -859,7 +508,7 @@ class Trainer:
 
   def _log_eval(self, results: Mapping[str, float], step: int) -> None:
     evals = {k: v for k, v in results.items() if k.startswith("eval/")}
-    self._write("eval", evals, step)
+    self._writers.write("eval", evals, step)
     log.info(
       "eval at step %d: %s",
       step,
@@ -942,20 +591,17 @@ class Trainer:
         "num_eval_examples > 0, eval files that are not empty) or set "
         "train.eval_data to a source that has some."
       )
-    results = _flat_results(self.model.metrics, "eval", self._ks)
+    results = run_summaries.flat_results(self.model.metrics, "eval", self._ks)
     results["eval/loss"] = float(
       self.steps.eval_loss_sum.result()
-    ) / examples + _regularization_loss(self.model)
+    ) / examples + run_summaries.regularization_loss(self.model)
     results["eval/examples"] = float(examples)
     log.info("evaluated %d examples", examples)
     return results
 
   def optimum(self) -> dict[str, float]:
     """The source's known best metrics (`DataSource.known_optimum`)."""
-    if not isinstance(self.eval_source, DataSource):
-      return {}
-    optimum = self.eval_source.known_optimum(self._ks)
-    return {k: float(v) for k, v in optimum.items()}
+    return run_summaries.known_optimum(self.eval_source, self._ks)
 
   # -- files -----------------------------------------------------------------
 
@@ -966,13 +612,12 @@ class Trainer:
   def write_metrics(self, metrics: Mapping[str, float]) -> str:
     """Writes `metrics.json`: `metrics` and what the run ran on."""
     return self.run_dir.write_metrics(
-      {
-        "backend": self.backend_name,
-        "strategy": type(self.strategy).__name__,
-        "replicas": self.strategy.num_replicas_in_sync,
-        "global_batch_size": self.global_batch_size,
-        **metrics,
-      }
+      run_summaries.run_metrics(
+        metrics,
+        self.backend_name,
+        self.strategy,
+        self.global_batch_size,
+      )
     )
 
   # -- parameter-server training (recsys.training.coordinated) ---------------

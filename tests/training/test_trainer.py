@@ -236,9 +236,9 @@ def test_model_factories_get_the_arguments_their_model_kind_declares():
   from recsys import _gin_compat
   from recsys.models import DLRM, TwoTower
   from recsys.models.base import RankingModel, RetrievalModel
-  from recsys.training import trainer as trainer_lib
+  from recsys.training import model_args
 
-  arguments = trainer_lib._model_arguments  # pylint: disable=protected-access
+  arguments = model_args.model_arguments
   gin.parse_config("import recsys.models\nx/macro.value = @DLRM")
   wrapped = _gin_compat.evaluate(gin.query_parameter("x/macro.value"))
   assert arguments(wrapped) == RankingModel.TRAINER_ARGUMENTS

@@ -15,8 +15,8 @@ and `num_dense`. File-backed sources also have a `raw_parser()` (`RawParser`):
 the TF transformation of raw values into `features` that their reader and the
 export's raw serving signature share.
 `dataset(batch_size, training=..., input_context=...)` takes the PER-REPLICA
-batch size; `distribute()` wires a source into
-`strategy.distribute_datasets_from_function`.
+batch size; `recsys.training.input.distribute()` wires a source into
+`strategy.distribute_datasets_from_function` (data never imports training).
 """
 
 from recsys.data.criteo import (
@@ -59,15 +59,4 @@ __all__ = [
   "SyntheticConfigError",
   "SyntheticRetrieval",
   "SyntheticRetrievalConfigError",
-  "distribute",
 ]
-
-
-def __getattr__(name: str):
-  # `distribute` lives in recsys.training.input, the one place a source is
-  # distributed; imported on first use (recsys.training imports this package).
-  if name == "distribute":
-    from recsys.training.input import distribute  # pylint: disable=g-import-not-at-top
-
-    return distribute
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,8 @@
 """What every source shares: the `DataSource` interface, sharding, batching.
 
 A source builds a per-replica `tf.data.Dataset` of `(features, labels)` for
-one input pipeline; `recsys.data.distribute` (`recsys.training.input`, the
-one place a source is distributed) hands it to
+one input pipeline; `recsys.training.input.distribute` (the one place a
+source is distributed) hands it to
 `strategy.distribute_datasets_from_function` with per-replica batch sizes and
 the embedding backend's `input_options()`.
 
@@ -15,7 +15,8 @@ sources serve their corpus with `candidate_batches`.
 Example:
   >>> source = recsys.data.SyntheticCTR()
   >>> strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-  >>> dist = recsys.data.distribute(strategy, source, global_batch_size=64)
+  >>> from recsys.training import input as input_lib
+  >>> dist = input_lib.distribute(strategy, source, global_batch_size=64)
   >>> features, labels = next(iter(dist))   # PerReplica values of 32 examples
 """
 

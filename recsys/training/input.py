@@ -11,7 +11,7 @@ distributes the pipelines with the embedding backend's `input_options()`.
     `W` reads pipeline `k` of `W`; one replica per worker, so its batch is
     the global batch), evaluation data a dataset on the coordinator.
 
-`distribute` is the plain form (`recsys.data.distribute`); `training_input`
+`distribute` is the plain form (for a custom loop); `training_input`
 and `eval_input` are the trainer's (whole static batches, preprocessed by
 the backend, resumed training skips the steps already run, evaluation reads
 every example once in padded, masked batches).

@@ -11,8 +11,8 @@ from recsys.data import (
   InvalidBatchSizeError,
   SyntheticCTR,
   SyntheticRetrieval,
-  distribute,
 )
+from recsys.training.input import distribute
 from tests.conftest import mirrored_strategy
 
 SMALL = dict(

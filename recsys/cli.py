@@ -547,7 +547,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       return 2
     from recsys.tools import movielens_benchmark  # pylint: disable=g-import-not-at-top
 
-    movielens_benchmark.main(argv[2:])
+    movielens_benchmark.main(argv[2:], prog="recsys benchmark movielens")
     return 0
   parser = build_parser()
   args = parser.parse_args(argv)

@@ -59,6 +59,15 @@ def test_help(command, capsys):
     )
 
 
+def test_benchmark_help_names_its_command(capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.main(["benchmark", "movielens", "--help"])
+  assert e.value.code == 0
+  out = capsys.readouterr().out
+  assert out.startswith("usage: recsys benchmark movielens ")
+  assert "--seeds" in out and "--holdout" in out and "--synthetic" in out
+
+
 def test_unknown_gin_parameter_names_the_file(tmp_path, capsys):
   bad = tmp_path / "bad.gin"
   bad.write_text("include 'base.gin'\ntrain.global_batch = 64\n")

@@ -516,16 +516,20 @@ def model_hit_rates(metrics: dict[str, Any]) -> dict[str, float]:
 # -- main ----------------------------------------------------------------------
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def main(
+  argv: Sequence[str] | None = None, prog: str | None = None
+) -> dict[str, Any]:
   """Computes the baselines, trains the experiments, prints the table.
 
   Args:
     argv: command-line arguments (default: sys.argv[1:]).
+    prog: the command's name in usage lines (default: the script's).
 
   Returns:
     The results (also written to --json when given).
   """
   parser = argparse.ArgumentParser(
+    prog=prog,
     description=__doc__.splitlines()[0],
     formatter_class=argparse.RawDescriptionHelpFormatter,
     epilog=__doc__.split("\n", 1)[1],

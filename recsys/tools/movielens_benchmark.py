@@ -36,6 +36,7 @@ Usage:
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import subprocess
@@ -124,17 +125,18 @@ def build_source(gin_file: str, bindings: Sequence[str]) -> tuple[Any, int]:
   import gin  # pylint: disable=g-import-not-at-top
 
   from recsys import config  # pylint: disable=g-import-not-at-top
+  from recsys.training.settings import TrainSettings  # pylint: disable=g-import-not-at-top
 
   gin.clear_config()
   config.parse(
     [gin_file], list(bindings) + ["MovieLens.shuffle = False"], finalize=False
   )
-  reference = gin.query_parameter("train.data")
-  source = reference.scoped_configurable_fn()
-  batch = _query("train.eval_batch_size") or _query(
-    "train.global_batch_size", 1024
+  source = config.value("train.data")
+  defaults = {f.name: f.default for f in dataclasses.fields(TrainSettings)}
+  batch = _query("train.eval_batch_size", defaults["eval_batch_size"]) or (
+    _query("train.global_batch_size", defaults["global_batch_size"])
   )
-  steps = _query("train.eval_steps", 20)
+  steps = _query("train.eval_steps", defaults["eval_steps"])
   evaluated = (source.test_size // batch) * batch
   if steps is not None:
     evaluated = min(evaluated, int(steps) * batch)
@@ -412,41 +414,6 @@ def popularity(
 # -- training the experiments --------------------------------------------------
 
 
-def _explicit_kwargs_factory(factory: Callable) -> Callable:
-  """Wraps a gin class reference: the Trainer passes only kwargs it accepts.
-
-  Work-around: gin's scoped class reference has the signature
-  `(*args, **kwargs)`, so `Trainer._call_with_supported` passes every model
-  kwarg, including `query_features` (which a MovieLens source always has) to
-  ranking models that do not take it.
-  """
-  import inspect  # pylint: disable=g-import-not-at-top
-
-  target = factory.__init__ if isinstance(factory, type) else factory  # type: ignore[misc]
-  params = inspect.signature(target).parameters
-  if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-    return factory
-  accepted = set(params)
-
-  def build(
-    feature_specs,
-    num_dense: int = 0,
-    query_features=None,
-    candidate_features=None,
-    candidate_id_feature=None,
-  ):
-    kwargs = {
-      "feature_specs": feature_specs,
-      "num_dense": num_dense,
-      "query_features": query_features,
-      "candidate_features": candidate_features,
-      "candidate_id_feature": candidate_id_feature,
-    }
-    return factory(**{k: v for k, v in kwargs.items() if k in accepted})
-
-  return build
-
-
 def train_one(
   gin_file: str, bindings: Sequence[str], model_dir: str
 ) -> dict[str, Any]:
@@ -458,17 +425,11 @@ def train_one(
     format="%(asctime)s %(name)s %(message)s",
     datefmt="%H:%M:%S",
   )
-  import gin  # pylint: disable=g-import-not-at-top
-
   from recsys import config  # pylint: disable=g-import-not-at-top
   from recsys.training import train  # pylint: disable=g-import-not-at-top
 
   config.parse([gin_file], list(bindings) + ["train.progress_bar = False"])
-  model = gin.query_parameter("train.model")
-  return train(
-    model_dir=model_dir,
-    model=_explicit_kwargs_factory(model.scoped_configurable_fn),
-  )
+  return train(model_dir=model_dir)
 
 
 def run_experiment(

@@ -30,6 +30,10 @@ Opt-in (name them in `features`, or pass `history`):
                          item, RaggedTensor `[B, None]` sharing the item_id
                          table (`recsys.data.user_history`); weighted
                          (`features["weights"]`) with UserHistory.weights
+  item_history           (ranking) the item's TRAINING raters minus the
+                         example's own user, RaggedTensor `[B, None]`
+                         sharing the user_id table (`ItemHistory`); weighted
+                         with ItemHistory.weights
 
 Ranking (`task="ranking"`): labels are the ratings. Retrieval
 (`task="retrieval"`): one example per rating >= `min_rating`, labels ones,
@@ -56,7 +60,7 @@ from recsys.data.pipeline import (
   candidate_batches,
 )
 from recsys.data.spec import FeatureSpec
-from recsys.data.user_history import UserHistory
+from recsys.data.user_history import ItemHistory, UserHistory
 
 log = logging.getLogger("recsys.data.movielens")
 
@@ -71,9 +75,20 @@ QUERY_FEATURES = (
 )
 CANDIDATE_FEATURES = ("item_id", "item_genres", "item_year", "item_title")
 HISTORY_FEATURE = "user_history"
-ALL_FEATURES = QUERY_FEATURES + (HISTORY_FEATURE,) + CANDIDATE_FEATURES
-# Delivered only when asked for (features=..., history=...).
-OPT_IN_FEATURES = ("item_year", "item_title", HISTORY_FEATURE)
+ITEM_HISTORY_FEATURE = "item_history"
+ALL_FEATURES = (
+  QUERY_FEATURES
+  + (HISTORY_FEATURE,)
+  + CANDIDATE_FEATURES
+  + (ITEM_HISTORY_FEATURE,)
+)
+# Delivered only when asked for (features=..., history=..., item_history=...).
+OPT_IN_FEATURES = (
+  "item_year",
+  "item_title",
+  HISTORY_FEATURE,
+  ITEM_HISTORY_FEATURE,
+)
 VARIANTS = ("ml-100k", "ml-1m", "atomic")
 TASKS = ("ranking", "retrieval")
 SPLITS = ("random", "temporal", "files")
@@ -143,6 +158,7 @@ class MovieLens(DataSource):
     fold: str = "u1",
     history: UserHistory | None = None,
     title_min_count: int = 2,
+    item_history: ItemHistory | None = None,
   ):
     """Reads, encodes and splits the data.
 
@@ -171,6 +187,9 @@ class MovieLens(DataSource):
         training split (None: no history feature unless `features` names
         it, which uses `UserHistory()`).
       title_min_count: item_title keeps words in at least this many titles.
+      item_history: adds the "item_history" feature (ranking only) built
+        this way from the training split (None: none unless `features`
+        names it, which uses `ItemHistory()`).
 
     Raises:
       MovieLensConfigError: unknown variant/task/split/feature, bad fraction.
@@ -285,6 +304,7 @@ class MovieLens(DataSource):
       "item_year": len(years) + 1,
       "item_title": len(self.title_vocab) + 1,
       HISTORY_FEATURE: self.num_items + 1,
+      ITEM_HISTORY_FEATURE: self.num_users + 1,
     }
 
     # Which features.
@@ -296,16 +316,28 @@ class MovieLens(DataSource):
     if item_info:  # even with no year or word in 2 titles (ids 0)
       available += ["item_year", "item_title"]
     available.append(HISTORY_FEATURE)
+    if task == "ranking":  # candidates() would need its weights: not yet
+      available.append(ITEM_HISTORY_FEATURE)
+    elif item_history is not None:
+      raise MovieLensConfigError(
+        f"MovieLens item_history is for task='ranking' only, got task={task!r}."
+      )
     if features is None:
       chosen = [
         f
         for f in ALL_FEATURES
         if f in available
-        and (f not in OPT_IN_FEATURES or (f == HISTORY_FEATURE and history))
+        and (
+          f not in OPT_IN_FEATURES
+          or (f == HISTORY_FEATURE and history)
+          or (f == ITEM_HISTORY_FEATURE and item_history)
+        )
       ]
     else:
       if history is not None:
         features = list(features) + [HISTORY_FEATURE]
+      if item_history is not None:
+        features = list(features) + [ITEM_HISTORY_FEATURE]
       unknown = [f for f in features if f not in available]
       if unknown:
         raise MovieLensConfigError(
@@ -319,10 +351,15 @@ class MovieLens(DataSource):
     if HISTORY_FEATURE in chosen and history is None:
       history = UserHistory()
     self.history = history if HISTORY_FEATURE in chosen else None
+    if ITEM_HISTORY_FEATURE in chosen and item_history is None:
+      item_history = ItemHistory()
+    self.item_history = item_history if ITEM_HISTORY_FEATURE in chosen else None
     self.query_features = [
       f for f in chosen if f in QUERY_FEATURES or f == HISTORY_FEATURE
     ]
-    self.candidate_features = [f for f in chosen if f in CANDIDATE_FEATURES]
+    self.candidate_features = [
+      f for f in chosen if f in CANDIDATE_FEATURES + (ITEM_HISTORY_FEATURE,)
+    ]
 
     # Split.
     n = len(raw.user)
@@ -360,6 +397,16 @@ class MovieLens(DataSource):
         raw.timestamp[train_rows],
         self.num_users,
       )
+    item_table = None
+    if self.item_history is not None:  # training ratings only, never test
+      train_rows = ~is_test
+      item_table = self.item_history.build(
+        item[train_rows],
+        user[train_rows],
+        raw.rating[train_rows],
+        raw.timestamp[train_rows],
+        self.num_items,
+      )
     self._raw = MovieLensRawParser(
       user_vocab,
       item_vocab,
@@ -370,11 +417,19 @@ class MovieLens(DataSource):
       item_side={"item_year": item_year},
       item_bags={"item_title": (title_values, title_lengths)},
       history=table,
+      item_history=item_table,
     )
+    histories = {
+      HISTORY_FEATURE: (self.history, table),
+      ITEM_HISTORY_FEATURE: (self.item_history, item_table),
+    }
     max_ids = {
       "item_genres": int(genre_lengths.max()),
       "item_title": int(title_lengths.max()),
-      HISTORY_FEATURE: max(table.max_length, 1) if table is not None else 1,
+      **{
+        name: max(t.max_length, 1) if t is not None else 1
+        for name, (_, t) in histories.items()
+      },
     }
     self.feature_specs = [
       FeatureSpec(
@@ -382,9 +437,10 @@ class MovieLens(DataSource):
         vocab_sizes[name],
         multi_hot=name in max_ids,
         max_ids=max_ids.get(name, 1),
-        weighted=name == HISTORY_FEATURE and bool(history and history.weighted),
-        table="item_id"
-        if name == HISTORY_FEATURE and history and history.share_item_table
+        weighted=name in histories
+        and bool(histories[name][0] and histories[name][0].weighted),
+        table=histories[name][0].table
+        if name in histories and histories[name][0]
         else None,
       )
       for name in chosen

@@ -28,6 +28,7 @@ from recsys.data.raw import RawParser
 USER_SIDE_FEATURES = ("user_age", "user_gender", "user_occupation", "user_zip")
 ITEM_SIDE_FEATURES = ("item_genres", "item_year", "item_title")
 HISTORY_FEATURE = "user_history"
+ITEM_HISTORY_FEATURE = "item_history"
 
 
 def _vocabulary_table(values: Sequence[str]) -> tf.lookup.StaticHashTable:
@@ -59,6 +60,9 @@ class MovieLensRawParser(RawParser):
     history: the users' training histories ("user_history": the user's bag
       minus the example's item, see `recsys.data.user_history`); derived
       from the raw user id, so serving needs no extra input.
+    item_history: the items' training raters ("item_history": the item's
+      bag of user ids minus the example's user); derived from the raw item
+      id.
 
   Example:
     >>> parser.parse_raw({"user_id": tf.constant(["196"]),
@@ -78,6 +82,7 @@ class MovieLensRawParser(RawParser):
     item_side: Mapping[str, np.ndarray] | None = None,
     item_bags: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
     history: user_history.HistoryTable | None = None,
+    item_history: user_history.HistoryTable | None = None,
   ):
     super().__init__(name="movielens_raw_parser")
     self.user_table = _vocabulary_table(user_vocab)
@@ -99,6 +104,7 @@ class MovieLensRawParser(RawParser):
         np.asarray(lengths, np.int64),
       )
     self._history = history
+    self._item_history = item_history
     self._edges = (
       None
       if timestamp_edges is None
@@ -158,8 +164,9 @@ class MovieLensRawParser(RawParser):
   ) -> dict[str, Any]:
     """`{"categorical": ..., ["weights": ...]}` of `feature_names`.
 
-    Like `categorical`, plus the weights of a weighted "user_history". The
-    history drops `item` from each row's bag when `item` is given.
+    Like `categorical`, plus the weights of a weighted "user_history" /
+    "item_history". The user history drops `item` from each row's bag when
+    `item` is given; the item history drops `user` when it is given.
     """
     out, weights = {}, {}
     for name in feature_names:
@@ -177,6 +184,11 @@ class MovieLensRawParser(RawParser):
         out[name] = tf.gather(bags, item)
       elif name == HISTORY_FEATURE and self._history is not None:
         ids, w = user_history.lookup(self._history, user, item)
+        out[name] = ids
+        if w is not None:
+          weights[name] = w
+      elif name == ITEM_HISTORY_FEATURE and self._item_history is not None:
+        ids, w = user_history.lookup(self._item_history, item, user)
         out[name] = ids
         if w is not None:
           weights[name] = w
@@ -202,7 +214,10 @@ class MovieLensRawParser(RawParser):
       for n in feature_names
     ):
       spec["user_id"] = tf.TensorSpec([None], tf.string, "user_id")
-    if any(n == "item_id" or n in ITEM_SIDE_FEATURES for n in feature_names):
+    if any(
+      n in ("item_id", ITEM_HISTORY_FEATURE) or n in ITEM_SIDE_FEATURES
+      for n in feature_names
+    ):
       spec["item_id"] = tf.TensorSpec([None], tf.string, "item_id")
     if "timestamp" in feature_names:
       spec["timestamp"] = tf.TensorSpec([None], tf.int64, "timestamp")
@@ -214,7 +229,8 @@ class MovieLensRawParser(RawParser):
     """Raw `user_id`, `item_id`, `timestamp` -> `{"categorical": ...}`.
 
     "user_history" comes from the raw user id (its training history, minus
-    the raw item when one is given); a weighted one adds `"weights"`.
+    the raw item when one is given), "item_history" from the raw item id
+    (minus the raw user); a weighted one adds `"weights"`.
     """
     user = self.user_index(raw["user_id"]) if "user_id" in raw else None
     item = self.item_index(raw["item_id"]) if "item_id" in raw else None

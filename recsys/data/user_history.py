@@ -1,4 +1,4 @@
-"""A user's training interactions as a feature: a weighted bag of item ids.
+"""Training interactions as a feature: a user's items, an item's users.
 
 The pattern for any source with user histories: build a `HistoryTable` once
 from the TRAINING interactions only (never from held-out ones), then for
@@ -13,9 +13,15 @@ At serving time the bag is derived from the raw user id alone (the user's
 training history, a snapshot taken when the source was built), minus the
 scored item when there is one: no extra raw input is needed.
 
+The mirror image, `ItemHistory`, is the same engine keyed the other way:
+an item's training raters as a bag of user ids sharing the user id table,
+minus the example's own user (the item-based AutoRec / item-neighbourhood
+signal: who rated this item, and how).
+
 Example:
   >>> history = UserHistory(weights="rating", max_length=200)
   >>> source = MovieLens(folder, history=history)  # adds "user_history"
+  >>> source = MovieLens(folder, item_history=ItemHistory(weights="rating"))
 """
 
 import dataclasses
@@ -24,7 +30,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-WEIGHTS = ("none", "rating", "recency")
+WEIGHTS = ("none", "rating", "centered", "recency")
 
 
 class UserHistoryConfigError(ValueError):
@@ -33,12 +39,13 @@ class UserHistoryConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class HistoryTable:
-  """Each user's bag: `ids[offsets[u]:offsets[u + 1]]` (and its weights).
+  """Each key's bag, bags one after the other (row lengths `lengths`).
 
   Attributes:
-    ids: int64 item ids, users' bags one after the other, newest first.
+    ids: int64 ids (items of a user, or users of an item), each key's bag
+      one after the other, newest first.
     weights: float32, aligned with `ids` (None: unweighted).
-    lengths: int64 `[num_users + 1]` bag length of each user id.
+    lengths: int64 `[num_keys + 1]` bag length of each key id.
   """
 
   ids: np.ndarray
@@ -50,21 +57,120 @@ class HistoryTable:
     return int(self.lengths.max()) if self.lengths.size else 0
 
 
-@gin.register
-class UserHistory:
-  """How a source builds the "user_history" feature.
+class History:
+  """How a source builds a history feature: the engine of both directions.
+
+  A history maps a key id (the user of `UserHistory`, the item of
+  `ItemHistory`) to the bag of ids it interacted with in the TRAINING
+  split. Subclasses fix the direction (`key`, `value`) and the default
+  feature name.
 
   Args:
-    weights: "none" (every item weighs 1), "rating" (the rating divided by
-      the highest training rating), or "recency" (0.5 ** (n / half_life),
-      n = how many of the user's interactions are newer).
-    max_length: keep each user's newest `max_length` items (0: all).
+    weights: "none" (every id weighs 1), "rating" (the rating divided by
+      the highest training rating), "centered" (the rating minus the mean
+      training rating, divided by the highest: signed, for the "sqrtn"
+      or "sum" combiner; "mean" divides by a sum of signed weights), or
+      "recency" (0.5 ** (n / half_life), n = how many of the key's
+      interactions are newer).
+    max_length: keep each key's newest `max_length` ids (0: all).
     half_life: the recency weights' half-life in interactions.
     feature_name: the feature's name in `features["categorical"]`.
-    share_item_table: embed the bag with the item id table (True, the
-      default) or in a table of its own (its own regularization; in
+    share_table: embed the bag with the `value` id table (True) or in a
+      table of its own (its own regularization; in
       `EmbeddingSettings.overrides` under the feature's name).
   """
+
+  key = "user_id"  # whose bag
+  value = "item_id"  # what is in it (the shared table)
+
+  def __init__(
+    self,
+    weights: str = "none",
+    max_length: int = 0,
+    half_life: float = 50.0,
+    feature_name: str = "user_history",
+    share_table: bool = True,
+  ) -> None:
+    name = type(self).__name__
+    if weights not in WEIGHTS:
+      raise UserHistoryConfigError(
+        f"{name}: unknown weights {weights!r}; valid: {', '.join(WEIGHTS)}."
+      )
+    if max_length < 0 or half_life <= 0:
+      raise UserHistoryConfigError(
+        f"{name}: max_length must be >= 0 and half_life > 0, got "
+        f"{max_length} and {half_life}."
+      )
+    self.weights = weights
+    self.max_length = int(max_length)
+    self.half_life = float(half_life)
+    self.feature_name = feature_name
+    self.share_table = bool(share_table)
+
+  @property
+  def weighted(self) -> bool:
+    return self.weights != "none"
+
+  @property
+  def table(self) -> str | None:
+    """The shared embedding table (the `value` feature), or None."""
+    return self.value if self.share_table else None
+
+  def build(
+    self,
+    key: np.ndarray,
+    value: np.ndarray,
+    rating: np.ndarray,
+    timestamp: np.ndarray,
+    num_keys: int,
+  ) -> HistoryTable:
+    """The bags of keys 0..num_keys from TRAINING interactions only.
+
+    Args:
+      key, value: `[N]` encoded ids of the training interactions (user,
+        item for a user history; item, user for an item history).
+      rating, timestamp: `[N]` of the same interactions.
+      num_keys: the largest key id (the table has num_keys + 1 rows).
+    """
+    key = np.asarray(key, np.int64)
+    # Per key, newest first (ties: later rows first, deterministic).
+    order = np.lexsort((-np.arange(len(key)), -np.asarray(timestamp), key))
+    key_sorted = key[order]
+    starts = np.searchsorted(key_sorted, np.arange(num_keys + 1))
+    rank = np.arange(len(order)) - starts[key_sorted]
+    keep = (
+      rank < self.max_length if self.max_length else np.ones(len(order), bool)
+    )
+    rows = order[keep]
+    lengths = np.bincount(key[rows], minlength=num_keys + 1).astype(np.int64)
+    weights = None
+    rating = np.asarray(rating, np.float32)
+    top = max(float(np.max(rating)), 1e-6) if len(rating) else 1.0
+    if self.weights == "rating":
+      weights = rating[rows] / top
+    elif self.weights == "centered":
+      weights = (rating[rows] - float(np.mean(rating))) / top
+    elif self.weights == "recency":
+      weights = (0.5 ** (rank[keep] / self.half_life)).astype(np.float32)
+    return HistoryTable(
+      np.asarray(value, np.int64)[rows],
+      None if weights is None else np.asarray(weights, np.float32),
+      lengths[: num_keys + 1],
+    )
+
+
+@gin.register
+class UserHistory(History):
+  """The "user_history" feature: the user's training items minus the
+  example's own, a bag sharing the item id table (SVD++'s implicit term).
+
+  Args:
+    weights, max_length, half_life, feature_name: as `History`.
+    share_item_table: embed the bag with the item id table (True, the
+      default) or in a table of its own.
+  """
+
+  key, value = "user_id", "item_id"
 
   def __init__(
     self,
@@ -74,82 +180,61 @@ class UserHistory:
     feature_name: str = "user_history",
     share_item_table: bool = True,
   ) -> None:
-    if weights not in WEIGHTS:
-      raise UserHistoryConfigError(
-        f"UserHistory: unknown weights {weights!r}; valid: "
-        f"{', '.join(WEIGHTS)}."
-      )
-    if max_length < 0 or half_life <= 0:
-      raise UserHistoryConfigError(
-        f"UserHistory: max_length must be >= 0 and half_life > 0, got "
-        f"{max_length} and {half_life}."
-      )
-    self.weights = weights
-    self.max_length = int(max_length)
-    self.half_life = float(half_life)
-    self.feature_name = feature_name
-    self.share_item_table = bool(share_item_table)
+    super().__init__(
+      weights, max_length, half_life, feature_name, share_item_table
+    )
 
   @property
-  def weighted(self) -> bool:
-    return self.weights != "none"
+  def share_item_table(self) -> bool:
+    return self.share_table
 
-  def build(
+
+@gin.register
+class ItemHistory(History):
+  """The "item_history" feature: the item's training raters minus the
+  example's own user, a bag sharing the user id table (item-based AutoRec's
+  input; the item-side mirror of SVD++'s implicit term).
+
+  Args:
+    weights, max_length, half_life, feature_name: as `History`.
+    share_user_table: embed the bag with the user id table (True, the
+      default) or in a table of its own.
+  """
+
+  key, value = "item_id", "user_id"
+
+  def __init__(
     self,
-    user: np.ndarray,
-    item: np.ndarray,
-    rating: np.ndarray,
-    timestamp: np.ndarray,
-    num_users: int,
-  ) -> HistoryTable:
-    """The bags of users 0..num_users from TRAINING interactions only.
-
-    Args:
-      user, item: `[N]` encoded ids of the training interactions.
-      rating, timestamp: `[N]` of the same interactions.
-      num_users: the largest user id (the table has num_users + 1 rows).
-    """
-    user = np.asarray(user, np.int64)
-    # Per user, newest first (ties: later rows first, deterministic).
-    order = np.lexsort((-np.arange(len(user)), -np.asarray(timestamp), user))
-    user_sorted = user[order]
-    starts = np.searchsorted(user_sorted, np.arange(num_users + 1))
-    rank = np.arange(len(order)) - starts[user_sorted]
-    keep = (
-      rank < self.max_length if self.max_length else np.ones(len(order), bool)
-    )
-    rows = order[keep]
-    lengths = np.bincount(user[rows], minlength=num_users + 1).astype(np.int64)
-    weights = None
-    if self.weights == "rating":
-      top = float(np.max(rating)) if len(rating) else 1.0
-      weights = np.asarray(rating, np.float32)[rows] / max(top, 1e-6)
-    elif self.weights == "recency":
-      weights = (0.5 ** (rank[keep] / self.half_life)).astype(np.float32)
-    return HistoryTable(
-      np.asarray(item, np.int64)[rows],
-      None if weights is None else np.asarray(weights, np.float32),
-      lengths[: num_users + 1],
+    weights: str = "none",
+    max_length: int = 0,
+    half_life: float = 50.0,
+    feature_name: str = "item_history",
+    share_user_table: bool = True,
+  ) -> None:
+    super().__init__(
+      weights, max_length, half_life, feature_name, share_user_table
     )
 
 
 def lookup(
-  table: HistoryTable, user: tf.Tensor, exclude_item: tf.Tensor | None = None
+  table: HistoryTable, key: tf.Tensor, exclude: tf.Tensor | None = None
 ) -> tuple[tf.RaggedTensor, tf.RaggedTensor | None]:
-  """The bags `[B, None]` of `user` `[B]`, without `exclude_item` `[B]`.
+  """The bags `[B, None]` of `key` `[B]`, without `exclude` `[B]`.
 
-  A user with an empty bag (unknown, or whose only item is excluded) gets
-  `[0]` (the item table's unknown row) with weight 1.
+  For a user history: the users' items without the example's item; for an
+  item history: the items' users without the example's user. A key with an
+  empty bag (unknown, or whose only id is excluded) gets `[0]` (the shared
+  table's unknown row) with weight 1.
 
   Returns:
     (ids, weights) RaggedTensors; weights None for an unweighted table.
   """
-  user = tf.reshape(tf.cast(user, tf.int64), [-1])
+  key = tf.reshape(tf.cast(key, tf.int64), [-1])
   ids = tf.gather(
     tf.RaggedTensor.from_row_lengths(
       tf.constant(table.ids), tf.constant(table.lengths), validate=False
     ),
-    user,
+    key,
   )
   weights = None
   if table.weights is not None:
@@ -157,10 +242,10 @@ def lookup(
       tf.RaggedTensor.from_row_lengths(
         tf.constant(table.weights), tf.constant(table.lengths), validate=False
       ),
-      user,
+      key,
     )
-  if exclude_item is not None:
-    exclude = tf.reshape(tf.cast(exclude_item, tf.int64), [-1])
+  if exclude is not None:
+    exclude = tf.reshape(tf.cast(exclude, tf.int64), [-1])
     keep = ids.with_flat_values(
       tf.not_equal(ids.flat_values, tf.gather(exclude, ids.value_rowids()))
     )
@@ -180,4 +265,11 @@ def lookup(
   return ids, weights
 
 
-__all__ = ["HistoryTable", "UserHistory", "UserHistoryConfigError", "lookup"]
+__all__ = [
+  "History",
+  "HistoryTable",
+  "ItemHistory",
+  "UserHistory",
+  "UserHistoryConfigError",
+  "lookup",
+]

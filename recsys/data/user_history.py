@@ -30,7 +30,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-WEIGHTS = ("none", "rating", "centered", "recency")
+WEIGHTS = ("none", "rating", "recency")
 
 
 class UserHistoryConfigError(ValueError):
@@ -67,10 +67,7 @@ class History:
 
   Args:
     weights: "none" (every id weighs 1), "rating" (the rating divided by
-      the highest training rating), "centered" (the rating minus the mean
-      training rating, divided by the highest: signed, for the "sqrtn"
-      or "sum" combiner; "mean" divides by a sum of signed weights), or
-      "recency" (0.5 ** (n / half_life), n = how many of the key's
+      the highest training rating), or "recency" (0.5 ** (n / half_life), n = how many of the key's
       interactions are newer).
     max_length: keep each key's newest `max_length` ids (0: all).
     half_life: the recency weights' half-life in interactions.
@@ -148,8 +145,6 @@ class History:
     top = max(float(np.max(rating)), 1e-6) if len(rating) else 1.0
     if self.weights == "rating":
       weights = rating[rows] / top
-    elif self.weights == "centered":
-      weights = (rating[rows] - float(np.mean(rating))) / top
     elif self.weights == "recency":
       weights = (0.5 ** (rank[keep] / self.half_life)).astype(np.float32)
     return HistoryTable(

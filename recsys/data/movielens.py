@@ -431,17 +431,15 @@ class MovieLens(DataSource):
         for name, (_, t) in histories.items()
       },
     }
+    built = {n: h for n, (h, _) in histories.items() if h is not None}
     self.feature_specs = [
       FeatureSpec(
         name,
         vocab_sizes[name],
         multi_hot=name in max_ids,
         max_ids=max_ids.get(name, 1),
-        weighted=name in histories
-        and bool(histories[name][0] and histories[name][0].weighted),
-        table=histories[name][0].table
-        if name in histories and histories[name][0]
-        else None,
+        weighted=name in built and built[name].weighted,
+        table=built[name].table if name in built else None,
       )
       for name in chosen
     ]

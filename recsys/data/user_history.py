@@ -67,8 +67,8 @@ class History:
 
   Args:
     weights: "none" (every id weighs 1), "rating" (the rating divided by
-      the highest training rating), or "recency" (0.5 ** (n / half_life), n = how many of the key's
-      interactions are newer).
+      the highest training rating), or "recency" (0.5 ** (n / half_life),
+      n = how many of the key's interactions are newer).
     max_length: keep each key's newest `max_length` ids (0: all).
     half_life: the recency weights' half-life in interactions.
     feature_name: the feature's name in `features["categorical"]`.

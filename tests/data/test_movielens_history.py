@@ -8,25 +8,31 @@ import tensorflow as tf
 
 import recsys  # noqa: F401
 from recsys.data import MovieLens, movielens_files
+from recsys.data.movielens import MovieLensConfigError
 from recsys.data.movielens_synthetic import write_ml100k_like
-from recsys.data.user_history import UserHistory, UserHistoryConfigError
+from recsys.data.user_history import (
+  ItemHistory,
+  UserHistory,
+  UserHistoryConfigError,
+)
 from tests.data.test_movielens import write_atomic, write_ml100k
 
 
-def rows(source, training):
-  """(user, item, history ids, history weights or None) of every example."""
+def rows(source, training, feature="user_history", with_label=False):
+  """(user, item, history ids, history weights or None[, label]) of every
+  example."""
   out = []
-  for features, _ in source.dataset(
+  for features, labels in source.dataset(
     64, training=training, repeat=False, drop_remainder=False
   ):
     cat = features["categorical"]
-    weights = (features.get("weights") or {}).get("user_history")
-    hist = cat["user_history"].to_list()
+    weights = (features.get("weights") or {}).get(feature)
+    hist = cat[feature].to_list()
     w = weights.to_list() if weights is not None else [None] * len(hist)
-    for u, i, h, hw in zip(
-      cat["user_id"].numpy(), cat["item_id"].numpy(), hist, w
+    for u, i, h, hw, y in zip(
+      cat["user_id"].numpy(), cat["item_id"].numpy(), hist, w, labels.numpy()
     ):
-      out.append((int(u), int(i), h, hw))
+      out.append((int(u), int(i), h, hw) + ((float(y),) if with_label else ()))
   return out
 
 
@@ -154,3 +160,46 @@ def test_title_and_year_parsing():
   assert parse("Nadja (1994)", "") == {"title": "Nadja", "year": "1994"}
   assert parse("unknown", "") == {"title": "unknown", "year": ""}
   assert parse("Heat", "15-Dec-1995") == {"title": "Heat", "year": "1995"}
+
+
+def test_item_history_has_no_own_user_and_no_test_rating(generated):
+  source = MovieLens(
+    generated,
+    seed=5,
+    item_history=ItemHistory(weights="rating"),
+    shuffle=False,
+  )
+  train = rows(source, True, "item_history", with_label=True)
+  test = rows(source, False, "item_history", with_label=True)
+  raters = collections.defaultdict(dict)  # item -> {user: training rating}
+  test_users = collections.defaultdict(set)
+  for u, i, _, _, y in train:
+    raters[i][u] = y
+  for u, i, _, _, _ in test:
+    test_users[i].add(u)
+  for u, i, history, weights, _ in train + test:
+    assert u not in history  # never the example's own user
+    assert not set(history) & test_users[i]  # never a test rating
+    others = {v: y for v, y in raters[i].items() if v != u}
+    assert sorted(history) == (sorted(others) or [0])
+    expected = [others[v] / 5.0 for v in history] if others else [1.0]
+    np.testing.assert_allclose(weights, expected, rtol=1e-6)
+  specs = {s.name: s for s in source.feature_specs}
+  spec = specs["item_history"]
+  assert spec.table == "user_id" and spec.multi_hot and spec.weighted
+  assert spec.vocabulary_size == source.num_users + 1
+  assert spec.max_ids == max(len(v) for v in raters.values())
+  assert "item_history" in source.candidate_features
+  assert "user_history" not in specs  # independent of the user history
+  # Served from the raw item id: all its training raters, minus the user.
+  parser = source.raw_parser()
+  assert set(parser.raw_feature_spec(["item_history"])) == {"item_id"}
+  u, i, history, _, _ = train[0]
+  full = parser.parse_raw({"item_id": tf.constant([str(i)])}, ["item_history"])
+  assert sorted(full["categorical"]["item_history"][0].numpy()) == sorted(
+    history + [u]
+  )
+  with pytest.raises(MovieLensConfigError, match="ranking"):
+    MovieLens(generated, task="retrieval", item_history=ItemHistory())
+  own = MovieLens(generated, item_history=ItemHistory(share_user_table=False))
+  assert {s.name: s for s in own.feature_specs}["item_history"].table is None

@@ -108,7 +108,7 @@ def test_history_feature_lowers_the_error_on_a_planted_history_effect(
   gin.clear_config()
   with_history = _test_rmse(folder, str(tmp_path / "hist"), history="user")
   # Margins seen (RMSE without - with history), generator seeds 1/2/3:
-  # 0.122 / 0.104 / 0.110 (seed 1: 0.845 -> 0.723), so 0.05 is cleared with
+  # 0.120 / 0.103 / 0.108 (seed 1: 0.845 -> 0.725), so 0.05 is cleared with
   # room to spare.
   assert with_history < without - 0.05, (with_history, without)
 

@@ -11,21 +11,24 @@ Sampling for Learning Two-tower Neural Networks in Recommendations", WWW
 The candidate tower runs on the batch's own candidates only (their features
 come through the embedding backend like any feature), so the other corpus
 items' embeddings come from a `CandidateBank`: each candidate's embedding as
-of the last batch that held it. In a step the batch's candidates are fresh
-(gradients reach their tables and tower); the bank's rows are constants
-(gradients reach the query only), as in cross-batch memory (Wang et al.,
-"Cross-Batch Memory for Embedding Learning", CVPR 2020). A row is used only
-once some batch has filled it.
+of the last batch that held it (cross-batch memory, Wang et al., CVPR 2020).
+Its rows are constants, and so the term over them trains the query tower
+only; `TwoTower` adds it to the in-batch loss, which trains both towers.
+Mixing fresh rows (with gradients) and stale ones in one softmax does not
+work: the candidate tower learns to tell fresh from stale instead of
+matching queries (measured on ml-100k: top-10 hit rate 0.003, against
+0.060 with in-batch negatives). A row takes part once a batch has filled it.
 
 Modes (`negatives`):
-  "in_batch": the batch's other candidates (the TFRS task; not here).
-  "corpus": every filled corpus row, the positive's row being the positive;
-    no sampling, so no log-Q correction.
-  "mixed": the batch's candidates, corrected by log(B * p_j) (B draws with
-    per-draw probability p_j: the expected count of j among them), plus
-    `num_sampled` rows drawn uniformly from the filled corpus rows,
-    corrected by log(num_sampled / num_filled). Copies of the positive
-    among the negatives are removed (accidental hits).
+  "in_batch": the batch's other candidates only (the TFRS task; not here).
+  "corpus": plus a softmax over every filled bank row (the batch's rows
+    refreshed), the positive's row being the positive; no sampling, so no
+    log-Q correction.
+  "mixed": plus a softmax over the batch's candidates, corrected by
+    log(B * p_j) (B draws with per-draw probability p_j: the expected count
+    of j among them), and `num_sampled` rows drawn uniformly from the filled
+    bank rows, corrected by log(num_sampled / num_filled); copies of the
+    positive among the negatives are removed (accidental hits).
 """
 
 import tensorflow as tf

@@ -22,7 +22,7 @@ from recsys.models.base import (
   _average_loss,
   _masked_weight,
 )
-from recsys.models.errors import FeatureMismatchError, ModelConfigError
+from recsys.models.errors import ModelConfigError
 
 
 @gin.register
@@ -89,9 +89,10 @@ class TwoTower(RetrievalModel):
       l2_regularization: L2 factor on every tower kernel (0: none).
       ks: cut-offs of the corpus hit rates.
       sequence_pooling: "mean", "sum" or "reject" for `[B, L, D]` activations.
-      negatives: the training softmax's negatives: "in_batch" (the batch's
-        other candidates), "corpus" (every corpus item) or "mixed" (in-batch
-        plus `num_sampled_negatives` uniform corpus items); see
+      negatives: "in_batch" (the batch's other candidates), or in-batch plus
+        a query-side softmax over "corpus" (every corpus item) or "mixed"
+        (the batch's and `num_sampled_negatives` uniform corpus items)
+        against a bank of the candidates' latest embeddings; see
         `recsys.models.retrieval_negatives`. Evaluation is the same for all.
       num_sampled_negatives: corpus items drawn per batch ("mixed" only).
       ignore_features: query or candidate features the towers leave out
@@ -235,9 +236,10 @@ class TwoTower(RetrievalModel):
   ) -> tf.Tensor:
     """The loss of `RetrievalModel.compute_loss`, with `negatives` in training.
 
-    With "corpus" or "mixed" a training step's softmax reaches beyond the
-    batch (`recsys.models.retrieval_negatives`), and the batch's candidate
-    embeddings are stored in `candidate_bank` for the next steps. Evaluation
+    With "corpus" or "mixed" a training step adds to the in-batch loss a
+    softmax over the bank's corpus rows (`recsys.models.retrieval_negatives`;
+    it trains the query tower only), and stores the batch's candidate
+    embeddings in `candidate_bank` for the next steps. Evaluation
     (training=False) and "in_batch" use the in-batch task and its metrics.
     """
     if not training or self.candidate_bank is None:
@@ -252,9 +254,22 @@ class TwoTower(RetrievalModel):
         mask=mask,
         include_regularization=include_regularization,
       )
+    in_batch = super().compute_loss(
+      activations,
+      features,
+      labels,
+      training=True,
+      global_batch_size=global_batch_size,
+      sample_weight=sample_weight,
+      compute_metrics=False if compute_metrics is None else compute_metrics,
+      mask=mask,
+      include_regularization=include_regularization,
+    )
     features = features or {}
     q = self.query_embeddings(activations, features, training=True)
-    c = self.candidate_embeddings(activations, features, training=True)
+    c = tf.stop_gradient(
+      self.candidate_embeddings(activations, features, training=True)
+    )
     ids = self.candidate_ids(features)
     table, filled = self.candidate_bank.with_fresh(ids, c)
     if self._negatives == "corpus":
@@ -264,12 +279,6 @@ class TwoTower(RetrievalModel):
     else:
       probability = None
       if self._logq_correction:
-        if "candidate_sampling_probability" not in features:
-          raise FeatureMismatchError(
-            "TwoTower: logq_correction=True but the batch has no "
-            "features['candidate_sampling_probability'] (got keys "
-            f"{sorted(features)})."
-          )
         probability = features["candidate_sampling_probability"]
       per_example = retrieval_negatives.mixed_softmax_loss(
         q,
@@ -286,5 +295,4 @@ class TwoTower(RetrievalModel):
     weight = _masked_weight(sample_weight, mask, per_example.dtype)
     if weight is not None:
       per_example *= tf.reshape(weight, [-1])
-    loss = _average_loss(per_example, global_batch_size)
-    return loss + self._regularization() if include_regularization else loss
+    return in_batch + _average_loss(per_example, global_batch_size)

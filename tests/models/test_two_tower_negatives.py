@@ -5,7 +5,8 @@ import pytest
 import tensorflow as tf
 
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-from recsys.models import ModelConfigError
+from recsys._keras import keras
+from recsys.models import ModelConfigError, TwoTower
 from recsys.models import retrieval_negatives as rn
 from tests.models import reference
 from tests.models.test_two_tower import B, _batch, _model
@@ -193,3 +194,37 @@ def test_ignored_features_leave_the_towers():
   assert model.query_tower.layers[0].weights == []
   model.query_embeddings(acts)
   assert model.query_tower.layers[0].weights[0].shape == (11, 7)
+
+
+@pytest.mark.parametrize("negatives", ["corpus", "mixed"])
+def test_fit_trains_with_corpus_negatives(negatives):
+  """Under `model.fit` the bank fills with the batches' candidates."""
+  from recsys.models.keras_model import KerasRecommender
+
+  e = tf.tpu.experimental.embedding
+  config = {
+    "user": e.FeatureConfig(e.TableConfig(23, 8, name="users"), name="user"),
+    "movie": e.FeatureConfig(e.TableConfig(29, 8, name="movies"), name="movie"),
+  }
+  model = KerasRecommender.build(
+    TwoTower,
+    config,
+    e.Adagrad(0.1),
+    query_features=["user"],
+    candidate_features=["movie"],
+    query_tower=(8,),
+    candidate_tower=(8,),
+    negatives=negatives,
+    num_sampled_negatives=5,
+  )
+  model.compile(optimizer=keras.optimizers.Adam(0.01))
+  rng = np.random.default_rng(0)
+  movies = rng.integers(0, 29, 64)
+  ds = tf.data.Dataset.from_tensor_slices(
+    ({"user": rng.integers(0, 23, 64), "movie": movies}, np.ones(64))
+  ).batch(8)
+  history = model.fit(ds, epochs=3, verbose=0)
+  assert np.isfinite(history.history["loss"]).all()
+  assert history.history["loss"][-1] < history.history["loss"][0]
+  filled = model.model.candidate_bank.filled.numpy()
+  np.testing.assert_array_equal(np.flatnonzero(filled), np.unique(movies))

@@ -2,7 +2,9 @@
 
 Yi et al., "Sampling-Bias-Corrected Neural Modeling for Large Corpus Item
 Recommendations" (RecSys 2019): in-batch softmax with log-Q correction,
-L2-normalized embeddings and a temperature.
+L2-normalized embeddings and a temperature; optionally the whole corpus or
+in-batch + uniformly sampled corpus items as negatives
+(`recsys.models.retrieval_negatives`).
 """
 
 from collections.abc import Mapping, Sequence
@@ -13,7 +15,13 @@ import tensorflow as tf
 from recsys._keras import keras
 from recsys.data.spec import FeatureSpec
 from recsys.models import layers as model_layers
-from recsys.models.base import DEFAULT_KS, RetrievalModel
+from recsys.models import retrieval_negatives
+from recsys.models.base import (
+  DEFAULT_KS,
+  RetrievalModel,
+  _average_loss,
+  _masked_weight,
+)
 from recsys.models.errors import ModelConfigError
 
 
@@ -55,6 +63,9 @@ class TwoTower(RetrievalModel):
     l2_regularization: float = 0.0,
     ks: Sequence[int] = DEFAULT_KS,
     sequence_pooling: str = "mean",
+    negatives: str = "in_batch",
+    num_sampled_negatives: int = 0,
+    ignore_features: Sequence[str] = (),
     name: str | None = "two_tower",
   ) -> None:
     """Builds the towers (their variables are created on the first call).
@@ -78,13 +89,32 @@ class TwoTower(RetrievalModel):
       l2_regularization: L2 factor on every tower kernel (0: none).
       ks: cut-offs of the corpus hit rates.
       sequence_pooling: "mean", "sum" or "reject" for `[B, L, D]` activations.
+      negatives: "in_batch" (the batch's other candidates), or in-batch plus
+        a query-side softmax over "corpus" (every corpus item) or "mixed"
+        (the batch's and `num_sampled_negatives` uniform corpus items)
+        against a bank of the candidates' latest embeddings; see
+        `recsys.models.retrieval_negatives`. Evaluation is the same for all.
+      num_sampled_negatives: corpus items drawn per batch ("mixed" only).
+      ignore_features: query or candidate features the towers leave out
+        (e.g. "user_id" for a query tower of the user's history and side
+        features only: it must generalize instead of memorizing each user).
       name: Keras name.
 
     Raises:
-      ModelConfigError: empty towers, towers of different output widths, or
-        inconsistent features.
+      ModelConfigError: empty towers, towers of different output widths,
+        inconsistent features, or an unknown `negatives`.
     """
     query_tower, candidate_tower = tuple(query_tower), tuple(candidate_tower)
+    ignored = set(ignore_features)
+    unknown = sorted(ignored - set(query_features) - set(candidate_features))
+    if unknown:
+      raise ModelConfigError(
+        f"TwoTower: ignore_features {unknown} are not among the query "
+        f"features {list(query_features)} or candidate features "
+        f"{list(candidate_features)}."
+      )
+    query_features = [f for f in query_features if f not in ignored]
+    candidate_features = [f for f in candidate_features if f not in ignored]
     if not query_tower or not candidate_tower:
       raise ModelConfigError(
         f"TwoTower: query_tower {query_tower} and candidate_tower "
@@ -112,6 +142,20 @@ class TwoTower(RetrievalModel):
       name=name,
     )
     self._normalize = normalize
+    retrieval_negatives.check_negatives(
+      negatives, num_sampled_negatives, "TwoTower"
+    )
+    self._negatives = negatives
+    self._num_sampled = int(num_sampled_negatives)
+    self._temperature = temperature
+    self.candidate_bank = None
+    if negatives != "in_batch":
+      id_spec = {f.name: f for f in self.feature_specs}[
+        self.candidate_id_feature
+      ]
+      self.candidate_bank = retrieval_negatives.CandidateBank(
+        id_spec.vocabulary_size, query_tower[-1]
+      )
     regularizer = (
       keras.regularizers.L2(l2_regularization) if l2_regularization else None
     )
@@ -172,3 +216,83 @@ class TwoTower(RetrievalModel):
     return self._tower(
       self.candidate_tower, self._candidate_features, activations, [], training
     )
+
+  @property
+  def negatives(self) -> str:
+    """The training softmax's negatives: "in_batch", "corpus" or "mixed"."""
+    return self._negatives
+
+  def compute_loss(
+    self,
+    activations: Mapping[str, tf.Tensor],
+    features: Mapping[str, tf.Tensor] | None = None,
+    labels: tf.Tensor | None = None,
+    training: bool = True,
+    global_batch_size: int | None = None,
+    sample_weight: tf.Tensor | None = None,
+    compute_metrics: bool | None = None,
+    mask: tf.Tensor | None = None,
+    include_regularization: bool = True,
+  ) -> tf.Tensor:
+    """The loss of `RetrievalModel.compute_loss`, with `negatives` in training.
+
+    With "corpus" or "mixed" a training step adds to the in-batch loss a
+    softmax over the bank's corpus rows (`recsys.models.retrieval_negatives`;
+    it trains the query tower only), and stores the batch's candidate
+    embeddings in `candidate_bank` for the next steps. Evaluation
+    (training=False) and "in_batch" use the in-batch task and its metrics.
+    """
+    if not training or self.candidate_bank is None:
+      return super().compute_loss(
+        activations,
+        features,
+        labels,
+        training=training,
+        global_batch_size=global_batch_size,
+        sample_weight=sample_weight,
+        compute_metrics=compute_metrics,
+        mask=mask,
+        include_regularization=include_regularization,
+      )
+    in_batch = super().compute_loss(
+      activations,
+      features,
+      labels,
+      training=True,
+      global_batch_size=global_batch_size,
+      sample_weight=sample_weight,
+      compute_metrics=False if compute_metrics is None else compute_metrics,
+      mask=mask,
+      include_regularization=include_regularization,
+    )
+    features = features or {}
+    q = self.query_embeddings(activations, features, training=True)
+    c = tf.stop_gradient(
+      self.candidate_embeddings(activations, features, training=True)
+    )
+    ids = self.candidate_ids(features)
+    table, filled = self.candidate_bank.with_fresh(ids, c)
+    if self._negatives == "corpus":
+      per_example = retrieval_negatives.corpus_softmax_loss(
+        q, ids, table, filled, self._temperature
+      )
+    else:
+      probability = None
+      if self._logq_correction:
+        probability = features["candidate_sampling_probability"]
+      per_example = retrieval_negatives.mixed_softmax_loss(
+        q,
+        c,
+        ids,
+        probability,
+        table,
+        filled,
+        retrieval_negatives.sample_filled(filled, self._num_sampled),
+        self._temperature,
+        valid=None if mask is None else tf.reshape(mask, [-1]) > 0,
+      )
+    self.candidate_bank.update(ids, c)
+    weight = _masked_weight(sample_weight, mask, per_example.dtype)
+    if weight is not None:
+      per_example *= tf.reshape(weight, [-1])
+    return in_batch + _average_loss(per_example, global_batch_size)

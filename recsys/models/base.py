@@ -53,7 +53,7 @@ def _check_specs(feature_specs: Sequence[FeatureSpec], owner: str) -> tuple:
   return specs
 
 
-def _average_loss(
+def average_loss(
   per_example: tf.Tensor, global_batch_size: int | None
 ) -> tf.Tensor:
   if global_batch_size is None:
@@ -63,7 +63,7 @@ def _average_loss(
   )
 
 
-def _masked_weight(
+def masked_weight(
   sample_weight: tf.Tensor | None, mask: tf.Tensor | None, dtype: tf.DType
 ) -> tf.Tensor | None:
   """The example weights `[B]` with padding rows (mask 0) weighted 0."""
@@ -304,7 +304,7 @@ class RankingModel(_ModelBase, metaclass=abc.ABCMeta):
       :, tf.newaxis
     ]
     labels = tf.cast(tf.reshape(labels, [-1, 1]), logits.dtype)
-    sample_weight = _masked_weight(sample_weight, mask, logits.dtype)
+    sample_weight = masked_weight(sample_weight, mask, logits.dtype)
     per_example = self.task(
       labels=labels,
       predictions=logits,
@@ -312,7 +312,7 @@ class RankingModel(_ModelBase, metaclass=abc.ABCMeta):
       training=training,
       compute_metrics=compute_metrics,
     )
-    loss = _average_loss(per_example, global_batch_size)
+    loss = average_loss(per_example, global_batch_size)
     return loss + self._regularization() if include_regularization else loss
 
 
@@ -571,14 +571,14 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     per_example = self.task(
       q,
       c,
-      sample_weight=_masked_weight(sample_weight, mask, q.dtype),
+      sample_weight=masked_weight(sample_weight, mask, q.dtype),
       candidate_sampling_probability=sampling_probability,
       candidate_ids=ids,
       compute_metrics=compute_metrics,
       compute_batch_metrics=False,
       score_mask=score_mask,
     )
-    loss = _average_loss(per_example, global_batch_size)
+    loss = average_loss(per_example, global_batch_size)
     return loss + self._regularization() if include_regularization else loss
 
   def index_candidates(

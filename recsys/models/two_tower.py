@@ -19,8 +19,8 @@ from recsys.models import retrieval_negatives
 from recsys.models.base import (
   DEFAULT_KS,
   RetrievalModel,
-  _average_loss,
-  _masked_weight,
+  average_loss,
+  masked_weight,
 )
 from recsys.models.errors import ModelConfigError
 
@@ -292,7 +292,7 @@ class TwoTower(RetrievalModel):
         valid=None if mask is None else tf.reshape(mask, [-1]) > 0,
       )
     self.candidate_bank.update(ids, c)
-    weight = _masked_weight(sample_weight, mask, per_example.dtype)
+    weight = masked_weight(sample_weight, mask, per_example.dtype)
     if weight is not None:
       per_example *= tf.reshape(weight, [-1])
-    return in_batch + _average_loss(per_example, global_batch_size)
+    return in_batch + average_loss(per_example, global_batch_size)

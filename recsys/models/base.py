@@ -56,6 +56,8 @@ def _check_specs(feature_specs: Sequence[FeatureSpec], owner: str) -> tuple:
 def average_loss(
   per_example: tf.Tensor, global_batch_size: int | None
 ) -> tf.Tensor:
+  """The replica's share of the global mean of `per_example` (summed over
+  replicas by the step), or TF's average when the global batch is unknown."""
   if global_batch_size is None:
     return tf.nn.compute_average_loss(per_example)
   return tf.reduce_sum(per_example) / tf.cast(

@@ -80,8 +80,5 @@ for name, f in (("lookup", lookup), ("bag_apply", apply)):
       tf.nest.map_structure(lambda x: x.numpy(), r)
     ts.append(time.perf_counter() - s)
     cpu.append(time.process_time() - c)
-  print(
-    name,
-    "%.2f ms, %.2f CPU ms"
-    % (statistics.median(ts) * 1e3, statistics.median(cpu) * 1e3),
-  )
+  wall_ms, cpu_ms = statistics.median(ts) * 1e3, statistics.median(cpu) * 1e3
+  print(f"{name} {wall_ms:.2f} ms, {cpu_ms:.2f} CPU ms")

@@ -165,10 +165,13 @@ inline int RangePart(int64_t i, int64_t total, int parts) {
   return static_cast<int>((i * parts) / std::max<int64_t>(total, 1));
 }
 
-// Where a table row goes among `parts` (Fibonacci hash: Zipf-hot low ids
-// spread over the parts; all updates of one row land in one part).
+// Where a table row goes among `parts`: a multiplicative hash (Zipf-hot low
+// ids spread over the parts; all updates of one row land in one part). Not
+// IdIndex's hash: the ids of one part must still spread over all of a part's
+// IdIndex slots (with the same top bits they would fill half of them).
 inline int RowPart(int64_t id, int parts) {
-  const uint64_t h = (static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >> 32;
+  const uint64_t h =
+      (static_cast<uint64_t>(id) * 0xD6E8FEB86659FD93ull) >> 16 & 0xFFFFFFFFull;
   return static_cast<int>((h * static_cast<uint64_t>(parts)) >> 32);
 }
 
@@ -272,12 +275,16 @@ class BagLookupOp : public OpKernel {
       // bad entries. A serial pass over the first positions then numbers the
       // unique ids in first-occurrence order: the same outputs for any number
       // of parts, and the hash probes (the serial cost) are split.
-      std::vector<int32_t> first(n);
+      // first[k][i]: written by part k only, for its own ids (one array per
+      // part: no cache line written by two threads).
+      std::vector<std::vector<int32_t>> first(parts);
       absl::Status error;
       RunParts(ctx, parts, [&](int part) {
         int64_t in_class = 0;
         for (int64_t i = 0; i < n; ++i) in_class += RowPart(ids(i), parts) == part;
         IdIndex mine_ids(in_class);
+        std::vector<int32_t>& my_first = first[part];
+        my_first.resize(n);
         const int64_t lo = int64_t{num_segments} * part / parts;
         const int64_t hi = int64_t{num_segments} * (part + 1) / parts;
         auto valid = [&](int64_t i) {
@@ -309,7 +316,7 @@ class BagLookupOp : public OpKernel {
           }
           if (RowPart(id, parts) == part) {
             bool added;
-            first[i] = mine_ids.Insert(id, static_cast<int32_t>(i), &added);
+            my_first[i] = mine_ids.Insert(id, static_cast<int32_t>(i), &added);
           }
           const int32_t seg = segments(i);
           if (seg < lo || seg >= hi) continue;
@@ -325,7 +332,7 @@ class BagLookupOp : public OpKernel {
       });
       OP_REQUIRES_OK(ctx, error);
       for (int64_t i = 0; i < n; ++i) {
-        const int32_t f = first[i];
+        const int32_t f = first[RowPart(ids(i), parts)][i];
         if (f == i) {
           index[i] = static_cast<int32_t>(unique.size());
           unique.push_back(ids(i));

@@ -27,16 +27,18 @@
 // dense read still aliases it), reads take the variable's lock shared, updates
 // exclusive.
 //
-// Threads: a call whose step leaves intra-op threads idle (it runs fewer such
-// calls side by side than the pool has threads: the `concurrent_calls` attr,
-// the step's tables x replicas, set by backends/_bags.py) and that moves at
-// least 65536 floats of rows splits its row loops over the idle threads: one
-// big table gets the whole pool, the standard 8-table step no split (its
-// tables already run concurrently on the inter-op threads, and a fork-join
-// there only waits for busy threads: about 2x slower when forced on this
-// project's 2-core machine). RECSYS_KERNEL_PARALLEL_MIN_WORK=N forces every
-// call of N floats or more to split; any other non-empty value keeps every
-// call on one thread. The split is by output: bags' segments (lookup), unique
+// Threads: with RECSYS_KERNEL_PARALLEL_MIN_WORK=auto, a call whose step
+// leaves intra-op threads idle (it runs fewer such calls side by side than
+// the pool has threads: the `concurrent_calls` attr, the step's tables x
+// replicas, set by backends/_bags.py) and that moves at least 65536 floats of
+// rows splits its row loops over the idle threads: one big table gets the
+// whole pool, the standard 8-table step no split (its tables already run
+// concurrently on the inter-op threads, and a fork-join there only waits for
+// busy threads: about 2x slower when forced on this project's 2-core
+// machine). Off by default (kDefault: measured slower on the shared 2-core
+// machine). RECSYS_KERNEL_PARALLEL_MIN_WORK=N forces every call of N floats or
+// more to split; any other value keeps every call on one thread. The split
+// is by output: bags' segments (lookup), unique
 // rows (row gradients, and their update in RecsysBagApply), table rows
 // (RecsysSparseApply), batch rows (padded bags). Each output element is still
 // computed by one thread, adding its terms in the same order as the
@@ -116,16 +118,22 @@ absl::Status LookupMatrix(OpKernelContext* ctx, int index, const char* what,
 // Floats of row traffic (ids x dim) from which a call splits over the
 // intra-op pool when the step leaves threads idle (see NumParts).
 constexpr int64_t kAutoMinWork = int64_t{1} << 16;
-constexpr int64_t kAuto = -1;   // RECSYS_KERNEL_PARALLEL_MIN_WORK unset
-constexpr int64_t kNever = -2;  // set, but not to a number >= 0
+constexpr int64_t kAuto = -1;   // split calls the step leaves threads for
+constexpr int64_t kNever = -2;  // every call on one thread
+// Without RECSYS_KERNEL_PARALLEL_MIN_WORK: on this project's 2-core machine,
+// shared with other work, the automatic split cost 25-50 % more CPU a step
+// and made one 10^7-row table slower than one thread per call (README,
+// Benchmarks), so it is opt-in until a quiet machine shows it pays.
+constexpr int64_t kDefault = kNever;
 
-// RECSYS_KERNEL_PARALLEL_MIN_WORK: unset (kAuto), a number N >= 0 (split any
-// call of N floats or more over the whole pool, whatever runs beside it), or
-// anything else (kNever: every call on one thread).
+// RECSYS_KERNEL_PARALLEL_MIN_WORK: unset (kDefault), `auto` (kAuto), a number
+// N >= 0 (split any call of N floats or more over the whole pool, whatever
+// runs beside it), or anything else (kNever).
 int64_t ForcedMinWork() {
   static const int64_t value = [] {
     const char* env = std::getenv("RECSYS_KERNEL_PARALLEL_MIN_WORK");
-    if (env == nullptr || *env == '\0') return kAuto;
+    if (env == nullptr || *env == '\0') return kDefault;
+    if (std::strcmp(env, "auto") == 0) return kAuto;
     char* end = nullptr;
     const long long v = std::strtoll(env, &end, 10);
     return (end != env && *end == '\0' && v >= 0) ? static_cast<int64_t>(v)

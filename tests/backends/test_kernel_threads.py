@@ -1,9 +1,9 @@
 """The fused kernels split over the intra-op pool give bit-identical results.
 
-A fused call splits its row loops over the intra-op threads the step's other
-tables leave idle (one table here: all of them; RECSYS_KERNEL_PARALLEL_MIN_WORK
-forces every op above that many floats of rows to split), by output, keeping
-every output's summation order.
+With RECSYS_KERNEL_PARALLEL_MIN_WORK=auto (off by default) a fused call
+splits its row loops over the intra-op threads the step's other tables leave
+idle (one table here: all of them); set to N, every op above N floats of rows
+splits. By output, keeping every output's summation order.
 Crash-resume compares states exactly, so the same training steps with 1 and
 2 intra-op threads must agree bit for bit, and agree with the TF ops as
 closely as the one-thread kernels do. The pool size is fixed when TF starts,
@@ -106,7 +106,7 @@ print(json.dumps(stats))
 
 
 def _train(tmp_path, threads: int, with_tf_ops: bool, forced: bool = True):
-  out = tmp_path / f"threads{threads}{'forced' if forced else ''}.npz"
+  out = tmp_path / f"threads{threads}{'forced' if forced else 'auto'}.npz"
   root = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   )
@@ -117,9 +117,9 @@ def _train(tmp_path, threads: int, with_tf_ops: bool, forced: bool = True):
       filter(None, [root, os.environ.get("PYTHONPATH")])
     ),
   }
-  env.pop("RECSYS_KERNEL_PARALLEL_MIN_WORK", None)
-  if forced:
-    env["RECSYS_KERNEL_PARALLEL_MIN_WORK"] = str(MIN_PARALLEL_WORK)
+  env["RECSYS_KERNEL_PARALLEL_MIN_WORK"] = (
+    str(MIN_PARALLEL_WORK) if forced else "auto"
+  )
   proc = subprocess.run(
     [
       sys.executable,
@@ -174,8 +174,8 @@ def test_one_and_two_intra_op_threads_give_identical_states(tmp_path):
 
 @pytest.mark.skipif(kernels.load() is None, reason="fused kernels unavailable")
 def test_one_table_splits_by_itself_with_identical_states(tmp_path):
-  # No environment: the step has one table, so its lookup and update take
-  # both intra-op threads (the automatic split) and still match one thread.
+  # The automatic split: the step has one table, so its lookup and update
+  # take both intra-op threads, and still match one thread.
   one, _ = _train(tmp_path, 1, with_tf_ops=False, forced=False)
   two, _ = _train(tmp_path, 2, with_tf_ops=False, forced=False)
   assert sorted(one) == sorted(two)

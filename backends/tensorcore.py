@@ -395,7 +395,11 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       # every feature stacked in feature order.
       flat = _bags.concat_bags(table_bags, table.combiner)
       found = _bags.lookup(
-        flat, self._variables[name]["parameters"], self._gather_rows, fused
+        flat,
+        self._variables[name]["parameters"],
+        self._gather_rows,
+        fused,
+        self._concurrent_calls(),
       )
       for i, bag, out in zip(
         positions, table_bags, _bags.split_features(found.acts, flat)
@@ -645,6 +649,10 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
         "step left those ids out; nothing was saved after it."
       )
 
+  def _concurrent_calls(self) -> int:
+    """How many fused kernel calls of one kind a step runs side by side."""
+    return len(self._tables) * self._strategy.num_replicas_in_sync
+
   def _fused_ops(self):
     """The fused kernels' module if this trace can run them, else None.
 
@@ -742,10 +750,30 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     # Tables sharing an optimizer are updated together: one run of its
     # element-wise math over all their touched rows (same numbers).
     groups: dict[int, tuple[Any, list[optimizers.SparseUpdate]]] = {}
+    fused = None if exchange else self._fused_ops()
     for table in self._tables:
       name = self.table_name(table)
       step = steps[name]
       opt = self.optimizer_for(table)
+      table_vars = self._variables[name]
+      if fused is not None and step.rows is None:
+        # The fused lookup's backward pass and update: one kernel call.
+        grads = _bags.feature_gradients(
+          flat_grads, step.positions, step.num_segments, table.dim
+        )
+        if _bags.apply_bag_gradients(
+          opt,
+          table_vars["parameters"],
+          {k: v for k, v in table_vars.items() if k != "parameters"},
+          step.unique_ids,
+          step.index,
+          tf.concat(grads, 0) if len(grads) > 1 else grads[0],
+          step.segments,
+          step.scale,
+          fused,
+          self._concurrent_calls(),
+        ):
+          continue
       row_grads = self._row_gradients(table, step, flat_grads)
       ids = step.unique_ids
       rows = step.rows  # this step's rows of the table: no second gather
@@ -756,7 +784,6 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
           replica_ctx, ids, row_grads, step.capacity
         )
         rows = None  # other replicas' rows too: gathered by the update
-      table_vars = self._variables[name]
       slots = {k: v for k, v in table_vars.items() if k != "parameters"}
       groups.setdefault(id(opt), (opt, []))[1].append(
         optimizers.SparseUpdate(

@@ -1,17 +1,19 @@
 """One big table on 1 vs 2 intra-op threads, interleaved step by step.
 
-The fused kernels can split a large call over TF's intra-op pool (README,
-"Fused CPU kernels"; off by default). This measures what that buys on `embedding_step.py`'s step
-with one table (default 10^7 x 32, batch 16384): several long-lived child
+With RECSYS_KERNEL_PARALLEL_MIN_WORK=auto the fused kernels split a large
+call over the intra-op threads that the step's other tables leave idle
+(backends/kernels/embedding_ops.cc): a step of one table gets them all. This measures what that buys on `embedding_step.py`'s
+step with one table (default 10^7 x 32, batch 16384): several long-lived child
 processes, one per setting, each holding its own table, take turns running
 `--burst` steps, so a machine shared with other work slows them alike
 (finer interleaving than `embedding_step.py --intra_threads 1,2`, whose
 children each build a 10^7-row table for one measurement).
 
 Settings: `1` (one intra-op thread), `2` (two intra-op threads for TF's own
-ops, the kernels on one thread: the default), `2-split` (two, and the
-kernels split their calls: RECSYS_KERNEL_PARALLEL_MIN_WORK=65536). Reports per setting the median
-step time, M ids/s, CPU ms per step and the ratio to the first setting.
+ops, every kernel call on one thread: the default), `2-auto` (two, the
+kernels split as they decide: RECSYS_KERNEL_PARALLEL_MIN_WORK=auto). Reports
+per setting the median step time, M ids/s, CPU ms per step and the ratio to
+the first setting.
 
     python benchmarks/big_table_threads.py --rows 10000000 --batch 16384 --rounds 15
 """
@@ -27,8 +29,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import embedding_step  # noqa: E402  (this folder)
 
-SETTINGS = ("1", "2", "2-split")
-_SPLIT = {"RECSYS_KERNEL_PARALLEL_MIN_WORK": str(1 << 16)}
+SETTINGS = ("1", "2", "2-auto")
+_AUTO = {"RECSYS_KERNEL_PARALLEL_MIN_WORK": "auto"}
 
 
 def child(args) -> None:
@@ -115,7 +117,7 @@ def main(argv=None) -> None:
     env = dict(
       os.environ,
       **embedding_step.thread_env(args, intra),
-      **(_SPLIT if s.endswith("-split") else {}),
+      **(_AUTO if s.endswith("-auto") else {}),
     )
     procs[s] = subprocess.Popen(
       [

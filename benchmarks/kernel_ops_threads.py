@@ -1,12 +1,13 @@
-"""The three fused kernels alone on one 10^7 x 32 table: time per call.
+"""The training step's fused kernels alone on one 10^7 x 32 table, per call.
 
 Isolates what the kernels' thread split does, without the rest of the step:
-one RecsysBagLookup (bags of 4 uniform ids), RecsysRowGradients and an
-Adagrad RecsysSparseApply over `N` ids, each a tf.function, median of 30
-calls. The intra-op pool size is fixed when TF starts, so run it once per
-setting:
+one RecsysBagLookup (bags of 4 uniform ids) and one Adagrad RecsysBagApply
+(row gradients and update) over `N` ids, as the only table of a step (so
+with RECSYS_KERNEL_PARALLEL_MIN_WORK=auto they split over the intra-op
+threads), each a tf.function; median wall and CPU ms of 30 calls. The
+intra-op pool size is fixed when TF starts, so run it once per setting:
 
-    RECSYS_KERNEL_PARALLEL_MIN_WORK=65536 python benchmarks/kernel_ops_threads.py INTRA_THREADS N
+    RECSYS_KERNEL_PARALLEL_MIN_WORK=auto python benchmarks/kernel_ops_threads.py INTRA_THREADS N
 """
 
 import os
@@ -43,6 +44,7 @@ def lookup():
     segments=segs,
     scale=tf.zeros([0]),
     num_segments=n // 4,
+    concurrent_calls=1,
   )
 
 
@@ -51,43 +53,31 @@ grads = tf.ones_like(acts)
 
 
 @tf.function
-def rowgrad():
-  return ops.recsys_row_gradients(
+def apply():
+  ops.recsys_bag_apply(
+    table=t.handle,
+    slots=[acc.handle],
+    unique_ids=uniq,
     grads=grads,
     index=index,
     segments=segs,
     scale=tf.zeros([0]),
-    num_rows=tf.size(uniq, out_type=tf.int32),
-  )
-
-
-rg = rowgrad()
-
-
-@tf.function
-def apply():
-  ops.recsys_sparse_apply(
-    table=t.handle,
-    slots=[acc.handle],
-    ids=uniq,
-    grads=rg,
     learning_rate=0.05,
+    concurrent_calls=1,
     **attrs,
   )
 
 
-for name, f in (
-  ("lookup", lookup),
-  ("row_gradients", rowgrad),
-  ("sparse_apply", apply),
-):
+for name, f in (("lookup", lookup), ("bag_apply", apply)):
   for _ in range(3):
     f()
-  ts = []
+  ts, cpu = [], []
   for _ in range(30):
-    s = time.perf_counter()
+    s, c = time.perf_counter(), time.process_time()
     r = f()
     if r is not None:
       tf.nest.map_structure(lambda x: x.numpy(), r)
     ts.append(time.perf_counter() - s)
-  print(name, "%.2f ms" % (statistics.median(ts) * 1e3))
+    cpu.append(time.process_time() - c)
+  wall_ms, cpu_ms = statistics.median(ts) * 1e3, statistics.median(cpu) * 1e3
+  print(f"{name} {wall_ms:.2f} ms, {cpu_ms:.2f} CPU ms")

@@ -240,6 +240,7 @@ def _register_gradients(tf, module) -> None:
     ("RecsysRowGradients", None),
     ("RecsysPaddedBags", None),
     ("RecsysSparseApply", None),
+    ("RecsysBagApply", None),
   ):
     try:
       if register is None:

@@ -17,26 +17,36 @@
 //                       lazy Adam update and weight clipping of the touched
 //                       rows, in place (docs/optimizers.md, the same float32
 //                       operations in the same order as backends/optimizers.py)
+//   RecsysBagApply      RecsysRowGradients then RecsysSparseApply in one op:
+//                       the training step's backward pass and update of a
+//                       table (one op per table instead of two, and the rows'
+//                       gradients stay a scratch buffer in cache)
 //
 // Variables are accessed like TF's own sparse resource ops: the first sparse
 // access switches the variable to copy-on-read mode (copying its buffer if a
 // dense read still aliases it), reads take the variable's lock shared, updates
 // exclusive.
 //
-// Threads (off by default): with RECSYS_KERNEL_PARALLEL_MIN_WORK=N set, a
-// call moving at least N floats of rows (ids x dim; 65536 is a reasonable
-// value) splits its row loops over TF's intra-op pool, by output: bags'
-// segments (lookup), unique rows (row gradients), table rows (update), batch
-// rows (padded bags). Each output element is still computed by one thread,
-// adding its terms in the same order as the one-thread loop, so results are
-// bit-identical for any number of threads (crash-resume tests compare states
-// exactly). The de-duplication stays one serial pass: it defines the
-// first-occurrence order of the unique ids. Off by default because on this
-// project's 2-core machine, shared with other work, the split made the
-// standard 8-table step about 2x slower (the tables already run concurrently
-// on the inter-op threads, and each fork-join waits for a descheduled
-// thread) and did not measurably speed up one 10^7-row table (README,
-// Benchmarks).
+// Threads: with RECSYS_KERNEL_PARALLEL_MIN_WORK=auto, a call whose step
+// leaves intra-op threads idle (it runs fewer such calls side by side than
+// the pool has threads: the `concurrent_calls` attr, the step's tables x
+// replicas, set by backends/_bags.py) and that moves at least 65536 floats of
+// rows splits its row loops over the idle threads: one big table gets the
+// whole pool, the standard 8-table step no split (its tables already run
+// concurrently on the inter-op threads, and a fork-join there only waits for
+// busy threads: about 2x slower when forced on this project's 2-core
+// machine). Off by default (kDefault: measured slower on the shared 2-core
+// machine). RECSYS_KERNEL_PARALLEL_MIN_WORK=N forces every call of N floats or
+// more to split; any other value keeps every call on one thread. The split
+// is by output: bags' segments (lookup), unique
+// rows (row gradients, and their update in RecsysBagApply), table rows
+// (RecsysSparseApply), batch rows (padded bags). Each output element is still
+// computed by one thread, adding its terms in the same order as the
+// one-thread loop, so results are bit-identical for any number of threads
+// (crash-resume tests compare states exactly). The lookup's de-duplication is
+// split by a hash class of the id (each part records the first position of
+// its ids), then one cheap serial pass numbers the unique ids in
+// first-occurrence order.
 //
 // Built by `python -m backends.kernels` (backends/kernels/
 // __init__.py) with -ffp-contract=off, so that no multiply-add is fused (the
@@ -106,28 +116,47 @@ absl::Status LookupMatrix(OpKernelContext* ctx, int index, const char* what,
 }
 
 // Floats of row traffic (ids x dim) from which a call splits over the
-// intra-op pool: never, unless RECSYS_KERNEL_PARALLEL_MIN_WORK says (see the
-// top of this file for why).
-constexpr int64_t kNeverSplit = std::numeric_limits<int64_t>::max();
+// intra-op pool when the step leaves threads idle (see NumParts).
+constexpr int64_t kAutoMinWork = int64_t{1} << 16;
+constexpr int64_t kAuto = -1;   // split calls the step leaves threads for
+constexpr int64_t kNever = -2;  // every call on one thread
+// Without RECSYS_KERNEL_PARALLEL_MIN_WORK: on this project's 2-core machine,
+// shared with other work, the automatic split cost 25-50 % more CPU a step
+// and made one 10^7-row table slower than one thread per call (README,
+// Benchmarks), so it is opt-in until a quiet machine shows it pays.
+constexpr int64_t kDefault = kNever;
 
-int64_t MinParallelWork() {
+// RECSYS_KERNEL_PARALLEL_MIN_WORK: unset (kDefault), `auto` (kAuto), a number
+// N >= 0 (split any call of N floats or more over the whole pool, whatever
+// runs beside it), or anything else (kNever).
+int64_t ForcedMinWork() {
   static const int64_t value = [] {
     const char* env = std::getenv("RECSYS_KERNEL_PARALLEL_MIN_WORK");
-    if (env == nullptr || *env == '\0') return kNeverSplit;
+    if (env == nullptr || *env == '\0') return kDefault;
+    if (std::strcmp(env, "auto") == 0) return kAuto;
     char* end = nullptr;
     const long long v = std::strtoll(env, &end, 10);
-    return (end != env && v >= 0) ? static_cast<int64_t>(v) : kNeverSplit;
+    return (end != env && *end == '\0' && v >= 0) ? static_cast<int64_t>(v)
+                                                  : kNever;
   }();
   return value;
 }
 
-// How many parts to split a call of `work` floats into: the intra-op pool's
-// size from the threshold on, else 1 (run the one-thread loop).
-int NumParts(OpKernelContext* ctx, int64_t work) {
+// How many parts to split a call of `work` floats into. `concurrent_calls`
+// is how many such calls the step runs side by side (the tables of the step
+// times the local replicas; 0: unknown). By default a call splits only when
+// the step leaves intra-op threads idle: a step of one big table gets the
+// whole pool, the 8-table step none (its tables already run concurrently on
+// the inter-op threads, and a fork-join there only waits for busy threads).
+int NumParts(OpKernelContext* ctx, int64_t work, int concurrent_calls) {
   const auto* threads = ctx->device()->tensorflow_cpu_worker_threads();
   if (threads == nullptr || threads->workers == nullptr) return 1;
   const int n = threads->workers->NumThreads();
-  return (n > 1 && work >= MinParallelWork()) ? n : 1;
+  const int64_t forced = ForcedMinWork();
+  if (n <= 1 || forced == kNever) return 1;
+  if (forced != kAuto) return work >= forced ? n : 1;
+  if (concurrent_calls <= 0 || work < kAutoMinWork) return 1;
+  return std::max(1, n / concurrent_calls);
 }
 
 // Runs fn(part) for part in [0, parts) on the intra-op pool, one task each.
@@ -144,10 +173,13 @@ inline int RangePart(int64_t i, int64_t total, int parts) {
   return static_cast<int>((i * parts) / std::max<int64_t>(total, 1));
 }
 
-// Where a table row goes among `parts` (Fibonacci hash: Zipf-hot low ids
-// spread over the parts; all updates of one row land in one part).
+// Where a table row goes among `parts`: a multiplicative hash (Zipf-hot low
+// ids spread over the parts; all updates of one row land in one part). Not
+// IdIndex's hash: the ids of one part must still spread over all of a part's
+// IdIndex slots (with the same top bits they would fill half of them).
 inline int RowPart(int64_t id, int parts) {
-  const uint64_t h = (static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >> 32;
+  const uint64_t h =
+      (static_cast<uint64_t>(id) * 0xD6E8FEB86659FD93ull) >> 16 & 0xFFFFFFFFull;
   return static_cast<int>((h * static_cast<uint64_t>(parts)) >> 32);
 }
 
@@ -200,9 +232,14 @@ absl::Status CheckBags(const Tensor& ids, const Tensor& segments,
   return absl::OkStatus();
 }
 
+// Entries prefetched ahead in the row loops: their rows are random in memory.
+constexpr int kLookAhead = 4;
+
 class BagLookupOp : public OpKernel {
  public:
-  explicit BagLookupOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit BagLookupOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("concurrent_calls", &concurrent_calls_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     tsl::core::RefCountPtr<Var> table;
@@ -237,48 +274,62 @@ class BagLookupOp : public OpKernel {
     std::vector<int64_t> unique;
     unique.reserve(std::min<int64_t>(n, vocab));
     IdIndex positions(n);
-    const int parts = NumParts(ctx, n * dim);
+    const int parts = NumParts(ctx, n * dim, concurrent_calls_);
     if (parts > 1) {
-      // Unit 0 de-duplicates and checks (serial: it fixes the first-occurrence
-      // order); meanwhile unit k >= 1 sums the bags of the k-th range of
+      // Part k (1) de-duplicates the ids of hash class k (RowPart), recording
+      // each id's first position, and (2) sums the bags of the k-th range of
       // segments, scanning the ids in order, so each bag adds its rows in the
-      // one-thread order. Bad entries are skipped there and reported by unit 0.
+      // one-thread order. Part 0 reports the first bad entry; the others skip
+      // bad entries. A serial pass over the first positions then numbers the
+      // unique ids in first-occurrence order: the same outputs for any number
+      // of parts, and the hash probes (the serial cost) are split.
+      // first[k][i]: written by part k only, for its own ids (one array per
+      // part: no cache line written by two threads).
+      std::vector<std::vector<int32_t>> first(parts);
       absl::Status error;
-      RunParts(ctx, parts + 1, [&](int unit) {
-        if (unit == 0) {
-          for (int64_t i = 0; i < n; ++i) {
-            const int64_t id = ids(i);
-            const int32_t seg = segments(i);
-            if (id < 0 || id >= vocab) {
-              error = InvalidArgument("id ", id, " at position ", i,
-                                      " is outside the table's rows [0, ",
-                                      vocab, ")");
-              return;
-            }
-            if (seg < 0 || seg >= num_segments) {
-              error = InvalidArgument("segment ", seg, " at position ", i,
-                                      " is outside [0, ", num_segments, ")");
-              return;
-            }
-            bool added;
-            index[i] = positions.Insert(id, static_cast<int32_t>(unique.size()),
-                                        &added);
-            if (added) unique.push_back(id);
-          }
-          return;
-        }
-        const int64_t lo = int64_t{num_segments} * (unit - 1) / parts;
-        const int64_t hi = int64_t{num_segments} * unit / parts;
-        auto mine = [&](int64_t i) {
+      RunParts(ctx, parts, [&](int part) {
+        int64_t in_class = 0;
+        for (int64_t i = 0; i < n; ++i) in_class += RowPart(ids(i), parts) == part;
+        IdIndex mine_ids(in_class);
+        std::vector<int32_t>& my_first = first[part];
+        my_first.resize(n);
+        const int64_t lo = int64_t{num_segments} * part / parts;
+        const int64_t hi = int64_t{num_segments} * (part + 1) / parts;
+        auto valid = [&](int64_t i) {
           const int64_t id = ids(i);
           const int32_t seg = segments(i);
-          return seg >= lo && seg < hi && id >= 0 && id < vocab;
+          return id >= 0 && id < vocab && seg >= 0 && seg < num_segments;
+        };
+        auto summed = [&](int64_t i) {
+          const int32_t seg = segments(i);
+          return seg >= lo && seg < hi && valid(i);
         };
         for (int64_t i = 0; i < n; ++i) {
-          if (i + 4 < n && mine(i + 4)) __builtin_prefetch(rows + ids(i + 4) * dim);
-          if (!mine(i)) continue;
-          const float* row = rows + ids(i) * dim;
-          float* out = acts + static_cast<int64_t>(segments(i)) * dim;
+          if (i + kLookAhead < n && summed(i + kLookAhead)) {
+            __builtin_prefetch(rows + ids(i + kLookAhead) * dim);
+          }
+          const int64_t id = ids(i);
+          if (!valid(i)) {
+            if (part == 0 && error.ok()) {
+              error = (id < 0 || id >= vocab)
+                          ? InvalidArgument("id ", id, " at position ", i,
+                                            " is outside the table's rows "
+                                            "[0, ", vocab, ")")
+                          : InvalidArgument("segment ", segments(i),
+                                            " at position ", i,
+                                            " is outside [0, ", num_segments,
+                                            ")");
+            }
+            continue;
+          }
+          if (RowPart(id, parts) == part) {
+            bool added;
+            my_first[i] = mine_ids.Insert(id, static_cast<int32_t>(i), &added);
+          }
+          const int32_t seg = segments(i);
+          if (seg < lo || seg >= hi) continue;
+          const float* row = rows + id * dim;
+          float* out = acts + static_cast<int64_t>(seg) * dim;
           if (scale == nullptr) {
             for (int64_t d = 0; d < dim; ++d) out[d] += row[d];
           } else {
@@ -288,6 +339,15 @@ class BagLookupOp : public OpKernel {
         }
       });
       OP_REQUIRES_OK(ctx, error);
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t f = first[RowPart(ids(i), parts)][i];
+        if (f == i) {
+          index[i] = static_cast<int32_t>(unique.size());
+          unique.push_back(ids(i));
+        } else {
+          index[i] = index[f];
+        }
+      }
     } else {
       for (int64_t i = 0; i < n; ++i) {
         const int64_t id = ids(i);
@@ -299,8 +359,8 @@ class BagLookupOp : public OpKernel {
         OP_REQUIRES(ctx, seg >= 0 && seg < num_segments,
                     InvalidArgument("segment ", seg, " at position ", i,
                                     " is outside [0, ", num_segments, ")"));
-        if (i + 4 < n) {
-          const int64_t ahead = ids(i + 4);
+        if (i + kLookAhead < n) {
+          const int64_t ahead = ids(i + kLookAhead);
           if (ahead >= 0 && ahead < vocab) __builtin_prefetch(rows + ahead * dim);
         }
         bool added;
@@ -322,7 +382,31 @@ class BagLookupOp : public OpKernel {
         1, TensorShape({static_cast<int64_t>(unique.size())}), &unique_t));
     std::copy(unique.begin(), unique.end(), unique_t->flat<int64_t>().data());
   }
+
+ private:
+  int concurrent_calls_ = 0;
 };
+
+// out[r] = sum of scale[i] * grads[segments[i]] over the entries i with
+// index[i] == r, added in entry order, for the rows r in [lo, hi) (zeroed
+// first; out points at row 0). Entries must be in range.
+void SumRowGradients(const float* grads, const int32_t* index,
+                     const int32_t* segments, const float* scale, int64_t n,
+                     int64_t dim, int64_t lo, int64_t hi, float* out) {
+  std::fill(out + lo * dim, out + hi * dim, 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t row = index[i];
+    if (row < lo || row >= hi) continue;
+    const float* g = grads + static_cast<int64_t>(segments[i]) * dim;
+    float* o = out + static_cast<int64_t>(row) * dim;
+    if (scale == nullptr) {
+      for (int64_t d = 0; d < dim; ++d) o[d] += g[d];
+    } else {
+      const float s = scale[i];
+      for (int64_t d = 0; d < dim; ++d) o[d] += g[d] * s;
+    }
+  }
+}
 
 class RowGradientsOp : public OpKernel {
  public:
@@ -349,7 +433,6 @@ class RowGradientsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_rows, dim}),
                                              &out_t));
     float* out = out_t->flat<float>().data();
-    std::fill(out, out + static_cast<int64_t>(num_rows) * dim, 0.0f);
     for (int64_t i = 0; i < n; ++i) {
       const int32_t row = index(i), seg = segments(i);
       OP_REQUIRES(ctx, row >= 0 && row < num_rows && seg >= 0 &&
@@ -358,23 +441,13 @@ class RowGradientsOp : public OpKernel {
                                   " at position ", i, " is out of range"));
     }
     // Part k sums into the k-th range of unique rows, scanning the entries in
-    // order: each row adds its terms in the one-thread order.
-    const int parts = NumParts(ctx, n * dim);
+    // order: each row adds its terms in the one-thread order. (Only a tape on
+    // the table runs this op: no automatic split.)
+    const int parts = NumParts(ctx, n * dim, 0);
     auto sum_rows = [&](int part) {
-      const int64_t lo = int64_t{num_rows} * part / parts;
-      const int64_t hi = int64_t{num_rows} * (part + 1) / parts;
-      for (int64_t i = 0; i < n; ++i) {
-        const int32_t row = index(i);
-        if (row < lo || row >= hi) continue;
-        const float* g = grads + static_cast<int64_t>(segments(i)) * dim;
-        float* o = out + static_cast<int64_t>(row) * dim;
-        if (scale == nullptr) {
-          for (int64_t d = 0; d < dim; ++d) o[d] += g[d];
-        } else {
-          const float s = scale[i];
-          for (int64_t d = 0; d < dim; ++d) o[d] += g[d] * s;
-        }
-      }
+      SumRowGradients(grads, index.data(), segments.data(), scale, n, dim,
+                      int64_t{num_rows} * part / parts,
+                      int64_t{num_rows} * (part + 1) / parts, out);
     };
     if (parts > 1) {
       RunParts(ctx, parts, sum_rows);
@@ -484,9 +557,19 @@ class ExclusiveLocks {
   std::vector<Var*> vars_;
 };
 
+// RecsysSparseApply (from_bags false): the optimizer step on rows `ids` with
+// their gradients `grads` [U, D]. RecsysBagApply (from_bags true): the same
+// after summing the rows' gradients from the bags' activation gradients, as
+// RecsysRowGradients does (one op per table for the backward pass and the
+// update; the [U, D] gradients stay a scratch buffer, in cache).
 class SparseApplyOp : public OpKernel {
  public:
-  explicit SparseApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  SparseApplyOp(OpKernelConstruction* ctx, bool from_bags)
+      : OpKernel(ctx), from_bags_(from_bags) {
+    if (from_bags_) {
+      OP_REQUIRES_OK(ctx,
+                     ctx->GetAttr("concurrent_calls", &concurrent_calls_));
+    }
     std::string name;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("optimizer", &name));
     if (name == "sgd") {
@@ -525,7 +608,43 @@ class SparseApplyOp : public OpKernel {
     }
     const Tensor& ids_t = ctx->input(num_vars);
     const Tensor& grads_t = ctx->input(num_vars + 1);
-    const float lr = ctx->input(num_vars + 2).scalar<float>()();
+    const float lr = ctx->input(num_vars + (from_bags_ ? 5 : 2))
+                         .scalar<float>()();
+    OP_REQUIRES(ctx, ids_t.dims() == 1 && grads_t.dims() == 2,
+                InvalidArgument("ids [U] and grads [", from_bags_ ? "S" : "U",
+                                ", D] expected; got ",
+                                ids_t.shape().DebugString(), " and ",
+                                grads_t.shape().DebugString()));
+    const int64_t u = ids_t.NumElements(), dim = grads_t.dim_size(1);
+    // The bags' entries (from_bags): row index[i] gets scale[i] * grads[
+    // segments[i]]; checked before any lock is taken.
+    const int32_t* index = nullptr;
+    const int32_t* segments = nullptr;
+    const float* scale = nullptr;
+    int64_t n = 0;
+    if (from_bags_) {
+      const Tensor& index_t = ctx->input(num_vars + 2);
+      const Tensor& segments_t = ctx->input(num_vars + 3);
+      const Tensor& scale_t = ctx->input(num_vars + 4);
+      OP_REQUIRES_OK(ctx, CheckBags(index_t, segments_t, scale_t));
+      n = index_t.NumElements();
+      index = index_t.flat<int32_t>().data();
+      segments = segments_t.flat<int32_t>().data();
+      scale = scale_t.NumElements() ? scale_t.flat<float>().data() : nullptr;
+      const int64_t num_segments = grads_t.dim_size(0);
+      for (int64_t i = 0; i < n; ++i) {
+        OP_REQUIRES(ctx, index[i] >= 0 && index[i] < u && segments[i] >= 0 &&
+                             segments[i] < num_segments,
+                    InvalidArgument("index ", index[i], " or segment ",
+                                    segments[i], " at position ", i,
+                                    " is out of range"));
+      }
+    } else {
+      OP_REQUIRES(ctx, grads_t.dim_size(0) == u,
+                  InvalidArgument("ids [U] and grads [U, D] expected; got ",
+                                  ids_t.shape().DebugString(), " and ",
+                                  grads_t.shape().DebugString()));
+    }
     // Exclusive locks, in address order (no deadlock with other updates).
     std::vector<Var*> order;
     for (auto& v : vars) order.push_back(v.get());
@@ -534,27 +653,31 @@ class SparseApplyOp : public OpKernel {
     ExclusiveLocks locks(order);
 
     const Tensor& params = *vars[0]->tensor();
-    const int64_t vocab = params.dim_size(0), dim = params.dim_size(1);
+    const int64_t vocab = params.dim_size(0);
     for (int k = 1; k < num_vars; ++k) {
       OP_REQUIRES(ctx, vars[k]->tensor()->shape() == params.shape(),
                   InvalidArgument("slot ", k, " has shape ",
                                   vars[k]->tensor()->shape().DebugString(),
                                   ", the table ", params.shape().DebugString()));
     }
-    OP_REQUIRES(ctx, ids_t.dims() == 1 && grads_t.dims() == 2 &&
-                         grads_t.dim_size(0) == ids_t.dim_size(0) &&
-                         grads_t.dim_size(1) == dim,
-                InvalidArgument("ids [U] and grads [U, ", dim, "] expected; "
-                                "got ", ids_t.shape().DebugString(), " and ",
-                                grads_t.shape().DebugString()));
-    const int64_t u = ids_t.NumElements();
+    OP_REQUIRES(ctx, dim == params.dim_size(1),
+                InvalidArgument("grads have dimension ", dim, ", the table ",
+                                params.shape().DebugString()));
     const auto ids = ids_t.flat<int64_t>();
     for (int64_t r = 0; r < u; ++r) {
       OP_REQUIRES(ctx, ids(r) >= 0 && ids(r) < vocab,
                   InvalidArgument("row id ", ids(r), " is outside the table's ",
                                   "rows [0, ", vocab, ")"));
     }
-    Rows rows{ids.data(), grads_t.flat<float>().data(),
+    Tensor row_grads_t;
+    if (from_bags_) {
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_FLOAT,
+                                             TensorShape({u, dim}),
+                                             &row_grads_t));
+    }
+    const float* grads = grads_t.flat<float>().data();
+    float* row_grads = from_bags_ ? row_grads_t.flat<float>().data() : nullptr;
+    Rows rows{ids.data(), from_bags_ ? row_grads : grads,
               vars[0]->tensor()->flat<float>().data(),
               num_slots_ > 0 ? vars[1]->tensor()->flat<float>().data() : nullptr,
               num_slots_ > 1 ? vars[2]->tensor()->flat<float>().data() : nullptr,
@@ -573,7 +696,31 @@ class SparseApplyOp : public OpKernel {
         case Optimizer::kAdam: UpdateRows<Optimizer::kAdam>(part_rows, h); break;
       }
     };
-    const int parts = NumParts(ctx, u * dim);
+    if (from_bags_) {
+      // Part k sums the gradients of the k-th range of unique rows (scanning
+      // the entries in order: the one-thread order), then updates those rows.
+      // The ids come from RecsysBagLookup, so distinct: no row is in two
+      // parts, and parts need not wait for each other.
+      const int parts =
+          NumParts(ctx, std::max(n, u) * dim, concurrent_calls_);
+      auto run = [&](int part) {
+        const int64_t lo = u * part / parts, hi = u * (part + 1) / parts;
+        SumRowGradients(grads, index, segments, scale, n, dim, lo, hi,
+                        row_grads);
+        Rows mine = rows;
+        mine.ids += lo;
+        mine.grads += lo * dim;
+        mine.count = hi - lo;
+        update(mine);
+      };
+      if (parts == 1) {
+        run(0);
+      } else {
+        RunParts(ctx, parts, run);
+      }
+      return;
+    }
+    const int parts = NumParts(ctx, u * dim, 0);
     if (parts == 1) {
       update(rows);
       return;
@@ -592,11 +739,23 @@ class SparseApplyOp : public OpKernel {
   }
 
  private:
+  const bool from_bags_;
+  int concurrent_calls_ = 0;
   Optimizer optimizer_;
   int num_slots_ = 0;
   std::vector<float> hyper_;
   bool decay_by_lr_ = false;
   bool sum_inside_sqrt_ = false;
+};
+
+class RowsApplyOp : public SparseApplyOp {
+ public:
+  explicit RowsApplyOp(OpKernelConstruction* ctx) : SparseApplyOp(ctx, false) {}
+};
+
+class BagApplyOp : public SparseApplyOp {
+ public:
+  explicit BagApplyOp(OpKernelConstruction* ctx) : SparseApplyOp(ctx, true) {}
 };
 
 // The real entries of left-aligned padded bags, in row-major order: what
@@ -645,7 +804,7 @@ class PaddedBagsOp : public OpKernel {
     const float* weights = weighted ? weights_t.flat<float>().data() : nullptr;
     // Part p copies the bags of the p-th range of batch rows (a pure copy:
     // the same values whichever thread writes them).
-    const int parts = NumParts(ctx, 4 * n);
+    const int parts = NumParts(ctx, 4 * n, 0);
     auto copy_bags = [&](int part) {
       const int64_t lo = batch * part / parts, hi = batch * (part + 1) / parts;
       for (int64_t b = lo; b < hi; ++b) {
@@ -692,6 +851,7 @@ REGISTER_OP("RecsysBagLookup")
     .Input("segments: int32")
     .Input("scale: float")
     .Input("num_segments: int32")
+    .Attr("concurrent_calls: int = 0")
     .Output("activations: float")
     .Output("unique_ids: int64")
     .Output("index: int32")
@@ -725,30 +885,49 @@ REGISTER_OP("RecsysRowGradients")
     .SetShapeFn(RowGradientsShape)
     .Doc("row_grads[index[i]] += scale[i] * grads[segments[i]].");
 
+// The optimizer attributes of RecsysSparseApply and RecsysBagApply.
+#define RECSYS_APPLY_ATTRS \
+    .Attr("optimizer: {'sgd', 'adagrad', 'adam'}") \
+    .Attr("num_slots: int >= 0") \
+    .Attr("clip_gradient_min: float") \
+    .Attr("clip_gradient_max: float") \
+    .Attr("clip_weight_min: float") \
+    .Attr("clip_weight_max: float") \
+    .Attr("weight_decay: float = 0.0") \
+    .Attr("decay_by_lr: bool = false") \
+    .Attr("beta_1: float = 0.9") \
+    .Attr("beta_2: float = 0.999") \
+    .Attr("epsilon: float = 1e-8") \
+    .Attr("one_minus_beta_1: float = 0.1") \
+    .Attr("one_minus_beta_2: float = 0.001") \
+    .Attr("epsilon_squared: float = 1e-16") \
+    .Attr("sum_inside_sqrt: bool = true")
+
 REGISTER_OP("RecsysSparseApply")
     .Input("table: resource")
     .Input("slots: num_slots * resource")
     .Input("ids: int64")
     .Input("grads: float")
     .Input("learning_rate: float")
-    .Attr("optimizer: {'sgd', 'adagrad', 'adam'}")
-    .Attr("num_slots: int >= 0")
-    .Attr("clip_gradient_min: float")
-    .Attr("clip_gradient_max: float")
-    .Attr("clip_weight_min: float")
-    .Attr("clip_weight_max: float")
-    .Attr("weight_decay: float = 0.0")
-    .Attr("decay_by_lr: bool = false")
-    .Attr("beta_1: float = 0.9")
-    .Attr("beta_2: float = 0.999")
-    .Attr("epsilon: float = 1e-8")
-    .Attr("one_minus_beta_1: float = 0.1")
-    .Attr("one_minus_beta_2: float = 0.001")
-    .Attr("epsilon_squared: float = 1e-16")
-    .Attr("sum_inside_sqrt: bool = true")
+    RECSYS_APPLY_ATTRS
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("One TPU-semantics optimizer step on the rows ids, in place.");
+
+REGISTER_OP("RecsysBagApply")
+    .Input("table: resource")
+    .Input("slots: num_slots * resource")
+    .Input("unique_ids: int64")
+    .Input("grads: float")
+    .Input("index: int32")
+    .Input("segments: int32")
+    .Input("scale: float")
+    .Input("learning_rate: float")
+    .Attr("concurrent_calls: int = 0")
+    RECSYS_APPLY_ATTRS
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("RecsysRowGradients, then RecsysSparseApply on unique_ids, in one op.");
 
 REGISTER_KERNEL_BUILDER(Name("RecsysBagLookup").Device(DEVICE_CPU), BagLookupOp);
 REGISTER_KERNEL_BUILDER(Name("RecsysPaddedBags").Device(DEVICE_CPU),
@@ -756,6 +935,7 @@ REGISTER_KERNEL_BUILDER(Name("RecsysPaddedBags").Device(DEVICE_CPU),
 REGISTER_KERNEL_BUILDER(Name("RecsysRowGradients").Device(DEVICE_CPU),
                         RowGradientsOp);
 REGISTER_KERNEL_BUILDER(Name("RecsysSparseApply").Device(DEVICE_CPU),
-                        SparseApplyOp);
+                        RowsApplyOp);
+REGISTER_KERNEL_BUILDER(Name("RecsysBagApply").Device(DEVICE_CPU), BagApplyOp);
 
 }  // namespace recsys

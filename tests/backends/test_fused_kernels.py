@@ -173,6 +173,99 @@ def test_sparse_apply_refuses_mismatched_slots():
 
 
 @pytest.mark.parametrize(
+  "opt",
+  [
+    E.SGD(0.3, clipvalue=0.5),
+    E.Adagrad(0.2, weight_decay_factor=0.01, clip_weight_max=0.3),
+    E.Adam(
+      0.1,
+      multiply_weight_decay_factor_by_learning_rate=True,
+      weight_decay_factor=0.5,
+    ),
+  ],
+  ids=["sgd", "adagrad", "adam"],
+)
+@pytest.mark.parametrize("scaled", [False, True])
+def test_bag_apply_equals_row_gradients_then_sparse_apply(opt, scaled):
+  # The fused backward-and-update kernel does the two ops' float32
+  # operations in the same order: the same bits.
+  ops = kernels.load()
+  rng = np.random.default_rng(7)
+  n, segs, vocab, dim = 500, 60, 300, 5
+  ids = (rng.pareto(0.8, n) * 20).astype(np.int64) % vocab
+  segments = rng.integers(0, segs, n).astype(np.int32)
+  scale = rng.uniform(0.1, 2.0, n).astype(np.float32) if scaled else []
+  scale = tf.constant(scale, tf.float32)
+  grads = tf.constant(rng.normal(size=(segs, dim)), tf.float32)
+  init = rng.normal(size=(vocab, dim)).astype(np.float32)
+  names = opt._slot_names()  # pylint: disable=protected-access
+  attrs = optimizers.fused_attrs(opt)
+  states = []
+  for fused in (False, True):
+    table = tf.Variable(init)
+    slots = [tf.Variable(tf.fill([vocab, dim], 0.1)) for _ in names]
+    _, unique, index = ops.recsys_bag_lookup(
+      table=table.handle,
+      ids=ids,
+      segments=segments,
+      scale=scale,
+      num_segments=segs,
+    )
+    if fused:
+      ops.recsys_bag_apply(
+        table=table.handle,
+        slots=[v.handle for v in slots],
+        unique_ids=unique,
+        grads=grads,
+        index=index,
+        segments=segments,
+        scale=scale,
+        learning_rate=0.1,
+        **attrs,
+      )
+    else:
+      row_grads = ops.recsys_row_gradients(
+        grads=grads,
+        index=index,
+        segments=segments,
+        scale=scale,
+        num_rows=tf.size(unique, out_type=tf.int32),
+      )
+      ops.recsys_sparse_apply(
+        table=table.handle,
+        slots=[v.handle for v in slots],
+        ids=unique,
+        grads=row_grads,
+        learning_rate=0.1,
+        **attrs,
+      )
+    states.append([table.numpy()] + [v.numpy() for v in slots])
+  assert not np.array_equal(states[0][0], init)  # the step did something
+  for want, got in zip(*states):
+    np.testing.assert_array_equal(got, want)
+
+
+def test_bag_apply_refuses_out_of_range_index():
+  ops = kernels.load()
+  table = tf.Variable(tf.zeros([5, 4]))
+  with pytest.raises(
+    tf.errors.InvalidArgumentError, match="index 2 or segment 0 at position 1"
+  ):
+    ops.recsys_bag_apply(
+      table=table.handle,
+      slots=[],
+      unique_ids=tf.constant([1, 3], tf.int64),
+      grads=tf.ones([1, 4]),
+      index=tf.constant([0, 2], tf.int32),
+      segments=tf.constant([0, 0], tf.int32),
+      scale=tf.zeros([0]),
+      learning_rate=0.1,
+      **optimizers.fused_attrs(E.SGD(0.1)),
+    )
+  np.testing.assert_array_equal(table.numpy(), 0.0)  # nothing was applied
+
+
+@pytest.mark.parametrize(
   "opt, expected",
   [
     (E.SGD(0.1), "sgd"),

@@ -1,8 +1,9 @@
 """The fused kernels split over the intra-op pool give bit-identical results.
 
-With RECSYS_KERNEL_PARALLEL_MIN_WORK set (off by default), each fused op
-whose call moves at least that many floats of rows splits its row loops over
-TF's intra-op threads, by output, keeping every output's summation order.
+With RECSYS_KERNEL_PARALLEL_MIN_WORK=auto (off by default) a fused call
+splits its row loops over the intra-op threads the step's other tables leave
+idle (one table here: all of them); set to N, every op above N floats of rows
+splits. By output, keeping every output's summation order.
 Crash-resume compares states exactly, so the same training steps with 1 and
 2 intra-op threads must agree bit for bit, and agree with the TF ops as
 closely as the one-thread kernels do. The pool size is fixed when TF starts,
@@ -92,7 +93,7 @@ look_segs = np.sort(rng.integers(0, BATCH, 40_000)).astype(np.int32)
 look_table = tf.Variable(tf.random.stateless_normal([VOCAB, DIM], seed=[1, 2]))
 for i, t in enumerate(kernels.load().recsys_bag_lookup(
     table=look_table.handle, ids=look_ids, segments=look_segs,
-    scale=tf.zeros([0]), num_segments=BATCH)):
+    scale=tf.zeros([0]), num_segments=BATCH, concurrent_calls=1)):
   result[f"lookup/{{i}}"] = t.numpy()
 result["lookup/ids"] = look_ids
 result.update({{f"padded/{{i}}": t.numpy() for i, t in enumerate(padded)}})
@@ -104,8 +105,8 @@ print(json.dumps(stats))
 """
 
 
-def _train(tmp_path, threads: int, with_tf_ops: bool):
-  out = tmp_path / f"threads{threads}.npz"
+def _train(tmp_path, threads: int, with_tf_ops: bool, forced: bool = True):
+  out = tmp_path / f"threads{threads}{'forced' if forced else 'auto'}.npz"
   root = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   )
@@ -116,7 +117,9 @@ def _train(tmp_path, threads: int, with_tf_ops: bool):
       filter(None, [root, os.environ.get("PYTHONPATH")])
     ),
   }
-  env["RECSYS_KERNEL_PARALLEL_MIN_WORK"] = str(MIN_PARALLEL_WORK)
+  env["RECSYS_KERNEL_PARALLEL_MIN_WORK"] = (
+    str(MIN_PARALLEL_WORK) if forced else "auto"
+  )
   proc = subprocess.run(
     [
       sys.executable,
@@ -167,3 +170,14 @@ def test_one_and_two_intra_op_threads_give_identical_states(tmp_path):
       atol=3e-7,
       err_msg=key,
     )
+
+
+@pytest.mark.skipif(kernels.load() is None, reason="fused kernels unavailable")
+def test_one_table_splits_by_itself_with_identical_states(tmp_path):
+  # The automatic split: the step has one table, so its lookup and update
+  # take both intra-op threads, and still match one thread.
+  one, _ = _train(tmp_path, 1, with_tf_ops=False, forced=False)
+  two, _ = _train(tmp_path, 2, with_tf_ops=False, forced=False)
+  assert sorted(one) == sorted(two)
+  for key, value in one.items():
+    np.testing.assert_array_equal(two[key], value, err_msg=key)

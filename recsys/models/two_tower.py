@@ -242,29 +242,19 @@ class TwoTower(RetrievalModel):
     embeddings in `candidate_bank` for the next steps. Evaluation
     (training=False) and "in_batch" use the in-batch task and its metrics.
     """
-    if not training or self.candidate_bank is None:
-      return super().compute_loss(
-        activations,
-        features,
-        labels,
-        training=training,
-        global_batch_size=global_batch_size,
-        sample_weight=sample_weight,
-        compute_metrics=compute_metrics,
-        mask=mask,
-        include_regularization=include_regularization,
-      )
     in_batch = super().compute_loss(
       activations,
       features,
       labels,
-      training=True,
+      training=training,
       global_batch_size=global_batch_size,
       sample_weight=sample_weight,
-      compute_metrics=False if compute_metrics is None else compute_metrics,
+      compute_metrics=compute_metrics,
       mask=mask,
       include_regularization=include_regularization,
     )
+    if not training or self.candidate_bank is None:
+      return in_batch
     features = features or {}
     q = self.query_embeddings(activations, features, training=True)
     c = tf.stop_gradient(

@@ -29,7 +29,6 @@ import tensorflow as tf
 from tensorflow.python.eager import tape as tape_lib  # pylint: disable=g-direct-tensorflow-import
 
 from backends import inputs as inputs_lib
-from backends import optimizers
 
 COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -281,56 +280,3 @@ def row_gradients(
   return tf.math.unsorted_segment_sum(
     tf.gather(grads, segments) * scale[:, tf.newaxis], index, num_rows
   )
-
-
-def apply_bag_gradients(
-  optimizer: Any,
-  table: tf.Variable,
-  slots: dict[str, tf.Variable],
-  unique_ids: tf.Tensor,
-  index: tf.Tensor,
-  grads: tf.Tensor,
-  flat_segments: tf.Tensor,
-  scale: tf.Tensor | None,
-  fused_ops: Any,
-  concurrent_calls: int = 0,
-) -> bool:
-  """`row_gradients` and the optimizer's update of the rows, in one kernel.
-
-  One `RecsysBagApply` per table: the backward pass of a fused `lookup` and
-  the update of its unique rows (same float32 operations, in the same order,
-  as `row_gradients` followed by `optimizers.apply_sparse_updates`).
-
-  Args:
-    optimizer: the table's embedding optimizer.
-    table: the float32 table variable; `slots` its slot variables by name.
-    unique_ids: int64 `[U]` and `index` int32 `[N]`, from the fused `lookup`
-      of this step (`unique_ids` distinct).
-    grads: `[sum_f S_f, D]`, the features' activation gradients stacked.
-    flat_segments: int32 `[N]`, each id's activation row; `scale` as in
-      `row_gradients`.
-    fused_ops: the fused kernels' module.
-    concurrent_calls: as in `lookup`.
-
-  Returns:
-    False (nothing done) when the kernel does not implement the optimizer or
-    the table is not float32: the caller updates the table otherwise.
-  """
-  attrs = optimizers.fused_attrs(optimizer)
-  if attrs is None or table.dtype != tf.float32:
-    return False
-  optimizers._check_args(optimizer, table, slots, unique_ids, grads)  # pylint: disable=protected-access
-  names = optimizer._slot_names()  # pylint: disable=protected-access
-  fused_ops.recsys_bag_apply(
-    table=table.handle,
-    slots=[slots[n].handle for n in names],
-    unique_ids=unique_ids,
-    grads=tf.cast(grads, tf.float32),
-    index=index,
-    segments=flat_segments,
-    scale=scale_or_empty(scale),
-    learning_rate=optimizers.learning_rate(optimizer),
-    concurrent_calls=concurrent_calls,
-    **attrs,
-  )
-  return True

@@ -606,3 +606,56 @@ def apply_sparse_updates(
       tf.raw_ops.ResourceScatterUpdate(
         resource=u.slots[n].handle, indices=idss[k], updates=new_s[n][k]
       )
+
+
+def apply_bag_update(
+  optimizer: Any,
+  table: tf.Variable,
+  slots: dict[str, tf.Variable],
+  unique_ids: tf.Tensor,
+  index: tf.Tensor,
+  grads: tf.Tensor,
+  flat_segments: tf.Tensor,
+  scale: tf.Tensor | None,
+  fused_ops: Any,
+  concurrent_calls: int = 0,
+) -> bool:
+  """The rows' gradients and their update, in one `RecsysBagApply` call.
+
+  The backward pass of a fused `_bags.lookup` and the update of its unique
+  rows: the same float32 operations, in the same order, as
+  `_bags.row_gradients` followed by `apply_sparse_updates`.
+
+  Args:
+    optimizer: the table's embedding optimizer.
+    table: the float32 table variable; `slots` its slot variables by name.
+    unique_ids: int64 `[U]` and `index` int32 `[N]`, from the fused
+      `_bags.lookup` of this step (`unique_ids` distinct).
+    grads: `[sum_f S_f, D]`, the features' activation gradients stacked.
+    flat_segments: int32 `[N]`, each id's activation row; `scale` as in
+      `_bags.row_gradients`.
+    fused_ops: the fused kernels' module.
+    concurrent_calls: as in `_bags.lookup`.
+
+  Returns:
+    False (nothing done) when the kernel does not implement the optimizer or
+    the table is not float32: the caller updates the table otherwise.
+  """
+  attrs = fused_attrs(optimizer)
+  if attrs is None or table.dtype != tf.float32:
+    return False
+  _check_args(optimizer, table, slots, unique_ids, grads)
+  names = optimizer._slot_names()  # pylint: disable=protected-access
+  fused_ops.recsys_bag_apply(
+    table=table.handle,
+    slots=[slots[n].handle for n in names],
+    unique_ids=unique_ids,
+    grads=tf.cast(grads, tf.float32),
+    index=index,
+    segments=flat_segments,
+    scale=scale if scale is not None else tf.zeros([0], tf.float32),
+    learning_rate=learning_rate(optimizer),
+    concurrent_calls=concurrent_calls,
+    **attrs,
+  )
+  return True

@@ -758,16 +758,13 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       table_vars = self._variables[name]
       if fused is not None and step.rows is None:
         # The fused lookup's backward pass and update: one kernel call.
-        grads = _bags.feature_gradients(
-          flat_grads, step.positions, step.num_segments, table.dim
-        )
-        if _bags.apply_bag_gradients(
+        if optimizers.apply_bag_update(
           opt,
           table_vars["parameters"],
           {k: v for k, v in table_vars.items() if k != "parameters"},
           step.unique_ids,
           step.index,
-          tf.concat(grads, 0) if len(grads) > 1 else grads[0],
+          self._activation_gradients(table, step, flat_grads),
           step.segments,
           step.scale,
           fused,
@@ -819,13 +816,19 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       [layout.path for layout in self._layouts], flat_grads, outputs
     )
 
-  def _row_gradients(self, table, step: _TableStep, flat_grads) -> tf.Tensor:
-    """d(loss)/d(row) for each unique row: [U, D], one segment reduction."""
+  def _activation_gradients(
+    self, table, step: _TableStep, flat_grads
+  ) -> tf.Tensor:
+    """The table's features' activation gradients stacked: `[sum_f S_f, D]`."""
     grads = _bags.feature_gradients(
       flat_grads, step.positions, step.num_segments, table.dim
     )
+    return tf.concat(grads, 0) if len(grads) > 1 else grads[0]
+
+  def _row_gradients(self, table, step: _TableStep, flat_grads) -> tf.Tensor:
+    """d(loss)/d(row) for each unique row: [U, D], one segment reduction."""
     return _bags.row_gradients(
-      tf.concat(grads, 0) if len(grads) > 1 else grads[0],
+      self._activation_gradients(table, step, flat_grads),
       step.index,
       step.segments,
       step.scale,

@@ -387,26 +387,22 @@ class MovieLens(DataSource):
     )
     user = encoder.user_index(raw.user).numpy()
     item = encoder.item_index(raw.item).numpy()
-    table = None
-    if self.history is not None:  # from training ratings only, never test
-      train_rows = ~is_test
-      table = self.history.build(
-        user[train_rows],
-        item[train_rows],
+    train_rows = ~is_test  # the histories: training ratings only, never test
+    columns = {"user_id": user[train_rows], "item_id": item[train_rows]}
+
+    def history_table(history, num_keys: int):
+      if history is None:
+        return None
+      return history.build(
+        columns[history.key],
+        columns[history.value],
         raw.rating[train_rows],
         raw.timestamp[train_rows],
-        self.num_users,
+        num_keys,
       )
-    item_table = None
-    if self.item_history is not None:  # training ratings only, never test
-      train_rows = ~is_test
-      item_table = self.item_history.build(
-        item[train_rows],
-        user[train_rows],
-        raw.rating[train_rows],
-        raw.timestamp[train_rows],
-        self.num_items,
-      )
+
+    table = history_table(self.history, self.num_users)
+    item_table = history_table(self.item_history, self.num_items)
     self._raw = MovieLensRawParser(
       user_vocab,
       item_vocab,

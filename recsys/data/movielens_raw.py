@@ -169,6 +169,14 @@ class MovieLensRawParser(RawParser):
     `item` is given; the item history drops `user` when it is given.
     """
     out, weights = {}, {}
+    histories = {  # name: (table, whose bag, the id it leaves out)
+      name: (table, key, exclude)
+      for name, table, key, exclude in (
+        (HISTORY_FEATURE, self._history, user, item),
+        (ITEM_HISTORY_FEATURE, self._item_history, item, user),
+      )
+      if table is not None
+    }
     for name in feature_names:
       if name == "user_id":
         out[name] = user
@@ -182,13 +190,9 @@ class MovieLensRawParser(RawParser):
         values, lengths = self._bags[name]
         bags = tf.RaggedTensor.from_row_lengths(values, lengths, validate=False)
         out[name] = tf.gather(bags, item)
-      elif name == HISTORY_FEATURE and self._history is not None:
-        ids, w = user_history.lookup(self._history, user, item)
-        out[name] = ids
-        if w is not None:
-          weights[name] = w
-      elif name == ITEM_HISTORY_FEATURE and self._item_history is not None:
-        ids, w = user_history.lookup(self._item_history, item, user)
+      elif name in histories:
+        table, key, exclude = histories[name]
+        ids, w = user_history.lookup(table, key, exclude)
         out[name] = ids
         if w is not None:
           weights[name] = w

@@ -88,12 +88,21 @@ class CandidateBank(keras.layers.Layer):
     )
 
   def _unique(self, ids: tf.Tensor, embeddings: tf.Tensor):
-    """Each distinct id once `[U]`, with its first row's embedding `[U, K]`."""
-    unique, position = tf.unique(tf.reshape(tf.cast(ids, tf.int64), [-1]))
-    first = tf.math.unsorted_segment_min(
-      tf.range(tf.shape(position)[0]), position, tf.shape(unique)[0]
+    """Each row's id `[B]` with the embedding of its id's first row `[B, K]`.
+
+    Static shapes (no `tf.unique`), so a compiled step (XLA, TPU) can run
+    it: copies of an id write the same values in any order, and only the
+    first row of each id passes gradients, once per id.
+    """
+    ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
+    positions = tf.range(tf.shape(ids)[0])
+    same = tf.equal(ids[:, tf.newaxis], ids[tf.newaxis, :])
+    first = tf.reduce_min(
+      tf.where(same, positions[tf.newaxis, :], tf.shape(ids)[0]), axis=1
     )
-    return unique, tf.gather(embeddings, first)
+    rows = tf.gather(embeddings, first)
+    is_first = tf.equal(first, positions)[:, tf.newaxis]
+    return ids, tf.where(is_first, rows, tf.stop_gradient(rows))
 
   def with_fresh(
     self, ids: tf.Tensor, embeddings: tf.Tensor

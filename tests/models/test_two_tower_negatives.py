@@ -228,3 +228,41 @@ def test_fit_trains_with_corpus_negatives(negatives):
   assert history.history["loss"][-1] < history.history["loss"][0]
   filled = model.model.candidate_bank.filled.numpy()
   np.testing.assert_array_equal(np.flatnonzero(filled), np.unique(movies))
+
+
+@pytest.mark.parametrize("negatives", ["corpus", "mixed"])
+def test_corpus_loss_compiles_with_xla_like_the_eager_loss(negatives):
+  # A TPU compiles the step: the bank's de-duplication must have static
+  # shapes. One model, the same bank and batch, eager then compiled: the
+  # same loss ("corpus"; "mixed" draws at random) and the same bank.
+  acts, features = _batch(item_ids=[3, 8, 3, 10, 21])
+  extra = {"num_sampled_negatives": 4} if negatives == "mixed" else {}
+  model = _model(negatives=negatives, temperature=0.3, **extra)
+  bank = model.candidate_bank
+  results = []
+  for jit in (False, True):
+    bank.embeddings.assign(tf.zeros_like(bank.embeddings))
+    bank.filled.assign(tf.zeros_like(bank.filled))
+    bank.update(tf.constant([1, 3]), tf.ones([2, 7]))
+
+    @tf.function(jit_compile=jit)
+    def loss(acts, features):
+      return model.compute_loss(acts, features, global_batch_size=2 * B)
+
+    value = loss(acts, features).numpy()
+    results.append((value, bank.embeddings.numpy(), bank.filled.numpy()))
+  graph = loss.get_concrete_function(acts, features).graph
+  dynamic = [
+    (op.type, op.name)
+    for op in graph.get_operations()
+    for out in op.outputs
+    if out.dtype != tf.resource and not out.shape.is_fully_defined()
+  ]
+  assert not dynamic, dynamic  # e.g. tf.unique's [U]: a TPU needs static
+  (eager, eager_bank, eager_filled), (xla, xla_bank, xla_filled) = results
+  assert np.isfinite(xla)
+  np.testing.assert_allclose(xla_bank, eager_bank, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(xla_filled, eager_filled)
+  assert eager_filled[[1, 3, 8, 10, 21]].all()
+  if negatives == "corpus":
+    np.testing.assert_allclose(xla, eager, rtol=1e-5)

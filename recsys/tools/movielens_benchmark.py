@@ -9,10 +9,11 @@ source, built through gin), this computes
       damping user 10 / item 25, and damping chosen on a validation split
       carved from train) and a plain biased matrix factorization (NumPy ALS,
       its regularization chosen on the same validation split);
-  (b) retrieval: the most-popular baseline's top-K hit rates, K = 1, 5, 10,
-      50, 100, popularity counted on the training interactions, the same
-      protocol as the model's corpus hit rates (the whole movie corpus, no
-      filtering of already-rated movies);
+  (b) retrieval: top-K hit rates, K = 1, 5, 10, 50, 100, of the most
+      popular movies (counted on the training interactions) and of implicit
+      ALS (its regularization and confidence chosen on the validation split),
+      the same protocol as the model's corpus hit rates (the whole movie
+      corpus, no filtering of already-rated movies);
   (c) trains the experiments through `recsys.training.train` via gin (each in
       its own process), reads their metrics.json;
 
@@ -43,12 +44,28 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
+
+from recsys.tools.movielens_baselines import (  # noqa: E402
+  FIXED_DAMPING,
+  IALS_DIM,
+  KS,
+  MF_DIM,
+  choose_damping,
+  choose_ials,
+  choose_mf_reg,
+  factor_hit_rates,
+  fit_bias,
+  fit_ials,
+  fit_mf,
+  popularity,
+  rmse,
+)
 
 # The shipped experiments (recsys/experiments is the repo's experiments/).
 _EXPERIMENTS_DIR = os.path.join(
@@ -62,20 +79,16 @@ EXPERIMENTS = {
     _EXPERIMENTS_DIR, "movielens_retrieval_history.gin"
   ),
 }
-MF_DIM = 32
-MF_REG_GRID = (0.1, 0.2, 0.35)
 KIND = {
   "ranking": "ranking",
   "fm": "ranking",
   "retrieval": "retrieval",
   "retrieval_history": "retrieval",
 }
-KS = (1, 5, 10, 50, 100)
-FIXED_DAMPING = (10.0, 25.0)  # (user, item)
-DAMPING_GRID = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0)
 VALIDATION_STEM = "movielens_train"
 
 Arrays = dict[str, np.ndarray]
+IALS_LABEL = f"iALS (dim {IALS_DIM}, chosen on validation)"
 
 
 # -- the experiments' data, through gin ----------------------------------------
@@ -279,136 +292,6 @@ def check_same_ids(
     raise ValueError(
       "the validation folder's ratings differ from the training split's."
     )
-
-
-# -- baselines -----------------------------------------------------------------
-
-
-def fit_bias(
-  train: Arrays, user_damping: float, item_damping: float
-) -> Callable:
-  """Damped bias baseline: r = mu + b_i + b_u, fit on `train`.
-
-  b_i = sum(r - mu) / (n_i + item_damping) over the item's ratings;
-  b_u = sum(r - mu - b_i) / (n_u + user_damping) over the user's ratings.
-
-  Returns:
-    predict(users, items) -> ratings clipped to the training rating range.
-  """
-  user, item, rating = (
-    train["user"],
-    train["item"],
-    train["label"].astype(np.float64),
-  )
-  mu = rating.mean()
-  size = int(max(user.max(), item.max())) + 1
-  item_sum = np.bincount(item, rating - mu, minlength=size)
-  item_bias = item_sum / (np.bincount(item, minlength=size) + item_damping)
-  user_sum = np.bincount(user, rating - mu - item_bias[item], minlength=size)
-  user_bias = user_sum / (np.bincount(user, minlength=size) + user_damping)
-  lo, hi = rating.min(), rating.max()
-
-  def predict(users: np.ndarray, items: np.ndarray) -> np.ndarray:
-    users = np.minimum(users, size - 1)
-    items = np.minimum(items, size - 1)
-    return np.clip(mu + item_bias[items] + user_bias[users], lo, hi)
-
-  return predict
-
-
-def rmse(predicted: np.ndarray, actual: np.ndarray) -> float:
-  """Root mean squared error."""
-  return float(np.sqrt(np.mean((predicted - actual.astype(np.float64)) ** 2)))
-
-
-def choose_damping(train: Arrays, valid: Arrays) -> tuple[float, float, float]:
-  """(user damping, item damping, validation RMSE) of the best grid point."""
-  scores = [
-    (
-      du,
-      di,
-      rmse(
-        fit_bias(train, du, di)(valid["user"], valid["item"]), valid["label"]
-      ),
-    )
-    for du in DAMPING_GRID
-    for di in DAMPING_GRID
-  ]
-  return min(scores, key=lambda x: x[2])
-
-
-def fit_mf(
-  train: Arrays, dim: int = MF_DIM, reg: float = 0.2, iters: int = 8
-) -> Callable:
-  """Plain biased MF by alternating least squares (ALS-WR), fit on `train`.
-
-  r = mu + b_u + b_i + p_u . q_i, the L2 penalty on a user's (p_u, b_u)
-  and an item's (q_i, b_i) scaled by its number of ratings (Zhou et al.,
-  2008); seeded initialization.
-
-  Returns:
-    predict(users, items) -> ratings clipped to the training rating range.
-  """
-  user, item = train["user"].astype(np.int64), train["item"].astype(np.int64)
-  rating = train["label"].astype(np.float64)
-  mu = rating.mean()
-  nu, ni = int(user.max()) + 1, int(item.max()) + 1
-  rng = np.random.default_rng(0)
-  p = rng.normal(0, 0.1, (nu, dim))
-  q = rng.normal(0, 0.1, (ni, dim))
-  bu, bi = np.zeros(nu), np.zeros(ni)
-  by_user = [np.flatnonzero(user == u) for u in range(nu)]
-  by_item = [np.flatnonzero(item == i) for i in range(ni)]
-
-  def solve(rows, other, other_bias, target_ids):
-    out = np.zeros((len(rows), dim + 1))
-    eye = np.eye(dim + 1)
-    for k, r in enumerate(rows):
-      if not len(r):
-        continue
-      x = np.concatenate([other[target_ids[r]], np.ones((len(r), 1))], 1)
-      y = rating[r] - mu - other_bias[target_ids[r]]
-      out[k] = np.linalg.solve(x.T @ x + reg * len(r) * eye, x.T @ y)
-    return out
-
-  for _ in range(iters):
-    sol = solve(by_user, q, bi, item)
-    p, bu = sol[:, :dim], sol[:, dim]
-    sol = solve(by_item, p, bu, user)
-    q, bi = sol[:, :dim], sol[:, dim]
-  lo, hi = rating.min(), rating.max()
-
-  def predict(users: np.ndarray, items: np.ndarray) -> np.ndarray:
-    u, i = np.minimum(users, nu - 1), np.minimum(items, ni - 1)
-    return np.clip(mu + bu[u] + bi[i] + (p[u] * q[i]).sum(-1), lo, hi)
-
-  return predict
-
-
-def choose_mf_reg(train: Arrays, valid: Arrays) -> tuple[float, float]:
-  """(regularization, validation RMSE) of the best MF_REG_GRID point."""
-  scores = [
-    (
-      reg,
-      rmse(
-        fit_mf(train, reg=reg)(valid["user"], valid["item"]), valid["label"]
-      ),
-    )
-    for reg in MF_REG_GRID
-  ]
-  return min(scores, key=lambda x: x[1])
-
-
-def popularity(
-  train_items: np.ndarray, held_out_items: np.ndarray
-) -> dict[str, float]:
-  """Most-popular top-K hit rates (`recsys.models.popularity_hit_rates`)."""
-  from recsys.models import retrieval_metrics  # pylint: disable=g-import-not-at-top
-
-  rates = retrieval_metrics.popularity_hit_rates(
-    train_items.tolist(), held_out_items.tolist(), KS
-  )
-  return {f"top{k}": rates[f"top_{k}_hit_rate"] for k in KS}
 
 
 # -- training the experiments --------------------------------------------------
@@ -704,6 +587,9 @@ def run_seed(args: argparse.Namespace, seed: int, root: str) -> dict[str, Any]:
   results["popularity"] = popularity(
     ret_train["item"], ret_test["item"][:ret_evaluated]
   )
+  results["ials"] = _ials_baseline(
+    ret_file, bindings + carve, ret_source, ret_train, ret_test, ret_evaluated
+  )
   results["baseline_seconds"] = time.time() - t0
 
   extra = {
@@ -720,6 +606,30 @@ def run_seed(args: argparse.Namespace, seed: int, root: str) -> dict[str, Any]:
       "bindings": more,
     }
   return results
+
+
+def _ials_baseline(
+  ret_file: str,
+  carved_bindings: Sequence[str],
+  source: Any,
+  train: Arrays,
+  held_out: Arrays,
+  evaluated: int,
+) -> dict[str, Any]:
+  """iALS, (reg, alpha) chosen on the retrieval experiment's validation split
+  carved from train, then fit on `train` and scored on `held_out`."""
+  carved, _ = build_source(ret_file, carved_bindings)
+  fit, valid = split_arrays(carved, True), split_arrays(carved, False)
+  sizes = (source.num_users, source.num_items)
+  reg, alpha, valid_rates = choose_ials(fit, valid, *sizes)
+  p, q = fit_ials(train, *sizes, reg=reg, alpha=alpha)
+  held_out = {k: v[:evaluated] for k, v in held_out.items()}
+  return {
+    "reg": reg,
+    "alpha": alpha,
+    "validation": valid_rates,
+    "rates": factor_hit_rates(p, q, held_out, source.num_items),
+  }
 
 
 def _query_file(
@@ -758,7 +668,10 @@ def _ranking_rows(results: dict[str, Any]) -> dict[str, float]:
 
 
 def _retrieval_rows(results: dict[str, Any]) -> dict[str, dict[str, float]]:
-  rows = {"most popular": results["popularity"]}
+  rows = {
+    "most popular": results["popularity"],
+    IALS_LABEL: results["ials"]["rates"],
+  }
   for name in EXPERIMENTS:
     if KIND[name] == "retrieval" and name in results:
       rows[os.path.basename(EXPERIMENTS[name])] = model_hit_rates(
@@ -896,7 +809,16 @@ def print_table(results: dict[str, Any], flush: bool = False) -> None:
     f"{results['retrieval_min_rating']:g}; whole corpus)"
   )
   print(f"  {'':<24}" + "".join(f"{'top' + str(k):>9}" for k in KS))
-  lines = [("most popular", results["popularity"], "")]
+  ials = results["ials"]
+  lines = [
+    ("most popular", results["popularity"], ""),
+    (
+      "iALS",
+      ials["rates"],
+      f"dim {IALS_DIM}, reg {ials['reg']:g}, alpha {ials['alpha']:g} "
+      "chosen on validation",
+    ),
+  ]
   for name in [n for n in EXPERIMENTS if KIND[n] == "retrieval"]:
     if name not in results:
       continue

@@ -99,6 +99,8 @@ def test_benchmark_movielens_runs_as_a_user_runs_it(tmp_path):
   assert rmse["movielens_fm.gin"]["mean"] < rmse["global mean"]["mean"]
   hits = summary["retrieval_hit_rate"]["movielens_retrieval_history.gin"]
   assert 0.0 < hits["top100"]["mean"] <= 1.0
+  ials = summary["retrieval_hit_rate"]["iALS (chosen on validation)"]
+  assert 0.0 < ials["top100"]["mean"] <= 1.0
   assert "movielens_fm.gin" in result.stdout
 
 

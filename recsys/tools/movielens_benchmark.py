@@ -88,7 +88,7 @@ KIND = {
 VALIDATION_STEM = "movielens_train"
 
 Arrays = dict[str, np.ndarray]
-IALS_LABEL = f"iALS (dim {IALS_DIM}, chosen on validation)"
+IALS_LABEL = "iALS (chosen on validation)"
 
 
 # -- the experiments' data, through gin ----------------------------------------

@@ -11,7 +11,8 @@
 //                       id's segment, reading rows straight from the variable
 //   RecsysPaddedBags    the real entries of padded [B, W] bags as flat values
 //                       with their rows and positions (replaces range / less /
-//                       where / gather_nd of the padded input)
+//                       where / gather_nd of the padded input); optionally
+//                       checks the ids' range (replaces six ops per feature)
 //   RecsysRowGradients  row_grads[index[i]] += scale[i] * grads[segments[i]]
 //   RecsysSparseApply   gradient clipping, weight decay, the SGD / Adagrad /
 //                       lazy Adam update and weight clipping of the touched
@@ -771,9 +772,15 @@ class BagApplyOp : public SparseApplyOp {
 
 // The real entries of left-aligned padded bags, in row-major order: what
 // tf.where(range(W) < lengths) + gather_nd compute in four ops.
+// With vocabulary_size >= 0 it also checks every real id against
+// [0, vocabulary_size) and fails naming the first bad one, its batch row and
+// `feature` (the Python checks' message, in one pass instead of six ops).
 class PaddedBagsOp : public OpKernel {
  public:
-  explicit PaddedBagsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit PaddedBagsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("vocabulary_size", &vocab_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("feature", &feature_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& ids_t = ctx->input(0);
@@ -834,7 +841,23 @@ class PaddedBagsOp : public OpKernel {
       copy_bags(0);
     }
     cut_t->scalar<int64_t>()() = cut;
+    if (vocab_ >= 0) {
+      bool bad = false;  // one branch-free pass when every id is in range
+      for (int64_t k = 0; k < n; ++k) {
+        bad |= static_cast<uint64_t>(values[k]) >= static_cast<uint64_t>(vocab_);
+      }
+      for (int64_t k = 0; bad && k < n; ++k) {
+        OP_REQUIRES(ctx, values[k] >= 0 && values[k] < vocab_,
+                    InvalidArgument(feature_, " got id ", values[k],
+                                    " at batch row ", rows[k],
+                                    "; ids must be in [0, ", vocab_, ")."));
+      }
+    }
   }
+
+ private:
+  int64_t vocab_ = -1;
+  std::string feature_;
 };
 
 absl::Status BagLookupShape(InferenceContext* c) {
@@ -879,6 +902,8 @@ REGISTER_OP("RecsysPaddedBags")
     .Output("positions: int64")
     .Output("value_weights: float")
     .Output("cut: int64")
+    .Attr("vocabulary_size: int = -1")
+    .Attr("feature: string = ''")
     .SetShapeFn([](InferenceContext* c) {
       for (int i = 0; i < 4; ++i) c->set_output(i, c->Vector(c->UnknownDim()));
       c->set_output(4, c->Scalar());

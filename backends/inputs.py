@@ -488,12 +488,16 @@ def _from_padded(
   `check_ids` (fused ops only): the op fails on an id outside the table.
   """
   _check_id_dtype(layout, padded.ids)
-  lengths = tf.cast(padded.lengths, tf.int64)
   no_weights = padded.weights.shape.rank == 2 and padded.weights.shape[1] == 0
   if fused_ops is not None:
     ids, row, pos, w, cut = fused_ops.recsys_padded_bags(
       ids=tf.cast(padded.ids, tf.int64),
-      lengths=lengths,
+      # int32 or int64 as given: the op reads both (no Cast op).
+      lengths=(
+        padded.lengths
+        if padded.lengths.dtype in (tf.int32, tf.int64)
+        else tf.cast(padded.lengths, tf.int64)
+      ),
       weights=tf.cast(padded.weights, tf.float32),
       vocabulary_size=(
         layout.feature.table.vocabulary_size if check_ids else -1
@@ -502,6 +506,7 @@ def _from_padded(
       feature=describe(layout).replace("'", "`") if check_ids else "",
     )
     return ids, row, pos, None if no_weights else w, cut
+  lengths = tf.cast(padded.lengths, tf.int64)
   width = tf.shape(padded.ids, out_type=tf.int64)[1]
   # One `where` of the real entries, then gathers: cheaper than a mask each.
   real = tf.where(tf.range(width)[tf.newaxis, :] < lengths[:, tf.newaxis])

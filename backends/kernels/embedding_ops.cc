@@ -798,7 +798,15 @@ class PaddedBagsOp : public OpKernel {
                                 weights_t.shape().DebugString()));
     const int64_t batch = ids_t.dim_size(0), width = ids_t.dim_size(1);
     const auto ids = ids_t.matrix<int64_t>();
-    const auto lengths = lengths_t.flat<int64_t>();
+    // int32 (what pad_bags gives) or int64 lengths, read without a Cast op.
+    const bool lengths32 = lengths_t.dtype() == tensorflow::DT_INT32;
+    const int32_t* lengths32_data =
+        lengths32 ? lengths_t.flat<int32_t>().data() : nullptr;
+    const int64_t* lengths64_data =
+        lengths32 ? nullptr : lengths_t.flat<int64_t>().data();
+    auto lengths = [&](int64_t b) -> int64_t {
+      return lengths32 ? lengths32_data[b] : lengths64_data[b];
+    };
     int64_t n = 0, cut = 0;
     std::vector<int64_t> starts(batch + 1);  // bag b's first output position
     for (int64_t b = 0; b < batch; ++b) {
@@ -895,13 +903,14 @@ REGISTER_OP("RecsysBagLookup")
 
 REGISTER_OP("RecsysPaddedBags")
     .Input("ids: int64")
-    .Input("lengths: int64")
+    .Input("lengths: Tlengths")
     .Input("weights: float")
     .Output("values: int64")
     .Output("rows: int64")
     .Output("positions: int64")
     .Output("value_weights: float")
     .Output("cut: int64")
+    .Attr("Tlengths: {int32, int64} = DT_INT64")
     .Attr("vocabulary_size: int = -1")
     .Attr("feature: string = ''")
     .SetShapeFn([](InferenceContext* c) {

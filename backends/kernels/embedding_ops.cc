@@ -247,6 +247,49 @@ inline void PrefetchRowForWrite(float* row, int64_t dim) {
   for (int64_t d = 0; d < dim; d += 16) __builtin_prefetch(row + d, 1);
 }
 
+// Sums terms into rows of `out` (dim floats each) that start at 0, without
+// a separate pass zeroing them: rows [begin, ready) hold their sums so far;
+// the first term of a row past them is written as 0.0f + term (the same bits
+// as zeroing then adding: 0.0f + -0.0f is 0.0f), after zeroing the rows it
+// skipped. Finish() zeroes the rows no term reached. Rows touched in
+// increasing order of first touch (the lookup's bags in segment order, the
+// unique rows in first-occurrence order) never skip, so nothing is zeroed.
+class LazyRows {
+ public:
+  LazyRows(float* out, int64_t dim, int64_t begin, int64_t end)
+      : out_(out), dim_(dim), ready_(begin), end_(end) {}
+
+  // out[row] += scale * term (scale_given) or += term.
+  inline void Add(int64_t row, const float* term, bool scale_given,
+                  float scale) {
+    float* o = out_ + row * dim_;
+    if (row < ready_) {
+      if (scale_given) {
+        for (int64_t d = 0; d < dim_; ++d) o[d] += term[d] * scale;
+      } else {
+        for (int64_t d = 0; d < dim_; ++d) o[d] += term[d];
+      }
+      return;
+    }
+    std::fill(out_ + ready_ * dim_, o, 0.0f);
+    if (scale_given) {
+      for (int64_t d = 0; d < dim_; ++d) o[d] = 0.0f + term[d] * scale;
+    } else {
+      for (int64_t d = 0; d < dim_; ++d) o[d] = 0.0f + term[d];
+    }
+    ready_ = row + 1;
+  }
+
+  void Finish() {
+    if (ready_ < end_) std::fill(out_ + ready_ * dim_, out_ + end_ * dim_, 0.0f);
+    ready_ = end_;
+  }
+
+ private:
+  float* out_;
+  int64_t dim_, ready_, end_;
+};
+
 class BagLookupOp : public OpKernel {
  public:
   explicit BagLookupOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -278,7 +321,6 @@ class BagLookupOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
         0, TensorShape({num_segments, dim}), &acts_t));
     float* acts = acts_t->flat<float>().data();
-    std::fill(acts, acts + num_segments * dim, 0.0f);
     Tensor* index_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &index_t));
     int32_t* index = index_t->flat<int32_t>().data();
@@ -297,6 +339,7 @@ class BagLookupOp : public OpKernel {
       // of parts, and the hash probes (the serial cost) are split.
       // first[k][i]: written by part k only, for its own ids (one array per
       // part: no cache line written by two threads).
+      std::fill(acts, acts + num_segments * dim, 0.0f);
       std::vector<std::vector<int32_t>> first(parts);
       absl::Status error;
       RunParts(ctx, parts, [&](int part) {
@@ -361,6 +404,7 @@ class BagLookupOp : public OpKernel {
         }
       }
     } else {
+      LazyRows out(acts, dim, 0, num_segments);
       for (int64_t i = 0; i < n; ++i) {
         const int64_t id = ids(i);
         const int32_t seg = segments(i);
@@ -379,15 +423,10 @@ class BagLookupOp : public OpKernel {
         index[i] = positions.Insert(id, static_cast<int32_t>(unique.size()),
                                     &added);
         if (added) unique.push_back(id);
-        const float* row = rows + id * dim;
-        float* out = acts + static_cast<int64_t>(seg) * dim;
-        if (scale == nullptr) {
-          for (int64_t d = 0; d < dim; ++d) out[d] += row[d];
-        } else {
-          const float s = scale[i];
-          for (int64_t d = 0; d < dim; ++d) out[d] += s * row[d];
-        }
+        out.Add(seg, rows + id * dim, scale != nullptr,
+                scale != nullptr ? scale[i] : 1.0f);
       }
+      out.Finish();
     }
     Tensor* unique_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
@@ -405,19 +444,14 @@ class BagLookupOp : public OpKernel {
 void SumRowGradients(const float* grads, const int32_t* index,
                      const int32_t* segments, const float* scale, int64_t n,
                      int64_t dim, int64_t lo, int64_t hi, float* out) {
-  std::fill(out + lo * dim, out + hi * dim, 0.0f);
+  LazyRows rows(out, dim, lo, hi);
   for (int64_t i = 0; i < n; ++i) {
     const int32_t row = index[i];
     if (row < lo || row >= hi) continue;
     const float* g = grads + static_cast<int64_t>(segments[i]) * dim;
-    float* o = out + static_cast<int64_t>(row) * dim;
-    if (scale == nullptr) {
-      for (int64_t d = 0; d < dim; ++d) o[d] += g[d];
-    } else {
-      const float s = scale[i];
-      for (int64_t d = 0; d < dim; ++d) o[d] += g[d] * s;
-    }
+    rows.Add(row, g, scale != nullptr, scale != nullptr ? scale[i] : 1.0f);
   }
+  rows.Finish();
 }
 
 class RowGradientsOp : public OpKernel {

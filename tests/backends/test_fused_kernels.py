@@ -502,3 +502,59 @@ def test_drop_policy_on_padded_bags_in_a_graph_still_drops_and_counts():
   np.testing.assert_array_equal(changed, [1, 2, 3, 4])  # SGD(1): each row - 1
   np.testing.assert_allclose(var.numpy()[changed], before[changed] - 1.0)
   assert emb.input_stats()["invalid_ids"]["f"] == 2
+
+
+def _numpy_sums(terms, targets, scale, num_rows):
+  """out[targets[i]] += terms[i] * scale[i] from zeros, in entry order."""
+  out = np.zeros((num_rows, terms.shape[1]), np.float32)
+  for i, row in enumerate(targets):
+    term = terms[i] if scale is None else terms[i] * np.float32(scale[i])
+    out[row] = out[row] + term
+  return out
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+@pytest.mark.parametrize("order", ["first_occurrence", "any"])
+def test_row_gradients_and_bag_sums_equal_numpy_bit_for_bit(scaled, order):
+  # Rows that no entry reaches come out 0, rows reached in any order sum in
+  # entry order; a -0.0 term gives +0.0 (0.0 + -0.0), as zero-then-add.
+  ops = kernels.load()
+  rng = np.random.default_rng(3)
+  n, segs, vocab, dim = 400, 50, 40, 6
+  ids = rng.integers(0, vocab - 1, n).astype(np.int64)
+  segments = rng.integers(0, segs - 5, n).astype(np.int32)
+  if order == "first_occurrence":
+    segments = np.sort(segments)
+  # The last id alone in its bag and its row: a -0.0 row and gradient. The
+  # 4 bags after it stay empty.
+  ids[-1], segments[-1] = vocab - 1, segs - 5
+  scale = rng.uniform(0.1, 2.0, n).astype(np.float32) if scaled else None
+  table = rng.normal(size=(vocab, dim)).astype(np.float32)
+  table[vocab - 1] = -0.0
+  acts, unique, index = ops.recsys_bag_lookup(
+    table=tf.Variable(table).handle,
+    ids=ids,
+    segments=segments,
+    scale=tf.constant(scale if scaled else [], tf.float32),
+    num_segments=segs,
+  )
+  want_acts = _numpy_sums(table[ids], segments, scale, segs)
+  np.testing.assert_array_equal(acts.numpy(), want_acts)
+  np.testing.assert_array_equal(np.signbit(acts.numpy()), np.signbit(want_acts))
+  grads = rng.normal(size=(segs, dim)).astype(np.float32)
+  grads[segs - 5] = -0.0
+  index = index.numpy()
+  num_rows = len(unique)
+  if order == "any":  # rows numbered in another order, some never reached
+    num_rows += 7
+    index = rng.permutation(num_rows)[index].astype(np.int32)
+  row_grads = ops.recsys_row_gradients(
+    grads=grads,
+    index=index,
+    segments=segments,
+    scale=tf.constant(scale if scaled else [], tf.float32),
+    num_rows=num_rows,
+  ).numpy()
+  want = _numpy_sums(grads[segments], index, scale, num_rows)
+  np.testing.assert_array_equal(row_grads, want)
+  np.testing.assert_array_equal(np.signbit(row_grads), np.signbit(want))

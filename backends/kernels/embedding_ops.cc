@@ -236,7 +236,7 @@ absl::Status CheckBags(const Tensor& ids, const Tensor& segments,
 // Entries prefetched ahead in the row loops: their rows are random in memory.
 // Every cache line of the row (a 32-float row spans two): on the standard
 // 8-table step, 8 entries ahead and whole rows took 13 % less CPU and wall
-// time than 4 ahead and the first line only (benchmarks/README.md).
+// time than 4 ahead and the first line only (README, Benchmarks).
 constexpr int kLookAhead = 8;
 
 // Prefetches every cache line (16 floats) of a row of `dim` floats.

@@ -51,6 +51,9 @@ class FlatBags:
     sorted_segments: True when `segments` is non-decreasing by construction
       (dense, ragged and padded inputs; not SparseTensors, whose indices need
       not be in canonical order), which sorted segment reductions need.
+    ids_in_range: True when the op that made `ids` already failed on any id
+      outside `[0, vocabulary_size)` (`to_flat_bags(check_ids=True)`), so
+      `validate`'s "error" policy has nothing left to check.
   """
 
   ids: tf.Tensor
@@ -63,6 +66,7 @@ class FlatBags:
   capacity: int | None = None
   unit_weights: bool = False
   sorted_segments: bool = False
+  ids_in_range: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,6 +288,7 @@ def to_flat_bags(
   weights: Any = None,
   bag_width: int | None = None,
   fused_ops: Any | None = None,
+  check_ids: bool = False,
 ) -> FlatBags:
   """Converts one feature's input to `FlatBags` (validating types and ranks).
 
@@ -296,6 +301,9 @@ def to_flat_bags(
       extra ids are counted in `FlatBags.truncated`.
     fused_ops: the fused CPU kernels (`backends.kernels.load()`), to flatten
       `PaddedBags` in one op; None: TF ops (any device).
+    check_ids: with `fused_ops`, the op flattening `PaddedBags` also fails on
+      an id outside `[0, vocabulary_size)`, with the message of `validate`'s
+      "error" policy in a graph (the result's `ids_in_range` then says so).
 
   Raises:
     InvalidInputError: unsupported type, rank or dtype; misplaced weights.
@@ -310,8 +318,10 @@ def to_flat_bags(
   seq_len = layout.sequence_length
   out_shape = layout.output_shape(None)
   cut = tf.constant(0, tf.int64)
+  ids_in_range = False
   if isinstance(inp, PaddedBags):
-    ids, row, pos, w, cut = _from_padded(layout, inp, fused_ops)
+    ids_in_range = check_ids and fused_ops is not None
+    ids, row, pos, w, cut = _from_padded(layout, inp, fused_ops, ids_in_range)
   elif isinstance(inp, tf.SparseTensor):
     _check_id_dtype(layout, inp.values)
     if inp.shape.rank not in (None, 2):
@@ -416,6 +426,7 @@ def to_flat_bags(
     capacity=capacity,
     unit_weights=unit_weights,
     sorted_segments=not isinstance(inp, tf.SparseTensor),
+    ids_in_range=ids_in_range,
   )
 
 
@@ -466,18 +477,36 @@ def _sequence_length_from_output_shape(layout, out_shape, batch_size) -> int:
   )
 
 
-def _from_padded(layout: FeatureLayout, padded: PaddedBags, fused_ops=None):
-  """Flat (ids, row, pos, weights, cut) of the real entries of padded bags."""
+def _from_padded(
+  layout: FeatureLayout,
+  padded: PaddedBags,
+  fused_ops=None,
+  check_ids: bool = False,
+):
+  """Flat (ids, row, pos, weights, cut) of the real entries of padded bags.
+
+  `check_ids` (fused ops only): the op fails on an id outside the table.
+  """
   _check_id_dtype(layout, padded.ids)
-  lengths = tf.cast(padded.lengths, tf.int64)
   no_weights = padded.weights.shape.rank == 2 and padded.weights.shape[1] == 0
   if fused_ops is not None:
     ids, row, pos, w, cut = fused_ops.recsys_padded_bags(
       ids=tf.cast(padded.ids, tf.int64),
-      lengths=lengths,
+      # int32 or int64 as given: the op reads both (no Cast op).
+      lengths=(
+        padded.lengths
+        if padded.lengths.dtype in (tf.int32, tf.int64)
+        else tf.cast(padded.lengths, tf.int64)
+      ),
       weights=tf.cast(padded.weights, tf.float32),
+      vocabulary_size=(
+        layout.feature.table.vocabulary_size if check_ids else -1
+      ),
+      # As `_check` words it in a graph (backticks for quotes).
+      feature=describe(layout).replace("'", "`") if check_ids else "",
     )
     return ids, row, pos, None if no_weights else w, cut
+  lengths = tf.cast(padded.lengths, tf.int64)
   width = tf.shape(padded.ids, out_type=tf.int64)[1]
   # One `where` of the real entries, then gathers: cheaper than a mask each.
   real = tf.where(tf.range(width)[tf.newaxis, :] < lengths[:, tf.newaxis])
@@ -543,6 +572,13 @@ def validate(
       what + " got weight {}; weights must be finite and >= 0.",
       lambda: [_first_where(bad_w, w)],
     )
+  if policy == "error" and bags.ids_in_range:
+    # The op that flattened the bags checked every id: nothing left to count.
+    if checks:
+      with tf.control_dependencies(checks):
+        ids = tf.identity(ids)
+      bags = dataclasses.replace(bags, ids=ids)
+    return bags, tf.constant(0, tf.int64)
   bad = tf.logical_or(ids < 0, ids >= vocab)
   num_bad = tf.reduce_sum(tf.cast(bad, tf.int64))
   if policy == "error":

@@ -394,3 +394,167 @@ def test_padded_bags_flatten_like_the_tf_ops(weighted):
     else:
       np.testing.assert_array_equal(got.numpy(), want.numpy(), err_msg=what)
   assert int(fused[4]) == 1
+
+
+def _numpy_flat(ids, lengths):
+  """The real entries of padded bags in row-major order, and their rows."""
+  width = ids.shape[1]
+  real = np.arange(width)[None, :] < np.minimum(lengths, width)[:, None]
+  return ids[real], np.nonzero(real)[0]
+
+
+def test_padded_bags_id_check_names_the_first_bad_id_and_its_row():
+  ops = kernels.load()
+  ids = np.array([[3, 1, 0], [5, 9, 0], [4, 10, -2], [12, 0, 0]], np.int64)
+  lengths = np.array([2, 2, 3, 1], np.int64)  # 10 at row 2 comes first
+  feature = "feature `f` (table `t`, vocabulary_size=10)"
+  with pytest.raises(
+    tf.errors.InvalidArgumentError,
+    match=r"feature `f` \(table `t`, vocabulary_size=10\) got id 10 at "
+    r"batch row 2; ids must be in \[0, 10\)\.",
+  ):
+    ops.recsys_padded_bags(
+      ids=ids,
+      lengths=lengths,
+      weights=tf.zeros([4, 0]),
+      vocabulary_size=10,
+      feature=feature,
+    )
+  with pytest.raises(
+    tf.errors.InvalidArgumentError, match=r"got id -2 at batch row 2"
+  ):
+    ops.recsys_padded_bags(
+      ids=np.where(ids == 10, 1, ids),
+      lengths=lengths,
+      weights=tf.zeros([4, 0]),
+      vocabulary_size=10,
+      feature=feature,
+    )
+
+
+def test_padded_bags_id_check_reads_only_real_entries():
+  # Padding (past a bag's length) may hold anything: it is never looked up.
+  ops = kernels.load()
+  ids = np.array([[3, 99, -7], [9, 1, 0], [0, 0, 55]], np.int64)
+  lengths = np.array([1, 3, 0], np.int64)
+  values, rows, _, _, cut = ops.recsys_padded_bags(
+    ids=ids,
+    lengths=lengths,
+    weights=tf.zeros([3, 0]),
+    vocabulary_size=10,
+    feature="feature `f`",
+  )
+  want_values, want_rows = _numpy_flat(ids, lengths)
+  np.testing.assert_array_equal(values.numpy(), want_values)
+  np.testing.assert_array_equal(rows.numpy(), want_rows)
+  assert int(cut) == 0
+
+
+def _padded_step(emb, feature):
+  @tf.function
+  def step(features):
+    with tf.GradientTape() as tape:
+      acts = emb.lookup(features, training=True)
+      loss = tf.reduce_sum(acts[feature])
+    emb.apply_gradients(tape.gradient(loss, acts))
+
+  return step
+
+
+def test_out_of_range_padded_id_fails_the_graph_step_naming_it():
+  # In a graph the fused op that flattens padded bags checks the ids (the
+  # Python check's message); nothing is updated.
+  table = E.TableConfig(10, DIM, name="t")
+  emb = backends.TensorCoreEmbedding(
+    {"f": E.FeatureConfig(table)}, E.SGD(1.0), bag_widths=3
+  )
+  emb.build()
+  before = emb.embedding_tables[table].numpy()
+  padded, _ = emb.preprocess(
+    {"f": tf.ragged.constant([[1, 2], [3, 12, 4], [5]], dtype=tf.int64)}
+  )
+  with pytest.raises(
+    tf.errors.InvalidArgumentError,
+    match=r"feature `f` \(table `t`, vocabulary_size=10\) got id 12 at "
+    r"batch row 1; ids must be in \[0, 10\)",
+  ):
+    _padded_step(emb, "f")(padded)
+  np.testing.assert_array_equal(emb.embedding_tables[table].numpy(), before)
+
+
+def test_drop_policy_on_padded_bags_in_a_graph_still_drops_and_counts():
+  # Only the "error" policy moves into the kernel; "drop" keeps its ops.
+  table = E.TableConfig(10, DIM, combiner="sum", name="t")
+  emb = backends.TensorCoreEmbedding(
+    {"f": E.FeatureConfig(table)},
+    E.SGD(1.0),
+    bag_widths=3,
+    invalid_ids="drop",
+  )
+  emb.build()
+  var = emb.embedding_tables[table]
+  before = var.numpy()
+  padded, _ = emb.preprocess(
+    {"f": tf.ragged.constant([[1, 2], [3, 12, 4], [-5]], dtype=tf.int64)}
+  )
+  _padded_step(emb, "f")(padded)
+  changed = np.nonzero((var.numpy() != before).any(axis=1))[0]
+  np.testing.assert_array_equal(changed, [1, 2, 3, 4])  # SGD(1): each row - 1
+  np.testing.assert_allclose(var.numpy()[changed], before[changed] - 1.0)
+  assert emb.input_stats()["invalid_ids"]["f"] == 2
+
+
+def _numpy_sums(terms, targets, scale, num_rows):
+  """out[targets[i]] += terms[i] * scale[i] from zeros, in entry order."""
+  out = np.zeros((num_rows, terms.shape[1]), np.float32)
+  for i, row in enumerate(targets):
+    term = terms[i] if scale is None else terms[i] * np.float32(scale[i])
+    out[row] = out[row] + term
+  return out
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+@pytest.mark.parametrize("order", ["first_occurrence", "any"])
+def test_row_gradients_and_bag_sums_equal_numpy_bit_for_bit(scaled, order):
+  # Rows that no entry reaches come out 0, rows reached in any order sum in
+  # entry order; a -0.0 term gives +0.0 (0.0 + -0.0), as zero-then-add.
+  ops = kernels.load()
+  rng = np.random.default_rng(3)
+  n, segs, vocab, dim = 400, 50, 40, 6
+  ids = rng.integers(0, vocab - 1, n).astype(np.int64)
+  segments = rng.integers(0, segs - 5, n).astype(np.int32)
+  if order == "first_occurrence":
+    segments = np.sort(segments)
+  # The last id alone in its bag and its row: a -0.0 row and gradient. The
+  # 4 bags after it stay empty.
+  ids[-1], segments[-1] = vocab - 1, segs - 5
+  scale = rng.uniform(0.1, 2.0, n).astype(np.float32) if scaled else None
+  table = rng.normal(size=(vocab, dim)).astype(np.float32)
+  table[vocab - 1] = -0.0
+  acts, unique, index = ops.recsys_bag_lookup(
+    table=tf.Variable(table).handle,
+    ids=ids,
+    segments=segments,
+    scale=tf.constant(scale if scaled else [], tf.float32),
+    num_segments=segs,
+  )
+  want_acts = _numpy_sums(table[ids], segments, scale, segs)
+  np.testing.assert_array_equal(acts.numpy(), want_acts)
+  np.testing.assert_array_equal(np.signbit(acts.numpy()), np.signbit(want_acts))
+  grads = rng.normal(size=(segs, dim)).astype(np.float32)
+  grads[segs - 5] = -0.0
+  index = index.numpy()
+  num_rows = len(unique)
+  if order == "any":  # rows numbered in another order, some never reached
+    num_rows += 7
+    index = rng.permutation(num_rows)[index].astype(np.int32)
+  row_grads = ops.recsys_row_gradients(
+    grads=grads,
+    index=index,
+    segments=segments,
+    scale=tf.constant(scale if scaled else [], tf.float32),
+    num_rows=num_rows,
+  ).numpy()
+  want = _numpy_sums(grads[segments], index, scale, num_rows)
+  np.testing.assert_array_equal(row_grads, want)
+  np.testing.assert_array_equal(np.signbit(row_grads), np.signbit(want))

@@ -39,15 +39,15 @@
 // machine). Off by default (kDefault: measured slower on the shared 2-core
 // machine). RECSYS_KERNEL_PARALLEL_MIN_WORK=N forces every call of N floats or
 // more to split; any other value keeps every call on one thread. The split
-// is by output: bags' segments (lookup), unique
-// rows (row gradients, and their update in RecsysBagApply), table rows
+// is by output: the unique ids and index apart from bags' segments (lookup),
+// unique rows (row gradients, and their update in RecsysBagApply), table rows
 // (RecsysSparseApply), batch rows (padded bags). Each output element is still
 // computed by one thread, adding its terms in the same order as the
 // one-thread loop, so results are bit-identical for any number of threads
-// (crash-resume tests compare states exactly). The lookup's de-duplication is
-// split by a hash class of the id (each part records the first position of
-// its ids), then one cheap serial pass numbers the unique ids in
-// first-occurrence order.
+// (crash-resume tests compare states exactly). The lookup runs its two jobs
+// side by side: one thread de-duplicates all ids (the one-thread loop), the
+// others sum the bags of their ranges of segments; the backward pass and
+// update split the unique rows into ranges of about equal work.
 //
 // Built by `python -m backends.kernels` (backends/kernels/
 // __init__.py) with -ffp-contract=off, so that no multiply-add is fused (the
@@ -330,77 +330,67 @@ class BagLookupOp : public OpKernel {
     IdIndex positions(n);
     const int parts = NumParts(ctx, n * dim, concurrent_calls_);
     if (parts > 1) {
-      // Part k (1) de-duplicates the ids of hash class k (RowPart), recording
-      // each id's first position, and (2) sums the bags of the k-th range of
-      // segments, scanning the ids in order, so each bag adds its rows in the
-      // one-thread order. Part 0 reports the first bad entry; the others skip
-      // bad entries. A serial pass over the first positions then numbers the
-      // unique ids in first-occurrence order: the same outputs for any number
-      // of parts, and the hash probes (the serial cost) are split.
-      // first[k][i]: written by part k only, for its own ids (one array per
-      // part: no cache line written by two threads).
-      std::fill(acts, acts + num_segments * dim, 0.0f);
-      std::vector<std::vector<int32_t>> first(parts);
-      absl::Status error;
+      // Two independent jobs run side by side: part 0 de-duplicates every id
+      // (the one-thread loop's probes, in order: the same unique ids and
+      // index), parts 1.. sum the bags of their range of segments (the
+      // one-thread summation order for each bag). No part scans what another
+      // does, and nothing runs serially after them. Each part stops at its
+      // first invalid entry; the first bad entry overall is then reported
+      // as the one-thread loop reports it.
+      const int sum_parts = parts - 1;
+      std::vector<char> bad(parts, 0);
       RunParts(ctx, parts, [&](int part) {
-        int64_t in_class = 0;
-        for (int64_t i = 0; i < n; ++i) in_class += RowPart(ids(i), parts) == part;
-        IdIndex mine_ids(in_class);
-        std::vector<int32_t>& my_first = first[part];
-        my_first.resize(n);
-        const int64_t lo = int64_t{num_segments} * part / parts;
-        const int64_t hi = int64_t{num_segments} * (part + 1) / parts;
-        auto valid = [&](int64_t i) {
-          const int64_t id = ids(i);
-          const int32_t seg = segments(i);
-          return id >= 0 && id < vocab && seg >= 0 && seg < num_segments;
-        };
-        auto summed = [&](int64_t i) {
-          const int32_t seg = segments(i);
-          return seg >= lo && seg < hi && valid(i);
-        };
-        for (int64_t i = 0; i < n; ++i) {
-          if (i + kLookAhead < n && summed(i + kLookAhead)) {
-            PrefetchRow(rows + ids(i + kLookAhead) * dim, dim);
-          }
-          const int64_t id = ids(i);
-          if (!valid(i)) {
-            if (part == 0 && error.ok()) {
-              error = (id < 0 || id >= vocab)
-                          ? InvalidArgument("id ", id, " at position ", i,
-                                            " is outside the table's rows "
-                                            "[0, ", vocab, ")")
-                          : InvalidArgument("segment ", segments(i),
-                                            " at position ", i,
-                                            " is outside [0, ", num_segments,
-                                            ")");
-            }
-            continue;
-          }
-          if (RowPart(id, parts) == part) {
+        if (part == 0) {
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t id = ids(i);
+            if (id < 0 || id >= vocab) { bad[0] = 1; return; }
             bool added;
-            my_first[i] = mine_ids.Insert(id, static_cast<int32_t>(i), &added);
+            index[i] = positions.Insert(
+                id, static_cast<int32_t>(unique.size()), &added);
+            if (added) unique.push_back(id);
           }
-          const int32_t seg = segments(i);
-          if (seg < lo || seg >= hi) continue;
-          const float* row = rows + id * dim;
-          float* out = acts + static_cast<int64_t>(seg) * dim;
-          if (scale == nullptr) {
-            for (int64_t d = 0; d < dim; ++d) out[d] += row[d];
-          } else {
-            const float s = scale[i];
-            for (int64_t d = 0; d < dim; ++d) out[d] += s * row[d];
-          }
+          return;
         }
+        // Part k sums segments [lo, hi): with sorted segments its entries are
+        // one contiguous range, else it filters every entry.
+        const int k = part - 1;
+        const int64_t lo = int64_t{num_segments} * k / sum_parts;
+        const int64_t hi = int64_t{num_segments} * (k + 1) / sum_parts;
+        const int32_t* seg_data = segments.data();
+        int64_t first = 0, last = n;
+        if (sum_parts > 1 && std::is_sorted(seg_data, seg_data + n)) {
+          first = std::lower_bound(seg_data, seg_data + n, lo) - seg_data;
+          last = std::lower_bound(seg_data, seg_data + n, hi) - seg_data;
+        }
+        LazyRows out(acts, dim, lo, hi);
+        for (int64_t i = first; i < last; ++i) {
+          const int64_t id = ids(i);
+          const int32_t seg = segments(i);
+          if (seg < 0 || seg >= num_segments || id < 0 || id >= vocab) {
+            bad[part] = 1;
+            break;
+          }
+          if (seg < lo || seg >= hi) continue;
+          if (i + kLookAhead < last) {
+            const int64_t ahead = ids(i + kLookAhead);
+            if (ahead >= 0 && ahead < vocab) PrefetchRow(rows + ahead * dim, dim);
+          }
+          out.Add(seg, rows + id * dim, scale != nullptr,
+                  scale != nullptr ? scale[i] : 1.0f);
+        }
+        out.Finish();
       });
-      OP_REQUIRES_OK(ctx, error);
-      for (int64_t i = 0; i < n; ++i) {
-        const int32_t f = first[RowPart(ids(i), parts)][i];
-        if (f == i) {
-          index[i] = static_cast<int32_t>(unique.size());
-          unique.push_back(ids(i));
-        } else {
-          index[i] = index[f];
+      if (std::find(bad.begin(), bad.end(), 1) != bad.end()) {
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t id = ids(i);
+          const int32_t seg = segments(i);
+          OP_REQUIRES(ctx, id >= 0 && id < vocab,
+                      InvalidArgument("id ", id, " at position ", i,
+                                      " is outside the table's rows [0, ",
+                                      vocab, ")"));
+          OP_REQUIRES(ctx, seg >= 0 && seg < num_segments,
+                      InvalidArgument("segment ", seg, " at position ", i,
+                                      " is outside [0, ", num_segments, ")"));
         }
       }
     } else {
@@ -452,6 +442,40 @@ void SumRowGradients(const float* grads, const int32_t* index,
     rows.Add(row, g, scale != nullptr, scale != nullptr ? scale[i] : 1.0f);
   }
   rows.Finish();
+}
+
+// Boundaries of `parts` ranges of the u unique rows with about equal work:
+// each row's update (kRowWork) plus the gradient terms summed into it, those
+// counted on a sample of the entries. Zipf-hot ids come first in
+// first-occurrence order, so equal row counts would leave the first part
+// most of the terms. Only the speed depends on the boundaries.
+std::vector<int64_t> BalancedRowRanges(const int32_t* index, int64_t n,
+                                       int64_t u, int parts) {
+  constexpr int64_t kBuckets = 256, kSample = 8192;
+  constexpr double kRowWork = 4.0;  // two random rows vs a term's cached add
+  std::vector<int64_t> bounds(parts + 1, u);
+  bounds[0] = 0;
+  if (u == 0) return bounds;
+  std::vector<double> work(kBuckets, 0.0);
+  const int64_t stride = std::max<int64_t>(1, n / kSample);
+  for (int64_t i = 0; i < n; i += stride) {
+    work[int64_t{index[i]} * kBuckets / u] += static_cast<double>(stride);
+  }
+  double total = 0.0;
+  for (int64_t b = 0; b < kBuckets; ++b) {
+    work[b] += kRowWork * static_cast<double>(u * (b + 1) / kBuckets -
+                                              u * b / kBuckets);
+    total += work[b];
+  }
+  double sum = 0.0;
+  int part = 1;
+  for (int64_t b = 0; b < kBuckets && part < parts; ++b) {
+    sum += work[b];
+    while (part < parts && sum >= total * part / parts) {
+      bounds[part++] = u * (b + 1) / kBuckets;
+    }
+  }
+  return bounds;
 }
 
 class RowGradientsOp : public OpKernel {
@@ -749,8 +773,11 @@ class SparseApplyOp : public OpKernel {
       // parts, and parts need not wait for each other.
       const int parts =
           NumParts(ctx, std::max(n, u) * dim, concurrent_calls_);
+      const std::vector<int64_t> bounds =
+          parts > 1 ? BalancedRowRanges(index, n, u, parts)
+                    : std::vector<int64_t>{0, u};
       auto run = [&](int part) {
-        const int64_t lo = u * part / parts, hi = u * (part + 1) / parts;
+        const int64_t lo = bounds[part], hi = bounds[part + 1];
         SumRowGradients(grads, index, segments, scale, n, dim, lo, hi,
                         row_grads);
         Rows mine = rows;

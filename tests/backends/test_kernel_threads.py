@@ -91,11 +91,32 @@ rng = np.random.default_rng(5)
 look_ids = (rng.pareto(0.7, 40_000) * 50).astype(np.int64) % VOCAB
 look_segs = np.sort(rng.integers(0, BATCH, 40_000)).astype(np.int32)
 look_table = tf.Variable(tf.random.stateless_normal([VOCAB, DIM], seed=[1, 2]))
-for i, t in enumerate(kernels.load().recsys_bag_lookup(
-    table=look_table.handle, ids=look_ids, segments=look_segs,
-    scale=tf.zeros([0]), num_segments=BATCH, concurrent_calls=1)):
-  result[f"lookup/{{i}}"] = t.numpy()
+look_scale = rng.uniform(0.5, 2.0, 40_000).astype(np.float32)
+shuffled = rng.permutation(look_segs)
+# Sorted segments (the split's contiguous ranges), unsorted ones (its
+# filtering), and a scale: outputs and error messages of any split.
+for name, segs, scale in (("lookup", look_segs, np.zeros([0], np.float32)),
+                          ("lookup_unsorted", shuffled, look_scale)):
+  for i, t in enumerate(kernels.load().recsys_bag_lookup(
+      table=look_table.handle, ids=look_ids, segments=segs,
+      scale=scale, num_segments=BATCH, concurrent_calls=1)):
+    result[f"{{name}}/{{i}}"] = t.numpy()
 result["lookup/ids"] = look_ids
+for name, pos, bad_id, bad_seg in (("late_id", 39_000, VOCAB, 0),
+                                   ("negative_id", 20_000, -3, 0),
+                                   ("segment", 30_000, 1, BATCH),
+                                   ("id_before_segment", 10_000, VOCAB, -1)):
+  bad_ids, bad_segs = look_ids.copy(), look_segs.copy()
+  bad_ids[pos] = bad_id
+  bad_segs[pos + (name == "id_before_segment") * 5_000] = (
+      bad_seg if name != "id_before_segment" else -1)
+  try:
+    kernels.load().recsys_bag_lookup(
+        table=look_table.handle, ids=bad_ids, segments=bad_segs,
+        scale=tf.zeros([0]), num_segments=BATCH, concurrent_calls=1)
+    result[f"error/{{name}}"] = np.array("no error")
+  except tf.errors.InvalidArgumentError as e:
+    result[f"error/{{name}}"] = np.array(e.message)
 result.update({{f"padded/{{i}}": t.numpy() for i, t in enumerate(padded)}})
 if with_tf_ops:
   tf_ops, _ = train(False)
@@ -146,11 +167,20 @@ def _train(tmp_path, threads: int, with_tf_ops: bool, forced: bool = True):
 def test_one_and_two_intra_op_threads_give_identical_states(tmp_path):
   one, stats = _train(tmp_path, 1, with_tf_ops=False)
   two, _ = _train(tmp_path, 2, with_tf_ops=True)
+  # Three threads: the lookup's bag sums split over two parts beside its
+  # de-duplication (two threads: one part for each).
+  three, _ = _train(tmp_path, 3, with_tf_ops=False)
   # Every op of the step is above the threshold, so two threads split it.
   for n, u in stats:
     assert n * DIM >= MIN_PARALLEL_WORK and u * DIM >= MIN_PARALLEL_WORK
   for key, value in one.items():
     np.testing.assert_array_equal(two[key], value, err_msg=key)
+    np.testing.assert_array_equal(three[key], value, err_msg=key)
+  # A bad entry fails every split naming the first one, as one thread does.
+  assert "id 100000 at position 39000 is outside" in str(one["error/late_id"])
+  assert "id -3 at position 20000" in str(one["error/negative_id"])
+  assert "segment 4096 at position 30000" in str(one["error/segment"])
+  assert "id 100000 at position 10000" in str(one["error/id_before_segment"])
   # The split de-duplication keeps tf.unique's first-occurrence order.
   ids = two["lookup/ids"]
   _, first = np.unique(ids, return_index=True)

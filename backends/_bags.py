@@ -188,9 +188,9 @@ def lookup(
     fused_ops: the fused kernels' module: one C++ pass over the ids reading
       the table in place (a plain CPU variable, outside XLA).
     concurrent_calls: how many such lookups the step runs side by side (its
-      tables x replicas; 0: unknown): with RECSYS_KERNEL_PARALLEL_MIN_WORK=auto
-      the kernel splits over the intra-op threads the others leave idle (one
-      big table gets them all).
+      tables x replicas; 0: unknown): by default the kernel splits over the
+      intra-op threads the others leave idle (one big table gets them all;
+      RECSYS_KERNEL_PARALLEL_MIN_WORK=off keeps every call on one thread).
   """
   if fused_ops is not None:
     # A tape on the table still gets IndexedSlices of the U rows.

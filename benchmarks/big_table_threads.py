@@ -1,19 +1,20 @@
 """One big table on 1 vs 2 intra-op threads, interleaved step by step.
 
-With RECSYS_KERNEL_PARALLEL_MIN_WORK=auto the fused kernels split a large
-call over the intra-op threads that the step's other tables leave idle
-(backends/kernels/embedding_ops.cc): a step of one table gets them all. This measures what that buys on `embedding_step.py`'s
-step with one table (default 10^7 x 32, batch 16384): several long-lived child
-processes, one per setting, each holding its own table, take turns running
-`--burst` steps, so a machine shared with other work slows them alike
-(finer interleaving than `embedding_step.py --intra_threads 1,2`, whose
-children each build a 10^7-row table for one measurement).
+By default the fused kernels split a large call over the intra-op threads
+that the step's other tables leave idle (backends/kernels/embedding_ops.cc):
+a step of one table gets them all. This measures what that buys on
+`embedding_step.py`'s step with one table (default 10^7 x 32, batch 16384):
+several long-lived child processes, one per setting, each holding its own
+table, take turns running `--burst` steps, so a machine shared with other
+work slows them alike (finer interleaving than `embedding_step.py
+--intra_threads 1,2`, whose children each build a 10^7-row table for one
+measurement).
 
-Settings: `1` (one intra-op thread), `2` (two intra-op threads for TF's own
-ops, every kernel call on one thread: the default), `2-auto` (two, the
-kernels split as they decide: RECSYS_KERNEL_PARALLEL_MIN_WORK=auto). Reports
-per setting the median step time, M ids/s, CPU ms per step and the ratio to
-the first setting.
+Settings: `1` (one intra-op thread), `2-off` (two intra-op threads for TF's
+own ops, every kernel call on one thread: RECSYS_KERNEL_PARALLEL_MIN_WORK=off),
+`2` (two, the kernels split as they decide: the default). Reports per setting
+the median step time, M ids/s, median CPU ms per step and the ratio to the
+first setting.
 
     python benchmarks/big_table_threads.py --rows 10000000 --batch 16384 --rounds 15
 """
@@ -29,8 +30,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import embedding_step  # noqa: E402  (this folder)
 
-SETTINGS = ("1", "2", "2-auto")
-_AUTO = {"RECSYS_KERNEL_PARALLEL_MIN_WORK": "auto"}
+SETTINGS = ("1", "2-off", "2")
+_OFF = {"RECSYS_KERNEL_PARALLEL_MIN_WORK": "off"}
 
 
 def child(args) -> None:
@@ -117,8 +118,10 @@ def main(argv=None) -> None:
     env = dict(
       os.environ,
       **embedding_step.thread_env(args, intra),
-      **(_AUTO if s.endswith("-auto") else {}),
+      **(_OFF if s.endswith("-off") else {}),
     )
+    if not s.endswith("-off"):  # the kernels' default, whatever is set here
+      env.pop("RECSYS_KERNEL_PARALLEL_MIN_WORK", None)
     procs[s] = subprocess.Popen(
       [
         sys.executable,

@@ -3,11 +3,11 @@
 Isolates what the kernels' thread split does, without the rest of the step:
 one RecsysBagLookup (bags of 4 uniform ids) and one Adagrad RecsysBagApply
 (row gradients and update) over `N` ids, as the only table of a step (so
-with RECSYS_KERNEL_PARALLEL_MIN_WORK=auto they split over the intra-op
-threads), each a tf.function; median wall and CPU ms of 30 calls. The
-intra-op pool size is fixed when TF starts, so run it once per setting:
+by default they split over the intra-op threads), each a tf.function;
+median wall and CPU ms of 30 calls. The intra-op pool size is fixed when TF
+starts, so run it once per setting:
 
-    RECSYS_KERNEL_PARALLEL_MIN_WORK=auto python benchmarks/kernel_ops_threads.py INTRA_THREADS N
+    python benchmarks/kernel_ops_threads.py INTRA_THREADS N
 """
 
 import os

@@ -1,6 +1,6 @@
 """The fused kernels split over the intra-op pool give bit-identical results.
 
-With RECSYS_KERNEL_PARALLEL_MIN_WORK=auto (off by default) a fused call
+By default (RECSYS_KERNEL_PARALLEL_MIN_WORK unset or `auto`) a fused call
 splits its row loops over the intra-op threads the step's other tables leave
 idle (one table here: all of them); set to N, every op above N floats of rows
 splits. By output, keeping every output's summation order.
@@ -138,9 +138,9 @@ def _train(tmp_path, threads: int, with_tf_ops: bool, forced: bool = True):
       filter(None, [root, os.environ.get("PYTHONPATH")])
     ),
   }
-  env["RECSYS_KERNEL_PARALLEL_MIN_WORK"] = (
-    str(MIN_PARALLEL_WORK) if forced else "auto"
-  )
+  env.pop("RECSYS_KERNEL_PARALLEL_MIN_WORK", None)  # the default: auto
+  if forced:
+    env["RECSYS_KERNEL_PARALLEL_MIN_WORK"] = str(MIN_PARALLEL_WORK)
   proc = subprocess.run(
     [
       sys.executable,
@@ -204,8 +204,8 @@ def test_one_and_two_intra_op_threads_give_identical_states(tmp_path):
 
 @pytest.mark.skipif(kernels.load() is None, reason="fused kernels unavailable")
 def test_one_table_splits_by_itself_with_identical_states(tmp_path):
-  # The automatic split: the step has one table, so its lookup and update
-  # take both intra-op threads, and still match one thread.
+  # The automatic split (the default): the step has one table, so its lookup
+  # and update take both intra-op threads, and still match one thread.
   one, _ = _train(tmp_path, 1, with_tf_ops=False, forced=False)
   two, _ = _train(tmp_path, 2, with_tf_ops=False, forced=False)
   assert sorted(one) == sorted(two)

@@ -22,6 +22,7 @@ Example:
 """
 
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -188,22 +189,37 @@ def lookup(
     fused_ops: the fused kernels' module: one C++ pass over the ids reading
       the table in place (a plain CPU variable, outside XLA).
     concurrent_calls: how many such lookups the step runs side by side (its
-      tables x replicas; 0: unknown): by default the kernel splits over the
-      intra-op threads the others leave idle (one big table gets them all;
-      RECSYS_KERNEL_PARALLEL_MIN_WORK=off keeps every call on one thread).
+      tables x replicas; 0: unknown). Fewer than the inter-op threads: the
+      sums and the de-duplication are two ops the executor runs side by
+      side; else one op, which by default splits over the intra-op threads
+      the others leave idle (RECSYS_KERNEL_PARALLEL_MIN_WORK=off keeps every
+      call on one thread).
   """
   if fused_ops is not None:
     # A tape on the table still gets IndexedSlices of the U rows.
     if params.trainable:
       tape_lib.variable_accessed(params)
-    acts, unique_ids, index = fused_ops.recsys_bag_lookup(
-      table=params.handle,
-      ids=tf.cast(flat.ids, tf.int64),
-      segments=flat.segments,
-      scale=scale_or_empty(flat.scale),
-      num_segments=flat.num_segments,
-      concurrent_calls=concurrent_calls,
-    )
+    ids = tf.cast(flat.ids, tf.int64)
+    if _separate_dedup(concurrent_calls):
+      acts = fused_ops.recsys_bag_sums(
+        table=params.handle,
+        ids=ids,
+        segments=flat.segments,
+        scale=scale_or_empty(flat.scale),
+        num_segments=flat.num_segments,
+      )
+      unique_ids, index = fused_ops.recsys_bag_dedup(
+        ids=ids, num_rows=int(params.shape[0])
+      )
+    else:
+      acts, unique_ids, index = fused_ops.recsys_bag_lookup(
+        table=params.handle,
+        ids=ids,
+        segments=flat.segments,
+        scale=scale_or_empty(flat.scale),
+        num_segments=flat.num_segments,
+        concurrent_calls=concurrent_calls,
+      )
     acts.set_shape([None, params.shape[-1]])  # the kernel cannot see it
     return TableLookup(acts, unique_ids, index, None)
   unique_ids, index = tf.unique(flat.ids, out_idx=tf.int32)
@@ -211,6 +227,18 @@ def lookup(
   return TableLookup(
     segment_combine(rows, index, flat), unique_ids, index, rows
   )
+
+
+def _separate_dedup(concurrent_calls: int) -> bool:
+  """Whether the fused lookup runs its bag sums and de-duplication as two ops.
+
+  When the step runs fewer table lookups than TF has inter-op threads, the
+  executor runs the de-duplication (needed only by the update) on an idle
+  thread beside the sums and the dense model; with more, every thread is
+  busy already and one op reads the ids once.
+  """
+  threads = tf.config.threading.get_inter_op_parallelism_threads()
+  return 0 < concurrent_calls < (threads or os.cpu_count() or 1)
 
 
 def split_features(acts: tf.Tensor, flat: TableBag) -> list[tf.Tensor]:

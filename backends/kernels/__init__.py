@@ -235,8 +235,31 @@ def _register_gradients(tf, module) -> None:
       None,
     ]
 
+  def bag_sums_gradient(op, grad):
+    # The forward op checked the ids against the table's rows.
+    unique_ids, index = module.recsys_bag_dedup(
+      ids=op.inputs[1], num_rows=2**62
+    )
+    row_grads = module.recsys_row_gradients(
+      grads=tf.convert_to_tensor(grad),
+      index=index,
+      segments=op.inputs[2],
+      scale=op.inputs[3],
+      num_rows=tf.size(unique_ids, out_type=tf.int32),
+    )
+    shape = resource_variable_ops.variable_shape(op.inputs[0])
+    return [
+      tf.IndexedSlices(row_grads, unique_ids, shape),
+      None,
+      None,
+      None,
+      None,
+    ]
+
   for op, register in (
     ("RecsysBagLookup", tf.RegisterGradient),
+    ("RecsysBagSums", tf.RegisterGradient),
+    ("RecsysBagDedup", None),
     ("RecsysRowGradients", None),
     ("RecsysPaddedBags", None),
     ("RecsysSparseApply", None),
@@ -246,7 +269,9 @@ def _register_gradients(tf, module) -> None:
       if register is None:
         tf.no_gradient(op)
       else:
-        register(op)(bag_lookup_gradient)
+        register(op)(
+          bag_sums_gradient if op == "RecsysBagSums" else bag_lookup_gradient
+        )
     except KeyError:  # registered already (a second load in this process)
       pass
 

@@ -9,6 +9,10 @@
 //   RecsysBagLookup     de-duplicates ids (first-occurrence order, as
 //                       tf.unique) and sums scale * table[id] into each
 //                       id's segment, reading rows straight from the variable
+//   RecsysBagSums,      the lookup's bag sums and its de-duplication as two
+//   RecsysBagDedup      ops, for steps of fewer tables than inter-op threads:
+//                       the executor runs the de-duplication beside the sums
+//                       and the dense model (backends/_bags.py)
 //   RecsysPaddedBags    the real entries of padded [B, W] bags as flat values
 //                       with their rows and positions (replaces range / less /
 //                       where / gather_nd of the padded input); optionally
@@ -287,6 +291,101 @@ class LazyRows {
  private:
   float* out_;
   int64_t dim_, ready_, end_;
+};
+
+// RecsysBagSums: the lookup's bag sums alone (RecsysBagLookup's one-thread
+// sum loop, the same checks and messages). RecsysBagDedup: its
+// de-duplication alone (unique ids in first-occurrence order, each id's
+// index), ids checked against [0, num_rows). Two ops with no dependency, so
+// that for a step of few tables the executor runs the de-duplication (needed
+// only by the update) on another inter-op thread beside the sums and the
+// dense model, with no fork-join.
+class BagSumsOp : public OpKernel {
+ public:
+  explicit BagSumsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    tsl::core::RefCountPtr<Var> table;
+    OP_REQUIRES_OK(ctx, LookupMatrix(ctx, 0, "table", &table));
+    const Tensor& ids_t = ctx->input(1);
+    const Tensor& segments_t = ctx->input(2);
+    const Tensor& scale_t = ctx->input(3);
+    OP_REQUIRES_OK(ctx, CheckBags(ids_t, segments_t, scale_t));
+    const int32_t num_segments = ctx->input(4).scalar<int32_t>()();
+    OP_REQUIRES(ctx, num_segments >= 0,
+                InvalidArgument("num_segments must be >= 0"));
+    const int64_t n = ids_t.NumElements();
+    const auto ids = ids_t.flat<int64_t>();
+    const auto segments = segments_t.flat<int32_t>();
+    const float* scale = scale_t.NumElements() ? scale_t.flat<float>().data()
+                                               : nullptr;
+    tsl::tf_shared_lock lock(*table->mu());
+    const Tensor& params = *table->tensor();
+    const int64_t vocab = params.dim_size(0), dim = params.dim_size(1);
+    const float* rows = params.flat<float>().data();
+    Tensor* acts_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+        0, TensorShape({num_segments, dim}), &acts_t));
+    LazyRows out(acts_t->flat<float>().data(), dim, 0, num_segments);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t id = ids(i);
+      const int32_t seg = segments(i);
+      OP_REQUIRES(ctx, id >= 0 && id < vocab,
+                  InvalidArgument("id ", id, " at position ", i,
+                                  " is outside the table's rows [0, ", vocab,
+                                  ")"));
+      OP_REQUIRES(ctx, seg >= 0 && seg < num_segments,
+                  InvalidArgument("segment ", seg, " at position ", i,
+                                  " is outside [0, ", num_segments, ")"));
+      if (i + kLookAhead < n) {
+        const int64_t ahead = ids(i + kLookAhead);
+        if (ahead >= 0 && ahead < vocab) PrefetchRow(rows + ahead * dim, dim);
+      }
+      out.Add(seg, rows + id * dim, scale != nullptr,
+              scale != nullptr ? scale[i] : 1.0f);
+    }
+    out.Finish();
+  }
+};
+
+class BagDedupOp : public OpKernel {
+ public:
+  explicit BagDedupOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_rows", &num_rows_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& ids_t = ctx->input(0);
+    OP_REQUIRES(ctx, ids_t.dims() == 1,
+                InvalidArgument("ids must be a vector; got ",
+                                ids_t.shape().DebugString()));
+    const int64_t n = ids_t.NumElements();
+    const auto ids = ids_t.flat<int64_t>();
+    Tensor* index_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &index_t));
+    int32_t* index = index_t->flat<int32_t>().data();
+    std::vector<int64_t> unique;
+    unique.reserve(std::min<int64_t>(n, num_rows_));
+    IdIndex positions(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t id = ids(i);
+      OP_REQUIRES(ctx, id >= 0 && id < num_rows_,
+                  InvalidArgument("id ", id, " at position ", i,
+                                  " is outside the table's rows [0, ",
+                                  num_rows_, ")"));
+      bool added;
+      index[i] = positions.Insert(id, static_cast<int32_t>(unique.size()),
+                                  &added);
+      if (added) unique.push_back(id);
+    }
+    Tensor* unique_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+        0, TensorShape({static_cast<int64_t>(unique.size())}), &unique_t));
+    std::copy(unique.begin(), unique.end(), unique_t->flat<int64_t>().data());
+  }
+
+ private:
+  int64_t num_rows_ = 0;
 };
 
 class BagLookupOp : public OpKernel {
@@ -961,6 +1060,34 @@ REGISTER_OP("RecsysBagLookup")
     .SetShapeFn(BagLookupShape)
     .Doc("Sums scale * table[id] per segment; de-duplicates the ids.");
 
+REGISTER_OP("RecsysBagSums")
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Input("segments: int32")
+    .Input("scale: float")
+    .Input("num_segments: int32")
+    .Output("activations: float")
+    .SetIsStateful()  // reads a variable: ordered with its updates
+    .SetShapeFn([](InferenceContext* c) {
+      tensorflow::shape_inference::DimensionHandle segments;
+      TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(4, &segments));
+      c->set_output(0, c->Matrix(segments, c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc("Sums scale * table[id] per segment (RecsysBagLookup's sums).");
+
+REGISTER_OP("RecsysBagDedup")
+    .Input("ids: int64")
+    .Attr("num_rows: int >= 0")
+    .Output("unique_ids: int64")
+    .Output("index: int32")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, c->Vector(c->Dim(c->input(0), 0)));
+      return absl::OkStatus();
+    })
+    .Doc("The ids de-duplicated in first-occurrence order, and their index.");
+
 REGISTER_OP("RecsysPaddedBags")
     .Input("ids: int64")
     .Input("lengths: Tlengths")
@@ -1035,6 +1162,8 @@ REGISTER_OP("RecsysBagApply")
     .Doc("RecsysRowGradients, then RecsysSparseApply on unique_ids, in one op.");
 
 REGISTER_KERNEL_BUILDER(Name("RecsysBagLookup").Device(DEVICE_CPU), BagLookupOp);
+REGISTER_KERNEL_BUILDER(Name("RecsysBagSums").Device(DEVICE_CPU), BagSumsOp);
+REGISTER_KERNEL_BUILDER(Name("RecsysBagDedup").Device(DEVICE_CPU), BagDedupOp);
 REGISTER_KERNEL_BUILDER(Name("RecsysPaddedBags").Device(DEVICE_CPU),
                         PaddedBagsOp);
 REGISTER_KERNEL_BUILDER(Name("RecsysRowGradients").Device(DEVICE_CPU),

@@ -371,6 +371,88 @@ def test_lookup_deduplicates_in_first_occurrence_order(ids):
   np.testing.assert_array_equal(
     acts.numpy(), tf.gather(table, ids).numpy().reshape(-1, 2)
   )
+  # The lookup as two ops (steps of few tables): the same outputs, bit for
+  # bit, with unsorted segments and a scale too.
+  dedup_unique, dedup_index = ops.recsys_bag_dedup(ids=ids, num_rows=1 << 20)
+  np.testing.assert_array_equal(dedup_unique.numpy(), unique.numpy())
+  np.testing.assert_array_equal(dedup_index.numpy(), index.numpy())
+  rng = np.random.default_rng(len(ids))
+  segments = rng.integers(0, 7, len(ids)).astype(np.int32)
+  scale = rng.uniform(0.5, 2.0, len(ids)).astype(np.float32)
+  want_acts, _, _ = ops.recsys_bag_lookup(
+    table=table.handle,
+    ids=ids,
+    segments=segments,
+    scale=scale,
+    num_segments=7,
+  )
+  sums = ops.recsys_bag_sums(
+    table=table.handle,
+    ids=ids,
+    segments=segments,
+    scale=scale,
+    num_segments=7,
+  )
+  np.testing.assert_array_equal(sums.numpy(), want_acts.numpy())
+
+
+def test_bag_dedup_and_sums_refuse_out_of_range_ids():
+  ops = kernels.load()
+  table = tf.Variable(tf.zeros([10, 2]))
+  ids = np.array([3, 12, -1], np.int64)
+  with pytest.raises(
+    tf.errors.InvalidArgumentError,
+    match=r"id 12 at position 1 is outside the table's rows \[0, 10\)",
+  ):
+    ops.recsys_bag_dedup(ids=ids, num_rows=10)
+  with pytest.raises(
+    tf.errors.InvalidArgumentError,
+    match=r"id 12 at position 1 is outside the table's rows \[0, 10\)",
+  ):
+    ops.recsys_bag_sums(
+      table=table.handle,
+      ids=ids,
+      segments=np.zeros(3, np.int32),
+      scale=tf.zeros([0]),
+      num_segments=1,
+    )
+
+
+@pytest.mark.parametrize("num_tables, two_ops", [(1, True), (8, False)])
+def test_few_tables_look_up_with_two_ops(num_tables, two_ops):
+  # One table on 2 inter-op threads: sums and de-duplication as two ops the
+  # executor runs side by side; 8 tables keep every thread busy: one op each.
+  config = {
+    f"f{i}": E.FeatureConfig(E.TableConfig(10, DIM, name=f"t{i}"))
+    for i in range(num_tables)
+  }
+  emb = backends.TensorCoreEmbedding(config, E.SGD(1.0))
+  emb.build()
+  feats = {k: tf.constant([3, 4, 3], tf.int64) for k in config}
+
+  @tf.function
+  def step():
+    with tf.GradientTape() as tape:
+      acts = emb(feats, training=True)
+      loss = tf.add_n([tf.reduce_sum(a) for a in acts.values()])
+    emb.apply_gradients(tape.gradient(loss, acts))
+
+  inter = tf.config.threading.get_inter_op_parallelism_threads()
+  if not 1 < (inter or os.cpu_count() or 1) <= 8:
+    pytest.skip("the choice depends on the inter-op threads")
+  types = [
+    op.type for op in step.get_concrete_function().graph.get_operations()
+  ]
+  assert ("RecsysBagDedup" in types) == two_ops
+  assert types.count("RecsysBagLookup") == (0 if two_ops else num_tables)
+  table = emb.embedding_tables[config["f0"].table]
+  before = table.numpy()
+  step()
+  # Row 3 got two gradients of 1, row 4 one (SGD, rate 1), in float32.
+  want = before.copy()
+  want[3] -= np.float32(2.0)
+  want[4] -= np.float32(1.0)
+  np.testing.assert_array_equal(table.numpy(), want)
 
 
 @pytest.mark.parametrize("weighted", [False, True])

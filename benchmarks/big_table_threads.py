@@ -10,9 +10,12 @@ work slows them alike (finer interleaving than `embedding_step.py
 --intra_threads 1,2`, whose children each build a 10^7-row table for one
 measurement).
 
-Settings: `1` (one intra-op thread), `2-off` (two intra-op threads for TF's
-own ops, every kernel call on one thread: RECSYS_KERNEL_PARALLEL_MIN_WORK=off),
-`2` (two, the kernels split as they decide: the default). Reports per setting
+Settings: `1-core` (one intra-op thread, the process pinned to one core
+with `taskset -c 0`: the one-core baseline), `1` (one intra-op thread; the
+two inter-op threads still run independent ops side by side), `2-off` (two
+intra-op threads for TF's own ops, every kernel call on one thread:
+RECSYS_KERNEL_PARALLEL_MIN_WORK=off), `2` (two, the kernels split as they
+decide: the default). Reports per setting
 the median step time, M ids/s, median CPU ms per step and the ratio to the
 first setting.
 
@@ -30,7 +33,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import embedding_step  # noqa: E402  (this folder)
 
-SETTINGS = ("1", "2-off", "2")
+SETTINGS = ("1-core", "1", "2-off", "2")
 _OFF = {"RECSYS_KERNEL_PARALLEL_MIN_WORK": "off"}
 
 
@@ -122,8 +125,10 @@ def main(argv=None) -> None:
     )
     if not s.endswith("-off"):  # the kernels' default, whatever is set here
       env.pop("RECSYS_KERNEL_PARALLEL_MIN_WORK", None)
+    pin = ["taskset", "-c", "0"] if s.endswith("-core") else []
     procs[s] = subprocess.Popen(
-      [
+      pin
+      + [
         sys.executable,
         os.path.abspath(__file__),
         "--_child",

@@ -1,8 +1,9 @@
 """Fused CPU kernels for the tensorcore backend, built from this folder.
 
-`embedding_ops.cc` holds four TF ops (a de-duplicating bag lookup, the padded
-bags' flattening, the per-row gradient reduction, an in-place SGD / Adagrad /
-lazy-Adam row update; optionally split over the intra-op threads) that
+`embedding_ops.cc` holds TF ops (a de-duplicating bag lookup, or its bag sums
+and de-duplication as two ops, the padded bags' flattening, the per-row
+gradient reduction, an in-place SGD / Adagrad / lazy-Adam row update, the
+last two also fused; split over the intra-op threads a step leaves idle) that
 replace the tensorcore step's chain of generic TF ops on the CPU with
 the same math (docs/optimizers.md). They are compiled against the installed
 TensorFlow with the system C++ compiler, once per TF version and source:

@@ -218,8 +218,8 @@ def _register_gradients(tf, module) -> None:
   """
   from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
 
-  def bag_lookup_gradient(op, grad, *unused_int_grads):
-    unique_ids, index = op.outputs[1], op.outputs[2]
+  def table_gradient(op, grad, unique_ids, index):
+    """[IndexedSlices of the unique rows, None for ids / segments / ...]."""
     row_grads = module.recsys_row_gradients(
       grads=tf.convert_to_tensor(grad),
       index=index,
@@ -228,34 +228,17 @@ def _register_gradients(tf, module) -> None:
       num_rows=tf.size(unique_ids, out_type=tf.int32),
     )
     shape = resource_variable_ops.variable_shape(op.inputs[0])
-    return [
-      tf.IndexedSlices(row_grads, unique_ids, shape),
-      None,
-      None,
-      None,
-      None,
-    ]
+    return [tf.IndexedSlices(row_grads, unique_ids, shape)] + [None] * 4
+
+  def bag_lookup_gradient(op, grad, *unused_int_grads):
+    return table_gradient(op, grad, op.outputs[1], op.outputs[2])
 
   def bag_sums_gradient(op, grad):
     # The forward op checked the ids against the table's rows.
     unique_ids, index = module.recsys_bag_dedup(
       ids=op.inputs[1], num_rows=2**62
     )
-    row_grads = module.recsys_row_gradients(
-      grads=tf.convert_to_tensor(grad),
-      index=index,
-      segments=op.inputs[2],
-      scale=op.inputs[3],
-      num_rows=tf.size(unique_ids, out_type=tf.int32),
-    )
-    shape = resource_variable_ops.variable_shape(op.inputs[0])
-    return [
-      tf.IndexedSlices(row_grads, unique_ids, shape),
-      None,
-      None,
-      None,
-      None,
-    ]
+    return table_gradient(op, grad, unique_ids, index)
 
   for op, register in (
     ("RecsysBagLookup", tf.RegisterGradient),

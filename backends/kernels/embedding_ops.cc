@@ -236,6 +236,54 @@ absl::Status CheckBags(const Tensor& ids, const Tensor& segments,
   return absl::OkStatus();
 }
 
+// A lookup's bag inputs 1-4 (ids, segments, scale, num_segments), checked:
+// the entry count, num_segments and the scale (nullptr: every entry weighs 1).
+absl::Status ReadBagInputs(OpKernelContext* ctx, int64_t* n,
+                           int32_t* num_segments, const float** scale) {
+  const Tensor& ids = ctx->input(1);
+  const Tensor& scale_t = ctx->input(3);
+  TF_RETURN_IF_ERROR(CheckBags(ids, ctx->input(2), scale_t));
+  *num_segments = ctx->input(4).scalar<int32_t>()();
+  if (*num_segments < 0) return InvalidArgument("num_segments must be >= 0");
+  *n = ids.NumElements();
+  *scale = scale_t.NumElements() ? scale_t.flat<float>().data() : nullptr;
+  return absl::OkStatus();
+}
+
+// Whether entry (id, segment) lies in the table's rows and the segments.
+inline bool ValidEntry(int64_t id, int32_t seg, int64_t vocab,
+                       int32_t num_segments) {
+  return id >= 0 && id < vocab && seg >= 0 && seg < num_segments;
+}
+
+// The error of an entry that is not ValidEntry (its id first), at position i.
+absl::Status EntryError(int64_t id, int32_t seg, int64_t i, int64_t vocab,
+                        int32_t num_segments) {
+  if (id < 0 || id >= vocab) {
+    return InvalidArgument("id ", id, " at position ", i,
+                           " is outside the table's rows [0, ", vocab, ")");
+  }
+  return InvalidArgument("segment ", seg, " at position ", i,
+                         " is outside [0, ", num_segments, ")");
+}
+
+// Numbers the distinct ids[0..n) in first-occurrence order: index[i] is the
+// number of ids[i], `unique` lists them. Stops at the first id outside
+// [0, num_rows) and returns its position, or n when every id is in range.
+int64_t DedupIds(const int64_t* ids, int64_t n, int64_t num_rows,
+                 IdIndex* positions, std::vector<int64_t>* unique,
+                 int32_t* index) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = ids[i];
+    if (id < 0 || id >= num_rows) return i;
+    bool added;
+    index[i] = positions->Insert(id, static_cast<int32_t>(unique->size()),
+                                 &added);
+    if (added) unique->push_back(id);
+  }
+  return n;
+}
+
 // Entries prefetched ahead in the row loops: their rows are random in memory.
 // Every cache line of the row (a 32-float row spans two): on the standard
 // 8-table step, 8 entries ahead and whole rows took 13 % less CPU and wall
@@ -307,18 +355,12 @@ class BagSumsOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     tsl::core::RefCountPtr<Var> table;
     OP_REQUIRES_OK(ctx, LookupMatrix(ctx, 0, "table", &table));
-    const Tensor& ids_t = ctx->input(1);
-    const Tensor& segments_t = ctx->input(2);
-    const Tensor& scale_t = ctx->input(3);
-    OP_REQUIRES_OK(ctx, CheckBags(ids_t, segments_t, scale_t));
-    const int32_t num_segments = ctx->input(4).scalar<int32_t>()();
-    OP_REQUIRES(ctx, num_segments >= 0,
-                InvalidArgument("num_segments must be >= 0"));
-    const int64_t n = ids_t.NumElements();
-    const auto ids = ids_t.flat<int64_t>();
-    const auto segments = segments_t.flat<int32_t>();
-    const float* scale = scale_t.NumElements() ? scale_t.flat<float>().data()
-                                               : nullptr;
+    int64_t n = 0;
+    int32_t num_segments = 0;
+    const float* scale = nullptr;
+    OP_REQUIRES_OK(ctx, ReadBagInputs(ctx, &n, &num_segments, &scale));
+    const auto ids = ctx->input(1).flat<int64_t>();
+    const auto segments = ctx->input(2).flat<int32_t>();
     tsl::tf_shared_lock lock(*table->mu());
     const Tensor& params = *table->tensor();
     const int64_t vocab = params.dim_size(0), dim = params.dim_size(1);
@@ -330,13 +372,8 @@ class BagSumsOp : public OpKernel {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t id = ids(i);
       const int32_t seg = segments(i);
-      OP_REQUIRES(ctx, id >= 0 && id < vocab,
-                  InvalidArgument("id ", id, " at position ", i,
-                                  " is outside the table's rows [0, ", vocab,
-                                  ")"));
-      OP_REQUIRES(ctx, seg >= 0 && seg < num_segments,
-                  InvalidArgument("segment ", seg, " at position ", i,
-                                  " is outside [0, ", num_segments, ")"));
+      OP_REQUIRES(ctx, ValidEntry(id, seg, vocab, num_segments),
+                  EntryError(id, seg, i, vocab, num_segments));
       if (i + kLookAhead < n) {
         const int64_t ahead = ids(i + kLookAhead);
         if (ahead >= 0 && ahead < vocab) PrefetchRow(rows + ahead * dim, dim);
@@ -367,17 +404,9 @@ class BagDedupOp : public OpKernel {
     std::vector<int64_t> unique;
     unique.reserve(std::min<int64_t>(n, num_rows_));
     IdIndex positions(n);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t id = ids(i);
-      OP_REQUIRES(ctx, id >= 0 && id < num_rows_,
-                  InvalidArgument("id ", id, " at position ", i,
-                                  " is outside the table's rows [0, ",
-                                  num_rows_, ")"));
-      bool added;
-      index[i] = positions.Insert(id, static_cast<int32_t>(unique.size()),
-                                  &added);
-      if (added) unique.push_back(id);
-    }
+    const int64_t bad =
+        DedupIds(ids.data(), n, num_rows_, &positions, &unique, index);
+    OP_REQUIRES(ctx, bad == n, EntryError(ids(bad), 0, bad, num_rows_, 1));
     Tensor* unique_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
         0, TensorShape({static_cast<int64_t>(unique.size())}), &unique_t));
@@ -397,18 +426,12 @@ class BagLookupOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     tsl::core::RefCountPtr<Var> table;
     OP_REQUIRES_OK(ctx, LookupMatrix(ctx, 0, "table", &table));
-    const Tensor& ids_t = ctx->input(1);
-    const Tensor& segments_t = ctx->input(2);
-    const Tensor& scale_t = ctx->input(3);
-    OP_REQUIRES_OK(ctx, CheckBags(ids_t, segments_t, scale_t));
-    const int32_t num_segments = ctx->input(4).scalar<int32_t>()();
-    OP_REQUIRES(ctx, num_segments >= 0,
-                InvalidArgument("num_segments must be >= 0"));
-    const int64_t n = ids_t.NumElements();
-    const auto ids = ids_t.flat<int64_t>();
-    const auto segments = segments_t.flat<int32_t>();
-    const float* scale = scale_t.NumElements() ? scale_t.flat<float>().data()
-                                               : nullptr;
+    int64_t n = 0;
+    int32_t num_segments = 0;
+    const float* scale = nullptr;
+    OP_REQUIRES_OK(ctx, ReadBagInputs(ctx, &n, &num_segments, &scale));
+    const auto ids = ctx->input(1).flat<int64_t>();
+    const auto segments = ctx->input(2).flat<int32_t>();
 
     tsl::tf_shared_lock lock(*table->mu());
     const Tensor& params = *table->tensor();
@@ -439,14 +462,8 @@ class BagLookupOp : public OpKernel {
       std::vector<char> bad(parts, 0);
       RunParts(ctx, parts, [&](int part) {
         if (part == 0) {
-          for (int64_t i = 0; i < n; ++i) {
-            const int64_t id = ids(i);
-            if (id < 0 || id >= vocab) { bad[0] = 1; return; }
-            bool added;
-            index[i] = positions.Insert(
-                id, static_cast<int32_t>(unique.size()), &added);
-            if (added) unique.push_back(id);
-          }
+          bad[0] = DedupIds(ids.data(), n, vocab, &positions, &unique,
+                            index) != n;
           return;
         }
         // Part k sums segments [lo, hi): with sorted segments its entries are
@@ -464,7 +481,7 @@ class BagLookupOp : public OpKernel {
         for (int64_t i = first; i < last; ++i) {
           const int64_t id = ids(i);
           const int32_t seg = segments(i);
-          if (seg < 0 || seg >= num_segments || id < 0 || id >= vocab) {
+          if (!ValidEntry(id, seg, vocab, num_segments)) {
             bad[part] = 1;
             break;
           }
@@ -480,15 +497,8 @@ class BagLookupOp : public OpKernel {
       });
       if (std::find(bad.begin(), bad.end(), 1) != bad.end()) {
         for (int64_t i = 0; i < n; ++i) {
-          const int64_t id = ids(i);
-          const int32_t seg = segments(i);
-          OP_REQUIRES(ctx, id >= 0 && id < vocab,
-                      InvalidArgument("id ", id, " at position ", i,
-                                      " is outside the table's rows [0, ",
-                                      vocab, ")"));
-          OP_REQUIRES(ctx, seg >= 0 && seg < num_segments,
-                      InvalidArgument("segment ", seg, " at position ", i,
-                                      " is outside [0, ", num_segments, ")"));
+          OP_REQUIRES(ctx, ValidEntry(ids(i), segments(i), vocab, num_segments),
+                      EntryError(ids(i), segments(i), i, vocab, num_segments));
         }
       }
     } else {
@@ -496,13 +506,8 @@ class BagLookupOp : public OpKernel {
       for (int64_t i = 0; i < n; ++i) {
         const int64_t id = ids(i);
         const int32_t seg = segments(i);
-        OP_REQUIRES(ctx, id >= 0 && id < vocab,
-                    InvalidArgument("id ", id, " at position ", i,
-                                    " is outside the table's rows [0, ", vocab,
-                                    ")"));
-        OP_REQUIRES(ctx, seg >= 0 && seg < num_segments,
-                    InvalidArgument("segment ", seg, " at position ", i,
-                                    " is outside [0, ", num_segments, ")"));
+        OP_REQUIRES(ctx, ValidEntry(id, seg, vocab, num_segments),
+                    EntryError(id, seg, i, vocab, num_segments));
         if (i + kLookAhead < n) {
           const int64_t ahead = ids(i + kLookAhead);
           if (ahead >= 0 && ahead < vocab) PrefetchRow(rows + ahead * dim, dim);

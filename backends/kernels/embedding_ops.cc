@@ -341,50 +341,14 @@ class LazyRows {
   int64_t dim_, ready_, end_;
 };
 
-// RecsysBagSums: the lookup's bag sums alone (RecsysBagLookup's one-thread
-// sum loop, the same checks and messages). RecsysBagDedup: its
-// de-duplication alone (unique ids in first-occurrence order, each id's
-// index), ids checked against [0, num_rows). Two ops with no dependency, so
-// that for a step of few tables the executor runs the de-duplication (needed
-// only by the update) on another inter-op thread beside the sums and the
-// dense model, with no fork-join.
-class BagSumsOp : public OpKernel {
- public:
-  explicit BagSumsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
-
-  void Compute(OpKernelContext* ctx) override {
-    tsl::core::RefCountPtr<Var> table;
-    OP_REQUIRES_OK(ctx, LookupMatrix(ctx, 0, "table", &table));
-    int64_t n = 0;
-    int32_t num_segments = 0;
-    const float* scale = nullptr;
-    OP_REQUIRES_OK(ctx, ReadBagInputs(ctx, &n, &num_segments, &scale));
-    const auto ids = ctx->input(1).flat<int64_t>();
-    const auto segments = ctx->input(2).flat<int32_t>();
-    tsl::tf_shared_lock lock(*table->mu());
-    const Tensor& params = *table->tensor();
-    const int64_t vocab = params.dim_size(0), dim = params.dim_size(1);
-    const float* rows = params.flat<float>().data();
-    Tensor* acts_t = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-        0, TensorShape({num_segments, dim}), &acts_t));
-    LazyRows out(acts_t->flat<float>().data(), dim, 0, num_segments);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t id = ids(i);
-      const int32_t seg = segments(i);
-      OP_REQUIRES(ctx, ValidEntry(id, seg, vocab, num_segments),
-                  EntryError(id, seg, i, vocab, num_segments));
-      if (i + kLookAhead < n) {
-        const int64_t ahead = ids(i + kLookAhead);
-        if (ahead >= 0 && ahead < vocab) PrefetchRow(rows + ahead * dim, dim);
-      }
-      out.Add(seg, rows + id * dim, scale != nullptr,
-              scale != nullptr ? scale[i] : 1.0f);
-    }
-    out.Finish();
-  }
-};
-
+// RecsysBagSums (BagSumsOp, below): the lookup's bag sums alone
+// (RecsysBagLookup's one-thread loop without its de-duplication, the same
+// checks and messages). RecsysBagDedup: its de-duplication alone (unique ids
+// in first-occurrence order, each id's index), ids checked against
+// [0, num_rows). Two ops with no dependency, so that for a step of few
+// tables the executor runs the de-duplication (needed only by the update) on
+// another inter-op thread beside the sums and the dense model, with no
+// fork-join.
 class BagDedupOp : public OpKernel {
  public:
   explicit BagDedupOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -419,8 +383,14 @@ class BagDedupOp : public OpKernel {
 
 class BagLookupOp : public OpKernel {
  public:
-  explicit BagLookupOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("concurrent_calls", &concurrent_calls_));
+  // sums_only: RecsysBagSums, the activations alone (one thread, no
+  // de-duplication).
+  explicit BagLookupOp(OpKernelConstruction* ctx, bool sums_only = false)
+      : OpKernel(ctx), sums_only_(sums_only) {
+    if (!sums_only_) {
+      OP_REQUIRES_OK(ctx,
+                     ctx->GetAttr("concurrent_calls", &concurrent_calls_));
+    }
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -443,13 +413,15 @@ class BagLookupOp : public OpKernel {
         0, TensorShape({num_segments, dim}), &acts_t));
     float* acts = acts_t->flat<float>().data();
     Tensor* index_t = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &index_t));
-    int32_t* index = index_t->flat<int32_t>().data();
+    if (!sums_only_) {
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &index_t));
+    }
+    int32_t* index = sums_only_ ? nullptr : index_t->flat<int32_t>().data();
 
     std::vector<int64_t> unique;
-    unique.reserve(std::min<int64_t>(n, vocab));
-    IdIndex positions(n);
-    const int parts = NumParts(ctx, n * dim, concurrent_calls_);
+    unique.reserve(sums_only_ ? 0 : std::min<int64_t>(n, vocab));
+    IdIndex positions(sums_only_ ? 0 : n);
+    const int parts = sums_only_ ? 1 : NumParts(ctx, n * dim, concurrent_calls_);
     if (parts > 1) {
       // Two independent jobs run side by side: part 0 de-duplicates every id
       // (the one-thread loop's probes, in order: the same unique ids and
@@ -502,6 +474,7 @@ class BagLookupOp : public OpKernel {
         }
       }
     } else {
+      const bool dedup = !sums_only_;  // a local: the loop is unswitched
       LazyRows out(acts, dim, 0, num_segments);
       for (int64_t i = 0; i < n; ++i) {
         const int64_t id = ids(i);
@@ -512,15 +485,18 @@ class BagLookupOp : public OpKernel {
           const int64_t ahead = ids(i + kLookAhead);
           if (ahead >= 0 && ahead < vocab) PrefetchRow(rows + ahead * dim, dim);
         }
-        bool added;
-        index[i] = positions.Insert(id, static_cast<int32_t>(unique.size()),
-                                    &added);
-        if (added) unique.push_back(id);
+        if (dedup) {
+          bool added;
+          index[i] = positions.Insert(id, static_cast<int32_t>(unique.size()),
+                                      &added);
+          if (added) unique.push_back(id);
+        }
         out.Add(seg, rows + id * dim, scale != nullptr,
                 scale != nullptr ? scale[i] : 1.0f);
       }
       out.Finish();
     }
+    if (sums_only_) return;
     Tensor* unique_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
         1, TensorShape({static_cast<int64_t>(unique.size())}), &unique_t));
@@ -528,7 +504,14 @@ class BagLookupOp : public OpKernel {
   }
 
  private:
+  bool sums_only_;
   int concurrent_calls_ = 0;
+};
+
+// RecsysBagSums: see BagDedupOp.
+class BagSumsOp : public BagLookupOp {
+ public:
+  explicit BagSumsOp(OpKernelConstruction* ctx) : BagLookupOp(ctx, true) {}
 };
 
 // out[r] = sum of scale[i] * grads[segments[i]] over the entries i with

@@ -172,15 +172,8 @@ void RunParts(OpKernelContext* ctx, int parts,
       });
 }
 
-// The part of [0, total) that `i` falls in, for `parts` contiguous ranges.
-inline int RangePart(int64_t i, int64_t total, int parts) {
-  return static_cast<int>((i * parts) / std::max<int64_t>(total, 1));
-}
-
 // Where a table row goes among `parts`: a multiplicative hash (Zipf-hot low
-// ids spread over the parts; all updates of one row land in one part). Not
-// IdIndex's hash: the ids of one part must still spread over all of a part's
-// IdIndex slots (with the same top bits they would fill half of them).
+// ids spread over the parts; all updates of one row land in one part).
 inline int RowPart(int64_t id, int parts) {
   const uint64_t h =
       (static_cast<uint64_t>(id) * 0xD6E8FEB86659FD93ull) >> 16 & 0xFFFFFFFFull;
@@ -431,11 +424,19 @@ class BagLookupOp : public OpKernel {
       // first invalid entry; the first bad entry overall is then reported
       // as the one-thread loop reports it.
       const int sum_parts = parts - 1;
+      // Sorted segments let each part sum one contiguous range of entries;
+      // segments outside [0, num_segments) then lie before the first range
+      // or after the last, where no part looks: the ends are checked here.
+      const int32_t* seg_data = segments.data();
+      const bool sorted =
+          sum_parts > 1 && std::is_sorted(seg_data, seg_data + n);
       std::vector<char> bad(parts, 0);
+      bad[0] = sorted && n > 0 &&
+               (seg_data[0] < 0 || seg_data[n - 1] >= num_segments);
       RunParts(ctx, parts, [&](int part) {
         if (part == 0) {
-          bad[0] = DedupIds(ids.data(), n, vocab, &positions, &unique,
-                            index) != n;
+          bad[0] |= DedupIds(ids.data(), n, vocab, &positions, &unique,
+                             index) != n;
           return;
         }
         // Part k sums segments [lo, hi): with sorted segments its entries are
@@ -443,9 +444,8 @@ class BagLookupOp : public OpKernel {
         const int k = part - 1;
         const int64_t lo = int64_t{num_segments} * k / sum_parts;
         const int64_t hi = int64_t{num_segments} * (k + 1) / sum_parts;
-        const int32_t* seg_data = segments.data();
         int64_t first = 0, last = n;
-        if (sum_parts > 1 && std::is_sorted(seg_data, seg_data + n)) {
+        if (sorted) {
           first = std::lower_bound(seg_data, seg_data + n, lo) - seg_data;
           last = std::lower_bound(seg_data, seg_data + n, hi) - seg_data;
         }

@@ -105,6 +105,7 @@ result["lookup/ids"] = look_ids
 for name, pos, bad_id, bad_seg in (("late_id", 39_000, VOCAB, 0),
                                    ("negative_id", 20_000, -3, 0),
                                    ("segment", 30_000, 1, BATCH),
+                                   ("segment_at_end", 39_999, 1, BATCH),
                                    ("id_before_segment", 10_000, VOCAB, -1)):
   bad_ids, bad_segs = look_ids.copy(), look_segs.copy()
   bad_ids[pos] = bad_id
@@ -180,6 +181,8 @@ def test_one_and_two_intra_op_threads_give_identical_states(tmp_path):
   assert "id 100000 at position 39000 is outside" in str(one["error/late_id"])
   assert "id -3 at position 20000" in str(one["error/negative_id"])
   assert "segment 4096 at position 30000" in str(one["error/segment"])
+  # Still sorted: the split's contiguous ranges never reach it.
+  assert "segment 4096 at position 39999" in str(one["error/segment_at_end"])
   assert "id 100000 at position 10000" in str(one["error/id_before_segment"])
   # The split de-duplication keeps tf.unique's first-occurrence order.
   ids = two["lookup/ids"]

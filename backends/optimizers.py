@@ -45,6 +45,7 @@ from typing import (
 import tensorflow as tf
 from tensorflow.tpu.experimental import embedding
 
+from backends import _bags
 from backends.base import UnsupportedConfigError
 
 log = logging.getLogger("recsys.backends")
@@ -653,7 +654,7 @@ def apply_bag_update(
     grads=tf.cast(grads, tf.float32),
     index=index,
     segments=flat_segments,
-    scale=scale if scale is not None else tf.zeros([0], tf.float32),
+    scale=_bags.scale_or_empty(scale),
     learning_rate=learning_rate(optimizer),
     concurrent_calls=concurrent_calls,
     **attrs,

@@ -63,7 +63,7 @@ class CandidateBank(keras.layers.Layer):
   Example:
     >>> bank = CandidateBank(num_candidates=10, dim=4)
     >>> rows, filled = bank.with_fresh(ids, embeddings)  # for the loss
-    >>> bank.update(ids, embeddings)  # after it
+    >>> bank.store(rows, filled)  # after it (or bank.update(ids, embeddings))
   """
 
   def __init__(
@@ -146,29 +146,19 @@ class CandidateBank(keras.layers.Layer):
     )
     return table, filled
 
-  def update(self, ids: tf.Tensor, embeddings: tf.Tensor) -> None:
-    """Stores the batch's embeddings (constants) as their ids' rows.
+  def store(self, table: tf.Tensor, filled: tf.Tensor) -> None:
+    """Makes `with_fresh`'s result the bank (as constants).
 
-    Under a strategy, the rows of every replica's batch: the whole variable
-    is assigned (a mirrored variable takes no scatter from a replica).
+    The whole variable is assigned: under a strategy a mirrored variable
+    takes no scatter from a replica, and every replica holds the same rows.
     """
-    ids, embeddings = self._whole_step(
-      ids, tf.cast(tf.stop_gradient(embeddings), tf.float32)
-    )
-    unique, rows = self._unique(ids, embeddings)
-    index = unique[:, tf.newaxis]
-    self.embeddings.assign(
-      tf.tensor_scatter_nd_update(
-        tf.convert_to_tensor(self.embeddings), index, rows
-      )
-    )
-    self.filled.assign(
-      tf.tensor_scatter_nd_update(
-        tf.convert_to_tensor(self.filled),
-        index,
-        tf.ones_like(unique, tf.float32),
-      )
-    )
+    self.embeddings.assign(tf.stop_gradient(table))
+    self.filled.assign(tf.cast(filled, tf.float32))
+
+  def update(self, ids: tf.Tensor, embeddings: tf.Tensor) -> None:
+    """Stores the batch's embeddings (constants) as their ids' rows (under a
+    strategy, the rows of every replica's batch)."""
+    self.store(*self.with_fresh(ids, tf.stop_gradient(embeddings)))
 
 
 def corpus_softmax_loss(

@@ -281,7 +281,7 @@ class TwoTower(RetrievalModel):
         self._temperature,
         valid=None if mask is None else tf.reshape(mask, [-1]) > 0,
       )
-    self.candidate_bank.update(ids, c)
+    self.candidate_bank.store(table, filled)
     weight = masked_weight(sample_weight, mask, per_example.dtype)
     if weight is not None:
       per_example *= tf.reshape(weight, [-1])

@@ -98,8 +98,9 @@ def fit_mf(
   p = rng.normal(0, 0.1, (nu, dim))
   q = rng.normal(0, 0.1, (ni, dim))
   bu, bi = np.zeros(nu), np.zeros(ni)
-  by_user = [np.flatnonzero(user == u) for u in range(nu)]
-  by_item = [np.flatnonzero(item == i) for i in range(ni)]
+  rows = np.arange(len(user))
+  by_user = _rows_by_key(user, rows, nu)
+  by_item = _rows_by_key(item, rows, ni)
 
   def solve(rows, other, other_bias, target_ids):
     out = np.zeros((len(rows), dim + 1))

@@ -1,0 +1,70 @@
+"""The README's benchmark commands run as a user runs them: each script in a
+fresh process (no conftest set-up), on a tiny workload. Only that they run
+and report every row is checked; their figures are measurements, not test
+results."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+
+
+def _run(*argv: str) -> str:
+  env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+  result = subprocess.run(
+    [sys.executable, *argv],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+  return result.stdout
+
+
+@pytest.mark.slow
+def test_embedding_step_reports_recsys():
+  out = _run(
+    "benchmarks/embedding_step.py",
+    "--impls",
+    "recsys",
+    "--rows",
+    "1000",
+    "--batch",
+    "256",
+    "--steps",
+    "3",
+    "--warmup",
+    "1",
+    "--repeats",
+    "1",
+  )
+  assert re.search(r"^\| recsys \| 1000 \| 256 \| ", out, re.MULTILINE), out
+
+
+@pytest.mark.slow
+def test_big_table_threads_reports_every_setting():
+  out = _run(
+    "benchmarks/big_table_threads.py",
+    "--rows",
+    "20000",
+    "--batch",
+    "256",
+    "--rounds",
+    "1",
+    "--burst",
+    "2",
+  )
+  settings = re.findall(r"^\| (\S+) \| [\d.]+ \| ", out, re.MULTILINE)
+  assert settings == ["1-core", "1", "2-off", "2"], out
+
+
+@pytest.mark.slow
+def test_kernel_ops_threads_times_each_kernel():
+  out = _run("benchmarks/kernel_ops_threads.py", "1", "1024")
+  assert re.findall(r"^(\S+) [\d.]+ ms, [\d.]+ CPU ms$", out, re.MULTILINE), out

@@ -77,6 +77,17 @@ def masked_weight(
   return tf.cast(tf.reshape(sample_weight, [-1]), dtype) * mask
 
 
+def _logq_weight(logq_correction: bool | float, owner: str) -> float:
+  """The log-Q correction's strength: True is 1, False 0, else the number."""
+  weight = float(logq_correction)
+  if not weight >= 0:
+    raise ModelConfigError(
+      f"{owner}: logq_correction must be a bool or a number >= 0 (the "
+      f"strength of the log-Q term; True is 1), got {logq_correction!r}."
+    )
+  return weight
+
+
 class _ModelBase(keras.Model):
   """What ranking and retrieval models share: specs, variables, regularizers."""
 
@@ -351,7 +362,7 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     embedding_dim: int,
     num_dense: int = 0,
     temperature: float | None = None,
-    logq_correction: bool = False,
+    logq_correction: bool | float = False,
     remove_accidental_hits: bool = True,
     ks: Sequence[int] = DEFAULT_KS,
     sequence_pooling: str = "mean",
@@ -369,7 +380,9 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
       num_dense: width of `features["dense"]` (query-side context; 0: none).
       temperature: divide the logits by this (None: 1).
       logq_correction: subtract log(features["candidate_sampling_probability"])
-        from each in-batch candidate's logit (sampling-bias correction).
+        from each in-batch candidate's logit (sampling-bias correction); a
+        number scales that term (True is 1, the consistent correction; above
+        1 the model also learns a popularity boost, below 1 a penalty).
       remove_accidental_hits: in-batch negatives with the positive's id do not
         count as negatives.
       ks: cut-offs of the top-k hit rates.
@@ -425,7 +438,7 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
       )
     self._candidate_id_feature = candidate_id_feature
     self._embedding_dim = int(embedding_dim)
-    self._logq_correction = logq_correction
+    self._logq_weight = _logq_weight(logq_correction, owner)
     self._ks = ks
     self.corpus_index = retrieval_index.CorpusIndex(
       num_candidates=id_spec.vocabulary_size, dim=self._embedding_dim, k=max(ks)
@@ -501,6 +514,16 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
       ) from e
     return tf.reshape(tf.cast(ids, tf.int64), [-1])
 
+  def weighted_sampling_probability(
+    self, features: Mapping[str, tf.Tensor]
+  ) -> tf.Tensor:
+    """`features["candidate_sampling_probability"]` `[B]` raised to the
+    log-Q strength, so that subtracting its log subtracts strength * log Q."""
+    probability = tf.reshape(features["candidate_sampling_probability"], [-1])
+    if self._logq_weight == 1.0:
+      return probability
+    return tf.pow(probability, tf.cast(self._logq_weight, probability.dtype))
+
   def compute_loss(
     self,
     activations: Mapping[str, tf.Tensor],
@@ -553,7 +576,7 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     q = self.query_embeddings(activations, features, training=training)
     c = self.candidate_embeddings(activations, features, training=training)
     sampling_probability = None
-    if self._logq_correction:
+    if self._logq_weight:
       if "candidate_sampling_probability" not in features:
         raise FeatureMismatchError(
           f"{type(self).__name__}: logq_correction=True but the batch has no "
@@ -561,9 +584,8 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
           f"{sorted(features)}); "
           "use a source that provides it or set logq_correction=False."
         )
-      sampling_probability = tf.cast(
-        tf.reshape(features["candidate_sampling_probability"], [-1]), q.dtype
-      )
+      sampling_probability = self.weighted_sampling_probability(features)
+      sampling_probability = tf.cast(sampling_probability, q.dtype)
     ids = self.candidate_ids(features) if "categorical" in features else None
     score_mask = None
     if mask is not None:  # padding rows are no candidate of any query

@@ -58,7 +58,7 @@ class TwoTower(RetrievalModel):
     candidate_tower: Sequence[int] = (64, 32),
     normalize: bool = True,
     temperature: float | None = 0.1,
-    logq_correction: bool = False,
+    logq_correction: bool | float = False,
     remove_accidental_hits: bool = True,
     l2_regularization: float = 0.0,
     ks: Sequence[int] = DEFAULT_KS,
@@ -83,7 +83,8 @@ class TwoTower(RetrievalModel):
         temperature well below 1).
       temperature: softmax temperature (None: 1).
       logq_correction: correct in-batch logits by
-        -log(features["candidate_sampling_probability"]).
+        -log(features["candidate_sampling_probability"]); a number scales
+        the term (True is 1; see `RetrievalModel`).
       remove_accidental_hits: do not count in-batch copies of the positive
         candidate as negatives.
       l2_regularization: L2 factor on every tower kernel (0: none).
@@ -268,8 +269,8 @@ class TwoTower(RetrievalModel):
       )
     else:
       probability = None
-      if self._logq_correction:
-        probability = features["candidate_sampling_probability"]
+      if self._logq_weight:
+        probability = self.weighted_sampling_probability(features)
       per_example = retrieval_negatives.mixed_softmax_loss(
         q,
         c,

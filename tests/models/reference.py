@@ -54,18 +54,18 @@ def dot_interaction(vectors, self_interaction):
 
 
 def in_batch_softmax_loss(
-  q, c, ids=None, temperature=None, sampling_probability=None
+  q, c, ids=None, temperature=None, sampling_probability=None, logq_weight=1.0
 ):
   """Per-query in-batch softmax cross-entropy (positive on the diagonal).
 
-  logits = q c^T / temperature - log(p_j); negatives sharing the positive's id
-  are dropped.
+  logits = q c^T / temperature - logq_weight * log(p_j); negatives sharing
+  the positive's id are dropped.
   """
   logits = q.astype(np.float64) @ c.astype(np.float64).T
   if temperature is not None:
     logits = logits / temperature
   if sampling_probability is not None:
-    logits = logits - np.log(sampling_probability)[np.newaxis, :]
+    logits = logits - logq_weight * np.log(sampling_probability)[np.newaxis, :]
   n = len(q)
   losses = np.zeros(n)
   for i in range(n):

@@ -79,7 +79,7 @@ def test_tower_shapes_and_normalization():
 
 
 @pytest.mark.parametrize("temperature", [None, 0.2])
-@pytest.mark.parametrize("logq", [False, True])
+@pytest.mark.parametrize("logq", [False, True, 0.5, 1.5])
 @pytest.mark.parametrize("remove_hits", [False, True])
 def test_in_batch_softmax_loss_matches_numpy(temperature, logq, remove_hits):
   model = _model(
@@ -100,9 +100,16 @@ def test_in_batch_softmax_loss_matches_numpy(temperature, logq, remove_hits):
     sampling_probability=features["candidate_sampling_probability"]
     if logq
     else None,
+    logq_weight=float(logq),
   )
   loss = model.compute_loss(acts, features, global_batch_size=4 * B).numpy()
   np.testing.assert_allclose(loss, expected.sum() / (4 * B), rtol=1e-5)
+
+
+@pytest.mark.parametrize("strength", [-0.5, float("nan")])
+def test_logq_strength_must_be_a_non_negative_number(strength):
+  with pytest.raises(ModelConfigError, match="logq_correction must be"):
+    _model(logq_correction=strength)
 
 
 def test_logq_needs_sampling_probability():

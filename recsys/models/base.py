@@ -79,7 +79,10 @@ def masked_weight(
 
 def _logq_weight(logq_correction: bool | float, owner: str) -> float:
   """The log-Q correction's strength: True is 1, False 0, else the number."""
-  weight = float(logq_correction)
+  try:
+    weight = float(logq_correction)
+  except (TypeError, ValueError):
+    weight = float("nan")
   if not weight >= 0:
     raise ModelConfigError(
       f"{owner}: logq_correction must be a bool or a number >= 0 (the "
@@ -579,7 +582,8 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     if self._logq_weight:
       if "candidate_sampling_probability" not in features:
         raise FeatureMismatchError(
-          f"{type(self).__name__}: logq_correction=True but the batch has no "
+          f"{type(self).__name__}: logq_correction={self._logq_weight:g} but "
+          "the batch has no "
           "features['candidate_sampling_probability'] (got keys "
           f"{sorted(features)}); "
           "use a source that provides it or set logq_correction=False."

@@ -106,7 +106,7 @@ def test_in_batch_softmax_loss_matches_numpy(temperature, logq, remove_hits):
   np.testing.assert_allclose(loss, expected.sum() / (4 * B), rtol=1e-5)
 
 
-@pytest.mark.parametrize("strength", [-0.5, float("nan")])
+@pytest.mark.parametrize("strength", [-0.5, float("nan"), "yes"])
 def test_logq_strength_must_be_a_non_negative_number(strength):
   with pytest.raises(ModelConfigError, match="logq_correction must be"):
     _model(logq_correction=strength)

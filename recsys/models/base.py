@@ -588,8 +588,9 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
           f"{sorted(features)}); "
           "use a source that provides it or set logq_correction=False."
         )
-      sampling_probability = self.weighted_sampling_probability(features)
-      sampling_probability = tf.cast(sampling_probability, q.dtype)
+      sampling_probability = tf.cast(
+        self.weighted_sampling_probability(features), q.dtype
+      )
     ids = self.candidate_ids(features) if "categorical" in features else None
     score_mask = None
     if mask is not None:  # padding rows are no candidate of any query

@@ -40,7 +40,12 @@ CASES = {
     lambda: SyntheticRetrieval(
       num_users=23, num_items=11, num_examples=240, num_eval_examples=40
     ),
-    functools.partial(TwoTower, query_tower=(11, 7), candidate_tower=(11, 7)),
+    functools.partial(
+      TwoTower,
+      query_tower=(11, 7),
+      candidate_tower=(11, 7),
+      logq_correction=1.25,  # a strength: tf.pow in the compiled step
+    ),
     lambda: E.Adam(0.01),
     {"item_id": lambda: E.Adam(0.01, lazy_adam=False)},
   ),

@@ -180,6 +180,7 @@ class ShardedEmbedding(tensorcore.TensorCoreEmbedding):
 
   # -- variables ---------------------------------------------------------------
 
+  @base.cross_replica_build
   def build(self) -> None:
     """Creates the sharded tables and slots on the parameter servers."""
     if self._built:

@@ -193,6 +193,7 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
 
   # -- variables -----------------------------------------------------------
 
+  @base.cross_replica_build
   def build(self) -> None:
     """Creates tables and slots under the backend's strategy (idempotent)."""
     if self._built:
@@ -297,20 +298,11 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
     """Builds on first use, also from inside a replica function.
 
     TF's V0 builds lazily too: its documented loop first touches
-    `embedding_tables` inside `strategy.run`. There the variables are made
-    once, in cross-replica context (every replica reaches this merge).
+    `embedding_tables` inside `strategy.run`; `build` then runs once for
+    every replica, in cross-replica context (`base.cross_replica_build`).
     """
-    if self._built:
-      return
-    ctx = tf.distribute.get_replica_context()
-    if (
-      ctx is not None
-      and self._strategy.num_replicas_in_sync > 1
-      and not tf.distribute.in_cross_replica_context()
-    ):
-      ctx.merge_call(lambda _: self._maybe_build())
-      return
-    self.build()
+    if not self._built:
+      self.build()
 
   # -- host side -------------------------------------------------------------
 
@@ -826,7 +818,10 @@ class TensorCoreEmbedding(base.EmbeddingBackend):
       activation_gradients, "activation gradients"
     )
     return steps, base.check_activation_gradients(
-      [layout.path for layout in self._layouts], flat_grads, outputs
+      [layout.path for layout in self._layouts],
+      flat_grads,
+      outputs,
+      self.feature_table_names(),
     )
 
   def _activation_gradients(

@@ -297,7 +297,10 @@ def check_batch_sizes(features: Sequence[str], flat_inputs: Sequence[Any]):
   head = message.split("{}")[0]
   tf.debugging.Assert(
     tf.reduce_all(tf.equal(stacked, stacked[0])),
-    [head + ", ".join(names) + " have batch sizes", stacked],
+    [
+      (head + ", ".join(names)).replace("'", "`") + " have batch sizes",
+      stacked,
+    ],
   )
 
 

@@ -93,8 +93,11 @@ def _checked_cast(values: tf.Tensor, what: str) -> tf.Tensor:
     tf.reshape(values, [-1]),
     tf.argmin(tf.cast(tf.reshape(ok, [-1]), tf.int32)),
   )
+  # Assert's message shows quotes escaped: name the feature in backticks.
   check = tf.debugging.Assert(
-    tf.reduce_all(ok), [head, first_bad, tail], summarize=1
+    tf.reduce_all(ok),
+    [head.replace("'", "`"), first_bad, tail],
+    summarize=1,
   )
   with tf.control_dependencies([check]):
     return tf.cast(values, tf.int64)

@@ -27,17 +27,19 @@ TINY = [
 ]
 
 
-@pytest.mark.parametrize(
-  "how",
-  [
-    ["--backend", "tensorcor"],
-    ["--gin_bindings", "train.backend = 'tensorcor'"],
-  ],
-  ids=["flag", "gin"],
-)
-def test_a_misspelt_backend_is_a_configuration_error(tmp_path, capsys, how):
+def test_a_misspelt_backend_flag_is_a_configuration_error(tmp_path, capsys):
+  """In gin: tests/reliability/test_bad_gin.py."""
   code = cli.main(
-    ["train", "--gin_file", DEFAULT, *TINY, *how, "--model_dir", str(tmp_path)]
+    [
+      "train",
+      "--gin_file",
+      DEFAULT,
+      *TINY,
+      "--backend",
+      "tensorcor",
+      "--model_dir",
+      str(tmp_path),
+    ]
   )
   err = capsys.readouterr().err
   assert code == 2, err

@@ -15,7 +15,8 @@ different commands may not train into one model dir.
           with bindings appended that cut training to a few steps (the
           defaults train for minutes); other commands run in bash; a block
           does not mix the two;
-  gin     trained for a few steps, as `recsys train --gin_file` would;
+  gin     parsed as `recsys train --gin_file` would, and what it binds
+          to `train` built (data source, model class, optimizers);
   toml    parsed;
   text    output, diagrams, messages: not code.
 
@@ -44,7 +45,7 @@ import gin
 import numpy as np
 import pytest
 
-from recsys import cli
+from recsys import cli, config
 from recsys.data.movielens_synthetic import write_ml100k_like
 
 try:
@@ -263,15 +264,20 @@ def _run_sh(block: Block, workspace: Workspace) -> None:
 
 
 def _run_gin(block: Block, workspace: Workspace) -> None:
-  name = f"{os.path.basename(block.page)[:-3]}_{block.line}"
-  path = os.path.join(workspace.path, f"{name}.gin")
+  """Parses the block as `recsys train --gin_file` would, folders bound, and
+  builds what `train` would get: its data source, optimizers, schedules."""
+  path = os.path.join(
+    workspace.path, f"{os.path.basename(block.page)[:-3]}_{block.line}.gin"
+  )
   with open(path, "w", encoding="utf-8") as f:
     f.write(block.text)
   folders = ["MOVIELENS_DIR = 'data/ml-100k'", "CRITEO_DIR = 'data/criteo'"]
-  flags = sum((["--gin_bindings", b] for b in folders), [])
-  workspace.recsys(
-    ["train", "--gin_file", path, *flags, "--model_dir", f"runs/{name}"], block
-  )
+  try:
+    config.parse([path], folders)
+    for name in ("data", "embedding_optimizer", "dense_optimizer", "model"):
+      config.value(f"train.{name}")
+  finally:
+    gin.clear_config()
 
 
 def _stand_ins(monkeypatch) -> None:

@@ -20,6 +20,14 @@ different commands may not train into one model dir.
   toml    parsed;
   text    output, diagrams, messages: not code.
 
+docs/benchmarks.md's blocks are benchmark runs (minutes each, some in a
+torch venv; tests/benchmarks/ runs each script on a tiny workload): each
+command is checked, not run: `make X` names a Makefile target, and
+`python benchmarks/S.py ...` names a script whose argument parser accepts
+the flags and values as written (its implementation names too), with a
+page's placeholders (W, T, N) replaced by the first value its table gives;
+a line starting with `...` repeats the command above it with other flags.
+
 A block indented inside a list item is dedented first. Where a page
 imports a reader's own package (docs/architecture.md's `my_package`, a
 third-party backend), STAND_INS provides it.
@@ -29,9 +37,11 @@ where one exists, the test that runs its equivalent); an entry that no
 longer matches a block fails, so the list stays true.
 """
 
+import argparse
 import contextlib
 import dataclasses
 import importlib
+import importlib.util
 import io
 import os
 import re
@@ -96,9 +106,10 @@ NOT_RUN = {
 STAND_INS = {
   "my_package.backend": {"MyBackend": "backends.tensorcore:TensorCoreEmbedding"}
 }
-#: Pages whose every block is a benchmark run: minutes each, some need the
-#: torch venv; tests/benchmarks/ runs each script on a tiny workload.
-NOT_RUN_PAGES = {"docs/benchmarks.md"}
+#: Pages whose commands are benchmark runs: checked, not run.
+BENCHMARK_PAGES = {"docs/benchmarks.md"}
+#: Placeholders of the benchmark pages -> the first value their tables give.
+PLACEHOLDERS = {"W": "8", "T": "1", "N": "16384"}
 
 #: Appended to every `recsys train`: a few steps of small batches, small
 #: Criteo tables; the gin files, flags and paths stay as written.
@@ -114,7 +125,12 @@ FEW_STEPS = [
   "CriteoTSV.max_vocab_size = 1000",
 ]
 #: Slow pages train models; the others run in a second or two.
-FAST_PAGES = {"docs/architecture.md", "docs/backends.md", "docs/optimizers.md"}
+FAST_PAGES = {
+  "docs/architecture.md",
+  "docs/backends.md",
+  "docs/benchmarks.md",
+  "docs/optimizers.md",
+}
 
 
 @dataclasses.dataclass
@@ -149,8 +165,6 @@ def blocks(page: str) -> list[Block]:
 
 
 def _reason(block: Block) -> str | None:
-  if block.page in NOT_RUN_PAGES:
-    return "benchmark page"
   for (page, marker), reason in NOT_RUN.items():
     if page == block.page and marker in block.text:
       return reason
@@ -263,6 +277,73 @@ def _run_sh(block: Block, workspace: Workspace) -> None:
   assert done.returncode == 0, f"{block}:\n{done.stderr[-2000:]}"
 
 
+class _Parsed(Exception):
+  """Raised by a benchmark's parser once it has accepted the arguments."""
+
+  def __init__(self, namespace):
+    super().__init__()
+    self.namespace = namespace
+
+
+_PARSE_ARGS = argparse.ArgumentParser.parse_args
+
+
+def _parse_then_stop(parser, args=None, namespace=None):
+  raise _Parsed(_PARSE_ARGS(parser, args, namespace))
+
+
+def _benchmark_commands(block: Block) -> list[list[str]]:
+  """The block's commands, environment settings dropped, `...` expanded."""
+  out: list[list[str]] = []
+  for argv in _commands(block.text):
+    while argv and re.match(r"^[A-Z_]+=", argv[0]):
+      argv = argv[1:]
+    if argv[0] == "...":
+      assert out, f"{block}: `...` with no command above it"
+      script = next(i for i, a in enumerate(out[-1]) if a.endswith(".py"))
+      argv = out[-1][: script + 1] + argv[1:]
+    out.append([PLACEHOLDERS.get(a, a) for a in argv])
+  return out
+
+
+def _check_benchmark_sh(block: Block, monkeypatch) -> None:
+  """A benchmark page's commands name what exists, with flags it accepts."""
+  for argv in _benchmark_commands(block):
+    if argv[0] == "make":
+      with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
+        targets = re.findall(r"^([\w-]+):", f.read(), re.M)
+      assert argv[1] in targets, f"{block}: no Makefile target {argv[1]!r}"
+      continue
+    assert argv[0] == "python" and argv[1].startswith("benchmarks/"), (
+      f"{block}: not a benchmark command: {' '.join(argv)}"
+    )
+    path = os.path.join(ROOT, argv[1])
+    assert os.path.isfile(path), f"{block}: {argv[1]} does not exist"
+    with open(path, encoding="utf-8") as f:
+      if "def main(argv" not in f.read():
+        continue  # a script that reads sys.argv itself (kernel_ops_threads)
+    monkeypatch.syspath_prepend(os.path.dirname(path))
+    spec = importlib.util.spec_from_file_location(
+      "_doc_" + os.path.basename(path)[:-3], path
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", _parse_then_stop)
+    try:
+      with pytest.raises(_Parsed) as parsed:
+        module.main(argv[2:])
+    except SystemExit as e:  # argparse printed why
+      raise AssertionError(
+        f"{block}: {argv[1]} refuses its arguments: {' '.join(argv[2:])}"
+      ) from e
+    finally:
+      monkeypatch.setattr(argparse.ArgumentParser, "parse_args", _PARSE_ARGS)
+    impls = getattr(parsed.value.namespace, "impls", None)
+    if impls and hasattr(module, "IMPLS"):
+      unknown = set(impls.split(",")) - set(module.IMPLS)
+      assert not unknown, f"{block}: unknown --impls {sorted(unknown)}"
+
+
 def _run_gin(block: Block, workspace: Workspace) -> None:
   """Parses the block as `recsys train --gin_file` would, folders bound, and
   builds what `train` would get: its data source, optimizers, schedules."""
@@ -294,7 +375,7 @@ def _stand_ins(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, module_name, module)
 
 
-def _run_page(page: str, workspace: Workspace) -> None:
+def _run_page(page: str, workspace: Workspace, monkeypatch) -> None:
   namespace: dict = {"__name__": "__main__"}
   previous = os.getcwd()
   os.chdir(workspace.path)
@@ -305,6 +386,8 @@ def _run_page(page: str, workspace: Workspace) -> None:
       if block.language == "python":
         code = compile(block.text, f"{page}:{block.line}", "exec")
         exec(code, namespace)  # pylint: disable=exec-used
+      elif block.language == "sh" and page in BENCHMARK_PAGES:
+        _check_benchmark_sh(block, monkeypatch)
       elif block.language == "sh":
         _run_sh(block, workspace)
       elif block.language == "gin":
@@ -336,7 +419,7 @@ def _page_params():
 @pytest.mark.parametrize("page", _page_params())
 def test_every_block_of_the_page_runs_as_written(page, workspace, monkeypatch):
   _stand_ins(monkeypatch)
-  _run_page(page, workspace)
+  _run_page(page, workspace, monkeypatch)
 
 
 def test_every_block_says_what_it_is_and_every_exception_is_used():

@@ -408,7 +408,11 @@ def _sigterm_exits_143() -> Iterator[None]:
 
 def cmd_train(args: argparse.Namespace) -> int:
   metrics = _call_train(args)
-  print(json.dumps(metrics, indent=2, sort_keys=True))
+  from recsys.training import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+
+  # In a multi-worker run every worker returns the metrics; one prints them.
+  if strategy_lib.is_chief_task():
+    print(json.dumps(metrics, indent=2, sort_keys=True))
   return 0
 
 
@@ -456,6 +460,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+  """What `recsys train` with the same flags would run on, and its tables.
+
+  With gin files, the strategy is the one `train` builds from them (e.g.
+  cpu_2replicas.gin's two mirrored replicas), and the memory plan comes
+  from the data source, or from its gin settings when its files are not
+  there yet (a folder macro may stay unbound).
+  """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   import recsys  # pylint: disable=g-import-not-at-top
@@ -473,16 +484,25 @@ def cmd_info(args: argparse.Namespace) -> int:
     f"Keras {keras_version} ({tf.keras.__name__.split('.')[0]}), "
     f"Python {platform.python_version()}"
   ]
-  strategy, _ = strategy_lib.make_strategy(args.tpu)
   missing = config.register_all()
   if missing:
     lines.append(f"could not import: {', '.join(missing)}")
   feature_config, optimizer, backend = None, None, args.backend or "auto"
+  note = ""
   if args.gin_file:
-    from recsys.training.train import configured_embedding  # pylint: disable=g-import-not-at-top
+    from recsys.training.train import (  # pylint: disable=g-import-not-at-top
+      configured_embedding,
+      configured_strategy,
+    )
 
-    config.parse(args.gin_file, args.gin_bindings)
-    feature_config, optimizer, backend = configured_embedding(args.backend)
+    # Not finalized: a data folder's required macro may stay unbound here.
+    config.parse(args.gin_file, args.gin_bindings, finalize=False)
+    strategy, _ = configured_strategy(args.tpu)
+    feature_config, optimizer, backend, note = configured_embedding(
+      args.backend
+    )
+  else:
+    strategy, _ = strategy_lib.make_strategy(args.tpu)
   from recsys import planning  # pylint: disable=g-import-not-at-top
 
   lines.append(
@@ -490,6 +510,8 @@ def cmd_info(args: argparse.Namespace) -> int:
       strategy, feature_config, optimizer=optimizer, backend=backend
     )
   )
+  if note:
+    lines.append(note)
   from backends import kernels  # pylint: disable=g-import-not-at-top
 
   lines.append(f"fused CPU kernels (tensorcore on CPU): {kernels.status()}")
@@ -580,7 +602,7 @@ def _run_command(args: argparse.Namespace) -> int:
       return exit_code
     if args.verbose:
       raise
-    return _report(args.command, e)
+    return _report(args.command, e, 2 if _is_configuration_error(e) else 1)
   except Exception as e:  # noqa: BLE001 - TF's errors raised inside a step
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -589,19 +611,42 @@ def _run_command(args: argparse.Namespace) -> int:
     return _report(args.command, e)
 
 
-def _report(command: str, error: BaseException) -> int:
-  """Prints a failed command's error in one line; the exit code, 1."""
+def _report(command: str, error: BaseException, exit_code: int = 1) -> int:
+  """Prints a failed command's error in one line; returns `exit_code`."""
   print(
     f"recsys {command}: {type(error).__name__}: {_short(error)}\n(run "
     "with --verbose for the traceback)",
     file=sys.stderr,
   )
-  return 1
+  return exit_code
+
+
+def _is_configuration_error(error: BaseException) -> bool:
+  """Whether the settings asked for what cannot be (exit status 2, as gin
+  and flag errors): an unknown backend, option or preset, a backend that
+  cannot run under this strategy, trainer settings that do not fit."""
+  from backends import base, registry  # pylint: disable=g-import-not-at-top
+  from recsys.training import settings  # pylint: disable=g-import-not-at-top
+
+  return isinstance(
+    error,
+    (
+      registry.UnknownBackendError,
+      registry.UnknownBackendOptionError,
+      base.UnsupportedConfigError,
+      base.BackendUnavailableError,
+      settings.TrainerConfigError,
+    ),
+  ) and not isinstance(error, base.UnsupportedInputError)
 
 
 def _short(error: BaseException) -> str:
-  """An error's own message: TF's OpErrors without their graph-node trail."""
+  """An error's own message: TF's OpErrors without their graph-node trail,
+  without the "In call to configurable ..." line gin adds."""
+  from recsys import _gin_compat  # pylint: disable=g-import-not-at-top
+
   message = getattr(error, "message", None) or str(error)
+  message = _gin_compat.without_call_trail(str(message))
   kept = [
     line
     for line in str(message).splitlines()

@@ -118,8 +118,9 @@ def missing_message(variant: str, data_dir: str, problem: str) -> str:
     )
   else:
     where = (
-      f"the GroupLens files {files} (unzip {URLS[variant]}), or pass "
-      "download=True on a machine that is online"
+      f"the GroupLens files {files} (unzip {URLS[variant]}), or let recsys "
+      "fetch them on a machine that is online: --gin_bindings "
+      "'MovieLens.download = True' (download=True in Python)"
     )
   return f"MovieLens {variant}: {problem}; put {where} in {data_dir!r}."
 

@@ -17,6 +17,7 @@ before anything is built (`TrainerConfigError`).
 """
 
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,6 +26,8 @@ from recsys._keras import keras, tf
 from recsys.data.from_dataset import DatasetSource
 from recsys.data.pipeline import DataSource
 from recsys.errors import RecsysError
+
+log = logging.getLogger("recsys.training")
 
 
 class TrainerConfigError(RecsysError, ValueError):
@@ -194,6 +197,12 @@ def dataset_sources(
       f"got a {type(source).__name__}."
     )
   eval_ds = eval_source if datasets[1] else None
+  if eval_source is None:
+    log.warning(
+      "no eval_source: evaluation scores the training dataset itself, so its "
+      "eval/ metrics measure fit, not generalization; pass "
+      "eval_source=<a held-out tf.data.Dataset> to score unseen examples."
+    )
   wrapped = DatasetSource(source, feature_config, eval_dataset=eval_ds)
   return wrapped, (
     None if eval_ds is not None or eval_source is None else eval_source

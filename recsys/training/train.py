@@ -27,7 +27,7 @@ from typing import Any
 
 import gin
 
-from recsys import config
+from recsys import _gin_compat, config
 from recsys import features as features_lib
 from recsys._keras import keras, tf
 from recsys.training import strategy as strategy_lib
@@ -69,25 +69,68 @@ def configured_strategy(
 
 def configured_embedding(
   backend: str | None = None,
-) -> tuple[dict[str, Any] | None, Any, str]:
-  """`(feature_config, embedding_optimizer, backend)` of the parsed config.
+) -> tuple[dict[str, Any] | None, Any, str, str]:
+  """`(feature_config, embedding_optimizer, backend, note)` of the config.
 
   What `recsys info` plans memory for: the tables `train` would build from
   `train.data` and `train.embedding` (None without `train.data`), the
   embedding optimizer (the trainer's default without one) and the backend
-  request (`backend` overrides `train.backend`).
+  request (`backend` overrides `train.backend`). When the data source cannot
+  be built here (its files are not downloaded yet, its folder's macro is
+  unbound), the tables come from the sizes its settings give, if it can
+  tell them without its files (`feature_specs_without_files`), and `note`
+  says so; otherwise feature_config is None and `note` says why.
   """
-  source = config.value("train.data")
+  specs, note = _feature_specs()
   feature_config = None
-  if source is not None:
+  if specs is not None:
     feature_config = features_lib.feature_config(
-      _instance(source).feature_specs, config.value("train.embedding")
+      specs, config.value("train.embedding")
     )
   optimizer = config.value("train.embedding_optimizer")
   if optimizer is None:
     optimizer = default_embedding_optimizer()
   backend = backend or config.value("train.backend") or "auto"
-  return feature_config, optimizer, backend
+  return feature_config, optimizer, backend, note
+
+
+def _feature_specs() -> tuple[list[Any] | None, str]:
+  """The data source's feature specs, built or planned without its files."""
+  found = _gin_compat.referenced_configurable("train.data")
+  settings: dict[str, Any] = {}
+  unbound = []
+  for name, value in (found[1] if found else {}).items():
+    try:
+      settings[name] = _gin_compat.evaluate(value)
+    except (OSError, ValueError, RuntimeError):
+      continue
+    if settings[name] is gin.REQUIRED:  # e.g. CRITEO_DIR not bound yet
+      unbound.append(str(value).lstrip("%"))
+      del settings[name]
+  if unbound:
+    reason = f"{', '.join(unbound)} is not bound"
+  else:
+    try:
+      source = config.value("train.data")
+      if source is None:
+        return None, ""
+      return list(_instance(source).feature_specs), ""
+    except (OSError, ValueError, RuntimeError) as e:  # e.g. no files yet
+      reason = _gin_compat.without_call_trail(str(e)).strip()
+  plan = (
+    getattr(found[0], "feature_specs_without_files", None) if found else None
+  )
+  specs = plan(**settings) if plan is not None else None
+  name = found[0].__name__ if found else "train.data"
+  if specs is None:
+    return None, (
+      f"no memory plan: {name} takes its vocabulary sizes from its files, "
+      f"which cannot be read here ({reason})"
+    )
+  return specs, (
+    f"planned from {name}'s vocabulary sizes in the gin config, without "
+    f"its data files ({reason})"
+  )
 
 
 @gin.configurable("train")

@@ -384,7 +384,8 @@ class Trainer:
 
     Returns:
       The final metrics: `train/loss`, `train/<metric>`, `eval/<metric>`,
-      `examples_per_second`, `step`, and the source's known optimum
+      `examples_per_second_steady` and `examples_per_second_whole_run`
+      (`run_summaries.throughput`), `step`, and the source's known optimum
       (`bayes_auc`, ...) when it reports one.
 
     Raises:
@@ -427,8 +428,8 @@ class Trainer:
     )
     bar = self._progress(step)
     results: dict[str, float] = {}
-    throughput = []
-    start_step, start_time = step, time.time()
+    loops: list[tuple[int, float]] = []  # (steps, seconds) of each loop
+    start_time = time.time()
     while step < self.train_steps:
       end = self._next_boundary(step)
       self.loss_metric.reset_state()
@@ -447,8 +448,7 @@ class Trainer:
       results["train/loss"] = float(self.loss_metric.result())
       elapsed = time.time() - t0
       examples_per_second = (end - step) * self.global_batch_size / elapsed
-      if step > start_step or end == self.train_steps:
-        throughput.append((end - step, elapsed))
+      loops.append((end - step, elapsed))
       step = end
       results["learning_rate"] = run_summaries.learning_rate(
         self.dense_optimizer
@@ -491,15 +491,15 @@ class Trainer:
       bar.close()
     self.checkpoints.save_if_new(step)
     final = dict(results)
+    final.pop("examples_per_second", None)  # the last loop's; the run's:
+    final.update(
+      run_summaries.throughput(
+        loops, time.time() - start_time, self.global_batch_size
+      )
+    )
     final.update(self.evaluate())
     self._log_eval(final, step)
-    steps_timed = sum(n for n, _ in throughput)
-    seconds = sum(t for _, t in throughput)
     final["step"] = step
-    if seconds > 0:
-      final["examples_per_second"] = (
-        steps_timed * self.global_batch_size / seconds
-      )
     final["elapsed_seconds"] = time.time() - start_time
     final.update(self.optimum())
     self.write_metrics(final)
@@ -581,7 +581,8 @@ class Trainer:
     self.steps.reset_eval_metrics()
     for m in self.model.metrics:
       m.reset_state()
-    self.steps.eval_loop(dataset)
+    with loop_lib.quiet_dataset_options_warning():  # traced on first use
+      self.steps.eval_loop(dataset)
     examples = int(self.steps.eval_examples.result())
     if not examples:
       source = type(self.eval_source).__name__

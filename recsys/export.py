@@ -286,7 +286,18 @@ class ServingModule(tf.Module):
     }
 
 
-def export(trainer: Any, export_dir: str, k: int = 100) -> str:
+#: Where `recsys export` says what was exported (model dir, step, changed
+#: settings, input files), inside the SavedModel folder: TF Serving's
+#: folder for extra files, which loaders ignore.
+PROVENANCE_FILE = os.path.join("assets.extra", "recsys_export.json")
+
+
+def export(
+  trainer: Any,
+  export_dir: str,
+  k: int = 100,
+  extra_files: Mapping[str, str] | None = None,
+) -> str:
   """Writes a CPU-serving SavedModel of a trainer's (restored) model.
 
   Args:
@@ -295,6 +306,8 @@ def export(trainer: Any, export_dir: str, k: int = 100) -> str:
     export_dir: the SavedModel directory: created, or replaced whole if it
       holds a SavedModel (a kill midway leaves the previous one).
     k: retrieval only: candidates returned per query.
+    extra_files: relative path -> text, written into the SavedModel folder
+      with it (e.g. `PROVENANCE_FILE`).
 
   Returns:
     `export_dir`.
@@ -332,6 +345,11 @@ def export(trainer: Any, export_dir: str, k: int = 100) -> str:
   ) as tmp:
     signatures = module.signatures()
     tf.saved_model.save(module, tmp, signatures=signatures)
+    for name, text in (extra_files or {}).items():
+      path = os.path.join(tmp, name)
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
   log.info("exported signatures: %s", ", ".join(sorted(signatures)))
   return export_dir
 
@@ -344,4 +362,10 @@ def _is_saved_model(path: str) -> bool:
   )
 
 
-__all__ = ["ServingModule", "export", "input_signature", "to_features"]
+__all__ = [
+  "PROVENANCE_FILE",
+  "ServingModule",
+  "export",
+  "input_signature",
+  "to_features",
+]

@@ -24,9 +24,31 @@ NUM_DENSE = 13
 NUM_CATEGORICAL = 26
 DENSE_NAMES = tuple(f"I{i}" for i in range(1, NUM_DENSE + 1))
 CATEGORICAL_NAMES = tuple(f"C{i}" for i in range(1, NUM_CATEGORICAL + 1))
-#: A dense value: empty, or an integer that float32 holds (at most 38 digits;
-#: 40 digits became inf). A lone '-' is not a number.
-DENSE_PATTERN = r"(-?[0-9]{1,38})?"
+
+
+def _digits_at_most(bound: str) -> str:
+  """RE2 alternatives matching the decimals of `len(bound)` digits <= bound."""
+  alternatives = []
+  for i, digit in enumerate(bound):
+    if digit != "0":
+      rest = len(bound) - i - 1
+      tail = f"[0-9]{{{rest}}}" if rest else ""
+      alternatives.append(f"{bound[:i]}[0-{int(digit) - 1}]{tail}")
+  alternatives.append(bound)
+  return "|".join(alternatives)
+
+
+INT64_MAX = 2**63 - 1
+#: A dense value: empty, or a count that fits a 64-bit integer (leading
+#: zeros allowed): at most 18 significant digits, or 19 up to 2**63 - 1
+#: (down to -2**63). A lone '-' is not a number, nor 1e3 nor 1.5.
+DENSE_PATTERN = (
+  f"(-0*([0-9]{{1,18}}|{_digits_at_most(str(INT64_MAX + 1))})"
+  f"|0*([0-9]{{1,18}}|{_digits_at_most(str(INT64_MAX))}))?"
+)
+#: A categorical value: anything but a column separator or a line end (no
+#: TSV line can carry one in a column).
+CATEGORICAL_PATTERN = r"[^\t\n]*"
 
 
 class CriteoRawParser(RawParser):
@@ -91,9 +113,11 @@ class CriteoRawParser(RawParser):
       raw: column name -> string `[B]`; "dense" is built when I1 is present
         (then all of I1..I13 must be).
       feature_names: the categorical features to build.
-      validate: check that every dense value is an integer or empty (an
-        InvalidArgumentError naming the column and row otherwise). The reader
-        passes False: its line pattern has checked the columns already.
+      validate: check that every dense value is an integer that fits int64
+        or empty, and that no categorical value holds a tab or newline (an
+        InvalidArgumentError naming the column and row otherwise). The
+        reader passes False: its line pattern has checked the columns
+        already.
     """
     features: dict[str, Any] = {}
     if DENSE_NAMES[0] in raw:
@@ -111,6 +135,8 @@ class CriteoRawParser(RawParser):
     categorical = {}
     for name in feature_names:
       values = tf.convert_to_tensor(raw[name], tf.string)
+      if validate:
+        values = _checked_categorical(name, values)
       categorical[name] = tf.where(
         values == "", tf.constant(0, tf.int64), self._ids(name, values)
       )
@@ -137,7 +163,33 @@ class CriteoRawParser(RawParser):
 
 def _checked_dense(name: str, column: tf.Tensor) -> tf.Tensor:
   """`column`, after asserting that each value is an integer or empty."""
-  ok = tf.strings.regex_full_match(column, DENSE_PATTERN)
+  return _checked(
+    name,
+    column,
+    tf.strings.regex_full_match(column, DENSE_PATTERN),
+    "; expected an integer as text that fits 64 bits (an optional minus "
+    f"sign and digits, from -{INT64_MAX + 1} to {INT64_MAX}) or the empty "
+    "string for a missing value.",
+  )
+
+
+def _checked_categorical(name: str, column: tf.Tensor) -> tf.Tensor:
+  """`column`, after asserting that no value holds a tab or a newline."""
+  ok = tf.strings.regex_full_match(column, CATEGORICAL_PATTERN)
+  return _checked(
+    name,
+    column,
+    ok,
+    "; expected one TSV column's value, which holds no tab or newline "
+    "(the empty string for a missing value).",
+  )
+
+
+def _checked(
+  name: str, column: tf.Tensor, ok: tf.Tensor, expected: str
+) -> tf.Tensor:
+  """`column`, after asserting `ok` `[B]`; the message names the column,
+  the first bad row and its value (a tab or newline shown as \\t, \\n)."""
 
   def message():
     row = tf.argmin(tf.cast(ok, tf.int32), output_type=tf.int32)
@@ -148,6 +200,8 @@ def _checked_dense(name: str, column: tf.Tensor) -> tf.Tensor:
       errors="replace",
       replacement_char=0xFFFD,
     )
+    value = tf.strings.regex_replace(value, "\t", "\\\\t")
+    value = tf.strings.regex_replace(value, "\n", "\\\\n")
     # No quotes: TF escapes them in an assertion's message.
     return tf.strings.join(
       [
@@ -157,9 +211,7 @@ def _checked_dense(name: str, column: tf.Tensor) -> tf.Tensor:
         value,
         "] at row ",
         tf.strings.as_string(row),
-        "; expected an integer as text (an optional "
-        "minus sign and 1 to 38 digits) or the empty string for a missing "
-        "value.",
+        expected,
       ]
     )
 

@@ -50,7 +50,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from backends import serving
-from recsys import atomic_dir
+from recsys import atomic_dir, serving_checks
 from recsys._keras import keras, tf
 from recsys.data.raw import RawParser
 from recsys.data.spec import FeatureSpec
@@ -96,7 +96,11 @@ def to_features(
   """Raw signature inputs -> a batch's `features` dict (the data contract).
 
   Padded `[B, W]` ids (-1 = padding) become `tf.RaggedTensor` `[B, None]`.
+  Shapes and ids are checked first (`serving_checks`: an error naming the
+  inputs and shapes, or the feature, row and id).
   """
+  inputs = serving_checks.checked_shapes(inputs)
+  inputs = serving_checks.checked_ids(inputs, specs, names)
   by_name = {s.name: s for s in specs}
   categorical, weights = {}, {}
   for name in names:
@@ -226,6 +230,7 @@ class ServingModule(tf.Module):
     self, inputs: Mapping[str, tf.Tensor], names: Sequence[str]
   ):
     """Raw inputs -> (features of `names`, `unknown_<input>` flags)."""
+    inputs = serving_checks.checked_shapes(inputs)
     features = self._parser.parse_raw(inputs, names)
     unknown = {
       f"unknown_{k}": v for k, v in self._parser.unknown(inputs).items()

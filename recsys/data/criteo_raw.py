@@ -121,22 +121,28 @@ class CriteoRawParser(RawParser):
     """
     features: dict[str, Any] = {}
     if DENSE_NAMES[0] in raw:
-      columns = []
-      for name in DENSE_NAMES:
-        column = tf.convert_to_tensor(raw[name], tf.string)
-        if validate:
-          column = _checked_dense(name, column)
-        columns.append(column)
-      text = tf.stack(columns, axis=1)
+      text = tf.stack(
+        [tf.convert_to_tensor(raw[n], tf.string) for n in DENSE_NAMES], axis=1
+      )
+      if validate:
+        text = _checked(DENSE_NAMES, text, DENSE_PATTERN, _DENSE_EXPECTED)
       text = tf.where(text == "", "0", text)
       features["dense"] = tf.math.log1p(
         tf.maximum(tf.strings.to_number(text, tf.float32), 0.0)
       )
+    columns = {
+      n: tf.convert_to_tensor(raw[n], tf.string) for n in feature_names
+    }
+    if validate and columns:  # one check of every column, as one table
+      table = _checked(
+        list(columns),
+        tf.stack(list(columns.values()), axis=1),
+        CATEGORICAL_PATTERN,
+        _CATEGORICAL_EXPECTED,
+      )
+      columns = dict(zip(columns, tf.unstack(table, len(columns), axis=1)))
     categorical = {}
-    for name in feature_names:
-      values = tf.convert_to_tensor(raw[name], tf.string)
-      if validate:
-        values = _checked_categorical(name, values)
+    for name, values in columns.items():
       categorical[name] = tf.where(
         values == "", tf.constant(0, tf.int64), self._ids(name, values)
       )
@@ -161,40 +167,32 @@ class CriteoRawParser(RawParser):
     return tf.strings.to_hash_bucket_fast(values, size - 1) + 1
 
 
-def _checked_dense(name: str, column: tf.Tensor) -> tf.Tensor:
-  """`column`, after asserting that each value is an integer or empty."""
-  return _checked(
-    name,
-    column,
-    tf.strings.regex_full_match(column, DENSE_PATTERN),
-    "; expected an integer as text that fits 64 bits (an optional minus "
-    f"sign and digits, from -{INT64_MAX + 1} to {INT64_MAX}) or the empty "
-    "string for a missing value.",
-  )
-
-
-def _checked_categorical(name: str, column: tf.Tensor) -> tf.Tensor:
-  """`column`, after asserting that no value holds a tab or a newline."""
-  ok = tf.strings.regex_full_match(column, CATEGORICAL_PATTERN)
-  return _checked(
-    name,
-    column,
-    ok,
-    "; expected one TSV column's value, which holds no tab or newline "
-    "(the empty string for a missing value).",
-  )
+_DENSE_EXPECTED = (
+  "; expected an integer as text that fits 64 bits (an optional minus sign "
+  f"and digits, from -{INT64_MAX + 1} to {INT64_MAX}) or the empty string "
+  "for a missing value."
+)
+_CATEGORICAL_EXPECTED = (
+  "; expected one TSV column's value, which holds no tab or newline (the "
+  "empty string for a missing value)."
+)
 
 
 def _checked(
-  name: str, column: tf.Tensor, ok: tf.Tensor, expected: str
+  names: Sequence[str], table: tf.Tensor, pattern: str, expected: str
 ) -> tf.Tensor:
-  """`column`, after asserting `ok` `[B]`; the message names the column,
-  the first bad row and its value (a tab or newline shown as \\t, \\n)."""
+  """`table` `[B, C]` (column c is raw feature `names[c]`), after asserting
+  that every value matches `pattern`; the message names the first bad
+  value's column and row and shows it (a tab or newline as \\t, \\n)."""
+  ok = tf.strings.regex_full_match(table, pattern)
 
   def message():
-    row = tf.argmin(tf.cast(ok, tf.int32), output_type=tf.int32)
+    first = tf.argmin(
+      tf.reshape(tf.cast(ok, tf.int32), [-1]), output_type=tf.int32
+    )
+    row, col = first // len(names), first % len(names)
     value = tf.strings.unicode_transcode(  # a message must be valid UTF-8
-      tf.strings.substr(column[row], 0, 100),
+      tf.strings.substr(table[row, col], 0, 100),
       "UTF-8",
       "UTF-8",
       errors="replace",
@@ -206,7 +204,7 @@ def _checked(
     return tf.strings.join(
       [
         "Criteo raw feature ",
-        name,
+        tf.gather(tf.constant(list(names)), col),
         " got [",
         value,
         "] at row ",
@@ -218,7 +216,7 @@ def _checked(
   all_ok = tf.reduce_all(ok)
   text = tf.cond(all_ok, lambda: tf.constant(""), message)
   with tf.control_dependencies([tf.debugging.Assert(all_ok, [text])]):
-    return tf.identity(column)
+    return tf.identity(table)
 
 
 __all__ = [

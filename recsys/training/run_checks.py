@@ -47,9 +47,10 @@ class RunChanges:
 
   def lines(self) -> list[str]:
     """One line per change: `key: old -> new`, then `file <what changed>`."""
-    return [f"{key}: {old} -> {new}" for key, old, new in self.settings] + [
-      f"file {line}" for line in self.files
-    ]
+    return [
+      f"{key.rstrip('.')}: {old} -> {new}"  # a macro's key is "NAME."
+      for key, old, new in self.settings
+    ] + [f"file {line}" for line in self.files]
 
 
 def compare(

@@ -91,7 +91,8 @@ class RatingOrigins:
   @classmethod
   def joined(cls, parts: Sequence["RatingOrigins"]) -> "RatingOrigins":
     """The origins of ratings read from `parts` one after the other."""
-    paths, files, lines = [], [], []
+    paths: list[str] = []
+    files, lines = [], []
     for part in parts:
       files.append(part.file + len(paths))
       paths.extend(part.paths)

@@ -32,6 +32,7 @@ Example:
 
 import datetime
 import json
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -39,6 +40,8 @@ from typing import Any
 
 from recsys.training import lock as lock_lib
 from recsys.training import run_checks, run_configs, run_files, run_inputs
+
+log = logging.getLogger("recsys.training")
 
 CHECKPOINTS_DIR = "checkpoints"
 OPERATIVE_CONFIG_FILE = "operative_config.gin"
@@ -152,12 +155,21 @@ class RunDir:
     """
     if not self.chief:
       return run_checks.RunChanges()
+    old_files = self.read_input_files()
     recorded = (
       self._read(self.operative_config),
       config_text,
-      self.read_input_files(),
+      old_files,
       files,
     )
+    for path in run_inputs.unverified_files(old_files or {}, files):
+      log.warning(
+        "%s was modified since the run read it; its size and first and last "
+        "%d bytes are the same (a file this large is not hashed whole), so "
+        "it is taken for the same data.",
+        path,
+        run_inputs.EDGE_BYTES,
+      )
     changes = run_checks.compare(*recorded)
     refused = (
       run_checks.compare(*recorded, other_data=True) if other_data else changes

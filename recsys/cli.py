@@ -170,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     help="evaluate the latest checkpoint of a model dir.",
     description="Restore the latest checkpoint of --model_dir and evaluate "
     "it; prints the metrics as JSON and, if the model dir is writable, "
-    "keeps them in eval_metrics.json (nothing else is written). Without "
+    "keeps them in eval_metrics.json (nothing else is written, but a line "
+    "in changed_settings.jsonl for allowed changes). Without "
     "--gin_file the run's own operative_config.gin is used; settings or "
     "data files that differ from the run's are refused, naming them "
     "(--eval_on NAME evaluates on other data on purpose).",

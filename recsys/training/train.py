@@ -31,6 +31,7 @@ from recsys import config
 from recsys import features as features_lib
 from recsys._keras import keras, tf
 from recsys.training import strategy as strategy_lib
+from recsys.training.run_checks import RunChanges
 from recsys.training.settings import TrainSettings
 from recsys.training.trainer import Trainer, default_embedding_optimizer
 
@@ -170,10 +171,10 @@ def train(
 
 def evaluate_restored(
   trainer: Trainer, other_data: bool = False
-) -> tuple[dict[str, Any], Any]:
+) -> tuple[dict[str, Any], RunChanges]:
   """Evaluates a trainer's restored checkpoint, on the run's own data.
 
-  The settings and input files are checked against the run's first
+  The settings and input files are first checked against the run's
   (`Trainer.check_restored`): evaluating a model on a split it trained on
   is refused unless allowed.
 

@@ -46,20 +46,23 @@ def write_data(folder):
   )
 
 
+def train_argv(data, model_dir, *bindings):
+  """The arguments of `recsys train` of the tiny FM on `data`."""
+  return [
+    "train",
+    "--gin_file",
+    FM,
+    *flags(*TINY, f"MOVIELENS_DIR = '{data}'", *bindings),
+    "--model_dir",
+    str(model_dir),
+    "--no_progress",
+  ]
+
+
 def train(data, model_dir, *bindings):
-  """`recsys train` in this process; its exit code and stderr."""
+  """`recsys train` in this process; its exit code."""
   gin.clear_config()
-  code = cli.main(
-    [
-      "train",
-      "--gin_file",
-      FM,
-      *flags(*TINY, f"MOVIELENS_DIR = '{data}'", *bindings),
-      "--model_dir",
-      str(model_dir),
-      "--no_progress",
-    ]
-  )
+  code = cli.main(train_argv(data, model_dir, *bindings))
   gin.clear_config()
   return code
 
@@ -298,13 +301,7 @@ def test_an_empty_test_split_stops_training_before_its_first_step(tmp_path):
   data = write_data(tmp_path / "ml-100k")
   model_dir = tmp_path / "run"
   done = run_recsys(
-    "train",
-    "--gin_file",
-    FM,
-    *flags(*TINY, f"MOVIELENS_DIR = '{data}'", "MovieLens.test_fraction = 0.0"),
-    "--model_dir",
-    str(model_dir),
-    "--no_progress",
+    *train_argv(data, model_dir, "MovieLens.test_fraction = 0.0")
   )
   assert done.returncode == 1, done.stderr[-3000:]
   assert "MovieLens.test_fraction = 0.0 keeps every rating" in done.stderr

@@ -419,6 +419,21 @@ def test_movielens_ranking_raw_signature_scores_like_the_id_signature(
     True,
   ]
 
+  # Issue 28's red-team calls: user_id and item_id of different lengths,
+  # 2-D ids. Each refused at the entrance, naming the inputs' shapes.
+  def refused(inputs):
+    return server.serve(
+      tmp_path, export_dir, {"x": ("serving_raw", inputs)}, expect_error=True
+    )
+
+  error = refused({**raw, "item_id": raw["item_id"][:1]})
+  assert "serving inputs of shapes item_id [1], timestamp [11], " in error
+  assert "user_id [11]; expected item_id [B], timestamp [B], user_id [B]" in (
+    error
+  )
+  error = refused({**raw, "user_id": raw["user_id"][:, None]})
+  assert "user_id [11, 1]; expected" in error
+
 
 @pytest.mark.slow  # ~10 s: trains and exports a two-tower model on MovieLens
 def test_movielens_retrieval_raw_signatures_match_the_id_signatures(

@@ -71,15 +71,17 @@ def test_another_scale_is_declared_or_the_check_switched_off(tmp_path):
 
 def test_history_weights_divide_by_the_top_of_the_scale(tmp_path):
   """Ratings of at most 4 (no 5 in the training split): a weight is the
-  rating / 5, the scale's top, not / 4, the highest rating seen."""
+  rating / 5, the scale's top, not / 4, the highest rating seen (by
+  default; a declared scale's top; the highest rating without a scale)."""
   base = [(1, 1, 4, 1), (1, 2, 2, 2), (2, 1, 3, 3), (2, 2, 1, 4)]
   folder = write_fold(tmp_path / "ml-100k", base=base, test=[(10, 3, 4, 5)])
-  for scale, top in (("auto", 5.0), ((0, 8), 8.0), (None, 4.0)):
+  for scale, top in (
+    ({}, 5.0),
+    ({"rating_scale": (0, 8)}, 8.0),
+    ({"rating_scale": None}, 4.0),
+  ):
     source = MovieLens(
-      folder,
-      split="files",
-      history=UserHistory(weights="rating"),
-      rating_scale=scale,
+      folder, split="files", history=UserHistory(weights="rating"), **scale
     )
     parsed = source.raw_parser().parse_raw(
       {"user_id": np.array(["1", "2"])}, ["user_history"]

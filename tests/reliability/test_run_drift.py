@@ -10,6 +10,7 @@ naming the file). Training checks its evaluation split before its first
 step.
 """
 
+import functools
 import json
 import os
 import shutil
@@ -19,7 +20,11 @@ import pytest
 
 from recsys import cli, config
 from recsys.data.movielens_synthetic import write_ml100k_like
+from recsys.features import EmbeddingSettings
+from recsys.models import DLRM
+from recsys.training import EmptyEvalSetError, Trainer
 from tests.test_cli import run_recsys
+from tests.training.sources import ArraySource
 
 FM = os.path.join(config.EXPERIMENTS_DIR, "movielens_fm.gin")
 TINY = [  # the FM on user and item ids only: quick to trace
@@ -77,6 +82,19 @@ def run_in_process(capsys, *argv):
   return code, out.out, out.err
 
 
+def evaluate_on(capsys, model_dir, name, *bindings):
+  """`recsys evaluate --eval_on <name>` in this process, with `bindings`."""
+  return run_in_process(
+    capsys,
+    "evaluate",
+    "--model_dir",
+    model_dir,
+    "--eval_on",
+    name,
+    *flags(*bindings),
+  )
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
   """`(data folder, model dir)` of a 4-step FM run on split seed 0."""
@@ -123,15 +141,7 @@ def test_eval_on_other_data_writes_its_own_results(run, capsys):
   """Other data on purpose: its own file, the changes listed; the run's
   eval_metrics.json is not written."""
   _, model_dir = run
-  code, out, _ = run_in_process(
-    capsys,
-    "evaluate",
-    "--model_dir",
-    model_dir,
-    "--eval_on",
-    "seed1",
-    *flags("MovieLens.seed = 1"),
-  )
+  code, out, _ = evaluate_on(capsys, model_dir, "seed1", "MovieLens.seed = 1")
   assert code == 0
   printed = json.loads(out)
   assert printed["eval_on"] == "seed1"
@@ -153,22 +163,18 @@ def test_eval_on_other_data_writes_its_own_results(run, capsys):
 
 def test_eval_on_other_data_may_not_change_the_model(run, capsys):
   _, model_dir = run
-  code, _, err = run_in_process(
+  code, _, err = evaluate_on(
     capsys,
-    "evaluate",
-    "--model_dir",
     model_dir,
-    "--eval_on",
     "other",
-    *flags("MovieLens.seed = 1", "FactorizationMachine.global_bias = 3.0"),
+    "MovieLens.seed = 1",
+    "FactorizationMachine.global_bias = 3.0",
   )
   assert code == 1
   assert "FactorizationMachine.global_bias: 3.53 -> 3.0" in err
   assert "MovieLens.seed" not in err  # the data may change
   assert not (model_dir / "eval_metrics-other.json").exists()
-  code, _, err = run_in_process(
-    capsys, "evaluate", "--model_dir", model_dir, "--eval_on", "../x"
-  )
+  code, _, err = evaluate_on(capsys, model_dir, "../x")
   assert code == 1 and "--eval_on '../x': use a plain name" in err
 
 
@@ -230,7 +236,7 @@ def test_allowed_changes_are_recorded_in_the_run_and_the_output(
   assert log.read_text() == before
 
 
-@pytest.mark.slow  # ~10 s: three short trainings in this process
+@pytest.mark.slow  # ~20 s: two short trainings, a refused resume process
 def test_data_files_that_changed_since_training_are_refused(tmp_path, capsys):
   """u.data replaced by other ratings after training: resuming, evaluating
   and exporting the run are refused naming the file; a copy of the same
@@ -272,9 +278,12 @@ def test_data_files_that_changed_since_training_are_refused(tmp_path, capsys):
     assert f"file {u_data}: " in err and "other data" in err, argv
     assert "u.item" not in err
   assert not (tmp_path / "x").exists()
-  assert train(data, model_dir, "train.train_steps = 4") == 1
-  err = capsys.readouterr().err
+  # The issue's case, as a user runs it: a resume in a fresh process.
+  done = run_recsys(*train_argv(data, model_dir, "train.train_steps = 4"))
+  assert done.returncode == 1, done.stderr[-3000:]
+  err = done.stderr
   assert f"file {u_data}: " in err and "resuming would change" in err
+  assert "ChangedSettingsError" in err and "u.item" not in err
   assert not os.path.exists(model_dir / "checkpoints" / "ckpt-4.index")
 
   assert (
@@ -341,3 +350,23 @@ def test_criteo_without_evaluation_files_stops_before_training(
   assert code == 1
   assert "CriteoTSV has no evaluation files" in err
   assert not (model_dir / "checkpoints").exists()
+
+
+def test_any_sources_empty_evaluation_split_stops_training_first(tmp_path):
+  """The generic check (`DataSource.check_eval_split`): a source whose
+  evaluation split yields no example fails before the first step."""
+  trainer = Trainer(
+    str(tmp_path / "run"),
+    ArraySource(),
+    functools.partial(DLRM, bottom_mlp=(5,), top_mlp=(5,)),
+    eval_source=ArraySource(num_examples=0),
+    embedding=EmbeddingSettings(dim=5),
+    global_batch_size=8,
+    train_steps=2,
+    progress_bar=False,
+    summaries=False,
+  )
+  with pytest.raises(EmptyEvalSetError, match="split of ArraySource has no"):
+    trainer.train()
+  assert int(trainer.global_step.numpy()) == 0
+  assert not (tmp_path / "run" / "checkpoints").exists()

@@ -50,7 +50,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from backends import serving
-from recsys import atomic_dir
+from recsys import atomic_dir, serving_checks
 from recsys._keras import keras, tf
 from recsys.data.raw import RawParser
 from recsys.data.spec import FeatureSpec
@@ -96,7 +96,11 @@ def to_features(
   """Raw signature inputs -> a batch's `features` dict (the data contract).
 
   Padded `[B, W]` ids (-1 = padding) become `tf.RaggedTensor` `[B, None]`.
+  Shapes and ids are checked first (`serving_checks`: an error naming the
+  inputs and shapes, or the feature, row and id).
   """
+  inputs = serving_checks.checked_shapes(inputs)
+  inputs = serving_checks.checked_ids(inputs, specs, names)
   by_name = {s.name: s for s in specs}
   categorical, weights = {}, {}
   for name in names:
@@ -226,6 +230,7 @@ class ServingModule(tf.Module):
     self, inputs: Mapping[str, tf.Tensor], names: Sequence[str]
   ):
     """Raw inputs -> (features of `names`, `unknown_<input>` flags)."""
+    inputs = serving_checks.checked_shapes(inputs)
     features = self._parser.parse_raw(inputs, names)
     unknown = {
       f"unknown_{k}": v for k, v in self._parser.unknown(inputs).items()
@@ -286,7 +291,18 @@ class ServingModule(tf.Module):
     }
 
 
-def export(trainer: Any, export_dir: str, k: int = 100) -> str:
+#: Where `recsys export` says what was exported (model dir, step, changed
+#: settings, input files), inside the SavedModel folder: TF Serving's
+#: folder for extra files, which loaders ignore.
+PROVENANCE_FILE = os.path.join("assets.extra", "recsys_export.json")
+
+
+def export(
+  trainer: Any,
+  export_dir: str,
+  k: int = 100,
+  extra_files: Mapping[str, str] | None = None,
+) -> str:
   """Writes a CPU-serving SavedModel of a trainer's (restored) model.
 
   Args:
@@ -295,6 +311,8 @@ def export(trainer: Any, export_dir: str, k: int = 100) -> str:
     export_dir: the SavedModel directory: created, or replaced whole if it
       holds a SavedModel (a kill midway leaves the previous one).
     k: retrieval only: candidates returned per query.
+    extra_files: relative path -> text, written into the SavedModel folder
+      with it (e.g. `PROVENANCE_FILE`).
 
   Returns:
     `export_dir`.
@@ -332,6 +350,11 @@ def export(trainer: Any, export_dir: str, k: int = 100) -> str:
   ) as tmp:
     signatures = module.signatures()
     tf.saved_model.save(module, tmp, signatures=signatures)
+    for name, text in (extra_files or {}).items():
+      path = os.path.join(tmp, name)
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
   log.info("exported signatures: %s", ", ".join(sorted(signatures)))
   return export_dir
 
@@ -344,4 +367,10 @@ def _is_saved_model(path: str) -> bool:
   )
 
 
-__all__ = ["ServingModule", "export", "input_signature", "to_features"]
+__all__ = [
+  "PROVENANCE_FILE",
+  "ServingModule",
+  "export",
+  "input_signature",
+  "to_features",
+]

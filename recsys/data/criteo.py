@@ -16,9 +16,10 @@ Conventions (those of the DLRM and MLPerf references):
     or mapped through a vocabulary file (`<vocab_dir>/C<i>.txt`, one value per
     line, line n -> id n). Delivered as `features["categorical"]["C<i>"]`
     int64 `[B]`.
-  * malformed lines (wrong column count, label not 0/1, non-integer dense
-    value): `malformed="fail"` (default) stops with an InvalidArgumentError
-    naming file, line number and the reason; `malformed="skip"` drops them,
+  * malformed lines (wrong column count, label not 0/1, a dense value that
+    is not an integer or does not fit int64): `malformed="fail"` (default)
+    stops with an InvalidArgumentError naming file, line number and the
+    reason; `malformed="skip"` drops them,
     counts them (`malformed_lines()`), logs the first few and reports the
     total when a finite dataset ends.
   * damaged files: a `.gz` file that is not gzip, or that ends before its gzip
@@ -130,8 +131,8 @@ _REASONS = (
   "",
   "wrong number of tab-separated columns",
   "label is not 0 or 1",
-  "a dense (integer) column is not an integer (an optional '-' and 1 "
-  "to 38 digits, or empty)",
+  "a dense (integer) column is not an integer that fits 64 bits (an "
+  "optional '-' and digits, -2**63 to 2**63 - 1, or empty)",
   "the line is not valid UTF-8 text",
 )
 _DENSE = DENSE_PATTERN

@@ -31,6 +31,7 @@ from recsys import _gin_compat, config
 from recsys import features as features_lib
 from recsys._keras import keras, tf
 from recsys.training import strategy as strategy_lib
+from recsys.training.run_checks import RunChanges
 from recsys.training.settings import TrainSettings
 from recsys.training.trainer import Trainer, default_embedding_optimizer
 
@@ -204,12 +205,45 @@ def train(
   if action == "build":
     return trainer
   if action == "evaluate":
-    if not trainer.restored_step:
-      raise FileNotFoundError(
-        f"no checkpoint in {model_dir!r}/checkpoints to evaluate; train "
-        "first (recsys train ... --model_dir) or point --model_dir at a run."
-      )
-    results = trainer.evaluate()
-    results["step"] = trainer.restored_step
+    results, changes = evaluate_restored(trainer)
+    if changes:
+      trainer.run_dir.record_changes("evaluate", trainer.restored_step, changes)
     return results
   return trainer.train()
+
+
+def evaluate_restored(
+  trainer: Trainer, other_data: bool = False
+) -> tuple[dict[str, Any], RunChanges]:
+  """Evaluates a trainer's restored checkpoint, on the run's own data.
+
+  The settings and input files are first checked against the run's
+  (`Trainer.check_restored`): evaluating a model on a split it trained on
+  is refused unless allowed.
+
+  Args:
+    trainer: a Trainer built on a model dir with a checkpoint.
+    other_data: evaluate on other data on purpose (data settings and files
+      may differ; `recsys evaluate --eval_on`).
+
+  Returns:
+    `(results, changes)`: the eval metrics with `step` (and
+    `changed_settings`, the lines of `changes`, when something differs
+    from the run), and the `run_checks.RunChanges` to record.
+
+  Raises:
+    FileNotFoundError: the model dir has no checkpoint.
+    ChangedSettingsError: settings or files differ and that is not allowed.
+  """
+  if not trainer.restored_step:
+    raise FileNotFoundError(
+      f"no checkpoint in {trainer.model_dir!r}/checkpoints to evaluate; "
+      "train first (recsys train ... --model_dir) or point --model_dir at a "
+      "run."
+    )
+  changes = trainer.check_restored("evaluate", other_data=other_data)
+  results: dict[str, Any] = dict(trainer.evaluate())
+  results["step"] = trainer.restored_step
+  if changes:
+    results["changed_settings"] = changes.lines()
+  return results, changes

@@ -28,6 +28,8 @@ import gin
 from backends import hardware
 from recsys import features as features_lib
 from recsys._keras import keras, tf
+from recsys.data import errors as data_errors
+from recsys.data import pipeline as data_pipeline
 from recsys.data.from_dataset import DatasetSource
 from recsys.errors import RecsysError
 from recsys.models.base import RetrievalModel
@@ -38,6 +40,8 @@ from recsys.training import input as input_lib
 from recsys.training import loop as loop_lib
 from recsys.training import (
   model_args,
+  run_checks,
+  run_inputs,
   run_summaries,
   schedules,
 )
@@ -57,8 +61,7 @@ OPERATIVE_CONFIG_FILE = run_dir_lib.OPERATIVE_CONFIG_FILE
 TrainerConfigError = settings_lib.TrainerConfigError
 
 
-class EmptyEvalSetError(RecsysError, ValueError):
-  """The evaluation split has no example to score."""
+EmptyEvalSetError = data_errors.EmptyEvalSetError
 
 
 CorruptCheckpointError = checkpoints_lib.CorruptCheckpointError
@@ -407,18 +410,23 @@ class Trainer:
   def _train(self, stop: signals_lib.StopRequests) -> dict[str, float]:
     step = int(self.global_step.numpy())
     self.run_dir.refuse_links()  # before training: refused up front
-    if step:  # a resume: same math settings as the last run?
-      changes = self.run_dir.check_resume(
-        gin.operative_config_str(), step, self.allow_changed_settings
+    files = self.input_fingerprints() if self._chief else {}
+    if step:  # a resume: same math settings and data as the last run?
+      changes = self.run_dir.check(
+        "train",
+        gin.operative_config_str(),
+        files,
+        step,
+        self.allow_changed_settings,
       )
-      for key, old, new in changes:
-        log.warning(
-          "resuming with a changed setting (allowed): %s: %s -> %s",
-          key,
-          old,
-          new,
-        )
+      for line in changes.lines():
+        log.warning("resuming with a changed setting (allowed): %s", line)
+      if changes:
+        self.run_dir.record_changes("train", step, changes)
+    if step < self.train_steps:  # fail now, not after training
+      self.eval_source.check_eval_split()
     self.write_operative_config()
+    self.run_dir.write_input_files(files, step)
     # The settings next to the curves in TensorBoard.
     self._writers.write_config(gin.operative_config_str(), step)
     iterator = iter(
@@ -585,12 +593,8 @@ class Trainer:
       self.steps.eval_loop(dataset)
     examples = int(self.steps.eval_examples.result())
     if not examples:
-      source = type(self.eval_source).__name__
       raise EmptyEvalSetError(
-        f"the evaluation split of {source} has no example, so there is "
-        "nothing to score; give the source evaluation data (e.g. "
-        "num_eval_examples > 0, eval files that are not empty) or set "
-        "train.eval_data to a source that has some."
+        data_pipeline.empty_eval_message(self.eval_source)
       )
     results = run_summaries.flat_results(self.model.metrics, "eval", self._ks)
     results["eval/loss"] = float(
@@ -603,6 +607,42 @@ class Trainer:
   def optimum(self) -> dict[str, float]:
     """The source's known best metrics (`DataSource.known_optimum`)."""
     return run_summaries.known_optimum(self.eval_source, self._ks)
+
+  # -- the run's settings and data ------------------------------------------
+
+  def input_fingerprints(self, eval_only: bool = False) -> dict[str, Any]:
+    """Fingerprints of the files the sources read (`run_inputs`)."""
+    sources = (
+      [self.eval_source] if eval_only else [self.source, self.eval_source]
+    )
+    return run_inputs.fingerprints(p for s in sources for p in s.input_files())
+
+  def check_restored(
+    self, command: str, other_data: bool = False
+  ) -> run_checks.RunChanges:
+    """Before `command` ("evaluate", "export") uses the restored checkpoint:
+    the settings and input files are the run's (`run_checks`).
+
+    Args:
+      command: what is about to use the checkpoint.
+      other_data: data settings and files may differ (an evaluation on
+        other data on purpose).
+
+    Returns:
+      Every difference from the run (allowed: `train.allow_changed_settings`,
+      or data ones with `other_data`); the caller records them.
+
+    Raises:
+      ChangedSettingsError: something differs that is not allowed.
+    """
+    return self.run_dir.check(
+      command,
+      gin.operative_config_str(),
+      self.input_fingerprints(),
+      self.restored_step,
+      self.allow_changed_settings,
+      other_data=other_data,
+    )
 
   # -- files -----------------------------------------------------------------
 

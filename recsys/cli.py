@@ -163,6 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
   )
   _add_gin_flags(evaluate, required=False)
   evaluate.add_argument("--model_dir", required=True)
+  evaluate.add_argument(
+    "--exclude_seen",
+    action="store_true",
+    help="retrieval: rank for each held-out pair only the candidates its "
+    "user did not interact with in training (train.exclude_seen).",
+  )
   _add_runtime_flags(evaluate)
 
   export = _command(
@@ -328,6 +334,8 @@ def _bindings(args: argparse.Namespace) -> list[str]:
     bindings.append("train.allow_changed_settings = True")
   if getattr(args, "skip_memory_check", False):
     bindings.append("train.skip_memory_check = True")
+  if getattr(args, "exclude_seen", False):
+    bindings.append("train.exclude_seen = True")
   return bindings
 
 

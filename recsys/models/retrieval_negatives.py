@@ -171,7 +171,9 @@ class CandidateBank(keras.layers.Layer):
     """A new stateless-RNG seed `[2]` (the same on every replica)."""
     count = tf.identity(self.draws.read_value())
     self.draws.assign_add(1)
-    return tf.stack([tf.constant(self._salt, tf.int64), count])
+    # int32: XLA's stateless categorical takes no int64 seed.
+    count = tf.cast(count % (1 << 31), tf.int32)
+    return tf.stack([tf.constant(self._salt, tf.int32), count])
 
   def update(self, ids: tf.Tensor, embeddings: tf.Tensor) -> None:
     """Stores the batch's embeddings (constants) as their ids' rows (under a

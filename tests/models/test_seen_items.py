@@ -18,6 +18,7 @@ from recsys.models import (
   ModelConfigError,
   TwoTower,
   hit_rates,
+  make_serving_index,
   popularity_hit_rates,
 )
 from recsys.models.seen_items import SEEN_FEATURE, SeenItems
@@ -78,6 +79,34 @@ def test_index_query_with_exclusions_masks_exactly():
   np.testing.assert_array_equal(ids[0, 3:], [-1, -1])
 
 
+def test_tfrs_serving_index_takes_the_same_exclusions():
+  """`make_serving_index` (TFRS's BruteForce here) with TFRS's
+  `query_with_exclusions` and `SeenItems.padded`: the exact top k of the
+  unseen candidates, as `CorpusIndex` ranks them."""
+  rng = np.random.default_rng(4)
+  corpus, queries = rng.normal(size=(30, 5)), rng.normal(size=(6, 5))
+  users, items = _pairs(5, users=6, items=30, n=40)
+  seen = SeenItems.from_pairs(users, items, 6)
+  exclusions = seen.padded(np.arange(6))
+  serving = make_serving_index(
+    tf.constant(corpus, tf.float32),
+    tf.range(30, dtype=tf.int64),  # the ids `model.serving_index` passes
+    k=8,
+    use_scann="never",
+  )
+  _, got = serving.query_with_exclusions(
+    tf.constant(queries, tf.float32), exclusions
+  )
+  index = CorpusIndex(num_candidates=30, dim=5, k=8)
+  index.index(tf.constant(corpus, tf.float32), tf.range(30))
+  _, want = index.query_with_exclusions(
+    tf.constant(queries, tf.float32), exclusions
+  )
+  np.testing.assert_array_equal(got, want)
+  for row in range(6):
+    assert not set(got[row].numpy()) & set(items[users == row])
+
+
 def _numpy_hit_rates(q, c, cids, true, seen, ks):
   out = {k: 0 for k in ks}
   for row in range(len(q)):
@@ -118,14 +147,12 @@ def test_popularity_with_exclusions_is_the_most_popular_unseen():
   assert kept == {"top_1_hit_rate": 0.0, "top_2_hit_rate": 1 / 3}
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A two-tower trained a few steps on a finite synthetic split."""
+def _trainer(model_dir, **kwargs):
   source = SyntheticRetrieval(
     num_users=31, num_items=29, num_examples=600, num_eval_examples=70
   )
-  trainer = Trainer(
-    str(tmp_path_factory.mktemp("run")),
+  return Trainer(
+    str(model_dir),
     source,
     functools.partial(TwoTower, query_tower=(7,), candidate_tower=(7,)),
     embedding=EmbeddingSettings(dim=5),
@@ -137,7 +164,14 @@ def trained(tmp_path_factory):
     eval_steps=None,
     progress_bar=False,
     summaries=False,
+    **kwargs,
   )
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A two-tower trained a few steps on a finite synthetic split."""
+  trainer = _trainer(tmp_path_factory.mktemp("run"))
   trainer.train()
   return trainer
 
@@ -194,6 +228,16 @@ def test_evaluation_excludes_each_users_training_items(trained):
     excluded["eval/hit_rate/top_5_categorical_accuracy"]
     != (kept["eval/hit_rate/top_5_categorical_accuracy"])
   )
+
+
+def test_compiled_evaluation_excludes_the_same_items(trained):
+  """The eval step compiled with XLA (as on a TPU): the same hit rates."""
+  compiled = _trainer(trained.model_dir, jit_compile=True)
+  assert compiled.restored_step == 20 and compiled.steps.jit_compile
+  want = trained.evaluate(exclude_seen=True)
+  got = compiled.evaluate(exclude_seen=True)
+  for key, value in want.items():
+    np.testing.assert_allclose(got[key], value, rtol=1e-5, err_msg=key)
 
 
 def test_model_metric_reads_the_seen_feature(trained):

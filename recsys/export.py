@@ -35,6 +35,15 @@ Their outputs are those of the id signatures, plus `unknown_<input>` bool `[B]`
 retrieval, "candidate_raw_ids" (string `[B, k]`). Synthetic sources have no
 raw form and no raw signatures.
 
+Top k without what a user has seen (retrieval, when the source has a query
+id and a finite training split): "top_k" (the id signature's inputs) and
+"top_k_raw" (the raw signature's: for MovieLens only the raw user id), each
+with `exclude_seen` bool `[B]`. A row with `exclude_seen` True leaves out
+the candidates its user interacted with in the training split, looked up
+from the user id in the export's own table (`recsys.models.seen_items`),
+as `exclude_seen` evaluation ranks them; missing results are id -1 (raw
+id "") with score -inf. See docs/retrieval.md.
+
 Example:
   >>> path = export(trainer, "/tmp/export")
   >>> serve = tf.saved_model.load(path).signatures["serving_default"]

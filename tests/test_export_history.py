@@ -79,7 +79,7 @@ def test_top_k_for_a_raw_user_id_with_and_without_seen_items(
   tmp_path,
   server,  # noqa: F811
 ):
-  """"top_k_raw" on the raw user id alone, served without the project,
+  """ "top_k_raw" on the raw user id alone, served without the project,
   returns the evaluation's ranking: the corpus top-k, or the top-k of the
   items the user did not rate in training (`CorpusIndex.
   query_with_exclusions`, the ranking `exclude_seen` evaluation uses)."""
@@ -130,9 +130,7 @@ def test_top_k_for_a_raw_user_id_with_and_without_seen_items(
     exclusions[row, : len(items)] = items
   want = {
     False: model.corpus_index(queries, k=17),
-    True: model.corpus_index.query_with_exclusions(
-      queries, exclusions, k=17
-    ),
+    True: model.corpus_index.query_with_exclusions(queries, exclusions, k=17),
   }
   got = server.serve(
     tmp_path,

@@ -190,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     "run's, the model's may not; the results go to "
     "eval_metrics-NAME.json, never to eval_metrics.json.",
   )
+  evaluate.add_argument(
+    "--exclude_seen",
+    action="store_true",
+    help="retrieval: rank for each held-out pair only the candidates its "
+    "user did not interact with in training (train.exclude_seen).",
+  )
   _add_allow_changed_settings(evaluate, "evaluate")
   _add_runtime_flags(evaluate)
 
@@ -357,6 +363,8 @@ def _bindings(args: argparse.Namespace) -> list[str]:
     bindings.append("train.allow_changed_settings = True")
   if getattr(args, "skip_memory_check", False):
     bindings.append("train.skip_memory_check = True")
+  if getattr(args, "exclude_seen", False):
+    bindings.append("train.exclude_seen = True")
   return bindings
 
 

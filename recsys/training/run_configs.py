@@ -52,6 +52,7 @@ EXECUTION_SETTINGS = frozenset(
     "nonfinite_policy",
     "allow_changed_settings",
     "skip_memory_check",
+    "exclude_seen",
   )
 )
 

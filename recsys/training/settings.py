@@ -73,6 +73,10 @@ class TrainSettings:
     skip_memory_check: build the tables even when their memory plan
       (`recsys.planning`) exceeds the host's memory (refused otherwise,
       `planning.MemoryPlanError`, naming the tables and sizes).
+    exclude_seen: retrieval evaluation ranks, for each held-out pair, only
+      the candidates its user did not interact with in the training split
+      (never excluding the pair's own candidate), as production retrieval
+      and RecBole's full ranking do; False ranks the whole corpus.
     feature_config: with the data an unbatched `tf.data.Dataset` of
       `(features dict, label)` (Python callers): the dict feature name ->
       `tf.tpu.experimental.embedding.FeatureConfig` to train, used as is
@@ -99,6 +103,7 @@ class TrainSettings:
   jit_compile: bool | None = None
   allow_changed_settings: bool = False
   skip_memory_check: bool = False
+  exclude_seen: bool = False
   feature_config: Mapping[str, Any] | None = None
 
   @classmethod

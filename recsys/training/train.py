@@ -162,6 +162,7 @@ def train(
   jit_compile: bool | None = None,
   allow_changed_settings: bool = False,
   skip_memory_check: bool = False,
+  exclude_seen: bool = False,
   strategy: tf.distribute.Strategy | None = None,
   action: str = "train",
   feature_config: Mapping[str, Any] | None = None,

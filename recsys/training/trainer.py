@@ -32,6 +32,7 @@ from recsys.data import errors as data_errors
 from recsys.data import pipeline as data_pipeline
 from recsys.data.from_dataset import DatasetSource
 from recsys.errors import RecsysError
+from recsys.models import seen_items as seen_lib
 from recsys.models.base import RetrievalModel
 from recsys.training import checkpoints as checkpoints_lib
 from recsys.training import coordinated as coordinated_lib
@@ -169,6 +170,7 @@ class Trainer:
     self.checkpoint_every = int(st.checkpoint_every or 0)
     self.seed = st.seed
     self.progress_bar = st.progress_bar
+    self.exclude_seen = bool(st.exclude_seen)
 
   def _validate(self, source: Any, eval_source: Any) -> None:
     """Checks and keeps the sources; checks batch sizes, dense optimizer."""
@@ -238,6 +240,12 @@ class Trainer:
       # the run so a resumed run continues its stream (the built-in models
       # and data draw none: they are functions of the seed and the step).
       self.rng = tf.random.Generator.from_seed(self.settings.seed)
+    if self.exclude_seen and not self.is_retrieval:
+      raise TrainerConfigError(
+        "train.exclude_seen = True applies to retrieval models; "
+        f"{type(self.model).__name__} is a ranking model (it scores given "
+        "pairs, it ranks no corpus): leave exclude_seen off."
+      )
 
   def _build_checkpoints(self) -> None:
     """The checkpoint, the run folder and the chief's / a worker's managers."""
@@ -280,7 +288,8 @@ class Trainer:
       nonfinite_policy=self.settings.nonfinite_policy,
       jit_compile=self.compile_plan.compile_steps,
     )
-    self._eval_dataset = None
+    self._eval_datasets: dict[bool, Any] = {}
+    self._seen_items: seen_lib.SeenItems | None = None
 
   def _build_writers(self) -> None:
     """TensorBoard writers: the chief's, when summaries are on."""
@@ -309,11 +318,15 @@ class Trainer:
     training: bool,
     skip_steps: int = 0,
     take_steps: int | None = None,
+    seen: seen_lib.SeenItems | None = None,
   ):
-    """A distributed dataset of `source` (`recsys.training.input`)."""
+    """A distributed dataset of `source` (`recsys.training.input`); with
+    `seen`, each batch carries its users' seen candidates (evaluation)."""
     preprocess = functools.partial(
       input_lib.preprocess, self.backend, list(self.feature_config)
     )
+    if seen is not None:
+      preprocess = functools.partial(self._add_seen, seen, preprocess)
     if training:
       return input_lib.training_input(
         self.strategy,
@@ -333,6 +346,22 @@ class Trainer:
       take_steps=take_steps,
       coordinator=self._coordinator,
     )
+
+  def _add_seen(self, seen, preprocess, features, labels, *mask):
+    """`preprocess` of a batch plus its users' seen candidates."""
+    features = seen_lib.with_seen(
+      features,
+      seen,
+      seen_lib.query_id_feature_of(self.source),
+      self.model.candidate_id_feature,
+    )
+    return preprocess(features, labels, *mask)
+
+  def seen_items(self) -> seen_lib.SeenItems:
+    """Each user's candidates in the training split (read once, then kept)."""
+    if self._seen_items is None:
+      self._seen_items = seen_lib.SeenItems.from_source(self.source)
+    return self._seen_items
 
   # -- checkpoints -----------------------------------------------------------
 
@@ -558,8 +587,12 @@ class Trainer:
     self.model.index_candidates(ids, tf.concat(embeddings, 0))
     return int(ids.shape[0])
 
-  def evaluate(self) -> dict[str, float]:
+  def evaluate(self, exclude_seen: bool | None = None) -> dict[str, float]:
     """Evaluates on `eval_steps` batches of the eval source (None: all of it).
+
+    Args:
+      exclude_seen: the retrieval protocol of this evaluation (None: the
+        run's `exclude_seen` setting); both protocols can score one model.
 
     Every example is scored exactly once: the last partial batch is padded
     and masked (`recsys.training.eval_padding`), on every strategy and in
@@ -569,23 +602,34 @@ class Trainer:
       `eval/loss` (the mean per-example loss of the examples scored, plus
       the regularization term as in `train/loss`), `eval/<metric>` for each
       of the model's metrics (AUC, log-loss, accuracy / RMSE / top-k hit
-      rates) and `eval/examples`, the number of examples scored.
+      rates) and `eval/examples`, the number of examples scored; with
+      `exclude_seen`, the hit rates rank only candidates each user did not
+      interact with in training, and `eval/exclude_seen` is 1.
 
     Raises:
       EmptyEvalSetError: the eval split has no example.
     """
+    if exclude_seen is None:
+      exclude_seen = self.exclude_seen
+    exclude_seen = bool(exclude_seen)
+    if exclude_seen and not self.is_retrieval:
+      raise TrainerConfigError(
+        "exclude_seen applies to retrieval models; "
+        f"{type(self.model).__name__} is a ranking model."
+      )
     if self.is_retrieval:
       self.index_corpus()
-    if self._eval_dataset is None:
+    if exclude_seen not in self._eval_datasets:
       # Built once: building the input pipeline and tracing the eval loop
       # cost seconds; a distributed dataset can be iterated many times.
-      self._eval_dataset = self._distribute(
+      self._eval_datasets[exclude_seen] = self._distribute(
         self.eval_source,
         self.eval_batch_size,
         training=False,
         take_steps=self.eval_steps,
+        seen=self.seen_items() if exclude_seen else None,
       )
-    dataset = self._eval_dataset
+    dataset = self._eval_datasets[exclude_seen]
     self.steps.reset_eval_metrics()
     for m in self.model.metrics:
       m.reset_state()
@@ -601,6 +645,8 @@ class Trainer:
       self.steps.eval_loss_sum.result()
     ) / examples + run_summaries.regularization_loss(self.model)
     results["eval/examples"] = float(examples)
+    if exclude_seen:
+      results["eval/exclude_seen"] = 1.0
     log.info("evaluated %d examples", examples)
     return results
 

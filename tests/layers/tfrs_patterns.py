@@ -155,6 +155,13 @@ class _Base(tfrs.models.Model):
     return self.loss_of(self.ids(features), training)
 
 
+def _score_head() -> keras.Sequential:
+  """The tutorials' small rating/score head: Dense(8, relu) -> Dense(1)."""
+  return keras.Sequential(
+    [keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)]
+  )
+
+
 def _mse_task(**kwargs: Any) -> tfrs.tasks.Ranking:
   # Reduction.SUM: TFRS's tasks under a distribution strategy need it.
   return tfrs.tasks.Ranking(
@@ -175,9 +182,7 @@ class TpuTutorial(_Base):
         "movie_number": E.FeatureConfig(table(len(MOVIES) + 1, 4, "movie")),
       }
     )
-    self.ratings = keras.Sequential(
-      [keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)]
-    )
+    self.ratings = _score_head()
     self.task = _mse_task()
 
   def loss_of(self, f, training):
@@ -199,9 +204,7 @@ class BasicRanking(_Base):
     super().__init__(lookups)
     self.user_embeddings = _tower(make_embedding, len(USERS), 4, "users")
     self.movie_embeddings = _tower(make_embedding, len(MOVIES), 4, "movies")
-    self.ratings = keras.Sequential(
-      [keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)]
-    )
+    self.ratings = _score_head()
     self.task = _mse_task()
 
   def loss_of(self, f, training):
@@ -265,9 +268,7 @@ class Multitask(_Base):
     super().__init__(lookups)
     self.user_model = _tower(make_embedding, len(USERS), 4, "users")
     self.movie_model = _tower(make_embedding, len(MOVIES), 4, "movies")
-    self.rating_model = keras.Sequential(
-      [keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)]
-    )
+    self.rating_model = _score_head()
     self.rating_task = _mse_task()
     self.retrieval_task = tfrs.tasks.Retrieval()
 
@@ -293,9 +294,7 @@ class Listwise(_Base):
         ),
       }
     )
-    self.score = keras.Sequential(
-      [keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)]
-    )
+    self.score = _score_head()
     self.task = _mse_task()
 
   def loss_of(self, f, training):

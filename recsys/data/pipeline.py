@@ -278,7 +278,7 @@ def indexed_batches(
   else:
     num_batches = -(-total // size)
   repeat = total is not None and request.repeat
-  if repeat and num_batches <= pipeline:
+  if repeat and num_batches is not None and num_batches <= pipeline:
     raise error(
       f"{total} examples make no full batch of {size} for input pipeline "
       f"{pipeline} of {pipelines}: set num_examples larger, or use a "

@@ -337,7 +337,7 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
     """Features and weights flattened in config order, and the counters.
 
     The counters (invalid, truncated ids) are None when nothing is counted:
-    the backend keeps none, or there is no replica context (they are
+    the backend keeps none, or this is no replica of its strategy (they are
     per-replica sums).
     """
     flat = self._flatten_like_config(features, "features")
@@ -346,7 +346,8 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
       if weights is not None
       else [None] * len(flat)
     )
-    if tf.distribute.get_replica_context() is None:
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.strategy is not self._strategy:
       return flat, flat_w, None
     return flat, flat_w, self._counters
 

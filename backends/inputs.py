@@ -44,6 +44,9 @@ class FlatBags:
       longer than the static width.
     capacity: a static upper bound on the number of ids (static batch size
       times static width), or None when the input's shape is dynamic.
+    slots: int64 scalar, the same bound when the step runs (batch size times
+      width), or None when bags have no width (ragged or sparse without
+      `bag_width`): equal in every step whose inputs have equal shapes.
     unit_weights: True when no weights were given, so every weight is 1 by
       construction (lets the lookup skip multiplying by them).
     sorted_segments: True when `segments` is non-decreasing by construction
@@ -62,6 +65,7 @@ class FlatBags:
   sequence_length: int
   truncated: tf.Tensor
   capacity: int | None = None
+  slots: tf.Tensor | None = None
   unit_weights: bool = False
   sorted_segments: bool = False
   ids_in_range: bool = False
@@ -240,6 +244,7 @@ def to_flat_bags(
     sequence_length=seq_len,
     truncated=truncated,
     capacity=capacity,
+    slots=_slots(inp, limit, batch_size),
     unit_weights=unit_weights,
     sorted_segments=not isinstance(inp, tf.SparseTensor),
     ids_in_range=ids_in_range,
@@ -259,6 +264,21 @@ def _static_capacity(inp: Any, limit: int | None) -> int | None:
   if batch is None or width is None:
     return None
   return batch * width
+
+
+def _slots(inp: Any, limit: int | None, batch_size: tf.Tensor):
+  """Most ids `inp` can hold after cutting bags to `limit`, as a tensor."""
+  if isinstance(inp, PaddedBags):
+    width = tf.shape(inp.ids, out_type=tf.int64)[1]
+  elif isinstance(inp, (tf.SparseTensor, tf.RaggedTensor)):
+    if not limit:
+      return None
+    width = tf.constant(limit, tf.int64)
+  else:  # dense [B] was reshaped to [B, 1] above
+    width = tf.shape(inp, out_type=tf.int64)[1]
+  if limit:
+    width = tf.minimum(width, limit)
+  return tf.cast(batch_size, tf.int64) * width
 
 
 def _batch_size(inp: Any) -> tf.Tensor:

@@ -1,10 +1,16 @@
-"""The TensorCore backend: replicated tables, lookups on the compute devices.
+"""The TensorCore backend: tables on the compute devices, placed per table.
 
 This is the design of TF's `TPUEmbeddingV0` (the path for TPUs without an
 embedding accelerator), implemented so that it runs under any strategy —
 default, `MirroredStrategy`, `MultiWorkerMirroredStrategy`, `TPUStrategy` —
 and improved where V0 falls short:
 
+* Tables too big for one device are row-sharded over the replicas
+  (`placement`): each replica holds a slice of the rows and their slots, a
+  step exchanges ids, rows and gradients through the replicas' collectives
+  with static shapes, and each owner alone applies the optimizer to its
+  rows (`backends.storage.replica_sharded`). Other tables stay replicated
+  (`backends.storage.replicated`); `recsys.planning` chooses per table.
 * The embedding optimizer is applied here, as sparse row updates with the TPU
   optimizers' math (`backends.optimizers`), after summing each touched row's
   gradient over the global batch.
@@ -33,7 +39,7 @@ Example:
   >>> table = tf.tpu.experimental.embedding.TableConfig(1000, 16, name="items")
   >>> config = {"item": tf.tpu.experimental.embedding.FeatureConfig(table)}
   >>> opt = tf.tpu.experimental.embedding.Adagrad(0.1)
-  >>> emb = TensorCoreEmbedding(config, opt)
+  >>> emb = TensorCoreEmbedding(config, opt)      # placement={"items": ...}
   >>> with tf.GradientTape() as tape:
   ...   acts = emb({"item": tf.constant([3, 5])}, training=True)
   ...   loss = tf.reduce_sum(acts["item"])
@@ -46,12 +52,13 @@ from typing import Any
 import tensorflow as tf
 
 from backends import base, composed
-from backends.storage import TableStorage
+from backends.storage import PLACEMENTS, TableStorage, replica_sharded
 from backends.storage import replicated as replicated_lib
+from backends.storage import row_layout as row_layout_lib
 
 
 class TensorCoreEmbedding(composed.ComposedEmbedding):
-  """Replicated embedding tables trained with TPU optimizer semantics anywhere.
+  """Tables replicated or row-sharded over the replicas, TPU optimizer math.
 
   Args:
     feature_config: nested structure of `FeatureConfig`.
@@ -59,6 +66,14 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
     strategy: defaults to the strategy in scope.
     bag_widths, invalid_ids, fused_kernels, static_shapes: see
       `backends.composed.ComposedEmbedding`.
+    placement: where each table's rows live: "replicated" (a full copy per
+      replica) or "row_sharded" (each replica owns `1/R` of the rows and
+      their slots); one value for every table, or table name -> value (other
+      tables replicated). None: every table replicated. `recsys.planning`
+      chooses from the tables' sizes and a device's memory.
+    row_layout: which rows a replica owns when row-sharded: "strided" (ids
+      `r, r + R, r + 2R, ...`: frequent ids spread evenly; default) or
+      "contiguous" (equal row ranges).
   """
 
   name = "tensorcore"
@@ -69,6 +84,8 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
       "invalid_ids",
       "fused_kernels",
       "static_shapes",
+      "placement",
+      "row_layout",
     }
   )
 
@@ -82,6 +99,8 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
     invalid_ids: str = "error",
     fused_kernels: bool = True,
     static_shapes: bool | None = None,
+    placement: None | str | Mapping[str, str] = None,
+    row_layout: str = replica_sharded.DEFAULT_ROW_LAYOUT,
   ):
     super().__init__(
       feature_config,
@@ -92,8 +111,48 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
       fused_kernels=fused_kernels,
       static_shapes=static_shapes,
     )
+    self._placement = resolve_placement(
+      placement, [self.table_name(t) for t in self._tables]
+    )
+    row_layout_lib.make(row_layout, 1, 1)  # refuses an unknown name
+    self._row_layout = row_layout
 
   def _make_storage(self, table: Any) -> TableStorage:
-    return replicated_lib.Replicated(
-      table, self.table_name(table), self.optimizer_for(table), self._strategy
+    name = self.table_name(table)
+    args = (table, name, self.optimizer_for(table), self._strategy)
+    if self._placement[name] == "row_sharded":
+      return replica_sharded.ReplicaSharded(*args, layout=self._row_layout)
+    return replicated_lib.Replicated(*args)
+
+
+def resolve_placement(
+  placement: None | str | Mapping[str, str], table_names: list[str]
+) -> dict[str, str]:
+  """Table name -> "replicated" or "row_sharded" from the `placement` option.
+
+  Raises:
+    ValueError: an unknown placement or table name (the valid ones listed).
+  """
+
+  def check(value: Any, where: str) -> str:
+    if value not in PLACEMENTS:
+      raise ValueError(
+        f"{where} = {value!r}; use one of {', '.join(PLACEMENTS)}."
+      )
+    return value
+
+  if placement is None:
+    return {name: "replicated" for name in table_names}
+  if isinstance(placement, str):
+    value = check(placement, "placement")
+    return {name: value for name in table_names}
+  unknown = sorted(set(placement) - set(table_names))
+  if unknown:
+    raise ValueError(
+      f"placement names unknown tables {unknown}; the tables are "
+      f"{sorted(table_names)}."
     )
+  return {
+    name: check(placement.get(name, "replicated"), f"placement[{name!r}]")
+    for name in table_names
+  }

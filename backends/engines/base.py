@@ -5,7 +5,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _bags, static_bags
+from backends import _bags
 from backends.storage import TableStorage
 from backends.table_step import Features, TableStep
 
@@ -77,23 +77,6 @@ class Engine(abc.ABC):
   def update_kernels(self) -> Any | None:
     """The fused kernels for `optimizers.apply_sparse_updates`, or None."""
     return None
-
-  def dynamic_features(self, positions: list[int], bags: list[Any]) -> list:
-    """The paths of the features whose number of ids is not static."""
-    return [
-      self.features.layouts[p].path
-      for p, b in zip(positions, bags)
-      if b.capacity is None
-    ]
-
-  def refuse_dynamic_exchange(self, name: str, dynamic: list[str]) -> None:
-    """Raises: a table whose replicas exchange rows needs static sizes."""
-    raise static_bags.StaticShapeError(
-      f"table {name!r}: feature(s) {dynamic} have no static number of "
-      "ids, so the rows that replicas exchange have no fixed size; "
-      "set bag_widths for them and run the backend's preprocess() in "
-      "the input pipeline (and batch with drop_remainder=True)."
-    )
 
 
 def activation_gradients(

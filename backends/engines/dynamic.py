@@ -129,14 +129,6 @@ class DynamicEngine(base.Engine):
       positions = self.features.positions_of(name)
       table_bags = [bags[i] for i in positions]
       capacity = _capacity(table, table_bags)
-      if (
-        capacity is None
-        and storage.lookup_exchanges()
-        and not storage.exchange_takes_dynamic_sizes
-      ):
-        self.refuse_dynamic_exchange(
-          name, self.dynamic_features(positions, table_bags)
-        )
       # All features of the table as one flat bag: one de-duplication, one
       # read of the unique rows ([U, D]; a tape on a local table sees
       # gradient IndexedSlices of U rows), one segment sum into the
@@ -144,12 +136,16 @@ class DynamicEngine(base.Engine):
       flat_bag = _bags.concat_bags(table_bags, table.combiner)
       local = storage.local_variables()
       exchanged: list[Any] = [None]
+      # The ids a replica may send: static, else known when the step runs.
+      size = capacity
+      if size is None:
+        size = _slots(table, table_bags)
 
       def gather_rows(
-        params, ids, storage=storage, exchanged=exchanged, capacity=capacity
+        params, ids, storage=storage, exchanged=exchanged, size=size
       ):
         del params
-        rows, exchanged[0] = storage.gather(ids, None, capacity)
+        rows, exchanged[0] = storage.gather(ids, None, size)
         return rows
 
       found = _bags.lookup(
@@ -228,6 +224,18 @@ class DynamicEngine(base.Engine):
       fused,
       self._concurrent_calls,
     )
+
+
+def _slots(table: Any, bags: list[inputs_lib.FlatBags]) -> tf.Tensor:
+  """A bound on the table's unique ids known when the step runs.
+
+  From the inputs' shapes (batch size times width: the same in every step
+  of a loop over whole, padded batches), else the number of ids.
+  """
+  total = tf.add_n(
+    [b.slots if b.slots is not None else tf.size(b.ids, tf.int64) for b in bags]
+  )
+  return tf.minimum(total, table.vocabulary_size)
 
 
 def _capacity(table: Any, bags: list[inputs_lib.FlatBags]) -> int | None:

@@ -112,9 +112,7 @@ class StaticEngine(base.Engine):
       storage = storages[name]
       positions = self.features.positions_of(name)
       table_bags = [bags[i] for i in positions]
-      dynamic = self.dynamic_features(positions, table_bags)
-      if dynamic and storage.lookup_exchanges():
-        self.refuse_dynamic_exchange(name, dynamic)
+      dynamic = _dynamic_features(self.features, positions, table_bags)
       ids = tf.concat([b.ids for b in table_bags], 0)
       valid = tf.concat([b.valid for b in table_bags], 0)
       dd = static_bags.dedup(ids, valid, table.vocabulary_size)
@@ -145,7 +143,9 @@ class StaticEngine(base.Engine):
         rows = _gather_with_dense_gradient(local["parameters"], dd.ids)
       else:
         real = tf.range(tf.shape(dd.ids)[0]) < dd.num_unique
-        rows, exchanged = storage.gather(dd.ids, real, capacity)
+        rows, exchanged = storage.gather(
+          dd.ids, real, capacity or tf.shape(dd.ids)[0]
+        )
       sizes = [
         tf.shape(b.ids)[0] if b.capacity is None else b.capacity
         for b in table_bags
@@ -185,12 +185,31 @@ class StaticEngine(base.Engine):
       step.num_unique,
     )
 
-  def check_update(self, name: str, step: TableStep, storage) -> None:
-    """Refuses an exchanging update without a static number of ids."""
-    if storage.update_exchanges():
-      dynamic = self.dynamic_features(step.positions, step.backward.bags)
-      if dynamic:
-        self.refuse_dynamic_exchange(name, dynamic)
+  def check_update(
+    self, name: str, step: TableStep, storage: TableStorage
+  ) -> None:
+    """Refuses a replicated update over replicas without static sizes."""
+    if not storage.update_exchanges() or step.exchanged is not None:
+      return  # the lookup's exchange sized it (row-sharded)
+    dynamic = _dynamic_features(
+      self.features, step.positions, step.backward.bags
+    )
+    if dynamic:
+      raise static_bags.StaticShapeError(
+        f"table {name!r}: feature(s) {dynamic} have no static number of "
+        "ids, so the rows that replicas exchange have no fixed size; "
+        "set bag_widths for them and run the backend's preprocess() in "
+        "the input pipeline."
+      )
+
+
+def _dynamic_features(features, positions: list[int], bags: list) -> list:
+  """The paths of the features whose number of id slots is not static."""
+  return [
+    features.layouts[p].path
+    for p, b in zip(positions, bags)
+    if b.capacity is None
+  ]
 
 
 def _raise_for_report(

@@ -19,9 +19,7 @@ Whatever the storage, a checkpoint holds TF's full `<table>` and
 `TPUEmbeddingForServing`.
 """
 
+from backends.placement import PLACEMENTS
 from backends.storage.base import TableStorage, Tracker
-
-#: The placements the `tensorcore` backend chooses between per table.
-PLACEMENTS = ("replicated", "row_sharded")
 
 __all__ = ["PLACEMENTS", "TableStorage", "Tracker"]

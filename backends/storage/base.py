@@ -95,21 +95,16 @@ class TableStorage(abc.ABC):
     """Whether this replica's update needs nobody else's gradients now."""
     return False
 
-  #: Whether an exchange between replicas takes ids of a size known only
-  #: at run time (else a lookup without a static number of ids is refused).
-  exchange_takes_dynamic_sizes: ClassVar[bool] = True
-
-  def lookup_exchanges(self) -> bool:
-    """Whether a lookup now exchanges ids and rows with other replicas."""
-    return False
-
   def update_exchanges(self) -> bool:
     """Whether an update now exchanges gradients with other replicas."""
     return False
 
   @abc.abstractmethod
   def gather(
-    self, ids: tf.Tensor, valid: tf.Tensor | None, capacity: int | None
+    self,
+    ids: tf.Tensor,
+    valid: tf.Tensor | None,
+    capacity: int | tf.Tensor,
   ) -> tuple[tf.Tensor, Any]:
     """The rows of this replica's unique ids, and what the update reuses.
 
@@ -117,8 +112,10 @@ class TableStorage(abc.ABC):
       ids: int64 `[U]`, distinct where `valid`.
       valid: bool `[U]`, the slots that hold a real id (static shapes: the
         others repeat a real one or row 0); None: every slot.
-      capacity: a static bound on `U`, the same on every replica (None:
-        unknown).
+      capacity: a bound on `U`: an int known when tracing (the same on every
+        replica), else a scalar of the step (e.g. the number of ids before
+        de-duplication), the same in every step of a loop when the inputs'
+        shapes are (padded bags, whole batches).
 
     Returns:
       `(rows [U, D], exchanged)`: `exchanged` is kept in the step and given
@@ -141,7 +138,7 @@ class TableStorage(abc.ABC):
       ids: the lookup's unique ids `[U]` (static engine: the first
         `num_unique` slots distinct, the rest repeating slot 0).
       num_unique: the static engine's count of real slots; None: all real.
-      capacity: as in `gather`.
+      capacity: a static bound on `U` (None: unknown when tracing).
       rows: the rows at lookup (reusable if nothing else wrote them).
       row_grads: `[U, D]`, this replica's gradient of each unique row.
       exchanged: what `gather` returned with the rows.

@@ -244,7 +244,10 @@ class ParameterServers(base.TableStorage):
     return [s.device for s in shards_of(self.parameters)]
 
   def gather(
-    self, ids: tf.Tensor, valid: tf.Tensor | None, capacity: int | None
+    self,
+    ids: tf.Tensor,
+    valid: tf.Tensor | None,
+    capacity: int | tf.Tensor,
   ) -> tuple[tf.Tensor, Any]:
     del valid, capacity
     return row_layout.gather(self.layout, shards_of(self.parameters), ids), None

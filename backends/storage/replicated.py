@@ -87,7 +87,10 @@ class Replicated(base.TableStorage):
     return self._exchanges()
 
   def gather(
-    self, ids: tf.Tensor, valid: tf.Tensor | None, capacity: int | None
+    self,
+    ids: tf.Tensor,
+    valid: tf.Tensor | None,
+    capacity: int | tf.Tensor,
   ) -> tuple[tf.Tensor, Any]:
     del valid, capacity  # invalid slots name real rows too
     # `tf.gather` on the variable: a tape on the table sees IndexedSlices.
@@ -139,8 +142,9 @@ def _static_sum_across_replicas(
   the replicas' copies of the table stay bit-identical.
   """
   real = tf.range(tf.shape(ids)[0]) < num_unique
-  all_ids = replica_ctx.all_gather(ids, axis=0)
-  all_real = replica_ctx.all_gather(tf.cast(real, tf.int32), axis=0) > 0
+  # Slots past `num_unique` travel as id -1: one collective for both.
+  all_ids = replica_ctx.all_gather(tf.where(real, ids, -1), axis=0)
+  all_real = all_ids >= 0
   all_grads = replica_ctx.all_gather(grads, axis=0)
   merged = static_bags.dedup(all_ids, all_real, vocabulary_size)
   summed = tf.math.unsorted_segment_sum(

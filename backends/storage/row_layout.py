@@ -74,9 +74,10 @@ class ContiguousRows(RowLayout):
 
   name = "contiguous"
 
-  def __init__(self, offsets: Sequence[int]):
+  def __init__(self, offsets: Sequence[int], size: int | None = None):
     super().__init__(offsets[-1], len(offsets) - 1)
     self.offsets = [int(o) for o in offsets]
+    self._size = size  # every range this long (the last ones shorter)
 
   @classmethod
   def even(cls, vocabulary_size: int, num_shards: int) -> "ContiguousRows":
@@ -84,21 +85,25 @@ class ContiguousRows(RowLayout):
     size = -(-vocabulary_size // num_shards)
     return cls(
       [min(i * size, vocabulary_size) for i in range(num_shards)]
-      + [vocabulary_size]
+      + [vocabulary_size],
+      size,
     )
 
   def owner(self, ids: tf.Tensor) -> tf.Tensor:
+    ids = tf.cast(ids, tf.int64)
     if self.num_shards == 1:
       return tf.zeros_like(ids, tf.int32)
+    if self._size is not None:
+      return tf.cast(tf.math.floordiv(ids, self._size), tf.int32)
     bounds = tf.constant(self.offsets[1:-1], tf.int64)
-    return tf.cast(
-      tf.searchsorted(bounds, tf.cast(ids, tf.int64), side="right"), tf.int32
-    )
+    return tf.cast(tf.searchsorted(bounds, ids, side="right"), tf.int32)
 
   def local(self, ids: tf.Tensor) -> tf.Tensor:
     ids = tf.cast(ids, tf.int64)
     if self.num_shards == 1:
       return ids
+    if self._size is not None:
+      return tf.math.floormod(ids, self._size)
     first = tf.constant(self.offsets[:-1], tf.int64)
     return ids - tf.gather(first, self.owner(ids))
 

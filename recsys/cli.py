@@ -473,21 +473,32 @@ def cmd_info(args: argparse.Namespace) -> int:
     f"Keras {keras_version} ({tf.keras.__name__.split('.')[0]}), "
     f"Python {platform.python_version()}"
   ]
-  strategy, _ = strategy_lib.make_strategy(args.tpu)
   missing = config.register_all()
   if missing:
     lines.append(f"could not import: {', '.join(missing)}")
   feature_config, optimizer, backend = None, None, args.backend or "auto"
+  plan_args: dict[str, Any] = {}
   if args.gin_file:
-    from recsys.training.train import configured_embedding  # pylint: disable=g-import-not-at-top
+    from recsys.training import train  # pylint: disable=g-import-not-at-top
 
     config.parse(args.gin_file, args.gin_bindings)
-    feature_config, optimizer, backend = configured_embedding(args.backend)
+    # The run's strategy (train.num_cpu_replicas), before TF's runtime starts.
+    strategy, _ = train.configured_strategy(args.tpu)
+    feature_config, optimizer, backend = train.configured_embedding(
+      args.backend
+    )
+    plan_args = train.configured_placement(feature_config, strategy)
+  else:
+    strategy, _ = strategy_lib.make_strategy(args.tpu)
   from recsys import planning  # pylint: disable=g-import-not-at-top
 
   lines.append(
     planning.describe_environment(
-      strategy, feature_config, optimizer=optimizer, backend=backend
+      strategy,
+      feature_config,
+      optimizer=optimizer,
+      backend=backend,
+      **plan_args,
     )
   )
   from backends import kernels  # pylint: disable=g-import-not-at-top

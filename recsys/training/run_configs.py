@@ -51,7 +51,11 @@ EXECUTION_SETTINGS = frozenset(
     "nonfinite_policy",
     "allow_changed_settings",
     "skip_memory_check",
+    "placement",
   )
+) | frozenset(  # where tables live: the same numbers on any placement
+  f"EmbeddingPlacement.{name}"
+  for name in ("device_memory", "tables", "row_layout")
 )
 
 

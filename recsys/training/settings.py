@@ -70,6 +70,11 @@ class TrainSettings:
     skip_memory_check: build the tables even when their memory plan
       (`recsys.planning`) exceeds the host's memory (refused otherwise,
       `planning.MemoryPlanError`, naming the tables and sizes).
+    placement: `recsys.planning.EmbeddingPlacement`: one device's memory
+      and placements forced per table. The planner places each table of the
+      tensorcore backend replicated or row-sharded over the replicas
+      (printed at start) and refuses a plan that does not fit (None:
+      detected memory, nothing forced).
     feature_config: with the data an unbatched `tf.data.Dataset` of
       `(features dict, label)` (Python callers): the dict feature name ->
       `tf.tpu.experimental.embedding.FeatureConfig` to train, used as is
@@ -96,6 +101,7 @@ class TrainSettings:
   jit_compile: bool | None = None
   allow_changed_settings: bool = False
   skip_memory_check: bool = False
+  placement: Any | None = None
   feature_config: Mapping[str, Any] | None = None
 
   @classmethod

@@ -375,14 +375,7 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
       if engine.apply_in_place(table, step, flat_grads, storage, opt):
         continue
       row_grads = engine.row_gradients(table, step, flat_grads)
-      for update in storage.updates(
-        step.ids,
-        step.num_unique,
-        step.capacity,
-        step.rows,
-        row_grads,
-        step.exchanged,
-      ):
+      for update in storage.updates(step, row_grads):
         groups.setdefault(id(opt), (opt, []))[1].append(update)
     fused = engine.update_kernels()
     for opt, updates in groups.values():

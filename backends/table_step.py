@@ -10,9 +10,8 @@ storage exchanged with other replicas (`exchanged`, reused by the update).
 
 Example:
   >>> step = steps["items"]
-  >>> grads = engine.row_gradients(step, flat_grads)   # [U, D]
-  >>> storage.updates(step.ids, step.num_unique, step.capacity, step.rows,
-  ...                 grads, step.exchanged)
+  >>> grads = engine.row_gradients(table, step, flat_grads)   # [U, D]
+  >>> updates = storage.updates(step, grads)
 """
 
 import dataclasses

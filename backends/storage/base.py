@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import tensorflow as tf
 
 from backends import optimizers
+from backends.table_step import TableStep
 
 
 class Tracker:
@@ -124,24 +125,16 @@ class TableStorage(abc.ABC):
 
   @abc.abstractmethod
   def updates(
-    self,
-    ids: tf.Tensor,
-    num_unique: tf.Tensor | None,
-    capacity: int | None,
-    rows: tf.Tensor | None,
-    row_grads: tf.Tensor,
-    exchanged: Any,
+    self, step: TableStep, row_grads: tf.Tensor
   ) -> list[optimizers.SparseUpdate]:
     """The sparse updates that apply this replica's row gradients.
 
     Args:
-      ids: the lookup's unique ids `[U]` (static engine: the first
-        `num_unique` slots distinct, the rest repeating slot 0).
-      num_unique: the static engine's count of real slots; None: all real.
-      capacity: a static bound on `U` (None: unknown when tracing).
-      rows: the rows at lookup (reusable if nothing else wrote them).
+      step: the table's training lookup: its unique `ids` (static engine:
+        the first `num_unique` slots distinct, the rest repeating slot 0),
+        the `rows` read (reusable if nothing else wrote them) and what
+        `gather` returned with them (`exchanged`).
       row_grads: `[U, D]`, this replica's gradient of each unique row.
-      exchanged: what `gather` returned with the rows.
 
     Returns:
       Updates to apply (grouped by optimizer by the caller); a storage that

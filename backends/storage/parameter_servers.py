@@ -35,6 +35,7 @@ from tensorflow.python.trackable import base as trackable_base  # pylint: disabl
 
 from backends import optimizers
 from backends.storage import base, row_layout
+from backends.table_step import TableStep
 
 log = logging.getLogger("recsys.backends")
 
@@ -253,20 +254,14 @@ class ParameterServers(base.TableStorage):
     return row_layout.gather(self.layout, shards_of(self.parameters), ids), None
 
   def updates(
-    self,
-    ids: tf.Tensor,
-    num_unique: tf.Tensor | None,
-    capacity: int | None,
-    rows: tf.Tensor | None,
-    row_grads: tf.Tensor,
-    exchanged: Any,
+    self, step: TableStep, row_grads: tf.Tensor
   ) -> list[optimizers.SparseUpdate]:
     """Applies the update on the parameter servers owning the rows.
 
     Each unique row's gradient is summed over this worker's batch (no
     all-reduce: workers are asynchronous) and sent to its shard.
     """
-    del capacity, rows, exchanged
+    ids, num_unique = step.ids, step.num_unique
     if num_unique is not None:
       ids, row_grads = ids[:num_unique], row_grads[:num_unique]
     row_layout.apply(

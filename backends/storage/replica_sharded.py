@@ -50,6 +50,7 @@ from tensorflow.python.trackable import base as trackable  # pylint: disable=g-d
 from backends import base as backends_base
 from backends import optimizers, static_bags
 from backends.storage import base, row_layout
+from backends.table_step import TableStep
 
 log = logging.getLogger("recsys.backends")
 
@@ -345,21 +346,14 @@ class ReplicaSharded(base.TableStorage):
     return tf.gather(self._params.read_value(), ids)
 
   def updates(
-    self,
-    ids: tf.Tensor,
-    num_unique: tf.Tensor | None,
-    capacity: int | None,
-    rows: tf.Tensor | None,
-    row_grads: tf.Tensor,
-    exchanged: Any,
+    self, step: TableStep, row_grads: tf.Tensor
   ) -> list[optimizers.SparseUpdate]:
-    del rows  # this replica's rows of other owners: the owner gathers its own
+    # The owners gather their own rows: `step.rows` are other owners' too.
     ctx = self._replica_context()
     if ctx is None:
-      self._apply_on_host(ids, num_unique, row_grads)
+      self._apply_on_host(step.ids, step.num_unique, row_grads)
       return []
-    del capacity  # the lookup's exchange size, in `exchanged`
-    owned, local, size = exchanged
+    owned, local, size = step.exchanged  # as the lookup exchanged them
     num = self.layout.num_shards
     all_grads = ctx.all_gather(_pad_to(row_grads, size, 0.0), axis=0)
     shard_rows = self._params.shard_rows
@@ -372,7 +366,7 @@ class ReplicaSharded(base.TableStorage):
     grads = static_bags.pad_rows(summed, dd.num_unique)
     variables = self.shard_variables()
     table = variables.pop("parameters")
-    if num_unique is not None:  # static shapes: fixed-size, masked update
+    if step.num_unique is not None:  # static: fixed-size, masked update
       return [
         optimizers.SparseUpdate(
           table, variables, dd.ids, grads, keep=dd.num_unique > 0

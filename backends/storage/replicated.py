@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from backends import optimizers, static_bags
 from backends.storage import base
+from backends.table_step import TableStep
 
 log = logging.getLogger("recsys.backends")
 
@@ -97,15 +98,9 @@ class Replicated(base.TableStorage):
     return tf.gather(self.parameters, ids), None
 
   def updates(
-    self,
-    ids: tf.Tensor,
-    num_unique: tf.Tensor | None,
-    capacity: int | None,
-    rows: tf.Tensor | None,
-    row_grads: tf.Tensor,
-    exchanged: Any,
+    self, step: TableStep, row_grads: tf.Tensor
   ) -> list[optimizers.SparseUpdate]:
-    del exchanged
+    ids, num_unique, rows = step.ids, step.num_unique, step.rows
     keep = None if num_unique is None else num_unique > 0
     if self._exchanges():
       replica_ctx = tf.distribute.get_replica_context()
@@ -115,10 +110,10 @@ class Replicated(base.TableStorage):
         )
         keep = num_unique > 0
       else:
-        if capacity is None:
+        if step.capacity is None:
           _warn_dynamic_exchange(self.name)
         ids, row_grads = _sum_across_replicas(
-          replica_ctx, ids, row_grads, capacity
+          replica_ctx, ids, row_grads, step.capacity
         )
       rows = None  # other replicas' rows too: gathered by the update
     return [

@@ -114,6 +114,11 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
     self._placement = resolve_placement(
       placement, [self.table_name(t) for t in self._tables]
     )
+    for table in self._tables:
+      if self._placement[self.table_name(table)] == "row_sharded":
+        replica_sharded.check_optimizer(
+          self.table_name(table), self.optimizer_for(table)
+        )
     row_layout_lib.make(row_layout, 1, 1)  # refuses an unknown name
     self._row_layout = row_layout
 

@@ -199,6 +199,21 @@ tf.register_tensor_conversion_function(
 )
 
 
+def check_optimizer(table_name: str, optimizer: Any) -> None:
+  """Refuses what a row-sharded table cannot honour: whole-table slots.
+
+  Raises:
+    UnsupportedConfigError: the optimizer has a `slot_variable_creation_fn`.
+  """
+  if optimizer is not None and optimizer.slot_variable_creation_fn:
+    raise backends_base.UnsupportedConfigError(
+      f"table {table_name!r}: its optimizer has a slot_variable_creation_fn, "
+      "which creates whole-table slots; a row-sharded table creates its "
+      "slots shard by shard. Drop slot_variable_creation_fn or place the "
+      "table 'replicated'."
+    )
+
+
 class ReplicaSharded(base.TableStorage):
   """Each replica holds `ceil(V / R)` rows of the table and their slots.
 
@@ -221,13 +236,7 @@ class ReplicaSharded(base.TableStorage):
     self.layout = row_layout.make(
       layout, table.vocabulary_size, strategy.num_replicas_in_sync
     )
-    if optimizer is not None and optimizer.slot_variable_creation_fn:
-      raise backends_base.UnsupportedConfigError(
-        f"table {name!r}: its optimizer has a slot_variable_creation_fn, "
-        "which creates whole-table slots; a row-sharded table creates its "
-        "slots shard by shard. Drop slot_variable_creation_fn or place the "
-        "table 'replicated'."
-      )
+    check_optimizer(name, optimizer)
 
   # -- variables -------------------------------------------------------------
 

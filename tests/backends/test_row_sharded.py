@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from backends import base as backends_base
 from backends import checkpoint as checkpoint_lib
 from backends.serving import ServingEmbedding
 from backends.tensorcore import TensorCoreEmbedding
@@ -329,4 +330,12 @@ def test_row_sharded_options_are_checked():
   with pytest.raises(ValueError, match="unknown row layout 'mod'"):
     TensorCoreEmbedding(
       config, E.SGD(0.1), placement="row_sharded", row_layout="mod"
+    )
+  custom_slots = E.Adagrad(0.1, slot_variable_creation_fn=lambda *args: {})
+  table = E.TableConfig(9, 3, name="t", optimizer=custom_slots)
+  with pytest.raises(
+    backends_base.UnsupportedConfigError, match="'t'.*slot_variable_creation"
+  ):
+    TensorCoreEmbedding(
+      {"f": E.FeatureConfig(table)}, None, placement="row_sharded"
     )

@@ -479,15 +479,17 @@ def cmd_info(args: argparse.Namespace) -> int:
   feature_config, optimizer, backend = None, None, args.backend or "auto"
   plan_args: dict[str, Any] = {}
   if args.gin_file:
-    from recsys.training import train  # pylint: disable=g-import-not-at-top
+    from recsys.training.train import (  # pylint: disable=g-import-not-at-top
+      configured_embedding,
+      configured_placement,
+      configured_strategy,
+    )
 
     config.parse(args.gin_file, args.gin_bindings)
     # The run's strategy (train.num_cpu_replicas), before TF's runtime starts.
-    strategy, _ = train.configured_strategy(args.tpu)
-    feature_config, optimizer, backend = train.configured_embedding(
-      args.backend
-    )
-    plan_args = train.configured_placement(feature_config, strategy)
+    strategy, _ = configured_strategy(args.tpu)
+    feature_config, optimizer, backend = configured_embedding(args.backend)
+    plan_args = configured_placement(feature_config, strategy)
   else:
     strategy, _ = strategy_lib.make_strategy(args.tpu)
   from recsys import planning  # pylint: disable=g-import-not-at-top

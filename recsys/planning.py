@@ -531,17 +531,27 @@ def plan_memory(
   return plan
 
 
-def _table_facts(i: int, table: Any, optimizer: Any):
-  """(name, optimizer class name, slots, table bytes) of one table."""
-  name = table.name if table.name is not None else f"table_{i}"
+def _memory_row(
+  i: int, table: Any, optimizer: Any, shards: int, **placed: Any
+) -> TableMemory:
+  """Table `i`'s `TableMemory`, split over `shards`, as placed."""
   opt = table.optimizer if table.optimizer is not None else optimizer
   slots = tuple(embedding_optimizers.slot_names(opt)) if opt is not None else ()
-  table_bytes = table.vocabulary_size * table.dim * table.dtype.size
-  return (
-    name,
-    type(opt).__name__ if opt is not None else "none",
-    slots,
-    (table_bytes),
+  width = table.dim * table.dtype.size
+  placed.setdefault(
+    "bytes_per_device",
+    math.ceil(table.vocabulary_size / shards) * width * (1 + len(slots)),
+  )
+  return TableMemory(
+    table=table.name if table.name is not None else f"table_{i}",
+    vocabulary_size=table.vocabulary_size,
+    dim=table.dim,
+    optimizer=type(opt).__name__ if opt is not None else "none",
+    slots=slots,
+    table_bytes=table.vocabulary_size * width,
+    slot_bytes=len(slots) * table.vocabulary_size * width,
+    shards=shards,
+    **placed,
   )
 
 
@@ -555,34 +565,28 @@ def _place_on_replicas(
 ) -> tuple[list[TableMemory], list[str]]:
   """tensorcore: each table replicated or row-sharded over the replicas."""
   replicas = max(1, strategy.num_replicas_in_sync)
-  facts = [_table_facts(i, t, optimizer) for i, t in enumerate(tables)]
+  whole = [_memory_row(i, t, optimizer, 1) for i, t in enumerate(tables)]
   sizes = [
     placement_lib.TableSize(
-      name,
-      t.vocabulary_size,
-      t.dim,
-      len(slots),
-      ids.get(name),
+      r.table,
+      r.vocabulary_size,
+      r.dim,
+      len(r.slots),
+      ids.get(r.table),
       t.dtype.size,
     )
-    for t, (name, _, slots, _) in zip(tables, facts)
+    for t, r in zip(tables, whole)
   ]
   plan = placement_lib.place_tables(sizes, replicas, budget, placement.tables)
   rows = []
-  for t, (name, opt, slots, table_bytes), placed in zip(
-    tables, facts, plan.placements
-  ):
+  for i, (t, placed) in enumerate(zip(tables, plan.placements)):
     sharded = placed.placement == placement_lib.ROW_SHARDED
     rows.append(
-      TableMemory(
-        table=name,
-        vocabulary_size=t.vocabulary_size,
-        dim=t.dim,
-        optimizer=opt,
-        slots=slots,
-        table_bytes=table_bytes,
-        slot_bytes=len(slots) * table_bytes,
-        shards=replicas if sharded else 1,
+      _memory_row(
+        i,
+        t,
+        optimizer,
+        replicas if sharded else 1,
         bytes_per_device=placed.bytes_per_device,
         reason=placed.reason,
         exchange_bytes=placed.exchange_bytes,
@@ -612,34 +616,17 @@ def _place_by_backend(
     can_shard = int(num_shards)
   rows = []
   for i, table in enumerate(tables):
-    table_name, opt, slots, table_bytes = _table_facts(i, table, optimizer)
-    width = table.dim * table.dtype.size
+    total = _memory_row(i, table, optimizer, 1).bytes_per_device
     if name == "sharded":  # placement is a software choice: per table
-      shards, reason = _choose(
-        table_bytes * (1 + len(slots)), can_shard, budget, name
-      )
+      shards, reason = _choose(total, can_shard, budget, name)
     elif can_shard > 1:  # the TPU embedding engine shards every table
       shards, reason = (
         can_shard,
         (f"{name!r} shards every table over the {can_shard} TPU cores"),
       )
     else:
-      shards, reason = _choose(table_bytes * (1 + len(slots)), 1, budget, name)
-    rows_per_device = math.ceil(table.vocabulary_size / shards)
-    rows.append(
-      TableMemory(
-        table=table_name,
-        vocabulary_size=table.vocabulary_size,
-        dim=table.dim,
-        optimizer=opt,
-        slots=slots,
-        table_bytes=table_bytes,
-        slot_bytes=len(slots) * table_bytes,
-        shards=shards,
-        bytes_per_device=rows_per_device * width * (1 + len(slots)),
-        reason=reason,
-      )
-    )
+      shards, reason = _choose(total, 1, budget, name)
+    rows.append(_memory_row(i, table, optimizer, shards, reason=reason))
   return rows
 
 

@@ -55,31 +55,18 @@ WIDTHS = {"f1": 3, "f2": 2, "f3": 4, "m": 2, "a": 3}
 
 
 def batches(num=2, seed=0):
-  """Global batches: ragged bags (empty, repeated, too long), dense ids."""
-  rng = np.random.default_rng(seed)
-
-  def ragged(vocab, longest):
-    lengths = rng.integers(0, longest + 1, BATCH)
-    return tf.RaggedTensor.from_row_lengths(
-      rng.integers(0, vocab, lengths.sum()), lengths
-    )
-
+  """Global batches: `test_compiled_path`'s (ragged bags, empty, repeated and
+  too long, weights, dense ids) and bags for the two more tables."""
+  rng = np.random.default_rng(seed + 100)
   out = []
-  for _ in range(num):
-    f = {
-      "f1": ragged(5, 4),
-      "f2": ragged(23, 2),
-      "f3": ragged(31, 5),
-      "s": ragged(17, 4),
-      "d": tf.constant(rng.integers(0, 13, BATCH)),
-      "m": ragged(11, 3),
-      "a": ragged(19, 3),
-    }
-    w3 = tf.RaggedTensor.from_row_lengths(
-      rng.uniform(0.1, 2.0, f["f3"].values.shape[0]).astype(np.float32),
-      f["f3"].row_lengths(),
-    )
-    out.append((f, {k: (w3 if k == "f3" else None) for k in f}))
+  for features, weights in compiled.make_batches(num, BATCH, seed):
+    for name, vocab in (("m", 11), ("a", 19)):
+      lengths = rng.integers(0, 4, BATCH)
+      features[name] = tf.RaggedTensor.from_row_lengths(
+        rng.integers(0, vocab, lengths.sum()), lengths
+      )
+      weights[name] = None
+    out.append((features, weights))
   return out
 
 
@@ -95,15 +82,7 @@ def loss_fn(acts):
   return tf.reduce_sum(tf.square(x @ tf.constant(HEAD, tf.float32) - 1.0))
 
 
-def state(emb):
-  """Every table and slot as NumPy, by "<table>/<slot>"."""
-  out = {}
-  for table, var in emb.embedding_tables.items():
-    out[f"{table.name}/parameters"] = tf.convert_to_tensor(var).numpy()
-  for name, slots in emb.slot_variables().items():
-    for key, var in slots.items():
-      out[f"{name}/{key}"] = tf.convert_to_tensor(var).numpy()
-  return out
+state = compiled.table_state  # every table and slot, "<table>/<slot>"
 
 
 def train(emb, strategy, data):

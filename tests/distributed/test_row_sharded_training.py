@@ -6,50 +6,44 @@ a sharded run's checkpoint resumed replicated; Keras `fit` against the
 backend's own loop on one replica (`tests.layers.test_embedding_layer`).
 """
 
-import functools
 import os
 import re
 import subprocess
 import sys
 
+import gin as gin_lib
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from recsys import layers, planning
+from recsys import cli, layers, planning
 from recsys._keras import keras
-from recsys.features import EmbeddingSettings
-from recsys.models import DLRM
-from recsys.training import Trainer
 from tests.conftest import mirrored_strategy
 from tests.layers import test_embedding_layer as layer_case
-from tests.training.sources import ArraySource
+from tests.training import test_trainer
 from tests.training.test_trainer import state
 
 E = tf.tpu.experimental.embedding
-VOCAB = 24  # even: halves and quarters of a table hold the same rows
-TABLE_BYTES = VOCAB * 7 * 4 * 2  # Adagrad: the table and its accumulators
-#: A device whose budget (HEADROOM x memory) is half the two tables.
-TWICE_THE_BUDGET = planning.EmbeddingPlacement(
-  device_memory=int(TABLE_BYTES / planning.HEADROOM)
+ROOT = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
+#: A device whose budget (HEADROOM x memory) holds the two tables (23 x 7,
+#: Adagrad: one slot) row-sharded over 2 replicas (12 rows each), not
+#: replicated (1.9x the budget).
+BUDGET = planning.EmbeddingPlacement(
+  device_memory=int(2 * 12 * 7 * 4 * 2 / planning.HEADROOM)
 )
 
 
 def make(model_dir, strategy=None, placement=None, steps=6):
-  return Trainer(
-    str(model_dir),
-    ArraySource(vocab=VOCAB),
-    functools.partial(DLRM, bottom_mlp=(11, 7), top_mlp=(11,)),
-    strategy=strategy,
-    embedding=EmbeddingSettings(dim=7),
-    embedding_optimizer=E.Adagrad(0.1),
-    global_batch_size=12,
+  return test_trainer.make_trainer(
+    model_dir,
+    strategy,
     train_steps=steps,
+    global_batch_size=12,
     steps_per_loop=3,
     eval_steps=2,
-    progress_bar=False,
     summaries=False,
-    seed=3,
     placement=placement,
   )
 
@@ -74,10 +68,10 @@ def replicated(tmp_path_factory):
 @pytest.mark.parametrize(
   "replicas", [2, pytest.param(4, marks=pytest.mark.slow)]
 )
-def test_planner_shards_tables_twice_the_budget_same_numbers(
+def test_planner_shards_tables_over_the_budget_same_numbers(
   replicated, tmp_path, replicas
 ):
-  trainer = make(tmp_path, mirrored_strategy(replicas), TWICE_THE_BUDGET)
+  trainer = make(tmp_path, mirrored_strategy(replicas), BUDGET)
   assert trainer.backend.placements() == {
     "user": "row_sharded",
     "tags": "row_sharded",
@@ -93,8 +87,8 @@ def test_planner_shards_tables_twice_the_budget_same_numbers(
 
 
 def test_one_replica_refuses_what_only_fits_sharded(tmp_path):
-  with pytest.raises(planning.MemoryPlanError, match="tables need 2.6 KiB"):
-    make(tmp_path, placement=TWICE_THE_BUDGET)
+  with pytest.raises(planning.MemoryPlanError, match="tables need 2.5 KiB"):
+    make(tmp_path, placement=BUDGET)
 
 
 def test_keras_fit_on_row_sharded_tables_equals_the_loop_on_one_replica():
@@ -127,7 +121,7 @@ def test_keras_fit_on_row_sharded_tables_equals_the_loop_on_one_replica():
 
 
 @pytest.mark.slow
-def test_recsys_train_prints_the_plan_and_trains_sharded(tmp_path):
+def test_recsys_train_prints_the_plan_and_trains_sharded(tmp_path, capsys):
   """`python -m recsys train` on 4 CPU replicas: the planner row-shards the
   DLRM's tables (twice a device's budget), prints it, and the checkpoint
   equals the 1-replica replicated run's on the same global batches."""
@@ -150,61 +144,55 @@ def test_recsys_train_prints_the_plan_and_trains_sharded(tmp_path):
   )
   # Adam: table + 2 slots; the tables are 64 rows x 4 x 4 bytes x 3.
   budget_memory = int(64 * 4 * 4 * 3 / 2 / planning.HEADROOM)
-  runs = {}
-  for name, bindings in {
-    "one": [],
-    "four": [
-      "train.num_cpu_replicas = 4",
-      "train.placement = @EmbeddingPlacement()",
-      f"EmbeddingPlacement.device_memory = {budget_memory}",
-    ],
-  }.items():
-    out = subprocess.run(
-      [
-        sys.executable,
-        "-m",
-        "recsys",
-        "train",
-        "--gin_file",
-        str(gin),
-        "--model_dir",
-        str(tmp_path / name),
-      ]
-      + [f"--gin_bindings={b}" for b in bindings],
-      capture_output=True,
-      text=True,
-      timeout=600,
-      env={**os.environ, "PYTHONPATH": os.getcwd()},
-      check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    runs[name] = out.stderr
-    if name == "four":
-      assert re.search(r"\bC1\b.*row_sharded /4", out.stderr), out.stderr
-  one = tf.train.load_checkpoint(str(tmp_path / "one" / "checkpoints"))
-  four = tf.train.load_checkpoint(str(tmp_path / "four" / "checkpoints"))
+  out = subprocess.run(
+    [sys.executable, "-m", "recsys", "train", "--gin_file", str(gin)]
+    + ["--model_dir", str(tmp_path / "four")]
+    + ["--gin_bindings=train.num_cpu_replicas = 4"]
+    + ["--gin_bindings=train.placement = @EmbeddingPlacement()"]
+    + [f"--gin_bindings=EmbeddingPlacement.device_memory = {budget_memory}"],
+    capture_output=True,
+    text=True,
+    timeout=900,
+    env={**os.environ, "PYTHONPATH": ROOT},
+    cwd=ROOT,
+    check=False,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert re.search(r"\bC1\b.*row_sharded /4", out.stderr), out.stderr
+  # The same gin on one replica, tables replicated; then the 4-replica
+  # checkpoint exported through the `serving` backend (TF's
+  # TPUEmbeddingForServing) on one device. Both in this process.
+  one, four = str(tmp_path / "one"), str(tmp_path / "four")
+  assert cli.main(["train", "--gin_file", str(gin), "--model_dir", one]) == 0
+  gin_lib.clear_config()  # as a new `recsys export` process starts
+  export = ["export", "--gin_file", str(gin), "--model_dir", four]
+  assert cli.main(export + ["--export_dir", str(tmp_path / "export")]) == 0
+  assert "exported step 4" in capsys.readouterr().out
+  one_ckpt = tf.train.load_checkpoint(os.path.join(one, "checkpoints"))
+  four_ckpt = tf.train.load_checkpoint(os.path.join(four, "checkpoints"))
   keys = [
     k
-    for k in one.get_variable_to_shape_map()
+    for k in one_ckpt.get_variable_to_shape_map()
     if k.startswith("embedding/") and "ATTRIBUTES" in k
   ]
   assert len(keys) == 2 * 3  # 2 tables and their Adam slots
   for key in keys:
     np.testing.assert_allclose(
-      four.get_tensor(key), one.get_tensor(key), rtol=1e-5, atol=1e-6
+      four_ckpt.get_tensor(key), one_ckpt.get_tensor(key), rtol=1e-5, atol=1e-6
     )
 
 
 @pytest.mark.slow
 def test_a_row_sharded_run_survives_sigkill_and_sigterm(tmp_path, monkeypatch):
-  """Killed (SIGKILL mid-step, then SIGTERM), resumed: bit-identical to one
-  uninterrupted run, as replicated runs (`tests.reliability`)."""
+  """Killed (SIGKILL mid-step, then SIGTERM), resumed: the same final state
+  as one uninterrupted run (here, in this process), as replicated runs
+  (`tests.reliability.test_crash_resume`)."""
   from tests.reliability import test_crash_resume as crash  # pylint: disable=g-import-not-at-top
+  from tests.reliability import train_worker as worker  # pylint: disable=g-import-not-at-top
 
+  steps = 6
   monkeypatch.setenv("RECSYS_TEST_ROW_SHARDED", "2")
-  monkeypatch.setattr(crash, "STEPS", 8)
-  whole = crash.Worker(tmp_path / "whole", tmp_path / "whole.npz")
-  assert whole.expect("resumed") == 0 and whole.wait() == 0
+  monkeypatch.setattr(crash, "STEPS", steps)
   model_dir, out = tmp_path / "model", tmp_path / "final.npz"
   first = crash.Worker(model_dir, out)
   assert first.expect("resumed") == 0
@@ -221,4 +209,17 @@ def test_a_row_sharded_run_survives_sigkill_and_sigterm(tmp_path, monkeypatch):
   assert crash.latest_checkpoint_step(model_dir) == stopped
   last = crash.Worker(model_dir, out)
   assert last.expect("resumed") == stopped and last.wait() == 0
-  crash.assert_same_state(out, tmp_path / "whole.npz")
+
+  # The worker's run (`tests.reliability.train_worker`), uninterrupted.
+  whole = worker.make_trainer(
+    tmp_path / "whole",
+    steps,
+    strategy=mirrored_strategy(2),
+    placement=planning.EmbeddingPlacement(tables=worker.ROW_SHARDED),
+  )
+  whole.train()
+  final = np.load(out)
+  want = state(whole)
+  assert sorted(final.files) == sorted(want)
+  for key, value in want.items():
+    np.testing.assert_allclose(final[key], value, rtol=1e-6, atol=1e-7)

@@ -30,6 +30,10 @@ class _PrintSteps(logging.Handler):
       print(message.split("/")[0], flush=True)
 
 
+#: The tables RECSYS_TEST_ROW_SHARDED row-shards: all of them.
+ROW_SHARDED = {"user": "row_sharded", "tags": "row_sharded"}
+
+
 def _row_sharded() -> dict:
   """The strategy and placement of RECSYS_TEST_ROW_SHARDED (or nothing)."""
   replicas = int(os.environ.get("RECSYS_TEST_ROW_SHARDED", "0"))
@@ -39,20 +43,17 @@ def _row_sharded() -> dict:
   from recsys.training import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
 
   strategy, _ = strategy_lib.make_strategy(num_cpu_replicas=replicas)
-  tables = {"user": "row_sharded", "tags": "row_sharded"}
   return {
     "strategy": strategy,
-    "placement": planning.EmbeddingPlacement(tables=tables),
+    "placement": planning.EmbeddingPlacement(tables=ROW_SHARDED),
   }
 
 
-def main(model_dir: str, out_path: str, steps: int) -> int:
-  tf.config.experimental.enable_op_determinism()
-  logging.getLogger("recsys.training").addHandler(_PrintSteps())
-  logging.getLogger("recsys.training").setLevel(logging.INFO)
-  trainer = test_trainer.make_trainer(
+def make_trainer(model_dir: str, steps: int, **options):
+  """The worker's trainer: a checkpoint after every step, `options` added."""
+  return test_trainer.make_trainer(
     model_dir,
-    **_row_sharded(),
+    **options,
     train_steps=steps,
     steps_per_loop=1,
     checkpoint_every=1,
@@ -60,6 +61,13 @@ def main(model_dir: str, out_path: str, steps: int) -> int:
     summaries=False,
     eval_steps=1,
   )
+
+
+def main(model_dir: str, out_path: str, steps: int) -> int:
+  tf.config.experimental.enable_op_determinism()
+  logging.getLogger("recsys.training").addHandler(_PrintSteps())
+  logging.getLogger("recsys.training").setLevel(logging.INFO)
+  trainer = make_trainer(model_dir, steps, **_row_sharded())
   print(f"resumed {trainer.restored_step}", flush=True)
   try:
     trainer.train()

@@ -437,10 +437,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
   # The serving backend restores a checkpoint of any training backend
   # (SparseCore's stacked tables included) on CPU; the export copies its
-  # tables without the optimizer slots.
+  # tables without the optimizer slots. Where the training devices held the
+  # tables (train.placement, a device's memory) does not apply here.
   trainer = _call_train(
     args,
-    ["train.progress_bar = False", "train.summaries = False"],
+    [
+      "train.progress_bar = False",
+      "train.summaries = False",
+      "train.placement = None",
+    ],
     action="build",
     backend="serving",
     strategy=tf.distribute.get_strategy(),

@@ -164,8 +164,10 @@ def test_recsys_train_prints_the_plan_and_trains_sharded(tmp_path, capsys):
   # TPUEmbeddingForServing) on one device. Both in this process.
   one, four = str(tmp_path / "one"), str(tmp_path / "four")
   assert cli.main(["train", "--gin_file", str(gin), "--model_dir", one]) == 0
+  # The run's own operative config: its device budget (train.placement)
+  # is the training devices', not the exporting host's.
   gin_lib.clear_config()  # as a new `recsys export` process starts
-  export = ["export", "--gin_file", str(gin), "--model_dir", four]
+  export = ["export", "--model_dir", four]
   assert cli.main(export + ["--export_dir", str(tmp_path / "export")]) == 0
   assert "exported step 4" in capsys.readouterr().out
   one_ckpt = tf.train.load_checkpoint(os.path.join(one, "checkpoints"))

@@ -23,7 +23,8 @@ combined with its table's combiner; a sequence feature yields `[B, L, D]` with
 
 import abc
 import dataclasses
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import (
   Any,
   ClassVar,
@@ -40,6 +41,8 @@ from tensorflow.python.trackable import (
   data_structures,  # pylint: disable=g-direct-tensorflow-import
 )
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
+
+from backends import inputs as inputs_lib
 
 embedding = tf.tpu.experimental.embedding
 
@@ -82,6 +85,31 @@ def input_kind(ids: Any) -> str | None:
   return None
 
 
+def cross_replica_build(build: Callable[..., None]) -> Callable[..., None]:
+  """Makes a backend's `build()` work from inside a replica function.
+
+  Keras builds a layer at its first call, which for a subclassed model (every
+  TFRS tutorial's) is inside `fit`'s replica step: `strategy.run` under
+  `MirroredStrategy`, `MultiWorkerMirroredStrategy` or `TPUStrategy`, where
+  `strategy.scope()` is refused. Called there, the decorated `build` runs
+  once for all replicas in cross-replica context (`merge_call`), as TF's own
+  variable creation does; elsewhere it runs as it is.
+  """
+
+  @functools.wraps(build)
+  def wrapper(self, *args, **kwargs):
+    if (
+      tf.distribute.has_strategy()
+      and not tf.distribute.in_cross_replica_context()
+    ):
+      return tf.distribute.get_replica_context().merge_call(
+        lambda _: build(self, *args, **kwargs)
+      )
+    return build(self, *args, **kwargs)
+
+  return wrapper
+
+
 class GradientShapeError(ValueError):
   """An activation gradient's shape differs from its activation's shape."""
 
@@ -90,8 +118,17 @@ class GradientShapeError(ValueError):
   __init__ = Exception.__init__
 
 
+class GradientDtypeError(TypeError):
+  """An activation gradient that is not a floating-point tensor."""
+
+  __init__ = Exception.__init__  # see GradientShapeError
+
+
 def check_activation_gradients(
-  paths: Sequence[str], gradients: Sequence[Any], activations: Sequence[Any]
+  paths: Sequence[str],
+  gradients: Sequence[Any],
+  activations: Sequence[Any],
+  tables: Sequence[str] | None = None,
 ) -> list[tf.Tensor | None]:
   """Refuses activation gradients whose shape is not their activation's.
 
@@ -107,6 +144,7 @@ def check_activation_gradients(
       `tf.IndexedSlices` or None (the loss does not use the feature).
     activations: per feature, the activations `lookup` returned (or their
       `tf.TensorShape` when no tensor is at hand).
+    tables: per feature, its table's name (named in the errors).
 
   Returns:
     The gradients as dense tensors (None stays None), carrying the run-time
@@ -114,9 +152,13 @@ def check_activation_gradients(
 
   Raises:
     GradientShapeError: naming the feature, the expected and the got shape.
+    GradientDtypeError: a gradient that is not floating point (an int32
+      tensor would be cast, or fail deep in the update), naming the feature,
+      its table and the dtype.
   """
   out: list[tf.Tensor | None] = []
-  for path, grad, act in zip(paths, gradients, activations):
+  names = list(tables) if tables is not None else [None] * len(paths)
+  for path, table, grad, act in zip(paths, names, gradients, activations):
     if grad is None:
       out.append(None)
       continue
@@ -124,6 +166,13 @@ def check_activation_gradients(
       grad = tf.convert_to_tensor(grad)
     elif not tf.is_tensor(grad):
       grad = tf.convert_to_tensor(grad)
+    if not grad.dtype.is_floating:
+      where = f" (table {table!r})" if table is not None else ""
+      raise GradientDtypeError(
+        f"activation gradient of feature {path!r}{where} has dtype "
+        f"{grad.dtype.name}; expected floating point (float32), the "
+        "gradient of the loss with respect to the feature's activations."
+      )
     expected = (
       act if isinstance(act, tf.TensorShape) else tf.TensorShape(act.shape)
     )
@@ -174,6 +223,85 @@ def check_activation_gradients(
     with tf.control_dependencies([check]):
       out.append(tf.identity(grad))
   return out
+
+
+def _batch_size(ids: Any) -> tuple[int | None, Any]:
+  """A feature input's batch size: (static value or None, a scalar tensor
+  or None when it cannot be read)."""
+  if isinstance(ids, inputs_lib.PaddedBags):
+    ids = ids.ids
+  if isinstance(ids, tf.SparseTensor):
+    static = tf.get_static_value(ids.dense_shape)
+    if static is not None:
+      return int(static[0]), None
+    return ids.shape[0], ids.dense_shape[0]
+  if isinstance(ids, tf.RaggedTensor):
+    return ids.shape[0], ids.nrows()
+  if tf.is_tensor(ids):
+    if ids.shape.rank == 0:
+      return None, None
+    return ids.shape[0], (tf.shape(ids)[0] if ids.shape.rank else None)
+  if isinstance(ids, (np.ndarray, list)):
+    shape = np.shape(ids)
+    return (shape[0] if shape else None), None
+  return None, None
+
+
+def check_batch_sizes(features: Sequence[str], flat_inputs: Sequence[Any]):
+  """Refuses features whose inputs have different batch sizes.
+
+  Each feature's activations have its input's batch size, so a `[3]` and a
+  `[1]` input would give activations of different batch sizes, silently.
+  Sizes known when tracing (always, eagerly) are compared right away; in a
+  graph, inputs whose size is known only at run time get one check in the
+  step (none in an XLA-compiled step, which cannot raise; its shapes are
+  static anyway).
+
+  Args:
+    features: per feature, its name for the message.
+    flat_inputs: per feature, its ids (dense, sparse, ragged or padded).
+
+  Raises:
+    inputs_lib.InvalidInputError: naming every feature and its batch size.
+  """
+  sizes = [_batch_size(ids) for ids in flat_inputs]
+  known = {
+    name: static
+    for name, (static, _) in zip(features, sizes)
+    if static is not None
+  }
+  message = (
+    "the features of one call must have the same batch size; got {}. "
+    "Pass one batch: every feature's ids with the same number of rows."
+  )
+  if len(set(known.values())) > 1:
+    raise inputs_lib.InvalidInputError(
+      message.format(", ".join(f"{n}: {b}" for n, b in known.items()))
+    )
+  dynamic = [
+    (name, size)
+    for name, (static, size) in zip(features, sizes)
+    if static is None and size is not None
+  ]
+  if not dynamic or (len(dynamic) == 1 and not known):
+    return
+  from tensorflow.python.ops import control_flow_util  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+
+  graph = tf.compat.v1.get_default_graph()
+  if control_flow_util.GraphOrParentsInXlaContext(graph):
+    return
+  values = [tf.cast(size, tf.int64) for _, size in dynamic]
+  values += [tf.constant(b, tf.int64) for b in known.values()]
+  stacked = tf.stack(values)
+  names = [n for n, _ in dynamic] + list(known)
+  head = message.split("{}")[0]
+  tf.debugging.Assert(
+    tf.reduce_all(tf.equal(stacked, stacked[0])),
+    [
+      (head + ", ".join(names)).replace("'", "`") + " have batch sizes",
+      stacked,
+    ],
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -393,6 +521,10 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
   def table_name(self, table: TableConfig) -> str:
     return self._names[id(table)]
 
+  def feature_table_names(self) -> list[str]:
+    """Per feature, in feature order, the name of its table."""
+    return [self.table_name(f.table) for _, f in self._flat_features]
+
   def optimizer_for(self, table: TableConfig) -> Any:
     """The embedding optimizer that applies to `table`."""
     return self._optimizers[self.table_name(table)]
@@ -503,6 +635,13 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
       ) from e
     if what == "features":
       self._check_input_kinds(flat)
+      check_batch_sizes(
+        [
+          f"{path!r} (table {self.table_name(feature.table)!r})"
+          for path, feature in self._flat_features
+        ],
+        flat,
+      )
     return flat
 
   def _check_input_kinds(self, flat: list[Any]) -> None:

@@ -137,6 +137,7 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
 
   # -- variables -----------------------------------------------------------
 
+  @base.cross_replica_build
   def build(self) -> None:
     """Creates tables and slots under the backend's strategy (idempotent)."""
     if self._built:
@@ -223,20 +224,11 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
     """Builds on first use, also from inside a replica function.
 
     TF's V0 builds lazily too: its documented loop first touches
-    `embedding_tables` inside `strategy.run`. There the variables are made
-    once, in cross-replica context (every replica reaches this merge).
+    `embedding_tables` inside `strategy.run`; `build` then runs once for
+    every replica, in cross-replica context (`base.cross_replica_build`).
     """
-    if self._built:
-      return
-    ctx = tf.distribute.get_replica_context()
-    if (
-      ctx is not None
-      and self._strategy.num_replicas_in_sync > 1
-      and not tf.distribute.in_cross_replica_context()
-    ):
-      ctx.merge_call(lambda _: self._maybe_build())
-      return
-    self.build()
+    if not self._built:
+      self.build()
 
   # -- host side -------------------------------------------------------------
 
@@ -391,6 +383,7 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
     Raises:
       RuntimeError: no `lookup(..., training=True)` earlier in this step.
       GradientShapeError: a gradient's shape is not its activation's.
+      GradientDtypeError: a gradient that is not floating point.
     """
     pending = self._pending.take()
     if pending is None:
@@ -406,7 +399,10 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
       engine,
       steps,
       base.check_activation_gradients(
-        [layout.path for layout in self._layouts], flat_grads, outputs
+        [layout.path for layout in self._layouts],
+        flat_grads,
+        outputs,
+        self.feature_table_names(),
       ),
     )
 

@@ -94,6 +94,7 @@ class MidLevelBackend(base.EmbeddingBackend):
     """The wrapped TF object (None before `build()`)."""
     return self._mid
 
+  @base.cross_replica_build
   def build(self) -> None:
     """Creates the TF object and its tables and slots (idempotent)."""
     if self._built:

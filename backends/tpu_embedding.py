@@ -407,7 +407,10 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
       activation_gradients, "activation gradients"
     )
     base.check_activation_gradients(
-      [path for path, _ in self._flat_features], flat_grads, flat_activations
+      [path for path, _ in self._flat_features],
+      flat_grads,
+      flat_activations,
+      self.feature_table_names(),
     )
     if self._version == "V2":
       self._mid.apply_gradients(

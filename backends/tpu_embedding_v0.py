@@ -120,6 +120,7 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
       [path for path, _ in self._flat_features],
       self._flatten_like_config(activation_gradients, "activation gradients"),
       flat_acts,
+      self.feature_table_names(),
     )
     targets = [a for a, g in zip(flat_acts, flat_grads) if g is not None]
     grads = [g for g in flat_grads if g is not None]

@@ -113,7 +113,7 @@ def main() -> None:
   print(f"{'run':40s} {'examples/s':>11s} {'eval AUC':>9s} {'wall s':>7s}")
   for name, m in runs.items():
     print(
-      f"{name:40s} {m['examples_per_second']:11,.0f} {m['eval/auc']:9.4f} "
+      f"{name:40s} {m['examples_per_second_steady']:11,.0f} {m['eval/auc']:9.4f} "
       f"{m['wall_seconds']:7.1f}"
     )
 

@@ -166,7 +166,7 @@ def main(argv=None) -> None:
           "replicas": replicas,
           "jit_compile": jit,
           "wall_s": round(time.time() - start, 1),
-          "examples_per_s": round(metrics.get("examples_per_second", 0)),
+          "examples_per_s": round(metrics.get("examples_per_second_steady", 0)),
           **{
             k: round(v, 4) for k, v in metrics.items() if k.startswith("eval/")
           },

@@ -115,7 +115,7 @@ def trainer_rates(steps: int) -> tuple:
       trainer = train_fn(model_dir, action="build")
       if cached:
         trainer.source = Cached(trainer.source)
-      rates.append(trainer.train()["examples_per_second"])
+      rates.append(trainer.train()["examples_per_second_steady"])
     finally:
       shutil.rmtree(model_dir, ignore_errors=True)
   return tuple(rates)

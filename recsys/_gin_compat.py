@@ -49,6 +49,26 @@ def evaluate(value: Any) -> Any:
   return value
 
 
+def referenced_configurable(
+  binding: str,
+) -> tuple[Callable[..., Any], dict[str, Any]] | None:
+  """What `binding`'s `@X()` / `@X` names, and X's bindings, unevaluated.
+
+  For a plan made without calling X (e.g. a data source whose files are not
+  there yet): `(X, {parameter: value})`, where a value that is a reference
+  or macro is left as gin parsed it (`evaluate` it, or skip it). None when
+  the binding is unset or not a reference.
+  """
+  try:
+    value = gin.query_parameter(binding)
+  except ValueError:
+    return None
+  if not isinstance(value, _config.ConfigurableReference):
+    return None
+  target = value.configurable.wrapped
+  return target, gin.get_bindings(target, resolve_references=False)
+
+
 # -- include search paths and file readers -------------------------------------
 
 
@@ -145,6 +165,19 @@ def names_location(message: str) -> bool:
 # -- where an error comes from -------------------------------------------------
 
 _GIN_DIR = os.path.dirname(os.path.abspath(gin.__file__)) + os.sep
+
+
+# Gin re-raises an error from inside a configurable with this line added to
+# its message, e.g. "  In call to configurable 'train' (<function train at
+# 0x7f...>)": a memory address, noise to a user reading the CLI's error.
+_CALL_TRAIL = re.compile(
+  r"\n?[ \t]*In call to configurable '[^']*' \(<[^\n]*>\)"
+)
+
+
+def without_call_trail(message: str) -> str:
+  """`message` without the "In call to configurable ..." lines gin adds."""
+  return _CALL_TRAIL.sub("", message)
 
 
 def raised_by_gin(error: BaseException) -> bool:

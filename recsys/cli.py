@@ -7,6 +7,8 @@ Examples:
   recsys train --gin_file experiments/movielens_ranking.gin \\
       --gin_bindings "MOVIELENS_DIR = '/data/ml-100k'" --model_dir runs/ml100k
   recsys evaluate --model_dir runs/demo
+  recsys evaluate --model_dir runs/ml100k --eval_on seed1 \\
+      --gin_bindings "MovieLens.seed = 1"
   recsys export --model_dir runs/demo --export_dir runs/demo/export
   recsys info --gin_file experiments/synthetic_dlrm.gin
 """
@@ -91,6 +93,19 @@ def _add_runtime_flags(parser: argparse.ArgumentParser) -> None:
   )
 
 
+def _add_allow_changed_settings(
+  parser: argparse.ArgumentParser, command: str
+) -> None:
+  parser.add_argument(
+    "--allow_changed_settings",
+    action="store_true",
+    help=f"{command} although settings that change the math (data, split, "
+    "features, model, ...) or the data files differ from those the run "
+    "trained with; refused by default, naming them. Allowed changes are "
+    "recorded in the model dir (changed_settings.jsonl) and the output.",
+  )
+
+
 def _command(sub, name: str, **kwargs) -> argparse.ArgumentParser:
   """A subcommand whose description and examples keep their line breaks."""
   return sub.add_parser(
@@ -155,14 +170,33 @@ def build_parser() -> argparse.ArgumentParser:
     help="evaluate the latest checkpoint of a model dir.",
     description="Restore the latest checkpoint of --model_dir and evaluate "
     "it; prints the metrics as JSON and, if the model dir is writable, "
-    "keeps them in eval_metrics.json (nothing else is written). Without "
-    "--gin_file the run's own operative_config.gin is used.",
+    "keeps them in eval_metrics.json (nothing else is written, but a line "
+    "in changed_settings.jsonl for allowed changes). Without "
+    "--gin_file the run's own operative_config.gin is used; settings or "
+    "data files that differ from the run's are refused, naming them "
+    "(--eval_on NAME evaluates on other data on purpose).",
     epilog="example:\n  recsys evaluate --model_dir runs/demo\n"
     "  recsys evaluate --model_dir runs/demo "
     "--gin_bindings 'train.eval_steps = None'",
   )
   _add_gin_flags(evaluate, required=False)
   evaluate.add_argument("--model_dir", required=True)
+  evaluate.add_argument(
+    "--eval_on",
+    default=None,
+    metavar="NAME",
+    help="evaluate on other data on purpose: the data settings given with "
+    "--gin_file/--gin_bindings (and the data files) may differ from the "
+    "run's, the model's may not; the results go to "
+    "eval_metrics-NAME.json, never to eval_metrics.json.",
+  )
+  evaluate.add_argument(
+    "--exclude_seen",
+    action="store_true",
+    help="retrieval: rank for each held-out pair only the candidates its "
+    "user did not interact with in training (train.exclude_seen).",
+  )
+  _add_allow_changed_settings(evaluate, "evaluate")
   _add_runtime_flags(evaluate)
 
   export = _command(
@@ -181,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
   _add_gin_flags(export, required=False)
   export.add_argument("--model_dir", required=True)
   export.add_argument("--export_dir", required=True)
+  _add_allow_changed_settings(export, "export")
   export.add_argument("-v", "--verbose", action="store_true")
 
   info = _command(
@@ -328,6 +363,8 @@ def _bindings(args: argparse.Namespace) -> list[str]:
     bindings.append("train.allow_changed_settings = True")
   if getattr(args, "skip_memory_check", False):
     bindings.append("train.skip_memory_check = True")
+  if getattr(args, "exclude_seen", False):
+    bindings.append("train.exclude_seen = True")
   return bindings
 
 
@@ -408,19 +445,32 @@ def _sigterm_exits_143() -> Iterator[None]:
 
 def cmd_train(args: argparse.Namespace) -> int:
   metrics = _call_train(args)
-  print(json.dumps(metrics, indent=2, sort_keys=True))
+  from recsys.training import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+
+  # In a multi-worker run every worker returns the metrics; one prints them.
+  if strategy_lib.is_chief_task():
+    print(json.dumps(metrics, indent=2, sort_keys=True))
   return 0
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-  metrics = _call_train(args, action="evaluate")  # reads the model dir only
-  print(json.dumps(metrics, indent=2, sort_keys=True))
   from recsys.training import run_dir  # pylint: disable=g-import-not-at-top
+  from recsys.training.train import evaluate_restored  # pylint: disable=g-import-not-at-top
 
   run = run_dir.RunDir(args.model_dir)
-  path = run.eval_metrics
+  name = args.eval_on
+  path = run.other_eval_metrics(name) if name else run.eval_metrics
+  trainer = _call_train(args, action="build")  # reads the model dir only
+  metrics, changes = evaluate_restored(trainer, other_data=bool(name))
+  if name:
+    metrics["eval_on"] = name
+  print(json.dumps(metrics, indent=2, sort_keys=True))
+  if name:  # what the other data was, next to its results
+    metrics["eval_input_files"] = trainer.input_fingerprints(eval_only=True)
   try:  # a convenience copy; a read-only model dir (e.g. a shared run) is fine
-    run.write_eval_metrics(metrics)
+    run.write_eval_metrics(metrics, name)
+    if changes:
+      run.record_changes("evaluate", trainer.restored_step, changes, path)
   except OSError as e:
     log.warning(
       "%s not written (%s); the metrics are printed above",
@@ -455,12 +505,34 @@ def cmd_export(args: argparse.Namespace) -> int:
       f"no checkpoint in {args.model_dir!r}/checkpoints to export; train "
       "first with `recsys train ... --model_dir`."
     )
-  path = export_lib.export(trainer, args.export_dir)
-  print(f"exported step {trainer.restored_step} to {path}")
+  step = trainer.restored_step
+  changes = trainer.check_restored("export")
+  provenance = {
+    "model_dir": os.path.abspath(args.model_dir),
+    "step": step,
+    "changed_settings": changes.lines(),
+    "input_files": trainer.input_fingerprints(),
+  }
+  path = export_lib.export(
+    trainer,
+    args.export_dir,
+    extra_files={export_lib.PROVENANCE_FILE: json.dumps(provenance, indent=2)},
+  )
+  if changes:
+    trainer.run_dir.record_changes("export", step, changes, path)
+  changed = "".join(f"\n  changed: {line}" for line in changes.lines())
+  print(f"exported step {step} to {path}{changed}")
   return 0
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+  """What `recsys train` with the same flags would run on, and its tables.
+
+  With gin files, the strategy is the one `train` builds from them (e.g.
+  cpu_2replicas.gin's two mirrored replicas), and the memory plan comes
+  from the data source, or from its gin settings when its files are not
+  there yet (a folder macro may stay unbound).
+  """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   import recsys  # pylint: disable=g-import-not-at-top
@@ -483,6 +555,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     lines.append(f"could not import: {', '.join(missing)}")
   feature_config, optimizer, backend = None, None, args.backend or "auto"
   plan_args: dict[str, Any] = {}
+  note = ""
   if args.gin_file:
     from recsys.training.train import (  # pylint: disable=g-import-not-at-top
       configured_embedding,
@@ -490,10 +563,13 @@ def cmd_info(args: argparse.Namespace) -> int:
       configured_strategy,
     )
 
-    config.parse(args.gin_file, args.gin_bindings)
+    # Not finalized: a data folder's required macro may stay unbound here.
+    config.parse(args.gin_file, args.gin_bindings, finalize=False)
     # The run's strategy (train.num_cpu_replicas), before TF's runtime starts.
     strategy, _ = configured_strategy(args.tpu)
-    feature_config, optimizer, backend = configured_embedding(args.backend)
+    feature_config, optimizer, backend, note = configured_embedding(
+      args.backend
+    )
     plan_args = configured_placement(feature_config, strategy)
   else:
     strategy, _ = strategy_lib.make_strategy(args.tpu)
@@ -508,6 +584,8 @@ def cmd_info(args: argparse.Namespace) -> int:
       **plan_args,
     )
   )
+  if note:
+    lines.append(note)
   from backends import kernels  # pylint: disable=g-import-not-at-top
 
   lines.append(f"fused CPU kernels (tensorcore on CPU): {kernels.status()}")
@@ -598,7 +676,7 @@ def _run_command(args: argparse.Namespace) -> int:
       return exit_code
     if args.verbose:
       raise
-    return _report(args.command, e)
+    return _report(args.command, e, 2 if _is_configuration_error(e) else 1)
   except Exception as e:  # noqa: BLE001 - TF's errors raised inside a step
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -607,24 +685,47 @@ def _run_command(args: argparse.Namespace) -> int:
     return _report(args.command, e)
 
 
-def _report(command: str, error: BaseException) -> int:
-  """Prints a failed command's error in one line; the exit code, 1."""
+def _report(command: str, error: BaseException, exit_code: int = 1) -> int:
+  """Prints a failed command's error in one line; returns `exit_code`."""
   print(
     f"recsys {command}: {type(error).__name__}: {_short(error)}\n(run "
     "with --verbose for the traceback)",
     file=sys.stderr,
   )
-  return 1
+  return exit_code
+
+
+def _is_configuration_error(error: BaseException) -> bool:
+  """Whether the settings asked for what cannot be (exit status 2, as gin
+  and flag errors): an unknown backend, option or preset, a backend that
+  cannot run under this strategy, trainer settings that do not fit."""
+  from backends import base, registry  # pylint: disable=g-import-not-at-top
+  from recsys.training import settings  # pylint: disable=g-import-not-at-top
+
+  return isinstance(
+    error,
+    (
+      registry.UnknownBackendError,
+      registry.UnknownBackendOptionError,
+      base.UnsupportedConfigError,
+      base.BackendUnavailableError,
+      settings.TrainerConfigError,
+    ),
+  ) and not isinstance(error, base.UnsupportedInputError)
 
 
 def _short(error: BaseException) -> str:
-  """An error's own message: TF's OpErrors without their graph-node trail."""
+  """An error's own message: TF's OpErrors without their graph-node trail,
+  without the "In call to configurable ..." line gin adds."""
+  from recsys import _gin_compat  # pylint: disable=g-import-not-at-top
+
   message = getattr(error, "message", None) or str(error)
+  message = _gin_compat.without_call_trail(str(message))
   kept = [
     line
     for line in str(message).splitlines()
     if line.strip()
-    and not line.lstrip().startswith(("[[", "\t [["))
+    and not line.lstrip().startswith(("[[", "\t [[", "In call to configurable"))
     and "Op:__inference" not in line
   ]
   return "\n".join(kept) or str(error)

@@ -19,6 +19,8 @@ Example:
 import contextlib
 import dataclasses
 import os
+import re
+import textwrap
 from collections.abc import Iterator
 
 from recsys import _gin_compat
@@ -42,6 +44,9 @@ class Experiment:
   summary: str
 
 
+_SENTENCE_END = re.compile(r"(?<![.\s])\.(\s|$)")
+
+
 def _summary(path: str, width: int = 90) -> str:
   """The opening comment's first sentence (what the file configures)."""
   words = []
@@ -52,9 +57,11 @@ def _summary(path: str, width: int = 90) -> str:
         break
       words += text.lstrip("# ").split()
   comment = " ".join(words)
-  end = comment.find(". ")
-  sentence = comment[: end + 1] if end >= 0 else comment
-  return sentence if len(sentence) <= width else sentence[: width - 3] + "..."
+  end = _SENTENCE_END.search(comment)  # not the dots of "day_0 .. day_22"
+  sentence = comment[: end.start() + 1] if end else comment
+  return textwrap.shorten(  # cut between whole words
+    sentence, width, break_on_hyphens=False, placeholder=" ..."
+  )
 
 
 def list_experiments() -> list[Experiment]:

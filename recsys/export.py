@@ -35,6 +35,15 @@ Their outputs are those of the id signatures, plus `unknown_<input>` bool `[B]`
 retrieval, "candidate_raw_ids" (string `[B, k]`). Synthetic sources have no
 raw form and no raw signatures.
 
+Top k without what a user has seen (retrieval, when the source has a query
+id and a finite training split): "top_k" (the id signature's inputs) and
+"top_k_raw" (the raw signature's: for MovieLens only the raw user id), each
+with `exclude_seen` bool `[B]`. A row with `exclude_seen` True leaves out
+the candidates its user interacted with in the training split, looked up
+from the user id in the export's own table (`recsys.models.seen_items`),
+as `exclude_seen` evaluation ranks them; missing results are id -1 (raw
+id "") with score -inf. See docs/retrieval.md.
+
 Example:
   >>> path = export(trainer, "/tmp/export")
   >>> serve = tf.saved_model.load(path).signatures["serving_default"]
@@ -50,10 +59,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from backends import serving
-from recsys import atomic_dir
+from recsys import atomic_dir, serving_checks
 from recsys._keras import keras, tf
 from recsys.data.raw import RawParser
 from recsys.data.spec import FeatureSpec
+from recsys.models import retrieval_index
+from recsys.models import seen_items as seen_lib
+from recsys.models.errors import ModelConfigError
 from recsys.training import loop as loop_lib
 
 log = logging.getLogger("recsys.export")
@@ -96,7 +108,11 @@ def to_features(
   """Raw signature inputs -> a batch's `features` dict (the data contract).
 
   Padded `[B, W]` ids (-1 = padding) become `tf.RaggedTensor` `[B, None]`.
+  Shapes and ids are checked first (`serving_checks`: an error naming the
+  inputs and shapes, or the feature, row and id).
   """
+  inputs = serving_checks.checked_shapes(inputs)
+  inputs = serving_checks.checked_ids(inputs, specs, names)
   by_name = {s.name: s for s in specs}
   categorical, weights = {}, {}
   for name in names:
@@ -129,6 +145,10 @@ class ServingModule(tf.Module):
     k: retrieval only: candidates returned per query.
     raw_parser: the data source's raw-value parser (`source.raw_parser()`);
       None: no raw signatures.
+    seen: retrieval only: each user's training candidates
+      (`recsys.models.seen_items.SeenItems`); adds the "top_k" and
+      "top_k_raw" signatures, which can leave them out.
+    query_id_feature: the query id `seen` is keyed by (e.g. "user_id").
   """
 
   def __init__(
@@ -140,6 +160,8 @@ class ServingModule(tf.Module):
     corpus=None,
     k: int = 100,
     raw_parser: RawParser | None = None,
+    seen: seen_lib.SeenItems | None = None,
+    query_id_feature: str | None = None,
   ):
     super().__init__(name="recsys_serving")
     self.model = model
@@ -153,6 +175,14 @@ class ServingModule(tf.Module):
       self.corpus_ids = tf.Variable(tf.cast(ids, tf.int64), trainable=False)
       self.corpus_embeddings = tf.Variable(embeddings, trainable=False)
       self._k = int(min(k, int(ids.shape[0])))
+      self._id_space = int(tf.reduce_max(ids)) + 1 if ids.shape[0] else 1
+    if seen is not None and not query_id_feature:
+      raise ValueError(
+        "ServingModule: seen items need the query_id_feature they are "
+        "keyed by (e.g. 'user_id')."
+      )
+    self.seen = seen
+    self._query_id = query_id_feature or ""
 
   def activations(self, features: Mapping[str, Any], names: Sequence[str]):
     """Embedding lookups of `names` on the serving embedding's tables."""
@@ -209,9 +239,60 @@ class ServingModule(tf.Module):
       "query_embeddings": query_embeddings.get_concrete_function(q_sig),
       "candidate_embeddings": candidate_embeddings.get_concrete_function(c_sig),
     }
+    if self.seen is not None:
+      signatures.update(self._seen_id_signature(query_embeddings, q_sig))
     if self.raw_parser is not None:
       signatures.update(self._raw_retrieval_signatures())
     return signatures
+
+  # -- top-k without what a user has seen --------------------------------------
+
+  def _top_k_excluding(
+    self, queries: tf.Tensor, user_ids: tf.Tensor, exclude: tf.Tensor
+  ) -> dict[str, tf.Tensor]:
+    """The corpus top-k of `queries` `[B, K]`; a row whose `exclude` is True
+    leaves out the candidates its user (`user_ids` `[B]`) interacted with in
+    training (ranked as the evaluation with `exclude_seen` ranks them). Rows
+    with fewer than k others left get id -1 and score -inf at the end."""
+    scores = tf.matmul(queries, self.corpus_embeddings, transpose_b=True)
+    seen = retrieval_index.excluded_mask(
+      self._seen.padded(user_ids), self._id_space
+    )
+    hidden = tf.gather(seen, self.corpus_ids, axis=1)
+    hidden &= tf.reshape(tf.cast(exclude, tf.bool), [-1, 1])
+    scores = tf.where(hidden, -float("inf"), scores)
+    values, index = tf.math.top_k(scores, k=self._k)
+    ids = tf.where(
+      tf.gather(hidden, index, batch_dims=1),
+      tf.constant(-1, tf.int64),
+      tf.gather(self.corpus_ids, index),
+    )
+    return {"scores": values, "candidate_ids": ids}
+
+  @property
+  def _seen(self) -> seen_lib.SeenItems:
+    if self.seen is None:
+      raise ValueError("this export holds no seen items (seen=None)")
+    return self.seen
+
+  def _seen_id_signature(self, query_embeddings, q_sig) -> dict[str, Any]:
+    """ "top_k": the id signature's inputs (plus the query id if the towers
+    do not read it) and `exclude_seen` bool `[B]`."""
+    sig = dict(q_sig)
+    user = self._query_id
+    if user not in sig:
+      sig[user] = tf.TensorSpec([None], tf.int64, user)
+    sig["exclude_seen"] = tf.TensorSpec([None], tf.bool, "exclude_seen")
+
+    @tf.function(autograph=False)
+    def top_k(inputs):
+      inputs = dict(inputs)
+      exclude = inputs.pop("exclude_seen")
+      user_ids = inputs[user] if user in q_sig else inputs.pop(user)
+      q = query_embeddings(inputs)["embeddings"]
+      return self._top_k_excluding(q, user_ids, exclude)
+
+    return {"top_k": top_k.get_concrete_function(sig)}
 
   # -- raw signatures ---------------------------------------------------------
 
@@ -226,6 +307,7 @@ class ServingModule(tf.Module):
     self, inputs: Mapping[str, tf.Tensor], names: Sequence[str]
   ):
     """Raw inputs -> (features of `names`, `unknown_<input>` flags)."""
+    inputs = serving_checks.checked_shapes(inputs)
     features = self._parser.parse_raw(inputs, names)
     unknown = {
       f"unknown_{k}": v for k, v in self._parser.unknown(inputs).items()
@@ -279,14 +361,57 @@ class ServingModule(tf.Module):
         out["candidate_raw_ids"] = names
       return out
 
-    return {
+    signatures = {
       "serving_raw": raw_top_k.get_concrete_function(q_sig),
       "raw_query_embeddings": raw_query.get_concrete_function(q_sig),
       "raw_candidate_embeddings": raw_candidate.get_concrete_function(c_sig),
     }
+    if self.seen is not None:
+      signatures["top_k_raw"] = self._seen_raw_signature(raw_query, q_sig)
+    return signatures
+
+  def _seen_raw_signature(self, raw_query, q_sig):
+    """ "top_k_raw": "serving_raw"'s inputs (at least the raw user id) and
+    `exclude_seen` bool `[B]`; the user's seen items come from the raw id."""
+    user = self._query_id
+    sig = dict(q_sig)
+    sig.update(self._parser.raw_feature_spec([user]))
+    sig["exclude_seen"] = tf.TensorSpec([None], tf.bool, "exclude_seen")
+    id_feature = self.model.candidate_id_feature
+
+    @tf.function(autograph=False)
+    def top_k_raw(inputs):
+      inputs = dict(inputs)
+      exclude = inputs.pop("exclude_seen")
+      user_ids = self._parser.parse_raw(inputs, [user])["categorical"][user]
+      out = raw_query({k: inputs[k] for k in q_sig})
+      out.update(
+        self._top_k_excluding(out.pop("embeddings"), user_ids, exclude)
+      )
+      names = self._parser.raw_ids(
+        id_feature, tf.maximum(out["candidate_ids"], 0)
+      )
+      if names is not None:
+        out["candidate_raw_ids"] = tf.where(
+          out["candidate_ids"] >= 0, names, ""
+        )
+      return out
+
+    return top_k_raw.get_concrete_function(sig)
 
 
-def export(trainer: Any, export_dir: str, k: int = 100) -> str:
+#: Where `recsys export` says what was exported (model dir, step, changed
+#: settings, input files), inside the SavedModel folder: TF Serving's
+#: folder for extra files, which loaders ignore.
+PROVENANCE_FILE = os.path.join("assets.extra", "recsys_export.json")
+
+
+def export(
+  trainer: Any,
+  export_dir: str,
+  k: int = 100,
+  extra_files: Mapping[str, str] | None = None,
+) -> str:
   """Writes a CPU-serving SavedModel of a trainer's (restored) model.
 
   Args:
@@ -295,6 +420,8 @@ def export(trainer: Any, export_dir: str, k: int = 100) -> str:
     export_dir: the SavedModel directory: created, or replaced whole if it
       holds a SavedModel (a kill midway leaves the previous one).
     k: retrieval only: candidates returned per query.
+    extra_files: relative path -> text, written into the SavedModel folder
+      with it (e.g. `PROVENANCE_FILE`).
 
   Returns:
     `export_dir`.
@@ -316,6 +443,7 @@ def export(trainer: Any, export_dir: str, k: int = 100) -> str:
       "ids.",
       type(trainer.source).__name__,
     )
+  seen, query_id = _seen_items(trainer)
   module = ServingModule(
     trainer.model,
     serving.ServingEmbedding.from_backend(trainer.backend),
@@ -324,6 +452,8 @@ def export(trainer: Any, export_dir: str, k: int = 100) -> str:
     corpus=corpus,
     k=k,
     raw_parser=raw_parser,
+    seen=seen,
+    query_id_feature=query_id,
   )
   # Written next to export_dir and swapped in whole: a kill at any moment
   # leaves the previous export (if any) loadable, never a mixture.
@@ -332,8 +462,27 @@ def export(trainer: Any, export_dir: str, k: int = 100) -> str:
   ) as tmp:
     signatures = module.signatures()
     tf.saved_model.save(module, tmp, signatures=signatures)
+    for name, text in (extra_files or {}).items():
+      path = os.path.join(tmp, name)
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
   log.info("exported signatures: %s", ", ".join(sorted(signatures)))
   return export_dir
+
+
+def _seen_items(trainer: Any) -> tuple[Any, str | None]:
+  """(the training split's `SeenItems`, its query id feature) for the
+  "top_k" signatures of a retrieval export; (None, None) when the source
+  has no query id or no finite training split (logged)."""
+  if not trainer.is_retrieval:
+    return None, None
+  try:
+    query_id = seen_lib.query_id_feature_of(trainer.source)
+    return trainer.seen_items(), query_id
+  except ModelConfigError as e:
+    log.info("export: no top_k signatures (seen items): %s", e)
+    return None, None
 
 
 def _is_saved_model(path: str) -> bool:
@@ -344,4 +493,10 @@ def _is_saved_model(path: str) -> bool:
   )
 
 
-__all__ = ["ServingModule", "export", "input_signature", "to_features"]
+__all__ = [
+  "PROVENANCE_FILE",
+  "ServingModule",
+  "export",
+  "input_signature",
+  "to_features",
+]

@@ -38,6 +38,7 @@ Example:
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -93,6 +94,18 @@ def tasks(spec: dict[str, list[str]]) -> list[tuple[str, int]]:
 
 def task_name(job: str, index: int) -> str:
   return "chief" if job == "chief" else f"{job} {index}"
+
+
+#: A line TensorFlow's C++ runtime logs as a parameter-server cluster shuts
+#: down ("E0000 ... Failed to clear function handle cache"), after the run's
+#: checkpoints and metrics are written and although the run succeeded: an
+#: error-level line that reports no error of the run.
+_SHUTDOWN_NOISE = re.compile(r"^E\d{4} .*Failed to clear function handle cache")
+
+
+def is_shutdown_noise(line: str) -> bool:
+  """Whether a task's log line is TF's harmless end-of-cluster message."""
+  return bool(_SHUTDOWN_NOISE.match(line))
 
 
 class Cluster:
@@ -162,7 +175,8 @@ class Cluster:
   def _pump(self, job: str, index: int, proc: subprocess.Popen) -> None:
     prefix = f"[{task_name(job, index)}] "
     for line in proc.stdout or ():
-      self._print(prefix + line)
+      if not is_shutdown_noise(line):
+        self._print(prefix + line)
 
   def wait(self, poll_seconds: float = 0.2) -> int:
     """Waits for the chief; stops early if a task it cannot lose fails.

@@ -102,6 +102,13 @@ def test_benchmark_movielens_runs_as_a_user_runs_it(tmp_path):
   assert 0.0 < hits["top100"]["mean"] <= 1.0
   ials = summary["retrieval_hit_rate"]["iALS (chosen on validation)"]
   assert 0.0 < ials["top100"]["mean"] <= 1.0
+  # Both protocols: with each user's training movies excluded, every row
+  # (EASE included) ranks fewer candidates, so it hits at least as often.
+  for label, kept in summary["retrieval_hit_rate"].items():
+    excluded = summary["retrieval_hit_rate_excluded"][label]
+    assert excluded["top100"]["mean"] >= kept["top100"]["mean"] - 0.02, label
+  assert "EASE (chosen on validation)" in summary["retrieval_hit_rate"]
+  assert "seen items excluded" in result.stdout
   assert "movielens_fm.gin" in result.stdout
 
 

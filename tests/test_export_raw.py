@@ -66,7 +66,7 @@ _TRICKY = [
   ("0", [""] * 13, [""] * 26),
   (
     "1",
-    ["99999999999999999999999999999999999999"] + ["1"] * 12,
+    ["9223372036854775807"] + ["1"] * 12,  # int64 max
     ["ffffffff", "notinvoc"] + ["68fd1e64"] * 24,
   ),
 ]
@@ -131,10 +131,13 @@ def _padded(ids, width):
 _SERVER = _NO_PROJECT + textwrap.dedent("""
     import json, traceback
     import numpy as np, tensorflow as tf
+    models = {}  # export dir -> the loaded SavedModel (loaded once)
     for line in sys.stdin:
       request = json.loads(line)
       try:
-        loaded = tf.saved_model.load(request["export_dir"])
+        if request["export_dir"] not in models:
+          models[request["export_dir"]] = tf.saved_model.load(request["export_dir"])
+        loaded = models[request["export_dir"]]
         arrays = np.load(request["inputs"])
         out = {}
         for result, (signature, inputs) in request["plan"].items():
@@ -304,11 +307,44 @@ def test_criteo_raw_signature_scores_like_the_id_signature(tmp_path, server):
     tmp_path, export_dir, {"raw": ("serving_raw", raw)}, expect_error=True
   )
   assert "raw feature I4 got [1.5] at row 1" in error
+  raw["I4"][1] = "7"
+
+  # Issue 28: what a TSV column cannot hold, a count beyond int64, inputs
+  # of other shapes and ids beyond a vocabulary: each refused by name.
+  def refused(signature, inputs):
+    return server.serve(
+      tmp_path, export_dir, {"x": (signature, inputs)}, expect_error=True
+    )
+
+  n = len(eval_rows)
+  assert "raw feature C5 got [a\\\\tb] at row 2" in refused(
+    "serving_raw", {**raw, "C5": np.array(["x", "y", "a\tb"] + [""] * (n - 3))}
+  )
+  assert "raw feature I2 got [9223372036854775808] at row 0" in refused(
+    "serving_raw",
+    {**raw, "I2": np.array(["9223372036854775808"] + [""] * (n - 1))},
+  )
+  error = refused("serving_raw", {**raw, "C1": raw["C1"][:-1]})
+  assert f"serving inputs of shapes C1 [{n - 1}], C10 [{n}]," in error
+  assert "expected C1 [B], C10 [B]," in error and "one batch size B" in error
+  error = refused("serving_raw", {**raw, "I1": raw["I1"][:, None]})
+  assert f"I1 [{n}, 1]," in error and "I1 [B]," in error
+  error = refused("serving_default", {**ids, "dense": ids["dense"][:, :12]})
+  assert f"dense [{n}, 12]" in error and "expected C1 [B]," in error
+  assert "dense [B, 13]" in error
+  bad_ids = ids["C3"].copy()
+  bad_ids[1] = 99999
+  error = refused("serving_default", {**ids, "C3": bad_ids})
+  assert (
+    "feature C3 (table C3, vocabulary_size=23) got id 99999 at batch row 1; "
+    "ids must be in [0, 23)" in error
+  )
 
 
-def _ml100k(folder):
-  """ml-100k files: 3 users x 3 items rated 4 times, timestamps increasing by line."""
-  pairs = [(u, i) for u in (1, 2, 10) for i in (1, 2, 3)] * 4
+def _ml100k(folder, newest=()):
+  """ml-100k files: 3 users x 3 items rated 4 times, timestamps increasing by
+  line, then the `newest` (user, item) pairs."""
+  pairs = [(u, i) for u in (1, 2, 10) for i in (1, 2, 3)] * 4 + list(newest)
   ratings = [
     (u, i, 1 + (u * 7 + i * 3 + n) % 5, 881250000 + 1000 * n)
     for n, (u, i) in enumerate(pairs)
@@ -320,7 +356,9 @@ def _ml100k(folder):
 def test_movielens_ranking_raw_signature_scores_like_the_id_signature(
   tmp_path, server
 ):
-  data, ratings = _ml100k(tmp_path / "ml-100k")
+  # Item 4 is rated once, last: in the temporal test split only, so its
+  # embedding row is never trained (issue 28: flagged unknown).
+  data, ratings = _ml100k(tmp_path / "ml-100k", newest=[(1, 4)])
   model_dir, export_dir = _train_and_export(
     tmp_path,
     "movielens_ranking.gin",
@@ -333,7 +371,8 @@ def test_movielens_ranking_raw_signature_scores_like_the_id_signature(
       "DCNv2.projection_dim = 2",
     ],
   )
-  # The temporal split's test ratings are the newest 9: the file's last 9 lines.
+  # The temporal split's test ratings are the newest 9 of 37: the file's last
+  # 9 lines.
   source = _source(model_dir)
   features, _ = next(
     iter(source.dataset(9, training=False, drop_remainder=False, repeat=False))
@@ -374,7 +413,26 @@ def test_movielens_ranking_raw_signature_scores_like_the_id_signature(
     got["raw"]["scores"], got["ids"]["scores"], rtol=1e-6
   )
   assert got["raw"]["unknown_user_id"].tolist() == [False] * 9 + [True, False]
-  assert got["raw"]["unknown_item_id"].tolist() == [False] * 9 + [False, True]
+  assert got["raw"]["unknown_item_id"].tolist() == [False] * 8 + [
+    True,  # item 4: in the files, but only in the test split
+    False,
+    True,
+  ]
+
+  # Issue 28's red-team calls: user_id and item_id of different lengths,
+  # 2-D ids. Each refused at the entrance, naming the inputs' shapes.
+  def refused(inputs):
+    return server.serve(
+      tmp_path, export_dir, {"x": ("serving_raw", inputs)}, expect_error=True
+    )
+
+  error = refused({**raw, "item_id": raw["item_id"][:1]})
+  assert "serving inputs of shapes item_id [1], timestamp [11], " in error
+  assert "user_id [11]; expected item_id [B], timestamp [B], user_id [B]" in (
+    error
+  )
+  error = refused({**raw, "user_id": raw["user_id"][:, None]})
+  assert "user_id [11, 1]; expected" in error
 
 
 @pytest.mark.slow  # ~10 s: trains and exports a two-tower model on MovieLens

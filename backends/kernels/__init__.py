@@ -149,7 +149,11 @@ def build(force: bool = False) -> pathlib.Path:
       + [str(SOURCE), "-o", tmp]
       + tf.sysconfig.get_link_flags()
     )
-    log.info("compiling the fused CPU kernels (once, ~15 s): %s", " ".join(cmd))
+    log.info(
+      "compiling the fused CPU kernels (once per TensorFlow install; "
+      "15-30 s on 2 cores): %s",
+      " ".join(cmd),
+    )
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
       os.unlink(tmp)
@@ -184,29 +188,40 @@ def load() -> Any | None:
   """The ops module (`recsys_bag_lookup`, ...), or None to use the TF ops.
 
   Builds the library first if needed. Decides once per process; says why in
-  the log when it returns None.
+  the log when it returns None, and logs each time it returns the kernels
+  (a backend being built: its training log says which path it runs).
   """
   with _lock:
-    if _loaded:
-      return _loaded[0]
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    if not _loaded:
+      _decide()
+  if _loaded[0] is not None:
+    log.info(
+      "tensorcore: training steps run the fused CPU kernels (%s); steps "
+      "compiled by XLA run TF ops",
+      library_path(),
+    )
+  return _loaded[0]
 
-    module, reason = None, ""
-    if not enabled():
-      reason = f"{ENV_SWITCH}=0"
-    else:
-      try:
-        module = tf.load_op_library(str(build()))
-        _register_gradients(tf, module)
-      except (KernelBuildError, OSError, tf.errors.NotFoundError) as e:
-        reason = str(e)
-    if module is None:
-      log.warning(
-        "tensorcore: using TF ops, not the fused CPU kernels (%s)", reason
-      )
-      _reason.append(reason)
-    _loaded.append(module)
-    return module
+
+def _decide() -> None:
+  """Loads the kernels once (building them if needed), or says why not."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  module, reason = None, ""
+  if not enabled():
+    reason = f"{ENV_SWITCH}=0"
+  else:
+    try:
+      module = tf.load_op_library(str(build()))
+      _register_gradients(tf, module)
+    except (KernelBuildError, OSError, tf.errors.NotFoundError) as e:
+      reason = str(e)
+  if module is None:
+    log.warning(
+      "tensorcore: using TF ops, not the fused CPU kernels (%s)", reason
+    )
+    _reason.append(reason)
+  _loaded.append(module)
 
 
 def _register_gradients(tf, module) -> None:

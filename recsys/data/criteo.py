@@ -16,9 +16,10 @@ Conventions (those of the DLRM and MLPerf references):
     or mapped through a vocabulary file (`<vocab_dir>/C<i>.txt`, one value per
     line, line n -> id n). Delivered as `features["categorical"]["C<i>"]`
     int64 `[B]`.
-  * malformed lines (wrong column count, label not 0/1, non-integer dense
-    value): `malformed="fail"` (default) stops with an InvalidArgumentError
-    naming file, line number and the reason; `malformed="skip"` drops them,
+  * malformed lines (wrong column count, label not 0/1, a dense value that
+    is not an integer or does not fit int64): `malformed="fail"` (default)
+    stops with an InvalidArgumentError naming file, line number and the
+    reason; `malformed="skip"` drops them,
     counts them (`malformed_lines()`), logs the first few and reports the
     total when a finite dataset ends.
   * damaged files: a `.gz` file that is not gzip, or that ends before its gzip
@@ -41,6 +42,7 @@ import struct
 import threading
 import zlib
 from collections.abc import Sequence
+from typing import Any
 
 import gin
 import numpy as np
@@ -129,8 +131,8 @@ _REASONS = (
   "",
   "wrong number of tab-separated columns",
   "label is not 0 or 1",
-  "a dense (integer) column is not an integer (an optional '-' and 1 "
-  "to 38 digits, or empty)",
+  "a dense (integer) column is not an integer that fits 64 bits (an "
+  "optional '-' and digits, -2**63 to 2**63 - 1, or empty)",
   "the line is not valid UTF-8 text",
 )
 _DENSE = DENSE_PATTERN
@@ -395,6 +397,41 @@ def _check_gzip_end(
   return checked.filter(lambda i, first, lines: tf.not_equal(first, -1))
 
 
+def hashed_vocab_sizes(
+  vocab_sizes: str | int | Sequence[int], max_vocab_size: int | None = None
+) -> list[int]:
+  """The 26 vocabulary sizes of hashed features (see `CriteoTSV`), checked.
+
+  Raises:
+    CriteoConfigError: an unknown preset, not 26 sizes, or a size below 2.
+  """
+  if isinstance(vocab_sizes, str):
+    if vocab_sizes not in VOCAB_PRESETS:
+      raise CriteoConfigError(
+        f"unknown vocabulary preset {vocab_sizes!r}; valid: "
+        f"{', '.join(VOCAB_PRESETS)}, or give 26 sizes."
+      )
+    sizes = list(VOCAB_PRESETS[vocab_sizes])
+  elif isinstance(vocab_sizes, int):
+    sizes = [vocab_sizes] * NUM_CATEGORICAL
+  else:
+    sizes = [int(v) for v in vocab_sizes]
+  if len(sizes) != NUM_CATEGORICAL:
+    raise CriteoConfigError(
+      f"vocab_sizes has {len(sizes)} entries; Criteo has "
+      f"{NUM_CATEGORICAL} categorical features (C1..C26)."
+    )
+  if max_vocab_size is not None:
+    sizes = [min(v, int(max_vocab_size)) for v in sizes]
+  for name, v in zip(CATEGORICAL_NAMES, sizes):
+    if v < 2:
+      raise CriteoConfigError(
+        f"feature {name!r}: vocabulary size must be >= 2 (id 0 "
+        f"is reserved for empty values), got {v}."
+      )
+  return sizes
+
+
 @gin.register
 class CriteoTSV(DataSource):
   """Criteo TSV files (Kaggle or Terabyte layout), hashed or vocabulary ids.
@@ -489,30 +526,7 @@ class CriteoTSV(DataSource):
         zip(self.eval_files, _check_files(self.eval_files, "evaluation"))
       )
 
-    if isinstance(vocab_sizes, str):
-      if vocab_sizes not in VOCAB_PRESETS:
-        raise CriteoConfigError(
-          f"unknown vocabulary preset {vocab_sizes!r}; valid: "
-          f"{', '.join(VOCAB_PRESETS)}, or give 26 sizes."
-        )
-      sizes = list(VOCAB_PRESETS[vocab_sizes])
-    elif isinstance(vocab_sizes, int):
-      sizes = [vocab_sizes] * NUM_CATEGORICAL
-    else:
-      sizes = [int(v) for v in vocab_sizes]
-    if len(sizes) != NUM_CATEGORICAL:
-      raise CriteoConfigError(
-        f"vocab_sizes has {len(sizes)} entries; Criteo has "
-        f"{NUM_CATEGORICAL} categorical features (C1..C26)."
-      )
-    if max_vocab_size is not None:
-      sizes = [min(v, int(max_vocab_size)) for v in sizes]
-    for name, v in zip(CATEGORICAL_NAMES, sizes):
-      if v < 2:
-        raise CriteoConfigError(
-          f"feature {name!r}: vocabulary size must be >= 2 (id 0 "
-          f"is reserved for empty values), got {v}."
-        )
+    sizes = hashed_vocab_sizes(vocab_sizes, max_vocab_size)
     self._tables: dict[int, tf.lookup.StaticHashTable] = {}
     if vocab_dir is not None:
       if not os.path.isdir(vocab_dir):
@@ -544,6 +558,27 @@ class CriteoTSV(DataSource):
       FeatureSpec(name, v) for name, v in zip(CATEGORICAL_NAMES, sizes)
     ]
     self._raw = CriteoRawParser(sizes, self._tables)
+
+  @classmethod
+  def feature_specs_without_files(
+    cls,
+    vocab_sizes: str | int | Sequence[int] = "kaggle",
+    max_vocab_size: int | None = None,
+    vocab_dir: str | None = None,
+    **reading: Any,
+  ) -> list[FeatureSpec] | None:
+    """The tables these settings would build, without reading any file.
+
+    What `recsys info` plans memory from before the data is downloaded.
+    None with `vocab_dir` (those sizes are the files' lengths); settings
+    about the files themselves (`reading`: data_dir, layout, ...) are
+    ignored.
+    """
+    del reading
+    if vocab_dir is not None:
+      return None
+    sizes = hashed_vocab_sizes(vocab_sizes, max_vocab_size)
+    return [FeatureSpec(name, v) for name, v in zip(CATEGORICAL_NAMES, sizes)]
 
   def _resolve(self, train_files, eval_files, data_dir, train_days, eval_days):
     if data_dir is not None:

@@ -24,9 +24,31 @@ NUM_DENSE = 13
 NUM_CATEGORICAL = 26
 DENSE_NAMES = tuple(f"I{i}" for i in range(1, NUM_DENSE + 1))
 CATEGORICAL_NAMES = tuple(f"C{i}" for i in range(1, NUM_CATEGORICAL + 1))
-#: A dense value: empty, or an integer that float32 holds (at most 38 digits;
-#: 40 digits became inf). A lone '-' is not a number.
-DENSE_PATTERN = r"(-?[0-9]{1,38})?"
+
+
+def _digits_at_most(bound: str) -> str:
+  """RE2 alternatives matching the decimals of `len(bound)` digits <= bound."""
+  alternatives = []
+  for i, digit in enumerate(bound):
+    if digit != "0":
+      rest = len(bound) - i - 1
+      tail = f"[0-9]{{{rest}}}" if rest else ""
+      alternatives.append(f"{bound[:i]}[0-{int(digit) - 1}]{tail}")
+  alternatives.append(bound)
+  return "|".join(alternatives)
+
+
+INT64_MAX = 2**63 - 1
+#: A dense value: empty, or a count that fits a 64-bit integer (leading
+#: zeros allowed): at most 18 significant digits, or 19 up to 2**63 - 1
+#: (down to -2**63). A lone '-' is not a number, nor 1e3 nor 1.5.
+DENSE_PATTERN = (
+  f"(-0*([0-9]{{1,18}}|{_digits_at_most(str(INT64_MAX + 1))})"
+  f"|0*([0-9]{{1,18}}|{_digits_at_most(str(INT64_MAX))}))?"
+)
+#: A categorical value: anything but a column separator or a line end (no
+#: TSV line can carry one in a column).
+CATEGORICAL_PATTERN = r"[^\t\n]*"
 
 
 class CriteoRawParser(RawParser):
@@ -91,26 +113,36 @@ class CriteoRawParser(RawParser):
       raw: column name -> string `[B]`; "dense" is built when I1 is present
         (then all of I1..I13 must be).
       feature_names: the categorical features to build.
-      validate: check that every dense value is an integer or empty (an
-        InvalidArgumentError naming the column and row otherwise). The reader
-        passes False: its line pattern has checked the columns already.
+      validate: check that every dense value is an integer that fits int64
+        or empty, and that no categorical value holds a tab or newline (an
+        InvalidArgumentError naming the column and row otherwise). The
+        reader passes False: its line pattern has checked the columns
+        already.
     """
     features: dict[str, Any] = {}
     if DENSE_NAMES[0] in raw:
-      columns = []
-      for name in DENSE_NAMES:
-        column = tf.convert_to_tensor(raw[name], tf.string)
-        if validate:
-          column = _checked_dense(name, column)
-        columns.append(column)
-      text = tf.stack(columns, axis=1)
+      text = tf.stack(
+        [tf.convert_to_tensor(raw[n], tf.string) for n in DENSE_NAMES], axis=1
+      )
+      if validate:
+        text = _checked(DENSE_NAMES, text, DENSE_PATTERN, _DENSE_EXPECTED)
       text = tf.where(text == "", "0", text)
       features["dense"] = tf.math.log1p(
         tf.maximum(tf.strings.to_number(text, tf.float32), 0.0)
       )
+    columns = {
+      n: tf.convert_to_tensor(raw[n], tf.string) for n in feature_names
+    }
+    if validate and columns:  # one check of every column, as one table
+      table = _checked(
+        list(columns),
+        tf.stack(list(columns.values()), axis=1),
+        CATEGORICAL_PATTERN,
+        _CATEGORICAL_EXPECTED,
+      )
+      columns = dict(zip(columns, tf.unstack(table, len(columns), axis=1)))
     categorical = {}
-    for name in feature_names:
-      values = tf.convert_to_tensor(raw[name], tf.string)
+    for name, values in columns.items():
       categorical[name] = tf.where(
         values == "", tf.constant(0, tf.int64), self._ids(name, values)
       )
@@ -135,38 +167,56 @@ class CriteoRawParser(RawParser):
     return tf.strings.to_hash_bucket_fast(values, size - 1) + 1
 
 
-def _checked_dense(name: str, column: tf.Tensor) -> tf.Tensor:
-  """`column`, after asserting that each value is an integer or empty."""
-  ok = tf.strings.regex_full_match(column, DENSE_PATTERN)
+_DENSE_EXPECTED = (
+  "; expected an integer as text that fits 64 bits (an optional minus sign "
+  f"and digits, from -{INT64_MAX + 1} to {INT64_MAX}) or the empty string "
+  "for a missing value."
+)
+_CATEGORICAL_EXPECTED = (
+  "; expected one TSV column's value, which holds no tab or newline (the "
+  "empty string for a missing value)."
+)
+
+
+def _checked(
+  names: Sequence[str], table: tf.Tensor, pattern: str, expected: str
+) -> tf.Tensor:
+  """`table` `[B, C]` (column c is raw feature `names[c]`), after asserting
+  that every value matches `pattern`; the message names the first bad
+  value's column and row and shows it (a tab or newline as \\t, \\n)."""
+  ok = tf.strings.regex_full_match(table, pattern)
 
   def message():
-    row = tf.argmin(tf.cast(ok, tf.int32), output_type=tf.int32)
+    first = tf.argmin(
+      tf.reshape(tf.cast(ok, tf.int32), [-1]), output_type=tf.int32
+    )
+    row, col = first // len(names), first % len(names)
     value = tf.strings.unicode_transcode(  # a message must be valid UTF-8
-      tf.strings.substr(column[row], 0, 100),
+      tf.strings.substr(table[row, col], 0, 100),
       "UTF-8",
       "UTF-8",
       errors="replace",
       replacement_char=0xFFFD,
     )
+    value = tf.strings.regex_replace(value, "\t", "\\\\t")
+    value = tf.strings.regex_replace(value, "\n", "\\\\n")
     # No quotes: TF escapes them in an assertion's message.
     return tf.strings.join(
       [
         "Criteo raw feature ",
-        name,
+        tf.gather(tf.constant(list(names)), col),
         " got [",
         value,
         "] at row ",
         tf.strings.as_string(row),
-        "; expected an integer as text (an optional "
-        "minus sign and 1 to 38 digits) or the empty string for a missing "
-        "value.",
+        expected,
       ]
     )
 
   all_ok = tf.reduce_all(ok)
   text = tf.cond(all_ok, lambda: tf.constant(""), message)
   with tf.control_dependencies([tf.debugging.Assert(all_ok, [text])]):
-    return tf.identity(column)
+    return tf.identity(table)
 
 
 __all__ = [

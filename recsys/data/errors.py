@@ -9,3 +9,7 @@ class DatasetNotFoundError(RecsysError, FileNotFoundError, RuntimeError):
 
 class DataFormatError(RecsysError, ValueError):
   """A data file has not the expected layout; the message names file, line."""
+
+
+class EmptyEvalSetError(RecsysError, ValueError):
+  """The evaluation split has no example to score."""

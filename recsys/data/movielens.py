@@ -92,6 +92,7 @@ OPT_IN_FEATURES = (
 VARIANTS = ("ml-100k", "ml-1m", "atomic")
 TASKS = ("ranking", "retrieval")
 SPLITS = ("random", "temporal", "files")
+SPLIT_CHECKS = ("warn", "strict")
 
 
 class MovieLensConfigError(ValueError):
@@ -116,6 +117,82 @@ def _age_bucket(age: str) -> int:
   except ValueError:
     return 0
   return 1 + int(np.searchsorted(AGE_BOUNDARIES, value, side="right"))
+
+
+def _rating_scale(
+  scale: Sequence[float] | str | None, variant: str
+) -> tuple[float, float] | None:
+  """`(lowest, highest)` of `rating_scale` ("auto": the layout's)."""
+  if scale is None:
+    return None
+  if isinstance(scale, str):
+    if scale != "auto":
+      raise MovieLensConfigError(
+        f"MovieLens rating_scale {scale!r}: give (lowest, highest), "
+        "'auto' or None."
+      )
+    return movielens_files.RATING_SCALES[variant]
+  values = tuple(float(v) for v in scale)
+  if len(values) != 2 or not values[0] <= values[1]:
+    raise MovieLensConfigError(
+      f"MovieLens rating_scale must be (lowest, highest) with lowest <= "
+      f"highest, got {scale!r}."
+    )
+  return values[0], values[1]
+
+
+def _check_split(
+  raw: movielens_files.RawMovieLens,
+  user: np.ndarray,
+  item: np.ndarray,
+  is_test: np.ndarray,
+  split: str,
+  policy: str,
+) -> None:
+  """Warns about (or refuses) (user, item) pairs in both splits or twice.
+
+  MovieLens has one rating per user and item: a pair of the test split that
+  is also in the training split means the evaluation scores a rating the
+  model trained on, and a pair twice in one split counts one rating twice.
+  """
+  key = user.astype(np.int64) * (int(item.max(initial=0)) + 1) + item
+  train_keys, test_keys = key[~is_test], key[is_test]
+  leaked = np.isin(test_keys, train_keys)
+  counts = {
+    "test ratings whose (user, item) pair is also a training rating": int(
+      leaked.sum()
+    ),
+    "training ratings that repeat a training (user, item) pair": int(
+      len(train_keys) - len(np.unique(train_keys))
+    ),
+    "test ratings that repeat a test (user, item) pair": int(
+      len(test_keys) - len(np.unique(test_keys))
+    ),
+  }
+  if not any(counts.values()):
+    return
+  files = raw.origins.paths if raw.origins is not None else [raw.source]
+  where = ""
+  if leaked.any() and raw.origins is not None:
+    first = int(np.flatnonzero(is_test)[np.argmax(leaked)])
+    where = (
+      f" (the first test one: user {raw.user[first]!r}, item "
+      f"{raw.item[first]!r} at {raw.origins.where(first)})"
+    )
+  listed = "; ".join(f"{n} {what}" for what, n in counts.items() if n)
+  message = (
+    f"MovieLens split {split!r} of {', '.join(files)}: {listed}{where}. "
+    "The evaluation then scores ratings the model trained on, or counts "
+    "a rating twice; MovieLens has one rating per user and item."
+  )
+  if policy == "strict":
+    raise movielens_files.DataFormatError(
+      message + " Fix the files (each pair once, in one split), or set "
+      "MovieLens.split_check = 'warn' to use them as given."
+    )
+  log.warning(
+    "%s Used as given; MovieLens.split_check = 'strict' refuses them.", message
+  )
 
 
 @gin.register
@@ -159,6 +236,8 @@ class MovieLens(DataSource):
     history: UserHistory | None = None,
     title_min_count: int = 2,
     item_history: ItemHistory | None = None,
+    rating_scale: Sequence[float] | str | None = "auto",
+    split_check: str = "warn",
   ):
     """Reads, encodes and splits the data.
 
@@ -190,11 +269,22 @@ class MovieLens(DataSource):
       item_history: adds the "item_history" feature (ranking only) built
         this way from the training split (None: none unless `features`
         names it, which uses `ItemHistory()`).
+      rating_scale: `(lowest, highest)` rating of the dataset: every rating
+        read is checked against it (file and line of one outside), and
+        rating-weighted histories divide by `highest`. "auto": the scale
+        the layout declares (`movielens_files.RATING_SCALES`: 1-5 for
+        ml-100k and ml-1m, 0.5-5 for atomic files); None: no check, and
+        weights divide by the highest training rating.
+      split_check: what a (user, item) pair rated in both splits, or twice
+        in one, does: "warn" (logs the counts) or "strict" (refused with
+        the counts, `DataFormatError`). Such a pair means the evaluation
+        scores ratings the model trained on, or counts one rating twice.
 
     Raises:
       MovieLensConfigError: unknown variant/task/split/feature, bad fraction.
       DatasetNotFoundError: the folder or files are missing.
-      DataFormatError: a file does not parse (names file and line).
+      DataFormatError: a file does not parse, or a rating is off the scale
+        (names file and line); the splits overlap (split_check="strict").
     """
     if variant == "auto":
       detected = movielens_files.detect_variant(data_dir, dataset_name)
@@ -213,6 +303,7 @@ class MovieLens(DataSource):
       (variant, VARIANTS, "variant"),
       (task, TASKS, "task"),
       (split, SPLITS, "split"),
+      (split_check, SPLIT_CHECKS, "split_check"),
     ):
       if value not in valid:
         raise MovieLensConfigError(
@@ -223,6 +314,7 @@ class MovieLens(DataSource):
         f"test_fraction must be in [0, 1), got {test_fraction}."
       )
     self.variant, self.task, self.split = variant, task, split
+    self._test_fraction, self._min_rating = test_fraction, min_rating
     self.seed, self.shuffle = int(seed), bool(shuffle)
     self.num_dense = 0
     file_is_test = None
@@ -235,6 +327,10 @@ class MovieLens(DataSource):
         data_dir, variant, dataset_name, allow_download=download
       )
     self.source_folder = raw.source
+    self._files = list(raw.files)
+    self.rating_scale = _rating_scale(rating_scale, variant)
+    if self.rating_scale is not None:
+      movielens_files.check_rating_scale(raw, self.rating_scale, variant)
 
     # Vocabularies over every id in the files (an id map, not a statistic).
     user_vocab = _sorted_vocab(list(raw.user) + list(raw.users))
@@ -399,10 +495,24 @@ class MovieLens(DataSource):
         raw.rating[train_rows],
         raw.timestamp[train_rows],
         num_keys,
+        rating_max=self.rating_scale[1] if self.rating_scale else None,
       )
 
     table = history_table(self.history, self.num_users)
     item_table = history_table(self.item_history, self.num_items)
+    _check_split(raw, user, item, is_test, split, split_check)
+    # The ids whose embedding rows training updates: those of training
+    # examples, and those in a history bag that shares their table.
+    examples = train_rows & keep
+    trained = {
+      "user_id": np.bincount(user[examples], minlength=self.num_users + 1),
+      "item_id": np.bincount(item[examples], minlength=self.num_items + 1),
+    }
+    for h, t in ((self.history, table), (self.item_history, item_table)):
+      if h is not None and t is not None and h.table is not None:
+        trained[h.table] = trained[h.table] + np.bincount(
+          t.ids, minlength=len(trained[h.table])
+        )
     self._raw = MovieLensRawParser(
       user_vocab,
       item_vocab,
@@ -414,6 +524,8 @@ class MovieLens(DataSource):
       item_bags={"item_title": (title_values, title_lengths)},
       history=table,
       item_history=item_table,
+      trained_users=trained["user_id"][: self.num_users + 1] > 0,
+      trained_items=trained["item_id"][: self.num_items + 1] > 0,
     )
     histories = {
       HISTORY_FEATURE: (self.history, table),
@@ -472,6 +584,10 @@ class MovieLens(DataSource):
 
   # ----------------------------------------------------------------- batches
 
+  def input_files(self) -> list[str]:
+    """The ratings and metadata files read (fingerprinted with a run)."""
+    return list(self._files)
+
   def raw_parser(self) -> MovieLensRawParser:
     """The raw ids -> features transformation the reader uses (for serving)."""
     return self._raw
@@ -504,6 +620,8 @@ class MovieLens(DataSource):
       request.pipeline,
     )
     drop_remainder, repeat = request.drop_remainder, request.repeat
+    if not training and not self.test_size:
+      raise MovieLensConfigError(self._empty_test_message())
     arrays = self._splits["train" if training else "test"]
     rows = np.arange(pipeline, len(arrays[0]), request.pipelines)
     arrays = tuple(tf.constant(a[rows]) for a in arrays)
@@ -541,6 +659,25 @@ class MovieLens(DataSource):
       lambda index: self._lookup(*(tf.gather(a, index) for a in arrays))
     )
     return ds.map(lookup, num_parallel_calls=AUTOTUNE)
+
+  def _empty_test_message(self) -> str:
+    """Why the test split has no example, and the setting that fixes it."""
+    if self.split == "files":
+      why = "the test file holds no rating"
+    elif self._test_fraction == 0:
+      why = "MovieLens.test_fraction = 0.0 keeps every rating for training"
+    else:
+      why = (
+        f"MovieLens.test_fraction = {self._test_fraction} leaves no test rating"
+      )
+    if self.task == "retrieval":
+      why += f" at or above MovieLens.min_rating = {self._min_rating}"
+    return (
+      f"the MovieLens test split is empty ({why}), so there is nothing to "
+      "evaluate on. Set MovieLens.test_fraction > 0 (e.g. 0.2), use "
+      "split = 'files' with a test file, or set train.eval_data to "
+      "another source."
+    )
 
   def candidates(self, batch_size: int) -> tf.data.Dataset:
     """Each item once (ids 1..num_items), `{"categorical": ...}` batches."""

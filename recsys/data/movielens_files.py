@@ -65,6 +65,42 @@ REQUIRED = {
 
 
 @dataclasses.dataclass
+class RatingOrigins:
+  """Where each rating was read: its file and line (for error messages).
+
+  Attributes:
+    paths: the ratings files.
+    file: `[N]` index into `paths` of each rating.
+    line: `[N]` 1-based line number of each rating in its file.
+  """
+
+  paths: list[str]
+  file: np.ndarray
+  line: np.ndarray
+
+  @classmethod
+  def of_file(cls, path: str, lines: Sequence[int]) -> "RatingOrigins":
+    return cls(
+      [path], np.zeros(len(lines), np.int64), np.asarray(lines, np.int64)
+    )
+
+  def where(self, index: int) -> str:
+    """`path:line` of rating `index`."""
+    return f"{self.paths[int(self.file[index])]}:{int(self.line[index])}"
+
+  @classmethod
+  def joined(cls, parts: Sequence["RatingOrigins"]) -> "RatingOrigins":
+    """The origins of ratings read from `parts` one after the other."""
+    paths: list[str] = []
+    files, lines = [], []
+    for part in parts:
+      files.append(part.file + len(paths))
+      paths.extend(part.paths)
+      lines.append(part.line)
+    return cls(paths, np.concatenate(files), np.concatenate(lines))
+
+
+@dataclasses.dataclass
 class RawMovieLens:
   """Parsed files, raw ids as strings.
 
@@ -77,6 +113,8 @@ class RawMovieLens:
     source: the folder the files came from.
     item_info: raw item id -> {"title", "year"} (strings; the title without
       its "(year)" suffix, the release year or ""), where the files have them.
+    origins: the file and line of each rating (None: not known).
+    files: every file whose content went into these arrays.
   """
 
   user: np.ndarray
@@ -87,6 +125,8 @@ class RawMovieLens:
   items: dict[str, list[str]]
   source: str
   item_info: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+  origins: RatingOrigins | None = None
+  files: list[str] = dataclasses.field(default_factory=list)
 
 
 _TITLE_YEAR = re.compile(r"\s*\((\d{4})\)\s*$")
@@ -118,8 +158,9 @@ def missing_message(variant: str, data_dir: str, problem: str) -> str:
     )
   else:
     where = (
-      f"the GroupLens files {files} (unzip {URLS[variant]}), or pass "
-      "download=True on a machine that is online"
+      f"the GroupLens files {files} (unzip {URLS[variant]}), or let recsys "
+      "fetch them on a machine that is online: --gin_bindings "
+      "'MovieLens.download = True' (download=True in Python)"
     )
   return f"MovieLens {variant}: {problem}; put {where} in {data_dir!r}."
 
@@ -162,8 +203,10 @@ def _rows(
 
 
 def _ratings(path: str, sep: str, encoding: str = "latin-1"):
-  users, items, ratings, stamps = [], [], [], []
+  """`(users, items, ratings, timestamps, origins)` of a ratings file."""
+  users, items, ratings, stamps, lines = [], [], [], [], []
   for n, parts in _rows(path, sep, 4, encoding):
+    lines.append(n)
     u, i, r, t = parts[:4]
     try:
       ratings.append(_finite(float(r)))
@@ -180,6 +223,7 @@ def _ratings(path: str, sep: str, encoding: str = "latin-1"):
     np.array(items, dtype=object),
     np.array(ratings, np.float32),
     np.array(stamps, np.int64),
+    RatingOrigins.of_file(path, lines),
   )
 
 
@@ -233,8 +277,23 @@ def _users(
   return users
 
 
-def _read_100k(folder: str) -> RawMovieLens:
-  user, item, rating, ts = _ratings(os.path.join(folder, "u.data"), "\t")
+def _read_100k(
+  folder: str, ratings_file: str | None = "u.data"
+) -> RawMovieLens:
+  """ml-100k's ratings (None: none, the metadata only) and metadata."""
+  if ratings_file is None:
+    empty = np.zeros(0, dtype=object)
+    user, item, rating, ts, origins = (
+      empty,
+      empty,
+      np.zeros(0, np.float32),
+      np.zeros(0, np.int64),
+      None,
+    )
+  else:
+    user, item, rating, ts, origins = _ratings(
+      os.path.join(folder, ratings_file), "\t"
+    )
   users = _users(
     os.path.join(folder, "u.user"),
     "|",
@@ -249,11 +308,17 @@ def _read_100k(folder: str) -> RawMovieLens:
       g for g, flag in zip(ML100K_GENRES, flags) if flag.strip() == "1"
     ]
     info[parts[0]] = title_and_year(parts[1], parts[2])
-  return RawMovieLens(user, item, rating, ts, users, items, folder, info)
+  read = [ratings_file] if ratings_file else []
+  files = [os.path.join(folder, f) for f in read + ["u.user", "u.item"]]
+  return RawMovieLens(
+    user, item, rating, ts, users, items, folder, info, origins, files
+  )
 
 
 def _read_1m(folder: str) -> RawMovieLens:
-  user, item, rating, ts = _ratings(os.path.join(folder, "ratings.dat"), "::")
+  user, item, rating, ts, origins = _ratings(
+    os.path.join(folder, "ratings.dat"), "::"
+  )
   users = _users(
     os.path.join(folder, "users.dat"),
     "::",
@@ -265,11 +330,24 @@ def _read_1m(folder: str) -> RawMovieLens:
   ):
     items[parts[0]] = [g for g in parts[-1].split("|") if g]
     info[parts[0]] = title_and_year("::".join(parts[1:-1]))
-  return RawMovieLens(user, item, rating, ts, users, items, folder, info)
+  files = [
+    os.path.join(folder, f) for f in ("ratings.dat", "users.dat", "movies.dat")
+  ]
+  return RawMovieLens(
+    user, item, rating, ts, users, items, folder, info, origins, files
+  )
 
 
 def _atomic_table(path: str) -> tuple[list[str], list[list[str]]]:
   """(field names without types, rows) of a RecBole atomic file."""
+  names, rows, _ = _atomic_table_lines(path)
+  return names, rows
+
+
+def _atomic_table_lines(
+  path: str,
+) -> tuple[list[str], list[list[str]], list[int]]:
+  """`_atomic_table` and the line number of each row."""
   lines = _lines(path, "utf-8")
   if not lines:
     raise DataFormatError(
@@ -285,7 +363,7 @@ def _atomic_table(path: str) -> tuple[list[str], list[list[str]]]:
         "atomic headers look like 'user_id:token')."
       )
     names.append(field.rsplit(":", 1)[0])
-  rows = []
+  rows, numbers = [], []
   for n, line in enumerate(lines[1:], start=2):
     if not line.strip():
       continue
@@ -296,16 +374,8 @@ def _atomic_table(path: str) -> tuple[list[str], list[list[str]]]:
         f"({', '.join(header)}), got {len(parts)}: {line[:200]!r}"
       )
     rows.append(parts)
-  return names, rows
-
-
-def _atomic_lines(path: str) -> list[int]:
-  """The line numbers of the data rows `_atomic_table` returns, in order."""
-  return [
-    n
-    for n, line in enumerate(_lines(path, "utf-8")[1:], start=2)
-    if line.strip()
-  ]
+    numbers.append(n)
+  return names, rows, numbers
 
 
 def _column(
@@ -347,7 +417,7 @@ def _read_atomic(folder: str, name: str | None) -> RawMovieLens:
     raise DatasetNotFoundError(
       missing_message("atomic", folder, f"{name}.inter is missing")
     )
-  names, rows = _atomic_table(path)
+  names, rows, numbers = _atomic_table_lines(path)
   cu = _required_column(path, names, ["user_id"])
   ci = _required_column(path, names, ["item_id"])
   cr = _column(path, names, ["rating"], required=False)
@@ -360,7 +430,7 @@ def _read_atomic(folder: str, name: str | None) -> RawMovieLens:
       stamps.append(_timestamp(r[ct]) if ct is not None else 0)
     except (ValueError, OverflowError) as e:
       raise DataFormatError(
-        f"{path}:{_atomic_lines(path)[i]}: rating and timestamp fields must be "
+        f"{path}:{numbers[i]}: rating and timestamp fields must be "
         "finite numbers, got "
         f"{r[cr] if cr is not None else None!r} and "
         f"{r[ct] if ct is not None else None!r} ({e})"
@@ -371,7 +441,24 @@ def _read_atomic(folder: str, name: str | None) -> RawMovieLens:
   item = np.array([r[ci] for r in rows], dtype=np.object_)
   users, items = atomic_metadata(folder, name)
   info = atomic_item_info(folder, name)
-  return RawMovieLens(user, item, rating, ts, users, items, folder, info)
+  return RawMovieLens(
+    user,
+    item,
+    rating,
+    ts,
+    users,
+    items,
+    folder,
+    info,
+    RatingOrigins.of_file(path, numbers),
+    [path] + atomic_metadata_files(folder, name),
+  )
+
+
+def atomic_metadata_files(folder: str, name: str) -> list[str]:
+  """RecBole's optional `<name>.user` / `<name>.item` files that exist."""
+  paths = [os.path.join(folder, f"{name}.{kind}") for kind in ("user", "item")]
+  return [p for p in paths if os.path.exists(p)]
 
 
 def atomic_metadata(
@@ -538,6 +625,46 @@ def read(
     ratings_file = os.path.basename(inter)
   _check_ratings(raw, os.path.join(folder, ratings_file))
   return raw
+
+
+#: The rating scale each layout declares: GroupLens' READMEs of ml-100k and
+#: ml-1m ("1-5", whole stars); RecBole's atomic MovieLens files also hold
+#: the later releases' half stars (ml-10m, ml-20m: 0.5-5).
+RATING_SCALES = {
+  "ml-100k": (1.0, 5.0),
+  "ml-1m": (1.0, 5.0),
+  "atomic": (0.5, 5.0),
+}
+
+
+def check_rating_scale(
+  raw: RawMovieLens, scale: tuple[float, float], what: str
+) -> None:
+  """Every rating lies in `scale` (inclusive).
+
+  Args:
+    raw: the ratings read.
+    scale: `(lowest, highest)` rating the dataset declares.
+    what: the dataset, for the message (e.g. "ml-100k").
+
+  Raises:
+    DataFormatError: a rating is outside the scale; names the file and line
+      of the first one and counts them all.
+  """
+  low, high = scale
+  bad = np.flatnonzero((raw.rating < low) | (raw.rating > high))
+  if not bad.size:
+    return
+  first = int(bad[0])
+  where = raw.origins.where(first) if raw.origins is not None else raw.source
+  raise DataFormatError(
+    f"{where}: rating {float(raw.rating[first]):g} is outside the {what} "
+    f"rating scale [{low:g}, {high:g}] ({bad.size} rating(s) are; this is "
+    "the first). A rating off the scale trains the model on a label it can "
+    "never be asked for and skews the rating-weighted histories. Fix or "
+    "remove the line(s), or for a dataset with another scale set "
+    "MovieLens.rating_scale = (lowest, highest) (None: no check)."
+  )
 
 
 def _check_ratings(raw: RawMovieLens, path: str) -> None:

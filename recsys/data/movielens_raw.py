@@ -12,8 +12,10 @@ on the ids a client sends.
 Out of vocabulary: a user or item id that was not in the files maps to id
 0, which is also what its side features become (unknown age, gender, ...,
 genres `[0]`). Training never sees id 0 for user_id or item_id, so its
-embedding row holds its initial values: `unknown()` flags such rows and the
-export returns the flags next to the scores.
+embedding row holds its initial values. The same holds for a user or item
+that is in the files but only in the test split: its id is real, its row
+untrained. `unknown()` flags both (an id whose row training never updated)
+and the export returns the flags next to the scores.
 """
 
 from collections.abc import Mapping, Sequence
@@ -63,6 +65,9 @@ class MovieLensRawParser(RawParser):
     item_history: the items' training raters ("item_history": the item's
       bag of user ids minus the example's user); derived from the raw item
       id.
+    trained_users, trained_items: bool `[num_users + 1]` / `[num_items + 1]`,
+      True for the ids whose embedding row training updates (None: every id
+      but 0).
 
   Example:
     >>> parser.parse_raw({"user_id": tf.constant(["196"]),
@@ -83,8 +88,17 @@ class MovieLensRawParser(RawParser):
     item_bags: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
     history: user_history.HistoryTable | None = None,
     item_history: user_history.HistoryTable | None = None,
+    trained_users: np.ndarray | None = None,
+    trained_items: np.ndarray | None = None,
   ):
     super().__init__(name="movielens_raw_parser")
+    self._trained = {
+      name: None if mask is None else np.asarray(mask, bool)
+      for name, mask in (
+        ("user_id", trained_users),
+        ("item_id", trained_items),
+      )
+    }
     self.user_table = _vocabulary_table(user_vocab)
     self.item_table = _vocabulary_table(item_vocab)
     self._item_vocab = np.array([""] + list(item_vocab), dtype=object)
@@ -244,12 +258,21 @@ class MovieLensRawParser(RawParser):
     return self.features(feature_names, user, item, stamp)
 
   def unknown(self, raw: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    """user_id / item_id -> True where the raw id is not in the files (id 0)."""
+    """user_id / item_id -> True where training never updated the id's row:
+    the raw id is not in the files (id 0), or only in the test split."""
     out = {}
-    if "user_id" in raw:
-      out["user_id"] = tf.equal(self.user_index(raw["user_id"]), 0)
-    if "item_id" in raw:
-      out["item_id"] = tf.equal(self.item_index(raw["item_id"]), 0)
+    for name, index in (
+      ("user_id", self.user_index),
+      ("item_id", self.item_index),
+    ):
+      if name not in raw:
+        continue
+      ids = index(raw[name])
+      trained = self._trained[name]
+      if trained is None:
+        out[name] = tf.equal(ids, 0)
+      else:
+        out[name] = tf.logical_not(tf.gather(tf.constant(trained), ids))
     return out
 
   def raw_ids(self, feature_name: str, ids: tf.Tensor) -> tf.Tensor | None:

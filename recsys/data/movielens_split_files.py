@@ -18,6 +18,7 @@ Example:
 import glob
 import logging
 import os
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -36,7 +37,11 @@ def _joined(
   items,
   folder: str,
   item_info=None,
+  metadata_files: Sequence[str] = (),
 ) -> tuple[files.RawMovieLens, np.ndarray]:
+  origins = None
+  if train.origins is not None and test.origins is not None:
+    origins = files.RatingOrigins.joined([train.origins, test.origins])
   raw = files.RawMovieLens(
     np.concatenate([train.user, test.user]),
     np.concatenate([train.item, test.item]),
@@ -46,6 +51,8 @@ def _joined(
     items,
     folder,
     dict(item_info or {}),
+    origins,
+    list(dict.fromkeys(train.files + test.files + list(metadata_files))),
   )
   is_test = np.concatenate(
     [np.zeros(len(train.user), bool), np.ones(len(test.user), bool)]
@@ -73,18 +80,33 @@ def _read_100k_fold(
         "u.user (they come in GroupLens' ml-100k.zip)",
       )
     )
-  meta = files._read_100k(folder)  # pylint: disable=protected-access
+  meta = files._read_100k(folder, ratings_file=None)  # pylint: disable=protected-access
   parts = []
   for name in (base, test):
     path = os.path.join(folder, name)
-    user, item, rating, ts = files._ratings(path, "\t")  # pylint: disable=protected-access
+    user, item, rating, ts, origins = files._ratings(path, "\t")  # pylint: disable=protected-access
     part = files.RawMovieLens(
-      user, item, rating, ts, meta.users, meta.items, folder
+      user,
+      item,
+      rating,
+      ts,
+      meta.users,
+      meta.items,
+      folder,
+      {},
+      origins,
+      [path],
     )
     files._check_ratings(part, path)  # pylint: disable=protected-access
     parts.append(part)
   return _joined(
-    parts[0], parts[1], meta.users, meta.items, folder, meta.item_info
+    parts[0],
+    parts[1],
+    meta.users,
+    meta.items,
+    folder,
+    meta.item_info,
+    meta.files,
   )
 
 
@@ -132,7 +154,15 @@ def _read_atomic_benchmark(
     parts.append(part)
   users, items = files.atomic_metadata(folder, name)
   info = files.atomic_item_info(folder, name)
-  return _joined(parts[0], parts[1], users, items, folder, info)
+  return _joined(
+    parts[0],
+    parts[1],
+    users,
+    items,
+    folder,
+    info,
+    files.atomic_metadata_files(folder, name),
+  )
 
 
 def read(

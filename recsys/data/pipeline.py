@@ -27,6 +27,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from recsys.data.errors import EmptyEvalSetError
 from recsys.data.raw import RawParser
 from recsys.data.spec import FeatureSpec
 from recsys.errors import RecsysError
@@ -143,6 +144,34 @@ class DataSource(abc.ABC):
     """
     return None
 
+  def input_files(self) -> list[str]:
+    """The files this source reads (both splits, vocabularies, metadata).
+
+    A run records their fingerprints (`recsys.training.run_inputs`), so
+    that resuming, evaluating or exporting it over changed files is refused.
+    Empty (the default): the source reads no file (synthetic data).
+    """
+    return []
+
+  def check_eval_split(self) -> None:
+    """Opens the evaluation split and reads its first example.
+
+    The trainer calls it before the first training step, so that a missing
+    or empty evaluation split fails before hours of training rather than
+    after them. Sources raise their own errors from `_batches` (missing
+    files, a split setting that leaves no example); this adds the generic
+    check that at least one example comes out.
+
+    Raises:
+      EmptyEvalSetError: the evaluation split has no example.
+    """
+    dataset = self.dataset(
+      1, training=False, repeat=False, drop_remainder=False
+    )
+    for _ in dataset.take(1):
+      return
+    raise EmptyEvalSetError(empty_eval_message(self))
+
   def spec(self, name: str) -> FeatureSpec:
     """The `FeatureSpec` called `name` (raises KeyError listing the names)."""
     for spec in self.feature_specs:
@@ -152,6 +181,17 @@ class DataSource(abc.ABC):
       f"{type(self).__name__} has no feature {name!r}; it has "
       f"{[s.name for s in self.feature_specs]}."
     )
+
+
+def empty_eval_message(source: Any) -> str:
+  """What to do about an evaluation split without an example."""
+  name = type(source).__name__
+  return (
+    f"the evaluation split of {name} has no example, so there is nothing "
+    "to score; give the source evaluation data (e.g. num_eval_examples > 0 "
+    "for synthetic sources, a test_fraction > 0 for MovieLens, eval files "
+    "that are not empty) or set train.eval_data to a source that has some."
+  )
 
 
 class InvalidBatchSizeError(RecsysError, ValueError):

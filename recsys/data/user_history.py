@@ -67,7 +67,9 @@ class History:
 
   Args:
     weights: "none" (every id weighs 1), "rating" (the rating divided by
-      the highest training rating), or "recency" (0.5 ** (n / half_life),
+      the top of the dataset's rating scale, e.g. 5 for MovieLens; the
+      highest training rating where no scale is declared), or "recency"
+      (0.5 ** (n / half_life),
       n = how many of the key's interactions are newer).
     max_length: keep each key's newest `max_length` ids (0: all).
     half_life: the recency weights' half-life in interactions.
@@ -120,6 +122,7 @@ class History:
     rating: np.ndarray,
     timestamp: np.ndarray,
     num_keys: int,
+    rating_max: float | None = None,
   ) -> HistoryTable:
     """The bags of keys 0..num_keys from TRAINING interactions only.
 
@@ -128,6 +131,8 @@ class History:
         item for a user history; item, user for an item history).
       rating, timestamp: `[N]` of the same interactions.
       num_keys: the largest key id (the table has num_keys + 1 rows).
+      rating_max: the top of the dataset's rating scale, which "rating"
+        weights divide by (None: the highest rating in `rating`).
     """
     key = np.asarray(key, np.int64)
     # Per key, newest first (ties: later rows first, deterministic).
@@ -142,7 +147,10 @@ class History:
     lengths = np.bincount(key[rows], minlength=num_keys + 1).astype(np.int64)
     weights = None
     rating = np.asarray(rating, np.float32)
-    top = max(float(np.max(rating)), 1e-6) if len(rating) else 1.0
+    if rating_max is not None:
+      top = float(rating_max)
+    else:
+      top = max(float(np.max(rating)), 1e-6) if len(rating) else 1.0
     if self.weights == "rating":
       weights = rating[rows] / top
     elif self.weights == "recency":

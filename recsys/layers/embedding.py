@@ -2,35 +2,48 @@
 
 A drop-in for `tfrs.layers.embedding.TPUEmbedding`: the same constructor
 (`feature_config`, `optimizer`, `pipeline_execution_with_tensor_core`,
-`batch_size`, ...) and call (`layer(features, weights)` -> activations shaped
-like `feature_config`), but it runs on every backend of `backends` ("auto":
-the one `backends.create` picks for the strategy in scope, logged with its
-reason) and trains the tables with the layer's embedding optimizer — the TPU
-optimizer math — on CPU, GPU and TPU alike. Inside any `tf.keras.Model` or
-`tfrs.Model`, `compile(optimizer=...)` + `fit()` trains the tables with the
-embedding optimizer and every other variable with the Keras optimizer
-(`recsys.layers.gradient_trap`), under the default strategy,
-`MirroredStrategy`, `MultiWorkerMirroredStrategy` (tensorcore backend) and
-`ParameterServerStrategy` (sharded backend, steps scheduled by Keras on the
-workers); under a `TPUStrategy` the backend is the TPU's (dispatch tested
-on CPU only: no TPU here).
+`batch_size`, `embedding_feature`, `sparse_core_embedding_config`) and call
+(`layer(features, weights, serving_config=None)` -> activations shaped like
+`feature_config`), but it runs on every backend of `backends` ("auto": the
+one `backends.create` picks for the strategy in scope, logged with its
+reason) and trains the tables with the embedding optimizer — the TPU
+optimizer math — on CPU, GPU and TPU alike.
+
+What TFRS's layer accepts, this one does (docs/keras.md):
+
+* optimizers: a `tf.tpu.experimental.embedding` optimizer, a name, or a
+  Keras optimizer (also shared with `compile()`), per layer and per
+  `TableConfig.optimizer`, translated by `recsys.layers.keras_optimizers`;
+* building wherever Keras builds: at the first call inside `fit`'s replica
+  step (subclassed models, every TFRS tutorial), in `tf.function`,
+  functional models and `model.build()`, under every strategy;
+* int32, int64 or float ids (whole numbers, as `tf.strings.to_number`
+  gives), dense, `SparseTensor` or `RaggedTensor`, per-id `weights`, and
+  `serving_config` for a CPU lookup on other feature configs;
+* training in `fit`, and in custom loops that apply a Keras optimizer to
+  `model.trainable_variables` (the gradient trap, `gradient_trap`): a
+  lookup trains when a tape records it and `training` is not False, and the
+  tables move only when a gradient request covers the layer's weights.
 
 Checkpoints: the layer's `embedding` attribute is the backend, whose
 variables are `<table>` and `<table>.S<slot>` (TF's mid-level API names), so
 `tf.train.Checkpoint(embedding=layer.embedding)` is interchangeable with the
 Trainer's checkpoints (`embedding=` node) and TF's
-`TPUEmbeddingForServing`; `model.save_weights` holds them under the layer.
+`TPUEmbeddingForServing`; `model.save_weights` and `tf.train.Checkpoint(
+model=model)` hold them under the layer.
 
 SavedModels: outside a training step the lookup is plain TF ops on the
-tables, so `tf.saved_model.save` of a model with the layer serves without
-this project installed.
+tables, so a SavedModel of a model with the layer serves without this
+project installed. Such a model, loaded back (`tf.keras.models.load_model`),
+cannot train its tables: it refuses to, with an error that says how to
+restore the weights into a model built in Python, which can.
 
 Example:
   >>> from recsys import layers
   >>> table = tf.tpu.experimental.embedding.TableConfig(1000, 16, name="movies")
   >>> emb = layers.Embedding(
   ...     {"movie": tf.tpu.experimental.embedding.FeatureConfig(table)},
-  ...     optimizer=tf.tpu.experimental.embedding.Adagrad(0.1))
+  ...     optimizer=tf.keras.optimizers.Adagrad(0.1))
   >>> inputs = {"movie": keras.Input([], dtype=tf.int64, name="movie")}
   >>> out = keras.layers.Dense(1)(emb(inputs)["movie"])
   >>> model = keras.Model(inputs, out)
@@ -38,30 +51,32 @@ Example:
   >>> model.fit(dataset)  # tables: Adagrad with TPU math; Dense: Adam
 """
 
+import copy
 import inspect
 import logging
 from collections.abc import Mapping
 from typing import Any
 
-from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.tpu.experimental import embedding
 
 import backends
 from backends import base
+from recsys import _tf_internal
 from recsys._keras import keras, tf
-from recsys.layers import gradient_trap
+from recsys.layers import gradient_trap, keras_optimizers
+from recsys.layers.ids import integer_ids
 
 log = logging.getLogger("recsys.layers")
 
-
-# String names TFRS's layer accepts for an optimizer, with TF's defaults.
-_OPTIMIZER_NAMES = {
-  "sgd": embedding.SGD,
-  "adagrad": embedding.Adagrad,
-  "adam": embedding.Adam,
-  "ftrl": embedding.FTRL,
-}
+#: Raised by the gradient of a lookup in a model loaded from a SavedModel.
+RELOADED_MODEL_CANNOT_TRAIN = (
+  "this model was loaded from a SavedModel, whose embedding tables cannot "
+  "train: the saved graph has the lookups but not the embedding optimizer. "
+  "Build the model in Python (the same code, with recsys.layers.Embedding) "
+  "and restore the saved weights into it: "
+  "model.load_weights('<saved_model_dir>/variables/variables'). That model "
+  "trains its tables."
+)
 
 
 def embedding_optimizer(optimizer: Any) -> Any:
@@ -70,39 +85,20 @@ def embedding_optimizer(optimizer: Any) -> Any:
   Args:
     optimizer: an instance of `tf.tpu.experimental.embedding.SGD`, `Adagrad`,
       `AdagradMomentum`, `Adam` or `FTRL`; a name ("sgd", "adagrad", "adam",
-      "ftrl": TF's default hyper-parameters); or None (every table names its
-      own optimizer, or the layer is lookup-only).
+      "ftrl": TF's default hyper-parameters); a Keras SGD, Adagrad, Adam,
+      AdamW or Ftrl (translated: `recsys.layers.keras_optimizers`); or None
+      (every table names its own optimizer, or the layer is lookup-only).
 
   Raises:
-    ValueError: an unknown name, or a Keras optimizer (whose math differs:
-      e.g. Keras's Adagrad adds an epsilon, the TPU's does not).
+    ValueError: an unknown name, or an optimizer with no embedding
+      counterpart.
   """
-  if optimizer is None or isinstance(optimizer, base.OPTIMIZER_CLASSES):
-    return optimizer
-  if isinstance(optimizer, str):
-    if optimizer.lower() not in _OPTIMIZER_NAMES:
-      raise ValueError(
-        f"unknown embedding optimizer name {optimizer!r}; use "
-        f"one of {sorted(_OPTIMIZER_NAMES)} or an instance of "
-        "a tf.tpu.experimental.embedding optimizer."
-      )
-    return _OPTIMIZER_NAMES[optimizer.lower()]()
-  if isinstance(
-    optimizer, (keras.optimizers.Optimizer, keras.optimizers.legacy.Optimizer)
-  ):
-    raise ValueError(
-      f"optimizer is a Keras {type(optimizer).__name__}; the embedding "
-      "tables are trained with TPU optimizer math: pass e.g. "
-      "tf.tpu.experimental.embedding.Adagrad(learning_rate=0.1) (the Keras "
-      "optimizer of compile() trains the other variables)."
-    )
-  raise ValueError(
-    f"optimizer is a {type(optimizer).__name__}; expected a "
-    "tf.tpu.experimental.embedding optimizer (SGD, Adagrad, "
-    "AdagradMomentum, Adam, FTRL), one of their names, or None."
-  )
+  return keras_optimizers.translate(optimizer).optimizer
 
 
+# Registered under "recsys>Embedding": Keras's saving then does not mistake
+# it for its own `Embedding` layer.
+@keras.saving.register_keras_serializable(package="recsys")
 class Embedding(keras.layers.Layer):
   """Embedding lookups on any backend, tables trained by `fit`.
 
@@ -127,11 +123,16 @@ class Embedding(keras.layers.Layer):
     **kwargs: Keras `Layer` arguments (`name`, ...).
 
   Call args:
-    features: structure of `feature_config` with int ids (dense, `SparseTensor`
-      or `RaggedTensor`).
+    features: structure of `feature_config` with ids (int or whole-number
+      float; dense, `SparseTensor` or `RaggedTensor`).
     weights: None or the same structure of per-id weights.
-    training: Keras's flag; True inside `fit` (lookups whose gradients the
-      trap applies), False in `evaluate`/`predict`/serving.
+    training: Keras's flag. A lookup trains (its gradients reach the
+      embedding optimizer) when a `tf.GradientTape` records it and
+      `training` is not False: in `fit`, and in custom loops, as with TFRS's
+      layer. False: `evaluate`, `predict`, serving.
+    serving_config: None, or a structure of `FeatureConfig`s over this
+      layer's tables (by object or name): a plain CPU lookup on them, as
+      TFRS's `serving_config`.
 
   Returns:
     Activations shaped like `feature_config` (`[B, D]`, `[B, L, D]` for
@@ -152,23 +153,10 @@ class Embedding(keras.layers.Layer):
     strategy: tf.distribute.Strategy | None = None,
     **kwargs: Any,
   ):
+    # Float ids must reach `call` as they are, not cast to float32 by Keras.
+    kwargs.setdefault("autocast", False)
     super().__init__(**kwargs)
-    if embedding_feature is not None:
-      unsupported = (
-        tf.tpu.experimental.HardwareFeature.EmbeddingFeature.UNSUPPORTED
-      )
-      if embedding_feature != unsupported:
-        raise ValueError(
-          f"embedding_feature={embedding_feature!r}: only UNSUPPORTED (run "
-          "the tables on the TensorCore) can be forced; the accelerator "
-          "version is read from the TPU. Or pass backend=<name>."
-        )
-      if backend not in ("auto", "tensorcore"):
-        raise ValueError(
-          f"embedding_feature=UNSUPPORTED means backend "
-          f"'tensorcore', but backend={backend!r} was given."
-        )
-      backend = "tensorcore"
+    backend = _backend_for_embedding_feature(embedding_feature, backend)
     name, _ = backends.registry.resolve(backend, strategy)
     cls = backends.get(name)
     accepted = inspect.signature(cls.__init__).parameters
@@ -184,30 +172,42 @@ class Embedding(keras.layers.Layer):
       if key in accepted and value not in (None, False):
         options[key] = value
     options.update(backend_options or {})
+    default = keras_optimizers.translate(optimizer)
+    backend_config, tables, translations = _translate_table_optimizers(
+      feature_config
+    )
+    self._user_feature_config = feature_config
+    # backend's TableConfig (a copy where its optimizer was translated) ->
+    # the one the user gave, by id.
+    self._user_tables = tables
     # strategy None: the backend takes the strategy in scope.
     self.embedding = cls(
-      feature_config,
-      embedding_optimizer(optimizer),
-      strategy=strategy,
-      **options,
+      backend_config, default.optimizer, strategy=strategy, **options
     )
     self.backend_name = name
     self.batch_size = batch_size
     self._trains = self.embedding.capabilities.trains
     self._trap_variable = None
+    self._warned_untrained_call = False
+    _log_translations(self.embedding, default, tables, translations)
 
   @property
   def feature_config(self) -> Any:
-    return self.embedding.feature_config
+    """The feature configuration as given (TFRS's layer keeps it too)."""
+    return self._user_feature_config
 
   @property
   def embedding_tables(self) -> dict[Any, tf.Variable]:
-    """The table variables, keyed by `TableConfig`."""
-    return self.embedding.embedding_tables
+    """The table variables, keyed by the `TableConfig`s as given."""
+    return {
+      self._user_tables.get(id(table), table): var
+      for table, var in self.embedding.embedding_tables.items()
+    }
 
   def build(self, input_shape: Any) -> None:
-    with tf.init_scope():
-      self.embedding.build()
+    # From inside fit's replica step too: the backend builds once, in
+    # cross-replica context (base.cross_replica_build).
+    self.embedding.build()
     if self._trains:
       # One trainable float: the gradient trap's anchor (value unused).
       self._trap_variable = self.add_weight(
@@ -224,17 +224,20 @@ class Embedding(keras.layers.Layer):
     features: Any,
     weights: Any | None = None,
     training: bool | None = None,
+    serving_config: Any | None = None,
   ) -> Any:
-    # A training lookup only where a tape can take its gradients (fit's
-    # train_step) and will (the layer is trainable, so Keras differentiates
-    # the trap's anchor): `model(x, training=True)` outside a tape, or a
-    # frozen layer, must not leave a lookup whose gradients never come.
-    if not (
-      training
-      and self._trains
-      and self.trainable
-      and record.could_possibly_record()
-    ):
+    if serving_config is not None:
+      return self._serving_lookup(features, weights, serving_config)
+    features = self._integer_ids(features, self.embedding.feature_config)
+    if _tf_internal.in_saved_model_trace():
+      return self._saved_lookup(features, weights)
+    trains = training is not False and self._trains and self.trainable
+    if not trains:
+      return self.embedding.lookup(features, weights, training=False)
+    if not _tf_internal.tape_is_recording():
+      # Nothing can differentiate this lookup: leave nothing waiting.
+      if training:
+        self._warn_untrained_call()
       return self.embedding.lookup(features, weights, training=False)
     activations = self.embedding.lookup(features, weights, training=True)
     flat = nest.flatten(activations)
@@ -245,8 +248,82 @@ class Embedding(keras.layers.Layer):
         nest.pack_sequence_as(structure, flat_gradients)
       )
 
+    def not_requested(persistent: bool) -> None:
+      # The caller asked for other variables only: the tables stay. A tape
+      # that cannot be asked again drops the lookup.
+      if not persistent:
+        self.embedding.abandon_training_lookup()
+
     return nest.pack_sequence_as(
-      structure, gradient_trap.trap(flat, self._trap_variable, apply)
+      structure,
+      gradient_trap.trap(flat, self._trap_variable, apply, not_requested),
+    )
+
+  def _integer_ids(self, features: Any, feature_config: Any) -> Any:
+    """`features` with float ids cast to int64 after checks (`ids`)."""
+    try:
+      paths = nest.flatten_with_joined_string_paths(feature_config)
+      flat = nest.flatten_up_to(feature_config, features, check_types=False)
+    except (ValueError, TypeError):
+      return features  # the backend names what does not match
+    converted = [
+      integer_ids(ids, f"feature {path!r} (table {feature.table.name!r})")
+      for (path, feature), ids in zip(paths, flat)
+    ]
+    return nest.pack_sequence_as(feature_config, converted)
+
+  def _saved_lookup(self, features: Any, weights: Any | None) -> Any:
+    """A lookup traced for a SavedModel: serves, and refuses to train.
+
+    A model loaded back from the SavedModel runs these traces: the tables'
+    gradient would reach nothing, so `fit` on it would train the dense
+    layers and silently leave the tables. `PreventGradient` (a core op;
+    an identity forward) makes that an error that says what to do.
+    """
+    activations = self.embedding.lookup(features, weights, training=False)
+    return tf.nest.map_structure(
+      lambda act: tf.raw_ops.PreventGradient(
+        input=act, message=RELOADED_MODEL_CANNOT_TRAIN
+      ),
+      activations,
+    )
+
+  def _serving_lookup(
+    self, features: Any, weights: Any | None, serving_config: Any
+  ) -> Any:
+    """TFRS's `serving_config`: a CPU lookup of other features on the
+    tables (matched by `TableConfig` object, else by name)."""
+    by_object = {id(t): v for t, v in self.embedding_tables.items()}
+    by_name = {
+      self.embedding.table_name(t): v
+      for t, v in self.embedding.embedding_tables.items()
+    }
+    tables = {}
+    for path, feature in nest.flatten_with_joined_string_paths(serving_config):
+      table = feature.table
+      var = by_object.get(id(table), by_name.get(table.name))
+      if var is None:
+        raise ValueError(
+          f"serving_config[{path!r}] uses table {table.name!r}, which this "
+          f"layer does not have; its tables are {sorted(by_name)}."
+        )
+      tables[table] = var
+    features = self._integer_ids(features, serving_config)
+    return tf.tpu.experimental.embedding.serving_embedding_lookup(
+      features, weights, tables, serving_config
+    )
+
+  def _warn_untrained_call(self) -> None:
+    if self._warned_untrained_call or _tf_internal.in_saved_model_trace():
+      return
+    self._warned_untrained_call = True
+    log.warning(
+      "embedding layer %r was called with training=True outside any "
+      "tf.GradientTape: nothing can take the lookup's gradients, so it does "
+      "not train the tables (it is an ordinary lookup). Tables train when a "
+      "tape records the call and its gradient is taken over the model's "
+      "trainable variables (fit does this).",
+      self.name,
     )
 
   def get_config(self) -> dict[str, Any]:
@@ -254,3 +331,112 @@ class Embedding(keras.layers.Layer):
       "Embedding holds TableConfig objects and cannot be rebuilt from a "
       "config: save weights or checkpoints, or a SavedModel for serving."
     )
+
+
+class _NotKerasOwnEmbedding(logging.Filter):
+  """Drops Keras's save-time warning that `Embedding` shares the name of its
+  built-in layer: this class is registered as "recsys>Embedding", which is
+  what `load_model` reads, so nothing is confused."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    args = record.args
+    return not (
+      isinstance(args, tuple) and len(args) == 3 and args[2] is Embedding
+    )
+
+
+logging.getLogger("absl").addFilter(_NotKerasOwnEmbedding())
+
+
+def _backend_for_embedding_feature(embedding_feature: Any, backend: str) -> str:
+  """TFRS's `embedding_feature` override, as a backend name."""
+  if embedding_feature is None:
+    return backend
+  unsupported = tf.tpu.experimental.HardwareFeature.EmbeddingFeature.UNSUPPORTED
+  if embedding_feature != unsupported:
+    raise ValueError(
+      f"embedding_feature={embedding_feature!r}: only UNSUPPORTED (run "
+      "the tables on the TensorCore) can be forced; the accelerator "
+      "version is read from the TPU. Or pass backend=<name>."
+    )
+  if backend not in ("auto", "tensorcore"):
+    raise ValueError(
+      f"embedding_feature=UNSUPPORTED means backend "
+      f"'tensorcore', but backend={backend!r} was given."
+    )
+  return "tensorcore"
+
+
+def _translate_table_optimizers(
+  feature_config: Any,
+) -> tuple[Any, dict[int, Any], dict[int, keras_optimizers.Translation]]:
+  """The feature config with each table's optimizer translated.
+
+  A `TableConfig.optimizer` given as a name or a Keras optimizer is
+  translated into a copy of the table (the user's config is not changed);
+  features of that table point to the copy.
+
+  Returns:
+    (the config for the backend, copy id -> the user's table, user table
+    id -> its translation).
+  """
+  copies: dict[int, Any] = {}
+  originals: dict[int, Any] = {}
+  translations: dict[int, keras_optimizers.Translation] = {}
+
+  def convert(feature):
+    table = feature.table
+    if isinstance(table.optimizer, str) or keras_optimizers.is_keras_optimizer(
+      table.optimizer
+    ):
+      if id(table) not in copies:
+        translation = keras_optimizers.translate(table.optimizer)
+        clone = copy.copy(table)
+        clone.optimizer = translation.optimizer
+        copies[id(table)] = clone
+        originals[id(clone)] = table
+        translations[id(table)] = translation
+      feature = copy.copy(feature)
+      feature.table = copies[id(table)]
+    return feature
+
+  converted = nest.map_structure(convert, feature_config)
+  if not copies:
+    return feature_config, {}, {}
+  return converted, originals, translations
+
+
+def _log_translations(
+  backend: base.EmbeddingBackend,
+  default: keras_optimizers.Translation,
+  originals: Mapping[int, Any],
+  per_table: Mapping[int, keras_optimizers.Translation],
+) -> None:
+  """Says once per table which embedding optimizer a Keras one became."""
+  for table in backend.tables:
+    if id(table) in originals:
+      translation = per_table[id(originals[id(table)])]
+    elif table.optimizer is None:
+      translation = default
+    else:
+      continue  # the table's own embedding optimizer, as given
+    if not translation.translated:
+      continue
+    name = backend.table_name(table)
+    described = keras_optimizers.describe(translation.optimizer)
+    log.info(
+      "table %r: trained by %s, translated from the %s (TPU optimizer "
+      "math, docs/optimizers.md).",
+      name,
+      described,
+      translation.source,
+    )
+    if translation.not_kept:
+      log.warning(
+        "table %r: the %s's %s %s not kept by the embedding optimizer %s.",
+        name,
+        translation.source,
+        "; ".join(translation.not_kept),
+        "is" if len(translation.not_kept) == 1 else "are",
+        described,
+      )

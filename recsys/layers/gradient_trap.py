@@ -13,7 +13,13 @@ gradient function runs with d(loss)/d(activations): it calls the backend's
 sums the touched rows over replicas as in any other step) and returns a zero
 gradient for the trap variable, which the Keras optimizer then leaves at 0.
 No `train_step` override is needed, so any `tf.keras.Model` or `tfrs.Model`
-works.
+works, and so does a custom loop that applies a Keras optimizer to
+`model.trainable_variables`.
+
+A tape runs the gradient function whenever the loss reaches the
+activations, whatever the caller asked for; the tables move only when the
+request covers the trap variable (as `fit` and `model.trainable_variables`
+do). `tape.gradient(loss, dense_kernel)` leaves them alone.
 
 This module is the only place that knows this trick; everything else calls
 the backend's `lookup` and `apply_gradients` explicitly.
@@ -22,6 +28,7 @@ the backend's `lookup` and `apply_gradients` explicitly.
 from collections.abc import Callable
 from typing import Any
 
+from recsys import _tf_internal
 from recsys._keras import tf
 
 
@@ -29,6 +36,7 @@ def trap(
   activations: list[tf.Tensor],
   trap_variable: tf.Variable,
   apply_gradients: Callable[[list[Any]], None],
+  not_requested: Callable[[bool], None],
 ) -> list[tf.Tensor]:
   """Activations that call `apply_gradients` when a tape differentiates them.
 
@@ -37,8 +45,11 @@ def trap(
     trap_variable: a trainable variable of the Keras layer (its value is
       unused); it puts the activations on the path from the loss to
       `model.trainable_variables`.
-    apply_gradients: called once per gradient computation with the flat list
-      of d(loss)/d(activation) (None where the loss does not use one).
+    apply_gradients: called with the flat list of d(loss)/d(activation)
+      (None where the loss does not use one) when a gradient request covers
+      `trap_variable` (or cannot be seen, e.g. `tf.gradients`).
+    not_requested: called instead when the request does not cover it, with
+      whether the tape may be asked again (persistent).
 
   Returns:
     The activations (identities), in the same order.
@@ -49,7 +60,11 @@ def trap(
     del anchor
 
     def grad(*upstream):
-      apply_gradients(list(upstream))
+      request = _tf_internal.current_gradient_request()
+      if request is None or request.covers(trap_variable):
+        apply_gradients(list(upstream))
+      else:
+        not_requested(request.persistent)
       # Zero for the anchor; nothing flows back into the lookup itself: the
       # backend's optimizer, not the tape, updates the tables.
       return (tf.zeros_like(trap_variable),) + (None,) * len(acts)

@@ -30,7 +30,12 @@ import tensorflow_recommenders as tfrs
 from recsys._keras import keras
 from recsys.data.spec import FeatureSpec
 from recsys.models import layers as model_layers
-from recsys.models import retrieval_index, retrieval_metrics
+from recsys.models import (
+  retrieval_index,
+  retrieval_metrics,
+  retrieval_negatives,
+  seen_items,
+)
 from recsys.models.errors import FeatureMismatchError, ModelConfigError
 
 OBJECTIVES = ("binary", "mse")
@@ -369,6 +374,7 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     remove_accidental_hits: bool = True,
     ks: Sequence[int] = DEFAULT_KS,
     sequence_pooling: str = "mean",
+    cross_replica_negatives: bool = True,
     name: str | None = None,
   ) -> None:
     """Initializes the task, the corpus index and the metrics.
@@ -390,6 +396,12 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
         count as negatives.
       ks: cut-offs of the top-k hit rates.
       sequence_pooling: "mean", "sum" or "reject" for `[B, L, D]` activations.
+      cross_replica_negatives: on several replicas, every query's in-batch
+        negatives are the whole global batch's candidates (gathered from
+        every replica), so the loss and the trained model are those of one
+        replica on the global batch, on any number of replicas (the
+        default). False keeps each replica's own batch as its negatives
+        (fewer negatives per query as replicas grow; no all-gather).
       name: Keras name.
 
     Raises:
@@ -397,6 +409,7 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     """
     super().__init__(feature_specs, num_dense, sequence_pooling, name)
     owner = type(self).__name__
+    self._cross_replica_negatives = bool(cross_replica_negatives)
     by_name = {s.name: s for s in self._specs}
     self._query_features = list(query_features)
     self._candidate_features = list(candidate_features)
@@ -450,7 +463,7 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
       loss=keras.losses.CategoricalCrossentropy(
         from_logits=True, reduction=keras.losses.Reduction.NONE
       ),
-      metrics=tfrs.metrics.FactorizedTopK(
+      metrics=retrieval_metrics.CorpusHitRates(
         self.corpus_index, ks=ks, name="hit_rate"
       ),
       temperature=temperature,
@@ -542,7 +555,8 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     """In-batch softmax loss (per-replica convention of the module docstring).
 
     Row i's candidate is the positive of query i; the other rows' candidates
-    (on this replica) are its negatives.
+    are its negatives: those of the whole global batch (every replica's),
+    or of this replica's batch only with `cross_replica_negatives=False`.
 
     Args:
       activations: feature name -> activation, query and candidate features.
@@ -553,7 +567,10 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
       global_batch_size: examples in the global batch (all replicas).
       sample_weight: optional `[B]` query weights.
       compute_metrics: update the corpus hit rates (default: not training);
-        needs `index_candidates` first.
+        needs `index_candidates` first. When the batch carries
+        `features["seen_candidate_ids"]` (`recsys.models.seen_items`), each
+        query's seen candidates are left out of its ranking (never its
+        true candidate).
       mask: optional `[B]` 1/0: rows with 0 are padding (a padded eval
         batch): neither queries that count nor in-batch negatives.
       include_regularization: add the regularization term.
@@ -592,23 +609,64 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
         self.weighted_sampling_probability(features), q.dtype
       )
     ids = self.candidate_ids(features) if "categorical" in features else None
+    valid = None if mask is None else tf.reshape(mask, [-1]) > 0
+    candidates = self.in_batch_candidates(c, ids, sampling_probability, valid)
+    c_all, ids_all, sampling_probability, valid = candidates
     score_mask = None
-    if mask is not None:  # padding rows are no candidate of any query
+    if valid is not None:  # padding rows are no candidate of any query
       score_mask = tf.broadcast_to(
-        tf.reshape(mask, [1, -1]) > 0, [tf.shape(q)[0], tf.shape(c)[0]]
+        valid[tf.newaxis, :], [tf.shape(q)[0], tf.shape(c_all)[0]]
       )
     per_example = self.task(
       q,
-      c,
+      c_all,
       sample_weight=masked_weight(sample_weight, mask, q.dtype),
       candidate_sampling_probability=sampling_probability,
-      candidate_ids=ids,
-      compute_metrics=compute_metrics,
+      candidate_ids=ids_all,
+      compute_metrics=False,  # below: this replica's queries, seen items
       compute_batch_metrics=False,
       score_mask=score_mask,
     )
+    if compute_metrics:
+      self.hit_rates.update_state(
+        q,
+        c,
+        ids,
+        sample_weight=masked_weight(sample_weight, mask, q.dtype),
+        exclusions=features.get(seen_items.SEEN_FEATURE),
+      )
     loss = average_loss(per_example, global_batch_size)
     return loss + self._regularization() if include_regularization else loss
+
+  @property
+  def hit_rates(self) -> retrieval_metrics.CorpusHitRates:
+    """The corpus top-k hit rates that evaluation updates."""
+    return self.task.factorized_metrics[0]
+
+  @property
+  def cross_replica_negatives(self) -> bool:
+    """Whether in-batch negatives span every replica's batch."""
+    return self._cross_replica_negatives
+
+  def in_batch_candidates(
+    self,
+    embeddings: tf.Tensor,
+    ids: tf.Tensor | None = None,
+    sampling_probability: tf.Tensor | None = None,
+    valid: tf.Tensor | None = None,
+  ) -> tuple:
+    """The candidates in-batch negatives come from: `[N, ...]` each.
+
+    The replica's own rows `[B, ...]` with one replica or
+    `cross_replica_negatives=False`; otherwise every replica's, this
+    replica's first (`retrieval_negatives.global_batch`), so that row i
+    stays query i's positive.
+    """
+    if not self._cross_replica_negatives:
+      return embeddings, ids, sampling_probability, valid
+    return retrieval_negatives.global_batch(
+      embeddings, ids, sampling_probability, valid
+    )
 
   def index_candidates(
     self, candidate_ids: tf.Tensor, candidate_embeddings: tf.Tensor

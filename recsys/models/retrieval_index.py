@@ -154,6 +154,37 @@ class CorpusIndex(tfrs.layers.factorized_top_k.TopK):
     )
     return values, ids
 
+  def query_with_exclusions(
+    self, queries: tf.Tensor, exclusions: tf.Tensor, k: int | None = None
+  ) -> tuple[tf.Tensor, tf.Tensor]:
+    """`call`, each query's `exclusions` left out (e.g. the items it has seen).
+
+    Exact: excluded candidates are masked before the top-k, so each query
+    still gets its k best other candidates (TFRS's layers retrieve k + E
+    and then drop). Static shapes, so compiled steps can run it.
+
+    Args:
+      queries: `[Q, K]`.
+      exclusions: int `[Q, E]` candidate ids; -1 (or any id outside
+        [0, V)) is padding.
+      k: results per query (default: the index's k).
+
+    Returns:
+      Top-k scores and ids `[Q, min(k, V)]`, best first.
+    """
+    k = min(k if k is not None else self._k, self._num_candidates)
+    excluded = excluded_mask(exclusions, self._num_candidates)
+    valid = tf.logical_and(self._valid[tf.newaxis, :] > 0, ~excluded)
+    scores = tf.matmul(queries, self._embeddings, transpose_b=True)
+    scores = tf.where(valid, scores, _MIN_SCORE)
+    values, rows = tf.math.top_k(scores, k=k)
+    ids = tf.where(
+      tf.gather(valid, rows, batch_dims=1),
+      tf.cast(rows, tf.int64),
+      tf.constant(-1, tf.int64),
+    )
+    return values, ids
+
   def is_exact(self) -> bool:
     return True
 
@@ -161,6 +192,28 @@ class CorpusIndex(tfrs.layers.factorized_top_k.TopK):
     """The indexed ids `[N]` (int64) and embeddings `[N, K]`."""
     ids = tf.reshape(tf.where(self._valid > 0), [-1])
     return ids, tf.gather(self._embeddings, ids)
+
+
+def excluded_mask(exclusions: tf.Tensor, num_candidates: int) -> tf.Tensor:
+  """`[Q, V]` bool: True where row q's `exclusions` `[Q, E]` name the id.
+
+  Ids outside [0, V) (padding: -1) exclude nothing. A scatter, not a
+  `[Q, E, V]` comparison, so thousands of seen items cost `[Q, V]` memory.
+  """
+  exclusions = tf.cast(exclusions, tf.int64)
+  queries = tf.shape(exclusions, out_type=tf.int64)[0]
+  inside = tf.logical_and(exclusions >= 0, exclusions < num_candidates)
+  columns = tf.where(inside, exclusions, num_candidates)  # padding: spare
+  rows = tf.broadcast_to(
+    tf.range(queries)[:, tf.newaxis], tf.shape(exclusions, out_type=tf.int64)
+  )
+  index = tf.stack([rows, columns], axis=-1)
+  hits = tf.scatter_nd(
+    tf.reshape(index, [-1, 2]),
+    tf.ones([tf.size(exclusions)], tf.int32),
+    tf.stack([queries, tf.constant(num_candidates + 1, tf.int64)]),
+  )
+  return hits[:, :num_candidates] > 0
 
 
 def scann_available() -> bool:

@@ -34,6 +34,7 @@ Modes (`negatives`):
     positive among the negatives are removed (accidental hits).
 """
 
+import numpy as np
 import tensorflow as tf
 
 from recsys._keras import keras
@@ -91,6 +92,17 @@ class CandidateBank(keras.layers.Layer):
       trainable=False,
       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
     )
+    # Stateless draws keyed by (salt, draw count): every replica draws the
+    # same corpus sample, the one a single replica draws; resumes continue.
+    self.draws = self.add_weight(
+      name="draws",
+      shape=[],
+      dtype=tf.int64,
+      initializer="zeros",
+      trainable=False,
+      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+    )
+    self._salt = int(np.random.randint(1 << 31))
 
   def _whole_step(self, ids: tf.Tensor, embeddings: tf.Tensor):
     """The step's rows on every replica: each replica's batch, in replica
@@ -155,10 +167,47 @@ class CandidateBank(keras.layers.Layer):
     self.embeddings.assign(tf.stop_gradient(table))
     self.filled.assign(tf.cast(filled, tf.float32))
 
+  def draw_seed(self) -> tf.Tensor:
+    """A new stateless-RNG seed `[2]` (the same on every replica)."""
+    count = tf.identity(self.draws.read_value())
+    self.draws.assign_add(1)
+    # int32: XLA's stateless categorical takes no int64 seed.
+    count = tf.cast(count % (1 << 31), tf.int32)
+    return tf.stack([tf.constant(self._salt, tf.int32), count])
+
   def update(self, ids: tf.Tensor, embeddings: tf.Tensor) -> None:
     """Stores the batch's embeddings (constants) as their ids' rows (under a
     strategy, the rows of every replica's batch)."""
     self.store(*self.with_fresh(ids, tf.stop_gradient(embeddings)))
+
+
+def global_batch(*tensors: tf.Tensor | None) -> tuple:
+  """Each replica's rows `[B, ...]` of each tensor, as `[R * B, ...]`.
+
+  This replica's rows come first, then those of the next replicas in
+  cyclic order (TFRS's cross-replica concatenation), so that row i is still
+  this replica's row i: query i's positive. A softmax does not depend on
+  the order of its negatives, so every query's in-batch loss is the one a
+  single replica computes on the global batch. Gradients flow back to the
+  replica that owns each row (`ReplicaContext.all_gather` sums them over
+  the replicas). None passes through; one replica returns its input.
+  """
+  context = tf.distribute.get_replica_context()
+  if context is None or context.num_replicas_in_sync == 1:
+    return tensors
+  present = [t for t in tensors if t is not None]
+  # Collectives take numbers: bool masks travel as float32.
+  kinds = [t.dtype for t in present]
+  sent = [tf.cast(t, tf.float32) if t.dtype == tf.bool else t for t in present]
+  gathered = [context.all_gather(t, axis=0) for t in sent]  # mixed dtypes
+  shift = context.replica_id_in_sync_group * tf.shape(present[0])[0]
+  rolled = iter(
+    tf.cast(tf.roll(g, -shift, axis=0), kind)
+    if kind == tf.bool
+    else tf.roll(g, -shift, axis=0)
+    for g, kind in zip(gathered, kinds)
+  )
+  return tuple(None if t is None else next(rolled) for t in tensors)
 
 
 def corpus_softmax_loss(
@@ -199,32 +248,36 @@ def mixed_softmax_loss(
 ) -> tf.Tensor:
   """Per-query softmax cross-entropy over in-batch and sampled negatives `[B]`.
 
-  Logits of query i: [q_i . c_j / T - log(B p_j)]_j over the batch's rows
-  (row i is the positive) and [q_i . t_s / T - log(M / F)]_s over the M
-  `sampled` corpus rows (F = filled rows); negatives with the positive's id
-  are masked.
+  Logits of query i: [q_i . c_j / T - log(N p_j)]_j over the N in-batch
+  candidates (row i is the positive) and [q_i . t_s / T - log(M / F)]_s
+  over the M `sampled` corpus rows (F = filled rows); negatives with the
+  positive's id are masked.
 
   Args:
-    queries, candidates: `[B, K]`.
-    ids: `[B]` candidate ids.
-    sampling_probability: `[B]` each candidate's per-draw probability (None:
+    queries: `[B, K]`.
+    candidates: `[N, K]`, N >= B: the batch's candidates, the B queries'
+      positives first (N > B: the global batch, `global_batch`).
+    ids: `[N]` candidate ids.
+    sampling_probability: `[N]` each candidate's per-draw probability (None:
       no log-Q correction of the in-batch part).
     table, filled: `CandidateBank.with_fresh`.
     sampled: `[M]` corpus ids drawn uniformly from the filled rows.
     temperature: divides the scores (None: 1).
-    valid: `[B]` bool, rows that are real candidates (None: all).
+    valid: `[N]` bool, rows that are real candidates (None: all).
   """
   ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
   sampled = tf.reshape(tf.cast(sampled, tf.int64), [-1])
   scale = 1.0 if temperature is None else 1.0 / temperature
   in_batch = tf.matmul(queries, candidates, transpose_b=True) * scale
-  batch = tf.cast(tf.shape(ids)[0], in_batch.dtype)
+  num_queries = tf.shape(queries)[0]
+  draws = tf.cast(tf.shape(ids)[0], in_batch.dtype)
   if sampling_probability is not None:
     p = tf.cast(tf.reshape(sampling_probability, [-1]), in_batch.dtype)
-    in_batch -= tf.math.log(batch * p)[tf.newaxis, :]
-  same = tf.equal(ids[:, tf.newaxis], ids[tf.newaxis, :])
+    in_batch -= tf.math.log(draws * p)[tf.newaxis, :]
+  positive = ids[:num_queries]
+  same = tf.equal(positive[:, tf.newaxis], ids[tf.newaxis, :])
   accidental = tf.logical_and(
-    same, tf.logical_not(tf.eye(tf.shape(ids)[0]) > 0)
+    same, tf.logical_not(tf.eye(num_queries, tf.shape(ids)[0]) > 0)
   )
   if valid is not None:
     accidental = tf.logical_or(accidental, ~valid[tf.newaxis, :])
@@ -236,20 +289,33 @@ def mixed_softmax_loss(
     num_sampled / tf.maximum(num_filled, 1.0)
   )
   extra = tf.where(
-    tf.equal(ids[:, tf.newaxis], sampled[tf.newaxis, :]), _MASKED, extra
+    tf.equal(positive[:, tf.newaxis], sampled[tf.newaxis, :]), _MASKED, extra
   )
   logits = tf.concat([in_batch, extra], axis=1)
   return tf.nn.sparse_softmax_cross_entropy_with_logits(
-    tf.range(tf.shape(ids)[0]), logits
+    tf.range(num_queries), logits
   )
 
 
-def sample_filled(filled: tf.Tensor, num_sampled: int) -> tf.Tensor:
-  """`num_sampled` ids drawn uniformly (with replacement) from filled rows."""
+def sample_filled(
+  filled: tf.Tensor, num_sampled: int, seed: tf.Tensor | None = None
+) -> tf.Tensor:
+  """`num_sampled` ids drawn uniformly (with replacement) from filled rows.
+
+  Args:
+    filled: `[V]` bool.
+    num_sampled: M.
+    seed: int `[2]` for a stateless draw (the same on every replica that
+      passes it; `CandidateBank.draw_seed`); None: a stateful draw.
+  """
   logits = tf.where(filled, 0.0, _MASKED)[tf.newaxis, :]
-  return tf.reshape(
-    tf.random.categorical(logits, num_sampled, dtype=tf.int64), [-1]
-  )
+  if seed is None:
+    draw = tf.random.categorical(logits, num_sampled, dtype=tf.int64)
+  else:
+    draw = tf.random.stateless_categorical(
+      logits, num_sampled, seed, dtype=tf.int64
+    )
+  return tf.reshape(draw, [-1])
 
 
 __all__ = [
@@ -257,6 +323,7 @@ __all__ = [
   "CandidateBank",
   "check_negatives",
   "corpus_softmax_loss",
+  "global_batch",
   "mixed_softmax_loss",
   "sample_filled",
 ]

@@ -66,6 +66,7 @@ class TwoTower(RetrievalModel):
     negatives: str = "in_batch",
     num_sampled_negatives: int = 0,
     ignore_features: Sequence[str] = (),
+    cross_replica_negatives: bool = True,
     name: str | None = "two_tower",
   ) -> None:
     """Builds the towers (their variables are created on the first call).
@@ -99,6 +100,11 @@ class TwoTower(RetrievalModel):
       ignore_features: query or candidate features the towers leave out
         (e.g. "user_id" for a query tower of the user's history and side
         features only: it must generalize instead of memorizing each user).
+      cross_replica_negatives: in-batch (and "mixed") negatives are the
+        whole global batch's candidates on any number of replicas, so N
+        replicas train the model one replica trains on the same global
+        batches (the default); False: each replica's own batch only (see
+        `RetrievalModel`).
       name: Keras name.
 
     Raises:
@@ -140,6 +146,7 @@ class TwoTower(RetrievalModel):
       remove_accidental_hits=remove_accidental_hits,
       ks=ks,
       sequence_pooling=sequence_pooling,
+      cross_replica_negatives=cross_replica_negatives,
       name=name,
     )
     self._normalize = normalize
@@ -271,16 +278,22 @@ class TwoTower(RetrievalModel):
       probability = None
       if self._logq_weight:
         probability = self.weighted_sampling_probability(features)
+      valid = None if mask is None else tf.reshape(mask, [-1]) > 0
+      c_all, ids_all, probability, valid = self.in_batch_candidates(
+        c, ids, probability, valid
+      )
       per_example = retrieval_negatives.mixed_softmax_loss(
         q,
-        c,
-        ids,
+        c_all,
+        ids_all,
         probability,
         table,
         filled,
-        retrieval_negatives.sample_filled(filled, self._num_sampled),
+        retrieval_negatives.sample_filled(
+          filled, self._num_sampled, self.candidate_bank.draw_seed()
+        ),
         self._temperature,
-        valid=None if mask is None else tf.reshape(mask, [-1]) > 0,
+        valid=valid,
       )
     self.candidate_bank.store(table, filled)
     weight = masked_weight(sample_weight, mask, per_example.dtype)

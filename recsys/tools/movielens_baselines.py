@@ -1,14 +1,19 @@
 """The MovieLens benchmark's baselines, fit in NumPy on the same splits.
 
 Ratings: the global mean, a damped user+item bias model and a plain biased
-matrix factorization (explicit ALS). Retrieval: the most popular items and
+matrix factorization (explicit ALS). Retrieval: the most popular items,
 implicit ALS (iALS, Hu, Koren and Volinsky, 2008), the classic strong
-baseline for top-K hit rates over a whole corpus. Each takes the arrays of
+baseline for top-K hit rates over a whole corpus, and EASE (Steck, 2019),
+the closed-form linear item-item autoencoder, strongest when the items a
+user has seen are excluded. Each takes the arrays of
 `movielens_benchmark.split_arrays` (`user`, `item`, `label`); hyper-parameter
-grids are searched on a validation split by the benchmark, never on test.
+grids are searched on a validation split by the benchmark, never on test,
+for each protocol (seen items kept, or excluded: `exclusions`, each held-out
+pair's user's training items, `recsys.models.seen_items`).
 """
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +27,8 @@ IALS_DIM = 32
 # (L2 regularization, confidence alpha): observed pairs weigh 1 + alpha,
 # every unobserved pair 1.
 IALS_GRID = ((30.0, 10.0), (100.0, 10.0), (300.0, 10.0), (100.0, 20.0))
+# L2 regularization of EASE's item-item weights.
+EASE_GRID = (100.0, 250.0, 500.0, 1000.0)
 KS = (1, 5, 10, 50, 100)
 
 
@@ -142,13 +149,14 @@ def choose_mf_reg(train: Arrays, valid: Arrays) -> tuple[float, float]:
 
 
 def popularity(
-  train_items: np.ndarray, held_out_items: np.ndarray
+  train_items: np.ndarray, held_out_items: np.ndarray, exclusions: Any = None
 ) -> dict[str, float]:
-  """Most-popular top-K hit rates (`recsys.models.popularity_hit_rates`)."""
+  """Most-popular top-K hit rates (`recsys.models.popularity_hit_rates`);
+  with `exclusions`, the most popular items each user has not seen."""
   from recsys.models import retrieval_metrics  # noqa: PLC0415 (imports TF)
 
   rates = retrieval_metrics.popularity_hit_rates(
-    train_items.tolist(), held_out_items.tolist(), KS
+    train_items.tolist(), held_out_items.tolist(), KS, exclusions=exclusions
   )
   return {f"top{k}": rates[f"top_{k}_hit_rate"] for k in KS}
 
@@ -228,10 +236,12 @@ def factor_hit_rates(
   held_out: Arrays,
   num_items: int,
   ks: Sequence[int] = KS,
+  exclusions: Any = None,
 ) -> dict[str, float]:
   """Top-K hit rates of p_u . q_i over the whole corpus (ids 1..num_items),
-  the held-out pairs' users as queries; seen items not excluded, as for the
-  models (`retrieval_metrics.hit_rates`)."""
+  the held-out pairs' users as queries, as for the models
+  (`retrieval_metrics.hit_rates`); with `exclusions` (per held-out pair, its
+  user's seen items) only the others are ranked."""
   from recsys.models import retrieval_metrics  # noqa: PLC0415 (imports TF)
 
   corpus = np.arange(1, num_items + 1)
@@ -241,17 +251,84 @@ def factor_hit_rates(
     corpus,
     held_out["item"],
     ks,
+    exclusions=exclusions,
   )
   return {f"top{k}": rates[f"top_{k}_hit_rate"] for k in ks}
 
 
 def choose_ials(
-  train: Arrays, valid: Arrays, num_users: int, num_items: int
+  train: Arrays,
+  valid: Arrays,
+  num_users: int,
+  num_items: int,
+  exclusions: Any = None,
 ) -> tuple[float, float, dict[str, float]]:
   """(reg, alpha, validation hit rates) of the IALS_GRID point with the best
-  validation top-10 hit rate."""
+  validation top-10 hit rate (under `exclusions`, if given)."""
   scores = []
   for reg, alpha in IALS_GRID:
     p, q = fit_ials(train, num_users, num_items, reg=reg, alpha=alpha)
-    scores.append((reg, alpha, factor_hit_rates(p, q, valid, num_items)))
+    rates = factor_hit_rates(p, q, valid, num_items, exclusions=exclusions)
+    scores.append((reg, alpha, rates))
   return max(scores, key=lambda x: x[2]["top10"])
+
+
+def interactions(train: Arrays, num_users: int, num_items: int) -> np.ndarray:
+  """X `[num_users + 1, num_items + 1]` float32: 1 for the pairs of `train`."""
+  x = np.zeros((num_users + 1, num_items + 1), np.float32)
+  x[train["user"], train["item"]] = 1.0
+  return x
+
+
+def fit_ease(train: Arrays, num_users: int, num_items: int, reg: float):
+  """EASE (Steck, 2019): item-item weights B, score(u, j) = X_u . B_j.
+
+  B minimizes |X - X B|^2 + reg |B|^2 with a zero diagonal (an item may
+  not predict itself); closed form B = I - P / diag(P), P = (X^T X +
+  reg I)^-1.
+
+  Returns:
+    B `[num_items + 1, num_items + 1]` (row and column 0: the OOV id).
+  """
+  x = interactions(train, num_users, num_items).astype(np.float64)
+  gram = x.T @ x + reg * np.eye(num_items + 1)
+  inverse = np.linalg.inv(gram)
+  weights = -inverse / np.diag(inverse)[np.newaxis, :]
+  np.fill_diagonal(weights, 0.0)
+  return weights
+
+
+def ease_hit_rates(
+  weights: np.ndarray,
+  train: Arrays,
+  held_out: Arrays,
+  num_users: int,
+  num_items: int,
+  ks: Sequence[int] = KS,
+  exclusions: Any = None,
+) -> dict[str, float]:
+  """EASE's hit rates: queries X_u (the user's training items, multi-hot),
+  candidates the columns of B (`factor_hit_rates` with those factors)."""
+  x = interactions(train, num_users, num_items)
+  return factor_hit_rates(
+    x, weights.T.astype(np.float32), held_out, num_items, ks, exclusions
+  )
+
+
+def choose_ease(
+  train: Arrays,
+  valid: Arrays,
+  num_users: int,
+  num_items: int,
+  exclusions: Any = None,
+) -> tuple[float, dict[str, float]]:
+  """(reg, validation hit rates) of the EASE_GRID point with the best
+  validation top-10 hit rate (under `exclusions`, if given)."""
+  scores = []
+  for reg in EASE_GRID:
+    weights = fit_ease(train, num_users, num_items, reg)
+    rates = ease_hit_rates(
+      weights, train, valid, num_users, num_items, exclusions=exclusions
+    )
+    scores.append((reg, rates))
+  return max(scores, key=lambda x: x[1]["top10"])

@@ -10,12 +10,17 @@ source, built through gin), this computes
       carved from train) and a plain biased matrix factorization (NumPy ALS,
       its regularization chosen on the same validation split);
   (b) retrieval: top-K hit rates, K = 1, 5, 10, 50, 100, of the most
-      popular movies (counted on the training interactions) and of implicit
-      ALS (its regularization and confidence chosen on the validation split),
-      the same protocol as the model's corpus hit rates (the whole movie
-      corpus, no filtering of already-rated movies);
+      popular movies (counted on the training interactions), of implicit
+      ALS (its regularization and confidence chosen on the validation split)
+      and of EASE (its regularization chosen likewise), under both
+      protocols of the models' corpus hit rates: the whole movie corpus
+      (seen items kept), and the movies the user did not rate in training
+      (seen items excluded, `train.exclude_seen`; hyper-parameters chosen
+      on validation for each protocol);
   (c) trains the experiments through `recsys.training.train` via gin (each in
-      its own process), reads their metrics.json;
+      its own process), reads their metrics.json, and for retrieval
+      experiments evaluates the trained model again with seen items
+      excluded (metrics_exclude_seen.json);
 
 then prints each seed's table and the mean +- sd over the seeds.
 
@@ -57,10 +62,13 @@ from recsys.tools.movielens_baselines import (  # noqa: E402
   KS,
   MF_DIM,
   choose_damping,
+  choose_ease,
   choose_ials,
   choose_mf_reg,
+  ease_hit_rates,
   factor_hit_rates,
   fit_bias,
+  fit_ease,
   fit_ials,
   fit_mf,
   popularity,
@@ -89,6 +97,10 @@ VALIDATION_STEM = "movielens_train"
 
 Arrays = dict[str, np.ndarray]
 IALS_LABEL = "iALS (chosen on validation)"
+EASE_LABEL = "EASE (chosen on validation)"
+# Retrieval protocols: seen items kept in the ranking, or excluded.
+PROTOCOLS = ("kept", "excluded")
+EXCLUDED_METRICS = "metrics_exclude_seen.json"
 
 
 # -- the experiments' data, through gin ----------------------------------------
@@ -312,7 +324,15 @@ def train_one(
   from recsys.training import train  # pylint: disable=g-import-not-at-top
 
   config.parse([gin_file], list(bindings) + ["train.progress_bar = False"])
-  return train(model_dir=model_dir)
+  trainer = train(model_dir=model_dir, action="build")
+  metrics = trainer.train()
+  if trainer.is_retrieval:  # the same model, seen items excluded
+    excluded = trainer.evaluate(exclude_seen=True)
+    with open(
+      os.path.join(model_dir, EXCLUDED_METRICS), "w", encoding="utf-8"
+    ) as f:
+      json.dump(excluded, f, indent=2, sort_keys=True)
+  return metrics
 
 
 def run_experiment(
@@ -344,6 +364,10 @@ def run_experiment(
   with open(os.path.join(model_dir, "metrics.json"), encoding="utf-8") as f:
     metrics = json.load(f)
   metrics["wall_seconds"] = time.time() - start
+  excluded = os.path.join(model_dir, EXCLUDED_METRICS)
+  if os.path.isfile(excluded):
+    with open(excluded, encoding="utf-8") as f:
+      metrics["excluded"] = json.load(f)
   return metrics
 
 
@@ -584,11 +608,14 @@ def run_seed(args: argparse.Namespace, seed: int, root: str) -> dict[str, Any]:
   results["retrieval_min_rating"] = _query_file(
     ret_file, run_bindings, "MovieLens.min_rating", 0.0
   )
-  results["popularity"] = popularity(
-    ret_train["item"], ret_test["item"][:ret_evaluated]
-  )
-  results["ials"] = _ials_baseline(
-    ret_file, bindings + carve, ret_source, ret_train, ret_test, ret_evaluated
+  results.update(
+    _retrieval_baselines(
+      ret_file,
+      bindings + carve,
+      ret_source,
+      ret_train,
+      {k: v[:ret_evaluated] for k, v in ret_test.items()},
+    )
   )
   results["baseline_seconds"] = time.time() - t0
 
@@ -608,28 +635,57 @@ def run_seed(args: argparse.Namespace, seed: int, root: str) -> dict[str, Any]:
   return results
 
 
-def _ials_baseline(
+def seen_exclusions(train: Arrays, held_out: Arrays, num_users: int) -> Any:
+  """Each held-out pair's user's training items (never its own item), for
+  the "seen items excluded" protocol: `SeenItems`, as evaluation uses."""
+  from recsys.models.seen_items import SeenItems  # noqa: PLC0415 (imports TF)
+
+  seen = SeenItems.from_pairs(train["user"], train["item"], num_users + 1)
+  return seen.lookup(held_out["user"], held_out["item"])
+
+
+def _retrieval_baselines(
   ret_file: str,
   carved_bindings: Sequence[str],
   source: Any,
   train: Arrays,
   held_out: Arrays,
-  evaluated: int,
 ) -> dict[str, Any]:
-  """iALS, (reg, alpha) chosen on the retrieval experiment's validation split
-  carved from train, then fit on `train` and scored on `held_out`."""
+  """Popularity, iALS and EASE under both protocols; iALS's (reg, alpha)
+  and EASE's reg chosen on the retrieval experiment's validation split
+  carved from train, for each protocol, then fit on `train` and scored on
+  `held_out`."""
   carved, _ = build_source(ret_file, carved_bindings)
   fit, valid = split_arrays(carved, True), split_arrays(carved, False)
-  sizes = (source.num_users, source.num_items)
-  reg, alpha, valid_rates = choose_ials(fit, valid, *sizes)
-  p, q = fit_ials(train, *sizes, reg=reg, alpha=alpha)
-  held_out = {k: v[:evaluated] for k, v in held_out.items()}
-  return {
-    "reg": reg,
-    "alpha": alpha,
-    "validation": valid_rates,
-    "rates": factor_hit_rates(p, q, held_out, source.num_items),
-  }
+  users, items = source.num_users, source.num_items
+  out: dict[str, Any] = {}
+  for protocol in PROTOCOLS:
+    suffix = "" if protocol == "kept" else "_excluded"
+    valid_seen = test_seen = None
+    if protocol == "excluded":
+      valid_seen = seen_exclusions(fit, valid, users)
+      test_seen = seen_exclusions(train, held_out, users)
+    out["popularity" + suffix] = popularity(
+      train["item"], held_out["item"], test_seen
+    )
+    reg, alpha, valid_rates = choose_ials(fit, valid, users, items, valid_seen)
+    p, q = fit_ials(train, users, items, reg=reg, alpha=alpha)
+    out["ials" + suffix] = {
+      "reg": reg,
+      "alpha": alpha,
+      "validation": valid_rates,
+      "rates": factor_hit_rates(p, q, held_out, items, exclusions=test_seen),
+    }
+    reg, valid_rates = choose_ease(fit, valid, users, items, valid_seen)
+    weights = fit_ease(train, users, items, reg)
+    out["ease" + suffix] = {
+      "reg": reg,
+      "validation": valid_rates,
+      "rates": ease_hit_rates(
+        weights, train, held_out, users, items, exclusions=test_seen
+      ),
+    }
+  return out
 
 
 def _query_file(
@@ -667,16 +723,21 @@ def _ranking_rows(results: dict[str, Any]) -> dict[str, float]:
   return rows
 
 
-def _retrieval_rows(results: dict[str, Any]) -> dict[str, dict[str, float]]:
+def _retrieval_rows(
+  results: dict[str, Any], protocol: str = "kept"
+) -> dict[str, dict[str, float]]:
+  suffix = "" if protocol == "kept" else "_excluded"
   rows = {
-    "most popular": results["popularity"],
-    IALS_LABEL: results["ials"]["rates"],
+    "most popular": results["popularity" + suffix],
+    IALS_LABEL: results["ials" + suffix]["rates"],
+    EASE_LABEL: results["ease" + suffix]["rates"],
   }
   for name in EXPERIMENTS:
     if KIND[name] == "retrieval" and name in results:
-      rows[os.path.basename(EXPERIMENTS[name])] = model_hit_rates(
-        results[name]["metrics"]
-      )
+      metrics = results[name]["metrics"]
+      if protocol == "excluded":
+        metrics = metrics.get("excluded", {})
+      rows[os.path.basename(EXPERIMENTS[name])] = model_hit_rates(metrics)
   return rows
 
 
@@ -691,16 +752,18 @@ def summarize(per_seed: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
   ranking: dict[str, list[float]] = collections.defaultdict(list)
-  retrieval: dict[str, dict[str, list[float]]] = collections.defaultdict(
-    lambda: collections.defaultdict(list)
-  )
+  retrieval: dict[str, dict[str, dict[str, list[float]]]] = {
+    protocol: collections.defaultdict(lambda: collections.defaultdict(list))
+    for protocol in PROTOCOLS
+  }
   seconds: dict[str, list[float]] = collections.defaultdict(list)
   for results in per_seed:
     for label, value in _ranking_rows(results).items():
       ranking[label].append(value)
-    for label, rates in _retrieval_rows(results).items():
-      for k, value in rates.items():
-        retrieval[label][k].append(value)
+    for protocol in PROTOCOLS:
+      for label, rates in _retrieval_rows(results, protocol).items():
+        for k, value in rates.items():
+          retrieval[protocol][label][k].append(value)
     for name in EXPERIMENTS:
       if name in results:
         seconds[os.path.basename(EXPERIMENTS[name])].append(
@@ -710,9 +773,12 @@ def summarize(per_seed: Sequence[dict[str, Any]]) -> dict[str, Any]:
     "seeds": [r["seed"] for r in per_seed],
     "holdout": per_seed[0]["holdout"],
     "ranking_rmse": {k: stats(v) for k, v in ranking.items()},
-    "retrieval_hit_rate": {
-      label: {k: stats(v) for k, v in rates.items()}
-      for label, rates in retrieval.items()
+    **{
+      "retrieval_hit_rate" + ("" if protocol == "kept" else "_excluded"): {
+        label: {k: stats(v) for k, v in rates.items()}
+        for label, rates in retrieval[protocol].items()
+      }
+      for protocol in PROTOCOLS
     },
     "train_eval_seconds": {k: stats(v) for k, v in seconds.items()},
   }
@@ -737,16 +803,22 @@ def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
   print("\nRanking RMSE (lower is better)")
   for label, st in summary["ranking_rmse"].items():
     print(f"  {label:<50} {st['mean']:.4f} +- {st['sd']:.4f}{note(label)}")
-  print("\nRetrieval hit rate over the whole corpus (seen items not excluded)")
-  print(f"  {'':<34}" + "".join(f"{'top' + str(k):>17}" for k in KS))
-  for label, rates in summary["retrieval_hit_rate"].items():
-    cells = "".join(
-      f"{rates[f'top{k}']['mean']:>9.4f} +-{rates[f'top{k}']['sd']:.4f}"
-      if f"top{k}" in rates
-      else f"{'':>17}"
-      for k in KS
-    )
-    print(f"  {label:<34}{cells}{note(label)}")
+  titles = {
+    "retrieval_hit_rate": "over the whole corpus (seen items kept)",
+    "retrieval_hit_rate_excluded": "over the movies each user did not rate "
+    "in training (seen items excluded)",
+  }
+  for key, title in titles.items():
+    print(f"\nRetrieval hit rate {title}")
+    print(f"  {'':<34}" + "".join(f"{'top' + str(k):>17}" for k in KS))
+    for label, rates in summary[key].items():
+      cells = "".join(
+        f"{rates[f'top{k}']['mean']:>9.4f} +-{rates[f'top{k}']['sd']:.4f}"
+        if f"top{k}" in rates
+        else f"{'':>17}"
+        for k in KS
+      )
+      print(f"  {label:<34}{cells}{note(label)}")
   print()
 
 
@@ -803,21 +875,35 @@ def print_table(results: dict[str, Any], flush: bool = False) -> None:
   )
   for label, value, note in rows:
     print(f"  {label:<58} {value:.4f}  {note}")
+  for protocol in PROTOCOLS:
+    _print_retrieval(results, protocol)
+  print(flush=flush)
+
+
+def _print_retrieval(results: dict[str, Any], protocol: str) -> None:
+  """One seed's retrieval rows under one protocol (seen items kept or not)."""
+  suffix = "" if protocol == "kept" else "_excluded"
+  corpus = (
+    "whole corpus, seen items kept"
+    if protocol == "kept"
+    else "seen items excluded"
+  )
   print(
     f"\nRetrieval: top-K hit rate on {results['retrieval_rows_scored']} "
-    f"{holdout} interactions (ratings >= "
-    f"{results['retrieval_min_rating']:g}; whole corpus)"
+    f"{results['holdout']} interactions (ratings >= "
+    f"{results['retrieval_min_rating']:g}; {corpus})"
   )
   print(f"  {'':<24}" + "".join(f"{'top' + str(k):>9}" for k in KS))
-  ials = results["ials"]
+  ials, ease = results["ials" + suffix], results["ease" + suffix]
   lines = [
-    ("most popular", results["popularity"], ""),
+    ("most popular", results["popularity" + suffix], ""),
     (
       "iALS",
       ials["rates"],
       f"dim {IALS_DIM}, reg {ials['reg']:g}, alpha {ials['alpha']:g} "
       "chosen on validation",
     ),
+    ("EASE", ease["rates"], f"reg {ease['reg']:g} chosen on validation"),
   ]
   for name in [n for n in EXPERIMENTS if KIND[n] == "retrieval"]:
     if name not in results:
@@ -826,7 +912,7 @@ def print_table(results: dict[str, Any], flush: bool = False) -> None:
     lines.append(
       (
         os.path.basename(EXPERIMENTS[name])[:-4],
-        model_hit_rates(m),
+        model_hit_rates(m if protocol == "kept" else m.get("excluded", {})),
         f"train+eval {m['elapsed_seconds']:.0f} s, "
         f"process {m['wall_seconds']:.0f} s",
       )
@@ -837,7 +923,6 @@ def print_table(results: dict[str, Any], flush: bool = False) -> None:
       + "".join(f"{rates.get(f'top{k}', float('nan')):>9.4f}" for k in KS)
       + f"  {note}"
     )
-  print(flush=flush)
 
 
 if __name__ == "__main__":

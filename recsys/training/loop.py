@@ -17,11 +17,32 @@ Training health: every step checks that its loss and gradients are finite
 before that step and the trainer reports it without saving anything.
 """
 
-from collections.abc import Callable, Mapping
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from backends import serving
 from recsys._keras import keras, tf
+
+
+@contextlib.contextmanager
+def quiet_dataset_options_warning() -> Iterator[None]:
+  """Hides one UserWarning of TF's that says nothing about the run.
+
+  Iterating a distributed dataset of several replicas inside a `tf.function`
+  (the evaluation loop) makes TF's own `OwnedMultiDeviceIterator` read
+  `dataset.options()` while tracing, and `options()` warns that in graph
+  mode it returns the options known at graph construction: every
+  multi-replica evaluation printed it. Other warnings pass.
+  """
+  with warnings.catch_warnings():
+    warnings.filterwarnings(
+      "ignore",
+      message="To make it possible to preserve tf.data options",
+      category=UserWarning,
+    )
+    yield
 
 
 def split_batch(

@@ -1,4 +1,4 @@
-"""Each run's operative config, kept numbered, and the resume settings check.
+"""Each run's operative config, kept numbered, and which settings changed.
 
 A model dir holds one training history. Every `train()` on it (the first run
 and each resume) keeps its operative config as
@@ -9,7 +9,8 @@ rebuild the model from).
 A resume whose settings differ from the previous run's in anything that
 changes the math (data, model, optimizers, batch size, seed, embedding
 settings, ...) would silently continue another experiment from this one's
-checkpoint: it is refused, naming the settings, unless allowed explicitly.
+checkpoint: it is refused, naming the settings, unless allowed explicitly
+(`run_checks`, which also guards `recsys evaluate` and `recsys export`).
 Settings that only change how a run is executed or reported (steps, loop
 and checkpoint cadence, evaluation, backend, replicas, compilation) may change.
 
@@ -51,6 +52,7 @@ EXECUTION_SETTINGS = frozenset(
     "nonfinite_policy",
     "allow_changed_settings",
     "skip_memory_check",
+    "exclude_seen",
     "placement",
   )
 ) | frozenset(  # where tables live: the same numbers on any placement
@@ -60,7 +62,8 @@ EXECUTION_SETTINGS = frozenset(
 
 
 class ChangedSettingsError(RecsysError, ValueError):
-  """A resume would change settings that change the math of the run."""
+  """A resume, evaluation or export would change settings that change the
+  math of the run, or the files it read."""
 
 
 class _Delegate(config_parser.ParserDelegate):
@@ -116,6 +119,38 @@ def changed_settings(
   return changes
 
 
+_REFERENCE = re.compile(r"@([A-Za-z_][\w./]*)")
+_MACRO = re.compile(r"%([A-Za-z_][\w./]*)")
+#: The `train` arguments that name the data sources.
+DATA_ARGUMENTS = ("train.data", "train.eval_data")
+
+
+def data_settings(config_text: str) -> set[str]:
+  """The bindings of a config that decide the data: `train.data`,
+  `train.eval_data`, every binding of the configurables they reference
+  (transitively: `MovieLens.history = @UserHistory()` brings UserHistory),
+  and the macros those bindings use (`MOVIELENS_DIR`)."""
+  bound = bindings(config_text)
+  by_configurable: dict[str, list[str]] = {}
+  for key in bound:
+    by_configurable.setdefault(key.rsplit(".", 1)[0], []).append(key)
+  keys = set(DATA_ARGUMENTS)
+  pending = [bound[k] for k in DATA_ARGUMENTS if k in bound]
+  seen: set[str] = set()
+  while pending:
+    text = pending.pop()
+    for macro in _MACRO.findall(text):
+      keys.add(f"{macro}.")
+    for name in _REFERENCE.findall(text):
+      if name in seen:
+        continue
+      seen.add(name)
+      for key in by_configurable.get(name, []):
+        keys.add(key)
+        pending.append(bound[key])
+  return keys
+
+
 def numbered_configs(model_dir: str) -> list[str]:
   """The kept configs of a model dir, oldest first."""
   paths = glob.glob(
@@ -135,43 +170,3 @@ def next_config_path(model_dir: str) -> str:
   m = re.search(r"-(\d+)\.gin$", kept[-1]) if kept else None
   k = int(m.group(1)) if m else 0
   return os.path.join(model_dir, CONFIGS_DIR, f"operative_config-{k + 1}.gin")
-
-
-def check_resume(
-  previous_path: str | None, new_text: str, step: int, allow: bool
-) -> list[tuple[str, str, str]]:
-  """Refuses a resume at `step` whose math settings changed (unless `allow`).
-
-  Args:
-    previous_path: the previous run's operative config (None or missing:
-      nothing to compare, e.g. a run from Python without gin).
-    new_text: this run's operative config.
-    step: the checkpoint step being resumed.
-    allow: let the changed settings through (they are returned, to log).
-
-  Returns:
-    The changed settings (empty when nothing that matters changed).
-
-  Raises:
-    ChangedSettingsError: settings changed and `allow` is False; names each
-      setting with its old and new value and how to proceed.
-  """
-  if not previous_path or not os.path.isfile(previous_path):
-    return []
-  with open(previous_path, encoding="utf-8") as f:
-    old_text = f.read()
-  if not bindings(new_text):
-    return []
-  changes = changed_settings(old_text, new_text)
-  if changes and not allow:
-    listed = "\n".join(f"  {key}: {old} -> {new}" for key, old, new in changes)
-    raise ChangedSettingsError(
-      f"the checkpoint at step {step} was trained with other settings "
-      f"({previous_path}); resuming would change:\n{listed}\n"
-      "Use the same settings to resume, another --model_dir to start a new "
-      "run, or pass --allow_changed_settings (gin: "
-      "train.allow_changed_settings = True) to resume with the new ones "
-      "(every run's config is kept in "
-      f"{os.path.join(os.path.dirname(previous_path), CONFIGS_DIR)}/)."
-    )
-  return changes

@@ -19,7 +19,7 @@ Example:
 
 import ast
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -101,6 +101,53 @@ def flat_results(
       for i, v in enumerate(value):
         suffix = f"top{ks[i]}" if len(ks) == value.size else str(i)
         out[f"{prefix}/{name}_{suffix}"] = float(v)
+  return out
+
+
+def throughput(
+  loops: Sequence[tuple[int, float]], seconds: float, global_batch_size: int
+) -> dict[str, float]:
+  """A run's training speed, two ways, and a log line saying which is which.
+
+  Args:
+    loops: `(steps, seconds)` of each compiled loop this process ran.
+    seconds: wall time from the start of training to the end of its last
+      loop (tracing, periodic evaluations and checkpoints included).
+    global_batch_size: examples per step.
+
+  Returns:
+    `examples_per_second_steady`: the loops after the first, which traces
+    (and, under XLA, compiles) the step: the rate a long run settles at.
+    `examples_per_second_whole_run`: every step this process trained over
+    `seconds`: what a short run got. Either is left out without its loops.
+  """
+  out = {}
+  steady = loops[1:]
+  steady_seconds = sum(t for _, t in steady)
+  if steady_seconds > 0:
+    out["examples_per_second_steady"] = (
+      sum(n for n, _ in steady) * global_batch_size / steady_seconds
+    )
+  steps = sum(n for n, _ in loops)
+  if steps and seconds > 0:
+    out["examples_per_second_whole_run"] = steps * global_batch_size / seconds
+  if steps:
+    rate = out.get("examples_per_second_whole_run", float("nan"))
+    steady_text = (
+      f"{out['examples_per_second_steady']:,.0f} examples/s steady (the "
+      "loops after the first)"
+      if "examples_per_second_steady" in out
+      else "one loop only, so no steady rate"
+    )
+    log.info(
+      "trained %d steps in %.1f s: %s examples/s over the whole run "
+      "(tracing or compiling the step, evaluations and checkpoints "
+      "included); %s",
+      steps,
+      seconds,
+      f"{rate:,.0f}",
+      steady_text,
+    )
   return out
 
 

@@ -1,5 +1,11 @@
 """Learning-rate schedules: MLPerf DLRM's warm-up + decay, and their binding.
 
+In gin, a schedule that should end with the run takes its length from
+`train.train_steps` itself, so that `--gin_bindings 'train.train_steps =
+300'` shortens the decay too:
+
+  embedding_lr/WarmupPolyDecay.decay_steps = @total_train_steps()
+
 `tf.tpu.experimental.embedding` optimizers take a float or a zero-argument
 callable as learning rate; a Keras `LearningRateSchedule` from gin (e.g.
 `embedding.Adam.learning_rate = @WarmupPolyDecay()`) is bound to the run's
@@ -88,6 +94,22 @@ class WarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
       "power": self.power,
       "end_factor": self.end_factor,
     }
+
+
+@gin.register
+def total_train_steps() -> int:
+  """`train.train_steps` of the parsed gin config (its default if unbound).
+
+  For schedules in gin (`decay_steps = @total_train_steps()`): gin calls it
+  when it builds the schedule, after every file and `--gin_bindings` is
+  parsed, so the schedule follows the run's length. A resumed run with more
+  steps stretches its remaining decay accordingly.
+  """
+  from recsys import config  # pylint: disable=g-import-not-at-top
+  from recsys.training.settings import TrainSettings  # pylint: disable=g-import-not-at-top
+
+  steps = config.value("train.train_steps")
+  return int(TrainSettings().train_steps if steps is None else steps)
 
 
 def bound_to_step(optimizer: Any, step: tf.Variable) -> Any:

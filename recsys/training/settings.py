@@ -17,6 +17,7 @@ before anything is built (`TrainerConfigError`).
 """
 
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,6 +26,8 @@ from recsys._keras import keras, tf
 from recsys.data.from_dataset import DatasetSource
 from recsys.data.pipeline import DataSource
 from recsys.errors import RecsysError
+
+log = logging.getLogger("recsys.training")
 
 
 class TrainerConfigError(RecsysError, ValueError):
@@ -70,6 +73,10 @@ class TrainSettings:
     skip_memory_check: build the tables even when their memory plan
       (`recsys.planning`) exceeds the host's memory (refused otherwise,
       `planning.MemoryPlanError`, naming the tables and sizes).
+    exclude_seen: retrieval evaluation ranks, for each held-out pair, only
+      the candidates its user did not interact with in the training split
+      (never excluding the pair's own candidate), as production retrieval
+      and RecBole's full ranking do; False ranks the whole corpus.
     placement: `recsys.planning.EmbeddingPlacement`: one device's memory
       and placements forced per table. The planner places each table of the
       tensorcore backend replicated or row-sharded over the replicas
@@ -101,6 +108,7 @@ class TrainSettings:
   jit_compile: bool | None = None
   allow_changed_settings: bool = False
   skip_memory_check: bool = False
+  exclude_seen: bool = False
   placement: Any | None = None
   feature_config: Mapping[str, Any] | None = None
 
@@ -200,6 +208,12 @@ def dataset_sources(
       f"got a {type(source).__name__}."
     )
   eval_ds = eval_source if datasets[1] else None
+  if eval_source is None:
+    log.warning(
+      "no eval_source: evaluation scores the training dataset itself, so its "
+      "eval/ metrics measure fit, not generalization; pass "
+      "eval_source=<a held-out tf.data.Dataset> to score unseen examples."
+    )
   wrapped = DatasetSource(source, feature_config, eval_dataset=eval_ds)
   return wrapped, (
     None if eval_ds is not None or eval_source is None else eval_source

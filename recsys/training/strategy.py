@@ -215,19 +215,29 @@ def make_strategy(
   return tf.distribute.get_strategy(), "default strategy on the CPU"
 
 
+def _chief(task_type: str | None, task_id: int, cluster: dict) -> bool:
+  """The chief task, or worker 0 of a cluster without one (or no cluster)."""
+  if not task_type or task_type == "chief":
+    return True
+  return task_type == "worker" and "chief" not in cluster and not task_id
+
+
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
   """Whether this process writes the run's files (not a non-chief worker)."""
   resolver = getattr(strategy, "cluster_resolver", None)
   task_type = getattr(resolver, "task_type", None)
   if not task_type:
     return True
-  if task_type == "chief":
-    return True
   spec = resolver.cluster_spec().as_dict() if resolver else {}
-  return (
-    task_type == "worker"
-    and "chief" not in spec
-    and not getattr(resolver, "task_id", 0)
+  return _chief(task_type, getattr(resolver, "task_id", 0) or 0, spec)
+
+
+def is_chief_task() -> bool:
+  """`is_chief` from this process's TF_CONFIG (True without a cluster)."""
+  tf_config = _tf_config()
+  task = tf_config.get("task", {})
+  return _chief(
+    task.get("type"), int(task.get("index", 0)), tf_config.get("cluster", {})
   )
 
 

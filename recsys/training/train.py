@@ -27,10 +27,11 @@ from typing import Any
 
 import gin
 
-from recsys import config
+from recsys import _gin_compat, config
 from recsys import features as features_lib
 from recsys._keras import keras, tf
 from recsys.training import strategy as strategy_lib
+from recsys.training.run_checks import RunChanges
 from recsys.training.settings import TrainSettings
 from recsys.training.trainer import Trainer, default_embedding_optimizer
 
@@ -69,25 +70,68 @@ def configured_strategy(
 
 def configured_embedding(
   backend: str | None = None,
-) -> tuple[dict[str, Any] | None, Any, str]:
-  """`(feature_config, embedding_optimizer, backend)` of the parsed config.
+) -> tuple[dict[str, Any] | None, Any, str, str]:
+  """`(feature_config, embedding_optimizer, backend, note)` of the config.
 
   What `recsys info` plans memory for: the tables `train` would build from
   `train.data` and `train.embedding` (None without `train.data`), the
   embedding optimizer (the trainer's default without one) and the backend
-  request (`backend` overrides `train.backend`).
+  request (`backend` overrides `train.backend`). When the data source cannot
+  be built here (its files are not downloaded yet, its folder's macro is
+  unbound), the tables come from the sizes its settings give, if it can
+  tell them without its files (`feature_specs_without_files`), and `note`
+  says so; otherwise feature_config is None and `note` says why.
   """
-  source = config.value("train.data")
+  specs, note = _feature_specs()
   feature_config = None
-  if source is not None:
+  if specs is not None:
     feature_config = features_lib.feature_config(
-      _instance(source).feature_specs, config.value("train.embedding")
+      specs, config.value("train.embedding")
     )
   optimizer = config.value("train.embedding_optimizer")
   if optimizer is None:
     optimizer = default_embedding_optimizer()
   backend = backend or config.value("train.backend") or "auto"
-  return feature_config, optimizer, backend
+  return feature_config, optimizer, backend, note
+
+
+def _feature_specs() -> tuple[list[Any] | None, str]:
+  """The data source's feature specs, built or planned without its files."""
+  found = _gin_compat.referenced_configurable("train.data")
+  settings: dict[str, Any] = {}
+  unbound = []
+  for name, value in (found[1] if found else {}).items():
+    try:
+      settings[name] = _gin_compat.evaluate(value)
+    except (OSError, ValueError, RuntimeError):
+      continue
+    if settings[name] is gin.REQUIRED:  # e.g. CRITEO_DIR not bound yet
+      unbound.append(str(value).lstrip("%"))
+      del settings[name]
+  if unbound:
+    reason = f"{', '.join(unbound)} is not bound"
+  else:
+    try:
+      source = config.value("train.data")
+      if source is None:
+        return None, ""
+      return list(_instance(source).feature_specs), ""
+    except (OSError, ValueError, RuntimeError) as e:  # e.g. no files yet
+      reason = _gin_compat.without_call_trail(str(e)).strip()
+  plan = (
+    getattr(found[0], "feature_specs_without_files", None) if found else None
+  )
+  specs = plan(**settings) if plan is not None else None
+  name = found[0].__name__ if found else "train.data"
+  if specs is None:
+    return None, (
+      f"no memory plan: {name} takes its vocabulary sizes from its files, "
+      f"which cannot be read here ({reason})"
+    )
+  return specs, (
+    f"planned from {name}'s vocabulary sizes in the gin config, without "
+    f"its data files ({reason})"
+  )
 
 
 def configured_placement(
@@ -96,20 +140,17 @@ def configured_placement(
   """`recsys info`'s placement settings: `placement` and `ids_per_step`.
 
   What `train` would plan with: `train.placement` and, from `train.data`'s
-  bag widths and `train.global_batch_size`, the ids a replica looks up per
-  step in each table (for the exchange per step).
+  bag widths (built or planned without its files, as `configured_embedding`
+  does) and `train.global_batch_size`, the ids a replica looks up per step
+  in each table (for the exchange per step).
   """
   from recsys import planning  # pylint: disable=g-import-not-at-top
 
   out: dict[str, Any] = {"placement": config.value("train.placement")}
-  source = config.value("train.data")
-  if feature_config is None or source is None:
+  specs = _feature_specs()[0] if feature_config is not None else None
+  if specs is None:  # as configured_embedding: no tables, no exchange
     return out
-  widths = {
-    spec.name: spec.max_ids
-    for spec in _instance(source).feature_specs
-    if spec.multi_hot
-  }
+  widths = {spec.name: spec.max_ids for spec in specs if spec.multi_hot}
   batch = config.value("train.global_batch_size") or 1024
   out["ids_per_step"] = planning.ids_per_step(
     feature_config, widths, int(batch) // strategy.num_replicas_in_sync
@@ -145,6 +186,7 @@ def train(
   jit_compile: bool | None = None,
   allow_changed_settings: bool = False,
   skip_memory_check: bool = False,
+  exclude_seen: bool = False,
   placement: Any | None = None,
   strategy: tf.distribute.Strategy | None = None,
   action: str = "train",
@@ -189,12 +231,45 @@ def train(
   if action == "build":
     return trainer
   if action == "evaluate":
-    if not trainer.restored_step:
-      raise FileNotFoundError(
-        f"no checkpoint in {model_dir!r}/checkpoints to evaluate; train "
-        "first (recsys train ... --model_dir) or point --model_dir at a run."
-      )
-    results = trainer.evaluate()
-    results["step"] = trainer.restored_step
+    results, changes = evaluate_restored(trainer)
+    if changes:
+      trainer.run_dir.record_changes("evaluate", trainer.restored_step, changes)
     return results
   return trainer.train()
+
+
+def evaluate_restored(
+  trainer: Trainer, other_data: bool = False
+) -> tuple[dict[str, Any], RunChanges]:
+  """Evaluates a trainer's restored checkpoint, on the run's own data.
+
+  The settings and input files are first checked against the run's
+  (`Trainer.check_restored`): evaluating a model on a split it trained on
+  is refused unless allowed.
+
+  Args:
+    trainer: a Trainer built on a model dir with a checkpoint.
+    other_data: evaluate on other data on purpose (data settings and files
+      may differ; `recsys evaluate --eval_on`).
+
+  Returns:
+    `(results, changes)`: the eval metrics with `step` (and
+    `changed_settings`, the lines of `changes`, when something differs
+    from the run), and the `run_checks.RunChanges` to record.
+
+  Raises:
+    FileNotFoundError: the model dir has no checkpoint.
+    ChangedSettingsError: settings or files differ and that is not allowed.
+  """
+  if not trainer.restored_step:
+    raise FileNotFoundError(
+      f"no checkpoint in {trainer.model_dir!r}/checkpoints to evaluate; "
+      "train first (recsys train ... --model_dir) or point --model_dir at a "
+      "run."
+    )
+  changes = trainer.check_restored("evaluate", other_data=other_data)
+  results: dict[str, Any] = dict(trainer.evaluate())
+  results["step"] = trainer.restored_step
+  if changes:
+    results["changed_settings"] = changes.lines()
+  return results, changes

@@ -28,8 +28,11 @@ import gin
 from backends import hardware
 from recsys import features as features_lib
 from recsys._keras import keras, tf
+from recsys.data import errors as data_errors
+from recsys.data import pipeline as data_pipeline
 from recsys.data.from_dataset import DatasetSource
 from recsys.errors import RecsysError
+from recsys.models import seen_items as seen_lib
 from recsys.models.base import RetrievalModel
 from recsys.training import checkpoints as checkpoints_lib
 from recsys.training import coordinated as coordinated_lib
@@ -38,6 +41,8 @@ from recsys.training import input as input_lib
 from recsys.training import loop as loop_lib
 from recsys.training import (
   model_args,
+  run_checks,
+  run_inputs,
   run_summaries,
   schedules,
 )
@@ -57,8 +62,7 @@ OPERATIVE_CONFIG_FILE = run_dir_lib.OPERATIVE_CONFIG_FILE
 TrainerConfigError = settings_lib.TrainerConfigError
 
 
-class EmptyEvalSetError(RecsysError, ValueError):
-  """The evaluation split has no example to score."""
+EmptyEvalSetError = data_errors.EmptyEvalSetError
 
 
 CorruptCheckpointError = checkpoints_lib.CorruptCheckpointError
@@ -166,6 +170,7 @@ class Trainer:
     self.checkpoint_every = int(st.checkpoint_every or 0)
     self.seed = st.seed
     self.progress_bar = st.progress_bar
+    self.exclude_seen = bool(st.exclude_seen)
 
   def _validate(self, source: Any, eval_source: Any) -> None:
     """Checks and keeps the sources; checks batch sizes, dense optimizer."""
@@ -235,6 +240,12 @@ class Trainer:
       # the run so a resumed run continues its stream (the built-in models
       # and data draw none: they are functions of the seed and the step).
       self.rng = tf.random.Generator.from_seed(self.settings.seed)
+    if self.exclude_seen and not self.is_retrieval:
+      raise TrainerConfigError(
+        "train.exclude_seen = True applies to retrieval models; "
+        f"{type(self.model).__name__} is a ranking model (it scores given "
+        "pairs, it ranks no corpus): leave exclude_seen off."
+      )
 
   def _build_checkpoints(self) -> None:
     """The checkpoint, the run folder and the chief's / a worker's managers."""
@@ -277,7 +288,8 @@ class Trainer:
       nonfinite_policy=self.settings.nonfinite_policy,
       jit_compile=self.compile_plan.compile_steps,
     )
-    self._eval_dataset = None
+    self._eval_datasets: dict[bool, Any] = {}
+    self._seen_items: seen_lib.SeenItems | None = None
 
   def _build_writers(self) -> None:
     """TensorBoard writers: the chief's, when summaries are on."""
@@ -306,11 +318,15 @@ class Trainer:
     training: bool,
     skip_steps: int = 0,
     take_steps: int | None = None,
+    seen: seen_lib.SeenItems | None = None,
   ):
-    """A distributed dataset of `source` (`recsys.training.input`)."""
+    """A distributed dataset of `source` (`recsys.training.input`); with
+    `seen`, each batch carries its users' seen candidates (evaluation)."""
     preprocess = functools.partial(
       input_lib.preprocess, self.backend, list(self.feature_config)
     )
+    if seen is not None:
+      preprocess = functools.partial(self._add_seen, seen, preprocess)
     if training:
       return input_lib.training_input(
         self.strategy,
@@ -330,6 +346,22 @@ class Trainer:
       take_steps=take_steps,
       coordinator=self._coordinator,
     )
+
+  def _add_seen(self, seen, preprocess, features, labels, *mask):
+    """`preprocess` of a batch plus its users' seen candidates."""
+    features = seen_lib.with_seen(
+      features,
+      seen,
+      seen_lib.query_id_feature_of(self.source),
+      self.model.candidate_id_feature,
+    )
+    return preprocess(features, labels, *mask)
+
+  def seen_items(self) -> seen_lib.SeenItems:
+    """Each user's candidates in the training split (read once, then kept)."""
+    if self._seen_items is None:
+      self._seen_items = seen_lib.SeenItems.from_source(self.source)
+    return self._seen_items
 
   # -- checkpoints -----------------------------------------------------------
 
@@ -384,7 +416,8 @@ class Trainer:
 
     Returns:
       The final metrics: `train/loss`, `train/<metric>`, `eval/<metric>`,
-      `examples_per_second`, `step`, and the source's known optimum
+      `examples_per_second_steady` and `examples_per_second_whole_run`
+      (`run_summaries.throughput`), `step`, and the source's known optimum
       (`bayes_auc`, ...) when it reports one.
 
     Raises:
@@ -406,18 +439,23 @@ class Trainer:
   def _train(self, stop: signals_lib.StopRequests) -> dict[str, float]:
     step = int(self.global_step.numpy())
     self.run_dir.refuse_links()  # before training: refused up front
-    if step:  # a resume: same math settings as the last run?
-      changes = self.run_dir.check_resume(
-        gin.operative_config_str(), step, self.allow_changed_settings
+    files = self.input_fingerprints() if self._chief else {}
+    if step:  # a resume: same math settings and data as the last run?
+      changes = self.run_dir.check(
+        "train",
+        gin.operative_config_str(),
+        files,
+        step,
+        self.allow_changed_settings,
       )
-      for key, old, new in changes:
-        log.warning(
-          "resuming with a changed setting (allowed): %s: %s -> %s",
-          key,
-          old,
-          new,
-        )
+      for line in changes.lines():
+        log.warning("resuming with a changed setting (allowed): %s", line)
+      if changes:
+        self.run_dir.record_changes("train", step, changes)
+    if step < self.train_steps:  # fail now, not after training
+      self.eval_source.check_eval_split()
     self.write_operative_config()
+    self.run_dir.write_input_files(files, step)
     # The settings next to the curves in TensorBoard.
     self._writers.write_config(gin.operative_config_str(), step)
     iterator = iter(
@@ -427,8 +465,8 @@ class Trainer:
     )
     bar = self._progress(step)
     results: dict[str, float] = {}
-    throughput = []
-    start_step, start_time = step, time.time()
+    loops: list[tuple[int, float]] = []  # (steps, seconds) of each loop
+    start_time = time.time()
     while step < self.train_steps:
       end = self._next_boundary(step)
       self.loss_metric.reset_state()
@@ -447,8 +485,7 @@ class Trainer:
       results["train/loss"] = float(self.loss_metric.result())
       elapsed = time.time() - t0
       examples_per_second = (end - step) * self.global_batch_size / elapsed
-      if step > start_step or end == self.train_steps:
-        throughput.append((end - step, elapsed))
+      loops.append((end - step, elapsed))
       step = end
       results["learning_rate"] = run_summaries.learning_rate(
         self.dense_optimizer
@@ -491,15 +528,15 @@ class Trainer:
       bar.close()
     self.checkpoints.save_if_new(step)
     final = dict(results)
+    final.pop("examples_per_second", None)  # the last loop's; the run's:
+    final.update(
+      run_summaries.throughput(
+        loops, time.time() - start_time, self.global_batch_size
+      )
+    )
     final.update(self.evaluate())
     self._log_eval(final, step)
-    steps_timed = sum(n for n, _ in throughput)
-    seconds = sum(t for _, t in throughput)
     final["step"] = step
-    if seconds > 0:
-      final["examples_per_second"] = (
-        steps_timed * self.global_batch_size / seconds
-      )
     final["elapsed_seconds"] = time.time() - start_time
     final.update(self.optimum())
     self.write_metrics(final)
@@ -550,8 +587,12 @@ class Trainer:
     self.model.index_candidates(ids, tf.concat(embeddings, 0))
     return int(ids.shape[0])
 
-  def evaluate(self) -> dict[str, float]:
+  def evaluate(self, exclude_seen: bool | None = None) -> dict[str, float]:
     """Evaluates on `eval_steps` batches of the eval source (None: all of it).
+
+    Args:
+      exclude_seen: the retrieval protocol of this evaluation (None: the
+        run's `exclude_seen` setting); both protocols can score one model.
 
     Every example is scored exactly once: the last partial batch is padded
     and masked (`recsys.training.eval_padding`), on every strategy and in
@@ -561,47 +602,93 @@ class Trainer:
       `eval/loss` (the mean per-example loss of the examples scored, plus
       the regularization term as in `train/loss`), `eval/<metric>` for each
       of the model's metrics (AUC, log-loss, accuracy / RMSE / top-k hit
-      rates) and `eval/examples`, the number of examples scored.
+      rates) and `eval/examples`, the number of examples scored; with
+      `exclude_seen`, the hit rates rank only candidates each user did not
+      interact with in training, and `eval/exclude_seen` is 1.
 
     Raises:
       EmptyEvalSetError: the eval split has no example.
     """
+    if exclude_seen is None:
+      exclude_seen = self.exclude_seen
+    exclude_seen = bool(exclude_seen)
+    if exclude_seen and not self.is_retrieval:
+      raise TrainerConfigError(
+        "exclude_seen applies to retrieval models; "
+        f"{type(self.model).__name__} is a ranking model."
+      )
     if self.is_retrieval:
       self.index_corpus()
-    if self._eval_dataset is None:
+    if exclude_seen not in self._eval_datasets:
       # Built once: building the input pipeline and tracing the eval loop
       # cost seconds; a distributed dataset can be iterated many times.
-      self._eval_dataset = self._distribute(
+      self._eval_datasets[exclude_seen] = self._distribute(
         self.eval_source,
         self.eval_batch_size,
         training=False,
         take_steps=self.eval_steps,
+        seen=self.seen_items() if exclude_seen else None,
       )
-    dataset = self._eval_dataset
+    dataset = self._eval_datasets[exclude_seen]
     self.steps.reset_eval_metrics()
     for m in self.model.metrics:
       m.reset_state()
-    self.steps.eval_loop(dataset)
+    with loop_lib.quiet_dataset_options_warning():  # traced on first use
+      self.steps.eval_loop(dataset)
     examples = int(self.steps.eval_examples.result())
     if not examples:
-      source = type(self.eval_source).__name__
       raise EmptyEvalSetError(
-        f"the evaluation split of {source} has no example, so there is "
-        "nothing to score; give the source evaluation data (e.g. "
-        "num_eval_examples > 0, eval files that are not empty) or set "
-        "train.eval_data to a source that has some."
+        data_pipeline.empty_eval_message(self.eval_source)
       )
     results = run_summaries.flat_results(self.model.metrics, "eval", self._ks)
     results["eval/loss"] = float(
       self.steps.eval_loss_sum.result()
     ) / examples + run_summaries.regularization_loss(self.model)
     results["eval/examples"] = float(examples)
+    if exclude_seen:
+      results["eval/exclude_seen"] = 1.0
     log.info("evaluated %d examples", examples)
     return results
 
   def optimum(self) -> dict[str, float]:
     """The source's known best metrics (`DataSource.known_optimum`)."""
     return run_summaries.known_optimum(self.eval_source, self._ks)
+
+  # -- the run's settings and data ------------------------------------------
+
+  def input_fingerprints(self, eval_only: bool = False) -> dict[str, Any]:
+    """Fingerprints of the files the sources read (`run_inputs`)."""
+    sources = (
+      [self.eval_source] if eval_only else [self.source, self.eval_source]
+    )
+    return run_inputs.fingerprints(p for s in sources for p in s.input_files())
+
+  def check_restored(
+    self, command: str, other_data: bool = False
+  ) -> run_checks.RunChanges:
+    """Before `command` ("evaluate", "export") uses the restored checkpoint:
+    the settings and input files are the run's (`run_checks`).
+
+    Args:
+      command: what is about to use the checkpoint.
+      other_data: data settings and files may differ (an evaluation on
+        other data on purpose).
+
+    Returns:
+      Every difference from the run (allowed: `train.allow_changed_settings`,
+      or data ones with `other_data`); the caller records them.
+
+    Raises:
+      ChangedSettingsError: something differs that is not allowed.
+    """
+    return self.run_dir.check(
+      command,
+      gin.operative_config_str(),
+      self.input_fingerprints(),
+      self.restored_step,
+      self.allow_changed_settings,
+      other_data=other_data,
+    )
 
   # -- files -----------------------------------------------------------------
 

@@ -156,12 +156,12 @@ def test_float_ids():
   with pytest.raises(
     InvalidInputError, match="'user_id'.*dtype float32.*int32 or int64"
   ):
-    emb({"user_id": tf.constant([1.0, 2.0]), "history": _history()})
+    emb({"user_id": tf.constant([1.0, 2.0, 3.0]), "history": _history()})
 
 
 def test_ragged_rank_3():
   emb, _ = _emb()
-  ids = tf.ragged.constant([[[1], [2, 3]], [[4]]], dtype=tf.int64)
+  ids = tf.ragged.constant([[[1], [2, 3]], [[4]], [[5]]], dtype=tf.int64)
   with pytest.raises(
     InvalidInputError, match="'user_id'.*RaggedTensor of rank 3"
   ):
@@ -170,8 +170,8 @@ def test_ragged_rank_3():
 
 def test_dense_rank_3():
   emb, _ = _emb()
-  with pytest.raises(InvalidInputError, match=r"'user_id'.*shape \(2, 1, 1\)"):
-    emb({"user_id": tf.zeros([2, 1, 1], tf.int64), "history": _history()})
+  with pytest.raises(InvalidInputError, match=r"'user_id'.*shape \(3, 1, 1\)"):
+    emb({"user_id": tf.zeros([3, 1, 1], tf.int64), "history": _history()})
 
 
 def test_features_structure_mismatch_names_missing_and_extra_keys():

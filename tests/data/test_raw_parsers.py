@@ -5,17 +5,19 @@ give what the reader gives for the same values in a file, including missing
 values, negative integers and out-of-vocabulary ids.
 """
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import recsys  # noqa: F401
 from recsys.data import CATEGORICAL_NAMES, CriteoTSV, MovieLens, SyntheticCTR
-from recsys.data.criteo_raw import DENSE_NAMES, CriteoRawParser
+from recsys.data.criteo_raw import DENSE_NAMES, DENSE_PATTERN, CriteoRawParser
 from tests.data.test_criteo import V, collect, make_rows, reference, write
 from tests.data.test_movielens import EXPECTED_100K, everything, write_ml100k
 
-# Negatives, missing, the largest integers float32 holds, 0, hex in and out of
+# Negatives, missing, the largest count int64 holds, 0, hex in and out of
 # the C1 vocabulary file, a row of empty categoricals, non-hex text.
 TRICKY = [
   (
@@ -40,7 +42,7 @@ TRICKY = [
   ("0", [""] * 13, [""] * 26),
   (
     "1",
-    ["9" * 38] + ["1"] * 12,
+    [str(2**63 - 1)] + ["1"] * 12,
     ["notinvoc"] + ["68fd1e64"] * 12 + ["x y", "Ü"] * 6 + [""],
   ),
 ] + make_rows(6, start=40)
@@ -98,7 +100,19 @@ def test_criteo_parse_raw_equals_the_reader_and_the_reference(tmp_path):
   assert unknown["C1"].numpy()[:3].tolist() == [False, False, True]
 
 
-@pytest.mark.parametrize("bad", ["1.5", "abc", "-", " 3", "1e3", "9" * 39])
+@pytest.mark.parametrize(
+  "bad",
+  [
+    "1.5",
+    "abc",
+    "-",
+    " 3",
+    "1e3",
+    "9" * 39,
+    "9223372036854775808",  # 2**63: above int64
+    "-9223372036854775809",
+  ],
+)
 def test_criteo_parse_raw_refuses_a_dense_value_the_reader_refuses(bad):
   parser = CriteoRawParser([V] * 26)
   raw = _raw_columns(TRICKY[:2])
@@ -109,6 +123,45 @@ def test_criteo_parse_raw_refuses_a_dense_value_the_reader_refuses(bad):
   with pytest.raises(tf.errors.InvalidArgumentError) as error:  # in a graph too
     tf.function(lambda r: parser.parse_raw(r, CATEGORICAL_NAMES))(raw)
   assert f"raw feature I4 got [{bad}] at row 1;" in str(error.value)
+
+
+@pytest.mark.parametrize("value", ["ab\tcd", "\t", "x\n"])
+def test_criteo_parse_raw_refuses_a_categorical_value_no_tsv_line_holds(value):
+  parser = CriteoRawParser([V] * 26)
+  raw = _raw_columns(TRICKY[:2])
+  raw["C7"] = tf.constant(["68fd1e64", value])
+  first = value.split("\t")[0].split("\n")[0]
+  for parse in (parser.parse_raw, tf.function(parser.parse_raw)):
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+      parse(raw, CATEGORICAL_NAMES)
+    message = str(error.value)
+    assert f"raw feature C7 got [{first}\\" in message  # \t, \n shown
+    assert "] at row 1; expected one TSV column" in message
+    assert "\t" not in message.split("expected one TSV")[0]
+
+
+def test_criteo_dense_pattern_accepts_exactly_the_int64_counts():
+  """Fuzz: RE2's verdict on random counts (leading zeros, signs, lengths
+  around 19 digits, the int64 bounds) is Python's `int` in int64 range."""
+  rng = np.random.default_rng(28)
+  bounds = [str(2**63 - 1), str(2**63), str(-(2**63)), str(-(2**63) - 1)]
+  values = bounds + ["", "-", "0", "-0", "00", "1.5", "+3", "1e3", " 3"]
+  for _ in range(400):
+    digits = "".join(rng.choice(list("0123456789"), int(rng.integers(1, 23))))
+    if rng.random() < 0.3:  # near the bound: 922337203685477580x
+      digits = str(2**63 - 8 + int(rng.integers(0, 16)))
+    zeros = "0" * int(rng.integers(0, 3)) if rng.random() < 0.2 else ""
+    values.append(("-" if rng.random() < 0.3 else "") + zeros + digits)
+
+  def fits(text):
+    if not re.fullmatch(r"-?[0-9]+", text):
+      return text == ""
+    return -(2**63) <= int(text) <= 2**63 - 1
+
+  got = tf.strings.regex_full_match(tf.constant(values), DENSE_PATTERN)
+  want = [fits(v) for v in values]
+  assert got.numpy().tolist() == want
+  assert 100 < sum(want) < len(values) - 50  # both verdicts drawn often
 
 
 def test_movielens_parse_raw_equals_the_reader(tmp_path):

@@ -301,8 +301,3 @@ def test_a_frozen_layer_keeps_its_tables_while_fit_trains_the_rest():
   for name, value in _by_name(emb.embedding_tables).items():
     np.testing.assert_array_equal(value, before[name])
   assert not np.allclose(model.layers[-1].get_weights()[0], kernel)
-
-
-def test_keras_optimizer_as_embedding_optimizer_is_refused():
-  with pytest.raises(ValueError, match="TPU optimizer math"):
-    layers.Embedding(feature_config(), keras.optimizers.Adagrad(0.1))

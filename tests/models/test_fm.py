@@ -73,7 +73,7 @@ def _test_rmse(folder, model_dir, history):
       + ("@UserHistory()" if history == "user" else "None"),
       "MovieLens.item_history = "
       + ("@ItemHistory()" if history == "item" else "None"),
-      "TRAIN_STEPS = 200",
+      "train.train_steps = 200",
       "train.global_batch_size = 128",
       "train.eval_batch_size = 500",
       "EmbeddingSettings.dim = 9",

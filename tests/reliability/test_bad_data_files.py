@@ -415,6 +415,8 @@ def test_invalid_utf8_in_a_movielens_file_names_file_and_line(tmp_path):
   [
     (b"-", "is not an integer"),
     (b"9" * 40, "is not an integer"),  # float32 inf
+    (b"9223372036854775808", "is not an integer that fits 64 bits"),
+    (b"-9223372036854775809", "is not an integer that fits 64 bits"),
     (b"12\xff", "is not an integer"),
   ],
 )

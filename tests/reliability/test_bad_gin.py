@@ -6,13 +6,10 @@ what users get wrong next: a syntax error, a misspelt configurable /
 optimizer / parameter / backend (each answered with the closest name), an
 embedding optimizer written without parentheses, as a string or as a Keras
 optimizer, a bad learning rate, and tables shared with conflicting settings.
-Two cases run `recsys train` in a subprocess, end to end.
+Two cases run `recsys train` end to end.
 """
 
 import functools
-import os
-import subprocess
-import sys
 
 import gin
 import pytest
@@ -20,7 +17,7 @@ import tensorflow as tf  # noqa: E402
 
 import backends  # noqa: E402
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-from recsys import _gin_compat, config  # noqa: E402
+from recsys import _gin_compat, cli, config  # noqa: E402
 from recsys.data.spec import FeatureSpec  # noqa: E402
 from recsys.features import (
   EmbeddingSettings,
@@ -29,9 +26,6 @@ from recsys.features import (
 )  # noqa: E402
 
 E = tf.tpu.experimental.embedding
-ROOT = os.path.dirname(
-  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)
 SPECS = [
   FeatureSpec("user", 23),
   FeatureSpec("item", 29),
@@ -344,40 +338,32 @@ train.summaries = False
 """
 
 
-def run_recsys(tmp_path, extra):
+def run_recsys(tmp_path, capsys, extra):
+  """`recsys train` on TINY + `extra`: (exit status, stderr), gin path.
+
+  In this process (`recsys.cli.main`, what the console script calls): the
+  fresh-process path of the command is tests/test_cli.py's.
+  """
   path = tmp_path / "run.gin"
   path.write_text(TINY + extra)
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  return subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "recsys",
-      "train",
-      "--gin_file",
-      str(path),
-      "--model_dir",
-      str(tmp_path / "model"),
-    ],
-    cwd=ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  ), str(path)
-
-
-def test_recsys_train_with_a_misspelt_backend(tmp_path):
-  result, _ = run_recsys(tmp_path, "train.backend = 'tensor_core'\n")
-  assert result.returncode == 1, result.stderr[-2000:]
-  assert "did you mean 'tensorcore'?" in result.stderr
-  assert "Traceback" not in result.stderr
-
-
-def test_recsys_train_with_a_gin_syntax_error(tmp_path):
-  result, path = run_recsys(tmp_path, "train.train_steps = (2\n")
-  assert result.returncode == 2, result.stderr[-2000:]
-  assert (
-    "gin syntax error" in result.stderr or "unclosed bracket" in result.stderr
+  code = cli.main(
+    ["train", "--gin_file", str(path), "--model_dir", str(tmp_path / "model")]
   )
-  assert "Traceback" not in result.stderr
+  gin.clear_config()
+  return (code, capsys.readouterr().err), str(path)
+
+
+def test_recsys_train_with_a_misspelt_backend(tmp_path, capsys):
+  (code, err), _ = run_recsys(
+    tmp_path, capsys, "train.backend = 'tensor_core'\n"
+  )
+  assert code == 2, err[-2000:]  # a configuration error, as gin's
+  assert "did you mean 'tensorcore'?" in err
+  assert "Traceback" not in err and "In call to configurable" not in err
+
+
+def test_recsys_train_with_a_gin_syntax_error(tmp_path, capsys):
+  (code, err), path = run_recsys(tmp_path, capsys, "train.train_steps = (2\n")
+  assert code == 2, err[-2000:]
+  assert "gin syntax error" in err or "unclosed bracket" in err
+  assert "Traceback" not in err

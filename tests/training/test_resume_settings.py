@@ -95,8 +95,9 @@ def test_changed_settings_compare_values_not_text():
   assert run_configs.changed_settings(old, new) == [("A.y", "@B()", "@D()")]
 
 
-def test_operative_config_is_a_text_summary(tmp_path):
-  """TensorBoard shows the run's settings: the config as a text summary."""
+def test_operative_config_is_a_text_summary_and_hparams(tmp_path):
+  """TensorBoard shows the run's settings: the config as a text summary, its
+  plain values in the HParams plugin (tensorboard is a dependency)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   from recsys.training import run_summaries  # pylint: disable=g-import-not-at-top
@@ -107,13 +108,25 @@ def test_operative_config_is_a_text_summary(tmp_path):
     TINY + ["train.train_steps = 2", "train.summaries = True"],
   )
   train(model_dir=str(tmp_path))
-  texts = []
+  from tensorboard.plugins.hparams import plugin_data_pb2  # pylint: disable=g-import-not-at-top
+
+  texts, hparams = [], {}
   for path in tf.io.gfile.glob(str(tmp_path / "train" / "events.*")):
     for event in tf.compat.v1.train.summary_iterator(path):
       for value in event.summary.value:
         if value.tag == run_summaries.CONFIG_TAG:
           assert value.metadata.plugin_data.plugin_name == "text"
           texts.append(tf.make_ndarray(value.tensor).item().decode())
+        if value.metadata.plugin_data.plugin_name == "hparams":
+          data = plugin_data_pb2.HParamsPluginData.FromString(
+            value.metadata.plugin_data.content
+          )
+          hparams.update(data.session_start_info.hparams)
+  # TensorBoard's HParams tab: the plain values of the config, one session.
+  assert hparams["train.global_batch_size"].number_value == 16
+  assert hparams["EmbeddingSettings.dim"].number_value == 7
+  assert hparams["EmbeddingSettings.combiner"].string_value == "mean"
+  assert "train.data" not in hparams
   assert len(texts) == 1
   assert "    EmbeddingSettings.combiner = 'mean'" in texts[0]
   assert read(tmp_path / "operative_config.gin").splitlines()[0] in texts[0]

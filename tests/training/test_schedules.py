@@ -1,8 +1,12 @@
 """schedules.bind_to_step: schedules follow the step, bound on copies."""
 
+import os
+
+import gin
 import numpy as np
 import tensorflow as tf
 
+from recsys import config
 from recsys.training import schedules
 
 embedding = tf.tpu.experimental.embedding
@@ -41,3 +45,23 @@ def test_bound_on_copies_the_callers_objects_are_unchanged():
   assert bound_features["c"] is features["c"]
   assert schedules.bound_to_step(plain, step) is plain
   assert schedules.bound_to_step(None, step) is None
+
+
+def test_gin_schedules_follow_train_steps_given_on_the_command_line():
+  """The MovieLens files decay to 0 at `train.train_steps`, whatever sets it
+  (issue 31: a separate TRAIN_STEPS macro left a shortened run's rate barely
+  decayed)."""
+  ranking = os.path.join(config.EXPERIMENTS_DIR, "movielens_ranking.gin")
+  config.parse(
+    [ranking], ["MOVIELENS_DIR = 'unused'", "train.train_steps = 300"]
+  )
+  table_lr = config.value("train.embedding_optimizer").learning_rate
+  dense_lr = config.value("keras.optimizers.Adam.learning_rate")
+  for lr, base in ((table_lr, 2.5), (dense_lr, 0.001)):
+    np.testing.assert_allclose(float(lr(150)), base / 2, rtol=1e-6)
+    assert float(lr(300)) == 0.0
+  fm = os.path.join(config.EXPERIMENTS_DIR, "movielens_fm.gin")
+  gin.clear_config()
+  config.parse([fm], ["MOVIELENS_DIR = 'unused'"])  # the file's own length
+  lr = config.value("train.embedding_optimizer").learning_rate
+  assert float(lr(4499)) > 0.0 and float(lr(4500)) == 0.0

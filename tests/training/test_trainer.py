@@ -75,7 +75,13 @@ def test_train_writes_run_files(tmp_path):
   metrics = trainer.train()
   assert metrics["step"] == 8
   assert int(trainer.global_step.numpy()) == 8
-  for key in ("train/loss", "eval/loss", "eval/auc", "examples_per_second"):
+  for key in (
+    "train/loss",
+    "eval/loss",
+    "eval/auc",
+    "examples_per_second_steady",
+    "examples_per_second_whole_run",
+  ):
     assert np.isfinite(metrics[key]), key
   on_disk = json.loads((tmp_path / "metrics.json").read_text())
   assert on_disk["step"] == 8 and on_disk["backend"] == "tensorcore"

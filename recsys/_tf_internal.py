@@ -1,0 +1,111 @@
+"""The TensorFlow internals the recsys package reads, in one place.
+
+TensorFlow has no public API for these questions, and the Keras layer needs
+them to behave like TFRS's. Each is a small function with the reason it
+exists; `tests/test_tf_internal.py` fails when a TensorFlow upgrade removes
+what one of them reads, so an upgrade is one file to audit.
+"""
+
+import sys
+import types
+from typing import Any
+
+from tensorflow.python.eager import (
+  backprop,  # pylint: disable=g-direct-tensorflow-import
+  record,  # pylint: disable=g-direct-tensorflow-import
+)
+from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.saved_model import save_context  # pylint: disable=g-direct-tensorflow-import
+
+_TAPE_GRADIENT_CODE = backprop.GradientTape.gradient.__code__
+
+
+def tape_is_recording() -> bool:
+  """Whether a `tf.GradientTape` may record the ops made now.
+
+  A lookup made outside every tape can never receive gradients, so the
+  layer does not leave one waiting for them.
+  """
+  return bool(record.could_possibly_record())
+
+
+def in_xla_compilation() -> bool:
+  """Whether the ops made now are compiled by XLA (`jit_compile`, a TPU).
+
+  A compiled step cannot raise on bad input; checks there map it to what
+  the backend refuses and counts instead.
+  """
+  graph = ops.get_default_graph()
+  return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
+
+
+def in_saved_model_trace() -> bool:
+  """Whether `tf.saved_model.save` (or Keras's `model.save`) is tracing."""
+  return bool(save_context.in_save_context())
+
+
+class GradientRequest:
+  """The `GradientTape.gradient` call that is running, seen from inside it.
+
+  A custom gradient function runs for every op on the path from the target
+  back to any watched variable, whatever `sources` the caller asked for; a
+  gradient function with side effects (the layer's gradient trap, which
+  updates the tables) must act only when the caller asked for its variable.
+
+  Attributes:
+    sources: the flat sources of the running `tape.gradient(...)` call.
+    persistent: whether that tape can be asked again.
+  """
+
+  def __init__(self, sources: list[Any], persistent: bool):
+    self.sources = sources
+    self.persistent = persistent
+
+  def covers(self, variable: Any) -> bool:
+    """Whether `variable` is among the sources (itself or a wrapper of it,
+    e.g. Keras's `AutoCastVariable`, which shares its handle)."""
+    handle = _handle(variable)
+    return any(
+      source is variable or (handle is not None and _handle(source) is handle)
+      for source in self.sources
+    )
+
+
+def _handle(variable: Any) -> Any:
+  """A variable's resource handle (this replica's), or None for tensors."""
+  try:
+    return variable.handle
+  except (AttributeError, ValueError, RuntimeError, TypeError):
+    return None
+
+
+def current_gradient_request() -> GradientRequest | None:
+  """The `tape.gradient` call on this thread's stack, or None.
+
+  None when the gradient is not computed by `GradientTape.gradient` (e.g.
+  `tf.gradients` in a graph, which prunes ops off the path to its sources
+  by itself, or a function's backward pass built ahead of time).
+  """
+  frame: types.FrameType | None = sys._getframe(1)  # the only way to see it
+  while frame is not None:
+    if frame.f_code is _TAPE_GRADIENT_CODE:
+      local = frame.f_locals
+      sources = local.get("flat_sources_raw")
+      tape = local.get("self")
+      if sources is None or tape is None:
+        return None
+      return GradientRequest(
+        list(sources), bool(getattr(tape, "_persistent", False))
+      )
+    frame = frame.f_back
+  return None
+
+
+__all__ = [
+  "GradientRequest",
+  "current_gradient_request",
+  "in_saved_model_trace",
+  "in_xla_compilation",
+  "tape_is_recording",
+]

@@ -1,0 +1,269 @@
+"""Keras optimizers as embedding optimizers: what TFRS's layer accepts.
+
+TFRS's `TPUEmbedding` layer takes a `tf.tpu.experimental.embedding`
+optimizer, a name ("sgd", "adagrad", "adam", "ftrl") or a Keras optimizer,
+and its tutorials pass one Keras optimizer to both the layer and
+`compile()`. The tables are still trained with the embedding optimizer's
+math (the TPU's, docs/optimizers.md), so a Keras optimizer is *translated*:
+the same class with the hyper-parameters that carry over. The Keras object
+itself is only read, never stepped: it creates no slots for the tables and
+its iterations, learning rate and slots stay as `compile()` or a custom loop
+leaves them.
+
+What carries over:
+
+* the learning rate, read on every step from the Keras optimizer: a
+  constant, a variable a callback changes (`ReduceLROnPlateau`), a
+  `LearningRateSchedule` at the Keras optimizer's `iterations` (so it
+  follows the steps of whatever applies that optimizer: `fit`, or
+  `optimizer.apply_gradients` in a loop), and the legacy `decay`;
+* per class: Adagrad's `initial_accumulator_value`; Adam's `beta_1`,
+  `beta_2`, `epsilon` (AdamW also its weight decay); FTRL's
+  `learning_rate_power`, `initial_accumulator_value`, `l1`/`l2`
+  regularization and `beta`;
+* `clipvalue` (gradient clipping) and, for Keras 2 optimizers,
+  `weight_decay` (as `weight_decay_factor` times the learning rate, on the
+  rows a step touches, as on a TPU).
+
+What does not (`Translation.not_kept`, logged once per table by the layer):
+Adagrad's `epsilon`; Adam's bias correction and epsilon placement (the
+TPU's Adam has no bias correction and puts epsilon inside the square root)
+and `amsgrad`; SGD's momentum; FTRL's L2 shrinkage; `clipnorm`,
+`global_clipnorm` and `use_ema`.
+
+Example:
+  >>> t = translate(tf.keras.optimizers.Adagrad(0.1))
+  >>> type(t.optimizer).__name__, t.not_kept
+  ('Adagrad', ('epsilon=1e-07 (the TPU Adagrad has no epsilon)',))
+"""
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+from backends import base
+from recsys._keras import keras, tf
+
+embedding = tf.tpu.experimental.embedding
+_Schedule = keras.optimizers.schedules.LearningRateSchedule
+
+#: Names TFRS's layer accepts, with TF's default hyper-parameters.
+OPTIMIZER_NAMES: dict[str, type] = {
+  "sgd": embedding.SGD,
+  "adagrad": embedding.Adagrad,
+  "adam": embedding.Adam,
+  "ftrl": embedding.FTRL,
+}
+
+# Keras optimizer class name -> the embedding optimizer it becomes.
+_TARGETS: dict[str, type] = {
+  "SGD": embedding.SGD,
+  "Adagrad": embedding.Adagrad,
+  "Adam": embedding.Adam,
+  "AdamW": embedding.Adam,
+  "Ftrl": embedding.FTRL,
+}
+
+
+class OptimizerTranslationError(ValueError):
+  """An optimizer argument that has no embedding-optimizer counterpart."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Translation:
+  """An embedding optimizer and where it came from.
+
+  Attributes:
+    optimizer: a `tf.tpu.experimental.embedding` optimizer, or None.
+    source: what was given, for the log ("Keras Adagrad (legacy)").
+    not_kept: the given settings the embedding optimizer does not apply,
+      each with its value and the reason.
+  """
+
+  optimizer: Any
+  source: str
+  not_kept: tuple[str, ...] = ()
+
+  @property
+  def translated(self) -> bool:
+    return self.source.startswith("Keras")
+
+
+def is_keras_optimizer(optimizer: Any) -> bool:
+  """Whether `optimizer` is a Keras 2 optimizer (current or legacy)."""
+  return isinstance(
+    optimizer, (keras.optimizers.Optimizer, keras.optimizers.legacy.Optimizer)
+  )
+
+
+def translate(optimizer: Any) -> Translation:
+  """The embedding optimizer for anything TFRS's layer accepts.
+
+  Args:
+    optimizer: None; a `tf.tpu.experimental.embedding` optimizer (kept as
+      it is); a name, "sgd", "adagrad", "adam" or "ftrl" (TF's defaults);
+      or a Keras SGD, Adagrad, Adam, AdamW or Ftrl (current or legacy).
+
+  Raises:
+    OptimizerTranslationError: an unknown name, or an optimizer with no
+      embedding counterpart (e.g. RMSprop), naming what is accepted.
+  """
+  if optimizer is None or isinstance(optimizer, base.OPTIMIZER_CLASSES):
+    return Translation(optimizer, "embedding optimizer")
+  if isinstance(optimizer, str):
+    cls = OPTIMIZER_NAMES.get(optimizer.lower())
+    if cls is None:
+      raise OptimizerTranslationError(
+        f"unknown embedding optimizer name {optimizer!r}; use one of "
+        f"{', '.join(repr(n) for n in OPTIMIZER_NAMES)}, a Keras "
+        "optimizer or a tf.tpu.experimental.embedding optimizer."
+      )
+    return Translation(cls(), f"the name {optimizer!r}")
+  if is_keras_optimizer(optimizer):
+    return _from_keras(optimizer)
+  raise OptimizerTranslationError(
+    f"optimizer is a {type(optimizer).__name__}; expected a "
+    "tf.tpu.experimental.embedding optimizer (SGD, Adagrad, AdagradMomentum, "
+    "Adam, FTRL), one of the names "
+    f"{', '.join(repr(n) for n in OPTIMIZER_NAMES)}, a Keras "
+    f"{', '.join(_TARGETS)} optimizer, or None."
+  )
+
+
+def _from_keras(opt: Any) -> Translation:
+  name = type(opt).__name__
+  legacy = isinstance(opt, keras.optimizers.legacy.Optimizer)
+  source = f"Keras {name}" + (" (legacy)" if legacy else "")
+  target = next(
+    (_TARGETS[c.__name__] for c in type(opt).__mro__ if c.__name__ in _TARGETS),
+    None,
+  )
+  if target is None:
+    raise OptimizerTranslationError(
+      f"optimizer is a {source}, which has no embedding-optimizer "
+      f"counterpart; the tables take SGD, Adagrad, Adam (AdamW) or FTRL: "
+      f"pass one of those (Keras or tf.tpu.experimental.embedding), or give "
+      "the layer its own optimizer and keep this one for compile()."
+    )
+  config = opt.get_config()
+  kwargs: dict[str, Any] = {"learning_rate": _learning_rate(opt, legacy)}
+  not_kept: list[str] = []
+
+  def drop(key: str, reason: str, default: Any = None) -> None:
+    value = config.get(key)
+    if value is not None and value is not False and value != default:
+      not_kept.append(f"{key}={value!r} ({reason})")
+
+  if target is embedding.Adagrad:
+    kwargs["initial_accumulator_value"] = config["initial_accumulator_value"]
+    drop("epsilon", "the TPU Adagrad has no epsilon")
+  elif target is embedding.Adam:
+    for key in ("beta_1", "beta_2", "epsilon"):
+      kwargs[key] = config[key]
+    not_kept.append(
+      "bias correction and epsilon outside the square root (the TPU Adam "
+      "has no bias correction and adds epsilon inside it)"
+    )
+    drop("amsgrad", "the TPU Adam has no AMSGrad")
+  elif target is embedding.FTRL:
+    for ours, theirs in (
+      ("learning_rate_power", "learning_rate_power"),
+      ("initial_accumulator_value", "initial_accumulator_value"),
+      ("l1_regularization_strength", "l1_regularization_strength"),
+      ("l2_regularization_strength", "l2_regularization_strength"),
+      ("beta", "beta"),
+    ):
+      kwargs[ours] = config[theirs]
+    drop(
+      "l2_shrinkage_regularization_strength",
+      "the TPU FTRL has no L2 shrinkage",
+      0.0,
+    )
+  else:
+    drop("momentum", "the TPU SGD has no momentum", 0.0)
+    drop("nesterov", "the TPU SGD has no momentum")
+
+  clipvalue = config.get("clipvalue")
+  if clipvalue is not None:
+    kwargs["clipvalue"] = float(clipvalue)
+  drop("clipnorm", "clipping by norm is not an embedding optimizer setting")
+  drop(
+    "global_clipnorm", "clipping by norm is not an embedding optimizer setting"
+  )
+  drop("use_ema", "no moving average of the tables is kept")
+  weight_decay = config.get("weight_decay")
+  if weight_decay:
+    kwargs["weight_decay_factor"] = float(weight_decay)
+    kwargs["multiply_weight_decay_factor_by_learning_rate"] = True
+  return Translation(target(**kwargs), source, tuple(not_kept))
+
+
+def _learning_rate(opt: Any, legacy: bool) -> Callable[[], tf.Tensor]:
+  """A callable that reads `opt`'s learning rate now (see the module doc).
+
+  Called in every traced step, so it reads variables, never Python values
+  fixed when the step was traced.
+  """
+  if legacy:
+    # The hyper-parameter variables Keras makes at its first step, made now
+    # (under the strategy in scope) so that a step reads the variable a
+    # callback may change, not the float the optimizer was built with.
+    opt._create_hypers()  # pylint: disable=protected-access
+    schedule = opt._hyper["learning_rate"]  # pylint: disable=protected-access
+    decay = float(getattr(opt, "_initial_decay", 0.0) or 0.0)
+  else:
+    schedule = opt._learning_rate  # pylint: disable=protected-access
+    decay = 0.0
+  uses_steps = isinstance(schedule, _Schedule) or decay > 0
+  if uses_steps:
+    opt.iterations  # noqa: B018  (made now, not inside a traced step)
+
+  def current() -> tf.Tensor:
+    step = tf.cast(opt.iterations, tf.float32) if uses_steps else None
+    if isinstance(schedule, _Schedule):
+      lr = schedule(step)
+    elif callable(schedule) and not isinstance(schedule, tf.Variable):
+      lr = schedule()
+    else:
+      lr = schedule
+    lr = tf.cast(lr, tf.float32)
+    if step is not None and decay > 0:
+      lr = lr / (1.0 + decay * step)
+    return lr
+
+  return current
+
+
+def describe(optimizer: Any) -> str:
+  """`Adagrad(learning_rate=0.1, initial_accumulator_value=0.1)` for logs."""
+  if optimizer is None:
+    return "None"
+  lr = optimizer.learning_rate
+  shown = [
+    "learning_rate="
+    + ("<from the Keras optimizer>" if callable(lr) else f"{lr:g}")
+  ]
+  for key in (
+    "initial_accumulator_value",
+    "beta_1",
+    "beta_2",
+    "epsilon",
+    "learning_rate_power",
+    "l1_regularization_strength",
+    "l2_regularization_strength",
+    "beta",
+    "weight_decay_factor",
+  ):
+    value = getattr(optimizer, key, None)
+    if isinstance(value, (int, float)) and not (
+      key == "weight_decay_factor" and not value
+    ):
+      shown.append(f"{key}={value:g}" if math.isfinite(value) else key)
+  lo, hi = (
+    getattr(optimizer, "clip_gradient_min", None),
+    getattr(optimizer, "clip_gradient_max", None),
+  )
+  if lo is not None or hi is not None:
+    shown.append(f"clipvalue=({lo}, {hi})")
+  return f"{type(optimizer).__name__}({', '.join(shown)})"

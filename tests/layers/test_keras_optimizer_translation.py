@@ -1,0 +1,209 @@
+"""Keras optimizers given to the layer: translated, logged, never stepped.
+
+TFRS's layer takes a Keras optimizer (its tutorial shares one with
+`compile()`); the tables still train with the embedding optimizer's TPU
+math. References: the hyper-parameters read back from the Keras object's
+config, the learning rate from the Keras object's own state at each step,
+and a `fit` step against the NumPy TPU Adagrad (`reference_optimizers`).
+"""
+
+import logging
+
+import numpy as np
+import pytest
+
+from backends import reference_optimizers as ref
+from recsys import layers
+from recsys._keras import keras, tf
+from recsys.layers import keras_optimizers
+
+E = tf.tpu.experimental.embedding
+K, KL = keras.optimizers, keras.optimizers.legacy
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["keras2", "legacy"])
+def test_each_keras_optimizer_becomes_its_embedding_counterpart(legacy):
+  mod = KL if legacy else K
+  cases = [
+    (mod.SGD(0.3), E.SGD, {}),
+    (
+      mod.Adagrad(0.2, initial_accumulator_value=0.7),
+      E.Adagrad,
+      {"initial_accumulator_value": 0.7},
+    ),
+    (
+      mod.Adam(0.01, beta_1=0.8, beta_2=0.95, epsilon=1e-4),
+      E.Adam,
+      {"beta_1": 0.8, "beta_2": 0.95, "epsilon": 1e-4},
+    ),
+    (
+      mod.Ftrl(
+        0.05,
+        learning_rate_power=-0.6,
+        initial_accumulator_value=0.3,
+        l1_regularization_strength=0.01,
+        l2_regularization_strength=0.02,
+        beta=0.5,
+      ),
+      E.FTRL,
+      {
+        "learning_rate_power": -0.6,
+        "initial_accumulator_value": 0.3,
+        "l1_regularization_strength": 0.01,
+        "l2_regularization_strength": 0.02,
+        "beta": 0.5,
+      },
+    ),
+  ]
+  for keras_opt, want_cls, want in cases:
+    t = keras_optimizers.translate(keras_opt)
+    assert type(t.optimizer) is want_cls
+    lr = keras_opt.get_config()["learning_rate"]
+    assert float(t.optimizer.learning_rate()) == pytest.approx(lr)
+    for key, value in want.items():
+      assert getattr(t.optimizer, key) == pytest.approx(value), key
+    assert t.translated and type(keras_opt).__name__ in t.source
+
+
+def test_what_cannot_be_kept_is_listed_with_its_value_and_reason():
+  adagrad = keras_optimizers.translate(K.Adagrad(0.1))
+  assert adagrad.not_kept == ("epsilon=1e-07 (the TPU Adagrad has no epsilon)",)
+  sgd = keras_optimizers.translate(KL.SGD(0.1, momentum=0.9, clipnorm=1.0))
+  assert any(n.startswith("momentum=0.9") for n in sgd.not_kept)
+  assert any(n.startswith("clipnorm=1.0") for n in sgd.not_kept)
+  assert keras_optimizers.translate(K.SGD(0.1)).not_kept == ()
+  adam = keras_optimizers.translate(K.Adam(amsgrad=True))
+  assert any("bias correction" in n for n in adam.not_kept)
+  assert any(n.startswith("amsgrad=True") for n in adam.not_kept)
+
+
+def test_clipvalue_and_weight_decay_carry_over():
+  t = keras_optimizers.translate(K.AdamW(0.01, weight_decay=0.004, clipvalue=2))
+  assert type(t.optimizer) is E.Adam
+  assert t.optimizer.weight_decay_factor == pytest.approx(0.004)
+  assert t.optimizer.multiply_weight_decay_factor_by_learning_rate
+  assert (t.optimizer.clip_gradient_min, t.optimizer.clip_gradient_max) == (
+    -2.0,
+    2.0,
+  )
+
+
+def test_names_and_embedding_optimizers_pass_and_the_rest_is_refused():
+  for name, cls in keras_optimizers.OPTIMIZER_NAMES.items():
+    assert type(layers.embedding_optimizer(name.upper())) is cls
+  mine = E.Adagrad(0.3)
+  assert layers.embedding_optimizer(mine) is mine
+  assert layers.embedding_optimizer(None) is None
+  with pytest.raises(ValueError, match="'sgd', 'adagrad', 'adam', 'ftrl'"):
+    layers.embedding_optimizer("adadelta")
+  with pytest.raises(ValueError, match="RMSprop.*no embedding-optimizer"):
+    layers.embedding_optimizer(K.RMSprop())
+  with pytest.raises(ValueError, match="expected a tf.tpu.experimental"):
+    layers.embedding_optimizer(0.1)
+
+
+def test_the_learning_rate_is_read_from_the_keras_optimizer_at_each_step():
+  # A variable a callback changes (ReduceLROnPlateau does this).
+  adagrad = K.Adagrad(0.1)
+  lr = keras_optimizers.translate(adagrad).optimizer.learning_rate
+  adagrad.learning_rate = 0.02
+  assert float(lr()) == pytest.approx(0.02)
+  legacy = KL.Adagrad(0.1)
+  lr = keras_optimizers.translate(legacy).optimizer.learning_rate
+  keras.backend.set_value(legacy.lr, 0.03)
+  assert float(lr()) == pytest.approx(0.03)
+  # A schedule at the optimizer's iterations; legacy decay too.
+  schedule = K.schedules.ExponentialDecay(1.0, decay_steps=1, decay_rate=0.5)
+  for opt in (K.SGD(schedule), KL.SGD(schedule)):
+    lr = keras_optimizers.translate(opt).optimizer.learning_rate
+    opt.iterations.assign(3)
+    assert float(lr()) == pytest.approx(0.125)
+  decayed = KL.SGD(1.0, decay=0.5)
+  lr = keras_optimizers.translate(decayed).optimizer.learning_rate
+  decayed.iterations.assign(2)
+  assert float(lr()) == pytest.approx(1.0 / (1.0 + 0.5 * 2))
+
+
+def _config(table_optimizer=None):
+  users = E.TableConfig(13, 5, name="users", optimizer=table_optimizer)
+  movies = E.TableConfig(17, 3, name="movies")
+  return {
+    "user": E.FeatureConfig(users, name="user"),
+    "movie": E.FeatureConfig(movies, name="movie"),
+  }
+
+
+def test_a_table_optimizer_is_translated_on_a_copy_of_the_table(caplog):
+  keras_adam = K.Adam(0.01)
+  config = _config(table_optimizer=keras_adam)
+  with caplog.at_level(logging.INFO, logger="recsys.layers"):
+    emb = layers.Embedding(config, K.Adagrad(0.1))
+  users = config["user"].table
+  assert users.optimizer is keras_adam  # the user's config is unchanged
+  assert set(emb.embedding_tables) == {users, config["movie"].table}
+  by_name = {emb.embedding.table_name(t): t for t in emb.embedding.tables}
+  assert type(by_name["users"].optimizer) is E.Adam
+  assert by_name["movies"].optimizer is None  # the layer's default: Adagrad
+  assert type(emb.embedding.optimizer_for(by_name["movies"])) is E.Adagrad
+  # One line per table says what it became; one more what was not kept.
+  notes = [r.getMessage() for r in caplog.records]
+  assert sum("table 'users': trained by Adam" in n for n in notes) == 1
+  assert sum("table 'movies': trained by Adagrad" in n for n in notes) == 1
+  assert sum("'movies'" in n and "epsilon=1e-07" in n for n in notes) == 1
+  assert sum("'users'" in n and "bias correction" in n for n in notes) == 1
+
+
+def test_a_shared_keras_optimizer_trains_the_tables_with_tpu_math_only():
+  """One Keras Adagrad for the layer and compile(), as TFRS's tutorial.
+
+  The tables follow the NumPy TPU Adagrad with the Keras optimizer's
+  learning rate and initial accumulator; the Keras optimizer steps once per
+  batch and holds slots for the dense variables only.
+  """
+  rng = np.random.default_rng(0)
+  config = _config()
+  shared = K.Adagrad(0.2, initial_accumulator_value=0.5)
+  emb = layers.Embedding(config, shared)
+  inputs = {k: keras.Input([], dtype=tf.int64, name=k) for k in config}
+  acts = emb(inputs)
+  dense = keras.layers.Dense(1, use_bias=False, trainable=False)
+  model = keras.Model(
+    inputs, dense(tf.concat([acts["user"], acts["movie"]], 1))
+  )
+  model.compile(optimizer=shared, loss="mse")
+  tables = {
+    t.name: rng.normal(size=(t.vocabulary_size, t.dim)).astype("float32")
+    for t in emb.embedding_tables
+  }
+  for t, var in emb.embedding_tables.items():
+    var.assign(tables[t.name])
+  kernel = dense.kernel.numpy().astype(np.float64)
+  x = {"user": rng.integers(0, 13, 6), "movie": rng.integers(0, 17, 6)}
+  y = rng.normal(size=(6, 1)).astype("float32")
+  model.fit(x, y, batch_size=6, epochs=1, verbose=0, shuffle=False)
+
+  pred = (
+    np.concatenate(
+      [tables["users"][x["user"]], tables["movies"][x["movie"]]], 1
+    )
+    @ kernel
+  )
+  d_acts = (2.0 * (pred - y) / 6) @ kernel.T
+  want_opt = E.Adagrad(0.2, initial_accumulator_value=0.5)
+  for feature, table, cols in (
+    ("user", "users", slice(0, 5)),
+    ("movie", "movies", slice(5, 8)),
+  ):
+    ids, grads = ref.sum_duplicates(x[feature], d_acts[:, cols])
+    want, _ = ref.apply(
+      want_opt,
+      tables[table],
+      ref.initial_slots(want_opt, *tables[table].shape),
+      ids,
+      grads,
+    )
+    got = [v for t, v in emb.embedding_tables.items() if t.name == table][0]
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+  assert int(shared.iterations.numpy()) == 1
+  table_shapes = {tuple(t.shape) for t in tables.values()}
+  assert not any(tuple(v.shape) in table_shapes for v in shared.variables)

@@ -1,0 +1,140 @@
+"""What the `recsys` command prints: errors, exit statuses, lists, one JSON.
+
+Each case is a noise or a wrong status a new user met (issue 31): gin's
+"In call to configurable 'train' (<function train at 0x...>)" line in every
+error, a misspelt backend exiting 1 where configuration errors exit 2,
+summaries cut mid-word, every worker of a cluster printing the final
+metrics, TensorFlow's error-level line at the end of a parameter-server run.
+"""
+
+import json
+import os
+import re
+
+import pytest
+
+from recsys import cli, config, experiments_catalog, launch
+from recsys.training import strategy as strategy_lib
+
+DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
+TINY = [
+  "--gin_bindings",
+  "train.global_batch_size = 64",
+  "--gin_bindings",
+  "train.train_steps = 2",
+  "--gin_bindings",
+  "SyntheticCTR.oracle_examples = 4096",
+]
+
+
+def test_a_misspelt_backend_flag_is_a_configuration_error(tmp_path, capsys):
+  """In gin: tests/reliability/test_bad_gin.py."""
+  code = cli.main(
+    [
+      "train",
+      "--gin_file",
+      DEFAULT,
+      *TINY,
+      "--backend",
+      "tensorcor",
+      "--model_dir",
+      str(tmp_path),
+    ]
+  )
+  err = capsys.readouterr().err
+  assert code == 2, err
+  assert "unknown embedding backend 'tensorcor'" in err
+  assert "did you mean 'tensorcore'?" in err
+  assert "In call to configurable" not in err and "0x" not in err
+
+
+def test_errors_raised_inside_train_lose_gins_call_trail(tmp_path, capsys):
+  """A data error from inside the gin call: one clean message, exit 1."""
+  code = cli.main(
+    [
+      "train",
+      "--gin_file",
+      os.path.join(config.EXPERIMENTS_DIR, "criteo_dlrm.gin"),
+      "--gin_bindings",
+      f"CRITEO_DIR = {str(tmp_path / 'none')!r}",
+      "--model_dir",
+      str(tmp_path / "run"),
+    ]
+  )
+  err = capsys.readouterr().err
+  assert code == 1
+  assert "DatasetNotFoundError: Criteo kaggle data: folder" in err
+  assert "In call to configurable" not in err
+  assert not re.search(r"<(function|class) [^>]* at 0x", err)
+
+
+def test_experiment_summaries_end_on_whole_words(capsys):
+  assert cli.main(["experiments"]) == 0
+  out = capsys.readouterr().out
+  for experiment in experiments_catalog.list_experiments():
+    summary = experiment.summary
+    assert summary in out
+    with open(experiment.path, encoding="utf-8") as f:
+      comment = " ".join(
+        word
+        for line in f
+        if line.startswith("#")
+        for word in line.lstrip("# ").split()
+      )
+    if summary.endswith(" ..."):  # cut: between two whole words
+      kept = summary[: -len(" ...")]
+      assert (comment + " ").startswith(kept + " "), summary
+    else:  # the whole first sentence
+      assert comment.startswith(summary) and summary.endswith("."), summary
+  terabyte = next(
+    e for e in experiments_catalog.list_experiments() if "terabyte" in e.name
+  )
+  assert "day_0 .. day_23" in terabyte.summary  # not a sentence's end
+
+
+@pytest.mark.parametrize(
+  "task, prints",
+  [
+    (None, True),
+    ({"type": "worker", "index": 0}, True),  # no chief: worker 0 reports
+    ({"type": "worker", "index": 1}, False),
+    ({"type": "chief", "index": 0}, True),
+  ],
+)
+def test_only_the_chief_prints_the_final_metrics(
+  monkeypatch, capsys, task, prints
+):
+  cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
+  if task and task["type"] == "chief":
+    cluster["chief"] = ["127.0.0.1:3"]
+  if task:
+    monkeypatch.setenv(
+      "TF_CONFIG", json.dumps({"cluster": cluster, "task": task})
+    )
+  else:
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+  assert strategy_lib.is_chief_task() == prints
+  monkeypatch.setattr(cli, "_call_train", lambda args: {"eval/auc": 0.75})
+  assert (
+    cli.cmd_train(
+      cli.build_parser().parse_args(
+        ["train", "--gin_file", DEFAULT, "--model_dir", "unused"]
+      )
+    )
+    == 0
+  )
+  out = capsys.readouterr().out
+  assert ('"eval/auc": 0.75' in out) == prints
+
+
+def test_launch_drops_tensorflows_end_of_cluster_error_line_only():
+  noise = (
+    "E0000 00:00:1796240584.891326   18861 function_handle_cache.cc:45] "
+    "Failed to clear function handle cache: ...\n"
+  )
+  assert launch.is_shutdown_noise(noise)
+  for kept in (
+    "E0000 00:00:17.1 12 server.cc:12] Some other failure\n",
+    "Failed to clear function handle cache (said by a user's own code)\n",
+  ):
+    assert not launch.is_shutdown_noise(kept)

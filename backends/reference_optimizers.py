@@ -90,6 +90,17 @@ def sum_duplicates(
   return unique, summed
 
 
+def first_step(
+  optimizer: Any, table: np.ndarray, ids: np.ndarray, grads: np.ndarray
+) -> tuple[np.ndarray, Slots]:
+  """The first step of `optimizer` on a table whose slots are still at
+  their initial values: a batch's `ids` `[N]` and per-lookup `grads`
+  `[N, D]` (duplicates summed). Returns (new table, new slots)."""
+  unique, summed = sum_duplicates(ids, grads)
+  slots = initial_slots(optimizer, *np.shape(table))
+  return apply(optimizer, table, slots, unique, summed)
+
+
 # -- the update of each optimizer on rows (after clipping and decay) -----------
 
 

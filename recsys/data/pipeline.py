@@ -36,8 +36,6 @@ AUTOTUNE = tf.data.AUTOTUNE
 
 Batch = tuple[dict[str, Any], tf.Tensor]
 
-_INFINITE_BATCHES = 1 << 40
-
 
 @dataclasses.dataclass(frozen=True)
 class BatchRequest:
@@ -272,20 +270,24 @@ def indexed_batches(
     request.pipeline,
     request.pipelines,
   )
+  num_batches: int | None
   if total is None:
-    num_batches = _INFINITE_BATCHES
+    num_batches = None
   elif request.drop_remainder:
     num_batches = total // size
   else:
     num_batches = -(-total // size)
   repeat = total is not None and request.repeat
-  if repeat and num_batches <= pipeline:
+  if repeat and num_batches is not None and num_batches <= pipeline:
     raise error(
       f"{total} examples make no full batch of {size} for input pipeline "
       f"{pipeline} of {pipelines}: set num_examples larger, or use a "
       "smaller batch."
     )
-  ds = tf.data.Dataset.range(pipeline, num_batches, pipelines)
+  if num_batches is None:  # endless: its cardinality says so
+    ds = tf.data.Dataset.counter(pipeline, pipelines)
+  else:
+    ds = tf.data.Dataset.range(pipeline, num_batches, pipelines)
   if repeat:
     ds = ds.repeat()
   # Only a finite split kept whole and not a multiple of B has a partial batch.

@@ -164,13 +164,8 @@ def test_one_fit_step_follows_the_numpy_tpu_math():
     ("user", "users", E.Adagrad(0.1), slice(0, 7)),
     ("movie", "movies", ftrl, slice(7, 18)),
   ):
-    ids, grads = ref.sum_duplicates(x[feature], d_acts[:, cols])
-    want, want_slots = ref.apply(
-      opt,
-      tables[table],
-      ref.initial_slots(opt, *tables[table].shape),
-      ids,
-      grads,
+    want, want_slots = ref.first_step(
+      opt, tables[table], x[feature], d_acts[:, cols]
     )
     var = [v for c, v in emb.embedding_tables.items() if c.name == table][0]
     np.testing.assert_allclose(var.numpy(), want, rtol=1e-5, atol=1e-6)

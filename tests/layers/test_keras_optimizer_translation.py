@@ -194,13 +194,8 @@ def test_a_shared_keras_optimizer_trains_the_tables_with_tpu_math_only():
     ("user", "users", slice(0, 5)),
     ("movie", "movies", slice(5, 8)),
   ):
-    ids, grads = ref.sum_duplicates(x[feature], d_acts[:, cols])
-    want, _ = ref.apply(
-      want_opt,
-      tables[table],
-      ref.initial_slots(want_opt, *tables[table].shape),
-      ids,
-      grads,
+    want, _ = ref.first_step(
+      want_opt, tables[table], x[feature], d_acts[:, cols]
     )
     got = [v for t, v in emb.embedding_tables.items() if t.name == table][0]
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)

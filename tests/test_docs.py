@@ -93,6 +93,10 @@ NOT_RUN = {
     "tests/test_cli.py::test_benchmark_movielens_runs_as_a_user_runs_it "
     "runs it on generated data"
   ),
+  ("docs/retrieval.md", "top_k_raw"): (
+    "the export it loads is docs/serving.md's, whose example makes the same "
+    "top_k_raw call after training and exporting it"
+  ),
   ("docs/backends.md", "recsys.tools.tpu_smoke"): (
     "needs a Cloud TPU; tests/tools/test_tpu_smoke.py runs its CPU side"
   ),

@@ -164,7 +164,7 @@ def test_a_model_dir_that_is_a_file(tmp_path):
     code = cli.main(
       ["train", "--gin_file", str(gin_file), "--model_dir", str(model_dir)]
     )
-  assert code == 1 and str(model_dir) in err.getvalue()
+  assert code == 2 and str(model_dir) in err.getvalue()  # a setting: 2
 
 
 # -- verify_objects against Keras models and TF's restore ----------------------

@@ -24,7 +24,7 @@ ROOT = os.path.dirname(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
 STEPS = 60
-TRIALS = int(os.environ.get("RECSYS_CRASH_TRIALS", "8"))
+TRIALS = int(os.environ.get("RECSYS_CRASH_TRIALS", "5"))  # more: set it
 LINE_TIMEOUT = 240.0  # seconds to wait for one progress line (a busy CI box)
 
 pytestmark = pytest.mark.slow

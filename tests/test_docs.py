@@ -93,6 +93,11 @@ NOT_RUN = {
     "tests/test_cli.py::test_benchmark_movielens_runs_as_a_user_runs_it "
     "runs it on generated data"
   ),
+  ("docs/reliability.md", "--eval_on seed1"): (
+    "needs the run runs/fm trained on MovieLens; tests/reliability/"
+    "test_run_drift.py::test_eval_on_other_data_writes_its_own_results runs "
+    "this command on a trained run"
+  ),
   ("docs/retrieval.md", "top_k_raw"): (
     "the export it loads is docs/serving.md's, whose example makes the same "
     "top_k_raw call after training and exporting it"

@@ -148,7 +148,7 @@ def configured_placement(
 
   out: dict[str, Any] = {"placement": config.value("train.placement")}
   specs = _feature_specs()[0] if feature_config is not None else None
-  if specs is None:  # as configured_embedding: no tables, no exchange
+  if feature_config is None or specs is None:  # no tables, no exchange
     return out
   widths = {spec.name: spec.max_ids for spec in specs if spec.multi_hot}
   batch = config.value("train.global_batch_size") or 1024

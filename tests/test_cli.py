@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from recsys import cli, config
+from recsys.data import movielens_synthetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
@@ -75,8 +76,6 @@ def test_benchmark_movielens_runs_as_a_user_runs_it(tmp_path):
   process, on small generated ml-100k-layout files (no real files here; the
   full-size generated set makes the baselines' searches take minutes),
   short training."""
-  from recsys.data import movielens_synthetic  # noqa: PLC0415
-
   data = movielens_synthetic.write_ml100k_like(
     str(tmp_path / "ml-100k"), num_users=200, num_items=300, num_ratings=12000
   )

@@ -5,10 +5,9 @@ what one of them reads fails here and not inside the Keras layer."""
 import os
 
 import pytest
-import tensorflow as tf
 
-import recsys  # noqa: F401  (Keras 2 before TF)
 from recsys import _tf_internal
+from recsys._keras import keras, tf  # Keras 2 before TF
 
 
 def test_tape_is_recording_only_under_a_watching_tape():
@@ -78,8 +77,6 @@ def test_gradient_request_sees_the_sources_of_the_running_gradient_call():
 
 def test_gradient_request_covers_a_wrapper_sharing_the_handle():
   """Keras's mixed-precision AutoCastVariable shares its variable's handle."""
-  from recsys._keras import keras  # noqa: PLC0415
-
   keras.mixed_precision.set_global_policy("mixed_float16")
   try:
     layer = keras.layers.Dense(1)

@@ -4,7 +4,8 @@ Every backend trains the same `tf.tpu.experimental.embedding` configuration
 (`TableConfig`, `FeatureConfig`, optimizer classes) with the same TPU optimizer
 math and the same checkpoint layout, on different hardware:
 
-  tensorcore        replicated tables, lookups on the compute cores (any device)
+  tensorcore        tables replicated or row-sharded over the replicas, lookups
+                    on the compute cores (any device)
   tpu_embedding     TF's TPUEmbedding (embedding_feature V1) or
                     TPUEmbeddingV2 (V2)
   tpu_embedding_v0  TF's own TPUEmbeddingV0

@@ -9,9 +9,11 @@ row once and sums `scale * row` into the segments; its transpose,
 `row_gradients`, sums `scale * d(loss)/d(activation)` into each unique row.
 
 Both run either as TF ops or, on CPU hosts outside XLA, as the fused C++
-kernels of `backends.kernels` (same math). `tensorcore` and `sharded` both
-compose these functions (`sharded` gathers the unique rows from its shards);
-the static-shape path (`backends.static_bags`) shares `combiner_scale`.
+kernels of `backends.kernels` (same math). The dynamic engine
+(`backends.engines.dynamic`) composes these functions for every storage
+(the rows of a table held elsewhere, on other replicas or parameter servers,
+come through `gather_rows`); the static engine (`backends.static_bags`)
+shares `combiner_scale`.
 
 Example:
   >>> flat = concat_bags([bags_a, bags_b], "mean")
@@ -173,7 +175,7 @@ def segment_combine(
 
 def lookup(
   flat: TableBag,
-  params: tf.Variable,
+  params: tf.Variable | None,
   gather_rows: Callable[[Any, tf.Tensor], tf.Tensor] = tf.gather,
   fused_ops: Any | None = None,
   concurrent_calls: int = 0,
@@ -182,12 +184,13 @@ def lookup(
 
   Args:
     flat: the table's features as one bag (`concat_bags`).
-    params: the table variable.
-    gather_rows: `gather_rows(params, unique_ids)` -> `[U, D]` rows (the
-      sharded backend gathers each shard where it lives); a tape on `params`
-      sees what this op records (`tf.gather`: `IndexedSlices` of U rows).
+    params: the table variable, if this replica holds it whole (else None).
+    gather_rows: `gather_rows(params, unique_ids)` -> `[U, D]` rows (a
+      table's storage: shards gathered where they live, or exchanged
+      between replicas); a tape on `params` sees what this op records
+      (`tf.gather`: `IndexedSlices` of U rows).
     fused_ops: the fused kernels' module: one C++ pass over the ids reading
-      the table in place (a plain CPU variable, outside XLA).
+      `params` in place (a plain CPU variable, outside XLA).
     concurrent_calls: how many such lookups the step runs side by side (its
       tables x replicas; 0: unknown). Fewer than the inter-op threads: the
       sums and the de-duplication are two ops the executor runs side by
@@ -195,7 +198,7 @@ def lookup(
       the others leave idle (RECSYS_KERNEL_PARALLEL_MIN_WORK=off keeps every
       call on one thread).
   """
-  if fused_ops is not None:
+  if fused_ops is not None and params is not None:
     # A tape on the table still gets IndexedSlices of the U rows.
     if params.trainable:
       tape_lib.variable_accessed(params)

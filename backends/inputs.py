@@ -7,28 +7,26 @@ feature has one segment per batch row; a sequence feature of length L has
 `B * L` segments (row `b`, position `p` -> segment `b * L + p`). Combining is
 then one `unsorted_segment_sum`, for every input kind and combiner.
 
-This module also owns input validation (types, ranks, weights, id range) and
+This module also applies the id policy (`validate`: id range, weights) and
 the host-side static padding (`pad_bags`) that gives compiled steps fixed
-shapes.
+shapes; the checks of types, ranks and weights that every engine shares are
+`backends.input_checks`.
 """
 
-import collections
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
 
-#: Static-shape bag produced by `pad_bags` on the host: ids `[B, W]`, lengths
-#: `[B]` (entries at positions >= length are padding) and weights `[B, W]`, or
-#: `[B, 0]` when the bags have no weights (every weight 1).
-PaddedBags = collections.namedtuple("PaddedBags", ["ids", "lengths", "weights"])
-
-ID_POLICIES = ("error", "drop", "oov")
-
-
-class InvalidInputError(ValueError):
-  """A feature's input has the wrong type, rank, dtype or weights."""
+from backends import input_checks as checks_lib
+from backends.input_checks import (  # noqa: F401  (public names of this module)
+  ID_POLICIES,
+  FeatureLayout,
+  InvalidInputError,
+  PaddedBags,
+  check_bag_structure,
+  describe,
+)
 
 
 @dataclasses.dataclass
@@ -46,6 +44,9 @@ class FlatBags:
       longer than the static width.
     capacity: a static upper bound on the number of ids (static batch size
       times static width), or None when the input's shape is dynamic.
+    slots: int64 scalar, the same bound when the step runs (batch size times
+      width), or None when bags have no width (ragged or sparse without
+      `bag_width`): equal in every step whose inputs have equal shapes.
     unit_weights: True when no weights were given, so every weight is 1 by
       construction (lets the lookup skip multiplying by them).
     sorted_segments: True when `segments` is non-decreasing by construction
@@ -64,178 +65,16 @@ class FlatBags:
   sequence_length: int
   truncated: tf.Tensor
   capacity: int | None = None
+  slots: tf.Tensor | None = None
   unit_weights: bool = False
   sorted_segments: bool = False
   ids_in_range: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class FeatureLayout:
-  """How one feature's output is shaped: `[B, D]`, `[B, L, D]` or custom."""
-
-  path: str
-  feature: Any  # FeatureConfig
-  table_name: str
-
-  @property
-  def sequence_length(self) -> int:
-    return self.feature.max_sequence_length
-
-  def output_shape(self, batch_size: int | None) -> list | None:
-    """The `output_shape` of the config resolved against the batch size."""
-    shape = self.feature.output_shape
-    if not shape or shape.rank is None or shape.rank == 0:
-      return None
-    return shape.as_list()
-
-
-def describe(layout: FeatureLayout) -> str:
-  """Names a feature, its table and vocabulary for error messages."""
-  table = layout.feature.table
-  return (
-    f"feature {layout.path!r} (table {layout.table_name!r}, "
-    f"vocabulary_size={table.vocabulary_size})"
-  )
-
-
-def _template_safe(text: str) -> str:
-  return text.replace("{", "{{").replace("}", "}}")
-
-
-def _check_id_dtype(layout: FeatureLayout, ids: tf.Tensor) -> None:
-  if not ids.dtype.is_integer:
-    raise InvalidInputError(
-      f"{describe(layout)} got ids of dtype {ids.dtype.name}; expected "
-      "int32 or int64 row ids (hash or look up strings in the input pipeline)."
-    )
-
-
-def _check_weights(layout: FeatureLayout, inp: Any, weights: Any) -> None:
-  if weights is None:
-    return
-  if isinstance(inp, PaddedBags):
-    raise InvalidInputError(
-      f"{describe(layout)}: the ids are PaddedBags, which carry their own "
-      "weights; pass weights=None for this feature."
-    )
-  if isinstance(inp, tf.Tensor):
-    raise InvalidInputError(
-      f"{describe(layout)}: weights were given but the ids are a dense "
-      "tensor; weights apply to SparseTensor or RaggedTensor bags only."
-    )
-  if type(weights) is not type(inp):  # pylint: disable=unidiomatic-typecheck
-    raise InvalidInputError(
-      f"{describe(layout)}: weights are a {type(weights).__name__} but the "
-      f"ids are a {type(inp).__name__}; they must be the same kind."
-    )
-  if layout.sequence_length > 0:
-    raise InvalidInputError(
-      f"{describe(layout)} is a sequence feature (max_sequence_length="
-      f"{layout.sequence_length}); sequence features take no weights."
-    )
-  values = weights.values
-  if not values.dtype.is_floating:
-    raise InvalidInputError(
-      f"{describe(layout)}: weights have dtype {values.dtype.name}; expected "
-      "a floating-point dtype."
-    )
 
 
 def _positions_in_rows(row_ids: tf.Tensor, row_starts: tf.Tensor) -> tf.Tensor:
   """Position of each value within its row, given each row's first index."""
   n = tf.shape(row_ids, out_type=tf.int64)[0]
   return tf.range(n, dtype=tf.int64) - tf.gather(row_starts, row_ids)
-
-
-def _require(ok: Any, message: str) -> list:
-  """Raises `InvalidInputError` (eager) or fails the step (graph) unless ok.
-
-  Returns the graph-mode assertion (to run before ops that would fail on
-  the same input with a message of their own), or nothing eagerly.
-  """
-  if tf.executing_eagerly():
-    if not bool(tf.reduce_all(ok)):
-      raise InvalidInputError(message)
-    return []
-  return [tf.debugging.Assert(tf.reduce_all(ok), [message.replace("'", "`")])]
-
-
-def _same_vector(
-  a: tf.Tensor, b: tf.Tensor, counts_differ: tf.Tensor
-) -> tf.Tensor:
-  """Whether two 1-D int tensors are equal; True when `counts_differ` (the
-  values-count check reports that case with its own message)."""
-  same_shape = tf.reduce_all(tf.equal(tf.shape(a), tf.shape(b)))
-  return tf.logical_or(
-    counts_differ,
-    tf.cond(
-      same_shape,
-      lambda: tf.reduce_all(tf.equal(a, tf.cast(b, a.dtype))),
-      lambda: tf.constant(False),
-    ),
-  )
-
-
-def check_bag_structure(what: str, inp: Any, weights: Any) -> list:
-  """Checks that sparse/ragged bags are well formed and weights sit on the ids.
-
-  Weights are paired with ids by position: ragged weights must have the ids'
-  row lengths and sparse weights the ids' indices, or each weight would land
-  on another id. A SparseTensor's rows must lie in `[0, dense_shape[0])`.
-
-  Args:
-    what: names the feature in the message.
-    inp: ids (`SparseTensor` or `RaggedTensor`; other kinds are not checked).
-    weights: None or weights of the same kind.
-
-  Returns:
-    The graph-mode checks, for control dependencies (empty eagerly).
-
-  Raises:
-    InvalidInputError: (eager; a failed step in graph mode) on a mismatch.
-  """
-  checks = []
-  if isinstance(inp, tf.SparseTensor):
-    rows = inp.indices[:, 0]
-    checks += _require(
-      tf.logical_and(
-        tf.reduce_all(rows >= 0), tf.reduce_all(rows < inp.dense_shape[0])
-      ),
-      f"{what}: a SparseTensor index has a row outside [0, "
-      "dense_shape[0]); indices must lie inside dense_shape.",
-    )
-    if inp.indices.shape.rank == 2 and inp.indices.shape[1] == 2:
-      # A negative column would be read as a position before the row's first
-      # (a sequence's id landing in the previous row's last slot).
-      cols = inp.indices[:, 1]
-      checks += _require(
-        tf.reduce_all(cols >= 0),
-        f"{what}: a SparseTensor index has a negative column; indices "
-        "must lie inside dense_shape (columns >= 0).",
-      )
-    if isinstance(weights, tf.SparseTensor):
-      checks += _require(
-        _same_vector(
-          tf.reshape(weights.indices, [-1]),
-          tf.reshape(inp.indices, [-1]),
-          tf.size(weights.values) != tf.size(inp.values),
-        ),
-        f"{what}: weights sit at other indices than the ids; sparse "
-        "weights must have exactly the ids' indices.",
-      )
-  elif isinstance(inp, tf.RaggedTensor) and isinstance(
-    weights, tf.RaggedTensor
-  ):
-    checks += _require(
-      _same_vector(
-        weights.row_splits,
-        inp.row_splits,
-        tf.size(weights.flat_values) != tf.size(inp.flat_values),
-      ),
-      f"{what}: weights have other row lengths than the ids; ragged "
-      "weights must have exactly the ids' row lengths.",
-    )
-  return checks
 
 
 def _lexsort(rows: tf.Tensor, cols: tf.Tensor) -> tf.Tensor:
@@ -274,7 +113,7 @@ def canonical_order(
   return permuted(inp), (permuted(weights) if weights is not None else None)
 
 
-def _rank_in_row(rows: tf.Tensor, num_rows: Any) -> tf.Tensor:
+def rank_in_row(rows: tf.Tensor, num_rows: Any) -> tf.Tensor:
   """Each entry's position among its row's entries (rows sorted, in range)."""
   n = tf.shape(rows, out_type=tf.int64)[0]
   index = tf.range(n, dtype=tf.int64)
@@ -308,7 +147,7 @@ def to_flat_bags(
   Raises:
     InvalidInputError: unsupported type, rank or dtype; misplaced weights.
   """
-  _check_weights(layout, inp, weights)
+  checks_lib.check_weights(layout, inp, weights)
   checks = check_bag_structure(describe(layout), inp, weights)
   if checks and isinstance(inp, tf.SparseTensor):
     with tf.control_dependencies(checks):  # rows checked before they index
@@ -323,29 +162,19 @@ def to_flat_bags(
     ids_in_range = check_ids and fused_ops is not None
     ids, row, pos, w, cut = _from_padded(layout, inp, fused_ops, ids_in_range)
   elif isinstance(inp, tf.SparseTensor):
-    _check_id_dtype(layout, inp.values)
-    if inp.shape.rank not in (None, 2):
-      raise InvalidInputError(
-        f"{describe(layout)} got a SparseTensor of rank {inp.shape.rank}; "
-        "expected rank 2 [batch, ids]."
-      )
+    checks_lib.check_sparse_ids(layout, inp)
     if bag_width and not seq_len and out_shape is None:
       # A bag is its row's ids, wherever their columns: the first `bag_width`
       # of them in column order are kept (gaps are not ids).
       inp, weights = canonical_order(inp, weights)
       row = inp.indices[:, 0]
-      pos = _rank_in_row(row, inp.dense_shape[0])
+      pos = rank_in_row(row, inp.dense_shape[0])
     else:  # a sequence's column is its position
       row, pos = inp.indices[:, 0], inp.indices[:, 1]
     ids = inp.values
     w = weights.values if weights is not None else None
   elif isinstance(inp, tf.RaggedTensor):
-    _check_id_dtype(layout, inp.flat_values)
-    if inp.ragged_rank != 1 or inp.shape.rank != 2:
-      raise InvalidInputError(
-        f"{describe(layout)} got a RaggedTensor of rank {inp.shape.rank} "
-        f"(ragged_rank {inp.ragged_rank}); expected rank 2 [batch, (ids)]."
-      )
+    checks_lib.check_ragged_ids(layout, inp)
     ids = inp.values
     row = tf.cast(inp.value_rowids(), tf.int64)
     # Positions matter only where bags are cut or sequences laid out.
@@ -356,15 +185,7 @@ def to_flat_bags(
     )
     w = weights.values if weights is not None else None
   elif isinstance(inp, (tf.Tensor, tf.Variable)) or tf.is_tensor(inp):
-    inp = tf.convert_to_tensor(inp)
-    _check_id_dtype(layout, inp)
-    if inp.shape.rank == 1:
-      inp = inp[:, tf.newaxis]
-    elif inp.shape.rank != 2:
-      raise InvalidInputError(
-        f"{describe(layout)} got dense ids of shape {inp.shape}; expected "
-        "[B] (one id per example) or [B, N] (bags of N ids)."
-      )
+    inp = checks_lib.dense_ids(layout, inp)
     shape = tf.shape(inp, out_type=tf.int64)
     width = shape[1]
     ids = tf.reshape(inp, [-1])
@@ -372,10 +193,7 @@ def to_flat_bags(
     row, pos = flat // width, flat % width
     w = None
   else:
-    raise InvalidInputError(
-      f"{describe(layout)} got a {type(inp).__name__}; expected a tf.Tensor, "
-      "tf.SparseTensor or tf.RaggedTensor of int ids."
-    )
+    raise checks_lib.unsupported_kind(layout, inp)
 
   ids = tf.cast(ids, tf.int64)
   unit_weights = w is None
@@ -392,7 +210,9 @@ def to_flat_bags(
   batch_size = _batch_size(inp)
 
   if out_shape is not None:
-    seq_len = _sequence_length_from_output_shape(layout, out_shape, batch_size)
+    seq_len = checks_lib.sequence_length_from_output_shape(
+      layout, out_shape, batch_size
+    )
   limit = seq_len if seq_len > 0 else bag_width
   truncated = cut
   if (
@@ -424,6 +244,7 @@ def to_flat_bags(
     sequence_length=seq_len,
     truncated=truncated,
     capacity=capacity,
+    slots=_slots(inp, limit, batch_size),
     unit_weights=unit_weights,
     sorted_segments=not isinstance(inp, tf.SparseTensor),
     ids_in_range=ids_in_range,
@@ -445,6 +266,21 @@ def _static_capacity(inp: Any, limit: int | None) -> int | None:
   return batch * width
 
 
+def _slots(inp: Any, limit: int | None, batch_size: tf.Tensor):
+  """Most ids `inp` can hold after cutting bags to `limit`, as a tensor."""
+  if isinstance(inp, PaddedBags):
+    width = tf.shape(inp.ids, out_type=tf.int64)[1]
+  elif isinstance(inp, (tf.SparseTensor, tf.RaggedTensor)):
+    if not limit:
+      return None
+    width = tf.constant(limit, tf.int64)
+  else:  # dense [B] was reshaped to [B, 1] above
+    width = tf.shape(inp, out_type=tf.int64)[1]
+  if limit:
+    width = tf.minimum(width, limit)
+  return tf.cast(batch_size, tf.int64) * width
+
+
 def _batch_size(inp: Any) -> tf.Tensor:
   if isinstance(inp, PaddedBags):
     return tf.shape(inp.ids, out_type=tf.int64)[0]
@@ -453,28 +289,6 @@ def _batch_size(inp: Any) -> tf.Tensor:
   if isinstance(inp, tf.RaggedTensor):
     return inp.nrows(out_type=tf.int64)
   return tf.shape(inp, out_type=tf.int64)[0]
-
-
-def _sequence_length_from_output_shape(layout, out_shape, batch_size) -> int:
-  """TF's `output_shape` rule: prod == B combines; k * B is a sequence."""
-  out_batch = 1
-  for d in out_shape:
-    out_batch *= d
-  static_b = tf.get_static_value(batch_size)
-  if static_b is None:
-    raise InvalidInputError(
-      f"{describe(layout)} sets output_shape={out_shape} but the batch size "
-      "is not static; batch with drop_remainder=True."
-    )
-  static_b = int(static_b)
-  if out_batch == static_b:
-    return 0
-  if out_batch > static_b and out_batch % static_b == 0:
-    return out_batch // static_b
-  raise InvalidInputError(
-    f"{describe(layout)}: output_shape={out_shape} (product {out_batch}) must "
-    f"equal the batch size {static_b} or be a multiple of it."
-  )
 
 
 def _from_padded(
@@ -487,7 +301,7 @@ def _from_padded(
 
   `check_ids` (fused ops only): the op fails on an id outside the table.
   """
-  _check_id_dtype(layout, padded.ids)
+  checks_lib.check_id_dtype(layout, padded.ids)
   no_weights = padded.weights.shape.rank == 2 and padded.weights.shape[1] == 0
   if fused_ops is not None:
     ids, row, pos, w, cut = fused_ops.recsys_padded_bags(
@@ -502,7 +316,7 @@ def _from_padded(
       vocabulary_size=(
         layout.feature.table.vocabulary_size if check_ids else -1
       ),
-      # As `_check` words it in a graph (backticks for quotes).
+      # As `input_checks.check` words it in a graph (backticks for quotes).
       feature=describe(layout).replace("'", "`") if check_ids else "",
     )
     return ids, row, pos, None if no_weights else w, cut
@@ -514,34 +328,6 @@ def _from_padded(
   # Weights of static width 0 are `pad_bags`' mark for "no weights" (all 1).
   weights = None if no_weights else tf.gather_nd(padded.weights, real)
   return (tf.gather_nd(padded.ids, real), real[:, 0], real[:, 1], weights, cut)
-
-
-def _check(ok: tf.Tensor, template: str, args_fn: Callable[[], list]) -> list:
-  """Raises `InvalidInputError` (eager) or fails the step (graph) unless ok.
-
-  `template` has one `{}` per tensor that `args_fn()` returns; they are only
-  computed when the check fails, so a passing check costs one reduction.
-  Returns the ops (graph mode) that must run before the lookup.
-  """
-  if tf.executing_eagerly():
-    if not bool(ok):
-      raise InvalidInputError(template.format(*(a.numpy() for a in args_fn())))
-    return []
-  # The graph-mode assertion message C-escapes quotes (\\'): use backticks.
-  template = template.replace("'", "`")
-
-  def fail():
-    message = tf.strings.format(template, args_fn())
-    with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
-      return tf.constant(False)
-
-  return [tf.cond(ok, lambda: tf.constant(True), fail)]
-
-
-def _first_where(mask: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
-  """`values` at the first True of `mask`; safe on empty tensors."""
-  first = tf.argmax(tf.concat([tf.cast(mask, tf.int32), [1]], 0))
-  return tf.gather(tf.concat([values, tf.zeros([1], values.dtype)], 0), first)
 
 
 def validate(
@@ -562,15 +348,15 @@ def validate(
   if policy not in ID_POLICIES:
     raise ValueError(f"unknown id policy {policy!r}; use one of {ID_POLICIES}.")
   vocab = layout.feature.table.vocabulary_size
-  what = _template_safe(describe(layout))
+  what = checks_lib.template_safe(describe(layout))
   ids, w = bags.ids, bags.weights
   checks = []
   if not bags.unit_weights:  # ones by construction need no check
     bad_w = tf.logical_not(tf.logical_and(tf.math.is_finite(w), w >= 0.0))
-    checks += _check(
+    checks += checks_lib.check(
       tf.logical_not(tf.reduce_any(bad_w)),
       what + " got weight {}; weights must be finite and >= 0.",
-      lambda: [_first_where(bad_w, w)],
+      lambda: [checks_lib.first_where(bad_w, w)],
     )
   if policy == "error" and bags.ids_in_range:
     # The op that flattened the bags checked every id: nothing left to count.
@@ -584,15 +370,13 @@ def validate(
   if policy == "error":
 
     def bad_id_and_row():
-      row = _first_where(bad, bags.segments)
+      row = checks_lib.first_where(bad, bags.segments)
       if bags.sequence_length:
         row = row // bags.sequence_length
-      return [_first_where(bad, ids), row]
+      return [checks_lib.first_where(bad, ids), row]
 
-    checks += _check(
-      tf.equal(num_bad, 0),
-      what + f" got id {{}} at batch row {{}}; ids must be in [0, {vocab}).",
-      bad_id_and_row,
+    checks += checks_lib.check_ids_in_range(
+      layout, tf.equal(num_bad, 0), bad_id_and_row
     )
   with tf.control_dependencies(checks):  # checked before any gather reads ids
     ids = tf.identity(ids)
@@ -641,21 +425,22 @@ def pad_bags(
     if sequence:
       # The first `width` ids of a row must sit at columns 0 .. width-1; the
       # ones after them (columns >= width) are cut, as a ragged row's are.
-      rank = _rank_in_row(rows, nrows)
+      rank = rank_in_row(rows, nrows)
       misplaced = tf.logical_and(
         tf.logical_or(rank < width, cols < width), tf.not_equal(cols, rank)
       )
-      checks += _check(
+      checks += checks_lib.check(
         tf.logical_not(tf.reduce_any(misplaced)),
-        _template_safe(what) + " is a sequence but batch row {} has an id "
+        checks_lib.template_safe(what)
+        + " is a sequence but batch row {} has an id "
         "at column {} where position {} comes next; a sequence's ids must "
         "fill columns 0, 1, 2, ... of their row (no gaps, no repeats) to be "
         "padded. Pass it as a RaggedTensor, or to lookup() without "
         "preprocess() (a gap is then a zero row).",
         lambda: [
-          _first_where(misplaced, rows),
-          _first_where(misplaced, cols),
-          _first_where(misplaced, rank),
+          checks_lib.first_where(misplaced, rows),
+          checks_lib.first_where(misplaced, cols),
+          checks_lib.first_where(misplaced, rank),
         ],
       )
     with tf.control_dependencies(checks):

@@ -121,8 +121,8 @@ def select(
       )
     return "tensorcore", (
       f"{strategy_name}, embedding_feature={feature.name}: "
-      "no embedding accelerator, tables replicated on the "
-      "TensorCores"
+      "no embedding accelerator, tables on the TensorCores "
+      "(replicated or row-sharded, per table)"
     )
   if hardware.is_parameter_server(strategy):
     return "sharded", (
@@ -131,8 +131,8 @@ def select(
   devices = hardware.worker_devices(strategy)
   where = ", ".join(devices) if devices else "the default device"
   return "tensorcore", (
-    f"{strategy_name} on {where}: tables replicated, "
-    "lookups on the compute devices"
+    f"{strategy_name} on {where}: tables on the compute devices "
+    "(replicated or row-sharded, per table)"
   )
 
 

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 
 from backends import _bags
+from backends import input_checks as checks_lib
 from backends import inputs as inputs_lib
 
 
@@ -127,7 +128,7 @@ def _static_batch(layout, inp) -> Any:
   batch = inp.shape[0]
   if batch is None:
     raise StaticShapeError(
-      f"{inputs_lib.describe(layout)}: a SparseTensor without a static "
+      f"{checks_lib.describe(layout)}: a SparseTensor without a static "
       "batch size cannot be looked up in a compiled step (its dense_shape "
       "is a value, not a shape). Set bag_widths for this feature and run "
       "the backend's preprocess() in the input pipeline (static [B, W] "
@@ -137,7 +138,7 @@ def _static_batch(layout, inp) -> Any:
 
 
 def from_input(
-  layout: inputs_lib.FeatureLayout,
+  layout: checks_lib.FeatureLayout,
   inp: Any,
   weights: Any,
   bag_width: int | None,
@@ -159,13 +160,12 @@ def from_input(
     InvalidInputError: unsupported type, rank or dtype; misplaced weights.
     StaticShapeError: an input whose size is not a shape (see `_static_batch`).
   """
-  # The generic converter's type, rank, dtype and weight checks.
-  inputs_lib._check_weights(layout, inp, weights)  # pylint: disable=protected-access
+  checks_lib.check_weights(layout, inp, weights)
   seq_len = layout.sequence_length
   limit = seq_len or bag_width
   out_shape = layout.output_shape(None)
-  if isinstance(inp, inputs_lib.PaddedBags):
-    inputs_lib._check_id_dtype(layout, inp.ids)  # pylint: disable=protected-access
+  if isinstance(inp, checks_lib.PaddedBags):
+    checks_lib.check_id_dtype(layout, inp.ids)
     no_weights = inp.weights.shape.rank == 2 and inp.weights.shape[1] == 0
     w = (
       tf.ones_like(inp.ids, tf.float32)
@@ -178,15 +178,7 @@ def from_input(
   elif isinstance(inp, (tf.RaggedTensor, tf.SparseTensor)):
     parts = _flat_bags(layout, inp, weights, limit or None)
   else:
-    inp = tf.convert_to_tensor(inp)
-    inputs_lib._check_id_dtype(layout, inp)  # pylint: disable=protected-access
-    if inp.shape.rank == 1:
-      inp = inp[:, tf.newaxis]
-    elif inp.shape.rank != 2:
-      raise inputs_lib.InvalidInputError(
-        f"{inputs_lib.describe(layout)} got dense ids of shape {inp.shape}; "
-        "expected [B] (one id per example) or [B, N] (bags of N ids)."
-      )
+    inp = checks_lib.dense_ids(layout, inp)
     lengths = tf.fill([tf.shape(inp)[0]], tf.shape(inp, out_type=tf.int64)[1])
     parts = _rectangle(
       layout,
@@ -219,13 +211,13 @@ def _apply_output_shape(layout, out_shape, num_segments, width):
   batch = tf.get_static_value(tf.convert_to_tensor(num_segments))
   if batch is None or layout.sequence_length:
     return num_segments, width, layout.sequence_length
-  seq = inputs_lib._sequence_length_from_output_shape(  # pylint: disable=protected-access
+  seq = checks_lib.sequence_length_from_output_shape(
     layout, out_shape, tf.constant(int(batch), tf.int64)
   )
   if seq == 0:
     return num_segments, width, 0
   raise StaticShapeError(
-    f"{inputs_lib.describe(layout)}: output_shape={out_shape} asks for a "
+    f"{checks_lib.describe(layout)}: output_shape={out_shape} asks for a "
     f"sequence of the batch; give the feature max_sequence_length={seq} "
     "instead, which compiled steps support."
   )
@@ -233,14 +225,8 @@ def _apply_output_shape(layout, out_shape, num_segments, width):
 
 def _flat_bags(layout, inp, weights, limit: int | None):
   """Slots of a ragged or sparse `[B, None]` input, one per value."""
-  what = inputs_lib.describe(layout)
   if isinstance(inp, tf.SparseTensor):
-    inputs_lib._check_id_dtype(layout, inp.values)  # pylint: disable=protected-access
-    if inp.shape.rank not in (None, 2):
-      raise inputs_lib.InvalidInputError(
-        f"{what} got a SparseTensor of rank {inp.shape.rank}; expected rank "
-        "2 [batch, ids]."
-      )
+    checks_lib.check_sparse_ids(layout, inp)
     batch = _static_batch(layout, inp)
     if limit is not None and not layout.sequence_length:
       # A bag's first `limit` ids in column order are kept, gaps or not.
@@ -249,19 +235,14 @@ def _flat_bags(layout, inp, weights, limit: int | None):
     if limit is not None and not layout.sequence_length:
       # Rows outside the batch (left out below) rank in a segment of their own.
       outside = tf.logical_or(row < 0, row >= batch)
-      pos = inputs_lib._rank_in_row(  # pylint: disable=protected-access
+      pos = inputs_lib.rank_in_row(
         tf.where(outside, tf.cast(batch, tf.int64), row), batch + 1
       )
     # Only rows inside the batch count; the generic path refuses the rest.
     in_batch = tf.logical_and(row >= 0, row < batch)
     pos_ok = pos >= 0
   else:
-    inputs_lib._check_id_dtype(layout, inp.flat_values)  # pylint: disable=protected-access
-    if inp.ragged_rank != 1 or inp.shape.rank != 2:
-      raise inputs_lib.InvalidInputError(
-        f"{what} got a RaggedTensor of rank {inp.shape.rank} (ragged_rank "
-        f"{inp.ragged_rank}); expected rank 2 [batch, (ids)]."
-      )
+    checks_lib.check_ragged_ids(layout, inp)
     batch = _static_or_dynamic(inp.shape[0], tf.shape(inp.row_splits)[0] - 1)
     ids = inp.values
     row = tf.cast(inp.value_rowids(), tf.int64)
@@ -310,7 +291,7 @@ class Report(NamedTuple):
 
 
 def validate(
-  layout: inputs_lib.FeatureLayout, bags: StaticBags, policy: str
+  layout: checks_lib.FeatureLayout, bags: StaticBags, policy: str
 ) -> "tuple[StaticBags, Report]":
   """Applies the id policy without leaving the compiled step.
 

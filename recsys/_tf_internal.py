@@ -6,7 +6,9 @@ exists; `tests/test_tf_internal.py` fails when a TensorFlow upgrade removes
 what one of them reads, so an upgrade is one file to audit.
 """
 
+import itertools
 import sys
+import threading
 import types
 from typing import Any
 
@@ -17,6 +19,8 @@ from tensorflow.python.eager import (
 from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.saved_model import save_context  # pylint: disable=g-direct-tensorflow-import
+
+from recsys._keras import tf
 
 _TAPE_GRADIENT_CODE = backprop.GradientTape.gradient.__code__
 
@@ -109,3 +113,27 @@ __all__ = [
   "in_xla_compilation",
   "tape_is_recording",
 ]
+
+
+# Each MirroredStrategy numbers its collective groups from
+# 1 + `_collective_key_base`, a class attribute that is 0 unless changed, so two
+# strategies in one process share group and instance keys: a collective of one
+# then meets a collective of the other with another shape ("Shape mismatch in
+# the collective instance") or device count. Row-sharded tables all-gather
+# in every step, so a second strategy in a process (a notebook training twice,
+# a test suite) must not reuse the first one's keys.
+_COLLECTIVE_KEYS_PER_STRATEGY = 10_000
+_collective_bases = itertools.count(1_000_000, _COLLECTIVE_KEYS_PER_STRATEGY)
+_collective_lock = threading.Lock()
+
+
+def mirrored_strategy(devices: list[str]) -> tf.distribute.MirroredStrategy:
+  """A `MirroredStrategy` over `devices` with collective keys of its own."""
+  cls = tf.distribute.MirroredStrategy
+  with _collective_lock:
+    saved = cls._collective_key_base  # pylint: disable=protected-access
+    cls._collective_key_base = next(_collective_bases)  # pylint: disable=protected-access
+    try:
+      return cls(devices)
+    finally:
+      cls._collective_key_base = saved  # pylint: disable=protected-access

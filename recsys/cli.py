@@ -487,10 +487,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
   # The serving backend restores a checkpoint of any training backend
   # (SparseCore's stacked tables included) on CPU; the export copies its
-  # tables without the optimizer slots.
+  # tables without the optimizer slots. Where the training devices held the
+  # tables (train.placement, a device's memory) does not apply here.
   trainer = _call_train(
     args,
-    ["train.progress_bar = False", "train.summaries = False"],
+    [
+      "train.progress_bar = False",
+      "train.summaries = False",
+      "train.placement = None",
+    ],
     action="build",
     backend="serving",
     strategy=tf.distribute.get_strategy(),
@@ -549,26 +554,34 @@ def cmd_info(args: argparse.Namespace) -> int:
   if missing:
     lines.append(f"could not import: {', '.join(missing)}")
   feature_config, optimizer, backend = None, None, args.backend or "auto"
+  plan_args: dict[str, Any] = {}
   note = ""
   if args.gin_file:
     from recsys.training.train import (  # pylint: disable=g-import-not-at-top
       configured_embedding,
+      configured_placement,
       configured_strategy,
     )
 
     # Not finalized: a data folder's required macro may stay unbound here.
     config.parse(args.gin_file, args.gin_bindings, finalize=False)
+    # The run's strategy (train.num_cpu_replicas), before TF's runtime starts.
     strategy, _ = configured_strategy(args.tpu)
     feature_config, optimizer, backend, note = configured_embedding(
       args.backend
     )
+    plan_args = configured_placement(feature_config, strategy)
   else:
     strategy, _ = strategy_lib.make_strategy(args.tpu)
   from recsys import planning  # pylint: disable=g-import-not-at-top
 
   lines.append(
     planning.describe_environment(
-      strategy, feature_config, optimizer=optimizer, backend=backend
+      strategy,
+      feature_config,
+      optimizer=optimizer,
+      backend=backend,
+      **plan_args,
     )
   )
   if note:

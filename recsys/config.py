@@ -124,6 +124,7 @@ _EXTERNAL = {
 # others; `register_all()` logs what it could not import.
 _OWN_MODULES = (
   "recsys.features",
+  "recsys.planning",  # EmbeddingPlacement
   "recsys.training",
   "recsys.models",
   "recsys.data",

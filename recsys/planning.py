@@ -4,14 +4,23 @@
 feature, the backend "auto" would pick and why, and (given a feature config)
 the memory plan. `plan_memory` chooses, per table, between replicated (a full
 copy of the table and its optimizer slots on every device) and sharded (a
-`1/N` row range per device: tpu_embedding over the TPU cores, sharded over
-the parameter servers) from the table's size with its slots against a
-device's memory: a backend that can shard keeps a table replicated while it
-takes at most `REPLICATE_SHARE` of a device's budget, and shards bigger ones;
-replicated backends (tensorcore, tpu_embedding_v0) replicate everything and
-name the tables too big for that. It says what it chose and why, per table,
-and warns before a configuration that cannot fit. Importable and runnable
-without a TPU.
+`1/N` row range per device) from the table's size with its slots against a
+device's memory:
+
+* tensorcore places each table on its replicas (`backends.placement`):
+  replicated while the tables fit a device's budget, the largest row-sharded
+  over the replicas when they do not, refused — naming the table, its bytes
+  and the budget — when even that does not fit; a placement can be forced
+  per table and the budget set (`EmbeddingPlacement`, e.g. to plan for a
+  16 GiB device on a CPU box);
+* sharded keeps a table whole on one parameter server while it takes at most
+  `REPLICATE_SHARE` of a device's budget and splits bigger ones;
+* tpu_embedding shards every table over the TPU cores; tpu_embedding_v0
+  replicates everything and names the tables too big for that.
+
+It says what it chose and why, per table, with the bytes per device and the
+exchange per step, and warns before a configuration that cannot fit.
+Importable and runnable without a TPU.
 
 Example:
   >>> print(describe_environment(strategy, feature_config, Adagrad(0.05)))
@@ -21,14 +30,18 @@ import dataclasses
 import math
 import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
+import gin
 import tensorflow as tf
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
 import backends
 from backends import hardware, registry
 from backends import optimizers as embedding_optimizers
+from backends import placement as placement_lib
+from backends.placement import human_bytes
 from recsys.errors import RecsysError
 
 #: Fraction of device memory the embedding may use before a warning: the
@@ -70,6 +83,10 @@ class TableMemory:
     shards: devices the rows are split over (1 = replicated).
     bytes_per_device: table and slots held by one device.
     reason: why the planner replicated or sharded it.
+    exchange_bytes: what one replica puts into collectives per step for it
+      (ids, rows, gradients; `backends.placement`), None when not known.
+    row_sharded: split over the replicas (tensorcore), not by the backend's
+      own sharding (parameter servers, TPU cores).
   """
 
   table: str
@@ -82,6 +99,8 @@ class TableMemory:
   shards: int
   bytes_per_device: int
   reason: str = ""
+  exchange_bytes: int | None = None
+  row_sharded: bool = False
 
   @property
   def total_bytes(self) -> int:
@@ -89,6 +108,8 @@ class TableMemory:
 
   @property
   def placement(self) -> str:
+    if self.row_sharded:
+      return f"row_sharded /{self.shards}"
     return "replicated" if self.shards == 1 else f"sharded /{self.shards}"
 
 
@@ -101,6 +122,23 @@ class MemoryPlan:
   device_memory_bytes: int | None
   memory_source: str
   warnings: list[str]
+  #: Tables (or the whole) that do not fit even as placed, one line each.
+  refusals: list[str] = dataclasses.field(default_factory=list)
+  #: The replicas in this process (logical CPUs hold one copy each).
+  local_replicas: int = 1
+
+  def placements(self) -> dict[str, str]:
+    """Table name -> "replicated" / "row_sharded": tensorcore's `placement`."""
+    return {
+      r.table: "row_sharded" if r.row_sharded else "replicated"
+      for r in self.rows
+    }
+
+  @property
+  def exchange_bytes(self) -> int | None:
+    """What one replica puts into collectives per step (None: unknown)."""
+    values = [r.exchange_bytes for r in self.rows]
+    return None if None in values else sum(v or 0 for v in values)
 
   @property
   def bytes_per_device(self) -> int:
@@ -121,14 +159,19 @@ class MemoryPlan:
   @property
   def predicted_peak_rss_bytes(self) -> int | None:
     """Peak RSS of one CPU training process holding these tables (None when
-    the tables are on accelerators or parameter servers)."""
+    the tables are on accelerators or parameter servers): each of its
+    replicas (logical CPUs) holds its devices' share."""
     if not self.host_process:
       return None
-    return self.bytes_per_device + self.fixed_overhead_bytes
+    return (
+      self.bytes_per_device * self.local_replicas + self.fixed_overhead_bytes
+    )
 
   @property
   def fits(self) -> bool | None:
     """True/False against HEADROOM of device memory; None if unknown."""
+    if self.refusals:
+      return False
     if not self.device_memory_bytes:
       return None
     return self.bytes_per_device <= HEADROOM * self.device_memory_bytes
@@ -145,6 +188,7 @@ class MemoryPlan:
       "slots",
       "per device",
       "placement",
+      "exchange/step",
     )
     lines = [header] + [
       (
@@ -157,6 +201,7 @@ class MemoryPlan:
         human_bytes(r.slot_bytes),
         human_bytes(r.bytes_per_device),
         r.placement,
+        "?" if r.exchange_bytes is None else human_bytes(r.exchange_bytes),
       )
       for r in self.rows
     ]
@@ -175,11 +220,21 @@ class MemoryPlan:
     else:
       total += f" (device memory unknown: {self.memory_source})"
     out.append(total)
+    exchange = self.exchange_bytes
+    if exchange:
+      out.append(
+        f"exchange per step and replica: {human_bytes(exchange)} into "
+        "collectives (ids, rows of row-sharded tables, row gradients)"
+      )
     peak = self.predicted_peak_rss_bytes
     if peak is not None:
+      replicas = (
+        f" x {self.local_replicas} replicas" if self.local_replicas > 1 else ""
+      )
       out.append(
         f"predicted peak RSS of a training process: {human_bytes(peak)} = "
-        f"tables and slots {human_bytes(self.bytes_per_device)} + fixed "
+        f"tables and slots {human_bytes(self.bytes_per_device)}{replicas} + "
+        "fixed "
         f"overhead {human_bytes(self.fixed_overhead_bytes)} (TF runtime "
         f"{human_bytes(RUNTIME_BYTES)}, of which ~470 MiB TF's shared-library "
         f"pages; model, traced steps, input pipeline and evaluation "
@@ -188,16 +243,9 @@ class MemoryPlan:
     out.extend(
       f"{r.table}: {r.placement}: {r.reason}" for r in self.rows if r.reason
     )
+    out.extend(f"REFUSED: {r}" for r in self.refusals)
     out.extend(f"WARNING: {w}" for w in self.warnings)
     return "\n".join(out)
-
-
-def human_bytes(n: float) -> str:
-  for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-    if abs(n) < 1024 or unit == "TiB":
-      return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-    n /= 1024.0
-  return f"{n:.1f} TiB"
 
 
 def _natural_key(name: Any) -> list:
@@ -312,6 +360,96 @@ def _resolve_backend(strategy, backend: str) -> tuple[str, str]:
   return name, reason
 
 
+@gin.register
+@dataclasses.dataclass(frozen=True)
+class EmbeddingPlacement:
+  """Where the planner may put tables, and how big a device is.
+
+  Attributes:
+    device_memory: one device's memory, in bytes or as text ("16GiB",
+      "512MiB"); the tables may use `HEADROOM` of it. None: detected (host
+      RAM shared by the local replicas on CPU; unknown on accelerators,
+      where every table then stays replicated). Setting it on a CPU box
+      plans as for that device, e.g. a TPU v5e chip's 16 GiB.
+    tables: table name -> "replicated" or "row_sharded", forcing the
+      tensorcore backend's placement of those tables (the others are
+      planned); e.g. `{"C10": "row_sharded"}` in gin. Other backends place
+      tables themselves and ignore it (so `recsys export`, on `serving`,
+      reads a training config that sets it).
+    row_layout: which rows a replica owns of a row-sharded table:
+      "strided" (ids `r, r + R, ...`, default) or "contiguous".
+
+  Example (gin):
+    train.placement = @EmbeddingPlacement()
+    EmbeddingPlacement.device_memory = "16GiB"
+    EmbeddingPlacement.tables = {"C10": "row_sharded"}
+  """
+
+  device_memory: int | str | None = None
+  tables: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  row_layout: str = "strided"
+
+  @property
+  def device_memory_bytes(self) -> int | None:
+    """`device_memory` in bytes (None: detect)."""
+    return parse_bytes(self.device_memory, "EmbeddingPlacement.device_memory")
+
+
+_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+_UNITS.update({"tib": 1 << 40, "kb": 10**3, "mb": 10**6, "gb": 10**9})
+
+
+def parse_bytes(value: int | str | None, where: str) -> int | None:
+  """Bytes from an int or text like "16GiB", "1.5 GB", "4096".
+
+  Raises:
+    ValueError: naming `where`, for text that is no size or a size <= 0.
+  """
+  if value is None:
+    return None
+  if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+    raise ValueError(f"{where} = {value!r}; give bytes or text like '16GiB'.")
+  number: float
+  if isinstance(value, str):
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+      raise ValueError(
+        f"{where} = {value!r} is not a size; give bytes or a number with "
+        "one of the units B, KiB, MiB, GiB, TiB, KB, MB, GB (e.g. '16GiB')."
+      )
+    number = float(match.group(1)) * _UNITS[unit]
+  else:
+    number = value
+  if number <= 0:
+    raise ValueError(f"{where} = {value!r}; a device's memory must be > 0.")
+  return int(number)
+
+
+def ids_per_step(
+  feature_config: Mapping[str, Any],
+  bag_widths: Mapping[str, int | None],
+  per_replica_batch: int,
+) -> dict[str, int | None]:
+  """Ids one replica looks up in each table per step (None: unbounded).
+
+  A feature adds `per_replica_batch` ids times its sequence length, its bag
+  width, or 1 (one id per example); a multi-hot feature without a width has
+  no bound.
+  """
+  out: dict[str, int | None] = {}
+  for i, table in enumerate(_tables(feature_config)):
+    total: int | None = 0
+    for path, feature in feature_config.items():
+      if feature.table is not table:
+        continue
+      width = feature.max_sequence_length or bag_widths.get(path, 1)
+      total = None if total is None or width is None else total + width
+    name = table.name if table.name is not None else f"table_{i}"
+    out[name] = None if total is None else total * per_replica_batch
+  return out
+
+
 def plan_memory(
   feature_config: Any,
   optimizer: Any | None = None,
@@ -319,6 +457,8 @@ def plan_memory(
   device_memory_bytes: int | None = None,
   backend: str = "auto",
   num_shards: int | None = None,
+  placement: EmbeddingPlacement | None = None,
+  ids_per_step: Mapping[str, int | None] | None = None,
 ) -> MemoryPlan:
   """Bytes of each table and its slots per device, and whether they fit.
 
@@ -326,19 +466,145 @@ def plan_memory(
     feature_config: nested structure of `FeatureConfig`.
     optimizer: default embedding optimizer for tables without their own.
     strategy: defaults to the current strategy.
-    device_memory_bytes: one device's memory; default: host RAM (shared by
-      the replicas on this host) on CPU, unknown on accelerators.
+    device_memory_bytes: one device's memory; default:
+      `placement.device_memory`, else host RAM (shared by the replicas on
+      this host) on CPU, unknown on accelerators.
     backend: "auto" or a backend name: whether tables can be sharded.
     num_shards: how many devices (parameter servers, TPU cores) a sharded
       table is split over; default: the strategy's parameter servers for
       'sharded', its replicas for 'tpu_embedding'.
+    placement: forced placements and the per-device budget (tensorcore).
+    ids_per_step: table name -> ids one replica looks up per step, for the
+      exchange per step (`ids_per_step()`); None: not reported.
 
   Returns:
     A `MemoryPlan`; `plan.rows` has one `TableMemory` per table, `plan.fits`
-    the verdict, `plan.format()` the printable table.
+    the verdict, `plan.format()` the printable table, `plan.placements()`
+    tensorcore's `placement=` option.
+
+  Raises:
+    ValueError: `placement` names an unknown table or placement.
   """
   strategy = strategy or tf.distribute.get_strategy()
+  placement = placement or EmbeddingPlacement()
   name, _ = _resolve_backend(strategy, backend)
+  source = "given"
+  if device_memory_bytes is None and placement.device_memory is not None:
+    device_memory_bytes = placement.device_memory_bytes
+    source = "EmbeddingPlacement.device_memory"
+  if device_memory_bytes is None:
+    device_memory_bytes, source = _device_memory(strategy)
+  budget = HEADROOM * device_memory_bytes if device_memory_bytes else None
+  tables = _tables(feature_config)
+  if "placement" in backends.get(name).options:
+    rows, refusals = _place_on_replicas(
+      tables, optimizer, strategy, budget, placement, ids_per_step or {}
+    )
+  else:  # placements forced for tensorcore do not apply (e.g. export)
+    rows, refusals = (
+      _place_by_backend(tables, optimizer, strategy, budget, name, num_shards),
+      [],
+    )
+  plan = MemoryPlan(
+    name,
+    rows,
+    device_memory_bytes,
+    source,
+    [],
+    refusals,
+    local_replicas=len(_local_devices(strategy)) or 1,
+  )
+  if plan.fits is False and device_memory_bytes and not refusals:
+    biggest = max(rows, key=lambda r: r.bytes_per_device)
+    placements = sorted({r.placement for r in rows})
+    plan.warnings.append(
+      f"the embedding needs {human_bytes(plan.bytes_per_device)} per device "
+      f"with the {name!r} backend ({', '.join(placements)}), over "
+      f"{HEADROOM:.0%} of the {human_bytes(device_memory_bytes)} a device "
+      f"has ({human_bytes(budget or 0)}); the largest is table "
+      f"{biggest.table!r} ({human_bytes(biggest.bytes_per_device)}). Shard "
+      "the tables ('tpu_embedding' on TPUs with an embedding accelerator, "
+      "'sharded' on parameter servers, tensorcore row-sharded over several "
+      "replicas), shrink vocabularies or dims, or use an optimizer with "
+      "fewer slots (SGD 0, Adagrad 1, Adam/FTRL/AdagradMomentum 2)."
+    )
+  return plan
+
+
+def _memory_row(
+  i: int, table: Any, optimizer: Any, shards: int, **placed: Any
+) -> TableMemory:
+  """Table `i`'s `TableMemory`, split over `shards`, as placed."""
+  opt = table.optimizer if table.optimizer is not None else optimizer
+  slots = tuple(embedding_optimizers.slot_names(opt)) if opt is not None else ()
+  width = table.dim * table.dtype.size
+  placed.setdefault(
+    "bytes_per_device",
+    math.ceil(table.vocabulary_size / shards) * width * (1 + len(slots)),
+  )
+  return TableMemory(
+    table=table.name if table.name is not None else f"table_{i}",
+    vocabulary_size=table.vocabulary_size,
+    dim=table.dim,
+    optimizer=type(opt).__name__ if opt is not None else "none",
+    slots=slots,
+    table_bytes=table.vocabulary_size * width,
+    slot_bytes=len(slots) * table.vocabulary_size * width,
+    shards=shards,
+    **placed,
+  )
+
+
+def _place_on_replicas(
+  tables: list[Any],
+  optimizer: Any,
+  strategy: tf.distribute.Strategy,
+  budget: float | None,
+  placement: EmbeddingPlacement,
+  ids: Mapping[str, int | None],
+) -> tuple[list[TableMemory], list[str]]:
+  """tensorcore: each table replicated or row-sharded over the replicas."""
+  replicas = max(1, strategy.num_replicas_in_sync)
+  whole = [_memory_row(i, t, optimizer, 1) for i, t in enumerate(tables)]
+  sizes = [
+    placement_lib.TableSize(
+      r.table,
+      r.vocabulary_size,
+      r.dim,
+      len(r.slots),
+      ids.get(r.table),
+      t.dtype.size,
+    )
+    for t, r in zip(tables, whole)
+  ]
+  plan = placement_lib.place_tables(sizes, replicas, budget, placement.tables)
+  rows = []
+  for i, (t, placed) in enumerate(zip(tables, plan.placements)):
+    sharded = placed.placement == placement_lib.ROW_SHARDED
+    rows.append(
+      _memory_row(
+        i,
+        t,
+        optimizer,
+        replicas if sharded else 1,
+        bytes_per_device=placed.bytes_per_device,
+        reason=placed.reason,
+        exchange_bytes=placed.exchange_bytes,
+        row_sharded=sharded,
+      )
+    )
+  return rows, plan.refusals
+
+
+def _place_by_backend(
+  tables: list[Any],
+  optimizer: Any,
+  strategy: tf.distribute.Strategy,
+  budget: float | None,
+  name: str,
+  num_shards: int | None,
+) -> list[TableMemory]:
+  """Backends that place tables themselves (parameter servers, TPU cores)."""
   sharded = backends.get(name).capabilities.sharded_tables
   if not sharded:
     can_shard = 1
@@ -348,62 +614,20 @@ def plan_memory(
     can_shard = max(1, strategy.num_replicas_in_sync)
   if sharded and num_shards is not None:
     can_shard = int(num_shards)
-  source = "given"
-  if device_memory_bytes is None:
-    device_memory_bytes, source = _device_memory(strategy)
-  budget = HEADROOM * device_memory_bytes if device_memory_bytes else None
-  rows: list[Any] = []
-  warnings: list[str] = []
-  for i, table in enumerate(_tables(feature_config)):
-    table_name = table.name if table.name is not None else f"table_{i}"
-    opt = table.optimizer if table.optimizer is not None else optimizer
-    slots = (
-      tuple(embedding_optimizers.slot_names(opt)) if opt is not None else ()
-    )
-    width = table.dim * table.dtype.size
-    table_bytes = table.vocabulary_size * width
+  rows = []
+  for i, table in enumerate(tables):
+    total = _memory_row(i, table, optimizer, 1).bytes_per_device
     if name == "sharded":  # placement is a software choice: per table
-      shards, reason = _choose(
-        table_bytes * (1 + len(slots)), can_shard, budget, name
-      )
+      shards, reason = _choose(total, can_shard, budget, name)
     elif can_shard > 1:  # the TPU embedding engine shards every table
       shards, reason = (
         can_shard,
         (f"{name!r} shards every table over the {can_shard} TPU cores"),
       )
     else:
-      shards, reason = _choose(table_bytes * (1 + len(slots)), 1, budget, name)
-    rows_per_device = math.ceil(table.vocabulary_size / shards)
-    rows.append(
-      TableMemory(
-        table=table_name,
-        vocabulary_size=table.vocabulary_size,
-        dim=table.dim,
-        optimizer=type(opt).__name__ if opt is not None else "none",
-        slots=slots,
-        table_bytes=table_bytes,
-        slot_bytes=len(slots) * table_bytes,
-        shards=shards,
-        bytes_per_device=rows_per_device * width * (1 + len(slots)),
-        reason=reason,
-      )
-    )
-  plan = MemoryPlan(name, rows, device_memory_bytes, source, warnings)
-  if plan.fits is False and device_memory_bytes:
-    budget = HEADROOM * device_memory_bytes
-    biggest = max(rows, key=lambda r: r.bytes_per_device)
-    placements = sorted({r.placement for r in rows})
-    warnings.append(
-      f"the embedding needs {human_bytes(plan.bytes_per_device)} per device "
-      f"with the {name!r} backend ({', '.join(placements)}), over "
-      f"{HEADROOM:.0%} of the {human_bytes(device_memory_bytes)} a device "
-      f"has ({human_bytes(budget)}); the largest is table {biggest.table!r} "
-      f"({human_bytes(biggest.bytes_per_device)}). Shard the tables "
-      "('tpu_embedding' on TPUs with an embedding accelerator, 'sharded' on "
-      "parameter servers), shrink vocabularies or dims, or use an optimizer "
-      "with fewer slots (SGD 0, Adagrad 1, Adam/FTRL/AdagradMomentum 2)."
-    )
-  return plan
+      shards, reason = _choose(total, 1, budget, name)
+    rows.append(_memory_row(i, table, optimizer, shards, reason=reason))
+  return rows
 
 
 class MemoryPlanError(RecsysError, ValueError):
@@ -426,14 +650,16 @@ def check_fits(plan: MemoryPlan) -> None:
     for r in biggest[:5]
   )
   more = f" and {len(biggest) - 5} smaller" if len(biggest) > 5 else ""
+  refused = "".join(f" {r[0].upper()}{r[1:]}." for r in plan.refusals)
   raise MemoryPlanError(
     f"the embedding tables need {human_bytes(plan.bytes_per_device)} per "
     f"device, over {HEADROOM:.0%} of the "
     f"{human_bytes(plan.device_memory_bytes or 0)} "
-    f"available ({plan.memory_source}): {listed}{more}. Cap the "
+    f"available ({plan.memory_source}): {listed}{more}.{refused} Cap the "
     "vocabularies (e.g. CriteoTSV.max_vocab_size, or --gin_file "
     "experiments/hardware/cpu_small.gin), lower EmbeddingSettings.dim, use "
-    "an optimizer with fewer slots, or shard the tables; `recsys info "
+    "an optimizer with fewer slots, or shard the tables (tensorcore: "
+    "row-sharded over several replicas, EmbeddingPlacement); `recsys info "
     "--gin_file ...` prints the plan. To try anyway pass --skip_memory_check "
     "(gin: train.skip_memory_check = True)."
   )
@@ -445,6 +671,8 @@ def describe_environment(
   optimizer: Any | None = None,
   backend: str = "auto",
   device_memory_bytes: int | None = None,
+  placement: EmbeddingPlacement | None = None,
+  ids_per_step: Mapping[str, int | None] | None = None,
 ) -> str:
   """The report of `recsys info`: devices, strategy, TPU, backend, memory.
 
@@ -453,7 +681,7 @@ def describe_environment(
     feature_config: if given, the memory plan of its tables is appended.
     optimizer: default embedding optimizer of that config.
     backend: "auto" or a forced backend name.
-    device_memory_bytes: see `plan_memory`.
+    device_memory_bytes, placement, ids_per_step: see `plan_memory`.
 
   Returns:
     Multi-line text.
@@ -477,7 +705,13 @@ def describe_environment(
   )
   if feature_config is not None:
     plan = plan_memory(
-      feature_config, optimizer, strategy, device_memory_bytes, backend
+      feature_config,
+      optimizer,
+      strategy,
+      device_memory_bytes,
+      backend,
+      placement=placement,
+      ids_per_step=ids_per_step,
     )
     lines.append("embedding memory per device:")
     lines.extend("  " + line for line in plan.format().splitlines())

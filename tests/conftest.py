@@ -13,6 +13,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import recsys  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TF)
+from recsys import _tf_internal  # noqa: E402
 
 NUM_LOGICAL_CPUS = 4
 
@@ -35,10 +36,10 @@ _STRATEGIES = {}
 def mirrored_strategy(num_replicas: int) -> tf.distribute.MirroredStrategy:
   """A MirroredStrategy over `num_replicas` logical CPUs (one per size).
 
-  Collective ops key their groups from 1 in every MirroredStrategy, so two
-  strategies of different sizes in one process collide ("joining a group with
-  size 4, but that group has size 2"). Tests share one strategy per size and
-  give each size its own key range.
+  Tests share one strategy per size: building one traces nothing, but each
+  test's functions would be traced again for a new one. Its collective keys
+  are its own (`recsys._tf_internal.mirrored_strategy`), as are those of the
+  strategies the Trainer builds.
   """
   cpus = tf.config.list_logical_devices("CPU")
   if len(cpus) < num_replicas:
@@ -46,8 +47,7 @@ def mirrored_strategy(num_replicas: int) -> tf.distribute.MirroredStrategy:
       f"needs {num_replicas} logical CPUs, TF runtime has {len(cpus)}"
     )
   if num_replicas not in _STRATEGIES:
-    tf.distribute.MirroredStrategy._collective_key_base = 10_000 * num_replicas  # pylint: disable=protected-access
-    _STRATEGIES[num_replicas] = tf.distribute.MirroredStrategy(
+    _STRATEGIES[num_replicas] = _tf_internal.mirrored_strategy(
       [d.name for d in cpus[:num_replicas]]
     )
   return _STRATEGIES[num_replicas]

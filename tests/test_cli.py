@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -185,6 +186,24 @@ def test_info_plans_the_experiment_tables_with_its_optimizer(capsys):
     "C4     10000  8    FTRL       2      312.5 KiB  625.0 KiB  937.5 KiB"
     in out
   )
+
+
+def test_info_plans_row_sharding_for_the_runs_replicas_and_budget(capsys):
+  """The run's replicas (train.num_cpu_replicas) and a device's memory: the
+  largest table is row-sharded, the rest fit replicated."""
+  bindings = [
+    "train.num_cpu_replicas = 2",
+    "train.placement = @EmbeddingPlacement()",
+    # Adam tables: 4.0 MiB replicated; C4 (1.8 MiB) halved fits 3.2 MiB.
+    "EmbeddingPlacement.device_memory = '4MiB'",
+  ]
+  flags = sum((["--gin_bindings", b] for b in bindings), [])
+  gin_file = "experiments/synthetic_dlrm.gin"
+  assert cli.main(["info", "--gin_file", gin_file, *flags]) == 0
+  out = capsys.readouterr().out
+  assert re.search(r"^  C4 .* 937\.5 KiB +row_sharded /2 ", out, re.M), out
+  assert re.search(r"^  C3 .* 937\.5 KiB +replicated ", out, re.M), out
+  assert "of 4.0 MiB (EmbeddingPlacement.device_memory)" in out
 
 
 @pytest.mark.slow  # ~15 s: one recsys process, two replicas

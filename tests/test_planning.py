@@ -187,9 +187,15 @@ def test_replicated_backend_names_the_table_too_big_for_one_device():
   )
   rows = {r.table: r for r in plan.rows}
   assert rows["big"].placement == rows["small"].placement == "replicated"
-  assert "it needs a sharding backend" in rows["big"].reason
-  assert not rows["small"].reason
+  assert rows["big"].reason == "replicated: one replica"
+  assert plan.refusals == [
+    "table 'big' needs 429.7 KiB per device replicated (5000 x 11, 1 "
+    "slot(s)), over the per-device budget 343.8 KiB: train on several "
+    "replicas with it row-sharded"
+  ]
   assert plan.fits is False
+  with pytest.raises(planning.MemoryPlanError, match="Table 'big' needs"):
+    planning.check_fits(plan)
 
 
 def test_tables_are_listed_in_numeric_order():
@@ -283,3 +289,152 @@ def test_accelerator_plan_predicts_no_host_peak():
   )
   assert plan.predicted_peak_rss_bytes is None
   assert "predicted peak RSS" not in plan.format()
+
+
+# -- tensorcore: tables placed on the replicas ---------------------------------
+
+
+def _dlrm_like():
+  """'small' 23x7, 'big' 5000x11, both Adagrad (one slot); 'big' also has a
+  multi-hot feature of 3 ids."""
+  small = E.TableConfig(23, 7, name="small")
+  big = E.TableConfig(5000, 11, name="big")
+  return {
+    "s": E.FeatureConfig(small),
+    "b": E.FeatureConfig(big),
+    "tags": E.FeatureConfig(big),
+  }
+
+
+SMALL, BIG = 23 * 7 * 4 * 2, 5000 * 11 * 4 * 2  # table + accumulators
+IDS = {"small": 6, "big": 6 * (1 + 3)}  # per replica: 6 examples
+
+
+def _plan(replicas, memory, **kwargs):
+  ids = planning.ids_per_step(_dlrm_like(), {"tags": 3}, 6)
+  assert ids == IDS
+  return planning.plan_memory(
+    _dlrm_like(),
+    E.Adagrad(0.1),
+    mirrored_strategy(replicas) if replicas > 1 else None,
+    backend="tensorcore",
+    ids_per_step=ids,
+    placement=planning.EmbeddingPlacement(device_memory=memory, **kwargs),
+  )
+
+
+def test_tensorcore_keeps_tables_replicated_while_they_fit():
+  plan = _plan(2, "1GiB")
+  rows = {r.table: r for r in plan.rows}
+  assert plan.placements() == {"small": "replicated", "big": "replicated"}
+  assert rows["big"].bytes_per_device == BIG
+  assert plan.memory_source == "EmbeddingPlacement.device_memory"
+  # Replicated on 2 replicas: the ids (int64) and their gradients gathered.
+  assert rows["big"].exchange_bytes == 24 * (8 + 11 * 4)
+  assert plan.fits and not plan.refusals
+
+
+def test_tensorcore_row_shards_the_largest_tables_until_they_fit():
+  # The budget (HEADROOM x memory) holds both tables only with 'big' halved.
+  memory = int((SMALL + BIG / 2 + 1000) / planning.HEADROOM)
+  for replicas in (2, 4):
+    plan = _plan(replicas, memory)
+    rows = {r.table: r for r in plan.rows}
+    assert plan.placements() == {"small": "replicated", "big": "row_sharded"}
+    assert rows["big"].placement == f"row_sharded /{replicas}"
+    per_device = math.ceil(5000 / replicas) * 11 * 4 * 2
+    assert rows["big"].bytes_per_device == per_device
+    assert plan.bytes_per_device == SMALL + per_device and plan.fits
+    # Ids gathered, the owners' rows for every replica's ids all-reduced,
+    # the gradients gathered.
+    assert rows["big"].exchange_bytes == 24 * (8 + 11 * 4 * (replicas + 1))
+    assert rows["small"].exchange_bytes == 6 * (8 + 7 * 4)
+    text = plan.format()
+    assert "big: row_sharded /" in text and "over the budget" in text
+    assert "exchange per step and replica" in text
+
+
+def test_refuses_a_table_too_big_even_row_sharded_naming_it():
+  plan = _plan(2, BIG / 2 / planning.HEADROOM / 2)  # half a shard fits
+  assert plan.placements()["big"] == "row_sharded"
+  assert plan.refusals == [
+    "table 'big' needs 214.8 KiB per device even row-sharded over 2 "
+    "replica(s) (5000 x 11, 1 slot(s)), over the per-device budget "
+    "107.4 KiB: add replicas, shrink the vocabulary or dim, or use an "
+    "optimizer with fewer slots"
+  ]
+  assert "REFUSED: table 'big'" in plan.format()
+  with pytest.raises(planning.MemoryPlanError, match="Table 'big' needs"):
+    planning.check_fits(plan)
+
+
+def test_forced_placements_are_kept_and_checked():
+  plan = _plan(2, "1GiB", tables={"small": "row_sharded"})
+  assert plan.placements() == {"small": "row_sharded", "big": "replicated"}
+  assert "forced" in next(r.reason for r in plan.rows if r.table == "small")
+  # Forced replicated, 'big' does not fit: refused, with the way out.
+  refused = _plan(2, BIG, tables={"big": "replicated"})
+  assert refused.refusals and "place it 'row_sharded'" in refused.refusals[0]
+  with pytest.raises(ValueError, match=r"unknown tables \['nope'\]"):
+    _plan(2, "1GiB", tables={"nope": "row_sharded"})
+  with pytest.raises(ValueError, match=r"placement\['big'\] = 'sharded'"):
+    _plan(2, "1GiB", tables={"big": "sharded"})
+  # Backends that place tables themselves ignore it (export on 'serving').
+  tpu = planning.plan_memory(
+    _dlrm_like(),
+    E.SGD(0.1),
+    fake_tpu_strategy("V1", num_replicas=4),
+    placement=planning.EmbeddingPlacement(tables={"big": "replicated"}),
+  )
+  assert {r.placement for r in tpu.rows} == {"sharded /4"}
+
+
+def test_one_replica_cannot_shard_and_memory_unknown_replicates():
+  one = _plan(1, BIG)  # 'big' alone is over HEADROOM x BIG
+  assert one.placements()["big"] == "replicated"
+  assert "train on several replicas" in one.refusals[0]
+  unknown = planning.plan_memory(
+    _dlrm_like(),
+    E.Adagrad(0.1),
+    fake_tpu_strategy("UNSUPPORTED", num_replicas=4),
+  )
+  assert set(unknown.placements().values()) == {"replicated"}
+  assert "memory is unknown" in unknown.rows[0].reason
+
+
+@pytest.mark.parametrize(
+  "text,expected",
+  [
+    ("16GiB", 16 << 30),
+    ("1.5 GB", 1_500_000_000),
+    ("512MiB", 512 << 20),
+    (4096, 4096),
+  ],
+)
+def test_device_memory_takes_bytes_or_sizes(text, expected):
+  assert planning.EmbeddingPlacement(text).device_memory_bytes == expected
+
+
+def test_device_memory_refuses_what_is_no_size():
+  with pytest.raises(ValueError, match="'16 gigs' is not a size"):
+    planning.EmbeddingPlacement("16 gigs").device_memory_bytes  # noqa: B018
+  with pytest.raises(ValueError, match="must be > 0"):
+    planning.EmbeddingPlacement(0).device_memory_bytes  # noqa: B018
+
+
+def test_info_prints_placement_bytes_and_exchange_per_table():
+  text = planning.describe_environment(
+    mirrored_strategy(2),
+    _dlrm_like(),
+    E.Adagrad(0.1),
+    placement=planning.EmbeddingPlacement(tables={"big": "row_sharded"}),
+    ids_per_step=IDS,
+  )
+  assert "exchange/step" in text
+  big = next(
+    line for line in text.splitlines() if line.strip().startswith("big ")
+  )
+  assert (
+    "row_sharded /2" in big
+    and planning.human_bytes(math.ceil(5000 / 2) * 11 * 4 * 2) in big
+  )

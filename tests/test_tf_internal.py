@@ -4,6 +4,8 @@ what one of them reads fails here and not inside the Keras layer."""
 
 import os
 
+import pytest
+
 from recsys import _tf_internal
 from recsys._keras import keras, tf  # Keras 2 before TF
 
@@ -88,3 +90,26 @@ def test_gradient_request_covers_a_wrapper_sharing_the_handle():
   assert request.covers(inner)
   assert not request.covers(tf.Variable([[0.0]]))
   assert not request.covers(tf.constant(1.0))
+
+
+def test_mirrored_strategies_collect_under_keys_of_their_own():
+  # Two TF MirroredStrategies in one process number their collectives alike,
+  # so one's all-gather of 3 values meets the other's of 5 and aborts every
+  # collective in the process; the helper's strategies never meet.
+  cpus = [d.name for d in tf.config.list_logical_devices("CPU")[:2]]
+  if len(cpus) < 2:
+    pytest.skip("needs 2 logical CPUs")
+  first = _tf_internal.mirrored_strategy(cpus)
+  second = _tf_internal.mirrored_strategy(cpus)
+
+  def gathered(strategy, size):
+    @tf.function
+    def gather():
+      ctx = lambda: tf.distribute.get_replica_context()  # noqa: E731
+      return strategy.run(lambda: ctx().all_gather(tf.ones([size]), axis=0))
+
+    return [t.shape[0] for t in strategy.experimental_local_results(gather())]
+
+  assert gathered(first, 3) == [6, 6]
+  assert gathered(second, 5) == [10, 10]
+  assert gathered(first, 3) == [6, 6]

@@ -2,14 +2,16 @@
 
 `make_backend` resolves `train.backend` (the one place "auto" is decided,
 `backends.registry.resolve`), plans compilation (`compile.plan`), checks
-`train.backend_options` and the tables' memory (`recsys.planning`) before a
-table is allocated, and constructs the backend.
+`train.backend_options`, plans the tables' memory and placement
+(`recsys.planning`: logged at start, refused before a table is allocated
+when it does not fit) and constructs the backend with that placement.
 
 Example:
   >>> name, reason, plan, backend = make_backend(
   ...   settings, source, strategy, feature_config, optimizer)
 """
 
+import logging
 from typing import Any
 
 from backends import registry
@@ -17,6 +19,8 @@ from recsys import planning
 from recsys._keras import tf
 from recsys.training import compile as compile_lib
 from recsys.training.settings import TrainerConfigError, TrainSettings
+
+log = logging.getLogger("recsys.training")
 
 
 def make_backend(
@@ -47,16 +51,15 @@ def make_backend(
     registry.check_options(name, st.backend_options or {})
   except registry.UnknownBackendOptionError as e:
     raise TrainerConfigError(f"train.backend_options {e}") from e
-  options.update(st.backend_options or {})
+  plan = _plan(st, strategy, feature_config, embedding_optimizer, name, options)
   if not st.skip_memory_check:  # before a table is allocated
-    planning.check_fits(
-      planning.plan_memory(
-        feature_config,
-        embedding_optimizer,
-        strategy,
-        backend=name,
-      )
-    )
+    planning.check_fits(plan)
+  if "placement" in backend_cls.options:
+    options["placement"] = plan.placements()
+    options["row_layout"] = (
+      st.placement or planning.EmbeddingPlacement()
+    ).row_layout
+  options.update(st.backend_options or {})
   backend = backend_cls(
     feature_config,
     embedding_optimizer,
@@ -64,3 +67,38 @@ def make_backend(
     **options,
   )
   return name, reason, compile_plan, backend
+
+
+def _plan(
+  st: TrainSettings,
+  strategy: tf.distribute.Strategy,
+  feature_config: dict[str, Any],
+  embedding_optimizer: Any,
+  name: str,
+  options: dict[str, Any],
+) -> planning.MemoryPlan:
+  """The tables' memory plan and placement, logged."""
+  placement = st.placement
+  if placement is not None and not isinstance(
+    placement, planning.EmbeddingPlacement
+  ):
+    raise TrainerConfigError(
+      f"train.placement is {placement!r}; expected @EmbeddingPlacement() "
+      "(gin) or recsys.planning.EmbeddingPlacement(...)."
+    )
+  per_replica = int(st.global_batch_size) // strategy.num_replicas_in_sync
+  try:
+    plan = planning.plan_memory(
+      feature_config,
+      embedding_optimizer,
+      strategy,
+      backend=name,
+      placement=placement,
+      ids_per_step=planning.ids_per_step(
+        feature_config, options.get("bag_widths") or {}, per_replica
+      ),
+    )
+  except ValueError as e:
+    raise TrainerConfigError(f"train.placement: {e}") from e
+  log.info("embedding tables (%s backend):\n%s", name, plan.format())
+  return plan

@@ -53,7 +53,11 @@ EXECUTION_SETTINGS = frozenset(
     "allow_changed_settings",
     "skip_memory_check",
     "exclude_seen",
+    "placement",
   )
+) | frozenset(  # where tables live: the same numbers on any placement
+  f"EmbeddingPlacement.{name}"
+  for name in ("device_memory", "tables", "row_layout")
 )
 
 

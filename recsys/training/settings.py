@@ -77,6 +77,11 @@ class TrainSettings:
       the candidates its user did not interact with in the training split
       (never excluding the pair's own candidate), as production retrieval
       and RecBole's full ranking do; False ranks the whole corpus.
+    placement: `recsys.planning.EmbeddingPlacement`: one device's memory
+      and placements forced per table. The planner places each table of the
+      tensorcore backend replicated or row-sharded over the replicas
+      (printed at start) and refuses a plan that does not fit (None:
+      detected memory, nothing forced).
     feature_config: with the data an unbatched `tf.data.Dataset` of
       `(features dict, label)` (Python callers): the dict feature name ->
       `tf.tpu.experimental.embedding.FeatureConfig` to train, used as is
@@ -104,6 +109,7 @@ class TrainSettings:
   allow_changed_settings: bool = False
   skip_memory_check: bool = False
   exclude_seen: bool = False
+  placement: Any | None = None
   feature_config: Mapping[str, Any] | None = None
 
   @classmethod

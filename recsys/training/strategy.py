@@ -21,6 +21,7 @@ import signal
 import threading
 
 from backends import hardware
+from recsys import _tf_internal
 from recsys._keras import tf
 from recsys.errors import RecsysError
 
@@ -198,7 +199,7 @@ def make_strategy(
     gpus = tf.config.list_logical_devices("GPU")
   if len(gpus) > 1:
     return (
-      tf.distribute.MirroredStrategy([d.name for d in gpus]),
+      _tf_internal.mirrored_strategy([d.name for d in gpus]),
       f"MirroredStrategy over {len(gpus)} GPUs",
     )
   if len(gpus) == 1:
@@ -209,7 +210,7 @@ def make_strategy(
   if num_cpu_replicas > 1:
     cpus = logical_cpus(num_cpu_replicas)
     return (
-      tf.distribute.MirroredStrategy([d.name for d in cpus]),
+      _tf_internal.mirrored_strategy([d.name for d in cpus]),
       f"MirroredStrategy over {num_cpu_replicas} logical CPUs",
     )
   return tf.distribute.get_strategy(), "default strategy on the CPU"

@@ -134,6 +134,30 @@ def _feature_specs() -> tuple[list[Any] | None, str]:
   )
 
 
+def configured_placement(
+  feature_config: Mapping[str, Any] | None, strategy: tf.distribute.Strategy
+) -> dict[str, Any]:
+  """`recsys info`'s placement settings: `placement` and `ids_per_step`.
+
+  What `train` would plan with: `train.placement` and, from `train.data`'s
+  bag widths (built or planned without its files, as `configured_embedding`
+  does) and `train.global_batch_size`, the ids a replica looks up per step
+  in each table (for the exchange per step).
+  """
+  from recsys import planning  # pylint: disable=g-import-not-at-top
+
+  out: dict[str, Any] = {"placement": config.value("train.placement")}
+  specs = _feature_specs()[0] if feature_config is not None else None
+  if feature_config is None or specs is None:  # no tables, no exchange
+    return out
+  widths = {spec.name: spec.max_ids for spec in specs if spec.multi_hot}
+  batch = config.value("train.global_batch_size") or 1024
+  out["ids_per_step"] = planning.ids_per_step(
+    feature_config, widths, int(batch) // strategy.num_replicas_in_sync
+  )
+  return out
+
+
 @gin.configurable("train")
 def train(
   model_dir: str,
@@ -163,6 +187,7 @@ def train(
   allow_changed_settings: bool = False,
   skip_memory_check: bool = False,
   exclude_seen: bool = False,
+  placement: Any | None = None,
   strategy: tf.distribute.Strategy | None = None,
   action: str = "train",
   feature_config: Mapping[str, Any] | None = None,

@@ -124,10 +124,13 @@ def train_step(emb):
 
 
 def table_state(emb):
+  """Every table and slot by "<table>/<slot>" ("<table>/parameters")."""
   out = {}
-  for name, variables in emb._variables.items():  # pylint: disable=protected-access
-    for key, var in variables.items():
-      out[f"{name}/{key}"] = var.numpy()
+  for table, var in emb.embedding_tables.items():
+    out[f"{table.name}/parameters"] = tf.convert_to_tensor(var).numpy()
+  for name, slots in emb.slot_variables().items():
+    for key, var in slots.items():
+      out[f"{name}/{key}"] = tf.convert_to_tensor(var).numpy()
   return out
 
 
@@ -247,10 +250,10 @@ def test_two_replicas_equal_one_replica_compiled():
     assert w is None  # every weighted feature is padded
     replicated(f, w)
   assert_close(table_state(want), table_state(emb))
-  for name, variables in emb._variables.items():  # pylint: disable=protected-access
-    local = strategy.experimental_local_results(variables["parameters"])
+  for table, variable in emb.embedding_tables.items():
+    local = strategy.experimental_local_results(variable)
     np.testing.assert_array_equal(
-      local[0].numpy(), local[1].numpy(), err_msg=name
+      local[0].numpy(), local[1].numpy(), err_msg=table.name
     )
 
 

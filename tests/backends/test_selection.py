@@ -81,7 +81,7 @@ def test_auto_is_logged_in_one_line_with_its_reason(caplog):
   assert lines == [
     "embedding backend auto -> tensorcore (FakeTPUStrategy, "
     "embedding_feature=UNSUPPORTED: no embedding accelerator, "
-    "tables replicated on the TensorCores)"
+    "tables on the TensorCores (replicated or row-sharded, per table))"
   ]
 
 

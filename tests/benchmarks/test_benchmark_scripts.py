@@ -68,3 +68,33 @@ def test_big_table_threads_reports_every_setting():
 def test_kernel_ops_threads_times_each_kernel():
   out = _run("benchmarks/kernel_ops_threads.py", "1", "1024")
   assert re.findall(r"^(\S+) [\d.]+ ms, [\d.]+ CPU ms$", out, re.MULTILINE), out
+
+
+@pytest.mark.slow
+def test_row_sharding_reports_every_placement_and_the_budget_run():
+  out = _run(
+    "benchmarks/row_sharding.py",
+    "--loop",
+    "1",
+    "--reps",
+    "1",
+    "--shard_largest",
+    "1",
+    "--layouts",
+    "strided",
+    "--budget",
+    "--budget_steps",
+    "2",
+    "--gin_bindings",
+    "SyntheticCTR.vocab_sizes = (300, 40)",
+    "--gin_bindings",
+    "SyntheticCTR.multi_hot_sizes = (1, 3)",
+    "--gin_bindings",
+    "train.global_batch_size = 32",
+    "--gin_bindings",
+    "SyntheticCTR.num_eval_examples = 64",
+  )
+  for row in ("replicated", "sharded/strided"):
+    assert re.search(rf"^\| {row} \| [\d.]+ \|", out, re.MULTILINE), out
+  assert "1 replica, replicated: refused" in out, out
+  assert "2 replicas: the planner row-shards ['C1'" in out, out

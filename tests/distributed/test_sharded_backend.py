@@ -23,6 +23,7 @@ from backends import (
   sharded,  # noqa: E402
 )
 from backends import reference_optimizers as ref  # noqa: E402
+from backends.storage import parameter_servers  # noqa: E402
 from tests.distributed import cluster as cluster_lib  # noqa: E402
 from tests.distributed import sharded_case as case  # noqa: E402
 
@@ -232,7 +233,7 @@ def test_table_partitioner_splits_only_tables_being_built():
   part = sharded.TablePartitioner(num_shards=4)
   shape = tf.TensorShape([23, 7])
   assert part(shape, tf.float32) == [1, 1]  # a dense-model variable
-  with sharded._building_tables():  # pylint: disable=protected-access
+  with parameter_servers.building_tables():
     assert part(shape, tf.float32) == [4, 1]
     assert part(tf.TensorShape([3, 7]), tf.float32) == [3, 1]  # <= rows
     by_size = sharded.TablePartitioner(4, min_shard_bytes=23 * 7 * 4 // 2)

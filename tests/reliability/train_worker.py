@@ -6,10 +6,13 @@ Trains the trainer tests' tiny DLRM with a checkpoint after every step (so a
 kill often lands inside a checkpoint write), prints `resumed <step>` once
 built and `step <n>` after each step, and saves every variable a step changes
 to OUT.npz when training completes. Exit status: 0 done, 143 stopped by
-SIGTERM after saving (what `recsys train` returns).
+SIGTERM after saving (what `recsys train` returns). With
+RECSYS_TEST_ROW_SHARDED=R in the environment it trains on R logical CPU
+replicas with every table row-sharded over them.
 """
 
 import logging
+import os
 import sys
 
 import numpy as np
@@ -27,12 +30,30 @@ class _PrintSteps(logging.Handler):
       print(message.split("/")[0], flush=True)
 
 
-def main(model_dir: str, out_path: str, steps: int) -> int:
-  tf.config.experimental.enable_op_determinism()
-  logging.getLogger("recsys.training").addHandler(_PrintSteps())
-  logging.getLogger("recsys.training").setLevel(logging.INFO)
-  trainer = test_trainer.make_trainer(
+#: The tables RECSYS_TEST_ROW_SHARDED row-shards: all of them.
+ROW_SHARDED = {"user": "row_sharded", "tags": "row_sharded"}
+
+
+def _row_sharded() -> dict:
+  """The strategy and placement of RECSYS_TEST_ROW_SHARDED (or nothing)."""
+  replicas = int(os.environ.get("RECSYS_TEST_ROW_SHARDED", "0"))
+  if replicas < 2:
+    return {}
+  from recsys import planning  # pylint: disable=g-import-not-at-top
+  from recsys.training import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+
+  strategy, _ = strategy_lib.make_strategy(num_cpu_replicas=replicas)
+  return {
+    "strategy": strategy,
+    "placement": planning.EmbeddingPlacement(tables=ROW_SHARDED),
+  }
+
+
+def make_trainer(model_dir: str, steps: int, **options):
+  """The worker's trainer: a checkpoint after every step, `options` added."""
+  return test_trainer.make_trainer(
     model_dir,
+    **options,
     train_steps=steps,
     steps_per_loop=1,
     checkpoint_every=1,
@@ -40,6 +61,13 @@ def main(model_dir: str, out_path: str, steps: int) -> int:
     summaries=False,
     eval_steps=1,
   )
+
+
+def main(model_dir: str, out_path: str, steps: int) -> int:
+  tf.config.experimental.enable_op_determinism()
+  logging.getLogger("recsys.training").addHandler(_PrintSteps())
+  logging.getLogger("recsys.training").setLevel(logging.INFO)
+  trainer = make_trainer(model_dir, steps, **_row_sharded())
   print(f"resumed {trainer.restored_step}", flush=True)
   try:
     trainer.train()

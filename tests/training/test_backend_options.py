@@ -32,7 +32,7 @@ def test_unknown_option_lists_the_declared_ones():
     registry.UnknownBackendOptionError,
     match=r"\['invalid_id'\] are not options of the 'tensorcore' backend; "
     r"it takes \['bag_widths', 'fused_kernels', 'invalid_ids', "
-    r"'static_shapes'\]",
+    r"'placement', 'row_layout', 'static_shapes'\]",
   ):
     registry.check_options("tensorcore", {"invalid_id": "drop"})
   registry.check_options("tensorcore", {"invalid_ids": "drop"})

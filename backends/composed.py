@@ -1,0 +1,439 @@
+"""Backends that own their tables: a storage per table x an engine per step.
+
+`ComposedEmbedding` is the lifecycle every such backend shares (build,
+lookup, apply_gradients, input counters, preprocess, V0's API) over two
+independent choices:
+
+* where each table's rows live — its storage (`backends.storage`):
+  replicated on every replica, row-sharded over the replicas, or
+  row-sharded over parameter servers, chosen per table by the backend
+  (`_make_storage`);
+* how a step computes — the engine (`backends.engines`): the dynamic one
+  (fused CPU kernels or TF ops) or the static XLA path, chosen per trace.
+
+Every engine runs against every storage, joined by one step type
+(`backends.table_step.TableStep`). `tensorcore` (replicated or row-sharded
+over the replicas) and `sharded` (parameter servers) are this class with
+their storages.
+
+Example:
+  >>> class MyBackend(ComposedEmbedding):
+  ...   name = "mine"
+  ...   def _make_storage(self, table):
+  ...     return replicated.Replicated(
+  ...         table, self.table_name(table), self.optimizer_for(table),
+  ...         self.strategy)
+"""
+
+import abc
+from collections.abc import Mapping
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
+
+from backends import base, hardware, kernels, optimizers
+from backends import input_checks as checks_lib
+from backends import inputs as inputs_lib
+from backends import pending as pending_lib
+from backends.engines import dynamic, in_xla_context, static
+from backends.input_counters import InputCounters
+from backends.storage import TableStorage, Tracker
+from backends.table_step import Features
+
+# The backend has no data-dependent Python control flow: AutoGraph need not
+# convert it (faster traces), and its errors reach the caller as raised.
+_not_converted = tf.autograph.experimental.do_not_convert
+
+
+class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
+  """Owned tables: each in its storage, each step on an engine.
+
+  Args:
+    feature_config: nested structure of `FeatureConfig`.
+    optimizer: default embedding optimizer for tables without one.
+    strategy: defaults to the strategy in scope.
+    bag_widths: see `EmbeddingBackend`; `preprocess` pads sparse and ragged
+      bags to these widths, which gives compiled steps static shapes (and a
+      static-size exchange between replicas).
+    invalid_ids: "error" (default), "drop" or "oov": what to do with an id
+      outside `[0, vocabulary_size)` (see `backends.inputs.validate`).
+      Features with `validate_weights_and_indices=False` are not checked.
+    fused_kernels: on CPU-only strategies, run training lookups and updates
+      with the fused C++ kernels of `backends.kernels` (built on first use;
+      the TF ops when they cannot be). False: always the TF ops.
+    static_shapes: run the static engine (`backends.engines.static`) that a
+      compiled step needs. None (default): whenever the step is compiled
+      (under `tf.function(jit_compile=True)` or a TPUStrategy), and for
+      lookups whose table gradients a tape may take on several replicas.
+      True: always (what a compiled step computes, also uncompiled, e.g. on
+      CPU replicas, whose collectives XLA cannot compile). False: never
+      (a compiled step then fails).
+  """
+
+  #: Whether lookups count refused and cut ids (per-replica counters).
+  _counts_inputs = True
+
+  def __init__(
+    self,
+    feature_config: Any,
+    optimizer: Any | None = None,
+    strategy: tf.distribute.Strategy | None = None,
+    *,
+    bag_widths: None | int | Mapping[str, int] = None,
+    invalid_ids: str = "error",
+    fused_kernels: bool = True,
+    static_shapes: bool | None = None,
+  ):
+    super().__init__(feature_config, optimizer, strategy, bag_widths=bag_widths)
+    self._use_fused_kernels = bool(fused_kernels)
+    if static_shapes not in (None, True, False):
+      raise ValueError(
+        f"static_shapes={static_shapes!r}; use None, True or False."
+      )
+    self._static_shapes = static_shapes
+    if invalid_ids not in checks_lib.ID_POLICIES:
+      raise ValueError(
+        f"invalid_ids={invalid_ids!r}; use one of "
+        f"{', '.join(checks_lib.ID_POLICIES)}."
+      )
+    self._invalid_ids = invalid_ids
+    self._layouts = [
+      checks_lib.FeatureLayout(path, feature, self.table_name(feature.table))
+      for path, feature in self._flat_features
+    ]
+    for table in self._tables:
+      opt = self.optimizer_for(table)
+      if opt is not None:
+        optimizers.check_supported(opt, self.table_name(table))
+    self._features = data_structures.NoDependency(
+      Features(
+        self._layouts,
+        self._bag_widths,
+        invalid_ids,
+        [(t, self.table_name(t)) for t in self._tables],
+      )
+    )
+    # Pending training lookups, per replica thread (MirroredStrategy runs
+    # each replica's step in its own thread and may interleave them).
+    self._pending = data_structures.NoDependency(
+      pending_lib.PendingLookups(self.name)
+    )
+    self._storages: dict[str, TableStorage] = data_structures.NoDependency({})
+    self._counters: InputCounters | None = None
+    self._kernels: Any = None
+    self._dynamic_engine = data_structures.NoDependency(
+      dynamic.DynamicEngine(self._features)
+    )
+    self._static_engine = data_structures.NoDependency(
+      static.StaticEngine(self._features)
+    )
+
+  @abc.abstractmethod
+  def _make_storage(self, table: Any) -> TableStorage:
+    """The storage of `table` (created by `build`)."""
+
+  # -- variables -----------------------------------------------------------
+
+  @base.cross_replica_build
+  def build(self) -> None:
+    """Creates tables and slots under the backend's strategy (idempotent)."""
+    if self._built:
+      return
+    with tf.init_scope(), self._strategy.scope():
+      tracker = Tracker(
+        self._add_variable_with_custom_getter,
+        lambda name, obj: self._track_trackable(obj, name=name),
+      )
+      storages = {}
+      for table in self._tables:
+        storage = self._make_storage(table)
+        storage.create(tracker)
+        storages[self.table_name(table)] = storage
+      self._storages = data_structures.NoDependency(storages)
+      if self._counts_inputs:
+        self._counters = data_structures.NoDependency(
+          InputCounters([layout.path for layout in self._layouts])
+        )
+      if not (
+        hardware.is_tpu(self._strategy)
+        or hardware.is_parameter_server(self._strategy)
+      ):
+        # Per replica: set by a training lookup, cleared by apply_gradients
+        # (backends.pending); not checkpointed.
+        self._pending.use_runtime_guard(
+          tf.Variable(
+            0,
+            dtype=tf.int32,
+            trainable=False,
+            name="unapplied_lookup",
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM,
+          )
+        )
+    if self._use_fused_kernels and _on_cpu_only(self._strategy):
+      self._kernels = kernels.load()
+      self._dynamic_engine = data_structures.NoDependency(
+        dynamic.DynamicEngine(
+          self._features,
+          self._kernels,
+          len(self._tables) * self._strategy.num_replicas_in_sync,
+        )
+      )
+    self._built = True
+
+  @property
+  def embedding_tables(self) -> dict[Any, Any]:
+    """The table variables, keyed by `TableConfig` (V0's API).
+
+    A row-sharded table is a `backends.storage.replica_sharded.
+    RowShardedVariable`: it reads (and converts to a tensor) as the full
+    `[vocabulary_size, dim]` table.
+    """
+    self._maybe_build()
+    return {
+      t: self._storages[self.table_name(t)].parameters for t in self._tables
+    }
+
+  def slot_variables(self) -> dict[str, dict[str, Any]]:
+    self._maybe_build()
+    return {name: s.slots() for name, s in self._storages.items()}
+
+  def placements(self) -> dict[str, str]:
+    """Where each table's rows live, by table name (see `backends.storage`)."""
+    self._maybe_build()
+    return {name: s.placement for name, s in self._storages.items()}
+
+  @property
+  def engine_names(self) -> tuple[str, str]:
+    """The engines of uncompiled and compiled steps: ("fused" or "tf_ops",
+    "static")."""
+    self._maybe_build()
+    return self._dynamic_engine.name, self._static_engine.name
+
+  def input_stats(self) -> dict[str, dict[str, int]]:
+    """Counts of invalid (dropped / mapped) and truncated ids per feature."""
+    self._maybe_build()
+    if self._counters is None:
+      return {}
+    return self._counters.stats()
+
+  def _maybe_build(self):
+    """Builds on first use, also from inside a replica function.
+
+    TF's V0 builds lazily too: its documented loop first touches
+    `embedding_tables` inside `strategy.run`; `build` then runs once for
+    every replica, in cross-replica context (`base.cross_replica_build`).
+    """
+    if not self._built:
+      self.build()
+
+  # -- host side -------------------------------------------------------------
+
+  def preprocess(
+    self, features: Any, weights: Any | None = None
+  ) -> tuple[Any, Any | None]:
+    """Pads sparse/ragged bags to static `PaddedBags` (run in tf.data).
+
+    Features without a width (no `bag_widths` entry and no
+    `max_sequence_length`) and dense ids pass through unchanged. Returns
+    `(features, weights)`; a padded feature's weight entry becomes None.
+    """
+    flat, flat_w, _ = self._flat_inputs(features, weights)
+    out: list[Any] = []
+    out_w: list[Any] = []
+    for layout, inp, w in zip(self._layouts, flat, flat_w):
+      width = self._features.width(layout)
+      if width and isinstance(inp, (tf.SparseTensor, tf.RaggedTensor)):
+        out.append(
+          inputs_lib.pad_bags(
+            inp,
+            w,
+            width,
+            checks_lib.describe(layout),
+            sequence=bool(layout.sequence_length),
+          )
+        )
+        out_w.append(None)
+      else:
+        out.append(inp)
+        out_w.append(w)
+    return self._pack_inputs(out, out_w)
+
+  # -- lookup ------------------------------------------------------------------
+
+  @_not_converted
+  def embedding_lookup(self, features: Any, weights: Any | None = None) -> Any:
+    """V0's name for a lookup; with gradients through the tables."""
+    return self.lookup(features, weights, training=False)
+
+  @_not_converted
+  def __call__(
+    self, features: Any, weights: Any | None = None, training: bool = False
+  ) -> Any:
+    return self.lookup(features, weights, training=training)
+
+  @_not_converted
+  def lookup(
+    self, features: Any, weights: Any | None = None, training: bool = False
+  ) -> Any:
+    """Looks up and combines every feature.
+
+    Args:
+      features: the structure of `feature_config` holding int ids: dense
+        `[B]`/`[B, N]`, `SparseTensor`/`RaggedTensor` `[B, None]`, or
+        `PaddedBags` from `preprocess`.
+      weights: None or the same structure with float weights (None leaves
+        allowed) for sparse/ragged features.
+      training: remember what `apply_gradients` needs for this step.
+
+    Returns:
+      The structure of `feature_config`: `[B, D]` per non-sequence feature,
+      `[B, L, D]` per sequence feature, `output_shape + [D]` when set.
+    """
+    self._maybe_build()
+    engine = (
+      self._static_engine
+      if self._static_path(training)
+      else self._dynamic_engine
+    )
+    flat, flat_w, counters = self._flat_inputs(features, weights)
+    outputs, steps = engine.lookup(
+      flat, flat_w, counters, self._storages, training
+    )
+    if training:
+      self._pending.record((engine, steps, outputs), outputs)
+    return nest.pack_sequence_as(self._feature_config, outputs)
+
+  def _static_path(self, training: bool) -> bool:
+    """Whether this trace takes the static engine (see `static_shapes`)."""
+    if self._static_shapes is not None:
+      return self._static_shapes
+    if in_xla_context() or hardware.is_tpu(self._strategy):
+      return True
+    # A tape may take the tables' gradients (V0's loop, a Keras optimizer on
+    # `embedding_tables`): several replicas all-reduce them, which needs the
+    # same size on every replica.
+    return (
+      not training
+      and self._strategy.num_replicas_in_sync > 1
+      and tf.distribute.get_replica_context() is not None
+      and record.could_possibly_record()
+    )
+
+  def _flat_inputs(
+    self, features: Any, weights: Any | None
+  ) -> tuple[list[Any], list[Any], InputCounters | None]:
+    """Features and weights flattened in config order, and the counters.
+
+    The counters (invalid, truncated ids) are None when nothing is counted:
+    the backend keeps none, or this is no replica of its strategy (they are
+    per-replica sums).
+    """
+    flat = self._flatten_like_config(features, "features")
+    flat_w = (
+      self._flatten_like_config(weights, "weights")
+      if weights is not None
+      else [None] * len(flat)
+    )
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.strategy is not self._strategy:
+      return flat, flat_w, None
+    return flat, flat_w, self._counters
+
+  # -- training ----------------------------------------------------------------
+
+  @_not_converted
+  def apply_gradients(self, activation_gradients: Any) -> None:
+    """Applies each table's embedding optimizer to the rows this step touched.
+
+    Call in the same step as `lookup(..., training=True)`, with the gradient
+    of the loss with respect to its activations (None leaves: no gradient).
+    Each touched row's gradient is summed over the global batch; under
+    several replicas a replicated table's update is the same on every
+    replica, a row-sharded table's is applied by each row's owner only.
+    """
+    engine, steps, flat_grads = self._take_pending_step(activation_gradients)
+    # Tables sharing an optimizer are updated together: one run of its
+    # element-wise math over all their touched rows (same numbers).
+    groups: dict[int, tuple[Any, list[optimizers.SparseUpdate]]] = {}
+    for table in self._tables:
+      name = self.table_name(table)
+      step, storage = steps[name], self._storages[name]
+      opt = self.optimizer_for(table)
+      engine.check_update(name, step, storage)
+      if engine.apply_in_place(table, step, flat_grads, storage, opt):
+        continue
+      row_grads = engine.row_gradients(table, step, flat_grads)
+      for update in storage.updates(step, row_grads):
+        groups.setdefault(id(opt), (opt, []))[1].append(update)
+    fused = engine.update_kernels()
+    for opt, updates in groups.values():
+      optimizers.apply_sparse_updates(opt, updates, fused_ops=fused)
+
+  def abandon_training_lookup(self) -> None:
+    """Drops this replica's training lookup on purpose (a step left out)."""
+    self._pending.abandon()
+
+  def _take_pending_step(self, activation_gradients: Any) -> tuple[Any, ...]:
+    """This replica's pending lookup (engine, steps) and the gradients.
+
+    Raises:
+      RuntimeError: no `lookup(..., training=True)` earlier in this step.
+      GradientShapeError: a gradient's shape is not its activation's.
+      GradientDtypeError: a gradient that is not floating point.
+    """
+    pending = self._pending.take()
+    if pending is None:
+      raise RuntimeError(
+        "apply_gradients() needs a lookup(..., training=True) earlier in the "
+        "same step (and in the same replica)."
+      )
+    engine, steps, outputs = pending
+    flat_grads = self._flatten_like_config(
+      activation_gradients, "activation gradients"
+    )
+    return (
+      engine,
+      steps,
+      base.check_activation_gradients(
+        [layout.path for layout in self._layouts],
+        flat_grads,
+        outputs,
+        self.feature_table_names(),
+      ),
+    )
+
+  def raise_for_invalid_inputs(self) -> None:
+    """Raises if a compiled step refused ids or weights (see `static_bags`).
+
+    A compiled step cannot raise: under the "error" policy it leaves ids
+    outside `[0, vocabulary_size)` and NaN, infinite or negative weights
+    out of the step and counts them. Call this after compiled steps (the
+    Trainer does, before it saves anything); it resets the counts.
+
+    Raises:
+      InvalidInputError: naming the feature, table, an id and its batch row.
+    """
+    if not self._built or self._counters is None:
+      return
+    self._counters.raise_for_refused(self._layouts, self._strategy)
+
+
+def _on_cpu_only(strategy: tf.distribute.Strategy) -> bool:
+  """Whether the tables and steps of `strategy` live on CPUs only."""
+  if tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices(
+    "TPU"
+  ):
+    return False
+  try:
+    devices = strategy.extended.worker_devices
+  except RuntimeError:  # the default strategy: this host's CPU
+    devices = ()
+  for device in devices:
+    kind = tf.DeviceSpec.from_string(device).device_type
+    if kind and kind.upper() != "CPU":
+      return False
+  return True

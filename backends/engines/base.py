@@ -1,0 +1,86 @@
+"""The interface of a lookup engine (see `backends.engines`)."""
+
+import abc
+from typing import Any
+
+import tensorflow as tf
+
+from backends import _bags
+from backends.storage import TableStorage
+from backends.table_step import Features, TableStep
+
+
+def in_xla_context() -> bool:
+  """Whether ops are being traced for XLA (`jit_compile`, a TPU)."""
+  from tensorflow.python.framework import ops  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+  from tensorflow.python.ops import control_flow_util  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+
+  return control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())
+
+
+class Engine(abc.ABC):
+  """Looks up a backend's features and computes its tables' row gradients.
+
+  Args:
+    features: the backend's features and tables.
+  """
+
+  #: "fused", "tf_ops" or "static".
+  name: str = ""
+
+  def __init__(self, features: Features):
+    self.features = features
+
+  @abc.abstractmethod
+  def lookup(
+    self,
+    flat: list[Any],
+    flat_weights: list[Any],
+    counters: Any,
+    storages: dict[str, TableStorage],
+    training: bool,
+  ) -> tuple[list[tf.Tensor], dict[str, TableStep]]:
+    """Every feature's activations, and per table its step if training.
+
+    Args:
+      flat, flat_weights: the features' inputs and weights, in config order.
+      counters: `backends.input_counters.InputCounters` to count refused
+        and cut ids in, or None.
+      storages: each table's storage, by name.
+      training: leave the steps `apply_gradients` needs.
+    """
+
+  @abc.abstractmethod
+  def row_gradients(
+    self, table: Any, step: TableStep, flat_grads: list[Any]
+  ) -> tf.Tensor:
+    """d(loss)/d(row) of each of the step's unique ids, `[U, D]`."""
+
+  def apply_in_place(
+    self,
+    table: Any,
+    step: TableStep,
+    flat_grads: list[Any],
+    storage: TableStorage,
+    optimizer: Any,
+  ) -> bool:
+    """Applies the update in one fused pass if it can; False: it did not."""
+    del table, step, flat_grads, storage, optimizer
+    return False
+
+  def check_update(
+    self, name: str, step: TableStep, storage: TableStorage
+  ) -> None:
+    """Raises if the storage cannot apply this step's update as it is."""
+    del name, step, storage
+
+  def update_kernels(self) -> Any | None:
+    """The fused kernels for `optimizers.apply_sparse_updates`, or None."""
+    return None
+
+
+def activation_gradients(
+  table: Any, positions: list[int], sizes: list[Any], flat_grads: list[Any]
+) -> list[tf.Tensor]:
+  """The table's features' activation gradients, each `[S_f, D]`."""
+  return _bags.feature_gradients(flat_grads, positions, sizes, table.dim)

@@ -1,0 +1,264 @@
+"""Chooses, per table, whether the replicas replicate it or row-shard it.
+
+The `tensorcore` backend keeps each table either replicated (a full copy of
+the rows and optimizer slots on every replica: lookups read locally, the
+update exchanges only the touched rows' gradients) or row-sharded over the
+`R` replicas (each holds `ceil(V / R)` rows and their slots; a step also
+exchanges the looked-up rows). `place_tables` decides from the tables' sizes
+and one device's budget:
+
+1. a placement forced per table (gin, `placement=`) is kept;
+2. the other tables start replicated (no row exchange, the TensorCore path
+   TF's `TPUEmbeddingV0` runs), and while the tables' bytes per device exceed
+   the budget, the largest replicated table is row-sharded instead — the
+   fewest, biggest tables move, so the fewest rows travel;
+3. a table is refused — named with its bytes and the budget — when its
+   bytes per device exceed the budget even row-sharded (or replicated, when
+   forced so or on one replica); `Plan.bytes_per_device` over the budget
+   means the tables do not fit together.
+
+The exchange per step is counted as the payload one replica puts into the
+collectives (`exchange_bytes`), from the static number of ids `C` a replica
+looks up in a table per step.
+
+Example:
+  >>> sizes = [TableSize("big", 10_000_000, 64, num_slots=1, ids_per_step=512)]
+  >>> plan = place_tables(sizes, replicas=4, budget_bytes=4 << 30)
+  >>> plan.placements[0].placement
+  'row_sharded'
+"""
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+#: Placements a table can have on the replicas.
+REPLICATED, ROW_SHARDED = "replicated", "row_sharded"
+PLACEMENTS = (REPLICATED, ROW_SHARDED)
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSize:
+  """One table's shape, its optimizer's slots and its ids per step.
+
+  Attributes:
+    name: the table's name.
+    vocabulary_size: its rows `V`.
+    dim: its dimension `D`.
+    num_slots: the optimizer's slots (each `[V, D]`).
+    ids_per_step: the ids one replica looks up in it per step (`C`: the
+      per-replica batch times the ids per example of its features), or None
+      when unknown.
+    dtype_bytes: bytes per element (float32: 4).
+  """
+
+  name: str
+  vocabulary_size: int
+  dim: int
+  num_slots: int = 0
+  ids_per_step: int | None = None
+  dtype_bytes: int = 4
+
+  @property
+  def row_bytes(self) -> int:
+    """One row with its slots."""
+    return self.dim * self.dtype_bytes * (1 + self.num_slots)
+
+  @property
+  def total_bytes(self) -> int:
+    """The whole table with its slots."""
+    return self.vocabulary_size * self.row_bytes
+
+  def bytes_per_device(self, placement: str, replicas: int) -> int:
+    """Table and slots held by one device."""
+    if placement == ROW_SHARDED:
+      return math.ceil(self.vocabulary_size / replicas) * self.row_bytes
+    return self.total_bytes
+
+  def exchange_bytes(self, placement: str, replicas: int) -> int | None:
+    """The payload one replica puts into collectives per step (None: unknown).
+
+    Replicated (several replicas): its unique ids (int64) and their
+    gradients are all-gathered. Row-sharded: its ids are all-gathered, the
+    owners' rows for all `R * C` ids all-reduced, and the gradients
+    all-gathered.
+    """
+    if replicas <= 1 and placement == REPLICATED:
+      return 0
+    if self.ids_per_step is None:
+      return None
+    ids = min(self.ids_per_step, self.vocabulary_size)
+    row = self.dim * self.dtype_bytes
+    if placement == ROW_SHARDED:
+      return ids * (8 + row * (replicas + 1))
+    return ids * (8 + row)
+
+
+@dataclasses.dataclass(frozen=True)
+class TablePlacement:
+  """Where one table lives, what that costs, and why."""
+
+  table: str
+  placement: str
+  bytes_per_device: int
+  exchange_bytes: int | None
+  reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Every table's placement, and the reasons a plan does not fit.
+
+  Attributes:
+    placements: one per table, in the given order.
+    refusals: one line per table that does not fit a device on its own.
+  """
+
+  placements: list[TablePlacement]
+  refusals: list[str]
+
+  def by_table(self) -> dict[str, str]:
+    """Table name -> placement, the `tensorcore` backend's `placement=`."""
+    return {p.table: p.placement for p in self.placements}
+
+  @property
+  def bytes_per_device(self) -> int:
+    return sum(p.bytes_per_device for p in self.placements)
+
+
+def check_forced(forced: Mapping[str, str], names: Sequence[str]) -> None:
+  """Refuses unknown tables or placements in a forced placement.
+
+  Raises:
+    ValueError: naming the unknown table (with the valid ones) or value.
+  """
+  unknown = sorted(set(forced) - set(names))
+  if unknown:
+    raise ValueError(
+      f"placement names unknown tables {unknown}; the tables are "
+      f"{sorted(names)}."
+    )
+  for name, value in forced.items():
+    if value not in PLACEMENTS:
+      raise ValueError(
+        f"placement[{name!r}] = {value!r}; use one of {', '.join(PLACEMENTS)}."
+      )
+
+
+def place_tables(
+  sizes: Sequence[TableSize],
+  replicas: int,
+  budget_bytes: float | None,
+  forced: Mapping[str, str] | None = None,
+) -> Plan:
+  """Each table's placement on `replicas` replicas within `budget_bytes`.
+
+  Args:
+    sizes: the tables.
+    replicas: the replicas in sync (1: every table replicated).
+    budget_bytes: what one device may hold of tables and slots; None:
+      unknown (every table not forced stays replicated).
+    forced: table name -> "replicated" or "row_sharded", kept as given.
+
+  Returns:
+    The `Plan`: each table fits a device when its `refusals` are empty, all
+    of them when its `bytes_per_device` is within the budget too.
+
+  Raises:
+    ValueError: `forced` names an unknown table or placement.
+  """
+  forced = dict(forced or {})
+  check_forced(forced, [s.name for s in sizes])
+  chosen = {s.name: forced.get(s.name, REPLICATED) for s in sizes}
+
+  def total() -> int:
+    return sum(s.bytes_per_device(chosen[s.name], replicas) for s in sizes)
+
+  replicated_total = total()
+  if budget_bytes is not None and replicas > 1:
+    movable = sorted(
+      (s for s in sizes if s.name not in forced),
+      key=lambda s: -s.total_bytes,
+    )
+    for size in movable:
+      if total() <= budget_bytes:
+        break
+      chosen[size.name] = ROW_SHARDED
+  placements = []
+  refusals = []
+  for s in sizes:
+    where = chosen[s.name]
+    per_device = s.bytes_per_device(where, replicas)
+    placements.append(
+      TablePlacement(
+        s.name,
+        where,
+        per_device,
+        s.exchange_bytes(where, replicas),
+        _reason(s, where, forced, replicas, budget_bytes, replicated_total),
+      )
+    )
+    if budget_bytes is not None and per_device > budget_bytes:
+      refusals.append(_refusal(s, where, replicas, budget_bytes))
+  return Plan(placements, refusals)
+
+
+def _reason(
+  size: TableSize,
+  where: str,
+  forced: Mapping[str, str],
+  replicas: int,
+  budget: float | None,
+  replicated_total: int,
+) -> str:
+  if size.name in forced:
+    return f"{where}: forced (placement setting)"
+  if replicas <= 1:
+    return "replicated: one replica"
+  if budget is None:
+    return (
+      "replicated: a device's memory is unknown (set a per-device budget "
+      "to let the planner row-shard)"
+    )
+  if where == REPLICATED:
+    return (
+      f"replicated: {human_bytes(size.total_bytes)} with slots; the tables fit "
+      f"the per-device budget {human_bytes(budget)}"
+    )
+  return (
+    f"row_sharded over {replicas}: {human_bytes(size.total_bytes)} with "
+    f"slots; all replicated the tables need {human_bytes(replicated_total)} "
+    f"per device, over the budget {human_bytes(budget)} (the largest are "
+    "sharded first)"
+  )
+
+
+def _refusal(size: TableSize, where: str, replicas: int, budget: float) -> str:
+  per_device = size.bytes_per_device(where, replicas)
+  if where == ROW_SHARDED:
+    how = f"even row-sharded over {replicas} replica(s)"
+    fix = (
+      "add replicas, shrink the vocabulary or dim, or use an optimizer "
+      "with fewer slots"
+    )
+  else:
+    how = "replicated"
+    fix = (
+      "place it 'row_sharded'"
+      if replicas > 1
+      else "train on several replicas with it row-sharded"
+    )
+  return (
+    f"table {size.name!r} needs {human_bytes(per_device)} per device {how} "
+    f"({size.vocabulary_size} x {size.dim}, {size.num_slots} slot(s)), over "
+    f"the per-device budget {human_bytes(budget)}: {fix}"
+  )
+
+
+def human_bytes(n: float) -> str:
+  """`n` bytes in B, KiB, MiB, GiB or TiB."""
+  for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+    if abs(n) < 1024 or unit == "TiB":
+      return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    n /= 1024.0
+  return f"{n:.1f} TiB"

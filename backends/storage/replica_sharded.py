@@ -1,0 +1,432 @@
+"""Row-sharded storage: each replica owns a slice of a table's rows and slots.
+
+A table too big for one device is split over the replicas of the strategy
+(`MirroredStrategy`, `MultiWorkerMirroredStrategy`, `TPUStrategy`): replica
+`r` of `R` holds the rows of its `RowLayout` (`strided`: ids `r, r + R, ...`,
+the default; or `contiguous` ranges) and those rows' optimizer slots, in
+equal-sized shards of `S = ceil(V / R)` rows.
+
+Storage is TF's own per-replica variable: one `tf.Variable` created with
+`synchronization=ON_READ` under the strategy's scope, a `SyncOnReadVariable`
+(TPU: `TPUSyncOnReadVariable`) whose component on each replica's device is
+that replica's shard. Inside a replica step its `handle` is the local
+shard's, so the step reads and writes its own rows with the ordinary
+resource ops (and the fused CPU kernels), on every strategy alike. Its
+aggregation is NONE: no cross-replica read can silently sum the shards;
+`RowShardedVariable` reads and saves the full table instead.
+
+One step of one table, with static shapes (the same on every replica and
+every step, as collectives in a compiled program need), through the
+collectives the replica context offers (`all_gather`, `all_reduce`):
+
+1. lookup: every replica's `C` unique ids are all-gathered (`[R * C]`);
+   each owner gathers the rows it owns (zeros elsewhere) and an
+   all-reduce sums them, of which each replica keeps its own `C` rows (XLA
+   turns an all-reduce sliced by replica id into a reduce-scatter);
+2. update: the row gradients are all-gathered (`[R * C, D]`); each owner
+   sums those of its rows over every replica (one static de-duplication of
+   its local rows) and applies the table's optimizer — the TPU optimizer
+   math of `backends.optimizers` — to its own rows and slots only.
+
+Checkpoints hold the full `<table>` and `<table>/<slot>` tensors (TF's
+mid-level layout): `RowShardedVariable` assembles them from the shards when
+saving and splits them when restoring, so a run moves between any number of
+replicas, row-sharded or replicated, and into `TPUEmbeddingForServing`.
+
+Example:
+  >>> storage = ReplicaSharded(table, "items", Adagrad(0.1), strategy)
+  >>> with strategy.scope():
+  ...   storage.create(tracker)
+  >>> # in a replica step: rows, exchanged = storage.gather(ids, valid, C)
+"""
+
+import functools
+import logging
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.trackable import base as trackable  # pylint: disable=g-direct-tensorflow-import
+
+from backends import base as backends_base
+from backends import optimizers, static_bags
+from backends.storage import base, row_layout
+from backends.table_step import TableStep
+
+log = logging.getLogger("recsys.backends")
+
+#: The default row layout, chosen by measurement (docs/scaling.md).
+DEFAULT_ROW_LAYOUT = "strided"
+
+
+def local_replica_ids(strategy: tf.distribute.Strategy) -> list[int]:
+  """Each local replica's id in the sync group, in local-results order.
+
+  On a MultiWorkerMirroredStrategy a worker holds only its own replicas'
+  components; their global ids say which shards those are.
+  """
+  ids = strategy.experimental_distribute_values_from_function(
+    lambda ctx: ctx.replica_id_in_sync_group
+  )
+  return [int(i) for i in strategy.experimental_local_results(ids)]
+
+
+def _shard(
+  layout: row_layout.RowLayout, full: tf.Tensor, shard: int, size: int
+):
+  """Shard `shard` of a full `[V, D]` table, padded to `size` rows."""
+  if isinstance(layout, row_layout.StridedRows):
+    rows = full[shard :: layout.num_shards]
+  else:
+    rows = full[shard * size : (shard + 1) * size]
+  return tf.pad(rows, [[0, size - tf.shape(rows)[0]], [0, 0]])
+
+
+class RowShardedVariable(trackable.Trackable):
+  """One row-sharded table or slot, read and saved as its full `[V, D]` value.
+
+  Wraps the per-replica `SyncOnReadVariable` of shards. It converts to the
+  full tensor (`tf.convert_to_tensor`, `read_value`, `numpy`), assigns a
+  full tensor to the shards, and is a checkpoint child whose one entry is
+  the full tensor under TF's variable key, so its checkpoints are those of
+  a replicated table.
+
+  Args:
+    shards: the `ON_READ` variable of `[S, D]` shards.
+    layout: which rows each shard holds.
+    strategy: the strategy it was created under.
+  """
+
+  def __init__(
+    self,
+    shards: tf.Variable,
+    layout: row_layout.RowLayout,
+    strategy: tf.distribute.Strategy,
+  ):
+    self.shards = shards
+    self.layout = layout
+    self._strategy = strategy
+    self.shard_rows = int(shards.shape[0])
+
+  @property
+  def shape(self) -> tf.TensorShape:
+    return tf.TensorShape(
+      [self.layout.vocabulary_size, int(self.shards.shape[1])]
+    )
+
+  @property
+  def dtype(self) -> tf.DType:
+    return self.shards.dtype
+
+  @property
+  def name(self) -> str:
+    return self.shards.name
+
+  def local_shards(self) -> list[tuple[int, tf.Variable]]:
+    """`(shard index, variable)` of the shards on this worker."""
+    if self.layout.num_shards == 1:
+      return [(0, self._only())]
+    components = self._strategy.experimental_local_results(self.shards)
+    return list(zip(local_replica_ids(self._strategy), components))
+
+  def _only(self) -> tf.Variable:
+    """The one shard of a single-replica table."""
+    values = getattr(self.shards, "values", None)
+    return values[0] if values else self.shards
+
+  def read_value(self) -> tf.Tensor:
+    """The full `[V, D]` table (collects every replica's shard)."""
+    if self.layout.num_shards == 1:
+      return tf.identity(self._only())[: self.layout.vocabulary_size]
+    ctx = tf.distribute.get_replica_context()
+    shards = self.local_shards()
+    if ctx is not None and ctx.strategy is self._strategy:
+      local = tf.raw_ops.ReadVariableOp(
+        resource=self.shards.handle, dtype=self.dtype
+      )
+      stacked = ctx.all_gather(local, axis=0)
+    elif len(shards) == self.layout.num_shards:  # all here: no collective
+      stacked = tf.concat([tf.identity(v) for _, v in sorted(shards)], 0)
+    else:  # other workers hold some: gathered from every replica
+      stacked = self._strategy.gather(self.shards, axis=0)
+    stacked = tf.reshape(
+      stacked, [self.layout.num_shards, self.shard_rows, self.shape[1]]
+    )
+    return row_layout.to_full(self.layout, stacked)
+
+  value = read_value
+
+  def numpy(self):
+    return self.read_value().numpy()
+
+  def assign(self, full: Any) -> Any:
+    """Sets every local shard from a full `[V, D]` value; returns the ops."""
+    full = tf.convert_to_tensor(full, self.dtype)
+    if not full.shape.is_compatible_with(self.shape):
+      raise ValueError(
+        f"{self.name}: cannot assign a value of shape {full.shape} to a "
+        f"table of shape {self.shape}."
+      )
+    ops = []
+    for index, shard in self.local_shards():
+      with tf.device(shard.device):
+        ops.append(
+          shard.assign(_shard(self.layout, full, index, self.shard_rows))
+        )
+    return tf.group(*ops) if not tf.executing_eagerly() else None
+
+  # -- checkpoints ---------------------------------------------------------
+
+  def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
+    with tf.device("/cpu:0"):
+      return {trackable.VARIABLE_VALUE_KEY: self.read_value()}
+
+  def _restore_from_tensors(self, restored_tensors: dict[str, tf.Tensor]):
+    return self.assign(restored_tensors[trackable.VARIABLE_VALUE_KEY])
+
+  def __repr__(self) -> str:
+    return (
+      f"<RowShardedVariable {self.name!r} shape={self.shape.as_list()} "
+      f"{self.layout.num_shards} shards of {self.shard_rows} rows "
+      f"({self.layout.name})>"
+    )
+
+
+tf.register_tensor_conversion_function(
+  RowShardedVariable,
+  lambda value, dtype=None, name=None, as_ref=False: tf.cast(
+    value.read_value(), dtype or value.dtype
+  ),
+)
+
+
+def check_optimizer(table_name: str, optimizer: Any) -> None:
+  """Refuses what a row-sharded table cannot honour: whole-table slots.
+
+  Raises:
+    UnsupportedConfigError: the optimizer has a `slot_variable_creation_fn`.
+  """
+  if optimizer is not None and optimizer.slot_variable_creation_fn:
+    raise backends_base.UnsupportedConfigError(
+      f"table {table_name!r}: its optimizer has a slot_variable_creation_fn, "
+      "which creates whole-table slots; a row-sharded table creates its "
+      "slots shard by shard. Drop slot_variable_creation_fn or place the "
+      "table 'replicated'."
+    )
+
+
+class ReplicaSharded(base.TableStorage):
+  """Each replica holds `ceil(V / R)` rows of the table and their slots.
+
+  Args:
+    table, name, optimizer, strategy: as `TableStorage`.
+    layout: "strided" (row id mod R, default) or "contiguous".
+  """
+
+  placement = "row_sharded"
+
+  def __init__(
+    self,
+    table: Any,
+    name: str,
+    optimizer: Any,
+    strategy: tf.distribute.Strategy,
+    layout: str = DEFAULT_ROW_LAYOUT,
+  ):
+    super().__init__(table, name, optimizer, strategy)
+    self.layout = row_layout.make(
+      layout, table.vocabulary_size, strategy.num_replicas_in_sync
+    )
+    check_optimizer(name, optimizer)
+
+  # -- variables -------------------------------------------------------------
+
+  def create(self, tracker: base.Tracker) -> None:
+    table = self.table
+    size = -(-table.vocabulary_size // self.layout.num_shards)
+    shape = (size, table.dim)
+
+    def sharded(var_name, value):
+      variable = tf.Variable(
+        initial_value=value,
+        name=var_name,
+        shape=shape,
+        dtype=tf.float32,
+        trainable=False,
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.NONE,
+      )
+      return RowShardedVariable(variable, self.layout, self.strategy)
+
+    params = sharded(self.name, tf.zeros(shape))
+    # The full initial table once, on the host, then each replica its rows:
+    # a row-sharded table starts equal to the replicated one.
+    with tf.device("/cpu:0"):
+      params.assign(
+        table.initializer((table.vocabulary_size, table.dim), dtype=tf.float32)
+      )
+    self._params = params
+    self._slots = {}
+    if self.optimizer is not None:
+      for slot, init in optimizers.slot_initializers(self.optimizer).items():
+        self._slots[slot] = sharded(
+          f"{self.name}/{slot}", functools.partial(init, shape, tf.float32)
+        )
+    # Tracked after creation: a pending checkpoint restore assigns them.
+    tracker.add_trackable(self.name, params)
+    for slot, variable in self._slots.items():
+      tracker.add_trackable(f"{self.name}/{slot}", variable)
+    log.info(
+      "table %r [%d, %d]: row-sharded over %d replicas (%s rows), %d rows "
+      "and %d slot(s) per replica",
+      self.name,
+      table.vocabulary_size,
+      table.dim,
+      self.layout.num_shards,
+      self.layout.name,
+      size,
+      len(self._slots),
+    )
+
+  @property
+  def parameters(self) -> RowShardedVariable:
+    return self._params
+
+  def slots(self) -> dict[str, RowShardedVariable]:
+    return dict(self._slots)
+
+  def shard_variables(self) -> dict[str, tf.Variable]:
+    """The per-replica shard variables: "parameters" and each slot."""
+    return {
+      "parameters": self._params.shards,
+      **{k: v.shards for k, v in self._slots.items()},
+    }
+
+  # -- a step --------------------------------------------------------------
+
+  def _replica_context(self):
+    """This strategy's replica context, or None in cross-replica context."""
+    ctx = tf.distribute.get_replica_context()
+    if ctx is not None and ctx.strategy is self.strategy:
+      return ctx
+    return None
+
+  def update_exchanges(self) -> bool:
+    return self._replica_context() is not None
+
+  def gather(
+    self,
+    ids: tf.Tensor,
+    valid: tf.Tensor | None,
+    capacity: int | tf.Tensor,
+  ) -> tuple[tf.Tensor, Any]:
+    ctx = self._replica_context()
+    if ctx is None:
+      return self._gather_on_host(ids), None
+    num, dim = self.layout.num_shards, self.table.dim
+    if not isinstance(capacity, int):
+      # Known when the step runs: every replica sends the largest.
+      capacity = tf.reduce_max(
+        ctx.all_gather(tf.reshape(tf.cast(capacity, tf.int32), [1]), axis=0)
+      )
+    real = tf.ones_like(ids, tf.bool) if valid is None else valid
+    sent = _pad_to(tf.where(real, tf.cast(ids, tf.int64), -1), capacity, -1)
+    all_ids = ctx.all_gather(sent, axis=0)  # [R * C]
+    known = tf.maximum(all_ids, 0)
+    me = tf.cast(ctx.replica_id_in_sync_group, tf.int32)
+    owned = tf.logical_and(all_ids >= 0, self.layout.owner(known) == me)
+    local = tf.where(owned, self.layout.local(known), 0)
+    rows = (
+      tf.raw_ops.ResourceGather(
+        resource=self._params.shards.handle, indices=local, dtype=tf.float32
+      )
+      * tf.cast(owned, tf.float32)[:, tf.newaxis]
+    )
+    summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, rows)
+    mine = tf.gather(tf.reshape(summed, [num, capacity, dim]), me)
+    return mine[: tf.shape(ids)[0]], (owned, local, capacity)
+
+  def _gather_on_host(self, ids: tf.Tensor) -> tf.Tensor:
+    """Rows of `ids` in cross-replica context, from the shards directly."""
+    shards = self._params.local_shards()
+    if len(shards) == self.layout.num_shards:
+      ordered = [v for _, v in sorted(shards, key=lambda s: s[0])]
+      return row_layout.gather(self.layout, ordered, ids)
+    _warn_full_read(self.name)
+    return tf.gather(self._params.read_value(), ids)
+
+  def updates(
+    self, step: TableStep, row_grads: tf.Tensor
+  ) -> list[optimizers.SparseUpdate]:
+    # The owners gather their own rows: `step.rows` are other owners' too.
+    ctx = self._replica_context()
+    if ctx is None:
+      self._apply_on_host(step.ids, step.num_unique, row_grads)
+      return []
+    owned, local, size = step.exchanged  # as the lookup exchanged them
+    num = self.layout.num_shards
+    all_grads = ctx.all_gather(_pad_to(row_grads, size, 0.0), axis=0)
+    shard_rows = self._params.shard_rows
+    dd = static_bags.dedup(local, owned, shard_rows)
+    summed = tf.math.unsorted_segment_sum(
+      all_grads * tf.cast(owned, all_grads.dtype)[:, tf.newaxis],
+      dd.index,
+      num * size,
+    )
+    grads = static_bags.pad_rows(summed, dd.num_unique)
+    variables = self.shard_variables()
+    table = variables.pop("parameters")
+    if step.num_unique is not None:  # static: fixed-size, masked update
+      return [
+        optimizers.SparseUpdate(
+          table, variables, dd.ids, grads, keep=dd.num_unique > 0
+        )
+      ]
+    k = dd.num_unique
+    return [optimizers.SparseUpdate(table, variables, dd.ids[:k], grads[:k])]
+
+  def _apply_on_host(
+    self, ids: tf.Tensor, num_unique: tf.Tensor | None, grads: tf.Tensor
+  ) -> None:
+    """The update in cross-replica context: each shard where it lives."""
+    if num_unique is not None:
+      ids, grads = ids[:num_unique], grads[:num_unique]
+    shards = dict(self._params.local_shards())
+    if len(shards) != self.layout.num_shards:
+      raise RuntimeError(
+        f"table {self.name!r} is row-sharded over replicas on several "
+        "workers: apply its gradients inside strategy.run (a replica step), "
+        "where each worker updates its own rows."
+      )
+    order = sorted(shards)
+    slot_shards = {
+      slot: [dict(v.local_shards())[i] for i in order]
+      for slot, v in self._slots.items()
+    }
+    row_layout.apply(
+      self.optimizer,
+      self.layout,
+      [shards[i] for i in order],
+      slot_shards,
+      ids,
+      grads,
+    )
+
+
+def _pad_to(values: tf.Tensor, size: int | tf.Tensor, fill) -> tf.Tensor:
+  """`values` padded along axis 0 to `size` rows with `fill`."""
+  pad = size - tf.shape(values)[0]
+  paddings = [[0, pad]] + [[0, 0]] * (values.shape.rank - 1)
+  out = tf.pad(values, paddings, constant_values=fill)
+  if isinstance(size, int):
+    out = tf.ensure_shape(out, [size] + values.shape.as_list()[1:])
+  return out
+
+
+@functools.cache
+def _warn_full_read(table_name: str) -> None:
+  log.warning(
+    "table %r: a lookup outside the replica step of a row-sharded table "
+    "whose shards live on several workers reads the whole table. Look up "
+    "inside strategy.run.",
+    table_name,
+  )

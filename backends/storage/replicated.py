@@ -1,0 +1,194 @@
+"""Replicated storage: a full copy of the table and its slots on every replica.
+
+TF's `TPUEmbeddingV0` design. Under several replicas the tables are
+`MirroredVariable`s; a step gathers its rows from the local copy, and the
+update exchanges only the rows the replicas touched (unique ids and their
+summed gradients, via `all_gather`), never a dense all-reduce of whole
+tables. Every replica then applies the same update, so the copies stay
+bit-identical.
+
+Example:
+  >>> storage = Replicated(table, "items", Adagrad(0.1), strategy)
+  >>> storage.create(tracker)
+"""
+
+import functools
+import logging
+from typing import Any
+
+import tensorflow as tf
+
+from backends import optimizers, static_bags
+from backends.storage import base
+from backends.table_step import TableStep
+
+log = logging.getLogger("recsys.backends")
+
+
+class Replicated(base.TableStorage):
+  """A full copy of the table and its slots on every replica."""
+
+  placement = "replicated"
+
+  def create(self, tracker: base.Tracker) -> None:
+    table, name = self.table, self.name
+    shape = (table.vocabulary_size, table.dim)
+
+    def getter(name, shape, dtype, initializer, trainable):
+      del shape  # the custom getter may drop it; use the table's shape
+      full = (table.vocabulary_size, table.dim)
+      return tf.Variable(
+        initial_value=functools.partial(initializer, full, dtype=dtype),
+        name=name,
+        shape=full,
+        dtype=dtype,
+        trainable=trainable,
+      )
+
+    def create(var_name, initializer, trainable):
+      # Restore-on-create: a pending checkpoint restore fills the value.
+      return tracker.add_variable(
+        name=var_name,
+        initializer=initializer,
+        shape=shape,
+        dtype=tf.float32,
+        getter=getter,
+        trainable=trainable,
+      )
+
+    params = create(name, table.initializer, True)
+    slots = {}
+    if self.optimizer is not None:
+      slots = self.optimizer._create_slots(  # pylint: disable=protected-access
+        params, lambda slot, init: create(f"{name}/{slot}", init, False)
+      )
+    self._variables = {"parameters": params, **slots}
+
+  @property
+  def parameters(self) -> tf.Variable:
+    return self._variables["parameters"]
+
+  def slots(self) -> dict[str, tf.Variable]:
+    return {k: v for k, v in self._variables.items() if k != "parameters"}
+
+  def local_variables(self) -> dict[str, tf.Variable]:
+    return self._variables
+
+  def _exchanges(self) -> bool:
+    """Whether the update sums touched rows over the replicas now."""
+    return (
+      self.strategy.num_replicas_in_sync > 1
+      and tf.distribute.get_replica_context() is not None
+    )
+
+  def updates_alone(self) -> bool:
+    return not self._exchanges()
+
+  def update_exchanges(self) -> bool:
+    return self._exchanges()
+
+  def gather(
+    self,
+    ids: tf.Tensor,
+    valid: tf.Tensor | None,
+    capacity: int | tf.Tensor,
+  ) -> tuple[tf.Tensor, Any]:
+    del valid, capacity  # invalid slots name real rows too
+    # `tf.gather` on the variable: a tape on the table sees IndexedSlices.
+    return tf.gather(self.parameters, ids), None
+
+  def updates(
+    self, step: TableStep, row_grads: tf.Tensor
+  ) -> list[optimizers.SparseUpdate]:
+    ids, num_unique, rows = step.ids, step.num_unique, step.rows
+    keep = None if num_unique is None else num_unique > 0
+    if self._exchanges():
+      replica_ctx = tf.distribute.get_replica_context()
+      if num_unique is not None:
+        ids, row_grads, num_unique = _static_sum_across_replicas(
+          replica_ctx, ids, num_unique, row_grads, self.table.vocabulary_size
+        )
+        keep = num_unique > 0
+      else:
+        if step.capacity is None:
+          _warn_dynamic_exchange(self.name)
+        ids, row_grads = _sum_across_replicas(
+          replica_ctx, ids, row_grads, step.capacity
+        )
+      rows = None  # other replicas' rows too: gathered by the update
+    return [
+      optimizers.SparseUpdate(
+        self.parameters, self.slots(), ids, row_grads, rows, keep
+      )
+    ]
+
+
+def _static_sum_across_replicas(
+  replica_ctx,
+  ids: tf.Tensor,
+  num_unique: tf.Tensor,
+  grads: tf.Tensor,
+  vocabulary_size: int,
+):
+  """Every replica's unique rows and gradients, summed per id; fixed sizes.
+
+  Returns `(ids, grads, num_unique)` laid out like `static_bags.dedup`'s
+  result over the `R * N` gathered slots: identical on every replica, so
+  the replicas' copies of the table stay bit-identical.
+  """
+  real = tf.range(tf.shape(ids)[0]) < num_unique
+  # Slots past `num_unique` travel as id -1: one collective for both.
+  all_ids = replica_ctx.all_gather(tf.where(real, ids, -1), axis=0)
+  all_real = all_ids >= 0
+  all_grads = replica_ctx.all_gather(grads, axis=0)
+  merged = static_bags.dedup(all_ids, all_real, vocabulary_size)
+  summed = tf.math.unsorted_segment_sum(
+    all_grads * tf.cast(all_real, grads.dtype)[:, tf.newaxis],
+    merged.index,
+    tf.shape(all_ids)[0],
+  )
+  return (
+    merged.ids,
+    static_bags.pad_rows(summed, merged.num_unique),
+    merged.num_unique,
+  )
+
+
+@functools.cache
+def _warn_dynamic_exchange(table_name: str) -> None:
+  log.warning(
+    "table %r: the touched rows exchanged between replicas have a dynamic "
+    "size because some of its features have sparse/ragged inputs without a "
+    "static width. Several steps in one tf.function loop then fail under "
+    "MirroredStrategy ('Shape mismatch in the collective instance'); give "
+    "bag_widths= and run preprocess() in the input pipeline.",
+    table_name,
+  )
+
+
+def _sum_across_replicas(
+  replica_ctx, ids: tf.Tensor, grads: tf.Tensor, capacity: int | None
+) -> tuple[tf.Tensor, tf.Tensor]:
+  """Exchanges each replica's touched rows and sums them per unique id.
+
+  With a static `capacity` (an upper bound on each replica's unique ids) the
+  exchanged tensors are padded to it (ids -1), so the collective has the same
+  shape every step, as collectives inside a loop need. Every replica ends with
+  the same (ids, grads), in the same order, so the updates it applies keep
+  the replicated tables bit-identical.
+  """
+  if capacity is not None:
+    pad = capacity - tf.size(ids)
+    ids = tf.reshape(tf.pad(ids, [[0, pad]], constant_values=-1), [capacity])
+    grads = tf.reshape(
+      tf.pad(grads, [[0, pad], [0, 0]]), [capacity, grads.shape[-1]]
+    )
+  all_ids = replica_ctx.all_gather(ids, axis=0)
+  all_grads = replica_ctx.all_gather(grads, axis=0)
+  if capacity is not None:
+    keep = all_ids >= 0
+    all_ids = tf.boolean_mask(all_ids, keep)
+    all_grads = tf.boolean_mask(all_grads, keep)
+  unique_ids, index = tf.unique(all_ids, out_idx=tf.int32)
+  summed = tf.math.unsorted_segment_sum(all_grads, index, tf.size(unique_ids))
+  return unique_ids, summed

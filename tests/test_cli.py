@@ -283,7 +283,13 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path, caplog):
   with caplog.at_level("INFO"):
     assert (
       cli.main(
-        ["export", "--model_dir", str(model_dir), "--export_dir", str(export_dir)]
+        [
+          "export",
+          "--model_dir",
+          str(model_dir),
+          "--export_dir",
+          str(export_dir),
+        ]
       )
       == 0
     )

@@ -24,7 +24,9 @@ ROOT = os.path.dirname(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
 STEPS = 60
-TRIALS = int(os.environ.get("RECSYS_CRASH_TRIALS", "3"))  # a soak: set it higher
+TRIALS = int(
+  os.environ.get("RECSYS_CRASH_TRIALS", "3")
+)  # a soak: set it higher
 LINE_TIMEOUT = 240.0  # seconds to wait for one progress line (a busy CI box)
 
 pytestmark = pytest.mark.slow

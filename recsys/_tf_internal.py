@@ -106,15 +106,6 @@ def current_gradient_request() -> GradientRequest | None:
   return None
 
 
-__all__ = [
-  "GradientRequest",
-  "current_gradient_request",
-  "in_saved_model_trace",
-  "in_xla_compilation",
-  "tape_is_recording",
-]
-
-
 # Each MirroredStrategy numbers its collective groups from
 # 1 + `_collective_key_base`, a class attribute that is 0 unless changed, so two
 # strategies in one process share group and instance keys: a collective of one
@@ -137,3 +128,13 @@ def mirrored_strategy(devices: list[str]) -> tf.distribute.MirroredStrategy:
       return cls(devices)
     finally:
       cls._collective_key_base = saved  # pylint: disable=protected-access
+
+
+__all__ = [
+  "GradientRequest",
+  "current_gradient_request",
+  "in_saved_model_trace",
+  "in_xla_compilation",
+  "mirrored_strategy",
+  "tape_is_recording",
+]

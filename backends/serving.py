@@ -157,6 +157,7 @@ class ServingEmbedding(mid_level.MidLevelBackend):
     return emb
 
 
+@tf.autograph.experimental.do_not_convert
 def serving_lookup(
   features: Any, weights: Any | None, tables: Any, feature_config: Any
 ) -> Any:
@@ -224,6 +225,7 @@ def serving_lookup(
   return nest.pack_sequence_as(features, outputs)
 
 
+@tf.autograph.experimental.do_not_convert
 def _as_bag(path: str, feature: Any, ids: Any, weights: Any) -> tuple[Any, Any]:
   """Dense `[B, N]` ids -> a ragged bag of N ids per row (TF combines bags)."""
   if isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):

@@ -58,6 +58,7 @@ def _check_specs(feature_specs: Sequence[FeatureSpec], owner: str) -> tuple:
   return specs
 
 
+@tf.autograph.experimental.do_not_convert
 def average_loss(
   per_example: tf.Tensor, global_batch_size: int | None
 ) -> tf.Tensor:
@@ -70,6 +71,7 @@ def average_loss(
   )
 
 
+@tf.autograph.experimental.do_not_convert
 def masked_weight(
   sample_weight: tf.Tensor | None, mask: tf.Tensor | None, dtype: tf.DType
 ) -> tf.Tensor | None:
@@ -135,6 +137,7 @@ class _ModelBase(keras.Model):
     """Names of the categorical features, in model order."""
     return [s.name for s in self._specs]
 
+  @tf.autograph.experimental.do_not_convert
   def _vectors(
     self,
     activations: Mapping[str, tf.Tensor],
@@ -153,6 +156,7 @@ class _ModelBase(keras.Model):
       activations, names, sequence_pooling=self._sequence_pooling, owner=owner
     )
 
+  @tf.autograph.experimental.do_not_convert
   def _regularization(self) -> tf.Tensor:
     if not self.losses:
       return tf.constant(0.0)
@@ -519,6 +523,7 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     c = self.candidate_embeddings(activations, features, training=training)
     return tf.reduce_sum(q * c, axis=-1)
 
+  @tf.autograph.experimental.do_not_convert
   def candidate_ids(self, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
     """The candidate ids `[B]` (int64) of `features["categorical"]`."""
     try:
@@ -530,6 +535,7 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
       ) from e
     return tf.reshape(tf.cast(ids, tf.int64), [-1])
 
+  @tf.autograph.experimental.do_not_convert
   def weighted_sampling_probability(
     self, features: Mapping[str, tf.Tensor]
   ) -> tf.Tensor:
@@ -648,6 +654,7 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     """Whether in-batch negatives span every replica's batch."""
     return self._cross_replica_negatives
 
+  @tf.autograph.experimental.do_not_convert
   def in_batch_candidates(
     self,
     embeddings: tf.Tensor,

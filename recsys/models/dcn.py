@@ -128,6 +128,7 @@ class DCNv2(RankingModel):
   def structure(self) -> str:
     return self._structure
 
+  @tf.autograph.experimental.do_not_convert
   def cross_network(self, x0: tf.Tensor) -> tf.Tensor:
     """The cross network `[B, d0] -> [B, d0]`."""
     x = x0
@@ -135,6 +136,7 @@ class DCNv2(RankingModel):
       x = layer(x0, x)
     return x
 
+  @tf.autograph.experimental.do_not_convert
   def logits(
     self,
     activations: Mapping[str, tf.Tensor],

@@ -112,6 +112,7 @@ class DLRM(RankingModel):
       name="top_mlp",
     )
 
+  @tf.autograph.experimental.do_not_convert
   def _check_dims(self, vectors: list) -> None:
     dims = {name: v.shape[-1] for name, v in zip(self.feature_names, vectors)}
     distinct = sorted({d for d in dims.values()})
@@ -130,6 +131,7 @@ class DLRM(RankingModel):
         "equal it."
       )
 
+  @tf.autograph.experimental.do_not_convert
   def logits(
     self,
     activations: Mapping[str, tf.Tensor],

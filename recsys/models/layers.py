@@ -100,6 +100,7 @@ def pool_sequence(x: tf.Tensor, sequence_pooling: str = "mean") -> tf.Tensor:
   return total / tf.maximum(count, 1.0)
 
 
+@tf.autograph.experimental.do_not_convert
 def check_names(
   activations: Mapping[str, tf.Tensor],
   expected: Sequence[str],
@@ -135,6 +136,7 @@ def check_names(
     )
 
 
+@tf.autograph.experimental.do_not_convert
 def flat_activations(
   activations: Mapping[str, tf.Tensor],
   names: Sequence[str],
@@ -179,6 +181,7 @@ def flat_activations(
   return out
 
 
+@tf.autograph.experimental.do_not_convert
 def dense_input(
   features: Mapping[str, tf.Tensor] | None, num_dense: int, owner: str
 ) -> tf.Tensor | None:

@@ -181,6 +181,7 @@ class CandidateBank(keras.layers.Layer):
     self.store(*self.with_fresh(ids, tf.stop_gradient(embeddings)))
 
 
+@tf.autograph.experimental.do_not_convert
 def global_batch(*tensors: tf.Tensor | None) -> tuple:
   """Each replica's rows `[B, ...]` of each tensor, as `[R * B, ...]`.
 

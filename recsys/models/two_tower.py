@@ -180,6 +180,7 @@ class TwoTower(RetrievalModel):
       name="candidate_tower",
     )
 
+  @tf.autograph.experimental.do_not_convert
   def _tower(
     self, tower: keras.Sequential, names: list, activations, extra, training
   ):
@@ -187,6 +188,7 @@ class TwoTower(RetrievalModel):
     x = tower(tf.concat(extra + vectors, axis=-1), training=training)
     return tf.math.l2_normalize(x, axis=-1) if self._normalize else x
 
+  @tf.autograph.experimental.do_not_convert
   def query_embeddings(
     self,
     activations: Mapping[str, tf.Tensor],
@@ -209,6 +211,7 @@ class TwoTower(RetrievalModel):
       self.query_tower, self._query_features, activations, extra, training
     )
 
+  @tf.autograph.experimental.do_not_convert
   def candidate_embeddings(
     self,
     activations: Mapping[str, tf.Tensor],

@@ -235,6 +235,7 @@ def _finish(
   return ds.prefetch(tf.data.AUTOTUNE)
 
 
+@tf.autograph.experimental.do_not_convert
 def _with_batch_size(batch_size: int, *batch):
   """`batch` with its dense tensors' first dimension set to `batch_size`.
 

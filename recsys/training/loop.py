@@ -45,6 +45,7 @@ def quiet_dataset_options_warning() -> Iterator[None]:
     yield
 
 
+@tf.autograph.experimental.do_not_convert
 def split_batch(
   batch: tuple[Mapping[str, Any], Any], feature_names
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -71,6 +72,7 @@ def split_batch(
 NONFINITE_POLICIES = ("stop", "skip")
 
 
+@tf.autograph.experimental.do_not_convert
 def _all_finite(*structures) -> tf.Tensor:
   """True iff every float tensor (or IndexedSlices' values) is finite."""
   checks = []
@@ -84,6 +86,7 @@ def _all_finite(*structures) -> tf.Tensor:
   return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
 
 
+@tf.autograph.experimental.do_not_convert
 def _zeros_for_none(grads, acts):
   return tf.nest.map_structure(
     lambda g, a: tf.zeros_like(a) if g is None else g, grads, acts
@@ -188,10 +191,12 @@ class StepFunctions:
     self.train_loop = tf.function(self._train_loop)
     self.eval_loop = tf.function(self._eval_loop)
 
+  @tf.autograph.experimental.do_not_convert
   def _lookup(self, batch, training: bool):
     ids, weights = split_batch(batch, self._names)
     return self._backend_lookup(ids, weights, training=training)
 
+  @tf.autograph.experimental.do_not_convert
   def _agreed(self, finite: tf.Tensor) -> tf.Tensor:
     """Every replica's verdict combined: finite only if finite everywhere."""
     if self._strategy.num_replicas_in_sync == 1:

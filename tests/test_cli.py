@@ -71,35 +71,39 @@ def test_benchmark_help_names_its_command(capsys):
 
 
 @pytest.mark.slow
-def test_benchmark_movielens_runs_as_a_user_runs_it(tmp_path):
-  """The README's `recsys benchmark movielens --data_dir`, in a fresh
-  process, on small generated ml-100k-layout files (no real files here; the
-  full-size generated set makes the baselines' searches take minutes),
-  short training."""
+def test_benchmark_movielens_runs_as_a_user_runs_it(tmp_path, capsys):
+  """The README's `recsys benchmark movielens --data_dir` (here through
+  `recsys.cli.main`; each experiment trains in a fresh child process, as
+  the command always does), on small generated ml-100k-layout files (no
+  real files here; the full-size generated set makes the baselines'
+  searches take minutes), short training."""
   data = movielens_synthetic.write_ml100k_like(
     str(tmp_path / "ml-100k"), num_users=200, num_items=300, num_ratings=12000
   )
   out = tmp_path / "results.json"
-  result = run_recsys(
-    "benchmark",
-    "movielens",
-    "--data_dir",
-    data,
-    "--seeds",
-    "1",
-    "--experiments",
-    "fm",
-    "retrieval_history",
-    "--ranking_bindings",
-    "train.train_steps = 40",
-    "--retrieval_bindings",
-    "train.train_steps = 40",
-    "--model_root",
-    str(tmp_path / "runs"),
-    "--json",
-    str(out),
+  code = cli.main(
+    [
+      "benchmark",
+      "movielens",
+      "--data_dir",
+      data,
+      "--seeds",
+      "1",
+      "--experiments",
+      "fm",
+      "retrieval_history",
+      "--ranking_bindings",
+      "train.train_steps = 40",
+      "--retrieval_bindings",
+      "train.train_steps = 40",
+      "--model_root",
+      str(tmp_path / "runs"),
+      "--json",
+      str(out),
+    ]
   )
-  assert result.returncode == 0, result.stderr[-3000:]
+  printed = capsys.readouterr().out
+  assert code == 0
   summary = json.loads(out.read_text())["summary"]
   rmse = summary["ranking_rmse"]
   # The planted data has structure any fitted model finds: even 40 steps of
@@ -115,8 +119,8 @@ def test_benchmark_movielens_runs_as_a_user_runs_it(tmp_path):
     excluded = summary["retrieval_hit_rate_excluded"][label]
     assert excluded["top100"]["mean"] >= kept["top100"]["mean"] - 0.02, label
   assert "EASE (chosen on validation)" in summary["retrieval_hit_rate"]
-  assert "seen items excluded" in result.stdout
-  assert "movielens_fm.gin" in result.stdout
+  assert "seen items excluded" in printed
+  assert "movielens_fm.gin" in printed
 
 
 def test_unknown_gin_parameter_names_the_file(tmp_path, capsys):
@@ -206,11 +210,23 @@ def test_info_plans_row_sharding_for_the_runs_replicas_and_budget(capsys):
   assert "of 4.0 MiB (EmbeddingPlacement.device_memory)" in out
 
 
-@pytest.mark.slow  # ~15 s: one recsys process, two replicas
-def test_two_replicas_from_the_command_line_score_every_eval_example(tmp_path):
-  """The README's cpu_2replicas.gin from a fresh process (TF not yet started),
-  on an eval split smaller than one eval batch: all 50 examples scored. Run
-  as a user would (TF's own log level), output to a pipe."""
+def _padded(ids, width):
+  """Ragged/dense ids -> the export's `[B, W]` padded with -1 (or `[B]`)."""
+  if isinstance(ids, tf.RaggedTensor):
+    return ids.to_tensor(default_value=-1, shape=[None, width]).numpy()
+  return ids.numpy()
+
+
+# ~40 s: a recsys process trains on 2 replicas (TF not yet started, as a
+# user runs it), evaluate and export run in-process, a process without the
+# project serves
+@pytest.mark.slow
+def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path, caplog):
+  """The README's cpu_2replicas.gin from a fresh process, run as a user
+  would (TF's own log level, output to a pipe), on an eval split smaller
+  than one eval batch: all 50 examples scored. Then evaluate and export the
+  run, and serve the export in a process that cannot import recsys."""
+  model_dir, export_dir = tmp_path / "run", tmp_path / "export"
   bindings = sum(
     (
       ["--gin_bindings", b]
@@ -219,16 +235,21 @@ def test_two_replicas_from_the_command_line_score_every_eval_example(tmp_path):
     ),
     [],
   )
-  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  # TF's defaults: its log level, and oneDNN (whose start-up line is noise).
+  env = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS")
+  }
   done = run_recsys(
     "train",
     "--gin_file",
-    "experiments/synthetic_dlrm.gin",
+    DEFAULT,
     "--gin_file",
     "experiments/hardware/cpu_2replicas.gin",
     *bindings,
     "--model_dir",
-    str(tmp_path),
+    str(model_dir),
     env=env,
   )
   assert done.returncode == 0, done.stderr[-3000:]
@@ -240,41 +261,16 @@ def test_two_replicas_from_the_command_line_score_every_eval_example(tmp_path):
     and "cuInit" not in done.stderr
   )
   assert done.stderr.count("devices: ") == 1
-  metrics = json.loads((tmp_path / "metrics.json").read_text())
+  metrics = json.loads((model_dir / "metrics.json").read_text())
   assert metrics["replicas"] == 2 and metrics["step"] == 6
   assert metrics["eval/examples"] == 50
   assert 0.0 < metrics["eval/auc"] < 1.0
 
-
-def _padded(ids, width):
-  """Ragged/dense ids -> the export's `[B, W]` padded with -1 (or `[B]`)."""
-  if isinstance(ids, tf.RaggedTensor):
-    return ids.to_tensor(default_value=-1, shape=[None, width]).numpy()
-  return ids.numpy()
-
-
-# ~30 s: a recsys process trains (TF not yet started, as a user runs it),
-# evaluate and export run in-process, a process without the project serves
-@pytest.mark.slow
-def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path, caplog):
-  model_dir, export_dir = tmp_path / "run", tmp_path / "export"
-  bindings = sum((["--gin_bindings", b] for b in TINY), [])
-  done = run_recsys(
-    "train",
-    "--gin_file",
-    DEFAULT,
-    *bindings,
-    "--model_dir",
-    str(model_dir),
-    "--no_progress",
-  )
-  assert done.returncode == 0, done.stderr[-3000:]
-  metrics = json.loads((model_dir / "metrics.json").read_text())
-  assert metrics["step"] == 6
-
+  # Evaluation reads the run's operative config: 2 replicas again.
   assert cli.main(["evaluate", "--model_dir", str(model_dir)]) == 0
   gin.clear_config()
   evaluated = json.loads((model_dir / "eval_metrics.json").read_text())
+  assert evaluated["eval/examples"] == 50
   np.testing.assert_allclose(
     evaluated["eval/auc"], metrics["eval/auc"], rtol=1e-6
   )
@@ -304,7 +300,12 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path, caplog):
 
   config.parse(
     [str(model_dir / "operative_config.gin")],
-    ["train.progress_bar = False", "train.summaries = False"],
+    # The 2-replica checkpoint, read on one replica.
+    [
+      "train.progress_bar = False",
+      "train.summaries = False",
+      "train.num_cpu_replicas = 1",
+    ],
   )
   trainer = train(model_dir=str(model_dir), action="build")
   assert trainer.restored_step == 6

@@ -80,8 +80,8 @@ NOT_RUN = {
   ),
   ("docs/experiments.md", "hardware/cpu_2replicas.gin \\"): (
     "two mirrored replicas need a process whose TensorFlow runtime has not "
-    "started: tests/test_cli.py::test_two_replicas_from_the_command_line_"
-    "score_every_eval_example runs this command in a fresh process"
+    "started: tests/test_cli.py::test_train_evaluate_export_and_serve_in_"
+    "a_fresh_process runs this command in a fresh process"
   ),
   ("docs/experiments.md", "tensorboard --logdir"): (
     "starts a web server; tests/training/test_resume_settings.py::"
@@ -104,6 +104,13 @@ NOT_RUN = {
   ),
   ("docs/backends.md", "recsys.tools.tpu_smoke"): (
     "needs a Cloud TPU; tests/tools/test_tpu_smoke.py runs its CPU side"
+  ),
+  ("docs/scaling.md", "--model_dir runs/row_sharded"): (
+    "traces the default DLRM on 4 replicas (a minute here, even for 2 steps); "
+    "tests/distributed/test_row_sharded_training.py::test_recsys_train_"
+    "prints_the_plan_and_trains_sharded runs `recsys train` with the same "
+    "flags on 4 replicas and a smaller DLRM, and the `recsys info` block "
+    "above runs this plan as written"
   ),
   ("docs/scaling.md", "recsys launch"): (
     "starts clusters of 3 to 5 TensorFlow processes for minutes; "

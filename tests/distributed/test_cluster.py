@@ -23,8 +23,10 @@ import subprocess
 import sys
 import time
 
+import gin
 import pytest
 
+from recsys import cli
 from tests.distributed import cluster as cluster_lib
 
 STEPS = 400
@@ -84,12 +86,11 @@ def _metrics(model_dir, name="metrics.json"):
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
+  """The same run in one process (this one: `recsys.cli.main`)."""
   model_dir = tmp_path_factory.mktemp("one")
-  cluster_lib.run_script(
-    ["-m", "recsys", "train", *ARGS, "--model_dir", str(model_dir)],
-    timeout=300,
-    isolate=False,
-  )
+  gin.clear_config()
+  assert cli.main(["train", *ARGS, "--model_dir", str(model_dir)]) == 0
+  gin.clear_config()
   return _metrics(model_dir)
 
 
@@ -182,19 +183,9 @@ def test_parameter_server_cluster_loses_a_worker_and_trains_like_one_process(
       f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(2)
     }
   # The final checkpoint on one machine, without a cluster, in tensorcore.
-  cluster_lib.run_script(
-    [
-      "-m",
-      "recsys",
-      "evaluate",
-      "--model_dir",
-      str(tmp_path),
-      "--backend",
-      "tensorcore",
-    ],
-    timeout=300,
-    isolate=False,
-  )
+  # `recsys evaluate` on one machine (this process), no cluster.
+  evaluate = ["evaluate", "--model_dir", str(tmp_path)]
+  assert cli.main(evaluate + ["--backend", "tensorcore"]) == 0
   restored = _metrics(tmp_path, "eval_metrics.json")
   assert restored["step"] == STEPS
   # Same tables and model, same eval data: the same metrics.

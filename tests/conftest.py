@@ -8,9 +8,9 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # TF's own (Eigen) CPU kernels, here and in the processes tests start: the
-# tests' ops are tiny, and oneDNN's per-op set-up cost the suite ~15 % of its
-# CPU time (docs/testing.md, "Suite time"). `TF_ENABLE_ONEDNN_OPTS=1 make
-# test` runs it with oneDNN, as TF does by default.
+# tests' ops are tiny, and oneDNN's per-op set-up cost a tiny Trainer run
+# ~12-15 % more CPU (docs/testing.md, "Suite time"). `TF_ENABLE_ONEDNN_OPTS=1
+# make test` runs the suite with oneDNN, as TF does by default.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import gin  # noqa: E402

@@ -183,7 +183,6 @@ def test_parameter_server_cluster_loses_a_worker_and_trains_like_one_process(
       f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(2)
     }
   # The final checkpoint on one machine, without a cluster, in tensorcore.
-  # `recsys evaluate` on one machine (this process), no cluster.
   evaluate = ["evaluate", "--model_dir", str(tmp_path)]
   assert cli.main(evaluate + ["--backend", "tensorcore"]) == 0
   restored = _metrics(tmp_path, "eval_metrics.json")

@@ -99,9 +99,16 @@ def reference_fit(pattern, initial, lookups, in_model, strategy):
     for (layer, _), grads in zip(recorded, acts):
       layer.backend.apply_gradients(grads)
 
-  for _ in range(EPOCHS):  # eagerly: no trace to pay for
+  def replicated_step(batch):
+    strategy.run(step, args=(batch,))
+
+  if strategy.num_replicas_in_sync > 1:
+    # Eager MirroredStrategy runs each op once per replica thread: tracing
+    # the step (again when a batch's bag sizes differ) costs about half.
+    replicated_step = tf.function(replicated_step, reduce_retracing=True)
+  for _ in range(EPOCHS):  # one replica: eagerly, no trace to pay for
     for batch in batches:
-      strategy.run(step, args=(batch,))
+      replicated_step(batch)
   return model
 
 

@@ -4,6 +4,7 @@ Four logical CPU devices are configured before TensorFlow initialises its
 runtime so that tests can build MirroredStrategy over 2 or 4 replicas.
 """
 
+import gc
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -21,6 +22,11 @@ import recsys  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TF)
 from recsys import _tf_internal  # noqa: E402
 
 NUM_LOGICAL_CPUS = 4
+
+# What the imports made lives as long as the worker: keep it out of the
+# garbage collector's full passes (tests/models in one process: 8.6 -> 6.8 s
+# of its 171 CPU-seconds spent collecting).
+gc.freeze()
 
 _cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(

@@ -202,6 +202,7 @@ def test_tape_on_tables_gets_fixed_size_indexed_slices():
     )
 
 
+@pytest.mark.slow
 def test_two_replicas_equal_one_replica_compiled():
   """2 mirrored replicas on the static path == 1 compiled replica, combined batch.
 

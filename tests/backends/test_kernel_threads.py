@@ -164,6 +164,7 @@ def _train(tmp_path, threads: int, with_tf_ops: bool, forced: bool = True):
     return {k: data[k] for k in data.files}, stats
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(kernels.load() is None, reason="fused kernels unavailable")
 def test_one_and_two_intra_op_threads_give_identical_states(tmp_path):
   one, stats = _train(tmp_path, 1, with_tf_ops=False)

@@ -146,7 +146,7 @@ def trained(replicas: int, static: bool, **options):
   "replicas,static,layout",
   [
     pytest.param(2, False, "strided", id="2-dynamic"),
-    pytest.param(2, True, "contiguous", id="2-static"),
+    pytest.param(2, True, "contiguous", id="2-static", marks=pytest.mark.slow),
     pytest.param(
       4, False, "contiguous", id="4-dynamic", marks=pytest.mark.slow
     ),

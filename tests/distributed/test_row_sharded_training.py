@@ -61,6 +61,7 @@ def replicated(tmp_path_factory):
 
 
 # On 2 replicas: `recsys train` below runs the planner's choice on 4.
+@pytest.mark.slow
 def test_planner_shards_tables_over_the_budget_same_numbers(
   replicated, tmp_path
 ):

@@ -89,6 +89,7 @@ def compiled_states():
   return {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_compiled_trainer_step_equals_uncompiled(
   tmp_path, case, compiled_states
@@ -109,6 +110,7 @@ def test_compiled_trainer_step_equals_uncompiled(
   assert "<=" not in hlo
 
 
+@pytest.mark.slow
 def test_compiled_two_replicas_equal_one(tmp_path, compiled_states):
   """2 CPU replicas asked to compile run the static path: same numbers."""
   if "dlrm_adagrad_sgd" not in compiled_states:  # run alone (-k)
@@ -134,6 +136,7 @@ def test_plan_by_strategy():
   assert "XLA cannot compile CPU collectives" in two.reason
 
 
+@pytest.mark.slow
 def test_compiled_two_tower_on_two_replicas_has_static_bags(tmp_path):
   """A source whose ragged bags lose the batch size still gets static shapes."""
   trainer = make(

@@ -41,6 +41,7 @@ def read(path):
     return f.read()
 
 
+@pytest.mark.slow
 def test_changed_math_settings_are_refused_unless_allowed(tmp_path):
   run(tmp_path, "train.train_steps = 2")
   # More steps and another eval cadence change no math: resumed.

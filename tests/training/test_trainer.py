@@ -109,6 +109,7 @@ def test_eval_loss_matches_numpy_bce_of_predictions(tmp_path):
   np.testing.assert_allclose(trainer.evaluate()["eval/loss"], bce, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_kill_and_resume_continues_at_saved_step(tmp_path):
   """Stop after 8 steps, restart on the same dir: same end state as 16 steps."""
   whole = make_trainer(tmp_path / "whole", train_steps=16)
@@ -136,6 +137,7 @@ def test_same_seed_same_metrics(tmp_path):
       assert a[key] == b[key], key
 
 
+@pytest.mark.slow
 def test_two_replicas_match_one_on_the_same_global_batch(tmp_path):
   """2 mirrored CPU replicas == 1 replica with the combined batch (state)."""
   one = make_trainer(

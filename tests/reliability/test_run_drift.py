@@ -1,8 +1,9 @@
 """A run's evaluation and export cannot drift from what it trained (issue 28).
 
 One tiny MovieLens run (FM, generated ml-100k-layout files) is trained once
-for the module; `recsys evaluate` and `recsys export` are then run on it as
-a user runs them — the headline cases in a fresh process — with settings
+for the module; `recsys evaluate` and `recsys export` are then run on it
+through `recsys.cli.main` (a resume over changed data files in a fresh
+process, as a user runs it), with settings
 that change the split (refused, naming `setting: old -> new`), on other data
 on purpose (`--eval_on`, its own results file), allowed explicitly
 (recorded), and over data files that changed since training (refused,
@@ -104,36 +105,39 @@ def run(tmp_path_factory):
   return data, root / "run"
 
 
-@pytest.mark.slow  # ~25 s: two recsys processes
-def test_evaluate_and_export_on_another_split_are_refused(run, tmp_path):
+def test_evaluate_and_export_on_another_split_are_refused(
+  run, tmp_path, capsys
+):
   """The issue's case: `MovieLens.seed = 1` draws a test split that overlaps
   the model's training ratings. Refused, nothing written."""
   _, model_dir = run
-  done = run_recsys(
+  code, _, err = run_in_process(
+    capsys,
     "evaluate",
     "--model_dir",
-    str(model_dir),
+    model_dir,
     *flags("MovieLens.seed = 1"),
   )
-  assert done.returncode == 1, done.stderr[-3000:]
-  assert "ChangedSettingsError" in done.stderr
-  assert "  MovieLens.seed: 0 -> 1\n" in done.stderr
-  assert "--eval_on NAME" in done.stderr
-  assert "--allow_changed_settings" in done.stderr
+  assert code == 1, err[-3000:]
+  assert "ChangedSettingsError" in err
+  assert "  MovieLens.seed: 0 -> 1\n" in err
+  assert "--eval_on NAME" in err
+  assert "--allow_changed_settings" in err
   assert not (model_dir / "eval_metrics.json").exists()
 
   export_dir = tmp_path / "export"
-  done = run_recsys(
+  code, _, err = run_in_process(
+    capsys,
     "export",
     "--model_dir",
-    str(model_dir),
+    model_dir,
     "--export_dir",
-    str(export_dir),
+    export_dir,
     *flags("MovieLens.seed = 1"),
   )
-  assert done.returncode == 1, done.stderr[-3000:]
-  assert "  MovieLens.seed: 0 -> 1\n" in done.stderr
-  assert "exporting it now" in done.stderr
+  assert code == 1, err[-3000:]
+  assert "  MovieLens.seed: 0 -> 1\n" in err
+  assert "exporting it now" in err
   assert not export_dir.exists()
 
 
@@ -305,17 +309,18 @@ def test_data_files_that_changed_since_training_are_refused(tmp_path, capsys):
   assert code == 0
 
 
-@pytest.mark.slow  # ~10 s: one recsys process that stops before training
-def test_an_empty_test_split_stops_training_before_its_first_step(tmp_path):
+def test_an_empty_test_split_stops_training_before_its_first_step(
+  tmp_path, capsys
+):
   data = write_data(tmp_path / "ml-100k")
   model_dir = tmp_path / "run"
-  done = run_recsys(
-    *train_argv(data, model_dir, "MovieLens.test_fraction = 0.0")
+  code, _, err = run_in_process(
+    capsys, *train_argv(data, model_dir, "MovieLens.test_fraction = 0.0")
   )
-  assert done.returncode == 1, done.stderr[-3000:]
-  assert "MovieLens.test_fraction = 0.0 keeps every rating" in done.stderr
-  assert "num_eval_examples" not in done.stderr
-  assert "step 2/4" not in done.stderr  # no training step ran
+  assert code == 1, err[-3000:]
+  assert "MovieLens.test_fraction = 0.0 keeps every rating" in err
+  assert "num_eval_examples" not in err
+  assert "step 2/4" not in err  # no training step ran
   assert not (model_dir / "checkpoints").exists()
   assert not (model_dir / "metrics.json").exists()
 

@@ -3,16 +3,16 @@
 One tiny MovieLens run (FM, generated ml-100k-layout files) is trained once
 for the module; `recsys evaluate` and `recsys export` are then run on it
 through `recsys.cli.main` (a resume over changed data files in a fresh
-process, as a user runs it), with settings
-that change the split (refused, naming `setting: old -> new`), on other data
-on purpose (`--eval_on`, its own results file), allowed explicitly
-(recorded), and over data files that changed since training (refused,
-naming the file). Training checks its evaluation split before its first
+process, as a user runs it), with settings that change the split (refused,
+naming `setting: old -> new`), on other data on purpose (`--eval_on`, its
+own results file), allowed explicitly (recorded), and over data files that
+changed since training (refused, naming the file). Training checks its evaluation split before its first
 step.
 """
 
 import functools
 import json
+import logging
 import os
 import shutil
 
@@ -310,17 +310,20 @@ def test_data_files_that_changed_since_training_are_refused(tmp_path, capsys):
 
 
 def test_an_empty_test_split_stops_training_before_its_first_step(
-  tmp_path, capsys
+  tmp_path, capsys, caplog
 ):
   data = write_data(tmp_path / "ml-100k")
   model_dir = tmp_path / "run"
-  code, _, err = run_in_process(
-    capsys, *train_argv(data, model_dir, "MovieLens.test_fraction = 0.0")
-  )
+  # In this process the step lines are log records (pytest owns the root
+  # logger's handlers), not stderr.
+  with caplog.at_level(logging.INFO, logger="recsys.training"):
+    code, _, err = run_in_process(
+      capsys, *train_argv(data, model_dir, "MovieLens.test_fraction = 0.0")
+    )
   assert code == 1, err[-3000:]
   assert "MovieLens.test_fraction = 0.0 keeps every rating" in err
   assert "num_eval_examples" not in err
-  assert "step 2/4" not in err  # no training step ran
+  assert "step 2/4" not in caplog.text  # no training step ran
   assert not (model_dir / "checkpoints").exists()
   assert not (model_dir / "metrics.json").exists()
 

@@ -6,8 +6,8 @@ through `recsys.cli.main` (a resume over changed data files in a fresh
 process, as a user runs it), with settings that change the split (refused,
 naming `setting: old -> new`), on other data on purpose (`--eval_on`, its
 own results file), allowed explicitly (recorded), and over data files that
-changed since training (refused, naming the file). Training checks its evaluation split before its first
-step.
+changed since training (refused, naming the file). Training checks its
+evaluation split before its first step.
 """
 
 import functools

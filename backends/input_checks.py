@@ -9,7 +9,10 @@ message names the feature, its table and vocabulary (`describe`) and says
 what was expected.
 
 Checks that need the values run as graph assertions inside a traced step and
-raise `InvalidInputError` eagerly (`require`, `check`).
+raise `InvalidInputError` eagerly (`require`, `check`). An engine gathers the
+value checks of all its features into one assertion (`CheckGroup`): one
+`tf.cond` per lookup instead of one per check, which made tracing a small
+DLRM step ~10 % slower.
 
 Example:
   >>> layout = FeatureLayout("user", feature_config["user"], "users")
@@ -19,6 +22,7 @@ Example:
 
 import collections
 import dataclasses
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -225,15 +229,66 @@ def check(ok: tf.Tensor, template: str, args_fn: Callable[[], list]) -> list:
     if not bool(ok):
       raise InvalidInputError(template.format(*(a.numpy() for a in args_fn())))
     return []
-  # The graph-mode assertion message C-escapes quotes (\\'): use backticks.
-  template = template.replace("'", "`")
+  group = getattr(_active, "group", None)
+  if group is not None:
+    group.pending.append((ok, template, args_fn))
+    return []
+  return _assertion([(ok, template, args_fn)])
+
+
+def _assertion(pending: list) -> list:
+  """One graph assertion for `(ok, template, args_fn)` checks: it fails with
+  the message of the first check that does not hold."""
+  oks = [tf.reshape(ok, []) for ok, _, _ in pending]
 
   def fail():
-    message = tf.strings.format(template, args_fn())
+    # The graph-mode assertion message C-escapes quotes (\\'): use backticks.
+    messages = [
+      tf.strings.format(template.replace("'", "`"), args_fn())
+      for _, template, args_fn in pending
+    ]
+    message = messages[0]
+    if len(messages) > 1:
+      first = tf.argmin(tf.cast(tf.stack(oks), tf.int32))
+      message = tf.gather(tf.stack(messages), first)
     with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
       return tf.constant(False)
 
+  ok = oks[0] if len(oks) == 1 else tf.reduce_all(tf.stack(oks))
   return [tf.cond(ok, lambda: tf.constant(True), fail)]
+
+
+_active = threading.local()  # replicas trace their steps in threads of their own
+
+
+class CheckGroup:
+  """Collects the graph-mode `check`s made inside `with group:` (this thread).
+
+  `assertion()` then builds them as one assertion, to run before anything
+  reads the checked tensors; eagerly, `check` raises at once as always.
+
+  Example:
+    >>> group = CheckGroup()
+    >>> with group:
+    ...   bags = [validate(layout, bag, "error")[0] for ...]
+    >>> deps = group.assertion()  # control dependencies of the lookups
+  """
+
+  def __init__(self):
+    self.pending: list = []
+
+  def __enter__(self) -> "CheckGroup":
+    self._outer = getattr(_active, "group", None)
+    _active.group = self
+    return self
+
+  def __exit__(self, *exc) -> None:
+    _active.group = self._outer
+
+  def assertion(self) -> list:
+    """The ops (graph mode) that fail the step unless every check holds."""
+    pending, self.pending = self.pending, []
+    return _assertion(pending) if pending else []
 
 
 def first_where(mask: tf.Tensor, values: tf.Tensor) -> tf.Tensor:

@@ -15,11 +15,13 @@ Example:
   >>> outputs, steps = engine.lookup(flat, flat_w, None, storages, True)
 """
 
+import dataclasses
 from typing import Any
 
 import tensorflow as tf
 
 from backends import _bags, optimizers
+from backends import input_checks as checks_lib
 from backends import inputs as inputs_lib
 from backends.engines import base
 from backends.storage import TableStorage
@@ -88,6 +90,7 @@ class DynamicEngine(base.Engine):
       and not tf.executing_eagerly()
     )
     out = []
+    checks = checks_lib.CheckGroup()  # one assertion for every feature
     for layout, inp, w in zip(features.layouts, flat, flat_weights):
       bag = inputs_lib.to_flat_bags(
         layout,
@@ -98,14 +101,19 @@ class DynamicEngine(base.Engine):
         check_ids=kernel_checks and layout.feature.validate_weights_and_indices,
       )
       if layout.feature.validate_weights_and_indices:
-        bag, num_invalid = inputs_lib.validate(
-          layout, bag, features.invalid_ids
-        )
+        with checks:
+          bag, num_invalid = inputs_lib.validate(
+            layout, bag, features.invalid_ids
+          )
         if counters is not None and features.invalid_ids != "error":
           counters.invalid[layout.path].assign_add(num_invalid)
       if counters is not None and features.width(layout):
         counters.truncated[layout.path].assign_add(bag.truncated)
       out.append(bag)
+    deps = checks.assertion()
+    if deps:  # checked before any gather reads the ids
+      with tf.control_dependencies(deps):
+        out = [dataclasses.replace(b, ids=tf.identity(b.ids)) for b in out]
     return out
 
   # -- lookup ---------------------------------------------------------------

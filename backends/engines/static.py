@@ -59,6 +59,7 @@ class StaticEngine(base.Engine):
     policy = features.invalid_ids
     compiled = base.in_xla_context()
     out = []
+    checks = checks_lib.CheckGroup()  # one assertion for every feature
     for layout, inp, w in zip(features.layouts, flat, flat_weights):
       if not compiled:  # a compiled step cannot raise: it leaves such ids out
         checks_lib.check_bag_structure(checks_lib.describe(layout), inp, w)
@@ -68,9 +69,8 @@ class StaticEngine(base.Engine):
       if layout.feature.validate_weights_and_indices:
         bags, report = static_bags.validate(layout, bags, policy)
         if policy == "error" and not compiled:
-          bags = dataclasses.replace(
-            bags, ids=_raise_for_report(layout, report, bags.ids)
-          )
+          with checks:
+            _raise_for_report(layout, report)
         if counters is not None:
           if policy == "error":
             counters.refused_ids[layout.path].assign_add(report.bad_ids)
@@ -86,6 +86,10 @@ class StaticEngine(base.Engine):
       out.append(
         static_bags.with_combiner_scale(bags, layout.feature.table.combiner)
       )
+    deps = checks.assertion()
+    if deps:  # checked before any gather reads the ids
+      with tf.control_dependencies(deps):
+        out = [dataclasses.replace(b, ids=tf.identity(b.ids)) for b in out]
     return out
 
   # -- lookup ---------------------------------------------------------------
@@ -212,10 +216,9 @@ def _dynamic_features(features, positions: list[int], bags: list) -> list:
   ]
 
 
-def _raise_for_report(
-  layout, report: static_bags.Report, ids: tf.Tensor
-) -> tf.Tensor:
-  """`ids`, after checks that raise (eager) or fail the step (graph)."""
+def _raise_for_report(layout, report: static_bags.Report) -> list:
+  """Checks that raise (eager) or fail the step (graph; the ops returned,
+  none inside a `CheckGroup`) on the refused ids and weights of a report."""
   what = checks_lib.template_safe(checks_lib.describe(layout))
   checks = checks_lib.check_ids_in_range(
     layout,
@@ -228,8 +231,7 @@ def _raise_for_report(
     "must be finite and >= 0.",
     lambda: [report.bad_weights],
   )
-  with tf.control_dependencies(checks):
-    return tf.identity(ids)
+  return checks
 
 
 def _gather_with_dense_gradient(

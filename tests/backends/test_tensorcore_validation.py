@@ -52,6 +52,42 @@ def test_out_of_range_id_fails_inside_tf_function_too():
     )
 
 
+@pytest.mark.parametrize("compiled_bags", [False, True], ids=["flat", "static"])
+def test_a_traced_lookup_checks_every_feature_in_one_assertion(compiled_bags):
+  """One `tf.cond` for all of a lookup's value checks (each feature's ids
+  and weights), failing with the first failing feature's message, in
+  config order, whichever others fail too."""
+  table = E.TableConfig(23, 7, combiner="sum", name="users")
+  config = {
+    f"f{i}": E.FeatureConfig(table, name=f"f{i}") for i in range(4)
+  }
+  emb = backends.TensorCoreEmbedding(
+    config, E.SGD(0.1), bag_widths=2, static_shapes=compiled_bags
+  )
+  emb.build()
+
+  def bags(bad):
+    return {
+      f"f{i}": tf.ragged.constant(
+        [[1, 99 if i in bad else 2], [3]], dtype=tf.int64
+      )
+      for i in range(4)
+    }
+
+  step = tf.function(lambda f: emb(f))
+  graph = step.get_concrete_function(bags(())).graph
+  conds = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
+  assert len(conds) == 1, [op.name for op in conds]
+  assert all(np.isfinite(a.numpy()).all() for a in step(bags(())).values())
+  for bad in [(2,), (1, 3), (3, 0)]:
+    first = min(bad)
+    with pytest.raises(
+      tf.errors.InvalidArgumentError,
+      match=rf"feature `f{first}` \(table `users`.* got id 99 at batch row 0",
+    ):
+      step(bags(bad))
+
+
 def test_drop_policy_removes_and_counts_invalid_ids():
   emb, table = _emb(invalid_ids="drop")
   values = emb.embedding_tables[table].numpy()

@@ -334,7 +334,8 @@ def embed_fn(
     feature_names: the features `embed` reads (query or candidate features).
 
   Returns:
-    `features -> [B, K]` embeddings, a `tf.function`.
+    `features -> [B, K]` embeddings, a `tf.function` (traced for the full
+    batch, then once more for any other batch size).
   """
 
   def fn(features):
@@ -342,4 +343,4 @@ def embed_fn(
       serving_activations(backend, features, feature_names), features
     )
 
-  return tf.function(fn)
+  return tf.function(fn, reduce_retracing=True)

@@ -289,6 +289,7 @@ class Trainer:
       jit_compile=self.compile_plan.compile_steps,
     )
     self._eval_datasets: dict[bool, Any] = {}
+    self._embed_candidates: Any = None  # traced once per run (index_corpus)
     self._seen_items: seen_lib.SeenItems | None = None
 
   def _build_writers(self) -> None:
@@ -574,14 +575,17 @@ class Trainer:
     Returns:
       The number of candidates indexed.
     """
-    embed = loop_lib.embed_fn(
-      self.backend,
-      self.model.candidate_embeddings,
-      self.model.candidate_features,
-    )
+    if self._embed_candidates is None:
+      # One function for every evaluation of the run: a new one each time
+      # traced again at every evaluation (TF then warns of retracing).
+      self._embed_candidates = loop_lib.embed_fn(
+        self.backend,
+        self.model.candidate_embeddings,
+        self.model.candidate_features,
+      )
     ids, embeddings = [], []
     for batch in self.eval_source.candidates(self.eval_batch_size):
-      embeddings.append(embed(batch))
+      embeddings.append(self._embed_candidates(batch))
       ids.append(self.model.candidate_ids(batch))
     ids = tf.concat(ids, 0)
     self.model.index_candidates(ids, tf.concat(embeddings, 0))

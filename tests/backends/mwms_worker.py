@@ -6,7 +6,9 @@ With TF_CONFIG (set by the test) it is one worker of the 2-process cluster and
 trains on its half of each global batch. Without it the process trains alone:
 on the whole batch with one replica, or with `--replicas 2` under a
 MirroredStrategy over 2 logical CPUs, each replica on its half (the same
-global batch, split as the 2 workers split it).
+global batch, split as the 2 workers split it). The test runs the two
+references in its own process (`main(..., strategy=...)`): only the workers
+need processes of their own.
 """
 
 import json
@@ -33,10 +35,21 @@ def batches():
     yield rows, cot
 
 
-def main(out_path: str, local_replicas: int = 1) -> None:
+def main(
+  out_path: str,
+  local_replicas: int = 1,
+  strategy: tf.distribute.Strategy | None = None,
+) -> None:
+  """Trains and saves the table and its accumulators to `out_path`.
+
+  `strategy`: a MirroredStrategy of `local_replicas` replicas to use instead
+  of building one (the caller's process already set up its devices).
+  """
   multi = "TF_CONFIG" in os.environ
   if multi:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  elif strategy is not None:
+    assert strategy.num_replicas_in_sync == local_replicas
   elif local_replicas > 1:
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(

@@ -164,10 +164,19 @@ def _train(tmp_path, threads: int, with_tf_ops: bool, forced: bool = True):
     return {k: data[k] for k in data.files}, stats
 
 
+@pytest.fixture(scope="module")
+def one_thread(tmp_path_factory):
+  """The one-thread run, for both tests: with one intra-op thread nothing
+  splits, whatever RECSYS_KERNEL_PARALLEL_MIN_WORK says."""
+  return _train(tmp_path_factory.mktemp("one"), 1, with_tf_ops=False)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(kernels.load() is None, reason="fused kernels unavailable")
-def test_one_and_two_intra_op_threads_give_identical_states(tmp_path):
-  one, stats = _train(tmp_path, 1, with_tf_ops=False)
+def test_one_and_two_intra_op_threads_give_identical_states(
+  tmp_path, one_thread
+):
+  one, stats = one_thread
   two, _ = _train(tmp_path, 2, with_tf_ops=True)
   # Three threads: the lookup's bag sums split over two parts beside its
   # de-duplication (two threads: one part for each).
@@ -207,10 +216,10 @@ def test_one_and_two_intra_op_threads_give_identical_states(tmp_path):
 
 
 @pytest.mark.skipif(kernels.load() is None, reason="fused kernels unavailable")
-def test_one_table_splits_by_itself_with_identical_states(tmp_path):
+def test_one_table_splits_by_itself_with_identical_states(tmp_path, one_thread):
   # The automatic split (the default): the step has one table, so its lookup
   # and update take both intra-op threads, and still match one thread.
-  one, _ = _train(tmp_path, 1, with_tf_ops=False, forced=False)
+  one, _ = one_thread
   two, _ = _train(tmp_path, 2, with_tf_ops=False, forced=False)
   assert sorted(one) == sorted(two)
   for key, value in one.items():

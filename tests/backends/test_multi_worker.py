@@ -3,13 +3,14 @@
 import json
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.backends import mwms_worker
+from tests.conftest import mirrored_strategy
 from tests.distributed import cluster as cluster_lib
 
 WORKER = Path(__file__).with_name("mwms_worker.py")
@@ -33,18 +34,13 @@ def _env(**extra):
 
 @pytest.mark.slow
 def test_two_workers_equal_one_process_on_the_global_batch(tmp_path):
-  """2 processes == 1 process with 2 replicas == 1 replica, same global batch."""
+  """2 processes == 1 process with 2 replicas == 1 replica, same global batch.
+
+  The references train in this process; the workers in two of their own."""
   ref = tmp_path / "ref.npz"
-  subprocess.run(
-    [sys.executable, str(WORKER), str(ref)], env=_env(), check=True, timeout=300
-  )
+  mwms_worker.main(str(ref))
   two_replicas = tmp_path / "two_replicas.npz"
-  subprocess.run(
-    [sys.executable, str(WORKER), str(two_replicas), "--replicas", "2"],
-    env=_env(),
-    check=True,
-    timeout=300,
-  )
+  mwms_worker.main(str(two_replicas), 2, strategy=mirrored_strategy(2))
   cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
   cluster_lib.run_workers(
     [

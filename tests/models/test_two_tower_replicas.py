@@ -115,3 +115,18 @@ def test_per_replica_negatives_train_another_model(tmp_path, one_replica):
   _, want = one_replica["in_batch"]
   key = next(k for k in want if k.startswith("table/"))
   assert not np.allclose(per_replica[key], want[key], rtol=1e-3, atol=1e-4)
+
+
+def test_every_evaluation_of_a_run_embeds_the_corpus_with_one_function(
+  tmp_path,
+):
+  """The candidate tower is traced for the full batch and the last partial
+  one, once per run, not again at each evaluation (17 candidates in
+  batches of 8: two shapes; 3 evaluations)."""
+  trainer = _trainer(tmp_path, 1, eval_every=2, eval_batch_size=8)
+  metrics = trainer.train()
+  assert metrics["step"] == STEPS
+  embed = trainer._embed_candidates  # pylint: disable=protected-access
+  assert embed.experimental_get_tracing_count() == 2
+  assert trainer.index_corpus() == 17
+  assert embed.experimental_get_tracing_count() == 2

@@ -258,7 +258,8 @@ def _assertion(pending: list) -> list:
   return [tf.cond(ok, lambda: tf.constant(True), fail)]
 
 
-_active = threading.local()  # replicas trace their steps in threads of their own
+# Per thread: a MirroredStrategy traces each replica's step in a thread.
+_active = threading.local()
 
 
 class CheckGroup:

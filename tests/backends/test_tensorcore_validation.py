@@ -58,9 +58,7 @@ def test_a_traced_lookup_checks_every_feature_in_one_assertion(compiled_bags):
   and weights), failing with the first failing feature's message, in
   config order, whichever others fail too."""
   table = E.TableConfig(23, 7, combiner="sum", name="users")
-  config = {
-    f"f{i}": E.FeatureConfig(table, name=f"f{i}") for i in range(4)
-  }
+  config = {f"f{i}": E.FeatureConfig(table, name=f"f{i}") for i in range(4)}
   emb = backends.TensorCoreEmbedding(
     config, E.SGD(0.1), bag_widths=2, static_shapes=compiled_bags
   )
@@ -76,7 +74,9 @@ def test_a_traced_lookup_checks_every_feature_in_one_assertion(compiled_bags):
 
   step = tf.function(lambda f: emb(f))
   graph = step.get_concrete_function(bags(())).graph
-  conds = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
+  conds = [
+    op for op in graph.get_operations() if op.type in ("If", "StatelessIf")
+  ]
   assert len(conds) == 1, [op.name for op in conds]
   assert all(np.isfinite(a.numpy()).all() for a in step(bags(())).values())
   for bad in [(2,), (1, 3), (3, 0)]:

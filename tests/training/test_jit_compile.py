@@ -1,7 +1,10 @@
 """`train.jit_compile`: each model's replica step compiled with XLA, as on TPU.
 
 Reference: the same run uncompiled (tables, slots, dense weights and the
-dense optimizer's state), and an HLO without dynamic dimensions.
+dense optimizer's state), and an HLO without dynamic dimensions. A two-tower
+run asked to compile on 2 replicas (the static path, whose ragged bags lose
+the batch size) is `tests/models/test_two_tower_replicas.py`'s mixed case,
+checked against one replica.
 """
 
 import functools
@@ -134,16 +137,3 @@ def test_plan_by_strategy():
   two = compile_lib.plan(mirrored_strategy(2), True)
   assert (two.compile_steps, two.static_shapes) == (False, True)
   assert "XLA cannot compile CPU collectives" in two.reason
-
-
-@pytest.mark.slow
-def test_compiled_two_tower_on_two_replicas_has_static_bags(tmp_path):
-  """A source whose ragged bags lose the batch size still gets static shapes."""
-  trainer = make(
-    tmp_path,
-    "two_tower_adam_dense_adam",
-    True,
-    strategy=mirrored_strategy(2),
-    steps=2,
-  )
-  assert np.isfinite(trainer.train()["train/loss"])

@@ -140,8 +140,9 @@ def test_dlrm_two_replicas_match_one_replica():
 def test_two_tower_trains_through_backend_on_two_replicas():
   """Every table (query, candidate, weighted multi-hot side feature) gets updated.
 
-  In-batch negatives are per replica, so 2 replicas do not reproduce the
-  1-replica softmax; only that the step runs and trains is checked.
+  Only that the hand-written step runs and trains is checked here; that 2
+  replicas train the 1-replica model (negatives from the global batch) is
+  tests/models/test_two_tower_replicas.py's.
   """
   model_fn = lambda: TwoTower(
     SPECS, ["user", "tags"], ["item"], query_tower=(5,), candidate_tower=(5,)

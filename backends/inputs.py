@@ -378,8 +378,9 @@ def validate(
     checks += checks_lib.check_ids_in_range(
       layout, tf.equal(num_bad, 0), bad_id_and_row
     )
-  with tf.control_dependencies(checks):  # checked before any gather reads ids
-    ids = tf.identity(ids)
+  if checks:  # none inside a CheckGroup, whose caller orders them
+    with tf.control_dependencies(checks):  # checked before a gather reads ids
+      ids = tf.identity(ids)
   if policy == "drop":
     keep = tf.logical_not(bad)
     return dataclasses.replace(

@@ -4,6 +4,7 @@ Four logical CPU devices are configured before TensorFlow initialises its
 runtime so that tests can build MirroredStrategy over 2 or 4 replicas.
 """
 
+import collections
 import gc
 import os
 
@@ -86,10 +87,7 @@ def pytest_collection_modifyitems(items):
   tests), which handed the few-test cluster and benchmark files out last.
   Tests keep their order inside a file.
   """
-  cost: dict[str, float] = {}
+  cost: collections.Counter = collections.Counter()
   for item in items:
-    slow = item.get_closest_marker("slow") is not None
-    cost[str(item.path)] = cost.get(str(item.path), 0.0) + (
-      10.0 if slow else 0.15
-    )
-  items.sort(key=lambda item: -cost[str(item.path)])
+    cost[item.path] += 10.0 if item.get_closest_marker("slow") else 0.15
+  items.sort(key=lambda item: -cost[item.path])

@@ -216,22 +216,21 @@ def _dynamic_features(features, positions: list[int], bags: list) -> list:
   ]
 
 
-def _raise_for_report(layout, report: static_bags.Report) -> list:
-  """Checks that raise (eager) or fail the step (graph; the ops returned,
-  none inside a `CheckGroup`) on the refused ids and weights of a report."""
+def _raise_for_report(layout, report: static_bags.Report) -> None:
+  """Checks of a report's refused ids and weights: they raise eagerly; in a
+  graph the caller's `CheckGroup` collects them into its assertion."""
   what = checks_lib.template_safe(checks_lib.describe(layout))
-  checks = checks_lib.check_ids_in_range(
+  checks_lib.check_ids_in_range(
     layout,
     tf.equal(report.bad_ids, 0),
     lambda: [report.example[0], report.example[1]],
   )
-  checks += checks_lib.check(
+  checks_lib.check(
     tf.equal(report.bad_weights, 0),
     what + " got {} weights that are NaN, infinite or negative; weights "
     "must be finite and >= 0.",
     lambda: [report.bad_weights],
   )
-  return checks
 
 
 def _gather_with_dense_gradient(

@@ -137,7 +137,7 @@ def _recsys(cfg, data, args):
 
   import backends  # pylint: disable=g-import-not-at-top
   import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  from recsys.data.spec import FeatureSpec  # pylint: disable=g-import-not-at-top
+  from recsys.feature_spec import FeatureSpec  # pylint: disable=g-import-not-at-top
   from recsys.models.dlrm import DLRM  # pylint: disable=g-import-not-at-top
 
   mark("import recsys + TF")

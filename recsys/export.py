@@ -62,7 +62,7 @@ from backends import serving
 from recsys import atomic_dir, serving_checks
 from recsys._keras import keras, tf
 from recsys.data.raw import RawParser
-from recsys.data.spec import FeatureSpec
+from recsys.feature_spec import FeatureSpec
 from recsys.models import retrieval_index
 from recsys.models import seen_items as seen_lib
 from recsys.models.errors import ModelConfigError

@@ -7,7 +7,7 @@ combiner, initializer, optimizer) apply to every table unless a per-table
 override says otherwise.
 
 Example:
-  >>> from recsys.data.spec import FeatureSpec
+  >>> from recsys.feature_spec import FeatureSpec
   >>> specs = [FeatureSpec("user", 943), FeatureSpec("item", 1682),
   ...          FeatureSpec("history", 1682, multi_hot=True, table="item")]
   >>> config = feature_config(specs, EmbeddingSettings(dim=16))
@@ -28,8 +28,8 @@ import numpy as np
 from backends import base as backends_base
 from backends import suggest
 from recsys._keras import keras, tf
-from recsys.data.spec import FeatureSpec
 from recsys.errors import RecsysError
+from recsys.feature_spec import FeatureSpec
 
 embedding = tf.tpu.experimental.embedding
 

@@ -21,7 +21,7 @@ Example (inside a signature):
 from collections.abc import Mapping, Sequence
 
 from recsys._keras import tf
-from recsys.data.spec import FeatureSpec
+from recsys.feature_spec import FeatureSpec
 
 _MAX_RANK = 4  # shapes are padded to this many dims for the comparison
 

@@ -240,7 +240,7 @@ def test_train_refuses_tables_larger_than_the_host_naming_them(tmp_path):
   import functools  # pylint: disable=g-import-not-at-top
 
   from recsys.data import DataSource  # pylint: disable=g-import-not-at-top
-  from recsys.data.spec import FeatureSpec  # pylint: disable=g-import-not-at-top
+  from recsys.feature_spec import FeatureSpec  # pylint: disable=g-import-not-at-top
   from recsys.features import EmbeddingSettings  # pylint: disable=g-import-not-at-top
   from recsys.models import DLRM  # pylint: disable=g-import-not-at-top
   from recsys.training import Trainer  # pylint: disable=g-import-not-at-top

@@ -32,12 +32,12 @@ from recsys.data.from_dataset import DatasetSource
 from recsys.data.movielens import MovieLens, MovieLensConfigError
 from recsys.data.pipeline import DataSource, InvalidBatchSizeError
 from recsys.data.raw import RawParser
-from recsys.data.spec import FeatureSpec
 from recsys.data.synthetic_ctr import SyntheticConfigError, SyntheticCTR
 from recsys.data.synthetic_retrieval import (
   SyntheticRetrieval,
   SyntheticRetrievalConfigError,
 )
+from recsys.feature_spec import FeatureSpec
 
 __all__ = [
   "CATEGORICAL_NAMES",

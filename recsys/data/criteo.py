@@ -58,8 +58,8 @@ from recsys.data.criteo_raw import (
 )
 from recsys.data.errors import DataFormatError, DatasetNotFoundError
 from recsys.data.pipeline import AUTOTUNE, BatchRequest, DataSource
-from recsys.data.spec import FeatureSpec
 from recsys.errors import RecsysError
+from recsys.feature_spec import FeatureSpec
 
 log = logging.getLogger("recsys.data.criteo")
 

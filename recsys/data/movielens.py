@@ -59,8 +59,9 @@ from recsys.data.pipeline import (
   DataSource,
   candidate_batches,
 )
-from recsys.data.spec import FeatureSpec
 from recsys.data.user_history import ItemHistory, UserHistory
+from recsys.errors import RecsysError
+from recsys.feature_spec import FeatureSpec
 
 log = logging.getLogger("recsys.data.movielens")
 
@@ -95,7 +96,7 @@ SPLITS = ("random", "temporal", "files")
 SPLIT_CHECKS = ("warn", "strict")
 
 
-class MovieLensConfigError(ValueError):
+class MovieLensConfigError(RecsysError, ValueError):
   """Inconsistent MovieLens settings."""
 
 

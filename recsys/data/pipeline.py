@@ -29,8 +29,8 @@ import tensorflow as tf
 
 from recsys.data.errors import EmptyEvalSetError
 from recsys.data.raw import RawParser
-from recsys.data.spec import FeatureSpec
 from recsys.errors import RecsysError
+from recsys.feature_spec import FeatureSpec
 
 AUTOTUNE = tf.data.AUTOTUNE
 

@@ -36,8 +36,8 @@ import tensorflow as tf
 
 from recsys.data import _random, oracle
 from recsys.data.pipeline import Batch, IndexedSource
-from recsys.data.spec import FeatureSpec
 from recsys.errors import RecsysError
+from recsys.feature_spec import FeatureSpec
 
 _CALIBRATION_EXAMPLES = 1 << 15
 # Examples per eager pass of the calibration and the oracle: TF keeps

@@ -29,8 +29,8 @@ import tensorflow as tf
 
 from recsys.data import _random
 from recsys.data.pipeline import Batch, IndexedSource, candidate_batches
-from recsys.data.spec import FeatureSpec
 from recsys.errors import RecsysError
+from recsys.feature_spec import FeatureSpec
 
 _MAX_TABLE = 1 << 24
 

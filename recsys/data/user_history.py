@@ -30,10 +30,12 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from recsys.errors import RecsysError
+
 WEIGHTS = ("none", "rating", "recency")
 
 
-class UserHistoryConfigError(ValueError):
+class UserHistoryConfigError(RecsysError, ValueError):
   """Inconsistent user-history settings."""
 
 

@@ -44,6 +44,7 @@ from typing import Any
 
 from backends import base
 from recsys._keras import keras, tf
+from recsys.errors import RecsysError
 
 embedding = tf.tpu.experimental.embedding
 _Schedule = keras.optimizers.schedules.LearningRateSchedule
@@ -66,7 +67,7 @@ _TARGETS: dict[str, type] = {
 }
 
 
-class OptimizerTranslationError(ValueError):
+class OptimizerTranslationError(RecsysError, ValueError):
   """An optimizer argument that has no embedding-optimizer counterpart."""
 
 

@@ -11,7 +11,7 @@ import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
 from recsys._keras import keras
-from recsys.data.spec import FeatureSpec
+from recsys.feature_spec import FeatureSpec
 from recsys.models import layers as model_layers
 from recsys.models.base import RankingModel
 from recsys.models.errors import ModelConfigError

@@ -10,7 +10,7 @@ import gin
 import tensorflow as tf
 
 from recsys._keras import keras
-from recsys.data.spec import FeatureSpec
+from recsys.feature_spec import FeatureSpec
 from recsys.models import layers as model_layers
 from recsys.models.base import RankingModel
 from recsys.models.errors import EmbeddingDimError, ModelConfigError

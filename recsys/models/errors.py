@@ -4,14 +4,16 @@ Every message names the model, the offending feature(s) or parameter, what it
 got and what it expected, and how to fix it.
 """
 
+from recsys.errors import RecsysError
 
-class ModelConfigError(ValueError):
+
+class ModelConfigError(RecsysError, ValueError):
   """A model hyper-parameter is invalid (unknown choice, bad size, ...)."""
 
 
-class FeatureMismatchError(ValueError):
+class FeatureMismatchError(RecsysError, ValueError):
   """The activations or features given to a model do not match its specs."""
 
 
-class EmbeddingDimError(ValueError):
+class EmbeddingDimError(RecsysError, ValueError):
   """Activations have embedding dimensions the model cannot combine."""

@@ -13,7 +13,7 @@ import gin
 import tensorflow as tf
 
 from recsys._keras import keras
-from recsys.data.spec import FeatureSpec
+from recsys.feature_spec import FeatureSpec
 from recsys.models import layers as model_layers
 from recsys.models import retrieval_negatives
 from recsys.models.base import (

@@ -31,6 +31,8 @@ import sys
 import tempfile
 from typing import Any
 
+from recsys.errors import RecsysError
+
 OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
 TPU_BACKENDS = ("tensorcore", "auto", "tpu_embedding", "tpu_embedding_v0")
 REFERENCE = "tensorcore@cpu"  # tensorcore, uncompiled, on this machine's CPU
@@ -281,7 +283,7 @@ def read_on_cpu(path: str, optimizer: str) -> dict[str, Any]:
   return values
 
 
-class TPUUnreachableError(RuntimeError):
+class TPUUnreachableError(RecsysError, RuntimeError):
   """The TPU did not answer in time."""
 
 

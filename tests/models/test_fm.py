@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from recsys import config
 from recsys.data.movielens_synthetic import write_ml100k_like
-from recsys.data.spec import FeatureSpec
+from recsys.feature_spec import FeatureSpec
 from recsys.models import FactorizationMachine, ModelConfigError
 from recsys.training import train
 

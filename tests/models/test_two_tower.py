@@ -6,7 +6,7 @@ import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-from recsys.data.spec import FeatureSpec
+from recsys.feature_spec import FeatureSpec
 from recsys.models import (
   CorpusIndex,
   FeatureMismatchError,

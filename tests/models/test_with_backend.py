@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import backends
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-from recsys.data.spec import FeatureSpec
+from recsys.feature_spec import FeatureSpec
 from recsys.models import DLRM, TwoTower
 from tests.conftest import mirrored_strategy
 

@@ -285,7 +285,7 @@ def test_source_with_ids_beyond_its_declared_vocabulary_stops_training(
   tmp_path,
 ):
   """A data source whose ids exceed its FeatureSpec fails naming the feature."""
-  from recsys.data.spec import FeatureSpec  # pylint: disable=g-import-not-at-top
+  from recsys.feature_spec import FeatureSpec  # pylint: disable=g-import-not-at-top
   from recsys.features import EmbeddingSettings  # pylint: disable=g-import-not-at-top
   from recsys.models import DLRM  # pylint: disable=g-import-not-at-top
   from recsys.training import Trainer  # pylint: disable=g-import-not-at-top

@@ -18,7 +18,7 @@ import tensorflow as tf  # noqa: E402
 import backends  # noqa: E402
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from recsys import _gin_compat, cli, config  # noqa: E402
-from recsys.data.spec import FeatureSpec  # noqa: E402
+from recsys.feature_spec import FeatureSpec  # noqa: E402
 from recsys.features import (
   EmbeddingSettings,
   FeatureConfigError,

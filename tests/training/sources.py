@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from recsys.data.pipeline import BatchRequest, DataSource
-from recsys.data.spec import FeatureSpec
+from recsys.feature_spec import FeatureSpec
 
 
 class ArraySource(DataSource):

@@ -1,7 +1,12 @@
 """User-facing errors share one RecsysError base and keep their builtins."""
 
+import importlib
+import inspect
+import pkgutil
+
 import pytest
 
+import recsys
 from recsys import (
   atomic_dir,
   config,
@@ -9,10 +14,13 @@ from recsys import (
   features,
   launch,
   planning,
+  feature_spec,
   untrusted_config,
 )
 from recsys.data import errors as data_errors
+from recsys.data import movielens, user_history
 from recsys.errors import RecsysError
+from recsys.models import errors as model_errors
 from recsys.training import (
   lock,
   run_configs,
@@ -44,6 +52,12 @@ from recsys.training import (
     (run_files.UnsafeRunFileError, OSError),
     (signals.TrainingPreempted, RuntimeError),
     (strategy.StrategyError, RuntimeError),
+    (feature_spec.FeatureSpecError, ValueError),
+    (model_errors.ModelConfigError, ValueError),
+    (model_errors.FeatureMismatchError, ValueError),
+    (model_errors.EmbeddingDimError, ValueError),
+    (movielens.MovieLensConfigError, ValueError),
+    (user_history.UserHistoryConfigError, ValueError),
   ],
 )
 def test_one_base_and_the_builtin_it_always_had(error, builtin):
@@ -55,3 +69,26 @@ def test_errors_keep_their_messages_and_attributes():
   assert str(e) == "step 3 was NaN" and e.step == 3
   with pytest.raises(RecsysError, match="NaN"):
     raise e
+
+
+def test_every_error_class_recsys_defines_derives_from_the_base():
+  """Walks every module of the package (the CLI's `__main__` aside), so a
+  new error class that forgets the base fails here, not in a user's
+  `except RecsysError`."""
+  defined = {}
+  for info in pkgutil.walk_packages(recsys.__path__, "recsys."):
+    if info.name.endswith("__main__"):
+      continue
+    module = importlib.import_module(info.name)
+    for name, value in vars(module).items():
+      if (
+        inspect.isclass(value)
+        and issubclass(value, Exception)
+        and value.__module__ == info.name
+      ):
+        defined[f"{info.name}.{name}"] = value
+  assert len(defined) > 20, sorted(defined)  # the walk found the package
+  outside = sorted(
+    n for n, c in defined.items() if not issubclass(c, RecsysError)
+  )
+  assert not outside, f"errors not derived from RecsysError: {outside}"

@@ -3,7 +3,7 @@
 import pytest
 import tensorflow as tf
 
-from recsys.data.spec import FeatureSpec
+from recsys.feature_spec import FeatureSpec
 from recsys.features import (
   EmbeddingSettings,
   FeatureConfigError,

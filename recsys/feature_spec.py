@@ -3,9 +3,16 @@
 A `FeatureSpec` is the contract between `recsys.data` (which knows the
 vocabularies and bag shapes) and `recsys.features` (which turns specs into
 `tf.tpu.experimental.embedding.FeatureConfig`s for the embedding backend).
+It sits below both, so neither imports the other for it.
 """
 
 import dataclasses
+
+from recsys.errors import RecsysError
+
+
+class FeatureSpecError(RecsysError, ValueError):
+  """A data source described a feature it cannot deliver (size, bag width)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,11 +41,11 @@ class FeatureSpec:
 
   def __post_init__(self):
     if self.vocabulary_size < 1:
-      raise ValueError(
+      raise FeatureSpecError(
         f"feature {self.name!r}: vocabulary_size must be >= 1, "
         f"got {self.vocabulary_size}."
       )
     if self.max_ids < 1:
-      raise ValueError(
+      raise FeatureSpecError(
         f"feature {self.name!r}: max_ids must be >= 1, got {self.max_ids}."
       )

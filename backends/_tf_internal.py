@@ -81,6 +81,18 @@ def deferred_restores(obj: Any) -> dict[str, list[Any]]:
   return obj._deferred_dependencies  # pylint: disable=protected-access
 
 
+def variable_adder(obj: Any) -> Callable[..., Any]:
+  """`obj`'s `(name, initializer, shape, getter, trainable) -> variable`:
+  makes a variable through `getter` and tracks it as `obj`'s child `name`,
+  restored on creation from a restore pending on `obj`."""
+  return obj._add_variable_with_custom_getter  # pylint: disable=protected-access
+
+
+def track_child(obj: Any, child: Any, name: str) -> Any:
+  """Tracks `child` (any trackable) as `obj`'s checkpoint child `name`."""
+  return obj._track_trackable(child, name=name)  # pylint: disable=protected-access
+
+
 def breadth_first_objects(root: Any) -> tuple[list[Any], dict[Any, Any]]:
   """Every object a checkpoint of `root` reaches, and each one's path.
 
@@ -240,5 +252,7 @@ __all__ = [
   "slot_names",
   "tape_may_record",
   "trackable_children",
+  "track_child",
+  "variable_adder",
   "variable_shape",
 ]

@@ -141,8 +141,8 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
       return
     with tf.init_scope(), self._strategy.scope():
       tracker = Tracker(
-        self._add_variable_with_custom_getter,
-        lambda name, obj: self._track_trackable(obj, name=name),
+        _tf_internal.variable_adder(self),
+        lambda name, obj: _tf_internal.track_child(self, obj, name),
       )
       storages = {}
       for table in self._tables:

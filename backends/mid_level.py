@@ -117,7 +117,7 @@ class MidLevelBackend(base.EmbeddingBackend):
     backend; the TF object creates its variables through
     `_add_variable_with_custom_getter`, which restores from its own queue.
     """
-    pending = self._deferred_dependencies
+    pending = _tf_internal.deferred_restores(self)
     if not pending:
       return
     queued = _tf_internal.deferred_restores(mid)

@@ -53,6 +53,8 @@ _PRIVATE_READS = {
   "_lookup_dependency": [_tf_internal.Trackable],
   "_maybe_initialize_trackable": [_tf_internal.Trackable],
   "_deferred_dependencies": [_tf_internal.Trackable],  # a property
+  "_add_variable_with_custom_getter": [_tf_internal.Trackable],
+  "_track_trackable": [_tf_internal.Trackable],
   "_retrieve_variables": [E.TPUEmbedding],
   "_load_variables": [E.TPUEmbedding],
   "_variables": [E.TPUEmbeddingForServing],  # set in __init__
@@ -93,6 +95,33 @@ def test_the_instance_attributes_are_set_by_tf():
         f"{WHERE}: {cls.__qualname__} no longer sets {name!r}: a TF upgrade "
         "renamed it; change the door (only it)."
       )
+
+
+# The trackable protocol's methods that backends' classes override (a TF
+# rename would leave the override dead, the checkpoint silently different).
+_OVERRIDDEN = {
+  "backends.mid_level.MidLevelBackend": [
+    "_trackable_children",
+    "_lookup_dependency",
+  ],
+  "backends.storage.replica_sharded.RowShardedVariable": [
+    "_serialize_to_tensors",
+    "_restore_from_tensors",
+  ],
+}
+
+
+@pytest.mark.parametrize("where", sorted(_OVERRIDDEN))
+def test_the_protocol_methods_backends_override_are_tfs(where):
+  module, name = where.rsplit(".", 1)
+  cls = getattr(importlib.import_module(module), name)
+  tf_bases = [k for k in cls.__mro__ if k.__module__.startswith("tensorflow.")]
+  for method in _OVERRIDDEN[where]:
+    assert method in vars(cls), f"{where} no longer overrides {method}"
+    assert any(method in vars(k) for k in tf_bases), (
+      f"{where} overrides {method!r}, which TF's trackable classes no longer "
+      "define: a TF upgrade renamed it; the override is dead."
+    )
 
 
 # -- each question, where the answer is known -------------------------------

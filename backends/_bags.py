@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import tensorflow as tf
-from tensorflow.python.eager import tape as tape_lib  # pylint: disable=g-direct-tensorflow-import
 
+from backends import _tf_internal
 from backends import inputs as inputs_lib
 
 COMBINERS = ("sum", "mean", "sqrtn")
@@ -201,7 +201,7 @@ def lookup(
   if fused_ops is not None and params is not None:
     # A tape on the table still gets IndexedSlices of the U rows.
     if params.trainable:
-      tape_lib.variable_accessed(params)
+      _tf_internal.mark_variable_read(params)
     ids = tf.cast(flat.ids, tf.int64)
     if _separate_dedup(concurrent_calls):
       acts = fused_ops.recsys_bag_sums(

@@ -32,16 +32,9 @@ from typing import (
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.tpu.tpu_embedding_v2_utils import (  # pylint: disable=g-direct-tensorflow-import
-  FeatureConfig,
-  TableConfig,
-)
-from tensorflow.python.trackable import (
-  autotrackable,  # pylint: disable=g-direct-tensorflow-import
-  data_structures,  # pylint: disable=g-direct-tensorflow-import
-)
-from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.tpu.experimental.embedding import FeatureConfig, TableConfig
 
+from backends import _tf_internal
 from backends import inputs as inputs_lib
 
 embedding = tf.tpu.experimental.embedding
@@ -285,10 +278,7 @@ def check_batch_sizes(features: Sequence[str], flat_inputs: Sequence[Any]):
   ]
   if not dynamic or (len(dynamic) == 1 and not known):
     return
-  from tensorflow.python.ops import control_flow_util  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
-
-  graph = tf.compat.v1.get_default_graph()
-  if control_flow_util.GraphOrParentsInXlaContext(graph):
+  if _tf_internal.in_xla_context():
     return
   values = [tf.cast(size, tf.int64) for _, size in dynamic]
   values += [tf.constant(b, tf.int64) for b in known.values()]
@@ -353,7 +343,7 @@ def table_names(tables: list[TableConfig]) -> dict[int, str]:
   return names
 
 
-class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
+class EmbeddingBackend(_tf_internal.AutoTrackable, metaclass=abc.ABCMeta):
   """Base class of every embedding backend.
 
   Subclasses set `name` and `capabilities`, implement `build`, `lookup`,
@@ -407,9 +397,11 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
       )
     # NoDependency: keep the user's containers as they are (not tracked
     # wrappers), so outputs packed like feature_config are plain dicts.
-    self._feature_config = data_structures.NoDependency(feature_config)
+    self._feature_config = _tf_internal.NoDependency(feature_config)
     self._flat_features: list[tuple[str, FeatureConfig]] = []
-    for path, feature in nest.flatten_with_joined_string_paths(feature_config):
+    for path, feature in _tf_internal.flatten_with_joined_string_paths(
+      feature_config
+    ):
       if not isinstance(feature, FeatureConfig):
         raise TypeError(
           f"feature_config[{path!r}] is a {type(feature).__name__}; expected "
@@ -591,10 +583,12 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
     self, flat_features: list[Any], flat_weights: list[Any]
   ) -> tuple[Any, Any | None]:
     """`(features, weights)` shaped like `feature_config` (weights or None)."""
-    features = nest.pack_sequence_as(self._feature_config, flat_features)
+    features = tf.nest.pack_sequence_as(self._feature_config, flat_features)
     if all(w is None for w in flat_weights):
       return features, None
-    return features, nest.pack_sequence_as(self._feature_config, flat_weights)
+    return features, tf.nest.pack_sequence_as(
+      self._feature_config, flat_weights
+    )
 
   def slot_variables(self) -> dict[str, dict[str, tf.Variable]]:
     """Optimizer slots by table name and TF slot name (may be empty)."""
@@ -607,15 +601,15 @@ class EmbeddingBackend(autotrackable.AutoTrackable, metaclass=abc.ABCMeta):
     does not match `feature_config` raises naming missing and extra keys.
     """
     try:
-      flat = nest.flatten_up_to(
-        self._feature_config, structure, check_types=False
-      )
+      flat = _tf_internal.flatten_up_to(self._feature_config, structure)
       if len(flat) != len(self._flat_features):
         raise ValueError("length mismatch")
     except (ValueError, TypeError) as e:
       expected = [p for p, _ in self._flat_features]
       try:
-        got = [p for p, _ in nest.flatten_with_joined_string_paths(structure)]
+        got = [
+          p for p, _ in _tf_internal.flatten_with_joined_string_paths(structure)
+        ]
       except Exception:  # noqa: BLE001 - best effort for the message
         got = []
 

@@ -22,16 +22,12 @@ import os
 from collections.abc import Sequence
 
 import tensorflow as tf
-from tensorflow.core.protobuf import trackable_object_graph_pb2  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.core.tpu.kernels import sparse_core_layout_pb2  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.checkpoint import graph_view  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.tpu import tpu_embedding_v3_utils  # pylint: disable=g-direct-tensorflow-import
 
-from backends import base
+from backends import _tf_internal, base
 
 _SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 _SLOT_SEPARATOR = ".S"  # how checkpoints escape the "/" of "<table>/<slot>"
-_LAYOUTS = tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY
+_LAYOUTS = _tf_internal.SPARSECORE_LAYOUTS_CHECKPOINT_KEY
 
 
 class CheckpointMismatchError(ValueError):
@@ -53,7 +49,7 @@ def expected_tables(backend: base.EmbeddingBackend) -> list[ExpectedTable]:
   out = []
   for table in backend.tables:
     opt = backend.optimizer_for(table)
-    slots = tuple(opt._slot_names()) if opt is not None else ()  # pylint: disable=protected-access
+    slots = tuple(_tf_internal.slot_names(opt)) if opt is not None else ()
     out.append(
       ExpectedTable(
         backend.table_name(table),
@@ -119,7 +115,7 @@ def _unstacked(path, prefix, backend, tables, slots):
       "them, and save that."
     )
   raw = tf.train.load_checkpoint(path).get_tensor(prefix + _LAYOUTS + _SUFFIX)
-  layouts = sparse_core_layout_pb2.SparseCoreTableLayouts()
+  layouts = _tf_internal.SparseCoreTableLayouts()
   layouts.ParseFromString(raw)
   out_tables, out_slots = {}, {}
   for layout in layouts.tables:
@@ -254,7 +250,7 @@ def _stored_variables(graph, shapes) -> dict[tuple[str, ...], tuple[int, ...]]:
 
 def _live_variables(root) -> dict[tuple[str, ...], tuple[int, ...]]:
   """`{object path: shape}` of the variables reachable from `root`."""
-  objects, paths = graph_view.ObjectGraphView(root).breadth_first_traversal()
+  objects, paths = _tf_internal.breadth_first_objects(root)
   out = {}
   for obj in objects:
     if isinstance(obj, tf.Variable):  # MirroredVariable etc. are Variables too
@@ -300,7 +296,7 @@ def verify_objects(
       f"checkpoint {path!r} has no object graph (written by tf.compat.v1 "
       "Saver?); it cannot be restored into TF2 objects."
     )
-  graph = trackable_object_graph_pb2.TrackableObjectGraph()
+  graph = _tf_internal.TrackableObjectGraph()
   graph.ParseFromString(reader.get_tensor(_GRAPH_KEY))
   stored = _stored_variables(graph, reader.get_variable_to_shape_map())
   live = _live_variables(root)

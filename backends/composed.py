@@ -30,15 +30,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
-from backends import base, hardware, kernels, optimizers
+from backends import _tf_internal, base, hardware, kernels, optimizers
 from backends import input_checks as checks_lib
 from backends import inputs as inputs_lib
 from backends import pending as pending_lib
-from backends.engines import dynamic, in_xla_context, static
+from backends.engines import dynamic, static
 from backends.input_counters import InputCounters
 from backends.storage import TableStorage, Tracker
 from backends.table_step import Features
@@ -108,7 +105,7 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
       opt = self.optimizer_for(table)
       if opt is not None:
         optimizers.check_supported(opt, self.table_name(table))
-    self._features = data_structures.NoDependency(
+    self._features = _tf_internal.NoDependency(
       Features(
         self._layouts,
         self._bag_widths,
@@ -118,16 +115,16 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
     )
     # Pending training lookups, per replica thread (MirroredStrategy runs
     # each replica's step in its own thread and may interleave them).
-    self._pending = data_structures.NoDependency(
+    self._pending = _tf_internal.NoDependency(
       pending_lib.PendingLookups(self.name)
     )
-    self._storages: dict[str, TableStorage] = data_structures.NoDependency({})
+    self._storages: dict[str, TableStorage] = _tf_internal.NoDependency({})
     self._counters: InputCounters | None = None
     self._kernels: Any = None
-    self._dynamic_engine = data_structures.NoDependency(
+    self._dynamic_engine = _tf_internal.NoDependency(
       dynamic.DynamicEngine(self._features)
     )
-    self._static_engine = data_structures.NoDependency(
+    self._static_engine = _tf_internal.NoDependency(
       static.StaticEngine(self._features)
     )
 
@@ -144,17 +141,17 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
       return
     with tf.init_scope(), self._strategy.scope():
       tracker = Tracker(
-        self._add_variable_with_custom_getter,
-        lambda name, obj: self._track_trackable(obj, name=name),
+        _tf_internal.variable_adder(self),
+        lambda name, obj: _tf_internal.track_child(self, obj, name),
       )
       storages = {}
       for table in self._tables:
         storage = self._make_storage(table)
         storage.create(tracker)
         storages[self.table_name(table)] = storage
-      self._storages = data_structures.NoDependency(storages)
+      self._storages = _tf_internal.NoDependency(storages)
       if self._counts_inputs:
-        self._counters = data_structures.NoDependency(
+        self._counters = _tf_internal.NoDependency(
           InputCounters([layout.path for layout in self._layouts])
         )
       if not (
@@ -175,7 +172,7 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
         )
     if self._use_fused_kernels and _on_cpu_only(self._strategy):
       self._kernels = kernels.load()
-      self._dynamic_engine = data_structures.NoDependency(
+      self._dynamic_engine = _tf_internal.NoDependency(
         dynamic.DynamicEngine(
           self._features,
           self._kernels,
@@ -305,13 +302,13 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
     )
     if training:
       self._pending.record((engine, steps, outputs), outputs)
-    return nest.pack_sequence_as(self._feature_config, outputs)
+    return tf.nest.pack_sequence_as(self._feature_config, outputs)
 
   def _static_path(self, training: bool) -> bool:
     """Whether this trace takes the static engine (see `static_shapes`)."""
     if self._static_shapes is not None:
       return self._static_shapes
-    if in_xla_context() or hardware.is_tpu(self._strategy):
+    if _tf_internal.in_xla_context() or hardware.is_tpu(self._strategy):
       return True
     # A tape may take the tables' gradients (V0's loop, a Keras optimizer on
     # `embedding_tables`): several replicas all-reduce them, which needs the
@@ -320,7 +317,7 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
       not training
       and self._strategy.num_replicas_in_sync > 1
       and tf.distribute.get_replica_context() is not None
-      and record.could_possibly_record()
+      and _tf_internal.tape_may_record()
     )
 
   def _flat_inputs(

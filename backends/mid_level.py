@@ -22,12 +22,9 @@ from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.trackable import base as trackable_base  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.tpu.experimental import embedding
 
-from backends import base
+from backends import _tf_internal, base
 
 
 def tf_feature_config(
@@ -57,7 +54,7 @@ def tf_feature_config(
     copies[id(table)] = clone
     by_name[clone.name] = clone
   flat = []
-  for path, feature in nest.flatten_with_joined_string_paths(
+  for path, feature in _tf_internal.flatten_with_joined_string_paths(
     backend.feature_config
   ):
     clone = copy.copy(feature)
@@ -65,7 +62,7 @@ def tf_feature_config(
     for key, value in (feature_fn(path, feature) if feature_fn else {}).items():
       setattr(clone, key, value)
     flat.append(clone)
-  return nest.pack_sequence_as(backend.feature_config, flat), by_name
+  return tf.nest.pack_sequence_as(backend.feature_config, flat), by_name
 
 
 class MidLevelBackend(base.EmbeddingBackend):
@@ -101,7 +98,7 @@ class MidLevelBackend(base.EmbeddingBackend):
       return
     with tf.init_scope(), self._strategy.scope():
       mid = self._create_mid_level()
-      self._mid = data_structures.NoDependency(mid)
+      self._mid = _tf_internal.NoDependency(mid)
       self._hand_over_deferred_restores(mid)
       self._build_mid_level(mid)
     self._built = True
@@ -120,29 +117,29 @@ class MidLevelBackend(base.EmbeddingBackend):
     backend; the TF object creates its variables through
     `_add_variable_with_custom_getter`, which restores from its own queue.
     """
-    pending = self._deferred_dependencies
+    pending = _tf_internal.deferred_restores(self)
     if not pending:
       return
-    mid._maybe_initialize_trackable()  # pylint: disable=protected-access
+    queued = _tf_internal.deferred_restores(mid)
     for name, positions in list(pending.items()):
-      mid._deferred_dependencies.setdefault(name, []).extend(positions)  # pylint: disable=protected-access
+      queued.setdefault(name, []).extend(positions)
     pending.clear()
 
   # -- checkpoint layout: the wrapped object's children, under our node -------
 
   def _trackable_children(
-    self, save_type=trackable_base.SaveType.CHECKPOINT, **kwargs
+    self, save_type=_tf_internal.SaveType.CHECKPOINT, **kwargs
   ):
     if getattr(self, "_mid", None) is None:
       return {}
-    return self._mid._trackable_children(save_type, **kwargs)  # pylint: disable=protected-access
+    return _tf_internal.trackable_children(self._mid, save_type, **kwargs)
 
   def _lookup_dependency(self, name, cached_dependencies=None):
     if cached_dependencies:
       return cached_dependencies.get(name)
     mid = getattr(self, "_mid", None)
     if mid is not None:
-      found = mid._lookup_dependency(name)  # pylint: disable=protected-access
+      found = _tf_internal.lookup_dependency(mid, name)
       if found is not None:
         return found
     return super()._lookup_dependency(name)
@@ -152,7 +149,7 @@ class MidLevelBackend(base.EmbeddingBackend):
   def _variables_by_table(self) -> dict[str, dict[str, tf.Variable]]:
     """TF's `{table name: {"parameters" | slot name: variable}}`."""
     self._maybe_build()
-    return self._mid._variables  # pylint: disable=protected-access
+    return _tf_internal.mid_level_variables(self._mid)
 
   @property
   def embedding_tables(self) -> dict[embedding.TableConfig, tf.Variable]:

@@ -45,7 +45,7 @@ from typing import (
 import tensorflow as tf
 from tensorflow.tpu.experimental import embedding
 
-from backends import _bags
+from backends import _bags, _tf_internal
 from backends.base import UnsupportedConfigError
 
 log = logging.getLogger("recsys.backends")
@@ -71,7 +71,7 @@ def slot_names(optimizer: Any) -> list[str]:
       `tf.tpu.experimental.embedding` optimizer.
   """
   _validate(optimizer, table_name="<unnamed>")
-  return list(optimizer._slot_names())  # pylint: disable=protected-access
+  return _tf_internal.slot_names(optimizer)
 
 
 def slot_initializers(optimizer: Any) -> dict[str, Any]:
@@ -82,8 +82,12 @@ def slot_initializers(optimizer: Any) -> dict[str, Any]:
   `init(shape, dtype)`.
   """
   _validate(optimizer, table_name="<unnamed>")
-  # pylint: disable=protected-access
-  return dict(zip(optimizer._slot_names(), optimizer._slot_initializers()))
+  return dict(
+    zip(
+      _tf_internal.slot_names(optimizer),
+      _tf_internal.slot_initializers(optimizer),
+    )
+  )
 
 
 def check_supported(optimizer: Any, table_name: str) -> None:
@@ -295,7 +299,7 @@ def _step(
 def _check_args(optimizer, table, slots: Mapping[str, Any], ids, grads):
   name = getattr(table, "name", "<table>")
   _validate(optimizer, name)
-  expected = optimizer._slot_names()  # pylint: disable=protected-access
+  expected = _tf_internal.slot_names(optimizer)
   missing = [n for n in expected if n not in slots]
   if missing:
     raise ValueError(
@@ -377,7 +381,7 @@ def apply_sparse_update(
   grads = tf.cast(tf.convert_to_tensor(grads), table.dtype)
   _check_args(optimizer, table, slots, ids, grads)
   lr = learning_rate(optimizer)
-  names = optimizer._slot_names()  # pylint: disable=protected-access
+  names = _tf_internal.slot_names(optimizer)
 
   if isinstance(optimizer, embedding.Adam) and not optimizer.lazy_adam:
     # Dense: every row, g = 0 (then clipped, like any gradient) where untouched.
@@ -524,7 +528,7 @@ def apply_sparse_updates(
   """
   attrs = fused_attrs(optimizer) if fused_ops else None
   if attrs is not None:
-    names = optimizer._slot_names()  # pylint: disable=protected-access
+    names = _tf_internal.slot_names(optimizer)
     lr = learning_rate(optimizer)
     rest = []
     for u in updates:
@@ -558,7 +562,7 @@ def apply_sparse_updates(
         optimizer, u.table, u.slots, u.ids, u.grads, rows=u.rows, keep=u.keep
       )
     return
-  names = optimizer._slot_names()  # pylint: disable=protected-access
+  names = _tf_internal.slot_names(optimizer)
   ws: list[tf.Tensor] = []
   gs: list[tf.Tensor] = []
   idss: list[tf.Tensor] = []
@@ -646,7 +650,7 @@ def apply_bag_update(
   if attrs is None or table.dtype != tf.float32:
     return False
   _check_args(optimizer, table, slots, unique_ids, grads)
-  names = optimizer._slot_names()  # pylint: disable=protected-access
+  names = _tf_internal.slot_names(optimizer)
   fused_ops.recsys_bag_apply(
     table=table.handle,
     slots=[slots[n].handle for n in names],

@@ -26,7 +26,8 @@ import threading
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
+
+from backends import _tf_internal
 
 
 class UnappliedGradientsError(RuntimeError):
@@ -70,8 +71,7 @@ class PendingLookups:
     """Whether this trace carries the runtime guard."""
     if self._guard is None or tf.executing_eagerly():
       return False  # eagerly the Python check sees every step
-    graph = tf.compat.v1.get_default_graph()
-    return not control_flow_util.GraphOrParentsInXlaContext(graph)
+    return not _tf_internal.in_xla_context()
 
   def _message(self, where: str) -> str:
     return (

@@ -30,10 +30,9 @@ from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.tpu.experimental import embedding
 
-from backends import base, hardware, mid_level
+from backends import _tf_internal, base, hardware, mid_level
 
 
 class ServingEmbedding(mid_level.MidLevelBackend):
@@ -191,12 +190,12 @@ def serving_lookup(
     >>> acts = serving_lookup({"user": ids}, None, backend.embedding_tables,
     ...                       backend.feature_config)   # {"user": [B, D]}
   """
-  flat = nest.flatten_with_joined_string_paths(features)
+  flat = _tf_internal.flatten_with_joined_string_paths(features)
   flat_w = [None] * len(flat)
   if weights is not None:
-    nest.assert_same_structure(features, weights)
-    flat_w = nest.flatten(weights)
-  by_path = dict(nest.flatten_with_joined_string_paths(feature_config))
+    tf.nest.assert_same_structure(features, weights)
+    flat_w = tf.nest.flatten(weights)
+  by_path = dict(_tf_internal.flatten_with_joined_string_paths(feature_config))
   unknown = sorted(path for path, _ in flat if path not in by_path)
   if unknown:
     raise ValueError(
@@ -210,10 +209,10 @@ def serving_lookup(
     wts.append(w)
   packed_w = None
   if any(w is not None for w in wts):
-    packed_w = nest.pack_sequence_as(features, wts)
-  outputs = nest.flatten(
+    packed_w = tf.nest.pack_sequence_as(features, wts)
+  outputs = tf.nest.flatten(
     embedding.serving_embedding_lookup(
-      nest.pack_sequence_as(features, ids), packed_w, tables, feature_config
+      tf.nest.pack_sequence_as(features, ids), packed_w, tables, feature_config
     )
   )
   for i, (path, _) in enumerate(flat):
@@ -222,7 +221,7 @@ def serving_lookup(
       outputs[i] = tf.reshape(
         outputs[i], feature.output_shape.as_list() + [feature.table.dim]
       )
-  return nest.pack_sequence_as(features, outputs)
+  return tf.nest.pack_sequence_as(features, outputs)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -311,7 +310,7 @@ def export_saved_model(
   emb.build()
   module = _ServingModule(emb, model, split_fn, input_signature)
   signatures = None
-  leaves = nest.flatten_with_joined_string_paths(input_signature)
+  leaves = _tf_internal.flatten_with_joined_string_paths(input_signature)
   if all(type(spec) is tf.TensorSpec for _, spec in leaves):  # pylint: disable=unidiomatic-typecheck
     names = [path.replace("/", "__") for path, _ in leaves]
     specs = [
@@ -320,7 +319,7 @@ def export_saved_model(
     ]
 
     def flat_serve(**kwargs):
-      features = nest.pack_sequence_as(
+      features = tf.nest.pack_sequence_as(
         input_signature, [kwargs[n] for n in names]
       )
       scores = module.serve(features)

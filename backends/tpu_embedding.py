@@ -40,12 +40,9 @@ import math
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.saved_model import registration  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.tpu.experimental import embedding
 
-from backends import base, hardware, mid_level
+from backends import _tf_internal, base, hardware, mid_level
 from backends import pending as pending_lib
 
 EmbeddingFeature = tf.tpu.experimental.HardwareFeature.EmbeddingFeature
@@ -152,7 +149,7 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
       )
     # The training lookup awaiting apply_gradients: its activations (for the
     # gradients' shapes) and V2's preserved outputs.
-    self._pending = data_structures.NoDependency(
+    self._pending = _tf_internal.NoDependency(
       pending_lib.PendingLookups(self.name)
     )
 
@@ -387,7 +384,7 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
       self._mid.enqueue(features, weights, training=training)
       activations = self._mid.dequeue()
     if training:
-      self._pending.record((nest.flatten(activations), preserved))
+      self._pending.record((tf.nest.flatten(activations), preserved))
     return activations
 
   def apply_gradients(self, activation_gradients: Any) -> None:
@@ -434,13 +431,15 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
       "tf.train.load_checkpoint."
     )
 
-  def _retrieve_from_tpu(self) -> None:
+  def retrieve_from_tpu(self) -> None:
+    """Refreshes the V1 engine's CPU copies of the tables (before a save)."""
     if self._mid is not None and self._version == "V1":
-      self._mid._retrieve_variables()  # pylint: disable=protected-access
+      _tf_internal.retrieve_from_tpu(self._mid)
 
-  def _load_onto_tpu(self) -> None:
+  def load_onto_tpu(self) -> None:
+    """Pushes the V1 CPU copies of the tables to the engine (after restore)."""
     if self._mid is not None and self._version == "V1":
-      self._mid._load_variables()  # pylint: disable=protected-access
+      _tf_internal.load_onto_tpu(self._mid)
 
 
 def _with_proto_packing_status(optimizer: Any) -> Any:
@@ -488,22 +487,22 @@ def _on_tpu_engine(obj: Any) -> bool:
   return (
     isinstance(obj, TPUEmbeddingBackend)
     and mid is not None
-    and getattr(mid, "_using_tpu", False)
+    and _tf_internal.mid_level_on_tpu(mid)
   )
 
 
 def _save_callback(trackables, **unused_kwargs):
   for backend in trackables.values():
-    backend._retrieve_from_tpu()  # pylint: disable=protected-access
+    backend.retrieve_from_tpu()
   return []
 
 
 def _restore_callback(trackables, **unused_kwargs):
   for backend in trackables.values():
-    backend._load_onto_tpu()  # pylint: disable=protected-access
+    backend.load_onto_tpu()
 
 
-registration.register_checkpoint_saver(
+_tf_internal.register_checkpoint_saver(
   package="recsys",
   name="TPUEmbeddingBackendCallback",
   predicate=_on_tpu_engine,

@@ -27,11 +27,9 @@ checked on CPU, for its refusals and its gradient bookkeeping.
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.tpu.experimental import embedding
 
-from backends import base, hardware, mid_level, optimizers
+from backends import _tf_internal, base, hardware, mid_level, optimizers
 from backends import pending as pending_lib
 
 
@@ -63,7 +61,7 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
       optimizers.check_supported(
         self.optimizer_for(table), self.table_name(table)
       )
-    self._pending = data_structures.NoDependency(
+    self._pending = _tf_internal.NoDependency(
       pending_lib.PendingLookups(self.name)
     )
 
@@ -104,7 +102,7 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
       [self.table_name(t) for t in self._tables],
       self.table_name,
     )
-    self._pending.record((tape, nest.flatten(activations), tables, touched))
+    self._pending.record((tape, tf.nest.flatten(activations), tables, touched))
     return activations
 
   def apply_gradients(self, activation_gradients: Any) -> None:

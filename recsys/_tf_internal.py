@@ -3,7 +3,11 @@
 TensorFlow has no public API for these questions, and the Keras layer needs
 them to behave like TFRS's. Each is a small function with the reason it
 exists; `tests/test_tf_internal.py` fails when a TensorFlow upgrade removes
-what one of them reads, so an upgrade is one file to audit.
+what one of them reads, and a test fails when a `tensorflow.python` /
+`tensorflow.core` import appears anywhere else in `recsys/`, so an upgrade
+is one file to audit (`backends/_tf_internal.py` is the backends' own).
+Keras 2 (`tf_keras`) moves with TensorFlow's version, so its optimizers'
+private attributes are read here too.
 """
 
 import itertools
@@ -19,6 +23,7 @@ from tensorflow.python.eager import (
 from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.saved_model import save_context  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
 from recsys._keras import tf
 
@@ -47,6 +52,36 @@ def in_xla_compilation() -> bool:
 def in_saved_model_trace() -> bool:
   """Whether `tf.saved_model.save` (or Keras's `model.save`) is tracing."""
   return bool(save_context.in_save_context())
+
+
+def flatten_with_joined_string_paths(structure: Any) -> list[tuple[str, Any]]:
+  """`[(path, leaf)]` of `structure`, paths joined with "/" (`"a/0/b"`);
+  `tf.nest` does not export it."""
+  return nest.flatten_with_joined_string_paths(structure)
+
+
+def flatten_up_to(shallow: Any, structure: Any) -> list[Any]:
+  """`structure` flattened only as deep as `shallow` (leaves may be
+  structures themselves), comparing nesting, not types; `tf.nest` does not
+  export it."""
+  return nest.flatten_up_to(shallow, structure, check_types=False)
+
+
+def keras_learning_rate(optimizer: Any, legacy: bool) -> tuple[Any, float]:
+  """A Keras 2 optimizer's learning rate (a variable or a schedule) and its
+  legacy `decay` (0 for the new optimizers).
+
+  The legacy optimizers make their hyper-parameter variables at their first
+  step; they are made now (under the strategy in scope), so that a step
+  reads the variable a callback may change, not the float the optimizer was
+  built with.
+  """
+  if legacy:
+    optimizer._create_hypers()  # pylint: disable=protected-access
+    schedule = optimizer._hyper["learning_rate"]  # pylint: disable=protected-access
+    decay = float(getattr(optimizer, "_initial_decay", 0.0) or 0.0)
+    return schedule, decay
+  return optimizer._learning_rate, 0.0  # pylint: disable=protected-access
 
 
 class GradientRequest:
@@ -133,8 +168,11 @@ def mirrored_strategy(devices: list[str]) -> tf.distribute.MirroredStrategy:
 __all__ = [
   "GradientRequest",
   "current_gradient_request",
+  "flatten_up_to",
+  "flatten_with_joined_string_paths",
   "in_saved_model_trace",
   "in_xla_compilation",
+  "keras_learning_rate",
   "mirrored_strategy",
   "tape_is_recording",
 ]

@@ -157,7 +157,7 @@ class Cluster:
         start_new_session=True,
       )
       self.procs[(job, index)] = proc
-      self._print(
+      self.print_line(
         f"[launch] {task_name(job, index)} pid {proc.pid} at "
         f"{self.spec[job][index]}"
       )
@@ -167,7 +167,8 @@ class Cluster:
       thread.start()
       self._threads.append(thread)
 
-  def _print(self, line: str) -> None:
+  def print_line(self, line: str) -> None:
+    """Writes one line to the launcher's output, whole among the tasks'."""
     with self._lock:
       self.out.write(line.rstrip("\n") + "\n")
       self.out.flush()
@@ -176,7 +177,7 @@ class Cluster:
     prefix = f"[{task_name(job, index)}] "
     for line in proc.stdout or ():
       if not is_shutdown_noise(line):
-        self._print(prefix + line)
+        self.print_line(prefix + line)
 
   def wait(self, poll_seconds: float = 0.2) -> int:
     """Waits for the chief; stops early if a task it cannot lose fails.
@@ -189,7 +190,7 @@ class Cluster:
     while True:
       code = chief.poll()
       if code is not None:
-        self._print(
+        self.print_line(
           f"[launch] {task_name(*self.chief)} exited with status {code}"
         )
         return code
@@ -200,16 +201,16 @@ class Cluster:
         reported.add(key)
         job = key[0]
         if self.parameter_server_mode and job == "worker":
-          self._print(
+          self.print_line(
             f"[launch] {task_name(*key)} exited with status {code}; "
             "the coordinator moves its work to the other workers"
           )
           continue
         if job == "worker" and code == 0:
           # A mirrored worker that finished its run; the chief follows.
-          self._print(f"[launch] {task_name(*key)} finished (status 0)")
+          self.print_line(f"[launch] {task_name(*key)} finished (status 0)")
           continue
-        self._print(
+        self.print_line(
           f"[launch] {task_name(*key)} exited with status {code}; a "
           f"{'parameter server' if job == 'ps' else 'mirrored worker'}"
           " cannot be lost: stopping the cluster"
@@ -232,7 +233,7 @@ class Cluster:
       try:
         proc.wait(timeout=30)
       except subprocess.TimeoutExpired:
-        self._print(f"[launch] pid {proc.pid} did not exit after SIGKILL")
+        self.print_line(f"[launch] pid {proc.pid} did not exit after SIGKILL")
     for thread in self._threads:
       thread.join(timeout=5)
 
@@ -372,7 +373,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     cluster.start()
     return cluster.wait()
   except KeyboardInterrupt:
-    cluster._print("[launch] interrupted: stopping the cluster")  # pylint: disable=protected-access
+    cluster.print_line("[launch] interrupted: stopping the cluster")
     return 130
   finally:
     cluster.stop(args.grace_seconds)

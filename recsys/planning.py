@@ -35,7 +35,6 @@ from typing import Any
 
 import gin
 import tensorflow as tf
-from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
 import backends
 from backends import hardware, registry
@@ -263,7 +262,7 @@ def _tables(feature_config: Any) -> list[Any]:
       feature_config[k] for k in sorted(feature_config, key=_natural_key)
     ]
   else:
-    features = nest.flatten(feature_config)
+    features = tf.nest.flatten(feature_config)
   tables: list[Any] = []
   for feature in features:
     if all(feature.table is not t for t in tables):

@@ -1,13 +1,21 @@
 """recsys/_tf_internal.py against the TensorFlow installed: each question it
-answers, asked where the answer is known both ways, so an upgrade that moves
-what one of them reads fails here and not inside the Keras layer."""
+answers, asked where the answer is known both ways, and every symbol and
+private attribute it takes from TF (read from its source), so an upgrade
+that moves what one of them reads fails here, naming it, and not inside the
+Keras layer. And the rule that makes each door the one place: no module of
+`recsys/` or `backends/` but its package's door imports `tensorflow.python`
+or `tensorflow.core`."""
 
+import importlib
 import os
+import pathlib
+import sys
 
 import pytest
 
 from recsys import _tf_internal
 from recsys._keras import keras, tf  # Keras 2 before TF
+from tests import tf_door
 
 
 def test_tape_is_recording_only_under_a_watching_tape():
@@ -113,3 +121,137 @@ def test_mirrored_strategies_collect_under_keys_of_their_own():
   assert gathered(first, 3) == [6, 6]
   assert gathered(second, 5) == [10, 10]
   assert gathered(first, 3) == [6, 6]
+
+
+def test_nest_helpers_tf_nest_lacks():
+  config = {"b": [1, 2], "a": 3}
+  assert _tf_internal.flatten_with_joined_string_paths(config) == [
+    ("a", 3),
+    ("b/0", 1),
+    ("b/1", 2),
+  ]
+  shallow = {"a": 0, "b": 0}
+  assert _tf_internal.flatten_up_to(shallow, {"a": [1], "b": (2,)}) == [
+    [1],
+    (2,),
+  ]
+
+
+def test_keras_learning_rate_reads_the_variable_a_step_reads():
+  legacy = keras.optimizers.legacy.SGD(0.25, decay=0.5)
+  schedule, decay = _tf_internal.keras_learning_rate(legacy, legacy=True)
+  assert isinstance(schedule, tf.Variable)  # made now, not at the first step
+  assert float(schedule.numpy()) == 0.25 and decay == 0.5
+  legacy.learning_rate = 0.5  # what a callback does: the variable changes
+  assert float(schedule.numpy()) == 0.5
+  new = keras.optimizers.SGD(0.125)
+  schedule, decay = _tf_internal.keras_learning_rate(new, legacy=False)
+  assert float(tf.convert_to_tensor(schedule).numpy()) == 0.125
+  assert decay == 0.0
+
+
+# -- what the door takes from TF, read from its source ----------------------
+
+DOOR = pathlib.Path(_tf_internal.__file__)
+WHERE = "recsys/_tf_internal.py"
+
+
+def test_the_door_takes_something_from_tf():
+  assert "tensorflow.python.eager.record.could_possibly_record" in (
+    tf_door.tf_symbols(DOOR)
+  )
+
+
+@pytest.mark.parametrize("symbol", tf_door.tf_symbols(DOOR))
+def test_every_tf_symbol_the_door_takes_exists(symbol):
+  module_path, name = symbol.rsplit(".", 1)
+  try:
+    module = importlib.import_module(module_path)
+  except ImportError as e:
+    pytest.fail(f"{WHERE}: TF has no module {module_path!r} any more ({e})")
+  assert hasattr(module, name), (
+    f"{WHERE}: {module_path} has no {name!r} any more: a TF upgrade removed "
+    "or renamed it; find its replacement and change the door (only it)."
+  )
+
+
+def _private_owners():
+  """Each private attribute the door reads, on the objects it reads it off
+  (instances where TF or Keras sets it in `__init__`)."""
+  return {
+    "_getframe": [sys],
+    "_collective_key_base": [tf.distribute.MirroredStrategy],
+    "_persistent": [tf.GradientTape()],
+    "_create_hypers": [keras.optimizers.legacy.SGD(0.1)],
+    "_hyper": [keras.optimizers.legacy.SGD(0.1)],
+    "_initial_decay": [keras.optimizers.legacy.SGD(0.1)],
+    "_learning_rate": [keras.optimizers.SGD(0.1)],
+  }
+
+
+def test_every_private_attribute_the_door_reads_is_checked_here():
+  unchecked = tf_door.private_attributes(DOOR) - set(_private_owners())
+  assert not unchecked, (
+    f"{WHERE} reads {sorted(unchecked)} off TF/Keras objects: add each to "
+    "_private_owners in this test with the objects that must have it."
+  )
+
+
+def test_every_private_attribute_the_door_reads_exists():
+  for name, owners in _private_owners().items():
+    for owner in owners:
+      assert hasattr(owner, name), (
+        f"{WHERE}: {owner!r} has no {name!r} any more: a TF or Keras upgrade "
+        "removed or renamed it; change the door (only it)."
+      )
+
+
+# -- one door per package ----------------------------------------------------
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DOORS = {
+  "backends": "backends/_tf_internal.py",
+  "recsys": "recsys/_tf_internal.py",
+}
+
+
+@pytest.mark.parametrize("package", sorted(DOORS))
+def test_only_the_door_imports_tf_private_modules(package):
+  """`tensorflow.python` / `tensorflow.core` are imported by the package's
+  door alone, so a TF upgrade's private surface is one file per package."""
+  offenders = []
+  for path in sorted((ROOT / package).rglob("*.py")):
+    relative = path.relative_to(ROOT).as_posix()
+    if relative == DOORS[package]:
+      continue
+    offenders += [
+      f"{relative}:{line}: {module}"
+      for line, module in tf_door.private_tf_imports(path)
+    ]
+  assert not offenders, (
+    f"private TF imports outside {DOORS[package]} (move each behind it as a "
+    "named function or symbol, or use the public tf API):\n"
+    + "\n".join(offenders)
+  )
+
+
+def test_the_scan_sees_every_form_of_import(tmp_path):
+  path = tmp_path / "m.py"
+  path.write_text(
+    "import tensorflow.python.ops\n"
+    "from tensorflow.core.framework import summary_pb2\n"
+    "from tensorflow import python\n"
+    "def f():\n"
+    "  from tensorflow.python.util import nest\n"
+    "  importlib.import_module('tensorflow.python.eager.record')\n"
+    "import tensorflow as tf\n"
+    "from tensorflow.tpu.experimental import embedding\n"
+    "x = 'tensorflow.python.tpu'\n"
+  )
+  assert [line for line, _ in tf_door.private_tf_imports(path)] == [
+    1,
+    2,
+    3,
+    5,
+    6,
+  ]

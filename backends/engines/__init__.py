@@ -12,6 +12,6 @@ Both run against any storage (`backends.storage`) and leave the same
 of float sums.
 """
 
-from backends.engines.base import Engine, in_xla_context
+from backends.engines.base import Engine
 
-__all__ = ["Engine", "in_xla_context"]
+__all__ = ["Engine"]

@@ -10,14 +10,6 @@ from backends.storage import TableStorage
 from backends.table_step import Features, TableStep
 
 
-def in_xla_context() -> bool:
-  """Whether ops are being traced for XLA (`jit_compile`, a TPU)."""
-  from tensorflow.python.framework import ops  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
-  from tensorflow.python.ops import control_flow_util  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
-
-  return control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())
-
-
 class Engine(abc.ABC):
   """Looks up a backend's features and computes its tables' row gradients.
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _bags, optimizers
+from backends import _bags, _tf_internal, optimizers
 from backends import input_checks as checks_lib
 from backends import inputs as inputs_lib
 from backends.engines import base
@@ -59,7 +59,7 @@ class DynamicEngine(base.Engine):
 
   def _fused(self) -> Any | None:
     """The kernels if this trace can run them (not inside XLA)."""
-    if self._kernels is None or base.in_xla_context():
+    if self._kernels is None or _tf_internal.in_xla_context():
       return None
     return self._kernels
 

@@ -20,10 +20,9 @@ import logging
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
 
+from backends import _tf_internal, static_bags
 from backends import input_checks as checks_lib
-from backends import static_bags
 from backends.engines import base
 from backends.storage import TableStorage
 from backends.table_step import TableStep
@@ -57,7 +56,7 @@ class StaticEngine(base.Engine):
     """
     features = self.features
     policy = features.invalid_ids
-    compiled = base.in_xla_context()
+    compiled = _tf_internal.in_xla_context()
     out = []
     checks = checks_lib.CheckGroup()  # one assertion for every feature
     for layout, inp, w in zip(features.layouts, flat, flat_weights):
@@ -111,7 +110,7 @@ class StaticEngine(base.Engine):
     bags = self.bags(flat, flat_weights, counters)
     outputs: list[Any] = [None] * len(bags)
     steps = {}
-    compiled = base.in_xla_context()
+    compiled = _tf_internal.in_xla_context()
     for table, name in self.features.tables:
       storage = storages[name]
       positions = self.features.positions_of(name)
@@ -123,7 +122,7 @@ class StaticEngine(base.Engine):
       capacity = dd.ids.shape[0]
       local = storage.local_variables()
       dense_reason = None
-      if local is not None and not training and record.could_possibly_record():
+      if local is not None and not training and _tf_internal.tape_may_record():
         # A tape may take the table's gradient (V0's loop with a Keras
         # optimizer on `embedding_tables`).
         replicas = storage.strategy.num_replicas_in_sync

@@ -231,7 +231,7 @@ def _register_gradients(tf, module) -> None:
   `IndexedSlices(row_grads, unique_ids)`, as for `tf.gather` of the unique
   rows followed by a segment sum; none flows to ids or weights.
   """
-  from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+  from backends import _tf_internal  # pylint: disable=g-import-not-at-top
 
   def table_gradient(op, grad, unique_ids, index):
     """[IndexedSlices of the unique rows, None for ids / segments / ...]."""
@@ -242,7 +242,7 @@ def _register_gradients(tf, module) -> None:
       scale=op.inputs[3],
       num_rows=tf.size(unique_ids, out_type=tf.int32),
     )
-    shape = resource_variable_ops.variable_shape(op.inputs[0])
+    shape = _tf_internal.variable_shape(op.inputs[0])
     return [tf.IndexedSlices(row_grads, unique_ids, shape)] + [None] * 4
 
   def bag_lookup_gradient(op, grad, *unused_int_grads):

@@ -30,10 +30,8 @@ import threading
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.distribute import sharded_variable  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.trackable import base as trackable_base  # pylint: disable=g-direct-tensorflow-import
 
-from backends import hardware, optimizers
+from backends import _tf_internal, hardware, optimizers
 from backends.storage import base, row_layout
 from backends.table_step import TableStep
 
@@ -104,7 +102,7 @@ class TablePartitioner:
 
 def shards_of(variable: tf.Variable) -> list[tf.Variable]:
   """The shard variables of a table (one, if it is not sharded)."""
-  if isinstance(variable, sharded_variable.ShardedVariable):
+  if isinstance(variable, _tf_internal.ShardedVariable):
     return list(variable.variables)
   return [variable]
 
@@ -210,7 +208,7 @@ class ParameterServers(base.TableStorage):
         )
     if len(parts) == 1:
       return parts[0]
-    return sharded_variable.ShardedVariable(parts, name=name)
+    return _tf_internal.ShardedVariable(parts, name=name)
 
   @property
   def parameters(self) -> tf.Variable:
@@ -256,7 +254,7 @@ class ParameterServers(base.TableStorage):
 
 def _partition_aware(initializer, full_shape, dtype):
   """An `initial_value` the strategy can call per partition (or whole)."""
-  if isinstance(initializer, trackable_base.CheckpointInitialValueCallable):
+  if isinstance(initializer, _tf_internal.CheckpointInitialValueCallable):
     # Restore on create: the strategy passes each shard's `shard_info`, the
     # callable reads that slice of the full tensor.
     return functools.partial(initializer, shape=tuple(full_shape), dtype=dtype)
@@ -287,8 +285,8 @@ def _reseeded_for_rows(initializer, first_row: int):
 def _shard_value(initializer, full_shape, rows, offset, dtype):
   """The initial value of one shard: its checkpoint slice or a fresh value."""
   shape = (rows,) + tuple(full_shape[1:])
-  if isinstance(initializer, trackable_base.CheckpointInitialValueCallable):
-    info = trackable_base.ShardInfo(
+  if isinstance(initializer, _tf_internal.CheckpointInitialValueCallable):
+    info = _tf_internal.ShardInfo(
       shape=tf.TensorShape(shape), offset=(offset,) + (0,) * (len(shape) - 1)
     )
     return lambda: initializer(shape=tuple(full_shape), shard_info=info)

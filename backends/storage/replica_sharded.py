@@ -45,10 +45,9 @@ import logging
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.trackable import base as trackable  # pylint: disable=g-direct-tensorflow-import
 
+from backends import _tf_internal, optimizers, static_bags
 from backends import base as backends_base
-from backends import optimizers, static_bags
 from backends.storage import base, row_layout
 from backends.table_step import TableStep
 
@@ -81,7 +80,7 @@ def _shard(
   return tf.pad(rows, [[0, size - tf.shape(rows)[0]], [0, 0]])
 
 
-class RowShardedVariable(trackable.Trackable):
+class RowShardedVariable(_tf_internal.Trackable):
   """One row-sharded table or slot, read and saved as its full `[V, D]` value.
 
   Wraps the per-replica `SyncOnReadVariable` of shards. It converts to the
@@ -178,10 +177,10 @@ class RowShardedVariable(trackable.Trackable):
 
   def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
     with tf.device("/cpu:0"):
-      return {trackable.VARIABLE_VALUE_KEY: self.read_value()}
+      return {_tf_internal.VARIABLE_VALUE_KEY: self.read_value()}
 
   def _restore_from_tensors(self, restored_tensors: dict[str, tf.Tensor]):
-    return self.assign(restored_tensors[trackable.VARIABLE_VALUE_KEY])
+    return self.assign(restored_tensors[_tf_internal.VARIABLE_VALUE_KEY])
 
   def __repr__(self) -> str:
     return (

@@ -18,7 +18,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import optimizers, static_bags
+from backends import _tf_internal, optimizers, static_bags
 from backends.storage import base
 from backends.table_step import TableStep
 
@@ -59,8 +59,10 @@ class Replicated(base.TableStorage):
     params = create(name, table.initializer, True)
     slots = {}
     if self.optimizer is not None:
-      slots = self.optimizer._create_slots(  # pylint: disable=protected-access
-        params, lambda slot, init: create(f"{name}/{slot}", init, False)
+      slots = _tf_internal.create_slots(
+        self.optimizer,
+        params,
+        lambda slot, init: create(f"{name}/{slot}", init, False),
       )
     self._variables = {"parameters": params, **slots}
 

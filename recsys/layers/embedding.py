@@ -57,8 +57,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
-
 import backends
 from backends import base
 from recsys import _tf_internal
@@ -240,12 +238,12 @@ class Embedding(keras.layers.Layer):
         self._warn_untrained_call()
       return self.embedding.lookup(features, weights, training=False)
     activations = self.embedding.lookup(features, weights, training=True)
-    flat = nest.flatten(activations)
+    flat = tf.nest.flatten(activations)
     structure = self.embedding.feature_config
 
     def apply(flat_gradients):
       self.embedding.apply_gradients(
-        nest.pack_sequence_as(structure, flat_gradients)
+        tf.nest.pack_sequence_as(structure, flat_gradients)
       )
 
     def not_requested(persistent: bool) -> None:
@@ -254,7 +252,7 @@ class Embedding(keras.layers.Layer):
       if not persistent:
         self.embedding.abandon_training_lookup()
 
-    return nest.pack_sequence_as(
+    return tf.nest.pack_sequence_as(
       structure,
       gradient_trap.trap(flat, self._trap_variable, apply, not_requested),
     )
@@ -262,15 +260,15 @@ class Embedding(keras.layers.Layer):
   def _integer_ids(self, features: Any, feature_config: Any) -> Any:
     """`features` with float ids cast to int64 after checks (`ids`)."""
     try:
-      paths = nest.flatten_with_joined_string_paths(feature_config)
-      flat = nest.flatten_up_to(feature_config, features, check_types=False)
+      paths = _tf_internal.flatten_with_joined_string_paths(feature_config)
+      flat = _tf_internal.flatten_up_to(feature_config, features)
     except (ValueError, TypeError):
       return features  # the backend names what does not match
     converted = [
       integer_ids(ids, f"feature {path!r} (table {feature.table.name!r})")
       for (path, feature), ids in zip(paths, flat)
     ]
-    return nest.pack_sequence_as(feature_config, converted)
+    return tf.nest.pack_sequence_as(feature_config, converted)
 
   def _saved_lookup(self, features: Any, weights: Any | None) -> Any:
     """A lookup traced for a SavedModel: serves, and refuses to train.
@@ -299,7 +297,9 @@ class Embedding(keras.layers.Layer):
       for t, v in self.embedding.embedding_tables.items()
     }
     tables = {}
-    for path, feature in nest.flatten_with_joined_string_paths(serving_config):
+    for path, feature in _tf_internal.flatten_with_joined_string_paths(
+      serving_config
+    ):
       table = feature.table
       var = by_object.get(id(table), by_name.get(table.name))
       if var is None:
@@ -400,7 +400,7 @@ def _translate_table_optimizers(
       feature.table = copies[id(table)]
     return feature
 
-  converted = nest.map_structure(convert, feature_config)
+  converted = tf.nest.map_structure(convert, feature_config)
   if not copies:
     return feature_config, {}, {}
   return converted, originals, translations

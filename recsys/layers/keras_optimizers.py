@@ -43,6 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from backends import base
+from recsys import _tf_internal
 from recsys._keras import keras, tf
 from recsys.errors import RecsysError
 
@@ -206,16 +207,8 @@ def _learning_rate(opt: Any, legacy: bool) -> Callable[[], tf.Tensor]:
   Called in every traced step, so it reads variables, never Python values
   fixed when the step was traced.
   """
-  if legacy:
-    # The hyper-parameter variables Keras makes at its first step, made now
-    # (under the strategy in scope) so that a step reads the variable a
-    # callback may change, not the float the optimizer was built with.
-    opt._create_hypers()  # pylint: disable=protected-access
-    schedule = opt._hyper["learning_rate"]  # pylint: disable=protected-access
-    decay = float(getattr(opt, "_initial_decay", 0.0) or 0.0)
-  else:
-    schedule = opt._learning_rate  # pylint: disable=protected-access
-    decay = 0.0
+  # The legacy optimizers' variables are made now, not at their first step.
+  schedule, decay = _tf_internal.keras_learning_rate(opt, legacy)
   uses_steps = isinstance(schedule, _Schedule) or decay > 0
   if uses_steps:
     opt.iterations  # noqa: B018  (made now, not inside a traced step)

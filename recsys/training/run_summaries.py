@@ -23,7 +23,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from tensorflow.core.framework import summary_pb2  # pylint: disable=g-direct-tensorflow-import
 
 from recsys._keras import keras, tf
 from recsys.data.pipeline import DataSource
@@ -52,7 +51,7 @@ def hparams(config_text: str) -> dict[str, HParam]:
 
 def write_config_summaries(config_text: str, step: int) -> None:
   """Writes the config as text (and HParams) into the default summary writer."""
-  metadata = summary_pb2.SummaryMetadata()
+  metadata = tf.compat.v1.SummaryMetadata()
   metadata.plugin_data.plugin_name = "text"
   markdown = "\n".join("    " + line for line in config_text.splitlines())
   tf.summary.write(
@@ -201,7 +200,7 @@ def scalar_summary(name: str, value: float, step: int) -> None:
   `tf.summary.scalar` needs the tensorboard package; without it, write the
   same record (a float32 scalar tagged for the "scalars" plugin) directly.
   """
-  metadata = summary_pb2.SummaryMetadata()
+  metadata = tf.compat.v1.SummaryMetadata()
   metadata.plugin_data.plugin_name = "scalars"
   tf.summary.write(
     name,

@@ -1,0 +1,258 @@
+"""The TensorFlow internals the backends use, in one place.
+
+TensorFlow exports no public API for these: the trackable protocol the
+backends' checkpoints follow, the XLA and tape questions a step asks, the
+TPU embedding optimizers' slots, the mid-level API's CPU copies of its
+tables, and the checkpoint protos. Every `tensorflow.python` /
+`tensorflow.core` import of `backends/` is here (a test fails if one
+appears elsewhere), and `tests/backends/test_tf_internal.py` fails naming
+the symbol when a TensorFlow upgrade removes or changes one, so an upgrade
+is one file to audit. What TF does export (`tf.nest`,
+`tf.tpu.experimental.embedding`) the backends take from `tf` itself.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from tensorflow.core.protobuf import trackable_object_graph_pb2  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.core.tpu.kernels import sparse_core_layout_pb2  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.checkpoint import graph_view  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.distribute import sharded_variable  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.eager import (
+  record,  # pylint: disable=g-direct-tensorflow-import
+)
+from tensorflow.python.eager import (
+  tape as tape_lib,  # pylint: disable=g-direct-tensorflow-import
+)
+from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.ops import (
+  control_flow_util,  # pylint: disable=g-direct-tensorflow-import
+  resource_variable_ops,  # pylint: disable=g-direct-tensorflow-import
+)
+from tensorflow.python.saved_model import registration  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.tpu import tpu_embedding_v3_utils  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.trackable import (
+  autotrackable,  # pylint: disable=g-direct-tensorflow-import
+  data_structures,  # pylint: disable=g-direct-tensorflow-import
+)
+from tensorflow.python.trackable import (
+  base as trackable_base,  # pylint: disable=g-direct-tensorflow-import
+)
+from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
+
+# -- the trackable protocol (checkpoints of the backends' own objects) --------
+
+#: The base of every backend: tracks the variables assigned to attributes.
+AutoTrackable = autotrackable.AutoTrackable
+#: The base of an object that saves its own tensors (`RowShardedVariable`).
+Trackable = trackable_base.Trackable
+#: Wraps an attribute value that must not become a checkpoint dependency.
+NoDependency = data_structures.NoDependency
+#: `_trackable_children`'s `save_type` (checkpoint or SavedModel).
+SaveType = trackable_base.SaveType
+#: The key a variable-like object saves its value under.
+VARIABLE_VALUE_KEY = trackable_base.VARIABLE_VALUE_KEY
+#: The initial value a restore-on-create passes (reads the checkpoint).
+CheckpointInitialValueCallable = trackable_base.CheckpointInitialValueCallable
+#: The slice of a full tensor one shard restores (`shape`, `offset`).
+ShardInfo = trackable_base.ShardInfo
+#: A parameter-server variable split into row shards.
+ShardedVariable = sharded_variable.ShardedVariable
+
+
+def trackable_children(obj: Any, save_type: Any, **kwargs: Any) -> dict:
+  """`obj`'s checkpoint children `{name: trackable}` (TF's protocol)."""
+  return obj._trackable_children(save_type, **kwargs)  # pylint: disable=protected-access
+
+
+def lookup_dependency(obj: Any, name: str) -> Any:
+  """`obj`'s checkpoint child called `name`, or None."""
+  return obj._lookup_dependency(name)  # pylint: disable=protected-access
+
+
+def deferred_restores(obj: Any) -> dict[str, list[Any]]:
+  """The restores queued on `obj` for children it has not created yet.
+
+  `checkpoint.restore()` queues them by child name; `obj` restores each as
+  it creates the child (`_add_variable_with_custom_getter`). The dict is
+  `obj`'s own: adding to it hands restores over to `obj`.
+  """
+  obj._maybe_initialize_trackable()  # pylint: disable=protected-access
+  return obj._deferred_dependencies  # pylint: disable=protected-access
+
+
+def variable_adder(obj: Any) -> Callable[..., Any]:
+  """`obj`'s `(name, initializer, shape, getter, trainable) -> variable`:
+  makes a variable through `getter` and tracks it as `obj`'s child `name`,
+  restored on creation from a restore pending on `obj`."""
+  return obj._add_variable_with_custom_getter  # pylint: disable=protected-access
+
+
+def track_child(obj: Any, child: Any, name: str) -> Any:
+  """Tracks `child` (any trackable) as `obj`'s checkpoint child `name`."""
+  return obj._track_trackable(child, name=name)  # pylint: disable=protected-access
+
+
+def breadth_first_objects(root: Any) -> tuple[list[Any], dict[Any, Any]]:
+  """Every object a checkpoint of `root` reaches, and each one's path.
+
+  The path is a list of references with a `.name` each, from `root` down.
+  """
+  objects, paths = graph_view.ObjectGraphView(root).breadth_first_traversal()
+  return list(objects), paths
+
+
+def register_checkpoint_saver(
+  package: str,
+  name: str,
+  predicate: Callable[[Any], bool],
+  save_fn: Callable[..., Any],
+  restore_fn: Callable[..., Any],
+  strict_predicate_restore: bool = True,
+) -> None:
+  """Registers callbacks run when a checkpoint saves / restores an object
+  that `predicate` accepts (TF registers the same for its `TPUEmbedding`)."""
+  registration.register_checkpoint_saver(
+    package=package,
+    name=name,
+    predicate=predicate,
+    save_fn=save_fn,
+    restore_fn=restore_fn,
+    strict_predicate_restore=strict_predicate_restore,
+  )
+
+
+# -- checkpoint files ------------------------------------------------------
+
+#: The proto of a TF2 checkpoint's object graph (the tensor
+#: `_CHECKPOINTABLE_OBJECT_GRAPH`).
+TrackableObjectGraph = trackable_object_graph_pb2.TrackableObjectGraph
+#: The proto of the stacked-table layouts a SparseCore checkpoint holds.
+SparseCoreTableLayouts = sparse_core_layout_pb2.SparseCoreTableLayouts
+#: The checkpoint key (under the embedding's node) of those layouts.
+SPARSECORE_LAYOUTS_CHECKPOINT_KEY = (
+  tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY
+)
+
+
+# -- nested structures: what `tf.nest` does not export --------------------
+
+
+def flatten_with_joined_string_paths(structure: Any) -> list[tuple[str, Any]]:
+  """`[(path, leaf)]` of `structure`, paths joined with "/" (`"a/0/b"`)."""
+  return nest.flatten_with_joined_string_paths(structure)
+
+
+def flatten_up_to(shallow: Any, structure: Any) -> list[Any]:
+  """`structure` flattened only as deep as `shallow` (leaves may be
+  structures themselves); types are not compared, only the nesting."""
+  return nest.flatten_up_to(shallow, structure, check_types=False)
+
+
+# -- the step: XLA, tapes, resource variables ------------------------------
+
+
+def in_xla_context() -> bool:
+  """Whether ops are being traced for XLA (`jit_compile`, a TPU).
+
+  A compiled step cannot check at run time with `tf.debugging.Assert` or
+  fall back to the CPU kernels.
+  """
+  graph = ops.get_default_graph()
+  return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
+
+
+def tape_may_record() -> bool:
+  """Whether a `tf.GradientTape` (or a function's tape) may record now."""
+  return bool(record.could_possibly_record())
+
+
+def mark_variable_read(variable: Any) -> None:
+  """Tells the tapes that `variable` was read, as reading it would.
+
+  The fused kernels read the table through its handle, which no tape sees;
+  this lets a tape watching trainable variables still take the table.
+  """
+  tape_lib.variable_accessed(variable)
+
+
+def variable_shape(handle: Any) -> Any:
+  """The shape of the resource variable behind `handle` (static if known)."""
+  return resource_variable_ops.variable_shape(handle)
+
+
+# -- tf.tpu.experimental.embedding: optimizers and the mid-level API ------
+
+
+def slot_names(optimizer: Any) -> list[str]:
+  """The slot names of a TPU embedding optimizer, e.g. `["accumulators"]`."""
+  return list(optimizer._slot_names())  # pylint: disable=protected-access
+
+
+def slot_initializers(optimizer: Any) -> list[Any]:
+  """The initializer of each of `slot_names(optimizer)`, in that order."""
+  return list(optimizer._slot_initializers())  # pylint: disable=protected-access
+
+
+def create_slots(
+  optimizer: Any, table: Any, create: Callable[[str, Any], Any]
+) -> dict[str, Any]:
+  """`{slot name: variable}` for `table`, each made by `create(name, init)`
+  (TF's own slot creation, so names and initial values are TF's)."""
+  return optimizer._create_slots(table, create)  # pylint: disable=protected-access
+
+
+def mid_level_variables(mid: Any) -> dict[str, dict[str, Any]]:
+  """A TF `TPUEmbedding*`'s `{table name: {"parameters" | slot: variable}}`."""
+  return mid._variables  # pylint: disable=protected-access
+
+
+def mid_level_on_tpu(mid: Any) -> bool:
+  """Whether a TF `TPUEmbedding` keeps its tables in the embedding engine
+  (its variables are then CPU copies refreshed around checkpoints)."""
+  return bool(getattr(mid, "_using_tpu", False))
+
+
+def retrieve_from_tpu(mid: Any) -> None:
+  """Copies a TF `TPUEmbedding`'s tables from the engine to its variables."""
+  mid._retrieve_variables()  # pylint: disable=protected-access
+
+
+def load_onto_tpu(mid: Any) -> None:
+  """Copies a TF `TPUEmbedding`'s variables into the engine."""
+  mid._load_variables()  # pylint: disable=protected-access
+
+
+__all__ = [
+  "SPARSECORE_LAYOUTS_CHECKPOINT_KEY",
+  "AutoTrackable",
+  "CheckpointInitialValueCallable",
+  "NoDependency",
+  "SaveType",
+  "ShardInfo",
+  "ShardedVariable",
+  "SparseCoreTableLayouts",
+  "Trackable",
+  "TrackableObjectGraph",
+  "VARIABLE_VALUE_KEY",
+  "breadth_first_objects",
+  "create_slots",
+  "deferred_restores",
+  "flatten_up_to",
+  "flatten_with_joined_string_paths",
+  "in_xla_context",
+  "load_onto_tpu",
+  "lookup_dependency",
+  "mark_variable_read",
+  "mid_level_on_tpu",
+  "mid_level_variables",
+  "register_checkpoint_saver",
+  "retrieve_from_tpu",
+  "slot_initializers",
+  "slot_names",
+  "tape_may_record",
+  "trackable_children",
+  "track_child",
+  "variable_adder",
+  "variable_shape",
+]

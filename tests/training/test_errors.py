@@ -11,10 +11,10 @@ from recsys import (
   atomic_dir,
   config,
   experiments_catalog,
+  feature_spec,
   features,
   launch,
   planning,
-  feature_spec,
   untrusted_config,
 )
 from recsys.data import errors as data_errors

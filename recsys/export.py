@@ -59,13 +59,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from backends import serving
-from recsys import atomic_dir, serving_checks
+from recsys import serving_checks
 from recsys._keras import keras, tf
 from recsys.data.raw import RawParser
 from recsys.feature_spec import FeatureSpec
 from recsys.models import retrieval_index
 from recsys.models import seen_items as seen_lib
 from recsys.models.errors import ModelConfigError
+from recsys.run_folder import atomic_dir
 from recsys.training import loop as loop_lib
 
 log = logging.getLogger("recsys.export")

@@ -27,8 +27,8 @@ from tensorflow.core.framework import summary_pb2  # pylint: disable=g-direct-te
 
 from recsys._keras import keras, tf
 from recsys.data.pipeline import DataSource
-from recsys.training import run_configs
-from recsys.training import run_dir as run_dir_lib
+from recsys.run_folder import run_configs
+from recsys.run_folder import run_dir as run_dir_lib
 
 log = logging.getLogger("recsys.training")
 

@@ -32,6 +32,7 @@ from recsys.data import errors as data_errors
 from recsys.data import pipeline as data_pipeline
 from recsys.data.from_dataset import DatasetSource
 from recsys.errors import RecsysError
+from recsys.models import model_args
 from recsys.models import seen_items as seen_lib
 from recsys.models.base import RetrievalModel
 from recsys.run_folder import checkpoints as checkpoints_lib
@@ -41,7 +42,7 @@ from recsys.training import coordinated as coordinated_lib
 from recsys.training import embedding_backend as backend_lib
 from recsys.training import input as input_lib
 from recsys.training import loop as loop_lib
-from recsys.training import model_args, run_summaries, schedules
+from recsys.training import run_summaries, schedules
 from recsys.training import settings as settings_lib
 from recsys.training import signals as signals_lib
 from recsys.training import strategy as strategy_lib

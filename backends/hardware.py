@@ -65,10 +65,35 @@ def device_kinds(strategy: tf.distribute.Strategy) -> set[str]:
   } or {"CPU"}
 
 
+def num_tasks(strategy: tf.distribute.Strategy, job: str) -> int:
+  """Tasks of `job` ("ps", "worker") in the cluster `strategy` runs on.
+
+  The trainer counts workers, the memory planner parameter servers, the
+  parameter-server storage its row ranges: all ask here.
+
+  `ParameterServerStrategy` has no public `cluster_resolver`; it connects
+  this process to its cluster, whose remote devices are listed by
+  `tf.config.list_logical_devices()`.
+  """
+  resolver = getattr(strategy, "cluster_resolver", None)
+  if resolver is not None:
+    try:
+      return resolver.cluster_spec().num_tasks(job)
+    except (ValueError, KeyError):
+      return 0
+  tasks = set()
+  for device in tf.config.list_logical_devices():
+    spec = tf.DeviceSpec.from_string(device.name)
+    if spec.job == job:
+      tasks.add(spec.task)
+  return len(tasks)
+
+
 __all__ = [
   "device_kinds",
   "embedding_feature",
   "is_parameter_server",
   "is_tpu",
+  "num_tasks",
   "worker_devices",
 ]

@@ -198,6 +198,18 @@ def resolve(
   return backend, reason
 
 
+def parameter_server_partitioner(num_ps: int) -> Any:
+  """The `variable_partitioner` a `ParameterServerStrategy` is built with.
+
+  The parameter-server backend (`sharded`) row-shards its tables over the
+  `num_ps` servers through it; every other variable stays whole. Strategy
+  builders ask here, so they never import that backend's modules.
+  """
+  from backends.storage import parameter_servers  # pylint: disable=g-import-not-at-top
+
+  return parameter_servers.TablePartitioner(num_ps)
+
+
 def check_options(name: str, options: Mapping[str, Any]) -> None:
   """Checks `options` against what the backend `name` declares it accepts.
 

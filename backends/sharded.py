@@ -44,7 +44,6 @@ from backends.storage import TableStorage
 from backends.storage.parameter_servers import (  # noqa: F401  (public names)
   ParameterServers,
   TablePartitioner,
-  num_tasks,
   shard_offsets,
   shards_of,
 )

@@ -375,6 +375,46 @@ def _quiet_include_search():
     root.removeFilter(drop)
 
 
+_MACRO_BINDING = re.compile(r"\s*([A-Za-z_]\w*)\s*=")
+_MACRO_USE = re.compile(r"%([A-Za-z_]\w*)")
+
+
+def check_macro_bindings(files: Sequence[str], bindings: Sequence[str]) -> None:
+  """Refuses a binding of a macro (`NAME = value`) that nothing uses.
+
+  gin accepts such a binding silently, so a misspelt macro, or one a gin
+  file no longer reads, would change nothing about the run while the user
+  believes it did. Uses are `%NAME` in the files (with their includes) or in
+  the other bindings, and `NAME = %gin.REQUIRED` (a file asking for it).
+
+  Raises:
+    GinConfigError: naming the binding, the closest macro in use and the
+      macros the files use.
+  """
+  texts = []
+  for path in _gin_files_closure(files):
+    with open(path, encoding="utf-8") as f:
+      texts += [line.split("#", 1)[0] for line in f]
+  texts += list(bindings)
+  used = {m for text in texts for m in _MACRO_USE.findall(text)} - {"gin"}
+  used |= {  # `NAME = %gin.REQUIRED`: the file asks for the binding
+    m.group(1)
+    for text in texts
+    if (m := _MACRO_BINDING.match(text)) and "%gin.REQUIRED" in text
+  }
+  for binding in bindings:
+    match = _MACRO_BINDING.match(binding)
+    if match and match.group(1) not in used:
+      name = match.group(1)
+      raise GinConfigError(
+        f"the gin binding {binding.strip()!r} sets the macro {name}, but no "
+        f"gin file or binding uses %{name}, so it would change nothing."
+        f"{suggest_lib.did_you_mean(name, sorted(used))} The macros these "
+        f"files use: {sorted(used) or 'none'}. To change a setting, bind its "
+        "parameter (e.g. 'train.train_steps = 300')."
+      )
+
+
 def parse(
   files: Sequence[str] = (), bindings: Sequence[str] = (), finalize: bool = True
 ) -> None:
@@ -388,7 +428,8 @@ def parse(
   Raises:
     GinConfigError: a file is missing or does not parse, a name or parameter
       is unknown (the message suggests the closest registered ones), or a
-      required macro is unbound; the message is gin's plus the file and line.
+      required macro is unbound, or a binding sets a macro nothing uses; the
+      message is gin's plus the file and line.
   """
   register_all()
   try:  # a path, or the name of a shipped experiment ("synthetic_dlrm.gin")
@@ -397,6 +438,7 @@ def parse(
     raise GinConfigError(f"{e} Pass an existing --gin_file.") from e
   add_search_paths(files)
   experiments_catalog.install_include_resolution()
+  check_macro_bindings(files, bindings)
   try:
     with _quiet_include_search():
       gin.parse_config_files_and_bindings(

@@ -279,9 +279,7 @@ def _local_devices(strategy: tf.distribute.Strategy) -> list[str]:
 
 
 def _num_parameter_servers(strategy: tf.distribute.Strategy) -> int:
-  from backends import sharded  # pylint: disable=g-import-not-at-top
-
-  return max(1, sharded.num_tasks(strategy, "ps"))
+  return max(1, hardware.num_tasks(strategy, "ps"))
 
 
 def _choose(

@@ -368,7 +368,16 @@ def _run_gin(block: Block, workspace: Workspace) -> None:
   )
   with open(path, "w", encoding="utf-8") as f:
     f.write(block.text)
-  folders = ["MOVIELENS_DIR = 'data/ml-100k'", "CRITEO_DIR = 'data/criteo'"]
+  folders = []
+  for binding in (
+    "MOVIELENS_DIR = 'data/ml-100k'",
+    "CRITEO_DIR = 'data/criteo'",
+  ):
+    try:  # only the folders the block (or what it includes) reads
+      config.check_macro_bindings([path], [binding])
+      folders.append(binding)
+    except config.GinConfigError:
+      pass
   try:
     config.parse([path], folders)
     for name in ("data", "embedding_optimizer", "dense_optimizer", "model"):

@@ -33,7 +33,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import sharded_variable  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.trackable import base as trackable_base  # pylint: disable=g-direct-tensorflow-import
 
-from backends import optimizers
+from backends import hardware, optimizers
 from backends.storage import base, row_layout
 from backends.table_step import TableStep
 
@@ -117,27 +117,6 @@ def shard_offsets(variable: tf.Variable) -> list[int]:
   return offsets
 
 
-def num_tasks(strategy: tf.distribute.Strategy, job: str) -> int:
-  """Tasks of `job` ("ps", "worker") in the cluster `strategy` runs on.
-
-  `ParameterServerStrategy` has no public `cluster_resolver`; it connects
-  this process to its cluster, whose remote devices are listed by
-  `tf.config.list_logical_devices()`.
-  """
-  resolver = getattr(strategy, "cluster_resolver", None)
-  if resolver is not None:
-    try:
-      return resolver.cluster_spec().num_tasks(job)
-    except (ValueError, KeyError):
-      return 0
-  tasks = set()
-  for device in tf.config.list_logical_devices():
-    spec = tf.DeviceSpec.from_string(device.name)
-    if spec.job == job:
-      tasks.add(spec.task)
-  return len(tasks)
-
-
 class ParameterServers(base.TableStorage):
   """A table and its slots in row ranges on the parameter servers."""
 
@@ -198,7 +177,7 @@ class ParameterServers(base.TableStorage):
       shard_offsets(params),
       ", ".join(s.device for s in shards),
     )
-    num_ps = max(1, num_tasks(self.strategy, "ps"))
+    num_ps = max(1, hardware.num_tasks(self.strategy, "ps"))
     if len(shards) == 1 and num_ps > 1:
       log.warning(
         "table %r is not sharded: it lives whole on %s. Build the "

@@ -1,10 +1,14 @@
 """MovieLens as a data source: ratings (ranking), user-item pairs (retrieval).
 
-Reads a local folder (`recsys.data.movielens_files`: GroupLens ml-100k,
-ml-1m, or RecBole atomic files), maps raw ids to contiguous ids (0 is
-reserved for unknown/out-of-vocabulary everywhere), splits deterministically
-(random with a seed, or temporal: the latest `test_fraction` of ratings by
-timestamp), and serves batches from memory.
+The constructor runs four steps, each once: read a local folder
+(`recsys.data.movielens_files`: GroupLens ml-100k, ml-1m, or RecBole atomic
+files; `movielens_split_files` for a split given as files), encode raw ids
+to contiguous ids (`movielens_encoding`; 0 is reserved for
+unknown/out-of-vocabulary everywhere), split deterministically
+(`movielens_split`: random with a seed, or temporal: the latest
+`test_fraction` of ratings by timestamp), and build the features (the
+`MovieLensRawParser` serving shares, the specs); batches are served from
+memory.
 
 Categorical features (all int64 `[B]` except item_genres, a RaggedTensor
 `[B, None]`):
@@ -41,9 +45,9 @@ plus `features["candidate_sampling_probability"]` (the item's share of the
 training interactions) and `candidates()` over the whole corpus.
 """
 
+import dataclasses
 import logging
 import os
-import re
 from collections.abc import Sequence
 
 import gin
@@ -51,7 +55,14 @@ import numpy as np
 import tensorflow as tf
 
 from recsys.data import movielens_files, movielens_split_files
+from recsys.data.movielens_encoding import MovieLensVocabularies, encode
 from recsys.data.movielens_raw import MovieLensRawParser
+from recsys.data.movielens_split import (
+  RatingSplit,
+  check_split,
+  split_ratings,
+  timestamp_edges,
+)
 from recsys.data.pipeline import (
   AUTOTUNE,
   Batch,
@@ -59,13 +70,12 @@ from recsys.data.pipeline import (
   DataSource,
   candidate_batches,
 )
-from recsys.data.user_history import ItemHistory, UserHistory
+from recsys.data.user_history import HistoryTable, ItemHistory, UserHistory
 from recsys.errors import RecsysError
 from recsys.feature_spec import FeatureSpec
 
 log = logging.getLogger("recsys.data.movielens")
 
-AGE_BOUNDARIES = (18, 25, 35, 45, 50, 56)
 QUERY_FEATURES = (
   "user_id",
   "user_age",
@@ -100,24 +110,67 @@ class MovieLensConfigError(RecsysError, ValueError):
   """Inconsistent MovieLens settings."""
 
 
-def _sorted_vocab(values) -> list[str]:
-  values = sorted(set(values))
-  if values and all(v.isdigit() for v in values):
-    values.sort(key=int)
-  return values
+def _resolved_variant(
+  data_dir: str, variant: str, dataset_name: str | None, download: bool
+) -> str:
+  """`variant`, or for "auto" the layout of the files in `data_dir`.
+
+  Raises:
+    DatasetNotFoundError: "auto" on a folder without MovieLens files (and
+      no download asked for).
+  """
+  if variant != "auto":
+    return variant
+  detected = movielens_files.detect_variant(data_dir, dataset_name)
+  # A missing folder or a file as data_dir: read()'s errors say so.
+  if detected is None and not download and os.path.isdir(data_dir):
+    raise movielens_files.DatasetNotFoundError(
+      "MovieLens variant='auto': no MovieLens files in "
+      f"{data_dir!r} (nor a "
+      "subfolder named after the variant); expected RecBole atomic files "
+      "(<name>.inter), ml-100k's u.data, u.item, u.user or ml-1m's "
+      "ratings.dat, movies.dat, users.dat. Check MovieLens.data_dir / "
+      "MOVIELENS_DIR, or set MovieLens.download = True for ml-100k."
+    )
+  return detected or "ml-100k"
 
 
-def title_tokens(title: str) -> list[str]:
-  """Lower-case words: "Usual Suspects, The" -> [usual, suspects, the]."""
-  return re.findall(r"[a-z0-9]+", title.lower())
+def _check_settings(
+  variant: str, task: str, split: str, split_check: str, test_fraction: float
+) -> None:
+  """Raises MovieLensConfigError for a setting outside its valid values."""
+  for value, valid, what in (
+    (variant, VARIANTS, "variant"),
+    (task, TASKS, "task"),
+    (split, SPLITS, "split"),
+    (split_check, SPLIT_CHECKS, "split_check"),
+  ):
+    if value not in valid:
+      raise MovieLensConfigError(
+        f"unknown MovieLens {what} {value!r}; valid: {', '.join(valid)}."
+      )
+  if not 0.0 <= test_fraction < 1.0:
+    raise MovieLensConfigError(
+      f"test_fraction must be in [0, 1), got {test_fraction}."
+    )
 
 
-def _age_bucket(age: str) -> int:
-  try:
-    value = float(age)
-  except ValueError:
-    return 0
-  return 1 + int(np.searchsorted(AGE_BOUNDARIES, value, side="right"))
+def _read(
+  data_dir: str,
+  variant: str,
+  split: str,
+  dataset_name: str | None,
+  fold: str,
+  download: bool,
+) -> tuple[movielens_files.RawMovieLens, np.ndarray | None]:
+  """The read step: the ratings and metadata, and with split="files" the
+  files' `is_test` (None otherwise)."""
+  if split == "files":
+    return movielens_split_files.read(data_dir, variant, dataset_name, fold)
+  raw = movielens_files.read(
+    data_dir, variant, dataset_name, allow_download=download
+  )
+  return raw, None
 
 
 def _rating_scale(
@@ -142,58 +195,260 @@ def _rating_scale(
   return values[0], values[1]
 
 
-def _check_split(
-  raw: movielens_files.RawMovieLens,
-  user: np.ndarray,
-  item: np.ndarray,
-  is_test: np.ndarray,
-  split: str,
-  policy: str,
-) -> None:
-  """Warns about (or refuses) (user, item) pairs in both splits or twice.
+def _encoded_ids(
+  raw: movielens_files.RawMovieLens, vocab: MovieLensVocabularies
+) -> tuple[np.ndarray, np.ndarray]:
+  """The ratings' user and item ids, by the parser that the export's raw
+  signature runs too: training and serving map raw ids the same way."""
+  encoder = MovieLensRawParser(
+    vocab.users, vocab.items, vocab.user_side, *vocab.genre_bags
+  )
+  return (
+    encoder.user_index(raw.user).numpy(),
+    encoder.item_index(raw.item).numpy(),
+  )
 
-  MovieLens has one rating per user and item: a pair of the test split that
-  is also in the training split means the evaluation scores a rating the
-  model trained on, and a pair twice in one split counts one rating twice.
+
+@dataclasses.dataclass(frozen=True)
+class _FeatureChoice:
+  """The features delivered, in `ALL_FEATURES` order, and the histories
+  behind user_history / item_history (None: that feature is not chosen)."""
+
+  chosen: list[str]
+  history: UserHistory | None
+  item_history: ItemHistory | None
+
+  @property
+  def query_features(self) -> list[str]:
+    return [
+      f for f in self.chosen if f in QUERY_FEATURES or f == HISTORY_FEATURE
+    ]
+
+  @property
+  def candidate_features(self) -> list[str]:
+    return [
+      f
+      for f in self.chosen
+      if f in CANDIDATE_FEATURES + (ITEM_HISTORY_FEATURE,)
+    ]
+
+  def histories(self) -> dict[str, UserHistory | ItemHistory | None]:
+    """History feature name -> its history (None: not chosen)."""
+    return {
+      HISTORY_FEATURE: self.history,
+      ITEM_HISTORY_FEATURE: self.item_history,
+    }
+
+
+def _choose_features(
+  raw: movielens_files.RawMovieLens,
+  variant: str,
+  task: str,
+  features: Sequence[str] | None,
+  history: UserHistory | None,
+  item_history: ItemHistory | None,
+  timestamp_buckets: int,
+) -> _FeatureChoice:
+  """The features to deliver: those asked for (user_id and item_id always),
+  or every available one but the opt-in ones not asked for.
+
+  Raises:
+    MovieLensConfigError: a feature the files do not have, or item_history
+      with task="retrieval".
   """
-  key = user.astype(np.int64) * (int(item.max(initial=0)) + 1) + item
-  train_keys, test_keys = key[~is_test], key[is_test]
-  leaked = np.isin(test_keys, train_keys)
-  counts = {
-    "test ratings whose (user, item) pair is also a training rating": int(
-      leaked.sum()
-    ),
-    "training ratings that repeat a training (user, item) pair": int(
-      len(train_keys) - len(np.unique(train_keys))
-    ),
-    "test ratings that repeat a test (user, item) pair": int(
-      len(test_keys) - len(np.unique(test_keys))
-    ),
+  available = ["user_id", "item_id", "item_genres"]
+  if raw.users:
+    available += ["user_age", "user_gender", "user_occupation", "user_zip"]
+  if timestamp_buckets > 0:
+    available.append("timestamp")
+  if raw.item_info:  # even with no year or word in 2 titles (ids 0)
+    available += ["item_year", "item_title"]
+  available.append(HISTORY_FEATURE)
+  if task == "ranking":  # candidates() would need its weights: not yet
+    available.append(ITEM_HISTORY_FEATURE)
+  elif item_history is not None:
+    raise MovieLensConfigError(
+      f"MovieLens item_history is for task='ranking' only, got task={task!r}."
+    )
+  if features is None:
+    chosen = [
+      f
+      for f in ALL_FEATURES
+      if f in available
+      and (
+        f not in OPT_IN_FEATURES
+        or (f == HISTORY_FEATURE and history)
+        or (f == ITEM_HISTORY_FEATURE and item_history)
+      )
+    ]
+  else:
+    if history is not None:
+      features = list(features) + [HISTORY_FEATURE]
+    if item_history is not None:
+      features = list(features) + [ITEM_HISTORY_FEATURE]
+    unknown = [f for f in features if f not in available]
+    if unknown:
+      raise MovieLensConfigError(
+        f"MovieLens {variant} in {raw.source!r} has no feature(s) {unknown}; "
+        f"available: {', '.join(available)}."
+      )
+    chosen = [
+      f for f in ALL_FEATURES if f in set(features) | {"user_id", "item_id"}
+    ]
+  if HISTORY_FEATURE in chosen and history is None:
+    history = UserHistory()
+  if ITEM_HISTORY_FEATURE in chosen and item_history is None:
+    item_history = ItemHistory()
+  return _FeatureChoice(
+    chosen,
+    history if HISTORY_FEATURE in chosen else None,
+    item_history if ITEM_HISTORY_FEATURE in chosen else None,
+  )
+
+
+def _history_tables(
+  choice: _FeatureChoice,
+  raw: movielens_files.RawMovieLens,
+  ids: dict[str, np.ndarray],
+  num_ids: dict[str, int],
+  ratings: RatingSplit,
+  rating_scale: tuple[float, float] | None,
+) -> dict[str, HistoryTable | None]:
+  """History feature name -> its bags, from the training ratings only
+  (never a test one); None: the feature is not chosen.
+
+  `ids` holds the ratings' user_id and item_id, `num_ids` their counts.
+  """
+  train = ratings.is_train
+  columns = {name: values[train] for name, values in ids.items()}
+  tables: dict[str, HistoryTable | None] = {}
+  for name, history in choice.histories().items():
+    tables[name] = (
+      None
+      if history is None
+      else history.build(
+        columns[history.key],
+        columns[history.value],
+        raw.rating[train],
+        raw.timestamp[train],
+        num_ids[history.key],
+        rating_max=rating_scale[1] if rating_scale else None,
+      )
+    )
+  return tables
+
+
+def _trained_ids(
+  choice: _FeatureChoice,
+  tables: dict[str, HistoryTable | None],
+  ids: dict[str, np.ndarray],
+  num_ids: dict[str, int],
+  ratings: RatingSplit,
+) -> dict[str, np.ndarray]:
+  """user_id / item_id -> bool `[n + 1]`, the ids whose embedding rows
+  training updates: those of training examples, and those in a history bag
+  that shares their table."""
+  examples = ratings.is_train & ratings.keep
+  trained = {
+    name: np.bincount(ids[name][examples], minlength=num_ids[name] + 1)
+    for name in ("user_id", "item_id")
   }
-  if not any(counts.values()):
-    return
-  files = raw.origins.paths if raw.origins is not None else [raw.source]
-  where = ""
-  if leaked.any() and raw.origins is not None:
-    first = int(np.flatnonzero(is_test)[np.argmax(leaked)])
-    where = (
-      f" (the first test one: user {raw.user[first]!r}, item "
-      f"{raw.item[first]!r} at {raw.origins.where(first)})"
-    )
-  listed = "; ".join(f"{n} {what}" for what, n in counts.items() if n)
-  message = (
-    f"MovieLens split {split!r} of {', '.join(files)}: {listed}{where}. "
-    "The evaluation then scores ratings the model trained on, or counts "
-    "a rating twice; MovieLens has one rating per user and item."
+  for name, history in choice.histories().items():
+    table = tables[name]
+    if history is not None and table is not None and history.table is not None:
+      trained[history.table] = trained[history.table] + np.bincount(
+        table.ids, minlength=len(trained[history.table])
+      )
+  return {name: trained[name][: num_ids[name] + 1] > 0 for name in trained}
+
+
+def _serving_parser(
+  vocab: MovieLensVocabularies,
+  edges: np.ndarray | None,
+  tables: dict[str, HistoryTable | None],
+  trained: dict[str, np.ndarray],
+) -> MovieLensRawParser:
+  """The raw ids -> features transformation of every feature, the one
+  both the batches and the export's raw signature run."""
+  return MovieLensRawParser(
+    vocab.users,
+    vocab.items,
+    vocab.user_side,
+    *vocab.genre_bags,
+    edges,
+    item_side={"item_year": vocab.item_year},
+    item_bags={"item_title": vocab.title_bags},
+    history=tables[HISTORY_FEATURE],
+    item_history=tables[ITEM_HISTORY_FEATURE],
+    trained_users=trained["user_id"],
+    trained_items=trained["item_id"],
   )
-  if policy == "strict":
-    raise movielens_files.DataFormatError(
-      message + " Fix the files (each pair once, in one split), or set "
-      "MovieLens.split_check = 'warn' to use them as given."
+
+
+def _feature_specs(
+  choice: _FeatureChoice,
+  vocab: MovieLensVocabularies,
+  tables: dict[str, HistoryTable | None],
+  timestamp_buckets: int,
+) -> list[FeatureSpec]:
+  """The chosen features' specs: vocabulary, bag width, weights, table."""
+  vocab_sizes = vocab.vocab_sizes(timestamp_buckets)
+  max_ids = {
+    "item_genres": int(vocab.genre_bags[1].max()),
+    "item_title": int(vocab.title_bags[1].max()),
+    **{
+      name: max(t.max_length, 1) if t is not None else 1
+      for name, t in tables.items()
+    },
+  }
+  built = {n: h for n, h in choice.histories().items() if h is not None}
+  return [
+    FeatureSpec(
+      name,
+      vocab_sizes[name],
+      multi_hot=name in max_ids,
+      max_ids=max_ids.get(name, 1),
+      weighted=name in built and built[name].weighted,
+      table=built[name].table if name in built else None,
     )
-  log.warning(
-    "%s Used as given; MovieLens.split_check = 'strict' refuses them.", message
+    for name in choice.chosen
+  ]
+
+
+#: A split's examples: user ids, item ids, ratings, timestamp buckets.
+SplitArrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _split_arrays(
+  raw: movielens_files.RawMovieLens,
+  ids: dict[str, np.ndarray],
+  ratings: RatingSplit,
+  parser: MovieLensRawParser,
+  edges: np.ndarray | None,
+) -> dict[str, SplitArrays]:
+  """ "train" / "test" -> the examples' arrays the batches gather from."""
+  stamp = (
+    parser.timestamp_bucket(raw.timestamp).numpy()
+    if edges is not None
+    else np.zeros(len(raw.user), np.int64)
   )
+  out = {}
+  for name in ("train", "test"):
+    rows = ratings.rows(name)
+    out[name] = (
+      ids["user_id"][rows],
+      ids["item_id"][rows],
+      raw.rating[rows],
+      stamp[rows],
+    )
+  return out
+
+
+def _item_probability(train_items: np.ndarray, num_items: int) -> np.ndarray:
+  """Each item id's share of the training examples (retrieval's
+  candidate_sampling_probability)."""
+  counts = np.bincount(train_items, minlength=num_items + 1)
+  return (counts / max(counts.sum(), 1)).astype(np.float32)
 
 
 @gin.register
@@ -240,7 +495,7 @@ class MovieLens(DataSource):
     rating_scale: Sequence[float] | str | None = "auto",
     split_check: str = "warn",
   ):
-    """Reads, encodes and splits the data.
+    """Reads, encodes, splits, and builds the features: each step once.
 
     Args:
       data_dir: folder with the files (or with a `<variant>/` subfolder).
@@ -287,289 +542,67 @@ class MovieLens(DataSource):
       DataFormatError: a file does not parse, or a rating is off the scale
         (names file and line); the splits overlap (split_check="strict").
     """
-    if variant == "auto":
-      detected = movielens_files.detect_variant(data_dir, dataset_name)
-      # A missing folder or a file as data_dir: read()'s errors say so.
-      if detected is None and not download and os.path.isdir(data_dir):
-        raise movielens_files.DatasetNotFoundError(
-          "MovieLens variant='auto': no MovieLens files in "
-          f"{data_dir!r} (nor a "
-          "subfolder named after the variant); expected RecBole atomic files "
-          "(<name>.inter), ml-100k's u.data, u.item, u.user or ml-1m's "
-          "ratings.dat, movies.dat, users.dat. Check MovieLens.data_dir / "
-          "MOVIELENS_DIR, or set MovieLens.download = True for ml-100k."
-        )
-      variant = detected or "ml-100k"
-    for value, valid, what in (
-      (variant, VARIANTS, "variant"),
-      (task, TASKS, "task"),
-      (split, SPLITS, "split"),
-      (split_check, SPLIT_CHECKS, "split_check"),
-    ):
-      if value not in valid:
-        raise MovieLensConfigError(
-          f"unknown MovieLens {what} {value!r}; valid: {', '.join(valid)}."
-        )
-    if not 0.0 <= test_fraction < 1.0:
-      raise MovieLensConfigError(
-        f"test_fraction must be in [0, 1), got {test_fraction}."
-      )
+    variant = _resolved_variant(data_dir, variant, dataset_name, download)
+    _check_settings(variant, task, split, split_check, test_fraction)
     self.variant, self.task, self.split = variant, task, split
     self._test_fraction, self._min_rating = test_fraction, min_rating
     self.seed, self.shuffle = int(seed), bool(shuffle)
     self.num_dense = 0
-    file_is_test = None
-    if split == "files":
-      raw, file_is_test = movielens_split_files.read(
-        data_dir, variant, dataset_name, fold
-      )
-    else:
-      raw = movielens_files.read(
-        data_dir, variant, dataset_name, allow_download=download
-      )
-    self.source_folder = raw.source
-    self._files = list(raw.files)
+
+    # Read: the files, their ratings on the declared scale.
+    raw, file_is_test = _read(
+      data_dir, variant, split, dataset_name, fold, download
+    )
+    self.source_folder, self._files = raw.source, list(raw.files)
     self.rating_scale = _rating_scale(rating_scale, variant)
     if self.rating_scale is not None:
       movielens_files.check_rating_scale(raw, self.rating_scale, variant)
 
-    # Vocabularies over every id in the files (an id map, not a statistic).
-    user_vocab = _sorted_vocab(list(raw.user) + list(raw.users))
-    item_vocab = _sorted_vocab(list(raw.item) + list(raw.items))
-    self.num_users, self.num_items = len(user_vocab), len(item_vocab)
-    side = {
-      name: np.zeros(self.num_users + 1, np.int64)
-      for name in QUERY_FEATURES[1:5]
-    }
-    occupations = _sorted_vocab(
-      u["occupation"] for u in raw.users.values() if u["occupation"]
-    )
-    zips = _sorted_vocab(
-      u["zip"][:zip_prefix_length] for u in raw.users.values() if u["zip"]
-    )
-    occ_index = {v: i + 1 for i, v in enumerate(occupations)}
-    zip_index = {v: i + 1 for i, v in enumerate(zips)}
-    user_index = {v: i + 1 for i, v in enumerate(user_vocab)}
-    for uid, info in raw.users.items():
-      row = user_index[uid]
-      side["user_age"][row] = _age_bucket(info["age"])
-      side["user_gender"][row] = {"M": 1, "F": 2}.get(info["gender"].upper(), 0)
-      side["user_occupation"][row] = occ_index.get(info["occupation"], 0)
-      side["user_zip"][row] = zip_index.get(info["zip"][:zip_prefix_length], 0)
-    self.genres = _sorted_vocab(g for gs in raw.items.values() for g in gs)
-    genre_index = {g: i + 1 for i, g in enumerate(self.genres)}
-    item_index = {v: i + 1 for i, v in enumerate(item_vocab)}
-    bags: list[list[int]] = [[0] for _ in range(self.num_items + 1)]
-    for iid, names in raw.items.items():
-      ids = sorted(genre_index[g] for g in set(names))
-      bags[item_index[iid]] = ids or [0]
-    genre_values = np.concatenate([np.array(b, np.int64) for b in bags])
-    genre_lengths = np.array([len(b) for b in bags], np.int64)
-    item_info = raw.item_info
-    years = _sorted_vocab(v["year"] for v in item_info.values() if v["year"])
-    year_index = {v: i + 1 for i, v in enumerate(years)}
-    item_year = np.zeros(self.num_items + 1, np.int64)
-    words = {
-      iid: sorted(set(title_tokens(v["title"]))) for iid, v in item_info.items()
-    }
-    word_counts: dict[str, int] = {}
-    for ws in words.values():
-      for w in ws:
-        word_counts[w] = word_counts.get(w, 0) + 1
-    self.title_vocab = sorted(
-      w for w, c in word_counts.items() if c >= max(int(title_min_count), 1)
-    )
-    word_index = {w: i + 1 for i, w in enumerate(self.title_vocab)}
-    title_bags: list[list[int]] = [[0] for _ in range(self.num_items + 1)]
-    for iid, v in item_info.items():
-      if iid not in item_index:
-        continue
-      item_year[item_index[iid]] = year_index.get(v["year"], 0)
-      ids = [word_index[w] for w in words[iid] if w in word_index]
-      title_bags[item_index[iid]] = ids or [0]
-    title_values = np.concatenate([np.array(b, np.int64) for b in title_bags])
-    title_lengths = np.array([len(b) for b in title_bags], np.int64)
-    vocab_sizes = {
-      "user_id": self.num_users + 1,
-      "item_id": self.num_items + 1,
-      "user_age": len(AGE_BOUNDARIES) + 2,
-      "user_gender": 3,
-      "user_occupation": len(occupations) + 1,
-      "user_zip": len(zips) + 1,
-      "item_genres": len(self.genres) + 1,
-      "timestamp": int(timestamp_buckets) + 1,
-      "item_year": len(years) + 1,
-      "item_title": len(self.title_vocab) + 1,
-      HISTORY_FEATURE: self.num_items + 1,
-      ITEM_HISTORY_FEATURE: self.num_users + 1,
-    }
+    # Encode: vocabularies over every id in the files, the ratings' ids.
+    vocab = encode(raw, zip_prefix_length, title_min_count)
+    self.num_users, self.num_items = vocab.num_users, vocab.num_items
+    self.genres, self.title_vocab = vocab.genres, vocab.title_vocab
+    user, item = _encoded_ids(raw, vocab)
+    ids = {"user_id": user, "item_id": item}
+    num_ids = {"user_id": self.num_users, "item_id": self.num_items}
 
-    # Which features.
-    available = ["user_id", "item_id", "item_genres"]
-    if raw.users:
-      available += ["user_age", "user_gender", "user_occupation", "user_zip"]
-    if timestamp_buckets > 0:
-      available.append("timestamp")
-    if item_info:  # even with no year or word in 2 titles (ids 0)
-      available += ["item_year", "item_title"]
-    available.append(HISTORY_FEATURE)
-    if task == "ranking":  # candidates() would need its weights: not yet
-      available.append(ITEM_HISTORY_FEATURE)
-    elif item_history is not None:
-      raise MovieLensConfigError(
-        f"MovieLens item_history is for task='ranking' only, got task={task!r}."
-      )
-    if features is None:
-      chosen = [
-        f
-        for f in ALL_FEATURES
-        if f in available
-        and (
-          f not in OPT_IN_FEATURES
-          or (f == HISTORY_FEATURE and history)
-          or (f == ITEM_HISTORY_FEATURE and item_history)
-        )
-      ]
-    else:
-      if history is not None:
-        features = list(features) + [HISTORY_FEATURE]
-      if item_history is not None:
-        features = list(features) + [ITEM_HISTORY_FEATURE]
-      unknown = [f for f in features if f not in available]
-      if unknown:
-        raise MovieLensConfigError(
-          f"MovieLens {variant} in {raw.source!r} has no feature(s) {unknown}; "
-          f"available: {', '.join(available)}."
-        )
-      chosen = [
-        f for f in ALL_FEATURES if f in set(features) | {"user_id", "item_id"}
-      ]
-    self._chosen = chosen
-    if HISTORY_FEATURE in chosen and history is None:
-      history = UserHistory()
-    self.history = history if HISTORY_FEATURE in chosen else None
-    if ITEM_HISTORY_FEATURE in chosen and item_history is None:
-      item_history = ItemHistory()
-    self.item_history = item_history if ITEM_HISTORY_FEATURE in chosen else None
-    self.query_features = [
-      f for f in chosen if f in QUERY_FEATURES or f == HISTORY_FEATURE
-    ]
-    self.candidate_features = [
-      f for f in chosen if f in CANDIDATE_FEATURES + (ITEM_HISTORY_FEATURE,)
-    ]
-
-    # Split.
-    n = len(raw.user)
-    num_test = int(round(test_fraction * n))
-    if split == "random":
-      order = np.random.default_rng([self.seed, 3]).permutation(n)
-    else:
-      order = np.lexsort((np.arange(n), raw.timestamp))[::-1]  # newest first
-    is_test = np.zeros(n, bool)
-    is_test[order[:num_test]] = True
-    if file_is_test is not None:  # the split the files give, as given
-      is_test = file_is_test
-    keep = raw.rating >= min_rating if task == "retrieval" else np.ones(n, bool)
-    edges = None
-    if timestamp_buckets > 0:
-      train_ts = raw.timestamp[~is_test]
-      edges = np.quantile(
-        train_ts, np.linspace(0, 1, timestamp_buckets + 1)[1:-1]
-      )
-
-    # Every rating is encoded by the parser that the export's raw signature
-    # runs too: training and serving map raw ids the same way.
-    encoder = MovieLensRawParser(
-      user_vocab, item_vocab, side, genre_values, genre_lengths
+    # Choose the features (and the histories behind history features).
+    choice = _choose_features(
+      raw, variant, task, features, history, item_history, timestamp_buckets
     )
-    user = encoder.user_index(raw.user).numpy()
-    item = encoder.item_index(raw.item).numpy()
-    train_rows = ~is_test  # the histories: training ratings only, never test
-    columns = {"user_id": user[train_rows], "item_id": item[train_rows]}
+    self._chosen = choice.chosen
+    self.history, self.item_history = choice.history, choice.item_history
+    self.query_features = choice.query_features
+    self.candidate_features = choice.candidate_features
 
-    def history_table(history, num_keys: int):
-      if history is None:
-        return None
-      return history.build(
-        columns[history.key],
-        columns[history.value],
-        raw.rating[train_rows],
-        raw.timestamp[train_rows],
-        num_keys,
-        rating_max=self.rating_scale[1] if self.rating_scale else None,
-      )
+    # Split: the test ratings and the examples; histories from training.
+    ratings = split_ratings(
+      raw,
+      split,
+      test_fraction,
+      self.seed,
+      file_is_test,
+      min_rating if task == "retrieval" else None,
+    )
+    edges = timestamp_edges(raw.timestamp, ratings, timestamp_buckets)
+    tables = _history_tables(
+      choice, raw, ids, num_ids, ratings, self.rating_scale
+    )
+    check_split(raw, user, item, ratings.is_test, split, split_check)
 
-    table = history_table(self.history, self.num_users)
-    item_table = history_table(self.item_history, self.num_items)
-    _check_split(raw, user, item, is_test, split, split_check)
-    # The ids whose embedding rows training updates: those of training
-    # examples, and those in a history bag that shares their table.
-    examples = train_rows & keep
-    trained = {
-      "user_id": np.bincount(user[examples], minlength=self.num_users + 1),
-      "item_id": np.bincount(item[examples], minlength=self.num_items + 1),
-    }
-    for h, t in ((self.history, table), (self.item_history, item_table)):
-      if h is not None and t is not None and h.table is not None:
-        trained[h.table] = trained[h.table] + np.bincount(
-          t.ids, minlength=len(trained[h.table])
-        )
-    self._raw = MovieLensRawParser(
-      user_vocab,
-      item_vocab,
-      side,
-      genre_values,
-      genre_lengths,
-      edges,
-      item_side={"item_year": item_year},
-      item_bags={"item_title": (title_values, title_lengths)},
-      history=table,
-      item_history=item_table,
-      trained_users=trained["user_id"][: self.num_users + 1] > 0,
-      trained_items=trained["item_id"][: self.num_items + 1] > 0,
+    # Features: the parser (batches and serving), the specs, the examples.
+    self._raw = _serving_parser(
+      vocab, edges, tables, _trained_ids(choice, tables, ids, num_ids, ratings)
     )
-    histories = {
-      HISTORY_FEATURE: (self.history, table),
-      ITEM_HISTORY_FEATURE: (self.item_history, item_table),
-    }
-    max_ids = {
-      "item_genres": int(genre_lengths.max()),
-      "item_title": int(title_lengths.max()),
-      **{
-        name: max(t.max_length, 1) if t is not None else 1
-        for name, (_, t) in histories.items()
-      },
-    }
-    built = {n: h for n, (h, _) in histories.items() if h is not None}
-    self.feature_specs = [
-      FeatureSpec(
-        name,
-        vocab_sizes[name],
-        multi_hot=name in max_ids,
-        max_ids=max_ids.get(name, 1),
-        weighted=name in built and built[name].weighted,
-        table=built[name].table if name in built else None,
-      )
-      for name in chosen
-    ]
-    stamp = (
-      self._raw.timestamp_bucket(raw.timestamp).numpy()
-      if edges is not None
-      else np.zeros(n, np.int64)
+    self.feature_specs = _feature_specs(
+      choice, vocab, tables, timestamp_buckets
     )
-    self._splits = {}
-    for name, mask in (("train", ~is_test & keep), ("test", is_test & keep)):
-      rows = np.flatnonzero(mask)
-      self._splits[name] = (
-        user[rows],
-        item[rows],
-        raw.rating[rows],
-        stamp[rows],
-      )
+    self._splits = _split_arrays(raw, ids, ratings, self._raw, edges)
     self.train_size = len(self._splits["train"][0])
     self.test_size = len(self._splits["test"][0])
-    counts = np.bincount(self._splits["train"][1], minlength=self.num_items + 1)
-    self._item_probability = (counts / max(counts.sum(), 1)).astype(np.float32)
+    self._item_probability = _item_probability(
+      self._splits["train"][1], self.num_items
+    )
     log.info(
       "MovieLens %s from %s: %d users, %d items, %d ratings; "
       "%s split %d train / %d test",
@@ -577,7 +610,7 @@ class MovieLens(DataSource):
       raw.source,
       self.num_users,
       self.num_items,
-      n,
+      len(raw.user),
       split,
       self.train_size,
       self.test_size,

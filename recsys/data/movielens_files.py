@@ -202,8 +202,18 @@ def _rows(
       yield n, _fields(path, n, line, sep, expected)
 
 
-def _ratings(path: str, sep: str, encoding: str = "latin-1"):
-  """`(users, items, ratings, timestamps, origins)` of a ratings file."""
+def read_ratings(
+  path: str, sep: str, encoding: str = "latin-1"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, RatingOrigins]:
+  """`(users, items, ratings, timestamps, origins)` of a GroupLens ratings file.
+
+  Shared with `movielens_split_files`, which reads ml-100k's fold files
+  (`u1.base`, ...) in u.data's layout.
+
+  Raises:
+    DataFormatError: a line is short, or its rating or timestamp is not a
+      finite number (names file and line).
+  """
   users, items, ratings, stamps, lines = [], [], [], [], []
   for n, parts in _rows(path, sep, 4, encoding):
     lines.append(n)
@@ -277,10 +287,12 @@ def _users(
   return users
 
 
-def _read_100k(
-  folder: str, ratings_file: str | None = "u.data"
-) -> RawMovieLens:
-  """ml-100k's ratings (None: none, the metadata only) and metadata."""
+def read_100k(folder: str, ratings_file: str | None = "u.data") -> RawMovieLens:
+  """ml-100k's ratings (None: none, the metadata only) and metadata.
+
+  `movielens_split_files` reads the metadata this way and each fold file
+  with `read_ratings`.
+  """
   if ratings_file is None:
     empty = np.zeros(0, dtype=object)
     user, item, rating, ts, origins = (
@@ -291,7 +303,7 @@ def _read_100k(
       None,
     )
   else:
-    user, item, rating, ts, origins = _ratings(
+    user, item, rating, ts, origins = read_ratings(
       os.path.join(folder, ratings_file), "\t"
     )
   users = _users(
@@ -316,7 +328,7 @@ def _read_100k(
 
 
 def _read_1m(folder: str) -> RawMovieLens:
-  user, item, rating, ts, origins = _ratings(
+  user, item, rating, ts, origins = read_ratings(
     os.path.join(folder, "ratings.dat"), "::"
   )
   users = _users(
@@ -399,7 +411,15 @@ def _required_column(path: str, names: list[str], candidates: list[str]) -> int:
   return column
 
 
-def _read_atomic(folder: str, name: str | None) -> RawMovieLens:
+def read_atomic(folder: str, name: str | None) -> RawMovieLens:
+  """RecBole's `<name>.inter` (None: the one `*.inter`) with its metadata.
+
+  `movielens_split_files` reads `<name>.train` and `<name>.test` this way.
+
+  Raises:
+    DatasetNotFoundError: no such file, or not exactly one `*.inter`.
+    DataFormatError: a row does not parse (names file and line).
+  """
   if name is None:
     inters = sorted(glob.glob(os.path.join(folder, "*.inter")))
     if len(inters) != 1:
@@ -616,14 +636,14 @@ def read(
       problem = f"the files are not in {data_dir!r}"
     raise DatasetNotFoundError(missing_message(variant, data_dir, problem))
   if variant == "ml-100k":
-    raw, ratings_file = _read_100k(folder), "u.data"
+    raw, ratings_file = read_100k(folder), "u.data"
   elif variant == "ml-1m":
     raw, ratings_file = _read_1m(folder), "ratings.dat"
   else:
-    raw = _read_atomic(folder, name)
+    raw = read_atomic(folder, name)
     inter = glob.glob(os.path.join(folder, f"{name or '*'}.inter"))[0]
     ratings_file = os.path.basename(inter)
-  _check_ratings(raw, os.path.join(folder, ratings_file))
+  check_ratings(raw, os.path.join(folder, ratings_file))
   return raw
 
 
@@ -667,8 +687,10 @@ def check_rating_scale(
   )
 
 
-def _check_ratings(raw: RawMovieLens, path: str) -> None:
+def check_ratings(raw: RawMovieLens, path: str) -> None:
   """No ratings is an error; ratings of users/movies without metadata counted.
+
+  Every reader of a ratings file runs it (`read`, `movielens_split_files`).
 
   Raises:
     DataFormatError: the ratings file has no rating.

@@ -80,11 +80,11 @@ def _read_100k_fold(
         "u.user (they come in GroupLens' ml-100k.zip)",
       )
     )
-  meta = files._read_100k(folder, ratings_file=None)  # pylint: disable=protected-access
+  meta = files.read_100k(folder, ratings_file=None)
   parts = []
   for name in (base, test):
     path = os.path.join(folder, name)
-    user, item, rating, ts, origins = files._ratings(path, "\t")  # pylint: disable=protected-access
+    user, item, rating, ts, origins = files.read_ratings(path, "\t")
     part = files.RawMovieLens(
       user,
       item,
@@ -97,7 +97,7 @@ def _read_100k_fold(
       origins,
       [path],
     )
-    files._check_ratings(part, path)  # pylint: disable=protected-access
+    files.check_ratings(part, path)
     parts.append(part)
   return _joined(
     parts[0],
@@ -149,8 +149,8 @@ def _read_atomic_benchmark(
     )
   parts = []
   for split in ("train", "test"):
-    part = files._read_atomic(folder, f"{name}.{split}")  # pylint: disable=protected-access
-    files._check_ratings(part, os.path.join(folder, f"{name}.{split}.inter"))  # pylint: disable=protected-access
+    part = files.read_atomic(folder, f"{name}.{split}")
+    files.check_ratings(part, os.path.join(folder, f"{name}.{split}.inter"))
     parts.append(part)
   users, items = files.atomic_metadata(folder, name)
   info = files.atomic_item_info(folder, name)

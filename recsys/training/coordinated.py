@@ -35,6 +35,7 @@ Example:
 import logging
 import math
 
+from backends import hardware
 from recsys._keras import tf
 from recsys.training import loop as loop_lib
 
@@ -55,9 +56,7 @@ def make_coordinator(
 
 def num_workers(strategy: tf.distribute.Strategy) -> int:
   """Workers in the strategy's cluster (tasks of job "worker")."""
-  from backends import sharded  # pylint: disable=g-import-not-at-top
-
-  return max(1, sharded.num_tasks(strategy, "worker"))
+  return max(1, hardware.num_tasks(strategy, "worker"))
 
 
 class CoordinatedStepFunctions(loop_lib.StepFunctions):

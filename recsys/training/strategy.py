@@ -20,7 +20,7 @@ import os
 import signal
 import threading
 
-from backends import hardware
+from backends import hardware, registry
 from recsys import _tf_internal
 from recsys._keras import tf
 from recsys.errors import RecsysError
@@ -133,12 +133,11 @@ def parameter_server_strategy(
       f"TF_CONFIG task type {task_type!r} is not one of 'chief', 'worker', "
       "'ps' (parameter-server training; an 'evaluator' is not supported)."
     )
-  from backends import sharded  # pylint: disable=g-import-not-at-top
-
   num_ps = len(cluster["ps"])
   resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
   strategy = tf.distribute.experimental.ParameterServerStrategy(
-    resolver, variable_partitioner=sharded.TablePartitioner(num_ps)
+    resolver,
+    variable_partitioner=registry.parameter_server_partitioner(num_ps),
   )
   return strategy, (
     f"ParameterServerStrategy from TF_CONFIG ({num_ps} ps, "

@@ -70,6 +70,25 @@ def test_syntax_error_in_an_included_file_names_that_file(tmp_path):
   assert f"{tmp_path / 'inner.gin'}:1:" in message
 
 
+def test_a_binding_of_a_macro_nothing_uses_is_refused(tmp_path):
+  """gin itself accepts it and the run silently keeps the file's value."""
+  (tmp_path / "inner.gin").write_text("EmbeddingSettings.dim = %DIM\n")
+  path = tmp_path / "outer.gin"
+  path.write_text("DIM = 8\ninclude 'inner.gin'\n")
+  with pytest.raises(config.GinConfigError) as info:
+    config.parse([str(path)], ["DIMS = 16"])
+  message = str(info.value)
+  assert "'DIMS = 16' sets the macro DIMS" in message
+  assert "Did you mean 'DIM'?" in message and "['DIM']" in message
+  # Used by an included file, or only by another binding: accepted.
+  gin.clear_config()
+  config.parse([str(path)], ["DIM = 16"])
+  assert gin.query_parameter("DIM/macro.value") == 16
+  gin.clear_config()
+  config.parse([str(path)], ["WIDTH = 4", "EmbeddingSettings.dim = %WIDTH"])
+  assert gin.query_parameter("WIDTH/macro.value") == 4
+
+
 def test_unclosed_bracket_in_a_binding(tmp_path):
   path = tmp_path / "ok.gin"
   path.write_text("EmbeddingSettings.dim = 8\n")

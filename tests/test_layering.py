@@ -1,0 +1,151 @@
+"""Imports only run downwards (docs/architecture.md, "Layers").
+
+Every import statement in `recsys/` and `backends/` — function-local ones
+included — is read from the source (no import is executed), resolved to the
+module it names, and checked against the layer table below: a module may
+import its own layer and the layers under it. A new module must be placed
+in the table, so the layering is decided, not discovered.
+"""
+
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Lowest first. A name stands for the module and everything under it.
+LAYERS = (
+  (
+    "recsys",  # the lazy package root (itself only, not what is under it)
+    "recsys.errors",
+    "recsys._keras",
+    "recsys._tf_internal",
+    "recsys._tf_startup",
+    "recsys._gin_compat",
+    "recsys.untrusted_config",
+    "recsys.feature_spec",
+  ),
+  ("recsys.features", "recsys.config", "recsys.experiments_catalog"),
+  ("recsys.data",),
+  ("recsys.layers", "recsys.models", "recsys.serving_checks"),
+  ("recsys.planning", "recsys.atomic_dir", "recsys.launch"),
+  ("recsys.training",),
+  ("recsys.export", "recsys.tools"),
+  ("recsys.cli", "recsys.__main__"),
+)
+
+# The backends a run chooses by name: only the registry imports them, so
+# training, planning and the CLI stay the same whichever backend runs.
+# (`backends.serving`, the lookup of an exported model, is shared by export
+# and evaluation; `backends.kernels` is the build tool of the fused kernels.)
+SPECIFIC_BACKENDS = (
+  "backends.tensorcore",
+  "backends.tpu_embedding",
+  "backends.tpu_embedding_v0",
+  "backends.sharded",
+  "backends.mid_level",
+  "backends.composed",
+  "backends.storage",
+  "backends.engines",
+  "backends.table_step",
+  "backends._bags",
+  "backends.static_bags",
+)
+
+
+def _modules(package):
+  """{dotted module name: source path} of a package's Python files."""
+  found = {}
+  for folder, _, files in os.walk(os.path.join(ROOT, package)):
+    for name in files:
+      if name.endswith(".py"):
+        path = os.path.join(folder, name)
+        dotted = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+        found[dotted.removesuffix(".__init__")] = path
+  return found
+
+
+def _imports(path):
+  """Every absolute module name an import statement in `path` may load."""
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read(), path)
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      for alias in node.names:
+        yield node.lineno, alias.name
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      # `from recsys import features` loads recsys.features.
+      for alias in node.names:
+        yield node.lineno, f"{node.module}.{alias.name}"
+
+
+def _under(name, prefix):
+  if prefix == "recsys":
+    return name == prefix
+  return name == prefix or name.startswith(prefix + ".")
+
+
+def _layer(name):
+  """The index in LAYERS of the most specific entry naming `name`."""
+  best = None
+  for index, entries in enumerate(LAYERS):
+    for entry in entries:
+      if _under(name, entry) and (best is None or len(entry) > len(best[1])):
+        best = (index, entry)
+  return None if best is None else best[0]
+
+
+RECSYS = _modules("recsys")
+BACKENDS = _modules("backends")
+
+
+def _target(imported, known):
+  """The known module an import names (`pkg.mod.attr` -> `pkg.mod`)."""
+  while imported and imported not in known:
+    imported = imported.rpartition(".")[0]
+  return imported or None
+
+
+def test_every_module_has_a_layer():
+  unplaced = sorted(m for m in RECSYS if _layer(m) is None)
+  assert not unplaced, f"place these modules in LAYERS: {unplaced}"
+
+
+@pytest.mark.parametrize("module", sorted(RECSYS))
+def test_recsys_imports_run_downwards(module):
+  own = _layer(module)
+  upward, backend = [], []
+  for line, imported in _imports(RECSYS[module]):
+    if imported.split(".")[0] == "backends":
+      if any(_under(imported, b) for b in SPECIFIC_BACKENDS):
+        backend.append(f"line {line}: {imported}")
+      if _under(module, "recsys.models"):
+        backend.append(f"line {line}: {imported} (models name no backend)")
+      continue
+    target = _target(imported, RECSYS)
+    if target is None:
+      continue
+    if _layer(target) > own:
+      upward.append(f"line {line}: {target} (layer {_layer(target)} > {own})")
+  assert not upward, f"{module} imports upward: {upward}"
+  assert not backend, f"{module} names a specific backend: {backend}"
+
+
+@pytest.mark.parametrize("module", sorted(BACKENDS))
+def test_backends_never_import_recsys(module):
+  bad = [
+    f"line {line}: {name}"
+    for line, name in _imports(BACKENDS[module])
+    if name.split(".")[0] == "recsys"
+  ]
+  assert not bad, f"{module} imports recsys: {bad}"
+
+
+def test_the_check_sees_an_upward_import(tmp_path):
+  """The scan itself: a data module importing the trainer is caught."""
+  path = tmp_path / "bad.py"
+  path.write_text("def f():\n  from recsys.training import trainer\n")
+  ((line, name),) = list(_imports(str(path)))
+  assert (line, _target(name, RECSYS)) == (2, "recsys.training.trainer")
+  assert _layer("recsys.training.trainer") > _layer("recsys.data.movielens")

@@ -37,7 +37,7 @@ import recsys  # noqa: E402,F401  (Keras 2 before TensorFlow)
 import recsys.training.train  # noqa: E402,F401
 from recsys import cli  # noqa: E402
 from recsys import config as config_lib  # noqa: E402
-from recsys.training import loop as loop_lib  # noqa: E402
+from recsys.serving_lookup import split_batch  # noqa: E402
 
 train_lib = sys.modules["recsys.training.train"]
 
@@ -99,7 +99,7 @@ def main(argv=None) -> None:
       strategy.run(steps.train_step, args=(batch,))
 
   def embedding_step(b):
-    ids, weights = loop_lib.split_batch(b, names)
+    ids, weights = split_batch(b, names)
     acts = backend.lookup(ids, weights, training=True)
     backend.apply_gradients(tf.nest.map_structure(tf.ones_like, acts))
 
@@ -110,7 +110,7 @@ def main(argv=None) -> None:
 
   model, optimizer = trainer.model, trainer.dense_optimizer
   cached = strategy.run(
-    lambda b: backend.lookup(*loop_lib.split_batch(b, names), training=False),
+    lambda b: backend.lookup(*split_batch(b, names), training=False),
     args=(batch,),
   )
 

@@ -343,7 +343,7 @@ def _gin_files(args: argparse.Namespace) -> list[str]:
   model_dir = getattr(args, "model_dir", None)
   if model_dir:
     from recsys import untrusted_config  # pylint: disable=g-import-not-at-top
-    from recsys.training import run_dir  # pylint: disable=g-import-not-at-top
+    from recsys.run_folder import run_dir  # pylint: disable=g-import-not-at-top
 
     path = run_dir.RunDir(model_dir).operative_config
     if os.path.isfile(path):
@@ -454,7 +454,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-  from recsys.training import run_dir  # pylint: disable=g-import-not-at-top
+  from recsys.run_folder import run_dir  # pylint: disable=g-import-not-at-top
   from recsys.training.train import evaluate_restored  # pylint: disable=g-import-not-at-top
 
   run = run_dir.RunDir(args.model_dir)

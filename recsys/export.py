@@ -59,14 +59,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from backends import serving
-from recsys import atomic_dir, serving_checks
+from recsys import serving_checks, serving_lookup
 from recsys._keras import keras, tf
 from recsys.data.raw import RawParser
 from recsys.feature_spec import FeatureSpec
 from recsys.models import retrieval_index
 from recsys.models import seen_items as seen_lib
 from recsys.models.errors import ModelConfigError
-from recsys.training import loop as loop_lib
+from recsys.run_folder import atomic_dir
 
 log = logging.getLogger("recsys.export")
 
@@ -186,7 +186,7 @@ class ServingModule(tf.Module):
 
   def activations(self, features: Mapping[str, Any], names: Sequence[str]):
     """Embedding lookups of `names` on the serving embedding's tables."""
-    return loop_lib.serving_activations(self.embedding, features, names)
+    return serving_lookup.serving_activations(self.embedding, features, names)
 
   def signatures(self) -> dict[str, Any]:
     """Concrete functions to save as the SavedModel's signatures."""

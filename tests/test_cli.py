@@ -382,7 +382,8 @@ def test_export_of_a_retrieval_model_serves_the_models_top_k(tmp_path):
   gin.clear_config()
 
   # Reference: the checkpoint through the training backend's lookups.
-  from recsys.training import loop, train  # pylint: disable=g-import-not-at-top
+  from recsys.serving_lookup import split_batch  # pylint: disable=g-import-not-at-top
+  from recsys.training import train  # pylint: disable=g-import-not-at-top
 
   config.parse(
     [os.path.join(model_dir, "operative_config.gin")],
@@ -392,7 +393,7 @@ def test_export_of_a_retrieval_model_serves_the_models_top_k(tmp_path):
   trainer.index_corpus()
   model, names = trainer.model, list(trainer.feature_config)
   features, _ = next(iter(trainer.source.dataset(13, training=False)))
-  acts = trainer.backend.lookup(*loop.split_batch((features, None), names))
+  acts = trainer.backend.lookup(*split_batch((features, None), names))
   want_q = model.query_embeddings(acts, features).numpy()
   want_c = model.candidate_embeddings(acts, features).numpy()
   corpus_ids, corpus = (t.numpy() for t in model.corpus_index.corpus())

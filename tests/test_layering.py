@@ -28,10 +28,16 @@ LAYERS = (
   ),
   ("recsys.features", "recsys.config", "recsys.experiments_catalog"),
   ("recsys.data",),
-  ("recsys.layers", "recsys.models", "recsys.serving_checks"),
-  ("recsys.planning", "recsys.atomic_dir", "recsys.launch"),
+  (
+    "recsys.layers",
+    "recsys.models",
+    "recsys.serving_checks",
+    "recsys.serving_lookup",
+  ),
+  ("recsys.planning", "recsys.run_folder", "recsys.launch"),
+  ("recsys.export",),  # the SavedModel: below training, never loads the loop
   ("recsys.training",),
-  ("recsys.export", "recsys.tools"),
+  ("recsys.tools",),
   ("recsys.cli", "recsys.__main__"),
 )
 
@@ -149,3 +155,24 @@ def test_the_check_sees_an_upward_import(tmp_path):
   ((line, name),) = list(_imports(str(path)))
   assert (line, _target(name, RECSYS)) == (2, "recsys.training.trainer")
   assert _layer("recsys.training.trainer") > _layer("recsys.data.movielens")
+
+
+@pytest.mark.parametrize(
+  "module",
+  [
+    "recsys.run_folder.run_dir",
+    "recsys.run_folder.checkpoints",
+    "recsys.serving_lookup",
+    "recsys.export",
+    "recsys.models.model_args",
+  ],
+)
+def test_the_run_folder_serving_and_export_sit_below_training(module):
+  """What `recsys evaluate` and `recsys export` use never loads training.
+
+  The run folder and `model_args` lived in `recsys/training/`, and export
+  imported the training loop for its serving lookup; their places in the
+  table keep them below it (so the scan above refuses any such import).
+  """
+  assert module in RECSYS
+  assert _layer(module) < _layer("recsys.training")

@@ -33,8 +33,8 @@ from recsys.data.pipeline import (
   InvalidBatchSizeError,
   check_batch_size,
 )
+from recsys.serving_lookup import split_batch
 from recsys.training import coordinated, eval_padding
-from recsys.training import loop as loop_lib
 
 #: `(features, labels[, mask]) -> (features, labels[, mask])`, on the host.
 Preprocess = Callable[..., Any]
@@ -303,7 +303,7 @@ def preprocess(backend: Any, names: list[str], features, labels, *mask):
   The backend's `preprocess` (e.g. dense bags made sparse) on the batch's
   table inputs; other weights (not of a table) are kept.
   """
-  ids, weights = loop_lib.split_batch((features, labels), names)
+  ids, weights = split_batch((features, labels), names)
   ids, weights = backend.preprocess(ids, weights)
   features = dict(features)
   categorical = dict(features["categorical"])

@@ -19,11 +19,11 @@ before that step and the trainer reports it without saving anything.
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from backends import serving
 from recsys._keras import keras, tf
+from recsys.serving_lookup import serving_activations, split_batch
 
 
 @contextlib.contextmanager
@@ -43,30 +43,6 @@ def quiet_dataset_options_warning() -> Iterator[None]:
       category=UserWarning,
     )
     yield
-
-
-@tf.autograph.experimental.do_not_convert
-def split_batch(
-  batch: tuple[Mapping[str, Any], Any], feature_names
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
-  """The backend's (ids, weights) structures from a data batch's features.
-
-  Args:
-    batch: `(features, labels)` in the data contract: `features["categorical"]`
-      and optionally `features["weights"]` (weighted features only).
-    feature_names: the keys of the backend's feature_config.
-
-  Returns:
-    `(ids, weights)`, both dicts keyed exactly by `feature_names` (weights has
-    None for unweighted features), or weights None if no feature is weighted.
-  """
-  features = batch[0]
-  categorical = features["categorical"]
-  weights = features.get("weights") or {}
-  ids = {name: categorical[name] for name in feature_names}
-  if not any(name in weights for name in feature_names):
-    return ids, None
-  return ids, {name: weights.get(name) for name in feature_names}
 
 
 NONFINITE_POLICIES = ("stop", "skip")
@@ -297,30 +273,6 @@ class StepFunctions:
   def _eval_loop(self, dataset) -> None:
     for batch in dataset:
       self._strategy.run(self._replica_eval_step, args=(batch,))
-
-
-def serving_activations(
-  backend: Any, features: Mapping[str, Any], feature_names
-) -> dict[str, tf.Tensor]:
-  """Activations of `feature_names` from a backend's tables, on one device.
-
-  The serving path (`backends.serving.serving_lookup`): it reads the tables
-  in place, outside `strategy.run`, with the output-shape convention of every
-  backend, and needs only the features named (e.g. one retrieval tower's).
-
-  Args:
-    backend: a built backend (`embedding_tables`, `feature_config`).
-    features: a batch's features in the data contract (`"categorical"`,
-      optionally `"weights"`).
-    feature_names: the features to look up (a subset of feature_config).
-
-  Returns:
-    Feature name -> `[B, D]` (or `[B, L, D]` for sequence features).
-  """
-  ids, weights = split_batch((features, None), feature_names)
-  return serving.serving_lookup(
-    ids, weights, backend.embedding_tables, backend.feature_config
-  )
 
 
 def embed_fn(

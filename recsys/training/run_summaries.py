@@ -26,8 +26,8 @@ import numpy as np
 
 from recsys._keras import keras, tf
 from recsys.data.pipeline import DataSource
-from recsys.training import run_configs
-from recsys.training import run_dir as run_dir_lib
+from recsys.run_folder import run_configs
+from recsys.run_folder import run_dir as run_dir_lib
 
 log = logging.getLogger("recsys.training")
 

@@ -30,8 +30,8 @@ import gin
 from recsys import _gin_compat, config
 from recsys import features as features_lib
 from recsys._keras import keras, tf
+from recsys.run_folder.run_checks import RunChanges
 from recsys.training import strategy as strategy_lib
-from recsys.training.run_checks import RunChanges
 from recsys.training.settings import TrainSettings
 from recsys.training.trainer import Trainer, default_embedding_optimizer
 

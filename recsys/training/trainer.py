@@ -32,21 +32,17 @@ from recsys.data import errors as data_errors
 from recsys.data import pipeline as data_pipeline
 from recsys.data.from_dataset import DatasetSource
 from recsys.errors import RecsysError
+from recsys.models import model_args
 from recsys.models import seen_items as seen_lib
 from recsys.models.base import RetrievalModel
-from recsys.training import checkpoints as checkpoints_lib
+from recsys.run_folder import checkpoints as checkpoints_lib
+from recsys.run_folder import run_checks, run_inputs
+from recsys.run_folder import run_dir as run_dir_lib
 from recsys.training import coordinated as coordinated_lib
 from recsys.training import embedding_backend as backend_lib
 from recsys.training import input as input_lib
 from recsys.training import loop as loop_lib
-from recsys.training import (
-  model_args,
-  run_checks,
-  run_inputs,
-  run_summaries,
-  schedules,
-)
-from recsys.training import run_dir as run_dir_lib
+from recsys.training import run_summaries, schedules
 from recsys.training import settings as settings_lib
 from recsys.training import signals as signals_lib
 from recsys.training import strategy as strategy_lib
@@ -54,7 +50,7 @@ from recsys.training.settings import TrainSettings
 
 log = logging.getLogger("recsys.training")
 
-# Where a run keeps its files: recsys.training.run_dir (the one owner).
+# Where a run keeps its files: recsys.run_folder.run_dir (the one owner).
 METRICS_FILE = run_dir_lib.METRICS_FILE
 OPERATIVE_CONFIG_FILE = run_dir_lib.OPERATIVE_CONFIG_FILE
 

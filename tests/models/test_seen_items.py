@@ -247,9 +247,9 @@ def test_model_metric_reads_the_seen_feature(trained):
   features, _ = next(
     iter(trained.eval_source.dataset(10, training=False, repeat=False))
   )
-  from recsys.training import loop as loop_lib  # noqa: PLC0415
+  from recsys.serving_lookup import serving_activations  # noqa: PLC0415
 
-  acts = loop_lib.serving_activations(
+  acts = serving_activations(
     trained.backend, features, list(trained.feature_config)
   )
   features = dict(features)

@@ -3,7 +3,7 @@
 `recsys export` used to write into the export folder in place: a SIGKILL
 midway left new variable data next to the old index (`DataLossError` on
 load). Exports are now written to a hidden sibling and swapped in whole
-(`recsys.atomic_dir`). The test kills a real `recsys export` process the
+(`recsys.run_folder.atomic_dir`). The test kills a real `recsys export` process the
 moment anything under the export folder changes: the folder must then be
 exactly the previous export, or exactly the complete new one.
 """
@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from recsys import atomic_dir, cli, config
+from recsys import cli, config
+from recsys.run_folder import atomic_dir
 
 ROOT = os.path.dirname(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -20,8 +20,8 @@ import tensorflow as tf
 from recsys import export as export_lib
 from recsys.features import EmbeddingSettings
 from recsys.models import DLRM
+from recsys.serving_lookup import serving_activations
 from recsys.training import Trainer
-from recsys.training import loop as loop_lib
 from tests.training.sources import ArraySource
 
 V, W, DENSE = 23, 3, 3  # ArraySource's vocabulary, tag width, dense width
@@ -57,9 +57,7 @@ def _reference(trainer, inputs):
     "weights": {"tags": tf.ragged.boolean_mask(inputs["tags_weights"], mask)},
     "dense": tf.constant(inputs["dense"]),
   }
-  acts = loop_lib.serving_activations(
-    trainer.backend, features, ["user", "tags"]
-  )
+  acts = serving_activations(trainer.backend, features, ["user", "tags"])
   return trainer.model(acts, features).numpy()
 
 

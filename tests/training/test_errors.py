@@ -8,7 +8,6 @@ import pytest
 
 import recsys
 from recsys import (
-  atomic_dir,
   config,
   experiments_catalog,
   feature_spec,
@@ -21,10 +20,8 @@ from recsys.data import errors as data_errors
 from recsys.data import movielens, user_history
 from recsys.errors import RecsysError
 from recsys.models import errors as model_errors
+from recsys.run_folder import atomic_dir, lock, run_configs, run_files
 from recsys.training import (
-  lock,
-  run_configs,
-  run_files,
   signals,
   strategy,
   trainer,

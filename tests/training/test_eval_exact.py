@@ -14,8 +14,8 @@ import tensorflow as tf
 
 from recsys.features import EmbeddingSettings
 from recsys.models import DLRM
+from recsys.serving_lookup import serving_activations
 from recsys.training import EmptyEvalSetError, Trainer, eval_padding
-from recsys.training import loop as loop_lib
 from tests.conftest import mirrored_strategy
 from tests.training.sources import ArraySource
 
@@ -53,9 +53,7 @@ def reference(trainer, num_eval):
       )
     )
   )
-  acts = loop_lib.serving_activations(
-    trainer.backend, features, ["user", "tags"]
-  )
+  acts = serving_activations(trainer.backend, features, ["user", "tags"])
   z = trainer.model.logits(acts, features).numpy().astype(np.float64)
   y = labels.numpy().astype(np.float64)
   auc = tf.keras.metrics.AUC(num_thresholds=1000, from_logits=True)

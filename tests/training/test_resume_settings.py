@@ -7,7 +7,8 @@ import gin
 import pytest
 
 from recsys import config
-from recsys.training import run_configs, train
+from recsys.run_folder import run_configs
+from recsys.training import train
 
 TINY = [
   "SyntheticCTR.vocab_sizes = (23, 29)",

@@ -21,8 +21,8 @@ from typing import Any
 
 from recsys._keras import tf
 from recsys.errors import RecsysError
-from recsys.training import run_dir as run_dir_lib
-from recsys.training import run_files
+from recsys.run_folder import run_dir as run_dir_lib
+from recsys.run_folder import run_files
 
 log = logging.getLogger("recsys.training")
 

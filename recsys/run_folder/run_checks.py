@@ -29,8 +29,8 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
-from recsys.training import run_configs, run_inputs
-from recsys.training.run_configs import ChangedSettingsError
+from recsys.run_folder import run_configs, run_inputs
+from recsys.run_folder.run_configs import ChangedSettingsError
 
 COMMANDS = ("train", "evaluate", "export")
 

@@ -38,8 +38,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from recsys.training import lock as lock_lib
-from recsys.training import run_checks, run_configs, run_files, run_inputs
+from recsys.run_folder import lock as lock_lib
+from recsys.run_folder import run_checks, run_configs, run_files, run_inputs
 
 log = logging.getLogger("recsys.training")
 

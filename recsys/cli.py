@@ -356,15 +356,17 @@ def _gin_files(args: argparse.Namespace) -> list[str]:
 
 
 def _bindings(args: argparse.Namespace) -> list[str]:
+  """--gin_bindings, then one binding per settings switch given.
+
+  The switches are declared with their settings (`settings.flag_settings`):
+  e.g. `--no_progress` binds `train.progress_bar = False`.
+  """
+  from recsys.training import settings  # pylint: disable=g-import-not-at-top
+
   bindings = list(args.gin_bindings)
-  if getattr(args, "no_progress", False):
-    bindings.append("train.progress_bar = False")
-  if getattr(args, "allow_changed_settings", False):
-    bindings.append("train.allow_changed_settings = True")
-  if getattr(args, "skip_memory_check", False):
-    bindings.append("train.skip_memory_check = True")
-  if getattr(args, "exclude_seen", False):
-    bindings.append("train.exclude_seen = True")
+  for flag, (name, value) in settings.flag_settings().items():
+    if getattr(args, flag, False):
+      bindings.append(f"train.{name} = {value!r}")
   return bindings
 
 

@@ -68,6 +68,24 @@ def configured_strategy(
   return strategy, why
 
 
+def configured_settings() -> TrainSettings:
+  """The `TrainSettings` the parsed gin config gives `train`, without it.
+
+  Each bound `train.<setting>` evaluated as gin passes it (`@X()` called,
+  macros read), the others their defaults: for tools that plan from a
+  config (e.g. how many examples evaluation scores) without a Trainer.
+  """
+  names = {f.name for f in dataclasses.fields(TrainSettings)}
+  bound = gin.get_bindings("train", resolve_references=False)
+  return TrainSettings.pick(
+    {
+      name: _gin_compat.evaluate(value)
+      for name, value in bound.items()
+      if name in names
+    }
+  )
+
+
 def configured_embedding(
   backend: str | None = None,
 ) -> tuple[dict[str, Any] | None, Any, str, str]:

@@ -17,8 +17,9 @@ Example:
   >>> settings = TrainSettings(global_batch_size=256, train_steps=100)
   >>> trainer = Trainer("/tmp/run", SyntheticCTR(), DLRM, settings=settings)
 
-`validate` checks the settings against the run's sources and strategy
-before anything is built (`TrainerConfigError`).
+`run_sources` wraps `tf.data.Dataset`s as data sources, then `check`
+checks the settings against the run's sources and strategy before
+anything is built (`TrainerConfigError`).
 """
 
 import dataclasses
@@ -231,31 +232,44 @@ def flag_settings() -> dict[str, tuple[str, Any]]:
 # -- checks --------------------------------------------------------------------
 
 
-def validate(
+def run_sources(
+  settings: TrainSettings, source: Any, eval_source: Any
+) -> tuple[Any, Any]:
+  """`(source, eval_source)` a run trains and evaluates on (eval: or source).
+
+  `tf.data.Dataset`s are wrapped as `DatasetSource`s with the
+  `feature_config` setting (refused without it, or with `embedding`); data
+  sources pass as they are, `check` checks them.
+  """
+  source, eval_source = dataset_sources(
+    source, eval_source, settings.feature_config, settings.embedding
+  )
+  return source, eval_source if eval_source is not None else source
+
+
+def check(
   settings: TrainSettings,
   source: Any,
   eval_source: Any,
   strategy: tf.distribute.Strategy,
-) -> tuple[Any, Any]:
-  """`(source, eval_source)` checked against `settings` (eval: or source).
+) -> None:
+  """Checks `settings` against the run's sources and strategy, changing none.
 
-  `tf.data.Dataset`s are wrapped as `DatasetSource`s (`feature_config`);
-  the batch sizes, the sources and the dense optimizer are checked.
+  Before anything is built: the batch sizes fit the replicas, both sources
+  are data sources (after `run_sources`), the dense optimizer is a factory.
+
+  Raises:
+    TrainerConfigError: naming the setting and what it should be.
   """
-  st = settings
-  source, eval_source = dataset_sources(
-    source, eval_source, st.feature_config, st.embedding
-  )
   check_batch_sizes(
     strategy,
-    int(st.global_batch_size),
-    int(st.eval_batch_size or st.global_batch_size),
+    int(settings.global_batch_size),
+    int(settings.eval_batch_size or settings.global_batch_size),
   )
   check_source(source, "train.data")
-  if eval_source is not None:
+  if eval_source is not source:
     check_source(eval_source, "train.eval_data")
-  check_dense_optimizer(st.dense_optimizer)
-  return source, eval_source if eval_source is not None else source
+  check_dense_optimizer(settings.dense_optimizer)
 
 
 def check_batch_sizes(

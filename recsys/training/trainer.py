@@ -182,9 +182,12 @@ class Trainer:
       setattr(self, name, value)
 
   def _validate(self, source: Any, eval_source: Any) -> None:
-    """Checks and keeps the sources; checks batch sizes, dense optimizer."""
-    self.source, self.eval_source = settings_lib.validate(
-      self.settings, source, eval_source, self.strategy
+    """Keeps the sources (datasets wrapped), then checks the settings."""
+    self.source, self.eval_source = settings_lib.run_sources(
+      self.settings, source, eval_source
+    )
+    settings_lib.check(
+      self.settings, self.source, self.eval_source, self.strategy
     )
 
   def _make_folder(self) -> None:

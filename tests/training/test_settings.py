@@ -1,15 +1,22 @@
 """`TrainSettings` is the one declaration: what the Trainer, the resume
-check, the CLI's switches and the tools read is derived from it."""
+check, the CLI's switches and the tools read is derived from it, and its
+checks change nothing (`run_sources` converts, `check` checks)."""
 
 import dataclasses
 
 import gin
+import pytest
+import tensorflow as tf
 
 from recsys import config
-from recsys.training import Trainer
+from recsys.data.from_dataset import DatasetSource
+from recsys.training import Trainer, TrainerConfigError
 from recsys.training import settings as settings_lib
 from recsys.training.settings import TrainSettings
 from recsys.training.train import configured_settings
+from tests.training.sources import ArraySource
+
+E = tf.tpu.experimental.embedding
 
 
 def test_the_trainer_keeps_the_settings_declared_for_it_normalized():
@@ -69,3 +76,31 @@ def test_configured_settings_are_the_bound_ones_evaluated():
   assert got.seed == TrainSettings().seed  # unbound: the default
   kept = settings_lib.trainer_attributes(got)
   assert kept["eval_batch_size"] == 32
+
+
+def _dataset():
+  features = {"f": tf.constant([1, 2, 3, 4], tf.int64)}
+  return tf.data.Dataset.from_tensor_slices(
+    (features, tf.constant([0.0, 1.0, 0.0, 1.0]))
+  )
+
+
+def test_run_sources_convert_and_check_only_checks():
+  table = E.TableConfig(vocabulary_size=8, dim=2, name="t")
+  settings = TrainSettings(feature_config={"f": E.FeatureConfig(table)})
+  strategy = tf.distribute.get_strategy()
+  dataset = _dataset()
+  with pytest.raises(TrainerConfigError, match="expected a data source"):
+    settings_lib.check(settings, dataset, dataset, strategy)
+  source, eval_source = settings_lib.run_sources(settings, dataset, None)
+  assert isinstance(source, DatasetSource) and eval_source is source
+  assert settings_lib.check(settings, source, eval_source, strategy) is None
+  plain = ArraySource()
+  assert settings_lib.run_sources(TrainSettings(), plain, None) == (
+    plain,
+    plain,
+  )
+  with pytest.raises(TrainerConfigError, match="global_batch_size=0"):
+    settings_lib.check(
+      TrainSettings(global_batch_size=0), plain, plain, strategy
+    )

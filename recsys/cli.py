@@ -356,25 +356,18 @@ def _gin_files(args: argparse.Namespace) -> list[str]:
 
 
 def _bindings(args: argparse.Namespace) -> list[str]:
+  """--gin_bindings, then one binding per settings switch given.
+
+  The switches are declared with their settings (`settings.flag_settings`):
+  e.g. `--no_progress` binds `train.progress_bar = False`.
+  """
+  from recsys.training import settings  # pylint: disable=g-import-not-at-top
+
   bindings = list(args.gin_bindings)
-  if getattr(args, "no_progress", False):
-    bindings.append("train.progress_bar = False")
-  if getattr(args, "allow_changed_settings", False):
-    bindings.append("train.allow_changed_settings = True")
-  if getattr(args, "skip_memory_check", False):
-    bindings.append("train.skip_memory_check = True")
-  if getattr(args, "exclude_seen", False):
-    bindings.append("train.exclude_seen = True")
+  for flag, (name, value) in settings.flag_settings().items():
+    if getattr(args, flag, False):
+      bindings.append(f"train.{name} = {value!r}")
   return bindings
-
-
-def _runtime_kwargs(args: argparse.Namespace) -> dict:
-  kwargs = {}
-  if getattr(args, "tpu", None):
-    kwargs["tpu"] = args.tpu
-  if getattr(args, "backend", None):
-    kwargs["backend"] = args.backend
-  return kwargs
 
 
 def _call_train(
@@ -382,11 +375,16 @@ def _call_train(
 ):
   """Parses the command's gin files, then calls the gin-configured `train`.
 
+  The strategy is built here, from `--tpu` (or the config's `train.tpu`)
+  and the config's `train.num_cpu_replicas`, and passed to `train`: before
+  gin calls `train`, which first builds its arguments (see
+  `configured_strategy`); the flag never goes into the gin config.
+
   Args:
     args: the parsed flags (gin files and bindings, model dir, runtime flags).
     extra_bindings: bindings the command adds after the user's.
-    **kwargs: arguments of `train` besides `model_dir`; they override the
-      runtime flags.
+    **kwargs: arguments of `train` besides `model_dir` (e.g. an already
+      built `strategy`); they override `--backend`.
 
   Returns:
     What `train` returns for the action.
@@ -396,17 +394,14 @@ def _call_train(
   """
   from recsys import config  # pylint: disable=g-import-not-at-top
   from recsys.training import train  # pylint: disable=g-import-not-at-top
+  from recsys.training.train import configured_strategy  # pylint: disable=g-import-not-at-top
 
   files, bindings = _gin_files(args), _bindings(args)
   config.parse(files, bindings + list(extra_bindings))
-  from recsys.training.train import configured_strategy  # pylint: disable=g-import-not-at-top
-
-  kwargs = {**_runtime_kwargs(args), **kwargs}
   if "strategy" not in kwargs:
-    # Built before gin calls `train` (see `configured_strategy`).
-    kwargs["strategy"], _ = configured_strategy(
-      kwargs.pop("tpu", None), kwargs.pop("num_cpu_replicas", None)
-    )
+    kwargs["strategy"], _ = configured_strategy(getattr(args, "tpu", None))
+  if getattr(args, "backend", None):
+    kwargs.setdefault("backend", args.backend)
   return config.call(train, files, bindings, model_dir=args.model_dir, **kwargs)
 
 

@@ -20,44 +20,36 @@ Example:
   [('EmbeddingSettings.combiner', "'mean'", "'sum'")]
 """
 
+import dataclasses
 import glob
 import os
 import re
 
 from gin import config_parser
 
+from recsys import planning
 from recsys.errors import RecsysError
+from recsys.training import settings as settings_lib
 
 CONFIGS_DIR = "configs"
 
-#: `train` arguments that do not change the numbers a resumed run computes.
+#: `train` arguments that do not change the numbers a resumed run computes:
+#: the settings declared `EXECUTION` (`recsys.training.settings`) and the
+#: `train` arguments that are no setting: the action, and the strategy's
+#: TPU and replicas (built before `train` is called, not a `TrainSettings`
+#: field). Where tables live gives the same numbers on any placement: every
+#: field of `EmbeddingPlacement` (`train.placement`).
 EXECUTION_SETTINGS = frozenset(
   f"train.{name}"
   for name in (
+    *settings_lib.names_of_kind(settings_lib.EXECUTION),
     "action",
-    "train_steps",
-    "steps_per_loop",
-    "eval_every",
-    "eval_steps",
-    "eval_batch_size",
-    "checkpoint_every",
-    "max_checkpoints",
-    "progress_bar",
-    "summaries",
     "tpu",
     "num_cpu_replicas",
-    "backend",
-    "backend_options",
-    "jit_compile",
-    "nonfinite_policy",
-    "allow_changed_settings",
-    "skip_memory_check",
-    "exclude_seen",
-    "placement",
   )
-) | frozenset(  # where tables live: the same numbers on any placement
-  f"EmbeddingPlacement.{name}"
-  for name in ("device_memory", "tables", "row_layout")
+) | frozenset(
+  f"EmbeddingPlacement.{field.name}"
+  for field in dataclasses.fields(planning.EmbeddingPlacement)
 )
 
 

@@ -42,7 +42,6 @@ Usage:
 
 import argparse
 import collections
-import dataclasses
 import json
 import os
 import subprocess
@@ -150,18 +149,17 @@ def build_source(gin_file: str, bindings: Sequence[str]) -> tuple[Any, int]:
   import gin  # pylint: disable=g-import-not-at-top
 
   from recsys import config  # pylint: disable=g-import-not-at-top
-  from recsys.training.settings import TrainSettings  # pylint: disable=g-import-not-at-top
+  from recsys.training import settings  # pylint: disable=g-import-not-at-top
+  from recsys.training.train import configured_settings  # pylint: disable=g-import-not-at-top
 
   gin.clear_config()
   config.parse(
     [gin_file], list(bindings) + ["MovieLens.shuffle = False"], finalize=False
   )
   source = config.value("train.data")
-  defaults = {f.name: f.default for f in dataclasses.fields(TrainSettings)}
-  batch = _query("train.eval_batch_size", defaults["eval_batch_size"]) or (
-    _query("train.global_batch_size", defaults["global_batch_size"])
-  )
-  steps = _query("train.eval_steps", defaults["eval_steps"])
+  # The eval batch and steps as the Trainer resolves them.
+  kept = settings.trainer_attributes(configured_settings())
+  batch, steps = kept["eval_batch_size"], kept["eval_steps"]
   evaluated = (source.test_size // batch) * batch
   if steps is not None:
     evaluated = min(evaluated, int(steps) * batch)

@@ -5,15 +5,21 @@ so that gin binds and checks `train.<name>` (and suggests a name for a
 misspelt one); it builds one `TrainSettings` from its arguments
 (`TrainSettings.pick(locals())`) and hands it to the `Trainer`, which reads
 its settings only from there. A setting is declared here, once, with its
-default and its documentation; a test checks that every field is a `train`
-parameter with the same default and reaches the Trainer.
+default, its documentation and its metadata (`_setting`): its kind (an
+execution setting a resume may change, or a math setting), whether the
+Trainer keeps it as an attribute, and the `recsys` switch that sets it.
+The lists other modules need are derived from that metadata
+(`run_configs.EXECUTION_SETTINGS`, `trainer_attributes`, `flag_settings`);
+a test checks that every field has a kind, is a `train` parameter with the
+same default and reaches the Trainer.
 
 Example:
   >>> settings = TrainSettings(global_batch_size=256, train_steps=100)
   >>> trainer = Trainer("/tmp/run", SyntheticCTR(), DLRM, settings=settings)
 
-`validate` checks the settings against the run's sources and strategy
-before anything is built (`TrainerConfigError`).
+`run_sources` wraps `tf.data.Dataset`s as data sources, then `check`
+checks the settings against the run's sources and strategy before
+anything is built (`TrainerConfigError`).
 """
 
 import dataclasses
@@ -32,6 +38,66 @@ log = logging.getLogger("recsys.training")
 
 class TrainerConfigError(RecsysError, ValueError):
   """The trainer's settings are inconsistent (batch sizes, steps, sources)."""
+
+
+#: The kinds of setting, each field's `metadata["kind"]`. An execution
+#: setting changes how a run is executed or reported, not the numbers it
+#: computes, so a resume may change it (`run_configs.EXECUTION_SETTINGS`);
+#: a math setting changes the numbers (refused on resume unless allowed).
+EXECUTION = "execution"
+MATH = "math"
+KINDS = (EXECUTION, MATH)
+
+
+def _setting(
+  default: Any,
+  kind: str,
+  *,
+  trainer: Callable[[Any, Any], Any] | None = None,
+  flag: str | None = None,
+) -> Any:
+  """A `TrainSettings` field and what the other lists derive from it.
+
+  Args:
+    default: the field's default (also `train`'s, a test checks).
+    kind: EXECUTION or MATH.
+    trainer: the Trainer keeps the setting as an attribute of that name,
+      `trainer(value, settings)` (normalized: ints, defaults resolved);
+      None: it reads `trainer.settings`.
+    flag: the `recsys` flag (a switch) that sets the setting to the
+      opposite of its default, e.g. `--no_progress`.
+  """
+  metadata: dict[str, Any] = {"kind": kind}
+  if trainer is not None:
+    metadata["trainer"] = trainer
+  if flag is not None:
+    metadata["flag"] = flag
+  return dataclasses.field(default=default, metadata=metadata)
+
+
+# How the Trainer keeps a setting: `(value, settings) -> attribute`.
+def _as_is(value: Any, _: Any) -> Any:
+  return value
+
+
+def _boolean(value: Any, _: Any) -> bool:
+  return bool(value)
+
+
+def _integer(value: Any, _: Any) -> int:
+  return int(value)
+
+
+def _integer_or_zero(value: Any, _: Any) -> int:
+  return int(value or 0)
+
+
+def _at_least_one(value: Any, _: Any) -> int:
+  return max(1, int(value))
+
+
+def _or_global_batch_size(value: Any, settings: Any) -> int:
+  return int(value or settings.global_batch_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,29 +154,37 @@ class TrainSettings:
       (`recsys.data.from_dataset.DatasetSource`; `embedding` must be None).
   """
 
-  embedding: features_lib.EmbeddingSettings | None = None
-  embedding_optimizer: Any | None = None
-  dense_optimizer: Callable[[], Any] | None = None
-  backend: str = "auto"
-  backend_options: Mapping[str, Any] | None = None
-  global_batch_size: int = 1024
-  eval_batch_size: int | None = None
-  train_steps: int = 1000
-  steps_per_loop: int = 100
-  eval_every: int = 0
-  eval_steps: int | None = 20
-  checkpoint_every: int = 0
-  max_checkpoints: int = 3
-  seed: int = 0
-  progress_bar: bool = True
-  summaries: bool = True
-  nonfinite_policy: str = "stop"
-  jit_compile: bool | None = None
-  allow_changed_settings: bool = False
-  skip_memory_check: bool = False
-  exclude_seen: bool = False
-  placement: Any | None = None
-  feature_config: Mapping[str, Any] | None = None
+  embedding: features_lib.EmbeddingSettings | None = _setting(None, MATH)
+  embedding_optimizer: Any | None = _setting(None, MATH)
+  dense_optimizer: Callable[[], Any] | None = _setting(None, MATH)
+  backend: str = _setting("auto", EXECUTION)
+  backend_options: Mapping[str, Any] | None = _setting(None, EXECUTION)
+  global_batch_size: int = _setting(1024, MATH, trainer=_integer)
+  eval_batch_size: int | None = _setting(
+    None, EXECUTION, trainer=_or_global_batch_size
+  )
+  train_steps: int = _setting(1000, EXECUTION, trainer=_integer)
+  steps_per_loop: int = _setting(100, EXECUTION, trainer=_at_least_one)
+  eval_every: int = _setting(0, EXECUTION, trainer=_integer_or_zero)
+  eval_steps: int | None = _setting(20, EXECUTION, trainer=_as_is)
+  checkpoint_every: int = _setting(0, EXECUTION, trainer=_integer_or_zero)
+  max_checkpoints: int = _setting(3, EXECUTION)
+  seed: int = _setting(0, MATH, trainer=_as_is)
+  progress_bar: bool = _setting(
+    True, EXECUTION, trainer=_as_is, flag="no_progress"
+  )
+  summaries: bool = _setting(True, EXECUTION)
+  nonfinite_policy: str = _setting("stop", EXECUTION)
+  jit_compile: bool | None = _setting(None, EXECUTION)
+  allow_changed_settings: bool = _setting(
+    False, EXECUTION, trainer=_boolean, flag="allow_changed_settings"
+  )
+  skip_memory_check: bool = _setting(False, EXECUTION, flag="skip_memory_check")
+  exclude_seen: bool = _setting(
+    False, EXECUTION, trainer=_boolean, flag="exclude_seen"
+  )
+  placement: Any | None = _setting(None, EXECUTION)
+  feature_config: Mapping[str, Any] | None = _setting(None, MATH)
 
   @classmethod
   def pick(cls, values: Mapping[str, Any]) -> "TrainSettings":
@@ -123,34 +197,79 @@ class TrainSettings:
     return cls(**{name: values[name] for name in names if name in values})
 
 
+def names_of_kind(kind: str) -> tuple[str, ...]:
+  """The settings of one kind (EXECUTION or MATH), in declaration order."""
+  fields = dataclasses.fields(TrainSettings)
+  return tuple(f.name for f in fields if f.metadata.get("kind") == kind)
+
+
+def trainer_attributes(settings: TrainSettings) -> dict[str, Any]:
+  """`{name: value}` the Trainer keeps as attributes, normalized.
+
+  The fields declared with `trainer=`: e.g. `eval_batch_size` resolved to
+  `global_batch_size` when None, `steps_per_loop` at least 1.
+  """
+  return {
+    f.name: f.metadata["trainer"](getattr(settings, f.name), settings)
+    for f in dataclasses.fields(settings)
+    if "trainer" in f.metadata
+  }
+
+
+def flag_settings() -> dict[str, tuple[str, Any]]:
+  """`{flag: (setting, value)}` of the `recsys` switches that set a setting.
+
+  A switch given sets its setting to the opposite of the default (e.g.
+  `--no_progress`: `progress_bar = False`).
+  """
+  return {
+    f.metadata["flag"]: (f.name, not f.default)
+    for f in dataclasses.fields(TrainSettings)
+    if "flag" in f.metadata
+  }
+
+
 # -- checks --------------------------------------------------------------------
 
 
-def validate(
+def run_sources(
+  settings: TrainSettings, source: Any, eval_source: Any
+) -> tuple[Any, Any]:
+  """`(source, eval_source)` a run trains and evaluates on (eval: or source).
+
+  `tf.data.Dataset`s are wrapped as `DatasetSource`s with the
+  `feature_config` setting (refused without it, or with `embedding`); data
+  sources pass as they are, `check` checks them.
+  """
+  source, eval_source = dataset_sources(
+    source, eval_source, settings.feature_config, settings.embedding
+  )
+  return source, eval_source if eval_source is not None else source
+
+
+def check(
   settings: TrainSettings,
   source: Any,
   eval_source: Any,
   strategy: tf.distribute.Strategy,
-) -> tuple[Any, Any]:
-  """`(source, eval_source)` checked against `settings` (eval: or source).
+) -> None:
+  """Checks `settings` against the run's sources and strategy, changing none.
 
-  `tf.data.Dataset`s are wrapped as `DatasetSource`s (`feature_config`);
-  the batch sizes, the sources and the dense optimizer are checked.
+  Before anything is built: the batch sizes fit the replicas, both sources
+  are data sources (after `run_sources`), the dense optimizer is a factory.
+
+  Raises:
+    TrainerConfigError: naming the setting and what it should be.
   """
-  st = settings
-  source, eval_source = dataset_sources(
-    source, eval_source, st.feature_config, st.embedding
-  )
   check_batch_sizes(
     strategy,
-    int(st.global_batch_size),
-    int(st.eval_batch_size or st.global_batch_size),
+    int(settings.global_batch_size),
+    int(settings.eval_batch_size or settings.global_batch_size),
   )
   check_source(source, "train.data")
-  if eval_source is not None:
+  if eval_source is not source:
     check_source(eval_source, "train.eval_data")
-  check_dense_optimizer(st.dense_optimizer)
-  return source, eval_source if eval_source is not None else source
+  check_dense_optimizer(settings.dense_optimizer)
 
 
 def check_batch_sizes(

@@ -45,27 +45,46 @@ def _instance(source: Any) -> Any:
 
 
 def configured_strategy(
-  tpu: str | None = None, num_cpu_replicas: int | None = None
+  tpu: str | None = None,
 ) -> tuple[tf.distribute.Strategy, str]:
   """The strategy the parsed gin config's `train` asks for, built now.
 
   Call it after parsing and before gin calls `train`, which first builds its
   arguments (data sources may run TF ops): multi-worker collectives, TPUs
   and logical CPUs must be configured before TensorFlow's runtime starts.
+  The caller passes the strategy to `train` (`strategy=`), which then
+  builds none.
 
   Args:
-    tpu: overrides `train.tpu` (e.g. the `--tpu` flag).
-    num_cpu_replicas: overrides `train.num_cpu_replicas`.
+    tpu: the TPU (e.g. the `--tpu` flag); None: the config's `train.tpu`.
 
   Returns:
-    `(strategy, why)` from `recsys.training.strategy.make_strategy`.
+    `(strategy, why)` from `recsys.training.strategy.make_strategy`, with
+    the config's `train.num_cpu_replicas`.
   """
   tpu = tpu or config.value("train.tpu")
-  if num_cpu_replicas is None:
-    num_cpu_replicas = config.value("train.num_cpu_replicas") or 0
+  num_cpu_replicas = config.value("train.num_cpu_replicas") or 0
   strategy, why = strategy_lib.make_strategy(tpu, int(num_cpu_replicas))
   log.info("strategy: %s", why)
   return strategy, why
+
+
+def configured_settings() -> TrainSettings:
+  """The `TrainSettings` the parsed gin config gives `train`, without it.
+
+  Each bound `train.<setting>` evaluated as gin passes it (`@X()` called,
+  macros read), the others their defaults: for tools that plan from a
+  config (e.g. how many examples evaluation scores) without a Trainer.
+  """
+  names = {f.name for f in dataclasses.fields(TrainSettings)}
+  bound = gin.get_bindings("train", resolve_references=False)
+  return TrainSettings.pick(
+    {
+      name: _gin_compat.evaluate(value)
+      for name, value in bound.items()
+      if name in names
+    }
+  )
 
 
 def configured_embedding(

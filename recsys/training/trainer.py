@@ -119,6 +119,20 @@ class Trainer:
   during a save) loses at most the steps since the last one.
   """
 
+  # The settings the methods read as attributes, set by `_store_settings`
+  # from the fields declared with `trainer=` (a test keeps both the same).
+  allow_changed_settings: bool
+  global_batch_size: int
+  eval_batch_size: int
+  train_steps: int
+  steps_per_loop: int
+  eval_every: int
+  eval_steps: int | None
+  checkpoint_every: int
+  seed: int
+  progress_bar: bool
+  exclude_seen: bool
+
   def __init__(
     self,
     model_dir: str,
@@ -155,23 +169,21 @@ class Trainer:
   # -- construction steps ----------------------------------------------------
 
   def _store_settings(self, st: TrainSettings) -> None:
-    """The settings the methods read, as attributes (normalized)."""
-    self.allow_changed_settings = bool(st.allow_changed_settings)
-    self.global_batch_size = int(st.global_batch_size)
-    self.eval_batch_size = int(st.eval_batch_size or st.global_batch_size)
-    self.train_steps = int(st.train_steps)
-    self.steps_per_loop = max(1, int(st.steps_per_loop))
-    self.eval_every = int(st.eval_every or 0)
-    self.eval_steps = st.eval_steps
-    self.checkpoint_every = int(st.checkpoint_every or 0)
-    self.seed = st.seed
-    self.progress_bar = st.progress_bar
-    self.exclude_seen = bool(st.exclude_seen)
+    """The settings the methods read, as attributes (normalized).
+
+    Which, and how normalized, is declared with each setting
+    (`settings.trainer_attributes`); the class annotations above type them.
+    """
+    for name, value in settings_lib.trainer_attributes(st).items():
+      setattr(self, name, value)
 
   def _validate(self, source: Any, eval_source: Any) -> None:
-    """Checks and keeps the sources; checks batch sizes, dense optimizer."""
-    self.source, self.eval_source = settings_lib.validate(
-      self.settings, source, eval_source, self.strategy
+    """Keeps the sources (datasets wrapped), then checks the settings."""
+    self.source, self.eval_source = settings_lib.run_sources(
+      self.settings, source, eval_source
+    )
+    settings_lib.check(
+      self.settings, self.source, self.eval_source, self.strategy
     )
 
   def _make_folder(self) -> None:

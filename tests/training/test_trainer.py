@@ -13,7 +13,15 @@ import tensorflow as tf
 
 from recsys.features import EmbeddingSettings
 from recsys.models import DLRM
-from recsys.training import Trainer, TrainerConfigError, schedules, train
+from recsys.planning import EmbeddingPlacement
+from recsys.training import (
+  Trainer,
+  TrainerConfigError,
+  run_configs,
+  schedules,
+  train,
+)
+from recsys.training import settings as settings_lib
 from recsys.training.settings import TrainSettings
 from tests.conftest import mirrored_strategy
 from tests.training.sources import ArraySource
@@ -199,13 +207,37 @@ def test_warmup_poly_decay_matches_formula():
 
 
 def test_train_parameters_are_the_settings_and_its_own_objects():
-  """Every `TrainSettings` field is a `train.*` parameter, same default."""
+  """Every `TrainSettings` field is a `train.*` parameter, same default, and
+  declares its kind; the lists derived from the declaration name only
+  `train` parameters (a setting, or one of `train`'s own named there)."""
   params = inspect.signature(train).parameters
   fields = {f.name: f.default for f in dataclasses.fields(TrainSettings)}
   own = {"model_dir", "data", "model", "eval_data", "tpu", "num_cpu_replicas"}
   assert set(params) - own - {"strategy", "action"} == set(fields)
   for name, default in fields.items():
     assert params[name].default == default, name
+  for field in dataclasses.fields(TrainSettings):
+    assert field.metadata.get("kind") in settings_lib.KINDS, field.name
+  execution = set(settings_lib.names_of_kind(settings_lib.EXECUTION))
+  assert execution | set(settings_lib.names_of_kind(settings_lib.MATH)) == (
+    set(fields)
+  )
+  # The resume check's list: the execution settings, and only `train`
+  # arguments that are no setting besides (the action, the strategy's).
+  train_names = {
+    key.split(".", 1)[1]
+    for key in run_configs.EXECUTION_SETTINGS
+    if key.startswith("train.")
+  }
+  assert train_names & set(fields) == execution
+  assert train_names - set(fields) == {"action", "tpu", "num_cpu_replicas"}
+  assert train_names <= set(params)
+  placement = {
+    key.split(".", 1)[1]
+    for key in run_configs.EXECUTION_SETTINGS
+    if not key.startswith("train.")
+  }
+  assert placement == set(inspect.signature(EmbeddingPlacement).parameters)
 
 
 def test_every_train_setting_reaches_the_trainer(monkeypatch, tmp_path):

@@ -1,0 +1,98 @@
+"""What `recsys` flags reach: switches bind their settings (declared with
+them), `--tpu` goes to the strategy the CLI builds, not into gin."""
+
+import os
+
+import gin
+import pytest
+import tensorflow as tf
+
+from recsys import cli, config
+from recsys.training import settings as settings_lib
+from recsys.training import strategy as strategy_lib
+
+DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
+#: Each command's required flags.
+REQUIRED = {
+  "train": ["--gin_file", DEFAULT, "--model_dir", "runs/x"],
+  "evaluate": ["--model_dir", "runs/x"],
+  "export": ["--model_dir", "runs/x", "--export_dir", "runs/x/export"],
+}
+
+
+def _parses(argv):
+  try:
+    return cli.build_parser().parse_args(argv)
+  except SystemExit:  # argparse: not a flag of this command
+    return None
+
+
+def test_every_settings_switch_is_a_flag_that_binds_its_setting(capsys):
+  for flag, (name, value) in settings_lib.flag_settings().items():
+    commands = []
+    for command, required in REQUIRED.items():
+      args = _parses([command, *required, f"--{flag}"])
+      if args is None:
+        continue
+      commands.append(command)
+      assert cli._bindings(args) == [f"train.{name} = {value!r}"], command
+      args = _parses([command, *required])
+      assert cli._bindings(args) == [], command
+    assert commands, f"--{flag} is no flag of {sorted(REQUIRED)}"
+  capsys.readouterr()  # argparse's usage lines
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+  """make_strategy and gin's call of `train`, recorded instead of run."""
+  got = {}
+
+  def make_strategy(tpu=None, num_cpu_replicas=0, use_gpus=True):
+    got["make_strategy"] = (tpu, num_cpu_replicas)
+    return tf.distribute.get_strategy(), "recorded"
+
+  def call(configurable, files, bindings, **kwargs):
+    got["train.tpu bound"] = config.value("train.tpu")
+    got["train"] = kwargs
+    return {}
+
+  monkeypatch.setattr(strategy_lib, "make_strategy", make_strategy)
+  monkeypatch.setattr(config, "call", call)
+  gin.clear_config()
+  yield got
+  gin.clear_config()
+
+
+def test_the_tpu_flag_reaches_the_strategy_without_a_gin_binding(recorded):
+  args = cli.build_parser().parse_args(
+    [
+      "train",
+      *REQUIRED["train"],
+      "--tpu",
+      "grpc://10.0.0.2:8470",
+      "--gin_bindings",
+      "train.num_cpu_replicas = 3",
+    ]
+  )
+  cli._call_train(args)
+  assert recorded["make_strategy"] == ("grpc://10.0.0.2:8470", 3)
+  assert recorded["train.tpu bound"] is None  # never written into gin
+  assert "tpu" not in recorded["train"]
+  assert recorded["train"]["strategy"] is tf.distribute.get_strategy()
+
+
+def test_the_configs_tpu_is_the_strategys_without_the_flag(recorded):
+  args = cli.build_parser().parse_args(
+    ["train", *REQUIRED["train"], "--gin_bindings", "train.tpu = 'local'"]
+  )
+  cli._call_train(args)
+  assert recorded["make_strategy"] == ("local", 0)
+
+
+def test_a_given_strategy_is_passed_as_it_is(recorded):
+  args = cli.build_parser().parse_args(["train", *REQUIRED["train"]])
+  strategy = tf.distribute.get_strategy()
+  cli._call_train(args, strategy=strategy, backend="serving")
+  assert "make_strategy" not in recorded
+  assert recorded["train"]["strategy"] is strategy
+  assert recorded["train"]["backend"] == "serving"

@@ -1,0 +1,106 @@
+"""`TrainSettings` is the one declaration: what the Trainer, the resume
+check, the CLI's switches and the tools read is derived from it, and its
+checks change nothing (`run_sources` converts, `check` checks)."""
+
+import dataclasses
+
+import gin
+import pytest
+import tensorflow as tf
+
+from recsys import config
+from recsys.data.from_dataset import DatasetSource
+from recsys.training import Trainer, TrainerConfigError
+from recsys.training import settings as settings_lib
+from recsys.training.settings import TrainSettings
+from recsys.training.train import configured_settings
+from tests.training.sources import ArraySource
+
+E = tf.tpu.experimental.embedding
+
+
+def test_the_trainer_keeps_the_settings_declared_for_it_normalized():
+  declared = settings_lib.trainer_attributes(TrainSettings())
+  fields = {f.name for f in dataclasses.fields(TrainSettings)}
+  typed = {name for name in Trainer.__annotations__ if name in fields}
+  assert typed == set(declared)  # each attribute typed for mypy
+  trainer = Trainer.__new__(Trainer)  # only the attributes, nothing built
+  trainer._store_settings(  # pylint: disable=protected-access
+    TrainSettings(
+      global_batch_size=64,
+      eval_batch_size=None,
+      steps_per_loop=0,
+      eval_every=None,  # gin may bind None
+      train_steps=5.0,
+      exclude_seen=1,
+    )
+  )
+  assert trainer.eval_batch_size == 64  # None: the global batch size
+  assert trainer.steps_per_loop == 1
+  assert trainer.eval_every == 0
+  assert trainer.train_steps == 5 and isinstance(trainer.train_steps, int)
+  assert trainer.exclude_seen is True
+  for name in declared:
+    assert hasattr(trainer, name), name
+
+
+def test_switches_set_a_setting_to_the_opposite_of_its_default():
+  switches = settings_lib.flag_settings()
+  assert switches["no_progress"] == ("progress_bar", False)
+  assert switches["allow_changed_settings"] == ("allow_changed_settings", True)
+  for field in dataclasses.fields(TrainSettings):
+    if "flag" in field.metadata:
+      assert isinstance(field.default, bool), field.name
+
+
+def test_configured_settings_are_the_bound_ones_evaluated():
+  gin.clear_config()
+  try:
+    config.parse(
+      [],
+      [
+        "STEPS = 7",
+        "train.train_steps = %STEPS",
+        "train.eval_steps = None",
+        "train.global_batch_size = 32",
+      ],
+    )
+    got = configured_settings()
+  finally:
+    gin.clear_config()
+  assert (got.train_steps, got.eval_steps, got.global_batch_size) == (
+    7,
+    None,
+    32,
+  )
+  assert got.seed == TrainSettings().seed  # unbound: the default
+  kept = settings_lib.trainer_attributes(got)
+  assert kept["eval_batch_size"] == 32
+
+
+def _dataset():
+  features = {"f": tf.constant([1, 2, 3, 4], tf.int64)}
+  return tf.data.Dataset.from_tensor_slices(
+    (features, tf.constant([0.0, 1.0, 0.0, 1.0]))
+  )
+
+
+def test_run_sources_convert_and_check_only_checks():
+  table = E.TableConfig(vocabulary_size=8, dim=2, name="t")
+  settings = TrainSettings(feature_config={"f": E.FeatureConfig(table)})
+  strategy = tf.distribute.get_strategy()
+  dataset = _dataset()
+  with pytest.raises(TrainerConfigError, match="expected a data source"):
+    settings_lib.check(settings, dataset, dataset, strategy)
+  source, eval_source = settings_lib.run_sources(settings, dataset, None)
+  assert isinstance(source, DatasetSource) and eval_source is source
+  assert settings_lib.check(settings, source, eval_source, strategy) is None
+  plain = ArraySource()
+  assert settings_lib.run_sources(TrainSettings(), plain, None) == (
+    plain,
+    plain,
+  )
+  with pytest.raises(TrainerConfigError, match="global_batch_size=0"):
+    settings_lib.check(
+      TrainSettings(global_batch_size=0), plain, plain, strategy
+    )

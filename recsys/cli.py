@@ -361,7 +361,7 @@ def _bindings(args: argparse.Namespace) -> list[str]:
   The switches are declared with their settings (`settings.flag_settings`):
   e.g. `--no_progress` binds `train.progress_bar = False`.
   """
-  from recsys.training import settings  # pylint: disable=g-import-not-at-top
+  from recsys import train_settings as settings  # pylint: disable=g-import-not-at-top
 
   bindings = list(args.gin_bindings)
   for flag, (name, value) in settings.flag_settings().items():
@@ -695,7 +695,7 @@ def _is_configuration_error(error: BaseException) -> bool:
   and flag errors): an unknown backend, option or preset, a backend that
   cannot run under this strategy, trainer settings that do not fit."""
   from backends import base, registry  # pylint: disable=g-import-not-at-top
-  from recsys.training import settings  # pylint: disable=g-import-not-at-top
+  from recsys import train_settings as settings  # pylint: disable=g-import-not-at-top
 
   return isinstance(
     error,

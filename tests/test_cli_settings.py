@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from recsys import cli, config
-from recsys.training import settings as settings_lib
+from recsys import train_settings as settings_lib
 from recsys.training import strategy as strategy_lib
 
 DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")

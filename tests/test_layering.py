@@ -34,7 +34,12 @@ LAYERS = (
     "recsys.serving_checks",
     "recsys.serving_lookup",
   ),
-  ("recsys.planning", "recsys.run_folder", "recsys.launch"),
+  (
+    "recsys.planning",
+    "recsys.train_settings",  # declared once; the run folder reads its kinds
+    "recsys.run_folder",
+    "recsys.launch",
+  ),
   ("recsys.export",),  # the SavedModel: below training, never loads the loop
   ("recsys.training",),
   ("recsys.tools",),

@@ -28,13 +28,13 @@ import re
 from gin import config_parser
 
 from recsys import planning
+from recsys import train_settings as settings_lib
 from recsys.errors import RecsysError
-from recsys.training import settings as settings_lib
 
 CONFIGS_DIR = "configs"
 
 #: `train` arguments that do not change the numbers a resumed run computes:
-#: the settings declared `EXECUTION` (`recsys.training.settings`) and the
+#: the settings declared `EXECUTION` (`recsys.train_settings`) and the
 #: `train` arguments that are no setting: the action, and the strategy's
 #: TPU and replicas (built before `train` is called, not a `TrainSettings`
 #: field). Where tables live gives the same numbers on any placement: every

@@ -149,7 +149,7 @@ def build_source(gin_file: str, bindings: Sequence[str]) -> tuple[Any, int]:
   import gin  # pylint: disable=g-import-not-at-top
 
   from recsys import config  # pylint: disable=g-import-not-at-top
-  from recsys.training import settings  # pylint: disable=g-import-not-at-top
+  from recsys import train_settings as settings  # pylint: disable=g-import-not-at-top
   from recsys.training.train import configured_settings  # pylint: disable=g-import-not-at-top
 
   gin.clear_config()

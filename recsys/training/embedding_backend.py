@@ -17,8 +17,8 @@ from typing import Any
 from backends import registry
 from recsys import planning
 from recsys._keras import tf
+from recsys.train_settings import TrainerConfigError, TrainSettings
 from recsys.training import compile as compile_lib
-from recsys.training.settings import TrainerConfigError, TrainSettings
 
 log = logging.getLogger("recsys.training")
 

@@ -106,7 +106,7 @@ def total_train_steps() -> int:
   steps stretches its remaining decay accordingly.
   """
   from recsys import config  # pylint: disable=g-import-not-at-top
-  from recsys.training.settings import TrainSettings  # pylint: disable=g-import-not-at-top
+  from recsys.train_settings import TrainSettings  # pylint: disable=g-import-not-at-top
 
   steps = config.value("train.train_steps")
   return int(TrainSettings().train_steps if steps is None else steps)

@@ -31,8 +31,8 @@ from recsys import _gin_compat, config
 from recsys import features as features_lib
 from recsys._keras import keras, tf
 from recsys.run_folder.run_checks import RunChanges
+from recsys.train_settings import TrainSettings
 from recsys.training import strategy as strategy_lib
-from recsys.training.settings import TrainSettings
 from recsys.training.trainer import Trainer, default_embedding_optimizer
 
 log = logging.getLogger("recsys.training")

@@ -27,6 +27,7 @@ import gin
 
 from backends import hardware
 from recsys import features as features_lib
+from recsys import train_settings as settings_lib
 from recsys._keras import keras, tf
 from recsys.data import errors as data_errors
 from recsys.data import pipeline as data_pipeline
@@ -38,15 +39,14 @@ from recsys.models.base import RetrievalModel
 from recsys.run_folder import checkpoints as checkpoints_lib
 from recsys.run_folder import run_checks, run_inputs
 from recsys.run_folder import run_dir as run_dir_lib
+from recsys.train_settings import TrainSettings
 from recsys.training import coordinated as coordinated_lib
 from recsys.training import embedding_backend as backend_lib
 from recsys.training import input as input_lib
 from recsys.training import loop as loop_lib
 from recsys.training import run_summaries, schedules
-from recsys.training import settings as settings_lib
 from recsys.training import signals as signals_lib
 from recsys.training import strategy as strategy_lib
-from recsys.training.settings import TrainSettings
 
 log = logging.getLogger("recsys.training")
 

@@ -9,10 +9,10 @@ import pytest
 import tensorflow as tf
 
 from recsys import config
+from recsys import train_settings as settings_lib
 from recsys.data.from_dataset import DatasetSource
+from recsys.train_settings import TrainSettings
 from recsys.training import Trainer, TrainerConfigError
-from recsys.training import settings as settings_lib
-from recsys.training.settings import TrainSettings
 from recsys.training.train import configured_settings
 from tests.training.sources import ArraySource
 

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from recsys import train_settings as settings_lib
 from recsys.features import EmbeddingSettings
 from recsys.models import DLRM
 from recsys.planning import EmbeddingPlacement
+from recsys.train_settings import TrainSettings
 from recsys.training import (
   Trainer,
   TrainerConfigError,
@@ -21,8 +23,6 @@ from recsys.training import (
   schedules,
   train,
 )
-from recsys.training import settings as settings_lib
-from recsys.training.settings import TrainSettings
 from tests.conftest import mirrored_strategy
 from tests.training.sources import ArraySource
 

@@ -1,12 +1,13 @@
-"""The Trainer: builds a run's objects and drives training and evaluation.
+"""The Trainer: builds a run's objects and does what training asks of them.
 
 It holds the run's state: the strategy, the embedding backend
 (`embedding_backend`), the model and dense optimizer (built inside
 `strategy.scope()`), the run's checkpoints (`checkpoints.RunCheckpoints`:
 automatic resume at the exact step), TensorBoard writers and metrics
-(`run_summaries`), the run folder (`run_dir`) and the progress bar. Settings
-are checked in `settings`, input is distributed by `input`, and the compiled
-step functions live in `recsys.training.loop`.
+(`run_summaries`) and the run folder (`run_dir`). Settings are checked in
+`settings`, input is distributed by `input`, the compiled step functions
+live in `recsys.training.loop`, and when the loop evaluates, saves, logs
+and stops is decided by `recsys.training.controller`.
 
 Example:
   >>> trainer = Trainer(model_dir="/tmp/run", source=SyntheticCTR(),
@@ -18,8 +19,6 @@ import dataclasses
 import functools
 import logging
 import os
-import sys
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,6 +34,7 @@ from recsys.errors import RecsysError
 from recsys.models import seen_items as seen_lib
 from recsys.models.base import RetrievalModel
 from recsys.training import checkpoints as checkpoints_lib
+from recsys.training import controller as controller_lib
 from recsys.training import coordinated as coordinated_lib
 from recsys.training import embedding_backend as backend_lib
 from recsys.training import input as input_lib
@@ -84,15 +84,6 @@ class NonFiniteLossError(RecsysError, FloatingPointError):
 def default_embedding_optimizer() -> Any:
   """The embedding optimizer of a run that names none: Adagrad(0.05)."""
   return tf.tpu.experimental.embedding.Adagrad(0.05)
-
-
-def _on_a_terminal() -> bool:
-  """Whether stdout and stderr are terminals: a progress bar's \\r frames in
-  a log file or pipe glue onto the log lines, so there it logs lines."""
-  return all(
-    getattr(stream, "isatty", lambda: False)()
-    for stream in (sys.stdout, sys.stderr)
-  )
 
 
 class Trainer:
@@ -291,6 +282,7 @@ class Trainer:
     self._eval_datasets: dict[bool, Any] = {}
     self._embed_candidates: Any = None  # traced once per run (index_corpus)
     self._seen_items: seen_lib.SeenItems | None = None
+    self._batches: Any = None  # the training iterator, during train()
 
   def _build_writers(self) -> None:
     """TensorBoard writers: the chief's, when summaries are on."""
@@ -374,6 +366,10 @@ class Trainer:
     """Saves a checkpoint at the current step; returns the chief's path."""
     return self.checkpoints.save()
 
+  def save_if_new(self, step: int) -> str:
+    """Saves a checkpoint unless the newest one holds `step`."""
+    return self.checkpoints.save_if_new(step)
+
   @property
   def manager(self) -> tf.train.CheckpointManager:
     """This process's `tf.train.CheckpointManager` (a worker's: scratch)."""
@@ -405,15 +401,10 @@ class Trainer:
 
   # -- running ---------------------------------------------------------------
 
-  def _next_boundary(self, step: int) -> int:
-    end = min(self.train_steps, step + self.steps_per_loop)
-    for every in (self.eval_every, self.checkpoint_every):
-      if every:
-        end = min(end, (step // every + 1) * every)
-    return end
-
   def train(self) -> dict[str, float]:
     """Trains to `train_steps` (resuming), evaluates, writes metrics.json.
+
+    When it evaluates, saves and stops is `recsys.training.controller`'s.
 
     Returns:
       The final metrics: `train/loss`, `train/<metric>`, `eval/<metric>`,
@@ -439,6 +430,24 @@ class Trainer:
 
   def _train(self, stop: signals_lib.StopRequests) -> dict[str, float]:
     step = int(self.global_step.numpy())
+    self._prepare_run(step)
+    self._batches = iter(
+      self._distribute(
+        self.source, self.global_batch_size, training=True, skip_steps=step
+      )
+    )
+    try:
+      final = self._controller().train(step, stop)
+    finally:
+      self._batches = None
+    final.update(self.optimum())
+    self.write_metrics(final)
+    self.write_operative_config()
+    return final
+
+  def _prepare_run(self, step: int) -> None:
+    """Before training from `step`: a resume's changed settings checked and
+    recorded, the eval split checked, the run's config and inputs written."""
     self.run_dir.refuse_links()  # before training: refused up front
     files = self.input_fingerprints() if self._chief else {}
     if step:  # a resume: same math settings and data as the last run?
@@ -459,115 +468,62 @@ class Trainer:
     self.run_dir.write_input_files(files, step)
     # The settings next to the curves in TensorBoard.
     self._writers.write_config(gin.operative_config_str(), step)
-    iterator = iter(
-      self._distribute(
-        self.source, self.global_batch_size, training=True, skip_steps=step
-      )
-    )
-    bar = self._progress(step)
-    results: dict[str, float] = {}
-    loops: list[tuple[int, float]] = []  # (steps, seconds) of each loop
-    start_time = time.time()
-    while step < self.train_steps:
-      end = self._next_boundary(step)
-      self.loss_metric.reset_state()
-      for m in self.model.metrics:
-        m.reset_state()
-      t0 = time.time()
-      self.steps.run_train_steps(iterator, end - step)
-      self.backend.raise_for_invalid_inputs()  # before anything is saved
-      reached = int(self.global_step.numpy())
-      self._check_finite(reached)
-      results = run_summaries.flat_results(
-        self.model.metrics, "train", self._ks
-      )
-      if self.is_retrieval:  # corpus hit rates are computed in evaluation only
-        results = {k: v for k, v in results.items() if "hit_rate" not in k}
-      results["train/loss"] = float(self.loss_metric.result())
-      elapsed = time.time() - t0
-      examples_per_second = (end - step) * self.global_batch_size / elapsed
-      loops.append((end - step, elapsed))
-      step = end
-      results["learning_rate"] = run_summaries.learning_rate(
-        self.dense_optimizer
-      )
-      results["examples_per_second"] = examples_per_second
-      if self.steps.nonfinite_policy == "skip":
-        results["train/nonfinite_steps"] = float(
-          self.steps.nonfinite_steps.numpy()
-        )
-      self._writers.write("train", results, step)
-      if bar is not None:
-        bar.update(end - bar.n)
-        bar.set_postfix(
-          loss=f"{results['train/loss']:.4f}",
-          ex_s=f"{examples_per_second:,.0f}",
-        )
-      else:
-        log.info(
-          "step %d/%d loss %.5f %.0f examples/s",
-          step,
-          self.train_steps,
-          results["train/loss"],
-          examples_per_second,
-        )
-      if self.checkpoint_every and step % self.checkpoint_every == 0:
-        self.save()
-      if (
-        self.eval_every
-        and step % self.eval_every == 0
-        and step < self.train_steps
-      ):
-        self._log_eval(self.evaluate(), step)
-      signal_name = strategy_lib.agreed_stop(self.strategy, stop.requested)
-      if signal_name and step < self.train_steps:
-        if bar is not None:
-          bar.close()
-        path = self.checkpoints.save_if_new(step)
-        raise signals_lib.TrainingPreempted(step, path, signal_name)
-    if bar is not None:
-      bar.close()
-    self.checkpoints.save_if_new(step)
-    final = dict(results)
-    final.pop("examples_per_second", None)  # the last loop's; the run's:
-    final.update(
-      run_summaries.throughput(
-        loops, time.time() - start_time, self.global_batch_size
-      )
-    )
-    final.update(self.evaluate())
-    self._log_eval(final, step)
-    final["step"] = step
-    final["elapsed_seconds"] = time.time() - start_time
-    final.update(self.optimum())
-    self.write_metrics(final)
-    self.write_operative_config()
-    return final
 
-  def _log_eval(self, results: Mapping[str, float], step: int) -> None:
-    evals = {k: v for k, v in results.items() if k.startswith("eval/")}
-    self._writers.write("eval", evals, step)
-    log.info(
-      "eval at step %d: %s",
-      step,
-      ", ".join(f"{k}={v:.5f}" for k, v in sorted(evals.items())),
+  def _controller(self) -> controller_lib.Controller:
+    """The loop's timing, from the run's settings."""
+    return controller_lib.Controller(
+      self,
+      controller_lib.LoopSchedule(
+        train_steps=self.train_steps,
+        steps_per_loop=self.steps_per_loop,
+        eval_every=self.eval_every,
+        checkpoint_every=self.checkpoint_every,
+      ),
+      self.global_batch_size,
+      progress_bar=bool(self.progress_bar),
     )
 
-  def _progress(self, step: int):
-    """A tqdm bar on a terminal; None (plain log lines) otherwise."""
-    if not self.progress_bar or not _on_a_terminal():
-      return None
-    try:
-      from tqdm import auto as tqdm  # pylint: disable=g-import-not-at-top
-    except ImportError:
-      return None
-    return tqdm.tqdm(
-      total=self.train_steps,
-      initial=step,
-      unit="step",
-      dynamic_ncols=True,
-      desc="train",
-    )
+  # -- what the controller asks (controller.TrainingRun) ---------------------
+
+  def run_steps(self, num_steps: int) -> None:
+    """Runs `num_steps` training steps of the current `train()`'s batches;
+    the loss and the model's metrics start afresh."""
+    self.loss_metric.reset_state()
+    for m in self.model.metrics:
+      m.reset_state()
+    self.steps.run_train_steps(self._batches, num_steps)
+
+  def check_steps(self) -> None:
+    """Raises if the steps just run read invalid ids or went NaN/inf."""
+    self.backend.raise_for_invalid_inputs()  # before anything is saved
+    self._check_finite(int(self.global_step.numpy()))
+
+  def train_results(self) -> dict[str, float]:
+    """The metrics of the steps since `run_steps`: `train/<metric>`,
+    `train/loss`, `learning_rate` and, with policy "skip",
+    `train/nonfinite_steps`."""
+    results = run_summaries.flat_results(self.model.metrics, "train", self._ks)
+    if self.is_retrieval:  # corpus hit rates are computed in evaluation only
+      results = {k: v for k, v in results.items() if "hit_rate" not in k}
+    results["train/loss"] = float(self.loss_metric.result())
+    results["learning_rate"] = run_summaries.learning_rate(self.dense_optimizer)
+    if self.steps.nonfinite_policy == "skip":
+      results["train/nonfinite_steps"] = float(
+        self.steps.nonfinite_steps.numpy()
+      )
+    return results
+
+  def write_summaries(
+    self, kind: str, values: Mapping[str, float], step: int
+  ) -> None:
+    """Writes `values` to the `kind` summaries (chief, summaries on)."""
+    self._writers.write(kind, values, step)
+
+  def agreed_stop(self, requested: str | None) -> str | None:
+    """The stop signal every worker agreed on (`strategy.agreed_stop`)."""
+    return strategy_lib.agreed_stop(self.strategy, requested)
+
+  # -- evaluation ------------------------------------------------------------
 
   def index_corpus(self) -> int:
     """Embeds the whole candidate corpus into the model's index (retrieval).

@@ -7,7 +7,9 @@ automatic resume at the exact step), TensorBoard writers and metrics
 (`run_summaries`) and the run folder (`run_dir`). Settings are checked in
 `settings`, input is distributed by `input`, the compiled step functions
 live in `recsys.training.loop`, and when the loop evaluates, saves, logs
-and stops is decided by `recsys.training.controller`.
+and stops is decided by `recsys.training.controller`. What a model's
+evaluation needs besides its batches (a retrieval model's corpus index and
+seen items) the model's evaluation hooks do (`recsys.models.evaluation_hooks`).
 
 Example:
   >>> trainer = Trainer(model_dir="/tmp/run", source=SyntheticCTR(),
@@ -31,8 +33,8 @@ from recsys.data import errors as data_errors
 from recsys.data import pipeline as data_pipeline
 from recsys.data.from_dataset import DatasetSource
 from recsys.errors import RecsysError
+from recsys.models import evaluation_hooks as hooks_lib
 from recsys.models import seen_items as seen_lib
-from recsys.models.base import RetrievalModel
 from recsys.training import checkpoints as checkpoints_lib
 from recsys.training import controller as controller_lib
 from recsys.training import coordinated as coordinated_lib
@@ -84,6 +86,11 @@ class NonFiniteLossError(RecsysError, FloatingPointError):
 def default_embedding_optimizer() -> Any:
   """The embedding optimizer of a run that names none: Adagrad(0.05)."""
   return tf.tpu.experimental.embedding.Adagrad(0.05)
+
+
+def _transformed_first(transform, preprocess, features, labels, *mask):
+  """`preprocess` of a batch whose features `transform` changed first."""
+  return preprocess(transform(features), labels, *mask)
 
 
 class Trainer:
@@ -231,6 +238,14 @@ class Trainer:
       # the run so a resumed run continues its stream (the built-in models
       # and data draw none: they are functions of the seed and the step).
       self.rng = tf.random.Generator.from_seed(self.settings.seed)
+    self._evaluation: hooks_lib.EvaluationHooks = self.model.evaluation_hooks(
+      hooks_lib.EvaluationContext(
+        self.source,
+        self.eval_source,
+        self.eval_batch_size,
+        compile_tower=functools.partial(loop_lib.embed_fn, self.backend),
+      )
+    )
     if self.exclude_seen and not self.is_retrieval:
       raise TrainerConfigError(
         "train.exclude_seen = True applies to retrieval models; "
@@ -280,8 +295,6 @@ class Trainer:
       jit_compile=self.compile_plan.compile_steps,
     )
     self._eval_datasets: dict[bool, Any] = {}
-    self._embed_candidates: Any = None  # traced once per run (index_corpus)
-    self._seen_items: seen_lib.SeenItems | None = None
     self._batches: Any = None  # the training iterator, during train()
 
   def _build_writers(self) -> None:
@@ -295,12 +308,13 @@ class Trainer:
   @property
   def is_retrieval(self) -> bool:
     """Whether the model is a retrieval model (it indexes a corpus)."""
-    return isinstance(self.model, RetrievalModel)
+    return self._evaluation.ranks_corpus
 
   @property
-  def _ks(self) -> tuple[int, ...]:
-    """The retrieval model's top-k cut-offs (() for a ranking model)."""
-    return tuple(self.model.ks) if self.is_retrieval else ()
+  def _embed_candidates(self) -> Any:
+    """The run's compiled candidate tower (None before a retrieval model's
+    first evaluation), traced once per run and kept by its hooks."""
+    return getattr(self._evaluation, "embed_candidates", None)
 
   # -- data ----------------------------------------------------------------
 
@@ -311,15 +325,16 @@ class Trainer:
     training: bool,
     skip_steps: int = 0,
     take_steps: int | None = None,
-    seen: seen_lib.SeenItems | None = None,
+    transform: hooks_lib.BatchTransform | None = None,
   ):
     """A distributed dataset of `source` (`recsys.training.input`); with
-    `seen`, each batch carries its users' seen candidates (evaluation)."""
+    `transform`, each batch's features are transformed first (evaluation:
+    the model's `batch_transform`, e.g. its users' seen candidates)."""
     preprocess = functools.partial(
       input_lib.preprocess, self.backend, list(self.feature_config)
     )
-    if seen is not None:
-      preprocess = functools.partial(self._add_seen, seen, preprocess)
+    if transform is not None:
+      preprocess = functools.partial(_transformed_first, transform, preprocess)
     if training:
       return input_lib.training_input(
         self.strategy,
@@ -340,21 +355,10 @@ class Trainer:
       coordinator=self._coordinator,
     )
 
-  def _add_seen(self, seen, preprocess, features, labels, *mask):
-    """`preprocess` of a batch plus its users' seen candidates."""
-    features = seen_lib.with_seen(
-      features,
-      seen,
-      seen_lib.query_id_feature_of(self.source),
-      self.model.candidate_id_feature,
-    )
-    return preprocess(features, labels, *mask)
-
   def seen_items(self) -> seen_lib.SeenItems:
-    """Each user's candidates in the training split (read once, then kept)."""
-    if self._seen_items is None:
-      self._seen_items = seen_lib.SeenItems.from_source(self.source)
-    return self._seen_items
+    """Each user's candidates in the training split (read once, then kept;
+    a retrieval model's, through its evaluation hooks)."""
+    return self._evaluation.seen_items()
 
   # -- checkpoints -----------------------------------------------------------
 
@@ -499,12 +503,14 @@ class Trainer:
     self._check_finite(int(self.global_step.numpy()))
 
   def train_results(self) -> dict[str, float]:
-    """The metrics of the steps since `run_steps`: `train/<metric>`,
-    `train/loss`, `learning_rate` and, with policy "skip",
-    `train/nonfinite_steps`."""
-    results = run_summaries.flat_results(self.model.metrics, "train", self._ks)
-    if self.is_retrieval:  # corpus hit rates are computed in evaluation only
-      results = {k: v for k, v in results.items() if "hit_rate" not in k}
+    """The metrics of the steps since `run_steps`: `train/<metric>` (those
+    the model's hooks keep), `train/loss`, `learning_rate` and, with
+    policy "skip", `train/nonfinite_steps`."""
+    results = self._evaluation.training_results(
+      run_summaries.flat_results(
+        self.model.metrics, "train", self._evaluation.ks
+      )
+    )
     results["train/loss"] = float(self.loss_metric.result())
     results["learning_rate"] = run_summaries.learning_rate(self.dense_optimizer)
     if self.steps.nonfinite_policy == "skip":
@@ -526,26 +532,13 @@ class Trainer:
   # -- evaluation ------------------------------------------------------------
 
   def index_corpus(self) -> int:
-    """Embeds the whole candidate corpus into the model's index (retrieval).
+    """Embeds the whole candidate corpus into the model's index (retrieval;
+    the model's evaluation hooks do it).
 
     Returns:
-      The number of candidates indexed.
+      The number of candidates indexed (0: the model ranks no corpus).
     """
-    if self._embed_candidates is None:
-      # One function for every evaluation of the run: a new one each time
-      # traced again at every evaluation (TF then warns of retracing).
-      self._embed_candidates = loop_lib.embed_fn(
-        self.backend,
-        self.model.candidate_embeddings,
-        self.model.candidate_features,
-      )
-    ids, embeddings = [], []
-    for batch in self.eval_source.candidates(self.eval_batch_size):
-      embeddings.append(self._embed_candidates(batch))
-      ids.append(self.model.candidate_ids(batch))
-    ids = tf.concat(ids, 0)
-    self.model.index_candidates(ids, tf.concat(embeddings, 0))
-    return int(ids.shape[0])
+    return self._evaluation.index_corpus()
 
   def evaluate(self, exclude_seen: bool | None = None) -> dict[str, float]:
     """Evaluates on `eval_steps` batches of the eval source (None: all of it).
@@ -577,8 +570,7 @@ class Trainer:
         "exclude_seen applies to retrieval models; "
         f"{type(self.model).__name__} is a ranking model."
       )
-    if self.is_retrieval:
-      self.index_corpus()
+    self._evaluation.before_evaluation()
     if exclude_seen not in self._eval_datasets:
       # Built once: building the input pipeline and tracing the eval loop
       # cost seconds; a distributed dataset can be iterated many times.
@@ -587,7 +579,7 @@ class Trainer:
         self.eval_batch_size,
         training=False,
         take_steps=self.eval_steps,
-        seen=self.seen_items() if exclude_seen else None,
+        transform=self._evaluation.batch_transform(exclude_seen),
       )
     dataset = self._eval_datasets[exclude_seen]
     self.steps.reset_eval_metrics()
@@ -600,7 +592,9 @@ class Trainer:
       raise EmptyEvalSetError(
         data_pipeline.empty_eval_message(self.eval_source)
       )
-    results = run_summaries.flat_results(self.model.metrics, "eval", self._ks)
+    results = run_summaries.flat_results(
+      self.model.metrics, "eval", self._evaluation.ks
+    )
     results["eval/loss"] = float(
       self.steps.eval_loss_sum.result()
     ) / examples + run_summaries.regularization_loss(self.model)
@@ -612,7 +606,7 @@ class Trainer:
 
   def optimum(self) -> dict[str, float]:
     """The source's known best metrics (`DataSource.known_optimum`)."""
-    return run_summaries.known_optimum(self.eval_source, self._ks)
+    return run_summaries.known_optimum(self.eval_source, self._evaluation.ks)
 
   # -- the run's settings and data ------------------------------------------
 

@@ -433,6 +433,8 @@ class Trainer:
       lock.release()
 
   def _train(self, stop: signals_lib.StopRequests) -> dict[str, float]:
+    """`train` under the lock: the run prepared, the controller's loop from
+    the restored step, then the run's final metrics written."""
     step = int(self.global_step.numpy())
     self._prepare_run(step)
     self._batches = iter(

@@ -29,6 +29,7 @@ import tensorflow_recommenders as tfrs
 
 from recsys._keras import keras
 from recsys.feature_spec import FeatureSpec
+from recsys.models import evaluation_hooks as hooks_lib
 from recsys.models import layers as model_layers
 from recsys.models import (
   retrieval_index,
@@ -195,6 +196,14 @@ class _ModelBase(keras.Model):
     )
     self(acts, features, training=False)
     return self
+
+  def evaluation_hooks(
+    self, context: hooks_lib.EvaluationContext
+  ) -> hooks_lib.EvaluationHooks:
+    """What a trainer does around this model's evaluation
+    (`recsys.models.evaluation_hooks`): nothing more, for a ranking model."""
+    del context
+    return hooks_lib.EvaluationHooks()
 
 
 class RankingModel(_ModelBase, metaclass=abc.ABCMeta):
@@ -674,6 +683,13 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     return retrieval_negatives.global_batch(
       embeddings, ids, sampling_probability, valid
     )
+
+  def evaluation_hooks(
+    self, context: hooks_lib.EvaluationContext
+  ) -> hooks_lib.EvaluationHooks:
+    """Evaluation ranks the corpus (`evaluation_hooks.CorpusEvaluation`):
+    index it first, hit rates in evaluation only, seen items left out."""
+    return hooks_lib.CorpusEvaluation(self, context)
 
   def index_candidates(
     self, candidate_ids: tf.Tensor, candidate_embeddings: tf.Tensor

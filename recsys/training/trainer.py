@@ -1,12 +1,15 @@
-"""The Trainer: builds a run's objects and drives training and evaluation.
+"""The Trainer: builds a run's objects and does what training asks of them.
 
 It holds the run's state: the strategy, the embedding backend
 (`embedding_backend`), the model and dense optimizer (built inside
 `strategy.scope()`), the run's checkpoints (`checkpoints.RunCheckpoints`:
 automatic resume at the exact step), TensorBoard writers and metrics
-(`run_summaries`), the run folder (`run_dir`) and the progress bar. Settings
-are checked in `settings`, input is distributed by `input`, and the compiled
-step functions live in `recsys.training.loop`.
+(`run_summaries`) and the run folder (`run_dir`). Settings are checked in
+`settings`, input is distributed by `input`, the compiled step functions
+live in `recsys.training.loop`, and when the loop evaluates, saves, logs
+and stops is decided by `recsys.training.controller`. What a model's
+evaluation needs besides its batches (a retrieval model's corpus index and
+seen items) the model's evaluation hooks do (`recsys.models.evaluation_hooks`).
 
 Example:
   >>> trainer = Trainer(model_dir="/tmp/run", source=SyntheticCTR(),
@@ -18,8 +21,6 @@ import dataclasses
 import functools
 import logging
 import os
-import sys
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -33,13 +34,14 @@ from recsys.data import errors as data_errors
 from recsys.data import pipeline as data_pipeline
 from recsys.data.from_dataset import DatasetSource
 from recsys.errors import RecsysError
+from recsys.models import evaluation_hooks as hooks_lib
 from recsys.models import model_args
 from recsys.models import seen_items as seen_lib
-from recsys.models.base import RetrievalModel
 from recsys.run_folder import checkpoints as checkpoints_lib
 from recsys.run_folder import run_checks, run_inputs
 from recsys.run_folder import run_dir as run_dir_lib
 from recsys.train_settings import TrainSettings
+from recsys.training import controller as controller_lib
 from recsys.training import coordinated as coordinated_lib
 from recsys.training import embedding_backend as backend_lib
 from recsys.training import input as input_lib
@@ -82,13 +84,9 @@ def default_embedding_optimizer() -> Any:
   return tf.tpu.experimental.embedding.Adagrad(0.05)
 
 
-def _on_a_terminal() -> bool:
-  """Whether stdout and stderr are terminals: a progress bar's \\r frames in
-  a log file or pipe glue onto the log lines, so there it logs lines."""
-  return all(
-    getattr(stream, "isatty", lambda: False)()
-    for stream in (sys.stdout, sys.stderr)
-  )
+def _transformed_first(transform, preprocess, features, labels, *mask):
+  """`preprocess` of a batch whose features `transform` changed first."""
+  return preprocess(transform(features), labels, *mask)
 
 
 class Trainer:
@@ -248,6 +246,14 @@ class Trainer:
       # the run so a resumed run continues its stream (the built-in models
       # and data draw none: they are functions of the seed and the step).
       self.rng = tf.random.Generator.from_seed(self.settings.seed)
+    self._evaluation: hooks_lib.EvaluationHooks = self.model.evaluation_hooks(
+      hooks_lib.EvaluationContext(
+        self.source,
+        self.eval_source,
+        self.eval_batch_size,
+        compile_tower=functools.partial(loop_lib.embed_fn, self.backend),
+      )
+    )
     if self.exclude_seen and not self.is_retrieval:
       raise TrainerConfigError(
         "train.exclude_seen = True applies to retrieval models; "
@@ -297,8 +303,7 @@ class Trainer:
       jit_compile=self.compile_plan.compile_steps,
     )
     self._eval_datasets: dict[bool, Any] = {}
-    self._embed_candidates: Any = None  # traced once per run (index_corpus)
-    self._seen_items: seen_lib.SeenItems | None = None
+    self._batches: Any = None  # the training iterator, during train()
 
   def _build_writers(self) -> None:
     """TensorBoard writers: the chief's, when summaries are on."""
@@ -311,12 +316,13 @@ class Trainer:
   @property
   def is_retrieval(self) -> bool:
     """Whether the model is a retrieval model (it indexes a corpus)."""
-    return isinstance(self.model, RetrievalModel)
+    return self._evaluation.ranks_corpus
 
   @property
-  def _ks(self) -> tuple[int, ...]:
-    """The retrieval model's top-k cut-offs (() for a ranking model)."""
-    return tuple(self.model.ks) if self.is_retrieval else ()
+  def _embed_candidates(self) -> Any:
+    """The run's compiled candidate tower (None before a retrieval model's
+    first evaluation), traced once per run and kept by its hooks."""
+    return getattr(self._evaluation, "embed_candidates", None)
 
   # -- data ----------------------------------------------------------------
 
@@ -327,15 +333,16 @@ class Trainer:
     training: bool,
     skip_steps: int = 0,
     take_steps: int | None = None,
-    seen: seen_lib.SeenItems | None = None,
+    transform: hooks_lib.BatchTransform | None = None,
   ):
     """A distributed dataset of `source` (`recsys.training.input`); with
-    `seen`, each batch carries its users' seen candidates (evaluation)."""
+    `transform`, each batch's features are transformed first (evaluation:
+    the model's `batch_transform`, e.g. its users' seen candidates)."""
     preprocess = functools.partial(
       input_lib.preprocess, self.backend, list(self.feature_config)
     )
-    if seen is not None:
-      preprocess = functools.partial(self._add_seen, seen, preprocess)
+    if transform is not None:
+      preprocess = functools.partial(_transformed_first, transform, preprocess)
     if training:
       return input_lib.training_input(
         self.strategy,
@@ -356,21 +363,10 @@ class Trainer:
       coordinator=self._coordinator,
     )
 
-  def _add_seen(self, seen, preprocess, features, labels, *mask):
-    """`preprocess` of a batch plus its users' seen candidates."""
-    features = seen_lib.with_seen(
-      features,
-      seen,
-      seen_lib.query_id_feature_of(self.source),
-      self.model.candidate_id_feature,
-    )
-    return preprocess(features, labels, *mask)
-
   def seen_items(self) -> seen_lib.SeenItems:
-    """Each user's candidates in the training split (read once, then kept)."""
-    if self._seen_items is None:
-      self._seen_items = seen_lib.SeenItems.from_source(self.source)
-    return self._seen_items
+    """Each user's candidates in the training split (read once, then kept;
+    a retrieval model's, through its evaluation hooks)."""
+    return self._evaluation.seen_items()
 
   # -- checkpoints -----------------------------------------------------------
 
@@ -381,6 +377,10 @@ class Trainer:
   def save(self) -> str:
     """Saves a checkpoint at the current step; returns the chief's path."""
     return self.checkpoints.save()
+
+  def save_if_new(self, step: int) -> str:
+    """Saves a checkpoint unless the newest one holds `step`."""
+    return self.checkpoints.save_if_new(step)
 
   @property
   def manager(self) -> tf.train.CheckpointManager:
@@ -413,15 +413,10 @@ class Trainer:
 
   # -- running ---------------------------------------------------------------
 
-  def _next_boundary(self, step: int) -> int:
-    end = min(self.train_steps, step + self.steps_per_loop)
-    for every in (self.eval_every, self.checkpoint_every):
-      if every:
-        end = min(end, (step // every + 1) * every)
-    return end
-
   def train(self) -> dict[str, float]:
     """Trains to `train_steps` (resuming), evaluates, writes metrics.json.
+
+    When it evaluates, saves and stops is `recsys.training.controller`'s.
 
     Returns:
       The final metrics: `train/loss`, `train/<metric>`, `eval/<metric>`,
@@ -446,7 +441,27 @@ class Trainer:
       lock.release()
 
   def _train(self, stop: signals_lib.StopRequests) -> dict[str, float]:
+    """`train` under the lock: the run prepared, the controller's loop from
+    the restored step, then the run's final metrics written."""
     step = int(self.global_step.numpy())
+    self._prepare_run(step)
+    self._batches = iter(
+      self._distribute(
+        self.source, self.global_batch_size, training=True, skip_steps=step
+      )
+    )
+    try:
+      final = self._controller().train(step, stop)
+    finally:
+      self._batches = None
+    final.update(self.optimum())
+    self.write_metrics(final)
+    self.write_operative_config()
+    return final
+
+  def _prepare_run(self, step: int) -> None:
+    """Before training from `step`: a resume's changed settings checked and
+    recorded, the eval split checked, the run's config and inputs written."""
     self.run_dir.refuse_links()  # before training: refused up front
     files = self.input_fingerprints() if self._chief else {}
     if step:  # a resume: same math settings and data as the last run?
@@ -467,137 +482,73 @@ class Trainer:
     self.run_dir.write_input_files(files, step)
     # The settings next to the curves in TensorBoard.
     self._writers.write_config(gin.operative_config_str(), step)
-    iterator = iter(
-      self._distribute(
-        self.source, self.global_batch_size, training=True, skip_steps=step
-      )
-    )
-    bar = self._progress(step)
-    results: dict[str, float] = {}
-    loops: list[tuple[int, float]] = []  # (steps, seconds) of each loop
-    start_time = time.time()
-    while step < self.train_steps:
-      end = self._next_boundary(step)
-      self.loss_metric.reset_state()
-      for m in self.model.metrics:
-        m.reset_state()
-      t0 = time.time()
-      self.steps.run_train_steps(iterator, end - step)
-      self.backend.raise_for_invalid_inputs()  # before anything is saved
-      reached = int(self.global_step.numpy())
-      self._check_finite(reached)
-      results = run_summaries.flat_results(
-        self.model.metrics, "train", self._ks
-      )
-      if self.is_retrieval:  # corpus hit rates are computed in evaluation only
-        results = {k: v for k, v in results.items() if "hit_rate" not in k}
-      results["train/loss"] = float(self.loss_metric.result())
-      elapsed = time.time() - t0
-      examples_per_second = (end - step) * self.global_batch_size / elapsed
-      loops.append((end - step, elapsed))
-      step = end
-      results["learning_rate"] = run_summaries.learning_rate(
-        self.dense_optimizer
-      )
-      results["examples_per_second"] = examples_per_second
-      if self.steps.nonfinite_policy == "skip":
-        results["train/nonfinite_steps"] = float(
-          self.steps.nonfinite_steps.numpy()
-        )
-      self._writers.write("train", results, step)
-      if bar is not None:
-        bar.update(end - bar.n)
-        bar.set_postfix(
-          loss=f"{results['train/loss']:.4f}",
-          ex_s=f"{examples_per_second:,.0f}",
-        )
-      else:
-        log.info(
-          "step %d/%d loss %.5f %.0f examples/s",
-          step,
-          self.train_steps,
-          results["train/loss"],
-          examples_per_second,
-        )
-      if self.checkpoint_every and step % self.checkpoint_every == 0:
-        self.save()
-      if (
-        self.eval_every
-        and step % self.eval_every == 0
-        and step < self.train_steps
-      ):
-        self._log_eval(self.evaluate(), step)
-      signal_name = strategy_lib.agreed_stop(self.strategy, stop.requested)
-      if signal_name and step < self.train_steps:
-        if bar is not None:
-          bar.close()
-        path = self.checkpoints.save_if_new(step)
-        raise signals_lib.TrainingPreempted(step, path, signal_name)
-    if bar is not None:
-      bar.close()
-    self.checkpoints.save_if_new(step)
-    final = dict(results)
-    final.pop("examples_per_second", None)  # the last loop's; the run's:
-    final.update(
-      run_summaries.throughput(
-        loops, time.time() - start_time, self.global_batch_size
-      )
-    )
-    final.update(self.evaluate())
-    self._log_eval(final, step)
-    final["step"] = step
-    final["elapsed_seconds"] = time.time() - start_time
-    final.update(self.optimum())
-    self.write_metrics(final)
-    self.write_operative_config()
-    return final
 
-  def _log_eval(self, results: Mapping[str, float], step: int) -> None:
-    evals = {k: v for k, v in results.items() if k.startswith("eval/")}
-    self._writers.write("eval", evals, step)
-    log.info(
-      "eval at step %d: %s",
-      step,
-      ", ".join(f"{k}={v:.5f}" for k, v in sorted(evals.items())),
+  def _controller(self) -> controller_lib.Controller:
+    """The loop's timing, from the run's settings."""
+    return controller_lib.Controller(
+      self,
+      controller_lib.LoopSchedule(
+        train_steps=self.train_steps,
+        steps_per_loop=self.steps_per_loop,
+        eval_every=self.eval_every,
+        checkpoint_every=self.checkpoint_every,
+      ),
+      self.global_batch_size,
+      progress_bar=bool(self.progress_bar),
     )
 
-  def _progress(self, step: int):
-    """A tqdm bar on a terminal; None (plain log lines) otherwise."""
-    if not self.progress_bar or not _on_a_terminal():
-      return None
-    try:
-      from tqdm import auto as tqdm  # pylint: disable=g-import-not-at-top
-    except ImportError:
-      return None
-    return tqdm.tqdm(
-      total=self.train_steps,
-      initial=step,
-      unit="step",
-      dynamic_ncols=True,
-      desc="train",
+  # -- what the controller asks (controller.TrainingRun) ---------------------
+
+  def run_steps(self, num_steps: int) -> None:
+    """Runs `num_steps` training steps of the current `train()`'s batches;
+    the loss and the model's metrics start afresh."""
+    self.loss_metric.reset_state()
+    for m in self.model.metrics:
+      m.reset_state()
+    self.steps.run_train_steps(self._batches, num_steps)
+
+  def check_steps(self) -> None:
+    """Raises if the steps just run read invalid ids or went NaN/inf."""
+    self.backend.raise_for_invalid_inputs()  # before anything is saved
+    self._check_finite(int(self.global_step.numpy()))
+
+  def train_results(self) -> dict[str, float]:
+    """The metrics of the steps since `run_steps`: `train/<metric>` (those
+    the model's hooks keep), `train/loss`, `learning_rate` and, with
+    policy "skip", `train/nonfinite_steps`."""
+    results = self._evaluation.training_results(
+      run_summaries.flat_results(
+        self.model.metrics, "train", self._evaluation.ks
+      )
     )
+    results["train/loss"] = float(self.loss_metric.result())
+    results["learning_rate"] = run_summaries.learning_rate(self.dense_optimizer)
+    if self.steps.nonfinite_policy == "skip":
+      results["train/nonfinite_steps"] = float(
+        self.steps.nonfinite_steps.numpy()
+      )
+    return results
+
+  def write_summaries(
+    self, kind: str, values: Mapping[str, float], step: int
+  ) -> None:
+    """Writes `values` to the `kind` summaries (chief, summaries on)."""
+    self._writers.write(kind, values, step)
+
+  def agreed_stop(self, requested: str | None) -> str | None:
+    """The stop signal every worker agreed on (`strategy.agreed_stop`)."""
+    return strategy_lib.agreed_stop(self.strategy, requested)
+
+  # -- evaluation ------------------------------------------------------------
 
   def index_corpus(self) -> int:
-    """Embeds the whole candidate corpus into the model's index (retrieval).
+    """Embeds the whole candidate corpus into the model's index (retrieval;
+    the model's evaluation hooks do it).
 
     Returns:
-      The number of candidates indexed.
+      The number of candidates indexed (0: the model ranks no corpus).
     """
-    if self._embed_candidates is None:
-      # One function for every evaluation of the run: a new one each time
-      # traced again at every evaluation (TF then warns of retracing).
-      self._embed_candidates = loop_lib.embed_fn(
-        self.backend,
-        self.model.candidate_embeddings,
-        self.model.candidate_features,
-      )
-    ids, embeddings = [], []
-    for batch in self.eval_source.candidates(self.eval_batch_size):
-      embeddings.append(self._embed_candidates(batch))
-      ids.append(self.model.candidate_ids(batch))
-    ids = tf.concat(ids, 0)
-    self.model.index_candidates(ids, tf.concat(embeddings, 0))
-    return int(ids.shape[0])
+    return self._evaluation.index_corpus()
 
   def evaluate(self, exclude_seen: bool | None = None) -> dict[str, float]:
     """Evaluates on `eval_steps` batches of the eval source (None: all of it).
@@ -629,8 +580,7 @@ class Trainer:
         "exclude_seen applies to retrieval models; "
         f"{type(self.model).__name__} is a ranking model."
       )
-    if self.is_retrieval:
-      self.index_corpus()
+    self._evaluation.before_evaluation()
     if exclude_seen not in self._eval_datasets:
       # Built once: building the input pipeline and tracing the eval loop
       # cost seconds; a distributed dataset can be iterated many times.
@@ -639,7 +589,7 @@ class Trainer:
         self.eval_batch_size,
         training=False,
         take_steps=self.eval_steps,
-        seen=self.seen_items() if exclude_seen else None,
+        transform=self._evaluation.batch_transform(exclude_seen),
       )
     dataset = self._eval_datasets[exclude_seen]
     self.steps.reset_eval_metrics()
@@ -652,7 +602,9 @@ class Trainer:
       raise EmptyEvalSetError(
         data_pipeline.empty_eval_message(self.eval_source)
       )
-    results = run_summaries.flat_results(self.model.metrics, "eval", self._ks)
+    results = run_summaries.flat_results(
+      self.model.metrics, "eval", self._evaluation.ks
+    )
     results["eval/loss"] = float(
       self.steps.eval_loss_sum.result()
     ) / examples + run_summaries.regularization_loss(self.model)
@@ -664,7 +616,7 @@ class Trainer:
 
   def optimum(self) -> dict[str, float]:
     """The source's known best metrics (`DataSource.known_optimum`)."""
-    return run_summaries.known_optimum(self.eval_source, self._ks)
+    return run_summaries.known_optimum(self.eval_source, self._evaluation.ks)
 
   # -- the run's settings and data ------------------------------------------
 

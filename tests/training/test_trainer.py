@@ -15,11 +15,11 @@ from recsys import train_settings as settings_lib
 from recsys.features import EmbeddingSettings
 from recsys.models import DLRM
 from recsys.planning import EmbeddingPlacement
+from recsys.run_folder import run_configs
 from recsys.train_settings import TrainSettings
 from recsys.training import (
   Trainer,
   TrainerConfigError,
-  run_configs,
   schedules,
   train,
 )

@@ -113,6 +113,10 @@ def reference_fit(pattern, initial, lookups, in_model, strategy):
 
 
 def run(pattern, variant):
+  # Seeded: with some initial weights two epochs at LR 0.1 overshoot (the
+  # DCN pattern's loss rose once in a full-suite run), and a failure must
+  # be reproducible.
+  keras.utils.set_random_seed(0)
   compiled = variant == "compiled"
   in_model = not compiled  # string ops cannot be compiled: ids in the data
   strategy = (

@@ -16,37 +16,22 @@ import threading
 import types
 from typing import Any
 
-from tensorflow.python.eager import (
-  backprop,  # pylint: disable=g-direct-tensorflow-import
-  record,  # pylint: disable=g-direct-tensorflow-import
-)
-from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.eager import backprop  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.saved_model import save_context  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
+from backends import _tf_internal as backends_door
 from recsys._keras import tf
 
 _TAPE_GRADIENT_CODE = backprop.GradientTape.gradient.__code__
 
 
-def tape_is_recording() -> bool:
-  """Whether a `tf.GradientTape` may record the ops made now.
-
-  A lookup made outside every tape can never receive gradients, so the
-  layer does not leave one waiting for them.
-  """
-  return bool(record.could_possibly_record())
-
-
-def in_xla_compilation() -> bool:
-  """Whether the ops made now are compiled by XLA (`jit_compile`, a TPU).
-
-  A compiled step cannot raise on bad input; checks there map it to what
-  the backend refuses and counts instead.
-  """
-  graph = ops.get_default_graph()
-  return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
+# Asked of the backends' door, which reads the same TF internals: a lookup
+# made outside every tape never receives gradients, so the layer does not
+# leave one waiting for them; a compiled step cannot raise on bad input, so
+# the id checks map it to what the backend refuses and counts instead.
+tape_is_recording = backends_door.tape_may_record
+in_xla_compilation = backends_door.in_xla_context
 
 
 def in_saved_model_trace() -> bool:

@@ -140,10 +140,14 @@ def test_in_xla_context_only_in_a_compiled_function():
   assert seen == {"eager": False, "graph": False, "xla": True}
 
 
-def test_tape_may_record_only_under_a_tape():
+def test_tape_may_record_only_under_a_watching_tape():
   assert not _tf_internal.tape_may_record()
   with tf.GradientTape():
     assert _tf_internal.tape_may_record()
+  tape = tf.GradientTape()
+  with tape:
+    with tape.stop_recording():
+      assert not _tf_internal.tape_may_record()
 
 
 def test_mark_variable_read_lets_a_watching_tape_take_the_variable():

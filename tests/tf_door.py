@@ -7,6 +7,8 @@ import ast
 import importlib
 import pathlib
 
+import pytest
+
 PRIVATE_TF = ("tensorflow.python", "tensorflow.core")
 
 
@@ -49,6 +51,20 @@ def tf_symbols(path: pathlib.Path) -> list[str]:
     ):
       found.add(f"{modules[node.value.id]}.{node.attr}")
   return sorted(found)
+
+
+def check_symbol_exists(symbol: str, where: str) -> None:
+  """Fails the test, naming the door (`where`), when TF no longer has
+  `symbol` (`module.name`): a TF upgrade removed or renamed it."""
+  module_path, name = symbol.rsplit(".", 1)
+  try:
+    module = importlib.import_module(module_path)
+  except ImportError as e:
+    pytest.fail(f"{where}: TF has no module {module_path!r} any more ({e})")
+  assert hasattr(module, name), (
+    f"{where}: {module_path} has no {name!r} any more: a TF upgrade removed "
+    "or renamed it; find its replacement and change the door (only it)."
+  )
 
 
 def private_attributes(path: pathlib.Path) -> set[str]:

@@ -318,12 +318,6 @@ class Trainer:
     """Whether the model is a retrieval model (it indexes a corpus)."""
     return self._evaluation.ranks_corpus
 
-  @property
-  def _embed_candidates(self) -> Any:
-    """The run's compiled candidate tower (None before a retrieval model's
-    first evaluation), traced once per run and kept by its hooks."""
-    return getattr(self._evaluation, "embed_candidates", None)
-
   # -- data ----------------------------------------------------------------
 
   def _distribute(

@@ -126,7 +126,7 @@ def test_every_evaluation_of_a_run_embeds_the_corpus_with_one_function(
   trainer = _trainer(tmp_path, 1, eval_every=2, eval_batch_size=8)
   metrics = trainer.train()
   assert metrics["step"] == STEPS
-  embed = trainer._embed_candidates  # pylint: disable=protected-access
+  embed = trainer._evaluation.embed_candidates  # pylint: disable=protected-access
   assert embed.experimental_get_tracing_count() == 2
   assert trainer.index_corpus() == 17
   assert embed.experimental_get_tracing_count() == 2

@@ -18,7 +18,6 @@ from typing import Any
 
 from tensorflow.python.eager import backprop  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.saved_model import save_context  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
 from backends import _tf_internal as backends_door
 from recsys._keras import tf
@@ -39,17 +38,11 @@ def in_saved_model_trace() -> bool:
   return bool(save_context.in_save_context())
 
 
-def flatten_with_joined_string_paths(structure: Any) -> list[tuple[str, Any]]:
-  """`[(path, leaf)]` of `structure`, paths joined with "/" (`"a/0/b"`);
-  `tf.nest` does not export it."""
-  return nest.flatten_with_joined_string_paths(structure)
-
-
-def flatten_up_to(shallow: Any, structure: Any) -> list[Any]:
-  """`structure` flattened only as deep as `shallow` (leaves may be
-  structures themselves), comparing nesting, not types; `tf.nest` does not
-  export it."""
-  return nest.flatten_up_to(shallow, structure, check_types=False)
+# The nest helpers `tf.nest` does not export, as the backends' door has them.
+flatten_with_joined_string_paths = (
+  backends_door.flatten_with_joined_string_paths
+)
+flatten_up_to = backends_door.flatten_up_to
 
 
 def keras_learning_rate(optimizer: Any, legacy: bool) -> tuple[Any, float]:

@@ -22,6 +22,8 @@ def test_the_shared_questions_are_the_backends_doors():
   # tests/backends/test_tf_internal.py asks them where the answer is known.
   assert _tf_internal.tape_is_recording is backends_door.tape_may_record
   assert _tf_internal.in_xla_compilation is backends_door.in_xla_context
+  for name in ("flatten_with_joined_string_paths", "flatten_up_to"):
+    assert getattr(_tf_internal, name) is getattr(backends_door, name)
 
 
 def test_in_saved_model_trace_only_while_saving(tmp_path):
@@ -104,20 +106,6 @@ def test_mirrored_strategies_collect_under_keys_of_their_own():
   assert gathered(first, 3) == [6, 6]
   assert gathered(second, 5) == [10, 10]
   assert gathered(first, 3) == [6, 6]
-
-
-def test_nest_helpers_tf_nest_lacks():
-  config = {"b": [1, 2], "a": 3}
-  assert _tf_internal.flatten_with_joined_string_paths(config) == [
-    ("a", 3),
-    ("b/0", 1),
-    ("b/1", 2),
-  ]
-  shallow = {"a": 0, "b": 0}
-  assert _tf_internal.flatten_up_to(shallow, {"a": [1], "b": (2,)}) == [
-    [1],
-    (2,),
-  ]
 
 
 def test_keras_learning_rate_reads_the_variable_a_step_reads():

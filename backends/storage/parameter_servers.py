@@ -31,7 +31,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, hardware, optimizers
+from backends import _tf_internal, hardware, optimizers, row_init
 from backends.storage import base, row_layout
 from backends.table_step import TableStep
 
@@ -123,13 +123,16 @@ class ParameterServers(base.TableStorage):
   def create(self, tracker: base.Tracker) -> None:
     table, name = self.table, self.name
     shape = (table.vocabulary_size, table.dim)
+    # Row-keyed initial values: a shard computes only its own rows, the same
+    # values as any other backend and placement (`backends.row_init`).
+    rows = row_init.RowInitializer.for_table(table)
 
     def table_getter(name, shape, dtype, initializer, trainable):
       del shape
       with building_tables():
         return tf.Variable(
           initial_value=_partition_aware(
-            initializer, (table.vocabulary_size, table.dim), dtype
+            initializer, (table.vocabulary_size, table.dim), dtype, rows
           ),
           name=name,
           shape=(table.vocabulary_size, table.dim),
@@ -252,14 +255,21 @@ class ParameterServers(base.TableStorage):
     return []
 
 
-def _partition_aware(initializer, full_shape, dtype):
-  """An `initial_value` the strategy can call per partition (or whole)."""
+def _partition_aware(initializer, full_shape, dtype, rows=None):
+  """An `initial_value` the strategy can call per partition (or whole).
+
+  `rows`: the table's `RowInitializer`, used instead of `initializer`.
+  """
   if isinstance(initializer, _tf_internal.CheckpointInitialValueCallable):
     # Restore on create: the strategy passes each shard's `shard_info`, the
     # callable reads that slice of the full tensor.
     return functools.partial(initializer, shape=tuple(full_shape), dtype=dtype)
 
   def initial_value(partition_shape=None, partition_offset=None):
+    if rows is not None:
+      first = int(partition_offset[0]) if partition_offset else 0
+      count = int((partition_shape or full_shape)[0])
+      return rows.rows(tf.range(first, first + count, dtype=tf.int64))
     init = initializer
     if partition_offset is not None and partition_offset[0]:
       init = _reseeded_for_rows(initializer, int(partition_offset[0]))

@@ -18,7 +18,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, optimizers, static_bags
+from backends import _tf_internal, optimizers, row_init, static_bags
 from backends.storage import base
 from backends.table_step import TableStep
 
@@ -33,17 +33,28 @@ class Replicated(base.TableStorage):
   def create(self, tracker: base.Tracker) -> None:
     table, name = self.table, self.name
     shape = (table.vocabulary_size, table.dim)
+    rows = row_init.RowInitializer.for_table(table)
 
     def getter(name, shape, dtype, initializer, trainable):
       del shape  # the custom getter may drop it; use the table's shape
       full = (table.vocabulary_size, table.dim)
-      return tf.Variable(
-        initial_value=functools.partial(initializer, full, dtype=dtype),
+      keyed = isinstance(initializer, _RowKeyed)
+      variable = tf.Variable(
+        # Row-keyed: zeros, then the rows chunk by chunk (no second copy).
+        initial_value=functools.partial(
+          tf.zeros if keyed else initializer, full, dtype=dtype
+        ),
         name=name,
         shape=full,
         dtype=dtype,
         trainable=trainable,
       )
+      if keyed:
+        for component in self.strategy.experimental_local_results(variable):
+          initializer.rows.fill(
+            component, range(table.vocabulary_size), component.device
+          )
+      return variable
 
     def create(var_name, initializer, trainable):
       # Restore-on-create: a pending checkpoint restore fills the value.
@@ -56,7 +67,10 @@ class Replicated(base.TableStorage):
         trainable=trainable,
       )
 
-    params = create(name, table.initializer, True)
+    # A pending restore replaces the initializer with the checkpoint's value.
+    params = create(
+      name, _RowKeyed(rows) if rows is not None else table.initializer, True
+    )
     slots = {}
     if self.optimizer is not None:
       slots = _tf_internal.create_slots(
@@ -123,6 +137,16 @@ class Replicated(base.TableStorage):
         self.parameters, self.slots(), ids, row_grads, rows, keep
       )
     ]
+
+
+class _RowKeyed:
+  """The table's initializer as `backends.row_init` computes it, per row."""
+
+  def __init__(self, rows: row_init.RowInitializer):
+    self.rows = rows
+
+  def __call__(self, shape, dtype=tf.float32):
+    return tf.zeros(shape, dtype)
 
 
 def _static_sum_across_replicas(

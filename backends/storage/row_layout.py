@@ -58,6 +58,10 @@ class RowLayout(abc.ABC):
   def rows_of(self, shard: int) -> int:
     """The number of rows shard `shard` holds (real rows, no padding)."""
 
+  @abc.abstractmethod
+  def rows_in(self, shard: int) -> range:
+    """The table rows shard `shard` holds, in the order it stores them."""
+
   def __repr__(self) -> str:
     return (
       f"{type(self).__name__}(vocabulary_size={self.vocabulary_size}, "
@@ -110,6 +114,9 @@ class ContiguousRows(RowLayout):
   def rows_of(self, shard: int) -> int:
     return self.offsets[shard + 1] - self.offsets[shard]
 
+  def rows_in(self, shard: int) -> range:
+    return range(self.offsets[shard], self.offsets[shard + 1])
+
 
 class StridedRows(RowLayout):
   """Shard `r` holds rows `r, r + R, r + 2R, ...` (`id mod R`)."""
@@ -130,7 +137,10 @@ class StridedRows(RowLayout):
     return tf.math.floordiv(tf.cast(ids, tf.int64), self.num_shards)
 
   def rows_of(self, shard: int) -> int:
-    return len(range(shard, self.vocabulary_size, self.num_shards))
+    return len(self.rows_in(shard))
+
+  def rows_in(self, shard: int) -> range:
+    return range(shard, self.vocabulary_size, self.num_shards)
 
 
 def make(name: str, vocabulary_size: int, num_shards: int) -> RowLayout:

@@ -34,10 +34,12 @@ from tensorflow.python.tpu import tpu_embedding_v3_utils  # pylint: disable=g-di
 from tensorflow.python.trackable import (
   autotrackable,  # pylint: disable=g-direct-tensorflow-import
   data_structures,  # pylint: disable=g-direct-tensorflow-import
+  trackable_utils,  # pylint: disable=g-direct-tensorflow-import
 )
 from tensorflow.python.trackable import (
   base as trackable_base,  # pylint: disable=g-direct-tensorflow-import
 )
+from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
 # -- the trackable protocol (checkpoints of the backends' own objects) --------
@@ -56,6 +58,9 @@ VARIABLE_VALUE_KEY = trackable_base.VARIABLE_VALUE_KEY
 CheckpointInitialValueCallable = trackable_base.CheckpointInitialValueCallable
 #: The slice of a full tensor one shard restores (`shape`, `offset`).
 ShardInfo = trackable_base.ShardInfo
+#: What a trackable saves; with a callable giving None, an attribute whose
+#: key is recorded in the object graph but whose value is written apart.
+SaveSpec = saveable_object.SaveSpec
 #: A parameter-server variable split into row shards.
 ShardedVariable = sharded_variable.ShardedVariable
 
@@ -256,3 +261,15 @@ __all__ = [
   "variable_adder",
   "variable_shape",
 ]
+
+
+def checkpoint_key(path: Any, attribute: str) -> str:
+  """The key TF saves `attribute` of the object at `path` under.
+
+  `path` as `breadth_first_objects` gives it; e.g. "embedding/items/
+  .ATTRIBUTES/VARIABLE_VALUE" for a table tracked as "items" under the
+  root's "embedding".
+  """
+  return trackable_utils.checkpoint_key(
+    trackable_utils.object_path_to_string(path), attribute
+  )

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from backends import _tf_internal, base
+from backends import _tf_internal, base, sliced_checkpoint
 
 _SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 _SLOT_SEPARATOR = ".S"  # how checkpoints escape the "/" of "<table>/<slot>"
@@ -373,8 +373,13 @@ def restore(
     allow_extra_tables=allow_extra_tables,
   )
   checkpoint = tf.train.Checkpoint(**{name: backend})
-  status = checkpoint.restore(path)
-  status.expect_partial()
-  if getattr(backend, "_built", False):
-    status.assert_existing_objects_matched()
+
+  def restore_rest(path):
+    status = checkpoint.restore(path)
+    status.expect_partial()
+    if getattr(backend, "_built", False):
+      status.assert_existing_objects_matched()
+
+  # Built row-sharded tables read only their rows, chunk by chunk.
+  sliced_checkpoint.restore(checkpoint, path, restore_rest)
   return checkpoint

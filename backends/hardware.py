@@ -89,8 +89,20 @@ def num_tasks(strategy: tf.distribute.Strategy, job: str) -> int:
   return len(tasks)
 
 
+def is_multi_client(strategy: tf.distribute.Strategy) -> bool:
+  """Whether `strategy` runs in several processes, each with its replicas.
+
+  A `MultiWorkerMirroredStrategy` of more than one worker: each process
+  holds only its own replicas' variables.
+  """
+  if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    return False
+  return num_tasks(strategy, "worker") + num_tasks(strategy, "chief") > 1
+
+
 __all__ = [
   "device_kinds",
+  "is_multi_client",
   "embedding_feature",
   "is_parameter_server",
   "is_tpu",

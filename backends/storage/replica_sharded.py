@@ -40,21 +40,24 @@ Example:
   >>> # in a replica step: rows, exchanged = storage.gather(ids, valid, C)
 """
 
+import contextlib
 import functools
 import logging
+import threading
 from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, optimizers, static_bags
+from backends import _tf_internal, optimizers, row_init, static_bags
 from backends import base as backends_base
 from backends.storage import base, row_layout
 from backends.table_step import TableStep
 
 log = logging.getLogger("recsys.backends")
 
-#: The default row layout, chosen by measurement (docs/scaling.md).
-DEFAULT_ROW_LAYOUT = "strided"
+#: The default row layout (docs/scaling.md): contiguous shards are saved and
+#: restored as row slices where they live, never assembled whole.
+DEFAULT_ROW_LAYOUT = "contiguous"
 
 
 def local_replica_ids(strategy: tf.distribute.Strategy) -> list[int]:
@@ -175,12 +178,91 @@ class RowShardedVariable(_tf_internal.Trackable):
 
   # -- checkpoints ---------------------------------------------------------
 
-  def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
-    with tf.device("/cpu:0"):
-      return {_tf_internal.VARIABLE_VALUE_KEY: self.read_value()}
+  def saves_slices(self) -> bool:
+    """Whether checkpoints hold this table as row slices, shard by shard.
 
-  def _restore_from_tensors(self, restored_tensors: dict[str, tf.Tensor]):
+    Contiguous shards are row ranges of TF's full `[V, D]` tensor: each is
+    saved where it lives as slices of the full tensor (TF's save-slice
+    mechanism), never assembled. A strided shard is no range: the table is
+    assembled whole to be saved.
+    """
+    return isinstance(self.layout, row_layout.ContiguousRows)
+
+  def local_chunks(self) -> list[tuple[str, int, int, tf.Variable, int]]:
+    """This worker's rows as row chunks of its shards.
+
+    Each is `(slice spec, first table row, rows, shard, first shard row)`;
+    a chunk holds at most `row_init.CHUNK_BYTES`, which bounds what saving,
+    restoring, and restoring into another layout hold at once.
+    """
+    vocab, dim = self.shape.as_list()
+    step = max(1, row_init.CHUNK_BYTES // (4 * dim))
+    out = []
+    for index, shard in self.local_shards():
+      rows = self.layout.rows_in(index)
+      for local in range(0, len(rows), step):
+        count = min(step, len(rows) - local)
+        begin = rows.start + local
+        out.append(
+          (slice_spec(vocab, dim, begin, count), begin, count, shard, local)
+        )
+    return out
+
+  def read_chunk(self, shard: tf.Variable, local: int, count: int):
+    """Rows `[local, local + count)` of a shard: a gather, not a whole read.
+
+    (TF copies a sparsely updated variable whole on every read.)
+    """
+    with tf.device(shard.device):
+      return tf.raw_ops.ResourceGather(
+        resource=shard.handle,
+        indices=tf.range(local, local + count, dtype=tf.int64),
+        dtype=self.dtype,
+      )
+
+  def _serialize_to_tensors(self) -> dict[str, Any]:
+    key = _tf_internal.VARIABLE_VALUE_KEY
+    if self.saves_slices() and _ROWS_OUTSIDE_TF.restore:
+      return {}  # read chunk by chunk (backends.sliced_checkpoint)
+    if self.saves_slices() and _ROWS_OUTSIDE_TF.save:
+      # The key is recorded in the object graph; the rows written apart.
+      device = self.local_shards()[0][1].device  # grouped with its task
+      return {
+        key: _tf_internal.SaveSpec(
+          lambda: None, "", "", dtype=self.dtype, device=device
+        )
+      }
+    # TF's own save and restore (a user's tf.train.Checkpoint): the table
+    # whole, as a replicated one (TF restores several slices of one
+    # trackable's key as if they were one).
+    with tf.device("/cpu:0"):
+      return {key: self.read_value()}
+
+  def _restore_from_tensors(self, restored_tensors: dict[str, Any]):
     return self.assign(restored_tensors[_tf_internal.VARIABLE_VALUE_KEY])
+
+  def assign_rows(self, begin: int, rows: Any) -> None:
+    """Assigns table rows `[begin, begin + len(rows))` to the local shards.
+
+    Only the rows a local shard owns are written, by a scatter (a slice
+    assignment would copy a sparsely updated variable whole).
+    """
+    rows = tf.convert_to_tensor(rows, self.dtype)
+    end = begin + int(rows.shape[0])
+    for index, shard in self.local_shards():
+      mine = self.layout.rows_in(index)
+      first = max(mine.start, begin + (mine.start - begin) % mine.step)
+      picked = range(first, min(end, mine.stop), mine.step)
+      if not len(picked):
+        continue
+      local = (picked.start - mine.start) // mine.step
+      with tf.device(shard.device):
+        shard.scatter_update(
+          tf.IndexedSlices(
+            rows[picked.start - begin : picked.stop - begin : mine.step],
+            tf.range(local, local + len(picked), dtype=tf.int64),
+          )
+        )
 
   def __repr__(self) -> str:
     return (
@@ -196,6 +278,42 @@ tf.register_tensor_conversion_function(
     value.read_value(), dtype or value.dtype
   ),
 )
+
+
+class _RowsOutsideTF(threading.local):
+  save = False
+  restore = False
+
+
+_ROWS_OUTSIDE_TF = _RowsOutsideTF()
+
+
+@contextlib.contextmanager
+def rows_outside_tf(save: bool = False, restore: bool = False):
+  """TF's save or restore leaves sliced tables' rows to the caller.
+
+  Saving records each table's checkpoint key but writes none of its rows;
+  restoring skips them: `backends.sliced_checkpoint` writes and reads them
+  chunk by chunk, where TF would hold every tensor of a checkpoint at once.
+  """
+  previous = (_ROWS_OUTSIDE_TF.save, _ROWS_OUTSIDE_TF.restore)
+  _ROWS_OUTSIDE_TF.save, _ROWS_OUTSIDE_TF.restore = save, restore
+  try:
+    yield
+  finally:
+    _ROWS_OUTSIDE_TF.save, _ROWS_OUTSIDE_TF.restore = previous
+
+
+def slice_spec(vocab: int, dim: int, begin: int, rows: int) -> str:
+  """TF's slice spec of rows `[begin, begin + rows)` of a `[vocab, dim]`."""
+  return f"{vocab} {dim} {begin},{rows}:-"
+
+
+def parse_slice_spec(spec: str) -> tuple[int, int]:
+  """`(first row, rows)` of a `slice_spec` (rows slices only)."""
+  rows = spec.split()[-1].split(":")[0]
+  begin, count = rows.split(",")
+  return int(begin), int(count)
 
 
 def check_optimizer(table_name: str, optimizer: Any) -> None:
@@ -256,13 +374,21 @@ class ReplicaSharded(base.TableStorage):
       )
       return RowShardedVariable(variable, self.layout, self.strategy)
 
-    params = sharded(self.name, tf.zeros(shape))
-    # The full initial table once, on the host, then each replica its rows:
-    # a row-sharded table starts equal to the replicated one.
-    with tf.device("/cpu:0"):
-      params.assign(
-        table.initializer((table.vocabulary_size, table.dim), dtype=tf.float32)
-      )
+    params = sharded(self.name, functools.partial(tf.zeros, shape))
+    rows = row_init.RowInitializer.for_table(table)
+    if rows is not None:
+      # Each replica its own rows, chunk by chunk: the values of a row do
+      # not depend on the layout, and no process draws the whole table.
+      for index, shard in params.local_shards():
+        rows.fill(shard, self.layout.rows_in(index), shard.device)
+    else:
+      _warn_whole_table_init(self.name, table.initializer)
+      with tf.device("/cpu:0"):
+        params.assign(
+          table.initializer(
+            (table.vocabulary_size, table.dim), dtype=tf.float32
+          )
+        )
     self._params = params
     self._slots = {}
     if self.optimizer is not None:
@@ -419,6 +545,19 @@ def _pad_to(values: tf.Tensor, size: int | tf.Tensor, fill) -> tf.Tensor:
   if isinstance(size, int):
     out = tf.ensure_shape(out, [size] + values.shape.as_list()[1:])
   return out
+
+
+@functools.cache
+def _warn_whole_table_init(table_name: str, initializer: Any) -> None:
+  log.warning(
+    "table %r: its initializer %r has no row-keyed form "
+    "(backends.row_init), so the whole table is drawn once on this host "
+    "and each shard keeps its rows. Use a Keras/TF RandomUniform, "
+    "RandomNormal, TruncatedNormal, VarianceScaling or constant "
+    "initializer to initialize shard by shard.",
+    table_name,
+    type(initializer).__name__,
+  )
 
 
 @functools.cache

@@ -106,6 +106,7 @@ class RunCheckpoints:
     if not candidates:
       return 0
     from backends import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+    from backends import sliced_checkpoint  # pylint: disable=g-import-not-at-top
 
     failures = []
     for path in candidates:
@@ -118,7 +119,13 @@ class RunCheckpoints:
           f"{self.run_dir.operative_config}; use "
           "the same model and optimizers, or another --model_dir.",
         )
-        self.checkpoint.restore(path).assert_existing_objects_matched()
+        sliced_checkpoint.restore(
+          self.checkpoint,
+          path,
+          lambda p: self.checkpoint.restore(
+            p
+          ).assert_existing_objects_matched(),
+        )
       except UNREADABLE_CHECKPOINT_ERRORS as e:
         reason = (
           str(e).strip().splitlines()[0][:300] if str(e) else type(e).__name__
@@ -143,13 +150,30 @@ class RunCheckpoints:
 
   def save(self) -> str:
     """Saves a checkpoint at the current step; returns the chief's path."""
+    from backends import sliced_checkpoint  # pylint: disable=g-import-not-at-top
+
     step = int(self.global_step.numpy())
     try:
-      path = self.manager.save(checkpoint_number=step)
+      # Row-sharded tables: each worker writes its rows beside the chief's
+      # checkpoint, which merges them in (backends.sliced_checkpoint).
+      path = sliced_checkpoint.save(
+        self.checkpoint,
+        self.backend.strategy,
+        lambda options: self.manager.save(
+          checkpoint_number=step, options=options
+        ),
+        chief=self.run_dir.chief,
+        chief_prefix=lambda p: os.path.join(
+          self.read_manager.directory, os.path.basename(p)
+        ),
+      )
     except (OSError, tf.errors.OpError):  # e.g. the disk is full
       # TF leaves the shards it was writing in `ckpt-<step>_temp`: remove
       # them (the last complete checkpoint stays) and report the error.
       run_files.remove_partial_checkpoint(self.manager.directory, step)
+      sliced_checkpoint.remove_rows(
+        os.path.join(self.read_manager.directory, f"ckpt-{step}")
+      )
       raise
     self.saved_step = step
     if not self.run_dir.chief:

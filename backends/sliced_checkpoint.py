@@ -1,0 +1,229 @@
+"""Row-sharded tables in checkpoints, written and read chunk by chunk.
+
+TF saves a variable by reading it whole, and a variable that is updated
+sparsely (every embedding table) is copied on every read: a TF save holds a
+second copy of every table and slot at once, and a TF restore reads every
+tensor of a checkpoint before assigning any. For tables bigger than a host
+that cannot work. Here each worker writes the rows it owns of each
+row-sharded table (contiguous layout) as row slices of TF's full `<table>`
+/ `<table>.S<slot>` tensor, one chunk at a time (`row_init.CHUNK_BYTES`),
+into bundles beside the checkpoint, and the checkpoint's writer merges
+them into it (TF's `MergeV2Checkpoints`, which joins slices of one tensor
+from many bundles). A restore reads, chunk by chunk, only the rows each
+worker owns.
+
+So the checkpoint is TF's, with the full tensor under TF's key: anything
+that reads it whole (a replicated run, the `serving` backend, TF's
+`TPUEmbeddingForServing`) reads it as before, and any other replica count
+or layout restores its own rows from it by slices.
+
+`save` and `restore` run the protocol around TF's own save and restore of
+a `tf.train.Checkpoint` (every worker calls them, as it calls TF's):
+
+  1. TF writes the checkpoint; it records each sliced table's key, no rows;
+  2. each worker writes its rows beside the checkpoint (the chief's: a
+     shared folder, as every multi-worker checkpoint needs);
+  3. once all have (a barrier), the chief merges them in, before the
+     checkpoint is recorded as the latest;
+  4. a restore: TF restores everything else, each worker reads its rows.
+
+Example:
+  >>> path = save(checkpoint, strategy, lambda options:
+  ...             manager.save(options=options), chief=True)
+  >>> restore(checkpoint, path, checkpoint.restore)
+"""
+
+import glob
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from backends import _tf_internal, hardware
+from backends.storage import replica_sharded
+
+log = logging.getLogger("recsys.backends")
+
+rows_outside_tf = replica_sharded.rows_outside_tf
+
+_ROWS = ".rows-"  # a rows bundle: <prefix>.rows-<worker>-<chunk>
+_OBJECTS = ".objects"  # the checkpoint's own bundle while it is merged
+
+
+def row_sliced(root: Any) -> dict[str, Any]:
+  """`{checkpoint key: RowShardedVariable}` saved by slices under `root`.
+
+  The keys are TF's: the path a save of `root` gives each object.
+  """
+  objects, paths = _tf_internal.breadth_first_objects(root)
+  out = {}
+  for obj in objects:
+    if (
+      isinstance(obj, replica_sharded.RowShardedVariable) and obj.saves_slices()
+    ):
+      key = _tf_internal.checkpoint_key(
+        paths[obj], _tf_internal.VARIABLE_VALUE_KEY
+      )
+      out[key] = obj
+  return out
+
+
+def write_rows(variables: dict[str, Any], prefix: str, worker: int) -> int:
+  """Writes this worker's rows of `variables` beside checkpoint `prefix`.
+
+  One bundle per chunk (`<prefix>.rows-<worker>-<n>`): what is held at once
+  is one chunk. Returns the number of bundles written.
+  """
+  count = 0
+  for key, variable in sorted(variables.items()):
+    for spec, _, rows, shard, local in variable.local_chunks():
+      tf.raw_ops.SaveV2(
+        prefix=f"{prefix}{_ROWS}{worker:05d}-{count:06d}",
+        tensor_names=[key],
+        shape_and_slices=[spec],
+        tensors=[variable.read_chunk(shard, local, rows)],
+      )
+      count += 1
+  return count
+
+
+def merge(prefix: str) -> None:
+  """Joins the rows bundles written beside `prefix` into its checkpoint.
+
+  The checkpoint TF wrote at `prefix` becomes one of the merged bundles;
+  its data files are renamed, not copied, and the rows bundles' index files
+  are removed by the merge.
+  """
+  parts = sorted(p[: -len(".index")] for p in glob.glob(_rows_pattern(prefix)))
+  if not parts:
+    return
+  objects = prefix + _OBJECTS
+  os.replace(prefix + ".index", objects + ".index")
+  for data in glob.glob(glob.escape(prefix) + ".data-*"):
+    os.replace(data, objects + data[len(prefix) :])
+  tf.raw_ops.MergeV2Checkpoints(
+    checkpoint_prefixes=[objects] + parts,
+    destination_prefix=prefix,
+    delete_old_dirs=False,
+  )
+  log.debug("merged %d rows bundles into %s", len(parts), prefix)
+
+
+def remove_rows(prefix: str) -> None:
+  """Removes rows bundles left beside `prefix` by an interrupted save."""
+  for index in glob.glob(_rows_pattern(prefix)):
+    base = index[: -len(".index")]
+    for path in [index] + glob.glob(glob.escape(base) + ".data-*"):
+      try:
+        os.remove(path)
+      except FileNotFoundError:
+        pass
+
+
+def _rows_pattern(prefix: str) -> str:
+  return glob.escape(prefix) + _ROWS + "*.index"
+
+
+def sliced_keys(path: str) -> set[str]:
+  """The keys a checkpoint stores as slices (not as one whole tensor)."""
+  listing = tf.train.load_checkpoint(path).debug_string()
+  keys = set()
+  for line in listing.split(b"\n"):
+    # A slice entry: "\0<key>\0<encoded slice> (<dtype>) [<shape>]".
+    if line.startswith(b"\x00"):
+      keys.add(line[1:].split(b"\x00", 1)[0].decode("utf-8"))
+  return keys
+
+
+def read_rows(variables: dict[str, Any], path: str) -> None:
+  """Restores this worker's rows of `variables` from the checkpoint `path`.
+
+  A table stored as slices is read chunk by chunk, only the rows this
+  worker owns (TF assembles each requested range from the slices that
+  overlap it). A table stored whole (by a replicated run, or TF itself) can
+  only be read whole: it is read once and each shard keeps its rows.
+  """
+  sliced = sliced_keys(path)
+  for key, variable in sorted(variables.items()):
+    if key in sliced:
+      for spec, begin, _, _, _ in variable.local_chunks():
+        value = tf.raw_ops.RestoreV2(
+          prefix=path,
+          tensor_names=[key],
+          shape_and_slices=[spec],
+          dtypes=[variable.dtype],
+        )[0]
+        variable.assign_rows(begin, value)
+      continue
+    log.info("%s holds %s whole: reading it whole once", path, key)
+    value = tf.raw_ops.RestoreV2(
+      prefix=path,
+      tensor_names=[key],
+      shape_and_slices=[""],
+      dtypes=[variable.dtype],
+    )[0]
+    variable.assign_rows(0, value)
+
+
+def barrier(strategy: tf.distribute.Strategy) -> None:
+  """Returns once every worker of a multi-process `strategy` has called it."""
+  if not hardware.is_multi_client(strategy):
+    return
+  ones = strategy.run(lambda: tf.ones([1]))
+  strategy.reduce(tf.distribute.ReduceOp.SUM, ones, axis=None)
+
+
+def save(
+  root: Any,
+  strategy: tf.distribute.Strategy,
+  write: Callable[[tf.train.CheckpointOptions | None], str],
+  chief: bool,
+  chief_prefix: Callable[[str], str] = lambda path: path,
+) -> str:
+  """Saves `root` with TF's `write(options)`, sliced tables by their rows.
+
+  Args:
+    root: the `tf.train.Checkpoint` `write` saves.
+    strategy: the strategy the tables live under (its workers take part).
+    write: TF's save of `root` (e.g. a `CheckpointManager.save`), given the
+      options that add the rows before the checkpoint is recorded.
+    chief: whether this process writes the checkpoint others read.
+    chief_prefix: the chief's checkpoint prefix from the one this process
+      wrote (a non-chief writes its own copy in a scratch folder).
+
+  Returns:
+    What `write` returned.
+  """
+  tables = row_sliced(root)
+  if not tables:
+    return write(None)
+  worker = min(replica_sharded.local_replica_ids(strategy))
+
+  def add_rows(save_path: str) -> None:
+    prefix = chief_prefix(save_path)
+    if chief:
+      remove_rows(prefix)  # an interrupted save's, of any worker
+    barrier(strategy)
+    write_rows(tables, prefix, worker)
+    barrier(strategy)
+    if chief:
+      merge(prefix)
+
+  options = tf.train.CheckpointOptions(experimental_write_callbacks=[add_rows])
+  with rows_outside_tf(save=True):
+    return write(options)
+
+
+def restore(root: Any, path: str, restore_rest: Callable[[str], Any]) -> Any:
+  """Restores `root` from `path`: `restore_rest(path)`, then the rows.
+
+  `restore_rest` is TF's restore of `root` (it skips the sliced tables);
+  each worker then reads the rows it owns. Returns what it returned.
+  """
+  tables = row_sliced(root)
+  with rows_outside_tf(restore=bool(tables)):
+    result = restore_rest(path)
+  read_rows(tables, path)
+  return result

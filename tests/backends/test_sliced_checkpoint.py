@@ -1,0 +1,193 @@
+"""Row-sharded tables saved and restored by row slices, chunk by chunk.
+
+References: the trained tables themselves (TF's whole-tensor reader of the
+merged checkpoint), a replicated table on one replica restored from it,
+TF's own `TPUEmbeddingForServing`, and other replica counts and layouts
+restored by slices; the bundles written and read are counted.
+"""
+
+import glob
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from backends import checkpoint as checkpoint_lib
+from backends import row_init, sliced_checkpoint
+from backends.tensorcore import TensorCoreEmbedding
+from tests.backends import test_compiled_path as compiled
+from tests.backends import test_row_sharded as sharded_case
+from tests.conftest import mirrored_strategy
+
+E = tf.tpu.experimental.embedding
+state = compiled.table_state
+
+
+def assert_equal(want, got):
+  """Bit-identical: a restore moves values, it computes nothing."""
+  assert sorted(want) == sorted(got)
+  for key in want:
+    np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+  """Chunks of 32 floats: every table spans several, shards end mid-chunk."""
+  monkeypatch.setattr(row_init, "CHUNK_BYTES", 32 * 4)
+
+
+def _save(emb, strategy, directory):
+  """`sliced_checkpoint.save` through a CheckpointManager, as the Trainer."""
+  root = tf.train.Checkpoint(embedding=emb)
+  manager = tf.train.CheckpointManager(root, str(directory), max_to_keep=2)
+  return sliced_checkpoint.save(
+    root,
+    strategy,
+    lambda options: manager.save(checkpoint_number=7, options=options),
+    chief=True,
+  )
+
+
+@pytest.fixture(scope="module")
+def trained():
+  """Two training steps on 2 replicas, contiguous rows (cached)."""
+  return sharded_case.trained(
+    2, False, placement="row_sharded", row_layout="contiguous"
+  )
+
+
+def _fresh(replicas, **options):
+  strategy = (
+    mirrored_strategy(replicas)
+    if replicas > 1
+    else tf.distribute.get_strategy()
+  )
+  return sharded_case.make(strategy, **options)
+
+
+def test_the_merged_checkpoint_is_tfs_full_tables(trained, tmp_path):
+  path = _save(trained, mirrored_strategy(2), tmp_path)
+  assert path == str(tmp_path / "ckpt-7")
+  assert tf.train.latest_checkpoint(str(tmp_path)) == path
+  # Only the merged checkpoint is left: no rows bundles, no renamed copy.
+  left = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "*")))
+  assert all(
+    name.startswith(("ckpt-7.index", "ckpt-7.data-", "checkpoint"))
+    for name in left
+  ), left
+  reader = tf.train.load_checkpoint(path)
+  want = state(trained)
+  sliced = sliced_checkpoint.sliced_keys(path)
+  for name, value in want.items():
+    table, slot = name.split("/")
+    local = table if slot == "parameters" else f"{table}.S{slot}"
+    key = f"embedding/{local}/.ATTRIBUTES/VARIABLE_VALUE"
+    assert key in sliced
+    np.testing.assert_array_equal(reader.get_tensor(key), value, err_msg=key)
+
+
+@pytest.mark.parametrize(
+  "replicas,layout",
+  [(1, None), (2, "contiguous"), (3, "contiguous"), (4, "strided")],
+  ids=["1-replicated", "2-contiguous", "3-contiguous", "4-strided"],
+)
+def test_restores_into_any_replica_count_and_layout(
+  trained, tmp_path, replicas, layout
+):
+  path = _save(trained, mirrored_strategy(2), tmp_path)
+  options = (
+    {}
+    if layout is None
+    else {
+      "placement": "row_sharded",
+      "row_layout": layout,
+    }
+  )
+  fresh = _fresh(replicas, **options)
+  checkpoint_lib.restore(fresh, path)
+  assert_equal(state(trained), state(fresh))
+
+
+def test_tf_serving_embedding_reads_the_merged_checkpoint(trained, tmp_path):
+  path = _save(trained, mirrored_strategy(2), tmp_path)
+  config = sharded_case.every_case_config()
+  for feature in config.values():
+    feature.table.optimizer = None
+  serving = tf.tpu.experimental.embedding.TPUEmbeddingForServing(
+    config, E.SGD(0.1)
+  )
+  serving.build()
+  tf.train.Checkpoint(embedding=serving).restore(path).expect_partial()
+  want = state(trained)
+  for table, var in serving.embedding_tables.items():
+    np.testing.assert_array_equal(var.numpy(), want[f"{table.name}/parameters"])
+
+
+def test_each_worker_writes_and_reads_only_its_rows_by_chunks(
+  trained, tmp_path, monkeypatch
+):
+  """Every bundle holds one chunk of one shard; a restore asks for chunks."""
+  written, read = [], []
+  save_v2, restore_v2 = tf.raw_ops.SaveV2, tf.raw_ops.RestoreV2
+
+  def counted_save(**kwargs):
+    if ".rows-" in kwargs["prefix"]:
+      written.append(kwargs["shape_and_slices"])
+    return save_v2(**kwargs)
+
+  def counted_restore(**kwargs):
+    read.append(kwargs["shape_and_slices"])
+    return restore_v2(**kwargs)
+
+  monkeypatch.setattr(tf.raw_ops, "SaveV2", counted_save)
+  path = _save(trained, mirrored_strategy(2), tmp_path)
+  tables = sliced_checkpoint.row_sliced(tf.train.Checkpoint(embedding=trained))
+  chunks = [c for v in tables.values() for c in v.local_chunks()]
+  assert len(written) == len(chunks)
+  assert all(len(specs) == 1 for specs in written)
+  for (spec, _, rows, _, _), [saved] in zip(
+    sorted(chunks, key=lambda c: c[0]), sorted(written)
+  ):
+    assert saved == spec and rows * int(spec.split()[1]) <= 32
+
+  monkeypatch.setattr(tf.raw_ops, "RestoreV2", counted_restore)
+  fresh = _fresh(2, placement="row_sharded", row_layout="contiguous")
+  checkpoint_lib.restore(fresh, path)
+  sliced_reads = [s for specs in read for s in specs if s]
+  assert len(sliced_reads) == len(chunks)
+  assert_equal(state(trained), state(fresh))
+
+
+def test_an_interrupted_saves_rows_are_never_merged(trained, tmp_path):
+  """Stale rows bundles of another run beside the prefix are removed first."""
+  stale = f"{tmp_path}/ckpt-7.rows-00003-000000"
+  key = "embedding/shared/.ATTRIBUTES/VARIABLE_VALUE"
+  tf.raw_ops.SaveV2(
+    prefix=stale,
+    tensor_names=[key],
+    shape_and_slices=["23 7 0,2:-"],
+    tensors=[tf.fill([2, 7], 99.0)],
+  )
+  path = _save(trained, mirrored_strategy(2), tmp_path)
+  assert not glob.glob(stale + "*")
+  got = tf.train.load_checkpoint(path).get_tensor(key)
+  np.testing.assert_array_equal(got, state(trained)["shared/parameters"])
+
+
+def test_a_whole_table_checkpoint_restores_into_shards(tmp_path):
+  """A replicated run's checkpoint (whole tensors) into 3 contiguous shards."""
+  replicated = sharded_case.trained(1, False)
+  path = tf.train.Checkpoint(embedding=replicated).save(str(tmp_path / "r"))
+  assert not sliced_checkpoint.sliced_keys(path)
+  fresh = _fresh(3, placement="row_sharded", row_layout="contiguous")
+  checkpoint_lib.restore(fresh, path)
+  assert_equal(state(replicated), state(fresh))
+
+
+def test_no_row_sharded_table_means_tfs_own_save(tmp_path):
+  emb = _fresh(1)
+  assert not sliced_checkpoint.row_sliced(tf.train.Checkpoint(embedding=emb))
+  path = _save(emb, tf.distribute.get_strategy(), tmp_path)
+  assert not sliced_checkpoint.sliced_keys(path)
+  assert isinstance(emb, TensorCoreEmbedding)

@@ -14,10 +14,14 @@ is one file to audit. What TF does export (`tf.nest`,
 from collections.abc import Callable
 from typing import Any
 
+import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.core.tpu.kernels import sparse_core_layout_pb2  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.checkpoint import graph_view  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.distribute import sharded_variable  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.distribute import (
+  cross_device_ops,  # pylint: disable=g-direct-tensorflow-import
+  sharded_variable,  # pylint: disable=g-direct-tensorflow-import
+)
 from tensorflow.python.eager import (
   record,  # pylint: disable=g-direct-tensorflow-import
 )
@@ -26,6 +30,7 @@ from tensorflow.python.eager import (
 )
 from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops import (
+  collective_ops,  # pylint: disable=g-direct-tensorflow-import
   control_flow_util,  # pylint: disable=g-direct-tensorflow-import
   resource_variable_ops,  # pylint: disable=g-direct-tensorflow-import
 )
@@ -167,6 +172,61 @@ def in_xla_context() -> bool:
   return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
 
 
+def all_to_all(replica_context: Any, value: Any) -> Any:
+  """Replica `r` sends `value[i]` to replica `i`, receives `value[r]` of each.
+
+  `value` is `[R, ...]` (R: the replicas in sync), the same shape on every
+  replica; the result has that shape, its row `i` from replica `i`, in a
+  traced step (eagerly, MirroredStrategy runs replicas one at a time). The
+  replica context offers all-reduce and all-gather only: this is TF's own
+  collective all-to-all, launched with the strategy's group and instance
+  keys and its ordering token (so it runs in program order with the
+  context's other collectives), under `MirroredStrategy` and
+  `MultiWorkerMirroredStrategy`; the TPU's `AllToAll` in a TPU step.
+
+  Raises:
+    NotImplementedError: a strategy with neither (e.g. parameter servers).
+  """
+  strategy = replica_context.strategy
+  replicas = strategy.num_replicas_in_sync
+  if replicas == 1:
+    return value
+  collective = getattr(strategy.extended, "_collective_ops", None)
+  if not isinstance(collective, cross_device_ops.CollectiveAllReduce):
+    collective = getattr(strategy.extended, "_cross_device_ops", None)
+  if isinstance(collective, cross_device_ops.CollectiveAllReduce):
+    if not tf.executing_eagerly() and not in_xla_context():
+      # MirroredStrategy traces each replica in a thread of its own, one at
+      # a time between merge calls, and chains every replica's assertions
+      # in that order: a collective launched from a replica thread must
+      # follow a merge call, or an assertion after one replica's
+      # collective would run before the other replica's could start.
+      replica_context.merge_call(lambda _: None)
+    launcher = collective._launchers[replica_context._replica_id]  # pylint: disable=protected-access
+    with ops.device(launcher._device):  # pylint: disable=protected-access
+      return collective_ops.all_to_all_v2(
+        value,
+        launcher._group_size,  # pylint: disable=protected-access
+        launcher._group_key,  # pylint: disable=protected-access
+        launcher._next_instance_key(),  # pylint: disable=protected-access
+        ordering_token=launcher._get_ordering_token(),  # pylint: disable=protected-access
+      )
+  if isinstance(
+    strategy,
+    (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy),
+  ):
+    return tf.raw_ops.AllToAll(
+      input=value,
+      group_assignment=[list(range(replicas))],
+      concat_dimension=0,
+      split_dimension=0,
+      split_count=replicas,
+    )
+  raise NotImplementedError(
+    f"{type(strategy).__name__} offers no all-to-all between its replicas."
+  )
+
+
 def tape_may_record() -> bool:
   """Whether a `tf.GradientTape` (or a function's tape) may record now."""
   return bool(record.could_possibly_record())
@@ -229,6 +289,7 @@ def load_onto_tpu(mid: Any) -> None:
 
 
 __all__ = [
+  "all_to_all",
   "SPARSECORE_LAYOUTS_CHECKPOINT_KEY",
   "AutoTrackable",
   "CheckpointInitialValueCallable",

@@ -411,12 +411,21 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
     out of the step and counts them. Call this after compiled steps (the
     Trainer does, before it saves anything); it resets the counts.
 
+    A row-sharded table's all-to-all exchange counts the ids a compiled
+    step could not send (a full bucket) the same way.
+
     Raises:
       InvalidInputError: naming the feature, table, an id and its batch row.
+      ExchangeOverflowError: naming the table and the capacity to raise.
     """
-    if not self._built or self._counters is None:
+    if not self._built:
       return
-    self._counters.raise_for_refused(self._layouts, self._strategy)
+    if self._counters is not None:
+      self._counters.raise_for_refused(self._layouts, self._strategy)
+    for storage in self._storages.values():
+      raise_for_overflow = getattr(storage, "raise_for_overflow", None)
+      if raise_for_overflow is not None:
+        raise_for_overflow()
 
 
 def _on_cpu_only(strategy: tf.distribute.Strategy) -> bool:

@@ -6,8 +6,8 @@ second copy of every table and slot at once, and a TF restore reads every
 tensor of a checkpoint before assigning any. For tables bigger than a host
 that cannot work. Here each worker writes the rows it owns of each
 row-sharded table (contiguous layout) as row slices of TF's full `<table>`
-/ `<table>.S<slot>` tensor, one chunk at a time (`row_init.CHUNK_BYTES`),
-into bundles beside the checkpoint, and the checkpoint's writer merges
+/ `<table>.S<slot>` tensor, a bundle of at most `row_init.CHUNK_BYTES` at a
+time, beside the checkpoint, and the checkpoint's writer merges
 them into it (TF's `MergeV2Checkpoints`, which joins slices of one tensor
 from many bundles). A restore reads, chunk by chunk, only the rows each
 worker owns.
@@ -41,7 +41,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, hardware
+from backends import _tf_internal, hardware, row_init
 from backends.storage import replica_sharded
 
 log = logging.getLogger("recsys.backends")
@@ -73,19 +73,37 @@ def row_sliced(root: Any) -> dict[str, Any]:
 def write_rows(variables: dict[str, Any], prefix: str, worker: int) -> int:
   """Writes this worker's rows of `variables` beside checkpoint `prefix`.
 
-  One bundle per chunk (`<prefix>.rows-<worker>-<n>`): what is held at once
-  is one chunk. Returns the number of bundles written.
+  Row chunks go into bundles (`<prefix>.rows-<worker>-<n>`) of at most
+  `row_init.CHUNK_BYTES` (one chunk when a chunk is that big): what is held
+  at once is one bundle. Returns the number of bundles written.
   """
   count = 0
-  for key, variable in sorted(variables.items()):
-    for spec, _, rows, shard, local in variable.local_chunks():
+  bundle: list[tuple[str, str, tf.Tensor]] = []
+  held = 0
+
+  def flush() -> None:
+    nonlocal count, held
+    if bundle:
+      keys, specs, tensors = zip(*bundle)
       tf.raw_ops.SaveV2(
         prefix=f"{prefix}{_ROWS}{worker:05d}-{count:06d}",
-        tensor_names=[key],
-        shape_and_slices=[spec],
-        tensors=[variable.read_chunk(shard, local, rows)],
+        tensor_names=list(keys),
+        shape_and_slices=list(specs),
+        tensors=list(tensors),
       )
       count += 1
+    bundle.clear()
+    held = 0
+
+  for key, variable in sorted(variables.items()):
+    dim = int(variable.shape[1])
+    for spec, _, rows, shard, local in variable.local_chunks():
+      size = rows * dim * variable.dtype.size
+      if held and held + size > row_init.CHUNK_BYTES:
+        flush()
+      bundle.append((key, spec, variable.read_chunk(shard, local, rows)))
+      held += size
+  flush()
   return count
 
 

@@ -71,9 +71,11 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
       their slots); one value for every table, or table name -> value (other
       tables replicated). None: every table replicated. `recsys.planning`
       chooses from the tables' sizes and a device's memory.
-    row_layout: which rows a replica owns when row-sharded: "strided" (ids
-      `r, r + R, r + 2R, ...`: frequent ids spread evenly; default) or
-      "contiguous" (equal row ranges).
+    row_layout: which rows a replica owns when row-sharded: "contiguous"
+      (equal row ranges; default: initialized, checkpointed and restored
+      by row slices where they live) or "strided" (ids `r, r + R, ...`:
+      frequent ids spread evenly over replicas when a vocabulary numbers
+      them first; saved whole).
   """
 
   name = "tensorcore"

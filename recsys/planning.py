@@ -374,7 +374,8 @@ class EmbeddingPlacement:
       tables themselves and ignore it (so `recsys export`, on `serving`,
       reads a training config that sets it).
     row_layout: which rows a replica owns of a row-sharded table:
-      "strided" (ids `r, r + R, ...`, default) or "contiguous".
+      "contiguous" (equal row ranges, default: checkpointed by slices) or
+      "strided" (ids `r, r + R, ...`; the table is saved whole).
 
   Example (gin):
     train.placement = @EmbeddingPlacement()
@@ -384,7 +385,7 @@ class EmbeddingPlacement:
 
   device_memory: int | str | None = None
   tables: Mapping[str, str] = dataclasses.field(default_factory=dict)
-  row_layout: str = "strided"
+  row_layout: str = "contiguous"
 
   @property
   def device_memory_bytes(self) -> int | None:

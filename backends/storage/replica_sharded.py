@@ -48,9 +48,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, optimizers, row_init, static_bags
+from backends import _tf_internal, optimizers, row_init
 from backends import base as backends_base
 from backends.storage import base, row_layout
+from backends.storage import exchange as exchange_lib
 from backends.table_step import TableStep
 
 log = logging.getLogger("recsys.backends")
@@ -336,7 +337,13 @@ class ReplicaSharded(base.TableStorage):
 
   Args:
     table, name, optimizer, strategy: as `TableStorage`.
-    layout: "strided" (row id mod R, default) or "contiguous".
+    layout: "contiguous" (equal row ranges, default) or "strided" (row id
+      mod R).
+    exchange: how a step's replicas exchange ids, rows and gradients:
+      "all_to_all" (each id to its owner only; default) or "all_gather"
+      (`backends.storage.exchange`).
+    exchange_sigmas: the all-to-all's margin per owner over the even
+      share, in standard deviations (`exchange.owner_capacity`).
   """
 
   placement = "row_sharded"
@@ -348,12 +355,22 @@ class ReplicaSharded(base.TableStorage):
     optimizer: Any,
     strategy: tf.distribute.Strategy,
     layout: str = DEFAULT_ROW_LAYOUT,
+    exchange: str = exchange_lib.ALL_TO_ALL,
+    exchange_sigmas: float = exchange_lib.CAPACITY_SIGMAS,
   ):
     super().__init__(table, name, optimizer, strategy)
     self.layout = row_layout.make(
       layout, table.vocabulary_size, strategy.num_replicas_in_sync
     )
     check_optimizer(name, optimizer)
+    if exchange not in exchange_lib.EXCHANGES:
+      raise ValueError(
+        f"table {name!r}: exchange={exchange!r}; use one of "
+        f"{', '.join(exchange_lib.EXCHANGES)}."
+      )
+    self.exchange = exchange
+    self.exchange_sigmas = float(exchange_sigmas)
+    self._overflow: tf.Variable | None = None
 
   # -- variables -------------------------------------------------------------
 
@@ -374,6 +391,15 @@ class ReplicaSharded(base.TableStorage):
       )
       return RowShardedVariable(variable, self.layout, self.strategy)
 
+    if self.exchange == exchange_lib.ALL_TO_ALL:
+      # Overflowed ids per replica, counted by compiled steps (not saved).
+      self._overflow = tf.Variable(
+        tf.constant(0, tf.int64),
+        trainable=False,
+        name=f"{self.name}/exchange_overflow",
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.SUM,
+      )
     params = sharded(self.name, functools.partial(tf.zeros, shape))
     rows = row_init.RowInitializer.for_table(table)
     if rows is not None:
@@ -447,28 +473,60 @@ class ReplicaSharded(base.TableStorage):
     ctx = self._replica_context()
     if ctx is None:
       return self._gather_on_host(ids), None
-    num, dim = self.layout.num_shards, self.table.dim
-    if not isinstance(capacity, int):
-      # Known when the step runs: every replica sends the largest.
-      capacity = tf.reduce_max(
-        ctx.all_gather(tf.reshape(tf.cast(capacity, tf.int32), [1]), axis=0)
-      )
+    exchange = self._exchange_for(capacity)
     real = tf.ones_like(ids, tf.bool) if valid is None else valid
-    sent = _pad_to(tf.where(real, tf.cast(ids, tf.int64), -1), capacity, -1)
-    all_ids = ctx.all_gather(sent, axis=0)  # [R * C]
-    known = tf.maximum(all_ids, 0)
-    me = tf.cast(ctx.replica_id_in_sync_group, tf.int32)
-    owned = tf.logical_and(all_ids >= 0, self.layout.owner(known) == me)
-    local = tf.where(owned, self.layout.local(known), 0)
-    rows = (
-      tf.raw_ops.ResourceGather(
-        resource=self._params.shards.handle, indices=local, dtype=tf.float32
-      )
-      * tf.cast(owned, tf.float32)[:, tf.newaxis]
+    rows, record = exchange.lookup(
+      ctx, self._params.shards, ids, real, capacity, self.name
     )
-    summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, rows)
-    mine = tf.gather(tf.reshape(summed, [num, capacity, dim]), me)
-    return mine[: tf.shape(ids)[0]], (owned, local, capacity)
+    deps = exchange_lib.check_overflow(exchange, record, self.name)
+    if isinstance(exchange, exchange_lib.AllToAll) and not deps:
+      # A compiled step cannot raise: the host does, after the step.
+      self._overflow.assign_add(exchange.overflow(record))
+    with tf.control_dependencies(deps):
+      rows = tf.identity(rows[: tf.shape(ids)[0]])
+    return rows, (exchange, record)
+
+  def _exchange_for(self, capacity: int | tf.Tensor) -> exchange_lib.Exchange:
+    """This step's exchange: all-to-all needs a static number of ids, and
+    a traced step (eager replicas run one at a time: collectives of their
+    own would wait for each other forever)."""
+    if (
+      self.exchange == exchange_lib.ALL_TO_ALL
+      and isinstance(capacity, int)
+      and not tf.executing_eagerly()
+    ):
+      return exchange_lib.AllToAll(
+        self.layout,
+        exchange_lib.owner_capacity(
+          capacity, self.layout.num_shards, self.exchange_sigmas
+        ),
+      )
+    if self.exchange == exchange_lib.ALL_TO_ALL and not isinstance(
+      capacity, int
+    ):
+      _warn_dynamic_all_to_all(self.name)
+    return exchange_lib.AllGather(self.layout)
+
+  def raise_for_overflow(self) -> None:
+    """Raises if a compiled step overflowed the exchange; resets the count.
+
+    Raises:
+      ExchangeOverflowError: naming the table and the capacity to raise.
+    """
+    if self._overflow is None:
+      return
+    over = int(self._overflow.numpy())
+    if not over:
+      return
+    for local in self.strategy.experimental_local_results(self._overflow):
+      local.assign(tf.zeros_like(local))
+    raise exchange_lib.ExchangeOverflowError(
+      f"table {self.name!r}: a compiled step sent {over} ids more than the "
+      "all-to-all exchange's capacity per owner (summed over the replicas); "
+      "those rows were left out. Raise exchange_sigmas, place the table "
+      "with row_layout='strided', or use exchange='all_gather'. Nothing was "
+      "saved after the step."
+    )
 
   def _gather_on_host(self, ids: tf.Tensor) -> tf.Tensor:
     """Rows of `ids` in cross-replica context, from the shards directly."""
@@ -487,27 +545,19 @@ class ReplicaSharded(base.TableStorage):
     if ctx is None:
       self._apply_on_host(step.ids, step.num_unique, row_grads)
       return []
-    owned, local, size = step.exchanged  # as the lookup exchanged them
-    num = self.layout.num_shards
-    all_grads = ctx.all_gather(_pad_to(row_grads, size, 0.0), axis=0)
-    shard_rows = self._params.shard_rows
-    dd = static_bags.dedup(local, owned, shard_rows)
-    summed = tf.math.unsorted_segment_sum(
-      all_grads * tf.cast(owned, all_grads.dtype)[:, tf.newaxis],
-      dd.index,
-      num * size,
-    )
-    grads = static_bags.pad_rows(summed, dd.num_unique)
+    exchange, record = step.exchanged  # as the lookup exchanged them
+    local, owned, grads = exchange.gradients(ctx, record, row_grads)
     variables = self.shard_variables()
     table = variables.pop("parameters")
-    if step.num_unique is not None:  # static: fixed-size, masked update
-      return [
-        optimizers.SparseUpdate(
-          table, variables, dd.ids, grads, keep=dd.num_unique > 0
-        )
-      ]
-    k = dd.num_unique
-    return [optimizers.SparseUpdate(table, variables, dd.ids[:k], grads[:k])]
+    return exchange_lib.owner_updates(
+      table,
+      variables,
+      local,
+      owned,
+      grads,
+      self._params.shard_rows,
+      static=step.num_unique is not None,
+    )
 
   def _apply_on_host(
     self, ids: tf.Tensor, num_unique: tf.Tensor | None, grads: tf.Tensor
@@ -537,14 +587,15 @@ class ReplicaSharded(base.TableStorage):
     )
 
 
-def _pad_to(values: tf.Tensor, size: int | tf.Tensor, fill) -> tf.Tensor:
-  """`values` padded along axis 0 to `size` rows with `fill`."""
-  pad = size - tf.shape(values)[0]
-  paddings = [[0, pad]] + [[0, 0]] * (values.shape.rank - 1)
-  out = tf.pad(values, paddings, constant_values=fill)
-  if isinstance(size, int):
-    out = tf.ensure_shape(out, [size] + values.shape.as_list()[1:])
-  return out
+@functools.cache
+def _warn_dynamic_all_to_all(table_name: str) -> None:
+  log.warning(
+    "table %r: the all-to-all exchange needs a static number of ids per "
+    "step; some of its features have sparse/ragged inputs without a static "
+    "width, so it exchanges by all-gather. Give bag_widths= and run "
+    "preprocess() in the input pipeline.",
+    table_name,
+  )
 
 
 @functools.cache

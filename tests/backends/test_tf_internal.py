@@ -13,11 +13,13 @@ import importlib
 import inspect
 import pathlib
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
 from backends import _tf_internal
 from tests import tf_door
+from tests.conftest import mirrored_strategy
 
 DOOR = pathlib.Path(_tf_internal.__file__)
 WHERE = "backends/_tf_internal.py"
@@ -35,6 +37,14 @@ def test_every_tf_symbol_the_door_takes_exists(symbol):
   tf_door.check_symbol_exists(symbol, WHERE)
 
 
+_MIRRORED_EXTENDED = importlib.import_module(
+  "tensorflow.python.distribute.mirrored_strategy"
+).MirroredExtended
+_COLLECTIVE_ALL_REDUCE = _tf_internal.cross_device_ops.CollectiveAllReduce
+_LAUNCHER = importlib.import_module(
+  "tensorflow.python.distribute.cross_device_utils"
+).CollectiveReplicaLauncher
+
 # The TF classes each private attribute is read from, and whether it is an
 # instance attribute (made in __init__) rather than a class attribute.
 _PRIVATE_READS = {
@@ -51,8 +61,27 @@ _PRIVATE_READS = {
   "_load_variables": [E.TPUEmbedding],
   "_variables": [E.TPUEmbeddingForServing],  # set in __init__
   "_using_tpu": [E.TPUEmbedding],  # set in __init__, read with getattr
+  # The all-to-all: the strategy's collective launchers (set in __init__).
+  "_collective_ops": [_MIRRORED_EXTENDED],
+  "_cross_device_ops": [_MIRRORED_EXTENDED],
+  "_launchers": [_COLLECTIVE_ALL_REDUCE],
+  "_replica_id": [tf.distribute.ReplicaContext],
+  "_device": [_LAUNCHER],
+  "_group_key": [_LAUNCHER],
+  "_group_size": [_LAUNCHER],
+  "_next_instance_key": [_LAUNCHER],
+  "_get_ordering_token": [_LAUNCHER],
 }
-_INSTANCE_ATTRIBUTES = {"_variables", "_using_tpu"}
+_INSTANCE_ATTRIBUTES = {
+  "_variables",
+  "_using_tpu",
+  "_collective_ops",
+  "_cross_device_ops",
+  "_launchers",
+  "_device",
+  "_group_key",
+  "_group_size",
+}
 
 
 def test_every_private_attribute_the_door_reads_is_checked_here():
@@ -263,3 +292,29 @@ def test_serving_mid_level_variables_and_engine():
   assert list(variables) == ["t"]
   assert variables["t"]["parameters"].shape == (4, 2)
   assert not _tf_internal.mid_level_on_tpu(mid)
+
+
+def test_all_to_all_sends_row_i_to_replica_i():
+  """2 and 4 CPU replicas in a traced step; one replica returns its input."""
+  for replicas in (1, 2, 4):
+    strategy = (
+      mirrored_strategy(replicas)
+      if replicas > 1
+      else tf.distribute.get_strategy()
+    )
+
+    @tf.function
+    def run(strategy=strategy, replicas=replicas):
+      def step():
+        ctx = tf.distribute.get_replica_context()
+        me = tf.cast(ctx.replica_id_in_sync_group, tf.float32)
+        # Row i of replica r: 10 * r + i.
+        sent = 10.0 * me + tf.range(replicas, dtype=tf.float32)[:, None]
+        return _tf_internal.all_to_all(ctx, tf.tile(sent, [1, 3]))
+
+      return strategy.experimental_local_results(strategy.run(step))
+
+    for r, got in enumerate(run()):
+      # Replica r receives row r of every replica i: 10 * i + r.
+      want = (10.0 * np.arange(replicas) + r)[:, None] * np.ones((1, 3))
+      np.testing.assert_array_equal(got.numpy(), want)

@@ -1,0 +1,318 @@
+"""How a row-sharded table's replicas exchange ids, rows and gradients.
+
+Each replica of a step holds `U` unique ids of a table (a static bound: its
+features' id slots) whose rows live on their owners' shards. Two
+exchanges, both with shapes fixed before the step (as collectives in a
+compiled program or a loop need), chosen per table by the planner:
+
+* `AllGather`: every replica's ids go to every replica (`[R * U]`); each
+  owner reads the rows it owns and an all-reduce sums them; the gradients
+  are all-gathered. Never overflows; a replica's traffic and work grow
+  with the replica count `R`.
+* `AllToAll`: each id goes only to the replica that owns it and each row
+  (and row gradient) only back to the replica that asked, in buckets of a
+  fixed per-owner capacity `K` (`owner_capacity`: the even share `U / R`
+  plus a margin). A replica's traffic is about `R * K ~ U` ids and rows
+  whatever `R`. Ids spread unevenly over the owners can overflow a bucket:
+  every replica learns it in the same step (each bucket carries its
+  sender's largest bucket) and the step fails with an error naming the
+  table and the capacity to raise; a compiled step, which cannot raise,
+  counts it and the host raises after the step (`Overflow`).
+
+Either way each owner then sums its rows' gradients over every replica and
+applies the optimizer to its own rows (`owner_updates`).
+
+Example:
+  >>> exchange = AllToAll(layout, capacity=owner_capacity(512, 4))
+  >>> rows, record = exchange.lookup(ctx, shard, ids, valid, 512, "C10")
+"""
+
+import abc
+import math
+from typing import Any
+
+import tensorflow as tf
+
+from backends import _tf_internal, optimizers, static_bags
+from backends import input_checks as checks_lib
+from backends.storage import row_layout
+
+#: Exchanges a row-sharded table can use.
+ALL_GATHER, ALL_TO_ALL = "all_gather", "all_to_all"
+EXCHANGES = (ALL_GATHER, ALL_TO_ALL)
+
+#: The default margin of an owner's capacity over its even share, in
+#: standard deviations of the share of ids spread uniformly over owners.
+CAPACITY_SIGMAS = 5.0
+
+
+class ExchangeOverflowError(ValueError):
+  """More ids of one step went to one owner than its exchange capacity."""
+
+
+def owner_capacity(
+  ids: int, replicas: int, sigmas: float = CAPACITY_SIGMAS
+) -> int:
+  """Ids one replica may send one owner per step (`K`), of its `ids`.
+
+  The even share `ids / R` plus `sigmas` standard deviations of a uniform
+  spread (binomial), at least one more, at most `ids`: with ids spread
+  evenly over the owners a bucket overflows with odds far below one in a
+  million per step (5 sigmas).
+  """
+  if replicas <= 1:
+    return ids
+  share = ids / replicas
+  spread = math.sqrt(share * (1.0 - 1.0 / replicas))
+  return int(min(ids, math.ceil(share + sigmas * spread) + 1))
+
+
+def exchange_bytes(
+  exchange: str, ids: int, replicas: int, row_bytes: int, sigmas: float
+) -> int:
+  """The payload one replica puts into the collectives per step.
+
+  all_gather: its `U` ids (int64), the owners' rows of all `R * U` ids
+  (all-reduced) and its `U` gradients; all_to_all: `R` buckets of `K + 1`
+  ids, `K` rows and `K` gradients each.
+  """
+  if exchange == ALL_GATHER:
+    return ids * (8 + row_bytes * (replicas + 1))
+  k = owner_capacity(ids, replicas, sigmas)
+  return replicas * ((k + 1) * 8 + 2 * k * row_bytes)
+
+
+class Exchange(abc.ABC):
+  """A row-sharded table's exchange in one replica step.
+
+  Args:
+    layout: which shard owns each row.
+  """
+
+  name = ""
+
+  def __init__(self, layout: row_layout.RowLayout):
+    self.layout = layout
+
+  @abc.abstractmethod
+  def lookup(
+    self,
+    ctx: Any,
+    shard: tf.Variable,
+    ids: tf.Tensor,
+    valid: tf.Tensor,
+    capacity: int | tf.Tensor,
+    table: str,
+  ) -> tuple[tf.Tensor, Any]:
+    """`(rows [len(ids), D], record)` of this replica's unique `ids`."""
+
+  @abc.abstractmethod
+  def gradients(
+    self, ctx: Any, record: Any, row_grads: tf.Tensor
+  ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """`(local ids, owned, grads)` of the rows this owner must update.
+
+    Every replica's gradients of this owner's rows, one slot each: `local`
+    int64 rows of the shard, `owned` whether the slot holds one.
+    """
+
+
+def _pad_to(values: tf.Tensor, size: int | tf.Tensor, fill) -> tf.Tensor:
+  """`values` padded along axis 0 to `size` rows with `fill`."""
+  pad = size - tf.shape(values)[0]
+  paddings = [[0, pad]] + [[0, 0]] * (values.shape.rank - 1)
+  out = tf.pad(values, paddings, constant_values=fill)
+  if isinstance(size, int):
+    out = tf.ensure_shape(out, [size] + values.shape.as_list()[1:])
+  return out
+
+
+def _read(shard: tf.Variable, local: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+  """Rows `local` of `shard` (zeros where not `mask`)."""
+  rows = tf.raw_ops.ResourceGather(
+    resource=shard.handle, indices=local, dtype=shard.dtype
+  )
+  return rows * tf.cast(mask, rows.dtype)[..., tf.newaxis]
+
+
+class AllGather(Exchange):
+  """Every replica's ids to every replica; rows summed by an all-reduce."""
+
+  name = ALL_GATHER
+
+  def lookup(self, ctx, shard, ids, valid, capacity, table):
+    del table
+    num, dim = self.layout.num_shards, int(shard.shape[1])
+    if not isinstance(capacity, int):
+      # Known when the step runs: every replica sends the largest.
+      capacity = tf.reduce_max(
+        ctx.all_gather(tf.reshape(tf.cast(capacity, tf.int32), [1]), axis=0)
+      )
+    sent = _pad_to(tf.where(valid, tf.cast(ids, tf.int64), -1), capacity, -1)
+    all_ids = ctx.all_gather(sent, axis=0)  # [R * U]
+    known = tf.maximum(all_ids, 0)
+    me = tf.cast(ctx.replica_id_in_sync_group, tf.int32)
+    owned = tf.logical_and(all_ids >= 0, self.layout.owner(known) == me)
+    local = tf.where(owned, self.layout.local(known), 0)
+    summed = ctx.all_reduce(
+      tf.distribute.ReduceOp.SUM, _read(shard, local, owned)
+    )
+    mine = tf.gather(tf.reshape(summed, [num, capacity, dim]), me)
+    return mine[: tf.shape(ids)[0]], (owned, local, capacity)
+
+  def gradients(self, ctx, record, row_grads):
+    owned, local, capacity = record
+    return local, owned, ctx.all_gather(_pad_to(row_grads, capacity, 0.0), 0)
+
+
+class AllToAll(Exchange):
+  """Each id to its owner only, each row back to its asker only.
+
+  Args:
+    layout: which shard owns each row.
+    capacity: ids one replica may send one owner per step (`K`).
+  """
+
+  name = ALL_TO_ALL
+
+  def __init__(self, layout: row_layout.RowLayout, capacity: int):
+    super().__init__(layout)
+    self.capacity = int(capacity)
+
+  def lookup(self, ctx, shard, ids, valid, capacity, table):
+    if not isinstance(capacity, int):
+      raise TypeError(
+        f"table {table!r}: the all-to-all exchange needs a static number of "
+        "ids per step (bag widths)."
+      )
+    num, k = self.layout.num_shards, self.capacity
+    ids = _pad_to(tf.cast(ids, tf.int64), capacity, 0)
+    valid = _pad_to(valid, capacity, False)
+    known = tf.where(valid, ids, 0)
+    owner = self.layout.owner(known)
+    slot, largest = _buckets(owner, valid, num, k)
+    # Each bucket: the local rows asked of its owner (-1: none), then this
+    # replica's largest bucket, so every replica learns of any overflow.
+    send = tf.tensor_scatter_nd_update(
+      tf.fill([num * k + 1], tf.constant(-1, tf.int64)),
+      slot[:, tf.newaxis],
+      self.layout.local(known),
+    )[: num * k]
+    header = tf.fill([num, 1], tf.cast(largest, tf.int64))
+    received = _tf_internal.all_to_all(
+      ctx, tf.concat([tf.reshape(send, [num, k]), header], 1)
+    )
+    asked = received[:, :k]  # [R, K] rows of this shard each replica asked
+    needed = tf.reduce_max(received[:, k])
+    served = _read(shard, tf.maximum(asked, 0), asked >= 0)  # [R, K, D]
+    back = _tf_internal.all_to_all(ctx, served)
+    dim = int(shard.shape[1])
+    flat = tf.concat(
+      [tf.reshape(back, [num * k, dim]), tf.zeros([1, dim], back.dtype)], 0
+    )
+    rows = tf.gather(flat, slot)
+    return rows, _AllToAllRecord(slot, asked, needed)
+
+  def gradients(self, ctx, record, row_grads):
+    num, k = self.layout.num_shards, self.capacity
+    dim = int(row_grads.shape[1])
+    grads = _pad_to(row_grads, record.slot.shape[0], 0.0)
+    send = tf.scatter_nd(record.slot[:, tf.newaxis], grads, [num * k + 1, dim])[
+      : num * k
+    ]
+    received = _tf_internal.all_to_all(ctx, tf.reshape(send, [num, k, dim]))
+    asked = tf.reshape(record.asked, [-1])
+    return tf.maximum(asked, 0), asked >= 0, tf.reshape(received, [-1, dim])
+
+  def overflow(self, record: Any) -> tf.Tensor:
+    """int64: how far the step's largest bucket went over the capacity."""
+    return tf.maximum(record.needed - self.capacity, 0)
+
+  def overflow_message(self, table: str) -> str:
+    """The error for an overflow; one `{}`: the largest bucket."""
+    return (
+      f"table {table!r}: in one step a replica sent {{}} ids to one owner, "
+      f"over the all-to-all exchange's capacity of {self.capacity} per "
+      "owner (the ids are not spread evenly over the owners' rows, e.g. a "
+      "vocabulary that numbers frequent ids first under the contiguous "
+      "layout). Raise exchange_sigmas, place the table with "
+      "row_layout='strided', or use exchange='all_gather' (it never "
+      "overflows). Nothing was saved after the step."
+    )
+
+
+class _AllToAllRecord:
+  """What the lookup's all-to-all leaves for the update."""
+
+  def __init__(self, slot: tf.Tensor, asked: tf.Tensor, needed: tf.Tensor):
+    self.slot = slot  # int32 [U]: each id's slot in the send buffer
+    self.asked = asked  # int64 [R, K]: local rows asked by each replica
+    self.needed = needed  # int64: the largest bucket of any replica
+
+
+def _buckets(
+  owner: tf.Tensor, valid: tf.Tensor, num: int, k: int
+) -> tuple[tf.Tensor, tf.Tensor]:
+  """Each id's slot in a `[num * k]` send buffer, and the largest bucket.
+
+  Ids go to their owner's bucket in order; an invalid id, or one past its
+  bucket's `k`, gets slot `num * k` (not sent).
+  """
+  size = owner.shape[0]
+  key = tf.where(valid, owner, num)  # invalid ids sort last
+  order = tf.argsort(key, stable=True)
+  ordered = tf.gather(key, order)
+  counts = tf.math.unsorted_segment_sum(
+    tf.ones_like(key), key, num + 1
+  )  # [num + 1]
+  starts = tf.cumsum(counts, exclusive=True)
+  rank = tf.range(size) - tf.gather(starts, ordered)
+  position = tf.scatter_nd(order[:, tf.newaxis], rank, [size])
+  fits = tf.logical_and(valid, position < k)
+  slot = tf.where(fits, owner * k + position, num * k)
+  return slot, tf.reduce_max(counts[:num])
+
+
+def owner_updates(
+  table: tf.Variable,
+  slots: dict[str, tf.Variable],
+  local: tf.Tensor,
+  owned: tf.Tensor,
+  grads: tf.Tensor,
+  shard_rows: int,
+  static: bool,
+) -> list[optimizers.SparseUpdate]:
+  """The owner's update: its rows' gradients summed over every replica.
+
+  Args:
+    table, slots: this replica's shard variables.
+    local, owned, grads: `Exchange.gradients`.
+    shard_rows: rows per shard (the de-duplication's bound).
+    static: a fixed-size, masked update (compiled steps) or only the rows.
+  """
+  dd = static_bags.dedup(local, owned, shard_rows)
+  summed = tf.math.unsorted_segment_sum(
+    grads * tf.cast(owned, grads.dtype)[:, tf.newaxis],
+    dd.index,
+    local.shape[0] if local.shape[0] is not None else tf.shape(local)[0],
+  )
+  summed = static_bags.pad_rows(summed, dd.num_unique)
+  if static:
+    return [
+      optimizers.SparseUpdate(
+        table, slots, dd.ids, summed, keep=dd.num_unique > 0
+      )
+    ]
+  k = dd.num_unique
+  return [optimizers.SparseUpdate(table, slots, dd.ids[:k], summed[:k])]
+
+
+def check_overflow(exchange: Exchange, record: Any, table: str) -> list:
+  """An assertion (uncompiled steps) that no bucket overflowed; or none."""
+  if not isinstance(exchange, AllToAll) or _tf_internal.in_xla_context():
+    return []
+  return checks_lib.check(
+    exchange.overflow(record) == 0,
+    exchange.overflow_message(table),
+    lambda: [record.needed],
+  )

@@ -21,6 +21,10 @@ Outputs:
              whole candidate corpus (brute force), plus the signatures
              "query_embeddings" and "candidate_embeddings" (`[B, K]`).
 
+Every input of a signature has the same batch size B, checked in the graph
+with its other inputs (`serving_checks.checked_shapes`): a client that has
+only TensorFlow gets an error naming the inputs and their sizes.
+
 Raw signatures ("serving_raw" and, for retrieval, "raw_query_embeddings",
 "raw_candidate_embeddings") take raw values instead, for sources with a
 `recsys.data.raw.RawParser` (Criteo, MovieLens): the parser the source's
@@ -286,7 +290,10 @@ class ServingModule(tf.Module):
 
     @tf.function(autograph=False)
     def top_k(inputs):
-      inputs = dict(inputs)
+      # exclude_seen and a query id the towers do not read: checked with
+      # the others (a [1] flag broadcast over B users; 3 flags for 2 users
+      # failed in the graph).
+      inputs = serving_checks.checked_shapes(inputs)
       exclude = inputs.pop("exclude_seen")
       user_ids = inputs[user] if user in q_sig else inputs.pop(user)
       q = query_embeddings(inputs)["embeddings"]
@@ -381,7 +388,7 @@ class ServingModule(tf.Module):
 
     @tf.function(autograph=False)
     def top_k_raw(inputs):
-      inputs = dict(inputs)
+      inputs = serving_checks.checked_shapes(inputs)  # exclude_seen too
       exclude = inputs.pop("exclude_seen")
       user_ids = self._parser.parse_raw(inputs, [user])["categorical"][user]
       out = raw_query({k: inputs[k] for k in q_sig})

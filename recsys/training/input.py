@@ -243,12 +243,12 @@ def _finite_labels(
   Raises (when read):
     InvalidArgumentError: a label is NaN or infinite.
   """
-  pipelines = ctx.num_input_pipelines if ctx is not None else 1
   where = f"the evaluation split of {source}"
-  if pipelines > 1:
+  if ctx is not None and ctx.num_input_pipelines > 1:
     where += (
-      f" (input pipeline {ctx.input_pipeline_id} of {pipelines}: its "
-      "examples counted in the order it reads them)"
+      f" (input pipeline {ctx.input_pipeline_id} of "
+      f"{ctx.num_input_pipelines}: its examples counted in the order it "
+      "reads them)"
     )
 
   def check(seen, batch):

@@ -215,6 +215,16 @@ def build_parser() -> argparse.ArgumentParser:
   _add_gin_flags(export, required=False)
   export.add_argument("--model_dir", required=True)
   export.add_argument("--export_dir", required=True)
+  export.add_argument(
+    "--k",
+    type=_positive_int,
+    default=None,
+    metavar="K",
+    help="retrieval: candidates the top-k signatures (serving_default, "
+    "serving_raw, top_k, top_k_raw) return per query, at most the corpus "
+    "size (default: 100, or the whole corpus if it holds fewer). Refused "
+    "for ranking models.",
+  )
   _add_allow_changed_settings(export, "export")
   export.add_argument("-v", "--verbose", action="store_true")
 
@@ -475,6 +485,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
   return 0
 
 
+def _positive_int(text: str) -> int:
+  """An argparse type: a positive integer (`recsys export --k`)."""
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+  return value
+
+
 def cmd_export(args: argparse.Namespace) -> int:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -511,6 +532,7 @@ def cmd_export(args: argparse.Namespace) -> int:
   path = export_lib.export(
     trainer,
     args.export_dir,
+    k=args.k,
     extra_files={export_lib.PROVENANCE_FILE: json.dumps(provenance, indent=2)},
   )
   if changes:

@@ -19,7 +19,13 @@ Outputs:
   ranking:   {"scores": float32 `[B]`} (probabilities, or ratings for MSE)
   retrieval: {"scores": `[B, k]`, "candidate_ids": int64 `[B, k]`} over the
              whole candidate corpus (brute force), plus the signatures
-             "query_embeddings" and "candidate_embeddings" (`[B, K]`).
+             "query_embeddings" and "candidate_embeddings" (`[B, K]`);
+             k is `export(..., k=)`: a positive int at most the corpus
+             size, default `DEFAULT_K` (the corpus size if smaller).
+
+Every input of a signature has the same batch size B, checked in the graph
+with its other inputs (`serving_checks.checked_shapes`): a client that has
+only TensorFlow gets an error naming the inputs and their sizes.
 
 Raw signatures ("serving_raw" and, for retrieval, "raw_query_embeddings",
 "raw_candidate_embeddings") take raw values instead, for sources with a
@@ -54,6 +60,7 @@ Example:
 """
 
 import logging
+import numbers
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -62,6 +69,7 @@ from backends import serving
 from recsys import serving_checks, serving_lookup
 from recsys._keras import keras, tf
 from recsys.data.raw import RawParser
+from recsys.errors import RecsysError
 from recsys.feature_spec import FeatureSpec
 from recsys.models import retrieval_index
 from recsys.models import seen_items as seen_lib
@@ -69,6 +77,65 @@ from recsys.models.errors import ModelConfigError
 from recsys.run_folder import atomic_dir
 
 log = logging.getLogger("recsys.export")
+
+#: Candidates per query of the top-k signatures when `k` is not given (the
+#: whole corpus when it holds fewer).
+DEFAULT_K = 100
+
+
+class ExportConfigError(RecsysError, ValueError):
+  """An export setting that cannot be honoured (e.g. `k`)."""
+
+
+def checked_k(k: Any, retrieval: bool, model: str) -> int | None:
+  """`k` as an int, or None (the default), checked before any work.
+
+  Args:
+    k: candidates per query of the top-k signatures, or None.
+    retrieval: whether the model retrieves (only then is there a top k).
+    model: the model's name, for the message.
+
+  Raises:
+    ExportConfigError: `k` is not a positive integer, or is given for a
+      ranking model (whose signatures return one score per example).
+  """
+  if k is None:
+    return None
+  if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+    raise ExportConfigError(
+      f"export: k={k!r} is not a positive integer; k is the number of "
+      "candidates the top-k signatures return per query (default "
+      f"{DEFAULT_K}, or the whole corpus if it holds fewer)."
+    )
+  if not retrieval:
+    raise ExportConfigError(
+      f"export: k={k} applies to retrieval models (their top-k "
+      f"signatures); {model} is a ranking model, whose signatures return "
+      "one score per example: leave k out."
+    )
+  return int(k)
+
+
+def top_k_size(k: int | None, num_candidates: int) -> int:
+  """The k of the top-k signatures over a corpus of `num_candidates`.
+
+  None gives `DEFAULT_K`, or `num_candidates` if fewer. A k above the
+  corpus size is refused rather than cut: the signatures would return
+  fewer columns than asked for.
+
+  Raises:
+    ExportConfigError: `k` is more than `num_candidates`.
+  """
+  if k is None:
+    return min(DEFAULT_K, num_candidates)
+  if k > num_candidates:
+    raise ExportConfigError(
+      f"export: k={k} is more than the {num_candidates} candidates of the "
+      f"corpus; the top-k signatures can return at most {num_candidates} "
+      f"per query. Pass k <= {num_candidates}, or leave k out (the whole "
+      f"corpus up to {DEFAULT_K})."
+    )
+  return k
 
 
 def _width(spec: FeatureSpec) -> int:
@@ -142,7 +209,8 @@ class ServingModule(tf.Module):
     specs: the data source's feature specs.
     num_dense: width of `features["dense"]`.
     corpus: retrieval only: (candidate ids `[N]`, embeddings `[N, K]`).
-    k: retrieval only: candidates returned per query.
+    k: retrieval only: candidates returned per query, 1 to N (None:
+      `DEFAULT_K`, or N if fewer); `checked_k`, `top_k_size`.
     raw_parser: the data source's raw-value parser (`source.raw_parser()`);
       None: no raw signatures.
     seen: retrieval only: each user's training candidates
@@ -158,11 +226,12 @@ class ServingModule(tf.Module):
     specs: Sequence[FeatureSpec],
     num_dense: int,
     corpus=None,
-    k: int = 100,
+    k: int | None = None,
     raw_parser: RawParser | None = None,
     seen: seen_lib.SeenItems | None = None,
     query_id_feature: str | None = None,
   ):
+    k = checked_k(k, corpus is not None, type(model).__name__)
     super().__init__(name="recsys_serving")
     self.model = model
     self.embedding = embedding
@@ -174,7 +243,7 @@ class ServingModule(tf.Module):
       ids, embeddings = corpus
       self.corpus_ids = tf.Variable(tf.cast(ids, tf.int64), trainable=False)
       self.corpus_embeddings = tf.Variable(embeddings, trainable=False)
-      self._k = int(min(k, int(ids.shape[0])))
+      self._k = top_k_size(k, int(ids.shape[0]))
       self._id_space = int(tf.reduce_max(ids)) + 1 if ids.shape[0] else 1
     if seen is not None and not query_id_feature:
       raise ValueError(
@@ -286,7 +355,10 @@ class ServingModule(tf.Module):
 
     @tf.function(autograph=False)
     def top_k(inputs):
-      inputs = dict(inputs)
+      # exclude_seen and a query id the towers do not read: checked with
+      # the others (a [1] flag broadcast over B users; 3 flags for 2 users
+      # failed in the graph).
+      inputs = serving_checks.checked_shapes(inputs)
       exclude = inputs.pop("exclude_seen")
       user_ids = inputs[user] if user in q_sig else inputs.pop(user)
       q = query_embeddings(inputs)["embeddings"]
@@ -381,7 +453,7 @@ class ServingModule(tf.Module):
 
     @tf.function(autograph=False)
     def top_k_raw(inputs):
-      inputs = dict(inputs)
+      inputs = serving_checks.checked_shapes(inputs)  # exclude_seen too
       exclude = inputs.pop("exclude_seen")
       user_ids = self._parser.parse_raw(inputs, [user])["categorical"][user]
       out = raw_query({k: inputs[k] for k in q_sig})
@@ -409,7 +481,7 @@ PROVENANCE_FILE = os.path.join("assets.extra", "recsys_export.json")
 def export(
   trainer: Any,
   export_dir: str,
-  k: int = 100,
+  k: int | None = None,
   extra_files: Mapping[str, str] | None = None,
 ) -> str:
   """Writes a CPU-serving SavedModel of a trainer's (restored) model.
@@ -419,7 +491,9 @@ def export(
       `train(model_dir=..., action="build")`).
     export_dir: the SavedModel directory: created, or replaced whole if it
       holds a SavedModel (a kill midway leaves the previous one).
-    k: retrieval only: candidates returned per query.
+    k: retrieval only: candidates the top-k signatures return per query,
+      a positive int at most the corpus size; None: `DEFAULT_K`, or the
+      whole corpus if it holds fewer.
     extra_files: relative path -> text, written into the SavedModel folder
       with it (e.g. `PROVENANCE_FILE`).
 
@@ -427,14 +501,18 @@ def export(
     `export_dir`.
 
   Raises:
+    ExportConfigError: `k` is not a positive integer (checked first), is
+      given for a ranking model, or is more than the corpus holds.
     atomic_dir.UnsafeReplaceError: `export_dir` is a non-empty directory
       that holds no SavedModel (it would be replaced and lost).
   """
+  k = checked_k(k, trainer.is_retrieval, type(trainer.model).__name__)
   corpus = None
   if trainer.is_retrieval:
     trainer.index_corpus()
     ids, embeddings = trainer.model.corpus_index.corpus()
     corpus = (tf.convert_to_tensor(ids), tf.convert_to_tensor(embeddings))
+    k = top_k_size(k, int(corpus[0].shape[0]))  # before the SavedModel
   raw_parser = trainer.source.raw_parser()
   if raw_parser is None:
     log.info(
@@ -467,7 +545,11 @@ def export(
       os.makedirs(os.path.dirname(path), exist_ok=True)
       with open(path, "w", encoding="utf-8") as f:
         f.write(text)
-  log.info("exported signatures: %s", ", ".join(sorted(signatures)))
+  log.info(
+    "exported signatures: %s%s",
+    ", ".join(sorted(signatures)),
+    f" (top {k} candidates per query)" if corpus is not None else "",
+  )
   return export_dir
 
 
@@ -494,9 +576,13 @@ def _is_saved_model(path: str) -> bool:
 
 
 __all__ = [
+  "DEFAULT_K",
   "PROVENANCE_FILE",
+  "ExportConfigError",
   "ServingModule",
+  "checked_k",
   "export",
   "input_signature",
   "to_features",
+  "top_k_size",
 ]

@@ -48,6 +48,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from recsys.data import text_files
 from recsys.data.criteo_raw import (
   CATEGORICAL_NAMES,
   DENSE_NAMES,
@@ -251,12 +252,27 @@ def _gzip_intact(path: tf.Tensor) -> bool:
   return True
 
 
+def _first_bytes(path: str, n: int) -> bytes:
+  """The first `n` bytes of a file's text (decompressed for .gz; b"" if
+  they cannot be read: the gzip end check reports a damaged file)."""
+  try:
+    if path.endswith(".gz"):
+      with gzip.open(path, "rb") as f:
+        return f.read(n)
+    with open(path, "rb") as f:
+      return f.read(n)
+  except (EOFError, OSError, zlib.error):
+    return b""
+
+
 def _check_files(paths: list[str], split: str) -> list[int]:
   """Checks a split's files; returns each file's gzip trailer size (-1: none).
 
   Raises:
-    DataFormatError: a .gz file is not gzip, or every file of the split is
-      empty (a repeated split would wait forever for its first batch).
+    DataFormatError: a .gz file is not gzip, a file is UTF-16 or UTF-32
+      text (its byte-order mark; a UTF-8 one is cut as lines are read), or
+      every file of the split is empty (a repeated split would wait
+      forever for its first batch).
   """
   sizes, empty = [], []
   for path in paths:
@@ -268,6 +284,8 @@ def _check_files(paths: list[str], split: str) -> list[int]:
       sizes.append(-1)
     if size == 0:
       empty.append(path)
+    else:
+      text_files.check_encoding_mark(_first_bytes(path, 4), path)
   if empty and len(empty) == len(paths):
     raise DataFormatError(
       f"every Criteo {split} file is empty: {empty[:5]}"
@@ -298,7 +316,9 @@ def _read_vocabulary(path: str, name: str) -> list[str]:
   Raises:
     DataFormatError: the file is empty or a value repeats (names the lines).
   """
-  with open(path, encoding="utf-8") as f:
+  with open(path, "rb") as f:
+    text_files.check_encoding_mark(f.read(4), path)
+  with open(path, encoding="utf-8-sig") as f:  # a UTF-8 mark is cut
     values = [line.rstrip("\r\n") for line in f]
   if not values:
     raise DataFormatError(
@@ -689,6 +709,9 @@ class CriteoTSV(DataSource):
     """
     ncol = self.num_columns
     offset = 1 if self.has_label else 0
+    # A UTF-8 byte-order mark before a file's first line is not data (its
+    # label was refused, or skipped and counted).
+    lines = text_files.first_line_without_bom(lines, tf.equal(first_line, 0))
     ok = tf.strings.regex_full_match(lines, self._line_pattern)
     any_bad = tf.logical_not(tf.reduce_all(ok))
     line_numbers = first_line + tf.range(tf.size(lines, out_type=tf.int64)) + 1

@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from recsys.data import text_files
 from recsys.data.errors import DataFormatError, DatasetNotFoundError
 
 log = logging.getLogger("recsys.data.movielens")
@@ -166,17 +167,26 @@ def missing_message(variant: str, data_dir: str, problem: str) -> str:
 
 
 def _lines(path: str, encoding: str) -> list[str]:
-  """The file's lines; DataFormatError naming file and line if one is bad."""
+  """The file's lines; DataFormatError naming file and line if one is bad.
+
+  A UTF-8 byte-order mark is cut (`text_files`) and says the file is UTF-8:
+  an editor that saved a latin-1 file "as UTF-8 with BOM" converted it.
+  """
   with open(path, "rb") as f:
     raw = f.read()
+  raw, marked = text_files.without_bom(raw, path)
+  if marked:
+    encoding = "utf-8"
   try:
     text = raw.decode(encoding)
   except UnicodeDecodeError as e:
     line_no = raw.count(b"\n", 0, e.start) + 1
+    why = " (it starts with a UTF-8 byte-order mark)" if marked else ""
     raise DataFormatError(
-      f"{path}:{line_no}: not valid {encoding} text ({e.reason} at byte "
-      f"{e.start} of the file); re-extract the dataset or convert the file "
-      f"to {encoding}."
+      f"{path}:{line_no}: not valid {encoding} text{why} ({e.reason} at "
+      f"byte {e.start + len(text_files.UTF8_BOM) * marked} of the file); "
+      "re-extract the "
+      f"dataset or convert the file to {encoding}."
     ) from e
   return [line.rstrip("\r\n") for line in io.StringIO(text, newline="")]
 

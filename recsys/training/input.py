@@ -205,14 +205,19 @@ def _eval_batches(
   take_batches: int | None,
   preprocess: Preprocess,
 ) -> tf.data.Dataset:
-  """One pipeline's evaluation batches: every example once, padded, masked."""
+  """One pipeline's evaluation batches: every example once, padded, masked,
+  their labels checked finite."""
   ds = eval_padding.pad_eval_batches(
-    source.dataset(
-      batch_size,
-      training=False,
-      input_context=ctx,
-      drop_remainder=False,
-      repeat=False,
+    _finite_labels(
+      source.dataset(
+        batch_size,
+        training=False,
+        input_context=ctx,
+        drop_remainder=False,
+        repeat=False,
+      ),
+      type(source).__name__,
+      ctx,
     ),
     batch_size,
     batches_per_step,
@@ -220,6 +225,65 @@ def _eval_batches(
   if take_batches is not None:
     ds = ds.take(take_batches)
   return _finish(ds, batch_size, preprocess)
+
+
+def _finite_labels(
+  ds: tf.data.Dataset,
+  source: str,
+  ctx: tf.distribute.InputContext | None,
+) -> tf.data.Dataset:
+  """`ds`'s `(features, labels)` batches, asserting every label is finite.
+
+  A NaN label made `eval/loss` and the metrics NaN (`eval/rmse = NaN` in
+  metrics.json) without a word; a training label's NaN stops the run at
+  its step (the non-finite loss check). The error names the source, the
+  split and the example's position: counted from 0 in the order this input
+  pipeline reads the split (with one pipeline, the split's own order).
+
+  Raises (when read):
+    InvalidArgumentError: a label is NaN or infinite.
+  """
+  where = f"the evaluation split of {source}"
+  if ctx is not None and ctx.num_input_pipelines > 1:
+    where += (
+      f" (input pipeline {ctx.input_pipeline_id} of "
+      f"{ctx.num_input_pipelines}: its examples counted in the order it "
+      "reads them)"
+    )
+
+  def check(seen, batch):
+    features, labels = batch
+    if not labels.dtype.is_floating:
+      return seen, (features, labels)
+    flat = tf.reshape(labels, [-1])
+    finite = tf.math.is_finite(flat)
+    ok = tf.reduce_all(finite)
+
+    def message():
+      row = tf.argmin(tf.cast(finite, tf.int32), output_type=tf.int64)
+      per_row = tf.size(flat, tf.int64) // tf.maximum(
+        tf.shape(labels, out_type=tf.int64)[0], 1
+      )
+      return tf.strings.join(
+        [
+          f"{where}: example ",
+          tf.strings.as_string(seen + row // tf.maximum(per_row, 1)),
+          " (counted from 0) has label ",
+          tf.strings.as_string(flat[row]),
+          "; evaluation labels must be finite numbers (a NaN label makes "
+          "eval/loss and the metrics NaN). Fix or remove the example.",
+        ]
+      )
+
+    text = tf.cond(ok, lambda: tf.constant(""), message)
+    with tf.control_dependencies([tf.debugging.Assert(ok, [text])]):
+      labels = tf.identity(labels)
+    rows = tf.shape(labels, out_type=tf.int64)[0]
+    return seen + rows, (features, labels)
+
+  return ds.scan(
+    tf.constant(0, tf.int64), tf.autograph.experimental.do_not_convert(check)
+  )
 
 
 def _finish(

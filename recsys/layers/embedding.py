@@ -61,7 +61,7 @@ import backends
 from backends import base
 from recsys import _tf_internal
 from recsys._keras import keras, tf
-from recsys.layers import gradient_trap, keras_optimizers
+from recsys.layers import gradient_trap, keras_optimizers, loss_scaling
 from recsys.layers.ids import integer_ids
 
 log = logging.getLogger("recsys.layers")
@@ -231,20 +231,27 @@ class Embedding(keras.layers.Layer):
       return self._saved_lookup(features, weights)
     trains = training is not False and self._trains and self.trainable
     if not trains:
-      return self.embedding.lookup(features, weights, training=False)
+      return self._in_compute_dtype(
+        self.embedding.lookup(features, weights, training=False)
+      )
     if not _tf_internal.tape_is_recording():
       # Nothing can differentiate this lookup: leave nothing waiting.
       if training:
         self._warn_untrained_call()
-      return self.embedding.lookup(features, weights, training=False)
+      return self._in_compute_dtype(
+        self.embedding.lookup(features, weights, training=False)
+      )
     activations = self.embedding.lookup(features, weights, training=True)
     flat = tf.nest.flatten(activations)
     structure = self.embedding.feature_config
 
-    def apply(flat_gradients):
-      self.embedding.apply_gradients(
-        tf.nest.pack_sequence_as(structure, flat_gradients)
-      )
+    def apply(flat_gradients, finite):
+      gradients = tf.nest.pack_sequence_as(structure, flat_gradients)
+      if finite is None:
+        self.embedding.apply_gradients(gradients)
+      else:  # Keras's loss scaling: a non-finite step leaves the tables
+        loss_scaling.check_can_skip(self.embedding, self.name)
+        self.embedding.apply_gradients(gradients, apply_if=finite)
 
     def not_requested(persistent: bool) -> None:
       # The caller asked for other variables only: the tables stay. A tape
@@ -252,9 +259,20 @@ class Embedding(keras.layers.Layer):
       if not persistent:
         self.embedding.abandon_training_lookup()
 
-    return tf.nest.pack_sequence_as(
-      structure,
-      gradient_trap.trap(flat, self._trap_variable, apply, not_requested),
+    return self._in_compute_dtype(
+      tf.nest.pack_sequence_as(
+        structure,
+        gradient_trap.trap(flat, self._trap_variable, apply, not_requested),
+      )
+    )
+
+  def _in_compute_dtype(self, activations: Any) -> Any:
+    """Activations in the layer's compute dtype, as Keras's own `Embedding`
+    returns them: float16 / bfloat16 under a mixed policy. The tables and
+    their optimizer stay float32; the trap sees float32 gradients."""
+    dtype = tf.as_dtype(self.compute_dtype or tf.float32)
+    return tf.nest.map_structure(
+      lambda a: a if a.dtype == dtype else tf.cast(a, dtype), activations
     )
 
   def _integer_ids(self, features: Any, feature_config: Any) -> Any:
@@ -278,7 +296,9 @@ class Embedding(keras.layers.Layer):
     layers and silently leave the tables. `PreventGradient` (a core op;
     an identity forward) makes that an error that says what to do.
     """
-    activations = self.embedding.lookup(features, weights, training=False)
+    activations = self._in_compute_dtype(
+      self.embedding.lookup(features, weights, training=False)
+    )
     return tf.nest.map_structure(
       lambda act: tf.raw_ops.PreventGradient(
         input=act, message=RELOADED_MODEL_CANNOT_TRAIN
@@ -309,8 +329,10 @@ class Embedding(keras.layers.Layer):
         )
       tables[table] = var
     features = self._integer_ids(features, serving_config)
-    return tf.tpu.experimental.embedding.serving_embedding_lookup(
-      features, weights, tables, serving_config
+    return self._in_compute_dtype(
+      tf.tpu.experimental.embedding.serving_embedding_lookup(
+        features, weights, tables, serving_config
+      )
     )
 
   def _warn_untrained_call(self) -> None:

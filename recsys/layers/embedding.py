@@ -187,6 +187,7 @@ class Embedding(keras.layers.Layer):
     self._trains = self.embedding.capabilities.trains
     self._trap_variable = None
     self._warned_untrained_call = False
+    self._warned_unseen_scaler = False
     _log_translations(self.embedding, default, tables, translations)
 
   @property
@@ -248,6 +249,7 @@ class Embedding(keras.layers.Layer):
     def apply(flat_gradients, finite):
       gradients = tf.nest.pack_sequence_as(structure, flat_gradients)
       if finite is None:
+        self._warn_float16_without_loss_scaler()
         self.embedding.apply_gradients(gradients)
       else:  # Keras's loss scaling: a non-finite step leaves the tables
         loss_scaling.check_can_skip(self.embedding, self.name)
@@ -345,6 +347,23 @@ class Embedding(keras.layers.Layer):
       "not train the tables (it is an ordinary lookup). Tables train when a "
       "tape records the call and its gradient is taken over the model's "
       "trainable variables (fit does this).",
+      self.name,
+    )
+
+  def _warn_float16_without_loss_scaler(self) -> None:
+    """float16 without a loss scaler in sight: a loss scaled by hand in a
+    custom loop would reach the tables scaled, and nothing can tell."""
+    if self._warned_unseen_scaler or self.compute_dtype != "float16":
+      return
+    self._warned_unseen_scaler = True
+    log.warning(
+      "embedding layer %r computes in float16, but its gradient was not "
+      "taken by a Keras LossScaleOptimizer (its minimize or "
+      "compute_gradients) nor in a model's train_step whose optimizer is "
+      "one: the tables take the gradient as it comes. If this loss was "
+      "scaled by hand (get_scaled_loss), the tables' steps are scaled too: "
+      "compute the gradients with optimizer.compute_gradients(loss, "
+      "variables, tape=tape) instead, which the layer sees and unscales.",
       self.name,
     )
 

@@ -9,6 +9,7 @@ float32; Keras's own loss scale and dense weights for the skipped steps.
 """
 
 import contextlib
+import logging
 
 import numpy as np
 import pytest
@@ -208,3 +209,53 @@ def test_tables_whose_gradients_alone_overflow_make_keras_skip_the_step():
     np.testing.assert_array_equal(value, tables[name])
   for value, before in zip(dense, dense_values):
     np.testing.assert_array_equal(value, before)
+
+
+def test_a_custom_loop_scaling_by_hand_is_warned_and_compute_gradients_works(
+  caplog,
+):
+  """A bare loop: `get_scaled_loss` + `tape.gradient` cannot be seen (the
+  tables would take the scaled gradient), so the layer says so and what to
+  do; the loop written with `compute_gradients` matches float32."""
+  x, y = data()
+  tables, dense_values = initial()
+
+  def run(policy_name, by_hand):
+    with policy(policy_name):
+      model, emb, dense = build("keras", keras.optimizers.SGD(0.1))
+      opt = keras.optimizers.SGD(0.1)
+      if policy_name == "mixed_float16":
+        opt = keras.mixed_precision.LossScaleOptimizer(opt)
+    for c, var in emb.embedding_tables.items():
+      var.assign(tables[c.name])
+    dense.set_weights(dense_values)
+
+    @tf.function
+    def step(x, y):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        if by_hand:
+          loss = opt.get_scaled_loss(loss)
+      variables = model.trainable_variables
+      if by_hand:
+        grads = opt.get_unscaled_gradients(tape.gradient(loss, variables))
+        opt.apply_gradients(zip(grads, variables))
+      else:
+        opt.apply_gradients(opt.compute_gradients(loss, variables, tape))
+
+    for i in range(STEPS):
+      rows = slice(i * BATCH, (i + 1) * BATCH)
+      step({k: v[rows] for k, v in x.items()}, y[rows])
+    return {c.name: v.numpy() for c, v in emb.embedding_tables.items()}
+
+  want = run("float32", by_hand=False)
+  with caplog.at_level(logging.WARNING, logger="recsys.layers"):
+    got = run("mixed_float16", by_hand=False)
+  assert not [r for r in caplog.records if r.name == "recsys.layers"]
+  for name, value in got.items():
+    np.testing.assert_allclose(value, want[name], atol=3e-4, rtol=3e-4)
+  with caplog.at_level(logging.WARNING, logger="recsys.layers"):
+    run("mixed_float16", by_hand=True)
+  said = [r.getMessage() for r in caplog.records if r.name == "recsys.layers"]
+  assert len(said) == 1
+  assert "get_scaled_loss" in said[0] and "compute_gradients" in said[0]

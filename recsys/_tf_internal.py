@@ -44,6 +44,8 @@ flatten_with_joined_string_paths = (
   backends_door.flatten_with_joined_string_paths
 )
 flatten_up_to = backends_door.flatten_up_to
+# An attribute a Keras layer (a Trackable) keeps without tracking it.
+NoDependency = backends_door.NoDependency
 
 
 def keras_learning_rate(optimizer: Any, legacy: bool) -> tuple[Any, float]:
@@ -206,6 +208,7 @@ def mirrored_strategy(devices: list[str]) -> tf.distribute.MirroredStrategy:
 __all__ = [
   "GradientRequest",
   "LossScaler",
+  "NoDependency",
   "current_gradient_request",
   "flatten_up_to",
   "flatten_with_joined_string_paths",

@@ -22,7 +22,11 @@ def test_the_shared_questions_are_the_backends_doors():
   # tests/backends/test_tf_internal.py asks them where the answer is known.
   assert _tf_internal.tape_is_recording is backends_door.tape_may_record
   assert _tf_internal.in_xla_compilation is backends_door.in_xla_context
-  for name in ("flatten_with_joined_string_paths", "flatten_up_to"):
+  for name in (
+    "flatten_with_joined_string_paths",
+    "flatten_up_to",
+    "NoDependency",
+  ):
     assert getattr(_tf_internal, name) is getattr(backends_door, name)
 
 

@@ -188,6 +188,15 @@ class Embedding(keras.layers.Layer):
     self._trap_variable = None
     self._warned_untrained_call = False
     self._warned_unseen_scaler = False
+    # Keras schedules the layer advances (keras_optimizers.ScheduleStep);
+    # kept out of Keras's attribute tracking: their counts are weights.
+    self._schedule_steps = _tf_internal.NoDependency(
+      [
+        t.schedule_step
+        for t in (default, *translations.values())
+        if t.schedule_step is not None
+      ]
+    )
     _log_translations(self.embedding, default, tables, translations)
 
   @property
@@ -216,6 +225,17 @@ class Embedding(keras.layers.Layer):
         initializer="zeros",
         trainable=True,
       )
+      # The steps this layer applied, per Keras schedule it reads
+      # (checkpointed: a resumed fit continues the schedule).
+      for i, steps in enumerate(self._schedule_steps):
+        steps.count = self.add_weight(
+          name="keras_schedule_step" + (f"_{i}" if i else ""),
+          shape=(),
+          dtype=tf.int64,
+          initializer="zeros",
+          trainable=False,
+          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
     super().build(input_shape)
 
   def call(
@@ -254,6 +274,8 @@ class Embedding(keras.layers.Layer):
       else:  # Keras's loss scaling: a non-finite step leaves the tables
         loss_scaling.check_can_skip(self.embedding, self.name)
         self.embedding.apply_gradients(gradients, apply_if=finite)
+      for steps in self._schedule_steps:
+        steps.advance()  # a step the loss scaler skipped counts, as in Keras
 
     def not_requested(persistent: bool) -> None:
       # The caller asked for other variables only: the tables stay. A tape

@@ -14,9 +14,10 @@ What carries over:
 
 * the learning rate, read on every step from the Keras optimizer: a
   constant, a variable a callback changes (`ReduceLROnPlateau`), a
-  `LearningRateSchedule` at the Keras optimizer's `iterations` (so it
-  follows the steps of whatever applies that optimizer: `fit`, or
-  `optimizer.apply_gradients` in a loop), and the legacy `decay`;
+  `LearningRateSchedule` and the legacy `decay` at the step `ScheduleStep`
+  gives: the Keras optimizer's `iterations` when something applies that
+  optimizer (`compile()` sharing it, `optimizer.apply_gradients` in a
+  loop), else the number of steps the layer applied;
 * per class: Adagrad's `initial_accumulator_value`; Adam's `beta_1`,
   `beta_2`, `epsilon` (AdamW also its weight decay); FTRL's
   `learning_rate_power`, `initial_accumulator_value`, `l1`/`l2`
@@ -81,11 +82,14 @@ class Translation:
     source: what was given, for the log ("Keras Adagrad (legacy)").
     not_kept: the given settings the embedding optimizer does not apply,
       each with its value and the reason.
+    schedule_step: where a Keras schedule (or legacy decay) reads its step,
+      for the layer to count its steps into; None without one.
   """
 
   optimizer: Any
   source: str
   not_kept: tuple[str, ...] = ()
+  schedule_step: "ScheduleStep | None" = None
 
   @property
   def translated(self) -> bool:
@@ -149,7 +153,8 @@ def _from_keras(opt: Any) -> Translation:
       "the layer its own optimizer and keep this one for compile()."
     )
   config = opt.get_config()
-  kwargs: dict[str, Any] = {"learning_rate": _learning_rate(opt, legacy)}
+  learning_rate, schedule_step = _learning_rate(opt, legacy)
+  kwargs: dict[str, Any] = {"learning_rate": learning_rate}
   not_kept: list[str] = []
 
   def drop(key: str, reason: str, default: Any = None) -> None:
@@ -198,11 +203,49 @@ def _from_keras(opt: Any) -> Translation:
   if weight_decay:
     kwargs["weight_decay_factor"] = float(weight_decay)
     kwargs["multiply_weight_decay_factor_by_learning_rate"] = True
-  return Translation(target(**kwargs), source, tuple(not_kept))
+  return Translation(target(**kwargs), source, tuple(not_kept), schedule_step)
 
 
-def _learning_rate(opt: Any, legacy: bool) -> Callable[[], tf.Tensor]:
-  """A callable that reads `opt`'s learning rate now (see the module doc).
+class ScheduleStep:
+  """The step a Keras optimizer's schedule (or legacy decay) is read at.
+
+  TFRS reads a schedule at the Keras optimizer's `iterations`, which only
+  what applies that optimizer advances: `compile()` when the layer shares
+  it, but nothing when it is the layer's alone (TFRS's separate embedding
+  optimizer), whose tables then trained at `schedule(0)` forever. The step
+  here is the larger of `iterations` and the number of steps the layer
+  applied (`count`, a variable of the layer, checkpointed with it): an
+  optimizer `compile()` shares counts each step once, as before; a
+  layer-only one counts the layer's steps. The Keras object is only read.
+
+  Attributes:
+    optimizer: the Keras optimizer.
+    count: the layer's applied steps (int64 variable), or None before the
+      layer builds it (then `iterations` alone).
+  """
+
+  def __init__(self, optimizer: Any):
+    self.optimizer = optimizer
+    self.count: Any = None
+
+  def value(self) -> tf.Tensor:
+    """The step now, float32."""
+    step = tf.cast(self.optimizer.iterations, tf.int64)
+    if self.count is not None:
+      step = tf.maximum(step, tf.cast(self.count, tf.int64))
+    return tf.cast(step, tf.float32)
+
+  def advance(self) -> None:
+    """Counts one applied step (after the update that read `value`)."""
+    if self.count is not None:
+      self.count.assign_add(1)
+
+
+def _learning_rate(
+  opt: Any, legacy: bool
+) -> tuple[Callable[[], tf.Tensor], ScheduleStep | None]:
+  """A callable that reads `opt`'s learning rate now (see the module doc),
+  and the `ScheduleStep` it reads a schedule at (None: no schedule).
 
   Called in every traced step, so it reads variables, never Python values
   fixed when the step was traced.
@@ -210,11 +253,12 @@ def _learning_rate(opt: Any, legacy: bool) -> Callable[[], tf.Tensor]:
   # The legacy optimizers' variables are made now, not at their first step.
   schedule, decay = _tf_internal.keras_learning_rate(opt, legacy)
   uses_steps = isinstance(schedule, _Schedule) or decay > 0
+  steps = ScheduleStep(opt) if uses_steps else None
   if uses_steps:
     opt.iterations  # noqa: B018  (made now, not inside a traced step)
 
   def current() -> tf.Tensor:
-    step = tf.cast(opt.iterations, tf.float32) if uses_steps else None
+    step = None if steps is None else steps.value()
     if isinstance(schedule, _Schedule):
       lr = schedule(step)
     elif callable(schedule) and not isinstance(schedule, tf.Variable):
@@ -226,7 +270,7 @@ def _learning_rate(opt: Any, legacy: bool) -> Callable[[], tf.Tensor]:
       lr = lr / (1.0 + decay * step)
     return lr
 
-  return current
+  return current, steps
 
 
 def describe(optimizer: Any) -> str:

@@ -12,6 +12,7 @@ import logging
 import numpy as np
 import pytest
 
+import backends
 from backends import reference_optimizers as ref
 from recsys import layers
 from recsys._keras import keras, tf
@@ -202,3 +203,127 @@ def test_a_shared_keras_optimizer_trains_the_tables_with_tpu_math_only():
   assert int(shared.iterations.numpy()) == 1
   table_shapes = {tuple(t.shape) for t in tables.values()}
   assert not any(tuple(v.shape) in table_shapes for v in shared.variables)
+
+
+# -- a schedule on the layer's own Keras optimizer ----------------------------
+
+
+def _halving():
+  """lr(n) = 0.5 ** (n + 1): each step's update is half the last one's."""
+  return K.schedules.ExponentialDecay(0.5, decay_steps=1, decay_rate=0.5)
+
+
+def _scheduled_reference(config, tables, dense_values, x, y):
+  """The backend's own loop with SGD at schedule(n) in step n (NumPy-free:
+  the schedule's own value; the dense layer is frozen)."""
+  from tests.layers import test_embedding_layer as t  # pylint: disable=g-import-not-at-top
+
+  schedule, step = _halving(), tf.Variable(0.0)
+  emb = backends.create(
+    config, E.SGD(lambda: schedule(step)), backend="tensorcore"
+  )
+  emb.build()
+  dense = keras.layers.Dense(1)
+  dense.build([None, 18])
+  t.set_values(emb.embedding_tables, dense, tables, dense_values)
+  for n in range(t.STEPS):
+    rows = slice(n * t.BATCH, (n + 1) * t.BATCH)
+    with tf.GradientTape() as tape:
+      ids = {k: tf.constant(v[rows]) for k, v in x.items()}
+      acts = emb.lookup(ids, training=True)
+      pred = dense(tf.concat([acts["user"], acts["movie"]], -1))
+      loss = tf.reduce_mean(tf.square(pred - y[rows]))
+    emb.apply_gradients(tape.gradient(loss, acts))
+    step.assign_add(1.0)
+  return {c.name: v.numpy() for c, v in emb.embedding_tables.items()}
+
+
+@pytest.mark.parametrize(
+  "pattern, replicas",
+  [
+    ("layer_only", 1),
+    ("layer_only", 2),
+    ("shared_with_compile", 1),
+    ("tfrs_custom_loop", 1),
+  ],
+)
+def test_the_tables_learning_rate_at_step_n_is_the_schedule_at_n(
+  pattern, replicas
+):
+  """TFRS's separate embedding optimizer: `Embedding(..., optimizer=
+  SGD(schedule))` while `compile()` has another. Nothing applies the
+  layer's optimizer, so its `iterations` stays 0: the tables trained at
+  schedule(0) forever. The layer counts its own steps (and a shared
+  optimizer, or one a loop applies, still counts each step once)."""
+  from tests.conftest import mirrored_strategy  # pylint: disable=g-import-not-at-top
+  from tests.layers import test_embedding_layer as t  # pylint: disable=g-import-not-at-top
+
+  strategy = (
+    tf.distribute.get_strategy()
+    if replicas == 1
+    else mirrored_strategy(replicas)
+  )
+  config = t.feature_config()
+  tables, dense_values = t.initial_values(config)
+  x, y = t.data()
+  with strategy.scope():
+    layer_opt = K.SGD(_halving())
+    emb = layers.Embedding(config, layer_opt)
+    model = t.ranking_model(emb, dense_trainable=False)
+    shared = pattern == "shared_with_compile"
+    model.compile(optimizer=layer_opt if shared else K.SGD(0.05), loss="mse")
+  t.set_values(emb.embedding_tables, model.layers[-1], tables, dense_values)
+  if pattern == "tfrs_custom_loop":
+    # TFRS's docstring: the embedding optimizer applied to the layer's
+    # trainable variables each step, which advances its iterations.
+    @tf.function
+    def step(features, labels):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(features) - labels))
+      grads = tape.gradient(loss, emb.trainable_variables)
+      layer_opt.apply_gradients(zip(grads, emb.trainable_variables))
+
+    for n in range(t.STEPS):
+      rows = slice(n * t.BATCH, (n + 1) * t.BATCH)
+      step({k: tf.constant(v[rows]) for k, v in x.items()}, y[rows])
+  else:
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(t.BATCH)
+    model.fit(ds, epochs=1, verbose=0, shuffle=False)
+
+  want = _scheduled_reference(config, tables, dense_values, x, y)
+  for c, var in emb.embedding_tables.items():
+    np.testing.assert_allclose(var.numpy(), want[c.name], rtol=1e-5, atol=1e-6)
+  # The Keras object is only read: its iterations count what applies it.
+  iterations = int(layer_opt.iterations.numpy())
+  assert iterations == (0 if pattern == "layer_only" else t.STEPS)
+  counts = [w for w in emb.weights if "keras_schedule_step" in w.name]
+  assert [int(w.numpy()) for w in counts] == [t.STEPS]
+
+
+def test_a_resumed_fit_continues_the_layers_schedule(tmp_path):
+  """The layer's step count is one of its weights: `save_weights` after 2
+  steps, a new model loads them and 2 more steps match 4 in one go."""
+  from tests.layers import test_embedding_layer as t  # pylint: disable=g-import-not-at-top
+
+  config = t.feature_config()
+  tables, dense_values = t.initial_values(config)
+  x, y = t.data()
+  ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(t.BATCH)
+  half = t.STEPS // 2
+
+  def model():
+    emb = layers.Embedding(config, K.SGD(_halving()))
+    made = t.ranking_model(emb, dense_trainable=False)
+    made.compile(optimizer=K.SGD(0.05), loss="mse")
+    return made, emb
+
+  first, emb = model()
+  t.set_values(emb.embedding_tables, first.layers[-1], tables, dense_values)
+  first.fit(ds.take(half), epochs=1, verbose=0, shuffle=False)
+  first.save_weights(str(tmp_path / "half"))
+  second, emb = model()
+  second.load_weights(str(tmp_path / "half"))
+  second.fit(ds.skip(half), epochs=1, verbose=0, shuffle=False)
+  want = _scheduled_reference(config, tables, dense_values, x, y)
+  for c, var in emb.embedding_tables.items():
+    np.testing.assert_allclose(var.numpy(), want[c.name], rtol=1e-5, atol=1e-6)

@@ -54,13 +54,16 @@ Example:
 import copy
 import inspect
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 import backends
 from backends import base
+from backends.pending import UnappliedGradientsError
 from recsys import _tf_internal
 from recsys._keras import keras, tf
+from recsys.errors import RecsysError
 from recsys.layers import gradient_trap, keras_optimizers, loss_scaling
 from recsys.layers.ids import integer_ids
 
@@ -75,6 +78,15 @@ RELOADED_MODEL_CANNOT_TRAIN = (
   "model.load_weights('<saved_model_dir>/variables/variables'). That model "
   "trains its tables."
 )
+
+
+class EmbeddingCalledTwiceError(UnappliedGradientsError, RecsysError):
+  """The layer was called for training again before its last call's
+  gradient arrived: twice in one training step, as a rule."""
+
+  # AutoGraph re-raises an error from a traced step with its own type only
+  # if the type's __init__ is Exception's (as the base's is).
+  __init__ = Exception.__init__
 
 
 def embedding_optimizer(optimizer: Any) -> Any:
@@ -188,6 +200,8 @@ class Embedding(keras.layers.Layer):
     self._trap_variable = None
     self._warned_untrained_call = False
     self._warned_unseen_scaler = False
+    # Replica thread -> the trace (None: eager) of its last training call.
+    self._training_calls: dict[int, Any] = {}
     # Keras schedules the layer advances (keras_optimizers.ScheduleStep);
     # kept out of Keras's attribute tracking: their counts are weights.
     self._schedule_steps = _tf_internal.NoDependency(
@@ -262,7 +276,11 @@ class Embedding(keras.layers.Layer):
       return self._in_compute_dtype(
         self.embedding.lookup(features, weights, training=False)
       )
-    activations = self.embedding.lookup(features, weights, training=True)
+    try:
+      activations = self.embedding.lookup(features, weights, training=True)
+    except UnappliedGradientsError as error:
+      raise self._called_twice_error() from error
+    self._training_calls[threading.get_ident()] = _trace_or_none()
     flat = tf.nest.flatten(activations)
     structure = self.embedding.feature_config
 
@@ -359,6 +377,32 @@ class Embedding(keras.layers.Layer):
       )
     )
 
+  def _called_twice_error(self) -> EmbeddingCalledTwiceError:
+    """What a training call says when the previous one is still waiting
+    for its gradient (the backend refused the lookup)."""
+    previous = self._training_calls.pop(threading.get_ident(), None)
+    trace = _trace_or_none()
+    fix = (
+      "The layer is looked up once per training step: its tables' update "
+      "is applied from that call's gradient. Look every feature up in one "
+      "call (one dict with all of them; features can share a table through "
+      "their FeatureConfig), or give each call its own layer; a call that "
+      "needs no training takes training=False."
+    )
+    if trace is not None and previous is trace:
+      return EmbeddingCalledTwiceError(
+        f"embedding layer {self.name!r} was called twice for training in "
+        f"one step (while tracing {trace.name!r}). {fix}"
+      )
+    return EmbeddingCalledTwiceError(
+      f"embedding layer {self.name!r} was called for training again "
+      "before the gradient of its previous training call reached it: "
+      "either it is called twice in one training step, or that earlier "
+      "call's gradient was never taken (the tables train when the loss "
+      "uses its activations and its gradient is taken over the model's "
+      f"trainable variables, as fit does). {fix}"
+    )
+
   def _warn_untrained_call(self) -> None:
     if self._warned_untrained_call or _tf_internal.in_saved_model_trace():
       return
@@ -409,6 +453,13 @@ class _NotKerasOwnEmbedding(logging.Filter):
 
 
 logging.getLogger("absl").addFilter(_NotKerasOwnEmbedding())
+
+
+def _trace_or_none() -> Any:
+  """The graph being traced (a step's `tf.function`), None when eager."""
+  if tf.executing_eagerly():
+    return None
+  return tf.compat.v1.get_default_graph()
 
 
 def _backend_for_embedding_feature(embedding_feature: Any, backend: str) -> str:

@@ -89,7 +89,9 @@ class EmbeddingCalledTwiceError(UnappliedGradientsError, RecsysError):
   __init__ = Exception.__init__
 
 
-def embedding_optimizer(optimizer: Any) -> Any:
+def embedding_optimizer(
+  optimizer: Any, ignore_unsupported_optimizer_settings: bool = False
+) -> Any:
   """A `tf.tpu.experimental.embedding` optimizer from what TFRS accepts.
 
   Args:
@@ -98,12 +100,15 @@ def embedding_optimizer(optimizer: Any) -> Any:
       "ftrl": TF's default hyper-parameters); a Keras SGD, Adagrad, Adam,
       AdamW or Ftrl (translated: `recsys.layers.keras_optimizers`); or None
       (every table names its own optimizer, or the layer is lookup-only).
+    ignore_unsupported_optimizer_settings: as `Embedding`'s.
 
   Raises:
-    ValueError: an unknown name, or an optimizer with no embedding
-      counterpart.
+    ValueError: an unknown name, an optimizer with no embedding
+      counterpart, or a Keras setting the tables cannot take.
   """
-  return keras_optimizers.translate(optimizer).optimizer
+  return keras_optimizers.translate(
+    optimizer, ignore_unsupported_optimizer_settings
+  ).optimizer
 
 
 # Registered under "recsys>Embedding": Keras's saving then does not mistake
@@ -130,6 +135,11 @@ class Embedding(keras.layers.Layer):
       when the layer is constructed).
     backend_options: extra keyword arguments of the backend's constructor
       (e.g. `bag_widths`, `invalid_ids`).
+    ignore_unsupported_optimizer_settings: a Keras optimizer (the layer's or
+      a `TableConfig`'s) with a setting the embedding optimizer cannot apply
+      (SGD `momentum`, Adam `amsgrad`, `clipnorm`, `global_clipnorm`, ...)
+      is refused, as TFRS's layer refuses it; True trains the tables
+      without it, logged once per table.
     **kwargs: Keras `Layer` arguments (`name`, ...).
 
   Call args:
@@ -161,6 +171,7 @@ class Embedding(keras.layers.Layer):
     backend: str = "auto",
     backend_options: Mapping[str, Any] | None = None,
     strategy: tf.distribute.Strategy | None = None,
+    ignore_unsupported_optimizer_settings: bool = False,
     **kwargs: Any,
   ):
     # Float ids must reach `call` as they are, not cast to float32 by Keras.
@@ -182,9 +193,10 @@ class Embedding(keras.layers.Layer):
       if key in accepted and value not in (None, False):
         options[key] = value
     options.update(backend_options or {})
-    default = keras_optimizers.translate(optimizer)
+    ignore = ignore_unsupported_optimizer_settings
+    default = _translated(optimizer, ignore, "optimizer")
     backend_config, tables, translations = _translate_table_optimizers(
-      feature_config
+      feature_config, ignore
     )
     self._user_feature_config = feature_config
     # backend's TableConfig (a copy where its optimizer was translated) ->
@@ -481,8 +493,20 @@ def _backend_for_embedding_feature(embedding_feature: Any, backend: str) -> str:
   return "tensorcore"
 
 
+def _translated(
+  optimizer: Any, ignore_unsupported: bool, where: str
+) -> keras_optimizers.Translation:
+  """`keras_optimizers.translate`, its errors saying which optimizer."""
+  try:
+    return keras_optimizers.translate(optimizer, ignore_unsupported)
+  except keras_optimizers.OptimizerTranslationError as error:
+    raise keras_optimizers.OptimizerTranslationError(
+      f"{where}: {error}"
+    ) from None
+
+
 def _translate_table_optimizers(
-  feature_config: Any,
+  feature_config: Any, ignore_unsupported: bool
 ) -> tuple[Any, dict[int, Any], dict[int, keras_optimizers.Translation]]:
   """The feature config with each table's optimizer translated.
 
@@ -504,7 +528,11 @@ def _translate_table_optimizers(
       table.optimizer
     ):
       if id(table) not in copies:
-        translation = keras_optimizers.translate(table.optimizer)
+        translation = _translated(
+          table.optimizer,
+          ignore_unsupported,
+          f"TableConfig {table.name!r}'s optimizer",
+        )
         clone = copy.copy(table)
         clone.optimizer = translation.optimizer
         copies[id(table)] = clone

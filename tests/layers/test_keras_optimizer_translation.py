@@ -69,13 +69,91 @@ def test_each_keras_optimizer_becomes_its_embedding_counterpart(legacy):
 def test_what_cannot_be_kept_is_listed_with_its_value_and_reason():
   adagrad = keras_optimizers.translate(K.Adagrad(0.1))
   assert adagrad.not_kept == ("epsilon=1e-07 (the TPU Adagrad has no epsilon)",)
-  sgd = keras_optimizers.translate(KL.SGD(0.1, momentum=0.9, clipnorm=1.0))
+  sgd = keras_optimizers.translate(
+    KL.SGD(0.1, momentum=0.9, clipnorm=1.0), ignore_unsupported_settings=True
+  )
   assert any(n.startswith("momentum=0.9") for n in sgd.not_kept)
   assert any(n.startswith("clipnorm=1.0") for n in sgd.not_kept)
   assert keras_optimizers.translate(K.SGD(0.1)).not_kept == ()
-  adam = keras_optimizers.translate(K.Adam(amsgrad=True))
+  adam = keras_optimizers.translate(
+    K.Adam(amsgrad=True), ignore_unsupported_settings=True
+  )
   assert any("bias correction" in n for n in adam.not_kept)
   assert any(n.startswith("amsgrad=True") for n in adam.not_kept)
+
+
+# Settings the embedding optimizer cannot apply, and whether TFRS's own
+# translation (legacy optimizers only) refuses them too.
+UNSUPPORTED = [
+  (lambda: K.SGD(0.1, momentum=0.9), "momentum=0.9", None),
+  (lambda: KL.SGD(0.1, momentum=0.9), "momentum=0.9", True),
+  (lambda: KL.SGD(0.1, momentum=0.5, nesterov=True), "nesterov=True", True),
+  (lambda: K.Adam(0.1, amsgrad=True), "amsgrad=True", None),
+  (lambda: KL.Adam(0.1, amsgrad=True), "amsgrad=True", True),
+  (lambda: K.Adagrad(0.1, clipnorm=1.0), "clipnorm=1.0", None),
+  (lambda: KL.Adagrad(0.1, clipnorm=1.0), "clipnorm=1.0", True),
+  (lambda: K.SGD(0.1, global_clipnorm=2.0), "global_clipnorm=2.0", None),
+  # TFRS lets global_clipnorm through, and the tables ignored it there too.
+  (lambda: KL.SGD(0.1, global_clipnorm=2.0), "global_clipnorm=2.0", False),
+  (lambda: KL.Adagrad(0.1, epsilon=1e-3), "epsilon=0.001", True),
+  (
+    lambda: KL.Ftrl(0.1, l2_shrinkage_regularization_strength=0.1),
+    "l2_shrinkage_regularization_strength=0.1",
+    True,
+  ),
+  (lambda: K.Adagrad(0.1, use_ema=True), "use_ema=True", None),
+]
+
+
+@pytest.mark.parametrize("make, setting, tfrs_refuses", UNSUPPORTED)
+def test_a_setting_the_tables_cannot_take_is_refused_unless_ignored(
+  make, setting, tfrs_refuses, caplog
+):
+  """TFRS's layer refuses these; they were dropped with a warning and the
+  tables trained without them. Now refused by name, with the fix; the
+  layer's `ignore_unsupported_optimizer_settings=True` lets them through."""
+  from tensorflow_recommenders.layers.embedding import (  # pylint: disable=g-import-not-at-top
+    tpu_embedding_layer as tfrs_layer,
+  )
+
+  if tfrs_refuses is not None:
+    if tfrs_refuses:
+      with pytest.raises(ValueError):
+        tfrs_layer.translate_keras_optimizer(make())
+    else:
+      tfrs_layer.translate_keras_optimizer(make())
+  with pytest.raises(keras_optimizers.OptimizerTranslationError) as info:
+    layers.Embedding(_config(), make())
+  message = str(info.value)
+  assert message.startswith(f"optimizer: the Keras {type(make()).__name__}")
+  assert setting in message
+  assert "ignore_unsupported_optimizer_settings=True" in message
+  assert "compile() can keep this one" in message
+  # Per table too, the table named.
+  with pytest.raises(
+    keras_optimizers.OptimizerTranslationError,
+    match=f"TableConfig 'users'.s optimizer: .*{setting}",
+  ):
+    layers.Embedding(_config(table_optimizer=make()), E.SGD(0.1))
+  with caplog.at_level(logging.WARNING, logger="recsys.layers"):
+    layers.Embedding(
+      _config(), make(), ignore_unsupported_optimizer_settings=True
+    )
+  said = [r.getMessage() for r in caplog.records if setting in r.getMessage()]
+  assert len(said) == 2  # once per table
+
+
+def test_a_shared_sgd_with_momentum_is_refused_before_fit_as_tfrs_does():
+  """The tutorials' habit, one optimizer for the layer and compile(), with
+  momentum: the tables would have trained with plain SGD."""
+  shared = K.SGD(0.1, momentum=0.9)
+  with pytest.raises(ValueError, match="momentum=0.9"):
+    layers.Embedding(_config(), shared)
+  emb = layers.Embedding(
+    _config(), shared, ignore_unsupported_optimizer_settings=True
+  )
+  translated = emb.embedding.optimizer_for(emb.embedding.tables[0])
+  assert type(translated) is E.SGD
 
 
 def test_clipvalue_and_weight_decay_carry_over():

@@ -55,6 +55,7 @@ import copy
 import inspect
 import logging
 import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -212,8 +213,9 @@ class Embedding(keras.layers.Layer):
     self._trap_variable = None
     self._warned_untrained_call = False
     self._warned_unseen_scaler = False
-    # Replica thread -> the trace (None: eager) of its last training call.
-    self._training_calls: dict[int, Any] = {}
+    # Replica thread -> the trace of its last training call (a weak
+    # reference; None: eager), to tell a second call in one step.
+    self._training_calls: dict[int, Any] = _tf_internal.NoDependency({})
     # Keras schedules the layer advances (keras_optimizers.ScheduleStep);
     # kept out of Keras's attribute tracking: their counts are weights.
     self._schedule_steps = _tf_internal.NoDependency(
@@ -292,7 +294,10 @@ class Embedding(keras.layers.Layer):
       activations = self.embedding.lookup(features, weights, training=True)
     except UnappliedGradientsError as error:
       raise self._called_twice_error() from error
-    self._training_calls[threading.get_ident()] = _trace_or_none()
+    trace = _trace_or_none()
+    self._training_calls[threading.get_ident()] = (
+      None if trace is None else weakref.ref(trace)
+    )
     flat = tf.nest.flatten(activations)
     structure = self.embedding.feature_config
 
@@ -392,7 +397,8 @@ class Embedding(keras.layers.Layer):
   def _called_twice_error(self) -> EmbeddingCalledTwiceError:
     """What a training call says when the previous one is still waiting
     for its gradient (the backend refused the lookup)."""
-    previous = self._training_calls.pop(threading.get_ident(), None)
+    reference = self._training_calls.pop(threading.get_ident(), None)
+    previous = None if reference is None else reference()
     trace = _trace_or_none()
     fix = (
       "The layer is looked up once per training step: its tables' update "
@@ -404,7 +410,8 @@ class Embedding(keras.layers.Layer):
     if trace is not None and previous is trace:
       return EmbeddingCalledTwiceError(
         f"embedding layer {self.name!r} was called twice for training in "
-        f"one step (while tracing {trace.name!r}). {fix}"
+        f"one step (while tracing {getattr(trace, 'name', 'a step')!r}). "
+        f"{fix}"
       )
     return EmbeddingCalledTwiceError(
       f"embedding layer {self.name!r} was called for training again "

@@ -544,6 +544,9 @@ class EmbeddingBackend(_tf_internal.AutoTrackable, metaclass=abc.ABCMeta):
     Must follow a `lookup(..., training=True)` in the same step; a second
     training lookup before it raises `backends.pending.UnappliedGradientsError`
     (gradients that are never applied would leave the tables untrained).
+    Backends that can leave a step out take `apply_if` too (a scalar bool
+    tensor; False: the tables stay), as `recsys.layers.Embedding` needs
+    under Keras's loss scaling.
     """
     raise NotImplementedError(
       f"the {self.name!r} backend is lookup-only and cannot train."

@@ -343,7 +343,9 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
   # -- training ----------------------------------------------------------------
 
   @_not_converted
-  def apply_gradients(self, activation_gradients: Any) -> None:
+  def apply_gradients(
+    self, activation_gradients: Any, apply_if: tf.Tensor | None = None
+  ) -> None:
     """Applies each table's embedding optimizer to the rows this step touched.
 
     Call in the same step as `lookup(..., training=True)`, with the gradient
@@ -351,24 +353,47 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
     Each touched row's gradient is summed over the global batch; under
     several replicas a replicated table's update is the same on every
     replica, a row-sharded table's is applied by each row's owner only.
+
+    `apply_if`, a scalar bool tensor equal on every replica, leaves the
+    tables and slots as they are when False (a loss scaler's skipped step):
+    the replicas still exchange the step's rows, outside the condition,
+    since a `MirroredStrategy` cannot run its collectives inside one.
     """
     engine, steps, flat_grads = self._take_pending_step(activation_gradients)
-    # Tables sharing an optimizer are updated together: one run of its
-    # element-wise math over all their touched rows (same numbers).
-    groups: dict[int, tuple[Any, list[optimizers.SparseUpdate]]] = {}
+    exchanged: dict[str, list[optimizers.SparseUpdate]] = {}
     for table in self._tables:
       name = self.table_name(table)
       step, storage = steps[name], self._storages[name]
-      opt = self.optimizer_for(table)
       engine.check_update(name, step, storage)
-      if engine.apply_in_place(table, step, flat_grads, storage, opt):
-        continue
-      row_grads = engine.row_gradients(table, step, flat_grads)
-      for update in storage.updates(step, row_grads):
-        groups.setdefault(id(opt), (opt, []))[1].append(update)
-    fused = engine.update_kernels()
-    for opt, updates in groups.values():
-      optimizers.apply_sparse_updates(opt, updates, fused_ops=fused)
+      if apply_if is not None and storage.update_exchanges():
+        row_grads = engine.row_gradients(table, step, flat_grads)
+        exchanged[name] = storage.updates(step, row_grads)
+
+    def write() -> tf.Tensor:
+      # Tables sharing an optimizer are updated together: one run of its
+      # element-wise math over all their touched rows (same numbers).
+      groups: dict[int, tuple[Any, list[optimizers.SparseUpdate]]] = {}
+      for table in self._tables:
+        name = self.table_name(table)
+        step, storage = steps[name], self._storages[name]
+        opt = self.optimizer_for(table)
+        updates = exchanged.get(name)
+        if updates is None:
+          if engine.apply_in_place(table, step, flat_grads, storage, opt):
+            continue
+          row_grads = engine.row_gradients(table, step, flat_grads)
+          updates = storage.updates(step, row_grads)
+        for update in updates:
+          groups.setdefault(id(opt), (opt, []))[1].append(update)
+      fused = engine.update_kernels()
+      for opt, updates in groups.values():
+        optimizers.apply_sparse_updates(opt, updates, fused_ops=fused)
+      return tf.constant(True)
+
+    if apply_if is None:
+      write()
+    else:
+      tf.cond(apply_if, write, lambda: tf.constant(False))
 
   def abandon_training_lookup(self) -> None:
     """Drops this replica's training lookup on purpose (a step left out)."""

@@ -10,6 +10,7 @@ Keras 2 (`tf_keras`) moves with TensorFlow's version, so its optimizers'
 private attributes are read here too.
 """
 
+import dataclasses
 import itertools
 import sys
 import threading
@@ -20,7 +21,7 @@ from tensorflow.python.eager import backprop  # pylint: disable=g-direct-tensorf
 from tensorflow.python.saved_model import save_context  # pylint: disable=g-direct-tensorflow-import
 
 from backends import _tf_internal as backends_door
-from recsys._keras import tf
+from recsys._keras import keras, tf
 
 _TAPE_GRADIENT_CODE = backprop.GradientTape.gradient.__code__
 
@@ -43,6 +44,8 @@ flatten_with_joined_string_paths = (
   backends_door.flatten_with_joined_string_paths
 )
 flatten_up_to = backends_door.flatten_up_to
+# An attribute a Keras layer (a Trackable) keeps without tracking it.
+NoDependency = backends_door.NoDependency
 
 
 def keras_learning_rate(optimizer: Any, legacy: bool) -> tuple[Any, float]:
@@ -62,6 +65,22 @@ def keras_learning_rate(optimizer: Any, legacy: bool) -> tuple[Any, float]:
   return optimizer._learning_rate, 0.0  # pylint: disable=protected-access
 
 
+@dataclasses.dataclass(frozen=True)
+class LossScaler:
+  """The Keras `LossScaleOptimizer` a gradient request runs under.
+
+  Attributes:
+    optimizer: the `tf.keras.mixed_precision.LossScaleOptimizer`; its
+      `apply_gradients` will check the gradients and may skip the step.
+    loss_is_scaled: whether the differentiated loss was multiplied by its
+      `loss_scale` (Keras's `train_step` and `minimize` do; `tfrs.Model`'s
+      `train_step` does not, and Keras then warns that it forgot to).
+  """
+
+  optimizer: Any
+  loss_is_scaled: bool
+
+
 class GradientRequest:
   """The `GradientTape.gradient` call that is running, seen from inside it.
 
@@ -73,11 +92,18 @@ class GradientRequest:
   Attributes:
     sources: the flat sources of the running `tape.gradient(...)` call.
     persistent: whether that tape can be asked again.
+    loss_scaler: the Keras loss scaler of the call (`LossScaler`), or None.
   """
 
-  def __init__(self, sources: list[Any], persistent: bool):
+  def __init__(
+    self,
+    sources: list[Any],
+    persistent: bool,
+    loss_scaler: LossScaler | None = None,
+  ):
     self.sources = sources
     self.persistent = persistent
+    self.loss_scaler = loss_scaler
 
   def covers(self, variable: Any) -> bool:
     """Whether `variable` is among the sources (itself or a wrapper of it,
@@ -113,8 +139,44 @@ def current_gradient_request() -> GradientRequest | None:
       if sources is None or tape is None:
         return None
       return GradientRequest(
-        list(sources), bool(getattr(tape, "_persistent", False))
+        list(sources),
+        bool(getattr(tape, "_persistent", False)),
+        _loss_scaler(frame.f_back),
       )
+    frame = frame.f_back
+  return None
+
+
+# The methods of Keras's LossScaleOptimizers (current and legacy) that
+# multiply the loss by the loss scale and then differentiate it.
+_SCALING_METHODS = frozenset(
+  ("compute_gradients", "_compute_gradients", "get_gradients")
+)
+
+
+def _loss_scaler(frame: types.FrameType | None) -> LossScaler | None:
+  """The loss scaler of the code that called `tape.gradient` from `frame`.
+
+  Keras has no public way to ask which loss scale a gradient carries. Two
+  callers are seen: a `LossScaleOptimizer`'s own gradient methods (Keras's
+  `train_step`, `minimize`, `compute_gradients` in a custom loop), which
+  scale the loss; and a model's `train_step` whose compiled optimizer is a
+  `LossScaleOptimizer` (`tfrs.Model`'s, or a custom one), which scaled the
+  loss if it called `get_scaled_loss` (the optimizer remembers that).
+  """
+  lso = keras.mixed_precision.LossScaleOptimizer
+  while frame is not None:
+    name = frame.f_code.co_name
+    if name in _SCALING_METHODS or name == "train_step":
+      owner = frame.f_locals.get("self")
+      if isinstance(owner, lso) and name in _SCALING_METHODS:
+        return LossScaler(owner, loss_is_scaled=True)
+      if isinstance(owner, keras.Model) and name == "train_step":
+        optimizer = getattr(owner, "optimizer", None)
+        if not isinstance(optimizer, lso):
+          return None
+        scaled = getattr(optimizer, "_loss_has_been_scaled", False)  # pylint: disable=protected-access
+        return LossScaler(optimizer, loss_is_scaled=bool(scaled))
     frame = frame.f_back
   return None
 
@@ -145,6 +207,8 @@ def mirrored_strategy(devices: list[str]) -> tf.distribute.MirroredStrategy:
 
 __all__ = [
   "GradientRequest",
+  "LossScaler",
+  "NoDependency",
   "current_gradient_request",
   "flatten_up_to",
   "flatten_with_joined_string_paths",

@@ -22,7 +22,11 @@ def test_the_shared_questions_are_the_backends_doors():
   # tests/backends/test_tf_internal.py asks them where the answer is known.
   assert _tf_internal.tape_is_recording is backends_door.tape_may_record
   assert _tf_internal.in_xla_compilation is backends_door.in_xla_context
-  for name in ("flatten_with_joined_string_paths", "flatten_up_to"):
+  for name in (
+    "flatten_with_joined_string_paths",
+    "flatten_up_to",
+    "NoDependency",
+  ):
     assert getattr(_tf_internal, name) is getattr(backends_door, name)
 
 
@@ -83,6 +87,61 @@ def test_gradient_request_covers_a_wrapper_sharing_the_handle():
   assert request.covers(inner)
   assert not request.covers(tf.Variable([[0.0]]))
   assert not request.covers(tf.constant(1.0))
+
+
+def test_gradient_request_names_the_keras_loss_scaler_it_runs_under():
+  """Keras's `minimize` scales the loss; a `train_step` that differentiates
+  it itself (tfrs.Model's) has not, unless it called `get_scaled_loss`;
+  a plain optimizer or a bare tape has no loss scaler."""
+  variable = tf.Variable(1.0)
+  requests = []
+
+  @tf.custom_gradient
+  def spy(x):
+    def grad(dy):
+      requests.append(_tf_internal.current_gradient_request())
+      return dy
+
+    return tf.identity(x), grad
+
+  def loss():
+    return spy(variable) * 2.0
+
+  for inner in (keras.optimizers.SGD(0.1), keras.optimizers.legacy.SGD(0.1)):
+    scaling = keras.mixed_precision.LossScaleOptimizer(inner)
+    scaling.minimize(loss, [variable])
+    assert requests[-1].loss_scaler.optimizer is scaling
+    assert requests[-1].loss_scaler.loss_is_scaled
+  keras.optimizers.SGD(0.1).minimize(loss, [variable])
+  assert requests[-1].loss_scaler is None
+
+  class Model(keras.Model):
+    def __init__(self, scale_by_hand):
+      super().__init__()
+      self.scale_by_hand = scale_by_hand
+
+    def train_step(self, data):
+      with tf.GradientTape() as tape:
+        target = loss()
+        if self.scale_by_hand:
+          target = self.optimizer.get_scaled_loss(target)
+      tape.gradient(target, [variable])
+      return {}
+
+  for by_hand in (False, True):
+    model = Model(by_hand)
+    model.compile(
+      optimizer=keras.mixed_precision.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1)
+      )
+    )
+    model.train_step(None)
+    assert requests[-1].loss_scaler.optimizer is model.optimizer
+    assert requests[-1].loss_scaler.loss_is_scaled is by_hand
+  with tf.GradientTape() as tape:
+    target = loss()
+  tape.gradient(target, [variable])
+  assert requests[-1].loss_scaler is None
 
 
 def test_mirrored_strategies_collect_under_keys_of_their_own():
@@ -149,6 +208,12 @@ def _private_owners():
     "_hyper": [keras.optimizers.legacy.SGD(0.1)],
     "_initial_decay": [keras.optimizers.legacy.SGD(0.1)],
     "_learning_rate": [keras.optimizers.SGD(0.1)],
+    "_loss_has_been_scaled": [
+      keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.1)),
+      keras.mixed_precision.LossScaleOptimizer(
+        keras.optimizers.legacy.SGD(0.1)
+      ),
+    ],
   }
 
 

@@ -4,6 +4,10 @@
 the import and `fit` trains the tables on any hardware.
 """
 
-from recsys.layers.embedding import Embedding, embedding_optimizer
+from recsys.layers.embedding import (
+  Embedding,
+  EmbeddingCalledTwiceError,
+  embedding_optimizer,
+)
 
-__all__ = ["Embedding", "embedding_optimizer"]
+__all__ = ["Embedding", "EmbeddingCalledTwiceError", "embedding_optimizer"]

@@ -54,14 +54,18 @@ Example:
 import copy
 import inspect
 import logging
+import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
 import backends
 from backends import base
+from backends.pending import UnappliedGradientsError
 from recsys import _tf_internal
 from recsys._keras import keras, tf
-from recsys.layers import gradient_trap, keras_optimizers
+from recsys.errors import RecsysError
+from recsys.layers import gradient_trap, keras_optimizers, loss_scaling
 from recsys.layers.ids import integer_ids
 
 log = logging.getLogger("recsys.layers")
@@ -77,7 +81,18 @@ RELOADED_MODEL_CANNOT_TRAIN = (
 )
 
 
-def embedding_optimizer(optimizer: Any) -> Any:
+class EmbeddingCalledTwiceError(UnappliedGradientsError, RecsysError):
+  """The layer was called for training again before its last call's
+  gradient arrived: twice in one training step, as a rule."""
+
+  # AutoGraph re-raises an error from a traced step with its own type only
+  # if the type's __init__ is Exception's (as the base's is).
+  __init__ = Exception.__init__
+
+
+def embedding_optimizer(
+  optimizer: Any, ignore_unsupported_optimizer_settings: bool = False
+) -> Any:
   """A `tf.tpu.experimental.embedding` optimizer from what TFRS accepts.
 
   Args:
@@ -86,12 +101,15 @@ def embedding_optimizer(optimizer: Any) -> Any:
       "ftrl": TF's default hyper-parameters); a Keras SGD, Adagrad, Adam,
       AdamW or Ftrl (translated: `recsys.layers.keras_optimizers`); or None
       (every table names its own optimizer, or the layer is lookup-only).
+    ignore_unsupported_optimizer_settings: as `Embedding`'s.
 
   Raises:
-    ValueError: an unknown name, or an optimizer with no embedding
-      counterpart.
+    ValueError: an unknown name, an optimizer with no embedding
+      counterpart, or a Keras setting the tables cannot take.
   """
-  return keras_optimizers.translate(optimizer).optimizer
+  return keras_optimizers.translate(
+    optimizer, ignore_unsupported_optimizer_settings
+  ).optimizer
 
 
 # Registered under "recsys>Embedding": Keras's saving then does not mistake
@@ -118,6 +136,11 @@ class Embedding(keras.layers.Layer):
       when the layer is constructed).
     backend_options: extra keyword arguments of the backend's constructor
       (e.g. `bag_widths`, `invalid_ids`).
+    ignore_unsupported_optimizer_settings: a Keras optimizer (the layer's or
+      a `TableConfig`'s) with a setting the embedding optimizer cannot apply
+      (SGD `momentum`, Adam `amsgrad`, `clipnorm`, `global_clipnorm`, ...)
+      is refused, as TFRS's layer refuses it; True trains the tables
+      without it, logged once per table.
     **kwargs: Keras `Layer` arguments (`name`, ...).
 
   Call args:
@@ -149,6 +172,7 @@ class Embedding(keras.layers.Layer):
     backend: str = "auto",
     backend_options: Mapping[str, Any] | None = None,
     strategy: tf.distribute.Strategy | None = None,
+    ignore_unsupported_optimizer_settings: bool = False,
     **kwargs: Any,
   ):
     # Float ids must reach `call` as they are, not cast to float32 by Keras.
@@ -170,9 +194,10 @@ class Embedding(keras.layers.Layer):
       if key in accepted and value not in (None, False):
         options[key] = value
     options.update(backend_options or {})
-    default = keras_optimizers.translate(optimizer)
+    ignore = ignore_unsupported_optimizer_settings
+    default = _translated(optimizer, ignore, "optimizer")
     backend_config, tables, translations = _translate_table_optimizers(
-      feature_config
+      feature_config, ignore
     )
     self._user_feature_config = feature_config
     # backend's TableConfig (a copy where its optimizer was translated) ->
@@ -187,6 +212,19 @@ class Embedding(keras.layers.Layer):
     self._trains = self.embedding.capabilities.trains
     self._trap_variable = None
     self._warned_untrained_call = False
+    self._warned_unseen_scaler = False
+    # Replica thread -> the trace of its last training call (a weak
+    # reference; None: eager), to tell a second call in one step.
+    self._training_calls: dict[int, Any] = _tf_internal.NoDependency({})
+    # Keras schedules the layer advances (keras_optimizers.ScheduleStep);
+    # kept out of Keras's attribute tracking: their counts are weights.
+    self._schedule_steps = _tf_internal.NoDependency(
+      [
+        t.schedule_step
+        for t in (default, *translations.values())
+        if t.schedule_step is not None
+      ]
+    )
     _log_translations(self.embedding, default, tables, translations)
 
   @property
@@ -215,6 +253,17 @@ class Embedding(keras.layers.Layer):
         initializer="zeros",
         trainable=True,
       )
+      # The steps this layer applied, per Keras schedule it reads
+      # (checkpointed: a resumed fit continues the schedule).
+      for i, steps in enumerate(self._schedule_steps):
+        steps.count = self.add_weight(
+          name="keras_schedule_step" + (f"_{i}" if i else ""),
+          shape=(),
+          dtype=tf.int64,
+          initializer="zeros",
+          trainable=False,
+          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
     super().build(input_shape)
 
   def call(
@@ -231,20 +280,37 @@ class Embedding(keras.layers.Layer):
       return self._saved_lookup(features, weights)
     trains = training is not False and self._trains and self.trainable
     if not trains:
-      return self.embedding.lookup(features, weights, training=False)
+      return self._in_compute_dtype(
+        self.embedding.lookup(features, weights, training=False)
+      )
     if not _tf_internal.tape_is_recording():
       # Nothing can differentiate this lookup: leave nothing waiting.
       if training:
         self._warn_untrained_call()
-      return self.embedding.lookup(features, weights, training=False)
-    activations = self.embedding.lookup(features, weights, training=True)
+      return self._in_compute_dtype(
+        self.embedding.lookup(features, weights, training=False)
+      )
+    try:
+      activations = self.embedding.lookup(features, weights, training=True)
+    except UnappliedGradientsError as error:
+      raise self._called_twice_error() from error
+    trace = _trace_or_none()
+    self._training_calls[threading.get_ident()] = (
+      None if trace is None else weakref.ref(trace)
+    )
     flat = tf.nest.flatten(activations)
     structure = self.embedding.feature_config
 
-    def apply(flat_gradients):
-      self.embedding.apply_gradients(
-        tf.nest.pack_sequence_as(structure, flat_gradients)
-      )
+    def apply(flat_gradients, finite):
+      gradients = tf.nest.pack_sequence_as(structure, flat_gradients)
+      if finite is None:
+        self._warn_float16_without_loss_scaler()
+        self.embedding.apply_gradients(gradients)
+      else:  # Keras's loss scaling: a non-finite step leaves the tables
+        loss_scaling.check_can_skip(self.embedding, self.name)
+        self.embedding.apply_gradients(gradients, apply_if=finite)
+      for steps in self._schedule_steps:
+        steps.advance()  # a step the loss scaler skipped counts, as in Keras
 
     def not_requested(persistent: bool) -> None:
       # The caller asked for other variables only: the tables stay. A tape
@@ -252,9 +318,20 @@ class Embedding(keras.layers.Layer):
       if not persistent:
         self.embedding.abandon_training_lookup()
 
-    return tf.nest.pack_sequence_as(
-      structure,
-      gradient_trap.trap(flat, self._trap_variable, apply, not_requested),
+    return self._in_compute_dtype(
+      tf.nest.pack_sequence_as(
+        structure,
+        gradient_trap.trap(flat, self._trap_variable, apply, not_requested),
+      )
+    )
+
+  def _in_compute_dtype(self, activations: Any) -> Any:
+    """Activations in the layer's compute dtype, as Keras's own `Embedding`
+    returns them: float16 / bfloat16 under a mixed policy. The tables and
+    their optimizer stay float32; the trap sees float32 gradients."""
+    dtype = tf.as_dtype(self.compute_dtype or tf.float32)
+    return tf.nest.map_structure(
+      lambda a: a if a.dtype == dtype else tf.cast(a, dtype), activations
     )
 
   def _integer_ids(self, features: Any, feature_config: Any) -> Any:
@@ -278,7 +355,9 @@ class Embedding(keras.layers.Layer):
     layers and silently leave the tables. `PreventGradient` (a core op;
     an identity forward) makes that an error that says what to do.
     """
-    activations = self.embedding.lookup(features, weights, training=False)
+    activations = self._in_compute_dtype(
+      self.embedding.lookup(features, weights, training=False)
+    )
     return tf.nest.map_structure(
       lambda act: tf.raw_ops.PreventGradient(
         input=act, message=RELOADED_MODEL_CANNOT_TRAIN
@@ -309,8 +388,38 @@ class Embedding(keras.layers.Layer):
         )
       tables[table] = var
     features = self._integer_ids(features, serving_config)
-    return tf.tpu.experimental.embedding.serving_embedding_lookup(
-      features, weights, tables, serving_config
+    return self._in_compute_dtype(
+      tf.tpu.experimental.embedding.serving_embedding_lookup(
+        features, weights, tables, serving_config
+      )
+    )
+
+  def _called_twice_error(self) -> EmbeddingCalledTwiceError:
+    """What a training call says when the previous one is still waiting
+    for its gradient (the backend refused the lookup)."""
+    reference = self._training_calls.pop(threading.get_ident(), None)
+    previous = None if reference is None else reference()
+    trace = _trace_or_none()
+    fix = (
+      "The layer is looked up once per training step: its tables' update "
+      "is applied from that call's gradient. Look every feature up in one "
+      "call (one dict with all of them; features can share a table through "
+      "their FeatureConfig), or give each call its own layer; a call that "
+      "needs no training takes training=False."
+    )
+    if trace is not None and previous is trace:
+      return EmbeddingCalledTwiceError(
+        f"embedding layer {self.name!r} was called twice for training in "
+        f"one step (while tracing {getattr(trace, 'name', 'a step')!r}). "
+        f"{fix}"
+      )
+    return EmbeddingCalledTwiceError(
+      f"embedding layer {self.name!r} was called for training again "
+      "before the gradient of its previous training call reached it: "
+      "either it is called twice in one training step, or that earlier "
+      "call's gradient was never taken (the tables train when the loss "
+      "uses its activations and its gradient is taken over the model's "
+      f"trainable variables, as fit does). {fix}"
     )
 
   def _warn_untrained_call(self) -> None:
@@ -323,6 +432,23 @@ class Embedding(keras.layers.Layer):
       "not train the tables (it is an ordinary lookup). Tables train when a "
       "tape records the call and its gradient is taken over the model's "
       "trainable variables (fit does this).",
+      self.name,
+    )
+
+  def _warn_float16_without_loss_scaler(self) -> None:
+    """float16 without a loss scaler in sight: a loss scaled by hand in a
+    custom loop would reach the tables scaled, and nothing can tell."""
+    if self._warned_unseen_scaler or self.compute_dtype != "float16":
+      return
+    self._warned_unseen_scaler = True
+    log.warning(
+      "embedding layer %r computes in float16, but its gradient was not "
+      "taken by a Keras LossScaleOptimizer (its minimize or "
+      "compute_gradients) nor in a model's train_step whose optimizer is "
+      "one: the tables take the gradient as it comes. If this loss was "
+      "scaled by hand (get_scaled_loss), the tables' steps are scaled too: "
+      "compute the gradients with optimizer.compute_gradients(loss, "
+      "variables, tape=tape) instead, which the layer sees and unscales.",
       self.name,
     )
 
@@ -348,6 +474,13 @@ class _NotKerasOwnEmbedding(logging.Filter):
 logging.getLogger("absl").addFilter(_NotKerasOwnEmbedding())
 
 
+def _trace_or_none() -> Any:
+  """The graph being traced (a step's `tf.function`), None when eager."""
+  if tf.executing_eagerly():
+    return None
+  return tf.compat.v1.get_default_graph()
+
+
 def _backend_for_embedding_feature(embedding_feature: Any, backend: str) -> str:
   """TFRS's `embedding_feature` override, as a backend name."""
   if embedding_feature is None:
@@ -367,8 +500,20 @@ def _backend_for_embedding_feature(embedding_feature: Any, backend: str) -> str:
   return "tensorcore"
 
 
+def _translated(
+  optimizer: Any, ignore_unsupported: bool, where: str
+) -> keras_optimizers.Translation:
+  """`keras_optimizers.translate`, its errors saying which optimizer."""
+  try:
+    return keras_optimizers.translate(optimizer, ignore_unsupported)
+  except keras_optimizers.OptimizerTranslationError as error:
+    raise keras_optimizers.OptimizerTranslationError(
+      f"{where}: {error}"
+    ) from None
+
+
 def _translate_table_optimizers(
-  feature_config: Any,
+  feature_config: Any, ignore_unsupported: bool
 ) -> tuple[Any, dict[int, Any], dict[int, keras_optimizers.Translation]]:
   """The feature config with each table's optimizer translated.
 
@@ -390,7 +535,11 @@ def _translate_table_optimizers(
       table.optimizer
     ):
       if id(table) not in copies:
-        translation = keras_optimizers.translate(table.optimizer)
+        translation = _translated(
+          table.optimizer,
+          ignore_unsupported,
+          f"TableConfig {table.name!r}'s optimizer",
+        )
         clone = copy.copy(table)
         clone.optimizer = translation.optimizer
         copies[id(table)] = clone

@@ -21,6 +21,10 @@ activations, whatever the caller asked for; the tables move only when the
 request covers the trap variable (as `fit` and `model.trainable_variables`
 do). `tape.gradient(loss, dense_kernel)` leaves them alone.
 
+Under Keras's loss scaling (a `mixed_float16` policy) the gradients that
+reach the trap are those of the scaled loss: they are unscaled and checked
+here (`loss_scaling`) before the tables see them.
+
 This module is the only place that knows this trick; everything else calls
 the backend's `lookup` and `apply_gradients` explicitly.
 """
@@ -30,12 +34,13 @@ from typing import Any
 
 from recsys import _tf_internal
 from recsys._keras import tf
+from recsys.layers import loss_scaling
 
 
 def trap(
   activations: list[tf.Tensor],
   trap_variable: tf.Variable,
-  apply_gradients: Callable[[list[Any]], None],
+  apply_gradients: Callable[[list[Any], tf.Tensor | None], None],
   not_requested: Callable[[bool], None],
 ) -> list[tf.Tensor]:
   """Activations that call `apply_gradients` when a tape differentiates them.
@@ -47,7 +52,10 @@ def trap(
       `model.trainable_variables`.
     apply_gradients: called with the flat list of d(loss)/d(activation)
       (None where the loss does not use one) when a gradient request covers
-      `trap_variable` (or cannot be seen, e.g. `tf.gradients`).
+      `trap_variable` (or cannot be seen, e.g. `tf.gradients`), and None or,
+      under a Keras loss scaler, a scalar bool: whether the (unscaled)
+      gradients are finite on every replica; the update must be skipped
+      when they are not.
     not_requested: called instead when the request does not cover it, with
       whether the tape may be asked again (persistent).
 
@@ -60,14 +68,20 @@ def trap(
     del anchor
 
     def grad(*upstream):
-      request = _tf_internal.current_gradient_request()
-      if request is None or request.covers(trap_variable):
-        apply_gradients(list(upstream))
-      else:
-        not_requested(request.persistent)
       # Zero for the anchor; nothing flows back into the lookup itself: the
       # backend's optimizer, not the tape, updates the tables.
-      return (tf.zeros_like(trap_variable),) + (None,) * len(acts)
+      anchor = tf.zeros_like(trap_variable)
+      request = _tf_internal.current_gradient_request()
+      scaler = None if request is None else request.loss_scaler
+      if request is not None and not request.covers(trap_variable):
+        not_requested(request.persistent)
+      elif scaler is None:
+        apply_gradients(list(upstream), None)
+      else:
+        gradients, finite = loss_scaling.unscaled(list(upstream), scaler)
+        apply_gradients(gradients, finite)
+        anchor = loss_scaling.trap_gradient(finite, trap_variable, scaler)
+      return (anchor,) + (None,) * len(acts)
 
     return [tf.identity(a) for a in acts], grad
 

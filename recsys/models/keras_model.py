@@ -56,11 +56,14 @@ class KerasRecommender(keras.Model):
         f"the model reads features {missing} that "
         f"feature_config does not have ({sorted(feature_config)})."
       )
+    # float32 activations under any dtype policy, as the Trainer gives the
+    # bundled models (they compute their interactions in float32).
     self.embedding = layers.Embedding(
       dict(feature_config),
       optimizer,
       backend=backend,
       backend_options=backend_options,
+      dtype="float32",
     )
     self.model = model
     self._names = list(feature_config)
@@ -144,12 +147,10 @@ class KerasRecommender(keras.Model):
   def train_step(self, data) -> dict[str, tf.Tensor]:
     with tf.GradientTape() as tape:
       loss = self._loss(data, training=True)
-    variables = self.trainable_variables
-    # The embedding layer's gradient trap applies the tables' optimizer here.
-    grads = tape.gradient(loss, variables)
-    self.optimizer.apply_gradients(
-      [(g, v) for g, v in zip(grads, variables) if g is not None]
-    )
+    # As Keras's own train_step: under a LossScaleOptimizer (mixed_float16)
+    # the loss is scaled and the gradients unscaled. The embedding layer's
+    # gradient trap applies the tables' optimizer in it.
+    self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
     return self._results(loss)
 
   def test_step(self, data) -> dict[str, tf.Tensor]:

@@ -89,6 +89,33 @@ def _transformed_first(transform, preprocess, features, labels, *mask):
   return preprocess(transform(features), labels, *mask)
 
 
+def _check_no_float16(model: keras.Model) -> None:
+  """Refuses a model that computes in float16 (a mixed_float16 policy).
+
+  float16 gradients need loss scaling (Keras's `LossScaleOptimizer`, which
+  `compile()` adds); the Trainer's step differentiates the loss as it is,
+  so small gradients would silently round to zero. bfloat16 has float32's
+  range and needs none: it is the TPU's policy.
+
+  Raises:
+    TrainerConfigError: naming the layer and its policy.
+  """
+  layers = [model] + [
+    m for m in model.submodules if isinstance(m, keras.layers.Layer)
+  ]
+  for layer in layers:
+    if layer.compute_dtype == "float16":
+      raise TrainerConfigError(
+        f"layer {layer.name!r} of the model computes in float16 (Keras "
+        f"dtype policy {layer.dtype_policy.name!r}); float16 gradients need "
+        "loss scaling, which the Trainer's step does not do, so small ones "
+        "would silently become 0. Use "
+        "tf.keras.mixed_precision.set_global_policy('mixed_bfloat16') (the "
+        "TPU's policy: float32's range, no loss scaling) or 'float32' "
+        "before building the Trainer."
+      )
+
+
 class Trainer:
   """Builds and runs one experiment under one strategy.
 
@@ -239,6 +266,7 @@ class Trainer:
       self.backend.build()
       self.model = model(**model_args.model_kwargs(model, self.source))
       self.model.create_variables(features_lib.dims(self.feature_config))
+      _check_no_float16(self.model)
       self.dense_optimizer = dense_optimizer()
       self.dense_optimizer.build(self.model.trainable_variables)
       self.loss_metric = keras.metrics.Mean("loss")

@@ -296,3 +296,39 @@ def test_a_frozen_layer_keeps_its_tables_while_fit_trains_the_rest():
   for name, value in _by_name(emb.embedding_tables).items():
     np.testing.assert_array_equal(value, before[name])
   assert not np.allclose(model.layers[-1].get_weights()[0], kernel)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_layer_called_twice_in_one_step_says_so_and_what_to_do(replicas):
+  """Two lookups of one layer in a training step (a query and a candidate
+  tower sharing it): the error said "use recsys.layers.Embedding", which
+  the model already did."""
+  strategy = (
+    tf.distribute.get_strategy()
+    if replicas == 1
+    else mirrored_strategy(replicas)
+  )
+  with strategy.scope():
+    emb = layers.Embedding(feature_config(), E.Adagrad(0.1))
+    inputs = {
+      k: keras.Input([], dtype=tf.int64, name=k)
+      for k in ("user", "movie", "other_user", "other_movie")
+    }
+    first = emb({"user": inputs["user"], "movie": inputs["movie"]})
+    second = emb({"user": inputs["other_user"], "movie": inputs["other_movie"]})
+    out = keras.layers.Dense(1)(
+      tf.concat(list(first.values()) + list(second.values()), -1)
+    )
+    model = keras.Model(inputs, out)
+    model.compile(optimizer="sgd", loss="mse")
+  x, y = data()
+  x.update(other_user=x["user"][::-1], other_movie=x["movie"][::-1])
+  with pytest.raises(layers.EmbeddingCalledTwiceError) as info:
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+  message = str(info.value)
+  assert f"layer {emb.name!r} was called twice for training in one step" in (
+    message
+  )
+  assert "in one call" in message and "its own layer" in message
+  assert "use recsys.layers.Embedding" not in message
+  assert isinstance(info.value, backends.UnappliedGradientsError)

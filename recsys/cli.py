@@ -549,12 +549,11 @@ def cmd_info(args: argparse.Namespace) -> int:
   if missing:
     lines.append(f"could not import: {', '.join(missing)}")
   feature_config, optimizer, backend = None, None, args.backend or "auto"
-  plan_args: dict[str, Any] = {}
-  note = ""
+  plan, note = None, ""
   if args.gin_file:
     from recsys.training.train import (  # pylint: disable=g-import-not-at-top
       configured_embedding,
-      configured_placement,
+      configured_plan,
       configured_strategy,
     )
 
@@ -565,26 +564,35 @@ def cmd_info(args: argparse.Namespace) -> int:
     feature_config, optimizer, backend, note = configured_embedding(
       args.backend
     )
-    plan_args = configured_placement(feature_config, strategy)
+    # What `train` plans and checks, refused as `train` refuses it.
+    plan = configured_plan(feature_config, optimizer, backend, strategy)
   else:
     strategy, _ = strategy_lib.make_strategy(args.tpu)
+  from backends import registry  # pylint: disable=g-import-not-at-top
   from recsys import planning  # pylint: disable=g-import-not-at-top
 
   lines.append(
-    planning.describe_environment(
-      strategy,
-      feature_config,
-      optimizer=optimizer,
-      backend=backend,
-      **plan_args,
-    )
+    planning.describe_environment(strategy, backend=backend, plan=plan)
   )
+  if plan is not None and plan.fits is False:
+    lines.append(
+      "recsys train, evaluate and export refuse this plan before a table is "
+      + (
+        "allocated, but train.skip_memory_check is set: they would try"
+        if config.value("train.skip_memory_check")
+        else "allocated (--skip_memory_check to try anyway)"
+      )
+    )
   if note:
     lines.append(note)
   from backends import kernels  # pylint: disable=g-import-not-at-top
 
   lines.append(f"fused CPU kernels (tensorcore on CPU): {kernels.status()}")
   print("\n".join(lines))
+  # A forced backend that cannot run here: the report says why, and the
+  # command ends as `recsys train` would (BackendUnavailableError, exit 2).
+  if backend != "auto":
+    registry.resolve(backend, strategy)
   return 0
 
 
@@ -693,9 +701,11 @@ def _report(command: str, error: BaseException, exit_code: int = 1) -> int:
 def _is_configuration_error(error: BaseException) -> bool:
   """Whether the settings asked for what cannot be (exit status 2, as gin
   and flag errors): an unknown backend, option or preset, a backend that
-  cannot run under this strategy, trainer settings that do not fit."""
+  cannot run under this strategy, any `recsys.errors.SettingsError`
+  (trainer settings that do not fit, a placement or memory setting that
+  cannot be), whichever command meets it."""
   from backends import base, registry  # pylint: disable=g-import-not-at-top
-  from recsys import train_settings as settings  # pylint: disable=g-import-not-at-top
+  from recsys import errors  # pylint: disable=g-import-not-at-top
 
   return isinstance(
     error,
@@ -704,7 +714,7 @@ def _is_configuration_error(error: BaseException) -> bool:
       registry.UnknownBackendOptionError,
       base.UnsupportedConfigError,
       base.BackendUnavailableError,
-      settings.TrainerConfigError,
+      errors.SettingsError,
     ),
   ) and not isinstance(error, base.UnsupportedInputError)
 

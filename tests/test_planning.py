@@ -377,7 +377,9 @@ def test_forced_placements_are_kept_and_checked():
   assert refused.refusals and "place it 'row_sharded'" in refused.refusals[0]
   with pytest.raises(ValueError, match=r"unknown tables \['nope'\]"):
     _plan(2, "1GiB", tables={"nope": "row_sharded"})
-  with pytest.raises(ValueError, match=r"placement\['big'\] = 'sharded'"):
+  with pytest.raises(
+    ValueError, match=r"EmbeddingPlacement.tables\['big'\] = 'sharded'"
+  ):
     _plan(2, "1GiB", tables={"big": "sharded"})
   # Backends that place tables themselves ignore it (export on 'serving').
   tpu = planning.plan_memory(

@@ -106,6 +106,17 @@ def _add_allow_changed_settings(
   )
 
 
+def _add_skip_memory_check(parser: argparse.ArgumentParser) -> None:
+  """The way past the memory check every command that builds tables runs
+  (the refusal names this flag, so each of them takes it)."""
+  parser.add_argument(
+    "--skip_memory_check",
+    action="store_true",
+    help="build the embedding tables even if their memory plan exceeds "
+    "this host's memory (refused by default, naming the tables).",
+  )
+
+
 def _command(sub, name: str, **kwargs) -> argparse.ArgumentParser:
   """A subcommand whose description and examples keep their line breaks."""
   return sub.add_parser(
@@ -156,12 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     "change the math (data, model, optimizers, batch size, seed, ...) "
     "differ from the previous run's; refused by default, naming them.",
   )
-  train.add_argument(
-    "--skip_memory_check",
-    action="store_true",
-    help="build the embedding tables even if their memory plan exceeds "
-    "this host's memory (refused by default, naming the tables).",
-  )
+  _add_skip_memory_check(train)
   _add_runtime_flags(train)
 
   evaluate = _command(
@@ -197,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     "user did not interact with in training (train.exclude_seen).",
   )
   _add_allow_changed_settings(evaluate, "evaluate")
+  _add_skip_memory_check(evaluate)
   _add_runtime_flags(evaluate)
 
   export = _command(
@@ -216,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
   export.add_argument("--model_dir", required=True)
   export.add_argument("--export_dir", required=True)
   _add_allow_changed_settings(export, "export")
+  _add_skip_memory_check(export)
   export.add_argument("-v", "--verbose", action="store_true")
 
   info = _command(

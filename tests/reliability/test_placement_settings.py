@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 import pytest
+import tensorflow as tf
 
 from recsys import cli, config, planning
 from tests.conftest import mirrored_strategy
@@ -314,3 +315,60 @@ def test_info_with_a_forced_backend_that_cannot_run_exits_2(capsys):
   assert code == 2
   assert "forced, but cannot run here" in out  # the report, then the verdict
   assert "BackendUnavailableError" in err
+
+
+# -- 4. the way past the memory check, where the check runs ---------------------
+
+TINY = [
+  "train.global_batch_size = 64",
+  "train.train_steps = 2",
+  "train.steps_per_loop = 1",
+  "train.eval_steps = 1",
+  "SyntheticCTR.oracle_examples = 1024",
+  "train.progress_bar = False",
+  "train.placement = @EmbeddingPlacement()",
+]
+
+
+@pytest.mark.slow
+def test_evaluate_and_export_take_the_flag_their_memory_refusal_names(
+  tmp_path, capsys
+):
+  run = str(tmp_path / "run")
+  args = ["train", "--gin_file", DEFAULT, "--model_dir", run, *flags(*TINY)]
+  assert cli.main(args) == 0
+  capsys.readouterr()
+  # The run's 4 MiB of tables over a 64 KiB device: refused, naming the flag.
+  small = flags("EmbeddingPlacement.device_memory = '64KiB'")
+  code, out, err = recsys("evaluate", "--model_dir", run, *small)
+  assert code == 1, out + err
+  assert "MemoryPlanError" in err and "pass --skip_memory_check" in err
+  code, out, err = recsys(
+    "evaluate", "--model_dir", run, *small, "--skip_memory_check"
+  )
+  assert code == 0, err
+  assert '"step": 2' in out
+  code, out, err = recsys(
+    "export",
+    "--model_dir",
+    run,
+    "--export_dir",
+    str(tmp_path / "export"),
+    "--skip_memory_check",
+  )
+  assert code == 0, err
+  assert "exported step 2" in out
+
+
+def test_an_exports_memory_refusal_advises_what_works_there():
+  """The serving copy holds every table whole: no sharding to advise."""
+  table = tf.tpu.experimental.embedding.TableConfig(5000, 11, name="big")
+  big = {"f": tf.tpu.experimental.embedding.FeatureConfig(table)}
+  plan = planning.plan_memory(
+    big, None, device_memory_bytes=1 << 10, backend="serving"
+  )
+  with pytest.raises(planning.MemoryPlanError) as e:
+    planning.check_fits(plan)
+  message = str(e.value)
+  assert "the 'serving' backend holds every table whole" in message
+  assert "row-sharded" not in message and "--skip_memory_check" in message

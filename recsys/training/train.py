@@ -31,6 +31,7 @@ from backends import registry
 from recsys import _gin_compat, config, planning
 from recsys import features as features_lib
 from recsys._keras import keras, tf
+from recsys.run_folder import run_dir as run_dir_lib
 from recsys.run_folder.run_checks import RunChanges
 from recsys.train_settings import TrainSettings
 from recsys.training import embedding_backend
@@ -243,6 +244,8 @@ def train(
   settings = TrainSettings.pick(locals())  # first: locals() = the arguments
   if action not in ACTIONS:
     raise ValueError(f"train(action={action!r}): use one of {list(ACTIONS)}.")
+  if action == "train":  # before start-up and restore, which take time
+    run_dir_lib.RunDir(model_dir).check_writable()
   if strategy is None:
     strategy, why = strategy_lib.make_strategy(tpu, num_cpu_replicas)
     log.info("strategy: %s", why)

@@ -185,14 +185,23 @@ class Trainer:
     )
 
   def _make_folder(self) -> None:
-    """Creates the model dir (refusing a file of that name)."""
+    """Creates the model dir (refusing a file of that name); with
+    summaries on (their writers write at once) it must be writable."""
     model_dir = self.model_dir
     if os.path.exists(model_dir) and not os.path.isdir(model_dir):
       raise TrainerConfigError(
         f"model_dir {model_dir!r} is a file; it must be a folder (new or "
         "holding a run to resume)."
       )
-    os.makedirs(model_dir, exist_ok=True)
+    if self.settings.summaries:
+      run_dir_lib.RunDir(model_dir).check_writable()
+    try:
+      os.makedirs(model_dir, exist_ok=True)
+    except PermissionError as e:
+      raise run_dir_lib.ModelDirNotWritableError(
+        f"model dir {model_dir!r} cannot be created ({e.strerror}): pass a "
+        "--model_dir in a folder this user may write."
+      ) from e
 
   def _build_embedding(self) -> None:
     """Tables, embedding optimizer, step counter and the embedding backend."""
@@ -419,12 +428,14 @@ class Trainer:
       (`bayes_auc`, ...) when it reports one.
 
     Raises:
+      ModelDirNotWritableError: this user may not write the model dir.
       ModelDirBusyError: another live run trains in this model dir.
       TrainingPreempted: SIGTERM or Ctrl-C arrived; a checkpoint was saved at
         the step reached (`recsys train` exits with status 143).
       NonFiniteLossError: a step had NaN/inf loss or gradients (policy
         "stop"); names the step and the last good checkpoint.
     """
+    self.run_dir.check_writable()  # before the lock, which writes there
     lock = self.run_dir.lock()
     if self._chief:  # other workers write nothing of their own here
       lock.acquire()

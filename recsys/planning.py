@@ -12,7 +12,10 @@ device's memory:
   over the replicas when they do not, refused — naming the table, its bytes
   and the budget — when even that does not fit; a placement can be forced
   per table and the budget set (`EmbeddingPlacement`, e.g. to plan for a
-  16 GiB device on a CPU box);
+  16 GiB device on a CPU box; the backend's own `placement` and
+  `row_layout` options are forced settings of the plan too, so the plan is
+  what the backend is built with); replicas that are this host's CPUs must
+  also fit its RAM, whatever the budget;
 * sharded keeps a table whole on one parameter server while it takes at most
   `REPLICATE_SHARE` of a device's budget and splits bigger ones;
 * tpu_embedding shards every table over the TPU cores; tpu_embedding_v0
@@ -389,7 +392,7 @@ def _device_memory(
   """Memory available to one device, and where that figure comes from."""
   devices = _local_devices(strategy)
   kinds = {tf.DeviceSpec.from_string(d).device_type for d in devices} or {"CPU"}
-  if _on_host_cpus(strategy):
+  if kinds <= {"CPU"}:
     ram = host_memory_bytes()
     if ram is None:
       return None, "host RAM unknown; pass device_memory_bytes"

@@ -35,6 +35,12 @@ from collections.abc import Mapping, Sequence
 #: Placements a table can have on the replicas.
 REPLICATED, ROW_SHARDED = "replicated", "row_sharded"
 PLACEMENTS = (REPLICATED, ROW_SHARDED)
+#: Which rows a replica owns of a row-sharded table (`backends.storage.
+#: row_layout`): `r, r + R, ...` (the default) or equal row ranges.
+ROW_LAYOUTS = ("contiguous", "strided")
+#: Contiguous row ranges: initialized, checkpointed and restored by row
+#: slices where they live (docs/scaling.md).
+DEFAULT_ROW_LAYOUT = ROW_LAYOUTS[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +156,7 @@ def place_tables(
   replicas: int,
   budget_bytes: float | None,
   forced: Mapping[str, str] | None = None,
+  forced_by: Mapping[str, str] | None = None,
 ) -> Plan:
   """Each table's placement on `replicas` replicas within `budget_bytes`.
 
@@ -159,6 +166,8 @@ def place_tables(
     budget_bytes: what one device may hold of tables and slots; None:
       unknown (every table not forced stays replicated).
     forced: table name -> "replicated" or "row_sharded", kept as given.
+    forced_by: table name -> the setting that forced it, for the reasons
+      and refusals (default: "placement setting").
 
   Returns:
     The `Plan`: each table fits a device when its `refusals` are empty, all
@@ -169,6 +178,9 @@ def place_tables(
   """
   forced = dict(forced or {})
   check_forced(forced, [s.name for s in sizes])
+  by = {
+    name: (forced_by or {}).get(name, "placement setting") for name in forced
+  }
   chosen = {s.name: forced.get(s.name, REPLICATED) for s in sizes}
 
   def total() -> int:
@@ -195,24 +207,24 @@ def place_tables(
         where,
         per_device,
         s.exchange_bytes(where, replicas),
-        _reason(s, where, forced, replicas, budget_bytes, replicated_total),
+        _reason(s, where, by, replicas, budget_bytes, replicated_total),
       )
     )
     if budget_bytes is not None and per_device > budget_bytes:
-      refusals.append(_refusal(s, where, replicas, budget_bytes))
+      refusals.append(_refusal(s, where, replicas, budget_bytes, by))
   return Plan(placements, refusals)
 
 
 def _reason(
   size: TableSize,
   where: str,
-  forced: Mapping[str, str],
+  forced_by: Mapping[str, str],
   replicas: int,
   budget: float | None,
   replicated_total: int,
 ) -> str:
-  if size.name in forced:
-    return f"{where}: forced (placement setting)"
+  if size.name in forced_by:
+    return f"{where}: forced ({forced_by[size.name]})"
   if replicas <= 1:
     return "replicated: one replica"
   if budget is None:
@@ -233,7 +245,13 @@ def _reason(
   )
 
 
-def _refusal(size: TableSize, where: str, replicas: int, budget: float) -> str:
+def _refusal(
+  size: TableSize,
+  where: str,
+  replicas: int,
+  budget: float,
+  forced_by: Mapping[str, str],
+) -> str:
   per_device = size.bytes_per_device(where, replicas)
   if where == ROW_SHARDED:
     how = f"even row-sharded over {replicas} replica(s)"
@@ -248,6 +266,8 @@ def _refusal(size: TableSize, where: str, replicas: int, budget: float) -> str:
       if replicas > 1
       else "train on several replicas with it row-sharded"
     )
+    if size.name in forced_by:
+      how = f"replicated (forced by {forced_by[size.name]})"
   return (
     f"table {size.name!r} needs {human_bytes(per_device)} per device {how} "
     f"({size.vocabulary_size} x {size.dim}, {size.num_slots} slot(s)), over "

@@ -106,6 +106,17 @@ def _add_allow_changed_settings(
   )
 
 
+def _add_skip_memory_check(parser: argparse.ArgumentParser) -> None:
+  """The way past the memory check every command that builds tables runs
+  (the refusal names this flag, so each of them takes it)."""
+  parser.add_argument(
+    "--skip_memory_check",
+    action="store_true",
+    help="build the embedding tables even if their memory plan exceeds "
+    "this host's memory (refused by default, naming the tables).",
+  )
+
+
 def _command(sub, name: str, **kwargs) -> argparse.ArgumentParser:
   """A subcommand whose description and examples keep their line breaks."""
   return sub.add_parser(
@@ -156,12 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     "change the math (data, model, optimizers, batch size, seed, ...) "
     "differ from the previous run's; refused by default, naming them.",
   )
-  train.add_argument(
-    "--skip_memory_check",
-    action="store_true",
-    help="build the embedding tables even if their memory plan exceeds "
-    "this host's memory (refused by default, naming the tables).",
-  )
+  _add_skip_memory_check(train)
   _add_runtime_flags(train)
 
   evaluate = _command(
@@ -197,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     "user did not interact with in training (train.exclude_seen).",
   )
   _add_allow_changed_settings(evaluate, "evaluate")
+  _add_skip_memory_check(evaluate)
   _add_runtime_flags(evaluate)
 
   export = _command(
@@ -226,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     "for ranking models.",
   )
   _add_allow_changed_settings(export, "export")
+  _add_skip_memory_check(export)
   export.add_argument("-v", "--verbose", action="store_true")
 
   info = _command(
@@ -571,12 +579,11 @@ def cmd_info(args: argparse.Namespace) -> int:
   if missing:
     lines.append(f"could not import: {', '.join(missing)}")
   feature_config, optimizer, backend = None, None, args.backend or "auto"
-  plan_args: dict[str, Any] = {}
-  note = ""
+  plan, note = None, ""
   if args.gin_file:
     from recsys.training.train import (  # pylint: disable=g-import-not-at-top
       configured_embedding,
-      configured_placement,
+      configured_plan,
       configured_strategy,
     )
 
@@ -587,26 +594,35 @@ def cmd_info(args: argparse.Namespace) -> int:
     feature_config, optimizer, backend, note = configured_embedding(
       args.backend
     )
-    plan_args = configured_placement(feature_config, strategy)
+    # What `train` plans and checks, refused as `train` refuses it.
+    plan = configured_plan(feature_config, optimizer, backend, strategy)
   else:
     strategy, _ = strategy_lib.make_strategy(args.tpu)
+  from backends import registry  # pylint: disable=g-import-not-at-top
   from recsys import planning  # pylint: disable=g-import-not-at-top
 
   lines.append(
-    planning.describe_environment(
-      strategy,
-      feature_config,
-      optimizer=optimizer,
-      backend=backend,
-      **plan_args,
-    )
+    planning.describe_environment(strategy, backend=backend, plan=plan)
   )
+  if plan is not None and plan.fits is False:
+    lines.append(
+      "recsys train, evaluate and export refuse this plan before a table is "
+      + (
+        "allocated, but train.skip_memory_check is set: they would try"
+        if config.value("train.skip_memory_check")
+        else "allocated (--skip_memory_check to try anyway)"
+      )
+    )
   if note:
     lines.append(note)
   from backends import kernels  # pylint: disable=g-import-not-at-top
 
   lines.append(f"fused CPU kernels (tensorcore on CPU): {kernels.status()}")
   print("\n".join(lines))
+  # A forced backend that cannot run here: the report says why, and the
+  # command ends as `recsys train` would (BackendUnavailableError, exit 2).
+  if backend != "auto":
+    registry.resolve(backend, strategy)
   return 0
 
 
@@ -715,9 +731,11 @@ def _report(command: str, error: BaseException, exit_code: int = 1) -> int:
 def _is_configuration_error(error: BaseException) -> bool:
   """Whether the settings asked for what cannot be (exit status 2, as gin
   and flag errors): an unknown backend, option or preset, a backend that
-  cannot run under this strategy, trainer settings that do not fit."""
+  cannot run under this strategy, any `recsys.errors.SettingsError`
+  (trainer settings that do not fit, a placement or memory setting that
+  cannot be), whichever command meets it."""
   from backends import base, registry  # pylint: disable=g-import-not-at-top
-  from recsys import train_settings as settings  # pylint: disable=g-import-not-at-top
+  from recsys import errors  # pylint: disable=g-import-not-at-top
 
   return isinstance(
     error,
@@ -726,7 +744,7 @@ def _is_configuration_error(error: BaseException) -> bool:
       registry.UnknownBackendOptionError,
       base.UnsupportedConfigError,
       base.BackendUnavailableError,
-      settings.TrainerConfigError,
+      errors.SettingsError,
     ),
   ) and not isinstance(error, base.UnsupportedInputError)
 

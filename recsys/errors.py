@@ -7,8 +7,12 @@ builtin it always was (`ValueError`, `RuntimeError`, `OSError`, ...), so
 `except ValueError` callers keep working. `backends/` never imports
 `recsys` and keeps its own bases.
 
+`SettingsError` marks the errors of settings that ask for what cannot be (a
+value out of range, settings that contradict each other): whichever command
+meets them, `recsys` exits with status 2 for them, as for gin errors.
+
 Example:
-  >>> class TrainerConfigError(RecsysError, ValueError):
+  >>> class TrainerConfigError(SettingsError):
   ...   '''The trainer's settings are inconsistent.'''
 """
 
@@ -17,4 +21,8 @@ class RecsysError(Exception):
   """Base of the errors recsys raises for problems a user can act on."""
 
 
-__all__ = ["RecsysError"]
+class SettingsError(RecsysError, ValueError):
+  """A setting asks for what cannot be; `recsys` exits with status 2."""
+
+
+__all__ = ["RecsysError", "SettingsError"]

@@ -12,7 +12,10 @@ device's memory:
   over the replicas when they do not, refused — naming the table, its bytes
   and the budget — when even that does not fit; a placement can be forced
   per table and the budget set (`EmbeddingPlacement`, e.g. to plan for a
-  16 GiB device on a CPU box);
+  16 GiB device on a CPU box; the backend's own `placement` and
+  `row_layout` options are forced settings of the plan too, so the plan is
+  what the backend is built with); replicas that are this host's CPUs must
+  also fit its RAM, whatever the budget;
 * sharded keeps a table whole on one parameter server while it takes at most
   `REPLICATE_SHARE` of a device's budget and splits bigger ones;
 * tpu_embedding shards every table over the TPU cores; tpu_embedding_v0
@@ -41,7 +44,7 @@ from backends import hardware, registry
 from backends import optimizers as embedding_optimizers
 from backends import placement as placement_lib
 from backends.placement import human_bytes
-from recsys.errors import RecsysError
+from recsys.errors import RecsysError, SettingsError
 
 #: Fraction of device memory the embedding may use before a warning: the
 #: rest is for activations, the model, the input pipeline.
@@ -68,6 +71,12 @@ RUNTIME_BYTES = 690 << 20
 LOOP_BYTES = 150 << 20
 
 
+class PlacementSettingsError(SettingsError):
+  """A setting the memory plan reads cannot be: `train.placement`, an
+  `EmbeddingPlacement` field, or the placement in `train.backend_options`
+  (a value out of range, an unknown table, two settings that disagree)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class TableMemory:
   """One table's memory on one device.
@@ -86,6 +95,7 @@ class TableMemory:
       (ids, rows, gradients; `backends.placement`), None when not known.
     row_sharded: split over the replicas (tensorcore), not by the backend's
       own sharding (parameter servers, TPU cores).
+    forced_by: the setting that forced its placement ("": planned).
   """
 
   table: str
@@ -100,6 +110,7 @@ class TableMemory:
   reason: str = ""
   exchange_bytes: int | None = None
   row_sharded: bool = False
+  forced_by: str = ""
 
   @property
   def total_bytes(self) -> int:
@@ -125,6 +136,13 @@ class MemoryPlan:
   refusals: list[str] = dataclasses.field(default_factory=list)
   #: The replicas in this process (logical CPUs hold one copy each).
   local_replicas: int = 1
+  #: Which rows a replica owns of a row-sharded table (tensorcore), as the
+  #: backend is built with; None for backends that place tables themselves.
+  row_layout: str | None = None
+  #: This host's RAM, when the replicas are its CPUs (the tables live in
+  #: this process) and a device's memory was given rather than detected:
+  #: the tables must fit the host too, whatever the budget says.
+  host_ram_bytes: int | None = None
 
   def placements(self) -> dict[str, str]:
     """Table name -> "replicated" / "row_sharded": tensorcore's `placement`."""
@@ -146,9 +164,29 @@ class MemoryPlan:
   @property
   def host_process(self) -> bool:
     """Whether the tables live in this (CPU) training process's memory."""
-    return self.memory_source.startswith("host RAM") and self.backend != (
-      "sharded"
+    on_host = self.memory_source.startswith("host RAM") or bool(
+      self.host_ram_bytes
     )
+    return on_host and self.backend != "sharded"
+
+  @property
+  def host_bytes(self) -> int:
+    """Tables and slots this process holds: every local replica's share."""
+    return self.bytes_per_device * self.local_replicas
+
+  @property
+  def host_fits(self) -> bool | None:
+    """Whether the local replicas' tables fit `HEADROOM` of the host's RAM
+    (None: not checked, the budget is the host's or not on this host)."""
+    if not self.host_ram_bytes:
+      return None
+    return self.host_bytes <= HEADROOM * self.host_ram_bytes
+
+  @property
+  def over_budget(self) -> bool:
+    """Whether the tables exceed `HEADROOM` of one device's memory."""
+    memory = self.device_memory_bytes
+    return bool(memory) and self.bytes_per_device > HEADROOM * (memory or 0)
 
   @property
   def fixed_overhead_bytes(self) -> int:
@@ -168,12 +206,13 @@ class MemoryPlan:
 
   @property
   def fits(self) -> bool | None:
-    """True/False against HEADROOM of device memory; None if unknown."""
-    if self.refusals:
+    """True/False against HEADROOM of device memory (and of the host's RAM
+    when the replicas are its CPUs); None if unknown."""
+    if self.refusals or self.host_fits is False:
       return False
     if not self.device_memory_bytes:
       return None
-    return self.bytes_per_device <= HEADROOM * self.device_memory_bytes
+    return not self.over_budget
 
   def format(self) -> str:
     """A fixed-width table, the total, and any warnings."""
@@ -219,6 +258,16 @@ class MemoryPlan:
     else:
       total += f" (device memory unknown: {self.memory_source})"
     out.append(total)
+    if self.host_ram_bytes:
+      share = 100.0 * self.host_bytes / self.host_ram_bytes
+      out.append(
+        f"on this host: {self.local_replicas} replica(s) x "
+        f"{human_bytes(self.bytes_per_device)} = "
+        f"{human_bytes(self.host_bytes)} of its "
+        f"{human_bytes(self.host_ram_bytes)} of RAM, {share:.1f}%"
+      )
+    if self.row_layout and any(r.row_sharded for r in self.rows):
+      out.append(f"row layout of the row-sharded tables: {self.row_layout}")
     exchange = self.exchange_bytes
     if exchange:
       out.append(
@@ -243,6 +292,8 @@ class MemoryPlan:
       f"{r.table}: {r.placement}: {r.reason}" for r in self.rows if r.reason
     )
     out.extend(f"REFUSED: {r}" for r in self.refusals)
+    if self.host_fits is False:
+      out.append(f"REFUSED: {_host_refusal(self)}")
     out.extend(f"WARNING: {w}" for w in self.warnings)
     return "\n".join(out)
 
@@ -328,6 +379,13 @@ def host_memory_bytes() -> int | None:
     return None
 
 
+def _on_host_cpus(strategy: tf.distribute.Strategy) -> bool:
+  """Whether the strategy's local replicas are this host's CPUs."""
+  devices = _local_devices(strategy)
+  kinds = {tf.DeviceSpec.from_string(d).device_type for d in devices} or {"CPU"}
+  return kinds <= {"CPU"}
+
+
 def _device_memory(
   strategy: tf.distribute.Strategy,
 ) -> tuple[int | None, str]:
@@ -367,15 +425,24 @@ class EmbeddingPlacement:
       "512MiB"); the tables may use `HEADROOM` of it. None: detected (host
       RAM shared by the local replicas on CPU; unknown on accelerators,
       where every table then stays replicated). Setting it on a CPU box
-      plans as for that device, e.g. a TPU v5e chip's 16 GiB.
+      plans as for that device, e.g. a TPU v5e chip's 16 GiB; the tables
+      the replicas hold must still fit the host's RAM, where they live.
+      Not a fraction (0.9 is refused): the planner takes `HEADROOM` itself.
     tables: table name -> "replicated" or "row_sharded", forcing the
       tensorcore backend's placement of those tables (the others are
-      planned); e.g. `{"C10": "row_sharded"}` in gin. Other backends place
-      tables themselves and ignore it (so `recsys export`, on `serving`,
-      reads a training config that sets it).
+      planned); e.g. `{"C10": "row_sharded"}` in gin; one value forces
+      every table. Other backends place tables themselves and ignore it
+      (so `recsys export`, on `serving`, reads a training config that sets
+      it).
     row_layout: which rows a replica owns of a row-sharded table:
-      "contiguous" (equal row ranges, default: checkpointed by slices) or
-      "strided" (ids `r, r + R, ...`; the table is saved whole).
+      "contiguous" (equal row ranges; None: the default; checkpointed by
+      slices) or "strided" (ids `r, r + R, ...`; the table is saved whole).
+
+  The tensorcore backend's own options `placement` and `row_layout`
+  (`train.backend_options`) are folded into the plan as forced settings
+  (`placement` as the backend reads it: one value for every table, or a
+  dict whose other tables are replicated); two settings that disagree are
+  refused (`PlacementSettingsError`).
 
   Example (gin):
     train.placement = @EmbeddingPlacement()
@@ -383,9 +450,9 @@ class EmbeddingPlacement:
     EmbeddingPlacement.tables = {"C10": "row_sharded"}
   """
 
-  device_memory: int | str | None = None
-  tables: Mapping[str, str] = dataclasses.field(default_factory=dict)
-  row_layout: str = "contiguous"
+  device_memory: int | float | str | None = None
+  tables: Mapping[str, str] | str = dataclasses.field(default_factory=dict)
+  row_layout: str | None = None
 
   @property
   def device_memory_bytes(self) -> int | None:
@@ -397,31 +464,160 @@ _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 _UNITS.update({"tib": 1 << 40, "kb": 10**3, "mb": 10**6, "gb": 10**9})
 
 
-def parse_bytes(value: int | str | None, where: str) -> int | None:
+#: What a memory size may be, for the errors that refuse one.
+_SIZE_FORMS = (
+  "give a whole number of bytes (e.g. 17179869184) or a number with one of "
+  "the units B, KiB, MiB, GiB, TiB, KB, MB, GB (e.g. '16GiB', '1.5GB')"
+)
+
+
+def parse_bytes(value: int | float | str | None, where: str) -> int | None:
   """Bytes from an int or text like "16GiB", "1.5 GB", "4096".
 
+  A number without a unit is bytes, so it must be whole: 0.9 or "0.5" (a
+  fraction of the memory, meant or not) would be 0 bytes.
+
   Raises:
-    ValueError: naming `where`, for text that is no size or a size <= 0.
+    PlacementSettingsError: naming `where` and the accepted forms, for
+      text that is no size, a fraction of a byte, or a size <= 0.
   """
   if value is None:
     return None
   if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-    raise ValueError(f"{where} = {value!r}; give bytes or text like '16GiB'.")
+    raise PlacementSettingsError(f"{where} = {value!r}; {_SIZE_FORMS}.")
   number: float
+  unit = ""
   if isinstance(value, str):
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
-    unit = match.group(2).lower() if match else None
+    unit = match.group(2).lower() if match else ""
     if match is None or unit not in _UNITS:
-      raise ValueError(
-        f"{where} = {value!r} is not a size; give bytes or a number with "
-        "one of the units B, KiB, MiB, GiB, TiB, KB, MB, GB (e.g. '16GiB')."
+      raise PlacementSettingsError(
+        f"{where} = {value!r} is not a size; {_SIZE_FORMS}."
       )
     number = float(match.group(1)) * _UNITS[unit]
+    if unit not in ("", "b"):  # "1.1GiB": a size, whatever its last byte
+      number = round(number)
   else:
     number = value
   if number <= 0:
-    raise ValueError(f"{where} = {value!r}; a device's memory must be > 0.")
+    raise PlacementSettingsError(
+      f"{where} = {value!r}; a device's memory must be > 0: {_SIZE_FORMS}."
+    )
+  if number != int(number):
+    fraction = " (a fraction?)" if number < 1 else ""
+    raise PlacementSettingsError(
+      f"{where} = {value!r} is {number!r} bytes{fraction}, not a whole "
+      f"number: {_SIZE_FORMS}. It is one device's memory, not a share of "
+      f"it (the planner keeps {HEADROOM:.0%} of it for the tables itself)."
+    )
   return int(number)
+
+
+def _forced_tables(
+  value: Any, where: str, names: list[str] | None, others: str | None
+) -> dict[str, str]:
+  """Table name -> placement that `value` (one setting) forces.
+
+  Args:
+    value: one placement for every table, or a dict table name -> one.
+    where: the setting, for the errors.
+    names: the tables (None: not placed on replicas; only values checked).
+    others: what a dict means for the tables it does not name (None: not
+      forced; "replicated": the tensorcore backend's own option).
+  """
+  if value is None:
+    return {}
+  if isinstance(value, str):
+    items = {name: value for name in names or ()}
+    given = {"": value}
+  elif isinstance(value, Mapping):
+    items = dict(value)
+    given = items
+  else:
+    raise PlacementSettingsError(
+      f"{where} = {value!r}; give one of {', '.join(placement_lib.PLACEMENTS)}"
+      " for every table, or a dict table name -> one of them."
+    )
+  for table, placed in given.items():
+    if placed not in placement_lib.PLACEMENTS:
+      at = f"[{table!r}]" if table else ""
+      raise PlacementSettingsError(
+        f"{where}{at} = {placed!r}; use one of "
+        f"{', '.join(placement_lib.PLACEMENTS)}."
+      )
+  if names is None:
+    return {}
+  unknown = sorted(set(items) - set(names), key=_natural_key)
+  if unknown:
+    raise PlacementSettingsError(
+      f"{where} names unknown tables {unknown}; the tables are "
+      f"{sorted(names, key=_natural_key)}."
+    )
+  if others is not None:
+    items = {name: items.get(name, others) for name in names}
+  return items
+
+
+@dataclasses.dataclass(frozen=True)
+class _Forced:
+  """What the settings force: placements (and by which setting), layout."""
+
+  tables: dict[str, str]
+  by: dict[str, str]
+  row_layout: str
+
+
+def _forced(
+  placement: EmbeddingPlacement,
+  options: Mapping[str, Any],
+  names: list[str] | None,
+) -> _Forced:
+  """The placements and row layout `train.placement` and the backend's
+  options force, as one: what the plan shows and the backend is built with.
+
+  Raises:
+    PlacementSettingsError: a value that is no placement or layout, an
+      unknown table, or two settings that force different values.
+  """
+  option = "train.backend_options[{!r}]".format
+  tables: dict[str, str] = {}
+  by: dict[str, str] = {}
+  for where, value, others in (
+    ("EmbeddingPlacement.tables", placement.tables, None),
+    (option("placement"), options.get("placement"), "replicated"),
+  ):
+    for table, placed in _forced_tables(value, where, names, others).items():
+      if tables.setdefault(table, placed) != placed:
+        raise PlacementSettingsError(
+          f"table {table!r} is placed {tables[table]!r} by {by[table]} and "
+          f"{placed!r} by {where}; force a table's placement in one setting "
+          "(EmbeddingPlacement.tables: the planner places the tables it "
+          "does not name; the backend option replicates them)."
+        )
+      by.setdefault(table, where)
+  layouts = {
+    where: value
+    for where, value in (
+      ("EmbeddingPlacement.row_layout", placement.row_layout),
+      (option("row_layout"), options.get("row_layout")),
+    )
+    if value is not None
+  }
+  for where, value in layouts.items():
+    if value not in placement_lib.ROW_LAYOUTS:
+      raise PlacementSettingsError(
+        f"{where} = {value!r}; use one of "
+        f"{', '.join(map(repr, placement_lib.ROW_LAYOUTS))} (which rows a "
+        "replica owns of a row-sharded table: row id mod the replicas, or "
+        "equal row ranges)."
+      )
+  if len(set(layouts.values())) > 1:
+    given = " and ".join(f"{w} = {v!r}" for w, v in layouts.items())
+    raise PlacementSettingsError(
+      f"{given} disagree; set the row layout in one of them."
+    )
+  layout = next(iter(layouts.values()), placement_lib.DEFAULT_ROW_LAYOUT)
+  return _Forced(tables, by, layout)
 
 
 def ids_per_step(
@@ -457,6 +653,7 @@ def plan_memory(
   num_shards: int | None = None,
   placement: EmbeddingPlacement | None = None,
   ids_per_step: Mapping[str, int | None] | None = None,
+  backend_options: Mapping[str, Any] | None = None,
 ) -> MemoryPlan:
   """Bytes of each table and its slots per device, and whether they fit.
 
@@ -474,29 +671,47 @@ def plan_memory(
     placement: forced placements and the per-device budget (tensorcore).
     ids_per_step: table name -> ids one replica looks up per step, for the
       exchange per step (`ids_per_step()`); None: not reported.
+    backend_options: the backend's options (`train.backend_options`); the
+      tensorcore backend's `placement` and `row_layout` are forced
+      settings of the plan, as `placement`'s are.
 
   Returns:
     A `MemoryPlan`; `plan.rows` has one `TableMemory` per table, `plan.fits`
     the verdict, `plan.format()` the printable table, `plan.placements()`
-    tensorcore's `placement=` option.
+    and `plan.row_layout` tensorcore's `placement=` and `row_layout=`.
 
   Raises:
-    ValueError: `placement` names an unknown table or placement.
+    PlacementSettingsError: `placement` is no `EmbeddingPlacement`, one of
+      its fields or the backend options' placement cannot be (an unknown
+      table, placement, row layout or size), or two of them disagree.
   """
   strategy = strategy or tf.distribute.get_strategy()
-  placement = placement or EmbeddingPlacement()
+  if placement is None:
+    placement = EmbeddingPlacement()
+  elif not isinstance(placement, EmbeddingPlacement):
+    raise PlacementSettingsError(
+      f"train.placement is {placement!r}; expected @EmbeddingPlacement() "
+      "(gin) or recsys.planning.EmbeddingPlacement(...)."
+    )
   name, _ = _resolve_backend(strategy, backend)
+  tables = _tables(feature_config)
+  places = "placement" in backends.get(name).options
+  names = [_table_name(i, t) for i, t in enumerate(tables)]
+  forced = _forced(placement, backend_options or {}, names if places else None)
   source = "given"
-  if device_memory_bytes is None and placement.device_memory is not None:
-    device_memory_bytes = placement.device_memory_bytes
+  given = placement.device_memory_bytes  # checked whether used or not
+  if device_memory_bytes is None and given is not None:
+    device_memory_bytes = given
     source = "EmbeddingPlacement.device_memory"
+  host_ram = None
   if device_memory_bytes is None:
     device_memory_bytes, source = _device_memory(strategy)
+  elif _on_host_cpus(strategy) and name != "sharded":
+    host_ram = host_memory_bytes()  # the tables live there, whatever given
   budget = HEADROOM * device_memory_bytes if device_memory_bytes else None
-  tables = _tables(feature_config)
-  if "placement" in backends.get(name).options:
+  if places:
     rows, refusals = _place_on_replicas(
-      tables, optimizer, strategy, budget, placement, ids_per_step or {}
+      tables, optimizer, strategy, budget, forced, ids_per_step or {}
     )
   else:  # placements forced for tensorcore do not apply (e.g. export)
     rows, refusals = (
@@ -511,14 +726,16 @@ def plan_memory(
     [],
     refusals,
     local_replicas=len(_local_devices(strategy)) or 1,
+    row_layout=forced.row_layout if places else None,
+    host_ram_bytes=host_ram,
   )
-  if plan.fits is False and device_memory_bytes and not refusals:
+  if plan.over_budget and not refusals:
     biggest = max(rows, key=lambda r: r.bytes_per_device)
     placements = sorted({r.placement for r in rows})
     plan.warnings.append(
       f"the embedding needs {human_bytes(plan.bytes_per_device)} per device "
       f"with the {name!r} backend ({', '.join(placements)}), over "
-      f"{HEADROOM:.0%} of the {human_bytes(device_memory_bytes)} a device "
+      f"{HEADROOM:.0%} of the {human_bytes(device_memory_bytes or 0)} a device "
       f"has ({human_bytes(budget or 0)}); the largest is table "
       f"{biggest.table!r} ({human_bytes(biggest.bytes_per_device)}). Shard "
       "the tables ('tpu_embedding' on TPUs with an embedding accelerator, "
@@ -527,6 +744,11 @@ def plan_memory(
       "fewer slots (SGD 0, Adagrad 1, Adam/FTRL/AdagradMomentum 2)."
     )
   return plan
+
+
+def _table_name(i: int, table: Any) -> str:
+  """A table's name (`table_<i>` for an unnamed one, as backends name it)."""
+  return table.name if table.name is not None else f"table_{i}"
 
 
 def _memory_row(
@@ -541,7 +763,7 @@ def _memory_row(
     math.ceil(table.vocabulary_size / shards) * width * (1 + len(slots)),
   )
   return TableMemory(
-    table=table.name if table.name is not None else f"table_{i}",
+    table=_table_name(i, table),
     vocabulary_size=table.vocabulary_size,
     dim=table.dim,
     optimizer=type(opt).__name__ if opt is not None else "none",
@@ -558,7 +780,7 @@ def _place_on_replicas(
   optimizer: Any,
   strategy: tf.distribute.Strategy,
   budget: float | None,
-  placement: EmbeddingPlacement,
+  forced: _Forced,
   ids: Mapping[str, int | None],
 ) -> tuple[list[TableMemory], list[str]]:
   """tensorcore: each table replicated or row-sharded over the replicas."""
@@ -575,7 +797,9 @@ def _place_on_replicas(
     )
     for t, r in zip(tables, whole)
   ]
-  plan = placement_lib.place_tables(sizes, replicas, budget, placement.tables)
+  plan = placement_lib.place_tables(
+    sizes, replicas, budget, forced.tables, forced.by
+  )
   rows = []
   for i, (t, placed) in enumerate(zip(tables, plan.placements)):
     sharded = placed.placement == placement_lib.ROW_SHARDED
@@ -589,6 +813,7 @@ def _place_on_replicas(
         reason=placed.reason,
         exchange_bytes=placed.exchange_bytes,
         row_sharded=sharded,
+        forced_by=forced.by.get(placed.table, ""),
       )
     )
   return rows, plan.refusals
@@ -632,8 +857,29 @@ class MemoryPlanError(RecsysError, ValueError):
   """The embedding tables would not fit this host's memory."""
 
 
+def _host_refusal(plan: MemoryPlan) -> str:
+  """Why the local replicas' tables do not fit this host's RAM."""
+  ram = plan.host_ram_bytes or 0
+  return (
+    f"this run's {plan.local_replicas} replica(s) are this host's CPUs, so "
+    f"its tables live in the host's RAM: {human_bytes(plan.host_bytes)} "
+    f"({plan.local_replicas} x {human_bytes(plan.bytes_per_device)} of "
+    f"tables and slots), over {HEADROOM:.0%} of its "
+    f"{human_bytes(ram)} of RAM ({human_bytes(HEADROOM * ram)}), whatever "
+    f"the device budget {plan.memory_source} = "
+    f"{human_bytes(plan.device_memory_bytes or 0)} allows. On a CPU host "
+    "leave EmbeddingPlacement.device_memory unset (the planner then takes "
+    "the host's RAM shared by its replicas) or give what a replica really "
+    "has here; train where the devices it plans for are"
+  )
+
+
 def check_fits(plan: MemoryPlan) -> None:
   """Refuses a plan that exceeds the device's memory, naming its tables.
+
+  Checked against one device's budget (`HEADROOM` of its memory) and, when
+  the replicas are this host's CPUs and a device's memory was given, against
+  the host's RAM too: the tables are allocated there.
 
   Raises:
     MemoryPlanError: `plan.fits` is False; lists the largest tables with
@@ -648,18 +894,48 @@ def check_fits(plan: MemoryPlan) -> None:
     for r in biggest[:5]
   )
   more = f" and {len(biggest) - 5} smaller" if len(biggest) > 5 else ""
-  refused = "".join(f" {r[0].upper()}{r[1:]}." for r in plan.refusals)
+  problems = []
+  if plan.over_budget or plan.host_fits is not False:
+    problems.append(
+      f"the embedding tables need {human_bytes(plan.bytes_per_device)} per "
+      f"device, over {HEADROOM:.0%} of the "
+      f"{human_bytes(plan.device_memory_bytes or 0)} "
+      f"available ({plan.memory_source}): {listed}{more}."
+    )
+  else:
+    problems.append(f"the largest tables: {listed}{more}.")
+  if plan.host_fits is False:
+    problems.append(_host_refusal(plan) + ".")
+  problems.extend(f"{r[0].upper()}{r[1:]}." for r in plan.refusals)
+  forced = [r for r in plan.rows if r.forced_by]
+  if forced and plan.over_budget:
+    by: dict[str, list[str]] = {}
+    for r in forced:
+      how = f"{r.placement.split()[0]}, forced by {r.forced_by}"
+      by.setdefault(how, []).append(r.table)
+    problems.append(
+      "The planner moves no table whose placement is forced: "
+      + "; ".join(f"{', '.join(t)} {how}" for how, t in by.items())
+      + "."
+    )
+  backend = backends.get(plan.backend)
+  if "placement" in backend.options or backend.capabilities.sharded_tables:
+    shard = (
+      "or shard the tables (tensorcore: row-sharded over several replicas, "
+      "EmbeddingPlacement)"
+    )
+  else:  # e.g. `recsys export`'s serving copy: every table whole, here
+    shard = (
+      f"or run on a host with more memory (the {plan.backend!r} backend "
+      "holds every table whole)"
+    )
   raise MemoryPlanError(
-    f"the embedding tables need {human_bytes(plan.bytes_per_device)} per "
-    f"device, over {HEADROOM:.0%} of the "
-    f"{human_bytes(plan.device_memory_bytes or 0)} "
-    f"available ({plan.memory_source}): {listed}{more}.{refused} Cap the "
-    "vocabularies (e.g. CriteoTSV.max_vocab_size, or --gin_file "
+    " ".join(problems) + " Cap the vocabularies (e.g. "
+    "CriteoTSV.max_vocab_size, or --gin_file "
     "experiments/hardware/cpu_small.gin), lower EmbeddingSettings.dim, use "
-    "an optimizer with fewer slots, or shard the tables (tensorcore: "
-    "row-sharded over several replicas, EmbeddingPlacement); `recsys info "
-    "--gin_file ...` prints the plan. To try anyway pass --skip_memory_check "
-    "(gin: train.skip_memory_check = True)."
+    f"an optimizer with fewer slots, {shard}; `recsys info --gin_file ...` "
+    "prints the plan. To try anyway pass --skip_memory_check (gin: "
+    "train.skip_memory_check = True)."
   )
 
 
@@ -671,6 +947,8 @@ def describe_environment(
   device_memory_bytes: int | None = None,
   placement: EmbeddingPlacement | None = None,
   ids_per_step: Mapping[str, int | None] | None = None,
+  backend_options: Mapping[str, Any] | None = None,
+  plan: MemoryPlan | None = None,
 ) -> str:
   """The report of `recsys info`: devices, strategy, TPU, backend, memory.
 
@@ -679,7 +957,11 @@ def describe_environment(
     feature_config: if given, the memory plan of its tables is appended.
     optimizer: default embedding optimizer of that config.
     backend: "auto" or a forced backend name.
-    device_memory_bytes, placement, ids_per_step: see `plan_memory`.
+    device_memory_bytes, placement, ids_per_step, backend_options: see
+      `plan_memory`.
+    plan: the memory plan to print, made already (what a run's settings
+      give, `recsys.training.embedding_backend.plan_tables`); None: planned
+      here from the arguments above when `feature_config` is given.
 
   Returns:
     Multi-line text.
@@ -701,7 +983,7 @@ def describe_environment(
   lines.append(
     f"backends that can run here: {', '.join(backends.available(strategy))}"
   )
-  if feature_config is not None:
+  if plan is None and feature_config is not None:
     plan = plan_memory(
       feature_config,
       optimizer,
@@ -710,7 +992,9 @@ def describe_environment(
       backend,
       placement=placement,
       ids_per_step=ids_per_step,
+      backend_options=backend_options,
     )
+  if plan is not None:
     lines.append("embedding memory per device:")
     lines.extend("  " + line for line in plan.format().splitlines())
   return "\n".join(lines)

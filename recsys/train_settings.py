@@ -31,12 +31,12 @@ from recsys import features as features_lib
 from recsys._keras import keras, tf
 from recsys.data.from_dataset import DatasetSource
 from recsys.data.pipeline import DataSource
-from recsys.errors import RecsysError
+from recsys.errors import SettingsError
 
 log = logging.getLogger("recsys.training")
 
 
-class TrainerConfigError(RecsysError, ValueError):
+class TrainerConfigError(SettingsError):
   """The trainer's settings are inconsistent (batch sizes, steps, sources)."""
 
 

@@ -377,7 +377,9 @@ def test_forced_placements_are_kept_and_checked():
   assert refused.refusals and "place it 'row_sharded'" in refused.refusals[0]
   with pytest.raises(ValueError, match=r"unknown tables \['nope'\]"):
     _plan(2, "1GiB", tables={"nope": "row_sharded"})
-  with pytest.raises(ValueError, match=r"placement\['big'\] = 'sharded'"):
+  with pytest.raises(
+    ValueError, match=r"EmbeddingPlacement.tables\['big'\] = 'sharded'"
+  ):
     _plan(2, "1GiB", tables={"big": "sharded"})
   # Backends that place tables themselves ignore it (export on 'serving').
   tpu = planning.plan_memory(
@@ -438,3 +440,33 @@ def test_info_prints_placement_bytes_and_exchange_per_table():
     "row_sharded /2" in big
     and planning.human_bytes(math.ceil(5000 / 2) * 11 * 4 * 2) in big
   )
+
+
+def test_cpu_replicas_tables_must_fit_the_host_whatever_the_budget(
+  monkeypatch,
+):
+  """A device budget above the host's RAM plans for the device; where the
+  replicas are the host's CPUs the tables must still fit the host."""
+  host = 2 * BIG  # 80% of it holds one replica's tables, not two
+  monkeypatch.setattr(planning, "host_memory_bytes", lambda: host)
+  plan = _plan(2, "1TiB")
+  assert plan.host_ram_bytes == host and plan.host_bytes == 2 * (SMALL + BIG)
+  assert plan.host_fits is False and plan.fits is False
+  assert plan.bytes_per_device < planning.HEADROOM * (1 << 40)  # the budget
+  text = plan.format()
+  assert "on this host: 2 replica(s) x " in text
+  assert "REFUSED: this run's 2 replica(s) are this host's CPUs" in text
+  with pytest.raises(planning.MemoryPlanError) as e:
+    planning.check_fits(plan)
+  message = str(e.value)
+  assert planning.human_bytes(host) + " of RAM" in message
+  assert "EmbeddingPlacement.device_memory = 1.0 TiB" in message
+  assert "leave EmbeddingPlacement.device_memory unset" in message
+  # Accelerators hold their own tables: no host check.
+  tpu = planning.plan_memory(
+    _dlrm_like(),
+    E.Adagrad(0.1),
+    fake_tpu_strategy("UNSUPPORTED", num_replicas=4),
+    placement=planning.EmbeddingPlacement(device_memory="1TiB"),
+  )
+  assert tpu.host_ram_bytes is None and tpu.fits is True

@@ -50,6 +50,7 @@ import tensorflow as tf
 
 from backends import _tf_internal, optimizers, row_init
 from backends import base as backends_base
+from backends import placement
 from backends.storage import base, row_layout
 from backends.storage import exchange as exchange_lib
 from backends.table_step import TableStep
@@ -58,7 +59,7 @@ log = logging.getLogger("recsys.backends")
 
 #: The default row layout (docs/scaling.md): contiguous shards are saved and
 #: restored as row slices where they live, never assembled whole.
-DEFAULT_ROW_LAYOUT = "contiguous"
+DEFAULT_ROW_LAYOUT = placement.DEFAULT_ROW_LAYOUT
 
 
 def local_replica_ids(strategy: tf.distribute.Strategy) -> list[int]:

@@ -22,6 +22,7 @@ Example:
 
 import dataclasses
 import glob
+import json
 import os
 import re
 
@@ -154,6 +155,34 @@ def numbered_configs(model_dir: str) -> list[str]:
     if m:
       numbered[path] = int(m.group(1))
   return sorted(numbered, key=numbered.__getitem__)
+
+
+def run_lengths(model_dir: str) -> list[tuple[int, int]]:
+  """`(first step, train.train_steps)` of each run kept in a model dir,
+  oldest first: its numbered config's length and the step its numbered
+  input record (`input_files-<k>.json`) says it started from. A run whose
+  length or first step is not recorded (an older run folder) is left out;
+  the first run starts at step 0."""
+  runs = []
+  for index, path in enumerate(numbered_configs(model_dir)):
+    with open(path, encoding="utf-8") as f:
+      bound = bindings(f.read())
+    steps = bound.get("train.train_steps", "")
+    if steps.startswith("%"):  # a macro: its value is bound by its name
+      steps = bound.get(f"{steps[1:]}.", "")
+    record = path[: -len(".gin")].replace("operative_config-", "input_files-")
+    try:
+      with open(record + ".json", encoding="utf-8") as f:
+        first = int(json.load(f)["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+      if index:
+        continue
+      first = 0
+    try:
+      runs.append((first, int(steps)))
+    except ValueError:
+      continue
+  return runs
 
 
 def next_config_path(model_dir: str) -> str:

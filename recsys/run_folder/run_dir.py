@@ -38,6 +38,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from recsys.errors import RecsysError
 from recsys.run_folder import lock as lock_lib
 from recsys.run_folder import run_checks, run_configs, run_files, run_inputs
 
@@ -53,6 +54,11 @@ CHANGES_FILE = "changed_settings.jsonl"
 EVAL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 WORKERS_DIR = ".workers"
 SUMMARY_KINDS = ("train", "eval")
+
+
+class ModelDirNotWritableError(RecsysError, PermissionError):
+  """Training would write into a model dir (or a folder of it) that this
+  user may not write."""
 
 
 class RunDir:
@@ -127,6 +133,32 @@ class RunDir:
   def lock(self) -> lock_lib.ModelDirLock:
     """The run's exclusive lock (acquire it while training)."""
     return lock_lib.ModelDirLock(self.path)
+
+  def check_writable(self) -> None:
+    """Refuses a model dir that training cannot write, before anything is
+    built: the folder itself, the folders a run writes into and the lock
+    file it opens, when they exist (a new model dir is made by training).
+
+    Raises:
+      ModelDirNotWritableError: naming the folder or file and what to do.
+    """
+    configs = os.path.join(self.path, run_configs.CONFIGS_DIR)
+    paths = [self.path, self.checkpoints, configs]
+    paths += [self.summaries(kind) for kind in SUMMARY_KINDS]
+    paths.append(os.path.join(self.path, lock_lib.LOCK_FILE))
+    for path in paths:
+      if not os.path.exists(path):
+        continue
+      mode = os.W_OK | (os.X_OK if os.path.isdir(path) else 0)
+      if not os.access(path, mode):
+        where = "" if path == self.path else f" ({path} is read-only)"
+        raise ModelDirNotWritableError(
+          f"model dir {self.path!r} is not writable by this user{where}: "
+          "training writes its checkpoints, summaries, config and lock "
+          "there. Make it writable (e.g. chmod -R u+w), or train on a "
+          "writable copy (copy the folder, pass the copy as --model_dir); "
+          "`recsys evaluate` and `recsys export` only read a model dir."
+        )
 
   def refuse_links(self) -> None:
     """Refuses up front a metrics file that is a link (before training)."""
@@ -270,6 +302,7 @@ __all__ = [
   "EVAL_METRICS_FILE",
   "INPUT_FILES_FILE",
   "METRICS_FILE",
+  "ModelDirNotWritableError",
   "OPERATIVE_CONFIG_FILE",
   "RunDir",
 ]

@@ -3,8 +3,9 @@
 `make_backend` resolves `train.backend` (the one place "auto" is decided,
 `backends.registry.resolve`), plans compilation (`compile.plan`), checks
 `train.backend_options`, plans the tables' memory and placement
-(`recsys.planning`: logged at start, refused before a table is allocated
-when it does not fit) and constructs the backend with that placement.
+(`plan_tables`, `recsys.planning`: logged at start, refused before a table
+is allocated when it does not fit) and constructs the backend with that
+placement: the plan `recsys info` prints is the one built.
 
 Example:
   >>> name, reason, plan, backend = make_backend(
@@ -23,6 +24,60 @@ from recsys.training import compile as compile_lib
 log = logging.getLogger("recsys.training")
 
 
+def bag_widths(feature_specs: Any) -> dict[str, int | None]:
+  """Each multi-hot feature's longest bag (None: unbounded), from the data
+  source's specs: static widths give compiled steps fixed shapes (and
+  replicas a fixed-size exchange of touched rows)."""
+  return {
+    spec.name: spec.max_ids
+    for spec in feature_specs
+    if spec.multi_hot and not spec.sequence_length
+  }
+
+
+def check_backend_options(name: str, options: Any) -> None:
+  """`train.backend_options` against what backend `name` declares.
+
+  Raises:
+    TrainerConfigError: an option the backend does not take, naming them.
+  """
+  try:
+    registry.check_options(name, options or {})
+  except registry.UnknownBackendOptionError as e:
+    raise TrainerConfigError(f"train.backend_options {e}") from e
+
+
+def plan_tables(
+  st: TrainSettings,
+  strategy: tf.distribute.Strategy,
+  feature_config: dict[str, Any],
+  embedding_optimizer: Any,
+  name: str,
+  widths: dict[str, int | None],
+) -> planning.MemoryPlan:
+  """The tables' memory plan and placement on backend `name`, checked.
+
+  The one source of where each table lives: `recsys info` prints this plan
+  and `make_backend` builds the backend from it (`train.placement` and the
+  backend options' `placement` and `row_layout` are folded into it).
+
+  Raises:
+    TrainerConfigError: an unknown backend option.
+    planning.PlacementSettingsError: a placement setting that cannot be.
+  """
+  check_backend_options(name, st.backend_options)
+  per_replica = int(st.global_batch_size) // strategy.num_replicas_in_sync
+  return planning.plan_memory(
+    feature_config,
+    embedding_optimizer,
+    strategy,
+    backend=name,
+    placement=st.placement,
+    backend_options=st.backend_options,
+    ids_per_step=planning.ids_per_step(feature_config, widths, per_replica),
+  )
+
+
 def make_backend(
   st: TrainSettings,
   source: Any,
@@ -34,32 +89,26 @@ def make_backend(
   name, reason = registry.resolve(st.backend, strategy)
   # `resolve` logs the choice and its reason (the one place "auto" is
   # decided); construct the resolved class directly so it is not re-resolved.
-  # The data source knows its longest bags: static widths give compiled
-  # steps fixed shapes (and replicas a fixed-size exchange of touched rows).
-  options: dict[str, Any] = {
-    "bag_widths": {
-      spec.name: spec.max_ids
-      for spec in source.feature_specs
-      if spec.multi_hot and not spec.sequence_length
-    }
-  }
+  options: dict[str, Any] = {"bag_widths": bag_widths(source.feature_specs)}
   compile_plan = compile_lib.plan(strategy, st.jit_compile)
   backend_cls = registry.get(name)
   if compile_plan.static_shapes and "static_shapes" in backend_cls.options:
     options["static_shapes"] = True
-  try:
-    registry.check_options(name, st.backend_options or {})
-  except registry.UnknownBackendOptionError as e:
-    raise TrainerConfigError(f"train.backend_options {e}") from e
-  plan = _plan(st, strategy, feature_config, embedding_optimizer, name, options)
+  plan = plan_tables(
+    st,
+    strategy,
+    feature_config,
+    embedding_optimizer,
+    name,
+    options["bag_widths"],
+  )
+  log.info("embedding tables (%s backend):\n%s", name, plan.format())
   if not st.skip_memory_check:  # before a table is allocated
     planning.check_fits(plan)
-  if "placement" in backend_cls.options:
-    options["placement"] = plan.placements()
-    options["row_layout"] = (
-      st.placement or planning.EmbeddingPlacement()
-    ).row_layout
   options.update(st.backend_options or {})
+  if "placement" in backend_cls.options:  # as planned: the plan folds in
+    options["placement"] = plan.placements()  # the options' own placement
+    options["row_layout"] = plan.row_layout
   backend = backend_cls(
     feature_config,
     embedding_optimizer,
@@ -67,38 +116,3 @@ def make_backend(
     **options,
   )
   return name, reason, compile_plan, backend
-
-
-def _plan(
-  st: TrainSettings,
-  strategy: tf.distribute.Strategy,
-  feature_config: dict[str, Any],
-  embedding_optimizer: Any,
-  name: str,
-  options: dict[str, Any],
-) -> planning.MemoryPlan:
-  """The tables' memory plan and placement, logged."""
-  placement = st.placement
-  if placement is not None and not isinstance(
-    placement, planning.EmbeddingPlacement
-  ):
-    raise TrainerConfigError(
-      f"train.placement is {placement!r}; expected @EmbeddingPlacement() "
-      "(gin) or recsys.planning.EmbeddingPlacement(...)."
-    )
-  per_replica = int(st.global_batch_size) // strategy.num_replicas_in_sync
-  try:
-    plan = planning.plan_memory(
-      feature_config,
-      embedding_optimizer,
-      strategy,
-      backend=name,
-      placement=placement,
-      ids_per_step=planning.ids_per_step(
-        feature_config, options.get("bag_widths") or {}, per_replica
-      ),
-    )
-  except ValueError as e:
-    raise TrainerConfigError(f"train.placement: {e}") from e
-  log.info("embedding tables (%s backend):\n%s", name, plan.format())
-  return plan

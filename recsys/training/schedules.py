@@ -12,6 +12,14 @@ callable as learning rate; a Keras `LearningRateSchedule` from gin (e.g.
 step by `bind_to_step`, on copies: the caller's optimizers and tables are
 left as they were given.
 
+A resume whose `train.train_steps` differs from the previous run's keeps the
+learning rate continuous (`resumed`): a `WarmupPolyDecay` that follows the
+run's length goes on from the rate it had reached at the resume step and
+stretches its remaining decay over the new length, instead of jumping to
+where a schedule of the new length would be (a warm restart). Other
+schedules built from `total_train_steps()` cannot be stretched, and such a
+resume is refused (`ScheduleResumeError`).
+
 Example:
   >>> lr = WarmupPolyDecay(24.0, warmup_steps=2750, decay_start_step=49315,
   ...                      decay_steps=27772, power=2.0)
@@ -19,12 +27,27 @@ Example:
 """
 
 import copy
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import gin
 
 from recsys._keras import keras, tf
+from recsys.errors import SettingsError
+
+log = logging.getLogger("recsys.training")
+
+
+class ScheduleResumeError(SettingsError):
+  """A resume changes the run's length under a schedule that follows it and
+  cannot be stretched: its learning rate would jump at the resume step."""
+
+
+class RunLength(int):
+  """`train.train_steps` as `total_train_steps()` gives it: an int that
+  remembers it is the run's length, so that a resume with another length
+  can stretch the schedule built from it (`resumed`)."""
 
 
 @gin.register
@@ -66,6 +89,12 @@ class WarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
     self.decay_steps = int(decay_steps)
     self.power = float(power)
     self.end_factor = float(end_factor)
+    #: Whether `decay_steps` is the run's length (`@total_train_steps()`).
+    self.follows_run_length = isinstance(decay_steps, RunLength)
+    #: The decay's progress (0 to 1) at steps where it bends, after resumes
+    #: that changed the run's length (`resumed`); None: linear from
+    #: `decay_start_step` to `decay_start_step + decay_steps`.
+    self.progress_knots: tuple[tuple[int, float], ...] | None = None
 
   def __call__(self, step):
     step = tf.cast(step, tf.float32)
@@ -76,14 +105,62 @@ class WarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
         step < self.warmup_steps, base * (step + 1.0) / self.warmup_steps, lr
       )
     if self.decay_steps:
-      progress = tf.clip_by_value(
-        (step - self.decay_start_step) / self.decay_steps, 0.0, 1.0
-      )
+      if self.progress_knots is None:
+        progress = tf.clip_by_value(
+          (step - self.decay_start_step) / self.decay_steps, 0.0, 1.0
+        )
+      else:
+        progress = _interpolated(step, self.progress_knots)
       decayed = base * tf.maximum(
         (1.0 - progress) ** self.power, self.end_factor
       )
       lr = tf.where(step >= self.decay_start_step, decayed, lr)
     return lr
+
+  def resumed(self, runs: Sequence[tuple[int, int]]) -> "WarmupPolyDecay":
+    """This schedule as the last of `runs` continues it.
+
+    Args:
+      runs: `(first step, train.train_steps)` of each run on the model dir,
+        oldest first, the resuming one last.
+
+    Returns:
+      `self` when its decay does not follow the run's length or no resume
+      changed the length; else a copy whose decay goes on, at each resume
+      that did, from the progress it had reached there to its end at
+      `decay_start_step` + that run's length: the learning rate is
+      continuous, and the remaining decay stretched (or shrunk).
+    """
+    if not (self.follows_run_length and self.decay_steps and runs):
+      return self
+    start = self.decay_start_step
+    knots = [(start, 0.0), (start + runs[0][1], 1.0)]
+    length = runs[0][1]
+    for first, steps in runs[1:]:
+      if steps == length or steps <= first:  # same decay, or no step to run
+        continue
+      end, length = start + steps, steps
+      if first <= start:  # the decay had not begun
+        knots = [(start, 0.0), (end, 1.0)]
+      else:
+        reached = _interpolate(first, knots)
+        knots = [k for k in knots if k[0] < first] + [(first, reached)]
+        knots.append((end, 1.0))
+    if knots == [(start, 0.0), (start + self.decay_steps, 1.0)]:
+      return self
+    out = copy.copy(self)
+    out.progress_knots = tuple(knots)
+    first, steps = runs[-1]
+    if _interpolate(first, knots) >= 1.0 and steps > first:
+      log.warning(
+        "the learning-rate schedule (WarmupPolyDecay) had ended its decay "
+        "by step %d, where this run resumes: its %d more steps train at "
+        "the final rate %g (the decay goes on, it does not restart).",
+        first,
+        steps - first,
+        self.base_learning_rate * self.end_factor,
+      )
+    return out
 
   def get_config(self):
     return {
@@ -96,20 +173,98 @@ class WarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
     }
 
 
+def _interpolate(step: float, knots: Sequence[tuple[int, float]]) -> float:
+  """The progress at `step` (a number) of piecewise-linear `knots`."""
+  if step <= knots[0][0]:
+    return knots[0][1]
+  for (x0, p0), (x1, p1) in zip(knots, knots[1:]):
+    if step <= x1:
+      return p0 + (p1 - p0) * (step - x0) / (x1 - x0)
+  return knots[-1][1]
+
+
+def _interpolated(step: tf.Tensor, knots: Sequence[tuple[int, float]]):
+  """`_interpolate` of a float32 step tensor (traced)."""
+  progress = tf.constant(knots[0][1], tf.float32)
+  for (x0, p0), (x1, p1) in zip(knots, knots[1:]):
+    within = tf.clip_by_value((step - x0) / (x1 - x0), 0.0, 1.0)
+    progress = tf.where(step >= x0, p0 + (p1 - p0) * within, progress)
+  return progress
+
+
 @gin.register
 def total_train_steps() -> int:
   """`train.train_steps` of the parsed gin config (its default if unbound).
 
   For schedules in gin (`decay_steps = @total_train_steps()`): gin calls it
   when it builds the schedule, after every file and `--gin_bindings` is
-  parsed, so the schedule follows the run's length. A resumed run with more
-  steps stretches its remaining decay accordingly.
+  parsed, so the schedule follows the run's length. A resumed run with
+  another length keeps the learning rate continuous: a `WarmupPolyDecay`
+  stretches its remaining decay over the new length (`resumed`).
   """
   from recsys import config  # pylint: disable=g-import-not-at-top
   from recsys.train_settings import TrainSettings  # pylint: disable=g-import-not-at-top
 
   steps = config.value("train.train_steps")
-  return int(TrainSettings().train_steps if steps is None else steps)
+  return RunLength(TrainSettings().train_steps if steps is None else steps)
+
+
+def follows_run_length(schedule: Any) -> bool:
+  """Whether a schedule was built from `total_train_steps()`."""
+  if isinstance(schedule, WarmupPolyDecay):
+    return schedule.follows_run_length
+  try:
+    values = schedule.get_config().values()
+  except (AttributeError, NotImplementedError):
+    return False
+  return any(isinstance(v, RunLength) for v in values)
+
+
+def resumed(schedule: Any, runs: Sequence[tuple[int, int]]) -> Any:
+  """`schedule` as the last of `runs` continues it (see
+  `WarmupPolyDecay.resumed`); any other learning rate as it is.
+
+  Raises:
+    ScheduleResumeError: a schedule built from `total_train_steps()` that
+      cannot be stretched, and a resume changed the run's length.
+  """
+  if isinstance(schedule, WarmupPolyDecay):
+    return schedule.resumed(runs)
+  if len(runs) < 2 or not follows_run_length(schedule):
+    return schedule
+  (_, before), (first, steps) = runs[-2:]
+  if steps != before and steps > first:
+    raise ScheduleResumeError(
+      f"train.train_steps changed from {before} to {steps} on resume, but "
+      f"{type(schedule).__name__} takes its length from "
+      "@total_train_steps() and cannot be stretched: its learning rate "
+      f"would jump at the resume step {first}. Keep train.train_steps = "
+      f"{before}, or use WarmupPolyDecay (it stretches its remaining decay "
+      "over the new length)."
+    )
+  return schedule
+
+
+class _OnStep:
+  """`schedule(step)` as a zero-argument learning rate, whose schedule a
+  resume may replace (`resume_bound`) before a step is traced."""
+
+  def __init__(self, schedule: Any, step: tf.Variable):
+    self.schedule, self.step = schedule, step
+
+  def __call__(self) -> tf.Tensor:
+    return self.schedule(self.step)
+
+
+def resume_bound(optimizers: Iterable[Any], runs: Sequence[tuple[int, int]]):
+  """The schedules `bind_to_step` bound in `optimizers`, `resumed` over
+  `runs` (each bound schedule once; other learning rates untouched)."""
+  seen = set()
+  for optimizer in optimizers:
+    lr = getattr(optimizer, "learning_rate", None)
+    if isinstance(lr, _OnStep) and id(lr) not in seen:
+      seen.add(id(lr))
+      lr.schedule = resumed(lr.schedule, runs)
 
 
 def bound_to_step(optimizer: Any, step: tf.Variable) -> Any:
@@ -121,14 +276,14 @@ def bound_to_step(optimizer: Any, step: tf.Variable) -> Any:
 
   Returns:
     `optimizer` itself unless its learning rate is a Keras
-    `LearningRateSchedule`; then a shallow copy with
-    `learning_rate = lambda: schedule(step)`. `optimizer` is not changed.
+    `LearningRateSchedule`; then a shallow copy whose `learning_rate` is
+    `schedule(step)`, a zero-argument callable. `optimizer` is not changed.
   """
   lr = getattr(optimizer, "learning_rate", None)
   if not isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
     return optimizer
   bound = copy.copy(optimizer)
-  bound.learning_rate = lambda: lr(step)
+  bound.learning_rate = _OnStep(lr, step)
   return bound
 
 

@@ -27,11 +27,14 @@ from typing import Any
 
 import gin
 
-from recsys import _gin_compat, config
+from backends import registry
+from recsys import _gin_compat, config, planning
 from recsys import features as features_lib
 from recsys._keras import keras, tf
+from recsys.run_folder import run_dir as run_dir_lib
 from recsys.run_folder.run_checks import RunChanges
 from recsys.train_settings import TrainSettings
+from recsys.training import embedding_backend
 from recsys.training import strategy as strategy_lib
 from recsys.training.trainer import Trainer, default_embedding_optimizer
 
@@ -153,28 +156,36 @@ def _feature_specs() -> tuple[list[Any] | None, str]:
   )
 
 
-def configured_placement(
-  feature_config: Mapping[str, Any] | None, strategy: tf.distribute.Strategy
-) -> dict[str, Any]:
-  """`recsys info`'s placement settings: `placement` and `ids_per_step`.
+def configured_plan(
+  feature_config: dict[str, Any] | None,
+  optimizer: Any,
+  backend: str,
+  strategy: tf.distribute.Strategy,
+) -> planning.MemoryPlan | None:
+  """`recsys info`'s memory plan: the one `train` would make and check.
 
-  What `train` would plan with: `train.placement` and, from `train.data`'s
-  bag widths (built or planned without its files, as `configured_embedding`
-  does) and `train.global_batch_size`, the ids a replica looks up per step
-  in each table (for the exchange per step).
+  From the parsed config's `train.placement`, `train.backend_options` and
+  `train.global_batch_size`, and `train.data`'s bag widths (built or
+  planned without its files, as `configured_embedding` does), through the
+  function `train` plans with (`embedding_backend.plan_tables`): the same
+  placements, the same refusals. None without tables.
+
+  Raises:
+    TrainerConfigError, planning.PlacementSettingsError: as `train` would.
   """
-  from recsys import planning  # pylint: disable=g-import-not-at-top
-
-  out: dict[str, Any] = {"placement": config.value("train.placement")}
-  specs = _feature_specs()[0] if feature_config is not None else None
-  if feature_config is None or specs is None:  # no tables, no exchange
-    return out
-  widths = {spec.name: spec.max_ids for spec in specs if spec.multi_hot}
-  batch = config.value("train.global_batch_size") or 1024
-  out["ids_per_step"] = planning.ids_per_step(
-    feature_config, widths, int(batch) // strategy.num_replicas_in_sync
+  if feature_config is None:
+    return None
+  names = ("placement", "backend_options", "global_batch_size")
+  bound = {name: config.value(f"train.{name}") for name in names}
+  settings = TrainSettings.pick(
+    {name: value for name, value in bound.items() if value is not None}
   )
-  return out
+  specs = _feature_specs()[0]
+  widths = embedding_backend.bag_widths(specs) if specs is not None else {}
+  name, _, _ = registry.decide(backend, strategy)
+  return embedding_backend.plan_tables(
+    settings, strategy, feature_config, optimizer, name, widths
+  )
 
 
 @gin.configurable("train")
@@ -233,6 +244,8 @@ def train(
   settings = TrainSettings.pick(locals())  # first: locals() = the arguments
   if action not in ACTIONS:
     raise ValueError(f"train(action={action!r}): use one of {list(ACTIONS)}.")
+  if action == "train":  # before start-up and restore, which take time
+    run_dir_lib.RunDir(model_dir).check_writable()
   if strategy is None:
     strategy, why = strategy_lib.make_strategy(tpu, num_cpu_replicas)
     log.info("strategy: %s", why)

@@ -27,6 +27,7 @@ from typing import Any
 import gin
 
 from backends import hardware
+from recsys import _tf_internal
 from recsys import features as features_lib
 from recsys import train_settings as settings_lib
 from recsys._keras import keras, tf
@@ -38,7 +39,7 @@ from recsys.models import evaluation_hooks as hooks_lib
 from recsys.models import model_args
 from recsys.models import seen_items as seen_lib
 from recsys.run_folder import checkpoints as checkpoints_lib
-from recsys.run_folder import run_checks, run_inputs
+from recsys.run_folder import run_checks, run_configs, run_inputs
 from recsys.run_folder import run_dir as run_dir_lib
 from recsys.train_settings import TrainSettings
 from recsys.training import controller as controller_lib
@@ -212,14 +213,23 @@ class Trainer:
     )
 
   def _make_folder(self) -> None:
-    """Creates the model dir (refusing a file of that name)."""
+    """Creates the model dir (refusing a file of that name); with
+    summaries on (their writers write at once) it must be writable."""
     model_dir = self.model_dir
     if os.path.exists(model_dir) and not os.path.isdir(model_dir):
       raise TrainerConfigError(
         f"model_dir {model_dir!r} is a file; it must be a folder (new or "
         "holding a run to resume)."
       )
-    os.makedirs(model_dir, exist_ok=True)
+    if self.settings.summaries:
+      run_dir_lib.RunDir(model_dir).check_writable()
+    try:
+      os.makedirs(model_dir, exist_ok=True)
+    except PermissionError as e:
+      raise run_dir_lib.ModelDirNotWritableError(
+        f"model dir {model_dir!r} cannot be created ({e.strerror}): pass a "
+        "--model_dir in a folder this user may write."
+      ) from e
 
   def _build_embedding(self) -> None:
     """Tables, embedding optimizer, step counter and the embedding backend."""
@@ -447,12 +457,14 @@ class Trainer:
       (`bayes_auc`, ...) when it reports one.
 
     Raises:
+      ModelDirNotWritableError: this user may not write the model dir.
       ModelDirBusyError: another live run trains in this model dir.
       TrainingPreempted: SIGTERM or Ctrl-C arrived; a checkpoint was saved at
         the step reached (`recsys train` exits with status 143).
       NonFiniteLossError: a step had NaN/inf loss or gradients (policy
         "stop"); names the step and the last good checkpoint.
     """
+    self.run_dir.check_writable()  # before the lock, which writes there
     lock = self.run_dir.lock()
     if self._chief:  # other workers write nothing of their own here
       lock.acquire()
@@ -483,7 +495,8 @@ class Trainer:
 
   def _prepare_run(self, step: int) -> None:
     """Before training from `step`: a resume's changed settings checked and
-    recorded, the eval split checked, the run's config and inputs written."""
+    recorded and its learning-rate schedules continued, the eval split
+    checked, the run's config and inputs written."""
     self.run_dir.refuse_links()  # before training: refused up front
     files = self.input_fingerprints() if self._chief else {}
     if step:  # a resume: same math settings and data as the last run?
@@ -494,6 +507,7 @@ class Trainer:
         step,
         self.allow_changed_settings,
       )
+      self._continue_schedules(step)  # before a step is traced
       for line in changes.lines():
         log.warning("resuming with a changed setting (allowed): %s", line)
       if changes:
@@ -504,6 +518,24 @@ class Trainer:
     self.run_dir.write_input_files(files, step)
     # The settings next to the curves in TensorBoard.
     self._writers.write_config(gin.operative_config_str(), step)
+
+  def _continue_schedules(self, step: int) -> None:
+    """On a resume at `step`, before a step is traced: the learning-rate
+    schedules go on from the rates they reached, over this run's length
+    (`schedules.resumed`, from the lengths of the runs kept here)."""
+    runs = run_configs.run_lengths(self.model_dir)
+    runs.append((step, self.train_steps))
+    tables = {id(f.table): f.table for f in self.feature_config.values()}
+    schedules.resume_bound(
+      [self.embedding_optimizer, *(t.optimizer for t in tables.values())],
+      runs,
+    )
+    legacy = isinstance(self.dense_optimizer, keras.optimizers.legacy.Optimizer)
+    with self.strategy.scope():
+      dense, _ = _tf_internal.keras_learning_rate(self.dense_optimizer, legacy)
+    continued = schedules.resumed(dense, runs)
+    if continued is not dense:
+      self.dense_optimizer.learning_rate = continued
 
   def _controller(self) -> controller_lib.Controller:
     """The loop's timing, from the run's settings."""

@@ -11,7 +11,10 @@ Keras models and TF's own restore.
 import contextlib
 import functools
 import io
+import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -19,7 +22,7 @@ import tensorflow as tf  # noqa: E402
 
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import checkpoint as ckpt  # noqa: E402
-from recsys import cli  # noqa: E402
+from recsys import cli, config  # noqa: E402
 from recsys._keras import keras  # noqa: E402
 from recsys.features import EmbeddingSettings  # noqa: E402
 from recsys.models import DLRM, DCNv2  # noqa: E402
@@ -165,6 +168,81 @@ def test_a_model_dir_that_is_a_file(tmp_path):
       ["train", "--gin_file", str(gin_file), "--model_dir", str(model_dir)]
     )
   assert code == 2 and str(model_dir) in err.getvalue()  # a setting: 2
+
+
+# -- a model dir this user may not write ---------------------------------------
+
+ROOT = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
+TINY = [
+  "train.global_batch_size = 64",
+  "train.steps_per_loop = 1",
+  "train.eval_steps = 1",
+  "SyntheticCTR.oracle_examples = 1024",
+  "train.progress_bar = False",
+]
+
+
+def _unprivileged(probe):
+  """A command prefix under which file modes apply to a child process (root
+  ignores them): none for a user; for root, a user namespace where it is an
+  ordinary user owning its files; None when neither is possible here."""
+  if os.geteuid() != 0:
+    return []
+  prefix = ["unshare", "--user", "--map-user=1000"]
+  try:
+    done = subprocess.run(
+      [*prefix, "touch", os.path.join(probe, "x")],
+      capture_output=True,
+      timeout=30,
+    )
+  except (OSError, subprocess.TimeoutExpired):
+    return None
+  denied = done.returncode != 0 and b"Permission denied" in done.stderr
+  return prefix if denied else None
+
+
+def _set_writable(path, writable):
+  for folder, _, files in os.walk(path):
+    for name in [folder, *(os.path.join(folder, f) for f in files)]:
+      mode = os.stat(name).st_mode
+      os.chmod(name, mode | 0o200 if writable else mode & ~0o222)
+
+
+@pytest.mark.slow
+def test_a_resume_in_a_read_only_model_dir_is_refused_naming_it(tmp_path):
+  """`recsys train` on a read-only run used to start up and restore, then
+  fail with a raw PermissionDeniedError from the summary writer."""
+  run = tmp_path / "run"
+  default = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
+  args = ["train", "--gin_file", default, "--model_dir", str(run)]
+  for binding in TINY:
+    args += ["--gin_bindings", binding]
+  assert cli.main([*args, "--gin_bindings", "train.train_steps = 2"]) == 0
+  _set_writable(run, False)
+  try:
+    prefix = _unprivileged(str(run))
+    if prefix is None:
+      pytest.skip("cannot run a process that read-only modes apply to")
+    done = subprocess.run(
+      [*prefix, sys.executable, "-m", "recsys", *args],
+      cwd=ROOT,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+  finally:
+    _set_writable(run, True)
+  assert done.returncode == 1, done.stderr
+  assert (
+    f"recsys train: ModelDirNotWritableError: model dir {str(run)!r} is not "
+    "writable by this user"
+  ) in done.stderr
+  assert "chmod" in done.stderr and "copy" in done.stderr  # what to do
+  assert "restored" not in done.stderr  # refused before the restore
+  assert "PermissionDenied" not in done.stderr
 
 
 # -- verify_objects against Keras models and TF's restore ----------------------

@@ -18,10 +18,11 @@ from recsys import (
 )
 from recsys.data import errors as data_errors
 from recsys.data import movielens, user_history
-from recsys.errors import RecsysError
+from recsys.errors import RecsysError, SettingsError
 from recsys.models import errors as model_errors
-from recsys.run_folder import atomic_dir, lock, run_configs, run_files
+from recsys.run_folder import atomic_dir, lock, run_configs, run_dir, run_files
 from recsys.training import (
+  schedules,
   signals,
   strategy,
   trainer,
@@ -35,6 +36,11 @@ from recsys.training import (
     (features.FeatureConfigError, ValueError),
     (experiments_catalog.UnknownExperimentError, FileNotFoundError),
     (planning.MemoryPlanError, ValueError),
+    (planning.PlacementSettingsError, SettingsError),
+    (SettingsError, ValueError),
+    (schedules.ScheduleResumeError, SettingsError),
+    (trainer.TrainerConfigError, SettingsError),
+    (run_dir.ModelDirNotWritableError, PermissionError),
     (launch.LaunchError, RuntimeError),
     (atomic_dir.UnsafeReplaceError, OSError),
     (untrusted_config.UntrustedConfigError, ValueError),

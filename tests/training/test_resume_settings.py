@@ -4,6 +4,7 @@ operative config is kept, numbered."""
 import os
 
 import gin
+import numpy as np
 import pytest
 
 from recsys import config
@@ -138,3 +139,62 @@ def test_operative_config_is_a_text_summary_and_hparams(tmp_path):
     and params["EmbeddingSettings.dim"] == 7
   )
   assert "train.data" not in params  # a reference, not a value
+
+
+#: Both learning rates decay linearly from step 2 over the run's length, as
+#: the MovieLens files write it (`decay_steps = @total_train_steps()`).
+SCHEDULE = [
+  "embedding.Adam.learning_rate = @table_lr/WarmupPolyDecay()",
+  "table_lr/WarmupPolyDecay.base_learning_rate = 0.01",
+  "table_lr/WarmupPolyDecay.decay_start_step = 2",
+  "table_lr/WarmupPolyDecay.decay_steps = @total_train_steps()",
+  "table_lr/WarmupPolyDecay.power = 1.0",
+  "keras.optimizers.Adam.learning_rate = @dense_lr/WarmupPolyDecay()",
+  "dense_lr/WarmupPolyDecay.base_learning_rate = 0.003",
+  "dense_lr/WarmupPolyDecay.decay_start_step = 2",
+  "dense_lr/WarmupPolyDecay.decay_steps = @total_train_steps()",
+  "dense_lr/WarmupPolyDecay.power = 1.0",
+  "train.steps_per_loop = 1",
+  "train.summaries = True",
+]
+
+
+def logged_learning_rates(model_dir):
+  """{step: the dense learning rate of that step} from the train summaries."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  rates = {}
+  for path in tf.io.gfile.glob(str(model_dir / "train" / "events.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        if value.tag == "learning_rate":
+          rates[event.step] = float(tf.make_ndarray(value.tensor))
+  return rates
+
+
+@pytest.mark.slow
+def test_a_longer_resume_continues_the_learning_rate_it_reached(tmp_path):
+  """docs/experiments.md: a schedule that follows train.train_steps
+  stretches its remaining decay over the new length. The rate used to jump
+  to where a run of the new length is at the resume step: from 0.0011 at
+  step 8 up to 0.0021 at step 9 (a warm restart)."""
+  run(tmp_path, *SCHEDULE, "train.train_steps = 8")
+  assert run(tmp_path, *SCHEDULE, "train.train_steps = 20")["step"] == 20
+
+  dense = logged_learning_rates(tmp_path)  # step s trains at lr(s - 1)
+  assert sorted(dense) == list(range(1, 21))
+  one_step = 0.003 / 8  # the first run's decay per step
+  assert abs(dense[9] - dense[8]) <= one_step * 1.001, dense
+  # The rest of the decay (from 2/8 of the peak at step 8 to 0 at step 22,
+  # the first run's end 2 + 8 moved to 2 + 20), stretched, never rising.
+  np.testing.assert_allclose(dense[9], 0.003 * 2 / 8, rtol=1e-5)
+  np.testing.assert_allclose(dense[20], 0.003 * 2 / 8 * 3 / 14, rtol=1e-5)
+  assert all(dense[s + 1] <= dense[s] for s in range(1, 20)), dense
+  # The tables' rate follows the same decay (the same command once more:
+  # nothing left to train, the schedules as the run left them).
+  trainer = train(model_dir=str(tmp_path), action="build")
+  trainer.train()
+  table_lr = trainer.embedding_optimizer.learning_rate
+  for step, want in ((7, 0.01 * 3 / 8), (8, 0.01 * 2 / 8), (19, 0.01 * 3 / 56)):
+    trainer.global_step.assign(step)
+    np.testing.assert_allclose(float(table_lr()), want, rtol=1e-5)

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 REPLICATED, ROW_SHARDED = "replicated", "row_sharded"
 PLACEMENTS = (REPLICATED, ROW_SHARDED)
 #: Which rows a replica owns of a row-sharded table (`backends.storage.
-#: row_layout`): `r, r + R, ...` (the default) or equal row ranges.
+#: row_layout`): equal row ranges (the default) or `r, r + R, ...`.
 ROW_LAYOUTS = ("contiguous", "strided")
 #: Contiguous row ranges: initialized, checkpointed and restored by row
 #: slices where they live (docs/scaling.md).

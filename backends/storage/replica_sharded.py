@@ -482,6 +482,7 @@ class ReplicaSharded(base.TableStorage):
     deps = exchange_lib.check_overflow(exchange, record, self.name)
     if isinstance(exchange, exchange_lib.AllToAll) and not deps:
       # A compiled step cannot raise: the host does, after the step.
+      assert self._overflow is not None  # made with the all-to-all
       self._overflow.assign_add(exchange.overflow(record))
     with tf.control_dependencies(deps):
       rows = tf.identity(rows[: tf.shape(ids)[0]])

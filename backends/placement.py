@@ -41,6 +41,49 @@ ROW_LAYOUTS = ("contiguous", "strided")
 #: Contiguous row ranges: initialized, checkpointed and restored by row
 #: slices where they live (docs/scaling.md).
 DEFAULT_ROW_LAYOUT = ROW_LAYOUTS[0]
+#: How a row-sharded table's replicas exchange ids, rows and gradients
+#: (`backends.storage.exchange`); "auto": the one that moves fewer bytes.
+ALL_GATHER, ALL_TO_ALL = "all_gather", "all_to_all"
+EXCHANGES = (ALL_TO_ALL, ALL_GATHER)
+#: The all-to-all's margin per owner over its even share of a step's ids,
+#: in standard deviations of a uniform spread.
+CAPACITY_SIGMAS = 5.0
+
+
+def owner_capacity(
+  ids: int, replicas: int, sigmas: float = CAPACITY_SIGMAS
+) -> int:
+  """Ids one replica may send one owner per step (`K`), of its `ids`.
+
+  The even share `ids / R` plus `sigmas` standard deviations of a uniform
+  spread (binomial), at least one more, at most `ids`: with ids spread
+  evenly over the owners a bucket overflows with odds far below one in a
+  million per step (5 sigmas).
+  """
+  if replicas <= 1:
+    return ids
+  share = ids / replicas
+  spread = math.sqrt(share * (1.0 - 1.0 / replicas))
+  return int(min(ids, math.ceil(share + sigmas * spread) + 1))
+
+
+def exchange_bytes(
+  exchange: str,
+  ids: int,
+  replicas: int,
+  row_bytes: int,
+  sigmas: float = CAPACITY_SIGMAS,
+) -> int:
+  """The payload one replica of a row-sharded table puts into collectives.
+
+  all_gather: its `U` ids (int64), the owners' rows of all `R * U` ids
+  (all-reduced) and its `U` gradients; all_to_all: `R` buckets of `K + 1`
+  ids (the last: a header), `K` rows and `K` gradients each.
+  """
+  if exchange == ALL_GATHER:
+    return ids * (8 + row_bytes * (replicas + 1))
+  k = owner_capacity(ids, replicas, sigmas)
+  return replicas * ((k + 1) * 8 + 2 * k * row_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,23 +124,39 @@ class TableSize:
       return math.ceil(self.vocabulary_size / replicas) * self.row_bytes
     return self.total_bytes
 
-  def exchange_bytes(self, placement: str, replicas: int) -> int | None:
+  def exchange_bytes(
+    self,
+    placement: str,
+    replicas: int,
+    exchange: str = ALL_GATHER,
+    sigmas: float = CAPACITY_SIGMAS,
+  ) -> int | None:
     """The payload one replica puts into collectives per step (None: unknown).
 
     Replicated (several replicas): its unique ids (int64) and their
-    gradients are all-gathered. Row-sharded: its ids are all-gathered, the
-    owners' rows for all `R * C` ids all-reduced, and the gradients
-    all-gathered.
+    gradients are all-gathered. Row-sharded: `exchange_bytes` of its
+    exchange.
     """
-    if replicas <= 1 and placement == REPLICATED:
+    if replicas <= 1:
       return 0
     if self.ids_per_step is None:
       return None
     ids = min(self.ids_per_step, self.vocabulary_size)
     row = self.dim * self.dtype_bytes
     if placement == ROW_SHARDED:
-      return ids * (8 + row * (replicas + 1))
+      return exchange_bytes(exchange, ids, replicas, row, sigmas)
     return ids * (8 + row)
+
+  def cheaper_exchange(self, replicas: int, sigmas: float) -> str:
+    """The exchange that moves fewer bytes; all-gather when ids are unknown
+    (the all-to-all needs a static number of ids per step)."""
+    if self.ids_per_step is None or replicas <= 1:
+      return ALL_GATHER
+    by_bytes = {
+      e: self.exchange_bytes(ROW_SHARDED, replicas, e, sigmas)
+      for e in EXCHANGES
+    }
+    return min(EXCHANGES, key=lambda e: by_bytes[e] or 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +168,8 @@ class TablePlacement:
   bytes_per_device: int
   exchange_bytes: int | None
   reason: str
+  #: A row-sharded table's exchange (`EXCHANGES`); None when replicated.
+  exchange: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +218,8 @@ def place_tables(
   budget_bytes: float | None,
   forced: Mapping[str, str] | None = None,
   forced_by: Mapping[str, str] | None = None,
+  exchange: str | Mapping[str, str] = "auto",
+  sigmas: float = CAPACITY_SIGMAS,
 ) -> Plan:
   """Each table's placement on `replicas` replicas within `budget_bytes`.
 
@@ -168,6 +231,9 @@ def place_tables(
     forced: table name -> "replicated" or "row_sharded", kept as given.
     forced_by: table name -> the setting that forced it, for the reasons
       and refusals (default: "placement setting").
+    exchange: a row-sharded table's exchange: "auto" (the one that moves
+      fewer bytes), one of `EXCHANGES`, or table name -> one of those.
+    sigmas: the all-to-all's margin (`owner_capacity`).
 
   Returns:
     The `Plan`: each table fits a device when its `refusals` are empty, all
@@ -201,13 +267,19 @@ def place_tables(
   for s in sizes:
     where = chosen[s.name]
     per_device = s.bytes_per_device(where, replicas)
+    how = None
+    if where == ROW_SHARDED:
+      how = exchange if isinstance(exchange, str) else exchange.get(s.name)
+      if how in (None, "auto"):
+        how = s.cheaper_exchange(replicas, sigmas)
     placements.append(
       TablePlacement(
         s.name,
         where,
         per_device,
-        s.exchange_bytes(where, replicas),
+        s.exchange_bytes(where, replicas, how or ALL_GATHER, sigmas),
         _reason(s, where, by, replicas, budget_bytes, replicated_total),
+        how,
       )
     )
     if budget_bytes is not None and per_device > budget_bytes:

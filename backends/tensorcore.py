@@ -53,6 +53,7 @@ import tensorflow as tf
 
 from backends import base, composed
 from backends.storage import PLACEMENTS, TableStorage, replica_sharded
+from backends.storage import exchange as exchange_lib
 from backends.storage import replicated as replicated_lib
 from backends.storage import row_layout as row_layout_lib
 
@@ -76,6 +77,13 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
       by row slices where they live) or "strided" (ids `r, r + R, ...`:
       frequent ids spread evenly over replicas when a vocabulary numbers
       them first; saved whole).
+    exchange: how the replicas exchange a row-sharded table's ids, rows and
+      gradients: "all_to_all" (each id to its owner only: a replica's
+      traffic does not grow with the replicas; default) or "all_gather"
+      (never overflows); one value for every table or table name -> value
+      (`backends.storage.exchange`; `recsys.planning` chooses per table).
+    exchange_sigmas: the all-to-all's margin per owner over the even share
+      of a step's ids, in standard deviations of a uniform spread.
   """
 
   name = "tensorcore"
@@ -88,6 +96,8 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
       "static_shapes",
       "placement",
       "row_layout",
+      "exchange",
+      "exchange_sigmas",
     }
   )
 
@@ -103,6 +113,8 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
     static_shapes: bool | None = None,
     placement: None | str | Mapping[str, str] = None,
     row_layout: str = replica_sharded.DEFAULT_ROW_LAYOUT,
+    exchange: str | Mapping[str, str] = exchange_lib.ALL_TO_ALL,
+    exchange_sigmas: float = exchange_lib.CAPACITY_SIGMAS,
   ):
     super().__init__(
       feature_config,
@@ -123,13 +135,36 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
         )
     row_layout_lib.make(row_layout, 1, 1)  # refuses an unknown name
     self._row_layout = row_layout
+    self._exchange = resolve_exchange(
+      exchange, [self.table_name(t) for t in self._tables]
+    )
+    if not float(exchange_sigmas) > 0:
+      raise ValueError(
+        f"exchange_sigmas={exchange_sigmas!r}; use a number > 0 (the "
+        "all-to-all's margin over each owner's share, in standard "
+        f"deviations; default {exchange_lib.CAPACITY_SIGMAS})."
+      )
+    self._exchange_sigmas = float(exchange_sigmas)
 
   def _make_storage(self, table: Any) -> TableStorage:
     name = self.table_name(table)
     args = (table, name, self.optimizer_for(table), self._strategy)
     if self._placement[name] == "row_sharded":
-      return replica_sharded.ReplicaSharded(*args, layout=self._row_layout)
+      return replica_sharded.ReplicaSharded(
+        *args,
+        layout=self._row_layout,
+        exchange=self._exchange[name],
+        exchange_sigmas=self._exchange_sigmas,
+      )
     return replicated_lib.Replicated(*args)
+
+  def exchanges(self) -> dict[str, str]:
+    """Table name -> its exchange, for the row-sharded tables."""
+    return {
+      name: self._exchange[name]
+      for name, where in self._placement.items()
+      if where == "row_sharded"
+    }
 
 
 def resolve_placement(
@@ -161,5 +196,38 @@ def resolve_placement(
     )
   return {
     name: check(placement.get(name, "replicated"), f"placement[{name!r}]")
+    for name in table_names
+  }
+
+
+def resolve_exchange(
+  exchange: str | Mapping[str, str], table_names: list[str]
+) -> dict[str, str]:
+  """Table name -> exchange from the `exchange` option (others all-to-all).
+
+  Raises:
+    ValueError: an unknown exchange or table name (the valid ones listed).
+  """
+
+  def check(value: Any, where: str) -> str:
+    if value not in exchange_lib.EXCHANGES:
+      raise ValueError(
+        f"{where} = {value!r}; use one of {', '.join(exchange_lib.EXCHANGES)}."
+      )
+    return value
+
+  if isinstance(exchange, str):
+    value = check(exchange, "exchange")
+    return {name: value for name in table_names}
+  unknown = sorted(set(exchange) - set(table_names))
+  if unknown:
+    raise ValueError(
+      f"exchange names unknown tables {unknown}; the tables are "
+      f"{sorted(table_names)}."
+    )
+  return {
+    name: check(
+      exchange.get(name, exchange_lib.ALL_TO_ALL), f"exchange[{name!r}]"
+    )
     for name in table_names
   }

@@ -111,6 +111,7 @@ class TableMemory:
   exchange_bytes: int | None = None
   row_sharded: bool = False
   forced_by: str = ""
+  exchange: str | None = None
 
   @property
   def total_bytes(self) -> int:
@@ -139,6 +140,8 @@ class MemoryPlan:
   #: Which rows a replica owns of a row-sharded table (tensorcore), as the
   #: backend is built with; None for backends that place tables themselves.
   row_layout: str | None = None
+  #: The all-to-all exchange's margin (`EmbeddingPlacement.exchange_sigmas`).
+  exchange_sigmas: float = placement_lib.CAPACITY_SIGMAS
   #: This host's RAM, when the replicas are its CPUs (the tables live in
   #: this process) and a device's memory was given rather than detected:
   #: the tables must fit the host too, whatever the budget says.
@@ -150,6 +153,10 @@ class MemoryPlan:
       r.table: "row_sharded" if r.row_sharded else "replicated"
       for r in self.rows
     }
+
+  def exchanges(self) -> dict[str, str]:
+    """Row-sharded table name -> its exchange: tensorcore's `exchange`."""
+    return {r.table: r.exchange for r in self.rows if r.exchange is not None}
 
   @property
   def exchange_bytes(self) -> int | None:
@@ -239,7 +246,8 @@ class MemoryPlan:
         human_bytes(r.slot_bytes),
         human_bytes(r.bytes_per_device),
         r.placement,
-        "?" if r.exchange_bytes is None else human_bytes(r.exchange_bytes),
+        ("?" if r.exchange_bytes is None else human_bytes(r.exchange_bytes))
+        + (f" ({r.exchange})" if r.exchange else ""),
       )
       for r in self.rows
     ]
@@ -437,9 +445,18 @@ class EmbeddingPlacement:
     row_layout: which rows a replica owns of a row-sharded table:
       "contiguous" (equal row ranges; None: the default; checkpointed by
       slices) or "strided" (ids `r, r + R, ...`; the table is saved whole).
+    exchange: how the replicas exchange a row-sharded table's ids, rows and
+      gradients: "auto" (per table, the one that moves fewer bytes per
+      step), "all_to_all" (each id to its owner only), "all_gather", or
+      table name -> one of those.
+    exchange_sigmas: the all-to-all's margin per owner over its even share
+      of a step's ids, in standard deviations of a uniform spread (5: odds
+      of an overflow far below one in a million per step when ids spread
+      evenly over the owners' rows).
 
-  The tensorcore backend's own options `placement` and `row_layout`
-  (`train.backend_options`) are folded into the plan as forced settings
+  The tensorcore backend's own options `placement`, `row_layout`,
+  `exchange` and `exchange_sigmas` (`train.backend_options`) are folded
+  into the plan as forced settings
   (`placement` as the backend reads it: one value for every table, or a
   dict whose other tables are replicated); two settings that disagree are
   refused (`PlacementSettingsError`).
@@ -453,6 +470,8 @@ class EmbeddingPlacement:
   device_memory: int | float | str | None = None
   tables: Mapping[str, str] | str = dataclasses.field(default_factory=dict)
   row_layout: str | None = None
+  exchange: str | Mapping[str, str] = "auto"
+  exchange_sigmas: float = placement_lib.CAPACITY_SIGMAS
 
   @property
   def device_memory_bytes(self) -> int | None:
@@ -709,9 +728,18 @@ def plan_memory(
   elif _on_host_cpus(strategy) and name != "sharded":
     host_ram = host_memory_bytes()  # the tables live there, whatever given
   budget = HEADROOM * device_memory_bytes if device_memory_bytes else None
+  sigmas = placement_lib.CAPACITY_SIGMAS
   if places:
+    exchange, sigmas = _exchange_settings(placement, backend_options or {})
     rows, refusals = _place_on_replicas(
-      tables, optimizer, strategy, budget, forced, ids_per_step or {}
+      tables,
+      optimizer,
+      strategy,
+      budget,
+      forced,
+      ids_per_step or {},
+      exchange,
+      sigmas,
     )
   else:  # placements forced for tensorcore do not apply (e.g. export)
     rows, refusals = (
@@ -728,6 +756,7 @@ def plan_memory(
     local_replicas=len(_local_devices(strategy)) or 1,
     row_layout=forced.row_layout if places else None,
     host_ram_bytes=host_ram,
+    exchange_sigmas=sigmas if places else placement_lib.CAPACITY_SIGMAS,
   )
   if plan.over_budget and not refusals:
     biggest = max(rows, key=lambda r: r.bytes_per_device)
@@ -775,6 +804,38 @@ def _memory_row(
   )
 
 
+def _exchange_settings(
+  placement: EmbeddingPlacement, options: Mapping[str, Any]
+) -> tuple[Any, float]:
+  """The exchange and its margin: the backend option's, else the plan's.
+
+  Raises:
+    PlacementSettingsError: an unknown exchange or a margin not above 0.
+  """
+  exchange = options.get("exchange", placement.exchange)
+  where = (
+    "train.backend_options['exchange']"
+    if "exchange" in options
+    else "EmbeddingPlacement.exchange"
+  )
+  known = ("auto",) + placement_lib.EXCHANGES
+  values = exchange.values() if isinstance(exchange, Mapping) else [exchange]
+  for value in values:
+    if value not in known:
+      raise PlacementSettingsError(
+        f"{where} = {exchange!r}; use one of {', '.join(map(repr, known))}, "
+        "or table name -> one of those."
+      )
+  sigmas = options.get("exchange_sigmas", placement.exchange_sigmas)
+  if not isinstance(sigmas, (int, float)) or not sigmas > 0:
+    raise PlacementSettingsError(
+      f"exchange_sigmas = {sigmas!r}; use a number > 0 (the all-to-all's "
+      "margin over each owner's share, in standard deviations; default "
+      f"{placement_lib.CAPACITY_SIGMAS})."
+    )
+  return exchange, float(sigmas)
+
+
 def _place_on_replicas(
   tables: list[Any],
   optimizer: Any,
@@ -782,6 +843,8 @@ def _place_on_replicas(
   budget: float | None,
   forced: _Forced,
   ids: Mapping[str, int | None],
+  exchange: Any = "auto",
+  sigmas: float = placement_lib.CAPACITY_SIGMAS,
 ) -> tuple[list[TableMemory], list[str]]:
   """tensorcore: each table replicated or row-sharded over the replicas."""
   replicas = max(1, strategy.num_replicas_in_sync)
@@ -798,7 +861,7 @@ def _place_on_replicas(
     for t, r in zip(tables, whole)
   ]
   plan = placement_lib.place_tables(
-    sizes, replicas, budget, forced.tables, forced.by
+    sizes, replicas, budget, forced.tables, forced.by, exchange, sigmas
   )
   rows = []
   for i, (t, placed) in enumerate(zip(tables, plan.placements)):
@@ -814,6 +877,7 @@ def _place_on_replicas(
         exchange_bytes=placed.exchange_bytes,
         row_sharded=sharded,
         forced_by=forced.by.get(placed.table, ""),
+        exchange=placed.exchange,
       )
     )
   return rows, plan.refusals

@@ -28,58 +28,23 @@ Example:
 """
 
 import abc
-import math
 from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, optimizers, static_bags
+from backends import _tf_internal, optimizers, placement, static_bags
 from backends import input_checks as checks_lib
 from backends.storage import row_layout
 
-#: Exchanges a row-sharded table can use.
-ALL_GATHER, ALL_TO_ALL = "all_gather", "all_to_all"
-EXCHANGES = (ALL_GATHER, ALL_TO_ALL)
-
-#: The default margin of an owner's capacity over its even share, in
-#: standard deviations of the share of ids spread uniformly over owners.
-CAPACITY_SIGMAS = 5.0
+#: Exchanges a row-sharded table can use (`backends.placement` plans them).
+ALL_GATHER, ALL_TO_ALL = placement.ALL_GATHER, placement.ALL_TO_ALL
+EXCHANGES = placement.EXCHANGES
+CAPACITY_SIGMAS = placement.CAPACITY_SIGMAS
+owner_capacity = placement.owner_capacity
 
 
 class ExchangeOverflowError(ValueError):
   """More ids of one step went to one owner than its exchange capacity."""
-
-
-def owner_capacity(
-  ids: int, replicas: int, sigmas: float = CAPACITY_SIGMAS
-) -> int:
-  """Ids one replica may send one owner per step (`K`), of its `ids`.
-
-  The even share `ids / R` plus `sigmas` standard deviations of a uniform
-  spread (binomial), at least one more, at most `ids`: with ids spread
-  evenly over the owners a bucket overflows with odds far below one in a
-  million per step (5 sigmas).
-  """
-  if replicas <= 1:
-    return ids
-  share = ids / replicas
-  spread = math.sqrt(share * (1.0 - 1.0 / replicas))
-  return int(min(ids, math.ceil(share + sigmas * spread) + 1))
-
-
-def exchange_bytes(
-  exchange: str, ids: int, replicas: int, row_bytes: int, sigmas: float
-) -> int:
-  """The payload one replica puts into the collectives per step.
-
-  all_gather: its `U` ids (int64), the owners' rows of all `R * U` ids
-  (all-reduced) and its `U` gradients; all_to_all: `R` buckets of `K + 1`
-  ids, `K` rows and `K` gradients each.
-  """
-  if exchange == ALL_GATHER:
-    return ids * (8 + row_bytes * (replicas + 1))
-  k = owner_capacity(ids, replicas, sigmas)
-  return replicas * ((k + 1) * 8 + 2 * k * row_bytes)
 
 
 class Exchange(abc.ABC):

@@ -48,9 +48,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, optimizers, row_init
+from backends import _tf_internal, optimizers, placement, row_init
 from backends import base as backends_base
-from backends import placement
 from backends.storage import base, row_layout
 from backends.storage import exchange as exchange_lib
 from backends.table_step import TableStep

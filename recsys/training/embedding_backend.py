@@ -109,6 +109,8 @@ def make_backend(
   if "placement" in backend_cls.options:  # as planned: the plan folds in
     options["placement"] = plan.placements()  # the options' own placement
     options["row_layout"] = plan.row_layout
+    options["exchange"] = plan.exchanges()  # the row-sharded tables'
+    options["exchange_sigmas"] = plan.exchange_sigmas
   backend = backend_cls(
     feature_config,
     embedding_optimizer,

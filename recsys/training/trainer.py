@@ -47,7 +47,7 @@ from recsys.training import coordinated as coordinated_lib
 from recsys.training import embedding_backend as backend_lib
 from recsys.training import input as input_lib
 from recsys.training import loop as loop_lib
-from recsys.training import run_summaries, schedules
+from recsys.training import memory_peaks, run_summaries, schedules
 from recsys.training import signals as signals_lib
 from recsys.training import strategy as strategy_lib
 
@@ -185,12 +185,15 @@ class Trainer:
     )
     self._make_folder()
     keras.utils.set_random_seed(st.seed)
-    self._build_embedding()
-    self._build_model(model)
-    self._build_checkpoints()
-    self._build_steps()
-    self._build_writers()
-    self.restored_step = self.restore()
+    self.memory = memory_peaks.PeakMemory()  # each phase's peak RSS
+    with self.memory.phase("init"):
+      self._build_embedding()
+      self._build_model(model)
+      self._build_checkpoints()
+      self._build_steps()
+      self._build_writers()
+    with self.memory.phase("restore"):
+      self.restored_step = self.restore()
 
   # -- construction steps ----------------------------------------------------
 
@@ -408,11 +411,13 @@ class Trainer:
 
   def save(self) -> str:
     """Saves a checkpoint at the current step; returns the chief's path."""
-    return self.checkpoints.save()
+    with self.memory.phase("save"):
+      return self.checkpoints.save()
 
   def save_if_new(self, step: int) -> str:
     """Saves a checkpoint unless the newest one holds `step`."""
-    return self.checkpoints.save_if_new(step)
+    with self.memory.phase("save"):
+      return self.checkpoints.save_if_new(step)
 
   @property
   def manager(self) -> tf.train.CheckpointManager:
@@ -488,6 +493,7 @@ class Trainer:
       final = self._controller().train(step, stop)
     finally:
       self._batches = None
+      log.info("peak RSS of this process: %s", self.memory.describe())
     final.update(self.optimum())
     self.write_metrics(final)
     self.write_operative_config()
@@ -559,7 +565,8 @@ class Trainer:
     self.loss_metric.reset_state()
     for m in self.model.metrics:
       m.reset_state()
-    self.steps.run_train_steps(self._batches, num_steps)
+    with self.memory.phase("train"):
+      self.steps.run_train_steps(self._batches, num_steps)
 
   def check_steps(self) -> None:
     """Raises if the steps just run read invalid ids or went NaN/inf."""
@@ -649,7 +656,10 @@ class Trainer:
     self.steps.reset_eval_metrics()
     for m in self.model.metrics:
       m.reset_state()
-    with loop_lib.quiet_dataset_options_warning():  # traced on first use
+    with (
+      self.memory.phase("evaluate"),
+      loop_lib.quiet_dataset_options_warning(),  # traced on first use
+    ):
       self.steps.eval_loop(dataset)
     examples = int(self.steps.eval_examples.result())
     if not examples:

@@ -97,9 +97,9 @@ def one_process(tmp_path_factory):
 class _Launch:
   """A `recsys launch` process whose whole session is killed at exit."""
 
-  def __init__(self, model_dir):
+  def __init__(self, model_dir, cmd=None):
     self.proc = subprocess.Popen(
-      _launch_cmd(model_dir),
+      cmd or _launch_cmd(model_dir),
       env=cluster_lib.subprocess_env(),
       cwd=str(cluster_lib.REPO),
       stdout=subprocess.PIPE,

@@ -1,0 +1,138 @@
+"""Row-sharded tables across worker processes, with `recsys launch --ps 0`.
+
+Every table row-sharded over a MultiWorkerMirroredStrategy of 2 worker
+processes (one CPU replica each: TF's strategy takes one CPU device per
+worker), worker 1 SIGKILLed after a checkpoint, the cluster restarted with
+3 workers: it resumes from the newest checkpoint (written by slices, each
+worker its own rows) and ends where one process with one replica, tables
+replicated, ends on the same global batches. That checkpoint then restores
+by slices into 4 in-process replicas and into TF's own
+`TPUEmbeddingForServing`, and each worker logged its peak RSS per phase.
+"""
+
+import os
+import re
+import signal
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from backends import checkpoint as checkpoint_lib
+from backends import sliced_checkpoint
+from backends.tensorcore import TensorCoreEmbedding
+from recsys import cli
+from tests.conftest import mirrored_strategy
+from tests.distributed import test_cluster as cluster_case
+
+E = tf.tpu.experimental.embedding
+STEPS = 12
+GIN = [
+  "SyntheticCTR.vocab_sizes = (40, 24, 60)",
+  "SyntheticCTR.multi_hot_sizes = (1, 3, 1)",
+  "SyntheticCTR.num_dense = 3",
+  "SyntheticCTR.num_examples = 720",
+  "SyntheticCTR.num_eval_examples = 48",
+  "EmbeddingSettings.dim = 4",
+  "DLRM.bottom_mlp = (8, 4)",
+  "DLRM.top_mlp = (8,)",
+  "train.global_batch_size = 24",  # 1, 2, 3 and 4 replicas split it
+  f"train.train_steps = {STEPS}",
+  "train.steps_per_loop = 2",
+  "train.checkpoint_every = 2",
+  "train.eval_steps = 2",
+  "train.summaries = False",
+]
+SHARDED = [
+  "train.placement = @EmbeddingPlacement()",
+  "EmbeddingPlacement.tables = 'row_sharded'",
+]
+
+
+def _args(model_dir, bindings):
+  args = ["--gin_file", "experiments/synthetic_dlrm.gin", "--no_progress"]
+  for binding in bindings:
+    args += ["--gin_bindings", binding]
+  return args + ["--model_dir", str(model_dir)]
+
+
+def _launch(model_dir, workers):
+  """A `recsys launch --ps 0` of the sharded run (`test_cluster._Launch`)."""
+  cmd = cluster_case._launch_cmd(model_dir, workers=workers, ps=0)  # pylint: disable=protected-access
+  cmd = cmd[: cmd.index("train") + 1] + _args(model_dir, GIN + SHARDED)
+  return cluster_case._Launch(model_dir, cmd)  # pylint: disable=protected-access
+
+
+def _embedding_tensors(model_dir):
+  reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints"))
+  return {
+    key: reader.get_tensor(key)
+    for key in reader.get_variable_to_shape_map()
+    if key.startswith(("embedding/", "model/")) and "ATTRIBUTES" in key
+  }
+
+
+@pytest.mark.slow
+def test_two_processes_killed_then_three_end_as_one_process(tmp_path):
+  model_dir = tmp_path / "cluster"
+  with _launch(model_dir, workers=2) as first:
+    pid = int(first.read_until(r"\[launch\] worker 1 pid (\d+)", 60).group(1))
+    first.read_until(r"\[worker 0\].*saved checkpoint .*ckpt-4\b", 300)
+    os.kill(pid, signal.SIGKILL)
+    first.finish(timeout=120)
+  saved = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
+  assert saved is not None and int(saved.rsplit("-", 1)[1]) >= 4
+  # Written by slices: each worker its own rows, merged by the chief.
+  assert sliced_checkpoint.sliced_keys(saved)
+  with _launch(model_dir, workers=3) as second:
+    resumed = second.read_until(r"restored .*ckpt-(\d+) at step", 300)
+    assert int(resumed.group(1)) >= 4
+    code = second.finish(timeout=400)
+    assert code == 0, second.log[-6000:]
+  peaks = re.findall(
+    r"\[worker (\d)\].*peak RSS of this process: (.*)", second.log
+  )
+  # (The launcher stops the others once the chief is done: their lines may
+  # come too late to be printed.)
+  assert "0" in [w for w, _ in peaks], second.log[-3000:]
+  assert all("save" in p and "restore" in p for _, p in peaks)
+
+  # The same global batches in this process, one replica, replicated.
+  one = tmp_path / "one"
+  gin.clear_config()
+  assert cli.main(["train", *_args(one, GIN)]) == 0
+  gin.clear_config()
+  want, got = _embedding_tensors(one), _embedding_tensors(model_dir)
+  assert sorted(want) == sorted(got) and len(want) > 9
+  for key, value in want.items():
+    scale = max(1.0, float(np.abs(value).max()))
+    np.testing.assert_allclose(
+      got[key], value, rtol=1e-4, atol=1e-4 * scale, err_msg=key
+    )
+
+  # The cluster's checkpoint by slices into 4 replicas, and into TF's own
+  # serving embedding (which reads each table whole).
+  tables = [
+    E.TableConfig(v, 4, name=f"C{i + 1}") for i, v in enumerate((40, 24, 60))
+  ]
+  config = {t.name: E.FeatureConfig(t) for t in tables}
+  strategy = mirrored_strategy(4)
+  with strategy.scope():
+    four = TensorCoreEmbedding(
+      config, E.Adam(0.01), strategy, placement="row_sharded"
+    )
+    four.build()
+  path = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
+  checkpoint_lib.restore(four, path)
+  serving = E.TPUEmbeddingForServing(config, E.SGD(0.1))
+  serving.build()
+  tf.train.Checkpoint(embedding=serving).restore(path).expect_partial()
+  for table in tables:
+    key = f"embedding/{table.name}/.ATTRIBUTES/VARIABLE_VALUE"
+    np.testing.assert_array_equal(
+      tf.convert_to_tensor(four.embedding_tables[table]).numpy(), got[key]
+    )
+    np.testing.assert_array_equal(
+      serving.embedding_tables[table].numpy(), got[key]
+    )

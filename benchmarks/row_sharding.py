@@ -15,8 +15,14 @@ row-sharded (each layout in `--layouts`), and reports, in one run:
   exchange/step  what one replica puts into collectives per step
                  (`backends.placement`: ids, rows of row-sharded tables, row
                  gradients), from the batch's static number of ids
+  collectives    what one replica puts into collectives in one traced
+                 train step (every op, the dense gradients' all-reduce too)
   owner balance  per row layout, the most distinct rows one replica owns in
                  a step over the mean (1.0: even), from the batch's ids
+
+Row-sharded runs: each of `--layouts` x `--exchanges` (all_to_all,
+all_gather); `--per_replica_batch` fixes each replica's batch, so the
+exchange per replica can be compared across replica counts.
 
 With `--budget` it also runs the DLRM under a per-device memory budget that
 its tables exceed twice: the planner refuses it on one replica (replicated)
@@ -24,8 +30,9 @@ and trains it row-sharded on R replicas (a few steps, placement chosen by
 the planner).
 
     python benchmarks/row_sharding.py [--replicas 2] [--shard_largest 4] \\
-        [--loop 10] [--reps 5] [--budget [--budget_steps 20]] \\
-        [--gin_bindings '...']
+        [--layouts contiguous] [--exchanges all_to_all,all_gather] \\
+        [--per_replica_batch 512] [--loop 10] [--reps 5] \\
+        [--budget [--budget_steps 20]] [--gin_bindings '...']
 
 Timings on a shared machine are noisy: quote medians and the ratios of one
 run, with the CPU model.
@@ -129,6 +136,34 @@ def _owner_balance(batch, trainer, layout_name, replicas) -> float:
   return float(counts.max() / counts.mean())
 
 
+def _collective_bytes(trainer, batch) -> int:
+  """Bytes one replica puts into collectives in one traced train step."""
+  strategy, steps = trainer.strategy, trainer.steps
+
+  @tf.function
+  def one(batch):
+    strategy.run(steps.train_step, args=(batch,))
+
+  graphs = [one.get_concrete_function(batch).graph]
+  total, seen = 0, set()
+  while graphs:
+    graph = graphs.pop()
+    for op in graph.get_operations():
+      if op.type.startswith("Collective") and "replica_" not in op.name:
+        value = op.inputs[0]
+        total += value.shape.num_elements() * value.dtype.size
+      for attr in ("f", "then_branch", "else_branch", "body"):
+        try:
+          name = op.get_attr(attr).name
+        except (ValueError, AttributeError):
+          continue
+        function = graph._functions.get(name)  # pylint: disable=protected-access
+        if function is not None and name not in seen:
+          seen.add(name)
+          graphs.append(function.graph)
+  return total
+
+
 def compare(strategy) -> None:
   replicas = strategy.num_replicas_in_sync
   base = _trainer(strategy, None)
@@ -145,13 +180,15 @@ def compare(strategy) -> None:
   )
   runs = {"replicated": base}
   for layout in ARGS.layouts.split(","):
-    runs[f"sharded/{layout}"] = _trainer(
-      strategy,
-      planning.EmbeddingPlacement(
-        tables={name: "row_sharded" for name in sharded_names},
-        row_layout=layout,
-      ),
-    )
+    for exchange in ARGS.exchanges.split(","):
+      runs[f"sharded/{layout}/{exchange}"] = _trainer(
+        strategy,
+        planning.EmbeddingPlacement(
+          tables={name: "row_sharded" for name in sharded_names},
+          row_layout=layout,
+          exchange=exchange,
+        ),
+      )
   timers = {name: _time_steps(t, batch) for name, t in runs.items()}
   times = {name: [] for name in runs}
   cpu_times = {name: [] for name in runs}
@@ -169,9 +206,10 @@ def compare(strategy) -> None:
   )
   print(
     "| placement | ms/step | examples/s | x replicated | CPU ms/step "
-    "| bytes/replica | planned | exchange/step | owner balance |"
+    "| bytes/replica | planned | exchange/step | collectives/step "
+    "| owner balance |"
   )
-  print("|---|---|---|---|---|---|---|---|---|")
+  print("|---|---|---|---|---|---|---|---|---|---|")
   ref = statistics.median(times["replicated"])
   for name, trainer in runs.items():
     ms = statistics.median(times[name])
@@ -187,7 +225,9 @@ def compare(strategy) -> None:
       f"| {cpu_ms:.1f} "
       f"| {planning.human_bytes(_replica_bytes(trainer.backend))} "
       f"| {planning.human_bytes(plan.bytes_per_device)} "
-      f"| {planning.human_bytes(plan.exchange_bytes or 0)} | {balance} |"
+      f"| {planning.human_bytes(plan.exchange_bytes or 0)} "
+      f"| {planning.human_bytes(_collective_bytes(trainer, batch))} "
+      f"| {balance} |"
     )
 
 
@@ -204,7 +244,9 @@ def _plan(trainer, replicas):
     trainer.strategy,
     device_memory_bytes=1 << 40,
     backend="tensorcore",
-    placement=planning.EmbeddingPlacement(tables=backend.placements()),
+    placement=planning.EmbeddingPlacement(
+      tables=backend.placements(), exchange=backend.exchanges() or "auto"
+    ),
     ids_per_step=planning.ids_per_step(
       backend.feature_config, widths, trainer.global_batch_size // replicas
     ),
@@ -279,7 +321,15 @@ def main(argv=None) -> None:
   )
   parser.add_argument("--replicas", type=int, default=2)
   parser.add_argument("--shard_largest", type=int, default=4)
-  parser.add_argument("--layouts", default="strided,contiguous")
+  parser.add_argument("--layouts", default="contiguous")
+  parser.add_argument("--exchanges", default="all_to_all,all_gather")
+  parser.add_argument(
+    "--per_replica_batch",
+    type=int,
+    default=0,
+    help="examples per replica (global batch = this x replicas); 0: the "
+    "gin file's global batch",
+  )
   parser.add_argument("--loop", type=int, default=10, help="steps per call")
   parser.add_argument("--reps", type=int, default=5)
   parser.add_argument("--budget", action="store_true")
@@ -298,6 +348,10 @@ def main(argv=None) -> None:
   )
   tf.config.threading.set_intra_op_parallelism_threads(ARGS.intra)
   tf.config.threading.set_inter_op_parallelism_threads(ARGS.inter)
+  if ARGS.per_replica_batch:
+    ARGS.gin_bindings.append(
+      f"train.global_batch_size = {ARGS.per_replica_batch * ARGS.replicas}"
+    )
   strategy, _ = strategy_lib.make_strategy(num_cpu_replicas=ARGS.replicas)
   compare(strategy)
   if ARGS.budget:

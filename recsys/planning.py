@@ -627,8 +627,8 @@ def _forced(
       raise PlacementSettingsError(
         f"{where} = {value!r}; use one of "
         f"{', '.join(map(repr, placement_lib.ROW_LAYOUTS))} (which rows a "
-        "replica owns of a row-sharded table: row id mod the replicas, or "
-        "equal row ranges)."
+        "replica owns of a row-sharded table: equal row ranges, or row id "
+        "mod the replicas)."
       )
   if len(set(layouts.values())) > 1:
     given = " and ".join(f"{w} = {v!r}" for w, v in layouts.items())

@@ -99,7 +99,11 @@ def test_row_sharding_reports_every_placement_and_the_budget_run():
     "--gin_bindings",
     "SyntheticCTR.num_eval_examples = 64",
   )
-  for row in ("replicated", "sharded/strided"):
+  for row in (
+    "replicated",
+    "sharded/strided/all_to_all",
+    "sharded/strided/all_gather",
+  ):
     assert re.search(rf"^\| {row} \| [\d.]+ \|", out, re.MULTILINE), out
   assert "1 replica, replicated: refused" in out, out
   assert "2 replicas: the planner row-shards ['C1'" in out, out

@@ -244,7 +244,7 @@ def test_an_invalid_row_layout_exits_2_from_info_and_train(command, tmp_path):
   assert code == 2, out + err
   assert (
     f"recsys {command}: PlacementSettingsError: EmbeddingPlacement."
-    "row_layout = 'diagonal'; use one of 'strided', 'contiguous'"
+    "row_layout = 'diagonal'; use one of 'contiguous', 'strided'"
   ) in err
 
 

@@ -11,7 +11,9 @@ is one file to audit. What TF does export (`tf.nest`,
 `tf.tpu.experimental.embedding`) the backends take from `tf` itself.
 """
 
-from collections.abc import Callable
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -20,6 +22,7 @@ from tensorflow.core.tpu.kernels import sparse_core_layout_pb2  # pylint: disabl
 from tensorflow.python.checkpoint import graph_view  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.distribute import (
   cross_device_ops,  # pylint: disable=g-direct-tensorflow-import
+  mirrored_strategy,  # pylint: disable=g-direct-tensorflow-import
   sharded_variable,  # pylint: disable=g-direct-tensorflow-import
 )
 from tensorflow.python.eager import (
@@ -227,6 +230,32 @@ def all_to_all(replica_context: Any, value: Any) -> Any:
   )
 
 
+@contextlib.contextmanager
+def worker_local_initial_values(strategy: Any) -> Iterator[None]:
+  """Variables created inside start from each worker's own initial value.
+
+  `MultiWorkerMirroredStrategy` broadcasts the chief's initial value of
+  every variable to the other workers, so that mirrored copies start
+  equal. A row-sharded table's shards are no copies of one value: each
+  worker makes its own (zeros, then its rows), and the broadcast would only
+  move every shard's bytes between the workers, with a transient copy on
+  both sides. Elsewhere this changes nothing.
+  """
+  if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    yield
+    return
+  extended = strategy.extended
+  # MirroredStrategy's own: the first replica's value, copied to the others.
+  extended._get_variable_creator_initial_value = functools.partial(  # pylint: disable=protected-access
+    mirrored_strategy.MirroredExtended._get_variable_creator_initial_value,  # pylint: disable=protected-access
+    extended,
+  )
+  try:
+    yield
+  finally:
+    del extended._get_variable_creator_initial_value  # pylint: disable=protected-access
+
+
 def tape_may_record() -> bool:
   """Whether a `tf.GradientTape` (or a function's tape) may record now."""
   return bool(record.could_possibly_record())
@@ -290,6 +319,7 @@ def load_onto_tpu(mid: Any) -> None:
 
 __all__ = [
   "all_to_all",
+  "worker_local_initial_values",
   "SPARSECORE_LAYOUTS_CHECKPOINT_KEY",
   "AutoTrackable",
   "CheckpointInitialValueCallable",

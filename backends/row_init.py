@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 #: Rows per chunk are chosen so a chunk holds at most this many bytes.
-CHUNK_BYTES = 32 << 20
+CHUNK_BYTES = 8 << 20
 
 _U64 = tf.uint64
 # TF truncates its truncated normal at two standard deviations.

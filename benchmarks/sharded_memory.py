@@ -7,7 +7,10 @@ in one process (every table replicated) and with `recsys launch --ps 0
 per-device budget that only N shards meet), then restarts each run for a
 few more steps so it restores. Each process logs its peak RSS per phase
 (`recsys.training.memory_peaks`: init, restore, train, save, evaluate);
-this prints them per worker with the shard each one holds.
+this prints them per worker (MiB) with the tables and slots each one holds:
+the first run's phases and its peak, then the restarted run's restore and
+its peak (a process's RSS keeps what its allocator freed, so a phase shows
+at least what the phases before it left resident).
 
     python benchmarks/sharded_memory.py [--rows 4000000] [--workers 2,4] \\
         [--steps 40] [--more_steps 10]
@@ -30,12 +33,14 @@ _PEAK = re.compile(
 )
 _PHASE = re.compile(r"(\w+) ([\d.]+) (KiB|MiB|GiB)")
 _UNIT = {"KiB": 1 / 1024, "MiB": 1.0, "GiB": 1024.0}
+GLOBAL_BATCH = 1024
 
 
 def _bindings(rows: int, steps: int, budget: int | None) -> list[str]:
   vocab = f"(1000, 200, 5000, {rows}, 100, 3000, 800, 2000)"
   out = [
     f"SyntheticCTR.vocab_sizes = {vocab}",
+    f"train.global_batch_size = {GLOBAL_BATCH}",
     f"train.train_steps = {steps}",
     f"train.steps_per_loop = {steps}",
     f"train.checkpoint_every = {steps}",
@@ -91,7 +96,28 @@ def main(argv=None) -> None:
   parser.add_argument("--workers", default="2")
   parser.add_argument("--steps", type=int, default=40)
   parser.add_argument("--more_steps", type=int, default=10)
+  parser.add_argument(
+    "--device_memory",
+    type=int,
+    default=0,
+    help="the per-device memory the planner plans the workers' runs with "
+    "(0: one that only N shards of the big table meet); e.g. a quarter of "
+    "the big table with its slots, for a table 4x a device's memory",
+  )
+  parser.add_argument(
+    "--serve",
+    action="store_true",
+    help="then `recsys evaluate` the last cluster's checkpoint in one "
+    "process (tables replicated) and `recsys export` it (TF's "
+    "TPUEmbeddingForServing), with their peak RSS",
+  )
+  parser.add_argument("--skip_one_process", action="store_true")
+  parser.add_argument(
+    "--global_batch", type=int, default=1024, help="a multiple of --workers"
+  )
   args = parser.parse_args(argv)
+  global GLOBAL_BATCH
+  GLOBAL_BATCH = args.global_batch
   table = args.rows * 16 * 4 * 3  # table + Adam's two slots, float32
   others = (1000 + 200 + 5000 + 100 + 3000 + 800 + 2000) * 16 * 4 * 3
   cpu = platform.processor() or platform.machine()
@@ -107,12 +133,22 @@ def main(argv=None) -> None:
     f"{table / 2**20:.0f} MiB (the other 7 tables {others / 2**20:.1f} MiB); "
     f"{args.steps} steps, a save, then {args.more_steps} more after a restore"
   )
-  print("| run | process | holds | init | restore | train | save | evaluate |")
-  print("|---|---|---|---|---|---|---|---|")
-  runs = [(0, None)]
+  print(
+    "| run | process | holds | init | train | save | evaluate | peak "
+    "| restart: restore | restart: peak |"
+  )
+  print("|---|---|---|---|---|---|---|---|---|---|")
+  runs = [] if args.skip_one_process else [(0, None)]
   for workers in (int(w) for w in args.workers.split(",") if w):
     # A device budget (80% of it) that only `workers` shards meet.
-    runs.append((workers, int((table / workers + others) / 0.8 * 1.05)))
+    budget = args.device_memory or int((table / workers + others) / 0.8 * 1.05)
+    runs.append((workers, budget))
+  if args.device_memory:
+    print(
+      f"device memory {args.device_memory / 2**20:.0f} MiB (budget "
+      f"{0.8 * args.device_memory / 2**20:.0f} MiB): the big table with "
+      f"its slots is {table / args.device_memory:.1f}x a device's memory"
+    )
   for workers, budget in runs:
     label = (
       "1 process, replicated"
@@ -132,16 +168,60 @@ def main(argv=None) -> None:
     holds = (table / max(1, workers) + others) / 2**20
     for worker in sorted(first):
       a, b = first[worker], second.get(worker, {})
-      cells = [
-        f"{a.get('init', 0):.0f}",
+      cells = [f"{a.get(p, 0):.0f}" for p in ("init", "train", "save")]
+      cells += [
+        f"{a.get('evaluate', 0):.0f}",
+        f"**{max(a.values()):.0f}**",
         f"{b.get('restore', 0):.0f}",
-        f"{max(a.get('train', 0), b.get('train', 0)):.0f}",
-        f"{max(a.get('save', 0), b.get('save', 0)):.0f}",
-        f"{max(a.get('evaluate', 0), b.get('evaluate', 0)):.0f}",
+        f"{max(b.values(), default=0):.0f}",
       ]
       print(
         f"| {label} | {worker} | {holds:.0f} MiB | " + " | ".join(cells) + " |"
       )
+  if args.serve and runs and runs[-1][0]:
+    _serve(model_dir, args.rows, total)
+
+
+def _serve(model_dir: str, rows: int, steps: int) -> None:
+  """The cluster's checkpoint in one process: evaluated, then exported."""
+  # One device (this host) with a budget the whole table fits.
+  bindings = _bindings(rows, steps, 8 << 30)
+  evaluate = [sys.executable, "-m", "recsys", "evaluate"]
+  evaluate += ["--model_dir", model_dir]
+  for binding in bindings:
+    evaluate += ["--gin_bindings", binding]
+  export = [sys.executable, "-m", "recsys", "export", "--model_dir", model_dir]
+  export += ["--export_dir", os.path.join(model_dir, "export")]
+  for name, cmd in (("evaluate", evaluate), ("export", export)):
+    peak = _timed_peak(cmd)
+    print(
+      f"recsys {name} of the cluster's checkpoint, 1 process: peak RSS "
+      f"{peak:.0f} MiB"
+    )
+
+
+def _timed_peak(cmd: list[str]) -> float:
+  """Peak RSS (MiB) of one child process (its own wrapper's rusage)."""
+  wrapper = (
+    "import resource, subprocess, sys;"
+    "code = subprocess.run(sys.argv[1:]).returncode;"
+    "print('MAXRSS_KIB', resource.getrusage(resource.RUSAGE_CHILDREN)"
+    ".ru_maxrss);"
+    "sys.exit(code)"
+  )
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  proc = subprocess.run(
+    [sys.executable, "-c", wrapper, *cmd],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    check=False,
+  )
+  if proc.returncode != 0:
+    sys.exit(f"{cmd[3]}: exit {proc.returncode}\n{proc.stdout[-3000:]}")
+  kib = re.search(r"MAXRSS_KIB (\d+)", proc.stdout)
+  return int(kib.group(1)) / 1024 if kib else float("nan")
 
 
 if __name__ == "__main__":

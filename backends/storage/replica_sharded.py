@@ -400,7 +400,8 @@ class ReplicaSharded(base.TableStorage):
         synchronization=tf.VariableSynchronization.ON_READ,
         aggregation=tf.VariableAggregation.SUM,
       )
-    params = sharded(self.name, functools.partial(tf.zeros, shape))
+    with _tf_internal.worker_local_initial_values(self.strategy):
+      params = sharded(self.name, functools.partial(tf.zeros, shape))
     rows = row_init.RowInitializer.for_table(table)
     if rows is not None:
       # Each replica its own rows, chunk by chunk: the values of a row do
@@ -419,9 +420,10 @@ class ReplicaSharded(base.TableStorage):
     self._slots = {}
     if self.optimizer is not None:
       for slot, init in optimizers.slot_initializers(self.optimizer).items():
-        self._slots[slot] = sharded(
-          f"{self.name}/{slot}", functools.partial(init, shape, tf.float32)
-        )
+        with _tf_internal.worker_local_initial_values(self.strategy):
+          self._slots[slot] = sharded(
+            f"{self.name}/{slot}", functools.partial(init, shape, tf.float32)
+          )
     # Tracked after creation: a pending checkpoint restore assigns them.
     tracker.add_trackable(self.name, params)
     for slot, variable in self._slots.items():

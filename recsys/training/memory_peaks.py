@@ -11,15 +11,13 @@ Example:
   >>> peaks = PeakMemory()
   >>> with peaks.phase("save"):
   ...   manager.save()
-  >>> peaks.describe()    # "save 1.1 GiB"
+  >>> peaks.describe()    # "save 1126 MiB"
 """
 
 import contextlib
 import resource
 import sys
 from collections.abc import Iterator
-
-from backends.placement import human_bytes
 
 _STATUS = "/proc/self/status"
 _CLEAR_REFS = "/proc/self/clear_refs"
@@ -74,7 +72,7 @@ class PeakMemory:
 
   def describe(self) -> str:
     """ "init 812.0 MiB, train 830.2 MiB, ..." in the phases' order."""
-    parts = [f"{name} {human_bytes(b)}" for name, b in self.peaks.items()]
+    parts = [f"{name} {b / 2**20:.0f} MiB" for name, b in self.peaks.items()]
     if not self.resettable:
       parts.append("(peaks since the process started: no per-phase reset)")
     return ", ".join(parts)

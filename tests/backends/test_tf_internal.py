@@ -71,6 +71,7 @@ _PRIVATE_READS = {
   "_group_size": [_LAUNCHER],
   "_next_instance_key": [_LAUNCHER],
   "_get_ordering_token": [_LAUNCHER],
+  "_get_variable_creator_initial_value": [_MIRRORED_EXTENDED],
 }
 _INSTANCE_ATTRIBUTES = {
   "_variables",

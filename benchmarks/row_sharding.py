@@ -136,8 +136,9 @@ def _owner_balance(batch, trainer, layout_name, replicas) -> float:
   return float(counts.max() / counts.mean())
 
 
-def _collective_bytes(trainer, batch) -> int:
-  """Bytes one replica puts into collectives in one traced train step."""
+def _collective_bytes(trainer, batch) -> str:
+  """Bytes one replica puts into collectives in one traced train step ("+N
+  dynamic": N more collectives whose operands' shapes the trace lost)."""
   strategy, steps = trainer.strategy, trainer.steps
 
   @tf.function
@@ -145,12 +146,17 @@ def _collective_bytes(trainer, batch) -> int:
     strategy.run(steps.train_step, args=(batch,))
 
   graphs = [one.get_concrete_function(batch).graph]
-  total, seen = 0, set()
+  total, seen, unknown = 0, set(), 0
   while graphs:
     graph = graphs.pop()
     for op in graph.get_operations():
-      if op.type.startswith("Collective") and "replica_" not in op.name:
+      # Replica 0's: on the first device (merge-call collectives of every
+      # replica are made in one thread, and named alike).
+      if op.type.startswith("Collective") and op.device.endswith("CPU:0"):
         value = op.inputs[0]
+        if value.shape.num_elements() is None:
+          unknown += 1  # MirroredStrategy's all-gather: shape lost
+          continue
         total += value.shape.num_elements() * value.dtype.size
       for attr in ("f", "then_branch", "else_branch", "body"):
         try:
@@ -161,7 +167,8 @@ def _collective_bytes(trainer, batch) -> int:
         if function is not None and name not in seen:
           seen.add(name)
           graphs.append(function.graph)
-  return total
+  out = planning.human_bytes(total)
+  return f"{out} + {unknown} dynamic" if unknown else out
 
 
 def compare(strategy) -> None:
@@ -226,7 +233,7 @@ def compare(strategy) -> None:
       f"| {planning.human_bytes(_replica_bytes(trainer.backend))} "
       f"| {planning.human_bytes(plan.bytes_per_device)} "
       f"| {planning.human_bytes(plan.exchange_bytes or 0)} "
-      f"| {planning.human_bytes(_collective_bytes(trainer, batch))} "
+      f"| {_collective_bytes(trainer, batch)} "
       f"| {balance} |"
     )
 

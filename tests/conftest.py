@@ -1,7 +1,7 @@
-"""Shared test set-up: Keras 2, four logical CPUs, clean gin state per test.
+"""Shared test set-up: Keras 2, eight logical CPUs, clean gin state per test.
 
-Four logical CPU devices are configured before TensorFlow initialises its
-runtime so that tests can build MirroredStrategy over 2 or 4 replicas.
+Eight logical CPU devices are configured before TensorFlow initialises its
+runtime so that tests can build MirroredStrategy over 2, 4 or 8 replicas.
 """
 
 import collections
@@ -22,7 +22,7 @@ import tensorflow as tf  # noqa: E402
 import recsys  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TF)
 from recsys import _tf_internal  # noqa: E402
 
-NUM_LOGICAL_CPUS = 4
+NUM_LOGICAL_CPUS = 8
 
 # What the imports made lives as long as the worker: keep it out of the
 # garbage collector's full passes (tests/models in one process: 8.6 -> 6.8 s

@@ -89,8 +89,14 @@ def test_the_merged_checkpoint_is_tfs_full_tables(trained, tmp_path):
 
 @pytest.mark.parametrize(
   "replicas,layout",
-  [(1, None), (2, "contiguous"), (3, "contiguous"), (4, "strided")],
-  ids=["1-replicated", "2-contiguous", "3-contiguous", "4-strided"],
+  [
+    (1, None),
+    (2, "contiguous"),
+    (3, "contiguous"),
+    (4, "strided"),
+    (8, "contiguous"),
+  ],
+  ids=["1-replicated", "2-contiguous", "3-contiguous", "4-strided", "8"],
 )
 def test_restores_into_any_replica_count_and_layout(
   trained, tmp_path, replicas, layout

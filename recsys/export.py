@@ -69,7 +69,7 @@ from backends import serving
 from recsys import serving_checks, serving_lookup
 from recsys._keras import keras, tf
 from recsys.data.raw import RawParser
-from recsys.errors import RecsysError
+from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
 from recsys.models import retrieval_index
 from recsys.models import seen_items as seen_lib
@@ -83,8 +83,8 @@ log = logging.getLogger("recsys.export")
 DEFAULT_K = 100
 
 
-class ExportConfigError(RecsysError, ValueError):
-  """An export setting that cannot be honoured (e.g. `k`)."""
+class ExportConfigError(SettingsError):
+  """An export setting that cannot be honoured (e.g. `k`): exit status 2."""
 
 
 def checked_k(k: Any, retrieval: bool, model: str) -> int | None:

@@ -153,7 +153,9 @@ def test_recsys_export_k(tmp_path, capsys):
     assert got[name][0].shape == (2, 3), name
 
   capsys.readouterr()
-  assert cli.main([*export, "--k", str(NUM_ITEMS + 1)]) == 1
+  assert (
+    cli.main([*export, "--k", str(NUM_ITEMS + 1)]) == 2
+  )  # a setting that cannot be: exit 2, as every command
   assert (
     f"ExportConfigError: export: k={NUM_ITEMS + 1} is more than the "
     f"{NUM_ITEMS} candidates of the corpus" in capsys.readouterr().err

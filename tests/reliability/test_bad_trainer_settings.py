@@ -51,9 +51,9 @@ def test_unknown_backend_options_list_the_valid_ones(tmp_path):
   with pytest.raises(
     trainer_lib.TrainerConfigError,
     match=r"\['invalid_id'\] are not options of the "
-    r"'tensorcore' backend; it takes \['bag_widths', "
-    r"'fused_kernels', 'invalid_ids', 'placement', 'row_layout', "
-    r"'static_shapes'\]",
+    r"'tensorcore' backend; it takes \['bag_widths', 'exchange', "
+    r"'exchange_sigmas', 'fused_kernels', 'invalid_ids', 'placement', "
+    r"'row_layout', 'static_shapes'\]",
   ):
     make(tmp_path, backend="tensorcore", backend_options={"invalid_id": "drop"})
 

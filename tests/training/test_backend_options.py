@@ -31,8 +31,9 @@ def test_unknown_option_lists_the_declared_ones():
   with pytest.raises(
     registry.UnknownBackendOptionError,
     match=r"\['invalid_id'\] are not options of the 'tensorcore' backend; "
-    r"it takes \['bag_widths', 'fused_kernels', 'invalid_ids', "
-    r"'placement', 'row_layout', 'static_shapes'\]",
+    r"it takes \['bag_widths', 'exchange', 'exchange_sigmas', "
+    r"'fused_kernels', 'invalid_ids', 'placement', 'row_layout', "
+    r"'static_shapes'\]",
   ):
     registry.check_options("tensorcore", {"invalid_id": "drop"})
   registry.check_options("tensorcore", {"invalid_ids": "drop"})

@@ -175,29 +175,9 @@ def resolve_placement(
   Raises:
     ValueError: an unknown placement or table name (the valid ones listed).
   """
-
-  def check(value: Any, where: str) -> str:
-    if value not in PLACEMENTS:
-      raise ValueError(
-        f"{where} = {value!r}; use one of {', '.join(PLACEMENTS)}."
-      )
-    return value
-
-  if placement is None:
-    return {name: "replicated" for name in table_names}
-  if isinstance(placement, str):
-    value = check(placement, "placement")
-    return {name: value for name in table_names}
-  unknown = sorted(set(placement) - set(table_names))
-  if unknown:
-    raise ValueError(
-      f"placement names unknown tables {unknown}; the tables are "
-      f"{sorted(table_names)}."
-    )
-  return {
-    name: check(placement.get(name, "replicated"), f"placement[{name!r}]")
-    for name in table_names
-  }
+  return _per_table(
+    "placement", placement or "replicated", table_names, PLACEMENTS
+  )
 
 
 def resolve_exchange(
@@ -208,26 +188,33 @@ def resolve_exchange(
   Raises:
     ValueError: an unknown exchange or table name (the valid ones listed).
   """
+  return _per_table("exchange", exchange, table_names, exchange_lib.EXCHANGES)
 
-  def check(value: Any, where: str) -> str:
-    if value not in exchange_lib.EXCHANGES:
-      raise ValueError(
-        f"{where} = {value!r}; use one of {', '.join(exchange_lib.EXCHANGES)}."
-      )
-    return value
 
-  if isinstance(exchange, str):
-    value = check(exchange, "exchange")
-    return {name: value for name in table_names}
-  unknown = sorted(set(exchange) - set(table_names))
+def _per_table(
+  option: str,
+  value: str | Mapping[str, str],
+  table_names: list[str],
+  allowed: tuple[str, ...],
+) -> dict[str, str]:
+  """Table name -> value of an option given once or per table; a table a
+  dict leaves out gets `allowed[0]` (the option's default)."""
+
+  def check(given: Any, where: str) -> str:
+    if given not in allowed:
+      raise ValueError(f"{where} = {given!r}; use one of {', '.join(allowed)}.")
+    return given
+
+  if isinstance(value, str):
+    one = check(value, option)
+    return {name: one for name in table_names}
+  unknown = sorted(set(value) - set(table_names))
   if unknown:
     raise ValueError(
-      f"exchange names unknown tables {unknown}; the tables are "
+      f"{option} names unknown tables {unknown}; the tables are "
       f"{sorted(table_names)}."
     )
   return {
-    name: check(
-      exchange.get(name, exchange_lib.ALL_TO_ALL), f"exchange[{name!r}]"
-    )
+    name: check(value.get(name, allowed[0]), f"{option}[{name!r}]")
     for name in table_names
   }

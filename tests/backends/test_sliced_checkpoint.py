@@ -117,17 +117,7 @@ def test_restores_into_any_replica_count_and_layout(
 
 def test_tf_serving_embedding_reads_the_merged_checkpoint(trained, tmp_path):
   path = _save(trained, mirrored_strategy(2), tmp_path)
-  config = sharded_case.every_case_config()
-  for feature in config.values():
-    feature.table.optimizer = None
-  serving = tf.tpu.experimental.embedding.TPUEmbeddingForServing(
-    config, E.SGD(0.1)
-  )
-  serving.build()
-  tf.train.Checkpoint(embedding=serving).restore(path).expect_partial()
-  want = state(trained)
-  for table, var in serving.embedding_tables.items():
-    np.testing.assert_array_equal(var.numpy(), want[f"{table.name}/parameters"])
+  sharded_case.assert_tf_serving_reads(path, state(trained))
 
 
 def test_each_worker_writes_and_reads_only_its_rows_by_chunks(

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from recsys.data import CriteoTSV, DataFormatError, MovieLens
+from tests.data import test_movielens_identity as movielens_identity
 from tests.data.test_criteo import V, collect, make_rows, write
 from tests.data.test_movielens import (
   RATINGS,
@@ -26,17 +27,7 @@ from tests.data.test_movielens import (
 )
 
 BOM = b"\xef\xbb\xbf"
-ALL_FEATURES = [
-  "user_id",
-  "user_age",
-  "user_gender",
-  "user_occupation",
-  "user_zip",
-  "item_id",
-  "item_genres",
-  "item_year",
-  "item_title",
-]
+ALL_FEATURES = movielens_identity.ALL  # every feature a reader makes
 
 
 def with_bom(path, encoding="utf-8"):

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from recsys import cli, config, planning
 from tests.conftest import mirrored_strategy
+from tests.reliability import test_cli_errors as cli_errors
 from tests.training import test_trainer
 
 ROOT = os.path.dirname(
@@ -319,15 +320,7 @@ def test_info_with_a_forced_backend_that_cannot_run_exits_2(capsys):
 
 # -- 4. the way past the memory check, where the check runs ---------------------
 
-TINY = [
-  "train.global_batch_size = 64",
-  "train.train_steps = 2",
-  "train.steps_per_loop = 1",
-  "train.eval_steps = 1",
-  "SyntheticCTR.oracle_examples = 1024",
-  "train.progress_bar = False",
-  "train.placement = @EmbeddingPlacement()",
-]
+TINY = [*cli_errors.TINY, "train.placement = @EmbeddingPlacement()"]
 
 
 @pytest.mark.slow

@@ -34,6 +34,9 @@ import tensorflow as tf
 
 #: Rows per chunk are chosen so a chunk holds at most this many bytes.
 CHUNK_BYTES = 8 << 20
+#: Rows drawn at once hold at most this many bytes of float32 values: the
+#: hash's uint64 intermediates are ~20x that while they are computed.
+DRAW_BYTES = 1 << 20
 
 _U64 = tf.uint64
 # TF truncates its truncated normal at two standard deviations.
@@ -125,15 +128,16 @@ class RowInitializer:
     return np.float32(self.a) + np.float32(self.b) * z
 
   def chunk_rows(self) -> int:
-    """Rows per chunk: `CHUNK_BYTES` of float32 rows, at least one."""
-    return max(1, CHUNK_BYTES // (4 * self.dim))
+    """Rows drawn at once: `DRAW_BYTES` of float32 rows, at least one."""
+    return max(1, DRAW_BYTES // (4 * self.dim))
 
   def fill(self, variable: Any, ids: Any, device: str | None = None) -> None:
     """Assigns the rows `ids` (int64, one per variable row) chunk by chunk.
 
     Row `k` of `variable` gets the values of table row `ids[k]`; `ids` may
     be a NumPy array or a `(start, stop, step)` range of table rows. Peak
-    memory beyond the variable: one chunk (`CHUNK_BYTES`).
+    memory beyond the variable: one draw (`DRAW_BYTES` of values and the
+    hash's intermediates, ~20 MiB).
     """
     count = _count(ids)
     step = self.chunk_rows()

@@ -96,7 +96,7 @@ def test_an_unseeded_initializer_is_keyed_by_the_table_name():
 
 
 def test_fill_in_chunks_equals_one_draw(monkeypatch):
-  monkeypatch.setattr(row_init, "CHUNK_BYTES", 3 * 4 * 4)  # 4 rows of 3
+  monkeypatch.setattr(row_init, "DRAW_BYTES", 3 * 4 * 4)  # 4 rows of 3
   rows = row_init.RowInitializer.for_table(E.TableConfig(11, 3, name="t"))
   assert rows.chunk_rows() == 4
   variable = tf.Variable(tf.zeros([6, 3]))

@@ -462,8 +462,32 @@ def cmd_train(args: argparse.Namespace) -> int:
 
   # In a multi-worker run every worker returns the metrics; one prints them.
   if strategy_lib.is_chief_task():
-    print(json.dumps(metrics, indent=2, sort_keys=True))
+    print(json.dumps(metrics, indent=2, sort_keys=True), flush=True)
+    ending = _ending(args.model_dir, metrics)
+    if ending:  # after the JSON, which stdout keeps to itself
+      print(f"recsys train: {ending}", file=sys.stderr)
   return 0
+
+
+def _ending(model_dir: str, metrics: dict[str, Any]) -> str:
+  """`recsys train`'s last line: nothing was trained if the run was
+  complete already (and how to train again), and the metric reached next
+  to the best the data allows, where the source knows it."""
+  from recsys.training import run_summaries  # pylint: disable=g-import-not-at-top
+
+  step = metrics.get("step")
+  parts = []
+  if metrics.get("steps_trained") == 0:
+    parts.append(
+      f"nothing trained: {model_dir} was complete already at step {step} "
+      "(metrics.json keeps the run that trained it). To train again, pass "
+      "another --model_dir, or more steps: --gin_bindings "
+      f"'train.train_steps = {2 * int(step or 0)}'."
+    )
+  reached = run_summaries.against_optimum(metrics)
+  if reached:
+    parts.append(f"The restored model: {reached}." if parts else f"{reached}.")
+  return " ".join(parts)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

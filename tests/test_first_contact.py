@@ -1,0 +1,140 @@
+"""What a new user meets walking the README from a fresh clone (issue 44).
+
+Each case is something a first run met: a second `make demo` that trained
+nothing, said nothing and replaced metrics.json; a demo ending in a JSON
+whose `bayes_auc` nothing explained; 6-10 s of TensorFlow start-up before a
+misspelt --gin_file was reported; `C1: replicated: replicated: one replica`
+once per table on every command; Ctrl-C exiting 143; no `--version`; a
+missing data folder's path tacked onto the end of its message.
+"""
+
+import contextlib
+import io
+import json
+import logging
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import gin
+import pytest
+
+from recsys import cli, cli_checks, config
+from recsys.run_folder import run_dir
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
+TINY = [
+  "train.global_batch_size = 64",
+  "train.train_steps = 2",
+  "train.eval_steps = 2",
+  "SyntheticCTR.oracle_examples = 4096",
+]
+
+
+def _flags(bindings):
+  return sum((["--gin_bindings", b] for b in bindings), [])
+
+
+def _recsys(*args):
+  """`recsys ARGS` in this process: (exit status, stdout, stderr with the
+  log lines of recsys's loggers)."""
+  out, err = io.StringIO(), io.StringIO()
+  handler = logging.StreamHandler(err)
+  logger = logging.getLogger("recsys")
+  level = logger.level
+  logger.addHandler(handler)
+  logger.setLevel(logging.INFO)  # as the command's own logging set-up does
+  try:
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+      code = cli.main(list(args))
+  finally:
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+    gin.clear_config()
+  return code, out.getvalue(), err.getvalue()
+
+
+def _fresh_process(*args, cwd=ROOT):
+  """`python -X importtime -m recsys ARGS`: its status, stdout, stderr and
+  whether it imported TensorFlow (importtime lists every module)."""
+  done = subprocess.run(
+    [sys.executable, "-X", "importtime", "-m", "recsys", *args],
+    cwd=cwd,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  imported_tf = bool(re.search(r"\|\s+tensorflow$", done.stderr, re.M))
+  messages = "\n".join(
+    line
+    for line in done.stderr.splitlines()
+    if not line.startswith("import time:")
+  )
+  return done.returncode, done.stdout, messages, imported_tf
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+  """A tiny `make demo`, run twice on one model dir: each run's (status,
+  stdout, stderr), and metrics.json after the first and the second."""
+  model_dir = tmp_path_factory.mktemp("first_contact") / "demo"
+  args = ["train", "--gin_file", DEFAULT, "--model_dir", str(model_dir)]
+  args += _flags(TINY)
+  first = _recsys(*args)
+  metrics = model_dir / "metrics.json"
+  after_first = json.loads(metrics.read_text())
+  second = _recsys(*args)
+  return {
+    "model_dir": model_dir,
+    "first": first,
+    "second": second,
+    "after_first": after_first,
+    "after_second": json.loads(metrics.read_text()),
+  }
+
+
+def test_train_ends_with_the_auc_next_to_the_best_possible(demo):
+  code, out, err = demo["first"]
+  assert code == 0, err[-3000:]
+  metrics = json.loads(out)  # stdout stays one JSON document
+  last = err.strip().splitlines()[-1]
+  assert last == (
+    f"recsys train: AUC {metrics['eval/auc']:.4f} at step 2; the best "
+    f"possible on this data: {metrics['bayes_auc']:.4f}."
+  )
+
+
+def test_a_finished_run_run_again_says_so_and_keeps_its_metrics(demo):
+  code, out, err = demo["second"]
+  assert code == 0, err[-3000:]
+  assert "nothing to train" in err  # the Trainer's warning, as it starts
+  last = err.strip().splitlines()[-1]
+  assert f"nothing trained: {demo['model_dir']} was complete already" in last
+  assert "another --model_dir" in last and "train.train_steps = 4" in last
+  assert "The restored model: AUC " in last
+  printed = json.loads(out)
+  assert printed["steps_trained"] == 0 and printed["step"] == 2
+  assert "train/loss" not in printed
+  # The first run's figures stay: its training loss and speed.
+  first = demo["after_first"]
+  assert demo["after_second"] == first
+  assert first["steps_trained"] == 2
+  assert "train/loss" in first and "examples_per_second_whole_run" in first
+
+
+def test_a_retrieval_run_ends_with_its_hit_rate_next_to_the_best():
+  from recsys.training import run_summaries  # pylint: disable=g-import-not-at-top
+
+  metrics = {"step": 300, "eval/hit_rate_top1": 0.01, "best_hit_rate_1": 0.1}
+  metrics.update({"eval/hit_rate_top10": 0.25, "best_hit_rate_10": 0.5})
+  assert run_summaries.against_optimum(metrics) == (
+    "top-10 hit rate 0.2500 at step 300; the best possible on this data: 0.5000"
+  )
+  assert run_summaries.against_optimum({"eval/rmse": 0.9, "step": 1}) == ""

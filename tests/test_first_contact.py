@@ -138,3 +138,39 @@ def test_a_retrieval_run_ends_with_its_hit_rate_next_to_the_best():
     "top-10 hit rate 0.2500 at step 300; the best possible on this data: 0.5000"
   )
   assert run_summaries.against_optimum({"eval/rmse": 0.9, "step": 1}) == ""
+
+
+def test_the_plan_is_printed_once_with_reasons_only_where_they_say_something(
+  demo,
+):
+  _, _, err = demo["first"]
+  assert "embedding tables (tensorcore backend)" in err
+  assert "replicated: replicated" not in err
+  assert not re.search(r"^C\d+: ", err, re.M), err  # no line per table
+  assert len(re.findall(r"^C1 ", err, re.M)) == 1  # its row of the table
+  # A forced and a row-sharded table say why; the other tables nothing.
+  bindings = [
+    "train.num_cpu_replicas = 2",
+    "train.placement = @EmbeddingPlacement()",
+    "EmbeddingPlacement.device_memory = '4MiB'",
+    "EmbeddingPlacement.tables = {'C1': 'row_sharded'}",
+  ]
+  code, out, err = _recsys("info", "--gin_file", DEFAULT, *_flags(bindings))
+  assert code == 0, err
+  reasons = re.findall(r"^  (C\d+(?:, C\d+)*): (.*)$", out, re.M)
+  assert [tables for tables, _ in reasons] == ["C1", "C4"], out
+  assert "forced" in reasons[0][1] and "over the budget" in reasons[1][1]
+
+
+def test_export_predicts_no_training_process(demo):
+  export_dir = demo["model_dir"].parent / "export"
+  code, _, err = _recsys(
+    "export",
+    "--model_dir",
+    str(demo["model_dir"]),
+    "--export_dir",
+    str(export_dir),
+  )
+  assert code == 0, err[-3000:]
+  assert "embedding tables (serving backend)" in err
+  assert "predicted peak RSS" not in err

@@ -174,3 +174,41 @@ def test_export_predicts_no_training_process(demo):
   assert code == 0, err[-3000:]
   assert "embedding tables (serving backend)" in err
   assert "predicted peak RSS" not in err
+
+
+@pytest.mark.parametrize(
+  "args,status,says",
+  [
+    (
+      ["train", "--gin_file", "experiments/synthetic_dlrmm.gin"],
+      2,
+      "gin file 'experiments/synthetic_dlrmm.gin' does not exist",
+    ),
+    (["evaluate", "--model_dir", "runs/no_such_run"], 1, "does not exist"),
+    (["export", "--export_dir", "x", "--model_dir", "."], 1, "pass --gin_file"),
+  ],
+)
+def test_a_wrong_path_is_reported_before_tensorflow_is_imported(
+  args, status, says, tmp_path
+):
+  if args[0] == "train":
+    args = args + ["--model_dir", str(tmp_path / "run")]
+  code, _, err, imported_tf = _fresh_process(*args, cwd=tmp_path)
+  assert code == status, err
+  assert says in err
+  assert not imported_tf
+
+
+def test_version_prints_the_versions_without_tensorflow():
+  code, out, err, imported_tf = _fresh_process("--version")
+  assert code == 0, err
+  assert re.fullmatch(
+    r"recsys \S+, TensorFlow 2\.\S+, Keras 2\.\S+ \(tf_keras\), "
+    r"Python 3\.\S+\n",
+    out,
+  ), out
+  assert not imported_tf
+
+
+def test_the_pre_tensorflow_check_reads_the_runs_own_config_file():
+  assert cli_checks.OPERATIVE_CONFIG_FILE == run_dir.OPERATIVE_CONFIG_FILE

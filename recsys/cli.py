@@ -476,6 +476,9 @@ def _call_train(
 #: `recsys` exits with this status on SIGTERM (128 + 15), as a preempted
 #: training run does (recsys.training.signals.PREEMPTED_EXIT_CODE).
 SIGTERM_EXIT_CODE = 143
+#: ... and with this one on Ctrl-C (128 + 2), as a training run stopped by
+#: it does after its checkpoint (signals.INTERRUPTED_EXIT_CODE).
+INTERRUPTED_EXIT_CODE = 130
 
 
 @contextlib.contextmanager
@@ -747,9 +750,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return cmd_launch(args)
   if args.command == "experiments":  # reads files; needs no TensorFlow
     return cmd_experiments(args)
-  with _sigterm_exits_143():
-    early = _check_files(args)  # seconds before TensorFlow's start-up
-    return early if early is not None else _run_command(args)
+  try:
+    with _sigterm_exits_143():
+      early = _check_files(args)  # seconds before TensorFlow's start-up
+      return early if early is not None else _run_command(args)
+  except KeyboardInterrupt:  # Ctrl-C outside the training loop
+    print(
+      f"recsys {args.command}: interrupted (Ctrl-C); checkpoints already "
+      "saved are kept.",
+      file=sys.stderr,
+    )
+    return INTERRUPTED_EXIT_CODE
 
 
 def _check_files(args: argparse.Namespace) -> int | None:

@@ -212,3 +212,71 @@ def test_version_prints_the_versions_without_tensorflow():
 
 def test_the_pre_tensorflow_check_reads_the_runs_own_config_file():
   assert cli_checks.OPERATIVE_CONFIG_FILE == run_dir.OPERATIVE_CONFIG_FILE
+
+
+def test_ctrl_c_outside_the_training_loop_exits_130_in_one_line(
+  monkeypatch, capsys
+):
+  def interrupted(args):
+    raise KeyboardInterrupt
+
+  monkeypatch.setitem(cli.COMMANDS, "train", interrupted)
+  code = cli.main(["train", "--gin_file", DEFAULT, "--model_dir", "/tmp/r"])
+  err = capsys.readouterr().err
+  assert code == 130
+  assert err == (
+    "recsys train: interrupted (Ctrl-C); checkpoints already saved are kept.\n"
+  )
+
+
+@pytest.mark.slow  # a fresh TensorFlow process trains until interrupted
+def test_ctrl_c_in_the_training_loop_saves_and_exits_130(tmp_path):
+  bindings = [
+    "train.global_batch_size = 64",
+    "train.train_steps = 1000000",
+    "train.steps_per_loop = 5",
+    "train.eval_steps = 1",
+    "SyntheticCTR.oracle_examples = 1024",
+  ]
+  model_dir = tmp_path / "run"
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      "-m",
+      "recsys",
+      "train",
+      "--gin_file",
+      DEFAULT,
+      "--model_dir",
+      str(model_dir),
+      "--no_progress",
+      *_flags(bindings),
+    ],
+    cwd=ROOT,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1"),
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  lines: queue.Queue = queue.Queue()
+  threading.Thread(
+    target=lambda: [lines.put(line) for line in proc.stderr], daemon=True
+  ).start()
+  seen, deadline = [], time.time() + 240
+  try:
+    while time.time() < deadline:
+      line = lines.get(timeout=max(0.1, deadline - time.time()))
+      seen.append(line)
+      if re.search(r"step \d+/1000000 loss", line):  # in the loop
+        proc.send_signal(signal.SIGINT)
+        break
+    assert proc.wait(timeout=240) == 130, "".join(seen)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  time.sleep(0.2)  # the reader thread drains the rest
+  while not lines.empty():
+    seen.append(lines.get())
+  err = "".join(seen)
+  assert "SIGINT received: saved checkpoint" in err, err[-3000:]
+  assert "Traceback" not in err

@@ -280,3 +280,35 @@ def test_ctrl_c_in_the_training_loop_saves_and_exits_130(tmp_path):
   err = "".join(seen)
   assert "SIGINT received: saved checkpoint" in err, err[-3000:]
   assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+  "gin_file,macro,folder",
+  [
+    ("movielens_ranking.gin", "MOVIELENS_DIR", "data/ml-100kk"),
+    ("criteo_dlrm.gin", "CRITEO_DIR", "data/criteoo"),
+  ],
+)
+def test_a_missing_data_folder_is_named_where_it_belongs(
+  gin_file, macro, folder, tmp_path, monkeypatch
+):
+  monkeypatch.chdir(tmp_path)
+  code, _, err = _recsys(
+    "train",
+    "--gin_file",
+    gin_file,
+    "--gin_bindings",
+    f"{macro} = {folder!r}",
+    "--model_dir",
+    str(tmp_path / "run"),
+  )
+  assert code == 1, err
+  message = err.split("DatasetNotFoundError: ", 1)[1].splitlines()[0]
+  assert message.startswith(
+    f"{'MovieLens ml-100k' if macro == 'MOVIELENS_DIR' else 'Criteo kaggle'}"
+    f"{'' if macro == 'MOVIELENS_DIR' else ' data'}: folder {folder!r} does "
+    f"not exist (cwd: {tmp_path}); put "
+  ), message
+  assert f" in {folder!r}" in message  # where the files go, said once
+  assert not message.endswith(f"in {folder!r}.")  # not tacked onto the end
+  assert f"does not exist in {folder!r}" not in message

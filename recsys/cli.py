@@ -124,6 +124,51 @@ def _command(sub, name: str, **kwargs) -> argparse.ArgumentParser:
   )
 
 
+def _installed_version(*packages: str) -> str:
+  """The version of the first of `packages` installed ("?": none)."""
+  from importlib import metadata  # pylint: disable=g-import-not-at-top
+
+  for package in packages:
+    try:
+      return metadata.version(package)
+    except metadata.PackageNotFoundError:
+      continue
+  return "?"
+
+
+def version_line(
+  tensorflow: str | None = None, keras_module: str = "tf_keras"
+) -> str:
+  """recsys, TensorFlow, Keras and Python versions, in one line.
+
+  Args:
+    tensorflow: TF's version as imported (None: the installed package's,
+      read without importing TensorFlow, for `recsys --version`).
+    keras_module: the module `tf.keras` is (recsys makes it tf_keras).
+  """
+  import recsys  # pylint: disable=g-import-not-at-top
+
+  tensorflow = tensorflow or _installed_version(
+    "tensorflow", "tensorflow-cpu", "tf-nightly"
+  )
+  return (
+    f"recsys {recsys.__version__}, TensorFlow {tensorflow}, "
+    f"Keras {_installed_version('tf-keras')} ({keras_module}), "
+    f"Python {platform.python_version()}"
+  )
+
+
+class _PrintVersion(argparse.Action):
+  """`recsys --version`: prints `version_line()` (TF is not imported)."""
+
+  def __init__(self, option_strings, dest, **kwargs):
+    super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    print(version_line())
+    parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
   """The argument parser of `recsys` and its subcommands."""
   parser = argparse.ArgumentParser(
@@ -132,6 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
     formatter_class=argparse.RawDescriptionHelpFormatter,
     epilog="Run `recsys <command> --help` for a command's flags.\n\n"
     + __doc__.split("\n", 1)[1],
+  )
+  parser.add_argument(
+    "--version",
+    action=_PrintVersion,
+    help="print the recsys, TensorFlow, Keras and Python versions.",
   )
   sub = parser.add_subparsers(dest="command", metavar="COMMAND")
   sub.required = True
@@ -426,6 +476,9 @@ def _call_train(
 #: `recsys` exits with this status on SIGTERM (128 + 15), as a preempted
 #: training run does (recsys.training.signals.PREEMPTED_EXIT_CODE).
 SIGTERM_EXIT_CODE = 143
+#: ... and with this one on Ctrl-C (128 + 2), as a training run stopped by
+#: it does after its checkpoint (signals.INTERRUPTED_EXIT_CODE).
+INTERRUPTED_EXIT_CODE = 130
 
 
 @contextlib.contextmanager
@@ -462,8 +515,32 @@ def cmd_train(args: argparse.Namespace) -> int:
 
   # In a multi-worker run every worker returns the metrics; one prints them.
   if strategy_lib.is_chief_task():
-    print(json.dumps(metrics, indent=2, sort_keys=True))
+    print(json.dumps(metrics, indent=2, sort_keys=True), flush=True)
+    ending = _ending(args.model_dir, metrics)
+    if ending:  # after the JSON, which stdout keeps to itself
+      print(f"recsys train: {ending}", file=sys.stderr)
   return 0
+
+
+def _ending(model_dir: str, metrics: dict[str, Any]) -> str:
+  """`recsys train`'s last line: nothing was trained if the run was
+  complete already (and how to train again), and the metric reached next
+  to the best the data allows, where the source knows it."""
+  from recsys.training import run_summaries  # pylint: disable=g-import-not-at-top
+
+  step = metrics.get("step")
+  parts = []
+  if metrics.get("steps_trained") == 0:
+    parts.append(
+      f"nothing trained: {model_dir} was complete already at step {step} "
+      "(metrics.json keeps the run that trained it). To train again, pass "
+      "another --model_dir, or more steps: --gin_bindings "
+      f"'train.train_steps = {2 * int(step or 0)}'."
+    )
+  reached = run_summaries.against_optimum(metrics)
+  if reached:
+    parts.append(f"The restored model: {reached}." if parts else f"{reached}.")
+  return " ".join(parts)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -560,21 +637,10 @@ def cmd_info(args: argparse.Namespace) -> int:
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  import recsys  # pylint: disable=g-import-not-at-top
   from recsys import config  # pylint: disable=g-import-not-at-top
   from recsys.training import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
 
-  try:
-    from importlib import metadata  # pylint: disable=g-import-not-at-top
-
-    keras_version = metadata.version("tf-keras")
-  except Exception:  # noqa: BLE001 - informational only
-    keras_version = "?"
-  lines = [
-    f"recsys {recsys.__version__}, TensorFlow {tf.__version__}, "
-    f"Keras {keras_version} ({tf.keras.__name__.split('.')[0]}), "
-    f"Python {platform.python_version()}"
-  ]
+  lines = [version_line(tf.__version__, tf.keras.__name__.split(".")[0])]
   missing = config.register_all()
   if missing:
     lines.append(f"could not import: {', '.join(missing)}")
@@ -684,8 +750,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     return cmd_launch(args)
   if args.command == "experiments":  # reads files; needs no TensorFlow
     return cmd_experiments(args)
-  with _sigterm_exits_143():
-    return _run_command(args)
+  try:
+    with _sigterm_exits_143():
+      early = _check_files(args)  # seconds before TensorFlow's start-up
+      return early if early is not None else _run_command(args)
+  except KeyboardInterrupt:  # Ctrl-C outside the training loop
+    print(
+      f"recsys {args.command}: interrupted (Ctrl-C); checkpoints already "
+      "saved are kept.",
+      file=sys.stderr,
+    )
+    return INTERRUPTED_EXIT_CODE
+
+
+def _check_files(args: argparse.Namespace) -> int | None:
+  """The exit status of a gin file or model dir that cannot be used, found
+  before TensorFlow is imported (`cli_checks`); None: go on."""
+  from recsys import cli_checks  # pylint: disable=g-import-not-at-top
+
+  try:
+    cli_checks.check(
+      args.command, args.gin_file, getattr(args, "model_dir", None)
+    )
+  except cli_checks.GinFileNotFoundError as e:
+    print(
+      f"recsys {args.command}: gin configuration error:\n{e}", file=sys.stderr
+    )
+    return 2
+  except cli_checks.ModelDirNotFoundError as e:
+    return _report(args.command, e)
+  return None
 
 
 def _run_command(args: argparse.Namespace) -> int:

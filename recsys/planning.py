@@ -283,7 +283,7 @@ class MemoryPlan:
         "collectives (ids, rows of row-sharded tables, row gradients)"
       )
     peak = self.predicted_peak_rss_bytes
-    if peak is not None:
+    if peak is not None and self.backend != "serving":  # a training process
       replicas = (
         f" x {self.local_replicas} replicas" if self.local_replicas > 1 else ""
       )
@@ -296,14 +296,41 @@ class MemoryPlan:
         f"pages; model, traced steps, input pipeline and evaluation "
         f"{human_bytes(LOOP_BYTES)})"
       )
-    out.extend(
-      f"{r.table}: {r.placement}: {r.reason}" for r in self.rows if r.reason
-    )
+    out.extend(self._reasons())
     out.extend(f"REFUSED: {r}" for r in self.refusals)
     if self.host_fits is False:
       out.append(f"REFUSED: {_host_refusal(self)}")
     out.extend(f"WARNING: {w}" for w in self.warnings)
     return "\n".join(out)
+
+  def _reasons(self) -> list[str]:
+    """Why tables are placed as they are, where it says more than the
+    table's placement column: a table forced, sharded or alone over a
+    device's budget, each; the reason the other tables share, once (none
+    when each has its own, e.g. its size against the budget, or the plan
+    has one replica). Tables with the same reason share a line."""
+    budget = HEADROOM * (self.device_memory_bytes or 0)
+    shown: dict[str, list[str]] = {}
+    others: dict[str, list[str]] = {}
+    for r in self.rows:
+      if not r.reason:
+        continue
+      label = r.placement.split()[0]
+      # "replicated: ...", "row_sharded over 4: ...": the column says it.
+      reason = re.sub(rf"^{label}( over \d+)?: ", "", r.reason)
+      alone_over = bool(budget) and r.bytes_per_device > budget
+      if r.forced_by or r.shards > 1 or alone_over:
+        shown.setdefault(f"{r.placement}: {reason}", []).append(r.table)
+      else:
+        others.setdefault(f"{r.placement}: {reason}", []).append(r.table)
+    if len(others) == 1 and not any("one replica" in k for k in others):
+      shown.update(others)
+    every = len(self.rows)
+    return [
+      f"{'every table' if len(tables) == every else ', '.join(tables)}: "
+      f"{reason}"
+      for reason, tables in shown.items()
+    ]
 
 
 def _natural_key(name: Any) -> list:

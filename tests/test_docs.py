@@ -460,6 +460,63 @@ def test_every_block_says_what_it_is_and_every_exception_is_used():
     )
 
 
+#: The commands a README reader has after the quick start, by the bare name
+#: a page may use for them if it says so first: the venv's own.
+VENV_COMMANDS = ("recsys", "python", "tensorboard")
+#: A command to type in a page's prose: `recsys <subcommand> ...`,
+#: `python -m ...`, `python benchmarks/...`.
+PROSE_COMMAND = re.compile(
+  r"`(recsys (?:train|evaluate|export|info|experiments|launch|benchmark)"
+  r"|python (?:-m|benchmarks/))"
+)
+
+
+def _prose(page: str) -> str:
+  """The page's text outside its code blocks."""
+  with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+    return re.sub(r"^\s*```.*?^\s*```", "", f.read(), flags=re.S | re.M)
+
+
+def _says_first(page: str) -> str:
+  """What a page says before its commands: the text between its title and
+  its first section heading or code block; README.md's quick start."""
+  with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+    text = f.read()
+  if page == "README.md":
+    return text.split("\n## ")[1]
+  lines = text.splitlines()[1:]
+  for i, line in enumerate(lines):
+    if line.startswith(("```", "#")):
+      return "\n".join(lines[:i])
+  return "\n".join(lines)
+
+
+def test_every_command_is_written_as_a_readme_reader_types_it():
+  """After the README's quick start `recsys train ...` is `command not
+  found`: the venv's commands are `.venv/bin/recsys`, `.venv/bin/python`.
+  A page writes them so, or says first what its bare names mean."""
+  unclear = []
+  for page in PAGES:
+    used = set()
+    for block in blocks(page):
+      if block.language != "sh":
+        continue
+      for argv in _commands(block.text):
+        while argv and re.match(r"^[A-Z_]+=", argv[0]):
+          argv = argv[1:]  # VAR=value before the command
+        if argv and argv[0] in VENV_COMMANDS:
+          used.add(argv[0])
+    for match in PROSE_COMMAND.finditer(_prose(page)):
+      used.add(match.group(1).split()[0])
+    intro = _says_first(page)
+    unclear += [
+      f"{page}: `{name} ...` without saying that {name} is .venv/bin/{name}"
+      for name in sorted(used)
+      if f".venv/bin/{name}" not in intro
+    ]
+  assert not unclear, "\n".join(unclear)
+
+
 def test_the_readme_is_short():
   with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
     assert len(f.read().splitlines()) <= README_MAX_LINES

@@ -43,7 +43,7 @@ LAYERS = (
   ("recsys.export",),  # the SavedModel: below training, never loads the loop
   ("recsys.training",),
   ("recsys.tools",),
-  ("recsys.cli", "recsys.__main__"),
+  ("recsys.cli", "recsys.cli_checks", "recsys.__main__"),
 )
 
 # The backends a run chooses by name: only the registry imports them, so

@@ -603,8 +603,9 @@ class CriteoTSV(DataSource):
   def _resolve(self, train_files, eval_files, data_dir, train_days, eval_days):
     if data_dir is not None:
       if not os.path.isdir(data_dir):
+        cwd = "" if os.path.isabs(data_dir) else f" (cwd: {os.getcwd()})"
         raise DatasetNotFoundError(
-          self._where(data_dir, f"folder {data_dir!r} does not exist")
+          self._where(data_dir, f"folder {data_dir!r} does not exist{cwd}")
         )
       if self.layout == "terabyte":
         found_train = _day_files(data_dir, train_days)
@@ -628,7 +629,7 @@ class CriteoTSV(DataSource):
       evaluation = _expand(eval_files) if eval_files is not None else found_eval
       if not train:
         raise DatasetNotFoundError(
-          self._where(data_dir, "no training file found")
+          self._where(data_dir, f"no training file found in {data_dir!r}")
         )
       return train, evaluation
     if train_files is None:
@@ -648,20 +649,21 @@ class CriteoTSV(DataSource):
     return train, evaluation
 
   def _where(self, data_dir: str, problem: str) -> str:
+    """`problem`, then which files to put into `data_dir`."""
     if self.layout == "terabyte":
       expected = (
         "day_0 .. day_22 for training and day_23 for evaluation (plain or "
-        ".gz), "
-        "from the Criteo 1TB Click Logs (https://ailab.criteo.com/ressources/)"
+        ".gz), from the Criteo 1TB Click Logs "
+        "(https://ailab.criteo.com/ressources/)"
       )
     else:
       expected = (
         "train.txt (and eval.txt or val.txt) from Kaggle's Display Advertising "
-        "Challenge dac.tar.gz (plain or .gz); or pass train_files/eval_files"
+        "Challenge dac.tar.gz (plain or .gz)"
       )
     return (
-      f"Criteo {self.layout} data: {problem} in {data_dir!r}; "
-      f"put {expected} there."
+      f"Criteo {self.layout} data: {problem}; put {expected} in "
+      f"{data_dir!r}, or pass train_files/eval_files."
     )
 
   # ------------------------------------------------------------------ parsing

@@ -152,18 +152,21 @@ def missing_message(variant: str, data_dir: str, problem: str) -> str:
   """The 'what to put where' message for a missing or incomplete folder."""
   files = ", ".join(REQUIRED[variant])
   if variant == "atomic":
-    where = (
-      "RecBole atomic files (e.g. ml-100k.inter, ml-100k.user, ml-100k.item, "
-      "as "
-      "in the recbole wheel's recbole/dataset_example/ml-100k/)"
+    put = (
+      "put RecBole atomic files (e.g. ml-100k.inter, ml-100k.user, "
+      "ml-100k.item, as in the recbole wheel's "
+      f"recbole/dataset_example/ml-100k/) in {data_dir!r}"
     )
   else:
-    where = (
-      f"the GroupLens files {files} (unzip {URLS[variant]}), or let recsys "
-      "fetch them on a machine that is online: --gin_bindings "
-      "'MovieLens.download = True' (download=True in Python)"
+    put = (
+      f"put the GroupLens files {files} in {data_dir!r} (unzip "
+      f"{URLS[variant]}), or let recsys fetch them there on a machine that "
+      "is online: --gin_bindings 'MovieLens.download = True' (download=True "
+      "in Python)"
     )
-  return f"MovieLens {variant}: {problem}; put {where} in {data_dir!r}."
+  if not os.path.isabs(data_dir):
+    problem += f" (cwd: {os.getcwd()})"
+  return f"MovieLens {variant}: {problem}; {put}."
 
 
 def _lines(path: str, encoding: str) -> list[str]:

@@ -210,6 +210,15 @@ class RunDir:
       run_checks.refuse(refused, command, step, self.path, self.changes_log)
     return changes
 
+  def metrics_step(self) -> int | None:
+    """The step `metrics.json` describes (None: no such file or step)."""
+    text = self._read(self.metrics)
+    try:
+      step = json.loads(text)["step"] if text is not None else None
+    except (ValueError, KeyError, TypeError):
+      return None
+    return int(step) if isinstance(step, (int, float)) else None
+
   def read_input_files(self) -> dict[str, run_inputs.Fingerprint] | None:
     """The input fingerprints the latest run recorded (None: none)."""
     text = self._read(self.input_files)

@@ -175,6 +175,35 @@ def known_optimum(source: Any, ks: tuple[int, ...] = ()) -> dict[str, float]:
   return {k: float(v) for k, v in optimum.items()}
 
 
+def against_optimum(metrics: Mapping[str, Any]) -> str:
+  """The metric reached next to the best the data allows, in one phrase.
+
+  For sources that know their optimum (`known_optimum`: synthetic data):
+  the eval AUC next to `bayes_auc`, or a retrieval model's top-10 hit rate
+  (else its smallest k's) next to `best_hit_rate_<k>`; "" otherwise. What
+  `recsys train` ends on, so a new user sees how good the run is.
+  """
+  if "bayes_auc" in metrics and "eval/auc" in metrics:
+    name, value, best = "AUC", metrics["eval/auc"], metrics["bayes_auc"]
+  else:
+    ks = sorted(
+      int(key.rsplit("_", 1)[1])
+      for key in metrics
+      if key.startswith("best_hit_rate_")
+      and f"eval/hit_rate_top{key.rsplit('_', 1)[1]}" in metrics
+    )
+    if not ks:
+      return ""
+    k = 10 if 10 in ks else ks[0]
+    name = f"top-{k} hit rate"
+    value, best = (
+      metrics[f"eval/hit_rate_top{k}"],
+      metrics[f"best_hit_rate_{k}"],
+    )
+  at = f" at step {metrics['step']}" if "step" in metrics else ""
+  return f"{name} {value:.4f}{at}; the best possible on this data: {best:.4f}"
+
+
 def run_metrics(
   metrics: Mapping[str, float],
   backend: str,

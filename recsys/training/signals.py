@@ -20,6 +20,8 @@ log = logging.getLogger("recsys.training")
 # Conventional exit status of a process ended by SIGTERM (128 + 15): a job
 # scheduler sees "terminated", and re-running the same command resumes.
 PREEMPTED_EXIT_CODE = 143
+# ... and by Ctrl-C (SIGINT, 128 + 2), what shells report for an interrupt.
+INTERRUPTED_EXIT_CODE = 130
 
 
 class TrainingPreempted(RecsysError, RuntimeError):
@@ -29,10 +31,9 @@ class TrainingPreempted(RecsysError, RuntimeError):
     step: the step the checkpoint holds.
     checkpoint: its path.
     signal_name: "SIGTERM" or "SIGINT".
-    exit_code: the process status `recsys train` exits with (143).
+    exit_code: the process status `recsys train` exits with: 143 after
+      SIGTERM, 130 after Ctrl-C (SIGINT), as the shell reports each.
   """
-
-  exit_code = PREEMPTED_EXIT_CODE
 
   def __init__(self, step: int, checkpoint: str, signal_name: str):
     super().__init__(
@@ -40,6 +41,9 @@ class TrainingPreempted(RecsysError, RuntimeError):
       f"{step} and stopped; run the same command again to resume."
     )
     self.step, self.checkpoint, self.signal_name = step, checkpoint, signal_name
+    self.exit_code = (
+      INTERRUPTED_EXIT_CODE if signal_name == "SIGINT" else PREEMPTED_EXIT_CODE
+    )
 
 
 class StopRequests:

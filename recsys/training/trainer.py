@@ -455,11 +455,17 @@ class Trainer:
 
     When it evaluates, saves and stops is `recsys.training.controller`'s.
 
+    A run whose checkpoint already holds `train_steps` (the same call run
+    again) trains nothing: it says so, evaluates the restored model and
+    keeps `metrics.json`, which the call that trained it wrote.
+
     Returns:
       The final metrics: `train/loss`, `train/<metric>`, `eval/<metric>`,
       `examples_per_second_steady` and `examples_per_second_whole_run`
-      (`run_summaries.throughput`), `step`, and the source's known optimum
-      (`bayes_auc`, ...) when it reports one.
+      (`run_summaries.throughput`), `step`, `steps_trained` (by this call),
+      and the source's known optimum (`bayes_auc`, ...) when it reports
+      one. With nothing trained: the evaluation, `step`, `steps_trained`
+      = 0 and the optimum (no `train/` or speed figures).
 
     Raises:
       ModelDirNotWritableError: this user may not write the model dir.
@@ -484,6 +490,8 @@ class Trainer:
     the restored step, then the run's final metrics written."""
     step = int(self.global_step.numpy())
     self._prepare_run(step)
+    if step >= self.train_steps:
+      self._say_complete(step)
     self._batches = iter(
       self._distribute(
         self.source, self.global_batch_size, training=True, skip_steps=step
@@ -494,10 +502,28 @@ class Trainer:
     finally:
       self._batches = None
       log.info("peak RSS of this process: %s", self.memory.describe())
+    final["steps_trained"] = final["step"] - step
     final.update(self.optimum())
-    self.write_metrics(final)
+    # A run trained to its end before keeps the metrics.json of that run
+    # (its train/ and speed figures); a file of another step is replaced.
+    if final["steps_trained"] or self.run_dir.metrics_step() != step:
+      self.write_metrics(final)
     self.write_operative_config()
     return final
+
+  def _say_complete(self, step: int) -> None:
+    """Warns that the run is complete at `step`: nothing will be trained."""
+    log.warning(
+      "nothing to train: %s already holds step %d (train_steps = %d), so "
+      "the restored model is only evaluated and metrics.json keeps the "
+      "figures of the run that trained it. To train again, use another "
+      "model dir, or more steps (train_steps; on the command line "
+      "--gin_bindings 'train.train_steps = %d').",
+      self.model_dir,
+      step,
+      self.train_steps,
+      2 * step,
+    )
 
   def _prepare_run(self, step: int) -> None:
     """Before training from `step`: a resume's changed settings checked and

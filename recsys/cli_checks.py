@@ -1,0 +1,73 @@
+"""What `recsys` checks before TensorFlow is imported: the files it names.
+
+Importing TensorFlow and listing its devices takes 6-10 s; a misspelt
+`--gin_file` or a `--model_dir` that holds no run must not cost that. These
+checks read the file system only (no TensorFlow, no gin parsing) and fail
+with the message and exit status the command would give after TF's start-up.
+
+Example:
+  >>> check("evaluate", gin_files=[], model_dir="runs/dmeo")
+  Traceback (most recent call last):
+  ModelDirNotFoundError: model dir 'runs/dmeo' does not exist ...
+"""
+
+import os
+from collections.abc import Sequence
+
+from recsys import experiments_catalog
+from recsys.errors import RecsysError
+
+#: A run's config in its model dir (`run_dir.OPERATIVE_CONFIG_FILE`, named
+#: here because `recsys.run_folder` imports TensorFlow; a test keeps both
+#: the same).
+OPERATIVE_CONFIG_FILE = "operative_config.gin"
+
+#: The commands that read a run from --model_dir (and never create one).
+READS_A_RUN = ("evaluate", "export")
+
+
+class GinFileNotFoundError(RecsysError, FileNotFoundError):
+  """A --gin_file is neither a file nor a shipped experiment (exit 2, as
+  every gin configuration error)."""
+
+
+class ModelDirNotFoundError(RecsysError, FileNotFoundError):
+  """`recsys evaluate` or `export` names a model dir that holds no run."""
+
+
+def check(
+  command: str, gin_files: Sequence[str], model_dir: str | None
+) -> None:
+  """Refuses the files and folders `command` cannot use, before TF starts.
+
+  Args:
+    command: the subcommand ("train", "evaluate", ...).
+    gin_files: the --gin_file values, as given.
+    model_dir: --model_dir (None: the command takes none).
+
+  Raises:
+    GinFileNotFoundError: a gin file is missing; lists the shipped ones.
+    ModelDirNotFoundError: evaluate/export: the model dir does not exist,
+      or, without --gin_file, holds no operative config to read.
+  """
+  for path in gin_files:
+    try:
+      experiments_catalog.find_experiment(path)
+    except experiments_catalog.UnknownExperimentError as e:
+      raise GinFileNotFoundError(f"{e} Pass an existing --gin_file.") from e
+  if command not in READS_A_RUN or model_dir is None:
+    return
+  if not os.path.isdir(model_dir):
+    cwd = "" if os.path.isabs(model_dir) else f" (cwd: {os.getcwd()})"
+    raise ModelDirNotFoundError(
+      f"model dir {model_dir!r} does not exist{cwd}: point "
+      "--model_dir at a folder written by `recsys train` (e.g. runs/demo "
+      "after `make demo`), or train one first."
+    )
+  config = os.path.join(model_dir, OPERATIVE_CONFIG_FILE)
+  if not gin_files and not os.path.isfile(config):
+    raise ModelDirNotFoundError(
+      f"{config} does not exist: pass --gin_file (the experiment's gin "
+      "files) or point --model_dir at a directory written by `recsys "
+      "train`."
+    )

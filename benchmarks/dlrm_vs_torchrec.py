@@ -549,6 +549,7 @@ def run_config(config: str, todo: list[Variant], args) -> tuple[list, list]:
     }
     row.update(config=config, side=side, threads=done[0]["threads"])
     row["runs"] = len(done)
+    row["examples_per_s_each"] = [r["examples_per_s"] for r in done]
     row["examples_per_cpu_s"] = cfg_batch(config) / (
       row["cpu_ms_per_step"] / 1e3
     )

@@ -779,6 +779,7 @@ def sweep(args, impls: list[str]) -> list[dict[str, Any]]:
           batch=int(batch),
           threads=done[0]["threads"],
           runs=len(done),
+          ids_per_s_each=[r["ids_per_s"] for r in done],  # for the spread
         )
         results.append(row)
   race.mark_best(results, _point_of, "ids_per_s")

@@ -19,8 +19,21 @@ Each side runs in its own process (peak RSS is that process's ru_maxrss;
 `--memory` prints its RSS after each phase: imports, tables, batches, first
 step, warm-up, timed steps),
 interleaved over `--repeats` rounds, with deliberate thread settings. Per
-side: examples/s (median over rounds of each run's median), CPU-seconds per
-step (process CPU time / steps: 2 busy threads give 2x wall time), peak RSS.
+side and thread setting: examples/s (median over rounds of each run's
+median), CPU-seconds per step (process CPU time / steps: 2 busy threads give
+2x wall time), peak RSS; then recsys against TorchRec at TorchRec's best
+setting (issue 46: a fair race).
+
+Threads (printed, with the machine's load and its other busy processes
+before and after the runs):
+  recsys    TF intra-op / inter-op threads as `recsys train` chooses them
+            here (1 / 2 on 2 cores or fewer, else TF's defaults), or
+            `--intra_threads` (a comma list sweeps) / `--inter_threads`
+  torchrec  torch.set_num_threads = OMP_NUM_THREADS = MKL_NUM_THREADS swept
+            over `--torch_threads` (default 1,2): on this project's 2 cores
+            its eager step is fastest on one thread
+TF links no OpenMP, so OMP_NUM_THREADS / OMP_WAIT_POLICY matter to the torch
+side only (OMP_WAIT_POLICY: the caller's, PASSIVE when unset).
 
 Configurations (`--config`):
   default   the default experiment's shape (experiments/synthetic_dlrm.gin):
@@ -49,6 +62,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import embedding_step  # noqa: E402  (this folder: batches, thread settings)
+import race  # noqa: E402  (this folder: machine state, best settings)
 
 CONFIGS: dict[str, dict[str, Any]] = {
   "default": dict(
@@ -280,7 +294,7 @@ def _torchrec(cfg, data, args):
   from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
   mark("import torch + torchrec")
-  torch.set_num_threads(args.intra_threads)
+  torch.set_num_threads(args.torch_threads)
   torch.manual_seed(args.seed)
   names = list(data[0]["ids"])
   dim = cfg["dim"]
@@ -406,6 +420,7 @@ def run_child(side: str, args) -> dict[str, Any]:
   data = make_data(cfg, args.distinct_batches, args.seed)
   mark("batches generated")
   parts = (_recsys if side == "recsys" else _torchrec)(cfg, data, args)
+  threads = _threads_seen(side)
   run = parts["step"]
   run(args.warmup)
   mark("warm-up steps (traced)")
@@ -414,6 +429,7 @@ def run_child(side: str, args) -> dict[str, Any]:
   mark("timed steps")
   result: dict[str, Any] = {
     "side": side,
+    "threads": threads,
     "step_ms": step * 1e3,
     "examples_per_s": cfg["batch"] / step,
     "cpu_ms_per_step": statistics.median(cpu) * 1e3,
@@ -428,6 +444,13 @@ def run_child(side: str, args) -> dict[str, Any]:
       result[f"{name}_cpu_ms"] = statistics.median(part_cpu) * 1e3
   result["memory"] = _MEMORY
   return result
+
+
+def _threads_seen(side: str) -> str:
+  """The child's thread settings as its framework reports them."""
+  if side == "recsys":
+    return embedding_step.tf_threads_seen()
+  return embedding_step.torch_threads_seen()
 
 
 def _time(run, args) -> tuple[list[float], list[float]]:
@@ -448,10 +471,128 @@ _CHILD_FLAGS = (
   "reps",
   "loop",
   "distinct_batches",
-  "intra_threads",
-  "inter_threads",
   "split",
 )
+
+Variant = tuple[str, tuple[int, ...]]  # (side, threads)
+
+
+def variants(sides: list[str], args) -> list[Variant]:
+  """Each side at each of its thread settings: recsys's (intra-op,
+  inter-op) as `recsys train` resolves them, TorchRec's (threads,) swept."""
+  out: list[Variant] = []
+  for side in sides:
+    if side == "recsys":
+      out += [(side, t) for t in embedding_step.recsys_threads(args)]
+    else:
+      out += [(side, (t,)) for t in race.thread_counts(args.torch_threads)]
+  return out
+
+
+def run_variant(variant: Variant, config: str, args) -> dict[str, Any] | None:
+  """One timed run of `variant` in a fresh process (None if it failed, with
+  its error printed); `load` is the 1-minute load average at its start."""
+  side, threads = variant
+  cmd = [
+    _python(side, args),
+    os.path.abspath(__file__),
+    "--_child",
+    side,
+    f"--config={config}",
+  ] + [f"--{k}={getattr(args, k)}" for k in _CHILD_FLAGS]
+  if side == "recsys":
+    cmd += [f"--intra_threads={threads[0]}", f"--inter_threads={threads[1]}"]
+    env = dict(os.environ, **embedding_step.tf_env(*threads))
+  else:
+    cmd.append(f"--torch_threads={threads[0]}")
+    env = dict(os.environ, **embedding_step.torch_env(threads[0]))
+  load = race.load_average()[0]
+  out = subprocess.run(
+    cmd, capture_output=True, text=True, env=env, check=False
+  )
+  if out.returncode != 0:
+    print(
+      f"{side} {threads} ({config}) failed:\n{out.stderr[-2000:]}",
+      file=sys.stderr,
+    )
+    return None
+  result = json.loads(out.stdout.strip().splitlines()[-1])
+  result["load"] = load
+  print(
+    f"  round: {config} {side:9s} {result['threads']:20s} "
+    f"{result['examples_per_s']:.0f} examples/s (load {load:.2f})",
+    file=sys.stderr,
+  )
+  return result
+
+
+def run_config(config: str, todo: list[Variant], args) -> tuple[list, list]:
+  """`--repeats` interleaved rounds of every variant on `config`: (rows of
+  medians, [(config, side, threads, memory phases of its first run)])."""
+  runs: dict[Variant, list[dict[str, Any]]] = {v: [] for v in todo}
+  memories = []
+  for _ in range(args.repeats):
+    for variant in todo:
+      got = run_variant(variant, config, args)
+      if not got:
+        continue
+      runs[variant].append(got)
+      if len(runs[variant]) == 1:
+        memories.append((config, variant[0], got["threads"], got["memory"]))
+  rows = []
+  for (side, _), done in runs.items():
+    if not done:
+      continue
+    keys = [k for k in done[0] if k not in ("side", "threads", "memory")]
+    row: dict[str, Any] = {
+      k: statistics.median(r[k] for r in done) for k in keys
+    }
+    row.update(config=config, side=side, threads=done[0]["threads"])
+    row["runs"] = len(done)
+    row["examples_per_s_each"] = [r["examples_per_s"] for r in done]
+    row["examples_per_cpu_s"] = cfg_batch(config) / (
+      row["cpu_ms_per_step"] / 1e3
+    )
+    rows.append(row)
+  race.mark_best(rows, lambda r: r["side"], "examples_per_s")
+  return rows, memories
+
+
+def against_best(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """recsys at its best setting against TorchRec at its best, per config:
+  by wall time the settings of highest examples/s, per CPU-second those of
+  highest examples per CPU-second (each named)."""
+  out = []
+  for config in dict.fromkeys(r["config"] for r in results):
+    here = [r for r in results if r["config"] == config]
+    mine = [r for r in here if r["side"] == "recsys"]
+    theirs = [r for r in here if r["side"] == "torchrec"]
+    if not mine or not theirs:
+      continue
+    base, rival = (
+      race.best(mine, "examples_per_s"),
+      race.best(theirs, "examples_per_s"),
+    )
+    base_cpu, rival_cpu = (
+      race.best(mine, "examples_per_cpu_s"),
+      race.best(theirs, "examples_per_cpu_s"),
+    )
+    out.append(
+      {
+        "config": config,
+        "recsys_threads": base["threads"],
+        "recsys_examples_per_s": base["examples_per_s"],
+        "torchrec_threads": rival["threads"],
+        "torchrec_examples_per_s": rival["examples_per_s"],
+        "recsys_is": base["examples_per_s"] / rival["examples_per_s"],
+        "torchrec_cpu_threads": rival_cpu["threads"],
+        "recsys_is_cpu": base_cpu["examples_per_cpu_s"]
+        / rival_cpu["examples_per_cpu_s"],
+        "recsys_peak_rss_mb": base["peak_rss_mb"],
+        "torchrec_peak_rss_mb": rival["peak_rss_mb"],
+      }
+    )
+  return out
 
 
 def main(argv=None) -> None:
@@ -486,8 +627,24 @@ def main(argv=None) -> None:
     help="1: also time the step's parts (embedding / dense / input)",
   )
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--intra_threads", type=int, default=2)
-  parser.add_argument("--inter_threads", type=int, default=2)
+  parser.add_argument(
+    "--intra_threads",
+    default="0",
+    help="recsys's TF intra-op threads; 0: as `recsys train` chooses (1 on "
+    "2 cores or fewer); a comma-separated list sweeps settings",
+  )
+  parser.add_argument(
+    "--inter_threads",
+    type=int,
+    default=0,
+    help="recsys's TF inter-op threads; 0: as `recsys train` chooses",
+  )
+  parser.add_argument(
+    "--torch_threads",
+    default="1,2",
+    help="TorchRec's torch (OpenMP, MKL) threads, swept; recsys is "
+    "compared with its best",
+  )
   parser.add_argument("--json", help="also write the results here")
   parser.add_argument(
     "--memory",
@@ -502,9 +659,56 @@ def main(argv=None) -> None:
   parser.add_argument("--_child", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args._child:  # pylint: disable=protected-access
+    args.intra_threads = embedding_step.intra_settings(args)[0]
+    args.torch_threads = race.thread_counts(args.torch_threads)[0]
     print(json.dumps(run_child(args._child, args)))  # pylint: disable=protected-access
     return
 
+  todo = variants(available_sides(parser, args), args)
+  print(
+    "settings: "
+    + json.dumps(
+      {
+        "threads": {
+          side: [" / ".join(map(str, t)) for s, t in todo if s == side]
+          for side in dict.fromkeys(s for s, _ in todo)
+        },
+        "threads_are": "recsys: TF intra-op / inter-op; torchrec: "
+        "torch = OMP = MKL",
+        "OMP_WAIT_POLICY (torch)": embedding_step.torch_env(1)[
+          "OMP_WAIT_POLICY"
+        ],
+        "steps": args.steps,
+        "reps": args.reps,
+        "repeats": args.repeats,
+        "loop": args.loop,
+      }
+    )
+  )
+  print(race.machine_state("before"), flush=True)
+  results, memories = [], []
+  for config in args.config.split(","):
+    if config not in CONFIGS:
+      parser.error(
+        f"unknown config {config!r}; choose from {', '.join(CONFIGS)}"
+      )
+    rows, memory = run_config(config, todo, args)
+    results += rows
+    memories += memory
+  summary = against_best(results)
+  print(race.machine_state("after"))
+  print_results(results)
+  print_against_best(summary)
+  print_split(results)
+  if args.memory:
+    print_memory(memories)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"results": results, "against_best": summary}, f, indent=1)
+
+
+def available_sides(parser: argparse.ArgumentParser, args) -> list[str]:
+  """`--sides` whose packages are installed (a line for each skipped)."""
   sides = []
   for side in args.sides.split(","):
     if side not in SIDES:
@@ -518,119 +722,88 @@ def main(argv=None) -> None:
       )
     else:
       sides.append(side)
-  env = dict(os.environ, **embedding_step.thread_env(args, args.intra_threads))
+  return sides
+
+
+def print_results(results: list[dict[str, Any]]) -> None:
+  """Every side at every thread setting; `best` marks each side's best
+  (highest examples/s), `of best` its examples/s over that one's."""
   print(
-    "settings: "
-    + json.dumps(
-      {
-        "threads": env_subset(env),
-        "steps": args.steps,
-        "reps": args.reps,
-        "repeats": args.repeats,
-        "loop": args.loop,
-      }
-    )
+    "| config | side | threads | best | examples/s | step ms | CPU ms/step | "
+    "examples per CPU-s | of best | peak RSS MB | load |"
   )
-  results, memories = [], []
-  for config in args.config.split(","):
-    if config not in CONFIGS:
-      parser.error(
-        f"unknown config {config!r}; choose from {', '.join(CONFIGS)}"
-      )
-    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
-    for _ in range(args.repeats):
-      for side in sides:
-        cmd = [
-          _python(side, args),
-          os.path.abspath(__file__),
-          "--_child",
-          side,
-          f"--config={config}",
-        ] + [f"--{k}={getattr(args, k)}" for k in _CHILD_FLAGS]
-        out = subprocess.run(
-          cmd, capture_output=True, text=True, env=env, check=False
-        )
-        if out.returncode != 0:
-          print(
-            f"{side} ({config}) failed:\n{out.stderr[-2000:]}", file=sys.stderr
-          )
-          continue
-        runs[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
-        if len(runs[side]) == 1:
-          memories.append((config, side, runs[side][0]["memory"]))
-        print(
-          f"  round: {config} {side:9s} "
-          f"{runs[side][-1]['examples_per_s']:.0f} examples/s",
-          file=sys.stderr,
-        )
-    base = None
-    for side in sides:
-      if not runs[side]:
-        continue
-      keys = [k for k in runs[side][0] if k not in ("side", "memory")]
-      row: dict[str, Any] = {
-        k: statistics.median(r[k] for r in runs[side]) for k in keys
-      }
-      row.update(config=config, side=side, runs=len(runs[side]))
-      row["examples_per_cpu_s"] = cfg_batch(config) / (
-        row["cpu_ms_per_step"] / 1e3
-      )
-      base = base or row
-      row["recsys_is"] = base["examples_per_s"] / row["examples_per_s"]
-      row["recsys_is_cpu"] = (
-        base["examples_per_cpu_s"] / row["examples_per_cpu_s"]
-      )
-      results.append(row)
-  print(
-    "| config | side | examples/s | step ms | CPU ms/step | examples per "
-    "CPU-s | recsys is (wall) | recsys is (CPU) | peak RSS MB |"
-  )
-  print("|---|---|---|---|---|---|---|---|---|")
+  print("|---|---|---|---|---|---|---|---|---|---|---|")
   for r in results:
     print(
-      f"| {r['config']} | {r['side']} | {r['examples_per_s']:.0f} | "
+      f"| {r['config']} | {r['side']} | {r['threads']} | "
+      f"{'**best**' if r['best'] else ''} | {r['examples_per_s']:.0f} | "
       f"{r['step_ms']:.2f} | {r['cpu_ms_per_step']:.2f} | "
-      f"{r['examples_per_cpu_s']:.0f} | {r['recsys_is']:.2f}x | "
-      f"{r['recsys_is_cpu']:.2f}x | {r['peak_rss_mb']:.0f} |"
+      f"{r['examples_per_cpu_s']:.0f} | {r['of_best']:.2f} | "
+      f"{r['peak_rss_mb']:.0f} | {r['load']:.1f} |"
     )
-  if any("embedding_ms" in r for r in results):
+
+
+def print_against_best(summary: list[dict[str, Any]]) -> None:
+  """The ratios: recsys's best against TorchRec's best, per config."""
+  if not summary:
+    return
+  print(
+    "\nrecsys against TorchRec at TorchRec's best thread setting (by wall "
+    "time: its highest examples/s; per CPU-second: its highest examples per "
+    "CPU-s); peak RSS of the wall-time best runs:"
+  )
+  print(
+    "| config | recsys threads | recsys examples/s | TorchRec best threads | "
+    "TorchRec examples/s | recsys is | TorchRec best per CPU-s | "
+    "recsys is per CPU-s | peak RSS MB recsys / TorchRec |"
+  )
+  print("|---|---|---|---|---|---|---|---|---|")
+  for s in summary:
     print(
-      "\nstep split, each part alone (ms per step wall / CPU):\n"
-      "| config | side | step | embedding | dense | input |\n"
-      "|---|---|---|---|---|---|"
+      f"| {s['config']} | {s['recsys_threads']} | "
+      f"{s['recsys_examples_per_s']:.0f} | {s['torchrec_threads']} | "
+      f"{s['torchrec_examples_per_s']:.0f} | **{s['recsys_is']:.2f}x** | "
+      f"{s['torchrec_cpu_threads']} | **{s['recsys_is_cpu']:.2f}x** | "
+      f"{s['recsys_peak_rss_mb']:.0f} / {s['torchrec_peak_rss_mb']:.0f} |"
     )
-    for r in results:
-      if "embedding_ms" in r:
-        print(
-          f"| {r['config']} | {r['side']} | "
-          f"{r['step_ms']:.2f} / {r['cpu_ms_per_step']:.2f} | "
-          + " | ".join(
-            f"{r[p + '_ms']:.2f} / {r[p + '_cpu_ms']:.2f}"
-            for p in ("embedding", "dense", "input")
-          )
-          + " |"
+
+
+def print_split(results: list[dict[str, Any]]) -> None:
+  """The step's parts, each timed alone (`--split 1`)."""
+  if not any("embedding_ms" in r for r in results):
+    return
+  print(
+    "\nstep split, each part alone (ms per step wall / CPU):\n"
+    "| config | side | threads | step | embedding | dense | input |\n"
+    "|---|---|---|---|---|---|---|"
+  )
+  for r in results:
+    if "embedding_ms" in r:
+      print(
+        f"| {r['config']} | {r['side']} | {r['threads']} | "
+        f"{r['step_ms']:.2f} / {r['cpu_ms_per_step']:.2f} | "
+        + " | ".join(
+          f"{r[p + '_ms']:.2f} / {r[p + '_cpu_ms']:.2f}"
+          for p in ("embedding", "dense", "input")
         )
-  if args.memory:
-    for config, side, memory in memories:
-      print(f"\n{config} / {side}: RSS after each phase (MB)")
-      print("| phase | RSS | anon | file | peak |\n|---|---|---|---|---|")
-      for m in memory:
-        print(
-          f"| {m['phase']} | {m['rss_mb']:.0f} | {m['anon_mb']:.0f} | "
-          f"{m['file_mb']:.0f} | {m['peak_mb']:.0f} |"
-        )
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(results, f, indent=1)
+        + " |"
+      )
+
+
+def print_memory(memories: list) -> None:
+  """`--memory`: each variant's RSS after each phase of its first run."""
+  for config, side, threads, memory in memories:
+    print(f"\n{config} / {side} ({threads}): RSS after each phase (MB)")
+    print("| phase | RSS | anon | file | peak |\n|---|---|---|---|---|")
+    for m in memory:
+      print(
+        f"| {m['phase']} | {m['rss_mb']:.0f} | {m['anon_mb']:.0f} | "
+        f"{m['file_mb']:.0f} | {m['peak_mb']:.0f} |"
+      )
 
 
 def cfg_batch(config: str) -> int:
   return int(CONFIGS[config]["batch"])
-
-
-def env_subset(env: dict[str, str]) -> dict[str, str]:
-  """The thread variables of `env` (for the printed settings)."""
-  return {k: v for k, v in env.items() if "THREAD" in k or "OMP" in k}
 
 
 if __name__ == "__main__":

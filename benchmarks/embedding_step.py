@@ -8,10 +8,29 @@ lr 0.05 on the tables. One step = forward + backward + embedding update.
 
 Each implementation runs in its own subprocess (clean peak RSS, no shared
 caches or thread pools); implementations are interleaved over `--repeats`
-rounds so a busy machine slows them alike. The table reports, per
-implementation, the median over rounds of each run's median step time after
-warm-up, examples/s, ids/s, the ratio of ids/s to the first implementation,
-and peak RSS. Thread settings are set explicitly and printed.
+rounds so a busy machine slows them alike. The first table reports, per
+implementation and thread setting, the median over rounds of each run's
+median step time after warm-up, examples/s, ids/s, CPU time per step and
+peak RSS; the second, the first implementation (recsys) against each other
+one at that one's best setting (issue 46: a fair race).
+
+Threads, set explicitly and printed (with the machine's load and its other
+busy processes, before and after):
+  recsys*          TF intra-op / inter-op threads as `recsys train` chooses
+                   them here (cli.thread_settings: 1 / 2 on 2 cores or
+                   fewer, else TF's defaults), or `--intra_threads` (a comma
+                   list sweeps) and `--inter_threads`
+  tfrs, keras_embedding, tf_fused
+                   TF intra-op threads swept over `--tf_threads` (default
+                   1,2), inter-op as recsys's (TF's default, the cores, when
+                   recsys leaves it unset)
+  torch_bag, fbgemm, torchrec
+                   torch.set_num_threads = OMP_NUM_THREADS = MKL_NUM_THREADS
+                   swept over `--torch_threads` (default 1,2); torch's
+                   inter-op pool left at its default (printed)
+TF links no OpenMP (its oneDNN runs on TF's own thread pools), so
+OMP_NUM_THREADS / OMP_WAIT_POLICY matter to the torch children only;
+OMP_WAIT_POLICY is the caller's (PASSIVE when unset, as `make bench` sets).
 
 Implementations (those whose packages are missing are skipped with a line):
   recsys           backends.create(backend="tensorcore", bag_widths=8): the
@@ -43,6 +62,7 @@ Examples (B = python benchmarks/embedding_step.py):
   B --impls recsys --features 1 --rows 10000000 --batch 4096,16384 \
     --intra_threads 1,2
       # one big table on 1 vs 2 intra-op threads (settings interleaved too)
+  B --impls recsys,fbgemm,torchrec --torch_threads 1,2,4
 
 Torch, FBGEMM and TorchRec come from the `bench` extra (benchmarks/README.md:
 a separate venv, named by --torch_python or $RECSYS_BENCH_TORCH_PYTHON).
@@ -63,6 +83,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import race  # noqa: E402  (this folder: machine state, best settings)
 
 IMPLS = (
   "recsys",
@@ -294,7 +317,7 @@ def _tf_step(impl: str, args) -> tuple[Callable, Callable]:
 def _torch_step(impl: str, args) -> tuple[Callable, Callable]:
   import torch  # pylint: disable=g-import-not-at-top
 
-  torch.set_num_threads(args.intra_threads)
+  torch.set_num_threads(args.torch_threads)
   torch.manual_seed(args.seed)
   names = [f"f{i}" for i in range(args.features)]
   head = torch.nn.Linear(args.features * args.dim, 1)
@@ -434,6 +457,7 @@ def run_one(impl: str, args) -> dict[str, Any]:
     def sync(loss):
       return float(loss.detach())
 
+    threads = torch_threads_seen()
   else:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -448,6 +472,7 @@ def run_one(impl: str, args) -> dict[str, Any]:
     def sync(loss):
       return float(loss.numpy())
 
+    threads = tf_threads_seen()
   n = len(inputs)
   for i in range(args.warmup):
     sync(step(inputs[i % n], labels[i % n]))
@@ -466,6 +491,7 @@ def run_one(impl: str, args) -> dict[str, Any]:
   median = statistics.median(times)
   return {
     "impl": impl,
+    "threads": threads,
     "step_ms": median * 1e3,
     "examples_per_s": args.batch / median,
     "ids_per_s": ids_per_step / median,
@@ -473,6 +499,26 @@ def run_one(impl: str, args) -> dict[str, Any]:
     "ids_per_cpu_s": ids_per_step / cpu_per_step,
     "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
   }
+
+
+def torch_threads_seen() -> str:
+  """The torch thread settings this child runs with, as torch reports them:
+  its intra-op threads (OpenMP) and its inter-op pool."""
+  import torch  # pylint: disable=g-import-not-at-top
+
+  return (
+    f"torch {torch.get_num_threads()} "
+    f"(interop {torch.get_num_interop_threads()})"
+  )
+
+
+def tf_threads_seen() -> str:
+  """TF's intra-op / inter-op threads in this child, as TF reports them."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  intra = tf.config.threading.get_intra_op_parallelism_threads()
+  inter = tf.config.threading.get_inter_op_parallelism_threads()
+  return f"tf {intra}/{inter}"
 
 
 def profile_one(impl: str, args) -> None:
@@ -563,7 +609,8 @@ def python_for(impl: str, args=None) -> str:
 
 
 def thread_env(args, intra: int = 0) -> dict[str, str]:
-  """The threading environment a child runs with (printed in the header).
+  """The threading environment of a TF child on `intra` intra-op threads
+  (`big_table_threads.py`'s children; this script's use `tf_env`).
 
   `intra` is one of `--intra_threads`' settings (default: the first).
   """
@@ -584,6 +631,58 @@ def intra_settings(args) -> list[int]:
   return [int(t) for t in str(args.intra_threads).split(",")]
 
 
+TF_RIVALS = ("tfrs", "keras_embedding", "tf_fused")
+
+
+def tf_env(intra: int, inter: int) -> dict[str, str]:
+  """A TF child's thread variables. TF links no OpenMP (its oneDNN runs on
+  TF's own pools), so the caller's OMP_* variables are left as they are."""
+  return {
+    "TF_NUM_INTRAOP_THREADS": str(intra),
+    "TF_NUM_INTEROP_THREADS": str(inter),
+    "TF_CPP_MIN_LOG_LEVEL": "3",
+  }
+
+
+def torch_env(threads: int) -> dict[str, str]:
+  """A torch child's thread variables: torch's intra-op threads are
+  OpenMP's (and MKL's). OMP_WAIT_POLICY is the caller's, PASSIVE when unset
+  (spinning OpenMP threads starve the other core)."""
+  return {
+    "OMP_NUM_THREADS": str(threads),
+    "MKL_NUM_THREADS": str(threads),
+    "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+  }
+
+
+def recsys_threads(args) -> list[tuple[int, int]]:
+  """recsys's (intra-op, inter-op) settings: each `--intra_threads` value
+  with `--inter_threads`, resolved as `recsys train` resolves its flags on
+  this machine's cores (0 and 0: 1 / 2 on 2 cores or fewer); TF's default
+  (0) is spelled out as the core count it stands for."""
+  from recsys import cli  # pylint: disable=g-import-not-at-top  (no TF)
+
+  cores = cli.available_cores()
+  settings = []
+  for t in intra_settings(args):
+    intra, inter, _ = cli.thread_settings(t, args.inter_threads, cores)
+    settings.append((intra or cores, inter or cores))
+  return settings
+
+
+def thread_variants(impl: str, args) -> list[tuple[int, ...]]:
+  """The thread settings `impl` runs at: (threads,) for torch, (intra-op,
+  inter-op) for TF. The rivals are swept (issue 46: each at its best);
+  recsys runs as `recsys train` would (or as `--intra_threads` says). The
+  TF rivals share recsys's inter-op threads (TF's default here, 2)."""
+  if impl in TORCH_IMPLS:
+    return [(t,) for t in race.thread_counts(args.torch_threads)]
+  if impl in TF_RIVALS:
+    inter = recsys_threads(args)[0][1]
+    return [(t, inter) for t in race.thread_counts(args.tf_threads)]
+  return list(recsys_threads(args))
+
+
 _FIGURES = (
   "step_ms",
   "examples_per_s",
@@ -591,6 +690,7 @@ _FIGURES = (
   "cpu_ms_per_step",
   "ids_per_cpu_s",
   "peak_rss_mb",
+  "load",
 )
 _CHILD_FLAGS = (
   "features",
@@ -603,85 +703,170 @@ _CHILD_FLAGS = (
   "warmup",
   "steps",
   "distinct_batches",
-  "inter_threads",
 )
 
 
+def child_command(
+  impl: str, threads: tuple[int, ...], args, **point
+) -> tuple[list[str], dict[str, str]]:
+  """(command, environment) of a child running `impl` at `threads`;
+  `point`: rows=, batch= (and profile=True for --profile)."""
+  flags = [f"--{k}={getattr(args, k)}" for k in _CHILD_FLAGS]
+  flags += [f"--{k}={v}" for k, v in point.items() if v is not True]
+  flags += [f"--{k}" for k, v in point.items() if v is True]
+  if impl in TORCH_IMPLS:
+    flags.append(f"--torch_threads={threads[0]}")
+    env = torch_env(threads[0])
+  else:
+    flags += [f"--intra_threads={threads[0]}", f"--inter_threads={threads[1]}"]
+    env = tf_env(*threads)
+  cmd = [python_for(impl, args), os.path.abspath(__file__), "--_child", impl]
+  return cmd + flags, dict(os.environ, **env)
+
+
+def run_child(
+  impl: str, threads: tuple[int, ...], args, rows: str, batch: str
+) -> dict[str, Any] | None:
+  """One timed run in a fresh process (None if it failed, with its error
+  printed); `load` is the machine's 1-minute load average at its start."""
+  cmd, env = child_command(impl, threads, args, rows=rows, batch=batch)
+  load = race.load_average()[0]
+  out = subprocess.run(
+    cmd, capture_output=True, text=True, env=env, check=False
+  )
+  if out.returncode != 0:
+    print(
+      f"{impl} (rows={rows}, batch={batch}, threads={threads}) failed:\n"
+      f"{out.stderr[-2000:]}",
+      file=sys.stderr,
+    )
+    return None
+  result = json.loads(out.stdout.strip().splitlines()[-1])
+  result["load"] = load
+  print(
+    f"  round: {impl:16s} rows={rows} batch={batch} {result['threads']:20s} "
+    f"{result['ids_per_s'] / 1e6:.2f} M ids/s (load {load:.2f})",
+    file=sys.stderr,
+  )
+  return result
+
+
 def sweep(args, impls: list[str]) -> list[dict[str, Any]]:
-  """Runs every (rows, batch) point, impls and thread settings interleaved."""
+  """Runs every (rows, batch) point: implementations and their thread
+  settings interleaved, one run each per round. Rows are medians over
+  rounds; `best` marks each implementation's best setting at its point."""
   results = []
-  variants = [(impl, t) for impl in impls for t in intra_settings(args)]
+  variants = [(impl, t) for impl in impls for t in thread_variants(impl, args)]
   for rows in args.rows.split(","):
     for batch in args.batch.split(","):
-      runs: dict[tuple[str, int], list[dict[str, Any]]] = {
+      runs: dict[tuple[str, tuple[int, ...]], list[dict[str, Any]]] = {
         v: [] for v in variants
       }
       for _ in range(args.repeats):
-        for impl, intra in variants:
-          env = dict(os.environ, **thread_env(args, intra))
-          cmd = [
-            python_for(impl, args),
-            os.path.abspath(__file__),
-            "--_child",
-            impl,
-            f"--rows={rows}",
-            f"--batch={batch}",
-            f"--intra_threads={intra}",
-          ] + [f"--{k}={getattr(args, k)}" for k in _CHILD_FLAGS]
-          out = subprocess.run(
-            cmd, capture_output=True, text=True, env=env, check=False
-          )
-          if out.returncode != 0:
-            print(
-              f"{impl} (rows={rows}, batch={batch}) failed:\n"
-              f"{out.stderr[-2000:]}",
-              file=sys.stderr,
-            )
-            continue
-          runs[(impl, intra)].append(
-            json.loads(out.stdout.strip().splitlines()[-1])
-          )
-          print(
-            f"  round: {impl:16s} rows={rows} batch={batch} intra={intra} "
-            f"{runs[(impl, intra)][-1]['ids_per_s'] / 1e6:.2f} M ids/s",
-            file=sys.stderr,
-          )
-      base = None
-      for impl, intra in variants:
-        if not runs[(impl, intra)]:
+        for impl, threads in variants:
+          got = run_child(impl, threads, args, rows, batch)
+          if got:
+            runs[(impl, threads)].append(got)
+      for (impl, _), done in runs.items():
+        if not done:
           continue
         row: dict[str, Any] = {
-          k: statistics.median(r[k] for r in runs[(impl, intra)])
-          for k in _FIGURES
+          k: statistics.median(r[k] for r in done) for k in _FIGURES
         }
         row.update(
           impl=impl,
           rows=int(rows),
           batch=int(batch),
-          intra=intra,
-          runs=len(runs[(impl, intra)]),
+          threads=done[0]["threads"],
+          runs=len(done),
+          ids_per_s_each=[r["ids_per_s"] for r in done],  # for the spread
         )
-        base = base or row
-        row["ratio"] = row["ids_per_s"] / base["ids_per_s"]
-        row["cpu_ratio"] = row["ids_per_cpu_s"] / base["ids_per_cpu_s"]
         results.append(row)
+  race.mark_best(results, _point_of, "ids_per_s")
   return results
 
 
+def _point_of(row: dict[str, Any]) -> tuple[str, int, int]:
+  return row["impl"], row["rows"], row["batch"]
+
+
+def against_best(
+  results: list[dict[str, Any]], impls: list[str]
+) -> list[dict[str, Any]]:
+  """The first implementation (at its best setting) against every other at
+  its best: by wall time the setting of highest ids/s, per CPU-second the
+  setting of highest ids per CPU-second (each named)."""
+  out = []
+  for rows, batch in dict.fromkeys((r["rows"], r["batch"]) for r in results):
+    here = [r for r in results if (r["rows"], r["batch"]) == (rows, batch)]
+    by_impl = {i: [r for r in here if r["impl"] == i] for i in impls}
+    if not by_impl[impls[0]]:
+      continue
+    base = race.best(by_impl[impls[0]], "ids_per_s")
+    base_cpu = race.best(by_impl[impls[0]], "ids_per_cpu_s")
+    for impl in impls[1:]:
+      wall = race.best(by_impl[impl], "ids_per_s")
+      cpu = race.best(by_impl[impl], "ids_per_cpu_s")
+      if not wall or not cpu:
+        continue
+      out.append(
+        {
+          "rows": rows,
+          "batch": batch,
+          "impl": impl,
+          "base": impls[0],
+          "base_threads": base["threads"],
+          "best_threads": wall["threads"],
+          "ids_per_s": wall["ids_per_s"],
+          "base_is": base["ids_per_s"] / wall["ids_per_s"],
+          "best_cpu_threads": cpu["threads"],
+          "ids_per_cpu_s": cpu["ids_per_cpu_s"],
+          "base_is_cpu": base_cpu["ids_per_cpu_s"] / cpu["ids_per_cpu_s"],
+        }
+      )
+  return out
+
+
 def print_table(results: list[dict[str, Any]]) -> None:
-  """Markdown table; ratios are to the first implementation's figure."""
+  """Every implementation at every thread setting; `best` marks its best
+  setting at that point (highest ids/s), `of best` its ids/s over that."""
   print(
-    "| implementation | rows | batch | intra | step ms | examples/s | "
-    "M ids/s | ratio | CPU ms/step | M ids per CPU-s | CPU ratio | RSS MB |"
+    "| implementation | rows | batch | threads | best | step ms | examples/s "
+    "| M ids/s | of best | CPU ms/step | M ids per CPU-s | RSS MB | load |"
   )
-  print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
   for r in results:
     print(
-      f"| {r['impl']} | {r['rows']} | {r['batch']} | {r['intra']} | "
+      f"| {r['impl']} | {r['rows']} | {r['batch']} | {r['threads']} | "
+      f"{'**best**' if r['best'] else ''} | "
       f"{r['step_ms']:.1f} | {r['examples_per_s']:.0f} | "
-      f"{r['ids_per_s'] / 1e6:.2f} | {r['ratio']:.2f} | "
+      f"{r['ids_per_s'] / 1e6:.2f} | {r['of_best']:.2f} | "
       f"{r['cpu_ms_per_step']:.1f} | {r['ids_per_cpu_s'] / 1e6:.2f} | "
-      f"{r['cpu_ratio']:.2f} | {r['peak_rss_mb']:.0f} |"
+      f"{r['peak_rss_mb']:.0f} | {r['load']:.1f} |"
+    )
+
+
+def print_against_best(rows: list[dict[str, Any]]) -> None:
+  """The ratios: the first implementation against each other's best."""
+  if not rows:
+    return
+  base = rows[0]["base"]
+  print(
+    f"\n{base} ({rows[0]['base_threads']}) against each implementation at "
+    "its best thread setting (by wall time: its highest M ids/s; per "
+    "CPU-second: its highest M ids per CPU-s):"
+  )
+  print(
+    f"| rows | batch | implementation | best threads | M ids/s | {base} is "
+    f"| best threads per CPU-s | M ids per CPU-s | {base} is per CPU-s |"
+  )
+  print("|---|---|---|---|---|---|---|---|---|")
+  for r in rows:
+    print(
+      f"| {r['rows']} | {r['batch']} | {r['impl']} | {r['best_threads']} | "
+      f"{r['ids_per_s'] / 1e6:.2f} | **{r['base_is']:.2f}x** | "
+      f"{r['best_cpu_threads']} | {r['ids_per_cpu_s'] / 1e6:.2f} | "
+      f"**{r['base_is_cpu']:.2f}x** |"
     )
 
 
@@ -727,12 +912,29 @@ def main(argv=None) -> None:
   )
   parser.add_argument(
     "--intra_threads",
-    default="2",
-    help="TF intra-op threads = torch/OpenMP threads; a "
-    "comma-separated list sweeps settings, interleaved",
+    default="0",
+    help="recsys's TF intra-op threads; 0: as `recsys train` chooses "
+    "(1 on 2 cores or fewer); a comma-separated list sweeps settings, "
+    "interleaved",
   )
   parser.add_argument(
-    "--inter_threads", type=int, default=2, help="TF inter-op threads"
+    "--inter_threads",
+    type=int,
+    default=0,
+    help="TF inter-op threads (recsys and the TF rivals); 0: as "
+    "`recsys train` chooses (2 on 2 cores or fewer, else TF's default)",
+  )
+  parser.add_argument(
+    "--tf_threads",
+    default="1,2",
+    help="TF intra-op threads of tfrs / keras_embedding / tf_fused, swept; "
+    "each is compared at its best",
+  )
+  parser.add_argument(
+    "--torch_threads",
+    default="1,2",
+    help="torch (OpenMP, MKL) threads of torch_bag / fbgemm / torchrec, "
+    "swept; each is compared at its best",
   )
   parser.add_argument(
     "--json", help="also write the results (and settings) here"
@@ -741,7 +943,7 @@ def main(argv=None) -> None:
     "--profile",
     action="store_true",
     help="instead of timing: the op-time table of each TF "
-    "implementation (TF profiler, --steps steps)",
+    "implementation (TF profiler, --steps steps) at its first setting",
   )
   parser.add_argument(
     "--torch_python",
@@ -754,12 +956,53 @@ def main(argv=None) -> None:
   if args._child:  # pylint: disable=protected-access
     args.rows, args.batch = int(args.rows), int(args.batch)
     args.intra_threads = intra_settings(args)[0]
+    args.torch_threads = race.thread_counts(args.torch_threads)[0]
     if args.profile:
       profile_one(args._child, args)  # pylint: disable=protected-access
       return
     print(json.dumps(run_one(args._child, args)))  # pylint: disable=protected-access
     return
 
+  impls = available_impls(parser, args)
+  settings = {
+    "machine": f"{race.cpu_model()}, {platform.machine()}, "
+    f"{os.cpu_count()} cpus, Python {platform.python_version()}",
+    "threads": {
+      impl: [" / ".join(map(str, t)) for t in thread_variants(impl, args)]
+      for impl in impls
+    },
+    "threads_are": "TF: intra-op / inter-op; torch: torch = OMP = MKL",
+    "OMP_WAIT_POLICY (torch)": torch_env(1)["OMP_WAIT_POLICY"],
+    "features": args.features,
+    "dim": args.dim,
+    "max_bag": args.max_bag,
+    "bag_width": args.bag_width or args.max_bag,
+    "zipf": args.zipf,
+    "steps": args.steps,
+    "warmup": args.warmup,
+    "repeats": args.repeats,
+  }
+  print("settings: " + json.dumps(settings))
+  print(race.machine_state("before"), flush=True)
+  if args.profile:
+    profile(args, impls)
+    return
+  results = sweep(args, impls)
+  summary = against_best(results, impls)
+  print(race.machine_state("after"))
+  print_table(results)
+  print_against_best(summary)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(
+        {"settings": settings, "results": results, "against_best": summary},
+        f,
+        indent=1,
+      )
+
+
+def available_impls(parser: argparse.ArgumentParser, args) -> list[str]:
+  """`--impls` whose packages are installed (a line for each skipped)."""
   impls = []
   for impl in args.impls.split(","):
     if impl not in IMPLS:
@@ -774,48 +1017,25 @@ def main(argv=None) -> None:
       )
     else:
       impls.append(impl)
-  settings = {
-    "machine": f"{platform.machine()}, {os.cpu_count()} cpus, "
-    f"{platform.python_version()}",
-    "threads": thread_env(args),
-    "intra_threads": intra_settings(args),
-    "features": args.features,
-    "dim": args.dim,
-    "max_bag": args.max_bag,
-    "bag_width": args.bag_width or args.max_bag,
-    "zipf": args.zipf,
-    "steps": args.steps,
-    "warmup": args.warmup,
-    "repeats": args.repeats,
-  }
-  print("settings: " + json.dumps(settings))
-  if args.profile:
-    env = dict(os.environ, **thread_env(args))
-    for impl in impls:
-      if impl in TORCH_IMPLS:
-        print(f"\n{impl}: --profile covers the TF implementations only")
-        continue
-      subprocess.run(
-        [
-          sys.executable,
-          os.path.abspath(__file__),
-          "--_child",
-          impl,
-          "--profile",
-          f"--rows={args.rows.split(',')[0]}",
-          f"--intra_threads={intra_settings(args)[0]}",
-          f"--batch={args.batch.split(',')[0]}",
-        ]
-        + [f"--{k}={getattr(args, k)}" for k in _CHILD_FLAGS],
-        env=env,
-        check=False,
-      )
-    return
-  results = sweep(args, impls)
-  print_table(results)
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"settings": settings, "results": results}, f, indent=1)
+  return impls
+
+
+def profile(args, impls: list[str]) -> None:
+  """`--profile`: each TF implementation's op-time table, at its first
+  thread setting, in a child of its own."""
+  for impl in impls:
+    if impl in TORCH_IMPLS:
+      print(f"\n{impl}: --profile covers the TF implementations only")
+      continue
+    cmd, env = child_command(
+      impl,
+      thread_variants(impl, args)[0],
+      args,
+      rows=args.rows.split(",")[0],
+      batch=args.batch.split(",")[0],
+      profile=True,
+    )
+    subprocess.run(cmd, env=env, check=False)
 
 
 if __name__ == "__main__":

@@ -27,24 +27,166 @@ def _run(*argv: str) -> str:
   return result.stdout
 
 
+_TINY_STEP = (
+  "--rows",
+  "1000",
+  "--batch",
+  "256",
+  "--steps",
+  "3",
+  "--warmup",
+  "1",
+  "--repeats",
+  "1",
+)
+
+
+def _torch_python() -> str:
+  return os.environ.get("RECSYS_BENCH_TORCH_PYTHON") or sys.executable
+
+
+def _has_torchrec() -> bool:
+  found = subprocess.run(
+    [_torch_python(), "-c", "import torch, fbgemm_gpu, torchrec"],
+    capture_output=True,
+    check=False,
+  )
+  return found.returncode == 0
+
+
 @pytest.mark.slow
-def test_embedding_step_reports_recsys():
+def test_embedding_step_reports_recsys_with_the_threads_it_ran_on():
+  """recsys runs with TF's threads as `recsys train` chooses them here."""
+  from recsys import cli
+
+  intra, inter, _ = cli.thread_settings(0, 0, cli.available_cores())
+  cores = cli.available_cores()
+  out = _run("benchmarks/embedding_step.py", "--impls", "recsys", *_TINY_STEP)
+  threads = f"tf {intra or cores}/{inter or cores}"
+  assert re.search(
+    rf"^\| recsys \| 1000 \| 256 \| {threads} \| \*\*best\*\* \| ",
+    out,
+    re.MULTILINE,
+  ), out
+  assert re.search(r"^machine before: .+; load average [\d.]+ ", out, re.M)
+  assert re.search(r"^machine after: .+; load average [\d.]+ ", out, re.M)
+
+
+def _setting_rows(out: str, impl: str) -> list[tuple[str, bool, float]]:
+  """(threads, marked best, M ids/s) of `impl`'s rows in the first table."""
+  pattern = (
+    rf"^\| {impl} \| 1000 \| 256 \| ([^|]+) \| (\*\*best\*\*)? \| "
+    r"[\d.]+ \| \d+ \| ([\d.]+) \| "
+  )
+  return [
+    (threads, bool(best), float(ids))
+    for threads, best, ids in re.findall(pattern, out, re.MULTILINE)
+  ]
+
+
+@pytest.mark.slow
+def test_embedding_step_compares_a_rival_at_its_best_thread_setting(tmp_path):
+  """A TF rival runs at each `--tf_threads` setting; the faster is marked
+  best and recsys's ratio is taken against it, not against the slower."""
+  path = tmp_path / "out.json"
   out = _run(
     "benchmarks/embedding_step.py",
     "--impls",
-    "recsys",
-    "--rows",
-    "1000",
-    "--batch",
-    "256",
-    "--steps",
-    "3",
-    "--warmup",
-    "1",
-    "--repeats",
-    "1",
+    "recsys,tf_fused",
+    "--tf_threads",
+    "1,2",
+    "--json",
+    str(path),
+    *_TINY_STEP,
   )
-  assert re.search(r"^\| recsys \| 1000 \| 256 \| ", out, re.MULTILINE), out
+  rows = _setting_rows(out, "tf_fused")
+  assert [t.split("/")[0] for t, _, _ in rows] == ["tf 1", "tf 2"], out
+  assert [b for _, b, _ in rows].count(True) == 1, out
+  best = max(rows, key=lambda r: r[2])
+  assert best[1], out
+  summary = re.search(
+    r"^\| 1000 \| 256 \| tf_fused \| ([^|]+) \| ([\d.]+) \| "
+    r"\*\*([\d.]+)x\*\* \| ",
+    out,
+    re.MULTILINE,
+  )
+  assert summary and summary.group(1) == best[0], out
+  import json
+
+  saved = json.loads(path.read_text())
+  results = {(r["impl"], r["threads"]): r for r in saved["results"]}
+  recsys = [r for r in saved["results"] if r["impl"] == "recsys"][0]
+  rival = results[("tf_fused", best[0])]
+  (ratio,) = [r for r in saved["against_best"] if r["impl"] == "tf_fused"]
+  assert ratio["base_is"] == pytest.approx(
+    recsys["ids_per_s"] / rival["ids_per_s"]
+  )
+  slowest = min(
+    (r for r in saved["results"] if r["impl"] == "tf_fused"),
+    key=lambda r: r["ids_per_s"],
+  )
+  assert ratio["base_is"] <= recsys["ids_per_s"] / slowest["ids_per_s"]
+  assert float(summary.group(3)) == pytest.approx(ratio["base_is"], abs=0.006)
+
+
+_TINY_DLRM = (
+  "benchmarks/dlrm_vs_torchrec.py",
+  "--steps",
+  "5",
+  "--reps",
+  "1",
+  "--warmup",
+  "2",
+  "--loop",
+  "5",
+  "--repeats",
+  "1",
+)
+
+
+@pytest.mark.slow
+def test_dlrm_vs_torchrec_reports_recsys_with_its_threads():
+  out = _run(*_TINY_DLRM, "--sides", "recsys", "--split", "1")
+  assert re.search(
+    r"^\| default \| recsys \| tf \d+/\d+ \| \*\*best\*\* \| \d+ \| ",
+    out,
+    re.MULTILINE,
+  ), out
+  assert re.search(
+    r"^\| default \| recsys \| tf \d+/\d+ \| [\d.]+ / ", out, re.M
+  )
+
+
+@pytest.mark.slow
+def test_dlrm_vs_torchrec_takes_the_ratio_against_torchrecs_best():
+  if not _has_torchrec():
+    pytest.skip("torch, fbgemm_gpu or torchrec missing (benchmarks/README.md)")
+  out = _run(*_TINY_DLRM, "--split", "0", "--torch_threads", "1,2")
+  rows = re.findall(
+    r"^\| default \| torchrec \| (torch \d) [^|]*\| (\*\*best\*\*)? \| "
+    r"(\d+) \| ",
+    out,
+    re.MULTILINE,
+  )
+  assert [t for t, _, _ in rows] == ["torch 1", "torch 2"], out
+  best = max(rows, key=lambda r: int(r[2]))
+  assert [b for _, b, _ in rows] == [
+    "**best**" if r is best else "" for r in rows
+  ], out
+  recsys = re.search(
+    r"^\| default \| recsys \| [^|]+ \| \*\*best\*\* \| (\d+) \| ", out, re.M
+  )
+  summary = re.search(
+    r"^\| default \| tf [^|]+ \| (\d+) \| (torch \d)[^|]* \| (\d+) \| "
+    r"\*\*([\d.]+)x\*\* \| ",
+    out,
+    re.MULTILINE,
+  )
+  assert recsys and summary, out
+  assert summary.group(2) == best[0] and summary.group(3) == best[2], out
+  assert float(summary.group(4)) == pytest.approx(
+    int(recsys.group(1)) / int(best[2]), abs=0.006
+  )
 
 
 @pytest.mark.slow

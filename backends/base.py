@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.tpu.experimental.embedding import FeatureConfig, TableConfig
 
-from backends import _tf_internal
+from backends import _tf_internal, table_plan
 from backends import inputs as inputs_lib
 
 embedding = tf.tpu.experimental.embedding
@@ -496,6 +496,23 @@ class EmbeddingBackend(_tf_internal.AutoTrackable, metaclass=abc.ABCMeta):
     """Why this backend cannot run under `strategy`, or None if it can."""
     del strategy
     return None
+
+  @classmethod
+  def plan_tables(
+    cls, request: table_plan.PlanRequest
+  ) -> table_plan.BackendPlan:
+    """Where this backend would put the requested tables, and why.
+
+    The planner's question (`recsys.planning`, `recsys info`): each table's
+    split over the devices, its bytes per device and the reason, asked of
+    the class before anything is built. The default holds every table
+    whole on each device; backends that split tables answer for
+    themselves.
+    """
+    return table_plan.BackendPlan(
+      table_plan.whole_tables(request, cls.name),
+      advice=table_plan.holds_every_table_whole(cls.name),
+    )
 
   @property
   def feature_config(self) -> Any:

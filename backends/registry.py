@@ -198,6 +198,15 @@ def resolve(
   return backend, reason
 
 
+def sharding_backends() -> str:
+  """Which built-in backends split tables over devices, and where: the
+  advice of a memory plan that does not fit (`recsys.planning`)."""
+  return (
+    "'tpu_embedding' on TPUs with an embedding accelerator, 'sharded' on "
+    "parameter servers, tensorcore row-sharded over several replicas"
+  )
+
+
 def parameter_server_partitioner(num_ps: int) -> Any:
   """The `variable_partitioner` a `ParameterServerStrategy` is built with.
 

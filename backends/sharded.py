@@ -39,7 +39,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import base, composed, hardware
+from backends import base, composed, hardware, table_plan
 from backends.storage import TableStorage
 from backends.storage.parameter_servers import (  # noqa: F401  (public names)
   ParameterServers,
@@ -112,6 +112,26 @@ class ShardedEmbedding(composed.ComposedEmbedding):
         "MultiWorkerMirroredStrategy with 'tensorcore'"
       )
     return None
+
+  @classmethod
+  def plan_tables(
+    cls, request: table_plan.PlanRequest
+  ) -> table_plan.BackendPlan:
+    """Small tables whole on one parameter server, big ones split over them
+    (`table_plan.REPLICATE_SHARE` of a device's budget; the partitioner is
+    a software choice, made per table). The tables live on the parameter
+    servers, not in the workers' memory."""
+    servers = request.num_shards
+    if servers is None:
+      servers = max(1, hardware.num_tasks(request.strategy, "ps"))
+    return table_plan.BackendPlan(
+      table_plan.small_whole_big_split(request, int(servers), cls.name),
+      tables_in_process=False,
+      advice=(
+        "shard the tables over more parameter servers (each holds its "
+        "share of every split table)"
+      ),
+    )
 
   def _make_storage(self, table: Any) -> TableStorage:
     return ParameterServers(

@@ -10,7 +10,8 @@ and improved where V0 falls short:
   step exchanges ids, rows and gradients through the replicas' collectives
   with static shapes, and each owner alone applies the optimizer to its
   rows (`backends.storage.replica_sharded`). Other tables stay replicated
-  (`backends.storage.replicated`); `recsys.planning` chooses per table.
+  (`backends.storage.replicated`); `plan_tables` chooses per table for
+  the planner (`recsys.planning`).
 * The embedding optimizer is applied here, as sparse row updates with the TPU
   optimizers' math (`backends.optimizers`), after summing each touched row's
   gradient over the global batch.
@@ -51,7 +52,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import base, composed
+from backends import base, composed, table_plan
+from backends import placement as placement_lib
 from backends.storage import PLACEMENTS, TableStorage, replica_sharded
 from backends.storage import exchange as exchange_lib
 from backends.storage import replicated as replicated_lib
@@ -145,6 +147,47 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
         f"deviations; default {exchange_lib.CAPACITY_SIGMAS})."
       )
     self._exchange_sigmas = float(exchange_sigmas)
+
+  @classmethod
+  def plan_tables(
+    cls, request: table_plan.PlanRequest
+  ) -> table_plan.BackendPlan:
+    """Each table replicated or row-sharded over the replicas
+    (`backends.placement.place_tables`): replicated while the tables fit a
+    device's budget, the largest row-sharded when they do not, a table
+    refused when even that does not fit; forced placements kept."""
+    replicas = request.replicas
+    plan = placement_lib.place_tables(
+      request.tables,
+      replicas,
+      request.budget_bytes,
+      request.forced,
+      request.forced_by,
+      request.exchange,
+      request.exchange_sigmas,
+    )
+    tables = []
+    for placed in plan.placements:
+      sharded = placed.placement == placement_lib.ROW_SHARDED
+      tables.append(
+        table_plan.TablePlan(
+          placed.table,
+          replicas if sharded else 1,
+          placed.bytes_per_device,
+          placed.reason,
+          row_sharded=sharded,
+          exchange_bytes=placed.exchange_bytes,
+          exchange=placed.exchange,
+        )
+      )
+    return table_plan.BackendPlan(
+      tables,
+      plan.refusals,
+      advice=(
+        f"shard the tables ({cls.name}: row-sharded over several replicas, "
+        "EmbeddingPlacement)"
+      ),
+    )
 
   def _make_storage(self, table: Any) -> TableStorage:
     name = self.table_name(table)

@@ -42,7 +42,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.tpu.experimental import embedding
 
-from backends import _tf_internal, base, hardware, mid_level
+from backends import _tf_internal, base, hardware, mid_level, table_plan
 from backends import pending as pending_lib
 
 EmbeddingFeature = tf.tpu.experimental.HardwareFeature.EmbeddingFeature
@@ -111,6 +111,28 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
     "pipeline_execution_with_tensor_core",
     "sparse_core_embedding_config",
   }
+
+  @classmethod
+  def plan_tables(
+    cls, request: table_plan.PlanRequest
+  ) -> table_plan.BackendPlan:
+    """The embedding engine splits every table over the TPU cores (the
+    replicas); on one core every table is whole."""
+    cores = request.num_shards
+    if cores is None:
+      cores = request.replicas
+    cores = int(cores)
+    if cores > 1:
+      tables = table_plan.every_table_split(
+        request,
+        cores,
+        f"{cls.name!r} shards every table over the {cores} TPU cores",
+      )
+    else:
+      tables = table_plan.whole_tables(request, cls.name)
+    return table_plan.BackendPlan(
+      tables, advice="shard the tables over more TPU cores (a larger slice)"
+    )
 
   def __init__(
     self,

@@ -2,28 +2,18 @@
 
 `describe_environment` lists the devices, the strategy, the TPU embedding
 feature, the backend "auto" would pick and why, and (given a feature config)
-the memory plan. `plan_memory` chooses, per table, between replicated (a full
-copy of the table and its optimizer slots on every device) and sharded (a
-`1/N` row range per device) from the table's size with its slots against a
-device's memory:
-
-* tensorcore places each table on its replicas (`backends.placement`):
-  replicated while the tables fit a device's budget, the largest row-sharded
-  over the replicas when they do not, refused — naming the table, its bytes
-  and the budget — when even that does not fit; a placement can be forced
-  per table and the budget set (`EmbeddingPlacement`, e.g. to plan for a
-  16 GiB device on a CPU box; the backend's own `placement` and
-  `row_layout` options are forced settings of the plan too, so the plan is
-  what the backend is built with); replicas that are this host's CPUs must
-  also fit its RAM, whatever the budget;
-* sharded keeps a table whole on one parameter server while it takes at most
-  `REPLICATE_SHARE` of a device's budget and splits bigger ones;
-* tpu_embedding shards every table over the TPU cores; tpu_embedding_v0
-  replicates everything and names the tables too big for that.
-
-It says what it chose and why, per table, with the bytes per device and the
-exchange per step, and warns before a configuration that cannot fit.
-Importable and runnable without a TPU.
+the memory plan. `plan_memory` finds one device's memory (detected, or given:
+`EmbeddingPlacement`, e.g. to plan for a 16 GiB device on a CPU box), checks
+the placement settings, and asks the run's backend where each table goes
+(`EmbeddingBackend.plan_tables`, `backends.table_plan`): whole on every
+device or split over several, its bytes per device and why, and the tables
+it refuses. Each backend answers for itself, so this module names none; it
+renders the answer as one table, checks it against the budget and, when the
+tables live in this process on its CPUs, against the host's RAM whatever
+the budget, and warns before a configuration that cannot fit. The settings
+a backend with a `placement` option is built with (forced placements, row
+layout, exchange) are folded into the question, so the plan is what the
+backend is built with. Importable and runnable without a TPU.
 
 Example:
   >>> print(describe_environment(strategy, feature_config, Adagrad(0.05)))
@@ -40,7 +30,7 @@ import gin
 import tensorflow as tf
 
 import backends
-from backends import hardware, registry
+from backends import hardware, registry, table_plan
 from backends import optimizers as embedding_optimizers
 from backends import placement as placement_lib
 from backends.placement import human_bytes
@@ -50,12 +40,10 @@ from recsys.errors import RecsysError, SettingsError
 #: rest is for activations, the model, the input pipeline.
 HEADROOM = 0.8
 
-#: With a backend that can shard, a table (with its slots) stays replicated
-#: while it takes at most this share of a device's embedding budget
-#: (HEADROOM x memory): its lookups then need no network or cross-device
-#: traffic. Bigger tables are row-sharded over the devices or parameter
-#: servers.
-REPLICATE_SHARE = 0.1
+#: With a backend that splits tables as it likes (parameter servers), a
+#: table stays whole while it takes at most this share of a device's
+#: embedding budget (HEADROOM x memory): `backends.table_plan`'s rule.
+REPLICATE_SHARE = table_plan.REPLICATE_SHARE
 
 #: The fixed part of a CPU training process's peak RSS, besides its tables
 #: and slots (issue 19, measured on a 2-core x86-64 host with TF 2.21 by
@@ -93,8 +81,9 @@ class TableMemory:
     reason: why the planner replicated or sharded it.
     exchange_bytes: what one replica puts into collectives per step for it
       (ids, rows, gradients; `backends.placement`), None when not known.
-    row_sharded: split over the replicas (tensorcore), not by the backend's
-      own sharding (parameter servers, TPU cores).
+    row_sharded: split over the replicas by the backend's storage (its
+      `placement` option), not by its own devices (parameter servers, TPU
+      cores).
     forced_by: the setting that forced its placement ("": planned).
   """
 
@@ -137,8 +126,8 @@ class MemoryPlan:
   refusals: list[str] = dataclasses.field(default_factory=list)
   #: The replicas in this process (logical CPUs hold one copy each).
   local_replicas: int = 1
-  #: Which rows a replica owns of a row-sharded table (tensorcore), as the
-  #: backend is built with; None for backends that place tables themselves.
+  #: Which rows a replica owns of a row-sharded table, as the backend is
+  #: built with; None for backends without a `placement` option.
   row_layout: str | None = None
   #: The all-to-all exchange's margin (`EmbeddingPlacement.exchange_sigmas`).
   exchange_sigmas: float = placement_lib.CAPACITY_SIGMAS
@@ -146,16 +135,23 @@ class MemoryPlan:
   #: this process) and a device's memory was given rather than detected:
   #: the tables must fit the host too, whatever the budget says.
   host_ram_bytes: int | None = None
+  #: The backend's tables live on this process's devices (False: on
+  #: parameter servers), so CPU replicas hold them in this host's RAM.
+  tables_in_process: bool = True
+  #: The backend trains (a training process's peak RSS is predicted).
+  trains: bool = True
+  #: How to make tables fit that do not, on this backend (its answer).
+  advice: str = ""
 
   def placements(self) -> dict[str, str]:
-    """Table name -> "replicated" / "row_sharded": tensorcore's `placement`."""
+    """Table name -> "replicated" / "row_sharded": the `placement` option."""
     return {
       r.table: "row_sharded" if r.row_sharded else "replicated"
       for r in self.rows
     }
 
   def exchanges(self) -> dict[str, str]:
-    """Row-sharded table name -> its exchange: tensorcore's `exchange`."""
+    """Row-sharded table name -> its exchange: the `exchange` option."""
     return {r.table: r.exchange for r in self.rows if r.exchange is not None}
 
   @property
@@ -174,7 +170,7 @@ class MemoryPlan:
     on_host = self.memory_source.startswith("host RAM") or bool(
       self.host_ram_bytes
     )
-    return on_host and self.backend != "sharded"
+    return on_host and self.tables_in_process
 
   @property
   def host_bytes(self) -> int:
@@ -283,7 +279,7 @@ class MemoryPlan:
         "collectives (ids, rows of row-sharded tables, row gradients)"
       )
     peak = self.predicted_peak_rss_bytes
-    if peak is not None and self.backend != "serving":  # a training process
+    if peak is not None and self.trains:  # a training process
       replicas = (
         f" x {self.local_replicas} replicas" if self.local_replicas > 1 else ""
       )
@@ -363,42 +359,6 @@ def _local_devices(strategy: tf.distribute.Strategy) -> list[str]:
     return []
 
 
-def _num_parameter_servers(strategy: tf.distribute.Strategy) -> int:
-  return max(1, hardware.num_tasks(strategy, "ps"))
-
-
-def _choose(
-  total_bytes: int, can_shard: int, budget: float | None, backend: str
-) -> tuple[int, str]:
-  """(shards, reason) for one table: replicated if small, else sharded."""
-  if can_shard <= 1:
-    if budget and total_bytes > budget:
-      return 1, (
-        f"{backend!r} replicates every table; this one alone is "
-        f"{human_bytes(total_bytes)}, over a device's budget "
-        f"{human_bytes(budget)}: it needs a sharding backend"
-      )
-    return 1, ""
-  if budget is None:
-    return can_shard, (
-      f"device memory unknown: sharded over {can_shard} like "
-      f"every table of {backend!r}"
-    )
-  share = total_bytes / budget
-  limit = REPLICATE_SHARE * budget
-  if total_bytes <= limit:
-    return 1, (
-      f"{human_bytes(total_bytes)} with slots is {share:.1%} of a "
-      f"device's budget <= {REPLICATE_SHARE:.0%}: a full copy per "
-      "device, lookups without network"
-    )
-  return can_shard, (
-    f"{human_bytes(total_bytes)} with slots is {share:.1%} "
-    f"of a device's budget > {REPLICATE_SHARE:.0%}: rows "
-    f"split over {can_shard}"
-  )
-
-
 def host_memory_bytes() -> int | None:
   """Physical RAM of this host (`/proc/meminfo` MemTotal, else sysconf)."""
   try:
@@ -464,11 +424,11 @@ class EmbeddingPlacement:
       the replicas hold must still fit the host's RAM, where they live.
       Not a fraction (0.9 is refused): the planner takes `HEADROOM` itself.
     tables: table name -> "replicated" or "row_sharded", forcing the
-      tensorcore backend's placement of those tables (the others are
-      planned); e.g. `{"C10": "row_sharded"}` in gin; one value forces
-      every table. Other backends place tables themselves and ignore it
-      (so `recsys export`, on `serving`, reads a training config that sets
-      it).
+      placement of those tables on a backend that places tables on its
+      replicas (one with a `placement` option; the others are planned);
+      e.g. `{"C10": "row_sharded"}` in gin; one value forces every table.
+      Other backends place tables themselves and ignore it (so `recsys
+      export`'s serving copy reads a training config that sets it).
     row_layout: which rows a replica owns of a row-sharded table:
       "contiguous" (equal row ranges; None: the default; checkpointed by
       slices) or "strided" (ids `r, r + R, ...`; the table is saved whole).
@@ -481,8 +441,8 @@ class EmbeddingPlacement:
       of an overflow far below one in a million per step when ids spread
       evenly over the owners' rows).
 
-  The tensorcore backend's own options `placement`, `row_layout`,
-  `exchange` and `exchange_sigmas` (`train.backend_options`) are folded
+  The backend's own options `placement`, `row_layout`, `exchange` and
+  `exchange_sigmas` (`train.backend_options`), where it takes them, are folded
   into the plan as forced settings
   (`placement` as the backend reads it: one value for every table, or a
   dict whose other tables are replicated); two settings that disagree are
@@ -569,7 +529,7 @@ def _forced_tables(
     where: the setting, for the errors.
     names: the tables (None: not placed on replicas; only values checked).
     others: what a dict means for the tables it does not name (None: not
-      forced; "replicated": the tensorcore backend's own option).
+      forced; "replicated": the backend's own `placement` option).
   """
   if value is None:
     return {}
@@ -710,21 +670,22 @@ def plan_memory(
     device_memory_bytes: one device's memory; default:
       `placement.device_memory`, else host RAM (shared by the replicas on
       this host) on CPU, unknown on accelerators.
-    backend: "auto" or a backend name: whether tables can be sharded.
-    num_shards: how many devices (parameter servers, TPU cores) a sharded
-      table is split over; default: the strategy's parameter servers for
-      'sharded', its replicas for 'tpu_embedding'.
-    placement: forced placements and the per-device budget (tensorcore).
+    backend: "auto" or a backend name: the backend asked where each table
+      goes (`plan_tables`).
+    num_shards: how many devices (parameter servers, TPU cores) a split
+      table goes over; default: the backend's own count.
+    placement: forced placements (for a backend with a `placement` option)
+      and the per-device budget.
     ids_per_step: table name -> ids one replica looks up per step, for the
       exchange per step (`ids_per_step()`); None: not reported.
-    backend_options: the backend's options (`train.backend_options`); the
-      tensorcore backend's `placement` and `row_layout` are forced
-      settings of the plan, as `placement`'s are.
+    backend_options: the backend's options (`train.backend_options`); its
+      `placement`, `row_layout` and `exchange` (where it takes them) are
+      forced settings of the plan, as `placement`'s are.
 
   Returns:
     A `MemoryPlan`; `plan.rows` has one `TableMemory` per table, `plan.fits`
     the verdict, `plan.format()` the printable table, `plan.placements()`
-    and `plan.row_layout` tensorcore's `placement=` and `row_layout=`.
+    and `plan.row_layout` the backend's `placement=` and `row_layout=`.
 
   Raises:
     PlacementSettingsError: `placement` is no `EmbeddingPlacement`, one of
@@ -740,8 +701,9 @@ def plan_memory(
       "(gin) or recsys.planning.EmbeddingPlacement(...)."
     )
   name, _ = _resolve_backend(strategy, backend)
+  backend_cls = backends.get(name)
   tables = _tables(feature_config)
-  places = "placement" in backends.get(name).options
+  places = "placement" in backend_cls.options
   names = [_table_name(i, t) for i, t in enumerate(tables)]
   forced = _forced(placement, backend_options or {}, names if places else None)
   source = "given"
@@ -749,43 +711,60 @@ def plan_memory(
   if device_memory_bytes is None and given is not None:
     device_memory_bytes = given
     source = "EmbeddingPlacement.device_memory"
-  host_ram = None
-  if device_memory_bytes is None:
+  detected = device_memory_bytes is None
+  if detected:
     device_memory_bytes, source = _device_memory(strategy)
-  elif _on_host_cpus(strategy) and name != "sharded":
-    host_ram = host_memory_bytes()  # the tables live there, whatever given
   budget = HEADROOM * device_memory_bytes if device_memory_bytes else None
+  exchange: Any = "auto"
   sigmas = placement_lib.CAPACITY_SIGMAS
-  if places:
+  if places:  # forced settings apply only where the backend takes them
     exchange, sigmas = _exchange_settings(placement, backend_options or {})
-    rows, refusals = _place_on_replicas(
-      tables,
+  request = table_plan.PlanRequest(
+    _table_sizes(tables, optimizer, ids_per_step or {}),
+    strategy,
+    budget,
+    None if num_shards is None else int(num_shards),
+    forced.tables,
+    forced.by,
+    exchange,
+    sigmas,
+  )
+  answer = backend_cls.plan_tables(request)
+  answer.check(name, names)  # what the report renders
+  host_ram = None
+  if not detected and answer.tables_in_process and _on_host_cpus(strategy):
+    host_ram = host_memory_bytes()  # the tables live there, whatever given
+  rows = [
+    _memory_row(
+      i,
+      table,
       optimizer,
-      strategy,
-      budget,
-      forced,
-      ids_per_step or {},
-      exchange,
-      sigmas,
+      placed.shards,
+      bytes_per_device=placed.bytes_per_device,
+      reason=placed.reason,
+      exchange_bytes=placed.exchange_bytes,
+      row_sharded=placed.row_sharded,
+      forced_by=forced.by.get(placed.table, ""),
+      exchange=placed.exchange,
     )
-  else:  # placements forced for tensorcore do not apply (e.g. export)
-    rows, refusals = (
-      _place_by_backend(tables, optimizer, strategy, budget, name, num_shards),
-      [],
-    )
+    for i, (table, placed) in enumerate(zip(tables, answer.tables))
+  ]
   plan = MemoryPlan(
     name,
     rows,
     device_memory_bytes,
     source,
     [],
-    refusals,
+    list(answer.refusals),
     local_replicas=len(_local_devices(strategy)) or 1,
     row_layout=forced.row_layout if places else None,
     host_ram_bytes=host_ram,
-    exchange_sigmas=sigmas if places else placement_lib.CAPACITY_SIGMAS,
+    exchange_sigmas=sigmas,
+    tables_in_process=answer.tables_in_process,
+    trains=backend_cls.capabilities.trains,
+    advice=answer.advice,
   )
-  if plan.over_budget and not refusals:
+  if plan.over_budget and not plan.refusals:
     biggest = max(rows, key=lambda r: r.bytes_per_device)
     placements = sorted({r.placement for r in rows})
     plan.warnings.append(
@@ -794,12 +773,32 @@ def plan_memory(
       f"{HEADROOM:.0%} of the {human_bytes(device_memory_bytes or 0)} a device "
       f"has ({human_bytes(budget or 0)}); the largest is table "
       f"{biggest.table!r} ({human_bytes(biggest.bytes_per_device)}). Shard "
-      "the tables ('tpu_embedding' on TPUs with an embedding accelerator, "
-      "'sharded' on parameter servers, tensorcore row-sharded over several "
-      "replicas), shrink vocabularies or dims, or use an optimizer with "
-      "fewer slots (SGD 0, Adagrad 1, Adam/FTRL/AdagradMomentum 2)."
+      f"the tables ({registry.sharding_backends()}), shrink vocabularies or "
+      "dims, or use an optimizer with fewer slots (SGD 0, Adagrad 1, "
+      "Adam/FTRL/AdagradMomentum 2)."
     )
   return plan
+
+
+def _table_sizes(
+  tables: list[Any], optimizer: Any, ids: Mapping[str, int | None]
+) -> list[placement_lib.TableSize]:
+  """Each table's size with its optimizer's slots and ids per step: what a
+  backend's `plan_tables` is asked about."""
+  sizes = []
+  for i, table in enumerate(tables):
+    whole = _memory_row(i, table, optimizer, 1)
+    sizes.append(
+      placement_lib.TableSize(
+        whole.table,
+        whole.vocabulary_size,
+        whole.dim,
+        len(whole.slots),
+        ids.get(whole.table),
+        table.dtype.size,
+      )
+    )
+  return sizes
 
 
 def _table_name(i: int, table: Any) -> str:
@@ -861,87 +860,6 @@ def _exchange_settings(
       f"{placement_lib.CAPACITY_SIGMAS})."
     )
   return exchange, float(sigmas)
-
-
-def _place_on_replicas(
-  tables: list[Any],
-  optimizer: Any,
-  strategy: tf.distribute.Strategy,
-  budget: float | None,
-  forced: _Forced,
-  ids: Mapping[str, int | None],
-  exchange: Any = "auto",
-  sigmas: float = placement_lib.CAPACITY_SIGMAS,
-) -> tuple[list[TableMemory], list[str]]:
-  """tensorcore: each table replicated or row-sharded over the replicas."""
-  replicas = max(1, strategy.num_replicas_in_sync)
-  whole = [_memory_row(i, t, optimizer, 1) for i, t in enumerate(tables)]
-  sizes = [
-    placement_lib.TableSize(
-      r.table,
-      r.vocabulary_size,
-      r.dim,
-      len(r.slots),
-      ids.get(r.table),
-      t.dtype.size,
-    )
-    for t, r in zip(tables, whole)
-  ]
-  plan = placement_lib.place_tables(
-    sizes, replicas, budget, forced.tables, forced.by, exchange, sigmas
-  )
-  rows = []
-  for i, (t, placed) in enumerate(zip(tables, plan.placements)):
-    sharded = placed.placement == placement_lib.ROW_SHARDED
-    rows.append(
-      _memory_row(
-        i,
-        t,
-        optimizer,
-        replicas if sharded else 1,
-        bytes_per_device=placed.bytes_per_device,
-        reason=placed.reason,
-        exchange_bytes=placed.exchange_bytes,
-        row_sharded=sharded,
-        forced_by=forced.by.get(placed.table, ""),
-        exchange=placed.exchange,
-      )
-    )
-  return rows, plan.refusals
-
-
-def _place_by_backend(
-  tables: list[Any],
-  optimizer: Any,
-  strategy: tf.distribute.Strategy,
-  budget: float | None,
-  name: str,
-  num_shards: int | None,
-) -> list[TableMemory]:
-  """Backends that place tables themselves (parameter servers, TPU cores)."""
-  sharded = backends.get(name).capabilities.sharded_tables
-  if not sharded:
-    can_shard = 1
-  elif name == "sharded":
-    can_shard = _num_parameter_servers(strategy)
-  else:
-    can_shard = max(1, strategy.num_replicas_in_sync)
-  if sharded and num_shards is not None:
-    can_shard = int(num_shards)
-  rows = []
-  for i, table in enumerate(tables):
-    total = _memory_row(i, table, optimizer, 1).bytes_per_device
-    if name == "sharded":  # placement is a software choice: per table
-      shards, reason = _choose(total, can_shard, budget, name)
-    elif can_shard > 1:  # the TPU embedding engine shards every table
-      shards, reason = (
-        can_shard,
-        (f"{name!r} shards every table over the {can_shard} TPU cores"),
-      )
-    else:
-      shards, reason = _choose(total, 1, budget, name)
-    rows.append(_memory_row(i, table, optimizer, shards, reason=reason))
-  return rows
 
 
 class MemoryPlanError(RecsysError, ValueError):
@@ -1009,17 +927,7 @@ def check_fits(plan: MemoryPlan) -> None:
       + "; ".join(f"{', '.join(t)} {how}" for how, t in by.items())
       + "."
     )
-  backend = backends.get(plan.backend)
-  if "placement" in backend.options or backend.capabilities.sharded_tables:
-    shard = (
-      "or shard the tables (tensorcore: row-sharded over several replicas, "
-      "EmbeddingPlacement)"
-    )
-  else:  # e.g. `recsys export`'s serving copy: every table whole, here
-    shard = (
-      f"or run on a host with more memory (the {plan.backend!r} backend "
-      "holds every table whole)"
-    )
+  shard = f"or {plan.advice}" if plan.advice else "or shard the tables"
   raise MemoryPlanError(
     " ".join(problems) + " Cap the vocabularies (e.g. "
     "CriteoTSV.max_vocab_size, or --gin_file "

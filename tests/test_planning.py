@@ -12,6 +12,9 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
+from backends import base as backends_base  # noqa: E402
+from backends import registry as backends_registry  # noqa: E402
+from backends import table_plan  # noqa: E402
 from recsys import planning  # noqa: E402
 from tests.backends.test_selection import fake_tpu_strategy  # noqa: E402
 from tests.conftest import mirrored_strategy  # noqa: E402
@@ -470,3 +473,75 @@ def test_cpu_replicas_tables_must_fit_the_host_whatever_the_budget(
     placement=planning.EmbeddingPlacement(device_memory="1TiB"),
   )
   assert tpu.host_ram_bytes is None and tpu.fits is True
+
+
+# -- the planner asks the backend ----------------------------------------------
+
+
+class _HalvingBackend(backends_base.EmbeddingBackend):
+  """A third-party backend that splits every table in two, elsewhere."""
+
+  name = "halves"
+  answer_for: list[str] | None = None  # other tables: a wrong answer
+
+  @classmethod
+  def plan_tables(cls, request):
+    tables = [
+      table_plan.split(s, 2, f"{cls.name!r} halves every table")
+      for s in request.tables
+      if cls.answer_for is None or s.name in cls.answer_for
+    ]
+    return table_plan.BackendPlan(
+      tables, tables_in_process=False, advice="buy more halves"
+    )
+
+
+@pytest.fixture
+def halving_backend(monkeypatch):
+  """`_HalvingBackend` registered as 'halves' (as an entry point would)."""
+
+  class EntryPoint:
+    name = "halves"
+
+    @staticmethod
+    def load():
+      return _HalvingBackend
+
+  monkeypatch.setattr(
+    backends_registry, "_entry_points", lambda: {"halves": EntryPoint}
+  )
+  return _HalvingBackend
+
+
+def test_the_plan_is_the_backends_answer(halving_backend):
+  """No rule in the planner: a backend it has never heard of places the
+  tables, and the report, the host check and the refusal follow it."""
+  plan = planning.plan_memory(
+    _config(), E.Adagrad(0.1), backend="halves", device_memory_bytes=10**9
+  )
+  rows = {r.table: r for r in plan.rows}
+  assert rows["users"].placement == "sharded /2"
+  assert rows["users"].bytes_per_device == math.ceil(23 / 2) * 7 * 4 * 2
+  assert rows["items"].bytes_per_device == math.ceil(11 / 2) * 11 * 4 * 3
+  assert "every table: sharded /2: 'halves' halves every table" in (
+    plan.format()
+  )
+  # The tables are not in this process: no host-RAM check, no RSS forecast.
+  assert plan.host_ram_bytes is None and plan.predicted_peak_rss_bytes is None
+  small = planning.plan_memory(
+    _config(), E.Adagrad(0.1), backend="halves", device_memory_bytes=100
+  )
+  with pytest.raises(planning.MemoryPlanError, match="or buy more halves;"):
+    planning.check_fits(small)
+
+
+def test_an_answer_about_other_tables_is_refused(halving_backend):
+  halving_backend.answer_for = ["users"]
+  try:
+    with pytest.raises(
+      table_plan.PlanAnswerError,
+      match=r"'halves' backend's plan_tables answered for tables \['users'\]",
+    ):
+      planning.plan_memory(_config(), E.Adagrad(0.1), backend="halves")
+  finally:
+    halving_backend.answer_for = None

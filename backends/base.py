@@ -361,6 +361,9 @@ class EmbeddingBackend(_tf_internal.AutoTrackable, metaclass=abc.ABCMeta):
   capabilities: ClassVar[Capabilities] = Capabilities()
   #: The keyword options its constructor takes (`train.backend_options`).
   options: ClassVar[frozenset[str]] = frozenset({"bag_widths"})
+  #: It restores SparseCore (TPUEmbeddingV2) checkpoints, whose tables are
+  #: stacked and padded, by unstacking them (`backends.checkpoint`).
+  unstacks_checkpoints: ClassVar[bool] = False
 
   def __init__(
     self,

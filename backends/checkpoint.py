@@ -107,7 +107,7 @@ def _unstacked(path, prefix, backend, tables, slots):
   each table lives; only TF's `TPUEmbeddingForServing` (the `serving`
   backend) unstacks them on restore.
   """
-  if backend.name != "serving":
+  if not backend.unstacks_checkpoints:
     raise CheckpointMismatchError(
       f"checkpoint {path!r} holds SparseCore (TPUEmbeddingV2) stacked tables; "
       f"the {backend.name!r} backend cannot read them. Restore it into the "

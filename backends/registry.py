@@ -89,6 +89,13 @@ def _did_you_mean(name: Any, valid: list[str]) -> str:
   return f" did you mean {close[0]!r}?" if close else ""
 
 
+def on_tensor_cores() -> str:
+  """The backend that keeps the tables on a TPU's TensorCores: what "auto"
+  picks on a TPU without an embedding accelerator, and what TFRS's
+  `embedding_feature=UNSUPPORTED` asks for (`recsys.layers.Embedding`)."""
+  return "tensorcore"
+
+
 def available(strategy: tf.distribute.Strategy | None = None) -> list[str]:
   """Names of the backends that can run under `strategy` (default: current)."""
   strategy = strategy or tf.distribute.get_strategy()
@@ -119,7 +126,7 @@ def select(
         f"{strategy_name}, embedding_feature=V1: the "
         "embedding engine runs TPUEmbedding"
       )
-    return "tensorcore", (
+    return on_tensor_cores(), (
       f"{strategy_name}, embedding_feature={feature.name}: "
       "no embedding accelerator, tables on the TensorCores "
       "(replicated or row-sharded, per table)"

@@ -57,6 +57,7 @@ class ServingEmbedding(mid_level.MidLevelBackend):
 
   name = "serving"
   capabilities = base.Capabilities(trains=False)
+  unstacks_checkpoints = True  # TF's TPUEmbeddingForServing unstacks them
 
   @classmethod
   def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> str | None:

@@ -181,3 +181,108 @@ def test_the_run_folder_serving_and_export_sit_below_training(module):
   """
   assert module in RECSYS
   assert _layer(module) < _layer("recsys.training")
+
+
+# -- backend names: only the registry compares them ----------------------------
+
+REGISTRY = os.path.join(ROOT, "backends", "registry.py")
+
+
+def _backend_names():
+  """The registered backend names: the registry's literal map (read from
+  its source, nothing imported) and any installed entry points."""
+  from importlib import metadata  # pylint: disable=g-import-not-at-top
+
+  with open(REGISTRY, encoding="utf-8") as f:
+    tree = ast.parse(f.read(), REGISTRY)
+  names = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == (
+      "_BUILTIN"
+    ):
+      names.update(ast.literal_eval(node.value))
+  assert names, "backends/registry.py has no _BUILTIN map"
+  names.update(ep.name for ep in metadata.entry_points(group="recsys.backends"))
+  return names
+
+
+def _strings(node):
+  """String constants of `node` itself, or of a tuple/list/set literal."""
+  if isinstance(node, ast.Constant) and isinstance(node.value, str):
+    yield node
+  elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+    for element in node.elts:
+      yield from _strings(element)
+
+
+def _names_compared(source, names, path="<source>"):
+  """(line, what, name) for each backend name the source decides on: an
+  operand of a comparison (alone or in a tuple/list/set literal), a dict
+  key, a subscript key, a `case` value. Names in messages, in a backend's
+  own `name = ...` and in calls are not decisions and pass."""
+  found = []
+  for node in ast.walk(ast.parse(source, path)):
+    if isinstance(node, ast.Compare):
+      used = [
+        ("compared", s)
+        for o in [node.left, *node.comparators]
+        for s in _strings(o)
+      ]
+    elif isinstance(node, ast.Dict):
+      used = [("a dict key", s) for k in node.keys if k for s in _strings(k)]
+    elif isinstance(node, ast.Subscript):
+      used = [("a subscript", s) for s in _strings(node.slice)]
+    elif isinstance(node, ast.MatchValue):
+      used = [("a case", s) for s in _strings(node.value)]
+    else:
+      continue
+    found += [(s.lineno, what, s.value) for what, s in used if s.value in names]
+  return sorted(found)
+
+
+def test_only_the_registry_decides_on_a_backend_name():
+  """Code outside `backends/registry.py` asks what a backend does (its
+  `capabilities`, `options`, `plan_tables`, a registry function), never
+  which one it is: a registered name compared, keyed or matched on is
+  refused, naming file:line (docs/architecture.md, "Layers")."""
+  names = _backend_names()
+  bad = []
+  for path in sorted({**RECSYS, **BACKENDS}.values()):
+    if os.path.samefile(path, REGISTRY):
+      continue
+    with open(path, encoding="utf-8") as f:
+      source = f.read()
+    bad += [
+      f"{os.path.relpath(path, ROOT)}:{line}: {name!r} {what}"
+      for line, what, name in _names_compared(source, names, path)
+    ]
+  assert not bad, (
+    "a backend name decided on outside backends/registry.py (ask the "
+    f"backend or the registry instead): {bad}"
+  )
+
+
+def test_the_name_check_sees_a_decision_and_passes_a_message():
+  """The scan itself: decisions on a name are caught, mentions are not."""
+  source = (
+    "if backend == 'sharded':\n"  # 1
+    "  pass\n"
+    "ok = name not in ('auto', 'tensorcore')\n"  # 3
+    "options = {'serving': 1}\n"  # 4
+    "x = table['sharded']\n"  # 5
+    "match name:\n"
+    "  case 'tpu_embedding':\n"  # 7
+    "    pass\n"
+    "name = 'sharded'\n"  # a backend's own name: passes
+    "raise ValueError(\"use 'tensorcore' instead\")\n"  # a message: passes
+    "create(backend='serving')\n"  # a call: passes
+    "if placement == 'row_sharded': pass\n"  # not a backend name
+  )
+  names = {"sharded", "tensorcore", "serving", "tpu_embedding"}
+  assert [(line, name) for line, _, name in _names_compared(source, names)] == [
+    (1, "sharded"),
+    (3, "tensorcore"),
+    (4, "serving"),
+    (5, "sharded"),
+    (7, "tpu_embedding"),
+  ]

@@ -492,12 +492,13 @@ def _backend_for_embedding_feature(embedding_feature: Any, backend: str) -> str:
       "the tables on the TensorCore) can be forced; the accelerator "
       "version is read from the TPU. Or pass backend=<name>."
     )
-  if backend not in ("auto", "tensorcore"):
+  on_tensor_cores = backends.registry.on_tensor_cores()
+  if backend not in ("auto", on_tensor_cores):
     raise ValueError(
       f"embedding_feature=UNSUPPORTED means backend "
-      f"'tensorcore', but backend={backend!r} was given."
+      f"{on_tensor_cores!r}, but backend={backend!r} was given."
     )
-  return "tensorcore"
+  return on_tensor_cores
 
 
 def _translated(

@@ -207,9 +207,10 @@ def train_and_save(
   if backend == "auto":
     backend, _ = backends.registry.resolve("auto", strategy)
   options = {}
-  if backend == "tpu_embedding":
+  declared = backends.registry.get(backend).options
+  if "per_replica_batch_size" in declared:  # the engine's static buffers
     options["per_replica_batch_size"] = per_replica_batch
-  if backend == "tensorcore":
+  if "static_shapes" in declared:  # a static-shape engine pads the bags
     options["bag_widths"] = MAX_TAGS
   emb = backends.create(
     _feature_config(),

@@ -78,7 +78,7 @@ class TableMemory:
     slot_bytes: all its slots, whole.
     shards: devices the rows are split over (1 = replicated).
     bytes_per_device: table and slots held by one device.
-    reason: why the planner replicated or sharded it.
+    reason: why the backend replicated or sharded it (its `plan_tables`).
     exchange_bytes: what one replica puts into collectives per step for it
       (ids, rows, gradients; `backends.placement`), None when not known.
     row_sharded: split over the replicas by the backend's storage (its
@@ -691,6 +691,8 @@ def plan_memory(
     PlacementSettingsError: `placement` is no `EmbeddingPlacement`, one of
       its fields or the backend options' placement cannot be (an unknown
       table, placement, row layout or size), or two of them disagree.
+    backends.table_plan.PlanAnswerError: the backend's `plan_tables`
+      answered about other tables than it was asked about.
   """
   strategy = strategy or tf.distribute.get_strategy()
   if placement is None:

@@ -740,7 +740,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[1:2] != ["movielens"]:
       print("recsys benchmark: choose one: movielens", file=sys.stderr)
       return 2
-    from recsys.tools import movielens_benchmark  # pylint: disable=g-import-not-at-top
+    from recsys.tools import checkout_harness as movielens_benchmark  # pylint: disable=g-import-not-at-top
 
     movielens_benchmark.main(argv[2:], prog="recsys benchmark movielens")
     return 0

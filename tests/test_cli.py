@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from recsys import cli, config
-from recsys.data import movielens_synthetic
+from recsys.testing import movielens as movielens_synthetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")

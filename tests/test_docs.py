@@ -56,7 +56,7 @@ import numpy as np
 import pytest
 
 from recsys import cli, config
-from recsys.data.movielens_synthetic import write_ml100k_like
+from recsys.testing.movielens import write_ml100k_like
 
 try:
   import tomllib

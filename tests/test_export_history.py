@@ -83,7 +83,7 @@ def test_top_k_for_a_raw_user_id_with_and_without_seen_items(
   returns the evaluation's ranking: the corpus top-k, or the top-k of the
   items the user did not rate in training (`CorpusIndex.
   query_with_exclusions`, the ranking `exclude_seen` evaluation uses)."""
-  from recsys.data.movielens_synthetic import write_ml100k_like  # noqa: PLC0415
+  from recsys.testing.movielens import write_ml100k_like  # noqa: PLC0415
   from recsys.training import loop as loop_lib  # noqa: PLC0415
 
   data = write_ml100k_like(

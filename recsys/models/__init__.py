@@ -16,7 +16,7 @@ For `compile` + `fit` on your own `tf.data.Dataset`, wrap a model with its
 embedding layer: `KerasRecommender.build(DLRM, feature_config, Adagrad(0.05))`.
 """
 
-from recsys.models.base import RankingModel, RetrievalModel
+from recsys.models.base import RankingModel
 from recsys.models.dcn import DCNv2
 from recsys.models.dlrm import DLRM
 from recsys.models.errors import (
@@ -26,6 +26,7 @@ from recsys.models.errors import (
 )
 from recsys.models.fm import FactorizationMachine
 from recsys.models.keras_model import KerasRecommender
+from recsys.models.retrieval import RetrievalModel
 from recsys.models.retrieval_index import (
   CorpusIndex,
   make_serving_index,

@@ -154,6 +154,12 @@ class SeenItems:
     return seen.to_tensor(default_value=-1, shape=[None, self.max_seen])
 
 
+def exclusions_of(features: Mapping[str, Any]) -> tf.Tensor | None:
+  """The batch's seen candidates `[B, E]` (-1 padded) that a query's
+  ranking leaves out (None: the batch carries none; nothing is excluded)."""
+  return features.get(SEEN_FEATURE)
+
+
 def query_id_feature_of(source: Any) -> str:
   """The query id feature seen items are keyed by.
 
@@ -195,6 +201,7 @@ def with_seen(
 __all__ = [
   "SEEN_FEATURE",
   "SeenItems",
+  "exclusions_of",
   "query_id_feature_of",
   "with_seen",
 ]

@@ -16,13 +16,9 @@ from recsys._keras import keras
 from recsys.feature_spec import FeatureSpec
 from recsys.models import layers as model_layers
 from recsys.models import retrieval_negatives
-from recsys.models.base import (
-  DEFAULT_KS,
-  RetrievalModel,
-  average_loss,
-  masked_weight,
-)
+from recsys.models.base import average_loss, masked_weight
 from recsys.models.errors import ModelConfigError
+from recsys.models.retrieval import DEFAULT_KS, RetrievalModel
 
 
 @gin.register
@@ -279,7 +275,7 @@ class TwoTower(RetrievalModel):
       )
     else:
       probability = None
-      if self._logq_weight:
+      if self.retrieval_task.logq_weight:
         probability = self.weighted_sampling_probability(features)
       valid = None if mask is None else tf.reshape(mask, [-1]) > 0
       c_all, ids_all, probability, valid = self.in_batch_candidates(

@@ -12,8 +12,8 @@ from recsys.data import (
   DatasetNotFoundError,
   MovieLens,
   MovieLensConfigError,
-  movielens_files,
 )
+from recsys.data.movielens import files as movielens_files
 
 GENRES = movielens_files.ML100K_GENRES
 ML100K_USERS = (

@@ -7,14 +7,15 @@ import pytest
 import tensorflow as tf
 
 import recsys  # noqa: F401
-from recsys.data import MovieLens, movielens_files
+from recsys.data import MovieLens
 from recsys.data.movielens import MovieLensConfigError
-from recsys.data.movielens_synthetic import write_ml100k_like
+from recsys.data.movielens import files as movielens_files
 from recsys.data.user_history import (
   ItemHistory,
   UserHistory,
   UserHistoryConfigError,
 )
+from recsys.testing.movielens import write_ml100k_like
 from tests.data.test_movielens import write_atomic, write_ml100k
 
 

@@ -19,8 +19,8 @@ import pytest
 import tensorflow as tf
 
 from recsys.data import MovieLens
-from recsys.data.movielens_synthetic import write_ml100k_like
 from recsys.data.user_history import ItemHistory, UserHistory
+from recsys.testing.movielens import write_ml100k_like
 
 ALL = [
   "user_id",

@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 from recsys import config
-from recsys.data.movielens_synthetic import write_ml100k_like
 from recsys.feature_spec import FeatureSpec
 from recsys.models import FactorizationMachine, ModelConfigError
+from recsys.testing.movielens import write_ml100k_like
 from recsys.training import train
 
 SPECS = [

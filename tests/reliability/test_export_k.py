@@ -120,7 +120,7 @@ def test_recsys_export_refuses_a_k_that_is_not_a_positive_int(tmp_path):
 # ~25 s: trains a two-tower 2 steps, exports it in a fresh process
 @pytest.mark.slow
 def test_recsys_export_k(tmp_path, capsys):
-  from recsys.data.movielens_synthetic import write_ml100k_like  # noqa: PLC0415
+  from recsys.testing.movielens import write_ml100k_like  # noqa: PLC0415
 
   data = write_ml100k_like(
     str(tmp_path / "ml"), num_users=12, num_items=NUM_ITEMS, num_ratings=120

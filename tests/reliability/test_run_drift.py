@@ -20,9 +20,9 @@ import gin
 import pytest
 
 from recsys import cli, config
-from recsys.data.movielens_synthetic import write_ml100k_like
 from recsys.features import EmbeddingSettings
 from recsys.models import DLRM
+from recsys.testing.movielens import write_ml100k_like
 from recsys.training import EmptyEvalSetError, Trainer
 from tests.test_cli import run_recsys
 from tests.training.sources import ArraySource

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from recsys.tools import movielens_baselines as baselines
+from benchmarks import movielens_baselines as baselines
 
 
 def _planted_pairs(seed: int = 0) -> dict[str, np.ndarray]:

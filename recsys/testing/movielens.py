@@ -2,7 +2,7 @@
 
 For tests and for `recsys benchmark movielens --synthetic` where the real
 files are not at hand. `write_ml100k_like(folder)` writes u.data, u.item
-and u.user (the GroupLens layout `recsys.data.movielens_files` reads) whose
+and u.user (the GroupLens layout `recsys.data.movielens.files` reads) whose
 ratings are
 
   rating = clip(round(mu + b_u + b_i + side + taste + noise), 1, 5)
@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from recsys.data.movielens_files import ML100K_GENRES
+from recsys.data.movielens.files import ML100K_GENRES
 
 OCCUPATIONS = (
   "administrator",

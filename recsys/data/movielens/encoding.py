@@ -1,6 +1,6 @@
 """MovieLens' encode step: raw ids and side data -> contiguous integer ids.
 
-`MovieLens` reads a folder (`movielens_files`) and encodes it once here:
+`MovieLens` reads a folder (`files`) and encodes it once here:
 vocabularies over every id in the files (an id map, not a statistic, so
 both splits share it) and the per-user and per-item side tables that
 `MovieLensRawParser` gathers from, in training and in serving alike. Id 0
@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from recsys.data.movielens_files import RawMovieLens
+from recsys.data.movielens.files import RawMovieLens
 
 AGE_BOUNDARIES = (18, 25, 35, 45, 50, 56)
 USER_SIDE_FEATURES = ("user_age", "user_gender", "user_occupation", "user_zip")

@@ -220,7 +220,7 @@ def read_ratings(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, RatingOrigins]:
   """`(users, items, ratings, timestamps, origins)` of a GroupLens ratings file.
 
-  Shared with `movielens_split_files`, which reads ml-100k's fold files
+  Shared with `split_files`, which reads ml-100k's fold files
   (`u1.base`, ...) in u.data's layout.
 
   Raises:
@@ -303,7 +303,7 @@ def _users(
 def read_100k(folder: str, ratings_file: str | None = "u.data") -> RawMovieLens:
   """ml-100k's ratings (None: none, the metadata only) and metadata.
 
-  `movielens_split_files` reads the metadata this way and each fold file
+  `split_files` reads the metadata this way and each fold file
   with `read_ratings`.
   """
   if ratings_file is None:
@@ -427,7 +427,7 @@ def _required_column(path: str, names: list[str], candidates: list[str]) -> int:
 def read_atomic(folder: str, name: str | None) -> RawMovieLens:
   """RecBole's `<name>.inter` (None: the one `*.inter`) with its metadata.
 
-  `movielens_split_files` reads `<name>.train` and `<name>.test` this way.
+  `split_files` reads `<name>.train` and `<name>.test` this way.
 
   Raises:
     DatasetNotFoundError: no such file, or not exactly one `*.inter`.
@@ -703,7 +703,7 @@ def check_rating_scale(
 def check_ratings(raw: RawMovieLens, path: str) -> None:
   """No ratings is an error; ratings of users/movies without metadata counted.
 
-  Every reader of a ratings file runs it (`read`, `movielens_split_files`).
+  Every reader of a ratings file runs it (`read`, `split_files`).
 
   Raises:
     DataFormatError: the ratings file has no rating.

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from recsys.data import movielens_files as files
 from recsys.data.errors import DatasetNotFoundError
+from recsys.data.movielens import files
 
 log = logging.getLogger("recsys.data.movielens")
 

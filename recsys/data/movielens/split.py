@@ -2,7 +2,7 @@
 
 "random" takes a seeded permutation's first `test_fraction` of the ratings,
 "temporal" the latest by timestamp (of equal ones, the later line), and
-"files" the split the files give (`movielens_split_files`), as given. The
+"files" the split the files give (`split_files`), as given. The
 split is a mask over the ratings read, so every later step (histories from
 training ratings only, timestamp buckets, the batches) reads the same one.
 
@@ -17,7 +17,7 @@ import logging
 import numpy as np
 
 from recsys.data.errors import DataFormatError
-from recsys.data.movielens_files import RawMovieLens
+from recsys.data.movielens.files import RawMovieLens
 
 log = logging.getLogger("recsys.data.movielens")
 

@@ -1,7 +1,9 @@
 """MovieLens benchmark: baselines vs. the experiments over several split seeds.
 
-`recsys benchmark movielens --data_dir <folder>` (or `--synthetic`; also
-`python benchmarks/movielens_quality.py ...`). For each split seed, on the
+`python benchmarks/movielens_benchmark.py --data_dir <folder>` (or
+`--synthetic`; `recsys benchmark movielens ...` runs this file from the
+checkout). A research harness, not the library: its baselines are
+benchmarks/movielens_baselines.py. For each split seed, on the
 held-out split that the experiments use (read from the experiment's own data
 source, built through gin), this computes
 
@@ -52,10 +54,12 @@ from collections.abc import Sequence
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Run as a script, this folder is on sys.path, not the checkout's root.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from recsys.tools.movielens_baselines import (  # noqa: E402
+from benchmarks.movielens_baselines import (  # noqa: E402
   FIXED_DAMPING,
   IALS_DIM,
   KS,
@@ -213,7 +217,7 @@ def write_validation_folder(
   Raises:
     ValueError: a training row has no matching rating in the files.
   """
-  from recsys.data import movielens_files  # pylint: disable=g-import-not-at-top
+  from recsys.data.movielens import files as movielens_files  # pylint: disable=g-import-not-at-top
 
   raw = movielens_files.read(source.source_folder, variant, dataset_name)
   users = _id_vocab(list(raw.user) + list(raw.users))
@@ -339,8 +343,7 @@ def run_experiment(
   """Trains `name` in a child process; its metrics.json plus wall time."""
   command = [
     sys.executable,
-    "-m",
-    "recsys.tools.movielens_benchmark",
+    os.path.abspath(__file__),
     "--_train",
     EXPERIMENTS[name],
     "--_model_dir",
@@ -405,7 +408,7 @@ def main(
     "--synthetic",
     action="store_true",
     help="no real files: generate MovieLens-like ratings with planted "
-    "effects in ml-100k's layout (recsys.data.movielens_synthetic).",
+    "effects in ml-100k's layout (recsys.testing.movielens).",
   )
   parser.add_argument(
     "--variant",
@@ -479,12 +482,12 @@ def main(
   if not args.data_dir and not args.synthetic:
     parser.error("--data_dir (or --synthetic) is required")
   import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  from recsys.data import movielens_files  # pylint: disable=g-import-not-at-top
+  from recsys.data.movielens import files as movielens_files  # pylint: disable=g-import-not-at-top
 
   root = args.model_root or tempfile.mkdtemp(prefix="movielens_benchmark_")
   os.makedirs(root, exist_ok=True)
   if args.synthetic:
-    from recsys.data import movielens_synthetic  # pylint: disable=g-import-not-at-top
+    from recsys.testing import movielens as movielens_synthetic  # pylint: disable=g-import-not-at-top
 
     args.data_dir = movielens_synthetic.write_ml100k_like(
       os.path.join(root, "synthetic_ml-100k")

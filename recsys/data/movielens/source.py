@@ -1,11 +1,11 @@
 """MovieLens as a data source: ratings (ranking), user-item pairs (retrieval).
 
 The constructor runs four steps, each once: read a local folder
-(`recsys.data.movielens_files`: GroupLens ml-100k, ml-1m, or RecBole atomic
-files; `movielens_split_files` for a split given as files), encode raw ids
-to contiguous ids (`movielens_encoding`; 0 is reserved for
+(`recsys.data.movielens.files`: GroupLens ml-100k, ml-1m, or RecBole atomic
+files; `split_files` for a split given as files), encode raw ids
+to contiguous ids (`encoding`; 0 is reserved for
 unknown/out-of-vocabulary everywhere), split deterministically
-(`movielens_split`: random with a seed, or temporal: the latest
+(`split`: random with a seed, or temporal: the latest
 `test_fraction` of ratings by timestamp), and build the features (the
 `MovieLensRawParser` serving shares, the specs); batches are served from
 memory.
@@ -54,10 +54,11 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from recsys.data import movielens_files, movielens_split_files
-from recsys.data.movielens_encoding import MovieLensVocabularies, encode
-from recsys.data.movielens_raw import MovieLensRawParser
-from recsys.data.movielens_split import (
+from recsys.data.movielens import files as movielens_files
+from recsys.data.movielens import split_files as movielens_split_files
+from recsys.data.movielens.encoding import MovieLensVocabularies, encode
+from recsys.data.movielens.raw import MovieLensRawParser
+from recsys.data.movielens.split import (
   RatingSplit,
   check_split,
   split_ratings,
@@ -505,7 +506,7 @@ class MovieLens(DataSource):
       task: "ranking" (labels = ratings) or "retrieval" (labels = ones).
       split: "random" (seeded), "temporal" (test = latest ratings) or
         "files": a fixed split given as files, used as given
-        (`recsys.data.movielens_split_files`: ml-100k's `<fold>.base` /
+        (`recsys.data.movielens.split_files`: ml-100k's `<fold>.base` /
         `<fold>.test`, RecBole's `<name>.train.inter` / `<name>.test.inter`).
       test_fraction: share of ratings in the test split (not with "files").
       seed: split and shuffle seed.

@@ -35,8 +35,8 @@ import tensorflow as tf  # noqa: E402
 
 import recsys  # noqa: E402,F401  (Keras 2 before TensorFlow)
 import recsys.training.train  # noqa: E402,F401
-from recsys.runtime import threads  # noqa: E402
 from recsys import config as config_lib  # noqa: E402
+from recsys.runtime import threads  # noqa: E402
 from recsys.serving_lookup import split_batch  # noqa: E402
 
 train_lib = sys.modules["recsys.training.train"]

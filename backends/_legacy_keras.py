@@ -9,10 +9,12 @@ single place that sets it; `import backends` and `import recsys` both run it.
 import os
 import sys
 
+from backends.errors import BackendError
+
 _ENV = "TF_USE_LEGACY_KERAS"
 
 
-class KerasVersionError(ImportError):
+class KerasVersionError(BackendError, ImportError):
   """TensorFlow was already imported with Keras 3 as `tf.keras`."""
 
 

@@ -36,6 +36,7 @@ from tensorflow.tpu.experimental.embedding import FeatureConfig, TableConfig
 
 from backends import _tf_internal, table_plan
 from backends import inputs as inputs_lib
+from backends.errors import BackendError, BackendSettingsError
 
 embedding = tf.tpu.experimental.embedding
 
@@ -51,15 +52,15 @@ ALL_COMBINERS = frozenset({"sum", "mean", "sqrtn"})
 ALL_INPUT_KINDS = frozenset({"dense", "sparse", "ragged"})
 
 
-class BackendUnavailableError(RuntimeError):
+class BackendUnavailableError(BackendSettingsError, RuntimeError):
   """The backend cannot run under the current strategy or hardware."""
 
 
-class UnsupportedConfigError(ValueError):
+class UnsupportedConfigError(BackendSettingsError, ValueError):
   """The configuration asks for something the backend cannot do faithfully."""
 
 
-class UnsupportedInputError(UnsupportedConfigError):
+class UnsupportedInputError(BackendError, ValueError):
   """A feature's ids are of a kind the backend does not declare it takes."""
 
 
@@ -103,7 +104,7 @@ def cross_replica_build(build: Callable[..., None]) -> Callable[..., None]:
   return wrapper
 
 
-class GradientShapeError(ValueError):
+class GradientShapeError(BackendError, ValueError):
   """An activation gradient's shape differs from its activation's shape."""
 
   # Raised while a tf.function traces: AutoGraph re-raises an error with its
@@ -111,7 +112,7 @@ class GradientShapeError(ValueError):
   __init__ = Exception.__init__
 
 
-class GradientDtypeError(TypeError):
+class GradientDtypeError(BackendError, TypeError):
   """An activation gradient that is not a floating-point tensor."""
 
   __init__ = Exception.__init__  # see GradientShapeError

@@ -24,13 +24,14 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from backends import _tf_internal, base, sliced_checkpoint
+from backends.errors import BackendError
 
 _SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 _SLOT_SEPARATOR = ".S"  # how checkpoints escape the "/" of "<table>/<slot>"
 _LAYOUTS = _tf_internal.SPARSECORE_LAYOUTS_CHECKPOINT_KEY
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(BackendError, ValueError):
   """The checkpoint's tables, slots or other variables differ from this run."""
 
 

@@ -53,6 +53,7 @@ import tensorflow as tf
 from backends import base
 from backends import checkpoint as checkpoint_lib
 from backends import reference_optimizers as ref
+from backends.errors import BackendError
 
 E = tf.tpu.experimental.embedding
 
@@ -93,7 +94,7 @@ OPTIMIZER_CASES: dict[str, Callable[[], Any]] = {
 }
 
 
-class ConformanceError(AssertionError):
+class ConformanceError(BackendError, AssertionError):
   """A backend's behaviour does not match what its capabilities declare."""
 
 

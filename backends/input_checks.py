@@ -27,6 +27,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from backends.errors import BackendError
+
 #: What a lookup does with an id outside `[0, vocabulary_size)`.
 ID_POLICIES = ("error", "drop", "oov")
 
@@ -37,7 +39,7 @@ ID_POLICIES = ("error", "drop", "oov")
 PaddedBags = collections.namedtuple("PaddedBags", ["ids", "lengths", "weights"])
 
 
-class InvalidInputError(ValueError):
+class InvalidInputError(BackendError, ValueError):
   """A feature's input has the wrong type, rank, dtype or weights."""
 
 

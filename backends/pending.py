@@ -28,9 +28,10 @@ from typing import Any
 import tensorflow as tf
 
 from backends import _tf_internal
+from backends.errors import BackendError
 
 
-class UnappliedGradientsError(RuntimeError):
+class UnappliedGradientsError(BackendError, RuntimeError):
   """A training lookup's gradients were never applied before the next one."""
 
   # Raised while a tf.function traces: AutoGraph re-raises an error with its

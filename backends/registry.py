@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from backends import hardware, suggest
 from backends.base import BackendUnavailableError, EmbeddingBackend
+from backends.errors import BackendSettingsError
 
 log = logging.getLogger("recsys.backends")
 
@@ -29,11 +30,11 @@ _BUILTIN: dict[str, str] = {
 }
 
 
-class UnknownBackendError(ValueError):
+class UnknownBackendError(BackendSettingsError, ValueError):
   """No backend is registered under the requested name."""
 
 
-class UnknownBackendOptionError(ValueError):
+class UnknownBackendOptionError(BackendSettingsError, ValueError):
   """An option the backend does not declare (`EmbeddingBackend.options`)."""
 
 

@@ -37,9 +37,10 @@ import tensorflow as tf
 from backends import _bags
 from backends import input_checks as checks_lib
 from backends import inputs as inputs_lib
+from backends.errors import BackendError
 
 
-class StaticShapeError(ValueError):
+class StaticShapeError(BackendError, ValueError):
   """A feature's input has no size a compiled step can be built for."""
 
   # Raised while a tf.function traces: AutoGraph re-raises an error with its

@@ -44,6 +44,7 @@ from tensorflow.tpu.experimental import embedding
 
 from backends import _tf_internal, base, hardware, mid_level, table_plan
 from backends import pending as pending_lib
+from backends.errors import BackendError
 
 EmbeddingFeature = tf.tpu.experimental.HardwareFeature.EmbeddingFeature
 
@@ -51,7 +52,7 @@ EmbeddingFeature = tf.tpu.experimental.HardwareFeature.EmbeddingFeature
 DEFAULT_SPARSECORES_PER_CHIP = 4
 
 
-class TablesOnDeviceError(RuntimeError):
+class TablesOnDeviceError(BackendError, RuntimeError):
   """The tables live in TPU embedding memory and cannot be read directly."""
 
 

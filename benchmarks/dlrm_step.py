@@ -35,8 +35,8 @@ import tensorflow as tf  # noqa: E402
 
 import recsys  # noqa: E402,F401  (Keras 2 before TensorFlow)
 import recsys.training.train  # noqa: E402,F401
-from recsys import cli  # noqa: E402
 from recsys import config as config_lib  # noqa: E402
+from recsys.runtime import threads  # noqa: E402
 from recsys.serving_lookup import split_batch  # noqa: E402
 
 train_lib = sys.modules["recsys.training.train"]
@@ -64,7 +64,7 @@ def main(argv=None) -> None:
     "--intra_threads",
     type=int,
     default=0,
-    help="0: as `recsys train` chooses (cli.thread_settings)",
+    help="0: as `recsys train` chooses (recsys.runtime.threads)",
   )
   parser.add_argument("--inter_threads", type=int, default=0)
   parser.add_argument(
@@ -73,8 +73,8 @@ def main(argv=None) -> None:
     help="also print the op-time table of the whole step",
   )
   args = parser.parse_args(argv)
-  args.intra_threads, args.inter_threads, _ = cli.thread_settings(
-    args.intra_threads, args.inter_threads, cli.available_cores()
+  args.intra_threads, args.inter_threads, _ = threads.thread_settings(
+    args.intra_threads, args.inter_threads, threads.available_cores()
   )
   tf.config.threading.set_intra_op_parallelism_threads(args.intra_threads)
   tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)

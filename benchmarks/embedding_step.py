@@ -17,7 +17,7 @@ one at that one's best setting (issue 46: a fair race).
 Threads, set explicitly and printed (with the machine's load and its other
 busy processes, before and after):
   recsys*          TF intra-op / inter-op threads as `recsys train` chooses
-                   them here (cli.thread_settings: 1 / 2 on 2 cores or
+                   them here (recsys.runtime.threads: 1 / 2 on 2 cores or
                    fewer, else TF's defaults), or `--intra_threads` (a comma
                    list sweeps) and `--inter_threads`
   tfrs, keras_embedding, tf_fused
@@ -660,12 +660,12 @@ def recsys_threads(args) -> list[tuple[int, int]]:
   with `--inter_threads`, resolved as `recsys train` resolves its flags on
   this machine's cores (0 and 0: 1 / 2 on 2 cores or fewer); TF's default
   (0) is spelled out as the core count it stands for."""
-  from recsys import cli  # pylint: disable=g-import-not-at-top  (no TF)
+  from recsys.runtime import threads as threads_lib  # pylint: disable=g-import-not-at-top  (no TF)
 
-  cores = cli.available_cores()
+  cores = threads_lib.available_cores()
   settings = []
   for t in intra_settings(args):
-    intra, inter, _ = cli.thread_settings(t, args.inter_threads, cores)
+    intra, inter, _ = threads_lib.thread_settings(t, args.inter_threads, cores)
     settings.append((intra or cores, inter or cores))
   return settings
 

@@ -56,8 +56,9 @@ import recsys.training.train  # noqa: E402,F401
 from backends import optimizers as embedding_optimizers  # noqa: E402
 from backends import placement as placement_lib  # noqa: E402
 from backends.storage import row_layout  # noqa: E402
-from recsys import cli, planning  # noqa: E402
 from recsys import config as config_lib  # noqa: E402
+from recsys import planning  # noqa: E402
+from recsys.runtime import threads  # noqa: E402
 from recsys.training import strategy as strategy_lib  # noqa: E402
 
 train_lib = sys.modules["recsys.training.train"]
@@ -350,8 +351,8 @@ def main(argv=None) -> None:
     "--inter_op_threads", type=int, default=0, help="0: as recsys train"
   )
   ARGS = parser.parse_args(argv)
-  ARGS.intra, ARGS.inter, _ = cli.thread_settings(
-    ARGS.intra_op_threads, ARGS.inter_op_threads, cli.available_cores()
+  ARGS.intra, ARGS.inter, _ = threads.thread_settings(
+    ARGS.intra_op_threads, ARGS.inter_op_threads, threads.available_cores()
   )
   tf.config.threading.set_intra_op_parallelism_threads(ARGS.intra)
   tf.config.threading.set_inter_op_parallelism_threads(ARGS.inter)

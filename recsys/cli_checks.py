@@ -15,7 +15,7 @@ import os
 from collections.abc import Sequence
 
 from recsys import experiments_catalog
-from recsys.errors import RecsysError
+from recsys.errors import RecsysError, SettingsError
 
 #: A run's config in its model dir (`run_dir.OPERATIVE_CONFIG_FILE`, named
 #: here because `recsys.run_folder` imports TensorFlow; a test keeps both
@@ -26,7 +26,7 @@ OPERATIVE_CONFIG_FILE = "operative_config.gin"
 READS_A_RUN = ("evaluate", "export")
 
 
-class GinFileNotFoundError(RecsysError, FileNotFoundError):
+class GinFileNotFoundError(SettingsError, FileNotFoundError):
   """A --gin_file is neither a file nor a shipped experiment (exit 2, as
   every gin configuration error)."""
 

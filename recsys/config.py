@@ -35,7 +35,7 @@ from backends import suggest as suggest_lib
 from recsys import _gin_compat, experiments_catalog
 from recsys import features as features_lib
 from recsys._keras import keras, tf
-from recsys.errors import RecsysError
+from recsys.errors import RecsysError, SettingsError
 
 log = logging.getLogger("recsys.config")
 
@@ -133,7 +133,7 @@ _OWN_MODULES = (
 _registered = False
 
 
-class GinConfigError(RecsysError, ValueError):
+class GinConfigError(SettingsError):
   """A gin file or binding is invalid; the message names the file and line."""
 
 

@@ -24,14 +24,14 @@ import textwrap
 from collections.abc import Iterator
 
 from recsys import _gin_compat
-from recsys.errors import RecsysError
+from recsys.errors import SettingsError
 
 EXPERIMENTS_DIR = os.path.join(
   os.path.dirname(os.path.abspath(__file__)), "experiments"
 )
 
 
-class UnknownExperimentError(RecsysError, FileNotFoundError):
+class UnknownExperimentError(SettingsError, FileNotFoundError):
   """A gin file that is neither a path nor a shipped experiment."""
 
 

@@ -8,10 +8,10 @@ It sits below both, so neither imports the other for it.
 
 import dataclasses
 
-from recsys.errors import RecsysError
+from recsys.errors import SettingsError
 
 
-class FeatureSpecError(RecsysError, ValueError):
+class FeatureSpecError(SettingsError):
   """A data source described a feature it cannot deliver (size, bag width)."""
 
 

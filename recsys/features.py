@@ -28,7 +28,7 @@ import numpy as np
 from backends import base as backends_base
 from backends import suggest
 from recsys._keras import keras, tf
-from recsys.errors import RecsysError
+from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
 
 embedding = tf.tpu.experimental.embedding
@@ -45,7 +45,7 @@ EMBEDDING_OPTIMIZERS = {
 }
 
 
-class FeatureConfigError(RecsysError, ValueError):
+class FeatureConfigError(SettingsError):
   """The feature specs and embedding settings do not make a valid config."""
 
 

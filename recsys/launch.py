@@ -49,12 +49,12 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from recsys.errors import RecsysError
+from recsys.errors import SettingsError
 
 _PRIVATE_ENV = "RECSYS_LAUNCH_PRIVATE_NETWORK"
 
 
-class LaunchError(RecsysError, RuntimeError):
+class LaunchError(SettingsError, RuntimeError):
   """The cluster could not be started as asked."""
 
 

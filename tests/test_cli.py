@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from recsys import cli, config
+from recsys.runtime import threads
 from recsys.testing import movielens as movielens_synthetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -432,7 +433,7 @@ def test_export_of_a_retrieval_model_serves_the_models_top_k(tmp_path):
   ],
 )
 def test_thread_settings(given, cores, expected):
-  intra, inter, why = cli.thread_settings(*given, cores)
+  intra, inter, why = threads.thread_settings(*given, cores)
   assert (intra, inter) == expected
   assert bool(why) == (expected == (1, 2) and given == (0, 0))
 

@@ -14,6 +14,7 @@ import re
 import pytest
 
 from recsys import cli, config, experiments_catalog, launch
+from recsys.cli import gin_train
 from recsys.training import strategy as strategy_lib
 
 DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
@@ -114,9 +115,9 @@ def test_only_the_chief_prints_the_final_metrics(
   else:
     monkeypatch.delenv("TF_CONFIG", raising=False)
   assert strategy_lib.is_chief_task() == prints
-  monkeypatch.setattr(cli, "_call_train", lambda args: {"eval/auc": 0.75})
+  monkeypatch.setattr(gin_train, "call_train", lambda args: {"eval/auc": 0.75})
   assert (
-    cli.cmd_train(
+    cli.train.run(
       cli.build_parser().parse_args(
         ["train", "--gin_file", DEFAULT, "--model_dir", "unused"]
       )

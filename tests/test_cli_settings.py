@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from recsys import cli, config
+from recsys.cli import gin_train
 from recsys import train_settings as settings_lib
 from recsys.training import strategy as strategy_lib
 
@@ -35,9 +36,9 @@ def test_every_settings_switch_is_a_flag_that_binds_its_setting(capsys):
       if args is None:
         continue
       commands.append(command)
-      assert cli._bindings(args) == [f"train.{name} = {value!r}"], command
+      assert gin_train.bindings(args) == [f"train.{name} = {value!r}"], command
       args = _parses([command, *required])
-      assert cli._bindings(args) == [], command
+      assert gin_train.bindings(args) == [], command
     assert commands, f"--{flag} is no flag of {sorted(REQUIRED)}"
   capsys.readouterr()  # argparse's usage lines
 
@@ -74,7 +75,7 @@ def test_the_tpu_flag_reaches_the_strategy_without_a_gin_binding(recorded):
       "train.num_cpu_replicas = 3",
     ]
   )
-  cli._call_train(args)
+  gin_train.call_train(args)
   assert recorded["make_strategy"] == ("grpc://10.0.0.2:8470", 3)
   assert recorded["train.tpu bound"] is None  # never written into gin
   assert "tpu" not in recorded["train"]
@@ -85,14 +86,14 @@ def test_the_configs_tpu_is_the_strategys_without_the_flag(recorded):
   args = cli.build_parser().parse_args(
     ["train", *REQUIRED["train"], "--gin_bindings", "train.tpu = 'local'"]
   )
-  cli._call_train(args)
+  gin_train.call_train(args)
   assert recorded["make_strategy"] == ("local", 0)
 
 
 def test_a_given_strategy_is_passed_as_it_is(recorded):
   args = cli.build_parser().parse_args(["train", *REQUIRED["train"]])
   strategy = tf.distribute.get_strategy()
-  cli._call_train(args, strategy=strategy, backend="serving")
+  gin_train.call_train(args, strategy=strategy, backend="serving")
   assert "make_strategy" not in recorded
   assert recorded["train"]["strategy"] is strategy
   assert recorded["train"]["backend"] == "serving"

@@ -220,7 +220,7 @@ def test_ctrl_c_outside_the_training_loop_exits_130_in_one_line(
   def interrupted(args):
     raise KeyboardInterrupt
 
-  monkeypatch.setitem(cli.COMMANDS, "train", interrupted)
+  monkeypatch.setattr(cli.COMMANDS["train"], "run", interrupted)
   code = cli.main(["train", "--gin_file", DEFAULT, "--model_dir", "/tmp/r"])
   err = capsys.readouterr().err
   assert code == 130

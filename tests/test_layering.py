@@ -22,6 +22,7 @@ LAYERS = (
     "recsys._keras",
     "recsys._tf_internal",
     "recsys._tf_startup",
+    "recsys.runtime",  # threads, start-up, exit statuses: below all, no TF
     "recsys._gin_compat",
     "recsys.untrusted_config",
     "recsys.feature_spec",

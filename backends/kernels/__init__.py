@@ -32,6 +32,8 @@ import tempfile
 import threading
 from typing import Any
 
+from backends.errors import BackendError
+
 log = logging.getLogger("recsys.backends")
 
 SOURCE = pathlib.Path(__file__).with_name("embedding_ops.cc")
@@ -43,7 +45,7 @@ _loaded: list[Any] = []  # [module or None] once load() has decided
 _reason: list[str] = []  # why load() returned None
 
 
-class KernelBuildError(RuntimeError):
+class KernelBuildError(BackendError, RuntimeError):
   """The compiler failed on embedding_ops.cc (its output is in the message)."""
 
 

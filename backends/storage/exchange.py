@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from backends import _tf_internal, optimizers, placement, static_bags
 from backends import input_checks as checks_lib
+from backends.errors import BackendError
 from backends.storage import row_layout
 
 #: Exchanges a row-sharded table can use (`backends.placement` plans them).
@@ -43,7 +44,7 @@ CAPACITY_SIGMAS = placement.CAPACITY_SIGMAS
 owner_capacity = placement.owner_capacity
 
 
-class ExchangeOverflowError(ValueError):
+class ExchangeOverflowError(BackendError, ValueError):
   """More ids of one step went to one owner than its exchange capacity."""
 
 

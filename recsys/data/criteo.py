@@ -59,7 +59,7 @@ from recsys.data.criteo_raw import (
 )
 from recsys.data.errors import DataFormatError, DatasetNotFoundError
 from recsys.data.pipeline import AUTOTUNE, BatchRequest, DataSource
-from recsys.errors import RecsysError
+from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
 
 log = logging.getLogger("recsys.data.criteo")
@@ -152,7 +152,7 @@ def _printable(text: tf.Tensor) -> tf.Tensor:
   )
 
 
-class CriteoConfigError(RecsysError, ValueError):
+class CriteoConfigError(SettingsError):
   """Inconsistent CriteoTSV settings."""
 
 

@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from recsys.data.errors import EmptyEvalSetError
 from recsys.data.raw import RawParser
-from recsys.errors import RecsysError
+from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -194,7 +194,7 @@ def empty_eval_message(source: Any) -> str:
   )
 
 
-class InvalidBatchSizeError(RecsysError, ValueError):
+class InvalidBatchSizeError(SettingsError):
   """A batch size that is not a positive integer."""
 
 

@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from recsys.data import _random, oracle
 from recsys.data.pipeline import Batch, IndexedSource
-from recsys.errors import RecsysError
+from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
 
 _CALIBRATION_EXAMPLES = 1 << 15
@@ -46,7 +46,7 @@ _CALIBRATION_EXAMPLES = 1 << 15
 _CHUNK = 1 << 13
 
 
-class SyntheticConfigError(RecsysError, ValueError):
+class SyntheticConfigError(SettingsError):
   """Inconsistent synthetic-data settings."""
 
 

@@ -29,13 +29,13 @@ import tensorflow as tf
 
 from recsys.data import _random
 from recsys.data.pipeline import Batch, IndexedSource, candidate_batches
-from recsys.errors import RecsysError
+from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
 
 _MAX_TABLE = 1 << 24
 
 
-class SyntheticRetrievalConfigError(RecsysError, ValueError):
+class SyntheticRetrievalConfigError(SettingsError):
   """Inconsistent synthetic retrieval settings."""
 
 

@@ -30,12 +30,12 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from recsys.errors import RecsysError
+from recsys.errors import SettingsError
 
 WEIGHTS = ("none", "rating", "recency")
 
 
-class UserHistoryConfigError(RecsysError, ValueError):
+class UserHistoryConfigError(SettingsError):
   """Inconsistent user-history settings."""
 
 

@@ -55,7 +55,7 @@ from typing import Any
 from backends import base
 from recsys import _tf_internal
 from recsys._keras import keras, tf
-from recsys.errors import RecsysError
+from recsys.errors import SettingsError
 
 embedding = tf.tpu.experimental.embedding
 _Schedule = keras.optimizers.schedules.LearningRateSchedule
@@ -78,7 +78,7 @@ _TARGETS: dict[str, type] = {
 }
 
 
-class OptimizerTranslationError(RecsysError, ValueError):
+class OptimizerTranslationError(SettingsError):
   """An optimizer argument that has no embedding-optimizer counterpart."""
 
 

@@ -22,10 +22,10 @@ from typing import Any
 
 from recsys import _tf_internal
 from recsys._keras import tf
-from recsys.errors import RecsysError
+from recsys.errors import SettingsError
 
 
-class LossScalingError(RecsysError, ValueError):
+class LossScalingError(SettingsError):
   """The tables cannot follow the Keras loss scaler's decisions."""
 
 

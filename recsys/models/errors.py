@@ -4,16 +4,16 @@ Every message names the model, the offending feature(s) or parameter, what it
 got and what it expected, and how to fix it.
 """
 
-from recsys.errors import RecsysError
+from recsys.errors import SettingsError
 
 
-class ModelConfigError(RecsysError, ValueError):
+class ModelConfigError(SettingsError):
   """A model hyper-parameter is invalid (unknown choice, bad size, ...)."""
 
 
-class FeatureMismatchError(RecsysError, ValueError):
+class FeatureMismatchError(SettingsError):
   """The activations or features given to a model do not match its specs."""
 
 
-class EmbeddingDimError(RecsysError, ValueError):
+class EmbeddingDimError(SettingsError):
   """Activations have embedding dimensions the model cannot combine."""

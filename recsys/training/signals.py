@@ -14,14 +14,9 @@ import threading
 from typing import Any
 
 from recsys.errors import RecsysError
+from recsys.runtime import exits
 
 log = logging.getLogger("recsys.training")
-
-# Conventional exit status of a process ended by SIGTERM (128 + 15): a job
-# scheduler sees "terminated", and re-running the same command resumes.
-PREEMPTED_EXIT_CODE = 143
-# ... and by Ctrl-C (SIGINT, 128 + 2), what shells report for an interrupt.
-INTERRUPTED_EXIT_CODE = 130
 
 
 class TrainingPreempted(RecsysError, RuntimeError):
@@ -31,8 +26,9 @@ class TrainingPreempted(RecsysError, RuntimeError):
     step: the step the checkpoint holds.
     checkpoint: its path.
     signal_name: "SIGTERM" or "SIGINT".
-    exit_code: the process status `recsys train` exits with: 143 after
-      SIGTERM, 130 after Ctrl-C (SIGINT), as the shell reports each.
+    exit_status: the process status `recsys train` exits with: 143 after
+      SIGTERM, 130 after Ctrl-C (SIGINT), as the shell reports each
+      (`recsys.runtime.exits`).
   """
 
   def __init__(self, step: int, checkpoint: str, signal_name: str):
@@ -41,9 +37,14 @@ class TrainingPreempted(RecsysError, RuntimeError):
       f"{step} and stopped; run the same command again to resume."
     )
     self.step, self.checkpoint, self.signal_name = step, checkpoint, signal_name
-    self.exit_code = (
-      INTERRUPTED_EXIT_CODE if signal_name == "SIGINT" else PREEMPTED_EXIT_CODE
-    )
+
+  @property
+  def exit_status(self) -> int:  # type: ignore[override]
+    # A property, not an attribute set in __init__: gin re-raises the error
+    # as a subclass instance that forwards only missing attributes to it.
+    if getattr(self, "signal_name", None) == "SIGINT":
+      return exits.INTERRUPTED_EXIT_STATUS
+    return exits.SIGTERM_EXIT_STATUS
 
 
 class StopRequests:

@@ -57,10 +57,10 @@ def _has_torchrec() -> bool:
 @pytest.mark.slow
 def test_embedding_step_reports_recsys_with_the_threads_it_ran_on():
   """recsys runs with TF's threads as `recsys train` chooses them here."""
-  from recsys import cli
+  from recsys.runtime import threads as threads_lib
 
-  intra, inter, _ = cli.thread_settings(0, 0, cli.available_cores())
-  cores = cli.available_cores()
+  cores = threads_lib.available_cores()
+  intra, inter, _ = threads_lib.thread_settings(0, 0, cores)
   out = _run("benchmarks/embedding_step.py", "--impls", "recsys", *_TINY_STEP)
   threads = f"tf {intra or cores}/{inter or cores}"
   assert re.search(

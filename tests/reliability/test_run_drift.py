@@ -320,7 +320,8 @@ def test_an_empty_test_split_stops_training_before_its_first_step(
     code, _, err = run_in_process(
       capsys, *train_argv(data, model_dir, "MovieLens.test_fraction = 0.0")
     )
-  assert code == 1, err[-3000:]
+  # A setting (MovieLensConfigError): 2, as every settings error; it was 1.
+  assert code == 2, err[-3000:]
   assert "MovieLens.test_fraction = 0.0 keeps every rating" in err
   assert "num_eval_examples" not in err
   assert "step 2/4" not in caplog.text  # no training step ran

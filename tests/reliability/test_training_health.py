@@ -164,7 +164,7 @@ def test_cli_exits_143_after_a_preemption_checkpoint(monkeypatch, capsys):
   def preempted(args):
     raise signals.TrainingPreempted(7, f"{args.model_dir}/ckpt-7", "SIGTERM")
 
-  monkeypatch.setitem(cli.COMMANDS, "train", preempted)
+  monkeypatch.setattr(cli.COMMANDS["train"], "run", preempted)
   code = cli.main(
     [
       "train",

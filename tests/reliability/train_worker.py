@@ -73,7 +73,7 @@ def main(model_dir: str, out_path: str, steps: int) -> int:
     trainer.train()
   except signals.TrainingPreempted as e:
     print(f"preempted {e.step}", flush=True)
-    return e.exit_code
+    return e.exit_status
   np.savez(out_path, **test_trainer.state(trainer))
   return 0
 

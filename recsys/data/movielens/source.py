@@ -72,7 +72,7 @@ from recsys.data.pipeline import (
   candidate_batches,
 )
 from recsys.data.user_history import HistoryTable, ItemHistory, UserHistory
-from recsys.errors import RecsysError
+from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
 
 log = logging.getLogger("recsys.data.movielens")
@@ -107,7 +107,7 @@ SPLITS = ("random", "temporal", "files")
 SPLIT_CHECKS = ("warn", "strict")
 
 
-class MovieLensConfigError(RecsysError, ValueError):
+class MovieLensConfigError(SettingsError):
   """Inconsistent MovieLens settings."""
 
 

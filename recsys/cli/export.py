@@ -1,0 +1,91 @@
+"""`recsys export`: a SavedModel of a model dir's latest checkpoint."""
+
+import argparse
+import json
+import os
+from typing import Any
+
+from recsys.cli import flags, gin_train
+
+NAME = "export"
+#: The command needs TensorFlow started (`recsys.runtime.startup`).
+STARTS_TENSORFLOW = True
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+  parser = flags.subcommand(
+    subparsers,
+    NAME,
+    help="export a SavedModel that serves on CPU.",
+    description="Restore the latest checkpoint of --model_dir (trained with "
+    "any backend) and write a SavedModel whose serving_default signature "
+    "takes the data source's ids and returns scores (ranking) or top-k "
+    "candidates (retrieval); for Criteo and MovieLens, serving_raw takes "
+    "raw values (TSV columns, raw user/item ids) and applies the training "
+    "hashing and vocabularies in the graph.",
+    epilog="example:\n  recsys export --model_dir runs/demo "
+    "--export_dir runs/demo/export",
+  )
+  flags.add_gin_flags(parser, required=False)
+  parser.add_argument("--model_dir", required=True)
+  parser.add_argument("--export_dir", required=True)
+  parser.add_argument(
+    "--k",
+    type=flags.positive_int,
+    default=None,
+    metavar="K",
+    help="retrieval: candidates the top-k signatures (serving_default, "
+    "serving_raw, top_k, top_k_raw) return per query, at most the corpus "
+    "size (default: 100, or the whole corpus if it holds fewer). Refused "
+    "for ranking models.",
+  )
+  flags.add_allow_changed_settings(parser, NAME)
+  flags.add_skip_memory_check(parser)
+  flags.add_verbose(parser)
+  return parser
+
+
+def run(args: argparse.Namespace) -> int:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from recsys import export as export_lib  # pylint: disable=g-import-not-at-top
+
+  # The serving backend restores a checkpoint of any training backend
+  # (SparseCore's stacked tables included) on CPU; the export copies its
+  # tables without the optimizer slots. Where the training devices held the
+  # tables (train.placement, a device's memory) does not apply here.
+  trainer = gin_train.call_train(
+    args,
+    [
+      "train.progress_bar = False",
+      "train.summaries = False",
+      "train.placement = None",
+    ],
+    action="build",
+    backend="serving",
+    strategy=tf.distribute.get_strategy(),
+  )
+  if not trainer.restored_step:
+    raise FileNotFoundError(
+      f"no checkpoint in {args.model_dir!r}/checkpoints to export; train "
+      "first with `recsys train ... --model_dir`."
+    )
+  step = trainer.restored_step
+  changes = trainer.check_restored("export")
+  provenance = {
+    "model_dir": os.path.abspath(args.model_dir),
+    "step": step,
+    "changed_settings": changes.lines(),
+    "input_files": trainer.input_fingerprints(),
+  }
+  path = export_lib.export(
+    trainer,
+    args.export_dir,
+    k=args.k,
+    extra_files={export_lib.PROVENANCE_FILE: json.dumps(provenance, indent=2)},
+  )
+  if changes:
+    trainer.run_dir.record_changes("export", step, changes, path)
+  changed = "".join(f"\n  changed: {line}" for line in changes.lines())
+  print(f"exported step {step} to {path}{changed}")
+  return 0

@@ -1,0 +1,118 @@
+"""The flags several `recsys` commands share, declared once.
+
+Each command module adds its own flags and calls these for the shared
+groups: the gin files and bindings, the runtime flags (TPU, backend,
+threads, verbosity), and the ways past a refusal (`--allow_changed_settings`,
+`--skip_memory_check`) that every command meeting it takes.
+"""
+
+import argparse
+from typing import Any
+
+
+def subcommand(subparsers: Any, name: str, **kwargs) -> argparse.ArgumentParser:
+  """A subcommand whose description and examples keep their line breaks."""
+  return subparsers.add_parser(
+    name, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
+  )
+
+
+def add_gin_flags(parser: argparse.ArgumentParser, required: bool) -> None:
+  parser.add_argument(
+    "--gin_file",
+    action="append",
+    default=[],
+    required=required,
+    metavar="FILE",
+    help="gin file to parse: a path or a shipped experiment's name, e.g. "
+    "synthetic_dlrm.gin (`recsys experiments` lists them). Repeatable; "
+    "later files override earlier ones; `include` resolves relative to "
+    "the including file first, then in the shipped experiments.",
+  )
+  parser.add_argument(
+    "--gin_bindings",
+    action="append",
+    default=[],
+    metavar="BINDING",
+    help='extra gin binding, e.g. "train.train_steps = 100" (repeatable; '
+    "applied after the files).",
+  )
+
+
+def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
+  """--tpu, --backend, the thread counts and --verbose
+  (`recsys.runtime.startup` applies the threads and verbosity)."""
+  parser.add_argument(
+    "--tpu",
+    default=None,
+    metavar="ADDR",
+    help="TPU name or grpc:// address, or 'local' on a TPU VM "
+    "(default: no TPU; GPUs are used when present).",
+  )
+  parser.add_argument(
+    "--backend",
+    default=None,
+    metavar="NAME",
+    help="force an embedding backend (tensorcore, "
+    "tpu_embedding, tpu_embedding_v0, sharded, serving) "
+    "instead of gin's train.backend / 'auto'.",
+  )
+  parser.add_argument(
+    "--intra_op_threads",
+    type=int,
+    default=0,
+    help="TensorFlow intra-op threads (0: automatic: 1 on a "
+    "machine with 2 cores or fewer, else TF's default).",
+  )
+  parser.add_argument(
+    "--inter_op_threads",
+    type=int,
+    default=0,
+    help="TensorFlow inter-op threads (0: automatic: 2 on a "
+    "machine with 2 cores or fewer, else TF's default).",
+  )
+  add_verbose(parser)
+
+
+def add_verbose(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument(
+    "-v",
+    "--verbose",
+    action="store_true",
+    help="TensorFlow's own logs and full tracebacks.",
+  )
+
+
+def add_allow_changed_settings(
+  parser: argparse.ArgumentParser, command: str
+) -> None:
+  parser.add_argument(
+    "--allow_changed_settings",
+    action="store_true",
+    help=f"{command} although settings that change the math (data, split, "
+    "features, model, ...) or the data files differ from those the run "
+    "trained with; refused by default, naming them. Allowed changes are "
+    "recorded in the model dir (changed_settings.jsonl) and the output.",
+  )
+
+
+def add_skip_memory_check(parser: argparse.ArgumentParser) -> None:
+  """The way past the memory check every command that builds tables runs
+  (the refusal names this flag, so each of them takes it)."""
+  parser.add_argument(
+    "--skip_memory_check",
+    action="store_true",
+    help="build the embedding tables even if their memory plan exceeds "
+    "this host's memory (refused by default, naming the tables).",
+  )
+
+
+def positive_int(text: str) -> int:
+  """An argparse type: a positive integer (`recsys export --k`)."""
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+  return value

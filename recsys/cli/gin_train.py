@@ -1,0 +1,80 @@
+"""From a command's flags to the gin-configured `train` call.
+
+`--gin_file` (or, for evaluate and export, the model dir's own
+operative_config.gin), then `--gin_bindings` and one binding per settings
+switch (`--no_progress`, `--skip_memory_check`, ...), then `train` with the
+strategy `--tpu` asks for.
+"""
+
+import argparse
+import os
+from collections.abc import Sequence
+
+
+def gin_files(args: argparse.Namespace) -> list[str]:
+  """--gin_file, or the model dir's operative config for evaluate/export."""
+  if args.gin_file:
+    return list(args.gin_file)
+  model_dir = getattr(args, "model_dir", None)
+  if model_dir:
+    from recsys import untrusted_config  # pylint: disable=g-import-not-at-top
+    from recsys.run_folder import run_dir  # pylint: disable=g-import-not-at-top
+
+    path = run_dir.RunDir(model_dir).operative_config
+    if os.path.isfile(path):
+      return [untrusted_config.check_bindings_only(path)]  # no imports
+    raise FileNotFoundError(
+      f"{path} does not exist: pass --gin_file (the experiment's gin files) "
+      f"or point --model_dir at a directory written by `recsys train`."
+    )
+  return []
+
+
+def bindings(args: argparse.Namespace) -> list[str]:
+  """--gin_bindings, then one binding per settings switch given.
+
+  The switches are declared with their settings (`settings.flag_settings`):
+  e.g. `--no_progress` binds `train.progress_bar = False`.
+  """
+  from recsys import train_settings as settings  # pylint: disable=g-import-not-at-top
+
+  found = list(args.gin_bindings)
+  for flag, (name, value) in settings.flag_settings().items():
+    if getattr(args, flag, False):
+      found.append(f"train.{name} = {value!r}")
+  return found
+
+
+def call_train(
+  args: argparse.Namespace, extra_bindings: Sequence[str] = (), **kwargs
+):
+  """Parses the command's gin files, then calls the gin-configured `train`.
+
+  The strategy is built here, from `--tpu` (or the config's `train.tpu`)
+  and the config's `train.num_cpu_replicas`, and passed to `train`: before
+  gin calls `train`, which first builds its arguments (see
+  `configured_strategy`); the flag never goes into the gin config.
+
+  Args:
+    args: the parsed flags (gin files and bindings, model dir, runtime flags).
+    extra_bindings: bindings the command adds after the user's.
+    **kwargs: arguments of `train` besides `model_dir` (e.g. an already
+      built `strategy`); they override `--backend`.
+
+  Returns:
+    What `train` returns for the action.
+
+  Raises:
+    config.GinConfigError: a gin error, with the gin files and bindings named.
+  """
+  from recsys import config  # pylint: disable=g-import-not-at-top
+  from recsys.training import train  # pylint: disable=g-import-not-at-top
+  from recsys.training.train import configured_strategy  # pylint: disable=g-import-not-at-top
+
+  files, given = gin_files(args), bindings(args)
+  config.parse(files, given + list(extra_bindings))
+  if "strategy" not in kwargs:
+    kwargs["strategy"], _ = configured_strategy(getattr(args, "tpu", None))
+  if getattr(args, "backend", None):
+    kwargs.setdefault("backend", args.backend)
+  return config.call(train, files, given, model_dir=args.model_dir, **kwargs)

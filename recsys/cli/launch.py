@@ -1,0 +1,37 @@
+"""`recsys launch`: run a command on a local cluster (chief, workers, ps)."""
+
+import argparse
+from typing import Any
+
+from recsys import launch as launch_lib
+from recsys.cli import flags
+
+NAME = "launch"
+#: Starts processes (each its own `recsys`): TensorFlow is not started here.
+STARTS_TENSORFLOW = False
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+  parser = flags.subcommand(
+    subparsers,
+    NAME,
+    help="run a command on a local cluster (chief, workers, ps).",
+    description="Start a small TF_CONFIG cluster of processes on this "
+    "machine (127.0.0.1, free ports) that all run the command after `--`: "
+    "with --ps > 0 a chief, workers and parameter servers "
+    "(ParameterServerStrategy, 'sharded' tables); with --ps 0 workers of a "
+    "MultiWorkerMirroredStrategy. Log lines are prefixed with the task; "
+    "every process is stopped when the chief exits, on Ctrl-C, or when a "
+    "task the cluster cannot lose fails.",
+    epilog="example:\n  recsys launch --workers 2 --ps 2 -- train "
+    "--gin_file experiments/synthetic_dlrm.gin \\\n"
+    "      --gin_file experiments/hardware/local_cluster.gin "
+    "--model_dir runs/ps",
+  )
+  launch_lib.add_arguments(parser)
+  return parser
+
+
+def run(args: argparse.Namespace) -> int:
+  """The cluster's status (`LaunchError`: it cannot start as asked)."""
+  return launch_lib.run(args)

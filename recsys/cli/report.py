@@ -1,0 +1,62 @@
+"""How a failed or stopped `recsys` command tells the user, on stderr.
+
+What the exit status is, `recsys.runtime.exits` decides; this is only the
+wording: one line per error (the traceback with --verbose), gin's errors
+with their file and line on the lines below, a clean stop in its own words.
+"""
+
+import sys
+
+from recsys.runtime import exits
+
+#: The errors of gin files and bindings, by their class's name: their
+#: messages name the file and line on lines of their own.
+_GIN_ERRORS = ("GinConfigError", "GinFileNotFoundError")
+
+
+def failed(
+  command: str, error: BaseException, status: int, verbose_flag: bool
+) -> None:
+  """Prints why `command` ended with `status` because of `error`.
+
+  Args:
+    command: the subcommand's name.
+    error: what it raised.
+    status: its exit status (`exits.exit_status(error)`).
+    verbose_flag: the command takes --verbose (the line says so).
+  """
+  if status in exits.STOPPED_BY_SIGNAL:  # a clean stop, e.g. TrainingPreempted
+    text = _short(error)
+  elif type(error).__name__ in _GIN_ERRORS:
+    text = f"gin configuration error:\n{error}"
+  else:
+    text = f"{type(error).__name__}: {_short(error)}"
+    if verbose_flag:
+      text += "\n(run with --verbose for the traceback)"
+  print(f"recsys {command}: {text}", file=sys.stderr)
+
+
+def interrupted(command: str) -> None:
+  """Ctrl-C outside the training loop (which saves, then stops itself)."""
+  print(
+    f"recsys {command}: interrupted (Ctrl-C); checkpoints already saved are "
+    "kept.",
+    file=sys.stderr,
+  )
+
+
+def _short(error: BaseException) -> str:
+  """An error's own message: TF's OpErrors without their graph-node trail,
+  without the "In call to configurable ..." line gin adds."""
+  from recsys import _gin_compat  # pylint: disable=g-import-not-at-top
+
+  message = getattr(error, "message", None) or str(error)
+  message = _gin_compat.without_call_trail(str(message))
+  kept = [
+    line
+    for line in str(message).splitlines()
+    if line.strip()
+    and not line.lstrip().startswith(("[[", "\t [[", "In call to configurable"))
+    and "Op:__inference" not in line
+  ]
+  return "\n".join(kept) or str(error)

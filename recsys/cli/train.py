@@ -1,0 +1,83 @@
+"""`recsys train`: train the experiment the gin files describe."""
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from recsys.cli import flags, gin_train
+
+NAME = "train"
+#: The command needs TensorFlow started (`recsys.runtime.startup`).
+STARTS_TENSORFLOW = True
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+  parser = flags.subcommand(
+    subparsers,
+    NAME,
+    help="train a model (resumes from --model_dir).",
+    description="Train the experiment the gin files describe. An existing "
+    "checkpoint in --model_dir is resumed at its step. Writes checkpoints, "
+    "TensorBoard summaries, operative_config.gin and metrics.json there.",
+    epilog="example:\n  recsys train --gin_file experiments/synthetic_dlrm.gin "
+    "--model_dir runs/demo\n  recsys train "
+    "--gin_file experiments/synthetic_dlrm.gin "
+    "--gin_file experiments/hardware/cpu_2replicas.gin \\\n"
+    "      --gin_bindings 'train.train_steps = 500' --model_dir runs/demo2",
+  )
+  flags.add_gin_flags(parser, required=True)
+  parser.add_argument(
+    "--model_dir",
+    required=True,
+    help="where checkpoints, summaries and metrics go.",
+  )
+  parser.add_argument(
+    "--no_progress",
+    action="store_true",
+    help="log lines instead of a progress bar.",
+  )
+  parser.add_argument(
+    "--allow_changed_settings",
+    action="store_true",
+    help="resume the checkpoint in --model_dir although settings that "
+    "change the math (data, model, optimizers, batch size, seed, ...) "
+    "differ from the previous run's; refused by default, naming them.",
+  )
+  flags.add_skip_memory_check(parser)
+  flags.add_runtime_flags(parser)
+  return parser
+
+
+def run(args: argparse.Namespace) -> int:
+  metrics = gin_train.call_train(args)
+  from recsys.training import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+
+  # In a multi-worker run every worker returns the metrics; one prints them.
+  if strategy_lib.is_chief_task():
+    print(json.dumps(metrics, indent=2, sort_keys=True), flush=True)
+    ending = _ending(args.model_dir, metrics)
+    if ending:  # after the JSON, which stdout keeps to itself
+      print(f"recsys train: {ending}", file=sys.stderr)
+  return 0
+
+
+def _ending(model_dir: str, metrics: dict[str, Any]) -> str:
+  """`recsys train`'s last line: nothing was trained if the run was
+  complete already (and how to train again), and the metric reached next
+  to the best the data allows, where the source knows it."""
+  from recsys.training import run_summaries  # pylint: disable=g-import-not-at-top
+
+  step = metrics.get("step")
+  parts = []
+  if metrics.get("steps_trained") == 0:
+    parts.append(
+      f"nothing trained: {model_dir} was complete already at step {step} "
+      "(metrics.json keeps the run that trained it). To train again, pass "
+      "another --model_dir, or more steps: --gin_bindings "
+      f"'train.train_steps = {2 * int(step or 0)}'."
+    )
+  reached = run_summaries.against_optimum(metrics)
+  if reached:
+    parts.append(f"The restored model: {reached}." if parts else f"{reached}.")
+  return " ".join(parts)

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from backends import placement
+from backends.errors import BackendError
 from backends.placement import human_bytes
 
 #: With a backend that splits tables over its devices as it likes, a table
@@ -33,7 +34,7 @@ from backends.placement import human_bytes
 REPLICATE_SHARE = 0.1
 
 
-class PlanAnswerError(ValueError):
+class PlanAnswerError(BackendError, ValueError):
   """A backend's `plan_tables` answered about other tables than it was
   asked about (a bug in that backend)."""
 

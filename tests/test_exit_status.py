@@ -33,7 +33,7 @@ SETTINGS = {
   "recsys.cli_checks.GinFileNotFoundError",
   "recsys.config.GinConfigError",
   "recsys.data.criteo.CriteoConfigError",
-  "recsys.data.movielens.MovieLensConfigError",
+  "recsys.data.movielens.source.MovieLensConfigError",
   "recsys.data.pipeline.InvalidBatchSizeError",
   "recsys.data.synthetic_ctr.SyntheticConfigError",
   "recsys.data.synthetic_retrieval.SyntheticRetrievalConfigError",
@@ -57,6 +57,8 @@ SETTINGS = {
 #: The runtime errors: the data, the model dir, the host, a step that
 #: failed; the settings themselves are valid.
 RUNTIME = {
+  "backends.table_plan.PlanAnswerError",
+  "recsys.tools.checkout_harness.HarnessNotFoundError",
   "backends._legacy_keras.KerasVersionError",
   "backends.base.GradientDtypeError",
   "backends.base.GradientShapeError",

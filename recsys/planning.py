@@ -767,6 +767,7 @@ def plan_memory(
       ids_per_step or {},
       exchange,
       sigmas,
+      (backend_options or {}).get("table_dtype", "float32"),
     )
   else:  # placements forced for tensorcore do not apply (e.g. export)
     rows, refusals = (
@@ -808,15 +809,29 @@ def _table_name(i: int, table: Any) -> str:
 
 
 def _memory_row(
-  i: int, table: Any, optimizer: Any, shards: int, **placed: Any
+  i: int,
+  table: Any,
+  optimizer: Any,
+  shards: int,
+  dtype_bytes: int | None = None,
+  **placed: Any,
 ) -> TableMemory:
-  """Table `i`'s `TableMemory`, split over `shards`, as placed."""
+  """Table `i`'s `TableMemory`, split over `shards`, as placed; its rows
+  `dtype_bytes` per element (default: its TableConfig's), slots float32."""
   opt = table.optimizer if table.optimizer is not None else optimizer
   slots = tuple(embedding_optimizers.slot_names(opt)) if opt is not None else ()
-  width = table.dim * table.dtype.size
+  size = placement_lib.TableSize(
+    _table_name(i, table),
+    table.vocabulary_size,
+    table.dim,
+    len(slots),
+    dtype_bytes=dtype_bytes or table.dtype.size,
+    slot_dtype_bytes=table.dtype.size,
+  )
+  width = table.dim * size.slot_dtype_bytes
   placed.setdefault(
     "bytes_per_device",
-    math.ceil(table.vocabulary_size / shards) * width * (1 + len(slots)),
+    math.ceil(table.vocabulary_size / shards) * size.row_bytes,
   )
   return TableMemory(
     table=_table_name(i, table),
@@ -824,7 +839,7 @@ def _memory_row(
     dim=table.dim,
     optimizer=type(opt).__name__ if opt is not None else "none",
     slots=slots,
-    table_bytes=table.vocabulary_size * width,
+    table_bytes=table.vocabulary_size * table.dim * size.dtype_bytes,
     slot_bytes=len(slots) * table.vocabulary_size * width,
     shards=shards,
     **placed,
@@ -872,10 +887,24 @@ def _place_on_replicas(
   ids: Mapping[str, int | None],
   exchange: Any = "auto",
   sigmas: float = placement_lib.CAPACITY_SIGMAS,
+  table_dtype: Any = "float32",
 ) -> tuple[list[TableMemory], list[str]]:
-  """tensorcore: each table replicated or row-sharded over the replicas."""
+  """tensorcore: each table replicated or row-sharded over the replicas;
+  `table_dtype` its option (one dtype, or table name -> dtype)."""
   replicas = max(1, strategy.num_replicas_in_sync)
-  whole = [_memory_row(i, t, optimizer, 1) for i, t in enumerate(tables)]
+  names = [_table_name(i, t) for i, t in enumerate(tables)]
+  narrow = {
+    n: placement_lib.element_bytes(
+      table_dtype
+      if isinstance(table_dtype, str)
+      else table_dtype.get(n, "float32")
+    )
+    for n in names
+  }
+  whole = [
+    _memory_row(i, t, optimizer, 1, narrow[n])
+    for i, (t, n) in enumerate(zip(tables, names))
+  ]
   sizes = [
     placement_lib.TableSize(
       r.table,
@@ -883,6 +912,7 @@ def _place_on_replicas(
       r.dim,
       len(r.slots),
       ids.get(r.table),
+      narrow[r.table],
       t.dtype.size,
     )
     for t, r in zip(tables, whole)
@@ -899,6 +929,7 @@ def _place_on_replicas(
         t,
         optimizer,
         replicas if sharded else 1,
+        narrow[names[i]],
         bytes_per_device=placed.bytes_per_device,
         reason=placed.reason,
         exchange_bytes=placed.exchange_bytes,

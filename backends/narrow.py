@@ -63,11 +63,15 @@ def _low_high(x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
   return low, high
 
 
-def uniforms(seed: int, step: tf.Tensor, ids: tf.Tensor, dim: int) -> tf.Tensor:
-  """float32 `[U, dim]` in `[0, 1)`: a hash of (seed, step, row, column).
+def random_bits(
+  seed: int, step: tf.Tensor, ids: tf.Tensor, dim: int
+) -> tf.Tensor:
+  """uint32 `[U, dim]`: a hash of (seed, step, row, column).
 
   A pure function of its arguments (no TF random state): the same on
-  every device, eagerly and under XLA.
+  every device, eagerly and under XLA. The full hash runs per row and per
+  column; each element then costs an xor and one multiply-xorshift (the
+  update's elementwise work is what a narrow table's step pays for).
   """
   step_low, step_high = _low_high(step)
   key = _mix(_u32(int(seed) ^ 0x9E3779B9))
@@ -77,26 +81,44 @@ def uniforms(seed: int, step: tf.Tensor, ids: tf.Tensor, dim: int) -> tf.Tensor:
   rows = _mix(tf.bitwise.bitwise_xor(key, row_low))
   rows = _mix(tf.bitwise.bitwise_xor(rows, row_high))
   cols = _mix(tf.cast(tf.range(dim), tf.uint32) + _u32(0x632BE5AB))
-  bits = _mix(tf.bitwise.bitwise_xor(rows[:, tf.newaxis], cols[tf.newaxis]))
-  # The top 24 bits: exactly representable in float32.
+  bits = tf.bitwise.bitwise_xor(rows[:, tf.newaxis], cols[tf.newaxis])
+  bits = bits * _u32(0x846CA68B)
+  return tf.bitwise.bitwise_xor(bits, tf.bitwise.right_shift(bits, _u32(16)))
+
+
+def uniforms(bits: tf.Tensor) -> tf.Tensor:
+  """float32 in `[0, 1)` from `random_bits` (their top 24 bits, exact)."""
   top = tf.bitwise.right_shift(bits, _u32(8))
   return tf.cast(top, tf.float32) * (2.0**-24)
 
 
 def round_stochastically(
-  values: tf.Tensor, dtype: tf.DType, draws: tf.Tensor
+  values: tf.Tensor, dtype: tf.DType, bits: tf.Tensor
 ) -> tf.Tensor:
-  """`values` (float32) in `dtype`, each rounded up with probability equal
-  to its distance from its lower neighbour in `dtype` (in units of the gap).
+  """`values` (float32) in `dtype`, each rounded up (in magnitude) with
+  probability equal to its distance from its lower neighbour in `dtype`
+  (in units of the gap between them).
 
-  `draws`: float32 in `[0, 1)`, the shape of `values`. Values beyond the
-  largest finite narrow value saturate to it; infinities and NaN stay.
+  `bits`: `random_bits` of the shape of `values`. bfloat16 (the top half
+  of a float32): the draw's top 16 bits are added to the value's bits and
+  the low 16 cut, which carries into the kept bits with exactly that
+  probability. float16: the upper neighbour when `uniforms(bits)` is below
+  that probability; values beyond the largest finite float16 saturate to
+  it. Infinities and NaN stay.
   """
+  if dtype == tf.bfloat16:
+    value_bits = tf.bitcast(values, tf.uint32)
+    carried = value_bits + tf.bitwise.right_shift(bits, _u32(16))
+    kept = tf.bitwise.bitwise_and(carried, _u32(0xFFFF0000))
+    return tf.cast(tf.bitcast(kept, tf.float32), tf.bfloat16)
+  draws = uniforms(bits)
   magnitude = tf.abs(values)
   nearest = tf.cast(magnitude, dtype)
-  bits = tf.bitcast(nearest, tf.int16)
+  near_bits = tf.bitcast(nearest, tf.int16)
   # The neighbours below and above `magnitude` (equal if it is exact).
-  low_bits = tf.where(tf.cast(nearest, tf.float32) > magnitude, bits - 1, bits)
+  low_bits = tf.where(
+    tf.cast(nearest, tf.float32) > magnitude, near_bits - 1, near_bits
+  )
   low = tf.bitcast(low_bits, dtype)
   high = tf.bitcast(low_bits + 1, dtype)
   low32 = tf.cast(low, tf.float32)
@@ -125,8 +147,8 @@ class Rounding:
       [self.counter.assign_add(1, read_value=False)]
     ):
       step = tf.identity(self.counter.read_value())
-    draws = uniforms(self.seed, step, ids, int(values.shape[-1]))
-    return round_stochastically(values, dtype, draws)
+    bits = random_bits(self.seed, step, ids, int(values.shape[-1]))
+    return round_stochastically(values, dtype, bits)
 
 
 def table_seed(seed: int, table_name: str) -> int:

@@ -37,16 +37,18 @@ def _np_mix(x: np.ndarray) -> np.ndarray:
   return x
 
 
-def _np_uniforms(seed, step, ids, dim):
-  """`narrow.uniforms` written again in NumPy (ids and step below 2**32)."""
+def _np_bits(seed, step, ids, dim):
+  """`narrow.random_bits` written again in NumPy (ids, step below 2**32)."""
   key = _np_mix(np.array([(seed ^ 0x9E3779B9) & 0xFFFFFFFF]))
   key = _np_mix(key ^ np.uint64(step))
   key = _np_mix(key ^ np.uint64(0))  # the step's high bits
   rows = _np_mix(key ^ np.asarray(ids, np.uint64))
   rows = _np_mix(rows ^ np.uint64(0))  # the ids' high bits
   cols = _np_mix(np.arange(dim, dtype=np.uint64) + np.uint64(0x632BE5AB))
-  bits = _np_mix(rows[:, None] ^ cols[None, :])
-  return (bits >> np.uint64(8)).astype(np.float64) * 2.0**-24
+  bits = ((rows[:, None] ^ cols[None, :]) * np.uint64(0x846CA68B)) & np.uint64(
+    0xFFFFFFFF
+  )
+  return bits ^ (bits >> np.uint64(16))
 
 
 def _np_neighbours(x: np.ndarray, dtype_name: str):
@@ -65,9 +67,11 @@ def _np_neighbours(x: np.ndarray, dtype_name: str):
 
 def test_the_draws_are_the_numpy_hash_of_seed_step_row_and_column():
   ids = np.array([0, 3, 17, 2**31 + 5])
-  got = narrow.uniforms(11, tf.constant(7, tf.int64), tf.constant(ids), 5)
-  np.testing.assert_array_equal(got.numpy(), _np_uniforms(11, 7, ids, 5))
-  assert 0.0 <= got.numpy().min() and got.numpy().max() < 1.0
+  got = narrow.random_bits(11, tf.constant(7, tf.int64), tf.constant(ids), 5)
+  assert got.dtype == tf.uint32
+  np.testing.assert_array_equal(got.numpy(), _np_bits(11, 7, ids, 5))
+  u = narrow.uniforms(got).numpy()
+  assert 0.0 <= u.min() and u.max() < 1.0
 
 
 @pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
@@ -75,13 +79,21 @@ def test_stochastic_rounding_picks_the_numpy_neighbour(dtype_name):
   rng = np.random.default_rng(0)
   x = (rng.standard_normal((50, 8)) * 3).astype(np.float32)
   x[0, :4] = [0.0, 1.0, -2.5, 1e-9]  # exact values and a tiny one
-  draws = rng.random((50, 8)).astype(np.float32)
+  bits = rng.integers(0, 2**32, size=(50, 8), dtype=np.uint64)
   dtype = tf.as_dtype(dtype_name)
-  got = narrow.round_stochastically(tf.constant(x), dtype, tf.constant(draws))
+  got = narrow.round_stochastically(
+    tf.constant(x), dtype, tf.constant(bits.astype(np.uint32))
+  )
   assert got.dtype == dtype
   a, low, high = _np_neighbours(x, dtype_name)
-  up = (a - low) / np.where(high > low, high - low, 1.0)
-  want = np.sign(x) * np.where(draws < up, high, low)
+  if dtype_name == "bfloat16":
+    # Up when the draw's top 16 bits carry past the value's low 16 bits.
+    low_bits = a.view(np.uint32).astype(np.uint64) & np.uint64(0xFFFF)
+    go_up = low_bits + (bits >> np.uint64(16)) >= 2**16
+  else:
+    draws = (bits >> np.uint64(8)).astype(np.float64) * 2.0**-24
+    go_up = draws < (a - low) / np.where(high > low, high - low, 1.0)
+  want = np.sign(x) * np.where(go_up, high, low)
   np.testing.assert_array_equal(got.numpy().astype(np.float64), want)
 
 
@@ -93,8 +105,8 @@ def test_stochastic_rounding_is_unbiased(dtype_name):
   values = np.array([1.003, -0.3001, 7.77, 1e-4 + 3e-8], np.float32)
   n = 20000
   x = tf.constant(np.tile(values, (n, 1)))
-  draws = narrow.uniforms(3, tf.constant(1, tf.int64), tf.range(n), 4)
-  rounded = narrow.round_stochastically(x, dtype, draws).numpy()
+  bits = narrow.random_bits(3, tf.constant(1, tf.int64), tf.range(n), 4)
+  rounded = narrow.round_stochastically(x, dtype, bits).numpy()
   mean = rounded.astype(np.float64).mean(axis=0)
   _, low, high = _np_neighbours(values, dtype_name)
   # Binomial: the mean's standard deviation is at most gap / (2 sqrt(n)).

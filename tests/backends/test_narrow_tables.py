@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from backends import base, narrow, placement
+from backends import base, kernels, narrow, placement
 from backends import checkpoint as checkpoint_lib
 from backends import reference_optimizers as ref
 from backends.tensorcore import TensorCoreEmbedding
@@ -342,7 +342,7 @@ def test_two_replicas_keep_identical_narrow_copies():
   @tf.function
   def step(ids, c):
     def replica(ids, c):
-      acts = emb({"f": ids}, training=True)
+      emb({"f": ids}, training=True)
       emb.apply_gradients({"f": c})
 
     strategy.run(replica, (ids, c))
@@ -364,3 +364,19 @@ def test_two_replicas_keep_identical_narrow_copies():
   want = one.embedding_tables[one.tables[0]].numpy().astype(np.float64)
   got = copies[0].numpy().astype(np.float64)
   np.testing.assert_allclose(got, want, atol=4 * 2.0**-8)
+
+
+def test_the_fused_kernels_refuse_a_narrow_table_rather_than_misread_it():
+  """Were the dispatch ever to hand them one, the kernels fail naming it."""
+  ops = kernels.load()
+  if ops is None:
+    pytest.skip("the fused kernels are not built here")
+  table = tf.Variable(tf.zeros([10, 2], tf.bfloat16))
+  with pytest.raises(tf.errors.InvalidArgumentError, match="float32 matrix"):
+    ops.recsys_bag_sums(
+      table=table.handle,
+      ids=np.array([1, 2], np.int64),
+      segments=np.zeros(2, np.int32),
+      scale=tf.zeros([0]),
+      num_segments=1,
+    )

@@ -177,6 +177,9 @@ OPTIMIZERS = {
   "sgd": lambda: E.SGD(0.05),
   "adagrad": lambda: E.Adagrad(0.1),
   "adam": lambda: E.Adam(0.01),
+  "dense_adam": lambda: E.Adam(0.01, lazy_adam=False),
+  "adagrad_momentum": lambda: E.AdagradMomentum(0.1, momentum=0.9),
+  "ftrl": lambda: E.FTRL(0.1, l1_regularization_strength=0.001),
 }
 
 
@@ -209,9 +212,10 @@ def test_the_same_seed_gives_bit_identical_tables_another_seed_not():
   assert (first.view(np.uint16) != other.view(np.uint16)).any()
 
 
-def test_the_compiled_step_rounds_as_the_uncompiled_one():
-  eager = _train("bfloat16", E.Adam(0.01), jit=False)
-  compiled = _train("bfloat16", E.Adam(0.01), jit=True)
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
+def test_the_compiled_step_rounds_as_the_uncompiled_one(dtype_name):
+  eager = _train(dtype_name, E.Adam(0.01), jit=False)
+  compiled = _train(dtype_name, E.Adam(0.01), jit=True)
   assert compiled.engine_names[1] == "static"
   np.testing.assert_array_equal(
     eager.embedding_tables[eager.tables[0]].numpy().view(np.uint16),

@@ -198,7 +198,10 @@ def lookup(
       the others leave idle (RECSYS_KERNEL_PARALLEL_MIN_WORK=off keeps every
       call on one thread).
   """
-  if fused_ops is not None and params is not None:
+  # The kernels read float32 rows only: a narrow table takes the TF ops.
+  if (
+    fused_ops is not None and params is not None and params.dtype == tf.float32
+  ):
     # A tape on the table still gets IndexedSlices of the U rows.
     if params.trainable:
       _tf_internal.mark_variable_read(params)

@@ -64,6 +64,9 @@ SaveType = trackable_base.SaveType
 VARIABLE_VALUE_KEY = trackable_base.VARIABLE_VALUE_KEY
 #: The initial value a restore-on-create passes (reads the checkpoint).
 CheckpointInitialValueCallable = trackable_base.CheckpointInitialValueCallable
+#: The value a pending restore gives a variable it creates (restore on
+#: create), read in the checkpoint's dtype: `wrapped_value`.
+CheckpointInitialValue = trackable_base.CheckpointInitialValue
 #: The slice of a full tensor one shard restores (`shape`, `offset`).
 ShardInfo = trackable_base.ShardInfo
 #: What a trackable saves; with a callable giving None, an attribute whose

@@ -227,6 +227,28 @@ def verify_compatible(
   return path
 
 
+def _check_dtypes(path: str, backend: base.EmbeddingBackend, prefix: str):
+  """Raises if a built table's dtype is not the one its checkpoint holds
+  (TF's restore of an existing variable cannot cast)."""
+  stored = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
+  problems = []
+  for table, variable in backend.embedding_tables.items():
+    table_name = backend.table_name(table)
+    key = prefix + table_name + _SUFFIX
+    if key in stored and stored[key] != variable.dtype:
+      problems.append(
+        f"table {table_name!r} is {variable.dtype.name}, the checkpoint "
+        f"holds it in {stored[key].name}"
+      )
+  if problems:
+    raise CheckpointMismatchError(
+      f"checkpoint {path!r}: " + "; ".join(problems) + ". A table restores "
+      "into another dtype (cast) only when its variables are created: "
+      "restore before build() (backends.checkpoint.restore on an unbuilt "
+      "backend)."
+    )
+
+
 _VALUE = "VARIABLE_VALUE"
 _GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
@@ -353,6 +375,11 @@ def restore(
   Before `build()` the values are restored when the variables are created;
   after it, immediately.
 
+  Tables are saved in their own dtype (float32, or a narrow table's
+  bfloat16/float16: `backends.narrow`). Restoring into a table of another
+  dtype (float32 <-> narrow) casts, when the variables are created: restore
+  such a checkpoint before `build()`.
+
   Args:
     backend: the backend to restore into.
     checkpoint_path: checkpoint prefix or directory.
@@ -365,7 +392,8 @@ def restore(
     The `tf.train.Checkpoint` used (its `restore` status is consumed).
 
   Raises:
-    CheckpointMismatchError: see `verify_compatible`.
+    CheckpointMismatchError: see `verify_compatible`; a built backend's
+      table of another dtype than the checkpoint's.
   """
   path = verify_compatible(
     checkpoint_path,
@@ -373,6 +401,8 @@ def restore(
     prefix=name + "/",
     allow_extra_tables=allow_extra_tables,
   )
+  if getattr(backend, "_built", False):
+    _check_dtypes(path, backend, name + "/")
   checkpoint = tf.train.Checkpoint(**{name: backend})
 
   def restore_rest(path):

@@ -45,7 +45,7 @@ from typing import (
 import tensorflow as tf
 from tensorflow.tpu.experimental import embedding
 
-from backends import _bags, _tf_internal
+from backends import _bags, _tf_internal, narrow
 from backends.base import UnsupportedConfigError
 
 log = logging.getLogger("recsys.backends")
@@ -336,6 +336,7 @@ def apply_sparse_update(
   grads: tf.Tensor,
   rows: tf.Tensor | None = None,
   keep: tf.Tensor | None = None,
+  rounding: narrow.Rounding | None = None,
 ) -> None:
   """Applies one step of `optimizer` (TPU semantics) to the rows `ids`.
 
@@ -354,7 +355,10 @@ def apply_sparse_update(
     optimizer: a `tf.tpu.experimental.embedding` optimizer (SGD, Adagrad,
       AdagradMomentum, Adam, FTRL); a callable `learning_rate` is evaluated
       once per call.
-    table: the table variable, `[V, D]` float32.
+    table: the table variable, `[V, D]` float32, or bfloat16/float16 (a
+      narrow table, `backends.narrow`: the math runs in float32 and the
+      new rows are rounded back, stochastically with `rounding`, else to
+      nearest).
     slots: the table's slot variables keyed by TF's slot names (see
       `slot_names`), each `[V, D]`.
     ids: int32/int64 `[U]`, the UNIQUE row ids touched this step (duplicates
@@ -370,6 +374,7 @@ def apply_sparse_update(
       row at all. Duplicate ids are allowed when their `grads` (and `rows`)
       are equal too: each computes the same new row. Ignored by non-lazy
       Adam, which updates every row every step.
+    rounding: a narrow table's stochastic rounding (None: to nearest).
 
   Raises:
     UnsupportedConfigError: the optimizer is not supported (see
@@ -378,14 +383,18 @@ def apply_sparse_update(
     TypeError: `ids` is not an integer tensor.
   """
   ids = tf.convert_to_tensor(ids)
-  grads = tf.cast(tf.convert_to_tensor(grads), table.dtype)
+  compute = narrow.math_dtype(table.dtype)
+  grads = tf.cast(tf.convert_to_tensor(grads), compute)
   _check_args(optimizer, table, slots, ids, grads)
   lr = learning_rate(optimizer)
   names = _tf_internal.slot_names(optimizer)
 
   if isinstance(optimizer, embedding.Adam) and not optimizer.lazy_adam:
     # Dense: every row, g = 0 (then clipped, like any gradient) where untouched.
-    w = tf.raw_ops.ReadVariableOp(resource=table.handle, dtype=table.dtype)
+    w = tf.cast(
+      tf.raw_ops.ReadVariableOp(resource=table.handle, dtype=table.dtype),
+      compute,
+    )
     s = {
       n: tf.raw_ops.ReadVariableOp(
         resource=slots[n].handle, dtype=slots[n].dtype
@@ -399,18 +408,16 @@ def apply_sparse_update(
       dense_g, optimizer.clip_gradient_min, optimizer.clip_gradient_max
     )
     w, s = _step(optimizer, lr, w, s, dense_g)
-    tf.raw_ops.AssignVariableOp(resource=table.handle, value=w)
+    every = tf.range(tf.shape(w, out_type=tf.int64)[0])
+    tf.raw_ops.AssignVariableOp(
+      resource=table.handle, value=_narrowed(table, every, w, rounding)
+    )
     for n in names:
       tf.raw_ops.AssignVariableOp(resource=slots[n].handle, value=s[n])
     return
 
   g = _clip(grads, optimizer.clip_gradient_min, optimizer.clip_gradient_max)
-  if rows is not None:
-    w = tf.cast(rows, table.dtype)
-  else:
-    w = tf.raw_ops.ResourceGather(
-      resource=table.handle, indices=ids, dtype=table.dtype
-    )
+  w = _read_rows(table, ids, rows)
   s = {
     n: tf.raw_ops.ResourceGather(
       resource=slots[n].handle, indices=ids, dtype=slots[n].dtype
@@ -419,12 +426,45 @@ def apply_sparse_update(
   }
   w, s = _kept(keep, _step(optimizer, lr, w, s, g), (w, s))
   tf.raw_ops.ResourceScatterUpdate(
-    resource=table.handle, indices=ids, updates=w
+    resource=table.handle,
+    indices=ids,
+    updates=_narrowed(table, ids, w, rounding),
   )
   for n in names:
     tf.raw_ops.ResourceScatterUpdate(
       resource=slots[n].handle, indices=ids, updates=s[n]
     )
+
+
+def _read_rows(
+  table: tf.Variable, ids: tf.Tensor, rows: tf.Tensor | None
+) -> tf.Tensor:
+  """The rows `ids` of `table` (or the given current `rows`) in the
+  optimizer's math dtype (float32 for a narrow table)."""
+  compute = narrow.math_dtype(table.dtype)
+  if rows is not None:
+    return tf.cast(rows, compute)
+  return tf.cast(
+    tf.raw_ops.ResourceGather(
+      resource=table.handle, indices=ids, dtype=table.dtype
+    ),
+    compute,
+  )
+
+
+def _narrowed(
+  table: tf.Variable,
+  ids: tf.Tensor,
+  w: tf.Tensor,
+  rounding: narrow.Rounding | None,
+) -> tf.Tensor:
+  """New rows `w` in the table's dtype: a narrow table's stochastically
+  rounded with `rounding` (to nearest without one)."""
+  if not narrow.is_narrow(table.dtype):
+    return w
+  if rounding is None:
+    return tf.cast(w, table.dtype)
+  return rounding.round(w, table.dtype, ids)
 
 
 def _kept(
@@ -455,6 +495,7 @@ class SparseUpdate(NamedTuple):
   grads: tf.Tensor
   rows: tf.Tensor | None = None
   keep: tf.Tensor | None = None
+  rounding: narrow.Rounding | None = None
 
 
 # The optimizers the fused kernel (backends/kernels, RecsysSparseApply)
@@ -559,7 +600,14 @@ def apply_sparse_updates(
   ):
     for u in updates:
       apply_sparse_update(
-        optimizer, u.table, u.slots, u.ids, u.grads, rows=u.rows, keep=u.keep
+        optimizer,
+        u.table,
+        u.slots,
+        u.ids,
+        u.grads,
+        rows=u.rows,
+        keep=u.keep,
+        rounding=u.rounding,
       )
     return
   names = _tf_internal.slot_names(optimizer)
@@ -569,17 +617,13 @@ def apply_sparse_updates(
   ss: dict[str, list[tf.Tensor]] = {n: [] for n in names}
   for u in updates:
     ids = tf.convert_to_tensor(u.ids)
-    grads = tf.cast(tf.convert_to_tensor(u.grads), u.table.dtype)
+    grads = tf.cast(
+      tf.convert_to_tensor(u.grads), narrow.math_dtype(u.table.dtype)
+    )
     _check_args(optimizer, u.table, u.slots, ids, grads)
     idss.append(ids)
     gs.append(grads)
-    ws.append(
-      tf.cast(u.rows, u.table.dtype)
-      if u.rows is not None
-      else tf.raw_ops.ResourceGather(
-        resource=u.table.handle, indices=ids, dtype=u.table.dtype
-      )
-    )
+    ws.append(_read_rows(u.table, ids, u.rows))
     for n in names:
       ss[n].append(
         tf.raw_ops.ResourceGather(
@@ -605,7 +649,9 @@ def apply_sparse_updates(
   new_s = {n: tf.split(s[n], sizes) for n in names}
   for k, u in enumerate(updates):
     tf.raw_ops.ResourceScatterUpdate(
-      resource=u.table.handle, indices=idss[k], updates=new_w[k]
+      resource=u.table.handle,
+      indices=idss[k],
+      updates=_narrowed(u.table, idss[k], new_w[k], u.rounding),
     )
     for n in names:
       tf.raw_ops.ResourceScatterUpdate(

@@ -86,6 +86,26 @@ def exchange_bytes(
   return replicas * ((k + 1) * 8 + 2 * k * row_bytes)
 
 
+#: Bytes per element of each dtype a table's rows may be stored in
+#: (`backends.narrow.STORAGE_DTYPES`).
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+#: Bytes per element of a row's gradient (float32, whatever the table's).
+GRADIENT_BYTES = 4
+
+
+def element_bytes(dtype: str) -> int:
+  """Bytes per element of a table stored in `dtype` ("float32", ...).
+
+  Raises:
+    ValueError: a dtype no table is stored in.
+  """
+  if dtype not in ELEMENT_BYTES:
+    raise ValueError(
+      f"table dtype {dtype!r}; use one of {', '.join(ELEMENT_BYTES)}."
+    )
+  return ELEMENT_BYTES[dtype]
+
+
 @dataclasses.dataclass(frozen=True)
 class TableSize:
   """One table's shape, its optimizer's slots and its ids per step.
@@ -98,7 +118,9 @@ class TableSize:
     ids_per_step: the ids one replica looks up in it per step (`C`: the
       per-replica batch times the ids per example of its features), or None
       when unknown.
-    dtype_bytes: bytes per element (float32: 4).
+    dtype_bytes: bytes per element of the table's rows (float32: 4;
+      bfloat16, float16: 2; `element_bytes`).
+    slot_dtype_bytes: bytes per element of each slot (float32: 4).
   """
 
   name: str
@@ -107,11 +129,14 @@ class TableSize:
   num_slots: int = 0
   ids_per_step: int | None = None
   dtype_bytes: int = 4
+  slot_dtype_bytes: int = 4
 
   @property
   def row_bytes(self) -> int:
     """One row with its slots."""
-    return self.dim * self.dtype_bytes * (1 + self.num_slots)
+    return self.dim * (
+      self.dtype_bytes + self.num_slots * self.slot_dtype_bytes
+    )
 
   @property
   def total_bytes(self) -> int:
@@ -142,10 +167,10 @@ class TableSize:
     if self.ids_per_step is None:
       return None
     ids = min(self.ids_per_step, self.vocabulary_size)
-    row = self.dim * self.dtype_bytes
     if placement == ROW_SHARDED:
+      row = self.dim * self.dtype_bytes
       return exchange_bytes(exchange, ids, replicas, row, sigmas)
-    return ids * (8 + row)
+    return ids * (8 + self.dim * GRADIENT_BYTES)  # float32 gradients
 
   def cheaper_exchange(self, replicas: int, sigmas: float) -> str:
     """The exchange that moves fewer bytes; all-gather when ids are unknown

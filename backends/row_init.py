@@ -148,7 +148,7 @@ class RowInitializer:
         # put it in copy-on-read mode (any sparse access does).
         variable.scatter_update(
           tf.IndexedSlices(
-            self.rows(_slice(ids, begin, end)),
+            tf.cast(self.rows(_slice(ids, begin, end)), variable.dtype),
             tf.range(begin, end, dtype=tf.int64),
           )
         )

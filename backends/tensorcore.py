@@ -52,7 +52,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import base, composed, table_plan
+from backends import base, composed, narrow, table_plan
 from backends import placement as placement_lib
 from backends.storage import PLACEMENTS, TableStorage, replica_sharded
 from backends.storage import exchange as exchange_lib
@@ -86,6 +86,14 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
       (`backends.storage.exchange`; `recsys.planning` chooses per table).
     exchange_sigmas: the all-to-all's margin per owner over the even share
       of a step's ids, in standard deviations of a uniform spread.
+    table_dtype: the dtype a table's rows are stored in: "float32"
+      (default), "bfloat16" or "float16" (half the bytes; slots stay
+      float32; `backends.narrow`); one value for every table, or table
+      name -> dtype (others float32). A narrow table is replicated, the
+      model sees float32 rows, and its steps run on the TF ops (the fused
+      kernels read float32 rows only).
+    rounding_seed: the seed of the stochastic rounding of narrow tables'
+      updates: the same seed and steps give bit-identical tables.
   """
 
   name = "tensorcore"
@@ -100,6 +108,8 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
       "row_layout",
       "exchange",
       "exchange_sigmas",
+      "table_dtype",
+      "rounding_seed",
     }
   )
 
@@ -117,6 +127,8 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
     row_layout: str = replica_sharded.DEFAULT_ROW_LAYOUT,
     exchange: str | Mapping[str, str] = exchange_lib.ALL_TO_ALL,
     exchange_sigmas: float = exchange_lib.CAPACITY_SIGMAS,
+    table_dtype: str | Mapping[str, str] = "float32",
+    rounding_seed: int = 0,
   ):
     super().__init__(
       feature_config,
@@ -130,11 +142,28 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
     self._placement = resolve_placement(
       placement, [self.table_name(t) for t in self._tables]
     )
+    self._dtypes = _per_table(
+      "table_dtype",
+      table_dtype,
+      [self.table_name(t) for t in self._tables],
+      narrow.STORAGE_DTYPES,
+    )
     for table in self._tables:
-      if self._placement[self.table_name(table)] == "row_sharded":
-        replica_sharded.check_optimizer(
-          self.table_name(table), self.optimizer_for(table)
-        )
+      name = self.table_name(table)
+      if self._placement[name] == "row_sharded":
+        replica_sharded.check_optimizer(name, self.optimizer_for(table))
+        if narrow.is_narrow(self._dtypes[name]):
+          raise base.UnsupportedConfigError(
+            f"table {name!r}: table_dtype={self._dtypes[name]!r} is stored "
+            "replicated only; a row-sharded table is float32. Give it "
+            "table_dtype 'float32' or placement 'replicated'."
+          )
+    if not isinstance(rounding_seed, int):
+      raise ValueError(
+        f"rounding_seed={rounding_seed!r}; use an int (the seed of narrow "
+        "tables' stochastic rounding)."
+      )
+    self._rounding_seed = rounding_seed
     row_layout_lib.make(row_layout, 1, 1)  # refuses an unknown name
     self._row_layout = row_layout
     self._exchange = resolve_exchange(
@@ -199,7 +228,15 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
         exchange=self._exchange[name],
         exchange_sigmas=self._exchange_sigmas,
       )
-    return replicated_lib.Replicated(*args)
+    return replicated_lib.Replicated(
+      *args,
+      dtype=self._dtypes[name],
+      rounding_seed=narrow.table_seed(self._rounding_seed, name),
+    )
+
+  def table_dtypes(self) -> dict[str, str]:
+    """Table name -> the dtype its rows are stored in."""
+    return dict(self._dtypes)
 
   def exchanges(self) -> dict[str, str]:
     """Table name -> its exchange, for the row-sharded tables."""

@@ -194,6 +194,7 @@ def _tf_step(impl: str, args) -> tuple[Callable, Callable]:
       if impl == "recsys_ragged"
       else args.bag_width or args.max_bag,
       fused_kernels=impl != "recsys_tf_ops",
+      table_dtype=args.table_dtype,
     )
     emb.build()
     lookup = tf.autograph.experimental.do_not_convert(emb.lookup)
@@ -703,6 +704,7 @@ _CHILD_FLAGS = (
   "warmup",
   "steps",
   "distinct_batches",
+  "table_dtype",
 )
 
 
@@ -904,6 +906,13 @@ def main(argv=None) -> None:
   parser.add_argument("--warmup", type=int, default=5)
   parser.add_argument("--steps", type=int, default=30)
   parser.add_argument("--distinct_batches", type=int, default=8)
+  parser.add_argument(
+    "--table_dtype",
+    default="float32",
+    choices=("float32", "bfloat16", "float16"),
+    help="recsys's table storage (tensorcore's table_dtype; narrow tables "
+    "run on the TF ops, not the fused kernels)",
+  )
   parser.add_argument(
     "--repeats",
     type=int,

@@ -721,8 +721,15 @@ def plan_memory(
   sigmas = placement_lib.CAPACITY_SIGMAS
   if places:  # forced settings apply only where the backend takes them
     exchange, sigmas = _exchange_settings(placement, backend_options or {})
+  element = _element_bytes(
+    tables,
+    names,
+    (backend_options or {}).get("table_dtype", "float32")
+    if "table_dtype" in backend_cls.options
+    else "float32",
+  )
   request = table_plan.PlanRequest(
-    _table_sizes(tables, optimizer, ids_per_step or {}),
+    _table_sizes(tables, optimizer, ids_per_step or {}, element),
     strategy,
     budget,
     None if num_shards is None else int(num_shards),
@@ -742,6 +749,7 @@ def plan_memory(
       table,
       optimizer,
       placed.shards,
+      element[names[i]],
       bytes_per_device=placed.bytes_per_device,
       reason=placed.reason,
       exchange_bytes=placed.exchange_bytes,
@@ -782,11 +790,32 @@ def plan_memory(
   return plan
 
 
+def _element_bytes(
+  tables: list[Any], names: list[str], table_dtype: Any
+) -> dict[str, int]:
+  """Bytes per element of each table's rows: `table_dtype` is the backend's
+  option (one dtype, or table name -> dtype; float32 where unnamed)."""
+  return {
+    n: placement_lib.element_bytes(
+      table_dtype
+      if isinstance(table_dtype, str)
+      else table_dtype.get(n, "float32")
+    )
+    if table_dtype != "float32"
+    else t.dtype.size
+    for t, n in zip(tables, names)
+  }
+
+
 def _table_sizes(
-  tables: list[Any], optimizer: Any, ids: Mapping[str, int | None]
+  tables: list[Any],
+  optimizer: Any,
+  ids: Mapping[str, int | None],
+  element: Mapping[str, int],
 ) -> list[placement_lib.TableSize]:
   """Each table's size with its optimizer's slots and ids per step: what a
-  backend's `plan_tables` is asked about."""
+  backend's `plan_tables` is asked about; rows `element[name]` bytes per
+  element, slots their TableConfig's."""
   sizes = []
   for i, table in enumerate(tables):
     whole = _memory_row(i, table, optimizer, 1)
@@ -797,6 +826,7 @@ def _table_sizes(
         whole.dim,
         len(whole.slots),
         ids.get(whole.table),
+        element[whole.table],
         table.dtype.size,
       )
     )
@@ -809,15 +839,29 @@ def _table_name(i: int, table: Any) -> str:
 
 
 def _memory_row(
-  i: int, table: Any, optimizer: Any, shards: int, **placed: Any
+  i: int,
+  table: Any,
+  optimizer: Any,
+  shards: int,
+  dtype_bytes: int | None = None,
+  **placed: Any,
 ) -> TableMemory:
-  """Table `i`'s `TableMemory`, split over `shards`, as placed."""
+  """Table `i`'s `TableMemory`, split over `shards`, as placed; its rows
+  `dtype_bytes` per element (default: its TableConfig's), slots float32."""
   opt = table.optimizer if table.optimizer is not None else optimizer
   slots = tuple(embedding_optimizers.slot_names(opt)) if opt is not None else ()
-  width = table.dim * table.dtype.size
+  size = placement_lib.TableSize(
+    _table_name(i, table),
+    table.vocabulary_size,
+    table.dim,
+    len(slots),
+    dtype_bytes=dtype_bytes or table.dtype.size,
+    slot_dtype_bytes=table.dtype.size,
+  )
+  width = table.dim * size.slot_dtype_bytes
   placed.setdefault(
     "bytes_per_device",
-    math.ceil(table.vocabulary_size / shards) * width * (1 + len(slots)),
+    math.ceil(table.vocabulary_size / shards) * size.row_bytes,
   )
   return TableMemory(
     table=_table_name(i, table),
@@ -825,7 +869,7 @@ def _memory_row(
     dim=table.dim,
     optimizer=type(opt).__name__ if opt is not None else "none",
     slots=slots,
-    table_bytes=table.vocabulary_size * width,
+    table_bytes=table.vocabulary_size * table.dim * size.dtype_bytes,
     slot_bytes=len(slots) * table.vocabulary_size * width,
     shards=shards,
     **placed,

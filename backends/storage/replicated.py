@@ -7,6 +7,12 @@ summed gradients, via `all_gather`), never a dense all-reduce of whole
 tables. Every replica then applies the same update, so the copies stay
 bit-identical.
 
+A narrow table (`dtype` bfloat16 or float16, `backends.narrow`) keeps its
+rows in that dtype and its slots in float32; `gather` upcasts the rows,
+the update rounds them back stochastically (the same draws on every
+replica). Checkpoints hold the rows in the table's
+dtype; a float32 checkpoint restores into a narrow table and back (cast).
+
 Example:
   >>> storage = Replicated(table, "items", Adagrad(0.1), strategy)
   >>> storage.create(tracker)
@@ -18,7 +24,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, optimizers, row_init, static_bags
+from backends import _tf_internal, narrow, optimizers, row_init, static_bags
 from backends.storage import base
 from backends.table_step import TableStep
 
@@ -29,6 +35,14 @@ class Replicated(base.TableStorage):
   """A full copy of the table and its slots on every replica."""
 
   placement = "replicated"
+
+  def __init__(
+    self, *args: Any, dtype: str = "float32", rounding_seed: int = 0
+  ):
+    super().__init__(*args)
+    self.dtype = tf.as_dtype(dtype)
+    self._rounding_seed = rounding_seed
+    self._rounding: narrow.Rounding | None = None
 
   def create(self, tracker: base.Tracker) -> None:
     table, name = self.table, self.name
@@ -42,7 +56,7 @@ class Replicated(base.TableStorage):
       variable = tf.Variable(
         # Row-keyed: zeros, then the rows chunk by chunk (no second copy).
         initial_value=functools.partial(
-          tf.zeros if keyed else initializer, full, dtype=dtype
+          _initial_value, tf.zeros if keyed else initializer, full, dtype
         ),
         name=name,
         shape=full,
@@ -56,20 +70,23 @@ class Replicated(base.TableStorage):
           )
       return variable
 
-    def create(var_name, initializer, trainable):
+    def create(var_name, initializer, trainable, dtype=tf.float32):
       # Restore-on-create: a pending checkpoint restore fills the value.
       return tracker.add_variable(
         name=var_name,
         initializer=initializer,
         shape=shape,
-        dtype=tf.float32,
+        dtype=dtype,
         getter=getter,
         trainable=trainable,
       )
 
     # A pending restore replaces the initializer with the checkpoint's value.
     params = create(
-      name, _RowKeyed(rows) if rows is not None else table.initializer, True
+      name,
+      _RowKeyed(rows) if rows is not None else table.initializer,
+      True,
+      self.dtype,
     )
     slots = {}
     if self.optimizer is not None:
@@ -79,6 +96,17 @@ class Replicated(base.TableStorage):
         lambda slot, init: create(f"{name}/{slot}", init, False),
       )
     self._variables = {"parameters": params, **slots}
+    if narrow.is_narrow(self.dtype):
+      # Per replica, advanced identically by each; not checkpointed.
+      counter = tf.Variable(
+        0,
+        dtype=tf.int64,
+        trainable=False,
+        name=f"{name}_rounding_step",
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+      )
+      self._rounding = narrow.Rounding(self._rounding_seed, counter)
 
   @property
   def parameters(self) -> tf.Variable:
@@ -87,7 +115,9 @@ class Replicated(base.TableStorage):
   def slots(self) -> dict[str, tf.Variable]:
     return {k: v for k, v in self._variables.items() if k != "parameters"}
 
-  def local_variables(self) -> dict[str, tf.Variable]:
+  def local_variables(self) -> dict[str, tf.Variable] | None:
+    if narrow.is_narrow(self.dtype):
+      return None  # the fused kernels read float32 rows: `gather` upcasts
     return self._variables
 
   def _exchanges(self) -> bool:
@@ -111,7 +141,10 @@ class Replicated(base.TableStorage):
   ) -> tuple[tf.Tensor, Any]:
     del valid, capacity  # invalid slots name real rows too
     # `tf.gather` on the variable: a tape on the table sees IndexedSlices.
-    return tf.gather(self.parameters, ids), None
+    rows = tf.gather(self.parameters, ids)
+    if narrow.is_narrow(self.dtype):
+      rows = tf.cast(rows, tf.float32)
+    return rows, None
 
   def updates(
     self, step: TableStep, row_grads: tf.Tensor
@@ -134,9 +167,28 @@ class Replicated(base.TableStorage):
       rows = None  # other replicas' rows too: gathered by the update
     return [
       optimizers.SparseUpdate(
-        self.parameters, self.slots(), ids, row_grads, rows, keep
+        self.parameters,
+        self.slots(),
+        ids,
+        row_grads,
+        rows,
+        keep,
+        self._rounding,
       )
     ]
+
+
+def _initial_value(
+  initializer: Any, shape: tuple[int, int], dtype: tf.DType
+) -> Any:
+  """`initializer`'s value in `dtype`; a checkpoint's value (restore on
+  create) is cast when it was saved in another dtype (float32 <-> narrow)."""
+  value = initializer(shape, dtype=narrow.math_dtype(dtype))
+  if isinstance(value, _tf_internal.CheckpointInitialValue):
+    if value.wrapped_value.dtype != dtype:
+      value.wrapped_value = tf.cast(value.wrapped_value, dtype)
+    return value
+  return tf.cast(value, dtype)
 
 
 class _RowKeyed:

@@ -1,0 +1,386 @@
+"""bfloat16 / float16 tables (`backends.narrow`) against NumPy references.
+
+References: NumPy's own neighbours of a float32 value in float16 and
+(by the bits) bfloat16 for the stochastic rounding; a NumPy `lowbias32`
+for its draws; `backends.reference_optimizers` (float64) for training; the
+float32 table's bytes for the planner; the float32 run for checkpoints and
+the compiled step.
+"""
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from backends import base, kernels, narrow, placement
+from backends import checkpoint as checkpoint_lib
+from backends import reference_optimizers as ref
+from backends.tensorcore import TensorCoreEmbedding
+from recsys import planning
+from tests.conftest import mirrored_strategy
+
+E = tf.tpu.experimental.embedding
+NARROW = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+VOCAB, DIM = 40, 6
+
+
+# -- the rounding ------------------------------------------------------------
+
+
+def _np_mix(x: np.ndarray) -> np.ndarray:
+  x = x.astype(np.uint64)
+  m = np.uint64(0xFFFFFFFF)
+  x ^= x >> np.uint64(16)
+  x = (x * np.uint64(0x7FEB352D)) & m
+  x ^= x >> np.uint64(15)
+  x = (x * np.uint64(0x846CA68B)) & m
+  x ^= x >> np.uint64(16)
+  return x
+
+
+def _np_bits(seed, step, ids, dim):
+  """`narrow.random_bits` written again in NumPy (ids, step below 2**32)."""
+  key = _np_mix(np.array([(seed ^ 0x9E3779B9) & 0xFFFFFFFF]))
+  key = _np_mix(key ^ np.uint64(step))
+  key = _np_mix(key ^ np.uint64(0))  # the step's high bits
+  rows = _np_mix(key ^ np.asarray(ids, np.uint64))
+  rows = _np_mix(rows ^ np.uint64(0))  # the ids' high bits
+  cols = _np_mix(np.arange(dim, dtype=np.uint64) + np.uint64(0x632BE5AB))
+  bits = ((rows[:, None] ^ cols[None, :]) * np.uint64(0x846CA68B)) & np.uint64(
+    0xFFFFFFFF
+  )
+  return bits ^ (bits >> np.uint64(16))
+
+
+def _np_neighbours(x: np.ndarray, dtype_name: str):
+  """The narrow values just below and above |x| (equal when exact)."""
+  a = np.abs(x.astype(np.float32))
+  if dtype_name == "bfloat16":  # bfloat16 is the top 16 bits of float32
+    low = (a.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+    high = (low.view(np.uint32) + np.uint32(0x10000)).view(np.float32)
+  else:
+    n = a.astype(np.float16)
+    low = np.where(n.astype(np.float32) > a, np.nextafter(n, np.float16(0)), n)
+    high = np.nextafter(low, np.float16(np.inf))
+    low, high = low.astype(np.float32), high.astype(np.float32)
+  return a, low.astype(np.float64), high.astype(np.float64)
+
+
+def test_the_draws_are_the_numpy_hash_of_seed_step_row_and_column():
+  ids = np.array([0, 3, 17, 2**31 + 5])
+  got = narrow.random_bits(11, tf.constant(7, tf.int64), tf.constant(ids), 5)
+  assert got.dtype == tf.uint32
+  np.testing.assert_array_equal(got.numpy(), _np_bits(11, 7, ids, 5))
+  u = narrow.uniforms(got).numpy()
+  assert 0.0 <= u.min() and u.max() < 1.0
+
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
+def test_stochastic_rounding_picks_the_numpy_neighbour(dtype_name):
+  rng = np.random.default_rng(0)
+  x = (rng.standard_normal((50, 8)) * 3).astype(np.float32)
+  x[0, :4] = [0.0, 1.0, -2.5, 1e-9]  # exact values and a tiny one
+  bits = rng.integers(0, 2**32, size=(50, 8), dtype=np.uint64)
+  dtype = tf.as_dtype(dtype_name)
+  got = narrow.round_stochastically(
+    tf.constant(x), dtype, tf.constant(bits.astype(np.uint32))
+  )
+  assert got.dtype == dtype
+  a, low, high = _np_neighbours(x, dtype_name)
+  if dtype_name == "bfloat16":
+    # Up when the draw's top 16 bits carry past the value's low 16 bits.
+    low_bits = a.view(np.uint32).astype(np.uint64) & np.uint64(0xFFFF)
+    go_up = low_bits + (bits >> np.uint64(16)) >= 2**16
+  else:
+    draws = (bits >> np.uint64(8)).astype(np.float64) * 2.0**-24
+    go_up = draws < (a - low) / np.where(high > low, high - low, 1.0)
+  want = np.sign(x) * np.where(go_up, high, low)
+  np.testing.assert_array_equal(got.numpy().astype(np.float64), want)
+
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
+def test_stochastic_rounding_is_unbiased(dtype_name):
+  """The mean of many roundings of one value is that value: a rounding to
+  nearest would leave every one of these values where it is."""
+  dtype = tf.as_dtype(dtype_name)
+  values = np.array([1.003, -0.3001, 7.77, 1e-4 + 3e-8], np.float32)
+  n = 20000
+  x = tf.constant(np.tile(values, (n, 1)))
+  bits = narrow.random_bits(3, tf.constant(1, tf.int64), tf.range(n), 4)
+  rounded = narrow.round_stochastically(x, dtype, bits).numpy()
+  mean = rounded.astype(np.float64).mean(axis=0)
+  _, low, high = _np_neighbours(values, dtype_name)
+  # Binomial: the mean's standard deviation is at most gap / (2 sqrt(n)).
+  tolerance = 5 * (high - low) / (2 * np.sqrt(n))
+  assert np.all(np.abs(mean - values) <= tolerance), (mean, values)
+  nearest = values.astype(NARROW[dtype_name]).astype(np.float64)
+  assert np.all(np.abs(nearest - values) > tolerance)
+
+
+# -- training ------------------------------------------------------------------
+
+
+def _table():
+  init = tf.keras.initializers.RandomUniform(-1, 1, seed=4)
+  return E.TableConfig(
+    VOCAB, DIM, name="items", combiner="sum", initializer=init
+  )
+
+
+def _batches(steps):
+  rng = np.random.default_rng(1)
+  return [
+    (
+      rng.integers(0, VOCAB, size=(8, 3)).astype(np.int64),
+      rng.standard_normal((8, DIM)).astype(np.float32),
+    )
+    for _ in range(steps)
+  ]
+
+
+def _train(dtype_name, optimizer, steps=3, jit=False, seed=0, emb=None):
+  """`steps` steps of loss = sum(acts * c) (activation gradient c)."""
+  table = _table()
+  if emb is None:
+    emb = TensorCoreEmbedding(
+      {"f": E.FeatureConfig(table)},
+      optimizer,
+      table_dtype=dtype_name,
+      rounding_seed=seed,
+      bag_widths=3,
+    )
+  emb.build()
+
+  @tf.function(jit_compile=jit)
+  def step(ids, c):
+    acts = emb({"f": ids}, training=True)
+    emb.apply_gradients({"f": c})
+    return acts["f"]
+
+  for ids, c in _batches(steps):
+    step(tf.constant(ids), tf.constant(c))
+  return emb
+
+
+def _reference(initial, optimizer, steps=3):
+  table = initial.astype(np.float64)
+  slots = ref.initial_slots(optimizer, VOCAB, DIM)
+  for ids, c in _batches(steps):
+    flat = ids.reshape(-1)
+    grads = np.repeat(c, ids.shape[1], axis=0)
+    unique, summed = ref.sum_duplicates(flat, grads)
+    table, slots = ref.apply(optimizer, table, slots, unique, summed)
+  return table, slots
+
+
+OPTIMIZERS = {
+  "sgd": lambda: E.SGD(0.05),
+  "adagrad": lambda: E.Adagrad(0.1),
+  "adam": lambda: E.Adam(0.01),
+  "dense_adam": lambda: E.Adam(0.01, lazy_adam=False),
+  "adagrad_momentum": lambda: E.AdagradMomentum(0.1, momentum=0.9),
+  "ftrl": lambda: E.FTRL(0.1, l1_regularization_strength=0.001),
+}
+
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
+@pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
+def test_narrow_training_tracks_the_float32_reference(dtype_name, opt):
+  emb = _train(dtype_name, OPTIMIZERS[opt](), steps=0)
+  params = emb.embedding_tables[emb.tables[0]]
+  initial = params.numpy().astype(np.float64)
+  assert params.dtype == tf.as_dtype(dtype_name)
+  _train(dtype_name, None, emb=emb)
+  want, want_slots = _reference(initial, OPTIMIZERS[opt]())
+  got = params.numpy().astype(np.float64)
+  # A few roundings, each within one narrow step of the value.
+  eps = 2.0**-8 if dtype_name == "bfloat16" else 2.0**-11
+  np.testing.assert_allclose(got, want, atol=4 * eps * np.abs(want).max())
+  for name, slot in emb.slot_variables()["items"].items():
+    assert slot.dtype == tf.float32, name
+    if opt == "adagrad":  # the gradients do not depend on the rows
+      np.testing.assert_allclose(slot.numpy(), want_slots[name], rtol=1e-5)
+
+
+def test_the_same_seed_gives_bit_identical_tables_another_seed_not():
+  def run(seed):
+    emb = _train("bfloat16", E.Adagrad(0.1), seed=seed)
+    return emb.embedding_tables[emb.tables[0]].numpy()
+
+  first, again, other = run(5), run(5), run(6)
+  np.testing.assert_array_equal(first.view(np.uint16), again.view(np.uint16))
+  assert (first.view(np.uint16) != other.view(np.uint16)).any()
+
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
+def test_the_compiled_step_rounds_as_the_uncompiled_one(dtype_name):
+  eager = _train(dtype_name, E.Adam(0.01), jit=False)
+  compiled = _train(dtype_name, E.Adam(0.01), jit=True)
+  assert compiled.engine_names[1] == "static"
+  np.testing.assert_array_equal(
+    eager.embedding_tables[eager.tables[0]].numpy().view(np.uint16),
+    compiled.embedding_tables[compiled.tables[0]].numpy().view(np.uint16),
+  )
+
+
+def test_a_narrow_table_never_reaches_the_float32_kernels():
+  """The fused kernels would misread bfloat16 rows: the lookup of a narrow
+  table equals the float32 lookup of the same (upcast) rows."""
+  emb = _train("bfloat16", E.Adagrad(0.1), steps=1)
+  rows = emb.embedding_tables[emb.tables[0]].numpy().astype(np.float32)
+  ids = np.array([[1, 2, 2], [5, 0, 39]])
+  got = emb({"f": tf.constant(ids)}, training=True)["f"].numpy()
+  emb.abandon_training_lookup()
+  np.testing.assert_allclose(got, rows[ids].sum(axis=1), rtol=1e-6)
+
+
+def test_unsupported_combinations_are_refused_naming_the_table():
+  table = _table()
+  with pytest.raises(base.UnsupportedConfigError, match="'items'.*replicated"):
+    TensorCoreEmbedding(
+      {"f": E.FeatureConfig(table)},
+      E.Adagrad(0.1),
+      placement="row_sharded",
+      table_dtype={"items": "bfloat16"},
+    )
+  with pytest.raises(ValueError, match=r"table_dtype\['items'\].*bfloat16"):
+    TensorCoreEmbedding(
+      {"f": E.FeatureConfig(table)},
+      E.Adagrad(0.1),
+      table_dtype={"items": "int8"},
+    )
+
+
+# -- bytes and checkpoints ---------------------------------------------------
+
+
+def test_the_planner_counts_half_the_table_bytes():
+  f32 = placement.TableSize("t", 1000, 32, num_slots=1)
+  bf16 = placement.TableSize(
+    "t", 1000, 32, num_slots=1, dtype_bytes=placement.element_bytes("bfloat16")
+  )
+  assert f32.row_bytes == 32 * 4 * 2 and bf16.row_bytes == 32 * (2 + 4)
+  config = {"f": E.FeatureConfig(E.TableConfig(1000, 32, name="t"))}
+
+  def plan(**options):
+    return planning.plan_memory(
+      config, E.Adagrad(0.1), backend="tensorcore", backend_options=options
+    ).rows[0]
+
+  wide, half = plan(), plan(table_dtype="bfloat16")
+  assert half.table_bytes * 2 == wide.table_bytes == 1000 * 32 * 4
+  assert half.slot_bytes == wide.slot_bytes  # slots stay float32
+  assert half.bytes_per_device == 1000 * 32 * (2 + 4)
+
+
+@pytest.mark.parametrize(
+  "saved,restored", [("float32", "bfloat16"), ("bfloat16", "float32")]
+)
+def test_checkpoints_restore_across_dtypes(tmp_path, saved, restored):
+  """Saved in the table's own dtype (TF's layout); restored into the other
+  before build (restore on create); after build, refused naming the table."""
+  source = _train(saved, E.Adagrad(0.1))
+  path = tf.train.Checkpoint(embedding=source).save(str(tmp_path / "ckpt"))
+  stored = dict(tf.train.list_variables(path))
+  keys = [k for k in stored if k.startswith("embedding/items/")]
+  assert keys  # TF's mid-level layout: <table>
+  reader = tf.train.load_checkpoint(path)
+  key = "embedding/items/.ATTRIBUTES/VARIABLE_VALUE"
+  assert reader.get_variable_to_dtype_map()[key] == tf.as_dtype(saved)
+  want = source.embedding_tables[source.tables[0]].numpy().astype(np.float32)
+  want_acc = source.slot_variables()["items"]["accumulators"].numpy()
+
+  def target():
+    return TensorCoreEmbedding(
+      {"f": E.FeatureConfig(_table())}, E.Adagrad(0.1), table_dtype=restored
+    )
+
+  unbuilt = target()
+  checkpoint_lib.restore(unbuilt, path)
+  got = unbuilt.embedding_tables[unbuilt.tables[0]]
+  assert got.dtype == tf.as_dtype(restored)
+  # float32 -> bfloat16 rounds to nearest; bfloat16 -> float32 is exact.
+  np.testing.assert_allclose(
+    got.numpy().astype(np.float32), want, rtol=2**-8, atol=0
+  )
+  if saved == "bfloat16":
+    np.testing.assert_array_equal(got.numpy(), want)
+  np.testing.assert_array_equal(
+    unbuilt.slot_variables()["items"]["accumulators"].numpy(), want_acc
+  )
+  built = target()
+  built.build()
+  with pytest.raises(
+    checkpoint_lib.CheckpointMismatchError, match="'items'.*before build"
+  ):
+    checkpoint_lib.restore(built, path)
+
+
+def test_a_narrow_checkpoint_restores_into_a_built_narrow_table(tmp_path):
+  source = _train("bfloat16", E.Adagrad(0.1))
+  path = tf.train.Checkpoint(embedding=source).save(str(tmp_path / "ckpt"))
+  target = TensorCoreEmbedding(
+    {"f": E.FeatureConfig(_table())}, E.Adagrad(0.1), table_dtype="bfloat16"
+  )
+  target.build()
+  checkpoint_lib.restore(target, path)
+  np.testing.assert_array_equal(
+    target.embedding_tables[target.tables[0]].numpy(),
+    source.embedding_tables[source.tables[0]].numpy(),
+  )
+
+
+def test_two_replicas_keep_identical_narrow_copies():
+  """Each replica rounds its copy with the same draws: the copies stay
+  bit-identical, and near the one-replica table."""
+  strategy = mirrored_strategy(2)
+  with strategy.scope():
+    emb = TensorCoreEmbedding(
+      {"f": E.FeatureConfig(_table())},
+      E.Adagrad(0.1),
+      table_dtype="bfloat16",
+      bag_widths=3,
+    )
+    emb.build()
+
+  @tf.function
+  def step(ids, c):
+    def replica(ids, c):
+      emb({"f": ids}, training=True)
+      emb.apply_gradients({"f": c})
+
+    strategy.run(replica, (ids, c))
+
+  for ids, c in _batches(3):
+    dist = strategy.experimental_distribute_values_from_function(
+      lambda ctx, ids=ids, c=c: (
+        tf.constant(ids[ctx.replica_id_in_sync_group :: 2]),
+        tf.constant(c[ctx.replica_id_in_sync_group :: 2]),
+      )
+    )
+    step(*dist)
+  copies = strategy.experimental_local_results(
+    emb.embedding_tables[emb.tables[0]]
+  )
+  first, second = (c.numpy().view(np.uint16) for c in copies)
+  np.testing.assert_array_equal(first, second)
+  one = _train("bfloat16", E.Adagrad(0.1))
+  want = one.embedding_tables[one.tables[0]].numpy().astype(np.float64)
+  got = copies[0].numpy().astype(np.float64)
+  np.testing.assert_allclose(got, want, atol=4 * 2.0**-8)
+
+
+def test_the_fused_kernels_refuse_a_narrow_table_rather_than_misread_it():
+  """Were the dispatch ever to hand them one, the kernels fail naming it."""
+  ops = kernels.load()
+  if ops is None:
+    pytest.skip("the fused kernels are not built here")
+  table = tf.Variable(tf.zeros([10, 2], tf.bfloat16))
+  with pytest.raises(tf.errors.InvalidArgumentError, match="float32 matrix"):
+    ops.recsys_bag_sums(
+      table=table.handle,
+      ids=np.array([1, 2], np.int64),
+      segments=np.zeros(2, np.int32),
+      scale=tf.zeros([0]),
+      num_segments=1,
+    )

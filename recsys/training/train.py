@@ -81,11 +81,11 @@ def configured_settings() -> TrainSettings:
   """
   names = {f.name for f in dataclasses.fields(TrainSettings)}
   bound = gin.get_bindings("train", resolve_references=False)
-  return TrainSettings.pick(
-    {
+  return TrainSettings(
+    **{
       name: _gin_compat.evaluate(value)
       for name, value in bound.items()
-      if name in names
+      if name in names  # not train's own objects (data, model, ...)
     }
   )
 
@@ -175,10 +175,11 @@ def configured_plan(
   """
   if feature_config is None:
     return None
-  names = ("placement", "backend_options", "global_batch_size")
-  bound = {name: config.value(f"train.{name}") for name in names}
-  settings = TrainSettings.pick(
-    {name: value for name, value in bound.items() if value is not None}
+  settings = TrainSettings(
+    placement=config.value("train.placement"),
+    backend_options=config.value("train.backend_options"),
+    global_batch_size=config.value("train.global_batch_size")
+    or TrainSettings.global_batch_size,
   )
   specs = _feature_specs()[0]
   widths = embedding_backend.bag_widths(specs) if specs is not None else {}
@@ -241,7 +242,6 @@ def train(
   Raises:
     ValueError: unknown action, or inconsistent settings (see `Trainer`).
   """
-  settings = TrainSettings.pick(locals())  # first: locals() = the arguments
   if action not in ACTIONS:
     raise ValueError(f"train(action={action!r}): use one of {list(ACTIONS)}.")
   if action == "train":  # before start-up and restore, which take time
@@ -255,9 +255,31 @@ def train(
     model,
     strategy=strategy,
     eval_source=_instance(eval_data) if eval_data is not None else None,
-    # Only training writes summaries: evaluate/export just read the run.
-    settings=dataclasses.replace(
-      settings, summaries=summaries and action == "train"
+    settings=TrainSettings(
+      embedding=embedding,
+      embedding_optimizer=embedding_optimizer,
+      dense_optimizer=dense_optimizer,
+      backend=backend,
+      backend_options=backend_options,
+      global_batch_size=global_batch_size,
+      eval_batch_size=eval_batch_size,
+      train_steps=train_steps,
+      steps_per_loop=steps_per_loop,
+      eval_every=eval_every,
+      eval_steps=eval_steps,
+      checkpoint_every=checkpoint_every,
+      max_checkpoints=max_checkpoints,
+      seed=seed,
+      progress_bar=progress_bar,
+      # Only training writes summaries: evaluate/export just read the run.
+      summaries=summaries and action == "train",
+      nonfinite_policy=nonfinite_policy,
+      jit_compile=jit_compile,
+      allow_changed_settings=allow_changed_settings,
+      skip_memory_check=skip_memory_check,
+      exclude_seen=exclude_seen,
+      placement=placement,
+      feature_config=feature_config,
     ),
   )
   if action == "build":

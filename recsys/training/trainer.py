@@ -17,7 +17,6 @@ Example:
   >>> metrics = trainer.train()
 """
 
-import dataclasses
 import functools
 import logging
 import os
@@ -33,6 +32,7 @@ from recsys import train_settings as settings_lib
 from recsys._keras import keras, tf
 from recsys.data import errors as data_errors
 from recsys.data import pipeline as data_pipeline
+from recsys.data import sources as data_sources
 from recsys.data.from_dataset import DatasetSource
 from recsys.errors import RecsysError
 from recsys.models import evaluation_hooks as hooks_lib
@@ -132,9 +132,10 @@ class Trainer:
     strategy: the `tf.distribute` strategy (default: the current one).
     eval_source: source for evaluation; default: `source` with training=False.
     settings: how the run trains (`TrainSettings`: batch sizes, steps,
-      optimizers, backend, ...; default: its defaults).
-    **overrides: `TrainSettings` fields that replace those of `settings`
-      (keyword callers: `Trainer(dir, source, DLRM, seed=1)`).
+      optimizers, backend, ...).
+    **setting_values: or the settings as keywords, each a `TrainSettings`
+      field (`Trainer(dir, source, DLRM, seed=1)` runs with
+      `TrainSettings(seed=1)`); not together with `settings`.
 
   Reliability: `train()` holds an exclusive lock on the model dir (a second
   run there is refused), turns SIGTERM/Ctrl-C into a checkpoint at the exact
@@ -167,10 +168,15 @@ class Trainer:
     strategy: tf.distribute.Strategy | None = None,
     eval_source: Any | None = None,
     settings: TrainSettings | None = None,
-    **overrides: Any,
+    **setting_values: Any,
   ):
-    # Keyword callers may name settings directly: Trainer(..., seed=1).
-    st = dataclasses.replace(settings or TrainSettings(), **overrides)
+    if settings is not None and setting_values:
+      raise TypeError(
+        f"Trainer: give settings= or the settings as keywords "
+        f"({', '.join(sorted(setting_values))}), not both."
+      )
+    # Keyword callers name settings directly: Trainer(..., seed=1).
+    st = settings if settings is not None else TrainSettings(**setting_values)
     self.settings = st
     self.model_dir = model_dir
     self.strategy = strategy or tf.distribute.get_strategy()
@@ -208,8 +214,11 @@ class Trainer:
 
   def _validate(self, source: Any, eval_source: Any) -> None:
     """Keeps the sources (datasets wrapped), then checks the settings."""
-    self.source, self.eval_source = settings_lib.run_sources(
-      self.settings, source, eval_source
+    self.source, self.eval_source = data_sources.run_sources(
+      source,
+      eval_source,
+      self.settings.feature_config,
+      self.settings.embedding,
     )
     settings_lib.check(
       self.settings, self.source, self.eval_source, self.strategy

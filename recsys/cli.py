@@ -511,7 +511,7 @@ def _sigterm_exits_143() -> Iterator[None]:
 
 def cmd_train(args: argparse.Namespace) -> int:
   metrics = _call_train(args)
-  from recsys.training import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  from recsys.run import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
 
   # In a multi-worker run every worker returns the metrics; one prints them.
   if strategy_lib.is_chief_task():
@@ -526,7 +526,7 @@ def _ending(model_dir: str, metrics: dict[str, Any]) -> str:
   """`recsys train`'s last line: nothing was trained if the run was
   complete already (and how to train again), and the metric reached next
   to the best the data allows, where the source knows it."""
-  from recsys.training import run_summaries  # pylint: disable=g-import-not-at-top
+  from recsys.run import run_summaries  # pylint: disable=g-import-not-at-top
 
   step = metrics.get("step")
   parts = []
@@ -638,7 +638,7 @@ def cmd_info(args: argparse.Namespace) -> int:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   from recsys import config  # pylint: disable=g-import-not-at-top
-  from recsys.training import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  from recsys.run import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
 
   lines = [version_line(tf.__version__, tf.keras.__name__.split(".")[0])]
   missing = config.register_all()

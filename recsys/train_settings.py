@@ -128,7 +128,7 @@ class TrainSettings:
     jit_compile: compile each replica's step with XLA, as a TPU does (None:
       on under a TPUStrategy, off elsewhere). On several CPU replicas, whose
       collectives XLA cannot compile, the step runs uncompiled on the same
-      static shapes (`recsys.training.compile.plan`).
+      static shapes (`recsys.run.compile.plan`).
     allow_changed_settings: resume a checkpoint although settings that
       change the math (data, model, optimizers, batch size, seed, ...)
       differ from the previous run's (refused otherwise,

@@ -14,7 +14,7 @@ import re
 import pytest
 
 from recsys import cli, config, experiments_catalog, launch
-from recsys.training import strategy as strategy_lib
+from recsys.run import strategy as strategy_lib
 
 DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
 TINY = [

@@ -40,6 +40,9 @@ LAYERS = (
     "recsys.run_folder",
     "recsys.launch",
   ),
+  # A run without its loop: restored, evaluated (what evaluate, export and
+  # the Trainer share); never loads recsys.training.
+  ("recsys.run",),
   ("recsys.export",),  # the SavedModel: below training, never loads the loop
   ("recsys.training",),
   ("recsys.tools",),

@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from recsys.training import run_summaries
+from recsys.run import run_summaries
 from recsys.training import signals as signals_lib
 
 log = logging.getLogger("recsys.training")

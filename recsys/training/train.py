@@ -31,11 +31,11 @@ from backends import registry
 from recsys import _gin_compat, config, planning
 from recsys import features as features_lib
 from recsys._keras import keras, tf
+from recsys.run import embedding_backend
+from recsys.run import strategy as strategy_lib
 from recsys.run_folder import run_dir as run_dir_lib
 from recsys.run_folder.run_checks import RunChanges
 from recsys.train_settings import TrainSettings
-from recsys.training import embedding_backend
-from recsys.training import strategy as strategy_lib
 from recsys.training.trainer import Trainer, default_embedding_optimizer
 
 log = logging.getLogger("recsys.training")
@@ -62,7 +62,7 @@ def configured_strategy(
     tpu: the TPU (e.g. the `--tpu` flag); None: the config's `train.tpu`.
 
   Returns:
-    `(strategy, why)` from `recsys.training.strategy.make_strategy`, with
+    `(strategy, why)` from `recsys.run.strategy.make_strategy`, with
     the config's `train.num_cpu_replicas`.
   """
   tpu = tpu or config.value("train.tpu")

@@ -38,18 +38,18 @@ from recsys.errors import RecsysError
 from recsys.models import evaluation_hooks as hooks_lib
 from recsys.models import model_args
 from recsys.models import seen_items as seen_lib
+from recsys.run import embedding_backend as backend_lib
+from recsys.run import input as input_lib
+from recsys.run import memory_peaks, run_summaries, schedules
+from recsys.run import strategy as strategy_lib
 from recsys.run_folder import checkpoints as checkpoints_lib
 from recsys.run_folder import run_checks, run_configs, run_inputs
 from recsys.run_folder import run_dir as run_dir_lib
 from recsys.train_settings import TrainSettings
 from recsys.training import controller as controller_lib
 from recsys.training import coordinated as coordinated_lib
-from recsys.training import embedding_backend as backend_lib
-from recsys.training import input as input_lib
 from recsys.training import loop as loop_lib
-from recsys.training import memory_peaks, run_summaries, schedules
 from recsys.training import signals as signals_lib
-from recsys.training import strategy as strategy_lib
 
 log = logging.getLogger("recsys.training")
 
@@ -185,7 +185,7 @@ class Trainer:
     # ParameterServerStrategy: this process coordinates; steps run on the
     # workers through a ClusterCoordinator (recsys.training.coordinated).
     self._coordinator = (
-      coordinated_lib.make_coordinator(self.strategy)
+      strategy_lib.make_coordinator(self.strategy)
       if hardware.is_parameter_server(self.strategy)
       else None
     )
@@ -379,7 +379,7 @@ class Trainer:
     take_steps: int | None = None,
     transform: hooks_lib.BatchTransform | None = None,
   ):
-    """A distributed dataset of `source` (`recsys.training.input`); with
+    """A distributed dataset of `source` (`recsys.run.input`); with
     `transform`, each batch's features are transformed first (evaluation:
     the model's `batch_transform`, e.g. its users' seen candidates)."""
     preprocess = functools.partial(
@@ -654,7 +654,7 @@ class Trainer:
         run's `exclude_seen` setting); both protocols can score one model.
 
     Every example is scored exactly once: the last partial batch is padded
-    and masked (`recsys.training.eval_padding`), on every strategy and in
+    and masked (`recsys.run.eval_padding`), on every strategy and in
     compiled steps.
 
     Returns:

@@ -544,23 +544,23 @@ def _ending(model_dir: str, metrics: dict[str, Any]) -> str:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+  from recsys.run.evaluation import evaluate_restored  # pylint: disable=g-import-not-at-top
   from recsys.run_folder import run_dir  # pylint: disable=g-import-not-at-top
-  from recsys.training.train import evaluate_restored  # pylint: disable=g-import-not-at-top
 
   run = run_dir.RunDir(args.model_dir)
   name = args.eval_on
   path = run.other_eval_metrics(name) if name else run.eval_metrics
-  trainer = _call_train(args, action="build")  # reads the model dir only
-  metrics, changes = evaluate_restored(trainer, other_data=bool(name))
+  restored = _call_train(args, action="restore")  # reads the model dir only
+  metrics, changes = evaluate_restored(restored, other_data=bool(name))
   if name:
     metrics["eval_on"] = name
   print(json.dumps(metrics, indent=2, sort_keys=True))
   if name:  # what the other data was, next to its results
-    metrics["eval_input_files"] = trainer.input_fingerprints(eval_only=True)
+    metrics["eval_input_files"] = restored.input_fingerprints(eval_only=True)
   try:  # a convenience copy; a read-only model dir (e.g. a shared run) is fine
     run.write_eval_metrics(metrics, name)
     if changes:
-      run.record_changes("evaluate", trainer.restored_step, changes, path)
+      run.record_changes("evaluate", restored.restored_step, changes, path)
   except OSError as e:
     log.warning(
       "%s not written (%s); the metrics are printed above",
@@ -590,38 +590,33 @@ def cmd_export(args: argparse.Namespace) -> int:
   # (SparseCore's stacked tables included) on CPU; the export copies its
   # tables without the optimizer slots. Where the training devices held the
   # tables (train.placement, a device's memory) does not apply here.
-  trainer = _call_train(
+  restored = _call_train(
     args,
     [
       "train.progress_bar = False",
       "train.summaries = False",
       "train.placement = None",
     ],
-    action="build",
+    action="restore",
     backend="serving",
     strategy=tf.distribute.get_strategy(),
   )
-  if not trainer.restored_step:
-    raise FileNotFoundError(
-      f"no checkpoint in {args.model_dir!r}/checkpoints to export; train "
-      "first with `recsys train ... --model_dir`."
-    )
-  step = trainer.restored_step
-  changes = trainer.check_restored("export")
+  step = restored.require_checkpoint("export")
+  changes = restored.check_restored("export")
   provenance = {
     "model_dir": os.path.abspath(args.model_dir),
     "step": step,
     "changed_settings": changes.lines(),
-    "input_files": trainer.input_fingerprints(),
+    "input_files": restored.input_fingerprints(),
   }
   path = export_lib.export(
-    trainer,
+    restored,
     args.export_dir,
     k=args.k,
     extra_files={export_lib.PROVENANCE_FILE: json.dumps(provenance, indent=2)},
   )
   if changes:
-    trainer.run_dir.record_changes("export", step, changes, path)
+    restored.run_dir.record_changes("export", step, changes, path)
   changed = "".join(f"\n  changed: {line}" for line in changes.lines())
   print(f"exported step {step} to {path}{changed}")
   return 0

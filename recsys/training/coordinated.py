@@ -11,9 +11,9 @@ replica per worker, each step is one worker's batch of `global_batch_size`
 examples, no all-reduce.
 
 `CoordinatedStepFunctions` has the interface of
-`recsys.training.loop.StepFunctions` (`run_train_steps`, `eval_loop`), so the
-Trainer's `train()` / `evaluate()` run unchanged: the same step body
-(`train_step`) runs on the workers, evaluation runs on the coordinator, which
+`recsys.training.loop.StepFunctions` (`run_train_steps`), so the Trainer's
+`train()` runs unchanged: the same step body (`train_step`) runs on the
+workers; evaluation runs on the coordinator (`recsys.run.evaluation`), which
 reads the parameter servers directly (every example once, in order), and
 checkpoints and summaries are written by the coordinator.
 
@@ -64,7 +64,6 @@ class CoordinatedStepFunctions(loop_lib.StepFunctions):
   def __init__(self, coordinator, *args, **kwargs):
     super().__init__(*args, **kwargs)
     self._coordinator = coordinator
-    self.eval_loop = tf.function(self._coordinator_eval_loop)
 
   def run_train_steps(self, iterator, num_steps: int) -> None:
     """Schedules `num_steps` steps on the workers and waits for them."""
@@ -82,9 +81,3 @@ class CoordinatedStepFunctions(loop_lib.StepFunctions):
       remaining -= n
     self._coordinator.join()
     self._global_step.assign(start + num_steps)
-
-  def _coordinator_eval_loop(self, dataset) -> None:
-    # On the coordinator, outside `strategy.run`: it reads the variables on
-    # the parameter servers and updates the metrics there.
-    for batch in dataset:
-      self.eval_step(batch)

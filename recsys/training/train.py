@@ -175,11 +175,13 @@ def configured_plan(
   """
   if feature_config is None:
     return None
+  batch = config.value("train.global_batch_size")
+  if batch is None:  # unbound: train's default
+    batch = TrainSettings.global_batch_size
   settings = TrainSettings(
     placement=config.value("train.placement"),
     backend_options=config.value("train.backend_options"),
-    global_batch_size=config.value("train.global_batch_size")
-    or TrainSettings.global_batch_size,
+    global_batch_size=batch,
   )
   specs = _feature_specs()[0]
   widths = embedding_backend.bag_widths(specs) if specs is not None else {}

@@ -179,7 +179,8 @@ class Trainer:
     self.model = run.model
     self.dense_optimizer = run.dense_optimizer
     self.rng = run.rng
-    self.run_dir, self.checkpoints = run.run_dir, run.checkpoints
+    self.run_dir = run.run_dir
+    self.checkpoints = run.checkpoints
     self.checkpoint = run.checkpoints.checkpoint  # the run's objects
     self.memory = run.memory
     self.restored_step = run.restored_step

@@ -57,7 +57,7 @@ class ShardedEmbedding(composed.ComposedEmbedding):
     optimizer: default embedding optimizer for tables without one.
     strategy: a `ParameterServerStrategy` (default: the one in scope), built
       with a `variable_partitioner` that splits the tables, e.g.
-      `TablePartitioner(num_ps)` (`recsys.training.strategy` does this),
+      `TablePartitioner(num_ps)` (`recsys.run.strategy` does this),
       `MinSizePartitioner` or `FixedShardsPartitioner`. Without one every
       table lives whole on one parameter server (a warning says so).
     bag_widths: see `EmbeddingBackend`; `preprocess` pads sparse and ragged

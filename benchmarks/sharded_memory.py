@@ -6,7 +6,7 @@ in one process (every table replicated) and with `recsys launch --ps 0
 --workers N` for each N of `--workers` (the planner row-shards under a
 per-device budget that only N shards meet), then restarts each run for a
 few more steps so it restores. Each process logs its peak RSS per phase
-(`recsys.training.memory_peaks`: init, restore, train, save, evaluate);
+(`recsys.run.memory_peaks`: init, restore, train, save, evaluate);
 this prints them per worker (MiB) with the tables and slots each one holds:
 the first run's phases and its peak, then the restarted run's restore and
 its peak (a process's RSS keeps what its allocator freed, so a phase shows

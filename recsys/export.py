@@ -1,8 +1,9 @@
 """Exports a trained model as a SavedModel that serves on CPU.
 
 The embeddings are the serving backend's: a slot-free
-`backends.serving.ServingEmbedding` copy of the trainer's tables (trained
-with any backend; the CLI restores them from the checkpoint), looked up with
+`backends.serving.ServingEmbedding` copy of a restored run's tables
+(`recsys.run.restored.RestoredRun`; trained with any backend, the CLI
+restores them from the checkpoint), looked up with
 `backends.serving.serving_lookup`, so serving has the output shapes of
 training and needs no TPU. This module adds the serving signatures.
 
@@ -51,7 +52,7 @@ as `exclude_seen` evaluation ranks them; missing results are id -1 (raw
 id "") with score -inf. See docs/retrieval.md.
 
 Example:
-  >>> path = export(trainer, "/tmp/export")
+  >>> path = export(run, "/tmp/export")   # run: a RestoredRun
   >>> serve = tf.saved_model.load(path).signatures["serving_default"]
   >>> serve(dense=..., C1=..., C7=...)["scores"]
   >>> raw = tf.saved_model.load(path).signatures["serving_raw"]
@@ -74,6 +75,7 @@ from recsys.feature_spec import FeatureSpec
 from recsys.models import retrieval_index
 from recsys.models import seen_items as seen_lib
 from recsys.models.errors import ModelConfigError
+from recsys.run.restored import RestoredRun
 from recsys.run_folder import atomic_dir
 
 log = logging.getLogger("recsys.export")
@@ -205,7 +207,7 @@ class ServingModule(tf.Module):
   Args:
     model: the trained ranking or retrieval model.
     embedding: a built `backends.serving.ServingEmbedding` holding the
-      trained tables (e.g. `ServingEmbedding.from_backend(trainer.backend)`).
+      trained tables (e.g. `ServingEmbedding.from_backend(run.backend)`).
     specs: the data source's feature specs.
     num_dense: width of `features["dense"]`.
     corpus: retrieval only: (candidate ids `[N]`, embeddings `[N, K]`).
@@ -479,16 +481,17 @@ PROVENANCE_FILE = os.path.join("assets.extra", "recsys_export.json")
 
 
 def export(
-  trainer: Any,
+  run: RestoredRun,
   export_dir: str,
   k: int | None = None,
   extra_files: Mapping[str, str] | None = None,
 ) -> str:
-  """Writes a CPU-serving SavedModel of a trainer's (restored) model.
+  """Writes a CPU-serving SavedModel of a restored run's model.
 
   Args:
-    trainer: a `recsys.training.Trainer` whose checkpoint was restored (e.g.
-      `train(model_dir=..., action="build")`).
+    run: the run whose checkpoint was restored (`recsys export` restores
+      it on the serving backend: `train(model_dir=..., action="restore",
+      backend="serving")`; a Trainer's is `trainer.run`).
     export_dir: the SavedModel directory: created, or replaced whole if it
       holds a SavedModel (a kill midway leaves the previous one).
     k: retrieval only: candidates the top-k signatures return per query,
@@ -506,27 +509,27 @@ def export(
     atomic_dir.UnsafeReplaceError: `export_dir` is a non-empty directory
       that holds no SavedModel (it would be replaced and lost).
   """
-  k = checked_k(k, trainer.is_retrieval, type(trainer.model).__name__)
+  k = checked_k(k, run.is_retrieval, type(run.model).__name__)
   corpus = None
-  if trainer.is_retrieval:
-    trainer.index_corpus()
-    ids, embeddings = trainer.model.corpus_index.corpus()
+  if run.is_retrieval:
+    run.index_corpus()
+    ids, embeddings = run.model.corpus_index.corpus()
     corpus = (tf.convert_to_tensor(ids), tf.convert_to_tensor(embeddings))
     k = top_k_size(k, int(corpus[0].shape[0]))  # before the SavedModel
-  raw_parser = trainer.source.raw_parser()
+  raw_parser = run.source.raw_parser()
   if raw_parser is None:
     log.info(
       "export: no raw-feature signature: %s has no raw form (its "
       "raw_parser() is None, as for synthetic data); the signatures take "
       "ids.",
-      type(trainer.source).__name__,
+      type(run.source).__name__,
     )
-  seen, query_id = _seen_items(trainer)
+  seen, query_id = _seen_items(run)
   module = ServingModule(
-    trainer.model,
-    serving.ServingEmbedding.from_backend(trainer.backend),
-    trainer.source.feature_specs,
-    int(getattr(trainer.source, "num_dense", 0) or 0),
+    run.model,
+    serving.ServingEmbedding.from_backend(run.backend),
+    run.source.feature_specs,
+    int(getattr(run.source, "num_dense", 0) or 0),
     corpus=corpus,
     k=k,
     raw_parser=raw_parser,
@@ -553,15 +556,17 @@ def export(
   return export_dir
 
 
-def _seen_items(trainer: Any) -> tuple[Any, str | None]:
+def _seen_items(
+  run: RestoredRun,
+) -> tuple[seen_lib.SeenItems | None, str | None]:
   """(the training split's `SeenItems`, its query id feature) for the
   "top_k" signatures of a retrieval export; (None, None) when the source
   has no query id or no finite training split (logged)."""
-  if not trainer.is_retrieval:
+  if not run.is_retrieval:
     return None, None
   try:
-    query_id = seen_lib.query_id_feature_of(trainer.source)
-    return trainer.seen_items(), query_id
+    query_id = seen_lib.query_id_feature_of(run.source)
+    return run.seen_items(), query_id
   except ModelConfigError as e:
     log.info("export: no top_k signatures (seen items): %s", e)
     return None, None

@@ -8,7 +8,7 @@ hosts with TF_CONFIG set by the cluster manager):
 * with `--ps N > 0`: a parameter-server cluster: a "chief" (the coordinator,
   which runs the training loop and writes the model dir), `--workers`
   "worker" tasks and N "ps" tasks (which serve, see
-  `recsys.training.strategy.serve`); `recsys train` picks
+  `recsys.run.strategy.serve`); `recsys train` picks
   `ParameterServerStrategy` and the `sharded` backend;
 * with `--ps 0`: `--workers` "worker" tasks of a
   `MultiWorkerMirroredStrategy` (replicated `tensorcore` tables, input

@@ -1005,7 +1005,7 @@ def describe_environment(
     device_memory_bytes, placement, ids_per_step, backend_options: see
       `plan_memory`.
     plan: the memory plan to print, made already (what a run's settings
-      give, `recsys.training.embedding_backend.plan_tables`); None: planned
+      give, `recsys.run.embedding_backend.plan_tables`); None: planned
       here from the arguments above when `feature_config` is given.
 
   Returns:

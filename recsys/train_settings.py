@@ -2,12 +2,13 @@
 
 `train` (the gin entry point) spells these settings out as its parameters,
 so that gin binds and checks `train.<name>` (and suggests a name for a
-misspelt one); it builds one `TrainSettings` from its arguments
-(`TrainSettings.pick(locals())`) and hands it to the `Trainer`, which reads
-its settings only from there. A setting is declared here, once, with its
-default, its documentation and its metadata (`_setting`): its kind (an
-execution setting a resume may change, or a math setting), whether the
-Trainer keeps it as an attribute, and the `recsys` switch that sets it.
+misspelt one); it builds one `TrainSettings` from its arguments, naming
+each (`TrainSettings(seed=seed, ...)`), and hands it to the `Trainer`,
+which reads its settings only from there. A setting is declared here,
+once, with its default, its documentation and its metadata (`_setting`):
+its kind (an execution setting a resume may change, or a math setting),
+whether the Trainer keeps it as an attribute, and the `recsys` switch that
+sets it.
 The lists other modules need are derived from that metadata
 (`run_configs.EXECUTION_SETTINGS`, `trainer_attributes`, `flag_settings`);
 a test checks that every field has a kind, is a `train` parameter with the
@@ -17,23 +18,19 @@ Example:
   >>> settings = TrainSettings(global_batch_size=256, train_steps=100)
   >>> trainer = Trainer("/tmp/run", SyntheticCTR(), DLRM, settings=settings)
 
-`run_sources` wraps `tf.data.Dataset`s as data sources, then `check`
-checks the settings against the run's sources and strategy before
-anything is built (`TrainerConfigError`).
+`check` checks the settings against the run's sources (data sources:
+`recsys.data.sources.run_sources` wraps plain datasets first) and strategy
+before anything is built (`TrainerConfigError`).
 """
 
 import dataclasses
-import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from recsys import features as features_lib
 from recsys._keras import keras, tf
-from recsys.data.from_dataset import DatasetSource
 from recsys.data.pipeline import DataSource
 from recsys.errors import SettingsError
-
-log = logging.getLogger("recsys.training")
 
 
 class TrainerConfigError(SettingsError):
@@ -131,7 +128,7 @@ class TrainSettings:
     jit_compile: compile each replica's step with XLA, as a TPU does (None:
       on under a TPUStrategy, off elsewhere). On several CPU replicas, whose
       collectives XLA cannot compile, the step runs uncompiled on the same
-      static shapes (`recsys.training.compile.plan`).
+      static shapes (`recsys.run.compile.plan`).
     allow_changed_settings: resume a checkpoint although settings that
       change the math (data, model, optimizers, batch size, seed, ...)
       differ from the previous run's (refused otherwise,
@@ -186,16 +183,6 @@ class TrainSettings:
   placement: Any | None = _setting(None, EXECUTION)
   feature_config: Mapping[str, Any] | None = _setting(None, MATH)
 
-  @classmethod
-  def pick(cls, values: Mapping[str, Any]) -> "TrainSettings":
-    """The settings among `values` (e.g. `train`'s `locals()`).
-
-    Names that are not settings are ignored; a setting missing from
-    `values` keeps its default.
-    """
-    names = [f.name for f in dataclasses.fields(cls)]
-    return cls(**{name: values[name] for name in names if name in values})
-
 
 def names_of_kind(kind: str) -> tuple[str, ...]:
   """The settings of one kind (EXECUTION or MATH), in declaration order."""
@@ -232,21 +219,6 @@ def flag_settings() -> dict[str, tuple[str, Any]]:
 # -- checks --------------------------------------------------------------------
 
 
-def run_sources(
-  settings: TrainSettings, source: Any, eval_source: Any
-) -> tuple[Any, Any]:
-  """`(source, eval_source)` a run trains and evaluates on (eval: or source).
-
-  `tf.data.Dataset`s are wrapped as `DatasetSource`s with the
-  `feature_config` setting (refused without it, or with `embedding`); data
-  sources pass as they are, `check` checks them.
-  """
-  source, eval_source = dataset_sources(
-    source, eval_source, settings.feature_config, settings.embedding
-  )
-  return source, eval_source if eval_source is not None else source
-
-
 def check(
   settings: TrainSettings,
   source: Any,
@@ -256,7 +228,8 @@ def check(
   """Checks `settings` against the run's sources and strategy, changing none.
 
   Before anything is built: the batch sizes fit the replicas, both sources
-  are data sources (after `run_sources`), the dense optimizer is a factory.
+  are data sources (after `recsys.data.sources.run_sources`), the dense
+  optimizer is a factory.
 
   Raises:
     TrainerConfigError: naming the setting and what it should be.
@@ -298,45 +271,6 @@ def check_source(source: Any, where: str) -> None:
       "@CriteoTSV() (for a plain tf.data.Dataset: "
       "recsys.data.DatasetSource(dataset, feature_config))."
     )
-
-
-def dataset_sources(
-  source: Any,
-  eval_source: Any,
-  feature_config: Mapping[str, Any] | None,
-  embedding: Any,
-):
-  """`(source, eval_source)`, `tf.data.Dataset`s wrapped as DatasetSources."""
-  datasets = [isinstance(s, tf.data.Dataset) for s in (source, eval_source)]
-  if feature_config is None:
-    if any(datasets):
-      raise TrainerConfigError(
-        "a tf.data.Dataset as train data needs feature_config= (dict feature "
-        "name -> tf.tpu.experimental.embedding.FeatureConfig); or give a "
-        "data source with feature_specs."
-      )
-    return source, eval_source
-  if embedding is not None:
-    raise TrainerConfigError(
-      "give either feature_config= (tables as they are) or embedding= "
-      "(settings to build tables from a source's feature specs), not both."
-    )
-  if not datasets[0]:
-    raise TrainerConfigError(
-      f"feature_config= goes with an unbatched tf.data.Dataset as source; "
-      f"got a {type(source).__name__}."
-    )
-  eval_ds = eval_source if datasets[1] else None
-  if eval_source is None:
-    log.warning(
-      "no eval_source: evaluation scores the training dataset itself, so its "
-      "eval/ metrics measure fit, not generalization; pass "
-      "eval_source=<a held-out tf.data.Dataset> to score unseen examples."
-    )
-  wrapped = DatasetSource(source, feature_config, eval_dataset=eval_ds)
-  return wrapped, (
-    None if eval_ds is not None or eval_source is None else eval_source
-  )
 
 
 def check_dense_optimizer(factory: Any) -> None:

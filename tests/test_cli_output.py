@@ -15,7 +15,7 @@ import pytest
 
 from recsys import cli, config, experiments_catalog, launch
 from recsys.cli import gin_train
-from recsys.training import strategy as strategy_lib
+from recsys.run import strategy as strategy_lib
 
 DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
 TINY = [

@@ -10,7 +10,7 @@ import tensorflow as tf
 from recsys import cli, config
 from recsys.cli import gin_train
 from recsys import train_settings as settings_lib
-from recsys.training import strategy as strategy_lib
+from recsys.run import strategy as strategy_lib
 
 DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
 #: Each command's required flags.

@@ -25,6 +25,7 @@ from recsys.runtime import exits
 #: The settings errors: a setting (flag, gin binding, gin file) asks for what
 #: cannot be. Decided here, by reading each class's raise sites.
 SETTINGS = {
+  "recsys.data.sources.SourceSettingsError",
   "backends.base.BackendUnavailableError",
   "backends.base.UnsupportedConfigError",
   "backends.errors.BackendSettingsError",
@@ -51,7 +52,7 @@ SETTINGS = {
   "recsys.models.errors.ModelConfigError",
   "recsys.planning.PlacementSettingsError",
   "recsys.train_settings.TrainerConfigError",
-  "recsys.training.schedules.ScheduleResumeError",
+  "recsys.run.schedules.ScheduleResumeError",
 }
 
 #: The runtime errors: the data, the model dir, the host, a step that
@@ -88,7 +89,7 @@ RUNTIME = {
   "recsys.run_folder.run_dir.ModelDirNotWritableError",
   "recsys.run_folder.run_files.UnsafeRunFileError",
   "recsys.tools.tpu_smoke.TPUUnreachableError",
-  "recsys.training.strategy.StrategyError",
+  "recsys.run.strategy.StrategyError",
   "recsys.training.trainer.NonFiniteLossError",
   "recsys.untrusted_config.UntrustedConfigError",
 }

@@ -83,8 +83,8 @@ def test_top_k_for_a_raw_user_id_with_and_without_seen_items(
   returns the evaluation's ranking: the corpus top-k, or the top-k of the
   items the user did not rate in training (`CorpusIndex.
   query_with_exclusions`, the ranking `exclude_seen` evaluation uses)."""
+  from recsys.run import restored as restored_lib  # noqa: PLC0415
   from recsys.testing.movielens import write_ml100k_like  # noqa: PLC0415
-  from recsys.training import loop as loop_lib  # noqa: PLC0415
 
   data = write_ml100k_like(
     str(tmp_path / "ml"), num_users=12, num_items=17, num_ratings=120
@@ -116,7 +116,7 @@ def test_top_k_for_a_raw_user_id_with_and_without_seen_items(
   parsed = source.raw_parser().parse_raw(
     {"user_id": raw_users}, model.query_features
   )
-  embed = loop_lib.embed_fn(
+  embed = restored_lib.embed_fn(
     trainer.backend, model.query_embeddings, model.query_features
   )
   queries = embed(parsed)

@@ -130,7 +130,7 @@ def test_a_finished_run_run_again_says_so_and_keeps_its_metrics(demo):
 
 
 def test_a_retrieval_run_ends_with_its_hit_rate_next_to_the_best():
-  from recsys.training import run_summaries  # pylint: disable=g-import-not-at-top
+  from recsys.run import run_summaries  # pylint: disable=g-import-not-at-top
 
   metrics = {"step": 300, "eval/hit_rate_top1": 0.01, "best_hit_rate_1": 0.1}
   metrics.update({"eval/hit_rate_top10": 0.25, "best_hit_rate_10": 0.5})

@@ -9,6 +9,8 @@ in the table, so the layering is decided, not discovered.
 
 import ast
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -41,6 +43,9 @@ LAYERS = (
     "recsys.run_folder",
     "recsys.launch",
   ),
+  # A run without its loop: restored, evaluated (what evaluate, export and
+  # the Trainer share); never loads recsys.training.
+  ("recsys.run",),
   ("recsys.export",),  # the SavedModel: below training, never loads the loop
   ("recsys.training",),
   ("recsys.tools", "recsys.testing"),  # nothing in the library imports them
@@ -171,14 +176,18 @@ def test_the_check_sees_an_upward_import(tmp_path):
     "recsys.serving_lookup",
     "recsys.export",
     "recsys.models.model_args",
+    "recsys.run.restored",
+    "recsys.run.evaluation",
+    "recsys.data.sources",
   ],
 )
 def test_the_run_folder_serving_and_export_sit_below_training(module):
   """What `recsys evaluate` and `recsys export` use never loads training.
 
-  The run folder and `model_args` lived in `recsys/training/`, and export
-  imported the training loop for its serving lookup; their places in the
-  table keep them below it (so the scan above refuses any such import).
+  The run folder and `model_args` lived in `recsys/training/`, export
+  imported the training loop for its serving lookup, and evaluate and
+  export built a whole Trainer; their places in the table keep them below
+  it (so the scan above refuses any such import).
   """
   assert module in RECSYS
   assert _layer(module) < _layer("recsys.training")
@@ -287,3 +296,26 @@ def test_the_name_check_sees_a_decision_and_passes_a_message():
     (5, "sharded"),
     (7, "tpu_embedding"),
   ]
+
+
+def test_export_and_evaluation_load_no_training_module():
+  """Importing the export and the restored run's evaluation, in a fresh
+  interpreter, loads nothing of `recsys.training` (what the layer table
+  promises, checked on the modules Python actually loads)."""
+  code = (
+    "import sys\n"
+    "import recsys.export, recsys.run.evaluation, recsys.run.restored\n"
+    "print(sorted(m for m in sys.modules "
+    "if m == 'recsys.training' or m.startswith('recsys.training.')))\n"
+  )
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  done = subprocess.run(
+    [sys.executable, "-c", code],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    check=True,
+    timeout=300,
+  )
+  assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout

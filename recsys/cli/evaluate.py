@@ -54,25 +54,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+  from recsys.run.evaluation import evaluate_restored  # pylint: disable=g-import-not-at-top
   from recsys.run_folder import run_dir  # pylint: disable=g-import-not-at-top
-  from recsys.training.train import evaluate_restored  # pylint: disable=g-import-not-at-top
 
   run = run_dir.RunDir(args.model_dir)
   name = args.eval_on
   path = run.other_eval_metrics(name) if name else run.eval_metrics
-  trainer = gin_train.call_train(
-    args, action="build"
+  restored = gin_train.call_train(
+    args, action="restore"
   )  # reads the model dir only
-  metrics, changes = evaluate_restored(trainer, other_data=bool(name))
+  metrics, changes = evaluate_restored(restored, other_data=bool(name))
   if name:
     metrics["eval_on"] = name
   print(json.dumps(metrics, indent=2, sort_keys=True))
   if name:  # what the other data was, next to its results
-    metrics["eval_input_files"] = trainer.input_fingerprints(eval_only=True)
+    metrics["eval_input_files"] = restored.input_fingerprints(eval_only=True)
   try:  # a convenience copy; a read-only model dir (e.g. a shared run) is fine
     run.write_eval_metrics(metrics, name)
     if changes:
-      run.record_changes("evaluate", trainer.restored_step, changes, path)
+      run.record_changes("evaluate", restored.restored_step, changes, path)
   except OSError as e:
     log.warning(
       "%s not written (%s); the metrics are printed above",

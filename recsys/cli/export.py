@@ -54,38 +54,33 @@ def run(args: argparse.Namespace) -> int:
   # (SparseCore's stacked tables included) on CPU; the export copies its
   # tables without the optimizer slots. Where the training devices held the
   # tables (train.placement, a device's memory) does not apply here.
-  trainer = gin_train.call_train(
+  restored = gin_train.call_train(
     args,
     [
       "train.progress_bar = False",
       "train.summaries = False",
       "train.placement = None",
     ],
-    action="build",
+    action="restore",
     backend="serving",
     strategy=tf.distribute.get_strategy(),
   )
-  if not trainer.restored_step:
-    raise FileNotFoundError(
-      f"no checkpoint in {args.model_dir!r}/checkpoints to export; train "
-      "first with `recsys train ... --model_dir`."
-    )
-  step = trainer.restored_step
-  changes = trainer.check_restored("export")
+  step = restored.require_checkpoint("export")
+  changes = restored.check_restored("export")
   provenance = {
     "model_dir": os.path.abspath(args.model_dir),
     "step": step,
     "changed_settings": changes.lines(),
-    "input_files": trainer.input_fingerprints(),
+    "input_files": restored.input_fingerprints(),
   }
   path = export_lib.export(
-    trainer,
+    restored,
     args.export_dir,
     k=args.k,
     extra_files={export_lib.PROVENANCE_FILE: json.dumps(provenance, indent=2)},
   )
   if changes:
-    trainer.run_dir.record_changes("export", step, changes, path)
+    restored.run_dir.record_changes("export", step, changes, path)
   changed = "".join(f"\n  changed: {line}" for line in changes.lines())
   print(f"exported step {step} to {path}{changed}")
   return 0

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   from recsys import config  # pylint: disable=g-import-not-at-top
-  from recsys.training import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  from recsys.run import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
 
   lines = [
     version.version_line(tf.__version__, tf.keras.__name__.split(".")[0])

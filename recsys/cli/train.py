@@ -51,7 +51,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
   metrics = gin_train.call_train(args)
-  from recsys.training import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  from recsys.run import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
 
   # In a multi-worker run every worker returns the metrics; one prints them.
   if strategy_lib.is_chief_task():
@@ -66,7 +66,7 @@ def _ending(model_dir: str, metrics: dict[str, Any]) -> str:
   """`recsys train`'s last line: nothing was trained if the run was
   complete already (and how to train again), and the metric reached next
   to the best the data allows, where the source knows it."""
-  from recsys.training import run_summaries  # pylint: disable=g-import-not-at-top
+  from recsys.run import run_summaries  # pylint: disable=g-import-not-at-top
 
   step = metrics.get("step")
   parts = []

@@ -15,7 +15,7 @@ and `num_dense`. File-backed sources also have a `raw_parser()` (`RawParser`):
 the TF transformation of raw values into `features` that their reader and the
 export's raw serving signature share.
 `dataset(batch_size, training=..., input_context=...)` takes the PER-REPLICA
-batch size; `recsys.training.input.distribute()` wires a source into
+batch size; `recsys.run.input.distribute()` wires a source into
 `strategy.distribute_datasets_from_function` (data never imports training).
 """
 

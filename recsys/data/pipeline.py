@@ -1,7 +1,7 @@
 """What every source shares: the `DataSource` interface, sharding, batching.
 
 A source builds a per-replica `tf.data.Dataset` of `(features, labels)` for
-one input pipeline; `recsys.training.input.distribute` (the one place a
+one input pipeline; `recsys.run.input.distribute` (the one place a
 source is distributed) hands it to
 `strategy.distribute_datasets_from_function` with per-replica batch sizes and
 the embedding backend's `input_options()`.
@@ -15,7 +15,7 @@ sources serve their corpus with `candidate_batches`.
 Example:
   >>> source = recsys.data.SyntheticCTR()
   >>> strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-  >>> from recsys.training import input as input_lib
+  >>> from recsys.run import input as input_lib
   >>> dist = input_lib.distribute(strategy, source, global_batch_size=64)
   >>> features, labels = next(iter(dist))   # PerReplica values of 32 examples
 """

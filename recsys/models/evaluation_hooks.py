@@ -12,7 +12,7 @@ trainer calls them and never asks which kind of model it runs.
 Example:
   >>> hooks = model.evaluation_hooks(EvaluationContext(
   ...   source, eval_source, batch_size=512,
-  ...   compile_tower=functools.partial(loop.embed_fn, backend)))
+  ...   compile_tower=functools.partial(restored.embed_fn, backend)))
   >>> hooks.before_evaluation()   # a retrieval model indexes its corpus
 """
 
@@ -41,7 +41,7 @@ class EvaluationContext:
     batch_size: examples per batch when embedding the corpus.
     compile_tower: `(embed, feature_names) -> (features -> [B, K])`, a
       compiled lookup of `feature_names` in the run's tables followed by
-      `embed` (`recsys.training.loop.embed_fn` on the run's backend).
+      `embed` (`recsys.run.restored.embed_fn` on the run's backend).
   """
 
   source: Any

@@ -1,7 +1,7 @@
 """Training: strategy, compiled step loops, the Trainer, the gin entry point."""
 
-from recsys.training import schedules
-from recsys.training.strategy import StrategyError, make_strategy
+from recsys.run import schedules
+from recsys.run.strategy import StrategyError, make_strategy
 from recsys.training.train import train
 from recsys.training.trainer import (
   EmptyEvalSetError,

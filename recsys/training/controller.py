@@ -1,15 +1,16 @@
 """When a training run evaluates, checkpoints, logs and stops: its timing.
 
 The Trainer builds a run and knows what its parts do: run steps, check them,
-evaluate, save a checkpoint, write summaries (`TrainingRun`). The
-`Controller` decides when. It runs the steps in loops that end at step
-boundaries (`LoopSchedule.next_boundary`: `steps_per_loop` steps on, or the
-next evaluation or checkpoint step, or the last step), checks each loop's
-steps before anything is saved, writes the loop's summaries and progress,
-saves and evaluates at their steps, and stops on a stop request (SIGTERM,
-Ctrl-C) that every worker agreed on, with a checkpoint at the exact step.
-After the last step it saves (unless that step is saved), evaluates once
-more and returns the run's final metrics.
+save a checkpoint, write summaries (`TrainingRun`); its evaluator scores
+the model (`Evaluating`, `recsys.run.evaluation.Evaluator`). The
+`Controller` owns both and decides when. It runs the steps in loops that
+end at step boundaries (`LoopSchedule.next_boundary`: `steps_per_loop`
+steps on, or the next evaluation or checkpoint step, or the last step),
+checks each loop's steps before anything is saved, writes the loop's
+summaries and progress, saves and evaluates at their steps, and stops on a
+stop request (SIGTERM, Ctrl-C) that every worker agreed on, with a
+checkpoint at the exact step. After the last step it saves (unless that
+step is saved), evaluates once more and returns the run's final metrics.
 
 Orbit (TF Model Garden) separates its controller from the trainer for the
 same reason: the timing can be read, and tested, apart from the model
@@ -18,7 +19,8 @@ same reason: the timing can be read, and tested, apart from the model
 Example:
   >>> schedule = LoopSchedule(train_steps=1000, steps_per_loop=100,
   ...                         eval_every=500, checkpoint_every=250)
-  >>> final = Controller(trainer, schedule, global_batch_size=512).train(
+  >>> final = Controller(trainer, trainer.evaluator, schedule,
+  ...                    global_batch_size=512).train(
   ...   step=0, stop=signals.StopRequests())
 """
 
@@ -29,7 +31,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from recsys.training import run_summaries
+from recsys.run import run_summaries
 from recsys.training import signals as signals_lib
 
 log = logging.getLogger("recsys.training")
@@ -48,10 +50,6 @@ class TrainingRun(Protocol):
     """The loop's training metrics: `train/loss`, ..., `learning_rate`."""
     ...
 
-  def evaluate(self) -> dict[str, float]:
-    """Evaluates the model now: `eval/<metric>`."""
-    ...
-
   def save(self) -> str:
     """Saves a checkpoint at the current step; returns its path."""
     ...
@@ -67,6 +65,15 @@ class TrainingRun(Protocol):
 
   def agreed_stop(self, requested: str | None) -> str | None:
     """The stop signal every worker agreed on (None: go on)."""
+    ...
+
+
+class Evaluating(Protocol):
+  """What the controller asks of an evaluator
+  (`recsys.run.evaluation.Evaluator`)."""
+
+  def evaluate(self) -> dict[str, float]:
+    """Evaluates the model now: `eval/<metric>`."""
     ...
 
 
@@ -171,11 +178,13 @@ class Progress:
 
 
 class Controller:
-  """Runs a `TrainingRun` to `schedule.train_steps`, deciding when it
-  evaluates, saves, writes summaries and stops.
+  """Runs a `TrainingRun` to `schedule.train_steps` and its evaluator at
+  the evaluation steps, deciding when it evaluates, saves, writes summaries
+  and stops (as Orbit's controller owns its trainer and evaluator).
 
   Args:
-    run: what to do (the Trainer).
+    run: what training does (the Trainer).
+    evaluator: what evaluation does (`recsys.run.evaluation.Evaluator`).
     schedule: when.
     global_batch_size: examples per step (the speed in examples/s).
     progress_bar: a tqdm bar on a terminal (else log lines).
@@ -184,11 +193,13 @@ class Controller:
   def __init__(
     self,
     run: TrainingRun,
+    evaluator: Evaluating,
     schedule: LoopSchedule,
     global_batch_size: int,
     progress_bar: bool = True,
   ):
     self.run = run
+    self.evaluator = evaluator
     self.schedule = schedule
     self.global_batch_size = global_batch_size
     self.progress_bar = progress_bar
@@ -225,7 +236,7 @@ class Controller:
       if schedule.saves_at(step):
         run.save()
       if schedule.evaluates_at(step):
-        self._log_eval(run.evaluate(), step)
+        self.evaluate(step)
       signal_name = run.agreed_stop(stop.requested)  # every worker asks
       if signal_name and step < schedule.train_steps:
         progress.close()
@@ -240,8 +251,7 @@ class Controller:
         loops, time.time() - start_time, self.global_batch_size
       )
     )
-    final.update(run.evaluate())
-    self._log_eval(final, step)
+    final.update(self.evaluate(step))
     final["step"] = step
     final["elapsed_seconds"] = time.time() - start_time
     return final
@@ -262,8 +272,10 @@ class Controller:
     )
     return results
 
-  def _log_eval(self, results: Mapping[str, float], step: int) -> None:
-    """Writes the `eval/` results' summaries and a log line."""
+  def evaluate(self, step: int) -> dict[str, float]:
+    """Evaluates the model at `step`; writes the `eval/` results'
+    summaries and a log line, and returns the results."""
+    results = self.evaluator.evaluate()
     evals = {k: v for k, v in results.items() if k.startswith("eval/")}
     self.run.write_summaries("eval", evals, step)
     log.info(
@@ -271,3 +283,4 @@ class Controller:
       step,
       ", ".join(f"{k}={v:.5f}" for k, v in sorted(evals.items())),
     )
+    return results

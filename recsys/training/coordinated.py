@@ -4,16 +4,16 @@ With a `ParameterServerStrategy` the trainer's process is the coordinator
 (TF_CONFIG task "chief"): it owns no data and runs no training step itself.
 It schedules functions on the workers with
 `tf.distribute.coordinator.ClusterCoordinator`, each running a few training
-steps on that worker's own input pipeline (`recsys.training.input`), while
+steps on that worker's own input pipeline (`recsys.run.input`), while
 the variables (the sharded embedding tables, the dense model, the optimizers,
 the metrics) live on the parameter servers. Workers run asynchronously: one
 replica per worker, each step is one worker's batch of `global_batch_size`
 examples, no all-reduce.
 
 `CoordinatedStepFunctions` has the interface of
-`recsys.training.loop.StepFunctions` (`run_train_steps`, `eval_loop`), so the
-Trainer's `train()` / `evaluate()` run unchanged: the same step body
-(`train_step`) runs on the workers, evaluation runs on the coordinator, which
+`recsys.training.loop.StepFunctions` (`run_train_steps`), so the Trainer's
+`train()` runs unchanged: the same step body (`train_step`) runs on the
+workers; evaluation runs on the coordinator (`recsys.run.evaluation`), which
 reads the parameter servers directly (every example once, in order), and
 checkpoints and summaries are written by the coordinator.
 
@@ -24,7 +24,7 @@ Losing a parameter server or the coordinator ends the run; restart it and it
 resumes from the last checkpoint.
 
 Example:
-  >>> coordinator = make_coordinator(strategy)
+  >>> coordinator = strategy_lib.make_coordinator(strategy)
   >>> dataset = input.training_input(strategy, source, 512, preprocess,
   ...                                coordinator=coordinator)
   >>> steps = CoordinatedStepFunctions(coordinator, strategy, model, backend,
@@ -35,8 +35,8 @@ Example:
 import logging
 import math
 
-from backends import hardware
 from recsys._keras import tf
+from recsys.run.strategy import num_workers
 from recsys.training import loop as loop_lib
 
 log = logging.getLogger("recsys.training")
@@ -45,18 +45,6 @@ log = logging.getLogger("recsys.training")
 #: fewer means finer load balancing and faster recovery, more means less
 #: scheduling overhead (one RPC round trip per function).
 STEPS_PER_FUNCTION = 10
-
-
-def make_coordinator(
-  strategy: tf.distribute.Strategy,
-) -> "tf.distribute.coordinator.ClusterCoordinator":
-  """The strategy's `ClusterCoordinator` (one per strategy; made once)."""
-  return tf.distribute.coordinator.ClusterCoordinator(strategy)
-
-
-def num_workers(strategy: tf.distribute.Strategy) -> int:
-  """Workers in the strategy's cluster (tasks of job "worker")."""
-  return max(1, hardware.num_tasks(strategy, "worker"))
 
 
 class CoordinatedStepFunctions(loop_lib.StepFunctions):
@@ -76,7 +64,6 @@ class CoordinatedStepFunctions(loop_lib.StepFunctions):
   def __init__(self, coordinator, *args, **kwargs):
     super().__init__(*args, **kwargs)
     self._coordinator = coordinator
-    self.eval_loop = tf.function(self._coordinator_eval_loop)
 
   def run_train_steps(self, iterator, num_steps: int) -> None:
     """Schedules `num_steps` steps on the workers and waits for them."""
@@ -94,9 +81,3 @@ class CoordinatedStepFunctions(loop_lib.StepFunctions):
       remaining -= n
     self._coordinator.join()
     self._global_step.assign(start + num_steps)
-
-  def _coordinator_eval_loop(self, dataset) -> None:
-    # On the coordinator, outside `strategy.run`: it reads the variables on
-    # the parameter servers and updates the metrics there.
-    for batch in dataset:
-      self.eval_step(batch)

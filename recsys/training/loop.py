@@ -1,4 +1,4 @@
-"""The step functions: one training/eval step, and N steps in one tf.function.
+"""The training steps: one step, and N steps in one tf.function.
 
 This is TF's TPU host-loop pattern: the host calls a `tf.function` that runs
 `steps_per_loop` steps on device (`for _ in tf.range(n): strategy.run(...)`),
@@ -17,33 +17,10 @@ Training health: every step checks that its loss and gradients are finite
 before that step and the trainer reports it without saving anything.
 """
 
-import contextlib
-import warnings
-from collections.abc import Callable, Iterator
 from typing import Any
 
 from recsys._keras import keras, tf
-from recsys.serving_lookup import serving_activations, split_batch
-
-
-@contextlib.contextmanager
-def quiet_dataset_options_warning() -> Iterator[None]:
-  """Hides one UserWarning of TF's that says nothing about the run.
-
-  Iterating a distributed dataset of several replicas inside a `tf.function`
-  (the evaluation loop) makes TF's own `OwnedMultiDeviceIterator` read
-  `dataset.options()` while tracing, and `options()` warns that in graph
-  mode it returns the options known at graph construction: every
-  multi-replica evaluation printed it. Other warnings pass.
-  """
-  with warnings.catch_warnings():
-    warnings.filterwarnings(
-      "ignore",
-      message="To make it possible to preserve tf.data options",
-      category=UserWarning,
-    )
-    yield
-
+from recsys.serving_lookup import split_batch
 
 NONFINITE_POLICIES = ("stop", "skip")
 
@@ -70,7 +47,8 @@ def _zeros_for_none(grads, acts):
 
 
 class StepFunctions:
-  """Builds the compiled train and eval loops of one run.
+  """Builds the compiled training loop of one run (its evaluation:
+  `recsys.run.evaluation.Evaluator`).
 
   Args:
     strategy: the run's strategy.
@@ -83,7 +61,7 @@ class StepFunctions:
     nonfinite_policy: "stop" (end the loop before a step whose loss or
       gradients are NaN/inf; `first_nonfinite_step` names it) or "skip"
       (leave such steps out, count them in `nonfinite_steps`).
-    jit_compile: compile each replica's train and eval step with XLA
+    jit_compile: compile each replica's training step with XLA
       (`tf.function(jit_compile=True)`): lookup, model, dense optimizer,
       embedding update, metrics and the non-finite guard in one program.
       Needs collectives XLA can compile (one replica, GPUs, TPUs); under a
@@ -136,10 +114,6 @@ class StepFunctions:
         name="first_nonfinite_step",
         aggregation=agg,
       )
-      # Evaluation sums the masked per-example losses and counts the real
-      # examples; the trainer divides (eval batches differ from training's).
-      self.eval_loss_sum = keras.metrics.Sum("eval_loss_sum")
-      self.eval_examples = keras.metrics.Sum("eval_examples", dtype=tf.int64)
     self._strategy = strategy
     self._model = model
     self._backend = backend
@@ -160,12 +134,9 @@ class StepFunctions:
     )
     self.jit_compile = bool(jit_compile)
     self._replica_train_step = self.train_step
-    self._replica_eval_step = self.eval_step
     if self.jit_compile:
       self._replica_train_step = tf.function(self.train_step, jit_compile=True)
-      self._replica_eval_step = tf.function(self.eval_step, jit_compile=True)
     self.train_loop = tf.function(self._train_loop)
-    self.eval_loop = tf.function(self._eval_loop)
 
   @tf.autograph.experimental.do_not_convert
   def _lookup(self, batch, training: bool):
@@ -224,32 +195,6 @@ class StepFunctions:
     apply()
     return finite
 
-  def eval_step(self, batch) -> None:
-    """One replica's eval step on a masked batch `(features, labels, mask)`.
-
-    Updates `model.metrics` (weighted by the mask), the sum of the real
-    examples' losses (`eval_loss_sum`, regularization left out) and their
-    count (`eval_examples`); padding rows count for nothing.
-    """
-    features, labels, mask = batch
-    acts = self._lookup((features, labels), training=False)
-    loss_sum = self._model.compute_loss(
-      acts,
-      features,
-      labels,
-      training=False,
-      global_batch_size=1,
-      mask=mask,
-      include_regularization=False,
-    )
-    self.eval_loss_sum.update_state(loss_sum)
-    self.eval_examples.update_state(tf.reduce_sum(tf.cast(mask > 0, tf.int64)))
-
-  def reset_eval_metrics(self) -> None:
-    """Zeroes `eval_loss_sum` and `eval_examples` before an evaluation."""
-    self.eval_loss_sum.reset_state()
-    self.eval_examples.reset_state()
-
   def run_train_steps(self, iterator, num_steps: int) -> None:
     """Runs `num_steps` training steps in one call of the compiled loop."""
     self.train_loop(iterator, tf.constant(num_steps, tf.int32))
@@ -269,30 +214,3 @@ class StepFunctions:
       # Skipped steps count: the step is the number of batches consumed,
       # which is what positions the data on resume.
       self._global_step.assign_add(1)
-
-  def _eval_loop(self, dataset) -> None:
-    for batch in dataset:
-      self._strategy.run(self._replica_eval_step, args=(batch,))
-
-
-def embed_fn(
-  backend: Any, embed: Callable[..., tf.Tensor], feature_names
-) -> Callable:
-  """A compiled lookup + tower function for retrieval evaluation on one device.
-
-  Args:
-    backend: the built backend whose trained tables to read.
-    embed: `model.query_embeddings` or `model.candidate_embeddings`.
-    feature_names: the features `embed` reads (query or candidate features).
-
-  Returns:
-    `features -> [B, K]` embeddings, a `tf.function` (traced for the full
-    batch, then once more for any other batch size).
-  """
-
-  def fn(features):
-    return embed(
-      serving_activations(backend, features, feature_names), features
-    )
-
-  return tf.function(fn, reduce_retracing=True)

@@ -31,16 +31,16 @@ from backends import registry
 from recsys import _gin_compat, config, planning
 from recsys import features as features_lib
 from recsys._keras import keras, tf
+from recsys.run import embedding_backend, evaluation
+from recsys.run import strategy as strategy_lib
+from recsys.run.restored import RestoredRun, default_embedding_optimizer
 from recsys.run_folder import run_dir as run_dir_lib
-from recsys.run_folder.run_checks import RunChanges
 from recsys.train_settings import TrainSettings
-from recsys.training import embedding_backend
-from recsys.training import strategy as strategy_lib
-from recsys.training.trainer import Trainer, default_embedding_optimizer
+from recsys.training.trainer import Trainer
 
 log = logging.getLogger("recsys.training")
 
-ACTIONS = ("train", "evaluate", "build")
+ACTIONS = ("train", "evaluate", "restore", "build")
 
 
 def _instance(source: Any) -> Any:
@@ -62,7 +62,7 @@ def configured_strategy(
     tpu: the TPU (e.g. the `--tpu` flag); None: the config's `train.tpu`.
 
   Returns:
-    `(strategy, why)` from `recsys.training.strategy.make_strategy`, with
+    `(strategy, why)` from `recsys.run.strategy.make_strategy`, with
     the config's `train.num_cpu_replicas`.
   """
   tpu = tpu or config.value("train.tpu")
@@ -81,11 +81,11 @@ def configured_settings() -> TrainSettings:
   """
   names = {f.name for f in dataclasses.fields(TrainSettings)}
   bound = gin.get_bindings("train", resolve_references=False)
-  return TrainSettings.pick(
-    {
+  return TrainSettings(
+    **{
       name: _gin_compat.evaluate(value)
       for name, value in bound.items()
-      if name in names
+      if name in names  # not train's own objects (data, model, ...)
     }
   )
 
@@ -175,10 +175,13 @@ def configured_plan(
   """
   if feature_config is None:
     return None
-  names = ("placement", "backend_options", "global_batch_size")
-  bound = {name: config.value(f"train.{name}") for name in names}
-  settings = TrainSettings.pick(
-    {name: value for name, value in bound.items() if value is not None}
+  batch = config.value("train.global_batch_size")
+  if batch is None:  # unbound: train's default
+    batch = TrainSettings.global_batch_size
+  settings = TrainSettings(
+    placement=config.value("train.placement"),
+    backend_options=config.value("train.backend_options"),
+    global_batch_size=batch,
   )
   specs = _feature_specs()[0]
   widths = embedding_backend.bag_widths(specs) if specs is not None else {}
@@ -221,8 +224,8 @@ def train(
   strategy: tf.distribute.Strategy | None = None,
   action: str = "train",
   feature_config: Mapping[str, Any] | None = None,
-) -> dict[str, float] | Trainer:
-  """Builds the strategy and the Trainer, then trains or evaluates.
+) -> dict[str, float] | Trainer | RestoredRun:
+  """Builds the strategy and the run, then trains, evaluates or returns it.
 
   Args:
     model_dir: where checkpoints, summaries, `operative_config.gin` and
@@ -234,14 +237,15 @@ def train(
     num_cpu_replicas: > 1: MirroredStrategy over that many logical CPUs.
     strategy: an already built strategy (Python callers; overrides `tpu`).
     action: "train" (returns final metrics), "evaluate" (restores the latest
-      checkpoint, returns eval metrics) or "build" (returns the Trainer).
+      checkpoint, returns eval metrics), "restore" (returns the
+      `RestoredRun`: no loop; what `recsys evaluate` and `recsys export`
+      use) or "build" (returns the Trainer).
     Every other parameter is a `TrainSettings` field (documented there, with
-    the same default): the settings the Trainer gets.
+    the same default): the settings the run gets, each passed by name.
 
   Raises:
     ValueError: unknown action, or inconsistent settings (see `Trainer`).
   """
-  settings = TrainSettings.pick(locals())  # first: locals() = the arguments
   if action not in ACTIONS:
     raise ValueError(f"train(action={action!r}): use one of {list(ACTIONS)}.")
   if action == "train":  # before start-up and restore, which take time
@@ -249,59 +253,48 @@ def train(
   if strategy is None:
     strategy, why = strategy_lib.make_strategy(tpu, num_cpu_replicas)
     log.info("strategy: %s", why)
+  settings = TrainSettings(
+    embedding=embedding,
+    embedding_optimizer=embedding_optimizer,
+    dense_optimizer=dense_optimizer,
+    backend=backend,
+    backend_options=backend_options,
+    global_batch_size=global_batch_size,
+    eval_batch_size=eval_batch_size,
+    train_steps=train_steps,
+    steps_per_loop=steps_per_loop,
+    eval_every=eval_every,
+    eval_steps=eval_steps,
+    checkpoint_every=checkpoint_every,
+    max_checkpoints=max_checkpoints,
+    seed=seed,
+    progress_bar=progress_bar,
+    # Only training writes summaries: the other actions just read the run.
+    summaries=summaries and action == "train",
+    nonfinite_policy=nonfinite_policy,
+    jit_compile=jit_compile,
+    allow_changed_settings=allow_changed_settings,
+    skip_memory_check=skip_memory_check,
+    exclude_seen=exclude_seen,
+    placement=placement,
+    feature_config=feature_config,
+  )
+  source = _instance(data)
+  eval_source = _instance(eval_data) if eval_data is not None else None
+  if action in ("restore", "evaluate"):  # the run restored, no loop
+    run = RestoredRun(model_dir, source, model, strategy, eval_source, settings)
+    if action == "restore":
+      return run
+    results, changes = evaluation.evaluate_restored(run)
+    if changes:
+      run.run_dir.record_changes("evaluate", run.restored_step, changes)
+    return results
   trainer = Trainer(
     model_dir,
-    _instance(data),
+    source,
     model,
     strategy=strategy,
-    eval_source=_instance(eval_data) if eval_data is not None else None,
-    # Only training writes summaries: evaluate/export just read the run.
-    settings=dataclasses.replace(
-      settings, summaries=summaries and action == "train"
-    ),
+    eval_source=eval_source,
+    settings=settings,
   )
-  if action == "build":
-    return trainer
-  if action == "evaluate":
-    results, changes = evaluate_restored(trainer)
-    if changes:
-      trainer.run_dir.record_changes("evaluate", trainer.restored_step, changes)
-    return results
-  return trainer.train()
-
-
-def evaluate_restored(
-  trainer: Trainer, other_data: bool = False
-) -> tuple[dict[str, Any], RunChanges]:
-  """Evaluates a trainer's restored checkpoint, on the run's own data.
-
-  The settings and input files are first checked against the run's
-  (`Trainer.check_restored`): evaluating a model on a split it trained on
-  is refused unless allowed.
-
-  Args:
-    trainer: a Trainer built on a model dir with a checkpoint.
-    other_data: evaluate on other data on purpose (data settings and files
-      may differ; `recsys evaluate --eval_on`).
-
-  Returns:
-    `(results, changes)`: the eval metrics with `step` (and
-    `changed_settings`, the lines of `changes`, when something differs
-    from the run), and the `run_checks.RunChanges` to record.
-
-  Raises:
-    FileNotFoundError: the model dir has no checkpoint.
-    ChangedSettingsError: settings or files differ and that is not allowed.
-  """
-  if not trainer.restored_step:
-    raise FileNotFoundError(
-      f"no checkpoint in {trainer.model_dir!r}/checkpoints to evaluate; "
-      "train first (recsys train ... --model_dir) or point --model_dir at a "
-      "run."
-    )
-  changes = trainer.check_restored("evaluate", other_data=other_data)
-  results: dict[str, Any] = dict(trainer.evaluate())
-  results["step"] = trainer.restored_step
-  if changes:
-    results["changed_settings"] = changes.lines()
-  return results, changes
+  return trainer if action == "build" else trainer.train()

@@ -1,15 +1,13 @@
-"""The Trainer: builds a run's objects and does what training asks of them.
+"""The Trainer: a restored run and the training loop around it.
 
-It holds the run's state: the strategy, the embedding backend
-(`embedding_backend`), the model and dense optimizer (built inside
-`strategy.scope()`), the run's checkpoints (`checkpoints.RunCheckpoints`:
-automatic resume at the exact step), TensorBoard writers and metrics
-(`run_summaries`) and the run folder (`run_dir`). Settings are checked in
-`settings`, input is distributed by `input`, the compiled step functions
-live in `recsys.training.loop`, and when the loop evaluates, saves, logs
-and stops is decided by `recsys.training.controller`. What a model's
-evaluation needs besides its batches (a retrieval model's corpus index and
-seen items) the model's evaluation hooks do (`recsys.models.evaluation_hooks`).
+It composes a `recsys.run.restored.RestoredRun` (the strategy, embedding
+backend, model, dense optimizer, checkpoints and run folder, restored at
+the newest checkpoint: what `recsys evaluate` and `recsys export` use
+alone) with what training adds: the compiled step functions
+(`recsys.training.loop`), TensorBoard writers (`run_summaries`), the
+resume checks, and the controller (`recsys.training.controller`), which
+decides when the loop evaluates (the run's
+`recsys.run.evaluation.Evaluator`), saves, logs and stops.
 
 Example:
   >>> trainer = Trainer(model_dir="/tmp/run", source=SyntheticCTR(),
@@ -17,39 +15,32 @@ Example:
   >>> metrics = trainer.train()
 """
 
-import dataclasses
 import functools
 import logging
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import gin
 
-from backends import hardware
 from recsys import _tf_internal
-from recsys import features as features_lib
 from recsys import train_settings as settings_lib
 from recsys._keras import keras, tf
 from recsys.data import errors as data_errors
-from recsys.data import pipeline as data_pipeline
-from recsys.data.from_dataset import DatasetSource
 from recsys.errors import RecsysError
 from recsys.models import evaluation_hooks as hooks_lib
-from recsys.models import model_args
 from recsys.models import seen_items as seen_lib
+from recsys.run import evaluation as evaluation_lib
+from recsys.run import restored as restored_lib
+from recsys.run import run_summaries, schedules
+from recsys.run import strategy as strategy_lib
 from recsys.run_folder import checkpoints as checkpoints_lib
-from recsys.run_folder import run_checks, run_configs, run_inputs
+from recsys.run_folder import run_configs
 from recsys.run_folder import run_dir as run_dir_lib
 from recsys.train_settings import TrainSettings
 from recsys.training import controller as controller_lib
 from recsys.training import coordinated as coordinated_lib
-from recsys.training import embedding_backend as backend_lib
-from recsys.training import input as input_lib
 from recsys.training import loop as loop_lib
-from recsys.training import memory_peaks, run_summaries, schedules
 from recsys.training import signals as signals_lib
-from recsys.training import strategy as strategy_lib
 
 log = logging.getLogger("recsys.training")
 
@@ -67,6 +58,10 @@ EmptyEvalSetError = data_errors.EmptyEvalSetError
 CorruptCheckpointError = checkpoints_lib.CorruptCheckpointError
 
 
+#: The embedding optimizer of a run that names none (`recsys.run.restored`).
+default_embedding_optimizer = restored_lib.default_embedding_optimizer
+
+
 class NonFiniteLossError(RecsysError, FloatingPointError):
   """A training step's loss or gradients were NaN/inf (policy "stop").
 
@@ -80,45 +75,9 @@ class NonFiniteLossError(RecsysError, FloatingPointError):
     self.step, self.last_checkpoint = step, last_checkpoint
 
 
-def default_embedding_optimizer() -> Any:
-  """The embedding optimizer of a run that names none: Adagrad(0.05)."""
-  return tf.tpu.experimental.embedding.Adagrad(0.05)
-
-
-def _transformed_first(transform, preprocess, features, labels, *mask):
-  """`preprocess` of a batch whose features `transform` changed first."""
-  return preprocess(transform(features), labels, *mask)
-
-
-def _check_no_float16(model: keras.Model) -> None:
-  """Refuses a model that computes in float16 (a mixed_float16 policy).
-
-  float16 gradients need loss scaling (Keras's `LossScaleOptimizer`, which
-  `compile()` adds); the Trainer's step differentiates the loss as it is,
-  so small gradients would silently round to zero. bfloat16 has float32's
-  range and needs none: it is the TPU's policy.
-
-  Raises:
-    TrainerConfigError: naming the layer and its policy.
-  """
-  layers = [model] + [
-    m for m in model.submodules if isinstance(m, keras.layers.Layer)
-  ]
-  for layer in layers:
-    if layer.compute_dtype == "float16":
-      raise TrainerConfigError(
-        f"layer {layer.name!r} of the model computes in float16 (Keras "
-        f"dtype policy {layer.dtype_policy.name!r}); float16 gradients need "
-        "loss scaling, which the Trainer's step does not do, so small ones "
-        "would silently become 0. Use "
-        "tf.keras.mixed_precision.set_global_policy('mixed_bfloat16') (the "
-        "TPU's policy: float32's range, no loss scaling) or 'float32' "
-        "before building the Trainer."
-      )
-
-
 class Trainer:
-  """Builds and runs one experiment under one strategy.
+  """Trains one experiment: a restored run (`self.run`, a `RestoredRun`)
+  and the training loop around it.
 
   Args:
     model_dir: checkpoints, summaries, `operative_config.gin`, `metrics.json`.
@@ -132,9 +91,10 @@ class Trainer:
     strategy: the `tf.distribute` strategy (default: the current one).
     eval_source: source for evaluation; default: `source` with training=False.
     settings: how the run trains (`TrainSettings`: batch sizes, steps,
-      optimizers, backend, ...; default: its defaults).
-    **overrides: `TrainSettings` fields that replace those of `settings`
-      (keyword callers: `Trainer(dir, source, DLRM, seed=1)`).
+      optimizers, backend, ...).
+    **setting_values: or the settings as keywords, each a `TrainSettings`
+      field (`Trainer(dir, source, DLRM, seed=1)` runs with
+      `TrainSettings(seed=1)`); not together with `settings`.
 
   Reliability: `train()` holds an exclusive lock on the model dir (a second
   run there is refused), turns SIGTERM/Ctrl-C into a checkpoint at the exact
@@ -167,33 +127,30 @@ class Trainer:
     strategy: tf.distribute.Strategy | None = None,
     eval_source: Any | None = None,
     settings: TrainSettings | None = None,
-    **overrides: Any,
+    **setting_values: Any,
   ):
-    # Keyword callers may name settings directly: Trainer(..., seed=1).
-    st = dataclasses.replace(settings or TrainSettings(), **overrides)
+    if settings is not None and setting_values:
+      raise TypeError(
+        f"Trainer: give settings= or the settings as keywords "
+        f"({', '.join(sorted(setting_values))}), not both."
+      )
+    # Keyword callers name settings directly: Trainer(..., seed=1).
+    st = settings if settings is not None else TrainSettings(**setting_values)
     self.settings = st
-    self.model_dir = model_dir
-    self.strategy = strategy or tf.distribute.get_strategy()
     self._store_settings(st)
-    self._validate(source, eval_source)
-    # ParameterServerStrategy: this process coordinates; steps run on the
-    # workers through a ClusterCoordinator (recsys.training.coordinated).
-    self._coordinator = (
-      coordinated_lib.make_coordinator(self.strategy)
-      if hardware.is_parameter_server(self.strategy)
-      else None
+    # The run's objects, built and restored (no loop): what evaluate and
+    # export use too. The Trainer adds the training loop around them.
+    self.run = restored_lib.RestoredRun(
+      model_dir, source, model, strategy, eval_source, st
     )
-    self._make_folder()
-    keras.utils.set_random_seed(st.seed)
-    self.memory = memory_peaks.PeakMemory()  # each phase's peak RSS
+    self._take_parts(self.run)
     with self.memory.phase("init"):
-      self._build_embedding()
-      self._build_model(model)
-      self._build_checkpoints()
+      with self.strategy.scope():
+        self.loss_metric = keras.metrics.Mean("loss")
       self._build_steps()
       self._build_writers()
-    with self.memory.phase("restore"):
-      self.restored_step = self.restore()
+    # Scores the model when the controller asks (and `evaluate()`).
+    self.evaluator = evaluation_lib.Evaluator(self.run)
 
   # -- construction steps ----------------------------------------------------
 
@@ -206,129 +163,30 @@ class Trainer:
     for name, value in settings_lib.trainer_attributes(st).items():
       setattr(self, name, value)
 
-  def _validate(self, source: Any, eval_source: Any) -> None:
-    """Keeps the sources (datasets wrapped), then checks the settings."""
-    self.source, self.eval_source = settings_lib.run_sources(
-      self.settings, source, eval_source
-    )
-    settings_lib.check(
-      self.settings, self.source, self.eval_source, self.strategy
-    )
-
-  def _make_folder(self) -> None:
-    """Creates the model dir (refusing a file of that name); with
-    summaries on (their writers write at once) it must be writable."""
-    model_dir = self.model_dir
-    if os.path.exists(model_dir) and not os.path.isdir(model_dir):
-      raise TrainerConfigError(
-        f"model_dir {model_dir!r} is a file; it must be a folder (new or "
-        "holding a run to resume)."
-      )
-    if self.settings.summaries:
-      run_dir_lib.RunDir(model_dir).check_writable()
-    try:
-      os.makedirs(model_dir, exist_ok=True)
-    except PermissionError as e:
-      raise run_dir_lib.ModelDirNotWritableError(
-        f"model dir {model_dir!r} cannot be created ({e.strerror}): pass a "
-        "--model_dir in a folder this user may write."
-      ) from e
-
-  def _build_embedding(self) -> None:
-    """Tables, embedding optimizer, step counter and the embedding backend."""
-    st, source = self.settings, self.source
-    self.feature_config = (
-      dict(source.feature_config)
-      if isinstance(source, DatasetSource)
-      else features_lib.feature_config(
-        source.feature_specs, st.embedding, seed=st.seed
-      )
-    )
-    features_lib.check_embedding_optimizer(
-      st.embedding_optimizer, "train.embedding_optimizer"
-    )
-    embedding_optimizer = st.embedding_optimizer
-    if embedding_optimizer is None:
-      embedding_optimizer = default_embedding_optimizer()
-    with self.strategy.scope():
-      self.global_step = tf.Variable(
-        0,
-        dtype=tf.int64,
-        trainable=False,
-        name="global_step",
-        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-      )
-    # On copies: the caller's optimizers and tables keep their schedules.
-    self.embedding_optimizer, self.feature_config = schedules.bind_to_step(
-      embedding_optimizer, self.feature_config, self.global_step
-    )
-    embedding_optimizer = self.embedding_optimizer
-    (
-      self.backend_name,
-      self.backend_reason,
-      self.compile_plan,
-      self.backend,
-    ) = backend_lib.make_backend(
-      st, source, self.strategy, self.feature_config, embedding_optimizer
-    )
-
-  def _build_model(self, model: Callable[..., keras.Model]) -> None:
-    """Tables, model, dense optimizer, loss metric and RNG, in scope."""
-    dense_optimizer = self.settings.dense_optimizer or keras.optimizers.Adam
-    with self.strategy.scope():
-      self.backend.build()
-      self.model = model(**model_args.model_kwargs(model, self.source))
-      self.model.create_variables(features_lib.dims(self.feature_config))
-      _check_no_float16(self.model)
-      self.dense_optimizer = dense_optimizer()
-      self.dense_optimizer.build(self.model.trainable_variables)
-      self.loss_metric = keras.metrics.Mean("loss")
-      # Randomness drawn during training comes from this generator, saved with
-      # the run so a resumed run continues its stream (the built-in models
-      # and data draw none: they are functions of the seed and the step).
-      self.rng = tf.random.Generator.from_seed(self.settings.seed)
-    self._evaluation: hooks_lib.EvaluationHooks = self.model.evaluation_hooks(
-      hooks_lib.EvaluationContext(
-        self.source,
-        self.eval_source,
-        self.eval_batch_size,
-        compile_tower=functools.partial(loop_lib.embed_fn, self.backend),
-      )
-    )
-    if self.exclude_seen and not self.is_retrieval:
-      raise TrainerConfigError(
-        "train.exclude_seen = True applies to retrieval models; "
-        f"{type(self.model).__name__} is a ranking model (it scores given "
-        "pairs, it ranks no corpus): leave exclude_seen off."
-      )
-
-  def _build_checkpoints(self) -> None:
-    """The checkpoint, the run folder and the chief's / a worker's managers."""
-    # Only the chief writes the run's files; the other workers of a
-    # multi-worker run save to a scratch folder (`checkpoints`).
-    self._chief = strategy_lib.is_chief(self.strategy)
-    resolver = getattr(self.strategy, "cluster_resolver", None)
-    self.run_dir = run_dir_lib.RunDir(
-      self.model_dir,
-      chief=self._chief,
-      task=None
-      if self._chief or resolver is None
-      else (resolver.task_type, resolver.task_id),
-    )
-    self.checkpoints = checkpoints_lib.RunCheckpoints(
-      self.run_dir,
-      {
-        "model": self.model,
-        "embedding": self.backend,
-        "optimizer": self.dense_optimizer,
-        "step": self.global_step,
-        "rng": self.rng,
-      },
-      self.global_step,
-      self.backend,
-      max_to_keep=self.settings.max_checkpoints,
-    )
-    self.checkpoint = self.checkpoints.checkpoint  # the run's objects
+  def _take_parts(self, run: restored_lib.RestoredRun) -> None:
+    """The restored run's objects under the names the Trainer's methods
+    and its callers read (`trainer.model`, `trainer.backend`, ...)."""
+    self.model_dir = run.model_dir
+    self.strategy = run.strategy
+    self.source, self.eval_source = run.source, run.eval_source
+    self.feature_config = run.feature_config
+    self.embedding_optimizer = run.embedding_optimizer
+    self.global_step = run.global_step
+    self.backend_name = run.backend_name
+    self.backend_reason = run.backend_reason
+    self.compile_plan = run.compile_plan
+    self.backend = run.backend
+    self.model = run.model
+    self.dense_optimizer = run.dense_optimizer
+    self.rng = run.rng
+    self.run_dir = run.run_dir
+    self.checkpoints = run.checkpoints
+    self.checkpoint = run.checkpoints.checkpoint  # the run's objects
+    self.memory = run.memory
+    self.restored_step = run.restored_step
+    self._chief = run.chief
+    self._coordinator = run.coordinator
+    self._evaluation: hooks_lib.EvaluationHooks = run.evaluation
 
   def _build_steps(self) -> None:
     """The compiled step functions (scheduled on workers under PS)."""
@@ -343,7 +201,6 @@ class Trainer:
       nonfinite_policy=self.settings.nonfinite_policy,
       jit_compile=self.compile_plan.compile_steps,
     )
-    self._eval_datasets: dict[bool, Any] = {}
     self._batches: Any = None  # the training iterator, during train()
 
   def _build_writers(self) -> None:
@@ -357,7 +214,7 @@ class Trainer:
   @property
   def is_retrieval(self) -> bool:
     """Whether the model is a retrieval model (it indexes a corpus)."""
-    return self._evaluation.ranks_corpus
+    return self.run.is_retrieval
 
   # -- data ----------------------------------------------------------------
 
@@ -370,38 +227,15 @@ class Trainer:
     take_steps: int | None = None,
     transform: hooks_lib.BatchTransform | None = None,
   ):
-    """A distributed dataset of `source` (`recsys.training.input`); with
-    `transform`, each batch's features are transformed first (evaluation:
-    the model's `batch_transform`, e.g. its users' seen candidates)."""
-    preprocess = functools.partial(
-      input_lib.preprocess, self.backend, list(self.feature_config)
-    )
-    if transform is not None:
-      preprocess = functools.partial(_transformed_first, transform, preprocess)
-    if training:
-      return input_lib.training_input(
-        self.strategy,
-        source,
-        global_batch,
-        preprocess,
-        options=self.backend.input_options(),
-        skip_steps=skip_steps,
-        coordinator=self._coordinator,
-      )
-    return input_lib.eval_input(
-      self.strategy,
-      source,
-      global_batch,
-      preprocess,
-      options=self.backend.input_options(),
-      take_steps=take_steps,
-      coordinator=self._coordinator,
+    """A distributed dataset of `source` (`RestoredRun.distribute`)."""
+    return self.run.distribute(
+      source, global_batch, training, skip_steps, take_steps, transform
     )
 
   def seen_items(self) -> seen_lib.SeenItems:
     """Each user's candidates in the training split (read once, then kept;
     a retrieval model's, through its evaluation hooks)."""
-    return self._evaluation.seen_items()
+    return self.run.seen_items()
 
   # -- checkpoints -----------------------------------------------------------
 
@@ -570,9 +404,11 @@ class Trainer:
       self.dense_optimizer.learning_rate = continued
 
   def _controller(self) -> controller_lib.Controller:
-    """The loop's timing, from the run's settings."""
+    """The loop's timing, from the run's settings: the controller runs the
+    Trainer's steps and the evaluator at their steps."""
     return controller_lib.Controller(
       self,
+      self.evaluator,
       controller_lib.LoopSchedule(
         train_steps=self.train_steps,
         steps_per_loop=self.steps_per_loop,
@@ -630,119 +466,28 @@ class Trainer:
 
   def index_corpus(self) -> int:
     """Embeds the whole candidate corpus into the model's index (retrieval;
-    the model's evaluation hooks do it).
-
-    Returns:
-      The number of candidates indexed (0: the model ranks no corpus).
-    """
-    return self._evaluation.index_corpus()
+    `RestoredRun.index_corpus`). Returns the candidates indexed (0: none)."""
+    return self.run.index_corpus()
 
   def evaluate(self, exclude_seen: bool | None = None) -> dict[str, float]:
-    """Evaluates on `eval_steps` batches of the eval source (None: all of it).
-
-    Args:
-      exclude_seen: the retrieval protocol of this evaluation (None: the
-        run's `exclude_seen` setting); both protocols can score one model.
-
-    Every example is scored exactly once: the last partial batch is padded
-    and masked (`recsys.training.eval_padding`), on every strategy and in
-    compiled steps.
-
-    Returns:
-      `eval/loss` (the mean per-example loss of the examples scored, plus
-      the regularization term as in `train/loss`), `eval/<metric>` for each
-      of the model's metrics (AUC, log-loss, accuracy / RMSE / top-k hit
-      rates) and `eval/examples`, the number of examples scored; with
-      `exclude_seen`, the hit rates rank only candidates each user did not
-      interact with in training, and `eval/exclude_seen` is 1.
+    """Evaluates the model now (`recsys.run.evaluation.Evaluator.evaluate`:
+    every example of `eval_steps` batches once; `exclude_seen` None: the
+    run's setting).
 
     Raises:
       EmptyEvalSetError: the eval split has no example.
     """
-    if exclude_seen is None:
-      exclude_seen = self.exclude_seen
-    exclude_seen = bool(exclude_seen)
-    if exclude_seen and not self.is_retrieval:
-      raise TrainerConfigError(
-        "exclude_seen applies to retrieval models; "
-        f"{type(self.model).__name__} is a ranking model."
-      )
-    self._evaluation.before_evaluation()
-    if exclude_seen not in self._eval_datasets:
-      # Built once: building the input pipeline and tracing the eval loop
-      # cost seconds; a distributed dataset can be iterated many times.
-      self._eval_datasets[exclude_seen] = self._distribute(
-        self.eval_source,
-        self.eval_batch_size,
-        training=False,
-        take_steps=self.eval_steps,
-        transform=self._evaluation.batch_transform(exclude_seen),
-      )
-    dataset = self._eval_datasets[exclude_seen]
-    self.steps.reset_eval_metrics()
-    for m in self.model.metrics:
-      m.reset_state()
-    with (
-      self.memory.phase("evaluate"),
-      loop_lib.quiet_dataset_options_warning(),  # traced on first use
-    ):
-      self.steps.eval_loop(dataset)
-    examples = int(self.steps.eval_examples.result())
-    if not examples:
-      raise EmptyEvalSetError(
-        data_pipeline.empty_eval_message(self.eval_source)
-      )
-    results = run_summaries.flat_results(
-      self.model.metrics, "eval", self._evaluation.ks
-    )
-    results["eval/loss"] = float(
-      self.steps.eval_loss_sum.result()
-    ) / examples + run_summaries.regularization_loss(self.model)
-    results["eval/examples"] = float(examples)
-    if exclude_seen:
-      results["eval/exclude_seen"] = 1.0
-    log.info("evaluated %d examples", examples)
-    return results
+    return self.evaluator.evaluate(exclude_seen)
 
   def optimum(self) -> dict[str, float]:
     """The source's known best metrics (`DataSource.known_optimum`)."""
-    return run_summaries.known_optimum(self.eval_source, self._evaluation.ks)
+    return self.evaluator.optimum()
 
   # -- the run's settings and data ------------------------------------------
 
   def input_fingerprints(self, eval_only: bool = False) -> dict[str, Any]:
-    """Fingerprints of the files the sources read (`run_inputs`)."""
-    sources = (
-      [self.eval_source] if eval_only else [self.source, self.eval_source]
-    )
-    return run_inputs.fingerprints(p for s in sources for p in s.input_files())
-
-  def check_restored(
-    self, command: str, other_data: bool = False
-  ) -> run_checks.RunChanges:
-    """Before `command` ("evaluate", "export") uses the restored checkpoint:
-    the settings and input files are the run's (`run_checks`).
-
-    Args:
-      command: what is about to use the checkpoint.
-      other_data: data settings and files may differ (an evaluation on
-        other data on purpose).
-
-    Returns:
-      Every difference from the run (allowed: `train.allow_changed_settings`,
-      or data ones with `other_data`); the caller records them.
-
-    Raises:
-      ChangedSettingsError: something differs that is not allowed.
-    """
-    return self.run_dir.check(
-      command,
-      gin.operative_config_str(),
-      self.input_fingerprints(),
-      self.restored_step,
-      self.allow_changed_settings,
-      other_data=other_data,
-    )
+    """Fingerprints of the files the sources read (`RestoredRun`)."""
+    return self.run.input_fingerprints(eval_only)
 
   # -- files -----------------------------------------------------------------
 

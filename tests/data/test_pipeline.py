@@ -12,7 +12,7 @@ from recsys.data import (
   SyntheticCTR,
   SyntheticRetrieval,
 )
-from recsys.training.input import distribute
+from recsys.run.input import distribute
 from tests.conftest import mirrored_strategy
 
 SMALL = dict(

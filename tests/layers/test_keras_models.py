@@ -12,6 +12,7 @@ import pytest
 
 from recsys import layers
 from recsys._keras import keras, tf
+from recsys.data.sources import SourceSettingsError
 from recsys.models import DLRM, FactorizationMachine, TwoTower
 from recsys.models.keras_model import KerasRecommender
 from recsys.training.trainer import Trainer, TrainerConfigError
@@ -135,7 +136,9 @@ def test_two_tower_fits_evaluates_and_predicts_on_a_feature_dict_dataset():
 
 
 def test_trainer_refuses_a_dataset_without_feature_config(tmp_path):
-  with pytest.raises(TrainerConfigError, match="needs feature_config"):
+  # Refused where datasets become sources (recsys.data.sources): a settings
+  # error of the data layer, exit status 2 like TrainerConfigError.
+  with pytest.raises(SourceSettingsError, match="needs feature_config"):
     Trainer(str(tmp_path), source=ratings(), model=DLRM, progress_bar=False)
 
 

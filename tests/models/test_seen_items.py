@@ -179,9 +179,9 @@ def trained(tmp_path_factory):
 def _eval_arrays(trainer):
   q_embed, users, items = [], [], []
   model, source = trainer.model, trainer.eval_source
-  from recsys.training import loop as loop_lib  # noqa: PLC0415
+  from recsys.run import restored as restored_lib  # noqa: PLC0415
 
-  embed = loop_lib.embed_fn(
+  embed = restored_lib.embed_fn(
     trainer.backend, model.query_embeddings, model.query_features
   )
   for features, _ in source.dataset(

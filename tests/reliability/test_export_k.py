@@ -51,7 +51,7 @@ def retrieval(tmp_path_factory):
   trainer = movielens_trainer(
     root, "retrieval", features=["user_id", "item_id"]
   )
-  path = export_lib.export(trainer, str(root / "default"))
+  path = export_lib.export(trainer.run, str(root / "default"))
   return trainer, root, _top_k(tf.saved_model.load(path).signatures)
 
 
@@ -64,10 +64,10 @@ def test_a_k_that_is_not_a_positive_int_is_refused_before_any_work(
   def embeds(*args):
     raise AssertionError("the corpus was embedded before k was checked")
 
-  monkeypatch.setattr(trainer, "index_corpus", embeds)
+  monkeypatch.setattr(trainer.run, "index_corpus", embeds)
   target = root / f"bad_{k}"
   with pytest.raises(export_lib.ExportConfigError) as e:
-    export_lib.export(trainer, str(target), k=k)
+    export_lib.export(trainer.run, str(target), k=k)
   assert f"export: k={k!r} is not a positive integer" in str(e.value)
   assert "candidates the top-k signatures return per query" in str(e.value)
   assert not target.exists()
@@ -76,7 +76,7 @@ def test_a_k_that_is_not_a_positive_int_is_refused_before_any_work(
 def test_k_is_at_most_the_corpus_and_sets_every_top_k_signature(retrieval):
   trainer, root, default = retrieval
   with pytest.raises(export_lib.ExportConfigError) as e:
-    export_lib.export(trainer, str(root / "above"), k=NUM_ITEMS + 1)
+    export_lib.export(trainer.run, str(root / "above"), k=NUM_ITEMS + 1)
   assert (
     f"k={NUM_ITEMS + 1} is more than the {NUM_ITEMS} candidates of the "
     f"corpus" in str(e.value)
@@ -84,7 +84,7 @@ def test_k_is_at_most_the_corpus_and_sets_every_top_k_signature(retrieval):
   assert not (root / "above").exists()
   for name in TOP_K:  # left out: the whole corpus of 17 (fewer than 100)
     assert default[name][0].shape == (2, NUM_ITEMS), name
-  path = export_lib.export(trainer, str(root / "k5"), k=5)
+  path = export_lib.export(trainer.run, str(root / "k5"), k=5)
   got = _top_k(tf.saved_model.load(path).signatures)
   for name in TOP_K:  # the best 5 of the same ranking
     ids, scores = got[name]
@@ -98,7 +98,7 @@ def test_k_for_a_ranking_model_is_refused(tmp_path):
     tmp_path, "ranking", features=["user_id", "item_id"]
   )
   with pytest.raises(export_lib.ExportConfigError) as e:
-    export_lib.export(trainer, str(tmp_path / "export"), k=5)
+    export_lib.export(trainer.run, str(tmp_path / "export"), k=5)
   assert "DCNv2 is a ranking model" in str(e.value)
   assert not (tmp_path / "export").exists()
 

@@ -67,7 +67,7 @@ def exports(tmp_path_factory):
   ):
     root = tmp_path_factory.mktemp(task)
     trainer = movielens_trainer(root, task, **args)
-    path = export_lib.export(trainer, str(root / "export"))
+    path = export_lib.export(trainer.run, str(root / "export"))
     out[task] = path, tf.saved_model.load(path).signatures
   return out
 

@@ -42,7 +42,7 @@ def exported(tmp_path_factory):
     progress_bar=False,
     summaries=False,
   )
-  path = export_lib.export(trainer, str(root / "export"))
+  path = export_lib.export(trainer.run, str(root / "export"))
   return trainer, tf.saved_model.load(path).signatures["serving_default"]
 
 

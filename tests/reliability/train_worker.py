@@ -40,7 +40,7 @@ def _row_sharded() -> dict:
   if replicas < 2:
     return {}
   from recsys import planning  # pylint: disable=g-import-not-at-top
-  from recsys.training import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  from recsys.run import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
 
   strategy, _ = strategy_lib.make_strategy(num_cpu_replicas=replicas)
   return {

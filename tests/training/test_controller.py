@@ -18,7 +18,8 @@ from recsys.training.controller import Controller, LoopSchedule
 
 
 class FakeRun:
-  """A `TrainingRun` that counts steps and records every call.
+  """A `TrainingRun` (and its evaluator) that counts steps and records
+  every call, in one list: the order the controller calls them in.
 
   Args:
     step: the step the run is at (a resume's restored step).
@@ -68,7 +69,9 @@ def _train(schedule, step=0, stop_at=None):
   """(the run's calls, the final metrics or the TrainingPreempted)."""
   stop = signals.StopRequests()  # not entered: no handler, a plain flag
   run = FakeRun(step, stop, stop_at)
-  controller = Controller(run, schedule, global_batch_size=8, progress_bar=0)
+  controller = Controller(
+    run, run, schedule, global_batch_size=8, progress_bar=0
+  )
   try:
     outcome = controller.train(step, stop)
   except signals.TrainingPreempted as e:
@@ -246,7 +249,7 @@ def test_a_failed_check_stops_before_anything_is_written():
   run = Failing()
   schedule = LoopSchedule(train_steps=4, steps_per_loop=2, checkpoint_every=2)
   with pytest.raises(FloatingPointError):
-    Controller(run, schedule, 8, progress_bar=False).train(
+    Controller(run, run, schedule, 8, progress_bar=False).train(
       0, signals.StopRequests()
     )
   assert run.calls == [("run", 0, 2), ("check", 2)]

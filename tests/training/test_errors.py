@@ -20,13 +20,9 @@ from recsys.data import errors as data_errors
 from recsys.data import movielens, user_history
 from recsys.errors import RecsysError, SettingsError
 from recsys.models import errors as model_errors
+from recsys.run import schedules, strategy
 from recsys.run_folder import atomic_dir, lock, run_configs, run_dir, run_files
-from recsys.training import (
-  schedules,
-  signals,
-  strategy,
-  trainer,
-)
+from recsys.training import signals, trainer
 
 
 @pytest.mark.parametrize(

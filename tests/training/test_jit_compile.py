@@ -16,8 +16,8 @@ import tensorflow as tf
 from recsys.data import SyntheticRetrieval
 from recsys.features import EmbeddingSettings
 from recsys.models import DLRM, DCNv2, TwoTower
+from recsys.run import compile as compile_lib
 from recsys.training import Trainer
-from recsys.training import compile as compile_lib
 from tests.conftest import mirrored_strategy
 from tests.training.sources import ArraySource
 from tests.training.test_trainer import state

@@ -103,7 +103,7 @@ def test_operative_config_is_a_text_summary_and_hparams(tmp_path):
   plain values in the HParams plugin (tensorboard is a dependency)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from recsys.training import run_summaries  # pylint: disable=g-import-not-at-top
+  from recsys.run import run_summaries  # pylint: disable=g-import-not-at-top
 
   gin.clear_config()
   config.parse(

@@ -15,7 +15,7 @@ import pytest
 from backends import kernels
 from recsys._keras import tf
 from recsys.models import DLRM
-from recsys.training import run_summaries
+from recsys.run import run_summaries
 from recsys.training.trainer import Trainer
 from tests.conftest import mirrored_strategy
 

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from recsys import config
-from recsys.training import schedules
+from recsys.run import schedules
 
 embedding = tf.tpu.experimental.embedding
 

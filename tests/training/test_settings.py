@@ -1,6 +1,7 @@
 """`TrainSettings` is the one declaration: what the Trainer, the resume
 check, the CLI's switches and the tools read is derived from it, and its
-checks change nothing (`run_sources` converts, `check` checks)."""
+checks change nothing (`recsys.data.sources.run_sources` wraps datasets,
+`check` checks)."""
 
 import dataclasses
 
@@ -11,6 +12,7 @@ import tensorflow as tf
 from recsys import config
 from recsys import train_settings as settings_lib
 from recsys.data.from_dataset import DatasetSource
+from recsys.data.sources import SourceSettingsError, run_sources
 from recsys.train_settings import TrainSettings
 from recsys.training import Trainer, TrainerConfigError
 from recsys.training.train import configured_settings
@@ -92,14 +94,19 @@ def test_run_sources_convert_and_check_only_checks():
   dataset = _dataset()
   with pytest.raises(TrainerConfigError, match="expected a data source"):
     settings_lib.check(settings, dataset, dataset, strategy)
-  source, eval_source = settings_lib.run_sources(settings, dataset, None)
+  source, eval_source = run_sources(dataset, None, settings.feature_config)
   assert isinstance(source, DatasetSource) and eval_source is source
   assert settings_lib.check(settings, source, eval_source, strategy) is None
   plain = ArraySource()
-  assert settings_lib.run_sources(TrainSettings(), plain, None) == (
-    plain,
-    plain,
-  )
+  assert run_sources(plain, None) == (plain, plain)
+  other = ArraySource()
+  assert run_sources(plain, other) == (plain, other)
+  with pytest.raises(SourceSettingsError, match="needs feature_config"):
+    run_sources(dataset, None)
+  with pytest.raises(SourceSettingsError, match="not both"):
+    run_sources(dataset, None, settings.feature_config, embedding=object())
+  with pytest.raises(SourceSettingsError, match="got a ArraySource"):
+    run_sources(plain, None, settings.feature_config)
   with pytest.raises(TrainerConfigError, match="global_batch_size=0"):
     settings_lib.check(
       TrainSettings(global_batch_size=0), plain, plain, strategy

@@ -15,14 +15,10 @@ from recsys import train_settings as settings_lib
 from recsys.features import EmbeddingSettings
 from recsys.models import DLRM
 from recsys.planning import EmbeddingPlacement
+from recsys.run import schedules
 from recsys.run_folder import run_configs
 from recsys.train_settings import TrainSettings
-from recsys.training import (
-  Trainer,
-  TrainerConfigError,
-  schedules,
-  train,
-)
+from recsys.training import Trainer, TrainerConfigError, train
 from tests.conftest import mirrored_strategy
 from tests.training.sources import ArraySource
 

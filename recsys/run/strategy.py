@@ -255,3 +255,17 @@ def agreed_stop(
   )
   agreed = strategy.reduce(tf.distribute.ReduceOp.SUM, flag, axis=None)
   return (requested or "SIGTERM") if float(agreed) > 0 else None
+
+
+def make_coordinator(
+  strategy: tf.distribute.Strategy,
+) -> "tf.distribute.coordinator.ClusterCoordinator":
+  """The `ClusterCoordinator` of a `ParameterServerStrategy` (one per
+  strategy; made once): it schedules steps on the workers and holds the
+  per-worker datasets (`recsys.training.coordinated`, `recsys.run.input`)."""
+  return tf.distribute.coordinator.ClusterCoordinator(strategy)
+
+
+def num_workers(strategy: tf.distribute.Strategy) -> int:
+  """Workers in the strategy's cluster (tasks of job "worker")."""
+  return max(1, hardware.num_tasks(strategy, "worker"))

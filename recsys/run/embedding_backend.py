@@ -18,8 +18,8 @@ from typing import Any
 from backends import registry
 from recsys import planning
 from recsys._keras import tf
+from recsys.run import compile as compile_lib
 from recsys.train_settings import TrainerConfigError, TrainSettings
-from recsys.training import compile as compile_lib
 
 log = logging.getLogger("recsys.training")
 

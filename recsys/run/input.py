@@ -33,8 +33,9 @@ from recsys.data.pipeline import (
   InvalidBatchSizeError,
   check_batch_size,
 )
+from recsys.run import eval_padding
+from recsys.run.strategy import num_workers
 from recsys.serving_lookup import split_batch
-from recsys.training import coordinated, eval_padding
 
 #: `(features, labels[, mask]) -> (features, labels[, mask])`, on the host.
 Preprocess = Callable[..., Any]
@@ -335,7 +336,7 @@ def _per_worker(
   `CoordinatedStepFunctions.run_train_steps`.
   """
   strategy = coordinator.strategy
-  workers = coordinated.num_workers(strategy)
+  workers = num_workers(strategy)
   skip = int(math.ceil(skip_steps / workers)) if skip_steps else 0
 
   def pipeline(k: int) -> tf.data.Dataset:

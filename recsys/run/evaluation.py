@@ -1,0 +1,221 @@
+"""Evaluating a restored run's model: every example of the eval split once.
+
+`Evaluator` scores a `RestoredRun`'s model on its eval source: the compiled
+eval step (lookup, model, masked loss and metrics; XLA-compiled when the
+run's compile plan says so), the loop over the distributed eval batches
+(padded and masked, `recsys.run.eval_padding`, so the last partial batch
+counts once), and the results as flat `eval/` metrics. `recsys evaluate`
+calls `evaluate_restored`; the training controller calls the Trainer's
+evaluator at its eval steps (`recsys.training.controller`).
+
+Example:
+  >>> run = RestoredRun("runs/demo", SyntheticCTR(), DLRM)
+  >>> results, changes = evaluate_restored(run)
+  >>> results["eval/auc"], results["step"]
+"""
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from recsys._keras import keras, tf
+from recsys.data import errors as data_errors
+from recsys.data import pipeline as data_pipeline
+from recsys.run import run_summaries
+from recsys.run.restored import RestoredRun
+from recsys.run_folder.run_checks import RunChanges
+from recsys.serving_lookup import split_batch
+from recsys.train_settings import TrainerConfigError
+
+log = logging.getLogger("recsys.training")
+
+
+@contextlib.contextmanager
+def quiet_dataset_options_warning() -> Iterator[None]:
+  """Hides one UserWarning of TF's that says nothing about the run.
+
+  Iterating a distributed dataset of several replicas inside a `tf.function`
+  (the evaluation loop) makes TF's own `OwnedMultiDeviceIterator` read
+  `dataset.options()` while tracing, and `options()` warns that in graph
+  mode it returns the options known at graph construction: every
+  multi-replica evaluation printed it. Other warnings pass.
+  """
+  with warnings.catch_warnings():
+    warnings.filterwarnings(
+      "ignore",
+      message="To make it possible to preserve tf.data options",
+      category=UserWarning,
+    )
+    yield
+
+
+class Evaluator:
+  """Evaluates a restored run's model on `eval_steps` batches of its eval
+  source (None: all of it).
+
+  Args:
+    run: the restored run (its strategy, backend, model, eval source and
+      settings: `eval_batch_size`, `eval_steps`, `exclude_seen`).
+  """
+
+  def __init__(self, run: RestoredRun):
+    self.run = run
+    with run.strategy.scope():
+      # The masked per-example losses are summed and the real examples
+      # counted; `evaluate` divides (eval batches differ from training's).
+      self.eval_loss_sum = keras.metrics.Sum("eval_loss_sum")
+      self.eval_examples = keras.metrics.Sum("eval_examples", dtype=tf.int64)
+    self._names = list(run.backend.feature_config)
+    self._backend_lookup = tf.autograph.experimental.do_not_convert(
+      run.backend.lookup
+    )
+    self._replica_step = self.eval_step
+    if run.compile_plan.compile_steps:
+      self._replica_step = tf.function(self.eval_step, jit_compile=True)
+    self.eval_loop = tf.function(
+      self._coordinator_loop
+      if run.coordinator is not None
+      else self._replicated_loop
+    )
+    self._datasets: dict[bool, Any] = {}
+
+  def eval_step(self, batch) -> None:
+    """One replica's eval step on a masked batch `(features, labels, mask)`.
+
+    Updates `model.metrics` (weighted by the mask), the sum of the real
+    examples' losses (`eval_loss_sum`, regularization left out) and their
+    count (`eval_examples`); padding rows count for nothing.
+    """
+    features, labels, mask = batch
+    ids, weights = split_batch((features, labels), self._names)
+    acts = self._backend_lookup(ids, weights, training=False)
+    loss_sum = self.run.model.compute_loss(
+      acts,
+      features,
+      labels,
+      training=False,
+      global_batch_size=1,
+      mask=mask,
+      include_regularization=False,
+    )
+    self.eval_loss_sum.update_state(loss_sum)
+    self.eval_examples.update_state(tf.reduce_sum(tf.cast(mask > 0, tf.int64)))
+
+  def _replicated_loop(self, dataset) -> None:
+    for batch in dataset:
+      self.run.strategy.run(self._replica_step, args=(batch,))
+
+  def _coordinator_loop(self, dataset) -> None:
+    # Parameter servers: on the coordinator, outside `strategy.run`; it
+    # reads the variables on the parameter servers and updates the metrics
+    # there.
+    for batch in dataset:
+      self.eval_step(batch)
+
+  def evaluate(self, exclude_seen: bool | None = None) -> dict[str, float]:
+    """Evaluates the model now.
+
+    Args:
+      exclude_seen: the retrieval protocol of this evaluation (None: the
+        run's `exclude_seen` setting); both protocols can score one model.
+
+    Returns:
+      `eval/loss` (the mean per-example loss of the examples scored, plus
+      the regularization term as in `train/loss`), `eval/<metric>` for each
+      of the model's metrics (AUC, log-loss, accuracy / RMSE / top-k hit
+      rates) and `eval/examples`, the number of examples scored; with
+      `exclude_seen`, the hit rates rank only candidates each user did not
+      interact with in training, and `eval/exclude_seen` is 1.
+
+    Raises:
+      TrainerConfigError: `exclude_seen` for a ranking model.
+      EmptyEvalSetError: the eval split has no example.
+    """
+    run = self.run
+    if exclude_seen is None:
+      exclude_seen = run.settings.exclude_seen
+    exclude_seen = bool(exclude_seen)
+    if exclude_seen and not run.is_retrieval:
+      raise TrainerConfigError(
+        "exclude_seen applies to retrieval models; "
+        f"{type(run.model).__name__} is a ranking model."
+      )
+    run.evaluation.before_evaluation()
+    if exclude_seen not in self._datasets:
+      # Built once: building the input pipeline and tracing the eval loop
+      # cost seconds; a distributed dataset can be iterated many times.
+      self._datasets[exclude_seen] = run.distribute(
+        run.eval_source,
+        run.eval_batch_size,
+        training=False,
+        take_steps=run.settings.eval_steps,
+        transform=run.evaluation.batch_transform(exclude_seen),
+      )
+    self.eval_loss_sum.reset_state()
+    self.eval_examples.reset_state()
+    for m in run.model.metrics:
+      m.reset_state()
+    with (
+      run.memory.phase("evaluate"),
+      quiet_dataset_options_warning(),  # traced on first use
+    ):
+      self.eval_loop(self._datasets[exclude_seen])
+    examples = int(self.eval_examples.result())
+    if not examples:
+      raise data_errors.EmptyEvalSetError(
+        data_pipeline.empty_eval_message(run.eval_source)
+      )
+    results = run_summaries.flat_results(
+      run.model.metrics, "eval", run.evaluation.ks
+    )
+    results["eval/loss"] = float(
+      self.eval_loss_sum.result()
+    ) / examples + run_summaries.regularization_loss(run.model)
+    results["eval/examples"] = float(examples)
+    if exclude_seen:
+      results["eval/exclude_seen"] = 1.0
+    log.info("evaluated %d examples", examples)
+    return results
+
+  def optimum(self) -> dict[str, float]:
+    """The eval source's known best metrics (`DataSource.known_optimum`)."""
+    return run_summaries.known_optimum(
+      self.run.eval_source, self.run.evaluation.ks
+    )
+
+
+def evaluate_restored(
+  run: RestoredRun,
+  other_data: bool = False,
+  exclude_seen: bool | None = None,
+) -> tuple[dict[str, Any], RunChanges]:
+  """Evaluates a restored run's checkpoint, on the run's own data.
+
+  The settings and input files are first checked against the run's
+  (`RestoredRun.check_restored`): evaluating a model on a split it trained
+  on is refused unless allowed.
+
+  Args:
+    run: a run restored from a model dir with a checkpoint.
+    other_data: evaluate on other data on purpose (data settings and files
+      may differ; `recsys evaluate --eval_on`).
+    exclude_seen: the retrieval protocol (None: the run's setting).
+
+  Returns:
+    `(results, changes)`: the eval metrics with `step` (and
+    `changed_settings`, the lines of `changes`, when something differs
+    from the run), and the `run_checks.RunChanges` to record.
+
+  Raises:
+    FileNotFoundError: the model dir has no checkpoint.
+    ChangedSettingsError: settings or files differ and that is not allowed.
+  """
+  step = run.require_checkpoint("evaluate")
+  changes = run.check_restored("evaluate", other_data=other_data)
+  results: dict[str, Any] = dict(Evaluator(run).evaluate(exclude_seen))
+  results["step"] = step
+  if changes:
+    results["changed_settings"] = changes.lines()
+  return results, changes

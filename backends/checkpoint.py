@@ -17,14 +17,18 @@ Example:
 """
 
 import collections
+import contextlib
 import dataclasses
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import tensorflow as tf
 
 from backends import _tf_internal, base, sliced_checkpoint
 from backends.errors import BackendError
+
+log = logging.getLogger("recsys.backends")
 
 _SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 _SLOT_SEPARATOR = ".S"  # how checkpoints escape the "/" of "<table>/<slot>"
@@ -227,26 +231,95 @@ def verify_compatible(
   return path
 
 
-def _check_dtypes(path: str, backend: base.EmbeddingBackend, prefix: str):
-  """Raises if a built table's dtype is not the one its checkpoint holds
-  (TF's restore of an existing variable cannot cast)."""
+def _narrowed(variable: tf.Variable, stored: tf.DType) -> str:
+  """How a table stored in `stored` comes into `variable`, for the log."""
+  if variable.dtype.size < stored.size:
+    return "rounded to nearest"
+  return "exact"
+
+
+def _casts(
+  path: str, backend: base.EmbeddingBackend, prefix: str
+) -> dict[str, tuple[tf.Variable, tf.DType]]:
+  """The built tables whose checkpoint holds them in another dtype:
+  `{table name: (variable, stored dtype)}`. Tables saved by slices
+  (`backends.sliced_checkpoint` reads and casts them) are left out."""
+  if not getattr(backend, "_built", False):
+    return {}  # restore on create casts as the variables are made
   stored = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
-  problems = []
+  out = {}
   for table, variable in backend.embedding_tables.items():
-    table_name = backend.table_name(table)
-    key = prefix + table_name + _SUFFIX
-    if key in stored and stored[key] != variable.dtype:
-      problems.append(
-        f"table {table_name!r} is {variable.dtype.name}, the checkpoint "
-        f"holds it in {stored[key].name}"
-      )
-  if problems:
-    raise CheckpointMismatchError(
-      f"checkpoint {path!r}: " + "; ".join(problems) + ". A table restores "
-      "into another dtype (cast) only when its variables are created: "
-      "restore before build() (backends.checkpoint.restore on an unbuilt "
-      "backend)."
+    name = backend.table_name(table)
+    dtype = stored.get(prefix + name + _SUFFIX)
+    saves_slices = getattr(variable, "saves_slices", lambda: False)()
+    if dtype is not None and dtype != variable.dtype and not saves_slices:
+      out[name] = (variable, dtype)
+  return out
+
+
+def _narrow_into_float32(
+  path: str, backend: base.EmbeddingBackend, prefix: str
+) -> bool:
+  """Whether the checkpoint holds a table in another dtype than float32
+  for a backend that stores every table float32 (no `table_dtypes`)."""
+  if hasattr(backend, "table_dtypes"):
+    return False  # it creates each table in its dtype, casting a restore
+  stored = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
+  return any(
+    stored.get(prefix + backend.table_name(t) + _SUFFIX, tf.float32)
+    != tf.float32
+    for t in backend.tables
+  )
+
+
+@contextlib.contextmanager
+def casting_tables(
+  path: str, backend: base.EmbeddingBackend, prefix: str = "embedding/"
+) -> Iterator[None]:
+  """Within it, TF's restore of checkpoint `path` casts the built tables
+  that it holds in another dtype (float32 <-> bfloat16/float16).
+
+  TF's restore of an existing variable reads each tensor in the variable's
+  dtype and fails on any other ("expected dtype float does not equal
+  original dtype bfloat16"). Here each such table reads the tensor in the
+  checkpoint's dtype and assigns it cast: float32 into a narrow table
+  rounds to nearest, a narrow one into float32 is exact. The slots are
+  float32 either way. Restore before `build()` casts without this (the
+  variables are created from the checkpoint's value).
+  """
+  casts = _casts(path, backend, prefix)
+  for name, (variable, dtype) in casts.items():
+    log.info(
+      "table %r: checkpoint %s holds it in %s; restoring into %s (%s)",
+      name,
+      path,
+      dtype.name,
+      variable.dtype.name,
+      _narrowed(variable, dtype),
     )
+    _read_as(variable, dtype)
+  try:
+    yield
+  finally:
+    for variable, _ in casts.values():
+      for method in ("_serialize_to_tensors", "_restore_from_tensors"):
+        variable.__dict__.pop(method, None)
+
+
+def _read_as(variable: tf.Variable, stored: tf.DType) -> None:
+  """Makes TF's next restore read `variable` in `stored` and cast it in
+  (its own methods shadowed on the instance until `casting_tables` ends)."""
+  key = _tf_internal.VARIABLE_VALUE_KEY
+
+  def serialize() -> dict[str, tf.Tensor]:
+    with tf.device("/cpu:0"):  # only its dtype and device are used
+      return {key: tf.zeros([0], stored)}
+
+  def restore_cast(tensors: dict[str, tf.Tensor]):
+    return variable.assign(tf.cast(tensors[key], variable.dtype))
+
+  variable._serialize_to_tensors = serialize  # pylint: disable=protected-access
+  variable._restore_from_tensors = restore_cast  # pylint: disable=protected-access
 
 
 _VALUE = "VARIABLE_VALUE"
@@ -377,8 +450,10 @@ def restore(
 
   Tables are saved in their own dtype (float32, or a narrow table's
   bfloat16/float16: `backends.narrow`). Restoring into a table of another
-  dtype (float32 <-> narrow) casts, when the variables are created: restore
-  such a checkpoint before `build()`.
+  dtype casts (`casting_tables`), built or not: float32 into a narrow
+  table rounds to nearest, a narrow table into float32 is exact. (A
+  narrow checkpoint restored into an unbuilt TF mid-level backend, e.g.
+  `serving`, builds it first: TF's variables cannot cast on creation.)
 
   Args:
     backend: the backend to restore into.
@@ -392,8 +467,7 @@ def restore(
     The `tf.train.Checkpoint` used (its `restore` status is consumed).
 
   Raises:
-    CheckpointMismatchError: see `verify_compatible`; a built backend's
-      table of another dtype than the checkpoint's.
+    CheckpointMismatchError: see `verify_compatible`.
   """
   path = verify_compatible(
     checkpoint_path,
@@ -401,8 +475,12 @@ def restore(
     prefix=name + "/",
     allow_extra_tables=allow_extra_tables,
   )
-  if getattr(backend, "_built", False):
-    _check_dtypes(path, backend, name + "/")
+  if not getattr(backend, "_built", False) and _narrow_into_float32(
+    path, backend, name + "/"
+  ):
+    # TF's mid-level backends create float32 tables and cannot cast a
+    # pending restore's value: build, then restore by casting.
+    backend.build()
   checkpoint = tf.train.Checkpoint(**{name: backend})
 
   def restore_rest(path):
@@ -412,5 +490,6 @@ def restore(
       status.assert_existing_objects_matched()
 
   # Built row-sharded tables read only their rows, chunk by chunk.
-  sliced_checkpoint.restore(checkpoint, path, restore_rest)
+  with casting_tables(path, backend, name + "/"):
+    sliced_checkpoint.restore(checkpoint, path, restore_rest)
   return checkpoint

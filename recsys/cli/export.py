@@ -53,13 +53,18 @@ def run(args: argparse.Namespace) -> int:
   # The serving backend restores a checkpoint of any training backend
   # (SparseCore's stacked tables included) on CPU; the export copies its
   # tables without the optimizer slots. Where the training devices held the
-  # tables (train.placement, a device's memory) does not apply here.
+  # tables (train.placement, a device's memory) does not apply here, nor do
+  # the training backend's options (train.backend_options: placement,
+  # exchange, table_dtype, ...): the serving backend's tables are float32,
+  # and a narrow (bfloat16/float16) table is restored into them by an exact
+  # cast (backends.checkpoint.casting_tables; docs/serving.md).
   restored = gin_train.call_train(
     args,
     [
       "train.progress_bar = False",
       "train.summaries = False",
       "train.placement = None",
+      "train.backend_options = None",
     ],
     action="restore",
     backend="serving",

@@ -119,13 +119,16 @@ class RunCheckpoints:
           f"{self.run_dir.operative_config}; use "
           "the same model and optimizers, or another --model_dir.",
         )
-        sliced_checkpoint.restore(
-          self.checkpoint,
-          path,
-          lambda p: self.checkpoint.restore(
-            p
-          ).assert_existing_objects_matched(),
-        )
+        # A table trained in another dtype (train.backend_options'
+        # table_dtype changed, or a narrow run served float32) is cast.
+        with ckpt_lib.casting_tables(path, self.backend):
+          sliced_checkpoint.restore(
+            self.checkpoint,
+            path,
+            lambda p: self.checkpoint.restore(
+              p
+            ).assert_existing_objects_matched(),
+          )
       except UNREADABLE_CHECKPOINT_ERRORS as e:
         reason = (
           str(e).strip().splitlines()[0][:300] if str(e) else type(e).__name__

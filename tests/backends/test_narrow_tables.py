@@ -278,7 +278,9 @@ def test_the_planner_counts_half_the_table_bytes():
 )
 def test_checkpoints_restore_across_dtypes(tmp_path, saved, restored):
   """Saved in the table's own dtype (TF's layout); restored into the other
-  before build (restore on create); after build, refused naming the table."""
+  by casting, before build (restore on create) and after it (a built
+  backend: `casting_tables`): float32 -> narrow rounds to nearest (numpy's
+  cast), narrow -> float32 is exact; the slots are restored as they are."""
   source = _train(saved, E.Adagrad(0.1))
   path = tf.train.Checkpoint(embedding=source).save(str(tmp_path / "ckpt"))
   stored = dict(tf.train.list_variables(path))
@@ -287,7 +289,8 @@ def test_checkpoints_restore_across_dtypes(tmp_path, saved, restored):
   reader = tf.train.load_checkpoint(path)
   key = "embedding/items/.ATTRIBUTES/VARIABLE_VALUE"
   assert reader.get_variable_to_dtype_map()[key] == tf.as_dtype(saved)
-  want = source.embedding_tables[source.tables[0]].numpy().astype(np.float32)
+  saved_rows = source.embedding_tables[source.tables[0]].numpy()
+  want = saved_rows.astype(np.float32).astype(NARROW.get(restored, np.float32))
   want_acc = source.slot_variables()["items"]["accumulators"].numpy()
 
   def target():
@@ -296,24 +299,21 @@ def test_checkpoints_restore_across_dtypes(tmp_path, saved, restored):
     )
 
   unbuilt = target()
-  checkpoint_lib.restore(unbuilt, path)
-  got = unbuilt.embedding_tables[unbuilt.tables[0]]
-  assert got.dtype == tf.as_dtype(restored)
-  # float32 -> bfloat16 rounds to nearest; bfloat16 -> float32 is exact.
-  np.testing.assert_allclose(
-    got.numpy().astype(np.float32), want, rtol=2**-8, atol=0
-  )
-  if saved == "bfloat16":
-    np.testing.assert_array_equal(got.numpy(), want)
-  np.testing.assert_array_equal(
-    unbuilt.slot_variables()["items"]["accumulators"].numpy(), want_acc
-  )
   built = target()
   built.build()
-  with pytest.raises(
-    checkpoint_lib.CheckpointMismatchError, match="'items'.*before build"
-  ):
-    checkpoint_lib.restore(built, path)
+  for emb in (unbuilt, built):
+    checkpoint_lib.restore(emb, path)
+    got = emb.embedding_tables[emb.tables[0]]
+    assert got.dtype == tf.as_dtype(restored)
+    np.testing.assert_array_equal(got.numpy(), want)
+    np.testing.assert_array_equal(
+      emb.slot_variables()["items"]["accumulators"].numpy(), want_acc
+    )
+  # The cast is for that restore only: the table saves in its own dtype.
+  again = tf.train.Checkpoint(embedding=built).save(str(tmp_path / "again"))
+  assert tf.train.load_checkpoint(again).get_variable_to_dtype_map()[
+    key
+  ] == tf.as_dtype(restored)
 
 
 def test_a_narrow_checkpoint_restores_into_a_built_narrow_table(tmp_path):
@@ -384,3 +384,28 @@ def test_the_fused_kernels_refuse_a_narrow_table_rather_than_misread_it():
       scale=tf.zeros([0]),
       num_segments=1,
     )
+
+
+@pytest.mark.parametrize("built", [False, True])
+def test_the_serving_backend_restores_a_narrow_checkpoint_exactly(
+  tmp_path, built
+):
+  """TF's `TPUEmbeddingForServing` (float32 tables, no slots) reads a
+  bfloat16 checkpoint, unbuilt (restore on create) or built: each value
+  exactly, and its lookups are the narrow table's upcast rows."""
+  from backends.serving import ServingEmbedding  # pylint: disable=g-import-not-at-top
+
+  source = _train("bfloat16", E.Adagrad(0.1))
+  path = tf.train.Checkpoint(embedding=source).save(str(tmp_path / "ckpt"))
+  serving = ServingEmbedding({"f": E.FeatureConfig(_table())})
+  if built:
+    serving.build()
+  checkpoint_lib.restore(serving, path)
+  got = serving.embedding_tables[serving.tables[0]]
+  want = source.embedding_tables[source.tables[0]].numpy()
+  assert got.dtype == tf.float32
+  np.testing.assert_array_equal(got.numpy(), want.astype(np.float32))
+  ids = tf.constant([[1, 2, 3], [39, 0, 0]], tf.int64)
+  np.testing.assert_array_equal(
+    serving.lookup({"f": ids})["f"].numpy(), source({"f": ids})["f"].numpy()
+  )

@@ -1,0 +1,140 @@
+"""A run trained with bfloat16 tables, from the user's side: train, export,
+serve, evaluate and resume with another `table_dtype`, through the CLI.
+
+References: the bfloat16 tables as the checkpoint holds them (the export's
+float32 tables must be exactly their values), and the training backend's
+own lookups of those tables (the served scores must be the model's).
+"""
+
+import json
+import os
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from recsys import cli, config
+
+DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
+TINY = [
+  "train.global_batch_size = 64",
+  "train.train_steps = 4",
+  "train.steps_per_loop = 2",
+  "train.eval_steps = 2",
+  "train.summaries = False",
+  "SyntheticCTR.oracle_examples = 4096",
+]
+BF16 = 'train.backend_options = {"table_dtype": "bfloat16"}'
+VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def _train(model_dir, *bindings):
+  flags = sum((["--gin_bindings", b] for b in TINY + list(bindings)), [])
+  argv = ["train", "--gin_file", DEFAULT, *flags, "--model_dir", model_dir]
+  try:
+    return cli.main(argv + ["--no_progress"])
+  finally:
+    gin.clear_config()
+
+
+def _tables(path, prefix):
+  """`{table: (dtype, value)}` of a checkpoint's (or SavedModel's) tables."""
+  reader = tf.train.load_checkpoint(path)
+  dtypes = reader.get_variable_to_dtype_map()
+  out = {}
+  for key, dtype in dtypes.items():
+    name = key[len(prefix) : -len(VALUE)]
+    if key.startswith(prefix) and key.endswith(VALUE) and "/" not in name:
+      if ".S" not in name:  # not a slot
+        out[name] = (dtype, reader.get_tensor(key))
+  return out
+
+
+# ~25 s: trains a tiny run, exports, serves and evaluates it in-process
+@pytest.mark.slow
+def test_a_bfloat16_run_exports_serves_and_evaluates(tmp_path):
+  model_dir, export_dir = str(tmp_path / "run"), str(tmp_path / "export")
+  assert _train(model_dir, BF16) == 0
+  ckpt = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+  trained = _tables(ckpt, "embedding/")
+  assert trained and all(d == tf.bfloat16 for d, _ in trained.values())
+
+  try:
+    assert (
+      cli.main(["export", "--model_dir", model_dir, "--export_dir", export_dir])
+      == 0
+    )
+  finally:
+    gin.clear_config()
+  # The export's tables are float32 and exactly the trained bfloat16 rows.
+  served = _tables(
+    os.path.join(export_dir, "variables", "variables"), "embedding/"
+  )
+  assert sorted(served) == sorted(trained)
+  for name, (dtype, value) in served.items():
+    assert dtype == tf.float32, name
+    np.testing.assert_array_equal(value, trained[name][1].astype(np.float32))
+
+  # The served scores are the model's on the bfloat16 tables, looked up by
+  # the training backend (tensorcore, upcasting its narrow rows).
+  from recsys.training import train  # pylint: disable=g-import-not-at-top
+
+  config.parse(
+    [os.path.join(model_dir, "operative_config.gin")],
+    ["train.progress_bar = False", "train.summaries = False"],
+  )
+  try:
+    trainer = train(model_dir=model_dir, action="build")
+  finally:
+    gin.clear_config()
+  assert set(trainer.backend.table_dtypes().values()) == {"bfloat16"}
+  features, _ = next(iter(trainer.source.dataset(13, training=False)))
+  names = list(trainer.feature_config)
+  acts = trainer.backend.lookup({n: features["categorical"][n] for n in names})
+  want = trainer.model(acts, features).numpy()
+  specs = {s.name: s for s in trainer.source.feature_specs}
+  inputs = {"dense": features["dense"]}
+  for n in names:
+    ids = features["categorical"][n]
+    if isinstance(ids, tf.RaggedTensor):
+      ids = ids.to_tensor(default_value=-1, shape=[None, specs[n].max_ids])
+    inputs[n] = ids
+  loaded = tf.saved_model.load(export_dir)
+  got = loaded.signatures["serving_default"](**inputs)["scores"].numpy()
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+  # `recsys evaluate` restores the run as trained (bfloat16 tables): the
+  # same AUC as the run's own final evaluation.
+  try:
+    assert cli.main(["evaluate", "--model_dir", model_dir]) == 0
+  finally:
+    gin.clear_config()
+  with open(os.path.join(model_dir, "metrics.json")) as f:
+    final = json.load(f)
+  with open(os.path.join(model_dir, "eval_metrics.json")) as f:
+    evaluated = json.load(f)
+  np.testing.assert_allclose(
+    evaluated["eval/auc"], final["eval/auc"], rtol=1e-6
+  )
+
+
+# ~25 s: trains a tiny run, then resumes it twice with another table dtype
+@pytest.mark.slow
+def test_a_resume_may_change_the_table_dtype(tmp_path, caplog):
+  """bfloat16 -> float32 restores exactly, float32 -> bfloat16 rounds to
+  nearest; each resume then trains and saves its own dtype."""
+  model_dir = str(tmp_path / "run")
+  ckpts = os.path.join(model_dir, "checkpoints")
+  assert _train(model_dir, BF16) == 0
+  with caplog.at_level("INFO", "recsys.backends"):
+    assert _train(model_dir, "train.train_steps = 6") == 0
+  assert "holds it in bfloat16; restoring into float32 (exact)" in caplog.text
+  wide = _tables(tf.train.latest_checkpoint(ckpts), "embedding/")
+  assert all(d == tf.float32 for d, _ in wide.values())
+  caplog.clear()
+  with caplog.at_level("INFO", "recsys.backends"):
+    assert _train(model_dir, BF16, "train.train_steps = 8") == 0
+  assert "restoring into bfloat16 (rounded to nearest)" in caplog.text
+  narrow = _tables(tf.train.latest_checkpoint(ckpts), "embedding/")
+  assert all(d == tf.bfloat16 for d, _ in narrow.values())

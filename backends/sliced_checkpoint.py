@@ -162,27 +162,42 @@ def read_rows(variables: dict[str, Any], path: str) -> None:
   worker owns (TF assembles each requested range from the slices that
   overlap it). A table stored whole (by a replicated run, or TF itself) can
   only be read whole: it is read once and each shard keeps its rows.
+  Rows stored in another dtype (a narrow table's bfloat16/float16, or
+  float32 into a narrow table) are cast: exact into float32, to nearest
+  into a narrow dtype.
   """
+  if not variables:
+    return
   sliced = sliced_keys(path)
+  stored = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
   for key, variable in sorted(variables.items()):
+    dtype = stored.get(key, variable.dtype)
+    if dtype != variable.dtype:
+      log.info(
+        "%s holds %s in %s: cast into %s",
+        path,
+        key,
+        dtype.name,
+        variable.dtype.name,
+      )
     if key in sliced:
       for spec, begin, _, _, _ in variable.local_chunks():
         value = tf.raw_ops.RestoreV2(
           prefix=path,
           tensor_names=[key],
           shape_and_slices=[spec],
-          dtypes=[variable.dtype],
+          dtypes=[dtype],
         )[0]
-        variable.assign_rows(begin, value)
+        variable.assign_rows(begin, tf.cast(value, variable.dtype))
       continue
     log.info("%s holds %s whole: reading it whole once", path, key)
     value = tf.raw_ops.RestoreV2(
       prefix=path,
       tensor_names=[key],
       shape_and_slices=[""],
-      dtypes=[variable.dtype],
+      dtypes=[dtype],
     )[0]
-    variable.assign_rows(0, value)
+    variable.assign_rows(0, tf.cast(value, variable.dtype))
 
 
 def barrier(strategy: tf.distribute.Strategy) -> None:

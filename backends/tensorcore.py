@@ -89,9 +89,9 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
     table_dtype: the dtype a table's rows are stored in: "float32"
       (default), "bfloat16" or "float16" (half the bytes; slots stay
       float32; `backends.narrow`); one value for every table, or table
-      name -> dtype (others float32). A narrow table is replicated, the
-      model sees float32 rows, and its steps run on the TF ops (the fused
-      kernels read float32 rows only).
+      name -> dtype (others float32). A narrow table is replicated or
+      row-sharded, the model sees float32 rows, and its steps run on the
+      TF ops (the fused kernels read float32 rows only).
     rounding_seed: the seed of the stochastic rounding of narrow tables'
       updates: the same seed and steps give bit-identical tables.
   """
@@ -152,12 +152,6 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
       name = self.table_name(table)
       if self._placement[name] == "row_sharded":
         replica_sharded.check_optimizer(name, self.optimizer_for(table))
-        if narrow.is_narrow(self._dtypes[name]):
-          raise base.UnsupportedConfigError(
-            f"table {name!r}: table_dtype={self._dtypes[name]!r} is stored "
-            "replicated only; a row-sharded table is float32. Give it "
-            "table_dtype 'float32' or placement 'replicated'."
-          )
     if not isinstance(rounding_seed, int):
       raise ValueError(
         f"rounding_seed={rounding_seed!r}; use an int (the seed of narrow "
@@ -227,6 +221,8 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
         layout=self._row_layout,
         exchange=self._exchange[name],
         exchange_sigmas=self._exchange_sigmas,
+        dtype=self._dtypes[name],
+        rounding_seed=narrow.table_seed(self._rounding_seed, name),
       )
     return replicated_lib.Replicated(
       *args,

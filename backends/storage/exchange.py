@@ -32,7 +32,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, optimizers, placement, static_bags
+from backends import _tf_internal, narrow, optimizers, placement, static_bags
 from backends import input_checks as checks_lib
 from backends.errors import BackendError
 from backends.storage import row_layout
@@ -94,10 +94,12 @@ def _pad_to(values: tf.Tensor, size: int | tf.Tensor, fill) -> tf.Tensor:
 
 
 def _read(shard: tf.Variable, local: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
-  """Rows `local` of `shard` (zeros where not `mask`)."""
+  """Rows `local` of `shard` (zeros where not `mask`), in float32 (a narrow
+  shard's upcast: the exchange and the model see float32 rows)."""
   rows = tf.raw_ops.ResourceGather(
     resource=shard.handle, indices=local, dtype=shard.dtype
   )
+  rows = tf.cast(rows, narrow.math_dtype(shard.dtype))
   return rows * tf.cast(mask, rows.dtype)[..., tf.newaxis]
 
 
@@ -247,6 +249,7 @@ def owner_updates(
   grads: tf.Tensor,
   shard_rows: int,
   static: bool,
+  rounding: narrow.Rounding | None = None,
 ) -> list[optimizers.SparseUpdate]:
   """The owner's update: its rows' gradients summed over every replica.
 
@@ -255,6 +258,7 @@ def owner_updates(
     local, owned, grads: `Exchange.gradients`.
     shard_rows: rows per shard (the de-duplication's bound).
     static: a fixed-size, masked update (compiled steps) or only the rows.
+    rounding: a narrow shard's stochastic rounding (of its local row ids).
   """
   dd = static_bags.dedup(local, owned, shard_rows)
   summed = tf.math.unsorted_segment_sum(
@@ -266,11 +270,15 @@ def owner_updates(
   if static:
     return [
       optimizers.SparseUpdate(
-        table, slots, dd.ids, summed, keep=dd.num_unique > 0
+        table, slots, dd.ids, summed, keep=dd.num_unique > 0, rounding=rounding
       )
     ]
   k = dd.num_unique
-  return [optimizers.SparseUpdate(table, slots, dd.ids[:k], summed[:k])]
+  return [
+    optimizers.SparseUpdate(
+      table, slots, dd.ids[:k], summed[:k], rounding=rounding
+    )
+  ]
 
 
 def check_overflow(exchange: Exchange, record: Any, table: str) -> list:

@@ -28,6 +28,13 @@ collectives the replica context offers (`all_gather`, `all_reduce`):
    its local rows) and applies the table's optimizer — the TPU optimizer
    math of `backends.optimizers` — to its own rows and slots only.
 
+A narrow table (`dtype` bfloat16 or float16, `backends.narrow`) keeps its
+shards in that dtype and its slots float32: the owners upcast the rows
+they send, and round their updated rows back stochastically with the
+replicated table's draws, keyed by each row's GLOBAL id (`ShardRounding`):
+any number of replicas and either layout give the same bits as one
+replicated table.
+
 Checkpoints hold the full `<table>` and `<table>/<slot>` tensors (TF's
 mid-level layout): `RowShardedVariable` assembles them from the shards when
 saving and splits them when restoring, so a run moves between any number of
@@ -41,14 +48,16 @@ Example:
 """
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, optimizers, placement, row_init
+from backends import _tf_internal, narrow, optimizers, placement, row_init
 from backends import base as backends_base
 from backends.storage import base, row_layout
 from backends.storage import exchange as exchange_lib
@@ -162,8 +171,12 @@ class RowShardedVariable(_tf_internal.Trackable):
     return self.read_value().numpy()
 
   def assign(self, full: Any) -> Any:
-    """Sets every local shard from a full `[V, D]` value; returns the ops."""
-    full = tf.convert_to_tensor(full, self.dtype)
+    """Sets every local shard from a full `[V, D]` value (cast to the
+    shards' dtype: a float32 value into a narrow table rounds to nearest);
+    returns the ops."""
+    full = tf.convert_to_tensor(full)
+    if full.dtype != self.dtype:
+      full = tf.cast(full, self.dtype)
     if not full.shape.is_compatible_with(self.shape):
       raise ValueError(
         f"{self.name}: cannot assign a value of shape {full.shape} to a "
@@ -197,7 +210,7 @@ class RowShardedVariable(_tf_internal.Trackable):
     restoring, and restoring into another layout hold at once.
     """
     vocab, dim = self.shape.as_list()
-    step = max(1, row_init.CHUNK_BYTES // (4 * dim))
+    step = max(1, row_init.CHUNK_BYTES // (self.dtype.size * dim))
     out = []
     for index, shard in self.local_shards():
       rows = self.layout.rows_in(index)
@@ -332,6 +345,33 @@ def check_optimizer(table_name: str, optimizer: Any) -> None:
     )
 
 
+@dataclasses.dataclass
+class ShardRounding(narrow.Rounding):
+  """One shard's stochastic rounding at one update step.
+
+  The draws are the replicated table's (`narrow.random_bits` of the seed,
+  the update step and the row), keyed by each row's GLOBAL id: a shard's
+  local row ids are mapped back through the layout, so the table's bits do
+  not depend on how many replicas hold it. `step` is the table's update
+  count, advanced once per update by the caller (every shard of a host
+  update shares it); `counter` is unused.
+
+  Attributes:
+    layout: the table's row layout.
+    shard: the shard's index (an int, or the replica id tensor).
+    step: int64 scalar tensor, this update's step.
+  """
+
+  layout: Any = None
+  shard: Any = 0
+  step: Any = None
+
+  def round(self, values: tf.Tensor, dtype: tf.DType, ids: tf.Tensor):
+    rows = self.layout.global_ids(self.shard, ids)
+    bits = narrow.random_bits(self.seed, self.step, rows, int(values.shape[-1]))
+    return narrow.round_stochastically(values, dtype, bits)
+
+
 class ReplicaSharded(base.TableStorage):
   """Each replica holds `ceil(V / R)` rows of the table and their slots.
 
@@ -344,6 +384,8 @@ class ReplicaSharded(base.TableStorage):
       (`backends.storage.exchange`).
     exchange_sigmas: the all-to-all's margin per owner over the even
       share, in standard deviations (`exchange.owner_capacity`).
+    dtype: the rows' dtype: float32, or bfloat16/float16 (narrow).
+    rounding_seed: a narrow table's rounding seed (`narrow.table_seed`).
   """
 
   placement = "row_sharded"
@@ -357,8 +399,13 @@ class ReplicaSharded(base.TableStorage):
     layout: str = DEFAULT_ROW_LAYOUT,
     exchange: str = exchange_lib.ALL_TO_ALL,
     exchange_sigmas: float = exchange_lib.CAPACITY_SIGMAS,
+    dtype: str = "float32",
+    rounding_seed: int = 0,
   ):
     super().__init__(table, name, optimizer, strategy)
+    self.dtype = tf.as_dtype(dtype)
+    self._rounding_seed = rounding_seed
+    self._rounding_step: tf.Variable | None = None
     self.layout = row_layout.make(
       layout, table.vocabulary_size, strategy.num_replicas_in_sync
     )
@@ -379,12 +426,12 @@ class ReplicaSharded(base.TableStorage):
     size = -(-table.vocabulary_size // self.layout.num_shards)
     shape = (size, table.dim)
 
-    def sharded(var_name, value):
+    def sharded(var_name, value, dtype=tf.float32):
       variable = tf.Variable(
         initial_value=value,
         name=var_name,
         shape=shape,
-        dtype=tf.float32,
+        dtype=dtype,
         trainable=False,
         synchronization=tf.VariableSynchronization.ON_READ,
         aggregation=tf.VariableAggregation.NONE,
@@ -401,7 +448,9 @@ class ReplicaSharded(base.TableStorage):
         aggregation=tf.VariableAggregation.SUM,
       )
     with _tf_internal.worker_local_initial_values(self.strategy):
-      params = sharded(self.name, functools.partial(tf.zeros, shape))
+      params = sharded(
+        self.name, functools.partial(tf.zeros, shape, self.dtype), self.dtype
+      )
     rows = row_init.RowInitializer.for_table(table)
     if rows is not None:
       # Each replica its own rows, chunk by chunk: the values of a row do
@@ -417,6 +466,17 @@ class ReplicaSharded(base.TableStorage):
           )
         )
     self._params = params
+    if narrow.is_narrow(self.dtype):
+      # The table's updates so far, per replica, each advanced identically
+      # (as a replicated narrow table's; not checkpointed).
+      self._rounding_step = tf.Variable(
+        0,
+        dtype=tf.int64,
+        trainable=False,
+        name=f"{self.name}_rounding_step",
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+      )
     self._slots = {}
     if self.optimizer is not None:
       for slot, init in optimizers.slot_initializers(self.optimizer).items():
@@ -538,7 +598,8 @@ class ReplicaSharded(base.TableStorage):
       ordered = [v for _, v in sorted(shards, key=lambda s: s[0])]
       return row_layout.gather(self.layout, ordered, ids)
     _warn_full_read(self.name)
-    return tf.gather(self._params.read_value(), ids)
+    rows = tf.gather(self._params.read_value(), ids)
+    return tf.cast(rows, narrow.math_dtype(self.dtype))
 
   def updates(
     self, step: TableStep, row_grads: tf.Tensor
@@ -552,6 +613,7 @@ class ReplicaSharded(base.TableStorage):
     local, owned, grads = exchange.gradients(ctx, record, row_grads)
     variables = self.shard_variables()
     table = variables.pop("parameters")
+    rounding = self._update_rounding()
     return exchange_lib.owner_updates(
       table,
       variables,
@@ -560,7 +622,24 @@ class ReplicaSharded(base.TableStorage):
       grads,
       self._params.shard_rows,
       static=step.num_unique is not None,
+      rounding=rounding(ctx.replica_id_in_sync_group) if rounding else None,
     )
+
+  def _update_rounding(self) -> Callable[[Any], ShardRounding] | None:
+    """Shard index -> its rounding for this update, the table's step
+    advanced once here; None for a float32 table."""
+    if self._rounding_step is None:
+      return None
+    counter = self._rounding_step
+    with tf.control_dependencies([counter.assign_add(1, read_value=False)]):
+      step = tf.identity(counter.read_value())
+
+    def rounding(shard: Any) -> ShardRounding:
+      return ShardRounding(
+        self._rounding_seed, None, layout=self.layout, shard=shard, step=step
+      )
+
+    return rounding
 
   def _apply_on_host(
     self, ids: tf.Tensor, num_unique: tf.Tensor | None, grads: tf.Tensor
@@ -587,6 +666,7 @@ class ReplicaSharded(base.TableStorage):
       slot_shards,
       ids,
       grads,
+      rounding=self._update_rounding(),
     )
 
 

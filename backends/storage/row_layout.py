@@ -22,12 +22,12 @@ Example:
 """
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
 
-from backends import optimizers
+from backends import narrow, optimizers
 
 
 class RowLayout(abc.ABC):
@@ -61,6 +61,11 @@ class RowLayout(abc.ABC):
   @abc.abstractmethod
   def rows_in(self, shard: int) -> range:
     """The table rows shard `shard` holds, in the order it stores them."""
+
+  @abc.abstractmethod
+  def global_ids(self, shard: Any, local: tf.Tensor) -> tf.Tensor:
+    """int64: the table rows of rows `local` of shard `shard` (an int or
+    an int tensor, e.g. a replica id): `local`'s inverse."""
 
   def __repr__(self) -> str:
     return (
@@ -117,6 +122,10 @@ class ContiguousRows(RowLayout):
   def rows_in(self, shard: int) -> range:
     return range(self.offsets[shard], self.offsets[shard + 1])
 
+  def global_ids(self, shard: Any, local: tf.Tensor) -> tf.Tensor:
+    first = tf.gather(tf.constant(self.offsets[:-1], tf.int64), shard)
+    return first + tf.cast(local, tf.int64)
+
 
 class StridedRows(RowLayout):
   """Shard `r` holds rows `r, r + R, r + 2R, ...` (`id mod R`)."""
@@ -141,6 +150,10 @@ class StridedRows(RowLayout):
 
   def rows_in(self, shard: int) -> range:
     return range(shard, self.vocabulary_size, self.num_shards)
+
+  def global_ids(self, shard: Any, local: tf.Tensor) -> tf.Tensor:
+    shard = tf.cast(shard, tf.int64)
+    return tf.cast(local, tf.int64) * self.num_shards + shard
 
 
 def make(name: str, vocabulary_size: int, num_shards: int) -> RowLayout:
@@ -198,16 +211,16 @@ def _route(layout: RowLayout, ids: tf.Tensor):
 def gather(
   layout: RowLayout, shards: Sequence[Any], ids: tf.Tensor
 ) -> tf.Tensor:
-  """Rows `ids` of a table held in `shards`, each gathered where it lives."""
+  """Rows `ids` of a table held in `shards`, each gathered where it lives
+  (a narrow table's upcast to float32, `backends.narrow`)."""
   local_ids, positions = _route(layout, ids)
   parts = []
   for shard, local in zip(shards, local_ids):
     with tf.device(shard.device):
-      parts.append(
-        tf.raw_ops.ResourceGather(
-          resource=shard.handle, indices=local, dtype=shard.dtype
-        )
+      rows = tf.raw_ops.ResourceGather(
+        resource=shard.handle, indices=local, dtype=shard.dtype
       )
+      parts.append(tf.cast(rows, narrow.math_dtype(shard.dtype)))
   if positions is None:
     return parts[0]
   return tf.dynamic_stitch(positions, parts)
@@ -220,6 +233,7 @@ def apply(
   slot_shards: Mapping[str, Sequence[Any]],
   ids: tf.Tensor,
   grads: tf.Tensor,
+  rounding: Callable[[int], Any] | None = None,
 ) -> None:
   """`apply_sparse_update` on each shard with its own rows, where it lives.
 
@@ -228,6 +242,8 @@ def apply(
     layout: how the rows are split.
     shards: the table's shard variables; `slot_shards` each slot's, alike.
     ids: unique row ids `[U]`; `grads` their summed gradients `[U, D]`.
+    rounding: shard index -> that shard's stochastic rounding (a narrow
+      table's); None: float32 shards.
   """
   local_ids, positions = _route(layout, ids)
   for i, (shard, local) in enumerate(zip(shards, local_ids)):
@@ -239,4 +255,5 @@ def apply(
         {k: v[i] for k, v in slot_shards.items()},
         local,
         shard_grads,
+        rounding=rounding(i) if rounding is not None else None,
       )

@@ -45,7 +45,8 @@ def test_every_settings_switch_is_a_flag_that_binds_its_setting(capsys):
 
 @pytest.fixture
 def recorded(monkeypatch):
-  """make_strategy and gin's call of `train`, recorded instead of run."""
+  """make_strategy and gin's call of `train` (`configured_run`), recorded
+  instead of run."""
   got = {}
 
   def make_strategy(tpu=None, num_cpu_replicas=0, use_gpus=True):
@@ -75,7 +76,7 @@ def test_the_tpu_flag_reaches_the_strategy_without_a_gin_binding(recorded):
       "train.num_cpu_replicas = 3",
     ]
   )
-  gin_train.call_train(args)
+  gin_train.configured(args)
   assert recorded["make_strategy"] == ("grpc://10.0.0.2:8470", 3)
   assert recorded["train.tpu bound"] is None  # never written into gin
   assert "tpu" not in recorded["train"]
@@ -86,14 +87,14 @@ def test_the_configs_tpu_is_the_strategys_without_the_flag(recorded):
   args = cli.build_parser().parse_args(
     ["train", *REQUIRED["train"], "--gin_bindings", "train.tpu = 'local'"]
   )
-  gin_train.call_train(args)
+  gin_train.configured(args)
   assert recorded["make_strategy"] == ("local", 0)
 
 
 def test_a_given_strategy_is_passed_as_it_is(recorded):
   args = cli.build_parser().parse_args(["train", *REQUIRED["train"]])
   strategy = tf.distribute.get_strategy()
-  gin_train.call_train(args, strategy=strategy, backend="serving")
+  gin_train.configured(args, strategy=strategy, backend="serving")
   assert "make_strategy" not in recorded
   assert recorded["train"]["strategy"] is strategy
   assert recorded["train"]["backend"] == "serving"

@@ -178,6 +178,7 @@ def test_the_check_sees_an_upward_import(tmp_path):
     "recsys.models.model_args",
     "recsys.run.restored",
     "recsys.run.evaluation",
+    "recsys.run.configured",
     "recsys.data.sources",
   ],
 )
@@ -299,12 +300,17 @@ def test_the_name_check_sees_a_decision_and_passes_a_message():
 
 
 def test_export_and_evaluation_load_no_training_module():
-  """Importing the export and the restored run's evaluation, in a fresh
-  interpreter, loads nothing of `recsys.training` (what the layer table
-  promises, checked on the modules Python actually loads)."""
+  """Importing the export, the restored run's evaluation, the gin-configured
+  `train` and the evaluate and export commands, and registering every gin
+  name, in a fresh interpreter, loads nothing of `recsys.training` (what the
+  layer table promises, checked on the modules Python actually loads;
+  tests/test_cli.py runs the two commands)."""
   code = (
     "import sys\n"
     "import recsys.export, recsys.run.evaluation, recsys.run.restored\n"
+    "import recsys.run.configured, recsys.cli.evaluate, recsys.cli.export\n"
+    "from recsys import config\n"
+    "config.register_all()  # every gin name, `train` included\n"
     "print(sorted(m for m in sys.modules "
     "if m == 'recsys.training' or m.startswith('recsys.training.')))\n"
   )

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
   # (SparseCore's stacked tables included) on CPU; the export copies its
   # tables without the optimizer slots. Where the training devices held the
   # tables (train.placement, a device's memory) does not apply here.
-  restored = gin_train.call_train(
+  configured = gin_train.configured(
     args,
     [
       "train.progress_bar = False",
@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     backend="serving",
     strategy=tf.distribute.get_strategy(),
   )
+  restored = configured.restored()  # nothing of recsys.training is loaded
   step = restored.require_checkpoint("export")
   changes = restored.check_restored("export")
   provenance = {

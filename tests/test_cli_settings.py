@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 from recsys import cli, config
-from recsys.cli import gin_train
 from recsys import train_settings as settings_lib
+from recsys.cli import gin_train
 from recsys.run import strategy as strategy_lib
 
 DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
@@ -98,3 +98,34 @@ def test_a_given_strategy_is_passed_as_it_is(recorded):
   assert "make_strategy" not in recorded
   assert recorded["train"]["strategy"] is strategy
   assert recorded["train"]["backend"] == "serving"
+
+
+def test_export_restores_on_the_backend_the_registry_names(
+  recorded, monkeypatch
+):
+  """`recsys export` names no backend: it restores on the registry's
+  `for_export()`, a backend that runs here (on CPU)."""
+  from backends import registry  # pylint: disable=g-import-not-at-top
+  from recsys.cli import export  # pylint: disable=g-import-not-at-top
+
+  class Stop(Exception):
+    pass
+
+  def call(configurable, files, bindings, **kwargs):
+    recorded["train"] = kwargs
+    raise Stop
+
+  monkeypatch.setattr(config, "call", call)
+  monkeypatch.setattr(registry, "for_export", lambda: "recorded_backend")
+  args = cli.build_parser().parse_args(["export", *REQUIRED["export"]])
+  monkeypatch.setattr(gin_train, "gin_files", lambda args: [DEFAULT])
+  with pytest.raises(Stop):
+    export.run(args)
+  assert recorded["train"]["backend"] == "recorded_backend"
+  assert recorded["train"]["action"] == "restore"
+  monkeypatch.undo()
+  name = registry.for_export()
+  assert name in registry.names()
+  assert (
+    registry.get(name).unavailable_reason(tf.distribute.get_strategy()) is None
+  )

@@ -273,6 +273,25 @@ def test_only_the_registry_decides_on_a_backend_name():
   )
 
 
+def test_no_command_names_a_backend():
+  """`recsys/cli/` asks the registry (`for_export`, `decide`, ...) for a
+  backend: no registered name stands alone as a string there, naming
+  file:line (a name inside a help text or message passes)."""
+  names = _backend_names()
+  bad = []
+  for module, path in sorted(RECSYS.items()):
+    if not _under(module, "recsys.cli"):
+      continue
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read(), path)
+    bad += [
+      f"{os.path.relpath(path, ROOT)}:{node.lineno}: {node.value!r}"
+      for node in ast.walk(tree)
+      if isinstance(node, ast.Constant) and node.value in names
+    ]
+  assert not bad, f"a command names a backend (ask the registry): {bad}"
+
+
 def test_the_name_check_sees_a_decision_and_passes_a_message():
   """The scan itself: decisions on a name are caught, mentions are not."""
   source = (

@@ -48,11 +48,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+  from backends import registry  # pylint: disable=g-import-not-at-top
   from recsys import export as export_lib  # pylint: disable=g-import-not-at-top
 
-  # The serving backend restores a checkpoint of any training backend
-  # (SparseCore's stacked tables included) on CPU; the export copies its
-  # tables without the optimizer slots. Where the training devices held the
+  # The export's backend (the registry's `for_export`) restores a
+  # checkpoint of any training backend (SparseCore's stacked tables
+  # included) on CPU; the export copies its tables without the optimizer
+  # slots. Where the training devices held the
   # tables (train.placement, a device's memory) does not apply here.
   configured = gin_train.configured(
     args,
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
       "train.placement = None",
     ],
     action="restore",
-    backend="serving",
+    backend=registry.for_export(),
     strategy=tf.distribute.get_strategy(),
   )
   restored = configured.restored()  # nothing of recsys.training is loaded

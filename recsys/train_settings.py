@@ -1,19 +1,21 @@
 """`TrainSettings`: how one run trains, declared once.
 
-`train` (the gin entry point) spells these settings out as its parameters,
-so that gin binds and checks `train.<name>` (and suggests a name for a
-misspelt one); it builds one `TrainSettings` from its arguments, naming
-each (`TrainSettings(seed=seed, ...)`), and hands it to the `Trainer`,
-which reads its settings only from there. A setting is declared here,
-once, with its default, its documentation and its metadata (`_setting`):
-its kind (an execution setting a resume may change, or a math setting)
-and the `recsys` switch that sets it. The lists other modules need are
-derived from that metadata (`run_configs.EXECUTION_SETTINGS`,
-`flag_settings`); a test checks that every field has a kind, is a `train`
-parameter with the same default and reaches the Trainer. Where each goes
-is written out by name where it is read: the `RestoredRun` and its
-`Evaluator` read `settings.<name>`, the Trainer copies the loop's settings
-into its attributes, normalized, in `Trainer._store_settings`.
+Gin's `train` (`recsys.run.configured.configured_run`) spells these
+settings out as its parameters, so that gin binds and checks
+`train.<name>` (and suggests a name for a misspelt one); it builds one
+`TrainSettings` from its arguments, naming each
+(`TrainSettings(seed=seed, ...)`), for the `RestoredRun` and the
+`Trainer`, which read their settings only from there. A setting is
+declared here, once, with its default, its documentation and its
+metadata (`_setting`): its kind (an execution setting a resume may
+change, or a math setting) and the `recsys` switch that sets it. The
+lists other modules need are derived from that metadata
+(`run_configs.EXECUTION_SETTINGS`, `flag_settings`); a test checks that
+every field has a kind, is a `train` parameter with the same default and
+reaches the Trainer. Where each goes is written out by name where it is
+read: the `RestoredRun` and its `Evaluator` read `settings.<name>`, the
+Trainer copies the loop's settings into its attributes, normalized, in
+`Trainer._store_settings`.
 
 Example:
   >>> settings = TrainSettings(global_batch_size=256, train_steps=100)

@@ -11,7 +11,7 @@ Example (inside `strategy.run`, with `acts = backend.lookup(...)` under a tape):
                bottom_mlp=(64, 16))
   model.create_variables({"user": 16, "item": 16})      # in strategy.scope()
   per_example = model.per_example_loss(acts, features, labels)   # [B]
-  loss = replica_loss(model, per_example, global_batch_size=1024)
+  loss = base.replica_loss(model, per_example, global_batch_size=1024)
 
 For `compile` + `fit` on your own `tf.data.Dataset`, wrap a model with its
 embedding layer: `KerasRecommender.build(DLRM, feature_config, Adagrad(0.05))`.

@@ -97,6 +97,13 @@ def on_tensor_cores() -> str:
   return "tensorcore"
 
 
+def for_export() -> str:
+  """The backend a SavedModel export restores a run on: it reads any
+  training backend's checkpoint (SparseCore's stacked tables included) on
+  CPU and serves lookups in the exported graph (`recsys export`)."""
+  return "serving"
+
+
 def available(strategy: tf.distribute.Strategy | None = None) -> list[str]:
   """Names of the backends that can run under `strategy` (default: current)."""
   strategy = strategy or tf.distribute.get_strategy()

@@ -36,6 +36,7 @@ import tensorflow as tf  # noqa: E402
 import recsys  # noqa: E402,F401  (Keras 2 before TensorFlow)
 import recsys.training.train  # noqa: E402,F401
 from recsys import config as config_lib  # noqa: E402
+from recsys.models.base import replica_loss  # noqa: E402
 from recsys.runtime import threads  # noqa: E402
 from recsys.serving_lookup import split_batch  # noqa: E402
 
@@ -118,12 +119,10 @@ def main(argv=None) -> None:
     features, labels = b
     with tf.GradientTape() as tape:
       tape.watch(acts)
-      loss = model.compute_loss(
-        acts,
-        features,
-        labels,
-        training=True,
-        global_batch_size=trainer.global_batch_size,
+      loss = replica_loss(
+        model,
+        model.per_example_loss(acts, features, labels, training=True),
+        trainer.global_batch_size,
       )
     grads, act_grads = tape.gradient(loss, (model.trainable_variables, acts))
     optimizer.apply_gradients(zip(grads, model.trainable_variables))

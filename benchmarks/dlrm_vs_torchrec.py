@@ -211,7 +211,6 @@ def _recsys(cfg, data, args):
         features,
         labels[i % count],
         training=True,
-        global_batch_size=cfg["batch"],
         compute_metrics=False,
       )
     grads, act_grads = tape.gradient(loss, (model.trainable_variables, acts))
@@ -251,7 +250,6 @@ def _recsys(cfg, data, args):
         {"dense": dense[i % count]},
         labels[i % count],
         training=True,
-        global_batch_size=cfg["batch"],
         compute_metrics=False,
       )
     grads = tape.gradient(loss, model.trainable_variables)

@@ -154,7 +154,7 @@ def build_source(gin_file: str, bindings: Sequence[str]) -> tuple[Any, int]:
 
   from recsys import config  # pylint: disable=g-import-not-at-top
   from recsys import train_settings as settings  # pylint: disable=g-import-not-at-top
-  from recsys.training.train import configured_settings  # pylint: disable=g-import-not-at-top
+  from recsys.run.configured import configured_settings  # pylint: disable=g-import-not-at-top
 
   gin.clear_config()
   config.parse(
@@ -162,8 +162,9 @@ def build_source(gin_file: str, bindings: Sequence[str]) -> tuple[Any, int]:
   )
   source = config.value("train.data")
   # The eval batch and steps as the Trainer resolves them.
-  kept = settings.trainer_attributes(configured_settings())
-  batch, steps = kept["eval_batch_size"], kept["eval_steps"]
+  configured = configured_settings()
+  batch = settings.eval_batch_size(configured)
+  steps = configured.eval_steps
   evaluated = (source.test_size // batch) * batch
   if steps is not None:
     evaluated = min(evaluated, int(steps) * batch)

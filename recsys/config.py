@@ -125,7 +125,7 @@ _EXTERNAL = {
 _OWN_MODULES = (
   "recsys.features",
   "recsys.planning",  # EmbeddingPlacement
-  "recsys.training",
+  "recsys.run",  # train (recsys.run.configured), the schedules
   "recsys.models",
   "recsys.data",
 )
@@ -471,7 +471,8 @@ def call(
   through unchanged.
 
   Args:
-    configurable: the gin-configurable function, e.g. `recsys.training.train`.
+    configurable: the gin-configurable function, e.g.
+      `recsys.run.configured.configured_run` (gin's `train`).
     files: the gin files parsed (named in the error).
     bindings: the gin bindings parsed (named in the error).
     **kwargs: arguments for `configurable`.

@@ -490,8 +490,8 @@ def export(
 
   Args:
     run: the run whose checkpoint was restored (`recsys export` restores
-      it on the serving backend: `train(model_dir=..., action="restore",
-      backend="serving")`; a Trainer's is `trainer.run`).
+      it on the registry's export backend, `backends.registry.for_export()`;
+      a Trainer's is `trainer.run`).
     export_dir: the SavedModel directory: created, or replaced whole if it
       holds a SavedModel (a kill midway leaves the previous one).
     k: retrieval only: candidates the top-k signatures return per query,

@@ -1,18 +1,21 @@
 """`TrainSettings`: how one run trains, declared once.
 
-`train` (the gin entry point) spells these settings out as its parameters,
-so that gin binds and checks `train.<name>` (and suggests a name for a
-misspelt one); it builds one `TrainSettings` from its arguments, naming
-each (`TrainSettings(seed=seed, ...)`), and hands it to the `Trainer`,
-which reads its settings only from there. A setting is declared here,
-once, with its default, its documentation and its metadata (`_setting`):
-its kind (an execution setting a resume may change, or a math setting),
-whether the Trainer keeps it as an attribute, and the `recsys` switch that
-sets it.
-The lists other modules need are derived from that metadata
-(`run_configs.EXECUTION_SETTINGS`, `trainer_attributes`, `flag_settings`);
-a test checks that every field has a kind, is a `train` parameter with the
-same default and reaches the Trainer.
+Gin's `train` (`recsys.run.configured.configured_run`) spells these
+settings out as its parameters, so that gin binds and checks
+`train.<name>` (and suggests a name for a misspelt one); it builds one
+`TrainSettings` from its arguments, naming each
+(`TrainSettings(seed=seed, ...)`), for the `RestoredRun` and the
+`Trainer`, which read their settings only from there. A setting is
+declared here, once, with its default, its documentation and its
+metadata (`_setting`): its kind (an execution setting a resume may
+change, or a math setting) and the `recsys` switch that sets it. The
+lists other modules need are derived from that metadata
+(`run_configs.EXECUTION_SETTINGS`, `flag_settings`); a test checks that
+every field has a kind, is a `train` parameter with the same default and
+reaches the Trainer. Where each goes is written out by name where it is
+read: the `RestoredRun` and its `Evaluator` read `settings.<name>`, the
+Trainer copies the loop's settings into its attributes, normalized, in
+`Trainer._store_settings`.
 
 Example:
   >>> settings = TrainSettings(global_batch_size=256, train_steps=100)
@@ -46,55 +49,19 @@ MATH = "math"
 KINDS = (EXECUTION, MATH)
 
 
-def _setting(
-  default: Any,
-  kind: str,
-  *,
-  trainer: Callable[[Any, Any], Any] | None = None,
-  flag: str | None = None,
-) -> Any:
+def _setting(default: Any, kind: str, *, flag: str | None = None) -> Any:
   """A `TrainSettings` field and what the other lists derive from it.
 
   Args:
     default: the field's default (also `train`'s, a test checks).
     kind: EXECUTION or MATH.
-    trainer: the Trainer keeps the setting as an attribute of that name,
-      `trainer(value, settings)` (normalized: ints, defaults resolved);
-      None: it reads `trainer.settings`.
     flag: the `recsys` flag (a switch) that sets the setting to the
       opposite of its default, e.g. `--no_progress`.
   """
   metadata: dict[str, Any] = {"kind": kind}
-  if trainer is not None:
-    metadata["trainer"] = trainer
   if flag is not None:
     metadata["flag"] = flag
   return dataclasses.field(default=default, metadata=metadata)
-
-
-# How the Trainer keeps a setting: `(value, settings) -> attribute`.
-def _as_is(value: Any, _: Any) -> Any:
-  return value
-
-
-def _boolean(value: Any, _: Any) -> bool:
-  return bool(value)
-
-
-def _integer(value: Any, _: Any) -> int:
-  return int(value)
-
-
-def _integer_or_zero(value: Any, _: Any) -> int:
-  return int(value or 0)
-
-
-def _at_least_one(value: Any, _: Any) -> int:
-  return max(1, int(value))
-
-
-def _or_global_batch_size(value: Any, settings: Any) -> int:
-  return int(value or settings.global_batch_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,30 +123,24 @@ class TrainSettings:
   dense_optimizer: Callable[[], Any] | None = _setting(None, MATH)
   backend: str = _setting("auto", EXECUTION)
   backend_options: Mapping[str, Any] | None = _setting(None, EXECUTION)
-  global_batch_size: int = _setting(1024, MATH, trainer=_integer)
-  eval_batch_size: int | None = _setting(
-    None, EXECUTION, trainer=_or_global_batch_size
-  )
-  train_steps: int = _setting(1000, EXECUTION, trainer=_integer)
-  steps_per_loop: int = _setting(100, EXECUTION, trainer=_at_least_one)
-  eval_every: int = _setting(0, EXECUTION, trainer=_integer_or_zero)
-  eval_steps: int | None = _setting(20, EXECUTION, trainer=_as_is)
-  checkpoint_every: int = _setting(0, EXECUTION, trainer=_integer_or_zero)
+  global_batch_size: int = _setting(1024, MATH)
+  eval_batch_size: int | None = _setting(None, EXECUTION)
+  train_steps: int = _setting(1000, EXECUTION)
+  steps_per_loop: int = _setting(100, EXECUTION)
+  eval_every: int = _setting(0, EXECUTION)
+  eval_steps: int | None = _setting(20, EXECUTION)
+  checkpoint_every: int = _setting(0, EXECUTION)
   max_checkpoints: int = _setting(3, EXECUTION)
-  seed: int = _setting(0, MATH, trainer=_as_is)
-  progress_bar: bool = _setting(
-    True, EXECUTION, trainer=_as_is, flag="no_progress"
-  )
+  seed: int = _setting(0, MATH)
+  progress_bar: bool = _setting(True, EXECUTION, flag="no_progress")
   summaries: bool = _setting(True, EXECUTION)
   nonfinite_policy: str = _setting("stop", EXECUTION)
   jit_compile: bool | None = _setting(None, EXECUTION)
   allow_changed_settings: bool = _setting(
-    False, EXECUTION, trainer=_boolean, flag="allow_changed_settings"
+    False, EXECUTION, flag="allow_changed_settings"
   )
   skip_memory_check: bool = _setting(False, EXECUTION, flag="skip_memory_check")
-  exclude_seen: bool = _setting(
-    False, EXECUTION, trainer=_boolean, flag="exclude_seen"
-  )
+  exclude_seen: bool = _setting(False, EXECUTION, flag="exclude_seen")
   placement: Any | None = _setting(None, EXECUTION)
   feature_config: Mapping[str, Any] | None = _setting(None, MATH)
 
@@ -190,17 +151,10 @@ def names_of_kind(kind: str) -> tuple[str, ...]:
   return tuple(f.name for f in fields if f.metadata.get("kind") == kind)
 
 
-def trainer_attributes(settings: TrainSettings) -> dict[str, Any]:
-  """`{name: value}` the Trainer keeps as attributes, normalized.
-
-  The fields declared with `trainer=`: e.g. `eval_batch_size` resolved to
-  `global_batch_size` when None, `steps_per_loop` at least 1.
-  """
-  return {
-    f.name: f.metadata["trainer"](getattr(settings, f.name), settings)
-    for f in dataclasses.fields(settings)
-    if "trainer" in f.metadata
-  }
+def eval_batch_size(settings: TrainSettings) -> int:
+  """Examples per evaluation batch: `eval_batch_size`, or the global batch
+  size when None (what the Trainer and the restored run evaluate with)."""
+  return int(settings.eval_batch_size or settings.global_batch_size)
 
 
 def flag_settings() -> dict[str, tuple[str, Any]]:

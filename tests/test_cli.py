@@ -342,6 +342,44 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path, caplog):
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_evaluate_and_export_load_no_training_module(tmp_path):
+  """`recsys evaluate` and `recsys export` of a trained run, in a fresh
+  interpreter as a user runs them: both succeed, and no module of
+  `recsys.training` (the loop, the Trainer) was ever loaded."""
+  model_dir = str(tmp_path / "run")
+  bindings = sum(
+    (["--gin_bindings", b] for b in TINY + ["train.train_steps = 2"]), []
+  )
+  train = ["train", "--gin_file", DEFAULT, *bindings, "--model_dir", model_dir]
+  assert cli.main([*train, "--no_progress"]) == 0
+  gin.clear_config()
+  code = textwrap.dedent(f"""
+      import sys, gin
+      from recsys import cli
+      assert cli.main(["evaluate", "--model_dir", {model_dir!r}]) == 0
+      gin.clear_config()
+      assert cli.main(["export", "--model_dir", {model_dir!r},
+                       "--export_dir", {str(tmp_path / "export")!r}]) == 0
+      print(sorted(m for m in sys.modules
+                   if m == "recsys.training" or m.startswith("recsys.training.")))
+  """)
+  done = subprocess.run(
+    [sys.executable, "-c", code],
+    cwd=ROOT,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-2000:]
+  assert (tmp_path / "export" / "saved_model.pb").exists()
+  assert (
+    json.loads((tmp_path / "run" / "eval_metrics.json").read_text())["step"]
+    == 2
+  )
+
+
 # ~10 s: trains, exports and loads a two-tower model in-process
 @pytest.mark.slow
 def test_export_of_a_retrieval_model_serves_the_models_top_k(tmp_path):

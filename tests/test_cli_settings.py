@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 from recsys import cli, config
-from recsys.cli import gin_train
 from recsys import train_settings as settings_lib
+from recsys.cli import gin_train
 from recsys.run import strategy as strategy_lib
 
 DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
@@ -45,7 +45,8 @@ def test_every_settings_switch_is_a_flag_that_binds_its_setting(capsys):
 
 @pytest.fixture
 def recorded(monkeypatch):
-  """make_strategy and gin's call of `train`, recorded instead of run."""
+  """make_strategy and gin's call of `train` (`configured_run`), recorded
+  instead of run."""
   got = {}
 
   def make_strategy(tpu=None, num_cpu_replicas=0, use_gpus=True):
@@ -75,7 +76,7 @@ def test_the_tpu_flag_reaches_the_strategy_without_a_gin_binding(recorded):
       "train.num_cpu_replicas = 3",
     ]
   )
-  gin_train.call_train(args)
+  gin_train.configured(args)
   assert recorded["make_strategy"] == ("grpc://10.0.0.2:8470", 3)
   assert recorded["train.tpu bound"] is None  # never written into gin
   assert "tpu" not in recorded["train"]
@@ -86,14 +87,45 @@ def test_the_configs_tpu_is_the_strategys_without_the_flag(recorded):
   args = cli.build_parser().parse_args(
     ["train", *REQUIRED["train"], "--gin_bindings", "train.tpu = 'local'"]
   )
-  gin_train.call_train(args)
+  gin_train.configured(args)
   assert recorded["make_strategy"] == ("local", 0)
 
 
 def test_a_given_strategy_is_passed_as_it_is(recorded):
   args = cli.build_parser().parse_args(["train", *REQUIRED["train"]])
   strategy = tf.distribute.get_strategy()
-  gin_train.call_train(args, strategy=strategy, backend="serving")
+  gin_train.configured(args, strategy=strategy, backend="serving")
   assert "make_strategy" not in recorded
   assert recorded["train"]["strategy"] is strategy
   assert recorded["train"]["backend"] == "serving"
+
+
+def test_export_restores_on_the_backend_the_registry_names(
+  recorded, monkeypatch
+):
+  """`recsys export` names no backend: it restores on the registry's
+  `for_export()`, a backend that runs here (on CPU)."""
+  from backends import registry  # pylint: disable=g-import-not-at-top
+  from recsys.cli import export  # pylint: disable=g-import-not-at-top
+
+  class Stop(Exception):
+    pass
+
+  def call(configurable, files, bindings, **kwargs):
+    recorded["train"] = kwargs
+    raise Stop
+
+  monkeypatch.setattr(config, "call", call)
+  monkeypatch.setattr(registry, "for_export", lambda: "recorded_backend")
+  args = cli.build_parser().parse_args(["export", *REQUIRED["export"]])
+  monkeypatch.setattr(gin_train, "gin_files", lambda args: [DEFAULT])
+  with pytest.raises(Stop):
+    export.run(args)
+  assert recorded["train"]["backend"] == "recorded_backend"
+  assert recorded["train"]["action"] == "restore"
+  monkeypatch.undo()
+  name = registry.for_export()
+  assert name in registry.names()
+  assert (
+    registry.get(name).unavailable_reason(tf.distribute.get_strategy()) is None
+  )

@@ -178,6 +178,7 @@ def test_the_check_sees_an_upward_import(tmp_path):
     "recsys.models.model_args",
     "recsys.run.restored",
     "recsys.run.evaluation",
+    "recsys.run.configured",
     "recsys.data.sources",
   ],
 )
@@ -272,6 +273,25 @@ def test_only_the_registry_decides_on_a_backend_name():
   )
 
 
+def test_no_command_names_a_backend():
+  """`recsys/cli/` asks the registry (`for_export`, `decide`, ...) for a
+  backend: no registered name stands alone as a string there, naming
+  file:line (a name inside a help text or message passes)."""
+  names = _backend_names()
+  bad = []
+  for module, path in sorted(RECSYS.items()):
+    if not _under(module, "recsys.cli"):
+      continue
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read(), path)
+    bad += [
+      f"{os.path.relpath(path, ROOT)}:{node.lineno}: {node.value!r}"
+      for node in ast.walk(tree)
+      if isinstance(node, ast.Constant) and node.value in names
+    ]
+  assert not bad, f"a command names a backend (ask the registry): {bad}"
+
+
 def test_the_name_check_sees_a_decision_and_passes_a_message():
   """The scan itself: decisions on a name are caught, mentions are not."""
   source = (
@@ -299,12 +319,17 @@ def test_the_name_check_sees_a_decision_and_passes_a_message():
 
 
 def test_export_and_evaluation_load_no_training_module():
-  """Importing the export and the restored run's evaluation, in a fresh
-  interpreter, loads nothing of `recsys.training` (what the layer table
-  promises, checked on the modules Python actually loads)."""
+  """Importing the export, the restored run's evaluation, the gin-configured
+  `train` and the evaluate and export commands, and registering every gin
+  name, in a fresh interpreter, loads nothing of `recsys.training` (what the
+  layer table promises, checked on the modules Python actually loads;
+  tests/test_cli.py runs the two commands)."""
   code = (
     "import sys\n"
     "import recsys.export, recsys.run.evaluation, recsys.run.restored\n"
+    "import recsys.run.configured, recsys.cli.evaluate, recsys.cli.export\n"
+    "from recsys import config\n"
+    "config.register_all()  # every gin name, `train` included\n"
     "print(sorted(m for m in sys.modules "
     "if m == 'recsys.training' or m.startswith('recsys.training.')))\n"
   )

@@ -60,9 +60,8 @@ def run(args: argparse.Namespace) -> int:
   run = run_dir.RunDir(args.model_dir)
   name = args.eval_on
   path = run.other_eval_metrics(name) if name else run.eval_metrics
-  restored = gin_train.call_train(
-    args, action="restore"
-  )  # reads the model dir only
+  # Reads the model dir only; nothing of recsys.training is loaded.
+  restored = gin_train.configured(args, action="restore").restored()
   metrics, changes = evaluate_restored(restored, other_data=bool(name))
   if name:
     metrics["eval_on"] = name

@@ -48,17 +48,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+  from backends import registry  # pylint: disable=g-import-not-at-top
   from recsys import export as export_lib  # pylint: disable=g-import-not-at-top
 
-  # The serving backend restores a checkpoint of any training backend
-  # (SparseCore's stacked tables included) on CPU; the export copies its
-  # tables without the optimizer slots. Where the training devices held the
-  # tables (train.placement, a device's memory) does not apply here, nor do
-  # the training backend's options (train.backend_options: placement,
-  # exchange, table_dtype, ...): the serving backend's tables are float32,
-  # and a narrow (bfloat16/float16) table is restored into them by an exact
-  # cast (backends.checkpoint.casting_tables; docs/serving.md).
-  restored = gin_train.call_train(
+  # The export's backend (the registry's `for_export`) restores a
+  # checkpoint of any training backend (SparseCore's stacked tables
+  # included) on CPU; the export copies its tables without the optimizer
+  # slots. Where the training devices held the tables (train.placement, a
+  # device's memory) does not apply here, nor do the training backend's
+  # options (train.backend_options: placement, exchange, table_dtype, ...):
+  # the export's tables are float32, and a narrow (bfloat16/float16) table
+  # is restored into them by an exact cast (backends.checkpoint.casting_tables;
+  # docs/serving.md).
+  configured = gin_train.configured(
     args,
     [
       "train.progress_bar = False",
@@ -67,9 +69,10 @@ def run(args: argparse.Namespace) -> int:
       "train.backend_options = None",
     ],
     action="restore",
-    backend="serving",
+    backend=registry.for_export(),
     strategy=tf.distribute.get_strategy(),
   )
+  restored = configured.restored()  # nothing of recsys.training is loaded
   step = restored.require_checkpoint("export")
   changes = restored.check_restored("export")
   provenance = {

@@ -45,36 +45,51 @@ def bindings(args: argparse.Namespace) -> list[str]:
   return found
 
 
-def call_train(
+def configured(
   args: argparse.Namespace, extra_bindings: Sequence[str] = (), **kwargs
 ):
-  """Parses the command's gin files, then calls the gin-configured `train`.
+  """Parses the command's gin files, then calls the gin-configured `train`
+  (`recsys.run.configured.configured_run`): the run's `ConfiguredRun`.
 
+  Nothing of `recsys.training` is loaded: evaluate and export restore the
+  run (`.restored()`), `recsys train` hands it to the Trainer (`train`).
   The strategy is built here, from `--tpu` (or the config's `train.tpu`)
   and the config's `train.num_cpu_replicas`, and passed to `train`: before
-  gin calls `train`, which first builds its arguments (see
+  gin calls it, which first builds its arguments (see
   `configured_strategy`); the flag never goes into the gin config.
 
   Args:
     args: the parsed flags (gin files and bindings, model dir, runtime flags).
     extra_bindings: bindings the command adds after the user's.
-    **kwargs: arguments of `train` besides `model_dir` (e.g. an already
-      built `strategy`); they override `--backend`.
-
-  Returns:
-    What `train` returns for the action.
+    **kwargs: arguments of `configured_run` besides `model_dir` (e.g. an
+      already built `strategy`, the `action`); they override `--backend`.
 
   Raises:
     config.GinConfigError: a gin error, with the gin files and bindings named.
   """
   from recsys import config  # pylint: disable=g-import-not-at-top
-  from recsys.training import train  # pylint: disable=g-import-not-at-top
-  from recsys.training.train import configured_strategy  # pylint: disable=g-import-not-at-top
+  from recsys.run import configured as configured_lib  # pylint: disable=g-import-not-at-top
 
   files, given = gin_files(args), bindings(args)
   config.parse(files, given + list(extra_bindings))
   if "strategy" not in kwargs:
-    kwargs["strategy"], _ = configured_strategy(getattr(args, "tpu", None))
+    kwargs["strategy"], _ = configured_lib.configured_strategy(
+      getattr(args, "tpu", None)
+    )
   if getattr(args, "backend", None):
     kwargs.setdefault("backend", args.backend)
-  return config.call(train, files, given, model_dir=args.model_dir, **kwargs)
+  return config.call(
+    configured_lib.configured_run,
+    files,
+    given,
+    model_dir=args.model_dir,
+    **kwargs,
+  )
+
+
+def call_train(args: argparse.Namespace) -> dict[str, float]:
+  """`recsys train`: the configured run trained by the Trainer; its final
+  metrics."""
+  from recsys.training.train import build_trainer  # pylint: disable=g-import-not-at-top
+
+  return build_trainer(configured(args, action="train")).train()

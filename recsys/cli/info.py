@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
   feature_config, optimizer, backend = None, None, args.backend or "auto"
   plan, note = None, ""
   if args.gin_file:
-    from recsys.training.train import (  # pylint: disable=g-import-not-at-top
+    from recsys.run.configured import (  # pylint: disable=g-import-not-at-top
       configured_embedding,
       configured_plan,
       configured_strategy,

@@ -10,7 +10,8 @@ Example (inside `strategy.run`, with `acts = backend.lookup(...)` under a tape):
   model = DLRM(source.feature_specs, num_dense=source.num_dense,
                bottom_mlp=(64, 16))
   model.create_variables({"user": 16, "item": 16})      # in strategy.scope()
-  loss = model.compute_loss(acts, features, labels, global_batch_size=1024)
+  per_example = model.per_example_loss(acts, features, labels)   # [B]
+  loss = base.replica_loss(model, per_example, global_batch_size=1024)
 
 For `compile` + `fit` on your own `tf.data.Dataset`, wrap a model with its
 embedding layer: `KerasRecommender.build(DLRM, feature_config, Adagrad(0.05))`.

@@ -6,7 +6,12 @@ A model receives the embedding backend's activations (dict feature name ->
 `[B, D]` or `[B, L, D]`) and the raw batch `features`; it never creates
 embedding tables nor touches `tf.tpu` or a distribution strategy.
 
-Loss convention (`compute_loss`), the one TF's custom training loops use:
+A model's loss takes what a loss needs: `per_example_loss(activations,
+features, labels, training, sample_weight)` gives each example's weighted
+loss `[B]` (a row weighted 0, e.g. a padded eval row, counts for nothing:
+neither its loss, nor the metrics, nor as a retrieval negative). The loop
+turns it into the replica's share of the step's loss (`replica_loss`), the
+convention TF's custom training loops use:
 
   per-replica loss = sum_i w_i * loss_i / global_batch_size
                      + sum(model.losses) / num_replicas_in_sync
@@ -16,10 +21,12 @@ does) gives the mean loss over the global batch plus the regularization loss
 once. When `global_batch_size` is None it is the local batch size times the
 number of replicas in sync (`tf.nn.compute_average_loss`); the regularization
 term is scaled by `tf.nn.scale_regularization_loss`. With the default
-strategy both divisors are the plain batch size and 1.
+strategy both divisors are the plain batch size and 1. `compute_loss`
+(Keras's `fit`, a TFRS-style loop) is that share with the global batch
+unknown.
 
 Metrics are Keras metrics (a ranking model's TFRS task's; a retrieval
-model's corpus hit rates); `compute_loss` updates them (also inside
+model's corpus hit rates); the loss updates them (also inside
 `strategy.run` with several replicas) and `model.metrics` lists them so a
 trainer can reset and read them.
 """
@@ -69,16 +76,35 @@ def average_loss(
 
 
 @tf.autograph.experimental.do_not_convert
-def masked_weight(
-  sample_weight: tf.Tensor | None, mask: tf.Tensor | None, dtype: tf.DType
+def regularization_loss(model: keras.Model) -> tf.Tensor:
+  """The replica's share of `model.losses` (0.0 without any)."""
+  if not model.losses:
+    return tf.constant(0.0)
+  return tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+
+
+def replica_loss(
+  model: keras.Model,
+  per_example: tf.Tensor,
+  global_batch_size: int | None,
+  include_regularization: bool = True,
+) -> tf.Tensor:
+  """The replica's share of the step's loss (the module docstring's
+  convention) from its examples' weighted losses `per_example` `[B]`."""
+  loss = average_loss(per_example, global_batch_size)
+  if include_regularization:
+    loss += regularization_loss(model)
+  return loss
+
+
+@tf.autograph.experimental.do_not_convert
+def example_weights(
+  sample_weight: tf.Tensor | None, dtype: tf.DType
 ) -> tf.Tensor | None:
-  """The example weights `[B]` with padding rows (mask 0) weighted 0."""
-  if mask is None:
-    return sample_weight
-  mask = tf.cast(tf.reshape(mask, [-1]), dtype)
+  """The example weights as `[B]` of `dtype` (None: every example 1)."""
   if sample_weight is None:
-    return mask
-  return tf.cast(tf.reshape(sample_weight, [-1]), dtype) * mask
+    return None
+  return tf.cast(tf.reshape(sample_weight, [-1]), dtype)
 
 
 class _ModelBase(keras.Model):
@@ -139,21 +165,40 @@ class _ModelBase(keras.Model):
       activations, names, sequence_pooling=self._sequence_pooling, owner=owner
     )
 
-  @tf.autograph.experimental.do_not_convert
-  def _regularization(self) -> tf.Tensor:
-    if not self.losses:
-      return tf.constant(0.0)
-    return tf.nn.scale_regularization_loss(tf.add_n(self.losses))
-
-  def _replica_loss(
+  @abc.abstractmethod
+  def per_example_loss(
     self,
-    per_example: tf.Tensor,
-    global_batch_size: int | None,
-    include_regularization: bool,
+    activations: Mapping[str, tf.Tensor],
+    features: Mapping[str, tf.Tensor] | None = None,
+    labels: tf.Tensor | None = None,
+    training: bool = True,
+    sample_weight: tf.Tensor | None = None,
+    compute_metrics: bool | None = None,
   ) -> tf.Tensor:
-    """The per-replica loss of the module docstring's convention."""
-    loss = average_loss(per_example, global_batch_size)
-    return loss + self._regularization() if include_regularization else loss
+    """Each example's weighted loss `[B]` (regularization left out), and
+    the metric updates (see the module docstring)."""
+
+  def compute_loss(
+    self,
+    activations: Mapping[str, tf.Tensor],
+    features: Mapping[str, tf.Tensor] | None = None,
+    labels: tf.Tensor | None = None,
+    training: bool = True,
+    sample_weight: tf.Tensor | None = None,
+    compute_metrics: bool | None = None,
+  ) -> tf.Tensor:
+    """The scalar loss as TFRS's `compute_loss` gives it: this replica's
+    share, the global batch unknown (`replica_loss`), regularization
+    included; `per_example_loss` documents the arguments."""
+    per_example = self.per_example_loss(
+      activations,
+      features,
+      labels,
+      training=training,
+      sample_weight=sample_weight,
+      compute_metrics=compute_metrics,
+    )
+    return replica_loss(self, per_example, None)
 
   def create_variables(self, embedding_dims: Mapping[str, int]) -> "_ModelBase":
     """Creates every variable now, by calling the model on a dummy batch of one.
@@ -293,51 +338,41 @@ class RankingModel(_ModelBase, metaclass=abc.ABCMeta):
     logits = self.logits(activations, features, training=training)
     return tf.sigmoid(logits) if self._objective == "binary" else logits
 
-  def compute_loss(
+  def per_example_loss(
     self,
     activations: Mapping[str, tf.Tensor],
     features: Mapping[str, tf.Tensor] | None = None,
     labels: tf.Tensor | None = None,
     training: bool = True,
-    global_batch_size: int | None = None,
     sample_weight: tf.Tensor | None = None,
-    compute_metrics: bool = True,
-    mask: tf.Tensor | None = None,
-    include_regularization: bool = True,
+    compute_metrics: bool | None = None,
   ) -> tf.Tensor:
-    """The per-replica loss (see the module docstring) and metric updates.
+    """The task's weighted loss of each example and the metric updates.
 
     Args:
       activations: feature name -> `[B, D]` / `[B, L, D]` from the backend.
       features: the batch's features (for `features["dense"]`).
       labels: `[B]` 0/1 labels or ratings.
       training: passed to the layers.
-      global_batch_size: examples in the global batch (all replicas).
-      sample_weight: optional `[B]` example weights.
-      compute_metrics: update `model.metrics` too.
-      mask: optional `[B]` 1/0: rows with 0 are padding (a padded eval
-        batch) and count in neither the loss nor the metrics.
-      include_regularization: add the regularization term.
+      sample_weight: optional `[B]` example weights (a padded eval batch's
+        padding rows weigh 0: they count in neither loss nor metrics).
+      compute_metrics: update `model.metrics` too (None: yes).
 
     Returns:
-      Scalar loss.
+      `[B]` weighted losses.
     """
     if labels is None:
       raise FeatureMismatchError(
-        f"{type(self).__name__}.compute_loss needs labels [B]."
+        f"{type(self).__name__}: the loss needs labels [B]."
       )
     logits = self.logits(activations, features, training=training)[
       :, tf.newaxis
     ]
     labels = tf.cast(tf.reshape(labels, [-1, 1]), logits.dtype)
-    sample_weight = masked_weight(sample_weight, mask, logits.dtype)
-    per_example = self.task(
+    return self.task(
       labels=labels,
       predictions=logits,
-      sample_weight=sample_weight,
+      sample_weight=example_weights(sample_weight, logits.dtype),
       training=training,
-      compute_metrics=compute_metrics,
-    )
-    return self._replica_loss(
-      per_example, global_batch_size, include_regularization
+      compute_metrics=compute_metrics is not False,
     )

@@ -13,8 +13,8 @@ A `RetrievalModel` owns the towers (subclasses: `query_embeddings`,
   seen exclusion    a batch's `features["seen_candidate_ids"]`
                     (`seen_items.exclusions_of`), left out of the ranking
 
-`compute_loss` only wires them: towers -> the task's per-query loss -> the
-per-replica convention (`recsys.models.base`); hit rates when evaluating.
+`per_example_loss` only wires them: towers -> the task's per-query loss;
+hit rates when evaluating (the loop scales it: `recsys.models.base`).
 """
 
 import abc
@@ -32,7 +32,7 @@ from recsys.models import (
   retrieval_task,
   seen_items,
 )
-from recsys.models.base import _ModelBase, masked_weight
+from recsys.models.base import _ModelBase, example_weights
 from recsys.models.errors import FeatureMismatchError, ModelConfigError
 
 DEFAULT_KS = (1, 5, 10, 50, 100)
@@ -46,9 +46,10 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
   of accidental hits). Evaluation ranks the whole candidate corpus: index it
   with `index_candidates(ids, embeddings)` (`corpus_index`, a fixed-size
   variable `[V, K]`, V = the candidate id feature's vocabulary, so it works
-  inside `tf.function` and `strategy.run`), then `compute_loss(...,
-  training=False)` updates `hit_rates` (top-1/5/10/50/100) against it,
-  leaving out each query's seen candidates when the batch carries them.
+  inside `tf.function` and `strategy.run`), then `per_example_loss(...,
+  training=False)` (or `compute_loss`) updates `hit_rates`
+  (top-1/5/10/50/100) against it, leaving out each query's seen candidates
+  when the batch carries them.
 
   Subclasses implement `query_embeddings` and `candidate_embeddings`.
   """
@@ -233,26 +234,22 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     of (`InBatchSoftmax.weighted_sampling_probability`)."""
     return self.retrieval_task.weighted_sampling_probability(features)
 
-  def compute_loss(
+  def per_example_loss(
     self,
     activations: Mapping[str, tf.Tensor],
     features: Mapping[str, tf.Tensor] | None = None,
     labels: tf.Tensor | None = None,
     training: bool = True,
-    global_batch_size: int | None = None,
     sample_weight: tf.Tensor | None = None,
     compute_metrics: bool | None = None,
-    mask: tf.Tensor | None = None,
-    include_regularization: bool = True,
   ) -> tf.Tensor:
-    """The in-batch softmax loss, per replica (`recsys.models.base`).
+    """The in-batch softmax loss of each query `[B]` (`recsys.models.base`).
 
     Row i's candidate is the positive of query i; the other rows' candidates
     are its negatives: those of the whole global batch (every replica's),
     or of this replica's batch only with `cross_replica_negatives=False`.
-    The loss itself is `retrieval_task`'s, from what a loss needs; this
-    turns the loop's arguments (the global batch size, the padding mask,
-    the evaluation switches) into those and updates `hit_rates`.
+    The loss itself is `retrieval_task`'s; this turns the batch into what
+    it needs and updates `hit_rates`.
 
     Args:
       activations: feature name -> activation, query and candidate features.
@@ -260,19 +257,17 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
         "candidate_sampling_probability" `[B]`).
       labels: ignored (retrieval labels are all ones).
       training: passed to the layers.
-      global_batch_size: examples in the global batch (all replicas).
-      sample_weight: optional `[B]` query weights.
+      sample_weight: optional `[B]` query weights; a row weighted 0 (a
+        padded eval batch's padding) is left out: no query that counts and
+        no in-batch negative.
       compute_metrics: update the corpus hit rates (default: not training);
         needs `index_candidates` first. When the batch carries
         `features["seen_candidate_ids"]` (`recsys.models.seen_items`), each
         query's seen candidates are left out of its ranking (never its
         true candidate).
-      mask: optional `[B]` 1/0: rows with 0 are padding (a padded eval
-        batch): neither queries that count nor in-batch negatives.
-      include_regularization: add the regularization term.
 
     Returns:
-      Scalar loss.
+      `[B]` weighted losses.
 
     Raises:
       FeatureMismatchError: log-Q correction without sampling probabilities.
@@ -293,14 +288,14 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     c = self.candidate_embeddings(activations, features, training=training)
     probability = self.retrieval_task.sampling_probability(features, q.dtype)
     ids = self.candidate_ids(features) if "categorical" in features else None
-    weight = masked_weight(sample_weight, mask, q.dtype)
+    weight = example_weights(sample_weight, q.dtype)
     per_example = self.retrieval_task.loss(
       q,
       c,
       ids,
       probability,
       sample_weight=weight,
-      valid=None if mask is None else tf.reshape(mask, [-1]) > 0,
+      valid=None if weight is None else weight > 0,
     )
     if compute_metrics:  # this replica's queries against the whole corpus
       self.hit_rates.update_state(
@@ -310,9 +305,7 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
         sample_weight=weight,
         exclusions=seen_items.exclusions_of(features),
       )
-    return self._replica_loss(
-      per_example, global_batch_size, include_regularization
-    )
+    return per_example
 
   @property
   def cross_replica_negatives(self) -> bool:

@@ -16,7 +16,7 @@ from recsys._keras import keras
 from recsys.feature_spec import FeatureSpec
 from recsys.models import layers as model_layers
 from recsys.models import retrieval_negatives
-from recsys.models.base import average_loss, masked_weight
+from recsys.models.base import example_weights
 from recsys.models.errors import ModelConfigError
 from recsys.models.retrieval import DEFAULT_KS, RetrievalModel
 
@@ -229,19 +229,16 @@ class TwoTower(RetrievalModel):
     """The training softmax's negatives: "in_batch", "corpus" or "mixed"."""
     return self._negatives
 
-  def compute_loss(
+  def per_example_loss(
     self,
     activations: Mapping[str, tf.Tensor],
     features: Mapping[str, tf.Tensor] | None = None,
     labels: tf.Tensor | None = None,
     training: bool = True,
-    global_batch_size: int | None = None,
     sample_weight: tf.Tensor | None = None,
     compute_metrics: bool | None = None,
-    mask: tf.Tensor | None = None,
-    include_regularization: bool = True,
   ) -> tf.Tensor:
-    """The loss of `RetrievalModel.compute_loss`, with `negatives` in training.
+    """`RetrievalModel.per_example_loss`, with `negatives` in training.
 
     With "corpus" or "mixed" a training step adds to the in-batch loss a
     softmax over the bank's corpus rows (`recsys.models.retrieval_negatives`;
@@ -249,16 +246,13 @@ class TwoTower(RetrievalModel):
     embeddings in `candidate_bank` for the next steps. Evaluation
     (training=False) and "in_batch" use the in-batch task and its metrics.
     """
-    in_batch = super().compute_loss(
+    in_batch = super().per_example_loss(
       activations,
       features,
       labels,
       training=training,
-      global_batch_size=global_batch_size,
       sample_weight=sample_weight,
       compute_metrics=compute_metrics,
-      mask=mask,
-      include_regularization=include_regularization,
     )
     if not training or self.candidate_bank is None:
       return in_batch
@@ -277,7 +271,8 @@ class TwoTower(RetrievalModel):
       probability = None
       if self.retrieval_task.logq_weight:
         probability = self.weighted_sampling_probability(features)
-      valid = None if mask is None else tf.reshape(mask, [-1]) > 0
+      weight = example_weights(sample_weight, c.dtype)
+      valid = None if weight is None else weight > 0
       c_all, ids_all, probability, valid = self.in_batch_candidates(
         c, ids, probability, valid
       )
@@ -295,7 +290,7 @@ class TwoTower(RetrievalModel):
         valid=valid,
       )
     self.candidate_bank.store(table, filled)
-    weight = masked_weight(sample_weight, mask, per_example.dtype)
+    weight = example_weights(sample_weight, per_example.dtype)
     if weight is not None:
-      per_example *= tf.reshape(weight, [-1])
-    return in_batch + average_loss(per_example, global_batch_size)
+      per_example *= weight
+    return in_batch + per_example

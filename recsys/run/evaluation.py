@@ -91,16 +91,11 @@ class Evaluator:
     features, labels, mask = batch
     ids, weights = split_batch((features, labels), self._names)
     acts = self._backend_lookup(ids, weights, training=False)
-    loss_sum = self.run.model.compute_loss(
-      acts,
-      features,
-      labels,
-      training=False,
-      global_batch_size=1,
-      mask=mask,
-      include_regularization=False,
+    # The mask is the examples' weight: padding rows weigh 0.
+    per_example = self.run.model.per_example_loss(
+      acts, features, labels, training=False, sample_weight=mask
     )
-    self.eval_loss_sum.update_state(loss_sum)
+    self.eval_loss_sum.update_state(tf.reduce_sum(per_example))
     self.eval_examples.update_state(tf.reduce_sum(tf.cast(mask > 0, tf.int64)))
 
   def _replicated_loop(self, dataset) -> None:

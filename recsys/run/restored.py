@@ -300,8 +300,7 @@ class RestoredRun:
   def eval_batch_size(self) -> int:
     """Examples per evaluation batch (`eval_batch_size`, or the global
     batch size when None)."""
-    st = self.settings
-    return int(st.eval_batch_size or st.global_batch_size)
+    return settings_lib.eval_batch_size(self.settings)
 
   @property
   def is_retrieval(self) -> bool:

@@ -1,4 +1,5 @@
-"""Training: strategy, compiled step loops, the Trainer, the gin entry point."""
+"""Training: compiled step loops, the controller, the Trainer, and `train`
+(a gin-configured run trained, evaluated, restored or built)."""
 
 from recsys.run import schedules
 from recsys.run.strategy import StrategyError, make_strategy

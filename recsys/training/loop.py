@@ -6,8 +6,8 @@ so the per-call overhead is paid once per loop, not per step. Inside a step
 the embedding backend and the dense optimizer are explicit:
 
     acts = backend.lookup(categorical, weights, training=True)   # in the tape
-    loss = model.compute_loss(acts, features, labels, training=True,
-                              global_batch_size=GB)
+    per_example = model.per_example_loss(acts, features, labels, training=True)
+    loss = replica_loss(model, per_example, GB)  # this replica's share
     dense_optimizer.apply_gradients(zip(dense_grads, model.trainable_variables))
     backend.apply_gradients(activation_grads)
 
@@ -20,6 +20,7 @@ before that step and the trainer reports it without saving anything.
 from typing import Any
 
 from recsys._keras import keras, tf
+from recsys.models import base as model_base
 from recsys.serving_lookup import split_batch
 
 NONFINITE_POLICIES = ("stop", "skip")
@@ -52,7 +53,7 @@ class StepFunctions:
 
   Args:
     strategy: the run's strategy.
-    model: a ranking or retrieval model (`compute_loss`, `metrics`).
+    model: a ranking or retrieval model (`per_example_loss`, `metrics`).
     backend: a built embedding backend.
     dense_optimizer: a Keras optimizer for `model.trainable_variables`.
     global_batch_size: examples per step over all replicas.
@@ -161,12 +162,12 @@ class StepFunctions:
     with tf.GradientTape() as tape:
       acts = self._lookup(batch, training=True)
       tape.watch(acts)
-      loss = self._model.compute_loss(
-        acts,
-        features,
-        labels,
-        training=True,
-        global_batch_size=self._global_batch_size,
+      per_example = self._model.per_example_loss(
+        acts, features, labels, training=True
+      )
+      # The replica's share: summed over replicas, the global batch's mean.
+      loss = model_base.replica_loss(
+        self._model, per_example, self._global_batch_size
       )
     dense_grads, act_grads = tape.gradient(loss, (variables, acts))
     act_grads = _zeros_for_none(act_grads, acts)

@@ -105,8 +105,7 @@ class Trainer:
   during a save) loses at most the steps since the last one.
   """
 
-  # The settings the methods read as attributes, set by `_store_settings`
-  # from the fields declared with `trainer=` (a test keeps both the same).
+  # The settings the loop reads as attributes, set by `_store_settings`.
   allow_changed_settings: bool
   global_batch_size: int
   eval_batch_size: int
@@ -155,13 +154,20 @@ class Trainer:
   # -- construction steps ----------------------------------------------------
 
   def _store_settings(self, st: TrainSettings) -> None:
-    """The settings the methods read, as attributes (normalized).
-
-    Which, and how normalized, is declared with each setting
-    (`settings.trainer_attributes`); the class annotations above type them.
-    """
-    for name, value in settings_lib.trainer_attributes(st).items():
-      setattr(self, name, value)
+    """The settings the loop and its callers read, as attributes,
+    normalized (gin may bind a float or None where an int is meant); the
+    others are read from `self.settings` where they are used."""
+    self.global_batch_size = int(st.global_batch_size)
+    self.eval_batch_size = settings_lib.eval_batch_size(st)  # None: global
+    self.train_steps = int(st.train_steps)
+    self.steps_per_loop = max(1, int(st.steps_per_loop))
+    self.eval_every = int(st.eval_every or 0)  # 0: only at the end
+    self.eval_steps = st.eval_steps  # None: the whole eval set
+    self.checkpoint_every = int(st.checkpoint_every or 0)  # 0: at the end
+    self.seed = st.seed
+    self.progress_bar = st.progress_bar
+    self.allow_changed_settings = bool(st.allow_changed_settings)
+    self.exclude_seen = bool(st.exclude_seen)
 
   def _take_parts(self, run: restored_lib.RestoredRun) -> None:
     """The restored run's objects under the names the Trainer's methods

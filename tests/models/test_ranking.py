@@ -14,6 +14,7 @@ from recsys.models import (
   FeatureMismatchError,
   ModelConfigError,
 )
+from recsys.models.base import replica_loss
 from tests.conftest import mirrored_strategy
 from tests.models import reference
 
@@ -159,8 +160,8 @@ def test_bce_loss_global_batch_scaling_and_metrics():
   loss = model.compute_loss(acts, features, labels).numpy()
   np.testing.assert_allclose(loss, per_example.mean(), rtol=1e-5)
   # Per-replica convention: sum / GLOBAL batch size.
-  loss = model.compute_loss(
-    acts, features, labels, global_batch_size=256
+  loss = replica_loss(
+    model, model.per_example_loss(acts, features, labels), 256
   ).numpy()
   np.testing.assert_allclose(loss, per_example.sum() / 256, rtol=1e-5)
   results = {m.name: m.result().numpy() for m in model.metrics}
@@ -181,8 +182,10 @@ def test_sample_weight_and_regularization():
   )
   acts, features, labels = _batch()
   weights = np.array([1.0, 0.0, 2.0, 0.5, 1.0], np.float32)
-  loss = model.compute_loss(
-    acts, features, labels, global_batch_size=B, sample_weight=weights
+  loss = replica_loss(
+    model,
+    model.per_example_loss(acts, features, labels, sample_weight=weights),
+    B,
   ).numpy()
   per_example = reference.bce_with_logits(
     labels, model.logits(acts, features).numpy()
@@ -345,7 +348,7 @@ def test_replicas_sum_to_global_mean(strategy):
   @tf.function
   def step(inputs):
     def replica_fn(a, f, y):
-      return model.compute_loss(a, f, y, global_batch_size=global_batch)
+      return replica_loss(model, model.per_example_loss(a, f, y), global_batch)
 
     return strategy.reduce(
       "SUM", strategy.run(replica_fn, args=inputs), axis=None
@@ -369,8 +372,8 @@ def test_two_replicas_match_one_replica_gradients():
   single = DLRM(SPECS, num_dense=3, bottom_mlp=(7,), top_mlp=(9,))
   single.create_variables({"user": 7, "item": 7, "tags": 7})
   with tf.GradientTape() as tape:
-    loss = single.compute_loss(
-      acts, features, labels, global_batch_size=global_batch
+    loss = replica_loss(
+      single, single.per_example_loss(acts, features, labels), global_batch
     )
   expected = [
     g.numpy() for g in tape.gradient(loss, single.trainable_variables)
@@ -396,7 +399,9 @@ def test_two_replicas_match_one_replica_gradients():
   def step(inputs):
     def replica_fn(a, f, y):
       with tf.GradientTape() as tape:
-        loss = model.compute_loss(a, f, y, global_batch_size=global_batch)
+        loss = replica_loss(
+          model, model.per_example_loss(a, f, y), global_batch
+        )
       return tape.gradient(loss, model.trainable_variables)
 
     grads = strategy.run(replica_fn, args=inputs)

@@ -54,7 +54,9 @@ def test_padding_rows_are_no_query_and_no_negative():
   np.testing.assert_array_equal(per_query[~valid], 0.0)
 
 
-def test_the_model_wires_the_mask_into_the_task_and_the_loop_convention():
+def test_a_padding_row_weighted_0_is_no_query_and_no_negative():
+  """The evaluation loop passes its padding mask as the example weights:
+  rows weighted 0 count neither as queries nor as in-batch negatives."""
   model = _model()
   acts, features = _batch(item_ids=[3, 7, 3, 1, 4])
   mask = np.array([1, 0, 1, 1, 0], np.float32)
@@ -67,16 +69,15 @@ def test_the_model_wires_the_mask_into_the_task_and_the_loop_convention():
     ids=features["categorical"]["item"][valid],
     temperature=0.1,  # TwoTower's default
   )
-  loss = model.compute_loss(  # as the loop's evaluation step calls it
+  per_example = model.per_example_loss(  # as the evaluation step calls it
     acts,
     features,
     training=False,
     compute_metrics=False,
-    mask=mask,
-    global_batch_size=1,
-    include_regularization=False,
+    sample_weight=mask,
   ).numpy()
-  np.testing.assert_allclose(loss, expected.sum(), rtol=1e-5)
+  np.testing.assert_allclose(per_example.sum(), expected.sum(), rtol=1e-5)
+  assert (per_example[~valid] == 0).all()
 
 
 def test_the_model_composes_its_index_hit_rates_and_exclusion():

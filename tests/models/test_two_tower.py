@@ -17,6 +17,7 @@ from recsys.models import (
   popularity_hit_rates,
   scann_available,
 )
+from recsys.models.base import replica_loss
 from tests.models import reference
 
 B = 5
@@ -102,7 +103,9 @@ def test_in_batch_softmax_loss_matches_numpy(temperature, logq, remove_hits):
     else None,
     logq_weight=float(logq),
   )
-  loss = model.compute_loss(acts, features, global_batch_size=4 * B).numpy()
+  loss = replica_loss(
+    model, model.per_example_loss(acts, features), 4 * B
+  ).numpy()
   np.testing.assert_allclose(loss, expected.sum() / (4 * B), rtol=1e-5)
 
 

@@ -8,6 +8,7 @@ import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from recsys._keras import keras
 from recsys.models import ModelConfigError, TwoTower
 from recsys.models import retrieval_negatives as rn
+from recsys.models.base import replica_loss
 from tests.models import reference
 from tests.models.test_two_tower import B, _batch, _model
 
@@ -117,7 +118,7 @@ def test_two_tower_corpus_loss_uses_the_bank_and_fills_it():
   want = _corpus_reference(q, ids, table, filled, 0.3) + (
     reference.in_batch_softmax_loss(q, c, ids=ids, temperature=0.3)
   )
-  loss = model.compute_loss(acts, features, global_batch_size=2 * B)
+  loss = replica_loss(model, model.per_example_loss(acts, features), 2 * B)
   np.testing.assert_allclose(loss.numpy(), want.sum() / (2 * B), rtol=1e-5)
   np.testing.assert_allclose(
     model.candidate_bank.embeddings.numpy()[ids], table[ids], rtol=1e-6
@@ -132,7 +133,7 @@ def test_two_tower_mixed_loss_masks_copies_of_the_positive():
   """With every row a copy of the positive, every negative is masked."""
   model = _model(negatives="mixed", num_sampled_negatives=8)
   acts, features = _batch(item_ids=[4, 4, 4, 4, 4])
-  loss = model.compute_loss(acts, features, global_batch_size=B).numpy()
+  loss = replica_loss(model, model.per_example_loss(acts, features), B).numpy()
   # Only id 4 is filled, so every negative is an accidental hit: loss 0.
   np.testing.assert_allclose(loss, 0.0, atol=1e-6)
 
@@ -247,7 +248,7 @@ def test_corpus_loss_compiles_with_xla_like_the_eager_loss(negatives):
 
     @tf.function(jit_compile=jit)
     def loss(acts, features):
-      return model.compute_loss(acts, features, global_batch_size=2 * B)
+      return replica_loss(model, model.per_example_loss(acts, features), 2 * B)
 
     value = loss(acts, features).numpy()
     results.append((value, bank.embeddings.numpy(), bank.filled.numpy()))
@@ -340,7 +341,7 @@ def test_two_tower_corpus_negatives_train_on_two_replicas(negatives):
   @tf.function
   def step(acts, features):
     return strategy.run(
-      lambda a, f: model.compute_loss(a, f, global_batch_size=6),
+      lambda a, f: replica_loss(model, model.per_example_loss(a, f), 6),
       args=(acts, features),
     )
 

@@ -13,6 +13,7 @@ import backends
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from recsys.feature_spec import FeatureSpec
 from recsys.models import DLRM, TwoTower
+from recsys.models.base import replica_loss
 from tests.conftest import mirrored_strategy
 
 embedding = tf.tpu.experimental.embedding
@@ -99,8 +100,8 @@ def _train_one_step(strategy, model_fn, data):
       with tf.GradientTape() as tape:
         acts = backend.lookup(features["categorical"], weights, training=True)
         tape.watch(acts)
-        loss = model.compute_loss(
-          acts, features, labels, global_batch_size=GLOBAL_BATCH
+        loss = replica_loss(
+          model, model.per_example_loss(acts, features, labels), GLOBAL_BATCH
         )
       variables = model.trainable_variables
       grads, act_grads = tape.gradient(loss, (variables, acts))

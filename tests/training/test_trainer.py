@@ -16,6 +16,7 @@ from recsys.features import EmbeddingSettings
 from recsys.models import DLRM
 from recsys.planning import EmbeddingPlacement
 from recsys.run import schedules
+from recsys.run.configured import configured_run
 from recsys.run_folder import run_configs
 from recsys.train_settings import TrainSettings
 from recsys.training import Trainer, TrainerConfigError, train
@@ -205,8 +206,9 @@ def test_warmup_poly_decay_matches_formula():
 def test_train_parameters_are_the_settings_and_its_own_objects():
   """Every `TrainSettings` field is a `train.*` parameter, same default, and
   declares its kind; the lists derived from the declaration name only
-  `train` parameters (a setting, or one of `train`'s own named there)."""
-  params = inspect.signature(train).parameters
+  `train` parameters (a setting, or one of `train`'s own named there).
+  Gin's `train` is `recsys.run.configured.configured_run`."""
+  params = inspect.signature(configured_run).parameters
   fields = {f.name: f.default for f in dataclasses.fields(TrainSettings)}
   own = {"model_dir", "data", "model", "eval_data", "tpu", "num_cpu_replicas"}
   assert set(params) - own - {"strategy", "action"} == set(fields)

@@ -3,11 +3,12 @@
 One epoch of iALS (`recsys.models.ials.ImplicitALS`) is two halves: every
 user row solved from the items, then every item row from the users. Each
 batch holds DISTINCT rows of one side (`ials_side` 0: users, 1: items; -1:
-padding) with their whole history on the other side, and a slice of the
-other side's whole table (`*_corpus`: row b of a batch of B holds ids
-[b C, (b + 1) C), C = ceil(rows / B)), so the batch as a whole (over every
-replica) looks up the full table whose Gramian the solves need. Every
-feature is a ragged sequence except the one-hot `user` and `item` ids;
+padding) with their whole history on the other side, and the other side's
+whole table in slices (`ials_*_corpus`: row b of a batch holds ids
+[b C, (b + 1) C), C the spec's `sequence_length`), so each batch (each
+replica's, on several replicas) looks up the full table whose Gramian its
+solves need. Every feature is a ragged sequence except the one-hot user
+and item ids (named after the source's: "user" and "item" by default);
 the side not being solved carries id 0 and gets a zero gradient.
 
 Example:
@@ -26,8 +27,8 @@ from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
 
 USER, ITEM = "user", "item"
-USER_HISTORY, ITEM_HISTORY = "user_history", "item_history"
-USER_CORPUS, ITEM_CORPUS = "user_corpus", "item_corpus"
+USER_HISTORY, ITEM_HISTORY = "ials_user_history", "ials_item_history"
+USER_CORPUS, ITEM_CORPUS = "ials_user_corpus", "ials_item_corpus"
 SIDE = "ials_side"
 USER_SIDE, ITEM_SIDE, PADDING = 0, 1, -1
 
@@ -62,39 +63,44 @@ def unique_pairs(
   return pairs
 
 
+def corpus_width(rows: int, batch_size: int) -> int:
+  """Ids per batch row that spread a table of `rows` over `batch_size` rows."""
+  return math.ceil(rows / batch_size)
+
+
 def feature_specs(
-  pairs: np.ndarray, num_user_rows: int, num_item_rows: int, batch_size: int
+  pairs: np.ndarray,
+  num_user_rows: int,
+  num_item_rows: int,
+  batch_size: int,
+  user: str = USER,
+  item: str = ITEM,
 ) -> list:
-  """The six features of `epoch_batches` (tables "user" and "item")."""
+  """The six features of `epoch_batches` (tables named after `user` and
+  `item`, the one-hot id features); `batch_size` per replica."""
   pairs = unique_pairs(pairs, num_user_rows, num_item_rows)
   longest_user = int(np.bincount(pairs[:, 0], minlength=1).max(initial=1))
   longest_item = int(np.bincount(pairs[:, 1], minlength=1).max(initial=1))
   return [
-    FeatureSpec(USER, num_user_rows, table=USER),
-    FeatureSpec(ITEM, num_item_rows, table=ITEM),
+    FeatureSpec(user, num_user_rows, table=user),
+    FeatureSpec(item, num_item_rows, table=item),
     FeatureSpec(
-      USER_HISTORY,
-      num_item_rows,
-      sequence_length=max(longest_user, 1),
-      table=ITEM,
+      USER_HISTORY, num_item_rows, sequence_length=longest_user, table=item
     ),
     FeatureSpec(
-      ITEM_HISTORY,
-      num_user_rows,
-      sequence_length=max(longest_item, 1),
-      table=USER,
+      ITEM_HISTORY, num_user_rows, sequence_length=longest_item, table=user
     ),
     FeatureSpec(
       ITEM_CORPUS,
       num_item_rows,
-      sequence_length=math.ceil(num_item_rows / batch_size),
-      table=ITEM,
+      sequence_length=corpus_width(num_item_rows, batch_size),
+      table=item,
     ),
     FeatureSpec(
       USER_CORPUS,
       num_user_rows,
-      sequence_length=math.ceil(num_user_rows / batch_size),
-      table=USER,
+      sequence_length=corpus_width(num_user_rows, batch_size),
+      table=user,
     ),
   ]
 
@@ -108,7 +114,7 @@ def _ragged(rows: list) -> tf.RaggedTensor:
 
 
 def _corpus_slices(size: int, batch_size: int) -> list:
-  width = math.ceil(size / batch_size)
+  width = corpus_width(size, batch_size)
   return [
     np.arange(b * width, min((b + 1) * width, size)) for b in range(batch_size)
   ]
@@ -121,6 +127,8 @@ def half_batch(
   num_user_rows: int,
   num_item_rows: int,
   batch_size: int,
+  user: str = USER,
+  item: str = ITEM,
 ) -> tuple[dict, tf.Tensor]:
   """One batch `(features, labels)` solving `rows` of `side` (padded to
   `batch_size`); `histories[r]` the other side's ids row r observed.
@@ -141,40 +149,43 @@ def half_batch(
   pad = batch_size - len(rows)
   ids = np.concatenate([rows, np.zeros(pad, np.int64)])
   zeros = np.zeros(batch_size, np.int64)
-  history = [histories[r] for r in rows] + [[]] * pad
-  empty: list = [[]] * batch_size
+  history = _ragged([histories[r] for r in rows] + [[]] * pad)
+  empty = _ragged([[]] * batch_size)
   sides = np.array([side] * len(rows) + [PADDING] * pad, np.int32)
-  if side == USER_SIDE:
-    categorical = {
-      USER: ids,
-      ITEM: zeros,
-      USER_HISTORY: _ragged(history),
-      ITEM_HISTORY: _ragged(empty),
-      ITEM_CORPUS: _ragged(_corpus_slices(num_item_rows, batch_size)),
-      USER_CORPUS: _ragged(empty),
-    }
-  else:
-    categorical = {
-      USER: zeros,
-      ITEM: ids,
-      USER_HISTORY: _ragged(empty),
-      ITEM_HISTORY: _ragged(history),
-      ITEM_CORPUS: _ragged(empty),
-      USER_CORPUS: _ragged(_corpus_slices(num_user_rows, batch_size)),
-    }
+  solving_users = side == USER_SIDE
   categorical = {
-    k: v if isinstance(v, tf.RaggedTensor) else tf.constant(v)
-    for k, v in categorical.items()
+    user: tf.constant(ids if solving_users else zeros),
+    item: tf.constant(zeros if solving_users else ids),
+    USER_HISTORY: history if solving_users else empty,
+    ITEM_HISTORY: empty if solving_users else history,
+    ITEM_CORPUS: _ragged(_corpus_slices(num_item_rows, batch_size))
+    if solving_users
+    else empty,
+    USER_CORPUS: empty
+    if solving_users
+    else _ragged(_corpus_slices(num_user_rows, batch_size)),
   }
   features = {"categorical": categorical, SIDE: tf.constant(sides)}
   return features, tf.zeros([batch_size], tf.float32)
 
 
 def epoch_batches(
-  pairs: np.ndarray, num_user_rows: int, num_item_rows: int, batch_size: int
+  pairs: np.ndarray,
+  num_user_rows: int,
+  num_item_rows: int,
+  batch_size: int,
+  user: str = USER,
+  item: str = ITEM,
+  steps_multiple: int = 1,
 ) -> Iterator[tuple[dict, tf.Tensor]]:
   """One epoch: every user row 0..num_user_rows-1 in batches, then every
-  item row (rows without pairs solve to zeros, as in the NumPy iALS)."""
+  item row (rows without pairs solve to zeros, as in the NumPy iALS).
+
+  Each half is padded with all-padding batches to a multiple of
+  `steps_multiple` batches: with R replicas fed consecutive batches, pass
+  R so no step mixes a user batch with an item batch (an item solve must
+  see the users of the finished half).
+  """
   pairs = unique_pairs(pairs, num_user_rows, num_item_rows)
   by_user = _histories(pairs[:, 0], pairs[:, 1], num_user_rows)
   by_item = _histories(pairs[:, 1], pairs[:, 0], num_item_rows)
@@ -182,8 +193,17 @@ def epoch_batches(
     (USER_SIDE, num_user_rows, by_user),
     (ITEM_SIDE, num_item_rows, by_item),
   ):
-    for start in range(0, size, batch_size):
+    starts = list(range(0, size, batch_size))
+    starts += [size] * (-len(starts) % steps_multiple)
+    for start in starts:
       rows = np.arange(start, min(start + batch_size, size))
       yield half_batch(
-        side, rows, histories, num_user_rows, num_item_rows, batch_size
+        side,
+        rows,
+        histories,
+        num_user_rows,
+        num_item_rows,
+        batch_size,
+        user,
+        item,
       )

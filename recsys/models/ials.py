@@ -10,11 +10,11 @@ embedding optimizer plain SGD at learning rate 1, the loss
 
 has gradient e_r - solve_r at row r's activation, so the update sets each
 row to its solved value (`recsys.models.ials_solve`). A batch holds
-DISTINCT rows of one side with their histories and a slice of the other
-side's table (`recsys.data.ials_batches`); the slices' Gramians summed
-over the batch and the replicas are the whole table's. Everything the
-batch looks up on the other side gets a zero gradient, so SGD leaves it
-as it is. Row-sharded or replicated tables, any number of replicas.
+DISTINCT rows of one side with their histories and the other side's
+whole table in slices (`recsys.data.ials_batches`), whose Gramian the
+solves share. Everything the batch looks up on the other side gets a zero
+gradient, so SGD leaves it as it is. Row-sharded or replicated tables, any
+number of replicas (each replica's batch reads the whole other table).
 """
 
 from collections.abc import Mapping, Sequence
@@ -191,15 +191,6 @@ class ImplicitALS(RetrievalModel):
     return self._row(activations, self._item)
 
   @tf.autograph.experimental.do_not_convert
-  def _whole_gramian(self, corpus: tf.Tensor) -> tf.Tensor:
-    """The Gramian of this replica's table slice, summed over replicas."""
-    gram = ials_solve.gramian(corpus)
-    ctx = tf.distribute.get_replica_context()
-    if ctx is not None and ctx.num_replicas_in_sync > 1:
-      gram = ctx.all_reduce(tf.distribute.ReduceOp.SUM, gram)
-    return gram
-
-  @tf.autograph.experimental.do_not_convert
   def _solved(
     self,
     features: Mapping[str, Any],
@@ -218,7 +209,7 @@ class ImplicitALS(RetrievalModel):
       counts, self._reg, self._alpha, self._w0, self._nu, corpus_size
     )
     return ials_solve.solve_rows(
-      self._whole_gramian(activations[corpus]),
+      ials_solve.gramian(activations[corpus]),
       activations[history],
       regularization,
       self._alpha,

@@ -3,13 +3,14 @@
 One epoch of iALS (`recsys.models.ials.ImplicitALS`) is two halves: every
 user row solved from the items, then every item row from the users. Each
 batch holds DISTINCT rows of one side (`ials_side` 0: users, 1: items; -1:
-padding) with their whole history on the other side, and the other side's
-whole table in slices (`ials_*_corpus`: row b of a batch holds ids
-[b C, (b + 1) C), C the spec's `sequence_length`), so each batch (each
-replica's, on several replicas) looks up the full table whose Gramian its
-solves need. Every feature is a ragged sequence except the one-hot user
-and item ids (named after the source's: "user" and "item" by default);
-the side not being solved carries id 0 and gets a zero gradient.
+padding; `ials_counts` their histories' lengths) with their whole history
+on the other side, and the other side's whole table in slices
+(`ials_*_corpus`: row b of a batch holds ids [b C, (b + 1) C), C the spec's
+`sequence_length`), so each batch (each replica's, on several replicas)
+looks up the full table whose Gramian its solves need. Every feature is a
+ragged sequence except the one-hot user and item ids (named after the
+source's: "user" and "item" by default); the side not being solved carries
+id 0 and gets a zero gradient.
 
 Example:
   >>> specs = feature_specs(pairs, num_user_rows=944, num_item_rows=1683,
@@ -30,6 +31,8 @@ USER, ITEM = "user", "item"
 USER_HISTORY, ITEM_HISTORY = "ials_user_history", "ials_item_history"
 USER_CORPUS, ITEM_CORPUS = "ials_user_corpus", "ials_item_corpus"
 SIDE = "ials_side"
+#: The number of observed pairs of each row (its history's length), `[B]`.
+COUNTS = "ials_counts"
 USER_SIDE, ITEM_SIDE, PADDING = 0, 1, -1
 
 
@@ -165,7 +168,13 @@ def half_batch(
     if solving_users
     else _ragged(_corpus_slices(num_user_rows, batch_size)),
   }
-  features = {"categorical": categorical, SIDE: tf.constant(sides)}
+  counts = np.zeros(batch_size, np.int64)
+  counts[: len(rows)] = [len(histories[r]) for r in rows]
+  features = {
+    "categorical": categorical,
+    SIDE: tf.constant(sides),
+    COUNTS: tf.constant(counts),
+  }
   return features, tf.zeros([batch_size], tf.float32)
 
 

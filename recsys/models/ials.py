@@ -199,14 +199,13 @@ class ImplicitALS(RetrievalModel):
     corpus: str,
     corpus_size: int,
   ) -> tf.Tensor:
-    ids = features["categorical"][history]
-    counts = (
-      ids.row_lengths()
-      if isinstance(ids, tf.RaggedTensor)
-      else tf.reduce_sum(tf.cast(ids >= 0, tf.int64), axis=-1)
-    )
     regularization = ials_solve.row_regularization(
-      counts, self._reg, self._alpha, self._w0, self._nu, corpus_size
+      tf.reshape(features[names.COUNTS], [-1]),
+      self._reg,
+      self._alpha,
+      self._w0,
+      self._nu,
+      corpus_size,
     )
     return ials_solve.solve_rows(
       ials_solve.gramian(activations[corpus]),
@@ -244,10 +243,14 @@ class ImplicitALS(RetrievalModel):
         mask=mask,
         include_regularization=include_regularization,
       )
-    if features is None or names.SIDE not in features:
+    missing = [
+      key for key in (names.SIDE, names.COUNTS) if key not in (features or {})
+    ]
+    if features is None or missing:
       raise ModelConfigError(
-        f"ImplicitALS: a training batch needs features[{names.SIDE!r}] "
-        "(which side each row solves: `recsys.data.ials_batches`)."
+        f"ImplicitALS: a training batch needs features {missing} (which "
+        "side each row solves, its history's length: "
+        "`recsys.data.ials_batches`)."
       )
     side = tf.reshape(features[names.SIDE], [-1])
     total = tf.constant(0.0)

@@ -17,6 +17,7 @@ gradient, so SGD leaves it as it is. Row-sharded or replicated tables, any
 number of replicas (each replica's batch reads the whole other table).
 """
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -270,10 +271,17 @@ class ImplicitALS(RetrievalModel):
         self._num_users,
       ),
     ):
+      weight = tf.cast(tf.equal(side, this_side), activations[row].dtype)
+      # A batch solves one side: the other's systems are skipped, not solved.
       solved = tf.stop_gradient(
-        self._solved(features, activations, history, corpus, size)
+        tf.cond(
+          tf.reduce_any(weight > 0),
+          functools.partial(
+            self._solved, features, activations, history, corpus, size
+          ),
+          functools.partial(tf.zeros_like, activations[row]),
+        )
       )
-      weight = tf.cast(tf.equal(side, this_side), solved.dtype)
       error = tf.reduce_sum(tf.square(activations[row] - solved), axis=-1)
       total += 0.5 * tf.reduce_sum(weight * error)
     return total

@@ -117,3 +117,25 @@ def test_ials_run_trains_resumes_evaluates_and_exports(tmp_path):
     scores[row, by_user[user] - 1] = -np.inf
   want = np.argsort(-scores, axis=1, kind="stable")[:, :10] + 1
   np.testing.assert_array_equal(got, want)
+
+
+def test_ials_run_refuses_an_embedding_optimizer_other_than_sgd_1(
+  tmp_path, capsys
+):
+  data_dir = movielens.write_ml100k_like(
+    str(tmp_path / "ml"), num_users=30, num_items=40, num_ratings=500
+  )
+  gin_file = os.path.join(config.EXPERIMENTS_DIR, "movielens_ials.gin")
+  flags = _bindings(data_dir, 2) + [
+    "--gin_bindings",
+    "embedding.SGD.learning_rate = 0.5",
+  ]
+  code = cli.main(
+    ["train", "--gin_file", gin_file, *flags, "--model_dir", str(tmp_path)]
+  )
+  gin.clear_config()
+  assert code == 2
+  err = capsys.readouterr().err
+  assert "ModelConfigError" in err and "has embedding optimizer" in err
+  assert "learning rate 1.0" in err
+  assert not os.path.exists(os.path.join(str(tmp_path), "checkpoints"))

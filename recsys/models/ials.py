@@ -34,8 +34,15 @@ from recsys.models.retrieval import DEFAULT_KS, RetrievalModel
 REQUIRED_LEARNING_RATE = 1.0
 
 
-def check_embedding_optimizer(feature_config: Mapping[str, Any]) -> None:
+def check_embedding_optimizer(
+  feature_config: Mapping[str, Any], default_optimizer: Any = None
+) -> None:
   """Refuses tables whose optimizer is not plain SGD at learning rate 1.
+
+  Args:
+    feature_config: feature name -> `FeatureConfig`.
+    default_optimizer: the optimizer of tables without their own (the
+      backend's default, `train.embedding_optimizer`).
 
   Raises:
     ModelConfigError: naming the table and its optimizer.
@@ -43,10 +50,12 @@ def check_embedding_optimizer(feature_config: Mapping[str, Any]) -> None:
   sgd = tf.tpu.experimental.embedding.SGD
   for name, feature in feature_config.items():
     table = feature.table
-    opt = table.optimizer
+    opt = table.optimizer or default_optimizer
+    rate: Any = getattr(opt, "learning_rate", None)
     plain = (
       isinstance(opt, sgd)
-      and float(opt.learning_rate) == REQUIRED_LEARNING_RATE
+      and not callable(rate)  # a schedule
+      and float(rate) == REQUIRED_LEARNING_RATE
       and not getattr(opt, "clip_weight_min", None)
       and not getattr(opt, "clip_weight_max", None)
       and not getattr(opt, "weight_decay_factor", None)
@@ -159,6 +168,12 @@ class ImplicitALS(RetrievalModel):
     self._num_items = by_name[self._item].vocabulary_size
     self._reg, self._alpha = float(reg), float(alpha)
     self._w0, self._nu = float(unobserved_weight), float(reg_exponent)
+
+  def check_tables(
+    self, feature_config: Mapping[str, Any], default_optimizer: Any = None
+  ) -> None:
+    """What a run checks before training: `check_embedding_optimizer`."""
+    check_embedding_optimizer(feature_config, default_optimizer)
 
   @tf.autograph.experimental.do_not_convert
   def _row(self, activations: Mapping[str, tf.Tensor], name: str) -> tf.Tensor:

@@ -88,7 +88,8 @@ class SeenItems:
     query_id_feature: str | None = None,
     batch_size: int = 8192,
   ) -> "SeenItems":
-    """The training split of a retrieval source, read once.
+    """The training split of a retrieval source, read once (or its
+    `training_pairs()`, where it has them: `recsys.data.ials_source`).
 
     Args:
       source: a retrieval `DataSource` with a finite training split.
@@ -100,6 +101,11 @@ class SeenItems:
       ModelConfigError: no query id feature, or an endless training split.
     """
     name = query_id_feature or query_id_feature_of(source)
+    vocab = {s.name: s.vocabulary_size for s in source.feature_specs}
+    pairs = getattr(source, "training_pairs", None)
+    if callable(pairs):  # a source whose batches are not (query, candidate)
+      queries, candidates = pairs()
+      return cls.from_pairs(queries, candidates, vocab.get(name))
     candidate = source.candidate_id_feature
     dataset = source.dataset(
       batch_size, training=True, repeat=False, drop_remainder=False
@@ -116,7 +122,6 @@ class SeenItems:
       categorical = features["categorical"]
       queries.append(np.reshape(categorical[name].numpy(), [-1]))
       candidates.append(np.reshape(categorical[candidate].numpy(), [-1]))
-    vocab = {s.name: s.vocabulary_size for s in source.feature_specs}
     return cls.from_pairs(
       np.concatenate(queries), np.concatenate(candidates), vocab.get(name)
     )

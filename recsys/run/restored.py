@@ -244,6 +244,9 @@ class RestoredRun:
       self.backend.build()
       self.model = model(**model_args.model_kwargs(model, self.source))
       self.model.create_variables(features_lib.dims(self.feature_config))
+      check_tables = getattr(self.model, "check_tables", None)
+      if callable(check_tables):  # a model that needs particular tables
+        check_tables(self.feature_config, self.embedding_optimizer)
       check_no_float16(self.model)
       self.dense_optimizer = dense_optimizer()
       self.dense_optimizer.build(self.model.trainable_variables)

@@ -1,0 +1,112 @@
+"""Seconds per epoch of ImplicitALS through an embedding backend.
+
+Writes the synthetic ml-100k-like files (`recsys.testing.movielens`; the
+real ml-100k is not needed), takes every (user, movie) rating as a positive
+pair, and trains `recsys.models.ials.ImplicitALS` the way a Trainer step
+does (lookup under a tape, the model's loss, the backend's SGD(1.0)
+update) in a compiled `tf.function` per batch. Prints the seconds of each
+epoch after a first, tracing one, the NumPy iALS's
+(`benchmarks/movielens_baselines.py`) seconds per epoch on the same
+pairs, and the largest difference between the two's tables from the same
+initial values.
+
+  PYTHONPATH=. python benchmarks/ials_timing.py --epochs 3 --dim 32
+"""
+
+import argparse
+import os
+import tempfile
+import time
+
+import numpy as np
+
+import backends
+import recsys  # noqa: F401  (Keras 2 before TensorFlow)
+from benchmarks import movielens_baselines as baselines
+from recsys import features as features_lib
+from recsys._keras import tf
+from recsys.data import ials_batches
+from recsys.models import ials
+from recsys.testing import movielens
+
+
+def _pairs(folder: str) -> tuple[np.ndarray, int, int]:
+  data = np.loadtxt(os.path.join(folder, "u.data"), dtype=np.int64)
+  return data[:, :2], int(data[:, 0].max()), int(data[:, 1].max())
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--epochs", type=int, default=3)
+  parser.add_argument("--dim", type=int, default=32)
+  parser.add_argument("--batch_size", type=int, default=256)
+  parser.add_argument("--reg", type=float, default=100.0)
+  parser.add_argument("--alpha", type=float, default=10.0)
+  args = parser.parse_args()
+
+  with tempfile.TemporaryDirectory() as folder:
+    pairs, num_users, num_items = _pairs(movielens.write_ml100k_like(folder))
+  users, items = num_users + 1, num_items + 1
+  specs = ials_batches.feature_specs(pairs, users, items, args.batch_size)
+  settings = features_lib.EmbeddingSettings(
+    dim=args.dim,
+    optimizer=tf.tpu.experimental.embedding.SGD(1.0),
+    initializer=tf.random_normal_initializer(0.0, 0.01, seed=0),
+  )
+  config = features_lib.feature_config(specs, settings)
+  ials.check_embedding_optimizer(config)
+  backend = backends.create(config, settings.optimizer, backend="tensorcore")
+  backend.build()
+  model = ials.ImplicitALS(specs, dim=args.dim, reg=args.reg, alpha=args.alpha)
+  names = list(config)
+
+  @tf.function
+  def step(features, labels):
+    with tf.GradientTape() as tape:
+      ids = {n: features["categorical"][n] for n in names}
+      acts = backend.lookup(ids, training=True)
+      tape.watch(acts)
+      loss = model.compute_loss(acts, features, labels)
+    backend.apply_gradients(tape.gradient(loss, acts))
+
+  batches = list(
+    ials_batches.epoch_batches(pairs, users, items, args.batch_size)
+  )
+  tables = {t.name: v for t, v in backend.embedding_tables.items()}
+  p0, q0 = tables["user"].numpy(), tables["item"].numpy()
+  seconds = []
+  for _ in range(args.epochs + 1):  # the first epoch traces
+    start = time.perf_counter()
+    for features, labels in batches:
+      step(features, labels)
+    seconds.append(time.perf_counter() - start)
+
+  unique = ials_batches.unique_pairs(pairs, users, items)
+  by_user = baselines._rows_by_key(unique[:, 0], unique[:, 1], users)
+  by_item = baselines._rows_by_key(unique[:, 1], unique[:, 0], items)
+  p, q = p0, q0
+  start = time.perf_counter()
+  for _ in range(args.epochs + 1):
+    p = baselines._ials_half_step(q, by_user, args.reg, args.alpha)
+    q = baselines._ials_half_step(p, by_item, args.reg, args.alpha)
+  numpy_seconds = (time.perf_counter() - start) / (args.epochs + 1)
+  diff = max(
+    np.abs(tables["user"].numpy() - p).max(),
+    np.abs(tables["item"].numpy() - q).max(),
+  )
+  print(
+    f"synthetic ml-100k-like: {users} user rows, {items} item rows, "
+    f"{len(unique)} pairs, dim {args.dim}, batch {args.batch_size}, "
+    f"{len(batches)} steps per epoch"
+  )
+  print(f"first epoch (tracing): {seconds[0]:.2f} s")
+  print(
+    "ImplicitALS seconds per epoch: "
+    + ", ".join(f"{s:.2f}" for s in seconds[1:])
+  )
+  print(f"NumPy iALS seconds per epoch: {numpy_seconds:.2f}")
+  print(f"largest |table - NumPy| after {args.epochs + 1} epochs: {diff:.2e}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,218 @@
+"""The batches implicit ALS trains on: distinct rows with their full histories.
+
+One epoch of iALS (`recsys.models.ials.ImplicitALS`) is two halves: every
+user row solved from the items, then every item row from the users. Each
+batch holds DISTINCT rows of one side (`ials_side` 0: users, 1: items; -1:
+padding; `ials_counts` their histories' lengths) with their whole history
+on the other side, and the other side's whole table in slices
+(`ials_*_corpus`: row b of a batch holds ids [b C, (b + 1) C), C the spec's
+`sequence_length`), so each batch (each replica's, on several replicas)
+looks up the full table whose Gramian its solves need. Every feature is a
+ragged sequence except the one-hot user and item ids (named after the
+source's: "user" and "item" by default); the side not being solved carries
+id 0 and gets a zero gradient.
+
+Example:
+  >>> specs = feature_specs(pairs, num_user_rows=944, num_item_rows=1683,
+  ...                       batch_size=256)
+  >>> for features, labels in epoch_batches(pairs, 944, 1683, 256): ...
+"""
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+
+from recsys._keras import tf
+from recsys.errors import SettingsError
+from recsys.feature_spec import FeatureSpec
+
+USER, ITEM = "user", "item"
+USER_HISTORY, ITEM_HISTORY = "ials_user_history", "ials_item_history"
+USER_CORPUS, ITEM_CORPUS = "ials_user_corpus", "ials_item_corpus"
+SIDE = "ials_side"
+#: The number of observed pairs of each row (its history's length), `[B]`.
+COUNTS = "ials_counts"
+USER_SIDE, ITEM_SIDE, PADDING = 0, 1, -1
+
+
+class IALSBatchError(SettingsError):
+  """Pairs or a batch that iALS cannot train on (ids out of range,
+  duplicate rows in a batch)."""
+
+
+def _histories(keys: np.ndarray, values: np.ndarray, size: int) -> list:
+  order = np.argsort(keys, kind="stable")
+  bounds = np.searchsorted(keys[order], np.arange(size + 1))
+  return [values[order[a:b]] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def unique_pairs(
+  pairs: np.ndarray, num_user_rows: int, num_item_rows: int
+) -> np.ndarray:
+  """The distinct (user, item) pairs `[n, 2]` int64, checked in range."""
+  pairs = np.unique(np.asarray(pairs, np.int64).reshape(-1, 2), axis=0)
+  for column, size, name in (
+    (0, num_user_rows, USER),
+    (1, num_item_rows, ITEM),
+  ):
+    if len(pairs) and (
+      pairs[:, column].min() < 0 or pairs[:, column].max() >= size
+    ):
+      raise IALSBatchError(
+        f"iALS pairs: {name} ids must be in [0, {size}), got "
+        f"[{pairs[:, column].min()}, {pairs[:, column].max()}]."
+      )
+  return pairs
+
+
+def corpus_width(rows: int, batch_size: int) -> int:
+  """Ids per batch row that spread a table of `rows` over `batch_size` rows."""
+  return math.ceil(rows / batch_size)
+
+
+def feature_specs(
+  pairs: np.ndarray,
+  num_user_rows: int,
+  num_item_rows: int,
+  batch_size: int,
+  user: str = USER,
+  item: str = ITEM,
+) -> list:
+  """The six features of `epoch_batches` (tables named after `user` and
+  `item`, the one-hot id features); `batch_size` per replica."""
+  pairs = unique_pairs(pairs, num_user_rows, num_item_rows)
+  longest_user = int(np.bincount(pairs[:, 0], minlength=1).max(initial=1))
+  longest_item = int(np.bincount(pairs[:, 1], minlength=1).max(initial=1))
+  return [
+    FeatureSpec(user, num_user_rows, table=user),
+    FeatureSpec(item, num_item_rows, table=item),
+    FeatureSpec(
+      USER_HISTORY, num_item_rows, sequence_length=longest_user, table=item
+    ),
+    FeatureSpec(
+      ITEM_HISTORY, num_user_rows, sequence_length=longest_item, table=user
+    ),
+    FeatureSpec(
+      ITEM_CORPUS,
+      num_item_rows,
+      sequence_length=corpus_width(num_item_rows, batch_size),
+      table=item,
+    ),
+    FeatureSpec(
+      USER_CORPUS,
+      num_user_rows,
+      sequence_length=corpus_width(num_user_rows, batch_size),
+      table=user,
+    ),
+  ]
+
+
+def _ragged(rows: list) -> tf.RaggedTensor:
+  lengths = np.array([len(r) for r in rows], np.int64)
+  values = np.concatenate(
+    [np.asarray(r, np.int64) for r in rows] + [np.zeros(0, np.int64)]
+  )
+  return tf.RaggedTensor.from_row_lengths(values, lengths)
+
+
+def _corpus_slices(size: int, batch_size: int) -> list:
+  width = corpus_width(size, batch_size)
+  return [
+    np.arange(b * width, min((b + 1) * width, size)) for b in range(batch_size)
+  ]
+
+
+def half_batch(
+  side: int,
+  rows: np.ndarray,
+  histories: list,
+  num_user_rows: int,
+  num_item_rows: int,
+  batch_size: int,
+  user: str = USER,
+  item: str = ITEM,
+) -> tuple[dict, tf.Tensor]:
+  """One batch `(features, labels)` solving `rows` of `side` (padded to
+  `batch_size`); `histories[r]` the other side's ids row r observed.
+
+  Raises:
+    IALSBatchError: more rows than the batch size, or a row twice.
+  """
+  rows = np.asarray(rows, np.int64)
+  if len(rows) > batch_size:
+    raise IALSBatchError(
+      f"iALS batch: {len(rows)} rows do not fit batch_size {batch_size}."
+    )
+  if len(np.unique(rows)) != len(rows):
+    raise IALSBatchError(
+      "iALS batch: a row appears twice; each step solves DISTINCT rows "
+      "(its update sets a row to its solution once)."
+    )
+  pad = batch_size - len(rows)
+  ids = np.concatenate([rows, np.zeros(pad, np.int64)])
+  zeros = np.zeros(batch_size, np.int64)
+  history = _ragged([histories[r] for r in rows] + [[]] * pad)
+  empty = _ragged([[]] * batch_size)
+  sides = np.array([side] * len(rows) + [PADDING] * pad, np.int32)
+  solving_users = side == USER_SIDE
+  categorical = {
+    user: tf.constant(ids if solving_users else zeros),
+    item: tf.constant(zeros if solving_users else ids),
+    USER_HISTORY: history if solving_users else empty,
+    ITEM_HISTORY: empty if solving_users else history,
+    ITEM_CORPUS: _ragged(_corpus_slices(num_item_rows, batch_size))
+    if solving_users
+    else empty,
+    USER_CORPUS: empty
+    if solving_users
+    else _ragged(_corpus_slices(num_user_rows, batch_size)),
+  }
+  counts = np.zeros(batch_size, np.int64)
+  counts[: len(rows)] = [len(histories[r]) for r in rows]
+  features = {
+    "categorical": categorical,
+    SIDE: tf.constant(sides),
+    COUNTS: tf.constant(counts),
+  }
+  return features, tf.zeros([batch_size], tf.float32)
+
+
+def epoch_batches(
+  pairs: np.ndarray,
+  num_user_rows: int,
+  num_item_rows: int,
+  batch_size: int,
+  user: str = USER,
+  item: str = ITEM,
+  steps_multiple: int = 1,
+) -> Iterator[tuple[dict, tf.Tensor]]:
+  """One epoch: every user row 0..num_user_rows-1 in batches, then every
+  item row (rows without pairs solve to zeros, as in the NumPy iALS).
+
+  Each half is padded with all-padding batches to a multiple of
+  `steps_multiple` batches: with R replicas fed consecutive batches, pass
+  R so no step mixes a user batch with an item batch (an item solve must
+  see the users of the finished half).
+  """
+  pairs = unique_pairs(pairs, num_user_rows, num_item_rows)
+  by_user = _histories(pairs[:, 0], pairs[:, 1], num_user_rows)
+  by_item = _histories(pairs[:, 1], pairs[:, 0], num_item_rows)
+  for side, size, histories in (
+    (USER_SIDE, num_user_rows, by_user),
+    (ITEM_SIDE, num_item_rows, by_item),
+  ):
+    starts = list(range(0, size, batch_size))
+    starts += [size] * (-len(starts) % steps_multiple)
+    for start in starts:
+      rows = np.arange(start, min(start + batch_size, size))
+      yield half_batch(
+        side,
+        rows,
+        histories,
+        num_user_rows,
+        num_item_rows,
+        batch_size,
+        user,
+        item,
+      )

@@ -1,0 +1,225 @@
+"""A retrieval source's training pairs as implicit ALS's alternating halves.
+
+`ImplicitALSData` wraps a retrieval source (MovieLens with task
+"retrieval", ...): its training split becomes the batches of
+`recsys.data.ials_batches` (every user row with its items, then every item
+row with its users, epoch after epoch), while evaluation, the candidate
+corpus, the raw-id parser and the files stay the wrapped source's, so a
+run of `recsys.models.ials.ImplicitALS` is evaluated and exported like any
+retrieval run. Each evaluation batch gains the iALS features, empty.
+
+Example (gin):
+  train.data = @ImplicitALSData()
+  ImplicitALSData.source = @MovieLens()
+  ImplicitALSData.batch_size = 256   # = train.global_batch_size / replicas
+"""
+
+from typing import Any
+
+import gin
+import numpy as np
+
+from recsys._keras import tf
+from recsys.data import ials_batches
+from recsys.data.pipeline import DataSource, check_batch_size, finish
+from recsys.errors import SettingsError
+
+_RAGGED = (
+  ials_batches.USER_HISTORY,
+  ials_batches.ITEM_HISTORY,
+  ials_batches.USER_CORPUS,
+  ials_batches.ITEM_CORPUS,
+)
+
+
+class ImplicitALSDataError(SettingsError):
+  """Settings under which the iALS halves cannot be delivered."""
+
+
+def _empty_ragged(rows: tf.Tensor) -> tf.RaggedTensor:
+  return tf.RaggedTensor.from_row_lengths(
+    tf.zeros([0], tf.int64), tf.zeros([rows], tf.int64)
+  )
+
+
+@gin.register
+class ImplicitALSData(DataSource):
+  """iALS training batches from a retrieval source's training pairs.
+
+  Attributes:
+    feature_specs: the wrapped source's query and candidate id features and
+      the iALS features (`ials_batches.feature_specs`).
+    query_features, candidate_features: the two id features, one each.
+    candidate_id_feature, query_id_feature: those ids.
+    num_users, num_items: the tables' rows (the id vocabularies).
+  """
+
+  def __init__(
+    self, source: Any, batch_size: int, steps_multiple: int = 1
+  ) -> None:
+    """Reads the wrapped source's training pairs once.
+
+    Args:
+      source: a retrieval source with a finite training split and
+        `query_features`, `candidate_id_feature`.
+      batch_size: rows per replica and step: train.global_batch_size
+        divided by the replicas (the corpus slices are sized for it).
+      steps_multiple: pad each half to a multiple of this many batches; set
+        it to the number of replicas, so no step mixes the halves.
+
+    Raises:
+      ImplicitALSDataError: no query id feature, or an endless training
+        split.
+    """
+    self.source = source
+    self.batch_size = check_batch_size(batch_size)
+    self.steps_multiple = check_batch_size(steps_multiple)
+    user = getattr(source, "query_id_feature", None) or "user_id"
+    if user not in getattr(source, "query_features", ()):
+      raise ImplicitALSDataError(
+        f"ImplicitALSData: {type(source).__name__} has no query id feature "
+        f"{user!r} among its query features "
+        f"{list(getattr(source, 'query_features', []))}."
+      )
+    item = source.candidate_id_feature
+    self.query_id_feature = user
+    self.query_features = [user]
+    self.candidate_features = [item]
+    self.candidate_id_feature = item
+    self.num_dense = 0
+    self.num_users = source.spec(user).vocabulary_size
+    self.num_items = source.spec(item).vocabulary_size
+    self._pairs = self._read_pairs()
+    self.feature_specs = ials_batches.feature_specs(
+      self._pairs, self.num_users, self.num_items, self.batch_size, user, item
+    )
+
+  def _read_pairs(self) -> np.ndarray:
+    dataset = self.source.dataset(
+      8192, training=True, repeat=False, drop_remainder=False
+    )
+    if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+      raise ImplicitALSDataError(
+        f"ImplicitALSData: the training split of {type(self.source).__name__}"
+        " is endless; iALS solves every row from its whole history."
+      )
+    users, items = [], []
+    for features, _ in dataset:
+      categorical = features["categorical"]
+      users.append(np.reshape(categorical[self.query_id_feature], [-1]))
+      items.append(np.reshape(categorical[self.candidate_id_feature], [-1]))
+    return np.stack([np.concatenate(users), np.concatenate(items)], 1)
+
+  def training_pairs(self) -> tuple[np.ndarray, np.ndarray]:
+    """(query ids, candidate ids) of the training split (seen items)."""
+    return self._pairs[:, 0], self._pairs[:, 1]
+
+  def steps_per_epoch(self) -> int:
+    """Batches (per replica) of one epoch: both halves."""
+    per_half = [
+      -(-rows // self.batch_size) for rows in (self.num_users, self.num_items)
+    ]
+    return sum(
+      -(-n // self.steps_multiple) * self.steps_multiple for n in per_half
+    )
+
+  def _signature(self) -> tuple:
+    rows = self.batch_size
+    ids = tf.TensorSpec([rows], tf.int64)
+    ragged = tf.RaggedTensorSpec([rows, None], tf.int64, ragged_rank=1)
+    categorical = {
+      self.query_id_feature: ids,
+      self.candidate_id_feature: ids,
+      **{name: ragged for name in _RAGGED},
+    }
+    features = {
+      "categorical": categorical,
+      ials_batches.SIDE: tf.TensorSpec([rows], tf.int32),
+      ials_batches.COUNTS: tf.TensorSpec([rows], tf.int64),
+    }
+    return features, tf.TensorSpec([rows], tf.float32)
+
+  def _training(self, repeat: bool) -> tf.data.Dataset:
+    def batches():
+      while True:
+        yield from ials_batches.epoch_batches(
+          self._pairs,
+          self.num_users,
+          self.num_items,
+          self.batch_size,
+          self.query_id_feature,
+          self.candidate_id_feature,
+          self.steps_multiple,
+        )
+        if not repeat:
+          return
+
+    return tf.data.Dataset.from_generator(
+      batches, output_signature=self._signature()
+    )
+
+  def _with_empty_ials_features(self, features, labels):
+    features = dict(features)
+    categorical = dict(features["categorical"])
+    rows = tf.shape(categorical[self.candidate_id_feature])[0]
+    for name in _RAGGED:
+      categorical[name] = _empty_ragged(rows)
+    features["categorical"] = categorical
+    features[ials_batches.SIDE] = tf.fill([rows], ials_batches.PADDING)
+    features[ials_batches.COUNTS] = tf.zeros([rows], tf.int64)
+    return features, labels
+
+  def dataset(
+    self,
+    batch_size: int,
+    *,
+    training: bool = True,
+    input_context: tf.distribute.InputContext | None = None,
+    drop_remainder: bool = True,
+    repeat: bool | None = None,
+  ) -> tf.data.Dataset:
+    """Training: the iALS halves (one input pipeline, `batch_size` equal to
+    `ImplicitALSData.batch_size`); evaluation: the wrapped source's
+    batches with the iALS features empty.
+
+    Raises:
+      ImplicitALSDataError: training with another batch size or several
+        input pipelines.
+    """
+    repeat = training if repeat is None else repeat
+    if not training:
+      base = self.source.dataset(
+        batch_size,
+        training=False,
+        input_context=input_context,
+        drop_remainder=drop_remainder,
+        repeat=repeat,
+      )
+      return base.map(
+        tf.autograph.experimental.do_not_convert(self._with_empty_ials_features)
+      )
+    if check_batch_size(batch_size) != self.batch_size:
+      raise ImplicitALSDataError(
+        f"ImplicitALSData: training batches of {batch_size} rows per replica "
+        f"asked, but ImplicitALSData.batch_size = {self.batch_size}; set it "
+        "to train.global_batch_size divided by the replicas."
+      )
+    if input_context is not None and input_context.num_input_pipelines > 1:
+      raise ImplicitALSDataError(
+        "ImplicitALSData: one input pipeline only (each step's rows must be "
+        f"distinct over the replicas); got "
+        f"{input_context.num_input_pipelines}."
+      )
+    return finish(self._training(repeat))
+
+  def candidates(self, batch_size: int) -> tf.data.Dataset:
+    """The wrapped source's candidate corpus."""
+    return self.source.candidates(batch_size)
+
+  def raw_parser(self) -> Any:
+    """The wrapped source's raw-id parser (serving by raw ids)."""
+    return self.source.raw_parser()
+
+  def input_files(self) -> list[str]:
+    """The wrapped source's files."""
+    return self.source.input_files()

@@ -1,0 +1,302 @@
+"""Implicit ALS (iALS) as a retrieval model whose tables the backend holds.
+
+The user table is the query tower, the item table the candidate tower
+(score = p_u . q_i), so evaluation, the corpus index and export are a
+retrieval model's. Training is alternating least squares expressed as the
+table update every backend already does exactly: with the tables'
+embedding optimizer plain SGD at learning rate 1, the loss
+
+  0.5 * sum over the batch's rows r of |e_r - stop_gradient(solve_r)|^2
+
+has gradient e_r - solve_r at row r's activation, so the update sets each
+row to its solved value (`recsys.models.ials_solve`). A batch holds
+DISTINCT rows of one side with their histories and the other side's
+whole table in slices (`recsys.data.ials_batches`), whose Gramian the
+solves share. Everything the batch looks up on the other side gets a zero
+gradient, so SGD leaves it as it is. Row-sharded or replicated tables, any
+number of replicas (each replica's batch reads the whole other table).
+"""
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gin
+import tensorflow as tf
+
+from recsys.data import ials_batches as names
+from recsys.feature_spec import FeatureSpec
+from recsys.models import ials_solve
+from recsys.models.errors import EmbeddingDimError, ModelConfigError
+from recsys.models.retrieval import DEFAULT_KS, RetrievalModel
+
+#: The embedding optimizer whose update sets a row to its solution.
+REQUIRED_LEARNING_RATE = 1.0
+
+
+def check_embedding_optimizer(
+  feature_config: Mapping[str, Any], default_optimizer: Any = None
+) -> None:
+  """Refuses tables whose optimizer is not plain SGD at learning rate 1.
+
+  Args:
+    feature_config: feature name -> `FeatureConfig`.
+    default_optimizer: the optimizer of tables without their own (the
+      backend's default, `train.embedding_optimizer`).
+
+  Raises:
+    ModelConfigError: naming the table and its optimizer.
+  """
+  sgd = tf.tpu.experimental.embedding.SGD
+  for name, feature in feature_config.items():
+    table = feature.table
+    opt = table.optimizer or default_optimizer
+    rate: Any = getattr(opt, "learning_rate", None)
+    plain = (
+      isinstance(opt, sgd)
+      and not callable(rate)  # a schedule
+      and float(rate) == REQUIRED_LEARNING_RATE
+      and not getattr(opt, "clip_weight_min", None)
+      and not getattr(opt, "clip_weight_max", None)
+      and not getattr(opt, "weight_decay_factor", None)
+      and not getattr(opt, "clipvalue", None)
+    )
+    if not plain:
+      raise ModelConfigError(
+        f"ImplicitALS: table {table.name!r} (feature {name!r}) has "
+        f"embedding optimizer {opt!r}; iALS sets each row to its solution "
+        "through plain SGD at learning rate 1.0: set EmbeddingSettings."
+        "optimizer = @SGD() with SGD.learning_rate = 1.0 (no clipping, no "
+        "weight decay)."
+      )
+
+
+@gin.register
+class ImplicitALS(RetrievalModel):
+  """iALS: user and item tables trained by exact alternating solves.
+
+  Example:
+    >>> specs = ials_batches.feature_specs(pairs, 944, 1683, batch_size=256)
+    >>> model = ImplicitALS(specs, ["user"], ["item"], dim=32, reg=100.0,
+    ...                     alpha=10.0)
+  """
+
+  def __init__(
+    self,
+    feature_specs: Sequence[FeatureSpec],
+    query_features: Sequence[str] = (names.USER,),
+    candidate_features: Sequence[str] = (names.ITEM,),
+    candidate_id_feature: str | None = None,
+    num_dense: int = 0,
+    dim: int = 32,
+    reg: float = 100.0,
+    alpha: float = 10.0,
+    unobserved_weight: float = 1.0,
+    reg_exponent: float = 0.0,
+    ks: Sequence[int] = DEFAULT_KS,
+    name: str | None = "implicit_als",
+  ) -> None:
+    """Checks the settings and the iALS features of `feature_specs`.
+
+    Args:
+      feature_specs: the source's specs, with the six features of
+        `recsys.data.ials_batches.feature_specs`.
+      query_features: the user id feature (one).
+      candidate_features: the item id feature (one).
+      candidate_id_feature: the item id feature (default: the first).
+      num_dense: must be 0 (iALS has no dense input).
+      dim: the tables' width D (`EmbeddingSettings.dim`).
+      reg: L2 regularization lambda (> 0).
+      alpha: extra weight of an observed pair (>= 0).
+      unobserved_weight: w0, the weight of every unobserved pair (> 0).
+      reg_exponent: frequency scaling nu of Rendle et al. (2022): lambda_u
+        = reg * (alpha |I_u| + w0 |I|)^nu; 0 is plain `reg`.
+      ks: cut-offs of the corpus hit rates.
+      name: Keras name.
+
+    Raises:
+      ModelConfigError: a setting out of range, dense features, or a
+        missing iALS feature.
+    """
+    if len(query_features) != 1 or len(candidate_features) != 1:
+      raise ModelConfigError(
+        f"ImplicitALS: one user id query feature and one item id candidate "
+        f"feature, got {list(query_features)} and {list(candidate_features)}."
+      )
+    super().__init__(
+      feature_specs,
+      query_features,
+      candidate_features,
+      candidate_id_feature,
+      embedding_dim=dim,
+      num_dense=num_dense,
+      ks=ks,
+      name=name,
+    )
+    if num_dense:
+      raise ModelConfigError(
+        f"ImplicitALS: num_dense must be 0 (no dense input), got {num_dense}."
+      )
+    for setting, value, low_ok in (
+      ("reg", reg, False),
+      ("alpha", alpha, True),
+      ("unobserved_weight", unobserved_weight, False),
+      ("reg_exponent", reg_exponent, True),
+    ):
+      if not (value > 0 or (low_ok and value == 0)):
+        raise ModelConfigError(
+          f"ImplicitALS: {setting} must be "
+          f"{'>= 0' if low_ok else '> 0'}, got {value}."
+        )
+    by_name = {s.name: s for s in self.feature_specs}
+    needed = (
+      names.USER_HISTORY,
+      names.ITEM_HISTORY,
+      names.USER_CORPUS,
+      names.ITEM_CORPUS,
+    )
+    missing = [n for n in needed if n not in by_name]
+    if missing:
+      raise ModelConfigError(
+        f"ImplicitALS: feature_specs lack the iALS features {missing} "
+        "(`recsys.data.ials_batches.feature_specs`); got "
+        f"{sorted(by_name)}."
+      )
+    self._user = self.query_features[0]
+    self._item = self.candidate_id_feature
+    self._num_users = by_name[self._user].vocabulary_size
+    self._num_items = by_name[self._item].vocabulary_size
+    self._reg, self._alpha = float(reg), float(alpha)
+    self._w0, self._nu = float(unobserved_weight), float(reg_exponent)
+
+  def check_tables(
+    self, feature_config: Mapping[str, Any], default_optimizer: Any = None
+  ) -> None:
+    """What a run checks before training: `check_embedding_optimizer`."""
+    check_embedding_optimizer(feature_config, default_optimizer)
+
+  @tf.autograph.experimental.do_not_convert
+  def _row(self, activations: Mapping[str, tf.Tensor], name: str) -> tf.Tensor:
+    row = activations[name]
+    if row.shape[-1] is not None and row.shape[-1] != self.embedding_dim:
+      raise EmbeddingDimError(
+        f"ImplicitALS: feature {name!r} has width {row.shape[-1]} but the "
+        f"model's dim is {self.embedding_dim}; set ImplicitALS.dim to "
+        "EmbeddingSettings.dim."
+      )
+    return row
+
+  def query_embeddings(
+    self,
+    activations: Mapping[str, tf.Tensor],
+    features: Mapping[str, tf.Tensor] | None = None,
+    training: bool = False,
+  ) -> tf.Tensor:
+    """The user rows `[B, D]`."""
+    del features, training
+    return self._row(activations, self._user)
+
+  def candidate_embeddings(
+    self,
+    activations: Mapping[str, tf.Tensor],
+    features: Mapping[str, tf.Tensor] | None = None,
+    training: bool = False,
+  ) -> tf.Tensor:
+    """The item rows `[B, D]`."""
+    del features, training
+    return self._row(activations, self._item)
+
+  @tf.autograph.experimental.do_not_convert
+  def _solved(
+    self,
+    features: Mapping[str, Any],
+    activations: Mapping[str, tf.Tensor],
+    history: str,
+    corpus: str,
+    corpus_size: int,
+  ) -> tf.Tensor:
+    regularization = ials_solve.row_regularization(
+      tf.reshape(features[names.COUNTS], [-1]),
+      self._reg,
+      self._alpha,
+      self._w0,
+      self._nu,
+      corpus_size,
+    )
+    return ials_solve.solve_rows(
+      ials_solve.gramian(activations[corpus]),
+      activations[history],
+      regularization,
+      self._alpha,
+      self._w0,
+    )
+
+  def compute_loss(
+    self,
+    activations: Mapping[str, tf.Tensor],
+    features: Mapping[str, tf.Tensor] | None = None,
+    labels: tf.Tensor | None = None,
+    training: bool = True,
+    global_batch_size: int | None = None,
+    sample_weight: tf.Tensor | None = None,
+    compute_metrics: bool | None = None,
+    mask: tf.Tensor | None = None,
+    include_regularization: bool = True,
+  ) -> tf.Tensor:
+    """Training: the half-step loss of the module docstring, summed over
+    the replica's rows (never divided by the batch: the gradient must be
+    e_r - solve_r exactly). Evaluation: `RetrievalModel.compute_loss`
+    (in-batch softmax loss, corpus hit rates)."""
+    if not training:
+      return super().compute_loss(
+        activations,
+        features,
+        labels,
+        training=training,
+        global_batch_size=global_batch_size,
+        sample_weight=sample_weight,
+        compute_metrics=compute_metrics,
+        mask=mask,
+        include_regularization=include_regularization,
+      )
+    missing = [
+      key for key in (names.SIDE, names.COUNTS) if key not in (features or {})
+    ]
+    if features is None or missing:
+      raise ModelConfigError(
+        f"ImplicitALS: a training batch needs features {missing} (which "
+        "side each row solves, its history's length: "
+        "`recsys.data.ials_batches`)."
+      )
+    side = tf.reshape(features[names.SIDE], [-1])
+    total = tf.constant(0.0)
+    for this_side, row, history, corpus, size in (
+      (
+        names.USER_SIDE,
+        self._user,
+        names.USER_HISTORY,
+        names.ITEM_CORPUS,
+        self._num_items,
+      ),
+      (
+        names.ITEM_SIDE,
+        self._item,
+        names.ITEM_HISTORY,
+        names.USER_CORPUS,
+        self._num_users,
+      ),
+    ):
+      weight = tf.cast(tf.equal(side, this_side), activations[row].dtype)
+      # A batch solves one side: the other's systems are skipped, not solved.
+      solved = tf.stop_gradient(
+        tf.cond(
+          tf.reduce_any(weight > 0),
+          functools.partial(
+            self._solved, features, activations, history, corpus, size
+          ),
+          functools.partial(tf.zeros_like, activations[row]),
+        )
+      )
+      error = tf.reduce_sum(tf.square(activations[row] - solved), axis=-1)
+      total += 0.5 * tf.reduce_sum(weight * error)
+    return total

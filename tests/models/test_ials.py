@@ -1,0 +1,188 @@
+"""ImplicitALS against the benchmark's NumPy iALS (synthetic data only).
+
+The solve math alone, then the model trained through the tensorcore
+backend the way the Trainer steps (lookup under a tape, the model's loss,
+`apply_gradients` with SGD(1.0)): the same initial tables and settings give
+the NumPy iALS's tables after 1 and 3 epochs, to float32 rounding.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import backends
+import recsys  # noqa: F401  (Keras 2 before TensorFlow)
+from benchmarks import movielens_baselines as baselines
+from recsys import features as features_lib
+from recsys.data import ials_batches
+from recsys.models import ials, ials_solve
+from recsys.models.errors import ModelConfigError
+from tests.conftest import mirrored_strategy
+
+embedding = tf.tpu.experimental.embedding
+NUM_USERS, NUM_ITEMS, DIM = 40, 30, 6  # ids 1..N, row 0 is the OOV row
+REG, ALPHA = 3.0, 10.0
+
+
+def _pairs(seed: int = 0) -> np.ndarray:
+  rng = np.random.default_rng(seed)
+  users = rng.integers(1, NUM_USERS + 1, 300)
+  items = rng.integers(1, NUM_ITEMS + 1, 300)
+  return np.stack([users, items], 1)
+
+
+def _numpy_ials(pairs, p, q, epochs):
+  """The benchmark's iALS half-steps from given initial tables."""
+  pairs = ials_batches.unique_pairs(pairs, NUM_USERS + 1, NUM_ITEMS + 1)
+  by_user = baselines._rows_by_key(pairs[:, 0], pairs[:, 1], NUM_USERS + 1)
+  by_item = baselines._rows_by_key(pairs[:, 1], pairs[:, 0], NUM_ITEMS + 1)
+  for _ in range(epochs):
+    p = baselines._ials_half_step(q, by_user, REG, ALPHA)
+    q = baselines._ials_half_step(p, by_item, REG, ALPHA)
+  return p, q
+
+
+def test_solve_rows_is_the_numpy_half_step():
+  rng = np.random.default_rng(1)
+  q = rng.normal(0, 0.3, (NUM_ITEMS + 1, DIM))
+  pairs = ials_batches.unique_pairs(_pairs(), NUM_USERS + 1, NUM_ITEMS + 1)
+  by_user = baselines._rows_by_key(pairs[:, 0], pairs[:, 1], NUM_USERS + 1)
+  expected = baselines._ials_half_step(q, by_user, REG, ALPHA)
+  longest = max(len(h) for h in by_user)
+  history = np.zeros((NUM_USERS + 1, longest, DIM))
+  for u, h in enumerate(by_user):
+    history[u, : len(h)] = q[h]
+  counts = np.array([len(h) for h in by_user])
+  got = ials_solve.solve_rows(
+    ials_solve.gramian(tf.constant(q, tf.float32)),
+    tf.constant(history, tf.float32),
+    ials_solve.row_regularization(counts, REG, ALPHA, 1.0, 0.0, NUM_ITEMS + 1),
+    ALPHA,
+    1.0,
+  )
+  np.testing.assert_allclose(got.numpy(), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_frequency_scaled_regularization():
+  got = ials_solve.row_regularization(
+    np.array([0, 4]), 2.0, 3.0, 0.5, 1.0, 10
+  ).numpy()
+  np.testing.assert_allclose(got, [2.0 * 5.0, 2.0 * 17.0])
+
+
+def _setup(strategy, batch_size, optimizer=None, **options):
+  pairs = _pairs()
+  specs = ials_batches.feature_specs(
+    pairs, NUM_USERS + 1, NUM_ITEMS + 1, batch_size
+  )
+  settings = features_lib.EmbeddingSettings(
+    dim=DIM,
+    optimizer=optimizer or embedding.SGD(1.0),
+    initializer=tf.random_normal_initializer(0.0, 0.3, seed=3),
+  )
+  config = features_lib.feature_config(specs, settings)
+  tf.keras.utils.set_random_seed(2)
+  with strategy.scope():
+    backend = backends.create(
+      config, settings.optimizer, strategy, backend="tensorcore", **options
+    )
+    backend.build()
+    model = ials.ImplicitALS(specs, dim=DIM, reg=REG, alpha=ALPHA)
+  return pairs, config, backend, model
+
+
+def _train(strategy, batch_size, epochs, **options):
+  pairs, config, backend, model = _setup(strategy, batch_size, **options)
+  ials.check_embedding_optimizer(config)
+  names = list(config)
+
+  @tf.function
+  def step(features, labels):
+    def replica_fn(features, labels):
+      with tf.GradientTape() as tape:
+        ids = {n: features["categorical"][n] for n in names}
+        acts = backend.lookup(ids, training=True)
+        tape.watch(acts)
+        loss = model.compute_loss(acts, features, labels)
+      backend.apply_gradients(tape.gradient(loss, acts))
+      return loss
+
+    return strategy.run(replica_fn, args=(features, labels))
+
+  def tables():
+    return {
+      t.name: tf.convert_to_tensor(v).numpy()
+      for t, v in backend.embedding_tables.items()
+    }
+
+  initial = tables()
+  replicas = strategy.num_replicas_in_sync
+  for _ in range(epochs):
+    batches = list(
+      ials_batches.epoch_batches(
+        pairs,
+        NUM_USERS + 1,
+        NUM_ITEMS + 1,
+        batch_size,
+        steps_multiple=replicas,
+      )
+    )
+    for start in range(0, len(batches), replicas):
+      if replicas == 1:
+        step(*batches[start])
+        continue
+      # Consecutive batches to consecutive replicas, as one input pipeline
+      # feeds them.
+      group = batches[start : start + replicas]
+      step(
+        *strategy.experimental_distribute_values_from_function(
+          lambda ctx, group=group: group[ctx.replica_id_in_sync_group]
+        )
+      )
+  return pairs, initial, tables(), backend
+
+
+@pytest.mark.parametrize("epochs", [1, 3])
+def test_model_through_backend_matches_numpy_ials(epochs):
+  pairs, initial, trained, _ = _train(tf.distribute.get_strategy(), 16, epochs)
+  p, q = _numpy_ials(pairs, initial["user"], initial["item"], epochs)
+  np.testing.assert_allclose(trained["user"], p, rtol=2e-4, atol=2e-6)
+  np.testing.assert_allclose(trained["item"], q, rtol=2e-4, atol=2e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("placement", ["replicated", "row_sharded"])
+def test_two_replicas_train_the_one_replica_tables(placement):
+  """Each replica solves its own distinct rows (consecutive batches, each
+  with the whole other table): the tables of one replica on batches twice
+  the size, row-sharded too."""
+  _, _, one, _ = _train(tf.distribute.get_strategy(), 16, 1)
+  _, _, two, backend = _train(mirrored_strategy(2), 8, 1, placement=placement)
+  assert set(backend.placements().values()) == {placement}
+  for name in one:
+    np.testing.assert_allclose(two[name], one[name], rtol=1e-5, atol=1e-6)
+
+
+def test_refuses_an_optimizer_other_than_sgd_1():
+  _, config, _, _ = _setup(
+    tf.distribute.get_strategy(), 16, embedding.Adagrad(0.1)
+  )
+  with pytest.raises(ModelConfigError, match="table 'user'.*SGD"):
+    ials.check_embedding_optimizer(config)
+  _, config, _, _ = _setup(tf.distribute.get_strategy(), 16, embedding.SGD(0.5))
+  with pytest.raises(ModelConfigError, match="learning rate 1.0"):
+    ials.check_embedding_optimizer(config)
+
+
+def test_refuses_a_row_twice_in_a_batch():
+  histories = [np.array([1])] * 5
+  with pytest.raises(ials_batches.IALSBatchError, match="twice"):
+    ials_batches.half_batch(
+      ials_batches.USER_SIDE, np.array([1, 2, 1]), histories, 5, 5, 4
+    )
+
+
+def test_refuses_bad_settings():
+  specs = ials_batches.feature_specs(_pairs(), NUM_USERS + 1, NUM_ITEMS + 1, 8)
+  with pytest.raises(ModelConfigError, match="reg must be > 0"):
+    ials.ImplicitALS(specs, reg=0.0)

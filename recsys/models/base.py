@@ -90,8 +90,12 @@ def replica_loss(
   include_regularization: bool = True,
 ) -> tf.Tensor:
   """The replica's share of the step's loss (the module docstring's
-  convention) from its examples' weighted losses `per_example` `[B]`."""
-  loss = average_loss(per_example, global_batch_size)
+  convention) from its examples' weighted losses `per_example` `[B]`; a
+  model whose `SUMMED_LOSS` is true gets their plain sum instead."""
+  if getattr(model, "SUMMED_LOSS", False):
+    loss = tf.reduce_sum(per_example)
+  else:
+    loss = average_loss(per_example, global_batch_size)
   if include_regularization:
     loss += regularization_loss(model)
   return loss
@@ -109,6 +113,11 @@ def example_weights(
 
 class _ModelBase(keras.Model):
   """What ranking and retrieval models share: specs, variables, regularizers."""
+
+  #: True: the step minimizes the SUM of the per-example losses, never
+  #: divided by a batch size (iALS, whose gradient must be exactly
+  #: e_r - solve_r at each row; `recsys.models.ials`).
+  SUMMED_LOSS: bool = False
 
   def __init__(
     self,

@@ -231,33 +231,31 @@ class ImplicitALS(RetrievalModel):
       self._w0,
     )
 
-  def compute_loss(
+  #: The training step sums the rows' losses: the gradient at row r is
+  #: e_r - solve_r exactly (evaluation sums and counts its examples itself).
+  SUMMED_LOSS = True
+
+  def per_example_loss(
     self,
     activations: Mapping[str, tf.Tensor],
     features: Mapping[str, tf.Tensor] | None = None,
     labels: tf.Tensor | None = None,
     training: bool = True,
-    global_batch_size: int | None = None,
     sample_weight: tf.Tensor | None = None,
     compute_metrics: bool | None = None,
-    mask: tf.Tensor | None = None,
-    include_regularization: bool = True,
   ) -> tf.Tensor:
-    """Training: the half-step loss of the module docstring, summed over
-    the replica's rows (never divided by the batch: the gradient must be
-    e_r - solve_r exactly). Evaluation: `RetrievalModel.compute_loss`
-    (in-batch softmax loss, corpus hit rates)."""
+    """Training: each row's half-step loss of the module docstring `[B]`
+    (the step sums them: `SUMMED_LOSS`). Evaluation:
+    `RetrievalModel.per_example_loss` (in-batch softmax loss, corpus hit
+    rates)."""
     if not training:
-      return super().compute_loss(
+      return super().per_example_loss(
         activations,
         features,
         labels,
         training=training,
-        global_batch_size=global_batch_size,
         sample_weight=sample_weight,
         compute_metrics=compute_metrics,
-        mask=mask,
-        include_regularization=include_regularization,
       )
     missing = [
       key for key in (names.SIDE, names.COUNTS) if key not in (features or {})
@@ -269,7 +267,7 @@ class ImplicitALS(RetrievalModel):
         "`recsys.data.ials_batches`)."
       )
     side = tf.reshape(features[names.SIDE], [-1])
-    total = tf.constant(0.0)
+    per_row = None
     for this_side, row, history, corpus, size in (
       (
         names.USER_SIDE,
@@ -298,5 +296,6 @@ class ImplicitALS(RetrievalModel):
         )
       )
       error = tf.reduce_sum(tf.square(activations[row] - solved), axis=-1)
-      total += 0.5 * tf.reduce_sum(weight * error)
-    return total
+      loss = 0.5 * weight * error
+      per_row = loss if per_row is None else per_row + loss
+    return per_row

@@ -375,9 +375,13 @@ inline Bf16 RoundTo(Bf16*, float x, uint32_t bits) {
   uint32_t value;
   std::memcpy(&value, &x, sizeof(value));
   const uint32_t kept = (value + (bits >> 16)) & 0xFFFF0000u;
-  float out;
-  std::memcpy(&out, &kept, sizeof(out));
-  return Bf16(out);  // exact, as TF's cast of it (NaN as TF casts NaN)
+  // Exact in bfloat16: its top half, as TF's cast of it, but for a NaN,
+  // which the cast (Eigen's) makes the quiet NaN of its sign. A select, not
+  // a branch: the row loop vectorizes.
+  const bool nan = (kept & 0x7FFFFFFFu) > 0x7F800000u;
+  const uint16_t out = static_cast<uint16_t>(
+      nan ? ((kept >> 16) & 0x8000u) | 0x7FC0u : kept >> 16);
+  return Eigen::numext::bit_cast<Bf16>(out);
 }
 inline Half RoundTo(Half*, float x, uint32_t bits) {
   const float draw = static_cast<float>(bits >> 8) * 0x1p-24f;

@@ -70,6 +70,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <immintrin.h>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -370,7 +371,8 @@ inline uint32_t Draw(uint32_t row_hash, uint32_t column_hash) {
   return bits ^ (bits >> 16);
 }
 
-// narrow.round_stochastically of one float32 value, for each row type.
+// narrow.round_stochastically of one float32 value, for bfloat16 rows (and
+// float32 ones, unchanged); float16: RoundHalfValue.
 inline Bf16 RoundTo(Bf16*, float x, uint32_t bits) {
   uint32_t value;
   std::memcpy(&value, &x, sizeof(value));
@@ -383,23 +385,59 @@ inline Bf16 RoundTo(Bf16*, float x, uint32_t bits) {
       nan ? ((kept >> 16) & 0x8000u) | 0x7FC0u : kept >> 16);
   return Eigen::numext::bit_cast<Bf16>(out);
 }
-inline Half RoundTo(Half*, float x, uint32_t bits) {
-  const float draw = static_cast<float>(bits >> 8) * 0x1p-24f;
-  const float magnitude = std::fabs(x);
-  const Half nearest = Half(magnitude);
-  const int16_t near_bits = Eigen::numext::bit_cast<int16_t>(nearest);
-  const int16_t low_bits =
-      static_cast<float>(nearest) > magnitude ? near_bits - 1 : near_bits;
-  const Half low = Eigen::numext::bit_cast<Half>(low_bits);
-  const Half high =
-      Eigen::numext::bit_cast<Half>(static_cast<int16_t>(low_bits + 1));
-  const float low32 = static_cast<float>(low);
-  const float up = (magnitude - low32) / (static_cast<float>(high) - low32);
-  uint16_t rounded = Eigen::numext::bit_cast<uint16_t>(draw < up ? high : low);
-  if (x < 0.0f) rounded ^= 0x8000;  // TF's negation: the sign bit
-  return Eigen::numext::bit_cast<Half>(rounded);
-}
 inline float RoundTo(float*, float x, uint32_t) { return x; }
+
+// narrow.round_stochastically of one float32 value into float16, as a
+// float32 (exact in float16), without conversions, so that a row of them
+// vectorizes (then stored 8 at a time by FloatRowToHalf): the neighbours of |x| are its float32
+// bits cut to float16's 10 fraction bits (normal), or multiples of 2^-24
+// (subnormal); beyond the largest finite float16 (65504) it saturates, as
+// the TF ops' pick (its neighbour above is inf, drawn with probability 0).
+inline float RoundHalfValue(float x, uint32_t bits) {
+  const float draw = static_cast<float>(bits >> 8) * 0x1p-24f;
+  const float a = std::fabs(x);
+  uint32_t a_bits;
+  std::memcpy(&a_bits, &a, sizeof(a_bits));
+  const uint32_t low_bits = a_bits & 0xFFFFE000u;
+  const uint32_t high_bits = low_bits + 0x2000u;
+  float low_normal, high_normal;
+  std::memcpy(&low_normal, &low_bits, sizeof(low_normal));
+  std::memcpy(&high_normal, &high_bits, sizeof(high_normal));
+  const float steps = std::floor(a * 0x1p24f);
+  const bool normal = a >= 0x1p-14f;
+  const float low = normal ? low_normal : steps * 0x1p-24f;
+  const float high = normal ? high_normal : (steps + 1.0f) * 0x1p-24f;
+  const float up = (a - low) / (high - low);
+  float r = draw < up ? high : low;
+  r = a >= 65504.0f ? 65504.0f : r;
+  r = (a == std::numeric_limits<float>::infinity() || a != a) ? a : r;
+  return x < 0.0f ? -r : r;
+}
+
+// A row of float16 values as float32 (exact; F16C: 8 at a time).
+inline void HalfRowToFloat(const Half* in, int64_t dim, float* out) {
+  int64_t d = 0;
+#ifdef __F16C__
+  for (; d + 8 <= dim; d += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + d));
+    _mm256_storeu_ps(out + d, _mm256_cvtph_ps(h));
+  }
+#endif
+  for (; d < dim; ++d) out[d] = static_cast<float>(in[d]);
+}
+
+// A row of float32 values exact in float16 stored as float16.
+inline void FloatRowToHalf(const float* in, int64_t dim, Half* out) {
+  int64_t d = 0;
+#ifdef __F16C__
+  for (; d + 8 <= dim; d += 8) {
+    const __m128i h =
+        _mm256_cvtps_ph(_mm256_loadu_ps(in + d), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + d), h);
+  }
+#endif
+  for (; d < dim; ++d) out[d] = Half(in[d]);
+}
 
 // Sums terms into rows of `out` (dim floats each) that start at 0, without
 // a separate pass zeroing them: rows [begin, ready) hold their sums so far;
@@ -417,6 +455,12 @@ class LazyRows {
   // A narrow term is upcast to float32 (exact) first.
   template <typename T>
   inline void Add(int64_t row, const T* term, bool scale_given, float scale) {
+    if constexpr (std::is_same_v<T, Half>) {  // upcast 8 at a time first
+      if (static_cast<int64_t>(half_row_.size()) < dim_) half_row_.resize(dim_);
+      HalfRowToFloat(term, dim_, half_row_.data());
+      Add(row, static_cast<const float*>(half_row_.data()), scale_given, scale);
+      return;
+    }
     float* o = out_ + row * dim_;
     if (row < ready_) {
       if (scale_given) {
@@ -443,6 +487,7 @@ class LazyRows {
  private:
   float* out_;
   int64_t dim_, ready_, end_;
+  std::vector<float> half_row_;  // a float16 term upcast
 };
 
 // RecsysBagSums (BagSumsOp, below): the lookup's bag sums alone
@@ -767,6 +812,11 @@ struct Hyper {
 template <typename T, Optimizer kOpt, bool kDecay, bool kSumInsideSqrt>
 void UpdateRows(const Rows& rows, const Hyper& h) {
   constexpr bool kNarrow = !std::is_same_v<T, float>;
+  // float16 rows are upcast into `row` and written back from it, 8 values
+  // at a time; the rounding between runs in float32 (RoundHalfValue).
+  constexpr bool kHalf = std::is_same_v<T, Half>;
+  std::vector<float> half_row(kHalf ? rows.dim : 0);
+  float* const row = half_row.data();
   T* const table = static_cast<T*>(rows.table);
   const uint32_t* columns = kNarrow ? h.rounding->columns.data() : nullptr;
   constexpr int kAhead = kLookAhead;  // rows random in memory: prefetched
@@ -790,9 +840,15 @@ void UpdateRows(const Rows& rows, const Hyper& h) {
     float* __restrict s0 = kOpt == Optimizer::kSgd ? nullptr : rows.slot0 + offset;
     float* __restrict s1 = kOpt == Optimizer::kAdam ? rows.slot1 + offset : nullptr;
     const float* __restrict g_row = rows.grads + r * dim;
+    if constexpr (kHalf) HalfRowToFloat(w, dim, row);
     for (int64_t d = 0; d < dim; ++d) {
       const float g = std::min(std::max(g_row[d], gmin), gmax);
-      float x = ToFloat(w[d]);
+      float x;
+      if constexpr (kHalf) {
+        x = row[d];
+      } else {
+        x = ToFloat(w[d]);
+      }
       if constexpr (kDecay) x = x - decay * x;
       if constexpr (kOpt == Optimizer::kSgd) {
         x = x - lr * g;
@@ -812,12 +868,15 @@ void UpdateRows(const Rows& rows, const Hyper& h) {
         }
       }
       x = std::min(std::max(x, wmin), wmax);
-      if constexpr (kNarrow) {
+      if constexpr (kHalf) {
+        row[d] = RoundHalfValue(x, Draw(row_hash, columns[d]));
+      } else if constexpr (kNarrow) {
         w[d] = RoundTo(static_cast<T*>(nullptr), x, Draw(row_hash, columns[d]));
       } else {
         w[d] = x;
       }
     }
+    if constexpr (kHalf) FloatRowToHalf(row, dim, w);
   }
 }
 

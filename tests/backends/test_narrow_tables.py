@@ -450,18 +450,19 @@ def _np_round(values: np.ndarray, dtype_name: str, bits: np.ndarray):
 def test_the_fused_update_rounds_with_the_numpy_draws(dtype_name, from_bags):
   """RecsysSparseApply / RecsysBagApply on a narrow table: the float32 SGD
   step of each row, rounded with the draws of (seed, step, row, column)
-  (float16 rows beyond the largest finite value saturate)."""
+  (float16 rows beyond the largest finite value saturate; subnormals)."""
   ops = _kernels()
   rng = np.random.default_rng(2)
   vocab, dim, seed, step = 300, 37, 91, 5
   init = rng.normal(size=(vocab, dim)).astype(np.float32)
-  init[7, :3] = 65000.0  # near float16's largest finite value
+  ids = rng.choice(vocab, 120, replace=False).astype(np.int64)
+  init[ids[0], :3] = 65000.0  # near float16's largest finite value
+  init[ids[1]] *= 3e-6  # float16 subnormals (below 2**-14)
   stored = init.astype(NARROW[dtype_name])
   table = tf.Variable(stored)
-  ids = rng.choice(vocab, 120, replace=False).astype(np.int64)
-  ids[0] = 7
   grads = rng.normal(size=(120, dim)).astype(np.float32)
   grads[0, :3] = -1000.0  # 65000 + 1000 beyond 65504
+  grads[1] *= 1e-6
   attrs = optimizers.fused_attrs(E.SGD(1.0))
   args = dict(
     table=table.handle,
@@ -487,5 +488,5 @@ def test_the_fused_update_rounds_with_the_numpy_draws(dtype_name, from_bags):
   want[ids] = _np_round(new, dtype_name, _np_bits(seed, step, ids, dim))
   got = table.numpy()
   if dtype_name == "float16":
-    assert got[7, 0] == np.float16(65504.0)
+    assert got[ids[0], 0] == np.float16(65504.0)
   np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))

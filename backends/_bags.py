@@ -184,7 +184,8 @@ def lookup(
 
   Args:
     flat: the table's features as one bag (`concat_bags`).
-    params: the table variable, if this replica holds it whole (else None).
+    params: the table variable, if this replica holds it whole (else None);
+      float32, or a narrow table's bfloat16 / float16 (`backends.narrow`).
     gather_rows: `gather_rows(params, unique_ids)` -> `[U, D]` rows (a
       table's storage: shards gathered where they live, or exchanged
       between replicas); a tape on `params` sees what this op records
@@ -198,10 +199,8 @@ def lookup(
       the others leave idle (RECSYS_KERNEL_PARALLEL_MIN_WORK=off keeps every
       call on one thread).
   """
-  # The kernels read float32 rows only: a narrow table takes the TF ops.
-  if (
-    fused_ops is not None and params is not None and params.dtype == tf.float32
-  ):
+  # The kernels read float32, bfloat16 and float16 rows (upcast, exact).
+  if fused_ops is not None and params is not None:
     # A tape on the table still gets IndexedSlices of the U rows.
     if params.trainable:
       _tf_internal.mark_variable_read(params)

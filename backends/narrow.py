@@ -141,12 +141,18 @@ class Rounding:
   seed: int
   counter: Any
 
-  def round(self, values: tf.Tensor, dtype: tf.DType, ids: tf.Tensor):
-    """`values` `[U, D]` of rows `ids`, rounded into `dtype` for this update."""
+  def next_step(self) -> tf.Tensor:
+    """Advances the counter: this update's step (int64 scalar), which the
+    fused kernels (`backends.kernels`) take as an input to draw the same
+    bits as `round`."""
     with tf.control_dependencies(
       [self.counter.assign_add(1, read_value=False)]
     ):
-      step = tf.identity(self.counter.read_value())
+      return tf.identity(self.counter.read_value())
+
+  def round(self, values: tf.Tensor, dtype: tf.DType, ids: tf.Tensor):
+    """`values` `[U, D]` of rows `ids`, rounded into `dtype` for this update."""
+    step = self.next_step()
     bits = random_bits(self.seed, step, ids, int(values.shape[-1]))
     return round_stochastically(values, dtype, bits)
 

@@ -562,10 +562,11 @@ def apply_sparse_updates(
   Args:
     optimizer: the `tf.tpu.experimental.embedding` optimizer of every table.
     updates: one `SparseUpdate` per table; each table appears once.
-    fused_ops: the fused kernels' module (`backends.kernels.load()`): float32
-      tables whose optimizer it implements (`fused_attrs`) are updated in
-      place by one `RecsysSparseApply` each. The variables must be on the
-      CPU, outside XLA.
+    fused_ops: the fused kernels' module (`backends.kernels.load()`): tables
+      whose optimizer it implements (`fused_attrs`) are updated in place by
+      one `RecsysSparseApply` each (float32, or narrow with their
+      `rounding`, bit-identical to the TF ops). The variables must be on
+      the CPU, outside XLA.
   """
   attrs = fused_attrs(optimizer) if fused_ops else None
   if attrs is not None:
@@ -573,7 +574,7 @@ def apply_sparse_updates(
     lr = learning_rate(optimizer)
     rest = []
     for u in updates:
-      if u.table.dtype != tf.float32:
+      if not _fused_dtype(u.table, u.rounding):
         rest.append(u)
         continue
       ids = tf.convert_to_tensor(u.ids)
@@ -585,6 +586,7 @@ def apply_sparse_updates(
         ids=tf.cast(ids, tf.int64),
         grads=grads,
         learning_rate=lr,
+        **_rounding_args(u.rounding),
         **attrs,
       )
     updates = rest
@@ -670,6 +672,7 @@ def apply_bag_update(
   scale: tf.Tensor | None,
   fused_ops: Any,
   concurrent_calls: int = 0,
+  rounding: narrow.Rounding | None = None,
 ) -> bool:
   """The rows' gradients and their update, in one `RecsysBagApply` call.
 
@@ -679,7 +682,8 @@ def apply_bag_update(
 
   Args:
     optimizer: the table's embedding optimizer.
-    table: the float32 table variable; `slots` its slot variables by name.
+    table: the table variable (float32, or narrow with `rounding`); `slots`
+      its slot variables by name.
     unique_ids: int64 `[U]` and `index` int32 `[N]`, from the fused
       `_bags.lookup` of this step (`unique_ids` distinct).
     grads: `[sum_f S_f, D]`, the features' activation gradients stacked.
@@ -687,13 +691,16 @@ def apply_bag_update(
       `_bags.row_gradients`.
     fused_ops: the fused kernels' module.
     concurrent_calls: as in `_bags.lookup`.
+    rounding: a narrow table's stochastic rounding (the kernel draws the
+      same bits as `narrow.Rounding.round`).
 
   Returns:
-    False (nothing done) when the kernel does not implement the optimizer or
-    the table is not float32: the caller updates the table otherwise.
+    False (nothing done) when the kernel does not implement the optimizer,
+    or the table is narrow without a rounding: the caller updates the table
+    otherwise.
   """
   attrs = fused_attrs(optimizer)
-  if attrs is None or table.dtype != tf.float32:
+  if attrs is None or not _fused_dtype(table, rounding):
     return False
   _check_args(optimizer, table, slots, unique_ids, grads)
   names = _tf_internal.slot_names(optimizer)
@@ -707,6 +714,23 @@ def apply_bag_update(
     scale=_bags.scale_or_empty(scale),
     learning_rate=learning_rate(optimizer),
     concurrent_calls=concurrent_calls,
+    **_rounding_args(rounding),
     **attrs,
   )
   return True
+
+
+def _fused_dtype(table: tf.Variable, rounding: narrow.Rounding | None) -> bool:
+  """Whether the fused kernels update `table`: float32, or narrow with its
+  stochastic rounding (to-nearest narrow updates stay on the TF ops)."""
+  if narrow.is_narrow(table.dtype):
+    return rounding is not None
+  return table.dtype == tf.float32
+
+
+def _rounding_args(rounding: narrow.Rounding | None) -> dict[str, Any]:
+  """The kernels' `rounding_step` input and `rounding_seed` attribute: the
+  update's step (advancing the counter, as `Rounding.round` does)."""
+  if rounding is None:
+    return dict(rounding_step=tf.constant(0, tf.int64), rounding_seed=0)
+  return dict(rounding_step=rounding.next_step(), rounding_seed=rounding.seed)

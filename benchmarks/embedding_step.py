@@ -39,6 +39,9 @@ Implementations (those whose packages are missing are skipped with a line):
   recsys_ragged    the same backend fed RaggedTensor bags directly
   recsys_tf_ops    `recsys` without its fused CPU kernels (fused_kernels=False):
                    the TF-ops path, for the kernels' A/B
+  recsys_bf16,     `recsys` with bfloat16 / float16 tables (table_dtype; rows
+  recsys_fp16      read and written narrow by the fused kernels), to race
+                   float32 side by side: --impls recsys,recsys_bf16
   recsys_xla       `recsys` with the step in tf.function(jit_compile=True):
                    the static-shape path a TPU compiles, here compiled by
                    XLA for the CPU (--bag_width sets the padded width, to
@@ -92,6 +95,8 @@ IMPLS = (
   "recsys_ragged",
   "recsys_tf_ops",
   "recsys_xla",
+  "recsys_bf16",
+  "recsys_fp16",
   "tfrs",
   "keras_embedding",
   "tf_fused",
@@ -99,6 +104,9 @@ IMPLS = (
   "fbgemm",
   "torchrec",
 )
+# recsys with its tables stored narrow (whatever --table_dtype says), to
+# race float32 side by side in one run.
+_NARROW_IMPLS = {"recsys_bf16": "bfloat16", "recsys_fp16": "float16"}
 DEFAULT_IMPLS = (
   "recsys",
   "tfrs",
@@ -178,7 +186,9 @@ def _tf_step(impl: str, args) -> tuple[Callable, Callable]:
   def sparse(batch):
     return {k: r.to_sparse() for k, r in ragged(batch).items()}
 
-  if impl in ("recsys", "recsys_ragged", "recsys_tf_ops", "recsys_xla"):
+  if impl in ("recsys", "recsys_ragged", "recsys_tf_ops", "recsys_xla") or (
+    impl in _NARROW_IMPLS
+  ):
     import backends  # pylint: disable=g-import-not-at-top
 
     tables = {
@@ -194,7 +204,7 @@ def _tf_step(impl: str, args) -> tuple[Callable, Callable]:
       if impl == "recsys_ragged"
       else args.bag_width or args.max_bag,
       fused_kernels=impl != "recsys_tf_ops",
-      table_dtype=args.table_dtype,
+      table_dtype=_NARROW_IMPLS.get(impl, args.table_dtype),
     )
     emb.build()
     lookup = tf.autograph.experimental.do_not_convert(emb.lookup)
@@ -911,7 +921,8 @@ def main(argv=None) -> None:
     default="float32",
     choices=("float32", "bfloat16", "float16"),
     help="recsys's table storage (tensorcore's table_dtype; narrow tables "
-    "run on the TF ops, not the fused kernels)",
+    "run on the fused kernels too); recsys_bf16 / recsys_fp16 always "
+    "store bfloat16 / float16",
   )
   parser.add_argument(
     "--repeats",

@@ -63,6 +63,7 @@ def apply():
     segments=segs,
     scale=tf.zeros([0]),
     learning_rate=0.05,
+    rounding_step=0,
     concurrent_calls=1,
     **attrs,
   )

@@ -142,7 +142,13 @@ class DynamicEngine(base.Engine):
       # gradient IndexedSlices of U rows), one segment sum into the
       # activations of every feature stacked in feature order.
       flat_bag = _bags.concat_bags(table_bags, table.combiner)
-      local = storage.local_variables()
+      # The fused kernels read a narrow table's rows too; the TF ops take
+      # the local float32 table, or `gather` (which upcasts narrow rows).
+      local = (
+        storage.kernel_variables()
+        if fused is not None
+        else storage.local_variables()
+      )
       exchanged: list[Any] = [None]
       # The ids a replica may send: static, else known when the step runs.
       size = capacity
@@ -211,7 +217,7 @@ class DynamicEngine(base.Engine):
   ) -> bool:
     """The fused lookup's backward pass and update: one kernel call."""
     fused = self._fused()
-    local = storage.local_variables()
+    local = storage.kernel_variables()
     if (
       fused is None
       or local is None
@@ -231,6 +237,7 @@ class DynamicEngine(base.Engine):
       back.scale,
       fused,
       self._concurrent_calls,
+      storage.rounding,
     )
 
 

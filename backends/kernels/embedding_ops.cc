@@ -52,6 +52,14 @@
 // others sum the bags of their ranges of segments; the backward pass and
 // update split the unique rows into ranges of about equal work.
 //
+// Narrow tables (backends/narrow.py): the table variable may hold bfloat16
+// or float16 rows (slots stay float32). Lookups read the rows narrow and
+// upcast each value to float32 (exact) before summing; updates compute in
+// float32 and write each new value back with narrow.py's stochastic rounding
+// (the same counter-based hash of the seed, the update step, row and column;
+// the seed an attr, the step an input), so the kernels and the TF ops leave
+// bit-identical tables, for any number of threads.
+//
 // Built by `python -m backends.kernels` (backends/kernels/
 // __init__.py) with -ffp-contract=off, so that no multiply-add is fused (the
 // TF ops round each operation separately), and -fno-math-errno, so that the
@@ -62,8 +70,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <immintrin.h>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tensorflow/core/framework/op.h"
@@ -71,6 +81,7 @@
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/numeric_types.h"
 #include "tensorflow/core/platform/threadpool.h"
 
 namespace recsys {
@@ -104,15 +115,25 @@ absl::Status EnsureSparseAccess(OpKernelContext* ctx, Var* var) {
   return absl::OkStatus();
 }
 
-// Looks up the float32 matrix variable behind resource input `index`.
+// Looks up the float32 matrix variable behind resource input `index`
+// (`narrow`: or bfloat16 / float16, a narrow table's rows).
 absl::Status LookupMatrix(OpKernelContext* ctx, int index, const char* what,
-                          tsl::core::RefCountPtr<Var>* var) {
+                          tsl::core::RefCountPtr<Var>* var,
+                          bool narrow = false) {
   TF_RETURN_IF_ERROR(tensorflow::LookupResource(
       ctx, tensorflow::HandleFromInput(ctx, index), var));
   TF_RETURN_IF_ERROR(EnsureSparseAccess(ctx, var->get()));
   const Tensor& t = *(*var)->tensor();
-  if (t.dtype() != tensorflow::DT_FLOAT || t.dims() != 2) {
-    return InvalidArgument(what, " must be a float32 matrix variable; got ",
+  const auto dtype = t.dtype();
+  const bool ok_dtype =
+      dtype == tensorflow::DT_FLOAT ||
+      (narrow && (dtype == tensorflow::DT_BFLOAT16 ||
+                  dtype == tensorflow::DT_HALF));
+  if (!ok_dtype || t.dims() != 2) {
+    return InvalidArgument(what, " must be a ",
+                           narrow ? "float32, bfloat16 or float16"
+                                  : "float32",
+                           " matrix variable; got ",
                            tensorflow::DataTypeString(t.dtype()), " ",
                            t.shape().DebugString());
   }
@@ -283,12 +304,139 @@ int64_t DedupIds(const int64_t* ids, int64_t n, int64_t num_rows,
 // time than 4 ahead and the first line only (README, Benchmarks).
 constexpr int kLookAhead = 8;
 
-// Prefetches every cache line (16 floats) of a row of `dim` floats.
-inline void PrefetchRow(const float* row, int64_t dim) {
-  for (int64_t d = 0; d < dim; d += 16) __builtin_prefetch(row + d);
+using Bf16 = Eigen::bfloat16;
+using Half = Eigen::half;
+
+// Prefetches every cache line (64 bytes) of a row of `dim` values.
+template <typename T>
+inline void PrefetchRow(const T* row, int64_t dim) {
+  for (int64_t d = 0; d < dim; d += 64 / sizeof(T)) __builtin_prefetch(row + d);
 }
-inline void PrefetchRowForWrite(float* row, int64_t dim) {
-  for (int64_t d = 0; d < dim; d += 16) __builtin_prefetch(row + d, 1);
+template <typename T>
+inline void PrefetchRowForWrite(T* row, int64_t dim) {
+  for (int64_t d = 0; d < dim; d += 64 / sizeof(T)) {
+    __builtin_prefetch(row + d, 1);
+  }
+}
+
+// A stored value as float32 (exact for every row type).
+inline float ToFloat(float x) { return x; }
+inline float ToFloat(Bf16 x) {
+  // bfloat16 is the top half of a float32: a shift (vectorizes).
+  uint16_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float out;
+  std::memcpy(&out, &wide, sizeof(out));
+  return out;
+}
+inline float ToFloat(Half x) { return static_cast<float>(x); }
+
+// backends/narrow.py's hash (`_mix`, lowbias32), on uint32.
+inline uint32_t Mix(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  return x ^ (x >> 16);
+}
+
+// One update's rounding draws (narrow.random_bits): `key` hashes the seed
+// and the update step; a row's hash mixes in its id, each column's is fixed.
+struct Rounding {
+  uint32_t key = 0;
+  std::vector<uint32_t> columns;
+
+  Rounding(int64_t seed, int64_t step, int64_t dim) {
+    const uint64_t s = static_cast<uint64_t>(step);
+    key = Mix(static_cast<uint32_t>(static_cast<uint64_t>(seed)) ^ 0x9E3779B9u);
+    key = Mix(key ^ static_cast<uint32_t>(s & 0xFFFFFFFFu));
+    key = Mix(key ^ static_cast<uint32_t>(s >> 32));
+    columns.resize(dim);
+    for (int64_t d = 0; d < dim; ++d) {
+      columns[d] = Mix(static_cast<uint32_t>(d) + 0x632BE5ABu);
+    }
+  }
+
+  inline uint32_t Row(int64_t id) const {
+    const uint64_t u = static_cast<uint64_t>(id);
+    return Mix(Mix(key ^ static_cast<uint32_t>(u & 0xFFFFFFFFu)) ^
+               static_cast<uint32_t>(u >> 32));
+  }
+};
+
+// The draw of one element: narrow.random_bits's per-column step.
+inline uint32_t Draw(uint32_t row_hash, uint32_t column_hash) {
+  uint32_t bits = (row_hash ^ column_hash) * 0x846CA68Bu;
+  return bits ^ (bits >> 16);
+}
+
+// narrow.round_stochastically of one float32 value, for bfloat16 rows (and
+// float32 ones, unchanged); float16: RoundHalfValue.
+inline Bf16 RoundTo(Bf16*, float x, uint32_t bits) {
+  uint32_t value;
+  std::memcpy(&value, &x, sizeof(value));
+  const uint32_t kept = (value + (bits >> 16)) & 0xFFFF0000u;
+  // Exact in bfloat16: its top half, as TF's cast of it, but for a NaN,
+  // which the cast (Eigen's) makes the quiet NaN of its sign. A select, not
+  // a branch: the row loop vectorizes.
+  const bool nan = (kept & 0x7FFFFFFFu) > 0x7F800000u;
+  const uint16_t out = static_cast<uint16_t>(
+      nan ? ((kept >> 16) & 0x8000u) | 0x7FC0u : kept >> 16);
+  return Eigen::numext::bit_cast<Bf16>(out);
+}
+inline float RoundTo(float*, float x, uint32_t) { return x; }
+
+// narrow.round_stochastically of one float32 value into float16, as a
+// float32 (exact in float16), without conversions, so that a row of them
+// vectorizes (then stored 8 at a time by FloatRowToHalf): the neighbours of |x| are its float32
+// bits cut to float16's 10 fraction bits (normal), or multiples of 2^-24
+// (subnormal); beyond the largest finite float16 (65504) it saturates, as
+// the TF ops' pick (its neighbour above is inf, drawn with probability 0).
+inline float RoundHalfValue(float x, uint32_t bits) {
+  const float draw = static_cast<float>(bits >> 8) * 0x1p-24f;
+  const float a = std::fabs(x);
+  uint32_t a_bits;
+  std::memcpy(&a_bits, &a, sizeof(a_bits));
+  const uint32_t low_bits = a_bits & 0xFFFFE000u;
+  const uint32_t high_bits = low_bits + 0x2000u;
+  float low_normal, high_normal;
+  std::memcpy(&low_normal, &low_bits, sizeof(low_normal));
+  std::memcpy(&high_normal, &high_bits, sizeof(high_normal));
+  const float steps = std::floor(a * 0x1p24f);
+  const bool normal = a >= 0x1p-14f;
+  const float low = normal ? low_normal : steps * 0x1p-24f;
+  const float high = normal ? high_normal : (steps + 1.0f) * 0x1p-24f;
+  const float up = (a - low) / (high - low);
+  float r = draw < up ? high : low;
+  r = a >= 65504.0f ? 65504.0f : r;
+  r = (a == std::numeric_limits<float>::infinity() || a != a) ? a : r;
+  return x < 0.0f ? -r : r;
+}
+
+// A row of float16 values as float32 (exact; F16C: 8 at a time).
+inline void HalfRowToFloat(const Half* in, int64_t dim, float* out) {
+  int64_t d = 0;
+#ifdef __F16C__
+  for (; d + 8 <= dim; d += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + d));
+    _mm256_storeu_ps(out + d, _mm256_cvtph_ps(h));
+  }
+#endif
+  for (; d < dim; ++d) out[d] = static_cast<float>(in[d]);
+}
+
+// A row of float32 values exact in float16 stored as float16.
+inline void FloatRowToHalf(const float* in, int64_t dim, Half* out) {
+  int64_t d = 0;
+#ifdef __F16C__
+  for (; d + 8 <= dim; d += 8) {
+    const __m128i h =
+        _mm256_cvtps_ph(_mm256_loadu_ps(in + d), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + d), h);
+  }
+#endif
+  for (; d < dim; ++d) out[d] = Half(in[d]);
 }
 
 // Sums terms into rows of `out` (dim floats each) that start at 0, without
@@ -304,22 +452,29 @@ class LazyRows {
       : out_(out), dim_(dim), ready_(begin), end_(end) {}
 
   // out[row] += scale * term (scale_given) or += term.
-  inline void Add(int64_t row, const float* term, bool scale_given,
-                  float scale) {
+  // A narrow term is upcast to float32 (exact) first.
+  template <typename T>
+  inline void Add(int64_t row, const T* term, bool scale_given, float scale) {
+    if constexpr (std::is_same_v<T, Half>) {  // upcast 8 at a time first
+      if (static_cast<int64_t>(half_row_.size()) < dim_) half_row_.resize(dim_);
+      HalfRowToFloat(term, dim_, half_row_.data());
+      Add(row, static_cast<const float*>(half_row_.data()), scale_given, scale);
+      return;
+    }
     float* o = out_ + row * dim_;
     if (row < ready_) {
       if (scale_given) {
-        for (int64_t d = 0; d < dim_; ++d) o[d] += term[d] * scale;
+        for (int64_t d = 0; d < dim_; ++d) o[d] += ToFloat(term[d]) * scale;
       } else {
-        for (int64_t d = 0; d < dim_; ++d) o[d] += term[d];
+        for (int64_t d = 0; d < dim_; ++d) o[d] += ToFloat(term[d]);
       }
       return;
     }
     std::fill(out_ + ready_ * dim_, o, 0.0f);
     if (scale_given) {
-      for (int64_t d = 0; d < dim_; ++d) o[d] = 0.0f + term[d] * scale;
+      for (int64_t d = 0; d < dim_; ++d) o[d] = 0.0f + ToFloat(term[d]) * scale;
     } else {
-      for (int64_t d = 0; d < dim_; ++d) o[d] = 0.0f + term[d];
+      for (int64_t d = 0; d < dim_; ++d) o[d] = 0.0f + ToFloat(term[d]);
     }
     ready_ = row + 1;
   }
@@ -332,6 +487,7 @@ class LazyRows {
  private:
   float* out_;
   int64_t dim_, ready_, end_;
+  std::vector<float> half_row_;  // a float16 term upcast
 };
 
 // RecsysBagSums (BagSumsOp, below): the lookup's bag sums alone
@@ -388,7 +544,18 @@ class BagLookupOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     tsl::core::RefCountPtr<Var> table;
-    OP_REQUIRES_OK(ctx, LookupMatrix(ctx, 0, "table", &table));
+    OP_REQUIRES_OK(ctx, LookupMatrix(ctx, 0, "table", &table, true));
+    switch (table->tensor()->dtype()) {
+      case tensorflow::DT_BFLOAT16: Lookup<Bf16>(ctx, table.get()); break;
+      case tensorflow::DT_HALF: Lookup<Half>(ctx, table.get()); break;
+      default: Lookup<float>(ctx, table.get()); break;
+    }
+  }
+
+ private:
+  // The lookup of a table whose rows are of type T.
+  template <typename T>
+  void Lookup(OpKernelContext* ctx, Var* table) {
     int64_t n = 0;
     int32_t num_segments = 0;
     const float* scale = nullptr;
@@ -399,7 +566,7 @@ class BagLookupOp : public OpKernel {
     tsl::tf_shared_lock lock(*table->mu());
     const Tensor& params = *table->tensor();
     const int64_t vocab = params.dim_size(0), dim = params.dim_size(1);
-    const float* rows = params.flat<float>().data();
+    const T* rows = reinterpret_cast<const T*>(params.data());
 
     Tensor* acts_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
@@ -503,7 +670,6 @@ class BagLookupOp : public OpKernel {
     std::copy(unique.begin(), unique.end(), unique_t->flat<int64_t>().data());
   }
 
- private:
   bool sums_only_;
   int concurrent_calls_ = 0;
 };
@@ -621,7 +787,7 @@ enum class Optimizer { kSgd, kAdagrad, kAdam };
 struct Rows {
   const int64_t* ids;
   const float* grads;
-  float* table;
+  void* table;  // float, Bf16 or Half rows (UpdateRows's T)
   float* slot0;  // Adagrad accumulators, Adam momenta
   float* slot1;  // Adam velocities
   int64_t count, dim;
@@ -634,14 +800,25 @@ struct Hyper {
   bool has_decay;
   float beta1, beta2, eps, one_minus_beta1, one_minus_beta2, eps_squared;
   bool sum_inside_sqrt;
+  const Rounding* rounding;  // a narrow table's draws (nullptr for float32)
 };
 
 // Clipping, decay, the optimizer, weight clipping on each touched row, with
 // one float32 operation per step of backends/optimizers.py (same rounding).
 // Unclipped bounds are +-inf, so max/min leave values (and NaNs) unchanged.
 // The branches are template arguments so that the row loop vectorizes.
-template <Optimizer kOpt, bool kDecay, bool kSumInsideSqrt>
+// A narrow table (T bfloat16 or float16) reads its rows upcast and writes
+// each new value with RoundTo's stochastic rounding.
+template <typename T, Optimizer kOpt, bool kDecay, bool kSumInsideSqrt>
 void UpdateRows(const Rows& rows, const Hyper& h) {
+  constexpr bool kNarrow = !std::is_same_v<T, float>;
+  // float16 rows are upcast into `row` and written back from it, 8 values
+  // at a time; the rounding between runs in float32 (RoundHalfValue).
+  constexpr bool kHalf = std::is_same_v<T, Half>;
+  std::vector<float> half_row(kHalf ? rows.dim : 0);
+  float* const row = half_row.data();
+  T* const table = static_cast<T*>(rows.table);
+  const uint32_t* columns = kNarrow ? h.rounding->columns.data() : nullptr;
   constexpr int kAhead = kLookAhead;  // rows random in memory: prefetched
   const int64_t dim = rows.dim;
   const float lr = h.lr, gmin = h.gmin, gmax = h.gmax, wmin = h.wmin,
@@ -653,18 +830,25 @@ void UpdateRows(const Rows& rows, const Hyper& h) {
     const int64_t r = order ? order[k] : k;
     if (k + kAhead < rows.count) {
       const int64_t next = rows.ids[order ? order[k + kAhead] : k + kAhead] * dim;
-      PrefetchRowForWrite(rows.table + next, dim);
+      PrefetchRowForWrite(table + next, dim);
       if (kOpt != Optimizer::kSgd) PrefetchRowForWrite(rows.slot0 + next, dim);
       if (kOpt == Optimizer::kAdam) PrefetchRowForWrite(rows.slot1 + next, dim);
     }
     const int64_t offset = rows.ids[r] * dim;
-    float* __restrict w = rows.table + offset;
+    T* __restrict w = table + offset;
+    const uint32_t row_hash = kNarrow ? h.rounding->Row(rows.ids[r]) : 0;
     float* __restrict s0 = kOpt == Optimizer::kSgd ? nullptr : rows.slot0 + offset;
     float* __restrict s1 = kOpt == Optimizer::kAdam ? rows.slot1 + offset : nullptr;
     const float* __restrict g_row = rows.grads + r * dim;
+    if constexpr (kHalf) HalfRowToFloat(w, dim, row);
     for (int64_t d = 0; d < dim; ++d) {
       const float g = std::min(std::max(g_row[d], gmin), gmax);
-      float x = w[d];
+      float x;
+      if constexpr (kHalf) {
+        x = row[d];
+      } else {
+        x = ToFloat(w[d]);
+      }
       if constexpr (kDecay) x = x - decay * x;
       if constexpr (kOpt == Optimizer::kSgd) {
         x = x - lr * g;
@@ -683,19 +867,36 @@ void UpdateRows(const Rows& rows, const Hyper& h) {
           x = x - lr * (m / (std::sqrt(v) + eps));
         }
       }
-      w[d] = std::min(std::max(x, wmin), wmax);
+      x = std::min(std::max(x, wmin), wmax);
+      if constexpr (kHalf) {
+        row[d] = RoundHalfValue(x, Draw(row_hash, columns[d]));
+      } else if constexpr (kNarrow) {
+        w[d] = RoundTo(static_cast<T*>(nullptr), x, Draw(row_hash, columns[d]));
+      } else {
+        w[d] = x;
+      }
     }
+    if constexpr (kHalf) FloatRowToHalf(row, dim, w);
+  }
+}
+
+template <typename T, Optimizer kOpt>
+void UpdateRows(const Rows& rows, const Hyper& h) {
+  if (h.has_decay) {
+    h.sum_inside_sqrt ? UpdateRows<T, kOpt, true, true>(rows, h)
+                      : UpdateRows<T, kOpt, true, false>(rows, h);
+  } else {
+    h.sum_inside_sqrt ? UpdateRows<T, kOpt, false, true>(rows, h)
+                      : UpdateRows<T, kOpt, false, false>(rows, h);
   }
 }
 
 template <Optimizer kOpt>
-void UpdateRows(const Rows& rows, const Hyper& h) {
-  if (h.has_decay) {
-    h.sum_inside_sqrt ? UpdateRows<kOpt, true, true>(rows, h)
-                      : UpdateRows<kOpt, true, false>(rows, h);
-  } else {
-    h.sum_inside_sqrt ? UpdateRows<kOpt, false, true>(rows, h)
-                      : UpdateRows<kOpt, false, false>(rows, h);
+void UpdateRows(tensorflow::DataType dtype, const Rows& rows, const Hyper& h) {
+  switch (dtype) {
+    case tensorflow::DT_BFLOAT16: UpdateRows<Bf16, kOpt>(rows, h); break;
+    case tensorflow::DT_HALF: UpdateRows<Half, kOpt>(rows, h); break;
+    default: UpdateRows<float, kOpt>(rows, h); break;
   }
 }
 
@@ -754,18 +955,22 @@ class SparseApplyOp : public OpKernel {
     }
     OP_REQUIRES_OK(ctx, ctx->GetAttr("decay_by_lr", &decay_by_lr_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("sum_inside_sqrt", &sum_inside_sqrt_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rounding_seed", &rounding_seed_));
   }
 
   void Compute(OpKernelContext* ctx) override {
     const int num_vars = 1 + num_slots_;
     std::vector<tsl::core::RefCountPtr<Var>> vars(num_vars);
     for (int k = 0; k < num_vars; ++k) {
-      OP_REQUIRES_OK(ctx, LookupMatrix(ctx, k, k ? "slot" : "table", &vars[k]));
+      OP_REQUIRES_OK(ctx, LookupMatrix(ctx, k, k ? "slot" : "table", &vars[k],
+                                       /*narrow=*/k == 0));
     }
     const Tensor& ids_t = ctx->input(num_vars);
     const Tensor& grads_t = ctx->input(num_vars + 1);
     const float lr = ctx->input(num_vars + (from_bags_ ? 5 : 2))
                          .scalar<float>()();
+    const int64_t rounding_step = ctx->input(num_vars + (from_bags_ ? 6 : 3))
+                                      .scalar<int64_t>()();
     OP_REQUIRES(ctx, ids_t.dims() == 1 && grads_t.dims() == 2,
                 InvalidArgument("ids [U] and grads [", from_bags_ ? "S" : "U",
                                 ", D] expected; got ",
@@ -833,8 +1038,11 @@ class SparseApplyOp : public OpKernel {
     }
     const float* grads = grads_t.flat<float>().data();
     float* row_grads = from_bags_ ? row_grads_t.flat<float>().data() : nullptr;
+    const tensorflow::DataType dtype = params.dtype();
+    const Rounding rounding(rounding_seed_, rounding_step,
+                            dtype == tensorflow::DT_FLOAT ? 0 : dim);
     Rows rows{ids.data(), from_bags_ ? row_grads : grads,
-              vars[0]->tensor()->flat<float>().data(),
+              vars[0]->tensor()->data(),
               num_slots_ > 0 ? vars[1]->tensor()->flat<float>().data() : nullptr,
               num_slots_ > 1 ? vars[2]->tensor()->flat<float>().data() : nullptr,
               u, dim};
@@ -843,13 +1051,15 @@ class SparseApplyOp : public OpKernel {
     Hyper h{lr, hyper_[0], hyper_[1], hyper_[2], hyper_[3],
             decay_by_lr_ ? hyper_[4] * lr : hyper_[4], hyper_[4] != 0.0f,
             hyper_[5], hyper_[6], hyper_[7], hyper_[8], hyper_[9], hyper_[10],
-            sum_inside_sqrt_};
-    auto update = [this, &h](const Rows& part_rows) {
+            sum_inside_sqrt_, &rounding};
+    auto update = [this, &h, dtype](const Rows& part_rows) {
       switch (optimizer_) {
-        case Optimizer::kSgd: UpdateRows<Optimizer::kSgd>(part_rows, h); break;
+        case Optimizer::kSgd:
+          UpdateRows<Optimizer::kSgd>(dtype, part_rows, h); break;
         case Optimizer::kAdagrad:
-          UpdateRows<Optimizer::kAdagrad>(part_rows, h); break;
-        case Optimizer::kAdam: UpdateRows<Optimizer::kAdam>(part_rows, h); break;
+          UpdateRows<Optimizer::kAdagrad>(dtype, part_rows, h); break;
+        case Optimizer::kAdam:
+          UpdateRows<Optimizer::kAdam>(dtype, part_rows, h); break;
       }
     };
     if (from_bags_) {
@@ -905,6 +1115,7 @@ class SparseApplyOp : public OpKernel {
   std::vector<float> hyper_;
   bool decay_by_lr_ = false;
   bool sum_inside_sqrt_ = false;
+  int64_t rounding_seed_ = 0;
 };
 
 class RowsApplyOp : public SparseApplyOp {
@@ -1121,7 +1332,8 @@ REGISTER_OP("RecsysRowGradients")
     .Attr("one_minus_beta_1: float = 0.1") \
     .Attr("one_minus_beta_2: float = 0.001") \
     .Attr("epsilon_squared: float = 1e-16") \
-    .Attr("sum_inside_sqrt: bool = true")
+    .Attr("sum_inside_sqrt: bool = true") \
+    .Attr("rounding_seed: int = 0")
 
 REGISTER_OP("RecsysSparseApply")
     .Input("table: resource")
@@ -1129,6 +1341,7 @@ REGISTER_OP("RecsysSparseApply")
     .Input("ids: int64")
     .Input("grads: float")
     .Input("learning_rate: float")
+    .Input("rounding_step: int64")
     RECSYS_APPLY_ATTRS
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
@@ -1143,6 +1356,7 @@ REGISTER_OP("RecsysBagApply")
     .Input("segments: int32")
     .Input("scale: float")
     .Input("learning_rate: float")
+    .Input("rounding_step: int64")
     .Attr("concurrent_calls: int = 0")
     RECSYS_APPLY_ATTRS
     .SetIsStateful()

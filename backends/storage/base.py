@@ -92,6 +92,18 @@ class TableStorage(abc.ABC):
     """
     return None
 
+  def kernel_variables(self) -> dict[str, tf.Variable] | None:
+    """`local_variables` as the fused CPU kernels take them: also a narrow
+    table's (bfloat16 / float16 rows, which they read and round themselves
+    with `rounding`). None: the kernels do not touch this table."""
+    return self.local_variables()
+
+  @property
+  def rounding(self) -> Any:
+    """A narrow table's stochastic rounding (`backends.narrow.Rounding`),
+    None for a float32 table."""
+    return None
+
   def updates_alone(self) -> bool:
     """Whether this replica's update needs nobody else's gradients now."""
     return False

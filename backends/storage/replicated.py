@@ -117,8 +117,17 @@ class Replicated(base.TableStorage):
 
   def local_variables(self) -> dict[str, tf.Variable] | None:
     if narrow.is_narrow(self.dtype):
-      return None  # the fused kernels read float32 rows: `gather` upcasts
+      # Not for a tape or the static engine's dense gradient: `gather`
+      # upcasts. The fused kernels take them (`kernel_variables`).
+      return None
     return self._variables
+
+  def kernel_variables(self) -> dict[str, tf.Variable] | None:
+    return self._variables
+
+  @property
+  def rounding(self) -> narrow.Rounding | None:
+    return self._rounding
 
   def _exchanges(self) -> bool:
     """Whether the update sums touched rows over the replicas now."""

@@ -168,6 +168,7 @@ def test_sparse_apply_refuses_mismatched_slots():
       ids=tf.constant([1], tf.int64),
       grads=tf.ones([1, 4]),
       learning_rate=0.1,
+      rounding_step=0,
       **attrs,
     )
 
@@ -221,6 +222,7 @@ def test_bag_apply_equals_row_gradients_then_sparse_apply(opt, scaled):
         segments=segments,
         scale=scale,
         learning_rate=0.1,
+        rounding_step=0,
         **attrs,
       )
     else:
@@ -237,6 +239,7 @@ def test_bag_apply_equals_row_gradients_then_sparse_apply(opt, scaled):
         ids=unique,
         grads=row_grads,
         learning_rate=0.1,
+        rounding_step=0,
         **attrs,
       )
     states.append([table.numpy()] + [v.numpy() for v in slots])
@@ -260,6 +263,7 @@ def test_bag_apply_refuses_out_of_range_index():
       segments=tf.constant([0, 0], tf.int32),
       scale=tf.zeros([0]),
       learning_rate=0.1,
+      rounding_step=0,
       **optimizers.fused_attrs(E.SGD(0.1)),
     )
   np.testing.assert_array_equal(table.numpy(), 0.0)  # nothing was applied

@@ -5,7 +5,8 @@ splits its row loops over the intra-op threads the step's other tables leave
 idle (one table here: all of them); set to N, every op above N floats of rows
 splits. By output, keeping every output's summation order.
 Crash-resume compares states exactly, so the same training steps with 1 and
-2 intra-op threads must agree bit for bit, and agree with the TF ops as
+2 intra-op threads must agree bit for bit (a bfloat16 table's stochastic
+rounding too), and agree with the TF ops as
 closely as the one-thread kernels do. The pool size is fixed when TF starts,
 so each setting runs in its own process.
 """
@@ -47,15 +48,17 @@ def batch(rng, weighted):
   return inputs.PaddedBags(tf.constant(ids), tf.constant(lengths),
                            tf.constant(weights, tf.float32))
 
-def train(fused):
+def train(fused, table_dtype="float32"):
   table = E.TableConfig(VOCAB, DIM, combiner="mean", name="t")
   config = {{"a": E.FeatureConfig(table, name="a"),
             "b": E.FeatureConfig(table, name="b")}}
   emb = backends.TensorCoreEmbedding(config, E.Adagrad(0.1),
-                                     fused_kernels=fused)
+                                     fused_kernels=fused,
+                                     table_dtype=table_dtype)
   emb.build()
   var = emb.embedding_tables[table]
-  var.assign(tf.random.stateless_normal(var.shape, seed=[4, 2]))
+  var.assign(tf.cast(tf.random.stateless_normal(var.shape, seed=[4, 2]),
+                     var.dtype))
   rng = np.random.default_rng(11)
   stats, state = [], {{}}
   for step in range(2):
@@ -76,7 +79,8 @@ def train(fused):
                     for k, v in acts.items()}})
       loss = tf.add_n([tf.reduce_sum(acts[k] * cot[k]) for k in acts])
     emb.apply_gradients(tape.gradient(loss, acts))
-  state["table"] = var.numpy()
+  state["table"] = var.numpy().view(np.uint16 if var.dtype.size == 2
+                                    else np.float32)
   for slots in emb.slot_variables().values():
     state.update({{k: v.numpy() for k, v in slots.items()}})
   return state, stats
@@ -86,6 +90,9 @@ assert kernels.load() is not None
 padded = kernels.load().recsys_padded_bags(
     *batch(np.random.default_rng(3), True))
 result = {{f"fused/{{k}}": v for k, v in fused.items()}}
+# A bfloat16 table: rows read narrow, updates rounded stochastically.
+narrow, _ = train(True, "bfloat16")
+result.update({{f"bf16/{{k}}": v for k, v in narrow.items()}})
 # The lookup's de-duplication alone: ids Zipf-hot and spread, in bags.
 rng = np.random.default_rng(5)
 look_ids = (rng.pareto(0.7, 40_000) * 50).astype(np.int64) % VOCAB

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from backends import checkpoint as checkpoint_lib
-from backends import kernels, narrow, placement
+from backends import kernels, narrow, optimizers, placement
 from backends import reference_optimizers as ref
 from backends.tensorcore import TensorCoreEmbedding
 from recsys import planning
@@ -223,9 +223,9 @@ def test_the_compiled_step_rounds_as_the_uncompiled_one(dtype_name):
   )
 
 
-def test_a_narrow_table_never_reaches_the_float32_kernels():
-  """The fused kernels would misread bfloat16 rows: the lookup of a narrow
-  table equals the float32 lookup of the same (upcast) rows."""
+def test_a_narrow_lookup_sums_the_upcast_rows():
+  """The lookup of a narrow table (the fused kernels' where built) equals
+  the float32 lookup of the same rows upcast."""
   emb = _train("bfloat16", E.Adagrad(0.1), steps=1)
   rows = emb.embedding_tables[emb.tables[0]].numpy().astype(np.float32)
   ids = np.array([[1, 2, 2], [5, 0, 39]])
@@ -364,13 +364,20 @@ def test_two_replicas_keep_identical_narrow_copies():
   np.testing.assert_allclose(got, want, atol=4 * 2.0**-8)
 
 
-def test_the_fused_kernels_refuse_a_narrow_table_rather_than_misread_it():
-  """Were the dispatch ever to hand them one, the kernels fail naming it."""
+def _kernels():
   ops = kernels.load()
   if ops is None:
     pytest.skip("the fused kernels are not built here")
-  table = tf.Variable(tf.zeros([10, 2], tf.bfloat16))
-  with pytest.raises(tf.errors.InvalidArgumentError, match="float32 matrix"):
+  return ops
+
+
+def test_the_fused_kernels_refuse_a_table_of_another_dtype():
+  """They read float32, bfloat16 and float16 rows; others fail naming it."""
+  ops = _kernels()
+  table = tf.Variable(tf.zeros([10, 2], tf.float64))
+  with pytest.raises(
+    tf.errors.InvalidArgumentError, match="float32, bfloat16 or float16 matrix"
+  ):
     ops.recsys_bag_sums(
       table=table.handle,
       ids=np.array([1, 2], np.int64),
@@ -546,3 +553,102 @@ def test_row_sharded_narrow_checkpoints_are_sliced_in_their_dtype(tmp_path):
   np.testing.assert_array_equal(
     got, want.view(ml_dtypes.bfloat16).astype(np.float32)
   )
+
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
+@pytest.mark.parametrize("opt", ["sgd", "adagrad", "adam"])
+def test_fused_and_tf_op_steps_leave_bit_identical_narrow_tables(
+  dtype_name, opt
+):
+  """The fused kernels read the narrow rows and round their updates with
+  the TF ops' draws: the same steps leave the same bits, slots too."""
+  _kernels()
+  runs = {}
+  for fused in (True, False):
+    emb = TensorCoreEmbedding(
+      {"f": E.FeatureConfig(_table())},
+      OPTIMIZERS[opt](),
+      table_dtype=dtype_name,
+      rounding_seed=3,
+      bag_widths=3,
+      fused_kernels=fused,
+    )
+    _train(dtype_name, None, steps=4, emb=emb)
+    assert emb.engine_names[0] == ("fused" if fused else "tf_ops")
+    params = emb.embedding_tables[emb.tables[0]]
+    assert params.dtype == tf.as_dtype(dtype_name)
+    runs[fused] = [params.numpy().view(np.uint16)] + [
+      v.numpy() for _, v in sorted(emb.slot_variables()["items"].items())
+    ]
+  initial = _train(dtype_name, OPTIMIZERS[opt](), steps=0)
+  untouched = initial.embedding_tables[initial.tables[0]].numpy()
+  assert (runs[True][0] != untouched.view(np.uint16)).any()
+  for got, want in zip(runs[True], runs[False]):
+    np.testing.assert_array_equal(got, want)
+
+
+def _np_round(values: np.ndarray, dtype_name: str, bits: np.ndarray):
+  """`narrow.round_stochastically` written again in NumPy (finite values)."""
+  if dtype_name == "bfloat16":
+    carried = values.view(np.uint32) + (bits >> np.uint64(16)).astype(np.uint32)
+    kept = carried & np.uint32(0xFFFF0000)
+    return kept.view(np.float32).astype(ml_dtypes.bfloat16)
+  with np.errstate(over="ignore"):  # beyond float16: saturates below
+    magnitude, low, high = _np_neighbours(values, dtype_name)
+  draws = (bits >> np.uint64(8)).astype(np.float64) * 2.0**-24
+  up = np.divide(
+    magnitude.astype(np.float64) - low,
+    high - low,
+    out=np.zeros_like(low),
+    where=high > low,
+  )
+  rounded = np.where(draws < up, high, low)
+  rounded = np.minimum(rounded, 65504.0)  # saturates
+  return np.where(values < 0, -rounded, rounded).astype(np.float16)
+
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
+@pytest.mark.parametrize("from_bags", [False, True])
+def test_the_fused_update_rounds_with_the_numpy_draws(dtype_name, from_bags):
+  """RecsysSparseApply / RecsysBagApply on a narrow table: the float32 SGD
+  step of each row, rounded with the draws of (seed, step, row, column)
+  (float16 rows beyond the largest finite value saturate; subnormals)."""
+  ops = _kernels()
+  rng = np.random.default_rng(2)
+  vocab, dim, seed, step = 300, 37, 91, 5
+  init = rng.normal(size=(vocab, dim)).astype(np.float32)
+  ids = rng.choice(vocab, 120, replace=False).astype(np.int64)
+  init[ids[0], :3] = 65000.0  # near float16's largest finite value
+  init[ids[1]] *= 3e-6  # float16 subnormals (below 2**-14)
+  stored = init.astype(NARROW[dtype_name])
+  table = tf.Variable(stored)
+  grads = rng.normal(size=(120, dim)).astype(np.float32)
+  grads[0, :3] = -1000.0  # 65000 + 1000 beyond 65504
+  grads[1] *= 1e-6
+  attrs = optimizers.fused_attrs(E.SGD(1.0))
+  args = dict(
+    table=table.handle,
+    slots=[],
+    grads=grads,
+    learning_rate=1.0,
+    rounding_step=step,
+    rounding_seed=seed,
+    **attrs,
+  )
+  if from_bags:  # one entry per row, in order: its gradient unchanged
+    ops.recsys_bag_apply(
+      unique_ids=ids,
+      index=np.arange(120, dtype=np.int32),
+      segments=np.arange(120, dtype=np.int32),
+      scale=tf.zeros([0]),
+      **args,
+    )
+  else:
+    ops.recsys_sparse_apply(ids=ids, **args)
+  new = stored[ids].astype(np.float32) - grads
+  want = stored.copy()
+  want[ids] = _np_round(new, dtype_name, _np_bits(seed, step, ids, dim))
+  got = table.numpy()
+  if dtype_name == "float16":
+    assert got[ids[0], 0] == np.float16(65504.0)
+  np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))

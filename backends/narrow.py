@@ -141,6 +141,10 @@ class Rounding:
   seed: int
   counter: Any
 
+  #: Whether the fused kernels may round these updates: they key each draw
+  #: by the row id they index with, which must be the table's own row id.
+  fused: bool = dataclasses.field(default=True, init=False)
+
   def next_step(self) -> tf.Tensor:
     """Advances the counter: this update's step (int64 scalar), which the
     fused kernels (`backends.kernels`) take as an input to draw the same

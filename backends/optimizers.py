@@ -722,9 +722,10 @@ def apply_bag_update(
 
 def _fused_dtype(table: tf.Variable, rounding: narrow.Rounding | None) -> bool:
   """Whether the fused kernels update `table`: float32, or narrow with its
-  stochastic rounding (to-nearest narrow updates stay on the TF ops)."""
+  stochastic rounding keyed by the table's own row ids (to-nearest narrow
+  updates and a shard's rounding, keyed by global ids, stay on the TF ops)."""
   if narrow.is_narrow(table.dtype):
-    return rounding is not None
+    return rounding is not None and rounding.fused
   return table.dtype == tf.float32
 
 

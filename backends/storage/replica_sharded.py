@@ -365,6 +365,8 @@ class ShardRounding(narrow.Rounding):
   layout: Any = None
   shard: Any = 0
   step: Any = None
+  # The kernels would key the draws by the shard's local row ids.
+  fused: bool = dataclasses.field(default=False, init=False)
 
   def round(self, values: tf.Tensor, dtype: tf.DType, ids: tf.Tensor):
     rows = self.layout.global_ids(self.shard, ids)

@@ -67,7 +67,9 @@ def _flags() -> list[str]:
   arch = ["-march=x86-64-v3"] if {"avx2", "fma"} <= _cpu_flags() else []
   # -ffp-contract=off: no fused multiply-add, each operation rounded as the
   # TF ops round it. -fno-math-errno: sqrt without the errno branch, so the
-  # row loops vectorize (results unchanged).
+  # row loops vectorize (results unchanged). -fno-trapping-math: selects
+  # between computed floats if-convert, so the float16 rounding's row loop
+  # vectorizes (IEEE results unchanged; TF masks the traps anyway).
   return (
     [
       "-std=c++17",
@@ -76,6 +78,7 @@ def _flags() -> list[str]:
       "-O3",
       "-ffp-contract=off",
       "-fno-math-errno",
+      "-fno-trapping-math",
       "-Wno-deprecated-declarations",
     ]
     + arch

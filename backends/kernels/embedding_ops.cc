@@ -403,15 +403,20 @@ inline float RoundHalfValue(float x, uint32_t bits) {
   float low_normal, high_normal;
   std::memcpy(&low_normal, &low_bits, sizeof(low_normal));
   std::memcpy(&high_normal, &high_bits, sizeof(high_normal));
+  // Every value computed before the selects: selects of computed values
+  // if-convert (the row loop vectorizes); a computation under one does not.
   const float steps = std::floor(a * 0x1p24f);
+  const float low_subnormal = steps * 0x1p-24f;
+  const float high_subnormal = (steps + 1.0f) * 0x1p-24f;
   const bool normal = a >= 0x1p-14f;
-  const float low = normal ? low_normal : steps * 0x1p-24f;
-  const float high = normal ? high_normal : (steps + 1.0f) * 0x1p-24f;
+  const float low = normal ? low_normal : low_subnormal;
+  const float high = normal ? high_normal : high_subnormal;
   const float up = (a - low) / (high - low);
   float r = draw < up ? high : low;
   r = a >= 65504.0f ? 65504.0f : r;
-  r = (a == std::numeric_limits<float>::infinity() || a != a) ? a : r;
-  return x < 0.0f ? -r : r;
+  r = a < std::numeric_limits<float>::infinity() ? r : a;  // inf, NaN stay
+  const float negated = -r;
+  return x < 0.0f ? negated : r;
 }
 
 // A row of float16 values as float32 (exact; F16C: 8 at a time).
@@ -840,12 +845,13 @@ void UpdateRows(const Rows& rows, const Hyper& h) {
     float* __restrict s0 = kOpt == Optimizer::kSgd ? nullptr : rows.slot0 + offset;
     float* __restrict s1 = kOpt == Optimizer::kAdam ? rows.slot1 + offset : nullptr;
     const float* __restrict g_row = rows.grads + r * dim;
-    if constexpr (kHalf) HalfRowToFloat(w, dim, row);
+    float* __restrict upcast = row;  // no alias: the loop vectorizes
+    if constexpr (kHalf) HalfRowToFloat(w, dim, upcast);
     for (int64_t d = 0; d < dim; ++d) {
       const float g = std::min(std::max(g_row[d], gmin), gmax);
       float x;
       if constexpr (kHalf) {
-        x = row[d];
+        x = upcast[d];
       } else {
         x = ToFloat(w[d]);
       }
@@ -869,14 +875,14 @@ void UpdateRows(const Rows& rows, const Hyper& h) {
       }
       x = std::min(std::max(x, wmin), wmax);
       if constexpr (kHalf) {
-        row[d] = RoundHalfValue(x, Draw(row_hash, columns[d]));
+        upcast[d] = RoundHalfValue(x, Draw(row_hash, columns[d]));
       } else if constexpr (kNarrow) {
         w[d] = RoundTo(static_cast<T*>(nullptr), x, Draw(row_hash, columns[d]));
       } else {
         w[d] = x;
       }
     }
-    if constexpr (kHalf) FloatRowToHalf(row, dim, w);
+    if constexpr (kHalf) FloatRowToHalf(upcast, dim, w);
   }
 }
 

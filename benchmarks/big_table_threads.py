@@ -93,6 +93,12 @@ def main(argv=None) -> None:
   parser.add_argument("--burst", type=int, default=3, help="steps per turn")
   parser.add_argument("--inter_threads", type=int, default=2)
   parser.add_argument("--intra_threads", type=int, default=2)
+  parser.add_argument(
+    "--table_dtype",
+    default="float32",
+    choices=("float32", "bfloat16", "float16"),
+    help="the table's storage (tensorcore's table_dtype)",
+  )
   parser.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   args.features, args.bag_width = 1, 0
@@ -112,6 +118,7 @@ def main(argv=None) -> None:
       "seed",
       "distinct_batches",
       "inter_threads",
+      "table_dtype",
     )
   ]
   procs, ids = {}, 0.0

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from recsys._keras import tf
-from recsys.errors import SettingsError
+from recsys.data.errors import DataFormatError
 from recsys.feature_spec import FeatureSpec
 
 USER, ITEM = "user", "item"
@@ -36,9 +36,9 @@ COUNTS = "ials_counts"
 USER_SIDE, ITEM_SIDE, PADDING = 0, 1, -1
 
 
-class IALSBatchError(SettingsError):
+class IALSBatchError(DataFormatError):
   """Pairs or a batch that iALS cannot train on (ids out of range,
-  duplicate rows in a batch)."""
+  duplicate rows in a batch): the data, not a setting (exit status 1)."""
 
 
 def _histories(keys: np.ndarray, values: np.ndarray, size: int) -> list:

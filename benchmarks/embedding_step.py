@@ -12,7 +12,10 @@ rounds so a busy machine slows them alike. The first table reports, per
 implementation and thread setting, the median over rounds of each run's
 median step time after warm-up, examples/s, ids/s, CPU time per step and
 peak RSS; the second, the first implementation (recsys) against each other
-one at that one's best setting (issue 46: a fair race).
+one at that one's best setting (issue 46: a fair race). `--busy_cores 0,1`
+also runs every setting beside a process spinning on one core, interleaved
+with its quiet runs; a third table gives each setting's loaded throughput
+over its quiet one (issue 46: a step on a shared machine).
 
 Threads, set explicitly and printed (with the machine's load and its other
 busy processes, before and after):
@@ -737,15 +740,22 @@ def child_command(
 
 
 def run_child(
-  impl: str, threads: tuple[int, ...], args, rows: str, batch: str
+  impl: str,
+  threads: tuple[int, ...],
+  args,
+  rows: str,
+  batch: str,
+  busy: int = 0,
 ) -> dict[str, Any] | None:
   """One timed run in a fresh process (None if it failed, with its error
-  printed); `load` is the machine's 1-minute load average at its start."""
+  printed), beside `busy` processes each spinning on a core; `load` is the
+  machine's 1-minute load average at its start."""
   cmd, env = child_command(impl, threads, args, rows=rows, batch=batch)
   load = race.load_average()[0]
-  out = subprocess.run(
-    cmd, capture_output=True, text=True, env=env, check=False
-  )
+  with race.spinning(busy):
+    out = subprocess.run(
+      cmd, capture_output=True, text=True, env=env, check=False
+    )
   if out.returncode != 0:
     print(
       f"{impl} (rows={rows}, batch={batch}, threads={threads}) failed:\n"
@@ -755,9 +765,11 @@ def run_child(
     return None
   result = json.loads(out.stdout.strip().splitlines()[-1])
   result["load"] = load
+  result["busy"] = busy
+  beside = f", {busy} busy core(s) beside" if busy else ""
   print(
     f"  round: {impl:16s} rows={rows} batch={batch} {result['threads']:20s} "
-    f"{result['ids_per_s'] / 1e6:.2f} M ids/s (load {load:.2f})",
+    f"{result['ids_per_s'] / 1e6:.2f} M ids/s (load {load:.2f}{beside})",
     file=sys.stderr,
   )
   return result
@@ -768,18 +780,23 @@ def sweep(args, impls: list[str]) -> list[dict[str, Any]]:
   settings interleaved, one run each per round. Rows are medians over
   rounds; `best` marks each implementation's best setting at its point."""
   results = []
-  variants = [(impl, t) for impl in impls for t in thread_variants(impl, args)]
+  variants = [
+    (impl, t, busy)
+    for impl in impls
+    for t in thread_variants(impl, args)
+    for busy in busy_counts(args)
+  ]
   for rows in args.rows.split(","):
     for batch in args.batch.split(","):
-      runs: dict[tuple[str, tuple[int, ...]], list[dict[str, Any]]] = {
+      runs: dict[tuple[str, tuple[int, ...], int], list[dict[str, Any]]] = {
         v: [] for v in variants
       }
       for _ in range(args.repeats):
-        for impl, threads in variants:
-          got = run_child(impl, threads, args, rows, batch)
+        for impl, threads, busy in variants:
+          got = run_child(impl, threads, args, rows, batch, busy)
           if got:
-            runs[(impl, threads)].append(got)
-      for (impl, _), done in runs.items():
+            runs[(impl, threads, busy)].append(got)
+      for (impl, _, busy), done in runs.items():
         if not done:
           continue
         row: dict[str, Any] = {
@@ -790,6 +807,7 @@ def sweep(args, impls: list[str]) -> list[dict[str, Any]]:
           rows=int(rows),
           batch=int(batch),
           threads=done[0]["threads"],
+          busy=busy,
           runs=len(done),
           ids_per_s_each=[r["ids_per_s"] for r in done],  # for the spread
         )
@@ -798,8 +816,65 @@ def sweep(args, impls: list[str]) -> list[dict[str, Any]]:
   return results
 
 
-def _point_of(row: dict[str, Any]) -> tuple[str, int, int]:
-  return row["impl"], row["rows"], row["batch"]
+def busy_counts(args) -> list[int]:
+  """`--busy_cores` as a list: 0 is the machine as it is."""
+  return [int(n) for n in str(args.busy_cores).split(",")]
+
+
+def _point_of(row: dict[str, Any]) -> tuple[str, int, int, int]:
+  return row["impl"], row["rows"], row["batch"], row.get("busy", 0)
+
+
+def under_load(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """Each setting measured beside busy cores against itself without them
+  (the same rounds, interleaved): its loaded M ids/s over its quiet ones,
+  as a ratio of medians and as the median of each round's ratio (the
+  steadier one on a VM whose speed drifts between rounds)."""
+  quiet = {
+    (r["impl"], r["rows"], r["batch"], r["threads"]): r
+    for r in results
+    if r.get("busy", 0) == 0
+  }
+  out = []
+  for r in results:
+    base = quiet.get((r["impl"], r["rows"], r["batch"], r["threads"]))
+    if r.get("busy", 0) and base:
+      out.append(
+        dict(
+          r,
+          quiet_ids_per_s=base["ids_per_s"],
+          of_quiet=r["ids_per_s"] / base["ids_per_s"],
+          of_quiet_paired=statistics.median(
+            loaded / quiet
+            for quiet, loaded in zip(
+              base["ids_per_s_each"], r["ids_per_s_each"]
+            )
+          ),
+        )
+      )
+  return out
+
+
+def print_under_load(rows: list[dict[str, Any]]) -> None:
+  """The loaded-over-quiet table (`--busy_cores` with a count above 0)."""
+  if not rows:
+    return
+  print(
+    "\nbeside busy cores (other processes spinning, `--busy_cores`) against "
+    "the same setting on the machine as it was:"
+  )
+  print(
+    "| implementation | rows | batch | threads | busy cores | M ids/s quiet "
+    "| M ids/s loaded | of quiet | of quiet, per round | CPU ms/step loaded |"
+  )
+  print("|---|---|---|---|---|---|---|---|---|---|")
+  for r in rows:
+    print(
+      f"| {r['impl']} | {r['rows']} | {r['batch']} | {r['threads']} | "
+      f"{r['busy']} | {r['quiet_ids_per_s'] / 1e6:.2f} | "
+      f"{r['ids_per_s'] / 1e6:.2f} | **{r['of_quiet']:.2f}x** | "
+      f"{r['of_quiet_paired']:.2f}x | {r['cpu_ms_per_step']:.1f} |"
+    )
 
 
 def against_best(
@@ -957,6 +1032,14 @@ def main(argv=None) -> None:
     "swept; each is compared at its best",
   )
   parser.add_argument(
+    "--busy_cores",
+    default="0",
+    help="also run each setting beside this many processes each spinning "
+    "on a core (a comma list, interleaved with the others: 0,1 measures "
+    "the step quiet and with one of the cores taken); the table "
+    "'beside busy cores' gives loaded over quiet",
+  )
+  parser.add_argument(
     "--json", help="also write the results (and settings) here"
   )
   parser.add_argument(
@@ -1001,6 +1084,7 @@ def main(argv=None) -> None:
     "steps": args.steps,
     "warmup": args.warmup,
     "repeats": args.repeats,
+    "busy_cores": busy_counts(args),
   }
   print("settings: " + json.dumps(settings))
   print(race.machine_state("before"), flush=True)
@@ -1008,14 +1092,22 @@ def main(argv=None) -> None:
     profile(args, impls)
     return
   results = sweep(args, impls)
-  summary = against_best(results, impls)
+  quiet = [r for r in results if r["busy"] == 0]
+  summary = against_best(quiet, impls)
+  loaded = under_load(results)
   print(race.machine_state("after"))
-  print_table(results)
+  print_table(quiet)
   print_against_best(summary)
+  print_under_load(loaded)
   if args.json:
     with open(args.json, "w") as f:
       json.dump(
-        {"settings": settings, "results": results, "against_best": summary},
+        {
+          "settings": settings,
+          "results": results,
+          "against_best": summary,
+          "under_load": loaded,
+        },
         f,
         indent=1,
       )

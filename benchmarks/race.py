@@ -10,15 +10,19 @@ and take every ratio against the rival's best one.
 A shared machine moves wall times by tens of percent, so the header says
 what the machine is, how loaded it was and which other processes used its
 cores (sampled over a second, not ps's lifetime averages), before and after
-the runs.
+the runs. `spinning(n)` makes such a machine on demand: n processes each
+keeping a core busy beside a measured run.
 
 Standard library only: the torch children (their own venv) import this
 module's siblings too.
 """
 
+import contextlib
 import os
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 
@@ -90,6 +94,28 @@ def busy_processes(
     if share >= min_share:
       busy.append((pid, share, cmd[:width]))
   return sorted(busy, key=lambda b: -b[1])
+
+
+@contextlib.contextmanager
+def spinning(count: int) -> Iterator[None]:
+  """`count` other processes each keeping one core busy (a pure-Python
+  spin) while the block runs: the shared machine of issue 46, on demand."""
+  spinners = [
+    subprocess.Popen(
+      [sys.executable, "-c", "while True: pass"],
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL,
+    )
+    for _ in range(count)
+  ]
+  try:
+    if spinners:
+      time.sleep(0.5)  # under way before the measured run starts
+    yield
+  finally:
+    for spinner in spinners:
+      spinner.kill()
+      spinner.wait()
 
 
 def machine_state(label: str) -> str:

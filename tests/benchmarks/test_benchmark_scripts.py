@@ -129,6 +129,62 @@ def test_embedding_step_compares_a_rival_at_its_best_thread_setting(tmp_path):
   assert float(summary.group(3)) == pytest.approx(ratio["base_is"], abs=0.006)
 
 
+@pytest.mark.slow
+def test_embedding_step_measures_each_setting_beside_a_busy_core(tmp_path):
+  """`--busy_cores 0,1` runs each setting quiet and beside a spinning
+  process; the third table and the JSON give loaded over quiet, taken
+  from the two runs' own figures, and the first table stays the quiet one."""
+  import json
+
+  path = tmp_path / "out.json"
+  out = _run(
+    "benchmarks/embedding_step.py",
+    "--impls",
+    "recsys",
+    "--busy_cores",
+    "0,1",
+    "--json",
+    str(path),
+    *_TINY_STEP,
+  )
+  assert len(_setting_rows(out, "recsys")) == 1, out  # the quiet row only
+  saved = json.loads(path.read_text())
+  by_busy = {r["busy"]: r for r in saved["results"]}
+  assert sorted(by_busy) == [0, 1]
+  (loaded,) = saved["under_load"]
+  assert loaded["busy"] == 1
+  assert loaded["of_quiet"] == pytest.approx(
+    by_busy[1]["ids_per_s"] / by_busy[0]["ids_per_s"]
+  )
+  row = re.search(
+    r"^\| recsys \| 1000 \| 256 \| [^|]+ \| 1 \| ([\d.]+) \| ([\d.]+) \| "
+    r"\*\*([\d.]+)x\*\* \| ",
+    out,
+    re.MULTILINE,
+  )
+  assert row, out
+  assert float(row.group(3)) == pytest.approx(loaded["of_quiet"], abs=0.006)
+
+
+def test_spinning_keeps_its_processes_busy_only_inside_the_block():
+  """`race.spinning(n)`: n processes busy inside the block (sampled by
+  `race.busy_processes`, as the header does), none after. (Shares are
+  loose: the test workers take the same 2 cores.)"""
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  try:
+    import race  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.pop(0)
+
+  def spinners():
+    return [b for b in race.busy_processes(0.5, 0.2) if "while True" in b[2]]
+
+  with race.spinning(1):
+    inside = spinners()
+  assert len(inside) == 1, inside
+  assert not spinners()
+
+
 _TINY_DLRM = (
   "benchmarks/dlrm_vs_torchrec.py",
   "--steps",

@@ -822,7 +822,7 @@ def busy_counts(args) -> list[int]:
 
 
 def _point_of(row: dict[str, Any]) -> tuple[str, int, int, int]:
-  return row["impl"], row["rows"], row["batch"], row.get("busy", 0)
+  return row["impl"], row["rows"], row["batch"], row["busy"]
 
 
 def under_load(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -833,12 +833,12 @@ def under_load(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
   quiet = {
     (r["impl"], r["rows"], r["batch"], r["threads"]): r
     for r in results
-    if r.get("busy", 0) == 0
+    if r["busy"] == 0
   }
   out = []
   for r in results:
     base = quiet.get((r["impl"], r["rows"], r["batch"], r["threads"]))
-    if r.get("busy", 0) and base:
+    if r["busy"] and base:
       out.append(
         dict(
           r,

@@ -7,10 +7,12 @@ make one, it refuses to start rather than expose the tasks.
 """
 
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -26,6 +28,13 @@ ROOT = os.path.dirname(
 def _interfaces(pid="self"):
   with open(f"/proc/{pid}/net/dev", encoding="ascii") as f:
     return sorted(line.split(":")[0].strip() for line in f.readlines()[2:])
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+  """Every line of `stream` into `lines`, then None at its end."""
+  for line in stream:
+    lines.put(line)
+  lines.put(None)
 
 
 def _task_interfaces(*flags):
@@ -53,17 +62,31 @@ def _task_interfaces(*flags):
     text=True,
     start_new_session=True,
   )
+  # Lines arrive through a thread: a launch that hangs silently must fail
+  # the test at the deadline, not block it on a read.
+  lines: queue.Queue = queue.Queue()
+  threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+  seen = []
   try:
-    deadline = time.time() + 120
-    for line in proc.stdout:
+    deadline = time.monotonic() + 120
+    while True:
+      try:
+        line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+      except queue.Empty:
+        raise AssertionError(
+          f"no task started within 120 s; launch printed: {seen}"
+        ) from None
+      if line is None:
+        raise AssertionError(
+          f"launch ended without a task ({proc.wait()}): {seen}"
+        )
+      seen.append(line.rstrip())
       match = re.search(r"\[launch\] worker 0 pid (\d+)", line)
       if match:
         return _interfaces(match.group(1))
-      assert time.time() < deadline, "no task started"
-    raise AssertionError(f"launch ended without a task: {proc.wait()}")
   finally:
     os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    proc.wait(timeout=30)
 
 
 @pytest.mark.skipif(

@@ -604,3 +604,14 @@ def test_train_refuses_a_memory_plan_beyond_the_host(tmp_path, capsys):
   )
   assert "cpu_small.gin" in err and "--skip_memory_check" in err
   assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
+def test_each_command_in_a_process_starts_from_its_own_gin_files(capsys):
+  """A notebook or a test calls `cli.main` again: nothing carries over."""
+  bad = ["--gin_bindings", "train.placement = 3"]
+  assert cli.main(["info", "--gin_file", DEFAULT, *bad]) == 2
+  assert "train.placement is 3" in capsys.readouterr().err
+  assert cli.main(["info", "--gin_file", DEFAULT]) == 0
+  gin.parse_config("train.train_steps = 7", skip_unknown=True)
+  gin.finalize()  # a locked config, as `recsys train` leaves it
+  assert cli.main(["info", "--gin_file", DEFAULT]) == 0

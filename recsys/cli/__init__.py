@@ -17,6 +17,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+import gin
+
 from recsys import cli_checks
 from recsys.cli import (
   benchmark,
@@ -89,6 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
           getattr(args, "intra_op_threads", 0),
           getattr(args, "inter_op_threads", 0),
         )
+      # Each command reads its own gin files: a second command in this
+      # process (a notebook, a test) must not inherit the first one's
+      # bindings, nor the lock its finalized config left.
+      gin.clear_config()
       return command.run(args)
   except KeyboardInterrupt:  # Ctrl-C outside the training loop
     report.interrupted(args.command)

@@ -6,15 +6,14 @@ table) and escaped the memory check; a device budget above the host's RAM
 planned a 89 GiB table at 4.4% and ended in TensorFlow's
 ResourceExhaustedError; `device_memory = 0.9` became 0 bytes, "unknown";
 `recsys info` accepted what `recsys train` refused, or refused it with
-another exit status. The `recsys` commands run in fresh processes, as a
-user types them; the Python cases build a Trainer as a user does.
+another exit status. The `recsys` commands run through `cli.main`, the
+entry point of the installed command (tests/test_cli.py runs it in fresh
+processes); the Python cases build a Trainer as a user does.
 """
 
 import logging
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import tensorflow as tf
@@ -33,17 +32,12 @@ CRITEO = os.path.join(config.EXPERIMENTS_DIR, "criteo_dlrm.gin")
 TABLE_ROW = re.compile(r"^  C\d+ ", re.M)
 
 
-def recsys(*args):
-  """`recsys ARGS` in a fresh process; `(exit status, stdout, stderr)`."""
-  done = subprocess.run(
-    [sys.executable, "-m", "recsys", *args],
-    cwd=ROOT,
-    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  return done.returncode, done.stdout, done.stderr
+def recsys(capsys, *args):
+  """`recsys ARGS`, as its entry point runs it; `(exit status, out, err)`."""
+  capsys.readouterr()
+  code = cli.main(list(args))
+  out, err = capsys.readouterr()
+  return code, out, err
 
 
 def flags(*bindings):
@@ -54,8 +48,9 @@ def flags(*bindings):
 
 
 @pytest.mark.slow
-def test_info_shows_a_placement_forced_through_backend_options():
+def test_info_shows_a_placement_forced_through_backend_options(capsys):
   code, out, err = recsys(
+    capsys,
     "info",
     "--gin_file",
     DEFAULT,
@@ -164,11 +159,14 @@ CRITEO_MLPERF = [
 @pytest.mark.skipif(
   _mem_total() > 100 << 30, reason="the tables must not fit this host"
 )
-def test_a_budget_above_the_host_ram_is_refused_before_allocating(tmp_path):
+def test_a_budget_above_the_host_ram_is_refused_before_allocating(
+  tmp_path, capsys
+):
   (tmp_path / "train.txt").write_text(
     "1\t" + "\t".join(["1"] * 13 + ["a"] * 26) + "\n"
   )
   code, _, err = recsys(
+    capsys,
     "train",
     "--gin_file",
     CRITEO,
@@ -202,8 +200,9 @@ def test_info_says_the_host_cannot_hold_what_the_budget_allows(capsys):
 
 
 @pytest.mark.slow
-def test_info_refuses_a_fraction_as_device_memory():
+def test_info_refuses_a_fraction_as_device_memory(capsys):
   code, out, err = recsys(
+    capsys,
     "info",
     "--gin_file",
     DEFAULT,
@@ -231,11 +230,14 @@ def test_device_memory_refuses_fractions_and_non_positive_values(value):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["info", "train"])
-def test_an_invalid_row_layout_exits_2_from_info_and_train(command, tmp_path):
+def test_an_invalid_row_layout_exits_2_from_info_and_train(
+  command, tmp_path, capsys
+):
   args = [command, "--gin_file", DEFAULT]
   if command == "train":
     args += ["--model_dir", str(tmp_path / "run")]
   code, out, err = recsys(
+    capsys,
     *args,
     *flags(
       "train.placement = @EmbeddingPlacement()",
@@ -333,15 +335,16 @@ def test_evaluate_and_export_take_the_flag_their_memory_refusal_names(
   capsys.readouterr()
   # The run's 4 MiB of tables over a 64 KiB device: refused, naming the flag.
   small = flags("EmbeddingPlacement.device_memory = '64KiB'")
-  code, out, err = recsys("evaluate", "--model_dir", run, *small)
+  code, out, err = recsys(capsys, "evaluate", "--model_dir", run, *small)
   assert code == 1, out + err
   assert "MemoryPlanError" in err and "pass --skip_memory_check" in err
   code, out, err = recsys(
-    "evaluate", "--model_dir", run, *small, "--skip_memory_check"
+    capsys, "evaluate", "--model_dir", run, *small, "--skip_memory_check"
   )
   assert code == 0, err
   assert '"step": 2' in out
   code, out, err = recsys(
+    capsys,
     "export",
     "--model_dir",
     run,

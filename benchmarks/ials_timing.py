@@ -42,12 +42,25 @@ def main() -> None:
   parser.add_argument("--batch_size", type=int, default=256)
   parser.add_argument("--reg", type=float, default=100.0)
   parser.add_argument("--alpha", type=float, default=10.0)
+  parser.add_argument(
+    "--history_chunk",
+    type=int,
+    default=None,
+    help="cut histories into chunks of this many ids (default: none, "
+    "every history padded to the longest)",
+  )
   args = parser.parse_args()
 
   with tempfile.TemporaryDirectory() as folder:
     pairs, num_users, num_items = _pairs(movielens.write_ml100k_like(folder))
   users, items = num_users + 1, num_items + 1
-  specs = ials_batches.feature_specs(pairs, users, items, args.batch_size)
+  specs = ials_batches.feature_specs(
+    pairs,
+    users,
+    items,
+    args.batch_size,
+    history_chunk=args.history_chunk,
+  )
   settings = features_lib.EmbeddingSettings(
     dim=args.dim,
     optimizer=tf.tpu.experimental.embedding.SGD(1.0),
@@ -70,7 +83,13 @@ def main() -> None:
     backend.apply_gradients(tape.gradient(loss, acts))
 
   batches = list(
-    ials_batches.epoch_batches(pairs, users, items, args.batch_size)
+    ials_batches.epoch_batches(
+      pairs,
+      users,
+      items,
+      args.batch_size,
+      history_chunk=args.history_chunk,
+    )
   )
   tables = {t.name: v for t, v in backend.embedding_tables.items()}
   p0, q0 = tables["user"].numpy(), tables["item"].numpy()
@@ -97,7 +116,7 @@ def main() -> None:
   print(
     f"synthetic ml-100k-like: {users} user rows, {items} item rows, "
     f"{len(unique)} pairs, dim {args.dim}, batch {args.batch_size}, "
-    f"{len(batches)} steps per epoch"
+    f"history_chunk {args.history_chunk}, {len(batches)} steps per epoch"
   )
   print(f"first epoch (tracing): {seconds[0]:.2f} s")
   print(

@@ -22,6 +22,7 @@ from recsys.data import ials_batches
 from recsys.testing import movielens
 
 REG, ALPHA, DIM, BATCH = 5.0, 10.0, 8, 32
+CHUNK = 8  # histories of ~25 and ~19 ids: most rows span several entries
 
 
 def _run(*argv: str) -> None:
@@ -33,6 +34,7 @@ def _bindings(data_dir: str, steps: int) -> list:
   bindings = [
     f"MOVIELENS_DIR = '{data_dir}'",
     f"ImplicitALSData.batch_size = {BATCH}",
+    f"ImplicitALSData.history_chunk = {CHUNK}",
     f"train.global_batch_size = {BATCH}",
     f"EmbeddingSettings.dim = {DIM}",
     f"ImplicitALS.dim = {DIM}",
@@ -69,13 +71,18 @@ def test_ials_run_trains_resumes_evaluates_and_exports(tmp_path):
 
   config.parse(
     [gin_file],
-    [f"MOVIELENS_DIR = '{data_dir}'", f"ImplicitALSData.batch_size = {BATCH}"],
+    [
+      f"MOVIELENS_DIR = '{data_dir}'",
+      f"ImplicitALSData.batch_size = {BATCH}",
+      f"ImplicitALSData.history_chunk = {CHUNK}",
+    ],
   )
   source = train(model_dir=str(tmp_path / "probe"), action="build").source
   gin.clear_config()
   users, items = source.num_users, source.num_items
   epoch = source.steps_per_epoch()
-  assert epoch == math.ceil(users / BATCH) + math.ceil(items / BATCH)
+  # Chunked histories take more entries than rows: more steps per epoch.
+  assert epoch > math.ceil(users / BATCH) + math.ceil(items / BATCH)
 
   exports = []
   for epochs in (1, 2):  # the second run resumes from the first's checkpoint
@@ -117,6 +124,36 @@ def test_ials_run_trains_resumes_evaluates_and_exports(tmp_path):
     scores[row, by_user[user] - 1] = -np.inf
   want = np.argsort(-scores, axis=1, kind="stable")[:, :10] + 1
   np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("chunk", ["0", "2.5", "1"])
+def test_ials_run_refuses_a_chunk_that_is_no_size_or_cannot_fit(
+  chunk, tmp_path, capsys
+):
+  """0 and 2.5 are no number of ids; 1 cuts the longest histories (~20
+  ids) into more chunks than a batch of 8 entries holds."""
+  data_dir = movielens.write_ml100k_like(
+    str(tmp_path / "ml"), num_users=30, num_items=40, num_ratings=1500
+  )
+  gin_file = os.path.join(config.EXPERIMENTS_DIR, "movielens_ials.gin")
+  flags = _bindings(data_dir, 2) + [
+    "--gin_bindings",
+    f"ImplicitALSData.history_chunk = {chunk}",
+    "--gin_bindings",
+    "ImplicitALSData.batch_size = 8",
+    "--gin_bindings",
+    "train.global_batch_size = 8",
+  ]
+  code = cli.main(
+    ["train", "--gin_file", gin_file, *flags, "--model_dir", str(tmp_path)]
+  )
+  gin.clear_config()
+  assert code == 2
+  err = capsys.readouterr().err
+  assert "ImplicitALSData" in err and "history_chunk" in err, err
+  if chunk == "1":
+    assert "more than batch_size 8 entries" in err, err
+    assert "history_chunk >= " in err, err
 
 
 def test_ials_run_refuses_an_embedding_optimizer_other_than_sgd_1(

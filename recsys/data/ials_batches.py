@@ -33,6 +33,8 @@ USER_CORPUS, ITEM_CORPUS = "ials_user_corpus", "ials_item_corpus"
 SIDE = "ials_side"
 #: The number of observed pairs of each row (its history's length), `[B]`.
 COUNTS = "ials_counts"
+#: Each entry's row: the batch position of the row's first entry, `[B]`.
+SEGMENT = "ials_segment"
 USER_SIDE, ITEM_SIDE, PADDING = 0, 1, -1
 
 
@@ -78,12 +80,18 @@ def feature_specs(
   batch_size: int,
   user: str = USER,
   item: str = ITEM,
+  history_chunk: int | None = None,
 ) -> list:
   """The six features of `epoch_batches` (tables named after `user` and
-  `item`, the one-hot id features); `batch_size` per replica."""
+  `item`, the one-hot id features); `batch_size` per replica; histories
+  padded to the longest, or to `history_chunk` when that is shorter."""
   pairs = unique_pairs(pairs, num_user_rows, num_item_rows)
   longest_user = int(np.bincount(pairs[:, 0], minlength=1).max(initial=1))
   longest_item = int(np.bincount(pairs[:, 1], minlength=1).max(initial=1))
+  if history_chunk is not None:
+    _check_chunk(history_chunk)
+    longest_user = min(longest_user, history_chunk)
+    longest_item = min(longest_item, history_chunk)
   return [
     FeatureSpec(user, num_user_rows, table=user),
     FeatureSpec(item, num_item_rows, table=item),
@@ -123,6 +131,57 @@ def _corpus_slices(size: int, batch_size: int) -> list:
   ]
 
 
+def _check_chunk(history_chunk: int | None) -> None:
+  if history_chunk is not None and (
+    isinstance(history_chunk, bool)
+    or not isinstance(history_chunk, (int, np.integer))
+    or history_chunk < 1
+  ):
+    raise IALSBatchError(
+      f"iALS: history_chunk must be a positive whole number of ids, got "
+      f"{history_chunk!r}."
+    )
+
+
+def _num_entries(length: int, history_chunk: int | None) -> int:
+  """Batch entries of a row with `length` observed pairs (at least one)."""
+  if history_chunk is None or length <= history_chunk:
+    return 1
+  return -(-length // history_chunk)
+
+
+def row_groups(
+  histories: list, batch_size: int, history_chunk: int | None = None
+) -> list:
+  """Rows 0..len(histories)-1 in order, packed into batches of at most
+  `batch_size` entries (a row's chunks never split over two batches).
+
+  Raises:
+    IALSBatchError: a row has more chunks than a batch has entries.
+  """
+  _check_chunk(history_chunk)
+  groups: list = []
+  current: list[int] = []
+  used = 0
+  for row, history in enumerate(histories):
+    need = _num_entries(len(history), history_chunk)
+    if need > batch_size:
+      raise IALSBatchError(
+        f"iALS batch: row {row} has {len(history)} observed pairs, "
+        f"{need} chunks of history_chunk {history_chunk}, more than "
+        f"batch_size {batch_size}; raise ImplicitALSData.history_chunk to "
+        f"at least {-(-len(history) // batch_size)} or the batch size."
+      )
+    if used + need > batch_size:
+      groups.append(np.array(current, np.int64))
+      current, used = [], 0
+    current.append(row)
+    used += need
+  if current:
+    groups.append(np.array(current, np.int64))
+  return groups
+
+
 def half_batch(
   side: int,
   rows: np.ndarray,
@@ -132,29 +191,50 @@ def half_batch(
   batch_size: int,
   user: str = USER,
   item: str = ITEM,
+  history_chunk: int | None = None,
 ) -> tuple[dict, tf.Tensor]:
   """One batch `(features, labels)` solving `rows` of `side` (padded to
-  `batch_size`); `histories[r]` the other side's ids row r observed.
+  `batch_size` entries); `histories[r]` the other side's ids row r
+  observed, cut into chunks of `history_chunk` ids when longer.
 
   Raises:
-    IALSBatchError: more rows than the batch size, or a row twice.
+    IALSBatchError: more entries than the batch size, or a row twice.
   """
   rows = np.asarray(rows, np.int64)
-  if len(rows) > batch_size:
-    raise IALSBatchError(
-      f"iALS batch: {len(rows)} rows do not fit batch_size {batch_size}."
-    )
   if len(np.unique(rows)) != len(rows):
     raise IALSBatchError(
       "iALS batch: a row appears twice; each step solves DISTINCT rows "
       "(its update sets a row to its solution once)."
     )
-  pad = batch_size - len(rows)
-  ids = np.concatenate([rows, np.zeros(pad, np.int64)])
+  _check_chunk(history_chunk)
+  entry_rows: list[int] = []
+  chunks: list = []
+  segments: list[int] = []
+  counts: list[int] = []
+  for row in rows:
+    history = histories[row]
+    first = len(entry_rows)
+    for e in range(_num_entries(len(history), history_chunk)):
+      entry_rows.append(row)
+      chunks.append(
+        history
+        if history_chunk is None
+        else history[e * history_chunk : (e + 1) * history_chunk]
+      )
+      segments.append(first)
+      counts.append(len(history))
+  if len(entry_rows) > batch_size:
+    raise IALSBatchError(
+      f"iALS batch: {len(rows)} rows take {len(entry_rows)} entries, more "
+      f"than batch_size {batch_size}."
+    )
+  used = len(entry_rows)
+  pad = batch_size - used
+  ids = np.array(entry_rows + [0] * pad, np.int64)
   zeros = np.zeros(batch_size, np.int64)
-  history = _ragged([histories[r] for r in rows] + [[]] * pad)
+  history = _ragged(chunks + [[]] * pad)
   empty = _ragged([[]] * batch_size)
-  sides = np.array([side] * len(rows) + [PADDING] * pad, np.int32)
+  sides = np.array([side] * used + [PADDING] * pad, np.int32)
   solving_users = side == USER_SIDE
   categorical = {
     user: tf.constant(ids if solving_users else zeros),
@@ -168,14 +248,43 @@ def half_batch(
     if solving_users
     else _ragged(_corpus_slices(num_user_rows, batch_size)),
   }
-  counts = np.zeros(batch_size, np.int64)
-  counts[: len(rows)] = [len(histories[r]) for r in rows]
   features = {
     "categorical": categorical,
     SIDE: tf.constant(sides),
-    COUNTS: tf.constant(counts),
+    COUNTS: tf.constant(np.array(counts + [0] * pad, np.int64)),
+    SEGMENT: tf.constant(
+      np.array(segments + list(range(used, batch_size)), np.int32)
+    ),
   }
   return features, tf.zeros([batch_size], tf.float32)
+
+
+def _by_side(pairs, num_user_rows, num_item_rows):
+  pairs = unique_pairs(pairs, num_user_rows, num_item_rows)
+  return (
+    (USER_SIDE, _histories(pairs[:, 0], pairs[:, 1], num_user_rows)),
+    (ITEM_SIDE, _histories(pairs[:, 1], pairs[:, 0], num_item_rows)),
+  )
+
+
+def _padded(groups: list, steps_multiple: int) -> list:
+  empty = np.zeros(0, np.int64)
+  return groups + [empty] * (-len(groups) % steps_multiple)
+
+
+def steps_per_epoch(
+  pairs: np.ndarray,
+  num_user_rows: int,
+  num_item_rows: int,
+  batch_size: int,
+  steps_multiple: int = 1,
+  history_chunk: int | None = None,
+) -> int:
+  """The number of batches `epoch_batches` yields for these settings."""
+  return sum(
+    len(_padded(row_groups(h, batch_size, history_chunk), steps_multiple))
+    for _, h in _by_side(pairs, num_user_rows, num_item_rows)
+  )
 
 
 def epoch_batches(
@@ -186,6 +295,7 @@ def epoch_batches(
   user: str = USER,
   item: str = ITEM,
   steps_multiple: int = 1,
+  history_chunk: int | None = None,
 ) -> Iterator[tuple[dict, tf.Tensor]]:
   """One epoch: every user row 0..num_user_rows-1 in batches, then every
   item row (rows without pairs solve to zeros, as in the NumPy iALS).
@@ -193,19 +303,12 @@ def epoch_batches(
   Each half is padded with all-padding batches to a multiple of
   `steps_multiple` batches: with R replicas fed consecutive batches, pass
   R so no step mixes a user batch with an item batch (an item solve must
-  see the users of the finished half).
+  see the users of the finished half). `history_chunk`: see the module
+  docstring.
   """
-  pairs = unique_pairs(pairs, num_user_rows, num_item_rows)
-  by_user = _histories(pairs[:, 0], pairs[:, 1], num_user_rows)
-  by_item = _histories(pairs[:, 1], pairs[:, 0], num_item_rows)
-  for side, size, histories in (
-    (USER_SIDE, num_user_rows, by_user),
-    (ITEM_SIDE, num_item_rows, by_item),
-  ):
-    starts = list(range(0, size, batch_size))
-    starts += [size] * (-len(starts) % steps_multiple)
-    for start in starts:
-      rows = np.arange(start, min(start + batch_size, size))
+  for side, histories in _by_side(pairs, num_user_rows, num_item_rows):
+    groups = row_groups(histories, batch_size, history_chunk)
+    for rows in _padded(groups, steps_multiple):
       yield half_batch(
         side,
         rows,
@@ -215,4 +318,5 @@ def epoch_batches(
         batch_size,
         user,
         item,
+        history_chunk,
       )

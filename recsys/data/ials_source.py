@@ -55,7 +55,11 @@ class ImplicitALSData(DataSource):
   """
 
   def __init__(
-    self, source: Any, batch_size: int, steps_multiple: int = 1
+    self,
+    source: Any,
+    batch_size: int,
+    steps_multiple: int = 1,
+    history_chunk: int | None = None,
   ) -> None:
     """Reads the wrapped source's training pairs once.
 
@@ -66,6 +70,9 @@ class ImplicitALSData(DataSource):
         divided by the replicas (the corpus slices are sized for it).
       steps_multiple: pad each half to a multiple of this many batches; set
         it to the number of replicas, so no step mixes the halves.
+      history_chunk: cut histories longer than this many ids into chunks
+        (a batch entry each; `recsys.data.ials_batches`): batches are padded
+        to the chunk instead of the longest history. None: no cut.
 
     Raises:
       ImplicitALSDataError: no query id feature, or an endless training
@@ -74,6 +81,16 @@ class ImplicitALSData(DataSource):
     self.source = source
     self.batch_size = check_batch_size(batch_size)
     self.steps_multiple = check_batch_size(steps_multiple)
+    if history_chunk is not None and (
+      isinstance(history_chunk, bool)
+      or not isinstance(history_chunk, int)
+      or history_chunk < 1
+    ):
+      raise ImplicitALSDataError(
+        "ImplicitALSData.history_chunk must be None or a positive whole "
+        f"number of ids, got {history_chunk!r}."
+      )
+    self.history_chunk = history_chunk
     user = getattr(source, "query_id_feature", None) or "user_id"
     if user not in getattr(source, "query_features", ()):
       raise ImplicitALSDataError(
@@ -90,9 +107,41 @@ class ImplicitALSData(DataSource):
     self.num_users = source.spec(user).vocabulary_size
     self.num_items = source.spec(item).vocabulary_size
     self._pairs = self._read_pairs()
+    self._check_chunks_fit()
     self.feature_specs = ials_batches.feature_specs(
-      self._pairs, self.num_users, self.num_items, self.batch_size, user, item
+      self._pairs,
+      self.num_users,
+      self.num_items,
+      self.batch_size,
+      user,
+      item,
+      self.history_chunk,
     )
+    self._steps_per_epoch = ials_batches.steps_per_epoch(
+      self._pairs,
+      self.num_users,
+      self.num_items,
+      self.batch_size,
+      self.steps_multiple,
+      self.history_chunk,
+    )
+
+  def _check_chunks_fit(self) -> None:
+    """Every row's chunks fit one batch (they may not split over two)."""
+    if self.history_chunk is None or not len(self._pairs):
+      return
+    pairs = ials_batches.unique_pairs(
+      self._pairs, self.num_users, self.num_items
+    )
+    longest = int(max(np.bincount(pairs[:, c]).max(initial=0) for c in (0, 1)))
+    chunks = -(-longest // self.history_chunk)
+    if chunks > self.batch_size:
+      raise ImplicitALSDataError(
+        f"ImplicitALSData: the longest history ({longest} pairs) takes "
+        f"{chunks} chunks of history_chunk {self.history_chunk}, more than "
+        f"batch_size {self.batch_size} entries; a row's chunks share one "
+        f"batch. Set history_chunk >= {-(-longest // self.batch_size)}."
+      )
 
   def _read_pairs(self) -> np.ndarray:
     dataset = self.source.dataset(
@@ -116,12 +165,7 @@ class ImplicitALSData(DataSource):
 
   def steps_per_epoch(self) -> int:
     """Batches (per replica) of one epoch: both halves."""
-    per_half = [
-      -(-rows // self.batch_size) for rows in (self.num_users, self.num_items)
-    ]
-    return sum(
-      -(-n // self.steps_multiple) * self.steps_multiple for n in per_half
-    )
+    return self._steps_per_epoch
 
   def _signature(self) -> tuple:
     rows = self.batch_size
@@ -136,6 +180,7 @@ class ImplicitALSData(DataSource):
       "categorical": categorical,
       ials_batches.SIDE: tf.TensorSpec([rows], tf.int32),
       ials_batches.COUNTS: tf.TensorSpec([rows], tf.int64),
+      ials_batches.SEGMENT: tf.TensorSpec([rows], tf.int32),
     }
     return features, tf.TensorSpec([rows], tf.float32)
 
@@ -150,6 +195,7 @@ class ImplicitALSData(DataSource):
           self.query_id_feature,
           self.candidate_id_feature,
           self.steps_multiple,
+          self.history_chunk,
         )
         if not repeat:
           return
@@ -167,6 +213,7 @@ class ImplicitALSData(DataSource):
     features["categorical"] = categorical
     features[ials_batches.SIDE] = tf.fill([rows], ials_batches.PADDING)
     features[ials_batches.COUNTS] = tf.zeros([rows], tf.int64)
+    features[ials_batches.SEGMENT] = tf.range(rows, dtype=tf.int32)
     return features, labels
 
   def dataset(

@@ -229,6 +229,7 @@ class ImplicitALS(RetrievalModel):
       regularization,
       self._alpha,
       self._w0,
+      tf.reshape(features[names.SEGMENT], [-1]),
     )
 
   #: The training step sums the rows' losses: the gradient at row r is
@@ -258,15 +259,21 @@ class ImplicitALS(RetrievalModel):
         compute_metrics=compute_metrics,
       )
     missing = [
-      key for key in (names.SIDE, names.COUNTS) if key not in (features or {})
+      key
+      for key in (names.SIDE, names.COUNTS, names.SEGMENT)
+      if key not in (features or {})
     ]
     if features is None or missing:
       raise ModelConfigError(
         f"ImplicitALS: a training batch needs features {missing} (which "
-        "side each row solves, its history's length: "
+        "side each row solves, its history's length, its first entry: "
         "`recsys.data.ials_batches`)."
       )
     side = tf.reshape(features[names.SIDE], [-1])
+    # A row cut into chunks is updated once, through its first entry: the
+    # backend sums the gradients of a row's entries.
+    segment = tf.reshape(features[names.SEGMENT], [-1])
+    first = tf.equal(segment, tf.range(tf.size(segment), dtype=segment.dtype))
     per_row = None
     for this_side, row, history, corpus, size in (
       (
@@ -284,7 +291,10 @@ class ImplicitALS(RetrievalModel):
         self._num_users,
       ),
     ):
-      weight = tf.cast(tf.equal(side, this_side), activations[row].dtype)
+      weight = tf.cast(
+        tf.logical_and(tf.equal(side, this_side), first),
+        activations[row].dtype,
+      )
       # A batch solves one side: the other's systems are skipped, not solved.
       solved = tf.stop_gradient(
         tf.cond(

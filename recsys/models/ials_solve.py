@@ -54,6 +54,7 @@ def solve_rows(
   regularization: tf.Tensor,
   alpha: float,
   unobserved_weight: float,
+  segments: tf.Tensor | None = None,
 ) -> tf.Tensor:
   """Each row's exact weighted least-squares solution `[B, D]`.
 
@@ -64,6 +65,11 @@ def solve_rows(
     regularization: `[B]` lambda per row (`row_regularization`), > 0.
     alpha: the extra weight of an observed pair.
     unobserved_weight: w0, the weight of every pair.
+    segments: `[B]` int32, entry b's row is the one at position
+      `segments[b]` (a long history cut into several entries,
+      `recsys.data.ials_batches`): the entries' sums are added there before
+      the solve, and every entry gets its row's solution. None: each entry
+      is its own row.
 
   Returns:
     `[B, D]`; a row with an empty history solves to zeros. Cost O(B (L D^2
@@ -72,11 +78,19 @@ def solve_rows(
   dim = tf.shape(history)[-1]
   eye = tf.eye(dim, dtype=history.dtype)
   observed = tf.linalg.matmul(history, history, transpose_a=True)  # [B,D,D]
+  summed = tf.reduce_sum(history, axis=1)  # [B, D]
+  if segments is not None:
+    rows = tf.shape(history)[0]
+    observed = tf.math.unsorted_segment_sum(observed, segments, rows)
+    summed = tf.math.unsorted_segment_sum(summed, segments, rows)
   matrix = (
     unobserved_weight * other_gramian[tf.newaxis]
     + alpha * observed
     + regularization[:, tf.newaxis, tf.newaxis] * eye
   )
-  rhs = (alpha + unobserved_weight) * tf.reduce_sum(history, axis=1)
+  rhs = (alpha + unobserved_weight) * summed
   factor = tf.linalg.cholesky(matrix)
-  return tf.linalg.cholesky_solve(factor, rhs[..., tf.newaxis])[..., 0]
+  solved = tf.linalg.cholesky_solve(factor, rhs[..., tf.newaxis])[..., 0]
+  if segments is None:
+    return solved
+  return tf.gather(solved, segments)

@@ -70,10 +70,10 @@ def test_frequency_scaled_regularization():
   np.testing.assert_allclose(got, [2.0 * 5.0, 2.0 * 17.0])
 
 
-def _setup(strategy, batch_size, optimizer=None, **options):
+def _setup(strategy, batch_size, optimizer=None, chunk=None, **options):
   pairs = _pairs()
   specs = ials_batches.feature_specs(
-    pairs, NUM_USERS + 1, NUM_ITEMS + 1, batch_size
+    pairs, NUM_USERS + 1, NUM_ITEMS + 1, batch_size, history_chunk=chunk
   )
   settings = features_lib.EmbeddingSettings(
     dim=DIM,
@@ -91,8 +91,10 @@ def _setup(strategy, batch_size, optimizer=None, **options):
   return pairs, config, backend, model
 
 
-def _train(strategy, batch_size, epochs, **options):
-  pairs, config, backend, model = _setup(strategy, batch_size, **options)
+def _train(strategy, batch_size, epochs, chunk=None, **options):
+  pairs, config, backend, model = _setup(
+    strategy, batch_size, chunk=chunk, **options
+  )
   ials.check_embedding_optimizer(config)
   names = list(config)
 
@@ -125,6 +127,7 @@ def _train(strategy, batch_size, epochs, **options):
         NUM_ITEMS + 1,
         batch_size,
         steps_multiple=replicas,
+        history_chunk=chunk,
       )
     )
     for start in range(0, len(batches), replicas):
@@ -142,9 +145,14 @@ def _train(strategy, batch_size, epochs, **options):
   return pairs, initial, tables(), backend
 
 
+@pytest.mark.parametrize("chunk", [None, 3], ids=["whole", "chunks_of_3"])
 @pytest.mark.parametrize("epochs", [1, 3])
-def test_model_through_backend_matches_numpy_ials(epochs):
-  pairs, initial, trained, _ = _train(tf.distribute.get_strategy(), 16, epochs)
+def test_model_through_backend_matches_numpy_ials(epochs, chunk):
+  """Histories cut into chunks of 3 ids (most rows of this data span
+  several entries) solve to the same tables as whole histories."""
+  pairs, initial, trained, _ = _train(
+    tf.distribute.get_strategy(), 16, epochs, chunk=chunk
+  )
   p, q = _numpy_ials(pairs, initial["user"], initial["item"], epochs)
   np.testing.assert_allclose(trained["user"], p, rtol=2e-4, atol=2e-6)
   np.testing.assert_allclose(trained["item"], q, rtol=2e-4, atol=2e-6)
@@ -155,9 +163,11 @@ def test_model_through_backend_matches_numpy_ials(epochs):
 def test_two_replicas_train_the_one_replica_tables(placement):
   """Each replica solves its own distinct rows (consecutive batches, each
   with the whole other table): the tables of one replica on batches twice
-  the size, row-sharded too."""
+  the size, row-sharded too, with the histories cut into chunks of 3."""
   _, _, one, _ = _train(tf.distribute.get_strategy(), 16, 1)
-  _, _, two, backend = _train(mirrored_strategy(2), 8, 1, placement=placement)
+  _, _, two, backend = _train(
+    mirrored_strategy(2), 8, 1, chunk=3, placement=placement
+  )
   assert set(backend.placements().values()) == {placement}
   for name in one:
     np.testing.assert_allclose(two[name], one[name], rtol=1e-5, atol=1e-6)
@@ -172,6 +182,29 @@ def test_refuses_an_optimizer_other_than_sgd_1():
   _, config, _, _ = _setup(tf.distribute.get_strategy(), 16, embedding.SGD(0.5))
   with pytest.raises(ModelConfigError, match="learning rate 1.0"):
     ials.check_embedding_optimizer(config)
+
+
+def test_chunked_rows_share_one_batch_and_point_at_their_first_entry():
+  histories = [np.arange(n) for n in (0, 5, 2, 7, 1)]
+  groups = ials_batches.row_groups(histories, batch_size=4, history_chunk=3)
+  # entries per row: 1, 2, 1, 3, 1 -> packed in order, none split
+  assert [g.tolist() for g in groups] == [[0, 1, 2], [3, 4]]
+  features, _ = ials_batches.half_batch(
+    ials_batches.USER_SIDE, groups[1], histories, 5, 8, 4, history_chunk=3
+  )
+  assert features[ials_batches.SEGMENT].numpy().tolist() == [0, 0, 0, 3]
+  assert features["categorical"]["user"].numpy().tolist() == [3, 3, 3, 4]
+  assert features[ials_batches.COUNTS].numpy().tolist() == [7, 7, 7, 1]
+  history = features["categorical"][ials_batches.USER_HISTORY]
+  assert history.to_list() == [[0, 1, 2], [3, 4, 5], [6], [0]]
+  assert (
+    ials_batches.steps_per_epoch(
+      np.array([[1, 1]]), 5, 8, 4, steps_multiple=2, history_chunk=3
+    )
+    == 2 + 2
+  )
+  with pytest.raises(ials_batches.IALSBatchError, match="row 3 has 7"):
+    ials_batches.row_groups(histories, batch_size=2, history_chunk=3)
 
 
 def test_refuses_a_row_twice_in_a_batch():

@@ -305,3 +305,28 @@ def test_row_sharding_reports_every_placement_and_the_budget_run():
     assert re.search(rf"^\| {row} \| [\d.]+ \|", out, re.MULTILINE), out
   assert "1 replica, replicated: refused" in out, out
   assert "2 replicas: the planner row-shards ['C1'" in out, out
+
+
+def test_ials_scale_trains_row_sharded_replicas_on_chunked_histories():
+  """The scale run of docs/models.md on a tiny matrix: 2 replicas,
+  row-sharded tables, the longest history cut into many chunks."""
+  out = _run(
+    "benchmarks/ials_scale.py",
+    "--users",
+    "300",
+    "--items",
+    "40",
+    "--pairs",
+    "3000",
+    "--replicas",
+    "2",
+    "--batch_size",
+    "64",
+    "--history_chunk",
+    "8",
+  )
+  longest = re.search(r"longest history: user \d+, item (\d+) ids", out)
+  assert longest and int(longest.group(1)) > 8, out
+  assert "2 replica(s), tables row_sharded" in out, out
+  assert re.search(r"^seconds per epoch: [\d.]+$", out, re.MULTILINE), out
+  assert re.search(r"^peak RSS: [\d,]+ MiB$", out, re.MULTILINE), out

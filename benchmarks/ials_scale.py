@@ -1,0 +1,173 @@
+"""Seconds per epoch of ImplicitALS on a large synthetic matrix, R replicas.
+
+Draws `--pairs` (user, item) pairs — users uniform, items Zipf-skewed like
+real catalogues (a few items observed by a large share of the users) — and
+trains `recsys.models.ials.ImplicitALS` through the tensorcore backend on
+`--replicas` logical CPU devices, its tables replicated or row-sharded
+(`--placement`), the way a Trainer step does: consecutive batches to
+consecutive replicas, each half padded to a multiple of R batches,
+histories cut into `--history_chunk` ids. Prints the data's shape, the
+steps and the seconds of each epoch after a first, tracing one, the time
+to build an epoch's batches, and the peak RSS of the process.
+
+  PYTHONPATH=. python benchmarks/ials_scale.py --users 1000000 \\
+      --items 100000 --pairs 10000000 --replicas 4 --placement row_sharded
+"""
+
+import argparse
+import resource
+import time
+
+import numpy as np
+
+
+def _parse() -> argparse.Namespace:
+  parser = argparse.ArgumentParser(
+    description=__doc__.split("\n")[0],
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+    epilog=__doc__.split("\n", 2)[2],
+  )
+  parser.add_argument("--users", type=int, default=1_000_000)
+  parser.add_argument("--items", type=int, default=100_000)
+  parser.add_argument("--pairs", type=int, default=10_000_000)
+  parser.add_argument("--zipf", type=float, default=1.1, help="item skew")
+  parser.add_argument("--dim", type=int, default=16)
+  parser.add_argument(
+    "--batch_size", type=int, default=4096, help="entries per replica"
+  )
+  parser.add_argument("--history_chunk", type=int, default=64)
+  parser.add_argument("--replicas", type=int, default=4)
+  parser.add_argument(
+    "--placement", choices=["replicated", "row_sharded"], default="row_sharded"
+  )
+  parser.add_argument("--epochs", type=int, default=1)
+  parser.add_argument("--reg", type=float, default=100.0)
+  parser.add_argument("--alpha", type=float, default=10.0)
+  parser.add_argument("--seed", type=int, default=0)
+  return parser.parse_args()
+
+
+def synthetic_pairs(
+  users: int, items: int, pairs: int, zipf: float, seed: int
+) -> np.ndarray:
+  """`[n, 2]` distinct (user, item) pairs, ids from 1 (row 0 unused)."""
+  rng = np.random.default_rng(seed)
+  weights = 1.0 / np.arange(1, items + 1) ** zipf
+  item = rng.choice(items, size=pairs, p=weights / weights.sum()) + 1
+  user = rng.integers(1, users + 1, size=pairs)
+  return np.unique(np.stack([user, item], 1), axis=0)
+
+
+def main() -> None:
+  args = _parse()
+  import recsys  # noqa: F401, PLC0415  (Keras 2 before TensorFlow)
+  from recsys._keras import tf  # noqa: PLC0415
+
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * args.replicas
+  )
+  import backends  # noqa: PLC0415
+  from recsys import _tf_internal  # noqa: PLC0415
+  from recsys import features as features_lib  # noqa: PLC0415
+  from recsys.data import ials_batches  # noqa: PLC0415
+  from recsys.models import ials  # noqa: PLC0415
+
+  start = time.perf_counter()
+  pairs = synthetic_pairs(
+    args.users, args.items, args.pairs, args.zipf, args.seed
+  )
+  users, items = args.users + 1, args.items + 1
+  longest = [int(np.bincount(pairs[:, c]).max()) for c in (0, 1)]
+  print(
+    f"{args.users:,} users x {args.items:,} items, {len(pairs):,} distinct "
+    f"pairs (items Zipf {args.zipf}); longest history: user {longest[0]}, "
+    f"item {longest[1]} ids; drawn in {time.perf_counter() - start:.1f} s"
+  )
+  devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+  strategy = (
+    _tf_internal.mirrored_strategy(devices[: args.replicas])
+    if args.replicas > 1
+    else tf.distribute.get_strategy()
+  )
+  specs = ials_batches.feature_specs(
+    pairs, users, items, args.batch_size, history_chunk=args.history_chunk
+  )
+  settings = features_lib.EmbeddingSettings(
+    dim=args.dim,
+    optimizer=tf.tpu.experimental.embedding.SGD(1.0),
+    initializer=tf.random_normal_initializer(0.0, 0.01, seed=0),
+  )
+  config = features_lib.feature_config(specs, settings)
+  ials.check_embedding_optimizer(config)
+  with strategy.scope():
+    backend = backends.create(
+      config,
+      settings.optimizer,
+      strategy,
+      backend="tensorcore",
+      placement=args.placement,
+    )
+    backend.build()
+    model = ials.ImplicitALS(
+      specs, dim=args.dim, reg=args.reg, alpha=args.alpha
+    )
+  names = list(config)
+
+  @tf.function
+  def step(features, labels):
+    def replica_step(features, labels):
+      with tf.GradientTape() as tape:
+        ids = {n: features["categorical"][n] for n in names}
+        acts = backend.lookup(ids, training=True)
+        tape.watch(acts)
+        loss = model.compute_loss(acts, features, labels)
+      backend.apply_gradients(tape.gradient(loss, acts))
+
+    strategy.run(replica_step, args=(features, labels))
+
+  replicas = args.replicas
+  build, seconds = [], []
+  for _ in range(args.epochs + 1):  # the first epoch traces
+    start = time.perf_counter()
+    batches = list(
+      ials_batches.epoch_batches(
+        pairs,
+        users,
+        items,
+        args.batch_size,
+        steps_multiple=replicas,
+        history_chunk=args.history_chunk,
+      )
+    )
+    build.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    for first in range(0, len(batches), replicas):
+      group = batches[first : first + replicas]
+      if replicas == 1:
+        step(*group[0])
+        continue
+      step(
+        *strategy.experimental_distribute_values_from_function(
+          lambda ctx, group=group: group[ctx.replica_id_in_sync_group]
+        )
+      )
+    seconds.append(time.perf_counter() - start)
+  print(
+    f"dim {args.dim}, {replicas} replica(s), tables {args.placement}, "
+    f"{args.batch_size} entries per replica and step, history_chunk "
+    f"{args.history_chunk}: {len(batches) // replicas} steps per epoch"
+  )
+  print(f"first epoch (tracing): {seconds[0]:.1f} s")
+  print("seconds per epoch: " + ", ".join(f"{s:.1f}" for s in seconds[1:]))
+  print(
+    "building an epoch's batches (Python, before the steps): "
+    + ", ".join(f"{s:.1f}" for s in build)
+    + " s"
+  )
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  print(f"peak RSS: {peak:,.0f} MiB")
+
+
+if __name__ == "__main__":
+  main()

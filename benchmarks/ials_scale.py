@@ -58,6 +58,48 @@ def synthetic_pairs(
   return np.unique(np.stack([user, item], 1), axis=0)
 
 
+def ials_training(specs, dim, reg, alpha, strategy=None, placement=None):
+  """`(backend, step)`: ImplicitALS's tables on the tensorcore backend
+  (SGD(1.0), N(0, 0.01) rows) and a `tf.function` `step(features, labels)`
+  that trains one batch per replica as a Trainer step does (lookup under a
+  tape, the model's loss, the backend's update)."""
+  import backends  # noqa: PLC0415
+  from recsys import features as features_lib  # noqa: PLC0415
+  from recsys._keras import tf  # noqa: PLC0415
+  from recsys.models import ials  # noqa: PLC0415
+
+  strategy = strategy or tf.distribute.get_strategy()
+  settings = features_lib.EmbeddingSettings(
+    dim=dim,
+    optimizer=tf.tpu.experimental.embedding.SGD(1.0),
+    initializer=tf.random_normal_initializer(0.0, 0.01, seed=0),
+  )
+  config = features_lib.feature_config(specs, settings)
+  ials.check_embedding_optimizer(config)
+  options = {} if placement is None else {"placement": placement}
+  with strategy.scope():
+    backend = backends.create(
+      config, settings.optimizer, strategy, backend="tensorcore", **options
+    )
+    backend.build()
+    model = ials.ImplicitALS(specs, dim=dim, reg=reg, alpha=alpha)
+  names = list(config)
+
+  @tf.function
+  def step(features, labels):
+    def replica_step(features, labels):
+      with tf.GradientTape() as tape:
+        ids = {n: features["categorical"][n] for n in names}
+        acts = backend.lookup(ids, training=True)
+        tape.watch(acts)
+        loss = model.compute_loss(acts, features, labels)
+      backend.apply_gradients(tape.gradient(loss, acts))
+
+    strategy.run(replica_step, args=(features, labels))
+
+  return backend, step
+
+
 def main() -> None:
   args = _parse()
   import recsys  # noqa: F401, PLC0415  (Keras 2 before TensorFlow)
@@ -67,11 +109,8 @@ def main() -> None:
   tf.config.set_logical_device_configuration(
     cpu, [tf.config.LogicalDeviceConfiguration()] * args.replicas
   )
-  import backends  # noqa: PLC0415
   from recsys import _tf_internal  # noqa: PLC0415
-  from recsys import features as features_lib  # noqa: PLC0415
   from recsys.data import ials_batches  # noqa: PLC0415
-  from recsys.models import ials  # noqa: PLC0415
 
   start = time.perf_counter()
   pairs = synthetic_pairs(
@@ -93,38 +132,9 @@ def main() -> None:
   specs = ials_batches.feature_specs(
     pairs, users, items, args.batch_size, history_chunk=args.history_chunk
   )
-  settings = features_lib.EmbeddingSettings(
-    dim=args.dim,
-    optimizer=tf.tpu.experimental.embedding.SGD(1.0),
-    initializer=tf.random_normal_initializer(0.0, 0.01, seed=0),
+  _, step = ials_training(
+    specs, args.dim, args.reg, args.alpha, strategy, args.placement
   )
-  config = features_lib.feature_config(specs, settings)
-  ials.check_embedding_optimizer(config)
-  with strategy.scope():
-    backend = backends.create(
-      config,
-      settings.optimizer,
-      strategy,
-      backend="tensorcore",
-      placement=args.placement,
-    )
-    backend.build()
-    model = ials.ImplicitALS(
-      specs, dim=args.dim, reg=args.reg, alpha=args.alpha
-    )
-  names = list(config)
-
-  @tf.function
-  def step(features, labels):
-    def replica_step(features, labels):
-      with tf.GradientTape() as tape:
-        ids = {n: features["categorical"][n] for n in names}
-        acts = backend.lookup(ids, training=True)
-        tape.watch(acts)
-        loss = model.compute_loss(acts, features, labels)
-      backend.apply_gradients(tape.gradient(loss, acts))
-
-    strategy.run(replica_step, args=(features, labels))
 
   replicas = args.replicas
   build, seconds = [], []

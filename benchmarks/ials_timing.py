@@ -20,13 +20,10 @@ import time
 
 import numpy as np
 
-import backends
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
+from benchmarks import ials_scale
 from benchmarks import movielens_baselines as baselines
-from recsys import features as features_lib
-from recsys._keras import tf
 from recsys.data import ials_batches
-from recsys.models import ials
 from recsys.testing import movielens
 
 
@@ -61,26 +58,9 @@ def main() -> None:
     args.batch_size,
     history_chunk=args.history_chunk,
   )
-  settings = features_lib.EmbeddingSettings(
-    dim=args.dim,
-    optimizer=tf.tpu.experimental.embedding.SGD(1.0),
-    initializer=tf.random_normal_initializer(0.0, 0.01, seed=0),
+  backend, step = ials_scale.ials_training(
+    specs, args.dim, args.reg, args.alpha
   )
-  config = features_lib.feature_config(specs, settings)
-  ials.check_embedding_optimizer(config)
-  backend = backends.create(config, settings.optimizer, backend="tensorcore")
-  backend.build()
-  model = ials.ImplicitALS(specs, dim=args.dim, reg=args.reg, alpha=args.alpha)
-  names = list(config)
-
-  @tf.function
-  def step(features, labels):
-    with tf.GradientTape() as tape:
-      ids = {n: features["categorical"][n] for n in names}
-      acts = backend.lookup(ids, training=True)
-      tape.watch(acts)
-      loss = model.compute_loss(acts, features, labels)
-    backend.apply_gradients(tape.gradient(loss, acts))
 
   batches = list(
     ials_batches.epoch_batches(

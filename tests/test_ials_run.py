@@ -126,30 +126,38 @@ def test_ials_run_trains_resumes_evaluates_and_exports(tmp_path):
   np.testing.assert_array_equal(got, want)
 
 
+def _refused_train(tmp_path, capsys, *bindings: str) -> str:
+  """`recsys train` of the iALS file with `bindings` on small generated
+  data: exit status 2, nothing saved; its stderr."""
+  data_dir = movielens.write_ml100k_like(
+    str(tmp_path / "ml"), num_users=30, num_items=40, num_ratings=1500
+  )
+  gin_file = os.path.join(config.EXPERIMENTS_DIR, "movielens_ials.gin")
+  flags = _bindings(data_dir, 2)
+  for binding in bindings:
+    flags += ["--gin_bindings", binding]
+  code = cli.main(
+    ["train", "--gin_file", gin_file, *flags, "--model_dir", str(tmp_path)]
+  )
+  gin.clear_config()
+  assert code == 2
+  assert not os.path.exists(os.path.join(str(tmp_path), "checkpoints"))
+  return capsys.readouterr().err
+
+
 @pytest.mark.parametrize("chunk", ["0", "2.5", "1"])
 def test_ials_run_refuses_a_chunk_that_is_no_size_or_cannot_fit(
   chunk, tmp_path, capsys
 ):
   """0 and 2.5 are no number of ids; 1 cuts the longest histories (~20
   ids) into more chunks than a batch of 8 entries holds."""
-  data_dir = movielens.write_ml100k_like(
-    str(tmp_path / "ml"), num_users=30, num_items=40, num_ratings=1500
-  )
-  gin_file = os.path.join(config.EXPERIMENTS_DIR, "movielens_ials.gin")
-  flags = _bindings(data_dir, 2) + [
-    "--gin_bindings",
+  err = _refused_train(
+    tmp_path,
+    capsys,
     f"ImplicitALSData.history_chunk = {chunk}",
-    "--gin_bindings",
     "ImplicitALSData.batch_size = 8",
-    "--gin_bindings",
     "train.global_batch_size = 8",
-  ]
-  code = cli.main(
-    ["train", "--gin_file", gin_file, *flags, "--model_dir", str(tmp_path)]
   )
-  gin.clear_config()
-  assert code == 2
-  err = capsys.readouterr().err
   assert "ImplicitALSData" in err and "history_chunk" in err, err
   if chunk == "1":
     assert "more than batch_size 8 entries" in err, err
@@ -159,20 +167,6 @@ def test_ials_run_refuses_a_chunk_that_is_no_size_or_cannot_fit(
 def test_ials_run_refuses_an_embedding_optimizer_other_than_sgd_1(
   tmp_path, capsys
 ):
-  data_dir = movielens.write_ml100k_like(
-    str(tmp_path / "ml"), num_users=30, num_items=40, num_ratings=500
-  )
-  gin_file = os.path.join(config.EXPERIMENTS_DIR, "movielens_ials.gin")
-  flags = _bindings(data_dir, 2) + [
-    "--gin_bindings",
-    "embedding.SGD.learning_rate = 0.5",
-  ]
-  code = cli.main(
-    ["train", "--gin_file", gin_file, *flags, "--model_dir", str(tmp_path)]
-  )
-  gin.clear_config()
-  assert code == 2
-  err = capsys.readouterr().err
+  err = _refused_train(tmp_path, capsys, "embedding.SGD.learning_rate = 0.5")
   assert "ModelConfigError" in err and "has embedding optimizer" in err
   assert "learning rate 1.0" in err
-  assert not os.path.exists(os.path.join(str(tmp_path), "checkpoints"))

@@ -34,6 +34,7 @@ SETTINGS = {
   "recsys.cli_checks.GinFileNotFoundError",
   "recsys.config.GinConfigError",
   "recsys.data.criteo.CriteoConfigError",
+  "recsys.data.ials_batches.HistoryChunkError",
   "recsys.data.ials_source.ImplicitALSDataError",
   "recsys.data.movielens.source.MovieLensConfigError",
   "recsys.data.pipeline.InvalidBatchSizeError",

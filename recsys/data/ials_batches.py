@@ -25,6 +25,7 @@ import numpy as np
 
 from recsys._keras import tf
 from recsys.data.errors import DataFormatError
+from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
 
 USER, ITEM = "user", "item"
@@ -41,6 +42,11 @@ USER_SIDE, ITEM_SIDE, PADDING = 0, 1, -1
 class IALSBatchError(DataFormatError):
   """Pairs or a batch that iALS cannot train on (ids out of range,
   duplicate rows in a batch): the data, not a setting (exit status 1)."""
+
+
+class HistoryChunkError(SettingsError, IALSBatchError):
+  """`history_chunk` is no number of ids, or cuts a history into more
+  chunks than a batch holds: a setting (exit status 2)."""
 
 
 def _histories(keys: np.ndarray, values: np.ndarray, size: int) -> list:
@@ -89,7 +95,7 @@ def feature_specs(
   longest_user = int(np.bincount(pairs[:, 0], minlength=1).max(initial=1))
   longest_item = int(np.bincount(pairs[:, 1], minlength=1).max(initial=1))
   if history_chunk is not None:
-    _check_chunk(history_chunk)
+    check_history_chunk(history_chunk)
     longest_user = min(longest_user, history_chunk)
     longest_item = min(longest_item, history_chunk)
   return [
@@ -131,15 +137,17 @@ def _corpus_slices(size: int, batch_size: int) -> list:
   ]
 
 
-def _check_chunk(history_chunk: int | None) -> None:
+def check_history_chunk(history_chunk: int | None) -> None:
+  """Raises HistoryChunkError unless `history_chunk` is None or a whole
+  number of ids >= 1."""
   if history_chunk is not None and (
     isinstance(history_chunk, bool)
     or not isinstance(history_chunk, (int, np.integer))
     or history_chunk < 1
   ):
-    raise IALSBatchError(
-      f"iALS: history_chunk must be a positive whole number of ids, got "
-      f"{history_chunk!r}."
+    raise HistoryChunkError(
+      "ImplicitALSData.history_chunk must be None or a positive whole "
+      f"number of ids, got {history_chunk!r}."
     )
 
 
@@ -157,20 +165,21 @@ def row_groups(
   `batch_size` entries (a row's chunks never split over two batches).
 
   Raises:
-    IALSBatchError: a row has more chunks than a batch has entries.
+    HistoryChunkError: a row has more chunks than a batch has entries.
   """
-  _check_chunk(history_chunk)
+  check_history_chunk(history_chunk)
   groups: list = []
   current: list[int] = []
   used = 0
   for row, history in enumerate(histories):
     need = _num_entries(len(history), history_chunk)
     if need > batch_size:
-      raise IALSBatchError(
-        f"iALS batch: row {row} has {len(history)} observed pairs, "
-        f"{need} chunks of history_chunk {history_chunk}, more than "
-        f"batch_size {batch_size}; raise ImplicitALSData.history_chunk to "
-        f"at least {-(-len(history) // batch_size)} or the batch size."
+      raise HistoryChunkError(
+        f"iALS batch: row {row} has {len(history)} observed pairs, {need} "
+        f"chunks of ImplicitALSData.history_chunk {history_chunk}, more "
+        f"than batch_size {batch_size} entries; a row's chunks share one "
+        f"batch. Set history_chunk >= {-(-len(history) // batch_size)} or "
+        "a larger batch size."
       )
     if used + need > batch_size:
       groups.append(np.array(current, np.int64))
@@ -206,7 +215,7 @@ def half_batch(
       "iALS batch: a row appears twice; each step solves DISTINCT rows "
       "(its update sets a row to its solution once)."
     )
-  _check_chunk(history_chunk)
+  check_history_chunk(history_chunk)
   entry_rows: list[int] = []
   chunks: list = []
   segments: list[int] = []

@@ -77,19 +77,13 @@ class ImplicitALSData(DataSource):
     Raises:
       ImplicitALSDataError: no query id feature, or an endless training
         split.
+      HistoryChunkError: history_chunk is no number of ids, or too small
+        for the longest history to fit one batch.
     """
     self.source = source
     self.batch_size = check_batch_size(batch_size)
     self.steps_multiple = check_batch_size(steps_multiple)
-    if history_chunk is not None and (
-      isinstance(history_chunk, bool)
-      or not isinstance(history_chunk, int)
-      or history_chunk < 1
-    ):
-      raise ImplicitALSDataError(
-        "ImplicitALSData.history_chunk must be None or a positive whole "
-        f"number of ids, got {history_chunk!r}."
-      )
+    ials_batches.check_history_chunk(history_chunk)  # before the read
     self.history_chunk = history_chunk
     user = getattr(source, "query_id_feature", None) or "user_id"
     if user not in getattr(source, "query_features", ()):
@@ -107,7 +101,6 @@ class ImplicitALSData(DataSource):
     self.num_users = source.spec(user).vocabulary_size
     self.num_items = source.spec(item).vocabulary_size
     self._pairs = self._read_pairs()
-    self._check_chunks_fit()
     self.feature_specs = ials_batches.feature_specs(
       self._pairs,
       self.num_users,
@@ -125,23 +118,6 @@ class ImplicitALSData(DataSource):
       self.steps_multiple,
       self.history_chunk,
     )
-
-  def _check_chunks_fit(self) -> None:
-    """Every row's chunks fit one batch (they may not split over two)."""
-    if self.history_chunk is None or not len(self._pairs):
-      return
-    pairs = ials_batches.unique_pairs(
-      self._pairs, self.num_users, self.num_items
-    )
-    longest = int(max(np.bincount(pairs[:, c]).max(initial=0) for c in (0, 1)))
-    chunks = -(-longest // self.history_chunk)
-    if chunks > self.batch_size:
-      raise ImplicitALSDataError(
-        f"ImplicitALSData: the longest history ({longest} pairs) takes "
-        f"{chunks} chunks of history_chunk {self.history_chunk}, more than "
-        f"batch_size {self.batch_size} entries; a row's chunks share one "
-        f"batch. Set history_chunk >= {-(-longest // self.batch_size)}."
-      )
 
   def _read_pairs(self) -> np.ndarray:
     dataset = self.source.dataset(

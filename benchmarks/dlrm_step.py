@@ -7,8 +7,9 @@ and times, on one cached batch in this process:
              update), `--loop` steps per tf.function call as the trainer runs it
   embedding  only the embedding part: lookup + apply_gradients (the
              activations' gradients replaced by ones)
-  dense      only the dense part: the model's loss, metrics, gradients and
-             the dense optimizer's update, on cached activations
+  dense      only the dense part: the model's loss (on the trainer's batch
+             slices), metrics, gradients and the dense optimizer's update,
+             on cached activations
   input      the input pipeline alone (batches/s of the trainer's distributed
              dataset, preprocess included)
 
@@ -39,6 +40,7 @@ from recsys import config as config_lib  # noqa: E402
 from recsys.models.base import replica_loss  # noqa: E402
 from recsys.runtime import threads  # noqa: E402
 from recsys.serving_lookup import split_batch  # noqa: E402
+from recsys.training import batch_slices  # noqa: E402
 
 train_lib = sys.modules["recsys.training.train"]
 
@@ -121,7 +123,9 @@ def main(argv=None) -> None:
       tape.watch(acts)
       loss = replica_loss(
         model,
-        model.per_example_loss(acts, features, labels, training=True),
+        batch_slices.per_example_loss(
+          model, acts, features, labels, steps.batch_slices
+        ),
         trainer.global_batch_size,
       )
     grads, act_grads = tape.gradient(loss, (model.trainable_variables, acts))
@@ -149,6 +153,7 @@ def main(argv=None) -> None:
   print(
     f"{args.gin_file}: global batch {gb}, threads intra={args.intra_threads} "
     f"inter={args.inter_threads}, backend {trainer.backend_name}, "
+    f"{steps.batch_slices} batch slice(s), "
     f"{args.reps} interleaved reps x {args.loop} steps"
   )
   print("| part      | ms/step | examples/s | x embedding | cpu ms/step |")

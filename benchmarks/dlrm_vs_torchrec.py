@@ -10,7 +10,8 @@ dense features and random labels) and fed to both from memory.
 
   recsys    backends.create("tensorcore") with padded bags (what the trainer
             feeds; `preprocess` done once per distinct batch, untimed),
-            `recsys.models.DLRM`, `--loop` steps per tf.function call as the
+            `recsys.models.DLRM` on the batch slices the Trainer picks
+            (`--batch_slices`), `--loop` steps per tf.function call as the
             Trainer's compiled loop runs them
   torchrec  TorchRec FusedEmbeddingBagCollection (fused exact Adagrad) +
             torch MLPs, dot interaction and torch.optim.Adam, eager
@@ -152,7 +153,9 @@ def _recsys(cfg, data, args):
   import backends  # pylint: disable=g-import-not-at-top
   import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   from recsys.feature_spec import FeatureSpec  # pylint: disable=g-import-not-at-top
+  from recsys.models.base import replica_loss  # pylint: disable=g-import-not-at-top
   from recsys.models.dlrm import DLRM  # pylint: disable=g-import-not-at-top
+  from recsys.training import batch_slices  # pylint: disable=g-import-not-at-top
 
   mark("import recsys + TF")
   tf.config.threading.set_intra_op_parallelism_threads(args.intra_threads)
@@ -182,6 +185,22 @@ def _recsys(cfg, data, args):
     top_mlp=cfg["top"],
     self_interaction=False,
   )
+  # The dense part on the batch slices the Trainer picks here (or as set).
+  slices = batch_slices.resolve(
+    args.batch_slices or None,
+    model,
+    tf.distribute.get_strategy(),
+    False,
+    cfg["batch"],
+  ).slices
+
+  def loss_of(acts, features, labels):
+    return replica_loss(
+      model,
+      batch_slices.per_example_loss(model, acts, features, labels, slices),
+      cfg["batch"],
+    )
+
   dense_opt = tf.keras.optimizers.Adam(DENSE_LR)
   lookup = tf.autograph.experimental.do_not_convert(emb.lookup)
   apply = tf.autograph.experimental.do_not_convert(emb.apply_gradients)
@@ -206,13 +225,7 @@ def _recsys(cfg, data, args):
     with tf.GradientTape() as tape:
       acts = lookup(ids, training=True)
       tape.watch(acts)
-      loss = model.compute_loss(
-        acts,
-        features,
-        labels[i % count],
-        training=True,
-        compute_metrics=False,
-      )
+      loss = loss_of(acts, features, labels[i % count])
     grads, act_grads = tape.gradient(loss, (model.trainable_variables, acts))
     dense_opt.apply_gradients(zip(grads, model.trainable_variables))
     apply(act_grads)
@@ -245,13 +258,7 @@ def _recsys(cfg, data, args):
 
   def dense_part(i):
     with tf.GradientTape() as tape:
-      loss = model.compute_loss(
-        fixed_acts,
-        {"dense": dense[i % count]},
-        labels[i % count],
-        training=True,
-        compute_metrics=False,
-      )
+      loss = loss_of(fixed_acts, {"dense": dense[i % count]}, labels[i % count])
     grads = tape.gradient(loss, model.trainable_variables)
     dense_opt.apply_gradients(zip(grads, model.trainable_variables))
     return loss
@@ -278,6 +285,7 @@ def _recsys(cfg, data, args):
     "embedding": looped(embedding_part),
     "dense": looped(dense_part),
     "input": looped(input_part),
+    "batch_slices": slices,
   }
 
 
@@ -418,7 +426,10 @@ def run_child(side: str, args) -> dict[str, Any]:
   data = make_data(cfg, args.distinct_batches, args.seed)
   mark("batches generated")
   parts = (_recsys if side == "recsys" else _torchrec)(cfg, data, args)
+  slices = parts.pop("batch_slices", None)
   threads = _threads_seen(side)
+  if slices:
+    threads += f", {slices} batch slice{'s' if slices > 1 else ''}"
   run = parts["step"]
   run(args.warmup)
   mark("warm-up steps (traced)")
@@ -428,6 +439,7 @@ def run_child(side: str, args) -> dict[str, Any]:
   result: dict[str, Any] = {
     "side": side,
     "threads": threads,
+    "batch_slices": slices,
     "step_ms": step * 1e3,
     "examples_per_s": cfg["batch"] / step,
     "cpu_ms_per_step": statistics.median(cpu) * 1e3,
@@ -470,6 +482,7 @@ _CHILD_FLAGS = (
   "loop",
   "distinct_batches",
   "split",
+  "batch_slices",
 )
 
 Variant = tuple[str, tuple[int, ...]]  # (side, threads)
@@ -541,7 +554,11 @@ def run_config(config: str, todo: list[Variant], args) -> tuple[list, list]:
   for (side, _), done in runs.items():
     if not done:
       continue
-    keys = [k for k in done[0] if k not in ("side", "threads", "memory")]
+    keys = [
+      k
+      for k in done[0]
+      if k not in ("side", "threads", "memory", "batch_slices")
+    ]
     row: dict[str, Any] = {
       k: statistics.median(r[k] for r in done) for k in keys
     }
@@ -618,6 +635,13 @@ def main(argv=None) -> None:
     help="recsys steps per tf.function call (the trainer's steps_per_loop)",
   )
   parser.add_argument("--distinct_batches", type=int, default=8)
+  parser.add_argument(
+    "--batch_slices",
+    type=int,
+    default=0,
+    help="recsys's dense part on this many batch slices side by side "
+    "(train.batch_slices); 0: as `recsys train` picks it here",
+  )
   parser.add_argument(
     "--split",
     type=int,

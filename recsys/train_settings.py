@@ -96,6 +96,10 @@ class TrainSettings:
       on under a TPUStrategy, off elsewhere). On several CPU replicas, whose
       collectives XLA cannot compile, the step runs uncompiled on the same
       static shapes (`recsys.run.compile.plan`).
+    batch_slices: how many slices of each replica's batch the model's
+      dense part runs on side by side (`recsys.training.batch_slices`; the
+      same gradients, summed in another order). None: 2 on a CPU replica
+      of 2 or more cores for a ranking model, 1 elsewhere.
     allow_changed_settings: resume a checkpoint although settings that
       change the math (data, model, optimizers, batch size, seed, ...)
       differ from the previous run's (refused otherwise,
@@ -136,6 +140,7 @@ class TrainSettings:
   summaries: bool = _setting(True, EXECUTION)
   nonfinite_policy: str = _setting("stop", EXECUTION)
   jit_compile: bool | None = _setting(None, EXECUTION)
+  batch_slices: int | None = _setting(None, EXECUTION)
   allow_changed_settings: bool = _setting(
     False, EXECUTION, flag="allow_changed_settings"
   )
@@ -197,6 +202,26 @@ def check(
   if eval_source is not source:
     check_source(eval_source, "train.eval_data")
   check_dense_optimizer(settings.dense_optimizer)
+  check_batch_slices(
+    settings.batch_slices,
+    int(settings.global_batch_size) // strategy.num_replicas_in_sync,
+  )
+
+
+def check_batch_slices(slices: Any, replica_batch: int) -> None:
+  """`batch_slices` is None or an int from 1 to the replica's batch."""
+  if slices is None:
+    return
+  if isinstance(slices, bool) or not isinstance(slices, int) or slices < 1:
+    raise TrainerConfigError(
+      f"batch_slices={slices!r}: give an int >= 1 (1: the whole batch at "
+      "once) or None (picked from the hardware)."
+    )
+  if slices > replica_batch:
+    raise TrainerConfigError(
+      f"batch_slices={slices} is more than the {replica_batch} examples "
+      "each replica gets per step; use at most that, or None."
+    )
 
 
 def check_batch_sizes(

@@ -118,6 +118,10 @@ class _ModelBase(keras.Model):
   #: divided by a batch size (iALS, whose gradient must be exactly
   #: e_r - solve_r at each row; `recsys.models.ials`).
   SUMMED_LOSS: bool = False
+  #: True: each example's loss depends on that example alone, so the step
+  #: may compute the dense part on slices of the batch side by side
+  #: (`recsys.training.batch_slices`); not so for in-batch negatives.
+  EXAMPLES_INDEPENDENT: bool = False
 
   def __init__(
     self,
@@ -261,6 +265,7 @@ class RankingModel(_ModelBase, metaclass=abc.ABCMeta):
   with `objective="mse"` the logit is the predicted rating (metric: RMSE).
   """
 
+  EXAMPLES_INDEPENDENT = True
   #: What the Trainer passes a ranking model's constructor, from the source.
   TRAINER_ARGUMENTS: tuple[str, ...] = ("feature_specs", "num_dense")
 

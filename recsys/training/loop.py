@@ -22,6 +22,7 @@ from typing import Any
 from recsys._keras import keras, tf
 from recsys.models import base as model_base
 from recsys.serving_lookup import split_batch
+from recsys.training import batch_slices as slices_lib
 
 NONFINITE_POLICIES = ("stop", "skip")
 
@@ -67,6 +68,8 @@ class StepFunctions:
       embedding update, metrics and the non-finite guard in one program.
       Needs collectives XLA can compile (one replica, GPUs, TPUs); under a
       TPUStrategy the step is compiled anyway.
+    batch_slices: the model's loss over this many slices of each replica's
+      batch, side by side (`recsys.training.batch_slices.resolve` picks it).
 
   Raises:
     ValueError: an unknown policy, or "skip" with a backend that must send
@@ -84,6 +87,7 @@ class StepFunctions:
     loss_metric: keras.metrics.Metric,
     nonfinite_policy: str = "stop",
     jit_compile: bool = False,
+    batch_slices: int = 1,
   ):
     if nonfinite_policy not in NONFINITE_POLICIES:
       raise ValueError(
@@ -134,6 +138,7 @@ class StepFunctions:
       backend.apply_gradients
     )
     self.jit_compile = bool(jit_compile)
+    self.batch_slices = int(batch_slices)
     self._replica_train_step = self.train_step
     if self.jit_compile:
       self._replica_train_step = tf.function(self.train_step, jit_compile=True)
@@ -162,8 +167,8 @@ class StepFunctions:
     with tf.GradientTape() as tape:
       acts = self._lookup(batch, training=True)
       tape.watch(acts)
-      per_example = self._model.per_example_loss(
-        acts, features, labels, training=True
+      per_example = slices_lib.per_example_loss(
+        self._model, acts, features, labels, self.batch_slices
       )
       # The replica's share: summed over replicas, the global batch's mean.
       loss = model_base.replica_loss(

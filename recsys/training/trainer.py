@@ -37,6 +37,7 @@ from recsys.run_folder import checkpoints as checkpoints_lib
 from recsys.run_folder import run_configs
 from recsys.run_folder import run_dir as run_dir_lib
 from recsys.train_settings import TrainSettings
+from recsys.training import batch_slices as slices_lib
 from recsys.training import controller as controller_lib
 from recsys.training import coordinated as coordinated_lib
 from recsys.training import loop as loop_lib
@@ -196,6 +197,18 @@ class Trainer:
 
   def _build_steps(self) -> None:
     """The compiled step functions (scheduled on workers under PS)."""
+    self.slice_plan = slices_lib.resolve(
+      self.settings.batch_slices,
+      self.model,
+      self.strategy,
+      self.compile_plan.compile_steps,
+      self.global_batch_size,
+    )
+    log.info(
+      "dense part on %d slice(s) of the batch: %s.",
+      self.slice_plan.slices,
+      self.slice_plan.reason,
+    )
     self.steps = self._step_functions_class(
       self.strategy,
       self.model,
@@ -206,6 +219,7 @@ class Trainer:
       self.loss_metric,
       nonfinite_policy=self.settings.nonfinite_policy,
       jit_compile=self.compile_plan.compile_steps,
+      batch_slices=self.slice_plan.slices,
     )
     self._batches: Any = None  # the training iterator, during train()
 

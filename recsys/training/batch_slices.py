@@ -172,7 +172,6 @@ def _cut(structure: Any, ranges: list[tuple[int, int]]) -> list[Any]:
   ]
 
 
-@tf.autograph.experimental.do_not_convert
 def per_example_loss(
   model: keras.Model,
   activations: Mapping[str, tf.Tensor],

@@ -379,9 +379,10 @@ class RankingModel(_ModelBase, metaclass=abc.ABCMeta):
       raise FeatureMismatchError(
         f"{type(self).__name__}: the loss needs labels [B]."
       )
-    logits = self.logits(activations, features, training=training)[
-      :, tf.newaxis
-    ]
+    # float32 from here, as Keras keeps a mixed policy's outputs and losses.
+    logits = tf.cast(
+      self.logits(activations, features, training=training), tf.float32
+    )[:, tf.newaxis]
     labels = tf.cast(tf.reshape(labels, [-1, 1]), logits.dtype)
     return self.task(
       labels=labels,

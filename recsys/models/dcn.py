@@ -146,8 +146,10 @@ class DCNv2(RankingModel):
     """Logits `[B]` (see `RankingModel.logits`); activation dims may differ."""
     vectors = self._vectors(activations, self.feature_names)
     dense = model_layers.dense_input(features, self.num_dense, "DCNv2")
+    parts = ([dense] if dense is not None else []) + vectors
+    # One dtype: a mixed policy's compute dtype (the dense input is float32).
     x0 = tf.concat(
-      ([dense] if dense is not None else []) + vectors, axis=-1
+      [tf.cast(p, self.compute_dtype) for p in parts], axis=-1
     )  # [B, d0]
     if self._structure == "stacked":
       top = self.deep_mlp(self.cross_network(x0), training=training)

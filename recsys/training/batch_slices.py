@@ -128,8 +128,8 @@ def resolve(
     )
   return SlicePlan(
     AUTO_SLICES,
-    f"{cores_each} CPU cores per replica: the dense part runs on "
-    f"{AUTO_SLICES} slices of the batch side by side",
+    f"{cores_each} CPU cores per replica run the slices' forward and "
+    "backward passes side by side",
   )
 
 

@@ -205,7 +205,7 @@ class Trainer:
       self.global_batch_size,
     )
     log.info(
-      "dense part on %d slice(s) of the batch: %s.",
+      "the model's loss on %d slice(s) of each batch: %s.",
       self.slice_plan.slices,
       self.slice_plan.reason,
     )

@@ -30,14 +30,25 @@ def _trained(tmp_path, name, **kwargs):
   return trainer, trainer.train()
 
 
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+  """(state, metrics) of 8 steps on the whole batch: what every cut run is
+  compared with."""
+  trainer, metrics = _trained(
+    tmp_path_factory.mktemp("whole"), "run", batch_slices=1
+  )
+  assert trainer.steps.batch_slices == 1
+  return state(trainer), metrics
+
+
 @pytest.mark.parametrize("slices", [2, 3])  # 3: slices of 3, 3 and 4
-def test_sliced_steps_train_as_the_whole_batch(tmp_path, slices):
+def test_sliced_steps_train_as_the_whole_batch(tmp_path, whole, slices):
   """Tables, slots, dense weights, optimizer state and the metrics after 8
   steps equal the whole batch's (summed in another order: float32 noise)."""
-  whole, whole_metrics = _trained(tmp_path, "whole", batch_slices=1)
+  whole_state, whole_metrics = whole
   cut, cut_metrics = _trained(tmp_path, "cut", batch_slices=slices)
-  assert whole.steps.batch_slices == 1 and cut.steps.batch_slices == slices
-  assert_same_state(state(cut), state(whole), rtol=2e-5, atol=1e-6)
+  assert cut.steps.batch_slices == slices
+  assert_same_state(state(cut), whole_state, rtol=2e-5, atol=1e-6)
   for key in ("train/loss", "eval/loss", "eval/auc"):
     np.testing.assert_allclose(
       cut_metrics[key], whole_metrics[key], rtol=1e-5, err_msg=key
@@ -46,24 +57,23 @@ def test_sliced_steps_train_as_the_whole_batch(tmp_path, slices):
 
 @pytest.mark.slow
 def test_sliced_steps_on_two_replicas_and_compiled_match_one_whole_batch(
-  tmp_path,
+  tmp_path, whole
 ):
   """2 CPU replicas with 2 slices each, and the XLA-compiled step with 2
   slices, train as 1 replica on the whole batch."""
-  whole, _ = _trained(tmp_path, "whole", batch_slices=1)
   two, _ = _trained(
     tmp_path, "two", strategy=mirrored_strategy(2), batch_slices=2
   )
   compiled, _ = _trained(tmp_path, "xla", batch_slices=2, jit_compile=True)
   assert compiled.steps.jit_compile
-  assert_same_state(state(two), state(whole), rtol=2e-5, atol=1e-6)
-  assert_same_state(state(compiled), state(whole), rtol=2e-5, atol=1e-6)
+  assert_same_state(state(two), whole[0], rtol=2e-5, atol=1e-6)
+  assert_same_state(state(compiled), whole[0], rtol=2e-5, atol=1e-6)
 
 
 def test_the_trainer_logs_its_slices(tmp_path, caplog):
   with caplog.at_level(logging.INFO, logger="recsys.training"):
     make_trainer(tmp_path, batch_slices=2)
-  assert "dense part on 2 slice(s) of the batch: as set" in caplog.text
+  assert "loss on 2 slice(s) of each batch: as set" in caplog.text
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True, "2"])

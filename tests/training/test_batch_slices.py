@@ -23,7 +23,7 @@ SPECS = [FeatureSpec("user", 50), FeatureSpec("item", 60)]
 def _trained(tmp_path, name, **kwargs):
   trainer = make_trainer(
     tmp_path / name,
-    train_steps=8,
+    train_steps=4,
     optimizer=embedding.Adam(0.01),
     **kwargs,
   )
@@ -32,7 +32,7 @@ def _trained(tmp_path, name, **kwargs):
 
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory):
-  """(state, metrics) of 8 steps on the whole batch: what every cut run is
+  """(state, metrics) of 4 steps on the whole batch: what every cut run is
   compared with."""
   trainer, metrics = _trained(
     tmp_path_factory.mktemp("whole"), "run", batch_slices=1
@@ -43,7 +43,7 @@ def whole(tmp_path_factory):
 
 @pytest.mark.parametrize("slices", [2, 3])  # 3: slices of 3, 3 and 4
 def test_sliced_steps_train_as_the_whole_batch(tmp_path, whole, slices):
-  """Tables, slots, dense weights, optimizer state and the metrics after 8
+  """Tables, slots, dense weights, optimizer state and the metrics after 4
   steps equal the whole batch's (summed in another order: float32 noise)."""
   whole_state, whole_metrics = whole
   cut, cut_metrics = _trained(tmp_path, "cut", batch_slices=slices)

@@ -24,7 +24,7 @@ def _trained(tmp_path, monkeypatch, model, policy):
   try:
     trainer = test_trainer.make_trainer(
       tmp_path / policy,
-      train_steps=8,
+      train_steps=4,
       optimizer=tf.tpu.experimental.embedding.Adam(0.01),
       batch_slices=2,
     )

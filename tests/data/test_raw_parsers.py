@@ -230,6 +230,9 @@ def test_movielens_out_of_vocabulary_ids_map_to_0_and_are_flagged(tmp_path):
   assert unknown["item_id"].numpy().tolist() == [False, True, True, False]
   raw_ids = parser.raw_ids("item_id", tf.constant([[1, 2, 3, 0]])).numpy()
   assert raw_ids.tolist() == [[b"1", b"2", b"3", b""]]
+  users = parser.raw_ids("user_id", tf.constant([3, 0])).numpy().tolist()
+  assert users == [b"10", b""]  # id 3, as parsed above
+  assert parser.raw_ids("user_age", tf.constant([1])) is None
 
 
 def test_synthetic_sources_have_no_raw_parser():

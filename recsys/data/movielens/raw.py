@@ -101,7 +101,10 @@ class MovieLensRawParser(RawParser):
     }
     self.user_table = _vocabulary_table(user_vocab)
     self.item_table = _vocabulary_table(item_vocab)
-    self._item_vocab = np.array([""] + list(item_vocab), dtype=object)
+    self._vocab = {
+      "user_id": np.array([""] + list(user_vocab), dtype=object),
+      "item_id": np.array([""] + list(item_vocab), dtype=object),
+    }
     self._user_side = {k: np.asarray(v, np.int64) for k, v in user_side.items()}
     self._item_side = {
       k: np.asarray(v, np.int64) for k, v in (item_side or {}).items()
@@ -276,10 +279,11 @@ class MovieLensRawParser(RawParser):
     return out
 
   def raw_ids(self, feature_name: str, ids: tf.Tensor) -> tf.Tensor | None:
-    """item_id ids -> the raw item ids (id 0 -> "")."""
-    if feature_name != "item_id":
+    """user_id or item_id ids -> the raw ids (id 0 -> "")."""
+    vocab = self._vocab.get(feature_name)
+    if vocab is None:
       return None
-    return tf.gather(tf.constant(self._item_vocab.astype(str), tf.string), ids)
+    return tf.gather(tf.constant(vocab.astype(str), tf.string), ids)
 
 
 __all__ = ["MovieLensRawParser"]

@@ -24,9 +24,19 @@ MF_REG_GRID = (0.1, 0.2, 0.35)
 FIXED_DAMPING = (10.0, 25.0)  # (user, item)
 DAMPING_GRID = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0)
 IALS_DIM = 32
-# (L2 regularization, confidence alpha): observed pairs weigh 1 + alpha,
-# every unobserved pair 1.
-IALS_GRID = ((30.0, 10.0), (100.0, 10.0), (300.0, 10.0), (100.0, 20.0))
+# (L2 regularization, confidence alpha, regularization exponent nu):
+# observed pairs weigh 1 + alpha, every unobserved pair 1; a row's
+# regularization is reg * (alpha |I_u| + |I|)^nu (nu 0: plain reg).
+IALS_GRID = (
+  (30.0, 10.0, 0.0),
+  (100.0, 10.0, 0.0),
+  (300.0, 10.0, 0.0),
+  (100.0, 20.0, 0.0),
+  (30.0, 3.0, 0.0),
+  (0.02, 3.0, 1.0),
+  (0.03, 3.0, 1.0),
+  (0.03, 10.0, 1.0),
+)
 # L2 regularization of EASE's item-item weights.
 EASE_GRID = (100.0, 250.0, 500.0, 1000.0)
 KS = (1, 5, 10, 50, 100)
@@ -170,15 +180,19 @@ def fit_ials(
   alpha: float = 10.0,
   iters: int = 10,
   seed: int = 0,
+  unobserved_weight: float = 1.0,
+  reg_exponent: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
   """Implicit ALS on the (user, item) pairs of `train` (labels ignored).
 
   Minimizes sum over all user-item pairs of c_ui (x_ui - p_u . q_i)^2 +
-  reg (|P|^2 + |Q|^2), x_ui = 1 for a training pair, else 0, with confidence
-  c_ui = 1 + alpha for a training pair, else 1. Each half-step solves every
-  row's normal equations exactly, with the Gramian shared by all rows
-  (Hu et al., 2008): (Q^T Q + alpha Q_u^T Q_u + reg I) p_u = (1 + alpha)
-  sum_{i in I_u} q_i.
+  sum_u lambda_u |p_u|^2 + sum_i lambda_i |q_i|^2, x_ui = 1 for a training
+  pair, else 0, with confidence c_ui = w0 + alpha for a training pair, else
+  w0. Each half-step solves every row's normal equations exactly, with the
+  Gramian shared by all rows (Hu et al., 2008): (w0 Q^T Q + alpha Q_u^T Q_u
+  + lambda_u I) p_u = (w0 + alpha) sum_{i in I_u} q_i, lambda_u = reg
+  (alpha |I_u| + w0 |I|)^nu (Rendle et al., 2022; |I| the other table's
+  rows) — `recsys.models.ImplicitALS`'s math.
 
   Args:
     train: `user` and `item` ids, `[n]` each, in [0, num_users] and
@@ -186,6 +200,7 @@ def fit_ials(
     num_users, num_items: the largest ids.
     dim, reg, alpha, iters, seed: factors, regularization, confidence,
       alternations, initialization seed.
+    unobserved_weight, reg_exponent: w0 and nu above.
 
   Returns:
     (user factors `[num_users + 1, dim]`, item factors `[num_items + 1,
@@ -199,9 +214,10 @@ def fit_ials(
   q = rng.normal(0, 0.01, (num_items + 1, dim))
   by_user = _rows_by_key(pairs[:, 0], pairs[:, 1], num_users + 1)
   by_item = _rows_by_key(pairs[:, 1], pairs[:, 0], num_items + 1)
+  weights = (reg, alpha, unobserved_weight, reg_exponent)
   for _ in range(iters):
-    p = _ials_half_step(q, by_user, reg, alpha)
-    q = _ials_half_step(p, by_item, reg, alpha)
+    p = _ials_half_step(q, by_user, *weights)
+    q = _ials_half_step(p, by_item, *weights)
   return p, q
 
 
@@ -215,17 +231,24 @@ def _rows_by_key(
 
 
 def _ials_half_step(
-  fixed: np.ndarray, observed: list[np.ndarray], reg: float, alpha: float
+  fixed: np.ndarray,
+  observed: list[np.ndarray],
+  reg: float,
+  alpha: float,
+  unobserved_weight: float = 1.0,
+  reg_exponent: float = 0.0,
 ) -> np.ndarray:
   """Exact least-squares solve of every row given the other side's factors."""
-  dim = fixed.shape[1]
-  base = fixed.T @ fixed + reg * np.eye(dim)
+  rows, dim = fixed.shape
+  w0 = unobserved_weight
+  gramian = w0 * fixed.T @ fixed
   out = np.zeros((len(observed), dim))
   for row, cols in enumerate(observed):
     if len(cols):
       f = fixed[cols]
+      lam = reg * (alpha * len(cols) + w0 * rows) ** reg_exponent
       out[row] = np.linalg.solve(
-        base + alpha * f.T @ f, (1.0 + alpha) * f.sum(0)
+        gramian + alpha * f.T @ f + lam * np.eye(dim), (w0 + alpha) * f.sum(0)
       )
   return out
 
@@ -262,15 +285,17 @@ def choose_ials(
   num_users: int,
   num_items: int,
   exclusions: Any = None,
-) -> tuple[float, float, dict[str, float]]:
-  """(reg, alpha, validation hit rates) of the IALS_GRID point with the best
-  validation top-10 hit rate (under `exclusions`, if given)."""
+) -> tuple[float, float, float, dict[str, float]]:
+  """(reg, alpha, reg_exponent, validation hit rates) of the IALS_GRID point
+  with the best validation top-10 hit rate (under `exclusions`, if given)."""
   scores = []
-  for reg, alpha in IALS_GRID:
-    p, q = fit_ials(train, num_users, num_items, reg=reg, alpha=alpha)
+  for reg, alpha, nu in IALS_GRID:
+    p, q = fit_ials(
+      train, num_users, num_items, reg=reg, alpha=alpha, reg_exponent=nu
+    )
     rates = factor_hit_rates(p, q, valid, num_items, exclusions=exclusions)
-    scores.append((reg, alpha, rates))
-  return max(scores, key=lambda x: x[2]["top10"])
+    scores.append((reg, alpha, nu, rates))
+  return max(scores, key=lambda x: x[3]["top10"])
 
 
 def interactions(train: Arrays, num_users: int, num_items: int) -> np.ndarray:

@@ -28,16 +28,30 @@ def _dense_objective(p, q, pairs, reg, alpha):
   )
 
 
-def test_ials_item_step_solves_the_dense_normal_equations():
+@pytest.mark.parametrize(
+  "w0, nu, reg", [(1.0, 0.0, 3.0), (0.5, 1.0, 0.05)], ids=["plain", "rendle"]
+)
+def test_ials_item_step_solves_the_dense_normal_equations(w0, nu, reg):
   pairs = _planted_pairs()
-  reg, alpha = 3.0, 10.0
-  p, q = baselines.fit_ials(pairs, 40, 31, dim=4, reg=reg, alpha=alpha)
+  alpha = 10.0
+  p, q = baselines.fit_ials(
+    pairs,
+    40,
+    31,
+    dim=4,
+    reg=reg,
+    alpha=alpha,
+    unobserved_weight=w0,
+    reg_exponent=nu,
+  )
   x = np.zeros((41, 32))
   x[pairs["user"], pairs["item"]] = 1.0
-  confidence = 1.0 + alpha * x
+  confidence = w0 + alpha * x
+  # Frequency-scaled: item i's lambda grows with its raters (41 user rows).
+  lam = reg * (alpha * x.sum(0) + w0 * 41) ** nu
   # The last half-step solved the items given the users: the gradient of the
   # whole objective with respect to every rated item's factors is zero.
-  grad_q = -2 * (confidence * (x - p @ q.T)).T @ p + 2 * reg * q
+  grad_q = -2 * (confidence * (x - p @ q.T)).T @ p + 2 * lam[:, None] * q
   rated = np.unique(pairs["item"])
   np.testing.assert_allclose(grad_q[rated], 0.0, atol=1e-8)
   # An item nobody rated keeps zero factors (it is not solved).
@@ -71,12 +85,17 @@ def test_ials_finds_the_planted_groups_and_beats_popularity():
 
 
 def test_choose_ials_picks_the_best_validation_point(monkeypatch):
-  monkeypatch.setattr(baselines, "IALS_GRID", ((1e4, 10.0), (1.0, 10.0)))
-  reg, alpha, rates = baselines.choose_ials(
+  monkeypatch.setattr(
+    baselines,
+    "IALS_GRID",
+    ((1e4, 10.0, 0.0), (1.0, 10.0, 0.0), (10.0, 10.0, 1.0)),
+  )
+  reg, alpha, nu, rates = baselines.choose_ials(
     _planted_pairs(0), _planted_pairs(1), 40, 31
   )
-  # reg 1e4 shrinks every factor to ~0 (ties broken arbitrarily): worse.
-  assert (reg, alpha) == (1.0, 10.0)
+  # reg 1e4 (or 10 x (10 |I_u| + 32) with nu = 1) shrinks every factor to
+  # ~0 (ties broken arbitrarily): worse.
+  assert (reg, alpha, nu) == (1.0, 10.0, 0.0)
   assert rates["top10"] > 0.5
 
 

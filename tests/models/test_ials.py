@@ -31,14 +31,25 @@ def _pairs(seed: int = 0) -> np.ndarray:
   return np.stack([users, items], 1)
 
 
-def _numpy_ials(pairs, p, q, epochs):
+# The shipped file's kind of settings: frequency-scaled regularization
+# (nu = 1) and an unobserved weight other than 1.
+RENDLE = {
+  "reg": 0.05,
+  "alpha": 3.0,
+  "unobserved_weight": 0.5,
+  "reg_exponent": 1.0,
+}
+
+
+def _numpy_ials(pairs, p, q, epochs, **weights):
   """The benchmark's iALS half-steps from given initial tables."""
+  weights = weights or {"reg": REG, "alpha": ALPHA}
   pairs = ials_batches.unique_pairs(pairs, NUM_USERS + 1, NUM_ITEMS + 1)
   by_user = baselines._rows_by_key(pairs[:, 0], pairs[:, 1], NUM_USERS + 1)
   by_item = baselines._rows_by_key(pairs[:, 1], pairs[:, 0], NUM_ITEMS + 1)
   for _ in range(epochs):
-    p = baselines._ials_half_step(q, by_user, REG, ALPHA)
-    q = baselines._ials_half_step(p, by_item, REG, ALPHA)
+    p = baselines._ials_half_step(q, by_user, **weights)
+    q = baselines._ials_half_step(p, by_item, **weights)
   return p, q
 
 
@@ -70,7 +81,9 @@ def test_frequency_scaled_regularization():
   np.testing.assert_allclose(got, [2.0 * 5.0, 2.0 * 17.0])
 
 
-def _setup(strategy, batch_size, optimizer=None, chunk=None, **options):
+def _setup(
+  strategy, batch_size, optimizer=None, chunk=None, weights=None, **options
+):
   pairs = _pairs()
   specs = ials_batches.feature_specs(
     pairs, NUM_USERS + 1, NUM_ITEMS + 1, batch_size, history_chunk=chunk
@@ -87,13 +100,15 @@ def _setup(strategy, batch_size, optimizer=None, chunk=None, **options):
       config, settings.optimizer, strategy, backend="tensorcore", **options
     )
     backend.build()
-    model = ials.ImplicitALS(specs, dim=DIM, reg=REG, alpha=ALPHA)
+    model = ials.ImplicitALS(
+      specs, dim=DIM, **(weights or {"reg": REG, "alpha": ALPHA})
+    )
   return pairs, config, backend, model
 
 
-def _train(strategy, batch_size, epochs, chunk=None, **options):
+def _train(strategy, batch_size, epochs, chunk=None, weights=None, **options):
   pairs, config, backend, model = _setup(
-    strategy, batch_size, chunk=chunk, **options
+    strategy, batch_size, chunk=chunk, weights=weights, **options
   )
   ials.check_embedding_optimizer(config)
   names = list(config)
@@ -156,6 +171,20 @@ def test_model_through_backend_matches_numpy_ials(epochs, chunk):
   p, q = _numpy_ials(pairs, initial["user"], initial["item"], epochs)
   np.testing.assert_allclose(trained["user"], p, rtol=2e-4, atol=2e-6)
   np.testing.assert_allclose(trained["item"], q, rtol=2e-4, atol=2e-6)
+
+
+def test_frequency_scaled_weights_through_backend_match_numpy_ials():
+  """Rendle et al.'s weights (w0 != 1, lambda_u = reg (alpha |I_u| + w0
+  |I|)) give the NumPy iALS's tables with the same weights, and other
+  tables than the plain weights do."""
+  pairs, initial, trained, _ = _train(
+    tf.distribute.get_strategy(), 16, 2, weights=RENDLE
+  )
+  p, q = _numpy_ials(pairs, initial["user"], initial["item"], 2, **RENDLE)
+  np.testing.assert_allclose(trained["user"], p, rtol=2e-4, atol=2e-6)
+  np.testing.assert_allclose(trained["item"], q, rtol=2e-4, atol=2e-6)
+  plain, _ = _numpy_ials(pairs, initial["user"], initial["item"], 2)
+  assert not np.allclose(p, plain, atol=1e-3)
 
 
 @pytest.mark.slow

@@ -21,7 +21,8 @@ from recsys import cli, config
 from recsys.data import ials_batches
 from recsys.testing import movielens
 
-REG, ALPHA, DIM, BATCH = 5.0, 10.0, 8, 32
+# The shipped file's kind of weights: lambda_u = REG (ALPHA |I_u| + |I|)^NU.
+REG, ALPHA, NU, DIM, BATCH = 0.05, 10.0, 1.0, 8, 32
 CHUNK = 8  # histories of ~25 and ~19 ids: most rows span several entries
 
 
@@ -40,6 +41,7 @@ def _bindings(data_dir: str, steps: int) -> list:
     f"ImplicitALS.dim = {DIM}",
     f"ImplicitALS.reg = {REG}",
     f"ImplicitALS.alpha = {ALPHA}",
+    f"ImplicitALS.reg_exponent = {NU}",
     f"train.train_steps = {steps}",
     "train.steps_per_loop = 1",
     "train.summaries = False",
@@ -107,8 +109,8 @@ def test_ials_run_trains_resumes_evaluates_and_exports(tmp_path):
   )
   by_user = baselines._rows_by_key(pairs[:, 0], pairs[:, 1], users)
   by_item = baselines._rows_by_key(pairs[:, 1], pairs[:, 0], items)
-  want_p = baselines._ials_half_step(q1, by_user, REG, ALPHA)
-  want_q = baselines._ials_half_step(want_p, by_item, REG, ALPHA)
+  want_p = baselines._ials_half_step(q1, by_user, REG, ALPHA, 1.0, NU)
+  want_q = baselines._ials_half_step(want_p, by_item, REG, ALPHA, 1.0, NU)
   np.testing.assert_allclose(p2, want_p, rtol=1e-3, atol=1e-5)
   np.testing.assert_allclose(q2, want_q, rtol=1e-3, atol=1e-5)
   assert not np.allclose(p1, p2, atol=1e-4)

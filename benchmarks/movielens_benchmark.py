@@ -20,14 +20,17 @@ source, built through gin), this computes
       (seen items excluded, `train.exclude_seen`; hyper-parameters chosen
       on validation for each protocol);
   (c) trains the experiments through `recsys.training.train` via gin (each in
-      its own process), reads their metrics.json, and for retrieval
-      experiments evaluates the trained model again with seen items
-      excluded (metrics_exclude_seen.json);
+      its own process) and reads their metrics.json; a retrieval experiment
+      is evaluated under both protocols (metrics_seen_kept.json,
+      metrics_exclude_seen.json), exported (<model dir>/export), and scored
+      again from the SavedModel's top_k_raw signature by raw user id, as a
+      client would query it (the "(SavedModel)" rows);
 
 then prints each seed's table and the mean +- sd over the seeds.
 
-Baselines are scored on exactly the rows the trainer evaluates (the first
-floor(n / eval_batch_size) * eval_batch_size held-out examples, in order).
+Baselines are scored on exactly the rows the trainer evaluates (every
+held-out example with `train.eval_steps = None`, else the first
+eval_steps * eval_batch_size, in order).
 
 `--holdout validation` reruns everything with the training split in the role
 of the data: a seeded random `--validation_fraction` of the training ratings
@@ -89,21 +92,36 @@ EXPERIMENTS = {
   "retrieval_history": os.path.join(
     _EXPERIMENTS_DIR, "movielens_retrieval_history.gin"
   ),
+  # Not "ials": the NumPy baseline's results go by that name.
+  "implicit_als": os.path.join(_EXPERIMENTS_DIR, "movielens_ials.gin"),
+  "implicit_als_kept": os.path.join(
+    _EXPERIMENTS_DIR, "movielens_ials_kept.gin"
+  ),
 }
 KIND = {
   "ranking": "ranking",
   "fm": "ranking",
   "retrieval": "retrieval",
   "retrieval_history": "retrieval",
+  "implicit_als": "retrieval",
+  "implicit_als_kept": "retrieval",
 }
 VALIDATION_STEM = "movielens_train"
 
 Arrays = dict[str, np.ndarray]
 IALS_LABEL = "iALS (chosen on validation)"
+SERVED_SUFFIX = " (SavedModel)"
 EASE_LABEL = "EASE (chosen on validation)"
 # Retrieval protocols: seen items kept in the ranking, or excluded.
 PROTOCOLS = ("kept", "excluded")
-EXCLUDED_METRICS = "metrics_exclude_seen.json"
+# A retrieval run's metrics under each protocol (metrics.json is one of them,
+# the run's own `train.exclude_seen`).
+PROTOCOL_METRICS = {
+  "kept": "metrics_seen_kept.json",
+  "excluded": "metrics_exclude_seen.json",
+}
+# Where a retrieval run's SavedModel goes, inside its model dir.
+EXPORT_DIR = "export"
 
 
 # -- the experiments' data, through gin ----------------------------------------
@@ -165,9 +183,10 @@ def build_source(gin_file: str, bindings: Sequence[str]) -> tuple[Any, int]:
   configured = configured_settings()
   batch = settings.eval_batch_size(configured)
   steps = configured.eval_steps
-  evaluated = (source.test_size // batch) * batch
-  if steps is not None:
-    evaluated = min(evaluated, int(steps) * batch)
+  if steps is None:  # the whole split, its last partial batch included
+    evaluated = source.test_size
+  else:
+    evaluated = min((source.test_size // batch) * batch, int(steps) * batch)
   gin.clear_config()
   return source, evaluated
 
@@ -326,15 +345,18 @@ def train_one(
   from recsys import config  # pylint: disable=g-import-not-at-top
   from recsys.training import train  # pylint: disable=g-import-not-at-top
 
+  from recsys.export import export  # pylint: disable=g-import-not-at-top
+
   config.parse([gin_file], list(bindings) + ["train.progress_bar = False"])
   trainer = train(model_dir=model_dir, action="build")
   metrics = trainer.train()
-  if trainer.is_retrieval:  # the same model, seen items excluded
-    excluded = trainer.evaluate(exclude_seen=True)
-    with open(
-      os.path.join(model_dir, EXCLUDED_METRICS), "w", encoding="utf-8"
-    ) as f:
-      json.dump(excluded, f, indent=2, sort_keys=True)
+  if trainer.is_retrieval:  # the same model under both protocols, exported
+    for protocol, exclude_seen in (("kept", False), ("excluded", True)):
+      scored = trainer.evaluate(exclude_seen=exclude_seen)
+      path = os.path.join(model_dir, PROTOCOL_METRICS[protocol])
+      with open(path, "w", encoding="utf-8") as f:
+        json.dump(scored, f, indent=2, sort_keys=True)
+    export(trainer.run, os.path.join(model_dir, EXPORT_DIR))
   return metrics
 
 
@@ -366,11 +388,52 @@ def run_experiment(
   with open(os.path.join(model_dir, "metrics.json"), encoding="utf-8") as f:
     metrics = json.load(f)
   metrics["wall_seconds"] = time.time() - start
-  excluded = os.path.join(model_dir, EXCLUDED_METRICS)
-  if os.path.isfile(excluded):
-    with open(excluded, encoding="utf-8") as f:
-      metrics["excluded"] = json.load(f)
+  for protocol, name in PROTOCOL_METRICS.items():
+    path = os.path.join(model_dir, name)
+    if os.path.isfile(path):
+      with open(path, encoding="utf-8") as f:
+        metrics[protocol] = json.load(f)
   return metrics
+
+
+def served_hit_rates(
+  export_dir: str, source: Any, held_out: Arrays, exclude_seen: bool
+) -> dict[str, float]:
+  """Top-K hit rates scored from an exported SavedModel's "top_k_raw"
+  signature: each held-out pair's user sent by its RAW id (as a client
+  would), hit at K if the pair's raw item id is among the first K returned.
+
+  Args:
+    export_dir: the SavedModel (`recsys.export.export` of a retrieval run
+      whose source has raw ids).
+    source: the experiment's MovieLens source (its raw-id maps).
+    held_out: `user` and `item` ids of the scored pairs.
+    exclude_seen: the signature's `exclude_seen` for every query.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  top_k = tf.saved_model.load(export_dir).signatures["top_k_raw"]
+  parser = source.raw_parser()
+  users, index = np.unique(held_out["user"], return_inverse=True)
+  raw_users = parser.raw_ids("user_id", tf.constant(users, tf.int64))
+  raw_items = parser.raw_ids("item_id", tf.constant(held_out["item"], tf.int64))
+  returned = []
+  for start in range(0, len(users), 1024):
+    batch = raw_users[start : start + 1024]
+    out = top_k(
+      user_id=batch, exclude_seen=tf.fill(tf.shape(batch), exclude_seen)
+    )
+    returned.append(out["candidate_raw_ids"].numpy())
+  ranked = np.concatenate(returned)[index]  # [pairs, k] raw item ids
+  width = ranked.shape[1]
+  if width < max(KS):
+    raise ValueError(
+      f"{export_dir}: top_k_raw returns {width} candidates, fewer than "
+      f"the largest cut-off {max(KS)}; export with k >= {max(KS)}."
+    )
+  found = ranked == raw_items.numpy()[:, None]
+  rank = np.where(found.any(1), found.argmax(1), width)
+  return {f"top{k}": float((rank < k).mean()) for k in KS}
 
 
 def model_hit_rates(metrics: dict[str, Any]) -> dict[str, float]:
@@ -446,7 +509,14 @@ def main(
   parser.add_argument(
     "--experiments",
     nargs="*",
-    default=["ranking", "fm", "retrieval", "retrieval_history"],
+    default=[
+      "ranking",
+      "fm",
+      "retrieval",
+      "retrieval_history",
+      "implicit_als",
+      "implicit_als_kept",
+    ],
     choices=sorted(EXPERIMENTS),
     help="experiments to train (none: baselines only).",
   )
@@ -634,6 +704,17 @@ def run_seed(args: argparse.Namespace, seed: int, root: str) -> dict[str, Any]:
       "model_dir": model_dir,
       "bindings": more,
     }
+    if KIND[name] == "retrieval":  # the exported SavedModel, by raw user id
+      held_out = {k: v[:ret_evaluated] for k, v in ret_test.items()}
+      results[name]["served"] = {
+        protocol: served_hit_rates(
+          os.path.join(model_dir, EXPORT_DIR),
+          ret_source,
+          held_out,
+          exclude_seen=protocol == "excluded",
+        )
+        for protocol in PROTOCOLS
+      }
   return results
 
 
@@ -670,15 +751,21 @@ def _retrieval_baselines(
     out["popularity" + suffix] = popularity(
       train["item"], held_out["item"], test_seen
     )
-    reg, alpha, valid_rates = choose_ials(fit, valid, users, items, valid_seen)
-    p, q = fit_ials(train, users, items, reg=reg, alpha=alpha)
+    reg, alpha, nu, valid_rates = choose_ials(
+      fit, valid, users, items, valid_seen
+    )
+    start = time.time()  # the chosen point's fit and scoring, not the search
+    p, q = fit_ials(train, users, items, reg=reg, alpha=alpha, reg_exponent=nu)
     out["ials" + suffix] = {
       "reg": reg,
       "alpha": alpha,
+      "reg_exponent": nu,
       "validation": valid_rates,
       "rates": factor_hit_rates(p, q, held_out, items, exclusions=test_seen),
+      "seconds": time.time() - start,
     }
     reg, valid_rates = choose_ease(fit, valid, users, items, valid_seen)
+    start = time.time()
     weights = fit_ease(train, users, items, reg)
     out["ease" + suffix] = {
       "reg": reg,
@@ -686,6 +773,7 @@ def _retrieval_baselines(
       "rates": ease_hit_rates(
         weights, train, held_out, users, items, exclusions=test_seen
       ),
+      "seconds": time.time() - start,
     }
   return out
 
@@ -736,10 +824,10 @@ def _retrieval_rows(
   }
   for name in EXPERIMENTS:
     if KIND[name] == "retrieval" and name in results:
-      metrics = results[name]["metrics"]
-      if protocol == "excluded":
-        metrics = metrics.get("excluded", {})
-      rows[os.path.basename(EXPERIMENTS[name])] = model_hit_rates(metrics)
+      label = os.path.basename(EXPERIMENTS[name])
+      rows[label] = model_hit_rates(results[name]["metrics"].get(protocol, {}))
+      if "served" in results[name]:
+        rows[label + SERVED_SUFFIX] = results[name]["served"][protocol]
   return rows
 
 
@@ -771,6 +859,9 @@ def summarize(per_seed: Sequence[dict[str, Any]]) -> dict[str, Any]:
         seconds[os.path.basename(EXPERIMENTS[name])].append(
           results[name]["metrics"]["elapsed_seconds"]
         )
+    for label, key in ((IALS_LABEL, "ials"), (EASE_LABEL, "ease")):
+      if "seconds" in results[key]:  # fit + score, seen items kept
+        seconds[label].append(results[key]["seconds"])
   return {
     "seeds": [r["seed"] for r in per_seed],
     "holdout": per_seed[0]["holdout"],
@@ -800,7 +891,8 @@ def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
     if label not in secs:
       return ""
     t = secs[label]
-    return f"  (train+eval {t['mean']:.0f} +- {t['sd']:.0f} s)"
+    what = "fit+score" if label in (IALS_LABEL, EASE_LABEL) else "train+eval"
+    return f"  ({what} {t['mean']:.1f} +- {t['sd']:.1f} s per seed)"
 
   print("\nRanking RMSE (lower is better)")
   for label, st in summary["ranking_rmse"].items():
@@ -812,7 +904,7 @@ def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
   }
   for key, title in titles.items():
     print(f"\nRetrieval hit rate {title}")
-    print(f"  {'':<34}" + "".join(f"{'top' + str(k):>17}" for k in KS))
+    print(f"  {'':<40}" + "".join(f"{'top' + str(k):>17}" for k in KS))
     for label, rates in summary[key].items():
       cells = "".join(
         f"{rates[f'top{k}']['mean']:>9.4f} +-{rates[f'top{k}']['sd']:.4f}"
@@ -820,7 +912,7 @@ def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
         else f"{'':>17}"
         for k in KS
       )
-      print(f"  {label:<34}{cells}{note(label)}")
+      print(f"  {label:<40}{cells}{note(label)}")
   print()
 
 
@@ -902,23 +994,38 @@ def _print_retrieval(results: dict[str, Any], protocol: str) -> None:
     (
       "iALS",
       ials["rates"],
-      f"dim {IALS_DIM}, reg {ials['reg']:g}, alpha {ials['alpha']:g} "
-      "chosen on validation",
+      f"dim {IALS_DIM}, reg {ials['reg']:g}, alpha {ials['alpha']:g}, "
+      f"nu {ials.get('reg_exponent', 0.0):g} chosen on validation; fit+score "
+      f"{ials.get('seconds', float('nan')):.1f} s",
     ),
-    ("EASE", ease["rates"], f"reg {ease['reg']:g} chosen on validation"),
+    (
+      "EASE",
+      ease["rates"],
+      f"reg {ease['reg']:g} chosen on validation; fit+score "
+      f"{ease.get('seconds', float('nan')):.1f} s",
+    ),
   ]
   for name in [n for n in EXPERIMENTS if KIND[n] == "retrieval"]:
     if name not in results:
       continue
     m = results[name]["metrics"]
+    label = os.path.basename(EXPERIMENTS[name])[:-4]
     lines.append(
       (
-        os.path.basename(EXPERIMENTS[name])[:-4],
-        model_hit_rates(m if protocol == "kept" else m.get("excluded", {})),
+        label,
+        model_hit_rates(m.get(protocol, {})),
         f"train+eval {m['elapsed_seconds']:.0f} s, "
         f"process {m['wall_seconds']:.0f} s",
       )
     )
+    if "served" in results[name]:
+      lines.append(
+        (
+          "  " + SERVED_SUFFIX.strip(),
+          results[name]["served"][protocol],
+          "top_k_raw by raw user id",
+        )
+      )
   for label, rates, note in lines:
     print(
       f"  {label:<24}"

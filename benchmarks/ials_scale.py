@@ -58,7 +58,9 @@ def synthetic_pairs(
   return np.unique(np.stack([user, item], 1), axis=0)
 
 
-def ials_training(specs, dim, reg, alpha, strategy=None, placement=None):
+def ials_training(
+  specs, dim, reg, alpha, strategy=None, placement=None, reg_exponent=0.0
+):
   """`(backend, step)`: ImplicitALS's tables on the tensorcore backend
   (SGD(1.0), N(0, 0.01) rows) and a `tf.function` `step(features, labels)`
   that trains one batch per replica as a Trainer step does (lookup under a
@@ -82,7 +84,9 @@ def ials_training(specs, dim, reg, alpha, strategy=None, placement=None):
       config, settings.optimizer, strategy, backend="tensorcore", **options
     )
     backend.build()
-    model = ials.ImplicitALS(specs, dim=dim, reg=reg, alpha=alpha)
+    model = ials.ImplicitALS(
+      specs, dim=dim, reg=reg, alpha=alpha, reg_exponent=reg_exponent
+    )
   names = list(config)
 
   @tf.function

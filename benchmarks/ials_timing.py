@@ -1,7 +1,8 @@
 """Seconds per epoch of ImplicitALS through an embedding backend.
 
-Writes the synthetic ml-100k-like files (`recsys.testing.movielens`; the
-real ml-100k is not needed), takes every (user, movie) rating as a positive
+Reads a MovieLens folder (`--data_dir`: GroupLens u.data or RecBole
+atomic files) or writes the synthetic ml-100k-like files
+(`recsys.testing.movielens`), takes every (user, movie) rating as a positive
 pair, and trains `recsys.models.ials.ImplicitALS` the way a Trainer step
 does (lookup under a tape, the model's loss, the backend's SGD(1.0)
 update) in a compiled `tf.function` per batch. Prints the seconds of each
@@ -11,6 +12,8 @@ pairs, and the largest difference between the two's tables from the same
 initial values.
 
   PYTHONPATH=. python benchmarks/ials_timing.py --epochs 3 --dim 32
+  PYTHONPATH=. python benchmarks/ials_timing.py --data_dir data/ml-100k \
+    --reg 0.02 --alpha 3 --reg_exponent 1
 """
 
 import argparse
@@ -24,12 +27,22 @@ import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from benchmarks import ials_scale
 from benchmarks import movielens_baselines as baselines
 from recsys.data import ials_batches
+from recsys.data.movielens import files as movielens_files
 from recsys.testing import movielens
 
 
 def _pairs(folder: str) -> tuple[np.ndarray, int, int]:
-  data = np.loadtxt(os.path.join(folder, "u.data"), dtype=np.int64)
-  return data[:, :2], int(data[:, 0].max()), int(data[:, 1].max())
+  """(user, item) ids `[n, 2]` (ids 1.., raw ids in sorted order), and the
+  numbers of users and items, of the MovieLens files in `folder`."""
+  variant = movielens_files.detect_variant(folder)
+  if variant is None:
+    raise SystemExit(f"no MovieLens files (u.data or *.inter) in {folder!r}")
+  raw = movielens_files.read(folder, variant)
+  ids = []
+  for values in (raw.user, raw.item):
+    _, index = np.unique(values.astype(str), return_inverse=True)
+    ids.append(index.astype(np.int64) + 1)
+  return np.stack(ids, 1), int(ids[0].max()), int(ids[1].max())
 
 
 def main() -> None:
@@ -39,6 +52,12 @@ def main() -> None:
   parser.add_argument("--batch_size", type=int, default=256)
   parser.add_argument("--reg", type=float, default=100.0)
   parser.add_argument("--alpha", type=float, default=10.0)
+  parser.add_argument("--reg_exponent", type=float, default=0.0)
+  parser.add_argument(
+    "--data_dir",
+    default=None,
+    help="a MovieLens folder (default: synthetic ml-100k-like files)",
+  )
   parser.add_argument(
     "--history_chunk",
     type=int,
@@ -48,8 +67,11 @@ def main() -> None:
   )
   args = parser.parse_args()
 
-  with tempfile.TemporaryDirectory() as folder:
-    pairs, num_users, num_items = _pairs(movielens.write_ml100k_like(folder))
+  if args.data_dir:
+    pairs, num_users, num_items = _pairs(args.data_dir)
+  else:
+    with tempfile.TemporaryDirectory() as folder:
+      pairs, num_users, num_items = _pairs(movielens.write_ml100k_like(folder))
   users, items = num_users + 1, num_items + 1
   specs = ials_batches.feature_specs(
     pairs,
@@ -59,7 +81,7 @@ def main() -> None:
     history_chunk=args.history_chunk,
   )
   backend, step = ials_scale.ials_training(
-    specs, args.dim, args.reg, args.alpha
+    specs, args.dim, args.reg, args.alpha, reg_exponent=args.reg_exponent
   )
 
   batches = list(
@@ -85,16 +107,17 @@ def main() -> None:
   by_item = baselines._rows_by_key(unique[:, 1], unique[:, 0], items)
   p, q = p0, q0
   start = time.perf_counter()
+  weights = (args.reg, args.alpha, 1.0, args.reg_exponent)
   for _ in range(args.epochs + 1):
-    p = baselines._ials_half_step(q, by_user, args.reg, args.alpha)
-    q = baselines._ials_half_step(p, by_item, args.reg, args.alpha)
+    p = baselines._ials_half_step(q, by_user, *weights)
+    q = baselines._ials_half_step(p, by_item, *weights)
   numpy_seconds = (time.perf_counter() - start) / (args.epochs + 1)
   diff = max(
     np.abs(tables["user"].numpy() - p).max(),
     np.abs(tables["item"].numpy() - q).max(),
   )
   print(
-    f"synthetic ml-100k-like: {users} user rows, {items} item rows, "
+    f"{args.data_dir or 'synthetic ml-100k-like'}: {users} user rows, {items} item rows, "
     f"{len(unique)} pairs, dim {args.dim}, batch {args.batch_size}, "
     f"history_chunk {args.history_chunk}, {len(batches)} steps per epoch"
   )

@@ -466,6 +466,26 @@ class EmbeddingPlacement:
     return parse_bytes(self.device_memory, "EmbeddingPlacement.device_memory")
 
 
+def bound_placement() -> EmbeddingPlacement:
+  """The placement of a run that does not set `train.placement`: the
+  parsed gin config's `EmbeddingPlacement.*` bindings, if any, else the
+  defaults. Binding `EmbeddingPlacement.tables` alone means those tables,
+  not a setting nothing reads (gin applies bindings only where a
+  configurable is called through it)."""
+  return gin.get_configurable(EmbeddingPlacement)()
+
+
+def default_placement_bindings() -> list[str]:
+  """Gin bindings that set every `EmbeddingPlacement` field to its default:
+  for a run that must not plan as the training config's bindings say
+  (`recsys export` holds the tables whole on the exporting host)."""
+  defaults = EmbeddingPlacement()
+  return [
+    f"EmbeddingPlacement.{field.name} = {getattr(defaults, field.name)!r}"
+    for field in dataclasses.fields(EmbeddingPlacement)
+  ]
+
+
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 _UNITS.update({"tib": 1 << 40, "kb": 10**3, "mb": 10**6, "gb": 10**9})
 
@@ -696,7 +716,7 @@ def plan_memory(
   """
   strategy = strategy or tf.distribute.get_strategy()
   if placement is None:
-    placement = EmbeddingPlacement()
+    placement = bound_placement()
   elif not isinstance(placement, EmbeddingPlacement):
     raise PlacementSettingsError(
       f"train.placement is {placement!r}; expected @EmbeddingPlacement() "

@@ -420,6 +420,47 @@ def test_device_memory_takes_bytes_or_sizes(text, expected):
   assert planning.EmbeddingPlacement(text).device_memory_bytes == expected
 
 
+def test_placement_bindings_apply_without_train_placement():
+  """`EmbeddingPlacement.tables` bound in gin, `train.placement` not: the
+  plan forces those tables (it planned as if nothing were bound)."""
+  import gin  # noqa: PLC0415
+
+  from recsys import config  # noqa: PLC0415
+
+  gin.clear_config()
+  try:
+    config.parse(
+      [],
+      [
+        "EmbeddingPlacement.tables = {'small': 'row_sharded'}",
+        "EmbeddingPlacement.device_memory = '1GiB'",
+      ],
+      finalize=False,
+    )
+    plan = planning.plan_memory(
+      _dlrm_like(),
+      E.Adagrad(0.1),
+      mirrored_strategy(2),
+      backend="tensorcore",
+      ids_per_step=IDS,
+    )
+  finally:
+    gin.clear_config()
+  assert plan.placements() == {"small": "row_sharded", "big": "replicated"}
+  assert planning.bound_placement() == planning.EmbeddingPlacement()
+  # What `recsys export` binds over a training config: the defaults.
+  config.parse(
+    [],
+    ["EmbeddingPlacement.tables = {'small': 'row_sharded'}"]
+    + planning.default_placement_bindings(),
+    finalize=False,
+  )
+  try:
+    assert planning.bound_placement() == planning.EmbeddingPlacement()
+  finally:
+    gin.clear_config()
+
+
 def test_device_memory_refuses_what_is_no_size():
   with pytest.raises(ValueError, match="'16 gigs' is not a size"):
     planning.EmbeddingPlacement("16 gigs").device_memory_bytes  # noqa: B018

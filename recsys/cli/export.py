@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
   from backends import registry  # pylint: disable=g-import-not-at-top
   from recsys import export as export_lib  # pylint: disable=g-import-not-at-top
+  from recsys import planning  # pylint: disable=g-import-not-at-top
 
   # The export's backend (the registry's `for_export`) restores a
   # checkpoint of any training backend (SparseCore's stacked tables
@@ -66,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
       "train.progress_bar = False",
       "train.summaries = False",
       "train.placement = None",
+      *planning.default_placement_bindings(),
       "train.backend_options = None",
     ],
     action="restore",

@@ -117,7 +117,8 @@ def main() -> None:
     np.abs(tables["item"].numpy() - q).max(),
   )
   print(
-    f"{args.data_dir or 'synthetic ml-100k-like'}: {users} user rows, {items} item rows, "
+    f"{args.data_dir or 'synthetic ml-100k-like'}: {users} user rows, "
+    f"{items} item rows, "
     f"{len(unique)} pairs, dim {args.dim}, batch {args.batch_size}, "
     f"history_chunk {args.history_chunk}, {len(batches)} steps per epoch"
   )

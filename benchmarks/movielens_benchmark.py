@@ -343,16 +343,23 @@ def train_one(
     datefmt="%H:%M:%S",
   )
   from recsys import config  # pylint: disable=g-import-not-at-top
-  from recsys.training import train  # pylint: disable=g-import-not-at-top
-
   from recsys.export import export  # pylint: disable=g-import-not-at-top
+  from recsys.training import train  # pylint: disable=g-import-not-at-top
 
   config.parse([gin_file], list(bindings) + ["train.progress_bar = False"])
   trainer = train(model_dir=model_dir, action="build")
   metrics = trainer.train()
   if trainer.is_retrieval:  # the same model under both protocols, exported
+    with open(os.path.join(model_dir, "metrics.json"), encoding="utf-8") as f:
+      final = json.load(f)  # the run's own evaluation: one of the protocols
+    own = "excluded" if final.get("eval/exclude_seen") else "kept"
+    if not any("hit_rate" in key for key in final):
+      own = None  # no final evaluation: score both protocols here
     for protocol, exclude_seen in (("kept", False), ("excluded", True)):
-      scored = trainer.evaluate(exclude_seen=exclude_seen)
+      if protocol == own:
+        scored = {k: v for k, v in final.items() if k.startswith("eval/")}
+      else:
+        scored = trainer.evaluate(exclude_seen=exclude_seen)
       path = os.path.join(model_dir, PROTOCOL_METRICS[protocol])
       with open(path, "w", encoding="utf-8") as f:
         json.dump(scored, f, indent=2, sort_keys=True)

@@ -12,7 +12,10 @@ seed), so
   (`fill`): no process ever holds more than its shard plus one chunk;
 * a row's starting value is the same replicated or row-sharded, over any
   number of replicas and workers, in any row layout, and in a checkpoint
-  read back by another layout.
+  read back by another layout — bit for bit on any CPU: normals come from
+  the uniforms through `backends.exact_math.ndtri`, made of correctly
+  rounded operations only, so no value depends on the vector width or on
+  how many rows one call computes (TF's `ndtri` did: issue 52).
 
 The distribution is the table's initializer's (uniform, normal, truncated
 normal, variance scaling, constants: `for_table`), not its exact stream: an
@@ -32,15 +35,20 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from backends import exact_math
+
 #: Rows per chunk are chosen so a chunk holds at most this many bytes.
 CHUNK_BYTES = 8 << 20
 #: Rows drawn at once hold at most this many bytes of float32 values: the
-#: hash's uint64 intermediates are ~20x that while they are computed.
+#: hash's uint64 and the quantile's float64 intermediates are ~20x that.
 DRAW_BYTES = 1 << 20
 
 _U64 = tf.uint64
 # TF truncates its truncated normal at two standard deviations.
 _TRUNCATE_AT = 2.0
+# Phi(-2), the standard normal's mass below -2 (a literal: libm's erf is not
+# guaranteed to round alike on every machine).
+_MASS_BELOW_TRUNCATION = 0.022750131948179209
 # Stddev of a unit normal truncated at +-2 (TF's VarianceScaling constant).
 _TRUNCATED_STDDEV = 0.87962566103423978
 
@@ -79,10 +87,6 @@ def _uniform(ids: tf.Tensor, dim: int, key: tf.Tensor) -> tf.Tensor:
   return (top + 0.5) * np.float32(2.0**-24)
 
 
-def _normal_cdf(x: float) -> float:
-  return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
-
-
 @dataclasses.dataclass(frozen=True)
 class RowInitializer:
   """The values of any rows of a `[vocabulary_size, dim]` table.
@@ -112,20 +116,17 @@ class RowInitializer:
     )
 
   def rows(self, ids: tf.Tensor) -> tf.Tensor:
-    """float32 `[len(ids), dim]`: the initial values of rows `ids`."""
+    """float32 `[len(ids), dim]`: the initial values of rows `ids`.
+
+    Every value is a function of `(seed, id, column)` computed with
+    correctly rounded operations only (`backends.exact_math`), on the host
+    CPU: the same bits on every CPU and in calls of any size.
+    """
     ids = tf.convert_to_tensor(ids, tf.int64)
-    shape = tf.stack([tf.size(ids), self.dim])
     if self.distribution == "constant":
-      return tf.fill(shape, np.float32(self.a))
-    u = _uniform(ids, self.dim, _const(_mix_seed(self.seed)))
-    if self.distribution == "uniform":
-      return np.float32(self.a) + np.float32(self.b - self.a) * u
-    if self.distribution == "normal":
-      return np.float32(self.a) + np.float32(self.b) * tf.math.ndtri(u)
-    lo = _normal_cdf(-_TRUNCATE_AT)
-    z = tf.math.ndtri(np.float32(lo) + np.float32(1.0 - 2.0 * lo) * u)
-    z = tf.clip_by_value(z, -_TRUNCATE_AT, _TRUNCATE_AT)
-    return np.float32(self.a) + np.float32(self.b) * z
+      return tf.fill(tf.stack([tf.size(ids), self.dim]), np.float32(self.a))
+    with tf.device("/device:CPU:0"):
+      return _rows(ids, self.dim, _mix_seed(self.seed), self)
 
   def chunk_rows(self) -> int:
     """Rows drawn at once: `DRAW_BYTES` of float32 rows, at least one."""
@@ -152,6 +153,31 @@ class RowInitializer:
             tf.range(begin, end, dtype=tf.int64),
           )
         )
+
+
+def _rows(ids: tf.Tensor, dim: int, key: int, init: RowInitializer):
+  u = _uniform(ids, dim, _const(key))
+  if init.distribution == "uniform":
+    return np.float32(init.a) + np.float32(init.b - init.a) * u
+  return _normal(
+    u,
+    tf.constant(init.a, tf.float64),
+    tf.constant(init.b, tf.float64),
+    init.distribution == "truncated_normal",
+  )
+
+
+@tf.function(autograph=False, reduce_retracing=True)
+def _normal(u: tf.Tensor, mean: tf.Tensor, stddev: tf.Tensor, truncated: bool):
+  """Normals from uniforms by the inverse CDF, optionally cut at +-2."""
+  p = tf.cast(u, tf.float64)  # exact: u has 24 significant bits
+  if truncated:
+    lo = _MASS_BELOW_TRUNCATION
+    p = lo + (1.0 - 2.0 * lo) * p
+  z = exact_math.ndtri(p)
+  if truncated:
+    z = tf.clip_by_value(z, -_TRUNCATE_AT, _TRUNCATE_AT)
+  return tf.cast(mean + stddev * z, tf.float32)
 
 
 def _count(ids: Any) -> int:

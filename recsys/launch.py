@@ -11,15 +11,22 @@ hosts with TF_CONFIG set by the cluster manager):
   `recsys.run.strategy.serve`); `recsys train` picks
   `ParameterServerStrategy` and the `sharded` backend;
 * with `--ps 0`: `--workers` "worker" tasks of a
-  `MultiWorkerMirroredStrategy` (replicated `tensorcore` tables, input
-  sharded per worker), worker 0 being the chief.
+  `MultiWorkerMirroredStrategy` (`tensorcore` tables replicated or
+  row-sharded over the workers, input sharded per worker), worker 0 being
+  the chief.
 
-Every line a task prints is prefixed with its name (`[chief]`, `[worker 1]`,
-`[ps 0]`). The launcher stops every process it started when the chief exits,
-when a task it cannot lose fails (a parameter server, or any worker of a
-mirrored cluster), and on Ctrl-C / SIGTERM (the chief first gets SIGTERM and
-`--grace_seconds` to save a checkpoint). In a parameter-server cluster a
-worker may die: the chief's coordinator moves its work to the others.
+The launcher prints the chief's lines (the chief, or worker 0 without one),
+prefixed with its name (`[chief]`, `[worker 0]`): the other tasks run the
+same command and would repeat them. Their output goes to one file each,
+`<model_dir>/logs/worker-1.log`, `ps-0.log`, ... (the `--model_dir` of the
+command; a temporary folder without one), appended run after run; of it the
+launcher prints only error lines, and the last lines of a task that exits
+with an error (`[worker 1] ...`). The launcher stops every process it
+started when the chief exits, when a task it cannot lose fails (a parameter
+server, or any worker of a mirrored cluster), and on Ctrl-C / SIGTERM (the
+chief first gets SIGTERM and `--grace_seconds` to save a checkpoint). In a
+parameter-server cluster a worker may die: the chief's coordinator moves
+its work to the others.
 
 Addresses are 127.0.0.1 on free ports. TensorFlow's gRPC server listens on
 every interface of the machine, though (it has no bind-address setting), and
@@ -36,14 +43,17 @@ Example:
 """
 
 import argparse
+import collections
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -108,14 +118,58 @@ def is_shutdown_noise(line: str) -> bool:
   return bool(_SHUTDOWN_NOISE.match(line))
 
 
+#: An error-level line: recsys's log format (`12:00:00 recsys ERROR ...`),
+#: Python's default logging format (`ERROR:tensorflow:...`), TF's C++ log
+#: (`E0000 ...`, `F0000 ...`). A task's uncaught exception ends it with an
+#: error: its last lines are printed then (`Cluster.wait`).
+_ERROR_LINE = re.compile(
+  r"^(\d\d:\d\d:\d\d \S+ (ERROR|CRITICAL) |(ERROR|CRITICAL|FATAL):|[EF]\d{4} )"
+)
+
+
+def is_error_line(line: str) -> bool:
+  """Whether a line of a task that is not the chief is printed: an error."""
+  return bool(_ERROR_LINE.match(line)) and not is_shutdown_noise(line)
+
+
+#: The last lines of a task's output printed when it exits with an error.
+TAIL_LINES = 12
+
+
+def model_dir_of(command: Sequence[str]) -> str | None:
+  """The `--model_dir` of a recsys command line, or None."""
+  for i, arg in enumerate(command):
+    if arg == "--model_dir" and i + 1 < len(command):
+      return command[i + 1]
+    if arg.startswith("--model_dir="):
+      return arg.split("=", 1)[1]
+  return None
+
+
+def log_dir_for(command: Sequence[str]) -> str:
+  """Where the tasks other than the chief write their output: the command's
+  `<model_dir>/logs`, else a new temporary folder."""
+  model_dir = model_dir_of(command)
+  if model_dir:
+    return os.path.join(model_dir, "logs")
+  return tempfile.mkdtemp(prefix="recsys-launch-")
+
+
+def log_file_name(job: str, index: int) -> str:
+  return f"{job}-{index}.log"
+
+
 class Cluster:
   """Processes of a local cluster; `stop()` ends every one of them.
 
   Args:
     spec: the cluster dict (see `cluster_spec`).
     command: the `recsys` command line each task runs (e.g. ["train", ...]).
-    out: where the prefixed log lines go.
+    out: where the chief's prefixed lines (and the others' errors) go.
     env: base environment (TF_CONFIG is set per task).
+    log_dir: where the other tasks' output goes, one file each (None: see
+      `log_dir_for`).
+    program: what each task runs the command with (`python -m recsys`).
   """
 
   def __init__(
@@ -124,13 +178,18 @@ class Cluster:
     command: Sequence[str],
     out: TextIO = sys.stdout,
     env: dict[str, str] | None = None,
+    log_dir: str | None = None,
+    program: Sequence[str] = (sys.executable, "-m", "recsys"),
   ):
     self.spec = spec
     self.command = list(command)
     self.out = out
     self.env = dict(env if env is not None else os.environ)
+    self.log_dir = log_dir or log_dir_for(self.command)
+    self.program = list(program)
     self.procs: dict[tuple[str, int], subprocess.Popen] = {}
-    self._threads: list[threading.Thread] = []
+    self._tails: dict[tuple[str, int], collections.deque] = {}
+    self._threads: dict[tuple[str, int], threading.Thread] = {}
     self._lock = threading.Lock()
 
   @property
@@ -141,14 +200,19 @@ class Cluster:
   def parameter_server_mode(self) -> bool:
     return bool(self.spec.get("ps"))
 
+  def log_path(self, job: str, index: int) -> str:
+    """The file a task other than the chief writes its output to."""
+    return os.path.join(self.log_dir, log_file_name(job, index))
+
   def start(self) -> None:
+    os.makedirs(self.log_dir, exist_ok=True)
     for job, index in tasks(self.spec):
       env = dict(self.env)
       env["TF_CONFIG"] = json.dumps(
         {"cluster": self.spec, "task": {"type": job, "index": index}}
       )
       proc = subprocess.Popen(
-        [sys.executable, "-m", "recsys", *self.command],
+        [*self.program, *self.command],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -157,15 +221,21 @@ class Cluster:
         start_new_session=True,
       )
       self.procs[(job, index)] = proc
+      where = (
+        "its lines below"
+        if (job, index) == self.chief
+        else f"output in {self.log_path(job, index)}"
+      )
       self.print_line(
         f"[launch] {task_name(job, index)} pid {proc.pid} at "
-        f"{self.spec[job][index]}"
+        f"{self.spec[job][index]}: {where}"
       )
+      self._tails[(job, index)] = collections.deque(maxlen=TAIL_LINES)
       thread = threading.Thread(
         target=self._pump, args=(job, index, proc), daemon=True
       )
       thread.start()
-      self._threads.append(thread)
+      self._threads[(job, index)] = thread
 
   def print_line(self, line: str) -> None:
     """Writes one line to the launcher's output, whole among the tasks'."""
@@ -175,9 +245,38 @@ class Cluster:
 
   def _pump(self, job: str, index: int, proc: subprocess.Popen) -> None:
     prefix = f"[{task_name(job, index)}] "
-    for line in proc.stdout or ():
-      if not is_shutdown_noise(line):
-        self.print_line(prefix + line)
+    if (job, index) == self.chief:
+      for line in proc.stdout or ():
+        if not is_shutdown_noise(line):
+          self.print_line(prefix + line)
+      return
+    tail = self._tails[(job, index)]
+    with open(self.log_path(job, index), "a", encoding="utf-8") as log:
+      log.write(
+        f"--- recsys launch {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+        f"{task_name(job, index)}, pid {proc.pid}: "
+        f"{shlex.join(self.command)}\n"
+      )
+      log.flush()
+      for line in proc.stdout or ():
+        log.write(line)
+        log.flush()
+        tail.append(line)
+        if is_error_line(line):
+          self.print_line(prefix + line)
+
+  def _report_exit(self, key: tuple[str, int], code: int, what: str) -> None:
+    """Says a task exited, where its output is, and (an error) its last
+    lines."""
+    name = task_name(*key)
+    self.print_line(f"[launch] {name} exited with status {code}; {what}")
+    if code > 0:
+      self._threads[key].join(timeout=5)  # its last lines read
+      self.print_line(
+        f"[launch] {name}'s last lines ({self.log_path(*key)} has them all):"
+      )
+      for line in self._tails.get(key, ()):
+        self.print_line(f"[{name}] {line}")
 
   def wait(self, poll_seconds: float = 0.2) -> int:
     """Waits for the chief; stops early if a task it cannot lose fails.
@@ -201,19 +300,19 @@ class Cluster:
         reported.add(key)
         job = key[0]
         if self.parameter_server_mode and job == "worker":
-          self.print_line(
-            f"[launch] {task_name(*key)} exited with status {code}; "
-            "the coordinator moves its work to the other workers"
+          self._report_exit(
+            key, code, "the coordinator moves its work to the other workers"
           )
           continue
         if job == "worker" and code == 0:
           # A mirrored worker that finished its run; the chief follows.
           self.print_line(f"[launch] {task_name(*key)} finished (status 0)")
           continue
-        self.print_line(
-          f"[launch] {task_name(*key)} exited with status {code}; a "
-          f"{'parameter server' if job == 'ps' else 'mirrored worker'}"
-          " cannot be lost: stopping the cluster"
+        self._report_exit(
+          key,
+          code,
+          f"a {'parameter server' if job == 'ps' else 'mirrored worker'}"
+          " cannot be lost: stopping the cluster",
         )
         return 1
       time.sleep(poll_seconds)
@@ -234,7 +333,7 @@ class Cluster:
         proc.wait(timeout=30)
       except subprocess.TimeoutExpired:
         self.print_line(f"[launch] pid {proc.pid} did not exit after SIGKILL")
-    for thread in self._threads:
+    for thread in self._threads.values():
       thread.join(timeout=5)
 
 

@@ -112,9 +112,14 @@ NOT_RUN = {
     "flags on 4 replicas and a smaller DLRM, and the `recsys info` block "
     "above runs this plan as written"
   ),
-  ("docs/scaling.md", "recsys launch"): (
+  ("docs/scaling.md", "--model_dir runs/ps"): (
     "starts clusters of 3 to 5 TensorFlow processes for minutes; "
     "tests/distributed/test_cluster.py launches the same clusters"
+  ),
+  ("docs/scaling.md", "--model_dir runs/workers_row_sharded"): (
+    "starts 2 TensorFlow worker processes for a minute; tests/distributed/"
+    "test_row_sharded_cluster.py launches this cluster with the same gin "
+    "files (fewer steps), and the `recsys info` block above prints its plan"
   ),
   ("docs/testing.md", "make test-fast"): "runs the test suite itself",
 }

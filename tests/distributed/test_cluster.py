@@ -6,7 +6,8 @@
   quality of one process on the same number of examples, and the final
   checkpoint restores into `tensorcore` on one machine (`recsys evaluate
   --backend tensorcore`, no cluster);
-* 2 workers of a MultiWorkerMirroredStrategy: only the chief's files.
+* 2 workers of a MultiWorkerMirroredStrategy: only the chief's files, and
+  only the chief's lines printed (the other worker's in the run's logs/).
 
 Every cluster runs in a network namespace with only a loopback interface
 when the kernel allows (TF's servers listen on all interfaces otherwise), on
@@ -213,9 +214,13 @@ def test_multi_worker_mirrored_trainer_writes_only_the_chiefs_files(tmp_path):
     check=False,
   )
   assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-  # Every worker returns the metrics; worker 0 alone prints them.
+  # Every worker returns the metrics; worker 0 alone prints them, and the
+  # launcher prints worker 0's lines alone (worker 1's are in its file).
   printed = re.findall(r'^\[(worker \d)\]\s+"eval/auc": ', proc.stdout, re.M)
   assert printed == ["worker 0"], proc.stdout[-3000:]
+  assert not re.search(r"^\[worker 1\]", proc.stdout, re.M), proc.stdout
+  worker_1 = (tmp_path / "logs" / "worker-1.log").read_text()
+  assert "saved checkpoint" in worker_1 and '"eval/auc"' not in worker_1
   got = _metrics(tmp_path)
   assert got["strategy"] == "CollectiveAllReduceStrategy"  # MWMS' class
   assert got["backend"] == "tensorcore" and got["replicas"] == 2

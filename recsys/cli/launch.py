@@ -20,13 +20,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     "machine (127.0.0.1, free ports) that all run the command after `--`: "
     "with --ps > 0 a chief, workers and parameter servers "
     "(ParameterServerStrategy, 'sharded' tables); with --ps 0 workers of a "
-    "MultiWorkerMirroredStrategy. Log lines are prefixed with the task; "
-    "every process is stopped when the chief exits, on Ctrl-C, or when a "
-    "task the cluster cannot lose fails.",
+    "MultiWorkerMirroredStrategy. The chief's lines are printed, prefixed "
+    "with its name; every other task's output goes to "
+    "<model_dir>/logs/<task>.log (its error lines printed too). Every "
+    "process is stopped when the chief exits, on Ctrl-C, or when a task "
+    "the cluster cannot lose fails.",
     epilog="example:\n  recsys launch --workers 2 --ps 2 -- train "
     "--gin_file experiments/synthetic_dlrm.gin \\\n"
     "      --gin_file experiments/hardware/local_cluster.gin "
-    "--model_dir runs/ps",
+    "--model_dir runs/ps\n"
+    "  recsys launch --workers 2 --ps 0 -- train "
+    "--gin_file experiments/synthetic_dlrm.gin \\\n"
+    "      --gin_file experiments/hardware/local_cluster_row_sharded.gin "
+    "--model_dir runs/workers_row_sharded",
   )
   launch_lib.add_arguments(parser)
   return parser

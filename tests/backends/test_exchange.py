@@ -166,6 +166,7 @@ def test_an_overflowing_bucket_fails_the_step_naming_the_table():
   # With the default margin the same step reads the right rows.
   assert placement.owner_capacity(16, 2) == 16
   acts = lookup(_skewed_case(strategy, sigmas=placement.CAPACITY_SIGMAS))
+  # Rows of ones: every mean is exact.
   np.testing.assert_array_equal(np.concatenate(acts), np.ones((8, 3)))
 
 

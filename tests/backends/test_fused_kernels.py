@@ -376,7 +376,7 @@ def test_lookup_deduplicates_in_first_occurrence_order(ids):
     acts.numpy(), tf.gather(table, ids).numpy().reshape(-1, 2)
   )
   # The lookup as two ops (steps of few tables): the same outputs, bit for
-  # bit, with unsorted segments and a scale too.
+  # bit (one kernel class sums both), with unsorted segments and a scale.
   dedup_unique, dedup_index = ops.recsys_bag_dedup(ids=ids, num_rows=1 << 20)
   np.testing.assert_array_equal(dedup_unique.numpy(), unique.numpy())
   np.testing.assert_array_equal(dedup_index.numpy(), index.numpy())

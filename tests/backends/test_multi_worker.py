@@ -60,6 +60,7 @@ def test_two_workers_equal_one_process_on_the_global_batch(tmp_path):
   w0, w1 = np.load(tmp_path / "w0.npz"), np.load(tmp_path / "w1.npz")
   mirrored = np.load(two_replicas)
   for key in ("table", "acc"):
-    np.testing.assert_array_equal(w0[key], w1[key])  # replicas bit-identical
+    # Both workers apply the same summed update: bit-identical.
+    np.testing.assert_array_equal(w0[key], w1[key])
     np.testing.assert_allclose(w0[key], mirrored[key], rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(w0[key], want[key], rtol=1e-5, atol=1e-6)

@@ -66,6 +66,7 @@ def test_a_row_is_its_own_whatever_is_asked_with_it():
   rows = row_init.RowInitializer.for_table(E.TableConfig(50, 5, name="t"))
   whole = rows.rows(tf.range(50, dtype=tf.int64)).numpy()
   picked = [49, 3, 3, 0, 17]
+  # Exact in any call size: correctly rounded ops only (exact_math).
   np.testing.assert_array_equal(rows.rows(picked).numpy(), whole[picked])
   # Distinct rows and columns differ; another seed gives other values.
   assert len(np.unique(whole)) == whole.size
@@ -102,6 +103,7 @@ def test_fill_in_chunks_equals_one_draw(monkeypatch):
   variable = tf.Variable(tf.zeros([6, 3]))
   rows.fill(variable, range(1, 11, 2))  # rows 1, 3, ..., 9
   want = rows.rows(tf.range(1, 11, 2, dtype=tf.int64)).numpy()
+  # Exact in any chunk size: correctly rounded ops only (exact_math).
   np.testing.assert_array_equal(variable.numpy()[:5], want)
   np.testing.assert_array_equal(variable.numpy()[5], np.zeros(3))
 
@@ -140,4 +142,5 @@ def test_every_placement_starts_from_the_same_rows(replicas, placement, layout):
   """A row's first value depends on its id alone (37 rows: uneven shards)."""
   want = _initial_table(1, "replicated")
   got = _initial_table(replicas, placement, layout)
+  # Exact on any CPU: correctly rounded ops only (exact_math), issue 52.
   np.testing.assert_array_equal(got, want)

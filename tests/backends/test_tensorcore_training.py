@@ -240,7 +240,8 @@ def test_replicas_match_one_replica_on_the_combined_batch(num_replicas, name):
   ):
     copies = [v.numpy() for v in got.values]
     for copy in copies[1:]:
-      np.testing.assert_array_equal(copy, copies[0])  # bit-identical replicas
+      # Every replica applies the same summed update: bit-identical.
+      np.testing.assert_array_equal(copy, copies[0])
     np.testing.assert_allclose(
       copies[0], want.numpy(), rtol=1e-5, atol=1e-6, err_msg=t.name
     )
@@ -305,6 +306,7 @@ def test_seed_example_keras_optimizer_loop_under_two_replicas():
   losses = [float(training_step(features)) for _ in range(20)]
   assert losses[-1] < 0.5 * losses[0]
   copies = [v.numpy() for v in embedding.embedding_tables[table].values]
+  # Every replica applies the same reduced gradient: bit-identical.
   np.testing.assert_array_equal(copies[0], copies[1])
   # Keras's Adagrad (epsilon 1e-7) on the summed gradient: the slot is Keras's.
   assert embedding.slot_variables()["t"]["accumulators"] is optimizer.get_slot(

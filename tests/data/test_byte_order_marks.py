@@ -216,6 +216,7 @@ def test_criteo_files_with_a_byte_order_mark_read_the_same(
   source, got = _criteo(marked, malformed=malformed)
   for split in (True, False):
     np.testing.assert_array_equal(got[split][0], want[split][0])
+    # Exact: the same lines, so log1p runs on the same chunk shapes.
     np.testing.assert_array_equal(got[split][1], want[split][1])
     for name, ids in want[split][2].items():
       np.testing.assert_array_equal(got[split][2][name], ids, err_msg=name)

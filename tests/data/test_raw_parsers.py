@@ -79,7 +79,9 @@ def test_criteo_parse_raw_equals_the_reader_and_the_reference(tmp_path):
   parser = source.raw_parser()
   parsed = parser.parse_raw(_raw_columns(TRICKY), CATEGORICAL_NAMES)
 
-  np.testing.assert_array_equal(parsed["dense"].numpy(), read[1])
+  # Not bit-exact: log1p's SIMD body and scalar tail round differently, and
+  # the reader parses chunks of its own size.
+  np.testing.assert_allclose(parsed["dense"].numpy(), read[1], rtol=1e-6)
   for name in CATEGORICAL_NAMES:
     np.testing.assert_array_equal(
       parsed["categorical"][name].numpy(), read[2][name], name

@@ -116,7 +116,9 @@ def test_dot_interaction_matches_numpy_and_tfrs(self_interaction, num_vectors):
     rtol=1e-5,
     atol=1e-5,
   )
-  np.testing.assert_array_equal(out, tfrs_out)  # same products, same order
+  # Exact: TFRS's Gram matmul on the same shapes, then each output is one
+  # product times 1 plus exact zeros.
+  np.testing.assert_array_equal(out, tfrs_out)
   for g, tg in zip(grads, tfrs_grads):
     np.testing.assert_allclose(g, tg, rtol=1e-5, atol=1e-6)
 

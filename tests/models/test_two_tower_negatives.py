@@ -315,6 +315,7 @@ def test_bank_on_two_replicas_equals_one_replica_on_the_global_batch():
   one = _bank_step(tf.distribute.get_strategy(), ids, embeddings, queries)
   two = _bank_step(mirrored_strategy(2), ids, embeddings, queries)
   np.testing.assert_allclose(two[0], one[0], rtol=1e-6)
+  # The bank stores the rows it is given: exact on any replica count.
   np.testing.assert_array_equal(two[1], one[1])
   np.testing.assert_array_equal(two[2], one[2])
   assert set(np.flatnonzero(one[2])) == {2, 3, 5, 8, 10, 21}

@@ -1,4 +1,5 @@
-"""The installed package: a wheel in a fresh venv, used from another folder.
+"""The installed package: a wheel in a fresh venv, used from another folder;
+and the CPU that CI's run prints before the tests.
 
 The wheel must carry the experiment gin files; a user's own gin file outside
 the repo includes a shipped experiment by name, and `include` resolves
@@ -7,6 +8,7 @@ relative to the including file first.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -155,3 +157,57 @@ def test_wheel_in_a_fresh_venv_trains_a_users_gin_file_from_elsewhere(tmp_path):
   )
   metrics = json.loads((work / "run" / "metrics.json").read_text())
   assert metrics["step"] == 4 and metrics["global_batch_size"] == 32
+
+
+def _cpu_info(path_env):
+  done = subprocess.run(
+    ["bash", os.path.join(ROOT, ".ci", "cpu_info")],
+    env=dict(CLEAN_ENV, PATH=path_env),
+    capture_output=True,
+    text=True,
+    timeout=30,
+  )
+  assert done.returncode == 0, done.stderr
+  return done.stdout.splitlines()
+
+
+def test_ci_prints_the_cpu_it_runs_on_with_or_without_lscpu(tmp_path):
+  """.ci/run prints the CPU before the tests (.ci/cpu_info): its model,
+  family/model numbers, cores, L3 and numerics flags; where lscpu is
+  missing (a PATH holding every other command it uses) too."""
+  without_lscpu = tmp_path / "bin"
+  without_lscpu.mkdir()
+  for tool in ("bash", "sed", "head", "cat", "tr", "nproc", "getconf"):
+    found = shutil.which(tool)
+    if found:
+      os.symlink(found, without_lscpu / tool)
+  runs = [_cpu_info(os.environ["PATH"]), _cpu_info(str(without_lscpu))]
+  for lines in runs:
+    assert [line.split(":")[0] for line in lines] == [
+      "cpu",
+      "cpu",
+      "cpu flags for numerics",
+    ], lines
+    assert re.match(r"cpu: \d+ core\(s\) available, L3 \S", lines[1]), lines
+  if not os.path.isfile("/proc/cpuinfo"):
+    return
+  with open("/proc/cpuinfo", encoding="utf-8") as f:
+    info = dict(
+      (k.strip(), v.strip())
+      for k, _, v in (line.partition(":") for line in f)
+      if v
+    )
+  flags = set(info.get("flags", "").split())
+  want = sorted(
+    f
+    for f in flags
+    if f in ("avx", "avx2", "fma") or f.startswith(("avx512", "amx"))
+  )
+  for lines in runs:
+    assert lines[0] == (
+      f"cpu: {info['model name']} (family {info['cpu family']}, model "
+      f"{info['model']}, stepping {info['stepping']})"
+    )
+    printed = lines[2].split(": ", 1)[1].split()
+    assert sorted(printed) == want or (not want and "none of" in lines[2])
+  assert "?" not in runs[1][1], runs[1]  # L3 from sysfs without lscpu

@@ -21,6 +21,7 @@ import tensorflow as tf  # noqa: E402
 
 import recsys  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TF)
 from recsys import _tf_internal  # noqa: E402
+from tests import report_failures  # noqa: E402
 
 NUM_LOGICAL_CPUS = 8
 
@@ -37,6 +38,13 @@ _cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(
   _cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS
 )
+
+
+@pytest.hookimpl(trylast=True)  # after the terminal reporter is made
+def pytest_configure(config):
+  """A failing test's name, printed when it fails (`tests/report_failures`):
+  a run stopped before its summary still names it."""
+  report_failures.pytest_configure(config)
 
 
 @pytest.fixture(autouse=True)

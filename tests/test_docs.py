@@ -8,8 +8,13 @@ one test session) that holds what a reader's checkout holds
 for word, is not run again (pages repeat the commands they build on); two
 different commands may not train into one model dir.
 
-  python  executed; the blocks of one page share a namespace, as a reader
-          pasting them into one session would;
+  python  executed as a script of its own, as a reader who copies it into
+          a file runs it: it imports what it uses, and what it prints is
+          what the reader sees (a block must print something, unless a
+          later block continues it or SILENT says why not; a top-level
+          expression left bare, which a script drops, is refused). A block
+          whose prose just before it says that it continues the block above
+          (CONTINUES) runs in that block's namespace, as one script;
   sh      `recsys ...` commands run in this process (`recsys.cli.main`)
           with their files, flags and paths as written, and `recsys train`
           with bindings appended that cut training to a few steps (the
@@ -38,6 +43,7 @@ longer matches a block fails, so the list stays true.
 """
 
 import argparse
+import ast
 import contextlib
 import dataclasses
 import importlib
@@ -78,6 +84,20 @@ NOT_RUN = {
     "creates .venv/ and trains 6,000 steps; CI runs `make test` itself "
     "(.ci/run), and docs/experiments.md runs the demo's command"
   ),
+  ("README.md", "model.fit(ratings.take(80_000)"): (
+    "tests/layers/test_readme_examples.py::test_readme_keras_example_learns_"
+    "its_planted_signal runs it after the model block, as its prose says, "
+    "and checks the RMSE it prints"
+  ),
+  ("README.md", "Trainer("): (
+    "tests/layers/test_readme_examples.py::test_readme_trainer_example_"
+    "learns_and_runs_again runs it as a script, twice, and checks what it "
+    "prints and writes"
+  ),
+  ("docs/models.md", "movielens_ials.gin"): (
+    "tests/test_ials_run.py runs `recsys train` with this gin file, resumes, "
+    "evaluates and runs `recsys export` on synthetic ml-100k-like files"
+  ),
   ("docs/experiments.md", "hardware/cpu_2replicas.gin \\"): (
     "two mirrored replicas need a process whose TensorFlow runtime has not "
     "started: tests/test_cli.py::test_train_evaluate_export_and_serve_in_"
@@ -87,6 +107,14 @@ NOT_RUN = {
     "starts a web server; tests/training/test_resume_settings.py::"
     "test_operative_config_is_a_text_summary_and_hparams reads the files "
     "it shows"
+  ),
+  ("docs/data.md", "pip download recbole"): (
+    "downloads from PyPI; tests/data/test_movielens.py::test_atomic_files_"
+    "read_like_grouplens reads RecBole's atomic files"
+  ),
+  ("docs/data.md", "write_ml100k_like('data/ml-100k')"): (
+    "the scratch folder's data/ml-100k is written by this function (fewer "
+    "users, movies and ratings): every MovieLens command of the pages reads it"
   ),
   ("docs/movielens_tuning.md", "recsys benchmark movielens"): (
     "trains every MovieLens experiment on 5 split seeds (minutes); "
@@ -122,6 +150,14 @@ NOT_RUN = {
     "files (fewer steps), and the `recsys info` block above prints its plan"
   ),
   ("docs/testing.md", "make test-fast"): "runs the test suite itself",
+}
+#: Prose just before a Python block saying it continues the one above.
+CONTINUES = re.compile(r"continu\w* the (?:python )?block above", re.I)
+#: (page, text the block contains) -> why it prints nothing.
+SILENT = {
+  ("docs/architecture.md", "def test_conformance"): (
+    "a reader's pytest module: pytest reports its checks"
+  ),
 }
 #: A reader's own modules the pages import -> what stands in for them.
 STAND_INS = {
@@ -160,36 +196,50 @@ class Block:
   line: int  # of the opening fence, 1-based
   language: str
   text: str
+  prose: str = ""  # the page's text between the previous block and this one
 
   def __str__(self) -> str:
     return f"{self.page}:{self.line} ({self.language})"
 
+  @property
+  def continues(self) -> bool:
+    """Whether its prose says it continues the block above."""
+    return bool(CONTINUES.search(" ".join(self.prose.split())))
+
 
 def blocks(page: str) -> list[Block]:
   """The fenced code blocks of a page, in order."""
-  out, opened = [], None
+  out, opened, prose = [], None, ""
   with open(os.path.join(ROOT, page), encoding="utf-8") as f:
     for number, line in enumerate(f, 1):
       fence = re.match(r"^\s*```(\S*)\s*$", line)
       if fence and opened is None:
-        opened = Block(page, number, fence.group(1), "")
+        opened = Block(page, number, fence.group(1), "", prose)
       elif fence:
         opened.text = textwrap.dedent(opened.text)
         out.append(opened)
-        opened = None
+        opened, prose = None, ""
       elif opened is not None:
         opened.text += line
+      else:
+        prose += line
   assert opened is None, (
     f"{page}: a code block opened at line {opened.line} never closes"
   )
   return out
 
 
-def _reason(block: Block) -> str | None:
-  for (page, marker), reason in NOT_RUN.items():
+def _reason(block: Block, listed: dict | None = None) -> str | None:
+  for (page, marker), reason in (NOT_RUN if listed is None else listed).items():
     if page == block.page and marker in block.text:
       return reason
   return None
+
+
+def _continued(page_blocks: list[Block]) -> set[int]:
+  """The lines of the Python blocks that the next Python block continues."""
+  python = [b for b in page_blocks if b.language == "python"]
+  return {a.line for a, b in zip(python, python[1:]) if b.continues}
 
 
 # -- the scratch folder --------------------------------------------------------
@@ -405,17 +455,34 @@ def _stand_ins(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, module_name, module)
 
 
+def _run_python(block: Block, namespace: dict, continued: bool) -> None:
+  """Runs the block in `namespace`; it must print unless `continued` or
+  SILENT."""
+  out = io.StringIO()
+  code = compile(block.text, f"{block.page}:{block.line}", "exec")
+  with contextlib.redirect_stdout(out):
+    exec(code, namespace)  # pylint: disable=exec-used
+  sys.stdout.write(out.getvalue())
+  assert out.getvalue().strip() or continued or _reason(block, SILENT), (
+    f"{block}: prints nothing; a reader running it sees no result. Print "
+    "what it computes, or continue it in the next block"
+  )
+
+
 def _run_page(page: str, workspace: Workspace, monkeypatch) -> None:
-  namespace: dict = {"__name__": "__main__"}
+  namespace: dict = {}
+  page_blocks = blocks(page)
+  continued = _continued(page_blocks)
   previous = os.getcwd()
   os.chdir(workspace.path)
   try:
-    for block in blocks(page):
+    for block in page_blocks:
       if block.language == "text" or _reason(block):
         continue
       if block.language == "python":
-        code = compile(block.text, f"{page}:{block.line}", "exec")
-        exec(code, namespace)  # pylint: disable=exec-used
+        if not block.continues:  # a script of its own
+          namespace = {"__name__": "__main__"}
+        _run_python(block, namespace, block.line in continued)
       elif block.language == "sh" and page in BENCHMARK_PAGES:
         _check_benchmark_sh(block, monkeypatch)
       elif block.language == "sh":
@@ -458,11 +525,35 @@ def test_every_block_says_what_it_is_and_every_exception_is_used():
   assert not unlabelled, (
     f"code blocks without one of the languages {LANGUAGES}: {unlabelled}"
   )
-  for page, marker in NOT_RUN:
-    matches = [b for b in found if b.page == page and marker in b.text]
-    assert len(matches) == 1, (
-      f"NOT_RUN entry {(page, marker)} matches {len(matches)} blocks"
-    )
+  for name, listed in (("NOT_RUN", NOT_RUN), ("SILENT", SILENT)):
+    for page, marker in listed:
+      matches = [b for b in found if b.page == page and marker in b.text]
+      assert len(matches) == 1, (
+        f"{name} entry {(page, marker)} matches {len(matches)} blocks"
+      )
+
+
+def test_python_blocks_run_as_scripts_leave_no_result_unprinted():
+  """A script drops a bare top-level expression (`scores["x"]  # [2]`) that
+  an interactive session would show; a block that continues another says
+  so just before it, and the first Python block of a page continues none.
+  Checked without running, so blocks that NOT_RUN lists are checked too."""
+  problems = []
+  for page in PAGES:
+    python = [b for b in blocks(page) if b.language == "python"]
+    if python and python[0].continues:
+      problems.append(f"{python[0]}: continues no block above it")
+    for block in python:
+      for node in ast.parse(block.text).body:
+        bare = isinstance(node, ast.Expr) and not isinstance(
+          node.value, (ast.Call, ast.Await, ast.Constant)
+        )
+        if bare:
+          problems.append(
+            f"{block}: line {block.line + node.lineno} computes "
+            f"`{ast.unparse(node)[:60]}` and drops it: print it"
+          )
+  assert not problems, "\n".join(problems)
 
 
 #: The commands a README reader has after the quick start, by the bare name
@@ -520,6 +611,28 @@ def test_every_command_is_written_as_a_readme_reader_types_it():
       if f".venv/bin/{name}" not in intro
     ]
   assert not unclear, "\n".join(unclear)
+
+
+def _extras_in_pyproject() -> set[str]:
+  with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
+    text = f.read()
+  section = text.split("[project.optional-dependencies]", 1)[1]
+  section = re.split(r"^\[", section, maxsplit=1, flags=re.M)[0]
+  return set(re.findall(r"^([\w-]+)\s*=", section, re.M))
+
+
+def test_the_readme_says_how_to_install_into_ones_own_project():
+  """recsys is not on PyPI: the README gives `pip install /path/to/clone`
+  and names the extras pyproject.toml has, each of them and no other
+  (tests/test_packaging.py installs the wheel such a line builds)."""
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    text = " ".join(f.read().split())
+  assert "`pip install /path/to/clone`" in text
+  line = text[text.index("`pip install /path/to/clone`") :].split(")")[0]
+  named = set()
+  for group in re.findall(r"`[^`]*?\[([\w,-]+)\]\"?`", line):
+    named.update(group.split(","))
+  assert named == _extras_in_pyproject(), (line, _extras_in_pyproject())
 
 
 def test_the_readme_is_short():

@@ -183,6 +183,18 @@ def learning_rate(optimizer: Any) -> tf.Tensor:
 # gradient clipping and weight decay, and returns the new (w, slot rows).
 
 
+def _divide(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+  """`x / y` for `y > 0`, correctly rounded in eager, graph and XLA code.
+
+  Inside a `tf.function` TF's graph optimizer (and XLA) rewrite
+  `x / tf.sqrt(y)` into `x * rsqrt(y)`, and TF's CPU rsqrt is neither
+  correctly rounded nor the same in a SIMD lane and the scalar tail: an
+  update then depended on how many rows one call updated (issue 52).
+  `divide_no_nan` is not rewritten, and equals `x / y` wherever `y != 0`.
+  """
+  return tf.math.divide_no_nan(x, y)
+
+
 def _sgd(opt, lr, w, s, g):
   del opt
   return w - lr * g, s
@@ -191,7 +203,7 @@ def _sgd(opt, lr, w, s, g):
 def _adagrad(opt, lr, w, s, g):
   del opt
   acc = s["accumulators"] + g * g
-  return w - lr * g / tf.sqrt(acc), {"accumulators": acc}
+  return w - _divide(lr * g, tf.sqrt(acc)), {"accumulators": acc}
 
 
 def _adagrad_momentum(opt, lr, w, s, g):
@@ -200,7 +212,10 @@ def _adagrad_momentum(opt, lr, w, s, g):
     acc = s["accumulators"] + g2
   else:
     acc = opt.beta2 * s["accumulators"] + (1.0 - opt.beta2) * g2
-  scaled = tf.pow(acc + opt.epsilon, -1.0 / opt.exponent) * g
+  if opt.exponent == 2:  # TF's default: a square root, correctly rounded
+    scaled = _divide(g, tf.sqrt(acc + opt.epsilon))
+  else:  # tf.pow: within ~1 ulp, rounded as the call's size falls
+    scaled = tf.pow(acc + opt.epsilon, -1.0 / opt.exponent) * g
   m = opt.momentum * s["momenta"] + scaled
   u = opt.momentum * m + scaled if opt.use_nesterov else m
   return w - lr * u, {"accumulators": acc, "momenta": m}
@@ -210,9 +225,9 @@ def _adam(opt, lr, w, s, g):
   m = opt.beta_1 * s["momenta"] + (1.0 - opt.beta_1) * g
   v = opt.beta_2 * s["velocities"] + (1.0 - opt.beta_2) * g * g
   if opt.sum_inside_sqrt:
-    step = m / tf.sqrt(v + opt.epsilon * opt.epsilon)
+    step = _divide(m, tf.sqrt(v + opt.epsilon * opt.epsilon))
   else:
-    step = m / (tf.sqrt(v) + opt.epsilon)
+    step = _divide(m, tf.sqrt(v) + opt.epsilon)
   return w - lr * step, {"momenta": m, "velocities": v}
 
 

@@ -148,9 +148,10 @@ def model_dir_of(command: Sequence[str]) -> str | None:
 
 def log_dir_for(command: Sequence[str]) -> str:
   """Where the tasks other than the chief write their output: the command's
-  `<model_dir>/logs`, else a new temporary folder."""
+  `<model_dir>/logs`, else (no model dir, or one on a remote file system
+  such as gs://) a new temporary folder."""
   model_dir = model_dir_of(command)
-  if model_dir:
+  if model_dir and "://" not in model_dir:
     return os.path.join(model_dir, "logs")
   return tempfile.mkdtemp(prefix="recsys-launch-")
 
@@ -189,6 +190,7 @@ class Cluster:
     self.program = list(program)
     self.procs: dict[tuple[str, int], subprocess.Popen] = {}
     self._tails: dict[tuple[str, int], collections.deque] = {}
+    self._logs: dict[tuple[str, int], TextIO] = {}
     self._threads: dict[tuple[str, int], threading.Thread] = {}
     self._lock = threading.Lock()
 
@@ -204,8 +206,28 @@ class Cluster:
     """The file a task other than the chief writes its output to."""
     return os.path.join(self.log_dir, log_file_name(job, index))
 
+  def _open_logs(self) -> None:
+    """Opens every other task's log file (appending), before any starts.
+
+    Raises:
+      LaunchError: the folder cannot be written, naming it.
+    """
+    try:
+      os.makedirs(self.log_dir, exist_ok=True)
+      for key in tasks(self.spec):
+        if key != self.chief:
+          self._logs[key] = open(self.log_path(*key), "a", encoding="utf-8")
+    except OSError as e:
+      for log in self._logs.values():
+        log.close()
+      raise LaunchError(
+        f"cannot write the tasks' output to {self.log_dir} ({e}); the "
+        "launcher keeps every task but the chief's there (<model_dir>/logs):"
+        " give a --model_dir this user can write to."
+      ) from e
+
   def start(self) -> None:
-    os.makedirs(self.log_dir, exist_ok=True)
+    self._open_logs()
     for job, index in tasks(self.spec):
       env = dict(self.env)
       env["TF_CONFIG"] = json.dumps(
@@ -251,7 +273,7 @@ class Cluster:
           self.print_line(prefix + line)
       return
     tail = self._tails[(job, index)]
-    with open(self.log_path(job, index), "a", encoding="utf-8") as log:
+    with self._logs[(job, index)] as log:
       log.write(
         f"--- recsys launch {time.strftime('%Y-%m-%d %H:%M:%S')}: "
         f"{task_name(job, index)}, pid {proc.pid}: "

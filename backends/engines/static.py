@@ -200,9 +200,11 @@ class StaticEngine(base.Engine):
     if dynamic:
       raise static_bags.StaticShapeError(
         f"table {name!r}: feature(s) {dynamic} have no static number of "
-        "ids, so the rows that replicas exchange have no fixed size; "
-        "set bag_widths for them and run the backend's preprocess() in "
-        "the input pipeline."
+        "ids (a batch of unknown size, or a sparse/ragged feature without "
+        "a static width), so the rows that replicas exchange have no fixed "
+        "size; batch with drop_remainder=True, and give sparse/ragged "
+        "features the backend's bag_widths option (then preprocess() in "
+        "the input pipeline)."
       )
 
 

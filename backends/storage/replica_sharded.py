@@ -675,10 +675,12 @@ class ReplicaSharded(base.TableStorage):
 @functools.cache
 def _warn_dynamic_all_to_all(table_name: str) -> None:
   log.warning(
-    "table %r: the all-to-all exchange needs a static number of ids per "
-    "step; some of its features have sparse/ragged inputs without a static "
-    "width, so it exchanges by all-gather. Give bag_widths= and run "
-    "preprocess() in the input pipeline.",
+    "table %r: this step's number of ids is not known when the step is "
+    "traced (a batch of unknown size, or a sparse/ragged feature without "
+    "a static width), so it exchanges by all-gather instead of all-to-all: "
+    "same numbers, more bytes. Batch with drop_remainder=True, and give "
+    "sparse/ragged features the backend's bag_widths option (then "
+    "preprocess() in the input pipeline).",
     table_name,
   )
 

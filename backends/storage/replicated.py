@@ -244,11 +244,12 @@ def _static_sum_across_replicas(
 @functools.cache
 def _warn_dynamic_exchange(table_name: str) -> None:
   log.warning(
-    "table %r: the touched rows exchanged between replicas have a dynamic "
-    "size because some of its features have sparse/ragged inputs without a "
-    "static width. Several steps in one tf.function loop then fail under "
-    "MirroredStrategy ('Shape mismatch in the collective instance'); give "
-    "bag_widths= and run preprocess() in the input pipeline.",
+    "table %r: the touched rows exchanged between replicas have no static "
+    "size (a batch of unknown size, or a sparse/ragged feature without a "
+    "static width). Several steps in one tf.function loop then fail under "
+    "MirroredStrategy ('Shape mismatch in the collective instance'): batch "
+    "with drop_remainder=True, and give sparse/ragged features the "
+    "backend's bag_widths option (then preprocess() in the input pipeline).",
     table_name,
   )
 

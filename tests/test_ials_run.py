@@ -124,8 +124,12 @@ def test_ials_run_trains_resumes_evaluates_and_exports(tmp_path):
   scores = want_p[query] @ want_q[1:].T  # the corpus: items 1..N
   for row, user in enumerate(query):
     scores[row, by_user[user] - 1] = -np.inf
-  want = np.argsort(-scores, axis=1, kind="stable")[:, :10] + 1
-  np.testing.assert_array_equal(got, want)
+  # The served top 10 score like NumPy's top 10 (the factors agree to
+  # 1e-3, so near-ties may swap places; their scores still agree).
+  got_scores = np.take_along_axis(scores, got - 1, axis=1)
+  want_scores = -np.sort(-scores, axis=1)[:, :10]
+  np.testing.assert_allclose(got_scores, want_scores, rtol=1e-3, atol=1e-5)
+  assert len({tuple(sorted(r)) for r in got}) > 1  # not one list for all
 
 
 def _refused_train(tmp_path, capsys, *bindings: str) -> str:

@@ -25,6 +25,7 @@ machines the project was developed on. Please report what it prints.
 import argparse
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -313,10 +314,14 @@ def _tpu_facts(tpu: str, timeout: float = 30.0) -> dict[str, Any]:
   _check_reachable(tpu, timeout)
   code = (
     "import json, recsys, tensorflow as tf, backends\n"
-    f"r = tf.distribute.cluster_resolver.TPUClusterResolver(tpu={tpu!r})\n"
-    "tf.config.experimental_connect_to_cluster(r)\n"
-    "tf.tpu.experimental.initialize_tpu_system(r)\n"
-    "s = tf.distribute.TPUStrategy(r)\n"
+    "try:\n"
+    f"  r = tf.distribute.cluster_resolver.TPUClusterResolver(tpu={tpu!r})\n"
+    "  tf.config.experimental_connect_to_cluster(r)\n"
+    "  tf.tpu.experimental.initialize_tpu_system(r)\n"
+    "  s = tf.distribute.TPUStrategy(r)\n"
+    "except Exception as e:\n"  # no TPU there: its error, for one line
+    "  print(json.dumps({'error': type(e).__name__, 'message': str(e)}))\n"
+    "  raise SystemExit(3)\n"
     "f = s.extended.tpu_hardware_feature.embedding_feature\n"
     "reasons = "
     "{n: backends.get(n).unavailable_reason(s) for n in backends.names()}\n"
@@ -337,10 +342,38 @@ def _tpu_facts(tpu: str, timeout: float = 30.0) -> dict[str, Any]:
       "the TPU is running; --connect_timeout waits longer."
     ) from e
   if result.returncode:
-    raise TPUUnreachableError(
-      f"TPU {tpu!r}: connecting failed:\n{result.stderr[-2000:]}"
-    )
+    raise TPUUnreachableError(connection_failure(tpu, result))
   return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+#: How to point the tool at a TPU, for its connection errors.
+_POINT_AT_A_TPU = (
+  "on a TPU VM pass --tpu local; elsewhere the TPU's name (--tpu my-tpu, "
+  "with gcloud's project and zone set) or its address (--tpu "
+  "grpc://<host>:8470)"
+)
+
+
+def connection_failure(tpu: str, result: subprocess.CompletedProcess) -> str:
+  """One line for a child that could not connect to `tpu`: what it tried,
+  the error's first sentence, how to point the tool at a TPU (it printed
+  TF's 33-line traceback)."""
+  lines = (result.stdout or "").strip().splitlines()
+  try:
+    error = json.loads(lines[-1]) if lines else {}
+  except ValueError:
+    error = {}
+  if "error" in error:
+    message = " ".join(str(error.get("message", "")).split())
+    first = re.split(r"(?<=\.)\s", message, maxsplit=1)[0][:200]
+    why = f"{error['error']}: {first}"
+  else:  # the child failed before trying (its last line of stderr)
+    tail = (result.stderr or "").strip().splitlines()
+    why = tail[-1][:200] if tail else f"exit status {result.returncode}"
+  return (
+    f"TPU {tpu!r}: no TPU found (tried TPUClusterResolver(tpu={tpu!r}) and "
+    f"initialize_tpu_system: {why}); {_POINT_AT_A_TPU}."
+  )
 
 
 def _run_child(args, backend: str, optimizer: str, out: str) -> str | None:

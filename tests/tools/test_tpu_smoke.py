@@ -1,5 +1,6 @@
 """The TPU smoke tool's parts that run without a TPU: reference, errors."""
 
+import json
 import socket
 import subprocess
 import sys
@@ -38,6 +39,37 @@ def test_unreachable_tpu_fails_fast_with_a_clear_message():
   assert time.monotonic() - start < 30
   assert result.returncode == 2
   assert f"TPU '{address}': cannot connect" in result.stderr
+
+
+def test_no_tpu_there_is_one_line_naming_what_was_tried(monkeypatch, capsys):
+  """Issue 52: without a TPU the tool printed TF's 33-line traceback. The
+  child that connects (faked here: TF's answer on a CPU machine) reports
+  its error; the tool says it in one line, with how to name a TPU."""
+  error = {
+    "error": "NotFoundError",
+    "message": "TPUs not found in the cluster. Failed in initialization: "
+    "No OpKernel was registered to support Op 'ConfigureDistributedTPU'\n"
+    "Registered devices: [CPU]\n\t [[ConfigureDistributedTPU]]",
+  }
+
+  def child(cmd, **kwargs):
+    del kwargs
+    assert "TPUClusterResolver(tpu='local')" in cmd[-1]
+    return subprocess.CompletedProcess(
+      cmd, 3, stdout=json.dumps(error) + "\n", stderr="Traceback ...\n" * 33
+    )
+
+  monkeypatch.setattr(tpu_smoke.subprocess, "run", child)
+  assert tpu_smoke.main(["--tpu", "local"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1, err
+  assert err == (
+    "error: TPU 'local': no TPU found (tried TPUClusterResolver(tpu='local') "
+    "and initialize_tpu_system: NotFoundError: TPUs not found in the "
+    "cluster.); on a TPU VM pass --tpu local; elsewhere the TPU's name "
+    "(--tpu my-tpu, with gcloud's project and zone set) or its address "
+    "(--tpu grpc://<host>:8470).\n"
+  )
 
 
 @pytest.mark.slow

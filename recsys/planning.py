@@ -85,6 +85,8 @@ class TableMemory:
       `placement` option), not by its own devices (parameter servers, TPU
       cores).
     forced_by: the setting that forced its placement ("": planned).
+    dtype: the dtype its rows are stored in ("float32", "bfloat16", ...:
+      the backend's `table_dtype` option; its slots stay float32).
   """
 
   table: str
@@ -101,6 +103,7 @@ class TableMemory:
   row_sharded: bool = False
   forced_by: str = ""
   exchange: str | None = None
+  dtype: str = "float32"
 
   @property
   def total_bytes(self) -> int:
@@ -223,6 +226,7 @@ class MemoryPlan:
       "table",
       "vocab",
       "dim",
+      "dtype",
       "optimizer",
       "slots",
       "table",
@@ -236,6 +240,7 @@ class MemoryPlan:
         r.table,
         str(r.vocabulary_size),
         str(r.dim),
+        r.dtype,
         r.optimizer,
         str(len(r.slots)),
         human_bytes(r.table_bytes),
@@ -741,7 +746,7 @@ def plan_memory(
   sigmas = placement_lib.CAPACITY_SIGMAS
   if places:  # forced settings apply only where the backend takes them
     exchange, sigmas = _exchange_settings(placement, backend_options or {})
-  element = _element_bytes(
+  dtypes, element = _table_dtypes(
     tables,
     names,
     (backend_options or {}).get("table_dtype", "float32")
@@ -776,6 +781,7 @@ def plan_memory(
       row_sharded=placed.row_sharded,
       forced_by=forced.by.get(placed.table, ""),
       exchange=placed.exchange,
+      dtype=dtypes[names[i]],
     )
     for i, (table, placed) in enumerate(zip(tables, answer.tables))
   ]
@@ -810,21 +816,24 @@ def plan_memory(
   return plan
 
 
-def _element_bytes(
+def _table_dtypes(
   tables: list[Any], names: list[str], table_dtype: Any
-) -> dict[str, int]:
-  """Bytes per element of each table's rows: `table_dtype` is the backend's
-  option (one dtype, or table name -> dtype; float32 where unnamed)."""
-  return {
-    n: placement_lib.element_bytes(
-      table_dtype
-      if isinstance(table_dtype, str)
-      else table_dtype.get(n, "float32")
+) -> tuple[dict[str, str], dict[str, int]]:
+  """The dtype of each table's rows and its bytes per element:
+  `table_dtype` is the backend's option (one dtype, or table name ->
+  dtype; float32 where unnamed), else the TableConfig's."""
+  if table_dtype == "float32":
+    return (
+      {n: t.dtype.name for t, n in zip(tables, names)},
+      {n: t.dtype.size for t, n in zip(tables, names)},
     )
-    if table_dtype != "float32"
-    else t.dtype.size
-    for t, n in zip(tables, names)
+  dtypes = {
+    n: table_dtype
+    if isinstance(table_dtype, str)
+    else table_dtype.get(n, "float32")
+    for n in names
   }
+  return dtypes, {n: placement_lib.element_bytes(d) for n, d in dtypes.items()}
 
 
 def _table_sizes(

@@ -30,6 +30,28 @@ def test_info_builds_the_strategy_the_gin_files_ask_for(capsys):
   assert "strategy: MirroredStrategy (2 replica(s))" in out
   # Two replicas on one host share its RAM: the plan says so.
   assert "host RAM / 2 replicas on this host" in out
+  # Issue 52: the report ends with one line, as every command does.
+  assert out.splitlines()[-1] == (
+    "recsys info: recsys train would use the tensorcore backend on 2 "
+    "replica(s); its tables take 4.0 MiB per device, they fit."
+  )
+
+
+def test_info_builds_the_data_source_once(capsys, monkeypatch):
+  """Issue 52: `recsys info` ("no data needed") built the synthetic source,
+  which draws its planted model, twice."""
+  from recsys.data import synthetic_ctr  # pylint: disable=g-import-not-at-top
+
+  built = []
+  init = synthetic_ctr.SyntheticCTR.__init__
+
+  def counted(self, *args, **kwargs):
+    built.append(1)
+    init(self, *args, **kwargs)
+
+  monkeypatch.setattr(synthetic_ctr.SyntheticCTR, "__init__", counted)
+  _info(capsys, "synthetic_dlrm.gin")
+  assert len(built) == 1
 
 
 def test_info_plans_criteo_from_its_gin_sizes_before_the_download(capsys):
@@ -37,8 +59,10 @@ def test_info_plans_criteo_from_its_gin_sizes_before_the_download(capsys):
   out = _info(capsys, "criteo_dlrm.gin", "hardware/cpu_small.gin")
   # Kaggle's C3 has 10,131,227 ids; cpu_small.gin caps every table at 50,000
   # rows of 128 float32 (SGD: no slot) = 24.4 MiB.
-  assert "C3     50000  128  SGD        0      24.4 MiB" in out
-  assert "C9     3      128  SGD" in out  # a small table keeps its size
+  assert "C3     50000  128  float32  SGD        0      24.4 MiB" in out
+  assert (
+    "C9     3      128  float32  SGD" in out
+  )  # a small table keeps its size
   assert (
     "planned from CriteoTSV's vocabulary sizes in the gin config, without "
     "its data files (CRITEO_DIR is not bound)"

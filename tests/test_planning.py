@@ -468,6 +468,22 @@ def test_device_memory_refuses_what_is_no_size():
     planning.EmbeddingPlacement(0).device_memory_bytes  # noqa: B018
 
 
+def test_the_plan_says_which_tables_are_bfloat16():
+  """Issue 52: nothing in the output said a table was bfloat16 (its bytes
+  halved silently); its slots stay float32."""
+  plan = planning.plan_memory(
+    _config(),
+    E.Adagrad(0.1),
+    device_memory_bytes=10**9,
+    backend_options={"table_dtype": {"users": "bfloat16"}},
+  )
+  rows = {line.split()[0]: line.split() for line in plan.format().splitlines()}
+  assert rows["table"][3] == "dtype"
+  assert rows["users"][3] == "bfloat16" and rows["items"][3] == "float32"
+  users = next(r for r in plan.rows if r.table == "users")
+  assert users.table_bytes == 23 * 7 * 2 and users.slot_bytes == 23 * 7 * 4
+
+
 def test_info_prints_placement_bytes_and_exchange_per_table():
   text = planning.describe_environment(
     mirrored_strategy(2),

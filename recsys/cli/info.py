@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
   if args.gin_file:
     from recsys.run.configured import (  # pylint: disable=g-import-not-at-top
       configured_embedding,
+      configured_feature_specs,
       configured_plan,
       configured_strategy,
     )
@@ -58,11 +59,12 @@ def run(args: argparse.Namespace) -> int:
     config.parse(args.gin_file, args.gin_bindings, finalize=False)
     # The run's strategy (train.num_cpu_replicas), before TF's runtime starts.
     strategy, _ = configured_strategy(args.tpu)
+    specs = configured_feature_specs()  # the source built once
     feature_config, optimizer, backend, note = configured_embedding(
-      args.backend
+      args.backend, specs
     )
     # What `train` plans and checks, refused as `train` refuses it.
-    plan = configured_plan(feature_config, optimizer, backend, strategy)
+    plan = configured_plan(feature_config, optimizer, backend, strategy, specs)
   else:
     strategy, _ = strategy_lib.make_strategy(args.tpu)
   from backends import registry  # pylint: disable=g-import-not-at-top
@@ -90,4 +92,23 @@ def run(args: argparse.Namespace) -> int:
   # command ends as `recsys train` would (BackendUnavailableError, exit 2).
   if backend != "auto":
     registry.resolve(backend, strategy)
+  print(_summary(registry.decide(backend, strategy)[0], strategy, plan))
   return 0
+
+
+def _summary(backend: str, strategy: Any, plan: Any) -> str:
+  """The report's last line: what `recsys train` would run on and, with
+  an experiment, whether its tables fit."""
+  where = (
+    f"recsys info: recsys train would use the {backend} backend on "
+    f"{strategy.num_replicas_in_sync} replica(s)"
+  )
+  if plan is None:
+    return f"{where} (--gin_file EXPERIMENT adds its tables' memory plan)."
+  from backends import placement  # pylint: disable=g-import-not-at-top
+
+  verdict = {True: "they fit", False: "they do not fit", None: ""}[plan.fits]
+  return (
+    f"{where}; its tables take {placement.human_bytes(plan.bytes_per_device)}"
+    f" per device{', ' + verdict if verdict else ''}."
+  )

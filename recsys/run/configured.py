@@ -97,8 +97,12 @@ def configured_settings() -> TrainSettings:
   )
 
 
+#: `configured_feature_specs`'s answer: (the specs or None, a note).
+FeatureSpecs = tuple[list[Any] | None, str]
+
+
 def configured_embedding(
-  backend: str | None = None,
+  backend: str | None = None, feature_specs: FeatureSpecs | None = None
 ) -> tuple[dict[str, Any] | None, Any, str, str]:
   """`(feature_config, embedding_optimizer, backend, note)` of the config.
 
@@ -110,8 +114,10 @@ def configured_embedding(
   unbound), the tables come from the sizes its settings give, if it can
   tell them without its files (`feature_specs_without_files`), and `note`
   says so; otherwise feature_config is None and `note` says why.
+  `feature_specs`: `configured_feature_specs()`'s answer, if asked already
+  (building a source can take a while; None: asked here).
   """
-  specs, note = _feature_specs()
+  specs, note = feature_specs or configured_feature_specs()
   feature_config = None
   if specs is not None:
     feature_config = features_lib.feature_config(
@@ -124,8 +130,9 @@ def configured_embedding(
   return feature_config, optimizer, backend, note
 
 
-def _feature_specs() -> tuple[list[Any] | None, str]:
-  """The data source's feature specs, built or planned without its files."""
+def configured_feature_specs() -> FeatureSpecs:
+  """The data source's feature specs, built or planned without its files,
+  and a note saying how (`configured_embedding`)."""
   found = _gin_compat.referenced_configurable("train.data")
   settings: dict[str, Any] = {}
   unbound = []
@@ -168,6 +175,7 @@ def configured_plan(
   optimizer: Any,
   backend: str,
   strategy: tf.distribute.Strategy,
+  feature_specs: FeatureSpecs | None = None,
 ) -> planning.MemoryPlan | None:
   """`recsys info`'s memory plan: the one `train` would make and check.
 
@@ -175,7 +183,8 @@ def configured_plan(
   `train.global_batch_size`, and `train.data`'s bag widths (built or
   planned without its files, as `configured_embedding` does), through the
   function `train` plans with (`embedding_backend.plan_tables`): the same
-  placements, the same refusals. None without tables.
+  placements, the same refusals. None without tables. `feature_specs`: as
+  for `configured_embedding`.
 
   Raises:
     TrainerConfigError, planning.PlacementSettingsError: as `train` would.
@@ -190,7 +199,7 @@ def configured_plan(
     backend_options=config.value("train.backend_options"),
     global_batch_size=batch,
   )
-  specs = _feature_specs()[0]
+  specs = (feature_specs or configured_feature_specs())[0]
   widths = embedding_backend.bag_widths(specs) if specs is not None else {}
   name, _, _ = registry.decide(backend, strategy)
   return embedding_backend.plan_tables(

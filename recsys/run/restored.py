@@ -173,7 +173,17 @@ class RestoredRun:
       self._build_model(model)
       self._build_checkpoints()
     with self.memory.phase("restore"):
-      self.restored_step = self.checkpoints.restore()
+      self.restored_step = self._restore()
+
+  def _restore(self) -> int:
+    """Restores the newest checkpoint (0: none); one written by other
+    settings is refused naming them (`run_checks.explain_mismatch`)."""
+    from backends import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+
+    try:
+      return self.checkpoints.restore()
+    except ckpt_lib.CheckpointMismatchError as e:
+      raise self.run_dir.explain_mismatch(e, gin.operative_config_str()) from e
 
   # -- construction steps ----------------------------------------------------
 

@@ -27,6 +27,7 @@ Example:
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 
 from recsys.run_folder import run_configs, run_inputs
@@ -133,10 +134,68 @@ def refuse(
   )
 
 
+_VARIABLES_DIFFER = re.compile(r"(\d+) variable\(s\) differ")
+#: The changed settings a mismatch lists at most.
+_SETTINGS_SHOWN = 12
+
+
+def explain_mismatch(
+  error: Exception, old_config: str | None, new_config: str, model_dir: str
+) -> Exception:
+  """What to raise for a checkpoint whose variables do not fit this run's.
+
+  The checkpoint's check lists every variable (55 for DCN-v2 trained into
+  DLRM's model dir), which says nothing of why; when the run's recorded
+  settings differ from this one's, the settings are the reason: a
+  `ChangedSettingsError` lists them (`setting: old -> new`, as a resume's
+  check does), the variables summarized. Else `error` itself.
+
+  Args:
+    error: the checkpoint's mismatch (`backends.checkpoint`).
+    old_config: the run's latest operative config (None: not recorded).
+    new_config: this command's.
+    model_dir: the run folder.
+  """
+  if old_config is None or not run_configs.bindings(new_config):
+    return error
+  settings = run_configs.changed_settings(old_config, new_config)
+  if not settings:
+    return error
+  listed = [
+    f"  {key.rstrip('.')}: {old} -> {new}" for key, old, new in settings
+  ]
+  if len(listed) > _SETTINGS_SHOWN:
+    more = len(listed) - _SETTINGS_SHOWN
+    listed = listed[:_SETTINGS_SHOWN] + [f"  ... and {more} more"]
+  message = str(error)
+  count = _VARIABLES_DIFFER.search(message)
+  first = next(
+    (
+      line.strip()[2:]
+      for line in message.splitlines()
+      if line.strip()[:2] == "- "
+    ),
+    "",
+  )
+  variables = (
+    f"{count.group(1) + ' of its' if count else 'its'} variables do not fit "
+    f"this model{' (e.g. ' + first + ')' if first else ''}"
+  )
+  configs = os.path.join(model_dir, run_configs.CONFIGS_DIR)
+  return ChangedSettingsError(
+    f"the checkpoint in {model_dir} was trained with other settings:\n"
+    + "\n".join(listed)
+    + f"\nso {variables}. Use the settings it was trained with (every run's "
+    f"config is kept in {configs}/), or another --model_dir to start a new "
+    "run."
+  )
+
+
 __all__ = [
   "COMMANDS",
   "ChangedSettingsError",
   "RunChanges",
   "compare",
+  "explain_mismatch",
   "refuse",
 ]

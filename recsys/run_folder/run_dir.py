@@ -210,6 +210,13 @@ class RunDir:
       run_checks.refuse(refused, command, step, self.path, self.changes_log)
     return changes
 
+  def explain_mismatch(self, error: Exception, config_text: str) -> Exception:
+    """What to raise for a checkpoint here that does not fit a run with
+    `config_text` (`run_checks.explain_mismatch`)."""
+    return run_checks.explain_mismatch(
+      error, self._read(self.operative_config), config_text, self.path
+    )
+
   def metrics_step(self) -> int | None:
     """The step `metrics.json` describes (None: no such file or step)."""
     text = self._read(self.metrics)

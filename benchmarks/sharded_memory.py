@@ -58,6 +58,7 @@ def _bindings(rows: int, steps: int, budget: int | None) -> list[str]:
 def _command(model_dir: str, bindings: list[str], workers: int) -> list[str]:
   train = ["train", "--gin_file", "experiments/synthetic_dlrm.gin"]
   train += ["--model_dir", model_dir, "--no_progress"]
+  train += ["--verbosity", "info"]  # the peak RSS lines `_peaks` reads
   for binding in bindings:
     train += ["--gin_bindings", binding]
   if workers == 0:

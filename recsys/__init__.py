@@ -3,16 +3,21 @@
 Importing recsys makes `tf.keras` mean Keras 2 (tf_keras), which TensorFlow
 Recommenders needs: it sets `TF_USE_LEGACY_KERAS=1` before TensorFlow is
 imported, or fails clearly if TensorFlow was already imported with Keras 3.
-It does not import TensorFlow itself (import Keras from `recsys._keras`):
-subpackages (`recsys.layers`, `recsys.models`, ...) are imported on first
-use, so `import recsys` then `recsys.layers.Embedding` works.
+TensorFlow imported after it starts without its C++ start-up noise
+(`recsys._tf_startup.quiet_tensorflow_import`; unless `TF_CPP_MIN_LOG_LEVEL`
+is set). It does not import TensorFlow itself (import Keras from
+`recsys._keras`): subpackages (`recsys.layers`, `recsys.models`, ...) are
+imported on first use, so `import recsys` then `recsys.layers.Embedding`
+works.
 """
 
 import importlib
 
 from backends import _legacy_keras
+from recsys import _tf_startup
 
 _legacy_keras.ensure_legacy_keras()
+_tf_startup.quiet_tensorflow_import()
 
 __version__ = "0.1.0"
 

@@ -1,11 +1,18 @@
-"""Starts TensorFlow for the command line quietly, and says once what it found.
+"""Starts TensorFlow quietly, for the command line and for `import recsys`.
 
 TensorFlow writes start-up lines from C++ before its logging is initialised
 (so `TF_CPP_MIN_LOG_LEVEL` cannot silence them): oneDNN and CUDA stub
 notices and, on machines without a GPU driver, a `cuInit` error. They filled a
-third of a short run's log. While TensorFlow is imported and its physical
-devices are listed, the process's stderr goes to a temporary file; what is
-known start-up noise is dropped, anything else is written back unchanged.
+third of a short run's log, and came before the first useful line of a
+script that imports recsys and then TensorFlow (9 lines). While TensorFlow
+is imported and its physical devices are listed, the process's stderr goes
+to a temporary file; what is known start-up noise is dropped, anything else
+is written back unchanged (a real error is shown, after the import).
+
+The command line does this in `start`; `import recsys` arranges it for the
+script's own `import tensorflow` (`quiet_tensorflow_import`), and makes
+TensorFlow's C++ log only warnings and errors, unless the user set
+`TF_CPP_MIN_LOG_LEVEL` (then neither: they asked for what TF logs).
 
 Example:
   >>> tf, devices = start(verbose=False)
@@ -14,10 +21,18 @@ Example:
 """
 
 import contextlib
+import importlib.abc
+import importlib.util
 import os
 import sys
 import tempfile
 from collections.abc import Iterator
+from typing import Any
+
+LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
+#: The user's own `TF_CPP_MIN_LOG_LEVEL` when recsys was imported (None:
+#: unset, recsys chooses).
+_USER_LOG_LEVEL = os.environ.get(LOG_LEVEL)
 
 #: Substrings of TensorFlow's start-up lines that tell a run nothing.
 NOISE = (
@@ -33,6 +48,7 @@ NOISE = (
   "Unable to register cuBLAS",
   "computation placer already registered",
   "TF-TRT Warning",
+  "oneDNN supports DT_INT64 only on platforms with AVX-512",
 )
 
 
@@ -64,6 +80,72 @@ def filtered_stderr() -> Iterator[list[str]]:
         sys.stderr.flush()
 
 
+def set_log_level(level: str | None) -> None:
+  """TensorFlow's C++ log level before it is imported: `level` (None: TF's
+  default, all), unless the user set `TF_CPP_MIN_LOG_LEVEL` themselves."""
+  if _USER_LOG_LEVEL is not None:
+    os.environ[LOG_LEVEL] = _USER_LOG_LEVEL
+  elif level is None:
+    os.environ.pop(LOG_LEVEL, None)
+  else:
+    os.environ[LOG_LEVEL] = level
+
+
+class _QuietLoader(importlib.abc.Loader):
+  """TensorFlow's own loader, run with stderr filtered (`filtered_stderr`),
+  its physical devices listed inside (the `cuInit` error comes then)."""
+
+  def __init__(self, loader: Any):
+    self.loader = loader
+
+  def create_module(self, spec):
+    return self.loader.create_module(spec)
+
+  def exec_module(self, module) -> None:
+    with filtered_stderr():
+      self.loader.exec_module(module)
+      module.config.list_physical_devices()  # starts no runtime
+    module.__loader__ = self.loader  # TF's own, as if imported directly
+    if module.__spec__ is not None:
+      module.__spec__.loader = self.loader
+
+
+class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
+  """Finds `tensorflow` as Python does, once, with `_QuietLoader`."""
+
+  def find_spec(self, fullname, path, target=None):
+    del path, target
+    if fullname != "tensorflow":
+      return None
+    uninstall_quiet_import()  # once; the others find the real spec
+    spec = importlib.util.find_spec(fullname)
+    if spec is not None and spec.loader is not None:
+      spec.loader = _QuietLoader(spec.loader)
+    return spec
+
+
+def quiet_tensorflow_import() -> None:
+  """`import recsys`'s part: TensorFlow imported after it starts quietly.
+
+  Nothing when TensorFlow is imported already, or when the user set
+  `TF_CPP_MIN_LOG_LEVEL` (they chose what TF logs). Else TF's C++ logs only
+  warnings and errors (`TF_CPP_MIN_LOG_LEVEL=1`), and the first `import
+  tensorflow` drops the known start-up lines (`NOISE`).
+  """
+  if "tensorflow" in sys.modules or _USER_LOG_LEVEL is not None:
+    return
+  set_log_level("1")
+  if not any(isinstance(f, _QuietTensorFlowImport) for f in sys.meta_path):
+    sys.meta_path.insert(0, _QuietTensorFlowImport())
+
+
+def uninstall_quiet_import() -> None:
+  """TensorFlow's next import shows everything it writes (`--verbose`)."""
+  sys.meta_path[:] = [
+    f for f in sys.meta_path if not isinstance(f, _QuietTensorFlowImport)
+  ]
+
+
 def start(verbose: bool) -> tuple[object, str]:
   """Imports TensorFlow (quietly unless `verbose`) and lists its devices.
 
@@ -73,6 +155,7 @@ def start(verbose: bool) -> tuple[object, str]:
   Returns:
     (the `tensorflow` module, a one-line description of the devices found).
   """
+  uninstall_quiet_import()  # filtered here, where the lines are read
   context: contextlib.AbstractContextManager[list[str]] = (
     contextlib.nullcontext([]) if verbose else filtered_stderr()
   )
@@ -88,3 +171,19 @@ def start(verbose: bool) -> tuple[object, str]:
   if not gpus and any("cuda" in line.lower() for line in dropped):
     why = " (no usable CUDA driver)"
   return tf, f"devices: {', '.join(found)}{why}"
+
+
+def emit_first_use_notices() -> None:
+  """Runs, quietly, the ops whose first use makes TensorFlow log a notice.
+
+  oneDNN logs an error-level line the first time it transposes int64
+  tensors on a CPU without AVX-512 ("oneDNN supports DT_INT64 only on
+  platforms with AVX-512. Falling back to the default Eigen-based
+  implementation"): once per process, mid-run (a retrieval run's
+  evaluation), about a fallback that gives the same numbers. Call it after
+  the runtime is configured (logical devices, threads): it runs an op.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  with filtered_stderr(), tf.device("/cpu:0"):
+    tf.transpose(tf.zeros([1, 2], tf.int64))

@@ -1,9 +1,10 @@
-"""What `recsys` checks before TensorFlow is imported: the files it names.
+"""What `recsys` checks before TensorFlow is imported: files, names, flags.
 
 Importing TensorFlow and listing its devices takes 6-10 s; a misspelt
-`--gin_file` or a `--model_dir` that holds no run must not cost that. These
-checks read the file system only (no TensorFlow, no gin parsing) and fail
-with the message and exit status the command would give after TF's start-up.
+`--gin_file`, a `--model_dir` that holds no run, a misspelt gin name
+(`recsys.gin_precheck`) or `recsys export --k` for a ranking model must not
+cost that. These checks read files only (gin's parser, no TensorFlow) and
+fail with the exit status the command would give after TF's start-up.
 
 Example:
   >>> check("evaluate", gin_files=[], model_dir="runs/dmeo")
@@ -14,7 +15,7 @@ Example:
 import os
 from collections.abc import Sequence
 
-from recsys import experiments_catalog
+from recsys import experiments_catalog, gin_precheck
 from recsys.errors import RecsysError, SettingsError
 
 #: A run's config in its model dir (`run_dir.OPERATIVE_CONFIG_FILE`, named
@@ -35,21 +36,55 @@ class ModelDirNotFoundError(RecsysError, FileNotFoundError):
   """`recsys evaluate` or `export` names a model dir that holds no run."""
 
 
+class TopKForRankingError(SettingsError, ValueError):
+  """`recsys export --k` for a ranking model, whose signatures return one
+  score per example (exit status 2, as the export's own refusal)."""
+
+
 def check(
-  command: str, gin_files: Sequence[str], model_dir: str | None
+  command: str,
+  gin_files: Sequence[str],
+  model_dir: str | None,
+  gin_bindings: Sequence[str] = (),
+  export_k: int | None = None,
 ) -> None:
-  """Refuses the files and folders `command` cannot use, before TF starts.
+  """Refuses what `command` cannot use, before TF starts.
 
   Args:
     command: the subcommand ("train", "evaluate", ...).
     gin_files: the --gin_file values, as given.
     model_dir: --model_dir (None: the command takes none).
+    gin_bindings: the --gin_bindings values.
+    export_k: `recsys export --k` (None: not given).
 
   Raises:
     GinFileNotFoundError: a gin file is missing; lists the shipped ones.
     ModelDirNotFoundError: evaluate/export: the model dir does not exist,
       or, without --gin_file, holds no operative config to read.
+    gin_precheck.UnknownGinNameError: a misspelt configurable, reference
+      or parameter, with where it is and the closest names.
+    TopKForRankingError: `--k` for a ranking model.
   """
+  _check_files(command, gin_files, model_dir)
+  files = list(gin_files)
+  if not files and command in READS_A_RUN and model_dir is not None:
+    files = [os.path.join(model_dir, OPERATIVE_CONFIG_FILE)]
+  if files or gin_bindings:
+    gin_precheck.check(files, gin_bindings)
+  if export_k is not None:
+    name, kind = gin_precheck.model_kind(files, gin_bindings)
+    if kind == "ranking":  # the export's own words (recsys.export.checked_k)
+      raise TopKForRankingError(
+        f"export: k={export_k} applies to retrieval models (their top-k "
+        f"signatures); {name} is a ranking model, whose signatures return "
+        "one score per example: leave k out."
+      )
+
+
+def _check_files(
+  command: str, gin_files: Sequence[str], model_dir: str | None
+) -> None:
+  """The gin files and the model dir exist (`check`)."""
   for path in gin_files:
     try:
       experiments_catalog.find_experiment(path)

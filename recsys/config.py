@@ -119,6 +119,9 @@ _EXTERNAL = {
   },
 }
 
+#: The gin modules of the TF/Keras classes above ("embedding", ...).
+EXTERNAL_MODULES = tuple(_EXTERNAL)
+
 # Modules whose import registers our own classes (`@gin.register`). Missing
 # modules are tolerated so that one broken or absent part does not hide the
 # others; `register_all()` logs what it could not import.
@@ -307,6 +310,10 @@ def suggest(message: str) -> str:
   return ""
 
 
+#: The "Found in:" lines an error shows at most.
+_FOUND_IN_SHOWN = 5
+
+
 def explain(
   error: Exception, files: Sequence[str], bindings: Sequence[str] = ()
 ) -> str:
@@ -316,13 +323,20 @@ def explain(
   if hint:
     first, _, rest = message.partition("\n")
     message = first + " " + hint + ("\n" + rest if rest else "")
-  lines = []
-  for name in _gin_compat.names_in_message(message):
-    lines.extend(locate(name, files))
+  # An unknown parameter is found where it is bound (not every line naming
+  # its configurable: 20 lines of `train` hid the suggestion).
+  param = _gin_compat.unknown_parameter(message)
+  names = [".".join(param)] if param else _gin_compat.names_in_message(message)
+  lines = list(
+    dict.fromkeys(hit for name in names for hit in locate(name, files))
+  )
+  if len(lines) > _FOUND_IN_SHOWN:
+    more = len(lines) - _FOUND_IN_SHOWN
+    lines = lines[:_FOUND_IN_SHOWN] + [f"... and {more} more"]
   parts = [message.rstrip()]
   if not _gin_compat.names_location(message):
     if lines:
-      parts.append("Found in:\n  " + "\n  ".join(dict.fromkeys(lines)))
+      parts.append("Found in:\n  " + "\n  ".join(lines))
     parts.append(
       "Gin files: "
       + (", ".join(files) or "(none)")

@@ -77,6 +77,7 @@ from recsys.models import seen_items as seen_lib
 from recsys.models.errors import ModelConfigError
 from recsys.run.restored import RestoredRun
 from recsys.run_folder import atomic_dir
+from recsys.runtime import console
 
 log = logging.getLogger("recsys.export")
 
@@ -552,6 +553,7 @@ def export(
     "exported signatures: %s%s",
     ", ".join(sorted(signatures)),
     f" (top {k} candidates per query)" if corpus is not None else "",
+    extra=console.shown_as(console.STATUS),
   )
   return export_dir
 

@@ -137,7 +137,8 @@ def test_unknown_gin_parameter_names_the_file(tmp_path, capsys):
   )
   err = capsys.readouterr().err
   assert code == 2
-  assert "global_batch" in err and str(bad) in err and "line 2" in err
+  assert f"{bad}:2: 'train' has no parameter 'global_batch'" in err
+  assert "did you mean 'global_batch_size'?" in err
 
 
 def test_missing_required_macro_names_the_file_that_declares_it(
@@ -193,8 +194,8 @@ def test_info_plans_the_experiment_tables_with_its_optimizer(capsys):
   out = capsys.readouterr().out
   # C4: 10000 x 8 floats = 312.5 KiB, FTRL keeps two slots of the same size.
   assert (
-    "C4     10000  8    FTRL       2      312.5 KiB  625.0 KiB  937.5 KiB"
-    in out
+    "C4     10000  8    float32  FTRL       2      312.5 KiB  625.0 KiB  "
+    "937.5 KiB" in out
   )
 
 
@@ -557,8 +558,14 @@ def test_evaluate_only_reads_the_model_dir(tmp_path, capsys):
   before = files()
   capsys.readouterr()
   assert cli.main(["evaluate", "--model_dir", model_dir]) == 0
-  printed = json.loads(capsys.readouterr().out)
+  captured = capsys.readouterr()
+  printed = json.loads(captured.out)
   assert printed["step"] == 2 and printed["eval/examples"] == 2 * 64
+  kept = os.path.join(model_dir, "eval_metrics.json")
+  assert captured.err.splitlines()[-1] == (  # issue 52: one line at the end
+    f"recsys evaluate: AUC {printed['eval/auc']:.4f} at step 2 on 128 "
+    f"examples; kept in {kept}."
+  )
   after = files()
   assert set(after) - set(before) == {
     os.path.join(model_dir, "eval_metrics.json")
@@ -620,3 +627,34 @@ def test_each_command_in_a_process_starts_from_its_own_gin_files(capsys):
   gin.parse_config("train.train_steps = 7", skip_unknown=True)
   gin.finalize()  # a locked config, as `recsys train` leaves it
   assert cli.main(["info", "--gin_file", DEFAULT]) == 0
+
+
+def test_import_recsys_quiets_tensorflow_unless_the_user_set_its_level(
+  monkeypatch,
+):
+  """The package's import path (tests/test_keras_guard.py runs it on the
+  real TensorFlow): the user's own TF_CPP_MIN_LOG_LEVEL is theirs."""
+  from recsys import _tf_startup  # pylint: disable=g-import-not-at-top
+
+  def hooked():
+    return any(
+      type(f).__name__ == "_QuietTensorFlowImport" for f in sys.meta_path
+    )
+
+  monkeypatch.delitem(sys.modules, "tensorflow")  # as before TF's import
+  monkeypatch.setattr(_tf_startup, "_USER_LOG_LEVEL", "0")
+  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
+  _tf_startup.quiet_tensorflow_import()
+  _tf_startup.set_log_level("2")  # what a command asks, not taken
+  assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0" and not hooked()
+
+  monkeypatch.setattr(_tf_startup, "_USER_LOG_LEVEL", None)
+  monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL")
+  try:
+    _tf_startup.quiet_tensorflow_import()
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "1" and hooked()
+    _tf_startup.set_log_level(None)  # --verbose: TF's default
+    assert "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+  finally:
+    _tf_startup.uninstall_quiet_import()
+  assert not hooked()

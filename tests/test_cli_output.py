@@ -7,15 +7,20 @@ summaries cut mid-word, every worker of a cluster printing the final
 metrics, TensorFlow's error-level line at the end of a parameter-server run.
 """
 
+import io
 import json
+import logging
 import os
 import re
+import sys
 
 import pytest
 
 from recsys import cli, config, experiments_catalog, launch
-from recsys.cli import gin_train
+from recsys.cli import gin_train, results
+from recsys.run import run_summaries
 from recsys.run import strategy as strategy_lib
+from recsys.runtime import console
 
 DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
 TINY = [
@@ -139,3 +144,107 @@ def test_launch_drops_tensorflows_end_of_cluster_error_line_only():
     "Failed to clear function handle cache (said by a user's own code)\n",
   ):
     assert not launch.is_shutdown_noise(kept)
+
+
+class _Terminal(io.StringIO):
+  def isatty(self):
+    return True
+
+
+def test_a_plain_train_shows_what_matters_and_ends_with_one_line(
+  tmp_path, capsys, caplog, monkeypatch
+):
+  """Issue 52: a plain `recsys train` printed 78 lines of which ~4 mattered,
+  and no line named the run folder. One tiny run, seen by the brief console
+  and by --verbosity info at once (their handlers, as the command installs
+  one of them), on a terminal."""
+  brief, detailed = io.StringIO(), io.StringIO()
+  handlers = [
+    console.handler("train", "brief", brief),
+    console.handler("train", "info", detailed),
+  ]
+  root = logging.getLogger()
+  for h in handlers:
+    root.addHandler(h)
+  caplog.set_level(logging.INFO)  # the command's level (setLevel: no cache)
+  model_dir = tmp_path / "run"
+  monkeypatch.setattr("sys.stdout", _Terminal())
+  try:
+    code = cli.main(
+      ["train", "--gin_file", DEFAULT, *TINY, "--model_dir", str(model_dir)]
+    )
+  finally:
+    for h in handlers:
+      root.removeHandler(h)
+  terminal = sys.stdout.getvalue()
+  err = capsys.readouterr().err
+  assert code == 0, err
+  shown = brief.getvalue().splitlines()
+  # The devices, the backend and its plan, the progress, what runs last.
+  assert shown[0].startswith("devices: ")
+  assert shown[1].startswith("embedding backend tensorcore (auto: ")
+  assert (
+    shown[2].split()
+    == (
+      "table vocab dim dtype optimizer slots table slots per device "
+      "placement exchange/step"
+    ).split()
+  )
+  assert shown[-2] == "step 2/2 loss " + shown[-2].split(" loss ")[1]
+  assert shown[-1] == "step 2: the final checkpoint and evaluation ..."
+  assert len(shown) == 2 + 1 + 8 + 2 + 2  # 8 tables, total and peak RSS
+  assert not re.search(r"\d\d:\d\d:\d\d|INFO|recsys\.", brief.getvalue())
+  # The rest is at --verbosity info.
+  for line in ("saved checkpoint", "trained 2 steps in", "peak RSS of this"):
+    assert line not in brief.getvalue() and line in detailed.getvalue()
+  # On a terminal the metrics stay in metrics.json; the last line says so.
+  assert terminal == ""
+  metrics = json.loads((model_dir / "metrics.json").read_text())
+  assert err.splitlines()[-1] == (
+    f"recsys train: AUC {metrics['eval/auc']:.4f} at step 2; the best "
+    f"possible on this data: {metrics['bayes_auc']:.4f}. Run folder: "
+    f"{model_dir} (metrics.json, checkpoints, TensorBoard summaries)."
+  )
+
+
+def test_the_metrics_go_to_stdout_for_programs_and_when_asked(monkeypatch):
+  monkeypatch.setattr("sys.stdout", io.StringIO())  # a pipe, a file
+  assert results.wants_json("brief")
+  monkeypatch.setattr("sys.stdout", _Terminal())
+  assert not results.wants_json("brief")
+  assert results.wants_json("info") and results.wants_json("debug")
+
+
+@pytest.mark.parametrize(
+  "metrics, line",
+  [
+    (
+      {"eval/rmse": 0.80344, "eval/loss": 0.7, "step": 300},
+      "RMSE 0.8034 at step 300",
+    ),
+    (  # iALS on MovieLens: TFRS's names, the seen items excluded
+      {
+        "eval/hit_rate/top_10_categorical_accuracy": 0.19073,
+        "eval/hit_rate/top_100_categorical_accuracy": 0.56113,
+        "eval/hit_rate/top_5_categorical_accuracy": 0.1,
+        "eval/exclude_seen": 1.0,
+        "step": 110,
+      },
+      "top-10 / top-100 hit rates 0.1907 / 0.5611 at step 110 (items each "
+      "user had in training excluded)",
+    ),
+    (  # synthetic two-tower: next to the best (its summary was missing)
+      {
+        "eval/hit_rate/top_10_categorical_accuracy": 0.2343,
+        "best_hit_rate_10": 0.4871,
+        "step": 20,
+      },
+      "top-10 hit rate 0.2343 at step 20; the best possible on this data: "
+      "0.4871",
+    ),
+    ({"eval/auc": 0.61, "step": 4}, "AUC 0.6100 at step 4"),
+    ({"eval/loss": 1.5}, "eval loss 1.5000"),
+  ],
+)
+def test_every_run_ends_on_its_key_metric(metrics, line):
+  assert run_summaries.result_line(metrics) == line

@@ -15,6 +15,7 @@ import logging
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -107,7 +108,9 @@ def test_train_ends_with_the_auc_next_to_the_best_possible(demo):
   last = err.strip().splitlines()[-1]
   assert last == (
     f"recsys train: AUC {metrics['eval/auc']:.4f} at step 2; the best "
-    f"possible on this data: {metrics['bayes_auc']:.4f}."
+    f"possible on this data: {metrics['bayes_auc']:.4f}. Run folder: "
+    f"{demo['model_dir']} (metrics.json, checkpoints, TensorBoard "
+    "summaries)."
   )
 
 
@@ -127,6 +130,7 @@ def test_a_finished_run_run_again_says_so_and_keeps_its_metrics(demo):
   assert demo["after_second"] == first
   assert first["steps_trained"] == 2
   assert "train/loss" in first and "examples_per_second_whole_run" in first
+  assert first["learning_rate"] > 0  # the dense optimizer's: DLRM has one
 
 
 def test_a_retrieval_run_ends_with_its_hit_rate_next_to_the_best():
@@ -144,7 +148,7 @@ def test_the_plan_is_printed_once_with_reasons_only_where_they_say_something(
   demo,
 ):
   _, _, err = demo["first"]
-  assert "embedding tables (tensorcore backend)" in err
+  assert "embedding backend tensorcore (auto: " in err
   assert "replicated: replicated" not in err
   assert not re.search(r"^C\d+: ", err, re.M), err  # no line per table
   assert len(re.findall(r"^C1 ", err, re.M)) == 1  # its row of the table
@@ -164,7 +168,7 @@ def test_the_plan_is_printed_once_with_reasons_only_where_they_say_something(
 
 def test_export_predicts_no_training_process(demo):
   export_dir = demo["model_dir"].parent / "export"
-  code, _, err = _recsys(
+  code, out, err = _recsys(
     "export",
     "--model_dir",
     str(demo["model_dir"]),
@@ -172,8 +176,34 @@ def test_export_predicts_no_training_process(demo):
     str(export_dir),
   )
   assert code == 0, err[-3000:]
-  assert "embedding tables (serving backend)" in err
+  assert out.splitlines()[-1] == (
+    f"recsys export: exported step 2 of {demo['model_dir']} to {export_dir}."
+  )
+  # The serving backend's plan is no training memory table: not shown.
+  assert "its tables:" not in err and "per device" not in err
   assert "predicted peak RSS" not in err
+
+
+def test_another_models_checkpoint_is_refused_naming_the_settings(
+  demo, tmp_path
+):
+  """Issue 52: DCN-v2 trained into DLRM's model dir listed 55 variables, not
+  the settings that made them differ."""
+  model_dir = tmp_path / "demo"
+  shutil.copytree(demo["model_dir"], model_dir)
+  args = ["train", "--gin_file", DEFAULT.replace("dlrm", "dcn")]
+  code, _, err = _recsys(*args, *_flags(TINY), "--model_dir", str(model_dir))
+  assert code == 1, err[-3000:]
+  error = err[err.index("recsys train: ") :].splitlines()
+  assert error[:2] == [
+    "recsys train: ChangedSettingsError: the checkpoint in "
+    f"{model_dir} was trained with other settings:",
+    "  train.model: @DLRM -> @DCNv2",
+  ]
+  assert re.match(
+    r"so \d+ of its variables do not fit this model \(e\.g\. ", error[2]
+  )
+  assert "another --model_dir" in error[2] and len(error) == 4
 
 
 @pytest.mark.parametrize(
@@ -186,6 +216,23 @@ def test_export_predicts_no_training_process(demo):
     ),
     (["evaluate", "--model_dir", "runs/no_such_run"], 1, "does not exist"),
     (["export", "--export_dir", "x", "--model_dir", "."], 1, "pass --gin_file"),
+    (  # issue 52: a misspelt gin parameter, at once, in two lines
+      [
+        "train",
+        "--gin_file",
+        DEFAULT,
+        "--gin_bindings",
+        "train.train_stepz = 5",
+      ],
+      2,
+      "'train' has no parameter 'train_stepz'; did you mean 'train_steps'?",
+    ),
+    (  # issue 52: --k of a ranking model's export (it took 11 s)
+      ["export", "--export_dir", "x", "--model_dir", "run", "--k", "5"],
+      2,
+      "k=5 applies to retrieval models (their top-k signatures); DLRM is a "
+      "ranking model",
+    ),
   ],
 )
 def test_a_wrong_path_is_reported_before_tensorflow_is_imported(
@@ -193,6 +240,11 @@ def test_a_wrong_path_is_reported_before_tensorflow_is_imported(
 ):
   if args[0] == "train":
     args = args + ["--model_dir", str(tmp_path / "run")]
+  else:  # a run folder of a ranking model: its config only
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "operative_config.gin").write_text(
+      "train.model = @DLRM\n"
+    )
   code, _, err, imported_tf = _fresh_process(*args, cwd=tmp_path)
   assert code == status, err
   assert says in err

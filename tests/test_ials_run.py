@@ -8,6 +8,7 @@ from the first export's tables, and its top_k signature with exclude_seen
 ranks the corpus by those tables without the user's training items.
 """
 
+import json
 import math
 import os
 
@@ -101,6 +102,10 @@ def test_ials_run_trains_resumes_evaluates_and_exports(tmp_path):
     exports.append(str(tmp_path / f"export{epochs}"))
     _run("export", "--model_dir", model_dir, "--export_dir", exports[-1])
   _run("evaluate", "--model_dir", model_dir, "--exclude_seen")
+  # iALS trains no dense weights: no dense optimizer's rate is reported.
+  with open(os.path.join(model_dir, "metrics.json"), encoding="utf-8") as f:
+    metrics = json.load(f)
+  assert "train/loss" in metrics and "learning_rate" not in metrics
 
   _, p1, q1 = _tables(exports[0], users, items)
   loaded, p2, q2 = _tables(exports[1], users, items)

@@ -28,8 +28,14 @@ LAYERS = (
     "recsys._gin_compat",
     "recsys.untrusted_config",
     "recsys.feature_spec",
+    "recsys.gin_names",  # recsys's gin names, written down: no TF
   ),
-  ("recsys.features", "recsys.config", "recsys.experiments_catalog"),
+  (
+    "recsys.features",
+    "recsys.config",
+    "recsys.experiments_catalog",
+    "recsys.gin_precheck",  # gin names checked before TF is imported
+  ),
   ("recsys.data",),
   (
     "recsys.layers",

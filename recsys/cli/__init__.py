@@ -31,7 +31,7 @@ from recsys.cli import (
   train,
   version,
 )
-from recsys.runtime import exits, startup
+from recsys.runtime import console, exits, startup
 
 DESCRIPTION = (
   "Train, evaluate and export gin-configured recommender models "
@@ -74,17 +74,35 @@ def main(argv: Sequence[str] | None = None) -> int:
   is imported (`cli_checks`), TensorFlow is started if the command needs it
   (`recsys.runtime.startup`), and an error or a signal ends it with the
   status `recsys.runtime.exits` gives it (a bad flag: argparse's 2).
+
+  Args:
+    argv: the command's arguments; None: this process's own command line
+      (the process ends with the command: its exit skips the final garbage
+      collection, `exits.skip_final_collection`).
   """
-  args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+  status = _main(sys.argv[1:] if argv is None else argv)
+  if argv is None:
+    exits.skip_final_collection()
+  return status
+
+
+def _main(argv: Sequence[str]) -> int:
+  """`main` of the arguments `argv`."""
+  args = build_parser().parse_args(argv)
   command = COMMANDS[args.command]
-  verbose = getattr(args, "verbose", False)
+  verbosity = getattr(args, "verbosity", None)
+  verbose = verbosity == "debug"
   try:
     with exits.sigterm_exits(args.command):
       cli_checks.check(
         args.command,
         getattr(args, "gin_file", []),
         getattr(args, "model_dir", None),
+        getattr(args, "gin_bindings", []),
+        getattr(args, "k", None),
       )
+      if verbosity is not None:
+        console.configure(args.command, verbosity)
       if command.STARTS_TENSORFLOW:
         startup.start_tensorflow(
           verbose,
@@ -103,5 +121,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = exits.exit_status(e)
     if status is None or (verbose and status not in exits.STOPPED_BY_SIGNAL):
       raise
-    report.failed(args.command, e, status, hasattr(args, "verbose"))
+    report.failed(args.command, e, status, verbosity is not None)
     return status

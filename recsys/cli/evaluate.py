@@ -1,11 +1,10 @@
 """`recsys evaluate`: evaluate the latest checkpoint of a model dir."""
 
 import argparse
-import json
 import logging
 from typing import Any
 
-from recsys.cli import flags, gin_train
+from recsys.cli import flags, gin_train, results
 
 NAME = "evaluate"
 #: The command needs TensorFlow started (`recsys.runtime.startup`).
@@ -54,6 +53,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+  from recsys.run import run_summaries  # pylint: disable=g-import-not-at-top
   from recsys.run.evaluation import evaluate_restored  # pylint: disable=g-import-not-at-top
   from recsys.run_folder import run_dir  # pylint: disable=g-import-not-at-top
 
@@ -65,17 +65,23 @@ def run(args: argparse.Namespace) -> int:
   metrics, changes = evaluate_restored(restored, other_data=bool(name))
   if name:
     metrics["eval_on"] = name
-  print(json.dumps(metrics, indent=2, sort_keys=True))
+  printed = dict(metrics)
   if name:  # what the other data was, next to its results
     metrics["eval_input_files"] = restored.input_fingerprints(eval_only=True)
   try:  # a convenience copy; a read-only model dir (e.g. a shared run) is fine
     run.write_eval_metrics(metrics, name)
     if changes:
       run.record_changes("evaluate", restored.restored_step, changes, path)
+    kept = f"kept in {path}"
   except OSError as e:
-    log.warning(
-      "%s not written (%s); the metrics are printed above",
-      path,
-      e.strerror or e,
-    )
+    log.warning("%s not written (%s)", path, e.strerror or e)
+    kept = f"not kept ({path} not writable): the JSON above holds them"
+  if kept.startswith("kept"):
+    results.print_metrics(printed, args.verbosity)
+  else:  # the only copy
+    results.print_metrics(printed, "info")
+  examples = metrics.get("eval/examples")
+  on = f" on {int(examples):,} examples" if examples else ""
+  reached = run_summaries.result_line(metrics) or "evaluated"
+  results.summary(NAME, f"{reached}{on}; {kept}.")
   return 0

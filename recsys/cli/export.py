@@ -2,10 +2,14 @@
 
 import argparse
 import json
+import logging
 import os
 from typing import Any
 
 from recsys.cli import flags, gin_train
+from recsys.runtime import console
+
+log = logging.getLogger("recsys")
 
 NAME = "export"
 #: The command needs TensorFlow started (`recsys.runtime.startup`).
@@ -77,6 +81,12 @@ def run(args: argparse.Namespace) -> int:
   restored = configured.restored()  # nothing of recsys.training is loaded
   step = restored.require_checkpoint("export")
   changes = restored.check_restored("export")
+  log.info(  # tracing the signatures (and a corpus's index) takes seconds
+    "exporting step %d of %s ...",
+    step,
+    args.model_dir,
+    extra=console.shown_as(console.STATUS),
+  )
   provenance = {
     "model_dir": os.path.abspath(args.model_dir),
     "step": step,
@@ -91,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
   )
   if changes:
     restored.run_dir.record_changes("export", step, changes, path)
-  changed = "".join(f"\n  changed: {line}" for line in changes.lines())
-  print(f"exported step {step} to {path}{changed}")
+  for line in changes.lines():
+    print(f"  changed: {line}")
+  # The last line, on stdout with the changes: the export's result.
+  print(f"recsys export: exported step {step} of {args.model_dir} to {path}.")
   return 0

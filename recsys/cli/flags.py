@@ -9,6 +9,8 @@ threads, verbosity), and the ways past a refusal (`--allow_changed_settings`,
 import argparse
 from typing import Any
 
+from recsys.runtime import console
+
 
 def subcommand(subparsers: Any, name: str, **kwargs) -> argparse.ArgumentParser:
   """A subcommand whose description and examples keep their line breaks."""
@@ -40,8 +42,9 @@ def add_gin_flags(parser: argparse.ArgumentParser, required: bool) -> None:
 
 
 def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
-  """--tpu, --backend, the thread counts and --verbose
-  (`recsys.runtime.startup` applies the threads and verbosity)."""
+  """--tpu, --backend, the thread counts and --verbosity
+  (`recsys.runtime.startup` applies the threads, `recsys.runtime.console`
+  the verbosity)."""
   parser.add_argument(
     "--tpu",
     default=None,
@@ -75,11 +78,23 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_verbose(parser: argparse.ArgumentParser) -> None:
+  """--verbosity and its short form -v (`recsys.runtime.console`)."""
+  parser.add_argument(
+    "--verbosity",
+    choices=console.VERBOSITIES,
+    default=console.DEFAULT_VERBOSITY,
+    help="brief (default): the devices, the embedding backend and its "
+    "memory plan, progress, and one line with the result; info: every log "
+    "line of recsys too (rates, checkpoints, evaluations, memory); debug: "
+    "also TensorFlow's own logs and full tracebacks.",
+  )
   parser.add_argument(
     "-v",
     "--verbose",
-    action="store_true",
-    help="TensorFlow's own logs and full tracebacks.",
+    action="store_const",
+    dest="verbosity",
+    const="debug",
+    help="the same as --verbosity debug.",
   )
 
 

@@ -67,7 +67,7 @@ def configured(
   Raises:
     config.GinConfigError: a gin error, with the gin files and bindings named.
   """
-  from recsys import config  # pylint: disable=g-import-not-at-top
+  from recsys import _tf_startup, config  # pylint: disable=g-import-not-at-top
   from recsys.run import configured as configured_lib  # pylint: disable=g-import-not-at-top
 
   files, given = gin_files(args), bindings(args)
@@ -76,6 +76,8 @@ def configured(
     kwargs["strategy"], _ = configured_lib.configured_strategy(
       getattr(args, "tpu", None)
     )
+  if getattr(args, "verbosity", None) != "debug":  # the runtime is set up
+    _tf_startup.emit_first_use_notices()
   if getattr(args, "backend", None):
     kwargs.setdefault("backend", args.backend)
   return config.call(

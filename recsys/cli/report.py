@@ -12,6 +12,9 @@ from recsys.runtime import exits
 #: The errors of gin files and bindings, by their class's name: their
 #: messages name the file and line on lines of their own.
 _GIN_ERRORS = ("GinConfigError", "GinFileNotFoundError")
+#: Gin errors whose message starts with where the problem is: on one line
+#: with the heading (`recsys.gin_precheck`: two lines in all).
+_GIN_ERRORS_WHERE_FIRST = ("UnknownGinNameError",)
 
 
 def failed(
@@ -29,6 +32,8 @@ def failed(
     text = _short(error)
   elif type(error).__name__ in _GIN_ERRORS:
     text = f"gin configuration error:\n{error}"
+  elif type(error).__name__ in _GIN_ERRORS_WHERE_FIRST:
+    text = f"gin configuration error: {error}"
   else:
     text = f"{type(error).__name__}: {_short(error)}"
     if verbose_flag:

@@ -1,11 +1,9 @@
 """`recsys train`: train the experiment the gin files describe."""
 
 import argparse
-import json
-import sys
 from typing import Any
 
-from recsys.cli import flags, gin_train
+from recsys.cli import flags, gin_train, results
 
 NAME = "train"
 #: The command needs TensorFlow started (`recsys.runtime.startup`).
@@ -55,17 +53,16 @@ def run(args: argparse.Namespace) -> int:
 
   # In a multi-worker run every worker returns the metrics; one prints them.
   if strategy_lib.is_chief_task():
-    print(json.dumps(metrics, indent=2, sort_keys=True), flush=True)
-    ending = _ending(args.model_dir, metrics)
-    if ending:  # after the JSON, which stdout keeps to itself
-      print(f"recsys train: {ending}", file=sys.stderr)
+    results.print_metrics(metrics, args.verbosity)
+    results.summary(NAME, _ending(args.model_dir, metrics))
   return 0
 
 
 def _ending(model_dir: str, metrics: dict[str, Any]) -> str:
   """`recsys train`'s last line: nothing was trained if the run was
-  complete already (and how to train again), and the metric reached next
-  to the best the data allows, where the source knows it."""
+  complete already (and how to train again), the key metric reached (next
+  to the best the data allows, where the source knows it) and the run
+  folder."""
   from recsys.run import run_summaries  # pylint: disable=g-import-not-at-top
 
   step = metrics.get("step")
@@ -77,7 +74,12 @@ def _ending(model_dir: str, metrics: dict[str, Any]) -> str:
       "another --model_dir, or more steps: --gin_bindings "
       f"'train.train_steps = {2 * int(step or 0)}'."
     )
-  reached = run_summaries.against_optimum(metrics)
+  reached = run_summaries.result_line(metrics)
   if reached:
     parts.append(f"The restored model: {reached}." if parts else f"{reached}.")
+  if metrics.get("steps_trained") != 0:
+    parts.append(
+      f"Run folder: {model_dir} (metrics.json, checkpoints, TensorBoard "
+      "summaries)."
+    )
   return " ".join(parts)

@@ -19,6 +19,7 @@ from backends import registry
 from recsys import planning
 from recsys._keras import tf
 from recsys.run import compile as compile_lib
+from recsys.runtime import console
 from recsys.train_settings import TrainerConfigError, TrainSettings
 
 log = logging.getLogger("recsys.training")
@@ -102,7 +103,16 @@ def make_backend(
     name,
     options["bag_widths"],
   )
-  log.info("embedding tables (%s backend):\n%s", name, plan.format())
+  # What a training run builds; a backend that only serves (the export's)
+  # holds the tables without their slots, so its plan says little.
+  log.log(
+    logging.INFO if backend_cls.capabilities.trains else logging.DEBUG,
+    "embedding backend %s (%s); its tables:\n%s",
+    name,
+    reason if st.backend == name else f"{st.backend}: {reason}",
+    plan.format(),
+    extra=console.shown_as(console.PLAN),
+  )
   if not st.skip_memory_check:  # before a table is allocated
     planning.check_fits(plan)
   options.update(st.backend_options or {})

@@ -26,6 +26,7 @@ from recsys.data import pipeline as data_pipeline
 from recsys.run import run_summaries
 from recsys.run.restored import RestoredRun
 from recsys.run_folder.run_checks import RunChanges
+from recsys.runtime import console
 from recsys.serving_lookup import split_batch
 from recsys.train_settings import TrainerConfigError
 
@@ -209,6 +210,12 @@ def evaluate_restored(
   """
   step = run.require_checkpoint("evaluate")
   changes = run.check_restored("evaluate", other_data=other_data)
+  log.info(
+    "evaluating step %d of %s ...",
+    step,
+    run.model_dir,
+    extra=console.shown_as(console.STATUS),
+  )
   results: dict[str, Any] = dict(Evaluator(run).evaluate(exclude_seen))
   results["step"] = step
   if changes:

@@ -19,6 +19,7 @@ Example:
 
 import ast
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -175,6 +176,24 @@ def known_optimum(source: Any, ks: tuple[int, ...] = ()) -> dict[str, float]:
   return {k: float(v) for k, v in optimum.items()}
 
 
+#: A retrieval evaluation's top-k hit rate, both namings: the Trainer's
+#: (`eval/hit_rate_top10`, `flat_results` with the model's `ks`) and TFRS's
+#: metric dict (`eval/hit_rate/top_10_categorical_accuracy`).
+_HIT_RATE = re.compile(
+  r"^eval/hit_rate(?:_top(\d+)|/top_(\d+)_categorical_accuracy)$"
+)
+
+
+def hit_rates(metrics: Mapping[str, Any]) -> dict[int, float]:
+  """A retrieval evaluation's top-k hit rates by k ({} for ranking)."""
+  out = {}
+  for key, value in metrics.items():
+    m = _HIT_RATE.match(key)
+    if m:
+      out[int(m.group(1) or m.group(2))] = float(value)
+  return dict(sorted(out.items()))
+
+
 def against_optimum(metrics: Mapping[str, Any]) -> str:
   """The metric reached next to the best the data allows, in one phrase.
 
@@ -186,22 +205,45 @@ def against_optimum(metrics: Mapping[str, Any]) -> str:
   if "bayes_auc" in metrics and "eval/auc" in metrics:
     name, value, best = "AUC", metrics["eval/auc"], metrics["bayes_auc"]
   else:
-    ks = sorted(
-      int(key.rsplit("_", 1)[1])
-      for key in metrics
-      if key.startswith("best_hit_rate_")
-      and f"eval/hit_rate_top{key.rsplit('_', 1)[1]}" in metrics
-    )
+    rates = hit_rates(metrics)
+    ks = [k for k in rates if f"best_hit_rate_{k}" in metrics]
     if not ks:
       return ""
     k = 10 if 10 in ks else ks[0]
     name = f"top-{k} hit rate"
-    value, best = (
-      metrics[f"eval/hit_rate_top{k}"],
-      metrics[f"best_hit_rate_{k}"],
-    )
+    value, best = rates[k], metrics[f"best_hit_rate_{k}"]
   at = f" at step {metrics['step']}" if "step" in metrics else ""
   return f"{name} {value:.4f}{at}; the best possible on this data: {best:.4f}"
+
+
+def result_line(metrics: Mapping[str, Any]) -> str:
+  """An evaluation's key metric(s) in one phrase ("" without any): next to
+  the best the data allows where it is known (`against_optimum`), else the
+  AUC, the RMSE, the top-10 and top-100 hit rates, or the eval loss."""
+  reached = against_optimum(metrics)
+  if reached:
+    return reached
+  at = f" at step {metrics['step']}" if "step" in metrics else ""
+  rates = hit_rates(metrics)
+  if "eval/auc" in metrics:
+    return f"AUC {metrics['eval/auc']:.4f}{at}"
+  if "eval/rmse" in metrics:
+    return f"RMSE {metrics['eval/rmse']:.4f}{at}"
+  if rates:
+    ks = [k for k in (10, 100) if k in rates] or list(rates)[:1]
+    seen = (
+      " (items each user had in training excluded)"
+      if metrics.get("eval/exclude_seen")
+      else ""
+    )
+    return (
+      f"top-{' / top-'.join(map(str, ks))} hit rate"
+      f"{'s' if len(ks) > 1 else ''} "
+      f"{' / '.join(f'{rates[k]:.4f}' for k in ks)}{at}{seen}"
+    )
+  if "eval/loss" in metrics:
+    return f"eval loss {metrics['eval/loss']:.4f}{at}"
+  return ""
 
 
 def run_metrics(

@@ -6,11 +6,10 @@ command's first TensorFlow op.
 """
 
 import logging
-import os
 from typing import Any
 
 from recsys import _tf_startup
-from recsys.runtime import threads
+from recsys.runtime import console, threads
 
 log = logging.getLogger("recsys")
 
@@ -18,7 +17,8 @@ log = logging.getLogger("recsys")
 def start_tensorflow(
   verbose: bool = False, intra_op_threads: int = 0, inter_op_threads: int = 0
 ) -> None:
-  """Configures logging, imports TensorFlow quietly and sets its threads.
+  """Imports TensorFlow quietly, says what it found and sets its threads
+  (the command's logging is `recsys.runtime.console`'s).
 
   Args:
     verbose: keep TensorFlow's own logs (else only its errors).
@@ -29,16 +29,11 @@ def start_tensorflow(
     RuntimeError: threads were asked for explicitly but TensorFlow's
       runtime already runs in this process (recsys called as a library).
   """
-  if not verbose:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  logging.basicConfig(
-    level=logging.INFO,
-    format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    datefmt="%H:%M:%S",
-  )
+  # Unless the user set TF_CPP_MIN_LOG_LEVEL: TF's errors only, or all.
+  _tf_startup.set_log_level(None if verbose else "2")
   tf_module, devices = _tf_startup.start(verbose)
   tf: Any = tf_module
-  log.info(devices)
+  log.info(devices, extra=console.shown_as(console.DEVICES))
   if not verbose:
     tf.get_logger().setLevel(logging.ERROR)
     logging.getLogger("absl").setLevel(logging.WARNING)

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from recsys.run import run_summaries
+from recsys.runtime import console
 from recsys.training import signals as signals_lib
 
 log = logging.getLogger("recsys.training")
@@ -57,6 +58,10 @@ class TrainingRun(Protocol):
   def save_if_new(self, step: int) -> str:
     """Saves a checkpoint unless the newest one holds `step`."""
     ...
+
+  def end_training(self) -> None:
+    """The last loop ran: releases what only training needed (the input
+    pipeline and its threads) before the final save and evaluation."""
 
   def write_summaries(
     self, kind: str, values: Mapping[str, float], step: int
@@ -129,6 +134,9 @@ def _on_a_terminal() -> bool:
 class Progress:
   """A run's progress: a tqdm bar on a terminal, else a log line per loop.
 
+  The brief console (`recsys.runtime.console`) shows about one line in
+  ten of the run, and its last; `info` every loop's.
+
   Args:
     step: the step training starts at.
     train_steps: the step it ends at.
@@ -138,6 +146,10 @@ class Progress:
   def __init__(self, step: int, train_steps: int, bar: bool = True):
     self._train_steps = train_steps
     self._bar = self._make_bar(step, train_steps) if bar else None
+    self._tenth = self._tenths(step)
+
+  def _tenths(self, step: int) -> int:
+    return 10 * step // max(self._train_steps, 1)
 
   @staticmethod
   def _make_bar(step: int, train_steps: int) -> Any:
@@ -158,12 +170,16 @@ class Progress:
   def show(self, step: int, loss: float, examples_per_second: float) -> None:
     """The loop that ended at `step`: its loss and speed."""
     if self._bar is None:
+      tenth = self._tenths(step)
+      shown = tenth > self._tenth or step >= self._train_steps
+      self._tenth = max(tenth, self._tenth)
       log.info(
         "step %d/%d loss %.5f %.0f examples/s",
         step,
         self._train_steps,
         loss,
         examples_per_second,
+        extra=console.shown_as(console.PROGRESS) if shown else None,
       )
       return
     self._bar.update(step - self._bar.n)
@@ -243,6 +259,15 @@ class Controller:
         path = run.save_if_new(step)
         raise signals_lib.TrainingPreempted(step, path, signal_name)
     progress.close()
+    # Releasing the input pipeline, saving tables (GiB for Criteo) and a
+    # whole evaluation take seconds to minutes: say so, or the run looks
+    # hung after its progress.
+    log.info(
+      "step %d: the final checkpoint and evaluation ...",
+      step,
+      extra=console.shown_as(console.STATUS),
+    )
+    run.end_training()
     run.save_if_new(step)
     final = dict(results)
     final.pop("examples_per_second", None)  # the last loop's; the run's:

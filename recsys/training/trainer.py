@@ -455,9 +455,17 @@ class Trainer:
     self.backend.raise_for_invalid_inputs()  # before anything is saved
     self._check_finite(int(self.global_step.numpy()))
 
+  def end_training(self) -> None:
+    """Releases the training batches' input pipeline (its prefetch threads
+    keep preparing batches no step will take) before the final save and
+    evaluation: its teardown took 0-5 s, silently, after the final
+    evaluation's line."""
+    self._batches = None
+
   def train_results(self) -> dict[str, float]:
     """The metrics of the steps since `run_steps`: `train/<metric>` (those
-    the model's hooks keep), `train/loss`, `learning_rate` and, with
+    the model's hooks keep), `train/loss`, `learning_rate` (the dense
+    optimizer's, when the model has dense weights it trains) and, with
     policy "skip", `train/nonfinite_steps`."""
     results = self._evaluation.training_results(
       run_summaries.flat_results(
@@ -465,7 +473,10 @@ class Trainer:
       )
     )
     results["train/loss"] = float(self.loss_metric.result())
-    results["learning_rate"] = run_summaries.learning_rate(self.dense_optimizer)
+    if self.model.trainable_variables:  # e.g. not iALS: tables only
+      results["learning_rate"] = run_summaries.learning_rate(
+        self.dense_optimizer
+      )
     if self.steps.nonfinite_policy == "skip":
       results["train/nonfinite_steps"] = float(
         self.steps.nonfinite_steps.numpy()

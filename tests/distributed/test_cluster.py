@@ -49,6 +49,8 @@ ARGS = [
   "--gin_bindings",
   "train.summaries = False",
   "--no_progress",
+  "--verbosity",  # the tests read the workers' checkpoint lines
+  "info",
 ]
 #: Eval AUC gap allowed between the cluster and one process. Asynchronous
 #: workers apply stale gradients, the examples arrive in another order, and

@@ -53,6 +53,7 @@ SHARDED = ["experiments/hardware/local_cluster_row_sharded.gin"]
 
 def _args(model_dir, bindings, gin_files=()):
   args = ["--gin_file", "experiments/synthetic_dlrm.gin", "--no_progress"]
+  args += ["--verbosity", "info"]  # the tests read checkpoint and RSS lines
   for path in gin_files:
     args += ["--gin_file", path]
   for binding in bindings:

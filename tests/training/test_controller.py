@@ -9,10 +9,12 @@ request read after the loop it arrived in, then a checkpoint at that step.
 """
 
 import logging
+import re
 import time
 
 import pytest
 
+from recsys.runtime import console
 from recsys.training import signals
 from recsys.training.controller import Controller, LoopSchedule
 
@@ -56,6 +58,9 @@ class FakeRun:
   def save_if_new(self, step):
     self.calls.append(("save_if_new", step))
     return f"ckpt-{step}"
+
+  def end_training(self):
+    self.calls.append(("end_training", self.step))
 
   def write_summaries(self, kind, values, step):
     self.calls.append(("summaries", kind, step, tuple(sorted(values))))
@@ -129,6 +134,7 @@ def test_every_call_of_a_run_comes_in_its_order():
     ("agreed_stop", 9),
     *loop(9, 10),
     ("agreed_stop", 10),
+    ("end_training", 10),  # the input released before the final save
     ("save_if_new", 10),
     ("evaluate", 10),
     ("summaries", "eval", 10, EVAL),
@@ -186,6 +192,7 @@ def test_a_resumed_run_keeps_the_schedule_of_the_whole_run():
 def test_a_finished_run_resumed_saves_if_new_and_evaluates():
   calls, final = _train(LoopSchedule(train_steps=6, steps_per_loop=4), step=6)
   assert calls == [
+    ("end_training", 6),
     ("save_if_new", 6),
     ("evaluate", 6),
     ("summaries", "eval", 6, EVAL),
@@ -289,7 +296,7 @@ def test_without_a_bar_each_loop_and_evaluation_logs_a_line(caplog):
   caplog.set_level(logging.INFO, "recsys.training")
   _train(LoopSchedule(train_steps=4, steps_per_loop=2, eval_every=2))
   lines = [r.getMessage() for r in caplog.records]
-  steps = [line for line in lines if line.startswith("step ")]
+  steps = [line for line in lines if re.match(r"step \d+/", line)]
   assert [line.split(" loss ")[0] for line in steps] == ["step 2/4", "step 4/4"]
   assert "loss 0.25000" in steps[0] and steps[0].endswith(" examples/s")
   evals = [line for line in lines if line.startswith("eval at step")]
@@ -297,3 +304,20 @@ def test_without_a_bar_each_loop_and_evaluation_logs_a_line(caplog):
     "eval at step 2: eval/auc=0.75000, eval/loss=0.50000",
     "eval at step 4: eval/auc=0.75000, eval/loss=0.50000",
   ]
+
+
+def test_brief_output_shows_a_tenth_of_the_loops_then_what_runs_last(caplog):
+  """Without a bar the brief console (`recsys.runtime.console`) shows the
+  loops that end a tenth of the run, then a line before the final save and
+  evaluation (they ran silently after the last loop's line)."""
+  caplog.set_level(logging.INFO, "recsys.training")
+  _train(LoopSchedule(train_steps=100, steps_per_loop=2))
+  shown = [
+    r.getMessage()
+    for r in caplog.records
+    if console.kind_of(r) in (console.PROGRESS, console.STATUS)
+  ]
+  assert [line.split(" loss")[0] for line in shown[:-1]] == [
+    f"step {step}/100" for step in range(10, 101, 10)
+  ]
+  assert shown[-1] == "step 100: the final checkpoint and evaluation ..."

@@ -74,6 +74,7 @@ from recsys.data.pipeline import (
 from recsys.data.user_history import HistoryTable, ItemHistory, UserHistory
 from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
+from recsys.runtime import console
 
 log = logging.getLogger("recsys.data.movielens")
 
@@ -615,6 +616,7 @@ class MovieLens(DataSource):
       split,
       self.train_size,
       self.test_size,
+      extra=console.shown_as(console.DATA),
     )
 
   # ----------------------------------------------------------------- batches

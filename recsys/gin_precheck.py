@@ -1,0 +1,262 @@
+"""Misspelt gin names, found before TensorFlow is imported.
+
+Gin knows a configurable's parameters only once the module defining it is
+imported, and recsys's modules import TensorFlow: a misspelt parameter
+(`--gin_bindings 'train.train_stepz = 5'`) was reported after 15-19 s, in 27
+lines, its "Did you mean" scrolled away by 20 "Found in:" lines. This
+module reads the gin files (with their includes) and bindings with gin's
+own parser, without running them, and checks each name against
+`recsys.gin_names` (the registry, written down): an unknown configurable or
+reference, or an unknown parameter of one of recsys's own configurables,
+is reported in two lines, where it is and what was meant.
+
+What it cannot judge it leaves to gin: files that `import` modules (they
+may register names), parameters of TensorFlow's and Keras's classes (they
+follow the installed TensorFlow), a selector that matches several names.
+
+Example:
+  >>> check(["experiments/synthetic_dlrm.gin"], ["train.train_stepz = 5"])
+  Traceback (most recent call last):
+  UnknownGinNameError: --gin_bindings 'train.train_stepz = 5': 'train' has
+  no parameter 'train_stepz'; did you mean 'train_steps'? ...
+"""
+
+import dataclasses
+import os
+import tokenize
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import gin  # noqa: F401  (gin.config_parser needs gin's package set up)
+from gin import config_parser
+
+from backends import suggest
+from recsys import _gin_compat, experiments_catalog, gin_names
+from recsys.errors import SettingsError
+
+
+class UnknownGinNameError(SettingsError):
+  """A gin file or binding names a configurable or parameter that does not
+  exist (exit status 2, as every gin configuration error)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Binding:
+  """One `scope/Selector.param = value` statement and where it is."""
+
+  scope: str
+  selector: str
+  param: str
+  value: Any
+  where: str  # "file.gin:3" or "--gin_bindings '...'"
+
+
+class _Reference(str):
+  """A `@Name` or `@Name()` in a value, kept as its name."""
+
+
+class _Delegate(config_parser.ParserDelegate):
+  """Keeps references as `_Reference` and macros as text: nothing runs."""
+
+  def configurable_reference(self, scoped_configurable_name, evaluate):
+    return _Reference(scoped_configurable_name)
+
+  def macro(self, macro_name):
+    return f"%{macro_name}"
+
+
+def _resolve_include(path: str, including: str) -> str | None:
+  """Where gin (with `experiments_catalog`'s reader) finds an include: the
+  including file's folder, as given, the search paths, experiments/."""
+  candidates = [path]
+  if not os.path.isabs(path):
+    candidates.insert(0, os.path.join(os.path.dirname(including), path))
+  candidates += [os.path.join(p, path) for p in _gin_compat.search_paths()]
+  candidates.append(os.path.join(experiments_catalog.EXPERIMENTS_DIR, path))
+  return next((c for c in candidates if os.path.isfile(c)), None)
+
+
+def _statements(text: str) -> list[Any]:
+  """Gin's statements of `text` ([] when it does not parse: gin reports
+  that, with its line, after start-up)."""
+  try:
+    return list(config_parser.ConfigParser(text, _Delegate()))
+  except (SyntaxError, ValueError, TypeError, tokenize.TokenError):
+    return []
+
+
+class _Config:
+  """The bindings of gin files and binding strings, and whether any file
+  imports a module (which may register names this check cannot know)."""
+
+  def __init__(self, files: Sequence[str], bindings: Sequence[str]):
+    self.bindings: list[Binding] = []
+    self.imports = False
+    seen: set[str] = set()
+    for path in files:
+      try:
+        self._read(experiments_catalog.find_experiment(path), seen)
+      except experiments_catalog.UnknownExperimentError:
+        continue  # `cli_checks` reports a missing file
+    for text in bindings:
+      self._add(_statements(text), f"--gin_bindings {text.strip()!r}", None)
+
+  def _read(self, path: str, seen: set[str]) -> None:
+    real = os.path.realpath(path)
+    if real in seen:
+      return
+    seen.add(real)
+    try:
+      with open(path, encoding="utf-8") as f:
+        text = f.read()
+    except OSError:
+      return
+    self._add(_statements(text), path, seen)
+
+  def _add(self, statements: list[Any], where: str, seen) -> None:
+    for statement in statements:
+      if isinstance(statement, config_parser.ImportStatement):
+        self.imports = True
+      elif isinstance(statement, config_parser.IncludeStatement):
+        found = _resolve_include(statement.filename, where)
+        if found is not None and seen is not None:
+          self._read(found, seen)
+      elif isinstance(statement, config_parser.BindingStatement):
+        line = "" if seen is None else f":{statement.location.line_num}"
+        self.bindings.append(
+          Binding(
+            statement.scope,
+            statement.selector,
+            statement.arg_name,
+            statement.value,
+            f"{where}{line}",
+          )
+        )
+
+
+def _names(selector: str) -> list[str]:
+  """The names gin matches `selector` by: its innermost components."""
+  parts = selector.split(".")
+  return [".".join(parts[i:]) for i in range(len(parts))]
+
+
+def _registered() -> dict[str, list[str]]:
+  """Every name a selector may use -> the full selectors it matches: the
+  written-down registry and whatever this process registered."""
+  out: dict[str, list[str]] = {}
+  for full in list(gin_names.CONFIGURABLES) + [
+    s
+    for s in _gin_compat.registered_selectors()
+    if s not in gin_names.CONFIGURABLES
+  ]:
+    for name in _names(full):
+      out.setdefault(name, []).append(full)
+  return out
+
+
+def _references(value: Any) -> Iterator[str]:
+  """The configurables a binding's value references (`@Name`)."""
+  if isinstance(value, _Reference):
+    yield str(value)
+  elif isinstance(value, (list, tuple, set)):
+    for item in value:
+      yield from _references(item)
+  elif isinstance(value, dict):
+    for item in list(value.keys()) + list(value.values()):
+      yield from _references(item)
+
+
+def _unknown_name(name: str, known: dict[str, list[str]], where: str) -> str:
+  close = suggest.closest(
+    name, [n for n in known if n.count(".") == name.count(".")]
+  )
+  hint = (
+    "; did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
+    if close
+    else ""
+  )
+  return (
+    f"{where}: no configurable named '{name}'{hint}\n"
+    "`recsys experiments NAME` prints a shipped gin file that uses the names "
+    "(the classes: recsys.config's module docstring, @gin.register classes)."
+  )
+
+
+def problems(files: Sequence[str], bindings: Sequence[str]) -> list[str]:
+  """What gin would refuse in `files` and `bindings`, two lines each, in
+  their order; [] when nothing is sure to be wrong."""
+  config = _Config(files, bindings)
+  known = _registered()
+  found = []
+  for binding in config.bindings:
+    names = [(binding.selector, True)] if binding.param else []  # a macro
+    names += [(r.rpartition("/")[2], False) for r in _references(binding.value)]
+    for name, selects in names:
+      if name.startswith("gin."):
+        continue
+      matches = known.get(name)
+      if not matches:
+        if not config.imports:
+          found.append(_unknown_name(name, known, binding.where))
+        continue
+      if not selects or len(matches) != 1:  # a reference, or ambiguous
+        continue
+      params, _ = gin_names.CONFIGURABLES.get(matches[0], (None, ""))
+      if params is not None and binding.param not in params:
+        found.append(_unknown_parameter(binding, params))
+  return found
+
+
+def _unknown_parameter(binding: Binding, params: Sequence[str]) -> str:
+  name = binding.selector
+  close = suggest.closest(binding.param, list(params))
+  hint = (
+    "; did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
+    if close
+    else ""
+  )
+  return (
+    f"{binding.where}: '{name}' has no parameter '{binding.param}'{hint}\n"
+    f"'{name}' takes: {', '.join(params)}."
+  )
+
+
+def check(files: Sequence[str], bindings: Sequence[str]) -> None:
+  """Refuses misspelt gin names before TensorFlow is imported.
+
+  Raises:
+    UnknownGinNameError: the first problem (`problems`), in two lines.
+  """
+  found = problems(files, bindings)
+  if found:
+    raise UnknownGinNameError(found[0])
+
+
+def bound_value(files: Sequence[str], bindings: Sequence[str], key: str) -> Any:
+  """The value the last binding of `key` ("train.model") gives it, as
+  parsed (a reference as its name); None when unbound."""
+  selector, _, param = key.rpartition(".")
+  value = None
+  for binding in _Config(files, bindings).bindings:
+    if (
+      binding.selector == selector
+      and binding.param == param
+      and not binding.scope
+    ):
+      value = binding.value
+  return value
+
+
+def model_kind(
+  files: Sequence[str], bindings: Sequence[str]
+) -> tuple[str, str]:
+  """`(the model's class name, "ranking" / "retrieval" / "")` of the
+  config's `train.model` ("" when unknown here)."""
+  value = bound_value(files, bindings, "train.model")
+  if not isinstance(value, _Reference):
+    return "", ""
+  name = str(value).rpartition("/")[2]
+  matches = _registered().get(name, [])
+  if len(matches) != 1:
+    return name, ""
+  return name, gin_names.CONFIGURABLES.get(matches[0], (None, ""))[1]

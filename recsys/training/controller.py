@@ -60,8 +60,8 @@ class TrainingRun(Protocol):
     ...
 
   def end_training(self) -> None:
-    """The last loop ran: releases what only training needed (the input
-    pipeline and its threads) before the final save and evaluation."""
+    """The last loop ran and is saved: releases what only training needed
+    (the input pipeline and its threads) before the final evaluation."""
 
   def write_summaries(
     self, kind: str, values: Mapping[str, float], step: int
@@ -259,7 +259,7 @@ class Controller:
         path = run.save_if_new(step)
         raise signals_lib.TrainingPreempted(step, path, signal_name)
     progress.close()
-    # Releasing the input pipeline, saving tables (GiB for Criteo) and a
+    # Saving tables (GiB for Criteo), releasing the input pipeline and a
     # whole evaluation take seconds to minutes: say so, or the run looks
     # hung after its progress.
     log.info(
@@ -267,7 +267,6 @@ class Controller:
       step,
       extra=console.shown_as(console.STATUS),
     )
-    run.end_training()
     run.save_if_new(step)
     final = dict(results)
     final.pop("examples_per_second", None)  # the last loop's; the run's:
@@ -276,6 +275,7 @@ class Controller:
         loops, time.time() - start_time, self.global_batch_size
       )
     )
+    run.end_training()  # after the run's rates, as before: they do not move
     final.update(self.evaluate(step))
     final["step"] = step
     final["elapsed_seconds"] = time.time() - start_time

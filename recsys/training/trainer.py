@@ -457,9 +457,8 @@ class Trainer:
 
   def end_training(self) -> None:
     """Releases the training batches' input pipeline (its prefetch threads
-    keep preparing batches no step will take) before the final save and
-    evaluation: its teardown took 0-5 s, silently, after the final
-    evaluation's line."""
+    keep preparing batches no step will take) before the final evaluation:
+    its teardown took 0-5 s, silently, after the final evaluation's line."""
     self._batches = None
 
   def train_results(self) -> dict[str, float]:

@@ -134,8 +134,8 @@ def test_every_call_of_a_run_comes_in_its_order():
     ("agreed_stop", 9),
     *loop(9, 10),
     ("agreed_stop", 10),
-    ("end_training", 10),  # the input released before the final save
     ("save_if_new", 10),
+    ("end_training", 10),  # the input released before the evaluation
     ("evaluate", 10),
     ("summaries", "eval", 10, EVAL),
   ]
@@ -192,8 +192,8 @@ def test_a_resumed_run_keeps_the_schedule_of_the_whole_run():
 def test_a_finished_run_resumed_saves_if_new_and_evaluates():
   calls, final = _train(LoopSchedule(train_steps=6, steps_per_loop=4), step=6)
   assert calls == [
-    ("end_training", 6),
     ("save_if_new", 6),
+    ("end_training", 6),
     ("evaluate", 6),
     ("summaries", "eval", 6, EVAL),
   ]

@@ -7,11 +7,13 @@ summaries cut mid-word, every worker of a cluster printing the final
 metrics, TensorFlow's error-level line at the end of a parameter-server run.
 """
 
+import gc
 import io
 import json
 import logging
 import os
 import re
+import subprocess
 import sys
 
 import pytest
@@ -248,3 +250,26 @@ def test_the_metrics_go_to_stdout_for_programs_and_when_asked(monkeypatch):
 )
 def test_every_run_ends_on_its_key_metric(metrics, line):
   assert run_summaries.result_line(metrics) == line
+
+
+def test_only_the_console_scripts_exit_skips_the_last_collection(capsys):
+  """Issue 52: the interpreter's last garbage collection of what TF traced
+  took 1.2-3.3 s after a command's last line. The console script's process
+  ends with its command and skips it (gc.freeze); a process that goes on
+  (this one) keeps collecting everything."""
+  frozen = gc.get_freeze_count()
+  assert cli.main(["experiments"]) == 0
+  assert gc.get_freeze_count() == frozen
+  capsys.readouterr()
+  code = (
+    "import atexit, gc, sys\n"
+    "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0))\n"
+    "sys.argv = ['recsys', 'experiments']\n"
+    "from recsys.cli import main\n"
+    "sys.exit(main())\n"
+  )
+  done = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+  )
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.splitlines()[-1] == "frozen True"

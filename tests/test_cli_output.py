@@ -10,7 +10,6 @@ metrics, TensorFlow's error-level line at the end of a parameter-server run.
 import gc
 import io
 import json
-import logging
 import os
 import re
 import subprocess
@@ -22,7 +21,6 @@ from recsys import cli, config, experiments_catalog, launch
 from recsys.cli import gin_train, results
 from recsys.run import run_summaries
 from recsys.run import strategy as strategy_lib
-from recsys.runtime import console
 
 DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
 TINY = [
@@ -151,62 +149,6 @@ def test_launch_drops_tensorflows_end_of_cluster_error_line_only():
 class _Terminal(io.StringIO):
   def isatty(self):
     return True
-
-
-def test_a_plain_train_shows_what_matters_and_ends_with_one_line(
-  tmp_path, capsys, caplog, monkeypatch
-):
-  """Issue 52: a plain `recsys train` printed 78 lines of which ~4 mattered,
-  and no line named the run folder. One tiny run, seen by the brief console
-  and by --verbosity info at once (their handlers, as the command installs
-  one of them), on a terminal."""
-  brief, detailed = io.StringIO(), io.StringIO()
-  handlers = [
-    console.handler("train", "brief", brief),
-    console.handler("train", "info", detailed),
-  ]
-  root = logging.getLogger()
-  for h in handlers:
-    root.addHandler(h)
-  caplog.set_level(logging.INFO)  # the command's level (setLevel: no cache)
-  model_dir = tmp_path / "run"
-  monkeypatch.setattr("sys.stdout", _Terminal())
-  try:
-    code = cli.main(
-      ["train", "--gin_file", DEFAULT, *TINY, "--model_dir", str(model_dir)]
-    )
-  finally:
-    for h in handlers:
-      root.removeHandler(h)
-  terminal = sys.stdout.getvalue()
-  err = capsys.readouterr().err
-  assert code == 0, err
-  shown = brief.getvalue().splitlines()
-  # The devices, the backend and its plan, the progress, what runs last.
-  assert shown[0].startswith("devices: ")
-  assert shown[1].startswith("embedding backend tensorcore (auto: ")
-  assert (
-    shown[2].split()
-    == (
-      "table vocab dim dtype optimizer slots table slots per device "
-      "placement exchange/step"
-    ).split()
-  )
-  assert shown[-2] == "step 2/2 loss " + shown[-2].split(" loss ")[1]
-  assert shown[-1] == "step 2: the final checkpoint and evaluation ..."
-  assert len(shown) == 2 + 1 + 8 + 2 + 2  # 8 tables, total and peak RSS
-  assert not re.search(r"\d\d:\d\d:\d\d|INFO|recsys\.", brief.getvalue())
-  # The rest is at --verbosity info.
-  for line in ("saved checkpoint", "trained 2 steps in", "peak RSS of this"):
-    assert line not in brief.getvalue() and line in detailed.getvalue()
-  # On a terminal the metrics stay in metrics.json; the last line says so.
-  assert terminal == ""
-  metrics = json.loads((model_dir / "metrics.json").read_text())
-  assert err.splitlines()[-1] == (
-    f"recsys train: AUC {metrics['eval/auc']:.4f} at step 2; the best "
-    f"possible on this data: {metrics['bayes_auc']:.4f}. Run folder: "
-    f"{model_dir} (metrics.json, checkpoints, TensorBoard summaries)."
-  )
 
 
 def test_the_metrics_go_to_stdout_for_programs_and_when_asked(monkeypatch):

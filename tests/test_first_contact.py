@@ -27,6 +27,7 @@ import pytest
 
 from recsys import cli, cli_checks, config
 from recsys.run_folder import run_dir
+from recsys.runtime import console
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
@@ -42,20 +43,25 @@ def _flags(bindings):
   return sum((["--gin_bindings", b] for b in bindings), [])
 
 
-def _recsys(*args):
+def _recsys(*args, brief=None):
   """`recsys ARGS` in this process: (exit status, stdout, stderr with the
-  log lines of recsys's loggers)."""
+  log lines of recsys's loggers). `brief`: a stream that gets what the
+  command's default console shows of them (`recsys.runtime.console`)."""
   out, err = io.StringIO(), io.StringIO()
-  handler = logging.StreamHandler(err)
+  handlers = [logging.StreamHandler(err)]
+  if brief is not None:
+    handlers.append(console.handler(args[0], "brief", brief))
   logger = logging.getLogger("recsys")
   level = logger.level
-  logger.addHandler(handler)
+  for handler in handlers:
+    logger.addHandler(handler)
   logger.setLevel(logging.INFO)  # as the command's own logging set-up does
   try:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
       code = cli.main(list(args))
   finally:
-    logger.removeHandler(handler)
+    for handler in handlers:
+      logger.removeHandler(handler)
     logger.setLevel(level)
     gin.clear_config()
   return code, out.getvalue(), err.getvalue()
@@ -88,7 +94,8 @@ def demo(tmp_path_factory):
   model_dir = tmp_path_factory.mktemp("first_contact") / "demo"
   args = ["train", "--gin_file", DEFAULT, "--model_dir", str(model_dir)]
   args += _flags(TINY)
-  first = _recsys(*args)
+  brief = io.StringIO()
+  first = _recsys(*args, brief=brief)
   metrics = model_dir / "metrics.json"
   after_first = json.loads(metrics.read_text())
   second = _recsys(*args)
@@ -97,6 +104,7 @@ def demo(tmp_path_factory):
     "first": first,
     "second": second,
     "after_first": after_first,
+    "brief": brief.getvalue(),
     "after_second": json.loads(metrics.read_text()),
   }
 
@@ -112,6 +120,29 @@ def test_train_ends_with_the_auc_next_to_the_best_possible(demo):
     f"{demo['model_dir']} (metrics.json, checkpoints, TensorBoard "
     "summaries)."
   )
+
+
+def test_a_plain_train_shows_what_matters(demo):
+  """Issue 52: a plain `recsys train` printed 78 lines of which ~4
+  mattered. By default: the devices, the backend and its plan, progress,
+  what runs after the last step; the rest is at --verbosity info."""
+  _, _, err = demo["first"]
+  shown = demo["brief"].splitlines()
+  assert shown[0].startswith("devices: ")
+  assert shown[1].startswith("embedding backend tensorcore (auto: ")
+  assert (
+    shown[2].split()
+    == (
+      "table vocab dim dtype optimizer slots table slots per device "
+      "placement exchange/step"
+    ).split()
+  )
+  assert shown[-2].startswith("step 2/2 loss ")
+  assert shown[-1] == "step 2: the final checkpoint and evaluation ..."
+  assert len(shown) == 3 + 8 + 2 + 2  # 8 tables, total and peak RSS
+  assert not re.search(r"\d\d:\d\d:\d\d|INFO|recsys\.", demo["brief"])
+  for line in ("saved checkpoint", "trained 2 steps in", "peak RSS of this"):
+    assert line not in demo["brief"] and line in err
 
 
 def test_a_finished_run_run_again_says_so_and_keeps_its_metrics(demo):

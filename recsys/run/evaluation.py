@@ -89,7 +89,7 @@ class Evaluator:
     examples' losses (`eval_loss_sum`, regularization left out) and their
     count (`eval_examples`); padding rows count for nothing.
     """
-    features, labels, mask = batch
+    features, labels, mask = _with_batch_rows(batch, self._rows_per_step())
     ids, weights = split_batch((features, labels), self._names)
     acts = self._backend_lookup(ids, weights, training=False)
     # The mask is the examples' weight: padding rows weigh 0.
@@ -98,6 +98,12 @@ class Evaluator:
     )
     self.eval_loss_sum.update_state(tf.reduce_sum(per_example))
     self.eval_examples.update_state(tf.reduce_sum(tf.cast(mask > 0, tf.int64)))
+
+  def _rows_per_step(self) -> int:
+    """Rows of one eval step's batch: every batch is padded whole."""
+    if self.run.coordinator is not None:
+      return self.run.eval_batch_size
+    return self.run.eval_batch_size // self.run.strategy.num_replicas_in_sync
 
   def _replicated_loop(self, dataset) -> None:
     for batch in dataset:
@@ -221,3 +227,20 @@ def evaluate_restored(
   if changes:
     results["changed_settings"] = changes.lines()
   return results, changes
+
+
+def _with_batch_rows(batch: Any, rows: int) -> Any:
+  """`batch` with its dense tensors' unknown first dimension set to `rows`.
+
+  A finite distributed dataset hands its replicas batches of unknown size
+  (tf.distribute's handling of a last partial batch), though every eval
+  batch is padded whole: without the static size a row-sharded table's
+  exchange fell back to all-gather at evaluation, with a warning per table.
+  """
+
+  def fix(t):
+    if isinstance(t, tf.Tensor) and t.shape.rank and t.shape[0] is None:
+      return tf.ensure_shape(t, [rows] + t.shape[1:].as_list())
+    return t
+
+  return tf.nest.map_structure(fix, batch)

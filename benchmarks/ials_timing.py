@@ -17,7 +17,6 @@ initial values.
 """
 
 import argparse
-import os
 import tempfile
 import time
 

@@ -166,15 +166,18 @@ def _references(value: Any) -> Iterator[str]:
       yield from _references(item)
 
 
-def _unknown_name(name: str, known: dict[str, list[str]], where: str) -> str:
-  close = suggest.closest(
-    name, [n for n in known if n.count(".") == name.count(".")]
-  )
-  hint = (
+def _hint(name: str, candidates: Sequence[str]) -> str:
+  """ "; did you mean 'a' or 'b'?" for the candidates close to `name`."""
+  close = suggest.closest(name, candidates)
+  return (
     "; did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
     if close
     else ""
   )
+
+
+def _unknown_name(name: str, known: dict[str, list[str]], where: str) -> str:
+  hint = _hint(name, [n for n in known if n.count(".") == name.count(".")])
   return (
     f"{where}: no configurable named '{name}'{hint}\n"
     "`recsys experiments NAME` prints a shipped gin file that uses the names "
@@ -209,12 +212,7 @@ def problems(files: Sequence[str], bindings: Sequence[str]) -> list[str]:
 
 def _unknown_parameter(binding: Binding, params: Sequence[str]) -> str:
   name = binding.selector
-  close = suggest.closest(binding.param, list(params))
-  hint = (
-    "; did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
-    if close
-    else ""
-  )
+  hint = _hint(binding.param, list(params))
   return (
     f"{binding.where}: '{name}' has no parameter '{binding.param}'{hint}\n"
     f"'{name}' takes: {', '.join(params)}."

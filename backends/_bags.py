@@ -179,6 +179,7 @@ def lookup(
   gather_rows: Callable[[Any, tf.Tensor], tf.Tensor] = tf.gather,
   fused_ops: Any | None = None,
   concurrent_calls: int = 0,
+  quantize: Callable[[tf.Tensor], tf.Tensor] | None = None,
 ) -> TableLookup:
   """De-duplicates the table's ids, gathers each row once, combines the bags.
 
@@ -198,9 +199,13 @@ def lookup(
       side; else one op, which by default splits over the intra-op threads
       the others leave idle (RECSYS_KERNEL_PARALLEL_MIN_WORK=off keeps every
       call on one thread).
+    quantize: the table's simulated quantization of its rows before they
+      are combined (`backends.quantization`; the fused kernels combine the
+      rows as stored, so a quantized table takes the TF ops). The rows
+      returned for the update stay as stored.
   """
   # The kernels read float32, bfloat16 and float16 rows (upcast, exact).
-  if fused_ops is not None and params is not None:
+  if fused_ops is not None and params is not None and quantize is None:
     # A tape on the table still gets IndexedSlices of the U rows.
     if params.trainable:
       _tf_internal.mark_variable_read(params)
@@ -229,8 +234,9 @@ def lookup(
     return TableLookup(acts, unique_ids, index, None)
   unique_ids, index = tf.unique(flat.ids, out_idx=tf.int32)
   rows = gather_rows(params, unique_ids)
+  combined = rows if quantize is None else quantize(rows)
   return TableLookup(
-    segment_combine(rows, index, flat), unique_ids, index, rows
+    segment_combine(combined, index, flat), unique_ids, index, rows
   )
 
 

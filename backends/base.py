@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.tpu.experimental.embedding import FeatureConfig, TableConfig
 
-from backends import _tf_internal, table_plan
+from backends import _tf_internal, quantization, table_plan
 from backends import inputs as inputs_lib
 from backends.errors import BackendError, BackendSettingsError
 
@@ -315,6 +315,11 @@ class Capabilities:
     trains: False for lookup-only backends (serving).
     sharded_tables: tables are split across devices or hosts (else replicated).
     needs_tpu: it only runs under a TPUStrategy.
+    quantization: whether it applies a table's `quantization_config` (TF's
+      simulated quantization of the looked-up rows) as a TPU does.
+    tpu_table_fields: whether it hands `TableConfig.layout` and
+      `TableConfig.dtype` to a TPU (which checks them per engine); the
+      others hold float32 tables they place themselves, and refuse both.
   """
 
   combiners: frozenset[str] = ALL_COMBINERS
@@ -324,6 +329,8 @@ class Capabilities:
   trains: bool = True
   sharded_tables: bool = False
   needs_tpu: bool = False
+  quantization: bool = True
+  tpu_table_fields: bool = False
 
 
 def table_names(tables: list[TableConfig]) -> dict[int, str]:
@@ -467,6 +474,7 @@ class EmbeddingBackend(_tf_internal.AutoTrackable, metaclass=abc.ABCMeta):
   def _check_table(self, table: TableConfig, opt: Any) -> None:
     name = self.table_name(table)
     caps = self.capabilities
+    self._check_table_fields(table, name)
     if (
       not isinstance(table.combiner, str)
       or table.combiner not in caps.combiners
@@ -493,6 +501,35 @@ class EmbeddingBackend(_tf_internal.AutoTrackable, metaclass=abc.ABCMeta):
         f"table {name!r}: the {self.name!r} backend does not implement "
         f"{type(opt).__name__}; it supports "
         f"{', '.join(sorted(c.__name__ for c in caps.optimizers))}."
+      )
+
+  def _check_table_fields(self, table: TableConfig, name: str) -> None:
+    """Refuses a TF table field this backend would otherwise ignore."""
+    caps = self.capabilities
+    if table.quantization_config is not None:
+      if not caps.quantization:
+        raise UnsupportedConfigError(
+          f"table {name!r}: the {self.name!r} backend does not apply "
+          "TableConfig.quantization_config (simulated quantization of the "
+          "looked-up rows); it would train another model than a TPU does. "
+          "Remove it, or use a backend that applies it (tensorcore)."
+        )
+      problem = quantization.problem(table.quantization_config)
+      if problem:
+        raise UnsupportedConfigError(f"table {name!r}: {problem}")
+    if caps.tpu_table_fields:
+      return
+    if table.layout is not None:
+      raise UnsupportedConfigError(
+        f"table {name!r}: TableConfig.layout is a SparseCore table layout "
+        f"(TPUEmbeddingV2); the {self.name!r} backend places its tables "
+        "itself (its plan) and would ignore it. Set layout=None."
+      )
+    if table.dtype != tf.float32:
+      raise UnsupportedConfigError(
+        f"table {name!r}: TableConfig.dtype={table.dtype.name}; the "
+        f"{self.name!r} backend holds float32 tables (for bfloat16 or "
+        "float16 rows use its table_dtype option). Use float32."
       )
 
   @classmethod

@@ -22,6 +22,10 @@ lookup-only backend). Checks, by name (`check_names()`):
                             (docs/optimizers.md), tables and slots; refused
                             if undeclared; `NotImplementedError` if the
                             backend does not train.
+  quantization              a table's `quantization_config` (TF's simulated
+                            quantization): lookups of the quantized rows, a
+                            step whose gradients pass straight through, the
+                            serving copy alike; or refused naming it.
   checkpoint                TF's layout (`<table>`, `<table>.S<slot>`) and a
                             bit-exact save / restore round trip.
   serving-parity            `ServingEmbedding.from_backend` (what an export
@@ -105,7 +109,7 @@ def check_names() -> list[str]:
   names += [f"combiner/{c}" for c in COMBINERS]
   names += ["sequence"]
   names += [f"optimizer/{case}" for case in OPTIMIZER_CASES]
-  names += ["checkpoint", "serving-parity"]
+  names += ["quantization", "checkpoint", "serving-parity"]
   return names
 
 
@@ -147,6 +151,21 @@ def reference_lookup(
     if len(ids) and norm[combiner] > 0:
       out[b] = (w[:, None] * table[list(ids)]).sum(0) / norm[combiner]
   return out
+
+
+#: The `quantization` check's `QuantizationConfig(num_buckets, lower, upper)`:
+#: the default initializer's rows (stddev 1/sqrt(7)) often fall outside.
+QUANTIZATION = (5, -0.3, 0.3)
+
+
+def reference_quantize(
+  values: np.ndarray, num_buckets: int, lower: float, upper: float
+) -> np.ndarray:
+  """TF's simulated quantization (`QuantizationConfig`'s formula), float32."""
+  lo, hi = np.float32(lower), np.float32(upper)
+  quantum = (hi - lo) / np.float32(num_buckets - 1)
+  clipped = np.clip(np.asarray(values, np.float32), lo, hi)
+  return np.floor((clipped - lo) / quantum + np.float32(0.5)) * quantum + lo
 
 
 def reference_sequence(
@@ -325,6 +344,7 @@ class Conformance:
       "combiner": self._check_combiner,
       "sequence": lambda _: self._check_sequence(),
       "optimizer": self._check_optimizer,
+      "quantization": lambda _: self._check_quantization(),
       "checkpoint": lambda _: self._check_checkpoint(),
       "serving-parity": lambda _: self._check_serving_parity(),
     }
@@ -548,6 +568,57 @@ class Conformance:
     got_slots = _slots(backend).get("t", {})
     for k, v in slots.items():
       _close(got_slots[k], v, what + f": slot {k!r}")
+
+  def _check_quantization(self) -> None:
+    case = self._training_case()
+    optimizer = self._default_optimizer()
+    config = case.config(optimizer)
+    config["a"].table.quantization_config = E.QuantizationConfig(*QUANTIZATION)
+    if not self.capabilities.quantization:
+      _refused(
+        lambda: self._make(config, optimizer),
+        (base.UnsupportedConfigError,),
+        "a table with a quantization_config (quantization=False)",
+        "'t'",
+        "quantization_config",
+      )
+      return
+    from backends.serving import ServingEmbedding  # pylint: disable=g-import-not-at-top
+
+    backend = self._build(config, optimizer)
+    table = _tables(backend)["t"]
+    features, weights = case.inputs()
+    got = backend.lookup(features, weights)
+    bags_a, bags_b = case.bags
+    w_a = _weights_like(bags_a, 1) if case.weighted else None
+    quantized = reference_quantize(table, *QUANTIZATION)
+    what = f"quantized lookup ({case.kind} ids, {case.combiner})"
+    _close(
+      got["a"], reference_lookup(quantized, bags_a, w_a, case.combiner), what
+    )
+    _close(
+      got["b"], reference_lookup(quantized, bags_b, None, case.combiner), what
+    )
+    served = ServingEmbedding.from_backend(backend).lookup(features, weights)
+    for k in ("a", "b"):
+      _close(served[k], got[k], f"{what}: serving copy, feature {k!r}")
+    if not self.capabilities.trains:
+      return
+    (upstream,) = self._train_steps(backend, case, 1)
+    grads = reference_row_gradients(bags_a, w_a, case.combiner, upstream["a"])
+    for i, g in reference_row_gradients(
+      bags_b, None, case.combiner, upstream["b"]
+    ).items():
+      grads[i] = grads.get(i, 0.0) + g
+    ids = np.array(sorted(grads), np.int64)
+    want, _ = ref.apply(
+      optimizer,
+      table.astype(np.float64),
+      ref.initial_slots(optimizer, VOCAB, DIM),
+      ids,
+      np.stack([grads[i] for i in ids]),
+    )
+    _close(_tables(backend)["t"], want, f"{what}: a step, straight through")
 
   # -- checkpoints and serving -----------------------------------------------
 

@@ -32,7 +32,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.tpu.experimental import embedding
 
-from backends import _tf_internal, base, hardware, mid_level
+from backends import _tf_internal, base, hardware, mid_level, quantization
 
 
 class ServingEmbedding(mid_level.MidLevelBackend):
@@ -211,6 +211,7 @@ def serving_lookup(
   packed_w = None
   if any(w is not None for w in wts):
     packed_w = tf.nest.pack_sequence_as(features, wts)
+  ids, tables = _quantized_rows(ids, [by_path[p] for p, _ in flat], tables)
   outputs = tf.nest.flatten(
     embedding.serving_embedding_lookup(
       tf.nest.pack_sequence_as(features, ids), packed_w, tables, feature_config
@@ -223,6 +224,52 @@ def serving_lookup(
         outputs[i], feature.output_shape.as_list() + [feature.table.dim]
       )
   return tf.nest.pack_sequence_as(features, outputs)
+
+
+@tf.autograph.experimental.do_not_convert
+def _quantized_rows(
+  ids: list[Any], features: list[Any], tables: Any
+) -> tuple[list[Any], Any]:
+  """The lookup of quantized tables as the training backends do it.
+
+  A table with a `quantization_config` is looked up through its rows that
+  these ids read, gathered once and quantized (`backends.quantization`):
+  TF's combine then runs on that small table with the ids renumbered into
+  it, so serving equals training's lookup at the cost of the rows read,
+  not of the table.
+  """
+  quantized = {
+    id(f.table): f.table for f in features if f.table.quantization_config
+  }
+  if not quantized:
+    return ids, tables
+  ids, tables = list(ids), dict(tables)
+  for table in quantized.values():
+    mine = [i for i, f in enumerate(features) if f.table is table]
+    values = [_id_values(ids[i]) for i in mine]
+    unique, index = tf.unique(tf.concat(values, 0), out_idx=tf.int64)
+    parts = tf.split(index, [tf.size(v) for v in values])
+    for i, part in zip(mine, parts):
+      ids[i] = _with_id_values(ids[i], part)
+    rows = tf.gather(tables[table], unique)
+    tables[table] = quantization.simulate(rows, table.quantization_config)
+  return ids, tables
+
+
+def _id_values(ids: Any) -> tf.Tensor:
+  """The int64 ids of a dense, sparse or ragged feature, flat."""
+  if isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
+    return tf.cast(ids.values, tf.int64)
+  return tf.reshape(tf.cast(ids, tf.int64), [-1])
+
+
+def _with_id_values(ids: Any, values: tf.Tensor) -> Any:
+  """`ids` with its id values replaced (same structure and shape)."""
+  if isinstance(ids, tf.SparseTensor):
+    return tf.SparseTensor(ids.indices, values, ids.dense_shape)
+  if isinstance(ids, tf.RaggedTensor):
+    return ids.with_flat_values(values)
+  return tf.reshape(values, tf.shape(ids))
 
 
 @tf.autograph.experimental.do_not_convert

@@ -106,7 +106,9 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
   """
 
   name = "tpu_embedding"
-  capabilities = base.Capabilities(needs_tpu=True, sharded_tables=True)
+  capabilities = base.Capabilities(
+    needs_tpu=True, sharded_tables=True, tpu_table_fields=True
+  )
   options = base.EmbeddingBackend.options | {
     "per_replica_batch_size",
     "pipeline_execution_with_tensor_core",

@@ -47,7 +47,9 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
   """
 
   name = "tpu_embedding_v0"
-  capabilities = base.Capabilities(needs_tpu=True)
+  # TF's TPUEmbeddingV0 looks rows up with plain gathers: no simulated
+  # quantization, no SparseCore layouts, float32 tables.
+  capabilities = base.Capabilities(needs_tpu=True, quantization=False)
 
   def __init__(
     self,

@@ -20,7 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _bags, _tf_internal, optimizers
+from backends import _bags, _tf_internal, optimizers, quantization
 from backends import input_checks as checks_lib
 from backends import inputs as inputs_lib
 from backends.engines import base
@@ -168,6 +168,7 @@ class DynamicEngine(base.Engine):
         gather_rows,
         fused if local is not None else None,
         self._concurrent_calls,
+        quantization.quantizer(table),
       )
       for i, bag, out in zip(
         positions, table_bags, _bags.split_features(found.acts, flat_bag)

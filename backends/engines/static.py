@@ -21,7 +21,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, static_bags
+from backends import _tf_internal, quantization, static_bags
 from backends import input_checks as checks_lib
 from backends.engines import base
 from backends.storage import TableStorage
@@ -154,8 +154,10 @@ class StaticEngine(base.Engine):
         for b in table_bags
       ]
       indices = tf.split(dd.index, sizes) if len(table_bags) > 1 else [dd.index]
+      quantize = quantization.quantizer(table)
+      combined = rows if quantize is None else quantize(rows)
       for i, bag, index in zip(positions, table_bags, indices):
-        acts = static_bags.combine(rows, index, bag)
+        acts = static_bags.combine(combined, index, bag)
         outputs[i] = self.features.shape_output(i, bag.sequence_length, acts)
       if training:
         steps[name] = TableStep(

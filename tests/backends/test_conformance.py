@@ -46,6 +46,7 @@ class RestrictedBackend(TensorCoreEmbedding):
     optimizers=frozenset({E.SGD}),
     input_kinds=frozenset({"dense"}),
     sequence_features=False,
+    quantization=False,
   )
 
 
@@ -149,3 +150,16 @@ def test_the_suite_catches_an_unclear_refusal():
   suite.run("lookup/dense")
   with pytest.raises(conformance.ConformanceError, match="ragged"):
     suite.run("lookup/ragged")
+
+
+def test_the_suite_catches_an_ignored_quantization():
+  """A backend that declares quantization but looks rows up as stored."""
+
+  class Ignores(TensorCoreEmbedding):
+    def __init__(self, config, optimizer):
+      super().__init__(config, optimizer)
+      for table in self.tables:
+        table.quantization_config = None
+
+  with pytest.raises(conformance.ConformanceError, match="quantized lookup"):
+    conformance.Conformance(Ignores).run("quantization")

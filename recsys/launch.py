@@ -21,12 +21,21 @@ same command and would repeat them. Their output goes to one file each,
 `<model_dir>/logs/worker-1.log`, `ps-0.log`, ... (the `--model_dir` of the
 command; a temporary folder without one), appended run after run; of it the
 launcher prints only error lines, and the last lines of a task that exits
-with an error (`[worker 1] ...`). The launcher stops every process it
-started when the chief exits, when a task it cannot lose fails (a parameter
-server, or any worker of a mirrored cluster), and on Ctrl-C / SIGTERM (the
-chief first gets SIGTERM and `--grace_seconds` to save a checkpoint). In a
-parameter-server cluster a worker may die: the chief's coordinator moves
-its work to the others.
+with an error (`[worker 1] ...`). In a parameter-server cluster a worker
+may die: the chief's coordinator moves its work to the others.
+
+The launcher owns its processes (`supervise`): it stops every one when the
+chief exits, when a task it cannot lose fails (a parameter server, or any
+worker of a mirrored cluster), and on SIGTERM or Ctrl-C (SIGINT), which it
+forwards to the chief: the chief saves a checkpoint within
+`--grace_seconds` (a mirrored cluster's workers save with it: they agree on
+the stop), then every task still running gets SIGTERM and, `STOP_SECONDS`
+later, SIGKILL; the launcher then exits 143 (SIGTERM) or 130 (SIGINT). A
+second signal skips the waits. If the launcher itself is killed, even by
+SIGKILL, its tasks get SIGTERM from the kernel (`recsys.launch_guard`), so
+none outlives it. Its status is the same for the same cause whichever task
+reports it first (`cluster_status`): 2 when any task reported a settings
+error.
 
 Addresses are 127.0.0.1 on free ports. TensorFlow's gRPC server listens on
 every interface of the machine, though (it has no bind-address setting), and
@@ -56,12 +65,29 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TextIO
 
-from recsys.errors import SettingsError
+from recsys import launch_guard
+from recsys.errors import (
+  RUNTIME_EXIT_STATUS,
+  SETTINGS_EXIT_STATUS,
+  SettingsError,
+)
 
 _PRIVATE_ENV = "RECSYS_LAUNCH_PRIVATE_NETWORK"
+
+#: After the chief's grace, how long the tasks still running have between
+#: SIGTERM and SIGKILL (a parameter server ends at once; a worker blocked in
+#: a collective whose peer is gone never handles it).
+STOP_SECONDS = 5.0
+#: How long the tasks still running may take to end by themselves after one
+#: failed with another status than a settings error's: every task runs the
+#: same command, so one that fails on a setting usually has company, and the
+#: launcher's status must not depend on which reports first.
+SETTLE_SECONDS = 1.0
+#: How often the launcher looks at its tasks while it stops them.
+_STOP_POLL_SECONDS = 0.05
 
 
 class LaunchError(SettingsError, RuntimeError):
@@ -163,6 +189,9 @@ def log_file_name(job: str, index: int) -> str:
 class Cluster:
   """Processes of a local cluster; `stop()` ends every one of them.
 
+  Each task runs under `recsys.launch_guard`, so it ends with the process
+  that started it (this one), whatever ends that.
+
   Args:
     spec: the cluster dict (see `cluster_spec`).
     command: the `recsys` command line each task runs (e.g. ["train", ...]).
@@ -171,6 +200,8 @@ class Cluster:
     log_dir: where the other tasks' output goes, one file each (None: see
       `log_dir_for`).
     program: what each task runs the command with (`python -m recsys`).
+    grace_seconds: how long the chief has to save a checkpoint when the
+      cluster is stopped, by `stop()` or by this process's death.
   """
 
   def __init__(
@@ -181,6 +212,7 @@ class Cluster:
     env: dict[str, str] | None = None,
     log_dir: str | None = None,
     program: Sequence[str] = (sys.executable, "-m", "recsys"),
+    grace_seconds: float = 10.0,
   ):
     self.spec = spec
     self.command = list(command)
@@ -188,11 +220,13 @@ class Cluster:
     self.env = dict(env if env is not None else os.environ)
     self.log_dir = log_dir or log_dir_for(self.command)
     self.program = list(program)
+    self.grace_seconds = grace_seconds
     self.procs: dict[tuple[str, int], subprocess.Popen] = {}
     self._tails: dict[tuple[str, int], collections.deque] = {}
     self._logs: dict[tuple[str, int], TextIO] = {}
     self._threads: dict[tuple[str, int], threading.Thread] = {}
     self._lock = threading.Lock()
+    self._lifeline: int | None = None  # the pipe's write end: see start()
 
   @property
   def chief(self) -> tuple[str, int]:
@@ -227,37 +261,65 @@ class Cluster:
       ) from e
 
   def start(self) -> None:
+    """Starts every task, the chief first.
+
+    Raises:
+      LaunchError: the tasks' log folder cannot be written.
+    """
     self._open_logs()
-    for job, index in tasks(self.spec):
-      env = dict(self.env)
-      env["TF_CONFIG"] = json.dumps(
-        {"cluster": self.spec, "task": {"type": job, "index": index}}
-      )
-      proc = subprocess.Popen(
-        [*self.program, *self.command],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        bufsize=1,
-        start_new_session=True,
-      )
-      self.procs[(job, index)] = proc
-      where = (
-        "its lines below"
-        if (job, index) == self.chief
-        else f"output in {self.log_path(job, index)}"
-      )
-      self.print_line(
-        f"[launch] {task_name(job, index)} pid {proc.pid} at "
-        f"{self.spec[job][index]}: {where}"
-      )
-      self._tails[(job, index)] = collections.deque(maxlen=TAIL_LINES)
-      thread = threading.Thread(
-        target=self._pump, args=(job, index, proc), daemon=True
-      )
-      thread.start()
-      self._threads[(job, index)] = thread
+    # The tasks' lifeline: this process alone holds the write end, so its
+    # end (however it dies) is the end of file a task's watcher waits for
+    # where the kernel's parent-death signal is missing. That signal fires
+    # when the thread that started the task ends: off the main thread, the
+    # watcher is used instead.
+    lifeline, self._lifeline = os.pipe()
+    watchdog = threading.current_thread() is not threading.main_thread()
+    try:
+      for job, index in tasks(self.spec):
+        self._start_task(job, index, lifeline, watchdog)
+    finally:
+      os.close(lifeline)
+
+  def _start_task(
+    self, job: str, index: int, lifeline: int, watchdog: bool
+  ) -> None:
+    env = dict(self.env)
+    env["TF_CONFIG"] = json.dumps(
+      {"cluster": self.spec, "task": {"type": job, "index": index}}
+    )
+    argv = launch_guard.argv(
+      [*self.program, *self.command],
+      parent=os.getpid(),
+      lifeline=lifeline,
+      grace_seconds=self.grace_seconds,
+      watchdog=watchdog,
+    )
+    proc = subprocess.Popen(
+      argv,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+      bufsize=1,
+      start_new_session=True,
+      pass_fds=(lifeline,),
+    )
+    self.procs[(job, index)] = proc
+    where = (
+      "its lines below"
+      if (job, index) == self.chief
+      else f"output in {self.log_path(job, index)}"
+    )
+    self.print_line(
+      f"[launch] {task_name(job, index)} pid {proc.pid} at "
+      f"{self.spec[job][index]}: {where}"
+    )
+    self._tails[(job, index)] = collections.deque(maxlen=TAIL_LINES)
+    thread = threading.Thread(
+      target=self._pump, args=(job, index, proc), daemon=True
+    )
+    thread.start()
+    self._threads[(job, index)] = thread
 
   def print_line(self, line: str) -> None:
     """Writes one line to the launcher's output, whole among the tasks'."""
@@ -300,15 +362,25 @@ class Cluster:
       for line in self._tails.get(key, ()):
         self.print_line(f"[{name}] {line}")
 
-  def wait(self, poll_seconds: float = 0.2) -> int:
+  def wait(
+    self,
+    poll_seconds: float = 0.2,
+    stopping: Callable[[], bool] = lambda: False,
+  ) -> int | None:
     """Waits for the chief; stops early if a task it cannot lose fails.
 
+    Args:
+      poll_seconds: how often the tasks are looked at.
+      stopping: returns True when the wait should end (a signal came).
+
     Returns:
-      The chief's exit status (1 if another essential task failed first).
+      The chief's exit status, or that of the first task the cluster cannot
+      lose that failed before it (a negative status: ended by that signal);
+      None when `stopping()` came first.
     """
     chief = self.procs[self.chief]
     reported = set()
-    while True:
+    while not stopping():
       code = chief.poll()
       if code is not None:
         self.print_line(
@@ -336,18 +408,50 @@ class Cluster:
           f"a {'parameter server' if job == 'ps' else 'mirrored worker'}"
           " cannot be lost: stopping the cluster",
         )
-        return 1
+        return code
       time.sleep(poll_seconds)
+    return None
 
-  def stop(self, grace_seconds: float = 10.0) -> None:
-    """SIGTERM to the chief (grace to checkpoint), then SIGKILL the groups."""
+  def settle(
+    self, seconds: float = SETTLE_SECONDS, stopping: Callable[[], bool] = bool
+  ) -> None:
+    """Gives the tasks still running `seconds` to end by themselves: after
+    a failure, the others may be failing for the same cause (`SETTLE_SECONDS`).
+    """
+    self._wait_for(self._running(), seconds, stopping)
+
+  def statuses(self) -> dict[tuple[str, int], int | None]:
+    """Every task's exit status (None: still running)."""
+    return {key: proc.poll() for key, proc in self.procs.items()}
+
+  def stop(
+    self,
+    grace_seconds: float | None = None,
+    signum: int = signal.SIGTERM,
+    hurry: Callable[[], bool] = lambda: False,
+  ) -> None:
+    """Ends every task, the chief first, and waits until each has ended.
+
+    The chief gets `signum` and `grace_seconds` (default: the cluster's) to
+    save a checkpoint and exit; every task still running then gets SIGTERM
+    and `STOP_SECONDS`, then SIGKILL (as does every task's process group:
+    a task's watcher, what a task started).
+
+    Args:
+      grace_seconds: the chief's time (None: `self.grace_seconds`).
+      signum: what the chief gets: SIGTERM, or SIGINT for a Ctrl-C.
+      hurry: returns True to skip the waits (a second signal came).
+    """
+    if grace_seconds is None:
+      grace_seconds = self.grace_seconds
     chief = self.procs.get(self.chief)
     if chief is not None and chief.poll() is None:
-      _signal_group(chief, signal.SIGTERM)
-      try:
-        chief.wait(timeout=grace_seconds)
-      except subprocess.TimeoutExpired:
-        pass
+      _signal_group(chief, signum)
+      self._wait_for([chief], grace_seconds, hurry)
+    running = self._running()
+    for proc in running:
+      _signal_group(proc, signal.SIGTERM)
+    self._wait_for(running, STOP_SECONDS, hurry)
     for proc in self.procs.values():
       _signal_group(proc, signal.SIGKILL)
     for proc in self.procs.values():
@@ -355,8 +459,157 @@ class Cluster:
         proc.wait(timeout=30)
       except subprocess.TimeoutExpired:
         self.print_line(f"[launch] pid {proc.pid} did not exit after SIGKILL")
+    if self._lifeline is not None:
+      os.close(self._lifeline)
+      self._lifeline = None
     for thread in self._threads.values():
       thread.join(timeout=5)
+
+  def _running(self) -> list[subprocess.Popen]:
+    return [proc for proc in self.procs.values() if proc.poll() is None]
+
+  @staticmethod
+  def _wait_for(
+    procs: Iterable[subprocess.Popen],
+    seconds: float,
+    hurry: Callable[[], bool],
+  ) -> None:
+    """Until every one of `procs` has ended, `seconds` passed or `hurry()`."""
+    deadline = time.monotonic() + seconds
+    procs = list(procs)
+    while time.monotonic() < deadline and not hurry():
+      if all(proc.poll() is not None for proc in procs):
+        return
+      time.sleep(_STOP_POLL_SECONDS)
+
+
+def cluster_status(ended: int, statuses: Iterable[int | None]) -> int:
+  """The launcher's exit status for a cluster that ended with `ended`.
+
+  Every task runs the same command, so a cause (a bad setting) often fails
+  several; whichever reports it first, the status is the same:
+
+  * 0: the chief's run succeeded;
+  * 2 (`SETTINGS_EXIT_STATUS`): some task reported a settings error;
+  * else `ended`, the chief's status or that of the first task the cluster
+    could not lose; 1 if that task was ended by a signal (-9: SIGKILL).
+
+  Args:
+    ended: what `Cluster.wait` returned.
+    statuses: every task's status once the cluster is stopped.
+  """
+  if ended == 0:
+    return 0
+  if SETTINGS_EXIT_STATUS in statuses:
+    return SETTINGS_EXIT_STATUS
+  return ended if ended > 0 else RUNTIME_EXIT_STATUS
+
+
+#: The statuses of a process stopped by SIGTERM and by SIGINT (Ctrl-C), as
+#: shells report them (recsys.runtime.exits): what the launcher exits with
+#: after it forwarded such a signal.
+_STOPPED_STATUSES = (128 + signal.SIGTERM, 128 + signal.SIGINT)
+
+
+def _is_failure(status: int) -> bool:
+  """A status after which other tasks may yet report the cause."""
+  return status not in (0, SETTINGS_EXIT_STATUS, *_STOPPED_STATUSES)
+
+
+class StopSignals:
+  """SIGTERM and SIGINT, recorded while active (a context manager).
+
+  The handlers only record (a handler runs between two bytecodes of the main
+  thread, maybe inside a lock it would need): `received` lists the signals
+  in order; the launcher's loop acts on them. Outside the main thread
+  (Python's rule for handlers) nothing is installed.
+  """
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self):
+    self.received: list[int] = []
+    self._previous: dict[int, object] = {}
+
+  @property
+  def first(self) -> int | None:
+    """The first signal received, or None."""
+    return self.received[0] if self.received else None
+
+  def stopping(self) -> bool:
+    return bool(self.received)
+
+  def again(self) -> bool:
+    """A second signal: stop without waiting."""
+    return len(self.received) > 1
+
+  def _handle(self, signum: int, frame: object) -> None:
+    del frame
+    self.received.append(signum)
+
+  def __enter__(self) -> "StopSignals":
+    if threading.current_thread() is threading.main_thread():
+      for sig in self.SIGNALS:
+        self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def __exit__(self, *exc: object) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)  # type: ignore[arg-type]
+    self._previous.clear()
+
+
+def signal_status(signum: int) -> int:
+  """The launcher's status after `signum`: 143 (SIGTERM), 130 (SIGINT)."""
+  return 128 + signum
+
+
+def supervise(
+  cluster: Cluster,
+  grace_seconds: float | None = None,
+  poll_seconds: float = 0.2,
+) -> int:
+  """Runs `cluster` until it ends, stops every task, returns the status.
+
+  SIGTERM or SIGINT to this process (its main thread) is forwarded to the
+  chief, which gets `grace_seconds` to save a checkpoint (`Cluster.stop`);
+  the status is then 143 or 130, once every task has ended. Otherwise it is
+  `cluster_status`'s.
+
+  Raises:
+    LaunchError: the cluster could not start (its tasks are stopped).
+  """
+  if grace_seconds is None:
+    grace_seconds = cluster.grace_seconds
+  ended: int | None = None
+  with StopSignals() as signals:
+    try:
+      cluster.start()
+      ended = cluster.wait(poll_seconds, stopping=signals.stopping)
+      if ended is not None and _is_failure(ended):
+        cluster.settle(SETTLE_SECONDS, stopping=signals.stopping)
+    finally:
+      if signals.first is not None:
+        name = signal.Signals(signals.first).name
+        cluster.print_line(
+          f"[launch] {name} received: stopping the cluster; the "
+          f"{task_name(*cluster.chief)} has {grace_seconds:g} s to save a "
+          "checkpoint (a second signal stops every task at once)"
+        )
+      cluster.stop(
+        grace_seconds,
+        signum=signals.first or signal.SIGTERM,
+        hurry=signals.again,
+      )
+  if signals.first is not None:
+    status = signal_status(signals.first)
+    cluster.print_line(
+      f"[launch] stopped on {signal.Signals(signals.first).name}: every task "
+      f"has ended (status {status})"
+    )
+    return status
+  assert ended is not None  # the wait ends with a status or a signal
+  return cluster_status(ended, cluster.statuses().values())
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -410,6 +663,72 @@ def _private_network_argv(argv: Sequence[str]) -> list[str]:
   return [*_LOOPBACK_ONLY, sys.executable, "-m", "recsys", "launch", *argv]
 
 
+#: The time left for SIGKILLed tasks to be reaped, the end of the stop.
+_KILL_SECONDS = 15.0
+
+
+def run_owned(
+  argv: Sequence[str],
+  env: dict[str, str] | None = None,
+  stop_seconds: float = 30.0,
+  out: TextIO = sys.stdout,
+  poll_seconds: float = 0.05,
+) -> int:
+  """Runs `argv` (the launcher inside the private network) as this
+  process's own, and returns its status.
+
+  It runs in a session of its own (a terminal's Ctrl-C reaches this process
+  only), and every SIGTERM or SIGINT this process gets is forwarded to it
+  once; it ends with this process (`recsys.launch_guard`), and is SIGKILLed
+  if it has not ended `stop_seconds` after the first signal (its own tasks
+  then get SIGTERM from the kernel).
+
+  Returns:
+    143 or 130 after a signal; else its status (1 if a signal killed it).
+  """
+  lifeline, keep = os.pipe()
+  with StopSignals() as signals:
+    try:
+      proc = subprocess.Popen(
+        launch_guard.argv(argv, os.getpid(), lifeline, stop_seconds),
+        env=env,
+        start_new_session=True,
+        pass_fds=(lifeline,),
+      )
+    finally:
+      os.close(lifeline)
+    try:
+      forwarded, deadline = 0, None
+      while proc.poll() is None:
+        for signum in signals.received[forwarded:]:
+          os.kill(proc.pid, signum)
+          forwarded += 1
+          deadline = deadline or time.monotonic() + stop_seconds
+        if deadline is not None and time.monotonic() > deadline:
+          out.write(
+            f"[launch] the cluster's launcher (pid {proc.pid}) has not "
+            f"ended {stop_seconds:g} s after the signal: killing it\n"
+          )
+          out.flush()
+          break
+        time.sleep(poll_seconds)
+    finally:
+      _signal_group(proc, signal.SIGKILL)  # if running; a guard's watcher
+      proc.wait()
+      os.close(keep)
+  if signals.first is not None:
+    return signal_status(signals.first)
+  if proc.returncode < 0:
+    out.write(
+      f"[launch] the cluster's launcher (pid {proc.pid}) was ended by "
+      f"{signal.Signals(-proc.returncode).name}; its tasks got SIGTERM from "
+      "the kernel and stop (their output is lost)\n"
+    )
+    out.flush()
+    return RUNTIME_EXIT_STATUS
+  return proc.returncode
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
   """The flags of `recsys launch`."""
   parser.add_argument(
@@ -455,7 +774,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-  """Starts the cluster, waits for the chief, stops everything; its status."""
+  """Starts the cluster, waits for the chief, stops everything; its status.
+
+  By default this process only runs the launcher again inside a private
+  network namespace (`run_owned`), which starts and supervises the tasks
+  (`supervise`).
+  """
   command = list(args.task_command)
   if command and command[0] == "--":
     command = command[1:]
@@ -480,22 +804,16 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
       *command,
     ]
     env = dict(os.environ, **{_PRIVATE_ENV: "1"})
-    return subprocess.call(_private_network_argv(argv), env=env)
-  cluster = Cluster(cluster_spec(args.workers, args.ps), command, out=out)
-  stopping = threading.Event()
-
-  def on_signal(signum, frame):
-    del frame
-    stopping.set()
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-  previous = signal.signal(signal.SIGTERM, on_signal)
-  try:
-    cluster.start()
-    return cluster.wait()
-  except KeyboardInterrupt:
-    cluster.print_line("[launch] interrupted: stopping the cluster")
-    return 130
-  finally:
-    cluster.stop(args.grace_seconds)
-    signal.signal(signal.SIGTERM, previous)
+    return run_owned(
+      _private_network_argv(argv),
+      env=env,
+      stop_seconds=args.grace_seconds + STOP_SECONDS + _KILL_SECONDS,
+      out=out,
+    )
+  cluster = Cluster(
+    cluster_spec(args.workers, args.ps),
+    command,
+    out=out,
+    grace_seconds=args.grace_seconds,
+  )
+  return supervise(cluster)

@@ -333,6 +333,8 @@ def test_ctrl_c_in_the_training_loop_saves_and_exits_130(tmp_path):
       "--model_dir",
       str(model_dir),
       "--no_progress",
+      "--verbosity",
+      "info",  # every loop's line, not a tenth of the run's
       *_flags(bindings),
     ],
     cwd=ROOT,

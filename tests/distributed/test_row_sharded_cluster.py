@@ -3,9 +3,12 @@
 Every table row-sharded over a MultiWorkerMirroredStrategy of 2 worker
 processes (one CPU replica each: TF's strategy takes one CPU device per
 worker) by the shipped `experiments/hardware/local_cluster_row_sharded.gin`
-(docs/scaling.md's command), worker 1 SIGKILLed after a checkpoint, the cluster restarted with
-3 workers: it resumes from the newest checkpoint (written by slices, each
-worker its own rows) and ends where one process with one replica, tables
+(docs/scaling.md's command); SIGTERM to `recsys launch` after a checkpoint,
+as a scheduler stops a job: the workers save a checkpoint at the step they
+agree on (by slices, each worker its own rows), the launcher exits 143 and
+no task outlives it (tests/distributed/test_launch_signals.py tests the
+same with fake tasks); the cluster restarted with 3 workers resumes from
+that checkpoint and ends where one process with one replica, tables
 replicated, ends on the same global batches. That checkpoint then restores
 by slices into 4 in-process replicas and into TF's own
 `TPUEmbeddingForServing`, and each worker logged its peak RSS per phase.
@@ -28,6 +31,7 @@ from backends.tensorcore import TensorCoreEmbedding
 from recsys import cli
 from tests.conftest import mirrored_strategy
 from tests.distributed import test_cluster as cluster_case
+from tests.distributed.test_launch_signals import _alive
 
 E = tf.tpu.experimental.embedding
 STEPS = 12
@@ -61,10 +65,17 @@ def _args(model_dir, bindings, gin_files=()):
   return args + ["--model_dir", str(model_dir)]
 
 
-def _launch(model_dir, workers):
+def _gin(steps):
+  """GIN, training `steps` steps (the math does not depend on them)."""
+  return [b for b in GIN if not b.startswith("train.train_steps")] + [
+    f"train.train_steps = {steps}"
+  ]
+
+
+def _launch(model_dir, workers, steps=STEPS):
   """A `recsys launch --ps 0` of the sharded run (`test_cluster._Launch`)."""
   cmd = cluster_case._launch_cmd(model_dir, workers=workers, ps=0)  # pylint: disable=protected-access
-  cmd = cmd[: cmd.index("train") + 1] + _args(model_dir, GIN, SHARDED)
+  cmd = cmd[: cmd.index("train") + 1] + _args(model_dir, _gin(steps), SHARDED)
   return cluster_case._Launch(model_dir, cmd)  # pylint: disable=protected-access
 
 
@@ -78,20 +89,32 @@ def _embedding_tensors(model_dir):
 
 
 @pytest.mark.slow
-def test_two_processes_killed_then_three_end_as_one_process(tmp_path):
+def test_two_processes_stopped_then_three_end_as_one_process(tmp_path):
   model_dir = tmp_path / "cluster"
-  with _launch(model_dir, workers=2) as first:
-    pid = int(first.read_until(r"\[launch\] worker 1 pid (\d+)", 60).group(1))
+  # Steps it cannot reach before the SIGTERM: the stop decides where it ends.
+  with _launch(model_dir, workers=2, steps=1000) as first:
+    pids = [
+      int(first.read_until(rf"\[launch\] worker {i} pid (\d+)", 60).group(1))
+      for i in (0, 1)
+    ]
     first.read_until(r"\[worker 0\].*saved checkpoint .*ckpt-4\b", 300)
-    os.kill(pid, signal.SIGKILL)
-    first.finish(timeout=120)
+    first.proc.send_signal(signal.SIGTERM)  # to `recsys launch`
+    stopped = first.read_until(
+      r"\[worker 0\].*SIGTERM received: saved checkpoint \S*ckpt-(\d+) at", 60
+    )
+    code = first.finish(timeout=60)
+    assert code == 143, first.log[-6000:]
+  assert "every task has ended (status 143)" in first.log, first.log[-3000:]
+  assert not [pid for pid in pids if _alive(pid)], first.log[-3000:]
+  stop_step = int(stopped.group(1))
   saved = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
-  assert saved is not None and int(saved.rsplit("-", 1)[1]) >= 4
+  assert saved.endswith(f"ckpt-{stop_step}") and stop_step >= 4, saved
   # Written by slices: each worker its own rows, merged by the chief.
   assert sliced_checkpoint.sliced_keys(saved)
-  with _launch(model_dir, workers=3) as second:
+  steps = max(STEPS, stop_step + 2)  # the resumed run trains some steps
+  with _launch(model_dir, workers=3, steps=steps) as second:
     resumed = second.read_until(r"restored .*ckpt-(\d+) at step", 300)
-    assert int(resumed.group(1)) >= 4
+    assert int(resumed.group(1)) == stop_step
     code = second.finish(timeout=400)
     assert code == 0, second.log[-6000:]
   peaks = re.findall(
@@ -111,7 +134,7 @@ def test_two_processes_killed_then_three_end_as_one_process(tmp_path):
   # The same global batches in this process, one replica, replicated.
   one = tmp_path / "one"
   gin.clear_config()
-  assert cli.main(["train", *_args(one, GIN)]) == 0
+  assert cli.main(["train", *_args(one, _gin(steps))]) == 0
   gin.clear_config()
   want, got = _embedding_tensors(one), _embedding_tensors(model_dir)
   assert sorted(want) == sorted(got) and len(want) > 9

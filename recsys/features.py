@@ -20,13 +20,14 @@ import math
 import numbers
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import gin
 import numpy as np
 
 from backends import base as backends_base
 from backends import suggest
+from recsys import ranges
 from recsys._keras import keras, tf
 from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
@@ -67,13 +68,18 @@ class EmbeddingSettings:
       `{"item": {"dim": 32, "optimizer": @embedding.Adam()}}` in gin.
   """
 
-  dim: int = 16
-  combiner: str = "mean"
+  dim: ranges.PositiveInt = 16
+  combiner: Annotated[str, ranges.Choice(_COMBINERS)] = "mean"
   initializer: Callable[..., Any] | None = None
   optimizer: Any | None = None
   overrides: Mapping[str, Mapping[str, Any]] = dataclasses.field(
     default_factory=dict
   )
+
+  def __post_init__(self) -> None:
+    """`dim` and `combiner` within their declared ranges (`recsys.ranges`);
+    the overrides are checked per table (`feature_config`)."""
+    ranges.check_fields(self)
 
   def for_table(self, table: str) -> dict[str, Any]:
     """The dim/combiner/initializer/optimizer of `table` after overrides."""

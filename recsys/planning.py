@@ -24,7 +24,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import gin
 import tensorflow as tf
@@ -34,6 +34,7 @@ from backends import hardware, registry, table_plan
 from backends import optimizers as embedding_optimizers
 from backends import placement as placement_lib
 from backends.placement import human_bytes
+from recsys import ranges
 from recsys.errors import RecsysError, SettingsError
 
 #: Fraction of device memory the embedding may use before a warning: the
@@ -415,6 +416,10 @@ def _resolve_backend(strategy, backend: str) -> tuple[str, str]:
   return name, reason
 
 
+#: One value for every table, or a dict table name -> value.
+_NAMES_OR_ONE = ranges.AnyOf((ranges.Text(), ranges.PerName(ranges.Text())))
+
+
 @gin.register
 @dataclasses.dataclass(frozen=True)
 class EmbeddingPlacement:
@@ -459,11 +464,24 @@ class EmbeddingPlacement:
     EmbeddingPlacement.tables = {"C10": "row_sharded"}
   """
 
-  device_memory: int | float | str | None = None
-  tables: Mapping[str, str] | str = dataclasses.field(default_factory=dict)
-  row_layout: str | None = None
-  exchange: str | Mapping[str, str] = "auto"
-  exchange_sigmas: float = placement_lib.CAPACITY_SIGMAS
+  # The values of device_memory, tables, row_layout and exchange are
+  # declared by their form here; `parse_bytes` and the planner check what
+  # they say (sizes, placements, layouts, exchanges, the tables named)
+  # with the backend's own options, in one place, before any table.
+  device_memory: Annotated[
+    int | float | str | None, ranges.AnyOf((ranges.Real(), ranges.Text()))
+  ] = None
+  tables: Annotated[Mapping[str, str] | str, _NAMES_OR_ONE] = dataclasses.field(
+    default_factory=dict
+  )
+  row_layout: ranges.Name | None = None
+  exchange: Annotated[str | Mapping[str, str], _NAMES_OR_ONE] = "auto"
+  exchange_sigmas: ranges.Positive = placement_lib.CAPACITY_SIGMAS
+
+  def __post_init__(self) -> None:
+    """Each field within its declared range (`recsys.ranges`), before any
+    plan is made; the tables it names are checked against the run's."""
+    ranges.check_fields(self)
 
   @property
   def device_memory_bytes(self) -> int | None:

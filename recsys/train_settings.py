@@ -21,6 +21,9 @@ Example:
   >>> settings = TrainSettings(global_batch_size=256, train_steps=100)
   >>> trainer = Trainer("/tmp/run", SyntheticCTR(), DLRM, settings=settings)
 
+Each setting's valid range is declared with it (`recsys.ranges`, in its
+annotation) and checked when `TrainSettings` is built; the CLI checks gin
+bindings against the same declarations before TensorFlow starts.
 `check` checks the settings against the run's sources (data sources:
 `recsys.data.sources.run_sources` wraps plain datasets first) and strategy
 before anything is built (`TrainerConfigError`).
@@ -28,12 +31,14 @@ before anything is built (`TrainerConfigError`).
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Annotated, Any
 
 from recsys import features as features_lib
+from recsys import ranges
 from recsys._keras import keras, tf
 from recsys.data.pipeline import DataSource
 from recsys.errors import SettingsError
+from recsys.ranges import Choice, Int
 
 
 class TrainerConfigError(SettingsError):
@@ -47,6 +52,9 @@ class TrainerConfigError(SettingsError):
 EXECUTION = "execution"
 MATH = "math"
 KINDS = (EXECUTION, MATH)
+
+_AT_THE_END = "0: only at the end"
+_WHOLE_SPLIT = "None: the whole evaluation split"
 
 
 def _setting(default: Any, kind: str, *, flag: str | None = None) -> Any:
@@ -125,29 +133,44 @@ class TrainSettings:
   embedding: features_lib.EmbeddingSettings | None = _setting(None, MATH)
   embedding_optimizer: Any | None = _setting(None, MATH)
   dense_optimizer: Callable[[], Any] | None = _setting(None, MATH)
-  backend: str = _setting("auto", EXECUTION)
+  backend: ranges.Name = _setting("auto", EXECUTION)
   backend_options: Mapping[str, Any] | None = _setting(None, EXECUTION)
-  global_batch_size: int = _setting(1024, MATH)
-  eval_batch_size: int | None = _setting(None, EXECUTION)
-  train_steps: int = _setting(1000, EXECUTION)
-  steps_per_loop: int = _setting(100, EXECUTION)
-  eval_every: int = _setting(0, EXECUTION)
-  eval_steps: int | None = _setting(20, EXECUTION)
-  checkpoint_every: int = _setting(0, EXECUTION)
-  max_checkpoints: int = _setting(3, EXECUTION)
-  seed: int = _setting(0, MATH)
-  progress_bar: bool = _setting(True, EXECUTION, flag="no_progress")
-  summaries: bool = _setting(True, EXECUTION)
-  nonfinite_policy: str = _setting("stop", EXECUTION)
-  jit_compile: bool | None = _setting(None, EXECUTION)
-  batch_slices: int | None = _setting(None, EXECUTION)
-  allow_changed_settings: bool = _setting(
+  global_batch_size: ranges.PositiveInt = _setting(1024, MATH)
+  eval_batch_size: ranges.PositiveInt | None = _setting(None, EXECUTION)
+  train_steps: Annotated[int, Int(0, note="0: train nothing")] = _setting(
+    1000, EXECUTION
+  )
+  steps_per_loop: ranges.PositiveInt = _setting(100, EXECUTION)
+  eval_every: Annotated[int, Int(0, note=_AT_THE_END)] = _setting(0, EXECUTION)
+  eval_steps: Annotated[int | None, Int(1, note=_WHOLE_SPLIT)] = _setting(
+    20, EXECUTION
+  )
+  checkpoint_every: Annotated[int, Int(0, note=_AT_THE_END)] = _setting(
+    0, EXECUTION
+  )
+  max_checkpoints: ranges.PositiveInt = _setting(3, EXECUTION)
+  seed: ranges.Seed = _setting(0, MATH)
+  progress_bar: ranges.Flag = _setting(True, EXECUTION, flag="no_progress")
+  summaries: ranges.Flag = _setting(True, EXECUTION)
+  nonfinite_policy: Annotated[str, Choice(("stop", "skip"))] = _setting(
+    "stop", EXECUTION
+  )
+  jit_compile: ranges.Flag | None = _setting(None, EXECUTION)
+  batch_slices: ranges.PositiveInt | None = _setting(None, EXECUTION)
+  allow_changed_settings: ranges.Flag = _setting(
     False, EXECUTION, flag="allow_changed_settings"
   )
-  skip_memory_check: bool = _setting(False, EXECUTION, flag="skip_memory_check")
-  exclude_seen: bool = _setting(False, EXECUTION, flag="exclude_seen")
+  skip_memory_check: ranges.Flag = _setting(
+    False, EXECUTION, flag="skip_memory_check"
+  )
+  exclude_seen: ranges.Flag = _setting(False, EXECUTION, flag="exclude_seen")
   placement: Any | None = _setting(None, EXECUTION)
   feature_config: Mapping[str, Any] | None = _setting(None, MATH)
+
+  def __post_init__(self) -> None:
+    """Each setting within its declared range (`recsys.ranges`), named as
+    gin names it (`train.<name>`), before anything is built."""
+    ranges.check_fields(self, "train")
 
 
 def names_of_kind(kind: str) -> tuple[str, ...]:
@@ -208,16 +231,10 @@ def check(
   )
 
 
-def check_batch_slices(slices: Any, replica_batch: int) -> None:
-  """`batch_slices` is None or an int from 1 to the replica's batch."""
-  if slices is None:
-    return
-  if isinstance(slices, bool) or not isinstance(slices, int) or slices < 1:
-    raise TrainerConfigError(
-      f"batch_slices={slices!r}: give an int >= 1 (1: the whole batch at "
-      "once) or None (picked from the hardware)."
-    )
-  if slices > replica_batch:
+def check_batch_slices(slices: int | None, replica_batch: int) -> None:
+  """`batch_slices` (None, or an int >= 1 as declared) is at most the
+  replica's batch."""
+  if slices is not None and slices > replica_batch:
     raise TrainerConfigError(
       f"batch_slices={slices} is more than the {replica_batch} examples "
       "each replica gets per step; use at most that, or None."

@@ -42,12 +42,13 @@ import struct
 import threading
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import gin
 import numpy as np
 import tensorflow as tf
 
+from recsys import ranges
 from recsys.data import text_files
 from recsys.data.criteo_raw import (
   CATEGORICAL_NAMES,
@@ -128,6 +129,8 @@ VOCAB_PRESETS = {"mlperf": MLPERF_VOCAB_SIZES, "kaggle": KAGGLE_VOCAB_SIZES}
 
 LAYOUTS = ("kaggle", "terabyte")
 MALFORMED_POLICIES = ("fail", "skip")
+#: Terabyte days: 0 to 23, at least one.
+_Days = Annotated[Sequence[int], ranges.Each(ranges.Int(0, 23), min_len=1)]
 _REASONS = (
   "",
   "wrong number of tab-separated columns",
@@ -470,24 +473,36 @@ class CriteoTSV(DataSource):
     skipped: the `MalformedLines` record of `malformed="skip"`.
   """
 
+  @ranges.checked
   def __init__(
     self,
     train_files: None | str | Sequence[str] = None,
     eval_files: None | str | Sequence[str] = None,
     *,
-    data_dir: str | None = None,
-    layout: str = "kaggle",
-    vocab_sizes: str | int | Sequence[int] = "kaggle",
-    max_vocab_size: int | None = None,
-    vocab_dir: str | None = None,
-    malformed: str = "fail",
-    has_label: bool = True,
-    train_days: Sequence[int] = tuple(range(23)),
-    eval_days: Sequence[int] = (23,),
-    shuffle_files: bool = True,
-    cycle_length: int = 4,
-    chunk_size: int = 4096,
-    seed: int = 0,
+    data_dir: ranges.Name | None = None,
+    layout: Annotated[str, ranges.Choice(LAYOUTS)] = "kaggle",
+    vocab_sizes: Annotated[
+      str | int | Sequence[int],
+      ranges.AnyOf(
+        (
+          ranges.Choice(tuple(VOCAB_PRESETS)),
+          ranges.Int(2),
+          ranges.Each(
+            ranges.Int(2), min_len=NUM_CATEGORICAL, max_len=NUM_CATEGORICAL
+          ),
+        )
+      ),
+    ] = "kaggle",
+    max_vocab_size: Annotated[int | None, ranges.Int(2)] = None,
+    vocab_dir: ranges.Name | None = None,
+    malformed: Annotated[str, ranges.Choice(MALFORMED_POLICIES)] = "fail",
+    has_label: ranges.Flag = True,
+    train_days: _Days = tuple(range(23)),
+    eval_days: _Days = (23,),
+    shuffle_files: ranges.Flag = True,
+    cycle_length: ranges.PositiveInt = 4,
+    chunk_size: ranges.PositiveInt = 4096,
+    seed: ranges.Seed = 0,
   ):
     """Resolves files and vocabularies.
 
@@ -514,18 +529,10 @@ class CriteoTSV(DataSource):
       seed: file-order seed.
 
     Raises:
-      CriteoConfigError: bad layout, policy or vocabulary settings.
+      SettingRangeError: a setting outside its declared range.
+      CriteoConfigError: vocabulary settings that do not fit together.
       DatasetNotFoundError: no file matched.
     """
-    if layout not in LAYOUTS:
-      raise CriteoConfigError(
-        f"unknown Criteo layout {layout!r}; valid: {', '.join(LAYOUTS)}."
-      )
-    if malformed not in MALFORMED_POLICIES:
-      raise CriteoConfigError(
-        f"unknown malformed-line policy {malformed!r}; valid: "
-        f"{', '.join(MALFORMED_POLICIES)}."
-      )
     self.layout, self.malformed, self.has_label = (
       layout,
       malformed,

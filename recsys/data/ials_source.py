@@ -19,6 +19,7 @@ from typing import Any
 import gin
 import numpy as np
 
+from recsys import ranges
 from recsys._keras import tf
 from recsys.data import ials_batches
 from recsys.data.pipeline import DataSource, check_batch_size, finish
@@ -54,12 +55,13 @@ class ImplicitALSData(DataSource):
     num_users, num_items: the tables' rows (the id vocabularies).
   """
 
+  @ranges.checked
   def __init__(
     self,
     source: Any,
-    batch_size: int,
-    steps_multiple: int = 1,
-    history_chunk: int | None = None,
+    batch_size: ranges.PositiveInt,
+    steps_multiple: ranges.PositiveInt = 1,
+    history_chunk: ranges.PositiveInt | None = None,
   ) -> None:
     """Reads the wrapped source's training pairs once.
 

@@ -29,17 +29,21 @@ size or sharding, and input pipeline p of P generates batches p, p+P, ...
 import functools
 import math
 from collections.abc import Sequence
+from typing import Annotated
 
 import gin
 import numpy as np
 import tensorflow as tf
 
+from recsys import ranges
 from recsys.data import _random, oracle
 from recsys.data.pipeline import Batch, IndexedSource
 from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
 
 _CALIBRATION_EXAMPLES = 1 << 15
+#: Vocabulary and bag sizes: one positive integer per feature.
+_SIZES = ranges.Each(ranges.Int(1), min_len=1)
 # Examples per eager pass of the calibration and the oracle: TF keeps
 # buffers sized by the largest batch it ran (issue 19: 65,536 at once left
 # ~80 MB resident; 8,192 leaves almost none). Values do not depend on it.
@@ -82,25 +86,40 @@ class SyntheticCTR(IndexedSource):
 
   config_error = SyntheticConfigError
 
+  @ranges.checked
   def __init__(
     self,
-    num_dense: int = 13,
-    vocab_sizes: Sequence[int] = (1000, 200, 5000, 10000, 100, 3000, 800, 2000),
-    multi_hot_sizes: int | Sequence[int] = (1, 1, 1, 1, 1, 1, 3, 5),
-    weighted: bool | Sequence[bool] = False,
-    zipf_exponent: float = 1.05,
-    num_examples: int | None = None,
-    num_eval_examples: int = 1 << 16,
-    factor_dim: int = 4,
-    logit_std: float = 1.5,
-    ctr: float = 0.25,
-    dense_weight: float = 0.5,
-    first_order_weight: float = 1.0,
-    interaction_weight: float = 1.0,
-    oracle_examples: int = 1 << 17,
-    max_factor_table_size: int = 1 << 21,
-    seed: int = 0,
-    name_prefix: str = "C",
+    num_dense: ranges.NonNegativeInt = 13,
+    vocab_sizes: Annotated[Sequence[int], _SIZES] = (
+      1000,
+      200,
+      5000,
+      10000,
+      100,
+      3000,
+      800,
+      2000,
+    ),
+    multi_hot_sizes: Annotated[
+      int | Sequence[int], ranges.AnyOf((ranges.Int(1), _SIZES))
+    ] = (1, 1, 1, 1, 1, 1, 3, 5),
+    weighted: Annotated[
+      bool | Sequence[bool],
+      ranges.AnyOf((ranges.Bool(), ranges.Each(ranges.Bool(), min_len=1))),
+    ] = False,
+    zipf_exponent: ranges.NonNegative = 1.05,
+    num_examples: ranges.PositiveInt | None = None,
+    num_eval_examples: ranges.PositiveInt = 1 << 16,
+    factor_dim: ranges.PositiveInt = 4,
+    logit_std: ranges.NonNegative = 1.5,
+    ctr: Annotated[float, ranges.Real(0, 1, lo_open=True, hi_open=True)] = 0.25,
+    dense_weight: ranges.NonNegative = 0.5,
+    first_order_weight: ranges.NonNegative = 1.0,
+    interaction_weight: ranges.NonNegative = 1.0,
+    oracle_examples: ranges.PositiveInt = 1 << 17,
+    max_factor_table_size: ranges.NonNegativeInt = 1 << 21,
+    seed: ranges.Seed = 0,
+    name_prefix: Annotated[str, ranges.Text(empty=True)] = "C",
   ):
     """Plants the model and calibrates its scale and bias.
 

@@ -22,11 +22,13 @@ Examples are pure functions of `(seed, split, index)` as in
 """
 
 import functools
+from typing import Annotated
 
 import gin
 import numpy as np
 import tensorflow as tf
 
+from recsys import ranges
 from recsys.data import _random
 from recsys.data.pipeline import Batch, IndexedSource, candidate_batches
 from recsys.errors import SettingsError
@@ -73,20 +75,21 @@ class SyntheticRetrieval(IndexedSource):
 
   config_error = SyntheticRetrievalConfigError
 
+  @ranges.checked
   def __init__(
     self,
-    num_users: int = 2000,
-    num_items: int = 1000,
-    factor_dim: int = 8,
-    affinity_scale: float = 2.0,
-    popularity_exponent: float = 0.8,
-    user_activity_exponent: float = 0.5,
-    num_age_buckets: int = 7,
-    num_genres: int = 18,
-    max_genres: int = 3,
-    num_examples: int | None = None,
-    num_eval_examples: int = 1 << 14,
-    seed: int = 0,
+    num_users: ranges.PositiveInt = 2000,
+    num_items: Annotated[int, ranges.Int(2)] = 1000,
+    factor_dim: ranges.PositiveInt = 8,
+    affinity_scale: ranges.NonNegative = 2.0,
+    popularity_exponent: ranges.NonNegative = 0.8,
+    user_activity_exponent: ranges.NonNegative = 0.5,
+    num_age_buckets: ranges.PositiveInt = 7,
+    num_genres: ranges.PositiveInt = 18,
+    max_genres: ranges.PositiveInt = 3,
+    num_examples: ranges.PositiveInt | None = None,
+    num_eval_examples: ranges.PositiveInt = 1 << 14,
+    seed: ranges.Seed = 0,
   ):
     """Plants users, items and their affinities.
 

@@ -25,14 +25,19 @@ Example:
 """
 
 import dataclasses
+from typing import Annotated
 
 import gin
 import numpy as np
 import tensorflow as tf
 
+from recsys import ranges
 from recsys.errors import SettingsError
 
 WEIGHTS = ("none", "rating", "recency")
+#: The `weights` and `max_length` parameters, declared (`recsys.ranges`).
+Weights = Annotated[str, ranges.Choice(WEIGHTS)]
+MaxLength = Annotated[int, ranges.Int(0, note="0: all")]
 
 
 class UserHistoryConfigError(SettingsError):
@@ -84,24 +89,15 @@ class History:
   key = "user_id"  # whose bag
   value = "item_id"  # what is in it (the shared table)
 
+  @ranges.checked
   def __init__(
     self,
-    weights: str = "none",
-    max_length: int = 0,
-    half_life: float = 50.0,
-    feature_name: str = "user_history",
-    share_table: bool = True,
+    weights: Weights = "none",
+    max_length: MaxLength = 0,
+    half_life: ranges.Positive = 50.0,
+    feature_name: ranges.Name = "user_history",
+    share_table: ranges.Flag = True,
   ) -> None:
-    name = type(self).__name__
-    if weights not in WEIGHTS:
-      raise UserHistoryConfigError(
-        f"{name}: unknown weights {weights!r}; valid: {', '.join(WEIGHTS)}."
-      )
-    if max_length < 0 or half_life <= 0:
-      raise UserHistoryConfigError(
-        f"{name}: max_length must be >= 0 and half_life > 0, got "
-        f"{max_length} and {half_life}."
-      )
     self.weights = weights
     self.max_length = int(max_length)
     self.half_life = float(half_life)
@@ -177,13 +173,14 @@ class UserHistory(History):
 
   key, value = "user_id", "item_id"
 
+  @ranges.checked
   def __init__(
     self,
-    weights: str = "none",
-    max_length: int = 0,
-    half_life: float = 50.0,
-    feature_name: str = "user_history",
-    share_item_table: bool = True,
+    weights: Weights = "none",
+    max_length: MaxLength = 0,
+    half_life: ranges.Positive = 50.0,
+    feature_name: ranges.Name = "user_history",
+    share_item_table: ranges.Flag = True,
   ) -> None:
     super().__init__(
       weights, max_length, half_life, feature_name, share_item_table
@@ -208,13 +205,14 @@ class ItemHistory(History):
 
   key, value = "item_id", "user_id"
 
+  @ranges.checked
   def __init__(
     self,
-    weights: str = "none",
-    max_length: int = 0,
-    half_life: float = 50.0,
-    feature_name: str = "item_history",
-    share_user_table: bool = True,
+    weights: Weights = "none",
+    max_length: MaxLength = 0,
+    half_life: ranges.Positive = 50.0,
+    feature_name: ranges.Name = "item_history",
+    share_user_table: ranges.Flag = True,
   ) -> None:
     super().__init__(
       weights, max_length, half_life, feature_name, share_user_table

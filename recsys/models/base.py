@@ -33,10 +33,12 @@ trainer can reset and read them.
 
 import abc
 from collections.abc import Mapping, Sequence
+from typing import Annotated
 
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
+from recsys import ranges
 from recsys._keras import keras
 from recsys.feature_spec import FeatureSpec
 from recsys.models import evaluation_hooks as hooks_lib
@@ -44,6 +46,10 @@ from recsys.models import layers as model_layers
 from recsys.models.errors import FeatureMismatchError, ModelConfigError
 
 OBJECTIVES = ("binary", "mse")
+#: A ranking model's `objective` parameter, declared (`recsys.ranges`).
+Objective = Annotated[str, ranges.Choice(OBJECTIVES)]
+#: The thresholds of a ranking model's AUC metric (Keras takes > 1).
+AucThresholds = Annotated[int, ranges.Int(2)]
 
 
 def _check_specs(feature_specs: Sequence[FeatureSpec], owner: str) -> tuple:

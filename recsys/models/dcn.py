@@ -5,16 +5,18 @@ Web-scale Learning to Rank Systems" (2020), https://arxiv.org/abs/2008.13535.
 """
 
 from collections.abc import Mapping, Sequence
+from typing import Annotated
 
 import gin
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
+from recsys import ranges
 from recsys._keras import keras
 from recsys.feature_spec import FeatureSpec
 from recsys.models import layers as model_layers
-from recsys.models.base import RankingModel
-from recsys.models.errors import ModelConfigError
+from recsys.models.base import AucThresholds, Objective, RankingModel
+from recsys.models.layers import Pooling
 
 STRUCTURES = ("stacked", "parallel")
 
@@ -41,21 +43,22 @@ class DCNv2(RankingModel):
     TensorShape([5])
   """
 
+  @ranges.checked
   def __init__(
     self,
     feature_specs: Sequence[FeatureSpec],
-    num_dense: int = 0,
-    num_cross_layers: int = 3,
-    projection_dim: int | None = None,
-    use_bias: bool = True,
-    diag_scale: float = 0.0,
-    structure: str = "stacked",
-    deep_mlp: Sequence[int] = (64, 32),
-    objective: str = "binary",
-    sequence_pooling: str = "mean",
-    l2_regularization: float = 0.0,
-    auc_num_thresholds: int = 1000,
-    name: str | None = "dcn_v2",
+    num_dense: ranges.NonNegativeInt = 0,
+    num_cross_layers: ranges.PositiveInt = 3,
+    projection_dim: ranges.PositiveInt | None = None,
+    use_bias: ranges.Flag = True,
+    diag_scale: ranges.NonNegative = 0.0,
+    structure: Annotated[str, ranges.Choice(STRUCTURES)] = "stacked",
+    deep_mlp: ranges.LayerSizes = (64, 32),
+    objective: Objective = "binary",
+    sequence_pooling: Pooling = "mean",
+    l2_regularization: ranges.NonNegative = 0.0,
+    auc_num_thresholds: AucThresholds = 1000,
+    name: ranges.Name | None = "dcn_v2",
   ) -> None:
     """Builds the layers (their variables are created on the first call).
 
@@ -76,7 +79,9 @@ class DCNv2(RankingModel):
       name: Keras name.
 
     Raises:
-      ModelConfigError: bad structure, layer count or projection.
+      SettingRangeError: a setting outside its declared range (the
+        annotations: `recsys.ranges`).
+      ModelConfigError: what the model's base class refuses.
     """
     super().__init__(
       feature_specs,
@@ -86,23 +91,6 @@ class DCNv2(RankingModel):
       auc_num_thresholds=auc_num_thresholds,
       name=name,
     )
-    if structure not in STRUCTURES:
-      raise ModelConfigError(
-        f"DCNv2: unknown structure {structure!r}; choose one of "
-        f"{', '.join(STRUCTURES)}."
-      )
-    if not isinstance(num_cross_layers, int) or num_cross_layers < 1:
-      raise ModelConfigError(
-        f"DCNv2: num_cross_layers must be an integer >= 1, got "
-        f"{num_cross_layers!r}."
-      )
-    if projection_dim is not None and (
-      not isinstance(projection_dim, int) or projection_dim < 1
-    ):
-      raise ModelConfigError(
-        f"DCNv2: projection_dim must be None or an integer >= 1, got "
-        f"{projection_dim!r}."
-      )
     self._structure = structure
     regularizer = (
       keras.regularizers.L2(l2_regularization) if l2_regularization else None

@@ -9,11 +9,13 @@ from collections.abc import Mapping, Sequence
 import gin
 import tensorflow as tf
 
+from recsys import ranges
 from recsys._keras import keras
 from recsys.feature_spec import FeatureSpec
 from recsys.models import layers as model_layers
-from recsys.models.base import RankingModel
+from recsys.models.base import AucThresholds, Objective, RankingModel
 from recsys.models.errors import EmbeddingDimError, ModelConfigError
+from recsys.models.layers import Pooling
 
 
 @gin.register
@@ -36,18 +38,19 @@ class DLRM(RankingModel):
     TensorShape([5])
   """
 
+  @ranges.checked
   def __init__(
     self,
     feature_specs: Sequence[FeatureSpec],
-    num_dense: int = 0,
-    bottom_mlp: Sequence[int] = (64, 16),
-    top_mlp: Sequence[int] = (64, 32),
-    self_interaction: bool = False,
-    objective: str = "binary",
-    sequence_pooling: str = "mean",
-    l2_regularization: float = 0.0,
-    auc_num_thresholds: int = 1000,
-    name: str | None = "dlrm",
+    num_dense: ranges.NonNegativeInt = 0,
+    bottom_mlp: ranges.LayerSizes = (64, 16),
+    top_mlp: ranges.LayerSizes = (64, 32),
+    self_interaction: ranges.Flag = False,
+    objective: Objective = "binary",
+    sequence_pooling: Pooling = "mean",
+    l2_regularization: ranges.NonNegative = 0.0,
+    auc_num_thresholds: AucThresholds = 1000,
+    name: ranges.Name | None = "dlrm",
   ) -> None:
     """Builds the layers (their variables are created on the first call).
 

@@ -19,15 +19,18 @@ term folded into the user side; add side features and it is an FM.
 """
 
 from collections.abc import Mapping, Sequence
+from typing import Annotated
 
 import gin
 import tensorflow as tf
 
+from recsys import ranges
 from recsys._keras import keras
 from recsys.feature_spec import FeatureSpec
 from recsys.models import layers as model_layers
-from recsys.models.base import RankingModel
+from recsys.models.base import AucThresholds, Objective, RankingModel
 from recsys.models.errors import EmbeddingDimError, ModelConfigError
+from recsys.models.layers import Pooling
 
 
 @gin.register
@@ -42,20 +45,23 @@ class FactorizationMachine(RankingModel):
     TensorShape([5])
   """
 
+  @ranges.checked
   def __init__(
     self,
     feature_specs: Sequence[FeatureSpec],
-    num_dense: int = 0,
-    user_features: Sequence[str] | None = None,
-    bias_dims: int = 1,
-    global_bias: float = 0.0,
-    deep_mlp: Sequence[int] = (),
-    prediction_range: Sequence[float] | None = None,
-    objective: str = "mse",
-    sequence_pooling: str = "mean",
-    l2_regularization: float = 0.0,
-    auc_num_thresholds: int = 1000,
-    name: str | None = "factorization_machine",
+    num_dense: ranges.NonNegativeInt = 0,
+    user_features: ranges.Names | None = None,
+    bias_dims: ranges.NonNegativeInt = 1,
+    global_bias: ranges.AnyNumber = 0.0,
+    deep_mlp: ranges.LayerSizes = (),
+    prediction_range: Annotated[
+      Sequence[float] | None, ranges.Each(ranges.Real(), min_len=2, max_len=2)
+    ] = None,
+    objective: Objective = "mse",
+    sequence_pooling: Pooling = "mean",
+    l2_regularization: ranges.NonNegative = 0.0,
+    auc_num_thresholds: AucThresholds = 1000,
+    name: ranges.Name | None = "factorization_machine",
   ) -> None:
     """Builds the layers.
 
@@ -80,7 +86,9 @@ class FactorizationMachine(RankingModel):
       name: Keras name.
 
     Raises:
-      ModelConfigError: dense features, unknown user_features, bad bias_dims.
+      SettingRangeError: a setting outside its declared range.
+      ModelConfigError: dense features, unknown user_features, an empty
+        prediction_range.
     """
     super().__init__(
       feature_specs,
@@ -94,11 +102,6 @@ class FactorizationMachine(RankingModel):
       raise ModelConfigError(
         f"FactorizationMachine: num_dense must be 0, got {num_dense}; "
         "use DCNv2 or DLRM for dense features."
-      )
-    if not isinstance(bias_dims, int) or bias_dims < 0:
-      raise ModelConfigError(
-        f"FactorizationMachine: bias_dims must be an integer >= 0, got "
-        f"{bias_dims!r}."
       )
     names = self.feature_names
     if user_features is not None:

@@ -24,6 +24,7 @@ from typing import Any
 import gin
 import tensorflow as tf
 
+from recsys import ranges
 from recsys.data import ials_batches as names
 from recsys.feature_spec import FeatureSpec
 from recsys.models import ials_solve
@@ -32,6 +33,15 @@ from recsys.models.retrieval import DEFAULT_KS, RetrievalModel
 
 #: The embedding optimizer whose update sets a row to its solution.
 REQUIRED_LEARNING_RATE = 1.0
+#: What a TPU SGD keeps of its clipping settings (`clipvalue` becomes the
+#: gradient's bounds), None when unset: set, at 0.0 too, it clips every
+#: solved row.
+_CLIPS = (
+  "clip_weight_min",
+  "clip_weight_max",
+  "clip_gradient_min",
+  "clip_gradient_max",
+)
 
 
 def check_embedding_optimizer(
@@ -56,18 +66,17 @@ def check_embedding_optimizer(
       isinstance(opt, sgd)
       and not callable(rate)  # a schedule
       and float(rate) == REQUIRED_LEARNING_RATE
-      and not getattr(opt, "clip_weight_min", None)
-      and not getattr(opt, "clip_weight_max", None)
-      and not getattr(opt, "weight_decay_factor", None)
-      and not getattr(opt, "clipvalue", None)
+      and all(getattr(opt, clip, None) is None for clip in _CLIPS)
+      and not getattr(opt, "weight_decay_factor", None)  # 0: no decay
     )
     if not plain:
       raise ModelConfigError(
         f"ImplicitALS: table {table.name!r} (feature {name!r}) has "
         f"embedding optimizer {opt!r}; iALS sets each row to its solution "
-        "through plain SGD at learning rate 1.0: set EmbeddingSettings."
-        "optimizer = @SGD() with SGD.learning_rate = 1.0 (no clipping, no "
-        "weight decay)."
+        "through plain SGD at learning rate 1.0: set "
+        "train.embedding_optimizer = @embedding.SGD() with "
+        "embedding.SGD.learning_rate = 1.0, no weight decay and no "
+        "clip_weight_min, clip_weight_max or clipvalue (not even 0.0)."
       )
 
 
@@ -81,20 +90,21 @@ class ImplicitALS(RetrievalModel):
     ...                     alpha=10.0)
   """
 
+  @ranges.checked
   def __init__(
     self,
     feature_specs: Sequence[FeatureSpec],
-    query_features: Sequence[str] = (names.USER,),
-    candidate_features: Sequence[str] = (names.ITEM,),
-    candidate_id_feature: str | None = None,
-    num_dense: int = 0,
-    dim: int = 32,
-    reg: float = 100.0,
-    alpha: float = 10.0,
-    unobserved_weight: float = 1.0,
-    reg_exponent: float = 0.0,
-    ks: Sequence[int] = DEFAULT_KS,
-    name: str | None = "implicit_als",
+    query_features: ranges.Names = (names.USER,),
+    candidate_features: ranges.Names = (names.ITEM,),
+    candidate_id_feature: ranges.Name | None = None,
+    num_dense: ranges.NonNegativeInt = 0,
+    dim: ranges.PositiveInt = 32,
+    reg: ranges.Positive = 100.0,
+    alpha: ranges.NonNegative = 10.0,
+    unobserved_weight: ranges.Positive = 1.0,
+    reg_exponent: ranges.NonNegative = 0.0,
+    ks: ranges.Cutoffs = DEFAULT_KS,
+    name: ranges.Name | None = "implicit_als",
   ) -> None:
     """Checks the settings and the iALS features of `feature_specs`.
 
@@ -115,8 +125,8 @@ class ImplicitALS(RetrievalModel):
       name: Keras name.
 
     Raises:
-      ModelConfigError: a setting out of range, dense features, or a
-        missing iALS feature.
+      SettingRangeError: a setting outside its declared range.
+      ModelConfigError: dense features, or a missing iALS feature.
     """
     if len(query_features) != 1 or len(candidate_features) != 1:
       raise ModelConfigError(
@@ -137,17 +147,6 @@ class ImplicitALS(RetrievalModel):
       raise ModelConfigError(
         f"ImplicitALS: num_dense must be 0 (no dense input), got {num_dense}."
       )
-    for setting, value, low_ok in (
-      ("reg", reg, False),
-      ("alpha", alpha, True),
-      ("unobserved_weight", unobserved_weight, False),
-      ("reg_exponent", reg_exponent, True),
-    ):
-      if not (value > 0 or (low_ok and value == 0)):
-        raise ModelConfigError(
-          f"ImplicitALS: {setting} must be "
-          f"{'>= 0' if low_ok else '> 0'}, got {value}."
-        )
     by_name = {s.name: s for s in self.feature_specs}
     needed = (
       names.USER_HISTORY,

@@ -8,14 +8,18 @@ against the model's feature specs and say exactly what is wrong.
 
 import functools
 from collections.abc import Mapping, Sequence
+from typing import Annotated
 
 import numpy as np
 import tensorflow as tf
 
+from recsys import ranges
 from recsys._keras import keras
 from recsys.models.errors import FeatureMismatchError, ModelConfigError
 
 SEQUENCE_POOLINGS = ("mean", "sum", "reject")
+#: A model's `sequence_pooling` parameter, declared (`recsys.ranges`).
+Pooling = Annotated[str, ranges.Choice(SEQUENCE_POOLINGS)]
 
 
 def mlp(

@@ -8,17 +8,21 @@ in-batch + uniformly sampled corpus items as negatives
 """
 
 from collections.abc import Mapping, Sequence
+from typing import Annotated
 
 import gin
 import tensorflow as tf
 
+from recsys import ranges
 from recsys._keras import keras
 from recsys.feature_spec import FeatureSpec
 from recsys.models import layers as model_layers
 from recsys.models import retrieval_negatives
 from recsys.models.base import example_weights
 from recsys.models.errors import ModelConfigError
+from recsys.models.layers import Pooling
 from recsys.models.retrieval import DEFAULT_KS, RetrievalModel
+from recsys.models.retrieval_negatives import NEGATIVES
 
 
 @gin.register
@@ -43,27 +47,30 @@ class TwoTower(RetrievalModel):
     TensorShape([5, 8])
   """
 
+  @ranges.checked
   def __init__(
     self,
     feature_specs: Sequence[FeatureSpec],
-    query_features: Sequence[str],
-    candidate_features: Sequence[str],
-    candidate_id_feature: str | None = None,
-    num_dense: int = 0,
-    query_tower: Sequence[int] = (64, 32),
-    candidate_tower: Sequence[int] = (64, 32),
-    normalize: bool = True,
-    temperature: float | None = 0.1,
-    logq_correction: bool | float = False,
-    remove_accidental_hits: bool = True,
-    l2_regularization: float = 0.0,
-    ks: Sequence[int] = DEFAULT_KS,
-    sequence_pooling: str = "mean",
-    negatives: str = "in_batch",
-    num_sampled_negatives: int = 0,
-    ignore_features: Sequence[str] = (),
-    cross_replica_negatives: bool = True,
-    name: str | None = "two_tower",
+    query_features: ranges.Names,
+    candidate_features: ranges.Names,
+    candidate_id_feature: ranges.Name | None = None,
+    num_dense: ranges.NonNegativeInt = 0,
+    query_tower: ranges.LayerSizes = (64, 32),
+    candidate_tower: ranges.LayerSizes = (64, 32),
+    normalize: ranges.Flag = True,
+    temperature: ranges.Positive | None = 0.1,
+    logq_correction: Annotated[
+      bool | float, ranges.AnyOf((ranges.Bool(), ranges.Real(0)))
+    ] = False,
+    remove_accidental_hits: ranges.Flag = True,
+    l2_regularization: ranges.NonNegative = 0.0,
+    ks: ranges.Cutoffs = DEFAULT_KS,
+    sequence_pooling: Pooling = "mean",
+    negatives: Annotated[str, ranges.Choice(NEGATIVES)] = "in_batch",
+    num_sampled_negatives: ranges.NonNegativeInt = 0,
+    ignore_features: ranges.Names = (),
+    cross_replica_negatives: ranges.Flag = True,
+    name: ranges.Name | None = "two_tower",
   ) -> None:
     """Builds the towers (their variables are created on the first call).
 

@@ -28,12 +28,12 @@ Example (gin):
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import gin
 
 from backends import registry
-from recsys import _gin_compat, config, planning
+from recsys import _gin_compat, config, planning, ranges
 from recsys import features as features_lib
 from recsys._keras import keras, tf
 from recsys.run import embedding_backend
@@ -243,8 +243,9 @@ class ConfiguredRun:
 
 
 @gin.configurable("train")
+@ranges.checked(name="train", fields_of=TrainSettings)
 def configured_run(
-  model_dir: str,
+  model_dir: ranges.Name,
   data: Any = gin.REQUIRED,
   model: Callable[..., keras.Model] = gin.REQUIRED,
   eval_data: Any | None = None,
@@ -253,8 +254,8 @@ def configured_run(
   dense_optimizer: Callable[[], Any] | None = None,
   backend: str = "auto",
   backend_options: Mapping[str, Any] | None = None,
-  tpu: str | None = None,
-  num_cpu_replicas: int = 0,
+  tpu: ranges.Name | None = None,
+  num_cpu_replicas: ranges.NonNegativeInt = 0,
   global_batch_size: int = 1024,
   eval_batch_size: int | None = None,
   train_steps: int = 1000,
@@ -274,7 +275,7 @@ def configured_run(
   exclude_seen: bool = False,
   placement: Any | None = None,
   strategy: tf.distribute.Strategy | None = None,
-  action: str = "train",
+  action: Annotated[str, ranges.Choice(ACTIONS)] = "train",
   feature_config: Mapping[str, Any] | None = None,
 ) -> ConfiguredRun:
   """The gin-configured `train`: the strategy, sources and settings of a run.
@@ -292,15 +293,16 @@ def configured_run(
       model dir (checked now, before anything takes time) and writes
       summaries.
     Every other parameter is a `TrainSettings` field (documented there, with
-    the same default): the settings the run gets, each passed by name.
+    the same default and valid range): the settings the run gets, each
+    passed by name. Every argument is checked against its declared range
+    (`recsys.ranges`) before anything is built.
 
   Raises:
-    ValueError: an unknown action.
+    ranges.SettingRangeError: an argument outside its declared range (an
+      unknown action too).
     ModelDirNotWritableError: action "train" in a model dir this user may
       not write.
   """
-  if action not in ACTIONS:
-    raise ValueError(f"train(action={action!r}): use one of {list(ACTIONS)}.")
   if action == "train":  # before start-up and restore, which take time
     run_dir_lib.RunDir(model_dir).check_writable()
   if strategy is None:

@@ -29,10 +29,11 @@ Example:
 import copy
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import gin
 
+from recsys import ranges
 from recsys._keras import keras, tf
 from recsys.errors import SettingsError
 
@@ -68,14 +69,15 @@ class WarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
     end_factor: final rate as a fraction of the peak.
   """
 
+  @ranges.checked
   def __init__(
     self,
-    base_learning_rate: float,
-    warmup_steps: int = 0,
-    decay_start_step: int = 0,
-    decay_steps: int = 0,
-    power: float = 2.0,
-    end_factor: float = 0.0,
+    base_learning_rate: ranges.Positive,
+    warmup_steps: Annotated[int, ranges.Int(0, note="0: none")] = 0,
+    decay_start_step: ranges.NonNegativeInt = 0,
+    decay_steps: Annotated[int, ranges.Int(0, note="0: no decay")] = 0,
+    power: ranges.NonNegative = 2.0,
+    end_factor: ranges.Fraction = 0.0,
   ):
     super().__init__()
     if decay_steps and decay_start_step < warmup_steps:

@@ -8,13 +8,10 @@ import tensorflow as tf
 
 import recsys  # noqa: F401
 from recsys.data import MovieLens
+from recsys.errors import SettingsError
 from recsys.data.movielens import MovieLensConfigError
 from recsys.data.movielens import files as movielens_files
-from recsys.data.user_history import (
-  ItemHistory,
-  UserHistory,
-  UserHistoryConfigError,
-)
+from recsys.data.user_history import ItemHistory, UserHistory
 from recsys.testing.movielens import write_ml100k_like
 from tests.data.test_movielens import write_atomic, write_ml100k
 
@@ -125,7 +122,7 @@ def test_history_weights_and_max_length(tmp_path):
   )
   # Newest only (user 1: item 3, user 2: item 2); own item dropped -> [0].
   assert [h for _, _, h, _ in rows(short, True)][:4] == [[3], [2], [0], [0]]
-  with pytest.raises(UserHistoryConfigError, match="unknown weights"):
+  with pytest.raises(SettingsError, match="UserHistory.weights must be one"):
     UserHistory(weights="ratings")
 
 

@@ -6,6 +6,7 @@ import tensorflow as tf
 
 import recsys  # noqa: F401
 from recsys.data import SyntheticConfigError, SyntheticCTR, _random
+from recsys.errors import SettingsError
 
 SMALL = dict(
   num_dense=3,
@@ -203,7 +204,7 @@ def test_config_errors_are_clear():
     SyntheticConfigError, match="multi_hot_sizes has 2 entries"
   ):
     SyntheticCTR(vocab_sizes=(5, 6, 7), multi_hot_sizes=(1, 2))
-  with pytest.raises(SyntheticConfigError, match="ctr"):
+  with pytest.raises(SettingsError, match="ctr must be a number in"):
     SyntheticCTR(ctr=1.5, **{k: v for k, v in SMALL.items()})
 
 

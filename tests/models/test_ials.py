@@ -16,6 +16,7 @@ from benchmarks import movielens_baselines as baselines
 from recsys import features as features_lib
 from recsys.data import ials_batches
 from recsys.models import ials, ials_solve
+from recsys.errors import SettingsError
 from recsys.models.errors import ModelConfigError
 from tests.conftest import mirrored_strategy
 
@@ -246,5 +247,5 @@ def test_refuses_a_row_twice_in_a_batch():
 
 def test_refuses_bad_settings():
   specs = ials_batches.feature_specs(_pairs(), NUM_USERS + 1, NUM_ITEMS + 1, 8)
-  with pytest.raises(ModelConfigError, match="reg must be > 0"):
+  with pytest.raises(SettingsError, match="ImplicitALS.reg must be > 0"):
     ials.ImplicitALS(specs, reg=0.0)

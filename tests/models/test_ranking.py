@@ -6,13 +6,13 @@ import pytest
 import tensorflow as tf
 
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
+from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
 from recsys.models import (
   DLRM,
   DCNv2,
   EmbeddingDimError,
   FeatureMismatchError,
-  ModelConfigError,
 )
 from recsys.models.base import replica_loss
 from tests.conftest import mirrored_strategy
@@ -139,16 +139,16 @@ def test_missing_activation_and_dense_errors():
   [
     (
       dict(objective="hinge"),
-      "unknown objective 'hinge'; choose one of binary, mse",
+      "DLRM.objective must be one of 'binary', 'mse', got 'hinge'",
     ),
     (dict(num_dense=-1), "num_dense must be an integer >= 0"),
-    (dict(sequence_pooling="max"), "unknown sequence_pooling 'max'"),
+    (dict(sequence_pooling="max"), "sequence_pooling must be one of"),
     (dict(bottom_mlp=()), "needs a non-empty bottom_mlp"),
   ],
 )
 def test_dlrm_config_errors(kwargs, message):
   kwargs = dict(dict(num_dense=3), **kwargs)
-  with pytest.raises(ModelConfigError, match=message):
+  with pytest.raises(SettingsError, match=message):
     DLRM(SPECS, **kwargs)
 
 
@@ -272,14 +272,14 @@ def test_dcn_matches_numpy(structure, projection_dim):
   [
     (
       dict(structure="series"),
-      "unknown structure 'series'; choose one of stacked, parallel",
+      "DCNv2.structure must be one of 'stacked', 'parallel', got 'series'",
     ),
     (dict(num_cross_layers=0), "num_cross_layers must be an integer >= 1"),
-    (dict(projection_dim=0), "projection_dim must be None or an integer >= 1"),
+    (dict(projection_dim=0), "projection_dim must be an integer >= 1 or None"),
   ],
 )
 def test_dcn_config_errors(kwargs, message):
-  with pytest.raises(ModelConfigError, match=message):
+  with pytest.raises(SettingsError, match=message):
     DCNv2(SPECS, **kwargs)
 
 

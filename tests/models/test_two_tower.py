@@ -7,6 +7,7 @@ import tensorflow_recommenders as tfrs
 
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from recsys.feature_spec import FeatureSpec
+from recsys.errors import SettingsError
 from recsys.models import (
   CorpusIndex,
   FeatureMismatchError,
@@ -111,7 +112,7 @@ def test_in_batch_softmax_loss_matches_numpy(temperature, logq, remove_hits):
 
 @pytest.mark.parametrize("strength", [-0.5, float("nan"), "yes"])
 def test_logq_strength_must_be_a_non_negative_number(strength):
-  with pytest.raises(ModelConfigError, match="logq_correction must be"):
+  with pytest.raises(SettingsError, match="logq_correction must be"):
     _model(logq_correction=strength)
 
 
@@ -147,7 +148,7 @@ def test_logq_needs_sampling_probability():
   ],
 )
 def test_config_errors(kwargs, message):
-  with pytest.raises(ModelConfigError, match=message):
+  with pytest.raises(SettingsError, match=message):
     _model(**kwargs)
 
 

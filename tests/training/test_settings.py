@@ -4,8 +4,10 @@ checks change nothing (`recsys.data.sources.run_sources` wraps datasets,
 `check` checks)."""
 
 import dataclasses
+import types
 
 import gin
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -13,6 +15,7 @@ from recsys import config
 from recsys import train_settings as settings_lib
 from recsys.data.from_dataset import DatasetSource
 from recsys.data.sources import SourceSettingsError, run_sources
+from recsys.errors import SettingsError
 from recsys.train_settings import TrainSettings
 from recsys.training import Trainer, TrainerConfigError
 from recsys.training.train import configured_settings
@@ -29,10 +32,9 @@ def test_the_trainer_keeps_the_loops_settings_normalized():
     TrainSettings(
       global_batch_size=64,
       eval_batch_size=None,
-      steps_per_loop=0,
-      eval_every=None,  # gin may bind None
-      train_steps=5.0,
-      exclude_seen=1,
+      steps_per_loop=1,
+      train_steps=np.int64(5),  # a NumPy integer from a Python caller
+      exclude_seen=True,
     )
   )
   assert trainer.eval_batch_size == 64  # None: the global batch size
@@ -40,6 +42,10 @@ def test_the_trainer_keeps_the_loops_settings_normalized():
   assert trainer.eval_every == 0
   assert trainer.train_steps == 5 and isinstance(trainer.train_steps, int)
   assert trainer.exclude_seen is True
+  # A float, None or a bool where an int is meant is refused when the
+  # settings are made (`recsys.ranges`), no longer rounded here.
+  with pytest.raises(SettingsError, match="train.train_steps must be"):
+    TrainSettings(train_steps=5.0)
   # What _store_settings sets is what the class annotations type (mypy).
   stored = {name for name in vars(trainer) if name in fields}
   assert stored == typed
@@ -107,7 +113,10 @@ def test_run_sources_convert_and_check_only_checks():
     run_sources(dataset, None, settings.feature_config, embedding=object())
   with pytest.raises(SourceSettingsError, match="got a ArraySource"):
     run_sources(plain, None, settings.feature_config)
-  with pytest.raises(TrainerConfigError, match="global_batch_size=0"):
+  with pytest.raises(TrainerConfigError, match="global_batch_size=6"):
     settings_lib.check(
-      TrainSettings(global_batch_size=0), plain, plain, strategy
+      TrainSettings(global_batch_size=6),
+      plain,
+      plain,
+      types.SimpleNamespace(num_replicas_in_sync=4),  # as 4 replicas
     )

@@ -49,11 +49,13 @@ import dataclasses
 import logging
 import os
 from collections.abc import Sequence
+from typing import Annotated
 
 import gin
 import numpy as np
 import tensorflow as tf
 
+from recsys import ranges
 from recsys.data.movielens import files as movielens_files
 from recsys.data.movielens import split_files as movielens_split_files
 from recsys.data.movielens.encoding import MovieLensVocabularies, encode
@@ -135,26 +137,6 @@ def _resolved_variant(
       "MOVIELENS_DIR, or set MovieLens.download = True for ml-100k."
     )
   return detected or "ml-100k"
-
-
-def _check_settings(
-  variant: str, task: str, split: str, split_check: str, test_fraction: float
-) -> None:
-  """Raises MovieLensConfigError for a setting outside its valid values."""
-  for value, valid, what in (
-    (variant, VARIANTS, "variant"),
-    (task, TASKS, "task"),
-    (split, SPLITS, "split"),
-    (split_check, SPLIT_CHECKS, "split_check"),
-  ):
-    if value not in valid:
-      raise MovieLensConfigError(
-        f"unknown MovieLens {what} {value!r}; valid: {', '.join(valid)}."
-      )
-  if not 0.0 <= test_fraction < 1.0:
-    raise MovieLensConfigError(
-      f"test_fraction must be in [0, 1), got {test_fraction}."
-    )
 
 
 def _read(
@@ -475,27 +457,36 @@ class MovieLens(DataSource):
 
   candidate_id_feature: str = "item_id"
 
+  @ranges.checked
   def __init__(
     self,
-    data_dir: str,
-    variant: str = "auto",
-    task: str = "ranking",
-    split: str = "random",
-    test_fraction: float = 0.2,
-    seed: int = 0,
-    features: Sequence[str] | None = None,
-    min_rating: float = 0.0,
-    zip_prefix_length: int = 2,
-    timestamp_buckets: int = 0,
-    dataset_name: str | None = None,
-    download: bool = False,
-    shuffle: bool = True,
-    fold: str = "u1",
+    data_dir: ranges.Name,
+    variant: Annotated[str, ranges.Choice(("auto", *VARIANTS))] = "auto",
+    task: Annotated[str, ranges.Choice(TASKS)] = "ranking",
+    split: Annotated[str, ranges.Choice(SPLITS)] = "random",
+    test_fraction: Annotated[float, ranges.Real(0, 1, hi_open=True)] = 0.2,
+    seed: ranges.Seed = 0,
+    features: ranges.Names | None = None,
+    min_rating: ranges.AnyNumber = 0.0,
+    zip_prefix_length: ranges.NonNegativeInt = 2,
+    timestamp_buckets: Annotated[int, ranges.Int(0, note="0: none")] = 0,
+    dataset_name: ranges.Name | None = None,
+    download: ranges.Flag = False,
+    shuffle: ranges.Flag = True,
+    fold: Annotated[str, ranges.Choice(movielens_split_files.FOLDS)] = "u1",
     history: UserHistory | None = None,
-    title_min_count: int = 2,
+    title_min_count: ranges.PositiveInt = 2,
     item_history: ItemHistory | None = None,
-    rating_scale: Sequence[float] | str | None = "auto",
-    split_check: str = "warn",
+    rating_scale: Annotated[
+      Sequence[float] | str | None,
+      ranges.AnyOf(
+        (
+          ranges.Choice(("auto",)),
+          ranges.Each(ranges.Real(), min_len=2, max_len=2),
+        )
+      ),
+    ] = "auto",
+    split_check: Annotated[str, ranges.Choice(SPLIT_CHECKS)] = "warn",
   ):
     """Reads, encodes, splits, and builds the features: each step once.
 
@@ -539,13 +530,13 @@ class MovieLens(DataSource):
         scores ratings the model trained on, or counts one rating twice.
 
     Raises:
-      MovieLensConfigError: unknown variant/task/split/feature, bad fraction.
+      SettingRangeError: a setting outside its declared range.
+      MovieLensConfigError: an unknown feature, an empty test split.
       DatasetNotFoundError: the folder or files are missing.
       DataFormatError: a file does not parse, or a rating is off the scale
         (names file and line); the splits overlap (split_check="strict").
     """
     variant = _resolved_variant(data_dir, variant, dataset_name, download)
-    _check_settings(variant, task, split, split_check, test_fraction)
     self.variant, self.task, self.split = variant, task, split
     self._test_fraction, self._min_rating = test_fraction, min_rating
     self.seed, self.shuffle = int(seed), bool(shuffle)

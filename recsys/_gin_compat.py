@@ -157,6 +157,34 @@ def names_in_message(message: str) -> list[str]:
   return list(dict.fromkeys(names))
 
 
+_AMBIGUOUS = re.compile(r"Ambiguous selector '([\w.]+)', matches \[([^\]]*)\]")
+_LOCATION = re.compile(
+  r"In (?:file \"?([^\"\n,]+)\"?, line (\d+)|bindings string line (\d+))"
+)
+
+
+def ambiguous_selector(message: str) -> tuple[str, list[str], str] | None:
+  """`(selector, [full selectors it matches], where)` of gin's "Ambiguous
+  selector" error (`where`: "file.gin:3", "--gin_bindings line 2" or ''),
+  else None."""
+  m = _AMBIGUOUS.search(message)
+  if not m:
+    return None
+  matches = [s.strip(" '\"") for s in m.group(2).split(",") if s.strip()]
+  where = ""
+  loc = _LOCATION.search(message)
+  if loc and loc.group(1):
+    where = f"{loc.group(1)}:{loc.group(2)}"
+  elif loc:
+    where = f"--gin_bindings line {loc.group(3)}"
+  return m.group(1), matches, where
+
+
+def one_line(message: str) -> str:
+  """A gin message's lines joined into one (location lines included)."""
+  return " ".join(line.strip() for line in message.splitlines() if line.strip())
+
+
 def names_location(message: str) -> bool:
   """Whether gin already put the file and line in `message`."""
   return "In file" in message
@@ -173,6 +201,37 @@ _GIN_DIR = os.path.dirname(os.path.abspath(gin.__file__)) + os.sep
 _CALL_TRAIL = re.compile(
   r"\n?[ \t]*In call to configurable '[^']*' \(<[^\n]*>\)"
 )
+
+
+_CALLED = re.compile(
+  r"In call to configurable '([^']*)' \((<class '([\w.]+)'>)\)"
+)
+#: The packages whose classes recsys registers with gin (`recsys.config`).
+_EXTERNAL_PACKAGES = ("tensorflow.", "tf_keras.", "keras.")
+
+
+def refused_by_external(error: BaseException) -> tuple[str, str] | None:
+  """`(selector, message)` when a TensorFlow or Keras class gin called
+  refused its arguments (a ValueError or TypeError raised in the call gin
+  names first: the innermost); None otherwise. `selector` is the
+  registered one (`embedding.Adagrad`), `message` the class's own, one
+  line."""
+  if not isinstance(error, (ValueError, TypeError)):
+    return None
+  called = _CALLED.search(str(error))
+  if called is None or not called.group(3).startswith(_EXTERNAL_PACKAGES):
+    return None
+  name, shown = called.group(1), called.group(2)
+  selector = next(
+    (
+      s
+      for s in registered_selectors()
+      if s.rpartition(".")[2] == name and repr(find_configurable(s)) == shown
+    ),
+    name,
+  )
+  text = without_call_trail(str(error.args[0] if error.args else error))
+  return selector, one_line(text)
 
 
 def without_call_trail(message: str) -> str:

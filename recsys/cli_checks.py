@@ -1,8 +1,10 @@
 """What `recsys` checks before TensorFlow is imported: files, names, flags.
 
 Importing TensorFlow and listing its devices takes 6-10 s; a misspelt
-`--gin_file`, a `--model_dir` that holds no run, a misspelt gin name
-(`recsys.gin_precheck`) or `recsys export --k` for a ranking model must not
+`--gin_file`, a `--model_dir` that holds no run, a misspelt or ambiguous
+gin name (`recsys.gin_precheck`), a gin-bound value outside its declared
+range (`recsys.gin_ranges`), a gin binding nothing in the run reads
+(`recsys.gin_unread`) or `recsys export --k` for a ranking model must not
 cost that. These checks read files only (gin's parser, no TensorFlow) and
 fail with the exit status the command would give after TF's start-up.
 
@@ -15,7 +17,7 @@ Example:
 import os
 from collections.abc import Sequence
 
-from recsys import experiments_catalog, gin_precheck
+from recsys import experiments_catalog, gin_precheck, gin_ranges, gin_unread
 from recsys.errors import RecsysError, SettingsError
 
 #: A run's config in its model dir (`run_dir.OPERATIVE_CONFIG_FILE`, named
@@ -47,7 +49,8 @@ def check(
   model_dir: str | None,
   gin_bindings: Sequence[str] = (),
   export_k: int | None = None,
-) -> None:
+  allow_unused_bindings: bool = False,
+) -> list[str]:
   """Refuses what `command` cannot use, before TF starts.
 
   Args:
@@ -56,21 +59,38 @@ def check(
     model_dir: --model_dir (None: the command takes none).
     gin_bindings: the --gin_bindings values.
     export_k: `recsys export --k` (None: not given).
+    allow_unused_bindings: `--allow_unused_bindings`: gin bindings nothing
+      reads are warned about, not refused.
+
+  Returns:
+    Warnings for the command to show (the unread bindings, allowed).
 
   Raises:
     GinFileNotFoundError: a gin file is missing; lists the shipped ones.
     ModelDirNotFoundError: evaluate/export: the model dir does not exist,
       or, without --gin_file, holds no operative config to read.
     gin_precheck.UnknownGinNameError: a misspelt configurable, reference
-      or parameter, with where it is and the closest names.
+      or parameter, with where it is and the closest names; an ambiguous
+      name, with the ones it matches.
+    ranges.SettingRangeError: a gin-bound value outside its declared range.
+    gin_unread.UnreadGinBindingError: a gin binding nothing in the run
+      reads (unless allowed).
     TopKForRankingError: `--k` for a ranking model.
   """
   _check_files(command, gin_files, model_dir)
   files = list(gin_files)
   if not files and command in READS_A_RUN and model_dir is not None:
     files = [os.path.join(model_dir, OPERATIVE_CONFIG_FILE)]
+  warnings = []
   if files or gin_bindings:
     gin_precheck.check(files, gin_bindings)
+    gin_ranges.check(files, gin_bindings)
+    if allow_unused_bindings:
+      unread = gin_unread.problems(files, gin_bindings)
+      if unread:
+        warnings.append(gin_unread.message(unread))
+    else:
+      gin_unread.check(files, gin_bindings)
   if export_k is not None:
     name, kind = gin_precheck.model_kind(files, gin_bindings)
     if kind == "ranking":  # the export's own words (recsys.export.checked_k)
@@ -79,6 +99,7 @@ def check(
         f"signatures); {name} is a ranking model, whose signatures return "
         "one score per example: leave k out."
       )
+  return warnings
 
 
 def _check_files(

@@ -32,7 +32,7 @@ from typing import Any
 import gin
 
 from backends import suggest as suggest_lib
-from recsys import _gin_compat, experiments_catalog
+from recsys import _gin_compat, experiments_catalog, gin_ranges
 from recsys import features as features_lib
 from recsys._keras import keras, tf
 from recsys.errors import RecsysError, SettingsError
@@ -138,6 +138,31 @@ _registered = False
 
 class GinConfigError(SettingsError):
   """A gin file or binding is invalid; the message names the file and line."""
+
+
+class RefusedArgumentsError(GinConfigError):
+  """A TensorFlow or Keras class gin called refused the arguments the gin
+  bindings gave it (exit status 2); the message is one line."""
+
+
+def refused_arguments(error: BaseException) -> RefusedArgumentsError | None:
+  """`error` as a settings error when it is a TensorFlow or Keras class's
+  refusal of its gin-bound arguments (`embedding.Adagrad` with
+  `initial_accumulator_value = -1.0`, `keras.optimizers.SGD` with
+  `momentum = 5.0`): TF validates its own classes' arguments, and such an
+  error, raised where gin builds the class, is the settings' and not the
+  run's. None for any other error."""
+  found = _gin_compat.refused_by_external(error)
+  if found is None:
+    return None
+  selector, message = found
+  refused = RefusedArgumentsError(
+    f"{selector}: TensorFlow refused the arguments the gin bindings give it "
+    f"({message.rstrip('.')}); fix {selector}.<parameter> in the gin files "
+    "or --gin_bindings."
+  )
+  refused.__cause__ = error
+  return refused
 
 
 def register_external() -> None:
@@ -443,7 +468,10 @@ def parse(
     GinConfigError: a file is missing or does not parse, a name or parameter
       is unknown (the message suggests the closest registered ones), or a
       required macro is unbound, or a binding sets a macro nothing uses; the
-      message is gin's plus the file and line.
+      message is gin's plus the file and line. A selector that matches
+      several configurables, in one line.
+    ranges.SettingRangeError: a bound value outside its declared range
+      (`recsys.gin_ranges`).
   """
   register_all()
   try:  # a path, or the name of a shipped experiment ("synthetic_dlrm.gin")
@@ -466,8 +494,29 @@ def parse(
       f"gin files {list(files)} or bindings {list(bindings)}; check that "
       "every (, [, { and quote is closed."
     ) from e
+  except KeyError as e:  # gin's refusal of an ambiguous selector
+    raise GinConfigError(_ambiguous_message(e)) from e
   except (OSError, ValueError, TypeError, RuntimeError) as e:
     raise GinConfigError(explain(e, files, bindings)) from e
+  # Values out of their declared ranges, as `recsys` checks them before TF
+  # starts: here for every caller, before anything is built.
+  gin_ranges.check(files, bindings)
+
+
+def _ambiguous_message(error: KeyError) -> str:
+  """One line for gin's "Ambiguous selector" error: the selector, where it
+  is and the configurables it matches, spelt in full."""
+  found = _gin_compat.ambiguous_selector(
+    str(error.args[0] if error.args else error)
+  )
+  if found is None:
+    return _gin_compat.one_line(str(error))
+  name, matches, where = found
+  return (
+    f"{where + ': ' if where else ''}'{name}' matches {len(matches)} "
+    f"configurables; write the one you mean in full: "
+    f"{', '.join(sorted(matches))}."
+  )
 
 
 def call(

@@ -8,11 +8,16 @@ module reads the gin files (with their includes) and bindings with gin's
 own parser, without running them, and checks each name against
 `recsys.gin_names` (the registry, written down): an unknown configurable or
 reference, or an unknown parameter of one of recsys's own configurables,
-is reported in two lines, where it is and what was meant.
+is reported in two lines, where it is and what was meant; a selector
+that matches several configurables (`@SGD()`: the embedding, Keras and
+legacy Keras ones) in one line, listing them (gin's own refusal was a
+24-line traceback). `Config` (the parsed bindings, where each is, whether
+its line says `# optional`) is what `recsys.gin_ranges` and
+`recsys.gin_unread` read too.
 
 What it cannot judge it leaves to gin: files that `import` modules (they
 may register names), parameters of TensorFlow's and Keras's classes (they
-follow the installed TensorFlow), a selector that matches several names.
+follow the installed TensorFlow).
 
 Example:
   >>> check(["experiments/synthetic_dlrm.gin"], ["train.train_stepz = 5"])
@@ -23,6 +28,7 @@ Example:
 
 import dataclasses
 import os
+import re
 import tokenize
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -37,32 +43,67 @@ from recsys.errors import SettingsError
 
 class UnknownGinNameError(SettingsError):
   """A gin file or binding names a configurable or parameter that does not
-  exist (exit status 2, as every gin configuration error)."""
+  exist, or a selector that matches several (exit status 2, as every gin
+  configuration error)."""
+
+
+#: The comment that marks bindings a run may leave unread on purpose
+#: (`recsys.gin_unread`), e.g. a base file's learning rate of an optimizer
+#: only some experiments choose: `# optional: why` at the end of a
+#: binding's line, or on a line of its own above a group of bindings (all
+#: of them, up to the next blank line).
+OPTIONAL_MARKER = re.compile(r"#\s*optional\b", re.IGNORECASE)
+
+
+def _optional_lines(lines: Sequence[str]) -> set[int]:
+  """The line numbers (from 1) the `OPTIONAL_MARKER`s of a file cover."""
+  covered, block = set(), False
+  for number, line in enumerate(lines, 1):
+    text = line.strip()
+    if not text:
+      block = False
+    elif text.startswith("#"):
+      block = block or bool(OPTIONAL_MARKER.match(text))
+    if block or OPTIONAL_MARKER.search(line):
+      covered.add(number)
+  return covered
 
 
 @dataclasses.dataclass(frozen=True)
 class Binding:
-  """One `scope/Selector.param = value` statement and where it is."""
+  """One `scope/Selector.param = value` statement and where it is (a
+  macro `NAME = value` has selector NAME and no param)."""
 
   scope: str
   selector: str
   param: str
   value: Any
   where: str  # "file.gin:3" or "--gin_bindings '...'"
+  optional: bool = False  # its line is marked `# optional`
+
+  @property
+  def key(self) -> str:
+    """`scope/selector.param` as written."""
+    scope = f"{self.scope}/" if self.scope else ""
+    return f"{scope}{self.selector}.{self.param}"
 
 
-class _Reference(str):
-  """A `@Name` or `@Name()` in a value, kept as its name."""
+class Reference(str):
+  """A `@scope/Name` or `@scope/Name()` in a value, kept as its name."""
+
+
+class Macro(str):
+  """A `%NAME` in a value, kept as its text."""
 
 
 class _Delegate(config_parser.ParserDelegate):
-  """Keeps references as `_Reference` and macros as text: nothing runs."""
+  """Keeps references as `Reference` and macros as `Macro`: nothing runs."""
 
   def configurable_reference(self, scoped_configurable_name, evaluate):
-    return _Reference(scoped_configurable_name)
+    return Reference(scoped_configurable_name)
 
   def macro(self, macro_name):
-    return f"%{macro_name}"
+    return Macro(f"%{macro_name}")
 
 
 def _resolve_include(path: str, including: str) -> str | None:
@@ -85,9 +126,10 @@ def _statements(text: str) -> list[Any]:
     return []
 
 
-class _Config:
-  """The bindings of gin files and binding strings, and whether any file
-  imports a module (which may register names this check cannot know)."""
+class Config:
+  """The bindings of gin files and binding strings, in order, and whether
+  any file imports a module (which may register names this check cannot
+  know)."""
 
   def __init__(self, files: Sequence[str], bindings: Sequence[str]):
     self.bindings: list[Binding] = []
@@ -99,7 +141,9 @@ class _Config:
       except experiments_catalog.UnknownExperimentError:
         continue  # `cli_checks` reports a missing file
     for text in bindings:
-      self._add(_statements(text), f"--gin_bindings {text.strip()!r}", None)
+      self._add(
+        _statements(text), f"--gin_bindings {text.strip()!r}", None, [text]
+      )
 
   def _read(self, path: str, seen: set[str]) -> None:
     real = os.path.realpath(path)
@@ -111,9 +155,16 @@ class _Config:
         text = f.read()
     except OSError:
       return
-    self._add(_statements(text), path, seen)
+    self._add(_statements(text), path, seen, text.splitlines())
 
-  def _add(self, statements: list[Any], where: str, seen) -> None:
+  def _add(
+    self,
+    statements: list[Any],
+    where: str,
+    seen: set[str] | None,
+    lines: Sequence[str] = (),
+  ) -> None:
+    optional = _optional_lines(lines)
     for statement in statements:
       if isinstance(statement, config_parser.ImportStatement):
         self.imports = True
@@ -122,7 +173,8 @@ class _Config:
         if found is not None and seen is not None:
           self._read(found, seen)
       elif isinstance(statement, config_parser.BindingStatement):
-        line = "" if seen is None else f":{statement.location.line_num}"
+        number = statement.location.line_num
+        line = "" if seen is None else f":{number}"
         self.bindings.append(
           Binding(
             statement.scope,
@@ -130,6 +182,7 @@ class _Config:
             statement.arg_name,
             statement.value,
             f"{where}{line}",
+            number in optional,
           )
         )
 
@@ -140,30 +193,44 @@ def _names(selector: str) -> list[str]:
   return [".".join(parts[i:]) for i in range(len(parts))]
 
 
-def _registered() -> dict[str, list[str]]:
-  """Every name a selector may use -> the full selectors it matches: the
-  written-down registry and whatever this process registered."""
+def known_names() -> dict[str, list[str]]:
+  """Every name a selector may use -> the full selectors it matches (gin's
+  rule: a full selector matches itself only): the written-down registry
+  and whatever this process registered."""
   out: dict[str, list[str]] = {}
-  for full in list(gin_names.CONFIGURABLES) + [
+  fulls = list(gin_names.CONFIGURABLES) + [
     s
     for s in _gin_compat.registered_selectors()
     if s not in gin_names.CONFIGURABLES
-  ]:
+  ]
+  for full in fulls:
     for name in _names(full):
       out.setdefault(name, []).append(full)
+  for full in fulls:
+    out[full] = [full]
   return out
 
 
-def _references(value: Any) -> Iterator[str]:
-  """The configurables a binding's value references (`@Name`)."""
-  if isinstance(value, _Reference):
+def _found_in(value: Any, kind: type) -> Iterator[str]:
+  """The `Reference`s or `Macro`s in a binding's value, nested too."""
+  if isinstance(value, kind):
     yield str(value)
   elif isinstance(value, (list, tuple, set)):
     for item in value:
-      yield from _references(item)
+      yield from _found_in(item, kind)
   elif isinstance(value, dict):
     for item in list(value.keys()) + list(value.values()):
-      yield from _references(item)
+      yield from _found_in(item, kind)
+
+
+def references(value: Any) -> list[str]:
+  """The configurables a binding's value references (`scope/Name`)."""
+  return list(_found_in(value, Reference))
+
+
+def macros(value: Any) -> list[str]:
+  """The macros a binding's value uses (their names, without `%`)."""
+  return [m[1:] for m in _found_in(value, Macro)]
 
 
 def _hint(name: str, candidates: Sequence[str]) -> str:
@@ -185,15 +252,29 @@ def _unknown_name(name: str, known: dict[str, list[str]], where: str) -> str:
   )
 
 
+def _ambiguous(name: str, matches: Sequence[str], binding: Binding) -> str:
+  """One line: the name matches several configurables, spelt in full."""
+  selects = name == binding.selector and binding.param
+  spelt = [
+    f"{m}.{binding.param}" if selects else f"@{m}()" for m in sorted(matches)
+  ]
+  return (
+    f"{binding.where}: '{name}' matches {len(matches)} configurables; write "
+    "the one "
+    f"you mean in full: {', '.join(spelt)}."
+  )
+
+
 def problems(files: Sequence[str], bindings: Sequence[str]) -> list[str]:
-  """What gin would refuse in `files` and `bindings`, two lines each, in
-  their order; [] when nothing is sure to be wrong."""
-  config = _Config(files, bindings)
-  known = _registered()
+  """What gin would refuse in `files` and `bindings`, in their order: an
+  unknown name or parameter in two lines, an ambiguous name in one; []
+  when nothing is sure to be wrong."""
+  config = Config(files, bindings)
+  known = known_names()
   found = []
   for binding in config.bindings:
     names = [(binding.selector, True)] if binding.param else []  # a macro
-    names += [(r.rpartition("/")[2], False) for r in _references(binding.value)]
+    names += [(r.rpartition("/")[2], False) for r in references(binding.value)]
     for name, selects in names:
       if name.startswith("gin."):
         continue
@@ -202,7 +283,10 @@ def problems(files: Sequence[str], bindings: Sequence[str]) -> list[str]:
         if not config.imports:
           found.append(_unknown_name(name, known, binding.where))
         continue
-      if not selects or len(matches) != 1:  # a reference, or ambiguous
+      if len(matches) > 1:
+        found.append(_ambiguous(name, matches, binding))
+        continue
+      if not selects:  # a reference
         continue
       params, _ = gin_names.CONFIGURABLES.get(matches[0], (None, ""))
       if params is not None and binding.param not in params:
@@ -235,7 +319,7 @@ def bound_value(files: Sequence[str], bindings: Sequence[str], key: str) -> Any:
   parsed (a reference as its name); None when unbound."""
   selector, _, param = key.rpartition(".")
   value = None
-  for binding in _Config(files, bindings).bindings:
+  for binding in Config(files, bindings).bindings:
     if (
       binding.selector == selector
       and binding.param == param
@@ -251,10 +335,10 @@ def model_kind(
   """`(the model's class name, "ranking" / "retrieval" / "")` of the
   config's `train.model` ("" when unknown here)."""
   value = bound_value(files, bindings, "train.model")
-  if not isinstance(value, _Reference):
+  if not isinstance(value, Reference):
     return "", ""
   name = str(value).rpartition("/")[2]
-  matches = _registered().get(name, [])
+  matches = known_names().get(name, [])
   if len(matches) != 1:
     return name, ""
   return name, gin_names.CONFIGURABLES.get(matches[0], (None, ""))[1]

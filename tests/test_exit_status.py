@@ -34,7 +34,10 @@ SETTINGS = {
   "recsys.cli_checks.GinFileNotFoundError",
   "recsys.cli_checks.TopKForRankingError",
   "recsys.config.GinConfigError",
+  "recsys.config.RefusedArgumentsError",
   "recsys.gin_precheck.UnknownGinNameError",
+  "recsys.gin_unread.UnreadGinBindingError",
+  "recsys.ranges.SettingRangeError",
   "recsys.data.criteo.CriteoConfigError",
   "recsys.data.ials_batches.HistoryChunkError",
   "recsys.data.ials_source.ImplicitALSDataError",
@@ -207,9 +210,12 @@ DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
 @pytest.mark.parametrize(
   "binding, error",
   [
-    ("SyntheticCTR.num_dense = -1", "SyntheticConfigError"),  # a data source
+    # Settings each within its declared range (those out of one are refused
+    # before TF starts: tests/test_setting_refusals.py) that the data
+    # source, the model or the trainer refuses.
+    ("SyntheticCTR.multi_hot_sizes = (1, 2)", "SyntheticConfigError"),
     ("DLRM.bottom_mlp = (64, 8)", "EmbeddingDimError"),  # a model
-    ("train.global_batch_size = 0", "TrainerConfigError"),  # the trainer
+    ("train.batch_slices = 2048", "TrainerConfigError"),  # the trainer
   ],
 )
 def test_the_same_bad_setting_gets_the_same_status_from_every_command(

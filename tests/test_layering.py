@@ -29,12 +29,15 @@ LAYERS = (
     "recsys.untrusted_config",
     "recsys.feature_spec",
     "recsys.gin_names",  # recsys's gin names, written down: no TF
+    "recsys.ranges",  # each setting's valid range, declared: no TF
   ),
   (
     "recsys.features",
     "recsys.config",
     "recsys.experiments_catalog",
     "recsys.gin_precheck",  # gin names checked before TF is imported
+    "recsys.gin_ranges",  # gin-bound values in range, before TF
+    "recsys.gin_unread",  # gin bindings nothing reads, before TF
   ),
   ("recsys.data",),
   (

@@ -94,13 +94,16 @@ def _main(argv: Sequence[str]) -> int:
   verbose = verbosity == "debug"
   try:
     with exits.sigterm_exits(args.command):
-      cli_checks.check(
+      warnings = cli_checks.check(
         args.command,
         getattr(args, "gin_file", []),
         getattr(args, "model_dir", None),
         getattr(args, "gin_bindings", []),
         getattr(args, "k", None),
+        getattr(args, "allow_unused_bindings", False),
       )
+      for warning in warnings:
+        print(f"recsys {args.command}: warning: {warning}", file=sys.stderr)
       if verbosity is not None:
         console.configure(args.command, verbosity)
       if command.STARTS_TENSORFLOW:
@@ -118,6 +121,10 @@ def _main(argv: Sequence[str]) -> int:
     report.interrupted(args.command)
     return exits.INTERRUPTED_EXIT_STATUS
   except Exception as e:  # noqa: BLE001 - the status is `exits`' decision
+    if "recsys.config" in sys.modules:  # TF's classes built by gin
+      from recsys import config  # pylint: disable=g-import-not-at-top
+
+      e = config.refused_arguments(e) or e
     status = exits.exit_status(e)
     if status is None or (verbose and status not in exits.STOPPED_BY_SIGNAL):
       raise

@@ -39,6 +39,14 @@ def add_gin_flags(parser: argparse.ArgumentParser, required: bool) -> None:
     help='extra gin binding, e.g. "train.train_steps = 100" (repeatable; '
     "applied after the files).",
   )
+  parser.add_argument(
+    "--allow_unused_bindings",
+    action="store_true",
+    help="go on (with a warning) although a gin binding is read by nothing "
+    "in the run, e.g. a parameter of a model it does not train or a "
+    "misspelt scope; refused by default, naming it. A gin file marks a "
+    "binding it makes for only some runs with '# optional' on its line.",
+  )
 
 
 def add_runtime_flags(parser: argparse.ArgumentParser) -> None:

@@ -1,12 +1,15 @@
 """How a failed or stopped `recsys` command tells the user, on stderr.
 
 What the exit status is, `recsys.runtime.exits` decides; this is only the
-wording: one line per error (the traceback with --verbose), gin's errors
-with their file and line on the lines below, a clean stop in its own words.
+wording: one line per error (the traceback with --verbose; a runtime error
+says so on a second line, a settings refusal is complete in one), gin's
+errors with their file and line on the lines below, a clean stop in its
+own words.
 """
 
 import sys
 
+from recsys import errors
 from recsys.runtime import exits
 
 #: The errors of gin files and bindings, by their class's name: their
@@ -14,7 +17,11 @@ from recsys.runtime import exits
 _GIN_ERRORS = ("GinConfigError", "GinFileNotFoundError")
 #: Gin errors whose message starts with where the problem is: on one line
 #: with the heading (`recsys.gin_precheck`: two lines in all).
-_GIN_ERRORS_WHERE_FIRST = ("UnknownGinNameError",)
+_GIN_ERRORS_WHERE_FIRST = (
+  "UnknownGinNameError",
+  "UnreadGinBindingError",
+  "RefusedArgumentsError",
+)
 
 
 def failed(
@@ -36,7 +43,7 @@ def failed(
     text = f"gin configuration error: {error}"
   else:
     text = f"{type(error).__name__}: {_short(error)}"
-    if verbose_flag:
+    if verbose_flag and status != errors.SETTINGS_EXIT_STATUS:
       text += "\n(run with --verbose for the traceback)"
   print(f"recsys {command}: {text}", file=sys.stderr)
 

@@ -745,8 +745,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     "--grace_seconds",
     type=float,
     default=10.0,
-    help="on Ctrl-C/SIGTERM, how long the chief may take to "
-    "save a checkpoint before everything is killed.",
+    help="on SIGTERM or Ctrl-C (forwarded to the chief), how long "
+    "the chief may take to save a checkpoint before every task still "
+    f"running gets SIGTERM, then SIGKILL {STOP_SECONDS:g} s later "
+    "(default 10).",
   )
   parser.add_argument(
     "--private_network",

@@ -23,8 +23,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     "MultiWorkerMirroredStrategy. The chief's lines are printed, prefixed "
     "with its name; every other task's output goes to "
     "<model_dir>/logs/<task>.log (its error lines printed too). Every "
-    "process is stopped when the chief exits, on Ctrl-C, or when a task "
-    "the cluster cannot lose fails.",
+    "process is stopped when the chief exits or a task the cluster cannot "
+    "lose fails; SIGTERM and Ctrl-C are forwarded to the chief, which saves "
+    "a checkpoint within --grace_seconds before the others are stopped "
+    "(exit status 143 or 130). No task outlives the launcher, even a "
+    "SIGKILLed one: the kernel sends its tasks SIGTERM.",
     epilog="example:\n  recsys launch --workers 2 --ps 2 -- train "
     "--gin_file experiments/synthetic_dlrm.gin \\\n"
     "      --gin_file experiments/hardware/local_cluster.gin "

@@ -31,7 +31,7 @@ forwards to the chief: the chief saves a checkpoint within
 `--grace_seconds` (a mirrored cluster's workers save with it: they agree on
 the stop), then every task still running gets SIGTERM and, `STOP_SECONDS`
 later, SIGKILL; the launcher then exits 143 (SIGTERM) or 130 (SIGINT). A
-second signal skips the waits. If the launcher itself is killed, even by
+second Ctrl-C skips the waits. If the launcher itself is killed, even by
 SIGKILL, its tasks get SIGTERM from the kernel (`recsys.launch_guard`), so
 none outlives it. Its status is the same for the same cause whichever task
 reports it first (`cluster_status`): 2 when any task reported a settings
@@ -42,7 +42,9 @@ every interface of the machine, though (it has no bind-address setting), and
 has no authentication: anyone who reaches a port can run ops in the task. So
 by default the whole cluster runs in a new network namespace with only a
 loopback interface (`unshare -rn`, Linux with user namespaces): nothing
-outside can reach it. Where no namespace can be made, launch refuses to
+outside can reach it. The `recsys launch` you start then runs the launcher
+proper in it, as its own process (`run_owned`: signals forwarded, ended
+with it). Where no namespace can be made, launch refuses to
 start; `--listen_all_interfaces` runs the servers on every interface instead
 (a trusted network only, e.g. to reach the tasks from other hosts).
 
@@ -66,7 +68,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from recsys import launch_guard
 from recsys.errors import (
@@ -74,6 +76,7 @@ from recsys.errors import (
   SETTINGS_EXIT_STATUS,
   SettingsError,
 )
+from recsys.runtime import exits
 
 _PRIVATE_ENV = "RECSYS_LAUNCH_PRIVATE_NETWORK"
 
@@ -413,7 +416,9 @@ class Cluster:
     return None
 
   def settle(
-    self, seconds: float = SETTLE_SECONDS, stopping: Callable[[], bool] = bool
+    self,
+    seconds: float = SETTLE_SECONDS,
+    stopping: Callable[[], bool] = lambda: False,
   ) -> None:
     """Gives the tasks still running `seconds` to end by themselves: after
     a failure, the others may be failing for the same cause (`SETTLE_SECONDS`).
@@ -440,7 +445,7 @@ class Cluster:
     Args:
       grace_seconds: the chief's time (None: `self.grace_seconds`).
       signum: what the chief gets: SIGTERM, or SIGINT for a Ctrl-C.
-      hurry: returns True to skip the waits (a second signal came).
+      hurry: returns True to skip the waits (Ctrl-C again).
     """
     if grace_seconds is None:
       grace_seconds = self.grace_seconds
@@ -448,10 +453,18 @@ class Cluster:
     if chief is not None and chief.poll() is None:
       _signal_group(chief, signum)
       self._wait_for([chief], grace_seconds, hurry)
+      if chief.poll() is None:
+        self.print_line(
+          f"[launch] {task_name(*self.chief)} has not ended "
+          f"{grace_seconds:g} s after {signal.Signals(signum).name}: every "
+          f"task gets SIGTERM, and SIGKILL {STOP_SECONDS:g} s later"
+        )
     running = self._running()
     for proc in running:
       _signal_group(proc, signal.SIGTERM)
     self._wait_for(running, STOP_SECONDS, hurry)
+    if hurry() and self._running():
+      self.print_line("[launch] Ctrl-C again: killing every task now")
     for proc in self.procs.values():
       _signal_group(proc, signal.SIGKILL)
     for proc in self.procs.values():
@@ -505,15 +518,9 @@ def cluster_status(ended: int, statuses: Iterable[int | None]) -> int:
   return ended if ended > 0 else RUNTIME_EXIT_STATUS
 
 
-#: The statuses of a process stopped by SIGTERM and by SIGINT (Ctrl-C), as
-#: shells report them (recsys.runtime.exits): what the launcher exits with
-#: after it forwarded such a signal.
-_STOPPED_STATUSES = (128 + signal.SIGTERM, 128 + signal.SIGINT)
-
-
 def _is_failure(status: int) -> bool:
   """A status after which other tasks may yet report the cause."""
-  return status not in (0, SETTINGS_EXIT_STATUS, *_STOPPED_STATUSES)
+  return status not in (0, SETTINGS_EXIT_STATUS, *exits.STOPPED_BY_SIGNAL)
 
 
 class StopSignals:
@@ -529,7 +536,7 @@ class StopSignals:
 
   def __init__(self):
     self.received: list[int] = []
-    self._previous: dict[int, object] = {}
+    self._previous: dict[int, Any] = {}
 
   @property
   def first(self) -> int | None:
@@ -540,8 +547,9 @@ class StopSignals:
     return bool(self.received)
 
   def again(self) -> bool:
-    """A second signal: stop without waiting."""
-    return len(self.received) > 1
+    """Ctrl-C after the first signal: stop without waiting (as the
+    trainer aborts on a second Ctrl-C; a repeated SIGTERM only repeats)."""
+    return signal.SIGINT in self.received[1:]
 
   def _handle(self, signum: int, frame: object) -> None:
     del frame
@@ -555,13 +563,16 @@ class StopSignals:
 
   def __exit__(self, *exc: object) -> None:
     for sig, handler in self._previous.items():
-      signal.signal(sig, handler)  # type: ignore[arg-type]
+      signal.signal(sig, handler)
     self._previous.clear()
 
 
 def signal_status(signum: int) -> int:
-  """The launcher's status after `signum`: 143 (SIGTERM), 130 (SIGINT)."""
-  return 128 + signum
+  """The launcher's status after `signum`, as the shell reports a process
+  stopped by it: 143 (SIGTERM), 130 (SIGINT; `recsys.runtime.exits`)."""
+  if signum == signal.SIGINT:
+    return exits.INTERRUPTED_EXIT_STATUS
+  return exits.SIGTERM_EXIT_STATUS
 
 
 def supervise(
@@ -591,10 +602,12 @@ def supervise(
     finally:
       if signals.first is not None:
         name = signal.Signals(signals.first).name
+        chief = task_name(*cluster.chief)
+        chief = "the chief" if chief == "chief" else f"the chief ({chief})"
         cluster.print_line(
-          f"[launch] {name} received: stopping the cluster; the "
-          f"{task_name(*cluster.chief)} has {grace_seconds:g} s to save a "
-          "checkpoint (a second signal stops every task at once)"
+          f"[launch] {name} received: stopping the cluster; {chief} has "
+          f"{grace_seconds:g} s to save a checkpoint (Ctrl-C again: every "
+          "task stops at once)"
         )
       cluster.stop(
         grace_seconds,

@@ -29,7 +29,8 @@ from recsys import launch, launch_guard
 #: alive, and exits 128 + the signal, as `recsys train` does; a parameter
 #: server or a parameter-server cluster's worker dies at SIGTERM (it serves
 #: from C++, where no Python handler runs); a mirrored worker exits 143.
-#: STUBBORN names a task that ignores SIGTERM (blocked in a collective);
+#: SLOW_SAVE: the chief's seconds to save; STUBBORN names a task that
+#: ignores SIGTERM (blocked in a collective);
 #: FAIL_<job>_<index> = "status delay" makes a task exit with that status.
 TASK = textwrap.dedent("""
   import json, os, signal, sys, time
@@ -47,6 +48,7 @@ TASK = textwrap.dedent("""
       return False
 
   def save(signum, frame):
+    time.sleep(float(os.environ.get("SLOW_SAVE", 0)))
     others = {}
     for f in os.listdir(state):
       if f.endswith(".pid") and f != name + ".pid":
@@ -248,19 +250,37 @@ def test_no_task_outlives_a_sigkilled_launcher(tmp_path, thread):
   assert _checkpoint(tmp_path)["signal"] == "SIGTERM"
 
 
-def test_through_the_outer_launcher_signals_are_forwarded_once(tmp_path):
-  """SIGINT to the outer launcher (as a terminal's Ctrl-C, which reaches
-  only it: the inner one runs in a session of its own) stops the cluster
-  as SIGINT to the inner one does: a second one would stop it at once."""
+def test_a_terminals_ctrl_c_reaches_the_cluster_once(tmp_path):
+  """Ctrl-C in a terminal signals its foreground process group: the outer
+  launcher's (the inner one runs in a session of its own), which forwards
+  it once; twice would kill every task at once (next test)."""
   with _Launcher(tmp_path, workers=2, ps=1, outer=True) as launcher:
     launcher.started()
-    launcher.proc.send_signal(signal.SIGINT)
+    os.killpg(launcher.proc.pid, signal.SIGINT)
     code, out = launcher.finish()
     assert code == 130, out
     assert not _gone(launcher.pids), out
-  assert "a second signal" in out and "status 130" in out
+  assert "every task has ended (status 130)" in out
+  assert "killing every task now" not in out, out
   saved = _checkpoint(tmp_path)
   assert saved["signal"] == "SIGINT" and all(saved["alive"].values()), saved
+
+
+def test_ctrl_c_again_kills_every_task_at_once(tmp_path):
+  slow = {"SLOW_SAVE": "60"}  # a chief that would take its whole grace
+  with _Launcher(tmp_path, workers=2, ps=0, grace=20, env=slow) as launcher:
+    launcher.started()
+    start = time.monotonic()
+    launcher.proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    launcher.proc.send_signal(signal.SIGINT)
+    code, out = launcher.finish()
+    seconds = time.monotonic() - start
+    assert code == 130, out
+    assert not _gone(launcher.pids), out
+  assert "[launch] Ctrl-C again: killing every task now" in out
+  assert seconds < 5, (seconds, out)
+  assert not (tmp_path / "checkpoint").exists()
 
 
 def test_a_sigkilled_outer_launcher_stops_the_cluster_in_order(tmp_path):

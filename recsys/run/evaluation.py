@@ -68,6 +68,10 @@ class Evaluator:
       # counted; `evaluate` divides (eval batches differ from training's).
       self.eval_loss_sum = keras.metrics.Sum("eval_loss_sum")
       self.eval_examples = keras.metrics.Sum("eval_examples", dtype=tf.int64)
+      # `model.losses` as each replica step computes them (weight
+      # regularizers, activity regularizers, `add_loss`): read inside the
+      # step, where the losses of that batch's call live, and averaged.
+      self.eval_regularization = keras.metrics.Mean("eval_regularization")
     self._names = list(run.backend.feature_config)
     self._backend_lookup = tf.autograph.experimental.do_not_convert(
       run.backend.lookup
@@ -86,8 +90,10 @@ class Evaluator:
     """One replica's eval step on a masked batch `(features, labels, mask)`.
 
     Updates `model.metrics` (weighted by the mask), the sum of the real
-    examples' losses (`eval_loss_sum`, regularization left out) and their
-    count (`eval_examples`); padding rows count for nothing.
+    examples' losses (`eval_loss_sum`, regularization left out), their
+    count (`eval_examples`; padding rows count for nothing) and the mean of
+    the model's regularization losses (`eval_regularization`: an activity
+    regularizer sees the padded batch).
     """
     features, labels, mask = _with_batch_rows(batch, self._rows_per_step())
     ids, weights = split_batch((features, labels), self._names)
@@ -98,6 +104,8 @@ class Evaluator:
     )
     self.eval_loss_sum.update_state(tf.reduce_sum(per_example))
     self.eval_examples.update_state(tf.reduce_sum(tf.cast(mask > 0, tf.int64)))
+    if self.run.model.losses:
+      self.eval_regularization.update_state(tf.add_n(self.run.model.losses))
 
   def _rows_per_step(self) -> int:
     """Rows of one eval step's batch: every batch is padded whole."""
@@ -157,6 +165,7 @@ class Evaluator:
       )
     self.eval_loss_sum.reset_state()
     self.eval_examples.reset_state()
+    self.eval_regularization.reset_state()
     for m in run.model.metrics:
       m.reset_state()
     with (
@@ -174,7 +183,11 @@ class Evaluator:
     )
     results["eval/loss"] = float(
       self.eval_loss_sum.result()
-    ) / examples + run_summaries.regularization_loss(run.model)
+    ) / examples + float(self.eval_regularization.result())
+    if run.model.losses:
+      results["eval/regularization_loss"] = float(
+        self.eval_regularization.result()
+      )
     results["eval/examples"] = float(examples)
     if exclude_seen:
       results["eval/exclude_seen"] = 1.0

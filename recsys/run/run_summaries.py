@@ -151,13 +151,6 @@ def throughput(
   return out
 
 
-def regularization_loss(model: keras.Model) -> float:
-  """The model's regularization loss (0.0 without regularizers)."""
-  if not model.losses:
-    return 0.0
-  return float(tf.add_n(model.losses))
-
-
 def learning_rate(optimizer: Any) -> float:
   """The dense optimizer's current learning rate (NaN: it has none)."""
   lr = getattr(optimizer, "learning_rate", None)

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from recsys._keras import keras
+from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
 from recsys.models import DLRM, TwoTower
 from recsys.training import TrainerConfigError
@@ -78,7 +79,7 @@ def test_the_trainer_logs_its_slices(tmp_path, caplog):
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True, "2"])
 def test_a_slice_count_that_is_no_positive_int_is_refused(tmp_path, bad):
-  with pytest.raises(TrainerConfigError, match=r"batch_slices=.*int >= 1"):
+  with pytest.raises(SettingsError, match=r"batch_slices must be an int"):
     make_trainer(tmp_path, batch_slices=bad)
 
 
@@ -141,6 +142,64 @@ def test_a_layer_with_batch_statistics_keeps_the_batch_whole():
   assert plan.slices == 1 and "BatchNormalization: dense_norm" in plan.reason
   with pytest.raises(TrainerConfigError, match="dense_norm"):
     _resolve(model, setting=2)
+
+
+class _Penalty(keras.layers.Layer):
+  """A user's layer that adds a loss of its input (add_loss)."""
+
+  def call(self, x):
+    self.add_loss(0.01 * tf.reduce_mean(tf.square(x)))
+    return x
+
+
+class _Scaled(keras.layers.Layer):
+  """A user's per-example layer; `EXAMPLES_INDEPENDENT` says so or not."""
+
+  def call(self, x):
+    return 2.0 * x
+
+
+class _Declared(_Scaled):
+  EXAMPLES_INDEPENDENT = True
+
+
+def _with_layer(layer):
+  """A DLRM with `layer` among its layers (called on a batch once)."""
+  model = DLRM(SPECS, num_dense=2, bottom_mlp=(4,), top_mlp=(4,))
+  model.extra = layer
+  layer(tf.zeros([3, 4]))
+  return model
+
+
+@pytest.mark.parametrize(
+  "layer,named",
+  [
+    (keras.layers.experimental.SyncBatchNormalization(name="sync"), "sync"),
+    (
+      keras.layers.Dense(
+        4, name="act", activity_regularizer=keras.regularizers.L2(0.1)
+      ),
+      "act (activity_regularizer)",
+    ),
+    (_Penalty(name="penalty"), "penalty (add_loss)"),
+  ],
+  ids=["sync-batch-norm", "activity-regularizer", "add-loss"],
+)
+def test_layers_that_couple_the_batch_keep_it_whole(layer, named):
+  """SyncBatchNormalization is no BatchNormalization subclass; the others
+  leave Keras only the last slice's losses."""
+  plan = _resolve(_with_layer(layer))
+  assert plan.slices == 1 and named in plan.reason, plan
+  with pytest.raises(TrainerConfigError, match=named.split(" ")[0]):
+    _resolve(_with_layer(layer), setting=2)
+
+
+def test_a_layer_the_project_cannot_see_into_is_cut_only_when_declared():
+  plan = _resolve(_with_layer(_Scaled(name="mine")))
+  assert plan.slices == 1 and "cannot see into (_Scaled: mine)" in plan.reason
+  with pytest.raises(TrainerConfigError, match="EXAMPLES_INDEPENDENT = True"):
+    _resolve(_with_layer(_Scaled(name="mine")), setting=2)
+  assert _resolve(_with_layer(_Declared(name="mine"))).slices == 2
 
 
 def test_every_kind_of_batch_tensor_is_cut_into_its_rows():

@@ -30,6 +30,7 @@ LAYERS = (
     "recsys.feature_spec",
     "recsys.gin_names",  # recsys's gin names, written down: no TF
     "recsys.ranges",  # each setting's valid range, declared: no TF
+    "recsys.launch_guard",  # a launched task's parent-death guard: stdlib
   ),
   (
     "recsys.features",

@@ -349,6 +349,12 @@ CONFIGURABLES = {
 
 RANGES: dict[str, dict[str, Spec]] = {
   "recsys.data.criteo.CriteoTSV": {
+    "train_files": AnyOf(
+      optional=True, options=(Text(), Each(item=Text(), min_len=1))
+    ),
+    "eval_files": AnyOf(
+      optional=True, options=(Text(), Each(item=Text(), min_len=1))
+    ),
     "data_dir": Text(optional=True),
     "layout": Choice(values=("kaggle", "terabyte")),
     "vocab_sizes": AnyOf(

@@ -27,6 +27,7 @@ Example:
 """
 
 import dataclasses
+import functools
 import os
 import re
 import tokenize
@@ -117,13 +118,15 @@ def _resolve_include(path: str, including: str) -> str | None:
   return next((c for c in candidates if os.path.isfile(c)), None)
 
 
-def _statements(text: str) -> list[Any]:
-  """Gin's statements of `text` ([] when it does not parse: gin reports
-  that, with its line, after start-up)."""
+@functools.lru_cache(maxsize=256)
+def _statements(text: str) -> tuple[Any, ...]:
+  """Gin's statements of `text` (none when it does not parse: gin reports
+  that, with its line, after start-up); parsed once per text, as the
+  checks before TF each read the same files."""
   try:
-    return list(config_parser.ConfigParser(text, _Delegate()))
+    return tuple(config_parser.ConfigParser(text, _Delegate()))
   except (SyntaxError, ValueError, TypeError, tokenize.TokenError):
-    return []
+    return ()
 
 
 class Config:
@@ -159,7 +162,7 @@ class Config:
 
   def _add(
     self,
-    statements: list[Any],
+    statements: Sequence[Any],
     where: str,
     seen: set[str] | None,
     lines: Sequence[str] = (),
@@ -259,9 +262,8 @@ def _ambiguous(name: str, matches: Sequence[str], binding: Binding) -> str:
     f"{m}.{binding.param}" if selects else f"@{m}()" for m in sorted(matches)
   ]
   return (
-    f"{binding.where}: '{name}' matches {len(matches)} configurables; write "
-    "the one "
-    f"you mean in full: {', '.join(spelt)}."
+    f"{binding.where}: '{name}' matches {len(matches)} configurables; "
+    f"write the one you mean in full: {', '.join(spelt)}."
   )
 
 

@@ -13,10 +13,13 @@ from `train` (and `CALLED_BY_RECSYS`), every reference of a binding it
 reads (`@scope/Name` or `@scope/Name()`, called in that scope, nested in
 the caller's) and every macro it uses, until nothing new is reached. A
 binding of a configurable never reached, or reached only in other scopes,
-is unread: named with where it is and what was probably meant. A file
-that binds something on purpose for only some runs (a base file's
-learning rate of an optimizer some experiments choose) says so with
-`# optional` on the binding's line; `--allow_unused_bindings` lets a
+is unread: named with where it is and what was probably meant. Not one
+made for a choice a later binding replaced: `base.gin`'s Adagrad learning
+rate when an experiment including it chooses Adam, a DLRM file's model
+settings when the DCN file including it trains DCN-v2 (bound after the
+replacement, it is named). A file that binds something on purpose for
+only some runs (`hardware/cpu_small.gin`'s Criteo vocabulary cap) says so
+with `# optional` on the binding's line; `--allow_unused_bindings` lets a
 command go on with a warning.
 
 Example:
@@ -31,19 +34,16 @@ from backends import suggest
 from recsys import gin_names, gin_precheck
 from recsys.errors import SettingsError
 
-#: The configurables recsys calls itself, besides through gin references,
-#: so that their (unscoped) bindings apply: `train` (the CLI calls it),
-#: `EmbeddingPlacement` (`planning.bound_placement`, when `train.placement`
-#: is unbound), `EmbeddingSettings` (`features.feature_config`, when
-#: `train.embedding` is), `UserHistory` and `ItemHistory` (MovieLens, for a
-#: history feature named in `MovieLens.features` without a history).
-#: tests/test_gin_unread.py reads recsys's source for other such calls.
+#: The configurables recsys calls itself through gin, besides through gin
+#: references, so that their (unscoped) bindings apply: `train` (a
+#: `gin.configurable`, called by the commands) and `EmbeddingPlacement`
+#: (`gin.get_configurable` in `planning.bound_placement`, when
+#: `train.placement` is unbound). A registered class called directly
+#: (`EmbeddingSettings()`) reads no binding. tests/test_setting_refusals.py
+#: reads recsys's source for other such calls.
 CALLED_BY_RECSYS = (
   "recsys.run.configured.train",
   "recsys.planning.EmbeddingPlacement",
-  "recsys.features.EmbeddingSettings",
-  "recsys.data.user_history.UserHistory",
-  "recsys.data.user_history.ItemHistory",
 )
 
 #: How deep scopes may nest before the walk stops (a reference cycle).
@@ -55,58 +55,103 @@ class UnreadGinBindingError(SettingsError):
   it would change nothing."""
 
 
+#: A configurable called in a scope: `(full selector, scope components)`.
+_Call = tuple[str, tuple[str, ...]]
+
+
 class _Walk:
   """Which bindings gin would apply when it runs the config."""
 
   def __init__(self, config: gin_precheck.Config):
     self.known = gin_precheck.known_names()
     self.macros: dict[str, gin_precheck.Binding] = {}
+    self.position = {id(b): i for i, b in enumerate(config.bindings)}
     # The binding gin applies of each (scope, configurable, parameter): the
-    # last; one a later file or binding overrides is no mistake.
+    # last; one a later file or binding overrides is no mistake. What an
+    # overridden one referenced (another model, optimizer) was the choice
+    # of the bindings made before the override (`replaced`).
     last: dict[tuple[str, str, str], gin_precheck.Binding] = {}
-    for binding in config.bindings:
+    self.overridden: list[tuple[gin_precheck.Binding, int]] = []
+    for index, binding in enumerate(config.bindings):
       full = self._resolve(binding.selector)
       if not binding.param:
         self.macros[binding.selector] = binding
       elif full is not None:
-        last[(binding.scope, full, binding.param)] = binding
+        key = (binding.scope, full, binding.param)
+        if key in last:
+          self.overridden.append((last[key], index))
+        last[key] = binding
     self.by_selector: dict[str, list[gin_precheck.Binding]] = {}
     for (_, full, _), binding in last.items():
       self.by_selector.setdefault(full, []).append(binding)
     self.read: set[int] = set()  # ids of the bindings read
-    self.calls: set[tuple[str, tuple[str, ...]]] = set()
-    self._macros_used: set[str] = set()
+    self.calls: set[_Call] = set()
     for root in CALLED_BY_RECSYS:
-      self._call(root, ())
+      self._call(root, (), self.calls, set(), self.read)
+
+  def replaced(self, binding: gin_precheck.Binding) -> bool:
+    """Whether `binding` was made for a choice a later binding replaced:
+    what an overridden binding referenced (`train.model = @DLRM`, then
+    `@DCNv2` in the file that includes it) reaches it, and the override
+    comes after it (a file's settings for the model it chose)."""
+    full = self._resolve(binding.selector)
+    parts = tuple(binding.scope.split("/")) if binding.scope else ()
+    for old, at in self.overridden:
+      if at < self.position[id(binding)]:
+        continue  # bound after the choice was replaced: a mistake
+      calls: set[_Call] = set()
+      scope = tuple(old.scope.split("/")) if old.scope else ()
+      self._value(old.value, scope, calls, set(), set())
+      if any(f == full and s[: len(parts)] == parts for f, s in calls):
+        return True
+    return False
 
   def _resolve(self, name: str) -> str | None:
     matches = self.known.get(name, [])
     return matches[0] if len(matches) == 1 else None
 
-  def _call(self, full: str, scope: tuple[str, ...]) -> None:
+  def _call(
+    self,
+    full: str,
+    scope: tuple[str, ...],
+    calls: set[_Call],
+    macros: set[str],
+    read: set[int],
+  ) -> None:
     """`full` called in `scope`: its bindings of a prefix of the scope
-    are read, and what their values reference is called in turn."""
-    if (full, scope) in self.calls or len(scope) > _MAX_SCOPES:
+    are read, and what their values reference is called in turn (into
+    `calls`, `macros` used and `read` binding ids)."""
+    if (full, scope) in calls or len(scope) > _MAX_SCOPES:
       return
-    self.calls.add((full, scope))
+    calls.add((full, scope))
     for binding in self.by_selector.get(full, []):
       parts = tuple(binding.scope.split("/")) if binding.scope else ()
       if scope[: len(parts)] == parts:
-        self.read.add(id(binding))
-        self._value(binding.value, scope)
+        read.add(id(binding))
+        self._value(binding.value, scope, calls, macros, read)
 
-  def _value(self, value: object, scope: tuple[str, ...]) -> None:
+  def _value(
+    self,
+    value: object,
+    scope: tuple[str, ...],
+    calls: set[_Call],
+    macros: set[str],
+    read: set[int],
+  ) -> None:
     for reference in gin_precheck.references(value):
       outer, _, name = reference.rpartition("/")
       full = self._resolve(name)
       if full is not None:
-        self._call(full, scope + (tuple(outer.split("/")) if outer else ()))
+        inner = scope + (tuple(outer.split("/")) if outer else ())
+        self._call(full, inner, calls, macros, read)
     for macro in gin_precheck.macros(value):
-      if macro in self._macros_used:
+      if macro in macros:
         continue
-      self._macros_used.add(macro)
+      macros.add(macro)
       if macro in self.macros:
-        self._value(self.macros[macro].value, scope + (macro,))
+        self._value(
+          self.macros[macro].value, scope + (macro,), calls, macros, read
+        )
 
   def unread(self) -> Iterator[gin_precheck.Binding]:
     for bindings in self.by_selector.values():
@@ -156,12 +201,16 @@ def problems(
   files: Sequence[str], bindings: Sequence[str]
 ) -> list[tuple[gin_precheck.Binding, str]]:
   """`(binding, why)` of each binding nothing in the run reads, in the
-  order of the files and bindings; a binding marked `# optional` and one
+  order of the files and bindings. Left out: a binding marked `# optional`;
+  one made for a choice a later binding replaced (a DLRM file's model
+  settings, included by a file that trains DCN-v2: `_Walk.replaced`); one
   of a name this check cannot resolve (unknown, ambiguous: refused
-  elsewhere) are left out."""
+  elsewhere)."""
   config = gin_precheck.Config(files, bindings)
   walk = _Walk(config)
-  unread = {id(b) for b in walk.unread() if not b.optional}
+  unread = {
+    id(b) for b in walk.unread() if not b.optional and not walk.replaced(b)
+  }
   return [
     (binding, walk.why(binding))
     for binding in config.bindings

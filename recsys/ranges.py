@@ -37,6 +37,9 @@ from recsys.errors import SettingsError
 #: The largest integer a setting may be unless it declares less: TF counts
 #: steps, ids and sizes in int64.
 INT64_MAX = 2**63 - 1
+#: The largest magnitude of a number setting: TF computes in float32, which
+#: holds no more (a larger one is inf there).
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 class SettingRangeError(SettingsError):
@@ -125,7 +128,8 @@ class Int(Spec):
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class Real(Spec):
-  """A finite number (an int will do; not a bool, NaN or inf) in a range.
+  """A finite number (an int will do; not a bool, NaN or inf) in a range,
+  and at most `FLOAT32_MAX` in magnitude.
 
   `lo_open` / `hi_open`: the bound itself is not valid (> rather than >=).
   """
@@ -136,7 +140,7 @@ class Real(Spec):
   hi_open: bool = False
 
   def _accepts(self, value: Any) -> bool:
-    if not _is_number(value):
+    if not _is_number(value) or abs(value) > FLOAT32_MAX:
       return False
     if self.lo is not None and (
       value < self.lo or (self.lo_open and value == self.lo)
@@ -418,6 +422,9 @@ def checked(
       check_all(owner, _declared_cached(function), bound.arguments)
       return function(*args, **kwargs)
 
+    # gin reads the parameters (which are required, which exist) with
+    # `inspect.getfullargspec`, which follows no wrapper: the signature.
+    with_checks.__signature__ = signature  # type: ignore[attr-defined]
     return with_checks
 
   return decorate(function) if function is not None else decorate

@@ -9,6 +9,7 @@ threads, verbosity), and the ways past a refusal (`--allow_changed_settings`,
 import argparse
 from typing import Any
 
+from recsys import ranges
 from recsys.runtime import console
 
 
@@ -70,14 +71,14 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
   )
   parser.add_argument(
     "--intra_op_threads",
-    type=int,
+    type=thread_count,
     default=0,
     help="TensorFlow intra-op threads (0: automatic: 1 on a "
     "machine with 2 cores or fewer, else TF's default).",
   )
   parser.add_argument(
     "--inter_op_threads",
-    type=int,
+    type=thread_count,
     default=0,
     help="TensorFlow inter-op threads (0: automatic: 2 on a "
     "machine with 2 cores or fewer, else TF's default).",
@@ -130,12 +131,32 @@ def add_skip_memory_check(parser: argparse.ArgumentParser) -> None:
   )
 
 
-def positive_int(text: str) -> int:
-  """An argparse type: a positive integer (`recsys export --k`)."""
-  try:
-    value = int(text)
-  except ValueError:
-    value = 0
-  if value < 1:
-    raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-  return value
+class Ranged:
+  """An argparse type: a number within a declared range (`recsys.ranges`),
+  the one mechanism of the gin settings; argparse refuses anything else
+  naming the flag, with exit status 2.
+
+  Attributes:
+    spec: the range (an `Int` or a `Real`).
+    what: how the refusal says it (default: `spec.describe()`).
+  """
+
+  def __init__(self, spec: ranges.Spec, what: str | None = None):
+    self.spec = spec
+    self.what = what or spec.describe()
+
+  def __call__(self, text: str) -> int | float:
+    value: int | float | None
+    try:
+      value = int(text) if isinstance(self.spec, ranges.Int) else float(text)
+    except ValueError:
+      value = None
+    if value is None or not self.spec.accepts(value):
+      raise argparse.ArgumentTypeError(f"{text!r} is not {self.what}")
+    return value
+
+
+#: `recsys export --k`: candidates per query.
+positive_int = Ranged(ranges.Int(1), "a positive integer")
+#: TensorFlow's thread counts (0: automatic).
+thread_count = Ranged(ranges.Int(0, 1024, note="0: automatic"))

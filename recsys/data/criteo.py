@@ -129,6 +129,11 @@ VOCAB_PRESETS = {"mlperf": MLPERF_VOCAB_SIZES, "kaggle": KAGGLE_VOCAB_SIZES}
 
 LAYOUTS = ("kaggle", "terabyte")
 MALFORMED_POLICIES = ("fail", "skip")
+#: Files: a glob pattern or path, or a list of them.
+_Files = Annotated[
+  None | str | Sequence[str],
+  ranges.AnyOf((ranges.Text(), ranges.Each(ranges.Text(), min_len=1))),
+]
 #: Terabyte days: 0 to 23, at least one.
 _Days = Annotated[Sequence[int], ranges.Each(ranges.Int(0, 23), min_len=1)]
 _REASONS = (
@@ -476,8 +481,8 @@ class CriteoTSV(DataSource):
   @ranges.checked
   def __init__(
     self,
-    train_files: None | str | Sequence[str] = None,
-    eval_files: None | str | Sequence[str] = None,
+    train_files: _Files = None,
+    eval_files: _Files = None,
     *,
     data_dir: ranges.Name | None = None,
     layout: Annotated[str, ranges.Choice(LAYOUTS)] = "kaggle",

@@ -44,6 +44,20 @@ _CLIPS = (
 )
 
 
+def _described(optimizer: Any) -> str:
+  """`SGD(learning_rate=1.0, clip_weight_min=0.0)`: the class and the
+  settings of an embedding optimizer that are set."""
+  if optimizer is None:
+    return "None"
+  names = ("learning_rate", *_CLIPS, "weight_decay_factor")
+  shown = ", ".join(
+    f"{n}={getattr(optimizer, n)!r}"
+    for n in names
+    if getattr(optimizer, n, None) is not None
+  )
+  return f"{type(optimizer).__name__}({shown})"
+
+
 def check_embedding_optimizer(
   feature_config: Mapping[str, Any], default_optimizer: Any = None
 ) -> None:
@@ -72,7 +86,8 @@ def check_embedding_optimizer(
     if not plain:
       raise ModelConfigError(
         f"ImplicitALS: table {table.name!r} (feature {name!r}) has "
-        f"embedding optimizer {opt!r}; iALS sets each row to its solution "
+        f"embedding optimizer {_described(opt)}; iALS sets each row to its "
+        "solution "
         "through plain SGD at learning rate 1.0: set "
         "train.embedding_optimizer = @embedding.SGD() with "
         "embedding.SGD.learning_rate = 1.0, no weight decay and no "

@@ -32,7 +32,7 @@ from typing import Any
 import gin
 
 from backends import suggest as suggest_lib
-from recsys import _gin_compat, experiments_catalog, gin_ranges
+from recsys import _gin_compat, experiments_catalog, gin_ranges, ranges
 from recsys import features as features_lib
 from recsys._keras import keras, tf
 from recsys.errors import RecsysError, SettingsError
@@ -121,6 +121,32 @@ _EXTERNAL = {
 
 #: The gin modules of the TF/Keras classes above ("embedding", ...).
 EXTERNAL_MODULES = tuple(_EXTERNAL)
+
+#: A learning rate bound in gin: a number >= 0 (0 freezes what it trains);
+#: a schedule is a reference (`@WarmupPolyDecay()`), checked when built.
+_RATE = ranges.Real(0, note="0: frozen")
+#: What TensorFlow and Keras take silently that recsys refuses: their
+#: classes check other arguments themselves (`refused_arguments`), not
+#: these (a negative learning rate trained uphill). Checked as the gin
+#: files' values are, before TF starts (`recsys.gin_names.RANGES`).
+EXTERNAL_RANGES: dict[str, dict[str, ranges.Spec]] = {
+  **{
+    f"embedding.{name}": {
+      "learning_rate": _RATE,
+      "weight_decay_factor": ranges.Real(0, optional=True),
+    }
+    for name in features_lib.EMBEDDING_OPTIMIZERS
+  },
+  **{
+    f"{module}.{name}": {"learning_rate": _RATE}
+    for module in ("keras.optimizers", "keras.optimizers.legacy")
+    for name in _EXTERNAL[module]
+  },
+  **{
+    f"keras.initializers.{name}": {"stddev": ranges.Real(0, lo_open=True)}
+    for name in ("RandomNormal", "TruncatedNormal")
+  },
+}
 
 # Modules whose import registers our own classes (`@gin.register`). Missing
 # modules are tolerated so that one broken or absent part does not hide the

@@ -348,6 +348,77 @@ CONFIGURABLES = {
 }
 
 RANGES: dict[str, dict[str, Spec]] = {
+  "embedding.Adagrad": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+    "weight_decay_factor": Real(optional=True, lo=0),
+  },
+  "embedding.AdagradMomentum": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+    "weight_decay_factor": Real(optional=True, lo=0),
+  },
+  "embedding.Adam": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+    "weight_decay_factor": Real(optional=True, lo=0),
+  },
+  "embedding.FTRL": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+    "weight_decay_factor": Real(optional=True, lo=0),
+  },
+  "embedding.SGD": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+    "weight_decay_factor": Real(optional=True, lo=0),
+  },
+  "keras.initializers.RandomNormal": {
+    "stddev": Real(lo=0, lo_open=True),
+  },
+  "keras.initializers.TruncatedNormal": {
+    "stddev": Real(lo=0, lo_open=True),
+  },
+  "keras.optimizers.Adadelta": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+  },
+  "keras.optimizers.Adagrad": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+  },
+  "keras.optimizers.Adam": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+  },
+  "keras.optimizers.AdamW": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+  },
+  "keras.optimizers.Adamax": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+  },
+  "keras.optimizers.Ftrl": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+  },
+  "keras.optimizers.Lion": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+  },
+  "keras.optimizers.Nadam": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+  },
+  "keras.optimizers.RMSprop": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+  },
+  "keras.optimizers.SGD": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+  },
+  "keras.optimizers.legacy.Adagrad": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+  },
+  "keras.optimizers.legacy.Adam": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+  },
+  "keras.optimizers.legacy.Ftrl": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+  },
+  "keras.optimizers.legacy.RMSprop": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+  },
+  "keras.optimizers.legacy.SGD": {
+    "learning_rate": Real(note="0: frozen", lo=0),
+  },
   "recsys.data.criteo.CriteoTSV": {
     "train_files": AnyOf(
       optional=True, options=(Text(), Each(item=Text(), min_len=1))

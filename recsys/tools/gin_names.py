@@ -92,14 +92,16 @@ def registered() -> dict[str, tuple[tuple[str, ...] | None, str]]:
 
 def ranges_of() -> dict[str, dict[str, Any]]:
   """`{selector: {parameter: spec}}` of recsys's own configurables, as
-  they declare them (`recsys.ranges.declared`)."""
-  from recsys import _gin_compat, ranges  # pylint: disable=g-import-not-at-top
+  they declare them (`recsys.ranges.declared`), and of the TF and Keras
+  classes `recsys.config.EXTERNAL_RANGES` declares."""
+  from recsys import _gin_compat, config, ranges  # pylint: disable=g-import-not-at-top
 
   out = {}
   for selector in registered():
     if not selector.startswith(("recsys.", "backends.")):
-      continue
-    specs = ranges.declared(_gin_compat.find_configurable(selector))
+      specs = config.EXTERNAL_RANGES.get(selector, {})
+    else:
+      specs = ranges.declared(_gin_compat.find_configurable(selector))
     if specs:
       out[selector] = specs
   return out

@@ -12,6 +12,13 @@ checkpoint (a model's layers, a dense optimizer's slots), so restoring
 another run's checkpoint fails with one list of what differs instead of
 TF's first shape error.
 
+A table restored into another dtype is cast (`casting_tables`): exactly
+into float32, to nearest into a narrow one. A float32 checkpoint whose
+values lie beyond a narrow table's range (float16: +-65504) is refused
+before anything is restored (`check_ranges`, `narrow.NarrowRangeError`),
+unless asked to saturate them (`restore(..., saturate=True)`, or the
+backend option `saturate_restores`).
+
 Example:
   >>> backends.checkpoint.restore(emb, "/tmp/model")   # dir or ckpt prefix
 """
@@ -22,15 +29,19 @@ import dataclasses
 import logging
 import os
 from collections.abc import Iterator, Sequence
+from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
-from backends import _tf_internal, base, sliced_checkpoint
+from backends import _tf_internal, base, narrow, row_init, sliced_checkpoint
 from backends.errors import BackendError
 
 log = logging.getLogger("recsys.backends")
 
 _SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+_VALUE = "VARIABLE_VALUE"
+_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _SLOT_SEPARATOR = ".S"  # how checkpoints escape the "/" of "<table>/<slot>"
 _LAYOUTS = _tf_internal.SPARSECORE_LAYOUTS_CHECKPOINT_KEY
 
@@ -234,26 +245,141 @@ def verify_compatible(
 def _narrowed(variable: tf.Variable, stored: tf.DType) -> str:
   """How a table stored in `stored` comes into `variable`, for the log."""
   if variable.dtype.size < stored.size:
-    return "rounded to nearest"
+    return "rounded to nearest, saturated at its range"
   return "exact"
 
 
-def _casts(
+def saturates(backend: base.EmbeddingBackend, saturate: bool | None) -> bool:
+  """Whether a restore into `backend` saturates values beyond a narrow
+  table's range: `saturate`, or (None) the backend's `saturate_restores`
+  option (False: refuse them)."""
+  if saturate is None:
+    return bool(getattr(backend, "saturate_restores", False))
+  return bool(saturate)
+
+
+def _narrowing(
   path: str, backend: base.EmbeddingBackend, prefix: str
+) -> dict[str, tuple[str, tf.DType, tf.DType]]:
+  """`{table name: (checkpoint key, stored dtype, table dtype)}` of the
+  narrow tables that checkpoint `path` holds in a wider dtype (built or
+  not: from the backend's `table_dtypes`)."""
+  table_dtypes: dict[str, str] = getattr(backend, "table_dtypes", dict)()
+  stored = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
+  out = {}
+  for name, dtype in table_dtypes.items():
+    target = tf.as_dtype(dtype)
+    key = _table_key(prefix, name)
+    if (
+      narrow.is_narrow(target)
+      and key in stored
+      and stored[key].size > target.size
+    ):
+      out[name] = (key, stored[key], target)
+  return out
+
+
+def _beyond_range(
+  path: str, key: str, stored: tf.DType, target: tf.DType
+) -> tuple[int, float]:
+  """`narrow.saturated_in` over a checkpoint tensor: read by row chunks of
+  `row_init.CHUNK_BYTES` where it is stored as slices, else whole once
+  (as TF's restore reads it)."""
+  reader = tf.train.load_checkpoint(path)
+  vocab, dim = reader.get_variable_to_shape_map()[key]
+  specs = [""]
+  if key in sliced_checkpoint.sliced_keys(path):
+    step = max(1, row_init.CHUNK_BYTES // (stored.size * max(dim, 1)))
+    specs = [
+      f"{vocab} {dim} {begin},{min(step, vocab - begin)}:-"
+      for begin in range(0, vocab, step)
+    ]
+  count, largest = 0, 0.0
+  for spec in specs:
+    with tf.device("/cpu:0"):
+      value = tf.raw_ops.RestoreV2(
+        prefix=path,
+        tensor_names=[key],
+        shape_and_slices=[spec],
+        dtypes=[stored],
+      )[0]
+    n, big = narrow.saturated_in(np.asarray(value.numpy()), target)
+    count, largest = count + n, max(largest, big)
+  return count, largest
+
+
+def check_ranges(
+  path: str,
+  backend: base.EmbeddingBackend,
+  prefix: str = "embedding/",
+  saturate: bool | None = None,
+) -> dict[str, tuple[int, float]]:
+  """Refuses a restore that would saturate values of a narrow table.
+
+  A float32 checkpoint restored into a float16 table turns each value
+  beyond +-65504 into +-65504 (a narrow cast saturates, `narrow.cast`):
+  that changes the values beyond rounding, so it is refused unless asked
+  (`saturates`), before anything is restored; asked, each such table is
+  warned of. Reads each such table once more (by row chunks where it is
+  sliced).
+
+  Returns:
+    `{table: (values beyond its range, the largest magnitude)}` of the
+    tables with any.
+
+  Raises:
+    narrow.NarrowRangeError: naming each table, the count of values beyond
+      its range, the largest, and how to restore anyway.
+  """
+  found = {}
+  for name, (key, stored, target) in _narrowing(path, backend, prefix).items():
+    count, largest = _beyond_range(path, key, stored, target)
+    if count:
+      found[name] = (count, largest, target)
+  source = f"checkpoint {path}"
+  if found and not saturates(backend, saturate):
+    raise narrow.NarrowRangeError(
+      "\n".join(
+        narrow.range_message(name, target, count, largest, source)
+        for name, (count, largest, target) in sorted(found.items())
+      )
+    )
+  for name, (count, largest, target) in sorted(found.items()):
+    narrow.warn_saturated_restore(name, target.name, count, largest, source)
+  return {name: (count, largest) for name, (count, largest, _) in found.items()}
+
+
+def _escape(name: str) -> str:
+  """A table name as its checkpoint key spells it (`_unescape` reversed)."""
+  return name.replace(".", "..").replace("/", _SLOT_SEPARATOR)
+
+
+def _table_key(prefix: str, name: str) -> str:
+  """The checkpoint key of table `name` under `prefix`."""
+  return prefix + _escape(name) + _SUFFIX
+
+
+def _casts(
+  path: str,
+  backend: base.EmbeddingBackend,
+  prefix: str,
+  sliced: bool = False,
 ) -> dict[str, tuple[tf.Variable, tf.DType]]:
   """The built tables whose checkpoint holds them in another dtype:
   `{table name: (variable, stored dtype)}`. Tables saved by slices
-  (`backends.sliced_checkpoint` reads and casts them) are left out."""
+  (`backends.sliced_checkpoint` reads and casts them) are left out, unless
+  `sliced` (a restore by TF alone reads them whole)."""
   if not getattr(backend, "_built", False):
     return {}  # restore on create casts as the variables are made
   stored = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
   out = {}
   for table, variable in backend.embedding_tables.items():
     name = backend.table_name(table)
-    dtype = stored.get(prefix + name + _SUFFIX)
+    dtype = stored.get(_table_key(prefix, name))
     saves_slices = getattr(variable, "saves_slices", lambda: False)()
-    if dtype is not None and dtype != variable.dtype and not saves_slices:
-      out[name] = (variable, dtype)
+    if dtype is not None and dtype != variable.dtype:
+      if sliced or not saves_slices:
+        out[name] = (variable, dtype)
   return out
 
 
@@ -266,7 +392,7 @@ def _narrow_into_float32(
     return False  # it creates each table in its dtype, casting a restore
   stored = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
   return any(
-    stored.get(prefix + backend.table_name(t) + _SUFFIX, tf.float32)
+    stored.get(_table_key(prefix, backend.table_name(t)), tf.float32)
     != tf.float32
     for t in backend.tables
   )
@@ -274,7 +400,10 @@ def _narrow_into_float32(
 
 @contextlib.contextmanager
 def casting_tables(
-  path: str, backend: base.EmbeddingBackend, prefix: str = "embedding/"
+  path: str,
+  backend: base.EmbeddingBackend,
+  prefix: str = "embedding/",
+  saturate: bool | None = None,
 ) -> Iterator[None]:
   """Within it, TF's restore of checkpoint `path` casts the built tables
   that it holds in another dtype (float32 <-> bfloat16/float16).
@@ -286,8 +415,30 @@ def casting_tables(
   rounds to nearest, a narrow one into float32 is exact. The slots are
   float32 either way. Restore before `build()` casts without this (the
   variables are created from the checkpoint's value).
+
+  First, values beyond a narrow table's range are refused, or saturated
+  with `saturate` (None: the backend's `saturate_restores`;
+  `check_ranges`), built or not, before anything is restored.
+
+  Raises:
+    narrow.NarrowRangeError: see `check_ranges`.
   """
+  check_ranges(path, backend, prefix, saturate)
   casts = _casts(path, backend, prefix)
+  _cast_on_restore(path, casts)
+  try:
+    yield
+  finally:
+    for variable, _ in casts.values():
+      for method in ("_serialize_to_tensors", "_restore_from_tensors"):
+        variable.__dict__.pop(method, None)
+
+
+def _cast_on_restore(
+  path: str, casts: dict[str, tuple[tf.Variable, tf.DType]]
+) -> None:
+  """Has TF's next restore of checkpoint `path` cast each of `casts`
+  (`_read_as`), logged per table."""
   for name, (variable, dtype) in casts.items():
     log.info(
       "table %r: checkpoint %s holds it in %s; restoring into %s (%s)",
@@ -298,32 +449,108 @@ def casting_tables(
       _narrowed(variable, dtype),
     )
     _read_as(variable, dtype)
-  try:
-    yield
-  finally:
-    for variable, _ in casts.values():
-      for method in ("_serialize_to_tensors", "_restore_from_tensors"):
-        variable.__dict__.pop(method, None)
 
 
-def _read_as(variable: tf.Variable, stored: tf.DType) -> None:
+def prepare_restore(
+  path: str, backend: base.EmbeddingBackend, saturate: bool | None = None
+) -> None:
+  """Readies `backend`'s tables for a restore by TF alone of checkpoint
+  `path`, wherever in its objects they are (`recsys.layers.Embedding`
+  calls it when `model.load_weights` reaches the layer): as
+  `casting_tables`, values beyond a narrow table's range refused (or
+  saturated, `check_ranges`) and each built table held in another dtype
+  read in that dtype and cast, for that restore only.
+
+  The backend's place in the checkpoint is found by its tables' names
+  (`backend_prefixes`); several places that hold a table in different
+  dtypes are refused (which one is this backend's is not known).
+
+  Raises:
+    narrow.NarrowRangeError: see `check_ranges`.
+    CheckpointMismatchError: the checkpoint holds this backend's table
+      names in several places, in different dtypes.
+  """
+  prefixes = backend_prefixes(path, backend)
+  if not prefixes:
+    return
+  stored = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
+  for table in backend.tables:
+    name = backend.table_name(table)
+    dtypes = {stored[_table_key(p, name)].name for p in prefixes}
+    if len(dtypes) > 1:
+      raise CheckpointMismatchError(
+        f"table {name!r}: checkpoint {path} holds tables of that name in "
+        f"{len(prefixes)} places, in {' and '.join(sorted(dtypes))}, so "
+        "which is this layer's, and its dtype, is not known. Restore it "
+        "with backends.checkpoint.restore(layer.embedding, path, name="
+        "<its path in the checkpoint>)."
+      )
+  for prefix in prefixes:
+    check_ranges(path, backend, prefix, saturate)
+  _cast_on_restore(path, _casts(path, backend, prefixes[0], sliced=True))
+
+
+def backend_prefixes(path: str, backend: base.EmbeddingBackend) -> list[str]:
+  """The key prefixes (e.g. "layer_with_weights-0/embedding/") under which
+  checkpoint `path` holds an object with every one of `backend`'s tables:
+  its object graph's nodes whose children include a variable of each
+  table's name."""
+  reader = tf.train.load_checkpoint(path)
+  if not reader.has_tensor(_GRAPH_KEY):
+    return []
+  graph = _tf_internal.TrackableObjectGraph()
+  graph.ParseFromString(reader.get_tensor(_GRAPH_KEY))
+  names = [backend.table_name(t) for t in backend.tables]
+  prefixes = set()
+  for node in graph.nodes:
+    children = {c.local_name: c.node_id for c in node.children}
+    keys = []
+    for name in names:
+      child = graph.nodes[children[name]] if name in children else None
+      values = [
+        a.checkpoint_key
+        for a in (child.attributes if child is not None else ())
+        if a.name == _VALUE
+        and a.checkpoint_key.endswith(_escape(name) + _SUFFIX)
+      ]
+      if not values:
+        break
+      keys.append(values[0][: -len(_escape(name) + _SUFFIX)])
+    if names and len(keys) == len(names) and len(set(keys)) == 1:
+      prefixes.add(keys[0])
+  return sorted(prefixes)
+
+
+def _read_as(variable: Any, stored: tf.DType) -> None:
   """Makes TF's next restore read `variable` in `stored` and cast it in
-  (its own methods shadowed on the instance until `casting_tables` ends)."""
+  (`narrow.cast`: saturated at a narrow table's range, checked before by
+  `check_ranges`).
+
+  Its own methods are shadowed on the instance for that restore only: each
+  shadow removes itself when TF calls it (and `casting_tables` removes
+  them when it ends). Until then a save would write the table cast to
+  `stored` (the shadow's tensor is the variable's value, cast when read).
+  """
   key = _tf_internal.VARIABLE_VALUE_KEY
 
-  def serialize() -> dict[str, tf.Tensor]:
-    with tf.device("/cpu:0"):  # only its dtype and device are used
-      return {key: tf.zeros([0], stored)}
+  def serialize() -> dict[str, Any]:
+    variable.__dict__.pop("_serialize_to_tensors", None)
+    return {
+      key: _tf_internal.SaveSpec(
+        lambda: tf.cast(tf.convert_to_tensor(variable), stored),
+        "",
+        "",
+        dtype=stored,
+        device="/cpu:0",
+      )
+    }
 
   def restore_cast(tensors: dict[str, tf.Tensor]):
-    return variable.assign(tf.cast(tensors[key], variable.dtype))
+    variable.__dict__.pop("_restore_from_tensors", None)
+    return variable.assign(narrow.cast(tensors[key], variable.dtype))
 
   variable._serialize_to_tensors = serialize  # pylint: disable=protected-access
   variable._restore_from_tensors = restore_cast  # pylint: disable=protected-access
-
-
-_VALUE = "VARIABLE_VALUE"
-_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
 
 def _stored_variables(graph, shapes) -> dict[tuple[str, ...], tuple[int, ...]]:
@@ -441,6 +668,7 @@ def restore(
   checkpoint_path: str,
   name: str = "embedding",
   allow_extra_tables: bool = False,
+  saturate: bool | None = None,
 ) -> tf.train.Checkpoint:
   """Verifies, then restores the backend's tables and slots from a checkpoint.
 
@@ -453,7 +681,11 @@ def restore(
   dtype casts (`casting_tables`), built or not: float32 into a narrow
   table rounds to nearest, a narrow table into float32 is exact. (A
   narrow checkpoint restored into an unbuilt TF mid-level backend, e.g.
-  `serving`, builds it first: TF's variables cannot cast on creation.)
+  `serving`, builds it first: TF's variables cannot cast on creation; so
+  does a float32 checkpoint restored into unbuilt narrow tables, whose
+  restore honours `saturate` then.) Values beyond a narrow table's range
+  (float16: +-65504) are refused before anything is restored, or
+  saturated with `saturate` (`check_ranges`).
 
   Args:
     backend: the backend to restore into.
@@ -462,12 +694,17 @@ def restore(
       `tf.train.Checkpoint`: `tf.train.Checkpoint(embedding=...)` ->
       "embedding".
     allow_extra_tables: see `verify_compatible`.
+    saturate: restore values beyond a narrow table's range saturated to
+      its largest finite value (with a warning) instead of refusing them;
+      None: the backend's `saturate_restores` option.
 
   Returns:
     The `tf.train.Checkpoint` used (its `restore` status is consumed).
 
   Raises:
     CheckpointMismatchError: see `verify_compatible`.
+    narrow.NarrowRangeError: values beyond a narrow table's range, not
+      asked to saturate (`check_ranges`).
   """
   path = verify_compatible(
     checkpoint_path,
@@ -475,11 +712,13 @@ def restore(
     prefix=name + "/",
     allow_extra_tables=allow_extra_tables,
   )
-  if not getattr(backend, "_built", False) and _narrow_into_float32(
-    path, backend, name + "/"
+  if not getattr(backend, "_built", False) and (
+    _narrow_into_float32(path, backend, name + "/")
+    or _narrowing(path, backend, name + "/")
   ):
     # TF's mid-level backends create float32 tables and cannot cast a
-    # pending restore's value: build, then restore by casting.
+    # pending restore's value: build, then restore by casting. Narrow
+    # tables too: the cast then saturates as this call says.
     backend.build()
   checkpoint = tf.train.Checkpoint(**{name: backend})
 
@@ -490,6 +729,6 @@ def restore(
       status.assert_existing_objects_matched()
 
   # Built row-sharded tables read only their rows, chunk by chunk.
-  with casting_tables(path, backend, name + "/"):
+  with casting_tables(path, backend, name + "/", saturate):
     sliced_checkpoint.restore(checkpoint, path, restore_rest)
   return checkpoint

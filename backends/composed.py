@@ -26,12 +26,13 @@ Example:
 """
 
 import abc
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, base, hardware, kernels, optimizers
+from backends import _tf_internal, base, hardware, kernels, narrow, optimizers
 from backends import input_checks as checks_lib
 from backends import inputs as inputs_lib
 from backends import pending as pending_lib
@@ -39,6 +40,8 @@ from backends.engines import dynamic, static
 from backends.input_counters import InputCounters
 from backends.storage import TableStorage, Tracker
 from backends.table_step import Features
+
+log = logging.getLogger("recsys.backends")
 
 # The backend has no data-dependent Python control flow: AutoGraph need not
 # convert it (faster traces), and its errors reach the caller as raised.
@@ -119,6 +122,8 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
       pending_lib.PendingLookups(self.name)
     )
     self._storages: dict[str, TableStorage] = _tf_internal.NoDependency({})
+    # Narrow tables whose saturated values were warned of (`narrow_counts`).
+    self._warned_saturated: set[str] = _tf_internal.NoDependency(set())
     self._counters: InputCounters | None = None
     self._kernels: Any = None
     self._dynamic_engine = _tf_internal.NoDependency(
@@ -216,6 +221,37 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
     if self._counters is None:
       return {}
     return self._counters.stats()
+
+  def narrow_counts(self) -> dict[str, int]:
+    """Narrow tables (`backends.narrow`) -> the values their updates
+    saturated so far in this process (beyond the dtype's largest finite
+    value: float16's 65504), summed over the replicas' rows; not
+    checkpointed. Warns the first time a table's count is not 0 (naming
+    it, the count and the largest magnitude). Every worker calls it
+    together (a row-sharded table's count is summed over them)."""
+    if not self._built:
+      return {}
+    out = {}
+    for name, storage in self._storages.items():
+      saturated = storage.saturated()
+      if saturated is None:
+        continue
+      out[name] = saturated.values
+      if saturated.values and name not in self._warned_saturated:
+        self._warned_saturated.add(name)
+        log.warning(
+          "table %r (%s): %d value(s) its updates computed were beyond its "
+          "range (+-%g) and were saturated to it, the largest %g. Lower the "
+          "learning rate or clip the weights (clip_weight_min/max), or "
+          "give the table a dtype of wider range (table_dtype: bfloat16 "
+          "or float32).",
+          name,
+          saturated.dtype,
+          saturated.values,
+          narrow.largest_finite(saturated.dtype),
+          saturated.largest,
+        )
+    return out
 
   def _maybe_build(self):
     """Builds on first use, also from inside a replica function.
@@ -437,7 +473,8 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
     Trainer does, before it saves anything); it resets the counts.
 
     A row-sharded table's all-to-all exchange counts the ids a compiled
-    step could not send (a full bucket) the same way.
+    step could not send (a full bucket) the same way. A narrow table whose
+    updates saturated values is warned of here, once (`narrow_counts`).
 
     Raises:
       InvalidInputError: naming the feature, table, an id and its batch row.
@@ -451,6 +488,7 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
       raise_for_overflow = getattr(storage, "raise_for_overflow", None)
       if raise_for_overflow is not None:
         raise_for_overflow()
+    self.narrow_counts()  # warns when a narrow table first saturates
 
 
 def _on_cpu_only(strategy: tf.distribute.Strategy) -> bool:

@@ -373,7 +373,8 @@ def apply_sparse_update(
     table: the table variable, `[V, D]` float32, or bfloat16/float16 (a
       narrow table, `backends.narrow`: the math runs in float32 and the
       new rows are rounded back, stochastically with `rounding`, else to
-      nearest).
+      nearest; a finite value beyond the dtype's range saturates to its
+      largest finite value, counted by `rounding`).
     slots: the table's slot variables keyed by TF's slot names (see
       `slot_names`), each `[V, D]`.
     ids: int32/int64 `[U]`, the UNIQUE row ids touched this step (duplicates
@@ -474,11 +475,12 @@ def _narrowed(
   rounding: narrow.Rounding | None,
 ) -> tf.Tensor:
   """New rows `w` in the table's dtype: a narrow table's stochastically
-  rounded with `rounding` (to nearest without one)."""
+  rounded with `rounding` (to nearest without one), saturated at its range
+  (`backends.narrow`; counted by `rounding`)."""
   if not narrow.is_narrow(table.dtype):
     return w
   if rounding is None:
-    return tf.cast(w, table.dtype)
+    return narrow.cast(w, table.dtype)
   return rounding.round(w, table.dtype, ids)
 
 
@@ -580,8 +582,8 @@ def apply_sparse_updates(
     fused_ops: the fused kernels' module (`backends.kernels.load()`): tables
       whose optimizer it implements (`fused_attrs`) are updated in place by
       one `RecsysSparseApply` each (float32, or narrow with their
-      `rounding`, bit-identical to the TF ops). The variables must be on
-      the CPU, outside XLA.
+      `rounding`, bit-identical to the TF ops, the values they saturate
+      counted alike). The variables must be on the CPU, outside XLA.
   """
   attrs = fused_attrs(optimizer) if fused_ops else None
   if attrs is not None:
@@ -595,7 +597,7 @@ def apply_sparse_updates(
       ids = tf.convert_to_tensor(u.ids)
       grads = tf.cast(tf.convert_to_tensor(u.grads), tf.float32)
       _check_args(optimizer, u.table, u.slots, ids, grads)
-      fused_ops.recsys_sparse_apply(
+      saturated = fused_ops.recsys_sparse_apply(
         table=u.table.handle,
         slots=[u.slots[n].handle for n in names],
         ids=tf.cast(ids, tf.int64),
@@ -604,6 +606,8 @@ def apply_sparse_updates(
         **_rounding_args(u.rounding),
         **attrs,
       )
+      if u.rounding is not None:
+        u.rounding.record_kernel(saturated)
     updates = rest
     if not updates:
       return
@@ -707,7 +711,7 @@ def apply_bag_update(
     fused_ops: the fused kernels' module.
     concurrent_calls: as in `_bags.lookup`.
     rounding: a narrow table's stochastic rounding (the kernel draws the
-      same bits as `narrow.Rounding.round`).
+      same bits as `narrow.Rounding.round`, saturates and counts alike).
 
   Returns:
     False (nothing done) when the kernel does not implement the optimizer,
@@ -719,7 +723,7 @@ def apply_bag_update(
     return False
   _check_args(optimizer, table, slots, unique_ids, grads)
   names = _tf_internal.slot_names(optimizer)
-  fused_ops.recsys_bag_apply(
+  saturated = fused_ops.recsys_bag_apply(
     table=table.handle,
     slots=[slots[n].handle for n in names],
     unique_ids=unique_ids,
@@ -732,6 +736,8 @@ def apply_bag_update(
     **_rounding_args(rounding),
     **attrs,
   )
+  if rounding is not None:
+    rounding.record_kernel(saturated)
   return True
 
 

@@ -41,7 +41,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, hardware, row_init
+from backends import _tf_internal, hardware, narrow, row_init
 from backends.storage import replica_sharded
 
 log = logging.getLogger("recsys.backends")
@@ -164,7 +164,9 @@ def read_rows(variables: dict[str, Any], path: str) -> None:
   only be read whole: it is read once and each shard keeps its rows.
   Rows stored in another dtype (a narrow table's bfloat16/float16, or
   float32 into a narrow table) are cast: exact into float32, to nearest
-  into a narrow dtype.
+  into a narrow dtype, saturated at its range (`narrow.cast`; a restore
+  that would saturate was refused before, unless asked:
+  `backends.checkpoint.check_ranges`).
   """
   if not variables:
     return
@@ -188,7 +190,7 @@ def read_rows(variables: dict[str, Any], path: str) -> None:
           shape_and_slices=[spec],
           dtypes=[dtype],
         )[0]
-        variable.assign_rows(begin, tf.cast(value, variable.dtype))
+        variable.assign_rows(begin, narrow.cast(value, variable.dtype))
       continue
     log.info("%s holds %s whole: reading it whole once", path, key)
     value = tf.raw_ops.RestoreV2(
@@ -197,7 +199,7 @@ def read_rows(variables: dict[str, Any], path: str) -> None:
       shape_and_slices=[""],
       dtypes=[dtype],
     )[0]
-    variable.assign_rows(0, tf.cast(value, variable.dtype))
+    variable.assign_rows(0, narrow.cast(value, variable.dtype))
 
 
 def barrier(strategy: tf.distribute.Strategy) -> None:

@@ -90,10 +90,15 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
       (default), "bfloat16" or "float16" (half the bytes; slots stay
       float32; `backends.narrow`); one value for every table, or table
       name -> dtype (others float32). A narrow table is replicated or
-      row-sharded, the model sees float32 rows, and its steps run on the
-      TF ops (the fused kernels read float32 rows only).
+      row-sharded, the model sees float32 rows; a value beyond its range
+      saturates (float16: +-65504), counted (`narrow_counts`).
     rounding_seed: the seed of the stochastic rounding of narrow tables'
       updates: the same seed and steps give bit-identical tables.
+    saturate_restores: a restore into a narrow table of a checkpoint that
+      holds values beyond its dtype's range (a float32 checkpoint into a
+      float16 table: beyond +-65504) saturates them to its largest finite
+      value, with a warning; False (default): such a restore is refused
+      before anything is restored (`backends.narrow.NarrowRangeError`).
   """
 
   name = "tensorcore"
@@ -110,6 +115,7 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
       "exchange_sigmas",
       "table_dtype",
       "rounding_seed",
+      "saturate_restores",
     }
   )
 
@@ -129,6 +135,7 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
     exchange_sigmas: float = exchange_lib.CAPACITY_SIGMAS,
     table_dtype: str | Mapping[str, str] = "float32",
     rounding_seed: int = 0,
+    saturate_restores: bool = False,
   ):
     super().__init__(
       feature_config,
@@ -158,6 +165,13 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
         "tables' stochastic rounding)."
       )
     self._rounding_seed = rounding_seed
+    if not isinstance(saturate_restores, bool):
+      raise ValueError(
+        f"saturate_restores={saturate_restores!r}; use True (a restore "
+        "saturates values beyond a narrow table's range) or False (it "
+        "refuses them)."
+      )
+    self.saturate_restores = saturate_restores
     row_layout_lib.make(row_layout, 1, 1)  # refuses an unknown name
     self._row_layout = row_layout
     self._exchange = resolve_exchange(
@@ -228,6 +242,7 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
       *args,
       dtype=self._dtypes[name],
       rounding_seed=narrow.table_seed(self._rounding_seed, name),
+      saturate_restores=self.saturate_restores,
     )
 
   def table_dtypes(self) -> dict[str, str]:

@@ -135,6 +135,51 @@ def test_a_resume_may_change_the_table_dtype(tmp_path, caplog):
   caplog.clear()
   with caplog.at_level("INFO", "recsys.backends"):
     assert _train(model_dir, BF16, "train.train_steps = 8") == 0
-  assert "restoring into bfloat16 (rounded to nearest)" in caplog.text
+  assert "restoring into bfloat16 (rounded to nearest" in caplog.text
   narrow = _tables(tf.train.latest_checkpoint(ckpts), "embedding/")
   assert all(d == tf.bfloat16 for d, _ in narrow.values())
+
+
+def _poke(checkpoint: str, key: str, value: float) -> None:
+  """Rewrites `checkpoint` with `key`'s first value set to `value` (as a
+  long float32 run might hold): every tensor read and saved again."""
+  reader = tf.train.load_checkpoint(checkpoint)
+  names = sorted(reader.get_variable_to_dtype_map())
+  tensors = [reader.get_tensor(n) for n in names]
+  poked = tensors[names.index(key)].copy()
+  poked.flat[0] = value
+  tensors[names.index(key)] = poked
+  tf.raw_ops.SaveV2(
+    prefix=checkpoint,
+    tensor_names=names,
+    shape_and_slices=[""] * len(names),
+    tensors=tensors,
+  )
+
+
+# ~10 s: trains a tiny float32 run, then resumes it in float16 twice
+@pytest.mark.slow
+def test_a_float16_resume_refuses_values_beyond_its_range(tmp_path, capsys):
+  """A float32 checkpoint holding 1e6 resumed with float16 tables: refused
+  naming the table, the count and the largest (TF's cast made it inf,
+  then a NaN loss blamed a batch), nothing saved; asked to saturate, the
+  run trains on from 65504."""
+  model_dir = str(tmp_path / "run")
+  ckpts = os.path.join(model_dir, "checkpoints")
+  assert _train(model_dir) == 0
+  latest = tf.train.latest_checkpoint(ckpts)
+  name = sorted(_tables(latest, "embedding/"))[0]
+  _poke(latest, f"embedding/{name}{VALUE}", 1e6)
+  capsys.readouterr()
+  fp16 = 'train.backend_options = {"table_dtype": "float16"%s}'
+  assert _train(model_dir, fp16 % "", "train.train_steps = 6") == 1
+  err = capsys.readouterr().err
+  assert f"table {name!r}: checkpoint {latest} holds 1 value(s)" in err
+  assert "the largest 1e+06" in err and "saturate_restores" in err
+  assert tf.train.latest_checkpoint(ckpts) == latest  # nothing saved
+  allowed = fp16 % ', "saturate_restores": True'
+  assert _train(model_dir, allowed, "train.train_steps = 6") == 0
+  resumed = _tables(tf.train.latest_checkpoint(ckpts), "embedding/")
+  dtype, rows = resumed[name]
+  assert dtype == tf.float16
+  assert np.isfinite(rows).all() and abs(float(rows.flat[0])) > 6e4

@@ -58,7 +58,11 @@
 // float32 and write each new value back with narrow.py's stochastic rounding
 // (the same counter-based hash of the seed, the update step, row and column;
 // the seed an attr, the step an input), so the kernels and the TF ops leave
-// bit-identical tables, for any number of threads.
+// bit-identical tables, for any number of threads. A finite value beyond
+// the row type's largest finite one saturates to it (narrow.saturate);
+// RecsysSparseApply and RecsysBagApply output how many values saturated and
+// the largest magnitude among them, which backends/optimizers.py adds to
+// the table's counters (narrow.Saturation).
 //
 // Built by `python -m backends.kernels` (backends/kernels/
 // __init__.py) with -ffp-contract=off, so that no multiply-add is fused (the
@@ -371,11 +375,37 @@ inline uint32_t Draw(uint32_t row_hash, uint32_t column_hash) {
   return bits ^ (bits >> 16);
 }
 
+// The bits of the largest finite value of a narrow row type, as a float32:
+// a finite value of larger magnitude saturates to it (narrow.saturate).
+// Magnitudes' bits are compared as int32 (non-negative: the sign bit is
+// cleared), which AVX2 compares in one instruction (uint32 in three).
+constexpr int32_t kLargestBf16Bits = 0x7F7F0000;  // 3.3895314e38
+constexpr int32_t kLargestHalfBits = 0x477FE000;  // 65504
+constexpr int32_t kInfBits = 0x7F800000;
+
+// What an update saturated (narrow.saturated): the count of values beyond
+// the row type's range, and the largest magnitude among them as float32
+// bits (a magnitude's bits order as the magnitudes do).
+struct Saturated {
+  int64_t count = 0;
+  uint32_t largest_bits = 0;
+
+  void Add(const Saturated& other) {
+    count += other.count;
+    largest_bits = std::max(largest_bits, other.largest_bits);
+  }
+};
+
 // narrow.round_stochastically of one float32 value, for bfloat16 rows (and
 // float32 ones, unchanged); float16: RoundHalfValue.
 inline Bf16 RoundTo(Bf16*, float x, uint32_t bits) {
   uint32_t value;
   std::memcpy(&value, &x, sizeof(value));
+  // Beyond the largest finite bfloat16: saturated to it (with its sign), as
+  // narrow.saturate; a carry from it would reach inf.
+  const int32_t magnitude = static_cast<int32_t>(value & 0x7FFFFFFFu);
+  const bool beyond = magnitude > kLargestBf16Bits && magnitude < kInfBits;
+  value = beyond ? (value & 0x80000000u) | uint32_t{kLargestBf16Bits} : value;
   const uint32_t kept = (value + (bits >> 16)) & 0xFFFF0000u;
   // Exact in bfloat16: its top half, as TF's cast of it, but for a NaN,
   // which the cast (Eigen's) makes the quiet NaN of its sign. A select, not
@@ -815,8 +845,12 @@ struct Hyper {
 // A narrow table (T bfloat16 or float16) reads its rows upcast and writes
 // each new value with RoundTo's stochastic rounding.
 template <typename T, Optimizer kOpt, bool kDecay, bool kSumInsideSqrt>
-void UpdateRows(const Rows& rows, const Hyper& h) {
+Saturated UpdateRows(const Rows& rows, const Hyper& h) {
   constexpr bool kNarrow = !std::is_same_v<T, float>;
+  constexpr int32_t kLargestBits =
+      std::is_same_v<T, Half> ? kLargestHalfBits : kLargestBf16Bits;
+  int64_t saturated_count = 0;
+  int32_t saturated_largest = 0;
   // float16 rows are upcast into `row` and written back from it, 8 values
   // at a time; the rounding between runs in float32 (RoundHalfValue).
   constexpr bool kHalf = std::is_same_v<T, Half>;
@@ -847,6 +881,8 @@ void UpdateRows(const Rows& rows, const Hyper& h) {
     const float* __restrict g_row = rows.grads + r * dim;
     float* __restrict upcast = row;  // no alias: the loop vectorizes
     if constexpr (kHalf) HalfRowToFloat(w, dim, upcast);
+    // The row's saturated values (narrow.saturated), in 32-bit lanes.
+    int32_t row_count = 0, row_largest = 0;
     for (int64_t d = 0; d < dim; ++d) {
       const float g = std::min(std::max(g_row[d], gmin), gmax);
       float x;
@@ -874,6 +910,17 @@ void UpdateRows(const Rows& rows, const Hyper& h) {
         }
       }
       x = std::min(std::max(x, wmin), wmax);
+      if constexpr (kNarrow) {
+        uint32_t x_bits;
+        std::memcpy(&x_bits, &x, sizeof(x_bits));
+        const int32_t magnitude = static_cast<int32_t>(x_bits & 0x7FFFFFFFu);
+        const bool beyond = magnitude > kLargestBits && magnitude < kInfBits;
+        // A mask, not a select, into the max: GCC 12 vectorizes the loop
+        // with it (a select feeding a max reduction stays scalar).
+        const int32_t mask = -static_cast<int32_t>(beyond);
+        row_count -= mask;
+        row_largest = std::max(row_largest, magnitude & mask);
+      }
       if constexpr (kHalf) {
         upcast[d] = RoundHalfValue(x, Draw(row_hash, columns[d]));
       } else if constexpr (kNarrow) {
@@ -883,26 +930,32 @@ void UpdateRows(const Rows& rows, const Hyper& h) {
       }
     }
     if constexpr (kHalf) FloatRowToHalf(upcast, dim, w);
+    saturated_count += row_count;
+    saturated_largest = std::max(saturated_largest, row_largest);
   }
+  Saturated saturated;
+  saturated.count = saturated_count;
+  saturated.largest_bits = static_cast<uint32_t>(saturated_largest);
+  return saturated;
 }
 
 template <typename T, Optimizer kOpt>
-void UpdateRows(const Rows& rows, const Hyper& h) {
+Saturated UpdateRows(const Rows& rows, const Hyper& h) {
   if (h.has_decay) {
-    h.sum_inside_sqrt ? UpdateRows<T, kOpt, true, true>(rows, h)
-                      : UpdateRows<T, kOpt, true, false>(rows, h);
-  } else {
-    h.sum_inside_sqrt ? UpdateRows<T, kOpt, false, true>(rows, h)
-                      : UpdateRows<T, kOpt, false, false>(rows, h);
+    return h.sum_inside_sqrt ? UpdateRows<T, kOpt, true, true>(rows, h)
+                             : UpdateRows<T, kOpt, true, false>(rows, h);
   }
+  return h.sum_inside_sqrt ? UpdateRows<T, kOpt, false, true>(rows, h)
+                           : UpdateRows<T, kOpt, false, false>(rows, h);
 }
 
 template <Optimizer kOpt>
-void UpdateRows(tensorflow::DataType dtype, const Rows& rows, const Hyper& h) {
+Saturated UpdateRows(tensorflow::DataType dtype, const Rows& rows,
+                     const Hyper& h) {
   switch (dtype) {
-    case tensorflow::DT_BFLOAT16: UpdateRows<Bf16, kOpt>(rows, h); break;
-    case tensorflow::DT_HALF: UpdateRows<Half, kOpt>(rows, h); break;
-    default: UpdateRows<float, kOpt>(rows, h); break;
+    case tensorflow::DT_BFLOAT16: return UpdateRows<Bf16, kOpt>(rows, h);
+    case tensorflow::DT_HALF: return UpdateRows<Half, kOpt>(rows, h);
+    default: return UpdateRows<float, kOpt>(rows, h);
   }
 }
 
@@ -1058,15 +1111,32 @@ class SparseApplyOp : public OpKernel {
             decay_by_lr_ ? hyper_[4] * lr : hyper_[4], hyper_[4] != 0.0f,
             hyper_[5], hyper_[6], hyper_[7], hyper_[8], hyper_[9], hyper_[10],
             sum_inside_sqrt_, &rounding};
-    auto update = [this, &h, dtype](const Rows& part_rows) {
+    auto update = [this, &h, dtype](const Rows& part_rows) -> Saturated {
       switch (optimizer_) {
         case Optimizer::kSgd:
-          UpdateRows<Optimizer::kSgd>(dtype, part_rows, h); break;
+          return UpdateRows<Optimizer::kSgd>(dtype, part_rows, h);
         case Optimizer::kAdagrad:
-          UpdateRows<Optimizer::kAdagrad>(dtype, part_rows, h); break;
+          return UpdateRows<Optimizer::kAdagrad>(dtype, part_rows, h);
         case Optimizer::kAdam:
-          UpdateRows<Optimizer::kAdam>(dtype, part_rows, h); break;
+          return UpdateRows<Optimizer::kAdam>(dtype, part_rows, h);
       }
+      return Saturated();
+    };
+    // Each part's saturated values, added after the parts ran (integer
+    // sums and a max: the same whatever the parts).
+    std::vector<Saturated> part_saturated;
+    auto finish = [ctx, &part_saturated]() {
+      Saturated total;
+      for (const Saturated& s : part_saturated) total.Add(s);
+      Tensor* count_t = nullptr;
+      Tensor* largest_t = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &count_t));
+      OP_REQUIRES_OK(ctx,
+                     ctx->allocate_output(1, TensorShape({}), &largest_t));
+      count_t->scalar<int64_t>()() = total.count;
+      float largest;
+      std::memcpy(&largest, &total.largest_bits, sizeof(largest));
+      largest_t->scalar<float>()() = largest;
     };
     if (from_bags_) {
       // Part k sums the gradients of the k-th range of unique rows (scanning
@@ -1078,6 +1148,7 @@ class SparseApplyOp : public OpKernel {
       const std::vector<int64_t> bounds =
           parts > 1 ? BalancedRowRanges(index, n, u, parts)
                     : std::vector<int64_t>{0, u};
+      part_saturated.resize(parts);
       auto run = [&](int part) {
         const int64_t lo = bounds[part], hi = bounds[part + 1];
         SumRowGradients(grads, index, segments, scale, n, dim, lo, hi,
@@ -1086,18 +1157,21 @@ class SparseApplyOp : public OpKernel {
         mine.ids += lo;
         mine.grads += lo * dim;
         mine.count = hi - lo;
-        update(mine);
+        part_saturated[part] = update(mine);
       };
       if (parts == 1) {
         run(0);
       } else {
         RunParts(ctx, parts, run);
       }
+      finish();
       return;
     }
     const int parts = NumParts(ctx, u * dim, 0);
+    part_saturated.resize(parts);
     if (parts == 1) {
-      update(rows);
+      part_saturated[0] = update(rows);
+      finish();
       return;
     }
     // Parts by table row (RowPart), each in increasing r: a row given twice
@@ -1109,8 +1183,9 @@ class SparseApplyOp : public OpKernel {
       Rows mine = rows;
       mine.order = orders[part].data();
       mine.count = static_cast<int64_t>(orders[part].size());
-      update(mine);
+      part_saturated[part] = update(mine);
     });
+    finish();
   }
 
  private:
@@ -1322,6 +1397,15 @@ REGISTER_OP("RecsysRowGradients")
     .SetShapeFn(RowGradientsShape)
     .Doc("row_grads[index[i]] += scale[i] * grads[segments[i]].");
 
+// RecsysSparseApply's and RecsysBagApply's outputs: the values a narrow
+// table's update saturated (int64) and the largest magnitude among them
+// (float32; 0 when none, and for a float32 table).
+absl::Status SaturatedShape(InferenceContext* c) {
+  c->set_output(0, c->Scalar());
+  c->set_output(1, c->Scalar());
+  return absl::OkStatus();
+}
+
 // The optimizer attributes of RecsysSparseApply and RecsysBagApply.
 #define RECSYS_APPLY_ATTRS \
     .Attr("optimizer: {'sgd', 'adagrad', 'adam'}") \
@@ -1348,10 +1432,13 @@ REGISTER_OP("RecsysSparseApply")
     .Input("grads: float")
     .Input("learning_rate: float")
     .Input("rounding_step: int64")
+    .Output("saturated: int64")
+    .Output("largest: float")
     RECSYS_APPLY_ATTRS
     .SetIsStateful()
-    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
-    .Doc("One TPU-semantics optimizer step on the rows ids, in place.");
+    .SetShapeFn(SaturatedShape)
+    .Doc("One TPU-semantics optimizer step on the rows ids, in place; "
+         "a narrow table's saturated values counted.");
 
 REGISTER_OP("RecsysBagApply")
     .Input("table: resource")
@@ -1364,9 +1451,11 @@ REGISTER_OP("RecsysBagApply")
     .Input("learning_rate: float")
     .Input("rounding_step: int64")
     .Attr("concurrent_calls: int = 0")
+    .Output("saturated: int64")
+    .Output("largest: float")
     RECSYS_APPLY_ATTRS
     .SetIsStateful()
-    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .SetShapeFn(SaturatedShape)
     .Doc("RecsysRowGradients, then RecsysSparseApply on unique_ids, in one op.");
 
 REGISTER_KERNEL_BUILDER(Name("RecsysBagLookup").Device(DEVICE_CPU), BagLookupOp);

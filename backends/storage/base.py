@@ -104,6 +104,12 @@ class TableStorage(abc.ABC):
     None for a float32 table."""
     return None
 
+  def saturated(self) -> Any:
+    """A narrow table's values its updates saturated so far, the largest
+    magnitude among them and its dtype (`backends.narrow.SaturatedValues`);
+    None for a float32 table."""
+    return None
+
   def updates_alone(self) -> bool:
     """Whether this replica's update needs nobody else's gradients now."""
     return False

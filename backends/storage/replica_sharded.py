@@ -172,11 +172,11 @@ class RowShardedVariable(_tf_internal.Trackable):
 
   def assign(self, full: Any) -> Any:
     """Sets every local shard from a full `[V, D]` value (cast to the
-    shards' dtype: a float32 value into a narrow table rounds to nearest);
-    returns the ops."""
+    shards' dtype: a float32 value into a narrow table rounds to nearest,
+    saturated at its range, `narrow.cast`); returns the ops."""
     full = tf.convert_to_tensor(full)
     if full.dtype != self.dtype:
-      full = tf.cast(full, self.dtype)
+      full = narrow.cast(full, self.dtype)
     if not full.shape.is_compatible_with(self.shape):
       raise ValueError(
         f"{self.name}: cannot assign a value of shape {full.shape} to a "
@@ -354,7 +354,9 @@ class ShardRounding(narrow.Rounding):
   local row ids are mapped back through the layout, so the table's bits do
   not depend on how many replicas hold it. `step` is the table's update
   count, advanced once per update by the caller (every shard of a host
-  update shares it); `counter` is unused.
+  update shares it); `counter` is unused. `saturation` counts the values
+  the shard's update saturates (the shard's own component of the table's
+  per-replica counters).
 
   Attributes:
     layout: the table's row layout.
@@ -369,6 +371,7 @@ class ShardRounding(narrow.Rounding):
   fused: bool = dataclasses.field(default=False, init=False)
 
   def round(self, values: tf.Tensor, dtype: tf.DType, ids: tf.Tensor):
+    self.count_saturated(values, dtype, ids)
     rows = self.layout.global_ids(self.shard, ids)
     bits = narrow.random_bits(self.seed, self.step, rows, int(values.shape[-1]))
     return narrow.round_stochastically(values, dtype, bits)
@@ -408,6 +411,7 @@ class ReplicaSharded(base.TableStorage):
     self.dtype = tf.as_dtype(dtype)
     self._rounding_seed = rounding_seed
     self._rounding_step: tf.Variable | None = None
+    self._saturation: narrow.Saturation | None = None
     self.layout = row_layout.make(
       layout, table.vocabulary_size, strategy.num_replicas_in_sync
     )
@@ -478,6 +482,10 @@ class ReplicaSharded(base.TableStorage):
         name=f"{self.name}_rounding_step",
         synchronization=tf.VariableSynchronization.ON_READ,
         aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+      )
+      # Each owner counts the values its rows' updates saturate: summed.
+      self._saturation = narrow.saturation_variables(
+        self.name, tf.VariableAggregation.SUM
       )
     self._slots = {}
     if self.optimizer is not None:
@@ -629,7 +637,11 @@ class ReplicaSharded(base.TableStorage):
 
   def _update_rounding(self) -> Callable[[Any], ShardRounding] | None:
     """Shard index -> its rounding for this update, the table's step
-    advanced once here; None for a float32 table."""
+    advanced once here; None for a float32 table.
+
+    A shard index is the replica's id tensor in a replica step (the
+    counters' local component is the replica's), or an int on the host
+    (the counters' component of that shard)."""
     if self._rounding_step is None:
       return None
     counter = self._rounding_step
@@ -638,10 +650,36 @@ class ReplicaSharded(base.TableStorage):
 
     def rounding(shard: Any) -> ShardRounding:
       return ShardRounding(
-        self._rounding_seed, None, layout=self.layout, shard=shard, step=step
+        self._rounding_seed,
+        None,
+        self._shard_saturation(shard),
+        layout=self.layout,
+        shard=shard,
+        step=step,
       )
 
     return rounding
+
+  def _shard_saturation(self, shard: Any) -> narrow.Saturation | None:
+    """The saturation counters shard `shard`'s update adds to."""
+    saturation = self._saturation
+    if saturation is None or not isinstance(shard, int):
+      return saturation
+    components = dict(
+      zip(
+        local_replica_ids(self.strategy),
+        zip(
+          self.strategy.experimental_local_results(saturation.count),
+          self.strategy.experimental_local_results(saturation.largest),
+        ),
+      )
+    )
+    return narrow.Saturation(*components[shard])
+
+  def saturated(self) -> narrow.SaturatedValues | None:
+    if self._saturation is None:
+      return None
+    return narrow.read_saturation(self._saturation, self.strategy, self.dtype)
 
   def _apply_on_host(
     self, ids: tf.Tensor, num_unique: tf.Tensor | None, grads: tf.Tensor

@@ -11,7 +11,10 @@ A narrow table (`dtype` bfloat16 or float16, `backends.narrow`) keeps its
 rows in that dtype and its slots in float32; `gather` upcasts the rows,
 the update rounds them back stochastically (the same draws on every
 replica). Checkpoints hold the rows in the table's
-dtype; a float32 checkpoint restores into a narrow table and back (cast).
+dtype; a float32 checkpoint restores into a narrow table and back (cast;
+values beyond the narrow dtype's range refused unless `saturate_restores`,
+`backends.narrow.NarrowRangeError`). The values the updates saturate are
+counted (`saturated`).
 
 Example:
   >>> storage = Replicated(table, "items", Adagrad(0.1), strategy)
@@ -37,11 +40,16 @@ class Replicated(base.TableStorage):
   placement = "replicated"
 
   def __init__(
-    self, *args: Any, dtype: str = "float32", rounding_seed: int = 0
+    self,
+    *args: Any,
+    dtype: str = "float32",
+    rounding_seed: int = 0,
+    saturate_restores: bool = False,
   ):
     super().__init__(*args)
     self.dtype = tf.as_dtype(dtype)
     self._rounding_seed = rounding_seed
+    self._saturate_restores = saturate_restores
     self._rounding: narrow.Rounding | None = None
 
   def create(self, tracker: base.Tracker) -> None:
@@ -56,7 +64,12 @@ class Replicated(base.TableStorage):
       variable = tf.Variable(
         # Row-keyed: zeros, then the rows chunk by chunk (no second copy).
         initial_value=functools.partial(
-          _initial_value, tf.zeros if keyed else initializer, full, dtype
+          _initial_value,
+          tf.zeros if keyed else initializer,
+          full,
+          dtype,
+          self.name,
+          self._saturate_restores,
         ),
         name=name,
         shape=full,
@@ -106,7 +119,14 @@ class Replicated(base.TableStorage):
         synchronization=tf.VariableSynchronization.ON_READ,
         aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
       )
-      self._rounding = narrow.Rounding(self._rounding_seed, counter)
+      self._rounding = narrow.Rounding(
+        self._rounding_seed,
+        counter,
+        # Every copy counts the same values: replica 0's count is the table's.
+        narrow.saturation_variables(
+          name, tf.VariableAggregation.ONLY_FIRST_REPLICA
+        ),
+      )
 
   @property
   def parameters(self) -> tf.Variable:
@@ -128,6 +148,13 @@ class Replicated(base.TableStorage):
   @property
   def rounding(self) -> narrow.Rounding | None:
     return self._rounding
+
+  def saturated(self) -> narrow.SaturatedValues | None:
+    if self._rounding is None or self._rounding.saturation is None:
+      return None
+    return narrow.read_saturation(
+      self._rounding.saturation, self.strategy, self.dtype
+    )
 
   def _exchanges(self) -> bool:
     """Whether the update sums touched rows over the replicas now."""
@@ -188,16 +215,48 @@ class Replicated(base.TableStorage):
 
 
 def _initial_value(
-  initializer: Any, shape: tuple[int, int], dtype: tf.DType
+  initializer: Any,
+  shape: tuple[int, int],
+  dtype: tf.DType,
+  name: str,
+  saturate_restores: bool,
 ) -> Any:
   """`initializer`'s value in `dtype`; a checkpoint's value (restore on
-  create) is cast when it was saved in another dtype (float32 <-> narrow)."""
+  create) is cast when it was saved in another dtype (float32 <-> narrow):
+  values beyond a narrow dtype's range are refused, or saturated with
+  `saturate_restores` (`backends.narrow`)."""
   value = initializer(shape, dtype=narrow.math_dtype(dtype))
   if isinstance(value, _tf_internal.CheckpointInitialValue):
-    if value.wrapped_value.dtype != dtype:
-      value.wrapped_value = tf.cast(value.wrapped_value, dtype)
+    stored = value.wrapped_value
+    if stored.dtype != dtype:
+      path = value.checkpoint_position.checkpoint.save_path_string
+      _check_range(stored, dtype, name, saturate_restores, path)
+      value.wrapped_value = narrow.cast(stored, dtype)
     return value
   return tf.cast(value, dtype)
+
+
+def _check_range(
+  stored: tf.Tensor, dtype: tf.DType, name: str, saturate: bool, path: str
+) -> None:
+  """Refuses (or, with `saturate`, warns of) a value restored from
+  checkpoint `path` with values beyond narrow `dtype`'s range.
+
+  Raises:
+    NarrowRangeError: naming the table, the count and the largest value.
+  """
+  if not narrow.is_narrow(dtype) or stored.dtype.size <= dtype.size:
+    return
+  count, largest = narrow.saturated(stored, dtype)
+  count, largest = int(count), float(largest)
+  if not count:
+    return
+  source = f"checkpoint {path} (restored as the table is created)"
+  if not saturate:
+    raise narrow.NarrowRangeError(
+      narrow.range_message(name, dtype, count, largest, source)
+    )
+  narrow.warn_saturated_restore(name, dtype.name, count, largest, source)
 
 
 class _RowKeyed:

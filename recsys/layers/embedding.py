@@ -452,6 +452,22 @@ class Embedding(keras.layers.Layer):
       self.name,
     )
 
+  def _checkpoint_adapter(self, path: str) -> Any:
+    """`model.load_weights` (any TF restore of a checkpoint holding this
+    layer) across `table_dtype`s, as the Trainer's resume: TF's restore
+    cannot cast ("expected dtype half does not equal original dtype
+    float"), so before it reaches the tables, each one the checkpoint holds
+    in another dtype reads it in that dtype and is cast (exact into
+    float32, to nearest into bfloat16/float16), and values beyond a narrow
+    table's range are refused naming the table, unless the backend option
+    `saturate_restores` (`backends.checkpoint.prepare_restore`).
+
+    TF calls this with the checkpoint's path when its restore reaches the
+    layer, before the layer's variables; no adapter is returned."""
+    if path:
+      backends.checkpoint.prepare_restore(path, self.embedding)
+    return super()._checkpoint_adapter(path)
+
   def get_config(self) -> dict[str, Any]:
     raise NotImplementedError(
       "Embedding holds TableConfig objects and cannot be rebuilt from a "

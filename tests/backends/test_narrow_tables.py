@@ -597,8 +597,11 @@ def test_fused_and_tf_op_steps_leave_bit_identical_narrow_tables(
 
 
 def _np_round(values: np.ndarray, dtype_name: str, bits: np.ndarray):
-  """`narrow.round_stochastically` written again in NumPy (finite values)."""
+  """`narrow.round_stochastically` written again in NumPy (finite values;
+  beyond the dtype's largest finite value: saturated to it)."""
   if dtype_name == "bfloat16":
+    big = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+    values = np.clip(values, -big, big).astype(np.float32)
     carried = values.view(np.uint32) + (bits >> np.uint64(16)).astype(np.uint32)
     kept = carried & np.uint32(0xFFFF0000)
     return kept.view(np.float32).astype(ml_dtypes.bfloat16)
@@ -621,18 +624,24 @@ def _np_round(values: np.ndarray, dtype_name: str, bits: np.ndarray):
 def test_the_fused_update_rounds_with_the_numpy_draws(dtype_name, from_bags):
   """RecsysSparseApply / RecsysBagApply on a narrow table: the float32 SGD
   step of each row, rounded with the draws of (seed, step, row, column)
-  (float16 rows beyond the largest finite value saturate; subnormals)."""
+  (rows beyond the largest finite value saturate, counted in the outputs;
+  float16 subnormals)."""
   ops = _kernels()
   rng = np.random.default_rng(2)
   vocab, dim, seed, step = 300, 37, 91, 5
+  big = float(tf.as_dtype(dtype_name).max)
   init = rng.normal(size=(vocab, dim)).astype(np.float32)
   ids = rng.choice(vocab, 120, replace=False).astype(np.int64)
-  init[ids[0], :3] = 65000.0  # near float16's largest finite value
+  near = 65000.0 if dtype_name == "float16" else big  # the largest or near
+  init[ids[0], :3] = [near, -near, near]
   init[ids[1]] *= 3e-6  # float16 subnormals (below 2**-14)
   stored = init.astype(NARROW[dtype_name])
   table = tf.Variable(stored)
   grads = rng.normal(size=(120, dim)).astype(np.float32)
-  grads[0, :3] = -1000.0  # 65000 + 1000 beyond 65504
+  # Two beyond the largest finite value (float16: +-66000; bfloat16: its
+  # largest + 1e36, a finite float32), one back within it.
+  step_out = 1000.0 if dtype_name == "float16" else 1e36
+  grads[0, :3] = [-step_out, step_out, step_out]
   grads[1] *= 1e-6
   attrs = optimizers.fused_attrs(E.SGD(1.0))
   args = dict(
@@ -645,7 +654,7 @@ def test_the_fused_update_rounds_with_the_numpy_draws(dtype_name, from_bags):
     **attrs,
   )
   if from_bags:  # one entry per row, in order: its gradient unchanged
-    ops.recsys_bag_apply(
+    out = ops.recsys_bag_apply(
       unique_ids=ids,
       index=np.arange(120, dtype=np.int32),
       segments=np.arange(120, dtype=np.int32),
@@ -653,11 +662,13 @@ def test_the_fused_update_rounds_with_the_numpy_draws(dtype_name, from_bags):
       **args,
     )
   else:
-    ops.recsys_sparse_apply(ids=ids, **args)
+    out = ops.recsys_sparse_apply(ids=ids, **args)
   new = stored[ids].astype(np.float32) - grads
   want = stored.copy()
   want[ids] = _np_round(new, dtype_name, _np_bits(seed, step, ids, dim))
   got = table.numpy()
-  if dtype_name == "float16":
-    assert got[ids[0], 0] == np.float16(65504.0)
+  assert got[ids[0], 0] == big and got[ids[0], 1] == -big
   np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+  beyond = np.abs(new.astype(np.float64)) > big
+  assert int(out.saturated) == beyond.sum() == 2
+  assert float(out.largest) == np.abs(new[beyond]).max()

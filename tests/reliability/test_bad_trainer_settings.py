@@ -53,7 +53,8 @@ def test_unknown_backend_options_list_the_valid_ones(tmp_path):
     match=r"\['invalid_id'\] are not options of the "
     r"'tensorcore' backend; it takes \['bag_widths', 'exchange', "
     r"'exchange_sigmas', 'fused_kernels', 'invalid_ids', 'placement', "
-    r"'rounding_seed', 'row_layout', 'static_shapes', 'table_dtype'\]",
+    r"'rounding_seed', 'row_layout', 'saturate_restores', 'static_shapes', "
+    r"'table_dtype'\]",
   ):
     make(tmp_path, backend="tensorcore", backend_options={"invalid_id": "drop"})
 

@@ -33,7 +33,7 @@ def test_unknown_option_lists_the_declared_ones():
     match=r"\['invalid_id'\] are not options of the 'tensorcore' backend; "
     r"it takes \['bag_widths', 'exchange', 'exchange_sigmas', "
     r"'fused_kernels', 'invalid_ids', 'placement', 'rounding_seed', "
-    r"'row_layout', 'static_shapes', 'table_dtype'\]",
+    r"'row_layout', 'saturate_restores', 'static_shapes', 'table_dtype'\]",
   ):
     registry.check_options("tensorcore", {"invalid_id": "drop"})
   registry.check_options("tensorcore", {"invalid_ids": "drop"})

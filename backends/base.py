@@ -625,6 +625,11 @@ class EmbeddingBackend(_tf_internal.AutoTrackable, metaclass=abc.ABCMeta):
     report them here (call it after steps, before saving). Default: nothing.
     """
 
+  def narrow_counts(self) -> dict[str, int]:
+    """Table -> the values its updates saturated so far, for the tables
+    stored narrow (`backends.narrow`). Default: no narrow tables."""
+    return {}
+
   def __call__(
     self, features: Any, weights: Any | None = None, training: bool = False
   ) -> Any:

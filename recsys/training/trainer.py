@@ -464,8 +464,9 @@ class Trainer:
   def train_results(self) -> dict[str, float]:
     """The metrics of the steps since `run_steps`: `train/<metric>` (those
     the model's hooks keep), `train/loss`, `learning_rate` (the dense
-    optimizer's, when the model has dense weights it trains) and, with
-    policy "skip", `train/nonfinite_steps`."""
+    optimizer's, when the model has dense weights it trains), with policy
+    "skip" `train/nonfinite_steps`, and per narrow table
+    `train/saturated_values/<table>` (`backends.narrow`)."""
     results = self._evaluation.training_results(
       run_summaries.flat_results(
         self.model.metrics, "train", self._evaluation.ks
@@ -480,6 +481,10 @@ class Trainer:
       results["train/nonfinite_steps"] = float(
         self.steps.nonfinite_steps.numpy()
       )
+    # Narrow tables' values saturated at their dtype's range (every worker
+    # calls it: a row-sharded table's count is summed over them).
+    for table, count in self.backend.narrow_counts().items():
+      results[f"train/saturated_values/{table}"] = float(count)
     return results
 
   def write_summaries(

@@ -72,3 +72,23 @@ def test_weight_regularization_is_the_numpy_sum_of_the_kernels(
   np.testing.assert_allclose(
     metrics["eval/regularization_loss"], want, rtol=1e-5
   )
+
+
+def test_a_float16_table_reports_the_values_it_saturated(tmp_path):
+  """An update past float16's range saturates, and the Trainer says how
+  many values did (train/saturated_values/<table>: TensorBoard, metrics)."""
+  trainer = test_trainer.make_trainer(
+    tmp_path,
+    train_steps=4,
+    optimizer=tf.tpu.experimental.embedding.SGD(1e7),
+    backend_options={"table_dtype": "float16"},
+    nonfinite_policy="skip",
+  )
+  metrics = trainer.train()
+  counts = {k: v for k, v in metrics.items() if "saturated_values" in k}
+  assert counts and max(counts.values()) > 0, metrics
+  tables = [
+    tf.convert_to_tensor(t) for t in trainer.backend.embedding_tables.values()
+  ]
+  assert all(np.isfinite(t.numpy()).all() for t in tables)
+  assert max(float(np.abs(t.numpy()).max()) for t in tables) == 65504.0

@@ -23,9 +23,11 @@ with `# optional` on the binding's line; `--allow_unused_bindings` lets a
 command go on with a warning.
 
 Example:
-  >>> problems(["synthetic_dlrm.gin"], ["DCNv2.num_cross_layers = 7"])
-  ["--gin_bindings 'DCNv2.num_cross_layers = 7': nothing in this run reads
-  DCNv2.num_cross_layers (no binding the run reads references @DCNv2) ..."]
+  >>> check(["synthetic_dlrm.gin"], ["DCNv2.num_cross_layers = 7"])
+  Traceback (most recent call last):
+  UnreadGinBindingError: --gin_bindings 'DCNv2.num_cross_layers = 7':
+  nothing in this run reads DCNv2.num_cross_layers (no binding the run
+  reads references @DCNv2), so it changes nothing. Remove it, ...
 """
 
 from collections.abc import Iterator, Sequence

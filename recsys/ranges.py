@@ -12,9 +12,11 @@ negative `train.checkpoint_every` counted steps backwards forever) or
 failed late, deep in TensorFlow.
 
 No TensorFlow here: `recsys.gin_names.RANGES` holds the declarations
-written down, and `recsys.gin_precheck` checks the gin files' values
-against them before TensorFlow starts; `recsys.config.parse` checks them
-again against the live registry, and the configurables on every call.
+written down, and `recsys.gin_ranges` checks the gin files' values
+against them before TensorFlow starts (`recsys train` and the other
+commands) and after `recsys.config.parse` (Python callers); the
+configurables check theirs again on every call (a value gin computes, a
+Python caller's).
 
 Example:
   >>> check("train.checkpoint_every", Int(0), -1)

@@ -178,8 +178,10 @@ FEW_STEPS = [
   "train.eval_steps = 1",
   "train.eval_every = 0",
   "train.checkpoint_every = 0",
-  "SyntheticCTR.oracle_examples = 4096",
-  "CriteoTSV.max_vocab_size = 1000",
+  # Read by the experiments of their source only (`# optional`: a binding
+  # nothing in a run reads is refused, recsys.gin_unread).
+  "SyntheticCTR.oracle_examples = 4096  # optional",
+  "CriteoTSV.max_vocab_size = 1000  # optional",
 ]
 #: Slow pages train models; the others run in a second or two.
 FAST_PAGES = {

@@ -432,7 +432,7 @@ RANGES: dict[str, dict[str, Spec]] = {
       options=(
         Choice(values=("mlperf", "kaggle")),
         Int(lo=2),
-        Each(item=Int(lo=2), min_len=26, max_len=26),
+        Each(item=Int(lo=2), min_len=1),
       )
     ),
     "max_vocab_size": Int(optional=True, lo=2),

@@ -34,6 +34,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
+from backends import suggest
 from recsys.errors import SettingsError
 
 #: The largest integer a setting may be unless it declares less: TF counts
@@ -343,10 +344,25 @@ def _shown(value: Any) -> str:
   return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _choices(spec: Spec) -> list[str]:
+  """The text values a spec (or its options) names, for a did-you-mean."""
+  if isinstance(spec, Choice):
+    return [v for v in spec.values if isinstance(v, str)]
+  if isinstance(spec, AnyOf):
+    return [c for option in spec.options for c in _choices(option)]
+  return []
+
+
 def refusal(where: str, spec: Spec, value: Any) -> str:
-  """The message refusing `value` for `where` ("DCNv2.num_cross_layers")."""
+  """The message refusing `value` for `where` ("DCNv2.num_cross_layers"),
+  with the closest valid choice to a misspelt one."""
   note = f" ({spec.note})" if spec.note else ""
-  return f"{where} must be {spec.describe()}{note}, got {_shown(value)}."
+  hint = (
+    suggest.did_you_mean(value, _choices(spec))
+    if isinstance(value, str)
+    else ""
+  )
+  return f"{where} must be {spec.describe()}{note}, got {_shown(value)}.{hint}"
 
 
 def check(where: str, spec: Spec, value: Any) -> None:

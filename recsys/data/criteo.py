@@ -492,9 +492,8 @@ class CriteoTSV(DataSource):
         (
           ranges.Choice(tuple(VOCAB_PRESETS)),
           ranges.Int(2),
-          ranges.Each(
-            ranges.Int(2), min_len=NUM_CATEGORICAL, max_len=NUM_CATEGORICAL
-          ),
+          # 26 of them: hashed_vocab_sizes says so, naming the features.
+          ranges.Each(ranges.Int(2), min_len=1),
         )
       ),
     ] = "kaggle",

@@ -15,6 +15,7 @@ from recsys.data import (
   CriteoTSV,
   DatasetNotFoundError,
 )
+from recsys.errors import SettingsError
 
 V = 23
 
@@ -282,7 +283,7 @@ def test_missing_files_are_clear(tmp_path):
   source = CriteoTSV(data_dir=str(tmp_path))
   with pytest.raises(DatasetNotFoundError, match="no evaluation files"):
     source.dataset(2, training=False)
-  with pytest.raises(CriteoConfigError, match="valid: kaggle, terabyte"):
+  with pytest.raises(SettingsError, match="CriteoTSV.layout must be one of"):
     CriteoTSV(data_dir=str(tmp_path), layout="1tb")
   with pytest.raises(CriteoConfigError, match="26 categorical"):
     CriteoTSV(data_dir=str(tmp_path), vocab_sizes=[5] * 25)

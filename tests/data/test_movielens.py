@@ -14,6 +14,7 @@ from recsys.data import (
   MovieLensConfigError,
 )
 from recsys.data.movielens import files as movielens_files
+from recsys.errors import SettingsError
 
 GENRES = movielens_files.ML100K_GENRES
 ML100K_USERS = (
@@ -326,7 +327,7 @@ def test_feature_selection_and_config_errors(tmp_path):
   assert set(features["categorical"]) == {"user_id", "item_id", "item_genres"}
   with pytest.raises(MovieLensConfigError, match="available"):
     MovieLens(folder, features=["director"])
-  with pytest.raises(MovieLensConfigError, match="valid: random, temporal"):
+  with pytest.raises(SettingsError, match="MovieLens.split must be one of"):
     MovieLens(folder, split="by_user")
 
 

@@ -18,6 +18,7 @@ import tensorflow as tf  # noqa: E402
 import backends  # noqa: E402
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from recsys import _gin_compat, cli, config  # noqa: E402
+from recsys.errors import SettingsError  # noqa: E402
 from recsys.feature_spec import FeatureSpec  # noqa: E402
 from recsys.features import (
   EmbeddingSettings,
@@ -194,17 +195,17 @@ def test_misspelt_backend_name_suggests_the_closest(tmp_path):
     (
       "EmbeddingSettings.optimizer = @embedding.SGD()\n"
       "embedding.SGD.learning_rate = -0.1",
-      r"SGD.learning_rate = -0.1; expected a finite number >= 0",
+      r"embedding.SGD.learning_rate must be >= 0 \(0: frozen\), got -0.1",
     ),
     (
       "EmbeddingSettings.optimizer = @embedding.Adam()\n"
       "embedding.Adam.learning_rate = 'fast'",
-      r"Adam.learning_rate = 'fast'; expected a finite number >= 0",
+      r"embedding.Adam.learning_rate must be >= 0 .*got 'fast'",
     ),
   ],
 )
 def test_embedding_optimizer_mistakes_are_explained(tmp_path, binding, match):
-  with pytest.raises(FeatureConfigError, match=match):
+  with pytest.raises(SettingsError, match=match):
     configured_feature_config(tmp_path, binding + "\n")
 
 
@@ -272,7 +273,7 @@ def test_misspelt_override_table_and_combiner_suggest_the_closest(tmp_path):
     )
   gin.clear_config()
   with pytest.raises(
-    FeatureConfigError, match=r"got 'sqrt'\. Did you mean 'sqrtn'\?"
+    SettingsError, match=r"got 'sqrt'\. Did you mean 'sqrtn'\?"
   ):
     configured_feature_config(tmp_path, "EmbeddingSettings.combiner = 'sqrt'\n")
 

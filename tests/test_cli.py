@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -348,17 +349,33 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path, caplog):
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_evaluate_and_export_load_no_training_module(tmp_path):
-  """`recsys evaluate` and `recsys export` of a trained run, in a fresh
-  interpreter as a user runs them: both succeed, and no module of
-  `recsys.training` (the loop, the Trainer) was ever loaded."""
-  model_dir = str(tmp_path / "run")
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory):
+  """The default experiment trained 2 tiny steps (`recsys.cli.main`), once
+  for the module: tests evaluate or export a copy (`_copy_of`)."""
+  model_dir = str(tmp_path_factory.mktemp("two_steps") / "run")
   bindings = sum(
     (["--gin_bindings", b] for b in TINY + ["train.train_steps = 2"]), []
   )
   train = ["train", "--gin_file", DEFAULT, *bindings, "--model_dir", model_dir]
+  gin.clear_config()
   assert cli.main([*train, "--no_progress"]) == 0
   gin.clear_config()
+  return model_dir
+
+
+def _copy_of(run, tmp_path):
+  """A copy of a trained run's folder (file times kept) in tmp_path/run."""
+  model_dir = str(tmp_path / "run")
+  shutil.copytree(run, model_dir)
+  return model_dir
+
+
+def test_evaluate_and_export_load_no_training_module(tmp_path, two_step_run):
+  """`recsys evaluate` and `recsys export` of a trained run, in a fresh
+  interpreter as a user runs them: both succeed, and no module of
+  `recsys.training` (the loop, the Trainer) was ever loaded."""
+  model_dir = _copy_of(two_step_run, tmp_path)
   code = textwrap.dedent(f"""
       import sys, gin
       from recsys import cli
@@ -525,28 +542,10 @@ def test_includes_resolve_next_to_the_including_file_then_shipped(
   assert gin.query_parameter("train.steps_per_loop") == 200
 
 
-@pytest.mark.slow  # ~15 s: trains 2 steps in-process, then evaluates
-def test_evaluate_only_reads_the_model_dir(tmp_path, capsys):
+@pytest.mark.slow  # evaluates a copy of the module's 2-step run in-process
+def test_evaluate_only_reads_the_model_dir(tmp_path, capsys, two_step_run):
   """No event files, no config rewritten: only eval_metrics.json is added."""
-  model_dir = str(tmp_path / "run")
-  bindings = sum(
-    (["--gin_bindings", b] for b in TINY + ["train.train_steps = 2"]), []
-  )
-  assert (
-    cli.main(
-      [
-        "train",
-        "--gin_file",
-        DEFAULT,
-        *bindings,
-        "--model_dir",
-        model_dir,
-        "--no_progress",
-      ]
-    )
-    == 0
-  )
-  gin.clear_config()
+  model_dir = _copy_of(two_step_run, tmp_path)
 
   def files():
     return {

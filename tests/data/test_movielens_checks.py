@@ -10,6 +10,7 @@ import pytest
 import recsys  # noqa: F401
 from recsys.data import DataFormatError, MovieLens, MovieLensConfigError
 from recsys.data.user_history import UserHistory
+from recsys.errors import SettingsError
 from tests.data.test_movielens import write_atomic, write_ml100k
 
 BASE = [
@@ -116,7 +117,7 @@ def test_rows_in_both_split_files_and_repeated_rows_are_counted(
   assert "user '1', item '1' at " in warning and "u1.test:1" in warning
   with pytest.raises(DataFormatError, match="3 test ratings whose"):
     MovieLens(folder, split="files", split_check="strict")
-  with pytest.raises(MovieLensConfigError, match="valid: warn, strict"):
+  with pytest.raises(SettingsError, match="split_check must be one of"):
     MovieLens(folder, split="files", split_check="never")
 
 

@@ -6,7 +6,8 @@ import tensorflow as tf
 
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from recsys._keras import keras
-from recsys.models import ModelConfigError, TwoTower
+from recsys.errors import SettingsError
+from recsys.models import TwoTower
 from recsys.models import retrieval_negatives as rn
 from recsys.models.base import replica_loss
 from tests.models import reference
@@ -178,13 +179,13 @@ def test_corpus_term_trains_the_query_tower_only(negatives):
 @pytest.mark.parametrize(
   "kwargs,message",
   [
-    (dict(negatives="all"), "unknown negatives"),
+    (dict(negatives="all"), "TwoTower.negatives must be one of"),
     (dict(negatives="mixed"), "num_sampled_negatives >= 1"),
     (dict(ignore_features=["zip"]), "not among the query"),
   ],
 )
 def test_config_errors(kwargs, message):
-  with pytest.raises(ModelConfigError, match=message):
+  with pytest.raises(SettingsError, match=message):
     _model(**kwargs)
 
 

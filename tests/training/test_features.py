@@ -67,8 +67,16 @@ def test_per_table_overrides():
       EmbeddingSettings(overrides={"item": {"size": 3}}),
       r"unknown keys \['size'\]",
     ),
-    (EmbeddingSettings(combiner="max"), "combiner must be one of"),
-    (EmbeddingSettings(dim=0), "dim must be a positive int"),
+    # The settings of every table are declared ranges, refused when made
+    # (tests/test_setting_ranges.py); a table's overrides are checked here.
+    (
+      EmbeddingSettings(overrides={"item": {"combiner": "max"}}),
+      "table 'item': combiner must be one of",
+    ),
+    (
+      EmbeddingSettings(overrides={"item": {"dim": 0}}),
+      "table 'item': dim must be a positive int",
+    ),
   ],
 )
 def test_bad_settings_name_the_table(settings, match):

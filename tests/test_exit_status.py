@@ -76,6 +76,8 @@ RUNTIME = {
   "backends.errors.BackendError",
   "backends.input_checks.InvalidInputError",
   "backends.kernels.KernelBuildError",
+  # The checkpoint holds values beyond the table's dtype (saturate_restores).
+  "backends.narrow.NarrowRangeError",
   "backends.pending.UnappliedGradientsError",
   "backends.static_bags.StaticShapeError",
   "backends.storage.exchange.ExchangeOverflowError",

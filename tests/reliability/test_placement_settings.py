@@ -82,9 +82,7 @@ def test_the_backend_is_built_as_the_logged_plan_says(tmp_path, caplog):
   )
   built = trainer.backend.placements()
   assert set(built.values()) == {"row_sharded"}
-  plan = next(
-    r.getMessage() for r in caplog.records if "its tables:" in r.msg
-  )
+  plan = next(r.getMessage() for r in caplog.records if "its tables:" in r.msg)
   for table in built:
     assert re.search(rf"^{table} .* row_sharded /2 ", plan, re.M), plan
   assert "row layout of the row-sharded tables: contiguous" in plan

@@ -39,7 +39,7 @@ import recsys.training.train  # noqa: E402,F401
 from recsys import config as config_lib  # noqa: E402
 from recsys.models.base import replica_loss  # noqa: E402
 from recsys.runtime import threads  # noqa: E402
-from recsys.serving_lookup import split_batch  # noqa: E402
+from recsys.serving.lookup import split_batch  # noqa: E402
 from recsys.training import batch_slices  # noqa: E402
 
 train_lib = sys.modules["recsys.training.train"]

@@ -343,7 +343,7 @@ def train_one(
     datefmt="%H:%M:%S",
   )
   from recsys import config  # pylint: disable=g-import-not-at-top
-  from recsys.export import export  # pylint: disable=g-import-not-at-top
+  from recsys.serving.export import export  # pylint: disable=g-import-not-at-top
   from recsys.training import train  # pylint: disable=g-import-not-at-top
 
   config.parse([gin_file], list(bindings) + ["train.progress_bar = False"])
@@ -411,7 +411,7 @@ def served_hit_rates(
   would), hit at K if the pair's raw item id is among the first K returned.
 
   Args:
-    export_dir: the SavedModel (`recsys.export.export` of a retrieval run
+    export_dir: the SavedModel (`recsys.serving.export.export` of a retrieval run
       whose source has raw ids).
     source: the experiment's MovieLens source (its raw-id maps).
     held_out: `user` and `item` ids of the scored pairs.

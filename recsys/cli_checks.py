@@ -93,7 +93,8 @@ def check(
       gin_unread.check(files, gin_bindings)
   if export_k is not None:
     name, kind = gin_precheck.model_kind(files, gin_bindings)
-    if kind == "ranking":  # the export's own words (recsys.export.checked_k)
+    # The export's own words (recsys.serving.export.checked_k).
+    if kind == "ranking":
       raise TopKForRankingError(
         f"export: k={export_k} applies to retrieval models (their top-k "
         f"signatures); {name} is a ranking model, whose signatures return "

@@ -444,7 +444,7 @@ def test_export_of_a_retrieval_model_serves_the_models_top_k(tmp_path):
   gin.clear_config()
 
   # Reference: the checkpoint through the training backend's lookups.
-  from recsys.serving_lookup import split_batch  # pylint: disable=g-import-not-at-top
+  from recsys.serving.lookup import split_batch  # pylint: disable=g-import-not-at-top
   from recsys.training import train  # pylint: disable=g-import-not-at-top
 
   config.parse(

@@ -48,7 +48,7 @@ SETTINGS = {
   "recsys.data.user_history.UserHistoryConfigError",
   "recsys.errors.SettingsError",
   "recsys.experiments_catalog.UnknownExperimentError",
-  "recsys.export.ExportConfigError",
+  "recsys.serving.export.ExportConfigError",
   "recsys.feature_spec.FeatureSpecError",
   "recsys.features.FeatureConfigError",
   "recsys.launch.LaunchError",

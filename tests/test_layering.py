@@ -44,8 +44,7 @@ LAYERS = (
   (
     "recsys.layers",
     "recsys.models",
-    "recsys.serving_checks",
-    "recsys.serving_lookup",
+    "recsys.serving",  # the serving lookup and the signatures' checks
   ),
   (
     "recsys.planning",
@@ -56,7 +55,8 @@ LAYERS = (
   # A run without its loop: restored, evaluated (what evaluate, export and
   # the Trainer share); never loads recsys.training.
   ("recsys.run",),
-  ("recsys.export",),  # the SavedModel: below training, never loads the loop
+  # The SavedModel: below training, never loads the loop.
+  ("recsys.serving.export",),
   ("recsys.training",),
   ("recsys.tools", "recsys.testing"),  # nothing in the library imports them
   ("recsys.cli", "recsys.cli_checks", "recsys.__main__"),
@@ -183,8 +183,8 @@ def test_the_check_sees_an_upward_import(tmp_path):
   [
     "recsys.run_folder.run_dir",
     "recsys.run_folder.checkpoints",
-    "recsys.serving_lookup",
-    "recsys.export",
+    "recsys.serving.lookup",
+    "recsys.serving.export",
     "recsys.models.model_args",
     "recsys.run.restored",
     "recsys.run.evaluation",
@@ -336,7 +336,7 @@ def test_export_and_evaluation_load_no_training_module():
   tests/test_cli.py runs the two commands)."""
   code = (
     "import sys\n"
-    "import recsys.export, recsys.run.evaluation, recsys.run.restored\n"
+    "import recsys.serving.export, recsys.run.evaluation, recsys.run.restored\n"
     "import recsys.run.configured, recsys.cli.evaluate, recsys.cli.export\n"
     "from recsys import config\n"
     "config.register_all()  # every gin name, `train` included\n"

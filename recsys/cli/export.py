@@ -53,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   from backends import registry  # pylint: disable=g-import-not-at-top
-  from recsys import export as export_lib  # pylint: disable=g-import-not-at-top
   from recsys import planning  # pylint: disable=g-import-not-at-top
+  from recsys.serving import export as export_lib  # pylint: disable=g-import-not-at-top
 
   # The export's backend (the registry's `for_export`) restores a
   # checkpoint of any training backend (SparseCore's stacked tables

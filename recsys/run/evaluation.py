@@ -27,7 +27,7 @@ from recsys.run import run_summaries
 from recsys.run.restored import RestoredRun
 from recsys.run_folder.run_checks import RunChanges
 from recsys.runtime import console
-from recsys.serving_lookup import split_batch
+from recsys.serving.lookup import split_batch
 from recsys.train_settings import TrainerConfigError
 
 log = logging.getLogger("recsys.training")

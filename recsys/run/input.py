@@ -35,7 +35,7 @@ from recsys.data.pipeline import (
 )
 from recsys.run import eval_padding
 from recsys.run.strategy import num_workers
-from recsys.serving_lookup import split_batch
+from recsys.serving.lookup import split_batch
 
 #: `(features, labels[, mask]) -> (features, labels[, mask])`, on the host.
 Preprocess = Callable[..., Any]

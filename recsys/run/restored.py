@@ -42,7 +42,7 @@ from recsys.run import strategy as strategy_lib
 from recsys.run_folder import checkpoints as checkpoints_lib
 from recsys.run_folder import run_checks, run_inputs
 from recsys.run_folder import run_dir as run_dir_lib
-from recsys.serving_lookup import serving_activations
+from recsys.serving.lookup import serving_activations
 from recsys.train_settings import TrainerConfigError, TrainSettings
 
 log = logging.getLogger("recsys.training")

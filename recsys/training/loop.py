@@ -21,7 +21,7 @@ from typing import Any
 
 from recsys._keras import keras, tf
 from recsys.models import base as model_base
-from recsys.serving_lookup import split_batch
+from recsys.serving.lookup import split_batch
 from recsys.training import batch_slices as slices_lib
 
 NONFINITE_POLICIES = ("stop", "skip")

@@ -247,7 +247,7 @@ def test_model_metric_reads_the_seen_feature(trained):
   features, _ = next(
     iter(trained.eval_source.dataset(10, training=False, repeat=False))
   )
-  from recsys.serving_lookup import serving_activations  # noqa: PLC0415
+  from recsys.serving.lookup import serving_activations  # noqa: PLC0415
 
   acts = serving_activations(
     trained.backend, features, list(trained.feature_config)

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from recsys import cli, config
-from recsys import export as export_lib
+from recsys.serving import export as export_lib
 from tests.reliability.test_serving_batch_sizes import (
   NUM_ITEMS,
   movielens_trainer,

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from recsys import export as export_lib
 from recsys.data import MovieLens
 from recsys.data.user_history import ItemHistory, UserHistory
 from recsys.features import EmbeddingSettings
 from recsys.models import DCNv2, TwoTower
+from recsys.serving import export as export_lib
 from recsys.testing.movielens import write_ml100k_like
 from recsys.training import Trainer
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from recsys import export as export_lib
 from recsys.features import EmbeddingSettings
 from recsys.models import DLRM
-from recsys.serving_lookup import serving_activations
+from recsys.serving import export as export_lib
+from recsys.serving.lookup import serving_activations
 from recsys.training import Trainer
 from tests.training.sources import ArraySource
 

@@ -15,7 +15,7 @@ import tensorflow as tf
 from recsys.features import EmbeddingSettings
 from recsys.models import DLRM
 from recsys.run import eval_padding
-from recsys.serving_lookup import serving_activations
+from recsys.serving.lookup import serving_activations
 from recsys.training import EmptyEvalSetError, Trainer
 from tests.conftest import mirrored_strategy
 from tests.training.sources import ArraySource

@@ -67,7 +67,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from backends import serving
-from recsys import serving_checks, serving_lookup
 from recsys._keras import keras, tf
 from recsys.data.raw import RawParser
 from recsys.errors import SettingsError
@@ -78,6 +77,8 @@ from recsys.models.errors import ModelConfigError
 from recsys.run.restored import RestoredRun
 from recsys.run_folder import atomic_dir
 from recsys.runtime import console
+from recsys.serving import checks as serving_checks
+from recsys.serving import lookup as serving_lookup
 
 log = logging.getLogger("recsys.export")
 

@@ -32,10 +32,12 @@ from typing import Any
 import gin
 
 from backends import suggest as suggest_lib
-from recsys import _gin_compat, experiments_catalog, gin_ranges, ranges
+from recsys import experiments_catalog, ranges
 from recsys import features as features_lib
 from recsys._keras import keras, tf
 from recsys.errors import RecsysError, SettingsError
+from recsys.gin import compat as gin_compat
+from recsys.gin import range_check as gin_range_check
 
 log = logging.getLogger("recsys.config")
 
@@ -128,7 +130,7 @@ _RATE = ranges.Real(0, note="0: frozen")
 #: What TensorFlow and Keras take silently that recsys refuses: their
 #: classes check other arguments themselves (`refused_arguments`), not
 #: these (a negative learning rate trained uphill). Checked as the gin
-#: files' values are, before TF starts (`recsys.gin_names.RANGES`).
+#: files' values are, before TF starts (`recsys.gin.names.RANGES`).
 EXTERNAL_RANGES: dict[str, dict[str, ranges.Spec]] = {
   **{
     f"embedding.{name}": {
@@ -178,7 +180,7 @@ def refused_arguments(error: BaseException) -> RefusedArgumentsError | None:
   `momentum = 5.0`): TF validates its own classes' arguments, and such an
   error, raised where gin builds the class, is the settings' and not the
   run's. None for any other error."""
-  found = _gin_compat.refused_by_external(error)
+  found = gin_compat.refused_by_external(error)
   if found is None:
     return None
   selector, message = found
@@ -249,7 +251,7 @@ def _gin_files_closure(files: Sequence[str]) -> list[str]:
     candidates = [path]
     if base_dir and not os.path.isabs(path):
       candidates.insert(0, os.path.join(base_dir, path))
-    for prefix in _gin_compat.search_paths():
+    for prefix in gin_compat.search_paths():
       candidates.append(os.path.join(prefix, path))
     candidates.append(os.path.join(EXPERIMENTS_DIR, path))
     for candidate in candidates:
@@ -297,7 +299,7 @@ def _registered_names() -> list[str]:
   `recsys.models.dlrm.DLRM` is also `dlrm.DLRM` and `DLRM`.
   """
   names: set[str] = set()
-  for selector in _gin_compat.registered_selectors():
+  for selector in gin_compat.registered_selectors():
     parts = selector.split(".")
     names.update(".".join(parts[i:]) for i in range(len(parts)))
   return sorted(names)
@@ -305,7 +307,7 @@ def _registered_names() -> list[str]:
 
 def _parameters(selector: str) -> list[str] | None:
   """The parameter names of the configurable `selector`, or None if unknown."""
-  target = _gin_compat.find_configurable(selector)
+  target = gin_compat.find_configurable(selector)
   if target is None:
     return None
   if inspect.isclass(target):
@@ -333,7 +335,7 @@ def suggest(message: str) -> str:
     One line naming the closest registered configurables or parameters, or
     the valid parameters when none is close; '' for other messages.
   """
-  name = _gin_compat.unknown_name(message)
+  name = gin_compat.unknown_name(message)
   if name:
     close = suggest_lib.closest(
       name, [n for n in _registered_names() if n.count(".") == name.count(".")]
@@ -345,7 +347,7 @@ def suggest(message: str) -> str:
       "docstring and @gin.register classes (e.g. 'DLRM', "
       "'SyntheticCTR', 'EmbeddingSettings')."
     )
-  param = _gin_compat.unknown_parameter(message)
+  param = gin_compat.unknown_parameter(message)
   if param:
     configurable, parameter = param
     params = _parameters(configurable)
@@ -376,8 +378,8 @@ def explain(
     message = first + " " + hint + ("\n" + rest if rest else "")
   # An unknown parameter is found where it is bound (not every line naming
   # its configurable: 20 lines of `train` hid the suggestion).
-  param = _gin_compat.unknown_parameter(message)
-  names = [".".join(param)] if param else _gin_compat.names_in_message(message)
+  param = gin_compat.unknown_parameter(message)
+  names = [".".join(param)] if param else gin_compat.names_in_message(message)
   lines = list(
     dict.fromkeys(hit for name in names for hit in locate(name, files))
   )
@@ -385,7 +387,7 @@ def explain(
     more = len(lines) - _FOUND_IN_SHOWN
     lines = lines[:_FOUND_IN_SHOWN] + [f"... and {more} more"]
   parts = [message.rstrip()]
-  if not _gin_compat.names_location(message):
+  if not gin_compat.names_location(message):
     if lines:
       parts.append("Found in:\n  " + "\n  ".join(lines))
     parts.append(
@@ -412,9 +414,9 @@ def add_search_paths(files: Sequence[str]) -> None:
   ]
   # gin keeps search paths for the whole process; start from its default so
   # an `include` never resolves in the folder of an earlier parse's files.
-  _gin_compat.reset_search_paths()
+  gin_compat.reset_search_paths()
   for d in dirs:
-    _gin_compat.append_search_path(d)
+    gin_compat.append_search_path(d)
 
 
 class _DropPathNotFound(logging.Filter):
@@ -497,7 +499,7 @@ def parse(
       message is gin's plus the file and line. A selector that matches
       several configurables, in one line.
     ranges.SettingRangeError: a bound value outside its declared range
-      (`recsys.gin_ranges`).
+      (`recsys.gin.range_check`).
   """
   register_all()
   try:  # a path, or the name of a shipped experiment ("synthetic_dlrm.gin")
@@ -526,17 +528,17 @@ def parse(
     raise GinConfigError(explain(e, files, bindings)) from e
   # Values out of their declared ranges, as `recsys` checks them before TF
   # starts: here for every caller, before anything is built.
-  gin_ranges.check(files, bindings)
+  gin_range_check.check(files, bindings)
 
 
 def _ambiguous_message(error: KeyError) -> str:
   """One line for gin's "Ambiguous selector" error: the selector, where it
   is and the configurables it matches, spelt in full."""
-  found = _gin_compat.ambiguous_selector(
+  found = gin_compat.ambiguous_selector(
     str(error.args[0] if error.args else error)
   )
   if found is None:
-    return _gin_compat.one_line(str(error))
+    return gin_compat.one_line(str(error))
   name, matches, where = found
   return (
     f"{where + ': ' if where else ''}'{name}' matches {len(matches)} "
@@ -572,7 +574,7 @@ def call(
   try:
     return configurable(**kwargs)
   except RuntimeError as e:
-    if isinstance(e, RecsysError) or not _gin_compat.raised_by_gin(e):
+    if isinstance(e, RecsysError) or not gin_compat.raised_by_gin(e):
       raise
     raise GinConfigError(explain(e, files, bindings)) from e
 
@@ -583,7 +585,7 @@ def value(binding: str) -> Any:
   References are evaluated as gin would (`@X()` called); None if unbound.
   """
   try:
-    return _gin_compat.evaluate(gin.query_parameter(binding))
+    return gin_compat.evaluate(gin.query_parameter(binding))
   except ValueError:
     return None
 

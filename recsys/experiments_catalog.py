@@ -23,8 +23,8 @@ import re
 import textwrap
 from collections.abc import Iterator
 
-from recsys import _gin_compat
 from recsys.errors import SettingsError
+from recsys.gin import compat as gin_compat
 
 EXPERIMENTS_DIR = os.path.join(
   os.path.dirname(os.path.abspath(__file__)), "experiments"
@@ -113,7 +113,7 @@ def read_experiment(name: str) -> str:
 def _open_with_own_folder_first(path: str) -> Iterator:
   """Gin's file reader: while `path` is parsed (its includes included), its
   folder is searched first."""
-  with _gin_compat.searched_first(os.path.dirname(os.path.abspath(path))):
+  with gin_compat.searched_first(os.path.dirname(os.path.abspath(path))):
     with open(path, encoding="utf-8") as f:
       yield f
 
@@ -121,5 +121,5 @@ def _open_with_own_folder_first(path: str) -> Iterator:
 def install_include_resolution() -> None:
   """Makes gin open files through `_open_with_own_folder_first` (idempotent)
   and search the shipped experiments after the current directory."""
-  _gin_compat.install_file_reader(_open_with_own_folder_first, os.path.isfile)
-  _gin_compat.append_search_path(EXPERIMENTS_DIR)
+  gin_compat.install_file_reader(_open_with_own_folder_first, os.path.isfile)
+  gin_compat.append_search_path(EXPERIMENTS_DIR)

@@ -25,10 +25,10 @@ LAYERS = (
     "recsys._tf_internal",
     "recsys._tf_startup",
     "recsys.runtime",  # threads, start-up, exit statuses: below all, no TF
-    "recsys._gin_compat",
-    "recsys.untrusted_config",
+    # gin's internals, recsys's gin names written down (no TF), a model
+    # dir's config read back (bindings only); the checks are a layer up.
+    "recsys.gin",
     "recsys.feature_spec",
-    "recsys.gin_names",  # recsys's gin names, written down: no TF
     "recsys.ranges",  # each setting's valid range, declared: no TF
     "recsys.launch_guard",  # a launched task's parent-death guard: stdlib
   ),
@@ -36,9 +36,9 @@ LAYERS = (
     "recsys.features",
     "recsys.config",
     "recsys.experiments_catalog",
-    "recsys.gin_precheck",  # gin names checked before TF is imported
-    "recsys.gin_ranges",  # gin-bound values in range, before TF
-    "recsys.gin_unread",  # gin bindings nothing reads, before TF
+    "recsys.gin.precheck",  # gin names checked before TF is imported
+    "recsys.gin.range_check",  # gin-bound values in range, before TF
+    "recsys.gin.unread",  # gin bindings nothing reads, before TF
   ),
   ("recsys.data",),
   (

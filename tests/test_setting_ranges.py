@@ -24,8 +24,11 @@ from contextlib import redirect_stderr
 
 import pytest
 
-from recsys import _gin_compat, cli, config, gin_names, gin_ranges, ranges
+from recsys import cli, config, ranges
 from recsys.cli import COMMANDS, flags
+from recsys.gin import compat as gin_compat
+from recsys.gin import names as gin_names
+from recsys.gin import range_check as gin_range_check
 from recsys.tools import gin_names as gin_names_tool
 
 #: What a hostile user binds: zero, negative, not a number, infinite,
@@ -60,9 +63,9 @@ PLAIN = (int, float, bool, str)
 
 def _own_configurables():
   config.register_all()
-  for selector in sorted(_gin_compat.registered_selectors()):
+  for selector in sorted(gin_compat.registered_selectors()):
     if selector.startswith(("recsys.", "backends.")):
-      yield selector, _gin_compat.find_configurable(selector)
+      yield selector, gin_compat.find_configurable(selector)
 
 
 def _plain(parameter: inspect.Parameter) -> bool:
@@ -98,7 +101,7 @@ def test_every_plain_parameter_of_every_configurable_declares_a_range():
 def test_the_declarations_written_down_are_the_live_ones():
   """What the CLI checks before TF starts is what the code declares."""
   assert gin_names.RANGES == gin_names_tool.ranges_of(), (
-    "recsys/gin_names.py is stale: run python -m recsys.tools.gin_names"
+    "recsys/gin/names.py is stale: run python -m recsys.tools.gin_names"
   )
   own = [s for s in gin_names.RANGES if s.startswith("recsys.")]
   assert len(own) >= 15
@@ -205,7 +208,7 @@ def _gin(value) -> str | None:
 
 
 def test_the_checks_before_tf_refuse_every_hostile_gin_value():
-  """Every hostile value of every setting, as `recsys.gin_ranges` reads
+  """Every hostile value of every setting, as `recsys.gin.range_check` reads
   the gin bindings (the command's own run is timed below)."""
   checked = 0
   for _, name, parameter, spec in _settings():
@@ -214,7 +217,7 @@ def test_the_checks_before_tf_refuse_every_hostile_gin_value():
       if text is None:
         continue
       binding = f"{name}.{parameter} = {text}"
-      assert gin_ranges.problems([], [binding]) == [
+      assert gin_range_check.problems([], [binding]) == [
         f"--gin_bindings {binding!r}: "
         + ranges.refusal(f"{name}.{parameter}", spec, value)
       ]

@@ -20,7 +20,8 @@ import gin
 import pytest
 
 import recsys
-from recsys import cli, cli_checks, config, experiments_catalog, gin_unread
+from recsys import cli, cli_checks, config, experiments_catalog
+from recsys.gin import unread as gin_unread
 from recsys.runtime import exits
 
 DLRM = "synthetic_dlrm.gin"

@@ -17,12 +17,12 @@ def gin_files(args: argparse.Namespace) -> list[str]:
     return list(args.gin_file)
   model_dir = getattr(args, "model_dir", None)
   if model_dir:
-    from recsys import untrusted_config  # pylint: disable=g-import-not-at-top
+    from recsys.gin import untrusted as gin_untrusted  # pylint: disable=g-import-not-at-top
     from recsys.run_folder import run_dir  # pylint: disable=g-import-not-at-top
 
     path = run_dir.RunDir(model_dir).operative_config
     if os.path.isfile(path):
-      return [untrusted_config.check_bindings_only(path)]  # no imports
+      return [gin_untrusted.check_bindings_only(path)]  # no imports
     raise FileNotFoundError(
       f"{path} does not exist: pass --gin_file (the experiment's gin files) "
       f"or point --model_dir at a directory written by `recsys train`."

@@ -33,9 +33,10 @@ from typing import Annotated, Any
 import gin
 
 from backends import registry
-from recsys import _gin_compat, config, planning, ranges
+from recsys import config, planning, ranges
 from recsys import features as features_lib
 from recsys._keras import keras, tf
+from recsys.gin import compat as gin_compat
 from recsys.run import embedding_backend
 from recsys.run import strategy as strategy_lib
 from recsys.run.restored import RestoredRun, default_embedding_optimizer
@@ -90,7 +91,7 @@ def configured_settings() -> TrainSettings:
   bound = gin.get_bindings("train", resolve_references=False)
   return TrainSettings(
     **{
-      name: _gin_compat.evaluate(value)
+      name: gin_compat.evaluate(value)
       for name, value in bound.items()
       if name in names  # not train's own objects (data, model, ...)
     }
@@ -133,12 +134,12 @@ def configured_embedding(
 def configured_feature_specs() -> FeatureSpecs:
   """The data source's feature specs, built or planned without its files,
   and a note saying how (`configured_embedding`)."""
-  found = _gin_compat.referenced_configurable("train.data")
+  found = gin_compat.referenced_configurable("train.data")
   settings: dict[str, Any] = {}
   unbound = []
   for name, value in (found[1] if found else {}).items():
     try:
-      settings[name] = _gin_compat.evaluate(value)
+      settings[name] = gin_compat.evaluate(value)
     except (OSError, ValueError, RuntimeError):
       continue
     if settings[name] is gin.REQUIRED:  # e.g. CRITEO_DIR not bound yet
@@ -153,7 +154,7 @@ def configured_feature_specs() -> FeatureSpecs:
         return None, ""
       return list(_instance(source).feature_specs), ""
     except (OSError, ValueError, RuntimeError) as e:  # e.g. no files yet
-      reason = _gin_compat.without_call_trail(str(e)).strip()
+      reason = gin_compat.without_call_trail(str(e)).strip()
   plan = (
     getattr(found[0], "feature_specs_without_files", None) if found else None
   )

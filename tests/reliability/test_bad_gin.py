@@ -17,7 +17,7 @@ import tensorflow as tf  # noqa: E402
 
 import backends  # noqa: E402
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-from recsys import _gin_compat, cli, config  # noqa: E402
+from recsys import cli, config  # noqa: E402
 from recsys.errors import SettingsError  # noqa: E402
 from recsys.feature_spec import FeatureSpec  # noqa: E402
 from recsys.features import (
@@ -25,6 +25,7 @@ from recsys.features import (
   FeatureConfigError,
   feature_config,
 )  # noqa: E402
+from recsys.gin import compat as gin_compat  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 SPECS = [
@@ -302,7 +303,7 @@ def _gin_features(tmp_path, table_a, table_b):
 def _evaluate(value):
   if isinstance(value, dict):
     return {k: _evaluate(v) for k, v in value.items()}
-  return _gin_compat.evaluate(value)
+  return gin_compat.evaluate(value)
 
 
 def test_gin_tables_with_one_name_and_two_settings_are_refused(tmp_path):

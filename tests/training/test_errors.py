@@ -14,11 +14,11 @@ from recsys import (
   features,
   launch,
   planning,
-  untrusted_config,
 )
 from recsys.data import errors as data_errors
 from recsys.data import movielens, user_history
 from recsys.errors import RecsysError, SettingsError
+from recsys.gin import untrusted as gin_untrusted
 from recsys.models import errors as model_errors
 from recsys.run import schedules, strategy
 from recsys.run_folder import atomic_dir, lock, run_configs, run_dir, run_files
@@ -39,7 +39,7 @@ from recsys.training import signals, trainer
     (run_dir.ModelDirNotWritableError, PermissionError),
     (launch.LaunchError, RuntimeError),
     (atomic_dir.UnsafeReplaceError, OSError),
-    (untrusted_config.UntrustedConfigError, ValueError),
+    (gin_untrusted.UntrustedConfigError, ValueError),
     (data_errors.DatasetNotFoundError, FileNotFoundError),
     (data_errors.DataFormatError, ValueError),
     (trainer.TrainerConfigError, ValueError),

@@ -3,7 +3,8 @@
 import pytest
 import tensorflow as tf
 
-from recsys import _gin_compat, config
+from recsys import config
+from recsys.gin import compat as gin_compat
 
 embedding = tf.tpu.experimental.embedding
 
@@ -42,7 +43,7 @@ def test_tpu_embedding_and_keras_classes_are_configurable(tmp_path):
     "train",
     "EmbeddingSettings",
   ):
-    assert _gin_compat.find_configurable(name) is not None, name
+    assert gin_compat.find_configurable(name) is not None, name
 
 
 def test_unknown_parameter_names_file_and_line(tmp_path):

@@ -9,8 +9,8 @@ that depends on those details lives here, so a gin upgrade breaks one
 module and `tests/training/test_gin_compat.py`, not the whole tree.
 
 Example:
-  >>> from recsys import _gin_compat
-  >>> _gin_compat.unknown_name("No configurable matching '@Adagard()'.")
+  >>> from recsys.gin import compat as gin_compat
+  >>> gin_compat.unknown_name("No configurable matching '@Adagard()'.")
   'Adagard'
 """
 

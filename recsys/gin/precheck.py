@@ -6,14 +6,14 @@ imported, and recsys's modules import TensorFlow: a misspelt parameter
 lines, its "Did you mean" scrolled away by 20 "Found in:" lines. This
 module reads the gin files (with their includes) and bindings with gin's
 own parser, without running them, and checks each name against
-`recsys.gin_names` (the registry, written down): an unknown configurable or
+`recsys.gin.names` (the registry, written down): an unknown configurable or
 reference, or an unknown parameter of one of recsys's own configurables,
 is reported in two lines, where it is and what was meant; a selector
 that matches several configurables (`@SGD()`: the embedding, Keras and
 legacy Keras ones) in one line, listing them (gin's own refusal was a
 24-line traceback). `Config` (the parsed bindings, where each is, whether
-its line says `# optional`) is what `recsys.gin_ranges` and
-`recsys.gin_unread` read too.
+its line says `# optional`) is what `recsys.gin.range_check` and
+`recsys.gin.unread` read too.
 
 What it cannot judge it leaves to gin: files that `import` modules (they
 may register names), parameters of TensorFlow's and Keras's classes (they
@@ -38,8 +38,10 @@ import gin  # noqa: F401  (gin.config_parser needs gin's package set up)
 from gin import config_parser
 
 from backends import suggest
-from recsys import _gin_compat, experiments_catalog, gin_names
+from recsys import experiments_catalog
 from recsys.errors import SettingsError
+from recsys.gin import compat as gin_compat
+from recsys.gin import names as gin_names
 
 
 class UnknownGinNameError(SettingsError):
@@ -49,7 +51,7 @@ class UnknownGinNameError(SettingsError):
 
 
 #: The comment that marks bindings a run may leave unread on purpose
-#: (`recsys.gin_unread`), e.g. a base file's learning rate of an optimizer
+#: (`recsys.gin.unread`), e.g. a base file's learning rate of an optimizer
 #: only some experiments choose: `# optional: why` at the end of a
 #: binding's line, or on a line of its own above a group of bindings (all
 #: of them, up to the next blank line).
@@ -113,7 +115,7 @@ def _resolve_include(path: str, including: str) -> str | None:
   candidates = [path]
   if not os.path.isabs(path):
     candidates.insert(0, os.path.join(os.path.dirname(including), path))
-  candidates += [os.path.join(p, path) for p in _gin_compat.search_paths()]
+  candidates += [os.path.join(p, path) for p in gin_compat.search_paths()]
   candidates.append(os.path.join(experiments_catalog.EXPERIMENTS_DIR, path))
   return next((c for c in candidates if os.path.isfile(c)), None)
 
@@ -203,7 +205,7 @@ def known_names() -> dict[str, list[str]]:
   out: dict[str, list[str]] = {}
   fulls = list(gin_names.CONFIGURABLES) + [
     s
-    for s in _gin_compat.registered_selectors()
+    for s in gin_compat.registered_selectors()
     if s not in gin_names.CONFIGURABLES
   ]
   for full in fulls:

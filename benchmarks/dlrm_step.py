@@ -38,7 +38,7 @@ import recsys  # noqa: E402,F401  (Keras 2 before TensorFlow)
 import recsys.training.train  # noqa: E402,F401
 from recsys import config as config_lib  # noqa: E402
 from recsys.models.base import replica_loss  # noqa: E402
-from recsys.runtime import threads  # noqa: E402
+from recsys.process import threads  # noqa: E402
 from recsys.serving.lookup import split_batch  # noqa: E402
 from recsys.training import batch_slices  # noqa: E402
 
@@ -67,7 +67,7 @@ def main(argv=None) -> None:
     "--intra_threads",
     type=int,
     default=0,
-    help="0: as `recsys train` chooses (recsys.runtime.threads)",
+    help="0: as `recsys train` chooses (recsys.process.threads)",
   )
   parser.add_argument("--inter_threads", type=int, default=0)
   parser.add_argument(

@@ -20,7 +20,7 @@ over its quiet one (issue 46: a step on a shared machine).
 Threads, set explicitly and printed (with the machine's load and its other
 busy processes, before and after):
   recsys*          TF intra-op / inter-op threads as `recsys train` chooses
-                   them here (recsys.runtime.threads: 1 / 2 on 2 cores or
+                   them here (recsys.process.threads: 1 / 2 on 2 cores or
                    fewer, else TF's defaults), or `--intra_threads` (a comma
                    list sweeps) and `--inter_threads`
   tfrs, keras_embedding, tf_fused
@@ -674,7 +674,7 @@ def recsys_threads(args) -> list[tuple[int, int]]:
   with `--inter_threads`, resolved as `recsys train` resolves its flags on
   this machine's cores (0 and 0: 1 / 2 on 2 cores or fewer); TF's default
   (0) is spelled out as the core count it stands for."""
-  from recsys.runtime import threads as threads_lib  # pylint: disable=g-import-not-at-top  (no TF)
+  from recsys.process import threads as threads_lib  # pylint: disable=g-import-not-at-top  (no TF)
 
   cores = threads_lib.available_cores()
   settings = []

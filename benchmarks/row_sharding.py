@@ -58,8 +58,8 @@ from backends import placement as placement_lib  # noqa: E402
 from backends.storage import row_layout  # noqa: E402
 from recsys import config as config_lib  # noqa: E402
 from recsys import planning  # noqa: E402
+from recsys.process import threads  # noqa: E402
 from recsys.run import strategy as strategy_lib  # noqa: E402
-from recsys.runtime import threads  # noqa: E402
 
 train_lib = sys.modules["recsys.training.train"]
 

@@ -24,7 +24,7 @@ from recsys.gin import range_check as gin_range_check
 from recsys.gin import unread as gin_unread
 
 #: A run's config in its model dir (`run_dir.OPERATIVE_CONFIG_FILE`, named
-#: here because `recsys.run_folder` imports TensorFlow; a test keeps both
+#: here because `recsys.model_dir` imports TensorFlow; a test keeps both
 #: the same).
 OPERATIVE_CONFIG_FILE = "operative_config.gin"
 

@@ -9,7 +9,7 @@ builtin it always was (`ValueError`, `RuntimeError`, `OSError`, ...), so
 `exit_status`.
 
 The class decides how `recsys` ends when it meets the error, whichever
-command that is (`recsys.runtime.exits.exit_status` reads it):
+command that is (`recsys.process.exits.exit_status` reads it):
 `SettingsError` (a setting asks for what cannot be: a value out of range,
 an unknown name, settings that contradict each other, a gin error) exits
 with status 2, as argparse does for a bad flag; any other `RecsysError`

@@ -76,7 +76,7 @@ from recsys.errors import (
   SETTINGS_EXIT_STATUS,
   SettingsError,
 )
-from recsys.runtime import exits
+from recsys.process import exits
 
 _PRIVATE_ENV = "RECSYS_LAUNCH_PRIVATE_NETWORK"
 
@@ -569,7 +569,7 @@ class StopSignals:
 
 def signal_status(signum: int) -> int:
   """The launcher's status after `signum`, as the shell reports a process
-  stopped by it: 143 (SIGTERM), 130 (SIGINT; `recsys.runtime.exits`)."""
+  stopped by it: 143 (SIGTERM), 130 (SIGINT; `recsys.process.exits`)."""
   if signum == signal.SIGINT:
     return exits.INTERRUPTED_EXIT_STATUS
   return exits.SIGTERM_EXIT_STATUS

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from recsys import cli, config
-from recsys.runtime import threads
+from recsys.process import threads
 from recsys.testing import movielens as movielens_synthetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

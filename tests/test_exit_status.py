@@ -1,7 +1,7 @@
 """Every user-facing error carries its exit status: 2 settings, 1 runtime.
 
 The status lives on the error's class (`recsys.errors`, `backends.errors`)
-and `recsys.runtime.exits` reads it for every command, so the same bad
+and `recsys.process.exits` reads it for every command, so the same bad
 setting ends `recsys train`, `evaluate` and `export` alike. It was a
 hand-kept list in the CLI: `MovieLensConfigError` exited 1 while
 `TrainerConfigError` exited 2.
@@ -20,7 +20,7 @@ import recsys
 from backends.errors import BackendError, BackendSettingsError
 from recsys import cli, config
 from recsys.errors import RecsysError, SettingsError
-from recsys.runtime import exits
+from recsys.process import exits
 
 #: The settings errors: a setting (flag, gin binding, gin file) asks for what
 #: cannot be. Decided here, by reading each class's raise sites.
@@ -90,14 +90,14 @@ RUNTIME = {
   "recsys.errors.RecsysError",
   "recsys.layers.embedding.EmbeddingCalledTwiceError",
   "recsys.planning.MemoryPlanError",  # this host's memory
-  "recsys.run_folder.atomic_dir.UnsafeReplaceError",
-  "recsys.run_folder.checkpoints.CorruptCheckpointError",
+  "recsys.model_dir.atomic_dir.UnsafeReplaceError",
+  "recsys.model_dir.checkpoints.CorruptCheckpointError",
   # The run in the model dir trained with other settings or files: each
   # setting is valid, the run is why (--allow_changed_settings).
-  "recsys.run_folder.run_configs.ChangedSettingsError",
-  "recsys.run_folder.lock.ModelDirBusyError",
-  "recsys.run_folder.run_dir.ModelDirNotWritableError",
-  "recsys.run_folder.run_files.UnsafeRunFileError",
+  "recsys.model_dir.run_configs.ChangedSettingsError",
+  "recsys.model_dir.lock.ModelDirBusyError",
+  "recsys.model_dir.run_dir.ModelDirNotWritableError",
+  "recsys.model_dir.run_files.UnsafeRunFileError",
   "recsys.tools.tpu_smoke.TPUUnreachableError",
   "recsys.run.strategy.StrategyError",
   "recsys.training.trainer.NonFiniteLossError",

@@ -26,8 +26,8 @@ import gin
 import pytest
 
 from recsys import cli, cli_checks, config
-from recsys.run_folder import run_dir
-from recsys.runtime import console
+from recsys.model_dir import run_dir
+from recsys.process import console
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
@@ -46,7 +46,7 @@ def _flags(bindings):
 def _recsys(*args, brief=None):
   """`recsys ARGS` in this process: (exit status, stdout, stderr with the
   log lines of recsys's loggers). `brief`: a stream that gets what the
-  command's default console shows of them (`recsys.runtime.console`)."""
+  command's default console shows of them (`recsys.process.console`)."""
   out, err = io.StringIO(), io.StringIO()
   handlers = [logging.StreamHandler(err)]
   if brief is not None:

@@ -24,7 +24,7 @@ LAYERS = (
     "recsys._keras",
     "recsys._tf_internal",
     "recsys._tf_startup",
-    "recsys.runtime",  # threads, start-up, exit statuses: below all, no TF
+    "recsys.process",  # a command's threads, start-up, exits, console: no TF
     # gin's internals, recsys's gin names written down (no TF), a model
     # dir's config read back (bindings only); the checks are a layer up.
     "recsys.gin",
@@ -48,8 +48,8 @@ LAYERS = (
   ),
   (
     "recsys.planning",
-    "recsys.train_settings",  # declared once; the run folder reads its kinds
-    "recsys.run_folder",
+    "recsys.train_settings",  # declared once; the model dir reads its kinds
+    "recsys.model_dir",  # the run's folder on disk: layout, lock, checkpoints
     "recsys.launch",
   ),
   # A run without its loop: restored, evaluated (what evaluate, export and
@@ -181,8 +181,8 @@ def test_the_check_sees_an_upward_import(tmp_path):
 @pytest.mark.parametrize(
   "module",
   [
-    "recsys.run_folder.run_dir",
-    "recsys.run_folder.checkpoints",
+    "recsys.model_dir.run_dir",
+    "recsys.model_dir.checkpoints",
     "recsys.serving.lookup",
     "recsys.serving.export",
     "recsys.models.model_args",
@@ -192,10 +192,10 @@ def test_the_check_sees_an_upward_import(tmp_path):
     "recsys.data.sources",
   ],
 )
-def test_the_run_folder_serving_and_export_sit_below_training(module):
+def test_the_model_dir_serving_and_export_sit_below_training(module):
   """What `recsys evaluate` and `recsys export` use never loads training.
 
-  The run folder and `model_args` lived in `recsys/training/`, export
+  The model dir and `model_args` lived in `recsys/training/`, export
   imported the training loop for its serving lookup, and evaluate and
   export built a whole Trainer; their places in the table keep them below
   it (so the scan above refuses any such import).

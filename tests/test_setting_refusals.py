@@ -22,7 +22,7 @@ import pytest
 import recsys
 from recsys import cli, cli_checks, config, experiments_catalog
 from recsys.gin import unread as gin_unread
-from recsys.runtime import exits
+from recsys.process import exits
 
 DLRM = "synthetic_dlrm.gin"
 IALS = "movielens_ials.gin"

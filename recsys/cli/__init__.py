@@ -31,7 +31,7 @@ from recsys.cli import (
   train,
   version,
 )
-from recsys.runtime import console, exits, startup
+from recsys.process import console, exits, startup
 
 DESCRIPTION = (
   "Train, evaluate and export gin-configured recommender models "
@@ -72,8 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   Every command runs the same way: its files are checked before TensorFlow
   is imported (`cli_checks`), TensorFlow is started if the command needs it
-  (`recsys.runtime.startup`), and an error or a signal ends it with the
-  status `recsys.runtime.exits` gives it (a bad flag: argparse's 2).
+  (`recsys.process.startup`), and an error or a signal ends it with the
+  status `recsys.process.exits` gives it (a bad flag: argparse's 2).
 
   Args:
     argv: the command's arguments; None: this process's own command line

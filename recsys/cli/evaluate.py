@@ -7,7 +7,7 @@ from typing import Any
 from recsys.cli import flags, gin_train, results
 
 NAME = "evaluate"
-#: The command needs TensorFlow started (`recsys.runtime.startup`).
+#: The command needs TensorFlow started (`recsys.process.startup`).
 STARTS_TENSORFLOW = True
 
 log = logging.getLogger("recsys")
@@ -53,9 +53,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+  from recsys.model_dir import run_dir  # pylint: disable=g-import-not-at-top
   from recsys.run import run_summaries  # pylint: disable=g-import-not-at-top
   from recsys.run.evaluation import evaluate_restored  # pylint: disable=g-import-not-at-top
-  from recsys.run_folder import run_dir  # pylint: disable=g-import-not-at-top
 
   run = run_dir.RunDir(args.model_dir)
   name = args.eval_on

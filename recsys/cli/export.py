@@ -7,12 +7,12 @@ import os
 from typing import Any
 
 from recsys.cli import flags, gin_train
-from recsys.runtime import console
+from recsys.process import console
 
 log = logging.getLogger("recsys")
 
 NAME = "export"
-#: The command needs TensorFlow started (`recsys.runtime.startup`).
+#: The command needs TensorFlow started (`recsys.process.startup`).
 STARTS_TENSORFLOW = True
 
 

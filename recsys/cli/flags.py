@@ -10,7 +10,7 @@ import argparse
 from typing import Any
 
 from recsys import ranges
-from recsys.runtime import console
+from recsys.process import console
 
 
 def subcommand(subparsers: Any, name: str, **kwargs) -> argparse.ArgumentParser:
@@ -52,7 +52,7 @@ def add_gin_flags(parser: argparse.ArgumentParser, required: bool) -> None:
 
 def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
   """--tpu, --backend, the thread counts and --verbosity
-  (`recsys.runtime.startup` applies the threads, `recsys.runtime.console`
+  (`recsys.process.startup` applies the threads, `recsys.process.console`
   the verbosity)."""
   parser.add_argument(
     "--tpu",
@@ -87,7 +87,7 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_verbose(parser: argparse.ArgumentParser) -> None:
-  """--verbosity and its short form -v (`recsys.runtime.console`)."""
+  """--verbosity and its short form -v (`recsys.process.console`)."""
   parser.add_argument(
     "--verbosity",
     choices=console.VERBOSITIES,

@@ -18,7 +18,7 @@ def gin_files(args: argparse.Namespace) -> list[str]:
   model_dir = getattr(args, "model_dir", None)
   if model_dir:
     from recsys.gin import untrusted as gin_untrusted  # pylint: disable=g-import-not-at-top
-    from recsys.run_folder import run_dir  # pylint: disable=g-import-not-at-top
+    from recsys.model_dir import run_dir  # pylint: disable=g-import-not-at-top
 
     path = run_dir.RunDir(model_dir).operative_config
     if os.path.isfile(path):

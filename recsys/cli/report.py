@@ -1,6 +1,6 @@
 """How a failed or stopped `recsys` command tells the user, on stderr.
 
-What the exit status is, `recsys.runtime.exits` decides; this is only the
+What the exit status is, `recsys.process.exits` decides; this is only the
 wording: one line per error (the traceback with --verbose; a runtime error
 says so on a second line, a settings refusal is complete in one), gin's
 errors with their file and line on the lines below, a clean stop in its
@@ -10,7 +10,7 @@ own words.
 import sys
 
 from recsys import errors
-from recsys.runtime import exits
+from recsys.process import exits
 
 #: The errors of gin files and bindings, by their class's name: their
 #: messages name the file and line on lines of their own.

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from recsys.runtime import console
+from recsys.process import console
 
 
 def wants_json(verbosity: str | None) -> bool:

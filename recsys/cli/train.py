@@ -6,7 +6,7 @@ from typing import Any
 from recsys.cli import flags, gin_train, results
 
 NAME = "train"
-#: The command needs TensorFlow started (`recsys.runtime.startup`).
+#: The command needs TensorFlow started (`recsys.process.startup`).
 STARTS_TENSORFLOW = True
 
 

@@ -147,7 +147,7 @@ class DataSource(abc.ABC):
   def input_files(self) -> list[str]:
     """The files this source reads (both splits, vocabularies, metadata).
 
-    A run records their fingerprints (`recsys.run_folder.run_inputs`), so
+    A run records their fingerprints (`recsys.model_dir.run_inputs`), so
     that resuming, evaluating or exporting it over changed files is refused.
     Empty (the default): the source reads no file (synthetic data).
     """

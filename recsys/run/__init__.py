@@ -10,5 +10,6 @@ restored run itself (`restored`: `RestoredRun`), its evaluation
 (`evaluation`: `Evaluator`), and what a run reports (`run_summaries`,
 `memory_peaks`). The training loop, its controller and the Trainer are
 `recsys.training`, above this package: nothing here imports it
-(tests/test_layering.py).
+(tests/test_layering.py). What a run keeps on disk is `recsys.model_dir`;
+the process a command runs in, `recsys.process`.
 """

@@ -37,10 +37,10 @@ from recsys import config, planning, ranges
 from recsys import features as features_lib
 from recsys._keras import keras, tf
 from recsys.gin import compat as gin_compat
+from recsys.model_dir import run_dir as run_dir_lib
 from recsys.run import embedding_backend
 from recsys.run import strategy as strategy_lib
 from recsys.run.restored import RestoredRun, default_embedding_optimizer
-from recsys.run_folder import run_dir as run_dir_lib
 from recsys.train_settings import TrainSettings
 
 log = logging.getLogger("recsys.training")

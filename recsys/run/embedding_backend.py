@@ -18,8 +18,8 @@ from typing import Any
 from backends import registry
 from recsys import planning
 from recsys._keras import tf
+from recsys.process import console
 from recsys.run import compile as compile_lib
-from recsys.runtime import console
 from recsys.train_settings import TrainerConfigError, TrainSettings
 
 log = logging.getLogger("recsys.training")

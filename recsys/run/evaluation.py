@@ -23,10 +23,10 @@ from typing import Any
 from recsys._keras import keras, tf
 from recsys.data import errors as data_errors
 from recsys.data import pipeline as data_pipeline
+from recsys.model_dir.run_checks import RunChanges
+from recsys.process import console
 from recsys.run import run_summaries
 from recsys.run.restored import RestoredRun
-from recsys.run_folder.run_checks import RunChanges
-from recsys.runtime import console
 from recsys.serving.lookup import split_batch
 from recsys.train_settings import TrainerConfigError
 

@@ -32,6 +32,9 @@ from recsys import train_settings as settings_lib
 from recsys._keras import keras, tf
 from recsys.data import sources as data_sources
 from recsys.data.from_dataset import DatasetSource
+from recsys.model_dir import checkpoints as checkpoints_lib
+from recsys.model_dir import run_checks, run_inputs
+from recsys.model_dir import run_dir as run_dir_lib
 from recsys.models import evaluation_hooks as hooks_lib
 from recsys.models import model_args
 from recsys.models import seen_items as seen_lib
@@ -39,9 +42,6 @@ from recsys.run import embedding_backend as backend_lib
 from recsys.run import input as input_lib
 from recsys.run import memory_peaks, schedules
 from recsys.run import strategy as strategy_lib
-from recsys.run_folder import checkpoints as checkpoints_lib
-from recsys.run_folder import run_checks, run_inputs
-from recsys.run_folder import run_dir as run_dir_lib
 from recsys.serving.lookup import serving_activations
 from recsys.train_settings import TrainerConfigError, TrainSettings
 

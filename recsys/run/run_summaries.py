@@ -27,8 +27,8 @@ import numpy as np
 
 from recsys._keras import keras, tf
 from recsys.data.pipeline import DataSource
-from recsys.run_folder import run_configs
-from recsys.run_folder import run_dir as run_dir_lib
+from recsys.model_dir import run_configs
+from recsys.model_dir import run_dir as run_dir_lib
 
 log = logging.getLogger("recsys.training")
 

@@ -71,12 +71,12 @@ from recsys._keras import keras, tf
 from recsys.data.raw import RawParser
 from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
+from recsys.model_dir import atomic_dir
 from recsys.models import retrieval_index
 from recsys.models import seen_items as seen_lib
 from recsys.models.errors import ModelConfigError
+from recsys.process import console
 from recsys.run.restored import RestoredRun
-from recsys.run_folder import atomic_dir
-from recsys.runtime import console
 from recsys.serving import checks as serving_checks
 from recsys.serving import lookup as serving_lookup
 

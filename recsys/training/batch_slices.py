@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 from backends import hardware
 from recsys._keras import keras, tf
-from recsys.runtime import threads
+from recsys.process import threads
 from recsys.train_settings import TrainerConfigError
 
 #: Slices `None` picks on a CPU replica with 2 or more cores (4 were slower

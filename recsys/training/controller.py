@@ -31,8 +31,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from recsys.process import console
 from recsys.run import run_summaries
-from recsys.runtime import console
 from recsys.training import signals as signals_lib
 
 log = logging.getLogger("recsys.training")

@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from recsys.errors import RecsysError
-from recsys.runtime import exits
+from recsys.process import exits
 
 log = logging.getLogger("recsys.training")
 

@@ -27,15 +27,15 @@ from recsys import train_settings as settings_lib
 from recsys._keras import keras, tf
 from recsys.data import errors as data_errors
 from recsys.errors import RecsysError
+from recsys.model_dir import checkpoints as checkpoints_lib
+from recsys.model_dir import run_configs
+from recsys.model_dir import run_dir as run_dir_lib
 from recsys.models import evaluation_hooks as hooks_lib
 from recsys.models import seen_items as seen_lib
 from recsys.run import evaluation as evaluation_lib
 from recsys.run import restored as restored_lib
 from recsys.run import run_summaries, schedules
 from recsys.run import strategy as strategy_lib
-from recsys.run_folder import checkpoints as checkpoints_lib
-from recsys.run_folder import run_configs
-from recsys.run_folder import run_dir as run_dir_lib
 from recsys.train_settings import TrainSettings
 from recsys.training import batch_slices as slices_lib
 from recsys.training import controller as controller_lib

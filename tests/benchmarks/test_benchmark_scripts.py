@@ -72,7 +72,7 @@ def test_embedding_step_compares_a_rival_at_its_best_thread_setting(tmp_path):
   best and recsys's ratio is taken against it, not against the slower.
   recsys runs with TF's threads as `recsys train` chooses them here, and
   the machine's state is printed before and after."""
-  from recsys.runtime import threads as threads_lib
+  from recsys.process import threads as threads_lib
 
   cores = threads_lib.available_cores()
   intra, inter, _ = threads_lib.thread_settings(0, 0, cores)

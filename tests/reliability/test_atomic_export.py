@@ -3,7 +3,7 @@
 `recsys export` used to write into the export folder in place: a SIGKILL
 midway left new variable data next to the old index (`DataLossError` on
 load). Exports are now written to a hidden sibling and swapped in whole
-(`recsys.run_folder.atomic_dir`). The test kills a real `recsys export` process the
+(`recsys.model_dir.atomic_dir`). The test kills a real `recsys export` process the
 moment anything under the export folder changes: the folder must then be
 exactly the previous export, or exactly the complete new one.
 """
@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 from recsys import cli, config
-from recsys.run_folder import atomic_dir
+from recsys.model_dir import atomic_dir
 
 ROOT = os.path.dirname(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,7 +15,7 @@ import gin
 import pytest
 
 from recsys import cli, config
-from recsys.run_folder import lock as lock_lib
+from recsys.model_dir import lock as lock_lib
 
 ROOT = os.path.dirname(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

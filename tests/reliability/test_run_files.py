@@ -1,7 +1,7 @@
 """Symlinks and hard links in a model dir are never written through.
 
 A `metrics.json` or `.recsys.lock` pointing at another file used to be
-truncated and overwritten by a run (`recsys.run_folder.run_files`).
+truncated and overwritten by a run (`recsys.model_dir.run_files`).
 """
 
 import json
@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from recsys.run_folder import lock as lock_lib
-from recsys.run_folder import run_files
+from recsys.model_dir import lock as lock_lib
+from recsys.model_dir import run_files
 from tests.reliability.test_bad_model_dir import make_trainer
 
 

@@ -3,7 +3,7 @@
 import hashlib
 import os
 
-from recsys.run_folder import run_configs, run_inputs
+from recsys.model_dir import run_configs, run_inputs
 
 
 def test_content_decides_not_the_modification_time(tmp_path):

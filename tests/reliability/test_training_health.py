@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from recsys.run_folder import lock as lock_lib
+from recsys.model_dir import lock as lock_lib
 from recsys.training import trainer as trainer_lib
 from tests.training import test_trainer
 from tests.training.sources import ArraySource
@@ -122,7 +122,7 @@ def test_a_second_run_in_the_same_model_dir_is_refused(tmp_path):
     [
       sys.executable,
       "-c",
-      "import sys, time; from recsys.run_folder.lock import ModelDirLock; "
+      "import sys, time; from recsys.model_dir.lock import ModelDirLock; "
       "ModelDirLock(sys.argv[1]).acquire(); print('held', flush=True); "
       "time.sleep(120)",
       str(tmp_path),

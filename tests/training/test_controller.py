@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from recsys.runtime import console
+from recsys.process import console
 from recsys.training import signals
 from recsys.training.controller import Controller, LoopSchedule
 

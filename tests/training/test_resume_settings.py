@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from recsys import config
-from recsys.run_folder import run_configs
+from recsys.model_dir import run_configs
 from recsys.training import train
 
 TINY = [

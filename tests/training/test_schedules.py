@@ -166,7 +166,7 @@ def test_bound_schedules_are_resumed_in_place_before_a_step_is_traced():
 
 
 def test_run_lengths_of_a_model_dir(tmp_path):
-  from recsys.run_folder import run_configs  # pylint: disable=g-import-not-at-top
+  from recsys.model_dir import run_configs  # pylint: disable=g-import-not-at-top
 
   configs = tmp_path / "configs"
   configs.mkdir()

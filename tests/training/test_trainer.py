@@ -14,11 +14,11 @@ import tensorflow as tf
 from recsys import ranges
 from recsys import train_settings as settings_lib
 from recsys.features import EmbeddingSettings
+from recsys.model_dir import run_configs
 from recsys.models import DLRM
 from recsys.planning import EmbeddingPlacement
 from recsys.run import schedules
 from recsys.run.configured import configured_run
-from recsys.run_folder import run_configs
 from recsys.train_settings import TrainSettings
 from recsys.training import Trainer, TrainerConfigError, train
 from tests.conftest import mirrored_strategy

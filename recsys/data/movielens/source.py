@@ -76,7 +76,7 @@ from recsys.data.pipeline import (
 from recsys.data.user_history import HistoryTable, ItemHistory, UserHistory
 from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
-from recsys.runtime import console
+from recsys.process import console
 
 log = logging.getLogger("recsys.data.movielens")
 

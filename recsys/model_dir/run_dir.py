@@ -39,8 +39,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from recsys.errors import RecsysError
-from recsys.run_folder import lock as lock_lib
-from recsys.run_folder import run_checks, run_configs, run_files, run_inputs
+from recsys.model_dir import lock as lock_lib
+from recsys.model_dir import run_checks, run_configs, run_files, run_inputs
 
 log = logging.getLogger("recsys.training")
 

@@ -16,7 +16,7 @@ import socket
 import sys
 
 from recsys.errors import RecsysError
-from recsys.run_folder import run_files
+from recsys.model_dir import run_files
 
 LOCK_FILE = ".recsys.lock"
 

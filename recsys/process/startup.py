@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from recsys import _tf_startup
-from recsys.runtime import console, threads
+from recsys.process import console, threads
 
 log = logging.getLogger("recsys")
 
@@ -18,7 +18,7 @@ def start_tensorflow(
   verbose: bool = False, intra_op_threads: int = 0, inter_op_threads: int = 0
 ) -> None:
   """Imports TensorFlow quietly, says what it found and sets its threads
-  (the command's logging is `recsys.runtime.console`'s).
+  (the command's logging is `recsys.process.console`'s).
 
   Args:
     verbose: keep TensorFlow's own logs (else only its errors).

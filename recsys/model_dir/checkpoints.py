@@ -21,8 +21,8 @@ from typing import Any
 
 from recsys._keras import tf
 from recsys.errors import RecsysError
-from recsys.run_folder import run_dir as run_dir_lib
-from recsys.run_folder import run_files
+from recsys.model_dir import run_dir as run_dir_lib
+from recsys.model_dir import run_files
 
 log = logging.getLogger("recsys.training")
 

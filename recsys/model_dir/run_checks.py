@@ -30,8 +30,8 @@ import os
 import re
 from collections.abc import Mapping
 
-from recsys.run_folder import run_configs, run_inputs
-from recsys.run_folder.run_configs import ChangedSettingsError
+from recsys.model_dir import run_configs, run_inputs
+from recsys.model_dir.run_configs import ChangedSettingsError
 
 COMMANDS = ("train", "evaluate", "export")
 

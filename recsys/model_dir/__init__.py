@@ -1,4 +1,4 @@
-"""The run folder (`--model_dir`): what a run keeps on disk, and its guards.
+"""The model dir (`--model_dir`): what a run keeps on disk, and its guards.
 
 One experiment's files: checkpoints, every run's config, the fingerprints
 of the files it read, its metrics, its lock. Training, `recsys evaluate`
@@ -13,4 +13,8 @@ training (it never imports `recsys.training`). Which module owns what:
   run_checks    what a resume, evaluate or export may not change
   checkpoints   save, resume, damaged checkpoints (`RunCheckpoints`)
   atomic_dir    swapping in a new export directory in one step
+
+The run itself (its strategy, sources, backend, model, restored at a
+checkpoint) is `recsys.run`; the process a command runs in,
+`recsys.process`.
 """

@@ -1,13 +1,17 @@
 """`recsys benchmark movielens`: runs the checkout's research harness.
 
 The harness (baselines, seeds, tables; benchmarks/movielens_benchmark.py) is
-not part of the library; this door finds it beside the package in a source
-checkout (an editable install) and says so when it is not there.
+not part of the library, and the package never imports `benchmarks`, which
+sits above it (tests/test_layering.py refuses such an import): this door
+finds the script beside the package in a source checkout (an editable
+install), runs its file as Python runs a script (`runpy.run_path`; the
+script puts its checkout on `sys.path` for its own imports) and calls its
+`main` in this process, so the command's output, errors and exit status
+are the script's. It says where it looked when there is no checkout.
 """
 
-import importlib
 import os
-import sys
+import runpy
 from collections.abc import Sequence
 
 from recsys.errors import RecsysError
@@ -31,7 +35,7 @@ def main(
       f"{prog} runs benchmarks/movielens_benchmark.py from a source checkout "
       f"(git clone; pip install -e .); it is not at {HARNESS}"
     )
-  if CHECKOUT not in sys.path:
-    sys.path.insert(0, CHECKOUT)
-  harness = importlib.import_module("benchmarks.movielens_benchmark")
-  harness.main(argv, prog=prog)
+  # Not "__main__": the script's own `main()` call stays unrun; ours passes
+  # the arguments and the command's name.
+  harness = runpy.run_path(HARNESS, run_name="movielens_benchmark")
+  harness["main"](argv, prog=prog)

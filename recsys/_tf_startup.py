@@ -162,8 +162,6 @@ def start(verbose: bool) -> tuple[object, str]:
   with context as dropped:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-    import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-
     cpus = tf.config.list_physical_devices("CPU")
     gpus = tf.config.list_physical_devices("GPU")
   found = [f"{len(cpus)} CPU"] + [f"{len(gpus)} GPU" if gpus else "no GPU"]

@@ -1,10 +1,13 @@
 """Imports only run downwards (docs/architecture.md, "Layers").
 
 Every import statement in `recsys/` and `backends/` — function-local ones
-included — is read from the source (no import is executed), resolved to the
-module it names, and checked against the layer table below: a module may
-import its own layer and the layers under it. A new module must be placed
-in the table, so the layering is decided, not discovered.
+included, and `importlib.import_module("...")` of a literal name — is read
+from the source (no import is executed), resolved to the module it names,
+and checked against the layer table below: a module may import its own
+layer and the layers under it. A new module must be placed in the table,
+so the layering is decided, not discovered. The same imports may not form
+a cycle (within a layer too), and nothing in the two packages imports
+`benchmarks` or `tests`, which sit above them.
 """
 
 import ast
@@ -105,6 +108,29 @@ def _imports(path):
       # `from recsys import features` loads recsys.features.
       for alias in node.names:
         yield node.lineno, f"{node.module}.{alias.name}"
+    elif (
+      isinstance(node, ast.Call)
+      and _called_name(node.func) in _IMPORT_FUNCTIONS
+      and node.args
+      and isinstance(node.args[0], ast.Constant)
+      and isinstance(node.args[0].value, str)
+    ):
+      yield node.lineno, node.args[0].value
+
+
+#: Calls that import the module their first argument names.
+_IMPORT_FUNCTIONS = ("import_module", "importlib.import_module", "__import__")
+
+
+def _called_name(func):
+  """`a.b.c` for a call of `a.b.c(...)`; None for anything else."""
+  parts = []
+  while isinstance(func, ast.Attribute):
+    parts.append(func.attr)
+    func = func.value
+  if not isinstance(func, ast.Name):
+    return None
+  return ".".join([func.id, *reversed(parts)])
 
 
 def _under(name, prefix):
@@ -176,6 +202,117 @@ def test_the_check_sees_an_upward_import(tmp_path):
   ((line, name),) = list(_imports(str(path)))
   assert (line, _target(name, RECSYS)) == (2, "recsys.training.trainer")
   assert _layer("recsys.training.trainer") > _layer("recsys.data.movielens")
+
+
+#: The folders beside the packages that use them, never imported by them.
+ABOVE_THE_PACKAGES = ("benchmarks", "tests")
+
+
+@pytest.mark.parametrize("module", sorted({**RECSYS, **BACKENDS}))
+def test_no_package_module_imports_benchmarks_or_tests(module):
+  """`benchmarks/` and `tests/` use the packages, never the other way round
+  (`recsys benchmark movielens` runs the harness's file, it does not
+  import it: recsys/tools/checkout_harness.py)."""
+  path = {**RECSYS, **BACKENDS}[module]
+  bad = [
+    f"line {line}: {name}"
+    for line, name in _imports(path)
+    if name.split(".")[0] in ABOVE_THE_PACKAGES
+  ]
+  assert not bad, f"{module} imports what sits above the packages: {bad}"
+
+
+def _import_graph(modules):
+  """{module: {module it imports: the first line doing so}}, over `modules`
+  ({dotted name: path}) only."""
+  graph = {}
+  for module, path in modules.items():
+    edges = graph.setdefault(module, {})
+    for line, imported in _imports(path):
+      target = _target(imported, modules)
+      if target is not None and target != module:
+        edges.setdefault(target, line)
+  return graph
+
+
+def _cycles(graph):
+  """The strongly connected components of more than one module (each a
+  sorted list), found by Tarjan's algorithm without recursion."""
+  index, low, stack, on_stack, found = {}, {}, [], set(), []
+  for root in sorted(graph):
+    if root in index:
+      continue
+    work = [(root, iter(sorted(graph[root])))]
+    index[root] = low[root] = len(index)
+    stack.append(root)
+    on_stack.add(root)
+    while work:
+      node, successors = work[-1]
+      for successor in successors:
+        if successor not in index:
+          index[successor] = low[successor] = len(index)
+          stack.append(successor)
+          on_stack.add(successor)
+          work.append((successor, iter(sorted(graph[successor]))))
+          break
+        if successor in on_stack:
+          low[node] = min(low[node], index[successor])
+      else:
+        work.pop()
+        if work:
+          parent = work[-1][0]
+          low[parent] = min(low[parent], low[node])
+        if low[node] == index[node]:
+          component = []
+          while True:
+            member = stack.pop()
+            on_stack.discard(member)
+            component.append(member)
+            if member == node:
+              break
+          if len(component) > 1:
+            found.append(sorted(component))
+  return sorted(found)
+
+
+def _shown(component, graph):
+  """A cycle's imports, each `a:line -> b`, for the failure message."""
+  members = set(component)
+  return [
+    f"{module}:{line} -> {target}"
+    for module in component
+    for target, line in sorted(graph[module].items())
+    if target in members
+  ]
+
+
+def test_no_import_cycles():
+  """No two modules of `recsys/` and `backends/` import each other, through
+  any number of others, at module level or inside a function: each module
+  can be read (and imported) after the ones it names."""
+  graph = _import_graph({**RECSYS, **BACKENDS})
+  cycles = [_shown(component, graph) for component in _cycles(graph)]
+  assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_check_sees_a_cycle_and_an_import_by_name(tmp_path):
+  """The scans themselves: a three-module cycle is found (and a chain is
+  not), and a literal `importlib.import_module` is read as an import."""
+  graph = {"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3}, "d": {"a": 4}}
+  assert _cycles(graph) == [["a", "b", "c"]]
+  assert _shown(["a", "b", "c"], graph) == ["a:1 -> b", "b:2 -> c", "c:3 -> a"]
+  assert _cycles({"a": {"b": 1}, "b": {}}) == []
+  path = tmp_path / "door.py"
+  path.write_text(
+    "import importlib\n"
+    "def f(name):\n"
+    "  importlib.import_module('benchmarks.movielens_benchmark')\n"
+    "  importlib.import_module(name)\n"
+  )
+  assert list(_imports(str(path))) == [
+    (1, "importlib"),
+    (3, "benchmarks.movielens_benchmark"),
+  ]
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 `backends/` never imports `recsys`, so these are the counterparts of
 `recsys.errors.RecsysError` and `SettingsError`: the same `exit_status`
-attribute, read by `recsys.runtime.exits` whichever command meets the
+attribute, read by `recsys.process.exits` whichever command meets the
 error. `BackendSettingsError`: a configuration the backends cannot honour
 (an unknown backend or option, a table option the hardware cannot do, a
 backend that cannot run under this strategy), exit status 2; any other

@@ -8,7 +8,7 @@ counter and random generator, the run folder and its checkpoints
 (`RunCheckpoints`: the newest readable one restored), and the model's
 evaluation hooks (a retrieval model's corpus index and seen items). It has
 no training loop: evaluation is `recsys.run.evaluation`, the SavedModel
-`recsys.export`, and `recsys.training.Trainer` adds the loop to one.
+`recsys.serving.export`, and `recsys.training.Trainer` adds the loop to one.
 
 Example:
   >>> run = RestoredRun("runs/demo", SyntheticCTR(), DLRM,

@@ -1,7 +1,7 @@
 """A CPU step's dense part on slices of the batch, run side by side.
 
 On CPU the recsys thread settings give each op one core and run two ops at a
-time (`recsys.runtime.threads`). A ranking model's dense part — MLPs, the
+time (`recsys.process.threads`). A ranking model's dense part — MLPs, the
 feature interaction and their gradients — is a chain of matmuls, each
 waiting for the last, so it keeps one core busy while the other idles. Cut
 the batch into k slices and the model's forward and backward passes over the

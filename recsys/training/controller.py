@@ -134,7 +134,7 @@ def _on_a_terminal() -> bool:
 class Progress:
   """A run's progress: a tqdm bar on a terminal, else a log line per loop.
 
-  The brief console (`recsys.runtime.console`) shows about one line in
+  The brief console (`recsys.process.console`) shows about one line in
   ten of the run, and its last; `info` every loop's.
 
   Args:

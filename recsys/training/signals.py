@@ -28,7 +28,7 @@ class TrainingPreempted(RecsysError, RuntimeError):
     signal_name: "SIGTERM" or "SIGINT".
     exit_status: the process status `recsys train` exits with: 143 after
       SIGTERM, 130 after Ctrl-C (SIGINT), as the shell reports each
-      (`recsys.runtime.exits`).
+      (`recsys.process.exits`).
   """
 
   def __init__(self, step: int, checkpoint: str, signal_name: str):

@@ -45,7 +45,7 @@ from recsys.training import signals as signals_lib
 
 log = logging.getLogger("recsys.training")
 
-# Where a run keeps its files: recsys.run_folder.run_dir (the one owner).
+# Where a run keeps its files: recsys.model_dir.run_dir (the one owner).
 METRICS_FILE = run_dir_lib.METRICS_FILE
 OPERATIVE_CONFIG_FILE = run_dir_lib.OPERATIVE_CONFIG_FILE
 

@@ -307,7 +307,7 @@ def test_without_a_bar_each_loop_and_evaluation_logs_a_line(caplog):
 
 
 def test_brief_output_shows_a_tenth_of_the_loops_then_what_runs_last(caplog):
-  """Without a bar the brief console (`recsys.runtime.console`) shows the
+  """Without a bar the brief console (`recsys.process.console`) shows the
   loops that end a tenth of the run, then a line before the final save and
   evaluation (they ran silently after the last loop's line)."""
   caplog.set_level(logging.INFO, "recsys.training")

@@ -2,7 +2,7 @@
 
 Draws `--pairs` (user, item) pairs — users uniform, items Zipf-skewed like
 real catalogues (a few items observed by a large share of the users) — and
-trains `recsys.models.ials.ImplicitALS` through the tensorcore backend on
+trains `recsys.models.retrieval.ials.ImplicitALS` through the tensorcore backend on
 `--replicas` logical CPU devices, its tables replicated or row-sharded
 (`--placement`), the way a Trainer step does: consecutive batches to
 consecutive replicas, each half padded to a multiple of R batches,
@@ -68,7 +68,7 @@ def ials_training(
   import backends  # noqa: PLC0415
   from recsys import features as features_lib  # noqa: PLC0415
   from recsys._keras import tf  # noqa: PLC0415
-  from recsys.models import ials  # noqa: PLC0415
+  from recsys.models.retrieval import ials  # noqa: PLC0415
 
   strategy = strategy or tf.distribute.get_strategy()
   settings = features_lib.EmbeddingSettings(

@@ -3,7 +3,7 @@
 Reads a MovieLens folder (`--data_dir`: GroupLens u.data or RecBole
 atomic files) or writes the synthetic ml-100k-like files
 (`recsys.testing.movielens`), takes every (user, movie) rating as a positive
-pair, and trains `recsys.models.ials.ImplicitALS` the way a Trainer step
+pair, and trains `recsys.models.retrieval.ials.ImplicitALS` the way a Trainer step
 does (lookup under a tape, the model's loss, the backend's SGD(1.0)
 update) in a compiled `tf.function` per batch. Prints the seconds of each
 epoch after a first, tracing one, the NumPy iALS's

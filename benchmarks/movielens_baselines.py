@@ -9,7 +9,7 @@ user has seen are excluded. Each takes the arrays of
 `movielens_benchmark.split_arrays` (`user`, `item`, `label`); hyper-parameter
 grids are searched on a validation split by the benchmark, never on test,
 for each protocol (seen items kept, or excluded: `exclusions`, each held-out
-pair's user's training items, `recsys.models.seen_items`).
+pair's user's training items, `recsys.models.retrieval.seen_items`).
 """
 
 from collections.abc import Callable, Sequence
@@ -163,7 +163,7 @@ def popularity(
 ) -> dict[str, float]:
   """Most-popular top-K hit rates (`recsys.models.popularity_hit_rates`);
   with `exclusions`, the most popular items each user has not seen."""
-  from recsys.models import retrieval_metrics  # noqa: PLC0415 (imports TF)
+  from recsys.models.retrieval import metrics as retrieval_metrics  # noqa: PLC0415 (imports TF)
 
   rates = retrieval_metrics.popularity_hit_rates(
     train_items.tolist(), held_out_items.tolist(), KS, exclusions=exclusions
@@ -265,7 +265,7 @@ def factor_hit_rates(
   the held-out pairs' users as queries, as for the models
   (`retrieval_metrics.hit_rates`); with `exclusions` (per held-out pair, its
   user's seen items) only the others are ranked."""
-  from recsys.models import retrieval_metrics  # noqa: PLC0415 (imports TF)
+  from recsys.models.retrieval import metrics as retrieval_metrics  # noqa: PLC0415 (imports TF)
 
   corpus = np.arange(1, num_items + 1)
   rates = retrieval_metrics.hit_rates(

@@ -728,7 +728,7 @@ def run_seed(args: argparse.Namespace, seed: int, root: str) -> dict[str, Any]:
 def seen_exclusions(train: Arrays, held_out: Arrays, num_users: int) -> Any:
   """Each held-out pair's user's training items (never its own item), for
   the "seen items excluded" protocol: `SeenItems`, as evaluation uses."""
-  from recsys.models.seen_items import SeenItems  # noqa: PLC0415 (imports TF)
+  from recsys.models.retrieval.seen_items import SeenItems  # noqa: PLC0415 (imports TF)
 
   seen = SeenItems.from_pairs(train["user"], train["item"], num_users + 1)
   return seen.lookup(held_out["user"], held_out["item"])

@@ -158,6 +158,7 @@ _OWN_MODULES = (
   "recsys.planning",  # EmbeddingPlacement
   "recsys.run",  # train (recsys.run.configured), the schedules
   "recsys.models",
+  "recsys.models.retrieval",  # TwoTower, ImplicitALS
   "recsys.data",
 )
 

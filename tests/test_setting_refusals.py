@@ -280,8 +280,8 @@ def test_ials_refuses_any_clipping_of_its_solved_rows_at_zero_too(clip):
   and clipped every solved row; `clipvalue` was never read at all."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from recsys.models import ials  # pylint: disable=g-import-not-at-top
   from recsys.models.errors import ModelConfigError  # pylint: disable=g-import-not-at-top
+  from recsys.models.retrieval import ials  # pylint: disable=g-import-not-at-top
 
   E = tf.tpu.experimental.embedding
   tables = {"user": E.FeatureConfig(E.TableConfig(10, 4, name="user"))}

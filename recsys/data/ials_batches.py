@@ -1,10 +1,10 @@
 """The batches implicit ALS trains on: distinct rows with their full histories.
 
-One epoch of iALS (`recsys.models.ials.ImplicitALS`) is two halves: every
-user row solved from the items, then every item row from the users. Each
-batch holds DISTINCT rows of one side (`ials_side` 0: users, 1: items; -1:
-padding; `ials_counts` their histories' lengths) with their whole history
-on the other side, and the other side's whole table in slices
+One epoch of iALS (`recsys.models.retrieval.ials.ImplicitALS`) is two
+halves: every user row solved from the items, then every item row from the
+users. Each batch holds DISTINCT rows of one side (`ials_side` 0: users, 1:
+items; -1: padding; `ials_counts` their histories' lengths) with their
+whole history on the other side, and the other side's whole table in slices
 (`ials_*_corpus`: row b of a batch holds ids [b C, (b + 1) C), C the spec's
 `sequence_length`), so each batch (each replica's, on several replicas)
 looks up the full table whose Gramian its solves need. Every feature is a

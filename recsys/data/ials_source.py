@@ -4,9 +4,10 @@
 "retrieval", ...): its training split becomes the batches of
 `recsys.data.ials_batches` (every user row with its items, then every item
 row with its users, epoch after epoch), while evaluation, the candidate
-corpus, the raw-id parser and the files stay the wrapped source's, so a
-run of `recsys.models.ials.ImplicitALS` is evaluated and exported like any
-retrieval run. Each evaluation batch gains the iALS features, empty.
+corpus, the raw-id parser and the files stay the wrapped source's, so a run
+of `recsys.models.retrieval.ials.ImplicitALS` is evaluated and exported
+like any retrieval run. Each evaluation batch gains the iALS features,
+empty.
 
 Example (gin):
   train.data = @ImplicitALSData()

@@ -240,7 +240,7 @@ CONFIGURABLES = {
     ),
     "ranking",
   ),
-  "recsys.models.ials.ImplicitALS": (
+  "recsys.models.retrieval.ials.ImplicitALS": (
     (
       "feature_specs",
       "query_features",
@@ -257,7 +257,7 @@ CONFIGURABLES = {
     ),
     "retrieval",
   ),
-  "recsys.models.two_tower.TwoTower": (
+  "recsys.models.retrieval.two_tower.TwoTower": (
     (
       "feature_specs",
       "query_features",
@@ -526,7 +526,7 @@ RANGES: dict[str, dict[str, Spec]] = {
     "auc_num_thresholds": Int(lo=2),
     "name": Text(optional=True),
   },
-  "recsys.models.ials.ImplicitALS": {
+  "recsys.models.retrieval.ials.ImplicitALS": {
     "query_features": Each(item=Text()),
     "candidate_features": Each(item=Text()),
     "candidate_id_feature": Text(optional=True),
@@ -539,7 +539,7 @@ RANGES: dict[str, dict[str, Spec]] = {
     "ks": Each(item=Int(lo=1), min_len=1),
     "name": Text(optional=True),
   },
-  "recsys.models.two_tower.TwoTower": {
+  "recsys.models.retrieval.two_tower.TwoTower": {
     "query_features": Each(item=Text()),
     "candidate_features": Each(item=Text()),
     "candidate_id_feature": Text(optional=True),

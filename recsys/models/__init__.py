@@ -27,14 +27,14 @@ from recsys.models.errors import (
 )
 from recsys.models.fm import FactorizationMachine
 from recsys.models.keras_model import KerasRecommender
-from recsys.models.retrieval import RetrievalModel
-from recsys.models.retrieval_index import (
+from recsys.models.retrieval.index import (
   CorpusIndex,
   make_serving_index,
   scann_available,
 )
-from recsys.models.retrieval_metrics import hit_rates, popularity_hit_rates
-from recsys.models.two_tower import TwoTower
+from recsys.models.retrieval.metrics import hit_rates, popularity_hit_rates
+from recsys.models.retrieval.model import RetrievalModel
+from recsys.models.retrieval.two_tower import TwoTower
 
 __all__ = [
   "CorpusIndex",

@@ -23,8 +23,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from recsys.models import seen_items as seen_lib
 from recsys.models.errors import ModelConfigError
+from recsys.models.retrieval import seen_items as seen_lib
 
 #: Features -> features: what evaluation adds to each batch before the
 #: backend's preprocessing (e.g. the seen candidates).

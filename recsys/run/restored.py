@@ -37,7 +37,7 @@ from recsys.model_dir import run_checks, run_inputs
 from recsys.model_dir import run_dir as run_dir_lib
 from recsys.models import evaluation_hooks as hooks_lib
 from recsys.models import model_args
-from recsys.models import seen_items as seen_lib
+from recsys.models.retrieval import seen_items as seen_lib
 from recsys.run import embedding_backend as backend_lib
 from recsys.run import input as input_lib
 from recsys.run import memory_peaks, schedules

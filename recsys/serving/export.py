@@ -47,9 +47,10 @@ id and a finite training split): "top_k" (the id signature's inputs) and
 "top_k_raw" (the raw signature's: for MovieLens only the raw user id), each
 with `exclude_seen` bool `[B]`. A row with `exclude_seen` True leaves out
 the candidates its user interacted with in the training split, looked up
-from the user id in the export's own table (`recsys.models.seen_items`),
-as `exclude_seen` evaluation ranks them; missing results are id -1 (raw
-id "") with score -inf. See docs/retrieval.md.
+from the user id in the export's own table
+(`recsys.models.retrieval.seen_items`), as `exclude_seen` evaluation ranks
+them; missing results are id -1 (raw id "") with score -inf. See
+docs/retrieval.md.
 
 Example:
   >>> path = export(run, "/tmp/export")   # run: a RestoredRun
@@ -72,9 +73,9 @@ from recsys.data.raw import RawParser
 from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
 from recsys.model_dir import atomic_dir
-from recsys.models import retrieval_index
-from recsys.models import seen_items as seen_lib
 from recsys.models.errors import ModelConfigError
+from recsys.models.retrieval import index as retrieval_index
+from recsys.models.retrieval import seen_items as seen_lib
 from recsys.process import console
 from recsys.run.restored import RestoredRun
 from recsys.serving import checks as serving_checks
@@ -218,7 +219,7 @@ class ServingModule(tf.Module):
     raw_parser: the data source's raw-value parser (`source.raw_parser()`);
       None: no raw signatures.
     seen: retrieval only: each user's training candidates
-      (`recsys.models.seen_items.SeenItems`); adds the "top_k" and
+      (`recsys.models.retrieval.seen_items.SeenItems`); adds the "top_k" and
       "top_k_raw" signatures, which can leave them out.
     query_id_feature: the query id `seen` is keyed by (e.g. "user_id").
   """

@@ -48,7 +48,8 @@ def _parameters(target: Any) -> tuple[str, ...] | None:
 
 
 def _kind(target: Any) -> str:
-  from recsys.models import base, retrieval  # pylint: disable=g-import-not-at-top
+  from recsys.models import base  # pylint: disable=g-import-not-at-top
+  from recsys.models.retrieval import model as retrieval  # pylint: disable=g-import-not-at-top
 
   if inspect.isclass(target):
     if issubclass(target, base.RankingModel):

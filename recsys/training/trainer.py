@@ -31,7 +31,7 @@ from recsys.model_dir import checkpoints as checkpoints_lib
 from recsys.model_dir import run_configs
 from recsys.model_dir import run_dir as run_dir_lib
 from recsys.models import evaluation_hooks as hooks_lib
-from recsys.models import seen_items as seen_lib
+from recsys.models.retrieval import seen_items as seen_lib
 from recsys.run import evaluation as evaluation_lib
 from recsys.run import restored as restored_lib
 from recsys.run import run_summaries, schedules

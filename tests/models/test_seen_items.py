@@ -21,7 +21,7 @@ from recsys.models import (
   make_serving_index,
   popularity_hit_rates,
 )
-from recsys.models.seen_items import SEEN_FEATURE, SeenItems
+from recsys.models.retrieval.seen_items import SEEN_FEATURE, SeenItems
 from recsys.training import Trainer, TrainerConfigError
 from tests.training.test_trainer import embedding
 

@@ -278,7 +278,7 @@ def test_model_factories_get_the_arguments_their_model_kind_declares():
   from recsys.gin import compat as _gin_compat
   from recsys.models import DLRM, TwoTower, model_args
   from recsys.models.base import RankingModel
-  from recsys.models.retrieval import RetrievalModel
+  from recsys.models.retrieval.model import RetrievalModel
 
   arguments = model_args.model_arguments
   gin.parse_config("import recsys.models\nx/macro.value = @DLRM")

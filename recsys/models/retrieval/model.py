@@ -26,14 +26,12 @@ import tensorflow_recommenders as tfrs
 from recsys._keras import keras
 from recsys.feature_spec import FeatureSpec
 from recsys.models import evaluation_hooks as hooks_lib
-from recsys.models import (
-  retrieval_index,
-  retrieval_metrics,
-  retrieval_task,
-  seen_items,
-)
 from recsys.models.base import _ModelBase, example_weights
 from recsys.models.errors import FeatureMismatchError, ModelConfigError
+from recsys.models.retrieval import index as retrieval_index
+from recsys.models.retrieval import metrics as retrieval_metrics
+from recsys.models.retrieval import seen_items
+from recsys.models.retrieval import task as retrieval_task
 
 DEFAULT_KS = (1, 5, 10, 50, 100)
 

@@ -17,8 +17,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
-from recsys.models import retrieval_index
 from recsys.models.errors import ModelConfigError
+from recsys.models.retrieval import index as retrieval_index
 
 
 class CorpusHitRates(tfrs.metrics.FactorizedTopK):

@@ -17,12 +17,12 @@ from recsys import ranges
 from recsys._keras import keras
 from recsys.feature_spec import FeatureSpec
 from recsys.models import layers as model_layers
-from recsys.models import retrieval_negatives
 from recsys.models.base import example_weights
 from recsys.models.errors import ModelConfigError
 from recsys.models.layers import Pooling
-from recsys.models.retrieval import DEFAULT_KS, RetrievalModel
-from recsys.models.retrieval_negatives import NEGATIVES
+from recsys.models.retrieval import negatives as retrieval_negatives
+from recsys.models.retrieval.model import DEFAULT_KS, RetrievalModel
+from recsys.models.retrieval.negatives import NEGATIVES
 
 
 @gin.register

@@ -22,8 +22,8 @@ import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
 from recsys._keras import keras
-from recsys.models import retrieval_negatives
 from recsys.models.errors import FeatureMismatchError, ModelConfigError
+from recsys.models.retrieval import negatives as retrieval_negatives
 
 #: The batch feature with each example's candidate sampling probability.
 SAMPLING_PROBABILITY = "candidate_sampling_probability"

@@ -27,9 +27,9 @@ import tensorflow as tf
 from recsys import ranges
 from recsys.data import ials_batches as names
 from recsys.feature_spec import FeatureSpec
-from recsys.models import ials_solve
 from recsys.models.errors import EmbeddingDimError, ModelConfigError
-from recsys.models.retrieval import DEFAULT_KS, RetrievalModel
+from recsys.models.retrieval import ials_solve
+from recsys.models.retrieval.model import DEFAULT_KS, RetrievalModel
 
 #: The embedding optimizer whose update sets a row to its solution.
 REQUIRED_LEARNING_RATE = 1.0

@@ -122,7 +122,7 @@ class _ModelBase(keras.Model):
 
   #: True: the step minimizes the SUM of the per-example losses, never
   #: divided by a batch size (iALS, whose gradient must be exactly
-  #: e_r - solve_r at each row; `recsys.models.ials`).
+  #: e_r - solve_r at each row; `recsys.models.retrieval.ials`).
   SUMMED_LOSS: bool = False
   #: True: each example's loss depends on that example alone, so the step
   #: may compute the dense part on slices of the batch side by side

@@ -9,7 +9,7 @@ embedding optimizer plain SGD at learning rate 1, the loss
   0.5 * sum over the batch's rows r of |e_r - stop_gradient(solve_r)|^2
 
 has gradient e_r - solve_r at row r's activation, so the update sets each
-row to its solved value (`recsys.models.ials_solve`). A batch holds
+row to its solved value (`ials_solve`). A batch holds
 DISTINCT rows of one side with their histories and the other side's
 whole table in slices (`recsys.data.ials_batches`), whose Gramian the
 solves share. Everything the batch looks up on the other side gets a zero

@@ -5,7 +5,7 @@ for each k: the fraction of held-out (query, true candidate) pairs whose
 true candidate is among the k best-scoring candidates of the whole corpus
 (brute force, exact) or among the k most popular candidates of the
 training interactions. With `exclusions` (each user's training items,
-`recsys.models.seen_items`) a query ranks only the other candidates: the
+`seen_items`) a query ranks only the other candidates: the
 "seen items excluded" protocol. `CorpusHitRates` is the metric evaluation
 updates (TFRS's `FactorizedTopK`, with the same exclusions).
 """

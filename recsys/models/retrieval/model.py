@@ -260,7 +260,7 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
         no in-batch negative.
       compute_metrics: update the corpus hit rates (default: not training);
         needs `index_candidates` first. When the batch carries
-        `features["seen_candidate_ids"]` (`recsys.models.seen_items`), each
+        `features["seen_candidate_ids"]` (`seen_items`), each
         query's seen candidates are left out of its ranking (never its
         true candidate).
 
@@ -351,7 +351,7 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
   ) -> dict[str, float]:
     """Top-k hit rates of queries against a corpus, by brute force.
 
-    See `recsys.models.retrieval_metrics.hit_rates`; `ks` defaults to the
+    See `recsys.models.retrieval.metrics.hit_rates`; `ks` defaults to the
     model's.
     """
     return retrieval_metrics.hit_rates(
@@ -370,7 +370,7 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
   ) -> tfrs.layers.factorized_top_k.TopK:
     """A top-k index over the indexed corpus for serving (ScaNN when installed).
 
-    See `recsys.models.retrieval_index.make_serving_index`.
+    See `recsys.models.retrieval.index.make_serving_index`.
     """
     ids, embeddings = self.corpus_index.corpus()
     return retrieval_index.make_serving_index(

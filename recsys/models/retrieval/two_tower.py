@@ -4,7 +4,7 @@ Yi et al., "Sampling-Bias-Corrected Neural Modeling for Large Corpus Item
 Recommendations" (RecSys 2019): in-batch softmax with log-Q correction,
 L2-normalized embeddings and a temperature; optionally the whole corpus or
 in-batch + uniformly sampled corpus items as negatives
-(`recsys.models.retrieval_negatives`).
+(`recsys.models.retrieval.negatives`).
 """
 
 from collections.abc import Mapping, Sequence
@@ -98,7 +98,7 @@ class TwoTower(RetrievalModel):
         a query-side softmax over "corpus" (every corpus item) or "mixed"
         (the batch's and `num_sampled_negatives` uniform corpus items)
         against a bank of the candidates' latest embeddings; see
-        `recsys.models.retrieval_negatives`. Evaluation is the same for all.
+        `recsys.models.retrieval.negatives`. Evaluation is the same for all.
       num_sampled_negatives: corpus items drawn per batch ("mixed" only).
       ignore_features: query or candidate features the towers leave out
         (e.g. "user_id" for a query tower of the user's history and side
@@ -248,7 +248,7 @@ class TwoTower(RetrievalModel):
     """`RetrievalModel.per_example_loss`, with `negatives` in training.
 
     With "corpus" or "mixed" a training step adds to the in-batch loss a
-    softmax over the bank's corpus rows (`recsys.models.retrieval_negatives`;
+    softmax over the bank's corpus rows (`negatives`;
     it trains the query tower only), and stores the batch's candidate
     embeddings in `candidate_bank` for the next steps. Evaluation
     (training=False) and "in_batch" use the in-batch task and its metrics.

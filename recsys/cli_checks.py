@@ -2,9 +2,9 @@
 
 Importing TensorFlow and listing its devices takes 6-10 s; a misspelt
 `--gin_file`, a `--model_dir` that holds no run, a misspelt or ambiguous
-gin name (`recsys.gin.precheck`), a gin-bound value outside its declared
-range (`recsys.gin.range_check`), a gin binding nothing in the run reads
-(`recsys.gin.unread`) or `recsys export --k` for a ranking model must not
+gin name (`recsys.gin_config.precheck`), a gin-bound value outside its declared
+range (`recsys.gin_config.range_check`), a gin binding nothing in the run reads
+(`recsys.gin_config.unread`) or `recsys export --k` for a ranking model must not
 cost that. These checks read files only (gin's parser, no TensorFlow) and
 fail with the exit status the command would give after TF's start-up.
 
@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 from recsys import experiments_catalog
 from recsys.errors import RecsysError, SettingsError
-from recsys.gin import precheck as gin_precheck
-from recsys.gin import range_check as gin_range_check
-from recsys.gin import unread as gin_unread
+from recsys.gin_config import precheck as gin_precheck
+from recsys.gin_config import range_check as gin_range_check
+from recsys.gin_config import unread as gin_unread
 
 #: A run's config in its model dir (`run_dir.OPERATIVE_CONFIG_FILE`, named
 #: here because `recsys.model_dir` imports TensorFlow; a test keeps both

@@ -36,8 +36,8 @@ from recsys import experiments_catalog, ranges
 from recsys import features as features_lib
 from recsys._keras import keras, tf
 from recsys.errors import RecsysError, SettingsError
-from recsys.gin import compat as gin_compat
-from recsys.gin import range_check as gin_range_check
+from recsys.gin_config import compat as gin_compat
+from recsys.gin_config import range_check as gin_range_check
 
 log = logging.getLogger("recsys.config")
 
@@ -130,7 +130,7 @@ _RATE = ranges.Real(0, note="0: frozen")
 #: What TensorFlow and Keras take silently that recsys refuses: their
 #: classes check other arguments themselves (`refused_arguments`), not
 #: these (a negative learning rate trained uphill). Checked as the gin
-#: files' values are, before TF starts (`recsys.gin.names.RANGES`).
+#: files' values are, before TF starts (`recsys.gin_config.names.RANGES`).
 EXTERNAL_RANGES: dict[str, dict[str, ranges.Spec]] = {
   **{
     f"embedding.{name}": {
@@ -500,7 +500,7 @@ def parse(
       message is gin's plus the file and line. A selector that matches
       several configurables, in one line.
     ranges.SettingRangeError: a bound value outside its declared range
-      (`recsys.gin.range_check`).
+      (`recsys.gin_config.range_check`).
   """
   register_all()
   try:  # a path, or the name of a shipped experiment ("synthetic_dlrm.gin")

@@ -24,7 +24,7 @@ import textwrap
 from collections.abc import Iterator
 
 from recsys.errors import SettingsError
-from recsys.gin import compat as gin_compat
+from recsys.gin_config import compat as gin_compat
 
 EXPERIMENTS_DIR = os.path.join(
   os.path.dirname(os.path.abspath(__file__)), "experiments"

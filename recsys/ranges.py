@@ -11,8 +11,8 @@ on a dataclass. A value out of range used to be taken silently (a
 negative `train.checkpoint_every` counted steps backwards forever) or
 failed late, deep in TensorFlow.
 
-No TensorFlow here: `recsys.gin.names.RANGES` holds the declarations
-written down, and `recsys.gin.range_check` checks the gin files' values
+No TensorFlow here: `recsys.gin_config.names.RANGES` holds the declarations
+written down, and `recsys.gin_config.range_check` checks the gin files' values
 against them before TensorFlow starts (`recsys train` and the other
 commands) and after `recsys.config.parse` (Python callers); the
 configurables check theirs again on every call (a value gin computes, a
@@ -80,7 +80,8 @@ class Spec:
     raise NotImplementedError
 
   def __repr__(self) -> str:
-    """The constructor call, without its defaults (`recsys.gin.names`)."""
+    """The constructor call, without its defaults (as `recsys.gin_config.names`
+    writes it)."""
     parts = []
     for field in dataclasses.fields(self):
       value = getattr(self, field.name)
@@ -259,7 +260,7 @@ class PerName(Spec):
     return f"a dict name -> {self.value.describe()}"
 
 
-#: The specs `recsys.gin.names` may write down, by name.
+#: The specs `recsys.gin_config.names` may write down, by name.
 SPECS = (Int, Real, Bool, Choice, Text, Each, AnyOf, PerName)
 
 # -- the common declarations ---------------------------------------------------

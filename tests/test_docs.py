@@ -179,7 +179,7 @@ FEW_STEPS = [
   "train.eval_every = 0",
   "train.checkpoint_every = 0",
   # Read by the experiments of their source only (`# optional`: a binding
-  # nothing in a run reads is refused, recsys.gin.unread).
+  # nothing in a run reads is refused, recsys.gin_config.unread).
   "SyntheticCTR.oracle_examples = 4096  # optional",
   "CriteoTSV.max_vocab_size = 1000  # optional",
 ]

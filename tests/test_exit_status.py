@@ -35,8 +35,8 @@ SETTINGS = {
   "recsys.cli_checks.TopKForRankingError",
   "recsys.config.GinConfigError",
   "recsys.config.RefusedArgumentsError",
-  "recsys.gin.precheck.UnknownGinNameError",
-  "recsys.gin.unread.UnreadGinBindingError",
+  "recsys.gin_config.precheck.UnknownGinNameError",
+  "recsys.gin_config.unread.UnreadGinBindingError",
   "recsys.ranges.SettingRangeError",
   "recsys.data.criteo.CriteoConfigError",
   "recsys.data.ials_batches.HistoryChunkError",
@@ -101,7 +101,7 @@ RUNTIME = {
   "recsys.tools.tpu_smoke.TPUUnreachableError",
   "recsys.run.strategy.StrategyError",
   "recsys.training.trainer.NonFiniteLossError",
-  "recsys.gin.untrusted.UntrustedConfigError",
+  "recsys.gin_config.untrusted.UntrustedConfigError",
 }
 
 #: Stops on a signal after a checkpoint: the shell's status for it.

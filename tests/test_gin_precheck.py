@@ -2,8 +2,8 @@
 
 A misspelt parameter (`--gin_bindings 'train.train_stepz = 5'`) took 15-19
 s and 27 lines, its "Did you mean" scrolled away by 20 "Found in:" lines.
-`recsys.gin.precheck` reads the files and bindings with gin's parser and
-checks them against `recsys.gin.names`, the registry written down: that
+`recsys.gin_config.precheck` reads the files and bindings with gin's parser and
+checks them against `recsys.gin_config.names`, the registry written down: that
 file must be the registry, and no shipped experiment may be refused.
 (That the command reports it without importing TensorFlow, with status 2:
 tests/test_first_contact.py, in a fresh process.)
@@ -12,14 +12,14 @@ tests/test_first_contact.py, in a fresh process.)
 import pytest
 
 from recsys import cli, config, experiments_catalog
-from recsys.gin import names as gin_names
-from recsys.gin import precheck as gin_precheck
+from recsys.gin_config import names as gin_names
+from recsys.gin_config import precheck as gin_precheck
 from recsys.tools import gin_names as gin_names_tool
 
 
 def test_the_written_down_names_are_the_registry():
   assert gin_names.CONFIGURABLES == gin_names_tool.registered(), (
-    "recsys/gin/names.py is stale: run python -m recsys.tools.gin_names"
+    "recsys/gin_config/names.py is stale: run python -m recsys.tools.gin_names"
   )
 
 

@@ -30,7 +30,7 @@ LAYERS = (
     "recsys.process",  # a command's threads, start-up, exits, console: no TF
     # gin's internals, recsys's gin names written down (no TF), a model
     # dir's config read back (bindings only); the checks are a layer up.
-    "recsys.gin",
+    "recsys.gin_config",
     "recsys.feature_spec",
     "recsys.ranges",  # each setting's valid range, declared: no TF
     "recsys.launch_guard",  # a launched task's parent-death guard: stdlib
@@ -39,9 +39,9 @@ LAYERS = (
     "recsys.features",
     "recsys.config",
     "recsys.experiments_catalog",
-    "recsys.gin.precheck",  # gin names checked before TF is imported
-    "recsys.gin.range_check",  # gin-bound values in range, before TF
-    "recsys.gin.unread",  # gin bindings nothing reads, before TF
+    "recsys.gin_config.precheck",  # gin names checked before TF is imported
+    "recsys.gin_config.range_check",  # gin-bound values in range, before TF
+    "recsys.gin_config.unread",  # gin bindings nothing reads, before TF
   ),
   ("recsys.data",),
   (

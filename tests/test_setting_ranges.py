@@ -26,9 +26,9 @@ import pytest
 
 from recsys import cli, config, ranges
 from recsys.cli import COMMANDS, flags
-from recsys.gin import compat as gin_compat
-from recsys.gin import names as gin_names
-from recsys.gin import range_check as gin_range_check
+from recsys.gin_config import compat as gin_compat
+from recsys.gin_config import names as gin_names
+from recsys.gin_config import range_check as gin_range_check
 from recsys.tools import gin_names as gin_names_tool
 
 #: What a hostile user binds: zero, negative, not a number, infinite,
@@ -101,7 +101,7 @@ def test_every_plain_parameter_of_every_configurable_declares_a_range():
 def test_the_declarations_written_down_are_the_live_ones():
   """What the CLI checks before TF starts is what the code declares."""
   assert gin_names.RANGES == gin_names_tool.ranges_of(), (
-    "recsys/gin/names.py is stale: run python -m recsys.tools.gin_names"
+    "recsys/gin_config/names.py is stale: run python -m recsys.tools.gin_names"
   )
   own = [s for s in gin_names.RANGES if s.startswith("recsys.")]
   assert len(own) >= 15
@@ -208,7 +208,7 @@ def _gin(value) -> str | None:
 
 
 def test_the_checks_before_tf_refuse_every_hostile_gin_value():
-  """Every hostile value of every setting, as `recsys.gin.range_check` reads
+  """Every hostile value of every setting, as `recsys.gin_config.range_check` reads
   the gin bindings (the command's own run is timed below)."""
   checked = 0
   for _, name, parameter, spec in _settings():

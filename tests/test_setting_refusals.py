@@ -21,7 +21,7 @@ import pytest
 
 import recsys
 from recsys import cli, cli_checks, config, experiments_catalog
-from recsys.gin import unread as gin_unread
+from recsys.gin_config import unread as gin_unread
 from recsys.process import exits
 
 DLRM = "synthetic_dlrm.gin"

@@ -17,7 +17,7 @@ def gin_files(args: argparse.Namespace) -> list[str]:
     return list(args.gin_file)
   model_dir = getattr(args, "model_dir", None)
   if model_dir:
-    from recsys.gin import untrusted as gin_untrusted  # pylint: disable=g-import-not-at-top
+    from recsys.gin_config import untrusted as gin_untrusted  # pylint: disable=g-import-not-at-top
     from recsys.model_dir import run_dir  # pylint: disable=g-import-not-at-top
 
     path = run_dir.RunDir(model_dir).operative_config

@@ -16,7 +16,7 @@ from recsys.process import exits
 #: messages name the file and line on lines of their own.
 _GIN_ERRORS = ("GinConfigError", "GinFileNotFoundError")
 #: Gin errors whose message starts with where the problem is: on one line
-#: with the heading (`recsys.gin.precheck`: two lines in all).
+#: with the heading (`recsys.gin_config.precheck`: two lines in all).
 _GIN_ERRORS_WHERE_FIRST = (
   "UnknownGinNameError",
   "UnreadGinBindingError",
@@ -60,7 +60,7 @@ def interrupted(command: str) -> None:
 def _short(error: BaseException) -> str:
   """An error's own message: TF's OpErrors without their graph-node trail,
   without the "In call to configurable ..." line gin adds."""
-  from recsys.gin import compat as gin_compat  # pylint: disable=g-import-not-at-top
+  from recsys.gin_config import compat as gin_compat  # pylint: disable=g-import-not-at-top
 
   message = getattr(error, "message", None) or str(error)
   message = gin_compat.without_call_trail(str(message))

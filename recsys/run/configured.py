@@ -36,7 +36,7 @@ from backends import registry
 from recsys import config, planning, ranges
 from recsys import features as features_lib
 from recsys._keras import keras, tf
-from recsys.gin import compat as gin_compat
+from recsys.gin_config import compat as gin_compat
 from recsys.model_dir import run_dir as run_dir_lib
 from recsys.run import embedding_backend
 from recsys.run import strategy as strategy_lib

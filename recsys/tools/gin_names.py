@@ -1,11 +1,11 @@
-"""Writes `recsys/gin/names.py`: recsys's gin names, readable without TF.
+"""Writes `recsys/gin_config/names.py`: recsys's gin names, readable without TF.
 
     python -m recsys.tools.gin_names          # rewrite the file
     python -m recsys.tools.gin_names --check  # status 1 if it is stale
 
 A misspelt gin parameter was reported only after TensorFlow's 6-10 s
-start-up (`recsys.gin.precheck` now reports it at once); the names it checks
-against come from the registry every `recsys` command fills
+start-up (`recsys.gin_config.precheck` now reports it at once); the names
+it checks against come from the registry every `recsys` command fills
 (`recsys.config.register_all`), which imports TensorFlow. This tool writes
 that registry down; tests/test_gin_precheck.py fails while the file is
 stale and names this command.
@@ -20,10 +20,12 @@ import sys
 from typing import Any
 
 TARGET = os.path.join(
-  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin", "names.py"
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+  "gin_config",
+  "names.py",
 )
 
-#: The generated file's docstring (`recsys/gin/__init__.py` says what its
+#: The generated file's docstring (`recsys/gin_config/__init__.py` says what its
 #: two tables hold).
 DOCSTRING = '''"""recsys's gin names, for the checks made before TF starts.
 
@@ -62,7 +64,7 @@ def _kind(target: Any) -> str:
 def registered() -> dict[str, tuple[tuple[str, ...] | None, str]]:
   """The live registry, after `register_all`, as `gin_names` holds it."""
   from recsys import config  # pylint: disable=g-import-not-at-top
-  from recsys.gin import compat as gin_compat  # pylint: disable=g-import-not-at-top
+  from recsys.gin_config import compat as gin_compat  # pylint: disable=g-import-not-at-top
 
   config.register_all()
   out = {}
@@ -82,7 +84,7 @@ def ranges_of() -> dict[str, dict[str, Any]]:
   they declare them (`recsys.ranges.declared`), and of the TF and Keras
   classes `recsys.config.EXTERNAL_RANGES` declares."""
   from recsys import config, ranges  # pylint: disable=g-import-not-at-top
-  from recsys.gin import compat as gin_compat  # pylint: disable=g-import-not-at-top
+  from recsys.gin_config import compat as gin_compat  # pylint: disable=g-import-not-at-top
 
   out = {}
   for selector in registered():
@@ -100,7 +102,7 @@ def _specs_lines(specs: dict[str, Any], indent: str) -> list[str]:
 
 
 def source() -> str:
-  """The text `recsys/gin/names.py` should hold (as ruff formats it).
+  """The text `recsys/gin_config/names.py` should hold (as ruff formats it).
 
   Ranges several configurables share (the embedding optimizers' learning
   rate, Keras's) are written once, as a module constant the rows name.
@@ -157,10 +159,10 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument(
     "--check",
     action="store_true",
-    help="exit 1 if recsys/gin/names.py differs from the registry",
+    help="exit 1 if recsys/gin_config/names.py differs from the registry",
   )
   args = parser.parse_args(argv)
-  from recsys.gin import names as gin_names  # pylint: disable=g-import-not-at-top
+  from recsys.gin_config import names as gin_names  # pylint: disable=g-import-not-at-top
 
   current = (
     gin_names.CONFIGURABLES == registered() and gin_names.RANGES == ranges_of()

@@ -25,7 +25,7 @@ from recsys.features import (
   FeatureConfigError,
   feature_config,
 )  # noqa: E402
-from recsys.gin import compat as gin_compat  # noqa: E402
+from recsys.gin_config import compat as gin_compat  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 SPECS = [

@@ -18,7 +18,7 @@ from recsys import (
 from recsys.data import errors as data_errors
 from recsys.data import movielens, user_history
 from recsys.errors import RecsysError, SettingsError
-from recsys.gin import untrusted as gin_untrusted
+from recsys.gin_config import untrusted as gin_untrusted
 from recsys.model_dir import atomic_dir, lock, run_configs, run_dir, run_files
 from recsys.models import errors as model_errors
 from recsys.run import schedules, strategy

@@ -1,11 +1,11 @@
-"""recsys.gin.compat against the installed gin: every internal it relies on."""
+"""recsys.gin_config.compat against the installed gin: every internal it relies on."""
 
 import os
 
 import gin
 import pytest
 
-from recsys.gin import compat as gin_compat
+from recsys.gin_config import compat as gin_compat
 
 
 @gin.configurable("compat_probe")

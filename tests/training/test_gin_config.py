@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 from recsys import config
-from recsys.gin import compat as gin_compat
+from recsys.gin_config import compat as gin_compat
 
 embedding = tf.tpu.experimental.embedding
 

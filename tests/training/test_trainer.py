@@ -275,7 +275,7 @@ def test_model_factories_get_the_arguments_their_model_kind_declares():
   the arguments DLRM's kind declares (not MovieLens' query_features)."""
   import gin
 
-  from recsys.gin import compat as _gin_compat
+  from recsys.gin_config import compat as _gin_compat
   from recsys.models import DLRM, TwoTower, model_args
   from recsys.models.base import RankingModel
   from recsys.models.retrieval.model import RetrievalModel

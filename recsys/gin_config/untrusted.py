@@ -11,8 +11,7 @@ only. Gin files given with `--gin_file` are the user's own, trusted input.
 
 from collections.abc import Iterator
 
-import gin  # noqa: F401  (gin.config_parser needs gin's package set up)
-from gin import config as gin_config
+import gin  # gin.config_parser needs gin's package set up
 from gin import config_parser
 
 from recsys.errors import RecsysError
@@ -25,7 +24,7 @@ class UntrustedConfigError(RecsysError, ValueError):
 def _statements(path: str) -> Iterator[object]:
   with open(path, encoding="utf-8") as f:
     parser = config_parser.ConfigParser(
-      f, gin_config.ParserDelegate(skip_unknown=True)
+      f, gin.config.ParserDelegate(skip_unknown=True)
     )
     try:
       yield from parser  # one statement at a time, in file order

@@ -9,7 +9,7 @@ that depends on those details lives here, so a gin upgrade breaks one
 module and `tests/training/test_gin_compat.py`, not the whole tree.
 
 Example:
-  >>> from recsys.gin import compat as gin_compat
+  >>> from recsys.gin_config import compat as gin_compat
   >>> gin_compat.unknown_name("No configurable matching '@Adagard()'.")
   'Adagard'
 """

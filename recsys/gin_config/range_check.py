@@ -4,8 +4,8 @@ A value out of range used to be taken silently (`train.checkpoint_every =
 -1`: the loop counted steps backwards forever) or failed late, after the
 data was read and the tables built. Every recsys configurable declares
 its parameters' ranges (`recsys.ranges`, written down in
-`recsys.gin.names.RANGES`); this module checks the values the gin files
-and bindings give them, as parsed (`recsys.gin.precheck.Config`), without
+`recsys.gin_config.names.RANGES`); this module checks the values the gin files
+and bindings give them, as parsed (`recsys.gin_config.precheck.Config`), without
 running anything: a literal, or a macro bound to one. A value gin
 computes (`@total_train_steps()`) is checked when the configurable is
 called.
@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from recsys import ranges
-from recsys.gin import compat as gin_compat
-from recsys.gin import names as gin_names
-from recsys.gin import precheck as gin_precheck
+from recsys.gin_config import compat as gin_compat
+from recsys.gin_config import names as gin_names
+from recsys.gin_config import precheck as gin_precheck
 
 #: A value that is not a literal (it references or uses a macro that is
 #: none): gin computes it, the configurable checks it when called.
@@ -32,7 +32,7 @@ _COMPUTED = object()
 
 def specs_of(full_selector: str) -> Mapping[str, ranges.Spec]:
   """The declared ranges of a configurable's parameters: written down in
-  `recsys.gin.names`, else (one this process registered, with TF) read
+  `recsys.gin_config.names`, else (one this process registered, with TF) read
   from it; {} for TensorFlow's and Keras's classes."""
   if full_selector in gin_names.RANGES:
     return gin_names.RANGES[full_selector]

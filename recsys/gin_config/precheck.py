@@ -2,18 +2,18 @@
 
 Gin knows a configurable's parameters only once the module defining it is
 imported, and recsys's modules import TensorFlow: a misspelt parameter
-(`--gin_bindings 'train.train_stepz = 5'`) was reported after 15-19 s, in 27
-lines, its "Did you mean" scrolled away by 20 "Found in:" lines. This
+(`--gin_bindings 'train.train_stepz = 5'`) was reported after 15-19 s, in
+27 lines, its "Did you mean" scrolled away by 20 "Found in:" lines. This
 module reads the gin files (with their includes) and bindings with gin's
 own parser, without running them, and checks each name against
-`recsys.gin.names` (the registry, written down): an unknown configurable or
-reference, or an unknown parameter of one of recsys's own configurables,
-is reported in two lines, where it is and what was meant; a selector
-that matches several configurables (`@SGD()`: the embedding, Keras and
-legacy Keras ones) in one line, listing them (gin's own refusal was a
+`recsys.gin_config.names` (the registry, written down): an unknown
+configurable or reference, or an unknown parameter of one of recsys's own
+configurables, is reported in two lines, where it is and what was meant; a
+selector that matches several configurables (`@SGD()`: the embedding, Keras
+and legacy Keras ones) in one line, listing them (gin's own refusal was a
 24-line traceback). `Config` (the parsed bindings, where each is, whether
-its line says `# optional`) is what `recsys.gin.range_check` and
-`recsys.gin.unread` read too.
+its line says `# optional`) is what `recsys.gin_config.range_check` and
+`recsys.gin_config.unread` read too.
 
 What it cannot judge it leaves to gin: files that `import` modules (they
 may register names), parameters of TensorFlow's and Keras's classes (they
@@ -40,8 +40,8 @@ from gin import config_parser
 from backends import suggest
 from recsys import experiments_catalog
 from recsys.errors import SettingsError
-from recsys.gin import compat as gin_compat
-from recsys.gin import names as gin_names
+from recsys.gin_config import compat as gin_compat
+from recsys.gin_config import names as gin_names
 
 
 class UnknownGinNameError(SettingsError):
@@ -51,10 +51,10 @@ class UnknownGinNameError(SettingsError):
 
 
 #: The comment that marks bindings a run may leave unread on purpose
-#: (`recsys.gin.unread`), e.g. a base file's learning rate of an optimizer
-#: only some experiments choose: `# optional: why` at the end of a
-#: binding's line, or on a line of its own above a group of bindings (all
-#: of them, up to the next blank line).
+#: (`recsys.gin_config.unread`), e.g. a base file's learning rate of an
+#: optimizer only some experiments choose: `# optional: why` at the end of a
+#: binding's line, or on a line of its own above a group of bindings (all of
+#: them, up to the next blank line).
 OPTIONAL_MARKER = re.compile(r"#\s*optional\b", re.IGNORECASE)
 
 

@@ -19,5 +19,8 @@
 Which configurables exist, and the TF and Keras classes gin may name, is
 `recsys.config`'s (the one registry). `import gin` is always the
 gin-config library: this package's modules are imported by their full
-name (`from recsys.gin import precheck as gin_precheck`).
+name (`from recsys.gin_config import precheck as gin_precheck`). Not
+`recsys/gin/`: where `recsys/` itself is on `sys.path` (`python -c` run
+in it, a script there run by path), such a folder is what `import gin`
+finds first.
 """

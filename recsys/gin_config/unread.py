@@ -8,7 +8,7 @@ in a DLRM run) or the learning rate of an optimizer it does not use
 changed nothing, silently, and was absent from operative_config.gin.
 
 This module follows the run as gin will call it, from the parsed files
-and bindings (`recsys.gin.precheck.Config`), without running anything:
+and bindings (`recsys.gin_config.precheck.Config`), without running anything:
 from `train` (and `CALLED_BY_RECSYS`), every reference of a binding it
 reads (`@scope/Name` or `@scope/Name()`, called in that scope, nested in
 the caller's) and every macro it uses, until nothing new is reached. A
@@ -34,8 +34,8 @@ from collections.abc import Iterator, Sequence
 
 from backends import suggest
 from recsys.errors import SettingsError
-from recsys.gin import names as gin_names
-from recsys.gin import precheck as gin_precheck
+from recsys.gin_config import names as gin_names
+from recsys.gin_config import precheck as gin_precheck
 
 #: The configurables recsys calls itself through gin, besides through gin
 #: references, so that their (unscoped) bindings apply: `train` (a

@@ -41,6 +41,8 @@ LAYERS = (
     "recsys.gin_unread",  # gin bindings nothing reads, before TF
   ),
   ("recsys.data",),
+  # The memory plan and the tables' layouts: a run's and the Keras layer's.
+  ("recsys.planning",),
   (
     "recsys.layers",
     "recsys.models",
@@ -48,7 +50,6 @@ LAYERS = (
     "recsys.serving_lookup",
   ),
   (
-    "recsys.planning",
     "recsys.train_settings",  # declared once; the run folder reads its kinds
     "recsys.run_folder",
     "recsys.launch",

@@ -480,8 +480,8 @@ class EmbeddingPlacement:
       the replicas hold must still fit the host's RAM, where they live.
       Not a fraction (0.9 is refused): the planner takes `HEADROOM` itself.
     tables: table name -> "replicated" or "row_sharded", forcing the
-      placement of those tables on a backend that places tables on its
-      replicas (one with a `placement` option; the others are planned);
+      placement of those tables on a backend built from layouts
+      (`Capabilities.layouts`; the tables it does not name are planned);
       e.g. `{"C10": "row_sharded"}` in gin; one value forces every table.
       Other backends place tables themselves and ignore it (so `recsys
       export`'s serving copy reads a training config that sets it).
@@ -512,10 +512,11 @@ class EmbeddingPlacement:
     EmbeddingPlacement.table_dtype = {"C10": "bfloat16"}
   """
 
-  # The values of device_memory, tables, row_layout and exchange are
-  # declared by their form here; `parse_bytes` and the planner check what
-  # they say (sizes, placements, layouts, exchanges, the tables named)
-  # with the backend's own options, in one place, before any table.
+  # The values of device_memory, tables, row_layout, exchange and
+  # table_dtype are declared by their form here; `parse_bytes` and the
+  # planner (`_requests`, through `backends.layout.per_table`) check what
+  # they say (sizes, placements, layouts, exchanges, dtypes, the tables
+  # named), in one place, before any table.
   device_memory: Annotated[
     int | float | str | None, ranges.AnyOf((ranges.Real(), ranges.Text()))
   ] = None

@@ -16,6 +16,7 @@ import tensorflow as tf
 from backends import hardware, suggest
 from backends.base import BackendUnavailableError, EmbeddingBackend
 from backends.errors import BackendSettingsError
+from backends.layout import TableLayout
 
 log = logging.getLogger("recsys.backends")
 
@@ -266,7 +267,7 @@ def construct(
   feature_config: Any,
   optimizer: Any | None,
   strategy: tf.distribute.Strategy | None,
-  layouts: Mapping[str, Any] | None = None,
+  layouts: TableLayout | Mapping[str, TableLayout] | None = None,
   **options: Any,
 ) -> EmbeddingBackend:
   """Backend `name` (resolved already), with each table's planned
@@ -283,7 +284,7 @@ def create(
   optimizer: Any | None = None,
   strategy: tf.distribute.Strategy | None = None,
   backend: str = "auto",
-  layouts: Mapping[str, Any] | None = None,
+  layouts: TableLayout | Mapping[str, TableLayout] | None = None,
   **options: Any,
 ) -> EmbeddingBackend:
   """Constructs the backend for `strategy` (not built; call `build()`).
@@ -294,9 +295,10 @@ def create(
     optimizer: default embedding optimizer for tables without one.
     strategy: defaults to the current strategy.
     backend: "auto" or a registered name (see `names()`).
-    layouts: table name -> `backends.layout.TableLayout`, for a backend
-      built from layouts (`recsys.planning` plans them); ignored by the
-      others, which place their tables themselves.
+    layouts: a `backends.layout.TableLayout` for every table, or table
+      name -> one, for a backend built from layouts (`recsys.planning`
+      plans them); ignored by the others, which place their tables
+      themselves.
     **options: backend-specific keyword arguments.
   """
   strategy = strategy or tf.distribute.get_strategy()

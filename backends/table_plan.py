@@ -95,7 +95,7 @@ class TablePlan:
     bytes_per_device: the table and its slots one device holds.
     reason: why it is placed so ("" when nothing needs saying).
     row_sharded: split over the replicas by the backend's storage (the
-      `placement` option's "row_sharded"), not by its own devices.
+      layout's "row_sharded" placement), not by its own devices.
     exchange_bytes: what one replica puts into collectives per step for
       it, None when not known.
     exchange: a row-sharded table's exchange (`placement.EXCHANGES`).

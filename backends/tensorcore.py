@@ -141,6 +141,7 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
     for table in self._tables:
       name = self.table_name(table)
       held = self._table_layouts[name]
+      # Its storages hold tables replicated or row-sharded, nothing else.
       value_of(
         held.placement,
         Placement,

@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.tpu.experimental.embedding import FeatureConfig, TableConfig
 
-from backends import _tf_internal, quantization, table_plan
+from backends import _tf_internal, layout, quantization, table_plan
 from backends import inputs as inputs_lib
 from backends.errors import BackendError, BackendSettingsError
 
@@ -320,6 +320,9 @@ class Capabilities:
     tpu_table_fields: whether it hands `TableConfig.layout` and
       `TableConfig.dtype` to a TPU (which checks them per engine); the
       others hold float32 tables they place themselves, and refuse both.
+    layouts: it is built from the planner's per-table layouts (its
+      constructor's `layouts`, `backends.layout.TableLayout`): it honours
+      the requested placement, row layout, exchange and storage dtype.
   """
 
   combiners: frozenset[str] = ALL_COMBINERS
@@ -331,6 +334,7 @@ class Capabilities:
   needs_tpu: bool = False
   quantization: bool = True
   tpu_table_fields: bool = False
+  layouts: bool = False
 
 
 def table_names(tables: list[TableConfig]) -> dict[int, str]:
@@ -529,7 +533,8 @@ class EmbeddingBackend(_tf_internal.AutoTrackable, metaclass=abc.ABCMeta):
       raise UnsupportedConfigError(
         f"table {name!r}: TableConfig.dtype={table.dtype.name}; the "
         f"{self.name!r} backend holds float32 tables (for bfloat16 or "
-        "float16 rows use its table_dtype option). Use float32."
+        "float16 rows: EmbeddingPlacement.table_dtype, a TableLayout's dtype). "
+        "Use float32."
       )
 
   @classmethod
@@ -554,6 +559,15 @@ class EmbeddingBackend(_tf_internal.AutoTrackable, metaclass=abc.ABCMeta):
       table_plan.whole_tables(request, cls.name),
       advice=table_plan.holds_every_table_whole(cls.name),
     )
+
+  def layouts(self) -> dict[str, layout.TableLayout]:
+    """Table name -> where its rows live and how, as this backend holds
+    them (built or not). The default: each table whole on every device,
+    in its `TableConfig.dtype`."""
+    return {
+      self.table_name(t): layout.TableLayout(dtype=t.dtype.name)
+      for t in self._tables
+    }
 
   @property
   def feature_config(self) -> Any:

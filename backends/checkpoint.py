@@ -263,12 +263,11 @@ def _narrowing(
 ) -> dict[str, tuple[str, tf.DType, tf.DType]]:
   """`{table name: (checkpoint key, stored dtype, table dtype)}` of the
   narrow tables that checkpoint `path` holds in a wider dtype (built or
-  not: from the backend's `table_dtypes`)."""
-  table_dtypes: dict[str, str] = getattr(backend, "table_dtypes", dict)()
+  not: from the backend's `layouts()`)."""
   stored = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
   out = {}
-  for name, dtype in table_dtypes.items():
-    target = tf.as_dtype(dtype)
+  for name, held in backend.layouts().items():
+    target = tf.as_dtype(str(held.dtype))
     key = _table_key(prefix, name)
     if (
       narrow.is_narrow(target)
@@ -387,8 +386,9 @@ def _narrow_into_float32(
   path: str, backend: base.EmbeddingBackend, prefix: str
 ) -> bool:
   """Whether the checkpoint holds a table in another dtype than float32
-  for a backend that stores every table float32 (no `table_dtypes`)."""
-  if hasattr(backend, "table_dtypes"):
+  for a backend that stores every table float32 (one not built from
+  layouts, `Capabilities.layouts`)."""
+  if backend.capabilities.layouts:
     return False  # it creates each table in its dtype, casting a restore
   stored = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
   return any(

@@ -243,8 +243,8 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
           "table %r (%s): %d value(s) its updates computed were beyond its "
           "range (+-%g) and were saturated to it, the largest %g. Lower the "
           "learning rate or clip the weights (clip_weight_min/max), or "
-          "give the table a dtype of wider range (table_dtype: bfloat16 "
-          "or float32).",
+          "give the table a dtype of wider range (its layout's dtype, "
+          "EmbeddingPlacement.table_dtype: bfloat16 or float32).",
           name,
           saturated.dtype,
           saturated.values,

@@ -1,10 +1,11 @@
 """Narrow tables: rows stored in bfloat16 or float16, math in float32.
 
-A table the backend's `table_dtype` option stores in bfloat16 or float16
-(TF's `TableConfig` takes float32 only) keeps its rows in that dtype (half
-the bytes of float32); its optimizer slots stay float32. Lookups upcast
-the rows to float32 for the model; the optimizer's update is computed in
-float32 and written back with stochastic rounding: each
+A table its layout stores in bfloat16 or float16 (`TableLayout.dtype`,
+`backends.layout`; TF's `TableConfig` takes float32 only) keeps its rows
+in that dtype (half the bytes of float32); its optimizer slots stay
+float32. Lookups upcast the rows to float32 for the model; the
+optimizer's update is computed in float32 and written back with
+stochastic rounding: each
 value becomes one of its two narrow neighbours, the upper one with
 probability equal to its distance from the lower one, so a rounding is
 unbiased on average and updates smaller than half a narrow step still move
@@ -130,11 +131,10 @@ def range_message(
     f"range (+-{largest_finite(dtype):g}), the largest {largest:g}; "
     f"restored into this {dtype.name} table they would become "
     f"+-{largest_finite(dtype):g}. Nothing was restored. Restore into a "
-    f"table of wider range (the backend's table_dtype: {wider}), or "
+    f"table of wider range (EmbeddingPlacement.table_dtype: {wider}), or "
     "saturate them on purpose: the backend option saturate_restores=True "
-    "(e.g. train.backend_options = {'table_dtype': ..., "
-    "'saturate_restores': True}), or backends.checkpoint.restore(..., "
-    "saturate=True)."
+    "(e.g. train.backend_options = {'saturate_restores': True}), or "
+    "backends.checkpoint.restore(..., saturate=True)."
   )
 
 

@@ -7,7 +7,7 @@ update exchanges only the touched rows' gradients) or row-sharded over the
 exchanges the looked-up rows). `place_tables` decides from the tables' sizes
 and one device's budget:
 
-1. a placement forced per table (gin, `placement=`) is kept;
+1. a placement forced per table (`EmbeddingPlacement.tables`) is kept;
 2. the other tables start replicated (no row exchange, the TensorCore path
    TF's `TPUEmbeddingV0` runs), and while the tables' bytes per device exceed
    the budget, the largest replicated table is row-sharded instead — the

@@ -16,6 +16,7 @@ import tensorflow as tf
 from backends import hardware, suggest
 from backends.base import BackendUnavailableError, EmbeddingBackend
 from backends.errors import BackendSettingsError
+from backends.layout import TableLayout
 
 log = logging.getLogger("recsys.backends")
 
@@ -250,11 +251,40 @@ def check_options(name: str, options: Mapping[str, Any]) -> None:
     )
 
 
+def declared_options(
+  name: str, candidates: Mapping[str, Any]
+) -> dict[str, Any]:
+  """The `candidates` backend `name` declares among its options: what a
+  caller offers every backend (the Keras layer's TPU arguments, a compiled
+  run's static shapes) goes only to those that take it, asked here so no
+  caller tests a backend's option names."""
+  accepted = get(name).options
+  return {k: v for k, v in candidates.items() if k in accepted}
+
+
+def construct(
+  name: str,
+  feature_config: Any,
+  optimizer: Any | None,
+  strategy: tf.distribute.Strategy | None,
+  layouts: TableLayout | Mapping[str, TableLayout] | None = None,
+  **options: Any,
+) -> EmbeddingBackend:
+  """Backend `name` (resolved already), with each table's planned
+  `TableLayout` where it is built from layouts (`Capabilities.layouts`;
+  the others place their tables themselves and report it, `layouts()`)."""
+  cls = get(name)
+  if cls.capabilities.layouts and layouts is not None:
+    options["layouts"] = layouts
+  return cls(feature_config, optimizer, strategy=strategy, **options)
+
+
 def create(
   feature_config: Any,
   optimizer: Any | None = None,
   strategy: tf.distribute.Strategy | None = None,
   backend: str = "auto",
+  layouts: TableLayout | Mapping[str, TableLayout] | None = None,
   **options: Any,
 ) -> EmbeddingBackend:
   """Constructs the backend for `strategy` (not built; call `build()`).
@@ -265,9 +295,15 @@ def create(
     optimizer: default embedding optimizer for tables without one.
     strategy: defaults to the current strategy.
     backend: "auto" or a registered name (see `names()`).
+    layouts: a `backends.layout.TableLayout` for every table, or table
+      name -> one, for a backend built from layouts (`recsys.planning`
+      plans them); ignored by the others, which place their tables
+      themselves.
     **options: backend-specific keyword arguments.
   """
   strategy = strategy or tf.distribute.get_strategy()
   name, _ = resolve(backend, strategy)
   check_options(name, options)
-  return get(name)(feature_config, optimizer, strategy=strategy, **options)
+  return construct(
+    name, feature_config, optimizer, strategy, layouts, **options
+  )

@@ -39,7 +39,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import base, composed, hardware, table_plan
+from backends import base, composed, hardware, layout, table_plan
 from backends.storage import TableStorage
 from backends.storage.parameter_servers import (  # noqa: F401  (public names)
   ParameterServers,
@@ -125,13 +125,25 @@ class ShardedEmbedding(composed.ComposedEmbedding):
     if servers is None:
       servers = max(1, hardware.num_tasks(request.strategy, "ps"))
     return table_plan.BackendPlan(
-      table_plan.small_whole_big_split(request, int(servers), cls.name),
+      table_plan.small_whole_big_split(
+        request, int(servers), cls.name, layout.Placement.PARAMETER_SERVERS
+      ),
       tables_in_process=False,
       advice=(
         "shard the tables over more parameter servers (each holds its "
         "share of every split table)"
       ),
     )
+
+  def layouts(self) -> dict[str, layout.TableLayout]:
+    """Every table on the parameter servers (whole on one, or split by the
+    strategy's partitioner), float32."""
+    return {
+      self.table_name(t): layout.TableLayout(
+        layout.Placement.PARAMETER_SERVERS, t.dtype.name
+      )
+      for t in self._tables
+    }
 
   def _make_storage(self, table: Any) -> TableStorage:
     return ParameterServers(

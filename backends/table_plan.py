@@ -5,8 +5,10 @@
 backend answers for its own tables, so the planner names no backend. The
 question (`PlanRequest`) carries the tables' sizes, the strategy (what
 `backends.hardware` reads from it: replicas, parameter servers, TPU cores),
-one device's budget and the placement settings; the answer (`BackendPlan`)
-gives each table's split, its bytes per device and why, and the refusals.
+one device's budget and the layouts the settings request; the answer
+(`BackendPlan`) gives each table's split, its bytes per device and why, its
+`TableLayout` (what the backend is built with and reports), and the
+refusals.
 
 The bytes are `backends.placement`'s (`TableSize`); this module holds the
 rules several backends share: every table whole on each device, every table
@@ -25,6 +27,7 @@ from typing import Any
 
 from backends import placement
 from backends.errors import BackendError
+from backends.layout import Exchange, Placement, RowLayout, TableLayout
 from backends.placement import human_bytes
 
 #: With a backend that splits tables over its devices as it likes, a table
@@ -50,22 +53,31 @@ class PlanRequest:
       a device's memory is unknown.
     num_shards: the devices a split table goes over when the caller says
       (None: the backend's own count, e.g. its parameter servers).
-    forced: table name -> "replicated" / "row_sharded" that the settings
-      force (only for a backend with a `placement` option).
+    forced: table name -> the `Placement` the settings force (only for a
+      backend that is built from layouts, `Capabilities.layouts`).
     forced_by: table name -> the setting that forced it.
-    exchange: a row-sharded table's exchange ("auto", one of
-      `placement.EXCHANGES`, or table name -> one of those).
+    exchange: a row-sharded table's exchange (`Exchange.AUTO`, another
+      `Exchange`, or table name -> one of those).
     exchange_sigmas: the all-to-all's margin (`placement.owner_capacity`).
+    row_layout: which rows a replica owns of a row-sharded table.
+    dtypes: table name -> the dtype its rows are stored in (requested,
+      where the backend is built from layouts; else its TableConfig's).
   """
 
   tables: Sequence[placement.TableSize]
   strategy: Any
   budget_bytes: float | None = None
   num_shards: int | None = None
-  forced: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  forced: Mapping[str, Placement] = dataclasses.field(default_factory=dict)
   forced_by: Mapping[str, str] = dataclasses.field(default_factory=dict)
-  exchange: str | Mapping[str, str] = "auto"
+  exchange: Exchange | Mapping[str, Exchange] = Exchange.AUTO
   exchange_sigmas: float = placement.CAPACITY_SIGMAS
+  row_layout: RowLayout = RowLayout.CONTIGUOUS
+  dtypes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+  def dtype(self, table: str) -> str:
+    """The dtype table `table`'s rows are stored in (default float32)."""
+    return self.dtypes.get(table, "float32")
 
   @property
   def replicas(self) -> int:
@@ -83,10 +95,13 @@ class TablePlan:
     bytes_per_device: the table and its slots one device holds.
     reason: why it is placed so ("" when nothing needs saying).
     row_sharded: split over the replicas by the backend's storage (the
-      `placement` option's "row_sharded"), not by its own devices.
+      layout's "row_sharded" placement), not by its own devices.
     exchange_bytes: what one replica puts into collectives per step for
       it, None when not known.
     exchange: a row-sharded table's exchange (`placement.EXCHANGES`).
+    layout: where its rows live and how, as the backend is built with and
+      reports (`EmbeddingBackend.layouts()`); None: replicated (or
+      row-sharded, by `row_sharded`) in the requested dtype.
   """
 
   table: str
@@ -96,6 +111,7 @@ class TablePlan:
   row_sharded: bool = False
   exchange_bytes: int | None = None
   exchange: str | None = None
+  layout: TableLayout | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,40 +194,64 @@ def choose_shards(
   )
 
 
-def split(size: placement.TableSize, shards: int, reason: str) -> TablePlan:
-  """`size` split over `shards` devices (1: whole), with `reason`."""
+def split(
+  size: placement.TableSize,
+  shards: int,
+  reason: str,
+  layout: TableLayout | None = None,
+) -> TablePlan:
+  """`size` split over `shards` devices (1: whole), with `reason`, held
+  as `layout` (None: see `TablePlan.layout`)."""
   where = placement.ROW_SHARDED if shards > 1 else placement.REPLICATED
   return TablePlan(
-    size.name, shards, size.bytes_per_device(where, shards), reason
+    size.name,
+    shards,
+    size.bytes_per_device(where, shards),
+    reason,
+    layout=layout,
   )
 
 
-def whole_tables(request: PlanRequest, backend: str) -> list[TablePlan]:
-  """Every table whole on each device; one over the budget alone named."""
+def whole_tables(
+  request: PlanRequest,
+  backend: str,
+  where: Placement = Placement.REPLICATED,
+) -> list[TablePlan]:
+  """Every table whole on each device (`where`); one over the budget
+  alone named."""
   return [
-    split(s, *choose_shards(s.total_bytes, 1, request.budget_bytes, backend))
+    split(
+      s,
+      *choose_shards(s.total_bytes, 1, request.budget_bytes, backend),
+      TableLayout(where, request.dtype(s.name)),
+    )
     for s in request.tables
   ]
 
 
 def small_whole_big_split(
-  request: PlanRequest, can_shard: int, backend: str
+  request: PlanRequest, can_shard: int, backend: str, where: Placement
 ) -> list[TablePlan]:
-  """Each table whole while small, else split over `can_shard` devices."""
+  """Each table whole while small, else split over `can_shard` devices;
+  each held `where` (e.g. on the parameter servers)."""
   return [
     split(
       s,
       *choose_shards(s.total_bytes, can_shard, request.budget_bytes, backend),
+      TableLayout(where, request.dtype(s.name)),
     )
     for s in request.tables
   ]
 
 
 def every_table_split(
-  request: PlanRequest, shards: int, reason: str
+  request: PlanRequest, shards: int, reason: str, where: Placement
 ) -> list[TablePlan]:
-  """Every table split over `shards` devices, for `reason`."""
-  return [split(s, shards, reason) for s in request.tables]
+  """Every table split over `shards` devices (`where`), for `reason`."""
+  return [
+    split(s, shards, reason, TableLayout(where, request.dtype(s.name)))
+    for s in request.tables
+  ]
 
 
 def holds_every_table_whole(backend: str) -> str:

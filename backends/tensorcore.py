@@ -5,13 +5,14 @@ embedding accelerator), implemented so that it runs under any strategy —
 default, `MirroredStrategy`, `MultiWorkerMirroredStrategy`, `TPUStrategy` —
 and improved where V0 falls short:
 
-* Tables too big for one device are row-sharded over the replicas
-  (`placement`): each replica holds a slice of the rows and their slots, a
-  step exchanges ids, rows and gradients through the replicas' collectives
-  with static shapes, and each owner alone applies the optimizer to its
-  rows (`backends.storage.replica_sharded`). Other tables stay replicated
-  (`backends.storage.replicated`); `plan_tables` chooses per table for
-  the planner (`recsys.planning`).
+* Tables too big for one device are row-sharded over the replicas (each
+  table's `TableLayout`, `layouts=`; `backends.layout`): each replica
+  holds a slice of the rows and their slots, a step exchanges ids, rows
+  and gradients through the replicas' collectives with static shapes, and
+  each owner alone applies the optimizer to its rows
+  (`backends.storage.replica_sharded`). Other tables stay replicated
+  (`backends.storage.replicated`); `plan_tables` chooses per table for the
+  planner (`recsys.planning`).
 * The embedding optimizer is applied here, as sparse row updates with the TPU
   optimizers' math (`backends.optimizers`), after summing each touched row's
   gradient over the global batch.
@@ -40,7 +41,7 @@ Example:
   >>> table = tf.tpu.experimental.embedding.TableConfig(1000, 16, name="items")
   >>> config = {"item": tf.tpu.experimental.embedding.FeatureConfig(table)}
   >>> opt = tf.tpu.experimental.embedding.Adagrad(0.1)
-  >>> emb = TensorCoreEmbedding(config, opt)      # placement={"items": ...}
+  >>> emb = TensorCoreEmbedding(config, opt)      # layouts={"items": ...}
   >>> with tf.GradientTape() as tape:
   ...   acts = emb({"item": tf.constant([3, 5])}, training=True)
   ...   loss = tf.reduce_sum(acts["item"])
@@ -54,10 +55,15 @@ import tensorflow as tf
 
 from backends import base, composed, narrow, table_plan
 from backends import placement as placement_lib
-from backends.storage import PLACEMENTS, TableStorage, replica_sharded
-from backends.storage import exchange as exchange_lib
+from backends.layout import (
+  Exchange,
+  Placement,
+  TableLayout,
+  every_table,
+  value_of,
+)
+from backends.storage import TableStorage, replica_sharded
 from backends.storage import replicated as replicated_lib
-from backends.storage import row_layout as row_layout_lib
 
 
 class TensorCoreEmbedding(composed.ComposedEmbedding):
@@ -69,29 +75,22 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
     strategy: defaults to the strategy in scope.
     bag_widths, invalid_ids, fused_kernels, static_shapes: see
       `backends.composed.ComposedEmbedding`.
-    placement: where each table's rows live: "replicated" (a full copy per
-      replica) or "row_sharded" (each replica owns `1/R` of the rows and
-      their slots); one value for every table, or table name -> value (other
-      tables replicated). None: every table replicated. `recsys.planning`
-      chooses from the tables' sizes and a device's memory.
-    row_layout: which rows a replica owns when row-sharded: "contiguous"
-      (equal row ranges; default: initialized, checkpointed and restored
-      by row slices where they live) or "strided" (ids `r, r + R, ...`:
-      frequent ids spread evenly over replicas when a vocabulary numbers
-      them first; saved whole).
-    exchange: how the replicas exchange a row-sharded table's ids, rows and
-      gradients: "all_to_all" (each id to its owner only: a replica's
-      traffic does not grow with the replicas; default) or "all_gather"
-      (never overflows); one value for every table or table name -> value
-      (`backends.storage.exchange`; `recsys.planning` chooses per table).
-    exchange_sigmas: the all-to-all's margin per owner over the even share
-      of a step's ids, in standard deviations of a uniform spread.
-    table_dtype: the dtype a table's rows are stored in: "float32"
-      (default), "bfloat16" or "float16" (half the bytes; slots stay
-      float32; `backends.narrow`); one value for every table, or table
-      name -> dtype (others float32). A narrow table is replicated or
-      row-sharded, the model sees float32 rows; a value beyond its range
-      saturates (float16: +-65504), counted (`narrow_counts`).
+    layouts: each table's `backends.layout.TableLayout`: one for every
+      table, or table name -> layout (other tables replicated float32).
+      None: every table replicated float32. `recsys.planning` makes them
+      from `EmbeddingPlacement` and the tables' sizes. A layout says
+      where the rows live ("replicated": a full copy per replica;
+      "row_sharded": each replica owns `1/R` of the rows and their slots),
+      which rows a replica owns ("contiguous": equal row ranges,
+      initialized, checkpointed and restored by row slices where they
+      live; "strided": ids `r, r + R, ...`, saved whole), how the replicas
+      exchange a row-sharded table's ids, rows and gradients
+      ("all_to_all": each id to its owner only; "all_gather": never
+      overflows; `backends.storage.exchange`) with the all-to-all's margin
+      `exchange_sigmas`, and the dtype its rows are stored in ("float32",
+      "bfloat16" or "float16": half the bytes; slots stay float32;
+      `backends.narrow`: the model sees float32 rows, a value beyond the
+      range saturates, float16: +-65504, counted in `narrow_counts`).
     rounding_seed: the seed of the stochastic rounding of narrow tables'
       updates: the same seed and steps give bit-identical tables.
     saturate_restores: a restore into a narrow table of a checkpoint that
@@ -102,18 +101,13 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
   """
 
   name = "tensorcore"
-  capabilities = base.Capabilities()
+  capabilities = base.Capabilities(layouts=True)
   options = frozenset(
     {
       "bag_widths",
       "invalid_ids",
       "fused_kernels",
       "static_shapes",
-      "placement",
-      "row_layout",
-      "exchange",
-      "exchange_sigmas",
-      "table_dtype",
       "rounding_seed",
       "saturate_restores",
     }
@@ -129,11 +123,7 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
     invalid_ids: str = "error",
     fused_kernels: bool = True,
     static_shapes: bool | None = None,
-    placement: None | str | Mapping[str, str] = None,
-    row_layout: str = replica_sharded.DEFAULT_ROW_LAYOUT,
-    exchange: str | Mapping[str, str] = exchange_lib.ALL_TO_ALL,
-    exchange_sigmas: float = exchange_lib.CAPACITY_SIGMAS,
-    table_dtype: str | Mapping[str, str] = "float32",
+    layouts: TableLayout | Mapping[str, TableLayout] | None = None,
     rounding_seed: int = 0,
     saturate_restores: bool = False,
   ):
@@ -146,18 +136,24 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
       fused_kernels=fused_kernels,
       static_shapes=static_shapes,
     )
-    self._placement = resolve_placement(
-      placement, [self.table_name(t) for t in self._tables]
-    )
-    self._dtypes = _per_table(
-      "table_dtype",
-      table_dtype,
-      [self.table_name(t) for t in self._tables],
-      narrow.STORAGE_DTYPES,
-    )
+    names = [self.table_name(t) for t in self._tables]
+    self._table_layouts = every_table(names, layouts or {})
     for table in self._tables:
       name = self.table_name(table)
-      if self._placement[name] == "row_sharded":
+      held = self._table_layouts[name]
+      # Its storages hold tables replicated or row-sharded, nothing else.
+      value_of(
+        held.placement,
+        Placement,
+        f"layouts[{name!r}].placement",
+        Placement.requestable(),
+      )
+      if held.dtype not in narrow.STORAGE_DTYPES:
+        raise ValueError(
+          f"layouts[{name!r}].dtype = {held.dtype!r}; use one of "
+          f"{', '.join(narrow.STORAGE_DTYPES)} (table_dtype)."
+        )
+      if held.row_sharded:
         replica_sharded.check_optimizer(name, self.optimizer_for(table))
     if not isinstance(rounding_seed, int):
       raise ValueError(
@@ -172,18 +168,6 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
         "refuses them)."
       )
     self.saturate_restores = saturate_restores
-    row_layout_lib.make(row_layout, 1, 1)  # refuses an unknown name
-    self._row_layout = row_layout
-    self._exchange = resolve_exchange(
-      exchange, [self.table_name(t) for t in self._tables]
-    )
-    if not float(exchange_sigmas) > 0:
-      raise ValueError(
-        f"exchange_sigmas={exchange_sigmas!r}; use a number > 0 (the "
-        "all-to-all's margin over each owner's share, in standard "
-        f"deviations; default {exchange_lib.CAPACITY_SIGMAS})."
-      )
-    self._exchange_sigmas = float(exchange_sigmas)
 
   @classmethod
   def plan_tables(
@@ -192,15 +176,17 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
     """Each table replicated or row-sharded over the replicas
     (`backends.placement.place_tables`): replicated while the tables fit a
     device's budget, the largest row-sharded when they do not, a table
-    refused when even that does not fit; forced placements kept."""
+    refused when even that does not fit; forced placements kept. Each
+    table's layout takes the requested row layout, exchange margin and
+    dtype."""
     replicas = request.replicas
     plan = placement_lib.place_tables(
       request.tables,
       replicas,
       request.budget_bytes,
-      request.forced,
+      {name: str(where.value) for name, where in request.forced.items()},
       request.forced_by,
-      request.exchange,
+      _exchange_request(request.exchange),
       request.exchange_sigmas,
     )
     tables = []
@@ -215,6 +201,13 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
           row_sharded=sharded,
           exchange_bytes=placed.exchange_bytes,
           exchange=placed.exchange,
+          layout=TableLayout(
+            Placement(placed.placement),
+            request.dtype(placed.table),
+            request.row_layout,
+            Exchange(placed.exchange) if placed.exchange else None,
+            request.exchange_sigmas,
+          ),
         )
       )
     return table_plan.BackendPlan(
@@ -228,84 +221,31 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
 
   def _make_storage(self, table: Any) -> TableStorage:
     name = self.table_name(table)
+    held = self._table_layouts[name]
     args = (table, name, self.optimizer_for(table), self._strategy)
-    if self._placement[name] == "row_sharded":
+    if held.row_sharded:
       return replica_sharded.ReplicaSharded(
         *args,
-        layout=self._row_layout,
-        exchange=self._exchange[name],
-        exchange_sigmas=self._exchange_sigmas,
-        dtype=self._dtypes[name],
+        layout=str(held.row_layout),
+        exchange=str(held.exchange),
+        exchange_sigmas=float(held.exchange_sigmas or 0),
+        dtype=str(held.dtype),
         rounding_seed=narrow.table_seed(self._rounding_seed, name),
       )
     return replicated_lib.Replicated(
       *args,
-      dtype=self._dtypes[name],
+      dtype=str(held.dtype),
       rounding_seed=narrow.table_seed(self._rounding_seed, name),
       saturate_restores=self.saturate_restores,
     )
 
-  def table_dtypes(self) -> dict[str, str]:
-    """Table name -> the dtype its rows are stored in."""
-    return dict(self._dtypes)
-
-  def exchanges(self) -> dict[str, str]:
-    """Table name -> its exchange, for the row-sharded tables."""
-    return {
-      name: self._exchange[name]
-      for name, where in self._placement.items()
-      if where == "row_sharded"
-    }
+  def layouts(self) -> dict[str, TableLayout]:
+    """Table name -> its layout, as built (or to be built)."""
+    return dict(self._table_layouts)
 
 
-def resolve_placement(
-  placement: None | str | Mapping[str, str], table_names: list[str]
-) -> dict[str, str]:
-  """Table name -> "replicated" or "row_sharded" from the `placement` option.
-
-  Raises:
-    ValueError: an unknown placement or table name (the valid ones listed).
-  """
-  return _per_table(
-    "placement", placement or "replicated", table_names, PLACEMENTS
-  )
-
-
-def resolve_exchange(
-  exchange: str | Mapping[str, str], table_names: list[str]
-) -> dict[str, str]:
-  """Table name -> exchange from the `exchange` option (others all-to-all).
-
-  Raises:
-    ValueError: an unknown exchange or table name (the valid ones listed).
-  """
-  return _per_table("exchange", exchange, table_names, exchange_lib.EXCHANGES)
-
-
-def _per_table(
-  option: str,
-  value: str | Mapping[str, str],
-  table_names: list[str],
-  allowed: tuple[str, ...],
-) -> dict[str, str]:
-  """Table name -> value of an option given once or per table; a table a
-  dict leaves out gets `allowed[0]` (the option's default)."""
-
-  def check(given: Any, where: str) -> str:
-    if given not in allowed:
-      raise ValueError(f"{where} = {given!r}; use one of {', '.join(allowed)}.")
-    return given
-
-  if isinstance(value, str):
-    one = check(value, option)
-    return {name: one for name in table_names}
-  unknown = sorted(set(value) - set(table_names))
-  if unknown:
-    raise ValueError(
-      f"{option} names unknown tables {unknown}; the tables are "
-      f"{sorted(table_names)}."
-    )
-  return {
-    name: check(value.get(name, allowed[0]), f"{option}[{name!r}]")
-    for name in table_names
-  }
+def _exchange_request(exchange: Any) -> Any:
+  """The request's exchange as `placement.place_tables` reads it: strings."""
+  if isinstance(exchange, Mapping):
+    return {name: str(value) for name, value in exchange.items()}
+  return str(exchange)

@@ -54,7 +54,7 @@ FIELDS: dict[str, dict[str, str]] = {
     ),
     "dtype": (
       "passed to a TPU; float32 only elsewhere (narrow rows: the "
-      "tensorcore backend's table_dtype option)"
+      "table's layout, EmbeddingPlacement.table_dtype)"
     ),
   },
   "FeatureConfig": {

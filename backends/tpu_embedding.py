@@ -42,7 +42,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.tpu.experimental import embedding
 
-from backends import _tf_internal, base, hardware, mid_level, table_plan
+from backends import _tf_internal, base, hardware, layout, mid_level, table_plan
 from backends import pending as pending_lib
 from backends.errors import BackendError
 
@@ -130,12 +130,25 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
         request,
         cores,
         f"{cls.name!r} shards every table over the {cores} TPU cores",
+        layout.Placement.TPU_CORES,
       )
     else:
       tables = table_plan.whole_tables(request, cls.name)
     return table_plan.BackendPlan(
       tables, advice="shard the tables over more TPU cores (a larger slice)"
     )
+
+  def layouts(self) -> dict[str, layout.TableLayout]:
+    """As `plan_tables` says: every table split over the TPU cores (whole
+    on one core), in its `TableConfig.dtype`."""
+    cores = max(1, int(self._strategy.num_replicas_in_sync))
+    where = layout.Placement.TPU_CORES if cores > 1 else None
+    return {
+      self.table_name(t): layout.TableLayout(
+        where or layout.Placement.REPLICATED, t.dtype.name
+      )
+      for t in self._tables
+    }
 
   def __init__(
     self,

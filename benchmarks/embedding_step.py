@@ -193,6 +193,7 @@ def _tf_step(impl: str, args) -> tuple[Callable, Callable]:
     impl in _NARROW_IMPLS
   ):
     import backends  # pylint: disable=g-import-not-at-top
+    from backends.layout import TableLayout  # pylint: disable=g-import-not-at-top
 
     tables = {
       n: E.TableConfig(args.rows, args.dim, combiner="sum", name=n)
@@ -207,7 +208,7 @@ def _tf_step(impl: str, args) -> tuple[Callable, Callable]:
       if impl == "recsys_ragged"
       else args.bag_width or args.max_bag,
       fused_kernels=impl != "recsys_tf_ops",
-      table_dtype=_NARROW_IMPLS.get(impl, args.table_dtype),
+      layouts=TableLayout(dtype=_NARROW_IMPLS.get(impl, args.table_dtype)),
     )
     emb.build()
     lookup = tf.autograph.experimental.do_not_convert(emb.lookup)

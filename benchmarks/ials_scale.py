@@ -78,10 +78,16 @@ def ials_training(
   )
   config = features_lib.feature_config(specs, settings)
   ials.check_embedding_optimizer(config)
-  options = {} if placement is None else {"placement": placement}
+  from backends.layout import TableLayout  # noqa: PLC0415
+
+  layouts = None if placement is None else TableLayout(placement)
   with strategy.scope():
     backend = backends.create(
-      config, settings.optimizer, strategy, backend="tensorcore", **options
+      config,
+      settings.optimizer,
+      strategy,
+      backend="tensorcore",
+      layouts=layouts,
     )
     backend.build()
     model = ials.ImplicitALS(

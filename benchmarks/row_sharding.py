@@ -253,7 +253,13 @@ def _plan(trainer, replicas):
     device_memory_bytes=1 << 40,
     backend="tensorcore",
     placement=planning.EmbeddingPlacement(
-      tables=backend.placements(), exchange=backend.exchanges() or "auto"
+      tables=backend.placements(),
+      exchange={
+        name: str(held.exchange)
+        for name, held in backend.layouts().items()
+        if held.exchange is not None
+      }
+      or "auto",
     ),
     ids_per_step=planning.ids_per_step(
       backend.feature_config, widths, trainer.global_batch_size // replicas

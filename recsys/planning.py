@@ -10,10 +10,13 @@ device or split over several, its bytes per device and why, and the tables
 it refuses. Each backend answers for itself, so this module names none; it
 renders the answer as one table, checks it against the budget and, when the
 tables live in this process on its CPUs, against the host's RAM whatever
-the budget, and warns before a configuration that cannot fit. The settings
-a backend with a `placement` option is built with (forced placements, row
-layout, exchange) are folded into the question, so the plan is what the
-backend is built with. Importable and runnable without a TPU.
+the budget, and warns before a configuration that cannot fit. The layouts
+`EmbeddingPlacement` requests (forced placements, row layout, exchange,
+storage dtype: each "one value, or table name -> value", read by the one
+parser `backends.layout.per_table`) are the question's, and the answer is
+one `TableLayout` per table (`MemoryPlan.layouts()`), what a backend built
+from layouts is constructed with (`Capabilities.layouts`), so the plan is
+what the backend holds. Importable and runnable without a TPU.
 
 Example:
   >>> print(describe_environment(strategy, feature_config, Adagrad(0.05)))
@@ -31,6 +34,7 @@ import tensorflow as tf
 
 import backends
 from backends import hardware, registry, table_plan
+from backends import layout as layout_lib
 from backends import optimizers as embedding_optimizers
 from backends import placement as placement_lib
 from backends.placement import human_bytes
@@ -62,8 +66,48 @@ LOOP_BYTES = 150 << 20
 
 class PlacementSettingsError(SettingsError):
   """A setting the memory plan reads cannot be: `train.placement`, an
-  `EmbeddingPlacement` field, or the placement in `train.backend_options`
-  (a value out of range, an unknown table, two settings that disagree)."""
+  `EmbeddingPlacement` field (a value out of range, an unknown table), or a
+  table's layout given in the backend's options (its home is
+  `EmbeddingPlacement`)."""
+
+
+#: The backend options that were a table's layout, and their one home now.
+MOVED_OPTIONS = {
+  "placement": "EmbeddingPlacement.tables",
+  "row_layout": "EmbeddingPlacement.row_layout",
+  "exchange": "EmbeddingPlacement.exchange",
+  "exchange_sigmas": "EmbeddingPlacement.exchange_sigmas",
+  "table_dtype": "EmbeddingPlacement.table_dtype",
+}
+
+
+def refuse_layout_options(
+  options: Mapping[str, Any] | None,
+  where: str = "train.backend_options",
+  home: str = "gin: train.placement = @EmbeddingPlacement()",
+) -> None:
+  """Refuses a table's layout given among a backend's options: it is
+  requested in one place, `EmbeddingPlacement`, and planned.
+
+  Args:
+    options: the backend's options.
+    where: the setting they come from, for the message.
+    home: where an `EmbeddingPlacement` is given there, for the message.
+
+  Raises:
+    PlacementSettingsError: naming each such key and its new home.
+  """
+  moved = [key for key in MOVED_OPTIONS if key in (options or {})]
+  if moved:
+    homes = "; ".join(
+      f"{where}[{key!r}] -> {MOVED_OPTIONS[key]}" for key in moved
+    )
+    raise PlacementSettingsError(
+      f"{where} sets {moved}, a table's layout; set it in "
+      f"EmbeddingPlacement instead ({homes}; {home}, e.g. "
+      "EmbeddingPlacement(tables={'C10': 'row_sharded'})): the planner "
+      "builds the backend from it."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,11 +127,14 @@ class TableMemory:
     exchange_bytes: what one replica puts into collectives per step for it
       (ids, rows, gradients; `backends.placement`), None when not known.
     row_sharded: split over the replicas by the backend's storage (its
-      `placement` option), not by its own devices (parameter servers, TPU
+      layout's placement), not by its own devices (parameter servers, TPU
       cores).
     forced_by: the setting that forced its placement ("": planned).
     dtype: the dtype its rows are stored in ("float32", "bfloat16", ...:
-      the backend's `table_dtype` option; its slots stay float32).
+      its layout's, `EmbeddingPlacement.table_dtype`; slots stay float32).
+    layout: where its rows live and how: what the backend is built with
+      and reports (`EmbeddingBackend.layouts()`); the columns above that
+      say the same are read from it.
   """
 
   table: str
@@ -105,6 +152,7 @@ class TableMemory:
   forced_by: str = ""
   exchange: str | None = None
   dtype: str = "float32"
+  layout: layout_lib.TableLayout = layout_lib.TableLayout()
 
   @property
   def total_bytes(self) -> int:
@@ -131,7 +179,7 @@ class MemoryPlan:
   #: The replicas in this process (logical CPUs hold one copy each).
   local_replicas: int = 1
   #: Which rows a replica owns of a row-sharded table, as the backend is
-  #: built with; None for backends without a `placement` option.
+  #: built with; None for backends not built from layouts.
   row_layout: str | None = None
   #: The all-to-all exchange's margin (`EmbeddingPlacement.exchange_sigmas`).
   exchange_sigmas: float = placement_lib.CAPACITY_SIGMAS
@@ -147,16 +195,14 @@ class MemoryPlan:
   #: How to make tables fit that do not, on this backend (its answer).
   advice: str = ""
 
-  def placements(self) -> dict[str, str]:
-    """Table name -> "replicated" / "row_sharded": the `placement` option."""
-    return {
-      r.table: "row_sharded" if r.row_sharded else "replicated"
-      for r in self.rows
-    }
+  def layouts(self) -> dict[str, layout_lib.TableLayout]:
+    """Table name -> its `TableLayout`: what the backend is built with (one
+    built from layouts) and reports (`backend.layouts()`)."""
+    return {r.table: r.layout for r in self.rows}
 
-  def exchanges(self) -> dict[str, str]:
-    """Row-sharded table name -> its exchange: the `exchange` option."""
-    return {r.table: r.exchange for r in self.rows if r.exchange is not None}
+  def placements(self) -> dict[str, str]:
+    """Table name -> its layout's placement ("replicated", ...)."""
+    return {r.table: r.layout.placement.value for r in self.rows}
 
   @property
   def exchange_bytes(self) -> int | None:
@@ -434,8 +480,8 @@ class EmbeddingPlacement:
       the replicas hold must still fit the host's RAM, where they live.
       Not a fraction (0.9 is refused): the planner takes `HEADROOM` itself.
     tables: table name -> "replicated" or "row_sharded", forcing the
-      placement of those tables on a backend that places tables on its
-      replicas (one with a `placement` option; the others are planned);
+      placement of those tables on a backend built from layouts
+      (`Capabilities.layouts`; the tables it does not name are planned);
       e.g. `{"C10": "row_sharded"}` in gin; one value forces every table.
       Other backends place tables themselves and ignore it (so `recsys
       export`'s serving copy reads a training config that sets it).
@@ -450,24 +496,27 @@ class EmbeddingPlacement:
       of a step's ids, in standard deviations of a uniform spread (5: odds
       of an overflow far below one in a million per step when ids spread
       evenly over the owners' rows).
+    table_dtype: the dtype a table's rows are stored in: "float32"
+      (default), "bfloat16" or "float16" (half the bytes; slots stay
+      float32; `backends.narrow`), on a backend built from layouts; one
+      value for every table, or table name -> dtype (others float32).
 
-  The backend's own options `placement`, `row_layout`, `exchange` and
-  `exchange_sigmas` (`train.backend_options`), where it takes them, are folded
-  into the plan as forced settings
-  (`placement` as the backend reads it: one value for every table, or a
-  dict whose other tables are replicated); two settings that disagree are
-  refused (`PlacementSettingsError`).
+  These are the one home of a table's layout: the backend's options
+  (`train.backend_options`) refuse `placement`, `row_layout`, `exchange`,
+  `exchange_sigmas` and `table_dtype`, naming the field here.
 
   Example (gin):
     train.placement = @EmbeddingPlacement()
     EmbeddingPlacement.device_memory = "16GiB"
     EmbeddingPlacement.tables = {"C10": "row_sharded"}
+    EmbeddingPlacement.table_dtype = {"C10": "bfloat16"}
   """
 
-  # The values of device_memory, tables, row_layout and exchange are
-  # declared by their form here; `parse_bytes` and the planner check what
-  # they say (sizes, placements, layouts, exchanges, the tables named)
-  # with the backend's own options, in one place, before any table.
+  # The values of device_memory, tables, row_layout, exchange and
+  # table_dtype are declared by their form here; `parse_bytes` and the
+  # planner (`_requests`, through `backends.layout.per_table`) check what
+  # they say (sizes, placements, layouts, exchanges, dtypes, the tables
+  # named), in one place, before any table.
   device_memory: Annotated[
     int | float | str | None, ranges.AnyOf((ranges.Real(), ranges.Text()))
   ] = None
@@ -477,6 +526,7 @@ class EmbeddingPlacement:
   row_layout: ranges.Name | None = None
   exchange: Annotated[str | Mapping[str, str], _NAMES_OR_ONE] = "auto"
   exchange_sigmas: ranges.Positive = placement_lib.CAPACITY_SIGMAS
+  table_dtype: Annotated[str | Mapping[str, str], _NAMES_OR_ONE] = "float32"
 
   def __post_init__(self) -> None:
     """Each field within its declared range (`recsys.ranges`), before any
@@ -562,111 +612,80 @@ def parse_bytes(value: int | float | str | None, where: str) -> int | None:
   return int(number)
 
 
-def _forced_tables(
-  value: Any, where: str, names: list[str] | None, others: str | None
-) -> dict[str, str]:
-  """Table name -> placement that `value` (one setting) forces.
-
-  Args:
-    value: one placement for every table, or a dict table name -> one.
-    where: the setting, for the errors.
-    names: the tables (None: not placed on replicas; only values checked).
-    others: what a dict means for the tables it does not name (None: not
-      forced; "replicated": the backend's own `placement` option).
-  """
-  if value is None:
-    return {}
-  if isinstance(value, str):
-    items = {name: value for name in names or ()}
-    given = {"": value}
-  elif isinstance(value, Mapping):
-    items = dict(value)
-    given = items
-  else:
-    raise PlacementSettingsError(
-      f"{where} = {value!r}; give one of {', '.join(placement_lib.PLACEMENTS)}"
-      " for every table, or a dict table name -> one of them."
-    )
-  for table, placed in given.items():
-    if placed not in placement_lib.PLACEMENTS:
-      at = f"[{table!r}]" if table else ""
-      raise PlacementSettingsError(
-        f"{where}{at} = {placed!r}; use one of "
-        f"{', '.join(placement_lib.PLACEMENTS)}."
-      )
-  if names is None:
-    return {}
-  unknown = sorted(set(items) - set(names), key=_natural_key)
-  if unknown:
-    raise PlacementSettingsError(
-      f"{where} names unknown tables {unknown}; the tables are "
-      f"{sorted(names, key=_natural_key)}."
-    )
-  if others is not None:
-    items = {name: items.get(name, others) for name in names}
-  return items
-
-
 @dataclasses.dataclass(frozen=True)
-class _Forced:
-  """What the settings force: placements (and by which setting), layout."""
+class _Requests:
+  """What `EmbeddingPlacement` requests of the tables' layouts, parsed."""
 
-  tables: dict[str, str]
+  forced: dict[str, layout_lib.Placement]
   by: dict[str, str]
-  row_layout: str
+  row_layout: layout_lib.RowLayout
+  exchange: layout_lib.Exchange | dict[str, layout_lib.Exchange]
+  sigmas: float
+  dtypes: dict[str, str]
 
 
-def _forced(
+def _requests(
   placement: EmbeddingPlacement,
-  options: Mapping[str, Any],
-  names: list[str] | None,
-) -> _Forced:
-  """The placements and row layout `train.placement` and the backend's
-  options force, as one: what the plan shows and the backend is built with.
+  tables: list[Any],
+  names: list[str],
+  takes_layouts: bool,
+) -> _Requests:
+  """`placement`'s layout requests, each read by `layout_lib.per_table`.
+
+  A backend built from layouts gets them all, its tables' names checked;
+  the others place their tables themselves: only the values are checked
+  (so `recsys export`'s serving copy reads a training config that sets
+  them), and each table keeps its TableConfig's dtype.
 
   Raises:
-    PlacementSettingsError: a value that is no placement or layout, an
-      unknown table, or two settings that force different values.
+    PlacementSettingsError: a value that is no placement, row layout,
+      exchange or dtype, or (built from layouts) an unknown table; naming
+      the field and the closest valid name.
   """
-  option = "train.backend_options[{!r}]".format
-  tables: dict[str, str] = {}
-  by: dict[str, str] = {}
-  for where, value, others in (
-    ("EmbeddingPlacement.tables", placement.tables, None),
-    (option("placement"), options.get("placement"), "replicated"),
-  ):
-    for table, placed in _forced_tables(value, where, names, others).items():
-      if tables.setdefault(table, placed) != placed:
-        raise PlacementSettingsError(
-          f"table {table!r} is placed {tables[table]!r} by {by[table]} and "
-          f"{placed!r} by {where}; force a table's placement in one setting "
-          "(EmbeddingPlacement.tables: the planner places the tables it "
-          "does not name; the backend option replicates them)."
-        )
-      by.setdefault(table, where)
-  layouts = {
-    where: value
-    for where, value in (
-      ("EmbeddingPlacement.row_layout", placement.row_layout),
-      (option("row_layout"), options.get("row_layout")),
+  check = names if takes_layouts else None
+  field = "EmbeddingPlacement.{}".format
+  try:
+    forced = layout_lib.per_table(
+      placement.tables,
+      field("tables"),
+      check,
+      layout_lib.Placement.requestable(),
     )
-    if value is not None
-  }
-  for where, value in layouts.items():
-    if value not in placement_lib.ROW_LAYOUTS:
-      raise PlacementSettingsError(
-        f"{where} = {value!r}; use one of "
-        f"{', '.join(map(repr, placement_lib.ROW_LAYOUTS))} (which rows a "
-        "replica owns of a row-sharded table: equal row ranges, or row id "
-        "mod the replicas)."
+    row_layout = layout_lib.value_of(
+      placement.row_layout or layout_lib.RowLayout.CONTIGUOUS,
+      layout_lib.RowLayout,
+      field("row_layout"),
+    )
+    exchange: Any = placement.exchange
+    if isinstance(exchange, Mapping):
+      exchange = layout_lib.per_table(
+        exchange, field("exchange"), check, layout_lib.Exchange
       )
-  if len(set(layouts.values())) > 1:
-    given = " and ".join(f"{w} = {v!r}" for w, v in layouts.items())
-    raise PlacementSettingsError(
-      f"{given} disagree; set the row layout in one of them."
+    else:
+      exchange = layout_lib.value_of(
+        exchange, layout_lib.Exchange, field("exchange")
+      )
+    dtypes = layout_lib.per_table(
+      placement.table_dtype,
+      field("table_dtype"),
+      check,
+      layout_lib.StorageDtype,
+      others=layout_lib.StorageDtype.FLOAT32,
     )
-  layout = next(iter(layouts.values()), placement_lib.DEFAULT_ROW_LAYOUT)
-  return _Forced(tables, by, layout)
+  except layout_lib.LayoutSettingError as e:
+    raise PlacementSettingsError(str(e)) from e
+  if takes_layouts:
+    stored = {n: dtypes[n].value for n in names}
+  else:
+    stored = {n: t.dtype.name for t, n in zip(tables, names)}
+  return _Requests(
+    forced,
+    {table: field("tables") for table in forced},
+    row_layout,
+    exchange,
+    float(placement.exchange_sigmas),
+    stored,
+  )
 
 
 def ids_per_step(
@@ -717,27 +736,28 @@ def plan_memory(
       goes (`plan_tables`).
     num_shards: how many devices (parameter servers, TPU cores) a split
       table goes over; default: the backend's own count.
-    placement: forced placements (for a backend with a `placement` option)
-      and the per-device budget.
+    placement: the tables' layout requests (forced placements, row
+      layout, exchange, storage dtype: for a backend built from layouts,
+      `Capabilities.layouts`) and the per-device budget.
     ids_per_step: table name -> ids one replica looks up per step, for the
       exchange per step (`ids_per_step()`); None: not reported.
-    backend_options: the backend's options (`train.backend_options`); its
-      `placement`, `row_layout` and `exchange` (where it takes them) are
-      forced settings of the plan, as `placement`'s are.
+    backend_options: the backend's options (`train.backend_options`),
+      refused when they set a table's layout (`MOVED_OPTIONS`).
 
   Returns:
     A `MemoryPlan`; `plan.rows` has one `TableMemory` per table, `plan.fits`
-    the verdict, `plan.format()` the printable table, `plan.placements()`
-    and `plan.row_layout` the backend's `placement=` and `row_layout=`.
+    the verdict, `plan.format()` the printable table, `plan.layouts()` the
+    `TableLayout` of each table the backend is built with.
 
   Raises:
     PlacementSettingsError: `placement` is no `EmbeddingPlacement`, one of
-      its fields or the backend options' placement cannot be (an unknown
-      table, placement, row layout or size), or two of them disagree.
+      its fields cannot be (an unknown table, placement, row layout,
+      exchange, dtype or size), or the backend options set a layout.
     backends.table_plan.PlanAnswerError: the backend's `plan_tables`
       answered about other tables than it was asked about.
   """
   strategy = strategy or tf.distribute.get_strategy()
+  refuse_layout_options(backend_options)
   if placement is None:
     placement = bound_placement()
   elif not isinstance(placement, EmbeddingPlacement):
@@ -748,9 +768,9 @@ def plan_memory(
   name, _ = _resolve_backend(strategy, backend)
   backend_cls = backends.get(name)
   tables = _tables(feature_config)
-  places = "placement" in backend_cls.options
+  takes_layouts = backend_cls.capabilities.layouts
   names = [_table_name(i, t) for i, t in enumerate(tables)]
-  forced = _forced(placement, backend_options or {}, names if places else None)
+  wanted = _requests(placement, tables, names, takes_layouts)
   source = "given"
   given = placement.device_memory_bytes  # checked whether used or not
   if device_memory_bytes is None and given is not None:
@@ -760,49 +780,47 @@ def plan_memory(
   if detected:
     device_memory_bytes, source = _device_memory(strategy)
   budget = HEADROOM * device_memory_bytes if device_memory_bytes else None
-  exchange: Any = "auto"
-  sigmas = placement_lib.CAPACITY_SIGMAS
-  if places:  # forced settings apply only where the backend takes them
-    exchange, sigmas = _exchange_settings(placement, backend_options or {})
-  dtypes, element = _table_dtypes(
-    tables,
-    names,
-    (backend_options or {}).get("table_dtype", "float32")
-    if "table_dtype" in backend_cls.options
-    else "float32",
-  )
+  element = {
+    n: placement_lib.element_bytes(d) if takes_layouts else t.dtype.size
+    for t, n, d in zip(tables, names, wanted.dtypes.values())
+  }
   request = table_plan.PlanRequest(
     _table_sizes(tables, optimizer, ids_per_step or {}, element),
     strategy,
     budget,
     None if num_shards is None else int(num_shards),
-    forced.tables,
-    forced.by,
-    exchange,
-    sigmas,
+    wanted.forced if takes_layouts else {},
+    wanted.by if takes_layouts else {},
+    wanted.exchange if takes_layouts else layout_lib.Exchange.AUTO,
+    wanted.sigmas if takes_layouts else placement_lib.CAPACITY_SIGMAS,
+    wanted.row_layout,
+    wanted.dtypes,
   )
   answer = backend_cls.plan_tables(request)
   answer.check(name, names)  # what the report renders
   host_ram = None
   if not detected and answer.tables_in_process and _on_host_cpus(strategy):
     host_ram = host_memory_bytes()  # the tables live there, whatever given
-  rows = [
-    _memory_row(
-      i,
-      table,
-      optimizer,
-      placed.shards,
-      element[names[i]],
-      bytes_per_device=placed.bytes_per_device,
-      reason=placed.reason,
-      exchange_bytes=placed.exchange_bytes,
-      row_sharded=placed.row_sharded,
-      forced_by=forced.by.get(placed.table, ""),
-      exchange=placed.exchange,
-      dtype=dtypes[names[i]],
+  rows = []
+  for i, (table, placed) in enumerate(zip(tables, answer.tables)):
+    held = placed.layout or _answered_layout(placed, request)
+    rows.append(
+      _memory_row(
+        i,
+        table,
+        optimizer,
+        placed.shards,
+        element[names[i]],
+        bytes_per_device=placed.bytes_per_device,
+        reason=placed.reason,
+        exchange_bytes=placed.exchange_bytes,
+        row_sharded=held.row_sharded,
+        forced_by=request.forced_by.get(placed.table, ""),
+        exchange=held.exchange.value if held.exchange else placed.exchange,
+        dtype=str(held.dtype),
+        layout=held,
+      )
     )
-    for i, (table, placed) in enumerate(zip(tables, answer.tables))
-  ]
   plan = MemoryPlan(
     name,
     rows,
@@ -811,9 +829,9 @@ def plan_memory(
     [],
     list(answer.refusals),
     local_replicas=len(_local_devices(strategy)) or 1,
-    row_layout=forced.row_layout if places else None,
+    row_layout=wanted.row_layout.value if takes_layouts else None,
     host_ram_bytes=host_ram,
-    exchange_sigmas=sigmas,
+    exchange_sigmas=request.exchange_sigmas,
     tables_in_process=answer.tables_in_process,
     trains=backend_cls.capabilities.trains,
     advice=answer.advice,
@@ -834,24 +852,20 @@ def plan_memory(
   return plan
 
 
-def _table_dtypes(
-  tables: list[Any], names: list[str], table_dtype: Any
-) -> tuple[dict[str, str], dict[str, int]]:
-  """The dtype of each table's rows and its bytes per element:
-  `table_dtype` is the backend's option (one dtype, or table name ->
-  dtype; float32 where unnamed), else the TableConfig's."""
-  if table_dtype == "float32":
-    return (
-      {n: t.dtype.name for t, n in zip(tables, names)},
-      {n: t.dtype.size for t, n in zip(tables, names)},
-    )
-  dtypes = {
-    n: table_dtype
-    if isinstance(table_dtype, str)
-    else table_dtype.get(n, "float32")
-    for n in names
-  }
-  return dtypes, {n: placement_lib.element_bytes(d) for n, d in dtypes.items()}
+def _answered_layout(
+  placed: table_plan.TablePlan, request: table_plan.PlanRequest
+) -> layout_lib.TableLayout:
+  """The layout of a table a backend's answer gave none (a third-party
+  backend's): replicated, or row-sharded as it says, as requested."""
+  return layout_lib.TableLayout(
+    layout_lib.Placement.ROW_SHARDED
+    if placed.row_sharded
+    else layout_lib.Placement.REPLICATED,
+    request.dtype(placed.table),
+    request.row_layout,
+    layout_lib.Exchange(placed.exchange) if placed.exchange else None,
+    request.exchange_sigmas,
+  )
 
 
 def _table_sizes(
@@ -921,38 +935,6 @@ def _memory_row(
     shards=shards,
     **placed,
   )
-
-
-def _exchange_settings(
-  placement: EmbeddingPlacement, options: Mapping[str, Any]
-) -> tuple[Any, float]:
-  """The exchange and its margin: the backend option's, else the plan's.
-
-  Raises:
-    PlacementSettingsError: an unknown exchange or a margin not above 0.
-  """
-  exchange = options.get("exchange", placement.exchange)
-  where = (
-    "train.backend_options['exchange']"
-    if "exchange" in options
-    else "EmbeddingPlacement.exchange"
-  )
-  known = ("auto",) + placement_lib.EXCHANGES
-  values = exchange.values() if isinstance(exchange, Mapping) else [exchange]
-  for value in values:
-    if value not in known:
-      raise PlacementSettingsError(
-        f"{where} = {exchange!r}; use one of {', '.join(map(repr, known))}, "
-        "or table name -> one of those."
-      )
-  sigmas = options.get("exchange_sigmas", placement.exchange_sigmas)
-  if not isinstance(sigmas, (int, float)) or not sigmas > 0:
-    raise PlacementSettingsError(
-      f"exchange_sigmas = {sigmas!r}; use a number > 0 (the all-to-all's "
-      "margin over each owner's share, in standard deviations; default "
-      f"{placement_lib.CAPACITY_SIGMAS})."
-    )
-  return exchange, float(sigmas)
 
 
 class MemoryPlanError(RecsysError, ValueError):

@@ -120,7 +120,9 @@ class TrainSettings:
       (never excluding the pair's own candidate), as production retrieval
       and RecBole's full ranking do; False ranks the whole corpus.
     placement: `recsys.planning.EmbeddingPlacement`: one device's memory
-      and placements forced per table. The planner places each table of the
+      and each table's layout requests (placement, row layout, exchange,
+      storage dtype; the one home of them: `backend_options` refuses
+      them). The planner places each table of the
       tensorcore backend replicated or row-sharded over the replicas
       (printed at start) and refuses a plan that does not fit (None:
       detected memory, nothing forced).

@@ -29,6 +29,7 @@ SETTINGS = {
   "backends.base.BackendUnavailableError",
   "backends.base.UnsupportedConfigError",
   "backends.errors.BackendSettingsError",
+  "backends.layout.LayoutSettingError",
   "backends.registry.UnknownBackendError",
   "backends.registry.UnknownBackendOptionError",
   "recsys.cli_checks.GinFileNotFoundError",

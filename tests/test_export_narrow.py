@@ -25,7 +25,7 @@ TINY = [
   "train.summaries = False",
   "SyntheticCTR.oracle_examples = 4096",
 ]
-BF16 = 'train.backend_options = {"table_dtype": "bfloat16"}'
+BF16 = 'EmbeddingPlacement.table_dtype = "bfloat16"'
 VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 
 
@@ -88,7 +88,8 @@ def test_a_bfloat16_run_exports_serves_and_evaluates(tmp_path):
     trainer = train(model_dir=model_dir, action="build")
   finally:
     gin.clear_config()
-  assert set(trainer.backend.table_dtypes().values()) == {"bfloat16"}
+  held = trainer.backend.layouts().values()
+  assert {str(layout.dtype) for layout in held} == {"bfloat16"}
   features, _ = next(iter(trainer.source.dataset(13, training=False)))
   names = list(trainer.feature_config)
   acts = trainer.backend.lookup({n: features["categorical"][n] for n in names})
@@ -171,14 +172,14 @@ def test_a_float16_resume_refuses_values_beyond_its_range(tmp_path, capsys):
   name = sorted(_tables(latest, "embedding/"))[0]
   _poke(latest, f"embedding/{name}{VALUE}", 1e6)
   capsys.readouterr()
-  fp16 = 'train.backend_options = {"table_dtype": "float16"%s}'
-  assert _train(model_dir, fp16 % "", "train.train_steps = 6") == 1
+  fp16 = 'EmbeddingPlacement.table_dtype = "float16"'
+  assert _train(model_dir, fp16, "train.train_steps = 6") == 1
   err = capsys.readouterr().err
   assert f"table {name!r}: checkpoint {latest} holds 1 value(s)" in err
   assert "the largest 1e+06" in err and "saturate_restores" in err
   assert tf.train.latest_checkpoint(ckpts) == latest  # nothing saved
-  allowed = fp16 % ', "saturate_restores": True'
-  assert _train(model_dir, allowed, "train.train_steps = 6") == 0
+  allowed = "train.backend_options = {'saturate_restores': True}"
+  assert _train(model_dir, fp16, allowed, "train.train_steps = 6") == 0
   resumed = _tables(tf.train.latest_checkpoint(ckpts), "embedding/")
   dtype, rows = resumed[name]
   assert dtype == tf.float16

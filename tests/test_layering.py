@@ -44,13 +44,14 @@ LAYERS = (
     "recsys.gin_config.unread",  # gin bindings nothing reads, before TF
   ),
   ("recsys.data",),
+  # The memory plan and the tables' layouts: a run's and the Keras layer's.
+  ("recsys.planning",),
   (
     "recsys.layers",
     "recsys.models",
     "recsys.serving",  # the serving lookup and the signatures' checks
   ),
   (
-    "recsys.planning",
     "recsys.train_settings",  # declared once; the model dir reads its kinds
     "recsys.model_dir",  # the run's folder on disk: layout, lock, checkpoints
     "recsys.launch",
@@ -339,6 +340,75 @@ def test_the_model_dir_serving_and_export_sit_below_training(module):
   """
   assert module in RECSYS
   assert _layer(module) < _layer("recsys.training")
+
+
+# -- backend options: only backends/ reads their names --------------------------
+
+
+def _option_probes(source, path="<source>"):
+  """(line, what) for each place the source asks a backend which options
+  it takes: a membership test on an `.options` attribute (`"placement" in
+  backend_cls.options`), `hasattr` on a backend, or `inspect.signature` of
+  a backend class's constructor (`cls.__init__`, `backend_cls.__init__`;
+  an optimizer's is no backend's)."""
+  found = []
+  for node in ast.walk(ast.parse(source, path)):
+    if isinstance(node, ast.Compare):
+      tested = [
+        right
+        for op, right in zip(node.ops, node.comparators)
+        if isinstance(op, (ast.In, ast.NotIn))
+      ]
+      if any(
+        isinstance(t, ast.Attribute) and t.attr == "options" for t in tested
+      ):
+        found.append((node.lineno, "an `in ....options` test"))
+    elif isinstance(node, ast.Call):
+      func = ast.unparse(node.func)
+      first = ast.unparse(node.args[0]) if node.args else ""
+      backend_class = first.startswith("cls.") or "backend" in first
+      if (
+        func.endswith("signature")
+        and first.endswith("__init__")
+        and (backend_class)
+      ):
+        found.append((node.lineno, f"{func}({first})"))
+      if func == "hasattr" and "backend" in first:
+        found.append((node.lineno, f"hasattr({first}, ...)"))
+  return found
+
+
+def test_nothing_outside_backends_tests_a_backends_option_names():
+  """A table's layout is planned (`recsys.planning`) and handed over as
+  `layouts`; other arguments go to the backends that declare them through
+  `backends.registry` (`check_options`, `declared_options`). Nothing in
+  `recsys/` asks a backend class which option names it takes (issue 53:
+  the planner, `make_backend` and the Keras layer each did), naming
+  file:line."""
+  bad = []
+  for path in sorted(RECSYS.values()):
+    with open(path, encoding="utf-8") as f:
+      source = f.read()
+    bad += [
+      f"{os.path.relpath(path, ROOT)}:{line}: {what}"
+      for line, what in _option_probes(source, path)
+    ]
+  assert not bad, (
+    "a backend's option names tested outside backends/ (ask its "
+    f"capabilities, plan_tables, layouts() or the registry): {bad}"
+  )
+
+
+def test_the_option_probe_check_sees_each_form():
+  source = (
+    "if 'placement' in backend_cls.options: pass\n"
+    "if 'x' not in cls.options: pass\n"
+    "accepted = inspect.signature(cls.__init__).parameters\n"
+    "hasattr(backend, 'table_dtypes')\n"
+    "if 'apply_if' in accepted: pass\n"  # a method's parameters: passes
+    "inspect.signature(type(opt).__init__)\n"  # an optimizer's: passes
+  )
+  assert sorted(line for line, _ in _option_probes(source)) == [1, 2, 3, 4]
 
 
 # -- backend names: only the registry compares them ----------------------------

@@ -475,7 +475,7 @@ def test_the_plan_says_which_tables_are_bfloat16():
     _config(),
     E.Adagrad(0.1),
     device_memory_bytes=10**9,
-    backend_options={"table_dtype": {"users": "bfloat16"}},
+    placement=planning.EmbeddingPlacement(table_dtype={"users": "bfloat16"}),
   )
   rows = {line.split()[0]: line.split() for line in plan.format().splitlines()}
   assert rows["table"][3] == "dtype"

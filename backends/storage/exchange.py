@@ -203,9 +203,10 @@ class AllToAll(Exchange):
       f"over the all-to-all exchange's capacity of {self.capacity} per "
       "owner (the ids are not spread evenly over the owners' rows, e.g. a "
       "vocabulary that numbers frequent ids first under the contiguous "
-      "layout). Raise exchange_sigmas, place the table with "
-      "row_layout='strided', or use exchange='all_gather' (it never "
-      "overflows). Nothing was saved after the step."
+      "layout). Raise EmbeddingPlacement.exchange_sigmas, place the table "
+      "with EmbeddingPlacement.row_layout = 'strided', or use "
+      "EmbeddingPlacement.exchange = 'all_gather' (it never overflows). "
+      "Nothing was saved after the step."
     )
 
 

@@ -596,9 +596,10 @@ class ReplicaSharded(base.TableStorage):
     raise exchange_lib.ExchangeOverflowError(
       f"table {self.name!r}: a compiled step sent {over} ids more than the "
       "all-to-all exchange's capacity per owner (summed over the replicas); "
-      "those rows were left out. Raise exchange_sigmas, place the table "
-      "with row_layout='strided', or use exchange='all_gather'. Nothing was "
-      "saved after the step."
+      "those rows were left out. Raise EmbeddingPlacement.exchange_sigmas, "
+      "place the table with EmbeddingPlacement.row_layout = 'strided', or "
+      "use EmbeddingPlacement.exchange = 'all_gather'. Nothing was saved "
+      "after the step."
     )
 
   def _gather_on_host(self, ids: tf.Tensor) -> tf.Tensor:

@@ -288,6 +288,7 @@ CONFIGURABLES = {
       "row_layout",
       "exchange",
       "exchange_sigmas",
+      "table_dtype",
     ),
     "",
   ),
@@ -565,6 +566,7 @@ RANGES: dict[str, dict[str, Spec]] = {
     "row_layout": Text(optional=True),
     "exchange": AnyOf(options=(Text(), PerName())),
     "exchange_sigmas": Real(lo=0, lo_open=True),
+    "table_dtype": AnyOf(options=(Text(), PerName())),
   },
   "recsys.run.configured.train": {
     "model_dir": Text(),

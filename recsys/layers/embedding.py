@@ -52,7 +52,6 @@ Example:
 """
 
 import copy
-import inspect
 import logging
 import threading
 import weakref
@@ -62,7 +61,7 @@ from typing import Any
 import backends
 from backends import base
 from backends.pending import UnappliedGradientsError
-from recsys import _tf_internal
+from recsys import _tf_internal, planning
 from recsys._keras import keras, tf
 from recsys.errors import RecsysError
 from recsys.layers import gradient_trap, keras_optimizers, loss_scaling
@@ -135,7 +134,13 @@ class Embedding(keras.layers.Layer):
     strategy: the strategy to build and run under (default: the one in scope
       when the layer is constructed).
     backend_options: extra keyword arguments of the backend's constructor
-      (e.g. `bag_widths`, `invalid_ids`).
+      (e.g. `bag_widths`, `invalid_ids`); a table's layout is `placement`'s.
+    placement: a `recsys.planning.EmbeddingPlacement`: the tables' layout
+      requests (`tables`, `row_layout`, `exchange`, `exchange_sigmas`,
+      `table_dtype`) and a device's memory. The layer plans its tables as a
+      run does (`recsys.planning.plan_memory`) and builds the backend from
+      the plan's layouts (`layer.embedding.layouts()`). None: the defaults
+      (each table replicated while the tables fit, float32).
     ignore_unsupported_optimizer_settings: a Keras optimizer (the layer's or
       a `TableConfig`'s) with a setting the embedding optimizer cannot apply
       (SGD `momentum`, Adam `amsgrad`, `clipnorm`, `global_clipnorm`, ...)
@@ -173,26 +178,27 @@ class Embedding(keras.layers.Layer):
     backend_options: Mapping[str, Any] | None = None,
     strategy: tf.distribute.Strategy | None = None,
     ignore_unsupported_optimizer_settings: bool = False,
+    placement: planning.EmbeddingPlacement | None = None,
     **kwargs: Any,
   ):
     # Float ids must reach `call` as they are, not cast to float32 by Keras.
     kwargs.setdefault("autocast", False)
     super().__init__(**kwargs)
     backend = _backend_for_embedding_feature(embedding_feature, backend)
+    planning.refuse_layout_options(
+      backend_options, "backend_options", "the layer's placement="
+    )
     name, _ = backends.registry.resolve(backend, strategy)
-    cls = backends.get(name)
-    accepted = inspect.signature(cls.__init__).parameters
-    options: dict[str, Any] = {}
-    for key, value in (
-      (
-        "pipeline_execution_with_tensor_core",
-        pipeline_execution_with_tensor_core,
+    offered = {
+      "pipeline_execution_with_tensor_core": (
+        pipeline_execution_with_tensor_core
       ),
-      ("per_replica_batch_size", batch_size),
-      ("sparse_core_embedding_config", sparse_core_embedding_config),
-    ):
-      if key in accepted and value not in (None, False):
-        options[key] = value
+      "per_replica_batch_size": batch_size,
+      "sparse_core_embedding_config": sparse_core_embedding_config,
+    }
+    options = backends.registry.declared_options(
+      name, {k: v for k, v in offered.items() if v not in (None, False)}
+    )
     options.update(backend_options or {})
     ignore = ignore_unsupported_optimizer_settings
     default = _translated(optimizer, ignore, "optimizer")
@@ -203,9 +209,23 @@ class Embedding(keras.layers.Layer):
     # backend's TableConfig (a copy where its optimizer was translated) ->
     # the one the user gave, by id.
     self._user_tables = tables
+    # The same planner as a run: the backend is built from its layouts.
+    plan = planning.plan_memory(
+      backend_config,
+      default.optimizer,
+      strategy,
+      backend=name,
+      placement=placement or planning.EmbeddingPlacement(),
+    )
     # strategy None: the backend takes the strategy in scope.
-    self.embedding = cls(
-      backend_config, default.optimizer, strategy=strategy, **options
+    # Any: a backend may take more than the base class's arguments (apply_if).
+    self.embedding: Any = backends.registry.construct(
+      name,
+      backend_config,
+      default.optimizer,
+      strategy,
+      plan.layouts(),
+      **options,
     )
     self.backend_name = name
     self.batch_size = batch_size

@@ -37,6 +37,8 @@ class KerasRecommender(keras.Model):
     optimizer: the default embedding optimizer (see `recsys.layers.Embedding`).
     backend: "auto" or a backend name.
     backend_options: extra arguments of the backend.
+    placement: the tables' layout requests, a
+      `recsys.planning.EmbeddingPlacement` (see `recsys.layers.Embedding`).
     name: Keras name.
   """
 
@@ -48,6 +50,7 @@ class KerasRecommender(keras.Model):
     backend: str = "auto",
     backend_options: Mapping[str, Any] | None = None,
     name: str | None = None,
+    placement: Any = None,
   ):
     super().__init__(name=name)
     missing = sorted(set(model.feature_names) - set(feature_config))
@@ -63,6 +66,7 @@ class KerasRecommender(keras.Model):
       optimizer,
       backend=backend,
       backend_options=backend_options,
+      placement=placement,
       dtype="float32",
     )
     self.model = model

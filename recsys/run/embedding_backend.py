@@ -1,11 +1,13 @@
 """The embedding backend of a run, built from its settings and data source.
 
-`make_backend` resolves `train.backend` (the one place "auto" is decided,
-`backends.registry.resolve`), plans compilation (`compile.plan`), checks
-`train.backend_options`, plans the tables' memory and placement
+`make_backend` resolves `train.backend` once (the one place "auto" is
+decided, `backends.registry.resolve`), plans compilation (`compile.plan`),
+checks `train.backend_options` (which take no table layout: that is
+`EmbeddingPlacement`'s), plans the tables' memory and layouts
 (`plan_tables`, `recsys.planning`: logged at start, refused before a table
-is allocated when it does not fit) and constructs the backend with that
-placement: the plan `recsys info` prints is the one built.
+is allocated when it does not fit) and constructs the backend from the
+plan's layouts (`plan.layouts()`): the plan `recsys info` prints is what
+the backend holds (`backend.layouts()`).
 
 Example:
   >>> name, reason, plan, backend = make_backend(
@@ -40,8 +42,11 @@ def check_backend_options(name: str, options: Any) -> None:
   """`train.backend_options` against what backend `name` declares.
 
   Raises:
+    planning.PlacementSettingsError: a table's layout among the options
+      (naming its home in `EmbeddingPlacement`).
     TrainerConfigError: an option the backend does not take, naming them.
   """
+  planning.refuse_layout_options(options)
   try:
     registry.check_options(name, options or {})
   except registry.UnknownBackendOptionError as e:
@@ -59,8 +64,8 @@ def plan_tables(
   """The tables' memory plan and placement on backend `name`, checked.
 
   The one source of where each table lives: `recsys info` prints this plan
-  and `make_backend` builds the backend from it (`train.placement` and the
-  backend options' `placement` and `row_layout` are folded into it).
+  and `make_backend` builds the backend from its layouts (`train.placement`,
+  an `EmbeddingPlacement`, requests them).
 
   Raises:
     TrainerConfigError: an unknown backend option.
@@ -93,8 +98,8 @@ def make_backend(
   options: dict[str, Any] = {"bag_widths": bag_widths(source.feature_specs)}
   compile_plan = compile_lib.plan(strategy, st.jit_compile)
   backend_cls = registry.get(name)
-  if compile_plan.static_shapes and "static_shapes" in backend_cls.options:
-    options["static_shapes"] = True
+  if compile_plan.static_shapes:
+    options.update(registry.declared_options(name, {"static_shapes": True}))
   plan = plan_tables(
     st,
     strategy,
@@ -116,15 +121,12 @@ def make_backend(
   if not st.skip_memory_check:  # before a table is allocated
     planning.check_fits(plan)
   options.update(st.backend_options or {})
-  if "placement" in backend_cls.options:  # as planned: the plan folds in
-    options["placement"] = plan.placements()  # the options' own placement
-    options["row_layout"] = plan.row_layout
-    options["exchange"] = plan.exchanges()  # the row-sharded tables'
-    options["exchange_sigmas"] = plan.exchange_sigmas
-  backend = backend_cls(
+  backend = registry.construct(
+    name,
     feature_config,
     embedding_optimizer,
-    strategy=strategy,
+    strategy,
+    plan.layouts(),  # as planned, for a backend built from layouts
     **options,
   )
   return name, reason, compile_plan, backend

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from backends.layout import TableLayout
 from backends.tensorcore import TensorCoreEmbedding
 from tests.conftest import mirrored_strategy
 
@@ -81,7 +82,9 @@ def test_false_leaves_tables_and_slots_and_true_applies(replicas, placement):
   )
 
   def backend():
-    made = TensorCoreEmbedding(config(), strategy=strategy, placement=placement)
+    made = TensorCoreEmbedding(
+      config(), strategy=strategy, layouts=TableLayout(placement)
+    )
     with strategy.scope():
       made.build()
     return made

@@ -9,7 +9,7 @@ it must refuse by name). Here it runs on:
   `recsys.backends` entry points too), built as the registry builds it;
 * `tensorcore` on its static-shape path (`static_shapes=True`, what a
   compiled TPU step computes) and on TF ops only (`fused_kernels=False`);
-* `tensorcore` with row-sharded storage (`placement="row_sharded"`) on both
+* `tensorcore` with row-sharded storage (`layouts=TableLayout("row_sharded")`) on both
   engines, and with its tables split over 2 replicas (2 logical CPUs, the
   suite's eager calls reading and updating each replica's shard);
 * a backend that declares less than it inherits (a `tensorcore` subclass with
@@ -30,6 +30,7 @@ import tensorflow as tf
 
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import base, conformance, registry
+from backends.layout import TableLayout
 from backends.tensorcore import TensorCoreEmbedding
 from tests.conftest import mirrored_strategy
 from tests.distributed import cluster as cluster_lib
@@ -72,13 +73,13 @@ def _runnable() -> dict[str, conformance.Conformance]:
   }.items():
     suites[name] = conformance.Conformance(
       lambda config, opt, options=options: tensorcore(
-        config, opt, placement="row_sharded", **options
+        config, opt, layouts=TableLayout("row_sharded"), **options
       ),
       tensorcore.capabilities,
     )
   suites["tensorcore-row-sharded-2-replicas"] = conformance.Conformance(
     lambda config, opt: tensorcore(
-      config, opt, mirrored_strategy(2), placement="row_sharded"
+      config, opt, mirrored_strategy(2), layouts=TableLayout("row_sharded")
     ),
     tensorcore.capabilities,
   )

@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from backends import _tf_internal, placement
+from backends.layout import TableLayout
 from backends.storage import exchange as exchange_lib
 from backends.storage import row_layout
 from backends.tensorcore import TensorCoreEmbedding
@@ -59,11 +60,12 @@ def test_both_exchanges_equal_one_replica(replicas, static, exchange):
   emb = sharded_case.trained(
     replicas,
     static,
-    placement="row_sharded",
-    row_layout="contiguous",
-    exchange=exchange,
+    layouts=TableLayout(
+      "row_sharded", row_layout="contiguous", exchange=exchange
+    ),
   )
-  assert emb.exchanges() == {name: exchange for name in emb.placements()}
+  held = {name: held.exchange for name, held in emb.layouts().items()}
+  assert held == {name: exchange for name in emb.placements()}
   compiled.assert_close(
     sharded_case.state(sharded_case.trained(1, static)),
     sharded_case.state(emb),
@@ -106,7 +108,7 @@ def test_the_plans_bytes_are_the_steps_collectives(replicas):
       E.Adagrad(0.1),
       strategy,
       bag_widths=width,
-      placement="row_sharded",
+      layouts=TableLayout("row_sharded"),
       static_shapes=True,
     )
     emb.build()
@@ -130,8 +132,7 @@ def _skewed_case(strategy, sigmas):
       E.SGD(0.1),
       strategy,
       bag_widths=4,
-      placement="row_sharded",
-      exchange_sigmas=sigmas,
+      layouts=TableLayout("row_sharded", exchange_sigmas=sigmas),
     )
     emb.build()
   return emb

@@ -32,6 +32,8 @@ _SCRIPT = f"""
 import json, sys
 import numpy as np
 import tensorflow as tf
+
+from backends.layout import TableLayout
 threads, out, with_tf_ops = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
 tf.config.threading.set_intra_op_parallelism_threads(threads)
 tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -54,7 +56,7 @@ def train(fused, table_dtype="float32"):
             "b": E.FeatureConfig(table, name="b")}}
   emb = backends.TensorCoreEmbedding(config, E.Adagrad(0.1),
                                      fused_kernels=fused,
-                                     table_dtype=table_dtype)
+                                     layouts=TableLayout(dtype=table_dtype))
   emb.build()
   var = emb.embedding_tables[table]
   var.assign(tf.cast(tf.random.stateless_normal(var.shape, seed=[4, 2]),

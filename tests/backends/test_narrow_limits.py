@@ -18,8 +18,9 @@ import tensorflow as tf
 from backends import checkpoint as checkpoint_lib
 from backends import kernels, narrow, sliced_checkpoint
 from backends import reference_optimizers as ref
+from backends.layout import TableLayout
 from backends.tensorcore import TensorCoreEmbedding
-from recsys import layers
+from recsys import layers, planning
 from recsys._keras import keras
 from tests.conftest import mirrored_strategy
 
@@ -109,6 +110,10 @@ def _reference(steps=3):
   return table, count, largest
 
 
+#: A float16 table row-sharded over the replicas, its rows contiguous.
+SHARDED_F16 = TableLayout("row_sharded", "float16", row_layout="contiguous")
+
+
 def _train(replicas=1, jit=False, **options):
   """3 SGD steps of a float16 table, each replica its slice of a batch."""
   strategy = (
@@ -125,9 +130,7 @@ def _train(replicas=1, jit=False, **options):
       },
       E.SGD(1.0),
       strategy,
-      table_dtype="float16",
-      bag_widths=3,
-      **options,
+      **{"layouts": TableLayout(dtype="float16"), "bag_widths": 3, **options},
     )
     emb.build()
   emb.embedding_tables[emb.tables[0]].assign(_initial().astype(np.float16))
@@ -158,8 +161,8 @@ def _train(replicas=1, jit=False, **options):
     (1, False, {"fused_kernels": False}),  # the TF ops
     (1, True, {}),  # compiled: static steps, padded with repeats of slot 0
     (2, False, {}),
-    (2, False, {"placement": "row_sharded", "row_layout": "contiguous"}),
-    (2, False, {"placement": "row_sharded", "static_shapes": True}),
+    (2, False, {"layouts": SHARDED_F16}),
+    (2, False, {"layouts": SHARDED_F16, "static_shapes": True}),
   ],
   ids=["fused", "tf_ops", "compiled", "2", "2_sharded", "2_sharded_static"],
 )
@@ -207,7 +210,7 @@ WIDE = np.full((VOCAB, DIM), 1.25, np.float32)
 WIDE[1, 0], WIDE[2, 1], WIDE[3, 2], WIDE[4, 3] = 69000, -1e6, np.inf, 65510
 
 
-def _backend(dtype_name, strategy=None, **options):
+def _backend(dtype_name, strategy=None, sharded=False, **options):
   return TensorCoreEmbedding(
     {
       "f": E.FeatureConfig(
@@ -216,7 +219,11 @@ def _backend(dtype_name, strategy=None, **options):
     },
     E.Adagrad(0.1),
     strategy,
-    table_dtype=dtype_name,
+    layouts=TableLayout(
+      "row_sharded" if sharded else "replicated",
+      dtype_name,
+      row_layout="contiguous" if sharded else None,
+    ),
     **options,
   )
 
@@ -320,7 +327,7 @@ def test_the_row_sharded_sliced_restore_refuses_or_saturates(tmp_path):
   """Two contiguous float32 shards saved by row slices, restored into two
   float16 shards and into a replicated float16 table (read whole)."""
   strategy = mirrored_strategy(2)
-  sharded = {"placement": "row_sharded", "row_layout": "contiguous"}
+  sharded = {"sharded": True}
   with strategy.scope():
     source = _backend("float32", strategy, **sharded)
     source.build()
@@ -355,7 +362,8 @@ def _model(dtype_name, **options):
     {"f": E.FeatureConfig(table)},
     E.Adagrad(0.1),
     backend="tensorcore",
-    backend_options={"table_dtype": dtype_name, **options},
+    backend_options=options,
+    placement=planning.EmbeddingPlacement(table_dtype=dtype_name),
   )
   inputs = {"f": keras.Input([], dtype=tf.int64, name="f")}
   model = keras.Model(inputs, keras.layers.Dense(1)(emb(inputs)["f"]))

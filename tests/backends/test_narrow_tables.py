@@ -7,6 +7,8 @@ float32 table's bytes for the planner; the float32 run for checkpoints and
 the compiled step.
 """
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ import tensorflow as tf
 from backends import checkpoint as checkpoint_lib
 from backends import kernels, narrow, optimizers, placement
 from backends import reference_optimizers as ref
+from backends.layout import TableLayout
 from backends.tensorcore import TensorCoreEmbedding
 from recsys import planning
 from tests.conftest import mirrored_strategy
@@ -145,7 +148,7 @@ def _train(dtype_name, optimizer, steps=3, jit=False, seed=0, emb=None):
     emb = TensorCoreEmbedding(
       {"f": E.FeatureConfig(table)},
       optimizer,
-      table_dtype=dtype_name,
+      layouts=TableLayout(dtype=dtype_name),
       rounding_seed=seed,
       bag_widths=3,
     )
@@ -242,11 +245,11 @@ def test_a_narrow_lookup_sums_the_upcast_rows():
 def test_an_unknown_table_dtype_is_refused_naming_the_table():
   # (A narrow row-sharded table, once refused here, is supported: below.)
   table = _table()
-  with pytest.raises(ValueError, match=r"table_dtype\['items'\].*bfloat16"):
+  with pytest.raises(ValueError, match=r"layouts\['items'\].dtype.*bfloat16"):
     TensorCoreEmbedding(
       {"f": E.FeatureConfig(table)},
       E.Adagrad(0.1),
-      table_dtype={"items": "int8"},
+      layouts={"items": TableLayout(dtype="int8")},
     )
 
 
@@ -261,9 +264,12 @@ def test_the_planner_counts_half_the_table_bytes():
   assert f32.row_bytes == 32 * 4 * 2 and bf16.row_bytes == 32 * (2 + 4)
   config = {"f": E.FeatureConfig(E.TableConfig(1000, 32, name="t"))}
 
-  def plan(**options):
+  def plan(**requests):
     return planning.plan_memory(
-      config, E.Adagrad(0.1), backend="tensorcore", backend_options=options
+      config,
+      E.Adagrad(0.1),
+      backend="tensorcore",
+      placement=planning.EmbeddingPlacement(**requests),
     ).rows[0]
 
   wide, half = plan(), plan(table_dtype="bfloat16")
@@ -294,7 +300,9 @@ def test_checkpoints_restore_across_dtypes(tmp_path, saved, restored):
 
   def target():
     return TensorCoreEmbedding(
-      {"f": E.FeatureConfig(_table())}, E.Adagrad(0.1), table_dtype=restored
+      {"f": E.FeatureConfig(_table())},
+      E.Adagrad(0.1),
+      layouts=TableLayout(dtype=restored),
     )
 
   unbuilt = target()
@@ -319,7 +327,9 @@ def test_a_narrow_checkpoint_restores_into_a_built_narrow_table(tmp_path):
   source = _train("bfloat16", E.Adagrad(0.1))
   path = tf.train.Checkpoint(embedding=source).save(str(tmp_path / "ckpt"))
   target = TensorCoreEmbedding(
-    {"f": E.FeatureConfig(_table())}, E.Adagrad(0.1), table_dtype="bfloat16"
+    {"f": E.FeatureConfig(_table())},
+    E.Adagrad(0.1),
+    layouts=TableLayout(dtype="bfloat16"),
   )
   target.build()
   checkpoint_lib.restore(target, path)
@@ -337,7 +347,7 @@ def test_two_replicas_keep_identical_narrow_copies():
     emb = TensorCoreEmbedding(
       {"f": E.FeatureConfig(_table())},
       E.Adagrad(0.1),
-      table_dtype="bfloat16",
+      layouts=TableLayout(dtype="bfloat16"),
       bag_widths=3,
     )
     emb.build()
@@ -438,7 +448,9 @@ def _exact_batches(steps):
   ]
 
 
-def _train_sharded(replicas, dtype_name="bfloat16", steps=3, **options):
+def _train_sharded(
+  replicas, dtype_name="bfloat16", steps=3, layouts=None, **options
+):
   """`steps` Adagrad steps on `replicas` (each its slice of every batch)."""
   strategy = (
     mirrored_strategy(replicas)
@@ -450,7 +462,7 @@ def _train_sharded(replicas, dtype_name="bfloat16", steps=3, **options):
       {"f": E.FeatureConfig(_table())},
       E.Adagrad(0.1),
       strategy,
-      table_dtype=dtype_name,
+      layouts=dataclasses.replace(layouts or TableLayout(), dtype=dtype_name),
       rounding_seed=3,
       bag_widths=3,
       **options,
@@ -492,8 +504,7 @@ def test_row_sharded_narrow_tables_are_bit_identical_on_1_2_4_replicas(layout):
   for replicas, static in ((1, False), (2, False), (4, False), (2, True)):
     emb = _train_sharded(
       replicas,
-      placement="row_sharded",
-      row_layout=layout,
+      layouts=TableLayout("row_sharded", row_layout=layout),
       static_shapes=static,
     )
     assert emb.placements() == {"items": "row_sharded"}
@@ -517,7 +528,9 @@ def test_row_sharded_narrow_checkpoints_are_sliced_in_their_dtype(tmp_path):
   table and, cast exactly, a float32 row-sharded one."""
   from backends import sliced_checkpoint  # pylint: disable=g-import-not-at-top
 
-  source = _train_sharded(2, placement="row_sharded", row_layout="contiguous")
+  source = _train_sharded(
+    2, layouts=TableLayout("row_sharded", row_layout="contiguous")
+  )
   root = tf.train.Checkpoint(embedding=source)
   path = sliced_checkpoint.save(
     root,
@@ -532,7 +545,7 @@ def test_row_sharded_narrow_checkpoints_are_sliced_in_their_dtype(tmp_path):
   want = _bits(source)
   np.testing.assert_array_equal(reader.get_tensor(key).view(np.uint16), want)
 
-  def target(replicas, dtype_name, **options):
+  def target(replicas, dtype_name, layouts=None):
     strategy = (
       mirrored_strategy(replicas)
       if replicas > 1
@@ -543,19 +556,22 @@ def test_row_sharded_narrow_checkpoints_are_sliced_in_their_dtype(tmp_path):
         {"f": E.FeatureConfig(_table())},
         E.Adagrad(0.1),
         strategy,
-        table_dtype=dtype_name,
-        **options,
+        layouts=dataclasses.replace(layouts or TableLayout(), dtype=dtype_name),
       )
       emb.build()
     return emb
 
-  four = target(4, "bfloat16", placement="row_sharded", row_layout="contiguous")
+  four = target(
+    4, "bfloat16", layouts=TableLayout("row_sharded", row_layout="contiguous")
+  )
   checkpoint_lib.restore(four, path)
   np.testing.assert_array_equal(_bits(four), want)
   replicated = target(1, "bfloat16")
   checkpoint_lib.restore(replicated, path)
   np.testing.assert_array_equal(_bits(replicated), want)
-  wide = target(2, "float32", placement="row_sharded", row_layout="contiguous")
+  wide = target(
+    2, "float32", layouts=TableLayout("row_sharded", row_layout="contiguous")
+  )
   checkpoint_lib.restore(wide, path)
   got = tf.convert_to_tensor(wide.embedding_tables[wide.tables[0]]).numpy()
   assert got.dtype == np.float32
@@ -577,7 +593,7 @@ def test_fused_and_tf_op_steps_leave_bit_identical_narrow_tables(
     emb = TensorCoreEmbedding(
       {"f": E.FeatureConfig(_table())},
       OPTIMIZERS[opt](),
-      table_dtype=dtype_name,
+      layouts=TableLayout(dtype=dtype_name),
       rounding_seed=3,
       bag_widths=3,
       fused_kernels=fused,

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from backends import row_init
+from backends.layout import TableLayout
 from backends.tensorcore import TensorCoreEmbedding
 from tests.conftest import mirrored_strategy
 
@@ -122,8 +123,7 @@ def _initial_table(replicas, placement, layout="contiguous"):
       {"f": E.FeatureConfig(table)},
       E.Adam(0.1),
       strategy,
-      placement=placement,
-      row_layout=layout,
+      layouts=TableLayout(placement, row_layout=layout),
     )
     emb.build()
   return tf.convert_to_tensor(emb.embedding_tables[emb.tables[0]]).numpy()

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from backends import base as backends_base
 from backends import checkpoint as checkpoint_lib
+from backends.layout import TableLayout
 from backends.serving import ServingEmbedding
 from backends.tensorcore import TensorCoreEmbedding
 from tests.backends import test_compiled_path as compiled
@@ -154,7 +155,9 @@ def trained(replicas: int, static: bool, **options):
   ],
 )
 def test_row_sharded_equals_replicated_on_one_replica(replicas, static, layout):
-  emb = trained(replicas, static, placement="row_sharded", row_layout=layout)
+  emb = trained(
+    replicas, static, layouts=TableLayout("row_sharded", row_layout=layout)
+  )
   assert set(emb.placements().values()) == {"row_sharded"}
   compiled.assert_close(state(trained(1, static)), state(emb))
 
@@ -163,7 +166,9 @@ def test_compiled_single_replica_row_sharded_step_is_static():
   """XLA compiles the exchange (1 replica) with static shapes only."""
   data = compiled.make_batches(2)
   want, _ = compiled.run(E.SGD(0.1), False, data)
-  got, step = compiled.run(E.SGD(0.1), True, data, placement="row_sharded")
+  got, step = compiled.run(
+    E.SGD(0.1), True, data, layouts=TableLayout("row_sharded")
+  )
   compiled.assert_close(compiled.table_state(want), compiled.table_state(got))
   hlo = step.experimental_get_compiler_ir(*got.preprocess(*data[0]))(
     stage="hlo"
@@ -191,7 +196,7 @@ def _small(strategy, static):
       strategy,
       bag_widths=3,
       static_shapes=static,
-      placement="row_sharded",
+      layouts=TableLayout("row_sharded"),
     )
     emb.build()
   return emb
@@ -248,7 +253,9 @@ def test_ids_owned_elsewhere_and_a_replica_with_empty_bags(static):
 
 
 def test_checkpoints_move_from_4_sharded_to_1_replicated_and_back(tmp_path):
-  sharded = trained(4, False, placement="row_sharded", row_layout="contiguous")
+  sharded = trained(
+    4, False, layouts=TableLayout("row_sharded", row_layout="contiguous")
+  )
   path = tf.train.Checkpoint(embedding=sharded).save(str(tmp_path / "s"))
   # TF's mid-level layout: full tables and slots.
   keys = dict(tf.train.list_variables(path))
@@ -271,7 +278,7 @@ def test_checkpoints_move_from_4_sharded_to_1_replicated_and_back(tmp_path):
       E.SGD(0.1),
       four,
       bag_widths=WIDTHS,
-      placement="row_sharded",
+      layouts=TableLayout("row_sharded"),
     )
   tf.train.Checkpoint(embedding=fresh).restore(back)  # restored on build
   fresh.build()
@@ -299,7 +306,9 @@ def assert_tf_serving_reads(path: str, want: dict) -> None:
 
 def test_tf_serving_embedding_reads_a_sharded_checkpoint(tmp_path):
   """TF's own TPUEmbeddingForServing restores a 2-replica checkpoint."""
-  sharded = trained(2, True, placement="row_sharded", row_layout="contiguous")
+  sharded = trained(
+    2, True, layouts=TableLayout("row_sharded", row_layout="contiguous")
+  )
   path = tf.train.Checkpoint(embedding=sharded).save(str(tmp_path / "s"))
   assert_tf_serving_reads(path, state(sharded))
 
@@ -307,12 +316,16 @@ def test_tf_serving_embedding_reads_a_sharded_checkpoint(tmp_path):
 def test_row_sharded_options_are_checked():
   config = every_case_config()
   with pytest.raises(ValueError, match=r"unknown tables \['nope'\]"):
-    TensorCoreEmbedding(config, E.SGD(0.1), placement={"nope": "row_sharded"})
-  with pytest.raises(ValueError, match="placement\\['sq'\\] = 'sharded'"):
-    TensorCoreEmbedding(config, E.SGD(0.1), placement={"sq": "sharded"})
-  with pytest.raises(ValueError, match="unknown row layout 'mod'"):
     TensorCoreEmbedding(
-      config, E.SGD(0.1), placement="row_sharded", row_layout="mod"
+      config, E.SGD(0.1), layouts={"nope": TableLayout("row_sharded")}
+    )
+  with pytest.raises(ValueError, match="placement = 'sharded'.*row_sharded"):
+    TensorCoreEmbedding(
+      config, E.SGD(0.1), layouts={"sq": TableLayout("sharded")}
+    )
+  with pytest.raises(ValueError, match="row_layout = 'mod'.*'strided'"):
+    TensorCoreEmbedding(
+      config, E.SGD(0.1), layouts=TableLayout("row_sharded", row_layout="mod")
     )
   custom_slots = E.Adagrad(0.1, slot_variable_creation_fn=lambda *args: {})
   table = E.TableConfig(9, 3, name="t", optimizer=custom_slots)
@@ -320,5 +333,5 @@ def test_row_sharded_options_are_checked():
     backends_base.UnsupportedConfigError, match="'t'.*slot_variable_creation"
   ):
     TensorCoreEmbedding(
-      {"f": E.FeatureConfig(table)}, None, placement="row_sharded"
+      {"f": E.FeatureConfig(table)}, None, layouts=TableLayout("row_sharded")
     )

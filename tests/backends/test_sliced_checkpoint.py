@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from backends import checkpoint as checkpoint_lib
 from backends import row_init, sliced_checkpoint
+from backends.layout import TableLayout
 from backends.tensorcore import TensorCoreEmbedding
 from tests.backends import test_compiled_path as compiled
 from tests.backends import test_row_sharded as sharded_case
@@ -53,7 +54,7 @@ def _save(emb, strategy, directory):
 def trained():
   """Two training steps on 2 replicas, contiguous rows (cached)."""
   return sharded_case.trained(
-    2, False, placement="row_sharded", row_layout="contiguous"
+    2, False, layouts=TableLayout("row_sharded", row_layout="contiguous")
   )
 
 
@@ -105,10 +106,7 @@ def test_restores_into_any_replica_count_and_layout(
   options = (
     {}
     if layout is None
-    else {
-      "placement": "row_sharded",
-      "row_layout": layout,
-    }
+    else {"layouts": TableLayout("row_sharded", row_layout=layout)}
   )
   fresh = _fresh(replicas, **options)
   checkpoint_lib.restore(fresh, path)
@@ -154,7 +152,7 @@ def test_each_worker_writes_and_reads_only_its_rows_by_chunks(
     assert sum(floats) <= 32 or len(specs) == 1
 
   monkeypatch.setattr(tf.raw_ops, "RestoreV2", counted_restore)
-  fresh = _fresh(2, placement="row_sharded", row_layout="contiguous")
+  fresh = _fresh(2, layouts=TableLayout("row_sharded", row_layout="contiguous"))
   checkpoint_lib.restore(fresh, path)
   sliced_reads = [s for specs in read for s in specs if s]
   assert len(sliced_reads) == len(chunks)
@@ -182,7 +180,7 @@ def test_a_whole_table_checkpoint_restores_into_shards(tmp_path):
   replicated = sharded_case.trained(1, False)
   path = tf.train.Checkpoint(embedding=replicated).save(str(tmp_path / "r"))
   assert not sliced_checkpoint.sliced_keys(path)
-  fresh = _fresh(3, placement="row_sharded", row_layout="contiguous")
+  fresh = _fresh(3, layouts=TableLayout("row_sharded", row_layout="contiguous"))
   checkpoint_lib.restore(fresh, path)
   assert_equal(state(replicated), state(fresh))
 

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from backends import checkpoint as checkpoint_lib
 from backends import sliced_checkpoint
+from backends.layout import TableLayout
 from backends.tensorcore import TensorCoreEmbedding
 from recsys import cli
 from tests.conftest import mirrored_strategy
@@ -153,7 +154,7 @@ def test_two_processes_stopped_then_three_end_as_one_process(tmp_path):
   strategy = mirrored_strategy(4)
   with strategy.scope():
     four = TensorCoreEmbedding(
-      config, E.Adam(0.01), strategy, placement="row_sharded"
+      config, E.Adam(0.01), strategy, layouts=TableLayout("row_sharded")
     )
     four.build()
   path = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))

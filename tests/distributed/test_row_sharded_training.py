@@ -92,7 +92,9 @@ def test_keras_fit_on_row_sharded_tables_equals_the_loop_on_one_replica():
   strategy = mirrored_strategy(2)
   with strategy.scope():
     emb = layers.Embedding(
-      config, E.Adagrad(0.1), backend_options={"placement": "row_sharded"}
+      config,
+      E.Adagrad(0.1),
+      placement=planning.EmbeddingPlacement(tables="row_sharded"),
     )
     model = layer_case.ranking_model(emb)
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")

@@ -12,10 +12,12 @@ import tensorflow as tf
 
 import backends
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
+from backends.layout import TableLayout
 from benchmarks import movielens_baselines as baselines
 from recsys import features as features_lib
 from recsys.data import ials_batches
 from recsys.errors import SettingsError
+from recsys.models import ials, ials_solve
 from recsys.models.errors import ModelConfigError
 from recsys.models.retrieval import ials, ials_solve
 from tests.conftest import mirrored_strategy
@@ -196,7 +198,7 @@ def test_two_replicas_train_the_one_replica_tables(placement):
   the size, row-sharded too, with the histories cut into chunks of 3."""
   _, _, one, _ = _train(tf.distribute.get_strategy(), 16, 1)
   _, _, two, backend = _train(
-    mirrored_strategy(2), 8, 1, chunk=3, placement=placement
+    mirrored_strategy(2), 8, 1, chunk=3, layouts=TableLayout(placement)
   )
   assert set(backend.placements().values()) == {placement}
   for name in one:

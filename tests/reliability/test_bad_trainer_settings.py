@@ -51,10 +51,8 @@ def test_unknown_backend_options_list_the_valid_ones(tmp_path):
   with pytest.raises(
     trainer_lib.TrainerConfigError,
     match=r"\['invalid_id'\] are not options of the "
-    r"'tensorcore' backend; it takes \['bag_widths', 'exchange', "
-    r"'exchange_sigmas', 'fused_kernels', 'invalid_ids', 'placement', "
-    r"'rounding_seed', 'row_layout', 'saturate_restores', 'static_shapes', "
-    r"'table_dtype'\]",
+    r"'tensorcore' backend; it takes \['bag_widths', 'fused_kernels', "
+    r"'invalid_ids', 'rounding_seed', 'saturate_restores', 'static_shapes'\]",
   ):
     make(tmp_path, backend="tensorcore", backend_options={"invalid_id": "drop"})
 

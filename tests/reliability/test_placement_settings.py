@@ -1,6 +1,6 @@
 """Where tables live and how much memory they may take: one verdict.
 
-Issue 43: a placement forced through `train.backend_options` was built but
+Issue 43: a placement forced through the backend's options was built but
 not shown (the plan said "replicated" while the backend row-sharded every
 table) and escaped the memory check; a device budget above the host's RAM
 planned a 89 GiB table at 4.4% and ended in TensorFlow's
@@ -48,7 +48,7 @@ def flags(*bindings):
 
 
 @pytest.mark.slow
-def test_info_shows_a_placement_forced_through_backend_options(capsys):
+def test_info_shows_a_placement_forced_through_embedding_placement(capsys):
   code, out, err = recsys(
     capsys,
     "info",
@@ -56,15 +56,16 @@ def test_info_shows_a_placement_forced_through_backend_options(capsys):
     DEFAULT,
     *flags(
       "train.num_cpu_replicas = 2",
-      "train.backend_options = "
-      "{'placement': 'row_sharded', 'row_layout': 'contiguous'}",
+      "train.placement = @EmbeddingPlacement()",
+      "EmbeddingPlacement.tables = 'row_sharded'",
+      "EmbeddingPlacement.row_layout = 'contiguous'",
     ),
   )
   assert code == 0, err
   rows = [line for line in out.splitlines() if TABLE_ROW.match(line)]
   assert len(rows) == 8 and all("row_sharded /2" in r for r in rows), out
   assert "row layout of the row-sharded tables: contiguous" in out
-  assert "forced (train.backend_options['placement'])" in out
+  assert "forced (EmbeddingPlacement.tables)" in out
 
 
 def _trainer(tmp_path, strategy, **settings):
@@ -78,7 +79,9 @@ def test_the_backend_is_built_as_the_logged_plan_says(tmp_path, caplog):
   trainer = _trainer(
     tmp_path,
     mirrored_strategy(2),
-    backend_options={"placement": "row_sharded", "row_layout": "contiguous"},
+    placement=planning.EmbeddingPlacement(
+      tables="row_sharded", row_layout="contiguous"
+    ),
   )
   built = trainer.backend.placements()
   assert set(built.values()) == {"row_sharded"}
@@ -90,7 +93,7 @@ def test_the_backend_is_built_as_the_logged_plan_says(tmp_path, caplog):
   assert {s.layout.name for s in storages.values()} == {"contiguous"}
 
 
-def test_replicated_forced_through_backend_options_is_memory_checked(
+def test_replicated_forced_through_embedding_placement_is_memory_checked(
   tmp_path,
 ):
   # The two tables fit the budget row-sharded over 2, not replicated.
@@ -99,37 +102,28 @@ def test_replicated_forced_through_backend_options_is_memory_checked(
       tmp_path,
       mirrored_strategy(2),
       placement=planning.EmbeddingPlacement(
-        device_memory=int(2 * 12 * 7 * 4 * 2 / planning.HEADROOM)
+        device_memory=int(2 * 12 * 7 * 4 * 2 / planning.HEADROOM),
+        tables="replicated",
       ),
-      backend_options={"placement": "replicated"},
     )
-  assert "forced by train.backend_options['placement']" in str(e.value)
+  assert "forced by EmbeddingPlacement.tables" in str(e.value)
   assert not os.path.exists(tmp_path / "checkpoints")
 
 
-def test_two_settings_that_place_a_table_differently_are_refused(tmp_path):
+@pytest.mark.parametrize("key", sorted(planning.MOVED_OPTIONS))
+def test_a_layout_in_the_backend_options_is_refused_naming_its_home(
+  tmp_path, key
+):
+  """A table's layout has one home, `EmbeddingPlacement`: the backend's
+  options refuse it before any table, naming the field to use."""
+  value = {"exchange_sigmas": 3.0}.get(key, "row_sharded")
   with pytest.raises(
     planning.PlacementSettingsError,
-    match=r"table 'tags' is placed 'replicated' by EmbeddingPlacement.tables "
-    r"and 'row_sharded' by train.backend_options\['placement'\]",
+    match=rf"train.backend_options\['{key}'\] -> "
+    rf"{re.escape(planning.MOVED_OPTIONS[key])}",
   ):
-    _trainer(
-      tmp_path,
-      mirrored_strategy(2),
-      placement=planning.EmbeddingPlacement(tables={"tags": "replicated"}),
-      backend_options={"placement": "row_sharded"},
-    )
-  with pytest.raises(
-    planning.PlacementSettingsError,
-    match=r"EmbeddingPlacement.row_layout = 'strided' and "
-    r"train.backend_options\['row_layout'\] = 'contiguous' disagree",
-  ):
-    _trainer(
-      tmp_path,
-      mirrored_strategy(2),
-      placement=planning.EmbeddingPlacement(row_layout="strided"),
-      backend_options={"row_layout": "contiguous"},
-    )
+    _trainer(tmp_path, mirrored_strategy(2), backend_options={key: value})
+  assert not os.path.exists(tmp_path / "checkpoints")
 
 
 # -- 2. a device budget above the host's RAM ------------------------------------
@@ -266,12 +260,9 @@ BAD_SETTINGS = {
     ["EmbeddingPlacement.device_memory = '16 gigs'"],
     "EmbeddingPlacement.device_memory = '16 gigs' is not a size",
   ),
-  "settings disagree": (
-    [
-      "EmbeddingPlacement.row_layout = 'strided'",
-      "train.backend_options = {'row_layout': 'contiguous'}",
-    ],
-    "disagree; set the row layout in one of them",
+  "layout in the backend options": (
+    ["train.backend_options = {'row_layout': 'contiguous'}"],
+    "train.backend_options['row_layout'] -> EmbeddingPlacement.row_layout",
   ),
   "unknown option": (
     ["train.backend_options = {'row_layouts': 'strided'}"],

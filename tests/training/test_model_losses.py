@@ -12,6 +12,7 @@ import functools
 import numpy as np
 import tensorflow as tf
 
+from recsys import planning
 from recsys._keras import keras
 from recsys.models import DLRM
 from tests.training import test_trainer
@@ -81,7 +82,7 @@ def test_a_float16_table_reports_the_values_it_saturated(tmp_path):
     tmp_path,
     train_steps=4,
     optimizer=tf.tpu.experimental.embedding.SGD(1e7),
-    backend_options={"table_dtype": "float16"},
+    placement=planning.EmbeddingPlacement(table_dtype="float16"),
     nonfinite_policy="skip",
   )
   metrics = trainer.train()

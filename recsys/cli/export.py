@@ -59,10 +59,10 @@ def run(args: argparse.Namespace) -> int:
   # The export's backend (the registry's `for_export`) restores a
   # checkpoint of any training backend (SparseCore's stacked tables
   # included) on CPU; the export copies its tables without the optimizer
-  # slots. Where the training devices held the tables (train.placement, a
-  # device's memory) does not apply here, nor do the training backend's
-  # options (train.backend_options: placement, exchange, table_dtype, ...):
-  # the export's tables are float32, and a narrow (bfloat16/float16) table
+  # slots. Where the training devices held the tables and how
+  # (train.placement: placement, exchange, table_dtype, a device's memory)
+  # does not apply here, nor do the training backend's options: the
+  # export's tables are float32, and a narrow (bfloat16/float16) table
   # is restored into them by an exact cast (backends.checkpoint.casting_tables;
   # docs/serving.md).
   configured = gin_train.configured(

@@ -119,8 +119,8 @@ class RunCheckpoints:
           f"{self.run_dir.operative_config}; use "
           "the same model and optimizers, or another --model_dir.",
         )
-        # A table trained in another dtype (train.backend_options'
-        # table_dtype changed, or a narrow run served float32) is cast.
+        # A table trained in another dtype (EmbeddingPlacement.table_dtype
+        # changed, or a narrow run served float32) is cast.
         with ckpt_lib.casting_tables(path, self.backend):
           sliced_checkpoint.restore(
             self.checkpoint,

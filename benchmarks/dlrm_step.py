@@ -38,6 +38,7 @@ import recsys  # noqa: E402,F401  (Keras 2 before TensorFlow)
 import recsys.training.train  # noqa: E402,F401
 from recsys import config as config_lib  # noqa: E402
 from recsys.models.base import replica_loss  # noqa: E402
+from recsys.models.loss_inputs import LossInputs  # noqa: E402
 from recsys.runtime import threads  # noqa: E402
 from recsys.serving_lookup import split_batch  # noqa: E402
 from recsys.training import batch_slices  # noqa: E402
@@ -124,7 +125,7 @@ def main(argv=None) -> None:
       loss = replica_loss(
         model,
         batch_slices.per_example_loss(
-          model, acts, features, labels, steps.batch_slices
+          model, LossInputs(acts, features, labels), steps.batch_slices
         ),
         trainer.global_batch_size,
       )

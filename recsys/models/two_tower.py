@@ -21,6 +21,7 @@ from recsys.models import retrieval_negatives
 from recsys.models.base import example_weights
 from recsys.models.errors import ModelConfigError
 from recsys.models.layers import Pooling
+from recsys.models.loss_inputs import LossInputs
 from recsys.models.retrieval import DEFAULT_KS, RetrievalModel
 from recsys.models.retrieval_negatives import NEGATIVES
 
@@ -236,15 +237,7 @@ class TwoTower(RetrievalModel):
     """The training softmax's negatives: "in_batch", "corpus" or "mixed"."""
     return self._negatives
 
-  def per_example_loss(
-    self,
-    activations: Mapping[str, tf.Tensor],
-    features: Mapping[str, tf.Tensor] | None = None,
-    labels: tf.Tensor | None = None,
-    training: bool = True,
-    sample_weight: tf.Tensor | None = None,
-    compute_metrics: bool | None = None,
-  ) -> tf.Tensor:
+  def per_example_loss(self, batch: LossInputs) -> tf.Tensor:
     """`RetrievalModel.per_example_loss`, with `negatives` in training.
 
     With "corpus" or "mixed" a training step adds to the in-batch loss a
@@ -253,17 +246,10 @@ class TwoTower(RetrievalModel):
     embeddings in `candidate_bank` for the next steps. Evaluation
     (training=False) and "in_batch" use the in-batch task and its metrics.
     """
-    in_batch = super().per_example_loss(
-      activations,
-      features,
-      labels,
-      training=training,
-      sample_weight=sample_weight,
-      compute_metrics=compute_metrics,
-    )
-    if not training or self.candidate_bank is None:
+    in_batch = super().per_example_loss(batch)
+    if not batch.training or self.candidate_bank is None:
       return in_batch
-    features = features or {}
+    activations, features = batch.activations, batch.features or {}
     q = self.query_embeddings(activations, features, training=True)
     c = tf.stop_gradient(
       self.candidate_embeddings(activations, features, training=True)
@@ -278,7 +264,7 @@ class TwoTower(RetrievalModel):
       probability = None
       if self.retrieval_task.logq_weight:
         probability = self.weighted_sampling_probability(features)
-      weight = example_weights(sample_weight, c.dtype)
+      weight = example_weights(batch.sample_weight, c.dtype)
       valid = None if weight is None else weight > 0
       c_all, ids_all, probability, valid = self.in_batch_candidates(
         c, ids, probability, valid
@@ -297,7 +283,7 @@ class TwoTower(RetrievalModel):
         valid=valid,
       )
     self.candidate_bank.store(table, filled)
-    weight = example_weights(sample_weight, per_example.dtype)
+    weight = example_weights(batch.sample_weight, per_example.dtype)
     if weight is not None:
       per_example *= weight
     return in_batch + per_example

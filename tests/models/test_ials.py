@@ -18,6 +18,7 @@ from recsys.data import ials_batches
 from recsys.models import ials, ials_solve
 from recsys.errors import SettingsError
 from recsys.models.errors import ModelConfigError
+from recsys.models.loss_inputs import LossInputs
 from tests.conftest import mirrored_strategy
 
 embedding = tf.tpu.experimental.embedding
@@ -121,7 +122,7 @@ def _train(strategy, batch_size, epochs, chunk=None, weights=None, **options):
         ids = {n: features["categorical"][n] for n in names}
         acts = backend.lookup(ids, training=True)
         tape.watch(acts)
-        loss = model.compute_loss(acts, features, labels)
+        loss = model.compute_loss(LossInputs(acts, features, labels))
       backend.apply_gradients(tape.gradient(loss, acts))
       return loss
 

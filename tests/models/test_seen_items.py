@@ -21,6 +21,7 @@ from recsys.models import (
   make_serving_index,
   popularity_hit_rates,
 )
+from recsys.models.loss_inputs import LossInputs
 from recsys.models.seen_items import SEEN_FEATURE, SeenItems
 from recsys.training import Trainer, TrainerConfigError
 from tests.training.test_trainer import embedding
@@ -257,7 +258,7 @@ def test_model_metric_reads_the_seen_feature(trained):
   every = tf.tile(tf.range(29, dtype=tf.int64)[tf.newaxis, :], [10, 1])
   features[SEEN_FEATURE] = every
   model.hit_rates.reset_states()
-  model.compute_loss(acts, features, training=False)
+  model.compute_loss(LossInputs(acts, features), training=False)
   top_1 = model.hit_rates.result()[0]  # one rate per k, ks ascending
   assert float(top_1) == 1.0
 

@@ -14,6 +14,7 @@ import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from recsys.feature_spec import FeatureSpec
 from recsys.models import DLRM, TwoTower
 from recsys.models.base import replica_loss
+from recsys.models.loss_inputs import LossInputs
 from tests.conftest import mirrored_strategy
 
 embedding = tf.tpu.experimental.embedding
@@ -101,7 +102,9 @@ def _train_one_step(strategy, model_fn, data):
         acts = backend.lookup(features["categorical"], weights, training=True)
         tape.watch(acts)
         loss = replica_loss(
-          model, model.per_example_loss(acts, features, labels), GLOBAL_BATCH
+          model,
+          model.per_example_loss(LossInputs(acts, features, labels)),
+          GLOBAL_BATCH,
         )
       variables = model.trainable_variables
       grads, act_grads = tape.gradient(loss, (variables, acts))

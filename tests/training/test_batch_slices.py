@@ -11,7 +11,7 @@ import tensorflow as tf
 from recsys._keras import keras
 from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
-from recsys.models import DLRM, TwoTower
+from recsys.models import DLRM, LossInputs, TwoTower
 from recsys.training import TrainerConfigError
 from recsys.training import batch_slices as slices_lib
 from tests.conftest import mirrored_strategy
@@ -231,7 +231,9 @@ def test_a_batch_of_unknown_size_is_cut_at_run_time():
   }
   features = {"dense": tf.constant(rng.normal(size=(9, 2)), tf.float32)}
   labels = tf.constant(rng.integers(0, 2, 9), tf.float32)
-  whole = model.per_example_loss(acts, features, labels, compute_metrics=False)
+  whole = model.per_example_loss(
+    LossInputs(acts, features, labels, compute_metrics=False)
+  )
   spec = tf.TensorSpec([None, 4], tf.float32)
 
   @tf.function(
@@ -242,6 +244,6 @@ def test_a_batch_of_unknown_size_is_cut_at_run_time():
     ]
   )
   def sliced(a, f, y):
-    return slices_lib.per_example_loss(model, a, f, y, 2)
+    return slices_lib.per_example_loss(model, LossInputs(a, f, y), 2)
 
   np.testing.assert_allclose(sliced(acts, features, labels), whole, rtol=1e-6)

@@ -22,6 +22,11 @@ SEQUENCE_POOLINGS = ("mean", "sum", "reject")
 Pooling = Annotated[str, ranges.Choice(SEQUENCE_POOLINGS)]
 
 
+def l2_regularizer(factor: float) -> keras.regularizers.Regularizer | None:
+  """The models' kernel regularizer: L2 of `factor` (0: None, no term)."""
+  return keras.regularizers.L2(factor) if factor else None
+
+
 def mlp(
   sizes: Sequence[int],
   *,

@@ -228,13 +228,6 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
       ) from e
     return tf.reshape(tf.cast(ids, tf.int64), [-1])
 
-  def weighted_sampling_probability(
-    self, features: Mapping[str, tf.Tensor]
-  ) -> tf.Tensor:
-    """The sampling probabilities the log-Q correction subtracts the log
-    of (`InBatchSoftmax.weighted_sampling_probability`)."""
-    return self.retrieval_task.weighted_sampling_probability(features)
-
   def per_example_loss(self, batch: LossInputs) -> tf.Tensor:
     """The in-batch softmax loss of each query `[B]` (`recsys.models.base`).
 
@@ -300,19 +293,6 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
   def cross_replica_negatives(self) -> bool:
     """Whether in-batch negatives span every replica's batch."""
     return self.retrieval_task.cross_replica_negatives
-
-  def in_batch_candidates(
-    self,
-    embeddings: tf.Tensor,
-    ids: tf.Tensor | None = None,
-    sampling_probability: tf.Tensor | None = None,
-    valid: tf.Tensor | None = None,
-  ) -> tuple:
-    """The candidates in-batch negatives come from
-    (`InBatchSoftmax.candidates`)."""
-    return self.retrieval_task.candidates(
-      embeddings, ids, sampling_probability, valid
-    )
 
   def evaluation_hooks(
     self, context: hooks_lib.EvaluationContext

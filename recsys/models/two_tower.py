@@ -168,9 +168,7 @@ class TwoTower(RetrievalModel):
       self.candidate_bank = retrieval_negatives.CandidateBank(
         id_spec.vocabulary_size, query_tower[-1]
       )
-    regularizer = (
-      keras.regularizers.L2(l2_regularization) if l2_regularization else None
-    )
+    regularizer = model_layers.l2_regularizer(l2_regularization)
     self.query_tower = model_layers.mlp(
       query_tower,
       final_activation=None,
@@ -261,12 +259,12 @@ class TwoTower(RetrievalModel):
         q, ids, table, filled, self._temperature
       )
     else:
-      probability = None
-      if self.retrieval_task.logq_weight:
-        probability = self.weighted_sampling_probability(features)
+      task, probability = self.retrieval_task, None
+      if task.logq_weight:
+        probability = task.weighted_sampling_probability(features)
       weight = example_weights(batch.sample_weight, c.dtype)
       valid = None if weight is None else weight > 0
-      c_all, ids_all, probability, valid = self.in_batch_candidates(
+      c_all, ids_all, probability, valid = task.candidates(
         c, ids, probability, valid
       )
       per_example = retrieval_negatives.mixed_softmax_loss(

@@ -88,14 +88,14 @@ def main(argv=None) -> None:
   )
   trainer = train_lib.train(model_dir=tempfile.mkdtemp(), action="build")
   steps = trainer.steps
-  dataset = trainer._distribute(
-    trainer.source,
-    trainer.global_batch_size,  # pylint: disable=protected-access
+  dataset = trainer.run.distribute(
+    trainer.run.source,
+    trainer.settings.global_batch_size,
     training=True,
   )
   batch = next(iter(dataset))
   backend, names = trainer.backend, list(trainer.backend.feature_config)
-  strategy = trainer.strategy
+  strategy = trainer.run.strategy
 
   @tf.function
   def full(n):
@@ -112,7 +112,7 @@ def main(argv=None) -> None:
     for _ in tf.range(n):
       strategy.run(embedding_step, args=(batch,))
 
-  model, optimizer = trainer.model, trainer.dense_optimizer
+  model, optimizer = trainer.model, trainer.run.dense_optimizer
   cached = strategy.run(
     lambda b: backend.lookup(*split_batch(b, names), training=False),
     args=(batch,),
@@ -127,7 +127,7 @@ def main(argv=None) -> None:
         batch_slices.per_example_loss(
           model, LossInputs(acts, features, labels), steps.batch_slices
         ),
-        trainer.global_batch_size,
+        trainer.settings.global_batch_size,
       )
     grads, act_grads = tape.gradient(loss, (model.trainable_variables, acts))
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
@@ -150,10 +150,10 @@ def main(argv=None) -> None:
   for _ in range(5):
     next(iterator)
   rows["input"] = [_time(lambda: next(iterator), args.reps * args.loop, 1)]
-  gb = trainer.global_batch_size
+  gb = trainer.settings.global_batch_size
   print(
     f"{args.gin_file}: global batch {gb}, threads intra={args.intra_threads} "
-    f"inter={args.inter_threads}, backend {trainer.backend_name}, "
+    f"inter={args.inter_threads}, backend {trainer.run.backend_name}, "
     f"{steps.batch_slices} batch slice(s), "
     f"{args.reps} interleaved reps x {args.loop} steps"
   )

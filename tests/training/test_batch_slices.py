@@ -39,7 +39,7 @@ def whole(tmp_path_factory):
     tmp_path_factory.mktemp("whole"), "run", batch_slices=1
   )
   assert trainer.steps.batch_slices == 1
-  return state(trainer), metrics
+  return state(trainer.run), metrics
 
 
 @pytest.mark.parametrize("slices", [2, 3])  # 3: slices of 3, 3 and 4
@@ -49,7 +49,7 @@ def test_sliced_steps_train_as_the_whole_batch(tmp_path, whole, slices):
   whole_state, whole_metrics = whole
   cut, cut_metrics = _trained(tmp_path, "cut", batch_slices=slices)
   assert cut.steps.batch_slices == slices
-  assert_same_state(state(cut), whole_state, rtol=2e-5, atol=1e-6)
+  assert_same_state(state(cut.run), whole_state, rtol=2e-5, atol=1e-6)
   for key in ("train/loss", "eval/loss", "eval/auc"):
     np.testing.assert_allclose(
       cut_metrics[key], whole_metrics[key], rtol=1e-5, err_msg=key
@@ -67,8 +67,8 @@ def test_sliced_steps_on_two_replicas_and_compiled_match_one_whole_batch(
   )
   compiled, _ = _trained(tmp_path, "xla", batch_slices=2, jit_compile=True)
   assert compiled.steps.jit_compile
-  assert_same_state(state(two), whole[0], rtol=2e-5, atol=1e-6)
-  assert_same_state(state(compiled), whole[0], rtol=2e-5, atol=1e-6)
+  assert_same_state(state(two.run), whole[0], rtol=2e-5, atol=1e-6)
+  assert_same_state(state(compiled.run), whole[0], rtol=2e-5, atol=1e-6)
 
 
 def test_the_trainer_logs_its_slices(tmp_path, caplog):

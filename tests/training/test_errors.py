@@ -14,6 +14,7 @@ from recsys import (
   features,
   launch,
   planning,
+  training,
   untrusted_config,
 )
 from recsys.data import errors as data_errors
@@ -21,7 +22,14 @@ from recsys.data import movielens, user_history
 from recsys.errors import RecsysError, SettingsError
 from recsys.models import errors as model_errors
 from recsys.run import schedules, strategy
-from recsys.run_folder import atomic_dir, lock, run_configs, run_dir, run_files
+from recsys.run_folder import (
+  atomic_dir,
+  checkpoints,
+  lock,
+  run_configs,
+  run_dir,
+  run_files,
+)
 from recsys.training import signals, trainer
 
 
@@ -35,16 +43,16 @@ from recsys.training import signals, trainer
     (planning.PlacementSettingsError, SettingsError),
     (SettingsError, ValueError),
     (schedules.ScheduleResumeError, SettingsError),
-    (trainer.TrainerConfigError, SettingsError),
+    (training.TrainerConfigError, SettingsError),
     (run_dir.ModelDirNotWritableError, PermissionError),
     (launch.LaunchError, RuntimeError),
     (atomic_dir.UnsafeReplaceError, OSError),
     (untrusted_config.UntrustedConfigError, ValueError),
     (data_errors.DatasetNotFoundError, FileNotFoundError),
     (data_errors.DataFormatError, ValueError),
-    (trainer.TrainerConfigError, ValueError),
-    (trainer.EmptyEvalSetError, ValueError),
-    (trainer.CorruptCheckpointError, RuntimeError),
+    (training.TrainerConfigError, ValueError),
+    (training.EmptyEvalSetError, ValueError),
+    (checkpoints.CorruptCheckpointError, RuntimeError),
     (trainer.NonFiniteLossError, FloatingPointError),
     (lock.ModelDirBusyError, RuntimeError),
     (run_configs.ChangedSettingsError, ValueError),

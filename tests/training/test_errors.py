@@ -1,12 +1,7 @@
 """User-facing errors share one RecsysError base and keep their builtins."""
 
-import importlib
-import inspect
-import pkgutil
-
 import pytest
 
-import recsys
 from recsys import (
   config,
   experiments_catalog,
@@ -31,6 +26,7 @@ from recsys.run_folder import (
   run_files,
 )
 from recsys.training import signals, trainer
+from tests import test_exit_status
 
 
 @pytest.mark.parametrize(
@@ -79,21 +75,14 @@ def test_errors_keep_their_messages_and_attributes():
 
 
 def test_every_error_class_recsys_defines_derives_from_the_base():
-  """Walks every module of the package (the CLI's `__main__` aside), so a
-  new error class that forgets the base fails here, not in a user's
-  `except RecsysError`."""
-  defined = {}
-  for info in pkgutil.walk_packages(recsys.__path__, "recsys."):
-    if info.name.endswith("__main__"):
-      continue
-    module = importlib.import_module(info.name)
-    for name, value in vars(module).items():
-      if (
-        inspect.isclass(value)
-        and issubclass(value, Exception)
-        and value.__module__ == info.name
-      ):
-        defined[f"{info.name}.{name}"] = value
+  """Every exception class of the package (walked once, for the exit
+  statuses: `tests.test_exit_status.DEFINED`), so a new error class that
+  forgets the base fails here, not in a user's `except RecsysError`."""
+  defined = {
+    name: error
+    for name, error in test_exit_status.DEFINED.items()
+    if name.startswith("recsys.") and issubclass(error, Exception)
+  }
   assert len(defined) > 20, sorted(defined)  # the walk found the package
   outside = sorted(
     n for n, c in defined.items() if not issubclass(c, RecsysError)

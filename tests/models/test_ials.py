@@ -15,10 +15,9 @@ import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from benchmarks import movielens_baselines as baselines
 from recsys import features as features_lib
 from recsys.data import ials_batches
-from recsys.models import ials, ials_solve
 from recsys.errors import SettingsError
+from recsys.models import LossInputs, ials, ials_solve
 from recsys.models.errors import ModelConfigError
-from recsys.models.loss_inputs import LossInputs
 from tests.conftest import mirrored_strategy
 
 embedding = tf.tpu.experimental.embedding

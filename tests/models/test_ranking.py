@@ -13,9 +13,9 @@ from recsys.models import (
   DCNv2,
   EmbeddingDimError,
   FeatureMismatchError,
+  LossInputs,
 )
 from recsys.models.base import replica_loss
-from recsys.models.loss_inputs import LossInputs
 from tests.conftest import mirrored_strategy
 from tests.models import reference
 

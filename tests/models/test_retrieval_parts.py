@@ -7,8 +7,7 @@ import pytest
 import tensorflow as tf
 
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-from recsys.models import seen_items
-from recsys.models.loss_inputs import LossInputs
+from recsys.models import LossInputs, seen_items
 from recsys.models.retrieval_task import InBatchSoftmax
 from tests.models import reference
 from tests.models.test_two_tower import B, _batch, _model

@@ -6,11 +6,12 @@ import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-from recsys.feature_spec import FeatureSpec
 from recsys.errors import SettingsError
+from recsys.feature_spec import FeatureSpec
 from recsys.models import (
   CorpusIndex,
   FeatureMismatchError,
+  LossInputs,
   ModelConfigError,
   TwoTower,
   hit_rates,
@@ -19,7 +20,6 @@ from recsys.models import (
   scann_available,
 )
 from recsys.models.base import replica_loss
-from recsys.models.loss_inputs import LossInputs
 from tests.models import reference
 
 B = 5

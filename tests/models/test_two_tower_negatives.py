@@ -7,10 +7,9 @@ import tensorflow as tf
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from recsys._keras import keras
 from recsys.errors import SettingsError
-from recsys.models import TwoTower
+from recsys.models import LossInputs, TwoTower
 from recsys.models import retrieval_negatives as rn
 from recsys.models.base import replica_loss
-from recsys.models.loss_inputs import LossInputs
 from tests.models import reference
 from tests.models.test_two_tower import B, _batch, _model
 

@@ -12,9 +12,8 @@ import tensorflow as tf
 import backends
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from recsys.feature_spec import FeatureSpec
-from recsys.models import DLRM, TwoTower
+from recsys.models import DLRM, LossInputs, TwoTower
 from recsys.models.base import replica_loss
-from recsys.models.loss_inputs import LossInputs
 from tests.conftest import mirrored_strategy
 
 embedding = tf.tpu.experimental.embedding

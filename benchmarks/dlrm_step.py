@@ -38,6 +38,7 @@ import recsys  # noqa: E402,F401  (Keras 2 before TensorFlow)
 import recsys.training.train  # noqa: E402,F401
 from recsys import config as config_lib  # noqa: E402
 from recsys.models.base import replica_loss  # noqa: E402
+from recsys.models.loss_inputs import LossInputs  # noqa: E402
 from recsys.process import threads  # noqa: E402
 from recsys.serving.lookup import split_batch  # noqa: E402
 from recsys.training import batch_slices  # noqa: E402
@@ -87,14 +88,14 @@ def main(argv=None) -> None:
   )
   trainer = train_lib.train(model_dir=tempfile.mkdtemp(), action="build")
   steps = trainer.steps
-  dataset = trainer._distribute(
-    trainer.source,
-    trainer.global_batch_size,  # pylint: disable=protected-access
+  dataset = trainer.run.distribute(
+    trainer.run.source,
+    trainer.settings.global_batch_size,
     training=True,
   )
   batch = next(iter(dataset))
   backend, names = trainer.backend, list(trainer.backend.feature_config)
-  strategy = trainer.strategy
+  strategy = trainer.run.strategy
 
   @tf.function
   def full(n):
@@ -111,7 +112,7 @@ def main(argv=None) -> None:
     for _ in tf.range(n):
       strategy.run(embedding_step, args=(batch,))
 
-  model, optimizer = trainer.model, trainer.dense_optimizer
+  model, optimizer = trainer.model, trainer.run.dense_optimizer
   cached = strategy.run(
     lambda b: backend.lookup(*split_batch(b, names), training=False),
     args=(batch,),
@@ -124,9 +125,9 @@ def main(argv=None) -> None:
       loss = replica_loss(
         model,
         batch_slices.per_example_loss(
-          model, acts, features, labels, steps.batch_slices
+          model, LossInputs(acts, features, labels), steps.batch_slices
         ),
-        trainer.global_batch_size,
+        trainer.settings.global_batch_size,
       )
     grads, act_grads = tape.gradient(loss, (model.trainable_variables, acts))
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
@@ -149,10 +150,10 @@ def main(argv=None) -> None:
   for _ in range(5):
     next(iterator)
   rows["input"] = [_time(lambda: next(iterator), args.reps * args.loop, 1)]
-  gb = trainer.global_batch_size
+  gb = trainer.settings.global_batch_size
   print(
     f"{args.gin_file}: global batch {gb}, threads intra={args.intra_threads} "
-    f"inter={args.inter_threads}, backend {trainer.backend_name}, "
+    f"inter={args.inter_threads}, backend {trainer.run.backend_name}, "
     f"{steps.batch_slices} batch slice(s), "
     f"{args.reps} interleaved reps x {args.loop} steps"
   )

@@ -155,6 +155,7 @@ def _recsys(cfg, data, args):
   from recsys.feature_spec import FeatureSpec  # pylint: disable=g-import-not-at-top
   from recsys.models.base import replica_loss  # pylint: disable=g-import-not-at-top
   from recsys.models.dlrm import DLRM  # pylint: disable=g-import-not-at-top
+  from recsys.models.loss_inputs import LossInputs  # pylint: disable=g-import-not-at-top
   from recsys.training import batch_slices  # pylint: disable=g-import-not-at-top
 
   mark("import recsys + TF")
@@ -197,7 +198,9 @@ def _recsys(cfg, data, args):
   def loss_of(acts, features, labels):
     return replica_loss(
       model,
-      batch_slices.per_example_loss(model, acts, features, labels, slices),
+      batch_slices.per_example_loss(
+        model, LossInputs(acts, features, labels), slices
+      ),
       cfg["batch"],
     )
 

@@ -68,6 +68,7 @@ def ials_training(
   import backends  # noqa: PLC0415
   from recsys import features as features_lib  # noqa: PLC0415
   from recsys._keras import tf  # noqa: PLC0415
+  from recsys.models.loss_inputs import LossInputs  # noqa: PLC0415
   from recsys.models.retrieval import ials  # noqa: PLC0415
 
   strategy = strategy or tf.distribute.get_strategy()
@@ -102,7 +103,7 @@ def ials_training(
         ids = {n: features["categorical"][n] for n in names}
         acts = backend.lookup(ids, training=True)
         tape.watch(acts)
-        loss = model.compute_loss(acts, features, labels)
+        loss = model.compute_loss(LossInputs(acts, features, labels))
       backend.apply_gradients(tape.gradient(loss, acts))
 
     strategy.run(replica_step, args=(features, labels))

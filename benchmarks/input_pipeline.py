@@ -114,7 +114,7 @@ def trainer_rates(steps: int) -> tuple:
     try:
       trainer = train_fn(model_dir, action="build")
       if cached:
-        trainer.source = Cached(trainer.source)
+        trainer.run.source = Cached(trainer.run.source)
       rates.append(trainer.train()["examples_per_second_steady"])
     finally:
       shutil.rmtree(model_dir, ignore_errors=True)

@@ -349,7 +349,7 @@ def train_one(
   config.parse([gin_file], list(bindings) + ["train.progress_bar = False"])
   trainer = train(model_dir=model_dir, action="build")
   metrics = trainer.train()
-  if trainer.is_retrieval:  # the same model under both protocols, exported
+  if trainer.run.is_retrieval:  # the same model under both protocols, exported
     with open(os.path.join(model_dir, "metrics.json"), encoding="utf-8") as f:
       final = json.load(f)  # the run's own evaluation: one of the protocols
     own = "excluded" if final.get("eval/exclude_seen") else "kept"

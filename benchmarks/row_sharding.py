@@ -97,7 +97,7 @@ def _replica_bytes(backend) -> int:
 
 
 def _time_steps(trainer, batch):
-  strategy, steps = trainer.strategy, trainer.steps
+  strategy, steps = trainer.run.strategy, trainer.steps
 
   @tf.function
   def run(n):
@@ -128,7 +128,7 @@ def _owner_balance(batch, trainer, layout_name, replicas) -> float:
     for path, feature in trainer.backend.feature_config.items():
       if feature.table is table:
         values = getattr(features[path], "ids", features[path])  # padded
-        for local in trainer.strategy.experimental_local_results(values):
+        for local in trainer.run.strategy.experimental_local_results(values):
           ids.append(np.asarray(local).reshape(-1))
     unique = np.unique(np.concatenate(ids))
     layout = row_layout.make(layout_name, table.vocabulary_size, replicas)
@@ -140,7 +140,7 @@ def _owner_balance(batch, trainer, layout_name, replicas) -> float:
 def _collective_bytes(trainer, batch) -> str:
   """Bytes one replica puts into collectives in one traced train step ("+N
   dynamic": N more collectives whose operands' shapes the trace lost)."""
-  strategy, steps = trainer.strategy, trainer.steps
+  strategy, steps = trainer.run.strategy, trainer.steps
 
   @tf.function
   def one(batch):
@@ -181,8 +181,8 @@ def compare(strategy) -> None:
   sharded_names = [base.backend.table_name(t) for t in sizes]
   batch = next(
     iter(
-      base._distribute(  # pylint: disable=protected-access
-        base.source, base.global_batch_size, training=True
+      base.run.distribute(
+        base.run.source, base.settings.global_batch_size, training=True
       )
     )
   )
@@ -205,7 +205,7 @@ def compare(strategy) -> None:
       wall, cpu = timer()
       times[name].append(wall)
       cpu_times[name].append(cpu)
-  gb = base.global_batch_size
+  gb = base.settings.global_batch_size
   print(
     f"{ARGS.gin_file}: {replicas} CPU replicas, global batch {gb}, row-"
     f"sharded: {', '.join(sharded_names)}; {ARGS.reps} interleaved reps x "
@@ -243,13 +243,13 @@ def _plan(trainer, replicas):
   backend = trainer.backend
   widths = {
     spec.name: spec.max_ids
-    for spec in trainer.source.feature_specs
+    for spec in trainer.run.source.feature_specs
     if spec.multi_hot
   }
   return planning.plan_memory(
     backend.feature_config,
-    trainer.embedding_optimizer,
-    trainer.strategy,
+    trainer.run.embedding_optimizer,
+    trainer.run.strategy,
     device_memory_bytes=1 << 40,
     backend="tensorcore",
     placement=planning.EmbeddingPlacement(
@@ -262,7 +262,9 @@ def _plan(trainer, replicas):
       or "auto",
     ),
     ids_per_step=planning.ids_per_step(
-      backend.feature_config, widths, trainer.global_batch_size // replicas
+      backend.feature_config,
+      widths,
+      trainer.settings.global_batch_size // replicas,
     ),
   )
 
@@ -293,7 +295,7 @@ def budget_run(strategy) -> None:
     planning.check_fits(
       planning.plan_memory(
         base.backend.feature_config,
-        base.embedding_optimizer,
+        base.run.embedding_optimizer,
         tf.distribute.get_strategy(),
         backend="tensorcore",
         placement=setting,

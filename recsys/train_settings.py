@@ -13,9 +13,9 @@ lists other modules need are derived from that metadata
 (`run_configs.EXECUTION_SETTINGS`, `flag_settings`); a test checks that
 every field has a kind, is a `train` parameter with the same default and
 reaches the Trainer. Where each goes is written out by name where it is
-read: the `RestoredRun` and its `Evaluator` read `settings.<name>`, the
-Trainer copies the loop's settings into its attributes, normalized, in
-`Trainer._store_settings`.
+read: the `RestoredRun`, its `Evaluator` and the Trainer read
+`settings.<name>`; the loop's timing is the settings normalized once
+(`recsys.training.controller.LoopSchedule.of_settings`).
 
 Example:
   >>> settings = TrainSettings(global_batch_size=256, train_steps=100)

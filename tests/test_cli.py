@@ -316,13 +316,13 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path, caplog):
     ],
   )
   trainer = train(model_dir=str(model_dir), action="build")
-  assert trainer.restored_step == 6
-  features, _ = next(iter(trainer.source.dataset(13, training=False)))
-  names = list(trainer.feature_config)
+  assert trainer.run.restored_step == 6
+  features, _ = next(iter(trainer.run.source.dataset(13, training=False)))
+  names = list(trainer.run.feature_config)
   acts = trainer.backend.lookup({n: features["categorical"][n] for n in names})
   want = trainer.model(acts, features).numpy()
 
-  specs = {s.name: s for s in trainer.source.feature_specs}
+  specs = {s.name: s for s in trainer.run.source.feature_specs}
   inputs = {"dense": features["dense"].numpy()}
   for n in names:
     inputs[n] = _padded(features["categorical"][n], specs[n].max_ids)
@@ -452,16 +452,16 @@ def test_export_of_a_retrieval_model_serves_the_models_top_k(tmp_path):
     ["train.progress_bar = False"],
   )
   trainer = train(model_dir=model_dir, action="build")
-  trainer.index_corpus()
-  model, names = trainer.model, list(trainer.feature_config)
-  features, _ = next(iter(trainer.source.dataset(13, training=False)))
+  trainer.run.index_corpus()
+  model, names = trainer.model, list(trainer.run.feature_config)
+  features, _ = next(iter(trainer.run.source.dataset(13, training=False)))
   acts = trainer.backend.lookup(*split_batch((features, None), names))
   want_q = model.query_embeddings(acts, features).numpy()
   want_c = model.candidate_embeddings(acts, features).numpy()
   corpus_ids, corpus = (t.numpy() for t in model.corpus_index.corpus())
   want_scores = np.sort(want_q @ corpus.T, axis=1)[:, ::-1]
 
-  specs = {s.name: s for s in trainer.source.feature_specs}
+  specs = {s.name: s for s in trainer.run.source.feature_specs}
   inputs = {
     n: tf.constant(_padded(features["categorical"][n], specs[n].max_ids))
     for n in names

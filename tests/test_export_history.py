@@ -108,7 +108,7 @@ def test_top_k_for_a_raw_user_id_with_and_without_seen_items(
     ["train.progress_bar = False", "train.summaries = False"],
   )
   trainer = train(model_dir=model_dir, action="build")
-  source, model = trainer.source, trainer.model
+  source, model = trainer.run.source, trainer.model
   assert "user_history" in model.query_features
   raw_users = np.array(
     [str(u) for u in range(1, 13)] + ["4242"]  # the last one is unknown
@@ -120,7 +120,7 @@ def test_top_k_for_a_raw_user_id_with_and_without_seen_items(
     trainer.backend, model.query_embeddings, model.query_features
   )
   queries = embed(parsed)
-  trainer.index_corpus()
+  trainer.run.index_corpus()
   seen = _seen_sets(source)
   user_ids = parsed["categorical"]["user_id"].numpy()
   width = max(len(s) for s in seen.values())

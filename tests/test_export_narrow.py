@@ -90,11 +90,11 @@ def test_a_bfloat16_run_exports_serves_and_evaluates(tmp_path):
     gin.clear_config()
   held = trainer.backend.layouts().values()
   assert {str(layout.dtype) for layout in held} == {"bfloat16"}
-  features, _ = next(iter(trainer.source.dataset(13, training=False)))
-  names = list(trainer.feature_config)
+  features, _ = next(iter(trainer.run.source.dataset(13, training=False)))
+  names = list(trainer.run.feature_config)
   acts = trainer.backend.lookup({n: features["categorical"][n] for n in names})
   want = trainer.model(acts, features).numpy()
-  specs = {s.name: s for s in trainer.source.feature_specs}
+  specs = {s.name: s for s in trainer.run.source.feature_specs}
   inputs = {"dense": features["dense"]}
   for n in names:
     ids = features["categorical"][n]

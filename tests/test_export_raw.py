@@ -115,7 +115,7 @@ def _source(model_dir):
     [os.path.join(model_dir, "operative_config.gin")],
     ["train.progress_bar = False", "train.summaries = False"],
   )
-  source = train(model_dir=model_dir, action="build").source
+  source = train(model_dir=model_dir, action="build").run.source
   gin.clear_config()
   return source
 

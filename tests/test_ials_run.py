@@ -80,7 +80,7 @@ def test_ials_run_trains_resumes_evaluates_and_exports(tmp_path):
       f"ImplicitALSData.history_chunk = {CHUNK}",
     ],
   )
-  source = train(model_dir=str(tmp_path / "probe"), action="build").source
+  source = train(model_dir=str(tmp_path / "probe"), action="build").run.source
   gin.clear_config()
   users, items = source.num_users, source.num_items
   epoch = source.steps_per_epoch()

@@ -10,7 +10,7 @@ Example (inside `strategy.run`, with `acts = backend.lookup(...)` under a tape):
   model = DLRM(source.feature_specs, num_dense=source.num_dense,
                bottom_mlp=(64, 16))
   model.create_variables({"user": 16, "item": 16})      # in strategy.scope()
-  per_example = model.per_example_loss(acts, features, labels)   # [B]
+  per_example = model.per_example_loss(LossInputs(acts, features, labels))
   loss = base.replica_loss(model, per_example, global_batch_size=1024)
 
 For `compile` + `fit` on your own `tf.data.Dataset`, wrap a model with its
@@ -27,6 +27,7 @@ from recsys.models.errors import (
 )
 from recsys.models.fm import FactorizationMachine
 from recsys.models.keras_model import KerasRecommender
+from recsys.models.loss_inputs import LossInputs
 from recsys.models.retrieval.index import (
   CorpusIndex,
   make_serving_index,
@@ -44,6 +45,7 @@ __all__ = [
   "FactorizationMachine",
   "FeatureMismatchError",
   "KerasRecommender",
+  "LossInputs",
   "ModelConfigError",
   "RankingModel",
   "RetrievalModel",

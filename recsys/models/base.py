@@ -6,10 +6,11 @@ A model receives the embedding backend's activations (dict feature name ->
 `[B, D]` or `[B, L, D]`) and the raw batch `features`; it never creates
 embedding tables nor touches `tf.tpu` or a distribution strategy.
 
-A model's loss takes what a loss needs: `per_example_loss(activations,
-features, labels, training, sample_weight)` gives each example's weighted
-loss `[B]` (a row weighted 0, e.g. a padded eval row, counts for nothing:
-neither its loss, nor the metrics, nor as a retrieval negative). The loop
+A model's loss takes what a loss needs as one record: `per_example_loss(
+LossInputs(activations, features, labels, sample_weight=..., training=...))`
+gives each example's weighted loss `[B]` (a row weighted 0, e.g. a padded
+eval row, counts for nothing: neither its loss, nor the metrics, nor as a
+retrieval negative); it is the one method a model's loss overrides. The loop
 turns it into the replica's share of the step's loss (`replica_loss`), the
 convention TF's custom training loops use:
 
@@ -21,9 +22,9 @@ does) gives the mean loss over the global batch plus the regularization loss
 once. When `global_batch_size` is None it is the local batch size times the
 number of replicas in sync (`tf.nn.compute_average_loss`); the regularization
 term is scaled by `tf.nn.scale_regularization_loss`. With the default
-strategy both divisors are the plain batch size and 1. `compute_loss`
-(Keras's `fit`, a TFRS-style loop) is that share with the global batch
-unknown.
+strategy both divisors are the plain batch size and 1. `compute_loss(inputs,
+training)` (Keras's `fit`, a TFRS-style loop) is that share with the global
+batch unknown, implemented once here.
 
 Metrics are Keras metrics (a ranking model's TFRS task's; a retrieval
 model's corpus hit rates); the loss updates them (also inside
@@ -44,6 +45,7 @@ from recsys.feature_spec import FeatureSpec
 from recsys.models import evaluation_hooks as hooks_lib
 from recsys.models import layers as model_layers
 from recsys.models.errors import FeatureMismatchError, ModelConfigError
+from recsys.models.loss_inputs import LossInputs
 
 OBJECTIVES = ("binary", "mse")
 #: A ranking model's `objective` parameter, declared (`recsys.ranges`).
@@ -185,39 +187,21 @@ class _ModelBase(keras.Model):
     )
 
   @abc.abstractmethod
-  def per_example_loss(
-    self,
-    activations: Mapping[str, tf.Tensor],
-    features: Mapping[str, tf.Tensor] | None = None,
-    labels: tf.Tensor | None = None,
-    training: bool = True,
-    sample_weight: tf.Tensor | None = None,
-    compute_metrics: bool | None = None,
-  ) -> tf.Tensor:
+  def per_example_loss(self, batch: LossInputs) -> tf.Tensor:
     """Each example's weighted loss `[B]` (regularization left out), and
-    the metric updates (see the module docstring)."""
+    the metric updates (see the module docstring): the one method a model's
+    loss overrides."""
 
   def compute_loss(
-    self,
-    activations: Mapping[str, tf.Tensor],
-    features: Mapping[str, tf.Tensor] | None = None,
-    labels: tf.Tensor | None = None,
-    training: bool = True,
-    sample_weight: tf.Tensor | None = None,
-    compute_metrics: bool | None = None,
+    self, inputs: LossInputs, training: bool | None = None
   ) -> tf.Tensor:
-    """The scalar loss as TFRS's `compute_loss` gives it: this replica's
-    share, the global batch unknown (`replica_loss`), regularization
-    included; `per_example_loss` documents the arguments."""
-    per_example = self.per_example_loss(
-      activations,
-      features,
-      labels,
-      training=training,
-      sample_weight=sample_weight,
-      compute_metrics=compute_metrics,
-    )
-    return replica_loss(self, per_example, None)
+    """The scalar loss as TFRS's `compute_loss(inputs, training)` gives it:
+    this replica's share, the global batch unknown (`replica_loss`),
+    regularization included. `training`, when given, replaces
+    `inputs.training` (as a TFRS `train_step` passes it)."""
+    if training is not None:
+      inputs = inputs.replace(training=training)
+    return replica_loss(self, self.per_example_loss(inputs), None)
 
   def create_variables(self, embedding_dims: Mapping[str, int]) -> "_ModelBase":
     """Creates every variable now, by calling the model on a dummy batch of one.
@@ -358,42 +342,29 @@ class RankingModel(_ModelBase, metaclass=abc.ABCMeta):
     logits = self.logits(activations, features, training=training)
     return tf.sigmoid(logits) if self._objective == "binary" else logits
 
-  def per_example_loss(
-    self,
-    activations: Mapping[str, tf.Tensor],
-    features: Mapping[str, tf.Tensor] | None = None,
-    labels: tf.Tensor | None = None,
-    training: bool = True,
-    sample_weight: tf.Tensor | None = None,
-    compute_metrics: bool | None = None,
-  ) -> tf.Tensor:
+  def per_example_loss(self, batch: LossInputs) -> tf.Tensor:
     """The task's weighted loss of each example and the metric updates.
 
-    Args:
-      activations: feature name -> `[B, D]` / `[B, L, D]` from the backend.
-      features: the batch's features (for `features["dense"]`).
-      labels: `[B]` 0/1 labels or ratings.
-      training: passed to the layers.
-      sample_weight: optional `[B]` example weights (a padded eval batch's
-        padding rows weigh 0: they count in neither loss nor metrics).
-      compute_metrics: update `model.metrics` too (None: yes).
+    `batch.labels` are `[B]` 0/1 labels or ratings; `batch.features` gives
+    `features["dense"]`; `compute_metrics` None updates the metrics.
 
     Returns:
       `[B]` weighted losses.
     """
-    if labels is None:
+    if batch.labels is None:
       raise FeatureMismatchError(
         f"{type(self).__name__}: the loss needs labels [B]."
       )
     # float32 from here, as Keras keeps a mixed policy's outputs and losses.
     logits = tf.cast(
-      self.logits(activations, features, training=training), tf.float32
+      self.logits(batch.activations, batch.features, training=batch.training),
+      tf.float32,
     )[:, tf.newaxis]
-    labels = tf.cast(tf.reshape(labels, [-1, 1]), logits.dtype)
+    labels = tf.cast(tf.reshape(batch.labels, [-1, 1]), logits.dtype)
     return self.task(
       labels=labels,
       predictions=logits,
-      sample_weight=example_weights(sample_weight, logits.dtype),
-      training=training,
-      compute_metrics=compute_metrics is not False,
+      sample_weight=example_weights(batch.sample_weight, logits.dtype),
+      training=batch.training,
+      compute_metrics=batch.compute_metrics is not False,
     )

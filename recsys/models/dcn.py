@@ -72,11 +72,8 @@ class DCNv2(RankingModel):
       structure: "stacked" or "parallel".
       deep_mlp: hidden sizes of the deep tower (ReLU; may be empty); a linear
         layer of width 1 gives the logit.
-      objective: "binary" (click, BCE) or "mse" (rating).
-      sequence_pooling: "mean", "sum" or "reject" for `[B, L, D]` activations.
       l2_regularization: L2 factor on every kernel (0: none).
-      auc_num_thresholds: thresholds of the AUC metric.
-      name: Keras name.
+      objective, sequence_pooling, auc_num_thresholds, name: `RankingModel`'s.
 
     Raises:
       SettingRangeError: a setting outside its declared range (the
@@ -92,9 +89,7 @@ class DCNv2(RankingModel):
       name=name,
     )
     self._structure = structure
-    regularizer = (
-      keras.regularizers.L2(l2_regularization) if l2_regularization else None
-    )
+    regularizer = model_layers.l2_regularizer(l2_regularization)
     self.cross_layers = [
       tfrs.layers.dcn.Cross(
         projection_dim=projection_dim,

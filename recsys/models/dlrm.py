@@ -10,7 +10,6 @@ import gin
 import tensorflow as tf
 
 from recsys import ranges
-from recsys._keras import keras
 from recsys.feature_spec import FeatureSpec
 from recsys.models import layers as model_layers
 from recsys.models.base import AucThresholds, Objective, RankingModel
@@ -62,11 +61,8 @@ class DLRM(RankingModel):
       top_mlp: hidden layer sizes of the top MLP (ReLU); a linear layer of
         width 1 is appended.
       self_interaction: include each vector's dot product with itself.
-      objective: "binary" (click, BCE) or "mse" (rating).
-      sequence_pooling: "mean", "sum" or "reject" for `[B, L, D]` activations.
       l2_regularization: L2 factor on every MLP kernel (0: none).
-      auc_num_thresholds: thresholds of the AUC metric.
-      name: Keras name.
+      objective, sequence_pooling, auc_num_thresholds, name: `RankingModel`'s.
 
     Raises:
       ModelConfigError: bad sizes, objective or pooling; a model with neither
@@ -94,9 +90,7 @@ class DLRM(RankingModel):
         "the "
         "embedding dim."
       )
-    regularizer = (
-      keras.regularizers.L2(l2_regularization) if l2_regularization else None
-    )
+    regularizer = model_layers.l2_regularizer(l2_regularization)
     self._bottom_sizes = tuple(bottom_mlp)
     self.bottom_mlp = (
       model_layers.mlp(

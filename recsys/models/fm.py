@@ -79,11 +79,9 @@ class FactorizationMachine(RankingModel):
         factors whose scalar output is added (DeepFM); () for none.
       prediction_range: (low, high): clip predictions to it outside
         training (e.g. (1, 5) for ratings); None: never clip.
-      objective: "mse" (rating) or "binary" (click).
-      sequence_pooling: how `[B, L, D]` activations are pooled.
       l2_regularization: L2 factor on the MLP kernels.
-      auc_num_thresholds: thresholds of the AUC metric (binary).
-      name: Keras name.
+      objective, sequence_pooling, auc_num_thresholds, name: `RankingModel`'s
+        (here the objective defaults to "mse": ratings).
 
     Raises:
       SettingRangeError: a setting outside its declared range.
@@ -133,9 +131,7 @@ class FactorizationMachine(RankingModel):
       shape=[],
       initializer=keras.initializers.Constant(global_bias),
     )
-    regularizer = (
-      keras.regularizers.L2(l2_regularization) if l2_regularization else None
-    )
+    regularizer = model_layers.l2_regularizer(l2_regularization)
     self.deep = None
     if deep_mlp:
       self.deep = model_layers.mlp(

@@ -25,6 +25,7 @@ from typing import Any
 from recsys import features as features_lib
 from recsys import layers
 from recsys._keras import keras, tf
+from recsys.models.loss_inputs import LossInputs
 
 
 class KerasRecommender(keras.Model):
@@ -132,21 +133,17 @@ class KerasRecommender(keras.Model):
     if weights is not None:
       weights = {k: weights.get(k) for k in self._names}
     acts = self.embedding(ids, weights, training=training)
-    kwargs = {}
-    if hasattr(
-      self.model, "corpus_index"
-    ):  # retrieval: hit rates need the corpus
-      kwargs["compute_metrics"] = (
-        not training and self.model.corpus_index.is_indexed
-      )
-    return self.model.compute_loss(
+    compute_metrics = None
+    if hasattr(self.model, "corpus_index"):  # hit rates need the corpus
+      compute_metrics = not training and self.model.corpus_index.is_indexed
+    batch = LossInputs(
       acts,
       contract,
       labels,
-      training=training,
       sample_weight=sample_weight,
-      **kwargs,
+      compute_metrics=compute_metrics,
     )
+    return self.model.compute_loss(batch, training=training)
 
   def train_step(self, data) -> dict[str, tf.Tensor]:
     with tf.GradientTape() as tape:

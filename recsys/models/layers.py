@@ -22,6 +22,30 @@ SEQUENCE_POOLINGS = ("mean", "sum", "reject")
 Pooling = Annotated[str, ranges.Choice(SEQUENCE_POOLINGS)]
 
 
+def replica_state(
+  layer: keras.layers.Layer,
+  name: str,
+  shape: Sequence[int],
+  dtype: tf.DType = tf.float32,
+) -> tf.Variable:
+  """A layer's non-trainable state, zeros at first, that a replica context
+  (`strategy.run`) may assign: ONLY_FIRST_REPLICA keeps the first
+  replica's write (every replica writes the same values)."""
+  return layer.add_weight(
+    name=name,
+    shape=list(shape),
+    dtype=dtype,
+    initializer="zeros",
+    trainable=False,
+    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+  )
+
+
+def l2_regularizer(factor: float) -> keras.regularizers.Regularizer | None:
+  """The models' kernel regularizer: L2 of `factor` (0: None, no term)."""
+  return keras.regularizers.L2(factor) if factor else None
+
+
 def mlp(
   sizes: Sequence[int],
   *,

@@ -24,6 +24,7 @@ from recsys._keras import keras, tf
 from recsys.data import errors as data_errors
 from recsys.data import pipeline as data_pipeline
 from recsys.model_dir.run_checks import RunChanges
+from recsys.models.loss_inputs import LossInputs
 from recsys.process import console
 from recsys.run import run_summaries
 from recsys.run.restored import RestoredRun
@@ -100,7 +101,7 @@ class Evaluator:
     acts = self._backend_lookup(ids, weights, training=False)
     # The mask is the examples' weight: padding rows weigh 0.
     per_example = self.run.model.per_example_loss(
-      acts, features, labels, training=False, sample_weight=mask
+      LossInputs(acts, features, labels, sample_weight=mask, training=False)
     )
     self.eval_loss_sum.update_state(tf.reduce_sum(per_example))
     self.eval_examples.update_state(tf.reduce_sum(tf.cast(mask > 0, tf.int64)))

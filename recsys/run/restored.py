@@ -353,23 +353,18 @@ class RestoredRun:
     )
     if transform is not None:
       preprocess = functools.partial(_transformed_first, transform, preprocess)
-    if training:
-      return input_lib.training_input(
-        self.strategy,
-        source,
-        global_batch,
-        preprocess,
-        options=self.backend.input_options(),
-        skip_steps=skip_steps,
-        coordinator=self.coordinator,
-      )
-    return input_lib.eval_input(
+    # The splits differ only in where they start or stop.
+    split: Callable[..., Any] = functools.partial(
+      input_lib.training_input, skip_steps=skip_steps
+    )
+    if not training:
+      split = functools.partial(input_lib.eval_input, take_steps=take_steps)
+    return split(
       self.strategy,
       source,
       global_batch,
       preprocess,
       options=self.backend.input_options(),
-      take_steps=take_steps,
       coordinator=self.coordinator,
     )
 

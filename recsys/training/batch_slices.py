@@ -27,11 +27,11 @@ Measured on the default experiment's dense part (DLRM, AMD EPYC, 2 cores),
 picks 2 where each slice keeps 128 examples, 1 elsewhere (`resolve`).
 """
 
-from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from backends import hardware
 from recsys._keras import keras, tf
+from recsys.models.loss_inputs import LossInputs
 from recsys.process import threads
 from recsys.train_settings import TrainerConfigError
 
@@ -242,28 +242,28 @@ def _cut(structure: Any, ranges: list[tuple[int, int]]) -> list[Any]:
 
 
 def per_example_loss(
-  model: keras.Model,
-  activations: Mapping[str, tf.Tensor],
-  features: Any,
-  labels: tf.Tensor,
-  slices: int,
-  training: bool = True,
+  model: keras.Model, batch: LossInputs, slices: int
 ) -> tf.Tensor:
-  """`model.per_example_loss` `[B]`, computed slice by slice when `slices`
-  > 1 (slices of a batch smaller than `slices` may be empty)."""
+  """`model.per_example_loss(batch)` `[B]`, computed slice by slice when
+  `slices` > 1 (slices of a batch smaller than `slices` may be empty)."""
   if slices <= 1:
-    return model.per_example_loss(
-      activations, features, labels, training=training
-    )
-  first = tf.nest.flatten(activations)[0]
-  batch = first.shape[0]
-  if batch is None:  # a dataset that keeps its last, smaller batch
-    batch = tf.shape(first)[0]
-  ranges = bounds(batch, slices)
+    return model.per_example_loss(batch)
+  first = tf.nest.flatten(batch.activations)[0]
+  rows = first.shape[0]
+  if rows is None:  # a dataset that keeps its last, smaller batch
+    rows = tf.shape(first)[0]
+  ranges = bounds(rows, slices)
   parts = [
-    model.per_example_loss(acts, feats, labs, training=training)
-    for acts, feats, labs in zip(
-      _cut(activations, ranges), _cut(features, ranges), _cut(labels, ranges)
+    model.per_example_loss(
+      batch.replace(
+        activations=acts, features=feats, labels=labs, sample_weight=weights
+      )
+    )
+    for acts, feats, labs, weights in zip(
+      _cut(batch.activations, ranges),
+      _cut(batch.features, ranges),
+      _cut(batch.labels, ranges),
+      _cut(batch.sample_weight, ranges),
     )
   ]
   return tf.concat(parts, axis=0)

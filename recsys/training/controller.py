@@ -100,6 +100,17 @@ class LoopSchedule:
   eval_every: int = 0
   checkpoint_every: int = 0
 
+  @classmethod
+  def of_settings(cls, settings: Any) -> "LoopSchedule":
+    """The schedule a run's `TrainSettings` set, as plain ints (a NumPy
+    integer from a Python caller too; an `every` of None is 0)."""
+    return cls(
+      train_steps=int(settings.train_steps),
+      steps_per_loop=max(1, int(settings.steps_per_loop)),
+      eval_every=int(settings.eval_every or 0),
+      checkpoint_every=int(settings.checkpoint_every or 0),
+    )
+
   def next_boundary(self, step: int) -> int:
     """Where the loop starting at `step` ends: `steps_per_loop` on, the
     next evaluation or checkpoint step, or `train_steps`, the nearest."""

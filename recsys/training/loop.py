@@ -6,7 +6,7 @@ so the per-call overhead is paid once per loop, not per step. Inside a step
 the embedding backend and the dense optimizer are explicit:
 
     acts = backend.lookup(categorical, weights, training=True)   # in the tape
-    per_example = model.per_example_loss(acts, features, labels, training=True)
+    per_example = model.per_example_loss(LossInputs(acts, features, labels))
     loss = replica_loss(model, per_example, GB)  # this replica's share
     dense_optimizer.apply_gradients(zip(dense_grads, model.trainable_variables))
     backend.apply_gradients(activation_grads)
@@ -21,6 +21,7 @@ from typing import Any
 
 from recsys._keras import keras, tf
 from recsys.models import base as model_base
+from recsys.models.loss_inputs import LossInputs
 from recsys.serving.lookup import split_batch
 from recsys.training import batch_slices as slices_lib
 
@@ -168,7 +169,7 @@ class StepFunctions:
       acts = self._lookup(batch, training=True)
       tape.watch(acts)
       per_example = slices_lib.per_example_loss(
-        self._model, acts, features, labels, self.batch_slices
+        self._model, LossInputs(acts, features, labels), self.batch_slices
       )
       # The replica's share: summed over replicas, the global batch's mean.
       loss = model_base.replica_loss(

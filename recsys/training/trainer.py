@@ -23,15 +23,9 @@ from typing import Any
 import gin
 
 from recsys import _tf_internal
-from recsys import train_settings as settings_lib
 from recsys._keras import keras, tf
-from recsys.data import errors as data_errors
 from recsys.errors import RecsysError
-from recsys.model_dir import checkpoints as checkpoints_lib
 from recsys.model_dir import run_configs
-from recsys.model_dir import run_dir as run_dir_lib
-from recsys.models import evaluation_hooks as hooks_lib
-from recsys.models.retrieval import seen_items as seen_lib
 from recsys.run import evaluation as evaluation_lib
 from recsys.run import restored as restored_lib
 from recsys.run import run_summaries, schedules
@@ -44,23 +38,6 @@ from recsys.training import loop as loop_lib
 from recsys.training import signals as signals_lib
 
 log = logging.getLogger("recsys.training")
-
-# Where a run keeps its files: recsys.model_dir.run_dir (the one owner).
-METRICS_FILE = run_dir_lib.METRICS_FILE
-OPERATIVE_CONFIG_FILE = run_dir_lib.OPERATIVE_CONFIG_FILE
-
-
-TrainerConfigError = settings_lib.TrainerConfigError
-
-
-EmptyEvalSetError = data_errors.EmptyEvalSetError
-
-
-CorruptCheckpointError = checkpoints_lib.CorruptCheckpointError
-
-
-#: The embedding optimizer of a run that names none (`recsys.run.restored`).
-default_embedding_optimizer = restored_lib.default_embedding_optimizer
 
 
 class NonFiniteLossError(RecsysError, FloatingPointError):
@@ -79,6 +56,14 @@ class NonFiniteLossError(RecsysError, FloatingPointError):
 class Trainer:
   """Trains one experiment: a restored run (`self.run`, a `RestoredRun`)
   and the training loop around it.
+
+  Its public surface: `train()`, `evaluate()`, `save()`; `run` (the
+  restored run: strategy, sources, backend, model, optimizers, step,
+  checkpoints, run folder), `settings` (its `TrainSettings`), `schedule`
+  (the loop's `LoopSchedule`), `evaluator`, `steps` (the compiled step
+  functions); and, for the objects a caller inspects after training,
+  `model` and `backend` (the run's). Everything else is read where it
+  lives: `trainer.run.<part>`, `trainer.settings.<field>`.
 
   Args:
     model_dir: checkpoints, summaries, `operative_config.gin`, `metrics.json`.
@@ -106,19 +91,6 @@ class Trainer:
   during a save) loses at most the steps since the last one.
   """
 
-  # The settings the loop reads as attributes, set by `_store_settings`.
-  allow_changed_settings: bool
-  global_batch_size: int
-  eval_batch_size: int
-  train_steps: int
-  steps_per_loop: int
-  eval_every: int
-  eval_steps: int | None
-  checkpoint_every: int
-  seed: int
-  progress_bar: bool
-  exclude_seen: bool
-
   def __init__(
     self,
     model_dir: str,
@@ -137,72 +109,48 @@ class Trainer:
     # Keyword callers name settings directly: Trainer(..., seed=1).
     st = settings if settings is not None else TrainSettings(**setting_values)
     self.settings = st
-    self._store_settings(st)
+    # When the loop evaluates, saves and stops, the settings normalized.
+    self.schedule = controller_lib.LoopSchedule.of_settings(st)
     # The run's objects, built and restored (no loop): what evaluate and
     # export use too. The Trainer adds the training loop around them.
     self.run = restored_lib.RestoredRun(
       model_dir, source, model, strategy, eval_source, st
     )
-    self._take_parts(self.run)
-    with self.memory.phase("init"):
-      with self.strategy.scope():
+    with self.run.memory.phase("init"):
+      with self.run.strategy.scope():
         self.loss_metric = keras.metrics.Mean("loss")
       self._build_steps()
       self._build_writers()
     # Scores the model when the controller asks (and `evaluate()`).
     self.evaluator = evaluation_lib.Evaluator(self.run)
 
+  # -- the public parts besides `run` and `settings` -------------------------
+
+  @property
+  def model(self) -> keras.Model:
+    """The run's model (`run.model`), trained in place."""
+    return self.run.model
+
+  @property
+  def backend(self) -> Any:
+    """The run's embedding backend (`run.backend`): the tables."""
+    return self.run.backend
+
+  @property
+  def _global_batch_size(self) -> int:
+    return int(self.settings.global_batch_size)
+
   # -- construction steps ----------------------------------------------------
-
-  def _store_settings(self, st: TrainSettings) -> None:
-    """The settings the loop and its callers read, as attributes,
-    normalized (gin may bind a float or None where an int is meant); the
-    others are read from `self.settings` where they are used."""
-    self.global_batch_size = int(st.global_batch_size)
-    self.eval_batch_size = settings_lib.eval_batch_size(st)  # None: global
-    self.train_steps = int(st.train_steps)
-    self.steps_per_loop = max(1, int(st.steps_per_loop))
-    self.eval_every = int(st.eval_every or 0)  # 0: only at the end
-    self.eval_steps = st.eval_steps  # None: the whole eval set
-    self.checkpoint_every = int(st.checkpoint_every or 0)  # 0: at the end
-    self.seed = st.seed
-    self.progress_bar = st.progress_bar
-    self.allow_changed_settings = bool(st.allow_changed_settings)
-    self.exclude_seen = bool(st.exclude_seen)
-
-  def _take_parts(self, run: restored_lib.RestoredRun) -> None:
-    """The restored run's objects under the names the Trainer's methods
-    and its callers read (`trainer.model`, `trainer.backend`, ...)."""
-    self.model_dir = run.model_dir
-    self.strategy = run.strategy
-    self.source, self.eval_source = run.source, run.eval_source
-    self.feature_config = run.feature_config
-    self.embedding_optimizer = run.embedding_optimizer
-    self.global_step = run.global_step
-    self.backend_name = run.backend_name
-    self.backend_reason = run.backend_reason
-    self.compile_plan = run.compile_plan
-    self.backend = run.backend
-    self.model = run.model
-    self.dense_optimizer = run.dense_optimizer
-    self.rng = run.rng
-    self.run_dir = run.run_dir
-    self.checkpoints = run.checkpoints
-    self.checkpoint = run.checkpoints.checkpoint  # the run's objects
-    self.memory = run.memory
-    self.restored_step = run.restored_step
-    self._chief = run.chief
-    self._coordinator = run.coordinator
-    self._evaluation: hooks_lib.EvaluationHooks = run.evaluation
 
   def _build_steps(self) -> None:
     """The compiled step functions (scheduled on workers under PS)."""
+    run = self.run
     self.slice_plan = slices_lib.resolve(
       self.settings.batch_slices,
-      self.model,
-      self.strategy,
-      self.compile_plan.compile_steps,
-      self.global_batch_size,
+      run.model,
+      run.strategy,
+      run.compile_plan.compile_steps,
+      self._global_batch_size,
     )
     log.info(
       "the model's loss on %d slice(s) of each batch: %s.",
@@ -210,15 +158,15 @@ class Trainer:
       self.slice_plan.reason,
     )
     self.steps = self._step_functions_class(
-      self.strategy,
-      self.model,
-      self.backend,
-      self.dense_optimizer,
-      self.global_batch_size,
-      self.global_step,
+      run.strategy,
+      run.model,
+      run.backend,
+      run.dense_optimizer,
+      self._global_batch_size,
+      run.global_step,
       self.loss_metric,
       nonfinite_policy=self.settings.nonfinite_policy,
-      jit_compile=self.compile_plan.compile_steps,
+      jit_compile=run.compile_plan.compile_steps,
       batch_slices=self.slice_plan.slices,
     )
     self._batches: Any = None  # the training iterator, during train()
@@ -226,57 +174,20 @@ class Trainer:
   def _build_writers(self) -> None:
     """TensorBoard writers: the chief's, when summaries are on."""
     self._writers = run_summaries.SummaryWriters(
-      self.run_dir, enabled=self.settings.summaries and self._chief
+      self.run.run_dir, enabled=self.settings.summaries and self.run.chief
     )
-
-  # -- construction helpers ------------------------------------------------
-
-  @property
-  def is_retrieval(self) -> bool:
-    """Whether the model is a retrieval model (it indexes a corpus)."""
-    return self.run.is_retrieval
-
-  # -- data ----------------------------------------------------------------
-
-  def _distribute(
-    self,
-    source,
-    global_batch: int,
-    training: bool,
-    skip_steps: int = 0,
-    take_steps: int | None = None,
-    transform: hooks_lib.BatchTransform | None = None,
-  ):
-    """A distributed dataset of `source` (`RestoredRun.distribute`)."""
-    return self.run.distribute(
-      source, global_batch, training, skip_steps, take_steps, transform
-    )
-
-  def seen_items(self) -> seen_lib.SeenItems:
-    """Each user's candidates in the training split (read once, then kept;
-    a retrieval model's, through its evaluation hooks)."""
-    return self.run.seen_items()
 
   # -- checkpoints -----------------------------------------------------------
 
-  def restore(self) -> int:
-    """Restores the newest readable checkpoint (`RunCheckpoints.restore`)."""
-    return self.checkpoints.restore()
-
   def save(self) -> str:
     """Saves a checkpoint at the current step; returns the chief's path."""
-    with self.memory.phase("save"):
-      return self.checkpoints.save()
+    with self.run.memory.phase("save"):
+      return self.run.checkpoints.save()
 
   def save_if_new(self, step: int) -> str:
     """Saves a checkpoint unless the newest one holds `step`."""
-    with self.memory.phase("save"):
-      return self.checkpoints.save_if_new(step)
-
-  @property
-  def manager(self) -> tf.train.CheckpointManager:
-    """This process's `tf.train.CheckpointManager` (a worker's: scratch)."""
-    return self.checkpoints.manager
+    with self.run.memory.phase("save"):
+      return self.run.checkpoints.save_if_new(step)
 
   def _check_finite(self, reached: int) -> None:
     """Raises `NonFiniteLossError` if the loop stopped on a NaN/inf step."""
@@ -285,7 +196,7 @@ class Trainer:
     bad = int(self.steps.first_nonfinite_step.numpy())
     if bad < 0:
       return
-    latest = self.checkpoints.latest
+    latest = self.run.checkpoints.latest
     saved = (
       f"the last good checkpoint is {latest}"
       if latest
@@ -294,7 +205,7 @@ class Trainer:
     raise NonFiniteLossError(
       f"training step {bad} produced a NaN/inf loss or gradients (on the "
       f"batch that step reads: batch {bad - 1} of the training data counted "
-      f"from 0, {self.global_batch_size} examples); training stopped at "
+      f"from 0, {self._global_batch_size} examples); training stopped at "
       f"step {reached} without saving; {saved}. Lower the learning rates, "
       "check that batch for NaN/inf dense features or extreme labels, or "
       "set train.nonfinite_policy = 'skip' to leave such steps out.",
@@ -329,9 +240,9 @@ class Trainer:
       NonFiniteLossError: a step had NaN/inf loss or gradients (policy
         "stop"); names the step and the last good checkpoint.
     """
-    self.run_dir.check_writable()  # before the lock, which writes there
-    lock = self.run_dir.lock()
-    if self._chief:  # other workers write nothing of their own here
+    self.run.run_dir.check_writable()  # before the lock, which writes there
+    lock = self.run.run_dir.lock()
+    if self.run.chief:  # other workers write nothing of their own here
       lock.acquire()
     try:
       with signals_lib.StopRequests() as stop:
@@ -342,25 +253,26 @@ class Trainer:
   def _train(self, stop: signals_lib.StopRequests) -> dict[str, float]:
     """`train` under the lock: the run prepared, the controller's loop from
     the restored step, then the run's final metrics written."""
-    step = int(self.global_step.numpy())
+    run = self.run
+    step = int(run.global_step.numpy())
     self._prepare_run(step)
-    if step >= self.train_steps:
+    if step >= self.schedule.train_steps:
       self._say_complete(step)
     self._batches = iter(
-      self._distribute(
-        self.source, self.global_batch_size, training=True, skip_steps=step
+      run.distribute(
+        run.source, self._global_batch_size, training=True, skip_steps=step
       )
     )
     try:
       final = self._controller().train(step, stop)
     finally:
       self._batches = None
-      log.info("peak RSS of this process: %s", self.memory.describe())
+      log.info("peak RSS of this process: %s", run.memory.describe())
     final["steps_trained"] = final["step"] - step
-    final.update(self.optimum())
+    final.update(self.evaluator.optimum())
     # A run trained to its end before keeps the metrics.json of that run
     # (its train/ and speed figures); a file of another step is replaced.
-    if final["steps_trained"] or self.run_dir.metrics_step() != step:
+    if final["steps_trained"] or run.run_dir.metrics_step() != step:
       self.write_metrics(final)
     self.write_operative_config()
     return final
@@ -373,9 +285,9 @@ class Trainer:
       "figures of the run that trained it. To train again, use another "
       "model dir, or more steps (train_steps; on the command line "
       "--gin_bindings 'train.train_steps = %d').",
-      self.model_dir,
+      self.run.model_dir,
       step,
-      self.train_steps,
+      self.schedule.train_steps,
       2 * step,
     )
 
@@ -383,25 +295,26 @@ class Trainer:
     """Before training from `step`: a resume's changed settings checked and
     recorded and its learning-rate schedules continued, the eval split
     checked, the run's config and inputs written."""
-    self.run_dir.refuse_links()  # before training: refused up front
-    files = self.input_fingerprints() if self._chief else {}
+    run = self.run
+    run.run_dir.refuse_links()  # before training: refused up front
+    files = run.input_fingerprints() if run.chief else {}
     if step:  # a resume: same math settings and data as the last run?
-      changes = self.run_dir.check(
+      changes = run.run_dir.check(
         "train",
         gin.operative_config_str(),
         files,
         step,
-        self.allow_changed_settings,
+        bool(self.settings.allow_changed_settings),
       )
       self._continue_schedules(step)  # before a step is traced
       for line in changes.lines():
         log.warning("resuming with a changed setting (allowed): %s", line)
       if changes:
-        self.run_dir.record_changes("train", step, changes)
-    if step < self.train_steps:  # fail now, not after training
-      self.eval_source.check_eval_split()
+        run.run_dir.record_changes("train", step, changes)
+    if step < self.schedule.train_steps:  # fail now, not after training
+      run.eval_source.check_eval_split()
     self.write_operative_config()
-    self.run_dir.write_input_files(files, step)
+    run.run_dir.write_input_files(files, step)
     # The settings next to the curves in TensorBoard.
     self._writers.write_config(gin.operative_config_str(), step)
 
@@ -409,19 +322,21 @@ class Trainer:
     """On a resume at `step`, before a step is traced: the learning-rate
     schedules go on from the rates they reached, over this run's length
     (`schedules.resumed`, from the lengths of the runs kept here)."""
-    runs = run_configs.run_lengths(self.model_dir)
-    runs.append((step, self.train_steps))
-    tables = {id(f.table): f.table for f in self.feature_config.values()}
+    run = self.run
+    runs = run_configs.run_lengths(run.model_dir)
+    runs.append((step, self.schedule.train_steps))
+    tables = {id(f.table): f.table for f in run.feature_config.values()}
     schedules.resume_bound(
-      [self.embedding_optimizer, *(t.optimizer for t in tables.values())],
+      [run.embedding_optimizer, *(t.optimizer for t in tables.values())],
       runs,
     )
-    legacy = isinstance(self.dense_optimizer, keras.optimizers.legacy.Optimizer)
-    with self.strategy.scope():
-      dense, _ = _tf_internal.keras_learning_rate(self.dense_optimizer, legacy)
+    optimizer = run.dense_optimizer
+    legacy = isinstance(optimizer, keras.optimizers.legacy.Optimizer)
+    with run.strategy.scope():
+      dense, _ = _tf_internal.keras_learning_rate(optimizer, legacy)
     continued = schedules.resumed(dense, runs)
     if continued is not dense:
-      self.dense_optimizer.learning_rate = continued
+      optimizer.learning_rate = continued
 
   def _controller(self) -> controller_lib.Controller:
     """The loop's timing, from the run's settings: the controller runs the
@@ -429,14 +344,9 @@ class Trainer:
     return controller_lib.Controller(
       self,
       self.evaluator,
-      controller_lib.LoopSchedule(
-        train_steps=self.train_steps,
-        steps_per_loop=self.steps_per_loop,
-        eval_every=self.eval_every,
-        checkpoint_every=self.checkpoint_every,
-      ),
-      self.global_batch_size,
-      progress_bar=bool(self.progress_bar),
+      self.schedule,
+      self._global_batch_size,
+      progress_bar=bool(self.settings.progress_bar),
     )
 
   # -- what the controller asks (controller.TrainingRun) ---------------------
@@ -447,13 +357,13 @@ class Trainer:
     self.loss_metric.reset_state()
     for m in self.model.metrics:
       m.reset_state()
-    with self.memory.phase("train"):
+    with self.run.memory.phase("train"):
       self.steps.run_train_steps(self._batches, num_steps)
 
   def check_steps(self) -> None:
     """Raises if the steps just run read invalid ids or went NaN/inf."""
     self.backend.raise_for_invalid_inputs()  # before anything is saved
-    self._check_finite(int(self.global_step.numpy()))
+    self._check_finite(int(self.run.global_step.numpy()))
 
   def end_training(self) -> None:
     """Releases the training batches' input pipeline (its prefetch threads
@@ -467,15 +377,14 @@ class Trainer:
     optimizer's, when the model has dense weights it trains), with policy
     "skip" `train/nonfinite_steps`, and per narrow table
     `train/saturated_values/<table>` (`backends.narrow`)."""
-    results = self._evaluation.training_results(
-      run_summaries.flat_results(
-        self.model.metrics, "train", self._evaluation.ks
-      )
+    hooks = self.run.evaluation
+    results = hooks.training_results(
+      run_summaries.flat_results(self.model.metrics, "train", hooks.ks)
     )
     results["train/loss"] = float(self.loss_metric.result())
     if self.model.trainable_variables:  # e.g. not iALS: tables only
       results["learning_rate"] = run_summaries.learning_rate(
-        self.dense_optimizer
+        self.run.dense_optimizer
       )
     if self.steps.nonfinite_policy == "skip":
       results["train/nonfinite_steps"] = float(
@@ -495,14 +404,9 @@ class Trainer:
 
   def agreed_stop(self, requested: str | None) -> str | None:
     """The stop signal every worker agreed on (`strategy.agreed_stop`)."""
-    return strategy_lib.agreed_stop(self.strategy, requested)
+    return strategy_lib.agreed_stop(self.run.strategy, requested)
 
   # -- evaluation ------------------------------------------------------------
-
-  def index_corpus(self) -> int:
-    """Embeds the whole candidate corpus into the model's index (retrieval;
-    `RestoredRun.index_corpus`). Returns the candidates indexed (0: none)."""
-    return self.run.index_corpus()
 
   def evaluate(self, exclude_seen: bool | None = None) -> dict[str, float]:
     """Evaluates the model now (`recsys.run.evaluation.Evaluator.evaluate`:
@@ -514,30 +418,20 @@ class Trainer:
     """
     return self.evaluator.evaluate(exclude_seen)
 
-  def optimum(self) -> dict[str, float]:
-    """The source's known best metrics (`DataSource.known_optimum`)."""
-    return self.evaluator.optimum()
-
-  # -- the run's settings and data ------------------------------------------
-
-  def input_fingerprints(self, eval_only: bool = False) -> dict[str, Any]:
-    """Fingerprints of the files the sources read (`RestoredRun`)."""
-    return self.run.input_fingerprints(eval_only)
-
   # -- files -----------------------------------------------------------------
 
   def write_operative_config(self) -> str:
     """Writes the run's gin config into the model dir (`RunDir`)."""
-    return self.run_dir.write_operative_config(gin.operative_config_str())
+    return self.run.run_dir.write_operative_config(gin.operative_config_str())
 
   def write_metrics(self, metrics: Mapping[str, float]) -> str:
     """Writes `metrics.json`: `metrics` and what the run ran on."""
-    return self.run_dir.write_metrics(
+    return self.run.run_dir.write_metrics(
       run_summaries.run_metrics(
         metrics,
-        self.backend_name,
-        self.strategy,
-        self.global_batch_size,
+        self.run.backend_name,
+        self.run.strategy,
+        self._global_batch_size,
       )
     )
 
@@ -546,8 +440,8 @@ class Trainer:
   @property
   def _step_functions_class(self) -> Callable[..., loop_lib.StepFunctions]:
     """`StepFunctions`, or its coordinator-scheduled version under PS."""
-    if self._coordinator is None:
+    if self.run.coordinator is None:
       return loop_lib.StepFunctions
     return functools.partial(
-      coordinated_lib.CoordinatedStepFunctions, self._coordinator
+      coordinated_lib.CoordinatedStepFunctions, self.run.coordinator
     )

@@ -8,10 +8,10 @@ import tensorflow as tf
 
 import recsys  # noqa: F401
 from recsys.data import MovieLens
-from recsys.errors import SettingsError
 from recsys.data.movielens import MovieLensConfigError
 from recsys.data.movielens import files as movielens_files
 from recsys.data.user_history import ItemHistory, UserHistory
+from recsys.errors import SettingsError
 from recsys.testing.movielens import write_ml100k_like
 from tests.data.test_movielens import write_atomic, write_ml100k
 

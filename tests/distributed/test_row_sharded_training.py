@@ -57,7 +57,7 @@ def replicated(tmp_path_factory):
   """The run on one replica, tables replicated: its final state."""
   trainer = make(tmp_path_factory.mktemp("one"))
   trainer.train()
-  return state(trainer)
+  return state(trainer.run)
 
 
 # On 2 replicas: `recsys train` below runs the planner's choice on 4.
@@ -71,13 +71,13 @@ def test_planner_shards_tables_over_the_budget_same_numbers(
     "tags": "row_sharded",
   }
   trainer.train()
-  assert_same(replicated, state(trainer))
+  assert_same(replicated, state(trainer.run))
 
   # The checkpoint resumes on one replica, replicated (no placement).
   resumed = make(tmp_path, steps=6)
-  assert resumed.restored_step == 6
+  assert resumed.run.restored_step == 6
   assert set(resumed.backend.placements().values()) == {"replicated"}
-  assert_same(replicated, state(resumed))
+  assert_same(replicated, state(resumed.run))
 
 
 def test_one_replica_refuses_what_only_fits_sharded(tmp_path):
@@ -212,7 +212,7 @@ def test_a_row_sharded_run_survives_sigkill(tmp_path, monkeypatch):
   )
   whole.train()
   final = np.load(out)
-  want = state(whole)
+  want = state(whole.run)
   assert sorted(final.files) == sorted(want)
   for key, value in want.items():
     np.testing.assert_allclose(final[key], value, rtol=1e-6, atol=1e-7)

@@ -15,7 +15,7 @@ from recsys._keras import keras, tf
 from recsys.data.sources import SourceSettingsError
 from recsys.models import DLRM, FactorizationMachine, TwoTower
 from recsys.models.keras_model import KerasRecommender
-from recsys.training.trainer import Trainer, TrainerConfigError
+from recsys.training import Trainer, TrainerConfigError
 from tests.conftest import mirrored_strategy
 
 E = tf.tpu.experimental.embedding

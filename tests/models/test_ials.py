@@ -17,7 +17,7 @@ from benchmarks import movielens_baselines as baselines
 from recsys import features as features_lib
 from recsys.data import ials_batches
 from recsys.errors import SettingsError
-from recsys.models import ials, ials_solve
+from recsys.models import LossInputs
 from recsys.models.errors import ModelConfigError
 from recsys.models.retrieval import ials, ials_solve
 from tests.conftest import mirrored_strategy
@@ -123,7 +123,7 @@ def _train(strategy, batch_size, epochs, chunk=None, weights=None, **options):
         ids = {n: features["categorical"][n] for n in names}
         acts = backend.lookup(ids, training=True)
         tape.watch(acts)
-        loss = model.compute_loss(acts, features, labels)
+        loss = model.compute_loss(LossInputs(acts, features, labels))
       backend.apply_gradients(tape.gradient(loss, acts))
       return loss
 

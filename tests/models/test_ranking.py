@@ -13,6 +13,7 @@ from recsys.models import (
   DCNv2,
   EmbeddingDimError,
   FeatureMismatchError,
+  LossInputs,
 )
 from recsys.models.base import replica_loss
 from tests.conftest import mirrored_strategy
@@ -157,11 +158,11 @@ def test_bce_loss_global_batch_scaling_and_metrics():
   acts, features, labels = _batch(batch=64, seed=5)
   logits = model.logits(acts, features).numpy()
   per_example = reference.bce_with_logits(labels, logits)
-  loss = model.compute_loss(acts, features, labels).numpy()
+  loss = model.compute_loss(LossInputs(acts, features, labels)).numpy()
   np.testing.assert_allclose(loss, per_example.mean(), rtol=1e-5)
   # Per-replica convention: sum / GLOBAL batch size.
   loss = replica_loss(
-    model, model.per_example_loss(acts, features, labels), 256
+    model, model.per_example_loss(LossInputs(acts, features, labels)), 256
   ).numpy()
   np.testing.assert_allclose(loss, per_example.sum() / 256, rtol=1e-5)
   results = {m.name: m.result().numpy() for m in model.metrics}
@@ -184,7 +185,9 @@ def test_sample_weight_and_regularization():
   weights = np.array([1.0, 0.0, 2.0, 0.5, 1.0], np.float32)
   loss = replica_loss(
     model,
-    model.per_example_loss(acts, features, labels, sample_weight=weights),
+    model.per_example_loss(
+      LossInputs(acts, features, labels, sample_weight=weights)
+    ),
     B,
   ).numpy()
   per_example = reference.bce_with_logits(
@@ -206,7 +209,7 @@ def test_mse_objective_and_rmse():
   ratings = np.array([1.0, 5.0, 3.0, 4.0, 2.0], np.float32)
   predictions = model(acts, features).numpy()
   np.testing.assert_allclose(predictions, model.logits(acts, features).numpy())
-  loss = model.compute_loss(acts, features, ratings).numpy()
+  loss = model.compute_loss(LossInputs(acts, features, ratings)).numpy()
   np.testing.assert_allclose(
     loss, np.mean((predictions - ratings) ** 2), rtol=1e-5
   )
@@ -289,7 +292,7 @@ def test_create_variables_builds_everything_up_front():
   before = len(model.variables)
   assert len(model.trainable_variables) == 6  # 3 Dense layers
   acts, features, labels = _batch()
-  tf.function(model.compute_loss)(acts, features, labels)
+  tf.function(model.compute_loss)(LossInputs(acts, features, labels))
   assert len(model.variables) == before
   with pytest.raises(
     FeatureMismatchError, match=r"no embedding dim for features \['tags'\]"
@@ -348,7 +351,9 @@ def test_replicas_sum_to_global_mean(strategy):
   @tf.function
   def step(inputs):
     def replica_fn(a, f, y):
-      return replica_loss(model, model.per_example_loss(a, f, y), global_batch)
+      return replica_loss(
+        model, model.per_example_loss(LossInputs(a, f, y)), global_batch
+      )
 
     return strategy.reduce(
       "SUM", strategy.run(replica_fn, args=inputs), axis=None
@@ -373,7 +378,9 @@ def test_two_replicas_match_one_replica_gradients():
   single.create_variables({"user": 7, "item": 7, "tags": 7})
   with tf.GradientTape() as tape:
     loss = replica_loss(
-      single, single.per_example_loss(acts, features, labels), global_batch
+      single,
+      single.per_example_loss(LossInputs(acts, features, labels)),
+      global_batch,
     )
   expected = [
     g.numpy() for g in tape.gradient(loss, single.trainable_variables)
@@ -400,7 +407,7 @@ def test_two_replicas_match_one_replica_gradients():
     def replica_fn(a, f, y):
       with tf.GradientTape() as tape:
         loss = replica_loss(
-          model, model.per_example_loss(a, f, y), global_batch
+          model, model.per_example_loss(LossInputs(a, f, y)), global_batch
         )
       return tape.gradient(loss, model.trainable_variables)
 
@@ -459,7 +466,7 @@ def test_ranking_models_fit_a_planted_problem(model_cls):
     with tf.GradientTape() as tape:
       acts = {"a": tf.gather(tables["a"], a), "b": tf.gather(tables["b"], b)}
       loss = model.compute_loss(
-        acts, {"dense": dense}, y, compute_metrics=False
+        LossInputs(acts, {"dense": dense}, y, compute_metrics=False)
       )
     optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
     return loss

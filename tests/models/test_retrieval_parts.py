@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
+from recsys.models import LossInputs
 from recsys.models.retrieval import seen_items
 from recsys.models.retrieval.task import InBatchSoftmax
 from tests.models import reference
@@ -70,11 +71,13 @@ def test_a_padding_row_weighted_0_is_no_query_and_no_negative():
     temperature=0.1,  # TwoTower's default
   )
   per_example = model.per_example_loss(  # as the evaluation step calls it
-    acts,
-    features,
-    training=False,
-    compute_metrics=False,
-    sample_weight=mask,
+    LossInputs(
+      acts,
+      features,
+      training=False,
+      compute_metrics=False,
+      sample_weight=mask,
+    )
   ).numpy()
   np.testing.assert_allclose(per_example.sum(), expected.sum(), rtol=1e-5)
   assert (per_example[~valid] == 0).all()
@@ -92,13 +95,13 @@ def test_the_model_composes_its_index_hit_rates_and_exclusion():
   own_is_best = (np.argmax(q @ corpus.T, axis=1) == np.arange(B)).mean()
   assert own_is_best < 1.0  # so excluding the others changes top-1
   model.hit_rates.reset_states()
-  model.compute_loss(acts, features, training=False)
+  model.compute_loss(LossInputs(acts, features), training=False)
   np.testing.assert_allclose(model.hit_rates.result()[0], own_is_best)
   # Each query's other candidates seen: its own is the only one ranked.
   others = np.array([[j for j in range(B) if j != i] for i in range(B)])
   features[seen_items.SEEN_FEATURE] = others
   assert seen_items.exclusions_of(features) is others
   model.hit_rates.reset_states()
-  model.compute_loss(acts, features, training=False)
+  model.compute_loss(LossInputs(acts, features), training=False)
   np.testing.assert_allclose(model.hit_rates.result()[0], 1.0)
   assert seen_items.exclusions_of({}) is None

@@ -21,6 +21,7 @@ from recsys.models import (
   make_serving_index,
   popularity_hit_rates,
 )
+from recsys.models.loss_inputs import LossInputs
 from recsys.models.retrieval.seen_items import SEEN_FEATURE, SeenItems
 from recsys.training import Trainer, TrainerConfigError
 from tests.training.test_trainer import embedding
@@ -178,7 +179,7 @@ def trained(tmp_path_factory):
 
 def _eval_arrays(trainer):
   q_embed, users, items = [], [], []
-  model, source = trainer.model, trainer.eval_source
+  model, source = trainer.model, trainer.run.eval_source
   from recsys.run import restored as restored_lib  # noqa: PLC0415
 
   embed = restored_lib.embed_fn(
@@ -205,7 +206,7 @@ def test_evaluation_excludes_each_users_training_items(trained):
   q, users, items = _eval_arrays(trained)
   cids, c = (t.numpy() for t in trained.model.corpus_index.corpus())
   train_users, train_items = [], []
-  for features, _ in trained.source.dataset(
+  for features, _ in trained.run.source.dataset(
     100, training=True, repeat=False, drop_remainder=False
   ):
     train_users.append(features["categorical"]["user_id"].numpy())
@@ -232,8 +233,8 @@ def test_evaluation_excludes_each_users_training_items(trained):
 
 def test_compiled_evaluation_excludes_the_same_items(trained):
   """The eval step compiled with XLA (as on a TPU): the same hit rates."""
-  compiled = _trainer(trained.model_dir, jit_compile=True)
-  assert compiled.restored_step == 20 and compiled.steps.jit_compile
+  compiled = _trainer(trained.run.model_dir, jit_compile=True)
+  assert compiled.run.restored_step == 20 and compiled.steps.jit_compile
   want = trained.evaluate(exclude_seen=True)
   got = compiled.evaluate(exclude_seen=True)
   for key, value in want.items():
@@ -245,19 +246,19 @@ def test_model_metric_reads_the_seen_feature(trained):
   evaluation uses): the positive is never excluded, even when listed."""
   model = trained.model
   features, _ = next(
-    iter(trained.eval_source.dataset(10, training=False, repeat=False))
+    iter(trained.run.eval_source.dataset(10, training=False, repeat=False))
   )
   from recsys.serving.lookup import serving_activations  # noqa: PLC0415
 
   acts = serving_activations(
-    trained.backend, features, list(trained.feature_config)
+    trained.backend, features, list(trained.run.feature_config)
   )
   features = dict(features)
   # Everything excluded but the positive: every query hits at top 1.
   every = tf.tile(tf.range(29, dtype=tf.int64)[tf.newaxis, :], [10, 1])
   features[SEEN_FEATURE] = every
   model.hit_rates.reset_states()
-  model.compute_loss(acts, features, training=False)
+  model.compute_loss(LossInputs(acts, features), training=False)
   top_1 = model.hit_rates.result()[0]  # one rate per k, ks ascending
   assert float(top_1) == 1.0
 

@@ -6,11 +6,12 @@ import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-from recsys.feature_spec import FeatureSpec
 from recsys.errors import SettingsError
+from recsys.feature_spec import FeatureSpec
 from recsys.models import (
   CorpusIndex,
   FeatureMismatchError,
+  LossInputs,
   ModelConfigError,
   TwoTower,
   hit_rates,
@@ -105,7 +106,7 @@ def test_in_batch_softmax_loss_matches_numpy(temperature, logq, remove_hits):
     logq_weight=float(logq),
   )
   loss = replica_loss(
-    model, model.per_example_loss(acts, features), 4 * B
+    model, model.per_example_loss(LossInputs(acts, features)), 4 * B
   ).numpy()
   np.testing.assert_allclose(loss, expected.sum() / (4 * B), rtol=1e-5)
 
@@ -123,7 +124,7 @@ def test_logq_needs_sampling_probability():
   with pytest.raises(
     FeatureMismatchError, match="candidate_sampling_probability"
   ):
-    model.compute_loss(acts, features)
+    model.compute_loss(LossInputs(acts, features))
 
 
 @pytest.mark.parametrize(
@@ -164,14 +165,14 @@ def test_corpus_hit_rates_match_numpy_brute_force():
   model = _model(ks=(1, 3, 10, 50))
   acts, features = _batch(batch=17, seed=3)
   with pytest.raises(RuntimeError, match="index_candidates"):
-    model.compute_loss(acts, features, training=False)
+    model.compute_loss(LossInputs(acts, features), training=False)
   rng = np.random.default_rng(4)
   corpus_ids = np.array(
     [i for i in range(29) if i % 4 != 1]
   )  # some items not in the corpus
   corpus = rng.normal(size=(len(corpus_ids), 7)).astype(np.float32)
   model.index_candidates(corpus_ids, corpus)
-  model.compute_loss(acts, features, training=False)
+  model.compute_loss(LossInputs(acts, features), training=False)
   q = model.query_embeddings(acts).numpy()
   true_ids = features["categorical"]["item"]
   expected = reference.top_k_hits(
@@ -212,7 +213,8 @@ def test_corpus_hit_rates_with_replicas(strategy):
   @tf.function
   def step(inputs):
     return strategy.run(
-      lambda a, f: model.compute_loss(a, f, training=False), args=inputs
+      lambda a, f: model.compute_loss(LossInputs(a, f), training=False),
+      args=inputs,
     )
 
   step(strategy.experimental_distribute_values_from_function(shard))
@@ -377,7 +379,7 @@ def test_two_tower_learns_planted_preferences():
         "categorical": {"item": items},
         "candidate_sampling_probability": p,
       }
-      loss = model.compute_loss(acts, features)
+      loss = model.compute_loss(LossInputs(acts, features))
     optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
     return loss
 

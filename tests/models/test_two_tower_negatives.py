@@ -7,7 +7,7 @@ import tensorflow as tf
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from recsys._keras import keras
 from recsys.errors import SettingsError
-from recsys.models import TwoTower
+from recsys.models import LossInputs, TwoTower
 from recsys.models.base import replica_loss
 from recsys.models.retrieval import negatives as rn
 from tests.models import reference
@@ -119,14 +119,18 @@ def test_two_tower_corpus_loss_uses_the_bank_and_fills_it():
   want = _corpus_reference(q, ids, table, filled, 0.3) + (
     reference.in_batch_softmax_loss(q, c, ids=ids, temperature=0.3)
   )
-  loss = replica_loss(model, model.per_example_loss(acts, features), 2 * B)
+  loss = replica_loss(
+    model, model.per_example_loss(LossInputs(acts, features)), 2 * B
+  )
   np.testing.assert_allclose(loss.numpy(), want.sum() / (2 * B), rtol=1e-5)
   np.testing.assert_allclose(
     model.candidate_bank.embeddings.numpy()[ids], table[ids], rtol=1e-6
   )
   # Evaluation keeps the in-batch loss and leaves the bank alone.
   before = model.candidate_bank.embeddings.numpy()
-  model.compute_loss(acts, features, training=False, compute_metrics=False)
+  model.compute_loss(
+    LossInputs(acts, features, training=False, compute_metrics=False)
+  )
   np.testing.assert_array_equal(model.candidate_bank.embeddings.numpy(), before)
 
 
@@ -134,7 +138,9 @@ def test_two_tower_mixed_loss_masks_copies_of_the_positive():
   """With every row a copy of the positive, every negative is masked."""
   model = _model(negatives="mixed", num_sampled_negatives=8)
   acts, features = _batch(item_ids=[4, 4, 4, 4, 4])
-  loss = replica_loss(model, model.per_example_loss(acts, features), B).numpy()
+  loss = replica_loss(
+    model, model.per_example_loss(LossInputs(acts, features)), B
+  ).numpy()
   # Only id 4 is filled, so every negative is an accidental hit: loss 0.
   np.testing.assert_allclose(loss, 0.0, atol=1e-6)
 
@@ -163,7 +169,7 @@ def test_corpus_term_trains_the_query_tower_only(negatives):
   grads = {}
   for name, m in (("bank", model), ("plain", plain)):
     with tf.GradientTape() as tape:
-      loss = m.compute_loss(acts, features)
+      loss = m.compute_loss(LossInputs(acts, features))
     variables = m.candidate_tower.trainable_variables
     variables += m.query_tower.trainable_variables
     grads[name] = [g.numpy() for g in tape.gradient(loss, variables)]
@@ -249,7 +255,9 @@ def test_corpus_loss_compiles_with_xla_like_the_eager_loss(negatives):
 
     @tf.function(jit_compile=jit)
     def loss(acts, features):
-      return replica_loss(model, model.per_example_loss(acts, features), 2 * B)
+      return replica_loss(
+        model, model.per_example_loss(LossInputs(acts, features)), 2 * B
+      )
 
     value = loss(acts, features).numpy()
     results.append((value, bank.embeddings.numpy(), bank.filled.numpy()))
@@ -343,7 +351,9 @@ def test_two_tower_corpus_negatives_train_on_two_replicas(negatives):
   @tf.function
   def step(acts, features):
     return strategy.run(
-      lambda a, f: replica_loss(model, model.per_example_loss(a, f), 6),
+      lambda a, f: replica_loss(
+        model, model.per_example_loss(LossInputs(a, f)), 6
+      ),
       args=(acts, features),
     )
 

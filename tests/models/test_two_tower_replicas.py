@@ -58,7 +58,7 @@ def _trainer(model_dir, replicas, negatives="in_batch", **kwargs):
 def _run(model_dir, replicas, negatives="in_batch", **kwargs):
   trainer = _trainer(model_dir, replicas, negatives, **kwargs)
   metrics = trainer.train()
-  values = state(trainer)
+  values = state(trainer.run)
   bank = trainer.model.candidate_bank
   if bank is not None:
     values["bank/embeddings"] = bank.embeddings.numpy()
@@ -126,7 +126,7 @@ def test_every_evaluation_of_a_run_embeds_the_corpus_with_one_function(
   trainer = _trainer(tmp_path, 1, eval_every=2, eval_batch_size=8)
   metrics = trainer.train()
   assert metrics["step"] == STEPS
-  embed = trainer._evaluation.embed_candidates  # pylint: disable=protected-access
+  embed = trainer.run.evaluation.embed_candidates
   assert embed.experimental_get_tracing_count() == 2
-  assert trainer.index_corpus() == 17
+  assert trainer.run.index_corpus() == 17
   assert embed.experimental_get_tracing_count() == 2

@@ -12,7 +12,7 @@ import tensorflow as tf
 import backends
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from recsys.feature_spec import FeatureSpec
-from recsys.models import DLRM, TwoTower
+from recsys.models import DLRM, LossInputs, TwoTower
 from recsys.models.base import replica_loss
 from tests.conftest import mirrored_strategy
 
@@ -101,7 +101,9 @@ def _train_one_step(strategy, model_fn, data):
         acts = backend.lookup(features["categorical"], weights, training=True)
         tape.watch(acts)
         loss = replica_loss(
-          model, model.per_example_loss(acts, features, labels), GLOBAL_BATCH
+          model,
+          model.per_example_loss(LossInputs(acts, features, labels)),
+          GLOBAL_BATCH,
         )
       variables = model.trainable_variables
       grads, act_grads = tape.gradient(loss, (variables, acts))

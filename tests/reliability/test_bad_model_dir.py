@@ -77,7 +77,7 @@ def other_run(trained_dir, tmp_path):
 
 
 def test_the_same_configuration_resumes(other_run):
-  assert make_trainer(other_run).restored_step == 2
+  assert make_trainer(other_run).run.restored_step == 2
 
 
 @pytest.mark.parametrize(
@@ -141,10 +141,12 @@ def test_verify_objects_on_the_trainers_checkpoint(other_run, tmp_path):
   """What Trainer.restore would report, on its real object graph."""
   path = str(other_run / "checkpoints")
   same = make_trainer(tmp_path / "fresh")
-  assert ckpt.verify_objects(path, same.checkpoint).endswith("ckpt-2")
+  assert ckpt.verify_objects(path, same.run.checkpoints.checkpoint).endswith(
+    "ckpt-2"
+  )
   wider = make_trainer(tmp_path / "wider", top_mlp=(13,))
   with pytest.raises(ckpt.CheckpointMismatchError) as info:
-    ckpt.verify_objects(path, wider.checkpoint)
+    ckpt.verify_objects(path, wider.run.checkpoints.checkpoint)
   message = str(info.value)
   assert (
     "model/top_mlp/layer_with_weights-0/bias: "

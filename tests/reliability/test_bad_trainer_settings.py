@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 from recsys._keras import keras
+from recsys.training import TrainerConfigError
 from recsys.training import trainer as trainer_lib
 from tests.training import test_trainer
 from tests.training.sources import ArraySource
@@ -25,7 +26,7 @@ def make(tmp_path, **kwargs):
 
 def test_a_dense_optimizer_instance_is_refused_with_the_gin_spelling(tmp_path):
   with pytest.raises(
-    trainer_lib.TrainerConfigError,
+    TrainerConfigError,
     match=r"optimizer instance \(Adam\).*without parentheses",
   ):
     make(tmp_path, dense_optimizer=keras.optimizers.Adam())
@@ -33,7 +34,7 @@ def test_a_dense_optimizer_instance_is_refused_with_the_gin_spelling(tmp_path):
 
 def test_an_embedding_optimizer_as_dense_optimizer_is_refused(tmp_path):
   with pytest.raises(
-    trainer_lib.TrainerConfigError,
+    TrainerConfigError,
     match="expected a Keras optimizer class.*embedding_optimizer",
   ):
     make(tmp_path, dense_optimizer=tf.tpu.experimental.embedding.Adagrad)
@@ -41,7 +42,7 @@ def test_an_embedding_optimizer_as_dense_optimizer_is_refused(tmp_path):
 
 def test_a_source_that_is_not_a_data_source_is_named(tmp_path):
   with pytest.raises(
-    trainer_lib.TrainerConfigError,
+    TrainerConfigError,
     match=r"train.data is 3 \(int\); expected a data source",
   ):
     make(tmp_path, source=3)
@@ -49,7 +50,7 @@ def test_a_source_that_is_not_a_data_source_is_named(tmp_path):
 
 def test_unknown_backend_options_list_the_valid_ones(tmp_path):
   with pytest.raises(
-    trainer_lib.TrainerConfigError,
+    TrainerConfigError,
     match=r"\['invalid_id'\] are not options of the "
     r"'tensorcore' backend; it takes \['bag_widths', 'fused_kernels', "
     r"'invalid_ids', 'rounding_seed', 'saturate_restores', 'static_shapes'\]",

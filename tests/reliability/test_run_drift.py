@@ -377,5 +377,5 @@ def test_any_sources_empty_evaluation_split_stops_training_first(tmp_path):
   )
   with pytest.raises(EmptyEvalSetError, match="split of ArraySource has no"):
     trainer.train()
-  assert int(trainer.global_step.numpy()) == 0
+  assert int(trainer.run.global_step.numpy()) == 0
   assert not (tmp_path / "run" / "checkpoints").exists()

@@ -76,7 +76,7 @@ def test_a_save_that_runs_out_of_space_leaves_no_temporary_folder(tmp_path):
   trainer.train()
   checkpoints = model_dir / "checkpoints"
   before = sorted(os.listdir(checkpoints))
-  trainer.global_step.assign_add(1)
+  trainer.run.global_step.assign_add(1)
   soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
   previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
   resource.setrlimit(resource.RLIMIT_FSIZE, (256, hard))

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from recsys.model_dir import lock as lock_lib
+from recsys.model_dir.checkpoints import CorruptCheckpointError
 from recsys.training import trainer as trainer_lib
 from tests.training import test_trainer
 from tests.training.sources import ArraySource
@@ -84,8 +85,8 @@ def test_stop_names_the_step_and_the_last_good_checkpoint(tmp_path):
   assert "step 7" in str(err) and "batch 6" in str(err) and "ckpt-4" in str(err)
   assert "nonfinite_policy" in str(err)
   # Nothing after the last good checkpoint was saved; the loop stopped at 6.
-  assert trainer.manager.latest_checkpoint.endswith("ckpt-4")
-  assert int(trainer.global_step.numpy()) == 6
+  assert trainer.run.checkpoints.manager.latest_checkpoint.endswith("ckpt-4")
+  assert int(trainer.run.global_step.numpy()) == 6
 
 
 def test_skip_leaves_the_step_out_and_counts_it(tmp_path):
@@ -138,7 +139,9 @@ def test_a_second_run_in_the_same_model_dir_is_refused(tmp_path):
       match=f"pid {holder.pid} .*another --model_dir",
     ):
       trainer.train()
-    assert trainer.manager.latest_checkpoint is None  # nothing written
+    assert (
+      trainer.run.checkpoints.manager.latest_checkpoint is None
+    )  # nothing written
     holder.kill()  # SIGKILL: the kernel releases the lock, no stale file
     holder.wait(timeout=30)
     assert trainer.train()["step"] == 4
@@ -190,7 +193,7 @@ def test_no_readable_checkpoint_is_an_error_naming_them(tmp_path):
       with open(folder / name, "r+b") as f:
         f.truncate(3)
   with pytest.raises(
-    trainer_lib.CorruptCheckpointError,
+    CorruptCheckpointError,
     match="ckpt-2: .*ckpt-1: .*Move the directory aside",
   ):
     make(tmp_path, bad=-1, train_steps=2)

@@ -68,13 +68,13 @@ def main(model_dir: str, out_path: str, steps: int) -> int:
   logging.getLogger("recsys.training").addHandler(_PrintSteps())
   logging.getLogger("recsys.training").setLevel(logging.INFO)
   trainer = make_trainer(model_dir, steps, **_row_sharded())
-  print(f"resumed {trainer.restored_step}", flush=True)
+  print(f"resumed {trainer.run.restored_step}", flush=True)
   try:
     trainer.train()
   except signals.TrainingPreempted as e:
     print(f"preempted {e.step}", flush=True)
     return e.exit_status
-  np.savez(out_path, **test_trainer.state(trainer))
+  np.savez(out_path, **test_trainer.state(trainer.run))
   return 0
 
 

@@ -11,7 +11,7 @@ import tensorflow as tf
 from recsys._keras import keras
 from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
-from recsys.models import DLRM, TwoTower
+from recsys.models import DLRM, LossInputs, TwoTower
 from recsys.training import TrainerConfigError
 from recsys.training import batch_slices as slices_lib
 from tests.conftest import mirrored_strategy
@@ -39,7 +39,7 @@ def whole(tmp_path_factory):
     tmp_path_factory.mktemp("whole"), "run", batch_slices=1
   )
   assert trainer.steps.batch_slices == 1
-  return state(trainer), metrics
+  return state(trainer.run), metrics
 
 
 @pytest.mark.parametrize("slices", [2, 3])  # 3: slices of 3, 3 and 4
@@ -49,7 +49,7 @@ def test_sliced_steps_train_as_the_whole_batch(tmp_path, whole, slices):
   whole_state, whole_metrics = whole
   cut, cut_metrics = _trained(tmp_path, "cut", batch_slices=slices)
   assert cut.steps.batch_slices == slices
-  assert_same_state(state(cut), whole_state, rtol=2e-5, atol=1e-6)
+  assert_same_state(state(cut.run), whole_state, rtol=2e-5, atol=1e-6)
   for key in ("train/loss", "eval/loss", "eval/auc"):
     np.testing.assert_allclose(
       cut_metrics[key], whole_metrics[key], rtol=1e-5, err_msg=key
@@ -67,8 +67,8 @@ def test_sliced_steps_on_two_replicas_and_compiled_match_one_whole_batch(
   )
   compiled, _ = _trained(tmp_path, "xla", batch_slices=2, jit_compile=True)
   assert compiled.steps.jit_compile
-  assert_same_state(state(two), whole[0], rtol=2e-5, atol=1e-6)
-  assert_same_state(state(compiled), whole[0], rtol=2e-5, atol=1e-6)
+  assert_same_state(state(two.run), whole[0], rtol=2e-5, atol=1e-6)
+  assert_same_state(state(compiled.run), whole[0], rtol=2e-5, atol=1e-6)
 
 
 def test_the_trainer_logs_its_slices(tmp_path, caplog):
@@ -231,7 +231,9 @@ def test_a_batch_of_unknown_size_is_cut_at_run_time():
   }
   features = {"dense": tf.constant(rng.normal(size=(9, 2)), tf.float32)}
   labels = tf.constant(rng.integers(0, 2, 9), tf.float32)
-  whole = model.per_example_loss(acts, features, labels, compute_metrics=False)
+  whole = model.per_example_loss(
+    LossInputs(acts, features, labels, compute_metrics=False)
+  )
   spec = tf.TensorSpec([None, 4], tf.float32)
 
   @tf.function(
@@ -242,6 +244,6 @@ def test_a_batch_of_unknown_size_is_cut_at_run_time():
     ]
   )
   def sliced(a, f, y):
-    return slices_lib.per_example_loss(model, a, f, y, 2)
+    return slices_lib.per_example_loss(model, LossInputs(a, f, y), 2)
 
   np.testing.assert_allclose(sliced(acts, features, labels), whole, rtol=1e-6)

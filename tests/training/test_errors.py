@@ -1,12 +1,7 @@
 """User-facing errors share one RecsysError base and keep their builtins."""
 
-import importlib
-import inspect
-import pkgutil
-
 import pytest
 
-import recsys
 from recsys import (
   config,
   experiments_catalog,
@@ -14,15 +9,24 @@ from recsys import (
   features,
   launch,
   planning,
+  training,
 )
 from recsys.data import errors as data_errors
 from recsys.data import movielens, user_history
 from recsys.errors import RecsysError, SettingsError
 from recsys.gin_config import untrusted as gin_untrusted
-from recsys.model_dir import atomic_dir, lock, run_configs, run_dir, run_files
+from recsys.model_dir import (
+  atomic_dir,
+  checkpoints,
+  lock,
+  run_configs,
+  run_dir,
+  run_files,
+)
 from recsys.models import errors as model_errors
 from recsys.run import schedules, strategy
 from recsys.training import signals, trainer
+from tests import test_exit_status
 
 
 @pytest.mark.parametrize(
@@ -35,16 +39,16 @@ from recsys.training import signals, trainer
     (planning.PlacementSettingsError, SettingsError),
     (SettingsError, ValueError),
     (schedules.ScheduleResumeError, SettingsError),
-    (trainer.TrainerConfigError, SettingsError),
+    (training.TrainerConfigError, SettingsError),
     (run_dir.ModelDirNotWritableError, PermissionError),
     (launch.LaunchError, RuntimeError),
     (atomic_dir.UnsafeReplaceError, OSError),
     (gin_untrusted.UntrustedConfigError, ValueError),
     (data_errors.DatasetNotFoundError, FileNotFoundError),
     (data_errors.DataFormatError, ValueError),
-    (trainer.TrainerConfigError, ValueError),
-    (trainer.EmptyEvalSetError, ValueError),
-    (trainer.CorruptCheckpointError, RuntimeError),
+    (training.TrainerConfigError, ValueError),
+    (training.EmptyEvalSetError, ValueError),
+    (checkpoints.CorruptCheckpointError, RuntimeError),
     (trainer.NonFiniteLossError, FloatingPointError),
     (lock.ModelDirBusyError, RuntimeError),
     (run_configs.ChangedSettingsError, ValueError),
@@ -71,21 +75,14 @@ def test_errors_keep_their_messages_and_attributes():
 
 
 def test_every_error_class_recsys_defines_derives_from_the_base():
-  """Walks every module of the package (the CLI's `__main__` aside), so a
-  new error class that forgets the base fails here, not in a user's
-  `except RecsysError`."""
-  defined = {}
-  for info in pkgutil.walk_packages(recsys.__path__, "recsys."):
-    if info.name.endswith("__main__"):
-      continue
-    module = importlib.import_module(info.name)
-    for name, value in vars(module).items():
-      if (
-        inspect.isclass(value)
-        and issubclass(value, Exception)
-        and value.__module__ == info.name
-      ):
-        defined[f"{info.name}.{name}"] = value
+  """Every exception class of the package (walked once, for the exit
+  statuses: `tests.test_exit_status.DEFINED`), so a new error class that
+  forgets the base fails here, not in a user's `except RecsysError`."""
+  defined = {
+    name: error
+    for name, error in test_exit_status.DEFINED.items()
+    if name.startswith("recsys.") and issubclass(error, Exception)
+  }
   assert len(defined) > 20, sorted(defined)  # the walk found the package
   outside = sorted(
     n for n, c in defined.items() if not issubclass(c, RecsysError)

@@ -49,7 +49,7 @@ def reference(trainer, num_eval):
   """Mean BCE, AUC and accuracy of the model's logits over the whole split."""
   features, labels = next(
     iter(
-      trainer.eval_source.dataset(
+      trainer.run.eval_source.dataset(
         num_eval, training=False, drop_remainder=False, repeat=False
       )
     )

@@ -103,10 +103,10 @@ def test_compiled_trainer_step_equals_uncompiled(
   assert got.steps.jit_compile
   metrics = got.train()
   assert np.isfinite(metrics["eval/loss"])
-  compiled_states[case] = state(got)
-  assert_same_values(state(want), state(got))
+  compiled_states[case] = state(got.run)
+  assert_same_values(state(want.run), state(got.run))
   # The compiled replica step has only static shapes.
-  batch = next(iter(got._distribute(got.source, 10, training=True)))  # pylint: disable=protected-access
+  batch = next(iter(got.run.distribute(got.run.source, 10, training=True)))
   hlo = got.steps._replica_train_step.experimental_get_compiler_ir(batch)(  # pylint: disable=protected-access
     stage="hlo"
   )
@@ -119,13 +119,16 @@ def test_compiled_two_replicas_equal_one(tmp_path, compiled_states):
   if "dlrm_adagrad_sgd" not in compiled_states:  # run alone (-k)
     one = make(tmp_path / "one", "dlrm_adagrad_sgd", True)
     one.train()
-    compiled_states["dlrm_adagrad_sgd"] = state(one)
+    compiled_states["dlrm_adagrad_sgd"] = state(one.run)
   two = make(
     tmp_path / "two", "dlrm_adagrad_sgd", True, strategy=mirrored_strategy(2)
   )
-  assert two.compile_plan.static_shapes and not two.compile_plan.compile_steps
+  assert (
+    two.run.compile_plan.static_shapes
+    and not two.run.compile_plan.compile_steps
+  )
   two.train()
-  assert_same_values(compiled_states["dlrm_adagrad_sgd"], state(two))
+  assert_same_values(compiled_states["dlrm_adagrad_sgd"], state(two.run))
 
 
 def test_plan_by_strategy():

@@ -43,7 +43,10 @@ def test_mixed_bfloat16_trains_the_ranking_models_as_float32_does(
   )
   assert mixed.model.compute_dtype == "bfloat16"
   assert {v.dtype for v in mixed.model.trainable_variables} == {tf.float32}
-  full_state, mixed_state = test_trainer.state(full), test_trainer.state(mixed)
+  full_state, mixed_state = (
+    test_trainer.state(full.run),
+    test_trainer.state(mixed.run),
+  )
   tables = [k for k in full_state if k.startswith(("table/", "slot/"))]
   assert tables
   for key in tables:

@@ -50,7 +50,7 @@ def trained(tmp_path_factory):
     **SETTINGS,
   )
   metrics = trainer.train()
-  return model_dir, metrics, state(trainer)
+  return model_dir, metrics, state(trainer.run)
 
 
 def _restored(model_dir, **changes):

@@ -194,7 +194,7 @@ def test_a_longer_resume_continues_the_learning_rate_it_reached(tmp_path):
   # nothing left to train, the schedules as the run left them).
   trainer = train(model_dir=str(tmp_path), action="build")
   trainer.train()
-  table_lr = trainer.embedding_optimizer.learning_rate
+  table_lr = trainer.run.embedding_optimizer.learning_rate
   for step, want in ((7, 0.01 * 3 / 8), (8, 0.01 * 2 / 8), (19, 0.01 * 3 / 56)):
-    trainer.global_step.assign(step)
+    trainer.run.global_step.assign(step)
     np.testing.assert_allclose(float(table_lr()), want, rtol=1e-5)

@@ -17,38 +17,32 @@ from recsys.data.from_dataset import DatasetSource
 from recsys.data.sources import SourceSettingsError, run_sources
 from recsys.errors import SettingsError
 from recsys.train_settings import TrainSettings
-from recsys.training import Trainer, TrainerConfigError
+from recsys.training import TrainerConfigError
+from recsys.training.controller import LoopSchedule
 from recsys.training.train import configured_settings
 from tests.training.sources import ArraySource
 
 E = tf.tpu.experimental.embedding
 
 
-def test_the_trainer_keeps_the_loops_settings_normalized():
-  fields = {f.name for f in dataclasses.fields(TrainSettings)}
-  typed = {name for name in Trainer.__annotations__ if name in fields}
-  trainer = Trainer.__new__(Trainer)  # only the attributes, nothing built
-  trainer._store_settings(  # pylint: disable=protected-access
-    TrainSettings(
-      global_batch_size=64,
-      eval_batch_size=None,
-      steps_per_loop=1,
-      train_steps=np.int64(5),  # a NumPy integer from a Python caller
-      exclude_seen=True,
-    )
+def test_the_loops_schedule_is_the_settings_normalized():
+  settings = TrainSettings(
+    global_batch_size=64,
+    eval_batch_size=None,
+    steps_per_loop=1,
+    train_steps=np.int64(5),  # a NumPy integer from a Python caller
+    exclude_seen=True,
   )
-  assert trainer.eval_batch_size == 64  # None: the global batch size
-  assert trainer.steps_per_loop == 1
-  assert trainer.eval_every == 0
-  assert trainer.train_steps == 5 and isinstance(trainer.train_steps, int)
-  assert trainer.exclude_seen is True
+  schedule = LoopSchedule.of_settings(settings)
+  assert settings_lib.eval_batch_size(settings) == 64  # None: the global
+  assert schedule.steps_per_loop == 1
+  assert schedule.eval_every == 0
+  assert schedule.train_steps == 5 and isinstance(schedule.train_steps, int)
+  assert settings.exclude_seen is True
   # A float, None or a bool where an int is meant is refused when the
   # settings are made (`recsys.ranges`), no longer rounded here.
   with pytest.raises(SettingsError, match="train.train_steps must be"):
     TrainSettings(train_steps=5.0)
-  # What _store_settings sets is what the class annotations type (mypy).
-  stored = {name for name in vars(trainer) if name in fields}
-  assert stored == typed
 
 
 def test_switches_set_a_setting_to_the_opposite_of_its_default():
@@ -81,9 +75,7 @@ def test_configured_settings_are_the_bound_ones_evaluated():
     32,
   )
   assert got.seed == TrainSettings().seed  # unbound: the default
-  trainer = Trainer.__new__(Trainer)  # only the attributes, nothing built
-  trainer._store_settings(got)  # pylint: disable=protected-access
-  assert trainer.eval_batch_size == 32
+  assert settings_lib.eval_batch_size(got) == 32
 
 
 def _dataset():

@@ -52,17 +52,18 @@ def make_trainer(
   )
 
 
-def state(trainer):
-  """Every variable a step changes: tables, slots, dense weights, opt slots."""
+def state(run):
+  """Every variable a step changes: tables, slots, dense weights, opt slots
+  (of a `RestoredRun`: a Trainer's is `trainer.run`)."""
   out = {}
-  for table, var in trainer.backend.embedding_tables.items():
+  for table, var in run.backend.embedding_tables.items():
     out[f"table/{table.name}"] = var.numpy()
-  for table, slots in trainer.backend.slot_variables().items():
+  for table, slots in run.backend.slot_variables().items():
     for name, var in slots.items():
       out[f"slot/{table}/{name}"] = var.numpy()
-  for var in trainer.model.trainable_variables:
+  for var in run.model.trainable_variables:
     out[f"dense/{var.name}"] = var.numpy()
-  for i, var in enumerate(trainer.dense_optimizer.variables):
+  for i, var in enumerate(run.dense_optimizer.variables):
     out[f"opt/{i}"] = np.asarray(var.numpy())
   return out
 
@@ -80,7 +81,7 @@ def test_train_writes_run_files(tmp_path):
   trainer = make_trainer(tmp_path, train_steps=8)
   metrics = trainer.train()
   assert metrics["step"] == 8
-  assert int(trainer.global_step.numpy()) == 8
+  assert int(trainer.run.global_step.numpy()) == 8
   for key in (
     "train/loss",
     "eval/loss",
@@ -103,7 +104,7 @@ def test_eval_loss_matches_numpy_bce_of_predictions(tmp_path):
   trainer = make_trainer(tmp_path, train_steps=4)
   trainer.train()
   logits, labels = [], []
-  for features, y in trainer.source.dataset(10, training=False):
+  for features, y in trainer.run.source.dataset(10, training=False):
     acts = trainer.backend.lookup(
       {n: features["categorical"][n] for n in ("user", "tags")},
       {"user": None, "tags": features["weights"]["tags"]},
@@ -122,17 +123,17 @@ def test_kill_and_resume_continues_at_saved_step(tmp_path):
   whole.train()
   first = make_trainer(tmp_path / "split", train_steps=8)
   first.train()
-  saved = state(first)
+  saved = state(first.run)
   del first  # the "kill"
   resumed = make_trainer(tmp_path / "split", train_steps=16)
-  assert resumed.restored_step == 8
-  assert int(resumed.global_step.numpy()) == 8
+  assert resumed.run.restored_step == 8
+  assert int(resumed.run.global_step.numpy()) == 8
   # Restored tables, optimizer slots and dense weights are exactly as saved.
-  assert_same_state(state(resumed), saved)
+  assert_same_state(state(resumed.run), saved)
   resumed.train()
-  assert int(resumed.global_step.numpy()) == 16
+  assert int(resumed.run.global_step.numpy()) == 16
   # ... and the data continued where it stopped: as the run that never did.
-  assert_same_state(state(resumed), state(whole), rtol=1e-6, atol=1e-7)
+  assert_same_state(state(resumed.run), state(whole.run), rtol=1e-6, atol=1e-7)
 
 
 def test_same_seed_same_metrics(tmp_path):
@@ -146,22 +147,19 @@ def test_same_seed_same_metrics(tmp_path):
 @pytest.mark.slow
 def test_two_replicas_match_one_on_the_same_global_batch(tmp_path):
   """2 mirrored CPU replicas == 1 replica with the combined batch (state)."""
-  one = make_trainer(
-    tmp_path / "one",
-    strategy=mirrored_strategy(1),
-    train_steps=8,
-    optimizer=embedding.Adam(0.01),
-  )
-  one.train()
-  two = make_trainer(
-    tmp_path / "two",
-    strategy=mirrored_strategy(2),
-    train_steps=8,
-    optimizer=embedding.Adam(0.01),
-  )
-  two.train()
-  assert two.strategy.num_replicas_in_sync == 2
-  assert_same_state(state(one), state(two), rtol=2e-5, atol=1e-6)
+  trained = []
+  for replicas in (1, 2):  # each built and trained in turn
+    trainer = make_trainer(
+      tmp_path / f"replicas_{replicas}",
+      strategy=mirrored_strategy(replicas),
+      train_steps=8,
+      optimizer=embedding.Adam(0.01),
+    )
+    trainer.train()
+    trained.append(trainer)
+  one, two = trained
+  assert two.run.strategy.num_replicas_in_sync == 2
+  assert_same_state(state(one.run), state(two.run), rtol=2e-5, atol=1e-6)
 
 
 def test_batch_not_divisible_by_replicas_is_refused(tmp_path):
@@ -174,11 +172,11 @@ def test_embedding_learning_rate_schedule_follows_the_step(tmp_path):
   schedule = schedules.WarmupPolyDecay(0.5, warmup_steps=4)
   opt = embedding.SGD(learning_rate=schedule)
   trainer = make_trainer(tmp_path, train_steps=4, optimizer=opt)
-  bound = trainer.embedding_optimizer
+  bound = trainer.run.embedding_optimizer
   assert type(bound) is embedding.SGD and callable(bound.learning_rate)
-  trainer.global_step.assign(1)
+  trainer.run.global_step.assign(1)
   np.testing.assert_allclose(float(bound.learning_rate()), 0.5 * 2 / 4)
-  trainer.global_step.assign(10)
+  trainer.run.global_step.assign(10)
   np.testing.assert_allclose(float(bound.learning_rate()), 0.5)
   # The caller's optimizer is not rewritten (bound on a copy).
   assert opt.learning_rate is schedule

@@ -28,6 +28,7 @@ from recsys import ranges
 from recsys.data import ials_batches as names
 from recsys.feature_spec import FeatureSpec
 from recsys.models.errors import EmbeddingDimError, ModelConfigError
+from recsys.models.loss_inputs import LossInputs
 from recsys.models.retrieval import ials_solve
 from recsys.models.retrieval.model import DEFAULT_KS, RetrievalModel
 
@@ -250,28 +251,14 @@ class ImplicitALS(RetrievalModel):
   #: e_r - solve_r exactly (evaluation sums and counts its examples itself).
   SUMMED_LOSS = True
 
-  def per_example_loss(
-    self,
-    activations: Mapping[str, tf.Tensor],
-    features: Mapping[str, tf.Tensor] | None = None,
-    labels: tf.Tensor | None = None,
-    training: bool = True,
-    sample_weight: tf.Tensor | None = None,
-    compute_metrics: bool | None = None,
-  ) -> tf.Tensor:
+  def per_example_loss(self, batch: LossInputs) -> tf.Tensor:
     """Training: each row's half-step loss of the module docstring `[B]`
     (the step sums them: `SUMMED_LOSS`). Evaluation:
     `RetrievalModel.per_example_loss` (in-batch softmax loss, corpus hit
     rates)."""
-    if not training:
-      return super().per_example_loss(
-        activations,
-        features,
-        labels,
-        training=training,
-        sample_weight=sample_weight,
-        compute_metrics=compute_metrics,
-      )
+    if not batch.training:
+      return super().per_example_loss(batch)
+    activations, features = batch.activations, batch.features
     missing = [
       key
       for key in (names.SIDE, names.COUNTS, names.SEGMENT)

@@ -17,6 +17,7 @@ import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
 from recsys._keras import keras
+from recsys.models import layers as model_layers
 from recsys.models.errors import ModelConfigError
 
 _MIN_SCORE = float(np.finfo(np.float32).min / 100.0)
@@ -55,23 +56,12 @@ class CorpusIndex(tfrs.layers.factorized_top_k.TopK):
       )
     self._num_candidates = int(num_candidates)
     self._dim = int(dim)
-    # ONLY_FIRST_REPLICA: assigning from a replica context (strategy.run) is
-    # allowed.
-    self._embeddings = self.add_weight(
-      name="embeddings",
-      shape=[self._num_candidates, self._dim],
-      dtype=tf.float32,
-      initializer="zeros",
-      trainable=False,
-      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+    # Assignable from a replica context (strategy.run).
+    self._embeddings = model_layers.replica_state(
+      self, "embeddings", [self._num_candidates, self._dim]
     )
-    self._valid = self.add_weight(
-      name="valid",
-      shape=[self._num_candidates],
-      dtype=tf.float32,
-      initializer="zeros",
-      trainable=False,
-      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+    self._valid = model_layers.replica_state(
+      self, "valid", [self._num_candidates]
     )
     self._is_indexed = False
 

@@ -28,6 +28,7 @@ from recsys.feature_spec import FeatureSpec
 from recsys.models import evaluation_hooks as hooks_lib
 from recsys.models.base import _ModelBase, example_weights
 from recsys.models.errors import FeatureMismatchError, ModelConfigError
+from recsys.models.loss_inputs import LossInputs
 from recsys.models.retrieval import index as retrieval_index
 from recsys.models.retrieval import metrics as retrieval_metrics
 from recsys.models.retrieval import seen_items
@@ -44,8 +45,8 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
   of accidental hits). Evaluation ranks the whole candidate corpus: index it
   with `index_candidates(ids, embeddings)` (`corpus_index`, a fixed-size
   variable `[V, K]`, V = the candidate id feature's vocabulary, so it works
-  inside `tf.function` and `strategy.run`), then `per_example_loss(...,
-  training=False)` (or `compute_loss`) updates `hit_rates`
+  inside `tf.function` and `strategy.run`), then `per_example_loss(
+  LossInputs(..., training=False))` (or `compute_loss`) updates `hit_rates`
   (top-1/5/10/50/100) against it, leaving out each query's seen candidates
   when the batch carries them.
 
@@ -225,22 +226,7 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
       ) from e
     return tf.reshape(tf.cast(ids, tf.int64), [-1])
 
-  def weighted_sampling_probability(
-    self, features: Mapping[str, tf.Tensor]
-  ) -> tf.Tensor:
-    """The sampling probabilities the log-Q correction subtracts the log
-    of (`InBatchSoftmax.weighted_sampling_probability`)."""
-    return self.retrieval_task.weighted_sampling_probability(features)
-
-  def per_example_loss(
-    self,
-    activations: Mapping[str, tf.Tensor],
-    features: Mapping[str, tf.Tensor] | None = None,
-    labels: tf.Tensor | None = None,
-    training: bool = True,
-    sample_weight: tf.Tensor | None = None,
-    compute_metrics: bool | None = None,
-  ) -> tf.Tensor:
+  def per_example_loss(self, batch: LossInputs) -> tf.Tensor:
     """The in-batch softmax loss of each query `[B]` (`recsys.models.base`).
 
     Row i's candidate is the positive of query i; the other rows' candidates
@@ -249,20 +235,14 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     The loss itself is `retrieval_task`'s; this turns the batch into what
     it needs and updates `hit_rates`.
 
-    Args:
-      activations: feature name -> activation, query and candidate features.
-      features: the batch (candidate ids, optional
-        "candidate_sampling_probability" `[B]`).
-      labels: ignored (retrieval labels are all ones).
-      training: passed to the layers.
-      sample_weight: optional `[B]` query weights; a row weighted 0 (a
-        padded eval batch's padding) is left out: no query that counts and
-        no in-batch negative.
-      compute_metrics: update the corpus hit rates (default: not training);
-        needs `index_candidates` first. When the batch carries
-        `features["seen_candidate_ids"]` (`seen_items`), each
-        query's seen candidates are left out of its ranking (never its
-        true candidate).
+    Of `batch`: the features give the candidate ids and an optional
+    "candidate_sampling_probability" `[B]`; labels are ignored (retrieval
+    labels are all ones); a row weighted 0 is no query that counts and no
+    in-batch negative. `compute_metrics` updates the corpus hit rates
+    (None: when not training) and needs `index_candidates` first; when the
+    batch carries `features["seen_candidate_ids"]`
+    (`recsys.models.retrieval.seen_items`), each query's seen candidates
+    are left out of its ranking (never its true candidate).
 
     Returns:
       `[B]` weighted losses.
@@ -271,22 +251,24 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
       FeatureMismatchError: log-Q correction without sampling probabilities.
       RuntimeError: hit rates requested before `index_candidates`.
     """
-    del labels
+    training, compute_metrics = batch.training, batch.compute_metrics
     if compute_metrics is None:
       compute_metrics = not training
     if compute_metrics and not self.corpus_index.is_indexed:
       raise RuntimeError(
         f"{type(self).__name__}: corpus hit rates need the candidate corpus: "
-        "call "
-        "model.index_candidates(ids, embeddings) before compute_loss(..., "
-        "compute_metrics=True), or pass compute_metrics=False."
+        "call model.index_candidates(ids, embeddings) before a loss of "
+        "LossInputs(..., compute_metrics=True), or pass "
+        "compute_metrics=False."
       )
-    features = features or {}
-    q = self.query_embeddings(activations, features, training=training)
-    c = self.candidate_embeddings(activations, features, training=training)
+    features = batch.features or {}
+    q = self.query_embeddings(batch.activations, features, training=training)
+    c = self.candidate_embeddings(
+      batch.activations, features, training=training
+    )
     probability = self.retrieval_task.sampling_probability(features, q.dtype)
     ids = self.candidate_ids(features) if "categorical" in features else None
-    weight = example_weights(sample_weight, q.dtype)
+    weight = example_weights(batch.sample_weight, q.dtype)
     per_example = self.retrieval_task.loss(
       q,
       c,
@@ -309,19 +291,6 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
   def cross_replica_negatives(self) -> bool:
     """Whether in-batch negatives span every replica's batch."""
     return self.retrieval_task.cross_replica_negatives
-
-  def in_batch_candidates(
-    self,
-    embeddings: tf.Tensor,
-    ids: tf.Tensor | None = None,
-    sampling_probability: tf.Tensor | None = None,
-    valid: tf.Tensor | None = None,
-  ) -> tuple:
-    """The candidates in-batch negatives come from
-    (`InBatchSoftmax.candidates`)."""
-    return self.retrieval_task.candidates(
-      embeddings, ids, sampling_probability, valid
-    )
 
   def evaluation_hooks(
     self, context: hooks_lib.EvaluationContext

@@ -38,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from recsys._keras import keras
+from recsys.models import layers as model_layers
 from recsys.models.errors import ModelConfigError
 
 NEGATIVES = ("in_batch", "mixed", "corpus")
@@ -76,32 +77,15 @@ class CandidateBank(keras.layers.Layer):
     # ONLY_FIRST_REPLICA: assignable from a replica context (strategy.run);
     # every replica writes the same global batch (`_whole_step`), the first
     # one's write is kept.
-    self.embeddings = self.add_weight(
-      name="embeddings",
-      shape=[self.num_candidates, self.dim],
-      dtype=tf.float32,
-      initializer="zeros",
-      trainable=False,
-      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+    self.embeddings = model_layers.replica_state(
+      self, "embeddings", [self.num_candidates, self.dim]
     )
-    self.filled = self.add_weight(
-      name="filled",
-      shape=[self.num_candidates],
-      dtype=tf.float32,
-      initializer="zeros",
-      trainable=False,
-      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+    self.filled = model_layers.replica_state(
+      self, "filled", [self.num_candidates]
     )
     # Stateless draws keyed by (salt, draw count): every replica draws the
     # same corpus sample, the one a single replica draws; resumes continue.
-    self.draws = self.add_weight(
-      name="draws",
-      shape=[],
-      dtype=tf.int64,
-      initializer="zeros",
-      trainable=False,
-      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-    )
+    self.draws = model_layers.replica_state(self, "draws", [], tf.int64)
     self._salt = int(np.random.randint(1 << 31))
 
   def _whole_step(self, ids: tf.Tensor, embeddings: tf.Tensor):

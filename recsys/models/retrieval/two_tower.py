@@ -20,6 +20,7 @@ from recsys.models import layers as model_layers
 from recsys.models.base import example_weights
 from recsys.models.errors import ModelConfigError
 from recsys.models.layers import Pooling
+from recsys.models.loss_inputs import LossInputs
 from recsys.models.retrieval import negatives as retrieval_negatives
 from recsys.models.retrieval.model import DEFAULT_KS, RetrievalModel
 from recsys.models.retrieval.negatives import NEGATIVES
@@ -167,9 +168,7 @@ class TwoTower(RetrievalModel):
       self.candidate_bank = retrieval_negatives.CandidateBank(
         id_spec.vocabulary_size, query_tower[-1]
       )
-    regularizer = (
-      keras.regularizers.L2(l2_regularization) if l2_regularization else None
-    )
+    regularizer = model_layers.l2_regularizer(l2_regularization)
     self.query_tower = model_layers.mlp(
       query_tower,
       final_activation=None,
@@ -236,15 +235,7 @@ class TwoTower(RetrievalModel):
     """The training softmax's negatives: "in_batch", "corpus" or "mixed"."""
     return self._negatives
 
-  def per_example_loss(
-    self,
-    activations: Mapping[str, tf.Tensor],
-    features: Mapping[str, tf.Tensor] | None = None,
-    labels: tf.Tensor | None = None,
-    training: bool = True,
-    sample_weight: tf.Tensor | None = None,
-    compute_metrics: bool | None = None,
-  ) -> tf.Tensor:
+  def per_example_loss(self, batch: LossInputs) -> tf.Tensor:
     """`RetrievalModel.per_example_loss`, with `negatives` in training.
 
     With "corpus" or "mixed" a training step adds to the in-batch loss a
@@ -253,17 +244,10 @@ class TwoTower(RetrievalModel):
     embeddings in `candidate_bank` for the next steps. Evaluation
     (training=False) and "in_batch" use the in-batch task and its metrics.
     """
-    in_batch = super().per_example_loss(
-      activations,
-      features,
-      labels,
-      training=training,
-      sample_weight=sample_weight,
-      compute_metrics=compute_metrics,
-    )
-    if not training or self.candidate_bank is None:
+    in_batch = super().per_example_loss(batch)
+    if not batch.training or self.candidate_bank is None:
       return in_batch
-    features = features or {}
+    activations, features = batch.activations, batch.features or {}
     q = self.query_embeddings(activations, features, training=True)
     c = tf.stop_gradient(
       self.candidate_embeddings(activations, features, training=True)
@@ -275,12 +259,12 @@ class TwoTower(RetrievalModel):
         q, ids, table, filled, self._temperature
       )
     else:
-      probability = None
-      if self.retrieval_task.logq_weight:
-        probability = self.weighted_sampling_probability(features)
-      weight = example_weights(sample_weight, c.dtype)
+      task, probability = self.retrieval_task, None
+      if task.logq_weight:
+        probability = task.weighted_sampling_probability(features)
+      weight = example_weights(batch.sample_weight, c.dtype)
       valid = None if weight is None else weight > 0
-      c_all, ids_all, probability, valid = self.in_batch_candidates(
+      c_all, ids_all, probability, valid = task.candidates(
         c, ids, probability, valid
       )
       per_example = retrieval_negatives.mixed_softmax_loss(
@@ -297,7 +281,7 @@ class TwoTower(RetrievalModel):
         valid=valid,
       )
     self.candidate_bank.store(table, filled)
-    weight = example_weights(sample_weight, per_example.dtype)
+    weight = example_weights(batch.sample_weight, per_example.dtype)
     if weight is not None:
       per_example *= weight
     return in_batch + per_example

@@ -226,14 +226,18 @@ def _padded(ids, width):
 
 
 # ~40 s: a recsys process trains on 2 replicas (TF not yet started, as a
-# user runs it), evaluate and export run in-process, a process without the
-# project serves
+# user runs it), evaluate and export run in-process, a fresh process serves
+# before it imports the project
 @pytest.mark.slow
-def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path, caplog):
+def test_train_evaluate_export_and_serve_in_a_fresh_process(
+  tmp_path, tmp_path_factory, caplog, two_step_run
+):
   """The README's cpu_2replicas.gin from a fresh process, run as a user
   would (TF's own log level, output to a pipe), on an eval split smaller
   than one eval batch: all 50 examples scored. Then evaluate and export the
-  run, and serve the export in a process that cannot import recsys."""
+  run, and serve the export in a fresh process before it imports anything
+  of the project (`_fresh_interpreter`, which then runs the next test's
+  commands)."""
   model_dir, export_dir = tmp_path / "run", tmp_path / "export"
   bindings = sum(
     (
@@ -327,24 +331,12 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tmp_path, caplog):
   for n in names:
     inputs[n] = _padded(features["categorical"][n], specs[n].max_ids)
   np.savez(tmp_path / "inputs.npz", **inputs)
-  loader = textwrap.dedent(f"""
-      import numpy as np, tensorflow as tf
-      served = tf.saved_model.load(
-          {str(export_dir)!r}).signatures["serving_default"]
-      inputs = dict(np.load({str(tmp_path / "inputs.npz")!r}))
-      scores = served(
-          **{{k: tf.constant(v) for k, v in inputs.items()}})["scores"]
-      np.save({str(tmp_path / "scores.npy")!r}, scores.numpy())
-  """)
-  done = subprocess.run(
-    [sys.executable, "-c", loader],
-    capture_output=True,
-    text=True,
-    timeout=300,
-    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+  child = _fresh_interpreter(
+    two_step_run,
+    tmp_path_factory,
+    serve=(str(export_dir), str(tmp_path / "inputs.npz")),
   )
-  assert done.returncode == 0, done.stderr[-3000:]
-  got = np.load(tmp_path / "scores.npy")
+  got = np.load(child["scores"])
   assert got.shape == (13,)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
@@ -371,36 +363,80 @@ def _copy_of(run, tmp_path):
   return model_dir
 
 
-def test_evaluate_and_export_load_no_training_module(tmp_path, two_step_run):
+#: The fresh interpreter's results, once per module (`_fresh_interpreter`).
+_FRESH: dict = {}
+
+#: A fresh interpreter, as a user's: first (when asked) it serves an export
+#: with TensorFlow alone, nothing of the project imported, then it runs
+#: `recsys evaluate` and `recsys export` of a trained run and prints the
+#: modules of `recsys.training` they loaded.
+_FRESH_CHILD = textwrap.dedent("""
+    import json, sys
+    serve, model_dir, export_dir = json.loads(sys.argv[1])
+    if serve:
+      import numpy as np, tensorflow as tf
+      assert not [m for m in sys.modules if m.split(".")[0] in
+                  ("recsys", "backends")], "the project was imported"
+      export, inputs, scores = serve
+      served = tf.saved_model.load(export).signatures["serving_default"]
+      inputs = dict(np.load(inputs))
+      got = served(**{k: tf.constant(v) for k, v in inputs.items()})
+      np.save(scores, got["scores"].numpy())
+    import gin
+    from recsys import cli
+    assert cli.main(["evaluate", "--model_dir", model_dir]) == 0
+    gin.clear_config()
+    assert cli.main(["export", "--model_dir", model_dir,
+                     "--export_dir", export_dir]) == 0
+    print(sorted(m for m in sys.modules
+                 if m == "recsys.training" or m.startswith("recsys.training.")))
+""")
+
+
+def _fresh_interpreter(run, tmp_path_factory, serve=None):
+  """Runs `_FRESH_CHILD` once for the module (again only if a caller asks
+  it to serve and the first run did not): evaluate and export a copy of
+  `run`; `serve`: (export dir, inputs .npz) to score first. One TensorFlow
+  process for both tests that need a fresh one."""
+  if not _FRESH or (serve and not _FRESH["scores"]):
+    folder = tmp_path_factory.mktemp("fresh_interpreter")
+    model_dir = _copy_of(run, folder)
+    scores = str(folder / "scores.npy") if serve else None
+    export_dir = str(folder / "export")
+    argv = [
+      [*serve, scores] if serve else None,
+      model_dir,
+      export_dir,
+    ]
+    done = subprocess.run(
+      [sys.executable, "-c", _FRESH_CHILD, json.dumps(argv)],
+      cwd=ROOT,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+    _FRESH.update(
+      done=done, model_dir=model_dir, export_dir=export_dir, scores=scores
+    )
+  assert _FRESH["done"].returncode == 0, _FRESH["done"].stderr[-3000:]
+  return _FRESH
+
+
+def test_evaluate_and_export_load_no_training_module(
+  tmp_path_factory, two_step_run
+):
   """`recsys evaluate` and `recsys export` of a trained run, in a fresh
-  interpreter as a user runs them: both succeed, and no module of
-  `recsys.training` (the loop, the Trainer) was ever loaded."""
-  model_dir = _copy_of(two_step_run, tmp_path)
-  code = textwrap.dedent(f"""
-      import sys, gin
-      from recsys import cli
-      assert cli.main(["evaluate", "--model_dir", {model_dir!r}]) == 0
-      gin.clear_config()
-      assert cli.main(["export", "--model_dir", {model_dir!r},
-                       "--export_dir", {str(tmp_path / "export")!r}]) == 0
-      print(sorted(m for m in sys.modules
-                   if m == "recsys.training" or m.startswith("recsys.training.")))
-  """)
-  done = subprocess.run(
-    [sys.executable, "-c", code],
-    cwd=ROOT,
-    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
+  interpreter as a user runs them (`_fresh_interpreter`): both succeed, and
+  no module of `recsys.training` (the loop, the Trainer) was ever loaded."""
+  child = _fresh_interpreter(two_step_run, tmp_path_factory)
+  done = child["done"]
   assert done.returncode == 0, done.stderr[-3000:]
   assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-2000:]
-  assert (tmp_path / "export" / "saved_model.pb").exists()
-  assert (
-    json.loads((tmp_path / "run" / "eval_metrics.json").read_text())["step"]
-    == 2
-  )
+  assert os.path.exists(os.path.join(child["export_dir"], "saved_model.pb"))
+  metrics = os.path.join(child["model_dir"], "eval_metrics.json")
+  with open(metrics, encoding="utf-8") as f:
+    assert json.load(f)["step"] == 2
 
 
 # ~10 s: trains, exports and loads a two-tower model in-process

@@ -8,6 +8,7 @@ own lookups of those tables (the served scores must be the model's).
 
 import json
 import os
+import shutil
 
 import gin
 import numpy as np
@@ -51,11 +52,27 @@ def _tables(path, prefix):
   return out
 
 
+@pytest.fixture(scope="module")
+def bf16_run(tmp_path_factory):
+  """The tiny bfloat16 run, trained once for the module: tests export,
+  evaluate or resume a copy (`_copy_of`)."""
+  model_dir = str(tmp_path_factory.mktemp("bf16") / "run")
+  assert _train(model_dir, BF16) == 0
+  return model_dir
+
+
+def _copy_of(run, tmp_path):
+  """A copy of a trained run's folder (file times kept) in tmp_path/run."""
+  model_dir = str(tmp_path / "run")
+  shutil.copytree(run, model_dir)
+  return model_dir
+
+
 # ~25 s: trains a tiny run, exports, serves and evaluates it in-process
 @pytest.mark.slow
-def test_a_bfloat16_run_exports_serves_and_evaluates(tmp_path):
-  model_dir, export_dir = str(tmp_path / "run"), str(tmp_path / "export")
-  assert _train(model_dir, BF16) == 0
+def test_a_bfloat16_run_exports_serves_and_evaluates(tmp_path, bf16_run):
+  model_dir = _copy_of(bf16_run, tmp_path)
+  export_dir = str(tmp_path / "export")
   ckpt = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
   trained = _tables(ckpt, "embedding/")
   assert trained and all(d == tf.bfloat16 for d, _ in trained.values())
@@ -122,12 +139,11 @@ def test_a_bfloat16_run_exports_serves_and_evaluates(tmp_path):
 
 # ~25 s: trains a tiny run, then resumes it twice with another table dtype
 @pytest.mark.slow
-def test_a_resume_may_change_the_table_dtype(tmp_path, caplog):
+def test_a_resume_may_change_the_table_dtype(tmp_path, caplog, bf16_run):
   """bfloat16 -> float32 restores exactly, float32 -> bfloat16 rounds to
   nearest; each resume then trains and saves its own dtype."""
-  model_dir = str(tmp_path / "run")
+  model_dir = _copy_of(bf16_run, tmp_path)
   ckpts = os.path.join(model_dir, "checkpoints")
-  assert _train(model_dir, BF16) == 0
   with caplog.at_level("INFO", "recsys.backends"):
     assert _train(model_dir, "train.train_steps = 6") == 0
   assert "holds it in bfloat16; restoring into float32 (exact)" in caplog.text

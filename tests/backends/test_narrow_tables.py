@@ -433,10 +433,8 @@ def _exact_batches(steps):
   ]
 
 
-def _train_sharded(
-  replicas, dtype_name="bfloat16", steps=3, layouts=None, **options
-):
-  """`steps` Adagrad steps on `replicas` (each its slice of every batch)."""
+def _built(replicas, dtype_name, layouts=None, **options):
+  """An Adagrad backend of `_table()` on `replicas`, stored `dtype_name`."""
   strategy = strategy_for(replicas)
   with strategy.scope():
     emb = TensorCoreEmbedding(
@@ -444,12 +442,20 @@ def _train_sharded(
       E.Adagrad(0.1),
       strategy,
       layouts=dataclasses.replace(layouts or TableLayout(), dtype=dtype_name),
-      rounding_seed=3,
-      bag_widths=3,
       **options,
     )
     emb.build()
-  train_split(emb, strategy, _exact_batches(steps), replicas)
+  return emb
+
+
+def _train_sharded(
+  replicas, dtype_name="bfloat16", steps=3, layouts=None, **options
+):
+  """`steps` Adagrad steps on `replicas` (each its slice of every batch)."""
+  emb = _built(
+    replicas, dtype_name, layouts, rounding_seed=3, bag_widths=3, **options
+  )
+  train_split(emb, emb.strategy, _exact_batches(steps), replicas)
   return emb
 
 
@@ -510,27 +516,15 @@ def test_row_sharded_narrow_checkpoints_are_sliced_in_their_dtype(tmp_path):
   want = _bits(source)
   np.testing.assert_array_equal(reader.get_tensor(key).view(np.uint16), want)
 
-  def target(replicas, dtype_name, layouts=None):
-    strategy = strategy_for(replicas)
-    with strategy.scope():
-      emb = TensorCoreEmbedding(
-        {"f": E.FeatureConfig(_table())},
-        E.Adagrad(0.1),
-        strategy,
-        layouts=dataclasses.replace(layouts or TableLayout(), dtype=dtype_name),
-      )
-      emb.build()
-    return emb
-
-  four = target(
+  four = _built(
     4, "bfloat16", layouts=TableLayout("row_sharded", row_layout="contiguous")
   )
   checkpoint_lib.restore(four, path)
   np.testing.assert_array_equal(_bits(four), want)
-  replicated = target(1, "bfloat16")
+  replicated = _built(1, "bfloat16")
   checkpoint_lib.restore(replicated, path)
   np.testing.assert_array_equal(_bits(replicated), want)
-  wide = target(
+  wide = _built(
     2, "float32", layouts=TableLayout("row_sharded", row_layout="contiguous")
   )
   checkpoint_lib.restore(wide, path)

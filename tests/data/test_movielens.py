@@ -68,6 +68,11 @@ def write_atomic(folder, name="mini"):
   return str(folder)
 
 
+def in_order(folder, **options):
+  """Every rating of `folder` in training, in file order."""
+  return MovieLens(folder, test_fraction=0.0, shuffle=False, **options)
+
+
 def everything(source, training=True, batch=2):
   """All examples of a split, features as Python lists, in order."""
   out, labels = {}, []
@@ -104,12 +109,7 @@ EXPECTED_100K = {
 
 
 def test_ml100k_exact_values(tmp_path):
-  source = MovieLens(
-    write_ml100k(tmp_path / "ml-100k"),
-    variant="ml-100k",
-    test_fraction=0.0,
-    shuffle=False,
-  )
+  source = in_order(write_ml100k(tmp_path / "ml-100k"), variant="ml-100k")
   assert (
     source.num_users,
     source.num_items,
@@ -140,22 +140,11 @@ def test_ml100k_exact_values(tmp_path):
 
 
 def test_atomic_files_read_like_grouplens(tmp_path):
-  atomic = MovieLens(
-    write_atomic(tmp_path / "mini"),
-    variant="atomic",
-    test_fraction=0.0,
-    shuffle=False,
-  )
+  atomic = in_order(write_atomic(tmp_path / "mini"), variant="atomic")
   features, labels = everything(atomic)
   assert features == EXPECTED_100K and labels == [5.0, 3.0, 4.0, 1.0, 2.0]
   # Also found in a <dataset_name>/ subfolder.
-  sub = MovieLens(
-    str(tmp_path),
-    variant="atomic",
-    dataset_name="mini",
-    test_fraction=0.0,
-    shuffle=False,
-  )
+  sub = in_order(str(tmp_path), variant="atomic", dataset_name="mini")
   assert everything(sub)[0] == EXPECTED_100K
 
 
@@ -170,9 +159,7 @@ def test_ml1m_exact_values(tmp_path):
   (folder / "ratings.dat").write_text(
     "1::1193::5::978300760\n1::661::3::978302109\n2::914::3::978301968\n"
   )
-  source = MovieLens(
-    str(tmp_path), variant="ml-1m", test_fraction=0.0, shuffle=False
-  )
+  source = in_order(str(tmp_path), variant="ml-1m")
   features, labels = everything(source)
   # items sorted numerically 661, 914, 1193 -> 1, 2, 3; genres Animation, Children's, Drama,
   # Musical, Romance -> 1..5; occupations "10", "16" -> 1, 2; ages 1 -> <18, 56 -> 56+.
@@ -224,9 +211,7 @@ def test_splits_are_deterministic_disjoint_and_temporal(tmp_path):
 
 def test_retrieval_task(tmp_path):
   folder = write_ml100k(tmp_path / "ml-100k", ratings())
-  source = MovieLens(
-    folder, task="retrieval", min_rating=4, test_fraction=0.0, shuffle=False
-  )
+  source = in_order(folder, task="retrieval", min_rating=4)
   assert source.query_features == [
     "user_id",
     "user_age",
@@ -357,13 +342,9 @@ def test_training_shuffle_is_seeded_and_covers_each_epoch(tmp_path):
 
 
 def test_variant_auto_detects_the_layout_from_the_files(tmp_path):
-  atomic = MovieLens(
-    write_atomic(tmp_path / "mini"), test_fraction=0.0, shuffle=False
-  )
+  atomic = in_order(write_atomic(tmp_path / "mini"))
   assert atomic.variant == "atomic" and everything(atomic)[0] == EXPECTED_100K
-  grouplens = MovieLens(
-    write_ml100k(tmp_path / "ml-100k"), test_fraction=0.0, shuffle=False
-  )
+  grouplens = in_order(write_ml100k(tmp_path / "ml-100k"))
   assert (
     grouplens.variant == "ml-100k" and everything(grouplens)[0] == EXPECTED_100K
   )

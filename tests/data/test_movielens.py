@@ -359,17 +359,22 @@ def _ratings_text(rows, sep="\t"):
   return "".join(sep.join(str(v) for v in row) + "\n" for row in rows)
 
 
+def _split_files(folder, variant, sizes):
+  """`folder`'s source split by its files, its layout `variant` and its
+  (train, test) sizes `sizes`."""
+  source = MovieLens(str(folder), split="files", shuffle=False)
+  assert source.variant == variant
+  assert (source.train_size, source.test_size) == sizes
+  return source
+
+
 def test_fixed_split_from_grouplens_fold_files(tmp_path):
   """ml-100k's u1.base / u1.test are the train / test split, as given."""
   folder = tmp_path / "ml-100k"
   write_ml100k(folder)
   (folder / "u1.base").write_text(_ratings_text(RATINGS[:3]))
   (folder / "u1.test").write_text(_ratings_text(RATINGS[3:]))
-  source = MovieLens(str(folder), split="files", shuffle=False)
-  assert source.variant == "ml-100k" and (
-    source.train_size,
-    source.test_size,
-  ) == (3, 2)
+  source = _split_files(folder, "ml-100k", (3, 2))
   train, train_labels = everything(source, training=True)
   test, test_labels = everything(source, training=False)
   # Same encodings as the whole-file reader: users 1, 2, 10 -> 1, 2, 3.
@@ -394,11 +399,7 @@ def test_fixed_split_from_recbole_benchmark_files(tmp_path):
   header = "user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
   (folder / "mini.train.inter").write_text(header + _ratings_text(RATINGS[1:]))
   (folder / "mini.test.inter").write_text(header + _ratings_text(RATINGS[:1]))
-  source = MovieLens(str(folder), split="files", shuffle=False)
-  assert source.variant == "atomic" and (
-    source.train_size,
-    source.test_size,
-  ) == (4, 1)
+  source = _split_files(folder, "atomic", (4, 1))
   test, labels = everything(source, training=False)
   assert labels == [5.0] and test["user_id"] == [1] and test["user_age"] == [2]
   assert everything(source)[1] == [3.0, 4.0, 1.0, 2.0]

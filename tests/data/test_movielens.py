@@ -49,6 +49,16 @@ def write_ml100k(folder, ratings=RATINGS):
   return str(folder)
 
 
+def write_ml1m(folder, movies, ratings):
+  """ml-1m's files in `folder` (created): two users, `movies` (written
+  latin-1, as GroupLens's) and `ratings` (text of "::" lines)."""
+  folder.mkdir(parents=True)
+  (folder / "users.dat").write_text("1::F::1::10::48067\n2::M::56::16::70072\n")
+  (folder / "movies.dat").write_bytes(movies.encode("latin-1"))
+  (folder / "ratings.dat").write_text(ratings)
+  return str(folder)
+
+
 def write_atomic(folder, name="mini"):
   folder.mkdir(parents=True, exist_ok=True)
   (folder / f"{name}.inter").write_text(
@@ -149,15 +159,11 @@ def test_atomic_files_read_like_grouplens(tmp_path):
 
 
 def test_ml1m_exact_values(tmp_path):
-  folder = tmp_path / "ml-1m"
-  folder.mkdir()
-  (folder / "users.dat").write_text("1::F::1::10::48067\n2::M::56::16::70072\n")
-  (folder / "movies.dat").write_bytes(
+  write_ml1m(
+    tmp_path / "ml-1m",
     "1193::One Flew (1975)::Drama\n661::James (1996)::Animation|Children's|Musical\n"
-    "914::My Fair Lady (1964)::Musical|Romance\n".encode("latin-1")
-  )
-  (folder / "ratings.dat").write_text(
-    "1::1193::5::978300760\n1::661::3::978302109\n2::914::3::978301968\n"
+    "914::My Fair Lady (1964)::Musical|Romance\n",
+    "1::1193::5::978300760\n1::661::3::978302109\n2::914::3::978301968\n",
   )
   source = in_order(str(tmp_path), variant="ml-1m")
   features, labels = everything(source)

@@ -196,6 +196,21 @@ def reference_row_gradients(
   return grads
 
 
+def _case_row_gradients(
+  case: "_Case", w_a: Any, upstream: dict[str, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+  """A two-feature case's sorted ids and their summed row gradients `[U, D]`
+  (features "a" and "b" share table "t"; only "a" may be weighted)."""
+  bags_a, bags_b = case.bags
+  grads = reference_row_gradients(bags_a, w_a, case.combiner, upstream["a"])
+  for i, g in reference_row_gradients(
+    bags_b, None, case.combiner, upstream["b"]
+  ).items():
+    grads[i] = grads.get(i, 0.0) + g
+  ids = np.array(sorted(grads), np.int64)
+  return ids, np.stack([grads[i] for i in ids])
+
+
 def linear_loss_step(
   backend: base.EmbeddingBackend, features: Any, weights: Any, cotangents: Any
 ) -> Any:
@@ -551,18 +566,10 @@ class Conformance:
     for k, v in want_slots.items():
       _close(slots[k], v, f"{opt_name}: initial value of slot {k!r}")
     upstreams = self._train_steps(backend, case, 2)
-    bags_a, bags_b = case.bags
-    w_a = _weights_like(bags_a, 1) if case.weighted else None
+    w_a = _weights_like(case.bags[0], 1) if case.weighted else None
     for upstream in upstreams:
-      grads = reference_row_gradients(bags_a, w_a, case.combiner, upstream["a"])
-      for i, g in reference_row_gradients(
-        bags_b, None, case.combiner, upstream["b"]
-      ).items():
-        grads[i] = grads.get(i, 0.0) + g
-      ids = np.array(sorted(grads), np.int64)
-      table, slots = ref.apply(
-        optimizer, table, slots, ids, np.stack([grads[i] for i in ids])
-      )
+      ids, grads = _case_row_gradients(case, w_a, upstream)
+      table, slots = ref.apply(optimizer, table, slots, ids, grads)
     what = f"{case_name} after 2 steps ({case.kind} ids, {case.combiner})"
     _close(_tables(backend)["t"], table, what + ": table")
     got_slots = _slots(backend).get("t", {})
@@ -605,18 +612,13 @@ class Conformance:
     if not self.capabilities.trains:
       return
     (upstream,) = self._train_steps(backend, case, 1)
-    grads = reference_row_gradients(bags_a, w_a, case.combiner, upstream["a"])
-    for i, g in reference_row_gradients(
-      bags_b, None, case.combiner, upstream["b"]
-    ).items():
-      grads[i] = grads.get(i, 0.0) + g
-    ids = np.array(sorted(grads), np.int64)
+    ids, grads = _case_row_gradients(case, w_a, upstream)
     want, _ = ref.apply(
       optimizer,
       table.astype(np.float64),
       ref.initial_slots(optimizer, VOCAB, DIM),
       ids,
-      np.stack([grads[i] for i in ids]),
+      grads,
     )
     _close(_tables(backend)["t"], want, f"{what}: a step, straight through")
 

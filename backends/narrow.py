@@ -309,6 +309,19 @@ def saturation_variables(
   )
 
 
+def rounding_step_variable(name: str) -> tf.Variable:
+  """Table `name`'s count of rounded updates, one per replica (`ON_READ`),
+  each advanced identically (not checkpointed)."""
+  return tf.Variable(
+    0,
+    dtype=tf.int64,
+    trainable=False,
+    name=f"{name}_rounding_step",
+    synchronization=tf.VariableSynchronization.ON_READ,
+    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+  )
+
+
 @dataclasses.dataclass
 class Rounding:
   """How one narrow table's updates are rounded: a seed and a step counter.

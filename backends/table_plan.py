@@ -219,14 +219,7 @@ def whole_tables(
 ) -> list[TablePlan]:
   """Every table whole on each device (`where`); one over the budget
   alone named."""
-  return [
-    split(
-      s,
-      *choose_shards(s.total_bytes, 1, request.budget_bytes, backend),
-      TableLayout(where, request.dtype(s.name)),
-    )
-    for s in request.tables
-  ]
+  return small_whole_big_split(request, 1, backend, where)
 
 
 def small_whole_big_split(

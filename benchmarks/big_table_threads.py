@@ -42,9 +42,7 @@ def child(args) -> None:
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  tf.config.threading.set_intra_op_parallelism_threads(args.intra_threads)
-  tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
-  step, prepare = embedding_step._tf_step("recsys", args)  # pylint: disable=protected-access
+  step, prepare = embedding_step.tf_step_with_threads("recsys", args)
   batches = embedding_step.make_batches(
     args.distinct_batches,
     args.batch,

@@ -110,15 +110,8 @@ IMPLS = (
 # recsys with its tables stored narrow (whatever --table_dtype says), to
 # race float32 side by side in one run.
 _NARROW_IMPLS = {"recsys_bf16": "bfloat16", "recsys_fp16": "float16"}
-DEFAULT_IMPLS = (
-  "recsys",
-  "tfrs",
-  "keras_embedding",
-  "tf_fused",
-  "torch_bag",
-  "fbgemm",
-  "torchrec",
-)
+# Every implementation but recsys's variants of itself.
+DEFAULT_IMPLS = tuple(i for i in IMPLS if not i.startswith("recsys_"))
 _NEEDS = {
   "torch_bag": ("torch",),
   "fbgemm": ("torch", "fbgemm_gpu"),
@@ -157,6 +150,19 @@ def make_batches(
   return batches
 
 
+def args_batches(args) -> list[Batch]:
+  """The `--distinct_batches` batches the flags describe."""
+  return make_batches(
+    args.distinct_batches,
+    args.batch,
+    args.features,
+    args.rows,
+    args.max_bag,
+    args.zipf,
+    args.seed,
+  )
+
+
 def make_labels(num_batches: int, batch: int, seed: int) -> list[np.ndarray]:
   rng = np.random.default_rng(seed + 1)
   return [
@@ -188,6 +194,23 @@ def _tf_step(impl: str, args) -> tuple[Callable, Callable]:
 
   def sparse(batch):
     return {k: r.to_sparse() for k, r in ragged(batch).items()}
+
+  def keras_step(embed, variables, opt):
+    """A step training `variables` with the Keras optimizer `opt` (the head
+    with `head_opt`); `embed(features)` gives the activations `[B, F * D]`."""
+
+    @tf.function
+    def step(features, labels):
+      with tf.GradientTape() as tape:
+        loss = bce(labels, head(embed(features)))
+      grads = tape.gradient(loss, variables + head.trainable_variables)
+      opt.apply_gradients(zip(grads[: len(variables)], variables))
+      head_opt.apply_gradients(
+        zip(grads[len(variables) :], head.trainable_variables)
+      )
+      return loss
+
+    return step
 
   if impl in ("recsys", "recsys_ragged", "recsys_tf_ops", "recsys_xla") or (
     impl in _NARROW_IMPLS
@@ -252,21 +275,12 @@ def _tf_step(impl: str, args) -> tuple[Callable, Callable]:
         )[0]
       )
     )
-    tvars = layer.trainable_variables
 
-    @tf.function
-    def step(features, labels):
-      with tf.GradientTape() as tape:
-        acts = layer(features)
-        loss = bce(labels, head(tf.concat([acts[n] for n in names], axis=1)))
-      grads = tape.gradient(loss, tvars + head.trainable_variables)
-      opt.apply_gradients(zip(grads[: len(tvars)], tvars))
-      head_opt.apply_gradients(
-        zip(grads[len(tvars) :], head.trainable_variables)
-      )
-      return loss
+    def tfrs_acts(features):
+      acts = layer(features)
+      return tf.concat([acts[n] for n in names], axis=1)
 
-    return step, sparse
+    return keras_step(tfrs_acts, layer.trainable_variables, opt), sparse
 
   if impl == "keras_embedding":
     layers = {n: tf.keras.layers.Embedding(args.rows, args.dim) for n in names}
@@ -275,19 +289,11 @@ def _tf_step(impl: str, args) -> tuple[Callable, Callable]:
     opt = tf.keras.optimizers.Adagrad(args.lr)
     variables = [v for n in names for v in layers[n].trainable_variables]
 
-    @tf.function
-    def step(features, labels):
-      with tf.GradientTape() as tape:
-        acts = [tf.reduce_sum(layers[n](features[n]), axis=1) for n in names]
-        loss = bce(labels, head(tf.concat(acts, axis=1)))
-      grads = tape.gradient(loss, variables + head.trainable_variables)
-      opt.apply_gradients(zip(grads[: len(variables)], variables))
-      head_opt.apply_gradients(
-        zip(grads[len(variables) :], head.trainable_variables)
-      )
-      return loss
+    def bag_sums(features):
+      acts = [tf.reduce_sum(layers[n](features[n]), axis=1) for n in names]
+      return tf.concat(acts, axis=1)
 
-    return step, ragged
+    return keras_step(bag_sums, variables, opt), ragged
 
   if impl == "tf_fused":
     init = tf.keras.initializers.TruncatedNormal(stddev=args.dim**-0.5)
@@ -324,6 +330,18 @@ def _tf_step(impl: str, args) -> tuple[Callable, Callable]:
     return step, sparse
 
   raise ValueError(f"unknown implementation {impl!r}; choose from {IMPLS}")
+
+
+def tf_step_with_threads(impl: str, args) -> tuple[Callable, Callable]:
+  """`_tf_step` in a TF set to the `--intra_threads`/`--inter_threads`
+  thread pools (before any op runs)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+
+  tf.config.threading.set_intra_op_parallelism_threads(args.intra_threads)
+  tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
+  return _tf_step(impl, args)
 
 
 # -- PyTorch implementations ---------------------------------------------------
@@ -452,22 +470,13 @@ def _torch_step(impl: str, args) -> tuple[Callable, Callable]:
 
 def run_one(impl: str, args) -> dict[str, Any]:
   """Times one implementation in this process; returns its figures."""
-  batches = make_batches(
-    args.distinct_batches,
-    args.batch,
-    args.features,
-    args.rows,
-    args.max_bag,
-    args.zipf,
-    args.seed,
-  )
+  batches = args_batches(args)
   labels = make_labels(len(batches), args.batch, args.seed)
   if impl in ("torch_bag", "fbgemm", "torchrec"):
     import torch  # pylint: disable=g-import-not-at-top
 
     step, prepare = _torch_step(impl, args)
-    inputs = [prepare(b) for b in batches]
-    labels = [torch.from_numpy(y) for y in labels]
+    as_tensor = torch.from_numpy
 
     def sync(loss):
       return float(loss.detach())
@@ -476,18 +485,15 @@ def run_one(impl: str, args) -> dict[str, Any]:
   else:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-    import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-
-    tf.config.threading.set_intra_op_parallelism_threads(args.intra_threads)
-    tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
-    step, prepare = _tf_step(impl, args)
-    inputs = [prepare(b) for b in batches]
-    labels = [tf.constant(y) for y in labels]
+    step, prepare = tf_step_with_threads(impl, args)
+    as_tensor = tf.constant
 
     def sync(loss):
       return float(loss.numpy())
 
     threads = tf_threads_seen()
+  inputs = [prepare(b) for b in batches]
+  labels = [as_tensor(y) for y in labels]
   n = len(inputs)
   for i in range(args.warmup):
     sync(step(inputs[i % n], labels[i % n]))
@@ -541,20 +547,8 @@ def profile_one(impl: str, args) -> None:
   import op_profile  # pylint: disable=g-import-not-at-top  (this folder)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  import recsys  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-
-  tf.config.threading.set_intra_op_parallelism_threads(args.intra_threads)
-  tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
-  step, prepare = _tf_step(impl, args)
-  batches = make_batches(
-    args.distinct_batches,
-    args.batch,
-    args.features,
-    args.rows,
-    args.max_bag,
-    args.zipf,
-    args.seed,
-  )
+  step, prepare = tf_step_with_threads(impl, args)
+  batches = args_batches(args)
   inputs = [prepare(b) for b in batches]
   labels = [
     tf.constant(y) for y in make_labels(len(batches), args.batch, args.seed)

@@ -111,6 +111,23 @@ def ials_training(
   return backend, step
 
 
+def epoch(pairs, users, items, args, steps_multiple=1) -> list:
+  """One epoch of iALS batches, `--batch_size` rows, histories cut at
+  `--history_chunk` ids."""
+  from recsys.data import ials_batches  # noqa: PLC0415
+
+  return list(
+    ials_batches.epoch_batches(
+      pairs,
+      users,
+      items,
+      args.batch_size,
+      steps_multiple=steps_multiple,
+      history_chunk=args.history_chunk,
+    )
+  )
+
+
 def main() -> None:
   args = _parse()
   import recsys  # noqa: F401, PLC0415  (Keras 2 before TensorFlow)
@@ -151,16 +168,7 @@ def main() -> None:
   build, seconds = [], []
   for _ in range(args.epochs + 1):  # the first epoch traces
     start = time.perf_counter()
-    batches = list(
-      ials_batches.epoch_batches(
-        pairs,
-        users,
-        items,
-        args.batch_size,
-        steps_multiple=replicas,
-        history_chunk=args.history_chunk,
-      )
-    )
+    batches = epoch(pairs, users, items, args, steps_multiple=replicas)
     build.append(time.perf_counter() - start)
     start = time.perf_counter()
     for first in range(0, len(batches), replicas):

@@ -83,15 +83,7 @@ def main() -> None:
     specs, args.dim, args.reg, args.alpha, reg_exponent=args.reg_exponent
   )
 
-  batches = list(
-    ials_batches.epoch_batches(
-      pairs,
-      users,
-      items,
-      args.batch_size,
-      history_chunk=args.history_chunk,
-    )
-  )
+  batches = ials_scale.epoch(pairs, users, items, args)
   tables = {t.name: v for t, v in backend.embedding_tables.items()}
   p0, q0 = tables["user"].numpy(), tables["item"].numpy()
   seconds = []

@@ -475,14 +475,7 @@ class ReplicaSharded(base.TableStorage):
     if narrow.is_narrow(self.dtype):
       # The table's updates so far, per replica, each advanced identically
       # (as a replicated narrow table's; not checkpointed).
-      self._rounding_step = tf.Variable(
-        0,
-        dtype=tf.int64,
-        trainable=False,
-        name=f"{self.name}_rounding_step",
-        synchronization=tf.VariableSynchronization.ON_READ,
-        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-      )
+      self._rounding_step = narrow.rounding_step_variable(self.name)
       # Each owner counts the values its rows' updates saturate: summed.
       self._saturation = narrow.saturation_variables(
         self.name, tf.VariableAggregation.SUM

@@ -111,14 +111,7 @@ class Replicated(base.TableStorage):
     self._variables = {"parameters": params, **slots}
     if narrow.is_narrow(self.dtype):
       # Per replica, advanced identically by each; not checkpointed.
-      counter = tf.Variable(
-        0,
-        dtype=tf.int64,
-        trainable=False,
-        name=f"{name}_rounding_step",
-        synchronization=tf.VariableSynchronization.ON_READ,
-        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-      )
+      counter = narrow.rounding_step_variable(name)
       self._rounding = narrow.Rounding(
         self._rounding_seed,
         counter,

@@ -13,8 +13,9 @@ import tensorflow as tf  # noqa: E402
 
 import backends  # noqa: E402
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-from backends import optimizers  # noqa: E402
+from backends import conformance, optimizers  # noqa: E402
 from backends import reference_optimizers as ref  # noqa: E402
+from tests.backends import optimizer_cases  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 VOCAB, DIM, BATCH = 23, 7, 5
@@ -55,16 +56,6 @@ def _expected_row_grads(
   )
 
 
-def _train_step(emb, features, weights, coefficients):
-  """One step of the linear loss sum_f <acts_f, c_f>: d loss / d acts_f = c_f."""
-  with tf.GradientTape() as tape:
-    acts = emb.lookup(features, weights, training=True)
-    tape.watch(acts)
-    loss = tf.add_n([tf.reduce_sum(acts[k] * coefficients[k]) for k in acts])
-  emb.apply_gradients(tape.gradient(loss, acts))
-  return acts
-
-
 @pytest.mark.parametrize("in_function", [False, True])
 def test_padded_unweighted_bags_train_like_numpy(in_function):
   rng = np.random.default_rng(0)
@@ -85,7 +76,11 @@ def test_padded_unweighted_bags_train_like_numpy(in_function):
   coefficients = {
     k: tf.constant(rng.normal(size=(BATCH, DIM)), tf.float32) for k in rows
   }
-  step = tf.function(_train_step) if in_function else _train_step
+  step = (
+    tf.function(conformance.linear_loss_step)
+    if in_function
+    else conformance.linear_loss_step
+  )
   acts = step(emb, padded, None, coefficients)
 
   for k in rows:
@@ -132,7 +127,7 @@ def test_weighted_and_unweighted_features_share_a_table():
   coefficients = {
     k: tf.constant(rng.normal(size=(BATCH, DIM)), tf.float32) for k in rows
   }
-  acts = _train_step(emb, features, weights, coefficients)
+  acts = conformance.linear_loss_step(emb, features, weights, coefficients)
 
   np.testing.assert_allclose(
     acts["w"], _expected_acts(table0, rows["w"], wts), rtol=1e-5, atol=1e-6
@@ -168,7 +163,7 @@ def test_sparse_tensor_out_of_canonical_order():
     dense_shape=[BATCH, 3],
   )
   coefficients = {"f": tf.constant(rng.normal(size=(BATCH, DIM)), tf.float32)}
-  acts = _train_step(emb, {"f": sparse}, None, coefficients)
+  acts = conformance.linear_loss_step(emb, {"f": sparse}, None, coefficients)
 
   np.testing.assert_allclose(
     acts["f"], _expected_acts(table0, rows), rtol=1e-5, atol=1e-6
@@ -185,15 +180,7 @@ def test_sparse_tensor_out_of_canonical_order():
 def _optimizers():
   return {
     "sgd": E.SGD(0.1),
-    "adagrad_options": E.Adagrad(
-      0.1,
-      initial_accumulator_value=0.5,
-      clipvalue=0.3,
-      weight_decay_factor=0.01,
-      multiply_weight_decay_factor_by_learning_rate=True,
-      clip_weight_min=-0.4,
-      clip_weight_max=0.4,
-    ),
+    "adagrad_options": optimizer_cases.adagrad_with_options(),
     "adagrad_momentum": E.AdagradMomentum(0.1, momentum=0.9, beta2=0.9),
     "adam_lazy": E.Adam(0.05),
     "adam_dense": E.Adam(0.05, lazy_adam=False),

@@ -33,26 +33,26 @@ def test_a_dict_names_its_tables_others_left_out_or_defaulted():
   assert dtypes == {"C1": "float32", "C2": "bfloat16", "C10": "float32"}
 
 
+def _assert_placements_refused(placements, match):
+  """`EmbeddingPlacement.tables = placements` is refused with `match`."""
+  with pytest.raises(layout.LayoutSettingError, match=match):
+    layout.per_table(placements, TABLES, NAMES, Placement.requestable())
+
+
 def test_an_unknown_table_is_refused_with_the_closest_name():
-  with pytest.raises(
-    layout.LayoutSettingError,
-    match=r"EmbeddingPlacement.tables names unknown tables \['C100'\]; the "
+  _assert_placements_refused(
+    {"C100": "row_sharded"},
+    r"EmbeddingPlacement.tables names unknown tables \['C100'\]; the "
     r"tables are \['C1', 'C10', 'C2'\]. Did you mean 'C10'\?",
-  ):
-    layout.per_table(
-      {"C100": "row_sharded"}, TABLES, NAMES, Placement.requestable()
-    )
+  )
 
 
 def test_an_unknown_value_names_the_setting_the_table_and_the_valid_ones():
-  with pytest.raises(
-    layout.LayoutSettingError,
-    match=r"EmbeddingPlacement.tables\['C10'\] = 'row_shard'; use one of "
+  _assert_placements_refused(
+    {"C10": "row_shard"},
+    r"EmbeddingPlacement.tables\['C10'\] = 'row_shard'; use one of "
     r"'replicated', 'row_sharded'. Did you mean 'row_sharded'\?",
-  ):
-    layout.per_table(
-      {"C10": "row_shard"}, TABLES, NAMES, Placement.requestable()
-    )
+  )
   with pytest.raises(
     layout.LayoutSettingError,
     match=r"EmbeddingPlacement.exchange = 'all_gathr'; use one of "

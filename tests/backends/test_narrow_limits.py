@@ -22,6 +22,7 @@ from backends.layout import TableLayout
 from backends.tensorcore import TensorCoreEmbedding
 from recsys import layers, planning
 from recsys._keras import keras
+from tests.backends.replica_steps import strategy_for, train_split
 from tests.conftest import mirrored_strategy
 
 E = tf.tpu.experimental.embedding
@@ -116,11 +117,7 @@ SHARDED_F16 = TableLayout("row_sharded", "float16", row_layout="contiguous")
 
 def _train(replicas=1, jit=False, **options):
   """3 SGD steps of a float16 table, each replica its slice of a batch."""
-  strategy = (
-    mirrored_strategy(replicas)
-    if replicas > 1
-    else tf.distribute.get_strategy()
-  )
+  strategy = strategy_for(replicas)
   with strategy.scope():
     emb = TensorCoreEmbedding(
       {
@@ -134,23 +131,7 @@ def _train(replicas=1, jit=False, **options):
     )
     emb.build()
   emb.embedding_tables[emb.tables[0]].assign(_initial().astype(np.float16))
-
-  @tf.function(jit_compile=jit)
-  def step(ids, c):
-    def replica(ids, c):
-      emb({"f": ids}, training=True)
-      emb.apply_gradients({"f": c})
-
-    strategy.run(replica, (ids, c))
-
-  for ids, c in _batches():
-    dist = strategy.experimental_distribute_values_from_function(
-      lambda ctx, ids=ids, c=c: (
-        tf.constant(ids[ctx.replica_id_in_sync_group :: replicas]),
-        tf.constant(c[ctx.replica_id_in_sync_group :: replicas]),
-      )
-    )
-    step(*dist)
+  train_split(emb, strategy, _batches(), replicas, jit_compile=jit)
   return emb
 
 

@@ -20,6 +20,7 @@ from backends import reference_optimizers as ref
 from backends.layout import TableLayout
 from backends.tensorcore import TensorCoreEmbedding
 from recsys import planning
+from tests.backends.replica_steps import strategy_for, train_split
 from tests.conftest import mirrored_strategy
 
 E = tf.tpu.experimental.embedding
@@ -351,23 +352,7 @@ def test_two_replicas_keep_identical_narrow_copies():
       bag_widths=3,
     )
     emb.build()
-
-  @tf.function
-  def step(ids, c):
-    def replica(ids, c):
-      emb({"f": ids}, training=True)
-      emb.apply_gradients({"f": c})
-
-    strategy.run(replica, (ids, c))
-
-  for ids, c in _batches(3):
-    dist = strategy.experimental_distribute_values_from_function(
-      lambda ctx, ids=ids, c=c: (
-        tf.constant(ids[ctx.replica_id_in_sync_group :: 2]),
-        tf.constant(c[ctx.replica_id_in_sync_group :: 2]),
-      )
-    )
-    step(*dist)
+  train_split(emb, strategy, _batches(3), 2)
   copies = strategy.experimental_local_results(
     emb.embedding_tables[emb.tables[0]]
   )
@@ -448,43 +433,29 @@ def _exact_batches(steps):
   ]
 
 
-def _train_sharded(
-  replicas, dtype_name="bfloat16", steps=3, layouts=None, **options
-):
-  """`steps` Adagrad steps on `replicas` (each its slice of every batch)."""
-  strategy = (
-    mirrored_strategy(replicas)
-    if replicas > 1
-    else tf.distribute.get_strategy()
-  )
+def _built(replicas, dtype_name, layouts=None, **options):
+  """An Adagrad backend of `_table()` on `replicas`, stored `dtype_name`."""
+  strategy = strategy_for(replicas)
   with strategy.scope():
     emb = TensorCoreEmbedding(
       {"f": E.FeatureConfig(_table())},
       E.Adagrad(0.1),
       strategy,
       layouts=dataclasses.replace(layouts or TableLayout(), dtype=dtype_name),
-      rounding_seed=3,
-      bag_widths=3,
       **options,
     )
     emb.build()
+  return emb
 
-  @tf.function
-  def step(ids, c):
-    def replica(ids, c):
-      emb({"f": ids}, training=True)
-      emb.apply_gradients({"f": c})
 
-    strategy.run(replica, (ids, c))
-
-  for ids, c in _exact_batches(steps):
-    dist = strategy.experimental_distribute_values_from_function(
-      lambda ctx, ids=ids, c=c: (
-        tf.constant(ids[ctx.replica_id_in_sync_group :: replicas]),
-        tf.constant(c[ctx.replica_id_in_sync_group :: replicas]),
-      )
-    )
-    step(*dist)
+def _train_sharded(
+  replicas, dtype_name="bfloat16", steps=3, layouts=None, **options
+):
+  """`steps` Adagrad steps on `replicas` (each its slice of every batch)."""
+  emb = _built(
+    replicas, dtype_name, layouts, rounding_seed=3, bag_widths=3, **options
+  )
+  train_split(emb, emb.strategy, _exact_batches(steps), replicas)
   return emb
 
 
@@ -545,31 +516,15 @@ def test_row_sharded_narrow_checkpoints_are_sliced_in_their_dtype(tmp_path):
   want = _bits(source)
   np.testing.assert_array_equal(reader.get_tensor(key).view(np.uint16), want)
 
-  def target(replicas, dtype_name, layouts=None):
-    strategy = (
-      mirrored_strategy(replicas)
-      if replicas > 1
-      else tf.distribute.get_strategy()
-    )
-    with strategy.scope():
-      emb = TensorCoreEmbedding(
-        {"f": E.FeatureConfig(_table())},
-        E.Adagrad(0.1),
-        strategy,
-        layouts=dataclasses.replace(layouts or TableLayout(), dtype=dtype_name),
-      )
-      emb.build()
-    return emb
-
-  four = target(
+  four = _built(
     4, "bfloat16", layouts=TableLayout("row_sharded", row_layout="contiguous")
   )
   checkpoint_lib.restore(four, path)
   np.testing.assert_array_equal(_bits(four), want)
-  replicated = target(1, "bfloat16")
+  replicated = _built(1, "bfloat16")
   checkpoint_lib.restore(replicated, path)
   np.testing.assert_array_equal(_bits(replicated), want)
-  wide = target(
+  wide = _built(
     2, "float32", layouts=TableLayout("row_sharded", row_layout="contiguous")
   )
   checkpoint_lib.restore(wide, path)

@@ -418,17 +418,33 @@ def _tf_vars(table0, *slots0):
   return [tf.Variable(x) for x in (table0,) + slots0]
 
 
-@pytest.mark.parametrize("initial_accumulator", [0.1, 1.0])
-def test_adagrad_matches_resource_sparse_apply_adagrad_v2(initial_accumulator):
-  opt = E.Adagrad(0.15, initial_accumulator_value=initial_accumulator)
+def _assert_steps_match_tf(opt, tf_slots0, tf_apply, rtol, atol):
+  """Runs `_steps()` through our update, TF's kernel
+  (`tf_apply(table, *slots, ids, grads)` on variables holding the table and
+  `tf_slots0`, by slot name) and the reference; after each step ours and the
+  reference must equal TF's table and slots."""
   table0 = _initial_table()
   table, slots = _variables(opt, table0)
-  tf_table, tf_acc = _tf_vars(
-    table0, np.full((VOCAB, DIM), initial_accumulator, np.float32)
-  )
+  tf_vars = _tf_vars(table0, *tf_slots0.values())
   want_table, want_slots = table0, ref.initial_slots(opt, VOCAB, DIM)
   for ids, grads in _steps():
     optimizers.apply_sparse_update(opt, table, slots, ids, grads)
+    tf_apply(*tf_vars, ids, grads)
+    want_table, want_slots = ref.apply(opt, want_table, want_slots, ids, grads)
+    gots = [table, *(slots[k] for k in tf_slots0)]
+    wants = [want_table, *(want_slots[k] for k in tf_slots0)]
+    for got, tf_got, want in zip(gots, tf_vars, wants):
+      np.testing.assert_allclose(
+        np.asarray(got), np.asarray(tf_got), rtol=rtol, atol=atol
+      )
+      np.testing.assert_allclose(want, np.asarray(tf_got), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("initial_accumulator", [0.1, 1.0])
+def test_adagrad_matches_resource_sparse_apply_adagrad_v2(initial_accumulator):
+  opt = E.Adagrad(0.15, initial_accumulator_value=initial_accumulator)
+
+  def tf_apply(tf_table, tf_acc, ids, grads):
     tf.raw_ops.ResourceSparseApplyAdagradV2(
       var=tf_table.handle,
       accum=tf_acc.handle,
@@ -437,15 +453,14 @@ def test_adagrad_matches_resource_sparse_apply_adagrad_v2(initial_accumulator):
       grad=grads,
       indices=ids,
     )
-    want_table, want_slots = ref.apply(opt, want_table, want_slots, ids, grads)
-    for got, tf_got, want in [
-      (table, tf_table, want_table),
-      (slots["accumulators"], tf_acc, want_slots["accumulators"]),
-    ]:
-      np.testing.assert_allclose(
-        np.asarray(got), np.asarray(tf_got), rtol=RTOL, atol=ATOL
-      )
-      np.testing.assert_allclose(want, np.asarray(tf_got), rtol=RTOL, atol=ATOL)
+
+  _assert_steps_match_tf(
+    opt,
+    {"accumulators": np.full((VOCAB, DIM), initial_accumulator, np.float32)},
+    tf_apply,
+    RTOL,
+    ATOL,
+  )
 
 
 FTRL_VS_TF = {
@@ -474,16 +489,8 @@ def test_ftrl_matches_resource_sparse_apply_ftrl(options):
   """TF's kernel has no beta; the proto says: use l2 + beta / (2 lr)."""
   lr = 0.2
   opt = E.FTRL(lr, initial_accumulator_value=0.3, **options)
-  table0 = _initial_table()
-  table, slots = _variables(opt, table0)
-  tf_table, tf_acc, tf_lin = _tf_vars(
-    table0,
-    np.full((VOCAB, DIM), 0.3, np.float32),
-    np.zeros((VOCAB, DIM), np.float32),
-  )
-  want_table, want_slots = table0, ref.initial_slots(opt, VOCAB, DIM)
-  for ids, grads in _steps():
-    optimizers.apply_sparse_update(opt, table, slots, ids, grads)
+
+  def tf_apply(tf_table, tf_acc, tf_lin, ids, grads):
     tf.raw_ops.ResourceSparseApplyFtrl(
       var=tf_table.handle,
       accum=tf_acc.handle,
@@ -496,16 +503,17 @@ def test_ftrl_matches_resource_sparse_apply_ftrl(options):
       lr_power=opt.learning_rate_power,
       multiply_linear_by_lr=opt.multiply_linear_by_learning_rate,
     )
-    want_table, want_slots = ref.apply(opt, want_table, want_slots, ids, grads)
-    for got, tf_got, want in [
-      (table, tf_table, want_table),
-      (slots["accumulators"], tf_acc, want_slots["accumulators"]),
-      (slots["linears"], tf_lin, want_slots["linears"]),
-    ]:
-      np.testing.assert_allclose(
-        np.asarray(got), np.asarray(tf_got), rtol=1e-4, atol=1e-5
-      )
-      np.testing.assert_allclose(want, np.asarray(tf_got), rtol=1e-4, atol=1e-5)
+
+  _assert_steps_match_tf(
+    opt,
+    {
+      "accumulators": np.full((VOCAB, DIM), 0.3, np.float32),
+      "linears": np.zeros((VOCAB, DIM), np.float32),
+    },
+    tf_apply,
+    1e-4,
+    1e-5,
+  )
 
 
 def test_non_lazy_adam_matches_resource_apply_adam_without_bias_correction():

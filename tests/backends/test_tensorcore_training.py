@@ -7,6 +7,7 @@ import tensorflow as tf
 import backends
 from backends import conformance
 from backends import reference_optimizers as ref
+from tests.backends import optimizer_cases
 from tests.conftest import mirrored_strategy
 
 E = tf.tpu.experimental.embedding
@@ -18,15 +19,7 @@ def _optimizers():
   return {
     "sgd": lambda: E.SGD(0.1),
     "adagrad": lambda: E.Adagrad(0.1),
-    "adagrad_options": lambda: E.Adagrad(
-      0.1,
-      initial_accumulator_value=0.5,
-      clipvalue=0.3,
-      weight_decay_factor=0.01,
-      multiply_weight_decay_factor_by_learning_rate=True,
-      clip_weight_min=-0.4,
-      clip_weight_max=0.4,
-    ),
+    "adagrad_options": optimizer_cases.adagrad_with_options,
     "adagrad_momentum": lambda: E.AdagradMomentum(
       0.1, momentum=0.9, use_nesterov=True, beta2=0.9, exponent=3.0
     ),

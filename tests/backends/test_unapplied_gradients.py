@@ -58,13 +58,20 @@ def test_eager_loop_that_forgets_apply_gradients_fails_at_its_second_step(name):
   train_step(emb, IDS)
 
 
-def test_traced_step_without_apply_fails_at_the_next_trace():
-  emb = make()
+def _forgetful_step(emb):
+  """A traced training lookup never followed by `apply_gradients` (errors
+  name the trace: "forgetful_step")."""
 
   @tf.function
   def forgetful_step(ids):
     return tf.reduce_sum(emb.lookup(ids, training=True)["f"])
 
+  return forgetful_step
+
+
+def test_traced_step_without_apply_fails_at_the_next_trace():
+  emb = make()
+  forgetful_step = _forgetful_step(emb)
   forgetful_step(IDS)
   with pytest.raises(pending.UnappliedGradientsError, match="while tracing"):
     forgetful_step({"f": tf.constant([[1, 2]], tf.int64)})  # a retrace
@@ -77,11 +84,7 @@ def _applied_step(emb):
 def test_traced_step_without_apply_fails_at_its_second_call():
   """One trace runs many times: the runtime guard catches the second run."""
   emb = make()
-
-  @tf.function
-  def forgetful_step(ids):
-    return tf.reduce_sum(emb.lookup(ids, training=True)["f"])
-
+  forgetful_step = _forgetful_step(emb)
   forgetful_step(IDS)
   with pytest.raises(
     tf.errors.InvalidArgumentError,

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from recsys.data import CriteoTSV, DataFormatError, MovieLens
+from tests.data import test_movielens
 from tests.data import test_movielens_identity as movielens_identity
 from tests.data.test_criteo import V, collect, make_rows, write
 from tests.data.test_movielens import (
@@ -41,17 +42,13 @@ def _ratings_text(rows, sep="\t"):
 
 
 def write_ml1m(folder):
-  folder.mkdir(parents=True)
-  (folder / "users.dat").write_text("1::F::1::10::48067\n2::M::56::16::70072\n")
-  (folder / "movies.dat").write_bytes(
+  return test_movielens.write_ml1m(
+    folder,
     "1193::One Flew (1975)::Drama\n661::Caf\xe9 (1996)::Animation|Musical\n"
-    "914::My Fair Lady (1964)::Musical|Romance\n".encode("latin-1")
-  )
-  (folder / "ratings.dat").write_text(
+    "914::My Fair Lady (1964)::Musical|Romance\n",
     "1::1193::5::978300760\n1::661::3::978302109\n2::914::3::978301968\n"
-    "2::1193::4::978301969\n"
+    "2::1193::4::978301969\n",
   )
-  return str(folder)
 
 
 def write_folds(folder):

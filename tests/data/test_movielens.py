@@ -49,6 +49,16 @@ def write_ml100k(folder, ratings=RATINGS):
   return str(folder)
 
 
+def write_ml1m(folder, movies, ratings):
+  """ml-1m's files in `folder` (created): two users, `movies` (written
+  latin-1, as GroupLens's) and `ratings` (text of "::" lines)."""
+  folder.mkdir(parents=True)
+  (folder / "users.dat").write_text("1::F::1::10::48067\n2::M::56::16::70072\n")
+  (folder / "movies.dat").write_bytes(movies.encode("latin-1"))
+  (folder / "ratings.dat").write_text(ratings)
+  return str(folder)
+
+
 def write_atomic(folder, name="mini"):
   folder.mkdir(parents=True, exist_ok=True)
   (folder / f"{name}.inter").write_text(
@@ -66,6 +76,11 @@ def write_atomic(folder, name="mini"):
     "3\tNothing\t1996\t\n"
   )
   return str(folder)
+
+
+def in_order(folder, **options):
+  """Every rating of `folder` in training, in file order."""
+  return MovieLens(folder, test_fraction=0.0, shuffle=False, **options)
 
 
 def everything(source, training=True, batch=2):
@@ -104,12 +119,7 @@ EXPECTED_100K = {
 
 
 def test_ml100k_exact_values(tmp_path):
-  source = MovieLens(
-    write_ml100k(tmp_path / "ml-100k"),
-    variant="ml-100k",
-    test_fraction=0.0,
-    shuffle=False,
-  )
+  source = in_order(write_ml100k(tmp_path / "ml-100k"), variant="ml-100k")
   assert (
     source.num_users,
     source.num_items,
@@ -140,39 +150,22 @@ def test_ml100k_exact_values(tmp_path):
 
 
 def test_atomic_files_read_like_grouplens(tmp_path):
-  atomic = MovieLens(
-    write_atomic(tmp_path / "mini"),
-    variant="atomic",
-    test_fraction=0.0,
-    shuffle=False,
-  )
+  atomic = in_order(write_atomic(tmp_path / "mini"), variant="atomic")
   features, labels = everything(atomic)
   assert features == EXPECTED_100K and labels == [5.0, 3.0, 4.0, 1.0, 2.0]
   # Also found in a <dataset_name>/ subfolder.
-  sub = MovieLens(
-    str(tmp_path),
-    variant="atomic",
-    dataset_name="mini",
-    test_fraction=0.0,
-    shuffle=False,
-  )
+  sub = in_order(str(tmp_path), variant="atomic", dataset_name="mini")
   assert everything(sub)[0] == EXPECTED_100K
 
 
 def test_ml1m_exact_values(tmp_path):
-  folder = tmp_path / "ml-1m"
-  folder.mkdir()
-  (folder / "users.dat").write_text("1::F::1::10::48067\n2::M::56::16::70072\n")
-  (folder / "movies.dat").write_bytes(
+  write_ml1m(
+    tmp_path / "ml-1m",
     "1193::One Flew (1975)::Drama\n661::James (1996)::Animation|Children's|Musical\n"
-    "914::My Fair Lady (1964)::Musical|Romance\n".encode("latin-1")
+    "914::My Fair Lady (1964)::Musical|Romance\n",
+    "1::1193::5::978300760\n1::661::3::978302109\n2::914::3::978301968\n",
   )
-  (folder / "ratings.dat").write_text(
-    "1::1193::5::978300760\n1::661::3::978302109\n2::914::3::978301968\n"
-  )
-  source = MovieLens(
-    str(tmp_path), variant="ml-1m", test_fraction=0.0, shuffle=False
-  )
+  source = in_order(str(tmp_path), variant="ml-1m")
   features, labels = everything(source)
   # items sorted numerically 661, 914, 1193 -> 1, 2, 3; genres Animation, Children's, Drama,
   # Musical, Romance -> 1..5; occupations "10", "16" -> 1, 2; ages 1 -> <18, 56 -> 56+.
@@ -224,9 +217,7 @@ def test_splits_are_deterministic_disjoint_and_temporal(tmp_path):
 
 def test_retrieval_task(tmp_path):
   folder = write_ml100k(tmp_path / "ml-100k", ratings())
-  source = MovieLens(
-    folder, task="retrieval", min_rating=4, test_fraction=0.0, shuffle=False
-  )
+  source = in_order(folder, task="retrieval", min_rating=4)
   assert source.query_features == [
     "user_id",
     "user_age",
@@ -357,13 +348,9 @@ def test_training_shuffle_is_seeded_and_covers_each_epoch(tmp_path):
 
 
 def test_variant_auto_detects_the_layout_from_the_files(tmp_path):
-  atomic = MovieLens(
-    write_atomic(tmp_path / "mini"), test_fraction=0.0, shuffle=False
-  )
+  atomic = in_order(write_atomic(tmp_path / "mini"))
   assert atomic.variant == "atomic" and everything(atomic)[0] == EXPECTED_100K
-  grouplens = MovieLens(
-    write_ml100k(tmp_path / "ml-100k"), test_fraction=0.0, shuffle=False
-  )
+  grouplens = in_order(write_ml100k(tmp_path / "ml-100k"))
   assert (
     grouplens.variant == "ml-100k" and everything(grouplens)[0] == EXPECTED_100K
   )
@@ -378,17 +365,22 @@ def _ratings_text(rows, sep="\t"):
   return "".join(sep.join(str(v) for v in row) + "\n" for row in rows)
 
 
+def _split_files(folder, variant, sizes):
+  """`folder`'s source split by its files, its layout `variant` and its
+  (train, test) sizes `sizes`."""
+  source = MovieLens(str(folder), split="files", shuffle=False)
+  assert source.variant == variant
+  assert (source.train_size, source.test_size) == sizes
+  return source
+
+
 def test_fixed_split_from_grouplens_fold_files(tmp_path):
   """ml-100k's u1.base / u1.test are the train / test split, as given."""
   folder = tmp_path / "ml-100k"
   write_ml100k(folder)
   (folder / "u1.base").write_text(_ratings_text(RATINGS[:3]))
   (folder / "u1.test").write_text(_ratings_text(RATINGS[3:]))
-  source = MovieLens(str(folder), split="files", shuffle=False)
-  assert source.variant == "ml-100k" and (
-    source.train_size,
-    source.test_size,
-  ) == (3, 2)
+  source = _split_files(folder, "ml-100k", (3, 2))
   train, train_labels = everything(source, training=True)
   test, test_labels = everything(source, training=False)
   # Same encodings as the whole-file reader: users 1, 2, 10 -> 1, 2, 3.
@@ -413,11 +405,7 @@ def test_fixed_split_from_recbole_benchmark_files(tmp_path):
   header = "user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
   (folder / "mini.train.inter").write_text(header + _ratings_text(RATINGS[1:]))
   (folder / "mini.test.inter").write_text(header + _ratings_text(RATINGS[:1]))
-  source = MovieLens(str(folder), split="files", shuffle=False)
-  assert source.variant == "atomic" and (
-    source.train_size,
-    source.test_size,
-  ) == (4, 1)
+  source = _split_files(folder, "atomic", (4, 1))
   test, labels = everything(source, training=False)
   assert labels == [5.0] and test["user_id"] == [1] and test["user_age"] == [2]
   assert everything(source)[1] == [3.0, 4.0, 1.0, 2.0]

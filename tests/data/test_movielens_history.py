@@ -13,7 +13,7 @@ from recsys.data.movielens import files as movielens_files
 from recsys.data.user_history import ItemHistory, UserHistory
 from recsys.errors import SettingsError
 from recsys.testing.movielens import write_ml100k_like
-from tests.data.test_movielens import write_atomic, write_ml100k
+from tests.data.test_movielens import in_order, write_atomic, write_ml100k
 
 
 def rows(source, training, feature="user_history", with_label=False):
@@ -93,20 +93,16 @@ def test_history_from_raw_ids_matches_the_reader(generated):
 def test_history_weights_and_max_length(tmp_path):
   # User 1 rated item 1 (5 stars, oldest) and item 3 (1 star, newest).
   folder = write_ml100k(tmp_path / "ml-100k")
-  by_rating = MovieLens(
+  by_rating = in_order(
     folder,
-    test_fraction=0.0,
-    shuffle=False,
     history=UserHistory(weights="rating"),
   )
   examples = rows(by_rating, True)
   # Example 0: user 1, item 1 -> history [item 3] weighted 1/5.
   assert examples[0][:3] == (1, 1, [3])
   np.testing.assert_allclose(examples[0][3], [0.2])
-  recency = MovieLens(
+  recency = in_order(
     folder,
-    test_fraction=0.0,
-    shuffle=False,
     history=UserHistory(weights="recency", half_life=1.0),
   )
   full = recency.raw_parser().parse_raw(
@@ -114,10 +110,8 @@ def test_history_weights_and_max_length(tmp_path):
   )
   assert full["categorical"]["user_history"][0].numpy().tolist() == [3, 1]
   np.testing.assert_allclose(full["weights"]["user_history"][0], [1.0, 0.5])
-  short = MovieLens(
+  short = in_order(
     folder,
-    test_fraction=0.0,
-    shuffle=False,
     history=UserHistory(max_length=1),
   )
   # Newest only (user 1: item 3, user 2: item 2); own item dropped -> [0].
@@ -129,10 +123,8 @@ def test_history_weights_and_max_length(tmp_path):
 @pytest.mark.parametrize("layout", ["ml-100k", "atomic"])
 def test_side_features_read_from_known_rows(tmp_path, layout):
   writer = write_ml100k if layout == "ml-100k" else write_atomic
-  source = MovieLens(
+  source = in_order(
     writer(tmp_path / layout),
-    test_fraction=0.0,
-    shuffle=False,
     title_min_count=1,
     features=["user_id", "item_id", "item_year", "item_title", "user_zip"],
   )

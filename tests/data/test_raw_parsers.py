@@ -12,10 +12,16 @@ import pytest
 import tensorflow as tf
 
 import recsys  # noqa: F401
-from recsys.data import CATEGORICAL_NAMES, CriteoTSV, MovieLens, SyntheticCTR
+from recsys.data import CATEGORICAL_NAMES, CriteoTSV, SyntheticCTR
 from recsys.data.criteo_raw import DENSE_NAMES, DENSE_PATTERN, CriteoRawParser
 from tests.data.test_criteo import V, collect, make_rows, reference, write
-from tests.data.test_movielens import EXPECTED_100K, everything, write_ml100k
+from tests.data.test_movielens import (
+  EXPECTED_100K,
+  RATINGS,
+  everything,
+  in_order,
+  write_ml100k,
+)
 
 # Negatives, missing, the largest count int64 holds, 0, hex in and out of
 # the C1 vocabulary file, a row of empty categoricals, non-hex text.
@@ -167,19 +173,10 @@ def test_criteo_dense_pattern_accepts_exactly_the_int64_counts():
 
 
 def test_movielens_parse_raw_equals_the_reader(tmp_path):
-  ratings = [
-    (1, 1, 5, 881250949),
-    (2, 1, 3, 881250950),
-    (10, 2, 4, 881250951),
-    (1, 3, 1, 881250952),
-    (2, 2, 2, 881250953),
-    (10, 3, 4, 881250999),
-  ]
-  source = MovieLens(
+  ratings = [*RATINGS, (10, 3, 4, 881250999)]
+  source = in_order(
     write_ml100k(tmp_path / "ml-100k", ratings),
     variant="ml-100k",
-    test_fraction=0.0,
-    shuffle=False,
     timestamp_buckets=3,
   )
   read, _ = everything(source)
@@ -209,12 +206,7 @@ def test_movielens_parse_raw_equals_the_reader(tmp_path):
 
 
 def test_movielens_out_of_vocabulary_ids_map_to_0_and_are_flagged(tmp_path):
-  source = MovieLens(
-    write_ml100k(tmp_path / "ml-100k"),
-    variant="ml-100k",
-    test_fraction=0.0,
-    shuffle=False,
-  )
+  source = in_order(write_ml100k(tmp_path / "ml-100k"), variant="ml-100k")
   parser = source.raw_parser()
   names = [s.name for s in source.feature_specs]
   raw = {

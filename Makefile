@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	    -e '.[test,lint]' ) || \
 	( $(BIN)/pip install --quiet --upgrade pip && \
 	  $(BIN)/pip install --quiet -e '.[test,lint]' )
-	$(BIN)/python -m backends.kernels || echo "make: fused CPU kernels not built; the TF ops will be used"
+	$(BIN)/python -m backends.tensorcore.kernels || echo "make: fused CPU kernels not built; the TF ops will be used"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -58,9 +58,9 @@ bench: $(STAMP)
 	OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE $(BIN)/python benchmarks/embedding_step.py --repeats 3
 	OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE $(BIN)/python benchmarks/dlrm_vs_torchrec.py --config default,heavy --repeats 3
 
-# The fused CPU kernels (backends/kernels/embedding_ops.cc), rebuilt.
+# The fused CPU kernels (backends/tensorcore/kernels/embedding_ops.cc), rebuilt.
 kernels: $(STAMP)
-	$(BIN)/python -m backends.kernels --force
+	$(BIN)/python -m backends.tensorcore.kernels --force
 
 clean:
 	rm -rf $(VENV) runs

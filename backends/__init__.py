@@ -9,7 +9,8 @@ math and the same checkpoint layout, on different hardware:
   tpu_embedding     TF's TPUEmbedding (embedding_feature V1) or
                     TPUEmbeddingV2 (V2)
   tpu_embedding_v0  TF's own TPUEmbeddingV0
-  sharded           tables row-sharded over parameter servers
+  parameter_servers tables split over parameter servers (old name:
+                    `sharded`, still accepted with a warning)
   serving           TF's TPUEmbeddingForServing (lookup only, CPU inference)
 
 Example:
@@ -41,7 +42,7 @@ _EXPORTS = {
   "get": "backends.registry",
   "names": "backends.registry",
   "select": "backends.registry",
-  "TensorCoreEmbedding": "backends.tensorcore",
+  "TensorCoreEmbedding": "backends.tensorcore.backend",
 }
 
 __all__ = sorted(_EXPORTS)

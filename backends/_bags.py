@@ -9,10 +9,10 @@ row once and sums `scale * row` into the segments; its transpose,
 `row_gradients`, sums `scale * d(loss)/d(activation)` into each unique row.
 
 Both run either as TF ops or, on CPU hosts outside XLA, as the fused C++
-kernels of `backends.kernels` (same math). The dynamic engine
-(`backends.engines.dynamic`) composes these functions for every storage
-(the rows of a table held elsewhere, on other replicas or parameter servers,
-come through `gather_rows`); the static engine (`backends.static_bags`)
+kernels of `backends.tensorcore.kernels` (same math). The dynamic engine
+(`backends.tensorcore.engines.dynamic`) composes these functions for every
+storage (the rows of a table held elsewhere, on other replicas or parameter
+servers, come through `gather_rows`); the static engine (`backends.static_bags`)
 shares `combiner_scale`.
 
 Example:
@@ -186,7 +186,8 @@ def lookup(
   Args:
     flat: the table's features as one bag (`concat_bags`).
     params: the table variable, if this replica holds it whole (else None);
-      float32, or a narrow table's bfloat16 / float16 (`backends.narrow`).
+      float32, or a narrow table's bfloat16 / float16
+      (`backends.storage.narrow`).
     gather_rows: `gather_rows(params, unique_ids)` -> `[U, D]` rows (a
       table's storage: shards gathered where they live, or exchanged
       between replicas); a tape on `params` sees what this op records

@@ -641,7 +641,7 @@ class EmbeddingBackend(_tf_internal.AutoTrackable, metaclass=abc.ABCMeta):
 
   def narrow_counts(self) -> dict[str, int]:
     """Table -> the values its updates saturated so far, for the tables
-    stored narrow (`backends.narrow`). Default: no narrow tables."""
+    stored narrow (`backends.storage.narrow`). Default: no narrow tables."""
     return {}
 
   def __call__(

@@ -34,8 +34,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from backends import _tf_internal, base, narrow, row_init, sliced_checkpoint
+from backends import _tf_internal, base
 from backends.errors import BackendError
+from backends.storage import narrow, row_init, row_sharded_checkpoint
 
 log = logging.getLogger("recsys.backends")
 
@@ -287,7 +288,7 @@ def _beyond_range(
   reader = tf.train.load_checkpoint(path)
   vocab, dim = reader.get_variable_to_shape_map()[key]
   specs = [""]
-  if key in sliced_checkpoint.sliced_keys(path):
+  if key in row_sharded_checkpoint.sliced_keys(path):
     step = max(1, row_init.CHUNK_BYTES // (stored.size * max(dim, 1)))
     specs = [
       f"{vocab} {dim} {begin},{min(step, vocab - begin)}:-"
@@ -366,7 +367,8 @@ def _casts(
 ) -> dict[str, tuple[tf.Variable, tf.DType]]:
   """The built tables whose checkpoint holds them in another dtype:
   `{table name: (variable, stored dtype)}`. Tables saved by slices
-  (`backends.sliced_checkpoint` reads and casts them) are left out, unless
+  (`backends.storage.row_sharded_checkpoint` reads and casts them) are left out,
+  unless
   `sliced` (a restore by TF alone reads them whole)."""
   if not getattr(backend, "_built", False):
     return {}  # restore on create casts as the variables are made
@@ -677,8 +679,8 @@ def restore(
   after it, immediately.
 
   Tables are saved in their own dtype (float32, or a narrow table's
-  bfloat16/float16: `backends.narrow`). Restoring into a table of another
-  dtype casts (`casting_tables`), built or not: float32 into a narrow
+  bfloat16/float16: `backends.storage.narrow`). Restoring into a table of
+  another dtype casts (`casting_tables`), built or not: float32 into a narrow
   table rounds to nearest, a narrow table into float32 is exact. (A
   narrow checkpoint restored into an unbuilt TF mid-level backend, e.g.
   `serving`, builds it first: TF's variables cannot cast on creation; so
@@ -730,5 +732,5 @@ def restore(
 
   # Built row-sharded tables read only their rows, chunk by chunk.
   with casting_tables(path, backend, name + "/", saturate):
-    sliced_checkpoint.restore(checkpoint, path, restore_rest)
+    row_sharded_checkpoint.restore(checkpoint, path, restore_rest)
   return checkpoint

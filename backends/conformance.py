@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from backends import base
+from backends import base, registry
 from backends import checkpoint as checkpoint_lib
 from backends import reference_optimizers as ref
 from backends.errors import BackendError
@@ -590,7 +590,7 @@ class Conformance:
         "quantization_config",
       )
       return
-    from backends.serving import ServingEmbedding  # pylint: disable=g-import-not-at-top
+    serving: Any = registry.get(registry.for_export())
 
     backend = self._build(config, optimizer)
     table = _tables(backend)["t"]
@@ -606,7 +606,7 @@ class Conformance:
     _close(
       got["b"], reference_lookup(quantized, bags_b, None, case.combiner), what
     )
-    served = ServingEmbedding.from_backend(backend).lookup(features, weights)
+    served = serving.from_backend(backend).lookup(features, weights)
     for k in ("a", "b"):
       _close(served[k], got[k], f"{what}: serving copy, feature {k!r}")
     if not self.capabilities.trains:
@@ -659,11 +659,11 @@ class Conformance:
       _close(_slots(fresh)["t"][k], v, f"checkpoint: slot {k!r}")
 
   def _check_serving_parity(self) -> None:
-    from backends.serving import ServingEmbedding  # pylint: disable=g-import-not-at-top
+    serving: Any = registry.get(registry.for_export())
 
     backend, case, _ = self._trained_backend()
     features, weights = case.inputs()
-    served = ServingEmbedding.from_backend(backend).lookup(features, weights)
+    served = serving.from_backend(backend).lookup(features, weights)
     got = backend.lookup(features, weights)
     for k in ("a", "b"):
       _close(served[k], got[k], f"serving copy vs backend, feature {k!r}")

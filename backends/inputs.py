@@ -138,8 +138,8 @@ def to_flat_bags(
     weights: None, or float weights of the same kind and shape as `inp`.
     bag_width: keep at most this many ids per bag (non-sequence features);
       extra ids are counted in `FlatBags.truncated`.
-    fused_ops: the fused CPU kernels (`backends.kernels.load()`), to flatten
-      `PaddedBags` in one op; None: TF ops (any device).
+    fused_ops: the fused CPU kernels (`backends.tensorcore.kernels.load()`), to
+      flatten `PaddedBags` in one op; None: TF ops (any device).
     check_ids: with `fused_ops`, the op flattening `PaddedBags` also fails on
       an id outside `[0, vocabulary_size)`, with the message of `validate`'s
       "error" policy in a graph (the result's `ids_in_range` then says so).

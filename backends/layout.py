@@ -193,8 +193,9 @@ def value_of(
       return choice
   spelt = [str(c.value) for c in choices]
   hint = did_you_mean(value, spelt) if isinstance(value, str) else ""
+  given = value.value if isinstance(value, enum.Enum) else value  # as spelt
   raise LayoutSettingError(
-    f"{setting} = {value!r}; use one of {', '.join(map(repr, spelt))}.{hint}"
+    f"{setting} = {given!r}; use one of {', '.join(map(repr, spelt))}.{hint}"
   )
 
 

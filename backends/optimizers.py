@@ -1,10 +1,11 @@
 """The TPU embedding optimizers' sparse row updates, written in TensorFlow ops.
 
-Every backend that applies its own embedding optimizer (tensorcore, sharded)
-calls `apply_sparse_update` once per table per step with the unique rows the
-step touched and their gradients summed over the global batch. The math is the
-TPU's (docs/optimizers.md, TF's `optimization_parameters.proto`), for the
-`tf.tpu.experimental.embedding` optimizer classes, in this order:
+Every backend that applies its own embedding optimizer (tensorcore,
+parameter_servers) calls `apply_sparse_update` once per table per step with the
+unique rows the step touched and their gradients summed over the global batch.
+The math is the TPU's (docs/optimizers.md, TF's
+`optimization_parameters.proto`), for the `tf.tpu.experimental.embedding`
+optimizer classes, in this order:
 
   1. gradient clipping (`clipvalue` -> `clip_gradient_min/max`);
   2. decoupled weight decay on the touched rows: `w <- w - d * w`, with
@@ -45,8 +46,9 @@ from typing import (
 import tensorflow as tf
 from tensorflow.tpu.experimental import embedding
 
-from backends import _bags, _tf_internal, narrow
+from backends import _bags, _tf_internal
 from backends.base import UnsupportedConfigError
+from backends.storage import narrow
 
 log = logging.getLogger("recsys.backends")
 
@@ -371,7 +373,7 @@ def apply_sparse_update(
       AdagradMomentum, Adam, FTRL); a callable `learning_rate` is evaluated
       once per call.
     table: the table variable, `[V, D]` float32, or bfloat16/float16 (a
-      narrow table, `backends.narrow`: the math runs in float32 and the
+      narrow table, `backends.storage.narrow`: the math runs in float32 and the
       new rows are rounded back, stochastically with `rounding`, else to
       nearest; a finite value beyond the dtype's range saturates to its
       largest finite value, counted by `rounding`).
@@ -476,7 +478,7 @@ def _narrowed(
 ) -> tf.Tensor:
   """New rows `w` in the table's dtype: a narrow table's stochastically
   rounded with `rounding` (to nearest without one), saturated at its range
-  (`backends.narrow`; counted by `rounding`)."""
+  (`backends.storage.narrow`; counted by `rounding`)."""
   if not narrow.is_narrow(table.dtype):
     return w
   if rounding is None:
@@ -515,8 +517,8 @@ class SparseUpdate(NamedTuple):
   rounding: narrow.Rounding | None = None
 
 
-# The optimizers the fused kernel (backends/kernels, RecsysSparseApply)
-# implements, by the name of its `optimizer` attribute.
+# The optimizers the fused kernel (backends/tensorcore/kernels,
+# RecsysSparseApply) implements, by the name of its `optimizer` attribute.
 _FUSED = {
   embedding.SGD: "sgd",
   embedding.Adagrad: "adagrad",
@@ -579,9 +581,9 @@ def apply_sparse_updates(
   Args:
     optimizer: the `tf.tpu.experimental.embedding` optimizer of every table.
     updates: one `SparseUpdate` per table; each table appears once.
-    fused_ops: the fused kernels' module (`backends.kernels.load()`): tables
-      whose optimizer it implements (`fused_attrs`) are updated in place by
-      one `RecsysSparseApply` each (float32, or narrow with their
+    fused_ops: the fused kernels' module (`backends.tensorcore.kernels.load()`):
+      tables whose optimizer it implements (`fused_attrs`) are updated in place
+      by one `RecsysSparseApply` each (float32, or narrow with their
       `rounding`, bit-identical to the TF ops, the values they saturate
       counted alike). The variables must be on the CPU, outside XLA.
   """

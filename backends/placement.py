@@ -87,7 +87,7 @@ def exchange_bytes(
 
 
 #: Bytes per element of each dtype a table's rows may be stored in
-#: (`backends.narrow.STORAGE_DTYPES`).
+#: (`backends.storage.narrow.STORAGE_DTYPES`).
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 #: Bytes per element of a row's gradient (float32, whatever the table's).
 GRADIENT_BYTES = 4

@@ -7,6 +7,7 @@ third-party backends register under the entry-point group `recsys.backends`.
 
 import importlib
 import logging
+import warnings
 from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
@@ -23,12 +24,39 @@ log = logging.getLogger("recsys.backends")
 ENTRY_POINT_GROUP = "recsys.backends"
 
 _BUILTIN: dict[str, str] = {
-  "tensorcore": "backends.tensorcore:TensorCoreEmbedding",
-  "tpu_embedding": "backends.tpu_embedding:TPUEmbeddingBackend",
-  "tpu_embedding_v0": "backends.tpu_embedding_v0:TPUEmbeddingV0Backend",
-  "sharded": "backends.sharded:ShardedEmbedding",
-  "serving": "backends.serving:ServingEmbedding",
+  "tensorcore": "backends.tensorcore.backend:TensorCoreEmbedding",
+  "tpu_embedding": "backends.mid_level.tpu_embedding:TPUEmbeddingBackend",
+  "tpu_embedding_v0": (
+    "backends.mid_level.tpu_embedding_v0:TPUEmbeddingV0Backend"
+  ),
+  "parameter_servers": (
+    "backends.parameter_servers.backend:ParameterServerEmbedding"
+  ),
+  "serving": "backends.mid_level.serving:ServingEmbedding",
 }
+
+
+#: Old names of built-in backends, still accepted (gin's `train.backend`,
+#: `--backend`, `backends.create`) with a one-time warning naming the new.
+_RENAMED: dict[str, str] = {"sharded": "parameter_servers"}
+_warned: set[str] = set()
+
+
+def canonical(name: Any) -> Any:
+  """`name`, or the current name of a renamed built-in backend: the old
+  name works, with a FutureWarning (once per name and process) naming the
+  new one."""
+  new = _RENAMED.get(name) if isinstance(name, str) else None
+  if new is None:
+    return name
+  if name not in _warned:
+    _warned.add(name)
+    message = (
+      f"embedding backend {name!r} is deprecated: it is now called "
+      f"{new!r} (train.backend = {new!r}, --backend {new})."
+    )
+    warnings.warn(message, FutureWarning, stacklevel=3)
+  return new
 
 
 class UnknownBackendError(BackendSettingsError, ValueError):
@@ -63,6 +91,7 @@ def get(name: str) -> type[EmbeddingBackend]:
     UnknownBackendError: no such name; the message suggests the closest
       name (a typo) and lists the valid ones.
   """
+  name = canonical(name)
   if name in _BUILTIN:
     module_name, class_name = _BUILTIN[name].split(":")
     return getattr(importlib.import_module(module_name), class_name)
@@ -118,8 +147,8 @@ def select(
 
   TPU with embedding feature V2 (SparseCore) or V1 -> tpu_embedding;
   TPU without an embedding accelerator (UNSUPPORTED) -> tensorcore;
-  ParameterServerStrategy -> sharded; anything else (CPU, GPU, mirrored,
-  multi-worker) -> tensorcore.
+  ParameterServerStrategy -> parameter_servers; anything else (CPU, GPU,
+  mirrored, multi-worker) -> tensorcore.
   """
   strategy = strategy or tf.distribute.get_strategy()
   strategy_name = type(strategy).__name__
@@ -141,8 +170,8 @@ def select(
       "(replicated or row-sharded, per table)"
     )
   if hardware.is_parameter_server(strategy):
-    return "sharded", (
-      f"{strategy_name}: tables row-sharded over the parameter servers"
+    return "parameter_servers", (
+      f"{strategy_name}: tables split over the parameter servers"
     )
   devices = hardware.worker_devices(strategy)
   where = ", ".join(devices) if devices else "the default device"
@@ -168,6 +197,7 @@ def decide(
   Raises:
     UnknownBackendError: `backend` is not a registered name.
   """
+  backend = canonical(backend)
   strategy = strategy or tf.distribute.get_strategy()
   if backend == "auto":
     name, reason = select(strategy)
@@ -192,6 +222,7 @@ def resolve(
     BackendUnavailableError: the named backend cannot run under `strategy`;
       the message lists the ones that can.
   """
+  backend = canonical(backend)
   strategy = strategy or tf.distribute.get_strategy()
   name, reason, why_not = decide(backend, strategy)
   if backend == "auto":
@@ -218,7 +249,8 @@ def sharding_backends() -> str:
   """Which built-in backends split tables over devices, and where: the
   advice of a memory plan that does not fit (`recsys.planning`)."""
   return (
-    "'tpu_embedding' on TPUs with an embedding accelerator, 'sharded' on "
+    "'tpu_embedding' on TPUs with an embedding accelerator, "
+    "'parameter_servers' on "
     "parameter servers, tensorcore row-sharded over several replicas"
   )
 
@@ -226,11 +258,11 @@ def sharding_backends() -> str:
 def parameter_server_partitioner(num_ps: int) -> Any:
   """The `variable_partitioner` a `ParameterServerStrategy` is built with.
 
-  The parameter-server backend (`sharded`) row-shards its tables over the
+  The parameter-server backend (`parameter_servers`) splits its tables over the
   `num_ps` servers through it; every other variable stays whole. Strategy
   builders ask here, so they never import that backend's modules.
   """
-  from backends.storage import parameter_servers  # pylint: disable=g-import-not-at-top
+  from backends.parameter_servers import storage as parameter_servers  # pylint: disable=g-import-not-at-top
 
   return parameter_servers.TablePartitioner(num_ps)
 
@@ -242,6 +274,7 @@ def check_options(name: str, options: Mapping[str, Any]) -> None:
     UnknownBackendOptionError: an option the backend does not declare in its
       `options` class attribute; the message lists the accepted ones.
   """
+  name = canonical(name)
   accepted = get(name).options
   unknown = sorted(set(options) - set(accepted))
   if unknown:

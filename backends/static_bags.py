@@ -1,7 +1,8 @@
 """Static-shape lookups and row gradients for compiled steps (XLA, TPU).
 
 On a TPU every replica step is compiled by XLA, and XLA wants every shape
-fixed when it compiles. The generic path of `backends.tensorcore` cannot be
+fixed when it compiles. The generic path of `backends.tensorcore.backend` cannot
+be
 compiled: `tf.unique`, `boolean_mask` and `where` have data-dependent sizes,
 and the `SparseSegment*` ops have no XLA kernel. This module is the same
 lookup written for a compiler:

@@ -5,7 +5,7 @@ configurables and parameters, combiners, embedding optimizers. It imports
 nothing but the standard library, so `recsys` uses it as well.
 
 Example:
-  >>> closest("tensorcor", ["sharded", "tensorcore"])
+  >>> closest("tensorcor", ["parameter_servers", "tensorcore"])
   ['tensorcore']
   >>> did_you_mean("Adagard", ["SGD", "Adagrad"])
   " Did you mean 'Adagrad'?"

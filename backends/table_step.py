@@ -1,8 +1,8 @@
 """The one step type joining the engines and the storages of owned tables.
 
 A training lookup leaves one `TableStep` per table for `apply_gradients`,
-whichever engine computed it (`backends.engines`: fused CPU kernels, TF ops,
-or the static XLA path) and wherever the table's rows live
+whichever engine computed it (`backends.tensorcore.engines`: fused CPU kernels,
+TF ops, or the static XLA path) and wherever the table's rows live
 (`backends.storage`): the unique ids this replica looked up, the rows read,
 what the engine needs for the rows' gradients (`backward`) and what the
 storage exchanged with other replicas (`exchanged`, reused by the update).

@@ -1,12 +1,13 @@
 """One big table on 1 vs 2 intra-op threads, interleaved step by step.
 
 By default the fused kernels split a large call over the intra-op threads
-that the step's other tables leave idle (backends/kernels/embedding_ops.cc):
-a step of one table gets them all. This measures what that buys on
-`embedding_step.py`'s step with one table (default 10^7 x 32, batch 16384):
-several long-lived child processes, one per setting, each holding its own
-table, take turns running `--burst` steps, so a machine shared with other
-work slows them alike (finer interleaving than `embedding_step.py
+that the step's other tables leave idle
+(backends/tensorcore/kernels/embedding_ops.cc): a step of one table gets them
+all. This measures what that buys on `embedding_step.py`'s step with one table
+(default 10^7 x 32, batch 16384): several long-lived child processes, one per
+setting, each holding its own table, take turns running `--burst` steps, so a
+machine shared with other work slows them alike (finer interleaving than
+`embedding_step.py
 --intra_threads 1,2`, whose children each build a 10^7-row table for one
 measurement).
 
@@ -19,7 +20,8 @@ decide: the default). Reports per setting
 the median step time, M ids/s, median CPU ms per step and the ratio to the
 first setting.
 
-    python benchmarks/big_table_threads.py --rows 10000000 --batch 16384 --rounds 15
+    python benchmarks/big_table_threads.py --rows 10000000 --batch 16384
+    --rounds 15
 """
 
 import argparse

@@ -21,7 +21,7 @@ import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
 tf.config.threading.set_inter_op_parallelism_threads(1)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from backends import kernels  # noqa: E402
+from backends.tensorcore import kernels  # noqa: E402
 
 ops = kernels.load()
 rows, dim, n = 10_000_000, 32, int(sys.argv[2])

@@ -9,7 +9,7 @@ hosts with TF_CONFIG set by the cluster manager):
   which runs the training loop and writes the model dir), `--workers`
   "worker" tasks and N "ps" tasks (which serve, see
   `recsys.run.strategy.serve`); `recsys train` picks
-  `ParameterServerStrategy` and the `sharded` backend;
+  `ParameterServerStrategy` and the `parameter_servers` backend;
 * with `--ps 0`: `--workers` "worker" tasks of a
   `MultiWorkerMirroredStrategy` (`tensorcore` tables replicated or
   row-sharded over the workers, input sharded per worker), worker 0 being

@@ -498,7 +498,7 @@ class EmbeddingPlacement:
       evenly over the owners' rows).
     table_dtype: the dtype a table's rows are stored in: "float32"
       (default), "bfloat16" or "float16" (half the bytes; slots stay
-      float32; `backends.narrow`), on a backend built from layouts; one
+      float32; `backends.storage.narrow`), on a backend built from layouts; one
       value for every table, or table name -> dtype (others float32).
 
   These are the one home of a table's layout: the backend's options

@@ -161,7 +161,9 @@ SILENT = {
 }
 #: A reader's own modules the pages import -> what stands in for them.
 STAND_INS = {
-  "my_package.backend": {"MyBackend": "backends.tensorcore:TensorCoreEmbedding"}
+  "my_package.backend": {
+    "MyBackend": "backends.tensorcore.backend:TensorCoreEmbedding"
+  }
 }
 #: Pages whose commands are benchmark runs: checked, not run.
 BENCHMARK_PAGES = {"docs/benchmarks.md"}

@@ -68,17 +68,22 @@ LAYERS = (
 
 # The backends a run chooses by name: only the registry imports them, so
 # training, planning and the CLI stay the same whichever backend runs.
-# (`backends.serving`, the lookup of an exported model, is shared by export
-# and evaluation; `backends.kernels` is the build tool of the fused kernels.)
+# (`backends.mid_level.serving`, the lookup of an exported model, is shared by
+# export and evaluation; `backends.tensorcore.kernels` is the build tool of the
+# fused kernels.)
 SPECIFIC_BACKENDS = (
-  "backends.tensorcore",
-  "backends.tpu_embedding",
-  "backends.tpu_embedding_v0",
-  "backends.sharded",
-  "backends.mid_level",
-  "backends.composed",
-  "backends.storage",
-  "backends.engines",
+  "backends.tensorcore.backend",
+  "backends.mid_level.tpu_embedding",
+  "backends.mid_level.tpu_embedding_v0",
+  "backends.parameter_servers",
+  "backends.mid_level.common",
+  "backends.tensorcore.composed",
+  "backends.storage.base",
+  "backends.storage.exchange",
+  "backends.storage.row_sharded",
+  "backends.storage.replicated",
+  "backends.storage.row_layout",
+  "backends.tensorcore.engines",
   "backends.table_step",
   "backends._bags",
   "backends.static_bags",
@@ -342,7 +347,8 @@ def test_the_model_dir_serving_and_export_sit_below_training(module):
   assert _layer(module) < _layer("recsys.training")
 
 
-# -- backend options: only backends/ reads their names --------------------------
+# -- backend options: only backends/ reads their names
+# --------------------------
 
 
 def _option_probes(source, path="<source>"):
@@ -512,25 +518,25 @@ def test_no_command_names_a_backend():
 def test_the_name_check_sees_a_decision_and_passes_a_message():
   """The scan itself: decisions on a name are caught, mentions are not."""
   source = (
-    "if backend == 'sharded':\n"  # 1
+    "if backend == 'parameter_servers':\n"  # 1
     "  pass\n"
     "ok = name not in ('auto', 'tensorcore')\n"  # 3
     "options = {'serving': 1}\n"  # 4
-    "x = table['sharded']\n"  # 5
+    "x = table['parameter_servers']\n"  # 5
     "match name:\n"
     "  case 'tpu_embedding':\n"  # 7
     "    pass\n"
-    "name = 'sharded'\n"  # a backend's own name: passes
+    "name = 'parameter_servers'\n"  # a backend's own name: passes
     "raise ValueError(\"use 'tensorcore' instead\")\n"  # a message: passes
     "create(backend='serving')\n"  # a call: passes
     "if placement == 'row_sharded': pass\n"  # not a backend name
   )
-  names = {"sharded", "tensorcore", "serving", "tpu_embedding"}
+  names = {"parameter_servers", "tensorcore", "serving", "tpu_embedding"}
   assert [(line, name) for line, _, name in _names_compared(source, names)] == [
-    (1, "sharded"),
+    (1, "parameter_servers"),
     (3, "tensorcore"),
     (4, "serving"),
-    (5, "sharded"),
+    (5, "parameter_servers"),
     (7, "tpu_embedding"),
   ]
 
@@ -561,3 +567,34 @@ def test_export_and_evaluation_load_no_training_module():
     timeout=300,
   )
   assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
+
+
+# -- backend families: the floor never imports one -----------------------------
+
+# The folders of backends/ that hold one family each (docs/architecture.md,
+# "The folders"). The floor (`backends/*.py`) and the shared storage
+# (`backends/storage/`) never import one; only the registry, which names the
+# backends, reaches into them.
+FAMILIES = (
+  "backends.tensorcore",
+  "backends.parameter_servers",
+  "backends.mid_level",
+)
+# What a family may import of another: the parameter servers compose the
+# TensorCore family's machinery (composed, engines) with their own storage.
+FAMILY_IMPORTS = {"backends.parameter_servers": ("backends.tensorcore",)}
+
+
+@pytest.mark.parametrize("module", sorted(BACKENDS))
+def test_the_floor_never_imports_a_family(module):
+  own = next((f for f in FAMILIES if _under(module, f)), None)
+  allowed = {own, *FAMILY_IMPORTS.get(own, ())} if own else set()
+  if module == "backends.registry":  # the one module naming the backends
+    allowed = set(FAMILIES)
+  bad = [
+    f"line {line}: {name}"
+    for line, name in _imports(BACKENDS[module])
+    for family in FAMILIES
+    if _under(name, family) and family not in allowed
+  ]
+  assert not bad, f"{module} imports a family it may not: {bad}"

@@ -167,7 +167,7 @@ def test_sharded_backend_replicates_small_tables_and_shards_big_ones():
     _sizes_config(),
     E.Adagrad(0.1),
     device_memory_bytes=memory,
-    backend="sharded",
+    backend="parameter_servers",
     num_shards=3,
   )
   rows = {r.table: r for r in plan.rows}

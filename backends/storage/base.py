@@ -100,13 +100,15 @@ class TableStorage(abc.ABC):
 
   @property
   def rounding(self) -> Any:
-    """A narrow table's stochastic rounding (`backends.narrow.Rounding`),
+    """A narrow table's stochastic rounding
+    (`backends.storage.narrow.Rounding`),
     None for a float32 table."""
     return None
 
   def saturated(self) -> Any:
     """A narrow table's values its updates saturated so far, the largest
-    magnitude among them and its dtype (`backends.narrow.SaturatedValues`);
+    magnitude among them and its dtype
+    (`backends.storage.narrow.SaturatedValues`);
     None for a float32 table."""
     return None
 

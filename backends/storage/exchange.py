@@ -32,10 +32,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, narrow, optimizers, placement, static_bags
+from backends import _tf_internal, optimizers, placement, static_bags
 from backends import input_checks as checks_lib
 from backends.errors import BackendError
-from backends.storage import row_layout
+from backends.storage import narrow, row_layout
 
 #: Exchanges a row-sharded table can use (`backends.placement` plans them).
 ALL_GATHER, ALL_TO_ALL = placement.ALL_GATHER, placement.ALL_TO_ALL

@@ -7,13 +7,13 @@ summed gradients, via `all_gather`), never a dense all-reduce of whole
 tables. Every replica then applies the same update, so the copies stay
 bit-identical.
 
-A narrow table (`dtype` bfloat16 or float16, `backends.narrow`) keeps its
-rows in that dtype and its slots in float32; `gather` upcasts the rows,
+A narrow table (`dtype` bfloat16 or float16, `backends.storage.narrow`) keeps
+its rows in that dtype and its slots in float32; `gather` upcasts the rows,
 the update rounds them back stochastically (the same draws on every
 replica). Checkpoints hold the rows in the table's
 dtype; a float32 checkpoint restores into a narrow table and back (cast;
 values beyond the narrow dtype's range refused unless `saturate_restores`,
-`backends.narrow.NarrowRangeError`). The values the updates saturate are
+`backends.storage.narrow.NarrowRangeError`). The values the updates saturate are
 counted (`saturated`).
 
 Example:
@@ -27,8 +27,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, narrow, optimizers, row_init, static_bags
-from backends.storage import base
+from backends import _tf_internal, optimizers, static_bags
+from backends.storage import base, narrow, row_init
 from backends.table_step import TableStep
 
 log = logging.getLogger("recsys.backends")
@@ -217,7 +217,7 @@ def _initial_value(
   """`initializer`'s value in `dtype`; a checkpoint's value (restore on
   create) is cast when it was saved in another dtype (float32 <-> narrow):
   values beyond a narrow dtype's range are refused, or saturated with
-  `saturate_restores` (`backends.narrow`)."""
+  `saturate_restores` (`backends.storage.narrow`)."""
   value = initializer(shape, dtype=narrow.math_dtype(dtype))
   if isinstance(value, _tf_internal.CheckpointInitialValue):
     stored = value.wrapped_value
@@ -253,7 +253,8 @@ def _check_range(
 
 
 class _RowKeyed:
-  """The table's initializer as `backends.row_init` computes it, per row."""
+  """The table's initializer as `backends.storage.row_init` computes it, per
+  row."""
 
   def __init__(self, rows: row_init.RowInitializer):
     self.rows = rows

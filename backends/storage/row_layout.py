@@ -13,7 +13,7 @@ which shard owns a row id and where the row sits in it:
 `gather` and `apply` route unique ids to the shards that own them where
 the shards are reachable from this host (parameter servers, or the local
 replicas of a strategy in cross-replica context); the replicas' exchange in
-a step is `backends.storage.replica_sharded`'s.
+a step is `backends.storage.row_sharded`'s.
 
 Example:
   >>> layout = StridedRows(vocabulary_size=10, num_shards=4)
@@ -27,7 +27,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import narrow, optimizers
+from backends import optimizers
+from backends.storage import narrow
 
 
 class RowLayout(abc.ABC):
@@ -212,7 +213,7 @@ def gather(
   layout: RowLayout, shards: Sequence[Any], ids: tf.Tensor
 ) -> tf.Tensor:
   """Rows `ids` of a table held in `shards`, each gathered where it lives
-  (a narrow table's upcast to float32, `backends.narrow`)."""
+  (a narrow table's upcast to float32, `backends.storage.narrow`)."""
   local_ids, positions = _route(layout, ids)
   parts = []
   for shard, local in zip(shards, local_ids):

@@ -66,7 +66,7 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
     default=None,
     metavar="NAME",
     help="force an embedding backend (tensorcore, "
-    "tpu_embedding, tpu_embedding_v0, sharded, serving) "
+    "tpu_embedding, tpu_embedding_v0, parameter_servers, serving) "
     "instead of gin's train.backend / 'auto'.",
   )
   parser.add_argument(

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     )
   if note:
     lines.append(note)
-  from backends import kernels  # pylint: disable=g-import-not-at-top
+  from backends.tensorcore import kernels  # pylint: disable=g-import-not-at-top
 
   lines.append(f"fused CPU kernels (tensorcore on CPU): {kernels.status()}")
   print("\n".join(lines))

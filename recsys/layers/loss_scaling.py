@@ -100,5 +100,5 @@ def check_can_skip(backend: Any, layer_name: str) -> None:
       "update out (it takes no apply_if). Use "
       "tf.keras.mixed_precision.set_global_policy('mixed_bfloat16') (the "
       "TPU's policy, no loss scaling) or 'float32', or a backend that can "
-      "(tensorcore, sharded)."
+      "(tensorcore, parameter_servers)."
     )

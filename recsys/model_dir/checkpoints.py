@@ -106,7 +106,7 @@ class RunCheckpoints:
     if not candidates:
       return 0
     from backends import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-    from backends import sliced_checkpoint  # pylint: disable=g-import-not-at-top
+    from backends.storage import row_sharded_checkpoint  # pylint: disable=g-import-not-at-top
 
     failures = []
     for path in candidates:
@@ -122,7 +122,7 @@ class RunCheckpoints:
         # A table trained in another dtype (EmbeddingPlacement.table_dtype
         # changed, or a narrow run served float32) is cast.
         with ckpt_lib.casting_tables(path, self.backend):
-          sliced_checkpoint.restore(
+          row_sharded_checkpoint.restore(
             self.checkpoint,
             path,
             lambda p: self.checkpoint.restore(
@@ -153,13 +153,14 @@ class RunCheckpoints:
 
   def save(self) -> str:
     """Saves a checkpoint at the current step; returns the chief's path."""
-    from backends import sliced_checkpoint  # pylint: disable=g-import-not-at-top
+    from backends.storage import row_sharded_checkpoint  # pylint: disable=g-import-not-at-top
 
     step = int(self.global_step.numpy())
     try:
       # Row-sharded tables: each worker writes its rows beside the chief's
-      # checkpoint, which merges them in (backends.sliced_checkpoint).
-      path = sliced_checkpoint.save(
+      # checkpoint, which merges them in
+      # (backends.storage.row_sharded_checkpoint).
+      path = row_sharded_checkpoint.save(
         self.checkpoint,
         self.backend.strategy,
         lambda options: self.manager.save(
@@ -174,7 +175,7 @@ class RunCheckpoints:
       # TF leaves the shards it was writing in `ckpt-<step>_temp`: remove
       # them (the last complete checkpoint stays) and report the error.
       run_files.remove_partial_checkpoint(self.manager.directory, step)
-      sliced_checkpoint.remove_rows(
+      row_sharded_checkpoint.remove_rows(
         os.path.join(self.read_manager.directory, f"ckpt-{step}")
       )
       raise

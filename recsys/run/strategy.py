@@ -108,9 +108,9 @@ def parameter_server_strategy(
 ) -> tuple[tf.distribute.Strategy, str]:
   """The chief's `ParameterServerStrategy` for a TF_CONFIG with a "ps" job.
 
-  Embedding tables are row-sharded over every parameter server (the sharded
-  backend's `TablePartitioner`); other variables stay whole. On a "worker"
-  or "ps" task this serves (`serve`) and does not return.
+  Embedding tables are row-sharded over every parameter server (the
+  parameter_servers backend's `TablePartitioner`); other variables stay whole.
+  On a "worker" or "ps" task this serves (`serve`) and does not return.
 
   Raises:
     StrategyError: the cluster has no "chief" (the coordinator) or no

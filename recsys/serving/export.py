@@ -1,10 +1,10 @@
 """Exports a trained model as a SavedModel that serves on CPU.
 
 The embeddings are the serving backend's: a slot-free
-`backends.serving.ServingEmbedding` copy of a restored run's tables
+`backends.mid_level.serving.ServingEmbedding` copy of a restored run's tables
 (`recsys.run.restored.RestoredRun`; trained with any backend, the CLI
 restores them from the checkpoint), looked up with
-`backends.serving.serving_lookup`, so serving has the output shapes of
+`backends.mid_level.serving.serving_lookup`, so serving has the output shapes of
 training and needs no TPU. This module adds the serving signatures.
 
 Id signatures ("serving_default" and, for retrieval, "query_embeddings",
@@ -67,7 +67,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from backends import serving
+from backends.mid_level import serving
 from recsys._keras import keras, tf
 from recsys.data.raw import RawParser
 from recsys.errors import SettingsError
@@ -209,7 +209,7 @@ class ServingModule(tf.Module):
 
   Args:
     model: the trained ranking or retrieval model.
-    embedding: a built `backends.serving.ServingEmbedding` holding the
+    embedding: a built `backends.mid_level.serving.ServingEmbedding` holding the
       trained tables (e.g. `ServingEmbedding.from_backend(run.backend)`).
     specs: the data source's feature specs.
     num_dense: width of `features["dense"]`.

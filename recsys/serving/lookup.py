@@ -2,7 +2,7 @@
 
 A SavedModel's signatures, retrieval evaluation and corpus indexing read the
 trained tables in place on one device, with no strategy and no tape
-(`backends.serving.serving_lookup`). Here a batch in the data contract
+(`backends.mid_level.serving.serving_lookup`). Here a batch in the data contract
 (`recsys.data`) becomes the backend's `(ids, weights)` (`split_batch`, which
 the training step uses too) and then activations (`serving_activations`).
 Serving sits below training: this module never imports `recsys.training`.
@@ -15,7 +15,7 @@ Example:
 from collections.abc import Mapping
 from typing import Any
 
-from backends import serving
+from backends.mid_level import serving
 from recsys._keras import tf
 
 
@@ -48,9 +48,9 @@ def serving_activations(
 ) -> dict[str, tf.Tensor]:
   """Activations of `feature_names` from a backend's tables, on one device.
 
-  The serving path (`backends.serving.serving_lookup`): it reads the tables
-  in place, outside `strategy.run`, with the output-shape convention of every
-  backend, and needs only the features named (e.g. one retrieval tower's).
+  The serving path (`backends.mid_level.serving.serving_lookup`): it reads the
+  tables in place, outside `strategy.run`, with the output-shape convention of
+  every backend, and needs only the features named (e.g. one retrieval tower's).
 
   Args:
     backend: a built backend (`embedding_tables`, `feature_config`).

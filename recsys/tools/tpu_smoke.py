@@ -273,7 +273,7 @@ def read_on_cpu(path: str, optimizer: str) -> dict[str, Any]:
   """Tables and slots of a smoke checkpoint, restored into `serving` on CPU."""
   import recsys  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
   from backends import checkpoint  # pylint: disable=g-import-not-at-top
-  from backends.serving import ServingEmbedding  # pylint: disable=g-import-not-at-top
+  from backends.mid_level.serving import ServingEmbedding  # pylint: disable=g-import-not-at-top
 
   emb = ServingEmbedding(_feature_config(), _optimizer(optimizer))
   checkpoint.restore(emb, path)

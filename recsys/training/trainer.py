@@ -376,7 +376,7 @@ class Trainer:
     the model's hooks keep), `train/loss`, `learning_rate` (the dense
     optimizer's, when the model has dense weights it trains), with policy
     "skip" `train/nonfinite_steps`, and per narrow table
-    `train/saturated_values/<table>` (`backends.narrow`)."""
+    `train/saturated_values/<table>` (`backends.storage.narrow`)."""
     hooks = self.run.evaluation
     results = hooks.training_results(
       run_summaries.flat_results(self.model.metrics, "train", hooks.ks)

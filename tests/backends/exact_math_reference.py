@@ -1,4 +1,5 @@
-"""NumPy twin of `backends.exact_math` and of the row initializer's hash.
+"""NumPy twin of `backends.storage.exact_math` and of the row initializer's
+hash.
 
 The same operations in the same order, each a separate NumPy ufunc call:
 NumPy's loops are not TF's (other SIMD code, other dispatch), so agreement
@@ -9,7 +10,7 @@ instruction set.
 
 import numpy as np
 
-from backends import exact_math, row_init
+from backends.storage import exact_math, row_init
 
 _MASK64 = np.uint64(2**64 - 1)
 

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from backends.layout import TableLayout
-from backends.tensorcore import TensorCoreEmbedding
+from backends.tensorcore.backend import TensorCoreEmbedding
 from tests.conftest import mirrored_strategy
 
 E = tf.tpu.experimental.embedding

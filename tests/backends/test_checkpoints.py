@@ -14,8 +14,8 @@ import tensorflow as tf  # noqa: E402
 
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import checkpoint as ckpt  # noqa: E402
-from backends.serving import ServingEmbedding  # noqa: E402
-from backends.tensorcore import TensorCoreEmbedding  # noqa: E402
+from backends.mid_level.serving import ServingEmbedding  # noqa: E402
+from backends.tensorcore.backend import TensorCoreEmbedding  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 

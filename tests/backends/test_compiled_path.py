@@ -1,4 +1,5 @@
-"""tensorcore's compiled path (XLA, as a TPU runs it) against the uncompiled one.
+"""tensorcore's compiled path (XLA, as a TPU runs it) against the uncompiled
+one.
 
 The proxy for a TPU here: `tf.function(jit_compile=True)` on the CPU, and an
 HLO with no dynamic dimension. References: the uncompiled step (the generic
@@ -10,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from backends import inputs, static_bags
-from backends.tensorcore import TensorCoreEmbedding
+from backends.tensorcore.backend import TensorCoreEmbedding
 from tests.conftest import mirrored_strategy
 
 E = tf.tpu.experimental.embedding
@@ -65,7 +66,8 @@ WIDTHS = {"f1": 3, "f2": 2, "f3": 4}
 
 
 def make_batches(num, batch=BATCH, seed=0):
-  """Ragged batches with repeated ids, empty bags and bags longer than the width."""
+  """Ragged batches with repeated ids, empty bags and bags longer than the
+  width."""
   rng = np.random.default_rng(seed)
 
   def ragged(vocab, longest, values=None):
@@ -204,7 +206,8 @@ def test_tape_on_tables_gets_fixed_size_indexed_slices():
 
 @pytest.mark.slow
 def test_two_replicas_equal_one_replica_compiled():
-  """2 mirrored replicas on the static path == 1 compiled replica, combined batch.
+  """2 mirrored replicas on the static path == 1 compiled replica, combined
+  batch.
 
   XLA cannot compile collectives on CPU replicas, so the 2-replica step runs
   the static path uncompiled: the numbers of a compiled multi-replica step.

@@ -9,14 +9,14 @@ it must refuse by name). Here it runs on:
   `recsys.backends` entry points too), built as the registry builds it;
 * `tensorcore` on its static-shape path (`static_shapes=True`, what a
   compiled TPU step computes) and on TF ops only (`fused_kernels=False`);
-* `tensorcore` with row-sharded storage (`layouts=TableLayout("row_sharded")`) on both
-  engines, and with its tables split over 2 replicas (2 logical CPUs, the
-  suite's eager calls reading and updating each replica's shard);
+* `tensorcore` with row-sharded storage (`layouts=TableLayout("row_sharded")`)
+  on both engines, and with its tables split over 2 replicas (2 logical CPUs,
+  the suite's eager calls reading and updating each replica's shard);
 * a backend that declares less than it inherits (a `tensorcore` subclass with
   one combiner, one optimizer, dense ids, no sequence features): every
   refusal path of the suite.
 
-`sharded` runs the suite in a subprocess that is the coordinator of an
+`parameter_servers` runs the suite in a subprocess that is the coordinator of an
 in-process cluster (1 worker, 2 parameter servers: the tables are split);
 under the default strategy it must refuse. The TPU backends (`tpu_embedding`,
 `tpu_embedding_v0`) cannot run here (no TPU): they are checked for a clear
@@ -31,7 +31,7 @@ import tensorflow as tf
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import base, conformance, registry
 from backends.layout import TableLayout
-from backends.tensorcore import TensorCoreEmbedding
+from backends.tensorcore.backend import TensorCoreEmbedding
 from tests.conftest import mirrored_strategy
 from tests.distributed import cluster as cluster_lib
 
@@ -109,7 +109,7 @@ def test_unavailable_backends_refuse_clearly(backend):
 
 @pytest.fixture(scope="module")
 def sharded_results(tmp_path_factory):
-  """{check: None or failure} of the suite on the sharded backend."""
+  """{check: None or failure} of the suite on the parameter_servers backend."""
   out = tmp_path_factory.mktemp("sharded_conformance") / "results.json"
   cluster_lib.run_script(
     ["-m", "tests.distributed.sharded_conformance", str(out)], timeout=300

@@ -1,4 +1,5 @@
-"""`backends.exact_math` and the row initializer: the same bits everywhere.
+"""`backends.storage.exact_math` and the row initializer: the same bits
+everywhere.
 
 References: NumPy's `log` and TF's `tf.math.ndtri` for accuracy; a NumPy
 twin of the same operation sequence (`exact_math_reference`) for the bits,
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from backends import exact_math, row_init
+from backends.storage import exact_math, row_init
 from tests.backends import exact_math_reference as reference
 
 E = tf.tpu.experimental.embedding
@@ -81,12 +82,13 @@ _CHILD = """
 import json, os, sys
 import numpy as np
 import recsys, tensorflow as tf
-from backends import row_init
+from backends.storage import row_init
 from tests.backends import exact_math_reference as reference
 from numpy._core._multiarray_umath import __cpu_features__
 E = tf.tpu.experimental.embedding
 table = E.TableConfig(
-  500, 13, name="t", initializer=tf.keras.initializers.TruncatedNormal(0.1, 0.4, seed=11)
+  500, 13, name="t", initializer=tf.keras.initializers.TruncatedNormal(0.1, 0.4,
+  seed=11)
 )
 init = row_init.RowInitializer.for_table(table)
 ids = np.arange(500)

@@ -15,7 +15,7 @@ from backends import _tf_internal, placement
 from backends.layout import TableLayout
 from backends.storage import exchange as exchange_lib
 from backends.storage import row_layout
-from backends.tensorcore import TensorCoreEmbedding
+from backends.tensorcore.backend import TensorCoreEmbedding
 from tests.backends import test_compiled_path as compiled
 from tests.backends import test_row_sharded as sharded_case
 from tests.conftest import mirrored_strategy

@@ -1,4 +1,5 @@
-"""The fused CPU kernels (backends/kernels) against the TF ops they replace.
+"""The fused CPU kernels (backends/tensorcore/kernels) against the TF ops they
+replace.
 
 The NumPy reference tests of test_tensorcore_training run both paths; here:
 the two paths side by side on every optimizer and input kind, the tape's
@@ -15,7 +16,8 @@ import pytest
 import tensorflow as tf
 
 import backends
-from backends import kernels, optimizers
+from backends import optimizers
+from backends.tensorcore import kernels
 from tests.backends import test_tensorcore_training as training
 from tests.conftest import mirrored_strategy
 
@@ -301,7 +303,8 @@ def _python(code: str, **env) -> subprocess.CompletedProcess:
 
 def test_switched_off_by_environment_falls_back_to_tf_ops():
   out = _python(
-    "import recsys; from backends import kernels; print(kernels.load())",
+    "import recsys; from backends.tensorcore import kernels; "
+    "print(kernels.load())",
     RECSYS_FUSED_KERNELS="0",
   )
   assert out.returncode == 0, out.stderr
@@ -313,14 +316,16 @@ def test_switched_off_by_environment_falls_back_to_tf_ops():
 def test_compiler_failure_is_reported_and_training_falls_back(tmp_path):
   fake = tmp_path / "fake-g++"
   fake.write_text(
-    "#!/bin/sh\necho 'embedding_ops.cc:1: error: no compiler here' >&2\nexit 1\n"
+    "#!/bin/sh\necho 'embedding_ops.cc:1: error: no compiler here' >&2\nexit "
+    "1\n"
   )
   fake.chmod(0o755)
   code = (
     "import recsys, tensorflow as tf, backends\n"
     "E = tf.tpu.experimental.embedding\n"
     "t = E.TableConfig(5, 2, name='t')\n"
-    "emb = backends.TensorCoreEmbedding({'f': E.FeatureConfig(t)}, E.SGD(1.0))\n"
+    "emb = backends.TensorCoreEmbedding({'f': E.FeatureConfig(t)}, "
+    "E.SGD(1.0))\n"
     "emb.build()\n"
     "print('kernels', emb._kernels)\n"
     "with tf.GradientTape() as tape:\n"
@@ -335,7 +340,7 @@ def test_compiler_failure_is_reported_and_training_falls_back(tmp_path):
 
 def test_module_command_builds_and_prints_the_library():
   out = subprocess.run(
-    [sys.executable, "-m", "backends.kernels"],
+    [sys.executable, "-m", "backends.tensorcore.kernels"],
     capture_output=True,
     text=True,
     check=False,

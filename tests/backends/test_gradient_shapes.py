@@ -12,9 +12,9 @@ import tensorflow as tf  # noqa: E402
 
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import base  # noqa: E402
-from backends.tensorcore import TensorCoreEmbedding  # noqa: E402
-from backends.tpu_embedding import TPUEmbeddingBackend  # noqa: E402
-from backends.tpu_embedding_v0 import TPUEmbeddingV0Backend  # noqa: E402
+from backends.mid_level.tpu_embedding import TPUEmbeddingBackend  # noqa: E402
+from backends.mid_level.tpu_embedding_v0 import TPUEmbeddingV0Backend  # noqa: E402
+from backends.tensorcore.backend import TensorCoreEmbedding  # noqa: E402
 from tests.backends.test_selection import fake_tpu_strategy  # noqa: E402
 
 E = tf.tpu.experimental.embedding

@@ -1,4 +1,5 @@
-"""Fuzz: hostile inputs and gradients through preprocess, lookup, apply_gradients.
+"""Fuzz: hostile inputs and gradients through preprocess, lookup,
+apply_gradients.
 
 Random dense, ragged and sparse inputs — sparse ones unordered, with gapped,
 repeated and negative columns, rows outside the batch, ids outside the
@@ -16,7 +17,7 @@ from backends import (
   base,  # noqa: E402
   inputs,  # noqa: E402
 )
-from backends.tensorcore import TensorCoreEmbedding  # noqa: E402
+from backends.tensorcore.backend import TensorCoreEmbedding  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 V, D, W, L = 13, 3, 2, 3  # vocabulary, dim, bag width, sequence length

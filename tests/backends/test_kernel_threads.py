@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 
-from backends import kernels
+from backends.tensorcore import kernels
 
 MIN_PARALLEL_WORK = 1 << 16  # the threshold set here (floats of row traffic)
 VOCAB, DIM, BATCH, WIDTH = 100_000, 16, 4096, 8
@@ -38,7 +38,8 @@ threads, out, with_tf_ops = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
 tf.config.threading.set_intra_op_parallelism_threads(threads)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 import backends
-from backends import inputs, kernels
+from backends import inputs
+from backends.tensorcore import kernels
 E = tf.tpu.experimental.embedding
 VOCAB, DIM, BATCH, WIDTH = {VOCAB}, {DIM}, {BATCH}, {WIDTH}
 

@@ -1,5 +1,5 @@
 """A narrow table at its limits: saturated and counted, in training and in
-restores (`backends.narrow`, issue 55 item 4).
+restores (`backends.storage.narrow`, issue 55 item 4).
 
 References: NumPy. Training runs SGD (learning rate 1) on rows and
 gradients that are multiples of 32 below 2^24, so every float32 value is
@@ -16,10 +16,11 @@ import pytest
 import tensorflow as tf
 
 from backends import checkpoint as checkpoint_lib
-from backends import kernels, narrow, sliced_checkpoint
 from backends import reference_optimizers as ref
 from backends.layout import TableLayout
-from backends.tensorcore import TensorCoreEmbedding
+from backends.storage import narrow, row_sharded_checkpoint
+from backends.tensorcore import kernels
+from backends.tensorcore.backend import TensorCoreEmbedding
 from recsys import layers, planning
 from recsys._keras import keras
 from tests.backends.replica_steps import strategy_for, train_split
@@ -308,19 +309,19 @@ def test_the_row_sharded_sliced_restore_refuses_or_saturates(tmp_path):
   """Two contiguous float32 shards saved by row slices, restored into two
   float16 shards and into a replicated float16 table (read whole)."""
   strategy = mirrored_strategy(2)
-  sharded = {"sharded": True}
+  sharded = {"parameter_servers": True}
   with strategy.scope():
     source = _backend("float32", strategy, **sharded)
     source.build()
   source.embedding_tables[source.tables[0]].assign(WIDE)
   root = tf.train.Checkpoint(embedding=source)
-  path = sliced_checkpoint.save(
+  path = row_sharded_checkpoint.save(
     root,
     strategy,
     lambda options: root.save(str(tmp_path / "ckpt"), options=options),
     chief=True,
   )
-  assert KEY in sliced_checkpoint.sliced_keys(path)
+  assert KEY in row_sharded_checkpoint.sliced_keys(path)
   for target_strategy, options in ((strategy, sharded), (None, {})):
     scope = (target_strategy or tf.distribute.get_strategy()).scope()
     with scope:

@@ -1,4 +1,5 @@
-"""bfloat16 / float16 tables (`backends.narrow`) against NumPy references.
+"""bfloat16 / float16 tables (`backends.storage.narrow`) against NumPy
+references.
 
 References: NumPy's own neighbours of a float32 value in float16 and
 (by the bits) bfloat16 for the stochastic rounding; a NumPy `lowbias32`
@@ -15,10 +16,12 @@ import pytest
 import tensorflow as tf
 
 from backends import checkpoint as checkpoint_lib
-from backends import kernels, narrow, optimizers, placement
+from backends import optimizers, placement
 from backends import reference_optimizers as ref
 from backends.layout import TableLayout
-from backends.tensorcore import TensorCoreEmbedding
+from backends.storage import narrow
+from backends.tensorcore import kernels
+from backends.tensorcore.backend import TensorCoreEmbedding
 from recsys import planning
 from tests.backends.replica_steps import strategy_for, train_split
 from tests.conftest import mirrored_strategy
@@ -394,7 +397,7 @@ def test_the_serving_backend_restores_a_narrow_checkpoint_exactly(
   """TF's `TPUEmbeddingForServing` (float32 tables, no slots) reads a
   bfloat16 checkpoint, unbuilt (restore on create) or built: each value
   exactly, and its lookups are the narrow table's upcast rows."""
-  from backends.serving import ServingEmbedding  # pylint: disable=g-import-not-at-top
+  from backends.mid_level.serving import ServingEmbedding  # pylint: disable=g-import-not-at-top
 
   source = _train("bfloat16", E.Adagrad(0.1))
   path = tf.train.Checkpoint(embedding=source).save(str(tmp_path / "ckpt"))
@@ -497,20 +500,20 @@ def test_row_sharded_narrow_checkpoints_are_sliced_in_their_dtype(tmp_path):
   """Two contiguous shards save their bfloat16 rows as slices of TF's
   `<table>` tensor (bfloat16); they restore into four shards, a replicated
   table and, cast exactly, a float32 row-sharded one."""
-  from backends import sliced_checkpoint  # pylint: disable=g-import-not-at-top
+  from backends.storage import row_sharded_checkpoint  # pylint: disable=g-import-not-at-top
 
   source = _train_sharded(
     2, layouts=TableLayout("row_sharded", row_layout="contiguous")
   )
   root = tf.train.Checkpoint(embedding=source)
-  path = sliced_checkpoint.save(
+  path = row_sharded_checkpoint.save(
     root,
     mirrored_strategy(2),
     lambda options: root.save(str(tmp_path / "ckpt"), options=options),
     chief=True,
   )
   key = "embedding/items/.ATTRIBUTES/VARIABLE_VALUE"
-  assert key in sliced_checkpoint.sliced_keys(path)
+  assert key in row_sharded_checkpoint.sliced_keys(path)
   reader = tf.train.load_checkpoint(path)
   assert reader.get_variable_to_dtype_map()[key] == tf.bfloat16
   want = _bits(source)

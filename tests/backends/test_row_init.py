@@ -1,4 +1,5 @@
-"""Row-keyed initial values (`backends.row_init`) against their references.
+"""Row-keyed initial values (`backends.storage.row_init`) against their
+references.
 
 References: TF's own initializers for the distribution (moments and range
 over 10^5 x 8 draws), NumPy for the variance-scaling arithmetic, and the
@@ -12,9 +13,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from backends import row_init
 from backends.layout import TableLayout
-from backends.tensorcore import TensorCoreEmbedding
+from backends.storage import row_init
+from backends.tensorcore.backend import TensorCoreEmbedding
 from tests.conftest import mirrored_strategy
 
 E = tf.tpu.experimental.embedding

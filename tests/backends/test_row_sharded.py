@@ -14,8 +14,8 @@ import tensorflow as tf
 from backends import base as backends_base
 from backends import checkpoint as checkpoint_lib
 from backends.layout import TableLayout
-from backends.serving import ServingEmbedding
-from backends.tensorcore import TensorCoreEmbedding
+from backends.mid_level.serving import ServingEmbedding
+from backends.tensorcore.backend import TensorCoreEmbedding
 from tests.backends import test_compiled_path as compiled
 from tests.conftest import mirrored_strategy
 
@@ -319,9 +319,11 @@ def test_row_sharded_options_are_checked():
     TensorCoreEmbedding(
       config, E.SGD(0.1), layouts={"nope": TableLayout("row_sharded")}
     )
-  with pytest.raises(ValueError, match="placement = 'sharded'.*row_sharded"):
+  with pytest.raises(
+    ValueError, match="placement = 'parameter_servers'.*row_sharded"
+  ):
     TensorCoreEmbedding(
-      config, E.SGD(0.1), layouts={"sq": TableLayout("sharded")}
+      config, E.SGD(0.1), layouts={"sq": TableLayout("parameter_servers")}
     )
   with pytest.raises(ValueError, match="row_layout = 'mod'.*'strided'"):
     TensorCoreEmbedding(

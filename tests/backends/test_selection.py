@@ -121,7 +121,8 @@ def test_forcing_a_backend_that_can_run():
       "tpu_embedding",
       r"'tpu_embedding' was requested but cannot run under "
       r"_DefaultDistributionStrategy: it needs a TPUStrategy on hardware with "
-      r"embedding_feature V1 or V2; this is _DefaultDistributionStrategy on the "
+      r"embedding_feature V1 or V2; this is _DefaultDistributionStrategy on "
+      r"the "
       r"default device\. Use backend='auto' \(here: 'tensorcore'\)",
     ),
     (
@@ -132,7 +133,8 @@ def test_forcing_a_backend_that_can_run():
     (
       lambda: mirrored_strategy(2),
       "tpu_embedding_v0",
-      r"TPUEmbeddingV0 only runs under a TPUStrategy; this is MirroredStrategy\. "
+      r"TPUEmbeddingV0 only runs under a TPUStrategy; this is "
+      r"MirroredStrategy\. "
       r"Use 'tensorcore'",
     ),
     (
@@ -143,7 +145,7 @@ def test_forcing_a_backend_that_can_run():
     ),
     (
       tf.distribute.get_strategy,
-      "sharded",
+      "parameter_servers",
       r"needs a ParameterServerStrategy .* or use 'tensorcore'",
     ),
   ],
@@ -156,7 +158,7 @@ def test_forced_backend_that_cannot_run_is_refused_with_why_and_what_instead(
 
 
 def test_constructing_an_unavailable_backend_directly_is_refused():
-  from backends.tpu_embedding import TPUEmbeddingBackend  # pylint: disable=g-import-not-at-top
+  from backends.mid_level.tpu_embedding import TPUEmbeddingBackend  # pylint: disable=g-import-not-at-top
 
   with pytest.raises(
     backends.BackendUnavailableError, match="'tpu_embedding' cannot run here"
@@ -167,7 +169,7 @@ def test_constructing_an_unavailable_backend_directly_is_refused():
 def test_unknown_backend_lists_the_valid_names():
   with pytest.raises(
     backends.UnknownBackendError,
-    match="available: serving, sharded, tensorcore, "
+    match="available: parameter_servers, serving, tensorcore, "
     "tpu_embedding, tpu_embedding_v0",
   ):
     backends.create(_config(), E.SGD(0.1), backend="tpuv2")
@@ -186,7 +188,8 @@ def test_parameter_server_strategy_selects_sharded():
                                    "ps": [f"localhost:{port()}"],
                                    "chief": [f"localhost:{port()}"]})
       servers = [tf.distribute.Server(spec, job_name=j, task_index=0,
-                                      protocol="grpc") for j in ("worker", "ps")]
+                                      protocol="grpc") for j in ("worker",
+                                      "ps")]
       resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
           spec, rpc_layer="grpc", task_type="chief", task_id=0)
       strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
@@ -202,5 +205,22 @@ def test_parameter_server_strategy_selects_sharded():
   ).stdout
   line = next(l for l in out.splitlines() if l.startswith("SELECTED"))
   _, name, reason = line.split("|")
-  assert name == "sharded"
-  assert "row-sharded over the parameter servers" in reason
+  assert name == "parameter_servers"
+  assert "split over the parameter servers" in reason
+
+
+def test_the_old_name_of_the_parameter_server_backend_still_works(
+  monkeypatch,
+):
+  """`sharded`, the parameter-server backend's name before it was
+  `parameter_servers`, still resolves (gin files, `--backend`), with one
+  warning per process naming the new name."""
+  monkeypatch.setattr(registry, "_warned", set())
+  with pytest.warns(FutureWarning, match="'parameter_servers'") as seen:
+    cls = registry.get("sharded")
+    registry.check_options("sharded", {})
+  assert len(seen) == 1
+  assert cls is registry.get("parameter_servers")
+  assert "sharded" not in registry.names()
+  strategy = tf.distribute.get_strategy()
+  assert registry.decide("sharded", strategy)[0] == "parameter_servers"

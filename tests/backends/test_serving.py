@@ -1,4 +1,5 @@
-"""Tests of backends/serving.py: lookups vs TF's serving lookup and NumPy, export.
+"""Tests of backends/mid_level/serving.py: lookups vs TF's serving lookup and
+NumPy, export.
 
 Where TF's `serving_embedding_lookup` already returns the project's shapes
 (dense `[B]`, sparse and ragged bags, sequences) it is the reference; for
@@ -26,7 +27,7 @@ import backends  # noqa: E402
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import base  # noqa: E402
 from backends import checkpoint as ckpt  # noqa: E402
-from backends.serving import (
+from backends.mid_level.serving import (
   ServingEmbedding,
   export_saved_model,
   serving_lookup,
@@ -194,7 +195,8 @@ def test_does_not_modify_the_users_configs():
 
 
 def _trained_tensorcore():
-  """A tensorcore backend after one Adagrad step: mixed features, shared table."""
+  """A tensorcore backend after one Adagrad step: mixed features, shared
+  table."""
   rng = np.random.default_rng(6)
   shared = _table("mean", name="shared")
   config = {
@@ -228,7 +230,8 @@ def _trained_tensorcore():
 
 
 def test_serving_lookup_on_a_training_backends_tables_in_place():
-  """Any subset of features, on tensorcore's own variables: tensorcore's lookups."""
+  """Any subset of features, on tensorcore's own variables: tensorcore's
+  lookups."""
   emb, features, weights = _trained_tensorcore()
   want = emb.lookup(features, weights)
   got = serving_lookup(
@@ -281,7 +284,8 @@ def test_from_backend_copies_the_tables_without_slots():
 
 
 class _TinyRanker(tf.keras.Model):
-  """scores = sigmoid(w . [acts, dense]); the model contract of recsys/models."""
+  """scores = sigmoid(w . [acts, dense]); the model contract of
+  recsys/models."""
 
   def __init__(self):
     super().__init__()

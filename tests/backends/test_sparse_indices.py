@@ -12,7 +12,7 @@ import tensorflow as tf  # noqa: E402
 
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import inputs  # noqa: E402
-from backends.tensorcore import TensorCoreEmbedding  # noqa: E402
+from backends.tensorcore.backend import TensorCoreEmbedding  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 V, D = 23, 7

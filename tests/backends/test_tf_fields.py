@@ -14,9 +14,9 @@ import pytest
 import tensorflow as tf
 
 from backends import base, tf_fields
-from backends.serving import ServingEmbedding
-from backends.tensorcore import TensorCoreEmbedding
-from backends.tpu_embedding_v0 import TPUEmbeddingV0Backend
+from backends.mid_level.serving import ServingEmbedding
+from backends.mid_level.tpu_embedding_v0 import TPUEmbeddingV0Backend
+from backends.tensorcore.backend import TensorCoreEmbedding
 from tests.backends.test_selection import fake_tpu_strategy
 
 E = tf.tpu.experimental.embedding

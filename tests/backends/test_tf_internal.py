@@ -122,11 +122,11 @@ def test_the_instance_attributes_are_set_by_tf():
 # The trackable protocol's methods that backends' classes override (a TF
 # rename would leave the override dead, the checkpoint silently different).
 _OVERRIDDEN = {
-  "backends.mid_level.MidLevelBackend": [
+  "backends.mid_level.common.MidLevelBackend": [
     "_trackable_children",
     "_lookup_dependency",
   ],
-  "backends.storage.replica_sharded.RowShardedVariable": [
+  "backends.storage.row_sharded.RowShardedVariable": [
     "_serialize_to_tensors",
     "_restore_from_tensors",
   ],

@@ -1,4 +1,5 @@
-"""The TPU backends on CPU: what they hand to TF's classes, and what they refuse.
+"""The TPU backends on CPU: what they hand to TF's classes, and what they
+refuse.
 
 No TPU is reachable here. `TPUEmbedding` (V1) is constructed for real from
 the backend's arguments in TF's CPU mode, and TF's own code checks the rest:
@@ -23,12 +24,13 @@ from tensorflow.python.tpu import tpu_embedding_v3  # noqa: E402
 from tensorflow.python.util import nest  # noqa: E402
 
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
-from backends import (
-  base,  # noqa: E402
-  tpu_embedding_v0,  # noqa: E402
+from backends import base  # noqa: E402
+from backends.mid_level import tpu_embedding_v0  # noqa: E402
+from backends.mid_level.tpu_embedding import (  # noqa: E402
+  TablesOnDeviceError,
+  TPUEmbeddingBackend,
 )
-from backends.tpu_embedding import TablesOnDeviceError, TPUEmbeddingBackend  # noqa: E402
-from backends.tpu_embedding_v0 import TPUEmbeddingV0Backend  # noqa: E402
+from backends.mid_level.tpu_embedding_v0 import TPUEmbeddingV0Backend  # noqa: E402
 from tests.backends.test_selection import fake_tpu_strategy  # noqa: E402
 from tests.conftest import mirrored_strategy  # noqa: E402
 
@@ -37,7 +39,8 @@ B = 8  # per-replica batch: a multiple of the 4 SparseCores per chip
 
 
 def _config(**table_kwargs):
-  """Users (shared by two features, one a sequence) and items (own optimizer)."""
+  """Users (shared by two features, one a sequence) and items (own
+  optimizer)."""
   users = E.TableConfig(
     23,
     7,
@@ -422,7 +425,8 @@ def test_v0_checks_optimizers_like_every_backend():
 
 
 def _v0_style_lookup(table, ragged):
-  """What TF's V0 does with a ragged bag: densify (pad id 0, weight 0), gather."""
+  """What TF's V0 does with a ragged bag: densify (pad id 0, weight 0),
+  gather."""
   ids = ragged.to_tensor(default_value=0)
   weights = tf.ones_like(ragged, tf.float32).to_tensor(default_value=0.0)
   rows = tf.nn.embedding_lookup(table, ids) * weights[..., None]

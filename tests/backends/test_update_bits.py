@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from backends import kernels, optimizers
+from backends import optimizers
+from backends.tensorcore import kernels
 
 E = tf.tpu.experimental.embedding
 ROWS, DIM = 100, 13
@@ -76,7 +77,9 @@ def test_rows_per_call_leave_the_same_bits(opt_name):
 @pytest.mark.parametrize("opt_name", ["sgd", "adagrad", "adam"])
 def test_the_fused_kernels_leave_the_tf_ops_bits(opt_name):
   if kernels.load() is None:
-    pytest.skip("the fused kernels did not build here (backends.kernels)")
+    pytest.skip(
+      "the fused kernels did not build here (backends.tensorcore.kernels)"
+    )
   for got, want in zip(
     _update(opt_name, 17, fused=True), _update(opt_name, ROWS)
   ):

@@ -2,9 +2,9 @@
 
 `in_process_cluster` starts `tf.distribute.Server`s for workers and parameter
 servers inside the calling process (which then acts as the coordinator), for
-unit tests of the sharded backend in one process. Connecting to a cluster
-rewires TensorFlow's eager context for the rest of the process, so tests run
-it in a subprocess (`run_script`), never in the pytest process.
+unit tests of the parameter_servers backend in one process. Connecting to a
+cluster rewires TensorFlow's eager context for the rest of the process, so tests
+run it in a subprocess (`run_script`), never in the pytest process.
 
 TensorFlow's gRPC server listens on every interface (`0.0.0.0:<port>`; it has
 no bind-address option). `run_script` therefore runs the cluster in a private
@@ -70,7 +70,8 @@ def in_process_cluster(workers: int = 2, ps: int = 2):
 
 @functools.cache
 def loopback_namespace_prefix() -> list[str] | None:
-  """`unshare` argv running a command with only a loopback interface, or None."""
+  """`unshare` argv running a command with only a loopback interface, or
+  None."""
   if shutil.which("unshare") is None or shutil.which("ip") is None:
     return None
   probe = subprocess.run(

@@ -1,4 +1,5 @@
-"""Runs the conformance suite on the sharded backend in an in-process cluster.
+"""Runs the conformance suite on the parameter_servers backend in an in-process
+cluster.
 
 Usage: python -m tests.distributed.sharded_conformance OUT_JSON
 
@@ -18,7 +19,8 @@ SPEC, SERVERS = cluster_lib.in_process_cluster(workers=1, ps=2)
 
 import tensorflow as tf  # noqa: E402
 
-from backends import conformance, sharded  # noqa: E402
+from backends import conformance  # noqa: E402
+from backends.parameter_servers import backend as ps_backend  # noqa: E402
 
 
 def main(out_path: str) -> None:
@@ -26,11 +28,13 @@ def main(out_path: str) -> None:
     tf.train.ClusterSpec(SPEC), rpc_layer="grpc"
   )
   strategy = tf.distribute.experimental.ParameterServerStrategy(
-    resolver, variable_partitioner=sharded.TablePartitioner(2)
+    resolver, variable_partitioner=ps_backend.TablePartitioner(2)
   )
   suite = conformance.Conformance(
-    lambda config, opt: sharded.ShardedEmbedding(config, opt, strategy),
-    sharded.ShardedEmbedding.capabilities,
+    lambda config, opt: ps_backend.ParameterServerEmbedding(
+      config, opt, strategy
+    ),
+    ps_backend.ParameterServerEmbedding.capabilities,
   )
   results: dict[str, str | None] = {}
   for name in conformance.check_names():

@@ -1,10 +1,11 @@
-"""Runs the sharded backend on an in-process cluster (2 workers, 2 ps).
+"""Runs the parameter_servers backend on an in-process cluster (2 workers, 2
+ps).
 
 Usage: python -m tests.distributed.sharded_run OUT_DIR [TENSORCORE_CKPT]
 
 This process starts the servers and is the coordinator. It builds
-`sharded_case.feature_config()` with the `sharded` backend, sets the tables
-to `sharded_case.table_values()`, and for each batch of `sharded_case`
+`sharded_case.feature_config()` with the `parameter_servers` backend, sets the
+tables to `sharded_case.table_values()`, and for each batch of `sharded_case`
 schedules one training step (lookup, loss = sum(acts * cot),
 apply_gradients) on a worker. It writes to OUT_DIR/result.npz the
 activations of each step, the final tables and slots, each shard's rows and
@@ -25,7 +26,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import backends  # noqa: E402
-from backends import sharded  # noqa: E402
+from backends.parameter_servers import backend as ps_backend  # noqa: E402
 from tests.distributed import sharded_case as case  # noqa: E402
 
 
@@ -34,7 +35,7 @@ def main(out_dir: str, restore_from: str = "") -> None:
     tf.train.ClusterSpec(SPEC), rpc_layer="grpc"
   )
   strategy = tf.distribute.experimental.ParameterServerStrategy(
-    resolver, variable_partitioner=sharded.TablePartitioner(2)
+    resolver, variable_partitioner=ps_backend.TablePartitioner(2)
   )
   coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
   emb = backends.create(case.feature_config(), None, strategy, backend="auto")
@@ -69,18 +70,18 @@ def main(out_dir: str, restore_from: str = "") -> None:
 
   for table, var in emb.embedding_tables.items():
     out[f"table/{table.name}"] = tf.convert_to_tensor(var).numpy()
-    for i, shard in enumerate(sharded.shards_of(var)):
+    for i, shard in enumerate(ps_backend.shards_of(var)):
       out[f"shard/{table.name}/{i}"] = shard.numpy()
   for name, slots in emb.slot_variables().items():
     for slot, var in slots.items():
       out[f"slot/{name}/{slot}"] = tf.convert_to_tensor(var).numpy()
-      for i, shard in enumerate(sharded.shards_of(var)):
+      for i, shard in enumerate(ps_backend.shards_of(var)):
         out[f"slotshard/{name}/{slot}/{i}"] = shard.numpy()
   devices = {
     "tables": emb.shard_devices(),
     "slots": {
       name: {
-        slot: [s.device for s in sharded.shards_of(v)]
+        slot: [s.device for s in ps_backend.shards_of(v)]
         for slot, v in slots.items()
       }
       for name, slots in emb.slot_variables().items()
@@ -90,7 +91,7 @@ def main(out_dir: str, restore_from: str = "") -> None:
 
   if restore_from:
     fresh = backends.create(
-      case.feature_config(), None, strategy, backend="sharded"
+      case.feature_config(), None, strategy, backend="parameter_servers"
     )
     status = tf.train.Checkpoint(embedding=fresh).restore(restore_from)
     with strategy.scope():

@@ -166,7 +166,7 @@ def test_parameter_server_cluster_loses_a_worker_and_trains_like_one_process(
   assert "Failed to clear function handle cache" not in launch.log
   got = _metrics(tmp_path)
   assert got["strategy"] == "ParameterServerStrategyV2"
-  assert got["backend"] == "sharded" and got["step"] == STEPS, got
+  assert got["backend"] == "parameter_servers" and got["step"] == STEPS, got
   # The lost worker's work moved to the other: the quality of one process.
   assert abs(got["eval/auc"] - one_process["eval/auc"]) <= AUC_TOLERANCE, (
     got,

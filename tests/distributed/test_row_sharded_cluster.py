@@ -26,9 +26,9 @@ import pytest
 import tensorflow as tf
 
 from backends import checkpoint as checkpoint_lib
-from backends import sliced_checkpoint
 from backends.layout import TableLayout
-from backends.tensorcore import TensorCoreEmbedding
+from backends.storage import row_sharded_checkpoint
+from backends.tensorcore.backend import TensorCoreEmbedding
 from recsys import cli
 from tests.conftest import mirrored_strategy
 from tests.distributed import test_cluster as cluster_case
@@ -111,7 +111,7 @@ def test_two_processes_stopped_then_three_end_as_one_process(tmp_path):
   saved = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
   assert saved.endswith(f"ckpt-{stop_step}") and stop_step >= 4, saved
   # Written by slices: each worker its own rows, merged by the chief.
-  assert sliced_checkpoint.sliced_keys(saved)
+  assert row_sharded_checkpoint.sliced_keys(saved)
   steps = max(STEPS, stop_step + 2)  # the resumed run trains some steps
   with _launch(model_dir, workers=3, steps=steps) as second:
     resumed = second.read_until(r"restored .*ckpt-(\d+) at step", 300)

@@ -2,7 +2,7 @@
 
 References: the same run on one replica with replicated tables and the same
 global batches (tables, slots, dense weights, the dense optimizer's state);
-a sharded run's checkpoint resumed replicated; Keras `fit` against the
+a parameter-server run's checkpoint resumed replicated; Keras `fit` against the
 backend's own loop on one replica (`tests.layers.test_embedding_layer`).
 """
 

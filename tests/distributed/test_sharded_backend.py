@@ -1,8 +1,9 @@
-"""The sharded backend on an in-process cluster against its references.
+"""The parameter_servers backend on an in-process cluster against its
+references.
 
 One subprocess (`sharded_run.py`) starts 2 workers and 2 parameter servers
-in-process, builds `sharded_case`'s tables with the `sharded` backend and
-trains 2 steps through a `ClusterCoordinator`. This process computes the
+in-process, builds `sharded_case`'s tables with the `parameter_servers` backend
+and trains 2 steps through a `ClusterCoordinator`. This process computes the
 references: the same steps on `tensorcore` (tested against TF's own classes),
 the rows' gradients and TPU-math updates in NumPy
 (`backends/reference_optimizers`), and TF's "div" partition of the rows.
@@ -18,12 +19,10 @@ import tensorflow as tf  # noqa: E402
 import backends  # noqa: E402
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import checkpoint as ckpt_lib  # noqa: E402
-from backends import (
-  conformance,  # noqa: E402
-  sharded,  # noqa: E402
-)
+from backends import conformance  # noqa: E402
 from backends import reference_optimizers as ref  # noqa: E402
-from backends.storage import parameter_servers  # noqa: E402
+from backends.parameter_servers import backend as ps_backend  # noqa: E402
+from backends.parameter_servers import storage as parameter_servers  # noqa: E402
 from tests.distributed import cluster as cluster_lib  # noqa: E402
 from tests.distributed import sharded_case as case  # noqa: E402
 
@@ -92,7 +91,9 @@ def _div_offsets(rows, shards):
 @pytest.mark.slow
 def test_each_parameter_server_holds_only_its_rows(run):
   npz, devices = run["npz"], run["devices"]
-  assert devices["backend"] == "sharded"  # what "auto" picked under PS
+  assert (
+    devices["backend"] == "parameter_servers"
+  )  # what "auto" picked under PS
   for table, rows in (("users", 23), ("items", 11), ("ads", 5)):
     want = [f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(2)]
     assert devices["tables"][table] == want
@@ -224,18 +225,20 @@ def test_refused_outside_a_parameter_server_strategy():
       case.feature_config(),
       None,
       tf.distribute.get_strategy(),
-      backend="sharded",
+      backend="parameter_servers",
     )
-  assert "sharded" not in backends.available(tf.distribute.get_strategy())
+  assert "parameter_servers" not in backends.available(
+    tf.distribute.get_strategy()
+  )
 
 
 def test_table_partitioner_splits_only_tables_being_built():
-  part = sharded.TablePartitioner(num_shards=4)
+  part = ps_backend.TablePartitioner(num_shards=4)
   shape = tf.TensorShape([23, 7])
   assert part(shape, tf.float32) == [1, 1]  # a dense-model variable
   with parameter_servers.building_tables():
     assert part(shape, tf.float32) == [4, 1]
     assert part(tf.TensorShape([3, 7]), tf.float32) == [3, 1]  # <= rows
-    by_size = sharded.TablePartitioner(4, min_shard_bytes=23 * 7 * 4 // 2)
+    by_size = ps_backend.TablePartitioner(4, min_shard_bytes=23 * 7 * 4 // 2)
     assert by_size(shape, tf.float32) == [2, 1]
   assert part(shape, tf.float32) == [1, 1]

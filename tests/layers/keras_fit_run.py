@@ -1,12 +1,13 @@
-"""`fit` with recsys.layers.Embedding in one process of a cluster (run as a script).
+"""`fit` with recsys.layers.Embedding in one process of a cluster (run as a
+script).
 
 Usage: python -m tests.layers.keras_fit_run MODE OUT.npz
 
 MODE "single": the default strategy (the reference). "mwms": one worker of a
 MultiWorkerMirroredStrategy (TF_CONFIG set by the test). "ps": this process
 starts 1 worker and 2 parameter servers in-process and is the coordinator of
-a ParameterServerStrategy (tables row-sharded by the `sharded` backend); Keras
-`fit` schedules the steps on the worker. Every mode trains the same model
+a ParameterServerStrategy (tables split by the `parameter_servers` backend);
+Keras `fit` schedules the steps on the worker. Every mode trains the same model
 from the same initial values on the same global batches and writes the
 tables, slots and dense weights to OUT.npz.
 """
@@ -77,13 +78,13 @@ def main(mode: str, out: str) -> None:
   if mode == "mwms":
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
   elif mode == "ps":
-    from backends import sharded  # pylint: disable=g-import-not-at-top
+    from backends.parameter_servers import backend as ps_backend  # pylint: disable=g-import-not-at-top
 
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
       tf.train.ClusterSpec(SPEC), rpc_layer="grpc"
     )
     strategy = tf.distribute.experimental.ParameterServerStrategy(
-      resolver, variable_partitioner=sharded.TablePartitioner(2)
+      resolver, variable_partitioner=ps_backend.TablePartitioner(2)
     )
   else:
     strategy = tf.distribute.get_strategy()

@@ -2,7 +2,7 @@
 
 MultiWorkerMirroredStrategy (2 worker processes on localhost, tensorcore
 backend) and ParameterServerStrategy (1 worker, 2 parameter servers, tables
-row-sharded by the sharded backend, steps scheduled by Keras through a
+row-sharded by the parameter_servers backend, steps scheduled by Keras through a
 ClusterCoordinator) train the same model from the same values on the same
 global batches as the default strategy (`keras_fit_run.py`): same tables,
 slots and dense weights.
@@ -38,7 +38,7 @@ def _assert_same(got, want):
 def test_parameter_server_fit_equals_one_process(tmp_path):
   out = str(tmp_path / "ps.npz")
   log = cluster_lib.run_script(SCRIPT + ["ps", out], timeout=300)
-  assert "backend sharded" in log
+  assert "backend parameter_servers" in log
   _assert_same(np.load(out), _reference(tmp_path))
 
 

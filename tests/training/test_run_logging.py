@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 
-from backends import kernels
+from backends.tensorcore import kernels
 from recsys._keras import tf
 from recsys.models import DLRM
 from recsys.run import run_summaries

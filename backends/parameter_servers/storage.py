@@ -31,8 +31,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, hardware, optimizers, row_init
-from backends.storage import base, row_layout
+from backends import _tf_internal, hardware, optimizers
+from backends.storage import base, row_init, row_layout
 from backends.table_step import TableStep
 
 log = logging.getLogger("recsys.backends")
@@ -55,11 +55,11 @@ class TablePartitioner:
   """A `variable_partitioner` that shards embedding tables and nothing else.
 
   `ParameterServerStrategy` calls its `variable_partitioner` for every
-  variable created in its scope. This one splits the tables that the sharded
-  backend builds into `num_shards` row ranges (fewer if a shard would hold
-  less than `min_shard_bytes`, never more than the table's rows) and leaves
-  every other variable (the dense model, the optimizers, metrics) whole, so
-  Keras layers never see a `ShardedVariable`.
+  variable created in its scope. This one splits the tables that the
+  parameter_servers backend builds into `num_shards` row ranges (fewer if a
+  shard would hold less than `min_shard_bytes`, never more than the table's
+  rows) and leaves every other variable (the dense model, the optimizers,
+  metrics) whole, so Keras layers never see a `ShardedVariable`.
 
   Args:
     num_shards: the most shards per table, usually the number of parameter
@@ -124,7 +124,7 @@ class ParameterServers(base.TableStorage):
     table, name = self.table, self.name
     shape = (table.vocabulary_size, table.dim)
     # Row-keyed initial values: a shard computes only its own rows, the same
-    # values as any other backend and placement (`backends.row_init`).
+    # values as any other backend and placement (`backends.storage.row_init`).
     rows = row_init.RowInitializer.for_table(table)
 
     def table_getter(name, shape, dtype, initializer, trainable):
@@ -183,7 +183,8 @@ class ParameterServers(base.TableStorage):
       log.warning(
         "table %r is not sharded: it lives whole on %s. Build the "
         "ParameterServerStrategy with variable_partitioner="
-        "backends.sharded.TablePartitioner(%d) to split tables over the "
+        "backends.parameter_servers.backend.TablePartitioner(%d) to split "
+        "tables over the "
         "%d parameter servers.",
         self.name,
         shards[0].device,

@@ -2,8 +2,8 @@
 
   dynamic.DynamicEngine  flat bags of any size (`backends.inputs`), one
                          `tf.unique` per table; on CPU hosts outside XLA the
-                         fused C++ kernels of `backends.kernels` ("fused"),
-                         else TF ops ("tf_ops").
+                         fused C++ kernels of `backends.tensorcore.kernels`
+                         ("fused"), else TF ops ("tf_ops").
   static.StaticEngine    every shape fixed at trace time
                          (`backends.static_bags`): what XLA and TPUs compile.
 
@@ -12,6 +12,6 @@ Both run against any storage (`backends.storage`) and leave the same
 of float sums.
 """
 
-from backends.engines.base import Engine
+from backends.tensorcore.engines.base import Engine
 
 __all__ = ["Engine"]

@@ -41,12 +41,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, hardware, narrow, row_init
-from backends.storage import replica_sharded
+from backends import _tf_internal, hardware
+from backends.storage import narrow, row_init, row_sharded
 
 log = logging.getLogger("recsys.backends")
 
-rows_outside_tf = replica_sharded.rows_outside_tf
+rows_outside_tf = row_sharded.rows_outside_tf
 
 _ROWS = ".rows-"  # a rows bundle: <prefix>.rows-<worker>-<chunk>
 _OBJECTS = ".objects"  # the checkpoint's own bundle while it is merged
@@ -60,9 +60,7 @@ def row_sliced(root: Any) -> dict[str, Any]:
   objects, paths = _tf_internal.breadth_first_objects(root)
   out = {}
   for obj in objects:
-    if (
-      isinstance(obj, replica_sharded.RowShardedVariable) and obj.saves_slices()
-    ):
+    if isinstance(obj, row_sharded.RowShardedVariable) and obj.saves_slices():
       key = _tf_internal.checkpoint_key(
         paths[obj], _tf_internal.VARIABLE_VALUE_KEY
       )
@@ -234,7 +232,7 @@ def save(
   tables = row_sliced(root)
   if not tables:
     return write(None)
-  worker = min(replica_sharded.local_replica_ids(strategy))
+  worker = min(row_sharded.local_replica_ids(strategy))
 
   def add_rows(save_path: str) -> None:
     prefix = chief_prefix(save_path)

@@ -7,8 +7,8 @@ last two also fused; split over the intra-op threads a step leaves idle) that
 replace the tensorcore step's chain of generic TF ops on the CPU with
 the same math (docs/optimizers.md). They are compiled against the installed
 TensorFlow with the system C++ compiler, once per TF version and source:
-`make` does it (`python -m backends.kernels`), and `load()` does it on first
-use if nobody did. The library lands in `$RECSYS_KERNEL_DIR`, default
+`make` does it (`python -m backends.tensorcore.kernels`), and `load()` does it
+on first use if nobody did. The library lands in `$RECSYS_KERNEL_DIR`, default
 `~/.cache/recsys/kernels`.
 
 Without a compiler, on another TF build, or with `RECSYS_FUSED_KERNELS=0`,
@@ -16,7 +16,7 @@ Without a compiler, on another TF build, or with `RECSYS_FUSED_KERNELS=0`,
 pure-TF ops, which give the same numbers up to float rounding.
 
 Example:
-  >>> from backends import kernels
+  >>> from backends.tensorcore import kernels
   >>> ops = kernels.load()      # None: use the TF ops
 """
 
@@ -185,7 +185,7 @@ def status() -> str:
     return "unavailable (no C++ compiler): tensorcore uses its TF ops"
   return (
     "not built yet: built on first use, or now with "
-    "`python -m backends.kernels`"
+    "`python -m backends.tensorcore.kernels`"
   )
 
 
@@ -281,18 +281,19 @@ def _register_gradients(tf, module) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-  """`python -m backends.kernels [--force]`: build, load, print the path."""
+  """`python -m backends.tensorcore.kernels [--force]`: build, load, print the
+  path."""
   argv = sys.argv[1:] if argv is None else argv
   logging.basicConfig(level=logging.INFO, format="%(message)s")
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   try:
     path = build(force="--force" in argv)
   except KernelBuildError as e:
-    print(f"backends.kernels: {e}", file=sys.stderr)
+    print(f"backends.tensorcore.kernels: {e}", file=sys.stderr)
     return 1
   if load() is None:
     print(
-      f"backends.kernels: built {path} but could not load it: "
+      f"backends.tensorcore.kernels: built {path} but could not load it: "
       f"{_reason[-1] if _reason else ''}",
       file=sys.stderr,
     )

@@ -52,7 +52,7 @@
 // others sum the bags of their ranges of segments; the backward pass and
 // update split the unique rows into ranges of about equal work.
 //
-// Narrow tables (backends/narrow.py): the table variable may hold bfloat16
+// Narrow tables (backends/storage/narrow.py): the table variable may hold bfloat16
 // or float16 rows (slots stay float32). Lookups read the rows narrow and
 // upcast each value to float32 (exact) before summing; updates compute in
 // float32 and write each new value back with narrow.py's stochastic rounding
@@ -64,7 +64,7 @@
 // the largest magnitude among them, which backends/optimizers.py adds to
 // the table's counters (narrow.Saturation).
 //
-// Built by `python -m backends.kernels` (backends/kernels/
+// Built by `python -m backends.tensorcore.kernels` (backends/tensorcore/kernels/
 // __init__.py) with -ffp-contract=off, so that no multiply-add is fused (the
 // TF ops round each operation separately), and -fno-math-errno, so that the
 // row loops with sqrt vectorize.
@@ -336,7 +336,7 @@ inline float ToFloat(Bf16 x) {
 }
 inline float ToFloat(Half x) { return static_cast<float>(x); }
 
-// backends/narrow.py's hash (`_mix`, lowbias32), on uint32.
+// backends/storage/narrow.py's hash (`_mix`, lowbias32), on uint32.
 inline uint32_t Mix(uint32_t x) {
   x ^= x >> 16;
   x *= 0x7FEB352Du;

@@ -32,7 +32,8 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.tpu.experimental import embedding
 
-from backends import _tf_internal, base, hardware, mid_level, quantization
+from backends import _tf_internal, base, hardware, quantization
+from backends.mid_level import common as mid_level
 
 
 class ServingEmbedding(mid_level.MidLevelBackend):

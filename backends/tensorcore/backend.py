@@ -10,7 +10,7 @@ and improved where V0 falls short:
   holds a slice of the rows and their slots, a step exchanges ids, rows
   and gradients through the replicas' collectives with static shapes, and
   each owner alone applies the optimizer to its rows
-  (`backends.storage.replica_sharded`). Other tables stay replicated
+  (`backends.storage.row_sharded`). Other tables stay replicated
   (`backends.storage.replicated`); `plan_tables` chooses per table for the
   planner (`recsys.planning`).
 * The embedding optimizer is applied here, as sparse row updates with the TPU
@@ -24,14 +24,15 @@ and improved where V0 falls short:
   naming the feature, table, id and batch row (or are dropped / mapped to an
   OOV row, and counted).
 * `preprocess` pads sparse and ragged bags to a static width on the host.
-* On CPU hosts a training step runs fused C++ kernels (`backends.kernels`)
-  instead of a chain of generic TF ops; same math.
+* On CPU hosts a training step runs fused C++ kernels
+  (`backends.tensorcore.kernels`) instead of a chain of generic TF ops; same
+  math.
 * Compiled steps (a TPU, `jit_compile=True`) take a static-shape engine
-  (`backends.engines.static`): fixed-capacity de-duplication, padding slots
-  that never touch a row, a fixed-size exchange; same math again.
+  (`backends.tensorcore.engines.static`): fixed-capacity de-duplication, padding
+  slots that never touch a row, a fixed-size exchange; same math again.
 
-The machinery is `backends.composed` (a storage per table x an engine per
-step). It keeps V0's public API (`embedding_lookup`, `__call__`,
+The machinery is `backends.tensorcore.composed` (a storage per table x an engine
+per step). It keeps V0's public API (`embedding_lookup`, `__call__`,
 `embedding_tables`, slots through `slot_variable_creation_fn`, building on
 first use), so V0's own training-loop example (a tape on `embedding_tables`
 and a Keras optimizer, in a `tf.range` loop) runs as written on replicated
@@ -53,7 +54,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import base, composed, narrow, table_plan
+from backends import base, table_plan
 from backends import placement as placement_lib
 from backends.layout import (
   Exchange,
@@ -62,8 +63,10 @@ from backends.layout import (
   every_table,
   value_of,
 )
-from backends.storage import TableStorage, replica_sharded
+from backends.storage import narrow, row_sharded
 from backends.storage import replicated as replicated_lib
+from backends.storage.base import TableStorage
+from backends.tensorcore import composed
 
 
 class TensorCoreEmbedding(composed.ComposedEmbedding):
@@ -74,7 +77,7 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
     optimizer: default embedding optimizer for tables without one.
     strategy: defaults to the strategy in scope.
     bag_widths, invalid_ids, fused_kernels, static_shapes: see
-      `backends.composed.ComposedEmbedding`.
+      `backends.tensorcore.composed.ComposedEmbedding`.
     layouts: each table's `backends.layout.TableLayout`: one for every
       table, or table name -> layout (other tables replicated float32).
       None: every table replicated float32. `recsys.planning` makes them
@@ -89,7 +92,7 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
       overflows; `backends.storage.exchange`) with the all-to-all's margin
       `exchange_sigmas`, and the dtype its rows are stored in ("float32",
       "bfloat16" or "float16": half the bytes; slots stay float32;
-      `backends.narrow`: the model sees float32 rows, a value beyond the
+      `backends.storage.narrow`: the model sees float32 rows, a value beyond the
       range saturates, float16: +-65504, counted in `narrow_counts`).
     rounding_seed: the seed of the stochastic rounding of narrow tables'
       updates: the same seed and steps give bit-identical tables.
@@ -97,7 +100,7 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
       holds values beyond its dtype's range (a float32 checkpoint into a
       float16 table: beyond +-65504) saturates them to its largest finite
       value, with a warning; False (default): such a restore is refused
-      before anything is restored (`backends.narrow.NarrowRangeError`).
+      before anything is restored (`backends.storage.narrow.NarrowRangeError`).
   """
 
   name = "tensorcore"
@@ -154,7 +157,7 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
           f"{', '.join(narrow.STORAGE_DTYPES)} (table_dtype)."
         )
       if held.row_sharded:
-        replica_sharded.check_optimizer(name, self.optimizer_for(table))
+        row_sharded.check_optimizer(name, self.optimizer_for(table))
     if not isinstance(rounding_seed, int):
       raise ValueError(
         f"rounding_seed={rounding_seed!r}; use an int (the seed of narrow "
@@ -224,7 +227,7 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
     held = self._table_layouts[name]
     args = (table, name, self.optimizer_for(table), self._strategy)
     if held.row_sharded:
-      return replica_sharded.ReplicaSharded(
+      return row_sharded.RowSharded(
         *args,
         layout=str(held.row_layout),
         exchange=str(held.exchange),

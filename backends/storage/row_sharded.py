@@ -28,8 +28,8 @@ collectives the replica context offers (`all_gather`, `all_reduce`):
    its local rows) and applies the table's optimizer — the TPU optimizer
    math of `backends.optimizers` — to its own rows and slots only.
 
-A narrow table (`dtype` bfloat16 or float16, `backends.narrow`) keeps its
-shards in that dtype and its slots float32: the owners upcast the rows
+A narrow table (`dtype` bfloat16 or float16, `backends.storage.narrow`) keeps
+its shards in that dtype and its slots float32: the owners upcast the rows
 they send, and round their updated rows back stochastically with the
 replicated table's draws, keyed by each row's GLOBAL id (`ShardRounding`):
 any number of replicas and either layout give the same bits as one
@@ -41,7 +41,7 @@ saving and splits them when restoring, so a run moves between any number of
 replicas, row-sharded or replicated, and into `TPUEmbeddingForServing`.
 
 Example:
-  >>> storage = ReplicaSharded(table, "items", Adagrad(0.1), strategy)
+  >>> storage = RowSharded(table, "items", Adagrad(0.1), strategy)
   >>> with strategy.scope():
   ...   storage.create(tracker)
   >>> # in a replica step: rows, exchanged = storage.gather(ids, valid, C)
@@ -57,9 +57,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, narrow, optimizers, placement, row_init
+from backends import _tf_internal, optimizers, placement
 from backends import base as backends_base
-from backends.storage import base, row_layout
+from backends.storage import base, narrow, row_init, row_layout
 from backends.storage import exchange as exchange_lib
 from backends.table_step import TableStep
 
@@ -237,7 +237,7 @@ class RowShardedVariable(_tf_internal.Trackable):
   def _serialize_to_tensors(self) -> dict[str, Any]:
     key = _tf_internal.VARIABLE_VALUE_KEY
     if self.saves_slices() and _ROWS_OUTSIDE_TF.restore:
-      return {}  # read chunk by chunk (backends.sliced_checkpoint)
+      return {}  # read chunk by chunk (backends.storage.row_sharded_checkpoint)
     if self.saves_slices() and _ROWS_OUTSIDE_TF.save:
       # The key is recorded in the object graph; the rows written apart.
       device = self.local_shards()[0][1].device  # grouped with its task
@@ -307,8 +307,9 @@ def rows_outside_tf(save: bool = False, restore: bool = False):
   """TF's save or restore leaves sliced tables' rows to the caller.
 
   Saving records each table's checkpoint key but writes none of its rows;
-  restoring skips them: `backends.sliced_checkpoint` writes and reads them
-  chunk by chunk, where TF would hold every tensor of a checkpoint at once.
+  restoring skips them: `backends.storage.row_sharded_checkpoint` writes and
+  reads them chunk by chunk, where TF would hold every tensor of a checkpoint at
+  once.
   """
   previous = (_ROWS_OUTSIDE_TF.save, _ROWS_OUTSIDE_TF.restore)
   _ROWS_OUTSIDE_TF.save, _ROWS_OUTSIDE_TF.restore = save, restore
@@ -377,7 +378,7 @@ class ShardRounding(narrow.Rounding):
     return narrow.round_stochastically(values, dtype, bits)
 
 
-class ReplicaSharded(base.TableStorage):
+class RowSharded(base.TableStorage):
   """Each replica holds `ceil(V / R)` rows of the table and their slots.
 
   Args:
@@ -721,7 +722,8 @@ def _warn_dynamic_all_to_all(table_name: str) -> None:
 def _warn_whole_table_init(table_name: str, initializer: Any) -> None:
   log.warning(
     "table %r: its initializer %r has no row-keyed form "
-    "(backends.row_init), so the whole table is drawn once on this host "
+    "(backends.storage.row_init), so the whole table is drawn once on this "
+    "host "
     "and each shard keeps its rows. Use a Keras/TF RandomUniform, "
     "RandomNormal, TruncatedNormal, VarianceScaling or constant "
     "initializer to initialize shard by shard.",

@@ -13,7 +13,7 @@ seed), so
 * a row's starting value is the same replicated or row-sharded, over any
   number of replicas and workers, in any row layout, and in a checkpoint
   read back by another layout — bit for bit on any CPU: normals come from
-  the uniforms through `backends.exact_math.ndtri`, made of correctly
+  the uniforms through `backends.storage.exact_math.ndtri`, made of correctly
   rounded operations only, so no value depends on the vector width or on
   how many rows one call computes (TF's `ndtri` did: issue 52).
 
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from backends import exact_math
+from backends.storage import exact_math
 
 #: Rows per chunk are chosen so a chunk holds at most this many bytes.
 CHUNK_BYTES = 8 << 20
@@ -119,7 +119,8 @@ class RowInitializer:
     """float32 `[len(ids), dim]`: the initial values of rows `ids`.
 
     Every value is a function of `(seed, id, column)` computed with
-    correctly rounded operations only (`backends.exact_math`), on the host
+    correctly rounded operations only (`backends.storage.exact_math`), on the
+    host
     CPU: the same bits on every CPU and in calls of any size.
     """
     ids = tf.convert_to_tensor(ids, tf.int64)

@@ -42,9 +42,10 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.tpu.experimental import embedding
 
-from backends import _tf_internal, base, hardware, layout, mid_level, table_plan
+from backends import _tf_internal, base, hardware, layout, table_plan
 from backends import pending as pending_lib
 from backends.errors import BackendError
+from backends.mid_level import common as mid_level
 
 EmbeddingFeature = tf.tpu.experimental.HardwareFeature.EmbeddingFeature
 
@@ -465,7 +466,7 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
       f"the tables of the 'tpu_embedding' backend ({self.engine}) live sharded "
       "in TPU memory and cannot be read as variables here. Save a checkpoint "
       "(tf.train.Checkpoint(embedding=backend)) and restore it into "
-      "backends.serving.ServingEmbedding, or read it with "
+      "backends.mid_level.serving.ServingEmbedding, or read it with "
       "tf.train.load_checkpoint."
     )
 

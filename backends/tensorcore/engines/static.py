@@ -23,9 +23,9 @@ import tensorflow as tf
 
 from backends import _tf_internal, quantization, static_bags
 from backends import input_checks as checks_lib
-from backends.engines import base
-from backends.storage import TableStorage
+from backends.storage.base import TableStorage
 from backends.table_step import TableStep
+from backends.tensorcore.engines import base
 
 log = logging.getLogger("recsys.backends")
 

@@ -1,11 +1,11 @@
-"""The sharded backend: tables row-sharded over parameter servers.
+"""The parameter_servers backend: tables split over parameter servers.
 
 Under `tf.distribute.experimental.ParameterServerStrategy` every table lives
 in row ranges on the parameter servers, with each optimizer slot shard next
-to the table shard it belongs to (`backends.storage.parameter_servers`).
+to the table shard it belongs to (`backends.parameter_servers.storage`).
 Per step and table, on the worker that runs it, the lookup is the dynamic
-engine's (`backends.engines.dynamic`: one de-duplication per table, the
-combiners, weights, sequence features, TF ops): only the gather of the
+engine's (`backends.tensorcore.engines.dynamic`: one de-duplication per table,
+the combiners, weights, sequence features, TF ops): only the gather of the
 unique rows goes to the shards that own them, and each unique row's gradient
 (summed over the worker's batch) goes to its shard's parameter server, which
 applies the table's TPU-semantics optimizer to its table and slot shards in
@@ -20,13 +20,14 @@ computes.
 
 Checkpoints have the layout of every other backend (`<table>` and
 `<table>/<slot>`, full `[vocab, dim]` tensors: a `ShardedVariable` saves its
-shards as slices of one full tensor), so a sharded checkpoint restores into
-`tensorcore` or `serving` on one machine and the other way round.
+shards as slices of one full tensor), so a parameter-server checkpoint restores
+into `tensorcore` or `serving` on one machine and the other way round.
 
 Example:
   >>> strategy = tf.distribute.experimental.ParameterServerStrategy(
   ...     resolver, variable_partitioner=TablePartitioner(num_shards=2))
-  >>> emb = backends.create(config, Adagrad(0.1), strategy, backend="sharded")
+  >>> emb = backends.create(config, Adagrad(0.1), strategy,
+  backend="parameter_servers")
   >>> with strategy.scope():
   ...   emb.build()
   >>> # in a function scheduled with ClusterCoordinator.schedule:
@@ -39,18 +40,19 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import base, composed, hardware, layout, table_plan
-from backends.storage import TableStorage
-from backends.storage.parameter_servers import (  # noqa: F401  (public names)
+from backends import base, hardware, layout, table_plan
+from backends.parameter_servers.storage import (  # noqa: F401  (public names)
   ParameterServers,
   TablePartitioner,
   shard_offsets,
   shards_of,
 )
+from backends.storage.base import TableStorage
+from backends.tensorcore import composed
 
 
-class ShardedEmbedding(composed.ComposedEmbedding):
-  """Tables row-sharded over the parameter servers of a ParameterServerStrategy.
+class ParameterServerEmbedding(composed.ComposedEmbedding):
+  """Tables split over the parameter servers of a ParameterServerStrategy.
 
   Args:
     feature_config: nested structure of `FeatureConfig`.
@@ -69,7 +71,7 @@ class ShardedEmbedding(composed.ComposedEmbedding):
   applied on the parameter servers without waiting for other workers.
   """
 
-  name = "sharded"
+  name = "parameter_servers"
   capabilities = base.Capabilities(sharded_tables=True)
   options = frozenset({"bag_widths", "invalid_ids"})
   # Workers share the parameter servers' variables: no per-replica counters.

@@ -6,14 +6,14 @@ independent choices:
 
 * where each table's rows live — its storage (`backends.storage`):
   replicated on every replica, row-sharded over the replicas, or
-  row-sharded over parameter servers, chosen per table by the backend
+  split over parameter servers, chosen per table by the backend
   (`_make_storage`);
-* how a step computes — the engine (`backends.engines`): the dynamic one
-  (fused CPU kernels or TF ops) or the static XLA path, chosen per trace.
+* how a step computes — the engine (`backends.tensorcore.engines`): the dynamic
+  one (fused CPU kernels or TF ops) or the static XLA path, chosen per trace.
 
 Every engine runs against every storage, joined by one step type
 (`backends.table_step.TableStep`). `tensorcore` (replicated or row-sharded
-over the replicas) and `sharded` (parameter servers) are this class with
+over the replicas) and `parameter_servers` are this class with
 their storages.
 
 Example:
@@ -32,14 +32,16 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, base, hardware, kernels, narrow, optimizers
+from backends import _tf_internal, base, hardware, optimizers
 from backends import input_checks as checks_lib
 from backends import inputs as inputs_lib
 from backends import pending as pending_lib
-from backends.engines import dynamic, static
 from backends.input_counters import InputCounters
-from backends.storage import TableStorage, Tracker
+from backends.storage import narrow
+from backends.storage.base import TableStorage, Tracker
 from backends.table_step import Features
+from backends.tensorcore import kernels
+from backends.tensorcore.engines import dynamic, static
 
 log = logging.getLogger("recsys.backends")
 
@@ -62,10 +64,10 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
       outside `[0, vocabulary_size)` (see `backends.inputs.validate`).
       Features with `validate_weights_and_indices=False` are not checked.
     fused_kernels: on CPU-only strategies, run training lookups and updates
-      with the fused C++ kernels of `backends.kernels` (built on first use;
-      the TF ops when they cannot be). False: always the TF ops.
-    static_shapes: run the static engine (`backends.engines.static`) that a
-      compiled step needs. None (default): whenever the step is compiled
+      with the fused C++ kernels of `backends.tensorcore.kernels` (built on
+      first use; the TF ops when they cannot be). False: always the TF ops.
+    static_shapes: run the static engine (`backends.tensorcore.engines.static`)
+      that a compiled step needs. None (default): whenever the step is compiled
       (under `tf.function(jit_compile=True)` or a TPUStrategy), and for
       lookups whose table gradients a tape may take on several replicas.
       True: always (what a compiled step computes, also uncompiled, e.g. on
@@ -190,7 +192,7 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
   def embedding_tables(self) -> dict[Any, Any]:
     """The table variables, keyed by `TableConfig` (V0's API).
 
-    A row-sharded table is a `backends.storage.replica_sharded.
+    A row-sharded table is a `backends.storage.row_sharded.
     RowShardedVariable`: it reads (and converts to a tensor) as the full
     `[vocabulary_size, dim]` table.
     """
@@ -223,7 +225,7 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
     return self._counters.stats()
 
   def narrow_counts(self) -> dict[str, int]:
-    """Narrow tables (`backends.narrow`) -> the values their updates
+    """Narrow tables (`backends.storage.narrow`) -> the values their updates
     saturated so far in this process (beyond the dtype's largest finite
     value: float16's 65504), summed over the replicas' rows; not
     checkpointed. Warns the first time a table's count is not 0 (naming

@@ -345,7 +345,8 @@ class Rounding:
 
   def next_step(self) -> tf.Tensor:
     """Advances the counter: this update's step (int64 scalar), which the
-    fused kernels (`backends.kernels`) take as an input to draw the same
+    fused kernels (`backends.tensorcore.kernels`) take as an input to draw the
+    same
     bits as `round`."""
     with tf.control_dependencies(
       [self.counter.assign_add(1, read_value=False)]

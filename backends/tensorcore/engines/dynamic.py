@@ -4,14 +4,15 @@ Every feature becomes `FlatBags` (`backends.inputs`), validated with the id
 policy; a table's features are looked up as one flat bag (`backends._bags`):
 one de-duplication, one read of each unique row, one segment sum into the
 activations of every feature stacked in feature order. On CPU-only hosts
-outside XLA the fused C++ kernels (`backends.kernels`) flatten padded bags,
-de-duplicate and sum in one pass over a table read in place, compute the
+outside XLA the fused C++ kernels (`backends.tensorcore.kernels`) flatten padded
+bags, de-duplicate and sum in one pass over a table read in place, compute the
 rows' gradients and, when the table is this replica's alone, apply the
 optimizer in the same pass. Tables whose rows live elsewhere (row-sharded,
 on parameter servers) are read through their storage.
 
 Example:
-  >>> engine = DynamicEngine(features, kernels=backends.kernels.load())
+  >>> engine = DynamicEngine(features,
+  kernels=backends.tensorcore.kernels.load())
   >>> outputs, steps = engine.lookup(flat, flat_w, None, storages, True)
 """
 
@@ -23,9 +24,9 @@ import tensorflow as tf
 from backends import _bags, _tf_internal, optimizers, quantization
 from backends import input_checks as checks_lib
 from backends import inputs as inputs_lib
-from backends.engines import base
-from backends.storage import TableStorage
+from backends.storage.base import TableStorage
 from backends.table_step import Features, TableStep
+from backends.tensorcore.engines import base
 
 
 class _Backward:
@@ -43,8 +44,8 @@ class DynamicEngine(base.Engine):
 
   Args:
     features: the backend's features and tables.
-    kernels: the fused kernels' module (`backends.kernels.load()`), or None
-      for TF ops only.
+    kernels: the fused kernels' module (`backends.tensorcore.kernels.load()`),
+      or None for TF ops only.
     concurrent_calls: how many fused calls of one kind a step runs side by
       side (tables x replicas), for the kernels' threading.
   """

@@ -14,9 +14,9 @@ import pytest
 import tensorflow as tf
 
 from backends import checkpoint as checkpoint_lib
-from backends import row_init, sliced_checkpoint
 from backends.layout import TableLayout
-from backends.tensorcore import TensorCoreEmbedding
+from backends.storage import row_init, row_sharded_checkpoint
+from backends.tensorcore.backend import TensorCoreEmbedding
 from tests.backends import test_compiled_path as compiled
 from tests.backends import test_row_sharded as sharded_case
 from tests.conftest import mirrored_strategy
@@ -39,10 +39,11 @@ def small_chunks(monkeypatch):
 
 
 def _save(emb, strategy, directory):
-  """`sliced_checkpoint.save` through a CheckpointManager, as the Trainer."""
+  """`row_sharded_checkpoint.save` through a CheckpointManager, as the
+  Trainer."""
   root = tf.train.Checkpoint(embedding=emb)
   manager = tf.train.CheckpointManager(root, str(directory), max_to_keep=2)
-  return sliced_checkpoint.save(
+  return row_sharded_checkpoint.save(
     root,
     strategy,
     lambda options: manager.save(checkpoint_number=7, options=options),
@@ -79,7 +80,7 @@ def test_the_merged_checkpoint_is_tfs_full_tables(trained, tmp_path):
   ), left
   reader = tf.train.load_checkpoint(path)
   want = state(trained)
-  sliced = sliced_checkpoint.sliced_keys(path)
+  sliced = row_sharded_checkpoint.sliced_keys(path)
   for name, value in want.items():
     table, slot = name.split("/")
     local = table if slot == "parameters" else f"{table}.S{slot}"
@@ -137,7 +138,9 @@ def test_each_worker_writes_and_reads_only_its_rows_by_chunks(
 
   monkeypatch.setattr(tf.raw_ops, "SaveV2", counted_save)
   path = _save(trained, mirrored_strategy(2), tmp_path)
-  tables = sliced_checkpoint.row_sliced(tf.train.Checkpoint(embedding=trained))
+  tables = row_sharded_checkpoint.row_sliced(
+    tf.train.Checkpoint(embedding=trained)
+  )
   chunks = [c for v in tables.values() for c in v.local_chunks()]
   # Every chunk written once; a bundle holds at most 32 floats of them.
   assert sorted(s for specs in written for s in specs) == sorted(
@@ -145,7 +148,7 @@ def test_each_worker_writes_and_reads_only_its_rows_by_chunks(
   )
   for specs in written:
     floats = [
-      sliced_checkpoint.replica_sharded.parse_slice_spec(s)[1]
+      row_sharded_checkpoint.row_sharded.parse_slice_spec(s)[1]
       * int(s.split()[1])
       for s in specs
     ]
@@ -179,7 +182,7 @@ def test_a_whole_table_checkpoint_restores_into_shards(tmp_path):
   """A replicated run's checkpoint (whole tensors) into 3 contiguous shards."""
   replicated = sharded_case.trained(1, False)
   path = tf.train.Checkpoint(embedding=replicated).save(str(tmp_path / "r"))
-  assert not sliced_checkpoint.sliced_keys(path)
+  assert not row_sharded_checkpoint.sliced_keys(path)
   fresh = _fresh(3, layouts=TableLayout("row_sharded", row_layout="contiguous"))
   checkpoint_lib.restore(fresh, path)
   assert_equal(state(replicated), state(fresh))
@@ -187,7 +190,9 @@ def test_a_whole_table_checkpoint_restores_into_shards(tmp_path):
 
 def test_no_row_sharded_table_means_tfs_own_save(tmp_path):
   emb = _fresh(1)
-  assert not sliced_checkpoint.row_sliced(tf.train.Checkpoint(embedding=emb))
+  assert not row_sharded_checkpoint.row_sliced(
+    tf.train.Checkpoint(embedding=emb)
+  )
   path = _save(emb, tf.distribute.get_strategy(), tmp_path)
-  assert not sliced_checkpoint.sliced_keys(path)
+  assert not row_sharded_checkpoint.sliced_keys(path)
   assert isinstance(emb, TensorCoreEmbedding)

@@ -29,8 +29,9 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.tpu.experimental import embedding
 
-from backends import _tf_internal, base, hardware, mid_level, optimizers
+from backends import _tf_internal, base, hardware, optimizers
 from backends import pending as pending_lib
+from backends.mid_level import common as mid_level
 
 
 class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):

@@ -1,4 +1,4 @@
-"""The interface of a lookup engine (see `backends.engines`)."""
+"""The interface of a lookup engine (see `backends.tensorcore.engines`)."""
 
 import abc
 from typing import Any
@@ -6,7 +6,7 @@ from typing import Any
 import tensorflow as tf
 
 from backends import _bags
-from backends.storage import TableStorage
+from backends.storage.base import TableStorage
 from backends.table_step import Features, TableStep
 
 

@@ -1,6 +1,6 @@
 """The parameter-server family: tables split in row ranges over the
 servers of a `ParameterServerStrategy` (`backend.ParameterServerEmbedding`,
-registered as `parameter_servers`; `parameter_servers`, its old name, still
+registered as `parameter_servers`; `sharded`, its old name, still
 works with a warning), and their storage (`storage.ParameterServers`).
 
 It composes the TensorCore family's machinery

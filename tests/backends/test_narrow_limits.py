@@ -309,7 +309,7 @@ def test_the_row_sharded_sliced_restore_refuses_or_saturates(tmp_path):
   """Two contiguous float32 shards saved by row slices, restored into two
   float16 shards and into a replicated float16 table (read whole)."""
   strategy = mirrored_strategy(2)
-  sharded = {"parameter_servers": True}
+  sharded = {"sharded": True}
   with strategy.scope():
     source = _backend("float32", strategy, **sharded)
     source.build()

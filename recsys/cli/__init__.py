@@ -38,10 +38,10 @@ DESCRIPTION = (
   "whose embeddings run on CPU, GPU or any Cloud TPU."
 )
 
-#: Every subcommand, in `recsys --help`'s order: a module with `NAME`,
-#: `STARTS_TENSORFLOW`, `add_parser(subparsers)` and `run(args) -> int`.
+#: Every subcommand, in `recsys --help`'s order: a module with its `COMMAND`
+#: (a `recsys.cli.command.Command`: name, texts, flags) and `run(args) -> int`.
 COMMANDS = {
-  module.NAME: module
+  module.COMMAND.name: module
   for module in (train, evaluate, export, info, experiments, launch, benchmark)
 }
 
@@ -62,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
   )
   subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
   subparsers.required = True
-  for command in COMMANDS.values():
-    command.add_parser(subparsers)
+  for module in COMMANDS.values():
+    module.COMMAND.add_parser(subparsers)
   return parser
 
 
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str]) -> int:
   """`main` of the arguments `argv`."""
   args = build_parser().parse_args(argv)
-  command = COMMANDS[args.command]
+  module = COMMANDS[args.command]
   verbosity = getattr(args, "verbosity", None)
   verbose = verbosity == "debug"
   try:
@@ -106,7 +106,7 @@ def _main(argv: Sequence[str]) -> int:
         print(f"recsys {args.command}: warning: {warning}", file=sys.stderr)
       if verbosity is not None:
         console.configure(args.command, verbosity)
-      if command.STARTS_TENSORFLOW:
+      if module.COMMAND.starts_tensorflow:
         startup.start_tensorflow(
           verbose,
           getattr(args, "intra_op_threads", 0),
@@ -116,7 +116,7 @@ def _main(argv: Sequence[str]) -> int:
       # process (a notebook, a test) must not inherit the first one's
       # bindings, nor the lock its finalized config left.
       gin.clear_config()
-      return command.run(args)
+      return module.run(args)
   except KeyboardInterrupt:  # Ctrl-C outside the training loop
     report.interrupted(args.command)
     return exits.INTERRUPTED_EXIT_STATUS

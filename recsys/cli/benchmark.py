@@ -4,23 +4,11 @@ The suite parses its own flags (`recsys benchmark movielens --help`).
 """
 
 import argparse
-from typing import Any
 
-from recsys.cli import flags
-
-NAME = "benchmark"
-#: The suite starts TensorFlow itself, in its training processes.
-STARTS_TENSORFLOW = False
+from recsys.cli import command
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-  parser = flags.subcommand(
-    subparsers,
-    NAME,
-    help="`benchmark movielens`: baselines vs. experiments over split seeds.",
-    description="Benchmark suites; each takes its own flags (see "
-    "`recsys benchmark movielens --help`).",
-  )
+def _add_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("suite", choices=("movielens",), help="the suite to run.")
   parser.add_argument(
     "suite_args",
@@ -28,7 +16,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     metavar="...",
     help="the suite's flags.",
   )
-  return parser
+
+
+COMMAND = command.Command(
+  name="benchmark",
+  help="`benchmark movielens`: baselines vs. experiments over split seeds.",
+  description="Benchmark suites; each takes its own flags (see "
+  "`recsys benchmark movielens --help`).",
+  add_flags=_add_flags,
+  # The suite starts TensorFlow itself, in its training processes.
+  starts_tensorflow=False,
+)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,33 +2,13 @@
 
 import argparse
 import logging
-from typing import Any
 
-from recsys.cli import flags, gin_train, results
-
-NAME = "evaluate"
-#: The command needs TensorFlow started (`recsys.process.startup`).
-STARTS_TENSORFLOW = True
+from recsys.cli import command, flags, gin_train, results
 
 log = logging.getLogger("recsys")
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-  parser = flags.subcommand(
-    subparsers,
-    NAME,
-    help="evaluate the latest checkpoint of a model dir.",
-    description="Restore the latest checkpoint of --model_dir and evaluate "
-    "it; prints the metrics as JSON and, if the model dir is writable, "
-    "keeps them in eval_metrics.json (nothing else is written, but a line "
-    "in changed_settings.jsonl for allowed changes). Without "
-    "--gin_file the run's own operative_config.gin is used; settings or "
-    "data files that differ from the run's are refused, naming them "
-    "(--eval_on NAME evaluates on other data on purpose).",
-    epilog="example:\n  recsys evaluate --model_dir runs/demo\n"
-    "  recsys evaluate --model_dir runs/demo "
-    "--gin_bindings 'train.eval_steps = None'",
-  )
+def _add_flags(parser: argparse.ArgumentParser) -> None:
   flags.add_gin_flags(parser, required=False)
   parser.add_argument("--model_dir", required=True)
   parser.add_argument(
@@ -46,10 +26,26 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     help="retrieval: rank for each held-out pair only the candidates its "
     "user did not interact with in training (train.exclude_seen).",
   )
-  flags.add_allow_changed_settings(parser, NAME)
-  flags.add_skip_memory_check(parser)
+  flags.add_restore_refusal_flags(parser, "evaluate")
   flags.add_runtime_flags(parser)
-  return parser
+
+
+COMMAND = command.Command(
+  name="evaluate",
+  help="evaluate the latest checkpoint of a model dir.",
+  description="Restore the latest checkpoint of --model_dir and evaluate "
+  "it; prints the metrics as JSON and, if the model dir is writable, "
+  "keeps them in eval_metrics.json (nothing else is written, but a line "
+  "in changed_settings.jsonl for allowed changes). Without "
+  "--gin_file the run's own operative_config.gin is used; settings or "
+  "data files that differ from the run's are refused, naming them "
+  "(--eval_on NAME evaluates on other data on purpose).",
+  epilog="example:\n  recsys evaluate --model_dir runs/demo\n"
+  "  recsys evaluate --model_dir runs/demo "
+  "--gin_bindings 'train.eval_steps = None'",
+  add_flags=_add_flags,
+  starts_tensorflow=True,
+)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,5 +79,5 @@ def run(args: argparse.Namespace) -> int:
   examples = metrics.get("eval/examples")
   on = f" on {int(examples):,} examples" if examples else ""
   reached = run_summaries.result_line(metrics) or "evaluated"
-  results.summary(NAME, f"{reached}{on}; {kept}.")
+  results.summary(COMMAND.name, f"{reached}{on}; {kept}.")
   return 0

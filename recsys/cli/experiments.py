@@ -2,30 +2,28 @@
 
 import argparse
 import sys
-from typing import Any
 
-from recsys.cli import flags
-
-NAME = "experiments"
-#: Reads files only: TensorFlow is not started.
-STARTS_TENSORFLOW = False
+from recsys.cli import command
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-  parser = flags.subcommand(
-    subparsers,
-    NAME,
-    help="list the shipped experiment gin files, or print one.",
-    description="The experiment gin files installed with recsys. Pass a "
-    "name to --gin_file from any directory, include it from your own gin "
-    "file (include 'synthetic_dlrm.gin'), or print it to start your own.",
-    epilog="example:\n  recsys experiments\n  recsys experiments "
-    "synthetic_dlrm.gin > my_dlrm.gin",
-  )
+def _add_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "name", nargs="?", default=None, help="print this experiment's gin file."
   )
-  return parser
+
+
+COMMAND = command.Command(
+  name="experiments",
+  help="list the shipped experiment gin files, or print one.",
+  description="The experiment gin files installed with recsys. Pass a "
+  "name to --gin_file from any directory, include it from your own gin "
+  "file (include 'synthetic_dlrm.gin'), or print it to start your own.",
+  epilog="example:\n  recsys experiments\n  recsys experiments "
+  "synthetic_dlrm.gin > my_dlrm.gin",
+  add_flags=_add_flags,
+  # Reads files only: TensorFlow is not started.
+  starts_tensorflow=False,
+)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,32 +4,14 @@ import argparse
 import json
 import logging
 import os
-from typing import Any
 
-from recsys.cli import flags, gin_train
+from recsys.cli import command, flags, gin_train
 from recsys.process import console
 
 log = logging.getLogger("recsys")
 
-NAME = "export"
-#: The command needs TensorFlow started (`recsys.process.startup`).
-STARTS_TENSORFLOW = True
 
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-  parser = flags.subcommand(
-    subparsers,
-    NAME,
-    help="export a SavedModel that serves on CPU.",
-    description="Restore the latest checkpoint of --model_dir (trained with "
-    "any backend) and write a SavedModel whose serving_default signature "
-    "takes the data source's ids and returns scores (ranking) or top-k "
-    "candidates (retrieval); for Criteo and MovieLens, serving_raw takes "
-    "raw values (TSV columns, raw user/item ids) and applies the training "
-    "hashing and vocabularies in the graph.",
-    epilog="example:\n  recsys export --model_dir runs/demo "
-    "--export_dir runs/demo/export",
-  )
+def _add_flags(parser: argparse.ArgumentParser) -> None:
   flags.add_gin_flags(parser, required=False)
   parser.add_argument("--model_dir", required=True)
   parser.add_argument("--export_dir", required=True)
@@ -43,10 +25,24 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     "size (default: 100, or the whole corpus if it holds fewer). Refused "
     "for ranking models.",
   )
-  flags.add_allow_changed_settings(parser, NAME)
-  flags.add_skip_memory_check(parser)
+  flags.add_restore_refusal_flags(parser, "export")
   flags.add_verbose(parser)
-  return parser
+
+
+COMMAND = command.Command(
+  name="export",
+  help="export a SavedModel that serves on CPU.",
+  description="Restore the latest checkpoint of --model_dir (trained with "
+  "any backend) and write a SavedModel whose serving_default signature "
+  "takes the data source's ids and returns scores (ranking) or top-k "
+  "candidates (retrieval); for Criteo and MovieLens, serving_raw takes "
+  "raw values (TSV columns, raw user/item ids) and applies the training "
+  "hashing and vocabularies in the graph.",
+  epilog="example:\n  recsys export --model_dir runs/demo "
+  "--export_dir runs/demo/export",
+  add_flags=_add_flags,
+  starts_tensorflow=True,
+)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,17 +7,9 @@ threads, verbosity), and the ways past a refusal (`--allow_changed_settings`,
 """
 
 import argparse
-from typing import Any
 
 from recsys import ranges
 from recsys.process import console
-
-
-def subcommand(subparsers: Any, name: str, **kwargs) -> argparse.ArgumentParser:
-  """A subcommand whose description and examples keep their line breaks."""
-  return subparsers.add_parser(
-    name, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
-  )
 
 
 def add_gin_flags(parser: argparse.ArgumentParser, required: bool) -> None:
@@ -107,9 +99,11 @@ def add_verbose(parser: argparse.ArgumentParser) -> None:
   )
 
 
-def add_allow_changed_settings(
+def add_restore_refusal_flags(
   parser: argparse.ArgumentParser, command: str
 ) -> None:
+  """The ways past the refusals of a command that restores a run (evaluate,
+  export): --allow_changed_settings and --skip_memory_check."""
   parser.add_argument(
     "--allow_changed_settings",
     action="store_true",
@@ -118,6 +112,7 @@ def add_allow_changed_settings(
     "trained with; refused by default, naming them. Allowed changes are "
     "recorded in the model dir (changed_settings.jsonl) and the output.",
   )
+  add_skip_memory_check(parser)
 
 
 def add_skip_memory_check(parser: argparse.ArgumentParser) -> None:

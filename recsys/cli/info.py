@@ -3,27 +3,25 @@
 import argparse
 from typing import Any
 
-from recsys.cli import flags, version
-
-NAME = "info"
-#: The command needs TensorFlow started (`recsys.process.startup`).
-STARTS_TENSORFLOW = True
+from recsys.cli import command, flags, version
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-  parser = flags.subcommand(
-    subparsers,
-    NAME,
-    help="print versions, devices, strategy and backend choice.",
-    description="Print what recsys detects here: versions, devices, the "
-    "strategy and the embedding backend it would pick and why; with "
-    "--gin_file also the experiment's tables and their memory plan.",
-    epilog="example:\n  recsys info\n  recsys info "
-    "--gin_file experiments/synthetic_dlrm.gin",
-  )
+def _add_flags(parser: argparse.ArgumentParser) -> None:
   flags.add_gin_flags(parser, required=False)
   flags.add_runtime_flags(parser)
-  return parser
+
+
+COMMAND = command.Command(
+  name="info",
+  help="print versions, devices, strategy and backend choice.",
+  description="Print what recsys detects here: versions, devices, the "
+  "strategy and the embedding backend it would pick and why; with "
+  "--gin_file also the experiment's tables and their memory plan.",
+  epilog="example:\n  recsys info\n  recsys info "
+  "--gin_file experiments/synthetic_dlrm.gin",
+  add_flags=_add_flags,
+  starts_tensorflow=True,
+)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,27 +3,10 @@
 import argparse
 from typing import Any
 
-from recsys.cli import flags, gin_train, results
-
-NAME = "train"
-#: The command needs TensorFlow started (`recsys.process.startup`).
-STARTS_TENSORFLOW = True
+from recsys.cli import command, flags, gin_train, results
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-  parser = flags.subcommand(
-    subparsers,
-    NAME,
-    help="train a model (resumes from --model_dir).",
-    description="Train the experiment the gin files describe. An existing "
-    "checkpoint in --model_dir is resumed at its step. Writes checkpoints, "
-    "TensorBoard summaries, operative_config.gin and metrics.json there.",
-    epilog="example:\n  recsys train --gin_file experiments/synthetic_dlrm.gin "
-    "--model_dir runs/demo\n  recsys train "
-    "--gin_file experiments/synthetic_dlrm.gin "
-    "--gin_file experiments/hardware/cpu_2replicas.gin \\\n"
-    "      --gin_bindings 'train.train_steps = 500' --model_dir runs/demo2",
-  )
+def _add_flags(parser: argparse.ArgumentParser) -> None:
   flags.add_gin_flags(parser, required=True)
   parser.add_argument(
     "--model_dir",
@@ -44,7 +27,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
   )
   flags.add_skip_memory_check(parser)
   flags.add_runtime_flags(parser)
-  return parser
+
+
+COMMAND = command.Command(
+  name="train",
+  help="train a model (resumes from --model_dir).",
+  description="Train the experiment the gin files describe. An existing "
+  "checkpoint in --model_dir is resumed at its step. Writes checkpoints, "
+  "TensorBoard summaries, operative_config.gin and metrics.json there.",
+  epilog="example:\n  recsys train --gin_file experiments/synthetic_dlrm.gin "
+  "--model_dir runs/demo\n  recsys train "
+  "--gin_file experiments/synthetic_dlrm.gin "
+  "--gin_file experiments/hardware/cpu_2replicas.gin \\\n"
+  "      --gin_bindings 'train.train_steps = 500' --model_dir runs/demo2",
+  add_flags=_add_flags,
+  starts_tensorflow=True,
+)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
   # In a multi-worker run every worker returns the metrics; one prints them.
   if strategy_lib.is_chief_task():
     results.print_metrics(metrics, args.verbosity)
-    results.summary(NAME, _ending(args.model_dir, metrics))
+    results.summary(COMMAND.name, _ending(args.model_dir, metrics))
   return 0
 
 

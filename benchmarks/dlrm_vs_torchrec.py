@@ -677,12 +677,7 @@ def main(argv=None) -> None:
     action="store_true",
     help="also print each side's RSS after each phase (first round)",
   )
-  parser.add_argument(
-    "--torch_python",
-    help="interpreter for the torchrec side (default: "
-    "$RECSYS_BENCH_TORCH_PYTHON, else this one)",
-  )
-  parser.add_argument("--_child", help=argparse.SUPPRESS)
+  embedding_step.add_child_arguments(parser, "the torchrec side")
   args = parser.parse_args(argv)
   if args._child:  # pylint: disable=protected-access
     args.intra_threads = embedding_step.intra_settings(args)[0]

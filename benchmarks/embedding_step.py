@@ -609,6 +609,19 @@ def torch_python(args=None) -> str:
   )
 
 
+def add_child_arguments(
+  parser: argparse.ArgumentParser, torch_sides: str
+) -> None:
+  """`--torch_python` (what `torch_python` reads; `torch_sides` says which
+  sides it runs) and the hidden `--_child` a parent starts its children with."""
+  parser.add_argument(
+    "--torch_python",
+    help=f"interpreter for {torch_sides} (default: "
+    "$RECSYS_BENCH_TORCH_PYTHON, else this one)",
+  )
+  parser.add_argument("--_child", help=argparse.SUPPRESS)
+
+
 def missing_packages(impl: str, python: str | None = None) -> list[str]:
   """The packages `impl` needs that `python` (default: this one) lacks."""
   needs = list(_NEEDS.get(impl, ()))
@@ -1055,12 +1068,7 @@ def main(argv=None) -> None:
     help="instead of timing: the op-time table of each TF "
     "implementation (TF profiler, --steps steps) at its first setting",
   )
-  parser.add_argument(
-    "--torch_python",
-    help="interpreter for torch_bag/fbgemm/torchrec (default: "
-    "$RECSYS_BENCH_TORCH_PYTHON, else this one)",
-  )
-  parser.add_argument("--_child", help=argparse.SUPPRESS)
+  add_child_arguments(parser, "torch_bag/fbgemm/torchrec")
   args = parser.parse_args(argv)
 
   if args._child:  # pylint: disable=protected-access

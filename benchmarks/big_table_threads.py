@@ -83,22 +83,15 @@ def main(argv=None) -> None:
   parser.add_argument("--settings", default=",".join(SETTINGS))
   parser.add_argument("--rows", type=int, default=10_000_000)
   parser.add_argument("--batch", type=int, default=16384)
-  parser.add_argument("--dim", type=int, default=32)
-  parser.add_argument("--max_bag", type=int, default=8)
-  parser.add_argument("--zipf", type=float, default=1.05)
-  parser.add_argument("--lr", type=float, default=0.05)
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--distinct_batches", type=int, default=4)
+  embedding_step.add_step_arguments(
+    parser,
+    distinct_batches=4,
+    table_dtype_help="the table's storage (tensorcore's table_dtype)",
+  )
   parser.add_argument("--rounds", type=int, default=15)
   parser.add_argument("--burst", type=int, default=3, help="steps per turn")
   parser.add_argument("--inter_threads", type=int, default=2)
   parser.add_argument("--intra_threads", type=int, default=2)
-  parser.add_argument(
-    "--table_dtype",
-    default="float32",
-    choices=("float32", "bfloat16", "float16"),
-    help="the table's storage (tensorcore's table_dtype)",
-  )
   parser.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   args.features, args.bag_width = 1, 0

@@ -64,6 +64,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import embedding_step  # noqa: E402  (this folder: batches, thread settings)
 import race  # noqa: E402  (this folder: machine state, best settings)
+import tables  # noqa: E402  (this folder: Markdown tables)
 
 CONFIGS: dict[str, dict[str, Any]] = {
   "default": dict(
@@ -676,12 +677,7 @@ def main(argv=None) -> None:
     action="store_true",
     help="also print each side's RSS after each phase (first round)",
   )
-  parser.add_argument(
-    "--torch_python",
-    help="interpreter for the torchrec side (default: "
-    "$RECSYS_BENCH_TORCH_PYTHON, else this one)",
-  )
-  parser.add_argument("--_child", help=argparse.SUPPRESS)
+  embedding_step.add_child_arguments(parser, "the torchrec side")
   args = parser.parse_args(argv)
   if args._child:  # pylint: disable=protected-access
     args.intra_threads = embedding_step.intra_settings(args)[0]
@@ -753,19 +749,18 @@ def available_sides(parser: argparse.ArgumentParser, args) -> list[str]:
 def print_results(results: list[dict[str, Any]]) -> None:
   """Every side at every thread setting; `best` marks each side's best
   (highest examples/s), `of best` its examples/s over that one's."""
-  print(
-    "| config | side | threads | best | examples/s | step ms | CPU ms/step | "
-    "examples per CPU-s | of best | peak RSS MB | load |"
-  )
-  print("|---|---|---|---|---|---|---|---|---|---|---|")
-  for r in results:
-    print(
-      f"| {r['config']} | {r['side']} | {r['threads']} | "
+  tables.print_table(
+    "config | side | threads | best | examples/s | step ms | CPU ms/step | "
+    "examples per CPU-s | of best | peak RSS MB | load",
+    (
+      f"{r['config']} | {r['side']} | {r['threads']} | "
       f"{'**best**' if r['best'] else ''} | {r['examples_per_s']:.0f} | "
       f"{r['step_ms']:.2f} | {r['cpu_ms_per_step']:.2f} | "
       f"{r['examples_per_cpu_s']:.0f} | {r['of_best']:.2f} | "
-      f"{r['peak_rss_mb']:.0f} | {r['load']:.1f} |"
-    )
+      f"{r['peak_rss_mb']:.0f} | {r['load']:.1f}"
+      for r in results
+    ),
+  )
 
 
 def print_against_best(summary: list[dict[str, Any]]) -> None:
@@ -777,20 +772,19 @@ def print_against_best(summary: list[dict[str, Any]]) -> None:
     "time: its highest examples/s; per CPU-second: its highest examples per "
     "CPU-s); peak RSS of the wall-time best runs:"
   )
-  print(
-    "| config | recsys threads | recsys examples/s | TorchRec best threads | "
+  tables.print_table(
+    "config | recsys threads | recsys examples/s | TorchRec best threads | "
     "TorchRec examples/s | recsys is | TorchRec best per CPU-s | "
-    "recsys is per CPU-s | peak RSS MB recsys / TorchRec |"
-  )
-  print("|---|---|---|---|---|---|---|---|---|")
-  for s in summary:
-    print(
-      f"| {s['config']} | {s['recsys_threads']} | "
+    "recsys is per CPU-s | peak RSS MB recsys / TorchRec",
+    (
+      f"{s['config']} | {s['recsys_threads']} | "
       f"{s['recsys_examples_per_s']:.0f} | {s['torchrec_threads']} | "
       f"{s['torchrec_examples_per_s']:.0f} | **{s['recsys_is']:.2f}x** | "
       f"{s['torchrec_cpu_threads']} | **{s['recsys_is_cpu']:.2f}x** | "
-      f"{s['recsys_peak_rss_mb']:.0f} / {s['torchrec_peak_rss_mb']:.0f} |"
-    )
+      f"{s['recsys_peak_rss_mb']:.0f} / {s['torchrec_peak_rss_mb']:.0f}"
+      for s in summary
+    ),
+  )
 
 
 def print_split(results: list[dict[str, Any]]) -> None:

@@ -92,6 +92,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import race  # noqa: E402  (this folder: machine state, best settings)
+import tables  # noqa: E402  (this folder: Markdown tables)
 
 IMPLS = (
   "recsys",
@@ -160,6 +161,28 @@ def args_batches(args) -> list[Batch]:
     args.max_bag,
     args.zipf,
     args.seed,
+  )
+
+
+def add_step_arguments(
+  parser: argparse.ArgumentParser,
+  distinct_batches: int = 8,
+  table_dtype_help: str = "the tables' storage (tensorcore's table_dtype)",
+) -> None:
+  """The flags this file's batches and recsys step read (`--dim`, `--max_bag`,
+  `--zipf`, `--lr`, `--seed`, `--distinct_batches`, `--table_dtype`), for the
+  scripts that time them."""
+  parser.add_argument("--dim", type=int, default=32)
+  parser.add_argument("--max_bag", type=int, default=8)
+  parser.add_argument("--zipf", type=float, default=1.05)
+  parser.add_argument("--lr", type=float, default=0.05)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--distinct_batches", type=int, default=distinct_batches)
+  parser.add_argument(
+    "--table_dtype",
+    default="float32",
+    choices=("float32", "bfloat16", "float16"),
+    help=table_dtype_help,
   )
 
 
@@ -586,6 +609,19 @@ def torch_python(args=None) -> str:
   )
 
 
+def add_child_arguments(
+  parser: argparse.ArgumentParser, torch_sides: str
+) -> None:
+  """`--torch_python` (what `torch_python` reads; `torch_sides` says which
+  sides it runs) and the hidden `--_child` a parent starts its children with."""
+  parser.add_argument(
+    "--torch_python",
+    help=f"interpreter for {torch_sides} (default: "
+    "$RECSYS_BENCH_TORCH_PYTHON, else this one)",
+  )
+  parser.add_argument("--_child", help=argparse.SUPPRESS)
+
+
 def missing_packages(impl: str, python: str | None = None) -> list[str]:
   """The packages `impl` needs that `python` (default: this one) lacks."""
   needs = list(_NEEDS.get(impl, ()))
@@ -858,18 +894,17 @@ def print_under_load(rows: list[dict[str, Any]]) -> None:
     "\nbeside busy cores (other processes spinning, `--busy_cores`) against "
     "the same setting on the machine as it was:"
   )
-  print(
-    "| implementation | rows | batch | threads | busy cores | M ids/s quiet "
-    "| M ids/s loaded | of quiet | of quiet, per round | CPU ms/step loaded |"
-  )
-  print("|---|---|---|---|---|---|---|---|---|---|")
-  for r in rows:
-    print(
-      f"| {r['impl']} | {r['rows']} | {r['batch']} | {r['threads']} | "
+  tables.print_table(
+    "implementation | rows | batch | threads | busy cores | M ids/s quiet "
+    "| M ids/s loaded | of quiet | of quiet, per round | CPU ms/step loaded",
+    (
+      f"{r['impl']} | {r['rows']} | {r['batch']} | {r['threads']} | "
       f"{r['busy']} | {r['quiet_ids_per_s'] / 1e6:.2f} | "
       f"{r['ids_per_s'] / 1e6:.2f} | **{r['of_quiet']:.2f}x** | "
-      f"{r['of_quiet_paired']:.2f}x | {r['cpu_ms_per_step']:.1f} |"
-    )
+      f"{r['of_quiet_paired']:.2f}x | {r['cpu_ms_per_step']:.1f}"
+      for r in rows
+    ),
+  )
 
 
 def against_best(
@@ -912,20 +947,19 @@ def against_best(
 def print_table(results: list[dict[str, Any]]) -> None:
   """Every implementation at every thread setting; `best` marks its best
   setting at that point (highest ids/s), `of best` its ids/s over that."""
-  print(
-    "| implementation | rows | batch | threads | best | step ms | examples/s "
-    "| M ids/s | of best | CPU ms/step | M ids per CPU-s | RSS MB | load |"
-  )
-  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-  for r in results:
-    print(
-      f"| {r['impl']} | {r['rows']} | {r['batch']} | {r['threads']} | "
+  tables.print_table(
+    "implementation | rows | batch | threads | best | step ms | examples/s "
+    "| M ids/s | of best | CPU ms/step | M ids per CPU-s | RSS MB | load",
+    (
+      f"{r['impl']} | {r['rows']} | {r['batch']} | {r['threads']} | "
       f"{'**best**' if r['best'] else ''} | "
       f"{r['step_ms']:.1f} | {r['examples_per_s']:.0f} | "
       f"{r['ids_per_s'] / 1e6:.2f} | {r['of_best']:.2f} | "
       f"{r['cpu_ms_per_step']:.1f} | {r['ids_per_cpu_s'] / 1e6:.2f} | "
-      f"{r['peak_rss_mb']:.0f} | {r['load']:.1f} |"
-    )
+      f"{r['peak_rss_mb']:.0f} | {r['load']:.1f}"
+      for r in results
+    ),
+  )
 
 
 def print_against_best(rows: list[dict[str, Any]]) -> None:
@@ -938,18 +972,17 @@ def print_against_best(rows: list[dict[str, Any]]) -> None:
     "its best thread setting (by wall time: its highest M ids/s; per "
     "CPU-second: its highest M ids per CPU-s):"
   )
-  print(
-    f"| rows | batch | implementation | best threads | M ids/s | {base} is "
-    f"| best threads per CPU-s | M ids per CPU-s | {base} is per CPU-s |"
-  )
-  print("|---|---|---|---|---|---|---|---|---|")
-  for r in rows:
-    print(
-      f"| {r['rows']} | {r['batch']} | {r['impl']} | {r['best_threads']} | "
+  tables.print_table(
+    f"rows | batch | implementation | best threads | M ids/s | {base} is "
+    f"| best threads per CPU-s | M ids per CPU-s | {base} is per CPU-s",
+    (
+      f"{r['rows']} | {r['batch']} | {r['impl']} | {r['best_threads']} | "
       f"{r['ids_per_s'] / 1e6:.2f} | **{r['base_is']:.2f}x** | "
       f"{r['best_cpu_threads']} | {r['ids_per_cpu_s'] / 1e6:.2f} | "
-      f"**{r['base_is_cpu']:.2f}x** |"
-    )
+      f"**{r['base_is_cpu']:.2f}x**"
+      for r in rows
+    ),
+  )
 
 
 def main(argv=None) -> None:
@@ -972,28 +1005,20 @@ def main(argv=None) -> None:
     help="batch size; a comma-separated list sweeps sizes",
   )
   parser.add_argument("--features", type=int, default=8)
-  parser.add_argument("--dim", type=int, default=32)
-  parser.add_argument("--max_bag", type=int, default=8)
+  add_step_arguments(
+    parser,
+    table_dtype_help="recsys's table storage (tensorcore's table_dtype; narrow "
+    "tables run on the fused kernels too); recsys_bf16 / recsys_fp16 always "
+    "store bfloat16 / float16",
+  )
   parser.add_argument(
     "--bag_width",
     type=int,
     default=0,
     help="static width recsys pads bags to (default: max_bag)",
   )
-  parser.add_argument("--zipf", type=float, default=1.05)
-  parser.add_argument("--lr", type=float, default=0.05)
-  parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--warmup", type=int, default=5)
   parser.add_argument("--steps", type=int, default=30)
-  parser.add_argument("--distinct_batches", type=int, default=8)
-  parser.add_argument(
-    "--table_dtype",
-    default="float32",
-    choices=("float32", "bfloat16", "float16"),
-    help="recsys's table storage (tensorcore's table_dtype; narrow tables "
-    "run on the fused kernels too); recsys_bf16 / recsys_fp16 always "
-    "store bfloat16 / float16",
-  )
   parser.add_argument(
     "--repeats",
     type=int,
@@ -1043,12 +1068,7 @@ def main(argv=None) -> None:
     help="instead of timing: the op-time table of each TF "
     "implementation (TF profiler, --steps steps) at its first setting",
   )
-  parser.add_argument(
-    "--torch_python",
-    help="interpreter for torch_bag/fbgemm/torchrec (default: "
-    "$RECSYS_BENCH_TORCH_PYTHON, else this one)",
-  )
-  parser.add_argument("--_child", help=argparse.SUPPRESS)
+  add_child_arguments(parser, "torch_bag/fbgemm/torchrec")
   args = parser.parse_args(argv)
 
   if args._child:  # pylint: disable=protected-access

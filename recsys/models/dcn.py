@@ -126,7 +126,7 @@ class DCNv2(RankingModel):
     features: Mapping[str, tf.Tensor] | None = None,
     training: bool = False,
   ) -> tf.Tensor:
-    """Logits `[B]` (see `RankingModel.logits`); activation dims may differ."""
+    """The features' activation dims may differ (x0 is their concat)."""
     vectors = self._vectors(activations, self.feature_names)
     dense = model_layers.dense_input(features, self.num_dense, "DCNv2")
     parts = ([dense] if dense is not None else []) + vectors

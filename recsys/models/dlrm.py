@@ -135,12 +135,7 @@ class DLRM(RankingModel):
     features: Mapping[str, tf.Tensor] | None = None,
     training: bool = False,
   ) -> tf.Tensor:
-    """Logits `[B]` (see `RankingModel.logits`).
-
-    Raises:
-      FeatureMismatchError: activations/dense features do not match the specs.
-      EmbeddingDimError: unequal embedding dims or bottom MLP width.
-    """
+    """Raises EmbeddingDimError: unequal embedding dims or bottom MLP width."""
     vectors = self._vectors(activations, self.feature_names)
     self._check_dims(vectors)
     dense = model_layers.dense_input(features, self.num_dense, "DLRM")

@@ -41,6 +41,17 @@ def replica_state(
   )
 
 
+def candidate_rows(
+  layer: keras.layers.Layer, num_candidates: int, dim: int, flag: str
+) -> tuple[tf.Variable, tf.Variable]:
+  """A corpus of candidate rows: `embeddings` `[N, D]` and a 0/1 `flag` `[N]`
+  marking the rows that hold one, both `replica_state`."""
+  return (
+    replica_state(layer, "embeddings", [num_candidates, dim]),
+    replica_state(layer, flag, [num_candidates]),
+  )
+
+
 def l2_regularizer(factor: float) -> keras.regularizers.Regularizer | None:
   """The models' kernel regularizer: L2 of `factor` (0: None, no term)."""
   return keras.regularizers.L2(factor) if factor else None

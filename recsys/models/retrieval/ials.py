@@ -30,7 +30,11 @@ from recsys.feature_spec import FeatureSpec
 from recsys.models.errors import EmbeddingDimError, ModelConfigError
 from recsys.models.loss_inputs import LossInputs
 from recsys.models.retrieval import ials_solve
-from recsys.models.retrieval.model import DEFAULT_KS, RetrievalModel
+from recsys.models.retrieval.model import (
+  DEFAULT_KS,
+  RetrievalModel,
+  require_features,
+)
 
 #: The embedding optimizer whose update sets a row to its solution.
 REQUIRED_LEARNING_RATE = 1.0
@@ -170,13 +174,13 @@ class ImplicitALS(RetrievalModel):
       names.USER_CORPUS,
       names.ITEM_CORPUS,
     )
-    missing = [n for n in needed if n not in by_name]
-    if missing:
-      raise ModelConfigError(
-        f"ImplicitALS: feature_specs lack the iALS features {missing} "
-        "(`recsys.data.ials_batches.feature_specs`); got "
-        f"{sorted(by_name)}."
-      )
+    require_features(
+      "ImplicitALS",
+      "the iALS features",
+      needed,
+      by_name,
+      " Take feature_specs from `recsys.data.ials_batches.feature_specs`.",
+    )
     self._user = self.query_features[0]
     self._item = self.candidate_id_feature
     self._num_users = by_name[self._user].vocabulary_size

@@ -57,11 +57,8 @@ class CorpusIndex(tfrs.layers.factorized_top_k.TopK):
     self._num_candidates = int(num_candidates)
     self._dim = int(dim)
     # Assignable from a replica context (strategy.run).
-    self._embeddings = model_layers.replica_state(
-      self, "embeddings", [self._num_candidates, self._dim]
-    )
-    self._valid = model_layers.replica_state(
-      self, "valid", [self._num_candidates]
+    self._embeddings, self._valid = model_layers.candidate_rows(
+      self, self._num_candidates, self._dim, "valid"
     )
     self._is_indexed = False
 

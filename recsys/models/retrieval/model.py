@@ -37,6 +37,26 @@ from recsys.models.retrieval import task as retrieval_task
 DEFAULT_KS = (1, 5, 10, 50, 100)
 
 
+def require_features(
+  owner: str,
+  role: str,
+  names: Sequence[str],
+  by_name: Mapping[str, FeatureSpec],
+  fix: str = "",
+) -> None:
+  """Refuses `names` that `feature_specs` (`by_name`) does not have.
+
+  Raises:
+    ModelConfigError: names the missing ones, the known ones and `fix`.
+  """
+  unknown = [n for n in names if n not in by_name]
+  if unknown:
+    raise ModelConfigError(
+      f"{owner}: {role} {unknown} are not in feature_specs; known features: "
+      f"{sorted(by_name)}.{fix}"
+    )
+
+
 class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
   """A factorized retrieval model: query and candidate embeddings `[B, K]`.
 
@@ -121,13 +141,7 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
         raise ModelConfigError(
           f"{owner}: {role} is empty; name at least one feature."
         )
-      unknown = [n for n in names if n not in by_name]
-      if unknown:
-        raise ModelConfigError(
-          f"{owner}: {role} {unknown} are not in feature_specs; known "
-          "features: "
-          f"{sorted(by_name)}."
-        )
+      require_features(owner, role, names, by_name)
     if candidate_id_feature is None:
       candidate_id_feature = self._candidate_features[0]
     if candidate_id_feature not in self._candidate_features:
@@ -192,7 +206,16 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     features: Mapping[str, tf.Tensor] | None = None,
     training: bool = False,
   ) -> tf.Tensor:
-    """Query embeddings `[B, K]` from the query features' activations."""
+    """Query embeddings `[B, K]` from the query features' activations.
+
+    Args:
+      activations: feature name -> activation; at least the query features'.
+      features: the batch (for `features["dense"]` when num_dense > 0).
+      training: Keras training flag.
+
+    Raises:
+      FeatureMismatchError: a query feature or the dense features are missing.
+    """
 
   @abc.abstractmethod
   def candidate_embeddings(
@@ -201,7 +224,13 @@ class RetrievalModel(_ModelBase, metaclass=abc.ABCMeta):
     features: Mapping[str, tf.Tensor] | None = None,
     training: bool = False,
   ) -> tf.Tensor:
-    """Candidate embeddings `[B, K]` from the candidate activations."""
+    """Candidate embeddings `[B, K]` from the candidate activations.
+
+    The arguments are `query_embeddings`'s (a model may ignore `features`).
+
+    Raises:
+      FeatureMismatchError: a candidate feature is missing.
+    """
 
   def call(
     self,

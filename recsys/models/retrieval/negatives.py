@@ -77,11 +77,8 @@ class CandidateBank(keras.layers.Layer):
     # ONLY_FIRST_REPLICA: assignable from a replica context (strategy.run);
     # every replica writes the same global batch (`_whole_step`), the first
     # one's write is kept.
-    self.embeddings = model_layers.replica_state(
-      self, "embeddings", [self.num_candidates, self.dim]
-    )
-    self.filled = model_layers.replica_state(
-      self, "filled", [self.num_candidates]
+    self.embeddings, self.filled = model_layers.candidate_rows(
+      self, self.num_candidates, self.dim, "filled"
     )
     # Stateless draws keyed by (salt, draw count): every replica draws the
     # same corpus sample, the one a single replica draws; resumes continue.

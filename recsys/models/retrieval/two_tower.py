@@ -197,16 +197,6 @@ class TwoTower(RetrievalModel):
     features: Mapping[str, tf.Tensor] | None = None,
     training: bool = False,
   ) -> tf.Tensor:
-    """Query embeddings `[B, K]`.
-
-    Args:
-      activations: at least the query features' activations.
-      features: the batch (for `features["dense"]` when num_dense > 0).
-      training: Keras training flag.
-
-    Raises:
-      FeatureMismatchError: a query feature or the dense features are missing.
-    """
     dense = model_layers.dense_input(features, self.num_dense, "TwoTower")
     extra = [dense] if dense is not None else []
     return self._tower(
@@ -220,11 +210,6 @@ class TwoTower(RetrievalModel):
     features: Mapping[str, tf.Tensor] | None = None,
     training: bool = False,
   ) -> tf.Tensor:
-    """Candidate embeddings `[B, K]` (features unused; kept for symmetry).
-
-    Raises:
-      FeatureMismatchError: a candidate feature is missing.
-    """
     del features
     return self._tower(
       self.candidate_tower, self._candidate_features, activations, [], training

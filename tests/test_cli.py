@@ -16,28 +16,17 @@ import tensorflow as tf
 from recsys import cli, config
 from recsys.process import threads
 from recsys.testing import movielens as movielens_synthetic
+from tests.cli_runs import (
+  DEFAULT,
+  ROOT,
+  run_recsys,
+  tiny,
+  train_and_export,
+  train_argv,
+  train_bindings,
+)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
-TINY = [
-  "train.global_batch_size = 64",
-  "train.train_steps = 6",
-  "train.steps_per_loop = 3",
-  "train.eval_steps = 2",
-  "SyntheticCTR.oracle_examples = 4096",
-]
-
-
-def run_recsys(*args, timeout=300, env=None):
-  env = env or dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  return subprocess.run(
-    [sys.executable, "-m", "recsys", *args],
-    cwd=ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=timeout,
-  )
+TINY = tiny(train_steps=6, steps_per_loop=3, eval_steps=2)
 
 
 @pytest.mark.parametrize(
@@ -450,34 +439,16 @@ def test_export_of_a_retrieval_model_serves_the_models_top_k(tmp_path):
     "EmbeddingSettings.dim = 7",
     "TwoTower.query_tower = (11,)",
     "TwoTower.candidate_tower = (11,)",
-    "train.global_batch_size = 32",
-    "train.train_steps = 4",
-    "train.steps_per_loop = 2",
-    "train.eval_steps = 1",
-    "train.summaries = False",
+    *train_bindings(
+      global_batch_size=32,
+      train_steps=4,
+      steps_per_loop=2,
+      eval_steps=1,
+      summaries=False,
+    ),
   ]
-  flags = sum((["--gin_bindings", b] for b in tiny), [])
   two_tower = os.path.join(config.EXPERIMENTS_DIR, "synthetic_two_tower.gin")
-  assert (
-    cli.main(
-      [
-        "train",
-        "--gin_file",
-        two_tower,
-        *flags,
-        "--model_dir",
-        model_dir,
-        "--no_progress",
-      ]
-    )
-    == 0
-  )
-  gin.clear_config()
-  assert (
-    cli.main(["export", "--model_dir", model_dir, "--export_dir", export_dir])
-    == 0
-  )
-  gin.clear_config()
+  train_and_export(two_tower, tiny, model_dir, export_dir)
 
   # Reference: the checkpoint through the training backend's lookups.
   from recsys.serving.lookup import split_batch  # pylint: disable=g-import-not-at-top
@@ -631,21 +602,12 @@ def test_train_refuses_a_memory_plan_beyond_the_host(tmp_path, capsys):
   (tmp_path / "train.txt").write_text(
     "1\t" + "\t".join(["1"] * 13 + ["a"] * 26) + "\n"
   )
-  code = cli.main(
-    [
-      "train",
-      "--gin_file",
-      os.path.join(config.EXPERIMENTS_DIR, "criteo_dlrm.gin"),
-      "--gin_bindings",
-      f"CRITEO_DIR = '{tmp_path}'",
-      "--gin_bindings",
-      "CriteoTSV.vocab_sizes = 'mlperf'",
-      "--gin_bindings",
-      "CriteoTSV.max_vocab_size = None",
-      "--model_dir",
-      str(tmp_path / "run"),
-    ]
-  )
+  bindings = [
+    f"CRITEO_DIR = '{tmp_path}'",
+    "CriteoTSV.vocab_sizes = 'mlperf'",
+    "CriteoTSV.max_vocab_size = None",
+  ]
+  code = cli.main(train_argv("criteo_dlrm.gin", tmp_path / "run", bindings))
   err = capsys.readouterr().err
   assert code == 1
   assert (

@@ -10,27 +10,19 @@ metrics, TensorFlow's error-level line at the end of a parameter-server run.
 import gc
 import io
 import json
-import os
 import re
 import subprocess
 import sys
 
 import pytest
 
-from recsys import cli, config, experiments_catalog, launch
+from recsys import cli, experiments_catalog, launch
 from recsys.cli import gin_train, results
 from recsys.run import run_summaries
 from recsys.run import strategy as strategy_lib
+from tests.cli_runs import DEFAULT, flags, tiny, train_argv
 
-DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
-TINY = [
-  "--gin_bindings",
-  "train.global_batch_size = 64",
-  "--gin_bindings",
-  "train.train_steps = 2",
-  "--gin_bindings",
-  "SyntheticCTR.oracle_examples = 4096",
-]
+TINY = flags(tiny(train_steps=2))
 
 
 def test_a_misspelt_backend_flag_is_a_configuration_error(tmp_path, capsys):
@@ -56,17 +48,8 @@ def test_a_misspelt_backend_flag_is_a_configuration_error(tmp_path, capsys):
 
 def test_errors_raised_inside_train_lose_gins_call_trail(tmp_path, capsys):
   """A data error from inside the gin call: one clean message, exit 1."""
-  code = cli.main(
-    [
-      "train",
-      "--gin_file",
-      os.path.join(config.EXPERIMENTS_DIR, "criteo_dlrm.gin"),
-      "--gin_bindings",
-      f"CRITEO_DIR = {str(tmp_path / 'none')!r}",
-      "--model_dir",
-      str(tmp_path / "run"),
-    ]
-  )
+  missing = f"CRITEO_DIR = {str(tmp_path / 'none')!r}"
+  code = cli.main(train_argv("criteo_dlrm.gin", tmp_path / "run", [missing]))
   err = capsys.readouterr().err
   assert code == 1
   assert "DatasetNotFoundError: Criteo kaggle data: folder" in err

@@ -4,23 +4,21 @@ import numpy as np
 import pytest
 
 from tests.test_export_raw import (  # noqa: F401  (server is a fixture)
-  _ml100k,
+  _first_nine,
   _padded,
   _source,
   _train_and_export,
+  _train_on_ml100k,
   server,
 )
 
 
 @pytest.mark.slow  # trains (2 steps), exports the FM with weighted histories
 def test_history_is_served_from_the_raw_user_id(tmp_path, server):  # noqa: F811
-  data, _ = _ml100k(tmp_path / "ml-100k")
-  model_dir, export_dir = _train_and_export(
+  _, model_dir, export_dir = _train_on_ml100k(
     tmp_path,
     "movielens_fm.gin",
     [
-      f"MOVIELENS_DIR = '{data}'",
-      "MovieLens.test_fraction = 0.25",
       "UserHistory.weights = 'rating'",
       "ItemHistory.weights = 'rating'",  # movielens_fm.gin adds it
       "EmbeddingSettings.dim = 5",
@@ -30,15 +28,8 @@ def test_history_is_served_from_the_raw_user_id(tmp_path, server):  # noqa: F811
       "FactorizationMachine.user_features = ['user_id', 'user_history']",
     ],
   )
-  source = _source(model_dir)
-  features, _ = next(
-    iter(source.dataset(9, training=False, drop_remainder=False, repeat=False))
-  )
-  specs = {s.name: s for s in source.feature_specs}
+  source, features, specs, ids = _first_nine(model_dir)
   assert specs["user_history"].weighted and specs["item_history"].weighted
-  ids = {
-    n: _padded(v, specs[n].max_ids) for n, v in features["categorical"].items()
-  }
   for name in ("user_history", "item_history"):
     weights = features["weights"][name].to_tensor(
       shape=[None, specs[name].max_ids]

@@ -16,23 +16,16 @@ import pytest
 import tensorflow as tf
 
 from recsys import cli, config
+from tests.cli_runs import DEFAULT, flags, tiny
 
-DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
-TINY = [
-  "train.global_batch_size = 64",
-  "train.train_steps = 4",
-  "train.steps_per_loop = 2",
-  "train.eval_steps = 2",
-  "train.summaries = False",
-  "SyntheticCTR.oracle_examples = 4096",
-]
+TINY = tiny(train_steps=4, steps_per_loop=2, eval_steps=2, summaries=False)
 BF16 = 'EmbeddingPlacement.table_dtype = "bfloat16"'
 VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 def _train(model_dir, *bindings):
-  flags = sum((["--gin_bindings", b] for b in TINY + list(bindings)), [])
-  argv = ["train", "--gin_file", DEFAULT, *flags, "--model_dir", model_dir]
+  bound = flags(TINY + list(bindings))
+  argv = ["train", "--gin_file", DEFAULT, *bound, "--model_dir", model_dir]
   try:
     return cli.main(argv + ["--no_progress"])
   finally:

@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from recsys import cli, config
+from recsys import config
 from recsys.data import CATEGORICAL_NAMES
 from recsys.data.criteo_raw import DENSE_NAMES
+from tests.cli_runs import train_and_export, train_bindings
 from tests.data.test_criteo import make_rows, write
 from tests.data.test_movielens import write_ml100k
 
@@ -75,35 +76,18 @@ _TRICKY = [
 def _train_and_export(tmp_path, gin_file, bindings):
   model_dir, export_dir = str(tmp_path / "run"), str(tmp_path / "export")
   tiny = [
-    "train.global_batch_size = 8",
-    "train.train_steps = 2",
-    "train.steps_per_loop = 1",
-    "train.eval_steps = 1",
-    "train.summaries = False",
-    "train.eval_batch_size = 8",
+    *train_bindings(
+      global_batch_size=8,
+      train_steps=2,
+      steps_per_loop=1,
+      eval_steps=1,
+      summaries=False,
+      eval_batch_size=8,
+    ),
     "EmbeddingSettings.dim = 4",
   ]
-  flags = sum((["--gin_bindings", b] for b in tiny + bindings), [])
-  assert (
-    cli.main(
-      [
-        "train",
-        "--gin_file",
-        os.path.join(config.EXPERIMENTS_DIR, gin_file),
-        *flags,
-        "--model_dir",
-        model_dir,
-        "--no_progress",
-      ]
-    )
-    == 0
-  )
-  gin.clear_config()
-  assert (
-    cli.main(["export", "--model_dir", model_dir, "--export_dir", export_dir])
-    == 0
-  )
-  gin.clear_config()
+  gin_file = os.path.join(config.EXPERIMENTS_DIR, gin_file)
+  train_and_export(gin_file, tiny + bindings, model_dir, export_dir)
   return model_dir, export_dir
 
 
@@ -124,6 +108,20 @@ def _padded(ids, width):
   if isinstance(ids, tf.RaggedTensor):
     return ids.to_tensor(default_value=-1, shape=[None, width]).numpy()
   return ids.numpy()
+
+
+def _first_nine(model_dir):
+  """The trained run's first 9 evaluation examples: its source, their
+  features, the specs by name and the categorical ids padded to max_ids."""
+  source = _source(model_dir)
+  features, _ = next(
+    iter(source.dataset(9, training=False, drop_remainder=False, repeat=False))
+  )
+  specs = {s.name: s for s in source.feature_specs}
+  ids = {
+    n: _padded(v, specs[n].max_ids) for n, v in features["categorical"].items()
+  }
+  return source, features, specs, ids
 
 
 # The serving process: TensorFlow only. It loads each request's SavedModel and
@@ -352,36 +350,39 @@ def _ml100k(folder, newest=()):
   return write_ml100k(folder, ratings), ratings
 
 
+def _train_on_ml100k(tmp_path, gin_file, bindings, newest=()):
+  """Trains and exports `gin_file` on `_ml100k`'s files, a quarter of them
+  for testing: (the ratings, model dir, export dir)."""
+  data, ratings = _ml100k(tmp_path / "ml-100k", newest)
+  model_dir, export_dir = _train_and_export(
+    tmp_path,
+    gin_file,
+    [f"MOVIELENS_DIR = '{data}'", "MovieLens.test_fraction = 0.25", *bindings],
+  )
+  return ratings, model_dir, export_dir
+
+
 @pytest.mark.slow  # ~10 s: trains and exports DCN-v2 on MovieLens
 def test_movielens_ranking_raw_signature_scores_like_the_id_signature(
   tmp_path, server
 ):
   # Item 4 is rated once, last: in the temporal test split only, so its
   # embedding row is never trained (issue 28: flagged unknown).
-  data, ratings = _ml100k(tmp_path / "ml-100k", newest=[(1, 4)])
-  model_dir, export_dir = _train_and_export(
+  ratings, model_dir, export_dir = _train_on_ml100k(
     tmp_path,
     "movielens_ranking.gin",
     [
-      f"MOVIELENS_DIR = '{data}'",
       "MovieLens.timestamp_buckets = 3",
       "MovieLens.split = 'temporal'",
-      "MovieLens.test_fraction = 0.25",
       "DCNv2.deep_mlp = (8,)",
       "DCNv2.projection_dim = 2",
     ],
+    newest=[(1, 4)],
   )
   # The temporal split's test ratings are the newest 9 of 37: the file's last
   # 9 lines.
-  source = _source(model_dir)
-  features, _ = next(
-    iter(source.dataset(9, training=False, drop_remainder=False, repeat=False))
-  )
-  specs = {s.name: s for s in source.feature_specs}
+  source, features, specs, ids = _first_nine(model_dir)
   assert "timestamp" in specs and "item_genres" in specs and "user_zip" in specs
-  ids = {
-    n: _padded(v, specs[n].max_ids) for n, v in features["categorical"].items()
-  }
   tested = ratings[-9:]
   raw = {
     "user_id": np.array([str(u) for u, _, _, _ in tested] + ["424242", " 2 "]),
@@ -439,25 +440,15 @@ def test_movielens_ranking_raw_signature_scores_like_the_id_signature(
 def test_movielens_retrieval_raw_signatures_match_the_id_signatures(
   tmp_path, server
 ):
-  data, _ = _ml100k(tmp_path / "ml-100k")
-  model_dir, export_dir = _train_and_export(
+  _, model_dir, export_dir = _train_on_ml100k(
     tmp_path,
     "movielens_retrieval.gin",
     [
-      f"MOVIELENS_DIR = '{data}'",
-      "MovieLens.test_fraction = 0.25",
       "TwoTower.query_tower = (5,)",
       "TwoTower.candidate_tower = (5,)",
     ],
   )
-  source = _source(model_dir)
-  features, _ = next(
-    iter(source.dataset(9, training=False, drop_remainder=False, repeat=False))
-  )
-  specs = {s.name: s for s in source.feature_specs}
-  ids = {
-    n: _padded(v, specs[n].max_ids) for n, v in features["categorical"].items()
-  }
+  source, features, specs, ids = _first_nine(model_dir)
   # Raw ids by the documented rule: raw ids sorted numerically -> 1, 2, 3.
   users = np.array(["", "1", "2", "10"])[ids["user_id"]]
   items = np.array(["", "1", "2", "3"])[ids["item_id"]]

@@ -25,22 +25,12 @@ import time
 import gin
 import pytest
 
-from recsys import cli, cli_checks, config
+from recsys import cli, cli_checks
 from recsys.model_dir import run_dir
 from recsys.process import console
+from tests.cli_runs import DEFAULT, ROOT, flags, tiny
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
-TINY = [
-  "train.global_batch_size = 64",
-  "train.train_steps = 2",
-  "train.eval_steps = 2",
-  "SyntheticCTR.oracle_examples = 4096",
-]
-
-
-def _flags(bindings):
-  return sum((["--gin_bindings", b] for b in bindings), [])
+TINY = tiny(train_steps=2, eval_steps=2)
 
 
 def _recsys(*args, brief=None):
@@ -93,7 +83,7 @@ def demo(tmp_path_factory):
   stdout, stderr), and metrics.json after the first and the second."""
   model_dir = tmp_path_factory.mktemp("first_contact") / "demo"
   args = ["train", "--gin_file", DEFAULT, "--model_dir", str(model_dir)]
-  args += _flags(TINY)
+  args += flags(TINY)
   brief = io.StringIO()
   first = _recsys(*args, brief=brief)
   metrics = model_dir / "metrics.json"
@@ -190,7 +180,7 @@ def test_the_plan_is_printed_once_with_reasons_only_where_they_say_something(
     "EmbeddingPlacement.device_memory = '4MiB'",
     "EmbeddingPlacement.tables = {'C1': 'row_sharded'}",
   ]
-  code, out, err = _recsys("info", "--gin_file", DEFAULT, *_flags(bindings))
+  code, out, err = _recsys("info", "--gin_file", DEFAULT, *flags(bindings))
   assert code == 0, err
   reasons = re.findall(r"^  (C\d+(?:, C\d+)*): (.*)$", out, re.M)
   assert [tables for tables, _ in reasons] == ["C1", "C4"], out
@@ -223,7 +213,7 @@ def test_another_models_checkpoint_is_refused_naming_the_settings(
   model_dir = tmp_path / "demo"
   shutil.copytree(demo["model_dir"], model_dir)
   args = ["train", "--gin_file", DEFAULT.replace("dlrm", "dcn")]
-  code, _, err = _recsys(*args, *_flags(TINY), "--model_dir", str(model_dir))
+  code, _, err = _recsys(*args, *flags(TINY), "--model_dir", str(model_dir))
   assert code == 1, err[-3000:]
   error = err[err.index("recsys train: ") :].splitlines()
   assert error[:2] == [
@@ -335,7 +325,7 @@ def test_ctrl_c_in_the_training_loop_saves_and_exits_130(tmp_path):
       "--no_progress",
       "--verbosity",
       "info",  # every loop's line, not a tenth of the run's
-      *_flags(bindings),
+      *flags(bindings),
     ],
     cwd=ROOT,
     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1"),

@@ -48,9 +48,9 @@ def test_in_saved_model_trace_only_while_saving(tmp_path):
   assert True in seen[1:]
 
 
-def test_gradient_request_sees_the_sources_of_the_running_gradient_call():
-  a, b = tf.Variable(1.0), tf.Variable(2.0)
-  requests = []
+def _request_spy(requests):
+  """The identity, whose gradient appends the running gradient request (or
+  None) to `requests`."""
 
   @tf.custom_gradient
   def spy(x):
@@ -59,6 +59,14 @@ def test_gradient_request_sees_the_sources_of_the_running_gradient_call():
       return dy
 
     return tf.identity(x), grad
+
+  return spy
+
+
+def test_gradient_request_sees_the_sources_of_the_running_gradient_call():
+  a, b = tf.Variable(1.0), tf.Variable(2.0)
+  requests = []
+  spy = _request_spy(requests)
 
   with tf.GradientTape(persistent=True) as tape:
     loss = spy(a * b)
@@ -95,14 +103,7 @@ def test_gradient_request_names_the_keras_loss_scaler_it_runs_under():
   a plain optimizer or a bare tape has no loss scaler."""
   variable = tf.Variable(1.0)
   requests = []
-
-  @tf.custom_gradient
-  def spy(x):
-    def grad(dy):
-      requests.append(_tf_internal.current_gradient_request())
-      return dy
-
-    return tf.identity(x), grad
+  spy = _request_spy(requests)
 
   def loss():
     return spy(variable) * 2.0

@@ -136,13 +136,14 @@ def table_state(emb):
   return out
 
 
-def assert_close(want, got):
-  """Within 1e-6 relative (of the array's scale: sums run in another order)."""
+def assert_close(want, got, tol=1e-6):
+  """Same keys, values within `tol` relative (of the array's scale: sums run
+  in another order)."""
   assert sorted(want) == sorted(got)
   for key in want:
     scale = max(1.0, float(np.abs(want[key]).max()))
     np.testing.assert_allclose(
-      got[key], want[key], rtol=1e-6, atol=1e-6 * scale, err_msg=key
+      got[key], want[key], rtol=tol, atol=tol * scale, err_msg=key
     )
 
 

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from recsys import cli, layers, planning
 from recsys._keras import keras
+from tests.backends.test_compiled_path import assert_close
 from tests.conftest import mirrored_strategy
 from tests.layers import test_embedding_layer as layer_case
 from tests.training import test_trainer
@@ -44,12 +45,7 @@ def make(model_dir, strategy=None, placement=None, steps=6):
 
 
 def assert_same(want, got):
-  assert sorted(want) == sorted(got)
-  for key in want:
-    scale = max(1.0, float(np.abs(want[key]).max()))
-    np.testing.assert_allclose(
-      got[key], want[key], rtol=1e-5, atol=1e-5 * scale, err_msg=key
-    )
+  assert_close(want, got, tol=1e-5)
 
 
 @pytest.fixture(scope="module")

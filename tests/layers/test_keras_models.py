@@ -17,6 +17,7 @@ from recsys.models import DLRM, FactorizationMachine, TwoTower
 from recsys.models.keras_model import KerasRecommender
 from recsys.training import Trainer, TrainerConfigError
 from tests.conftest import mirrored_strategy
+from tests.training.few_steps import few_steps
 
 E = tf.tpu.experimental.embedding
 USERS, MOVIES, BATCH, STEPS = 23, 29, 8, 4
@@ -58,12 +59,9 @@ def test_fit_equals_the_trainer(tmp_path, replicas):
     embedding_optimizer=E.Adagrad(0.1),
     dense_optimizer=lambda: keras.optimizers.SGD(0.05),
     backend="tensorcore",
-    global_batch_size=BATCH,
-    train_steps=STEPS,
-    steps_per_loop=STEPS,
-    eval_steps=1,
-    progress_bar=False,
-    summaries=False,
+    **few_steps(
+      global_batch_size=BATCH, train_steps=STEPS, steps_per_loop=STEPS
+    ),
   )
   tables = {
     c.name: v.numpy() for c, v in trainer.backend.embedding_tables.items()

@@ -19,37 +19,26 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from recsys import cli, config
+from recsys import cli
 from recsys.model_dir import atomic_dir
-
-ROOT = os.path.dirname(
-  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)
-DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
-TINY = [
-  "train.global_batch_size = 64",
-  "train.steps_per_loop = 3",
-  "train.eval_steps = 1",
-  "SyntheticCTR.oracle_examples = 1024",
-  "train.progress_bar = False",
-]
+from tests.cli_runs import DEFAULT, ROOT, export, flags, tiny
 
 
 def _train(model_dir, steps):
-  bindings = [f"train.train_steps = {steps}", *TINY]
+  bindings = tiny(
+    oracle_examples=1024,
+    train_steps=steps,
+    steps_per_loop=3,
+    eval_steps=1,
+    progress_bar=False,
+  )
   args = ["train", "--gin_file", DEFAULT, "--model_dir", model_dir]
-  for b in bindings:
-    args += ["--gin_bindings", b]
-  assert cli.main(args) == 0
+  assert cli.main(args + flags(bindings)) == 0
   gin.clear_config()
 
 
 def _export(model_dir, export_dir):
-  assert (
-    cli.main(["export", "--model_dir", model_dir, "--export_dir", export_dir])
-    == 0
-  )
-  gin.clear_config()
+  export(model_dir, export_dir)
 
 
 def _tree(path):

@@ -126,15 +126,21 @@ def test_complete_gzip_variants_read_whole_without_false_alarm(
   assert_same(read_all(path), reference(ROWS))
 
 
+def _assert_refused(match, **arguments):
+  """`CriteoTSV(vocab_sizes=V, **arguments)` raises a DataFormatError
+  matching `match`."""
+  with pytest.raises(DataFormatError, match=match):
+    CriteoTSV(vocab_sizes=V, **arguments)
+
+
 def test_plain_text_named_gz_is_refused_at_construction(tmp_path):
   path = tmp_path / "day_0.gz"
   path.write_text(TEXT)
-  with pytest.raises(
-    DataFormatError,
-    match=rf"'{path}' ends in .gz but is not "
+  _assert_refused(
+    rf"'{path}' ends in .gz but is not "
     r"gzip-compressed.*remove the .gz suffix",
-  ):
-    CriteoTSV(train_files=str(path), vocab_sizes=V)
+    train_files=str(path),
+  )
 
 
 # -- Criteo: empty files, folders ----------------------------------------------
@@ -148,12 +154,10 @@ def test_plain_text_named_gz_is_refused_at_construction(tmp_path):
 def test_empty_files_are_refused_at_construction(tmp_path, name, data):
   path = tmp_path / name
   path.write_bytes(data)
-  with pytest.raises(
-    DataFormatError,
-    match=rf"every Criteo training file is empty: "
-    rf"\['{path}'\]",
-  ):
-    CriteoTSV(train_files=str(path), vocab_sizes=V)
+  _assert_refused(
+    rf"every Criteo training file is empty: \['{path}'\]",
+    train_files=str(path),
+  )
 
 
 def test_one_empty_file_among_others_is_a_warning(tmp_path, caplog):
@@ -204,36 +208,33 @@ def test_glob_patterns_skip_folders(tmp_path):
 # -- Criteo: vocabulary files --------------------------------------------------
 
 
-def test_empty_vocabulary_file(tmp_path):
+def _assert_c3_vocabulary_refused(tmp_path, text, match):
+  """With TEXT as train.txt and `text` as vocab/C3.txt, CriteoTSV raises a
+  DataFormatError matching `match`."""
   (tmp_path / "train.txt").write_text(TEXT)
   (tmp_path / "vocab").mkdir()
-  (tmp_path / "vocab" / "C3.txt").write_text("")
-  with pytest.raises(
-    DataFormatError,
-    match=r"vocabulary file '.*C3.txt' is empty; "
-    r"expected one C3 value per line",
-  ):
-    CriteoTSV(
-      train_files=str(tmp_path / "train.txt"),
-      vocab_sizes=V,
-      vocab_dir=str(tmp_path / "vocab"),
-    )
+  (tmp_path / "vocab" / "C3.txt").write_text(text)
+  _assert_refused(
+    match,
+    train_files=str(tmp_path / "train.txt"),
+    vocab_dir=str(tmp_path / "vocab"),
+  )
+
+
+def test_empty_vocabulary_file(tmp_path):
+  _assert_c3_vocabulary_refused(
+    tmp_path,
+    "",
+    r"vocabulary file '.*C3.txt' is empty; expected one C3 value per line",
+  )
 
 
 def test_repeated_vocabulary_value_names_both_lines(tmp_path):
-  (tmp_path / "train.txt").write_text(TEXT)
-  (tmp_path / "vocab").mkdir()
-  (tmp_path / "vocab" / "C3.txt").write_text("a1\nb2\nc3\nb2\n")
-  with pytest.raises(
-    DataFormatError,
-    match=r"C3.txt:4: vocabulary value 'b2' repeats "
-    r"line 2",
-  ):
-    CriteoTSV(
-      train_files=str(tmp_path / "train.txt"),
-      vocab_sizes=V,
-      vocab_dir=str(tmp_path / "vocab"),
-    )
+  _assert_c3_vocabulary_refused(
+    tmp_path,
+    "a1\nb2\nc3\nb2\n",
+    r"C3.txt:4: vocabulary value 'b2' repeats line 2",
+  )
 
 
 # -- MovieLens -----------------------------------------------------------------

@@ -19,6 +19,7 @@ import backends  # noqa: E402
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends.inputs import InvalidInputError  # noqa: E402
 from tests.conftest import mirrored_strategy  # noqa: E402
+from tests.training.few_steps import few_steps  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 NAMED = r"feature 'f' \(table 'users', vocabulary_size=23\)"
@@ -45,6 +46,13 @@ def sparse(indices, values, shape, dtype=tf.int64):
 
 
 # -- ids -----------------------------------------------------------------------
+
+
+def _assert_refused(ids, match):
+  """Looking up `ids` of feature "f" raises InvalidInputError with `match`."""
+  emb, _ = make()
+  with pytest.raises(InvalidInputError, match=match):
+    emb.lookup({"f": ids})
 
 
 @pytest.mark.parametrize("bad_id,row", [(23, 1), (-4, 0), (2**40, 1)])
@@ -110,26 +118,20 @@ def test_sparse_of_wrong_rank(shape, rank):
   ],
 )
 def test_ids_of_a_wrong_dtype(ids, dtype):
-  emb, _ = make()
-  with pytest.raises(
-    InvalidInputError,
-    match=rf"{NAMED} got ids of dtype {dtype}; expected int32 or "
-    "int64 row ids",
-  ):
-    emb.lookup({"f": ids})
+  _assert_refused(
+    ids, rf"{NAMED} got ids of dtype {dtype}; expected int32 or int64 row ids"
+  )
 
 
 @pytest.mark.parametrize(
   "ids,kind", [(np.array([1, 2]), "ndarray"), ([1, 2], "list")]
 )
 def test_ids_that_are_not_tensors(ids, kind):
-  emb, _ = make()
-  with pytest.raises(
-    InvalidInputError,
-    match=rf"{NAMED} got a {kind}; expected a tf.Tensor, "
+  _assert_refused(
+    ids,
+    rf"{NAMED} got a {kind}; expected a tf.Tensor, "
     "tf.SparseTensor or tf.RaggedTensor",
-  ):
-    emb.lookup({"f": ids})
+  )
 
 
 def test_int32_and_uint8_ids_look_up_the_same_rows_as_int64():
@@ -299,12 +301,7 @@ def test_source_with_ids_beyond_its_declared_vocabulary_stops_training(
     functools.partial(DLRM, bottom_mlp=(11, 7), top_mlp=(11,)),
     embedding=EmbeddingSettings(dim=7),
     embedding_optimizer=E.SGD(0.1),
-    global_batch_size=10,
-    train_steps=2,
-    steps_per_loop=1,
-    eval_steps=1,
-    progress_bar=False,
-    summaries=False,
+    **few_steps(),
   )
   with pytest.raises(
     tf.errors.InvalidArgumentError,

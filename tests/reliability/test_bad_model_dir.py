@@ -28,6 +28,7 @@ from recsys.features import EmbeddingSettings  # noqa: E402
 from recsys.models import DLRM, DCNv2  # noqa: E402
 from recsys.training import Trainer  # noqa: E402
 from tests.conftest import mirrored_strategy  # noqa: E402
+from tests.training.few_steps import few_steps  # noqa: E402
 from tests.training.sources import ArraySource  # noqa: E402
 
 E = tf.tpu.experimental.embedding
@@ -49,12 +50,7 @@ def make_trainer(
     embedding=EmbeddingSettings(dim=dim),
     embedding_optimizer=optimizer or E.Adagrad(0.1),
     dense_optimizer=dense,
-    global_batch_size=10,
-    train_steps=2,
-    steps_per_loop=1,
-    eval_steps=1,
-    progress_bar=False,
-    summaries=False,
+    **few_steps(),
   )
 
 

@@ -16,26 +16,20 @@ import pytest
 
 from recsys import cli, config
 from recsys.model_dir import lock as lock_lib
+from tests.cli_runs import DEFAULT, ROOT, flags, tiny
 
-ROOT = os.path.dirname(
-  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = tiny(
+  oracle_examples=1024,
+  train_steps=2,
+  steps_per_loop=1,
+  eval_steps=1,
+  progress_bar=False,
 )
-DEFAULT = os.path.join(config.EXPERIMENTS_DIR, "synthetic_dlrm.gin")
-TINY = [
-  "train.global_batch_size = 64",
-  "train.train_steps = 2",
-  "train.steps_per_loop = 1",
-  "train.eval_steps = 1",
-  "SyntheticCTR.oracle_examples = 1024",
-  "train.progress_bar = False",
-]
 
 
 def _train_args(model_dir):
   args = ["train", "--gin_file", DEFAULT, "--model_dir", str(model_dir)]
-  for b in TINY:
-    args += ["--gin_bindings", b]
-  return args
+  return args + flags(TINY)
 
 
 def test_a_busy_model_dir_is_its_own_error_not_a_gin_error(

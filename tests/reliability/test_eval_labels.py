@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from recsys.models import DCNv2
 from recsys.training import Trainer
+from tests.training.few_steps import quiet
 
 E = tf.tpu.experimental.embedding
 NUM_EXAMPLES = 40
@@ -52,13 +53,13 @@ def _trainer(model_dir, eval_data, **settings):
     ),
     eval_source=eval_data,
     feature_config=feature_config,
-    global_batch_size=8,
-    eval_batch_size=8,
-    train_steps=2,
-    steps_per_loop=1,
-    progress_bar=False,
-    summaries=False,
-    **settings,
+    **quiet(
+      global_batch_size=8,
+      eval_batch_size=8,
+      train_steps=2,
+      steps_per_loop=1,
+      **settings,
+    ),
   )
 
 

@@ -16,11 +16,11 @@ import tensorflow as tf
 
 from recsys import cli, config
 from recsys.serving import export as export_lib
+from tests.cli_runs import run_recsys
 from tests.reliability.test_serving_batch_sizes import (
   NUM_ITEMS,
   movielens_trainer,
 )
-from tests.test_cli import run_recsys
 
 TOP_K = ("serving_default", "serving_raw", "top_k", "top_k_raw")
 

@@ -24,7 +24,7 @@ from recsys.features import EmbeddingSettings
 from recsys.models import DLRM
 from recsys.testing.movielens import write_ml100k_like
 from recsys.training import EmptyEvalSetError, Trainer
-from tests.test_cli import run_recsys
+from tests.cli_runs import run_recsys
 from tests.training.sources import ArraySource
 
 FM = os.path.join(config.EXPERIMENTS_DIR, "movielens_fm.gin")
@@ -83,6 +83,13 @@ def run_in_process(capsys, *argv):
   return code, out.out, out.err
 
 
+def export_in_process(capsys, model_dir, export_dir, *argv):
+  """`recsys export` of `model_dir` to `export_dir` (and `argv`) in this
+  process: (exit code, stdout, stderr)."""
+  args = ["--model_dir", model_dir, "--export_dir", export_dir, *argv]
+  return run_in_process(capsys, "export", *args)
+
+
 def evaluate_on(capsys, model_dir, name, *bindings):
   """`recsys evaluate --eval_on <name>` in this process, with `bindings`."""
   return run_in_process(
@@ -126,14 +133,8 @@ def test_evaluate_and_export_on_another_split_are_refused(
   assert not (model_dir / "eval_metrics.json").exists()
 
   export_dir = tmp_path / "export"
-  code, _, err = run_in_process(
-    capsys,
-    "export",
-    "--model_dir",
-    model_dir,
-    "--export_dir",
-    export_dir,
-    *flags("MovieLens.seed = 1"),
+  code, _, err = export_in_process(
+    capsys, model_dir, export_dir, *flags("MovieLens.seed = 1")
   )
   assert code == 1, err[-3000:]
   assert "  MovieLens.seed: 0 -> 1\n" in err
@@ -201,12 +202,9 @@ def test_allowed_changes_are_recorded_in_the_run_and_the_output(
   assert kept["changed_settings"] == [change]
 
   export_dir = tmp_path / "export"
-  code, out, _ = run_in_process(
+  code, out, _ = export_in_process(
     capsys,
-    "export",
-    "--model_dir",
     model_dir,
-    "--export_dir",
     export_dir,
     "--allow_changed_settings",
     *flags("MovieLens.test_fraction = 0.3"),
@@ -229,9 +227,7 @@ def test_allowed_changes_are_recorded_in_the_run_and_the_output(
   # The run's own settings: exported, nothing recorded as changed.
   log = model_dir / "changed_settings.jsonl"
   before = log.read_text()
-  code, out, _ = run_in_process(
-    capsys, "export", "--model_dir", model_dir, "--export_dir", export_dir
-  )
+  code, out, _ = export_in_process(capsys, model_dir, export_dir)
   assert code == 0 and "changed:" not in out
   provenance = json.loads(
     (export_dir / "assets.extra" / "recsys_export.json").read_text()

@@ -23,6 +23,7 @@ from recsys.models import DCNv2, TwoTower
 from recsys.serving import export as export_lib
 from recsys.testing.movielens import write_ml100k_like
 from recsys.training import Trainer
+from tests.training.few_steps import quiet
 
 NUM_ITEMS = 17
 
@@ -43,10 +44,7 @@ def movielens_trainer(root, task, **source_args):
     MovieLens(data, task=task, **source_args),
     model,
     embedding=EmbeddingSettings(dim=4),
-    global_batch_size=8,
-    train_steps=0,
-    progress_bar=False,
-    summaries=False,
+    **quiet(global_batch_size=8, train_steps=0),
   )
 
 

@@ -12,6 +12,7 @@ from recsys.model_dir import lock as lock_lib
 from recsys.model_dir.checkpoints import CorruptCheckpointError
 from recsys.training import trainer as trainer_lib
 from tests.training import test_trainer
+from tests.training.few_steps import few_steps
 from tests.training.sources import ArraySource
 
 
@@ -39,13 +40,9 @@ class PoisonedSource(ArraySource):
 
 
 def make(model_dir, bad, **kwargs):
-  settings = dict(
-    global_batch_size=10,
+  settings = few_steps(
     train_steps=12,
     steps_per_loop=4,
-    eval_steps=1,
-    progress_bar=False,
-    summaries=False,
     seed=3,
     checkpoint_every=4,
     max_checkpoints=10,

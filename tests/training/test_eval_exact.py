@@ -18,6 +18,7 @@ from recsys.run import eval_padding
 from recsys.serving.lookup import serving_activations
 from recsys.training import EmptyEvalSetError, Trainer
 from tests.conftest import mirrored_strategy
+from tests.training.few_steps import few_steps
 from tests.training.sources import ArraySource
 
 E = tf.tpu.experimental.embedding
@@ -33,15 +34,13 @@ def make(tmp_path, num_eval, replicas=1, jit_compile=None):
     eval_source=ArraySource(num_examples=num_eval, seed=5),
     embedding=EmbeddingSettings(dim=7),
     embedding_optimizer=E.Adagrad(0.1),
-    global_batch_size=10,
-    eval_batch_size=EVAL_BATCH,
-    train_steps=2,
-    steps_per_loop=2,
-    eval_steps=None,
-    progress_bar=False,
-    summaries=False,
-    seed=3,
-    jit_compile=jit_compile,
+    **few_steps(
+      eval_batch_size=EVAL_BATCH,
+      steps_per_loop=2,
+      eval_steps=None,
+      seed=3,
+      jit_compile=jit_compile,
+    ),
   )
 
 

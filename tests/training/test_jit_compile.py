@@ -19,6 +19,7 @@ from recsys.models import DLRM, DCNv2, TwoTower
 from recsys.run import compile as compile_lib
 from recsys.training import Trainer
 from tests.conftest import mirrored_strategy
+from tests.training.few_steps import few_steps
 from tests.training.sources import ArraySource
 from tests.training.test_trainer import state
 
@@ -65,14 +66,13 @@ def make(tmp_path, case, jit_compile, strategy=None, steps=6):
     strategy=strategy,
     embedding=EmbeddingSettings(dim=7, overrides=overrides),
     embedding_optimizer=optimizer(),
-    global_batch_size=10,
-    train_steps=steps,
-    steps_per_loop=3,
-    eval_steps=2,
-    progress_bar=False,
-    summaries=False,
-    seed=3,
-    jit_compile=jit_compile,
+    **few_steps(
+      train_steps=steps,
+      steps_per_loop=3,
+      eval_steps=2,
+      seed=3,
+      jit_compile=jit_compile,
+    ),
   )
 
 

@@ -17,18 +17,11 @@ from recsys.run import evaluation
 from recsys.run.restored import RestoredRun
 from recsys.train_settings import TrainerConfigError, TrainSettings
 from recsys.training import Trainer, train
+from tests.training.few_steps import few_steps
 from tests.training.sources import ArraySource
 from tests.training.test_trainer import MODEL, assert_same_state, state
 
-SETTINGS = dict(
-  global_batch_size=10,
-  train_steps=8,
-  steps_per_loop=4,
-  eval_steps=None,
-  progress_bar=False,
-  seed=3,
-  summaries=False,
-)
+SETTINGS = few_steps(train_steps=8, steps_per_loop=4, eval_steps=None, seed=3)
 
 
 def _settings(**changes):

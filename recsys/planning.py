@@ -126,15 +126,10 @@ class TableMemory:
     reason: why the backend replicated or sharded it (its `plan_tables`).
     exchange_bytes: what one replica puts into collectives per step for it
       (ids, rows, gradients; `backends.placement`), None when not known.
-    row_sharded: split over the replicas by the backend's storage (its
-      layout's placement), not by its own devices (parameter servers, TPU
-      cores).
     forced_by: the setting that forced its placement ("": planned).
-    dtype: the dtype its rows are stored in ("float32", "bfloat16", ...:
-      its layout's, `EmbeddingPlacement.table_dtype`; slots stay float32).
     layout: where its rows live and how: what the backend is built with
-      and reports (`EmbeddingBackend.layouts()`); the columns above that
-      say the same are read from it.
+      and reports (`EmbeddingBackend.layouts()`); `row_sharded`, `exchange`
+      and `dtype` are read from it.
   """
 
   table: str
@@ -148,11 +143,25 @@ class TableMemory:
   bytes_per_device: int
   reason: str = ""
   exchange_bytes: int | None = None
-  row_sharded: bool = False
   forced_by: str = ""
-  exchange: str | None = None
-  dtype: str = "float32"
   layout: layout_lib.TableLayout = layout_lib.TableLayout()
+
+  @property
+  def row_sharded(self) -> bool:
+    """Split over the replicas by the backend's storage (its layout's
+    placement), not by its own devices (parameter servers, TPU cores)."""
+    return self.layout.row_sharded
+
+  @property
+  def exchange(self) -> str | None:
+    """A row-sharded table's exchange ("all_to_all", "all_gather")."""
+    return self.layout.exchange.value if self.layout.exchange else None
+
+  @property
+  def dtype(self) -> str:
+    """The dtype its rows are stored in ("float32", "bfloat16", ...:
+    `EmbeddingPlacement.table_dtype`; slots stay float32)."""
+    return str(self.layout.dtype)
 
   @property
   def total_bytes(self) -> int:
@@ -814,10 +823,7 @@ def plan_memory(
         bytes_per_device=placed.bytes_per_device,
         reason=placed.reason,
         exchange_bytes=placed.exchange_bytes,
-        row_sharded=held.row_sharded,
         forced_by=request.forced_by.get(placed.table, ""),
-        exchange=held.exchange.value if held.exchange else placed.exchange,
-        dtype=str(held.dtype),
         layout=held,
       )
     )

@@ -484,6 +484,38 @@ def test_the_plan_says_which_tables_are_bfloat16():
   assert users.table_bytes == 23 * 7 * 2 and users.slot_bytes == 23 * 7 * 4
 
 
+@pytest.mark.parametrize(
+  "table_dtype, match",
+  [
+    (
+      "bfloat",
+      r"EmbeddingPlacement.table_dtype = 'bfloat'.*Did you mean 'bfloat16'",
+    ),
+    (
+      {"users": "float64"},
+      r"EmbeddingPlacement.table_dtype\['users'\] = 'float64'",
+    ),
+    (
+      {"user": "bfloat16"},
+      r"names unknown tables \['user'\].*Did you mean 'users'",
+    ),
+  ],
+)
+def test_a_table_dtype_that_cannot_be_is_refused_naming_the_setting(
+  table_dtype, match
+):
+  """A hostile `EmbeddingPlacement.table_dtype` (its range is declared by
+  form; the planner checks the dtypes and tables it names) is refused
+  before any table, naming the setting and the closest valid value."""
+  with pytest.raises(ValueError, match=match):
+    planning.plan_memory(
+      _config(),
+      E.Adagrad(0.1),
+      device_memory_bytes=10**9,
+      placement=planning.EmbeddingPlacement(table_dtype=table_dtype),
+    )
+
+
 def test_info_prints_placement_bytes_and_exchange_per_table():
   text = planning.describe_environment(
     mirrored_strategy(2),

@@ -32,6 +32,7 @@ SETTINGS = {
   "backends.layout.LayoutSettingError",
   "backends.registry.UnknownBackendError",
   "backends.registry.UnknownBackendOptionError",
+  "backends.vocabulary.policy.VocabularySettingError",
   "recsys.cli_checks.GinFileNotFoundError",
   "recsys.cli_checks.TopKForRankingError",
   "recsys.config.GinConfigError",

@@ -1,0 +1,37 @@
+"""Dynamic vocabularies: tables whose rows go to the ids seen, not to a
+fixed id range.
+
+`DynamicVocabulary` (`policy.py`, no TensorFlow) holds a table's settings;
+`VocabularyIndex` (`index.py`) is the id -> row index in front of the
+table, as TF state and ops. The names are imported on first use, so
+reading the settings does not import TensorFlow.
+
+Example:
+  >>> from backends import vocabulary
+  >>> policy = vocabulary.DynamicVocabulary(admit_after=2, eviction="lfu")
+  >>> index = vocabulary.VocabularyIndex("users", 100_000, policy)
+  >>> update = index.update(ids, step)   # update.rows, update.reset_rows
+"""
+
+import importlib
+
+_EXPORTS = {
+  "DynamicVocabulary": "backends.vocabulary.policy",
+  "Eviction": "backends.vocabulary.policy",
+  "UnknownIds": "backends.vocabulary.policy",
+  "VocabularySettingError": "backends.vocabulary.policy",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+  if name in _EXPORTS:
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+  raise AttributeError(
+    f"module 'backends.vocabulary' has no attribute {name!r}"
+  )
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_EXPORTS))

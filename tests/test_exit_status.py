@@ -82,6 +82,7 @@ RUNTIME = {
   "backends.storage.narrow.NarrowRangeError",
   "backends.pending.UnappliedGradientsError",
   "backends.static_bags.StaticShapeError",
+  "backends.vocabulary.index.VocabularyIdsError",  # the ids fed in
   "backends.storage.exchange.ExchangeOverflowError",
   "backends.mid_level.tpu_embedding.TablesOnDeviceError",
   "recsys.cli_checks.ModelDirNotFoundError",

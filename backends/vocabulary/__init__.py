@@ -20,6 +20,9 @@ _EXPORTS = {
   "Eviction": "backends.vocabulary.policy",
   "UnknownIds": "backends.vocabulary.policy",
   "VocabularySettingError": "backends.vocabulary.policy",
+  "IndexUpdate": "backends.vocabulary.index",
+  "VocabularyIdsError": "backends.vocabulary.index",
+  "VocabularyIndex": "backends.vocabulary.index",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,531 @@
+"""The id -> row index of a dynamic-vocabulary table (`VocabularyIndex`):
+its TensorFlow state, the update each training step makes, and the lookups.
+
+A dynamic table keeps TF's `TableConfig`, whose `vocabulary_size` rows are
+now a capacity; this index, in front of it, maps raw ids (any int64, or
+strings) to rows. It runs in a `tf.function` in cross-replica context, once
+per training step on the global batch's ids (not inside an XLA-compiled
+step: a hash table and data-dependent shapes), and the caller resets the
+rows it hands to new ids (`IndexUpdate.reset_rows`) before the lookup.
+
+What `update(ids, step)` does, exactly (`tests/backends/vocabulary_reference.py`
+is an independent twin of it, compared bit for bit):
+
+  1. The call's distinct ids `u`, in order of first appearance, and their
+     occurrences `occ`.
+  2. Ids with a row: `counts[row] += occ`, `last_seen[row] = step`.
+  3. Eviction "age", when `step % evict_every == 0` (floor modulo), before
+     any admission: every occupied row with `last_seen != step` and
+     `step - last_seen > max_age` is freed (its id leaves the hash table;
+     counted in `evictions`).
+  4. Ids without a row add `occ` to both rows of the count-min sketch; an
+     id's estimate is the smaller of its two counters. It is a candidate
+     when the estimate is >= `admit_after` and (`admit_probability == 1` or
+     `lucky(id, step) < floor(admit_probability * 2**53)`); the others are
+     refused (`refused += occ`) and read -1.
+  5. Candidates, in first-appearance order, take the free rows in ascending
+     order; when none is left (eviction other than "none"), the occupied
+     rows with `last_seen != step`, ordered by (score, row) ascending, with
+     score `last_seen` ("lru", "age") or `counts` ("lfu"). A candidate left
+     without a row is refused. A row given to an id: `keys = id`,
+     `occupied`, `counts = occ`, `last_seen = step`, the hash table updated
+     (the victim's id removed), `admissions += 1` (and `evictions += 1` for
+     a victim's row); the id's sketch counters are left as they are.
+     `reset_rows` lists these rows in that order.
+  6. `rows`: each input id's row after the update, or -1;
+     `default_hits +=` the input ids (occurrences) reading -1.
+
+The hashes are splitmix64 (Steele et al., 2014) in uint64 arithmetic:
+  salt(p)       = splitmix64(seed ^ splitmix64(p))   p = 0, 1 (sketch rows),
+                                                     2 (admission)
+  bucket_r(id)  = splitmix64(id ^ salt(r)) mod sketch_width
+  lucky(id, s)  = splitmix64(splitmix64(id ^ salt(2)) ^ s) >> 11
+with ids, the seed and the step taken as their 64 two's-complement bits.
+String ids are first made 64-bit ids by `tf.fingerprint` (FarmHash64, its
+8 bytes read little-endian as an int64): n distinct strings share an id
+with probability about n**2 / 2**65 (1e-7 for 2**20 strings, 1e-3 for
+2**30), and two strings that share one share its row.
+
+Cost: a step without an eviction "age" sweep and with enough free rows is
+O(n log n) in the batch's n ids (a unique, hash-table lookups, scatters of
+n rows); finding victims (only when more candidates than free rows) and a
+sweep read all R rows. Rows are handed out in ascending order: until the
+table is full no two ids share a row.
+
+Example:
+  >>> policy = DynamicVocabulary(admit_after=2)
+  >>> index = VocabularyIndex("users", 1000, policy)
+  >>> index.update(tf.constant([7, 7, 2**40]), step=1).rows   # [0, 0, -1]
+  >>> index.lookup(tf.constant([2**40, 7]))                   # [-1, 0]
+"""
+
+import dataclasses
+from typing import Any
+
+import tensorflow as tf
+
+from backends.errors import BackendError
+from backends.vocabulary.policy import (
+  DynamicVocabulary,
+  Eviction,
+  UnknownIds,
+  VocabularySettingError,
+)
+
+_MASK = 2**64 - 1
+_GAMMA = 0x9E3779B97F4A7C15
+_MUL1 = 0xBF58476D1CE4E5B9
+_MUL2 = 0x94D049BB133111EB
+#: The salts' purposes: the sketch's two hash rows, then admission.
+_SKETCH_ROWS = 2
+_ADMIT = 2
+#: `lucky` is 53 bits: compared with `floor(admit_probability * 2**53)`.
+_LUCKY_BITS = 53
+#: Bytes an id costs the hash table (`tf.lookup.experimental.
+#: MutableHashTable`, int64 -> int64): its key and value and the map's
+#: slack (measured, RSS: 35 bytes an entry at 10**5 entries, 43 at 10**6).
+HASH_TABLE_BYTES_PER_ID = 48
+
+
+class VocabularyIdsError(BackendError, TypeError):
+  """Ids the index cannot take: not integers or strings."""
+
+
+def splitmix64(x: int) -> int:
+  """splitmix64's finalizer of `x`'s 64 bits, in Python ints."""
+  z = (x + _GAMMA) & _MASK
+  z = ((z ^ (z >> 30)) * _MUL1) & _MASK
+  z = ((z ^ (z >> 27)) * _MUL2) & _MASK
+  return z ^ (z >> 31)
+
+
+def salt(seed: int, purpose: int) -> int:
+  """The uint64 salt of one hash (`purpose`: a sketch row, or admission)."""
+  return splitmix64((seed & _MASK) ^ splitmix64(purpose))
+
+
+def _splitmix64(x: tf.Tensor) -> tf.Tensor:
+  """`splitmix64` of a uint64 tensor, elementwise (wrapping arithmetic)."""
+
+  def u64(c: int) -> tf.Tensor:
+    return tf.constant(c, tf.uint64)
+
+  def mix(z: tf.Tensor, shift: int) -> tf.Tensor:
+    return tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, u64(shift)))
+
+  z = x + u64(_GAMMA)
+  z = mix(z, 30) * u64(_MUL1)
+  z = mix(z, 27) * u64(_MUL2)
+  return mix(z, 31)
+
+
+def _salted(ids: tf.Tensor, salt_value: int) -> tf.Tensor:
+  """splitmix64(id ^ salt) of int64 ids, as uint64."""
+  bits = tf.bitcast(ids, tf.uint64)
+  return _splitmix64(
+    tf.bitwise.bitwise_xor(bits, tf.constant(salt_value, tf.uint64))
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexUpdate:
+  """What one `VocabularyIndex.update` did.
+
+  A `tf.function` may return it (it flattens to its two tensors).
+
+  Attributes:
+    rows: int64 [n]: the row of each input id (flattened, input order), or
+      -1: the id has no row (it reads the default).
+    reset_rows: int64 [k]: the rows given to new ids at this step, in
+      assignment order; the caller resets their values and optimizer slots
+      to the initializer before the lookup.
+  """
+
+  rows: tf.Tensor
+  reset_rows: tf.Tensor
+
+  def __tf_flatten__(self) -> tuple[tuple[()], tuple[tf.Tensor, tf.Tensor]]:
+    return (), (self.rows, self.reset_rows)
+
+  @classmethod
+  def __tf_unflatten__(cls, metadata: Any, components: Any) -> "IndexUpdate":
+    del metadata
+    return cls(*components)
+
+
+class VocabularyIndex(tf.Module):
+  """The id -> row index of one dynamic table, as TF state and ops.
+
+  A `tf.Module`: a `tf.train.Checkpoint` holding it saves and restores all
+  its state (make it, like the table's variables, under the strategy's
+  scope). Call `update` once a training step, in cross-replica context,
+  with the global batch's ids; `lookup` (evaluation, serving) changes
+  nothing.
+
+  State (read it, never write it), for the table's R = `policy.id_rows(
+  vocabulary_size)` rows:
+    table: `MutableHashTable` int64 id -> int64 row (default -1).
+    keys: int64 [R]: the id each row holds (kept when a sweep frees it).
+    occupied: bool [R]: whether a row holds an id.
+    counts: int64 [R]: the id's occurrences since it got the row.
+    last_seen: int64 [R]: the step it was last seen.
+    sketch_cells: int64 [2 * W]: the count-min sketch of ids without a
+      row, hash row r at [r * W, (r + 1) * W) (`sketch`: as [2, W]).
+    rows_in_use, admissions, evictions, refused, default_hits: int64
+      scalars (`counters()`).
+    free_rows, free_head (eviction "age" only): the free rows, ascending,
+      are `free_rows[free_head:free_head + R - rows_in_use]`; other
+      evictions never free a row, so theirs are `[rows_in_use, R)`.
+
+  Example:
+    >>> index = VocabularyIndex("users", 1000, DynamicVocabulary())
+    >>> update = index.update(tf.constant(["ann", "bob", "ann"]), step=0)
+    >>> update.rows, update.reset_rows   # [0, 1, 0], [0, 1]
+  """
+
+  def __init__(
+    self,
+    table: str,
+    vocabulary_size: int,
+    policy: DynamicVocabulary,
+    name: str | None = None,
+  ) -> None:
+    """Makes the index's state (all of it zeros: no id has a row).
+
+    Args:
+      table: the table's name, for the errors.
+      vocabulary_size: the table's rows (`TableConfig.vocabulary_size`).
+      policy: the table's settings.
+      name: the module's name (default: "vocabulary_index_<table>").
+
+    Raises:
+      VocabularySettingError: a policy that is not a `DynamicVocabulary`,
+        or one the table cannot have (`DynamicVocabulary.check`).
+    """
+    if not isinstance(policy, DynamicVocabulary):
+      raise VocabularySettingError(
+        f"table {table!r}: the dynamic vocabulary is {policy!r}; give a "
+        "backends.vocabulary.DynamicVocabulary."
+      )
+    policy.check(table, vocabulary_size)
+    super().__init__(name=name or _module_name(table))
+    self.table_name = table
+    self.vocabulary_size = vocabulary_size
+    self.policy = policy
+    self.capacity = policy.id_rows(vocabulary_size)
+    self.sketch_width = policy.sketch_columns(vocabulary_size)
+    self._sketch_salts = [salt(policy.seed, r) for r in range(_SKETCH_ROWS)]
+    self._admit_salt = salt(policy.seed, _ADMIT)
+    self._admit_below = int(policy.admit_probability * 2**_LUCKY_BITS)
+    rows = self.capacity
+
+    def state(name: str, value: Any, dtype: tf.DType = tf.int64) -> tf.Variable:
+      return tf.Variable(value, dtype=dtype, trainable=False, name=name)
+
+    with tf.name_scope(self.name):
+      self.table = tf.lookup.experimental.MutableHashTable(
+        tf.int64, tf.int64, default_value=-1, name=f"{self.name}_table"
+      )
+      self.keys = state("keys", tf.zeros([rows], tf.int64))
+      self.occupied = state("occupied", tf.zeros([rows], tf.bool), tf.bool)
+      self.counts = state("counts", tf.zeros([rows], tf.int64))
+      self.last_seen = state("last_seen", tf.zeros([rows], tf.int64))
+      self.sketch_cells = state(
+        "sketch_cells", tf.zeros([_SKETCH_ROWS * self.sketch_width], tf.int64)
+      )
+      self.rows_in_use = state("rows_in_use", 0)
+      self.admissions = state("admissions", 0)
+      self.evictions = state("evictions", 0)
+      self.refused = state("refused", 0)
+      self.default_hits = state("default_hits", 0)
+      if policy.eviction is Eviction.AGE:
+        self.free_rows = state("free_rows", tf.range(rows, dtype=tf.int64))
+        self.free_head = state("free_head", 0)
+
+  @property
+  def sketch(self) -> tf.Tensor:
+    """int64 [2, W]: the count-min sketch (`sketch_cells` as its rows)."""
+    return tf.reshape(self.sketch_cells, [_SKETCH_ROWS, self.sketch_width])
+
+  @property
+  def default_row(self) -> int | None:
+    """The row unknown ids read (the table's last) with unknown
+    "unknown_row"; None with "zeros"."""
+    if self.policy.unknown is UnknownIds.UNKNOWN_ROW:
+      return self.vocabulary_size - 1
+    return None
+
+  def index_bytes(self) -> int:
+    """Bytes of state the index holds, its hash table full (for the memory
+    planner): per row 25 (keys, occupied, counts, last_seen; 33 with
+    eviction "age"'s free list) and `HASH_TABLE_BYTES_PER_ID`, and the
+    sketch's 16 per column."""
+    per_row = 8 + 1 + 8 + 8 + HASH_TABLE_BYTES_PER_ID
+    if self.policy.eviction is Eviction.AGE:
+      per_row += 8
+    scalars = 8 * (7 if self.policy.eviction is Eviction.AGE else 5)
+    return (
+      per_row * self.capacity + 8 * _SKETCH_ROWS * self.sketch_width + scalars
+    )
+
+  def counters(self) -> dict[str, tf.Tensor]:
+    """int64 scalars: rows_in_use, capacity (the rows ids may take),
+    admissions, evictions (victims' rows and swept rows), refused and
+    default_hits (occurrences left without a row by `update`)."""
+    return {
+      "rows_in_use": self.rows_in_use.read_value(),
+      "capacity": tf.constant(self.capacity, tf.int64),
+      "admissions": self.admissions.read_value(),
+      "evictions": self.evictions.read_value(),
+      "refused": self.refused.read_value(),
+      "default_hits": self.default_hits.read_value(),
+    }
+
+  def mapping(self) -> tuple[tf.Tensor, tf.Tensor]:
+    """(keys int64 [m], rows int64 [m]) of every id with a row, by row
+    (e.g. for a serving `tf.lookup.StaticHashTable`)."""
+    rows = tf.reshape(tf.where(self.occupied), [-1])
+    return tf.gather(self.keys, rows), rows
+
+  # Not converted by autograph (nothing here branches on a tensor in
+  # Python): a caller's tf.function traces it ~3x faster.
+  @tf.autograph.experimental.do_not_convert
+  def lookup(self, ids: tf.Tensor) -> tf.Tensor:
+    """int64 [n]: the row of each id (flattened), or -1; changes nothing.
+
+    Raises:
+      VocabularyIdsError: ids neither integers nor strings.
+    """
+    return self._find(self._keys_of(ids))
+
+  def _find(self, keys: tf.Tensor) -> tf.Tensor:
+    """The rows of int64 keys [n] (-1: none), with their static shape."""
+    return tf.reshape(self.table.lookup(keys), tf.shape(keys))
+
+  @tf.autograph.experimental.do_not_convert
+  def update(self, ids: tf.Tensor, step: tf.Tensor) -> IndexUpdate:
+    """Counts the ids, admits new ones to rows, evicts; see the module
+    docstring for exactly what.
+
+    Args:
+      ids: any shape (flattened): int64 or another integer dtype (cast;
+        uint64 taken bit for bit), or strings (fingerprinted).
+      step: the training step, an integer scalar.
+
+    Returns:
+      The rows of the ids and the rows to reset (`IndexUpdate`).
+
+    Raises:
+      VocabularyIdsError: ids neither integers nor strings, or a step
+        that is not an integer.
+    """
+    keys = self._keys_of(ids)
+    step = self._step_of(step)
+    with tf.name_scope(self.name):
+      unique, position, occurrences = tf.unique_with_counts(
+        keys, out_idx=tf.int64
+      )
+      found = self._find(unique)
+      known = found >= 0
+      seen_rows = tf.boolean_mask(found, known)
+      self.counts.scatter_add(
+        tf.IndexedSlices(tf.boolean_mask(occurrences, known), seen_rows)
+      )
+      self.last_seen.scatter_update(
+        tf.IndexedSlices(tf.fill(tf.shape(seen_rows), step), seen_rows)
+      )
+      if self.policy.eviction is Eviction.AGE:
+        self._sweep(step)
+      unknown = tf.logical_not(known)
+      new_ids = tf.boolean_mask(unique, unknown)
+      new_occurrences = tf.boolean_mask(occurrences, unknown)
+      candidate = (
+        self._count(new_ids, new_occurrences) >= self.policy.admit_after
+      )
+      if self._admit_below < 2**_LUCKY_BITS:
+        candidate = tf.logical_and(candidate, self._lucky(new_ids, step))
+      candidates = tf.boolean_mask(new_ids, candidate)
+      candidate_occurrences = tf.boolean_mask(new_occurrences, candidate)
+      rows = self._admit(candidates, candidate_occurrences, step)
+      admitted = tf.size(rows, tf.int64)
+      # Each distinct id's row: known ones as found, admitted ones theirs.
+      where_new = tf.boolean_mask(tf.range(tf.size(unique, tf.int64)), unknown)
+      where_admitted = tf.boolean_mask(where_new, candidate)[:admitted]
+      unique_rows = tf.tensor_scatter_nd_update(
+        found, where_admitted[:, None], rows
+      )
+      input_rows = tf.gather(unique_rows, position)
+      admitted_occurrences = tf.reduce_sum(candidate_occurrences[:admitted])
+      self.refused.assign_add(
+        tf.reduce_sum(new_occurrences) - admitted_occurrences
+      )
+      self.default_hits.assign_add(
+        tf.reduce_sum(tf.cast(input_rows < 0, tf.int64))
+      )
+      return IndexUpdate(rows=input_rows, reset_rows=rows)
+
+  def _keys_of(self, ids: Any) -> tf.Tensor:
+    """int64 [n]: the ids flattened, as the index's 64-bit keys."""
+    if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
+      raise VocabularyIdsError(
+        f"table {self.table_name!r}: the index takes a dense tensor of ids, "
+        f"got a {type(ids).__name__}; pass its .flat_values (ragged) or "
+        ".values (sparse)."
+      )
+    ids = tf.reshape(tf.convert_to_tensor(ids), [-1])
+    if ids.dtype == tf.string:
+      return tf.bitcast(tf.fingerprint(ids), tf.int64)
+    if ids.dtype == tf.uint64:
+      return tf.bitcast(ids, tf.int64)
+    if ids.dtype.is_integer:
+      return tf.cast(ids, tf.int64)
+    raise VocabularyIdsError(
+      f"table {self.table_name!r}: ids of dtype {ids.dtype.name}; a dynamic "
+      "vocabulary takes integer ids (int64, int32, ...) or strings."
+    )
+
+  def _step_of(self, step: Any) -> tf.Tensor:
+    step = tf.convert_to_tensor(step)
+    if not step.dtype.is_integer or step.shape.rank not in (None, 0):
+      raise VocabularyIdsError(
+        f"table {self.table_name!r}: step {step!r}; give the training step "
+        "as an integer scalar."
+      )
+    return tf.cast(step, tf.int64)
+
+  def _count(self, ids: tf.Tensor, occurrences: tf.Tensor) -> tf.Tensor:
+    """Adds the ids' occurrences to the sketch; their estimates after."""
+    width = tf.constant(self.sketch_width, tf.uint64)
+    columns = [
+      tf.cast(tf.math.floormod(_salted(ids, s), width), tf.int64)
+      for s in self._sketch_salts
+    ]
+    # Flat cells r * W + column: a MirroredVariable has no scatter_nd_add.
+    cells = tf.concat(
+      [c + r * self.sketch_width for r, c in enumerate(columns)], 0
+    )
+    self.sketch_cells.scatter_add(
+      tf.IndexedSlices(tf.tile(occurrences, [_SKETCH_ROWS]), cells)
+    )
+    counted = tf.reshape(
+      tf.gather(self.sketch_cells, cells), [_SKETCH_ROWS, -1]
+    )
+    return tf.reduce_min(counted, axis=0)
+
+  def _lucky(self, ids: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
+    """Whether each id wins admission at this step (`admit_probability`)."""
+    mixed = tf.bitwise.bitwise_xor(
+      _salted(ids, self._admit_salt), tf.bitcast(step, tf.uint64)
+    )
+    draw = tf.bitwise.right_shift(
+      _splitmix64(mixed), tf.constant(64 - _LUCKY_BITS, tf.uint64)
+    )
+    return draw < tf.constant(self._admit_below, tf.uint64)
+
+  def _sweep(self, step: tf.Tensor) -> None:
+    """Eviction "age": frees the rows not seen for more than max_age steps
+    when `step % evict_every == 0`."""
+
+    def sweep() -> tf.Tensor:
+      expired = tf.logical_and(
+        self.occupied,
+        tf.logical_and(
+          tf.not_equal(self.last_seen, step),
+          step - self.last_seen > self.policy.max_age,
+        ),
+      )
+      rows = tf.reshape(tf.where(expired), [-1])
+      swept = tf.size(rows, tf.int64)
+
+      def free() -> tf.Tensor:
+        self.table.remove(tf.gather(self.keys, rows))
+        self.occupied.scatter_update(
+          tf.IndexedSlices(tf.zeros_like(rows, tf.bool), rows)
+        )
+        self.rows_in_use.assign_sub(swept)
+        self.evictions.assign_add(swept)
+        # The free list again: every free row, ascending, from its start.
+        occupied = self.occupied.read_value()
+        self.free_rows.assign(
+          tf.concat(
+            [tf.where(tf.logical_not(occupied)), tf.where(occupied)], 0
+          )[:, 0]
+        )
+        self.free_head.assign(0)
+        return swept
+
+      return tf.cond(swept > 0, free, lambda: swept)
+
+    every = self.policy.evict_every
+    if every == 1:
+      sweep()
+    else:
+      due = tf.equal(tf.math.floormod(step, every), 0)
+      tf.cond(due, sweep, lambda: tf.constant(0, tf.int64))
+
+  def _admit(
+    self, ids: tf.Tensor, occurrences: tf.Tensor, step: tf.Tensor
+  ) -> tf.Tensor:
+    """Gives rows to the candidates, in order, while rows last; the rows."""
+    wanted = tf.size(ids, tf.int64)
+    in_use = self.rows_in_use.read_value()
+    fresh = tf.minimum(wanted, self.capacity - in_use)
+    if self.policy.eviction is Eviction.AGE:
+      head = self.free_head.read_value()
+      free = self.free_rows[head : head + fresh]
+      self.free_head.assign_add(fresh)
+    else:
+      free = tf.range(in_use, in_use + fresh)
+    victims = tf.zeros([0], tf.int64)
+    if self.policy.eviction is not Eviction.NONE:
+      victims = tf.cond(
+        wanted > fresh,
+        lambda: self._victims(wanted - fresh, step),
+        lambda: tf.zeros([0], tf.int64),
+      )
+    rows = tf.concat([free, victims], 0)
+    given = tf.size(rows, tf.int64)
+    ids, occurrences = ids[:given], occurrences[:given]
+    self.table.remove(tf.gather(self.keys, victims))
+    self.table.insert(ids, rows)
+    self.keys.scatter_update(tf.IndexedSlices(ids, rows))
+    self.occupied.scatter_update(
+      tf.IndexedSlices(tf.ones_like(rows, tf.bool), rows)
+    )
+    self.counts.scatter_update(tf.IndexedSlices(occurrences, rows))
+    self.last_seen.scatter_update(
+      tf.IndexedSlices(tf.fill(tf.shape(rows), step), rows)
+    )
+    self.rows_in_use.assign_add(fresh)
+    self.admissions.assign_add(given)
+    self.evictions.assign_add(tf.size(victims, tf.int64))
+    return rows
+
+  def _victims(self, wanted: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
+    """Up to `wanted` occupied rows not seen at this step, by (score, row)
+    ascending (reads all R rows)."""
+    eligible = tf.logical_and(self.occupied, tf.not_equal(self.last_seen, step))
+    rows = tf.reshape(tf.where(eligible), [-1])
+    by = self.counts if self.policy.eviction is Eviction.LFU else self.last_seen
+    # top_k takes the largest first and, among equals, the lower index:
+    # ~score (= -score - 1, no overflow) puts the smallest score first.
+    score = tf.bitwise.invert(tf.gather(by, rows))
+    k = tf.cast(tf.minimum(wanted, tf.size(rows, tf.int64)), tf.int32)
+    return tf.gather(rows, tf.math.top_k(score, k).indices)
+
+
+def _module_name(table: str) -> str:
+  """A valid `tf.Module` name made from a table's name."""
+  cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in table)
+  if not cleaned or not (cleaned[0].isalpha() or cleaned[0] == "_"):
+    cleaned = f"t_{cleaned}"
+  return f"vocabulary_index_{cleaned}"
+
+
+__all__ = [
+  "IndexUpdate",
+  "VocabularyIdsError",
+  "VocabularyIndex",
+  "salt",
+  "splitmix64",
+]

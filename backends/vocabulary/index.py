@@ -505,13 +505,16 @@ class VocabularyIndex(tf.Module):
     """Up to `wanted` occupied rows not seen at this step, by (score, row)
     ascending (reads all R rows)."""
     eligible = tf.logical_and(self.occupied, tf.not_equal(self.last_seen, step))
-    rows = tf.reshape(tf.where(eligible), [-1])
     by = self.counts if self.policy.eviction is Eviction.LFU else self.last_seen
     # top_k takes the largest first and, among equals, the lower index:
-    # ~score (= -score - 1, no overflow) puts the smallest score first.
-    score = tf.bitwise.invert(tf.gather(by, rows))
-    k = tf.cast(tf.minimum(wanted, tf.size(rows, tf.int64)), tf.int32)
-    return tf.gather(rows, tf.math.top_k(score, k).indices)
+    # ~score (= -score - 1, no overflow) puts the smallest score first, and
+    # the other rows get the least value. (Only a score of 2**63 - 1 would
+    # tie with them: a count never gets there, and a row last seen at step
+    # 2**63 - 1 is not eligible at any later step.)
+    score = tf.where(eligible, tf.bitwise.invert(by.read_value()), tf.int64.min)
+    count = tf.reduce_sum(tf.cast(eligible, tf.int64))
+    k = tf.cast(tf.minimum(wanted, count), tf.int32)
+    return tf.cast(tf.math.top_k(score, k).indices, tf.int64)
 
 
 def _module_name(table: str) -> str:

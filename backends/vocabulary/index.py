@@ -76,9 +76,10 @@ _MASK = 2**64 - 1
 _GAMMA = 0x9E3779B97F4A7C15
 _MUL1 = 0xBF58476D1CE4E5B9
 _MUL2 = 0x94D049BB133111EB
-#: The salts' purposes: the sketch's two hash rows, then admission.
+#: The sketch's hash rows (salt purposes 0 and 1), then the admission
+#: hash's purpose.
 _SKETCH_ROWS = 2
-_ADMIT = 2
+_ADMIT = _SKETCH_ROWS
 #: `lucky` is 53 bits: compared with `floor(admit_probability * 2**53)`.
 _LUCKY_BITS = 53
 #: Bytes an id costs the hash table (`tf.lookup.experimental.
@@ -210,10 +211,10 @@ class VocabularyIndex(tf.Module):
     policy.check(table, vocabulary_size)
     super().__init__(name=name or _module_name(table))
     self.table_name = table
-    self.vocabulary_size = vocabulary_size
+    self.vocabulary_size = int(vocabulary_size)
     self.policy = policy
-    self.capacity = policy.id_rows(vocabulary_size)
-    self.sketch_width = policy.sketch_columns(vocabulary_size)
+    self.capacity = policy.id_rows(self.vocabulary_size)
+    self.sketch_width = policy.sketch_columns(self.vocabulary_size)
     self._sketch_salts = [salt(policy.seed, r) for r in range(_SKETCH_ROWS)]
     self._admit_salt = salt(policy.seed, _ADMIT)
     self._admit_below = int(policy.admit_probability * 2**_LUCKY_BITS)

@@ -22,6 +22,7 @@ from tensorflow.core.tpu.kernels import sparse_core_layout_pb2  # pylint: disabl
 from tensorflow.python.checkpoint import graph_view  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.distribute import (
   cross_device_ops,  # pylint: disable=g-direct-tensorflow-import
+  distribute_utils,  # pylint: disable=g-direct-tensorflow-import
   mirrored_strategy,  # pylint: disable=g-direct-tensorflow-import
   sharded_variable,  # pylint: disable=g-direct-tensorflow-import
 )
@@ -102,6 +103,33 @@ def variable_adder(obj: Any) -> Callable[..., Any]:
   makes a variable through `getter` and tracks it as `obj`'s child `name`,
   restored on creation from a restore pending on `obj`."""
   return obj._add_variable_with_custom_getter  # pylint: disable=protected-access
+
+
+def host_variable(
+  initial_value: Any, name: str, dtype: Any = None
+) -> tf.Variable:
+  """A plain (not distributed) non-trainable variable on this host's CPU,
+  even inside a strategy's scope: state updated once per step in
+  cross-replica context (a dynamic table's index), which a mirrored copy
+  per replica would only multiply (and `MirroredVariable` lacks
+  `scatter_nd_add`). A `ResourceVariable` made directly skips the
+  strategies' variable creators."""
+  with tf.device("/cpu:0"):
+    return resource_variable_ops.ResourceVariable(
+      initial_value, dtype=dtype, trainable=False, name=name
+    )
+
+
+def select_replica(replica: int, structure: Any) -> Any:
+  """Replica `replica`'s (local index) component of every distributed
+  value in `structure` (what a merge function gets from `merge_call`)."""
+  return distribute_utils.select_replica(replica, structure)
+
+
+def regroup(per_replica: tuple[Any, ...]) -> Any:
+  """One structure of distributed values from one structure per local
+  replica (what `merge_call` hands back to each replica as its own)."""
+  return distribute_utils.regroup(per_replica)
 
 
 def track_child(obj: Any, child: Any, name: str) -> Any:
@@ -321,6 +349,8 @@ def load_onto_tpu(mid: Any) -> None:
 
 
 __all__ = [
+  "regroup",
+  "select_replica",
   "all_to_all",
   "worker_local_initial_values",
   "SPARSECORE_LAYOUTS_CHECKPOINT_KEY",

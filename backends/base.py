@@ -323,6 +323,9 @@ class Capabilities:
     layouts: it is built from the planner's per-table layouts (its
       constructor's `layouts`, `backends.layout.TableLayout`): it honours
       the requested placement, row layout, exchange and storage dtype.
+    dynamic_vocabularies: it honours a layout's `vocabulary` (raw ids
+      mapped to rows by an index with admission and eviction,
+      `backends.vocabulary`; `map_ids`).
   """
 
   combiners: frozenset[str] = ALL_COMBINERS
@@ -335,6 +338,7 @@ class Capabilities:
   quantization: bool = True
   tpu_table_fields: bool = False
   layouts: bool = False
+  dynamic_vocabularies: bool = False
 
 
 def table_names(tables: list[TableConfig]) -> dict[int, str]:
@@ -658,6 +662,25 @@ class EmbeddingBackend(_tf_internal.AutoTrackable, metaclass=abc.ABCMeta):
   ) -> tuple[Any, Any | None]:
     """Host-side work to run in the input pipeline (e.g. static padding)."""
     return features, weights
+
+  def dynamic_tables(self) -> dict[str, Any]:
+    """Dynamic-vocabulary table name -> its index
+    (`backends.vocabulary.VocabularyIndex`); empty when every table's ids
+    are its rows (the default)."""
+    return {}
+
+  def map_ids(self, features: Any, training: bool = False) -> Any:
+    """`features` with each dynamic-vocabulary table's raw ids made rows.
+
+    Call it on every batch before `lookup` when `dynamic_tables()` is not
+    empty: for training in the replica function (it updates the indices
+    once for every replica's ids, `backends.vocabulary.stage`) and never
+    inside an XLA-compiled step; for evaluation (`training=False`)
+    anywhere, the indices unchanged. Other features pass untouched; the
+    default (no dynamic table) returns `features` as they are.
+    """
+    del training
+    return features
 
   def _pack_inputs(
     self, flat_features: list[Any], flat_weights: list[Any]

@@ -111,6 +111,9 @@ class TableLayout:
       and gradients (None otherwise).
     exchange_sigmas: the all-to-all's margin per owner, in standard
       deviations of a uniform spread (row-sharded tables; None otherwise).
+    vocabulary: how raw ids reach the rows: a dynamic vocabulary
+      (`backends.vocabulary.DynamicVocabulary`: an index with admission and
+      eviction) or hashing (`HashedIds`); None: the ids are the rows.
 
   Values may be given as their strings; a row-sharded layout's unset
   fields take their defaults and the others' are None, so two layouts of
@@ -122,9 +125,19 @@ class TableLayout:
   row_layout: RowLayout | None = None
   exchange: Exchange | None = None
   exchange_sigmas: float | None = None
+  vocabulary: Any = None
 
   def __post_init__(self) -> None:
     put = object.__setattr__
+    # A vocabulary policy (`backends.vocabulary.POLICIES`, which import
+    # this module) is known by what it does: it checks itself per table.
+    if self.vocabulary is not None and not callable(
+      getattr(self.vocabulary, "check", None)
+    ):
+      raise LayoutSettingError(
+        f"vocabulary = {self.vocabulary!r}; give a backends.vocabulary."
+        "DynamicVocabulary or HashedIds (or None: the ids are the rows)."
+      )
     put(self, "placement", value_of(self.placement, Placement, "placement"))
     dtype = str(getattr(self.dtype, "value", self.dtype))
     put(self, "dtype", _maybe(StorageDtype, dtype))
@@ -165,6 +178,11 @@ class TableLayout:
   @property
   def row_sharded(self) -> bool:
     return self.placement is Placement.ROW_SHARDED
+
+  @property
+  def dynamic(self) -> bool:
+    """Whether raw ids reach the rows through a dynamic vocabulary."""
+    return self.vocabulary is not None
 
 
 def _maybe(kind: type[E], value: str) -> E | str:

@@ -255,6 +255,15 @@ def sharding_backends() -> str:
   )
 
 
+def dynamic_vocabulary_backends() -> str:
+  """The built-in backends that map raw ids to rows
+  (`Capabilities.dynamic_vocabularies`), for a refusal's advice."""
+  capable = sorted(
+    name for name in names() if get(name).capabilities.dynamic_vocabularies
+  )
+  return ", ".join(repr(n) for n in capable)
+
+
 def parameter_server_partitioner(num_ps: int) -> Any:
   """The `variable_partitioner` a `ParameterServerStrategy` is built with.
 

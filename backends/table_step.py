@@ -56,12 +56,24 @@ class Features:
     bag_widths: feature path -> static bag width (None: dynamic).
     invalid_ids: the id policy (`backends.input_checks.ID_POLICIES`).
     tables: `(TableConfig, name)` of each table, in order of first use.
+    dropped_tables: tables whose negative ids are left out of their bags
+      whatever `invalid_ids` says: dynamic-vocabulary tables whose unknown
+      ids read zeros (their index maps such an id to -1, and every other
+      id to a row, so nothing else can be negative).
   """
 
   layouts: Sequence[FeatureLayout]
   bag_widths: Mapping[str, int | None]
   invalid_ids: str
   tables: Sequence[tuple[Any, str]]
+  dropped_tables: frozenset[str] = frozenset()
+
+  def id_policy(self, layout: FeatureLayout) -> str:
+    """The id policy of `layout`'s feature: "drop" on a table in
+    `dropped_tables`, else `invalid_ids`."""
+    if layout.table_name in self.dropped_tables:
+      return "drop"
+    return self.invalid_ids
 
   def positions_of(self, table_name: str) -> list[int]:
     """The indices of the table's features in the flat feature list."""

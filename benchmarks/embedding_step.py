@@ -45,6 +45,10 @@ Implementations (those whose packages are missing are skipped with a line):
   recsys_bf16,     `recsys` with bfloat16 / float16 tables (table_dtype; rows
   recsys_fp16      read and written narrow by the fused kernels), to race
                    float32 side by side: --impls recsys,recsys_bf16
+  recsys_dynamic   `recsys` with dynamic-vocabulary tables: raw 64-bit ids
+                   mapped to rows by each table's index in the step
+                   (`backends.vocabulary`; capacity = --rows), to race the
+                   static tables: --impls recsys,recsys_dynamic
   recsys_xla       `recsys` with the step in tf.function(jit_compile=True):
                    the static-shape path a TPU compiles, here compiled by
                    XLA for the CPU (--bag_width sets the padded width, to
@@ -101,6 +105,7 @@ IMPLS = (
   "recsys_xla",
   "recsys_bf16",
   "recsys_fp16",
+  "recsys_dynamic",
   "tfrs",
   "keras_embedding",
   "tf_fused",
@@ -149,6 +154,14 @@ def make_batches(
       feats[f"f{f}"] = (ids.astype(np.int64), lengths.astype(np.int64))
     batches.append(feats)
   return batches
+
+
+def raw_ids(batch: Batch) -> Batch:
+  """`batch` with each id made a raw 64-bit id (an odd multiplier: a
+  bijection of int64, so distinct ids stay distinct)."""
+  odd = np.int64(-7046029254386353131)  # 0x9E3779B97F4A7C15 as int64
+  with np.errstate(over="ignore"):
+    return {k: (ids * odd, n) for k, (ids, n) in batch.items()}
 
 
 def args_batches(args) -> list[Batch]:
@@ -235,11 +248,13 @@ def _tf_step(impl: str, args) -> tuple[Callable, Callable]:
 
     return step
 
-  if impl in ("recsys", "recsys_ragged", "recsys_tf_ops", "recsys_xla") or (
-    impl in _NARROW_IMPLS
-  ):
+  recsys_impls = ("recsys", "recsys_ragged", "recsys_tf_ops", "recsys_xla")
+  if impl in recsys_impls + ("recsys_dynamic",) or impl in _NARROW_IMPLS:
     import backends  # pylint: disable=g-import-not-at-top
     from backends.layout import TableLayout  # pylint: disable=g-import-not-at-top
+    from backends.vocabulary import DynamicVocabulary  # pylint: disable=g-import-not-at-top
+
+    dynamic = impl == "recsys_dynamic"
 
     tables = {
       n: E.TableConfig(args.rows, args.dim, combiner="sum", name=n)
@@ -254,14 +269,22 @@ def _tf_step(impl: str, args) -> tuple[Callable, Callable]:
       if impl == "recsys_ragged"
       else args.bag_width or args.max_bag,
       fused_kernels=impl != "recsys_tf_ops",
-      layouts=TableLayout(dtype=_NARROW_IMPLS.get(impl, args.table_dtype)),
+      layouts=TableLayout(
+        dtype=_NARROW_IMPLS.get(impl, args.table_dtype),
+        # Raw ids (the batches' ids made 64-bit) through an index whose
+        # capacity is the table's rows: what a dynamic table adds per step.
+        vocabulary=DynamicVocabulary() if dynamic else None,
+      ),
     )
     emb.build()
     lookup = tf.autograph.experimental.do_not_convert(emb.lookup)
     apply = tf.autograph.experimental.do_not_convert(emb.apply_gradients)
+    map_ids = tf.autograph.experimental.do_not_convert(emb.map_ids)
 
     @functools.partial(tf.function, jit_compile=impl == "recsys_xla")
     def step(features, labels):
+      if dynamic:
+        features = map_ids(features, training=True)
       with tf.GradientTape() as tape:
         acts = lookup(features, training=True)
         tape.watch(acts)
@@ -274,6 +297,8 @@ def _tf_step(impl: str, args) -> tuple[Callable, Callable]:
       apply(act_grads)
       return loss
 
+    if dynamic:
+      return step, lambda b: emb.preprocess(ragged(raw_ids(b)))[0]
     if impl != "recsys_ragged":
       # The trainer runs preprocess() in its tf.data pipeline (in parallel
       # with the step); here it runs once per distinct batch, not timed.

@@ -32,6 +32,8 @@ from typing import Any
 import gin
 
 from backends import suggest as suggest_lib
+from backends.vocabulary import hashed as vocabulary_hashed
+from backends.vocabulary import policy as vocabulary_policy
 from recsys import experiments_catalog, ranges
 from recsys import features as features_lib
 from recsys._keras import keras, tf
@@ -44,6 +46,11 @@ log = logging.getLogger("recsys.config")
 _embedding = tf.tpu.experimental.embedding
 
 _EXTERNAL = {
+  # A dynamic-vocabulary table's policy (`EmbeddingPlacement.vocabularies`).
+  "vocabulary": {
+    "DynamicVocabulary": vocabulary_policy.DynamicVocabulary,
+    "HashedIds": vocabulary_hashed.HashedIds,
+  },
   "embedding": {
     "TableConfig": _embedding.TableConfig,
     "FeatureConfig": _embedding.FeatureConfig,
@@ -124,6 +131,20 @@ _EXTERNAL = {
 #: The gin modules of the TF/Keras classes above ("embedding", ...).
 EXTERNAL_MODULES = tuple(_EXTERNAL)
 
+
+def _range_of(spec: Any) -> ranges.Spec:
+  """A `backends.vocabulary.policy` spec as the `recsys.ranges` one that
+  takes the same values (checked before TensorFlow starts)."""
+  if isinstance(spec, vocabulary_policy.Int):
+    within = ranges.Int(spec.low, spec.high, note=spec.note)
+    if not spec.also:
+      return within
+    return ranges.AnyOf((within, ranges.Choice(spec.also)), note=spec.note)
+  if isinstance(spec, vocabulary_policy.Probability):
+    return ranges.Real(0, 1, lo_open=True, note=spec.note)
+  return ranges.Choice(tuple(m.value for m in spec.kind), note=spec.note)
+
+
 #: A learning rate bound in gin: a number >= 0 (0 freezes what it trains);
 #: a schedule is a reference (`@WarmupPolyDecay()`), checked when built.
 _RATE = ranges.Real(0, note="0: frozen")
@@ -148,6 +169,12 @@ EXTERNAL_RANGES: dict[str, dict[str, ranges.Spec]] = {
     f"keras.initializers.{name}": {"stddev": ranges.Real(0, lo_open=True)}
     for name in ("RandomNormal", "TruncatedNormal")
   },
+  # Declared next to its fields (`backends.vocabulary.policy`), in the
+  # floor's own spec types: the same ranges in `recsys.ranges` terms.
+  "vocabulary.DynamicVocabulary": {
+    name: _range_of(spec) for name, spec in vocabulary_policy.specs().items()
+  },
+  "vocabulary.HashedIds": {"seed": ranges.Int(-(2**63))},
 }
 
 # Modules whose import registers our own classes (`@gin.register`). Missing

@@ -38,6 +38,7 @@ from backends import layout as layout_lib
 from backends import optimizers as embedding_optimizers
 from backends import placement as placement_lib
 from backends.placement import human_bytes
+from backends.suggest import did_you_mean
 from recsys import ranges
 from recsys.errors import RecsysError, SettingsError
 
@@ -510,6 +511,15 @@ class EmbeddingPlacement:
       float32; `backends.storage.narrow`), on a backend built from layouts; one
       value for every table, or table name -> dtype (others float32).
 
+    vocabularies: tables fed raw ids (any int64, or strings): table name
+      -> `@DynamicVocabulary()` (`backends.vocabulary.DynamicVocabulary`:
+      mapped to rows by an index with admission and eviction, no two ids
+      sharing a row below the capacity, `vocabulary_size`) or
+      `@HashedIds()` (hashed into the rows, collisions and all: the
+      classic baseline), or one of them for every table; on a backend
+      that maps ids (`Capabilities.dynamic_vocabularies`: tensorcore).
+      Default: none, every table's ids are its rows.
+
   These are the one home of a table's layout: the backend's options
   (`train.backend_options`) refuse `placement`, `row_layout`, `exchange`,
   `exchange_sigmas` and `table_dtype`, naming the field here.
@@ -536,6 +546,8 @@ class EmbeddingPlacement:
   exchange: Annotated[str | Mapping[str, str], _NAMES_OR_ONE] = "auto"
   exchange_sigmas: ranges.Positive = placement_lib.CAPACITY_SIGMAS
   table_dtype: Annotated[str | Mapping[str, str], _NAMES_OR_ONE] = "float32"
+  # Objects (each checks its own fields), checked by `_vocabularies`.
+  vocabularies: Any = dataclasses.field(default_factory=dict)
 
   def __post_init__(self) -> None:
     """Each field within its declared range (`recsys.ranges`), before any
@@ -631,6 +643,7 @@ class _Requests:
   exchange: layout_lib.Exchange | dict[str, layout_lib.Exchange]
   sigmas: float
   dtypes: dict[str, str]
+  vocabularies: dict[str, Any]
 
 
 def _requests(
@@ -694,7 +707,40 @@ def _requests(
     exchange,
     float(placement.exchange_sigmas),
     stored,
+    _vocabularies(placement.vocabularies, field("vocabularies"), check),
   )
+
+
+def _vocabularies(
+  value: Any, setting: str, names: list[str] | None
+) -> dict[str, Any]:
+  """Table name -> `DynamicVocabulary` from one for every table or a dict.
+
+  Raises:
+    PlacementSettingsError: a value that is no `DynamicVocabulary`, or an
+      unknown table (with the closest names).
+  """
+  from backends.vocabulary import POLICIES  # noqa: PLC0415
+
+  if isinstance(value, POLICIES):
+    return {name: value for name in names or ()}
+  if not isinstance(value, Mapping) or not all(
+    isinstance(v, POLICIES) for v in value.values()
+  ):
+    raise PlacementSettingsError(
+      f"{setting} = {value!r}; give @DynamicVocabulary() or @HashedIds() "
+      "for every table, or a dict table name -> one of them."
+    )
+  if names is None:
+    return {}
+  unknown = [t for t in value if t not in names]
+  if unknown:
+    hints = "".join(did_you_mean(str(t), names) for t in unknown)
+    raise PlacementSettingsError(
+      f"{setting} names unknown tables {sorted(map(str, unknown))}; the "
+      f"tables are {sorted(names)}.{hints}"
+    )
+  return dict(value)
 
 
 def ids_per_step(
@@ -780,6 +826,19 @@ def plan_memory(
   takes_layouts = backend_cls.capabilities.layouts
   names = [_table_name(i, t) for i, t in enumerate(tables)]
   wanted = _requests(placement, tables, names, takes_layouts)
+  capable = backend_cls.capabilities
+  # A lookup-only backend (export's serving copy) reads the tables of a
+  # dynamic run; the export maps raw ids with the checkpoint's index.
+  if (
+    wanted.vocabularies and capable.trains and not capable.dynamic_vocabularies
+  ):
+    raise PlacementSettingsError(
+      f"EmbeddingPlacement.vocabularies makes tables "
+      f"{sorted(wanted.vocabularies)} dynamic, but the {name!r} backend "
+      "cannot map raw ids to rows; use a backend that can "
+      f"({registry.dynamic_vocabulary_backends()}), or leave the tables "
+      "static (ids in [0, vocabulary_size), e.g. hashed)."
+    )
   source = "given"
   given = placement.device_memory_bytes  # checked whether used or not
   if device_memory_bytes is None and given is not None:
@@ -813,6 +872,8 @@ def plan_memory(
   rows = []
   for i, (table, placed) in enumerate(zip(tables, answer.tables)):
     held = placed.layout or _answered_layout(placed, request)
+    if names[i] in wanted.vocabularies:
+      held = dataclasses.replace(held, vocabulary=wanted.vocabularies[names[i]])
     rows.append(
       _memory_row(
         i,

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import tensorflow as tf
 
 from backends import optimizers
+from backends.storage import row_init
 from backends.table_step import TableStep
 
 
@@ -119,6 +120,43 @@ class TableStorage(abc.ABC):
   def update_exchanges(self) -> bool:
     """Whether an update now exchanges gradients with other replicas."""
     return False
+
+  def initial_rows(self, rows: tf.Tensor) -> dict[str, tf.Tensor]:
+    """`{"parameters" | slot: [k, D] float32}`: the starting values of
+    `rows` (int64 `[k]`) in the table and in every optimizer slot.
+
+    The table's come from its row-keyed initializer (a row's values depend
+    on its id alone, `backends.storage.row_init`), or from its initializer
+    drawn for `[k, D]` when that is not row-keyable; a slot's from the
+    optimizer's slot initializer. What a dynamic-vocabulary table writes
+    into a row it gives to a new id (`reset_rows`).
+    """
+    table = self.table
+    rows = tf.cast(tf.reshape(rows, [-1]), tf.int64)
+    shape = tf.stack([tf.size(rows), table.dim])
+    keyed = row_init.RowInitializer.for_table(table)
+    if keyed is not None:
+      params = keyed.rows(rows)
+    else:
+      params = table.initializer(shape, dtype=tf.float32)
+    values = {"parameters": tf.cast(params, tf.float32)}
+    if self.optimizer is not None:
+      # TF's slot initializers are constants (an accumulator's start, or
+      # 0): one row's value, broadcast (`shape` is known only in the step).
+      for slot, init in optimizers.slot_initializers(self.optimizer).items():
+        row = init((1, table.dim), tf.float32)
+        values[slot] = tf.broadcast_to(row, shape)
+    return values
+
+  def reset_rows(self, rows: tf.Tensor) -> Any:
+    """Writes `rows`' starting values (`initial_rows`) into the table and
+    every slot, on every replica that holds them; call in cross-replica
+    context. A dynamic-vocabulary table does this to a row it gives to a
+    new id, so the id inherits nothing of the row's previous owner."""
+    raise NotImplementedError(
+      f"table {self.name!r}: its storage ({type(self).__name__}) cannot "
+      "reset rows, which a dynamic-vocabulary table needs."
+    )
 
   @abc.abstractmethod
   def gather(

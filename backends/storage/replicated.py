@@ -149,6 +149,16 @@ class Replicated(base.TableStorage):
       self._rounding.saturation, self.strategy, self.dtype
     )
 
+  def reset_rows(self, rows: tf.Tensor) -> Any:
+    rows = tf.cast(tf.reshape(rows, [-1]), tf.int64)
+    writes = []
+    for key, values in self.initial_rows(rows).items():
+      variable = self._variables[key]
+      values = narrow.cast(values, variable.dtype)
+      # A MirroredVariable in cross-replica context: every copy.
+      writes.append(variable.scatter_update(tf.IndexedSlices(values, rows)))
+    return tf.group(writes)
+
   def _exchanges(self) -> bool:
     """Whether the update sums touched rows over the replicas now."""
     return (

@@ -104,7 +104,7 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
   """
 
   name = "tensorcore"
-  capabilities = base.Capabilities(layouts=True)
+  capabilities = base.Capabilities(layouts=True, dynamic_vocabularies=True)
   options = frozenset(
     {
       "bag_widths",
@@ -158,6 +158,15 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
         )
       if held.row_sharded:
         row_sharded.check_optimizer(name, self.optimizer_for(table))
+      if held.dynamic:
+        held.vocabulary.check(name, table.vocabulary_size)
+    zeros = frozenset(
+      name
+      for name, held in self._table_layouts.items()
+      if held.dynamic and held.vocabulary.unknown == "zeros"
+    )
+    if zeros:
+      self._drop_negative_ids_of(zeros)
     if not isinstance(rounding_seed, int):
       raise ValueError(
         f"rounding_seed={rounding_seed!r}; use an int (the seed of narrow "
@@ -245,6 +254,13 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
   def layouts(self) -> dict[str, TableLayout]:
     """Table name -> its layout, as built (or to be built)."""
     return dict(self._table_layouts)
+
+  def _vocabularies(self) -> dict[str, Any]:
+    return {
+      name: held.vocabulary
+      for name, held in self._table_layouts.items()
+      if held.dynamic
+    }
 
 
 def _exchange_request(exchange: Any) -> Any:

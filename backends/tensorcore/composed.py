@@ -26,6 +26,7 @@ Example:
 """
 
 import abc
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -42,6 +43,7 @@ from backends.storage.base import TableStorage, Tracker
 from backends.table_step import Features
 from backends.tensorcore import kernels
 from backends.tensorcore.engines import dynamic, static
+from backends.vocabulary import stage as stage_lib
 
 log = logging.getLogger("recsys.backends")
 
@@ -127,6 +129,7 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
     # Narrow tables whose saturated values were warned of (`narrow_counts`).
     self._warned_saturated: set[str] = _tf_internal.NoDependency(set())
     self._counters: InputCounters | None = None
+    self._stage: Any = None
     self._kernels: Any = None
     self._dynamic_engine = _tf_internal.NoDependency(
       dynamic.DynamicEngine(self._features)
@@ -138,6 +141,39 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
   @abc.abstractmethod
   def _make_storage(self, table: Any) -> TableStorage:
     """The storage of `table` (created by `build`)."""
+
+  def _vocabularies(self) -> dict[str, Any]:
+    """Dynamic table name -> its `DynamicVocabulary` (none by default)."""
+    return {}
+
+  def _table_by_name(self, name: str) -> Any:
+    return next(t for t in self._tables if self.table_name(t) == name)
+
+  def _drop_negative_ids_of(self, tables: frozenset[str]) -> None:
+    """Leaves the negative ids of `tables` out of their bags (dynamic
+    tables whose unknown ids read zeros: the index's -1)."""
+    self._features = _tf_internal.NoDependency(
+      dataclasses.replace(self._features, dropped_tables=tables)
+    )
+    self._dynamic_engine = _tf_internal.NoDependency(
+      dynamic.DynamicEngine(self._features)
+    )
+    self._static_engine = _tf_internal.NoDependency(
+      static.StaticEngine(self._features)
+    )
+
+  def dynamic_tables(self) -> dict[str, Any]:
+    self._maybe_build()
+    return dict(self._stage.indices) if self._stage is not None else {}
+
+  @_not_converted
+  def map_ids(self, features: Any, training: bool = False) -> Any:
+    self._maybe_build()
+    if self._stage is None:
+      return features
+    flat = self._flatten_like_config(features, "features")
+    mapped = self._stage.map(flat, training)
+    return tf.nest.pack_sequence_as(self._feature_config, mapped)
 
   # -- variables -----------------------------------------------------------
 
@@ -157,6 +193,19 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
         storage.create(tracker)
         storages[self.table_name(table)] = storage
       self._storages = _tf_internal.NoDependency(storages)
+      vocabularies = self._vocabularies()
+      if vocabularies:
+        self._stage = _tf_internal.NoDependency(
+          stage_lib.VocabularyStage(
+            {n: (self._table_by_name(n), v) for n, v in vocabularies.items()},
+            self.feature_table_names(),
+            self._strategy,
+            lambda name, rows: self._storages[name].reset_rows(rows),
+          )
+        )
+        for name, index in self._stage.indices.items():
+          tracker.add_trackable(f"{name}/vocabulary", index)
+        tracker.add_trackable("vocabulary_step", self._stage.step)
       if self._counts_inputs:
         self._counters = _tf_internal.NoDependency(
           InputCounters([layout.path for layout in self._layouts])

@@ -3,8 +3,10 @@ fixed id range.
 
 `DynamicVocabulary` (`policy.py`, no TensorFlow) holds a table's settings;
 `VocabularyIndex` (`index.py`) is the id -> row index in front of the
-table, as TF state and ops. The names are imported on first use, so
-reading the settings does not import TensorFlow.
+table, as TF state and ops; `HashedIds` (`hashed.py`) hashes raw ids into
+the rows instead (the baseline); `VocabularyStage` (`stage.py`) is what a
+backend runs on each batch (`map_ids`). The names are imported on first
+use, so reading the settings does not import TensorFlow.
 
 Example:
   >>> from backends import vocabulary
@@ -16,6 +18,9 @@ Example:
 import importlib
 
 _EXPORTS = {
+  "HashedIds": "backends.vocabulary.hashed",
+  "HashedIndex": "backends.vocabulary.hashed",
+  "VocabularyStage": "backends.vocabulary.stage",
   "DynamicVocabulary": "backends.vocabulary.policy",
   "Eviction": "backends.vocabulary.policy",
   "UnknownIds": "backends.vocabulary.policy",
@@ -25,10 +30,15 @@ _EXPORTS = {
   "VocabularyIndex": "backends.vocabulary.index",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "POLICIES"])
 
 
 def __getattr__(name):
+  if name == "POLICIES":  # what a table's `TableLayout.vocabulary` may be
+    return (
+      importlib.import_module("backends.vocabulary.policy").DynamicVocabulary,
+      importlib.import_module("backends.vocabulary.hashed").HashedIds,
+    )
   if name in _EXPORTS:
     return getattr(importlib.import_module(_EXPORTS[name]), name)
   raise AttributeError(

@@ -64,6 +64,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from backends import _tf_internal
 from backends.errors import BackendError
 from backends.vocabulary.policy import (
   DynamicVocabulary,
@@ -120,7 +121,34 @@ def _splitmix64(x: tf.Tensor) -> tf.Tensor:
   return mix(z, 31)
 
 
-def _salted(ids: tf.Tensor, salt_value: int) -> tf.Tensor:
+def keys_of(table: str, ids: Any) -> tf.Tensor:
+  """int64 [n]: `ids` flattened, as a dynamic (or hashed) table's 64-bit
+  keys: integers as they are (uint64 bit for bit), strings fingerprinted.
+
+  Raises:
+    VocabularyIdsError: ragged or sparse ids, or ids neither integers nor
+      strings, naming `table` and the dtype.
+  """
+  if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
+    raise VocabularyIdsError(
+      f"table {table!r}: the index takes a dense tensor of ids, "
+      f"got a {type(ids).__name__}; pass its .flat_values (ragged) or "
+      ".values (sparse)."
+    )
+  ids = tf.reshape(tf.convert_to_tensor(ids), [-1])
+  if ids.dtype == tf.string:
+    return tf.bitcast(tf.fingerprint(ids), tf.int64)
+  if ids.dtype == tf.uint64:
+    return tf.bitcast(ids, tf.int64)
+  if ids.dtype.is_integer:
+    return tf.cast(ids, tf.int64)
+  raise VocabularyIdsError(
+    f"table {table!r}: ids of dtype {ids.dtype.name}; a dynamic "
+    "vocabulary takes integer ids (int64, int32, ...) or strings."
+  )
+
+
+def salted(ids: tf.Tensor, salt_value: int) -> tf.Tensor:
   """splitmix64(id ^ salt) of int64 ids, as uint64."""
   bits = tf.bitcast(ids, tf.uint64)
   return _splitmix64(
@@ -221,7 +249,9 @@ class VocabularyIndex(tf.Module):
     rows = self.capacity
 
     def state(name: str, value: Any, dtype: tf.DType = tf.int64) -> tf.Variable:
-      return tf.Variable(value, dtype=dtype, trainable=False, name=name)
+      # One plain copy on the host, even in a strategy's scope: updated
+      # once per step in cross-replica context (`backends.vocabulary.stage`).
+      return _tf_internal.host_variable(value, name, dtype)
 
     with tf.name_scope(self.name):
       self.table = tf.lookup.experimental.MutableHashTable(
@@ -366,24 +396,7 @@ class VocabularyIndex(tf.Module):
       return IndexUpdate(rows=input_rows, reset_rows=rows)
 
   def _keys_of(self, ids: Any) -> tf.Tensor:
-    """int64 [n]: the ids flattened, as the index's 64-bit keys."""
-    if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
-      raise VocabularyIdsError(
-        f"table {self.table_name!r}: the index takes a dense tensor of ids, "
-        f"got a {type(ids).__name__}; pass its .flat_values (ragged) or "
-        ".values (sparse)."
-      )
-    ids = tf.reshape(tf.convert_to_tensor(ids), [-1])
-    if ids.dtype == tf.string:
-      return tf.bitcast(tf.fingerprint(ids), tf.int64)
-    if ids.dtype == tf.uint64:
-      return tf.bitcast(ids, tf.int64)
-    if ids.dtype.is_integer:
-      return tf.cast(ids, tf.int64)
-    raise VocabularyIdsError(
-      f"table {self.table_name!r}: ids of dtype {ids.dtype.name}; a dynamic "
-      "vocabulary takes integer ids (int64, int32, ...) or strings."
-    )
+    return keys_of(self.table_name, ids)
 
   def _step_of(self, step: Any) -> tf.Tensor:
     step = tf.convert_to_tensor(step)
@@ -398,7 +411,7 @@ class VocabularyIndex(tf.Module):
     """Adds the ids' occurrences to the sketch; their estimates after."""
     width = tf.constant(self.sketch_width, tf.uint64)
     columns = [
-      tf.cast(tf.math.floormod(_salted(ids, s), width), tf.int64)
+      tf.cast(tf.math.floormod(salted(ids, s), width), tf.int64)
       for s in self._sketch_salts
     ]
     # Flat cells r * W + column: a MirroredVariable has no scatter_nd_add.
@@ -416,7 +429,7 @@ class VocabularyIndex(tf.Module):
   def _lucky(self, ids: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
     """Whether each id wins admission at this step (`admit_probability`)."""
     mixed = tf.bitwise.bitwise_xor(
-      _salted(ids, self._admit_salt), tf.bitcast(step, tf.uint64)
+      salted(ids, self._admit_salt), tf.bitcast(step, tf.uint64)
     )
     draw = tf.bitwise.right_shift(
       _splitmix64(mixed), tf.constant(64 - _LUCKY_BITS, tf.uint64)

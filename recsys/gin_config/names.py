@@ -289,6 +289,7 @@ CONFIGURABLES = {
       "exchange",
       "exchange_sigmas",
       "table_dtype",
+      "vocabularies",
     ),
     "",
   ),
@@ -341,6 +342,8 @@ CONFIGURABLES = {
     "",
   ),
   "recsys.run.schedules.total_train_steps": ((), ""),
+  "vocabulary.DynamicVocabulary": (None, ""),
+  "vocabulary.HashedIds": (None, ""),
 }
 
 _EMBEDDING: dict[str, Spec] = {
@@ -601,5 +604,21 @@ RANGES: dict[str, dict[str, Spec]] = {
     "decay_steps": Int(note="0: no decay", lo=0),
     "power": Real(lo=0),
     "end_factor": Real(lo=0, hi=1),
+  },
+  "vocabulary.DynamicVocabulary": {
+    "admit_after": Int(lo=1),
+    "admit_probability": Real(lo=0, hi=1, lo_open=True),
+    "eviction": Choice(values=("none", "lru", "lfu", "age")),
+    "max_age": Int(note='>= 1 with eviction "age", else 0', lo=0),
+    "evict_every": Int(note='only eviction "age" sweeps; others keep 1', lo=1),
+    "unknown": Choice(values=("zeros", "unknown_row")),
+    "sketch_width": AnyOf(
+      note="0: auto",
+      options=(Int(note="0: auto", lo=16, hi=4294967296), Choice(values=(0,))),
+    ),
+    "seed": Int(lo=-9223372036854775808),
+  },
+  "vocabulary.HashedIds": {
+    "seed": Int(lo=-9223372036854775808),
   },
 }

@@ -299,6 +299,11 @@ class Embedding(keras.layers.Layer):
     if _tf_internal.in_saved_model_trace():
       return self._saved_lookup(features, weights)
     trains = training is not False and self._trains and self.trainable
+    # Dynamic-vocabulary tables: raw ids made rows; a training call's
+    # mapping admits and evicts (once for every replica's ids).
+    features = self.embedding.map_ids(
+      features, training=trains and _tf_internal.tape_is_recording()
+    )
     if not trains:
       return self._in_compute_dtype(
         self.embedding.lookup(features, weights, training=False)

@@ -28,7 +28,7 @@ from recsys.models.loss_inputs import LossInputs
 from recsys.process import console
 from recsys.run import run_summaries
 from recsys.run.restored import RestoredRun
-from recsys.serving.lookup import split_batch
+from recsys.serving.lookup import map_batch_ids, split_batch
 from recsys.train_settings import TrainerConfigError
 
 log = logging.getLogger("recsys.training")
@@ -74,6 +74,9 @@ class Evaluator:
       # step, where the losses of that batch's call live, and averaged.
       self.eval_regularization = keras.metrics.Mean("eval_regularization")
     self._names = list(run.backend.feature_config)
+    self._maps_ids = any(
+      held.dynamic for held in run.backend.layouts().values()
+    )
     self._backend_lookup = tf.autograph.experimental.do_not_convert(
       run.backend.lookup
     )
@@ -114,8 +117,15 @@ class Evaluator:
       return self.run.eval_batch_size
     return self.run.eval_batch_size // self.run.strategy.num_replicas_in_sync
 
+  @tf.autograph.experimental.do_not_convert
+  def _map_ids(self, batch):
+    """Dynamic tables: the batch's raw ids as rows (the indices unchanged)."""
+    return map_batch_ids(self.run.backend, batch, self._names, training=False)
+
   def _replicated_loop(self, dataset) -> None:
     for batch in dataset:
+      if self._maps_ids:  # outside the (maybe compiled) replica step
+        batch = self.run.strategy.run(self._map_ids, args=(batch,))
       self.run.strategy.run(self._replica_step, args=(batch,))
 
   def _coordinator_loop(self, dataset) -> None:

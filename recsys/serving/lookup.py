@@ -43,6 +43,25 @@ def split_batch(
   return ids, {name: weights.get(name) for name in feature_names}
 
 
+def with_ids(batch: tuple[Any, ...], ids: Mapping[str, Any]) -> tuple:
+  """`batch` (`(features, labels, ...)`) with `features["categorical"]`'s
+  entries named in `ids` replaced (e.g. raw ids made rows by
+  `backend.map_ids`); the rest of the batch as it is."""
+  features = dict(batch[0])
+  categorical = dict(features["categorical"])
+  categorical.update(ids)
+  features["categorical"] = categorical
+  return (features, *batch[1:])
+
+
+def map_batch_ids(backend: Any, batch: tuple, names, training: bool):
+  """`batch` with its dynamic-vocabulary tables' raw ids made rows
+  (`backend.map_ids`): run in a replica function, outside any compiled
+  step, before the step that looks the rows up."""
+  ids, _ = split_batch(batch, names)
+  return with_ids(batch, backend.map_ids(ids, training=training))
+
+
 def serving_activations(
   backend: Any, features: Mapping[str, Any], feature_names
 ) -> dict[str, tf.Tensor]:

@@ -22,7 +22,7 @@ from typing import Any
 from recsys._keras import keras, tf
 from recsys.models import base as model_base
 from recsys.models.loss_inputs import LossInputs
-from recsys.serving.lookup import split_batch
+from recsys.serving.lookup import map_batch_ids, split_batch
 from recsys.training import batch_slices as slices_lib
 
 NONFINITE_POLICIES = ("stop", "skip")
@@ -128,6 +128,7 @@ class StepFunctions:
     self._global_step = global_step
     self._loss_metric = loss_metric
     self._names = list(backend.feature_config)
+    self._maps_ids = any(held.dynamic for held in backend.layouts().values())
     # The backend has no data-dependent Python control flow: skipping
     # autograph's conversion of its code cuts tracing the default
     # experiment's step from ~25 s to ~5 s. Model code stays converted
@@ -206,11 +207,17 @@ class StepFunctions:
     """Runs `num_steps` training steps in one call of the compiled loop."""
     self.train_loop(iterator, tf.constant(num_steps, tf.int32))
 
+  @tf.autograph.experimental.do_not_convert
+  def _map_ids(self, batch):
+    """Dynamic tables: the batch's raw ids as rows (updates the indices)."""
+    return map_batch_ids(self._backend, batch, self._names, training=True)
+
   def _train_loop(self, iterator, num_steps: tf.Tensor) -> None:
     for _ in tf.range(num_steps):
-      finite = self._strategy.run(
-        self._replica_train_step, args=(next(iterator),)
-      )
+      batch = next(iterator)
+      if self._maps_ids:  # outside the (maybe compiled) replica step
+        batch = self._strategy.run(self._map_ids, args=(batch,))
+      finite = self._strategy.run(self._replica_train_step, args=(batch,))
       finite = self._strategy.experimental_local_results(finite)[0]
       if not finite:
         if self.first_nonfinite_step < 0:

@@ -375,8 +375,10 @@ class Trainer:
     """The metrics of the steps since `run_steps`: `train/<metric>` (those
     the model's hooks keep), `train/loss`, `learning_rate` (the dense
     optimizer's, when the model has dense weights it trains), with policy
-    "skip" `train/nonfinite_steps`, and per narrow table
-    `train/saturated_values/<table>` (`backends.storage.narrow`)."""
+    "skip" `train/nonfinite_steps`, per narrow table
+    `train/saturated_values/<table>` (`backends.storage.narrow`), and per
+    dynamic-vocabulary table `vocabulary/<table>/<counter>`
+    (`backends.vocabulary.VocabularyIndex.counters`)."""
     hooks = self.run.evaluation
     results = hooks.training_results(
       run_summaries.flat_results(self.model.metrics, "train", hooks.ks)
@@ -394,6 +396,11 @@ class Trainer:
     # calls it: a row-sharded table's count is summed over them).
     for table, count in self.backend.narrow_counts().items():
       results[f"train/saturated_values/{table}"] = float(count)
+    # Dynamic-vocabulary tables: rows in use of the capacity, admissions,
+    # evictions, ids refused a row and lookups that read the default.
+    for table, index in self.backend.dynamic_tables().items():
+      for counter, value in index.counters().items():
+        results[f"vocabulary/{table}/{counter}"] = float(value)
     return results
 
   def write_summaries(

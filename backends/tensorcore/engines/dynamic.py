@@ -85,28 +85,25 @@ class DynamicEngine(base.Engine):
     # In a graph the fused op that flattens padded bags checks their ids
     # itself (same message): six ops per feature fewer. Eagerly the Python
     # check raises its InvalidInputError.
-    kernel_checks = (
-      fused_ops is not None
-      and features.invalid_ids == "error"
-      and not tf.executing_eagerly()
-    )
+    kernel_checks = fused_ops is not None and not tf.executing_eagerly()
     out = []
     checks = checks_lib.CheckGroup()  # one assertion for every feature
     for layout, inp, w in zip(features.layouts, flat, flat_weights):
+      policy = features.id_policy(layout)
       bag = inputs_lib.to_flat_bags(
         layout,
         inp,
         w,
         features.bag_widths[layout.path],
         fused_ops=fused_ops,
-        check_ids=kernel_checks and layout.feature.validate_weights_and_indices,
+        check_ids=kernel_checks
+        and policy == "error"
+        and layout.feature.validate_weights_and_indices,
       )
       if layout.feature.validate_weights_and_indices:
         with checks:
-          bag, num_invalid = inputs_lib.validate(
-            layout, bag, features.invalid_ids
-          )
-        if counters is not None and features.invalid_ids != "error":
+          bag, num_invalid = inputs_lib.validate(layout, bag, policy)
+        if counters is not None and policy != "error":
           counters.invalid[layout.path].assign_add(num_invalid)
       if counters is not None and features.width(layout):
         counters.truncated[layout.path].assign_add(bag.truncated)

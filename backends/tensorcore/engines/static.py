@@ -55,11 +55,11 @@ class StaticEngine(base.Engine):
     also raises (eagerly) or fails the step (graph) right away.
     """
     features = self.features
-    policy = features.invalid_ids
     compiled = _tf_internal.in_xla_context()
     out = []
     checks = checks_lib.CheckGroup()  # one assertion for every feature
     for layout, inp, w in zip(features.layouts, flat, flat_weights):
+      policy = features.id_policy(layout)
       if not compiled:  # a compiled step cannot raise: it leaves such ids out
         checks_lib.check_bag_structure(checks_lib.describe(layout), inp, w)
       bags = static_bags.from_input(

@@ -1,0 +1,252 @@
+"""Raw ids to rows for a backend's dynamic-vocabulary tables, per step.
+
+A backend with dynamic tables runs this stage on every batch before its
+lookup (`EmbeddingBackend.map_ids`): each dynamic table's index
+(`backends.vocabulary.index.VocabularyIndex`) maps the batch's raw ids to
+rows, admits and evicts, and the rows it gives to new ids are reset to
+their starting values (table and every optimizer slot) before any lookup
+reads them. Other tables' ids pass through untouched.
+
+Where it runs, and why there: a training step's mapping changes the index,
+so it must see the whole step's ids in one order whatever the number of
+replicas — 1 replica and N replicas on the same global batch must make the
+same decisions. Called in a replica function, it `merge_call`s into
+cross-replica context and updates once with the ids of every replica,
+feature by feature and, within a feature, replica by replica (which is the
+global batch's order, since a global batch is split into contiguous
+replica shares); on several workers the ids are first gathered from every
+worker, so each worker's copy of the index makes the same decisions. It is
+never inside an XLA-compiled step (hash tables have no XLA kernel): the
+Trainer runs it in its own `strategy.run` before the compiled step, so the
+step itself still sees static row ids below the capacity, as a TPU needs.
+Evaluation (`training=False`) only reads the index: no merge, no change.
+
+Example (what `map_ids` does in a replica function):
+  >>> stage = VocabularyStage(tables, layouts, strategy, reset)
+  >>> flat_rows = stage.map(flat_inputs, training=True)
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from backends import _tf_internal
+from backends import inputs as inputs_lib
+from backends.vocabulary import hashed
+from backends.vocabulary import index as index_lib
+
+
+def flat_ids(inp: Any) -> tf.Tensor:
+  """A feature input's ids as one vector, in row-major order (padding of
+  `PaddedBags` left out)."""
+  if isinstance(inp, tf.SparseTensor):
+    return inp.values
+  if isinstance(inp, tf.RaggedTensor):
+    return tf.reshape(inp.flat_values, [-1])
+  if isinstance(inp, inputs_lib.PaddedBags):
+    mask = tf.sequence_mask(inp.lengths, tf.shape(inp.ids)[1])
+    return tf.boolean_mask(inp.ids, mask)
+  return tf.reshape(tf.convert_to_tensor(inp), [-1])
+
+
+def with_ids(inp: Any, rows: tf.Tensor) -> Any:
+  """`inp` with its ids (as `flat_ids` lists them) replaced by `rows`."""
+  if isinstance(inp, tf.SparseTensor):
+    return tf.SparseTensor(inp.indices, rows, inp.dense_shape)
+  if isinstance(inp, tf.RaggedTensor):
+    values = tf.reshape(rows, tf.shape(inp.flat_values))
+    return inp.with_flat_values(values)
+  if isinstance(inp, inputs_lib.PaddedBags):
+    mask = tf.sequence_mask(inp.lengths, tf.shape(inp.ids)[1])
+    ids = tf.tensor_scatter_nd_update(
+      tf.zeros_like(inp.ids, tf.int64), tf.where(mask), rows
+    )
+    return inputs_lib.PaddedBags(ids, inp.lengths, inp.weights)
+  inp = tf.convert_to_tensor(inp)
+  return tf.reshape(rows, tf.shape(inp))
+
+
+class VocabularyStage:
+  """The dynamic tables' indices, and the per-step mapping of raw ids.
+
+  Args:
+    tables: dynamic table name -> `(TableConfig, policy)`: a
+      `DynamicVocabulary`, or `HashedIds` (raw ids hashed into the rows).
+    table_of_feature: per feature, in the backend's flat feature order,
+      its table's name.
+    strategy: the backend's strategy (the indices are made in its scope).
+    reset: `(table name, rows int64 [k]) -> op` writing the rows' starting
+      values into the table and its slots (cross-replica context).
+  """
+
+  def __init__(
+    self,
+    tables: Mapping[str, tuple[Any, Any]],
+    table_of_feature: Sequence[str],
+    strategy: tf.distribute.Strategy,
+    reset: Callable[[str, tf.Tensor], Any],
+  ):
+    self._strategy = strategy
+    self._reset = reset
+    self.indices: dict[str, Any] = {}
+    for name, (table, policy) in tables.items():
+      policy.check(name, table.vocabulary_size)
+      kind = (
+        hashed.HashedIndex
+        if isinstance(policy, hashed.HashedIds)
+        else index_lib.VocabularyIndex
+      )
+      self.indices[name] = kind(name, table.vocabulary_size, policy)
+    #: Training steps mapped so far: the clock of the indices' ages.
+    self.step = _tf_internal.host_variable(0, "vocabulary_step", tf.int64)
+    self._positions = {
+      name: [i for i, t in enumerate(table_of_feature) if t == name]
+      for name in self.indices
+    }
+
+  def map(self, flat: Sequence[Any], training: bool) -> list[Any]:
+    """Per feature, its input with a dynamic table's raw ids made rows.
+
+    In a replica function (or with no strategy) for training, which updates
+    the indices once for every replica's ids; anywhere for evaluation.
+    """
+    flat = list(flat)
+    dynamic = sorted(i for ps in self._positions.values() for i in ps)
+    if not dynamic:
+      return flat
+    raw = [flat[i] for i in dynamic]
+    if not training:
+      mapped = self._mapped(raw, dynamic, update=False)
+    else:
+      if _tf_internal.in_xla_context():
+        raise ValueError(
+          "dynamic-vocabulary tables "
+          f"{sorted(self.indices)} map raw ids to rows with hash tables, "
+          "which an XLA-compiled step cannot run: map them before the "
+          "compiled step (backend.map_ids in its own strategy.run, as the "
+          "Trainer does), or compile without jit_compile."
+        )
+      ctx = tf.distribute.get_replica_context()
+      if ctx is None:  # cross-replica context: one local "replica"
+        mapped = self._merged(self._strategy, raw, dynamic)
+      else:
+        mapped = ctx.merge_call(self._merged, args=(raw, dynamic))
+    for i, value in zip(dynamic, mapped):
+      flat[i] = value
+    return flat
+
+  def _merged(self, strategy, raw: list[Any], positions: list[int]):
+    """Cross-replica: update the indices with every replica's ids; each
+    replica gets its own inputs back as rows."""
+    replicas = strategy.num_replicas_in_sync // _num_workers(strategy)
+    if replicas == 1:
+      per_replica = [raw]  # one local replica: values come unwrapped
+    else:
+      per_replica = [
+        _tf_internal.select_replica(r, raw) for r in range(replicas)
+      ]
+    gathered = _num_workers(strategy) > 1
+    out = [list(x) for x in per_replica]
+    updates = []
+    for table, index in self.indices.items():
+      mine = [k for k, p in enumerate(positions) if p in self._positions[table]]
+      pieces, sizes = [], []
+      for k in mine:
+        for r in range(len(per_replica)):
+          ids = flat_ids(per_replica[r][k])
+          pieces.append(ids)
+          sizes.append(tf.size(ids))
+      if gathered:
+        pieces, sizes, own = _gather_workers(strategy, pieces, len(mine))
+      ids = tf.concat([_as_id_vector(p) for p in pieces], 0)
+      update = index.update(ids, self.step)
+      reset = self._reset(table, update.reset_rows)
+      with tf.control_dependencies([reset]):
+        rows = tf.identity(_with_default(update.rows, index.default_row))
+      split = tf.split(rows, tf.stack(sizes))
+      if gathered:
+        split = [split[j] for j in own]
+      j = 0
+      for k in mine:
+        for r in range(len(per_replica)):
+          out[r][k] = with_ids(per_replica[r][k], split[j])
+          j += 1
+      updates.append(rows)
+    with tf.control_dependencies(updates):
+      advance = self.step.assign_add(1)
+    with tf.control_dependencies([advance]):
+      out = tf.nest.map_structure(
+        lambda x: tf.identity(x) if tf.is_tensor(x) else x, out
+      )
+    if len(out) == 1:
+      return out[0]
+    return _tf_internal.regroup(tuple(out))
+
+  def _mapped(self, raw: list[Any], positions: list[int], update: bool):
+    """Evaluation: every input's ids as rows, the indices unchanged."""
+    del update
+    out = list(raw)
+    for table, index in self.indices.items():
+      for k, p in enumerate(positions):
+        if p in self._positions[table]:
+          ids = _as_id_vector(flat_ids(raw[k]))
+          rows = _with_default(index.lookup(ids), index.default_row)
+          out[k] = with_ids(raw[k], rows)
+    return out
+
+  def counters(self) -> dict[str, dict[str, tf.Tensor]]:
+    """Table name -> its index's counters (`VocabularyIndex.counters`)."""
+    return {name: index.counters() for name, index in self.indices.items()}
+
+
+def _as_id_vector(ids: tf.Tensor) -> tf.Tensor:
+  """Integer ids as int64 (strings pass: the index fingerprints them)."""
+  if ids.dtype in (tf.int32, tf.int16, tf.int8, tf.uint8, tf.uint16):
+    return tf.cast(ids, tf.int64)
+  return ids
+
+
+def _with_default(rows: tf.Tensor, default_row: int | None) -> tf.Tensor:
+  """-1 (no row) as the table's unknown row, or kept (left out of bags)."""
+  if default_row is None:
+    return rows
+  return tf.where(rows < 0, tf.constant(default_row, tf.int64), rows)
+
+
+def _num_workers(strategy: tf.distribute.Strategy) -> int:
+  resolver = getattr(strategy, "cluster_resolver", None)
+  spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
+  return max(1, len(spec.get("worker", ())) + len(spec.get("chief", ())))
+
+
+def _gather_workers(
+  strategy: tf.distribute.Strategy, pieces: list[tf.Tensor], features: int
+):
+  """Every replica's ids of every worker, feature by feature in global
+  replica order; and which of the pieces are this worker's replicas'.
+
+  `pieces` holds this worker's ids feature-major (`features` features times
+  the local replicas). Returns `(pieces, sizes, own)` over all replicas.
+  """
+  from backends.storage import row_sharded  # noqa: PLC0415 - no cycle
+
+  local = len(pieces) // features
+  global_ids = row_sharded.local_replica_ids(strategy)
+  total = strategy.num_replicas_in_sync
+  out, sizes, own = [], [], []
+  for f in range(features):
+    mine = pieces[f * local : (f + 1) * local]
+    values = _tf_internal.regroup(tuple(mine))
+    counts = _tf_internal.regroup(
+      tuple(tf.reshape(tf.size(p, out_type=tf.int64), [1]) for p in mine)
+    )
+    every = strategy.gather(values, axis=0)
+    every_size = strategy.gather(counts, axis=0)
+    parts = tf.split(every, tf.cast(every_size, tf.int32), num=total)
+    for g in range(total):
+      out.append(parts[g])
+      sizes.append(tf.cast(every_size[g], tf.int32))
+      if g in global_ids:
+        own.append(f * total + g)
+  return out, sizes, own

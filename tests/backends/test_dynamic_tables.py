@@ -1,0 +1,277 @@
+"""Dynamic-vocabulary tables on the tensorcore backend, against NumPy.
+
+The index itself is tested against its NumPy twin
+(`test_vocabulary_index.py`); here, what the backend does with it: each
+step's raw ids reach the rows the index gives them, a row given to a new id
+starts again at its initial values in the table and every slot, unknown ids
+read the table's default, and the table trains as a NumPy table would
+under the same row assignments (`backends.reference_optimizers`). Then the
+same stream on 2 replicas (replicated and row-sharded) and in a compiled
+step equals one replica, and a checkpoint taken mid-stream resumes exactly.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from backends import reference_optimizers as ref
+from backends.layout import Placement, TableLayout
+from backends.tensorcore.backend import TensorCoreEmbedding
+from backends.vocabulary import (
+  DynamicVocabulary,
+  HashedIds,
+  HashedIndex,
+  VocabularyIndex,
+)
+from tests.backends.replica_steps import strategy_for
+
+embedding = tf.tpu.experimental.embedding
+
+CAPACITY, DIM = 8, 3
+
+
+def _stream(steps: int = 6, batch: int = 8, seed: int = 0) -> list[np.ndarray]:
+  """Raw int64 ids that drift: each step draws from a window that moves
+  on, so new ids keep coming and the table fills and evicts."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for step in range(steps):
+    window = np.arange(3 * step, 3 * step + 12, dtype=np.int64)
+    out.append(rng.choice(window, size=batch) * 1_000_003 - 2**40)
+  return out
+
+
+def _tables(optimizer, policy, placement=Placement.REPLICATED, strategy=None):
+  table = embedding.TableConfig(
+    vocabulary_size=CAPACITY, dim=DIM, name="t", combiner="sum"
+  )
+  emb = TensorCoreEmbedding(
+    {"f": embedding.FeatureConfig(table=table)},
+    optimizer,
+    strategy,
+    layouts={"t": TableLayout(placement, vocabulary=policy)},
+  )
+  with (strategy or tf.distribute.get_strategy()).scope():
+    emb.build()
+  return emb, table
+
+
+def _cotangent(step: int, n: int) -> np.ndarray:
+  return np.linspace(-1.0, 1.0, n * DIM, dtype=np.float32).reshape(n, DIM) * (
+    1 + step
+  )
+
+
+def _numpy_run(stream, optimizer, policy):
+  """The expected tables, slots and activations: the rows a separate index
+  assigns, a reset to the initial values where it says, NumPy updates."""
+  static, table = _tables(
+    optimizer, None
+  )  # the same rows' initial values (row-keyed)
+  initial = static.embedding_tables[table].numpy().astype(np.float64)
+  start_slots = ref.initial_slots(optimizer, CAPACITY, DIM)
+  kind = HashedIndex if isinstance(policy, HashedIds) else VocabularyIndex
+  index = kind("t", CAPACITY, policy)
+  values, slots = initial.copy(), {k: v.copy() for k, v in start_slots.items()}
+  acts = []
+  for step, ids in enumerate(stream):
+    update = index.update(tf.constant(ids), tf.constant(step, tf.int64))
+    rows = update.rows.numpy()
+    if policy.unknown == "unknown_row":
+      rows = np.where(rows < 0, CAPACITY - 1, rows)
+    reset = update.reset_rows.numpy()
+    values[reset] = initial[reset]
+    for k in slots:
+      slots[k][reset] = start_slots[k][reset]
+    known = rows >= 0
+    act = np.zeros((len(ids), DIM))
+    act[known] = values[rows[known]]
+    acts.append(act)
+    grads = _cotangent(step, len(ids))
+    if known.any():
+      unique, summed = ref.sum_duplicates(rows[known], grads[known])
+      values, slots = ref.apply(optimizer, values, slots, unique, summed)
+  return values, slots, acts, index
+
+
+def _train(emb, stream, replicas=1, jit_compile=False, first_step=0):
+  """Each step: the ids mapped in one `strategy.run`, then the (maybe
+  compiled) replica step; replica r takes the r-th contiguous share."""
+  strategy = emb.strategy
+  acts_seen = []
+
+  def replica_step(ids, cot):
+    acts = emb.lookup({"f": ids}, training=True)
+    emb.apply_gradients({"f": cot})
+    return acts["f"]
+
+  inner = (
+    tf.function(replica_step, jit_compile=True)
+    if jit_compile
+    else (replica_step)
+  )
+
+  @tf.function
+  def step(ids, cot):
+    mapped = strategy.run(lambda i: emb.map_ids({"f": i}, True)["f"], (ids,))
+    return strategy.run(inner, (mapped, cot))
+
+  for k, ids in enumerate(stream, start=first_step):
+    cot = _cotangent(k, len(ids))
+    share = len(ids) // replicas
+    dist = strategy.experimental_distribute_values_from_function(
+      lambda ctx, ids=ids, cot=cot: (
+        tf.constant(ids[ctx.replica_id_in_sync_group * share :][:share]),
+        tf.constant(cot[ctx.replica_id_in_sync_group * share :][:share]),
+      )
+    )
+    out = step(*dist)
+    acts_seen.append(
+      np.concatenate(
+        [a.numpy() for a in strategy.experimental_local_results(out)]
+      )
+    )
+  return acts_seen
+
+
+def _state(emb, table):
+  index = emb.dynamic_tables()["t"]
+  return (
+    tf.convert_to_tensor(emb.embedding_tables[table]).numpy(),
+    {
+      k: tf.convert_to_tensor(v).numpy()
+      for k, v in emb.slot_variables()["t"].items()
+    },
+    {k: int(v) for k, v in index.counters().items()},
+    [t.numpy() for t in index.mapping()] if hasattr(index, "mapping") else [],
+  )
+
+
+POLICIES = {
+  "lru": DynamicVocabulary(),
+  "lfu-unknown_row": DynamicVocabulary(eviction="lfu", unknown="unknown_row"),
+  "admit2-age": DynamicVocabulary(admit_after=2, eviction="age", max_age=2),
+  "none": DynamicVocabulary(eviction="none"),
+  "hashed": HashedIds(seed=7),
+}
+OPTIMIZERS = {
+  "sgd": lambda: embedding.SGD(0.25),
+  "adagrad": lambda: embedding.Adagrad(0.25, initial_accumulator_value=0.5),
+}
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+def test_the_table_trains_as_numpy_on_the_rows_the_index_gives(
+  policy, optimizer
+):
+  """Raw ids read the rows the index assigns; a row given to a new id starts
+  again from its initial values (table and slots); unknown ids read zeros
+  or the unknown row and train nothing else."""
+  stream = _stream()
+  want_values, want_slots, want_acts, want_index = _numpy_run(
+    stream, OPTIMIZERS[optimizer](), POLICIES[policy]
+  )
+  emb, table = _tables(OPTIMIZERS[optimizer](), POLICIES[policy])
+  acts = _train(emb, stream)
+  values, slots, counters, mapping = _state(emb, table)
+  for got, want in zip(acts, want_acts):
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(values, want_values, rtol=1e-6, atol=1e-6)
+  for k in want_slots:
+    np.testing.assert_allclose(slots[k], want_slots[k], rtol=1e-6, atol=1e-6)
+  assert counters == {k: int(v) for k, v in want_index.counters().items()}
+  if policy == "hashed":  # the same rows as hashing them by hand
+    rows = want_index.lookup(tf.constant(np.concatenate(stream))).numpy()
+    assert rows.min() >= 0 and rows.max() < CAPACITY
+    return
+  assert counters["evictions"] > 0 or policy == "none", counters
+  for got, want in zip(mapping, want_index.mapping()):
+    np.testing.assert_array_equal(got, want.numpy())
+
+
+@pytest.mark.parametrize(
+  "replicas,placement,jit",
+  [
+    (2, Placement.REPLICATED, False),
+    (2, Placement.ROW_SHARDED, False),
+    (1, Placement.REPLICATED, True),
+  ],
+  ids=["2-replicated", "2-row_sharded", "1-compiled"],
+)
+def test_replicas_layouts_and_compiled_steps_equal_one_replica(
+  replicas, placement, jit
+):
+  """The indices see every replica's ids in the global batch's order: the
+  same admissions, evictions and resets as one replica on the whole batch,
+  whatever the table's layout, compiled or not."""
+  stream = _stream(steps=5)
+  policy = POLICIES["lfu-unknown_row"]
+  one, table = _tables(embedding.Adagrad(0.25), policy)
+  want_acts = _train(one, stream)
+  want = _state(one, table)
+  many, table = _tables(
+    embedding.Adagrad(0.25), policy, placement, strategy_for(replicas)
+  )
+  acts = _train(many, stream, replicas, jit_compile=jit)
+  got = _state(many, table)
+  for a, b in zip(acts, want_acts):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
+  for k in want[1]:
+    np.testing.assert_allclose(got[1][k], want[1][k], rtol=1e-6, atol=1e-6)
+  assert got[2] == want[2]
+  for a, b in zip(got[3], want[3]):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_checkpoint_mid_stream_resumes_exactly(tmp_path):
+  """The indices (ids, rows, counts, ages, sketch, counters) and the step
+  clock are saved with the tables: a restore continues as if never
+  stopped."""
+  stream = _stream(steps=6)
+  policy = DynamicVocabulary(admit_after=2, eviction="age", max_age=2)
+  whole, table = _tables(embedding.Adagrad(0.25), policy)
+  _train(whole, stream)
+  first, _ = _tables(embedding.Adagrad(0.25), policy)
+  _train(first, stream[:3])
+  path = tf.train.Checkpoint(embedding=first).save(str(tmp_path / "ckpt"))
+  second, table2 = _tables(embedding.Adagrad(0.25), policy)
+  tf.train.Checkpoint(embedding=second).restore(path).assert_consumed()
+  _train(second, stream[3:], first_step=3)
+  want, got = _state(whole, table), _state(second, table2)
+  np.testing.assert_array_equal(got[0], want[0])
+  for k in want[1]:
+    np.testing.assert_array_equal(got[1][k], want[1][k])
+  assert got[2] == want[2]
+  for a, b in zip(got[3], want[3]):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_training_mapping_inside_a_compiled_step_is_refused():
+  """Hash tables have no XLA kernel: mapping inside a compiled step is an
+  error that says where to map instead, not a failure deep in XLA."""
+  emb, _ = _tables(embedding.SGD(0.1), DynamicVocabulary())
+
+  @tf.function(jit_compile=True)
+  def step(ids):
+    return emb.map_ids({"f": ids}, training=True)["f"]
+
+  with pytest.raises(ValueError, match="map_ids in its own strategy.run"):
+    step(tf.constant([5, 6], tf.int64))
+
+
+def test_evaluation_reads_the_index_and_changes_nothing():
+  """`map_ids(training=False)`: admitted ids read their rows, others the
+  default; no counter, row or age moves."""
+  emb, table = _tables(embedding.SGD(0.1), POLICIES["lfu-unknown_row"])
+  stream = _stream(steps=3)
+  _train(emb, stream)
+  before = _state(emb, table)
+  keys, rows = emb.dynamic_tables()["t"].mapping()
+  probe = tf.concat([keys, tf.constant([123456789], tf.int64)], 0)
+  got = emb.map_ids({"f": probe}, training=False)["f"].numpy()
+  np.testing.assert_array_equal(got, np.append(rows.numpy(), CAPACITY - 1))
+  after = _state(emb, table)
+  assert after[2] == before[2]
+  np.testing.assert_array_equal(after[0], before[0])

@@ -140,6 +140,7 @@ CONFIGURABLES = {
       "max_factor_table_size",
       "seed",
       "name_prefix",
+      "drift_every",
     ),
     "",
   ),
@@ -456,6 +457,12 @@ RANGES: dict[str, dict[str, Spec]] = {
     "max_factor_table_size": Int(lo=0),
     "seed": Int(lo=0, hi=4294967295),
     "name_prefix": Text(empty=True),
+    "drift_every": AnyOf(
+      options=(
+        Int(note="0: no drift", lo=0),
+        Each(item=Int(note="0: no drift", lo=0), min_len=1),
+      )
+    ),
   },
   "recsys.data.synthetic_retrieval.SyntheticRetrieval": {
     "num_users": Int(lo=1),

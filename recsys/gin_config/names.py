@@ -118,6 +118,8 @@ CONFIGURABLES = {
       "item_history",
       "rating_scale",
       "split_check",
+      "time_order",
+      "raw_ids",
     ),
     "",
   ),
@@ -425,7 +427,7 @@ RANGES: dict[str, dict[str, Spec]] = {
     "timestamp_buckets": Int(note="0: none", lo=0),
     "dataset_name": Text(optional=True),
     "download": Bool(),
-    "shuffle": Bool(),
+    "shuffle": Bool(optional=True),
     "fold": Choice(values=("u1", "u2", "u3", "u4", "u5", "ua", "ub")),
     "title_min_count": Int(lo=1),
     "rating_scale": AnyOf(
@@ -436,6 +438,8 @@ RANGES: dict[str, dict[str, Spec]] = {
       ),
     ),
     "split_check": Choice(values=("warn", "strict")),
+    "time_order": Bool(),
+    "raw_ids": Bool(),
   },
   "recsys.data.synthetic_ctr.SyntheticCTR": {
     "num_dense": Int(lo=0),

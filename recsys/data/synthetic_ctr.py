@@ -452,7 +452,9 @@ class SyntheticCTR(IndexedSource):
     start = int(position) // every if every else 0
     return range(start, start + size)
 
-  def raw_ids(self, name: str, window_ids) -> np.ndarray:
+  def delivered_ids(
+    self, name: str, window_ids: Sequence[int] | np.ndarray
+  ) -> np.ndarray:
     """The ids feature `name` delivers for window ids (int64 NumPy): the
     raw ids of a drifting feature, the ids themselves otherwise."""
     f = self._feature_index(name)

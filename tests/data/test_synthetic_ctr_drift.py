@@ -75,7 +75,7 @@ def test_ids_follow_the_draws_without_drift():
   after, _ = drifting.examples(index)
   for name in ("C1", "C3"):
     np.testing.assert_array_equal(
-      ids_of(after, name), drifting.raw_ids(name, ids_of(before, name))
+      ids_of(after, name), drifting.delivered_ids(name, ids_of(before, name))
     )
   np.testing.assert_array_equal(ids_of(after, "C2"), ids_of(before, "C2"))
   assert drifting.window("C2", 4999) == range(0, 11)
@@ -100,13 +100,13 @@ def test_the_ids_of_a_stretch_are_exactly_its_windows():
   seen = set(ids_of(features, "C1").tolist())
   first, last = source.window("C1", a), source.window("C1", b - 1)
   assert (first, last) == (range(20, 27), range(59, 66))
-  assert seen == set(source.raw_ids("C1", range(20, 66)).tolist())
+  assert seen == set(source.delivered_ids("C1", range(20, 66)).tolist())
   # 46 ids: the first window's 7 and one more every 50 examples.
   assert len(seen) == 7 + (b - 1) // 50 - a // 50
   # The evaluation split samples the last 500 positions: windows 70..79.
   features, _ = source.examples(tf.range(500, dtype=tf.int64), training=False)
   assert set(ids_of(features, "C1").tolist()) == set(
-    source.raw_ids("C1", range(70, 86)).tolist()
+    source.delivered_ids("C1", range(70, 86)).tolist()
   )
 
 
@@ -116,7 +116,7 @@ def test_skewed_ids_stay_in_their_windows_and_outnumber_them():
   features, _ = source.examples(tf.range(n, dtype=tf.int64))
   for name, every, size in (("C1", 10, 23), ("C3", 5, 7)):
     ids = ids_of(features, name)
-    possible = source.raw_ids(name, range(0, (n - 1) // every + size))
+    possible = source.delivered_ids(name, range(0, (n - 1) // every + size))
     assert set(ids.tolist()) <= set(possible.tolist())
     # Far more ids than the window over the stream: a table of the
     # window's size must evict.
@@ -125,7 +125,7 @@ def test_skewed_ids_stay_in_their_windows_and_outnumber_them():
     late = ids_of(
       source.examples(tf.range(4000, 4100, dtype=tf.int64))[0], name
     )
-    gone = source.raw_ids(name, range(0, 4000 // every))
+    gone = source.delivered_ids(name, range(0, 4000 // every))
     assert not set(late.tolist()) & set(gone.tolist())
 
 
@@ -170,7 +170,7 @@ def test_far_positions_need_no_table_of_every_id():
   features, labels = source.examples(index)
   assert source.window("C1", 2**49) == range(2**49 // 10, 2**49 // 10 + 23)
   c1 = ids_of(features, "C1")
-  late = source.raw_ids("C1", source.window("C1", 2**49))
+  late = source.delivered_ids("C1", source.window("C1", 2**49))
   assert c1[2] in late and c1[0] not in late
   assert np.isfinite(source.probabilities(features).numpy()).all()
 

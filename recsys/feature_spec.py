@@ -21,7 +21,8 @@ class FeatureSpec:
 
   Attributes:
     name: key in `features["categorical"]`.
-    vocabulary_size: ids are in [0, vocabulary_size).
+    vocabulary_size: ids are in [0, vocabulary_size); with `raw_ids`, the
+      suggested capacity (rows) of the feature's table instead.
     multi_hot: False -> int64 `[B]` ids; True -> int64 RaggedTensor `[B, None]`.
     max_ids: the longest bag the source produces (a static padding width for
       backends that need one); 1 for one-hot features.
@@ -29,6 +30,14 @@ class FeatureSpec:
       the ids.
     sequence_length: > 0 for ordered sequences (embedded as `[B, L, D]`).
     table: name of the table to share with other features (default: own table).
+    raw_ids: the ids are RAW int64 values (any int64, large, not contiguous,
+      not known in advance: user ids as the files hold them, fingerprints,
+      ids that keep appearing), not ids in [0, vocabulary_size). A model
+      can use them only through a dynamic-vocabulary table (an index maps
+      raw ids to `vocabulary_size` rows, admitting and evicting) or by
+      hashing them into `vocabulary_size` buckets (e.g.
+      `tf.math.floormod(ids, vocabulary_size)`); used as row numbers they
+      are out of range.
   """
 
   name: str
@@ -38,6 +47,7 @@ class FeatureSpec:
   weighted: bool = False
   sequence_length: int = 0
   table: str | None = None
+  raw_ids: bool = False
 
   def __post_init__(self):
     if self.vocabulary_size < 1:

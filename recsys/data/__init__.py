@@ -11,7 +11,10 @@ Every source yields `(features, labels)` batches:
     labels = float32 [B]
 
 and describes its categorical features with `feature_specs` (`FeatureSpec`)
-and `num_dense`. File-backed sources also have a `raw_parser()` (`RawParser`):
+and `num_dense`. Ids are in `[0, vocabulary_size)`, or raw int64 values
+where the spec says `raw_ids` (SyntheticCTR's drifting features, MovieLens
+with `raw_ids`: for dynamic-vocabulary tables or hashing). File-backed
+sources also have a `raw_parser()` (`RawParser`):
 the TF transformation of raw values into `features` that their reader and the
 export's raw serving signature share.
 `dataset(batch_size, training=..., input_context=...)` takes the PER-REPLICA

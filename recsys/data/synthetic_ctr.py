@@ -24,6 +24,23 @@ from the probabilities of a large held-out sample (`recsys.data.oracle`).
 Example i is a pure function of `(seed, split, i)` (`recsys.data._random`):
 batches are generated in parallel by TF ops, are identical for any batch
 size or sharding, and input pipeline p of P generates batches p, p+P, ...
+
+Drift (opt-in, `drift_every`): a drifting feature draws the ids of the
+example at stream position t from a window of its id space that moves by
+one id every `drift_every` positions (`recsys.data.drift`): one new id
+appears and one old id stops every `drift_every` examples, and over the
+stream the ids far outnumber the window (`vocab_sizes`, then the capacity a
+dynamic table should have). Such a feature delivers RAW ids (large int64
+values, `FeatureSpec.raw_ids`), and its hidden factors are hashed from the
+raw id, so the planted model and its optimum stay known without a table of
+every id. Training example i is at position i (a sized stream repeats from
+its start); evaluation example j at position `num_examples -
+num_eval_examples + j`: a fresh sample (its own random stream) of the last
+positions the training stream reached, so evaluation asks for the ids that
+are current at the end of training, those a table should hold then. (A
+continuation past the end would ask for `num_eval_examples / drift_every`
+ids no training example showed: cold start, not what the table kept.) The
+oracle's sample is spread evenly over the same positions.
 """
 
 import functools
@@ -36,7 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 from recsys import ranges
-from recsys.data import _random, oracle
+from recsys.data import _random, drift, oracle
 from recsys.data.pipeline import Batch, IndexedSource
 from recsys.errors import SettingsError
 from recsys.feature_spec import FeatureSpec
@@ -44,6 +61,8 @@ from recsys.feature_spec import FeatureSpec
 _CALIBRATION_EXAMPLES = 1 << 15
 #: Vocabulary and bag sizes: one positive integer per feature.
 _SIZES = ranges.Each(ranges.Int(1), min_len=1)
+#: Positions per one-id move of a drifting feature's window.
+_DRIFT = ranges.Int(0, note="0: no drift")
 # Examples per eager pass of the calibration and the oracle: TF keeps
 # buffers sized by the largest batch it ran (issue 19: 65,536 at once left
 # ~80 MB resident; 8,192 leaves almost none). Values do not depend on it.
@@ -81,7 +100,13 @@ class SyntheticCTR(IndexedSource):
 
   Attributes:
     feature_specs: one `FeatureSpec` per categorical feature, named C1, C2, ...
+      (`raw_ids` for the drifting ones).
     num_dense: width of `features["dense"]`.
+    drift_every: per feature, positions per one-id move of its window (0:
+      no drift).
+    eval_start: the stream position of evaluation example 0 (drift:
+      `num_examples - num_eval_examples`; 0 without drift, where positions
+      mean nothing).
   """
 
   config_error = SyntheticConfigError
@@ -120,6 +145,10 @@ class SyntheticCTR(IndexedSource):
     max_factor_table_size: ranges.NonNegativeInt = 1 << 21,
     seed: ranges.Seed = 0,
     name_prefix: Annotated[str, ranges.Text(empty=True)] = "C",
+    drift_every: Annotated[
+      int | Sequence[int],
+      ranges.AnyOf((_DRIFT, ranges.Each(_DRIFT, min_len=1))),
+    ] = 0,
   ):
     """Plants the model and calibrates its scale and bias.
 
@@ -142,9 +171,16 @@ class SyntheticCTR(IndexedSource):
       oracle_examples: sample size for `bayes_auc` / `bayes_logloss`.
       max_factor_table_size: precompute the hidden factors as a table of
         `sum(vocab_sizes) * (factor_dim + 1)` floats when at most this size
-        (faster); larger vocabularies hash them per id (same values).
+        (faster); larger vocabularies hash them per id (same values). Not
+        with drift: every factor is then hashed (from the raw id).
       seed: everything (model and data) is a function of the seed.
       name_prefix: features are called f"{name_prefix}{i}", i = 1, 2, ...
+      drift_every: per feature (or all): 0 = no drift; d > 0 = the
+        feature's ids come from a window of `vocab_sizes[f]` ids that moves
+        by one id every d examples (one new id per d examples, Zipf-skewed
+        as without drift), delivered as raw int64 ids (module docstring).
+        Needs a sized stream, `num_examples >= num_eval_examples`: the
+        evaluation split samples its last `num_eval_examples` positions.
 
     Raises:
       SyntheticConfigError: inconsistent sizes or out-of-range settings.
@@ -185,12 +221,23 @@ class SyntheticCTR(IndexedSource):
     self.seed = int(seed)
     self.oracle_examples = int(oracle_examples)
     self.names = [f"{name_prefix}{i + 1}" for i in range(n)]
+    self.drift_every = _per_feature(drift_every, n, "drift_every", int)
+    self.eval_start = self._check_drift()
     self.feature_specs = [
       FeatureSpec(
-        name=name, vocabulary_size=v, multi_hot=m > 1, max_ids=m, weighted=w
+        name=name,
+        vocabulary_size=v,
+        multi_hot=m > 1,
+        max_ids=m,
+        weighted=w,
+        raw_ids=d > 0,
       )
-      for name, v, m, w in zip(
-        self.names, vocab_sizes, self.multi_hot_sizes, self.weighted
+      for name, v, m, w, d in zip(
+        self.names,
+        vocab_sizes,
+        self.multi_hot_sizes,
+        self.weighted,
+        self.drift_every,
       )
     ]
 
@@ -231,7 +278,11 @@ class SyntheticCTR(IndexedSource):
     )
     self._table_offsets = np.cumsum([0] + vocab_sizes[:-1]).astype(np.int64)
     self._factor_table = None
-    if sum(vocab_sizes) * (k + 1) <= max_factor_table_size:
+    # Drifting raw ids are unbounded: their factors are always hashed.
+    self._drifting = any(self.drift_every)
+    if (
+      not self._drifting and sum(vocab_sizes) * (k + 1) <= max_factor_table_size
+    ):
       with tf.init_scope():
         self._factor_table = tf.concat(
           [
@@ -245,6 +296,11 @@ class SyntheticCTR(IndexedSource):
         ).numpy()  # [sum V, 1 + k]
     # Which column of the concatenated bags belongs to which feature.
     self._column_feature = np.repeat(np.arange(n), self.multi_hot_sizes)
+    # Each feature's 64-bit raw-id key (`drift.raw_id`).
+    self._raw_keys = np.array(
+      [(key("raw", f, 0) << 32) | key("raw", f, 1) for f in range(n)],
+      np.uint64,
+    )
     self._group = np.eye(n, dtype=np.float32)[self._column_feature]  # [M, F]
     # Small planted parameters.
     rng = np.random.default_rng([self.seed, 7])
@@ -302,6 +358,8 @@ class SyntheticCTR(IndexedSource):
     ids = (
       rank * np.repeat(self._id_mult, sizes) + np.repeat(self._id_offset, sizes)
     ) % vocab
+    if self._drifting:
+      ids = self._drifted(ids, self._positions(index, stream))
     weights, lengths = [], []
     for f, m in enumerate(sizes):
       w = (
@@ -327,6 +385,91 @@ class SyntheticCTR(IndexedSource):
       "lengths": lengths,
     }
     return padded, u[:, self._label_col]
+
+  # -------------------------------------------------------------------- drift
+
+  def _check_drift(self) -> int:
+    """The stream position of evaluation example 0 (0 without drift).
+
+    Raises:
+      SyntheticConfigError: drift without a sized stream holding the
+        evaluation positions, or an oracle sample too large to place.
+    """
+    if not any(self.drift_every):
+      return 0
+    n, e = self.num_examples, self.num_eval_examples
+    if n is None or n < e:
+      raise SyntheticConfigError(
+        f"drift_every={self.drift_every} needs num_examples >= "
+        f"num_eval_examples (got num_examples={n}, num_eval_examples={e}): "
+        "the evaluation split samples the last num_eval_examples positions "
+        "of the training stream, so the stream must have an end. Set "
+        "SyntheticCTR.num_examples (e.g. train_steps * batch size), or a "
+        "smaller num_eval_examples."
+      )
+    if e * self.oracle_examples >= 1 << 62:
+      raise SyntheticConfigError(
+        f"num_eval_examples * oracle_examples = {e * self.oracle_examples} "
+        "is too large to place the oracle's sample on the evaluation "
+        "positions in int64; give fewer of either."
+      )
+    return n - e
+
+  def _positions(self, index: tf.Tensor, stream: str) -> tf.Tensor:
+    """The stream positions (window positions) of examples `index` [N]:
+    training and calibration at i, evaluation at `eval_start + i`, the
+    oracle's sample spread evenly over the evaluation positions."""
+    if stream == "eval":
+      return index + self.eval_start
+    if stream == "oracle":
+      return self.eval_start + (index * self.num_eval_examples) // (
+        self.oracle_examples
+      )
+    return index
+
+  def _drifted(self, residue: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
+    """The padded ids `[N, M]` with drifting features' residues replaced
+    by the raw ids of their window at `position` `[N]`."""
+    sizes = self.multi_hot_sizes
+    every = np.repeat(np.maximum(self.drift_every, 1), sizes).astype(np.int64)
+    start = position[:, None] // every  # [N, M]
+    window = drift.window_ids(
+      residue, start, np.repeat(self.vocab_sizes, sizes)
+    )
+    raw = drift.raw_id(np.repeat(self._raw_keys, sizes), window)
+    drifting = np.repeat(np.asarray(self.drift_every) > 0, sizes)
+    return tf.where(drifting[None, :], raw, residue)
+
+  def window(self, name: str, position: int) -> range:
+    """The window ids feature `name` draws from at stream `position`
+    (`range(0, vocab_size)` for a feature without drift).
+
+    Raises:
+      KeyError: no feature `name`.
+    """
+    f = self._feature_index(name)
+    every, size = self.drift_every[f], self.vocab_sizes[f]
+    start = int(position) // every if every else 0
+    return range(start, start + size)
+
+  def delivered_ids(
+    self, name: str, window_ids: Sequence[int] | np.ndarray
+  ) -> np.ndarray:
+    """The ids feature `name` delivers for window ids (int64 NumPy): the
+    raw ids of a drifting feature, the ids themselves otherwise."""
+    f = self._feature_index(name)
+    window_ids = np.asarray(window_ids, np.int64)
+    if not self.drift_every[f]:
+      return window_ids
+    with tf.init_scope():
+      return drift.raw_id(self._raw_keys[f], tf.constant(window_ids)).numpy()
+
+  def _feature_index(self, name: str) -> int:
+    if name not in self.names:
+      raise KeyError(
+        f"SyntheticCTR has no feature {name!r}; it has {self.names}."
+      )
+    return self.names.index(name)
 
   def _public(self, padded) -> dict[str, object]:
     """The contract's features dict from a padded batch."""

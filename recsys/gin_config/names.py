@@ -118,6 +118,8 @@ CONFIGURABLES = {
       "item_history",
       "rating_scale",
       "split_check",
+      "time_order",
+      "raw_ids",
     ),
     "",
   ),
@@ -140,6 +142,7 @@ CONFIGURABLES = {
       "max_factor_table_size",
       "seed",
       "name_prefix",
+      "drift_every",
     ),
     "",
   ),
@@ -427,7 +430,7 @@ RANGES: dict[str, dict[str, Spec]] = {
     "timestamp_buckets": Int(note="0: none", lo=0),
     "dataset_name": Text(optional=True),
     "download": Bool(),
-    "shuffle": Bool(),
+    "shuffle": Bool(optional=True),
     "fold": Choice(values=("u1", "u2", "u3", "u4", "u5", "ua", "ub")),
     "title_min_count": Int(lo=1),
     "rating_scale": AnyOf(
@@ -438,6 +441,8 @@ RANGES: dict[str, dict[str, Spec]] = {
       ),
     ),
     "split_check": Choice(values=("warn", "strict")),
+    "time_order": Bool(),
+    "raw_ids": Bool(),
   },
   "recsys.data.synthetic_ctr.SyntheticCTR": {
     "num_dense": Int(lo=0),
@@ -459,6 +464,12 @@ RANGES: dict[str, dict[str, Spec]] = {
     "max_factor_table_size": Int(lo=0),
     "seed": Int(lo=0, hi=4294967295),
     "name_prefix": Text(empty=True),
+    "drift_every": AnyOf(
+      options=(
+        Int(note="0: no drift", lo=0),
+        Each(item=Int(note="0: no drift", lo=0), min_len=1),
+      )
+    ),
   },
   "recsys.data.synthetic_retrieval.SyntheticRetrieval": {
     "num_users": Int(lo=1),

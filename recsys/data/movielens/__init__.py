@@ -8,6 +8,8 @@
   split.py                  split: random with a seed, or temporal
   raw.py                    features: the raw-value parser the reader and
                             the export's raw serving signature share
+  raw_ids.py, stream.py     opt-in, for dynamic tables: user/item ids as
+                            raw int64 ids, examples in time order
   source.py                 `MovieLens`, the data source running the stages
 
 The user/item histories are a shared module (`recsys.data.user_history`):

@@ -16,6 +16,13 @@ embedding row holds its initial values. The same holds for a user or item
 that is in the files but only in the test split: its id is real, its row
 untrained. `unknown()` flags both (an id whose row training never updated)
 and the export returns the flags next to the scores.
+
+Raw ids (`raw_ids="integer"` or `"fingerprint"`, `MovieLens.raw_ids`): the
+user_id and item_id features are the raw ids of `movielens.raw_ids` (the
+files' integer ids, or token fingerprints) instead of contiguous ids; the
+side features and histories still gather by the contiguous ids behind
+them. Serving computes the raw id of whatever id a client sends, one in the
+files or not (a dynamic table decides what it knows).
 """
 
 from collections.abc import Mapping, Sequence
@@ -25,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from recsys.data import user_history
+from recsys.data.movielens import raw_ids as movielens_raw_ids
 from recsys.data.raw import RawParser
 
 USER_SIDE_FEATURES = ("user_age", "user_gender", "user_occupation", "user_zip")
@@ -68,6 +76,9 @@ class MovieLensRawParser(RawParser):
     trained_users, trained_items: bool `[num_users + 1]` / `[num_items + 1]`,
       True for the ids whose embedding row training updates (None: every id
       but 0).
+    raw_ids: None: user_id / item_id are the contiguous ids; "integer" or
+      "fingerprint": they are the raw ids of that kind
+      (`recsys.data.movielens.raw_ids`).
 
   Example:
     >>> parser.parse_raw({"user_id": tf.constant(["196"]),
@@ -90,8 +101,17 @@ class MovieLensRawParser(RawParser):
     item_history: user_history.HistoryTable | None = None,
     trained_users: np.ndarray | None = None,
     trained_items: np.ndarray | None = None,
+    raw_ids: str | None = None,
   ):
     super().__init__(name="movielens_raw_parser")
+    self.raw_id_kind = raw_ids
+    # Contiguous id -> raw id (row 0, unknown, never delivered: 0).
+    self._raw_of: dict[str, np.ndarray] = {}
+    if raw_ids is not None:
+      with tf.init_scope():
+        for name, vocab in (("user_id", user_vocab), ("item_id", item_vocab)):
+          ids = movielens_raw_ids.raw_ids(list(vocab), raw_ids).numpy()
+          self._raw_of[name] = np.concatenate([[0], ids]).astype(np.int64)
     self._trained = {
       name: None if mask is None else np.asarray(mask, bool)
       for name, mask in (
@@ -178,12 +198,15 @@ class MovieLensRawParser(RawParser):
     user: tf.Tensor | None = None,
     item: tf.Tensor | None = None,
     stamp: tf.Tensor | None = None,
+    raw: Mapping[str, tf.Tensor] | None = None,
   ) -> dict[str, Any]:
     """`{"categorical": ..., ["weights": ...]}` of `feature_names`.
 
     Like `categorical`, plus the weights of a weighted "user_history" /
     "item_history". The user history drops `item` from each row's bag when
-    `item` is given; the item history drops `user` when it is given.
+    `item` is given; the item history drops `user` when it is given. With
+    raw ids, user_id / item_id are `raw[name]` where given (serving: the
+    raw id of the id sent), else the raw id of the contiguous id.
     """
     out, weights = {}, {}
     histories = {  # name: (table, whose bag, the id it leaves out)
@@ -194,13 +217,12 @@ class MovieLensRawParser(RawParser):
       )
       if table is not None
     }
+    id_of = {"user_id": user, "item_id": item}
     for name in feature_names:
-      if name == "user_id":
-        out[name] = user
+      if name in id_of:
+        out[name] = self._delivered_id(name, id_of[name], raw)
       elif name in USER_SIDE_FEATURES:
         out[name] = tf.gather(self._user_side[name], user)
-      elif name == "item_id":
-        out[name] = item
       elif name in self._item_side:
         out[name] = tf.gather(self._item_side[name], item)
       elif name in self._bags:
@@ -221,6 +243,19 @@ class MovieLensRawParser(RawParser):
     if weights:
       result["weights"] = weights
     return result
+
+  def _delivered_id(
+    self,
+    name: str,
+    ids: tf.Tensor | None,
+    raw: Mapping[str, tf.Tensor] | None,
+  ) -> tf.Tensor | None:
+    """user_id / item_id as delivered: the contiguous ids, or raw ids."""
+    if self.raw_id_kind is None:
+      return ids
+    if raw is not None and name in raw:
+      return raw[name]
+    return tf.gather(self._raw_of[name], ids)
 
   # -- RawParser --------------------------------------------------------------
 
@@ -251,14 +286,23 @@ class MovieLensRawParser(RawParser):
 
     "user_history" comes from the raw user id (its training history, minus
     the raw item when one is given), "item_history" from the raw item id
-    (minus the raw user); a weighted one adds `"weights"`.
+    (minus the raw user); a weighted one adds `"weights"`. With raw ids,
+    user_id / item_id are the raw ids of the ids sent (an "integer" parser
+    fails on one that is not a decimal int64).
     """
     user = self.user_index(raw["user_id"]) if "user_id" in raw else None
     item = self.item_index(raw["item_id"]) if "item_id" in raw else None
     stamp = (
       self.timestamp_bucket(raw["timestamp"]) if "timestamp" in raw else None
     )
-    return self.features(feature_names, user, item, stamp)
+    sent = None
+    if self.raw_id_kind is not None:
+      sent = {
+        name: movielens_raw_ids.raw_ids(raw[name], self.raw_id_kind)
+        for name in ("user_id", "item_id")
+        if name in raw
+      }
+    return self.features(feature_names, user, item, stamp, sent)
 
   def unknown(self, raw: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """user_id / item_id -> True where training never updated the id's row:

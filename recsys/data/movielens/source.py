@@ -43,6 +43,11 @@ Ranking (`task="ranking"`): labels are the ratings. Retrieval
 (`task="retrieval"`): one example per rating >= `min_rating`, labels ones,
 plus `features["candidate_sampling_probability"]` (the item's share of the
 training interactions) and `candidates()` over the whole corpus.
+
+As a stream, for dynamic-vocabulary tables (`stream`): `time_order`
+delivers the examples oldest first (with split="temporal"), `raw_ids` the
+user_id and item_id as raw int64 ids (`raw_ids`: the files' integer ids,
+fingerprints of RecBole tokens) instead of contiguous ids.
 """
 
 import dataclasses
@@ -57,7 +62,9 @@ import tensorflow as tf
 
 from recsys import ranges
 from recsys.data.movielens import files as movielens_files
+from recsys.data.movielens import raw_ids as movielens_raw_ids
 from recsys.data.movielens import split_files as movielens_split_files
+from recsys.data.movielens import stream
 from recsys.data.movielens.encoding import MovieLensVocabularies, encode
 from recsys.data.movielens.raw import MovieLensRawParser
 from recsys.data.movielens.split import (
@@ -351,9 +358,11 @@ def _serving_parser(
   edges: np.ndarray | None,
   tables: dict[str, HistoryTable | None],
   trained: dict[str, np.ndarray],
+  raw_ids: str | None,
 ) -> MovieLensRawParser:
   """The raw ids -> features transformation of every feature, the one
-  both the batches and the export's raw signature run."""
+  both the batches and the export's raw signature run (`raw_ids`: the
+  kind of raw id user_id / item_id are delivered as; None: contiguous)."""
   return MovieLensRawParser(
     vocab.users,
     vocab.items,
@@ -366,6 +375,7 @@ def _serving_parser(
     item_history=tables[ITEM_HISTORY_FEATURE],
     trained_users=trained["user_id"],
     trained_items=trained["item_id"],
+    raw_ids=raw_ids,
   )
 
 
@@ -374,8 +384,11 @@ def _feature_specs(
   vocab: MovieLensVocabularies,
   tables: dict[str, HistoryTable | None],
   timestamp_buckets: int,
+  raw_ids: bool,
 ) -> list[FeatureSpec]:
-  """The chosen features' specs: vocabulary, bag width, weights, table."""
+  """The chosen features' specs: vocabulary, bag width, weights, table,
+  raw ids (user_id and item_id with `raw_ids`: their vocabulary size is
+  then the capacity that holds every id of the files)."""
   vocab_sizes = vocab.vocab_sizes(timestamp_buckets)
   max_ids = {
     "item_genres": int(vocab.genre_bags[1].max()),
@@ -394,6 +407,7 @@ def _feature_specs(
       max_ids=max_ids.get(name, 1),
       weighted=name in built and built[name].weighted,
       table=built[name].table if name in built else None,
+      raw_ids=raw_ids and name in ("user_id", "item_id"),
     )
     for name in choice.chosen
   ]
@@ -409,8 +423,10 @@ def _split_arrays(
   ratings: RatingSplit,
   parser: MovieLensRawParser,
   edges: np.ndarray | None,
+  time_order: bool,
 ) -> dict[str, SplitArrays]:
-  """ "train" / "test" -> the examples' arrays the batches gather from."""
+  """ "train" / "test" -> the examples' arrays the batches gather from,
+  in the files' order or (`time_order`) oldest first."""
   stamp = (
     parser.timestamp_bucket(raw.timestamp).numpy()
     if edges is not None
@@ -419,6 +435,8 @@ def _split_arrays(
   out = {}
   for name in ("train", "test"):
     rows = ratings.rows(name)
+    if time_order:
+      rows = stream.time_ordered(rows, raw.timestamp)
     out[name] = (
       ids["user_id"][rows],
       ids["item_id"][rows],
@@ -453,6 +471,8 @@ class MovieLens(DataSource):
     candidate_id_feature: "item_id".
     num_users, num_items: distinct users and items (vocabularies: one more).
     train_size, test_size: examples in each split.
+    shuffle: whether training examples are shuffled (resolved).
+    time_order, raw_ids: the settings (see `__init__`).
   """
 
   candidate_id_feature: str = "item_id"
@@ -472,7 +492,7 @@ class MovieLens(DataSource):
     timestamp_buckets: Annotated[int, ranges.Int(0, note="0: none")] = 0,
     dataset_name: ranges.Name | None = None,
     download: ranges.Flag = False,
-    shuffle: ranges.Flag = True,
+    shuffle: ranges.Flag | None = None,
     fold: Annotated[str, ranges.Choice(movielens_split_files.FOLDS)] = "u1",
     history: UserHistory | None = None,
     title_min_count: ranges.PositiveInt = 2,
@@ -487,6 +507,8 @@ class MovieLens(DataSource):
       ),
     ] = "auto",
     split_check: Annotated[str, ranges.Choice(SPLIT_CHECKS)] = "warn",
+    time_order: ranges.Flag = False,
+    raw_ids: ranges.Flag = False,
   ):
     """Reads, encodes, splits, and builds the features: each step once.
 
@@ -509,7 +531,8 @@ class MovieLens(DataSource):
       timestamp_buckets: > 0 adds a "timestamp" feature of that many buckets.
       dataset_name: the atomic file stem (`<name>.inter`); default: the one.
       download: fetch a missing GroupLens variant (`tf.keras.utils.get_file`).
-      shuffle: shuffle training examples (seeded, reshuffled each epoch).
+      shuffle: shuffle training examples (seeded, reshuffled each epoch);
+        None: shuffle unless `time_order`.
       fold: with split="files" on ml-100k, GroupLens' fold: u1 ... u5, ua, ub.
       history: adds the "user_history" feature built this way from the
         training split (None: no history feature unless `features` names
@@ -528,18 +551,31 @@ class MovieLens(DataSource):
         in one, does: "warn" (logs the counts) or "strict" (refused with
         the counts, `DataFormatError`). Such a pair means the evaluation
         scores ratings the model trained on, or counts one rating twice.
+      time_order: deliver both splits' examples oldest first (ties: the
+        earlier in the files), unshuffled; needs split="temporal", so the
+        evaluation is the latest `test_fraction` (`stream`).
+      raw_ids: deliver user_id and item_id as raw int64 ids
+        (`FeatureSpec.raw_ids`): GroupLens' ids as the integers they are,
+        RecBole tokens as 64-bit fingerprints (`raw_ids`). Ranking only;
+        a history sharing their table is refused (`stream`).
 
     Raises:
       SettingRangeError: a setting outside its declared range.
-      MovieLensConfigError: an unknown feature, an empty test split.
+      MovieLensConfigError: an unknown feature, an empty test split;
+        time_order or raw_ids with a setting they contradict.
       DatasetNotFoundError: the folder or files are missing.
       DataFormatError: a file does not parse, or a rating is off the scale
-        (names file and line); the splits overlap (split_check="strict").
+        (names file and line); the splits overlap (split_check="strict");
+        with raw_ids, a GroupLens id that is not an int64.
     """
+    self.time_order, self.raw_ids = bool(time_order), bool(raw_ids)
+    self.shuffle = stream.resolved_shuffle(
+      shuffle, self.time_order, split, MovieLensConfigError
+    )
     variant = _resolved_variant(data_dir, variant, dataset_name, download)
     self.variant, self.task, self.split = variant, task, split
     self._test_fraction, self._min_rating = test_fraction, min_rating
-    self.seed, self.shuffle = int(seed), bool(shuffle)
+    self.seed = int(seed)
     self.num_dense = 0
 
     # Read: the files, their ratings on the declared scale.
@@ -567,6 +603,16 @@ class MovieLens(DataSource):
     self.history, self.item_history = choice.history, choice.item_history
     self.query_features = choice.query_features
     self.candidate_features = choice.candidate_features
+    raw_kind = None
+    if self.raw_ids:
+      stream.check_raw_ids(
+        task, choice.history, choice.item_history, MovieLensConfigError
+      )
+      raw_kind = movielens_raw_ids.kind_of(variant)
+      if raw_kind == "integer":
+        movielens_raw_ids.check_integer_ids(
+          raw, {"user_id": vocab.users, "item_id": vocab.items}
+        )
 
     # Split: the test ratings and the examples; histories from training.
     ratings = split_ratings(
@@ -585,12 +631,18 @@ class MovieLens(DataSource):
 
     # Features: the parser (batches and serving), the specs, the examples.
     self._raw = _serving_parser(
-      vocab, edges, tables, _trained_ids(choice, tables, ids, num_ids, ratings)
+      vocab,
+      edges,
+      tables,
+      _trained_ids(choice, tables, ids, num_ids, ratings),
+      raw_kind,
     )
     self.feature_specs = _feature_specs(
-      choice, vocab, tables, timestamp_buckets
+      choice, vocab, tables, timestamp_buckets, self.raw_ids
     )
-    self._splits = _split_arrays(raw, ids, ratings, self._raw, edges)
+    self._splits = _split_arrays(
+      raw, ids, ratings, self._raw, edges, self.time_order
+    )
     self.train_size = len(self._splits["train"][0])
     self.test_size = len(self._splits["test"][0])
     self._item_probability = _item_probability(
@@ -636,8 +688,10 @@ class MovieLens(DataSource):
     """Batches of the train (or test) split, for `DataSource.dataset`.
 
     Input pipeline p of P takes examples p, p+P, ... of the split. Training
-    batches are drawn from a seeded permutation, reshuffled every epoch;
-    batching happens on indices, so the per-example cost is a gather.
+    batches are drawn from a seeded permutation, reshuffled every epoch
+    (unless `shuffle` is off: the split's order, oldest first with
+    `time_order`); batching happens on indices, so the per-example cost is
+    a gather.
 
     Raises:
       MovieLensConfigError: a repeated split gives this input pipeline no batch.

@@ -18,6 +18,8 @@ import logging
 from typing import Any
 
 from backends import registry
+from backends.layout import TableLayout
+from recsys import features as features_lib
 from recsys import planning
 from recsys._keras import tf
 from recsys.process import console
@@ -84,6 +86,35 @@ def plan_tables(
   )
 
 
+def check_raw_ids_are_mapped(specs: Any, layouts: dict[str, Any]) -> None:
+  """Refuses a feature that delivers raw ids (`FeatureSpec.raw_ids`) into
+  a table that takes them as rows: they would be refused as out of range
+  at the first step, or (below the vocabulary size by chance) read
+  unrelated rows silently.
+
+  Raises:
+    planning.PlacementSettingsError: naming the features and tables, and
+      the two ways to map their ids.
+  """
+  unmapped = {
+    spec.name: features_lib.table_name(spec)
+    for spec in specs
+    if getattr(spec, "raw_ids", False)
+    and not layouts.get(features_lib.table_name(spec), TableLayout()).dynamic
+  }
+  if not unmapped:
+    return
+  tables = sorted(set(unmapped.values()))
+  example = ", ".join(f'"{t}": @DynamicVocabulary()' for t in tables)
+  raise planning.PlacementSettingsError(
+    f"features {sorted(unmapped)} deliver raw ids (FeatureSpec.raw_ids), "
+    f"but their tables {tables} take ids as rows. Map them: "
+    f"EmbeddingPlacement.vocabularies = {{{example}}} (a dynamic "
+    "vocabulary), or @HashedIds() instead of @DynamicVocabulary() to hash "
+    "them into the rows."
+  )
+
+
 def make_backend(
   st: TrainSettings,
   source: Any,
@@ -118,6 +149,7 @@ def make_backend(
     plan.format(),
     extra=console.shown_as(console.PLAN),
   )
+  check_raw_ids_are_mapped(source.feature_specs, plan.layouts())
   if not st.skip_memory_check:  # before a table is allocated
     planning.check_fits(plan)
   options.update(st.backend_options or {})

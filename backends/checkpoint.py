@@ -45,6 +45,9 @@ _VALUE = "VARIABLE_VALUE"
 _GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _SLOT_SEPARATOR = ".S"  # how checkpoints escape the "/" of "<table>/<slot>"
 _LAYOUTS = _tf_internal.SPARSECORE_LAYOUTS_CHECKPOINT_KEY
+#: The checkpoint child of a backend's dynamic-vocabulary indices
+#: (`backends.vocabulary.stage.CHECKPOINT_KEY`, a name no table may take).
+VOCABULARIES = "vocabularies"
 
 
 class CheckpointMismatchError(BackendError, ValueError):
@@ -187,7 +190,14 @@ def verify_compatible(
     )
   tables: dict[str, tuple[int, ...]] = {}
   slots: dict[str, dict[str, tuple[int, ...]]] = {}
+  indices: dict[str, set[str]] = {}  # dynamic table -> its index's state
   for key, shape in stored.items():
+    if key.startswith(VOCABULARIES + "/"):
+      head = VOCABULARIES + "/tables/"
+      if key.startswith(head):
+        table, _, variable = key[len(head) :].partition("/")
+        indices.setdefault(table, set()).add(variable)
+      continue
     parts = _unescape(key)
     if len(parts) == 2:
       slots.setdefault(parts[0], {})[parts[1]] = shape
@@ -228,6 +238,7 @@ def verify_compatible(
           f"table {exp.name!r} slot {slot!r}: checkpoint shape "
           f"{_fmt(have[slot])}, backend shape {_fmt(exp.shape)}."
         )
+  problems += _index_problems(backend, indices, lookup_only)
   if not allow_extra_tables:
     known = {e.name for e in expected}
     for name in sorted(set(tables) - known):
@@ -241,6 +252,45 @@ def verify_compatible(
       f"{backend.name!r} backend's tables:\n  - " + "\n  - ".join(problems)
     )
   return path
+
+
+def _index_problems(
+  backend: base.EmbeddingBackend, stored: dict[str, set[str]], lookup_only
+) -> list[str]:
+  """What differs between the checkpoint's dynamic-vocabulary indices and
+  the backend's: a dynamic table without one, an index for a table that
+  takes ids as rows (a lookup-only backend reads such tables: the export
+  maps raw ids itself), an index written under another policy (other
+  state)."""
+  problems = []
+  live = {}
+  for table, index in backend.dynamic_tables().items():
+    # A tf.Module's checkpoint children are its attributes' names.
+    live[table] = {
+      name for name, v in vars(index).items() if isinstance(v, tf.Variable)
+    }
+  for table, names in sorted(live.items()):
+    if names and table not in stored:
+      problems.append(
+        f"table {table!r} is dynamic (EmbeddingPlacement.vocabularies) but "
+        "the checkpoint has no index for it: it was trained with its ids "
+        "as rows, or hashed. Train it afresh, or leave it static."
+      )
+    elif names and stored[table] != names:
+      problems.append(
+        f"table {table!r}: the checkpoint's index holds "
+        f"{sorted(stored[table])}, this run's {sorted(names)}: written "
+        "under another DynamicVocabulary policy (eviction?). Use the policy "
+        "it was trained with."
+      )
+  for table in sorted(set(stored) - set(live)):
+    if not lookup_only:
+      problems.append(
+        f"table {table!r} was trained dynamic (raw ids through an index), "
+        "but this run's table takes ids as rows: set its "
+        "EmbeddingPlacement.vocabularies as it was trained."
+      )
+  return problems
 
 
 def _narrowed(variable: tf.Variable, stored: tf.DType) -> str:

@@ -44,6 +44,7 @@ from backends.table_step import Features
 from backends.tensorcore import kernels
 from backends.tensorcore.engines import dynamic, static
 from backends.vocabulary import stage as stage_lib
+from backends.vocabulary.stage import CHECKPOINT_KEY as checkpoint_key
 
 log = logging.getLogger("recsys.backends")
 
@@ -203,9 +204,9 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
             lambda name, rows: self._storages[name].reset_rows(rows),
           )
         )
-        for name, index in self._stage.indices.items():
-          tracker.add_trackable(f"{name}/vocabulary", index)
-        tracker.add_trackable("vocabulary_step", self._stage.step)
+        # One child beside the tables (`backends.checkpoint.VOCABULARIES`):
+        # `vocabularies/tables/<table>/...` and `vocabularies/step`.
+        tracker.add_trackable(checkpoint_key, self._stage.trackable())
       if self._counts_inputs:
         self._counters = _tf_internal.NoDependency(
           InputCounters([layout.path for layout in self._layouts])

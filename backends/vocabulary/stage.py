@@ -36,6 +36,11 @@ from backends import inputs as inputs_lib
 from backends.vocabulary import hashed
 from backends.vocabulary import index as index_lib
 
+#: The backend's checkpoint child holding every index and the step clock
+#: (`vocabularies/tables/<table>/...`, `vocabularies/step`), beside the
+#: tables.
+CHECKPOINT_KEY = "vocabularies"
+
 
 def flat_ids(inp: Any) -> tf.Tensor:
   """A feature input's ids as one vector, in row-major order (padding of
@@ -194,6 +199,17 @@ class VocabularyStage:
           rows = _with_default(index.lookup(ids), index.default_row)
           out[k] = with_ids(raw[k], rows)
     return out
+
+  def trackable(self) -> Any:
+    """One checkpoint node: each table's index under "tables/<table>",
+    the step clock under "step"."""
+    tables = _tf_internal.AutoTrackable()
+    for name, index in self.indices.items():
+      _tf_internal.track_child(tables, index, name)
+    node = _tf_internal.AutoTrackable()
+    _tf_internal.track_child(node, tables, "tables")
+    _tf_internal.track_child(node, self.step, "step")
+    return node
 
   def counters(self) -> dict[str, dict[str, tf.Tensor]]:
     """Table name -> its index's counters (`VocabularyIndex.counters`)."""

@@ -275,3 +275,33 @@ def test_evaluation_reads_the_index_and_changes_nothing():
   after = _state(emb, table)
   assert after[2] == before[2]
   np.testing.assert_array_equal(after[0], before[0])
+
+
+@pytest.mark.parametrize(
+  "saved,restored,message",
+  [
+    (DynamicVocabulary(), None, "was trained dynamic"),
+    (None, DynamicVocabulary(), "has no index for it"),
+    (
+      DynamicVocabulary(),
+      DynamicVocabulary(eviction="age", max_age=3),
+      "another DynamicVocabulary policy",
+    ),
+  ],
+  ids=["dynamic-into-static", "static-into-dynamic", "another-policy"],
+)
+def test_a_checkpoint_whose_index_does_not_match_is_refused(
+  tmp_path, saved, restored, message
+):
+  """Before anything is restored, naming the table and what to do: a
+  dynamic table's index missing, one the run's table would ignore, or one
+  written under another policy (other state)."""
+  from backends import checkpoint as checkpoint_lib
+
+  first, _ = _tables(embedding.SGD(0.1), saved)
+  if saved is not None:
+    _train(first, _stream(steps=2))
+  path = tf.train.Checkpoint(embedding=first).save(str(tmp_path / "ckpt"))
+  second, _ = _tables(embedding.SGD(0.1), restored)
+  with pytest.raises(checkpoint_lib.CheckpointMismatchError, match=message):
+    checkpoint_lib.verify_compatible(path, second)

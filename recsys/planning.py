@@ -707,7 +707,18 @@ def _requests(
     exchange,
     float(placement.exchange_sigmas),
     stored,
-    _vocabularies(placement.vocabularies, field("vocabularies"), check),
+    _vocabularies(placement.vocabularies, field("vocabularies"), names),
+  )
+
+
+def vocabularies_of(
+  placement: EmbeddingPlacement | None, names: list[str]
+) -> dict[str, Any]:
+  """Table name -> the vocabulary policy `placement` (None: the gin
+  bindings') gives it, for the tables in `names` that have one."""
+  placement = placement if placement is not None else bound_placement()
+  return _vocabularies(
+    placement.vocabularies, "EmbeddingPlacement.vocabularies", names
   )
 
 

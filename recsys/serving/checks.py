@@ -113,7 +113,8 @@ def checked_ids(
   """`inputs` after asserting the ids of `names` are in their vocabulary.
 
   Ids must be in `[0, vocabulary_size)`; padded `[B, W]` ids may also be
-  -1 (padding).
+  -1 (padding). Raw ids (`FeatureSpec.raw_ids`) may be any int64 (-1
+  still pads a `[B, W]` row): the export maps them to rows.
 
   Raises (when run):
     InvalidArgumentError: names the feature, its table and vocabulary
@@ -123,6 +124,8 @@ def checked_ids(
   checks = []
   for name in names:
     ids, spec = inputs[name], by_name[name]
+    if getattr(spec, "raw_ids", False):
+      continue  # any int64: the export's id map gives it a row or default
     size = int(spec.vocabulary_size)
     padded = ids.shape.rank is not None and ids.shape.rank > 1
     low = -1 if padded else 0

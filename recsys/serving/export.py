@@ -80,6 +80,7 @@ from recsys.process import console
 from recsys.run.restored import RestoredRun
 from recsys.serving import checks as serving_checks
 from recsys.serving import lookup as serving_lookup
+from recsys.serving.id_maps import IdMaps
 
 log = logging.getLogger("recsys.export")
 
@@ -179,7 +180,9 @@ def to_features(
 ) -> dict[str, Any]:
   """Raw signature inputs -> a batch's `features` dict (the data contract).
 
-  Padded `[B, W]` ids (-1 = padding) become `tf.RaggedTensor` `[B, None]`.
+  Padded `[B, W]` ids (-1 = padding; other negative ids too, except raw
+  ids, `FeatureSpec.raw_ids`, which may be any other int64) become
+  `tf.RaggedTensor` `[B, None]`.
   Shapes and ids are checked first (`serving_checks`: an error naming the
   inputs and shapes, or the feature, row and id).
   """
@@ -190,7 +193,9 @@ def to_features(
   for name in names:
     ids = inputs[name]
     if _width(by_name[name]):
-      mask = ids >= 0
+      # -1 pads a row; raw ids (any int64) may be negative otherwise.
+      raw = getattr(by_name[name], "raw_ids", False)
+      mask = tf.not_equal(ids, -1) if raw else ids >= 0
       categorical[name] = tf.ragged.boolean_mask(ids, mask)
       if f"{name}_weights" in inputs:
         weights[name] = tf.ragged.boolean_mask(inputs[f"{name}_weights"], mask)
@@ -222,6 +227,9 @@ class ServingModule(tf.Module):
       (`recsys.models.retrieval.seen_items.SeenItems`); adds the "top_k" and
       "top_k_raw" signatures, which can leave them out.
     query_id_feature: the query id `seen` is keyed by (e.g. "user_id").
+    id_maps: how tables fed raw ids map them to rows
+      (`recsys.serving.id_maps.IdMaps.for_run`); None: every table takes
+      ids as rows.
   """
 
   def __init__(
@@ -235,11 +243,13 @@ class ServingModule(tf.Module):
     raw_parser: RawParser | None = None,
     seen: seen_lib.SeenItems | None = None,
     query_id_feature: str | None = None,
+    id_maps: IdMaps | None = None,
   ):
     k = checked_k(k, corpus is not None, type(model).__name__)
     super().__init__(name="recsys_serving")
     self.model = model
     self.embedding = embedding
+    self.id_maps = id_maps  # tracked: its hash tables are saved
     self.raw_parser = raw_parser  # tracked: its vocabulary tables are saved
     self._specs = list(specs)
     self._num_dense = num_dense
@@ -259,7 +269,10 @@ class ServingModule(tf.Module):
     self._query_id = query_id_feature or ""
 
   def activations(self, features: Mapping[str, Any], names: Sequence[str]):
-    """Embedding lookups of `names` on the serving embedding's tables."""
+    """Embedding lookups of `names` on the serving embedding's tables (raw
+    ids first made rows by `id_maps`, where tables take them)."""
+    if self.id_maps is not None:
+      features = self.id_maps.rows(features, names)
     return serving_lookup.serving_activations(self.embedding, features, names)
 
   def signatures(self) -> dict[str, Any]:
@@ -538,6 +551,7 @@ def export(
     raw_parser=raw_parser,
     seen=seen,
     query_id_feature=query_id,
+    id_maps=IdMaps.for_run(run),
   )
   # Written next to export_dir and swapped in whole: a kill at any moment
   # leaves the previous export (if any) loadable, never a mixture.

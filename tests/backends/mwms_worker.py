@@ -1,6 +1,6 @@
 """One worker of the 2-process MultiWorkerMirroredStrategy test (run as a script).
 
-Usage: python mwms_worker.py OUT.npz [--replicas 2]
+Usage: python mwms_worker.py OUT.npz [--replicas 2] [--dynamic]
 
 With TF_CONFIG (set by the test) it is one worker of the 2-process cluster and
 trains on its half of each global batch. Without it the process trains alone:
@@ -8,7 +8,9 @@ on the whole batch with one replica, or with `--replicas 2` under a
 MirroredStrategy over 2 logical CPUs, each replica on its half (the same
 global batch, split as the 2 workers split it). The test runs the two
 references in its own process (`main(..., strategy=...)`): only the workers
-need processes of their own.
+need processes of their own. `--dynamic`: the table takes raw ids through a
+dynamic vocabulary smaller than the ids it sees (admission, LRU eviction,
+resets), mapped in its own `strategy.run` before each step.
 """
 
 import json
@@ -39,6 +41,7 @@ def main(
   out_path: str,
   local_replicas: int = 1,
   strategy: tf.distribute.Strategy | None = None,
+  dynamic: bool = False,
 ) -> None:
   """Trains and saves the table and its accumulators to `out_path`.
 
@@ -62,19 +65,38 @@ def main(
     strategy = tf.distribute.get_strategy()
   worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"] if multi else 0
   workers = strategy.num_replicas_in_sync if multi else 1
-  table = E.TableConfig(23, DIM, combiner="mean", name="t")
+  table = E.TableConfig(
+    23 if not dynamic else 9, DIM, combiner="mean", name="t"
+  )
+  layouts = None
+  if dynamic:
+    from backends.layout import TableLayout
+    from backends.vocabulary import DynamicVocabulary
+
+    layouts = TableLayout(vocabulary=DynamicVocabulary(eviction="lru"))
   with strategy.scope():
     emb = backends.create(
-      {"f": E.FeatureConfig(table)}, E.Adagrad(0.1), strategy
+      {"f": E.FeatureConfig(table)},
+      E.Adagrad(0.1),
+      strategy,
+      backend="tensorcore",
+      layouts=layouts,
     )
     emb.build()
     var = emb.embedding_tables[table]
+    rows = table.vocabulary_size
     var.assign(
-      tf.reshape(tf.range(23 * DIM, dtype=tf.float32) / 100.0, [23, DIM])
+      tf.reshape(tf.range(rows * DIM, dtype=tf.float32) / 100.0, [rows, DIM])
     )
 
   @tf.function
   def step(ids, cot):
+    if dynamic:  # raw ids (a bijection of the small ones) made rows first
+      ids = strategy.run(
+        lambda ids: emb.map_ids({"f": ids * 1_000_003 - 2**40}, True)["f"],
+        args=(ids,),
+      )
+
     def replica_step(ids, cot):
       with tf.GradientTape() as tape:
         acts = emb.lookup({"f": ids}, training=True)
@@ -108,12 +130,27 @@ def main(
       continue
     mine = slice(worker * per, (worker + 1) * per)
     step(tf.ragged.constant(rows[mine], dtype=tf.int64), tf.constant(cot[mine]))
+  extra = {}
+  if dynamic:
+    index = emb.dynamic_tables()["t"]
+    keys, rows = index.mapping()
+    counters = index.counters()
+    extra = dict(
+      keys=keys.numpy(),
+      rows=rows.numpy(),
+      counters=np.array([int(counters[k]) for k in sorted(counters)]),
+    )
   np.savez(
     out_path,
     table=var.numpy(),
     acc=emb.slot_variables()["t"]["accumulators"].numpy(),
+    **extra,
   )
 
 
 if __name__ == "__main__":
-  main(sys.argv[1], int(sys.argv[3]) if sys.argv[2:3] == ["--replicas"] else 1)
+  main(
+    sys.argv[1],
+    int(sys.argv[3]) if sys.argv[2:3] == ["--replicas"] else 1,
+    dynamic="--dynamic" in sys.argv,
+  )

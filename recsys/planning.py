@@ -169,6 +169,15 @@ class TableMemory:
     return self.table_bytes + self.slot_bytes
 
   @property
+  def index_bytes(self) -> int:
+    """A dynamic vocabulary's index, held once per process on its host
+    (0 for a table whose ids are its rows, or hashed)."""
+    vocabulary = self.layout.vocabulary
+    if vocabulary is None:
+      return 0
+    return int(vocabulary.index_bytes(self.vocabulary_size))
+
+  @property
   def placement(self) -> str:
     if self.row_sharded:
       return f"row_sharded /{self.shards}"
@@ -234,8 +243,14 @@ class MemoryPlan:
 
   @property
   def host_bytes(self) -> int:
-    """Tables and slots this process holds: every local replica's share."""
-    return self.bytes_per_device * self.local_replicas
+    """Tables and slots this process holds (every local replica's share),
+    and its dynamic vocabularies' indices."""
+    return self.bytes_per_device * self.local_replicas + self.index_bytes
+
+  @property
+  def index_bytes(self) -> int:
+    """The dynamic vocabularies' indices, one copy in each process."""
+    return sum(r.index_bytes for r in self.rows)
 
   @property
   def host_fits(self) -> bool | None:
@@ -264,7 +279,9 @@ class MemoryPlan:
     if not self.host_process:
       return None
     return (
-      self.bytes_per_device * self.local_replicas + self.fixed_overhead_bytes
+      self.bytes_per_device * self.local_replicas
+      + self.index_bytes
+      + self.fixed_overhead_bytes
     )
 
   @property
@@ -332,6 +349,19 @@ class MemoryPlan:
         f"{human_bytes(self.host_bytes)} of its "
         f"{human_bytes(self.host_ram_bytes)} of RAM, {share:.1f}%"
       )
+    dynamic = [r for r in self.rows if r.layout.vocabulary is not None]
+    if dynamic:
+      out.append(
+        "raw ids: "
+        + ", ".join(
+          f"{r.table} {_vocabulary_text(r.layout.vocabulary)}" for r in dynamic
+        )
+        + (
+          f"; the indices hold {human_bytes(self.index_bytes)} in each process"
+          if self.index_bytes
+          else ""
+        )
+      )
     if self.row_layout and any(r.row_sharded for r in self.rows):
       out.append(f"row layout of the row-sharded tables: {self.row_layout}")
     exchange = self.exchange_bytes
@@ -345,10 +375,15 @@ class MemoryPlan:
       replicas = (
         f" x {self.local_replicas} replicas" if self.local_replicas > 1 else ""
       )
+      indices = (
+        f"indices {human_bytes(self.index_bytes)} + "
+        if self.index_bytes
+        else ""
+      )
       out.append(
         f"predicted peak RSS of a training process: {human_bytes(peak)} = "
         f"tables and slots {human_bytes(self.bytes_per_device)}{replicas} + "
-        "fixed "
+        f"{indices}fixed "
         f"overhead {human_bytes(self.fixed_overhead_bytes)} (TF runtime "
         f"{human_bytes(RUNTIME_BYTES)}, of which ~470 MiB TF's shared-library "
         f"pages; model, traced steps, input pipeline and evaluation "
@@ -389,6 +424,18 @@ class MemoryPlan:
       f"{reason}"
       for reason, tables in shown.items()
     ]
+
+
+def _vocabulary_text(vocabulary: Any) -> str:
+  """How a table maps raw ids, in a few words for the plan."""
+  if getattr(vocabulary, "unknown", None) is None:
+    return "hashed into its rows"
+  text = f"dynamic ({vocabulary.eviction} eviction"
+  if vocabulary.admit_after > 1:
+    text += f", admitted after {vocabulary.admit_after}"
+  if vocabulary.admit_probability < 1:
+    text += f", with probability {vocabulary.admit_probability}"
+  return text + f", unknown ids read {vocabulary.unknown})"
 
 
 def _natural_key(name: Any) -> list:

@@ -48,6 +48,11 @@ class HashedIds:
         f"HashedIds.seed = {self.seed!r}; use an integer."
       )
 
+  def index_bytes(self, vocabulary_size: int) -> int:
+    """None: hashing keeps no state."""
+    del vocabulary_size
+    return 0
+
   def check(self, table: str, vocabulary_size: int) -> None:
     """Raises naming `table` when it has no row to hash into."""
     if vocabulary_size < 1:

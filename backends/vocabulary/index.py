@@ -67,6 +67,7 @@ import tensorflow as tf
 from backends import _tf_internal
 from backends.errors import BackendError
 from backends.vocabulary.policy import (
+  SKETCH_ROWS,
   DynamicVocabulary,
   Eviction,
   UnknownIds,
@@ -79,14 +80,10 @@ _MUL1 = 0xBF58476D1CE4E5B9
 _MUL2 = 0x94D049BB133111EB
 #: The sketch's hash rows (salt purposes 0 and 1), then the admission
 #: hash's purpose.
-_SKETCH_ROWS = 2
+_SKETCH_ROWS = SKETCH_ROWS
 _ADMIT = _SKETCH_ROWS
 #: `lucky` is 53 bits: compared with `floor(admit_probability * 2**53)`.
 _LUCKY_BITS = 53
-#: Bytes an id costs the hash table (`tf.lookup.experimental.
-#: MutableHashTable`, int64 -> int64): its key and value and the map's
-#: slack (measured, RSS: 35 bytes an entry at 10**5 entries, 43 at 10**6).
-HASH_TABLE_BYTES_PER_ID = 48
 
 
 class VocabularyIdsError(BackendError, TypeError):
@@ -287,17 +284,8 @@ class VocabularyIndex(tf.Module):
     return None
 
   def index_bytes(self) -> int:
-    """Bytes of state the index holds, its hash table full (for the memory
-    planner): per row 25 (keys, occupied, counts, last_seen; 33 with
-    eviction "age"'s free list) and `HASH_TABLE_BYTES_PER_ID`, and the
-    sketch's 16 per column."""
-    per_row = 8 + 1 + 8 + 8 + HASH_TABLE_BYTES_PER_ID
-    if self.policy.eviction is Eviction.AGE:
-      per_row += 8
-    scalars = 8 * (7 if self.policy.eviction is Eviction.AGE else 5)
-    return (
-      per_row * self.capacity + 8 * _SKETCH_ROWS * self.sketch_width + scalars
-    )
+    """Bytes of state the index holds (`DynamicVocabulary.index_bytes`)."""
+    return self.policy.index_bytes(self.vocabulary_size)
 
   def counters(self) -> dict[str, tf.Tensor]:
     """int64 scalars: rows_in_use, capacity (the rows ids may take),

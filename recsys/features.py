@@ -35,6 +35,8 @@ from recsys.feature_spec import FeatureSpec
 embedding = tf.tpu.experimental.embedding
 
 _OVERRIDE_KEYS = ("dim", "combiner", "initializer", "optimizer")
+#: Per-table only: the rows of a table fed raw ids (its capacity).
+_CAPACITY_KEY = "vocabulary_size"
 #: The table combiners, in the order error messages list them.
 _COMBINERS = tuple(
   c for c in ("sum", "mean", "sqrtn") if c in backends_base.ALL_COMBINERS
@@ -65,7 +67,11 @@ class EmbeddingSettings:
       None -> the trainer's `embedding_optimizer`.
     overrides: table name -> {"dim", "combiner", "initializer", "optimizer"}
       to override the settings above for that table, e.g.
-      `{"item": {"dim": 32, "optimizer": @embedding.Adam()}}` in gin.
+      `{"item": {"dim": 32, "optimizer": @embedding.Adam()}}` in gin; and,
+      for a table fed raw ids (`FeatureSpec.raw_ids`: a dynamic vocabulary
+      or hashing maps them), "vocabulary_size": its rows, the capacity
+      (default: what the data source suggests), e.g. `{"user_id":
+      {"vocabulary_size": 600}}`.
   """
 
   dim: ranges.PositiveInt = 16
@@ -85,11 +91,12 @@ class EmbeddingSettings:
     """The dim/combiner/initializer/optimizer of `table` after overrides."""
     values = {key: getattr(self, key) for key in _OVERRIDE_KEYS}
     override = dict(self.overrides.get(table, {}))
-    unknown = sorted(set(override) - set(_OVERRIDE_KEYS))
+    valid = [*_OVERRIDE_KEYS, _CAPACITY_KEY]
+    unknown = sorted(set(override) - set(valid))
     if unknown:
       raise FeatureConfigError(
         f"embedding override for table {table!r} has unknown keys "
-        f"{unknown}; valid keys: {list(_OVERRIDE_KEYS)}."
+        f"{unknown}; valid keys: {valid}."
       )
     values.update(override)
     return values
@@ -290,7 +297,7 @@ def feature_config(
     if seed is not None:
       initializer = seeded_initializer(initializer, dim, seed, name)
     tables[name] = embedding.TableConfig(
-      vocabulary_size=spec.vocabulary_size,
+      vocabulary_size=_rows(name, spec, values),
       dim=dim,
       initializer=initializer,
       optimizer=values["optimizer"],
@@ -306,6 +313,35 @@ def feature_config(
     )
     for spec in specs
   }
+
+
+def _rows(table: str, spec: FeatureSpec, values: Mapping[str, Any]) -> int:
+  """The table's rows: the spec's vocabulary size, or for a table fed raw
+  ids the capacity its override gives.
+
+  Raises:
+    FeatureConfigError: a capacity for a table whose ids are its rows (a
+      smaller one would refuse ids the data delivers), or one that is not
+      a positive int.
+  """
+  rows = values.get(_CAPACITY_KEY)
+  if rows is None:
+    return spec.vocabulary_size
+  where = f"EmbeddingSettings.overrides[{table!r}][{_CAPACITY_KEY!r}]"
+  if not getattr(spec, "raw_ids", False):
+    raise FeatureConfigError(
+      f"{where} = {rows!r}, but table {table!r}'s ids are its rows (0 to "
+      f"{spec.vocabulary_size - 1}, from the data): only a table fed raw ids "
+      "(FeatureSpec.raw_ids) takes a capacity."
+    )
+  if isinstance(rows, bool) or not isinstance(rows, numbers.Integral):
+    rows = 0
+  if rows < 1:
+    raise FeatureConfigError(
+      f"{where} = {values[_CAPACITY_KEY]!r}; use a positive int (the rows "
+      "the table's raw ids share)."
+    )
+  return int(rows)
 
 
 def specs_from_feature_config(

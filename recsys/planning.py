@@ -930,7 +930,7 @@ def plan_memory(
   rows = []
   for i, (table, placed) in enumerate(zip(tables, answer.tables)):
     held = placed.layout or _answered_layout(placed, request)
-    if names[i] in wanted.vocabularies:
+    if names[i] in wanted.vocabularies and capable.dynamic_vocabularies:
       held = dataclasses.replace(held, vocabulary=wanted.vocabularies[names[i]])
     rows.append(
       _memory_row(

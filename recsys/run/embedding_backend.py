@@ -149,7 +149,8 @@ def make_backend(
     plan.format(),
     extra=console.shown_as(console.PLAN),
   )
-  check_raw_ids_are_mapped(source.feature_specs, plan.layouts())
+  if backend_cls.capabilities.trains:  # an export maps them itself (IdMaps)
+    check_raw_ids_are_mapped(source.feature_specs, plan.layouts())
   if not st.skip_memory_check:  # before a table is allocated
     planning.check_fits(plan)
   options.update(st.backend_options or {})

@@ -88,3 +88,17 @@ def test_shared_table_with_two_vocabulary_sizes_is_refused():
   specs = [FeatureSpec("a", 23, table="t"), FeatureSpec("b", 29, table="t")]
   with pytest.raises(FeatureConfigError, match="share table 't'.*23 and 29"):
     feature_config(specs)
+
+
+def test_a_capacity_override_is_for_raw_id_tables_only():
+  """A table fed raw ids takes its rows from the override (its capacity);
+  one whose ids are its rows refuses it: a smaller table would refuse ids
+  the data delivers."""
+  raw = FeatureSpec("user", 943, raw_ids=True)
+  settings = EmbeddingSettings(overrides={"user": {"vocabulary_size": 600}})
+  assert feature_config([raw], settings)["user"].table.vocabulary_size == 600
+  with pytest.raises(FeatureConfigError, match="ids are its rows"):
+    feature_config([FeatureSpec("user", 943)], settings)
+  bad = EmbeddingSettings(overrides={"user": {"vocabulary_size": 0}})
+  with pytest.raises(FeatureConfigError, match="positive int"):
+    feature_config([raw], bad)

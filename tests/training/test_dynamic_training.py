@@ -7,10 +7,18 @@ holds for static tables must hold here too: 2 replicas train the one-
 replica model (the indices see the global batch in one order), a compiled
 step trains the uncompiled one (the mapping runs before it), and a run
 stopped and resumed ends where an uninterrupted one does, bit for bit,
-index included.
+index included. Its export serves raw ids in plain TF: exported from the
+trained backend's indices, and restored on the lookup-only export backend
+as `recsys export` does (the tables and, from the same checkpoint, each
+index), served in a process that cannot import the project, admitted ids
+score as the trained model scores them and unknown ids as the default.
 """
 
 import functools
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -21,6 +29,9 @@ from recsys.data.synthetic_ctr import SyntheticCTR
 from recsys.features import EmbeddingSettings
 from recsys.models import DLRM
 from recsys.planning import EmbeddingPlacement, PlacementSettingsError
+from recsys.run.restored import RestoredRun
+from recsys.serving import export as export_lib
+from recsys.train_settings import TrainSettings
 from recsys.training import Trainer
 from tests.conftest import mirrored_strategy
 from tests.training.test_trainer import assert_same_state, state
@@ -82,10 +93,26 @@ def _index_state(run) -> dict[str, np.ndarray]:
   return out
 
 
-def test_the_tables_admit_evict_and_report_their_counters(tmp_path):
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+  """One replica, uncompiled, 12 steps at once: the run the others are
+  compared with (its trainer and final metrics)."""
+  trainer = _trainer(tmp_path_factory.mktemp("plain"))
+  return trainer, trainer.train()
+
+
+def _assert_same_run(got, want, **tol):
+  """The same indices (ids, rows, counters) and the same trained state."""
+  assert _index_state(got).keys() == _index_state(want).keys()
+  for key, value in _index_state(want).items():
+    np.testing.assert_array_equal(_index_state(got)[key], value, err_msg=key)
+  assert_same_state(state(got), state(want), **tol)
+
+
+def test_the_tables_admit_evict_and_report_their_counters(plain):
   """The capacity is below the stream's ids: rows are reused, and the
   counters reach the run's results."""
-  metrics = _trainer(tmp_path).train()
+  _, metrics = plain
   for table, capacity in (("C1", 20), ("C2", 30)):
     assert metrics[f"vocabulary/{table}/capacity"] == capacity
     assert metrics[f"vocabulary/{table}/rows_in_use"] <= capacity
@@ -95,47 +122,26 @@ def test_the_tables_admit_evict_and_report_their_counters(tmp_path):
   assert np.isfinite(metrics["eval/auc"])
 
 
-def test_two_replicas_train_the_one_replica_model(tmp_path):
-  trained = []
-  for replicas in (1, 2):
-    trainer = _trainer(
-      tmp_path / f"r{replicas}", strategy=mirrored_strategy(replicas)
-    )
-    trainer.train()
-    trained.append(trainer.run)
-  one, two = trained
-  assert _index_state(one).keys() == _index_state(two).keys()
-  for key, value in _index_state(one).items():
-    np.testing.assert_array_equal(_index_state(two)[key], value, err_msg=key)
-  assert_same_state(state(one), state(two), rtol=2e-5, atol=1e-6)
+def test_two_replicas_train_the_one_replica_model(plain, tmp_path):
+  two = _trainer(tmp_path, strategy=mirrored_strategy(2))
+  two.train()
+  _assert_same_run(two.run, plain[0].run, rtol=2e-5, atol=1e-6)
 
 
-def test_a_compiled_step_trains_the_uncompiled_model(tmp_path):
-  plain = _trainer(tmp_path / "plain")
-  plain.train()
-  compiled = _trainer(tmp_path / "xla", jit_compile=True)
+def test_a_compiled_step_trains_the_uncompiled_model(plain, tmp_path):
+  compiled = _trainer(tmp_path, jit_compile=True)
   compiled.train()
-  for key, value in _index_state(plain.run).items():
-    np.testing.assert_array_equal(
-      _index_state(compiled.run)[key], value, err_msg=key
-    )
-  assert_same_state(state(plain.run), state(compiled.run), rtol=1e-5, atol=1e-6)
+  _assert_same_run(compiled.run, plain[0].run, rtol=1e-5, atol=1e-6)
 
 
-def test_a_stopped_run_resumes_bit_identical(tmp_path):
+def test_a_stopped_run_resumes_bit_identical(plain, tmp_path):
   """Stopped after 8 steps and resumed to 12 == 12 steps at once: tables,
   slots, dense weights and every index (ids, rows, counters)."""
-  whole = _trainer(tmp_path / "whole")
-  whole.train()
-  _trainer(tmp_path / "parts", train_steps=8).train()
-  resumed = _trainer(tmp_path / "parts")
+  _trainer(tmp_path, train_steps=8).train()
+  resumed = _trainer(tmp_path)
   resumed.train()
   assert int(resumed.run.global_step.numpy()) == 12
-  for key, value in _index_state(whole.run).items():
-    np.testing.assert_array_equal(
-      _index_state(resumed.run)[key], value, err_msg=key
-    )
-  assert_same_state(state(whole.run), state(resumed.run))
+  _assert_same_run(resumed.run, plain[0].run)
 
 
 def test_raw_ids_into_a_table_that_takes_rows_are_refused(tmp_path):
@@ -144,3 +150,102 @@ def test_raw_ids_into_a_table_that_takes_rows_are_refused(tmp_path):
   naming the feature and both ways to map it."""
   with pytest.raises(PlacementSettingsError, match=r"\['C2'\].*HashedIds"):
     _trainer(tmp_path, vocabularies={"C1": POLICY})
+
+
+_SERVE = textwrap.dedent("""
+    import json, sys
+    class _Blocked:
+      def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("recsys", "backends", "tests"):
+          raise ImportError(name + " is not importable in the serving process")
+    sys.meta_path.insert(0, _Blocked())
+    import numpy as np
+    import tensorflow as tf
+    inputs, outputs, *export_dirs = sys.argv[1:]
+    with np.load(inputs) as arrays:
+      feed = {k: tf.constant(arrays[k]) for k in arrays.files}
+    scores = []
+    for export_dir in export_dirs:
+      serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+      scores.append(serve(**feed)["scores"].numpy().reshape(-1))
+    np.save(outputs, np.stack(scores))
+""")
+
+
+def _serve(tmp_path, export_dirs, inputs) -> np.ndarray:
+  """Each export's scores of `inputs` (rows), in one process that cannot
+  import the project."""
+  np.savez(tmp_path / "inputs.npz", **inputs)
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-c",
+      _SERVE,
+      str(tmp_path / "inputs.npz"),
+      str(tmp_path / "scores.npy"),
+      *map(str, export_dirs),
+    ],
+    cwd=tmp_path,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  return np.load(tmp_path / "scores.npy")
+
+
+def test_the_export_maps_raw_ids_as_the_trained_index_does(plain, tmp_path):
+  """Both exports (from the trained backend's indices, and from the
+  checkpoint's through the lookup-only export backend) score admitted ids
+  as the trained model does and unknown ids as its default (zeros)."""
+  run = plain[0].run
+  source = run.source
+  features, _ = next(iter(source.dataset(16, training=False)))
+  admitted, _ = run.backend.dynamic_tables()["C1"].mapping()
+  assert int(tf.size(admitted)) >= 8
+  categorical = dict(features["categorical"])
+  # Rows 0-7: C1 ids the index holds; 8-15: ids it never saw.
+  categorical["C1"] = tf.concat(
+    [admitted[:8], tf.constant([12345 + i for i in range(8)], tf.int64)], 0
+  )
+  features = {**features, "categorical": categorical}
+  names = list(run.backend.feature_config)
+  mapped = run.backend.map_ids(
+    {n: categorical[n] for n in names}, training=False
+  )
+  assert np.all(mapped["C1"].numpy()[8:] < 0)  # unknown: left out
+  acts = run.backend.lookup(mapped, training=False)
+  want = run.model(acts, features, training=False).numpy().reshape(-1)
+
+  inputs = {"dense": features["dense"].numpy()}
+  for name in names:
+    ids = categorical[name]
+    if isinstance(ids, tf.RaggedTensor):
+      ids = ids.to_tensor(default_value=-1)
+    inputs[name] = ids.numpy().astype(np.int64)
+
+  export_lib.export(run, str(tmp_path / "from_backend"))
+
+  restored = RestoredRun(
+    run.model_dir,
+    _source(),
+    MODEL,
+    settings=TrainSettings(
+      embedding=EmbeddingSettings(dim=7),
+      embedding_optimizer=tf.tpu.experimental.embedding.Adagrad(0.1),
+      placement=run.settings.placement,
+      backend="serving",
+      global_batch_size=20,
+      seed=3,
+      progress_bar=False,
+      summaries=False,
+    ),
+  )
+  assert not restored.backend.dynamic_tables()  # the lookup-only backend
+  export_lib.export(restored, str(tmp_path / "from_checkpoint"))
+  exports = [tmp_path / "from_backend", tmp_path / "from_checkpoint"]
+  for got in _serve(tmp_path, exports, inputs):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

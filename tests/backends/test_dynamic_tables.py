@@ -305,3 +305,19 @@ def test_a_checkpoint_whose_index_does_not_match_is_refused(
   second, _ = _tables(embedding.SGD(0.1), restored)
   with pytest.raises(checkpoint_lib.CheckpointMismatchError, match=message):
     checkpoint_lib.verify_compatible(path, second)
+
+
+def test_a_tpu_strategy_is_refused_naming_the_tables():
+  """On a TPU the replica step runs on the device, where the index cannot:
+  refused when the backend is built, not failed inside a TPU compile."""
+  from backends import base
+  from tests.backends.test_selection import fake_tpu_strategy
+
+  table = embedding.TableConfig(vocabulary_size=CAPACITY, dim=DIM, name="t")
+  with pytest.raises(base.UnsupportedConfigError, match=r"\['t'\].*on a TPU"):
+    TensorCoreEmbedding(
+      {"f": embedding.FeatureConfig(table=table)},
+      embedding.SGD(0.1),
+      fake_tpu_strategy("UNSUPPORTED"),
+      layouts={"t": TableLayout(vocabulary=DynamicVocabulary())},
+    )

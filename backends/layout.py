@@ -262,6 +262,21 @@ def per_table(
   }
   if names is None:
     return {}
+  refuse_unknown_tables(given, names, setting)
+  if others is None:
+    return given
+  return {name: given.get(name, others) for name in names}
+
+
+def refuse_unknown_tables(
+  given: Iterable[Any], names: Sequence[str], setting: str
+) -> None:
+  """Raises when `given` names a table not in `names`.
+
+  Raises:
+    LayoutSettingError: naming `setting`, the unknown tables, the tables
+      there are and the closest names.
+  """
   unknown = [t for t in given if t not in names]
   if unknown:
     hints = "".join(
@@ -271,9 +286,6 @@ def per_table(
       f"{setting} names unknown tables {sorted(map(str, unknown))}; the "
       f"tables are {sorted(names)}.{hints}"
     )
-  if others is None:
-    return given
-  return {name: given.get(name, others) for name in names}
 
 
 def every_table(
@@ -294,13 +306,7 @@ def every_table(
       f"layouts = {layout!r}; give a backends.layout.TableLayout for every "
       "table, or a dict table name -> TableLayout."
     )
-  unknown = [t for t in layout if t not in names]
-  if unknown:
-    hints = "".join(did_you_mean(str(t), names) for t in unknown)
-    raise LayoutSettingError(
-      f"layouts names unknown tables {sorted(map(str, unknown))}; the "
-      f"tables are {sorted(names)}.{hints}"
-    )
+  refuse_unknown_tables(layout, names, "layouts")
   out = {}
   for name in names:
     got = layout.get(name, TableLayout())
@@ -321,5 +327,6 @@ __all__ = [
   "TableLayout",
   "every_table",
   "per_table",
+  "refuse_unknown_tables",
   "value_of",
 ]

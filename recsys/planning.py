@@ -38,7 +38,6 @@ from backends import layout as layout_lib
 from backends import optimizers as embedding_optimizers
 from backends import placement as placement_lib
 from backends.placement import human_bytes
-from backends.suggest import did_you_mean
 from recsys import ranges
 from recsys.errors import RecsysError, SettingsError
 
@@ -791,13 +790,10 @@ def _vocabularies(
     )
   if names is None:
     return {}
-  unknown = [t for t in value if t not in names]
-  if unknown:
-    hints = "".join(did_you_mean(str(t), names) for t in unknown)
-    raise PlacementSettingsError(
-      f"{setting} names unknown tables {sorted(map(str, unknown))}; the "
-      f"tables are {sorted(names)}.{hints}"
-    )
+  try:
+    layout_lib.refuse_unknown_tables(value, names, setting)
+  except layout_lib.LayoutSettingError as e:
+    raise PlacementSettingsError(str(e)) from e
   return dict(value)
 
 

@@ -34,6 +34,7 @@ from recsys.serving import export as export_lib
 from recsys.train_settings import TrainSettings
 from recsys.training import Trainer
 from tests.conftest import mirrored_strategy
+from tests.training.few_steps import few_steps
 from tests.training.test_trainer import assert_same_state, state
 
 embedding = tf.tpu.experimental.embedding
@@ -67,18 +68,15 @@ def _trainer(model_dir, strategy=None, vocabularies=None, **settings):
     embedding=EmbeddingSettings(dim=7),
     embedding_optimizer=embedding.Adagrad(0.1),
     placement=EmbeddingPlacement(vocabularies=vocabularies),
-    **{
-      **dict(
-        global_batch_size=20,
-        train_steps=12,
-        steps_per_loop=4,
-        eval_steps=2,
-        progress_bar=False,
-        summaries=False,
-        seed=3,
-      ),
-      **settings,
-    },
+    **few_steps(
+      **{
+        **dict(
+          global_batch_size=20, train_steps=12, steps_per_loop=4, eval_steps=2
+        ),
+        "seed": 3,
+        **settings,
+      }
+    ),
   )
 
 

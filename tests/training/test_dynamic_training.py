@@ -142,6 +142,17 @@ def test_a_stopped_run_resumes_bit_identical(plain, tmp_path):
   _assert_same_run(resumed.run, plain[0].run)
 
 
+def test_a_run_resumed_on_two_replicas_continues_the_one_replica_run(
+  plain, tmp_path
+):
+  """The index is one copy per process, not split by replica: a checkpoint
+  of 1 replica restores into 2 and goes on as the 1-replica run did."""
+  _trainer(tmp_path, train_steps=8).train()
+  resumed = _trainer(tmp_path, strategy=mirrored_strategy(2))
+  resumed.train()
+  _assert_same_run(resumed.run, plain[0].run, rtol=2e-5, atol=1e-6)
+
+
 def test_raw_ids_into_a_table_that_takes_rows_are_refused(tmp_path):
   """C2's raw ids would be refused as out of range at the first step (or,
   below its size by chance, read unrelated rows): refused before any table,

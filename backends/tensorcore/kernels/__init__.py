@@ -5,9 +5,12 @@ and de-duplication as two ops, the padded bags' flattening, the per-row
 gradient reduction, an in-place SGD / Adagrad / lazy-Adam row update, the
 last two also fused; split over the intra-op threads a step leaves idle) that
 replace the tensorcore step's chain of generic TF ops on the CPU with
-the same math (docs/optimizers.md). All `SOURCES` make one library, compiled
-against the installed TensorFlow with the system C++ compiler, once per TF
-version and set of sources:
+the same math (docs/optimizers.md); `vocabulary_ops.cc` holds
+`RecsysVocabularyUpdate`, a dynamic table's index update
+(`backends.vocabulary.VocabularyIndex.update`) as one op on the index's own
+state, with the same results. All `SOURCES` make one library, compiled against
+the installed TensorFlow with the system C++ compiler, once per TF version and
+set of sources:
 `make` does it (`python -m backends.tensorcore.kernels`), and `load()` does it
 on first use if nobody did. The library lands in `$RECSYS_KERNEL_DIR`, default
 `~/.cache/recsys/kernels`.
@@ -40,7 +43,8 @@ log = logging.getLogger("recsys.backends")
 #: The library's sources, compiled together (each one's text is in the
 #: library's cache key: editing any makes a new library).
 SOURCES = tuple(
-  pathlib.Path(__file__).with_name(name) for name in ("embedding_ops.cc",)
+  pathlib.Path(__file__).with_name(name)
+  for name in ("embedding_ops.cc", "vocabulary_ops.cc")
 )
 ENV_SWITCH = "RECSYS_FUSED_KERNELS"
 ENV_DIR = "RECSYS_KERNEL_DIR"
@@ -164,7 +168,7 @@ def build(force: bool = False) -> pathlib.Path:
     )
     log.info(
       "compiling the fused CPU kernels (once per TensorFlow install; "
-      "15-30 s on 2 cores): %s",
+      "20-40 s on 2 cores): %s",
       " ".join(cmd),
     )
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -281,6 +285,7 @@ def _register_gradients(tf, module) -> None:
     ("RecsysPaddedBags", None),
     ("RecsysSparseApply", None),
     ("RecsysBagApply", None),
+    ("RecsysVocabularyUpdate", None),
   ):
     try:
       if register is None:

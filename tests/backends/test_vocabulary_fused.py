@@ -8,14 +8,18 @@ empty batch, tables that fill), the fused index gives the same rows and
 rows to reset, and holds the same state, counters and hash table after
 every step, as the twin and as a TF-ops index beside it. Then int64 steps
 (wrapping ages, ties at the extremes), checkpoints of one path read by the
-other, and where each path runs (never the fused op in an XLA context).
+other, where each path runs (never the fused op in an XLA context), and the
+backend's wiring (with `RECSYS_FUSED_KERNELS=0` its indices run the TF ops:
+test_fused_kernels.py's test of the switch, in its own process).
 """
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from backends.layout import TableLayout
 from backends.tensorcore import kernels
+from backends.tensorcore.backend import TensorCoreEmbedding
 from backends.vocabulary import DynamicVocabulary, VocabularyIndex
 from tests.backends import test_vocabulary_index as spec
 from tests.backends.vocabulary_reference import ReferenceIndex
@@ -148,3 +152,25 @@ def test_the_fused_op_runs_outside_xla_only(ops):
 def test_ops_without_the_update_are_refused():
   with pytest.raises(TypeError, match="recsys_vocabulary_update"):
     VocabularyIndex("items", 10, DynamicVocabulary(), fused_ops=object())
+
+
+def dynamic_backend(fused_kernels=True):
+  """A tensorcore backend with one dynamic table "t" (feature "f"), built
+  (test_fused_kernels.py builds it with the kernels switched off)."""
+  table = tf.tpu.experimental.embedding.TableConfig(
+    vocabulary_size=spec.SMALL, dim=3, name="t"
+  )
+  emb = TensorCoreEmbedding(
+    {"f": tf.tpu.experimental.embedding.FeatureConfig(table=table)},
+    tf.tpu.experimental.embedding.SGD(0.1),
+    layouts={"t": TableLayout(vocabulary=DynamicVocabulary(eviction="lfu"))},
+    fused_kernels=fused_kernels,
+  )
+  emb.build()
+  return emb
+
+
+def test_the_backend_gives_its_kernels_to_the_indices(ops):
+  del ops  # loaded: the backend's kernels.load() returns them
+  assert dynamic_backend().dynamic_tables()["t"].fused
+  assert not dynamic_backend(fused_kernels=False).dynamic_tables()["t"].fused

@@ -263,7 +263,7 @@ class VocabularyIndex(tf.Module):
     self._sketch_salts = [salt(policy.seed, r) for r in range(_SKETCH_ROWS)]
     self._admit_salt = salt(policy.seed, _ADMIT)
     self._admit_below = int(policy.admit_probability * 2**_LUCKY_BITS)
-    self._fused_update = None
+    self._fused_update: Any = None
     if fused_ops is not None:
       self._fused_update = getattr(fused_ops, "recsys_vocabulary_update", None)
       if self._fused_update is None:
@@ -447,7 +447,7 @@ class VocabularyIndex(tf.Module):
       free_list=[self.free_rows.handle, self.free_head.handle] if age else [],
       ids=keys,
       step=step,
-      eviction=self.policy.eviction.value,
+      eviction=str(self.policy.eviction),
       admit_after=self.policy.admit_after,
       admit_below=self._admit_below,
       sketch_salt_0=_signed(self._sketch_salts[0]),

@@ -58,7 +58,7 @@ bench: $(STAMP)
 	OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE $(BIN)/python benchmarks/embedding_step.py --repeats 3
 	OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE $(BIN)/python benchmarks/dlrm_vs_torchrec.py --config default,heavy --repeats 3
 
-# The fused CPU kernels (backends/tensorcore/kernels/embedding_ops.cc), rebuilt.
+# The fused CPU kernels (backends/tensorcore/kernels/*.cc, one library), rebuilt.
 kernels: $(STAMP)
 	$(BIN)/python -m backends.tensorcore.kernels --force
 

@@ -19,6 +19,11 @@ steps:
               the R rows every step (the rows filled beforehand are freed
               by the first sweep; victims only when the rows run out)
 
+Each variant runs on each of `--paths`: "tf", the index's TF ops, and
+"fused", its `RecsysVocabularyUpdate` op (the tensorcore backend's fused
+CPU kernels, `backends/tensorcore/kernels/vocabulary_ops.cc`, built on
+first use), which give identical results.
+
 TF's threads are those `recsys train` chooses here (recsys.process.threads:
 1 intra-op / 2 inter-op on 2 cores or fewer, else TF's defaults), or
 `--intra_threads` / `--inter_threads`; the machine (CPU model, cores, load,
@@ -27,6 +32,7 @@ other busy processes) is printed before and after.
 Example:
   python benchmarks/vocabulary_index.py
   python benchmarks/vocabulary_index.py --variants lru-full --steps 100
+  python benchmarks/vocabulary_index.py --paths fused
 """
 
 import argparse
@@ -44,6 +50,7 @@ import race  # noqa: E402  (this folder: machine state)
 import tables  # noqa: E402  (this folder: Markdown tables)
 
 VARIANTS = ("lru-room", "lru-full", "none-full", "age-sweep")
+PATHS = ("tf", "fused")
 
 
 def zipf_batches(args, seed: int = 0) -> list[list[np.ndarray]]:
@@ -63,7 +70,7 @@ def zipf_batches(args, seed: int = 0) -> list[list[np.ndarray]]:
   return batches
 
 
-def run_variant(variant: str, batches, args) -> dict:
+def run_variant(variant: str, path: str, batches, args) -> dict:
   import tensorflow as tf
 
   from backends.vocabulary import DynamicVocabulary, VocabularyIndex
@@ -71,8 +78,10 @@ def run_variant(variant: str, batches, args) -> dict:
   eviction = variant.split("-")[0]
   age = {"max_age": 20} if eviction == "age" else {}
   policy = DynamicVocabulary(eviction=eviction, **age)
+  ops = fused_ops() if path == "fused" else None
   indexes = [
-    VocabularyIndex(f"t{t}", args.capacity, policy) for t in range(args.tables)
+    VocabularyIndex(f"t{t}", args.capacity, policy, fused_ops=ops)
+    for t in range(args.tables)
   ]
   if variant != "lru-room":
     # Full of ids the stream never holds (they are all in [0, capacity),
@@ -105,6 +114,7 @@ def run_variant(variant: str, batches, args) -> dict:
   counters = indexes[0].counters()
   return {
     "variant": variant,
+    "path": path,
     "median_ms": 1000 * statistics.median(wall),
     "min_ms": 1000 * min(wall),
     "max_ms": 1000 * max(wall),
@@ -113,6 +123,19 @@ def run_variant(variant: str, batches, args) -> dict:
     "evictions_table0": int(counters["evictions"]),
     "rows_in_use_table0": int(counters["rows_in_use"]),
   }
+
+
+def fused_ops():
+  """The loaded fused CPU kernels; exits saying why when there are none."""
+  from backends.tensorcore import kernels
+
+  ops = kernels.load()
+  if ops is None:
+    sys.exit(
+      "--paths fused: the fused CPU kernels are unavailable here (see the "
+      "log above; RECSYS_FUSED_KERNELS=0 switches them off)."
+    )
+  return ops
 
 
 def main(argv=None) -> None:
@@ -127,6 +150,12 @@ def main(argv=None) -> None:
   parser.add_argument("--steps", type=int, default=50)
   parser.add_argument("--warmup", type=int, default=5)
   parser.add_argument("--variants", default=",".join(VARIANTS))
+  parser.add_argument(
+    "--paths",
+    default=",".join(PATHS),
+    help="the update's implementations to run: tf (the TF ops), fused "
+    "(RecsysVocabularyUpdate)",
+  )
   parser.add_argument("--intra_threads", type=int, default=0)
   parser.add_argument("--inter_threads", type=int, default=0)
   parser.add_argument("--json", default="", help="also write the rows here")
@@ -135,6 +164,10 @@ def main(argv=None) -> None:
   unknown = sorted(set(variants) - set(VARIANTS))
   if unknown:
     parser.error(f"unknown --variants {unknown}; choose from {VARIANTS}")
+  paths = [p for p in args.paths.split(",") if p]
+  unknown = sorted(set(paths) - set(PATHS))
+  if unknown:
+    parser.error(f"unknown --paths {unknown}; choose from {PATHS}")
 
   from recsys.process import threads as threads_lib
 
@@ -153,19 +186,24 @@ def main(argv=None) -> None:
     f"TF {tf.__version__}",
     "threads (intra-op / inter-op)": f"{intra or 'default'} / "
     f"{inter or 'default'}",
-    **{k: v for k, v in vars(args).items() if k not in ("json", "variants")},
+    **{
+      k: v
+      for k, v in vars(args).items()
+      if k not in ("json", "variants", "paths")
+    },
   }
   print("settings: " + json.dumps(settings))
   print(race.machine_state("before"), flush=True)
   batches = zipf_batches(args)
-  rows = [run_variant(v, batches, args) for v in variants]
+  rows = [run_variant(v, p, batches, args) for v in variants for p in paths]
   print(race.machine_state("after"))
   tables.print_table(
-    "variant | median ms/step | min | max | CPU ms/step | new rows/table/step"
-    " | table 0: evictions, rows in use",
+    "variant | path | median ms/step | min | max | CPU ms/step | "
+    "new rows/table/step | table 0: evictions, rows in use",
     (
-      f"{r['variant']} | {r['median_ms']:.1f} | {r['min_ms']:.1f} | "
-      f"{r['max_ms']:.1f} | {r['cpu_ms']:.1f} | "
+      f"{r['variant']} | {r['path']} | {r['median_ms']:.2f} | "
+      f"{r['min_ms']:.2f} | "
+      f"{r['max_ms']:.2f} | {r['cpu_ms']:.2f} | "
       f"{r['new_rows_per_table_step']:.0f} | {r['evictions_table0']}, "
       f"{r['rows_in_use_table0']}"
       for r in rows

@@ -183,6 +183,9 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
     """Creates tables and slots under the backend's strategy (idempotent)."""
     if self._built:
       return
+    # Loaded first: the dynamic tables' indices take them (their update op).
+    if self._use_fused_kernels and _on_cpu_only(self._strategy):
+      self._kernels = kernels.load()
     with tf.init_scope(), self._strategy.scope():
       tracker = Tracker(
         _tf_internal.variable_adder(self),
@@ -202,6 +205,7 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
             self.feature_table_names(),
             self._strategy,
             lambda name, rows: self._storages[name].reset_rows(rows),
+            fused_ops=self._kernels,
           )
         )
         # One child beside the tables (`backends.checkpoint.VOCABULARIES`):
@@ -227,8 +231,7 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
             aggregation=tf.VariableAggregation.SUM,
           )
         )
-    if self._use_fused_kernels and _on_cpu_only(self._strategy):
-      self._kernels = kernels.load()
+    if self._kernels is not None:
       self._dynamic_engine = _tf_internal.NoDependency(
         dynamic.DynamicEngine(
           self._features,

@@ -52,6 +52,15 @@ n rows); finding victims (only when more candidates than free rows) and a
 sweep read all R rows. Rows are handed out in ascending order: until the
 table is full no two ids share a row.
 
+Two implementations of `update`, one state: the TF ops below (the
+reference, and what runs inside an XLA context), and, when the index is
+given `fused_ops` (the tensorcore backend's loaded kernels,
+`backends/tensorcore/kernels/vocabulary_ops.cc`), their op
+`RecsysVocabularyUpdate`, which does the same steps in one CPU op on the
+same hash table and variables, with identical results (rows, reset rows,
+state, counters): a step may run either, and a checkpoint of one is the
+other's. The caller injects the ops: this floor never imports a backend.
+
 Example:
   >>> policy = DynamicVocabulary(admit_after=2)
   >>> index = VocabularyIndex("users", 1000, policy)
@@ -207,6 +216,8 @@ class VocabularyIndex(tf.Module):
     >>> index = VocabularyIndex("users", 1000, DynamicVocabulary())
     >>> update = index.update(tf.constant(["ann", "bob", "ann"]), step=0)
     >>> update.rows, update.reset_rows   # [0, 1, 0], [0, 1]
+    >>> fused = VocabularyIndex("items", 1000, DynamicVocabulary(),
+    ...                         fused_ops=kernels.load())   # None: TF ops
   """
 
   def __init__(
@@ -215,6 +226,7 @@ class VocabularyIndex(tf.Module):
     vocabulary_size: int,
     policy: DynamicVocabulary,
     name: str | None = None,
+    fused_ops: Any = None,
   ) -> None:
     """Makes the index's state (all of it zeros: no id has a row).
 
@@ -223,10 +235,15 @@ class VocabularyIndex(tf.Module):
       vocabulary_size: the table's rows (`TableConfig.vocabulary_size`).
       policy: the table's settings.
       name: the module's name (default: "vocabulary_index_<table>").
+      fused_ops: the loaded fused CPU kernels (`backends.tensorcore.
+        kernels.load()`), whose `recsys_vocabulary_update` then runs
+        `update` outside XLA contexts; None: always the TF ops.
 
     Raises:
       VocabularySettingError: a policy that is not a `DynamicVocabulary`,
         or one the table cannot have (`DynamicVocabulary.check`).
+      TypeError: `fused_ops` without `recsys_vocabulary_update` (kernels
+        built from older sources).
     """
     if not isinstance(policy, DynamicVocabulary):
       raise VocabularySettingError(
@@ -243,6 +260,16 @@ class VocabularyIndex(tf.Module):
     self._sketch_salts = [salt(policy.seed, r) for r in range(_SKETCH_ROWS)]
     self._admit_salt = salt(policy.seed, _ADMIT)
     self._admit_below = int(policy.admit_probability * 2**_LUCKY_BITS)
+    self._fused_update: Any = None
+    if fused_ops is not None:
+      self._fused_update = getattr(fused_ops, "recsys_vocabulary_update", None)
+      if self._fused_update is None:
+        raise TypeError(
+          f"table {table!r}: fused_ops {fused_ops!r} has no "
+          "recsys_vocabulary_update; pass backends.tensorcore.kernels.load() "
+          "of this source tree (rebuild: make kernels), or None for the "
+          "TF ops."
+        )
     rows = self.capacity
 
     def state(name: str, value: Any, dtype: tf.DType = tf.int64) -> tf.Variable:
@@ -340,6 +367,8 @@ class VocabularyIndex(tf.Module):
     """
     keys = self._keys_of(ids)
     step = self._step_of(step)
+    if self._fused_update is not None and not _tf_internal.in_xla_context():
+      return self._fused(keys, step)
     with tf.name_scope(self.name):
       unique, position, occurrences = tf.unique_with_counts(
         keys, out_idx=tf.int64
@@ -382,6 +411,41 @@ class VocabularyIndex(tf.Module):
         tf.reduce_sum(tf.cast(input_rows < 0, tf.int64))
       )
       return IndexUpdate(rows=input_rows, reset_rows=rows)
+
+  @property
+  def fused(self) -> bool:
+    """Whether `update` runs the fused op (outside XLA contexts)."""
+    return self._fused_update is not None
+
+  def _fused(self, keys: tf.Tensor, step: tf.Tensor) -> IndexUpdate:
+    """`update` as one `RecsysVocabularyUpdate` op on this state."""
+    age = self.policy.eviction is Eviction.AGE
+    rows, reset_rows = self._fused_update(
+      table=self.table.resource_handle,
+      keys=self.keys.handle,
+      occupied=self.occupied.handle,
+      counts=self.counts.handle,
+      last_seen=self.last_seen.handle,
+      sketch_cells=self.sketch_cells.handle,
+      rows_in_use=self.rows_in_use.handle,
+      admissions=self.admissions.handle,
+      evictions=self.evictions.handle,
+      refused=self.refused.handle,
+      default_hits=self.default_hits.handle,
+      free_list=[self.free_rows.handle, self.free_head.handle] if age else [],
+      ids=keys,
+      step=step,
+      eviction=str(self.policy.eviction),
+      admit_after=self.policy.admit_after,
+      admit_below=self._admit_below,
+      sketch_salt_0=_signed(self._sketch_salts[0]),
+      sketch_salt_1=_signed(self._sketch_salts[1]),
+      admit_salt=_signed(self._admit_salt),
+      max_age=self.policy.max_age,
+      evict_every=self.policy.evict_every,
+      name=f"{self.name}_update",
+    )
+    return IndexUpdate(rows=rows, reset_rows=reset_rows)
 
   def _keys_of(self, ids: Any) -> tf.Tensor:
     return keys_of(self.table_name, ids)
@@ -517,6 +581,11 @@ class VocabularyIndex(tf.Module):
     count = tf.reduce_sum(tf.cast(eligible, tf.int64))
     k = tf.cast(tf.minimum(wanted, count), tf.int32)
     return tf.cast(tf.math.top_k(score, k).indices, tf.int64)
+
+
+def _signed(bits: int) -> int:
+  """A uint64 as the int64 of the same bits (an op's int attr)."""
+  return bits - 2**64 if bits >= 2**63 else bits
 
 
 def _module_name(table: str) -> str:

@@ -83,6 +83,9 @@ class VocabularyStage:
     strategy: the backend's strategy (the indices are made in its scope).
     reset: `(table name, rows int64 [k]) -> op` writing the rows' starting
       values into the table and its slots (cross-replica context).
+    fused_ops: the backend's loaded fused CPU kernels, or None: the
+      `VocabularyIndex`es then update with their one fused op outside XLA
+      contexts (same state, same results as their TF ops).
   """
 
   def __init__(
@@ -91,18 +94,20 @@ class VocabularyStage:
     table_of_feature: Sequence[str],
     strategy: tf.distribute.Strategy,
     reset: Callable[[str, tf.Tensor], Any],
+    fused_ops: Any = None,
   ):
     self._strategy = strategy
     self._reset = reset
     self.indices: dict[str, Any] = {}
     for name, (table, policy) in tables.items():
       policy.check(name, table.vocabulary_size)
-      kind = (
-        hashed.HashedIndex
-        if isinstance(policy, hashed.HashedIds)
-        else index_lib.VocabularyIndex
-      )
-      self.indices[name] = kind(name, table.vocabulary_size, policy)
+      if isinstance(policy, hashed.HashedIds):
+        index = hashed.HashedIndex(name, table.vocabulary_size, policy)
+      else:
+        index = index_lib.VocabularyIndex(
+          name, table.vocabulary_size, policy, fused_ops=fused_ops
+        )
+      self.indices[name] = index
     #: Training steps mapped so far: the clock of the indices' ages.
     self.step = _tf_internal.host_variable(0, "vocabulary_step", tf.int64)
     self._positions = {

@@ -302,13 +302,20 @@ def _python(code: str, **env) -> subprocess.CompletedProcess:
 
 
 def test_switched_off_by_environment_falls_back_to_tf_ops():
+  """And so do the dynamic tables' indices (their update's TF ops)."""
   out = _python(
     "import recsys; from backends.tensorcore import kernels; "
-    "print(kernels.load())",
+    "print(kernels.load())\n"
+    "import tensorflow as tf\n"
+    "from tests.backends.test_vocabulary_fused import dynamic_backend\n"
+    "emb = dynamic_backend()\n"
+    "print('fused', emb.dynamic_tables()['t'].fused)\n"
+    "rows = emb.map_ids({'f': tf.constant([7, 2**40, 7])}, training=True)\n"
+    "print('rows', rows['f'].numpy().tolist())\n",
     RECSYS_FUSED_KERNELS="0",
   )
   assert out.returncode == 0, out.stderr
-  assert out.stdout.strip() == "None"
+  assert out.stdout.splitlines() == ["None", "fused False", "rows [0, 1, 0]"]
   assert "RECSYS_FUSED_KERNELS=0" in out.stderr
 
 

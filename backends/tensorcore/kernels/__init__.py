@@ -5,8 +5,12 @@ and de-duplication as two ops, the padded bags' flattening, the per-row
 gradient reduction, an in-place SGD / Adagrad / lazy-Adam row update, the
 last two also fused; split over the intra-op threads a step leaves idle) that
 replace the tensorcore step's chain of generic TF ops on the CPU with
-the same math (docs/optimizers.md). They are compiled against the installed
-TensorFlow with the system C++ compiler, once per TF version and source:
+the same math (docs/optimizers.md); `vocabulary_ops.cc` holds
+`RecsysVocabularyUpdate`, a dynamic table's index update
+(`backends.vocabulary.VocabularyIndex.update`) as one op on the index's own
+state, with the same results. All `SOURCES` make one library, compiled against
+the installed TensorFlow with the system C++ compiler, once per TF version and
+set of sources:
 `make` does it (`python -m backends.tensorcore.kernels`), and `load()` does it
 on first use if nobody did. The library lands in `$RECSYS_KERNEL_DIR`, default
 `~/.cache/recsys/kernels`.
@@ -36,7 +40,12 @@ from backends.errors import BackendError
 
 log = logging.getLogger("recsys.backends")
 
-SOURCE = pathlib.Path(__file__).with_name("embedding_ops.cc")
+#: The library's sources, compiled together (each one's text is in the
+#: library's cache key: editing any makes a new library).
+SOURCES = tuple(
+  pathlib.Path(__file__).with_name(name)
+  for name in ("embedding_ops.cc", "vocabulary_ops.cc")
+)
 ENV_SWITCH = "RECSYS_FUSED_KERNELS"
 ENV_DIR = "RECSYS_KERNEL_DIR"
 
@@ -46,7 +55,7 @@ _reason: list[str] = []  # why load() returned None
 
 
 class KernelBuildError(BackendError, RuntimeError):
-  """The compiler failed on embedding_ops.cc (its output is in the message)."""
+  """The compiler failed on the `SOURCES` (its output is in the message)."""
 
 
 def enabled() -> bool:
@@ -99,11 +108,13 @@ def _cpu_flags() -> set:
 
 
 def library_path() -> pathlib.Path:
-  """Where the library for this TF version, source and flags is kept."""
+  """Where the library for this TF version, sources and flags is kept."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   key = hashlib.sha256()
-  key.update(SOURCE.read_bytes())
+  for source in SOURCES:
+    key.update(source.name.encode())
+    key.update(source.read_bytes())
   key.update(" ".join(_flags()).encode())
   key.update(tf.__version__.encode())
   folder = pathlib.Path(
@@ -122,7 +133,7 @@ def compiler() -> str | None:
 
 
 def build(force: bool = False) -> pathlib.Path:
-  """Compiles `embedding_ops.cc` into `library_path()` (no-op if it exists).
+  """Compiles the `SOURCES` into `library_path()` (no-op if it exists).
 
   Safe to call from several processes at once: one compiles, under a file
   lock, into a temporary file renamed into place; the others wait for it.
@@ -139,7 +150,7 @@ def build(force: bool = False) -> pathlib.Path:
   if cxx is None:
     raise KernelBuildError(
       "no C++ compiler found (set CXX or install g++) to build "
-      f"{SOURCE}; the tensorcore backend uses its TF ops meanwhile."
+      f"{_names()}; the tensorcore backend uses its TF ops meanwhile."
     )
   target.parent.mkdir(parents=True, exist_ok=True)
   with open(target.parent / ".build.lock", "w", encoding="utf-8") as lock:
@@ -151,12 +162,13 @@ def build(force: bool = False) -> pathlib.Path:
     cmd = (
       [cxx]
       + _flags()
-      + [str(SOURCE), "-o", tmp]
+      + [str(source) for source in SOURCES]
+      + ["-o", tmp]
       + tf.sysconfig.get_link_flags()
     )
     log.info(
       "compiling the fused CPU kernels (once per TensorFlow install; "
-      "15-30 s on 2 cores): %s",
+      "20-40 s on 2 cores): %s",
       " ".join(cmd),
     )
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -164,11 +176,16 @@ def build(force: bool = False) -> pathlib.Path:
       os.unlink(tmp)
       errors = [x for x in result.stderr.splitlines() if "error" in x]
       raise KernelBuildError(
-        f"compiling {SOURCE} failed (exit {result.returncode}):\n"
+        f"compiling {_names()} failed (exit {result.returncode}):\n"
         + "\n".join(errors[:20] or result.stderr.splitlines()[-20:])
       )
     os.replace(tmp, target)
   return target
+
+
+def _names() -> str:
+  """The sources, for messages."""
+  return ", ".join(str(source) for source in SOURCES)
 
 
 def status() -> str:
@@ -268,6 +285,7 @@ def _register_gradients(tf, module) -> None:
     ("RecsysPaddedBags", None),
     ("RecsysSparseApply", None),
     ("RecsysBagApply", None),
+    ("RecsysVocabularyUpdate", None),
   ):
     try:
       if register is None:

@@ -50,8 +50,8 @@ def flat_ids(inp: Any) -> tf.Tensor:
   if isinstance(inp, tf.RaggedTensor):
     return tf.reshape(inp.flat_values, [-1])
   if isinstance(inp, inputs_lib.PaddedBags):
-    mask = tf.sequence_mask(inp.lengths, tf.shape(inp.ids)[1])
-    return tf.boolean_mask(inp.ids, mask)
+    # A bag's ids are the first `length` of its row: one fused op.
+    return tf.RaggedTensor.from_tensor(inp.ids, lengths=inp.lengths).flat_values
   return tf.reshape(tf.convert_to_tensor(inp), [-1])
 
 
@@ -63,10 +63,12 @@ def with_ids(inp: Any, rows: tf.Tensor) -> Any:
     values = tf.reshape(rows, tf.shape(inp.flat_values))
     return inp.with_flat_values(values)
   if isinstance(inp, inputs_lib.PaddedBags):
-    mask = tf.sequence_mask(inp.lengths, tf.shape(inp.ids)[1])
-    ids = tf.tensor_scatter_nd_update(
-      tf.zeros_like(inp.ids, tf.int64), tf.where(mask), rows
+    # Back into the padded rows (padding 0: past each bag's length).
+    bags = tf.RaggedTensor.from_row_lengths(
+      rows, tf.cast(inp.lengths, tf.int64), validate=False
     )
+    ids = bags.to_tensor(default_value=0, shape=tf.shape(inp.ids, tf.int64))
+    ids.set_shape(inp.ids.shape)  # static as given: a compiled step's input
     return inputs_lib.PaddedBags(ids, inp.lengths, inp.weights)
   inp = tf.convert_to_tensor(inp)
   return tf.reshape(rows, tf.shape(inp))

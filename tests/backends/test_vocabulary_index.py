@@ -417,7 +417,7 @@ def test_contradicting_settings_are_refused(kwargs, setting):
     ({}, 2.0, "vocabulary_size = 2.0"),
     ({}, True, "vocabulary_size = True"),
     ({"unknown": "unknown_row"}, 1, "vocabulary_size = 1"),
-    ({}, 2**61, "DynamicVocabulary.sketch_width = 0"),
+    ({"admit_after": 2}, 2**61, "DynamicVocabulary.sketch_width = 0"),
   ],
 )
 def test_what_the_table_cannot_have_is_refused_naming_it(
@@ -465,6 +465,8 @@ def test_settings_are_held_as_declared():
   assert policy.sketch_columns(10) == 1024
   assert policy.sketch_columns(1000) == 4096
   assert dataclasses.replace(policy, sketch_width=100).sketch_columns(10) == 100
+  # Admitted at first sight: the sketch decides nothing, so it is tiny.
+  assert dataclasses.replace(policy, admit_after=1).sketch_columns(1000) == 16
 
 
 def test_index_bytes_counts_the_state():

@@ -46,7 +46,9 @@ class ReferenceIndex:
     self.capacity = vocabulary_size - 1 if unknown_row else vocabulary_size
     self.default_row = vocabulary_size - 1 if unknown_row else None
     width = policy.sketch_width
-    if width == 0:
+    if width == 0 and policy.admit_after == 1:
+      width = 16  # every id admitted at first sight: the sketch decides nothing
+    elif width == 0:
       width = 1
       while width < max(1024, 4 * self.capacity):
         width *= 2

@@ -28,7 +28,8 @@ Markdown tables:
   3. the dynamic tables' counters (metrics.json's vocabulary/<table>/...)
      per seed, next to the distinct ids the training stream delivered to
      the table (admissions above that are ids admitted again after an
-     eviction);
+     eviction) and how many ids of the last window hold a row in the run's
+     last checkpoint (the others read zeros in evaluation);
   4. collisions per table: for the hashed tables, how many of the distinct
      ids of the training stream share a row with another id, and how many
      of the ids live at the end of training (the last window) do;
@@ -228,11 +229,12 @@ def ids_sharing_a_row(rows) -> int:
   return int(np.sum(counts[inverse] > 1))
 
 
-def stream_tables() -> dict[str, dict]:
+def stream_tables() -> tuple[dict[str, dict], dict]:
   """Per mapped table of the parsed config (`EmbeddingPlacement.
   vocabularies`): its rows, policy, the distinct ids the training stream
   delivers to it, those of the last window, and for a hashed table how
-  many of each share a row (hashed as the run hashes them).
+  many of each share a row (hashed as the run hashes them); and per
+  table the ids of the last window (int64 NumPy).
 
   The training stream: examples [0, min(train_steps, num_examples //
   batch) x batch) of the source (batch b holds examples [bB, (b+1)B); a
@@ -283,7 +285,7 @@ def stream_tables() -> dict[str, dict]:
     )
     for n in names:
       seen[n].append(np.unique(out[n].numpy()))
-  result = {}
+  result, windows = {}, {}
   for table, policy in policies.items():
     fs = features_of[table]
     stream = np.unique(np.concatenate([np.concatenate(seen[f]) for f in fs]))
@@ -306,14 +308,16 @@ def stream_tables() -> dict[str, dict]:
       for key, ids in (("stream_sharing", stream), ("window_sharing", last)):
         row[key] = ids_sharing_a_row(index.lookup(tf.constant(ids)).numpy())
     result[table] = row
-  return result
+    windows[table] = last
+  return result, windows
 
 
-def checkpoint_index(model_dir: str, table: str) -> dict:
+def checkpoint_index(model_dir: str, table: str, window) -> dict:
   """A dynamic table's index as the run's last checkpoint holds it: how
-  many ids it maps, how many of them share a row, and whether it is
-  consistent (ids and rows distinct, each row in range, occupied and
-  holding its id in `keys`)."""
+  many ids it maps, how many of them share a row, whether it is
+  consistent (ids distinct, each row in range, occupied and holding its id
+  in `keys`), and how many of the ids `window` (the last window's) it
+  maps."""
   import numpy as np
   import tensorflow as tf
 
@@ -353,6 +357,7 @@ def checkpoint_index(model_dir: str, table: str) -> dict:
     "rows": int(keys.size),
     "sharing": ids_sharing_a_row(rows),
     "consistent": bool(consistent),
+    "window_ids_held": int(np.isin(window, ids).sum()),
   }
 
 
@@ -447,20 +452,19 @@ def report(runs: list[dict], streams: dict, seeds: list[int]) -> dict:
     rows = []
     for r in dynamic_runs:
       for table, counters in r["counters"].items():
-        distinct = streams[r["seed"]].get(table, {}).get("stream_ids")
-        again = (
-          f"{int(counters['admissions']) - distinct:,}"
-          if distinct is not None
-          else "-"
-        )
+        stream = streams[r["seed"]][table]
+        again = int(counters["admissions"]) - stream["stream_ids"]
+        held = r["index"][table]["window_ids_held"]
         rows.append(
           f"{r['seed']} | {table} | "
           + " | ".join(f"{int(counters[c]):,}" for c in COUNTERS)
-          + f" | {distinct:,} | {again}"
+          + f" | {stream['stream_ids']:,} | {again:,} | {held:,} of "
+          f"{stream['window_ids']:,}"
         )
     tables.print_table(
       "seed | table | " + " | ".join(COUNTERS) + " | distinct ids in the "
-      "stream | admissions - distinct ids",
+      "stream | admissions - distinct ids | ids of the last window with a "
+      "row (checkpoint)",
       rows,
     )
   print(
@@ -612,12 +616,12 @@ def measure(args, seeds: list[int], variants: list[str], root: str) -> dict:
   print(race.machine_state("before"), flush=True)
 
   # Collisions first: cheap next to the runs, and a config error shows now.
-  streams = {}
+  streams, windows = {}, {}
   counted_in = "hashed" if "hashed" in variants else variants[0]
   for s in seeds:
     start = time.monotonic()
     parse(experiment_path(counted_in), bindings[counted_in, s])
-    streams[s] = stream_tables()
+    streams[s], windows[s] = stream_tables()
     print(
       f"seed {s}: the training stream's ids counted in "
       f"{time.monotonic() - start:.0f} s: "
@@ -631,7 +635,7 @@ def measure(args, seeds: list[int], variants: list[str], root: str) -> dict:
   runs: list[dict] = []
   for s in seeds:
     for v in variants:  # interleaved: a load change hits both alike
-      runs.append(one_run(v, s, bindings[v, s], root, streams[s]))
+      runs.append(one_run(v, s, bindings[v, s], root, windows[s]))
   print(race.machine_state("after"))
   summary = report(runs, streams, seeds)
   return {
@@ -643,7 +647,7 @@ def measure(args, seeds: list[int], variants: list[str], root: str) -> dict:
 
 
 def one_run(
-  variant: str, seed: int, bindings: list[str], root: str, tables_: dict
+  variant: str, seed: int, bindings: list[str], root: str, windows: dict
 ) -> dict:
   """Trains one variant and seed into `root`; its metrics, counters and
   (dynamic) checkpointed index checks."""
@@ -677,7 +681,8 @@ def one_run(
       run["counters"].setdefault(parts[1], {})[parts[2]] = value
   if variant == "dynamic":
     run["index"] = {
-      table: checkpoint_index(model_dir, table) for table in tables_
+      table: checkpoint_index(model_dir, table, window)
+      for table, window in windows.items()
     }
   print(
     f"{name}: eval AUC {metrics['eval/auc']:.4f} (Bayes "

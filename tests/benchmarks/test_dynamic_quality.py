@@ -162,21 +162,25 @@ def test_reports_every_row_with_the_figures_of_metrics_json(tmp_path):
       values = [int(counters[f"vocabulary/{table}/{c}"]) for c in COUNTERS]
       stream = streams[str(seed)][table]
       cells = _row(counters_table, str(seed), table, f"{values[0]:,}")
+      index = run_of["dynamic", seed]["index"][table]
       assert cells == [f"{v:,}" for v in values[1:]] + [
         f"{stream['stream_ids']:,}",
         f"{values[2] - stream['stream_ids']:,}",
+        f"{index['window_ids_held']:,} of {stream['window_ids']:,}",
       ], out
       # 30 steps fill no table: every id the regenerated stream delivers
       # was admitted once, none evicted (the count is the trainer's).
       assert values[3] == 0 and values[2] == stream["stream_ids"], out
       # Collisions: the hashed table's from the stream, the dynamic one's
       # from the checkpoint (distinct ids in distinct rows).
-      assert run_of["dynamic", seed]["index"][table] == {
+      assert index == {
         "ids": values[1],
         "rows": values[0],
         "sharing": 0,
         "consistent": True,
+        "window_ids_held": index["window_ids_held"],
       }
+      assert 0 < index["window_ids_held"] <= values[1]
       hashed, ids = stream["stream_sharing"], stream["stream_ids"]
       assert 0 < hashed <= ids and stream["rows"] == values[0]
       cells = _row(collisions, str(seed), table, f"{values[0]:,}", f"{ids:,}")

@@ -28,8 +28,9 @@ Markdown tables:
   3. the dynamic tables' counters (metrics.json's vocabulary/<table>/...)
      per seed, next to the distinct ids the training stream delivered to
      the table (admissions above that are ids admitted again after an
-     eviction) and how many ids of the last window hold a row in the run's
-     last checkpoint (the others read zeros in evaluation);
+     eviction) and how many ids of the last window (of those the stream
+     delivered) hold a row in the run's last checkpoint (the others read
+     zeros in evaluation);
   4. collisions per table: for the hashed tables, how many of the distinct
      ids of the training stream share a row with another id, and how many
      of the ids live at the end of training (the last window) do;
@@ -300,6 +301,7 @@ def stream_tables() -> tuple[dict[str, dict], dict]:
       "features": fs,
       "stream_ids": int(stream.size),
       "window_ids": int(last.size),
+      "window_ids_delivered": int(np.isin(last, stream).sum()),
       "stream_sharing": None,
       "window_sharing": None,
     }
@@ -459,12 +461,12 @@ def report(runs: list[dict], streams: dict, seeds: list[int]) -> dict:
           f"{r['seed']} | {table} | "
           + " | ".join(f"{int(counters[c]):,}" for c in COUNTERS)
           + f" | {stream['stream_ids']:,} | {again:,} | {held:,} of "
-          f"{stream['window_ids']:,}"
+          f"{stream['window_ids_delivered']:,}"
         )
     tables.print_table(
       "seed | table | " + " | ".join(COUNTERS) + " | distinct ids in the "
-      "stream | admissions - distinct ids | ids of the last window with a "
-      "row (checkpoint)",
+      "stream | admissions - distinct ids | ids of the last window the "
+      "stream delivered: with a row (checkpoint)",
       rows,
     )
   print(

@@ -36,9 +36,10 @@ Markdown tables:
      of the ids live at the end of training (the last window) do;
      computed in this process from the data source the gin config builds
      (the stream regenerated, its ids hashed as the table hashes them).
-     For the dynamic tables 0 by construction while the rows suffice (the
-     index never maps two ids to one row): checked in each run's last
-     checkpoint, whose index must hold distinct ids in distinct rows.
+     For the dynamic tables 0 by construction (the index never maps two
+     ids to one row: when the rows run out it evicts an id, it does not
+     share its row): checked in each run's last checkpoint, whose index
+     must hold distinct ids in distinct rows.
 
 Each run's model dir is <root>/<variant>_seed<seed> (with its log next to
 it), <root> a temporary folder deleted at the end unless --model_dir_root
@@ -241,6 +242,7 @@ def stream_tables() -> tuple[dict[str, dict], dict]:
   batch) x batch) of the source (batch b holds examples [bB, (b+1)B); a
   sized stream repeats from its start).
   """
+  import gin
   import numpy as np
   import tensorflow as tf
 
@@ -249,14 +251,17 @@ def stream_tables() -> tuple[dict[str, dict], dict]:
   from recsys.gin_config import compat
   from recsys.run import configured
 
-  source = config.value("train.data")
+  # Built here (config.value would turn the source's refusal into None).
+  source = compat.evaluate(gin.query_parameter("train.data"))
   settings = configured.configured_settings()
   batch, steps = settings.global_batch_size, settings.train_steps
   bound = config.value("EmbeddingPlacement.vocabularies") or {}
   policies = {table: compat.evaluate(p) for table, p in bound.items()}
-  feature_config, *_ = configured.configured_embedding(
+  feature_config = configured.configured_embedding(
     feature_specs=(list(source.feature_specs), "")
-  )
+  )[0]
+  if not feature_config:
+    raise ValueError("the gin config builds no embedding tables (train.data)")
   features_of = {
     table: [f for f, c in feature_config.items() if c.table.name == table]
     for table in policies
@@ -279,7 +284,7 @@ def stream_tables() -> tuple[dict[str, dict], dict]:
       n: getattr(categorical[n], "flat_values", categorical[n]) for n in names
     }
 
-  seen = {n: [] for n in names}
+  seen: dict[str, list] = {n: [] for n in names}
   for start in range(0, trained, _CHUNK):
     out = delivered(
       tf.range(start, min(start + _CHUNK, trained), dtype=tf.int64)
@@ -539,7 +544,10 @@ def main(argv=None) -> int:
   )
   parser.add_argument("--json", default="", help="also write everything here")
   args = parser.parse_args(argv)
-  seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+  try:
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+  except ValueError:
+    parser.error(f"--seeds {args.seeds!r}: give integers, e.g. 0,1,2")
   variants = [v for v in args.variants.split(",") if v]
   unknown = sorted(set(variants) - set(VARIANTS))
   if unknown or not variants or not seeds:
@@ -551,9 +559,14 @@ def main(argv=None) -> int:
     parser.error(f"--steps {args.steps}: give a positive count, or 0")
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   signal.signal(signal.SIGTERM, _raise_stopped)
+  from recsys.errors import RecsysError
+
   root = args.model_dir_root or tempfile.mkdtemp(prefix="dynamic_quality_")
   try:
     result = measure(args, seeds, variants, root)
+  except (RunFailedError, FileExistsError, RecsysError) as e:
+    print(f"{type(e).__name__}: {e}", file=sys.stderr)
+    return 1
   except KeyboardInterrupt:
     print("interrupted: no run of this script is left running", file=sys.stderr)
     return 130

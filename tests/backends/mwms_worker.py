@@ -1,6 +1,6 @@
 """One worker of the 2-process MultiWorkerMirroredStrategy test (run as a script).
 
-Usage: python mwms_worker.py OUT.npz [--replicas 2] [--dynamic]
+Usage: python mwms_worker.py OUT.npz [--replicas 2]
 
 With TF_CONFIG (set by the test) it is one worker of the 2-process cluster and
 trains on its half of each global batch. Without it the process trains alone:
@@ -8,9 +8,10 @@ on the whole batch with one replica, or with `--replicas 2` under a
 MirroredStrategy over 2 logical CPUs, each replica on its half (the same
 global batch, split as the 2 workers split it). The test runs the two
 references in its own process (`main(..., strategy=...)`): only the workers
-need processes of their own. `--dynamic`: the table takes raw ids through a
-dynamic vocabulary smaller than the ids it sees (admission, LRU eviction,
-resets), mapped in its own `strategy.run` before each step.
+need processes of their own. Two tables train side by side: "t" takes the
+ids as rows; "d" takes the same ids made raw through a dynamic vocabulary
+smaller than the ids it sees (admission, LRU eviction, resets), mapped in
+their own `strategy.run` before each step.
 """
 
 import json
@@ -22,6 +23,8 @@ import tensorflow as tf
 
 import backends
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
+from backends.layout import TableLayout
+from backends.vocabulary import DynamicVocabulary
 
 E = tf.tpu.experimental.embedding
 GLOBAL_BATCH, DIM, STEPS = 8, 7, 3
@@ -41,7 +44,6 @@ def main(
   out_path: str,
   local_replicas: int = 1,
   strategy: tf.distribute.Strategy | None = None,
-  dynamic: bool = False,
 ) -> None:
   """Trains and saves the table and its accumulators to `out_path`.
 
@@ -65,46 +67,42 @@ def main(
     strategy = tf.distribute.get_strategy()
   worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"] if multi else 0
   workers = strategy.num_replicas_in_sync if multi else 1
-  table = E.TableConfig(
-    23 if not dynamic else 9, DIM, combiner="mean", name="t"
-  )
-  layouts = None
-  if dynamic:
-    from backends.layout import TableLayout
-    from backends.vocabulary import DynamicVocabulary
-
-    layouts = TableLayout(vocabulary=DynamicVocabulary(eviction="lru"))
+  table = E.TableConfig(23, DIM, combiner="mean", name="t")
+  # The same bags' ids made raw (a bijection), into 9 rows: admissions,
+  # LRU evictions and resets on every worker.
+  dynamic = E.TableConfig(9, DIM, combiner="mean", name="d")
   with strategy.scope():
     emb = backends.create(
-      {"f": E.FeatureConfig(table)},
+      {"f": E.FeatureConfig(table), "g": E.FeatureConfig(dynamic)},
       E.Adagrad(0.1),
       strategy,
       backend="tensorcore",
-      layouts=layouts,
+      layouts={"d": TableLayout(vocabulary=DynamicVocabulary(eviction="lru"))},
     )
     emb.build()
-    var = emb.embedding_tables[table]
-    rows = table.vocabulary_size
-    var.assign(
-      tf.reshape(tf.range(rows * DIM, dtype=tf.float32) / 100.0, [rows, DIM])
-    )
+    for config in (table, dynamic):
+      rows = config.vocabulary_size
+      emb.embedding_tables[config].assign(
+        tf.reshape(tf.range(rows * DIM, dtype=tf.float32) / 100.0, [rows, DIM])
+      )
+
+  def mapped(ids):
+    raw = {"f": ids, "g": ids * 1_000_003 - 2**40}
+    return emb.map_ids(raw, training=True)
 
   @tf.function
   def step(ids, cot):
-    if dynamic:  # raw ids (a bijection of the small ones) made rows first
-      ids = strategy.run(
-        lambda ids: emb.map_ids({"f": ids * 1_000_003 - 2**40}, True)["f"],
-        args=(ids,),
-      )
+    # The raw ids made rows first, in their own strategy.run.
+    features = strategy.run(mapped, args=(ids,))
 
-    def replica_step(ids, cot):
+    def replica_step(features, cot):
       with tf.GradientTape() as tape:
-        acts = emb.lookup({"f": ids}, training=True)
+        acts = emb.lookup(features, training=True)
         tape.watch(acts)
-        loss = tf.reduce_sum(acts["f"] * cot)
+        loss = tf.reduce_sum((acts["f"] + 2 * acts["g"]) * cot)
       emb.apply_gradients(tape.gradient(loss, acts))
 
-    strategy.run(replica_step, args=(ids, cot))
+    strategy.run(replica_step, args=(features, cot))
 
   per = GLOBAL_BATCH // workers
   for rows, cot in batches():
@@ -130,27 +128,21 @@ def main(
       continue
     mine = slice(worker * per, (worker + 1) * per)
     step(tf.ragged.constant(rows[mine], dtype=tf.int64), tf.constant(cot[mine]))
-  extra = {}
-  if dynamic:
-    index = emb.dynamic_tables()["t"]
-    keys, rows = index.mapping()
-    counters = index.counters()
-    extra = dict(
-      keys=keys.numpy(),
-      rows=rows.numpy(),
-      counters=np.array([int(counters[k]) for k in sorted(counters)]),
-    )
+  index = emb.dynamic_tables()["d"]
+  keys, rows = index.mapping()
+  counters = index.counters()
+  slots = emb.slot_variables()
   np.savez(
     out_path,
-    table=var.numpy(),
-    acc=emb.slot_variables()["t"]["accumulators"].numpy(),
-    **extra,
+    table=emb.embedding_tables[table].numpy(),
+    acc=slots["t"]["accumulators"].numpy(),
+    dtable=emb.embedding_tables[dynamic].numpy(),
+    dacc=slots["d"]["accumulators"].numpy(),
+    keys=keys.numpy(),
+    rows=rows.numpy(),
+    counters=np.array([int(counters[k]) for k in sorted(counters)]),
   )
 
 
 if __name__ == "__main__":
-  main(
-    sys.argv[1],
-    int(sys.argv[3]) if sys.argv[2:3] == ["--replicas"] else 1,
-    dynamic="--dynamic" in sys.argv,
-  )
+  main(sys.argv[1], int(sys.argv[3]) if sys.argv[2:3] == ["--replicas"] else 1)

@@ -33,24 +33,21 @@ def _env(**extra):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
-def test_two_workers_equal_one_process_on_the_global_batch(tmp_path, dynamic):
-  """2 processes == 1 process with 2 replicas == 1 replica, same global batch.
+def test_two_workers_equal_one_process_on_the_global_batch(tmp_path):
+  """2 processes == 1 process with 2 replicas == 1 replica, same global batch,
+  for a table of rows and one of raw ids through a dynamic vocabulary
+  (every worker's raw ids are gathered before each index update, so both
+  workers' indices make the one process's decisions).
 
-  Dynamic: the raw ids of every worker are gathered before each index
-  update, so both workers' indices make the one process's decisions.
   The references train in this process; the workers in two of their own."""
   ref = tmp_path / "ref.npz"
-  mwms_worker.main(str(ref), dynamic=dynamic)
+  mwms_worker.main(str(ref))
   two_replicas = tmp_path / "two_replicas.npz"
-  mwms_worker.main(
-    str(two_replicas), 2, strategy=mirrored_strategy(2), dynamic=dynamic
-  )
+  mwms_worker.main(str(two_replicas), 2, strategy=mirrored_strategy(2))
   cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
   cluster_lib.run_workers(
     [
       [sys.executable, str(WORKER), str(tmp_path / f"w{i}.npz")]
-      + (["--dynamic"] if dynamic else [])
       for i in range(2)
     ],
     [
@@ -65,14 +62,13 @@ def test_two_workers_equal_one_process_on_the_global_batch(tmp_path, dynamic):
   want = np.load(ref)
   w0, w1 = np.load(tmp_path / "w0.npz"), np.load(tmp_path / "w1.npz")
   mirrored = np.load(two_replicas)
-  for key in ("table", "acc"):
+  for key in ("table", "acc", "dtable", "dacc"):
     # Both workers apply the same summed update: bit-identical.
     np.testing.assert_array_equal(w0[key], w1[key])
     np.testing.assert_allclose(w0[key], mirrored[key], rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(w0[key], want[key], rtol=1e-5, atol=1e-6)
-  if dynamic:  # the same ids in the same rows, the same counters
-    for key in ("keys", "rows", "counters"):
-      for got in (w0, w1, mirrored):
-        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
-    admissions, capacity, _, evictions, _, in_use = want["counters"]
-    assert evictions > 0 and in_use == capacity < admissions
+  for key in ("keys", "rows", "counters"):  # the same ids in the same rows
+    for got in (w0, w1, mirrored):
+      np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+  admissions, capacity, _, evictions, _, in_use = want["counters"]
+  assert evictions > 0 and in_use == capacity < admissions

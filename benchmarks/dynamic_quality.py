@@ -330,8 +330,10 @@ def checkpoint_index(model_dir: str, table: str, window) -> dict:
 
   path = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
   reader = tf.train.load_checkpoint(path)
+  # The backend's `vocabularies` child (backends.vocabulary.stage):
+  # `.../vocabularies/tables/<table>/<state>`, the table name escaped.
   escaped = table.replace(".", "..").replace("/", ".S")
-  marker = f"{escaped}.Svocabulary/"
+  marker = f"vocabularies/tables/{escaped}/"
   prefixes = {
     name[: name.index(marker) + len(marker)]
     for name in reader.get_variable_to_shape_map()

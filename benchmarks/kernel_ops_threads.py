@@ -7,9 +7,14 @@ by default they split over the intra-op threads), each a tf.function;
 median wall and CPU ms of 30 calls. The intra-op pool size is fixed when TF
 starts, so run it once per setting:
 
-    python benchmarks/kernel_ops_threads.py INTRA_THREADS N
+    python benchmarks/kernel_ops_threads.py INTRA_THREADS N [--rows ROWS]
+
+`--rows` sizes the table (default 10^7: ~2.6 GB of table and slot, so
+every id's row is a cache miss); tests/benchmarks runs the script on a
+small one.
 """
 
+import argparse
 import os
 import statistics
 import sys
@@ -18,13 +23,19 @@ import time
 import numpy as np
 import tensorflow as tf
 
-tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+_parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+_parser.add_argument("intra_threads", type=int)
+_parser.add_argument("n", type=int, help="ids per call")
+_parser.add_argument("--rows", type=int, default=10_000_000)
+ARGS = _parser.parse_args()
+
+tf.config.threading.set_intra_op_parallelism_threads(ARGS.intra_threads)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from backends.tensorcore import kernels  # noqa: E402
 
 ops = kernels.load()
-rows, dim, n = 10_000_000, 32, int(sys.argv[2])
+rows, dim, n = ARGS.rows, 32, ARGS.n
 t = tf.Variable(tf.zeros([rows, dim]))
 acc = tf.Variable(tf.fill([rows, dim], 0.1))
 rng = np.random.default_rng(0)

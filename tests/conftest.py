@@ -54,6 +54,18 @@ def _clear_gin():
   gin.clear_config()
 
 
+@pytest.fixture(scope="session")
+def serving_process(tmp_path_factory):
+  """The session's serving process (`tests/serving_process.py`): TensorFlow
+  without the project, started once for every test file that serves an
+  export from it."""
+  from tests.serving_process import ServingProcess  # noqa: PLC0415
+
+  serving = ServingProcess(tmp_path_factory.mktemp("serving"))
+  yield serving
+  serving.close()
+
+
 _STRATEGIES = {}
 
 

@@ -3,18 +3,15 @@
 import numpy as np
 import pytest
 
-from tests.test_export_raw import (  # noqa: F401  (server is a fixture)
+from tests.test_export_raw import (
   _first_nine,
-  _padded,
-  _source,
   _train_and_export,
   _train_on_ml100k,
-  server,
 )
 
 
 @pytest.mark.slow  # trains (2 steps), exports the FM with weighted histories
-def test_history_is_served_from_the_raw_user_id(tmp_path, server):  # noqa: F811
+def test_history_is_served_from_the_raw_user_id(tmp_path, serving_process):
   _, model_dir, export_dir = _train_on_ml100k(
     tmp_path,
     "movielens_fm.gin",
@@ -40,7 +37,7 @@ def test_history_is_served_from_the_raw_user_id(tmp_path, server):  # noqa: F811
     "user_id": np.array(["", "1", "2", "10"])[ids["user_id"]],
     "item_id": np.array(["", "1", "2", "3"])[ids["item_id"]],
   }
-  got = server.serve(
+  got = serving_process.serve(
     tmp_path,
     export_dir,
     {"ids": ("serving_default", ids), "raw": ("serving_raw", raw)},
@@ -68,7 +65,7 @@ def _seen_sets(source):
 @pytest.mark.slow  # trains a two-tower with history 2 steps, exports it
 def test_top_k_for_a_raw_user_id_with_and_without_seen_items(
   tmp_path,
-  server,  # noqa: F811
+  serving_process,
 ):
   """ "top_k_raw" on the raw user id alone, served without the project,
   returns the evaluation's ranking: the corpus top-k, or the top-k of the
@@ -123,7 +120,7 @@ def test_top_k_for_a_raw_user_id_with_and_without_seen_items(
     False: model.corpus_index(queries, k=17),
     True: model.corpus_index.query_with_exclusions(queries, exclusions, k=17),
   }
-  got = server.serve(
+  got = serving_process.serve(
     tmp_path,
     export_dir,
     {

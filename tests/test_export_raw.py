@@ -6,13 +6,12 @@ module) that cannot import `recsys` (or `backends`) and runs from another
 directory without PYTHONPATH loads the SavedModel and sends the same rows twice:
 as raw values through "serving_raw", and as the ids the training pipeline
 made of them through the id signature. The two must agree (rtol 1e-6).
+The serving process is the session's (`serving_process`,
+`tests/serving_process.py`): test_export_history and test_serving_batch_sizes
+serve from it too.
 """
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import gin
 import numpy as np
@@ -25,22 +24,6 @@ from recsys.data.criteo_raw import DENSE_NAMES
 from tests.cli_runs import train_and_export, train_bindings
 from tests.data.test_criteo import make_rows, write
 from tests.data.test_movielens import write_ml100k
-
-# Run first in the fresh process: `recsys` and `backends` must not load.
-_NO_PROJECT = textwrap.dedent("""
-    import sys
-    class _Blocked:
-      def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("recsys", "backends", "tests"):
-          raise ImportError(name + " is not importable in the serving process")
-    sys.meta_path.insert(0, _Blocked())
-    try:
-      import recsys
-    except ImportError:
-      pass
-    else:
-      raise SystemExit("recsys is importable in the serving process")
-""")
 
 # Tricky Criteo values: negatives, missing, huge counts, values in and out of
 # the C1/C2 vocabulary files, a row of empty categoricals.
@@ -124,113 +107,11 @@ def _first_nine(model_dir):
   return source, features, specs, ids
 
 
-# The serving process: TensorFlow only. It loads each request's SavedModel and
-# runs its calls; requests and replies are JSON lines (arrays in .npz files).
-_SERVER = _NO_PROJECT + textwrap.dedent("""
-    import json, traceback
-    import numpy as np, tensorflow as tf
-    models = {}  # export dir -> the loaded SavedModel (loaded once)
-    for line in sys.stdin:
-      request = json.loads(line)
-      try:
-        if request["export_dir"] not in models:
-          models[request["export_dir"]] = tf.saved_model.load(request["export_dir"])
-        loaded = models[request["export_dir"]]
-        arrays = np.load(request["inputs"])
-        out = {}
-        for result, (signature, inputs) in request["plan"].items():
-          fn = loaded.signatures[signature]
-          got = fn(**{name: tf.constant(arrays[key]) for name, key in inputs.items()})
-          for name, value in got.items():
-            value = value.numpy()
-            out[result + "__" + name] = value.astype(bytes) if value.dtype == object else value
-        np.savez(request["outputs"], **out)
-        reply = {"ok": True}
-      except Exception:  # reported to the test, which fails with it
-        reply = {"ok": False, "error": traceback.format_exc()}
-      print(json.dumps(reply), flush=True)
-""")
-
-
-class _Server:
-  """One serving process for the module (TensorFlow starts once, not per test)."""
-
-  def __init__(self, cwd):
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    self._stderr = os.path.join(cwd, "stderr.txt")
-    with open(
-      self._stderr, "w"
-    ) as stderr:  # a file: a full pipe would block it
-      self._process = subprocess.Popen(
-        [sys.executable, "-c", _SERVER],
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        text=True,
-      )
-
-  def serve(self, tmp_path, export_dir, calls, expect_error=False):
-    """Runs `calls` ({result: (signature, inputs)}) on the export; their outputs.
-
-    Inputs are NumPy arrays (strings as str arrays). With `expect_error`, the
-    calls must fail: returns the serving process's traceback.
-    """
-    arrays, plan = {}, {}
-    for result, (signature, inputs) in calls.items():
-      plan[result] = [signature, {}]
-      for name, value in inputs.items():
-        key = f"{result}__{name}"
-        arrays[key] = np.asarray(value)
-        plan[result][1][name] = key
-    np.savez(tmp_path / "inputs.npz", **arrays)
-    request = {
-      "export_dir": export_dir,
-      "plan": plan,
-      "inputs": str(tmp_path / "inputs.npz"),
-      "outputs": str(tmp_path / "outputs.npz"),
-    }
-    self._process.stdin.write(json.dumps(request) + "\n")
-    self._process.stdin.flush()
-    line = self._process.stdout.readline()
-    if not line:
-      with open(self._stderr) as stderr:
-        raise AssertionError(
-          "the serving process died: " + stderr.read()[-3000:]
-        )
-    reply = json.loads(line)
-    if expect_error:
-      assert not reply["ok"], "the call succeeded; expected an error"
-      return reply["error"]
-    assert reply["ok"], reply["error"]
-    got = {}
-    with np.load(tmp_path / "outputs.npz", allow_pickle=False) as outputs:
-      for key in outputs.files:
-        result, name = key.split("__", 1)
-        got.setdefault(result, {})[name] = outputs[key]
-    return got
-
-  def close(self):
-    self._process.stdin.close()
-    try:
-      self._process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-      self._process.kill()
-      self._process.wait()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-  serving = _Server(tmp_path_factory.mktemp("serving"))
-  yield serving
-  serving.close()
-
-
 # ~25 s (first test: the serving process starts): DCN-v2 on Criteo
 @pytest.mark.slow
-def test_criteo_raw_signature_scores_like_the_id_signature(tmp_path, server):
+def test_criteo_raw_signature_scores_like_the_id_signature(
+  tmp_path, serving_process
+):
   data, vocab = tmp_path / "criteo", tmp_path / "vocab"
   data.mkdir()
   vocab.mkdir()
@@ -279,7 +160,7 @@ def test_criteo_raw_signature_scores_like_the_id_signature(tmp_path, server):
     }
   )
 
-  got = server.serve(
+  got = serving_process.serve(
     tmp_path,
     export_dir,
     {"ids": ("serving_default", ids), "raw": ("serving_raw", raw)},
@@ -301,7 +182,7 @@ def test_criteo_raw_signature_scores_like_the_id_signature(tmp_path, server):
   raw["I4"] = np.array(
     ["1.5" if row == 1 else v for row, v in enumerate(raw["I4"])]
   )
-  error = server.serve(
+  error = serving_process.serve(
     tmp_path, export_dir, {"raw": ("serving_raw", raw)}, expect_error=True
   )
   assert "raw feature I4 got [1.5] at row 1" in error
@@ -310,7 +191,7 @@ def test_criteo_raw_signature_scores_like_the_id_signature(tmp_path, server):
   # Issue 28: what a TSV column cannot hold, a count beyond int64, inputs
   # of other shapes and ids beyond a vocabulary: each refused by name.
   def refused(signature, inputs):
-    return server.serve(
+    return serving_process.serve(
       tmp_path, export_dir, {"x": (signature, inputs)}, expect_error=True
     )
 
@@ -364,7 +245,7 @@ def _train_on_ml100k(tmp_path, gin_file, bindings, newest=()):
 
 @pytest.mark.slow  # ~10 s: trains and exports DCN-v2 on MovieLens
 def test_movielens_ranking_raw_signature_scores_like_the_id_signature(
-  tmp_path, server
+  tmp_path, serving_process
 ):
   # Item 4 is rated once, last: in the temporal test split only, so its
   # embedding row is never trained (issue 28: flagged unknown).
@@ -404,7 +285,7 @@ def test_movielens_ranking_raw_signature_scores_like_the_id_signature(
   )
   ids = {n: np.concatenate([ids[n], new_user[n], new_item[n]]) for n in ids}
 
-  got = server.serve(
+  got = serving_process.serve(
     tmp_path,
     export_dir,
     {"ids": ("serving_default", ids), "raw": ("serving_raw", raw)},
@@ -423,7 +304,7 @@ def test_movielens_ranking_raw_signature_scores_like_the_id_signature(
   # Issue 28's red-team calls: user_id and item_id of different lengths,
   # 2-D ids. Each refused at the entrance, naming the inputs' shapes.
   def refused(inputs):
-    return server.serve(
+    return serving_process.serve(
       tmp_path, export_dir, {"x": ("serving_raw", inputs)}, expect_error=True
     )
 
@@ -438,7 +319,7 @@ def test_movielens_ranking_raw_signature_scores_like_the_id_signature(
 
 @pytest.mark.slow  # ~10 s: trains and exports a two-tower model on MovieLens
 def test_movielens_retrieval_raw_signatures_match_the_id_signatures(
-  tmp_path, server
+  tmp_path, serving_process
 ):
   _, model_dir, export_dir = _train_on_ml100k(
     tmp_path,
@@ -455,7 +336,7 @@ def test_movielens_retrieval_raw_signatures_match_the_id_signatures(
   query = {n: ids[n] for n in source.query_features}
   candidate = {n: ids[n] for n in source.candidate_features}
 
-  got = server.serve(
+  got = serving_process.serve(
     tmp_path,
     export_dir,
     {

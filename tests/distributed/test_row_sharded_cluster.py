@@ -35,7 +35,7 @@ from tests.distributed import test_cluster as cluster_case
 from tests.distributed.test_launch_signals import _alive
 
 E = tf.tpu.experimental.embedding
-STEPS = 12
+STEPS = 8
 GIN = [
   "SyntheticCTR.vocab_sizes = (40, 24, 60)",
   "SyntheticCTR.multi_hot_sizes = (1, 3, 1)",

@@ -158,11 +158,18 @@ CASES = [(name, "1replica") for name in sorted(PATTERNS)] + [
 ]
 
 
+#: `run`'s results kept for a later test of the same run, by (name, variant):
+#: the retrieval index test reads basic retrieval's 1-replica model.
+_KEPT = {("basic_retrieval", "1replica"): None}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name,variant", CASES)
 def test_tutorial_pattern_trains_like_the_backend_loop(name, variant):
   pattern = PATTERNS[name]
   model, initial, losses, results, lookups = run(pattern, variant)
+  if (name, variant) in _KEPT:
+    _KEPT[name, variant] = model, lookups
   assert np.isfinite(list(results.values())).all(), results
   assert losses[-1] < losses[0], losses
   got = {k: v.numpy() for k, v in tables(model).items()}
@@ -190,9 +197,14 @@ def test_tutorial_pattern_trains_like_the_backend_loop(name, variant):
 
 
 def test_a_retrieval_index_answers_from_the_trained_towers():
-  """Basic retrieval's last step: a BruteForce index over the movie tower."""
-  pattern = PATTERNS["basic_retrieval"]
-  model, _, _, _, lookups = run(pattern, "1replica")
+  """Basic retrieval's last step: a BruteForce index over the movie tower
+  (the model its 1-replica case above trained, or trained here if that
+  case did not run)."""
+  kept = _KEPT["basic_retrieval", "1replica"]
+  if kept is None:
+    model, _, _, _, lookups = run(PATTERNS["basic_retrieval"], "1replica")
+  else:
+    model, lookups = kept
   users, movies = lookups["user_id"], lookups["movie_title"]
   index = tfrs.layers.factorized_top_k.BruteForce(
     lambda raw: model.user_model(users(raw))

@@ -23,10 +23,14 @@ import pytest
 ROOT = os.path.dirname(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
-STEPS = 60
 TRIALS = int(
   os.environ.get("RECSYS_CRASH_TRIALS", "3")
 )  # a soak: set it higher
+# Each life of the SIGKILL test is killed within its first few steps (after
+# at most 3 printed, then at most 0.15 s more): 10 steps a trial keep every
+# kill before the run's end, a soak's too (60 steps for any number of trials
+# before: the SIGKILL test's last life and the SIGTERM test's trained ~55).
+STEPS = max(30, 10 * TRIALS)
 LINE_TIMEOUT = 240.0  # seconds to wait for one progress line (a busy CI box)
 
 pytestmark = pytest.mark.slow

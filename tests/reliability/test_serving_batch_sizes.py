@@ -156,25 +156,20 @@ def test_every_input_of_every_signature_shares_the_batch_size(exports, task):
   assert checked >= (30 if task == "ranking" else 8), checked
 
 
-@pytest.mark.slow  # ~10 s: a serving process starts TensorFlow
-def test_the_refusal_needs_only_tensorflow(exports, tmp_path):
-  """The check is in the graph: a process without recsys refuses too."""
-  from tests.test_export_raw import _Server  # noqa: PLC0415
-
+@pytest.mark.slow  # a serving process starts TensorFlow (if none has yet)
+def test_the_refusal_needs_only_tensorflow(exports, tmp_path, serving_process):
+  """The check is in the graph: a process without recsys refuses too
+  (the session's, `tests/serving_process.py`)."""
   path = exports["retrieval"][0]
-  server = _Server(str(tmp_path))
-  try:
-    error = server.serve(
-      tmp_path,
-      path,
-      {
-        "x": (
-          "top_k_raw",
-          {"user_id": np.array(["1", "2"]), "exclude_seen": np.ones(3, bool)},
-        )
-      },
-      expect_error=True,
-    )
-  finally:
-    server.close()
+  error = serving_process.serve(
+    tmp_path,
+    path,
+    {
+      "x": (
+        "top_k_raw",
+        {"user_id": np.array(["1", "2"]), "exclude_seen": np.ones(3, bool)},
+      )
+    },
+    expect_error=True,
+  )
   assert "serving inputs of shapes exclude_seen [3], user_id [2]" in error

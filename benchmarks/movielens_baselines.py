@@ -285,14 +285,22 @@ def choose_ials(
   num_users: int,
   num_items: int,
   exclusions: Any = None,
+  fitted: dict | None = None,
 ) -> tuple[float, float, float, dict[str, float]]:
   """(reg, alpha, reg_exponent, validation hit rates) of the IALS_GRID point
-  with the best validation top-10 hit rate (under `exclusions`, if given)."""
+  with the best validation top-10 hit rate (under `exclusions`, if given).
+
+  `fitted`: a dict the caller keeps for calls on the same `train` (each
+  grid point's factors, fitted once: the fit does not depend on the
+  exclusions, only the scoring does)."""
+  fitted = {} if fitted is None else fitted
   scores = []
   for reg, alpha, nu in IALS_GRID:
-    p, q = fit_ials(
-      train, num_users, num_items, reg=reg, alpha=alpha, reg_exponent=nu
-    )
+    if (reg, alpha, nu) not in fitted:
+      fitted[reg, alpha, nu] = fit_ials(
+        train, num_users, num_items, reg=reg, alpha=alpha, reg_exponent=nu
+      )
+    p, q = fitted[reg, alpha, nu]
     rates = factor_hit_rates(p, q, valid, num_items, exclusions=exclusions)
     scores.append((reg, alpha, nu, rates))
   return max(scores, key=lambda x: x[3]["top10"])
@@ -346,12 +354,17 @@ def choose_ease(
   num_users: int,
   num_items: int,
   exclusions: Any = None,
+  fitted: dict | None = None,
 ) -> tuple[float, dict[str, float]]:
   """(reg, validation hit rates) of the EASE_GRID point with the best
-  validation top-10 hit rate (under `exclusions`, if given)."""
+  validation top-10 hit rate (under `exclusions`, if given); `fitted` as
+  `choose_ials`'s (each point's weights, fitted once)."""
+  fitted = {} if fitted is None else fitted
   scores = []
   for reg in EASE_GRID:
-    weights = fit_ease(train, num_users, num_items, reg)
+    if reg not in fitted:
+      fitted[reg] = fit_ease(train, num_users, num_items, reg)
+    weights = fitted[reg]
     rates = ease_hit_rates(
       weights, train, valid, num_users, num_items, exclusions=exclusions
     )

@@ -404,7 +404,11 @@ def run_experiment(
 
 
 def served_hit_rates(
-  export_dir: str, source: Any, held_out: Arrays, exclude_seen: bool
+  export_dir: str,
+  source: Any,
+  held_out: Arrays,
+  exclude_seen: bool,
+  loaded: Any = None,
 ) -> dict[str, float]:
   """Top-K hit rates scored from an exported SavedModel's "top_k_raw"
   signature: each held-out pair's user sent by its RAW id (as a client
@@ -416,10 +420,14 @@ def served_hit_rates(
     source: the experiment's MovieLens source (its raw-id maps).
     held_out: `user` and `item` ids of the scored pairs.
     exclude_seen: the signature's `exclude_seen` for every query.
+    loaded: `tf.saved_model.load(export_dir)` when the caller has it (one
+      load for both protocols); loaded here if None.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  top_k = tf.saved_model.load(export_dir).signatures["top_k_raw"]
+  if loaded is None:
+    loaded = tf.saved_model.load(export_dir)
+  top_k = loaded.signatures["top_k_raw"]
   parser = source.raw_parser()
   users, index = np.unique(held_out["user"], return_inverse=True)
   raw_users = parser.raw_ids("user_id", tf.constant(users, tf.int64))
@@ -712,13 +720,18 @@ def run_seed(args: argparse.Namespace, seed: int, root: str) -> dict[str, Any]:
       "bindings": more,
     }
     if KIND[name] == "retrieval":  # the exported SavedModel, by raw user id
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
       held_out = {k: v[:ret_evaluated] for k, v in ret_test.items()}
+      export_dir = os.path.join(model_dir, EXPORT_DIR)
+      loaded = tf.saved_model.load(export_dir)  # once for both protocols
       results[name]["served"] = {
         protocol: served_hit_rates(
-          os.path.join(model_dir, EXPORT_DIR),
+          export_dir,
           ret_source,
           held_out,
           exclude_seen=protocol == "excluded",
+          loaded=loaded,
         )
         for protocol in PROTOCOLS
       }
@@ -749,6 +762,10 @@ def _retrieval_baselines(
   fit, valid = split_arrays(carved, True), split_arrays(carved, False)
   users, items = source.num_users, source.num_items
   out: dict[str, Any] = {}
+  # The grid searches' fits on `fit`, shared by both protocols (only their
+  # scoring differs).
+  ials_fitted: dict = {}
+  ease_fitted: dict = {}
   for protocol in PROTOCOLS:
     suffix = "" if protocol == "kept" else "_excluded"
     valid_seen = test_seen = None
@@ -759,7 +776,7 @@ def _retrieval_baselines(
       train["item"], held_out["item"], test_seen
     )
     reg, alpha, nu, valid_rates = choose_ials(
-      fit, valid, users, items, valid_seen
+      fit, valid, users, items, valid_seen, ials_fitted
     )
     start = time.time()  # the chosen point's fit and scoring, not the search
     p, q = fit_ials(train, users, items, reg=reg, alpha=alpha, reg_exponent=nu)
@@ -771,7 +788,9 @@ def _retrieval_baselines(
       "rates": factor_hit_rates(p, q, held_out, items, exclusions=test_seen),
       "seconds": time.time() - start,
     }
-    reg, valid_rates = choose_ease(fit, valid, users, items, valid_seen)
+    reg, valid_rates = choose_ease(
+      fit, valid, users, items, valid_seen, ease_fitted
+    )
     start = time.time()
     weights = fit_ease(train, users, items, reg)
     out["ease" + suffix] = {

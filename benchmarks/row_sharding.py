@@ -170,7 +170,8 @@ def _collective_bytes(graph) -> str:
   return f"{out} + {unknown} dynamic" if unknown else out
 
 
-def compare(strategy) -> None:
+def compare(strategy):
+  """The placements' table; returns the replicated run's Trainer."""
   replicas = strategy.num_replicas_in_sync
   base = _trainer(strategy, None)
   sizes = sorted(base.backend.tables, key=lambda t: -t.vocabulary_size * t.dim)[
@@ -236,6 +237,7 @@ def compare(strategy) -> None:
       f"| {_collective_bytes(timed[name][1])} "
       f"| {balance} |"
     )
+  return base
 
 
 def _plan(trainer, replicas):
@@ -268,10 +270,11 @@ def _plan(trainer, replicas):
   )
 
 
-def budget_run(strategy) -> None:
-  """Tables twice a device's budget: refused replicated, trained sharded."""
+def budget_run(strategy, base=None) -> None:
+  """Tables twice a device's budget: refused replicated, trained sharded.
+  `base`: the replicated run's Trainer (`compare`'s), for its tables."""
   replicas = strategy.num_replicas_in_sync
-  base = _trainer(strategy, None)
+  base = base or _trainer(strategy, None)
   sizes = [
     placement_lib.TableSize(
       base.backend.table_name(t),
@@ -368,9 +371,9 @@ def main(argv=None) -> None:
       f"train.global_batch_size = {ARGS.per_replica_batch * ARGS.replicas}"
     )
   strategy, _ = strategy_lib.make_strategy(num_cpu_replicas=ARGS.replicas)
-  compare(strategy)
+  base = compare(strategy)
   if ARGS.budget:
-    budget_run(strategy)
+    budget_run(strategy, base)
 
 
 ARGS = argparse.Namespace()

@@ -30,7 +30,7 @@ import pytest
 from recsys import cli
 from tests.distributed import cluster as cluster_lib
 
-STEPS = 400
+STEPS = 200  # local_cluster.gin: a loop and a checkpoint every 100 steps
 ARGS = [
   "--gin_file",
   "experiments/synthetic_dlrm.gin",
@@ -55,7 +55,10 @@ ARGS = [
 #: Eval AUC gap allowed between the cluster and one process. Asynchronous
 #: workers apply stale gradients, the examples arrive in another order, and
 #: 32 x 256 eval examples give AUC a standard error of ~0.006: at 400 steps
-#: runs with different orders spread by ~0.01.
+#: runs with different orders spread by ~0.01. At 200 steps (this test, the
+#: worker killed at step 100), 5 runs here: cluster 0.7195-0.7236 against
+#: one process's 0.7257, gaps 0.0022-0.0063 (at 400 steps, 3 runs:
+#: 0.0004-0.0027).
 AUC_TOLERANCE = 0.03
 
 

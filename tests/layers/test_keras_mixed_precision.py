@@ -133,6 +133,20 @@ def fit(kind, policy_name, strategy=None, optimizer=None, **values):
   return got, dense.get_weights(), model.optimizer, emb
 
 
+_FLOAT32: dict = {}
+
+
+def fit_float32(kind, strategy=None):
+  """`fit(kind, "float32", strategy)`'s tables and dense weights, once per
+  module for each (kind, strategy): the reference of several tests."""
+  strategy = strategy or tf.distribute.get_strategy()
+  key = (kind, strategy.num_replicas_in_sync)
+  if key not in _FLOAT32:
+    got, dense, _, _ = fit(kind, "float32", strategy)
+    _FLOAT32[key] = got, dense
+  return _FLOAT32[key]
+
+
 def assert_close_to_float32(got, want, dense, dense_want, tol):
   for name, value in got.items():
     assert np.isfinite(value).all(), name
@@ -158,7 +172,7 @@ def test_mixed_float16_fit_trains_the_tables_as_float32_does(kind, replicas):
     if replicas == 1
     else mirrored_strategy(replicas)
   )
-  want, dense_want, _, _ = fit(kind, "float32", strategy)
+  want, dense_want = fit_float32(kind, strategy)
   got, dense, optimizer, emb = fit(kind, "mixed_float16", strategy)
   assert isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
   assert float(optimizer.loss_scale) == 2.0**15  # no step was skipped
@@ -170,7 +184,7 @@ def test_mixed_float16_fit_trains_the_tables_as_float32_does(kind, replicas):
 
 
 def test_mixed_bfloat16_needs_no_loss_scale_and_tracks_float32():
-  want, dense_want, _, _ = fit("keras", "float32")
+  want, dense_want = fit_float32("keras")
   got, dense, optimizer, emb = fit("keras", "mixed_bfloat16")
   assert not isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
   # bfloat16 keeps 8 bits of mantissa: 2**-8 relative to the values.

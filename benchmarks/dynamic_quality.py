@@ -154,21 +154,40 @@ def data_settings() -> str:
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def _group_alive(pgid: int) -> bool:
+  """Whether any process of process group `pgid` is left."""
+  try:
+    os.killpg(pgid, 0)
+  except ProcessLookupError:
+    return False
+  return True
+
+
 def stop(proc: subprocess.Popen) -> None:
-  """Ends a run we started and its process group: SIGTERM (recsys train
-  stops at a step and exits), SIGKILL after `STOP_GRACE_SECONDS`."""
-  if proc.poll() is not None:
-    return
+  """Ends a run we started and its whole process group: SIGTERM (recsys
+  train stops at a step and exits), SIGKILL after `STOP_GRACE_SECONDS` to
+  whatever is left — the run's own children too, which may outlive it by
+  a moment (its direct process exiting is not the group ending)."""
   old = {s: signal.signal(s, signal.SIG_IGN) for s in _SIGNALS}
   try:
-    try:
-      os.killpg(proc.pid, signal.SIGTERM)
-      proc.wait(STOP_GRACE_SECONDS)
-    except subprocess.TimeoutExpired:
-      os.killpg(proc.pid, signal.SIGKILL)
-      proc.wait()
-    except ProcessLookupError:
-      proc.wait()
+    if proc.poll() is None:
+      try:
+        os.killpg(proc.pid, signal.SIGTERM)
+      except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    while time.monotonic() < deadline:
+      if proc.poll() is not None and not _group_alive(proc.pid):
+        break
+      time.sleep(0.05)
+    else:
+      try:
+        os.killpg(proc.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+    proc.wait()
+    while _group_alive(proc.pid) and time.monotonic() < deadline + 5:
+      time.sleep(0.05)  # SIGKILLed: gone as soon as the kernel reaps them
   finally:
     for s, handler in old.items():
       signal.signal(s, handler)

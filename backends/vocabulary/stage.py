@@ -129,7 +129,7 @@ class VocabularyStage:
       return flat
     raw = [flat[i] for i in dynamic]
     if not training:
-      mapped = self._mapped(raw, dynamic, update=False)
+      mapped = self._looked_up(raw, dynamic)
     else:
       if _tf_internal.in_xla_context():
         raise ValueError(
@@ -195,9 +195,8 @@ class VocabularyStage:
       return out[0]
     return _tf_internal.regroup(tuple(out))
 
-  def _mapped(self, raw: list[Any], positions: list[int], update: bool):
+  def _looked_up(self, raw: list[Any], positions: list[int]) -> list[Any]:
     """Evaluation: every input's ids as rows, the indices unchanged."""
-    del update
     out = list(raw)
     for table, index in self.indices.items():
       for k, p in enumerate(positions):

@@ -1,11 +1,13 @@
 """The interface of a lookup engine (see `backends.tensorcore.engines`)."""
 
 import abc
+import dataclasses
 from typing import Any
 
 import tensorflow as tf
 
 from backends import _bags
+from backends import input_checks as checks_lib
 from backends.storage.base import TableStorage
 from backends.table_step import Features, TableStep
 
@@ -69,6 +71,16 @@ class Engine(abc.ABC):
   def update_kernels(self) -> Any | None:
     """The fused kernels for `optimizers.apply_sparse_updates`, or None."""
     return None
+
+
+def after_checks(checks: checks_lib.CheckGroup, bags: list[Any]) -> list[Any]:
+  """The bags, their ids read only once the group's checks hold (graph
+  mode): no gather of the lookup reads an id before it is checked."""
+  deps = checks.assertion()
+  if not deps:
+    return bags
+  with tf.control_dependencies(deps):
+    return [dataclasses.replace(b, ids=tf.identity(b.ids)) for b in bags]
 
 
 def activation_gradients(

@@ -16,7 +16,6 @@ Example:
   >>> outputs, steps = engine.lookup(flat, flat_w, None, storages, True)
 """
 
-import dataclasses
 from typing import Any
 
 import tensorflow as tf
@@ -108,11 +107,7 @@ class DynamicEngine(base.Engine):
       if counters is not None and features.width(layout):
         counters.truncated[layout.path].assign_add(bag.truncated)
       out.append(bag)
-    deps = checks.assertion()
-    if deps:  # checked before any gather reads the ids
-      with tf.control_dependencies(deps):
-        out = [dataclasses.replace(b, ids=tf.identity(b.ids)) for b in out]
-    return out
+    return base.after_checks(checks, out)
 
   # -- lookup ---------------------------------------------------------------
 

@@ -14,7 +14,6 @@ Example:
   >>> outputs, steps = engine.lookup(flat, flat_w, counters, storages, True)
 """
 
-import dataclasses
 import functools
 import logging
 from typing import Any
@@ -85,11 +84,7 @@ class StaticEngine(base.Engine):
       out.append(
         static_bags.with_combiner_scale(bags, layout.feature.table.combiner)
       )
-    deps = checks.assertion()
-    if deps:  # checked before any gather reads the ids
-      with tf.control_dependencies(deps):
-        out = [dataclasses.replace(b, ids=tf.identity(b.ids)) for b in out]
-    return out
+    return base.after_checks(checks, out)
 
   # -- lookup ---------------------------------------------------------------
 

@@ -23,7 +23,7 @@ import numpy as np
 from recsys import ranges
 from recsys._keras import tf
 from recsys.data import ials_batches
-from recsys.data.pipeline import DataSource, check_batch_size, finish
+from recsys.data.pipeline import BatchRequest, DataSource, check_batch_size
 from recsys.errors import SettingsError
 
 _RAGGED = (
@@ -195,15 +195,7 @@ class ImplicitALSData(DataSource):
     features[ials_batches.SEGMENT] = tf.range(rows, dtype=tf.int32)
     return features, labels
 
-  def dataset(
-    self,
-    batch_size: int,
-    *,
-    training: bool = True,
-    input_context: tf.distribute.InputContext | None = None,
-    drop_remainder: bool = True,
-    repeat: bool | None = None,
-  ) -> tf.data.Dataset:
+  def _batches(self, request: BatchRequest) -> tf.data.Dataset:
     """Training: the iALS halves (one input pipeline, `batch_size` equal to
     `ImplicitALSData.batch_size`); evaluation: the wrapped source's
     batches with the iALS features empty.
@@ -212,31 +204,35 @@ class ImplicitALSData(DataSource):
       ImplicitALSDataError: training with another batch size or several
         input pipelines.
     """
-    repeat = training if repeat is None else repeat
-    if not training:
+    if not request.training:
+      context = None
+      if request.pipelines > 1:
+        context = tf.distribute.InputContext(
+          num_input_pipelines=request.pipelines,
+          input_pipeline_id=request.pipeline,
+        )
       base = self.source.dataset(
-        batch_size,
+        request.batch_size,
         training=False,
-        input_context=input_context,
-        drop_remainder=drop_remainder,
-        repeat=repeat,
+        input_context=context,
+        drop_remainder=request.drop_remainder,
+        repeat=request.repeat,
       )
       return base.map(
         tf.autograph.experimental.do_not_convert(self._with_empty_ials_features)
       )
-    if check_batch_size(batch_size) != self.batch_size:
+    if request.batch_size != self.batch_size:
       raise ImplicitALSDataError(
-        f"ImplicitALSData: training batches of {batch_size} rows per replica "
-        f"asked, but ImplicitALSData.batch_size = {self.batch_size}; set it "
-        "to train.global_batch_size divided by the replicas."
+        f"ImplicitALSData: training batches of {request.batch_size} rows per "
+        f"replica asked, but ImplicitALSData.batch_size = {self.batch_size}; "
+        "set it to train.global_batch_size divided by the replicas."
       )
-    if input_context is not None and input_context.num_input_pipelines > 1:
+    if request.pipelines > 1:
       raise ImplicitALSDataError(
         "ImplicitALSData: one input pipeline only (each step's rows must be "
-        f"distinct over the replicas); got "
-        f"{input_context.num_input_pipelines}."
+        f"distinct over the replicas); got {request.pipelines}."
       )
-    return finish(self._training(repeat))
+    return self._training(request.repeat)
 
   def candidates(self, batch_size: int) -> tf.data.Dataset:
     """The wrapped source's candidate corpus."""

@@ -68,7 +68,6 @@ def ials_training(
   import backends  # noqa: PLC0415
   from recsys import features as features_lib  # noqa: PLC0415
   from recsys._keras import tf  # noqa: PLC0415
-  from recsys.models.loss_inputs import LossInputs  # noqa: PLC0415
   from recsys.models.retrieval import ials  # noqa: PLC0415
 
   strategy = strategy or tf.distribute.get_strategy()
@@ -94,7 +93,15 @@ def ials_training(
     model = ials.ImplicitALS(
       specs, dim=dim, reg=reg, alpha=alpha, reg_exponent=reg_exponent
     )
-  names = list(config)
+  return backend, ials_step(strategy, backend, model, list(config))
+
+
+def ials_step(strategy, backend, model, names):
+  """A `tf.function` `step(features, labels)` that trains one batch per
+  replica of `strategy` as a Trainer step does: the features `names` looked
+  up under a tape, the model's loss, the backend's update."""
+  from recsys._keras import tf  # noqa: PLC0415
+  from recsys.models.loss_inputs import LossInputs  # noqa: PLC0415
 
   @tf.function
   def step(features, labels):
@@ -108,7 +115,7 @@ def ials_training(
 
     strategy.run(replica_step, args=(features, labels))
 
-  return backend, step
+  return step
 
 
 def epoch(pairs, users, items, args, steps_multiple=1) -> list:

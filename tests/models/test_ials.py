@@ -13,11 +13,11 @@ import tensorflow as tf
 import backends
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends.layout import TableLayout
+from benchmarks import ials_scale
 from benchmarks import movielens_baselines as baselines
 from recsys import features as features_lib
 from recsys.data import ials_batches
 from recsys.errors import SettingsError
-from recsys.models import LossInputs
 from recsys.models.errors import ModelConfigError
 from recsys.models.retrieval import ials, ials_solve
 from tests.conftest import mirrored_strategy
@@ -114,20 +114,8 @@ def _train(strategy, batch_size, epochs, chunk=None, weights=None, **options):
     strategy, batch_size, chunk=chunk, weights=weights, **options
   )
   ials.check_embedding_optimizer(config)
-  names = list(config)
-
-  @tf.function
-  def step(features, labels):
-    def replica_fn(features, labels):
-      with tf.GradientTape() as tape:
-        ids = {n: features["categorical"][n] for n in names}
-        acts = backend.lookup(ids, training=True)
-        tape.watch(acts)
-        loss = model.compute_loss(LossInputs(acts, features, labels))
-      backend.apply_gradients(tape.gradient(loss, acts))
-      return loss
-
-    return strategy.run(replica_fn, args=(features, labels))
+  # The benchmark's step: what it times is what this test checks.
+  step = ials_scale.ials_step(strategy, backend, model, list(config))
 
   def tables():
     return {

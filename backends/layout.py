@@ -32,7 +32,15 @@ class LayoutSettingError(BackendSettingsError, ValueError):
   or neither one value nor a dict table name -> value."""
 
 
-class Placement(str, enum.Enum):
+class StrEnum(str, enum.Enum):
+  """A string-valued enum that prints as its value (`str(Placement.
+  ROW_SHARDED) == "row_sharded"`), as Python 3.11's `enum.StrEnum` does."""
+
+  def __str__(self) -> str:
+    return self.value
+
+
+class Placement(StrEnum):
   """Where a table's rows live."""
 
   #: A full copy of the rows and slots on every replica.
@@ -50,11 +58,8 @@ class Placement(str, enum.Enum):
     """What a user may ask for (`EmbeddingPlacement.tables`)."""
     return (cls.REPLICATED, cls.ROW_SHARDED)
 
-  def __str__(self) -> str:
-    return self.value
 
-
-class RowLayout(str, enum.Enum):
+class RowLayout(StrEnum):
   """Which rows a replica owns of a row-sharded table."""
 
   #: Equal row ranges (initialized and checkpointed by row slices).
@@ -62,11 +67,8 @@ class RowLayout(str, enum.Enum):
   #: Ids `r, r + R, ...` (saved whole).
   STRIDED = "strided"
 
-  def __str__(self) -> str:
-    return self.value
 
-
-class Exchange(str, enum.Enum):
+class Exchange(StrEnum):
   """How a row-sharded table's replicas exchange ids, rows, gradients."""
 
   ALL_TO_ALL = placement_lib.ALL_TO_ALL
@@ -79,19 +81,13 @@ class Exchange(str, enum.Enum):
     """What a built table may have (not "auto")."""
     return (cls.ALL_TO_ALL, cls.ALL_GATHER)
 
-  def __str__(self) -> str:
-    return self.value
 
-
-class StorageDtype(str, enum.Enum):
+class StorageDtype(StrEnum):
   """The dtype a table's rows are stored in (slots stay float32)."""
 
   FLOAT32 = "float32"
   BFLOAT16 = "bfloat16"
   FLOAT16 = "float16"
-
-  def __str__(self) -> str:
-    return self.value
 
 
 E = TypeVar("E", bound=enum.Enum)

@@ -28,7 +28,7 @@ import typing
 from typing import Annotated, Any
 
 from backends.errors import BackendSettingsError
-from backends.layout import LayoutSettingError, value_of
+from backends.layout import LayoutSettingError, StrEnum, value_of
 
 #: TF counts ids, steps and rows in int64.
 INT64_MIN = -(2**63)
@@ -58,7 +58,7 @@ class VocabularySettingError(BackendSettingsError, ValueError):
   wrong type, contradicting another, or impossible for its table."""
 
 
-class Eviction(str, enum.Enum):
+class Eviction(StrEnum):
   """Which id loses its row when a new id needs one and none is free."""
 
   #: None: a new id that finds no free row gets none (reads the default).
@@ -71,20 +71,14 @@ class Eviction(str, enum.Enum):
   #: `evict_every` steps; when still full, as "lru".
   AGE = "age"
 
-  def __str__(self) -> str:
-    return self.value
 
-
-class UnknownIds(str, enum.Enum):
+class UnknownIds(StrEnum):
   """What an id without a row reads (the caller applies it)."""
 
   #: A row of zeros (no gradient flows to it).
   ZEROS = "zeros"
   #: A trained row of its own, the table's last (`vocabulary_size - 1`).
   UNKNOWN_ROW = "unknown_row"
-
-  def __str__(self) -> str:
-    return self.value
 
 
 @dataclasses.dataclass(frozen=True)

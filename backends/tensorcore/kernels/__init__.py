@@ -46,6 +46,8 @@ SOURCES = tuple(
   pathlib.Path(__file__).with_name(name)
   for name in ("embedding_ops.cc", "vocabulary_ops.cc")
 )
+#: The header the sources include (in the cache key as well).
+HEADERS = (pathlib.Path(__file__).with_name("kernel_common.h"),)
 ENV_SWITCH = "RECSYS_FUSED_KERNELS"
 ENV_DIR = "RECSYS_KERNEL_DIR"
 
@@ -112,7 +114,7 @@ def library_path() -> pathlib.Path:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   key = hashlib.sha256()
-  for source in SOURCES:
+  for source in SOURCES + HEADERS:
     key.update(source.name.encode())
     key.update(source.read_bytes())
   key.update(" ".join(_flags()).encode())

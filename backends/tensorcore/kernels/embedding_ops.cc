@@ -88,36 +88,13 @@
 #include "tensorflow/core/framework/numeric_types.h"
 #include "tensorflow/core/platform/threadpool.h"
 
+#include "kernel_common.h"
+
 namespace recsys {
 namespace {
 
-using ::tensorflow::DEVICE_CPU;
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-using ::tensorflow::Var;
 using ::tensorflow::errors::InvalidArgument;
 using ::tensorflow::shape_inference::InferenceContext;
-
-// Switches `var` to copy-on-read mode (as TF's sparse ops do), copying its
-// buffer first if a dense read still aliases it.
-absl::Status EnsureSparseAccess(OpKernelContext* ctx, Var* var) {
-  if (var->copy_on_read_mode.load()) return absl::OkStatus();
-  tsl::mutex_lock lock(*var->mu());
-  if (var->copy_on_read_mode.load()) return absl::OkStatus();
-  if (!var->tensor()->RefCountIsOne()) {
-    Tensor copy;
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(var->tensor()->dtype(),
-                                          var->tensor()->shape(), &copy));
-    std::memcpy(copy.data(), var->tensor()->data(),
-                var->tensor()->TotalBytes());
-    *var->tensor() = copy;
-  }
-  var->copy_on_read_mode.store(true);
-  return absl::OkStatus();
-}
 
 // Looks up the float32 matrix variable behind resource input `index`
 // (`narrow`: or bfloat16 / float16, a narrow table's rows).
@@ -210,30 +187,23 @@ inline int RowPart(int64_t id, int parts) {
 // bits (multiples of a power of two) still spread.
 class IdIndex {
  public:
-  explicit IdIndex(int64_t n) {
-    int bits = 4;
-    while ((int64_t{1} << bits) < 2 * n) ++bits;
-    shift_ = 64 - bits;
-    mask_ = (int64_t{1} << bits) - 1;
-    keys_.assign(mask_ + 1, -1);
-    values_.resize(mask_ + 1);
-  }
+  explicit IdIndex(int64_t n)
+      : slots_(n), keys_(slots_.size(), -1), values_(slots_.size()) {}
   // The position of `id` (non-negative), adding it as `next` if new.
   int32_t Insert(int64_t id, int32_t next, bool* added) {
-    int64_t slot = static_cast<int64_t>(
-        (static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >> shift_);
+    int64_t slot =
+        slots_.First(static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull);
     while (true) {
       if (keys_[slot] == id) { *added = false; return values_[slot]; }
       if (keys_[slot] < 0) {
         keys_[slot] = id; values_[slot] = next; *added = true; return next;
       }
-      slot = (slot + 1) & mask_;
+      slot = slots_.Next(slot);
     }
   }
 
  private:
-  int shift_;
-  int64_t mask_;
+  HashSlots slots_;
   std::vector<int64_t> keys_;
   std::vector<int32_t> values_;
 };

@@ -46,16 +46,11 @@
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
+#include "kernel_common.h"
+
 namespace recsys {
 namespace {
 
-using ::tensorflow::DEVICE_CPU;
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-using ::tensorflow::Var;
 using ::tensorflow::errors::FailedPrecondition;
 using ::tensorflow::errors::InvalidArgument;
 using ::tensorflow::lookup::LookupInterface;
@@ -98,19 +93,12 @@ inline int64_t Sub(int64_t a, int64_t b) {
 // reserved: an empty slot holds -1 as its number), slots by splitmix64.
 class FirstOccurrence {
  public:
-  explicit FirstOccurrence(int64_t n) {
-    int bits = 4;
-    while ((int64_t{1} << bits) < 2 * n) ++bits;
-    shift_ = 64 - bits;
-    mask_ = (int64_t{1} << bits) - 1;
-    keys_.resize(mask_ + 1);
-    numbers_.assign(mask_ + 1, -1);
-  }
+  explicit FirstOccurrence(int64_t n)
+      : slots_(n), keys_(slots_.size()), numbers_(slots_.size(), -1) {}
 
   // The number of `id`: `next` if it is new (*added true).
   int64_t Insert(int64_t id, int64_t next, bool* added) {
-    int64_t slot =
-        static_cast<int64_t>(SplitMix64(static_cast<uint64_t>(id)) >> shift_);
+    int64_t slot = slots_.First(SplitMix64(static_cast<uint64_t>(id)));
     while (true) {
       if (numbers_[slot] < 0) {
         keys_[slot] = id;
@@ -122,35 +110,15 @@ class FirstOccurrence {
         *added = false;
         return numbers_[slot];
       }
-      slot = (slot + 1) & mask_;
+      slot = slots_.Next(slot);
     }
   }
 
  private:
-  int shift_;
-  int64_t mask_;
+  HashSlots slots_;
   std::vector<int64_t> keys_;
   std::vector<int64_t> numbers_;
 };
-
-// Switches `var` to copy-on-read mode (as TF's sparse ops, and the TF path's
-// scatters, do), copying its buffer first if a dense read still aliases it:
-// after this, no reader holds the buffer the op writes in place.
-absl::Status EnsureSparseAccess(OpKernelContext* ctx, Var* var) {
-  if (var->copy_on_read_mode.load()) return absl::OkStatus();
-  tsl::mutex_lock lock(*var->mu());
-  if (var->copy_on_read_mode.load()) return absl::OkStatus();
-  if (!var->tensor()->RefCountIsOne()) {
-    Tensor copy;
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(var->tensor()->dtype(),
-                                          var->tensor()->shape(), &copy));
-    std::memcpy(copy.data(), var->tensor()->data(),
-                var->tensor()->TotalBytes());
-    *var->tensor() = copy;
-  }
-  var->copy_on_read_mode.store(true);
-  return absl::OkStatus();
-}
 
 // The index's state: its variables' buffers, written in place.
 struct State {

@@ -347,12 +347,7 @@ def _beyond_range(
   count, largest = 0, 0.0
   for spec in specs:
     with tf.device("/cpu:0"):
-      value = tf.raw_ops.RestoreV2(
-        prefix=path,
-        tensor_names=[key],
-        shape_and_slices=[spec],
-        dtypes=[stored],
-      )[0]
+      value = row_sharded_checkpoint.read_slice(path, key, spec, stored)
     n, big = narrow.saturated_in(np.asarray(value.numpy()), target)
     count, largest = count + n, max(largest, big)
   return count, largest

@@ -153,6 +153,15 @@ def sliced_keys(path: str) -> set[str]:
   return keys
 
 
+def read_slice(path: str, key: str, spec: str, dtype: tf.DType) -> tf.Tensor:
+  """The part `spec` of checkpoint tensor `key` (a TF slice spec, e.g.
+  "100 8 0,10:-" for rows 0-9 of a [100, 8] tensor; "": all of it), read
+  in `dtype`, the dtype it is stored in."""
+  return tf.raw_ops.RestoreV2(
+    prefix=path, tensor_names=[key], shape_and_slices=[spec], dtypes=[dtype]
+  )[0]
+
+
 def read_rows(variables: dict[str, Any], path: str) -> None:
   """Restores this worker's rows of `variables` from the checkpoint `path`.
 
@@ -182,21 +191,11 @@ def read_rows(variables: dict[str, Any], path: str) -> None:
       )
     if key in sliced:
       for spec, begin, _, _, _ in variable.local_chunks():
-        value = tf.raw_ops.RestoreV2(
-          prefix=path,
-          tensor_names=[key],
-          shape_and_slices=[spec],
-          dtypes=[dtype],
-        )[0]
+        value = read_slice(path, key, spec, dtype)
         variable.assign_rows(begin, narrow.cast(value, variable.dtype))
       continue
     log.info("%s holds %s whole: reading it whole once", path, key)
-    value = tf.raw_ops.RestoreV2(
-      prefix=path,
-      tensor_names=[key],
-      shape_and_slices=[""],
-      dtypes=[dtype],
-    )[0]
+    value = read_slice(path, key, "", dtype)
     variable.assign_rows(0, narrow.cast(value, variable.dtype))
 
 

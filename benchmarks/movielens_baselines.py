@@ -293,17 +293,39 @@ def choose_ials(
   `fitted`: a dict the caller keeps for calls on the same `train` (each
   grid point's factors, fitted once: the fit does not depend on the
   exclusions, only the scoring does)."""
+  (reg, alpha, nu), rates = _best_on_validation(
+    IALS_GRID,
+    lambda point: fit_ials(
+      train,
+      num_users,
+      num_items,
+      reg=point[0],
+      alpha=point[1],
+      reg_exponent=point[2],
+    ),
+    lambda pq: factor_hit_rates(*pq, valid, num_items, exclusions=exclusions),
+    fitted,
+  )
+  return reg, alpha, nu, rates
+
+
+def _best_on_validation(
+  grid: Sequence[Any],
+  fit: Callable[[Any], Any],
+  hit_rates: Callable[[Any], dict[str, float]],
+  fitted: dict | None,
+) -> tuple[Any, dict[str, float]]:
+  """(point, its validation hit rates) of the `grid` point whose fit has
+  the best validation top-10 hit rate (the first such point). Each point
+  is fitted once (`fit(point)`), kept in `fitted` (when given) for the
+  caller's next calls on the same training data."""
   fitted = {} if fitted is None else fitted
   scores = []
-  for reg, alpha, nu in IALS_GRID:
-    if (reg, alpha, nu) not in fitted:
-      fitted[reg, alpha, nu] = fit_ials(
-        train, num_users, num_items, reg=reg, alpha=alpha, reg_exponent=nu
-      )
-    p, q = fitted[reg, alpha, nu]
-    rates = factor_hit_rates(p, q, valid, num_items, exclusions=exclusions)
-    scores.append((reg, alpha, nu, rates))
-  return max(scores, key=lambda x: x[3]["top10"])
+  for point in grid:
+    if point not in fitted:
+      fitted[point] = fit(point)
+    scores.append((point, hit_rates(fitted[point])))
+  return max(scores, key=lambda x: x[1]["top10"])
 
 
 def interactions(train: Arrays, num_users: int, num_items: int) -> np.ndarray:
@@ -359,14 +381,11 @@ def choose_ease(
   """(reg, validation hit rates) of the EASE_GRID point with the best
   validation top-10 hit rate (under `exclusions`, if given); `fitted` as
   `choose_ials`'s (each point's weights, fitted once)."""
-  fitted = {} if fitted is None else fitted
-  scores = []
-  for reg in EASE_GRID:
-    if reg not in fitted:
-      fitted[reg] = fit_ease(train, num_users, num_items, reg)
-    weights = fitted[reg]
-    rates = ease_hit_rates(
+  return _best_on_validation(
+    EASE_GRID,
+    lambda reg: fit_ease(train, num_users, num_items, reg),
+    lambda weights: ease_hit_rates(
       weights, train, valid, num_users, num_items, exclusions=exclusions
-    )
-    scores.append((reg, rates))
-  return max(scores, key=lambda x: x[1]["top10"])
+    ),
+    fitted,
+  )

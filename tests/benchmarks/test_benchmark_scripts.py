@@ -301,6 +301,8 @@ def test_row_sharding_reports_every_placement_and_the_budget_run():
     "train.global_batch_size = 32",
     "--gin_bindings",
     "SyntheticCTR.num_eval_examples = 64",
+    "--gin_bindings",  # the budget run's Bayes AUC: not printed
+    "SyntheticCTR.oracle_examples = 4096",
   )
   for row in (
     "replicated",

@@ -42,6 +42,7 @@ GIN = [
   "SyntheticCTR.num_dense = 3",
   "SyntheticCTR.num_examples = 720",
   "SyntheticCTR.num_eval_examples = 48",
+  "SyntheticCTR.oracle_examples = 4096",  # each worker's Bayes AUC: unread
   "EmbeddingSettings.dim = 4",
   "DLRM.bottom_mlp = (8, 4)",
   "DLRM.top_mlp = (8,)",

@@ -127,6 +127,7 @@ def test_recsys_train_prints_the_plan_and_trains_sharded(
     "SyntheticCTR.multi_hot_sizes = (1, 3)\n"
     "SyntheticCTR.num_examples = 96\n"
     "SyntheticCTR.num_eval_examples = 48\n"
+    "SyntheticCTR.oracle_examples = 4096\n"  # the Bayes AUC: unread
     "EmbeddingSettings.dim = 4\n"
     "DLRM.bottom_mlp = (8, 4)\n"
     "DLRM.top_mlp = (8,)\n"

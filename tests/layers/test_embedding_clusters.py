@@ -20,8 +20,11 @@ from tests.layers import keras_fit_run
 SCRIPT = ["-m", "tests.layers.keras_fit_run"]
 
 
-def _reference(tmp_path):
-  path = str(tmp_path / "single.npz")
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """The default strategy's fit (in this process), which both clusters must
+  equal: run once for the module."""
+  path = str(tmp_path_factory.mktemp("single") / "single.npz")
   keras_fit_run.main("single", path)
   return np.load(path)
 
@@ -35,15 +38,15 @@ def _assert_same(got, want):
 
 
 @pytest.mark.slow
-def test_parameter_server_fit_equals_one_process(tmp_path):
+def test_parameter_server_fit_equals_one_process(tmp_path, reference):
   out = str(tmp_path / "ps.npz")
   log = cluster_lib.run_script(SCRIPT + ["ps", out], timeout=300)
   assert "backend parameter_servers" in log
-  _assert_same(np.load(out), _reference(tmp_path))
+  _assert_same(np.load(out), reference)
 
 
 @pytest.mark.slow
-def test_multi_worker_mirrored_fit_equals_one_process(tmp_path):
+def test_multi_worker_mirrored_fit_equals_one_process(tmp_path, reference):
   spec = {"worker": cluster_lib.cluster_spec(2, 0)["worker"]}
   cluster_lib.run_workers(
     [
@@ -60,6 +63,5 @@ def test_multi_worker_mirrored_fit_equals_one_process(tmp_path):
     ],
     cwd=str(cluster_lib.REPO),
   )
-  want = _reference(tmp_path)
   for i in range(2):
-    _assert_same(np.load(tmp_path / f"w{i}.npz"), want)
+    _assert_same(np.load(tmp_path / f"w{i}.npz"), reference)

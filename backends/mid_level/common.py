@@ -72,15 +72,8 @@ class MidLevelBackend(base.EmbeddingBackend):
   strategy scope) and the lookup/training methods.
   """
 
-  def __init__(
-    self,
-    feature_config: Any,
-    optimizer: Any | None = None,
-    strategy: tf.distribute.Strategy | None = None,
-    **kwargs: Any,
-  ):
-    super().__init__(feature_config, optimizer, strategy, **kwargs)
-    self._mid: Any = None
+  #: The TF object, once `build()` made it.
+  _mid: Any = None
 
   def _create_mid_level(self) -> Any:
     """Returns the TF object (called once, under the strategy's scope)."""

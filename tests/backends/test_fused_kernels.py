@@ -42,6 +42,63 @@ def test_status_says_what_training_will_use(monkeypatch, tmp_path):
   assert kernels.status().startswith("off")
 
 
+# A stand-in compiler: logs its arguments, writes its `-o` file, and fails
+# (printing an error line) on a source named in $FAIL_ON.
+_FAKE_CXX = """#!/bin/sh
+echo "$@" >> "$LOG"
+out=""; prev=""
+for a in "$@"; do
+  [ "$prev" = "-o" ] && out="$a"
+  case "$a" in *"$FAIL_ON"*) [ -n "$FAIL_ON" ] && \\
+    echo "$a:1: error: no luck" >&2 && exit 3;; esac
+  prev="$a"
+done
+echo built > "$out"
+"""
+
+
+def _fake_compiler(tmp_path, monkeypatch, fail_on=""):
+  cxx = tmp_path / "fake-c++"
+  cxx.write_text(_FAKE_CXX)
+  cxx.chmod(0o755)
+  monkeypatch.setenv("CXX", str(cxx))
+  monkeypatch.setenv("LOG", str(tmp_path / "calls.log"))
+  monkeypatch.setenv("FAIL_ON", fail_on)
+  monkeypatch.setenv(kernels.ENV_DIR, str(tmp_path / "cache"))
+  return tmp_path / "calls.log"
+
+
+def test_build_compiles_each_source_then_links_them_into_the_library(
+  tmp_path, monkeypatch
+):
+  log = _fake_compiler(tmp_path, monkeypatch)
+  target = kernels.build()
+  assert target == kernels.library_path() and target.read_text() == "built\n"
+  calls = log.read_text().splitlines()
+  compiles, (link,) = calls[:-1], calls[-1:]
+  assert sorted(c.split(" -c ")[1].split()[0] for c in compiles) == sorted(
+    str(source) for source in kernels.SOURCES
+  )
+  assert link.startswith("-shared ") and link.count(".o ") == 2, link
+  # Nothing but the library is left in the cache folder.
+  assert sorted(p.name for p in target.parent.iterdir()) == sorted(
+    [target.name, ".build.lock"]
+  )
+  assert kernels.build() == target and len(log.read_text().splitlines()) == 3
+
+
+def test_a_failed_compile_names_the_error_and_leaves_no_library(
+  tmp_path, monkeypatch
+):
+  _fake_compiler(tmp_path, monkeypatch, fail_on="vocabulary_ops.cc")
+  with pytest.raises(kernels.KernelBuildError) as info:
+    kernels.build()
+  assert "(exit 3)" in str(info.value)
+  assert "vocabulary_ops.cc:1: error: no luck" in str(info.value)
+  folder = kernels.library_path().parent
+  assert [p.name for p in folder.iterdir()] == [".build.lock"]
+
+
 def _run(name, fused, strategy=None, steps=3):
   """Trains the mixed config of test_tensorcore_training on fixed batches."""
   strategy = strategy or tf.distribute.get_strategy()

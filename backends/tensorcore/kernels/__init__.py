@@ -163,7 +163,7 @@ def build(force: bool = False) -> pathlib.Path:
       objects = [os.path.join(scratch, f"{s.stem}.o") for s in SOURCES]
       log.info(
         "compiling the fused CPU kernels (once per TensorFlow install; "
-        "15-30 s on 2 cores): %s",
+        "10-20 s on 2 cores): %s",
         " ".join([cxx, *_flags(), "-c", _names()]),
       )
       # One compiler per source, side by side (the larger one takes most of

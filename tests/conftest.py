@@ -14,6 +14,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # ~12-15 % more CPU (docs/testing.md, "Suite time"). `TF_ENABLE_ONEDNN_OPTS=1
 # make test` runs the suite with oneDNN, as TF does by default.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+# XLA's LLVM backend without its optimization passes, here and in the
+# processes tests start (unless XLA_FLAGS is set): a compiled test step runs
+# a few times, and the passes were ~15 % of the compiled tests' CPU
+# (docs/testing.md, "Suite time"); the arithmetic is the same (no fast-math
+# either way: XLA's CPU default).
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
 import gin  # noqa: E402
 import pytest  # noqa: E402

@@ -15,10 +15,6 @@ score as the trained model scores them and unknown ids as the default.
 """
 
 import functools
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -157,52 +153,9 @@ def test_raw_ids_into_a_table_that_takes_rows_are_refused(tmp_path):
     _trainer(tmp_path, vocabularies={"C1": POLICY})
 
 
-_SERVE = textwrap.dedent("""
-    import json, sys
-    class _Blocked:
-      def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("recsys", "backends", "tests"):
-          raise ImportError(name + " is not importable in the serving process")
-    sys.meta_path.insert(0, _Blocked())
-    import numpy as np
-    import tensorflow as tf
-    inputs, outputs, *export_dirs = sys.argv[1:]
-    with np.load(inputs) as arrays:
-      feed = {k: tf.constant(arrays[k]) for k in arrays.files}
-    scores = []
-    for export_dir in export_dirs:
-      serve = tf.saved_model.load(export_dir).signatures["serving_default"]
-      scores.append(serve(**feed)["scores"].numpy().reshape(-1))
-    np.save(outputs, np.stack(scores))
-""")
-
-
-def _serve(tmp_path, export_dirs, inputs) -> np.ndarray:
-  """Each export's scores of `inputs` (rows), in one process that cannot
-  import the project."""
-  np.savez(tmp_path / "inputs.npz", **inputs)
-  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-  env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-  done = subprocess.run(
-    [
-      sys.executable,
-      "-c",
-      _SERVE,
-      str(tmp_path / "inputs.npz"),
-      str(tmp_path / "scores.npy"),
-      *map(str, export_dirs),
-    ],
-    cwd=tmp_path,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert done.returncode == 0, done.stderr[-3000:]
-  return np.load(tmp_path / "scores.npy")
-
-
-def test_the_export_maps_raw_ids_as_the_trained_index_does(plain, tmp_path):
+def test_the_export_maps_raw_ids_as_the_trained_index_does(
+  plain, tmp_path, serving_process
+):
   """Both exports (from the trained backend's indices, and from the
   checkpoint's through the lookup-only export backend) score admitted ids
   as the trained model does and unknown ids as its default (zeros)."""
@@ -251,6 +204,11 @@ def test_the_export_maps_raw_ids_as_the_trained_index_does(plain, tmp_path):
   )
   assert not restored.backend.dynamic_tables()  # the lookup-only backend
   export_lib.export(restored, str(tmp_path / "from_checkpoint"))
-  exports = [tmp_path / "from_backend", tmp_path / "from_checkpoint"]
-  for got in _serve(tmp_path, exports, inputs):
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  # Served by TensorFlow alone (the session's serving process).
+  for export in ("from_backend", "from_checkpoint"):
+    got = serving_process.serve(
+      tmp_path, str(tmp_path / export), {"s": ("serving_default", inputs)}
+    )["s"]["scores"]
+    np.testing.assert_allclose(
+      got.reshape(-1), want, rtol=1e-5, atol=1e-6, err_msg=export
+    )

@@ -268,6 +268,19 @@ BAD_SETTINGS = {
     ["train.backend_options = {'row_layouts': 'strided'}"],
     "train.backend_options ['row_layouts'] are not options",
   ),
+  "no vocabulary policy": (
+    ["EmbeddingPlacement.vocabularies = 'lru'"],
+    "EmbeddingPlacement.vocabularies = 'lru'; give @DynamicVocabulary() or "
+    "@HashedIds() for every table, or a dict table name -> one of them.",
+  ),
+  "no vocabulary policy for a table": (
+    ["EmbeddingPlacement.vocabularies = {'C1': 'lru'}"],
+    "EmbeddingPlacement.vocabularies = {'C1': 'lru'}; give",
+  ),
+  "vocabulary of an unknown table": (
+    ["EmbeddingPlacement.vocabularies = {'C99': @DynamicVocabulary()}"],
+    "EmbeddingPlacement.vocabularies names unknown tables ['C99']",
+  ),
 }
 
 

@@ -9,17 +9,19 @@ import gc
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# TF's own (Eigen) CPU kernels, here and in the processes tests start: the
-# tests' ops are tiny, and oneDNN's per-op set-up cost a tiny Trainer run
-# ~12-15 % more CPU (docs/testing.md, "Suite time"). `TF_ENABLE_ONEDNN_OPTS=1
-# make test` runs the suite with oneDNN, as TF does by default.
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-# XLA's LLVM backend without its optimization passes, here and in the
-# processes tests start (unless XLA_FLAGS is set): a compiled test step runs
-# a few times, and the passes were ~15 % of the compiled tests' CPU
-# (docs/testing.md, "Suite time"); the arithmetic is the same (no fast-math
-# either way: XLA's CPU default).
-os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+#: RECSYS_TEST_TF_DEFAULTS=1: the tests run with TF's defaults, which the
+#: suite otherwise changes for speed (docs/testing.md, "Suite time"): oneDNN,
+#: grappler and XLA's LLVM passes. Each keeps a graph's results; each costs
+#: tiny test graphs that run a few times more than it saves them.
+TF_DEFAULTS = os.environ.get("RECSYS_TEST_TF_DEFAULTS", "0") == "1"
+if not TF_DEFAULTS:
+  # TF's own (Eigen) CPU kernels, here and in the processes tests start:
+  # oneDNN's per-op set-up cost a tiny Trainer run ~12-15 % more CPU.
+  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+  # XLA's LLVM backend without its optimization passes, here and in the
+  # processes tests start (unless XLA_FLAGS is set): ~15 % of the compiled
+  # tests' CPU; the arithmetic is the same (no fast-math either way).
+  os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
 import gin  # noqa: E402
 import pytest  # noqa: E402
@@ -40,13 +42,10 @@ NUM_LOGICAL_CPUS = 8
 gc.freeze()
 gc.set_threshold(20_000, 20, 50)
 
-# Grappler (TF's graph optimizer) off in the test processes, unless
-# RECSYS_TEST_GRAPPLER=1: its passes keep a graph's results and only make it
-# run faster, and a test's graphs mostly run a few times, so the passes cost
-# more than they save (the in-process tests: ~11 % less CPU, docs/testing.md
-# "Suite time"). The processes tests start (the CLI, clusters, crash and
-# resume, benchmarks, the demo) keep TF's default, as users do.
-if os.environ.get("RECSYS_TEST_GRAPPLER", "0") != "1":
+# Grappler (TF's graph optimizer) off in the test processes (~11 % of the
+# in-process tests' CPU). The processes tests start (the CLI, clusters,
+# crash and resume, benchmarks, the serving process) keep it, as users do.
+if not TF_DEFAULTS:
   tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 
 _cpu = tf.config.list_physical_devices("CPU")[0]

@@ -28,7 +28,7 @@ from recsys.models.loss_inputs import LossInputs
 from recsys.process import console
 from recsys.run import run_summaries
 from recsys.run.restored import RestoredRun
-from recsys.serving.lookup import map_batch_ids, split_batch
+from recsys.serving.lookup import map_batch_ids, maps_ids, split_batch
 from recsys.train_settings import TrainerConfigError
 
 log = logging.getLogger("recsys.training")
@@ -74,9 +74,7 @@ class Evaluator:
       # step, where the losses of that batch's call live, and averaged.
       self.eval_regularization = keras.metrics.Mean("eval_regularization")
     self._names = list(run.backend.feature_config)
-    self._maps_ids = any(
-      held.dynamic for held in run.backend.layouts().values()
-    )
+    self._maps_ids = maps_ids(run.backend)
     self._backend_lookup = tf.autograph.experimental.do_not_convert(
       run.backend.lookup
     )

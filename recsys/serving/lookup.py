@@ -54,6 +54,12 @@ def with_ids(batch: tuple[Any, ...], ids: Mapping[str, Any]) -> tuple:
   return (features, *batch[1:])
 
 
+def maps_ids(backend: Any) -> bool:
+  """Whether `backend` has dynamic-vocabulary tables, whose batches go
+  through `map_batch_ids` before their step."""
+  return any(held.dynamic for held in backend.layouts().values())
+
+
 def map_batch_ids(backend: Any, batch: tuple, names, training: bool):
   """`batch` with its dynamic-vocabulary tables' raw ids made rows
   (`backend.map_ids`): run in a replica function, outside any compiled

@@ -22,7 +22,7 @@ from typing import Any
 from recsys._keras import keras, tf
 from recsys.models import base as model_base
 from recsys.models.loss_inputs import LossInputs
-from recsys.serving.lookup import map_batch_ids, split_batch
+from recsys.serving.lookup import map_batch_ids, maps_ids, split_batch
 from recsys.training import batch_slices as slices_lib
 
 NONFINITE_POLICIES = ("stop", "skip")
@@ -128,7 +128,7 @@ class StepFunctions:
     self._global_step = global_step
     self._loss_metric = loss_metric
     self._names = list(backend.feature_config)
-    self._maps_ids = any(held.dynamic for held in backend.layouts().values())
+    self._maps_ids = maps_ids(backend)
     # The backend has no data-dependent Python control flow: skipping
     # autograph's conversion of its code cuts tracing the default
     # experiment's step from ~25 s to ~5 s. Model code stays converted

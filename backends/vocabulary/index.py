@@ -278,9 +278,7 @@ class VocabularyIndex(tf.Module):
       return _tf_internal.host_variable(value, name, dtype)
 
     with tf.name_scope(self.name):
-      self.table = tf.lookup.experimental.MutableHashTable(
-        tf.int64, tf.int64, default_value=-1, name=f"{self.name}_table"
-      )
+      self.table = _id_table(fused_ops, rows, f"{self.name}_table")
       self.keys = state("keys", tf.zeros([rows], tf.int64))
       self.occupied = state("occupied", tf.zeros([rows], tf.bool), tf.bool)
       self.counts = state("counts", tf.zeros([rows], tf.int64))
@@ -581,6 +579,44 @@ class VocabularyIndex(tf.Module):
     count = tf.reduce_sum(tf.cast(eligible, tf.int64))
     k = tf.cast(tf.minimum(wanted, count), tf.int32)
     return tf.cast(tf.math.top_k(score, k).indices, tf.int64)
+
+
+class _IdTable(tf.lookup.experimental.MutableHashTable):
+  """A `MutableHashTable` (int64 -> int64, default -1) whose resource is
+  the fused kernels' `RecsysIdTable`: open addressing, one cache line a
+  find where TF's is a chained `std::unordered_map`. TF's lookup ops and
+  checkpoints (`-keys`, `-values`) work on it as on TF's table, so a
+  checkpoint of either restores into the other."""
+
+  def __init__(self, make: Any, capacity: int, name: str) -> None:
+    self._make = make
+    self._capacity = capacity
+    super().__init__(tf.int64, tf.int64, default_value=-1, name=name)
+
+  def _create_resource(self) -> tf.Tensor:
+    handle = self._make(
+      shared_name=self._shared_name or "",
+      use_node_name_sharing=self._checkpoint and self._shared_name is None,
+      key_dtype=tf.int64,
+      value_dtype=tf.int64,
+      capacity=self._capacity,
+      name=self._name,
+    )
+    self._table_name = (
+      None if tf.executing_eagerly() else handle.op.name.split("/")[-1]
+    )
+    return handle
+
+
+def _id_table(fused_ops: Any, capacity: int, name: str) -> Any:
+  """The index's id -> row table: the kernels' `RecsysIdTable` when they
+  have it, else TF's `MutableHashTable`."""
+  make = getattr(fused_ops, "recsys_id_table", None)
+  if make is None:
+    return tf.lookup.experimental.MutableHashTable(
+      tf.int64, tf.int64, default_value=-1, name=name
+    )
+  return _IdTable(make, capacity, name)
 
 
 def _signed(bits: int) -> int:

@@ -44,10 +44,13 @@ log = logging.getLogger("recsys.backends")
 #: library's cache key: editing any makes a new library).
 SOURCES = tuple(
   pathlib.Path(__file__).with_name(name)
-  for name in ("embedding_ops.cc", "vocabulary_ops.cc")
+  for name in ("embedding_ops.cc", "vocabulary_ops.cc", "id_table.cc")
 )
 #: The header the sources include (in the cache key as well).
-HEADERS = (pathlib.Path(__file__).with_name("kernel_common.h"),)
+HEADERS = tuple(
+  pathlib.Path(__file__).with_name(name)
+  for name in ("kernel_common.h", "id_table.h")
+)
 ENV_SWITCH = "RECSYS_FUSED_KERNELS"
 ENV_DIR = "RECSYS_KERNEL_DIR"
 

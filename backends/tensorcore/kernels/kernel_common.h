@@ -1,8 +1,7 @@
-// What both kernel files (embedding_ops.cc, vocabulary_ops.cc) use, written
-// once: TF's names, the switch of a variable to in-place writes, and the
-// slots of an open-addressing table. Compiled into each of them (all
-// inline), so the library's `SOURCES` stay the two .cc files; its text is
-// in the library's cache key too (`HEADERS` in __init__.py).
+// What the kernel files use, written once: TF's names, the switch of a
+// variable to in-place writes, splitmix64, and the slots of an
+// open-addressing table. Compiled into each of them (all inline); its text
+// is in the library's cache key (`HEADERS` in __init__.py).
 
 #ifndef RECSYS_BACKENDS_TENSORCORE_KERNELS_KERNEL_COMMON_H_
 #define RECSYS_BACKENDS_TENSORCORE_KERNELS_KERNEL_COMMON_H_
@@ -40,6 +39,15 @@ inline absl::Status EnsureSparseAccess(OpKernelContext* ctx, Var* var) {
   }
   var->copy_on_read_mode.store(true);
   return absl::OkStatus();
+}
+
+// splitmix64's finalizer (index.py's `splitmix64`), in uint64 (wrapping)
+// arithmetic.
+inline uint64_t SplitMix64(uint64_t x) {
+  uint64_t z = x + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
 }
 
 // The slots of an open-addressing table for up to `n` keys: a power of two,

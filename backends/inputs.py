@@ -55,6 +55,9 @@ class FlatBags:
     ids_in_range: True when the op that made `ids` already failed on any id
       outside `[0, vocabulary_size)` (`to_flat_bags(check_ids=True)`), so
       `validate`'s "error" policy has nothing left to check.
+    dropped: when the op that made `ids` already left out every id outside
+      `[0, vocabulary_size)` (`to_flat_bags(drop_ids=True)`), how many
+      (int64 scalar): `validate`'s "drop" policy has nothing left to do.
   """
 
   ids: tf.Tensor
@@ -69,6 +72,7 @@ class FlatBags:
   unit_weights: bool = False
   sorted_segments: bool = False
   ids_in_range: bool = False
+  dropped: tf.Tensor | None = None
 
 
 def _positions_in_rows(row_ids: tf.Tensor, row_starts: tf.Tensor) -> tf.Tensor:
@@ -128,6 +132,7 @@ def to_flat_bags(
   bag_width: int | None = None,
   fused_ops: Any | None = None,
   check_ids: bool = False,
+  drop_ids: bool = False,
 ) -> FlatBags:
   """Converts one feature's input to `FlatBags` (validating types and ranks).
 
@@ -143,6 +148,9 @@ def to_flat_bags(
     check_ids: with `fused_ops`, the op flattening `PaddedBags` also fails on
       an id outside `[0, vocabulary_size)`, with the message of `validate`'s
       "error" policy in a graph (the result's `ids_in_range` then says so).
+    drop_ids: with `fused_ops`, the op flattening `PaddedBags` leaves out the
+      ids outside `[0, vocabulary_size)` (the "drop" policy; the result's
+      `dropped` counts them).
 
   Raises:
     InvalidInputError: unsupported type, rank or dtype; misplaced weights.
@@ -158,9 +166,13 @@ def to_flat_bags(
   out_shape = layout.output_shape(None)
   cut = tf.constant(0, tf.int64)
   ids_in_range = False
+  dropped = None
   if isinstance(inp, PaddedBags):
     ids_in_range = check_ids and fused_ops is not None
-    ids, row, pos, w, cut = _from_padded(layout, inp, fused_ops, ids_in_range)
+    drop = drop_ids and fused_ops is not None and not ids_in_range
+    ids, row, pos, w, cut, dropped = _from_padded(
+      layout, inp, fused_ops, ids_in_range, drop
+    )
   elif isinstance(inp, tf.SparseTensor):
     checks_lib.check_sparse_ids(layout, inp)
     if bag_width and not seq_len and out_shape is None:
@@ -248,6 +260,7 @@ def to_flat_bags(
     unit_weights=unit_weights,
     sorted_segments=not isinstance(inp, tf.SparseTensor),
     ids_in_range=ids_in_range,
+    dropped=dropped,
   )
 
 
@@ -296,15 +309,20 @@ def _from_padded(
   padded: PaddedBags,
   fused_ops=None,
   check_ids: bool = False,
+  drop_ids: bool = False,
 ):
-  """Flat (ids, row, pos, weights, cut) of the real entries of padded bags.
+  """Flat (ids, row, pos, weights, cut, dropped) of the real entries of
+  padded bags.
 
-  `check_ids` (fused ops only): the op fails on an id outside the table.
+  `check_ids` (fused ops only): the op fails on an id outside the table;
+  `drop_ids` (fused ops only): it leaves them out and counts them in
+  `dropped` (else None).
   """
   checks_lib.check_id_dtype(layout, padded.ids)
   no_weights = padded.weights.shape.rank == 2 and padded.weights.shape[1] == 0
   if fused_ops is not None:
-    ids, row, pos, w, cut = fused_ops.recsys_padded_bags(
+    in_table = check_ids or drop_ids
+    ids, row, pos, w, cut, dropped = fused_ops.recsys_padded_bags(
       ids=tf.cast(padded.ids, tf.int64),
       # int32 or int64 as given: the op reads both (no Cast op).
       lengths=(
@@ -314,12 +332,14 @@ def _from_padded(
       ),
       weights=tf.cast(padded.weights, tf.float32),
       vocabulary_size=(
-        layout.feature.table.vocabulary_size if check_ids else -1
+        layout.feature.table.vocabulary_size if in_table else -1
       ),
       # As `input_checks.check` words it in a graph (backticks for quotes).
       feature=describe(layout).replace("'", "`") if check_ids else "",
+      drop=drop_ids,
     )
-    return ids, row, pos, None if no_weights else w, cut
+    weights = None if no_weights else w
+    return ids, row, pos, weights, cut, dropped if drop_ids else None
   lengths = tf.cast(padded.lengths, tf.int64)
   width = tf.shape(padded.ids, out_type=tf.int64)[1]
   # One `where` of the real entries, then gathers: cheaper than a mask each.
@@ -327,7 +347,8 @@ def _from_padded(
   cut = tf.reduce_sum(tf.maximum(lengths - width, 0))
   # Weights of static width 0 are `pad_bags`' mark for "no weights" (all 1).
   weights = None if no_weights else tf.gather_nd(padded.weights, real)
-  return (tf.gather_nd(padded.ids, real), real[:, 0], real[:, 1], weights, cut)
+  ids = tf.gather_nd(padded.ids, real)
+  return ids, real[:, 0], real[:, 1], weights, cut, None
 
 
 def validate(
@@ -358,6 +379,12 @@ def validate(
       what + " got weight {}; weights must be finite and >= 0.",
       lambda: [checks_lib.first_where(bad_w, w)],
     )
+  if policy == "drop" and bags.dropped is not None:
+    # The op that flattened the bags left the ids outside the table out.
+    if checks:
+      with tf.control_dependencies(checks):
+        bags = dataclasses.replace(bags, ids=tf.identity(ids))
+    return bags, bags.dropped
   if policy == "error" and bags.ids_in_range:
     # The op that flattened the bags checked every id: nothing left to count.
     if checks:

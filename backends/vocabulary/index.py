@@ -417,7 +417,44 @@ class VocabularyIndex(tf.Module):
 
   def _fused(self, keys: tf.Tensor, step: tf.Tensor) -> IndexUpdate:
     """`update` as one `RecsysVocabularyUpdate` op on this state."""
+    (rows,), reset_rows = self._fused_pieces([(keys, None)], step)
+    return IndexUpdate(rows=rows, reset_rows=reset_rows)
+
+  @tf.autograph.experimental.do_not_convert
+  def update_pieces(
+    self, pieces: list[tuple[Any, tf.Tensor | None]], step: tf.Tensor
+  ) -> tuple[list[tf.Tensor], tf.Tensor]:
+    """`update` of a batch given in pieces, each `(ids, lengths)`: flat ids
+    (`lengths` None: every element an id) or padded bags (ids `[B, W]`,
+    lengths `[B]`: the first `lengths[b]` of row `b` are ids), the batch
+    their ids in order (a padded piece's row-major).
+
+    Returns each piece's rows in its shape (0 past a padded bag's length),
+    and the rows to reset. With the fused op, one op and no copies of the
+    batch in TF: no flattening of padded bags, no concat or split.
+    """
+    step = self._step_of(step)
+    shaped = [
+      (tf.reshape(self._keys_of(ids), tf.shape(ids)), lengths)
+      for ids, lengths in pieces
+    ]
+    if self._fused_update is not None and not _tf_internal.in_xla_context():
+      return self._fused_pieces(shaped, step)
+    flat = [_real_ids(ids, lengths) for ids, lengths in shaped]
+    update = self.update(tf.concat(flat, 0), step)
+    sizes = tf.stack([tf.size(f) for f in flat])
+    split = tf.split(update.rows, sizes, num=len(flat))
+    rows = [
+      _in_shape(part, ids, lengths)
+      for part, (ids, lengths) in zip(split, shaped)
+    ]
+    return rows, update.reset_rows
+
+  def _fused_pieces(
+    self, pieces: list[tuple[tf.Tensor, tf.Tensor | None]], step: tf.Tensor
+  ) -> tuple[list[tf.Tensor], tf.Tensor]:
     age = self.policy.eviction is Eviction.AGE
+    none = tf.zeros([0], tf.int64)
     rows, reset_rows = self._fused_update(
       table=self.table.resource_handle,
       keys=self.keys.handle,
@@ -431,7 +468,12 @@ class VocabularyIndex(tf.Module):
       refused=self.refused.handle,
       default_hits=self.default_hits.handle,
       free_list=[self.free_rows.handle, self.free_head.handle] if age else [],
-      ids=keys,
+      ids=[ids for ids, _ in pieces],
+      lengths=[
+        none if lengths is None else tf.cast(lengths, tf.int64)
+        for _, lengths in pieces
+      ],
+      padded=[lengths is not None for _, lengths in pieces],
       step=step,
       eviction=str(self.policy.eviction),
       admit_after=self.policy.admit_after,
@@ -443,7 +485,7 @@ class VocabularyIndex(tf.Module):
       evict_every=self.policy.evict_every,
       name=f"{self.name}_update",
     )
-    return IndexUpdate(rows=rows, reset_rows=reset_rows)
+    return list(rows), reset_rows
 
   def _keys_of(self, ids: Any) -> tf.Tensor:
     return keys_of(self.table_name, ids)
@@ -581,6 +623,34 @@ class VocabularyIndex(tf.Module):
     return tf.cast(tf.math.top_k(score, k).indices, tf.int64)
 
 
+def real_lengths(ids: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
+  """int64 [B]: how many of each padded row's `W` entries are ids (a bag
+  longer than `W` was cut: its length says so, its row holds `W`)."""
+  width = tf.shape(ids, out_type=tf.int64)[1]
+  return tf.minimum(tf.cast(lengths, tf.int64), width)
+
+
+def _real_ids(ids: tf.Tensor, lengths: tf.Tensor | None) -> tf.Tensor:
+  """A piece's ids as a vector: every element, or a padded piece's first
+  `lengths[b]` of each row."""
+  if lengths is None:
+    return tf.reshape(ids, [-1])
+  real = real_lengths(ids, lengths)
+  return tf.RaggedTensor.from_tensor(ids, lengths=real).flat_values
+
+
+def _in_shape(
+  rows: tf.Tensor, ids: tf.Tensor, lengths: tf.Tensor | None
+) -> tf.Tensor:
+  """A piece's rows (as `_real_ids` lists them) in the piece's shape."""
+  if lengths is None:
+    return tf.reshape(rows, tf.shape(ids))
+  bags = tf.RaggedTensor.from_row_lengths(
+    rows, real_lengths(ids, lengths), validate=False
+  )
+  return bags.to_tensor(default_value=0, shape=tf.shape(ids, tf.int64))
+
+
 class _IdTable(tf.lookup.experimental.MutableHashTable):
   """A `MutableHashTable` (int64 -> int64, default -1) whose resource is
   the fused kernels' `RecsysIdTable`: open addressing, one cache line a
@@ -636,6 +706,7 @@ __all__ = [
   "IndexUpdate",
   "VocabularyIdsError",
   "VocabularyIndex",
+  "real_lengths",
   "salt",
   "splitmix64",
 ]

@@ -50,8 +50,9 @@ def flat_ids(inp: Any) -> tf.Tensor:
   if isinstance(inp, tf.RaggedTensor):
     return tf.reshape(inp.flat_values, [-1])
   if isinstance(inp, inputs_lib.PaddedBags):
-    # A bag's ids are the first `length` of its row: one fused op.
-    return tf.RaggedTensor.from_tensor(inp.ids, lengths=inp.lengths).flat_values
+    # A bag's ids are the first `length` of its row (all of a cut one's).
+    real = index_lib.real_lengths(inp.ids, inp.lengths)
+    return tf.RaggedTensor.from_tensor(inp.ids, lengths=real).flat_values
   return tf.reshape(tf.convert_to_tensor(inp), [-1])
 
 
@@ -65,7 +66,7 @@ def with_ids(inp: Any, rows: tf.Tensor) -> Any:
   if isinstance(inp, inputs_lib.PaddedBags):
     # Back into the padded rows (padding 0: past each bag's length).
     bags = tf.RaggedTensor.from_row_lengths(
-      rows, tf.cast(inp.lengths, tf.int64), validate=False
+      rows, index_lib.real_lengths(inp.ids, inp.lengths), validate=False
     )
     ids = bags.to_tensor(default_value=0, shape=tf.shape(inp.ids, tf.int64))
     ids.set_shape(inp.ids.shape)  # static as given: a compiled step's input
@@ -163,6 +164,11 @@ class VocabularyStage:
     updates = []
     for table, index in self.indices.items():
       mine = [k for k, p in enumerate(positions) if p in self._positions[table]]
+      if not gathered and isinstance(index, index_lib.VocabularyIndex):
+        updates.append(
+          self._update_in_pieces(table, index, per_replica, mine, out)
+        )
+        continue
       pieces, sizes = [], []
       for k in mine:
         for r in range(len(per_replica)):
@@ -195,6 +201,29 @@ class VocabularyStage:
       return out[0]
     return _tf_internal.regroup(tuple(out))
 
+  def _update_in_pieces(
+    self,
+    table: str,
+    index: index_lib.VocabularyIndex,
+    per_replica: list[list[Any]],
+    mine: list[int],
+    out: list[list[Any]],
+  ) -> list[tf.Tensor]:
+    """One table's update on its inputs as they are (padded bags stay
+    padded: `VocabularyIndex.update_pieces`); writes each replica's mapped
+    inputs into `out`."""
+    where = [(r, k) for k in mine for r in range(len(per_replica))]
+    inputs = [per_replica[r][k] for r, k in where]
+    rows, reset_rows = index.update_pieces(
+      [_as_piece(inp) for inp in inputs], self.step
+    )
+    reset = _reset_if_any(self._reset, table, reset_rows)
+    with tf.control_dependencies([reset]):
+      rows = [tf.identity(_with_default(r, index.default_row)) for r in rows]
+    for (r, k), inp, mapped in zip(where, inputs, rows):
+      out[r][k] = _with_rows(inp, mapped)
+    return rows
+
   def _looked_up(self, raw: list[Any], positions: list[int]) -> list[Any]:
     """Evaluation: every input's ids as rows, the indices unchanged."""
     out = list(raw)
@@ -220,6 +249,22 @@ class VocabularyStage:
   def counters(self) -> dict[str, dict[str, tf.Tensor]]:
     """Table name -> its index's counters (`VocabularyIndex.counters`)."""
     return {name: index.counters() for name, index in self.indices.items()}
+
+
+def _as_piece(inp: Any) -> tuple[tf.Tensor, tf.Tensor | None]:
+  """A feature input as `update_pieces` takes it: padded bags as they are
+  (ids, lengths), any other input's ids as a vector."""
+  if isinstance(inp, inputs_lib.PaddedBags):
+    return _as_id_vector(inp.ids), inp.lengths
+  return _as_id_vector(flat_ids(inp)), None
+
+
+def _with_rows(inp: Any, rows: tf.Tensor) -> Any:
+  """`inp` with the rows `update_pieces` gave its piece as its ids."""
+  if isinstance(inp, inputs_lib.PaddedBags):
+    rows = tf.ensure_shape(rows, inp.ids.shape)  # static: a compiled step's
+    return inputs_lib.PaddedBags(rows, inp.lengths, inp.weights)
+  return with_ids(inp, rows)
 
 
 def _as_id_vector(ids: tf.Tensor) -> tf.Tensor:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from backends import inputs as inputs_lib
 from backends import reference_optimizers as ref
 from backends.layout import Placement, TableLayout
 from backends.tensorcore.backend import TensorCoreEmbedding
@@ -41,7 +42,13 @@ def _stream(steps: int = 6, batch: int = 8, seed: int = 0) -> list[np.ndarray]:
   return out
 
 
-def _tables(optimizer, policy, placement=Placement.REPLICATED, strategy=None):
+def _tables(
+  optimizer,
+  policy,
+  placement=Placement.REPLICATED,
+  strategy=None,
+  fused_kernels=True,
+):
   table = embedding.TableConfig(
     vocabulary_size=CAPACITY, dim=DIM, name="t", combiner="sum"
   )
@@ -50,6 +57,7 @@ def _tables(optimizer, policy, placement=Placement.REPLICATED, strategy=None):
     optimizer,
     strategy,
     layouts={"t": TableLayout(placement, vocabulary=policy)},
+    fused_kernels=fused_kernels,
   )
   with (strategy or tf.distribute.get_strategy()).scope():
     emb.build()
@@ -275,6 +283,38 @@ def test_evaluation_reads_the_index_and_changes_nothing():
   after = _state(emb, table)
   assert after[2] == before[2]
   np.testing.assert_array_equal(after[0], before[0])
+
+
+@pytest.mark.parametrize("fused_kernels", [True, False])
+def test_padded_bags_map_as_their_ragged_bags_cut_ones_included(
+  fused_kernels,
+):
+  """Padded bags (a bag longer than the width cut, garbage past each
+  length) map, training and then evaluating, to the rows the same bags
+  give ragged: each bag's first `min(length, W)` ids, 0 after."""
+  cut = [[5, 7, 5], [], [9, 7, 11], [2**40]]  # the third was 5 ids long
+  ids = np.array([[5, 7, 5], [-3, 8, 1], [9, 7, 11], [2**40, 99, 98]])
+  lengths = np.array([3, 0, 5, 1], np.int32)
+  inputs = {
+    "padded": inputs_lib.PaddedBags(
+      tf.constant(ids, tf.int64), tf.constant(lengths), tf.zeros([4, 0])
+    ),
+    "ragged": tf.ragged.constant(cut, tf.int64),
+  }
+  got = {}
+  for kind, inp in inputs.items():
+    emb, _ = _tables(
+      embedding.SGD(0.1), DynamicVocabulary(), fused_kernels=fused_kernels
+    )
+    got[kind] = [
+      emb.map_ids({"f": inp}, training)["f"] for training in (True, False)
+    ]
+  for padded, ragged in zip(got["padded"], got["ragged"]):
+    want = np.zeros((4, 3), np.int64)
+    for b, bag in enumerate(ragged.to_list()):
+      want[b, : len(bag)] = bag
+    np.testing.assert_array_equal(padded.ids.numpy(), want)
+    np.testing.assert_array_equal(padded.lengths.numpy(), lengths)
 
 
 @pytest.mark.parametrize(

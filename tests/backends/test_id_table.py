@@ -1,4 +1,4 @@
-"""`RecsysIdTable` (backends/tensorcore/kernels/id_table.cc), the dynamic
+"""`RecsysIdTable` (backends/tensorcore/kernels/id_table.h), the dynamic
 index's open-addressing id -> row table, through TF's own lookup ops,
 against a Python dict.
 

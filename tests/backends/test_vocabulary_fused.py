@@ -132,6 +132,46 @@ def test_a_checkpoint_of_one_path_is_read_by_the_other(ops, writer, tmp_path):
     pair.update(ids, step, compiled=step % 2 == 0)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_pieces_padded_and_flat_agree_with_one_flat_update(ops, compiled):
+  """`update_pieces` (padded bags with garbage past their lengths, a bag
+  longer than its width, flat ids between) on the fused op and on the TF
+  ops: each piece's rows in its shape (0 past a bag's length) are the
+  rows one flat update of the batch's ids gives, state and all."""
+  policy = DynamicVocabulary(eviction="lru", admit_after=2)
+  pair = _Pair(ops, 7, policy)
+  flat = VocabularyIndex("items", 7, policy)
+  rng = np.random.default_rng(4)
+  for step in range(6):
+    padded = rng.integers(0, 12, (5, 3)).astype(np.int64)
+    lengths = np.array([3, 0, 1, 5, 2], np.int64)
+    loose = rng.integers(0, 12, 4).astype(np.int64)
+    real = np.arange(3)[None, :] < np.minimum(lengths, 3)[:, None]
+    want = flat.update(
+      tf.constant(np.concatenate([padded[real], loose, padded[real]])),
+      tf.constant(step, tf.int64),
+    )
+    want_rows = want.rows.numpy()
+    n = int(real.sum())
+    for index in (pair.tf, pair.fused):
+      update = index.update_pieces
+      if compiled:
+        update = tf.function(update)
+      pieces = [
+        (tf.constant(padded), tf.constant(lengths)),
+        (tf.constant(loose), None),
+        (tf.constant(padded), tf.constant(lengths, tf.int32)),
+      ]
+      (first, middle, last), reset = update(pieces, tf.constant(step))
+      for got, rows in ((first, want_rows[:n]), (last, want_rows[-n:])):
+        expected = np.zeros((5, 3), np.int64)
+        expected[real] = rows
+        np.testing.assert_array_equal(got.numpy(), expected)
+      np.testing.assert_array_equal(middle.numpy(), want_rows[n:-n])
+      np.testing.assert_array_equal(reset.numpy(), want.reset_rows.numpy())
+      assert spec._snapshot(index) == spec._snapshot(flat), f"step {step}"
+
+
 def _op_types(function, *specs):
   graph = function.get_concrete_function(*specs).graph
   return {op.type for op in graph.get_operations()}

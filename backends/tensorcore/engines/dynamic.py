@@ -82,8 +82,9 @@ class DynamicEngine(base.Engine):
     """
     features = self.features
     # In a graph the fused op that flattens padded bags checks their ids
-    # itself (same message): six ops per feature fewer. Eagerly the Python
-    # check raises its InvalidInputError.
+    # itself (same message): six ops per feature fewer; or, with the "drop"
+    # policy, leaves the ids outside the table out: three boolean masks
+    # fewer. Eagerly the Python check raises its InvalidInputError.
     kernel_checks = fused_ops is not None and not tf.executing_eagerly()
     out = []
     checks = checks_lib.CheckGroup()  # one assertion for every feature
@@ -97,6 +98,9 @@ class DynamicEngine(base.Engine):
         fused_ops=fused_ops,
         check_ids=kernel_checks
         and policy == "error"
+        and layout.feature.validate_weights_and_indices,
+        drop_ids=kernel_checks
+        and policy == "drop"
         and layout.feature.validate_weights_and_indices,
       )
       if layout.feature.validate_weights_and_indices:

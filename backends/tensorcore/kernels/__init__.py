@@ -44,7 +44,7 @@ log = logging.getLogger("recsys.backends")
 #: library's cache key: editing any makes a new library).
 SOURCES = tuple(
   pathlib.Path(__file__).with_name(name)
-  for name in ("embedding_ops.cc", "vocabulary_ops.cc", "id_table.cc")
+  for name in ("embedding_ops.cc", "vocabulary_ops.cc")
 )
 #: The header the sources include (in the cache key as well).
 HEADERS = tuple(

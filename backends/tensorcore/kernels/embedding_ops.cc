@@ -17,6 +17,8 @@
 //                       with their rows and positions (replaces range / less /
 //                       where / gather_nd of the padded input); optionally
 //                       checks the ids' range (replaces six ops per feature)
+//                       or leaves out the ids outside it, counted (the "drop"
+//                       policy: three boolean masks per feature)
 //   RecsysRowGradients  row_grads[index[i]] += scale[i] * grads[segments[i]]
 //   RecsysSparseApply   gradient clipping, weight decay, the SGD / Adagrad /
 //                       lazy Adam update and weight clipping of the touched
@@ -1189,6 +1191,9 @@ class PaddedBagsOp : public OpKernel {
   explicit PaddedBagsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("vocabulary_size", &vocab_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("feature", &feature_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("drop", &drop_));
+    OP_REQUIRES(ctx, !drop_ || vocab_ >= 0,
+                InvalidArgument("drop needs vocabulary_size >= 0"));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -1216,22 +1221,36 @@ class PaddedBagsOp : public OpKernel {
     auto lengths = [&](int64_t b) -> int64_t {
       return lengths32 ? lengths32_data[b] : lengths64_data[b];
     };
-    int64_t n = 0, cut = 0;
+    // With drop, an id outside [0, vocabulary_size) is left out (counted).
+    const uint64_t vocab = static_cast<uint64_t>(vocab_);
+    auto kept = [&](int64_t b, int64_t j) {
+      return !drop_ || static_cast<uint64_t>(ids(b, j)) < vocab;
+    };
+    int64_t n = 0, cut = 0, dropped = 0;
     std::vector<int64_t> starts(batch + 1);  // bag b's first output position
     for (int64_t b = 0; b < batch; ++b) {
       const int64_t len = std::max<int64_t>(lengths(b), 0);
+      const int64_t real = std::min(len, width);
+      int64_t keep = real;
+      if (drop_) {
+        keep = 0;
+        for (int64_t j = 0; j < real; ++j) keep += kept(b, j);
+      }
       starts[b] = n;
-      n += std::min(len, width);
+      n += keep;
+      dropped += real - keep;
       cut += std::max<int64_t>(len - width, 0);
     }
     starts[batch] = n;
-    Tensor *values_t, *rows_t, *positions_t, *weights_out_t, *cut_t;
+    Tensor *values_t, *rows_t, *positions_t, *weights_out_t, *cut_t,
+        *dropped_t;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &values_t));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &rows_t));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &positions_t));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
         3, TensorShape({weighted ? n : 0}), &weights_out_t));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({}), &cut_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({}), &dropped_t));
     int64_t* values = values_t->flat<int64_t>().data();
     int64_t* rows = rows_t->flat<int64_t>().data();
     int64_t* positions = positions_t->flat<int64_t>().data();
@@ -1243,6 +1262,19 @@ class PaddedBagsOp : public OpKernel {
     auto copy_bags = [&](int part) {
       const int64_t lo = batch * part / parts, hi = batch * (part + 1) / parts;
       for (int64_t b = lo; b < hi; ++b) {
+        if (dropped > 0) {  // the kept entries of the bag's first min(len, W)
+          const int64_t real =
+              std::min(std::max<int64_t>(lengths(b), 0), width);
+          for (int64_t j = 0, k = starts[b]; j < real; ++j) {
+            if (!kept(b, j)) continue;
+            values[k] = ids(b, j);
+            rows[k] = b;
+            positions[k] = j;
+            if (weighted) weights_out[k] = weights[b * width + j];
+            ++k;
+          }
+          continue;
+        }
         const int64_t len = starts[b + 1] - starts[b];
         for (int64_t j = 0, k = starts[b]; j < len; ++j, ++k) {
           values[k] = ids(b, j);
@@ -1258,7 +1290,8 @@ class PaddedBagsOp : public OpKernel {
       copy_bags(0);
     }
     cut_t->scalar<int64_t>()() = cut;
-    if (vocab_ >= 0) {
+    dropped_t->scalar<int64_t>()() = dropped;
+    if (vocab_ >= 0 && !drop_) {
       bool bad = false;  // one branch-free pass when every id is in range
       for (int64_t k = 0; k < n; ++k) {
         bad |= static_cast<uint64_t>(values[k]) >= static_cast<uint64_t>(vocab_);
@@ -1275,6 +1308,7 @@ class PaddedBagsOp : public OpKernel {
  private:
   int64_t vocab_ = -1;
   std::string feature_;
+  bool drop_ = false;
 };
 
 absl::Status BagLookupShape(InferenceContext* c) {
@@ -1347,12 +1381,15 @@ REGISTER_OP("RecsysPaddedBags")
     .Output("positions: int64")
     .Output("value_weights: float")
     .Output("cut: int64")
+    .Output("dropped: int64")
     .Attr("Tlengths: {int32, int64} = DT_INT64")
     .Attr("vocabulary_size: int = -1")
     .Attr("feature: string = ''")
+    .Attr("drop: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       for (int i = 0; i < 4; ++i) c->set_output(i, c->Vector(c->UnknownDim()));
       c->set_output(4, c->Scalar());
+      c->set_output(5, c->Scalar());
       return absl::OkStatus();
     })
     .Doc("The real entries of left-aligned padded bags, row-major.");

@@ -1,5 +1,7 @@
 // IdTable: the id -> row hash table of a dynamic-vocabulary index, as a TF
-// lookup table (`RecsysIdTable`, id_table.cc) with open addressing.
+// lookup table with open addressing (all inline: the op that makes it,
+// `RecsysIdTable`, and the update that reads it straight are in
+// vocabulary_ops.cc, one compile).
 //
 // TF's MutableHashTable of int64 scalars is a std::unordered_map: a find
 // walks a bucket's chain of nodes, two dependent cache misses per id, and
@@ -13,18 +15,21 @@
 //
 // Values are rows: >= 0 (an empty slot holds -1; no key is reserved).
 // Removal shifts the probe run back (no tombstones), so a table that
-// churns never slows down. The slots double when more than 3/4 are used;
+// churns never slows down. The slots double when more than 4/5 are used;
 // the table starts with room for its `capacity` attr (the index's rows).
 
 #ifndef RECSYS_BACKENDS_TENSORCORE_KERNELS_ID_TABLE_H_
 #define RECSYS_BACKENDS_TENSORCORE_KERNELS_ID_TABLE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "tensorflow/core/framework/lookup_interface.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/platform/mutex.h"
+
+#include "kernel_common.h"
 
 namespace recsys {
 
@@ -77,8 +82,18 @@ class IdTable : public tensorflow::lookup::LookupInterface {
     int64_t row;  // -1: empty
   };
 
-  int64_t Home(int64_t key) const;
-  int64_t SlotOf(int64_t key) const;  // its slot, or -1
+  // The slot a key probes first; the key's slot, or -1 (inline: the
+  // finds' loop).
+  int64_t Home(int64_t key) const {
+    return static_cast<int64_t>(SplitMix64(static_cast<uint64_t>(key)) >>
+                                shift_);
+  }
+  int64_t SlotOf(int64_t key) const {
+    for (int64_t s = Home(key);; s = (s + 1) & mask_) {
+      if (slots_[s].row < 0) return -1;
+      if (slots_[s].key == key) return s;
+    }
+  }
   void Put(int64_t key, int64_t row);
   void Erase(int64_t slot);
   void Reserve(int64_t ids);  // room for `ids` keys within the load limit
@@ -89,6 +104,181 @@ class IdTable : public tensorflow::lookup::LookupInterface {
   int64_t mask_ = 0;
   int64_t used_ = 0;
 };
+
+namespace id_table_internal {
+
+// Slots are at most 4/5 used: a find of a key probes ~3 slots at worst
+// (a key not there ~13), 4 to a 64-byte line; a 200,000-row index takes
+// 2^18 slots, 4 MB.
+constexpr int64_t kMinSlots = 16;
+
+inline int64_t SlotsFor(int64_t ids) {
+  int64_t slots = kMinSlots;
+  while (slots * 4 < ids * 5) slots *= 2;
+  return slots;
+}
+
+// Finds issued ahead of the one compared: the slots mostly miss the caches
+// but for the frequent ids'.
+constexpr int64_t kLookAhead = 16;
+
+}  // namespace id_table_internal
+
+inline IdTable::IdTable(int64_t capacity) {
+  Reserve(std::max<int64_t>(capacity, 1));
+}
+
+inline void IdTable::Put(int64_t key, int64_t row) {
+  for (int64_t s = Home(key);; s = (s + 1) & mask_) {
+    if (slots_[s].row < 0) {
+      slots_[s] = {key, row};
+      ++used_;
+      return;
+    }
+    if (slots_[s].key == key) {
+      slots_[s].row = row;
+      return;
+    }
+  }
+}
+
+// Backward-shift deletion: each later slot of the probe run whose home is
+// not cyclically in (hole, slot] moves into the hole, so every key stays
+// reachable from its home without tombstones.
+inline void IdTable::Erase(int64_t slot) {
+  int64_t hole = slot;
+  for (int64_t s = (hole + 1) & mask_;; s = (s + 1) & mask_) {
+    if (slots_[s].row < 0) break;
+    const int64_t home = Home(slots_[s].key);
+    const bool stays = hole <= s ? (hole < home && home <= s)
+                                 : (hole < home || home <= s);
+    if (!stays) {
+      slots_[hole] = slots_[s];
+      hole = s;
+    }
+  }
+  slots_[hole].row = -1;
+  --used_;
+}
+
+inline void IdTable::Reserve(int64_t ids) {
+  const int64_t wanted = id_table_internal::SlotsFor(ids);
+  if (wanted <= static_cast<int64_t>(slots_.size())) return;
+  std::vector<Slot> old(wanted, Slot{0, -1});
+  old.swap(slots_);
+  int bits = 0;
+  while ((int64_t{1} << bits) < wanted) ++bits;
+  shift_ = 64 - bits;
+  mask_ = wanted - 1;
+  used_ = 0;
+  for (const Slot& slot : old) {
+    if (slot.row >= 0) Put(slot.key, slot.row);
+  }
+}
+
+inline void IdTable::FindLocked(const int64_t* keys, int64_t n,
+                         int64_t* rows) const {
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + id_table_internal::kLookAhead < n) {
+      __builtin_prefetch(&slots_[Home(keys[i + id_table_internal::kLookAhead])]);
+    }
+    const int64_t s = SlotOf(keys[i]);
+    rows[i] = s < 0 ? -1 : slots_[s].row;
+  }
+}
+
+inline absl::Status IdTable::InsertLocked(const int64_t* keys, const int64_t* rows,
+                                   int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] < 0) {
+      return tensorflow::errors::InvalidArgument("RecsysIdTable holds rows >= 0; got ", rows[i],
+                             " for id ", keys[i]);
+    }
+  }
+  Reserve(used_ + n);
+  for (int64_t i = 0; i < n; ++i) Put(keys[i], rows[i]);
+  return absl::OkStatus();
+}
+
+inline void IdTable::RemoveLocked(const int64_t* keys, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = SlotOf(keys[i]);
+    if (s >= 0) Erase(s);
+  }
+}
+
+inline absl::Status IdTable::Find(tensorflow::OpKernelContext* ctx, const tensorflow::Tensor& keys,
+                           tensorflow::Tensor* values, const tensorflow::Tensor& default_value) {
+  (void)ctx;
+  // One default, or one per key (TF's dynamic_default_values).
+  const auto defaults = default_value.flat<int64_t>();
+  const bool one = defaults.size() == 1;
+  const int64_t n = keys.NumElements();
+  int64_t* out = values->flat<int64_t>().data();
+  {
+    tensorflow::tf_shared_lock lock(mu_);
+    FindLocked(keys.flat<int64_t>().data(), n, out);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (out[i] < 0) out[i] = one ? defaults(0) : defaults(i);
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status IdTable::Insert(tensorflow::OpKernelContext* ctx, const tensorflow::Tensor& keys,
+                             const tensorflow::Tensor& values) {
+  (void)ctx;
+  tensorflow::mutex_lock lock(mu_);
+  return InsertLocked(keys.flat<int64_t>().data(),
+                      values.flat<int64_t>().data(), keys.NumElements());
+}
+
+inline absl::Status IdTable::Remove(tensorflow::OpKernelContext* ctx, const tensorflow::Tensor& keys) {
+  (void)ctx;
+  tensorflow::mutex_lock lock(mu_);
+  RemoveLocked(keys.flat<int64_t>().data(), keys.NumElements());
+  return absl::OkStatus();
+}
+
+inline size_t IdTable::size() const {
+  tensorflow::tf_shared_lock lock(mu_);
+  return static_cast<size_t>(used_);
+}
+
+// In slot order: the same table exports the same tensors.
+inline absl::Status IdTable::ExportValues(tensorflow::OpKernelContext* ctx) {
+  tensorflow::tf_shared_lock lock(mu_);
+  tensorflow::Tensor* keys = nullptr;
+  tensorflow::Tensor* rows = nullptr;
+  TF_RETURN_IF_ERROR(ctx->allocate_output("keys", tensorflow::TensorShape({used_}), &keys));
+  TF_RETURN_IF_ERROR(
+      ctx->allocate_output("values", tensorflow::TensorShape({used_}), &rows));
+  int64_t* k = keys->flat<int64_t>().data();
+  int64_t* r = rows->flat<int64_t>().data();
+  int64_t at = 0;
+  for (const Slot& slot : slots_) {
+    if (slot.row < 0) continue;
+    k[at] = slot.key;
+    r[at] = slot.row;
+    ++at;
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status IdTable::ImportValues(tensorflow::OpKernelContext* ctx, const tensorflow::Tensor& keys,
+                                   const tensorflow::Tensor& values) {
+  (void)ctx;
+  tensorflow::mutex_lock lock(mu_);
+  for (Slot& slot : slots_) slot.row = -1;
+  used_ = 0;
+  return InsertLocked(keys.flat<int64_t>().data(),
+                      values.flat<int64_t>().data(), keys.NumElements());
+}
+
+inline int64_t IdTable::MemoryUsed() const {
+  tensorflow::tf_shared_lock lock(mu_);
+  return static_cast<int64_t>(sizeof(IdTable) + slots_.size() * sizeof(Slot));
+}
 
 }  // namespace recsys
 

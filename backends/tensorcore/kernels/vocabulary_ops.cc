@@ -5,17 +5,22 @@
 // boolean masks, scatters, the sketch's hashes in uint64 ops, a masked top_k
 // over every row when rows run out), each a pass with its own scheduling:
 // ~0.5 ms a table on a step with free rows, ~2 ms when it evicts. This op
-// does the same in one pass over the batch's ids, and when rows run out one
-// pass over the rows that keeps the few victims it needs (a bounded heap)
-// instead of top_k's selection over all of them.
+// does the same in one pass over the batch's ids (each looked up in the
+// id table, the few without a row then de-duplicated), and when rows run
+// out one pass over the rows that keeps the few victims it needs (a bounded
+// heap) instead of top_k's selection over all of them. The batch comes in
+// pieces as the stage has them (flat ids, or padded bags [B, W] with their
+// lengths), and each piece's rows go out in its shape: no flattening,
+// concat or split ops around it.
 //
-// Same state: the op takes the index's own resources, the
-// `MutableHashTable` (through TF's `lookup::LookupInterface`: its Find,
-// Insert and Remove, batched as the TF ops call them) and its variables
-// (keys, occupied, counts, last_seen, sketch_cells, the counters, and the
-// free list with eviction "age"), and changes them in place. Nothing else
-// is kept between calls, so a step may run either path and a checkpoint of
-// either is the other's.
+// Same state: the op takes the index's own resources, its id table (the
+// kernels' RecsysIdTable, id_table.h, straight on its slots; or a TF
+// `MutableHashTable` through `lookup::LookupInterface`: its Find, Insert
+// and Remove, batched as the TF ops call them) and its variables (keys,
+// occupied, counts, last_seen, sketch_cells, the counters, and the free
+// list with eviction "age"), and changes them in place. Nothing else is
+// kept between calls but scratch space, so a step may run either path and
+// a checkpoint of either is the other's.
 //
 // Same results, by construction: the steps of index.py's module docstring in
 // the same order (known ids counted, the "age" sweep, the sketch, the
@@ -45,6 +50,7 @@
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/kernels/lookup_table_op.h"
 
 #include "id_table.h"
 #include "kernel_common.h"
@@ -334,6 +340,7 @@ class VocabularyUpdateOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("admit_below", &admit_below_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("max_age", &max_age_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("evict_every", &evict_every_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("padded", &padded_));
     int64_t salt = 0;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("sketch_salt_0", &salt));
     sketch_salts_[0] = static_cast<uint64_t>(salt);
@@ -369,14 +376,35 @@ class VocabularyUpdateOp : public OpKernel {
                               &vars[i]));
       OP_REQUIRES_OK(ctx, EnsureSparseAccess(ctx, vars[i].get()));
     }
-    const Tensor& ids_t = ctx->input(1 + num_vars);
-    const Tensor& step_t = ctx->input(2 + num_vars);
-    OP_REQUIRES(ctx, ids_t.dims() == 1,
-                InvalidArgument("ids must be a vector; got ",
-                                ids_t.shape().DebugString()));
+    // The batch: pieces of ids, each flat (every element an id) or padded
+    // bags ([B, W], the first lengths[b] of row b are ids), in order.
+    tensorflow::OpInputList pieces, lengths;
+    OP_REQUIRES_OK(ctx, ctx->input_list("ids", &pieces));
+    OP_REQUIRES_OK(ctx, ctx->input_list("lengths", &lengths));
+    const Tensor& step_t = ctx->input(ctx->num_inputs() - 1);
     OP_REQUIRES(ctx, step_t.dims() == 0,
                 InvalidArgument("step must be a scalar; got ",
                                 step_t.shape().DebugString()));
+    OP_REQUIRES(ctx, static_cast<int>(padded_.size()) == pieces.size(),
+                InvalidArgument("padded has ", padded_.size(),
+                                " entries for ", pieces.size(), " pieces"));
+    for (int p = 0; p < pieces.size(); ++p) {
+      if (!padded_[p]) continue;
+      const Tensor& ids = pieces[p];
+      const Tensor& bag_lengths = lengths[p];
+      OP_REQUIRES(ctx, ids.dims() == 2 && bag_lengths.dims() == 1 &&
+                           bag_lengths.dim_size(0) == ids.dim_size(0),
+                  InvalidArgument("padded piece ", p, ": ids must be [B, W] "
+                                  "and lengths [B]; got ",
+                                  ids.shape().DebugString(), " and ",
+                                  bag_lengths.shape().DebugString()));
+      const auto l = bag_lengths.flat<int64_t>();
+      for (int64_t b = 0; b < l.size(); ++b) {
+        OP_REQUIRES(ctx, l(b) >= 0,
+                    InvalidArgument("padded piece ", p, ": bag ", b,
+                                    " has length ", l(b)));
+      }
+    }
 
     std::vector<Var*> order;
     for (auto& v : vars) order.push_back(v.get());
@@ -385,16 +413,68 @@ class VocabularyUpdateOp : public OpKernel {
     for (Var* v : order) v->mu()->lock();
     State state;
     absl::Status status = Bind(vars, &state);
+    tensorflow::mutex_lock scratch(scratch_mu_);
     if (status.ok()) {
-      status = Update(ctx, &table, state, ids_t, step_t.scalar<int64_t>()());
+      Gather(pieces, lengths);
+      status = Update(ctx, &table, state, step_t.scalar<int64_t>()());
     }
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
       (*it)->mu()->unlock();
     }
     OP_REQUIRES_OK(ctx, status);
+    OP_REQUIRES_OK(ctx, Scatter(ctx, pieces, lengths));
   }
 
  private:
+  // The batch's ids, piece by piece (a padded piece's real entries,
+  // row-major), into ids_.
+  void Gather(const tensorflow::OpInputList& pieces,
+              const tensorflow::OpInputList& lengths) const {
+    ids_.clear();
+    for (int p = 0; p < pieces.size(); ++p) {
+      const int64_t* values = pieces[p].flat<int64_t>().data();
+      if (!padded_[p]) {
+        ids_.insert(ids_.end(), values, values + pieces[p].NumElements());
+        continue;
+      }
+      const int64_t width = pieces[p].dim_size(1);
+      const auto l = lengths[p].flat<int64_t>();
+      for (int64_t b = 0; b < l.size(); ++b) {
+        const int64_t* row = values + b * width;
+        ids_.insert(ids_.end(), row, row + std::min(l(b), width));
+      }
+    }
+  }
+
+  // Output p: piece p's rows in its shape (0 past a padded bag's length).
+  absl::Status Scatter(OpKernelContext* ctx,
+                       const tensorflow::OpInputList& pieces,
+                       const tensorflow::OpInputList& lengths) const {
+    tensorflow::OpOutputList outputs;
+    TF_RETURN_IF_ERROR(ctx->output_list("rows", &outputs));
+    const int64_t* rows = rows_.data();
+    for (int p = 0; p < pieces.size(); ++p) {
+      Tensor* out = nullptr;
+      TF_RETURN_IF_ERROR(outputs.allocate(p, pieces[p].shape(), &out));
+      int64_t* o = out->flat<int64_t>().data();
+      if (!padded_[p]) {
+        const int64_t n = pieces[p].NumElements();
+        std::copy(rows, rows + n, o);
+        rows += n;
+        continue;
+      }
+      const int64_t width = pieces[p].dim_size(1);
+      const auto l = lengths[p].flat<int64_t>();
+      for (int64_t b = 0; b < l.size(); ++b) {
+        const int64_t real = std::min(l(b), width);
+        std::copy(rows, rows + real, o + b * width);
+        std::fill(o + b * width + real, o + (b + 1) * width, 0);
+        rows += real;
+      }
+    }
+    return absl::OkStatus();
+  }
+
   // The variables' buffers, their dtypes and shapes checked.
   absl::Status Bind(const std::vector<tsl::core::RefCountPtr<Var>>& vars,
                     State* s) const {
@@ -524,55 +604,50 @@ class VocabularyUpdateOp : public OpKernel {
     return absl::OkStatus();
   }
 
+  // Steps 1-6 on the ids in ids_; each one's row into rows_.
   absl::Status Update(OpKernelContext* ctx, Table* table, const State& s,
-                      const Tensor& ids_t, int64_t step) const {
-    // 1. The distinct ids in first-occurrence order, their occurrences.
-    const int64_t n = ids_t.NumElements();
-    const int64_t* ids = ids_t.flat<int64_t>().data();
+                      int64_t step) const {
+    // 1-2. Every id's row as the table has it; an id with one is counted
+    // and seen now, once per occurrence (the same sums as counting each
+    // distinct id once by its occurrences); the ids without one, distinct,
+    // in first-occurrence order, with their occurrences. (A known id's row
+    // stays its own: the sweep and the victims take only rows not seen at
+    // this step.)
+    const int64_t n = static_cast<int64_t>(ids_.size());
+    const int64_t* ids = ids_.data();
     if (n >= (int64_t{1} << 31)) {
       return InvalidArgument("an update takes fewer than 2^31 ids; got ", n);
     }
-    std::vector<int64_t> unique, occurrences, position(n);
-    tensorflow::mutex_lock scratch(numbers_mu_);
-    numbers_.Start(n);
+    TF_RETURN_IF_ERROR(table->Find(ids_, &rows_));
+    int64_t* found = rows_.data();
+    std::vector<int64_t> miss_at;
     for (int64_t i = 0; i < n; ++i) {
-      if (i + kLookAhead < n) __builtin_prefetch(numbers_.Home(ids[i + kLookAhead]), 1);
-      bool added;
-      position[i] = numbers_.Insert(ids[i], unique.size(), &added);
-      if (added) {
-        unique.push_back(ids[i]);
-        occurrences.push_back(1);
-      } else {
-        ++occurrences[position[i]];
+      if (i + kLookAhead < n && found[i + kLookAhead] >= 0) {
+        __builtin_prefetch(s.counts + found[i + kLookAhead], 1);
+        __builtin_prefetch(s.last_seen + found[i + kLookAhead], 1);
       }
-    }
-    const int64_t u = static_cast<int64_t>(unique.size());
-
-    // 2. Ids with a row: counted, seen now.
-    std::vector<int64_t> unique_rows;
-    TF_RETURN_IF_ERROR(table->Find(unique, &unique_rows));
-    std::vector<int64_t> new_ids, new_occurrences, new_at, seen;
-    for (int64_t j = 0; j < u; ++j) {
-      const int64_t row = unique_rows[j];
+      const int64_t row = found[i];
       TF_RETURN_IF_ERROR(CheckRow(row, s.rows));
       if (row >= 0) {
-        seen.push_back(j);
+        s.counts[row] = Add(s.counts[row], 1);
+        s.last_seen[row] = step;
       } else {
-        new_ids.push_back(unique[j]);
-        new_occurrences.push_back(occurrences[j]);
-        new_at.push_back(j);
+        miss_at.push_back(i);
       }
     }
-    const int64_t known = static_cast<int64_t>(seen.size());
-    for (int64_t k = 0; k < known; ++k) {
-      if (k + kLookAhead < known) {
-        const int64_t ahead = unique_rows[seen[k + kLookAhead]];
-        __builtin_prefetch(s.counts + ahead, 1);
-        __builtin_prefetch(s.last_seen + ahead, 1);
+    const int64_t misses = static_cast<int64_t>(miss_at.size());
+    std::vector<int64_t> new_ids, new_occurrences, miss_number(misses);
+    numbers_.Start(misses);
+    for (int64_t k = 0; k < misses; ++k) {
+      bool added;
+      const int64_t id = ids[miss_at[k]];
+      miss_number[k] = numbers_.Insert(id, new_ids.size(), &added);
+      if (added) {
+        new_ids.push_back(id);
+        new_occurrences.push_back(1);
+      } else {
+        ++new_occurrences[miss_number[k]];
       }
-      const int64_t row = unique_rows[seen[k]];
-      s.counts[row] = Add(s.counts[row], occurrences[seen[k]]);
-      s.last_seen[row] = step;
     }
 
     // 3. The "age" sweep, before any admission.
@@ -619,7 +694,7 @@ class VocabularyUpdateOp : public OpKernel {
       if (candidate) {
         candidates.push_back(new_ids[j]);
         candidate_occurrences.push_back(new_occurrences[j]);
-        candidate_at.push_back(new_at[j]);
+        candidate_at.push_back(j);
       }
     }
 
@@ -653,13 +728,14 @@ class VocabularyUpdateOp : public OpKernel {
     TF_RETURN_IF_ERROR(table->Remove(victim_keys));
     TF_RETURN_IF_ERROR(table->Insert(candidates, rows));
     int64_t admitted_occurrences = 0;
+    std::vector<int64_t> new_rows(m, -1);  // each new id's row, or -1
     for (int64_t j = 0; j < given; ++j) {
       const int64_t row = rows[j];
       s.keys[row] = candidates[j];
       s.occupied[row] = true;
       s.counts[row] = candidate_occurrences[j];
       s.last_seen[row] = step;
-      unique_rows[candidate_at[j]] = row;
+      new_rows[candidate_at[j]] = row;
       admitted_occurrences = Add(admitted_occurrences, candidate_occurrences[j]);
     }
     *s.rows_in_use = Add(*s.rows_in_use, fresh);
@@ -669,18 +745,16 @@ class VocabularyUpdateOp : public OpKernel {
     *s.refused = Add(*s.refused, Sub(new_total, admitted_occurrences));
 
     // 6. Each input id's row.
-    Tensor* rows_t = nullptr;
-    TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({n}), &rows_t));
-    int64_t* out = rows_t->flat<int64_t>().data();
-    int64_t misses = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      out[i] = unique_rows[position[i]];
-      misses += out[i] < 0;
+    int64_t without_row = 0;
+    for (int64_t k = 0; k < misses; ++k) {
+      const int64_t row = new_rows[miss_number[k]];
+      found[miss_at[k]] = row;
+      without_row += row < 0;
     }
-    *s.default_hits = Add(*s.default_hits, misses);
+    *s.default_hits = Add(*s.default_hits, without_row);
     Tensor* reset_t = nullptr;
     TF_RETURN_IF_ERROR(
-        ctx->allocate_output(1, TensorShape({given}), &reset_t));
+        ctx->allocate_output("reset_rows", TensorShape({given}), &reset_t));
     std::copy(rows.begin(), rows.end(), reset_t->flat<int64_t>().data());
     return absl::OkStatus();
   }
@@ -692,10 +766,53 @@ class VocabularyUpdateOp : public OpKernel {
   int64_t evict_every_ = 1;
   uint64_t sketch_salts_[2] = {0, 0};
   uint64_t admit_salt_ = 0;
-  // Step 1's table, kept between calls (see FirstOccurrence).
-  mutable tensorflow::mutex numbers_mu_;
+  std::vector<bool> padded_;
+  // Scratch kept between calls (a fresh one would be page faults at every
+  // call): the batch's ids, their rows, step 1's table (FirstOccurrence).
+  mutable tensorflow::mutex scratch_mu_;
+  mutable std::vector<int64_t> ids_;
+  mutable std::vector<int64_t> rows_;
   mutable FirstOccurrence numbers_;
 };
+
+// The resource's maker: TF's LookupTableOp (what MutableHashTableV2 uses)
+// with this table, sized by the `capacity` attr.
+class SizedIdTable : public IdTable {
+ public:
+  SizedIdTable(OpKernelContext* ctx, OpKernel* kernel)
+      : IdTable(CapacityOf(kernel)) {
+    (void)ctx;
+  }
+
+ private:
+  static int64_t CapacityOf(OpKernel* kernel) {
+    int64_t capacity = 0;
+    if (!tensorflow::GetNodeAttr(kernel->def(), "capacity", &capacity).ok()) {
+      return 1;
+    }
+    return capacity;
+  }
+};
+
+REGISTER_OP("RecsysIdTable")
+    .Output("table_handle: resource")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string = ''")
+    .Attr("use_node_name_sharing: bool = false")
+    .Attr("key_dtype: {int64}")
+    .Attr("value_dtype: {int64}")
+    .Attr("capacity: int >= 0 = 0")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc("An int64 -> int64 (row >= 0) hash table with open addressing, "
+         "used by TF's lookup ops like a MutableHashTable of scalars.");
+
+REGISTER_KERNEL_BUILDER(
+    Name("RecsysIdTable").Device(DEVICE_CPU),
+    tensorflow::LookupTableOp<SizedIdTable, int64_t, int64_t>);
 
 REGISTER_OP("RecsysVocabularyUpdate")
     .Input("table: resource")
@@ -710,11 +827,14 @@ REGISTER_OP("RecsysVocabularyUpdate")
     .Input("refused: resource")
     .Input("default_hits: resource")
     .Input("free_list: num_free * resource")
-    .Input("ids: int64")
+    .Input("ids: num_pieces * int64")
+    .Input("lengths: num_pieces * int64")
     .Input("step: int64")
-    .Output("rows: int64")
+    .Output("rows: num_pieces * int64")
     .Output("reset_rows: int64")
     .Attr("num_free: int >= 0")
+    .Attr("num_pieces: int >= 1")
+    .Attr("padded: list(bool)")
     .Attr("eviction: {'none', 'lru', 'lfu', 'age'}")
     .Attr("admit_after: int")
     .Attr("admit_below: int")
@@ -725,8 +845,10 @@ REGISTER_OP("RecsysVocabularyUpdate")
     .Attr("evict_every: int = 1")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(c->Dim(c->input(c->num_inputs() - 2), 0)));
-      c->set_output(1, c->Vector(c->UnknownDim()));
+      std::vector<tensorflow::shape_inference::ShapeHandle> ids;
+      TF_RETURN_IF_ERROR(c->input("ids", &ids));
+      for (size_t p = 0; p < ids.size(); ++p) c->set_output(p, ids[p]);
+      c->set_output(ids.size(), c->Vector(c->UnknownDim()));
       return absl::OkStatus();
     })
     .Doc("VocabularyIndex.update (backends/vocabulary/index.py) in one op, "

@@ -17,6 +17,7 @@ Example:
 
 import dataclasses
 import numbers
+from typing import Any
 
 import tensorflow as tf
 
@@ -93,6 +94,15 @@ class HashedIndex(tf.Module):
     return index_lib.IndexUpdate(
       rows=self.lookup(ids), reset_rows=tf.zeros([0], tf.int64)
     )
+
+  def update_pieces(
+    self, pieces: list[tuple[Any, tf.Tensor | None]], step: tf.Tensor
+  ) -> tuple[list[tf.Tensor], tf.Tensor]:
+    """Each piece's rows in its shape (`VocabularyIndex.update_pieces`;
+    a padded piece's padding hashed too: no lookup reads it)."""
+    del step
+    rows = [tf.reshape(self.lookup(ids), tf.shape(ids)) for ids, _ in pieces]
+    return rows, tf.zeros([0], tf.int64)
 
   def counters(self) -> dict[str, tf.Tensor]:
     """None: hashing keeps no state to count."""

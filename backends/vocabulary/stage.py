@@ -161,37 +161,39 @@ class VocabularyStage:
       ]
     gathered = _num_workers(strategy) > 1
     out = [list(x) for x in per_replica]
-    updates = []
+    updated = []
     for table, index in self.indices.items():
       mine = [k for k, p in enumerate(positions) if p in self._positions[table]]
-      if not gathered and isinstance(index, index_lib.VocabularyIndex):
-        updates.append(
-          self._update_in_pieces(table, index, per_replica, mine, out)
+      # Feature by feature, replica by replica: the global batch's order.
+      where = [(r, k) for k in mine for r in range(len(per_replica))]
+      inputs = [per_replica[r][k] for r, k in where]
+      if gathered:
+        # Every worker's ids, flat; this worker keeps its replicas' rows.
+        pieces, _, own = _gather_workers(
+          strategy, [_as_id_vector(flat_ids(x)) for x in inputs], len(mine)
         )
-        continue
-      pieces, sizes = [], []
-      for k in mine:
-        for r in range(len(per_replica)):
-          ids = flat_ids(per_replica[r][k])
-          pieces.append(ids)
-          sizes.append(tf.size(ids))
-      if gathered:
-        pieces, sizes, own = _gather_workers(strategy, pieces, len(mine))
-      ids = tf.concat([_as_id_vector(p) for p in pieces], 0)
-      update = index.update(ids, self.step)
-      reset = _reset_if_any(self._reset, table, update.reset_rows)
-      with tf.control_dependencies([reset]):
-        rows = tf.identity(_with_default(update.rows, index.default_row))
-      split = tf.split(rows, tf.stack(sizes))
-      if gathered:
-        split = [split[j] for j in own]
-      j = 0
-      for k in mine:
-        for r in range(len(per_replica)):
-          out[r][k] = with_ids(per_replica[r][k], split[j])
-          j += 1
-      updates.append(rows)
-    with tf.control_dependencies(updates):
+        rows, reset_rows = index.update_pieces(
+          [(p, None) for p in pieces], self.step
+        )
+        rows = [rows[j] for j in own]
+      else:
+        # Padded bags stay padded: no flattening around the update.
+        rows, reset_rows = index.update_pieces(
+          [_as_piece(x) for x in inputs], self.step
+        )
+      updated.append((table, index, where, inputs, rows, reset_rows))
+    reset = _reset_if_any(
+      self._reset,
+      {u[0]: u[5] for u in updated if u[5].shape.num_elements() != 0},
+    )
+    done = []
+    with tf.control_dependencies([reset]):
+      for _, index, where, inputs, rows, _ in updated:
+        for (r, k), inp, mapped in zip(where, inputs, rows):
+          mapped = tf.identity(_with_default(mapped, index.default_row))
+          out[r][k] = _with_rows(inp, mapped)
+          done.append(mapped)
+    with tf.control_dependencies(done):
       advance = self.step.assign_add(1)
     with tf.control_dependencies([advance]):
       out = tf.nest.map_structure(
@@ -200,29 +202,6 @@ class VocabularyStage:
     if len(out) == 1:
       return out[0]
     return _tf_internal.regroup(tuple(out))
-
-  def _update_in_pieces(
-    self,
-    table: str,
-    index: index_lib.VocabularyIndex,
-    per_replica: list[list[Any]],
-    mine: list[int],
-    out: list[list[Any]],
-  ) -> list[tf.Tensor]:
-    """One table's update on its inputs as they are (padded bags stay
-    padded: `VocabularyIndex.update_pieces`); writes each replica's mapped
-    inputs into `out`."""
-    where = [(r, k) for k in mine for r in range(len(per_replica))]
-    inputs = [per_replica[r][k] for r, k in where]
-    rows, reset_rows = index.update_pieces(
-      [_as_piece(inp) for inp in inputs], self.step
-    )
-    reset = _reset_if_any(self._reset, table, reset_rows)
-    with tf.control_dependencies([reset]):
-      rows = [tf.identity(_with_default(r, index.default_row)) for r in rows]
-    for (r, k), inp, mapped in zip(where, inputs, rows):
-      out[r][k] = _with_rows(inp, mapped)
-    return rows
 
   def _looked_up(self, raw: list[Any], positions: list[int]) -> list[Any]:
     """Evaluation: every input's ids as rows, the indices unchanged."""
@@ -260,8 +239,9 @@ def _as_piece(inp: Any) -> tuple[tf.Tensor, tf.Tensor | None]:
 
 
 def _with_rows(inp: Any, rows: tf.Tensor) -> Any:
-  """`inp` with the rows `update_pieces` gave its piece as its ids."""
-  if isinstance(inp, inputs_lib.PaddedBags):
+  """`inp` with the rows `update_pieces` gave its piece as its ids (padded
+  bags' in their shape, or flat as `flat_ids` lists them)."""
+  if isinstance(inp, inputs_lib.PaddedBags) and rows.shape.rank == 2:
     rows = tf.ensure_shape(rows, inp.ids.shape)  # static: a compiled step's
     return inputs_lib.PaddedBags(rows, inp.lengths, inp.weights)
   return with_ids(inp, rows)
@@ -275,17 +255,21 @@ def _as_id_vector(ids: tf.Tensor) -> tf.Tensor:
 
 
 def _reset_if_any(
-  reset: Callable[[str, tf.Tensor], Any], table: str, rows: tf.Tensor
+  reset: Callable[[str, tf.Tensor], Any], rows: Mapping[str, tf.Tensor]
 ) -> tf.Tensor:
-  """`reset(table, rows)` only at a step that gave rows to new ids: most
-  steps of a warm table give none, and the starting values' ~40 ops cost
-  ~0.3 ms a table even for no rows."""
+  """`reset(table, rows)` of every table, only at a step that gave rows to
+  new ids: most steps of warm tables give none, and the starting values'
+  ~40 ops cost ~0.3 ms a table even for no rows (one condition for all
+  tables: each costs a function call)."""
+  if not rows:
+    return tf.constant(False)
 
   def write() -> tf.Tensor:
-    with tf.control_dependencies([reset(table, rows)]):
+    with tf.control_dependencies([reset(t, r) for t, r in rows.items()]):
       return tf.constant(True)
 
-  return tf.cond(tf.size(rows) > 0, write, lambda: tf.constant(False))
+  given = tf.add_n([tf.size(r) for r in rows.values()])
+  return tf.cond(given > 0, write, lambda: tf.constant(False))
 
 
 def _with_default(rows: tf.Tensor, default_row: int | None) -> tf.Tensor:

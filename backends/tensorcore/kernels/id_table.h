@@ -120,7 +120,7 @@ inline int64_t SlotsFor(int64_t ids) {
 
 // Finds issued ahead of the one compared: the slots mostly miss the caches
 // but for the frequent ids'.
-constexpr int64_t kLookAhead = 16;
+constexpr int64_t kLookAhead = 32;
 
 }  // namespace id_table_internal
 

@@ -199,7 +199,9 @@ class VocabularyIndex(tf.Module):
 
   State (read it, never write it), for the table's R = `policy.id_rows(
   vocabulary_size)` rows:
-    table: `MutableHashTable` int64 id -> int64 row (default -1).
+    table: int64 id -> int64 row (default -1): the fused kernels'
+      `RecsysIdTable` (open addressing) or TF's `MutableHashTable`, one
+      interface, one checkpoint format.
     keys: int64 [R]: the id each row holds (kept when a sweep frees it).
     occupied: bool [R]: whether a row holds an id.
     counts: int64 [R]: the id's occurrences since it got the row.

@@ -47,9 +47,11 @@ SKETCH_SLACK = 4
 
 #: The count-min sketch's hash rows.
 SKETCH_ROWS = 2
-#: Bytes an id costs the hash table (`tf.lookup.experimental.
-#: MutableHashTable`, int64 -> int64): its key and value and the map's
-#: slack (measured, RSS: 35 bytes an entry at 10**5 entries, 43 at 10**6).
+#: Bytes an id costs the id table, the larger of its two kinds: TF's
+#: `MutableHashTable` (int64 -> int64, a chained map; measured, RSS: 35
+#: bytes an entry at 10**5 entries, 43 at 10**6) and the fused kernels'
+#: `RecsysIdTable` (16-byte slots, a power of two >= 5/4 of the rows: 20-40
+#: bytes a row, allocated at the start).
 HASH_TABLE_BYTES_PER_ID = 48
 
 

@@ -141,6 +141,10 @@ def test_pieces_padded_and_flat_agree_with_one_flat_update(ops, compiled):
   policy = DynamicVocabulary(eviction="lru", admit_after=2)
   pair = _Pair(ops, 7, policy)
   flat = VocabularyIndex("items", 7, policy)
+  updates = {
+    index: tf.function(index.update_pieces) if compiled else index.update_pieces
+    for index in (pair.tf, pair.fused)
+  }
   rng = np.random.default_rng(4)
   for step in range(6):
     padded = rng.integers(0, 12, (5, 3)).astype(np.int64)
@@ -153,10 +157,7 @@ def test_pieces_padded_and_flat_agree_with_one_flat_update(ops, compiled):
     )
     want_rows = want.rows.numpy()
     n = int(real.sum())
-    for index in (pair.tf, pair.fused):
-      update = index.update_pieces
-      if compiled:
-        update = tf.function(update)
+    for index, update in updates.items():
       pieces = [
         (tf.constant(padded), tf.constant(lengths)),
         (tf.constant(loose), None),

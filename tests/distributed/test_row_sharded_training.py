@@ -177,16 +177,21 @@ def test_recsys_train_prints_the_plan_and_trains_sharded(
 
 
 @pytest.mark.slow
-def test_a_row_sharded_run_survives_sigkill(tmp_path, monkeypatch):
-  """Killed (SIGKILL mid-step), resumed: the same final state as one
-  uninterrupted run (here, in this process), as replicated runs are
-  (`tests.reliability.test_crash_resume`, which also covers SIGTERM: its
-  save is the same checkpoint write as every step's)."""
+def test_a_row_sharded_run_with_dynamic_tables_survives_sigkill(
+  tmp_path, monkeypatch
+):
+  """Killed (SIGKILL mid-step), resumed: the same final state, the
+  dynamic tables' indices and step clock included (ids admitted, refused
+  and reset across the kill), as one uninterrupted run (here, in this
+  process), as replicated runs are (`tests.reliability.test_crash_resume`,
+  which also covers SIGTERM: its save is the same checkpoint write as
+  every step's)."""
   from tests.reliability import test_crash_resume as crash  # pylint: disable=g-import-not-at-top
   from tests.reliability import train_worker as worker  # pylint: disable=g-import-not-at-top
 
   steps = 6
   monkeypatch.setenv("RECSYS_TEST_ROW_SHARDED", "2")
+  monkeypatch.setenv("RECSYS_TEST_DYNAMIC", "1")
   monkeypatch.setattr(crash, "STEPS", steps)
   model_dir, out = tmp_path / "model", tmp_path / "final.npz"
   first = crash.Worker(model_dir, out)
@@ -205,11 +210,15 @@ def test_a_row_sharded_run_survives_sigkill(tmp_path, monkeypatch):
     tmp_path / "whole",
     steps,
     strategy=mirrored_strategy(2),
-    placement=planning.EmbeddingPlacement(tables=worker.ROW_SHARDED),
+    placement=planning.EmbeddingPlacement(
+      tables=worker.ROW_SHARDED, vocabularies=worker.dynamic()
+    ),
   )
   whole.train()
   final = np.load(out)
   want = state(whole.run)
   assert sorted(final.files) == sorted(want)
+  counters = {k: int(v) for k, v in want.items() if "admissions" in k}
+  assert min(counters.values()) > 0, counters
   for key, value in want.items():
     np.testing.assert_allclose(final[key], value, rtol=1e-6, atol=1e-7)

@@ -8,7 +8,8 @@ built and `step <n>` after each step, and saves every variable a step changes
 to OUT.npz when training completes. Exit status: 0 done, 143 stopped by
 SIGTERM after saving (what `recsys train` returns). With
 RECSYS_TEST_ROW_SHARDED=R in the environment it trains on R logical CPU
-replicas with every table row-sharded over them.
+replicas with every table row-sharded over them; with RECSYS_TEST_DYNAMIC=1,
+its tables take raw ids through dynamic vocabularies (`DYNAMIC`).
 """
 
 import logging
@@ -34,19 +35,37 @@ class _PrintSteps(logging.Handler):
 ROW_SHARDED = {"user": "row_sharded", "tags": "row_sharded"}
 
 
+def dynamic() -> dict:
+  """RECSYS_TEST_DYNAMIC's vocabularies: "user" admitted at a second
+  sighting (first ones read zeros), "tags" (multi-hot, padded) at the
+  first, least recently used evicted."""
+  from backends.vocabulary import DynamicVocabulary  # pylint: disable=g-import-not-at-top
+
+  return {
+    "user": DynamicVocabulary(admit_after=2),
+    "tags": DynamicVocabulary(eviction="lru"),
+  }
+
+
 def _row_sharded() -> dict:
-  """The strategy and placement of RECSYS_TEST_ROW_SHARDED (or nothing)."""
+  """The strategy and placement of RECSYS_TEST_ROW_SHARDED and
+  RECSYS_TEST_DYNAMIC (or nothing)."""
   replicas = int(os.environ.get("RECSYS_TEST_ROW_SHARDED", "0"))
-  if replicas < 2:
+  vocabularies = dynamic() if os.environ.get("RECSYS_TEST_DYNAMIC") else {}
+  if replicas < 2 and not vocabularies:
     return {}
   from recsys import planning  # pylint: disable=g-import-not-at-top
   from recsys.run import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
 
-  strategy, _ = strategy_lib.make_strategy(num_cpu_replicas=replicas)
-  return {
-    "strategy": strategy,
-    "placement": planning.EmbeddingPlacement(tables=ROW_SHARDED),
-  }
+  options = {}
+  if replicas >= 2:
+    options["strategy"] = strategy_lib.make_strategy(num_cpu_replicas=replicas)[
+      0
+    ]
+  options["placement"] = planning.EmbeddingPlacement(
+    tables=ROW_SHARDED if replicas >= 2 else {}, vocabularies=vocabularies
+  )
+  return options
 
 
 def make_trainer(model_dir: str, steps: int, **options):

@@ -65,6 +65,13 @@ def state(run):
     out[f"dense/{var.name}"] = var.numpy()
   for i, var in enumerate(run.dense_optimizer.variables):
     out[f"opt/{i}"] = np.asarray(var.numpy())
+  for table, index in run.backend.dynamic_tables().items():
+    keys, rows = index.mapping()
+    out[f"index/{table}/mapping"] = np.stack([keys.numpy(), rows.numpy()])
+    for name, value in index.counters().items():
+      out[f"index/{table}/{name}"] = value.numpy()
+    for name in ("counts", "last_seen", "sketch_cells"):
+      out[f"index/{table}/{name}"] = getattr(index, name).numpy()
   return out
 
 

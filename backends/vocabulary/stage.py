@@ -27,7 +27,7 @@ Example (what `map_ids` does in a replica function):
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -181,16 +181,20 @@ class VocabularyStage:
         rows, reset_rows = index.update_pieces(
           [_as_piece(x) for x in inputs], self.step
         )
-      updated.append((table, index, where, inputs, rows, reset_rows))
+      updated.append(_Mapped(table, index, where, inputs, rows, reset_rows))
     reset = _reset_if_any(
       self._reset,
-      {u[0]: u[5] for u in updated if u[5].shape.num_elements() != 0},
+      {
+        u.table: u.reset_rows
+        for u in updated
+        if u.reset_rows.shape.num_elements() != 0  # hashed: never any
+      },
     )
     done = []
     with tf.control_dependencies([reset]):
-      for _, index, where, inputs, rows, _ in updated:
-        for (r, k), inp, mapped in zip(where, inputs, rows):
-          mapped = tf.identity(_with_default(mapped, index.default_row))
+      for u in updated:
+        for (r, k), inp, mapped in zip(u.where, u.inputs, u.rows):
+          mapped = tf.identity(_with_default(mapped, u.index.default_row))
           out[r][k] = _with_rows(inp, mapped)
           done.append(mapped)
     with tf.control_dependencies(done):
@@ -230,6 +234,18 @@ class VocabularyStage:
     return {name: index.counters() for name, index in self.indices.items()}
 
 
+class _Mapped(NamedTuple):
+  """One table's update in a step: where its inputs were (replica,
+  feature), the inputs, each one's rows, and the rows to reset."""
+
+  table: str
+  index: Any
+  where: list[tuple[int, int]]
+  inputs: list[Any]
+  rows: list[tf.Tensor]
+  reset_rows: tf.Tensor
+
+
 def _as_piece(inp: Any) -> tuple[tf.Tensor, tf.Tensor | None]:
   """A feature input as `update_pieces` takes it: padded bags as they are
   (ids, lengths), any other input's ids as a vector."""
@@ -242,7 +258,7 @@ def _with_rows(inp: Any, rows: tf.Tensor) -> Any:
   """`inp` with the rows `update_pieces` gave its piece as its ids (padded
   bags' in their shape, or flat as `flat_ids` lists them)."""
   if isinstance(inp, inputs_lib.PaddedBags) and rows.shape.rank == 2:
-    rows = tf.ensure_shape(rows, inp.ids.shape)  # static: a compiled step's
+    rows = tf.ensure_shape(rows, inp.ids.shape)  # a compiled step's input
     return inputs_lib.PaddedBags(rows, inp.lengths, inp.weights)
   return with_ids(inp, rows)
 

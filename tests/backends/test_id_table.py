@@ -12,16 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from backends.tensorcore import kernels
 from backends.vocabulary import index as index_lib
-
-
-@pytest.fixture(scope="module")
-def ops():
-  loaded = kernels.load()
-  if loaded is None:
-    pytest.skip("the fused CPU kernels are unavailable here (no compiler?)")
-  return loaded
+from tests.backends.test_vocabulary_fused import ops  # noqa: F401 (fixture)
 
 
 def _table(ops, capacity, name="ids"):

@@ -442,12 +442,12 @@ class VocabularyIndex(tf.Module):
     ]
     if self._fused_update is not None and not _tf_internal.in_xla_context():
       return self._fused_pieces(shaped, step)
-    flat = [_real_ids(ids, lengths) for ids, lengths in shaped]
+    flat = [piece_ids(ids, lengths) for ids, lengths in shaped]
     update = self.update(tf.concat(flat, 0), step)
     sizes = tf.stack([tf.size(f) for f in flat])
     split = tf.split(update.rows, sizes, num=len(flat))
     rows = [
-      _in_shape(part, ids, lengths)
+      piece_rows(part, ids, lengths)
       for part, (ids, lengths) in zip(split, shaped)
     ]
     return rows, update.reset_rows
@@ -625,30 +625,31 @@ class VocabularyIndex(tf.Module):
     return tf.cast(tf.math.top_k(score, k).indices, tf.int64)
 
 
-def real_lengths(ids: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
+def _real_lengths(ids: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
   """int64 [B]: how many of each padded row's `W` entries are ids (a bag
   longer than `W` was cut: its length says so, its row holds `W`)."""
   width = tf.shape(ids, out_type=tf.int64)[1]
   return tf.minimum(tf.cast(lengths, tf.int64), width)
 
 
-def _real_ids(ids: tf.Tensor, lengths: tf.Tensor | None) -> tf.Tensor:
+def piece_ids(ids: tf.Tensor, lengths: tf.Tensor | None) -> tf.Tensor:
   """A piece's ids as a vector: every element, or a padded piece's first
-  `lengths[b]` of each row."""
+  `lengths[b]` of each row (all `W` of a cut bag's)."""
   if lengths is None:
     return tf.reshape(ids, [-1])
-  real = real_lengths(ids, lengths)
+  real = _real_lengths(ids, lengths)
   return tf.RaggedTensor.from_tensor(ids, lengths=real).flat_values
 
 
-def _in_shape(
+def piece_rows(
   rows: tf.Tensor, ids: tf.Tensor, lengths: tf.Tensor | None
 ) -> tf.Tensor:
-  """A piece's rows (as `_real_ids` lists them) in the piece's shape."""
+  """A piece's rows (as `piece_ids` lists them) in the piece's shape
+  (padding 0: past each bag's length)."""
   if lengths is None:
     return tf.reshape(rows, tf.shape(ids))
   bags = tf.RaggedTensor.from_row_lengths(
-    rows, real_lengths(ids, lengths), validate=False
+    rows, _real_lengths(ids, lengths), validate=False
   )
   return bags.to_tensor(default_value=0, shape=tf.shape(ids, tf.int64))
 
@@ -708,7 +709,8 @@ __all__ = [
   "IndexUpdate",
   "VocabularyIdsError",
   "VocabularyIndex",
-  "real_lengths",
+  "piece_ids",
+  "piece_rows",
   "salt",
   "splitmix64",
 ]

@@ -50,9 +50,7 @@ def flat_ids(inp: Any) -> tf.Tensor:
   if isinstance(inp, tf.RaggedTensor):
     return tf.reshape(inp.flat_values, [-1])
   if isinstance(inp, inputs_lib.PaddedBags):
-    # A bag's ids are the first `length` of its row (all of a cut one's).
-    real = index_lib.real_lengths(inp.ids, inp.lengths)
-    return tf.RaggedTensor.from_tensor(inp.ids, lengths=real).flat_values
+    return index_lib.piece_ids(inp.ids, inp.lengths)
   return tf.reshape(tf.convert_to_tensor(inp), [-1])
 
 
@@ -64,11 +62,7 @@ def with_ids(inp: Any, rows: tf.Tensor) -> Any:
     values = tf.reshape(rows, tf.shape(inp.flat_values))
     return inp.with_flat_values(values)
   if isinstance(inp, inputs_lib.PaddedBags):
-    # Back into the padded rows (padding 0: past each bag's length).
-    bags = tf.RaggedTensor.from_row_lengths(
-      rows, index_lib.real_lengths(inp.ids, inp.lengths), validate=False
-    )
-    ids = bags.to_tensor(default_value=0, shape=tf.shape(inp.ids, tf.int64))
+    ids = index_lib.piece_rows(rows, inp.ids, inp.lengths)
     ids.set_shape(inp.ids.shape)  # static as given: a compiled step's input
     return inputs_lib.PaddedBags(ids, inp.lengths, inp.weights)
   inp = tf.convert_to_tensor(inp)

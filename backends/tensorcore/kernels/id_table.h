@@ -85,11 +85,10 @@ class IdTable : public tensorflow::lookup::LookupInterface {
   // The slot a key probes first; the key's slot, or -1 (inline: the
   // finds' loop).
   int64_t Home(int64_t key) const {
-    return static_cast<int64_t>(SplitMix64(static_cast<uint64_t>(key)) >>
-                                shift_);
+    return shape_.First(SplitMix64(static_cast<uint64_t>(key)));
   }
   int64_t SlotOf(int64_t key) const {
-    for (int64_t s = Home(key);; s = (s + 1) & mask_) {
+    for (int64_t s = Home(key);; s = shape_.Next(s)) {
       if (slots_[s].row < 0) return -1;
       if (slots_[s].key == key) return s;
     }
@@ -100,8 +99,7 @@ class IdTable : public tensorflow::lookup::LookupInterface {
 
   mutable tensorflow::mutex mu_;
   std::vector<Slot> slots_;
-  int shift_ = 64;
-  int64_t mask_ = 0;
+  HashSlots shape_{0};  // slots_'s size and probe order
   int64_t used_ = 0;
 };
 
@@ -110,13 +108,7 @@ namespace id_table_internal {
 // Slots are at most 4/5 used: a find of a key probes ~3 slots at worst
 // (a key not there ~13), 4 to a 64-byte line; a 200,000-row index takes
 // 2^18 slots, 4 MB.
-constexpr int64_t kMinSlots = 16;
-
-inline int64_t SlotsFor(int64_t ids) {
-  int64_t slots = kMinSlots;
-  while (slots * 4 < ids * 5) slots *= 2;
-  return slots;
-}
+constexpr int64_t kUsedNum = 4, kUsedDen = 5;
 
 // Finds issued ahead of the one compared: the slots mostly miss the caches
 // but for the frequent ids'.
@@ -129,7 +121,7 @@ inline IdTable::IdTable(int64_t capacity) {
 }
 
 inline void IdTable::Put(int64_t key, int64_t row) {
-  for (int64_t s = Home(key);; s = (s + 1) & mask_) {
+  for (int64_t s = Home(key);; s = shape_.Next(s)) {
     if (slots_[s].row < 0) {
       slots_[s] = {key, row};
       ++used_;
@@ -147,7 +139,7 @@ inline void IdTable::Put(int64_t key, int64_t row) {
 // reachable from its home without tombstones.
 inline void IdTable::Erase(int64_t slot) {
   int64_t hole = slot;
-  for (int64_t s = (hole + 1) & mask_;; s = (s + 1) & mask_) {
+  for (int64_t s = shape_.Next(hole);; s = shape_.Next(s)) {
     if (slots_[s].row < 0) break;
     const int64_t home = Home(slots_[s].key);
     const bool stays = hole <= s ? (hole < home && home <= s)
@@ -162,14 +154,12 @@ inline void IdTable::Erase(int64_t slot) {
 }
 
 inline void IdTable::Reserve(int64_t ids) {
-  const int64_t wanted = id_table_internal::SlotsFor(ids);
-  if (wanted <= static_cast<int64_t>(slots_.size())) return;
-  std::vector<Slot> old(wanted, Slot{0, -1});
+  const HashSlots wanted(ids, id_table_internal::kUsedNum,
+                         id_table_internal::kUsedDen);
+  if (wanted.size() <= static_cast<int64_t>(slots_.size())) return;
+  std::vector<Slot> old(wanted.size(), Slot{0, -1});
   old.swap(slots_);
-  int bits = 0;
-  while ((int64_t{1} << bits) < wanted) ++bits;
-  shift_ = 64 - bits;
-  mask_ = wanted - 1;
+  shape_ = wanted;
   used_ = 0;
   for (const Slot& slot : old) {
     if (slot.row >= 0) Put(slot.key, slot.row);

@@ -51,13 +51,14 @@ inline uint64_t SplitMix64(uint64_t x) {
 }
 
 // The slots of an open-addressing table for up to `n` keys: a power of two,
-// at least 2n and 16, indexed by the top bits of a key's 64-bit hash; a probe
-// goes on to the next slot, wrapping around.
+// at least 16 and enough that at most `used_num / used_den` of them are used
+// (default 1/2: at least 2n), indexed by the top bits of a key's 64-bit hash;
+// a probe goes on to the next slot, wrapping around.
 class HashSlots {
  public:
-  explicit HashSlots(int64_t n) {
+  explicit HashSlots(int64_t n, int64_t used_num = 1, int64_t used_den = 2) {
     int bits = 4;
-    while ((int64_t{1} << bits) < 2 * n) ++bits;
+    while ((int64_t{1} << bits) * used_num < n * used_den) ++bits;
     shift_ = 64 - bits;
     mask_ = (int64_t{1} << bits) - 1;
   }

@@ -7,8 +7,10 @@ trains `recsys.models.retrieval.ials.ImplicitALS` through the tensorcore backend
 (`--placement`), the way a Trainer step does: consecutive batches to
 consecutive replicas, each half padded to a multiple of R batches,
 histories cut into `--history_chunk` ids. Prints the data's shape, the
-steps and the seconds of each epoch after a first, tracing one, the time
-to build an epoch's batches, and the peak RSS of the process.
+steps, the seconds and CPU-seconds of each epoch after a first, tracing
+one, what one replica puts into collectives in a step (read from the
+traced step), the time to build an epoch's batches, and the peak RSS of
+the process.
 
   PYTHONPATH=. python benchmarks/ials_scale.py --users 1000000 \\
       --items 100000 --pairs 10000000 --replicas 4 --placement row_sharded
@@ -96,24 +98,37 @@ def ials_training(
   return backend, ials_step(strategy, backend, model, list(config))
 
 
-def ials_step(strategy, backend, model, names):
+def ials_step(strategy, backend, model, names, jit_compile=False):
   """A `tf.function` `step(features, labels)` that trains one batch per
   replica of `strategy` as a Trainer step does: the features `names` looked
-  up under a tape, the model's loss, the backend's update."""
+  up under a tape, the model's loss, the backend's update; with
+  `jit_compile`, each replica's step compiled by XLA (a TPU's path; the
+  features padded by `backend.preprocess` first)."""
   from recsys._keras import tf  # noqa: PLC0415
   from recsys.models.loss_inputs import LossInputs  # noqa: PLC0415
 
+  def replica_step(ids, features, labels):
+    with tf.GradientTape() as tape:
+      acts = backend.lookup(ids, training=True)
+      tape.watch(acts)
+      loss = model.compute_loss(LossInputs(acts, features, labels))
+    backend.apply_gradients(tape.gradient(loss, acts))
+
+  compiled = tf.function(replica_step, jit_compile=True)
+
+  def padded_step(features, labels):
+    ids, _ = backend.preprocess({n: features["categorical"][n] for n in names})
+    # The model reads the dense iALS features; the ragged ids stay outside.
+    dense = {k: v for k, v in features.items() if k != "categorical"}
+    compiled(ids, dense, labels)
+
   @tf.function
   def step(features, labels):
-    def replica_step(features, labels):
-      with tf.GradientTape() as tape:
-        ids = {n: features["categorical"][n] for n in names}
-        acts = backend.lookup(ids, training=True)
-        tape.watch(acts)
-        loss = model.compute_loss(LossInputs(acts, features, labels))
-      backend.apply_gradients(tape.gradient(loss, acts))
-
-    strategy.run(replica_step, args=(features, labels))
+    if jit_compile:
+      strategy.run(padded_step, args=(features, labels))
+    else:
+      ids = {n: features["categorical"][n] for n in names}
+      strategy.run(replica_step, args=(ids, features, labels))
 
   return step
 
@@ -172,23 +187,22 @@ def main() -> None:
   )
 
   replicas = args.replicas
-  build, seconds = [], []
+  build, seconds, cpu = [], [], []
   for _ in range(args.epochs + 1):  # the first epoch traces
     start = time.perf_counter()
     batches = epoch(pairs, users, items, args, steps_multiple=replicas)
     build.append(time.perf_counter() - start)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for first in range(0, len(batches), replicas):
       group = batches[first : first + replicas]
-      if replicas == 1:
-        step(*group[0])
-        continue
-      step(
-        *strategy.experimental_distribute_values_from_function(
+      inputs = group[0]
+      if replicas > 1:
+        inputs = strategy.experimental_distribute_values_from_function(
           lambda ctx, group=group: group[ctx.replica_id_in_sync_group]
         )
-      )
+      step(*inputs)
     seconds.append(time.perf_counter() - start)
+    cpu.append(time.process_time() - cpu_start)
   print(
     f"dim {args.dim}, {replicas} replica(s), tables {args.placement}, "
     f"{args.batch_size} entries per replica and step, history_chunk "
@@ -196,6 +210,11 @@ def main() -> None:
   )
   print(f"first epoch (tracing): {seconds[0]:.1f} s")
   print("seconds per epoch: " + ", ".join(f"{s:.1f}" for s in seconds[1:]))
+  print("CPU-seconds per epoch: " + ", ".join(f"{s:.1f}" for s in cpu[1:]))
+  from benchmarks.row_sharding import collective_bytes  # noqa: PLC0415
+
+  graph = step.get_concrete_function(*inputs).graph
+  print(f"collectives per replica and step: {collective_bytes(graph)}")
   print(
     "building an epoch's batches (Python, before the steps): "
     + ", ".join(f"{s:.1f}" for s in build)

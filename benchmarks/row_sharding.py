@@ -98,7 +98,7 @@ def _replica_bytes(backend) -> int:
 
 def _time_steps(trainer, batch):
   """A timer of `--loop` steps per call, and the traced loop's graph (one
-  train step in its body: what `_collective_bytes` reads)."""
+  train step in its body: what `collective_bytes` reads)."""
   strategy, steps = trainer.run.strategy, trainer.steps
 
   @tf.function
@@ -139,7 +139,7 @@ def _owner_balance(batch, trainer, layout_name, replicas) -> float:
   return float(counts.max() / counts.mean())
 
 
-def _collective_bytes(graph) -> str:
+def collective_bytes(graph) -> str:
   """Bytes one replica puts into collectives in one traced train step ("+N
   dynamic": N more collectives whose operands' shapes the trace lost), read
   from `graph` (`_time_steps`' loop: one step in its body, and nothing else
@@ -234,7 +234,7 @@ def compare(strategy):
       f"| {planning.human_bytes(_replica_bytes(trainer.backend))} "
       f"| {planning.human_bytes(plan.bytes_per_device)} "
       f"| {planning.human_bytes(plan.exchange_bytes or 0)} "
-      f"| {_collective_bytes(timed[name][1])} "
+      f"| {collective_bytes(timed[name][1])} "
       f"| {balance} |"
     )
   return base

@@ -2,15 +2,17 @@
 
 One epoch of iALS (`recsys.models.retrieval.ials.ImplicitALS`) is two
 halves: every user row solved from the items, then every item row from the
-users. Each batch holds DISTINCT rows of one side (`ials_side` 0: users, 1:
-items; -1: padding; `ials_counts` their histories' lengths) with their
-whole history on the other side, and the other side's whole table in slices
-(`ials_*_corpus`: row b of a batch holds ids [b C, (b + 1) C), C the spec's
-`sequence_length`), so each batch (each replica's, on several replicas)
-looks up the full table whose Gramian its solves need. Every feature is a
-ragged sequence except the one-hot user and item ids (named after the
-source's: "user" and "item" by default); the side not being solved carries
-id 0 and gets a zero gradient.
+users. A half opens with its **Gramian batches**: the other side's rows,
+each exactly once over the half's Gramian batches, carried in the history
+feature (`ials_side` `ITEM_GRAMIAN` or `USER_GRAMIAN`, plus `RESTART` on
+the half's first step), from which the model sums the other table's
+Gramian once, all-reduced over the replicas (ALX's scheme: no replica reads
+more than its share of the table). Then the **solve batches**: DISTINCT rows
+of one side (`ials_side` 0: users, 1: items; -1: padding; `ials_counts`
+their histories' lengths) with their whole history on the other side.
+Every feature is a ragged sequence except the one-hot user and item ids
+(named after the source's: "user" and "item" by default); the side not
+being solved carries id 0 and gets a zero gradient.
 
 Example:
   >>> specs = feature_specs(pairs, num_user_rows=944, num_item_rows=1683,
@@ -18,8 +20,8 @@ Example:
   >>> for features, labels in epoch_batches(pairs, 944, 1683, 256): ...
 """
 
-import math
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,13 +32,18 @@ from recsys.feature_spec import FeatureSpec
 
 USER, ITEM = "user", "item"
 USER_HISTORY, ITEM_HISTORY = "ials_user_history", "ials_item_history"
-USER_CORPUS, ITEM_CORPUS = "ials_user_corpus", "ials_item_corpus"
 SIDE = "ials_side"
 #: The number of observed pairs of each row (its history's length), `[B]`.
 COUNTS = "ials_counts"
 #: Each entry's row: the batch position of the row's first entry, `[B]`.
 SEGMENT = "ials_segment"
 USER_SIDE, ITEM_SIDE, PADDING = 0, 1, -1
+#: A Gramian batch's `ials_side`: its history feature holds rows of the item
+#: table (`USER_HISTORY`, before the user half) or the user table
+#: (`ITEM_HISTORY`, before the item half), to be added to that Gramian...
+ITEM_GRAMIAN, USER_GRAMIAN = 2, 3
+#: ... plus RESTART on the half's first Gramian step: the sum starts afresh.
+RESTART = 2
 
 
 class IALSBatchError(DataFormatError):
@@ -74,11 +81,6 @@ def unique_pairs(
   return pairs
 
 
-def corpus_width(rows: int, batch_size: int) -> int:
-  """Ids per batch row that spread a table of `rows` over `batch_size` rows."""
-  return math.ceil(rows / batch_size)
-
-
 def feature_specs(
   pairs: np.ndarray,
   num_user_rows: int,
@@ -88,7 +90,7 @@ def feature_specs(
   item: str = ITEM,
   history_chunk: int | None = None,
 ) -> list:
-  """The six features of `epoch_batches` (tables named after `user` and
+  """The four features of `epoch_batches` (tables named after `user` and
   `item`, the one-hot id features); `batch_size` per replica; histories
   padded to the longest, or to `history_chunk` when that is shorter."""
   pairs = unique_pairs(pairs, num_user_rows, num_item_rows)
@@ -107,18 +109,6 @@ def feature_specs(
     FeatureSpec(
       ITEM_HISTORY, num_user_rows, sequence_length=longest_item, table=user
     ),
-    FeatureSpec(
-      ITEM_CORPUS,
-      num_item_rows,
-      sequence_length=corpus_width(num_item_rows, batch_size),
-      table=item,
-    ),
-    FeatureSpec(
-      USER_CORPUS,
-      num_user_rows,
-      sequence_length=corpus_width(num_user_rows, batch_size),
-      table=user,
-    ),
   ]
 
 
@@ -128,13 +118,6 @@ def _ragged(rows: list) -> tf.RaggedTensor:
     [np.asarray(r, np.int64) for r in rows] + [np.zeros(0, np.int64)]
   )
   return tf.RaggedTensor.from_row_lengths(values, lengths)
-
-
-def _corpus_slices(size: int, batch_size: int) -> list:
-  width = corpus_width(size, batch_size)
-  return [
-    np.arange(b * width, min((b + 1) * width, size)) for b in range(batch_size)
-  ]
 
 
 def check_history_chunk(history_chunk: int | None) -> None:
@@ -195,8 +178,6 @@ def half_batch(
   side: int,
   rows: np.ndarray,
   histories: list,
-  num_user_rows: int,
-  num_item_rows: int,
   batch_size: int,
   user: str = USER,
   item: str = ITEM,
@@ -250,12 +231,6 @@ def half_batch(
     item: tf.constant(zeros if solving_users else ids),
     USER_HISTORY: history if solving_users else empty,
     ITEM_HISTORY: empty if solving_users else history,
-    ITEM_CORPUS: _ragged(_corpus_slices(num_item_rows, batch_size))
-    if solving_users
-    else empty,
-    USER_CORPUS: empty
-    if solving_users
-    else _ragged(_corpus_slices(num_user_rows, batch_size)),
   }
   features = {
     "categorical": categorical,
@@ -268,12 +243,94 @@ def half_batch(
   return features, tf.zeros([batch_size], tf.float32)
 
 
-def _by_side(pairs, num_user_rows, num_item_rows):
+def gramian_parts(
+  other_rows: int, batch_size: int, width: int, steps_multiple: int = 1
+) -> list:
+  """The other side's row ids 0..other_rows-1, each once, split into the
+  Gramian batches of a half: as few steps as hold them at `batch_size *
+  width` ids a batch, `steps_multiple` batches a step.
+
+  Batch `r` of each step holds ids = r (mod steps_multiple): with R
+  replicas fed consecutive batches, each replica reads the rows its strided
+  shard of a row-sharded table owns (no exchange), and 1/R of the table.
+  """
+  per_step = steps_multiple * batch_size * width
+  steps = max(1, -(-other_rows // per_step))
+  ids = np.arange(other_rows, dtype=np.int64)
+  by_replica = [
+    np.array_split(ids[r::steps_multiple], steps) for r in range(steps_multiple)
+  ]
+  return [by_replica[r][s] for s in range(steps) for r in range(steps_multiple)]
+
+
+def gramian_batch(
+  side: int,
+  ids: np.ndarray,
+  batch_size: int,
+  user: str = USER,
+  item: str = ITEM,
+) -> tuple[dict, tf.Tensor]:
+  """One Gramian batch `(features, labels)`: `ids` of the other side's
+  table spread over `batch_size` entries of its history feature;
+  `side` is `ITEM_GRAMIAN` or `USER_GRAMIAN`, plus `RESTART` on a half's
+  first step."""
+  of_items = side - (RESTART if side >= ITEM_GRAMIAN + RESTART else 0)
+  of_items = of_items == ITEM_GRAMIAN
+  entries = _ragged(np.array_split(np.asarray(ids, np.int64), batch_size))
+  empty = _ragged([[]] * batch_size)
+  zeros = tf.zeros([batch_size], tf.int64)
+  categorical = {
+    user: zeros,
+    item: zeros,
+    USER_HISTORY: entries if of_items else empty,
+    ITEM_HISTORY: empty if of_items else entries,
+  }
+  features = {
+    "categorical": categorical,
+    SIDE: tf.fill([batch_size], side),
+    COUNTS: zeros,
+    SEGMENT: tf.range(batch_size, dtype=tf.int32),
+  }
+  return features, tf.zeros([batch_size], tf.float32)
+
+
+def _history_width(histories: list, history_chunk: int | None) -> int:
+  """The history feature's `sequence_length` (`feature_specs`)."""
+  longest = max((len(h) for h in histories), default=1)
+  return max(1, min(longest, history_chunk or longest))
+
+
+class _Half(NamedTuple):
+  """What one half solves: its side, its rows' histories, and the Gramian
+  batches (side codes and ids) that open it."""
+
+  side: int
+  histories: list
+  gramian: list
+
+
+def _halves(
+  pairs, num_user_rows, num_item_rows, batch_size, steps_multiple, chunk
+) -> list[_Half]:
   pairs = unique_pairs(pairs, num_user_rows, num_item_rows)
-  return (
-    (USER_SIDE, _histories(pairs[:, 0], pairs[:, 1], num_user_rows)),
-    (ITEM_SIDE, _histories(pairs[:, 1], pairs[:, 0], num_item_rows)),
-  )
+  halves = []
+  for side, keys, values, rows, code, other_rows in (
+    (USER_SIDE, 0, 1, num_user_rows, ITEM_GRAMIAN, num_item_rows),
+    (ITEM_SIDE, 1, 0, num_item_rows, USER_GRAMIAN, num_user_rows),
+  ):
+    histories = _histories(pairs[:, keys], pairs[:, values], rows)
+    parts = gramian_parts(
+      other_rows,
+      batch_size,
+      _history_width(histories, chunk),
+      steps_multiple,
+    )
+    gramian = [
+      (code + (RESTART if i < steps_multiple else 0), part)
+      for i, part in enumerate(parts)
+    ]
+    halves.append(_Half(side, histories, gramian))
+  return halves
 
 
 def _padded(groups: list, steps_multiple: int) -> list:
@@ -290,9 +347,22 @@ def steps_per_epoch(
   history_chunk: int | None = None,
 ) -> int:
   """The number of batches `epoch_batches` yields for these settings."""
+  halves = _halves(
+    pairs,
+    num_user_rows,
+    num_item_rows,
+    batch_size,
+    steps_multiple,
+    history_chunk,
+  )
   return sum(
-    len(_padded(row_groups(h, batch_size, history_chunk), steps_multiple))
-    for _, h in _by_side(pairs, num_user_rows, num_item_rows)
+    len(half.gramian)
+    + len(
+      _padded(
+        row_groups(half.histories, batch_size, history_chunk), steps_multiple
+      )
+    )
+    for half in halves
   )
 
 
@@ -306,24 +376,34 @@ def epoch_batches(
   steps_multiple: int = 1,
   history_chunk: int | None = None,
 ) -> Iterator[tuple[dict, tf.Tensor]]:
-  """One epoch: every user row 0..num_user_rows-1 in batches, then every
-  item row (rows without pairs solve to zeros, as in the NumPy iALS).
+  """One epoch: the item table's Gramian batches, every user row
+  0..num_user_rows-1 in batches, then the user table's Gramian batches and
+  every item row (rows without pairs solve to zeros, as in the NumPy iALS).
 
-  Each half is padded with all-padding batches to a multiple of
-  `steps_multiple` batches: with R replicas fed consecutive batches, pass
-  R so no step mixes a user batch with an item batch (an item solve must
-  see the users of the finished half). `history_chunk`: see the module
-  docstring.
+  The Gramian and the solve batches of each half are each padded with
+  all-padding batches to a multiple of `steps_multiple` batches: with R
+  replicas fed consecutive batches, pass R so no step mixes a Gramian
+  batch with a solve batch or a user batch with an item batch (an item
+  solve must see the users of the finished half; the model refuses a
+  mixed step). `history_chunk`: see the module docstring.
   """
-  for side, histories in _by_side(pairs, num_user_rows, num_item_rows):
-    groups = row_groups(histories, batch_size, history_chunk)
+  halves = _halves(
+    pairs,
+    num_user_rows,
+    num_item_rows,
+    batch_size,
+    steps_multiple,
+    history_chunk,
+  )
+  for half in halves:
+    for code, ids in half.gramian:
+      yield gramian_batch(code, ids, batch_size, user, item)
+    groups = row_groups(half.histories, batch_size, history_chunk)
     for rows in _padded(groups, steps_multiple):
       yield half_batch(
-        side,
+        half.side,
         rows,
-        histories,
-        num_user_rows,
-        num_item_rows,
+        half.histories,
         batch_size,
         user,
         item,

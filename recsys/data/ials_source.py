@@ -26,12 +26,7 @@ from recsys.data import ials_batches
 from recsys.data.pipeline import BatchRequest, DataSource, check_batch_size
 from recsys.errors import SettingsError
 
-_RAGGED = (
-  ials_batches.USER_HISTORY,
-  ials_batches.ITEM_HISTORY,
-  ials_batches.USER_CORPUS,
-  ials_batches.ITEM_CORPUS,
-)
+_RAGGED = (ials_batches.USER_HISTORY, ials_batches.ITEM_HISTORY)
 
 
 class ImplicitALSDataError(SettingsError):
@@ -70,9 +65,10 @@ class ImplicitALSData(DataSource):
       source: a retrieval source with a finite training split and
         `query_features`, `candidate_id_feature`.
       batch_size: rows per replica and step: train.global_batch_size
-        divided by the replicas (the corpus slices are sized for it).
-      steps_multiple: pad each half to a multiple of this many batches; set
-        it to the number of replicas, so no step mixes the halves.
+        divided by the replicas.
+      steps_multiple: pad each half's Gramian and solve batches to a
+        multiple of this many batches; set it to the number of replicas,
+        so no step mixes kinds of batch (the model refuses a mixed step).
       history_chunk: cut histories longer than this many ids into chunks
         (a batch entry each; `recsys.data.ials_batches`): batches are padded
         to the chunk instead of the longest history. None: no cut.

@@ -109,55 +109,87 @@ def _setup(
   return pairs, config, backend, model
 
 
-def _train(strategy, batch_size, epochs, chunk=None, weights=None, **options):
+def _epoch(pairs, batch_size, replicas=1, chunk=None) -> list:
+  return list(
+    ials_batches.epoch_batches(
+      pairs,
+      NUM_USERS + 1,
+      NUM_ITEMS + 1,
+      batch_size,
+      steps_multiple=replicas,
+      history_chunk=chunk,
+    )
+  )
+
+
+def _steps(strategy, step, batches) -> None:
+  """Consecutive batches to consecutive replicas, as one input pipeline
+  feeds them."""
+  replicas = strategy.num_replicas_in_sync
+  for start in range(0, len(batches), replicas):
+    if replicas == 1:
+      step(*batches[start])
+      continue
+    group = batches[start : start + replicas]
+    step(
+      *strategy.experimental_distribute_values_from_function(
+        lambda ctx, group=group: group[ctx.replica_id_in_sync_group]
+      )
+    )
+
+
+def _tables(backend) -> dict:
+  return {
+    t.name: tf.convert_to_tensor(v).numpy()
+    for t, v in backend.embedding_tables.items()
+  }
+
+
+def _train(
+  strategy,
+  batch_size,
+  epochs,
+  chunk=None,
+  weights=None,
+  jit_compile=False,
+  **options,
+):
   pairs, config, backend, model = _setup(
     strategy, batch_size, chunk=chunk, weights=weights, **options
   )
   ials.check_embedding_optimizer(config)
   # The benchmark's step: what it times is what this test checks.
-  step = ials_scale.ials_step(strategy, backend, model, list(config))
-
-  def tables():
-    return {
-      t.name: tf.convert_to_tensor(v).numpy()
-      for t, v in backend.embedding_tables.items()
-    }
-
-  initial = tables()
+  step = ials_scale.ials_step(
+    strategy, backend, model, list(config), jit_compile=jit_compile
+  )
+  initial = _tables(backend)
   replicas = strategy.num_replicas_in_sync
   for _ in range(epochs):
-    batches = list(
-      ials_batches.epoch_batches(
-        pairs,
-        NUM_USERS + 1,
-        NUM_ITEMS + 1,
-        batch_size,
-        steps_multiple=replicas,
-        history_chunk=chunk,
-      )
-    )
-    for start in range(0, len(batches), replicas):
-      if replicas == 1:
-        step(*batches[start])
-        continue
-      # Consecutive batches to consecutive replicas, as one input pipeline
-      # feeds them.
-      group = batches[start : start + replicas]
-      step(
-        *strategy.experimental_distribute_values_from_function(
-          lambda ctx, group=group: group[ctx.replica_id_in_sync_group]
-        )
-      )
-  return pairs, initial, tables(), backend
+    _steps(strategy, step, _epoch(pairs, batch_size, replicas, chunk))
+  return pairs, initial, _tables(backend), backend
 
 
-@pytest.mark.parametrize("chunk", [None, 3], ids=["whole", "chunks_of_3"])
-@pytest.mark.parametrize("epochs", [1, 3])
-def test_model_through_backend_matches_numpy_ials(epochs, chunk):
+@pytest.mark.parametrize(
+  "epochs, chunk, jit_compile",
+  [
+    (1, None, False),
+    (3, None, False),
+    (1, 3, False),
+    (3, 3, False),
+    (2, 3, True),
+  ],
+  ids=["1-whole", "3-whole", "1-chunks_of_3", "3-chunks_of_3", "2-chunks_xla"],
+)
+def test_model_through_backend_matches_numpy_ials(epochs, chunk, jit_compile):
   """Histories cut into chunks of 3 ids (most rows of this data span
-  several entries) solve to the same tables as whole histories."""
+  several entries) solve to the same tables as whole histories; so does
+  the step compiled by XLA (the path a TPU runs)."""
   pairs, initial, trained, _ = _train(
-    tf.distribute.get_strategy(), 16, epochs, chunk=chunk
+    tf.distribute.get_strategy(),
+    16,
+    epochs,
+    chunk=chunk,
+    jit_compile=jit_compile,
   )
   p, q = _numpy_ials(pairs, initial["user"], initial["item"], epochs)
   np.testing.assert_allclose(trained["user"], p, rtol=2e-4, atol=2e-6)
@@ -179,18 +211,111 @@ def test_frequency_scaled_weights_through_backend_match_numpy_ials():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("placement", ["replicated", "row_sharded"])
-def test_two_replicas_train_the_one_replica_tables(placement):
-  """Each replica solves its own distinct rows (consecutive batches, each
-  with the whole other table): the tables of one replica on batches twice
-  the size, row-sharded too, with the histories cut into chunks of 3."""
+@pytest.mark.parametrize(
+  "replicas, placement",
+  [
+    (2, "replicated"),
+    (2, "row_sharded"),
+    (4, "replicated"),
+    (4, "row_sharded"),
+  ],
+  ids=["2_replicated", "2_row_sharded", "4_replicated", "4_row_sharded"],
+)
+def test_replicas_train_the_one_replica_tables(replicas, placement):
+  """Each replica solves its own distinct rows (consecutive batches) with
+  the Gramian its share of the other table adds to: the tables of one
+  replica on batches `replicas` times the size, row-sharded too, with the
+  histories cut into chunks (of 3; 4 where batches of 4 entries must hold
+  the longest history, 14 ids). Compiled steps: on one replica (below);
+  a CPU MirroredStrategy cannot run collectives inside XLA."""
   _, _, one, _ = _train(tf.distribute.get_strategy(), 16, 1)
-  _, _, two, backend = _train(
-    mirrored_strategy(2), 8, 1, chunk=3, layouts=TableLayout(placement)
+  _, _, many, backend = _train(
+    mirrored_strategy(replicas),
+    16 // replicas,
+    1,
+    chunk=3 if replicas == 2 else 4,
+    layouts=TableLayout(placement),
   )
   assert set(backend.placements().values()) == {placement}
   for name in one:
-    np.testing.assert_allclose(two[name], one[name], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(many[name], one[name], rtol=1e-5, atol=1e-6)
+
+
+def test_gramian_batches_hold_each_row_once_each_replica_its_strided_share():
+  parts = ials_batches.gramian_parts(
+    other_rows=103, batch_size=4, width=3, steps_multiple=4
+  )
+  # 103 ids at 4 * 3 a batch and 4 batches a step: 3 steps.
+  assert len(parts) == 12
+  assert sorted(np.concatenate(parts).tolist()) == list(range(103))
+  for index, part in enumerate(parts):
+    assert len(part) <= 4 * 3
+    assert (part % 4 == index % 4).all()
+  features, _ = ials_batches.gramian_batch(
+    ials_batches.USER_GRAMIAN + ials_batches.RESTART, parts[0], 4
+  )
+  categorical = features["categorical"]
+  entries = categorical[ials_batches.ITEM_HISTORY]
+  assert entries.to_list() == [p.tolist() for p in np.array_split(parts[0], 4)]
+  assert categorical[ials_batches.USER_HISTORY].to_list() == [[]] * 4
+  assert features[ials_batches.SIDE].numpy().tolist() == [5] * 4
+
+
+def test_resumed_in_the_middle_of_a_half_solves_with_the_saved_gramian(
+  tmp_path,
+):
+  """Stopped after the user half's Gramian step and two of its solve
+  steps, saved, restored into a new model and backend: the rest of the
+  epoch gives the tables of an uninterrupted one (bit for bit), and
+  without the saved Gramian it would not."""
+  strategy = tf.distribute.get_strategy()
+  batches = None
+  results = {}
+  for mode in ("straight", "resumed", "gramian_lost"):
+    pairs, config, backend, model = _setup(strategy, 8)
+    step = ials_scale.ials_step(strategy, backend, model, list(config))
+    batches = batches or _epoch(pairs, 8)
+    gramian_steps = sum(
+      int(f[ials_batches.SIDE][0]) >= ials_batches.ITEM_GRAMIAN
+      for f, _ in batches[:3]
+    )
+    assert gramian_steps == 1  # then the user solves
+    stop = 3
+    if mode == "straight":
+      _steps(strategy, step, batches)
+      results[mode] = _tables(backend)
+      continue
+    _steps(strategy, step, batches[:stop])
+    path = tf.train.Checkpoint(model=model, backend=backend).save(
+      str(tmp_path / mode / "ckpt")
+    )
+    pairs, config, backend, model = _setup(strategy, 8)
+    checkpoint = tf.train.Checkpoint(model=model, backend=backend)
+    if mode == "gramian_lost":
+      checkpoint = tf.train.Checkpoint(backend=backend)
+    checkpoint.restore(path).expect_partial()
+    step = ials_scale.ials_step(strategy, backend, model, list(config))
+    _steps(strategy, step, batches[stop:])
+    results[mode] = _tables(backend)
+  for name, table in results["straight"].items():
+    np.testing.assert_array_equal(results["resumed"][name], table)
+  assert not np.allclose(
+    results["gramian_lost"]["user"], results["straight"]["user"]
+  )
+
+
+def test_refuses_a_step_that_mixes_kinds_of_batch():
+  strategy = mirrored_strategy(2)
+  pairs, config, backend, model = _setup(strategy, 8)
+  step = ials_scale.ials_step(strategy, backend, model, list(config))
+  batches = _epoch(pairs, 8, replicas=1)
+  kinds = [int(f[ials_batches.SIDE][0]) for f, _ in batches]
+  assert kinds[0] >= ials_batches.ITEM_GRAMIAN  # one Gramian batch...
+  assert kinds[1] == ials_batches.USER_SIDE  # ... then the user solves
+  with pytest.raises(
+    tf.errors.InvalidArgumentError, match="steps_multiple to the number"
+  ):
+    _steps(strategy, step, batches[:2])
 
 
 def test_refuses_an_optimizer_other_than_sgd_1():
@@ -210,7 +335,7 @@ def test_chunked_rows_share_one_batch_and_point_at_their_first_entry():
   # entries per row: 1, 2, 1, 3, 1 -> packed in order, none split
   assert [g.tolist() for g in groups] == [[0, 1, 2], [3, 4]]
   features, _ = ials_batches.half_batch(
-    ials_batches.USER_SIDE, groups[1], histories, 5, 8, 4, history_chunk=3
+    ials_batches.USER_SIDE, groups[1], histories, 4, history_chunk=3
   )
   assert features[ials_batches.SEGMENT].numpy().tolist() == [0, 0, 0, 3]
   assert features["categorical"]["user"].numpy().tolist() == [3, 3, 3, 4]
@@ -221,7 +346,7 @@ def test_chunked_rows_share_one_batch_and_point_at_their_first_entry():
     ials_batches.steps_per_epoch(
       np.array([[1, 1]]), 5, 8, 4, steps_multiple=2, history_chunk=3
     )
-    == 2 + 2
+    == 2 * (2 + 2)  # per half: 2 Gramian and 2 solve batches
   )
   with pytest.raises(ials_batches.IALSBatchError, match="row 3 has 7"):
     ials_batches.row_groups(histories, batch_size=2, history_chunk=3)
@@ -231,7 +356,7 @@ def test_refuses_a_row_twice_in_a_batch():
   histories = [np.array([1])] * 5
   with pytest.raises(ials_batches.IALSBatchError, match="twice"):
     ials_batches.half_batch(
-      ials_batches.USER_SIDE, np.array([1, 2, 1]), histories, 5, 5, 4
+      ials_batches.USER_SIDE, np.array([1, 2, 1]), histories, 4
     )
 
 

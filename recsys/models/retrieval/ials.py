@@ -9,12 +9,17 @@ embedding optimizer plain SGD at learning rate 1, the loss
   0.5 * sum over the batch's rows r of |e_r - stop_gradient(solve_r)|^2
 
 has gradient e_r - solve_r at row r's activation, so the update sets each
-row to its solved value (`ials_solve`). A batch holds
-DISTINCT rows of one side with their histories and the other side's
-whole table in slices (`recsys.data.ials_batches`), whose Gramian the
-solves share. Everything the batch looks up on the other side gets a zero
-gradient, so SGD leaves it as it is. Row-sharded or replicated tables, any
-number of replicas (each replica's batch reads the whole other table).
+row to its solved value (`ials_solve`). A half opens with Gramian batches
+(`recsys.data.ials_batches`): each replica's holds its share of the other
+side's rows, whose Gramian it sums; the replicas' sums are all-gathered
+and added in replica order (d x d floats a step; identical on every replica
+by construction) into a non-trainable variable, checkpointed with the
+model, so a resume in the middle of a half solves with the same Gramian.
+The solve batches hold DISTINCT rows of one side with their histories, and
+read that variable: no replica reads more of the other table than its
+share and the histories. Everything a batch looks up on the other side
+gets a zero gradient, so SGD leaves it as it is. Row-sharded or replicated
+tables, any number of replicas (ALX's scheme: Mehta et al., 2021).
 """
 
 import functools
@@ -36,6 +41,8 @@ from recsys.models.retrieval.model import (
   require_features,
 )
 
+#: `ials_side` values: PADDING (-1) .. USER_GRAMIAN + RESTART.
+_NUM_KINDS = names.USER_GRAMIAN + names.RESTART - names.PADDING + 1
 #: The embedding optimizer whose update sets a row to its solution.
 REQUIRED_LEARNING_RATE = 1.0
 #: What a TPU SGD keeps of its clipping settings (`clipvalue` becomes the
@@ -171,8 +178,6 @@ class ImplicitALS(RetrievalModel):
     needed = (
       names.USER_HISTORY,
       names.ITEM_HISTORY,
-      names.USER_CORPUS,
-      names.ITEM_CORPUS,
     )
     require_features(
       "ImplicitALS",
@@ -187,6 +192,19 @@ class ImplicitALS(RetrievalModel):
     self._num_items = by_name[self._item].vocabulary_size
     self._reg, self._alpha = float(reg), float(alpha)
     self._w0, self._nu = float(unobserved_weight), float(reg_exponent)
+    # The tables' Gramians, the same on every replica (each assigns the
+    # value it computed alike): synchronized on read, saved once.
+    self.item_gramian, self.user_gramian = (
+      self.add_weight(
+        name=f"{which}_gramian",
+        shape=[dim, dim],
+        initializer="zeros",
+        trainable=False,
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+      )
+      for which in ("item", "user")
+    )
 
   def check_tables(
     self, feature_config: Mapping[str, Any], default_optimizer: Any = None
@@ -231,7 +249,7 @@ class ImplicitALS(RetrievalModel):
     features: Mapping[str, Any],
     activations: Mapping[str, tf.Tensor],
     history: str,
-    corpus: str,
+    gramian: tf.Variable,
     corpus_size: int,
   ) -> tf.Tensor:
     regularization = ials_solve.row_regularization(
@@ -243,13 +261,93 @@ class ImplicitALS(RetrievalModel):
       corpus_size,
     )
     return ials_solve.solve_rows(
-      ials_solve.gramian(activations[corpus]),
+      tf.cast(gramian, activations[history].dtype),
       activations[history],
       regularization,
       self._alpha,
       self._w0,
       tf.reshape(features[names.SEGMENT], [-1]),
     )
+
+  @tf.autograph.experimental.do_not_convert
+  def _add_to_gramians(
+    self, side: tf.Tensor, activations: Mapping[str, tf.Tensor]
+  ) -> None:
+    """On a Gramian batch (`ials_side` `ITEM_GRAMIAN` / `USER_GRAMIAN`, +
+    `RESTART` on a half's first step), the Gramian of the rows its history
+    feature holds, summed over the replicas into that side's variable.
+
+    Every step takes part in the replicas' one all-reduce of 2 D^2 + 7
+    floats (a collective must not depend on the data), whatever the
+    replicas and the tables' rows; a step whose replicas hold different
+    kinds of batch is refused (`ImplicitALSData.steps_multiple`).
+    """
+    kind = side[0]  # a batch is all of one kind
+    dim = self.embedding_dim
+    partials = []
+    for code, history in (
+      (names.ITEM_GRAMIAN, names.USER_HISTORY),
+      (names.USER_GRAMIAN, names.ITEM_HISTORY),
+    ):
+      rows = activations[history]
+      partials.append(
+        tf.cond(
+          tf.logical_or(
+            tf.equal(kind, code), tf.equal(kind, code + names.RESTART)
+          ),
+          lambda rows=rows: tf.cast(ials_solve.gramian(rows), tf.float32),
+          lambda: tf.zeros([dim, dim], tf.float32),
+        )
+      )
+    partial = tf.stack(partials)  # [2, D, D]
+    context = tf.distribute.get_replica_context()
+    if context is not None and context.num_replicas_in_sync > 1:
+      partial = self._summed_over_replicas(context, partial, kind)
+    gramians = (
+      (names.ITEM_GRAMIAN, self.item_gramian),
+      (names.USER_GRAMIAN, self.user_gramian),
+    )
+    for index, (code, variable) in enumerate(gramians):
+      restart = tf.equal(kind, code + names.RESTART)
+      adds = tf.logical_or(restart, tf.equal(kind, code))
+      variable.assign(
+        tf.where(
+          restart,
+          partial[index],
+          tf.where(adds, variable + partial[index], variable),
+        )
+      )
+
+  @staticmethod
+  def _summed_over_replicas(
+    context: tf.distribute.ReplicaContext, partial: tf.Tensor, kind: tf.Tensor
+  ) -> tf.Tensor:
+    """`partial` `[2, D, D]` summed over the replicas, with a count of the
+    kinds of batch their step holds (one collective): an all-reduce ends
+    with the same sums on every replica (each chunk is reduced once).
+
+    Raises (when the step runs):
+      InvalidArgumentError: the replicas hold different kinds of batch
+        (all-padding batches, which end a half's solves, go with any).
+    """
+    kinds = tf.one_hot(kind - names.PADDING, _NUM_KINDS, dtype=tf.float32)
+    summed = context.all_reduce(
+      tf.distribute.ReduceOp.SUM,
+      tf.concat([tf.reshape(partial, [-1]), kinds], 0),
+    )
+    held = tf.math.count_nonzero(summed[-_NUM_KINDS + 1 :])  # not padding
+    check = tf.debugging.assert_less_equal(
+      held,
+      tf.constant(1, held.dtype),
+      message=(
+        "ImplicitALS: the replicas of one step hold different kinds of "
+        "iALS batch (Gramian, user or item solves); feed each half in "
+        "whole steps: set ImplicitALSData.steps_multiple to the number "
+        "of replicas"
+      ),
+    )
+    with tf.control_dependencies([check]):
+      return tf.reshape(summed[:-_NUM_KINDS], tf.shape(partial))
 
   #: The training step sums the rows' losses: the gradient at row r is
   #: e_r - solve_r exactly (evaluation sums and counts its examples itself).
@@ -275,24 +373,25 @@ class ImplicitALS(RetrievalModel):
         "`recsys.data.ials_batches`)."
       )
     side = tf.reshape(features[names.SIDE], [-1])
+    self._add_to_gramians(side, activations)
     # A row cut into chunks is updated once, through its first entry: the
     # backend sums the gradients of a row's entries.
     segment = tf.reshape(features[names.SEGMENT], [-1])
     first = tf.equal(segment, tf.range(tf.size(segment), dtype=segment.dtype))
     per_row = None
-    for this_side, row, history, corpus, size in (
+    for this_side, row, history, gramian, size in (
       (
         names.USER_SIDE,
         self._user,
         names.USER_HISTORY,
-        names.ITEM_CORPUS,
+        self.item_gramian,
         self._num_items,
       ),
       (
         names.ITEM_SIDE,
         self._item,
         names.ITEM_HISTORY,
-        names.USER_CORPUS,
+        self.user_gramian,
         self._num_users,
       ),
     ):
@@ -305,7 +404,7 @@ class ImplicitALS(RetrievalModel):
         tf.cond(
           tf.reduce_any(weight > 0),
           functools.partial(
-            self._solved, features, activations, history, corpus, size
+            self._solved, features, activations, history, gramian, size
           ),
           functools.partial(tf.zeros_like, activations[row]),
         )

@@ -6,11 +6,12 @@ trains `recsys.models.retrieval.ials.ImplicitALS` through the tensorcore backend
 `--replicas` logical CPU devices, its tables replicated or row-sharded
 (`--placement`), the way a Trainer step does: consecutive batches to
 consecutive replicas, each half padded to a multiple of R batches,
-histories cut into `--history_chunk` ids. Prints the data's shape, the
-steps, the seconds and CPU-seconds of each epoch after a first, tracing
-one, what one replica puts into collectives in a step (read from the
-traced step), the time to build an epoch's batches, and the peak RSS of
-the process.
+histories cut into `--history_chunk` ids, fed as the Trainer feeds them
+(`recsys.data.ials_dataset` through `distribute_datasets_from_function`).
+Prints the data's shape, the steps, the seconds and CPU-seconds of each
+epoch after a first, tracing one, what one replica puts into collectives
+in a step (read from the traced step), what the input costs (planned once;
+an epoch's batches built alone), and the peak RSS of the process.
 
   PYTHONPATH=. python benchmarks/ials_scale.py --users 1000000 \\
       --items 100000 --pairs 10000000 --replicas 4 --placement row_sharded
@@ -133,23 +134,6 @@ def ials_step(strategy, backend, model, names, jit_compile=False):
   return step
 
 
-def epoch(pairs, users, items, args, steps_multiple=1) -> list:
-  """One epoch of iALS batches, `--batch_size` rows, histories cut at
-  `--history_chunk` ids."""
-  from recsys.data import ials_batches  # noqa: PLC0415
-
-  return list(
-    ials_batches.epoch_batches(
-      pairs,
-      users,
-      items,
-      args.batch_size,
-      steps_multiple=steps_multiple,
-      history_chunk=args.history_chunk,
-    )
-  )
-
-
 def main() -> None:
   args = _parse()
   import recsys  # noqa: F401, PLC0415  (Keras 2 before TensorFlow)
@@ -180,45 +164,62 @@ def main() -> None:
     else tf.distribute.get_strategy()
   )
   specs = ials_batches.feature_specs(
-    pairs, users, items, args.batch_size, history_chunk=args.history_chunk
+    pairs, users, items, history_chunk=args.history_chunk
   )
   _, step = ials_training(
     specs, args.dim, args.reg, args.alpha, strategy, args.placement
   )
 
   replicas = args.replicas
-  build, seconds, cpu = [], [], []
+  from recsys.data import ials_dataset, ials_plan  # noqa: PLC0415
+
+  start = time.perf_counter()
+  plan = ials_plan.plan_epoch(
+    pairs, users, items, args.batch_size, replicas, args.history_chunk
+  )
+  planned = time.perf_counter() - start
+  start, cpu_start = time.perf_counter(), time.process_time()
+  for _ in ials_dataset.epoch_dataset(plan, steps_multiple=replicas):
+    pass
+  input_wall = time.perf_counter() - start
+  input_cpu = time.process_time() - cpu_start
+
+  def pipeline(ctx):
+    return ials_dataset.epoch_dataset(
+      plan,
+      pipeline=ctx.input_pipeline_id,
+      pipelines=ctx.num_input_pipelines,
+      steps_multiple=replicas,
+    ).repeat()
+
+  batches = iter(strategy.distribute_datasets_from_function(pipeline))
+  steps = plan.num_batches // replicas
+  seconds, cpu = [], []
   for _ in range(args.epochs + 1):  # the first epoch traces
-    start = time.perf_counter()
-    batches = epoch(pairs, users, items, args, steps_multiple=replicas)
-    build.append(time.perf_counter() - start)
     start, cpu_start = time.perf_counter(), time.process_time()
-    for first in range(0, len(batches), replicas):
-      group = batches[first : first + replicas]
-      inputs = group[0]
-      if replicas > 1:
-        inputs = strategy.experimental_distribute_values_from_function(
-          lambda ctx, group=group: group[ctx.replica_id_in_sync_group]
-        )
+    for _ in range(steps):
+      inputs = next(batches)
       step(*inputs)
     seconds.append(time.perf_counter() - start)
     cpu.append(time.process_time() - cpu_start)
   print(
     f"dim {args.dim}, {replicas} replica(s), tables {args.placement}, "
     f"{args.batch_size} entries per replica and step, history_chunk "
-    f"{args.history_chunk}: {len(batches) // replicas} steps per epoch"
+    f"{args.history_chunk}: {steps} steps per epoch"
   )
   print(f"first epoch (tracing): {seconds[0]:.1f} s")
   print("seconds per epoch: " + ", ".join(f"{s:.1f}" for s in seconds[1:]))
   print("CPU-seconds per epoch: " + ", ".join(f"{s:.1f}" for s in cpu[1:]))
-  from benchmarks.row_sharding import collective_bytes  # noqa: PLC0415
+  # A script: this folder is on sys.path.
+  from row_sharding import collective_bytes  # noqa: PLC0415
 
   graph = step.get_concrete_function(*inputs).graph
   print(f"collectives per replica and step: {collective_bytes(graph)}")
   print(
-    "building an epoch's batches (Python, before the steps): "
-    + ", ".join(f"{s:.1f}" for s in build)
-    + " s"
+    f"input: planned once in {planned:.1f} s (NumPy); an epoch's batches "
+    f"alone built by tf.data in {input_wall:.1f} s, {input_cpu:.1f} CPU-s "
+    f"({input_cpu / max(cpu[-1], 1e-9):.0%} of a training epoch's CPU-s, "
+    "which builds them alongside)"
   )
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   print(f"peak RSS: {peak:,.0f} MiB")

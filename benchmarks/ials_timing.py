@@ -25,7 +25,7 @@ import numpy as np
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from benchmarks import ials_scale
 from benchmarks import movielens_baselines as baselines
-from recsys.data import ials_batches
+from recsys.data import ials_batches, ials_dataset
 from recsys.data.movielens import files as movielens_files
 from recsys.testing import movielens
 
@@ -76,14 +76,17 @@ def main() -> None:
     pairs,
     users,
     items,
-    args.batch_size,
     history_chunk=args.history_chunk,
   )
   backend, step = ials_scale.ials_training(
     specs, args.dim, args.reg, args.alpha, reg_exponent=args.reg_exponent
   )
 
-  batches = ials_scale.epoch(pairs, users, items, args)
+  batches = list(
+    ials_dataset.epoch_batches(
+      pairs, users, items, args.batch_size, history_chunk=args.history_chunk
+    )
+  )
   tables = {t.name: v for t, v in backend.embedding_tables.items()}
   p0, q0 = tables["user"].numpy(), tables["item"].numpy()
   seconds = []

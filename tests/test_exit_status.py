@@ -42,6 +42,7 @@ SETTINGS = {
   "recsys.ranges.SettingRangeError",
   "recsys.data.criteo.CriteoConfigError",
   "recsys.data.ials_batches.HistoryChunkError",
+  "recsys.data.ials_dataset.PipelinesError",
   "recsys.data.ials_source.ImplicitALSDataError",
   "recsys.data.movielens.source.MovieLensConfigError",
   "recsys.data.pipeline.InvalidBatchSizeError",

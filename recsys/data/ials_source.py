@@ -2,8 +2,9 @@
 
 `ImplicitALSData` wraps a retrieval source (MovieLens with task
 "retrieval", ...): its training split becomes the batches of
-`recsys.data.ials_batches` (every user row with its items, then every item
-row with its users, epoch after epoch), while evaluation, the candidate
+`recsys.data.ials_batches` (the item Gramian, every user row with its
+items, the user Gramian, every item row with its users, epoch after epoch;
+planned once, built by tf.data), while evaluation, the candidate
 corpus, the raw-id parser and the files stay the wrapped source's, so a run
 of `recsys.models.retrieval.ials.ImplicitALS` is evaluated and exported
 like any retrieval run. Each evaluation batch gains the iALS features,
@@ -22,7 +23,7 @@ import numpy as np
 
 from recsys import ranges
 from recsys._keras import tf
-from recsys.data import ials_batches
+from recsys.data import ials_batches, ials_dataset, ials_plan
 from recsys.data.pipeline import BatchRequest, DataSource, check_batch_size
 from recsys.errors import SettingsError
 
@@ -101,15 +102,10 @@ class ImplicitALSData(DataSource):
     self.num_items = source.spec(item).vocabulary_size
     self._pairs = self._read_pairs()
     self.feature_specs = ials_batches.feature_specs(
-      self._pairs,
-      self.num_users,
-      self.num_items,
-      self.batch_size,
-      user,
-      item,
-      self.history_chunk,
+      self._pairs, self.num_users, self.num_items, user, item, history_chunk
     )
-    self._steps_per_epoch = ials_batches.steps_per_epoch(
+    # Every epoch is the same: planned once, built by tf.data each time.
+    self._plan = ials_plan.plan_epoch(
       self._pairs,
       self.num_users,
       self.num_items,
@@ -139,45 +135,9 @@ class ImplicitALSData(DataSource):
     return self._pairs[:, 0], self._pairs[:, 1]
 
   def steps_per_epoch(self) -> int:
-    """Batches (per replica) of one epoch: both halves."""
-    return self._steps_per_epoch
-
-  def _signature(self) -> tuple:
-    rows = self.batch_size
-    ids = tf.TensorSpec([rows], tf.int64)
-    ragged = tf.RaggedTensorSpec([rows, None], tf.int64, ragged_rank=1)
-    categorical = {
-      self.query_id_feature: ids,
-      self.candidate_id_feature: ids,
-      **{name: ragged for name in _RAGGED},
-    }
-    features = {
-      "categorical": categorical,
-      ials_batches.SIDE: tf.TensorSpec([rows], tf.int32),
-      ials_batches.COUNTS: tf.TensorSpec([rows], tf.int64),
-      ials_batches.SEGMENT: tf.TensorSpec([rows], tf.int32),
-    }
-    return features, tf.TensorSpec([rows], tf.float32)
-
-  def _training(self, repeat: bool) -> tf.data.Dataset:
-    def batches():
-      while True:
-        yield from ials_batches.epoch_batches(
-          self._pairs,
-          self.num_users,
-          self.num_items,
-          self.batch_size,
-          self.query_id_feature,
-          self.candidate_id_feature,
-          self.steps_multiple,
-          self.history_chunk,
-        )
-        if not repeat:
-          return
-
-    return tf.data.Dataset.from_generator(
-      batches, output_signature=self._signature()
-    )
+    """Batches of one epoch: both halves, their Gramian batches too (an
+    epoch is `steps_per_epoch() / replicas` steps)."""
+    return self._plan.num_batches
 
   def _with_empty_ials_features(self, features, labels):
     features = dict(features)
@@ -192,13 +152,14 @@ class ImplicitALSData(DataSource):
     return features, labels
 
   def _batches(self, request: BatchRequest) -> tf.data.Dataset:
-    """Training: the iALS halves (one input pipeline, `batch_size` equal to
-    `ImplicitALSData.batch_size`); evaluation: the wrapped source's
-    batches with the iALS features empty.
+    """Training: the iALS halves (`batch_size` equal to
+    `ImplicitALSData.batch_size`; input pipeline p of P takes the batches
+    of its replicas, `ials_dataset.pipeline_batches`); evaluation: the
+    wrapped source's batches with the iALS features empty.
 
     Raises:
-      ImplicitALSDataError: training with another batch size or several
-        input pipelines.
+      ImplicitALSDataError: training with another batch size.
+      PipelinesError: steps_multiple is no multiple of the pipelines.
     """
     if not request.training:
       context = None
@@ -223,12 +184,15 @@ class ImplicitALSData(DataSource):
         f"replica asked, but ImplicitALSData.batch_size = {self.batch_size}; "
         "set it to train.global_batch_size divided by the replicas."
       )
-    if request.pipelines > 1:
-      raise ImplicitALSDataError(
-        "ImplicitALSData: one input pipeline only (each step's rows must be "
-        f"distinct over the replicas); got {request.pipelines}."
-      )
-    return self._training(request.repeat)
+    batches = ials_dataset.epoch_dataset(
+      self._plan,
+      self.query_id_feature,
+      self.candidate_id_feature,
+      request.pipeline,
+      request.pipelines,
+      self.steps_multiple,
+    )
+    return batches.repeat() if request.repeat else batches
 
   def candidates(self, batch_size: int) -> tf.data.Dataset:
     """The wrapped source's candidate corpus."""

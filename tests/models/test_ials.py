@@ -16,7 +16,7 @@ from backends.layout import TableLayout
 from benchmarks import ials_scale
 from benchmarks import movielens_baselines as baselines
 from recsys import features as features_lib
-from recsys.data import ials_batches
+from recsys.data import ials_batches, ials_dataset, ials_plan
 from recsys.errors import SettingsError
 from recsys.models.errors import ModelConfigError
 from recsys.models.retrieval import ials, ials_solve
@@ -89,7 +89,7 @@ def _setup(
 ):
   pairs = _pairs()
   specs = ials_batches.feature_specs(
-    pairs, NUM_USERS + 1, NUM_ITEMS + 1, batch_size, history_chunk=chunk
+    pairs, NUM_USERS + 1, NUM_ITEMS + 1, history_chunk=chunk
   )
   settings = features_lib.EmbeddingSettings(
     dim=DIM,
@@ -111,7 +111,7 @@ def _setup(
 
 def _epoch(pairs, batch_size, replicas=1, chunk=None) -> list:
   return list(
-    ials_batches.epoch_batches(
+    ials_dataset.epoch_batches(
       pairs,
       NUM_USERS + 1,
       NUM_ITEMS + 1,
@@ -242,7 +242,7 @@ def test_replicas_train_the_one_replica_tables(replicas, placement):
 
 
 def test_gramian_batches_hold_each_row_once_each_replica_its_strided_share():
-  parts = ials_batches.gramian_parts(
+  parts = ials_plan.gramian_parts(
     other_rows=103, batch_size=4, width=3, steps_multiple=4
   )
   # 103 ids at 4 * 3 a batch and 4 batches a step: 3 steps.
@@ -251,14 +251,21 @@ def test_gramian_batches_hold_each_row_once_each_replica_its_strided_share():
   for index, part in enumerate(parts):
     assert len(part) <= 4 * 3
     assert (part % 4 == index % 4).all()
-  features, _ = ials_batches.gramian_batch(
-    ials_batches.USER_GRAMIAN + ials_batches.RESTART, parts[0], 4
+  # In an epoch: user u saw item u (histories of 1 id: 16 ids a step).
+  pairs = np.stack([np.arange(103)] * 2, 1)
+  batches = list(
+    ials_dataset.epoch_batches(pairs, 103, 103, 4, steps_multiple=4)
   )
-  categorical = features["categorical"]
-  entries = categorical[ials_batches.ITEM_HISTORY]
-  assert entries.to_list() == [p.tolist() for p in np.array_split(parts[0], 4)]
-  assert categorical[ials_batches.USER_HISTORY].to_list() == [[]] * 4
-  assert features[ials_batches.SIDE].numpy().tolist() == [5] * 4
+  parts = ials_plan.gramian_parts(103, 4, 1, 4)  # 7 steps
+  item_half = 28 + 28  # the item Gramian's, the users' 26 -> 28 batches
+  sides = [int(f[ials_batches.SIDE][0]) for f, _ in batches]
+  assert sides[item_half : item_half + 29] == [5] * 4 + [3] * 24 + [1]
+  for part, (features, _) in zip(parts, batches[item_half:]):
+    categorical = features["categorical"]
+    assert categorical[ials_batches.ITEM_HISTORY].to_list() == [
+      p.tolist() for p in np.array_split(part, 4)
+    ]
+    assert categorical[ials_batches.USER_HISTORY].to_list() == [[]] * 4
 
 
 def test_resumed_in_the_middle_of_a_half_solves_with_the_saved_gramian(
@@ -330,37 +337,59 @@ def test_refuses_an_optimizer_other_than_sgd_1():
 
 
 def test_chunked_rows_share_one_batch_and_point_at_their_first_entry():
-  histories = [np.arange(n) for n in (0, 5, 2, 7, 1)]
-  groups = ials_batches.row_groups(histories, batch_size=4, history_chunk=3)
-  # entries per row: 1, 2, 1, 3, 1 -> packed in order, none split
-  assert [g.tolist() for g in groups] == [[0, 1, 2], [3, 4]]
-  features, _ = ials_batches.half_batch(
-    ials_batches.USER_SIDE, groups[1], histories, 4, history_chunk=3
-  )
+  lengths = (0, 5, 2, 7, 1)  # user u saw items 0 .. lengths[u] - 1
+  pairs = np.array([[u, i] for u, n in enumerate(lengths) for i in range(n)])
+  batches = list(ials_dataset.epoch_batches(pairs, 5, 8, 4, history_chunk=3))
+  # The item Gramian (8 items fit 4 entries of 3), then the users:
+  # entries per row 1, 2, 1, 3, 1 -> packed in order, none split.
+  users = [f["categorical"]["user"].numpy().tolist() for f, _ in batches[1:3]]
+  assert users == [[0, 1, 1, 2], [3, 3, 3, 4]]
+  features, _ = batches[2]
   assert features[ials_batches.SEGMENT].numpy().tolist() == [0, 0, 0, 3]
-  assert features["categorical"]["user"].numpy().tolist() == [3, 3, 3, 4]
   assert features[ials_batches.COUNTS].numpy().tolist() == [7, 7, 7, 1]
   history = features["categorical"][ials_batches.USER_HISTORY]
   assert history.to_list() == [[0, 1, 2], [3, 4, 5], [6], [0]]
-  assert (
-    ials_batches.steps_per_epoch(
-      np.array([[1, 1]]), 5, 8, 4, steps_multiple=2, history_chunk=3
-    )
-    == 2 * (2 + 2)  # per half: 2 Gramian and 2 solve batches
+  plan = ials_plan.plan_epoch(
+    np.array([[1, 1]]), 5, 8, 4, steps_multiple=2, history_chunk=3
   )
+  assert plan.num_batches == 2 * (2 + 2)  # a half: 2 Gramian, 2 solves
   with pytest.raises(ials_batches.IALSBatchError, match="row 3 has 7"):
-    ials_batches.row_groups(histories, batch_size=2, history_chunk=3)
+    ials_plan.plan_epoch(pairs, 5, 8, 2, history_chunk=3)
 
 
-def test_refuses_a_row_twice_in_a_batch():
-  histories = [np.array([1])] * 5
-  with pytest.raises(ials_batches.IALSBatchError, match="twice"):
-    ials_batches.half_batch(
-      ials_batches.USER_SIDE, np.array([1, 2, 1]), histories, 4
+def _as_lists(features: dict) -> dict:
+  """A batch's features as nested lists (ragged ones too), to compare."""
+  flat = {**features["categorical"], **features}
+  del flat["categorical"]
+  return {
+    k: v.to_list() if isinstance(v, tf.RaggedTensor) else v.numpy().tolist()
+    for k, v in flat.items()
+  }
+
+
+def test_input_pipelines_read_the_batches_of_their_replicas():
+  """Pipeline p of P feeds replicas [p R/P, (p+1) R/P) of each step: read
+  in turn, the pipelines give the one pipeline's batches."""
+  plan = ials_plan.plan_epoch(_pairs(), NUM_USERS + 1, NUM_ITEMS + 1, 4, 4)
+  whole = list(ials_dataset.epoch_dataset(plan, steps_multiple=4))
+  shares = [
+    list(
+      ials_dataset.epoch_dataset(
+        plan, pipeline=p, pipelines=2, steps_multiple=4
+      )
     )
+    for p in range(2)
+  ]
+  merged = []
+  for step in range(len(whole) // 4):
+    for p in range(2):
+      merged += shares[p][2 * step : 2 * step + 2]
+  assert [_as_lists(f) for f, _ in merged] == [_as_lists(f) for f, _ in whole]
+  with pytest.raises(ials_dataset.PipelinesError, match="steps_multiple = 4"):
+    ials_dataset.epoch_dataset(plan, pipelines=3, steps_multiple=4)
 
 
 def test_refuses_bad_settings():
-  specs = ials_batches.feature_specs(_pairs(), NUM_USERS + 1, NUM_ITEMS + 1, 8)
+  specs = ials_batches.feature_specs(_pairs(), NUM_USERS + 1, NUM_ITEMS + 1)
   with pytest.raises(SettingsError, match="ImplicitALS.reg must be > 0"):
     ials.ImplicitALS(specs, reg=0.0)

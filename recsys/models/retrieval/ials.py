@@ -112,7 +112,7 @@ class ImplicitALS(RetrievalModel):
   """iALS: user and item tables trained by exact alternating solves.
 
   Example:
-    >>> specs = ials_batches.feature_specs(pairs, 944, 1683, batch_size=256)
+    >>> specs = ials_batches.feature_specs(pairs, 944, 1683)
     >>> model = ImplicitALS(specs, ["user"], ["item"], dim=32, reg=100.0,
     ...                     alpha=10.0)
   """

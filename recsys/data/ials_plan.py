@@ -1,0 +1,237 @@
+"""Every batch of an iALS epoch as NumPy arrays, planned once.
+
+An epoch (`recsys.data.ials_batches`) is the same every time: the item
+Gramian batches, the user solves, the user Gramian batches, the item
+solves. `plan_epoch` lays all of it out once, vectorized, as per-entry
+arrays (entry e of batch b at index b * B + e) and one array of ids that
+the entries slice; `recsys.data.ials_dataset` turns the plan into batches
+with TF ops, so an epoch's input costs no Python loop.
+
+Example:
+  >>> plan = plan_epoch(pairs, 944, 1683, batch_size=256, steps_multiple=2)
+  >>> plan.num_batches, plan.side.reshape(plan.num_batches, 256)[0, 0]
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+from recsys.data import ials_batches as names
+
+
+class EpochPlan(NamedTuple):
+  """One epoch's batches; per-entry arrays have `num_batches * batch_size`
+  entries.
+
+  Attributes:
+    batch_size: entries per batch B.
+    side: `ials_side` of each entry (a Gramian batch's code on every
+      entry of it).
+    row: the id of the row an entry solves (0 on other entries).
+    counts: `ials_counts`, the solved row's number of observed pairs.
+    segment: `ials_segment`, the batch position of the row's first entry.
+    starts, lengths: the slice of `ids` an entry's history feature holds.
+    ids: every user's items, every item's users, then the Gramian batches'
+      ids.
+    of_users: per batch, whether it belongs to the user half (its ids go to
+      the user history feature).
+  """
+
+  batch_size: int
+  side: np.ndarray
+  row: np.ndarray
+  counts: np.ndarray
+  segment: np.ndarray
+  starts: np.ndarray
+  lengths: np.ndarray
+  ids: np.ndarray
+  of_users: np.ndarray
+
+  @property
+  def num_batches(self) -> int:
+    return len(self.of_users)
+
+
+def gramian_parts(
+  other_rows: int, batch_size: int, width: int, steps_multiple: int = 1
+) -> list:
+  """The other side's row ids 0..other_rows-1, each once, split into the
+  Gramian batches of a half: as few steps as hold them at `batch_size *
+  width` ids a batch, `steps_multiple` batches a step.
+
+  Batch `r` of each step holds ids = r (mod steps_multiple): with R
+  replicas fed consecutive batches, each replica reads the rows its strided
+  shard of a row-sharded table owns (no exchange), and 1/R of the table.
+  """
+  per_step = steps_multiple * batch_size * width
+  steps = max(1, -(-other_rows // per_step))
+  ids = np.arange(other_rows, dtype=np.int64)
+  by_replica = [
+    np.array_split(ids[r::steps_multiple], steps) for r in range(steps_multiple)
+  ]
+  return [by_replica[r][s] for s in range(steps) for r in range(steps_multiple)]
+
+
+def _batch_of_rows(
+  need: np.ndarray, lengths: np.ndarray, batch_size: int, chunk: int | None
+) -> np.ndarray:
+  """Each row's batch, rows packed in order at most `batch_size` entries a
+  batch (`need[r]` entries of row r, never split over two batches).
+
+  Raises:
+    HistoryChunkError: a row needs more entries than a batch holds.
+  """
+  if len(need) and need.max() > batch_size:
+    row = int(np.argmax(need))
+    raise names.HistoryChunkError(
+      f"iALS batch: row {row} has {lengths[row]} observed pairs, "
+      f"{need[row]} chunks of ImplicitALSData.history_chunk {chunk}, more "
+      f"than batch_size {batch_size} entries; a row's chunks share one "
+      f"batch. Set history_chunk >= {-(-int(lengths[row]) // batch_size)} "
+      "or a larger batch size."
+    )
+  if len(need) == 0 or need.max() == 1:
+    return np.arange(len(need), dtype=np.int64) // batch_size
+  batch = np.empty(len(need), np.int64)
+  current = used = 0
+  for r, n in enumerate(need.tolist()):  # sequential: bins of whole rows
+    if used + n > batch_size:
+      current, used = current + 1, 0
+    batch[r] = current
+    used += n
+  return batch
+
+
+class _Entries(NamedTuple):
+  """Some batches' entries, before they are laid out in an epoch."""
+
+  side: np.ndarray
+  row: np.ndarray
+  counts: np.ndarray
+  segment: np.ndarray
+  starts: np.ndarray
+  lengths: np.ndarray
+  of_users: np.ndarray
+
+
+def _solve_entries(
+  side: int,
+  offsets: np.ndarray,
+  base: int,
+  batch_size: int,
+  steps_multiple: int,
+  chunk: int | None,
+) -> _Entries:
+  """One half's solve batches: rows 0..len(offsets)-2, row r's history
+  `ids[base + offsets[r] : base + offsets[r + 1]]`."""
+  lengths = np.diff(offsets)
+  need = np.maximum(1, -(-lengths // chunk)) if chunk else np.ones_like(lengths)
+  batch_of_row = _batch_of_rows(need, lengths, batch_size, chunk)
+  rows = len(lengths)
+  batches = int(batch_of_row[-1]) + 1 if rows else 0
+  batches += -batches % steps_multiple
+  total = batches * batch_size
+  entry_row = np.repeat(np.arange(rows, dtype=np.int64), need)
+  first_of_row = np.cumsum(need) - need  # each row's first entry
+  chunk_index = np.arange(len(entry_row)) - first_of_row[entry_row]
+  entry_batch = batch_of_row[entry_row]
+  # Position in the batch: entries of a batch are consecutive.
+  batch_first = np.searchsorted(entry_batch, np.arange(batches))
+  position = np.arange(len(entry_row)) - batch_first[entry_batch]
+  index = entry_batch * batch_size + position
+  out = _padding(total, batch_size)
+  out.side[index] = side
+  out.row[index] = entry_row
+  out.counts[index] = lengths[entry_row]
+  out.segment[index] = position - chunk_index
+  width = chunk or max(int(lengths.max(initial=0)), 1)
+  start = offsets[entry_row] + chunk_index * width
+  out.starts[index] = base + start
+  out.lengths[index] = np.clip(offsets[entry_row + 1] - start, 0, width)
+  return out._replace(of_users=np.full(batches, side == names.USER_SIDE))
+
+
+def _padding(total: int, batch_size: int) -> _Entries:
+  """`total` padding entries (each its own segment, no history)."""
+  return _Entries(
+    side=np.full(total, names.PADDING, np.int32),
+    row=np.zeros(total, np.int64),
+    counts=np.zeros(total, np.int64),
+    segment=(np.arange(total) % batch_size).astype(np.int32),
+    starts=np.zeros(total, np.int64),
+    lengths=np.zeros(total, np.int64),
+    of_users=np.zeros(0, bool),
+  )
+
+
+def _gramian_entries(
+  code: int, parts: list, base: int, batch_size: int, steps_multiple: int
+) -> _Entries:
+  """A half's Gramian batches: part p's ids (at `base` + their offset in
+  the concatenated parts) spread over batch p's entries."""
+  out = _padding(len(parts) * batch_size, batch_size)
+  sizes = np.array([len(p) for p in parts], np.int64)
+  part_start = base + np.cumsum(sizes) - sizes
+  # np.array_split's sizes: the first (n mod B) entries hold one more.
+  small, extra = sizes // batch_size, sizes % batch_size
+  entry = np.arange(batch_size)
+  lengths = small[:, None] + (entry[None, :] < extra[:, None])
+  starts = part_start[:, None] + np.cumsum(lengths, 1) - lengths
+  first = np.arange(len(parts)) < steps_multiple
+  side = np.where(first, code + names.RESTART, code).astype(np.int32)
+  return out._replace(
+    side=np.repeat(side, batch_size),
+    starts=starts.reshape(-1),
+    lengths=lengths.reshape(-1),
+    of_users=np.full(len(parts), code == names.ITEM_GRAMIAN),
+  )
+
+
+def plan_epoch(
+  pairs: np.ndarray,
+  num_user_rows: int,
+  num_item_rows: int,
+  batch_size: int,
+  steps_multiple: int = 1,
+  history_chunk: int | None = None,
+) -> EpochPlan:
+  """The epoch of `recsys.data.ials_batches` for these pairs and settings.
+
+  Each half's Gramian and solve batches are each padded with all-padding
+  batches to a multiple of `steps_multiple` (the number of replicas fed
+  consecutive batches: no step mixes kinds of batch).
+
+  Raises:
+    IALSBatchError: ids out of range.
+    HistoryChunkError: a bad `history_chunk`, or one too small for the
+      longest history to fit one batch.
+  """
+  names.check_history_chunk(history_chunk)
+  pairs = names.unique_pairs(pairs, num_user_rows, num_item_rows)
+  pieces, ids, used = [], [], 0
+  halves = (
+    (names.USER_SIDE, 0, num_user_rows, names.ITEM_GRAMIAN, num_item_rows),
+    (names.ITEM_SIDE, 1, num_item_rows, names.USER_GRAMIAN, num_user_rows),
+  )
+  for side, key, rows, code, other_rows in halves:
+    order = np.argsort(pairs[:, key], kind="stable")
+    history_ids = pairs[order, 1 - key]
+    offsets = np.searchsorted(pairs[order, key], np.arange(rows + 1))
+    longest = int(np.diff(offsets).max(initial=1))
+    width = max(1, min(longest, history_chunk or longest))
+    parts = gramian_parts(other_rows, batch_size, width, steps_multiple)
+    gramian_ids = np.concatenate(parts)
+    pieces.append(
+      _gramian_entries(code, parts, used, batch_size, steps_multiple)
+    )
+    ids.append(gramian_ids)
+    used += len(gramian_ids)
+    pieces.append(
+      _solve_entries(
+        side, offsets, used, batch_size, steps_multiple, history_chunk
+      )
+    )
+    ids.append(history_ids)
+    used += len(history_ids)
+  joined = _Entries(*(np.concatenate(arrays) for arrays in zip(*pieces)))
+  return EpochPlan(batch_size, *joined[:6], np.concatenate(ids), joined[6])

@@ -39,6 +39,13 @@ from backends.storage import exact_math
 
 #: Rows per chunk are chosen so a chunk holds at most this many bytes.
 CHUNK_BYTES = 8 << 20
+
+
+def rows_per_chunk(dim: int, dtype: tf.DType) -> int:
+  """Rows of width `dim` in `dtype` a chunk holds (at least one)."""
+  return max(1, CHUNK_BYTES // (tf.as_dtype(dtype).size * dim))
+
+
 #: Rows drawn at once hold at most this many bytes of float32 values: the
 #: hash's uint64 and the quantile's float64 intermediates are ~20x that.
 DRAW_BYTES = 1 << 20

@@ -210,7 +210,7 @@ class RowShardedVariable(_tf_internal.Trackable):
     restoring, and restoring into another layout hold at once.
     """
     vocab, dim = self.shape.as_list()
-    step = max(1, row_init.CHUNK_BYTES // (self.dtype.size * dim))
+    step = row_init.rows_per_chunk(dim, self.dtype)
     out = []
     for index, shard in self.local_shards():
       rows = self.layout.rows_in(index)
@@ -222,17 +222,14 @@ class RowShardedVariable(_tf_internal.Trackable):
         )
     return out
 
+  saved_chunks = local_chunks  # each worker saves the rows it owns
+
   def read_chunk(self, shard: tf.Variable, local: int, count: int):
     """Rows `[local, local + count)` of a shard: a gather, not a whole read.
 
     (TF copies a sparsely updated variable whole on every read.)
     """
-    with tf.device(shard.device):
-      return tf.raw_ops.ResourceGather(
-        resource=shard.handle,
-        indices=tf.range(local, local + count, dtype=tf.int64),
-        dtype=self.dtype,
-      )
+    return read_rows_of(shard, local, count)
 
   def _serialize_to_tensors(self) -> dict[str, Any]:
     key = _tf_internal.VARIABLE_VALUE_KEY
@@ -317,6 +314,18 @@ def rows_outside_tf(save: bool = False, restore: bool = False):
     yield
   finally:
     _ROWS_OUTSIDE_TF.save, _ROWS_OUTSIDE_TF.restore = previous
+
+
+def read_rows_of(variable: tf.Variable, begin: int, count: int) -> tf.Tensor:
+  """Rows `[begin, begin + count)` of one variable on its device: a gather,
+  not a whole read (TF copies a sparsely updated variable whole on every
+  read)."""
+  with tf.device(variable.device):
+    return tf.raw_ops.ResourceGather(
+      resource=variable.handle,
+      indices=tf.range(begin, begin + count, dtype=tf.int64),
+      dtype=variable.dtype,
+    )
 
 
 def slice_spec(vocab: int, dim: int, begin: int, rows: int) -> str:

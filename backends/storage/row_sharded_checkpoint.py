@@ -1,4 +1,4 @@
-"""Row-sharded tables in checkpoints, written and read chunk by chunk.
+"""Tables in checkpoints, written and read chunk by chunk.
 
 TF saves a variable by reading it whole, and a variable that is updated
 sparsely (every embedding table) is copied on every read: a TF save holds a
@@ -10,7 +10,10 @@ row-sharded table (contiguous layout) as row slices of TF's full `<table>`
 time, beside the checkpoint, and the checkpoint's writer merges
 them into it (TF's `MergeV2Checkpoints`, which joins slices of one tensor
 from many bundles). A restore reads, chunk by chunk, only the rows each
-worker owns.
+worker owns. Replicated tables and slots (`ReplicatedRows`) go the same
+way: written by the process holding the first replica's copy, read chunk
+by chunk into every copy, so a restart holds one chunk more than training,
+not every table twice.
 
 So the checkpoint is TF's, with the full tensor under TF's key: anything
 that reads it whole (a replicated run, the `serving` backend, TF's
@@ -33,10 +36,11 @@ Example:
   >>> restore(checkpoint, path, checkpoint.restore)
 """
 
+import contextlib
 import glob
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -52,20 +56,129 @@ _ROWS = ".rows-"  # a rows bundle: <prefix>.rows-<worker>-<chunk>
 _OBJECTS = ".objects"  # the checkpoint's own bundle while it is merged
 
 
+class ReplicatedRows:
+  """A replicated table or slot (one variable, a copy on every replica) in
+  checkpoints by row chunks: saved from the first replica's copy by the
+  process that holds it, restored chunk by chunk into every local copy.
+
+  TF's save reads a variable whole (a sparsely updated one is copied), and
+  its restore reads every tensor of a checkpoint before assigning any: a
+  restart would hold each table twice.
+  """
+
+  def __init__(self, variable: tf.Variable, strategy: tf.distribute.Strategy):
+    self.variable = variable
+    self._strategy = strategy
+    self.shape = variable.shape
+    self.dtype = variable.dtype
+
+  def _copies(self) -> list[tf.Variable]:
+    return list(self._strategy.experimental_local_results(self.variable))
+
+  def local_chunks(self) -> list[tuple[str, int, int, tf.Variable, int]]:
+    """Every row, as `RowShardedVariable.local_chunks` (the first local
+    copy stands for the table)."""
+    vocab, dim = self.shape.as_list()
+    step = row_init.rows_per_chunk(dim, self.dtype)
+    first = self._copies()[0]
+    return [
+      (
+        row_sharded.slice_spec(vocab, dim, begin, min(step, vocab - begin)),
+        begin,
+        min(step, vocab - begin),
+        first,
+        begin,
+      )
+      for begin in range(0, vocab, step)
+    ]
+
+  def saved_chunks(self) -> list[tuple[str, int, int, tf.Variable, int]]:
+    """What this process writes: every row if it holds replica 0, else
+    nothing (the rows are that replica's)."""
+    if 0 in row_sharded.local_replica_ids(self._strategy):
+      return self.local_chunks()
+    return []
+
+  def read_chunk(self, copy: tf.Variable, begin: int, count: int):
+    return row_sharded.read_rows_of(copy, begin, count)
+
+  def assign_rows(self, begin: int, rows: Any) -> None:
+    """Rows `[begin, begin + len(rows))` into every local copy (a scatter:
+    a slice assignment would copy a sparsely updated variable whole)."""
+    rows = tf.convert_to_tensor(rows, self.dtype)
+    indices = tf.range(begin, begin + int(rows.shape[0]), dtype=tf.int64)
+    for copy in self._copies():
+      with tf.device(copy.device):
+        copy.scatter_update(tf.IndexedSlices(rows, indices))
+
+  @contextlib.contextmanager
+  def outside_tf(self, save: bool) -> Iterator[None]:
+    """TF's save records the variable's key and writes none of its rows
+    (`save`), or TF's restore skips it; as `rows_outside_tf` does for a
+    `RowShardedVariable`. The variable's own method is shadowed on the
+    instance meanwhile (`backends.checkpoint` shadows it to cast, too)."""
+    variable, key = self.variable, _tf_internal.VARIABLE_VALUE_KEY
+    device = self._copies()[0].device
+
+    def recorded_only() -> dict[str, Any]:
+      if not save:
+        return {}
+      return {
+        key: _tf_internal.SaveSpec(
+          lambda: None, "", "", dtype=self.dtype, device=device
+        )
+      }
+
+    shadowed = variable.__dict__.get("_serialize_to_tensors")
+    variable._serialize_to_tensors = recorded_only  # pylint: disable=protected-access
+    try:
+      yield
+    finally:
+      if shadowed is None:
+        variable.__dict__.pop("_serialize_to_tensors", None)
+      else:
+        variable._serialize_to_tensors = shadowed  # pylint: disable=protected-access
+
+
 def row_sliced(root: Any) -> dict[str, Any]:
-  """`{checkpoint key: RowShardedVariable}` saved by slices under `root`.
+  """`{checkpoint key: rows}` of the tables under `root` saved by slices:
+  `RowShardedVariable`s of contiguous shards and every replicated table
+  and slot of a backend that names them (`replicated_table_variables`),
+  as `ReplicatedRows`.
 
   The keys are TF's: the path a save of `root` gives each object.
   """
   objects, paths = _tf_internal.breadth_first_objects(root)
-  out = {}
+  replicated = {}
   for obj in objects:
-    if isinstance(obj, row_sharded.RowShardedVariable) and obj.saves_slices():
+    named = getattr(obj, "replicated_table_variables", None)
+    if callable(named):
+      for variable in named():
+        replicated[id(variable)] = ReplicatedRows(variable, obj.strategy)
+  out: dict[str, Any] = {}
+  for obj in objects:
+    rows = replicated.get(id(obj))
+    if rows is None and (
+      isinstance(obj, row_sharded.RowShardedVariable) and obj.saves_slices()
+    ):
+      rows = obj
+    if rows is not None:
       key = _tf_internal.checkpoint_key(
         paths[obj], _tf_internal.VARIABLE_VALUE_KEY
       )
-      out[key] = obj
+      out[key] = rows
   return out
+
+
+@contextlib.contextmanager
+def _outside_tf(tables: dict[str, Any], save: bool) -> Iterator[None]:
+  """TF's save or restore leaves the rows of `tables` to this module."""
+  with contextlib.ExitStack() as stack:
+    stack.enter_context(rows_outside_tf(save=save, restore=not save))
+    for rows in tables.values():
+      if isinstance(rows, ReplicatedRows):
+        stack.enter_context(rows.outside_tf(save))
+    yield
 
 
 def write_rows(variables: dict[str, Any], prefix: str, worker: int) -> int:
@@ -95,7 +208,7 @@ def write_rows(variables: dict[str, Any], prefix: str, worker: int) -> int:
 
   for key, variable in sorted(variables.items()):
     dim = int(variable.shape[1])
-    for spec, _, rows, shard, local in variable.local_chunks():
+    for spec, _, rows, shard, local in variable.saved_chunks():
       size = rows * dim * variable.dtype.size
       if held and held + size > row_init.CHUNK_BYTES:
         flush()
@@ -244,7 +357,7 @@ def save(
       merge(prefix)
 
   options = tf.train.CheckpointOptions(experimental_write_callbacks=[add_rows])
-  with rows_outside_tf(save=True):
+  with _outside_tf(tables, save=True):
     return write(options)
 
 
@@ -255,7 +368,9 @@ def restore(root: Any, path: str, restore_rest: Callable[[str], Any]) -> Any:
   each worker then reads the rows it owns. Returns what it returned.
   """
   tables = row_sliced(root)
-  with rows_outside_tf(restore=bool(tables)):
+  if not tables:
+    return restore_rest(path)
+  with _outside_tf(tables, save=False):
     result = restore_rest(path)
   read_rows(tables, path)
   return result

@@ -258,6 +258,17 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
     self._maybe_build()
     return {name: s.slots() for name, s in self._storages.items()}
 
+  def replicated_table_variables(self) -> list[Any]:
+    """The built replicated tables' parameters and slots: what checkpoints
+    of the Trainer and `backends.checkpoint` write and read by row chunks
+    (`backends.storage.row_sharded_checkpoint.row_sliced`)."""
+    return [
+      variable
+      for storage in self._storages.values()
+      if storage.placement == "replicated"
+      for variable in (storage.parameters, *storage.slots().values())
+    ]
+
   def placements(self) -> dict[str, str]:
     """Where each table's rows live, by table name (see `backends.storage`)."""
     self._maybe_build()

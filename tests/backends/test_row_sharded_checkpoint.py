@@ -188,11 +188,51 @@ def test_a_whole_table_checkpoint_restores_into_shards(tmp_path):
   assert_equal(state(replicated), state(fresh))
 
 
-def test_no_row_sharded_table_means_tfs_own_save(tmp_path):
-  emb = _fresh(1)
-  assert not row_sharded_checkpoint.row_sliced(
-    tf.train.Checkpoint(embedding=emb)
+@pytest.mark.parametrize("replicas", [1, 2], ids=["1-replica", "2-replicas"])
+def test_replicated_tables_are_saved_and_restored_by_chunks(
+  tmp_path, monkeypatch, replicas
+):
+  """Replicated tables and their slots too: written once, from the first
+  replica's copy, as row slices of TF's full tensors (a bundle at most 32
+  floats), read back chunk by chunk into every copy, and never read whole;
+  TF's own TPUEmbeddingForServing reads the merged checkpoint."""
+  strategy = (
+    mirrored_strategy(replicas)
+    if replicas > 1
+    else tf.distribute.get_strategy()
   )
-  path = _save(emb, tf.distribute.get_strategy(), tmp_path)
-  assert not row_sharded_checkpoint.sliced_keys(path)
-  assert isinstance(emb, TensorCoreEmbedding)
+  trained = sharded_case.trained(replicas, False)
+  assert set(trained.placements().values()) == {"replicated"}
+  written, read = [], []
+  save_v2, restore_v2 = tf.raw_ops.SaveV2, tf.raw_ops.RestoreV2
+
+  def counted_save(**kwargs):
+    if ".rows-" in kwargs["prefix"]:
+      written.extend(kwargs["shape_and_slices"])
+    return save_v2(**kwargs)
+
+  def counted_restore(**kwargs):
+    read.extend(zip(kwargs["tensor_names"], kwargs["shape_and_slices"]))
+    return restore_v2(**kwargs)
+
+  monkeypatch.setattr(tf.raw_ops, "SaveV2", counted_save)
+  path = _save(trained, strategy, tmp_path)
+  tables = row_sharded_checkpoint.row_sliced(
+    tf.train.Checkpoint(embedding=trained)
+  )
+  assert len(tables) == len(trained.replicated_table_variables()) > 3
+  chunks = [c[0] for v in tables.values() for c in v.local_chunks()]
+  assert sorted(written) == sorted(chunks)
+  assert row_sharded_checkpoint.sliced_keys(path) == set(tables)
+  sharded_case.assert_tf_serving_reads(path, state(trained))
+
+  monkeypatch.setattr(tf.raw_ops, "RestoreV2", counted_restore)
+  fresh = _fresh(replicas)
+  checkpoint_lib.restore(fresh, path)
+  table_reads = [spec for key, spec in read if key in tables]
+  assert sorted(table_reads) == sorted(chunks)  # no whole read ("")
+  assert_equal(state(trained), state(fresh))
+  for variable in fresh.replicated_table_variables():
+    copies = strategy.experimental_local_results(variable)
+    for copy in copies[1:]:
+      np.testing.assert_array_equal(copy.numpy(), copies[0].numpy())

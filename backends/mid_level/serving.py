@@ -76,6 +76,19 @@ class ServingEmbedding(mid_level.MidLevelBackend):
     config, _ = mid_level.tf_feature_config(self)
     return embedding.TPUEmbeddingForServing(config, optimizer=None)
 
+  def replicated_table_variables(self) -> list[tf.Variable]:
+    """The built tables (and slots, with an optimizer): restored from the
+    Trainer's checkpoints by row chunks, not whole
+    (`backends.storage.row_sharded_checkpoint.row_sliced`). Unbuilt: none
+    (a restore before `build()` fills the variables as TF creates them)."""
+    if not self._built:
+      return []
+    return [
+      variable
+      for variables in self._variables_by_table().values()
+      for variable in variables.values()
+    ]
+
   def lookup(
     self, features: Any, weights: Any | None = None, training: bool = False
   ) -> Any:

@@ -367,7 +367,10 @@ def restore(root: Any, path: str, restore_rest: Callable[[str], Any]) -> Any:
   `restore_rest` is TF's restore of `root` (it skips the sliced tables);
   each worker then reads the rows it owns. Returns what it returned.
   """
-  tables = row_sliced(root)
+  stored = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
+  # A table the checkpoint holds under another key (SparseCore's stacked
+  # tables, unstacked by TF's restore) is left to TF.
+  tables = {k: v for k, v in row_sliced(root).items() if k in stored}
   if not tables:
     return restore_rest(path)
   with _outside_tf(tables, save=False):

@@ -16,6 +16,7 @@ import tensorflow as tf
 from backends import checkpoint as checkpoint_lib
 from backends.layout import TableLayout
 from backends.storage import row_init, row_sharded_checkpoint
+from backends.mid_level.serving import ServingEmbedding
 from backends.tensorcore.backend import TensorCoreEmbedding
 from tests.backends import test_compiled_path as compiled
 from tests.backends import test_row_sharded as sharded_case
@@ -236,3 +237,20 @@ def test_replicated_tables_are_saved_and_restored_by_chunks(
     copies = strategy.experimental_local_results(variable)
     for copy in copies[1:]:
       np.testing.assert_array_equal(copy.numpy(), copies[0].numpy())
+
+  # What `recsys export` restores into: the tables alone, by chunks too.
+  read.clear()
+  serving = ServingEmbedding.from_backend(fresh)
+  checkpoint_lib.restore(serving, path)
+  params = row_sharded_checkpoint.row_sliced(
+    tf.train.Checkpoint(embedding=serving)
+  )
+  assert set(params) < set(tables)  # no slots
+  params_chunks = [c[0] for k in params for c in tables[k].local_chunks()]
+  assert sorted(spec for key, spec in read if key in tables) == sorted(
+    params_chunks
+  )
+  for table, variable in serving.embedding_tables.items():
+    np.testing.assert_array_equal(
+      variable.numpy(), state(trained)[f"{table.name}/parameters"]
+    )

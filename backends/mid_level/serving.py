@@ -59,6 +59,23 @@ class ServingEmbedding(mid_level.MidLevelBackend):
   name = "serving"
   capabilities = base.Capabilities(trains=False)
   unstacks_checkpoints = True  # TF's TPUEmbeddingForServing unstacks them
+  options = base.EmbeddingBackend.options | {"restore_only"}
+
+  def __init__(
+    self,
+    feature_config: Any,
+    optimizer: Any | None = None,
+    strategy: tf.distribute.Strategy | None = None,
+    *,
+    restore_only: bool = False,
+    **options: Any,
+  ):
+    """As `EmbeddingBackend`, and `restore_only`: built to restore a
+    checkpoint's tables into (`recsys export`), it holds the tables alone,
+    no slots whatever the optimizer, as zeros until restored (drawing a
+    4M x 16 table from a truncated normal held ~3 copies of it at once)."""
+    super().__init__(feature_config, optimizer, strategy, **options)
+    self._restore_only = bool(restore_only)
 
   @classmethod
   def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> str | None:
@@ -73,7 +90,11 @@ class ServingEmbedding(mid_level.MidLevelBackend):
     return None
 
   def _create_mid_level(self) -> Any:
-    config, _ = mid_level.tf_feature_config(self)
+    config, tables = mid_level.tf_feature_config(self)
+    if self._restore_only:
+      for table in tables.values():
+        table.initializer = tf.zeros_initializer()
+        table.optimizer = None
     return embedding.TPUEmbeddingForServing(config, optimizer=None)
 
   def replicated_table_variables(self) -> list[tf.Variable]:
@@ -156,8 +177,16 @@ class ServingEmbedding(mid_level.MidLevelBackend):
       backend: a built backend that runs here (any but the TPU ones).
 
     Returns:
-      The built `ServingEmbedding`, under the current strategy.
+      The built `ServingEmbedding`, under the current strategy: `backend`
+      itself when it is one, built and slot-free (`recsys export`'s: a
+      copy would hold every table twice).
     """
+    if (
+      isinstance(backend, cls)
+      and backend._built
+      and not any(backend.slot_variables().values())
+    ):
+      return backend
     config, copies = mid_level.tf_feature_config(backend)
     for table in copies.values():
       table.optimizer = None  # lookup-only: no slot variables

@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
       "train.summaries = False",
       "train.placement = None",
       *planning.default_placement_bindings(),
-      "train.backend_options = None",
+      # The tables alone, restored right after they are built.
+      "train.backend_options = {'restore_only': True}",
     ],
     action="restore",
     backend=registry.for_export(),

@@ -24,6 +24,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import backends  # noqa: E402
+from backends.mid_level import common as mid_level  # noqa: E402
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import base  # noqa: E402
 from backends import checkpoint as ckpt  # noqa: E402
@@ -277,6 +278,35 @@ def test_from_backend_copies_the_tables_without_slots():
       rtol=1e-6,
       atol=1e-7,
       err_msg=name,
+    )
+
+
+def test_a_restore_only_backend_holds_zeros_and_no_slots_until_restored(
+  tmp_path,
+):
+  """What `recsys export` restores into: the tables alone (no slots under
+  a sloted optimizer), zeros (nothing drawn), then the checkpoint's rows;
+  `from_backend` serves it as it is instead of copying it."""
+  emb, features, weights = _trained_tensorcore()
+  path = tf.train.Checkpoint(embedding=emb).save(str(tmp_path / "c"))
+  config, _ = mid_level.tf_feature_config(emb)
+  restored = ServingEmbedding(config, E.Adagrad(0.1), restore_only=True)
+  restored.build()
+  assert all(not slots for slots in restored.slot_variables().values())
+  for variable in restored.embedding_tables.values():
+    assert not np.any(variable.numpy())
+  ckpt.restore(restored, path)
+  assert ServingEmbedding.from_backend(restored) is restored
+  trained = {emb.table_name(t): v for t, v in emb.embedding_tables.items()}
+  for table, variable in restored.embedding_tables.items():
+    np.testing.assert_array_equal(
+      variable.numpy(), tf.convert_to_tensor(trained[table.name]).numpy()
+    )
+  served = restored.lookup(features, weights)
+  want = emb.lookup(features, weights)
+  for name in want:
+    np.testing.assert_allclose(
+      served[name].numpy(), want[name].numpy(), rtol=1e-6, atol=1e-7
     )
 
 

@@ -64,15 +64,12 @@ def epoch_dataset(
   def by_batch(entries: np.ndarray) -> np.ndarray:
     return entries.reshape(plan.num_batches, size)[keep]
 
+  entries = plan.entries
   slices = {
-    "side": by_batch(plan.side),
-    "row": by_batch(plan.row),
-    "counts": by_batch(plan.counts),
-    "segment": by_batch(plan.segment),
-    "starts": by_batch(plan.starts),
-    "lengths": by_batch(plan.lengths),
-    "of_users": plan.of_users[keep],
+    name: by_batch(getattr(entries, name))
+    for name in ("side", "row", "counts", "segment", "starts", "lengths")
   }
+  slices["of_users"] = entries.of_users[keep]
   ids = tf.constant(plan.ids)
 
   def history(batch: dict, mine: tf.Tensor) -> tf.RaggedTensor:

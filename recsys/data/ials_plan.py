@@ -9,7 +9,7 @@ with TF ops, so an epoch's input costs no Python loop.
 
 Example:
   >>> plan = plan_epoch(pairs, 944, 1683, batch_size=256, steps_multiple=2)
-  >>> plan.num_batches, plan.side.reshape(plan.num_batches, 256)[0, 0]
+  >>> plan.num_batches, plan.entries.side.reshape(plan.num_batches, 256)[0]
 """
 
 from typing import NamedTuple
@@ -19,37 +19,47 @@ import numpy as np
 from recsys.data import ials_batches as names
 
 
-class EpochPlan(NamedTuple):
-  """One epoch's batches; per-entry arrays have `num_batches * batch_size`
-  entries.
+class Entries(NamedTuple):
+  """Batches' entries (entry e of batch b at index b * B + e).
 
   Attributes:
-    batch_size: entries per batch B.
     side: `ials_side` of each entry (a Gramian batch's code on every
       entry of it).
     row: the id of the row an entry solves (0 on other entries).
     counts: `ials_counts`, the solved row's number of observed pairs.
     segment: `ials_segment`, the batch position of the row's first entry.
-    starts, lengths: the slice of `ids` an entry's history feature holds.
-    ids: every user's items, every item's users, then the Gramian batches'
-      ids.
+    starts, lengths: the slice of the plan's `ids` an entry's history
+      feature holds.
     of_users: per batch, whether it belongs to the user half (its ids go to
       the user history feature).
   """
 
-  batch_size: int
   side: np.ndarray
   row: np.ndarray
   counts: np.ndarray
   segment: np.ndarray
   starts: np.ndarray
   lengths: np.ndarray
-  ids: np.ndarray
   of_users: np.ndarray
+
+
+class EpochPlan(NamedTuple):
+  """One epoch's batches.
+
+  Attributes:
+    batch_size: entries per batch B.
+    entries: every batch's entries, `num_batches * batch_size` of them.
+    ids: every user's items, every item's users, then the Gramian batches'
+      ids, which the entries slice.
+  """
+
+  batch_size: int
+  entries: Entries
+  ids: np.ndarray
 
   @property
   def num_batches(self) -> int:
-    return len(self.of_users)
+    return len(self.entries.of_users)
 
 
 def gramian_parts(
@@ -102,18 +112,6 @@ def _batch_of_rows(
   return batch
 
 
-class _Entries(NamedTuple):
-  """Some batches' entries, before they are laid out in an epoch."""
-
-  side: np.ndarray
-  row: np.ndarray
-  counts: np.ndarray
-  segment: np.ndarray
-  starts: np.ndarray
-  lengths: np.ndarray
-  of_users: np.ndarray
-
-
 def _solve_entries(
   side: int,
   offsets: np.ndarray,
@@ -121,7 +119,7 @@ def _solve_entries(
   batch_size: int,
   steps_multiple: int,
   chunk: int | None,
-) -> _Entries:
+) -> Entries:
   """One half's solve batches: rows 0..len(offsets)-2, row r's history
   `ids[base + offsets[r] : base + offsets[r + 1]]`."""
   lengths = np.diff(offsets)
@@ -151,9 +149,9 @@ def _solve_entries(
   return out._replace(of_users=np.full(batches, side == names.USER_SIDE))
 
 
-def _padding(total: int, batch_size: int) -> _Entries:
+def _padding(total: int, batch_size: int) -> Entries:
   """`total` padding entries (each its own segment, no history)."""
-  return _Entries(
+  return Entries(
     side=np.full(total, names.PADDING, np.int32),
     row=np.zeros(total, np.int64),
     counts=np.zeros(total, np.int64),
@@ -166,7 +164,7 @@ def _padding(total: int, batch_size: int) -> _Entries:
 
 def _gramian_entries(
   code: int, parts: list, base: int, batch_size: int, steps_multiple: int
-) -> _Entries:
+) -> Entries:
   """A half's Gramian batches: part p's ids (at `base` + their offset in
   the concatenated parts) spread over batch p's entries."""
   out = _padding(len(parts) * batch_size, batch_size)
@@ -233,5 +231,5 @@ def plan_epoch(
     )
     ids.append(history_ids)
     used += len(history_ids)
-  joined = _Entries(*(np.concatenate(arrays) for arrays in zip(*pieces)))
-  return EpochPlan(batch_size, *joined[:6], np.concatenate(ids), joined[6])
+  joined = Entries(*(np.concatenate(arrays) for arrays in zip(*pieces)))
+  return EpochPlan(batch_size, joined, np.concatenate(ids))

@@ -120,12 +120,11 @@ def test_tf_serving_embedding_reads_the_merged_checkpoint(trained, tmp_path):
   sharded_case.assert_tf_serving_reads(path, state(trained))
 
 
-def test_each_worker_writes_and_reads_only_its_rows_by_chunks(
-  trained, tmp_path, monkeypatch
-):
-  """Bundles hold at most 32 floats of this worker's chunks; a restore asks
-  for each chunk."""
-  written, read = [], []
+def _counted_bundles(monkeypatch) -> tuple[list, list]:
+  """`(written, read)`: each rows bundle's slice specs as it is saved, and
+  each (key, slice spec) TF's RestoreV2 is asked for."""
+  written: list = []
+  read: list = []
   save_v2, restore_v2 = tf.raw_ops.SaveV2, tf.raw_ops.RestoreV2
 
   def counted_save(**kwargs):
@@ -134,10 +133,20 @@ def test_each_worker_writes_and_reads_only_its_rows_by_chunks(
     return save_v2(**kwargs)
 
   def counted_restore(**kwargs):
-    read.append(kwargs["shape_and_slices"])
+    read.extend(zip(kwargs["tensor_names"], kwargs["shape_and_slices"]))
     return restore_v2(**kwargs)
 
   monkeypatch.setattr(tf.raw_ops, "SaveV2", counted_save)
+  monkeypatch.setattr(tf.raw_ops, "RestoreV2", counted_restore)
+  return written, read
+
+
+def test_each_worker_writes_and_reads_only_its_rows_by_chunks(
+  trained, tmp_path, monkeypatch
+):
+  """Bundles hold at most 32 floats of this worker's chunks; a restore asks
+  for each chunk."""
+  written, read = _counted_bundles(monkeypatch)
   path = _save(trained, mirrored_strategy(2), tmp_path)
   tables = row_sharded_checkpoint.row_sliced(
     tf.train.Checkpoint(embedding=trained)
@@ -155,10 +164,10 @@ def test_each_worker_writes_and_reads_only_its_rows_by_chunks(
     ]
     assert sum(floats) <= 32 or len(specs) == 1
 
-  monkeypatch.setattr(tf.raw_ops, "RestoreV2", counted_restore)
+  read.clear()
   fresh = _fresh(2, layouts=TableLayout("row_sharded", row_layout="contiguous"))
   checkpoint_lib.restore(fresh, path)
-  sliced_reads = [s for specs in read for s in specs if s]
+  sliced_reads = [spec for _, spec in read if spec]
   assert len(sliced_reads) == len(chunks)
   assert_equal(state(trained), state(fresh))
 
@@ -204,30 +213,18 @@ def test_replicated_tables_are_saved_and_restored_by_chunks(
   )
   trained = sharded_case.trained(replicas, False)
   assert set(trained.placements().values()) == {"replicated"}
-  written, read = [], []
-  save_v2, restore_v2 = tf.raw_ops.SaveV2, tf.raw_ops.RestoreV2
-
-  def counted_save(**kwargs):
-    if ".rows-" in kwargs["prefix"]:
-      written.extend(kwargs["shape_and_slices"])
-    return save_v2(**kwargs)
-
-  def counted_restore(**kwargs):
-    read.extend(zip(kwargs["tensor_names"], kwargs["shape_and_slices"]))
-    return restore_v2(**kwargs)
-
-  monkeypatch.setattr(tf.raw_ops, "SaveV2", counted_save)
+  written, read = _counted_bundles(monkeypatch)
   path = _save(trained, strategy, tmp_path)
   tables = row_sharded_checkpoint.row_sliced(
     tf.train.Checkpoint(embedding=trained)
   )
   assert len(tables) == len(trained.replicated_table_variables()) > 3
   chunks = [c[0] for v in tables.values() for c in v.local_chunks()]
-  assert sorted(written) == sorted(chunks)
+  assert sorted(s for specs in written for s in specs) == sorted(chunks)
   assert row_sharded_checkpoint.sliced_keys(path) == set(tables)
   sharded_case.assert_tf_serving_reads(path, state(trained))
 
-  monkeypatch.setattr(tf.raw_ops, "RestoreV2", counted_restore)
+  read.clear()
   fresh = _fresh(replicas)
   checkpoint_lib.restore(fresh, path)
   table_reads = [spec for key, spec in read if key in tables]

@@ -578,6 +578,13 @@ class EmbeddingBackend(_tf_internal.AutoTrackable, metaclass=abc.ABCMeta):
     return self._feature_config
 
   @property
+  def lookup_only(self) -> bool:
+    """Whether this backend holds the tables alone, to look up (no slots,
+    no training): a checkpoint's slots are then accepted and left unread
+    (`backends.checkpoint.verify_compatible`)."""
+    return not self.capabilities.trains
+
+  @property
   def strategy(self) -> tf.distribute.Strategy:
     return self._strategy
 

@@ -206,7 +206,7 @@ def verify_compatible(
   if _LAYOUTS in tables:
     tables, slots = _unstacked(path, prefix, backend, tables, slots)
   problems = []
-  lookup_only = not backend.capabilities.trains
+  lookup_only = backend.lookup_only
   expected = expected_tables(backend)
   stored_desc = ", ".join(f"{n!r} {_fmt(s)}" for n, s in sorted(tables.items()))
   for exp in expected:

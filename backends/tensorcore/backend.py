@@ -101,6 +101,9 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
       float16 table: beyond +-65504) saturates them to its largest finite
       value, with a warning; False (default): such a restore is refused
       before anything is restored (`backends.storage.narrow.NarrowRangeError`).
+    restore_only: the tables alone, no optimizer slots, for a run restored
+      to be evaluated (`recsys evaluate`): a checkpoint's slots are left
+      unread; it cannot train.
   """
 
   name = "tensorcore"
@@ -113,6 +116,7 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
       "static_shapes",
       "rounding_seed",
       "saturate_restores",
+      "restore_only",
     }
   )
 
@@ -129,6 +133,7 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
     layouts: TableLayout | Mapping[str, TableLayout] | None = None,
     rounding_seed: int = 0,
     saturate_restores: bool = False,
+    restore_only: bool = False,
   ):
     super().__init__(
       feature_config,
@@ -192,6 +197,7 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
         "refuses them)."
       )
     self.saturate_restores = saturate_restores
+    self._restore_only = bool(restore_only)
 
   @classmethod
   def plan_tables(
@@ -243,10 +249,16 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
       ),
     )
 
+  @property
+  def lookup_only(self) -> bool:
+    return self._restore_only
+
   def _make_storage(self, table: Any) -> TableStorage:
     name = self.table_name(table)
     held = self._table_layouts[name]
-    args = (table, name, self.optimizer_for(table), self._strategy)
+    # Restored to be evaluated or exported: the tables alone, no slots.
+    optimizer = None if self._restore_only else self.optimizer_for(table)
+    args = (table, name, optimizer, self._strategy)
     if held.row_sharded:
       return row_sharded.RowSharded(
         *args,

@@ -57,7 +57,10 @@ def run(args: argparse.Namespace) -> int:
   name = args.eval_on
   path = run.other_eval_metrics(name) if name else run.eval_metrics
   # Reads the model dir only; nothing of recsys.training is loaded.
-  restored = gin_train.configured(args, action="restore").restored()
+  # The tables alone, without the optimizer's slots.
+  restored = gin_train.configured(args, action="restore").restored(
+    lookup_only=True
+  )
   metrics, changes = evaluate_restored(restored, other_data=bool(name))
   if name:
     metrics["eval_on"] = name

@@ -68,14 +68,14 @@ def run(args: argparse.Namespace) -> int:
       "train.summaries = False",
       "train.placement = None",
       *planning.default_placement_bindings(),
-      # The tables alone, restored right after they are built.
-      "train.backend_options = {'restore_only': True}",
+      "train.backend_options = None",
     ],
     action="restore",
     backend=registry.for_export(),
     strategy=tf.distribute.get_strategy(),
   )
-  restored = configured.restored()  # nothing of recsys.training is loaded
+  # The tables alone (no slots); nothing of recsys.training is loaded.
+  restored = configured.restored(lookup_only=True)
   step = restored.require_checkpoint("export")
   changes = restored.check_restored("export")
   log.info(  # tracing the signatures (and a corpus's index) takes seconds

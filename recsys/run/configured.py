@@ -230,9 +230,10 @@ class ConfiguredRun:
   eval_source: Any | None
   settings: TrainSettings
 
-  def restored(self) -> RestoredRun:
+  def restored(self, lookup_only: bool = False) -> RestoredRun:
     """The run's objects built and its newest checkpoint read; no loop
-    (what `recsys evaluate` and `recsys export` use)."""
+    (what `recsys evaluate` and `recsys export` use, `lookup_only`: see
+    `RestoredRun`)."""
     return RestoredRun(
       self.model_dir,
       self.source,
@@ -240,6 +241,7 @@ class ConfiguredRun:
       self.strategy,
       self.eval_source,
       self.settings,
+      lookup_only=lookup_only,
     )
 
 

@@ -121,8 +121,11 @@ def make_backend(
   strategy: tf.distribute.Strategy,
   feature_config: dict[str, Any],
   embedding_optimizer: Any,
+  lookup_only: bool = False,
 ) -> tuple[str, str, compile_lib.CompilePlan, Any]:
-  """`(name, reason, compile plan, backend)` for the run's tables."""
+  """`(name, reason, compile plan, backend)` for the run's tables;
+  `lookup_only`: restored to be evaluated or exported (`restore_only` for
+  a backend that declares it)."""
   name, reason = registry.resolve(st.backend, strategy)
   # `resolve` logs the choice and its reason (the one place "auto" is
   # decided); construct the resolved class directly so it is not re-resolved.
@@ -154,6 +157,8 @@ def make_backend(
   if not st.skip_memory_check:  # before a table is allocated
     planning.check_fits(plan)
   options.update(st.backend_options or {})
+  if lookup_only:
+    options.update(registry.declared_options(name, {"restore_only": True}))
   backend = registry.construct(
     name,
     feature_config,

@@ -122,6 +122,10 @@ class RestoredRun:
     strategy: the `tf.distribute` strategy (default: the current one).
     eval_source: source for evaluation; default: `source` (its eval split).
     settings: the run's `TrainSettings` (default: the defaults).
+    lookup_only: the tables alone, for a run restored to be evaluated or
+      exported, not trained: a backend that declares `restore_only` holds
+      no optimizer slots (restoring them would hold the tables three times
+      under Adam) and draws no initial values.
 
   Attributes (besides the arguments): `feature_config`,
   `embedding_optimizer` (bound to the step's schedules), `global_step`,
@@ -145,8 +149,11 @@ class RestoredRun:
     strategy: tf.distribute.Strategy | None = None,
     eval_source: Any | None = None,
     settings: TrainSettings | None = None,
+    *,
+    lookup_only: bool = False,
   ):
     self.settings = settings if settings is not None else TrainSettings()
+    self.lookup_only = lookup_only
     self.model_dir = model_dir
     self.strategy = strategy or tf.distribute.get_strategy()
     self.source, self.eval_source = data_sources.run_sources(
@@ -245,6 +252,7 @@ class RestoredRun:
       self.strategy,
       self.feature_config,
       self.embedding_optimizer,
+      lookup_only=self.lookup_only,
     )
 
   def _build_model(self, model: Callable[..., keras.Model]) -> None:

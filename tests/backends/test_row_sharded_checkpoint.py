@@ -235,6 +235,20 @@ def test_replicated_tables_are_saved_and_restored_by_chunks(
     for copy in copies[1:]:
       np.testing.assert_array_equal(copy.numpy(), copies[0].numpy())
 
+  # What `recsys evaluate` restores into: the tables alone, no slots.
+  read.clear()
+  tables_only = _fresh(replicas, restore_only=True)
+  assert tables_only.lookup_only
+  assert not any(tables_only.slot_variables().values())
+  checkpoint_lib.restore(tables_only, path)
+  params = {k for k in tables if ".S" not in k.split("/")[1]}
+  assert {key for key, _ in read} == params
+  for table, variable in tables_only.embedding_tables.items():
+    np.testing.assert_array_equal(
+      tf.convert_to_tensor(variable).numpy(),
+      state(trained)[f"{table.name}/parameters"],
+    )
+
   # What `recsys export` restores into: the tables alone, by chunks too.
   read.clear()
   serving = ServingEmbedding.from_backend(fresh)

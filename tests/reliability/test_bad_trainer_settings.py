@@ -53,7 +53,8 @@ def test_unknown_backend_options_list_the_valid_ones(tmp_path):
     TrainerConfigError,
     match=r"\['invalid_id'\] are not options of the "
     r"'tensorcore' backend; it takes \['bag_widths', 'fused_kernels', "
-    r"'invalid_ids', 'rounding_seed', 'saturate_restores', 'static_shapes'\]",
+    r"'invalid_ids', 'restore_only', 'rounding_seed', 'saturate_restores', "
+    r"'static_shapes'\]",
   ):
     make(tmp_path, backend="tensorcore", backend_options={"invalid_id": "drop"})
 

@@ -35,7 +35,7 @@ def test_unknown_option_lists_the_declared_ones():
     registry.UnknownBackendOptionError,
     match=r"\['invalid_id'\] are not options of the 'tensorcore' backend; "
     r"it takes \['bag_widths', 'fused_kernels', 'invalid_ids', "
-    r"'rounding_seed', 'saturate_restores', 'static_shapes'\]",
+    r"'restore_only', 'rounding_seed', 'saturate_restores', 'static_shapes'\]",
   ):
     registry.check_options("tensorcore", {"invalid_id": "drop"})
   registry.check_options("tensorcore", {"invalid_ids": "drop"})

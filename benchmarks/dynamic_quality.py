@@ -56,6 +56,7 @@ Example:
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -67,6 +68,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import race  # noqa: E402  (this folder: machine state)
@@ -163,6 +165,26 @@ def _group_alive(pgid: int) -> bool:
   return True
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+  """SIGINT and SIGTERM held while a run starts, then raised (as
+  KeyboardInterrupt / Stopped) once `Popen` has returned and its caller
+  can stop the run: raised inside `Popen`, after the child started, they
+  left that run with nobody to stop it."""
+  caught: list[int] = []
+  old = {
+    s: signal.signal(s, lambda signum, _: caught.append(signum))
+    for s in _SIGNALS
+  }
+  try:
+    yield
+  finally:
+    for s, handler in old.items():
+      signal.signal(s, handler)
+  if caught:
+    raise KeyboardInterrupt if caught[0] == signal.SIGINT else Stopped()
+
+
 def stop(proc: subprocess.Popen) -> None:
   """Ends a run we started and its whole process group: SIGTERM (recsys
   train stops at a step and exits), SIGKILL after `STOP_GRACE_SECONDS` to
@@ -216,17 +238,20 @@ def train(path: str, bindings: list[str], model_dir: str, log_path: str):
     log.write("$ " + " ".join(command) + "\n")
     log.flush()
     start = time.monotonic()
-    proc = subprocess.Popen(
-      command,
-      stdin=subprocess.DEVNULL,
-      stdout=log,
-      stderr=subprocess.STDOUT,
-      start_new_session=True,
-    )
+    proc = None
     try:
+      with _signals_held():
+        proc = subprocess.Popen(
+          command,
+          stdin=subprocess.DEVNULL,
+          stdout=log,
+          stderr=subprocess.STDOUT,
+          start_new_session=True,
+        )
       code = proc.wait()
     finally:
-      stop(proc)
+      if proc is not None:
+        stop(proc)
     wall = time.monotonic() - start
   if code != 0:
     with open(log_path, encoding="utf-8", errors="replace") as f:

@@ -228,6 +228,41 @@ def test_sigterm_stops_the_run_in_progress_and_removes_its_folder(tmp_path):
   assert not list(tmp_path.glob("dynamic_quality_*")), list(tmp_path.iterdir())
 
 
+def test_a_signal_while_a_run_starts_still_stops_that_run(
+  monkeypatch, tmp_path
+):
+  """SIGTERM delivered inside `Popen`, after the run's process started:
+  the script still stops that run (it used to raise there, before the run
+  was its to stop, and leave it running)."""
+  from benchmarks import dynamic_quality
+
+  started = []
+  real_popen = subprocess.Popen
+
+  def popen(command, **kwargs):
+    del command, kwargs
+    run = real_popen(
+      [sys.executable, "-c", "import time; time.sleep(120)"],
+      start_new_session=True,
+      stdin=subprocess.DEVNULL,
+    )
+    started.append(run)
+    os.kill(os.getpid(), signal.SIGTERM)  # handled before Popen returns
+    time.sleep(0.2)
+    return run
+
+  monkeypatch.setattr(dynamic_quality.subprocess, "Popen", popen)
+  previous = signal.signal(signal.SIGTERM, dynamic_quality._raise_stopped)
+  try:
+    with pytest.raises(dynamic_quality.Stopped):
+      dynamic_quality.train(
+        "unused.gin", [], str(tmp_path / "run"), str(tmp_path / "log")
+      )
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  assert started and started[0].poll() is not None, "the run outlived it"
+
+
 def _runs_under(folder) -> list[int]:
   """Pids of `recsys train` processes whose command line names `folder`."""
   pids = []

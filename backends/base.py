@@ -79,6 +79,21 @@ def input_kind(ids: Any) -> str | None:
   return None
 
 
+def checked_restore_only(restore_only: Any) -> bool:
+  """The backend option `restore_only` (True or False), checked.
+
+  Raises:
+    UnsupportedConfigError: any other value.
+  """
+  if not isinstance(restore_only, bool):
+    raise UnsupportedConfigError(
+      f"restore_only={restore_only!r}; use True (the tables alone, no "
+      "optimizer slots: a backend to restore a checkpoint into and look "
+      "up, not train) or False."
+    )
+  return restore_only
+
+
 def cross_replica_build(build: Callable[..., None]) -> Callable[..., None]:
   """Makes a backend's `build()` work from inside a replica function.
 

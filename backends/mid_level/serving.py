@@ -75,7 +75,7 @@ class ServingEmbedding(mid_level.MidLevelBackend):
     no slots whatever the optimizer, as zeros until restored (drawing a
     4M x 16 table from a truncated normal held ~3 copies of it at once)."""
     super().__init__(feature_config, optimizer, strategy, **options)
-    self._restore_only = bool(restore_only)
+    self._restore_only = base.checked_restore_only(restore_only)
 
   @classmethod
   def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> str | None:

@@ -275,8 +275,13 @@ def read_slice(path: str, key: str, spec: str, dtype: tf.DType) -> tf.Tensor:
   )[0]
 
 
-def read_rows(variables: dict[str, Any], path: str) -> None:
-  """Restores this worker's rows of `variables` from the checkpoint `path`.
+def read_rows(
+  variables: dict[str, Any],
+  path: str,
+  stored: dict[str, tf.DType],
+) -> None:
+  """Restores this worker's rows of `variables` from the checkpoint `path`
+  (whose keys' dtypes are `stored`).
 
   A table stored as slices is read chunk by chunk, only the rows this
   worker owns (TF assembles each requested range from the slices that
@@ -291,7 +296,6 @@ def read_rows(variables: dict[str, Any], path: str) -> None:
   if not variables:
     return
   sliced = sliced_keys(path)
-  stored = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
   for key, variable in sorted(variables.items()):
     dtype = stored.get(key, variable.dtype)
     if dtype != variable.dtype:
@@ -375,5 +379,5 @@ def restore(root: Any, path: str, restore_rest: Callable[[str], Any]) -> Any:
     return restore_rest(path)
   with _outside_tf(tables, save=False):
     result = restore_rest(path)
-  read_rows(tables, path)
+  read_rows(tables, path, stored)
   return result

@@ -197,7 +197,7 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
         "refuses them)."
       )
     self.saturate_restores = saturate_restores
-    self._restore_only = bool(restore_only)
+    self._restore_only = base.checked_restore_only(restore_only)
 
   @classmethod
   def plan_tables(

@@ -461,6 +461,12 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
     the replicas still exchange the step's rows, outside the condition,
     since a `MirroredStrategy` cannot run its collectives inside one.
     """
+    if self.lookup_only:
+      raise base.UnsupportedConfigError(
+        "this backend was built restore_only (its tables alone, no "
+        "optimizer slots: for evaluation or export); it cannot train. "
+        "Build it without restore_only to train."
+      )
     engine, steps, flat_grads = self._take_pending_step(activation_gradients)
     exchanged: dict[str, list[optimizers.SparseUpdate]] = {}
     for table in self._tables:

@@ -85,12 +85,13 @@ def feature_specs(
   `item`, the one-hot id features); histories padded to the longest, or
   to `history_chunk` when that is shorter."""
   pairs = unique_pairs(pairs, num_user_rows, num_item_rows)
-  longest_user = int(np.bincount(pairs[:, 0], minlength=1).max(initial=1))
-  longest_item = int(np.bincount(pairs[:, 1], minlength=1).max(initial=1))
-  if history_chunk is not None:
-    check_history_chunk(history_chunk)
-    longest_user = min(longest_user, history_chunk)
-    longest_item = min(longest_item, history_chunk)
+  check_history_chunk(history_chunk)
+  longest_user, longest_item = (
+    history_width(
+      int(np.bincount(pairs[:, c], minlength=1).max()), history_chunk
+    )
+    for c in (0, 1)
+  )
   return [
     FeatureSpec(user, num_user_rows, table=user),
     FeatureSpec(item, num_item_rows, table=item),
@@ -101,6 +102,12 @@ def feature_specs(
       ITEM_HISTORY, num_user_rows, sequence_length=longest_item, table=user
     ),
   ]
+
+
+def history_width(longest: int, history_chunk: int | None) -> int:
+  """A history feature's `sequence_length`: the longest history, or the
+  chunk when that is shorter (at least 1)."""
+  return max(1, min(longest, history_chunk or longest))
 
 
 def check_history_chunk(history_chunk: int | None) -> None:

@@ -118,12 +118,14 @@ def _solve_entries(
   base: int,
   batch_size: int,
   steps_multiple: int,
+  width: int,
   chunk: int | None,
 ) -> Entries:
   """One half's solve batches: rows 0..len(offsets)-2, row r's history
-  `ids[base + offsets[r] : base + offsets[r + 1]]`."""
+  `ids[base + offsets[r] : base + offsets[r + 1]]`, in entries of at most
+  `width` ids (`ials_batches.history_width`)."""
   lengths = np.diff(offsets)
-  need = np.maximum(1, -(-lengths // chunk)) if chunk else np.ones_like(lengths)
+  need = np.maximum(1, -(-lengths // width))
   batch_of_row = _batch_of_rows(need, lengths, batch_size, chunk)
   rows = len(lengths)
   batches = int(batch_of_row[-1]) + 1 if rows else 0
@@ -142,7 +144,6 @@ def _solve_entries(
   out.row[index] = entry_row
   out.counts[index] = lengths[entry_row]
   out.segment[index] = position - chunk_index
-  width = chunk or max(int(lengths.max(initial=0)), 1)
   start = offsets[entry_row] + chunk_index * width
   out.starts[index] = base + start
   out.lengths[index] = np.clip(offsets[entry_row + 1] - start, 0, width)
@@ -215,8 +216,9 @@ def plan_epoch(
     order = np.argsort(pairs[:, key], kind="stable")
     history_ids = pairs[order, 1 - key]
     offsets = np.searchsorted(pairs[order, key], np.arange(rows + 1))
-    longest = int(np.diff(offsets).max(initial=1))
-    width = max(1, min(longest, history_chunk or longest))
+    width = names.history_width(
+      int(np.diff(offsets).max(initial=1)), history_chunk
+    )
     parts = gramian_parts(other_rows, batch_size, width, steps_multiple)
     gramian_ids = np.concatenate(parts)
     pieces.append(
@@ -226,7 +228,7 @@ def plan_epoch(
     used += len(gramian_ids)
     pieces.append(
       _solve_entries(
-        side, offsets, used, batch_size, steps_multiple, history_chunk
+        side, offsets, used, batch_size, steps_multiple, width, history_chunk
       )
     )
     ids.append(history_ids)

@@ -228,13 +228,20 @@ def test_sigterm_stops_the_run_in_progress_and_removes_its_folder(tmp_path):
   assert not list(tmp_path.glob("dynamic_quality_*")), list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_while_a_run_starts_still_stops_that_run(
-  monkeypatch, tmp_path
+  monkeypatch, tmp_path, signum
 ):
-  """SIGTERM delivered inside `Popen`, after the run's process started:
-  the script still stops that run (it used to raise there, before the run
-  was its to stop, and leave it running)."""
+  """SIGTERM or SIGINT delivered inside `Popen`, after the run's process
+  started: the script still stops that run (it used to raise there, before
+  the run was its to stop, and leave it running)."""
   from benchmarks import dynamic_quality
+
+  # The script's handlers: SIGTERM raises Stopped, SIGINT KeyboardInterrupt.
+  handler, raised = {
+    signal.SIGTERM: (dynamic_quality._raise_stopped, dynamic_quality.Stopped),
+    signal.SIGINT: (signal.default_int_handler, KeyboardInterrupt),
+  }[signum]
 
   started = []
   real_popen = subprocess.Popen
@@ -247,19 +254,19 @@ def test_a_signal_while_a_run_starts_still_stops_that_run(
       stdin=subprocess.DEVNULL,
     )
     started.append(run)
-    os.kill(os.getpid(), signal.SIGTERM)  # handled before Popen returns
+    os.kill(os.getpid(), signum)  # handled before Popen returns
     time.sleep(0.2)
     return run
 
   monkeypatch.setattr(dynamic_quality.subprocess, "Popen", popen)
-  previous = signal.signal(signal.SIGTERM, dynamic_quality._raise_stopped)
+  previous = signal.signal(signum, handler)
   try:
-    with pytest.raises(dynamic_quality.Stopped):
+    with pytest.raises(raised):
       dynamic_quality.train(
         "unused.gin", [], str(tmp_path / "run"), str(tmp_path / "log")
       )
   finally:
-    signal.signal(signal.SIGTERM, previous)
+    signal.signal(signum, previous)
   assert started and started[0].poll() is not None, "the run outlived it"
 
 

@@ -3,8 +3,12 @@
 import inspect
 
 import pytest
+import tensorflow as tf
 
-from backends import registry
+import recsys  # noqa: F401  (Keras 2 before TensorFlow)
+from backends import base, registry
+
+E = tf.tpu.experimental.embedding
 
 
 def _keyword_parameters(cls: type) -> set[str]:
@@ -39,3 +43,31 @@ def test_unknown_option_lists_the_declared_ones():
   ):
     registry.check_options("tensorcore", {"invalid_id": "drop"})
   registry.check_options("tensorcore", {"invalid_ids": "drop"})
+
+
+@pytest.mark.parametrize("name", ["tensorcore", "serving"])
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_restore_only_takes_true_or_false_only(name, value):
+  """A truthy string is no yes: refused before anything is built."""
+  table = E.TableConfig(10, 4, name="t")
+  with pytest.raises(base.UnsupportedConfigError, match="restore_only="):
+    registry.construct(
+      name, {"f": E.FeatureConfig(table)}, E.SGD(0.1), None, restore_only=value
+    )
+
+
+def test_a_restore_only_backend_refuses_to_train():
+  """Its tables have no slots: training it is refused, not run without."""
+  table = E.TableConfig(10, 4, name="t")
+  emb = registry.construct(
+    "tensorcore",
+    {"f": E.FeatureConfig(table)},
+    E.Adagrad(0.1),
+    None,
+    restore_only=True,
+  )
+  emb.build()
+  assert emb.lookup_only and not emb.slot_variables()["t"]
+  acts = emb.lookup({"f": tf.constant([1, 2])}, training=True)
+  with pytest.raises(base.UnsupportedConfigError, match="cannot train"):
+    emb.apply_gradients({"f": tf.ones_like(acts["f"])})

@@ -12,7 +12,12 @@ of one side (`ials_side` 0: users, 1: items; -1: padding; `ials_counts`
 their histories' lengths) with their whole history on the other side.
 Every feature is a ragged sequence except the one-hot user and item ids
 (named after the source's: "user" and "item" by default); the side not
-being solved carries id 0 and gets a zero gradient. The epoch is planned
+being solved carries id 0 and gets a zero gradient. A row whose history
+needs more entries than a batch holds is solved in **long-history steps**
+of its own (`USER_LONG`, `ITEM_LONG`): its chunks fill every replica's
+batch, their sums are added over the replicas and steps, and its last step
+solves it; so a few rows observed by most of the other side (a catalogue's
+hits) need no chunk as wide as their history. The epoch is planned
 once in NumPy (`recsys.data.ials_plan`) and built by `tf.data`
 (`recsys.data.ials_dataset`).
 
@@ -42,6 +47,17 @@ USER_SIDE, ITEM_SIDE, PADDING = 0, 1, -1
 ITEM_GRAMIAN, USER_GRAMIAN = 2, 3
 #: ... plus RESTART on the half's first Gramian step: the sum starts afresh.
 RESTART = 2
+#: A long-history batch's `ials_side` (user rows / item rows): chunks of ONE
+#: row whose history needs more entries than a batch holds, in whole steps
+#: of their own; their sums are added over the replicas and steps (RESTART
+#: on the row's first step), and the entry carrying the row's id (and its
+#: `ials_counts`) solves it in the row's last step.
+USER_LONG, ITEM_LONG = 6, 7
+#: The `ials_side` values whose entries solve user rows / item rows.
+SOLVES_USERS = (USER_SIDE, USER_LONG, USER_LONG + RESTART)
+SOLVES_ITEMS = (ITEM_SIDE, ITEM_LONG, ITEM_LONG + RESTART)
+#: Every `ials_side` value: PADDING .. ITEM_LONG + RESTART.
+NUM_KINDS = ITEM_LONG + RESTART - PADDING + 1
 
 
 class IALSBatchError(DataFormatError):
@@ -50,8 +66,7 @@ class IALSBatchError(DataFormatError):
 
 
 class HistoryChunkError(SettingsError, IALSBatchError):
-  """`history_chunk` is no number of ids, or cuts a history into more
-  chunks than a batch holds: a setting (exit status 2)."""
+  """`history_chunk` is no number of ids: a setting (exit status 2)."""
 
 
 def unique_pairs(

@@ -84,8 +84,8 @@ def epoch_dataset(
     side, row = batch["side"], batch["row"]
     zeros = tf.zeros_like(row)
     categorical = {
-      user: tf.where(side == names.USER_SIDE, row, zeros),
-      item: tf.where(side == names.ITEM_SIDE, row, zeros),
+      user: tf.where(_any_of(side, names.SOLVES_USERS), row, zeros),
+      item: tf.where(_any_of(side, names.SOLVES_ITEMS), row, zeros),
       names.USER_HISTORY: history(batch, batch["of_users"]),
       names.ITEM_HISTORY: history(batch, tf.logical_not(batch["of_users"])),
     }
@@ -100,6 +100,11 @@ def epoch_dataset(
   return tf.data.Dataset.from_tensor_slices(slices).map(
     build, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
   )
+
+
+def _any_of(side: tf.Tensor, codes: tuple) -> tf.Tensor:
+  """Where `side` is one of `codes`."""
+  return tf.reduce_any(side[:, tf.newaxis] == tf.constant(codes, side.dtype), 1)
 
 
 def epoch_batches(

@@ -71,35 +71,24 @@ def gramian_parts(
 
   Batch `r` of each step holds ids = r (mod steps_multiple): with R
   replicas fed consecutive batches, each replica reads the rows its strided
-  shard of a row-sharded table owns (no exchange), and 1/R of the table.
+  shard of a row-sharded table owns (no exchange), and 1/R of the table;
+  and its ids of a step are strided over the whole table, so contiguous
+  shards each own an even share of them too.
   """
   per_step = steps_multiple * batch_size * width
   steps = max(1, -(-other_rows // per_step))
   ids = np.arange(other_rows, dtype=np.int64)
   by_replica = [
-    np.array_split(ids[r::steps_multiple], steps) for r in range(steps_multiple)
+    [ids[r::steps_multiple][s::steps] for s in range(steps)]
+    for r in range(steps_multiple)
   ]
   return [by_replica[r][s] for s in range(steps) for r in range(steps_multiple)]
 
 
-def _batch_of_rows(
-  need: np.ndarray, lengths: np.ndarray, batch_size: int, chunk: int | None
-) -> np.ndarray:
+def _batch_of_rows(need: np.ndarray, batch_size: int) -> np.ndarray:
   """Each row's batch, rows packed in order at most `batch_size` entries a
-  batch (`need[r]` entries of row r, never split over two batches).
-
-  Raises:
-    HistoryChunkError: a row needs more entries than a batch holds.
-  """
-  if len(need) and need.max() > batch_size:
-    row = int(np.argmax(need))
-    raise names.HistoryChunkError(
-      f"iALS batch: row {row} has {lengths[row]} observed pairs, "
-      f"{need[row]} chunks of ImplicitALSData.history_chunk {chunk}, more "
-      f"than batch_size {batch_size} entries; a row's chunks share one "
-      f"batch. Set history_chunk >= {-(-int(lengths[row]) // batch_size)} "
-      "or a larger batch size."
-    )
+  batch (`need[r]` <= `batch_size` entries of row r, never split over two
+  batches)."""
   if len(need) == 0 or need.max() == 1:
     return np.arange(len(need), dtype=np.int64) // batch_size
   batch = np.empty(len(need), np.int64)
@@ -119,22 +108,26 @@ def _solve_entries(
   batch_size: int,
   steps_multiple: int,
   width: int,
-  chunk: int | None,
 ) -> Entries:
   """One half's solve batches: rows 0..len(offsets)-2, row r's history
   `ids[base + offsets[r] : base + offsets[r + 1]]`, in entries of at most
-  `width` ids (`ials_batches.history_width`)."""
+  `width` ids (`ials_batches.history_width`): the rows whose entries fit a
+  batch packed into batches, then each longer row in steps of its own
+  (`_long_entries`)."""
   lengths = np.diff(offsets)
   need = np.maximum(1, -(-lengths // width))
-  batch_of_row = _batch_of_rows(need, lengths, batch_size, chunk)
-  rows = len(lengths)
-  batches = int(batch_of_row[-1]) + 1 if rows else 0
+  fits = need <= batch_size
+  rows = np.flatnonzero(fits)
+  batch_of_row = _batch_of_rows(need[rows], batch_size)
+  batches = int(batch_of_row[-1]) + 1 if len(rows) else 0
   batches += -batches % steps_multiple
   total = batches * batch_size
-  entry_row = np.repeat(np.arange(rows, dtype=np.int64), need)
-  first_of_row = np.cumsum(need) - need  # each row's first entry
-  chunk_index = np.arange(len(entry_row)) - first_of_row[entry_row]
-  entry_batch = batch_of_row[entry_row]
+  # Entry k of row j (of `rows`): the row's chunk k.
+  of_row = np.repeat(np.arange(len(rows)), need[rows])
+  entry_row = rows[of_row]
+  first_of_row = np.cumsum(need[rows]) - need[rows]
+  chunk_index = np.arange(len(entry_row)) - first_of_row[of_row]
+  entry_batch = batch_of_row[of_row]
   # Position in the batch: entries of a batch are consecutive.
   batch_first = np.searchsorted(entry_batch, np.arange(batches))
   position = np.arange(len(entry_row)) - batch_first[entry_batch]
@@ -147,7 +140,60 @@ def _solve_entries(
   start = offsets[entry_row] + chunk_index * width
   out.starts[index] = base + start
   out.lengths[index] = np.clip(offsets[entry_row + 1] - start, 0, width)
-  return out._replace(of_users=np.full(batches, side == names.USER_SIDE))
+  out = out._replace(of_users=np.full(batches, side == names.USER_SIDE))
+  long_rows = [
+    _long_entries(
+      side, int(r), offsets, base, batch_size, steps_multiple, width
+    )
+    for r in np.flatnonzero(~fits)
+  ]
+  return _joined([out, *long_rows])
+
+
+def _long_entries(
+  side: int,
+  row: int,
+  offsets: np.ndarray,
+  base: int,
+  batch_size: int,
+  steps_multiple: int,
+  width: int,
+) -> Entries:
+  """Row `row`'s long-history steps: its chunks over whole steps of
+  `steps_multiple` batches (`ials_batches.USER_LONG` / `ITEM_LONG`, plus
+  RESTART on the first step): step s of S holds chunks s, s + S, ...,
+  the j-th of them in batch j mod R, so each batch's ids spread over the
+  row's whole history (sorted ids: over the owners of contiguous shards
+  too). The last step's first entry carries the row and its count, and
+  solves it."""
+  code = names.USER_LONG if side == names.USER_SIDE else names.ITEM_LONG
+  length = int(offsets[row + 1] - offsets[row])
+  chunks = -(-length // width)
+  per_step = steps_multiple * batch_size
+  steps = -(-chunks // per_step)
+  total = steps * per_step
+  # Entry e of step s (batch b = e // B of the step, position e % B)
+  # holds the step's j-th chunk, j = position * R + b.
+  entry = np.arange(total)
+  step, in_step = entry // per_step, entry % per_step
+  j = (in_step % batch_size) * steps_multiple + in_step // batch_size
+  chunk = step + j * steps
+  starts = offsets[row] + chunk * width
+  out = _padding(total, batch_size)
+  out.side[:] = np.where(step == 0, code + names.RESTART, code)
+  out.starts[:] = base + np.minimum(starts, offsets[row + 1])
+  out.lengths[:] = np.clip(offsets[row + 1] - starts, 0, width)
+  solver = (steps - 1) * per_step  # replica 0's first entry, last step
+  out.row[solver] = row
+  out.counts[solver] = length
+  return out._replace(
+    of_users=np.full(total // batch_size, side == names.USER_SIDE)
+  )
+
+
+def _joined(pieces: list) -> Entries:
+  """Batches of several `Entries` one after the other."""
+  return Entries(*(np.concatenate(arrays) for arrays in zip(*pieces)))
 
 
 def _padding(total: int, batch_size: int) -> Entries:
@@ -198,12 +244,12 @@ def plan_epoch(
 
   Each half's Gramian and solve batches are each padded with all-padding
   batches to a multiple of `steps_multiple` (the number of replicas fed
-  consecutive batches: no step mixes kinds of batch).
+  consecutive batches: no step mixes kinds of batch); a row longer than a
+  batch's entries takes whole steps of its own after them.
 
   Raises:
     IALSBatchError: ids out of range.
-    HistoryChunkError: a bad `history_chunk`, or one too small for the
-      longest history to fit one batch.
+    HistoryChunkError: a bad `history_chunk`.
   """
   names.check_history_chunk(history_chunk)
   pairs = names.unique_pairs(pairs, num_user_rows, num_item_rows)
@@ -227,11 +273,8 @@ def plan_epoch(
     ids.append(gramian_ids)
     used += len(gramian_ids)
     pieces.append(
-      _solve_entries(
-        side, offsets, used, batch_size, steps_multiple, width, history_chunk
-      )
+      _solve_entries(side, offsets, used, batch_size, steps_multiple, width)
     )
     ids.append(history_ids)
     used += len(history_ids)
-  joined = Entries(*(np.concatenate(arrays) for arrays in zip(*pieces)))
-  return EpochPlan(batch_size, joined, np.concatenate(ids))
+  return EpochPlan(batch_size, _joined(pieces), np.concatenate(ids))

@@ -72,13 +72,14 @@ class ImplicitALSData(DataSource):
         so no step mixes kinds of batch (the model refuses a mixed step).
       history_chunk: cut histories longer than this many ids into chunks
         (a batch entry each; `recsys.data.ials_batches`): batches are padded
-        to the chunk instead of the longest history. None: no cut.
+        to the chunk instead of the longest history; a row needing more
+        chunks than a batch holds is solved in steps of its own. None: no
+        cut.
 
     Raises:
       ImplicitALSDataError: no query id feature, or an endless training
         split.
-      HistoryChunkError: history_chunk is no number of ids, or too small
-        for the longest history to fit one batch.
+      HistoryChunkError: history_chunk is no number of ids.
     """
     self.source = source
     self.batch_size = check_batch_size(batch_size)

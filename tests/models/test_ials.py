@@ -196,6 +196,43 @@ def test_model_through_backend_matches_numpy_ials(epochs, chunk, jit_compile):
   np.testing.assert_allclose(trained["item"], q, rtol=2e-4, atol=2e-6)
 
 
+@pytest.mark.parametrize(
+  "replicas, placement, jit_compile",
+  [
+    (1, "replicated", False),
+    (1, "replicated", True),
+    (2, "row_sharded", False),
+  ],
+  ids=["1", "1_xla", "2_row_sharded"],
+)
+def test_rows_longer_than_a_batch_solve_as_numpy_ials(
+  replicas, placement, jit_compile
+):
+  """Chunks of 2 ids and 4 entries a batch: every row with more than 8
+  pairs (most items, some users) is solved over whole steps of its own,
+  its sums added over the replicas and steps; the tables are the NumPy
+  iALS's all the same."""
+  strategy = (
+    mirrored_strategy(replicas)
+    if replicas > 1
+    else tf.distribute.get_strategy()
+  )
+  pairs, initial, trained, _ = _train(
+    strategy,
+    4,
+    2,
+    chunk=2,
+    jit_compile=jit_compile,
+    layouts=TableLayout(placement),
+  )
+  plan = ials_plan.plan_epoch(pairs, NUM_USERS + 1, NUM_ITEMS + 1, 4, 1, 2)
+  long_sides = {ials_batches.USER_LONG, ials_batches.ITEM_LONG}
+  assert long_sides <= set(plan.entries.side.tolist())
+  p, q = _numpy_ials(pairs, initial["user"], initial["item"], 2)
+  np.testing.assert_allclose(trained["user"], p, rtol=2e-4, atol=2e-6)
+  np.testing.assert_allclose(trained["item"], q, rtol=2e-4, atol=2e-6)
+
+
 def test_frequency_scaled_weights_through_backend_match_numpy_ials():
   """Rendle et al.'s weights (w0 != 1, lambda_u = reg (alpha |I_u| + w0
   |I|)) give the NumPy iALS's tables with the same weights, and other
@@ -268,26 +305,29 @@ def test_gramian_batches_hold_each_row_once_each_replica_its_strided_share():
     assert categorical[ials_batches.USER_HISTORY].to_list() == [[]] * 4
 
 
-def test_resumed_in_the_middle_of_a_half_solves_with_the_saved_gramian(
-  tmp_path,
-):
-  """Stopped after the user half's Gramian step and two of its solve
-  steps, saved, restored into a new model and backend: the rest of the
-  epoch gives the tables of an uninterrupted one (bit for bit), and
-  without the saved Gramian it would not."""
+@pytest.mark.parametrize("where", ["in_a_half", "in_a_long_row"])
+def test_resumed_in_the_middle_solves_with_the_saved_sums(where, tmp_path):
+  """Stopped in the user half (after its Gramian step and two solve
+  steps; or after the first of a long row's steps), saved, restored into a
+  new model and backend: the rest of the epoch gives the tables of an
+  uninterrupted one (bit for bit), and without the saved sums (the
+  model's Gramians and long-row sums) it would not."""
   strategy = tf.distribute.get_strategy()
+  batch_size, chunk = (8, None) if where == "in_a_half" else (2, 2)
   batches = None
   results = {}
-  for mode in ("straight", "resumed", "gramian_lost"):
-    pairs, config, backend, model = _setup(strategy, 8)
+  for mode in ("straight", "resumed", "sums_lost"):
+    pairs, config, backend, model = _setup(strategy, batch_size, chunk=chunk)
     step = ials_scale.ials_step(strategy, backend, model, list(config))
-    batches = batches or _epoch(pairs, 8)
-    gramian_steps = sum(
-      int(f[ials_batches.SIDE][0]) >= ials_batches.ITEM_GRAMIAN
-      for f, _ in batches[:3]
-    )
-    assert gramian_steps == 1  # then the user solves
-    stop = 3
+    batches = batches or _epoch(pairs, batch_size, chunk=chunk)
+    sides = [int(f[ials_batches.SIDE][0]) for f, _ in batches]
+    if where == "in_a_half":
+      assert sides[0] >= ials_batches.ITEM_GRAMIAN
+      assert sides[1:3] == [ials_batches.USER_SIDE] * 2
+      stop = 3
+    else:  # between a long user row's first and second steps
+      stop = sides.index(ials_batches.USER_LONG)
+      assert sides[stop - 1] == ials_batches.USER_LONG + ials_batches.RESTART
     if mode == "straight":
       _steps(strategy, step, batches)
       results[mode] = _tables(backend)
@@ -296,9 +336,9 @@ def test_resumed_in_the_middle_of_a_half_solves_with_the_saved_gramian(
     path = tf.train.Checkpoint(model=model, backend=backend).save(
       str(tmp_path / mode / "ckpt")
     )
-    pairs, config, backend, model = _setup(strategy, 8)
+    pairs, config, backend, model = _setup(strategy, batch_size, chunk=chunk)
     checkpoint = tf.train.Checkpoint(model=model, backend=backend)
-    if mode == "gramian_lost":
+    if mode == "sums_lost":
       checkpoint = tf.train.Checkpoint(backend=backend)
     checkpoint.restore(path).expect_partial()
     step = ials_scale.ials_step(strategy, backend, model, list(config))
@@ -307,7 +347,7 @@ def test_resumed_in_the_middle_of_a_half_solves_with_the_saved_gramian(
   for name, table in results["straight"].items():
     np.testing.assert_array_equal(results["resumed"][name], table)
   assert not np.allclose(
-    results["gramian_lost"]["user"], results["straight"]["user"]
+    results["sums_lost"]["user"], results["straight"]["user"]
   )
 
 
@@ -353,8 +393,41 @@ def test_chunked_rows_share_one_batch_and_point_at_their_first_entry():
     np.array([[1, 1]]), 5, 8, 4, steps_multiple=2, history_chunk=3
   )
   assert plan.num_batches == 2 * (2 + 2)  # a half: 2 Gramian, 2 solves
-  with pytest.raises(ials_batches.IALSBatchError, match="row 3 has 7"):
-    ials_plan.plan_epoch(pairs, 5, 8, 2, history_chunk=3)
+
+
+def test_a_row_longer_than_a_batch_takes_whole_steps_of_its_own():
+  """User 3's 7 items in chunks of 3 need 3 entries, more than a batch of
+  2 holds: after the other users' batches, 2 steps hold its chunks (then
+  padding), the first restarting the sums; the last step's first entry
+  carries the row and its count. On 2 replicas its 3 chunks fit one step
+  of 2 batches."""
+  lengths = (0, 5, 2, 7, 1)
+  pairs = np.array([[u, i] for u, n in enumerate(lengths) for i in range(n)])
+  plan = ials_plan.plan_epoch(pairs, 5, 8, 2, history_chunk=3)
+  entries = plan.entries
+  restart = ials_batches.USER_LONG + ials_batches.RESTART
+  long_user = np.flatnonzero(
+    np.isin(entries.side, [restart, ials_batches.USER_LONG])
+  )
+  assert entries.side[long_user].tolist() == [restart] * 2 + [6] * 2
+  assert entries.row[long_user].tolist() == [0, 0, 3, 0]
+  assert entries.counts[long_user].tolist() == [0, 0, 7, 0]
+  histories = [
+    plan.ids[s : s + n].tolist()
+    for s, n in zip(entries.starts[long_user], entries.lengths[long_user])
+  ]
+  # Step s of 2 holds chunks s, s + 2, ...: each step spans the history.
+  assert histories == [[0, 1, 2], [6], [3, 4, 5], []]
+  # Every other row fits a batch and is solved there, once.
+  short = entries.side == ials_batches.USER_SIDE
+  assert sorted(set(entries.row[short].tolist())) == [0, 1, 2, 4]
+  # Two replicas: one step, its two batches all long entries.
+  plan = ials_plan.plan_epoch(pairs, 5, 8, 2, 2, history_chunk=3)
+  sides = plan.entries.side.reshape(plan.num_batches, 2)
+  first_long = int(np.flatnonzero(sides[:, 0] == restart)[0])
+  assert (sides[first_long : first_long + 2] == restart).all()
+  assert not np.isin(sides[first_long + 2 :], [6, restart]).any()
+  assert plan.entries.row[first_long * 2] == 3
 
 
 def _as_lists(features: dict) -> dict:

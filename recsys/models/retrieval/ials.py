@@ -11,15 +11,18 @@ embedding optimizer plain SGD at learning rate 1, the loss
 has gradient e_r - solve_r at row r's activation, so the update sets each
 row to its solved value (`ials_solve`). A half opens with Gramian batches
 (`recsys.data.ials_batches`): each replica's holds its share of the other
-side's rows, whose Gramian it sums; one all-reduce a step (2 d^2 + 7
-floats; an all-reduce ends with the same sums on every replica) adds the
-replicas' sums into a non-trainable variable, checkpointed with the
+side's rows, whose Gramian it sums; one all-reduce a step (3 d^2 + d +
+11 floats; an all-reduce ends with the same sums on every replica) adds
+the replicas' sums into a non-trainable variable, checkpointed with the
 model, so a resume in the middle of a half solves with the same Gramian.
 The solve batches hold DISTINCT rows of one side with their histories, and
 read that variable: no replica reads more of the other table than its
-share and the histories. Everything a batch looks up on the other side
-gets a zero gradient, so SGD leaves it as it is. Row-sharded or replicated
-tables, any number of replicas (ALX's scheme: Mehta et al., 2021).
+share and the histories. A row whose history is longer than a batch holds
+is solved over steps of its own, its chunks' sums added up in the same
+all-reduce into two more variables (checkpointed too). Everything a batch
+looks up on the other side gets a zero gradient, so SGD leaves it as it
+is. Row-sharded or replicated tables, any number of replicas (ALX's
+scheme: Mehta et al., 2021).
 """
 
 import functools
@@ -41,8 +44,7 @@ from recsys.models.retrieval.model import (
   require_features,
 )
 
-#: `ials_side` values: PADDING (-1) .. USER_GRAMIAN + RESTART.
-_NUM_KINDS = names.USER_GRAMIAN + names.RESTART - names.PADDING + 1
+_NUM_KINDS = names.NUM_KINDS
 #: The embedding optimizer whose update sets a row to its solution.
 REQUIRED_LEARNING_RATE = 1.0
 #: What a TPU SGD keeps of its clipping settings (`clipvalue` becomes the
@@ -205,6 +207,19 @@ class ImplicitALS(RetrievalModel):
       )
       for which in ("item", "user")
     )
+    # A long history's sums so far (`ials_batches.USER_LONG`), added over
+    # the replicas and steps of its row: Q_u^T Q_u and the sum of q_i.
+    self.long_observed, self.long_summed = (
+      self.add_weight(
+        name=f"long_history_{which}",
+        shape=shape,
+        initializer="zeros",
+        trainable=False,
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+      )
+      for which, shape in (("observed", [dim, dim]), ("summed", [dim]))
+    )
 
   def check_tables(
     self, feature_config: Mapping[str, Any], default_optimizer: Any = None
@@ -270,20 +285,35 @@ class ImplicitALS(RetrievalModel):
     )
 
   @tf.autograph.experimental.do_not_convert
-  def _add_to_gramians(
+  def _add_to_sums(
     self, side: tf.Tensor, activations: Mapping[str, tf.Tensor]
-  ) -> None:
-    """On a Gramian batch (`ials_side` `ITEM_GRAMIAN` / `USER_GRAMIAN`, +
-    `RESTART` on a half's first step), the Gramian of the rows its history
-    feature holds, summed over the replicas into that side's variable.
+  ) -> tuple[tf.Tensor, tf.Tensor]:
+    """Adds this step's batches to the sums that span batches: on a
+    Gramian batch (`ials_side` `ITEM_GRAMIAN` / `USER_GRAMIAN`, + `RESTART`
+    on a half's first step) the Gramian of the rows its history feature
+    holds, on a long-history batch (`USER_LONG` / `ITEM_LONG`, + `RESTART`
+    on its row's first step) its chunks' Q^T Q and sum of q; each summed
+    over the replicas into its variable.
 
-    Every step takes part in the replicas' one all-reduce of 2 D^2 + 7
-    floats (a collective must not depend on the data), whatever the
+    Every step takes part in the replicas' one all-reduce of 3 D^2 + D +
+    11 floats (a collective must not depend on the data), whatever the
     replicas and the tables' rows; a step whose replicas hold different
     kinds of batch is refused (`ImplicitALSData.steps_multiple`).
+
+    Returns:
+      The long history's sums after this step (Q^T Q `[D, D]`, sum `[D]`).
     """
     kind = side[0]  # a batch is all of one kind
     dim = self.embedding_dim
+
+    def of(code: int) -> tf.Tensor:
+      return tf.logical_or(
+        tf.equal(kind, code), tf.equal(kind, code + names.RESTART)
+      )
+
+    def zeros() -> tf.Tensor:
+      return tf.zeros([dim + 1, dim], tf.float32)
+
     # Each Gramian: its batches' code, the feature carrying its rows.
     gramians = (
       (names.ITEM_GRAMIAN, names.USER_HISTORY, self.item_gramian),
@@ -291,9 +321,7 @@ class ImplicitALS(RetrievalModel):
     )
     partials = [
       tf.cond(
-        tf.logical_or(
-          tf.equal(kind, code), tf.equal(kind, code + names.RESTART)
-        ),
+        of(code),
         lambda rows=activations[history]: tf.cast(
           ials_solve.gramian(rows), tf.float32
         ),
@@ -301,22 +329,50 @@ class ImplicitALS(RetrievalModel):
       )
       for code, history, _ in gramians
     ]
-    partial = tf.stack(partials)  # [2, D, D]
+    # The long row's sums: [Q^T Q; sum of q], from its side's history.
+    longs = (
+      (names.USER_LONG, names.USER_HISTORY),
+      (names.ITEM_LONG, names.ITEM_HISTORY),
+    )
+    long_partial = tf.add_n(
+      [
+        tf.cond(
+          of(code),
+          lambda rows=activations[history]: tf.cast(
+            _observed_and_summed(rows), tf.float32
+          ),
+          zeros,
+        )
+        for code, history in longs
+      ]
+    )
+    partial = tf.concat(
+      [tf.reshape(tf.stack(partials), [-1]), tf.reshape(long_partial, [-1])],
+      0,
+    )
     context = tf.distribute.get_replica_context()
     if context is not None and context.num_replicas_in_sync > 1:
       partial = self._summed_over_replicas(context, partial, kind)
-    for summed, (code, _, variable) in zip(tf.unstack(partial), gramians):
+    sums = tf.unstack(tf.reshape(partial[: 2 * dim * dim], [2, dim, dim]))
+    for summed, (code, _, variable) in zip(sums, gramians):
       restart = tf.equal(kind, code + names.RESTART)
-      adds = tf.logical_or(restart, tf.equal(kind, code))
-      variable.assign(
-        tf.where(restart, summed, tf.where(adds, variable + summed, variable))
-      )
+      _accumulate(variable, summed, restart, of(code))
+    long_sums = tf.reshape(partial[2 * dim * dim :], [dim + 1, dim])
+    restart = tf.logical_or(
+      tf.equal(kind, names.USER_LONG + names.RESTART),
+      tf.equal(kind, names.ITEM_LONG + names.RESTART),
+    )
+    adds = tf.logical_or(of(names.USER_LONG), of(names.ITEM_LONG))
+    return (
+      _accumulate(self.long_observed, long_sums[:dim], restart, adds),
+      _accumulate(self.long_summed, long_sums[dim], restart, adds),
+    )
 
   @staticmethod
   def _summed_over_replicas(
     context: tf.distribute.ReplicaContext, partial: tf.Tensor, kind: tf.Tensor
   ) -> tf.Tensor:
-    """`partial` `[2, D, D]` summed over the replicas, with a count of the
+    """`partial` (flat) summed over the replicas, with a count of the
     kinds of batch their step holds (one collective): an all-reduce ends
     with the same sums on every replica (each chunk is reduced once).
 
@@ -327,7 +383,7 @@ class ImplicitALS(RetrievalModel):
     kinds = tf.one_hot(kind - names.PADDING, _NUM_KINDS, dtype=tf.float32)
     summed = context.all_reduce(
       tf.distribute.ReduceOp.SUM,
-      tf.concat([tf.reshape(partial, [-1]), kinds], 0),
+      tf.concat([partial, kinds], 0),
     )
     held = tf.math.count_nonzero(summed[-_NUM_KINDS + 1 :])  # not padding
     check = tf.debugging.assert_less_equal(
@@ -341,7 +397,7 @@ class ImplicitALS(RetrievalModel):
       ),
     )
     with tf.control_dependencies([check]):
-      return tf.reshape(summed[:-_NUM_KINDS], tf.shape(partial))
+      return summed[:-_NUM_KINDS]
 
   #: The training step sums the rows' losses: the gradient at row r is
   #: e_r - solve_r exactly (evaluation sums and counts its examples itself).
@@ -367,43 +423,112 @@ class ImplicitALS(RetrievalModel):
         "`recsys.data.ials_batches`)."
       )
     side = tf.reshape(features[names.SIDE], [-1])
-    self._add_to_gramians(side, activations)
+    long_observed, long_summed = self._add_to_sums(side, activations)
+    counts = tf.reshape(features[names.COUNTS], [-1])
     # A row cut into chunks is updated once, through its first entry: the
-    # backend sums the gradients of a row's entries.
+    # backend sums the gradients of a row's entries. A long row: through
+    # the entry carrying it (its count), in its last step.
     segment = tf.reshape(features[names.SEGMENT], [-1])
     first = tf.equal(segment, tf.range(tf.size(segment), dtype=segment.dtype))
     per_row = None
-    for this_side, row, history, gramian, size in (
+    for codes, row, history, gramian, size in (
       (
-        names.USER_SIDE,
+        names.SOLVES_USERS,
         self._user,
         names.USER_HISTORY,
         self.item_gramian,
         self._num_items,
       ),
       (
-        names.ITEM_SIDE,
+        names.SOLVES_ITEMS,
         self._item,
         names.ITEM_HISTORY,
         self.user_gramian,
         self._num_users,
       ),
     ):
-      weight = tf.cast(
-        tf.logical_and(tf.equal(side, this_side), first),
-        activations[row].dtype,
+      dtype = activations[row].dtype
+      short, *longs = codes
+      weight = tf.cast(tf.logical_and(tf.equal(side, short), first), dtype)
+      is_long = tf.logical_and(
+        tf.reduce_any(side[:, tf.newaxis] == tf.constant(longs, side.dtype), 1),
+        counts > 0,
       )
+      long_weight = tf.cast(is_long, dtype)
       # A batch solves one side: the other's systems are skipped, not solved.
+      solved = tf.cond(
+        tf.reduce_any(weight > 0),
+        functools.partial(
+          self._solved, features, activations, history, gramian, size
+        ),
+        functools.partial(tf.zeros_like, activations[row]),
+      )
+      solved_long = tf.cond(
+        tf.reduce_any(is_long),
+        functools.partial(
+          self._solved_long,
+          tf.reduce_max(counts),
+          long_observed,
+          long_summed,
+          gramian,
+          size,
+          dtype,
+        ),
+        lambda dtype=dtype: tf.zeros([1, self.embedding_dim], dtype),
+      )
       solved = tf.stop_gradient(
-        tf.cond(
-          tf.reduce_any(weight > 0),
-          functools.partial(
-            self._solved, features, activations, history, gramian, size
-          ),
-          functools.partial(tf.zeros_like, activations[row]),
-        )
+        tf.where(is_long[:, tf.newaxis], solved_long, solved)
       )
       error = tf.reduce_sum(tf.square(activations[row] - solved), axis=-1)
-      loss = 0.5 * weight * error
+      loss = 0.5 * (weight + long_weight) * error
       per_row = loss if per_row is None else per_row + loss
     return per_row
+
+  @tf.autograph.experimental.do_not_convert
+  def _solved_long(
+    self,
+    count: tf.Tensor,
+    observed: tf.Tensor,
+    summed: tf.Tensor,
+    gramian: tf.Variable,
+    corpus_size: int,
+    dtype: tf.DType,
+  ) -> tf.Tensor:
+    """The long row's solution `[1, D]` from its sums over its steps."""
+    regularization = ials_solve.row_regularization(
+      tf.reshape(count, [1]),
+      self._reg,
+      self._alpha,
+      self._w0,
+      self._nu,
+      corpus_size,
+    )
+    return ials_solve.solve_systems(
+      tf.cast(gramian, dtype),
+      tf.cast(observed, dtype)[tf.newaxis],
+      tf.cast(summed, dtype)[tf.newaxis],
+      tf.cast(regularization, dtype),
+      self._alpha,
+      self._w0,
+    )
+
+
+@tf.autograph.experimental.do_not_convert
+def _accumulate(
+  variable: tf.Variable, summed: tf.Tensor, restart: tf.Tensor, adds: tf.Tensor
+) -> tf.Tensor:
+  """Sets `variable` to `summed` on a restart, adds it where `adds`,
+  leaves it as it is otherwise; returns the value it now holds."""
+  value = tf.where(restart, summed, tf.where(adds, variable + summed, variable))
+  variable.assign(value)
+  return value
+
+
+@tf.autograph.experimental.do_not_convert
+def _observed_and_summed(rows: tf.Tensor) -> tf.Tensor:
+  """`[D + 1, D]`: the Gramian of every row `[..., D]` over the sum of
+  them (zero padding rows add nothing to either)."""
+  flat = tf.reshape(rows, [-1, tf.shape(rows)[-1]])
+  return tf.concat(
+    [ials_solve.gramian(flat), tf.reduce_sum(flat, 0, keepdims=True)], 0
+  )

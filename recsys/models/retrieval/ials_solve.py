@@ -75,14 +75,33 @@ def solve_rows(
     `[B, D]`; a row with an empty history solves to zeros. Cost O(B (L D^2
     + D^3)): the batched Cholesky factorization of B D x D systems.
   """
-  dim = tf.shape(history)[-1]
-  eye = tf.eye(dim, dtype=history.dtype)
   observed = tf.linalg.matmul(history, history, transpose_a=True)  # [B,D,D]
   summed = tf.reduce_sum(history, axis=1)  # [B, D]
   if segments is not None:
     rows = tf.shape(history)[0]
     observed = tf.math.unsorted_segment_sum(observed, segments, rows)
     summed = tf.math.unsorted_segment_sum(summed, segments, rows)
+  solved = solve_systems(
+    other_gramian, observed, summed, regularization, alpha, unobserved_weight
+  )
+  if segments is None:
+    return solved
+  return tf.gather(solved, segments)
+
+
+@tf.autograph.experimental.do_not_convert
+def solve_systems(
+  other_gramian: tf.Tensor,
+  observed: tf.Tensor,
+  summed: tf.Tensor,
+  regularization: tf.Tensor,
+  alpha: float,
+  unobserved_weight: float,
+) -> tf.Tensor:
+  """Each row's solution `[B, D]` from its history's sums: `observed`
+  `[B, D, D]` (Q_u^T Q_u) and `summed` `[B, D]` (sum of q_i), wherever
+  they were added up (one batch, or several steps of a long history)."""
+  eye = tf.eye(tf.shape(summed)[-1], dtype=summed.dtype)
   matrix = (
     unobserved_weight * other_gramian[tf.newaxis]
     + alpha * observed
@@ -90,7 +109,4 @@ def solve_rows(
   )
   rhs = (alpha + unobserved_weight) * summed
   factor = tf.linalg.cholesky(matrix)
-  solved = tf.linalg.cholesky_solve(factor, rhs[..., tf.newaxis])[..., 0]
-  if segments is None:
-    return solved
-  return tf.gather(solved, segments)
+  return tf.linalg.cholesky_solve(factor, rhs[..., tf.newaxis])[..., 0]

@@ -19,9 +19,19 @@ about half of all bytes cross (`R x inbound / 2 / bisection`); on a
 switched network by each replica's own link. Latency, congestion and
 the rows' lookup are left out: the projection is the bandwidth floor.
 
-    python benchmarks/exchange_cost_model.py
+With `--measured FILE` (`benchmarks/weak_scaling.py --json FILE`) it
+projects from measured bytes instead: each model's collective bytes per
+replica and step at its largest measured replica count are read as an
+all-to-all of `U` ids per replica (the `U` whose planner figure equals
+them, rows of `--row_bytes`; the dense gradients' and Gramians'
+all-reduces, constant per replica, ride along), and that `U` is carried
+to 64 and 256 replicas by the planner's formula, then timed as above.
+
+    python benchmarks/exchange_cost_model.py [--measured FILE]
 """
 
+import argparse
+import json
 import math
 
 from backends import placement
@@ -48,7 +58,7 @@ def _bisection(replicas: int) -> float:
   return POD_BISECTION * math.sqrt(replicas / 256)
 
 
-def main() -> None:
+def _planned_table() -> None:
   print(
     "| model | R | all-gather | all-to-all | ratio | ICI all-gather "
     "| ICI all-to-all | DCN all-gather | DCN all-to-all |"
@@ -86,6 +96,83 @@ def main() -> None:
         + " | ".join(f"{t * 1e3:.2f} ms" for t in times)
         + " |"
       )
+
+
+def _a2a_times(replicas: int, sent: float) -> tuple[float, float]:
+  """(ICI, DCN) seconds of an all-to-all whose replicas each put `sent`
+  bytes in (what one receives: all but its own bucket)."""
+  inbound = sent * (replicas - 1) / replicas
+  ici = max(inbound / ICI_IN, replicas * inbound / 2 / _bisection(replicas))
+  return ici, inbound / DCN
+
+
+def ids_for(sent: int, replicas: int, row_bytes: int) -> int:
+  """The ids per replica `U` whose all-to-all over `replicas` puts `sent`
+  bytes into collectives (`placement.exchange_bytes`, which grows with U)."""
+  low, high = 1, 1
+  while (
+    placement.exchange_bytes("all_to_all", high, replicas, row_bytes) < sent
+  ):
+    high *= 2
+  while low < high:
+    mid = (low + high) // 2
+    if placement.exchange_bytes("all_to_all", mid, replicas, row_bytes) < sent:
+      low = mid + 1
+    else:
+      high = mid
+  return low
+
+
+def _measured(path: str, row_bytes: int, targets=(64, 256)) -> None:
+  with open(path, encoding="utf-8") as f:
+    measured = json.load(f)
+  print(
+    f"Projected from the bytes measured on {measured['cpu']} "
+    f"(rows of {row_bytes} bytes):"
+  )
+  print(
+    "| model | measured R | measured bytes | R | projected bytes "
+    "| ICI all-to-all | DCN all-to-all |"
+  )
+  print("|---|---|---|---|---|---|---|")
+  by_model: dict[str, dict] = {}
+  for row in measured["rows"]:
+    if row["processes"] == 1:  # one process's replicas: a replica count
+      best = by_model.get(row["model"])
+      if best is None or row["replicas"] > best["replicas"]:
+        by_model[row["model"]] = row
+  for model, row in by_model.items():
+    replicas, sent = row["replicas"], row["collective_bytes"]
+    if replicas < 2 or not sent:
+      continue
+    ids = ids_for(sent, replicas, row_bytes)
+    for target in targets:
+      bytes_at = placement.exchange_bytes("all_to_all", ids, target, row_bytes)
+      ici, dcn = _a2a_times(target, bytes_at)
+      print(
+        f"| {model} | {replicas} | {placement.human_bytes(sent)} | {target} "
+        f"| {placement.human_bytes(bytes_at)} | {ici * 1e3:.2f} ms "
+        f"| {dcn * 1e3:.2f} ms |"
+      )
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(
+    description=__doc__.split("\n")[0],
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+    epilog=__doc__.split("\n", 2)[2],
+  )
+  parser.add_argument(
+    "--measured", help="a `benchmarks/weak_scaling.py --json` file"
+  )
+  parser.add_argument(
+    "--row_bytes", type=int, default=16 * 4, help="bytes of a row (16 x f32)"
+  )
+  args = parser.parse_args(argv)
+  if args.measured:
+    _measured(args.measured, args.row_bytes)
+  else:
+    _planned_table()
 
 
 if __name__ == "__main__":

@@ -134,17 +134,14 @@ def ials_step(strategy, backend, model, names, jit_compile=False):
   return step
 
 
-def main() -> None:
-  args = _parse()
-  import recsys  # noqa: F401, PLC0415  (Keras 2 before TensorFlow)
-  from recsys._keras import tf  # noqa: PLC0415
-
-  cpu = tf.config.list_physical_devices("CPU")[0]
-  tf.config.set_logical_device_configuration(
-    cpu, [tf.config.LogicalDeviceConfiguration()] * args.replicas
-  )
-  from recsys import _tf_internal  # noqa: PLC0415
-  from recsys.data import ials_batches  # noqa: PLC0415
+def measure(args: argparse.Namespace, strategy) -> dict:
+  """Trains `args.epochs` epochs (after a first, tracing one) of the
+  `_parse` settings on `strategy`'s replicas, each input pipeline reading
+  its replicas' batches; prints what it measures as it goes and returns it:
+  seconds, CPU-seconds (this process) and steps per epoch, the collective
+  bytes one replica puts into a step (`row_sharding.collective_byte_count`
+  of the traced step), the input's cost and this process's peak RSS."""
+  from recsys.data import ials_batches, ials_dataset, ials_plan  # noqa: PLC0415
 
   start = time.perf_counter()
   pairs = synthetic_pairs(
@@ -157,22 +154,13 @@ def main() -> None:
     f"pairs (items Zipf {args.zipf}); longest history: user {longest[0]}, "
     f"item {longest[1]} ids; drawn in {time.perf_counter() - start:.1f} s"
   )
-  devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-  strategy = (
-    _tf_internal.mirrored_strategy(devices[: args.replicas])
-    if args.replicas > 1
-    else tf.distribute.get_strategy()
-  )
   specs = ials_batches.feature_specs(
     pairs, users, items, history_chunk=args.history_chunk
   )
   _, step = ials_training(
     specs, args.dim, args.reg, args.alpha, strategy, args.placement
   )
-
-  replicas = args.replicas
-  from recsys.data import ials_dataset, ials_plan  # noqa: PLC0415
-
+  replicas = strategy.num_replicas_in_sync
   start = time.perf_counter()
   plan = ials_plan.plan_epoch(
     pairs, users, items, args.batch_size, replicas, args.history_chunk
@@ -211,10 +199,17 @@ def main() -> None:
   print("seconds per epoch: " + ", ".join(f"{s:.1f}" for s in seconds[1:]))
   print("CPU-seconds per epoch: " + ", ".join(f"{s:.1f}" for s in cpu[1:]))
   # A script: this folder is on sys.path.
-  from row_sharding import collective_bytes  # noqa: PLC0415
+  from row_sharding import collective_byte_count  # noqa: PLC0415
+
+  from recsys import planning  # noqa: PLC0415
 
   graph = step.get_concrete_function(*inputs).graph
-  print(f"collectives per replica and step: {collective_bytes(graph)}")
+  exchanged, dynamic = collective_byte_count(graph)
+  shown = planning.human_bytes(exchanged)
+  print(
+    "collectives per replica and step: "
+    + (f"{shown} + {dynamic} dynamic" if dynamic else shown)
+  )
   print(
     f"input: planned once in {planned:.1f} s (NumPy); an epoch's batches "
     f"alone built by tf.data in {input_wall:.1f} s, {input_cpu:.1f} CPU-s "
@@ -223,6 +218,35 @@ def main() -> None:
   )
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   print(f"peak RSS: {peak:,.0f} MiB")
+  return {
+    "pairs": len(pairs),
+    "steps": steps,
+    "seconds": seconds[1:],
+    "cpu_seconds": cpu[1:],
+    "collective_bytes": exchanged,
+    "dynamic_collectives": dynamic,
+    "peak_rss_mib": peak,
+  }
+
+
+def main() -> None:
+  args = _parse()
+  import recsys  # noqa: F401, PLC0415  (Keras 2 before TensorFlow)
+  from recsys._keras import tf  # noqa: PLC0415
+
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * args.replicas
+  )
+  from recsys import _tf_internal  # noqa: PLC0415
+
+  devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+  strategy = (
+    _tf_internal.mirrored_strategy(devices[: args.replicas])
+    if args.replicas > 1
+    else tf.distribute.get_strategy()
+  )
+  measure(args, strategy)
 
 
 if __name__ == "__main__":

@@ -144,6 +144,13 @@ def collective_bytes(graph) -> str:
   dynamic": N more collectives whose operands' shapes the trace lost), read
   from `graph` (`_time_steps`' loop: one step in its body, and nothing else
   that takes part in a collective)."""
+  total, unknown = collective_byte_count(graph)
+  out = planning.human_bytes(total)
+  return f"{out} + {unknown} dynamic" if unknown else out
+
+
+def collective_byte_count(graph) -> tuple[int, int]:
+  """`collective_bytes` as numbers: (bytes, collectives of unknown size)."""
   graphs = [graph]
   total, seen, unknown = 0, set(), 0
   while graphs:
@@ -166,8 +173,7 @@ def collective_bytes(graph) -> str:
         if function is not None and name not in seen:
           seen.add(name)
           graphs.append(function.graph)
-  out = planning.human_bytes(total)
-  return f"{out} + {unknown} dynamic" if unknown else out
+  return total, unknown
 
 
 def compare(strategy):

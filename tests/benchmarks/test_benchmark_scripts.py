@@ -3,6 +3,7 @@ fresh process (no conftest set-up), on a tiny workload. Only that they run
 and report every row is checked; their figures are measurements, not test
 results."""
 
+import json
 import os
 import re
 import subprocess
@@ -337,3 +338,46 @@ def test_ials_scale_trains_row_sharded_replicas_on_chunked_histories():
   assert "2 replica(s), tables row_sharded" in out, out
   assert re.search(r"^seconds per epoch: [\d.]+$", out, re.MULTILINE), out
   assert re.search(r"^peak RSS: [\d,]+ MiB$", out, re.MULTILINE), out
+
+
+@pytest.mark.slow
+def test_weak_scaling_measures_replicas_and_workers_then_projects(tmp_path):
+  """Tiny iALS on 2 replicas of one process and on 2 worker processes: a
+  row each with measured bytes; the cost model projects from that file."""
+  saved = tmp_path / "weak.json"
+  out = _run(
+    "benchmarks/weak_scaling.py",
+    "--models",
+    "ials",
+    "--replicas",
+    "2",
+    "--workers",
+    "2",
+    "--users",
+    "300",
+    "--items",
+    "40",
+    "--pairs",
+    "3000",
+    "--ials_batch",
+    "64",
+    "--history_chunk",
+    "8",
+    "--json",
+    str(saved),
+  )
+  rows = json.loads(saved.read_text())["rows"]
+  assert [(r["replicas"], r["processes"]) for r in rows] == [(2, 1), (2, 2)]
+  # Both exchange the same tables the same way: the same bytes a replica.
+  assert rows[0]["collective_bytes"] == rows[1]["collective_bytes"] > 0
+  assert len(rows[1]["peak_rss_mib"]) == 2
+  assert re.search(r"^\| ials \| 2 \| 2 \| [\d.]+ \|", out, re.MULTILINE), out
+  projected = _run(
+    "benchmarks/exchange_cost_model.py", "--measured", str(saved)
+  )
+  for replicas in (64, 256):
+    assert re.search(
+      rf"^\| ials \| 2 \| [\d.]+ \w+ \| {replicas} \| [\d.]+ \w+ \|",
+      projected,
+      re.MULTILINE,
+    ), projected

@@ -176,14 +176,13 @@ def _train(
     (3, None, False),
     (1, 3, False),
     (3, 3, False),
-    (2, 3, True),
   ],
-  ids=["1-whole", "3-whole", "1-chunks_of_3", "3-chunks_of_3", "2-chunks_xla"],
+  ids=["1-whole", "3-whole", "1-chunks_of_3", "3-chunks_of_3"],
 )
 def test_model_through_backend_matches_numpy_ials(epochs, chunk, jit_compile):
   """Histories cut into chunks of 3 ids (most rows of this data span
-  several entries) solve to the same tables as whole histories; so does
-  the step compiled by XLA (the path a TPU runs)."""
+  several entries) solve to the same tables as whole histories (compiled
+  by XLA: `test_rows_longer_than_a_batch_solve_as_numpy_ials`)."""
   pairs, initial, trained, _ = _train(
     tf.distribute.get_strategy(),
     16,
@@ -211,7 +210,8 @@ def test_rows_longer_than_a_batch_solve_as_numpy_ials(
   """Chunks of 2 ids and 4 entries a batch: every row with more than 8
   pairs (most items, some users) is solved over whole steps of its own,
   its sums added over the replicas and steps; the tables are the NumPy
-  iALS's all the same."""
+  iALS's all the same, the step compiled by XLA too (the path a TPU
+  runs)."""
   strategy = (
     mirrored_strategy(replicas)
     if replicas > 1
@@ -305,15 +305,16 @@ def test_gramian_batches_hold_each_row_once_each_replica_its_strided_share():
     assert categorical[ials_batches.USER_HISTORY].to_list() == [[]] * 4
 
 
-@pytest.mark.parametrize("where", ["in_a_half", "in_a_long_row"])
-def test_resumed_in_the_middle_solves_with_the_saved_sums(where, tmp_path):
-  """Stopped in the user half (after its Gramian step and two solve
-  steps; or after the first of a long row's steps), saved, restored into a
-  new model and backend: the rest of the epoch gives the tables of an
+def test_resumed_in_the_middle_of_a_long_row_solves_with_the_saved_sums(
+  tmp_path,
+):
+  """Stopped in the user half, after its Gramian step, its other rows'
+  solves and the first of a long row's steps, saved, restored into a new
+  model and backend: the rest of the epoch gives the tables of an
   uninterrupted one (bit for bit), and without the saved sums (the
   model's Gramians and long-row sums) it would not."""
   strategy = tf.distribute.get_strategy()
-  batch_size, chunk = (8, None) if where == "in_a_half" else (2, 2)
+  batch_size, chunk = 2, 2
   batches = None
   results = {}
   for mode in ("straight", "resumed", "sums_lost"):
@@ -321,13 +322,11 @@ def test_resumed_in_the_middle_solves_with_the_saved_sums(where, tmp_path):
     step = ials_scale.ials_step(strategy, backend, model, list(config))
     batches = batches or _epoch(pairs, batch_size, chunk=chunk)
     sides = [int(f[ials_batches.SIDE][0]) for f, _ in batches]
-    if where == "in_a_half":
-      assert sides[0] >= ials_batches.ITEM_GRAMIAN
-      assert sides[1:3] == [ials_batches.USER_SIDE] * 2
-      stop = 3
-    else:  # between a long user row's first and second steps
-      stop = sides.index(ials_batches.USER_LONG)
-      assert sides[stop - 1] == ials_batches.USER_LONG + ials_batches.RESTART
+    assert sides[0] >= ials_batches.ITEM_GRAMIAN
+    assert ials_batches.USER_SIDE in sides
+    # Between a long user row's first and second steps.
+    stop = sides.index(ials_batches.USER_LONG)
+    assert sides[stop - 1] == ials_batches.USER_LONG + ials_batches.RESTART
     if mode == "straight":
       _steps(strategy, step, batches)
       results[mode] = _tables(backend)

@@ -136,11 +136,10 @@ def _measured(path: str, row_bytes: int, targets=(64, 256)) -> None:
   )
   print("|---|---|---|---|---|---|---|")
   by_model: dict[str, dict] = {}
-  for row in measured["rows"]:
-    if row["processes"] == 1:  # one process's replicas: a replica count
-      best = by_model.get(row["model"])
-      if best is None or row["replicas"] > best["replicas"]:
-        by_model[row["model"]] = row
+  for row in measured["rows"]:  # each model's most replicas
+    best = by_model.get(row["model"])
+    if best is None or row["replicas"] > best["replicas"]:
+      by_model[row["model"]] = row
   for model, row in by_model.items():
     replicas, sent = row["replicas"], row["collective_bytes"]
     if replicas < 2 or not sent:

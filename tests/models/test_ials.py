@@ -200,18 +200,17 @@ def test_model_through_backend_matches_numpy_ials(epochs, chunk, jit_compile):
   [
     (1, "replicated", False),
     (1, "replicated", True),
-    (2, "row_sharded", False),
   ],
-  ids=["1", "1_xla", "2_row_sharded"],
+  ids=["1", "1_xla"],
 )
 def test_rows_longer_than_a_batch_solve_as_numpy_ials(
   replicas, placement, jit_compile
 ):
   """Chunks of 2 ids and 4 entries a batch: every row with more than 8
   pairs (most items, some users) is solved over whole steps of its own,
-  its sums added over the replicas and steps; the tables are the NumPy
-  iALS's all the same, the step compiled by XLA too (the path a TPU
-  runs)."""
+  its sums added over its steps; the tables are the NumPy iALS's all the
+  same, the step compiled by XLA too (the path a TPU runs). Over 2 and 4
+  replicas: `test_replicas_train_the_one_replica_tables`."""
   strategy = (
     mirrored_strategy(replicas)
     if replicas > 1
@@ -221,7 +220,7 @@ def test_rows_longer_than_a_batch_solve_as_numpy_ials(
     strategy,
     4,
     2,
-    chunk=2,
+    chunk=1 if replicas == 2 else 2,
     jit_compile=jit_compile,
     layouts=TableLayout(placement),
   )
@@ -262,18 +261,30 @@ def test_replicas_train_the_one_replica_tables(replicas, placement):
   """Each replica solves its own distinct rows (consecutive batches) with
   the Gramian its share of the other table adds to: the tables of one
   replica on batches `replicas` times the size, row-sharded too, with the
-  histories cut into chunks (of 3; 4 where batches of 4 entries must hold
-  the longest history, 14 ids). Compiled steps: on one replica (below);
-  a CPU MirroredStrategy cannot run collectives inside XLA."""
+  histories cut into chunks (of 1 id on 2 replicas, 2 on 4): the rows
+  longer than a batch's entries (8 or 4 of them) solved in steps of their
+  own, their sums added over the replicas. Compiled steps: on one replica
+  (`test_rows_longer_than_a_batch_solve_as_numpy_ials`); a CPU
+  MirroredStrategy cannot run collectives inside XLA."""
   _, _, one, _ = _train(tf.distribute.get_strategy(), 16, 1)
   _, _, many, backend = _train(
     mirrored_strategy(replicas),
     16 // replicas,
     1,
-    chunk=3 if replicas == 2 else 4,
+    chunk=1 if replicas == 2 else 2,  # rows longer than a batch holds
     layouts=TableLayout(placement),
   )
   assert set(backend.placements().values()) == {placement}
+  plan = ials_plan.plan_epoch(
+    _pairs(),
+    NUM_USERS + 1,
+    NUM_ITEMS + 1,
+    16 // replicas,
+    replicas,
+    1 if replicas == 2 else 2,
+  )
+  long_row_steps = {ials_batches.USER_LONG + ials_batches.RESTART}
+  assert long_row_steps <= set(plan.entries.side.tolist())
   for name in one:
     np.testing.assert_allclose(many[name], one[name], rtol=1e-5, atol=1e-6)
 

@@ -37,7 +37,7 @@ demo: $(STAMP)
 # leaves them as sources): every TF process the tests start imports them.
 test: $(STAMP)
 	$(BIN)/python -m compileall -q -j 0 $(SOURCES) >/dev/null
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 # Style and types (configured in pyproject.toml): formatting everywhere, lint
 # and mypy on the package. CI runs this before the tests.

@@ -182,7 +182,7 @@ def _train(
 def test_model_through_backend_matches_numpy_ials(epochs, chunk, jit_compile):
   """Histories cut into chunks of 3 ids (most rows of this data span
   several entries) solve to the same tables as whole histories (compiled
-  by XLA: `test_rows_longer_than_a_batch_solve_as_numpy_ials`)."""
+  by XLA: `test_rows_longer_than_a_batch_solve_as_numpy_ials_compiled`)."""
   pairs, initial, trained, _ = _train(
     tf.distribute.get_strategy(),
     16,
@@ -195,34 +195,15 @@ def test_model_through_backend_matches_numpy_ials(epochs, chunk, jit_compile):
   np.testing.assert_allclose(trained["item"], q, rtol=2e-4, atol=2e-6)
 
 
-@pytest.mark.parametrize(
-  "replicas, placement, jit_compile",
-  [
-    (1, "replicated", False),
-    (1, "replicated", True),
-  ],
-  ids=["1", "1_xla"],
-)
-def test_rows_longer_than_a_batch_solve_as_numpy_ials(
-  replicas, placement, jit_compile
-):
+def test_rows_longer_than_a_batch_solve_as_numpy_ials_compiled():
   """Chunks of 2 ids and 4 entries a batch: every row with more than 8
   pairs (most items, some users) is solved over whole steps of its own,
   its sums added over its steps; the tables are the NumPy iALS's all the
-  same, the step compiled by XLA too (the path a TPU runs). Over 2 and 4
-  replicas: `test_replicas_train_the_one_replica_tables`."""
-  strategy = (
-    mirrored_strategy(replicas)
-    if replicas > 1
-    else tf.distribute.get_strategy()
-  )
+  same, the step compiled by XLA (the path a TPU runs). Not compiled: the
+  CLI run of `tests/test_ials_run.py`; over 2 and 4 replicas:
+  `test_replicas_train_the_one_replica_tables`."""
   pairs, initial, trained, _ = _train(
-    strategy,
-    4,
-    2,
-    chunk=1 if replicas == 2 else 2,
-    jit_compile=jit_compile,
-    layouts=TableLayout(placement),
+    tf.distribute.get_strategy(), 4, 2, chunk=2, jit_compile=True
   )
   plan = ials_plan.plan_epoch(pairs, NUM_USERS + 1, NUM_ITEMS + 1, 4, 1, 2)
   long_sides = {ials_batches.USER_LONG, ials_batches.ITEM_LONG}
@@ -264,7 +245,7 @@ def test_replicas_train_the_one_replica_tables(replicas, placement):
   histories cut into chunks (of 1 id on 2 replicas, 2 on 4): the rows
   longer than a batch's entries (8 or 4 of them) solved in steps of their
   own, their sums added over the replicas. Compiled steps: on one replica
-  (`test_rows_longer_than_a_batch_solve_as_numpy_ials`); a CPU
+  (`test_rows_longer_than_a_batch_solve_as_numpy_ials_compiled`); a CPU
   MirroredStrategy cannot run collectives inside XLA."""
   _, _, one, _ = _train(tf.distribute.get_strategy(), 16, 1)
   _, _, many, backend = _train(

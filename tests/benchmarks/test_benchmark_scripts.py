@@ -315,17 +315,16 @@ def test_row_sharding_reports_every_placement_and_the_budget_run():
   assert "2 replicas: the planner row-shards ['C1'" in out, out
 
 
+#: A tiny iALS matrix: 300 users x 40 items, 3,000 pairs drawn.
+_TINY_IALS = ("--users", "300", "--items", "40", "--pairs", "3000")
+
+
 def test_ials_scale_trains_row_sharded_replicas_on_chunked_histories():
   """The scale run of docs/models.md on a tiny matrix: 2 replicas,
   row-sharded tables, the longest history cut into many chunks."""
   out = _run(
     "benchmarks/ials_scale.py",
-    "--users",
-    "300",
-    "--items",
-    "40",
-    "--pairs",
-    "3000",
+    *_TINY_IALS,
     "--replicas",
     "2",
     "--batch_size",
@@ -354,12 +353,7 @@ def test_weak_scaling_measures_replicas_and_workers_then_projects(tmp_path):
     "",
     "--workers",
     "2",
-    "--users",
-    "300",
-    "--items",
-    "40",
-    "--pairs",
-    "3000",
+    *_TINY_IALS,
     "--ials_batch",
     "64",
     "--history_chunk",

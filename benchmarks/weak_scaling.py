@@ -22,6 +22,9 @@ replica puts into a step (read from the traced step, not the planner's
 figure), and the peak RSS of each process. `--json` saves the rows (what
 `benchmarks/exchange_cost_model.py --measured` projects to a pod from).
 
+Every process it starts is its own: a SIGTERM or SIGINT stops them and
+then it (status 143 / 130), and none outlives it.
+
 All replicas share this machine's cores: on 2 cores, 8 replicas take at
 least 4x the time of 2, so the figure to read is CPU per example (the
 work the replicas add), and the bytes.
@@ -37,7 +40,6 @@ import os
 import platform
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -224,23 +226,24 @@ def _env() -> dict:
 
 
 def _one_process(args, model: str, replicas: int) -> list:
-  """The rows the task files of one process hold."""
+  """The rows the task files of one process hold. The process is this
+  one's own (`recsys.launch.run_owned`): a SIGTERM or SIGINT here is
+  forwarded to it, and it ends with this process."""
+  from recsys import launch  # noqa: PLC0415
+
   with tempfile.TemporaryDirectory() as out:
     argv = [sys.executable, __file__, *_task_argv(args, model, replicas, out)]
-    proc = subprocess.run(
-      argv, env=_env(), capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-      sys.exit(
-        f"{model}, {replicas} replicas: exit {proc.returncode}\n"
-        + (proc.stdout + proc.stderr)[-4000:]
-      )
+    code = launch.run_owned(argv, env=_env())
+    if code != 0:
+      print(f"{model}, {replicas} replicas: exit status {code}", flush=True)
+      sys.exit(code)
     return _rows(out)
 
 
 def _cluster(args, model: str, workers: int) -> list:
   """The rows of `workers` processes of one replica each (a local
-  MultiWorkerMirroredStrategy cluster, owned as `recsys launch` owns one)."""
+  MultiWorkerMirroredStrategy cluster, owned as `recsys launch` owns one:
+  a SIGTERM or SIGINT here stops it, and it ends with this process)."""
   from recsys import launch  # noqa: PLC0415
 
   with tempfile.TemporaryDirectory() as out:
@@ -253,13 +256,16 @@ def _cluster(args, model: str, workers: int) -> list:
       log_dir=out,
       program=[sys.executable, __file__],
     )
-    try:
-      cluster.start()
-      code = cluster.wait()
-      if code == 0:  # the chief; the other workers end after it
-        cluster.settle(seconds=_SETTLE_SECONDS)
-    finally:
-      cluster.stop()
+    with launch.StopSignals() as signals:
+      try:
+        cluster.start()
+        code = cluster.wait(stopping=signals.stopping)
+        if code == 0:  # the chief; the other workers end after it
+          cluster.settle(seconds=_SETTLE_SECONDS, stopping=signals.stopping)
+      finally:
+        cluster.stop()
+    if signals.first is not None:
+      sys.exit(launch.signal_status(signals.first))
     if code != 0 or any(s != 0 for s in cluster.statuses().values()):
       sys.exit(f"{model}, {workers} workers: {printed.getvalue()[-4000:]}")
     return _rows(out)

@@ -6,8 +6,10 @@ results."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -374,3 +376,56 @@ def test_weak_scaling_measures_replicas_and_workers_then_projects(tmp_path):
       projected,
       re.MULTILINE,
     ), projected
+
+
+def _tasks_under(folder) -> list:
+  """Pids of weak_scaling tasks whose output folder is under `folder`."""
+  pids = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        argv = f.read().decode(errors="replace").split("\0")
+    except OSError:
+      continue
+    if "--task" in argv and any(str(folder) in a for a in argv):
+      pids.append(int(pid))
+  return pids
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_weak_scaling_stopped_leaves_no_task_running(signum, tmp_path):
+  """A signal while a measuring process runs: it is forwarded, the script
+  exits 143 / 130 and no task outlives it."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+  env["TMPDIR"] = str(tmp_path)  # the tasks' output folders: found below
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      "benchmarks/weak_scaling.py",
+      "--models",
+      "ials",
+      "--replicas",
+      "1",
+      "--workers",
+      "0",
+      *_TINY_IALS,
+    ],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
+  try:
+    deadline = time.monotonic() + 120
+    while not _tasks_under(tmp_path):
+      assert proc.poll() is None and time.monotonic() < deadline
+      time.sleep(0.05)
+    proc.send_signal(signum)
+    assert proc.wait(timeout=60) == (143 if signum == signal.SIGTERM else 130)
+    deadline = time.monotonic() + 10
+    while _tasks_under(tmp_path) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    assert not _tasks_under(tmp_path)
+  finally:
+    proc.kill()
+    proc.wait()

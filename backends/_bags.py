@@ -105,7 +105,9 @@ def bag_scale(bag: inputs_lib.FlatBags, combiner: str) -> tf.Tensor:
 
 def _unit_scale(bag: inputs_lib.FlatBags, combiner: str) -> bool:
   """Whether every id of `bag` enters its activation with factor 1."""
-  return bag.unit_weights and (bool(bag.sequence_length) or combiner == "sum")
+  return bag.unit_weights and (
+    bool(bag.sequence_length) or combiner == "sum" or bag.single_ids
+  )
 
 
 def concat_bags(bags: list[inputs_lib.FlatBags], combiner: str) -> TableBag:
@@ -180,6 +182,7 @@ def lookup(
   fused_ops: Any | None = None,
   concurrent_calls: int = 0,
   quantize: Callable[[tf.Tensor], tf.Tensor] | None = None,
+  num_rows: int | None = None,
 ) -> TableLookup:
   """De-duplicates the table's ids, gathers each row once, combines the bags.
 
@@ -193,7 +196,8 @@ def lookup(
       between replicas); a tape on `params` sees what this op records
       (`tf.gather`: `IndexedSlices` of U rows).
     fused_ops: the fused kernels' module: one C++ pass over the ids reading
-      `params` in place (a plain CPU variable, outside XLA).
+      `params` in place (a plain CPU variable, outside XLA); without
+      `params`, the de-duplication alone (given `num_rows`).
     concurrent_calls: how many such lookups the step runs side by side (its
       tables x replicas; 0: unknown). Fewer than the inter-op threads: the
       sums and the de-duplication are two ops the executor runs side by
@@ -204,6 +208,8 @@ def lookup(
       are combined (`backends.quantization`; the fused kernels combine the
       rows as stored, so a quantized table takes the TF ops). The rows
       returned for the update stay as stored.
+    num_rows: the table's rows (its ids' bound), for the fused
+      de-duplication of rows read through `gather_rows`.
   """
   # The kernels read float32, bfloat16 and float16 rows (upcast, exact).
   if fused_ops is not None and params is not None and quantize is None:
@@ -233,7 +239,14 @@ def lookup(
       )
     acts.set_shape([None, params.shape[-1]])  # the kernel cannot see it
     return TableLookup(acts, unique_ids, index, None)
-  unique_ids, index = tf.unique(flat.ids, out_idx=tf.int32)
+  if fused_ops is not None and num_rows is not None:
+    # Rows read elsewhere (another replica's shard): one C++ pass still
+    # de-duplicates (the ids in first-appearance order, as `tf.unique`).
+    unique_ids, index = fused_ops.recsys_bag_dedup(
+      ids=tf.cast(flat.ids, tf.int64), num_rows=num_rows
+    )
+  else:
+    unique_ids, index = tf.unique(flat.ids, out_idx=tf.int32)
   rows = gather_rows(params, unique_ids)
   combined = rows if quantize is None else quantize(rows)
   return TableLookup(

@@ -49,6 +49,9 @@ class FlatBags:
       `bag_width`): equal in every step whose inputs have equal shapes.
     unit_weights: True when no weights were given, so every weight is 1 by
       construction (lets the lookup skip multiplying by them).
+    single_ids: True when no bag can hold more than one id (a dense or
+      padded input of static width 1): every combiner then gives a unit
+      weight factor 1.
     sorted_segments: True when `segments` is non-decreasing by construction
       (dense, ragged and padded inputs; not SparseTensors, whose indices need
       not be in canonical order), which sorted segment reductions need.
@@ -70,6 +73,7 @@ class FlatBags:
   capacity: int | None = None
   slots: tf.Tensor | None = None
   unit_weights: bool = False
+  single_ids: bool = False
   sorted_segments: bool = False
   ids_in_range: bool = False
   dropped: tf.Tensor | None = None
@@ -167,7 +171,9 @@ def to_flat_bags(
   cut = tf.constant(0, tf.int64)
   ids_in_range = False
   dropped = None
+  single_ids = False
   if isinstance(inp, PaddedBags):
+    single_ids = inp.ids.shape.rank == 2 and inp.ids.shape[1] == 1
     ids_in_range = check_ids and fused_ops is not None
     drop = drop_ids and fused_ops is not None and not ids_in_range
     ids, row, pos, w, cut, dropped = _from_padded(
@@ -198,6 +204,7 @@ def to_flat_bags(
     w = weights.values if weights is not None else None
   elif isinstance(inp, (tf.Tensor, tf.Variable)) or tf.is_tensor(inp):
     inp = checks_lib.dense_ids(layout, inp)
+    single_ids = inp.shape[1] == 1
     shape = tf.shape(inp, out_type=tf.int64)
     width = shape[1]
     ids = tf.reshape(inp, [-1])
@@ -258,6 +265,7 @@ def to_flat_bags(
     capacity=capacity,
     slots=_slots(inp, limit, batch_size),
     unit_weights=unit_weights,
+    single_ids=single_ids,
     sorted_segments=not isinstance(inp, tf.SparseTensor),
     ids_in_range=ids_in_range,
     dropped=dropped,

@@ -167,6 +167,27 @@ def _validate(optimizer: Any, table_name: str) -> None:
         )
 
 
+def zero_gradient_is_identity(optimizer: Any) -> bool:
+  """Whether a row updated with gradient 0 keeps its values and slots.
+
+  True for SGD and Adagrad without weight decay or weight clipping, whose
+  gradient clipping keeps 0 at 0: an update may then leave out the rows no
+  gradient reaches (`backends.gradient_rows`). False where a zero gradient
+  still moves a row: Adam's and AdagradMomentum's decaying moments, FTRL's
+  weights recomputed from its slots, decay, clipping into a range.
+  """
+  if _update_fn(optimizer) not in (_sgd, _adagrad):
+    return False
+  lo, hi = optimizer.clip_gradient_min, optimizer.clip_gradient_max
+  return (
+    not optimizer.weight_decay_factor
+    and optimizer.clip_weight_min is None
+    and optimizer.clip_weight_max is None
+    and (lo is None or lo <= 0)
+    and (hi is None or hi >= 0)
+  )
+
+
 def learning_rate(optimizer: Any) -> tf.Tensor:
   """The optimizer's current learning rate as a float32 scalar.
 

@@ -73,6 +73,18 @@ class Exchange(abc.ABC):
     """`(rows [len(ids), D], record)` of this replica's unique `ids`."""
 
   @abc.abstractmethod
+  def route_ids(
+    self,
+    ctx: Any,
+    ids: tf.Tensor,
+    valid: tf.Tensor,
+    capacity: int | tf.Tensor,
+    table: str,
+  ) -> Any:
+    """The record of this replica's unique `ids` sent to their owners (the
+    lookup's first half): what `gradients` then routes rows back by."""
+
+  @abc.abstractmethod
   def gradients(
     self, ctx: Any, record: Any, row_grads: tf.Tensor
   ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
@@ -108,9 +120,8 @@ class AllGather(Exchange):
 
   name = ALL_GATHER
 
-  def lookup(self, ctx, shard, ids, valid, capacity, table):
+  def route_ids(self, ctx, ids, valid, capacity, table):
     del table
-    num, dim = self.layout.num_shards, int(shard.shape[1])
     if not isinstance(capacity, int):
       # Known when the step runs: every replica sends the largest.
       capacity = tf.reduce_max(
@@ -122,11 +133,19 @@ class AllGather(Exchange):
     me = tf.cast(ctx.replica_id_in_sync_group, tf.int32)
     owned = tf.logical_and(all_ids >= 0, self.layout.owner(known) == me)
     local = tf.where(owned, self.layout.local(known), 0)
+    return owned, local, capacity
+
+  def lookup(self, ctx, shard, ids, valid, capacity, table):
+    num, dim = self.layout.num_shards, int(shard.shape[1])
+    owned, local, capacity = record = self.route_ids(
+      ctx, ids, valid, capacity, table
+    )
     summed = ctx.all_reduce(
       tf.distribute.ReduceOp.SUM, _read(shard, local, owned)
     )
+    me = tf.cast(ctx.replica_id_in_sync_group, tf.int32)
     mine = tf.gather(tf.reshape(summed, [num, capacity, dim]), me)
-    return mine[: tf.shape(ids)[0]], (owned, local, capacity)
+    return mine[: tf.shape(ids)[0]], record
 
   def gradients(self, ctx, record, row_grads):
     owned, local, capacity = record
@@ -147,16 +166,16 @@ class AllToAll(Exchange):
     super().__init__(layout)
     self.capacity = int(capacity)
 
-  def lookup(self, ctx, shard, ids, valid, capacity, table):
+  def route_ids(self, ctx, ids, valid, capacity, table):
     if not isinstance(capacity, int):
       raise TypeError(
         f"table {table!r}: the all-to-all exchange needs a static number of "
         "ids per step (bag widths)."
       )
     num, k = self.layout.num_shards, self.capacity
-    ids = _pad_to(tf.cast(ids, tf.int64), capacity, 0)
-    valid = _pad_to(valid, capacity, False)
-    known = tf.where(valid, ids, 0)
+    # Only the buffers sent need a fixed size: the ids are bucketed as
+    # they are (fewer than `capacity` in a step of the dynamic engine).
+    known = tf.where(valid, tf.cast(ids, tf.int64), 0)
     owner = self.layout.owner(known)
     slot, largest = _buckets(owner, valid, num, k)
     # Each bucket: the local rows asked of its owner (-1: none), then this
@@ -171,23 +190,31 @@ class AllToAll(Exchange):
       ctx, tf.concat([tf.reshape(send, [num, k]), header], 1)
     )
     asked = received[:, :k]  # [R, K] rows of this shard each replica asked
-    needed = tf.reduce_max(received[:, k])
-    served = _read(shard, tf.maximum(asked, 0), asked >= 0)  # [R, K, D]
-    back = _tf_internal.all_to_all(ctx, served)
-    dim = int(shard.shape[1])
-    flat = tf.concat(
-      [tf.reshape(back, [num * k, dim]), tf.zeros([1, dim], back.dtype)], 0
+    return _AllToAllRecord(slot, asked, tf.reduce_max(received[:, k]))
+
+  def lookup(self, ctx, shard, ids, valid, capacity, table):
+    num, k = self.layout.num_shards, self.capacity
+    record = self.route_ids(ctx, ids, valid, capacity, table)
+    # Empty slots (-1) serve row 0: their asker reads no slot it did not
+    # fill.
+    served = tf.raw_ops.ResourceGather(
+      resource=shard.handle,
+      indices=tf.maximum(record.asked, 0),
+      dtype=shard.dtype,
     )
-    rows = tf.gather(flat, slot)
-    return rows, _AllToAllRecord(slot, asked, needed)
+    served = tf.cast(served, narrow.math_dtype(shard.dtype))  # [R, K, D]
+    back = tf.reshape(_tf_internal.all_to_all(ctx, served), [num * k, -1])
+    # An id past its bucket (an overflow, which fails the step) reads 0.
+    sent = record.slot < num * k
+    rows = tf.gather(back, tf.where(sent, record.slot, 0))
+    return tf.where(sent[:, tf.newaxis], rows, tf.zeros_like(rows)), record
 
   def gradients(self, ctx, record, row_grads):
     num, k = self.layout.num_shards, self.capacity
     dim = int(row_grads.shape[1])
-    grads = _pad_to(row_grads, record.slot.shape[0], 0.0)
-    send = tf.scatter_nd(record.slot[:, tf.newaxis], grads, [num * k + 1, dim])[
-      : num * k
-    ]
+    send = tf.scatter_nd(
+      record.slot[:, tf.newaxis], row_grads, [num * k + 1, dim]
+    )[: num * k]
     received = _tf_internal.all_to_all(ctx, tf.reshape(send, [num, k, dim]))
     asked = tf.reshape(record.asked, [-1])
     return tf.maximum(asked, 0), asked >= 0, tf.reshape(received, [-1, dim])
@@ -227,7 +254,7 @@ def _buckets(
   Ids go to their owner's bucket in order; an invalid id, or one past its
   bucket's `k`, gets slot `num * k` (not sent).
   """
-  size = owner.shape[0]
+  size = owner.shape[0] if owner.shape[0] is not None else tf.size(owner)
   key = tf.where(valid, owner, num)  # invalid ids sort last
   order = tf.argsort(key, stable=True)
   ordered = tf.gather(key, order)
@@ -261,6 +288,16 @@ def owner_updates(
     static: a fixed-size, masked update (compiled steps) or only the rows.
     rounding: a narrow shard's stochastic rounding (of its local row ids).
   """
+  if not static:
+    # Only the slots that hold a row: work in proportion to them, not to
+    # the exchange's capacity or the shard's rows.
+    unique, index = tf.unique(tf.boolean_mask(local, owned), out_idx=tf.int32)
+    summed = tf.math.unsorted_segment_sum(
+      tf.boolean_mask(grads, owned), index, tf.size(unique)
+    )
+    return [
+      optimizers.SparseUpdate(table, slots, unique, summed, rounding=rounding)
+    ]
   dd = static_bags.dedup(local, owned, shard_rows)
   summed = tf.math.unsorted_segment_sum(
     grads * tf.cast(owned, grads.dtype)[:, tf.newaxis],
@@ -268,16 +305,9 @@ def owner_updates(
     local.shape[0] if local.shape[0] is not None else tf.shape(local)[0],
   )
   summed = static_bags.pad_rows(summed, dd.num_unique)
-  if static:
-    return [
-      optimizers.SparseUpdate(
-        table, slots, dd.ids, summed, keep=dd.num_unique > 0, rounding=rounding
-      )
-    ]
-  k = dd.num_unique
   return [
     optimizers.SparseUpdate(
-      table, slots, dd.ids[:k], summed[:k], rounding=rounding
+      table, slots, dd.ids, summed, keep=dd.num_unique > 0, rounding=rounding
     )
   ]
 

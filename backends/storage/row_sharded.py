@@ -575,14 +575,19 @@ class RowSharded(base.TableStorage):
     rows, record = exchange.lookup(
       ctx, self._params.shards, ids, real, capacity, self.name
     )
+    with tf.control_dependencies(self._overflow_checks(exchange, record)):
+      rows = tf.identity(rows[: tf.shape(ids)[0]])
+    return rows, (exchange, record)
+
+  def _overflow_checks(self, exchange: exchange_lib.Exchange, record) -> list:
+    """What makes an overflowed all-to-all fail: an assertion to depend on
+    (uncompiled steps), or the count the host raises for after the step."""
     deps = exchange_lib.check_overflow(exchange, record, self.name)
     if isinstance(exchange, exchange_lib.AllToAll) and not deps:
       # A compiled step cannot raise: the host does, after the step.
       assert self._overflow is not None  # made with the all-to-all
       self._overflow.assign_add(exchange.overflow(record))
-    with tf.control_dependencies(deps):
-      rows = tf.identity(rows[: tf.shape(ids)[0]])
-    return rows, (exchange, record)
+    return deps
 
   def _exchange_for(self, capacity: int | tf.Tensor) -> exchange_lib.Exchange:
     """This step's exchange: all-to-all needs a static number of ids, and
@@ -645,7 +650,20 @@ class RowSharded(base.TableStorage):
     if ctx is None:
       self._apply_on_host(step.ids, step.num_unique, row_grads)
       return []
-    exchange, record = step.exchanged  # as the lookup exchanged them
+    if step.exchanged is not None:
+      exchange, record = step.exchanged  # as the lookup exchanged them
+    else:  # rows of its own (`backends.gradient_rows`): routed afresh
+      size = tf.shape(step.ids)[0]
+      capacity = step.capacity if step.capacity is not None else size
+      exchange = self._exchange_for(capacity)
+      valid = (
+        tf.range(size) < step.num_unique
+        if step.num_unique is not None
+        else tf.ones([size], tf.bool)
+      )
+      record = exchange.route_ids(ctx, step.ids, valid, capacity, self.name)
+      with tf.control_dependencies(self._overflow_checks(exchange, record)):
+        row_grads = tf.identity(row_grads)
     local, owned, grads = exchange.gradients(ctx, record, row_grads)
     variables = self.shard_variables()
     table = variables.pop("parameters")

@@ -33,7 +33,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, base, hardware, optimizers
+from backends import _tf_internal, base, gradient_rows, hardware, optimizers
 from backends import input_checks as checks_lib
 from backends import inputs as inputs_lib
 from backends import pending as pending_lib
@@ -474,8 +474,9 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
       step, storage = steps[name], self._storages[name]
       engine.check_update(name, step, storage)
       if apply_if is not None and storage.update_exchanges():
-        row_grads = engine.row_gradients(table, step, flat_grads)
-        exchanged[name] = storage.updates(step, row_grads)
+        exchanged[name] = self._exchanged_updates(
+          engine, table, step, flat_grads, storage
+        )
 
     def write() -> tf.Tensor:
       # Tables sharing an optimizer are updated together: one run of its
@@ -489,8 +490,9 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
         if updates is None:
           if engine.apply_in_place(table, step, flat_grads, storage, opt):
             continue
-          row_grads = engine.row_gradients(table, step, flat_grads)
-          updates = storage.updates(step, row_grads)
+          updates = self._exchanged_updates(
+            engine, table, step, flat_grads, storage
+          )
         for update in updates:
           groups.setdefault(id(opt), (opt, []))[1].append(update)
       fused = engine.update_kernels()
@@ -502,6 +504,35 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
       write()
     else:
       tf.cond(apply_if, write, lambda: tf.constant(False))
+
+  def _exchanged_updates(
+    self,
+    engine: Any,
+    table: Any,
+    step: Any,
+    flat_grads: list[Any],
+    storage: Any,
+  ) -> list[optimizers.SparseUpdate]:
+    """The table's updates from this replica's row gradients; an update
+    that exchanges rows between replicas sends only the rows a gradient
+    reaches, where that changes no result (`backends.gradient_rows`)."""
+    row_grads = engine.row_gradients(table, step, flat_grads)
+    if (
+      not storage.update_exchanges()
+      or not optimizers.zero_gradient_is_identity(self.optimizer_for(table))
+    ):
+      return storage.updates(step, row_grads)
+    reached = engine.reached_rows(table, step, flat_grads)
+    if reached is None or (
+      reached.bound is not None
+      and step.capacity is not None
+      and reached.bound >= step.capacity
+    ):
+      return storage.updates(step, row_grads)
+    if reached.bound == 0:  # no feature of the table has a gradient
+      return []
+    step, row_grads = gradient_rows.compact(step, row_grads, reached)
+    return storage.updates(step, row_grads)
 
   def abandon_training_lookup(self) -> None:
     """Drops this replica's training lookup on purpose (a step left out)."""

@@ -117,7 +117,7 @@ def _solve_entries(
   lengths = np.diff(offsets)
   need = np.maximum(1, -(-lengths // width))
   fits = need <= batch_size
-  rows = np.flatnonzero(fits)
+  rows = _spread(np.flatnonzero(fits), steps_multiple)
   batch_of_row = _batch_of_rows(need[rows], batch_size)
   batches = int(batch_of_row[-1]) + 1 if len(rows) else 0
   batches += -batches % steps_multiple
@@ -148,6 +148,22 @@ def _solve_entries(
     for r in np.flatnonzero(~fits)
   ]
   return _joined([out, *long_rows])
+
+
+def _spread(rows: np.ndarray, parts: int) -> np.ndarray:
+  """`rows` (ascending) reordered to take one row of each of `parts` equal
+  runs in turn: any stretch of the order holds about as many rows of each
+  run (the contiguous shards of a row-sharded table) and of each residue
+  mod `parts` (the strided shards), so a batch's solved rows, which
+  alone carry gradients, go evenly to their owners (the all-to-all sized
+  for an even share)."""
+  if parts <= 1 or len(rows) <= parts:
+    return rows
+  per_part = -(-len(rows) // parts)
+  grid = np.full(parts * per_part, -1, np.int64)
+  grid[: len(rows)] = rows
+  order = grid.reshape(parts, per_part).T.reshape(-1)
+  return order[order >= 0]
 
 
 def _long_entries(

@@ -297,6 +297,29 @@ def test_gramian_batches_hold_each_row_once_each_replica_its_strided_share():
     assert categorical[ials_batches.USER_HISTORY].to_list() == [[]] * 4
 
 
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_each_batch_solves_rows_of_every_owner_evenly(replicas):
+  """The solved rows alone carry gradients (the update sends no others),
+  so each batch's must spread over the owners of a row-sharded table
+  under either layout, as the exchange sizes its buckets for an even
+  share: at most one more than it, per contiguous shard and per residue
+  mod R (rows in id order would give one owner the whole batch)."""
+  rows = 1001
+  pairs = np.stack([np.arange(rows), np.arange(rows) % 7], 1)
+  batch = 64
+  plan = ials_plan.plan_epoch(pairs, rows, 7, batch, replicas)
+  entries = plan.entries
+  solves = entries.side.reshape(-1, batch) == ials_batches.USER_SIDE
+  solved = entries.row.reshape(-1, batch)
+  assert sorted(solved[solves].tolist()) == list(range(rows))
+  shard = -(-rows // replicas)
+  for batch_rows in (solved[i][solves[i]] for i in range(len(solved))):
+    even = -(-len(batch_rows) // replicas)
+    for owner_of in (batch_rows // shard, batch_rows % replicas):
+      counts = np.bincount(owner_of, minlength=replicas)
+      assert counts.max() <= even + 1, (counts, even)
+
+
 def test_resumed_in_the_middle_of_a_long_row_solves_with_the_saved_sums(
   tmp_path,
 ):

@@ -6,7 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _bags
+from backends import _bags, gradient_rows
 from backends import input_checks as checks_lib
 from backends.storage.base import TableStorage
 from backends.table_step import Features, TableStep
@@ -50,6 +50,14 @@ class Engine(abc.ABC):
   ) -> tf.Tensor:
     """d(loss)/d(row) of each of the step's unique ids, `[U, D]`."""
 
+  def reached_rows(
+    self, table: Any, step: TableStep, flat_grads: list[Any]
+  ) -> gradient_rows.Reached | None:
+    """The step's unique rows that a gradient reaches, when some feature of
+    the table has none (None: every feature has one)."""
+    del table, step, flat_grads
+    return None
+
   def apply_in_place(
     self,
     table: Any,
@@ -71,6 +79,20 @@ class Engine(abc.ABC):
   def update_kernels(self) -> Any | None:
     """The fused kernels for `optimizers.apply_sparse_updates`, or None."""
     return None
+
+
+def has_gradient(step: TableStep, flat_grads: list[Any]) -> list[bool]:
+  """Per feature of the step's table: whether its activation gradient is
+  not None."""
+  return [flat_grads[p] is not None for p in step.positions]
+
+
+def bound_of(capacities: list[int | None], carries: list[bool]) -> int | None:
+  """The id slots of the features that have gradients, if all static."""
+  kept = [c for c, has in zip(capacities, carries) if has]
+  if any(c is None for c in kept):
+    return None
+  return sum(kept)  # type: ignore[arg-type]
 
 
 def after_checks(checks: checks_lib.CheckGroup, bags: list[Any]) -> list[Any]:

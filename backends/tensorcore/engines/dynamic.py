@@ -20,7 +20,13 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _bags, _tf_internal, optimizers, quantization
+from backends import (
+  _bags,
+  _tf_internal,
+  gradient_rows,
+  optimizers,
+  quantization,
+)
 from backends import input_checks as checks_lib
 from backends import inputs as inputs_lib
 from backends.storage.base import TableStorage
@@ -31,11 +37,17 @@ from backends.tensorcore.engines import base
 class _Backward:
   """The dynamic lookup's record for the rows' gradients of one table."""
 
-  def __init__(self, flat: _bags.TableBag, index: tf.Tensor):
+  def __init__(
+    self,
+    flat: _bags.TableBag,
+    index: tf.Tensor,
+    capacities: list[int | None],
+  ):
     self.index = index  # int32 [N]: each id's unique row
     self.segments = flat.segments  # int32 [N]: each id's activation row
     self.scale = flat.scale  # float32 [N] or None
     self.sizes = flat.sizes  # per feature: S_f
+    self.capacities = capacities  # per feature: a static bound on its ids
 
 
 class DynamicEngine(base.Engine):
@@ -163,9 +175,10 @@ class DynamicEngine(base.Engine):
         flat_bag,
         local["parameters"] if local is not None else None,
         gather_rows,
-        fused if local is not None else None,
+        fused,
         self._concurrent_calls,
         quantization.quantizer(table),
+        num_rows=table.vocabulary_size,
       )
       for i, bag, out in zip(
         positions, table_bags, _bags.split_features(found.acts, flat_bag)
@@ -178,7 +191,7 @@ class DynamicEngine(base.Engine):
           None,
           capacity,
           found.rows,
-          _Backward(flat_bag, found.index),
+          _Backward(flat_bag, found.index, [b.capacity for b in table_bags]),
           exchanged[0],
         )
     return outputs, steps
@@ -203,6 +216,24 @@ class DynamicEngine(base.Engine):
       back.scale,
       tf.size(step.ids, out_type=tf.int32),
       self._fused(),
+    )
+
+  def reached_rows(
+    self, table: Any, step: TableStep, flat_grads: list[Any]
+  ) -> gradient_rows.Reached | None:
+    back = step.backward
+    carries = base.has_gradient(step, flat_grads)
+    if all(carries):
+      return None
+    # Per activation row (features stacked in order), then per id.
+    per_row = tf.concat(
+      [tf.fill([size], has) for size, has in zip(back.sizes, carries)], 0
+    )
+    return gradient_rows.reached(
+      tf.gather(per_row, back.segments),
+      back.index,
+      tf.size(step.ids, out_type=tf.int32),
+      base.bound_of(back.capacities, carries),
     )
 
   def apply_in_place(

@@ -20,7 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, quantization, static_bags
+from backends import _tf_internal, gradient_rows, quantization, static_bags
 from backends import input_checks as checks_lib
 from backends.storage.base import TableStorage
 from backends.table_step import TableStep
@@ -183,6 +183,25 @@ class StaticEngine(base.Engine):
         grads, back.bags, back.index, tf.shape(step.ids)[0]
       ),
       step.num_unique,
+    )
+
+  def reached_rows(
+    self, table: Any, step: TableStep, flat_grads: list[Any]
+  ) -> gradient_rows.Reached | None:
+    back = step.backward
+    carries = base.has_gradient(step, flat_grads)
+    bound = base.bound_of([bag.capacity for bag in back.bags], carries)
+    if all(carries) or bound is None:  # fixed-size slots need a bound
+      return None
+    per_id = tf.concat(
+      [tf.logical_and(bag.valid, has) for bag, has in zip(back.bags, carries)],
+      0,
+    )
+    return gradient_rows.reached(
+      per_id,
+      back.index,
+      tf.shape(step.ids)[0],
+      bound,
     )
 
   def check_update(

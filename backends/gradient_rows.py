@@ -13,7 +13,7 @@ slots afterwards, in a buffer bounded by the id slots of the features that
 have gradients.
 
 Example:
-  >>> reached = gradient_rows.reached(per_id, index, num_rows, bound=4096)
+  >>> reached = gradient_rows.reached(trained_index, num_rows, bound=4096)
   >>> step, grads = gradient_rows.compact(step, row_grads, reached)
 """
 
@@ -40,20 +40,22 @@ class Reached:
 
 
 def reached(
-  per_id: tf.Tensor, index: tf.Tensor, num_rows: tf.Tensor, bound: int | None
+  index: tf.Tensor,
+  num_rows: tf.Tensor,
+  bound: int | None,
+  valid: tf.Tensor | None = None,
 ) -> Reached:
-  """`Reached` from whether each looked-up id's feature has a gradient.
+  """`Reached` from the ids of the features that have gradients.
 
   Args:
-    per_id: bool `[N]`, per id slot of the lookup (False for invalid ones).
-    index: int32 `[N]`, each id's unique row.
+    index: int32 `[n]`, those ids' unique rows (the lookup's index of
+      each, for those features only: work in proportion to them).
     num_rows: `U`, the step's unique rows.
     bound: see `Reached.bound`.
+    valid: bool `[n]`, which of them hold a real id (None: all).
   """
-  hits = tf.math.unsorted_segment_max(
-    tf.cast(per_id, tf.int32), index, num_rows
-  )
-  return Reached(hits > 0, bound)
+  hits = tf.ones_like(index) if valid is None else tf.cast(valid, index.dtype)
+  return Reached(tf.math.unsorted_segment_max(hits, index, num_rows) > 0, bound)
 
 
 def compact(

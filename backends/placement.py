@@ -77,13 +77,14 @@ def exchange_bytes(
   """The payload one replica of a row-sharded table puts into collectives.
 
   all_gather: its `U` ids (int64), the owners' rows of all `R * U` ids
-  (all-reduced) and its `U` gradients; all_to_all: `R` buckets of `K + 1`
-  ids (the last: a header), `K` rows and `K` gradients each.
+  (all-reduced) and its `U` gradients; all_to_all: `R` buckets of `K + 2`
+  ids (the last two: a header, the bucket's count and the sender's
+  largest), `K` rows and `K` gradients each.
   """
   if exchange == ALL_GATHER:
     return ids * (8 + row_bytes * (replicas + 1))
   k = owner_capacity(ids, replicas, sigmas)
-  return replicas * ((k + 1) * 8 + 2 * k * row_bytes)
+  return replicas * ((k + 2) * 8 + 2 * k * row_bytes)
 
 
 #: Bytes per element of each dtype a table's rows may be stored in

@@ -47,7 +47,35 @@ def _parse() -> argparse.Namespace:
   parser.add_argument("--reg", type=float, default=100.0)
   parser.add_argument("--alpha", type=float, default=10.0)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument(
+    "--intra_op_threads",
+    type=int,
+    default=0,
+    help="TF intra-op threads (0: as `recsys train` picks them here)",
+  )
+  parser.add_argument(
+    "--inter_op_threads",
+    type=int,
+    default=0,
+    help="TF inter-op threads (0: as `recsys train` picks them here)",
+  )
   return parser.parse_args()
+
+
+def set_threads(args: argparse.Namespace) -> None:
+  """TF's threads as `recsys train` sets them on this machine (1 / 2 on 2
+  cores), or as `--intra_op_threads` / `--inter_op_threads` say; printed.
+  Call before TensorFlow starts its runtime."""
+  from recsys._keras import tf  # noqa: PLC0415
+  from recsys.process import threads  # noqa: PLC0415
+
+  intra, inter, _ = threads.thread_settings(
+    args.intra_op_threads, args.inter_op_threads, threads.available_cores()
+  )
+  tf.config.threading.set_intra_op_parallelism_threads(intra)
+  tf.config.threading.set_inter_op_parallelism_threads(inter)
+  shown = [str(n) if n else "TF's default" for n in (intra, inter)]
+  print(f"TF threads: intra-op {shown[0]}, inter-op {shown[1]}")
 
 
 def synthetic_pairs(
@@ -234,6 +262,7 @@ def main() -> None:
   import recsys  # noqa: F401, PLC0415  (Keras 2 before TensorFlow)
   from recsys._keras import tf  # noqa: PLC0415
 
+  set_threads(args)
   cpu = tf.config.list_physical_devices("CPU")[0]
   tf.config.set_logical_device_configuration(
     cpu, [tf.config.LogicalDeviceConfiguration()] * args.replicas

@@ -93,6 +93,11 @@ class TableStorage(abc.ABC):
     """
     return None
 
+  def use_fused_ops(self, fused_ops: Any) -> None:
+    """Hands the storage the backend's loaded fused CPU kernels (its
+    steps outside XLA may run them); none by default."""
+    del fused_ops
+
   def kernel_variables(self) -> dict[str, tf.Variable] | None:
     """`local_variables` as the fused CPU kernels take them: also a narrow
     table's (bfloat16 / float16 rows, which they read and round themselves

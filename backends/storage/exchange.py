@@ -158,13 +158,21 @@ class AllToAll(Exchange):
   Args:
     layout: which shard owns each row.
     capacity: ids one replica may send one owner per step (`K`).
+    fused_ops: the fused CPU kernels, whose `recsys_buckets` fills the send
+      buffer in one pass outside XLA (the same slots); None: TF ops.
   """
 
   name = ALL_TO_ALL
 
-  def __init__(self, layout: row_layout.RowLayout, capacity: int):
+  def __init__(
+    self,
+    layout: row_layout.RowLayout,
+    capacity: int,
+    fused_ops: Any = None,
+  ):
     super().__init__(layout)
     self.capacity = int(capacity)
+    self._fused_ops = fused_ops
 
   def route_ids(self, ctx, ids, valid, capacity, table):
     if not isinstance(capacity, int):
@@ -176,31 +184,36 @@ class AllToAll(Exchange):
     # Only the buffers sent need a fixed size: the ids are bucketed as
     # they are (fewer than `capacity` in a step of the dynamic engine).
     known = tf.where(valid, tf.cast(ids, tf.int64), 0)
-    owner = self.layout.owner(known)
-    slot, largest = _buckets(owner, valid, num, k)
-    # Each bucket: the local rows asked of its owner (-1: none), then this
-    # replica's largest bucket, so every replica learns of any overflow.
-    send = tf.tensor_scatter_nd_update(
-      tf.fill([num * k + 1], tf.constant(-1, tf.int64)),
-      slot[:, tf.newaxis],
-      self.layout.local(known),
-    )[: num * k]
-    header = tf.fill([num, 1], tf.cast(largest, tf.int64))
+    owner, local = self.layout.owner(known), self.layout.local(known)
+    # Bucket j: the local rows asked of owner j, filled from its start, then
+    # how many it holds and this replica's largest bucket, so every replica
+    # learns of any overflow.
+    if self._fused_ops is not None and not _tf_internal.in_xla_context():
+      slot, send, counts = self._fused_ops.recsys_buckets(
+        owner=owner, local=local, valid=valid, num_shards=num, capacity=k
+      )
+    else:
+      slot, counts = _buckets(owner, valid, num, k)
+      send = tf.scatter_nd(slot[:, tf.newaxis], local, [num * k + 1])[: num * k]
+    largest = tf.fill([num], tf.reduce_max(counts))
+    header = tf.stack([tf.minimum(counts, k), largest], 1)
     received = _tf_internal.all_to_all(
-      ctx, tf.concat([tf.reshape(send, [num, k]), header], 1)
+      ctx, tf.concat([tf.reshape(send, [num, k]), tf.cast(header, tf.int64)], 1)
     )
-    asked = received[:, :k]  # [R, K] rows of this shard each replica asked
-    return _AllToAllRecord(slot, asked, tf.reduce_max(received[:, k]))
+    return _AllToAllRecord(
+      slot,
+      received[:, :k],  # [R, K] rows of this shard each replica asked
+      received[:, k],  # how many of them each replica filled
+      tf.reduce_max(received[:, k + 1]),
+    )
 
   def lookup(self, ctx, shard, ids, valid, capacity, table):
     num, k = self.layout.num_shards, self.capacity
     record = self.route_ids(ctx, ids, valid, capacity, table)
-    # Empty slots (-1) serve row 0: their asker reads no slot it did not
-    # fill.
+    # Unfilled slots (0) serve row 0: their asker reads no slot it did
+    # not fill.
     served = tf.raw_ops.ResourceGather(
-      resource=shard.handle,
-      indices=tf.maximum(record.asked, 0),
-      dtype=shard.dtype,
+      resource=shard.handle, indices=record.asked, dtype=shard.dtype
     )
     served = tf.cast(served, narrow.math_dtype(shard.dtype))  # [R, K, D]
     back = tf.reshape(_tf_internal.all_to_all(ctx, served), [num * k, -1])
@@ -216,8 +229,12 @@ class AllToAll(Exchange):
       record.slot[:, tf.newaxis], row_grads, [num * k + 1, dim]
     )[: num * k]
     received = _tf_internal.all_to_all(ctx, tf.reshape(send, [num, k, dim]))
-    asked = tf.reshape(record.asked, [-1])
-    return tf.maximum(asked, 0), asked >= 0, tf.reshape(received, [-1, dim])
+    owned = tf.range(k, dtype=tf.int64) < record.filled[:, tf.newaxis]
+    return (
+      tf.reshape(record.asked, [-1]),
+      tf.reshape(owned, [-1]),
+      tf.reshape(received, [-1, dim]),
+    )
 
   def overflow(self, record: Any) -> tf.Tensor:
     """int64: how far the step's largest bucket went over the capacity."""
@@ -240,19 +257,27 @@ class AllToAll(Exchange):
 class _AllToAllRecord:
   """What the lookup's all-to-all leaves for the update."""
 
-  def __init__(self, slot: tf.Tensor, asked: tf.Tensor, needed: tf.Tensor):
+  def __init__(
+    self,
+    slot: tf.Tensor,
+    asked: tf.Tensor,
+    filled: tf.Tensor,
+    needed: tf.Tensor,
+  ):
     self.slot = slot  # int32 [U]: each id's slot in the send buffer
     self.asked = asked  # int64 [R, K]: local rows asked by each replica
+    self.filled = filled  # int64 [R]: the slots each replica filled
     self.needed = needed  # int64: the largest bucket of any replica
 
 
 def _buckets(
   owner: tf.Tensor, valid: tf.Tensor, num: int, k: int
 ) -> tuple[tf.Tensor, tf.Tensor]:
-  """Each id's slot in a `[num * k]` send buffer, and the largest bucket.
+  """Each id's slot in a `[num * k]` send buffer, and each owner's count of
+  ids (`[num]`, over `k` when its bucket overflows).
 
-  Ids go to their owner's bucket in order; an invalid id, or one past its
-  bucket's `k`, gets slot `num * k` (not sent).
+  Ids go to their owner's bucket in order, filling it from its start; an
+  invalid id, or one past its bucket's `k`, gets slot `num * k` (not sent).
   """
   size = owner.shape[0] if owner.shape[0] is not None else tf.size(owner)
   key = tf.where(valid, owner, num)  # invalid ids sort last
@@ -266,7 +291,7 @@ def _buckets(
   position = tf.scatter_nd(order[:, tf.newaxis], rank, [size])
   fits = tf.logical_and(valid, position < k)
   slot = tf.where(fits, owner * k + position, num * k)
-  return slot, tf.reduce_max(counts[:num])
+  return slot, counts[:num]
 
 
 def owner_updates(

@@ -434,6 +434,10 @@ class RowSharded(base.TableStorage):
     self.exchange = exchange
     self.exchange_sigmas = float(exchange_sigmas)
     self._overflow: tf.Variable | None = None
+    self._fused_ops: Any = None
+
+  def use_fused_ops(self, fused_ops: Any) -> None:
+    self._fused_ops = fused_ops  # the all-to-all's buckets in one op
 
   # -- variables -------------------------------------------------------------
 
@@ -603,6 +607,7 @@ class RowSharded(base.TableStorage):
         exchange_lib.owner_capacity(
           capacity, self.layout.num_shards, self.exchange_sigmas
         ),
+        self._fused_ops,
       )
     if self.exchange == exchange_lib.ALL_TO_ALL and not isinstance(
       capacity, int

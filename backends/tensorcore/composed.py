@@ -195,6 +195,8 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
       for table in self._tables:
         storage = self._make_storage(table)
         storage.create(tracker)
+        if self._kernels is not None:
+          storage.use_fused_ops(self._kernels)
         storages[self.table_name(table)] = storage
       self._storages = _tf_internal.NoDependency(storages)
       vocabularies = self._vocabularies()

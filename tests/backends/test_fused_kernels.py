@@ -745,3 +745,35 @@ def test_row_gradients_and_bag_sums_equal_numpy_bit_for_bit(scaled, order):
   want = _numpy_sums(grads[segments], index, scale, num_rows)
   np.testing.assert_array_equal(row_grads, want)
   np.testing.assert_array_equal(np.signbit(row_grads), np.signbit(want))
+
+
+@pytest.mark.parametrize("capacity", [0, 3, 40])
+def test_buckets_fill_the_send_buffer_as_the_tf_ops_do(capacity):
+  """`RecsysBuckets` against the all-to-all's TF path (`_buckets` and its
+  scatter): the same slots, buffer and counts, with invalid ids and
+  buckets that overflow (capacity 3, even 0) among them."""
+  from backends.storage import exchange
+
+  rng = np.random.default_rng(capacity)
+  num, n = 4, 97
+  owner = tf.constant(rng.integers(0, num, n), tf.int32)
+  local = tf.constant(rng.integers(0, 10**9, n), tf.int64)
+  valid = tf.constant(rng.random(n) < 0.8)
+  slot, send, counts = kernels.load().recsys_buckets(
+    owner=owner, local=local, valid=valid, num_shards=num, capacity=capacity
+  )
+  want_slot, want_counts = exchange._buckets(owner, valid, num, capacity)
+  want_send = tf.scatter_nd(
+    want_slot[:, tf.newaxis], local, [num * capacity + 1]
+  )[: num * capacity]
+  np.testing.assert_array_equal(slot, want_slot)
+  np.testing.assert_array_equal(send, want_send)
+  np.testing.assert_array_equal(counts, want_counts)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="owner 4"):
+    kernels.load().recsys_buckets(
+      owner=tf.constant([4]),
+      local=tf.constant([1], tf.int64),
+      valid=tf.constant([True]),
+      num_shards=num,
+      capacity=capacity,
+    )

@@ -170,8 +170,8 @@ def test_update_cut_to_reached_rows_equals_one_replica(
   assert not np.allclose(
     reference["adam/parameters"][VOCAB // 2 :], initial[VOCAB // 2 :]
   )
-  _, full_bytes = train(2, placement, static, zero=True)
   if placement == "row_sharded":  # (a replicated all-gather's size is lost)
+    _, full_bytes = train(2, placement, static, zero=True)
     assert cut_bytes < full_bytes
 
 

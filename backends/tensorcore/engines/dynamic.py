@@ -42,12 +42,14 @@ class _Backward:
     flat: _bags.TableBag,
     index: tf.Tensor,
     capacities: list[int | None],
+    id_counts: list[tf.Tensor],
   ):
     self.index = index  # int32 [N]: each id's unique row
     self.segments = flat.segments  # int32 [N]: each id's activation row
     self.scale = flat.scale  # float32 [N] or None
     self.sizes = flat.sizes  # per feature: S_f
     self.capacities = capacities  # per feature: a static bound on its ids
+    self.id_counts = id_counts  # per feature: its ids in `index`
 
 
 class DynamicEngine(base.Engine):
@@ -191,7 +193,12 @@ class DynamicEngine(base.Engine):
           None,
           capacity,
           found.rows,
-          _Backward(flat_bag, found.index, [b.capacity for b in table_bags]),
+          _Backward(
+            flat_bag,
+            found.index,
+            [b.capacity for b in table_bags],
+            [tf.size(b.ids, out_type=tf.int32) for b in table_bags],
+          ),
           exchanged[0],
         )
     return outputs, steps
@@ -225,13 +232,12 @@ class DynamicEngine(base.Engine):
     carries = base.has_gradient(step, flat_grads)
     if all(carries):
       return None
-    # Per activation row (features stacked in order), then per id.
-    per_row = tf.concat(
-      [tf.fill([size], has) for size, has in zip(back.sizes, carries)], 0
+    # The flat bag holds each feature's ids in turn.
+    parts = (
+      tf.split(back.index, back.id_counts) if len(carries) > 1 else [back.index]
     )
     return gradient_rows.reached(
-      tf.gather(per_row, back.segments),
-      back.index,
+      tf.concat([p for p, has in zip(parts, carries) if has], 0),
       tf.size(step.ids, out_type=tf.int32),
       base.bound_of(back.capacities, carries),
     )

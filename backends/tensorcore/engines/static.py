@@ -193,15 +193,15 @@ class StaticEngine(base.Engine):
     bound = base.bound_of([bag.capacity for bag in back.bags], carries)
     if all(carries) or bound is None:  # fixed-size slots need a bound
       return None
-    per_id = tf.concat(
-      [tf.logical_and(bag.valid, has) for bag, has in zip(back.bags, carries)],
-      0,
-    )
+    # The slots hold each feature's ids in turn (static sizes).
+    parts = tf.split(back.index, [bag.capacity for bag in back.bags])
     return gradient_rows.reached(
-      per_id,
-      back.index,
+      tf.concat([p for p, has in zip(parts, carries) if has], 0),
       tf.shape(step.ids)[0],
       bound,
+      valid=tf.concat(
+        [b.valid for b, has in zip(back.bags, carries) if has], 0
+      ),
     )
 
   def check_update(

@@ -3,7 +3,8 @@
 `embedding_ops.cc` holds TF ops (a de-duplicating bag lookup, or its bag sums
 and de-duplication as two ops, the padded bags' flattening, the per-row
 gradient reduction, an in-place SGD / Adagrad / lazy-Adam row update, the
-last two also fused; split over the intra-op threads a step leaves idle) that
+last two also fused; split over the intra-op threads a step leaves idle;
+a row-sharded table's all-to-all buckets and send buffer in one pass) that
 replace the tensorcore step's chain of generic TF ops on the CPU with
 the same math (docs/optimizers.md); `vocabulary_ops.cc` holds
 `RecsysVocabularyUpdate`, a dynamic table's index update
@@ -308,6 +309,7 @@ def _register_gradients(tf, module) -> None:
     ("RecsysBagLookup", tf.RegisterGradient),
     ("RecsysBagSums", tf.RegisterGradient),
     ("RecsysBagDedup", None),
+    ("RecsysBuckets", None),
     ("RecsysRowGradients", None),
     ("RecsysPaddedBags", None),
     ("RecsysSparseApply", None),

@@ -537,6 +537,68 @@ class BagDedupOp : public OpKernel {
   int64_t num_rows_ = 0;
 };
 
+// A row-sharded table's all-to-all send buffer in one pass
+// (backends/storage/exchange.py, `_buckets` and the scatter after it): id i
+// takes the next slot of its owner's bucket of `capacity`, in order; an
+// invalid id, or one past its bucket, gets slot num_shards * capacity (not
+// sent). `send` holds each slot's local row (0 where unfilled); `counts`
+// each owner's ids, past `capacity` when its bucket overflows.
+class BucketsOp : public OpKernel {
+ public:
+  explicit BucketsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("capacity", &capacity_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& owner_t = ctx->input(0);
+    const Tensor& local_t = ctx->input(1);
+    const Tensor& valid_t = ctx->input(2);
+    const int64_t n = owner_t.NumElements();
+    OP_REQUIRES(ctx,
+                owner_t.dims() == 1 && local_t.dims() == 1 &&
+                    valid_t.dims() == 1 && local_t.NumElements() == n &&
+                    valid_t.NumElements() == n,
+                InvalidArgument("owner, local and valid must be vectors of "
+                                "one length"));
+    const int32_t* owner = owner_t.flat<int32_t>().data();
+    const int64_t* local = local_t.flat<int64_t>().data();
+    const bool* valid = valid_t.flat<bool>().data();
+    const int64_t total = num_shards_ * capacity_;
+    Tensor *slot_t = nullptr, *send_t = nullptr, *counts_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &slot_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({total}), &send_t));
+    OP_REQUIRES_OK(ctx,
+                   ctx->allocate_output(2, TensorShape({num_shards_}), &counts_t));
+    int32_t* slot = slot_t->flat<int32_t>().data();
+    int64_t* send = send_t->flat<int64_t>().data();
+    int32_t* counts = counts_t->flat<int32_t>().data();
+    std::memset(send, 0, sizeof(int64_t) * total);
+    std::memset(counts, 0, sizeof(int32_t) * num_shards_);
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t o = owner[i];
+      if (!valid[i]) {
+        slot[i] = static_cast<int32_t>(total);
+        continue;
+      }
+      OP_REQUIRES(ctx, o >= 0 && o < num_shards_,
+                  InvalidArgument("owner ", o, " of entry ", i,
+                                  " is outside [0, ", num_shards_, ")"));
+      const int64_t position = counts[o]++;
+      if (position < capacity_) {
+        slot[i] = static_cast<int32_t>(o * capacity_ + position);
+        send[o * capacity_ + position] = local[i];
+      } else {
+        slot[i] = static_cast<int32_t>(total);
+      }
+    }
+  }
+
+ private:
+  int64_t num_shards_ = 1;
+  int64_t capacity_ = 0;
+};
+
 class BagLookupOp : public OpKernel {
  public:
   // sums_only: RecsysBagSums, the activations alone (one thread, no
@@ -1372,6 +1434,26 @@ REGISTER_OP("RecsysBagDedup")
     })
     .Doc("The ids de-duplicated in first-occurrence order, and their index.");
 
+REGISTER_OP("RecsysBuckets")
+    .Input("owner: int32")
+    .Input("local: int64")
+    .Input("valid: bool")
+    .Attr("num_shards: int >= 1")
+    .Attr("capacity: int >= 0")
+    .Output("slot: int32")
+    .Output("send: int64")
+    .Output("counts: int32")
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t num_shards, capacity;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_shards", &num_shards));
+      TF_RETURN_IF_ERROR(c->GetAttr("capacity", &capacity));
+      c->set_output(0, c->Vector(c->Dim(c->input(0), 0)));
+      c->set_output(1, c->Vector(num_shards * capacity));
+      c->set_output(2, c->Vector(num_shards));
+      return absl::OkStatus();
+    })
+    .Doc("Each id's slot in its owner's bucket, the send buffer, the counts.");
+
 REGISTER_OP("RecsysPaddedBags")
     .Input("ids: int64")
     .Input("lengths: Tlengths")
@@ -1468,6 +1550,7 @@ REGISTER_OP("RecsysBagApply")
 REGISTER_KERNEL_BUILDER(Name("RecsysBagLookup").Device(DEVICE_CPU), BagLookupOp);
 REGISTER_KERNEL_BUILDER(Name("RecsysBagSums").Device(DEVICE_CPU), BagSumsOp);
 REGISTER_KERNEL_BUILDER(Name("RecsysBagDedup").Device(DEVICE_CPU), BagDedupOp);
+REGISTER_KERNEL_BUILDER(Name("RecsysBuckets").Device(DEVICE_CPU), BucketsOp);
 REGISTER_KERNEL_BUILDER(Name("RecsysPaddedBags").Device(DEVICE_CPU),
                         PaddedBagsOp);
 REGISTER_KERNEL_BUILDER(Name("RecsysRowGradients").Device(DEVICE_CPU),

@@ -209,3 +209,31 @@ def test_zero_gradient_identity_matches_the_update(optimizer, identity):
   after = [table.numpy()] + [s.numpy() for s in slots.values()]
   unchanged = all(np.array_equal(a, b) for a, b in zip(before, after))
   assert unchanged is identity
+
+
+def test_static_cut_compiles_with_xla_as_a_tpu_step_would():
+  """The static engine's cut (fixed-size slots) under jit_compile, static
+  shapes only: the reached rows first in order, the rest repeating slot 0
+  and its gradient, as eagerly."""
+  from backends.table_step import TableStep
+
+  ids = tf.constant([7, 3, 9, 4, 0, 0], tf.int64)  # 4 unique, 2 spare slots
+  grads = tf.reshape(tf.range(12, dtype=tf.float32), [6, 2])
+  trained_index = tf.constant([1, 3, 1, 5], tf.int32)  # slot 5: spare
+  trained_valid = tf.constant([True, True, True, False])
+
+  def cut(ids, grads, index, valid):
+    step = TableStep([0, 1], ids, tf.constant(4), 6, None, None)
+    rows = gradient_rows.reached(index, 6, bound=4, valid=valid)
+    step, out = gradient_rows.compact(step, grads, rows)
+    return step.ids, step.num_unique, out
+
+  want = cut(ids, grads, trained_index, trained_valid)
+  got = tf.function(cut, jit_compile=True)(
+    ids, grads, trained_index, trained_valid
+  )
+  np.testing.assert_array_equal(want[0], [3, 4, 3, 3])
+  assert int(want[1]) == 2
+  np.testing.assert_array_equal(want[2], [[2, 3], [6, 7], [2, 3], [2, 3]])
+  for w, g in zip(want, got):
+    np.testing.assert_array_equal(w, g)

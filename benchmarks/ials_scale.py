@@ -47,18 +47,13 @@ def _parse() -> argparse.Namespace:
   parser.add_argument("--reg", type=float, default=100.0)
   parser.add_argument("--alpha", type=float, default=10.0)
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument(
-    "--intra_op_threads",
-    type=int,
-    default=0,
-    help="TF intra-op threads (0: as `recsys train` picks them here)",
-  )
-  parser.add_argument(
-    "--inter_op_threads",
-    type=int,
-    default=0,
-    help="TF inter-op threads (0: as `recsys train` picks them here)",
-  )
+  for kind in ("intra", "inter"):
+    parser.add_argument(
+      f"--{kind}_op_threads",
+      type=int,
+      default=0,
+      help=f"TF {kind}-op threads (0: as `recsys train` picks them here)",
+    )
   return parser.parse_args()
 
 

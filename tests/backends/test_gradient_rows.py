@@ -18,9 +18,9 @@ import tensorflow as tf
 from backends import gradient_rows, optimizers
 from backends.layout import TableLayout
 from backends.tensorcore.backend import TensorCoreEmbedding
+from benchmarks import row_sharding
 from tests.backends import test_compiled_path as compiled
 from tests.backends import test_row_sharded as sharded
-from benchmarks import row_sharding
 from tests.conftest import mirrored_strategy
 
 E = tf.tpu.experimental.embedding
@@ -95,32 +95,16 @@ def train(replicas, placement="replicated", static=False, zero=False):
       static_shapes=static,
     )
     emb.build()
-  per_replica = BATCH // replicas
-
-  def step(features):
-    with tf.GradientTape() as tape:
-      acts = emb(features, training=True)
-      tape.watch(acts)
-      loss = loss_of(acts, zero)
-    emb.apply_gradients(tape.gradient(loss, acts))
-
-  @tf.function
-  def run(features):
-    def local(ctx):
-      i = ctx.replica_id_in_sync_group
-      return tf.nest.map_structure(
-        lambda x: x[i * per_replica : (i + 1) * per_replica], features
-      )
-
-    strategy.run(
-      step, args=(strategy.experimental_distribute_values_from_function(local),)
-    )
-
   batches = [
     {k: tf.constant(v, tf.int64) for k, v in b.items()} for b in data()
   ]
-  for features in batches:
-    run(features)
+  run = sharded.train(
+    emb,
+    strategy,
+    [(b, None) for b in batches],
+    lambda acts: loss_of(acts, zero),
+    BATCH,
+  )
   bytes_, _ = row_sharding.collective_byte_count(
     run.get_concrete_function(batches[0]).graph
   )

@@ -86,16 +86,17 @@ def loss_fn(acts):
 state = compiled.table_state  # every table and slot, "<table>/<slot>"
 
 
-def train(emb, strategy, data):
-  """Steps of `loss_fn` on `strategy`, each replica its slice of a batch."""
+def train(emb, strategy, data, loss_of=loss_fn, batch=BATCH):
+  """Steps of `loss_of` on `strategy`, each replica its slice of a batch;
+  returns the step's `tf.function`."""
   replicas = strategy.num_replicas_in_sync
-  per_replica = BATCH // replicas
+  per_replica = batch // replicas
 
   def step(features):
     with tf.GradientTape() as tape:
       acts = emb(features, training=True)
       tape.watch(acts)
-      loss = loss_fn(acts)
+      loss = loss_of(acts)
     emb.apply_gradients(tape.gradient(loss, acts))
 
   @tf.function
@@ -114,6 +115,7 @@ def train(emb, strategy, data):
     padded, no_weights = emb.preprocess(features, weights)
     assert no_weights is None  # every weighted feature is padded
     run(padded)
+  return run
 
 
 def make(strategy, **options):

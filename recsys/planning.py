@@ -913,7 +913,7 @@ def plan_memory(
     None if num_shards is None else int(num_shards),
     wanted.forced if takes_layouts else {},
     wanted.by if takes_layouts else {},
-    wanted.exchange if takes_layouts else layout_lib.Exchange.AUTO,
+    _exchange_request(wanted) if takes_layouts else layout_lib.Exchange.AUTO,
     wanted.sigmas if takes_layouts else placement_lib.CAPACITY_SIGMAS,
     wanted.row_layout,
     wanted.dtypes,
@@ -971,6 +971,29 @@ def plan_memory(
       "Adam/FTRL/AdagradMomentum 2)."
     )
   return plan
+
+
+def _exchange_request(wanted: _Requests) -> Any:
+  """The exchanges asked of the planner: as set, except that under "auto"
+  and the contiguous row layout a dynamic-vocabulary table takes the
+  all-gather. Its index hands out rows in ascending order, so while it
+  fills, a step's ids crowd the first contiguous shard and would overflow
+  the all-to-all's even-share buckets (the all-gather never overflows; the
+  strided layout spreads an ascending fill, and keeps the all-to-all)."""
+  from backends.vocabulary import DynamicVocabulary  # noqa: PLC0415
+
+  exchange = wanted.exchange
+  if (
+    exchange is not layout_lib.Exchange.AUTO
+    or wanted.row_layout is not layout_lib.RowLayout.CONTIGUOUS
+  ):
+    return exchange
+  filling = [
+    name
+    for name, vocabulary in wanted.vocabularies.items()
+    if isinstance(vocabulary, DynamicVocabulary)
+  ]
+  return {name: layout_lib.Exchange.ALL_GATHER for name in filling} or exchange
 
 
 def _answered_layout(

@@ -634,3 +634,46 @@ def test_an_answer_about_other_tables_is_refused(halving_backend):
       planning.plan_memory(_config(), E.Adagrad(0.1), backend="halves")
   finally:
     halving_backend.answer_for = None
+
+
+@pytest.mark.parametrize(
+  "row_layout, exchange, want",
+  [
+    (
+      None,
+      "auto",
+      "all_gather",
+    ),  # contiguous: an ascending fill crowds shard 0
+    ("strided", "auto", "all_to_all"),  # strided spreads it
+    (None, "all_to_all", "all_to_all"),  # asked for: kept
+  ],
+)
+def test_a_filling_dynamic_table_takes_an_exchange_that_cannot_overflow(
+  row_layout, exchange, want
+):
+  """A dynamic table's index hands out rows in ascending order: under the
+  contiguous layout a step's ids crowd the first shard while it fills (an
+  overflowing all-to-all, seen on 2 workers), so "auto" gives it the
+  all-gather; a hashed or static table keeps the planner's choice."""
+  from backends.vocabulary import DynamicVocabulary, HashedIds
+
+  big = {
+    name: E.FeatureConfig(E.TableConfig(4096, 8, name=name))
+    for name in ("static", "hashed", "dynamic")
+  }
+  plan = planning.plan_memory(
+    big,
+    E.SGD(0.1),
+    mirrored_strategy(2),
+    device_memory_bytes=10**9,
+    placement=planning.EmbeddingPlacement(
+      tables="row_sharded",
+      row_layout=row_layout,
+      exchange=exchange,
+      vocabularies={"hashed": HashedIds(), "dynamic": DynamicVocabulary()},
+    ),
+    ids_per_step={name: 512 for name in big},
+  )
+  rows = {r.table: r for r in plan.rows}
+  assert rows["dynamic"].exchange == want
+  assert rows["static"].exchange == rows["hashed"].exchange == "all_to_all"

@@ -47,10 +47,12 @@ def _parse() -> argparse.Namespace:
   parser.add_argument("--reg", type=float, default=100.0)
   parser.add_argument("--alpha", type=float, default=10.0)
   parser.add_argument("--seed", type=int, default=0)
+  from recsys.cli.flags import thread_count  # noqa: PLC0415
+
   for kind in ("intra", "inter"):
     parser.add_argument(
       f"--{kind}_op_threads",
-      type=int,
+      type=thread_count,
       default=0,
       help=f"TF {kind}-op threads (0: as `recsys train` picks them here)",
     )

@@ -524,7 +524,7 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
       or not optimizers.zero_gradient_is_identity(self.optimizer_for(table))
     ):
       return storage.updates(step, row_grads)
-    reached = engine.reached_rows(table, step, flat_grads)
+    reached = engine.reached_rows(step, flat_grads)
     if reached is None or (
       reached.bound is not None
       and step.capacity is not None

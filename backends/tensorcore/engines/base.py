@@ -51,12 +51,38 @@ class Engine(abc.ABC):
     """d(loss)/d(row) of each of the step's unique ids, `[U, D]`."""
 
   def reached_rows(
-    self, table: Any, step: TableStep, flat_grads: list[Any]
+    self, step: TableStep, flat_grads: list[Any]
   ) -> gradient_rows.Reached | None:
     """The step's unique rows that a gradient reaches, when some feature of
-    the table has none (None: every feature has one)."""
-    del table, step, flat_grads
-    return None
+    the table has none (None: every feature has one, or the step's fixed
+    slots have no static bound to cut them to)."""
+    carries = [flat_grads[p] is not None for p in step.positions]
+    if all(carries):
+      return None
+    kept = [f for f, has in zip(self.ids_by_feature(step), carries) if has]
+    if not kept:
+      return gradient_rows.Reached(tf.zeros([0], tf.bool), 0)
+    capacities = [capacity for _, _, capacity in kept]
+    bound = None
+    if all(capacity is not None for capacity in capacities):
+      bound = sum(int(capacity or 0) for capacity in capacities)
+    if bound is None and step.num_unique is not None:
+      return None
+    valids = [valid for _, valid, _ in kept]
+    return gradient_rows.reached(
+      tf.concat([index for index, _, _ in kept], 0),
+      tf.size(step.ids, out_type=tf.int32),
+      bound,
+      None if any(v is None for v in valids) else tf.concat(valids, 0),
+    )
+
+  def ids_by_feature(
+    self, step: TableStep
+  ) -> list[tuple[tf.Tensor, tf.Tensor | None, int | None]]:
+    """Per feature of the step's table, in order: its ids' unique rows
+    (the lookup's index), which of them are real (None: all) and a static
+    bound on their number (None: none)."""
+    raise NotImplementedError(f"the {self.name!r} engine cannot cut updates")
 
   def apply_in_place(
     self,
@@ -79,20 +105,6 @@ class Engine(abc.ABC):
   def update_kernels(self) -> Any | None:
     """The fused kernels for `optimizers.apply_sparse_updates`, or None."""
     return None
-
-
-def has_gradient(step: TableStep, flat_grads: list[Any]) -> list[bool]:
-  """Per feature of the step's table: whether its activation gradient is
-  not None."""
-  return [flat_grads[p] is not None for p in step.positions]
-
-
-def bound_of(capacities: list[int | None], carries: list[bool]) -> int | None:
-  """The id slots of the features that have gradients, if all static."""
-  kept = [c for c, has in zip(capacities, carries) if has]
-  if any(c is None for c in kept):
-    return None
-  return sum(kept)  # type: ignore[arg-type]
 
 
 def after_checks(checks: checks_lib.CheckGroup, bags: list[Any]) -> list[Any]:

@@ -20,13 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import (
-  _bags,
-  _tf_internal,
-  gradient_rows,
-  optimizers,
-  quantization,
-)
+from backends import _bags, _tf_internal, optimizers, quantization
 from backends import input_checks as checks_lib
 from backends import inputs as inputs_lib
 from backends.storage.base import TableStorage
@@ -41,15 +35,13 @@ class _Backward:
     self,
     flat: _bags.TableBag,
     index: tf.Tensor,
-    capacities: list[int | None],
-    id_counts: list[tf.Tensor],
+    bags: list[inputs_lib.FlatBags],
   ):
     self.index = index  # int32 [N]: each id's unique row
     self.segments = flat.segments  # int32 [N]: each id's activation row
     self.scale = flat.scale  # float32 [N] or None
     self.sizes = flat.sizes  # per feature: S_f
-    self.capacities = capacities  # per feature: a static bound on its ids
-    self.id_counts = id_counts  # per feature: its ids in `index`
+    self.bags = bags  # the table's features, in order (their ids: `index`)
 
 
 class DynamicEngine(base.Engine):
@@ -193,12 +185,7 @@ class DynamicEngine(base.Engine):
           None,
           capacity,
           found.rows,
-          _Backward(
-            flat_bag,
-            found.index,
-            [b.capacity for b in table_bags],
-            [tf.size(b.ids, out_type=tf.int32) for b in table_bags],
-          ),
+          _Backward(flat_bag, found.index, table_bags),
           exchanged[0],
         )
     return outputs, steps
@@ -225,22 +212,12 @@ class DynamicEngine(base.Engine):
       self._fused(),
     )
 
-  def reached_rows(
-    self, table: Any, step: TableStep, flat_grads: list[Any]
-  ) -> gradient_rows.Reached | None:
+  def ids_by_feature(self, step: TableStep) -> list:
     back = step.backward
-    carries = base.has_gradient(step, flat_grads)
-    if all(carries):
-      return None
     # The flat bag holds each feature's ids in turn.
-    parts = (
-      tf.split(back.index, back.id_counts) if len(carries) > 1 else [back.index]
-    )
-    return gradient_rows.reached(
-      tf.concat([p for p, has in zip(parts, carries) if has], 0),
-      tf.size(step.ids, out_type=tf.int32),
-      base.bound_of(back.capacities, carries),
-    )
+    counts = [tf.size(b.ids, out_type=tf.int32) for b in back.bags]
+    parts = tf.split(back.index, counts) if len(counts) > 1 else [back.index]
+    return [(p, None, b.capacity) for p, b in zip(parts, back.bags)]
 
   def apply_in_place(
     self,

@@ -20,7 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import _tf_internal, gradient_rows, quantization, static_bags
+from backends import _tf_internal, quantization, static_bags
 from backends import input_checks as checks_lib
 from backends.storage.base import TableStorage
 from backends.table_step import TableStep
@@ -185,24 +185,14 @@ class StaticEngine(base.Engine):
       step.num_unique,
     )
 
-  def reached_rows(
-    self, table: Any, step: TableStep, flat_grads: list[Any]
-  ) -> gradient_rows.Reached | None:
-    back = step.backward
-    carries = base.has_gradient(step, flat_grads)
-    bound = base.bound_of([bag.capacity for bag in back.bags], carries)
-    if all(carries) or bound is None:  # fixed-size slots need a bound
-      return None
+  def ids_by_feature(self, step: TableStep) -> list:
+    bags = step.backward.bags
     # The slots hold each feature's ids in turn (static sizes).
-    parts = tf.split(back.index, [bag.capacity for bag in back.bags])
-    return gradient_rows.reached(
-      tf.concat([p for p, has in zip(parts, carries) if has], 0),
-      tf.shape(step.ids)[0],
-      bound,
-      valid=tf.concat(
-        [b.valid for b, has in zip(back.bags, carries) if has], 0
-      ),
-    )
+    sizes = [
+      tf.shape(b.ids)[0] if b.capacity is None else b.capacity for b in bags
+    ]
+    parts = tf.split(step.backward.index, sizes)
+    return [(p, b.valid, b.capacity) for p, b in zip(parts, bags)]
 
   def check_update(
     self, name: str, step: TableStep, storage: TableStorage

@@ -159,12 +159,11 @@ def test_update_cut_to_reached_rows_equals_one_replica(
     )
 
 
-@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
-def test_a_table_no_gradient_reaches_is_left_as_it_is(static):
+def test_a_table_no_gradient_reaches_is_left_as_it_is():
   """Every feature of the SGD table without a gradient: its update is
   empty on 2 row-sharded replicas (nothing to exchange), the table as
   initialized, the other tables as on one replica."""
-  initial, state, _ = train(2, "row_sharded", static, frozen=("sgd",))
+  initial, state, _ = train(2, "row_sharded", frozen=("sgd",))
   _, reference, _ = train(1, frozen=("sgd",))
   np.testing.assert_array_equal(
     state["sgd/parameters"], initial["sgd/parameters"]

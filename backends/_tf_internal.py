@@ -206,17 +206,46 @@ def in_xla_context() -> bool:
   return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
 
 
+def _collective_launcher(replica_context: Any) -> Any:
+  """This replica's launcher of TF's collective ops (their group and
+  instance keys, ordering token and device) under `MirroredStrategy` and
+  `MultiWorkerMirroredStrategy`, or None."""
+  extended = replica_context.strategy.extended
+  collective = getattr(extended, "_collective_ops", None)
+  if not isinstance(collective, cross_device_ops.CollectiveAllReduce):
+    collective = getattr(extended, "_cross_device_ops", None)
+  if not isinstance(collective, cross_device_ops.CollectiveAllReduce):
+    return None
+  return collective._launchers[replica_context._replica_id]  # pylint: disable=protected-access
+
+
+def _follow_merge_call(replica_context: Any) -> None:
+  """MirroredStrategy traces each replica in a thread of its own, one at a
+  time between merge calls, and chains every replica's assertions in that
+  order: a collective launched from a replica thread must follow a merge
+  call, or an assertion after one replica's collective would run before
+  the other replica's could start."""
+  if not tf.executing_eagerly() and not in_xla_context():
+    replica_context.merge_call(lambda _: None)
+
+
+def _is_tpu(strategy: Any) -> bool:
+  return isinstance(
+    strategy,
+    (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy),
+  )
+
+
 def all_to_all(replica_context: Any, value: Any) -> Any:
   """Replica `r` sends `value[i]` to replica `i`, receives `value[r]` of each.
 
   `value` is `[R, ...]` (R: the replicas in sync), the same shape on every
   replica; the result has that shape, its row `i` from replica `i`, in a
-  traced step (eagerly, MirroredStrategy runs replicas one at a time). The
-  replica context offers all-reduce and all-gather only: this is TF's own
-  collective all-to-all, launched with the strategy's group and instance
-  keys and its ordering token (so it runs in program order with the
-  context's other collectives), under `MirroredStrategy` and
-  `MultiWorkerMirroredStrategy`; the TPU's `AllToAll` in a TPU step.
+  traced step. The replica context offers all-reduce and all-gather only:
+  this is TF's own collective all-to-all, launched with the strategy's
+  group and instance keys and its ordering token (so it runs in program
+  order with the context's other collectives), under `MirroredStrategy`
+  and `MultiWorkerMirroredStrategy`; the TPU's `AllToAll` in a TPU step.
 
   Raises:
     NotImplementedError: a strategy with neither (e.g. parameter servers).
@@ -225,18 +254,9 @@ def all_to_all(replica_context: Any, value: Any) -> Any:
   replicas = strategy.num_replicas_in_sync
   if replicas == 1:
     return value
-  collective = getattr(strategy.extended, "_collective_ops", None)
-  if not isinstance(collective, cross_device_ops.CollectiveAllReduce):
-    collective = getattr(strategy.extended, "_cross_device_ops", None)
-  if isinstance(collective, cross_device_ops.CollectiveAllReduce):
-    if not tf.executing_eagerly() and not in_xla_context():
-      # MirroredStrategy traces each replica in a thread of its own, one at
-      # a time between merge calls, and chains every replica's assertions
-      # in that order: a collective launched from a replica thread must
-      # follow a merge call, or an assertion after one replica's
-      # collective would run before the other replica's could start.
-      replica_context.merge_call(lambda _: None)
-    launcher = collective._launchers[replica_context._replica_id]  # pylint: disable=protected-access
+  launcher = _collective_launcher(replica_context)
+  if launcher is not None:
+    _follow_merge_call(replica_context)
     with ops.device(launcher._device):  # pylint: disable=protected-access
       return collective_ops.all_to_all_v2(
         value,
@@ -245,10 +265,7 @@ def all_to_all(replica_context: Any, value: Any) -> Any:
         launcher._next_instance_key(),  # pylint: disable=protected-access
         ordering_token=launcher._get_ordering_token(),  # pylint: disable=protected-access
       )
-  if isinstance(
-    strategy,
-    (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy),
-  ):
+  if _is_tpu(strategy):
     return tf.raw_ops.AllToAll(
       input=value,
       group_assignment=[list(range(replicas))],
@@ -258,6 +275,62 @@ def all_to_all(replica_context: Any, value: Any) -> Any:
     )
   raise NotImplementedError(
     f"{type(strategy).__name__} offers no all-to-all between its replicas."
+  )
+
+
+def summed_when(
+  replica_context: Any,
+  condition: tf.Tensor,
+  value_fn: Callable[[], Any],
+  spec: tf.TensorSpec,
+) -> Any:
+  """`value_fn()` (of `spec`'s shape and dtype) summed over the replicas
+  where `condition` holds, zeros where it does not: the value computed and
+  the collective run only when it holds.
+
+  `condition` is a scalar bool that must be the same on every replica (a
+  function of all-reduced values): a replica skipping a collective the
+  others run would leave them waiting. The replica context's own
+  `all_reduce` is a merge call, which TF refuses inside control flow; this
+  launches TF's collective all-reduce (`MirroredStrategy`,
+  `MultiWorkerMirroredStrategy`) or the TPU's `CrossReplicaSum` inside a
+  `tf.cond`. Any other strategy, or eager execution (MirroredStrategy then
+  runs its replicas one at a time), sums every step.
+  """
+  strategy = replica_context.strategy
+  replicas = strategy.num_replicas_in_sync
+
+  def zeros() -> Any:
+    return tf.zeros(spec.shape, spec.dtype)
+
+  if replicas == 1:
+    return tf.cond(condition, value_fn, zeros)
+  launcher = _collective_launcher(replica_context)
+  if launcher is not None and not tf.executing_eagerly():
+    _follow_merge_call(replica_context)
+    instance_key = launcher._next_instance_key()  # pylint: disable=protected-access
+
+    def summed() -> Any:
+      with ops.device(launcher._device):  # pylint: disable=protected-access
+        return collective_ops.all_reduce_v2(
+          value_fn(),
+          launcher._group_size,  # pylint: disable=protected-access
+          launcher._group_key,  # pylint: disable=protected-access
+          instance_key,
+          ordering_token=launcher._get_ordering_token(),  # pylint: disable=protected-access
+        )
+
+    return tf.cond(condition, summed, zeros)
+  if _is_tpu(strategy):
+    return tf.cond(
+      condition,
+      lambda: tf.raw_ops.CrossReplicaSum(
+        input=value_fn(), group_assignment=[list(range(replicas))]
+      ),
+      zeros,
+    )
+  return replica_context.all_reduce(
+    tf.distribute.ReduceOp.SUM, tf.cond(condition, value_fn, zeros)
   )
 
 
@@ -352,6 +425,7 @@ __all__ = [
   "regroup",
   "select_replica",
   "all_to_all",
+  "summed_when",
   "worker_local_initial_values",
   "SPARSECORE_LAYOUTS_CHECKPOINT_KEY",
   "AutoTrackable",

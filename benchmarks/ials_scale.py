@@ -164,8 +164,11 @@ def measure(args: argparse.Namespace, strategy) -> dict:
   `_parse` settings on `strategy`'s replicas, each input pipeline reading
   its replicas' batches; prints what it measures as it goes and returns it:
   seconds, CPU-seconds (this process) and steps per epoch, the collective
-  bytes one replica puts into a step (`row_sharding.collective_byte_count`
-  of the traced step), the input's cost and this process's peak RSS."""
+  bytes one replica puts into a step on average (`row_sharding.
+  collective_byte_count` of the traced step: what every step sends, and
+  what the steps adding to the Gramians or a long row's sums send more, in
+  the number of such steps of the epoch), the input's cost and this
+  process's peak RSS."""
   from recsys.data import ials_batches, ials_dataset, ials_plan  # noqa: PLC0415
 
   start = time.perf_counter()
@@ -229,11 +232,18 @@ def measure(args: argparse.Namespace, strategy) -> dict:
   from recsys import planning  # noqa: PLC0415
 
   graph = step.get_concrete_function(*inputs).graph
-  exchanged, dynamic = collective_byte_count(graph)
-  shown = planning.human_bytes(exchanged)
+  every, dynamic = collective_byte_count(graph, branches=False)
+  conditional = collective_byte_count(graph)[0] - every
+  summing = _summing_steps(plan, replicas)
+  exchanged = every + conditional * sum(summing.values()) / steps
   print(
     "collectives per replica and step: "
-    + (f"{shown} + {dynamic} dynamic" if dynamic else shown)
+    + planning.human_bytes(every)
+    + (f" + {dynamic} dynamic" if dynamic else "")
+    + f"; {planning.human_bytes(conditional)} more on each Gramian or long "
+    f"row's step (item / user Gramian, long rows: "
+    f"{' / '.join(str(n) for n in summing.values())} of the epoch's "
+    f"{steps}): {planning.human_bytes(exchanged)} a step on average"
   )
   print(
     f"input: planned once in {planned:.1f} s (NumPy); an epoch's batches "
@@ -249,8 +259,30 @@ def measure(args: argparse.Namespace, strategy) -> dict:
     "seconds": seconds[1:],
     "cpu_seconds": cpu[1:],
     "collective_bytes": exchanged,
+    "conditional_collective_bytes": conditional,
+    "summing_steps": summing,
     "dynamic_collectives": dynamic,
     "peak_rss_mib": peak,
+  }
+
+
+def _summing_steps(plan, replicas: int) -> dict:
+  """The epoch's steps whose batches add to the item Gramian, the user
+  Gramian or a long row's sums (`ImplicitALS._add_to_sums`: only they
+  all-reduce them), from the kinds of batch its steps hold."""
+  from recsys.data import ials_batches as names  # noqa: PLC0415
+
+  kinds = plan.entries.side[:: plan.batch_size].reshape(-1, replicas).max(1)
+  groups = {
+    "item_gramian": (names.ITEM_GRAMIAN,),
+    "user_gramian": (names.USER_GRAMIAN,),
+    "long_rows": (names.USER_LONG, names.ITEM_LONG),
+  }
+  return {
+    name: int(
+      np.isin(kinds, codes + tuple(c + names.RESTART for c in codes)).sum()
+    )
+    for name, codes in groups.items()
   }
 
 

@@ -149,8 +149,10 @@ def collective_bytes(graph) -> str:
   return f"{out} + {unknown} dynamic" if unknown else out
 
 
-def collective_byte_count(graph) -> tuple[int, int]:
-  """`collective_bytes` as numbers: (bytes, collectives of unknown size)."""
+def collective_byte_count(graph, branches: bool = True) -> tuple[int, int]:
+  """`collective_bytes` as numbers: (bytes, collectives of unknown size);
+  without the branches of conditionals (`tf.cond`) when not `branches`:
+  what every step sends, whatever it holds."""
   graphs = [graph]
   total, seen, unknown = 0, set(), 0
   while graphs:
@@ -164,7 +166,8 @@ def collective_byte_count(graph) -> tuple[int, int]:
           unknown += 1  # MirroredStrategy's all-gather: shape lost
           continue
         total += value.shape.num_elements() * value.dtype.size
-      for attr in ("f", "then_branch", "else_branch", "body"):
+      attrs = ("f", "then_branch", "else_branch", "body")
+      for attr in attrs if branches else ("f", "body"):
         try:
           name = op.get_attr(attr).name
         except (ValueError, AttributeError):

@@ -32,6 +32,8 @@ _TAPE_GRADIENT_CODE = backprop.GradientTape.gradient.__code__
 # the id checks map it to what the backend refuses and counts instead.
 tape_is_recording = backends_door.tape_may_record
 in_xla_compilation = backends_door.in_xla_context
+# A sum over the replicas only on the steps that need one (iALS's Gramians).
+summed_when = backends_door.summed_when
 
 
 def in_saved_model_trace() -> bool:

@@ -319,3 +319,40 @@ def test_all_to_all_sends_row_i_to_replica_i():
       # Replica r receives row r of every replica i: 10 * i + r.
       want = (10.0 * np.arange(replicas) + r)[:, None] * np.ones((1, 3))
       np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_summed_when_sums_over_the_replicas_only_where_the_condition_holds():
+  """2 CPU replicas in a traced step (TF's collective inside a `tf.cond`),
+  1 replica and eager (the replica context's all-reduce): where the
+  condition holds the replicas' values summed; where not, zeros, and the
+  value never computed (it would fail its assertion)."""
+  spec = tf.TensorSpec([3], tf.float32)
+
+  def step(condition):
+    ctx = tf.distribute.get_replica_context()
+    me = tf.cast(ctx.replica_id_in_sync_group, tf.float32)
+
+    def value():
+      check = tf.debugging.assert_equal(condition, True, message="computed")
+      with tf.control_dependencies([check]):
+        return me + tf.range(3, dtype=tf.float32)
+
+    return _tf_internal.summed_when(ctx, condition, value, spec)
+
+  for replicas, traced in ((1, True), (2, True), (2, False)):
+    strategy = (
+      mirrored_strategy(replicas)
+      if replicas > 1
+      else tf.distribute.get_strategy()
+    )
+
+    def run(condition, strategy=strategy):
+      return strategy.experimental_local_results(
+        strategy.run(step, args=(condition,))
+      )
+
+    run = tf.function(run) if traced else run
+    summed = sum(range(replicas)) + replicas * np.arange(3)
+    for condition, want in ((True, summed), (False, np.zeros(3))):
+      for got in run(tf.constant(condition)):
+        np.testing.assert_array_equal(got.numpy(), want)

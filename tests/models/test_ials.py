@@ -270,6 +270,49 @@ def test_replicas_train_the_one_replica_tables(replicas, placement):
     np.testing.assert_allclose(many[name], one[name], rtol=1e-5, atol=1e-6)
 
 
+def test_only_gramian_and_long_row_steps_sum_over_the_replicas(monkeypatch):
+  """The (D + 1) D floats of a Gramian or a long row's sums are all-reduced
+  on those steps only (a half's first few, a long row's), not on every
+  solve step: a counter in the summed value, on 2 replicas row-sharded,
+  with rows longer than a batch. The tables: `test_replicas_train_the_one
+  _replica_tables`."""
+  strategy = mirrored_strategy(2)
+  pairs, config, backend, model = _setup(
+    strategy, 8, chunk=1, layouts=TableLayout("row_sharded")
+  )
+  with strategy.scope():  # a copy a replica (one shared would chain them)
+    runs = tf.Variable(
+      0,
+      dtype=tf.int64,
+      synchronization=tf.VariableSynchronization.ON_READ,
+      aggregation=tf.VariableAggregation.SUM,
+    )
+  summed_when = ials._tf_internal.summed_when
+
+  def counted(context, condition, value_fn, spec):
+    def value():
+      with tf.control_dependencies([runs.assign_add(1)]):
+        return tf.identity(value_fn())
+
+    return summed_when(context, condition, value, spec)
+
+  monkeypatch.setattr(ials._tf_internal, "summed_when", counted)
+  step = ials_scale.ials_step(strategy, backend, model, list(config))
+  batches = _epoch(pairs, 8, replicas=2, chunk=1)
+  _steps(strategy, step, batches)
+  kinds = [
+    max(int(f[ials_batches.SIDE][0]) for f, _ in batches[i : i + 2])
+    for i in range(0, len(batches), 2)
+  ]
+  summing = {ials_batches.ITEM_GRAMIAN, ials_batches.USER_GRAMIAN}
+  summing |= {ials_batches.USER_LONG, ials_batches.ITEM_LONG}
+  summing |= {code + ials_batches.RESTART for code in summing}
+  summed_steps = sum(kind in summing for kind in kinds)
+  solve_steps = sum(kind in (0, 1) for kind in kinds)
+  assert summed_steps > 0 and solve_steps > 0
+  assert runs.read_value().numpy() == 2 * summed_steps
+
+
 def test_gramian_batches_hold_each_row_once_each_replica_its_strided_share():
   parts = ials_plan.gramian_parts(
     other_rows=103, batch_size=4, width=3, steps_multiple=4

@@ -11,15 +11,16 @@ embedding optimizer plain SGD at learning rate 1, the loss
 has gradient e_r - solve_r at row r's activation, so the update sets each
 row to its solved value (`ials_solve`). A half opens with Gramian batches
 (`recsys.data.ials_batches`): each replica's holds its share of the other
-side's rows, whose Gramian it sums; one all-reduce a step (3 d^2 + d +
-11 floats; an all-reduce ends with the same sums on every replica) adds
-the replicas' sums into a non-trainable variable, checkpointed with the
-model, so a resume in the middle of a half solves with the same Gramian.
+side's rows, whose Gramian it sums; an all-reduce of (D + 1) D floats on
+those steps only (an all-reduce ends with the same sums on every replica)
+adds the replicas' sums into a non-trainable variable, checkpointed with
+the model, so a resume in the middle of a half solves with the same
+Gramian.
 The solve batches hold DISTINCT rows of one side with their histories, and
 read that variable: no replica reads more of the other table than its
 share and the histories. A row whose history is longer than a batch holds
-is solved over steps of its own, its chunks' sums added up in the same
-all-reduce into two more variables (checkpointed too). Everything a batch
+is solved over steps of its own, its chunks' sums added up the same way
+into two more variables (checkpointed too). Everything a batch
 looks up on the other side gets a zero gradient, so SGD leaves it as it
 is. Row-sharded or replicated tables, any number of replicas (ALX's
 scheme: Mehta et al., 2021).
@@ -32,7 +33,7 @@ from typing import Any
 import gin
 import tensorflow as tf
 
-from recsys import ranges
+from recsys import _tf_internal, ranges
 from recsys.data import ials_batches as names
 from recsys.feature_spec import FeatureSpec
 from recsys.models.errors import EmbeddingDimError, ModelConfigError
@@ -295,100 +296,88 @@ class ImplicitALS(RetrievalModel):
     on its row's first step) its chunks' Q^T Q and sum of q; each summed
     over the replicas into its variable.
 
-    Every step takes part in the replicas' one all-reduce of 3 D^2 + D +
-    11 floats (a collective must not depend on the data), whatever the
-    replicas and the tables' rows; a step whose replicas hold different
-    kinds of batch is refused (`ImplicitALSData.steps_multiple`).
+    Only those steps (a half's first few, and a long row's) all-reduce
+    their (D + 1) D floats; every step all-reduces the count of each kind
+    of batch its replicas hold (`_step_kind`), so the replicas agree on
+    whether to. A step whose replicas hold different kinds of batch is
+    refused (`ImplicitALSData.steps_multiple`).
 
     Returns:
       The long history's sums after this step (Q^T Q `[D, D]`, sum `[D]`).
     """
-    kind = side[0]  # a batch is all of one kind
+    own = side[0]  # a batch is all of one kind
+    kind = self._step_kind(own)
     dim = self.embedding_dim
 
-    def of(code: int) -> tf.Tensor:
+    def of(code: int, kind: tf.Tensor = kind) -> tf.Tensor:
       return tf.logical_or(
         tf.equal(kind, code), tf.equal(kind, code + names.RESTART)
       )
 
-    def zeros() -> tf.Tensor:
-      return tf.zeros([dim + 1, dim], tf.float32)
+    # What each kind of batch adds, from the history feature carrying its
+    # rows: [Q^T Q; 0] to a Gramian, [Q^T Q; sum of q] to a long row.
+    adders = (
+      (names.ITEM_GRAMIAN, names.USER_HISTORY, _gramian_only),
+      (names.USER_GRAMIAN, names.ITEM_HISTORY, _gramian_only),
+      (names.USER_LONG, names.USER_HISTORY, _observed_and_summed),
+      (names.ITEM_LONG, names.ITEM_HISTORY, _observed_and_summed),
+    )
+    spec = tf.TensorSpec([dim + 1, dim], tf.float32)
 
-    # Each Gramian: its batches' code, the feature carrying its rows.
-    gramians = (
-      (names.ITEM_GRAMIAN, names.USER_HISTORY, self.item_gramian),
-      (names.USER_GRAMIAN, names.ITEM_HISTORY, self.user_gramian),
-    )
-    partials = [
-      tf.cond(
-        of(code),
-        lambda rows=activations[history]: tf.cast(
-          ials_solve.gramian(rows), tf.float32
-        ),
-        lambda: tf.zeros([dim, dim], tf.float32),
-      )
-      for code, history, _ in gramians
-    ]
-    # The long row's sums: [Q^T Q; sum of q], from its side's history.
-    longs = (
-      (names.USER_LONG, names.USER_HISTORY),
-      (names.ITEM_LONG, names.ITEM_HISTORY),
-    )
-    long_partial = tf.add_n(
-      [
-        tf.cond(
-          of(code),
-          lambda rows=activations[history]: tf.cast(
-            _observed_and_summed(rows), tf.float32
-          ),
-          zeros,
+    def partial() -> tf.Tensor:  # this replica's part (padding: zeros)
+      branches = [
+        (
+          of(code, own),
+          lambda f=add, h=history: tf.cast(f(activations[h]), tf.float32),
         )
-        for code, history in longs
+        for code, history, add in adders
       ]
+      return tf.case(branches, default=lambda: tf.zeros(spec.shape, spec.dtype))
+
+    adds = {code: of(code) for code, _, _ in adders}
+    summed = _tf_internal.summed_when(
+      tf.distribute.get_replica_context(),
+      tf.reduce_any(tf.stack(list(adds.values()))),
+      partial,
+      spec,
     )
-    partial = tf.concat(
-      [tf.reshape(tf.stack(partials), [-1]), tf.reshape(long_partial, [-1])],
-      0,
-    )
-    context = tf.distribute.get_replica_context()
-    if context is not None and context.num_replicas_in_sync > 1:
-      partial = self._summed_over_replicas(context, partial, kind)
-    sums = tf.unstack(tf.reshape(partial[: 2 * dim * dim], [2, dim, dim]))
-    for summed, (code, _, variable) in zip(sums, gramians):
+    for code, variable in (
+      (names.ITEM_GRAMIAN, self.item_gramian),
+      (names.USER_GRAMIAN, self.user_gramian),
+    ):
       restart = tf.equal(kind, code + names.RESTART)
-      _accumulate(variable, summed, restart, of(code))
-    long_sums = tf.reshape(partial[2 * dim * dim :], [dim + 1, dim])
+      _accumulate(variable, summed[:dim], restart, adds[code])
     restart = tf.logical_or(
       tf.equal(kind, names.USER_LONG + names.RESTART),
       tf.equal(kind, names.ITEM_LONG + names.RESTART),
     )
-    adds = tf.logical_or(of(names.USER_LONG), of(names.ITEM_LONG))
+    long = tf.logical_or(adds[names.USER_LONG], adds[names.ITEM_LONG])
     return (
-      _accumulate(self.long_observed, long_sums[:dim], restart, adds),
-      _accumulate(self.long_summed, long_sums[dim], restart, adds),
+      _accumulate(self.long_observed, summed[:dim], restart, long),
+      _accumulate(self.long_summed, summed[dim], restart, long),
     )
 
   @staticmethod
-  def _summed_over_replicas(
-    context: tf.distribute.ReplicaContext, partial: tf.Tensor, kind: tf.Tensor
-  ) -> tf.Tensor:
-    """`partial` (flat) summed over the replicas, with a count of the
-    kinds of batch their step holds (one collective): an all-reduce ends
-    with the same sums on every replica (each chunk is reduced once).
+  def _step_kind(kind: tf.Tensor) -> tf.Tensor:
+    """The kind of batch of this step (`ials_side`): the one its replicas
+    hold besides all-padding batches (which end a half's solves and go
+    with any), from one all-reduce of NUM_KINDS floats; `kind` itself on
+    one replica.
 
     Raises (when the step runs):
-      InvalidArgumentError: the replicas hold different kinds of batch
-        (all-padding batches, which end a half's solves, go with any).
+      InvalidArgumentError: the replicas hold different kinds of batch.
     """
-    kinds = tf.one_hot(kind - names.PADDING, _NUM_KINDS, dtype=tf.float32)
-    summed = context.all_reduce(
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+      return kind
+    counts = context.all_reduce(
       tf.distribute.ReduceOp.SUM,
-      tf.concat([partial, kinds], 0),
+      tf.one_hot(kind - names.PADDING, _NUM_KINDS, dtype=tf.float32),
     )
-    held = tf.math.count_nonzero(summed[-_NUM_KINDS + 1 :])  # not padding
+    held = counts[1:] > 0  # not padding
     check = tf.debugging.assert_less_equal(
-      held,
-      tf.constant(1, held.dtype),
+      tf.math.count_nonzero(held),
+      tf.constant(1, tf.int64),
       message=(
         "ImplicitALS: the replicas of one step hold different kinds of "
         "iALS batch (Gramian, user or item solves); feed each half in "
@@ -397,7 +386,10 @@ class ImplicitALS(RetrievalModel):
       ),
     )
     with tf.control_dependencies([check]):
-      return summed[:-_NUM_KINDS]
+      found = tf.cast(tf.argmax(tf.cast(held, tf.int32)), kind.dtype)
+      return tf.where(
+        tf.reduce_any(held), found + names.PADDING + 1, names.PADDING
+      )
 
   #: The training step sums the rows' losses: the gradient at row r is
   #: e_r - solve_r exactly (evaluation sums and counts its examples itself).
@@ -522,6 +514,13 @@ def _accumulate(
   value = tf.where(restart, summed, tf.where(adds, variable + summed, variable))
   variable.assign(value)
   return value
+
+
+@tf.autograph.experimental.do_not_convert
+def _gramian_only(rows: tf.Tensor) -> tf.Tensor:
+  """`[D + 1, D]`: the Gramian of every row `[..., D]` over a row of zeros."""
+  flat = tf.reshape(rows, [-1, tf.shape(rows)[-1]])
+  return tf.concat([ials_solve.gramian(flat), tf.zeros_like(flat[:1])], 0)
 
 
 @tf.autograph.experimental.do_not_convert

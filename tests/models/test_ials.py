@@ -227,60 +227,11 @@ def test_frequency_scaled_weights_through_backend_match_numpy_ials():
   assert not np.allclose(p, plain, atol=1e-3)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-  "replicas, placement",
-  [
-    (2, "replicated"),
-    (2, "row_sharded"),
-    (4, "replicated"),
-    (4, "row_sharded"),
-  ],
-  ids=["2_replicated", "2_row_sharded", "4_replicated", "4_row_sharded"],
-)
-def test_replicas_train_the_one_replica_tables(replicas, placement):
-  """Each replica solves its own distinct rows (consecutive batches) with
-  the Gramian its share of the other table adds to: the tables of one
-  replica on batches `replicas` times the size, row-sharded too, with the
-  histories cut into chunks (of 1 id on 2 replicas, 2 on 4): the rows
-  longer than a batch's entries (8 or 4 of them) solved in steps of their
-  own, their sums added over the replicas. Compiled steps: on one replica
-  (`test_rows_longer_than_a_batch_solve_as_numpy_ials_compiled`); a CPU
-  MirroredStrategy cannot run collectives inside XLA."""
-  _, _, one, _ = _train(tf.distribute.get_strategy(), 16, 1)
-  _, _, many, backend = _train(
-    mirrored_strategy(replicas),
-    16 // replicas,
-    1,
-    chunk=1 if replicas == 2 else 2,  # rows longer than a batch holds
-    layouts=TableLayout(placement),
-  )
-  assert set(backend.placements().values()) == {placement}
-  plan = ials_plan.plan_epoch(
-    _pairs(),
-    NUM_USERS + 1,
-    NUM_ITEMS + 1,
-    16 // replicas,
-    replicas,
-    1 if replicas == 2 else 2,
-  )
-  long_row_steps = {ials_batches.USER_LONG + ials_batches.RESTART}
-  assert long_row_steps <= set(plan.entries.side.tolist())
-  for name in one:
-    np.testing.assert_allclose(many[name], one[name], rtol=1e-5, atol=1e-6)
-
-
-def test_only_gramian_and_long_row_steps_sum_over_the_replicas(monkeypatch):
-  """The (D + 1) D floats of a Gramian or a long row's sums are all-reduced
-  on those steps only (a half's first few, a long row's), not on every
-  solve step: a counter in the summed value, on 2 replicas row-sharded,
-  with rows longer than a batch. The tables: `test_replicas_train_the_one
-  _replica_tables`."""
-  strategy = mirrored_strategy(2)
-  pairs, config, backend, model = _setup(
-    strategy, 8, chunk=1, layouts=TableLayout("row_sharded")
-  )
-  with strategy.scope():  # a copy a replica (one shared would chain them)
+def _counted_sums(monkeypatch, strategy) -> tf.Variable:
+  """A count of the runs of the value `ImplicitALS._add_to_sums` sums over
+  the replicas (`summed_when`), a copy a replica (one shared variable would
+  chain the replicas' steps: a deadlock at their collective)."""
+  with strategy.scope():
     runs = tf.Variable(
       0,
       dtype=tf.int64,
@@ -297,20 +248,52 @@ def test_only_gramian_and_long_row_steps_sum_over_the_replicas(monkeypatch):
     return summed_when(context, condition, value, spec)
 
   monkeypatch.setattr(ials._tf_internal, "summed_when", counted)
-  step = ials_scale.ials_step(strategy, backend, model, list(config))
-  batches = _epoch(pairs, 8, replicas=2, chunk=1)
-  _steps(strategy, step, batches)
-  kinds = [
-    max(int(f[ials_batches.SIDE][0]) for f, _ in batches[i : i + 2])
-    for i in range(0, len(batches), 2)
-  ]
-  summing = {ials_batches.ITEM_GRAMIAN, ials_batches.USER_GRAMIAN}
-  summing |= {ials_batches.USER_LONG, ials_batches.ITEM_LONG}
-  summing |= {code + ials_batches.RESTART for code in summing}
-  summed_steps = sum(kind in summing for kind in kinds)
-  solve_steps = sum(kind in (0, 1) for kind in kinds)
-  assert summed_steps > 0 and solve_steps > 0
-  assert runs.read_value().numpy() == 2 * summed_steps
+  return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  "replicas, placement",
+  [(2, "row_sharded"), (4, "replicated"), (4, "row_sharded")],
+  ids=["2_row_sharded", "4_replicated", "4_row_sharded"],
+)
+def test_replicas_train_the_one_replica_tables(
+  replicas, placement, monkeypatch
+):
+  """Each replica solves its own distinct rows (consecutive batches) with
+  the Gramian its share of the other table adds to: the tables of one
+  replica on batches `replicas` times the size, row-sharded too, with the
+  histories cut into chunks (of 1 id on 2 replicas, 2 on 4): the rows
+  longer than a batch's entries (8 or 4 of them) solved in steps of their
+  own, their sums added over the replicas. Those sums are computed and
+  all-reduced on the Gramian and long-row steps only, never on a solve
+  step (counted). Compiled steps: on one replica
+  (`test_rows_longer_than_a_batch_solve_as_numpy_ials_compiled`); a CPU
+  MirroredStrategy cannot run collectives inside XLA."""
+  _, _, one, _ = _train(tf.distribute.get_strategy(), 16, 1)
+  strategy = mirrored_strategy(replicas)
+  runs = _counted_sums(monkeypatch, strategy)
+  chunk = 1 if replicas == 2 else 2  # rows longer than a batch holds
+  _, _, many, backend = _train(
+    strategy, 16 // replicas, 1, chunk=chunk, layouts=TableLayout(placement)
+  )
+  assert set(backend.placements().values()) == {placement}
+  plan = ials_plan.plan_epoch(
+    _pairs(), NUM_USERS + 1, NUM_ITEMS + 1, 16 // replicas, replicas, chunk
+  )
+  long_row_steps = {ials_batches.USER_LONG + ials_batches.RESTART}
+  assert long_row_steps <= set(plan.entries.side.tolist())
+  for name in one:
+    np.testing.assert_allclose(many[name], one[name], rtol=1e-5, atol=1e-6)
+  # A step's kind: its batches' (all-padding ones, -1, go with any).
+  kinds = plan.entries.side[:: plan.batch_size].reshape(-1, replicas).max(1)
+  summing = [ials_batches.ITEM_GRAMIAN, ials_batches.USER_GRAMIAN]
+  summing += [ials_batches.USER_LONG, ials_batches.ITEM_LONG]
+  summing += [code + ials_batches.RESTART for code in summing]
+  summed_steps = int(np.isin(kinds, summing).sum())
+  assert 0 < summed_steps < len(kinds)
+  assert np.isin(kinds, [ials_batches.USER_SIDE, ials_batches.ITEM_SIDE]).any()
+  assert runs.read_value().numpy() == replicas * summed_steps
 
 
 def test_gramian_batches_hold_each_row_once_each_replica_its_strided_share():

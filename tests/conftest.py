@@ -29,7 +29,7 @@ import tensorflow as tf  # noqa: E402
 
 import recsys  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TF)
 from recsys import _tf_internal  # noqa: E402
-from tests import file_costs, report_failures  # noqa: E402
+from tests import report_failures  # noqa: E402
 
 NUM_LOGICAL_CPUS = 8
 
@@ -111,27 +111,17 @@ def strategy(request):
   return mirrored_strategy(request.param)
 
 
-def pytest_collection_modifyitems(config, items):
-  """Test files in order of their cost, largest first.
+def pytest_collection_modifyitems(items):
+  """Test files in order of their estimated cost, largest first.
 
   `make test` hands whole files to two workers in collection order; a long
   file handed out last leaves the other worker idle at the end. Largest
-  first keeps the two busy to the end; the Makefile turns off xdist's own
-  order (by number of tests), which handed the few-test cluster and
-  benchmark files out last. A file's cost is its measured seconds
-  (`tests/file_costs.py`), else an estimate from its tests (a slow one ~10
-  s, another ~0.15 s): estimates put files that take long without slow
-  tests last (one of 25 s did: the other worker idled). Tests keep their
-  order inside a file.
+  first (slow tests take ~10 s and more, the others ~0.15 s) keeps the two
+  busy to the end; the Makefile turns off xdist's own order (by number of
+  tests), which handed the few-test cluster and benchmark files out last.
+  Tests keep their order inside a file.
   """
-  measured = file_costs.load()
-  estimated: collections.Counter = collections.Counter()
+  cost: collections.Counter = collections.Counter()
   for item in items:
-    estimated[item.path] += 10.0 if item.get_closest_marker("slow") else 0.15
-  cost = {
-    path: measured.get(
-      os.path.relpath(path, config.rootpath).replace(os.sep, "/"), guess
-    )
-    for path, guess in estimated.items()
-  }
+    cost[item.path] += 10.0 if item.get_closest_marker("slow") else 0.15
   items.sort(key=lambda item: -cost[item.path])

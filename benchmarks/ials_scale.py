@@ -279,7 +279,7 @@ def _summing_steps(plan, replicas: int) -> dict:
   all-reduce them), from the kinds of batch its steps hold."""
   from recsys.data import ials_batches as names  # noqa: PLC0415
 
-  kinds = plan.entries.side[:: plan.batch_size].reshape(-1, replicas).max(1)
+  kinds = plan.step_kinds(replicas)
   groups = {
     "item_gramian": (names.ITEM_GRAMIAN,),
     "user_gramian": (names.USER_GRAMIAN,),
@@ -287,7 +287,7 @@ def _summing_steps(plan, replicas: int) -> dict:
   }
   return {
     name: int(
-      np.isin(kinds, codes + tuple(c + names.RESTART for c in codes)).sum()
+      np.isin(kinds, [c + r for c in codes for r in (0, names.RESTART)]).sum()
     )
     for name, codes in groups.items()
   }

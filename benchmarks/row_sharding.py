@@ -166,8 +166,8 @@ def collective_byte_count(graph, branches: bool = True) -> tuple[int, int]:
           unknown += 1  # MirroredStrategy's all-gather: shape lost
           continue
         total += value.shape.num_elements() * value.dtype.size
-      attrs = ("f", "then_branch", "else_branch", "body")
-      for attr in attrs if branches else ("f", "body"):
+      branch_attrs = ("then_branch", "else_branch") if branches else ()
+      for attr in ("f", "body", *branch_attrs):
         try:
           name = op.get_attr(attr).name
         except (ValueError, AttributeError):

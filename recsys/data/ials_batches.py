@@ -56,6 +56,13 @@ USER_LONG, ITEM_LONG = 6, 7
 #: The `ials_side` values whose entries solve user rows / item rows.
 SOLVES_USERS = (USER_SIDE, USER_LONG, USER_LONG + RESTART)
 SOLVES_ITEMS = (ITEM_SIDE, ITEM_LONG, ITEM_LONG + RESTART)
+#: The `ials_side` values whose steps add to sums over the replicas (a
+#: Gramian's, a long row's): only those steps all-reduce them.
+SUMMED_KINDS = tuple(
+  code + restart
+  for code in (ITEM_GRAMIAN, USER_GRAMIAN, USER_LONG, ITEM_LONG)
+  for restart in (0, RESTART)
+)
 #: Every `ials_side` value: PADDING .. ITEM_LONG + RESTART.
 NUM_KINDS = ITEM_LONG + RESTART - PADDING + 1
 

@@ -61,6 +61,13 @@ class EpochPlan(NamedTuple):
   def num_batches(self) -> int:
     return len(self.entries.of_users)
 
+  def step_kinds(self, steps_multiple: int) -> np.ndarray:
+    """Each step's kind of batch (`ials_side`) when `steps_multiple`
+    replicas take consecutive batches: its batches' own, all-padding ones
+    (PADDING, the lowest) going with any."""
+    first = self.entries.side[:: self.batch_size]
+    return first.reshape(-1, steps_multiple).max(1)
+
 
 def gramian_parts(
   other_rows: int, batch_size: int, width: int, steps_multiple: int = 1

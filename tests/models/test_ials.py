@@ -285,12 +285,8 @@ def test_replicas_train_the_one_replica_tables(
   assert long_row_steps <= set(plan.entries.side.tolist())
   for name in one:
     np.testing.assert_allclose(many[name], one[name], rtol=1e-5, atol=1e-6)
-  # A step's kind: its batches' (all-padding ones, -1, go with any).
-  kinds = plan.entries.side[:: plan.batch_size].reshape(-1, replicas).max(1)
-  summing = [ials_batches.ITEM_GRAMIAN, ials_batches.USER_GRAMIAN]
-  summing += [ials_batches.USER_LONG, ials_batches.ITEM_LONG]
-  summing += [code + ials_batches.RESTART for code in summing]
-  summed_steps = int(np.isin(kinds, summing).sum())
+  kinds = plan.step_kinds(replicas)
+  summed_steps = int(np.isin(kinds, ials_batches.SUMMED_KINDS).sum())
   assert 0 < summed_steps < len(kinds)
   assert np.isin(kinds, [ials_batches.USER_SIDE, ials_batches.ITEM_SIDE]).any()
   assert runs.read_value().numpy() == replicas * summed_steps

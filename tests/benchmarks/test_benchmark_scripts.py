@@ -101,7 +101,13 @@ def test_embedding_step_compares_a_rival_at_its_best_thread_setting(tmp_path):
   rows = _setting_rows(out, "tf_fused")
   assert [t.split("/")[0] for t, _, _ in rows] == ["tf 1", "tf 2"], out
   assert [b for _, b, _ in rows].count(True) == 1, out
-  best = max(rows, key=lambda r: r[2])
+  import json
+
+  saved = json.loads(path.read_text())
+  results = {(r["impl"], r["threads"]): r for r in saved["results"]}
+  # The faster by the run's own figures (the table's are rounded: two
+  # settings may print alike).
+  best = max(rows, key=lambda r: results[("tf_fused", r[0])]["ids_per_s"])
   assert best[1], out
   summary = re.search(
     r"^\| 1000 \| 256 \| tf_fused \| ([^|]+) \| ([\d.]+) \| "
@@ -110,10 +116,6 @@ def test_embedding_step_compares_a_rival_at_its_best_thread_setting(tmp_path):
     re.MULTILINE,
   )
   assert summary and summary.group(1) == best[0], out
-  import json
-
-  saved = json.loads(path.read_text())
-  results = {(r["impl"], r["threads"]): r for r in saved["results"]}
   recsys = [r for r in saved["results"] if r["impl"] == "recsys"][0]
   rival = results[("tf_fused", best[0])]
   (ratio,) = [r for r in saved["against_best"] if r["impl"] == "tf_fused"]

@@ -695,11 +695,13 @@ class EmbeddingBackend(_tf_internal.AutoTrackable, metaclass=abc.ABCMeta):
     """`features` with each dynamic-vocabulary table's raw ids made rows.
 
     Call it on every batch before `lookup` when `dynamic_tables()` is not
-    empty: for training in the replica function (it updates the indices
-    once for every replica's ids, `backends.vocabulary.stage`) and never
-    inside an XLA-compiled step; for evaluation (`training=False`)
-    anywhere, the indices unchanged. Other features pass untouched; the
-    default (no dynamic table) returns `features` as they are.
+    empty, never inside an XLA-compiled step or a TPU's replica step: for
+    training in cross-replica context on the distributed batch (the
+    Trainer's way, a TPU's too) or in a replica function (it updates the
+    indices once for every replica's ids, `backends.vocabulary.stage`);
+    for evaluation (`training=False`) likewise, the indices unchanged.
+    Other features pass untouched; the default (no dynamic table) returns
+    `features` as they are.
     """
     del training
     return features

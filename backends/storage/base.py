@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import tensorflow as tf
 
 from backends import optimizers
+from backends.errors import BackendSettingsError
 from backends.storage import row_init
 from backends.table_step import TableStep
 
@@ -152,6 +153,30 @@ class TableStorage(abc.ABC):
         row = init((1, table.dim), tf.float32)
         values[slot] = tf.broadcast_to(row, shape)
     return values
+
+  def check_resettable(self) -> None:
+    """Raises `BackendSettingsError` naming the table if `initial_rows`
+    cannot give rows known only in a step their starting values (what a
+    dynamic-vocabulary table's reset needs): its initializer is neither
+    row-keyable nor a function of a shape known only then (e.g. a Constant
+    of a whole array). Traces once, computes nothing."""
+    if row_init.RowInitializer.for_table(self.table) is not None:
+      return
+    spec = tf.TensorSpec([None], tf.int64)
+    try:
+      tf.function(self.initial_rows, autograph=False).get_concrete_function(
+        spec
+      )
+    except Exception as e:  # noqa: BLE001 - the initializer's own error
+      initializer = type(self.table.initializer).__name__
+      raise BackendSettingsError(
+        f"table {self.name!r} is dynamic, but its initializer "
+        f"({initializer}) cannot give a reused row its starting value for "
+        f"rows known only in a step ({type(e).__name__}: "
+        f"{str(e).split('. ')[0][:200]}): use a row-keyable initializer "
+        "(uniform, normal, truncated normal, variance scaling, a constant) "
+        "or a function of a symbolic shape."
+      ) from e
 
   def reset_rows(self, rows: tf.Tensor) -> Any:
     """Writes `rows`' starting values (`initial_rows`) into the table and

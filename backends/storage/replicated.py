@@ -155,8 +155,12 @@ class Replicated(base.TableStorage):
     for key, values in self.initial_rows(rows).items():
       variable = self._variables[key]
       values = narrow.cast(values, variable.dtype)
-      # A MirroredVariable in cross-replica context: every copy.
-      writes.append(variable.scatter_update(tf.IndexedSlices(values, rows)))
+      # Each local copy by itself, on its device: a TPU's mirrored variable
+      # has no cross-replica scatter (TPUMirroredVariable.scatter_update
+      # raises NotImplementedError), a component variable has.
+      for copy in self.strategy.experimental_local_results(variable):
+        with tf.device(copy.device):
+          writes.append(copy.scatter_update(tf.IndexedSlices(values, rows)))
     return tf.group(writes)
 
   def _exchanges(self) -> bool:

@@ -54,7 +54,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import base, hardware, table_plan
+from backends import base, table_plan
 from backends import placement as placement_lib
 from backends.layout import (
   Exchange,
@@ -165,18 +165,6 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
         row_sharded.check_optimizer(name, self.optimizer_for(table))
       if held.dynamic:
         held.vocabulary.check(name, table.vocabulary_size)
-    dynamic = sorted(
-      n for n, held in self._table_layouts.items() if held.dynamic
-    )
-    if dynamic and hardware.embedding_feature(self._strategy) is not None:
-      raise base.UnsupportedConfigError(
-        f"tables {dynamic} take raw ids (EmbeddingPlacement.vocabularies), "
-        "which this backend does not map on a TPU yet: a TPU runs its "
-        "replica steps on the device, where the index's hash tables cannot "
-        "run, and mapping ids in the host's input pipeline instead (the "
-        "rows to reset carried in the batch) is not built. Train them on "
-        "CPU or GPU replicas."
-      )
     zeros = frozenset(
       name
       for name, held in self._table_layouts.items()

@@ -44,6 +44,7 @@ from backends.table_step import Features
 from backends.tensorcore import kernels
 from backends.tensorcore.engines import dynamic, static
 from backends.vocabulary import stage as stage_lib
+from backends.vocabulary.hashed import HashedIds
 from backends.vocabulary.stage import CHECKPOINT_KEY as checkpoint_key
 
 log = logging.getLogger("recsys.backends")
@@ -200,6 +201,9 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
         storages[self.table_name(table)] = storage
       self._storages = _tf_internal.NoDependency(storages)
       vocabularies = self._vocabularies()
+      for name, vocabulary in vocabularies.items():
+        if not isinstance(vocabulary, HashedIds):  # hashed: never resets
+          storages[name].check_resettable()
       if vocabularies:
         self._stage = _tf_internal.NoDependency(
           stage_lib.VocabularyStage(

@@ -10,20 +10,21 @@ reads them. Other tables' ids pass through untouched.
 Where it runs, and why there: a training step's mapping changes the index,
 so it must see the whole step's ids in one order whatever the number of
 replicas — 1 replica and N replicas on the same global batch must make the
-same decisions. Called in a replica function, it `merge_call`s into
-cross-replica context and updates once with the ids of every replica,
-feature by feature and, within a feature, replica by replica (which is the
-global batch's order, since a global batch is split into contiguous
-replica shares); on several workers the ids are first gathered from every
-worker, so each worker's copy of the index makes the same decisions. It is
-never inside an XLA-compiled step (hash tables have no XLA kernel): the
-Trainer runs it in its own `strategy.run` before the compiled step, so the
-step itself still sees static row ids below the capacity, as a TPU needs.
+same decisions. It updates once with the ids of every replica, feature by
+feature and, within a feature, replica by replica (which is the global
+batch's order, since a global batch is split into contiguous replica
+shares): called in cross-replica context on a distributed batch, or in a
+replica function, from which it `merge_call`s there; on several workers
+the ids are first gathered from every worker, so each worker's copy of the
+index makes the same decisions. It is never inside an XLA-compiled step or
+a TPU's replica step (hash tables have no XLA kernel): the Trainer runs it
+on the host, between `next(iterator)` and `strategy.run`, so the step
+itself still sees static row ids below the capacity, as a TPU needs.
 Evaluation (`training=False`) only reads the index: no merge, no change.
 
-Example (what `map_ids` does in a replica function):
+Example (what `map_ids` does in cross-replica context):
   >>> stage = VocabularyStage(tables, layouts, strategy, reset)
-  >>> flat_rows = stage.map(flat_inputs, training=True)
+  >>> flat_rows = stage.map(distributed_flat_inputs, training=True)
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -123,19 +124,24 @@ class VocabularyStage:
     if not dynamic:
       return flat
     raw = [flat[i] for i in dynamic]
+    ctx = tf.distribute.get_replica_context()
+    if ctx is not None and ctx.strategy is not self._strategy:
+      ctx = None  # outside the strategy's scope: its cross-replica context
+    if _tf_internal.in_xla_context():
+      raise ValueError(
+        "dynamic-vocabulary tables "
+        f"{sorted(self.indices)} map raw ids to rows with hash tables, "
+        "which an XLA-compiled step (and a TPU's replica step) cannot "
+        "run: map them before the step, in cross-replica context "
+        "(backend.map_ids outside strategy.run, as the Trainer does), or "
+        "compile without jit_compile."
+      )
     if not training:
-      mapped = self._looked_up(raw, dynamic)
+      mapped = _per_local_replica(
+        lambda part: self._looked_up(part, dynamic), raw
+      )
     else:
-      if _tf_internal.in_xla_context():
-        raise ValueError(
-          "dynamic-vocabulary tables "
-          f"{sorted(self.indices)} map raw ids to rows with hash tables, "
-          "which an XLA-compiled step cannot run: map them before the "
-          "compiled step (backend.map_ids in its own strategy.run, as the "
-          "Trainer does), or compile without jit_compile."
-        )
-      ctx = tf.distribute.get_replica_context()
-      if ctx is None:  # cross-replica context: one local "replica"
+      if ctx is None:  # cross-replica context (on the host, before a step)
         mapped = self._merged(self._strategy, raw, dynamic)
       else:
         mapped = ctx.merge_call(self._merged, args=(raw, dynamic))
@@ -146,13 +152,7 @@ class VocabularyStage:
   def _merged(self, strategy, raw: list[Any], positions: list[int]):
     """Cross-replica: update the indices with every replica's ids; each
     replica gets its own inputs back as rows."""
-    replicas = strategy.num_replicas_in_sync // _num_workers(strategy)
-    if replicas == 1:
-      per_replica = [raw]  # one local replica: values come unwrapped
-    else:
-      per_replica = [
-        _tf_internal.select_replica(r, raw) for r in range(replicas)
-      ]
+    per_replica = _local_replica_parts(raw)
     gathered = _num_workers(strategy) > 1
     out = [list(x) for x in per_replica]
     updated = []
@@ -238,6 +238,31 @@ class _Mapped(NamedTuple):
   inputs: list[Any]
   rows: list[tf.Tensor]
   reset_rows: tf.Tensor
+
+
+def _local_replica_parts(raw: Any) -> list:
+  """`raw`'s part of each local replica: its distributed values split (what
+  a merge function or a cross-replica step gets), or `raw` whole when it
+  holds none (one local replica, or plain tensors in cross-replica
+  context, which are one replica's)."""
+  distributed = [
+    x
+    for x in tf.nest.flatten(raw)
+    if isinstance(x, tf.distribute.DistributedValues)
+  ]
+  if not distributed:
+    return [raw]
+  replicas = len(distributed[0].values)
+  return [_tf_internal.select_replica(r, raw) for r in range(replicas)]
+
+
+def _per_local_replica(fn: Callable[[Any], Any], raw: Any) -> Any:
+  """`fn` of each local replica's part of `raw`, regrouped (plain when
+  `raw` holds no distributed values)."""
+  parts = _local_replica_parts(raw)
+  if len(parts) == 1 and parts[0] is raw:
+    return fn(raw)
+  return _tf_internal.regroup(tuple(fn(part) for part in parts))
 
 
 def _as_piece(inp: Any) -> tuple[tf.Tensor, tf.Tensor | None]:

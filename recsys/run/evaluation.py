@@ -122,8 +122,8 @@ class Evaluator:
 
   def _replicated_loop(self, dataset) -> None:
     for batch in dataset:
-      if self._maps_ids:  # outside the (maybe compiled) replica step
-        batch = self.run.strategy.run(self._map_ids, args=(batch,))
+      if self._maps_ids:  # on the host, before the (compiled) replica step
+        batch = self._map_ids(batch)
       self.run.strategy.run(self._replica_step, args=(batch,))
 
   def _coordinator_loop(self, dataset) -> None:

@@ -15,6 +15,13 @@ compared with the CPU run's. Exits with status 1 if any differs beyond the
 tolerance, and with status 2 within `--connect_timeout` seconds if the TPU
 cannot be reached.
 
+`tensorcore+dynamic` trains `tensorcore` with the `users` table dynamic
+(`backends.vocabulary.DynamicVocabulary`: raw 64-bit ids of 1,009 users
+into 64 rows, so rows are evicted and reset): each batch is mapped on the
+host in cross-replica context before `strategy.run`, as the Trainer does,
+and every tensor of its checkpoint (tables, slots, the index: its ids,
+rows and counters exactly) is compared with `tensorcore+dynamic@cpu`'s.
+
 Each training run is a separate process: a TPU hosts one embedding engine
 configuration per initialisation.
 
@@ -35,9 +42,21 @@ from typing import Any
 from recsys.errors import RecsysError
 
 OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
-TPU_BACKENDS = ("tensorcore", "auto", "tpu_embedding", "tpu_embedding_v0")
+#: tensorcore with a dynamic-vocabulary `users` table (not a backend name).
+DYNAMIC = "tensorcore+dynamic"
+TPU_BACKENDS = (
+  "tensorcore",
+  "auto",
+  "tpu_embedding",
+  "tpu_embedding_v0",
+  DYNAMIC,
+)
 REFERENCE = "tensorcore@cpu"  # tensorcore, uncompiled, on this machine's CPU
+ON_CPU = "@cpu"
 VOCAB = {"users": 1009, "tags": 97}
+#: The dynamic `users` table's rows: far fewer than the users, so the
+#: index evicts within a few steps and resets the rows it reuses.
+DYNAMIC_ROWS = 64
 DIMS = {"users": 16, "tags": 8}
 MAX_TAGS = 4
 
@@ -111,8 +130,10 @@ def _optimizer(name: str):
   }[name]()
 
 
-def _feature_config():
-  """Two tables from fixed initial values; `tags` is a mean-combined bag."""
+def _feature_config(dynamic: bool = False):
+  """Two tables from fixed initial values; `tags` is a mean-combined bag.
+  `dynamic`: `users` starts from a seeded normal instead (row-keyed, so a
+  reused row can start again: `backends.storage.row_init`)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -121,12 +142,16 @@ def _feature_config():
   tables = {}
   for name, combiner in (("users", "sum"), ("tags", "mean")):
     init = rng.normal(0, 0.1, (VOCAB[name], DIMS[name])).astype(np.float32)
+    initializer, rows = tf.constant_initializer(init), VOCAB[name]
+    if dynamic and name == "users":
+      initializer = tf.random_normal_initializer(0.0, 0.1, seed=7)
+      rows = DYNAMIC_ROWS
     tables[name] = e.TableConfig(
-      VOCAB[name],
+      rows,
       DIMS[name],
       name=name,
       combiner=combiner,
-      initializer=tf.constant_initializer(init),
+      initializer=initializer,
     )
   return {
     "user": e.FeatureConfig(tables["users"]),
@@ -134,8 +159,19 @@ def _feature_config():
   }
 
 
-def _dataset(ctx, per_replica_batch: int, steps: int):
-  """Deterministic batches: the same for every backend, sharded by pipeline."""
+def _reference(backend: str) -> str:
+  """The CPU run `backend`'s TPU run is compared with."""
+  return DYNAMIC + ON_CPU if backend == DYNAMIC else REFERENCE
+
+
+def _raw_user_ids(users: Any) -> Any:
+  """Distinct 64-bit raw ids for `users`, none of them a row number."""
+  return users * 7919 + 2**40
+
+
+def _dataset(ctx, per_replica_batch: int, steps: int, dynamic: bool = False):
+  """Deterministic batches: the same for every backend, sharded by pipeline
+  (`dynamic`: raw user ids, of many more users than the table's rows)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   seed = 1000 * ctx.input_pipeline_id
@@ -145,6 +181,8 @@ def _dataset(ctx, per_replica_batch: int, steps: int):
     user = tf.random.stateless_uniform(
       [per_replica_batch], s, 0, VOCAB["users"], tf.int64
     )
+    if dynamic:
+      user = _raw_user_ids(user)
     lengths = tf.random.stateless_uniform(
       [per_replica_batch], s + 1, 1, MAX_TAGS + 1, tf.int64
     )
@@ -164,7 +202,8 @@ def _train_one(args, backend: str, optimizer: str, out: str) -> None:
 
   import recsys  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
 
-  if backend == REFERENCE:  # the TPU's global batches, on one CPU replica
+  dynamic = backend.removesuffix(ON_CPU) == DYNAMIC
+  if backend.endswith(ON_CPU):  # the TPU's global batches, one CPU replica
     path = train_and_save(
       tf.distribute.get_strategy(),
       "tensorcore",
@@ -173,6 +212,7 @@ def _train_one(args, backend: str, optimizer: str, out: str) -> None:
       args.per_replica_batch,
       out,
       replicas=args.replicas,
+      dynamic=dynamic,
     )
     print(json.dumps({"checkpoint": path}))
     return
@@ -181,7 +221,13 @@ def _train_one(args, backend: str, optimizer: str, out: str) -> None:
   tf.tpu.experimental.initialize_tpu_system(resolver)
   strategy = tf.distribute.TPUStrategy(resolver)
   path = train_and_save(
-    strategy, backend, optimizer, args.steps, args.per_replica_batch, out
+    strategy,
+    "tensorcore" if dynamic else backend,
+    optimizer,
+    args.steps,
+    args.per_replica_batch,
+    out,
+    dynamic=dynamic,
   )
   print(json.dumps({"checkpoint": path}))
 
@@ -194,11 +240,15 @@ def train_and_save(
   per_replica_batch: int,
   out: str,
   replicas: int | None = None,
+  dynamic: bool = False,
 ) -> str:
   """Trains `steps` steps of `backend` under `strategy`; returns the checkpoint.
 
   `replicas`: on a one-replica strategy, train on the global batches that
   this many replicas would see (each step the replicas' batches joined).
+  `dynamic`: the `users` table takes raw ids through a dynamic vocabulary
+  (a backend built from layouts: tensorcore), each batch mapped on the
+  host before `strategy.run`.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -213,11 +263,21 @@ def train_and_save(
     options["per_replica_batch_size"] = per_replica_batch
   if "static_shapes" in declared:  # a static-shape engine pads the bags
     options["bag_widths"] = MAX_TAGS
+  layouts = None
+  if dynamic:
+    from backends.layout import TableLayout  # pylint: disable=g-import-not-at-top
+    from backends.vocabulary import DynamicVocabulary  # pylint: disable=g-import-not-at-top
+
+    layouts = {
+      "users": TableLayout(vocabulary=DynamicVocabulary(eviction="lru")),
+      "tags": TableLayout(),
+    }
   emb = backends.create(
-    _feature_config(),
+    _feature_config(dynamic),
     _optimizer(optimizer),
     strategy,
     backend=backend,
+    layouts=layouts,
     **options,
   )
   with strategy.scope():
@@ -228,7 +288,7 @@ def train_and_save(
   def dataset_fn(ctx):
     if joined > 1:
       ctx = tf.distribute.InputContext(num_replicas_in_sync=joined)
-      ds = _dataset(ctx, per_replica_batch, steps).batch(joined)
+      ds = _dataset(ctx, per_replica_batch, steps, dynamic).batch(joined)
       ds = ds.map(
         lambda f, y: (
           {
@@ -239,7 +299,7 @@ def train_and_save(
         )
       )
     else:
-      ds = _dataset(ctx, per_replica_batch, steps)
+      ds = _dataset(ctx, per_replica_batch, steps, dynamic)
     return ds.map(lambda f, y: (emb.preprocess(f)[0], y))
 
   data = iter(
@@ -259,7 +319,10 @@ def train_and_save(
       emb.apply_gradients(tape.gradient(loss, acts))
       return loss
 
-    return strategy.run(replica_step, args=next(iterator))
+    features, labels = next(iterator)
+    if dynamic:  # on the host: the index cannot run in a TPU's step
+      features = emb.map_ids(features, training=True)
+    return strategy.run(replica_step, args=(features, labels))
 
   for _ in range(steps):
     step(data)
@@ -283,6 +346,53 @@ def read_on_cpu(path: str, optimizer: str) -> dict[str, Any]:
   for table, slots in emb.slot_variables().items():
     values.update({f"{table}/{s}": v.numpy() for s, v in slots.items()})
   return values
+
+
+def read_checkpoint(path: str) -> dict[str, Any]:
+  """Every tensor of a checkpoint by its key (tables, slots, indices); a
+  hash table's exported keys and values as `[n, 2]` pairs sorted by key
+  (the order of an export is the table implementation's, and a TPU host
+  and a CPU may use different ones)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  reader = tf.train.load_checkpoint(path)
+  out = {}
+  for key in reader.get_variable_to_shape_map():
+    if key.startswith("_CHECKPOINTABLE_OBJECT_GRAPH"):
+      continue
+    if key.endswith("-values"):
+      continue
+    value = reader.get_tensor(key)
+    if key.endswith("-keys"):
+      pairs = np.stack(
+        [value, reader.get_tensor(key[: -len("keys")] + "values")]
+      )
+      value = pairs[:, np.argsort(value, kind="stable")].T
+    out[key] = value
+  return out
+
+
+def compare(values: dict, reference: dict, rtol: float, atol: float):
+  """`(ok, worst |diff|)` of two runs' tensors: the same keys and shapes,
+  floats within the tolerance, anything else equal."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  if sorted(values) != sorted(reference):
+    return False, float("inf")
+  ok, worst = True, 0.0
+  for key, want in reference.items():
+    got = np.asarray(values[key])
+    want = np.asarray(want)
+    if got.shape != want.shape:
+      return False, float("inf")
+    if want.dtype.kind == "f":
+      ok &= bool(np.allclose(got, want, rtol=rtol, atol=atol))
+      if want.size:
+        worst = max(worst, float(np.max(np.abs(got - want))))
+    else:
+      ok &= bool(np.array_equal(got, want))
+  return ok, worst
 
 
 class TPUUnreachableError(RecsysError, RuntimeError):
@@ -403,13 +513,19 @@ def _run_child(args, backend: str, optimizer: str, out: str) -> str | None:
   return json.loads(result.stdout.strip().splitlines()[-1])["checkpoint"]
 
 
+def _named(values: dict) -> str:
+  """The compared tensors, named (a checkpoint's: counted)."""
+  if len(values) > 8:
+    return f"{len(values)} checkpoint tensors"
+  return str(sorted(values))
+
+
 def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
   if args.run_one:
     backend, optimizer = args.run_one.split(":")
     _train_one(args, backend, optimizer, args.workdir)
     return 0
-  import numpy as np  # pylint: disable=g-import-not-at-top
 
   optimizers = [o for o in args.optimizers.split(",") if o]
   unknown = sorted(set(optimizers) - set(OPTIMIZERS))
@@ -427,10 +543,11 @@ def main(argv: list[str] | None = None) -> int:
   )
   candidates = []
   for name in [b for b in args.backends.split(",") if b]:
+    registered = "tensorcore" if name == DYNAMIC else name
     reason = (
       None
       if name == "auto"
-      else facts["unavailable"].get(name, "not a registered backend")
+      else facts["unavailable"].get(registered, "not a registered backend")
     )
     if reason:
       print(f"  skipping {name}: {reason}")
@@ -440,28 +557,26 @@ def main(argv: list[str] | None = None) -> int:
   failures = 0
   for optimizer in optimizers:
     runs = {}
-    for backend in [REFERENCE] + candidates:
+    references = sorted({_reference(b) for b in candidates})
+    for backend in references + candidates:
       out = os.path.join(workdir, f"{backend}_{optimizer}")
       path = _run_child(args, backend, optimizer, out)
       if path is None:
         failures += 1
+      elif backend.removesuffix(ON_CPU) == DYNAMIC:  # the index too
+        runs[backend] = read_checkpoint(path)
       else:
         runs[backend] = read_on_cpu(path, optimizer)
-    if REFERENCE not in runs:
-      continue
-    reference = runs.pop(REFERENCE)
-    for backend, values in runs.items():
-      worst = max(
-        float(np.max(np.abs(values[k] - reference[k]))) for k in reference
-      )
-      ok = all(
-        np.allclose(values[k], reference[k], rtol=args.rtol, atol=args.atol)
-        for k in reference
-      )
+    for backend in candidates:
+      if backend not in runs or _reference(backend) not in runs:
+        continue
+      values, reference = runs[backend], runs[_reference(backend)]
+      ok, worst = compare(values, reference, args.rtol, args.atol)
       failures += not ok
       print(
-        f"  {optimizer:17s} {backend:17s} vs tensorcore@cpu after {args.steps} "
-        f"steps: max |diff| {worst:.3g} over {sorted(reference)} -> "
+        f"  {optimizer:17s} {backend:18s} vs {_reference(backend)} after "
+        f"{args.steps} "
+        f"steps: max |diff| {worst:.3g} over {_named(reference)} -> "
         f"{'OK' if ok else 'MISMATCH'}"
       )
   print("PASS" if not failures else f"FAIL ({failures})")

@@ -209,14 +209,18 @@ class StepFunctions:
 
   @tf.autograph.experimental.do_not_convert
   def _map_ids(self, batch):
-    """Dynamic tables: the batch's raw ids as rows (updates the indices)."""
+    """Dynamic tables: the batch's raw ids as rows (updates the indices).
+
+    In cross-replica context, on the host: the indices' hash tables cannot
+    run in a TPU's replica step (nor in any XLA-compiled one), and here the
+    step's ids of every replica are mapped in one order anyway."""
     return map_batch_ids(self._backend, batch, self._names, training=True)
 
   def _train_loop(self, iterator, num_steps: tf.Tensor) -> None:
     for _ in tf.range(num_steps):
       batch = next(iterator)
-      if self._maps_ids:  # outside the (maybe compiled) replica step
-        batch = self._strategy.run(self._map_ids, args=(batch,))
+      if self._maps_ids:  # on the host, before the (compiled) replica step
+        batch = self._map_ids(batch)
       finite = self._strategy.run(self._replica_train_step, args=(batch,))
       finite = self._strategy.experimental_local_results(finite)[0]
       if not finite:

@@ -265,7 +265,7 @@ def test_a_training_mapping_inside_a_compiled_step_is_refused():
   def step(ids):
     return emb.map_ids({"f": ids}, training=True)["f"]
 
-  with pytest.raises(ValueError, match="map_ids in its own strategy.run"):
+  with pytest.raises(ValueError, match="map_ids outside strategy.run"):
     step(tf.constant([5, 6], tf.int64))
 
 
@@ -347,17 +347,39 @@ def test_a_checkpoint_whose_index_does_not_match_is_refused(
     checkpoint_lib.verify_compatible(path, second)
 
 
-def test_a_tpu_strategy_is_refused_naming_the_tables():
-  """On a TPU the replica step runs on the device, where the index cannot:
-  refused when the backend is built, not failed inside a TPU compile."""
-  from backends import base
+def test_a_tpu_strategy_takes_dynamic_tables():
+  """On a TPU the indices stay on the host (the Trainer maps each batch
+  outside the replica step: tests/training/test_dynamic_training.py), so
+  a TPU strategy (faked: no TPU here) builds the layout, as CPU does."""
   from tests.backends.test_selection import fake_tpu_strategy
 
   table = embedding.TableConfig(vocabulary_size=CAPACITY, dim=DIM, name="t")
-  with pytest.raises(base.UnsupportedConfigError, match=r"\['t'\].*on a TPU"):
-    TensorCoreEmbedding(
-      {"f": embedding.FeatureConfig(table=table)},
-      embedding.SGD(0.1),
-      fake_tpu_strategy("UNSUPPORTED"),
-      layouts={"t": TableLayout(vocabulary=DynamicVocabulary())},
-    )
+  emb = TensorCoreEmbedding(
+    {"f": embedding.FeatureConfig(table=table)},
+    embedding.SGD(0.1),
+    fake_tpu_strategy("UNSUPPORTED"),
+    layouts={"t": TableLayout(vocabulary=DynamicVocabulary())},
+  )
+  assert emb.layouts()["t"].dynamic
+
+
+def test_an_initializer_that_cannot_reset_a_row_is_refused_when_built():
+  """A Constant of a whole array has no value for a row known only in a
+  step: refused when the tables are built, naming the table, not failed
+  inside the first step's trace."""
+  from backends.errors import BackendSettingsError
+
+  array = np.zeros((CAPACITY, DIM), np.float32)
+  table = embedding.TableConfig(
+    vocabulary_size=CAPACITY,
+    dim=DIM,
+    name="t",
+    initializer=tf.constant_initializer(array),
+  )
+  emb = TensorCoreEmbedding(
+    {"f": embedding.FeatureConfig(table=table)},
+    embedding.SGD(0.1),
+    layouts={"t": TableLayout(vocabulary=DynamicVocabulary())},
+  )
+  with pytest.raises(BackendSettingsError, match=r"table 't'.*Constant"):
+    emb.build()

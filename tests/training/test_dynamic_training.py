@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from backends.tensorcore.composed import ComposedEmbedding
 from backends.vocabulary import DynamicVocabulary
 from recsys.data.synthetic_ctr import SyntheticCTR
 from recsys.features import EmbeddingSettings
@@ -117,13 +118,27 @@ def test_the_tables_admit_evict_and_report_their_counters(plain):
 
 
 def test_two_replicas_train_the_one_replica_model_and_restore_into_one(
-  plain, tmp_path
+  plain, tmp_path, monkeypatch
 ):
   """8 steps on 2 replicas, then resumed on 1 to step 12, == 12 steps on
   1 replica: the indices see the global batch in one order, and being one
   copy per process (not split by replica), a checkpoint moves between
-  replica counts."""
-  _trainer(tmp_path, strategy=mirrored_strategy(2), train_steps=8).train()
+  replica counts. Training and evaluation map every batch outside the
+  replica step (`strategy.run`), on the host: where a TPUStrategy can run
+  the indices' hash tables."""
+  strategy = mirrored_strategy(2)
+  where = []
+  map_ids = ComposedEmbedding.map_ids
+
+  def spy(self, features, training=False):
+    ctx = tf.distribute.get_replica_context()
+    where.append((training, ctx is not None and ctx.strategy is strategy))
+    return map_ids(self, features, training)
+
+  monkeypatch.setattr(ComposedEmbedding, "map_ids", spy)
+  _trainer(tmp_path, strategy=strategy, train_steps=8).train()
+  assert set(where) == {(True, False), (False, False)}, where
+  monkeypatch.undo()
   resumed = _trainer(tmp_path, strategy=mirrored_strategy(1))
   resumed.train()
   _assert_same_run(resumed.run, plain[0].run, rtol=2e-5, atol=1e-6)

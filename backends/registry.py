@@ -316,7 +316,8 @@ def construct(
   `TableLayout` where it is built from layouts (`Capabilities.layouts`;
   the others place their tables themselves and report it, `layouts()`)."""
   cls = get(name)
-  if cls.capabilities.layouts and layouts is not None:
+  capable = cls.capabilities
+  if (capable.layouts or capable.dynamic_vocabularies) and layouts is not None:
     options["layouts"] = layouts
   return cls(feature_config, optimizer, strategy=strategy, **options)
 

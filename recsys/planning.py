@@ -356,7 +356,12 @@ class MemoryPlan:
           f"{r.table} {_vocabulary_text(r.layout.vocabulary)}" for r in dynamic
         )
         + (
-          f"; the indices hold {human_bytes(self.index_bytes)} in each process"
+          f"; the indices hold {human_bytes(self.index_bytes)} "
+          + (
+            "in each process"
+            if self.tables_in_process
+            else "on the first parameter server, for every worker"
+          )
           if self.index_bytes
           else ""
         )
@@ -563,7 +568,8 @@ class EmbeddingPlacement:
       sharing a row below the capacity, `vocabulary_size`) or
       `@HashedIds()` (hashed into the rows, collisions and all: the
       classic baseline), or one of them for every table; on a backend
-      that maps ids (`Capabilities.dynamic_vocabularies`: tensorcore).
+      that maps ids (`Capabilities.dynamic_vocabularies`: tensorcore,
+      parameter_servers).
       Default: none, every table's ids are its rows.
 
   These are the one home of a table's layout: the backend's options

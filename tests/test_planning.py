@@ -677,3 +677,39 @@ def test_a_filling_dynamic_table_takes_an_exchange_that_cannot_overflow(
   rows = {r.table: r for r in plan.rows}
   assert rows["dynamic"].exchange == want
   assert rows["static"].exchange == rows["hashed"].exchange == "all_to_all"
+
+
+def test_parameter_servers_take_dynamic_tables_and_the_plan_says_where():
+  """The parameter_servers backend maps raw ids (its index on the first
+  server, for every worker): the layout carries the vocabulary and the
+  plan names where the index lives; a TPU embedding backend, which cannot
+  reset a row, is refused naming the backends that can."""
+  from backends.vocabulary import DynamicVocabulary
+
+  placement = planning.EmbeddingPlacement(
+    vocabularies={"big": DynamicVocabulary(eviction="lfu")}
+  )
+  plan = planning.plan_memory(
+    _sizes_config(),
+    E.Adagrad(0.1),
+    device_memory_bytes=10**9,
+    backend="parameter_servers",
+    num_shards=2,
+    placement=placement,
+  )
+  rows = {r.table: r for r in plan.rows}
+  assert rows["big"].layout.vocabulary == DynamicVocabulary(eviction="lfu")
+  assert rows["small"].layout.vocabulary is None
+  assert plan.index_bytes > 0
+  assert "on the first parameter server, for every worker" in plan.format()
+  with pytest.raises(
+    planning.PlacementSettingsError,
+    match=r"\[.big.\].*parameter_servers.*tensorcore",
+  ):
+    planning.plan_memory(
+      _sizes_config(),
+      E.Adagrad(0.1),
+      device_memory_bytes=10**9,
+      backend="tpu_embedding_v0",
+      placement=placement,
+    )

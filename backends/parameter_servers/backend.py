@@ -66,13 +66,21 @@ class ParameterServerEmbedding(composed.ComposedEmbedding):
       bags to these widths on the host.
     invalid_ids: "error" (default), "drop" or "oov" for ids outside
       `[0, vocabulary_size)` (see `backends.inputs.validate`).
+    layouts: table name -> `TableLayout` (as `recsys.planning` plans
+      them): only a layout's `vocabulary` is read — a dynamic table's
+      index lives on the first parameter server, shared by every worker,
+      and each step maps its batch there alone (`VocabularyStage`'s
+      critical section), then resets the rows it gave away on the servers
+      that own them.
 
   Workers are asynchronous: one replica per worker, each step's update is
   applied on the parameter servers without waiting for other workers.
   """
 
   name = "parameter_servers"
-  capabilities = base.Capabilities(sharded_tables=True)
+  capabilities = base.Capabilities(
+    sharded_tables=True, dynamic_vocabularies=True
+  )
   options = frozenset({"bag_widths", "invalid_ids"})
   # Workers share the parameter servers' variables: no per-replica counters.
   _counts_inputs = False
@@ -85,6 +93,9 @@ class ParameterServerEmbedding(composed.ComposedEmbedding):
     *,
     bag_widths: None | int | Mapping[str, int] = None,
     invalid_ids: str = "error",
+    layouts: layout.TableLayout
+    | Mapping[str, layout.TableLayout]
+    | None = None,
   ):
     super().__init__(
       feature_config,
@@ -95,6 +106,24 @@ class ParameterServerEmbedding(composed.ComposedEmbedding):
       fused_kernels=False,
       static_shapes=False,
     )
+    if isinstance(layouts, layout.TableLayout):  # one for every table
+      layouts = {self.table_name(t): layouts for t in self._tables}
+    self._dynamic = {
+      name: held.vocabulary
+      for name, held in (layouts or {}).items()
+      if held.vocabulary is not None
+    }
+    for table in self._tables:
+      name = self.table_name(table)
+      if name in self._dynamic:
+        self._dynamic[name].check(name, table.vocabulary_size)
+    zeros = frozenset(
+      name
+      for name, vocabulary in self._dynamic.items()
+      if getattr(vocabulary, "unknown", None) == "zeros"
+    )
+    if zeros:
+      self._drop_negative_ids_of(zeros)
 
   @classmethod
   def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> str | None:
@@ -142,9 +171,21 @@ class ParameterServerEmbedding(composed.ComposedEmbedding):
     strategy's partitioner), float32."""
     return {
       self.table_name(t): layout.TableLayout(
-        layout.Placement.PARAMETER_SERVERS, t.dtype.name
+        layout.Placement.PARAMETER_SERVERS,
+        t.dtype.name,
+        vocabulary=self._dynamic.get(self.table_name(t)),
       )
       for t in self._tables
+    }
+
+  def _vocabularies(self) -> dict[str, Any]:
+    return dict(self._dynamic)
+
+  def _vocabulary_home(self) -> dict[str, Any]:
+    # One index per table for every worker, on the first server's CPU.
+    return {
+      "device": "/job:ps/replica:0/task:0/device:CPU:0",
+      "concurrent": True,
     }
 
   def _make_storage(self, table: Any) -> TableStorage:

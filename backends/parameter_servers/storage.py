@@ -225,6 +225,26 @@ class ParameterServers(base.TableStorage):
     """The parameter-server device of each shard of the table."""
     return [s.device for s in shards_of(self.parameters)]
 
+  def reset_rows(self, rows: tf.Tensor) -> Any:
+    """Each shard's parameter server writes the starting values of the
+    rows it owns (from a worker's step or the coordinator)."""
+    rows = tf.cast(tf.reshape(rows, [-1]), tf.int64)
+    owners = self.layout.owner(rows)
+    local = self.layout.local(rows)
+    writes = []
+    for key, values in self.initial_rows(rows).items():
+      for index, shard in enumerate(shards_of(self._variables[key])):
+        mine = tf.equal(owners, index)
+        with tf.device(shard.device):
+          writes.append(
+            shard.scatter_update(
+              tf.IndexedSlices(
+                tf.boolean_mask(values, mine), tf.boolean_mask(local, mine)
+              )
+            )
+          )
+    return tf.group(writes)
+
   def gather(
     self,
     ids: tf.Tensor,

@@ -148,6 +148,12 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
     """Dynamic table name -> its `DynamicVocabulary` (none by default)."""
     return {}
 
+  def _vocabulary_home(self) -> dict[str, Any]:
+    """Where the indices live and whether steps map concurrently
+    (`VocabularyStage`'s `device` and `concurrent`): this host's CPU, one
+    step at a time, by default."""
+    return {}
+
   def _table_by_name(self, name: str) -> Any:
     return next(t for t in self._tables if self.table_name(t) == name)
 
@@ -212,6 +218,7 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
             self._strategy,
             lambda name, rows: self._storages[name].reset_rows(rows),
             fused_ops=self._kernels,
+            **self._vocabulary_home(),
           )
         )
         # One child beside the tables (`backends.checkpoint.VOCABULARIES`):

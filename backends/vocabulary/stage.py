@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from backends import _tf_internal
+from backends import _tf_internal, hardware
 from backends import inputs as inputs_lib
 from backends.vocabulary import hashed
 from backends.vocabulary import index as index_lib
@@ -84,6 +84,10 @@ class VocabularyStage:
     fused_ops: the backend's loaded fused CPU kernels, or None: the
       `VocabularyIndex`es then update with their one fused op outside XLA
       contexts (same state, same results as their TF ops).
+    device: where the indices and the step clock live (default: this
+      host's CPU); parameter-server workers share one on a server.
+    concurrent: steps may map at the same time (asynchronous workers):
+      each step's update then runs alone, in a `tf.CriticalSection`.
   """
 
   def __init__(
@@ -93,21 +97,27 @@ class VocabularyStage:
     strategy: tf.distribute.Strategy,
     reset: Callable[[str, tf.Tensor], Any],
     fused_ops: Any = None,
+    device: str | None = None,
+    concurrent: bool = False,
   ):
     self._strategy = strategy
     self._reset = reset
     self.indices: dict[str, Any] = {}
-    for name, (table, policy) in tables.items():
-      policy.check(name, table.vocabulary_size)
-      if isinstance(policy, hashed.HashedIds):
-        index = hashed.HashedIndex(name, table.vocabulary_size, policy)
-      else:
-        index = index_lib.VocabularyIndex(
-          name, table.vocabulary_size, policy, fused_ops=fused_ops
-        )
-      self.indices[name] = index
-    #: Training steps mapped so far: the clock of the indices' ages.
-    self.step = _tf_internal.host_variable(0, "vocabulary_step", tf.int64)
+    with tf.device(device):
+      for name, (table, policy) in tables.items():
+        policy.check(name, table.vocabulary_size)
+        if isinstance(policy, hashed.HashedIds):
+          index = hashed.HashedIndex(name, table.vocabulary_size, policy)
+        else:
+          index = index_lib.VocabularyIndex(
+            name, table.vocabulary_size, policy, fused_ops=fused_ops
+          )
+        self.indices[name] = index
+      #: Training steps mapped so far: the clock of the indices' ages.
+      self.step = _tf_internal.host_variable(0, "vocabulary_step", tf.int64)
+      self._lock = (
+        tf.CriticalSection(name="vocabularies") if concurrent else None
+      )
     self._positions = {
       name: [i for i, t in enumerate(table_of_feature) if t == name]
       for name in self.indices
@@ -155,7 +165,7 @@ class VocabularyStage:
     per_replica = _local_replica_parts(raw)
     gathered = _num_workers(strategy) > 1
     out = [list(x) for x in per_replica]
-    updated = []
+    planned = []
     for table, index in self.indices.items():
       mine = [k for k, p in enumerate(positions) if p in self._positions[table]]
       # Feature by feature, replica by replica: the global batch's order.
@@ -166,37 +176,45 @@ class VocabularyStage:
         pieces, _, own = _gather_workers(
           strategy, [_as_id_vector(flat_ids(x)) for x in inputs], len(mine)
         )
-        rows, reset_rows = index.update_pieces(
-          [(p, None) for p in pieces], self.step
-        )
-        rows = [rows[j] for j in own]
+        pieces = [(p, None) for p in pieces]
       else:
         # Padded bags stay padded: no flattening around the update.
-        rows, reset_rows = index.update_pieces(
-          [_as_piece(x) for x in inputs], self.step
-        )
-      updated.append(_Mapped(table, index, where, inputs, rows, reset_rows))
-    reset = _reset_if_any(
-      self._reset,
-      {
-        u.table: u.reset_rows
-        for u in updated
-        if u.reset_rows.shape.num_elements() != 0  # hashed: never any
-      },
-    )
-    done = []
-    with tf.control_dependencies([reset]):
-      for u in updated:
-        for (r, k), inp, mapped in zip(u.where, u.inputs, u.rows):
-          mapped = tf.identity(_with_default(mapped, u.index.default_row))
-          out[r][k] = _with_rows(inp, mapped)
-          done.append(mapped)
-    with tf.control_dependencies(done):
-      advance = self.step.assign_add(1)
-    with tf.control_dependencies([advance]):
-      out = tf.nest.map_structure(
-        lambda x: tf.identity(x) if tf.is_tensor(x) else x, out
+        pieces, own = [_as_piece(x) for x in inputs], None
+      planned.append((table, index, where, inputs, pieces, own))
+
+    def update() -> list[tf.Tensor]:
+      """Every table's update, the resets and the clock: one step."""
+      updated = []
+      for table, index, where, inputs, pieces, own in planned:
+        rows, reset_rows = index.update_pieces(pieces, self.step)
+        if own is not None:
+          rows = [rows[j] for j in own]
+        updated.append(_Mapped(table, index, where, inputs, rows, reset_rows))
+      reset = _reset_if_any(
+        self._reset,
+        {
+          u.table: u.reset_rows
+          for u in updated
+          if u.reset_rows.shape.num_elements() != 0  # hashed: never any
+        },
       )
+      done = []
+      with tf.control_dependencies([reset]):
+        for u in updated:
+          for mapped in u.rows:
+            done.append(tf.identity(_with_default(mapped, u.index.default_row)))
+      with tf.control_dependencies(done):
+        advance = self.step.assign_add(1)
+      with tf.control_dependencies([advance]):
+        return [tf.identity(x) for x in done]
+
+    # Concurrent callers (parameter-server workers) take turns: one step's
+    # update, resets and clock at a time.
+    mapped = self._lock.execute(update) if self._lock else update()
+    mapped = iter(mapped)
+    for _, _, where, inputs, _, _ in planned:
+      for (r, k), inp in zip(where, inputs):
+        out[r][k] = _with_rows(inp, next(mapped))
     if len(out) == 1:
       return out[0]
     return _tf_internal.regroup(tuple(out))
@@ -315,6 +333,10 @@ def _with_default(rows: tf.Tensor, default_row: int | None) -> tf.Tensor:
 
 
 def _num_workers(strategy: tf.distribute.Strategy) -> int:
+  """Worker processes that map one global batch together (synchronous
+  replicas); a parameter-server worker's batch is a step of its own."""
+  if hardware.is_parameter_server(strategy):
+    return 1
   resolver = getattr(strategy, "cluster_resolver", None)
   spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
   return max(1, len(spec.get("worker", ())) + len(spec.get("chief", ())))

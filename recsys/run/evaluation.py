@@ -131,6 +131,8 @@ class Evaluator:
     # reads the variables on the parameter servers and updates the metrics
     # there.
     for batch in dataset:
+      if self._maps_ids:  # read-only, on the index's parameter server
+        batch = self._map_ids(batch)
       self.eval_step(batch)
 
   def evaluate(self, exclude_seen: bool | None = None) -> dict[str, float]:

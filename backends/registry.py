@@ -304,6 +304,15 @@ def declared_options(
   return {k: v for k, v in candidates.items() if k in accepted}
 
 
+def takes_layouts(cls: type) -> bool:
+  """Whether backend class `cls` is given the planned `layouts` (never a
+  `train.backend_options` key): one built from layouts
+  (`Capabilities.layouts`), or one that reads their vocabularies
+  (`Capabilities.dynamic_vocabularies`)."""
+  capable = cls.capabilities  # type: ignore[attr-defined]
+  return bool(capable.layouts or capable.dynamic_vocabularies)
+
+
 def construct(
   name: str,
   feature_config: Any,
@@ -316,8 +325,7 @@ def construct(
   `TableLayout` where it is built from layouts (`Capabilities.layouts`;
   the others place their tables themselves and report it, `layouts()`)."""
   cls = get(name)
-  capable = cls.capabilities
-  if (capable.layouts or capable.dynamic_vocabularies) and layouts is not None:
+  if takes_layouts(cls) and layouts is not None:
     options["layouts"] = layouts
   return cls(feature_config, optimizer, strategy=strategy, **options)
 

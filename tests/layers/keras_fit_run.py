@@ -9,7 +9,12 @@ starts 1 worker and 2 parameter servers in-process and is the coordinator of
 a ParameterServerStrategy (tables split by the `parameter_servers` backend);
 Keras `fit` schedules the steps on the worker. Every mode trains the same model
 from the same initial values on the same global batches and writes the
-tables, slots and dense weights to OUT.npz.
+tables, slots, the dynamic table's index and dense weights to OUT.npz.
+
+`users` is a dynamic-vocabulary table: raw 64-bit user ids, more of them
+than its 23 rows, so the layer's `call` maps, admits, evicts and resets
+rows (on MWMS once for the global batch, on the parameter servers in the
+index's critical section).
 """
 
 import sys
@@ -23,17 +28,20 @@ if MODE == "ps":
 import numpy as np  # noqa: E402
 
 import recsys  # noqa: E402,F401  (Keras 2 before TensorFlow)
-from recsys import layers  # noqa: E402
+from backends.vocabulary import DynamicVocabulary  # noqa: E402
+from recsys import layers, planning  # noqa: E402
 from recsys._keras import keras, tf  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 GLOBAL_BATCH, STEPS = 8, 4
+USERS = 80  # distinct raw user ids drawn from, into the table's 23 rows
 
 
 def data():
   rng = np.random.default_rng(3)
   n = GLOBAL_BATCH * STEPS
-  x = {"user": rng.integers(0, 23, n), "movie": rng.integers(0, 29, n)}
+  users = rng.integers(0, USERS, n) * 7919 + 2**40  # raw ids
+  x = {"user": users, "movie": rng.integers(0, 29, n)}
   return x, rng.normal(size=(n, 1)).astype("float32")
 
 
@@ -56,6 +64,9 @@ def build(strategy):
         "movie": E.FeatureConfig(E.TableConfig(29, 11, name="movies")),
       },
       E.Adagrad(0.1),
+      placement=planning.EmbeddingPlacement(
+        vocabularies={"users": DynamicVocabulary(eviction="lru")}
+      ),
     )
     inputs = {
       k: keras.Input([], dtype=tf.int64, name=k) for k in ("user", "movie")
@@ -126,6 +137,12 @@ def main(mode: str, out: str) -> None:
       result[f"{table}.{slot}"] = tf.convert_to_tensor(var).numpy()
   for i, value in enumerate(dense.get_weights()):
     result[f"dense_{i}"] = value
+  index = emb.embedding.dynamic_tables()["users"]
+  result["users.ids"], result["users.rows"] = (
+    t.numpy() for t in index.mapping()
+  )
+  for name, value in index.counters().items():
+    result[f"users.{name}"] = value.numpy()
   np.savez(out, **result)
   print(f"{mode}: backend {emb.backend_name}, wrote {out}")
 

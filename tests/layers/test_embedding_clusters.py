@@ -5,7 +5,8 @@ backend) and ParameterServerStrategy (1 worker, 2 parameter servers, tables
 row-sharded by the parameter_servers backend, steps scheduled by Keras through a
 ClusterCoordinator) train the same model from the same values on the same
 global batches as the default strategy (`keras_fit_run.py`): same tables,
-slots and dense weights.
+slots and dense weights, and the same index of its dynamic-vocabulary table
+(raw user ids into fewer rows: admitted, evicted and reset alike).
 """
 
 import json
@@ -26,7 +27,9 @@ def reference(tmp_path_factory):
   equal: run once for the module."""
   path = str(tmp_path_factory.mktemp("single") / "single.npz")
   keras_fit_run.main("single", path)
-  return np.load(path)
+  single = np.load(path)
+  assert int(single["users.evictions"]) > 0  # rows really reused
+  return single
 
 
 def _assert_same(got, want):

@@ -54,7 +54,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import base, table_plan
+from backends import base, hardware, table_plan
 from backends import placement as placement_lib
 from backends.layout import (
   Exchange,
@@ -262,6 +262,15 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
       rounding_seed=narrow.table_seed(self._rounding_seed, name),
       saturate_restores=self.saturate_restores,
     )
+
+  def input_options(self) -> tf.distribute.InputOptions:
+    """On a TPU with dynamic tables, batches stay on the host: each is
+    mapped there before the replica step, which takes the rows as its
+    inputs (raw ids would cross to the device and back otherwise)."""
+    on_tpu = hardware.embedding_feature(self._strategy) is not None
+    if self._vocabularies() and on_tpu:
+      return tf.distribute.InputOptions(experimental_fetch_to_device=False)
+    return super().input_options()
 
   def layouts(self) -> dict[str, TableLayout]:
     """Table name -> its layout, as built (or to be built)."""

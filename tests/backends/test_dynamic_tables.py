@@ -350,7 +350,8 @@ def test_a_checkpoint_whose_index_does_not_match_is_refused(
 def test_a_tpu_strategy_takes_dynamic_tables():
   """On a TPU the indices stay on the host (the Trainer maps each batch
   outside the replica step: tests/training/test_dynamic_training.py), so
-  a TPU strategy (faked: no TPU here) builds the layout, as CPU does."""
+  a TPU strategy (faked: no TPU here) takes the layout, as CPU does, and
+  its batches stay on the host for the mapping."""
   from tests.backends.test_selection import fake_tpu_strategy
 
   table = embedding.TableConfig(vocabulary_size=CAPACITY, dim=DIM, name="t")
@@ -361,6 +362,10 @@ def test_a_tpu_strategy_takes_dynamic_tables():
     layouts={"t": TableLayout(vocabulary=DynamicVocabulary())},
   )
   assert emb.layouts()["t"].dynamic
+  # Raw ids stay on the host, where each batch is mapped (CPU: the default).
+  assert emb.input_options().experimental_fetch_to_device is False
+  cpu, _ = _tables(embedding.SGD(0.1), DynamicVocabulary())
+  assert cpu.input_options().experimental_fetch_to_device is True
 
 
 def test_an_initializer_that_cannot_reset_a_row_is_refused_when_built():

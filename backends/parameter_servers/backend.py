@@ -113,17 +113,7 @@ class ParameterServerEmbedding(composed.ComposedEmbedding):
       for name, held in (layouts or {}).items()
       if held.vocabulary is not None
     }
-    for table in self._tables:
-      name = self.table_name(table)
-      if name in self._dynamic:
-        self._dynamic[name].check(name, table.vocabulary_size)
-    zeros = frozenset(
-      name
-      for name, vocabulary in self._dynamic.items()
-      if getattr(vocabulary, "unknown", None) == "zeros"
-    )
-    if zeros:
-      self._drop_negative_ids_of(zeros)
+    self._take_vocabularies(self._dynamic)
 
   @classmethod
   def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> str | None:

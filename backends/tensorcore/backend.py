@@ -163,15 +163,7 @@ class TensorCoreEmbedding(composed.ComposedEmbedding):
         )
       if held.row_sharded:
         row_sharded.check_optimizer(name, self.optimizer_for(table))
-      if held.dynamic:
-        held.vocabulary.check(name, table.vocabulary_size)
-    zeros = frozenset(
-      name
-      for name, held in self._table_layouts.items()
-      if held.dynamic and held.vocabulary.unknown == "zeros"
-    )
-    if zeros:
-      self._drop_negative_ids_of(zeros)
+    self._take_vocabularies(self._vocabularies())
     if not isinstance(rounding_seed, int):
       raise ValueError(
         f"rounding_seed={rounding_seed!r}; use an int (the seed of narrow "

@@ -148,6 +148,22 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
     """Dynamic table name -> its `DynamicVocabulary` (none by default)."""
     return {}
 
+  def _take_vocabularies(self, vocabularies: Mapping[str, Any]) -> None:
+    """Checks each dynamic table's vocabulary against its rows (before any
+    work), and leaves the index's "no row" (-1) of "zeros" tables out of
+    their bags."""
+    for table in self._tables:
+      name = self.table_name(table)
+      if name in vocabularies:
+        vocabularies[name].check(name, table.vocabulary_size)
+    zeros = frozenset(
+      name
+      for name, vocabulary in vocabularies.items()
+      if getattr(vocabulary, "unknown", None) == "zeros"
+    )
+    if zeros:
+      self._drop_negative_ids_of(zeros)
+
   def _vocabulary_home(self) -> dict[str, Any]:
     """Where the indices live and whether steps map concurrently
     (`VocabularyStage`'s `device` and `concurrent`): this host's CPU, one

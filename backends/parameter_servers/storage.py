@@ -229,20 +229,10 @@ class ParameterServers(base.TableStorage):
     """Each shard's parameter server writes the starting values of the
     rows it owns (from a worker's step or the coordinator)."""
     rows = tf.cast(tf.reshape(rows, [-1]), tf.int64)
-    owners = self.layout.owner(rows)
-    local = self.layout.local(rows)
     writes = []
     for key, values in self.initial_rows(rows).items():
-      for index, shard in enumerate(shards_of(self._variables[key])):
-        mine = tf.equal(owners, index)
-        with tf.device(shard.device):
-          writes.append(
-            shard.scatter_update(
-              tf.IndexedSlices(
-                tf.boolean_mask(values, mine), tf.boolean_mask(local, mine)
-              )
-            )
-          )
+      shards = list(enumerate(shards_of(self._variables[key])))
+      writes += row_layout.write_rows(self.layout, shards, rows, values)
     return tf.group(writes)
 
   def gather(

@@ -209,6 +209,32 @@ def _route(layout: RowLayout, ids: tf.Tensor):
   return local, positions
 
 
+def write_rows(
+  layout: RowLayout,
+  shards: Sequence[tuple[int, Any]],
+  rows: tf.Tensor,
+  values: tf.Tensor,
+) -> list[Any]:
+  """Writes `values` `[k, D]` into table rows `rows` (int64 `[k]`): each of
+  `shards` (`(shard index, variable)`, those this process holds) the rows
+  it owns, on its device. The writes (e.g. a reused row's starting values).
+  """
+  owners = layout.owner(rows)
+  local = layout.local(rows)
+  writes = []
+  for index, shard in shards:
+    mine = tf.equal(owners, index)
+    with tf.device(shard.device):
+      writes.append(
+        shard.scatter_update(
+          tf.IndexedSlices(
+            tf.boolean_mask(values, mine), tf.boolean_mask(local, mine)
+          )
+        )
+      )
+  return writes
+
+
 def gather(
   layout: RowLayout, shards: Sequence[Any], ids: tf.Tensor
 ) -> tf.Tensor:

@@ -527,23 +527,14 @@ class RowSharded(base.TableStorage):
   def reset_rows(self, rows: tf.Tensor) -> Any:
     rows = tf.cast(tf.reshape(rows, [-1]), tf.int64)
     variables = {"parameters": self._params, **self._slots}
-    owners = self.layout.owner(rows)
-    local = self.layout.local(rows)
     writes = []
     for key, values in self.initial_rows(rows).items():
       variable = variables[key]
       values = narrow.cast(values, variable.dtype)
       # Each shard on this worker writes the rows it owns.
-      for index, shard in variable.local_shards():
-        mine = tf.equal(owners, index)
-        with tf.device(shard.device):
-          writes.append(
-            shard.scatter_update(
-              tf.IndexedSlices(
-                tf.boolean_mask(values, mine), tf.boolean_mask(local, mine)
-              )
-            )
-          )
+      writes += row_layout.write_rows(
+        self.layout, variable.local_shards(), rows, values
+      )
     return tf.group(writes)
 
   def shard_variables(self) -> dict[str, tf.Variable]:

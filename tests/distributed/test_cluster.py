@@ -2,7 +2,8 @@
 
 * chief + 2 workers + 2 parameter servers train the synthetic DLRM
   experiment, each table split in two row ranges, one on each parameter
-  server; a worker SIGKILLed mid-run, training completes every step, to the
+  server, one table dynamic (its index shared by the workers on the first
+  server); a worker SIGKILLed mid-run, training completes every step, to the
   quality of one process on the same number of examples, and the final
   checkpoint restores into `tensorcore` on one machine (`recsys evaluate
   --backend tensorcore`, no cluster);
@@ -42,6 +43,24 @@ ARGS = [
   "SyntheticCTR.multi_hot_sizes = (1, 1, 1, 3, 1)",
   "--gin_bindings",
   "SyntheticCTR.num_dense = 5",
+  # C3 takes raw ids that drift (a new one every 400 examples) into its
+  # 1,000 rows: a dynamic table, its index on the first parameter server,
+  # evicting once full. Slowly: the killed worker's batches (every other
+  # one of the stream) go unread and the survivor reads on into its own,
+  # so the cluster ends elsewhere in the stream than one process, whose
+  # end the evaluation samples. Cluster minus one process, 3 runs each:
+  # -0.005 to -0.009 AUC here; -0.021 to over -0.03 at a new id every 40
+  # examples; 0.002-0.006 without a dynamic table.
+  "--gin_bindings",
+  "SyntheticCTR.drift_every = (0, 0, 400, 0, 0)",
+  "--gin_bindings",  # a drifting stream ends: one pass, eval from its tail
+  f"SyntheticCTR.num_examples = {STEPS * 256 + 32 * 256}",
+  "--gin_bindings",
+  f"SyntheticCTR.num_eval_examples = {32 * 256}",
+  "--gin_bindings",
+  "EmbeddingPlacement.vocabularies = {'C3': @DynamicVocabulary()}",
+  "--gin_bindings",
+  "DynamicVocabulary.eviction = 'lru'",
   "--gin_bindings",  # the Bayes AUC on 4,096 examples, not 131,072: unread
   "SyntheticCTR.oracle_examples = 4096",
   "--gin_bindings",
@@ -157,7 +176,9 @@ def test_parameter_server_cluster_loses_a_worker_and_trains_like_one_process(
 ):
   """One 5-process cluster (its start-up is most of the cost) for both: the
   sharded placement and the quality of one process, with a worker SIGKILLed
-  at its 100th step; the final checkpoint then restores on one machine."""
+  at its 100th step (C3 dynamic: the workers share its index, which admits
+  and evicts); the final checkpoint, index included, then restores on one
+  machine."""
   with _Launch(tmp_path) as launch:
     pid = int(launch.read_until(r"\[launch\] worker 1 pid (\d+)", 60).group(1))
     launch.read_until(r"\[chief\].*saved checkpoint .*ckpt-100", 300)
@@ -178,6 +199,8 @@ def test_parameter_server_cluster_loses_a_worker_and_trains_like_one_process(
     one_process,
   )
   assert got["eval/auc"] >= 0.6, got  # learned something (chance is 0.5)
+  assert got["vocabulary/C3/evictions"] > 0, got  # its rows were reused
+  assert got["vocabulary/C3/rows_in_use"] == 1000, got
   # Each table: two row ranges, one per parameter server.
   placements = re.findall(
     r"table '(C\d)' \[(\d+), 16\]: 2 shard\(s\) of rows "

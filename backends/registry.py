@@ -304,12 +304,12 @@ def declared_options(
   return {k: v for k, v in candidates.items() if k in accepted}
 
 
-def takes_layouts(cls: type) -> bool:
+def takes_layouts(cls: type[EmbeddingBackend]) -> bool:
   """Whether backend class `cls` is given the planned `layouts` (never a
   `train.backend_options` key): one built from layouts
   (`Capabilities.layouts`), or one that reads their vocabularies
   (`Capabilities.dynamic_vocabularies`)."""
-  capable = cls.capabilities  # type: ignore[attr-defined]
+  capable = cls.capabilities
   return bool(capable.layouts or capable.dynamic_vocabularies)
 
 

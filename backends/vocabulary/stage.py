@@ -258,29 +258,31 @@ class _Mapped(NamedTuple):
   reset_rows: tf.Tensor
 
 
+def _local_replicas(raw: Any) -> int:
+  """How many local replicas' values `raw` holds: its distributed values'
+  components, or 0 when it holds none (one local replica, or plain tensors
+  in cross-replica context, which are one replica's)."""
+  for x in tf.nest.flatten(raw):
+    if isinstance(x, tf.distribute.DistributedValues):
+      return len(x.values)
+  return 0
+
+
 def _local_replica_parts(raw: Any) -> list:
-  """`raw`'s part of each local replica: its distributed values split (what
-  a merge function or a cross-replica step gets), or `raw` whole when it
-  holds none (one local replica, or plain tensors in cross-replica
-  context, which are one replica's)."""
-  distributed = [
-    x
-    for x in tf.nest.flatten(raw)
-    if isinstance(x, tf.distribute.DistributedValues)
-  ]
-  if not distributed:
+  """`raw`'s part of each local replica (what a merge function or a
+  cross-replica step gets), or `raw` whole when it is not distributed."""
+  replicas = _local_replicas(raw)
+  if not replicas:
     return [raw]
-  replicas = len(distributed[0].values)
   return [_tf_internal.select_replica(r, raw) for r in range(replicas)]
 
 
 def _per_local_replica(fn: Callable[[Any], Any], raw: Any) -> Any:
   """`fn` of each local replica's part of `raw`, regrouped (plain when
   `raw` holds no distributed values)."""
-  parts = _local_replica_parts(raw)
-  if len(parts) == 1 and parts[0] is raw:
+  if not _local_replicas(raw):
     return fn(raw)
-  return _tf_internal.regroup(tuple(fn(part) for part in parts))
+  return _tf_internal.regroup(tuple(fn(p) for p in _local_replica_parts(raw)))
 
 
 def _as_piece(inp: Any) -> tuple[tf.Tensor, tf.Tensor | None]:

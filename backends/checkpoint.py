@@ -265,10 +265,7 @@ def _index_problems(
   problems = []
   live = {}
   for table, index in backend.dynamic_tables().items():
-    # A tf.Module's checkpoint children are its attributes' names.
-    live[table] = {
-      name for name, v in vars(index).items() if isinstance(v, tf.Variable)
-    }
+    live[table] = index.state_names()
   for table, names in sorted(live.items()):
     if names and table not in stored:
       problems.append(

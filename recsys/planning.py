@@ -360,7 +360,8 @@ class MemoryPlan:
           + (
             "in each process"
             if self.tables_in_process
-            else "on the first parameter server, for every worker"
+            else "on the parameter servers, for every worker (a whole "
+            "index on the first, shards on the servers in turn)"
           )
           if self.index_bytes
           else ""
@@ -439,6 +440,8 @@ def _vocabulary_text(vocabulary: Any) -> str:
     text += f", admitted after {vocabulary.admit_after}"
   if vocabulary.admit_probability < 1:
     text += f", with probability {vocabulary.admit_probability}"
+  if vocabulary.shards > 1:
+    text += f", index in {vocabulary.shards} shards"
   return text + f", unknown ids read {vocabulary.unknown})"
 
 

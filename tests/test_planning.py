@@ -686,9 +686,8 @@ def test_parameter_servers_take_dynamic_tables_and_the_plan_says_where():
   reset a row, is refused naming the backends that can."""
   from backends.vocabulary import DynamicVocabulary
 
-  placement = planning.EmbeddingPlacement(
-    vocabularies={"big": DynamicVocabulary(eviction="lfu")}
-  )
+  policy = DynamicVocabulary(eviction="lfu", shards=4)
+  placement = planning.EmbeddingPlacement(vocabularies={"big": policy})
   plan = planning.plan_memory(
     _sizes_config(),
     E.Adagrad(0.1),
@@ -698,10 +697,12 @@ def test_parameter_servers_take_dynamic_tables_and_the_plan_says_where():
     placement=placement,
   )
   rows = {r.table: r for r in plan.rows}
-  assert rows["big"].layout.vocabulary == DynamicVocabulary(eviction="lfu")
+  assert rows["big"].layout.vocabulary == policy
   assert rows["small"].layout.vocabulary is None
-  assert plan.index_bytes > 0
-  assert "on the first parameter server, for every worker" in plan.format()
+  assert plan.index_bytes == policy.index_bytes(rows["big"].vocabulary_size)
+  text = plan.format()
+  assert "big dynamic (lfu eviction, index in 4 shards," in text
+  assert "on the parameter servers, for every worker (a whole " in text
   with pytest.raises(
     planning.PlacementSettingsError,
     match=r"\[.big.\].*parameter_servers.*tensorcore",

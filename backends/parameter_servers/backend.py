@@ -68,10 +68,11 @@ class ParameterServerEmbedding(composed.ComposedEmbedding):
       `[0, vocabulary_size)` (see `backends.inputs.validate`).
     layouts: table name -> `TableLayout` (as `recsys.planning` plans
       them): only a layout's `vocabulary` is read — a dynamic table's
-      index lives on the first parameter server, shared by every worker,
-      and each step maps its batch there alone (`VocabularyStage`'s
-      critical section), then resets the rows it gave away on the servers
-      that own them.
+      index lives on the first parameter server (its shards, with
+      `DynamicVocabulary.shards`, on the servers in turn), shared by every
+      worker, and each step maps its batch there alone
+      (`VocabularyStage`'s critical section), then resets the rows it gave
+      away on the servers that own them.
 
   Workers are asynchronous: one replica per worker, each step's update is
   applied on the parameter servers without waiting for other workers.
@@ -172,9 +173,13 @@ class ParameterServerEmbedding(composed.ComposedEmbedding):
     return dict(self._dynamic)
 
   def _vocabulary_home(self) -> dict[str, Any]:
-    # One index per table for every worker, on the first server's CPU.
+    # One index per table for every worker: a whole one on the first
+    # server's CPU, a sharded one's shards on the servers in turn.
+    servers = max(1, hardware.num_tasks(self._strategy, "ps"))
     return {
-      "device": "/job:ps/replica:0/task:0/device:CPU:0",
+      "devices": [
+        f"/job:ps/replica:0/task:{task}/device:CPU:0" for task in range(servers)
+      ],
       "concurrent": True,
     }
 

@@ -166,7 +166,7 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
 
   def _vocabulary_home(self) -> dict[str, Any]:
     """Where the indices live and whether steps map concurrently
-    (`VocabularyStage`'s `device` and `concurrent`): this host's CPU, one
+    (`VocabularyStage`'s `devices` and `concurrent`): this host's CPU, one
     step at a time, by default."""
     return {}
 

@@ -110,3 +110,7 @@ class HashedIndex(tf.Module):
 
   def index_bytes(self) -> int:
     return 0
+
+  def state_names(self) -> set[str]:
+    """None: nothing of it is checkpointed."""
+    return set()

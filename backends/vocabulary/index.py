@@ -40,6 +40,8 @@ The hashes are splitmix64 (Steele et al., 2014) in uint64 arithmetic:
                                                      2 (admission)
   bucket_r(id)  = splitmix64(id ^ salt(r)) mod sketch_width
   lucky(id, s)  = splitmix64(splitmix64(id ^ salt(2)) ^ s) >> 11
+  shard(id)     = splitmix64(id ^ salt(3)) mod shards     (shards > 1:
+                                                     `backends.vocabulary.sharded`)
 with ids, the seed and the step taken as their 64 two's-complement bits.
 String ids are first made 64-bit ids by `tf.fingerprint` (FarmHash64, its
 8 bytes read little-endian as an int64): n distinct strings share an id
@@ -79,7 +81,6 @@ from backends.vocabulary.policy import (
   SKETCH_ROWS,
   DynamicVocabulary,
   Eviction,
-  UnknownIds,
   VocabularySettingError,
 )
 
@@ -91,6 +92,8 @@ _MUL2 = 0x94D049BB133111EB
 #: hash's purpose.
 _SKETCH_ROWS = SKETCH_ROWS
 _ADMIT = _SKETCH_ROWS
+#: The hash that picks an id's shard (`shard_of`).
+_SHARD = _ADMIT + 1
 #: `lucky` is 53 bits: compared with `floor(admit_probability * 2**53)`.
 _LUCKY_BITS = 53
 
@@ -151,6 +154,15 @@ def keys_of(table: str, ids: Any) -> tf.Tensor:
   raise VocabularyIdsError(
     f"table {table!r}: ids of dtype {ids.dtype.name}; a dynamic "
     "vocabulary takes integer ids (int64, int32, ...) or strings."
+  )
+
+
+def shard_of(keys: tf.Tensor, seed: int, shards: int) -> tf.Tensor:
+  """int32 [n]: the shard of each int64 key (`keys_of`) of an index split
+  into `shards`: splitmix64(key ^ salt(seed, 3)) mod shards."""
+  hashed = salted(keys, salt(seed, _SHARD))
+  return tf.cast(
+    tf.math.floormod(hashed, tf.constant(shards, tf.uint64)), tf.int32
   )
 
 
@@ -253,7 +265,7 @@ class VocabularyIndex(tf.Module):
         "backends.vocabulary.DynamicVocabulary."
       )
     policy.check(table, vocabulary_size)
-    super().__init__(name=name or _module_name(table))
+    super().__init__(name=name or module_name(table))
     self.table_name = table
     self.vocabulary_size = int(vocabulary_size)
     self.policy = policy
@@ -306,9 +318,7 @@ class VocabularyIndex(tf.Module):
   def default_row(self) -> int | None:
     """The row unknown ids read (the table's last) with unknown
     "unknown_row"; None with "zeros"."""
-    if self.policy.unknown is UnknownIds.UNKNOWN_ROW:
-      return self.vocabulary_size - 1
-    return None
+    return self.policy.unknown_row(self.vocabulary_size)
 
   def index_bytes(self) -> int:
     """Bytes of state the index holds (`DynamicVocabulary.index_bytes`)."""
@@ -326,6 +336,10 @@ class VocabularyIndex(tf.Module):
       "refused": self.refused.read_value(),
       "default_hits": self.default_hits.read_value(),
     }
+
+  def state_names(self) -> set[str]:
+    """The names its variables have in a checkpoint (under the index)."""
+    return {n for n, v in vars(self).items() if isinstance(v, tf.Variable)}
 
   def mapping(self) -> tuple[tf.Tensor, tf.Tensor]:
     """(keys int64 [m], rows int64 [m]) of every id with a row, by row
@@ -442,15 +456,7 @@ class VocabularyIndex(tf.Module):
     ]
     if self._fused_update is not None and not _tf_internal.in_xla_context():
       return self._fused_pieces(shaped, step)
-    flat = [piece_ids(ids, lengths) for ids, lengths in shaped]
-    update = self.update(tf.concat(flat, 0), step)
-    sizes = tf.stack([tf.size(f) for f in flat])
-    split = tf.split(update.rows, sizes, num=len(flat))
-    rows = [
-      piece_rows(part, ids, lengths)
-      for part, (ids, lengths) in zip(split, shaped)
-    ]
-    return rows, update.reset_rows
+    return pieces_through(self.update, shaped, step)
 
   def _fused_pieces(
     self, pieces: list[tuple[tf.Tensor, tf.Tensor | None]], step: tf.Tensor
@@ -625,6 +631,22 @@ class VocabularyIndex(tf.Module):
     return tf.cast(tf.math.top_k(score, k).indices, tf.int64)
 
 
+def pieces_through(
+  update: Any, pieces: list[tuple[tf.Tensor, tf.Tensor | None]], step: Any
+) -> tuple[list[tf.Tensor], tf.Tensor]:
+  """`update_pieces` by a flat `update(keys, step) -> IndexUpdate`: the
+  pieces' ids flattened and joined, their rows split back into shape."""
+  flat = [piece_ids(ids, lengths) for ids, lengths in pieces]
+  update = update(tf.concat(flat, 0), step)
+  sizes = tf.stack([tf.size(f) for f in flat])
+  split = tf.split(update.rows, sizes, num=len(flat))
+  rows = [
+    piece_rows(part, ids, lengths)
+    for part, (ids, lengths) in zip(split, pieces)
+  ]
+  return rows, update.reset_rows
+
+
 def _real_lengths(ids: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
   """int64 [B]: how many of each padded row's `W` entries are ids (a bag
   longer than `W` was cut: its length says so, its row holds `W`)."""
@@ -697,7 +719,7 @@ def _signed(bits: int) -> int:
   return bits - 2**64 if bits >= 2**63 else bits
 
 
-def _module_name(table: str) -> str:
+def module_name(table: str) -> str:
   """A valid `tf.Module` name made from a table's name."""
   cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in table)
   if not cleaned or not (cleaned[0].isalpha() or cleaned[0] == "_"):
@@ -711,6 +733,8 @@ __all__ = [
   "VocabularyIndex",
   "piece_ids",
   "piece_rows",
+  "pieces_through",
   "salt",
+  "shard_of",
   "splitmix64",
 ]

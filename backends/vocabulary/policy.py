@@ -155,8 +155,16 @@ class DynamicVocabulary:
       row); 1: every step.
     unknown: what an id without a row reads (`UnknownIds`); "unknown_row"
       keeps the table's last row for them.
-    sketch_width: columns of each of the sketch's two hash rows; 0: auto,
-      `max(1024, 4 * capacity)` rounded up to a power of 2.
+    sketch_width: columns of each of the sketch's two hash rows (of each
+      shard's sketch); 0: auto, `max(1024, 4 * rows)` of the shard's rows
+      rounded up to a power of 2.
+    shards: the index split by a hash of the id into this many shards,
+      each owning a contiguous range of the rows (`shard_bounds`) with its
+      own sketch, admissions and eviction: an id only ever takes a row of
+      its shard's range, so a full shard evicts while another may have
+      rows free. The unit of placement: parameter servers hold a shard
+      each, in turn. 1: one index over every row. The same number of
+      shards decides alike on any number of replicas, workers or servers.
     seed: the hashes' seed (any int64).
   """
 
@@ -171,6 +179,7 @@ class DynamicVocabulary:
   sketch_width: Annotated[
     int, Int(MIN_SKETCH_WIDTH, MAX_SKETCH_WIDTH, also=(0,), note="0: auto")
   ] = 0
+  shards: Annotated[int, Int(1, note="at most the table's id rows")] = 1
   seed: Annotated[int, Int(INT64_MIN)] = 0
 
   def __post_init__(self) -> None:
@@ -219,11 +228,32 @@ class DynamicVocabulary:
       return vocabulary_size - 1
     return vocabulary_size
 
+  def unknown_row(self, vocabulary_size: int) -> int | None:
+    """The row unknown ids read (the table's last) with unknown
+    "unknown_row"; None with "zeros" (they read zeros)."""
+    if self.unknown is UnknownIds.UNKNOWN_ROW:
+      return vocabulary_size - 1
+    return None
+
+  def shard_bounds(self, vocabulary_size: int) -> list[int]:
+    """The `shards + 1` row bounds of the shards: shard `s` owns rows
+    `[bounds[s], bounds[s + 1])` of the id rows, as even as can be."""
+    rows = self.id_rows(vocabulary_size)
+    return [s * rows // self.shards for s in range(self.shards + 1)]
+
+  def shard_policy(self) -> "DynamicVocabulary":
+    """The policy of one shard's index: these settings over the shard's
+    rows alone (no shards of its own; unknown ids are the table's)."""
+    return dataclasses.replace(self, shards=1, unknown=UnknownIds.ZEROS)
+
   def index_bytes(self, vocabulary_size: int) -> int:
     """Bytes of state a table's index holds, its hash table full (the
     memory planner's figure): per row 25 (keys, occupied, counts,
     last_seen; 33 with eviction "age"'s free list) and
-    `HASH_TABLE_BYTES_PER_ID`, and the sketch's 16 per column."""
+    `HASH_TABLE_BYTES_PER_ID`, and the sketch's 16 per column; of every
+    shard with shards > 1 (`shard_bytes`)."""
+    if self.shards > 1:
+      return sum(self.shard_bytes(vocabulary_size))
     per_row = 8 + 1 + 8 + 8 + HASH_TABLE_BYTES_PER_ID
     if self.eviction is Eviction.AGE:
       per_row += 8
@@ -231,6 +261,13 @@ class DynamicVocabulary:
     rows = self.id_rows(vocabulary_size)
     sketch = 8 * SKETCH_ROWS * self.sketch_columns(vocabulary_size)
     return per_row * rows + sketch + scalars
+
+  def shard_bytes(self, vocabulary_size: int) -> list[int]:
+    """`index_bytes` of each shard (one figure with shards = 1)."""
+    if self.shards == 1:
+      return [self.index_bytes(vocabulary_size)]
+    bounds, shard = self.shard_bounds(vocabulary_size), self.shard_policy()
+    return [shard.index_bytes(b - a) for a, b in zip(bounds, bounds[1:])]
 
   def sketch_columns(self, vocabulary_size: int) -> int:
     """Columns of each sketch row: `sketch_width`, or the automatic width
@@ -257,8 +294,9 @@ class DynamicVocabulary:
     Raises:
       VocabularySettingError: naming the table and the setting: a
         vocabulary_size that is not an int >= 1 (>= 2 with unknown
-        "unknown_row", whose last row is kept for unknown ids), or an
-        automatic sketch wider than `MAX_SKETCH_WIDTH`.
+        "unknown_row", whose last row is kept for unknown ids), more
+        shards than id rows, or an automatic sketch wider than
+        `MAX_SKETCH_WIDTH`.
     """
     least = 2 if self.unknown is UnknownIds.UNKNOWN_ROW else 1
     problem = Int(least).problem(vocabulary_size)
@@ -273,11 +311,20 @@ class DynamicVocabulary:
         f"table {table!r}: TableConfig.vocabulary_size = {vocabulary_size!r} "
         f"with a DynamicVocabulary; use {problem}{why}."
       )
-    columns = self.sketch_columns(vocabulary_size)
+    rows = self.id_rows(vocabulary_size)
+    if self.shards > rows:
+      raise VocabularySettingError(
+        f"table {table!r}: DynamicVocabulary.shards = {self.shards} for "
+        f"{rows} id rows; each shard owns at least one row: use shards in "
+        f"[1, {rows}]."
+      )
+    bounds = self.shard_bounds(vocabulary_size)
+    widest = max(b - a for a, b in zip(bounds, bounds[1:]))  # a shard's rows
+    columns = self.shard_policy().sketch_columns(widest)
     if columns > MAX_SKETCH_WIDTH:
       raise VocabularySettingError(
         f"table {table!r}: DynamicVocabulary.sketch_width = 0 (auto) makes a "
-        f"sketch {columns} wide for {self.id_rows(vocabulary_size)} rows; "
+        f"sketch {columns} wide for {widest} rows; "
         f"the widest is {MAX_SKETCH_WIDTH}: give sketch_width in "
         f"[{MIN_SKETCH_WIDTH}, {MAX_SKETCH_WIDTH}]."
       )

@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from backends import _tf_internal, hardware
 from backends import inputs as inputs_lib
-from backends.vocabulary import hashed
+from backends.vocabulary import hashed, sharded
 from backends.vocabulary import index as index_lib
 
 #: The backend's checkpoint child holding every index and the step clock
@@ -84,8 +84,10 @@ class VocabularyStage:
     fused_ops: the backend's loaded fused CPU kernels, or None: the
       `VocabularyIndex`es then update with their one fused op outside XLA
       contexts (same state, same results as their TF ops).
-    device: where the indices and the step clock live (default: this
-      host's CPU); parameter-server workers share one on a server.
+    devices: where the indices live (default: this host's CPU): the step
+      clock, the lock and every unsharded index on the first, a sharded
+      index's shard `s` on `devices[s % len(devices)]`; parameter-server
+      workers share them on the servers.
     concurrent: steps may map at the same time (asynchronous workers):
       each step's update then runs alone, in a `tf.CriticalSection`.
   """
@@ -97,17 +99,25 @@ class VocabularyStage:
     strategy: tf.distribute.Strategy,
     reset: Callable[[str, tf.Tensor], Any],
     fused_ops: Any = None,
-    device: str | None = None,
+    devices: Sequence[str] | None = None,
     concurrent: bool = False,
   ):
     self._strategy = strategy
     self._reset = reset
     self.indices: dict[str, Any] = {}
-    with tf.device(device):
+    with tf.device(devices[0] if devices else None):
       for name, (table, policy) in tables.items():
         policy.check(name, table.vocabulary_size)
         if isinstance(policy, hashed.HashedIds):
           index = hashed.HashedIndex(name, table.vocabulary_size, policy)
+        elif policy.shards > 1:
+          index = sharded.ShardedIndex(
+            name,
+            table.vocabulary_size,
+            policy,
+            fused_ops=fused_ops,
+            devices=devices,
+          )
         else:
           index = index_lib.VocabularyIndex(
             name, table.vocabulary_size, policy, fused_ops=fused_ops

@@ -627,6 +627,7 @@ RANGES: dict[str, dict[str, Spec]] = {
       note="0: auto",
       options=(Int(note="0: auto", lo=16, hi=4294967296), Choice(values=(0,))),
     ),
+    "shards": Int(note="at most the table's id rows", lo=1),
     "seed": Int(lo=-9223372036854775808),
   },
   "vocabulary.HashedIds": {

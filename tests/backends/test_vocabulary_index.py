@@ -371,6 +371,8 @@ def _refused(kwargs, vocabulary_size=None):
     ({"sketch_width": -1}, "sketch_width", "-1"),
     ({"seed": 2**63}, "seed", str(2**63)),
     ({"seed": 1.0}, "seed", "1.0"),
+    ({"shards": 0}, "shards", "0"),
+    ({"shards": 2.0}, "shards", "2.0"),
   ],
 )
 def test_a_setting_out_of_range_is_refused(kwargs, setting, given):
@@ -418,6 +420,12 @@ def test_contradicting_settings_are_refused(kwargs, setting):
     ({}, True, "vocabulary_size = True"),
     ({"unknown": "unknown_row"}, 1, "vocabulary_size = 1"),
     ({"admit_after": 2}, 2**61, "DynamicVocabulary.sketch_width = 0"),
+    ({"shards": 11}, 10, "DynamicVocabulary.shards = 11 for 10 id rows"),
+    (
+      {"shards": 10, "unknown": "unknown_row"},
+      10,
+      "DynamicVocabulary.shards = 10 for 9 id rows",
+    ),
   ],
 )
 def test_what_the_table_cannot_have_is_refused_naming_it(

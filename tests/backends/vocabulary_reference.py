@@ -166,3 +166,52 @@ class ReferenceIndex:
     """(keys, rows) of every admitted id, by row."""
     pairs = sorted((row, key) for key, row in self.table.items())
     return [k for _, k in pairs], [r for r, _ in pairs]
+
+
+class ReferenceShardedIndex:
+  """`backends.vocabulary.ShardedIndex` from its specification (the module
+  docstring of `backends/vocabulary/sharded.py`): an id's shard by its
+  hash, each shard a `ReferenceIndex` over its contiguous rows fed its ids
+  in order, rows shifted by the shard's first row."""
+
+  def __init__(self, vocabulary_size: int, policy) -> None:
+    unknown_row = str(policy.unknown.value) == "unknown_row"
+    rows = vocabulary_size - 1 if unknown_row else vocabulary_size
+    count = policy.shards
+    self.bounds = [s * rows // count for s in range(count + 1)]
+    self.default_row = vocabulary_size - 1 if unknown_row else None
+    self.salt = _salt(policy.seed, 3)
+    shard = dataclasses.replace(policy, shards=1, unknown="zeros")
+    self.shards = [
+      ReferenceIndex(b - a, shard) for a, b in zip(self.bounds, self.bounds[1:])
+    ]
+
+  def shard(self, key: int) -> int:
+    return splitmix64((key & MASK) ^ self.salt) % len(self.shards)
+
+  def update(self, ids: list[int], step: int) -> Update:
+    mine = [
+      [i for i in ids if self.shard(i) == s] for s in range(len(self.shards))
+    ]
+    got = [index.update(part, step) for index, part in zip(self.shards, mine)]
+    taken = [iter(u.rows) for u in got]
+    rows = []
+    for i in ids:
+      s = self.shard(i)
+      row = next(taken[s])
+      rows.append(row + self.bounds[s] if row >= 0 else -1)
+    reset = [r + b for u, b in zip(got, self.bounds) for r in u.reset_rows]
+    return Update(rows=rows, reset_rows=reset)
+
+  @property
+  def counters(self) -> dict[str, int]:
+    each = [index.counters for index in self.shards]
+    return {name: sum(c[name] for c in each) for name in each[0]}
+
+  def mapping(self) -> tuple[list[int], list[int]]:
+    keys, rows = [], []
+    for index, begin in zip(self.shards, self.bounds):
+      k, r = index.mapping()
+      keys += k
+      rows += [x + begin for x in r]
+    return keys, rows

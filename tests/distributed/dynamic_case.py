@@ -27,8 +27,9 @@ def _raw(ids: np.ndarray) -> np.ndarray:
   return (ids * 7919 + 2**41).astype(np.int64)
 
 
-def backend(strategy, name: str):
-  """`name` ("parameter_servers" or "tensorcore") with the dynamic table."""
+def backend(strategy, name: str, shards: int = 1):
+  """`name` ("parameter_servers" or "tensorcore") with the dynamic table
+  (its index in `shards` shards)."""
   table = E.TableConfig(
     CAPACITY,
     DIM,
@@ -40,7 +41,11 @@ def backend(strategy, name: str):
     E.Adagrad(0.1),
     strategy,
     backend=name,
-    layouts={TABLE: TableLayout(vocabulary=DynamicVocabulary(eviction="lru"))},
+    layouts={
+      TABLE: TableLayout(
+        vocabulary=DynamicVocabulary(eviction="lru", shards=shards)
+      )
+    },
   )
 
 
@@ -82,8 +87,12 @@ def state(emb) -> dict[str, np.ndarray]:
     out[f"slot/{slot}"] = tf.convert_to_tensor(var).numpy()
   for name, value in index.counters().items():
     out[f"counter/{name}"] = np.asarray(value.numpy())
-  ids, rows = (t.numpy() for t in index.table.export())
-  kept = rows >= 0
-  order = np.argsort(ids[kept])
-  out["pairs"] = np.stack([ids[kept][order], rows[kept][order]], axis=1)
+  pairs = []  # each shard's hash table, its rows the table's
+  shards = getattr(index, "shards", [index])
+  for shard, first in zip(shards, getattr(index, "bounds", (0,))):
+    ids, rows = (t.numpy() for t in shard.table.export())
+    kept = rows >= 0
+    pairs.append(np.stack([ids[kept], rows[kept] + first], axis=1))
+  pairs = np.concatenate(pairs)
+  out["pairs"] = pairs[np.argsort(pairs[:, 0])]
   return out

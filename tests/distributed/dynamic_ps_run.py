@@ -10,9 +10,10 @@ the case's dynamic table, and trains on `dynamic_case.batches()`, each step
 worker:
 
 * "sequential": one step at a time (joined after each), which any worker
-  may run: what one process computes, step by step;
+  may run: what one process computes, step by step; the index in 2
+  shards, one on each server;
 * "concurrent": every step scheduled at once, both workers mapping and
-  updating at the same time (the index is shared on the first server).
+  updating at the same time (the index whole, shared on the first server).
 
 It writes each run's tables, slots and index (keys, occupied, counters, the
 hash table's id -> row pairs) and the rows the read-only lookup of every
@@ -35,7 +36,8 @@ from tests.distributed import dynamic_case as case  # noqa: E402
 
 
 def _train(strategy, coordinator, concurrent: bool) -> dict[str, np.ndarray]:
-  emb = case.backend(strategy, "parameter_servers")
+  shards = 1 if concurrent else 2
+  emb = case.backend(strategy, "parameter_servers", shards=shards)
   with strategy.scope():
     emb.build()
 
@@ -54,8 +56,9 @@ def _train(strategy, coordinator, concurrent: bool) -> dict[str, np.ndarray]:
   out["looked_up"] = emb.map_ids({"item": every}, training=False)[
     "item"
   ].numpy()
-  out["index_device"] = np.array(
-    emb.dynamic_tables()[case.TABLE].mapping()[0].device
+  index = emb.dynamic_tables()[case.TABLE]
+  out["index_devices"] = np.array(
+    [s.keys.device for s in getattr(index, "shards", [index])]
   )
   return out
 

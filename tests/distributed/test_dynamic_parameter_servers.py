@@ -1,11 +1,13 @@
 """Dynamic-vocabulary tables on parameter servers (`dynamic_ps_run.py`: an
 in-process cluster of 2 workers and 2 parameter servers, in a subprocess).
 
-The index lives once, on the first parameter server, for every worker:
+The index lives once for every worker: whole on the first parameter
+server, or in shards spread over the servers:
 
 * steps run one at a time end exactly where one process does (tensorcore,
-  default strategy, same batches): the index's ids, rows, ages and
-  counters equal, tables and slots to float tolerance;
+  default strategy, same batches), the index in 2 shards, one on each
+  server: the index's ids, rows, ages and counters equal, tables and
+  slots to float tolerance;
 * steps of both workers at once still leave one consistent index — each
   step maps, evicts and resets alone (a critical section on the server):
   no two ids share a row, the hash table and the row arrays agree, the
@@ -36,7 +38,7 @@ def _part(run, name: str) -> dict[str, np.ndarray]:
 
 
 def _one_process() -> dict[str, np.ndarray]:
-  emb = case.backend(tf.distribute.get_strategy(), "tensorcore")
+  emb = case.backend(tf.distribute.get_strategy(), "tensorcore", shards=2)
   emb.build()
 
   @tf.function
@@ -56,7 +58,10 @@ def _one_process() -> dict[str, np.ndarray]:
 @pytest.mark.slow
 def test_one_step_at_a_time_ends_where_one_process_does(run):
   got, want = _part(run, "sequential"), _one_process()
-  assert "/job:ps/replica:0/task:0/" in str(got.pop("index_device"))
+  devices = got.pop("index_devices").tolist()
+  assert len(devices) == 2, devices  # no server holds the whole index
+  for task, device in enumerate(devices):
+    assert f"/job:ps/replica:0/task:{task}/" in device, devices
   assert sorted(got) == sorted(want)
   assert int(want["counter/evictions"]) > 0, want  # rows really reused
   for key, value in want.items():
@@ -69,6 +74,8 @@ def test_one_step_at_a_time_ends_where_one_process_does(run):
 @pytest.mark.slow
 def test_both_workers_at_once_leave_one_consistent_index(run):
   got = _part(run, "concurrent")
+  devices = got.pop("index_devices").tolist()
+  assert ["/job:ps/replica:0/task:0/" in d for d in devices] == [True]
   occupied = np.flatnonzero(got["occupied"])
   keys = got["keys"][occupied]
   assert len(np.unique(keys)) == len(keys)  # no two ids share a row

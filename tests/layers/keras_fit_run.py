@@ -14,7 +14,7 @@ tables, slots, the dynamic table's index and dense weights to OUT.npz.
 `users` is a dynamic-vocabulary table: raw 64-bit user ids, more of them
 than its 23 rows, so the layer's `call` maps, admits, evicts and resets
 rows (on MWMS once for the global batch, on the parameter servers in the
-index's critical section).
+index's critical section, its 2 shards one on each server).
 """
 
 import sys
@@ -65,7 +65,7 @@ def build(strategy):
       },
       E.Adagrad(0.1),
       placement=planning.EmbeddingPlacement(
-        vocabularies={"users": DynamicVocabulary(eviction="lru")}
+        vocabularies={"users": DynamicVocabulary(eviction="lru", shards=2)}
       ),
     )
     inputs = {

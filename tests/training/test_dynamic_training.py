@@ -38,6 +38,9 @@ embedding = tf.tpu.experimental.embedding
 
 MODEL = functools.partial(DLRM, bottom_mlp=(11, 7), top_mlp=(11,))
 POLICY = DynamicVocabulary(eviction="lfu", admit_after=2)
+#: C2's index in shards (`backends.vocabulary.sharded`): every run below
+#: covers a sharded and a whole index.
+SHARDED = DynamicVocabulary(eviction="lfu", admit_after=2, shards=3)
 
 
 def _source() -> SyntheticCTR:
@@ -56,7 +59,7 @@ def _source() -> SyntheticCTR:
 
 
 def _trainer(model_dir, strategy=None, vocabularies=None, **settings):
-  vocabularies = vocabularies or {"C1": POLICY, "C2": POLICY}
+  vocabularies = vocabularies or {"C1": POLICY, "C2": SHARDED}
   return Trainer(
     str(model_dir),
     _source(),

@@ -1,0 +1,169 @@
+"""`backends.vocabulary.ShardedIndex` against its twin.
+
+The twin (`ReferenceShardedIndex` in `tests/backends/vocabulary_reference.py`)
+is written from the sharded index's specification: an id's shard by its
+hash, each shard the single index's twin over its own rows, fed its ids in
+order. Both take the streams of `test_vocabulary_index.py`; every step's
+rows, rows to reset, counters, mapping and each shard's state must be
+equal, with the TF ops and with the fused kernels, eager and in a
+`tf.function`. Nothing here is a hard-coded result.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from backends.tensorcore import kernels
+from backends.vocabulary import DynamicVocabulary
+from backends.vocabulary.sharded import ShardedIndex
+from tests.backends import test_vocabulary_index as single
+from tests.backends.vocabulary_reference import ReferenceShardedIndex
+
+SMALL, LARGE = single.SMALL, single.LARGE
+
+
+def _assert_same(index, twin):
+  for shard, shard_twin in zip(index.shards, twin.shards):
+    single._assert_same_state(shard, shard_twin)  # pylint: disable=protected-access
+  assert {k: int(v) for k, v in index.counters().items()} == twin.counters
+  keys, rows = index.mapping()
+  assert (keys.numpy().tolist(), rows.numpy().tolist()) == twin.mapping()
+
+
+def _run(index, twin, stream, update, first_step=0):
+  outputs = []
+  for t, (ids, keys) in enumerate(stream):
+    step = first_step + t
+    got = update(tf.constant(ids), tf.constant(step, tf.int64))
+    want = twin.update(keys, step)
+    got = got.rows.numpy().tolist(), got.reset_rows.numpy().tolist()
+    assert got == (want.rows, want.reset_rows), f"step {step}"
+    _assert_same(index, twin)
+    outputs.append(got)
+  return outputs
+
+
+CASES = [
+  ({"eviction": "lru"}, SMALL, 2),
+  ({"eviction": "lfu", "admit_after": 2, "seed": -7}, SMALL, 3),
+  ({"eviction": "none", "unknown": "unknown_row"}, SMALL, 4),
+  ({"eviction": "age", "max_age": 1, "admit_probability": 0.5}, SMALL, 5),
+  ({"eviction": "lru", "unknown": "unknown_row", "seed": 12345}, LARGE, 7),
+]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["tf_ops", "fused"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize(
+  "settings,vocabulary_size,shards",
+  CASES,
+  ids=[f"{c[0]['eviction']}-{c[1]}rows-{c[2]}shards" for c in CASES],
+)
+def test_update_matches_the_twin(
+  settings, vocabulary_size, shards, compiled, fused
+):
+  policy = DynamicVocabulary(shards=shards, **settings)
+  strings = shards % 2 == 1 and compiled
+  index = ShardedIndex(
+    "items",
+    vocabulary_size,
+    policy,
+    fused_ops=kernels.load() if fused else None,
+  )
+  assert index.fused == fused
+  twin = ReferenceShardedIndex(vocabulary_size, policy)
+  update = index.update
+  if compiled:
+    update = single._function(index, tf.string if strings else tf.int64)  # pylint: disable=protected-access
+  stream = single._stream(seed=shards, strings=strings)  # pylint: disable=protected-access
+  _run(index, twin, stream, update, first_step=shards % 3)
+  assert index.default_row == twin.default_row
+
+
+def test_the_streams_fill_shards_and_evict():
+  """The comparison means something: in the small table every shard
+  admits and fills and, but with eviction "none", evicts; and a shard
+  evicts while the table still has rows free in another (the shards'
+  documented cost)."""
+  early = False
+  for settings, size, shards in CASES[:4]:
+    twin = ReferenceShardedIndex(
+      size, DynamicVocabulary(shards=shards, **settings)
+    )
+    filled = [False] * shards
+    for t, (_, keys) in enumerate(single._stream(seed=shards)):  # pylint: disable=protected-access
+      before = twin.counters
+      twin.update(keys, t)
+      after = twin.counters
+      if after["evictions"] > before["evictions"]:
+        early |= before["rows_in_use"] < before["capacity"]
+      for s, shard in enumerate(twin.shards):
+        c = shard.counters
+        filled[s] |= c["rows_in_use"] == c["capacity"]
+    assert all(filled), settings
+    for shard in twin.shards:
+      c = shard.counters
+      assert c["admissions"] > 0, settings
+      assert settings["eviction"] == "none" or c["evictions"] > 0, settings
+  assert early
+
+
+def test_update_pieces_keeps_each_pieces_shape():
+  policy = DynamicVocabulary(shards=3, unknown="unknown_row")
+  index = ShardedIndex("items", SMALL, policy)
+  twin = ReferenceShardedIndex(SMALL, policy)
+  bags = np.array([[5, 2**40, 9], [7, 0, 0]], np.int64)
+  flat = np.array([-1, 5, 2**62], np.int64)
+  rows, reset = index.update_pieces(
+    [(tf.constant(bags), tf.constant([3, 1])), (tf.constant(flat), None)], 0
+  )
+  want = twin.update([5, 2**40, 9, 7, -1, 5, 2**62], 0)
+  assert rows[0].numpy().tolist() == [want.rows[:3], [want.rows[3], 0, 0]]
+  assert rows[1].numpy().tolist() == want.rows[4:]
+  assert reset.numpy().tolist() == want.reset_rows
+
+
+def test_checkpoint_restores_and_continues_identically(tmp_path):
+  policy = DynamicVocabulary(shards=3, eviction="lfu", admit_after=2, seed=3)
+  stream = single._stream(seed=11, steps=10)  # pylint: disable=protected-access
+  index = ShardedIndex("items", SMALL, policy)
+  twin = ReferenceShardedIndex(SMALL, policy)
+  _run(index, twin, stream[:5], index.update)
+  path = tf.train.Checkpoint(index=index).write(str(tmp_path / "ckpt"))
+  went_on = _run(index, twin, stream[5:], index.update, first_step=5)
+
+  restored = ShardedIndex("items", SMALL, policy)
+  tf.train.Checkpoint(index=restored).read(path).assert_consumed()
+  replay = ReferenceShardedIndex(SMALL, policy)
+  for t, (_, keys) in enumerate(stream[:5]):
+    replay.update(keys, t)
+  _assert_same(restored, replay)
+  update = single._function(restored, tf.int64)  # pylint: disable=protected-access
+  assert _run(restored, replay, stream[5:], update, first_step=5) == went_on
+
+
+def test_lookup_reads_what_update_gave():
+  policy = DynamicVocabulary(shards=4)
+  index = ShardedIndex("items", LARGE, policy)
+  ids = tf.constant([3, 2**40, -8, 3, 77], tf.int64)
+  rows = index.update(ids, 0).rows
+  assert len(set(rows.numpy().tolist())) == 4  # distinct ids, distinct rows
+  unseen = tf.constant([[3, 12345], [77, -8]], tf.int64)
+  np.testing.assert_array_equal(
+    index.lookup(unseen).numpy(), [rows[0], -1, rows[4], rows[2]]
+  )
+  before = {k: int(v) for k, v in index.counters().items()}
+  index.lookup(unseen)
+  assert {k: int(v) for k, v in index.counters().items()} == before
+
+
+def test_index_bytes_are_the_shards():
+  policy = DynamicVocabulary(shards=4, admit_after=2)
+  whole = DynamicVocabulary(admit_after=2)
+  shard_bytes = policy.shard_bytes(10_000)
+  assert len(shard_bytes) == 4 and sum(shard_bytes) == policy.index_bytes(
+    10_000
+  )
+  # Each shard's sketch is sized for its rows: the same state, in parts.
+  assert abs(policy.index_bytes(10_000) - whole.index_bytes(10_000)) < 10_000
+  assert policy.shard_bounds(10) == [0, 2, 5, 7, 10]

@@ -52,12 +52,18 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["tf_ops", "fused"])
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "function"])
+# Each case with one of the four ways to run it (TF ops or fused, eager or
+# compiled), in turn: the fused op and the TF ops agree for one index
+# (test_vocabulary_fused.py); what is sharded here is the same code on both.
 @pytest.mark.parametrize(
-  "settings,vocabulary_size,shards",
-  CASES,
-  ids=[f"{c[0]['eviction']}-{c[1]}rows-{c[2]}shards" for c in CASES],
+  "settings,vocabulary_size,shards,compiled,fused",
+  [(*case, i % 2 == 1, i // 2 % 2 == 1) for i, case in enumerate(CASES)],
+  ids=[
+    f"{c[0]['eviction']}-{c[1]}rows-{c[2]}shards-"
+    + ("eager", "function")[i % 2]
+    + ("-tf_ops", "-fused")[i // 2 % 2]
+    for i, c in enumerate(CASES)
+  ],
 )
 def test_update_matches_the_twin(
   settings, vocabulary_size, shards, compiled, fused

@@ -273,7 +273,9 @@ def _tf_step(impl: str, args) -> tuple[Callable, Callable]:
         dtype=_NARROW_IMPLS.get(impl, args.table_dtype),
         # Raw ids (the batches' ids made 64-bit) through an index whose
         # capacity is the table's rows: what a dynamic table adds per step.
-        vocabulary=DynamicVocabulary() if dynamic else None,
+        vocabulary=DynamicVocabulary(shards=args.index_shards)
+        if dynamic
+        else None,
       ),
     )
     emb.build()
@@ -1042,6 +1044,13 @@ def main(argv=None) -> None:
     default=0,
     help="static width recsys pads bags to (default: max_bag)",
   )
+  parser.add_argument(
+    "--index_shards",
+    type=int,
+    default=1,
+    help="recsys_dynamic: each table's index in this many shards "
+    "(DynamicVocabulary.shards)",
+  )
   parser.add_argument("--warmup", type=int, default=5)
   parser.add_argument("--steps", type=int, default=30)
   parser.add_argument(
@@ -1121,6 +1130,7 @@ def main(argv=None) -> None:
     "max_bag": args.max_bag,
     "bag_width": args.bag_width or args.max_bag,
     "zipf": args.zipf,
+    "index_shards": args.index_shards,
     "steps": args.steps,
     "warmup": args.warmup,
     "repeats": args.repeats,

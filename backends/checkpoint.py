@@ -190,13 +190,14 @@ def verify_compatible(
     )
   tables: dict[str, tuple[int, ...]] = {}
   slots: dict[str, dict[str, tuple[int, ...]]] = {}
-  indices: dict[str, set[str]] = {}  # dynamic table -> its index's state
+  # Dynamic table -> its index's state: name -> shape.
+  indices: dict[str, dict[str, tuple[int, ...]]] = {}
   for key, shape in stored.items():
     if key.startswith(VOCABULARIES + "/"):
       head = VOCABULARIES + "/tables/"
       if key.startswith(head):
         table, _, variable = key[len(head) :].partition("/")
-        indices.setdefault(table, set()).add(variable)
+        indices.setdefault(table, {})[variable] = shape
       continue
     parts = _unescape(key)
     if len(parts) == 2:
@@ -255,17 +256,19 @@ def verify_compatible(
 
 
 def _index_problems(
-  backend: base.EmbeddingBackend, stored: dict[str, set[str]], lookup_only
+  backend: base.EmbeddingBackend,
+  stored: dict[str, dict[str, tuple[int, ...]]],
+  lookup_only,
 ) -> list[str]:
   """What differs between the checkpoint's dynamic-vocabulary indices and
   the backend's: a dynamic table without one, an index for a table that
   takes ids as rows (a lookup-only backend reads such tables: the export
   maps raw ids itself), an index written under another policy (other
-  state)."""
+  state, or state of other shapes: another sketch width or shard count)."""
   problems = []
   live = {}
   for table, index in backend.dynamic_tables().items():
-    live[table] = index.state_names()
+    live[table] = index.state_shapes()
   for table, names in sorted(live.items()):
     if names and table not in stored:
       problems.append(
@@ -273,12 +276,23 @@ def _index_problems(
         "the checkpoint has no index for it: it was trained with its ids "
         "as rows, or hashed. Train it afresh, or leave it static."
       )
-    elif names and stored[table] != names:
+    elif names and set(stored[table]) != set(names):
       problems.append(
         f"table {table!r}: the checkpoint's index holds "
         f"{sorted(stored[table])}, this run's {sorted(names)}: written "
-        "under another DynamicVocabulary policy (eviction?). Use the policy "
-        "it was trained with."
+        "under another DynamicVocabulary policy (eviction? shards?). Use "
+        "the policy it was trained with."
+      )
+    elif names and stored[table] != names:
+      differ = sorted(n for n in names if stored[table][n] != names[n])
+      problems.append(
+        f"table {table!r}: the checkpoint's index state "
+        + ", ".join(
+          f"{n} {_fmt(stored[table][n])} (this run's {_fmt(names[n])})"
+          for n in differ
+        )
+        + ": written under another DynamicVocabulary policy (sketch_width? "
+        "shards?). Use the policy it was trained with."
       )
   for table in sorted(set(stored) - set(live)):
     if not lookup_only:

@@ -316,6 +316,13 @@ def rows_outside_tf(save: bool = False, restore: bool = False):
     _ROWS_OUTSIDE_TF.save, _ROWS_OUTSIDE_TF.restore = previous
 
 
+def rows_left_outside() -> tuple[bool, bool]:
+  """`(save, restore)`: whether TF's save or restore now leaves sliced
+  state to `backends.storage.row_sharded_checkpoint` (`rows_outside_tf`),
+  for other objects saved by slices (a sharded vocabulary index)."""
+  return _ROWS_OUTSIDE_TF.save, _ROWS_OUTSIDE_TF.restore
+
+
 def read_rows_of(variable: tf.Variable, begin: int, count: int) -> tf.Tensor:
   """Rows `[begin, begin + count)` of one variable on its device: a gather,
   not a whole read (TF copies a sparsely updated variable whole on every

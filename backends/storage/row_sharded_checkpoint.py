@@ -142,9 +142,10 @@ class ReplicatedRows:
 
 def row_sliced(root: Any) -> dict[str, Any]:
   """`{checkpoint key: rows}` of the tables under `root` saved by slices:
-  `RowShardedVariable`s of contiguous shards and every replicated table
-  and slot of a backend that names them (`replicated_table_variables`),
-  as `ReplicatedRows`.
+  `RowShardedVariable`s of contiguous shards (and other objects whose
+  `saves_slices()` says so), and every replicated table and slot of a
+  backend that names them (`replicated_table_variables`), as
+  `ReplicatedRows`.
 
   The keys are TF's: the path a save of `root` gives each object.
   """
@@ -158,9 +159,10 @@ def row_sliced(root: Any) -> dict[str, Any]:
   out: dict[str, Any] = {}
   for obj in objects:
     rows = replicated.get(id(obj))
-    if rows is None and (
-      isinstance(obj, row_sharded.RowShardedVariable) and obj.saves_slices()
-    ):
+    # A row-sharded table, or anything else saved by slices the same way
+    # (a sharded vocabulary index's state: `backends.vocabulary.sharded`).
+    saves_slices = getattr(obj, "saves_slices", None)
+    if rows is None and callable(saves_slices) and saves_slices():
       rows = obj
     if rows is not None:
       key = _tf_internal.checkpoint_key(

@@ -111,6 +111,6 @@ class HashedIndex(tf.Module):
   def index_bytes(self) -> int:
     return 0
 
-  def state_names(self) -> set[str]:
+  def state_shapes(self) -> dict[str, tuple[int, ...]]:
     """None: nothing of it is checkpointed."""
-    return set()
+    return {}

@@ -157,6 +157,21 @@ def keys_of(table: str, ids: Any) -> tf.Tensor:
   )
 
 
+def step_of(table: str, step: Any) -> tf.Tensor:
+  """The training step as an int64 scalar.
+
+  Raises:
+    VocabularyIdsError: a step that is not an integer scalar, naming `table`.
+  """
+  step = tf.convert_to_tensor(step)
+  if not step.dtype.is_integer or step.shape.rank not in (None, 0):
+    raise VocabularyIdsError(
+      f"table {table!r}: step {step!r}; give the training step "
+      "as an integer scalar."
+    )
+  return tf.cast(step, tf.int64)
+
+
 def shard_of(keys: tf.Tensor, seed: int, shards: int) -> tf.Tensor:
   """int32 [n]: the shard of each int64 key (`keys_of`) of an index split
   into `shards`: splitmix64(key ^ salt(seed, 3)) mod shards."""
@@ -337,9 +352,13 @@ class VocabularyIndex(tf.Module):
       "default_hits": self.default_hits.read_value(),
     }
 
-  def state_names(self) -> set[str]:
-    """The names its variables have in a checkpoint (under the index)."""
-    return {n for n, v in vars(self).items() if isinstance(v, tf.Variable)}
+  def state_shapes(self) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of its variables in a checkpoint (under the index)."""
+    return {
+      n: tuple(v.shape.as_list())
+      for n, v in vars(self).items()
+      if isinstance(v, tf.Variable)
+    }
 
   def mapping(self) -> tuple[tf.Tensor, tf.Tensor]:
     """(keys int64 [m], rows int64 [m]) of every id with a row, by row
@@ -499,13 +518,7 @@ class VocabularyIndex(tf.Module):
     return keys_of(self.table_name, ids)
 
   def _step_of(self, step: Any) -> tf.Tensor:
-    step = tf.convert_to_tensor(step)
-    if not step.dtype.is_integer or step.shape.rank not in (None, 0):
-      raise VocabularyIdsError(
-        f"table {self.table_name!r}: step {step!r}; give the training step "
-        "as an integer scalar."
-      )
-    return tf.cast(step, tf.int64)
+    return step_of(self.table_name, step)
 
   def _count(self, ids: tf.Tensor, occurrences: tf.Tensor) -> tf.Tensor:
     """Adds the ids' occurrences to the sketch; their estimates after."""
@@ -737,4 +750,5 @@ __all__ = [
   "salt",
   "shard_of",
   "splitmix64",
+  "step_of",
 ]

@@ -117,7 +117,10 @@ class VocabularyStage:
             policy,
             fused_ops=fused_ops,
             devices=devices,
+            held=_held_shards(strategy, policy.shards),
           )
+          if index.apart:  # counters: every worker's shards
+            index.counter_sum = self._sum_counters
         else:
           index = index_lib.VocabularyIndex(
             name, table.vocabulary_size, policy, fused_ops=fused_ops
@@ -133,11 +136,19 @@ class VocabularyStage:
       for name in self.indices
     }
 
+  @property
+  def apart(self) -> bool:
+    """Whether worker processes hold different shards of an index: then
+    reads, too, map every worker's ids together."""
+    return any(getattr(i, "apart", False) for i in self.indices.values())
+
   def map(self, flat: Sequence[Any], training: bool) -> list[Any]:
     """Per feature, its input with a dynamic table's raw ids made rows.
 
     In a replica function (or with no strategy) for training, which updates
-    the indices once for every replica's ids; anywhere for evaluation.
+    the indices once for every replica's ids; anywhere for evaluation
+    (with shards apart, every worker maps its evaluation batches together
+    too).
     """
     flat = list(flat)
     dynamic = sorted(i for ps in self._positions.values() for i in ps)
@@ -156,22 +167,24 @@ class VocabularyStage:
         "(backend.map_ids outside strategy.run, as the Trainer does), or "
         "compile without jit_compile."
       )
-    if not training:
+    if not training and not self.apart:
       mapped = _per_local_replica(
         lambda part: self._looked_up(part, dynamic), raw
       )
+    elif ctx is None:  # cross-replica context (on the host, before a step)
+      mapped = self._merged(self._strategy, raw, dynamic, training)
     else:
-      if ctx is None:  # cross-replica context (on the host, before a step)
-        mapped = self._merged(self._strategy, raw, dynamic)
-      else:
-        mapped = ctx.merge_call(self._merged, args=(raw, dynamic))
+      mapped = ctx.merge_call(self._merged, args=(raw, dynamic, training))
     for i, value in zip(dynamic, mapped):
       flat[i] = value
     return flat
 
-  def _merged(self, strategy, raw: list[Any], positions: list[int]):
-    """Cross-replica: update the indices with every replica's ids; each
-    replica gets its own inputs back as rows."""
+  def _merged(
+    self, strategy, raw: list[Any], positions: list[int], training=True
+  ):
+    """Cross-replica: update the indices with every replica's ids (or,
+    not `training`, read them); each replica gets its own inputs back as
+    rows."""
     per_replica = _local_replica_parts(raw)
     gathered = _num_workers(strategy) > 1
     out = [list(x) for x in per_replica]
@@ -196,7 +209,15 @@ class VocabularyStage:
       """Every table's update, the resets and the clock: one step."""
       updated = []
       for table, index, where, inputs, pieces, own in planned:
-        rows, reset_rows = index.update_pieces(pieces, self.step)
+        if training:
+          rows, reset_rows = index.update_pieces(pieces, self.step)
+        else:
+          rows = [index.lookup(p) for p, _ in pieces]
+          reset_rows = tf.zeros([0], tf.int64)
+        if getattr(index, "apart", False):
+          rows = self._from_holders(rows)
+          if training:
+            reset_rows = _join_over_workers(self._strategy, reset_rows)
         if own is not None:
           rows = [rows[j] for j in own]
         updated.append(_Mapped(table, index, where, inputs, rows, reset_rows))
@@ -213,6 +234,8 @@ class VocabularyStage:
         for u in updated:
           for mapped in u.rows:
             done.append(tf.identity(_with_default(mapped, u.index.default_row)))
+      if not training:
+        return done
       with tf.control_dependencies(done):
         advance = self.step.assign_add(1)
       with tf.control_dependencies([advance]):
@@ -228,6 +251,26 @@ class VocabularyStage:
     if len(out) == 1:
       return out[0]
     return _tf_internal.regroup(tuple(out))
+
+  def _from_holders(self, rows: list[tf.Tensor]) -> list[tf.Tensor]:
+    """Every worker's ids' rows from the workers holding their shards:
+    each id's row is `NOT_HELD` on all workers but its shard's holder, so
+    a sum over the workers of `row + 2` (0 where not held), less 2, is
+    it (-1: no row)."""
+    flat = tf.concat([tf.reshape(r, [-1]) for r in rows], 0)
+    held = tf.where(flat == sharded.NOT_HELD, tf.zeros_like(flat), flat + 2)
+    found = _sum_over_workers(self._strategy, held) - 2
+    sizes = [tf.size(r) for r in rows]
+    parts = tf.split(found, tf.stack(sizes), num=len(rows))
+    return [tf.reshape(p, tf.shape(r)) for p, r in zip(parts, rows)]
+
+  def _sum_counters(self, counters: dict[str, tf.Tensor]) -> dict:
+    """Int64 counters summed over the workers (each worker calls it)."""
+    names = sorted(counters)
+    summed = _sum_over_workers(
+      self._strategy, tf.stack([counters[n] for n in names])
+    )
+    return dict(zip(names, tf.unstack(summed)))
 
   def _looked_up(self, raw: list[Any], positions: list[int]) -> list[Any]:
     """Evaluation: every input's ids as rows, the indices unchanged."""
@@ -352,6 +395,56 @@ def _num_workers(strategy: tf.distribute.Strategy) -> int:
   resolver = getattr(strategy, "cluster_resolver", None)
   spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
   return max(1, len(spec.get("worker", ())) + len(spec.get("chief", ())))
+
+
+def _worker(strategy: tf.distribute.Strategy) -> int:
+  """This worker's index among the processes of a multi-worker strategy
+  (its first replica's global id over its local replicas)."""
+  from backends.storage import row_sharded  # noqa: PLC0415 - no cycle
+
+  ids = row_sharded.local_replica_ids(strategy)
+  return min(ids) // len(ids)
+
+
+def _held_shards(strategy: tf.distribute.Strategy, shards: int) -> list[int]:
+  """The shards of a sharded index this process holds: with W worker
+  processes mapping together, shard `s` is worker `s mod W`'s; else all."""
+  workers = _num_workers(strategy)
+  if workers == 1:
+    return list(range(shards))
+  worker = _worker(strategy)
+  return [s for s in range(shards) if s % workers == worker]
+
+
+def _per_worker(strategy: tf.distribute.Strategy, value: tf.Tensor, empty):
+  """A per-replica value: `value` on this worker's first local replica,
+  `empty` on its others (so that a gather takes it once a worker)."""
+  from backends.storage import row_sharded  # noqa: PLC0415 - no cycle
+
+  local = len(row_sharded.local_replica_ids(strategy))
+  return _tf_internal.regroup((value,) + (empty,) * (local - 1))
+
+
+def _sum_over_workers(
+  strategy: tf.distribute.Strategy, value: tf.Tensor
+) -> tf.Tensor:
+  """An int64 vector summed over the worker processes (a gather of one
+  row a worker, then a sum: exact)."""
+  row = tf.reshape(value, [1, -1])
+  every = strategy.gather(
+    _per_worker(strategy, row, tf.zeros([0, tf.size(value)], value.dtype)),
+    axis=0,
+  )
+  return tf.reshape(tf.reduce_sum(every, 0), tf.shape(value))
+
+
+def _join_over_workers(
+  strategy: tf.distribute.Strategy, value: tf.Tensor
+) -> tf.Tensor:
+  """Every worker's vector `value` (of any lengths), worker after worker."""
+  return strategy.gather(
+    _per_worker(strategy, value, tf.zeros([0], value.dtype)), axis=0
+  )
 
 
 def _gather_workers(

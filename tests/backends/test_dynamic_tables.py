@@ -327,8 +327,24 @@ def test_padded_bags_map_as_their_ragged_bags_cut_ones_included(
       DynamicVocabulary(eviction="age", max_age=3),
       "another DynamicVocabulary policy",
     ),
+    (
+      DynamicVocabulary(),
+      DynamicVocabulary(shards=2),
+      r"holds \['admissions'.*this run's \['shards/admissions'",
+    ),
+    (
+      DynamicVocabulary(shards=3),
+      DynamicVocabulary(shards=2),
+      r"shards/admissions \[3, 1\] \(this run's \[2, 1\]\)",
+    ),
   ],
-  ids=["dynamic-into-static", "static-into-dynamic", "another-policy"],
+  ids=[
+    "dynamic-into-static",
+    "static-into-dynamic",
+    "another-policy",
+    "whole-into-shards",
+    "other-shards",
+  ],
 )
 def test_a_checkpoint_whose_index_does_not_match_is_refused(
   tmp_path, saved, restored, message

@@ -89,7 +89,10 @@ def state(emb) -> dict[str, np.ndarray]:
     out[f"counter/{name}"] = np.asarray(value.numpy())
   pairs = []  # each shard's hash table, its rows the table's
   shards = getattr(index, "shards", [index])
-  for shard, first in zip(shards, getattr(index, "bounds", (0,))):
+  held = getattr(index, "held", (0,))
+  for shard, first in zip(
+    shards, [getattr(index, "bounds", (0,))[s] for s in held]
+  ):
     ids, rows = (t.numpy() for t in shard.table.export())
     kept = rows >= 0
     pairs.append(np.stack([ids[kept], rows[kept] + first], axis=1))

@@ -217,7 +217,11 @@ class VocabularyStage:
         if getattr(index, "apart", False):
           rows = self._from_holders(rows)
           if training:
-            reset_rows = _join_over_workers(self._strategy, reset_rows)
+            # At most one row a step's id: padded to the ids' count, every
+            # worker's part is as long (a gather of unequal lengths failed
+            # in the Trainer's loop).
+            bound = tf.add_n([tf.size(r, tf.int64) for r in rows])
+            reset_rows = _join_over_workers(self._strategy, reset_rows, bound)
         if own is not None:
           rows = [rows[j] for j in own]
         updated.append(_Mapped(table, index, where, inputs, rows, reset_rows))
@@ -439,12 +443,18 @@ def _sum_over_workers(
 
 
 def _join_over_workers(
-  strategy: tf.distribute.Strategy, value: tf.Tensor
+  strategy: tf.distribute.Strategy, rows: tf.Tensor, bound: tf.Tensor
 ) -> tf.Tensor:
-  """Every worker's vector `value` (of any lengths), worker after worker."""
-  return strategy.gather(
-    _per_worker(strategy, value, tf.zeros([0], value.dtype)), axis=0
+  """Every worker's rows (int64 >= 0, at most `bound` a worker, the same
+  `bound` on every worker), worker after worker: each padded to `bound`
+  with -1 for the gather, the padding dropped after."""
+  padded = tf.pad(
+    rows, [[0, bound - tf.size(rows, tf.int64)]], constant_values=-1
   )
+  every = strategy.gather(
+    _per_worker(strategy, padded, tf.zeros([0], rows.dtype)), axis=0
+  )
+  return tf.boolean_mask(every, every >= 0)
 
 
 def _gather_workers(

@@ -28,6 +28,7 @@ import time
 import gin
 import pytest
 
+from backends.storage import row_sharded_checkpoint
 from recsys import cli
 from tests.distributed import cluster as cluster_lib
 
@@ -227,6 +228,10 @@ def test_multi_worker_mirrored_trainer_writes_only_the_chiefs_files(tmp_path):
   steps = 60
   cmd = _launch_cmd(tmp_path, workers=2, ps=0)
   cmd += [
+    # C3's index in 3 shards, held apart: worker 0 holds 0 and 2, worker 1
+    # holds 1 (so their steps give unequal numbers of rows to reset).
+    "--gin_bindings",
+    "DynamicVocabulary.shards = 3",
     "--gin_bindings",
     f"train.train_steps = {steps}",
     "--gin_bindings",
@@ -256,10 +261,22 @@ def test_multi_worker_mirrored_trainer_writes_only_the_chiefs_files(tmp_path):
   assert got["strategy"] == "CollectiveAllReduceStrategy"  # MWMS' class
   assert got["backend"] == "tensorcore" and got["replicas"] == 2
   assert got["step"] == steps and got["eval/auc"] > 0.55, got
+  # The counters are summed over the workers' shards: all 1,000 rows.
+  assert got["vocabulary/C3/capacity"] == 1000, got
+  c3 = {k.split("/")[-1]: v for k, v in got.items() if "vocabulary/C3/" in k}
+  assert c3["admissions"] - c3["evictions"] == c3["rows_in_use"] > 0, c3
   saved = sorted(
     n for n in os.listdir(tmp_path / "checkpoints") if n.endswith(".index")
   )
   assert saved == ["ckpt-30.index", "ckpt-60.index"]
+  # Each worker wrote its shards of C3's index as slices of one tensor.
+  sliced = row_sharded_checkpoint.sliced_keys(
+    str(tmp_path / "checkpoints" / "ckpt-60")
+  )
+  assert (
+    "embedding/vocabularies/tables/C3/shards/keys/.ATTRIBUTES/VARIABLE_VALUE"
+    in sliced
+  ), sorted(sliced)
   # The other worker took part in every save, in a scratch folder it removed.
   leftovers = [
     os.path.join(d, f)

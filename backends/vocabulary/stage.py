@@ -117,10 +117,8 @@ class VocabularyStage:
             policy,
             fused_ops=fused_ops,
             devices=devices,
-            held=_held_shards(strategy, policy.shards),
+            writes=_writes_checkpoints(strategy),
           )
-          if index.apart:  # counters: every worker's shards
-            index.counter_sum = self._sum_counters
         else:
           index = index_lib.VocabularyIndex(
             name, table.vocabulary_size, policy, fused_ops=fused_ops
@@ -136,19 +134,11 @@ class VocabularyStage:
       for name in self.indices
     }
 
-  @property
-  def apart(self) -> bool:
-    """Whether worker processes hold different shards of an index: then
-    reads, too, map every worker's ids together."""
-    return any(getattr(i, "apart", False) for i in self.indices.values())
-
   def map(self, flat: Sequence[Any], training: bool) -> list[Any]:
     """Per feature, its input with a dynamic table's raw ids made rows.
 
     In a replica function (or with no strategy) for training, which updates
-    the indices once for every replica's ids; anywhere for evaluation
-    (with shards apart, every worker maps its evaluation batches together
-    too).
+    the indices once for every replica's ids; anywhere for evaluation.
     """
     flat = list(flat)
     dynamic = sorted(i for ps in self._positions.values() for i in ps)
@@ -167,24 +157,21 @@ class VocabularyStage:
         "(backend.map_ids outside strategy.run, as the Trainer does), or "
         "compile without jit_compile."
       )
-    if not training and not self.apart:
+    if not training:
       mapped = _per_local_replica(
         lambda part: self._looked_up(part, dynamic), raw
       )
     elif ctx is None:  # cross-replica context (on the host, before a step)
-      mapped = self._merged(self._strategy, raw, dynamic, training)
+      mapped = self._merged(self._strategy, raw, dynamic)
     else:
-      mapped = ctx.merge_call(self._merged, args=(raw, dynamic, training))
+      mapped = ctx.merge_call(self._merged, args=(raw, dynamic))
     for i, value in zip(dynamic, mapped):
       flat[i] = value
     return flat
 
-  def _merged(
-    self, strategy, raw: list[Any], positions: list[int], training=True
-  ):
-    """Cross-replica: update the indices with every replica's ids (or,
-    not `training`, read them); each replica gets its own inputs back as
-    rows."""
+  def _merged(self, strategy, raw: list[Any], positions: list[int]):
+    """Cross-replica: update the indices with every replica's ids; each
+    replica gets its own inputs back as rows."""
     per_replica = _local_replica_parts(raw)
     gathered = _num_workers(strategy) > 1
     out = [list(x) for x in per_replica]
@@ -195,11 +182,11 @@ class VocabularyStage:
       where = [(r, k) for k in mine for r in range(len(per_replica))]
       inputs = [per_replica[r][k] for r, k in where]
       if gathered:
-        # Every worker's ids, flat; this worker keeps its replicas' rows.
-        pieces, _, own = _gather_workers(
-          strategy, [_as_id_vector(flat_ids(x)) for x in inputs], len(mine)
+        # Every worker's ids (padded bags padded: the same shapes on every
+        # worker); this worker keeps its replicas' rows.
+        pieces, own = _gather_workers(
+          strategy, [_as_piece(x) for x in inputs], len(mine)
         )
-        pieces = [(p, None) for p in pieces]
       else:
         # Padded bags stay padded: no flattening around the update.
         pieces, own = [_as_piece(x) for x in inputs], None
@@ -209,19 +196,7 @@ class VocabularyStage:
       """Every table's update, the resets and the clock: one step."""
       updated = []
       for table, index, where, inputs, pieces, own in planned:
-        if training:
-          rows, reset_rows = index.update_pieces(pieces, self.step)
-        else:
-          rows = [index.lookup(p) for p, _ in pieces]
-          reset_rows = tf.zeros([0], tf.int64)
-        if getattr(index, "apart", False):
-          rows = self._from_holders(rows)
-          if training:
-            # At most one row a step's id: padded to the ids' count, every
-            # worker's part is as long (a gather of unequal lengths failed
-            # in the Trainer's loop).
-            bound = tf.add_n([tf.size(r, tf.int64) for r in rows])
-            reset_rows = _join_over_workers(self._strategy, reset_rows, bound)
+        rows, reset_rows = index.update_pieces(pieces, self.step)
         if own is not None:
           rows = [rows[j] for j in own]
         updated.append(_Mapped(table, index, where, inputs, rows, reset_rows))
@@ -238,8 +213,6 @@ class VocabularyStage:
         for u in updated:
           for mapped in u.rows:
             done.append(tf.identity(_with_default(mapped, u.index.default_row)))
-      if not training:
-        return done
       with tf.control_dependencies(done):
         advance = self.step.assign_add(1)
       with tf.control_dependencies([advance]):
@@ -255,26 +228,6 @@ class VocabularyStage:
     if len(out) == 1:
       return out[0]
     return _tf_internal.regroup(tuple(out))
-
-  def _from_holders(self, rows: list[tf.Tensor]) -> list[tf.Tensor]:
-    """Every worker's ids' rows from the workers holding their shards:
-    each id's row is `NOT_HELD` on all workers but its shard's holder, so
-    a sum over the workers of `row + 2` (0 where not held), less 2, is
-    it (-1: no row)."""
-    flat = tf.concat([tf.reshape(r, [-1]) for r in rows], 0)
-    held = tf.where(flat == sharded.NOT_HELD, tf.zeros_like(flat), flat + 2)
-    found = _sum_over_workers(self._strategy, held) - 2
-    sizes = [tf.size(r) for r in rows]
-    parts = tf.split(found, tf.stack(sizes), num=len(rows))
-    return [tf.reshape(p, tf.shape(r)) for p, r in zip(parts, rows)]
-
-  def _sum_counters(self, counters: dict[str, tf.Tensor]) -> dict:
-    """Int64 counters summed over the workers (each worker calls it)."""
-    names = sorted(counters)
-    summed = _sum_over_workers(
-      self._strategy, tf.stack([counters[n] for n in names])
-    )
-    return dict(zip(names, tf.unstack(summed)))
 
   def _looked_up(self, raw: list[Any], positions: list[int]) -> list[Any]:
     """Evaluation: every input's ids as rows, the indices unchanged."""
@@ -410,80 +363,63 @@ def _worker(strategy: tf.distribute.Strategy) -> int:
   return min(ids) // len(ids)
 
 
-def _held_shards(strategy: tf.distribute.Strategy, shards: int) -> list[int]:
-  """The shards of a sharded index this process holds: with W worker
-  processes mapping together, shard `s` is worker `s mod W`'s; else all."""
-  workers = _num_workers(strategy)
-  if workers == 1:
-    return list(range(shards))
-  worker = _worker(strategy)
-  return [s for s in range(shards) if s % workers == worker]
-
-
-def _per_worker(strategy: tf.distribute.Strategy, value: tf.Tensor, empty):
-  """A per-replica value: `value` on this worker's first local replica,
-  `empty` on its others (so that a gather takes it once a worker)."""
-  from backends.storage import row_sharded  # noqa: PLC0415 - no cycle
-
-  local = len(row_sharded.local_replica_ids(strategy))
-  return _tf_internal.regroup((value,) + (empty,) * (local - 1))
-
-
-def _sum_over_workers(
-  strategy: tf.distribute.Strategy, value: tf.Tensor
-) -> tf.Tensor:
-  """An int64 vector summed over the worker processes (a gather of one
-  row a worker, then a sum: exact)."""
-  row = tf.reshape(value, [1, -1])
-  every = strategy.gather(
-    _per_worker(strategy, row, tf.zeros([0, tf.size(value)], value.dtype)),
-    axis=0,
-  )
-  return tf.reshape(tf.reduce_sum(every, 0), tf.shape(value))
-
-
-def _join_over_workers(
-  strategy: tf.distribute.Strategy, rows: tf.Tensor, bound: tf.Tensor
-) -> tf.Tensor:
-  """Every worker's rows (int64 >= 0, at most `bound` a worker, the same
-  `bound` on every worker), worker after worker: each padded to `bound`
-  with -1 for the gather, the padding dropped after."""
-  padded = tf.pad(
-    rows, [[0, bound - tf.size(rows, tf.int64)]], constant_values=-1
-  )
-  every = strategy.gather(
-    _per_worker(strategy, padded, tf.zeros([0], rows.dtype)), axis=0
-  )
-  return tf.boolean_mask(every, every >= 0)
+def _writes_checkpoints(strategy: tf.distribute.Strategy) -> bool:
+  """Whether this process writes its sharded indices' checkpoint slices:
+  every process holds every shard, so one of them does (the first
+  worker's)."""
+  return _num_workers(strategy) == 1 or _worker(strategy) == 0
 
 
 def _gather_workers(
-  strategy: tf.distribute.Strategy, pieces: list[tf.Tensor], features: int
-):
-  """Every replica's ids of every worker, feature by feature in global
-  replica order; and which of the pieces are this worker's replicas'.
+  strategy: tf.distribute.Strategy, pieces: list[tuple[Any, Any]], features: int
+) -> tuple[list[tuple[Any, Any]], list[int]]:
+  """Every replica's pieces `(ids, lengths)` of every worker, feature by
+  feature in global replica order; and which of them are this worker's.
 
-  `pieces` holds this worker's ids feature-major (`features` features times
-  the local replicas). Returns `(pieces, sizes, own)` over all replicas.
+  `pieces` holds this worker's pieces feature-major (`features` features
+  times the local replicas). Returns `(pieces, own)` over all replicas.
   """
   from backends.storage import row_sharded  # noqa: PLC0415 - no cycle
 
   local = len(pieces) // features
   global_ids = row_sharded.local_replica_ids(strategy)
   total = strategy.num_replicas_in_sync
-  out, sizes, own = [], [], []
+  out, own = [], []
   for f in range(features):
     mine = pieces[f * local : (f + 1) * local]
-    values = _tf_internal.regroup(tuple(mine))
-    counts = _tf_internal.regroup(
-      tuple(tf.reshape(tf.size(p, out_type=tf.int64), [1]) for p in mine)
-    )
-    every = strategy.gather(values, axis=0)
-    every_size = strategy.gather(counts, axis=0)
-    parts = tf.split(every, tf.cast(every_size, tf.int32), num=total)
+    ids = _gather_parts(strategy, [i for i, _ in mine], total)
+    lengths: list[Any] = [None] * total
+    if mine[0][1] is not None:
+      lengths = _gather_parts(strategy, [n for _, n in mine], total)
     for g in range(total):
-      out.append(parts[g])
-      sizes.append(tf.cast(every_size[g], tf.int32))
+      out.append((ids[g], lengths[g]))
       if g in global_ids:
         own.append(f * total + g)
-  return out, sizes, own
+  return out, own
+
+
+def _gather_parts(
+  strategy: tf.distribute.Strategy, parts: list[tf.Tensor], total: int
+) -> list[tf.Tensor]:
+  """Each replica's tensor of every worker (this worker's: `parts`, one a
+  local replica), in global replica order.
+
+  Tensors of one static shape (padded bags, a batch of ids: what the
+  Trainer's steps map) are gathered as they are. TF's gather of tensors of
+  unequal lengths (flat ids of bags of varying lengths) mismatched between
+  the workers inside a loop of several steps (a shape mismatch in its
+  collective; 2 worker processes, `train.steps_per_loop` > 1; one step at
+  a time it matched): only tensors of unknown shape take it.
+  """
+  shape = parts[0].shape
+  if shape.is_fully_defined() and all(p.shape == shape for p in parts):
+    every = strategy.gather(_tf_internal.regroup(tuple(parts)), axis=0)
+    return tf.split(every, total, axis=0)
+  sizes = strategy.gather(
+    _tf_internal.regroup(
+      tuple(tf.reshape(tf.shape(p, out_type=tf.int64)[0], [1]) for p in parts)
+    ),
+    axis=0,
+  )
+  every = strategy.gather(_tf_internal.regroup(tuple(parts)), axis=0)
+  return tf.split(every, tf.cast(sizes, tf.int32), num=total)

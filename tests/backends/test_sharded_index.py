@@ -173,15 +173,3 @@ def test_index_bytes_are_the_shards():
   # Each shard's sketch is sized for its rows: the same state, in parts.
   assert abs(policy.index_bytes(10_000) - whole.index_bytes(10_000)) < 10_000
   assert policy.shard_bounds(10) == [0, 2, 5, 7, 10]
-
-
-def test_processes_holding_shards_apart_hold_their_share():
-  """Shard s on process s mod W (`backends.vocabulary.stage`): the most a
-  process holds is its shards' bytes; the planner counts that share."""
-  policy = DynamicVocabulary(shards=5, admit_after=2)
-  each = policy.shard_bytes(10_000)
-  assert policy.process_bytes(10_000, 1) == sum(each)
-  assert policy.process_bytes(10_000, 2) == sum(each[0::2])  # 3 of 5
-  assert policy.process_bytes(10_000, 5) == max(each)
-  whole = DynamicVocabulary(admit_after=2)
-  assert whole.process_bytes(10_000, 4) == whole.index_bytes(10_000)

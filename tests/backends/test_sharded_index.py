@@ -31,16 +31,7 @@ def _assert_same(index, twin):
 
 
 def _run(index, twin, stream, update, first_step=0):
-  outputs = []
-  for t, (ids, keys) in enumerate(stream):
-    step = first_step + t
-    got = update(tf.constant(ids), tf.constant(step, tf.int64))
-    want = twin.update(keys, step)
-    got = got.rows.numpy().tolist(), got.reset_rows.numpy().tolist()
-    assert got == (want.rows, want.reset_rows), f"step {step}"
-    _assert_same(index, twin)
-    outputs.append(got)
-  return outputs
+  return single._run(index, twin, stream, update, first_step, same=_assert_same)  # pylint: disable=protected-access
 
 
 CASES = [
@@ -130,22 +121,12 @@ def test_update_pieces_keeps_each_pieces_shape():
 
 
 def test_checkpoint_restores_and_continues_identically(tmp_path):
+  """Saved by TF's own checkpoint (each state whole, `[N, 1]`), the id
+  tables rebuilt on restore."""
   policy = DynamicVocabulary(shards=3, eviction="lfu", admit_after=2, seed=3)
-  stream = single._stream(seed=11, steps=10)  # pylint: disable=protected-access
-  index = ShardedIndex("items", SMALL, policy)
-  twin = ReferenceShardedIndex(SMALL, policy)
-  _run(index, twin, stream[:5], index.update)
-  path = tf.train.Checkpoint(index=index).write(str(tmp_path / "ckpt"))
-  went_on = _run(index, twin, stream[5:], index.update, first_step=5)
-
-  restored = ShardedIndex("items", SMALL, policy)
-  tf.train.Checkpoint(index=restored).read(path).assert_consumed()
-  replay = ReferenceShardedIndex(SMALL, policy)
-  for t, (_, keys) in enumerate(stream[:5]):
-    replay.update(keys, t)
-  _assert_same(restored, replay)
-  update = single._function(restored, tf.int64)  # pylint: disable=protected-access
-  assert _run(restored, replay, stream[5:], update, first_step=5) == went_on
+  single.checkpoint_round_trip(
+    ShardedIndex, ReferenceShardedIndex, policy, tmp_path, same=_assert_same
+  )
 
 
 def test_lookup_reads_what_update_gave():

@@ -95,8 +95,9 @@ def _assert_same_state(index, twin):
   assert table == twin.table
 
 
-def _run(index, twin, stream, update, first_step=0):
-  """Feeds the stream to both, comparing after every step; the outputs."""
+def _run(index, twin, stream, update, first_step=0, same=None):
+  """Feeds the stream to both, comparing after every step (the state by
+  `same`, default `_assert_same_state`); the outputs."""
   outputs = []
   for t, (ids, keys) in enumerate(stream):
     step = first_step + t
@@ -104,7 +105,7 @@ def _run(index, twin, stream, update, first_step=0):
     want = twin.update(keys, step)
     got = got.rows.numpy().tolist(), got.reset_rows.numpy().tolist()
     assert got == (want.rows, want.reset_rows), f"step {step}"
-    _assert_same_state(index, twin)
+    (same or _assert_same_state)(index, twin)
     outputs.append(got)
   return outputs
 
@@ -209,21 +210,31 @@ def test_update_under_a_mirrored_strategy():
 def test_checkpoint_restores_and_continues_identically(eviction, tmp_path):
   age = {"max_age": 2} if eviction == "age" else {}
   policy = DynamicVocabulary(eviction=eviction, admit_after=2, seed=3, **age)
-  stream = _stream(seed=11, steps=10)
-  index = VocabularyIndex("items", SMALL, policy)
-  twin = ReferenceIndex(SMALL, policy)
-  _run(index, twin, stream[:5], index.update)
-  path = tf.train.Checkpoint(index=index).write(str(tmp_path / "ckpt"))
-  went_on = _run(index, twin, stream[5:], index.update, first_step=5)
-
-  restored = VocabularyIndex("items", SMALL, policy)
-  tf.train.Checkpoint(index=restored).read(path).assert_consumed()
-  replay = ReferenceIndex(SMALL, policy)
-  _replay(replay, stream[:5])
-  _assert_same_state(restored, replay)
-  update = _function(restored, tf.int64)
-  assert _run(restored, replay, stream[5:], update, first_step=5) == went_on
+  index, restored = checkpoint_round_trip(
+    VocabularyIndex, ReferenceIndex, policy, tmp_path
+  )
   assert _snapshot(restored) == _snapshot(index)
+
+
+def checkpoint_round_trip(make_index, make_twin, policy, tmp_path, same=None):
+  """5 steps, a checkpoint, 5 more; the checkpoint restored into a fresh
+  index equals the twin replayed to step 5 and goes on to the same
+  outputs. Returns (the index, the restored one)."""
+  stream = _stream(seed=11, steps=10)
+  index = make_index("items", SMALL, policy)
+  twin = make_twin(SMALL, policy)
+  _run(index, twin, stream[:5], index.update, same=same)
+  path = tf.train.Checkpoint(index=index).write(str(tmp_path / "ckpt"))
+  went_on = _run(index, twin, stream[5:], index.update, 5, same)
+
+  restored = make_index("items", SMALL, policy)
+  tf.train.Checkpoint(index=restored).read(path).assert_consumed()
+  replay = make_twin(SMALL, policy)
+  _replay(replay, stream[:5])
+  (same or _assert_same_state)(restored, replay)
+  update = _function(restored, tf.int64)
+  assert _run(restored, replay, stream[5:], update, 5, same) == went_on
+  return index, restored
 
 
 def _snapshot(index):

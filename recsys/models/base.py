@@ -91,6 +91,7 @@ def regularization_loss(model: keras.Model) -> tf.Tensor:
   return tf.nn.scale_regularization_loss(tf.add_n(model.losses))
 
 
+@tf.autograph.experimental.do_not_convert
 def replica_loss(
   model: keras.Model,
   per_example: tf.Tensor,

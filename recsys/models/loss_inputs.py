@@ -46,6 +46,7 @@ class LossInputs:
   training: bool = True
   compute_metrics: bool | None = None
 
+  @tf.autograph.experimental.do_not_convert
   def replace(self, **changes: Any) -> "LossInputs":
     """A copy with `changes` (field name -> value)."""
     return dataclasses.replace(self, **changes)

@@ -109,6 +109,7 @@ class Evaluator:
     if self.run.model.losses:
       self.eval_regularization.update_state(tf.add_n(self.run.model.losses))
 
+  @tf.autograph.experimental.do_not_convert
   def _rows_per_step(self) -> int:
     """Rows of one eval step's batch: every batch is padded whole."""
     if self.run.coordinator is not None:
@@ -253,6 +254,7 @@ def evaluate_restored(
   return results, changes
 
 
+@tf.autograph.experimental.do_not_convert
 def _with_batch_rows(batch: Any, rows: int) -> Any:
   """`batch` with its dense tensors' unknown first dimension set to `rows`.
 

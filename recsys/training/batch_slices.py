@@ -201,6 +201,7 @@ def resolve(
   )
 
 
+@tf.autograph.experimental.do_not_convert
 def bounds(batch: Any, slices: int) -> list[tuple[Any, Any]]:
   """`slices` contiguous row ranges covering `batch` rows (an int, or a
   scalar tensor when the batch size is not static), sizes differing by at
@@ -209,6 +210,7 @@ def bounds(batch: Any, slices: int) -> list[tuple[Any, Any]]:
   return list(zip(edges[:-1], edges[1:]))
 
 
+@tf.autograph.experimental.do_not_convert
 def _pieces(x: Any, ranges: list[tuple[int, int]]) -> list[Any]:
   """`x` (batch-major tensor, ragged or sparse tensor) cut into `ranges` of
   rows. A dense tensor is split in one op, whose gradient is one concat."""
@@ -232,6 +234,7 @@ def _pieces(x: Any, ranges: list[tuple[int, int]]) -> list[Any]:
   return tf.split(x, sizes, axis=0, num=len(ranges))
 
 
+@tf.autograph.experimental.do_not_convert
 def _cut(structure: Any, ranges: list[tuple[int, int]]) -> list[Any]:
   """`structure` (a nest of batch-major tensors) as one nest per range."""
   flat = [_pieces(x, ranges) for x in tf.nest.flatten(structure)]

@@ -171,10 +171,17 @@ class TableMemory:
   def index_bytes(self) -> int:
     """A dynamic vocabulary's index, held once per process on its host
     (0 for a table whose ids are its rows, or hashed)."""
+    return self.process_index_bytes(1)
+
+  def process_index_bytes(self, processes: int) -> int:
+    """The most of its index one of `processes` worker processes holds
+    (an index in shards is held apart by them)."""
     vocabulary = self.layout.vocabulary
     if vocabulary is None:
       return 0
-    return int(vocabulary.index_bytes(self.vocabulary_size))
+    if not hasattr(vocabulary, "process_bytes"):  # hashed: no state
+      return int(vocabulary.index_bytes(self.vocabulary_size))
+    return int(vocabulary.process_bytes(self.vocabulary_size, processes))
 
   @property
   def placement(self) -> str:
@@ -196,6 +203,8 @@ class MemoryPlan:
   refusals: list[str] = dataclasses.field(default_factory=list)
   #: The replicas in this process (logical CPUs hold one copy each).
   local_replicas: int = 1
+  #: Worker processes training together (they hold index shards apart).
+  worker_processes: int = 1
   #: Which rows a replica owns of a row-sharded table, as the backend is
   #: built with; None for backends not built from layouts.
   row_layout: str | None = None
@@ -248,8 +257,10 @@ class MemoryPlan:
 
   @property
   def index_bytes(self) -> int:
-    """The dynamic vocabularies' indices, one copy in each process."""
-    return sum(r.index_bytes for r in self.rows)
+    """The dynamic vocabularies' indices in one process: each whole, or
+    its share of the shards the worker processes hold apart."""
+    processes = self.worker_processes if self.tables_in_process else 1
+    return sum(r.process_index_bytes(processes) for r in self.rows)
 
   @property
   def host_fits(self) -> bool | None:
@@ -359,6 +370,15 @@ class MemoryPlan:
           f"; the indices hold {human_bytes(self.index_bytes)} "
           + (
             "in each process"
+            + (
+              f" (its share of the shards the {self.worker_processes} "
+              "processes hold apart)"
+              if self.worker_processes > 1
+              and any(
+                getattr(r.layout.vocabulary, "shards", 1) > 1 for r in dynamic
+              )
+              else ""
+            )
             if self.tables_in_process
             else "on the parameter servers, for every worker (a whole "
             "index on the first, shards on the servers in turn)"
@@ -429,6 +449,15 @@ class MemoryPlan:
       f"{reason}"
       for reason, tables in shown.items()
     ]
+
+
+def _worker_processes(strategy: Any) -> int:
+  """Worker processes a multi-worker strategy trains on (1 otherwise)."""
+  if strategy is None or not hardware.is_multi_client(strategy):
+    return 1
+  return hardware.num_tasks(strategy, "worker") + hardware.num_tasks(
+    strategy, "chief"
+  )
 
 
 def _vocabulary_text(vocabulary: Any) -> str:
@@ -959,6 +988,7 @@ def plan_memory(
     [],
     list(answer.refusals),
     local_replicas=len(_local_devices(strategy)) or 1,
+    worker_processes=_worker_processes(strategy),
     row_layout=wanted.row_layout.value if takes_layouts else None,
     host_ram_bytes=host_ram,
     exchange_sigmas=request.exchange_sigmas,

@@ -714,3 +714,28 @@ def test_parameter_servers_take_dynamic_tables_and_the_plan_says_where():
       backend="tpu_embedding_v0",
       placement=placement,
     )
+
+
+def test_the_plan_counts_a_processs_share_of_index_shards():
+  """Worker processes hold a sharded index apart (shard s on process s
+  mod W): a process's indices are its share, and the plan says so."""
+  import dataclasses
+
+  from backends.vocabulary import DynamicVocabulary
+
+  policy = DynamicVocabulary(shards=4)
+  plan = planning.plan_memory(
+    _sizes_config(),
+    E.Adagrad(0.1),
+    device_memory_bytes=10**9,
+    backend="tensorcore",
+    placement=planning.EmbeddingPlacement(vocabularies={"big": policy}),
+  )
+  rows = {r.table: r for r in plan.rows}
+  size = rows["big"].vocabulary_size
+  assert plan.worker_processes == 1
+  assert plan.index_bytes == policy.index_bytes(size)
+  two = dataclasses.replace(plan, worker_processes=2)
+  assert two.index_bytes == policy.process_bytes(size, 2) < plan.index_bytes
+  assert "its share of the shards the 2 processes hold apart" in two.format()
+  assert "hold apart" not in plan.format()

@@ -262,6 +262,15 @@ class DynamicVocabulary:
     sketch = 8 * SKETCH_ROWS * self.sketch_columns(vocabulary_size)
     return per_row * rows + sketch + scalars
 
+  def process_bytes(self, vocabulary_size: int, processes: int) -> int:
+    """The most index bytes one of `processes` worker processes holds,
+    when they hold the shards apart (shard `s` on process `s mod
+    processes`; `backends.vocabulary.stage`); the whole index with one."""
+    each = self.shard_bytes(vocabulary_size)
+    if processes <= 1 or len(each) == 1:
+      return sum(each)
+    return max(sum(each[p::processes]) for p in range(processes))
+
   def shard_bytes(self, vocabulary_size: int) -> list[int]:
     """`index_bytes` of each shard (one figure with shards = 1)."""
     if self.shards == 1:

@@ -4,9 +4,10 @@ contiguous range of the table's rows.
 
 Why shards: one index over every row is one object, held whole by one
 process; the shard is the unit that can live apart (on another parameter
-server) and move on a restore, as TorchRec's managed-collision buckets
-do. What a shard decides depends only on its own ids in the step's order,
-so the same number of shards decides alike wherever each shard lives.
+server, another worker process) and move on a restore, as TorchRec's
+managed-collision buckets do. What a shard decides depends only on its
+own ids in the step's order, so the same number of shards decides alike
+whichever process holds which shard.
 
 What `update(ids, step)` does, with S = `policy.shards` and the id rows
 split by `policy.shard_bounds` (shard `s` owns rows `[b_s, b_{s+1})`):
@@ -21,13 +22,17 @@ So an id only takes a row of its shard: a full shard evicts (or refuses)
 while another may have rows free, and no two ids ever share a row. The
 counters are the shards' sums.
 
+A process may hold only some shards (`held`: worker processes of a
+MultiWorkerMirroredStrategy, `backends.vocabulary.stage`): ids of the
+others read `NOT_HELD`, for the caller to fill in from their holders.
+
 Checkpoints: each piece of state (keys, counts, the sketch, the counters,
 ...) is one tensor `[N, 1]` for all shards, shard `s`'s part a range of its
-rows (`ShardedState`): TF's own save writes it whole;
-`backends.storage.row_sharded_checkpoint` (the Trainer's) writes it shard
-by shard as slices (one process of several: `writes`), and a restore reads
-it back shard by shard. A shard's id table is not saved: a restore
-rebuilds it from the shard's ids and occupied rows.
+rows (`ShardedState`): TF's save writes it whole when every shard is here;
+`backends.storage.row_sharded_checkpoint` writes each process's shards as
+slices of it, so a restore into any number of processes reads the shards
+each holds. A shard's id table is not saved: a restore rebuilds it from
+the shard's ids and occupied rows.
 
 Example:
   >>> index = ShardedIndex("users", 1000, DynamicVocabulary(shards=4))
@@ -40,13 +45,21 @@ from typing import Any
 import tensorflow as tf
 
 from backends import _tf_internal
+from backends.errors import BackendError
 from backends.vocabulary import index as index_lib
 from backends.vocabulary.policy import SKETCH_ROWS, DynamicVocabulary, Eviction
+
+#: The row of an id whose shard another process holds.
+NOT_HELD = -2
 
 #: A shard's state (`VocabularyIndex`'s variables), by kind: one entry a
 #: row, the sketch's cells, one scalar.
 _ROW_STATE = ("keys", "occupied", "counts", "last_seen")
 _SCALARS = ("rows_in_use", "admissions", "evictions", "refused", "default_hits")
+
+
+class ShardedIndexError(BackendError, RuntimeError):
+  """A sharded index asked for what only all its shards can give here."""
 
 
 class ShardedIndex(tf.Module):
@@ -61,9 +74,7 @@ class ShardedIndex(tf.Module):
       fused op (outside XLA contexts).
     devices: shard `s` is made on `devices[s % len(devices)]` (parameter
       servers in turn); None: the current device.
-    writes: whether this process writes the shards' checkpoint slices
-      (False on all worker processes of a multi-worker run but one: each
-      holds every shard).
+    held: the shards this process holds (default: all).
     name: the module's name (default: "vocabulary_index_<table>").
   """
 
@@ -74,7 +85,7 @@ class ShardedIndex(tf.Module):
     policy: DynamicVocabulary,
     fused_ops: Any = None,
     devices: Sequence[str | None] | None = None,
-    writes: bool = True,
+    held: Sequence[int] | None = None,
     name: str | None = None,
   ) -> None:
     policy.check(table, vocabulary_size)
@@ -83,45 +94,49 @@ class ShardedIndex(tf.Module):
     self.vocabulary_size = int(vocabulary_size)
     self.policy = policy
     self.capacity = policy.id_rows(self.vocabulary_size)
+    count = policy.shards
     self.bounds = tuple(policy.shard_bounds(self.vocabulary_size))
+    self.held = tuple(range(count) if held is None else sorted(set(held)))
     devices = list(devices or [None])
     shard_policy = policy.shard_policy()
-    shards = []
-    for s in range(policy.shards):
+    shards = {}
+    for s in self.held:
       with tf.device(devices[s % len(devices)]):
-        shards.append(
-          index_lib.VocabularyIndex(
-            f"{table} (shard {s})",
-            self.bounds[s + 1] - self.bounds[s],
-            shard_policy,
-            name=f"{self.name}_shard_{s}",
-            fused_ops=fused_ops,
-          )
+        shards[s] = index_lib.VocabularyIndex(
+          f"{table} (shard {s})",
+          self.bounds[s + 1] - self.bounds[s],
+          shard_policy,
+          name=f"{self.name}_shard_{s}",
+          fused_ops=fused_ops,
         )
     # Not checkpoint children: their state is saved as `ShardedState`s.
     self._shards = _tf_internal.NoDependency(shards)
+    #: Set by a caller whose shards are apart: sums a dict of int64
+    #: counters over the processes (every process calls `counters` then).
+    self.counter_sum: Callable[[dict], dict] | None = None
     self._restored: set[tuple[str, int]] = set()
     states = _tf_internal.AutoTrackable()
     self._states = _tf_internal.NoDependency({})
     for state, (dtype, spans) in _layout(policy, self.bounds).items():
+      held_vars = {s: getattr(v, state) for s, v in shards.items()}
       self._states[state] = ShardedState(
-        f"{self.name}/{state}",
-        dtype,
-        spans,
-        [getattr(shard, state) for shard in shards],
-        self._was_restored,
-        writes,
+        f"{self.name}/{state}", dtype, spans, held_vars, self._was_restored
       )
       _tf_internal.track_child(states, self._states[state], state)
     _tf_internal.track_child(self, states, "shards")
 
   @property
   def shards(self) -> list[index_lib.VocabularyIndex]:
-    """The shards' indices, in shard order."""
-    return list(self._shards)
+    """The held shards' indices, in shard order."""
+    return [self._shards[s] for s in self.held]
 
-  # The state of the table's rows, read-only: the shards' arrays joined
-  # (shard ranges are consecutive), the sketches one after another.
+  @property
+  def apart(self) -> bool:
+    """Whether other processes hold some of the shards."""
+    return len(self.held) < self.policy.shards
+
+  # The state of the held shards' rows, read-only: their arrays joined (in
+  # shard order; every shard's when all are here, the table's rows).
   @property
   def keys(self) -> tf.Tensor:
     return self._joined("keys")
@@ -152,12 +167,13 @@ class ShardedIndex(tf.Module):
 
   @property
   def fused(self) -> bool:
-    """Whether the shards update with the fused op."""
+    """Whether the held shards update with the fused op."""
     return all(s.fused for s in self.shards)
 
   def index_bytes(self) -> int:
-    """Bytes of state the shards hold (`DynamicVocabulary.index_bytes`)."""
-    return self.policy.index_bytes(self.vocabulary_size)
+    """Bytes of state the held shards hold (`DynamicVocabulary.shard_bytes`)."""
+    each = self.policy.shard_bytes(self.vocabulary_size)
+    return sum(each[s] for s in self.held)
 
   def state_shapes(self) -> dict[str, tuple[int, ...]]:
     """Name -> shape of its state in a checkpoint (under the index)."""
@@ -167,22 +183,27 @@ class ShardedIndex(tf.Module):
     }
 
   def counters(self) -> dict[str, tf.Tensor]:
-    """`VocabularyIndex.counters`, summed over the shards."""
+    """`VocabularyIndex.counters`, summed over the shards (over every
+    process's with `counter_sum`)."""
     each = [shard.counters() for shard in self.shards]
-    return {name: tf.add_n([c[name] for c in each]) for name in each[0]}
+    zero = tf.constant(0, tf.int64)
+    names = ("rows_in_use", "capacity", *_SCALARS[1:])
+    local = {n: tf.add_n([c[n] for c in each]) if each else zero for n in names}
+    return self.counter_sum(local) if self.counter_sum else local
 
   def mapping(self) -> tuple[tf.Tensor, tf.Tensor]:
-    """(keys, rows) of every id with a row, by row (shard after shard)."""
-    keys, rows = [], []
-    for begin, shard in zip(self.bounds, self.shards):
+    """(keys, rows) of every id with a row in the held shards, by row."""
+    keys, rows = [tf.zeros([0], tf.int64)], [tf.zeros([0], tf.int64)]
+    for s, shard in zip(self.held, self.shards):
       k, r = shard.mapping()
       keys.append(k)
-      rows.append(r + begin)
+      rows.append(r + self.bounds[s])
     return tf.concat(keys, 0), tf.concat(rows, 0)
 
   @tf.autograph.experimental.do_not_convert
   def lookup(self, ids: Any) -> tf.Tensor:
-    """int64 [n]: the row of each id (flattened), or -1; changes nothing."""
+    """int64 [n]: the row of each id (flattened), -1 or `NOT_HELD`;
+    changes nothing."""
     keys = index_lib.keys_of(self.table_name, ids)
     rows, _ = self._by_shard(
       keys, lambda shard, part: (shard.lookup(part), None)
@@ -191,7 +212,8 @@ class ShardedIndex(tf.Module):
 
   @tf.autograph.experimental.do_not_convert
   def update(self, ids: Any, step: Any) -> index_lib.IndexUpdate:
-    """Each shard's update on its ids (the module docstring)."""
+    """Each held shard's update on its ids (the module docstring); ids of
+    the other shards read `NOT_HELD`."""
     keys = index_lib.keys_of(self.table_name, ids)
     step = index_lib.step_of(self.table_name, step)
 
@@ -219,13 +241,17 @@ class ShardedIndex(tf.Module):
 
   def _by_shard(self, keys: tf.Tensor, fn) -> tuple[tf.Tensor, tf.Tensor]:
     """`fn(shard, its keys) -> (rows in the shard, reset rows or None)` of
-    every shard; the keys' table rows in input order, and the reset rows."""
+    every held shard; the keys' table rows in input order (`NOT_HELD` for
+    the other shards'), and the reset rows."""
     count = self.policy.shards
     shard = index_lib.shard_of(keys, self.policy.seed, count)
     parts = tf.dynamic_partition(keys, shard, count)
     where = tf.dynamic_partition(tf.range(tf.size(keys)), shard, count)
     rows, resets = [], [tf.zeros([0], tf.int64)]
     for s, part in enumerate(parts):
+      if s not in self._shards:
+        rows.append(tf.fill(tf.shape(part), tf.constant(NOT_HELD, tf.int64)))
+        continue
       got, reset = fn(self._shards[s], part)
       begin = self.bounds[s]
       rows.append(tf.where(got >= 0, got + begin, got))
@@ -280,8 +306,8 @@ class ShardedState(_tf_internal.Trackable):
   `[first_s, first_s + rows_s)`.
 
   Saved by slices as a row-sharded table is (`saves_slices`, the chunk
-  methods of `backends.storage.row_sharded_checkpoint`; only where
-  `writes`), or whole by TF's own save.
+  methods of `backends.storage.row_sharded_checkpoint`), or whole by TF's
+  own save when every shard is here.
   """
 
   def __init__(
@@ -289,16 +315,14 @@ class ShardedState(_tf_internal.Trackable):
     name: str,
     dtype: tf.DType,
     spans: list[tuple[int, int]],
-    variables: list[tf.Variable],
+    held: dict[int, tf.Variable],
     restored: Callable[[str, int], None],
-    writes: bool = True,
   ):
     self.name = name
     self.dtype = dtype
     self._spans = spans
-    self._variables = variables
+    self._held = held
     self._restored = restored
-    self._writes = writes
     self._state = name.rsplit("/", 1)[-1]
     self.shape = tf.TensorShape([sum(n for _, n in spans), 1])
 
@@ -306,19 +330,17 @@ class ShardedState(_tf_internal.Trackable):
     return True
 
   def local_chunks(self) -> list[tuple[str, int, int, tf.Variable, int]]:
-    """Each shard's part: `(slice spec, first row, rows, variable, 0)`."""
+    """Each held shard's part: `(slice spec, first row, rows, variable, 0)`."""
     from backends.storage import row_sharded  # noqa: PLC0415 - no cycle
 
     total = int(self.shape[0])
     return [
       (row_sharded.slice_spec(total, 1, first, rows), first, rows, var, 0)
-      for var, (first, rows) in zip(self._variables, self._spans)
+      for s, var in sorted(self._held.items())
+      for first, rows in [self._spans[s]]
     ]
 
-  def saved_chunks(self) -> list[tuple[str, int, int, tf.Variable, int]]:
-    """What this process writes: every shard's part, or nothing (another
-    process, holding the same shards, writes them)."""
-    return self.local_chunks() if self._writes else []
+  saved_chunks = local_chunks  # each process saves the shards it holds
 
   def read_chunk(self, variable: tf.Variable, local: int, count: int):
     del local, count  # a chunk is a whole shard's variable
@@ -326,11 +348,11 @@ class ShardedState(_tf_internal.Trackable):
       return tf.reshape(variable.read_value(), [-1, 1])
 
   def assign_rows(self, begin: int, rows: Any) -> None:
-    """Rows `[begin, begin + len(rows))` into the shards they cover (each
-    shard's whole part)."""
+    """Rows `[begin, begin + len(rows))` into the held shards they cover
+    (each shard's whole part)."""
     rows = tf.convert_to_tensor(rows, self.dtype)
     end = begin + int(rows.shape[0])
-    for s, variable in enumerate(self._variables):
+    for s, variable in sorted(self._held.items()):
       first, count = self._spans[s]
       if first < begin or first + count > end:
         continue
@@ -347,18 +369,29 @@ class ShardedState(_tf_internal.Trackable):
     if restore:
       return {}  # read shard by shard
     if save:  # the key recorded; the shards written apart
-      device = self._variables[0].device
+      device = next(iter(self._held.values())).device if self._held else ""
       return {
         key: _tf_internal.SaveSpec(
-          lambda: None, "", "", dtype=self.dtype, device=device
+          lambda: None, "", "", dtype=self.dtype, device=device or "/cpu:0"
         )
       }
+    if len(self._held) < len(self._spans):
+      raise ShardedIndexError(
+        f"{self.name}: this process holds shards {sorted(self._held)} of "
+        f"{len(self._spans)}; the others are other processes'. Save it with "
+        "the project's checkpoints (backends.storage.row_sharded_checkpoint."
+        "save, as the Trainer does), which write each process's shards."
+      )
     with tf.device("/cpu:0"):
-      parts = [self.read_chunk(v, 0, 0) for v in self._variables]
-      return {key: tf.concat(parts, 0)}
+      return {
+        key: tf.concat([self.read_chunk(v, 0, 0) for v in self._ordered()], 0)
+      }
+
+  def _ordered(self) -> list[tf.Variable]:
+    return [self._held[s] for s in range(len(self._spans))]
 
   def _restore_from_tensors(self, restored_tensors: dict[str, Any]):
     self.assign_rows(0, restored_tensors[_tf_internal.VARIABLE_VALUE_KEY])
 
 
-__all__ = ["ShardedIndex", "ShardedState"]
+__all__ = ["NOT_HELD", "ShardedIndex", "ShardedIndexError", "ShardedState"]

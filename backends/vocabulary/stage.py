@@ -117,8 +117,10 @@ class VocabularyStage:
             policy,
             fused_ops=fused_ops,
             devices=devices,
-            writes=_writes_checkpoints(strategy),
+            held=_held_shards(strategy, policy.shards),
           )
+          if index.apart:  # counters: every worker's shards
+            index.counter_sum = self._sum_counters
         else:
           index = index_lib.VocabularyIndex(
             name, table.vocabulary_size, policy, fused_ops=fused_ops
@@ -134,11 +136,19 @@ class VocabularyStage:
       for name in self.indices
     }
 
+  @property
+  def apart(self) -> bool:
+    """Whether worker processes hold different shards of an index: then
+    reads, too, map every worker's ids together."""
+    return any(getattr(i, "apart", False) for i in self.indices.values())
+
   def map(self, flat: Sequence[Any], training: bool) -> list[Any]:
     """Per feature, its input with a dynamic table's raw ids made rows.
 
     In a replica function (or with no strategy) for training, which updates
-    the indices once for every replica's ids; anywhere for evaluation.
+    the indices once for every replica's ids; anywhere for evaluation
+    (with shards apart, every worker maps its evaluation batches together
+    too).
     """
     flat = list(flat)
     dynamic = sorted(i for ps in self._positions.values() for i in ps)
@@ -157,21 +167,24 @@ class VocabularyStage:
         "(backend.map_ids outside strategy.run, as the Trainer does), or "
         "compile without jit_compile."
       )
-    if not training:
+    if not training and not self.apart:
       mapped = _per_local_replica(
         lambda part: self._looked_up(part, dynamic), raw
       )
     elif ctx is None:  # cross-replica context (on the host, before a step)
-      mapped = self._merged(self._strategy, raw, dynamic)
+      mapped = self._merged(self._strategy, raw, dynamic, training)
     else:
-      mapped = ctx.merge_call(self._merged, args=(raw, dynamic))
+      mapped = ctx.merge_call(self._merged, args=(raw, dynamic, training))
     for i, value in zip(dynamic, mapped):
       flat[i] = value
     return flat
 
-  def _merged(self, strategy, raw: list[Any], positions: list[int]):
-    """Cross-replica: update the indices with every replica's ids; each
-    replica gets its own inputs back as rows."""
+  def _merged(
+    self, strategy, raw: list[Any], positions: list[int], training=True
+  ):
+    """Cross-replica: update the indices with every replica's ids (or,
+    not `training`, read them); each replica gets its own inputs back as
+    rows."""
     per_replica = _local_replica_parts(raw)
     gathered = _num_workers(strategy) > 1
     out = [list(x) for x in per_replica]
@@ -196,7 +209,17 @@ class VocabularyStage:
       """Every table's update, the resets and the clock: one step."""
       updated = []
       for table, index, where, inputs, pieces, own in planned:
-        rows, reset_rows = index.update_pieces(pieces, self.step)
+        if training:
+          rows, reset_rows = index.update_pieces(pieces, self.step)
+        else:
+          rows = [_read_piece(index, ids, lengths) for ids, lengths in pieces]
+          reset_rows = tf.zeros([0], tf.int64)
+        if getattr(index, "apart", False):
+          rows, count = self._from_holders(rows, pieces)
+          if training:
+            # At most one row a step's id: padded to the ids' count, every
+            # worker's part is as long (see `_gather_parts`).
+            reset_rows = _join_over_workers(self._strategy, reset_rows, count)
         if own is not None:
           rows = [rows[j] for j in own]
         updated.append(_Mapped(table, index, where, inputs, rows, reset_rows))
@@ -213,6 +236,8 @@ class VocabularyStage:
         for u in updated:
           for mapped in u.rows:
             done.append(tf.identity(_with_default(mapped, u.index.default_row)))
+      if not training:
+        return done
       with tf.control_dependencies(done):
         advance = self.step.assign_add(1)
       with tf.control_dependencies([advance]):
@@ -228,6 +253,50 @@ class VocabularyStage:
     if len(out) == 1:
       return out[0]
     return _tf_internal.regroup(tuple(out))
+
+  def _from_holders(
+    self, rows: list[tf.Tensor], pieces: list[tuple[Any, Any]]
+  ) -> tuple[list[tf.Tensor], tf.Tensor]:
+    """Every worker's ids' rows from the workers holding their shards:
+    each id's row is `NOT_HELD` on all workers but its shard's holder, so
+    a sum over the workers of `row + 2` (0 where not held), less 2, is
+    it (-1: no row). Returns the rows in the pieces' shapes and the
+    pieces' entries (a bound of the step's ids).
+
+    Padded bags are summed whole, their padding as 0 (row 0 after, as
+    `piece_rows` gives): a collective's size must not change from step to
+    step (in a loop of steps, one whose size varied met another step's
+    on the other worker: `_gather_parts`).
+    """
+    flat, real = [], []
+    for r, (_, lengths) in zip(rows, pieces):
+      flat.append(tf.reshape(r, [-1]))
+      if lengths is None:
+        real.append(tf.ones_like(flat[-1], tf.bool))
+      else:
+        width = tf.shape(r, out_type=tf.int64)[1]
+        kept = tf.minimum(tf.cast(lengths, tf.int64), width)
+        real.append(tf.reshape(tf.sequence_mask(kept, width), [-1]))
+    flat, real = tf.concat(flat, 0), tf.concat(real, 0)
+    held = tf.logical_and(real, flat != sharded.NOT_HELD)
+    summed = _sum_over_workers(
+      self._strategy, tf.where(held, flat + 2, tf.zeros_like(flat))
+    )
+    found = tf.where(real, summed - 2, tf.zeros_like(summed))
+    sizes = [r.shape.num_elements() for r in rows]
+    if None in sizes:
+      sizes = tf.stack([tf.size(r) for r in rows])
+    parts = tf.split(found, sizes, num=len(rows))
+    back = [tf.reshape(p, tf.shape(r)) for p, r in zip(parts, rows)]
+    return back, tf.size(flat, tf.int64)
+
+  def _sum_counters(self, counters: dict[str, tf.Tensor]) -> dict:
+    """Int64 counters summed over the workers (each worker calls it)."""
+    names = sorted(counters)
+    summed = _sum_over_workers(
+      self._strategy, tf.stack([counters[n] for n in names])
+    )
+    return dict(zip(names, tf.unstack(summed)))
 
   def _looked_up(self, raw: list[Any], positions: list[int]) -> list[Any]:
     """Evaluation: every input's ids as rows, the indices unchanged."""
@@ -363,11 +432,51 @@ def _worker(strategy: tf.distribute.Strategy) -> int:
   return min(ids) // len(ids)
 
 
-def _writes_checkpoints(strategy: tf.distribute.Strategy) -> bool:
-  """Whether this process writes its sharded indices' checkpoint slices:
-  every process holds every shard, so one of them does (the first
-  worker's)."""
-  return _num_workers(strategy) == 1 or _worker(strategy) == 0
+def _held_shards(strategy: tf.distribute.Strategy, shards: int) -> list[int]:
+  """The shards of a sharded index this process holds: with W worker
+  processes mapping together, shard `s` is worker `s mod W`'s; else all."""
+  workers = _num_workers(strategy)
+  if workers == 1:
+    return list(range(shards))
+  worker = _worker(strategy)
+  return [s for s in range(shards) if s % workers == worker]
+
+
+def _per_worker(strategy: tf.distribute.Strategy, value: tf.Tensor, empty):
+  """A per-replica value: `value` on this worker's first local replica,
+  `empty` on its others (so that a gather takes it once a worker)."""
+  from backends.storage import row_sharded  # noqa: PLC0415 - no cycle
+
+  local = len(row_sharded.local_replica_ids(strategy))
+  return _tf_internal.regroup((value,) + (empty,) * (local - 1))
+
+
+def _sum_over_workers(
+  strategy: tf.distribute.Strategy, value: tf.Tensor
+) -> tf.Tensor:
+  """An int64 vector summed over the worker processes (a gather of one
+  row a worker, then a sum: exact)."""
+  row = tf.reshape(value, [1, -1])
+  every = strategy.gather(
+    _per_worker(strategy, row, tf.zeros([0, tf.size(value)], value.dtype)),
+    axis=0,
+  )
+  return tf.reshape(tf.reduce_sum(every, 0), tf.shape(value))
+
+
+def _join_over_workers(
+  strategy: tf.distribute.Strategy, rows: tf.Tensor, bound: tf.Tensor
+) -> tf.Tensor:
+  """Every worker's rows (int64 >= 0, at most `bound` a worker, the same
+  `bound` on every worker), worker after worker: each padded to `bound`
+  with -1 for the gather, the padding dropped after."""
+  padded = tf.pad(
+    rows, [[0, bound - tf.size(rows, tf.int64)]], constant_values=-1
+  )
+  every = strategy.gather(
+    _per_worker(strategy, padded, tf.zeros([0], rows.dtype)), axis=0
+  )
+  return tf.boolean_mask(every, every >= 0)
 
 
 def _gather_workers(
@@ -396,6 +505,14 @@ def _gather_workers(
       if g in global_ids:
         own.append(f * total + g)
   return out, own
+
+
+def _read_piece(index: Any, ids: tf.Tensor, lengths: Any) -> tf.Tensor:
+  """An index's rows of one piece, read only, in the piece's shape."""
+  if lengths is None:
+    return tf.reshape(index.lookup(ids), tf.shape(ids))
+  rows = index.lookup(index_lib.piece_ids(ids, lengths))
+  return index_lib.piece_rows(rows, ids, lengths)
 
 
 def _gather_parts(

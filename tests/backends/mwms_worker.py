@@ -12,10 +12,12 @@ need processes of their own. Three tables train side by side: "t" takes
 the ids as rows; "d" takes the same ids made raw through a dynamic
 vocabulary smaller than the ids it sees (admission, LRU eviction, resets),
 mapped in their own `strategy.run` before each step; "s" takes them made
-raw otherwise through an index in 3 shards. At the end every process reads
-the rows of every id through "s" (as an evaluation reads) and saves a
-checkpoint the project's way (the shards as slices, written by one worker:
-`checkpoint_into`), which `restored_state` reads back into one process.
+raw otherwise through an index in 3 shards, which the 2 workers hold apart
+(shards 0 and 2 on worker 0, 1 on worker 1). At the end every process
+reads the rows of every id through "s" (an evaluation's read: with shards
+apart the workers read together) and saves a checkpoint the project's way
+(each worker its shards, as slices: `checkpoint_into`), which
+`restored_state` reads back into one process.
 """
 
 import json
@@ -227,6 +229,7 @@ def main(
     rows=rows.numpy(),
     counters=np.array([int(counters[k]) for k in sorted(counters)]),
     slooked=looked.numpy(),
+    held=np.array(emb.dynamic_tables()["s"].held),
     **_index_of(emb, sharded, "s"),
   )
 

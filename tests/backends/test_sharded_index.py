@@ -15,7 +15,8 @@ import tensorflow as tf
 
 from backends.tensorcore import kernels
 from backends.vocabulary import DynamicVocabulary
-from backends.vocabulary.sharded import ShardedIndex
+from backends.vocabulary import index as index_lib
+from backends.vocabulary.sharded import NOT_HELD, ShardedIndex
 from tests.backends import test_vocabulary_index as single
 from tests.backends.vocabulary_reference import ReferenceShardedIndex
 
@@ -154,3 +155,32 @@ def test_index_bytes_are_the_shards():
   # Each shard's sketch is sized for its rows: the same state, in parts.
   assert abs(policy.index_bytes(10_000) - whole.index_bytes(10_000)) < 10_000
   assert policy.shard_bounds(10) == [0, 2, 5, 7, 10]
+
+
+def test_processes_holding_shards_apart_hold_their_share():
+  """Shard s on process s mod W (`backends.vocabulary.stage`): the most a
+  process holds is its shards' bytes; the planner counts that share."""
+  policy = DynamicVocabulary(shards=5, admit_after=2)
+  each = policy.shard_bytes(10_000)
+  assert policy.process_bytes(10_000, 1) == sum(each)
+  assert policy.process_bytes(10_000, 2) == sum(each[0::2])  # 3 of 5
+  assert policy.process_bytes(10_000, 5) == max(each)
+  whole = DynamicVocabulary(admit_after=2)
+  assert whole.process_bytes(10_000, 4) == whole.index_bytes(10_000)
+
+
+def test_a_process_holding_some_shards_reads_the_others_as_not_held():
+  """Worker processes hold shards apart: a process's update and lookup
+  give `NOT_HELD` for the ids of shards it does not hold, and its own
+  shards' rows as the whole index gives them."""
+  policy = DynamicVocabulary(shards=3)
+  whole = ShardedIndex("items", LARGE, policy)
+  part = ShardedIndex("items", LARGE, policy, held=[0, 2])
+  assert part.apart and not whole.apart
+  ids = tf.constant(np.arange(40, dtype=np.int64) * 7919 + 2**41)
+  want = whole.update(ids, 0).rows.numpy()
+  got = part.update(ids, 0).rows.numpy()
+  shard = index_lib.shard_of(ids, policy.seed, 3).numpy()
+  np.testing.assert_array_equal(got[shard != 1], want[shard != 1])
+  assert (got[shard == 1] == NOT_HELD).all() and (shard == 1).any()
+  np.testing.assert_array_equal(part.lookup(ids).numpy(), got)

@@ -228,9 +228,10 @@ def test_multi_worker_mirrored_trainer_writes_only_the_chiefs_files(tmp_path):
   steps = 60
   cmd = _launch_cmd(tmp_path, workers=2, ps=0)
   cmd += [
-    # C3's index in 3 shards (written as slices by the first worker); C4,
-    # bags of 1-3 ids, dynamic too (the workers' bags are gathered padded:
-    # flat, of unequal lengths, their gather failed in a loop of steps).
+    # C3's index in 3 shards held apart: worker 0 holds 0 and 2, worker 1
+    # holds 1; C4, bags of 1-3 ids, dynamic too (every collective of the
+    # mapping keeps one size from step to step: the bags are gathered
+    # padded; flat, of unequal lengths, they failed in a loop of steps).
     "--gin_bindings",
     "DynamicVocabulary.shards = 3",
     "--gin_bindings",
@@ -267,7 +268,7 @@ def test_multi_worker_mirrored_trainer_writes_only_the_chiefs_files(tmp_path):
   assert got["strategy"] == "CollectiveAllReduceStrategy"  # MWMS' class
   assert got["backend"] == "tensorcore" and got["replicas"] == 2
   assert got["step"] == steps and got["eval/auc"] > 0.55, got
-  # The counters are the shards' sums: all 1,000 rows.
+  # The counters are summed over the workers' shards: all 1,000 rows.
   assert got["vocabulary/C3/capacity"] == 1000, got
   for table in ("C3", "C4"):
     c = {k.split("/")[-1]: v for k, v in got.items() if f"/{table}/" in k}
@@ -276,7 +277,7 @@ def test_multi_worker_mirrored_trainer_writes_only_the_chiefs_files(tmp_path):
     n for n in os.listdir(tmp_path / "checkpoints") if n.endswith(".index")
   )
   assert saved == ["ckpt-30.index", "ckpt-60.index"]
-  # C3's index written as slices of one tensor for all its shards.
+  # Each worker wrote its shards of C3's index as slices of one tensor.
   sliced = row_sharded_checkpoint.sliced_keys(
     str(tmp_path / "checkpoints" / "ckpt-60")
   )

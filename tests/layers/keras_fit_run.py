@@ -13,8 +13,9 @@ tables, slots, the dynamic table's index and dense weights to OUT.npz.
 
 `users` is a dynamic-vocabulary table: raw 64-bit user ids, more of them
 than its 23 rows, so the layer's `call` maps, admits, evicts and resets
-rows (on MWMS once for the global batch, on the parameter servers in the
-index's critical section, its 2 shards one on each server).
+rows (on MWMS once for the global batch, each worker holding one of its
+2 shards; on the parameter servers in the index's critical section, its 2
+shards one on each server).
 """
 
 import sys
@@ -142,6 +143,8 @@ def main(mode: str, out: str) -> None:
   for i, value in enumerate(dense.get_weights()):
     result[f"dense_{i}"] = value
   index = emb.embedding.dynamic_tables()["users"]
+  # On MWMS each worker holds one of the 2 shards: its ids and rows.
+  result["users.held"] = np.array(index.held)
   result["users.ids"], result["users.rows"] = (
     t.numpy() for t in index.mapping()
   )

@@ -1,7 +1,8 @@
 """`fit` with the Embedding layer on clusters equals `fit` in one process.
 
 MultiWorkerMirroredStrategy (2 worker processes on localhost, tensorcore
-backend) and ParameterServerStrategy (1 worker, 2 parameter servers, tables
+backend; the dynamic table's 2 index shards one on each) and
+ParameterServerStrategy (1 worker, 2 parameter servers, tables
 row-sharded by the parameter_servers backend, steps scheduled by Keras through a
 ClusterCoordinator) train the same model from the same values on the same
 global batches as the default strategy (`keras_fit_run.py`): same tables,
@@ -33,8 +34,9 @@ def reference(tmp_path_factory):
 
 
 def _assert_same(got, want):
-  assert sorted(got.files) == sorted(want.files)
-  for key in want.files:
+  got, want = dict(got), dict(want)
+  assert sorted(got) == sorted(want)
+  for key in want:
     np.testing.assert_allclose(
       got[key], want[key], rtol=1e-5, atol=1e-5, err_msg=key
     )
@@ -66,5 +68,17 @@ def test_multi_worker_mirrored_fit_equals_one_process(tmp_path, reference):
     ],
     cwd=str(cluster_lib.REPO),
   )
-  for i in range(2):
-    _assert_same(np.load(tmp_path / f"w{i}.npz"), reference)
+  workers = [dict(np.load(tmp_path / f"w{i}.npz")) for i in range(2)]
+  # The users index's 2 shards are held apart (one a worker): together,
+  # the one process's ids and rows; the rest each worker has whole.
+  assert [w.pop("users.held").tolist() for w in workers] == [[0], [1]]
+  pairs = np.concatenate(
+    [np.stack([w.pop("users.rows"), w.pop("users.ids")], 1) for w in workers]
+  )
+  pairs = pairs[np.argsort(pairs[:, 0])]
+  want = dict(reference)
+  assert want.pop("users.held").tolist() == [0, 1]
+  np.testing.assert_array_equal(pairs[:, 0], want.pop("users.rows"))
+  np.testing.assert_array_equal(pairs[:, 1], want.pop("users.ids"))
+  for got in workers:
+    _assert_same(got, want)

@@ -78,6 +78,8 @@ RUNTIME = {
   "backends.conformance.ConformanceError",
   "backends.errors.BackendError",
   "backends.input_checks.InvalidInputError",
+  # A plain TF save of an index whose shards other processes hold.
+  "backends.vocabulary.sharded.ShardedIndexError",
   "backends.tensorcore.kernels.KernelBuildError",
   # The checkpoint holds values beyond the table's dtype (saturate_restores).
   "backends.storage.narrow.NarrowRangeError",

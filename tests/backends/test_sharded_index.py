@@ -16,7 +16,11 @@ import tensorflow as tf
 from backends.tensorcore import kernels
 from backends.vocabulary import DynamicVocabulary
 from backends.vocabulary import index as index_lib
-from backends.vocabulary.sharded import NOT_HELD, ShardedIndex
+from backends.vocabulary.sharded import (
+  NOT_HELD,
+  ShardedIndex,
+  ShardedIndexError,
+)
 from tests.backends import test_vocabulary_index as single
 from tests.backends.vocabulary_reference import ReferenceShardedIndex
 
@@ -184,3 +188,12 @@ def test_a_process_holding_some_shards_reads_the_others_as_not_held():
   np.testing.assert_array_equal(got[shard != 1], want[shard != 1])
   assert (got[shard == 1] == NOT_HELD).all() and (shard == 1).any()
   np.testing.assert_array_equal(part.lookup(ids).numpy(), got)
+
+
+def test_a_plain_save_of_shards_held_elsewhere_is_refused(tmp_path):
+  """TF's own save of an index whose other shards other processes hold
+  would write a part as the whole: refused, naming the shards and the
+  save that writes each process's (the Trainer's)."""
+  part = ShardedIndex("items", SMALL, DynamicVocabulary(shards=3), held=[1])
+  with pytest.raises(ShardedIndexError, match=r"holds shards \[1\] of 3"):
+    tf.train.Checkpoint(index=part).write(str(tmp_path / "ckpt"))

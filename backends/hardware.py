@@ -89,6 +89,15 @@ def num_tasks(strategy: tf.distribute.Strategy, job: str) -> int:
   return len(tasks)
 
 
+def synchronous_processes(strategy: tf.distribute.Strategy) -> int:
+  """Worker processes that train one global batch together: a cluster's
+  workers and chief; 1 on parameter servers (each worker's batch is a step
+  of its own) and in one process."""
+  if is_parameter_server(strategy):
+    return 1
+  return max(1, num_tasks(strategy, "worker") + num_tasks(strategy, "chief"))
+
+
 def is_multi_client(strategy: tf.distribute.Strategy) -> bool:
   """Whether `strategy` runs in several processes, each with its replicas.
 
@@ -107,5 +116,6 @@ __all__ = [
   "is_parameter_server",
   "is_tpu",
   "num_tasks",
+  "synchronous_processes",
   "worker_devices",
 ]

@@ -451,15 +451,6 @@ class MemoryPlan:
     ]
 
 
-def _worker_processes(strategy: Any) -> int:
-  """Worker processes a multi-worker strategy trains on (1 otherwise)."""
-  if strategy is None or not hardware.is_multi_client(strategy):
-    return 1
-  return hardware.num_tasks(strategy, "worker") + hardware.num_tasks(
-    strategy, "chief"
-  )
-
-
 def _vocabulary_text(vocabulary: Any) -> str:
   """How a table maps raw ids, in a few words for the plan."""
   if getattr(vocabulary, "unknown", None) is None:
@@ -988,7 +979,7 @@ def plan_memory(
     [],
     list(answer.refusals),
     local_replicas=len(_local_devices(strategy)) or 1,
-    worker_processes=_worker_processes(strategy),
+    worker_processes=hardware.synchronous_processes(strategy),
     row_layout=wanted.row_layout.value if takes_layouts else None,
     host_ram_bytes=host_ram,
     exchange_sigmas=request.exchange_sigmas,

@@ -262,14 +262,22 @@ class DynamicVocabulary:
     sketch = 8 * SKETCH_ROWS * self.sketch_columns(vocabulary_size)
     return per_row * rows + sketch + scalars
 
+  def held_shards(self, process: int, processes: int) -> list[int]:
+    """The shards process `process` of `processes` worker processes holds
+    when they hold them apart: shard `s` is process `s mod processes`'s
+    (every shard with one process)."""
+    return [s for s in range(self.shards) if s % processes == process]
+
   def process_bytes(self, vocabulary_size: int, processes: int) -> int:
-    """The most index bytes one of `processes` worker processes holds,
-    when they hold the shards apart (shard `s` on process `s mod
-    processes`; `backends.vocabulary.stage`); the whole index with one."""
+    """The most index bytes one of `processes` worker processes holds
+    (`held_shards`); the whole index with one."""
     each = self.shard_bytes(vocabulary_size)
-    if processes <= 1 or len(each) == 1:
+    if len(each) == 1:
       return sum(each)
-    return max(sum(each[p::processes]) for p in range(processes))
+    return max(
+      sum(each[s] for s in self.held_shards(p, processes))
+      for p in range(max(1, processes))
+    )
 
   def shard_bytes(self, vocabulary_size: int) -> list[int]:
     """`index_bytes` of each shard (one figure with shards = 1)."""

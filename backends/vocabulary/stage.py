@@ -117,7 +117,7 @@ class VocabularyStage:
             policy,
             fused_ops=fused_ops,
             devices=devices,
-            held=_held_shards(strategy, policy.shards),
+            held=_held_shards(strategy, policy),
           )
           if index.apart:  # counters: every worker's shards
             index.counter_sum = self._sum_counters
@@ -304,9 +304,8 @@ class VocabularyStage:
     for table, index in self.indices.items():
       for k, p in enumerate(positions):
         if p in self._positions[table]:
-          ids = _as_id_vector(flat_ids(raw[k]))
-          rows = _with_default(index.lookup(ids), index.default_row)
-          out[k] = with_ids(raw[k], rows)
+          rows = _read_piece(index, *_as_piece(raw[k]))
+          out[k] = _with_rows(raw[k], _with_default(rows, index.default_row))
     return out
 
   def trackable(self) -> Any:
@@ -414,13 +413,9 @@ def _with_default(rows: tf.Tensor, default_row: int | None) -> tf.Tensor:
 
 
 def _num_workers(strategy: tf.distribute.Strategy) -> int:
-  """Worker processes that map one global batch together (synchronous
-  replicas); a parameter-server worker's batch is a step of its own."""
-  if hardware.is_parameter_server(strategy):
-    return 1
-  resolver = getattr(strategy, "cluster_resolver", None)
-  spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
-  return max(1, len(spec.get("worker", ())) + len(spec.get("chief", ())))
+  """Worker processes that map one global batch together
+  (`hardware.synchronous_processes`)."""
+  return hardware.synchronous_processes(strategy)
 
 
 def _worker(strategy: tf.distribute.Strategy) -> int:
@@ -432,14 +427,12 @@ def _worker(strategy: tf.distribute.Strategy) -> int:
   return min(ids) // len(ids)
 
 
-def _held_shards(strategy: tf.distribute.Strategy, shards: int) -> list[int]:
-  """The shards of a sharded index this process holds: with W worker
-  processes mapping together, shard `s` is worker `s mod W`'s; else all."""
+def _held_shards(strategy: tf.distribute.Strategy, policy: Any) -> list[int]:
+  """The shards of `policy`'s index this process holds
+  (`DynamicVocabulary.held_shards`): all of them in one process."""
   workers = _num_workers(strategy)
-  if workers == 1:
-    return list(range(shards))
-  worker = _worker(strategy)
-  return [s for s in range(shards) if s % workers == worker]
+  worker = 0 if workers == 1 else _worker(strategy)
+  return policy.held_shards(worker, workers)
 
 
 def _per_worker(strategy: tf.distribute.Strategy, value: tf.Tensor, empty):

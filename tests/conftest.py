@@ -23,6 +23,28 @@ if not TF_DEFAULTS:
   # tests' CPU; the arithmetic is the same (no fast-math either way).
   os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
+#: A folder on the PYTHONPATH of the processes tests start: its
+#: sitecustomize turns grappler off in them, as below for this process.
+CHILD_SITE = os.path.join(
+  os.path.dirname(os.path.abspath(__file__)), "child_site"
+)
+
+
+def without_child_site(env: dict) -> dict:
+  """`env` whose PYTHONPATH leaves CHILD_SITE out: a process with TF's
+  defaults, as a user runs it."""
+  parts = env.get("PYTHONPATH", "").split(os.pathsep)
+  kept = os.pathsep.join(p for p in parts if p and p != CHILD_SITE)
+  return {k: v for k, v in env.items() if k != "PYTHONPATH"} | (
+    {"PYTHONPATH": kept} if kept else {}
+  )
+
+
+if not TF_DEFAULTS:
+  os.environ["PYTHONPATH"] = os.pathsep.join(
+    filter(None, [CHILD_SITE, os.environ.get("PYTHONPATH")])
+  )
+
 import gin  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -43,8 +65,8 @@ gc.freeze()
 gc.set_threshold(20_000, 20, 50)
 
 # Grappler (TF's graph optimizer) off in the test processes (~11 % of the
-# in-process tests' CPU). The processes tests start (the CLI, clusters,
-# crash and resume, benchmarks, the serving process) keep it, as users do.
+# in-process tests' CPU), and in the processes they start (CHILD_SITE) but
+# the few that check what a user runs with TF's defaults.
 if not TF_DEFAULTS:
   tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 

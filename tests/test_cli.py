@@ -25,6 +25,7 @@ from tests.cli_runs import (
   train_argv,
   train_bindings,
 )
+from tests.conftest import without_child_site
 
 TINY = tiny(train_steps=6, steps_per_loop=3, eval_steps=2)
 
@@ -236,12 +237,15 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(
     ),
     [],
   )
-  # TF's defaults: its log level, and oneDNN (whose start-up line is noise).
-  env = {
-    k: v
-    for k, v in os.environ.items()
-    if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS")
-  }
+  # TF's defaults: its log level, oneDNN (whose start-up line is noise) and
+  # grappler.
+  env = without_child_site(
+    {
+      k: v
+      for k, v in os.environ.items()
+      if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS")
+    }
+  )
   done = run_recsys(
     "train",
     "--gin_file",

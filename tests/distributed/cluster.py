@@ -86,9 +86,17 @@ def loopback_namespace_prefix() -> list[str] | None:
   return ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
 
 
+def _pythonpath() -> str:
+  """The repo, then this process's PYTHONPATH (tests/conftest.py's
+  CHILD_SITE among it)."""
+  return os.pathsep.join(
+    filter(None, [str(REPO), os.environ.get("PYTHONPATH")])
+  )
+
+
 def subprocess_env(**extra: str) -> dict[str, str]:
   env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-  env.update(TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO), **extra)
+  env.update(TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=_pythonpath(), **extra)
   return env
 
 

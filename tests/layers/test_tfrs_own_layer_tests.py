@@ -44,7 +44,13 @@ def test_tfrs_layer_tests_pass_with_the_import_swapped(tmp_path):
   )
   test_file = tmp_path / "tpu_embedding_layer_test.py"
   test_file.write_text(swapped)
-  env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3")
+  env = dict(
+    os.environ,
+    PYTHONPATH=os.pathsep.join(
+      filter(None, [str(REPO), os.environ.get("PYTHONPATH")])
+    ),
+    TF_CPP_MIN_LOG_LEVEL="3",
+  )
   env.pop("TF_USE_LEGACY_KERAS", None)  # `import recsys` must set it itself
   run = subprocess.run(
     [

@@ -28,6 +28,7 @@ Example:
   'row_sharded'
 """
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
@@ -65,6 +66,36 @@ def owner_capacity(
   share = ids / replicas
   spread = math.sqrt(share * (1.0 - 1.0 / replicas))
   return int(min(ids, math.ceil(share + sigmas * spread) + 1))
+
+
+def contiguous_offsets(vocabulary_size: int, replicas: int) -> list[int]:
+  """The `replicas + 1` row bounds of a table row-sharded in contiguous
+  ranges: `ceil(V / R)` rows each, the last ones shorter (replica `r` owns
+  rows `[offsets[r], offsets[r + 1])`)."""
+  size = -(-vocabulary_size // replicas)
+  return [min(r * size, vocabulary_size) for r in range(replicas)] + [
+    vocabulary_size
+  ]
+
+
+def spreads_evenly(
+  bounds: Sequence[int], vocabulary_size: int, replicas: int
+) -> bool:
+  """Whether row ranges `[bounds[i], bounds[i + 1])` (a dynamic table's
+  index shards) lie each inside one contiguous row shard, as many in
+  each: ids spread uniformly over those ranges (an id's index shard is a
+  hash of the id) then reach every owner alike, as the all-to-all's
+  buckets (`owner_capacity`) expect, however the ranges fill."""
+  if replicas <= 1:
+    return True
+  offsets = contiguous_offsets(vocabulary_size, replicas)
+  per_owner = [0] * replicas
+  for start, end in zip(bounds[:-1], bounds[1:]):
+    owner = bisect.bisect_right(offsets, start) - 1
+    if end <= start or end > offsets[owner + 1]:
+      return False  # an empty range, or one across two owners
+    per_owner[owner] += 1
+  return len(set(per_owner)) == 1
 
 
 def exchange_bytes(

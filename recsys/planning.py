@@ -942,7 +942,13 @@ def plan_memory(
     None if num_shards is None else int(num_shards),
     wanted.forced if takes_layouts else {},
     wanted.by if takes_layouts else {},
-    _exchange_request(wanted) if takes_layouts else layout_lib.Exchange.AUTO,
+    _exchange_request(
+      wanted,
+      {n: t.vocabulary_size for n, t in zip(names, tables)},
+      max(1, int(strategy.num_replicas_in_sync)),
+    )
+    if takes_layouts
+    else layout_lib.Exchange.AUTO,
     wanted.sigmas if takes_layouts else placement_lib.CAPACITY_SIGMAS,
     wanted.row_layout,
     wanted.dtypes,
@@ -1003,13 +1009,19 @@ def plan_memory(
   return plan
 
 
-def _exchange_request(wanted: _Requests) -> Any:
+def _exchange_request(
+  wanted: _Requests, sizes: Mapping[str, int], replicas: int
+) -> Any:
   """The exchanges asked of the planner: as set, except that under "auto"
   and the contiguous row layout a dynamic-vocabulary table takes the
-  all-gather. Its index hands out rows in ascending order, so while it
-  fills, a step's ids crowd the first contiguous shard and would overflow
-  the all-to-all's even-share buckets (the all-gather never overflows; the
-  strided layout spreads an ascending fill, and keeps the all-to-all)."""
+  all-gather unless its index is in shards that spread its ids evenly over
+  the row shards (`placement.spreads_evenly`: e.g. `DynamicVocabulary.
+  shards` = the replicas, the rows divisible by them). An index hands out
+  rows in ascending
+  order, so while it fills, a step's ids crowd the first contiguous shard
+  and would overflow the all-to-all's even-share buckets (the all-gather
+  never overflows; the strided layout spreads an ascending fill, and keeps
+  the all-to-all)."""
   from backends.vocabulary import DynamicVocabulary  # noqa: PLC0415
 
   exchange = wanted.exchange
@@ -1022,6 +1034,9 @@ def _exchange_request(wanted: _Requests) -> Any:
     name
     for name, vocabulary in wanted.vocabularies.items()
     if isinstance(vocabulary, DynamicVocabulary)
+    and not placement_lib.spreads_evenly(
+      vocabulary.shard_bounds(sizes[name]), sizes[name], replicas
+    )
   ]
   return {name: layout_lib.Exchange.ALL_GATHER for name in filling} or exchange
 

@@ -13,6 +13,7 @@ import tensorflow as tf  # noqa: E402
 
 import recsys  # noqa: F401  (Keras 2 before TensorFlow)
 from backends import base as backends_base  # noqa: E402
+from backends import placement as placement_lib  # noqa: E402
 from backends import registry as backends_registry  # noqa: E402
 from backends import table_plan  # noqa: E402
 from recsys import planning  # noqa: E402
@@ -654,12 +655,16 @@ def test_a_filling_dynamic_table_takes_an_exchange_that_cannot_overflow(
   """A dynamic table's index hands out rows in ascending order: under the
   contiguous layout a step's ids crowd the first shard while it fills (an
   overflowing all-to-all, seen on 2 workers), so "auto" gives it the
-  all-gather; a hashed or static table keeps the planner's choice."""
+  all-gather; a hashed or static table keeps the planner's choice, and so
+  does a dynamic table whose index shards split its rows as the replicas
+  do (`spread`: 2 shards on 2 replicas; 4,096 rows, even shards), its ids
+  then spread over the owners by their hash; 3 shards on 2 replicas do
+  not (`uneven`: one crosses the owners' bound)."""
   from backends.vocabulary import DynamicVocabulary, HashedIds
 
   big = {
     name: E.FeatureConfig(E.TableConfig(4096, 8, name=name))
-    for name in ("static", "hashed", "dynamic")
+    for name in ("static", "hashed", "dynamic", "spread", "uneven")
   }
   plan = planning.plan_memory(
     big,
@@ -670,13 +675,42 @@ def test_a_filling_dynamic_table_takes_an_exchange_that_cannot_overflow(
       tables="row_sharded",
       row_layout=row_layout,
       exchange=exchange,
-      vocabularies={"hashed": HashedIds(), "dynamic": DynamicVocabulary()},
+      vocabularies={
+        "hashed": HashedIds(),
+        "dynamic": DynamicVocabulary(),
+        "spread": DynamicVocabulary(shards=2),
+        "uneven": DynamicVocabulary(shards=3),
+      },
     ),
     ids_per_step={name: 512 for name in big},
   )
   rows = {r.table: r for r in plan.rows}
-  assert rows["dynamic"].exchange == want
+  assert rows["dynamic"].exchange == rows["uneven"].exchange == want
   assert rows["static"].exchange == rows["hashed"].exchange == "all_to_all"
+  assert rows["spread"].exchange == "all_to_all"
+
+
+@pytest.mark.parametrize(
+  "bounds, rows, replicas, even",
+  [
+    ([0, 2048, 4096], 4096, 2, True),
+    ([0, 1024, 2048, 3072, 4096], 4096, 2, True),  # two shards an owner
+    ([0, 1365, 2730, 4096], 4096, 2, False),  # the middle one crosses
+    ([0, 2047, 4095], 4096, 2, False),  # 4,095 id rows: off by one
+    ([0, 3, 6, 9, 10], 10, 2, False),  # owners of 5 rows: 3 | 5 crosses
+    ([0, 2, 4, 6, 8, 10], 10, 5, True),
+    ([0, 0, 4], 4, 2, False),  # an empty shard
+    ([0, 7], 7, 1, True),  # one replica: nothing to spread
+  ],
+)
+def test_index_shards_spread_evenly_only_within_one_owner_each(
+  bounds, rows, replicas, even
+):
+  assert placement_lib.spreads_evenly(bounds, rows, replicas) is even
+  offsets = placement_lib.contiguous_offsets(rows, replicas)
+  assert (
+    offsets[0] == 0 and offsets[-1] == rows and len(offsets) == replicas + 1
+  )
 
 
 def test_parameter_servers_take_dynamic_tables_and_the_plan_says_where():

@@ -27,7 +27,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from backends import optimizers
+from backends import optimizers, placement
 from backends.storage import narrow
 
 
@@ -91,12 +91,11 @@ class ContiguousRows(RowLayout):
 
   @classmethod
   def even(cls, vocabulary_size: int, num_shards: int) -> "ContiguousRows":
-    """Equal ranges of `ceil(V / num_shards)` rows; the last ones shorter."""
-    size = -(-vocabulary_size // num_shards)
+    """Equal ranges of `ceil(V / num_shards)` rows; the last ones shorter
+    (`backends.placement.contiguous_offsets`)."""
     return cls(
-      [min(i * size, vocabulary_size) for i in range(num_shards)]
-      + [vocabulary_size],
-      size,
+      placement.contiguous_offsets(vocabulary_size, num_shards),
+      -(-vocabulary_size // num_shards),
     )
 
   def owner(self, ids: tf.Tensor) -> tf.Tensor:

@@ -16,6 +16,7 @@ from backends.layout import TableLayout
 from backends.storage import exchange as exchange_lib
 from backends.storage import row_layout
 from backends.tensorcore.backend import TensorCoreEmbedding
+from backends.vocabulary import DynamicVocabulary
 from tests.backends import test_compiled_path as compiled
 from tests.backends import test_row_sharded as sharded_case
 from tests.conftest import mirrored_strategy
@@ -168,6 +169,76 @@ def test_an_overflowing_bucket_fails_the_step_naming_the_table():
   assert placement.owner_capacity(16, 2) == 16
   acts = lookup(_skewed_case(strategy, sigmas=placement.CAPACITY_SIGMAS))
   # Rows of ones: every mean is exact.
+  np.testing.assert_array_equal(np.concatenate(acts), np.ones((8, 3)))
+
+
+def _filling_case(strategy, shards):
+  """An empty dynamic table row-sharded in contiguous halves over the
+  replicas, the all-to-all with a thin margin; its index in `shards`."""
+  table = E.TableConfig(
+    64, 3, name="new", initializer=tf.keras.initializers.Ones()
+  )
+  with strategy.scope():
+    emb = TensorCoreEmbedding(
+      {"f": E.FeatureConfig(table)},
+      E.SGD(0.1),
+      strategy,
+      bag_widths=4,
+      layouts=TableLayout(
+        "row_sharded",
+        row_layout="contiguous",
+        exchange="all_to_all",
+        exchange_sigmas=0.5,
+        vocabulary=DynamicVocabulary(shards=shards),
+      ),
+    )
+    emb.build()
+  return emb
+
+
+def _first_step(emb, strategy, raw):
+  """Maps each replica's raw ids (training: the index admits them), then
+  looks their rows up; each replica's activations and rows."""
+
+  @tf.function
+  def step(ids):
+    def replica_step(f):
+      rows = emb.map_ids({"f": f}, training=True)["f"]
+      return emb({"f": rows}, training=False)["f"], rows
+
+    return strategy.run(replica_step, args=(ids,))
+
+  ids = strategy.experimental_distribute_values_from_function(
+    lambda ctx: tf.constant(raw[ctx.replica_id_in_sync_group])
+  )
+  acts, rows = step(ids)
+  return (
+    [a.numpy() for a in strategy.experimental_local_results(acts)],
+    [r.numpy() for r in strategy.experimental_local_results(rows)],
+  )
+
+
+def test_index_shards_split_as_the_rows_keep_a_filling_table_in_bounds():
+  """An empty table's index hands out rows in ascending order: in one
+  index, a first step's 32 new ids take rows 0-31, all replica 0's, and
+  each replica's 16 overflow the all-to-all's bucket (its margin thin
+  here; the planner gives such a table the all-gather). In 2 index shards,
+  one a half of the rows, each id's shard is its hash: the ids reach both
+  owners, within the bucket, and read their rows."""
+  strategy = mirrored_strategy(2)
+  raw = (np.arange(32, dtype=np.int64) * 7919 + 2**40).reshape(2, 4, 4)
+  capacity = placement.owner_capacity(16, 2, 0.5)
+  assert capacity < 16
+  with pytest.raises(
+    tf.errors.InvalidArgumentError,
+    match=r"table `new`: in one step a replica sent 16 ids to one owner",
+  ):
+    _first_step(_filling_case(strategy, 1), strategy, raw)
+  acts, rows = _first_step(_filling_case(strategy, 2), strategy, raw)
+  for replica_rows in rows:
+    owners = np.bincount(replica_rows.ravel() // 32, minlength=2)
+    assert owners.min() > 0 and owners.max() <= capacity, owners
+  assert len(np.unique(np.concatenate(rows))) == 32  # a row an id
   np.testing.assert_array_equal(np.concatenate(acts), np.ones((8, 3)))
 
 

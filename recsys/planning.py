@@ -389,6 +389,15 @@ class MemoryPlan:
       )
     if self.row_layout and any(r.row_sharded for r in self.rows):
       out.append(f"row layout of the row-sharded tables: {self.row_layout}")
+    crowded = self._crowding_indices()
+    if crowded:
+      shards = crowded[0].shards
+      out.append(
+        f"{', '.join(r.table for r in crowded)}: the all-gather, as a "
+        "dynamic table filling its contiguous rows from the first takes; "
+        "an index in shards split as the rows are keeps the all-to-all "
+        f"(DynamicVocabulary.shards = {shards}, the rows divisible by it)"
+      )
     exchange = self.exchange_bytes
     if exchange:
       out.append(
@@ -420,6 +429,25 @@ class MemoryPlan:
       out.append(f"REFUSED: {_host_refusal(self)}")
     out.extend(f"WARNING: {w}" for w in self.warnings)
     return "\n".join(out)
+
+  def _crowding_indices(self) -> list[TableMemory]:
+    """Row-sharded dynamic tables on the all-gather whose index shards do
+    not spread their ids over the contiguous row shards
+    (`placement.spreads_evenly`): what `_exchange_request` gives them."""
+    if self.row_layout != layout_lib.RowLayout.CONTIGUOUS.value:
+      return []
+    return [
+      r
+      for r in self.rows
+      if r.row_sharded
+      and r.exchange == placement_lib.ALL_GATHER
+      and hasattr(r.layout.vocabulary, "shard_bounds")
+      and not placement_lib.spreads_evenly(
+        r.layout.vocabulary.shard_bounds(r.vocabulary_size),
+        r.vocabulary_size,
+        r.shards,
+      )
+    ]
 
   def _reasons(self) -> list[str]:
     """Why tables are placed as they are, where it says more than the

@@ -122,10 +122,10 @@ def test_the_plans_bytes_are_the_steps_collectives(replicas):
   assert sent == {"CollectiveAllToAllV2": want}
 
 
-def _skewed_case(strategy, sigmas):
-  """Contiguous rows; every id of the batch in owner 0's range."""
+def _ones_table(strategy, name, rows, layout):
+  """A row-sharded table of ones (every bag's mean exact), bags of 4."""
   table = E.TableConfig(
-    40, 3, name="hot", initializer=tf.keras.initializers.Ones()
+    rows, 3, name=name, initializer=tf.keras.initializers.Ones()
   )
   with strategy.scope():
     emb = TensorCoreEmbedding(
@@ -133,10 +133,17 @@ def _skewed_case(strategy, sigmas):
       E.SGD(0.1),
       strategy,
       bag_widths=4,
-      layouts=TableLayout("row_sharded", exchange_sigmas=sigmas),
+      layouts=layout,
     )
     emb.build()
   return emb
+
+
+def _skewed_case(strategy, sigmas):
+  """Contiguous rows; every id of the batch in owner 0's range."""
+  return _ones_table(
+    strategy, "hot", 40, TableLayout("row_sharded", exchange_sigmas=sigmas)
+  )
 
 
 def test_an_overflowing_bucket_fails_the_step_naming_the_table():
@@ -175,25 +182,18 @@ def test_an_overflowing_bucket_fails_the_step_naming_the_table():
 def _filling_case(strategy, shards):
   """An empty dynamic table row-sharded in contiguous halves over the
   replicas, the all-to-all with a thin margin; its index in `shards`."""
-  table = E.TableConfig(
-    64, 3, name="new", initializer=tf.keras.initializers.Ones()
+  return _ones_table(
+    strategy,
+    "new",
+    64,
+    TableLayout(
+      "row_sharded",
+      row_layout="contiguous",
+      exchange="all_to_all",
+      exchange_sigmas=0.5,
+      vocabulary=DynamicVocabulary(shards=shards),
+    ),
   )
-  with strategy.scope():
-    emb = TensorCoreEmbedding(
-      {"f": E.FeatureConfig(table)},
-      E.SGD(0.1),
-      strategy,
-      bag_widths=4,
-      layouts=TableLayout(
-        "row_sharded",
-        row_layout="contiguous",
-        exchange="all_to_all",
-        exchange_sigmas=0.5,
-        vocabulary=DynamicVocabulary(shards=shards),
-      ),
-    )
-    emb.build()
-  return emb
 
 
 def _first_step(emb, strategy, raw):

@@ -393,10 +393,10 @@ class MemoryPlan:
     if crowded:
       shards = crowded[0].shards
       out.append(
-        f"{', '.join(r.table for r in crowded)}: the all-gather, as a "
-        "dynamic table filling its contiguous rows from the first takes; "
-        "an index in shards split as the rows are keeps the all-to-all "
-        f"(DynamicVocabulary.shards = {shards}, the rows divisible by it)"
+        f"{', '.join(r.table for r in crowded)}: all-gather, their index "
+        "filling the first rows first; DynamicVocabulary.shards = "
+        f"{shards} (the rows divisible by it) spreads their ids over the "
+        "replicas and keeps the all-to-all"
       )
     exchange = self.exchange_bytes
     if exchange:
@@ -1045,11 +1045,10 @@ def _exchange_request(
   all-gather unless its index is in shards that spread its ids evenly over
   the row shards (`placement.spreads_evenly`: e.g. `DynamicVocabulary.
   shards` = the replicas, the rows divisible by them). An index hands out
-  rows in ascending
-  order, so while it fills, a step's ids crowd the first contiguous shard
-  and would overflow the all-to-all's even-share buckets (the all-gather
-  never overflows; the strided layout spreads an ascending fill, and keeps
-  the all-to-all)."""
+  rows in ascending order, so while it fills, a step's ids crowd the first
+  contiguous shard and would overflow the all-to-all's even-share buckets
+  (the all-gather never overflows; the strided layout spreads an
+  ascending fill, and keeps the all-to-all)."""
   from backends.vocabulary import DynamicVocabulary  # noqa: PLC0415
 
   exchange = wanted.exchange

@@ -689,17 +689,12 @@ def test_a_filling_dynamic_table_takes_an_exchange_that_cannot_overflow(
   assert rows["static"].exchange == rows["hashed"].exchange == "all_to_all"
   assert rows["spread"].exchange == "all_to_all"
   # The plan says why, and what keeps the all-to-all, for those it crowds.
-  hint = [
-    line
-    for line in plan.format().splitlines()
-    if "crowd" in line or "split as the rows" in line
-  ]
+  hint = [line for line in plan.format().splitlines() if "their index" in line]
   if want == "all_gather":
     assert hint == [
-      "dynamic, uneven: the all-gather, as a dynamic table filling its "
-      "contiguous rows from the first takes; an index in shards split as "
-      "the rows are keeps the all-to-all (DynamicVocabulary.shards = 2, the "
-      "rows divisible by it)"
+      "dynamic, uneven: all-gather, their index filling the first rows "
+      "first; DynamicVocabulary.shards = 2 (the rows divisible by it) "
+      "spreads their ids over the replicas and keeps the all-to-all"
     ], plan.format()
   else:
     assert hint == [], plan.format()

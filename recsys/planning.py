@@ -441,12 +441,7 @@ class MemoryPlan:
       for r in self.rows
       if r.row_sharded
       and r.exchange == placement_lib.ALL_GATHER
-      and hasattr(r.layout.vocabulary, "shard_bounds")
-      and not placement_lib.spreads_evenly(
-        r.layout.vocabulary.shard_bounds(r.vocabulary_size),
-        r.vocabulary_size,
-        r.shards,
-      )
+      and _crowds_first_rows(r.layout.vocabulary, r.vocabulary_size, r.shards)
     ]
 
   def _reasons(self) -> list[str]:
@@ -1049,8 +1044,6 @@ def _exchange_request(
   contiguous shard and would overflow the all-to-all's even-share buckets
   (the all-gather never overflows; the strided layout spreads an
   ascending fill, and keeps the all-to-all)."""
-  from backends.vocabulary import DynamicVocabulary  # noqa: PLC0415
-
   exchange = wanted.exchange
   if (
     exchange is not layout_lib.Exchange.AUTO
@@ -1060,12 +1053,23 @@ def _exchange_request(
   filling = [
     name
     for name, vocabulary in wanted.vocabularies.items()
-    if isinstance(vocabulary, DynamicVocabulary)
-    and not placement_lib.spreads_evenly(
-      vocabulary.shard_bounds(sizes[name]), sizes[name], replicas
-    )
+    if _crowds_first_rows(vocabulary, sizes[name], replicas)
   ]
   return {name: layout_lib.Exchange.ALL_GATHER for name in filling} or exchange
+
+
+def _crowds_first_rows(
+  vocabulary: Any, vocabulary_size: int, replicas: int
+) -> bool:
+  """Whether a table's vocabulary is a dynamic index whose shards do not
+  spread a filling table's ids over `replicas` contiguous row shards
+  (`placement.spreads_evenly`): its new ids crowd the first rows."""
+  from backends.vocabulary import DynamicVocabulary  # noqa: PLC0415
+
+  if not isinstance(vocabulary, DynamicVocabulary):
+    return False  # static or hashed ids: spread as the data has them
+  bounds = vocabulary.shard_bounds(vocabulary_size)
+  return not placement_lib.spreads_evenly(bounds, vocabulary_size, replicas)
 
 
 def _answered_layout(

@@ -186,7 +186,7 @@ class VocabularyStage:
     not `training`, read them); each replica gets its own inputs back as
     rows."""
     per_replica = _local_replica_parts(raw)
-    gathered = _num_workers(strategy) > 1
+    gathered = hardware.synchronous_processes(strategy) > 1
     out = [list(x) for x in per_replica]
     planned = []
     for table, index in self.indices.items():
@@ -412,12 +412,6 @@ def _with_default(rows: tf.Tensor, default_row: int | None) -> tf.Tensor:
   return tf.where(rows < 0, tf.constant(default_row, tf.int64), rows)
 
 
-def _num_workers(strategy: tf.distribute.Strategy) -> int:
-  """Worker processes that map one global batch together
-  (`hardware.synchronous_processes`)."""
-  return hardware.synchronous_processes(strategy)
-
-
 def _worker(strategy: tf.distribute.Strategy) -> int:
   """This worker's index among the processes of a multi-worker strategy
   (its first replica's global id over its local replicas)."""
@@ -430,7 +424,7 @@ def _worker(strategy: tf.distribute.Strategy) -> int:
 def _held_shards(strategy: tf.distribute.Strategy, policy: Any) -> list[int]:
   """The shards of `policy`'s index this process holds
   (`DynamicVocabulary.held_shards`): all of them in one process."""
-  workers = _num_workers(strategy)
+  workers = hardware.synchronous_processes(strategy)
   worker = 0 if workers == 1 else _worker(strategy)
   return policy.held_shards(worker, workers)
 

@@ -129,10 +129,12 @@ class StepFunctions:
     self._loss_metric = loss_metric
     self._names = list(backend.feature_config)
     self._maps_ids = maps_ids(backend)
-    # The backend has no data-dependent Python control flow: skipping
+    # A backend has no data-dependent Python control flow: skipping
     # autograph's conversion of its code cuts tracing the default
-    # experiment's step from ~25 s to ~5 s. Model code stays converted
-    # (TFRS tasks rely on autograph, e.g. `len(tf.shape(x))`).
+    # experiment's step from ~25 s to ~5 s (the project's own packages are
+    # never converted, `backends._tf_internal.leave_project_code_unconverted`;
+    # this covers a third party's backend). TFRS's code stays converted
+    # (its tasks rely on autograph, e.g. `len(tf.shape(x))`).
     self._backend_lookup = tf.autograph.experimental.do_not_convert(
       backend.lookup
     )

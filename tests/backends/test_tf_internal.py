@@ -9,9 +9,10 @@ upgrade that removes or renames one fails here, naming the symbol and the
 door, not deep inside a backend's step.
 """
 
-import importlib
+import importlib.util
 import inspect
 import pathlib
+import sys
 
 import numpy as np
 import pytest
@@ -147,6 +148,37 @@ def test_the_protocol_methods_backends_override_are_tfs(where):
 
 
 # -- each question, where the answer is known -------------------------------
+
+
+_BRANCHING = """
+def sign(x):
+  if x > 0:  # a tensor as a Python bool: only AutoGraph can trace it
+    return 1
+  return -1
+"""
+
+
+@pytest.mark.parametrize("package", ["backends", "recsys", "tests"])
+def test_autograph_converts_what_the_project_calls_only_outside_it(
+  package, monkeypatch, tmp_path
+):
+  """A function of the project's packages, called from a converted
+  `tf.function`, is traced as written (a tensor used as a bool fails the
+  trace); elsewhere AutoGraph converts it (the tensor becomes a tf.cond)."""
+  source = tmp_path / "probe.py"  # AutoGraph converts what it can read
+  source.write_text(_BRANCHING)
+  name = f"{package}._autograph_probe"
+  spec = importlib.util.spec_from_file_location(name, source)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  monkeypatch.setitem(sys.modules, name, module)
+  step = tf.function(lambda x: module.sign(x))
+  if package == "tests":
+    assert step(tf.constant(2.0)).numpy() == 1
+    assert step(tf.constant(-2.0)).numpy() == -1
+  else:
+    with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
+      step(tf.constant(2.0))
 
 
 def test_in_xla_context_only_in_a_compiled_function():

@@ -621,6 +621,16 @@ class EmbeddingBackend(_tf_internal.AutoTrackable, metaclass=abc.ABCMeta):
 
   # -- lifecycle -------------------------------------------------------------
 
+  def _maybe_build(self) -> None:
+    """Builds on first use, also from inside a replica function.
+
+    TF's V0 builds lazily too: its documented loop first touches
+    `embedding_tables` inside `strategy.run`; `build` then runs once for
+    every replica, in cross-replica context (`base.cross_replica_build`).
+    """
+    if not self._built:
+      self.build()
+
   @abc.abstractmethod
   def build(self) -> None:
     """Creates tables and optimizer slots (call under `strategy.scope()`)."""
@@ -685,11 +695,18 @@ class EmbeddingBackend(_tf_internal.AutoTrackable, metaclass=abc.ABCMeta):
     """Host-side work to run in the input pipeline (e.g. static padding)."""
     return features, weights
 
+  #: The dynamic-vocabulary tables' indices and their mapping
+  #: (`backends.vocabulary.stage.VocabularyStage`), made by `build()` in a
+  #: backend with such tables; None: every table's ids are its rows.
+  _stage: Any = None
+
   def dynamic_tables(self) -> dict[str, Any]:
     """Dynamic-vocabulary table name -> its index
     (`backends.vocabulary.VocabularyIndex`); empty when every table's ids
     are its rows (the default)."""
-    return {}
+    if self._stage is None and self.capabilities.dynamic_vocabularies:
+      self._maybe_build()
+    return dict(self._stage.indices) if self._stage is not None else {}
 
   def map_ids(self, features: Any, training: bool = False) -> Any:
     """`features` with each dynamic-vocabulary table's raw ids made rows.
@@ -700,11 +717,17 @@ class EmbeddingBackend(_tf_internal.AutoTrackable, metaclass=abc.ABCMeta):
     Trainer's way, a TPU's too) or in a replica function (it updates the
     indices once for every replica's ids, `backends.vocabulary.stage`);
     for evaluation (`training=False`) likewise, the indices unchanged.
-    Other features pass untouched; the default (no dynamic table) returns
-    `features` as they are.
+    Other features pass untouched; without dynamic tables `features` are
+    returned as they are.
     """
-    del training
-    return features
+    if not self.capabilities.dynamic_vocabularies:
+      return features
+    self._maybe_build()
+    if self._stage is None:
+      return features
+    flat = self._flatten_like_config(features, "features")
+    mapped = self._stage.map(flat, training)
+    return tf.nest.pack_sequence_as(self._feature_config, mapped)
 
   def _pack_inputs(
     self, flat_features: list[Any], flat_weights: list[Any]

@@ -99,10 +99,6 @@ class MidLevelBackend(base.EmbeddingBackend):
   def _build_mid_level(self, mid: Any) -> None:
     mid.build()
 
-  def _maybe_build(self) -> None:
-    if not self._built:
-      self.build()
-
   def _hand_over_deferred_restores(self, mid: Any) -> None:
     """Moves restores requested before build() to the TF object.
 
@@ -114,9 +110,21 @@ class MidLevelBackend(base.EmbeddingBackend):
     if not pending:
       return
     queued = _tf_internal.deferred_restores(mid)
+    kept = self._own_child_names()
     for name, positions in list(pending.items()):
-      queued.setdefault(name, []).extend(positions)
-    pending.clear()
+      if name not in kept:
+        queued.setdefault(name, []).extend(positions)
+        del pending[name]
+
+  def _own_child_names(self) -> frozenset[str]:
+    """The checkpoint children the backend tracks itself, beside the TF
+    object's (a dynamic table's index): their restores requested before
+    `build()` stay with the backend, which restores them on creation."""
+    return frozenset()
+
+  def _own_children(self) -> dict[str, Any]:
+    """Those children, once made (`_own_child_names`)."""
+    return {}
 
   # -- checkpoint layout: the wrapped object's children, under our node -------
 
@@ -125,7 +133,8 @@ class MidLevelBackend(base.EmbeddingBackend):
   ):
     if getattr(self, "_mid", None) is None:
       return {}
-    return _tf_internal.trackable_children(self._mid, save_type, **kwargs)
+    children = _tf_internal.trackable_children(self._mid, save_type, **kwargs)
+    return {**children, **self._own_children()}
 
   def _lookup_dependency(self, name, cached_dependencies=None):
     if cached_dependencies:

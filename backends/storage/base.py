@@ -20,8 +20,7 @@ from typing import Any, ClassVar
 import tensorflow as tf
 
 from backends import optimizers
-from backends.errors import BackendSettingsError
-from backends.storage import row_init
+from backends.storage import reset
 from backends.table_step import TableStep
 
 
@@ -129,54 +128,16 @@ class TableStorage(abc.ABC):
 
   def initial_rows(self, rows: tf.Tensor) -> dict[str, tf.Tensor]:
     """`{"parameters" | slot: [k, D] float32}`: the starting values of
-    `rows` (int64 `[k]`) in the table and in every optimizer slot.
-
-    The table's come from its row-keyed initializer (a row's values depend
-    on its id alone, `backends.storage.row_init`), or from its initializer
-    drawn for `[k, D]` when that is not row-keyable; a slot's from the
-    optimizer's slot initializer. What a dynamic-vocabulary table writes
-    into a row it gives to a new id (`reset_rows`).
-    """
-    table = self.table
-    rows = tf.cast(tf.reshape(rows, [-1]), tf.int64)
-    shape = tf.stack([tf.size(rows), table.dim])
-    keyed = row_init.RowInitializer.for_table(table)
-    if keyed is not None:
-      params = keyed.rows(rows)
-    else:
-      params = table.initializer(shape, dtype=tf.float32)
-    values = {"parameters": tf.cast(params, tf.float32)}
-    if self.optimizer is not None:
-      # TF's slot initializers are constants (an accumulator's start, or
-      # 0): one row's value, broadcast (`shape` is known only in the step).
-      for slot, init in optimizers.slot_initializers(self.optimizer).items():
-        row = init((1, table.dim), tf.float32)
-        values[slot] = tf.broadcast_to(row, shape)
-    return values
+    `rows` (int64 `[k]`) in the table and in every optimizer slot
+    (`backends.storage.reset.starting_values`): what a dynamic-vocabulary
+    table writes into a row it gives to a new id (`reset_rows`)."""
+    return reset.starting_values(self.table, self.optimizer, rows)
 
   def check_resettable(self) -> None:
     """Raises `BackendSettingsError` naming the table if `initial_rows`
-    cannot give rows known only in a step their starting values (what a
-    dynamic-vocabulary table's reset needs): its initializer is neither
-    row-keyable nor a function of a shape known only then (e.g. a Constant
-    of a whole array). Traces once, computes nothing."""
-    if row_init.RowInitializer.for_table(self.table) is not None:
-      return
-    spec = tf.TensorSpec([None], tf.int64)
-    try:
-      tf.function(self.initial_rows, autograph=False).get_concrete_function(
-        spec
-      )
-    except Exception as e:  # noqa: BLE001 - the initializer's own error
-      initializer = type(self.table.initializer).__name__
-      raise BackendSettingsError(
-        f"table {self.name!r} is dynamic, but its initializer "
-        f"({initializer}) cannot give a reused row its starting value for "
-        f"rows known only in a step ({type(e).__name__}: "
-        f"{str(e).split('. ')[0][:200]}): use a row-keyable initializer "
-        "(uniform, normal, truncated normal, variance scaling, a constant) "
-        "or a function of a symbolic shape."
-      ) from e
+    cannot give rows known only in a step their starting values
+    (`backends.storage.reset.check_resettable`)."""
+    reset.check_resettable(self.table, self.name)
 
   def reset_rows(self, rows: tf.Tensor) -> Any:
     """Writes `rows`' starting values (`initial_rows`) into the table and

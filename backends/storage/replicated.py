@@ -28,7 +28,7 @@ from typing import Any
 import tensorflow as tf
 
 from backends import _tf_internal, optimizers, static_bags
-from backends.storage import base, narrow, row_init
+from backends.storage import base, narrow, reset, row_init
 from backends.table_step import TableStep
 
 log = logging.getLogger("recsys.backends")
@@ -155,12 +155,7 @@ class Replicated(base.TableStorage):
     for key, values in self.initial_rows(rows).items():
       variable = self._variables[key]
       values = narrow.cast(values, variable.dtype)
-      # Each local copy by itself, on its device: a TPU's mirrored variable
-      # has no cross-replica scatter (TPUMirroredVariable.scatter_update
-      # raises NotImplementedError), a component variable has.
-      for copy in self.strategy.experimental_local_results(variable):
-        with tf.device(copy.device):
-          writes.append(copy.scatter_update(tf.IndexedSlices(values, rows)))
+      writes += reset.write_each_copy(self.strategy, variable, rows, values)
     return tf.group(writes)
 
   def _exchanges(self) -> bool:

@@ -186,19 +186,6 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
       static.StaticEngine(self._features)
     )
 
-  def dynamic_tables(self) -> dict[str, Any]:
-    self._maybe_build()
-    return dict(self._stage.indices) if self._stage is not None else {}
-
-  @_not_converted
-  def map_ids(self, features: Any, training: bool = False) -> Any:
-    self._maybe_build()
-    if self._stage is None:
-      return features
-    flat = self._flatten_like_config(features, "features")
-    mapped = self._stage.map(flat, training)
-    return tf.nest.pack_sequence_as(self._feature_config, mapped)
-
   # -- variables -----------------------------------------------------------
 
   @base.cross_replica_build
@@ -347,16 +334,6 @@ class ComposedEmbedding(base.EmbeddingBackend, metaclass=abc.ABCMeta):
           saturated.largest,
         )
     return out
-
-  def _maybe_build(self):
-    """Builds on first use, also from inside a replica function.
-
-    TF's V0 builds lazily too: its documented loop first touches
-    `embedding_tables` inside `strategy.run`; `build` then runs once for
-    every replica, in cross-replica context (`base.cross_replica_build`).
-    """
-    if not self._built:
-      self.build()
 
   # -- host side -------------------------------------------------------------
 

@@ -615,7 +615,7 @@ class EmbeddingPlacement:
       `@HashedIds()` (hashed into the rows, collisions and all: the
       classic baseline), or one of them for every table; on a backend
       that maps ids (`Capabilities.dynamic_vocabularies`: tensorcore,
-      parameter_servers).
+      parameter_servers, tpu_embedding_v0).
       Default: none, every table's ids are its rows.
 
   These are the one home of a table's layout: the backend's options

@@ -747,15 +747,26 @@ def test_parameter_servers_take_dynamic_tables_and_the_plan_says_where():
   text = plan.format()
   assert "big dynamic (lfu eviction, index in 4 shards," in text
   assert "on the parameter servers, for every worker (a whole " in text
+  # TF's V0 keeps plain variables a reused row can be reset in; the
+  # embedding engine's memory (TPUEmbedding V1, V2) has no write of a row.
+  v0 = planning.plan_memory(
+    _sizes_config(),
+    E.Adagrad(0.1),
+    device_memory_bytes=10**9,
+    backend="tpu_embedding_v0",
+    placement=placement,
+  )
+  assert {r.table: r.layout.vocabulary for r in v0.rows}["big"] == policy
   with pytest.raises(
     planning.PlacementSettingsError,
-    match=r"\[.big.\].*parameter_servers.*tensorcore",
+    match=r"\[.big.\].*'tpu_embedding' backend cannot map raw ids.*"
+    r"parameter_servers.*tensorcore.*tpu_embedding_v0",
   ):
     planning.plan_memory(
       _sizes_config(),
       E.Adagrad(0.1),
       device_memory_bytes=10**9,
-      backend="tpu_embedding_v0",
+      backend="tpu_embedding",
       placement=placement,
     )
 

@@ -15,23 +15,37 @@ gradients into row gradients, keeps only the rows the step looked up (V0's
 densified bags also gather row 0 as padding, with zero weight), sums them
 over the replicas and calls `backends.optimizers.apply_sparse_update`.
 
+Dynamic-vocabulary tables (`layouts=` with a `vocabulary`): the raw ids are
+mapped to rows on the host before the replica step (`map_ids`, the
+Trainer's loop), so V0's tables stay static; a row given to a new id is
+reset, with every slot, in each replica's copy of TF's variables; a
+"zeros" table's ids without a row are left out of their bags (a dense
+id's activation is zeros) and train nothing.
+
 `backend="auto"` never picks this backend: the project's `tensorcore`
 implements the same design with static shapes, de-duplicated gathers, input
 validation and row-only exchange between replicas, and runs under every
 strategy; choose `tpu_embedding_v0` by name to get TF's class itself.
 
 No TPU was reachable where this was written: this backend has only been
-checked on CPU, for its refusals and its gradient bookkeeping.
+checked on CPU, with TF's own `TPUEmbeddingV0` there (its TPUStrategy
+check redirected, `tests/backends/test_tpu_embedding_v0.py`): its
+refusals, its gradient bookkeeping, and its training of static and
+dynamic tables against `tensorcore` on 1 and 2 replicas.
 """
 
+from collections.abc import Mapping
 from typing import Any
 
 import tensorflow as tf
 from tensorflow.tpu.experimental import embedding
 
-from backends import _tf_internal, base, hardware, optimizers
+from backends import _tf_internal, base, hardware, layout, optimizers
 from backends import pending as pending_lib
 from backends.mid_level import common as mid_level
+from backends.storage import reset
+from backends.vocabulary import stage as stage_lib
+from backends.vocabulary.hashed import HashedIds
 
 
 class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
@@ -41,6 +55,10 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
     feature_config: nested structure of `FeatureConfig`.
     optimizer: default embedding optimizer (applied with TPU semantics).
     strategy: a `TPUStrategy` (any embedding feature).
+    bag_widths: see `EmbeddingBackend` (unused: V0 densifies on the host).
+    layouts: table name -> `TableLayout` (as `recsys.planning` plans
+      them): only a layout's `vocabulary` is read (every table is whole on
+      every replica): a dynamic table's index lives on the host.
 
   Example:
     >>> emb = backends.create(feature_config, Adagrad(0.05), tpu_strategy,
@@ -50,22 +68,46 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
   name = "tpu_embedding_v0"
   # TF's TPUEmbeddingV0 looks rows up with plain gathers: no simulated
   # quantization, no SparseCore layouts, float32 tables.
-  capabilities = base.Capabilities(needs_tpu=True, quantization=False)
+  capabilities = base.Capabilities(
+    needs_tpu=True, quantization=False, dynamic_vocabularies=True
+  )
 
   def __init__(
     self,
     feature_config: Any,
     optimizer: Any | None = None,
     strategy: tf.distribute.Strategy | None = None,
-    **kwargs: Any,
+    *,
+    bag_widths: None | int | Mapping[str, int] = None,
+    layouts: layout.TableLayout
+    | Mapping[str, layout.TableLayout]
+    | None = None,
   ):
-    super().__init__(feature_config, optimizer, strategy, **kwargs)
+    super().__init__(feature_config, optimizer, strategy, bag_widths=bag_widths)
     for table in self._tables:
       optimizers.check_supported(
         self.optimizer_for(table), self.table_name(table)
       )
     self._pending = _tf_internal.NoDependency(
       pending_lib.PendingLookups(self.name)
+    )
+    if isinstance(layouts, layout.TableLayout):  # one for every table
+      layouts = {self.table_name(t): layouts for t in self._tables}
+    self._dynamic = {
+      name: held.vocabulary
+      for name, held in (layouts or {}).items()
+      if held.vocabulary is not None
+    }
+    tables = {self.table_name(t): t for t in self._tables}
+    for name, vocabulary in self._dynamic.items():
+      vocabulary.check(name, tables[name].vocabulary_size)
+    #: The indices' checkpoint node (`VocabularyStage.trackable`), once built.
+    self._stage_node: Any = None
+    #: Tables whose ids without a row (the index's -1) read zeros.
+    self._zeros = frozenset(
+      name
+      for name, vocabulary in self._dynamic.items()
+      if getattr(vocabulary, "unknown", None) == "zeros"
     )
 
   @classmethod
@@ -82,14 +124,110 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
     config, _ = mid_level.tf_feature_config(self)
     return embedding.TPUEmbeddingV0(config, optimizer=None)
 
+  def layouts(self) -> dict[str, layout.TableLayout]:
+    """Every table whole on every replica, float32, with its vocabulary."""
+    return {
+      self.table_name(t): layout.TableLayout(
+        dtype=t.dtype.name, vocabulary=self._dynamic.get(self.table_name(t))
+      )
+      for t in self._tables
+    }
+
+  # -- dynamic-vocabulary tables -------------------------------------------
+
+  def _own_child_names(self) -> frozenset[str]:
+    return frozenset({stage_lib.CHECKPOINT_KEY} if self._dynamic else ())
+
+  def _own_children(self) -> dict[str, Any]:
+    if self._stage_node is None:
+      return {}
+    return {stage_lib.CHECKPOINT_KEY: self._stage_node}
+
+  def _build_mid_level(self, mid: Any) -> None:
+    """TF's tables and slots, then the dynamic tables' indices (restored
+    here when a checkpoint's restore was requested before `build()`)."""
+    super()._build_mid_level(mid)
+    if not self._dynamic:
+      return
+    tables = {self.table_name(t): t for t in self._tables}
+    for name, vocabulary in self._dynamic.items():
+      if not isinstance(vocabulary, HashedIds):  # hashed: never resets
+        reset.check_resettable(tables[name], name)
+    self._stage = _tf_internal.NoDependency(
+      stage_lib.VocabularyStage(
+        {n: (tables[n], v) for n, v in self._dynamic.items()},
+        self.feature_table_names(),
+        self._strategy,
+        self._reset_rows,
+      )
+    )
+    self._stage_node = _tf_internal.NoDependency(self._stage.trackable())
+    _tf_internal.track_child(self, self._stage_node, stage_lib.CHECKPOINT_KEY)
+
+  def _reset_rows(self, name: str, rows: tf.Tensor) -> Any:
+    """Writes `rows`' starting values into table `name` and its slots, in
+    each replica's copy of TF's variables (cross-replica context)."""
+    table = next(t for t in self._tables if self.table_name(t) == name)
+    variables = _tf_internal.mid_level_variables(self._mid)[name]
+    rows = tf.cast(tf.reshape(rows, [-1]), tf.int64)
+    values = reset.starting_values(table, self.optimizer_for(table), rows)
+    writes = []
+    for key, value in values.items():
+      writes += reset.write_each_copy(
+        self._strategy, variables[key], rows, value
+      )
+    return tf.group(writes)
+
+  def _without_unknown_ids(
+    self, flat_ids: list[Any], flat_weights: list[Any]
+  ) -> tuple[list[Any], list[Any], list[Any]]:
+    """The bags of "zeros" tables without their -1 ids: `(ids, weights,
+    masks)`, `masks[i]` a dense feature's `ids >= 0` (its -1 reads row 0,
+    then zeros), else None."""
+    ids_out, weights_out, masks = [], [], []
+    for (_, feature), ids, weights in zip(
+      self._flat_features, flat_ids, flat_weights
+    ):
+      mask = None
+      if self.table_name(feature.table) in self._zeros:
+        ids, weights, mask = _drop_negative(ids, weights)
+      ids_out.append(ids)
+      weights_out.append(weights)
+      masks.append(mask)
+    return ids_out, weights_out, masks
+
+  def _v0_lookup(self, features: Any, weights: Any) -> tuple[Any, list[Any]]:
+    """TF's V0 lookup of `features`, "zeros" tables' -1 ids left out:
+    `(activations, the flat ids looked up)`."""
+    flat = self._flatten_like_config(features, "features")
+    if not self._zeros:
+      return self._mid.embedding_lookup(features, weights), flat
+    flat_weights = (
+      self._flatten_like_config(weights, "weights")
+      if weights is not None
+      else [None] * len(flat)
+    )
+    flat, flat_weights, masks = self._without_unknown_ids(flat, flat_weights)
+    packed, packed_weights = self._pack_inputs(flat, flat_weights)
+    activations = tf.nest.flatten(
+      self._mid.embedding_lookup(packed, packed_weights)
+    )
+    activations = [
+      a if m is None else a * tf.cast(m, a.dtype)[..., tf.newaxis]
+      for a, m in zip(activations, masks)
+    ]
+    touched = [
+      i if m is None else tf.boolean_mask(i, m) for i, m in zip(flat, masks)
+    ]
+    return tf.nest.pack_sequence_as(self._feature_config, activations), touched
+
   def lookup(
     self, features: Any, weights: Any | None = None, training: bool = False
   ) -> Any:
     """TF's V0 lookup; with `training=True`, recorded for `apply_gradients`."""
     self._maybe_build()
-    flat = self._flatten_like_config(features, "features")
     if not training:
-      return self._mid.embedding_lookup(features, weights)
+      return self._v0_lookup(features, weights)[0]
     tables = [
       self._variables_by_table()[self.table_name(t)]["parameters"]
       for t in self._tables
@@ -98,7 +236,7 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
       watch_accessed_variables=False, persistent=False
     ) as tape:
       tape.watch(tables)
-      activations = self._mid.embedding_lookup(features, weights)
+      activations, flat = self._v0_lookup(features, weights)
     touched = touched_ids(
       self._flat_features,
       flat,
@@ -146,6 +284,32 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
   def input_options(self) -> tf.distribute.InputOptions:
     """Bags stay on the host, where V0 densifies them."""
     return tf.distribute.InputOptions(experimental_fetch_to_device=False)
+
+
+def _drop_negative(ids: Any, weights: Any) -> tuple[Any, Any, Any]:
+  """A bag's ids without the negative ones (and their weights): `(ids,
+  weights, None)`; dense ids (one per position, no bag to leave them out
+  of) keep their positions: `(ids with 0 for each negative, weights, ids
+  >= 0)`, the caller zeroing those positions' activations."""
+  if isinstance(ids, tf.SparseTensor):
+    keep = ids.values >= 0
+    kept = tf.sparse.retain(ids, keep)
+    return (
+      kept,
+      None if weights is None else tf.sparse.retain(weights, keep),
+      None,
+    )
+  if isinstance(ids, tf.RaggedTensor):
+    keep = ids >= 0
+    kept = tf.ragged.boolean_mask(ids, keep)
+    return (
+      kept,
+      None if weights is None else tf.ragged.boolean_mask(weights, keep),
+      None,
+    )
+  ids = tf.convert_to_tensor(ids)
+  mask = ids >= 0
+  return tf.where(mask, ids, tf.zeros_like(ids)), weights, mask
 
 
 def _feature_ids(feature: Any, ids: Any) -> tf.Tensor:

@@ -15,9 +15,10 @@ compared with the CPU run's. Exits with status 1 if any differs beyond the
 tolerance, and with status 2 within `--connect_timeout` seconds if the TPU
 cannot be reached.
 
-`tensorcore+dynamic` trains `tensorcore` with the `users` table dynamic
-(`backends.vocabulary.DynamicVocabulary`: raw 64-bit ids of 1,009 users
-into 64 rows, so rows are evicted and reset): each batch is mapped on the
+`tensorcore+dynamic` and `tpu_embedding_v0+dynamic` train those backends
+with the `users` table dynamic (`backends.vocabulary.DynamicVocabulary`:
+raw 64-bit ids of 1,009 users into 64 rows, so rows are evicted and
+reset), from its row-keyed initial values: each batch is mapped on the
 host in cross-replica context before `strategy.run`, as the Trainer does,
 and every tensor of its checkpoint (tables, slots, the index: its ids,
 rows and counters exactly) is compared with `tensorcore+dynamic@cpu`'s.
@@ -42,14 +43,17 @@ from typing import Any
 from recsys.errors import RecsysError
 
 OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
-#: tensorcore with a dynamic-vocabulary `users` table (not a backend name).
-DYNAMIC = "tensorcore+dynamic"
+#: A backend with a dynamic-vocabulary `users` table: `<backend>` + this.
+WITH_DYNAMIC = "+dynamic"
+#: tensorcore with a dynamic `users` table: the dynamic runs' reference.
+DYNAMIC = "tensorcore" + WITH_DYNAMIC
 TPU_BACKENDS = (
   "tensorcore",
   "auto",
   "tpu_embedding",
   "tpu_embedding_v0",
   DYNAMIC,
+  "tpu_embedding_v0" + WITH_DYNAMIC,
 )
 REFERENCE = "tensorcore@cpu"  # tensorcore, uncompiled, on this machine's CPU
 ON_CPU = "@cpu"
@@ -161,7 +165,17 @@ def _feature_config(dynamic: bool = False):
 
 def _reference(backend: str) -> str:
   """The CPU run `backend`'s TPU run is compared with."""
-  return DYNAMIC + ON_CPU if backend == DYNAMIC else REFERENCE
+  return DYNAMIC + ON_CPU if _is_dynamic(backend) else REFERENCE
+
+
+def _is_dynamic(run: str) -> bool:
+  """Whether `run` (`<backend>[+dynamic][@cpu]`) has a dynamic table."""
+  return run.removesuffix(ON_CPU).endswith(WITH_DYNAMIC)
+
+
+def _backend_of(run: str) -> str:
+  """The registered backend (or "auto") `run` trains."""
+  return run.removesuffix(ON_CPU).removesuffix(WITH_DYNAMIC)
 
 
 def _raw_user_ids(users: Any) -> Any:
@@ -202,7 +216,7 @@ def _train_one(args, backend: str, optimizer: str, out: str) -> None:
 
   import recsys  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
 
-  dynamic = backend.removesuffix(ON_CPU) == DYNAMIC
+  dynamic = _is_dynamic(backend)
   if backend.endswith(ON_CPU):  # the TPU's global batches, one CPU replica
     path = train_and_save(
       tf.distribute.get_strategy(),
@@ -222,7 +236,7 @@ def _train_one(args, backend: str, optimizer: str, out: str) -> None:
   strategy = tf.distribute.TPUStrategy(resolver)
   path = train_and_save(
     strategy,
-    "tensorcore" if dynamic else backend,
+    _backend_of(backend),
     optimizer,
     args.steps,
     args.per_replica_batch,
@@ -247,8 +261,9 @@ def train_and_save(
   `replicas`: on a one-replica strategy, train on the global batches that
   this many replicas would see (each step the replicas' batches joined).
   `dynamic`: the `users` table takes raw ids through a dynamic vocabulary
-  (a backend built from layouts: tensorcore), each batch mapped on the
-  host before `strategy.run`.
+  (tensorcore, tpu_embedding_v0), each batch mapped on the host before
+  `strategy.run`; it starts from its row-keyed initial values (TF's V0
+  draws its own), those a reused row starts again from.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -282,6 +297,13 @@ def train_and_save(
   )
   with strategy.scope():
     emb.build()
+  if dynamic:
+    from backends.storage import reset  # pylint: disable=g-import-not-at-top
+
+    for table, variable in emb.embedding_tables.items():
+      if table.name == "users":
+        rows = tf.range(table.vocabulary_size, dtype=tf.int64)
+        variable.assign(reset.starting_values(table, None, rows)["parameters"])
   joined = replicas or 1
   global_batch = per_replica_batch * strategy.num_replicas_in_sync * joined
 
@@ -543,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
   )
   candidates = []
   for name in [b for b in args.backends.split(",") if b]:
-    registered = "tensorcore" if name == DYNAMIC else name
+    registered = _backend_of(name)
     reason = (
       None
       if name == "auto"
@@ -563,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
       path = _run_child(args, backend, optimizer, out)
       if path is None:
         failures += 1
-      elif backend.removesuffix(ON_CPU) == DYNAMIC:  # the index too
+      elif _is_dynamic(backend):  # the index too
         runs[backend] = read_checkpoint(path)
       else:
         runs[backend] = read_on_cpu(path, optimizer)

@@ -24,6 +24,7 @@ from backends.vocabulary import (
   HashedIndex,
   VocabularyIndex,
 )
+from tests.backends import tf_v0_on_cpu
 from tests.backends.replica_steps import strategy_for
 
 embedding = tf.tpu.experimental.embedding
@@ -404,3 +405,149 @@ def test_an_initializer_that_cannot_reset_a_row_is_refused_when_built():
   )
   with pytest.raises(BackendSettingsError, match=r"table 't'.*Constant"):
     emb.build()
+
+
+# -- TF's own TPUEmbeddingV0 (the tpu_embedding_v0 backend) on CPU -----------
+
+
+@pytest.fixture
+def v0_on_cpu(monkeypatch):
+  """TF's `TPUEmbeddingV0` itself, on CPU (`tests/backends/tf_v0_on_cpu`)."""
+  return tf_v0_on_cpu.allow(monkeypatch)
+
+
+def _v0_tables(v0_class, optimizer, policy, strategy=None, build=True):
+  """The V0 backend with `_tables`' table, its values those of the
+  row-keyed initializer `_tables` gives (TF's V0 draws its own)."""
+  table = embedding.TableConfig(
+    vocabulary_size=CAPACITY, dim=DIM, name="t", combiner="sum"
+  )
+  emb = v0_class(
+    {"f": embedding.FeatureConfig(table=table)},
+    optimizer,
+    strategy,
+    layouts={"t": TableLayout(vocabulary=policy)},
+  )
+  if build:
+    _v0_start_like_tensorcore(emb, table)
+  return emb, table
+
+
+def _v0_start_like_tensorcore(emb, table):
+  with emb.strategy.scope():
+    emb.build()
+  static, static_table = _tables(embedding.SGD(0.1), None)
+  emb.embedding_tables[table].assign(static.embedding_tables[static_table])
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu-unknown_row", "admit2-age"])
+def test_tf_v0_trains_as_numpy_on_the_rows_the_index_gives(v0_on_cpu, policy):
+  """The V0 backend maps raw ids with the same index, resets a reused row
+  and its slots in TF's variables, and leaves a "zeros" table's unknown
+  ids out (zeros, no training): the NumPy run of the tensorcore test."""
+  stream = _stream()
+  want_values, want_slots, want_acts, want_index = _numpy_run(
+    stream, OPTIMIZERS["adagrad"](), POLICIES[policy]
+  )
+  emb, table = _v0_tables(v0_on_cpu, OPTIMIZERS["adagrad"](), POLICIES[policy])
+  acts = _train(emb, stream)
+  values, slots, counters, mapping = _state(emb, table)
+  for got, want in zip(acts, want_acts):
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(values, want_values, rtol=1e-6, atol=1e-6)
+  for k in want_slots:
+    np.testing.assert_allclose(slots[k], want_slots[k], rtol=1e-6, atol=1e-6)
+  assert counters == {k: int(v) for k, v in want_index.counters().items()}
+  assert counters["evictions"] > 0, counters
+  if policy == "admit2-age":
+    assert counters["default_hits"] > 0, counters
+  for got, want in zip(mapping, want_index.mapping()):
+    np.testing.assert_array_equal(got, want.numpy())
+
+
+def test_tf_v0_on_two_replicas_equals_one_and_resumes_from_a_checkpoint(
+  v0_on_cpu, tmp_path
+):
+  """2 replicas (each replica's copy of a reused row reset by itself) end
+  as one; a checkpoint taken mid-stream and restored before the backend is
+  built (the index restored when made, TF's variables by TF) resumes
+  exactly."""
+  stream = _stream(steps=6)
+  policy = POLICIES["admit2-age"]
+  one, table = _v0_tables(v0_on_cpu, embedding.Adagrad(0.25), policy)
+  _train(one, stream)
+  want = _state(one, table)
+  two, table2 = _v0_tables(
+    v0_on_cpu, embedding.Adagrad(0.25), policy, strategy_for(2)
+  )
+  _train(two, stream, replicas=2)
+  got = _state(two, table2)
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
+  for k in want[1]:
+    np.testing.assert_allclose(got[1][k], want[1][k], rtol=1e-6, atol=1e-6)
+  assert got[2] == want[2]
+  for a, b in zip(got[3], want[3]):
+    np.testing.assert_array_equal(a, b)
+
+  first, _ = _v0_tables(v0_on_cpu, embedding.Adagrad(0.25), policy)
+  _train(first, stream[:3])
+  path = tf.train.Checkpoint(embedding=first).save(str(tmp_path / "ckpt"))
+  second, table3 = _v0_tables(
+    v0_on_cpu, embedding.Adagrad(0.25), policy, build=False
+  )
+  status = tf.train.Checkpoint(embedding=second).restore(path)
+  with second.strategy.scope():
+    second.build()
+  status.assert_consumed()
+  _train(second, stream[3:], first_step=3)
+  resumed = _state(second, table3)
+  np.testing.assert_array_equal(resumed[0], want[0])
+  for k in want[1]:
+    np.testing.assert_array_equal(resumed[1][k], want[1][k])
+  assert resumed[2] == want[2]
+  for a, b in zip(resumed[3], want[3]):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["ragged", "sparse"])
+def test_tf_v0_leaves_unknown_ids_out_of_bags_as_tensorcore_does(
+  v0_on_cpu, kind
+):
+  """Bags of a "zeros" table: the ids without a row (admitted after their
+  second occurrence) are left out of the bag, with their weights, on TF's
+  V0 as on tensorcore: the same activations and the same training."""
+  policy = DynamicVocabulary(admit_after=2)
+  bags = [
+    [[5, 7], [7], [9, 5, 11]],
+    [[7, 13], [5, 5], [11]],
+    [[13], [9, 7, 5], [21, 23]],
+  ]
+  raw = [np.array(b, dtype=object) for b in bags]
+  built = {}
+  for name, make in {
+    "tensorcore": lambda: _tables(embedding.Adagrad(0.25), policy),
+    "v0": lambda: _v0_tables(v0_on_cpu, embedding.Adagrad(0.25), policy),
+  }.items():
+    emb, table = make()
+    seen = []
+    for step, b in enumerate(raw):
+      ids = tf.ragged.constant(list(b), dtype=tf.int64) * 1_000_003
+      weights = tf.ragged.map_flat_values(
+        lambda v: tf.cast(v % 3 + 1, tf.float32) / 2, ids
+      )
+      if kind == "sparse":
+        ids, weights = ids.to_sparse(), weights.to_sparse()
+      mapped = emb.map_ids({"f": ids}, training=True)
+      acts = emb.lookup(mapped, {"f": weights}, training=True)["f"]
+      seen.append(acts.numpy())
+      emb.apply_gradients({"f": tf.constant(_cotangent(step, 3))})
+    built[name] = (seen, _state(emb, table))
+  (want_acts, want), (got_acts, got) = built["tensorcore"], built["v0"]
+  for a, b in zip(got_acts, want_acts):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+  assert np.all(want_acts[2][2] == 0)  # 21 and 23 seen once: no row yet
+  assert not np.all(want_acts[2][1] == 0)
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
+  for k in want[1]:
+    np.testing.assert_allclose(got[1][k], want[1][k], rtol=1e-6, atol=1e-6)
+  assert got[2] == want[2] and got[2]["default_hits"] > 0

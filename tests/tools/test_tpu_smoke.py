@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from recsys.tools import tpu_smoke
+from tests.backends import tf_v0_on_cpu
 from tests.conftest import mirrored_strategy
 
 
@@ -108,17 +109,23 @@ def test_cpu_reference_equals_replicas_on_the_same_global_batches(tmp_path):
 
 
 @pytest.mark.slow
-def test_dynamic_run_on_two_replicas_equals_the_joined_cpu_reference(tmp_path):
-  """tensorcore+dynamic maps each batch on the host before strategy.run (a
-  TPU's way): on 2 replicas its checkpoint — tables, slots and the index's
-  ids, rows and counters — is the one-replica reference's, and the index
+@pytest.mark.parametrize("backend", ["tensorcore", "tpu_embedding_v0"])
+def test_dynamic_run_on_two_replicas_equals_the_joined_cpu_reference(
+  backend, tmp_path, monkeypatch
+):
+  """tensorcore+dynamic and tpu_embedding_v0+dynamic (TF's V0 itself, on
+  CPU) map each batch on the host before strategy.run (a TPU's way): on 2
+  replicas the checkpoint — tables, slots and the index's ids, rows and
+  counters — is the one-replica tensorcore reference's, and the index
   really evicted (reused rows reset)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  def run(strategy, out, replicas=None):
+  tf_v0_on_cpu.allow(monkeypatch)
+
+  def run(strategy, out, replicas=None, backend="tensorcore"):
     path = tpu_smoke.train_and_save(
       strategy,
-      "tensorcore",
+      backend,
       "adagrad",
       steps=4,
       per_replica_batch=24,
@@ -128,7 +135,7 @@ def test_dynamic_run_on_two_replicas_equals_the_joined_cpu_reference(tmp_path):
     )
     return tpu_smoke.read_checkpoint(path)
 
-  two = run(mirrored_strategy(2), "two")
+  two = run(mirrored_strategy(2), "two", backend=backend)
   one = run(tf.distribute.get_strategy(), "one", replicas=2)
   evictions = "embedding/vocabularies/tables/users/evictions"
   assert int(one[evictions + "/.ATTRIBUTES/VARIABLE_VALUE"]) > 0

@@ -557,6 +557,15 @@ class EmbeddingBackend(_tf_internal.AutoTrackable, metaclass=abc.ABCMeta):
       )
 
   @classmethod
+  def vocabulary_problem(cls, table: str, vocabulary: Any) -> str | None:
+    """Why this backend cannot honour `vocabulary` (a `DynamicVocabulary`
+    or `HashedIds`) for table `table`, naming both, or None. Asked by the
+    planner and the constructor before any work; only backends with
+    `Capabilities.dynamic_vocabularies` are asked. Default: any."""
+    del table, vocabulary
+    return None
+
+  @classmethod
   def unavailable_reason(cls, strategy: tf.distribute.Strategy) -> str | None:
     """Why this backend cannot run under `strategy`, or None if it can."""
     del strategy

@@ -615,7 +615,8 @@ class EmbeddingPlacement:
       `@HashedIds()` (hashed into the rows, collisions and all: the
       classic baseline), or one of them for every table; on a backend
       that maps ids (`Capabilities.dynamic_vocabularies`: tensorcore,
-      parameter_servers, tpu_embedding_v0).
+      parameter_servers, tpu_embedding_v0; tpu_embedding only those that
+      never reuse a row, `EmbeddingBackend.vocabulary_problem`).
       Default: none, every table's ids are its rows.
 
   These are the one home of a table's layout: the backend's options
@@ -945,6 +946,11 @@ def plan_memory(
       f"({registry.dynamic_vocabulary_backends()}), or leave the tables "
       "static (ids in [0, vocabulary_size), e.g. hashed)."
     )
+  if capable.dynamic_vocabularies:
+    for table_name, vocabulary in sorted(wanted.vocabularies.items()):
+      problem = backend_cls.vocabulary_problem(table_name, vocabulary)
+      if problem:
+        raise PlacementSettingsError(problem)
   source = "given"
   given = placement.device_memory_bytes  # checked whether used or not
   if device_memory_bytes is None and given is not None:

@@ -726,9 +726,11 @@ def test_index_shards_spread_evenly_only_within_one_owner_each(
 def test_parameter_servers_take_dynamic_tables_and_the_plan_says_where():
   """The parameter_servers backend maps raw ids (its index on the first
   server, for every worker): the layout carries the vocabulary and the
-  plan names where the index lives; a TPU embedding backend, which cannot
-  reset a row, is refused naming the backends that can."""
-  from backends.vocabulary import DynamicVocabulary
+  plan names where the index lives. TF's V0 takes it too; TPUEmbedding
+  (V1, V2), which cannot reset a row, only vocabularies that never reuse
+  one, the others refused naming the table, each setting and the
+  backends that take them."""
+  from backends.vocabulary import DynamicVocabulary, HashedIds
 
   policy = DynamicVocabulary(eviction="lfu", shards=4)
   placement = planning.EmbeddingPlacement(vocabularies={"big": policy})
@@ -747,8 +749,6 @@ def test_parameter_servers_take_dynamic_tables_and_the_plan_says_where():
   text = plan.format()
   assert "big dynamic (lfu eviction, index in 4 shards," in text
   assert "on the parameter servers, for every worker (a whole " in text
-  # TF's V0 keeps plain variables a reused row can be reset in; the
-  # embedding engine's memory (TPUEmbedding V1, V2) has no write of a row.
   v0 = planning.plan_memory(
     _sizes_config(),
     E.Adagrad(0.1),
@@ -759,8 +759,9 @@ def test_parameter_servers_take_dynamic_tables_and_the_plan_says_where():
   assert {r.table: r.layout.vocabulary for r in v0.rows}["big"] == policy
   with pytest.raises(
     planning.PlacementSettingsError,
-    match=r"\[.big.\].*'tpu_embedding' backend cannot map raw ids.*"
-    r"parameter_servers.*tensorcore.*tpu_embedding_v0",
+    match=r"table 'big': DynamicVocabulary eviction = 'lfu' \(needs 'none'\) "
+    r"and unknown = 'zeros' \(needs 'unknown_row'\) cannot run on the "
+    r"'tpu_embedding' backend.*'tensorcore' or 'tpu_embedding_v0'",
   ):
     planning.plan_memory(
       _sizes_config(),
@@ -769,6 +770,16 @@ def test_parameter_servers_take_dynamic_tables_and_the_plan_says_where():
       backend="tpu_embedding",
       placement=placement,
     )
+  never_reused = DynamicVocabulary(eviction="none", unknown="unknown_row")
+  for kept in (never_reused, HashedIds()):
+    v1 = planning.plan_memory(
+      _sizes_config(),
+      E.Adagrad(0.1),
+      device_memory_bytes=10**9,
+      backend="tpu_embedding",
+      placement=planning.EmbeddingPlacement(vocabularies={"big": kept}),
+    )
+    assert {r.table: r.layout.vocabulary for r in v1.rows}["big"] == kept
 
 
 def test_the_plan_counts_a_processs_share_of_index_shards():

@@ -18,13 +18,14 @@ of TF's classes (`TPUEmbedding`, `TPUEmbeddingV2`, `TPUEmbeddingV0`,
 """
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import tensorflow as tf
 from tensorflow.tpu.experimental import embedding
 
-from backends import _tf_internal, base
+from backends import _tf_internal, base, layout
+from backends.vocabulary import stage as stage_lib
 
 
 def tf_feature_config(
@@ -74,6 +75,10 @@ class MidLevelBackend(base.EmbeddingBackend):
 
   #: The TF object, once `build()` made it.
   _mid: Any = None
+  #: Dynamic-vocabulary table name -> its vocabulary (`_take_layouts`).
+  _dynamic: dict[str, Any] = {}
+  #: The indices' checkpoint node (`VocabularyStage.trackable`), once made.
+  _stage_node: Any = None
 
   def _create_mid_level(self) -> Any:
     """Returns the TF object (called once, under the strategy's scope)."""
@@ -116,15 +121,59 @@ class MidLevelBackend(base.EmbeddingBackend):
         queued.setdefault(name, []).extend(positions)
         del pending[name]
 
+  # -- dynamic-vocabulary tables ---------------------------------------------
+
+  def _take_layouts(
+    self, layouts: layout.TableLayout | Mapping[str, layout.TableLayout] | None
+  ) -> None:
+    """Reads the planned layouts' vocabularies (the only part of a layout
+    a TF mid-level object can honour), checked against their tables
+    before any work: `self._dynamic`."""
+    if isinstance(layouts, layout.TableLayout):  # one for every table
+      layouts = {self.table_name(t): layouts for t in self._tables}
+    self._dynamic = {
+      name: held.vocabulary
+      for name, held in (layouts or {}).items()
+      if held.vocabulary is not None
+    }
+    tables = {self.table_name(t): t for t in self._tables}
+    for name, vocabulary in self._dynamic.items():
+      vocabulary.check(name, tables[name].vocabulary_size)
+      problem = self.vocabulary_problem(name, vocabulary)
+      if problem:
+        raise base.UnsupportedConfigError(problem)
+
+  def _make_stage(self, reset_rows: Callable[[str, tf.Tensor], Any]) -> None:
+    """The dynamic tables' indices (`backends.vocabulary.stage`), a child of
+    the backend's checkpoint beside the TF object's tables (restored now
+    when a restore was requested before `build()`); `reset_rows(table,
+    rows)` writes the starting values of the rows given to new ids."""
+    if not self._dynamic:
+      return
+    tables = {self.table_name(t): t for t in self._tables}
+    self._stage = _tf_internal.NoDependency(
+      stage_lib.VocabularyStage(
+        {n: (tables[n], v) for n, v in self._dynamic.items()},
+        self.feature_table_names(),
+        self._strategy,
+        reset_rows,
+      )
+    )
+    self._stage_node = _tf_internal.NoDependency(self._stage.trackable())
+    _tf_internal.track_child(self, self._stage_node, stage_lib.CHECKPOINT_KEY)
+
   def _own_child_names(self) -> frozenset[str]:
     """The checkpoint children the backend tracks itself, beside the TF
-    object's (a dynamic table's index): their restores requested before
-    `build()` stay with the backend, which restores them on creation."""
-    return frozenset()
+    object's (the dynamic tables' indices): their restores requested
+    before `build()` stay with the backend, which restores them on
+    creation."""
+    return frozenset({stage_lib.CHECKPOINT_KEY} if self._dynamic else ())
 
   def _own_children(self) -> dict[str, Any]:
     """Those children, once made (`_own_child_names`)."""
-    return {}
+    if self._stage_node is None:
+      return {}
+    return {stage_lib.CHECKPOINT_KEY: self._stage_node}
 
   # -- checkpoint layout: the wrapped object's children, under our node -------
 

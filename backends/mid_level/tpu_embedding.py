@@ -23,6 +23,17 @@ What the hardware cannot do or would silently ignore is refused at
 construction with `UnsupportedConfigError` naming the table and option, e.g.
 SparseCore ignores `clipvalue`, `clip_weight_min/max`, `lazy_adam=False`.
 
+Dynamic-vocabulary tables (`layouts=` with a `vocabulary`) that never
+reuse a row: `DynamicVocabulary(eviction="none", unknown="unknown_row")`
+(collision-free until full, admission as set; then new ids read the
+unknown row) and `HashedIds`. Their raw ids are mapped on the host before
+the replica step (`map_ids`, the Trainer's loop), so the engine sees
+static row ids. Evicting would give a row to a new id, which must start
+again from its initial values in the table and every slot: the engine
+keeps them in its own memory, where TF's API writes no single row, so
+eviction is refused (`vocabulary_problem`), as are "zeros" tables (their
+unknown ids would have to leave their bags on the host, a dense id's too).
+
 Checkpoints: the backend's children are the TF object's, so it writes TF's
 layout. With V1 that is `<table>` / `<table>.S<slot>`; with V2 TF stores
 SparseCore's stacked, padded tables plus their layouts, which
@@ -37,6 +48,7 @@ on CPU; `python -m recsys.tools.tpu_smoke` checks the rest on real hardware.
 
 import copy
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import tensorflow as tf
@@ -46,6 +58,7 @@ from backends import _tf_internal, base, hardware, layout, table_plan
 from backends import pending as pending_lib
 from backends.errors import BackendError
 from backends.mid_level import common as mid_level
+from backends.vocabulary.hashed import HashedIds
 
 EmbeddingFeature = tf.tpu.experimental.HardwareFeature.EmbeddingFeature
 
@@ -108,7 +121,10 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
 
   name = "tpu_embedding"
   capabilities = base.Capabilities(
-    needs_tpu=True, sharded_tables=True, tpu_table_fields=True
+    needs_tpu=True,
+    sharded_tables=True,
+    tpu_table_fields=True,
+    dynamic_vocabularies=True,
   )
   options = base.EmbeddingBackend.options | {
     "per_replica_batch_size",
@@ -146,10 +162,39 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
     where = layout.Placement.TPU_CORES if cores > 1 else None
     return {
       self.table_name(t): layout.TableLayout(
-        where or layout.Placement.REPLICATED, t.dtype.name
+        where or layout.Placement.REPLICATED,
+        t.dtype.name,
+        vocabulary=self._dynamic.get(self.table_name(t)),
       )
       for t in self._tables
     }
+
+  @classmethod
+  def vocabulary_problem(cls, table: str, vocabulary: Any) -> str | None:
+    """Only vocabularies that never give a used row to a new id: the
+    engine's memory has no write of one row to reset it."""
+    if isinstance(vocabulary, HashedIds):  # rows are hashes: never reset
+      return None
+    wrong = [
+      f"{field} = {value!r} (needs {want!r})"
+      for field, value, want in (
+        ("eviction", str(vocabulary.eviction), "none"),
+        ("unknown", str(vocabulary.unknown), "unknown_row"),
+      )
+      if value != want
+    ]
+    if not wrong:
+      return None
+    return (
+      f"table {table!r}: DynamicVocabulary {' and '.join(wrong)} cannot "
+      f"run on the {cls.name!r} backend: TF's TPUEmbedding keeps rows and "
+      "slots in the embedding engine's memory, where its API writes no "
+      "single row, so a row cannot start again for a new id (eviction "
+      "'none': a row, once given, stays its id's) and an unknown id cannot "
+      "be left out of its bag on the host (unknown 'unknown_row'). Set "
+      "those, or train with 'tensorcore' or 'tpu_embedding_v0', which take "
+      "every setting."
+    )
 
   def __init__(
     self,
@@ -160,9 +205,13 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
     per_replica_batch_size: int | None = None,
     pipeline_execution_with_tensor_core: bool = False,
     sparse_core_embedding_config: Any | None = None,
+    layouts: layout.TableLayout
+    | Mapping[str, layout.TableLayout]
+    | None = None,
     **kwargs: Any,
   ):
     super().__init__(feature_config, optimizer, strategy, **kwargs)
+    self._take_layouts(layouts)
     self._version = _hardware_version(self._strategy)
     self._per_replica_batch_size = per_replica_batch_size
     self._pipelining = pipeline_execution_with_tensor_core
@@ -366,6 +415,7 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
     return self._tf_class()(**self._tf_constructor_kwargs())
 
   def _build_mid_level(self, mid: Any) -> None:
+    self._make_stage(_rows_never_reused)
     if self._version == "V2":
       mid.build()
       return
@@ -479,6 +529,14 @@ class TPUEmbeddingBackend(mid_level.MidLevelBackend):
     """Pushes the V1 CPU copies of the tables to the engine (after restore)."""
     if self._mid is not None and self._version == "V1":
       _tf_internal.load_onto_tpu(self._mid)
+
+
+def _rows_never_reused(table: str, rows: tf.Tensor) -> Any:
+  """A dynamic table's reset on this backend: none. Its vocabularies never
+  evict (`vocabulary_problem`), so a row given to a new id was never any
+  id's: no lookup reached it, it holds its initial values still."""
+  del table, rows
+  return tf.no_op()
 
 
 def _with_proto_packing_status(optimizer: Any) -> Any:

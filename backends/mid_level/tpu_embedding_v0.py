@@ -44,7 +44,6 @@ from backends import _tf_internal, base, hardware, layout, optimizers
 from backends import pending as pending_lib
 from backends.mid_level import common as mid_level
 from backends.storage import reset
-from backends.vocabulary import stage as stage_lib
 from backends.vocabulary.hashed import HashedIds
 
 
@@ -91,18 +90,7 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
     self._pending = _tf_internal.NoDependency(
       pending_lib.PendingLookups(self.name)
     )
-    if isinstance(layouts, layout.TableLayout):  # one for every table
-      layouts = {self.table_name(t): layouts for t in self._tables}
-    self._dynamic = {
-      name: held.vocabulary
-      for name, held in (layouts or {}).items()
-      if held.vocabulary is not None
-    }
-    tables = {self.table_name(t): t for t in self._tables}
-    for name, vocabulary in self._dynamic.items():
-      vocabulary.check(name, tables[name].vocabulary_size)
-    #: The indices' checkpoint node (`VocabularyStage.trackable`), once built.
-    self._stage_node: Any = None
+    self._take_layouts(layouts)
     #: Tables whose ids without a row (the index's -1) read zeros.
     self._zeros = frozenset(
       name
@@ -135,34 +123,15 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
 
   # -- dynamic-vocabulary tables -------------------------------------------
 
-  def _own_child_names(self) -> frozenset[str]:
-    return frozenset({stage_lib.CHECKPOINT_KEY} if self._dynamic else ())
-
-  def _own_children(self) -> dict[str, Any]:
-    if self._stage_node is None:
-      return {}
-    return {stage_lib.CHECKPOINT_KEY: self._stage_node}
-
   def _build_mid_level(self, mid: Any) -> None:
     """TF's tables and slots, then the dynamic tables' indices (restored
     here when a checkpoint's restore was requested before `build()`)."""
     super()._build_mid_level(mid)
-    if not self._dynamic:
-      return
     tables = {self.table_name(t): t for t in self._tables}
     for name, vocabulary in self._dynamic.items():
       if not isinstance(vocabulary, HashedIds):  # hashed: never resets
         reset.check_resettable(tables[name], name)
-    self._stage = _tf_internal.NoDependency(
-      stage_lib.VocabularyStage(
-        {n: (tables[n], v) for n, v in self._dynamic.items()},
-        self.feature_table_names(),
-        self._strategy,
-        self._reset_rows,
-      )
-    )
-    self._stage_node = _tf_internal.NoDependency(self._stage.trackable())
-    _tf_internal.track_child(self, self._stage_node, stage_lib.CHECKPOINT_KEY)
+    self._make_stage(self._reset_rows)
 
   def _reset_rows(self, name: str, rows: tf.Tensor) -> Any:
     """Writes `rows`' starting values into table `name` and its slots, in

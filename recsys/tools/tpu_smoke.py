@@ -22,6 +22,10 @@ reset), from its row-keyed initial values: each batch is mapped on the
 host in cross-replica context before `strategy.run`, as the Trainer does,
 and every tensor of its checkpoint (tables, slots, the index: its ids,
 rows and counters exactly) is compared with `tensorcore+dynamic@cpu`'s.
+`tpu_embedding+dynamic_kept` (embedding_feature V1: SparseCore's
+checkpoints stack their tables) does so with a vocabulary that never
+reuses a row (eviction "none", unknown ids reading the unknown row: what
+the embedding engine takes), against `tensorcore+dynamic_kept@cpu`.
 
 Each training run is a separate process: a TPU hosts one embedding engine
 configuration per initialisation.
@@ -43,8 +47,10 @@ from typing import Any
 from recsys.errors import RecsysError
 
 OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
-#: A backend with a dynamic-vocabulary `users` table: `<backend>` + this.
+#: A backend with a dynamic-vocabulary `users` table: `<backend>` + this
+#: (evicting, resetting reused rows), or + `KEPT` (never reusing a row).
 WITH_DYNAMIC = "+dynamic"
+KEPT = "+dynamic_kept"
 #: tensorcore with a dynamic `users` table: the dynamic runs' reference.
 DYNAMIC = "tensorcore" + WITH_DYNAMIC
 TPU_BACKENDS = (
@@ -54,6 +60,7 @@ TPU_BACKENDS = (
   "tpu_embedding_v0",
   DYNAMIC,
   "tpu_embedding_v0" + WITH_DYNAMIC,
+  "tpu_embedding" + KEPT,
 )
 REFERENCE = "tensorcore@cpu"  # tensorcore, uncompiled, on this machine's CPU
 ON_CPU = "@cpu"
@@ -165,17 +172,35 @@ def _feature_config(dynamic: bool = False):
 
 def _reference(backend: str) -> str:
   """The CPU run `backend`'s TPU run is compared with."""
-  return DYNAMIC + ON_CPU if _is_dynamic(backend) else REFERENCE
+  kind = _dynamic_kind(backend)
+  return "tensorcore" + kind + ON_CPU if kind else REFERENCE
+
+
+def _dynamic_kind(run: str) -> str:
+  """`run`'s (`<backend>[+dynamic|+dynamic_kept][@cpu]`) dynamic suffix,
+  or "" for static tables."""
+  run = run.removesuffix(ON_CPU)
+  return next((k for k in (KEPT, WITH_DYNAMIC) if run.endswith(k)), "")
 
 
 def _is_dynamic(run: str) -> bool:
-  """Whether `run` (`<backend>[+dynamic][@cpu]`) has a dynamic table."""
-  return run.removesuffix(ON_CPU).endswith(WITH_DYNAMIC)
+  """Whether `run` has a dynamic table."""
+  return bool(_dynamic_kind(run))
 
 
 def _backend_of(run: str) -> str:
   """The registered backend (or "auto") `run` trains."""
-  return run.removesuffix(ON_CPU).removesuffix(WITH_DYNAMIC)
+  return run.removesuffix(ON_CPU).removesuffix(_dynamic_kind(run))
+
+
+def _vocabulary(run: str):
+  """The dynamic `users` table's vocabulary of `run` (None: static)."""
+  from backends.vocabulary import DynamicVocabulary  # pylint: disable=g-import-not-at-top
+
+  kind = _dynamic_kind(run)
+  if kind == KEPT:  # what TF's TPUEmbedding takes: no row ever reused
+    return DynamicVocabulary(eviction="none", unknown="unknown_row")
+  return DynamicVocabulary(eviction="lru") if kind else None
 
 
 def _raw_user_ids(users: Any) -> Any:
@@ -216,7 +241,7 @@ def _train_one(args, backend: str, optimizer: str, out: str) -> None:
 
   import recsys  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
 
-  dynamic = _is_dynamic(backend)
+  dynamic = _vocabulary(backend)
   if backend.endswith(ON_CPU):  # the TPU's global batches, one CPU replica
     path = train_and_save(
       tf.distribute.get_strategy(),
@@ -254,16 +279,16 @@ def train_and_save(
   per_replica_batch: int,
   out: str,
   replicas: int | None = None,
-  dynamic: bool = False,
+  dynamic: Any = None,
 ) -> str:
   """Trains `steps` steps of `backend` under `strategy`; returns the checkpoint.
 
   `replicas`: on a one-replica strategy, train on the global batches that
   this many replicas would see (each step the replicas' batches joined).
-  `dynamic`: the `users` table takes raw ids through a dynamic vocabulary
-  (tensorcore, tpu_embedding_v0), each batch mapped on the host before
-  `strategy.run`; it starts from its row-keyed initial values (TF's V0
-  draws its own), those a reused row starts again from.
+  `dynamic`: the `users` table takes raw ids through this vocabulary
+  (True: an evicting `DynamicVocabulary`), each batch mapped on the host
+  before `strategy.run`; it starts from its row-keyed initial values (TF's
+  V0 draws its own), those a reused row starts again from.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -279,12 +304,13 @@ def train_and_save(
   if "static_shapes" in declared:  # a static-shape engine pads the bags
     options["bag_widths"] = MAX_TAGS
   layouts = None
+  vocabulary = _vocabulary(DYNAMIC) if dynamic is True else dynamic or None
+  dynamic = vocabulary is not None
   if dynamic:
     from backends.layout import TableLayout  # pylint: disable=g-import-not-at-top
-    from backends.vocabulary import DynamicVocabulary  # pylint: disable=g-import-not-at-top
 
     layouts = {
-      "users": TableLayout(vocabulary=DynamicVocabulary(eviction="lru")),
+      "users": TableLayout(vocabulary=vocabulary),
       "tags": TableLayout(),
     }
   emb = backends.create(
@@ -298,12 +324,7 @@ def train_and_save(
   with strategy.scope():
     emb.build()
   if dynamic:
-    from backends.storage import reset  # pylint: disable=g-import-not-at-top
-
-    for table, variable in emb.embedding_tables.items():
-      if table.name == "users":
-        rows = tf.range(table.vocabulary_size, dtype=tf.int64)
-        variable.assign(reset.starting_values(table, None, rows)["parameters"])
+    _start_users_row_keyed(emb)
   joined = replicas or 1
   global_batch = per_replica_batch * strategy.num_replicas_in_sync * joined
 
@@ -349,6 +370,27 @@ def train_and_save(
   for _ in range(steps):
     step(data)
   return tf.train.Checkpoint(embedding=emb).save(os.path.join(out, "ckpt"))
+
+
+def _start_users_row_keyed(emb) -> None:
+  """The dynamic `users` table from its row-keyed initial values, those a
+  reused row starts again from (TF's V0 and TPUEmbedding draw their own).
+  TPUEmbedding's tables live in the engine: their host copies are set,
+  then loaded onto it."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from backends import _tf_internal  # pylint: disable=g-import-not-at-top
+  from backends.storage import reset  # pylint: disable=g-import-not-at-top
+
+  table = next(t for t in emb.tables if t.name == "users")
+  rows = tf.range(table.vocabulary_size, dtype=tf.int64)
+  values = reset.starting_values(table, None, rows)["parameters"]
+  if emb.name == "tpu_embedding":
+    variables = _tf_internal.mid_level_variables(emb.mid_level)
+    variables["users"]["parameters"].assign(values)
+    emb.load_onto_tpu()
+  else:
+    emb.embedding_tables[table].assign(values)
 
 
 # -- the comparison (the parent process, CPU only) -----------------------------
@@ -571,6 +613,8 @@ def main(argv: list[str] | None = None) -> int:
       if name == "auto"
       else facts["unavailable"].get(registered, "not a registered backend")
     )
+    if not reason and _dynamic_kind(name) == KEPT and facts["feature"] != "V1":
+      reason = "SparseCore stacks its checkpoint's tables (compared raw here)"
     if reason:
       print(f"  skipping {name}: {reason}")
     else:

@@ -421,6 +421,104 @@ def test_v0_checks_optimizers_like_every_backend():
     TPUEmbeddingV0Backend(_config(), object(), strategy=strategy)
 
 
+# -- dynamic tables on TPUEmbedding: only vocabularies that never reuse a row --
+
+
+@pytest.mark.parametrize("feature", ["V1", "V2"])
+def test_tpu_embedding_takes_only_vocabularies_that_never_reuse_a_row(feature):
+  """The engine's memory has no write of one row: a vocabulary that
+  evicts (a reused row must start again) or reads zeros for unknown ids
+  (left out of their bags on the host) is refused naming the table and
+  each setting; one that never reuses a row, and hashed ids, are taken,
+  their batches mapped on the host (ids stay there)."""
+  from backends.layout import TableLayout  # noqa: PLC0415
+  from backends.vocabulary import DynamicVocabulary, HashedIds  # noqa: PLC0415
+
+  config = _config() if feature == "V1" else _v2_config()
+  with pytest.raises(
+    base.UnsupportedConfigError,
+    match=r"table 'users': DynamicVocabulary eviction = 'lru' \(needs "
+    r"'none'\) and unknown = 'zeros' \(needs 'unknown_row'\)",
+  ):
+    _backend(
+      config,
+      feature=feature,
+      per_replica_batch_size=B,
+      layouts={"users": TableLayout(vocabulary=DynamicVocabulary())},
+    )
+  for kept in (
+    DynamicVocabulary(eviction="none", unknown="unknown_row", admit_after=2),
+    HashedIds(),
+  ):
+    emb = _backend(
+      config,
+      feature=feature,
+      per_replica_batch_size=B,
+      layouts={"users": TableLayout(vocabulary=kept)},
+    )
+    assert emb.layouts()["users"].vocabulary == kept
+    assert emb.input_options().experimental_fetch_to_device is False
+
+
+def test_tf_tpu_embedding_maps_ids_into_rows_never_reused_and_saves_the_index(
+  monkeypatch, tmp_path
+):
+  """TF's TPUEmbedding in its CPU mode (no lookups there): the backend's
+  index gives each admitted id its own row, never another's (12 ids, 7
+  rows: the rest read the unknown row, nothing evicted), and is saved
+  beside TF's tables; a restore requested before the backend is built
+  restores it."""
+  from backends.layout import TableLayout  # noqa: PLC0415
+  from backends.mid_level import tpu_embedding  # noqa: PLC0415
+  from backends.vocabulary import DynamicVocabulary  # noqa: PLC0415
+
+  monkeypatch.setattr(tpu_embedding, "_hardware_version", lambda s: "V1")
+  monkeypatch.setattr(
+    TPUEmbeddingBackend, "unavailable_reason", classmethod(lambda c, s: None)
+  )
+
+  def make():
+    table = E.TableConfig(8, 4, name="t")
+    return TPUEmbeddingBackend(
+      {"f": E.FeatureConfig(table)},
+      E.Adagrad(0.1),
+      tf.distribute.get_strategy(),
+      per_replica_batch_size=4,
+      layouts={
+        "t": TableLayout(
+          vocabulary=DynamicVocabulary(eviction="none", unknown="unknown_row")
+        )
+      },
+    )
+
+  emb = make()
+  raw = [
+    np.arange(4 * k, 4 * k + 4, dtype=np.int64) * 7919 + 2**40 for k in range(3)
+  ]
+  given = [
+    emb.map_ids({"f": tf.constant(ids)}, True)["f"].numpy() for ids in raw
+  ]
+  rows = np.concatenate(given)
+  assert rows[:7].tolist() == list(range(7))  # each id its own row
+  assert np.all(rows[7:] == 7)  # full: the unknown row, no row taken back
+  counters = {
+    k: int(v) for k, v in emb.dynamic_tables()["t"].counters().items()
+  }
+  assert counters["evictions"] == 0 and counters["default_hits"] == 5
+  path = tf.train.Checkpoint(embedding=emb).save(str(tmp_path / "c"))
+  keys = [k for k, _ in tf.train.list_variables(path)]
+  assert "embedding/t/.ATTRIBUTES/VARIABLE_VALUE" in keys
+  assert (
+    "embedding/vocabularies/tables/t/keys/.ATTRIBUTES/VARIABLE_VALUE" in keys
+  )
+  restored = make()
+  status = tf.train.Checkpoint(embedding=restored).restore(path)
+  restored.build()
+  status.assert_consumed()
+  again = restored.map_ids({"f": tf.constant(np.concatenate(raw))}, False)
+  np.testing.assert_array_equal(again["f"].numpy(), rows)
+
+
 # -- V0's gradient bookkeeping -------------------------------------------------
 
 

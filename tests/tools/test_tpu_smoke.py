@@ -109,20 +109,27 @@ def test_cpu_reference_equals_replicas_on_the_same_global_batches(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["tensorcore", "tpu_embedding_v0"])
+@pytest.mark.parametrize(
+  "run_name",
+  ["tensorcore+dynamic", "tpu_embedding_v0+dynamic", "tensorcore+dynamic_kept"],
+)
 def test_dynamic_run_on_two_replicas_equals_the_joined_cpu_reference(
-  backend, tmp_path, monkeypatch
+  run_name, tmp_path, monkeypatch
 ):
-  """tensorcore+dynamic and tpu_embedding_v0+dynamic (TF's V0 itself, on
-  CPU) map each batch on the host before strategy.run (a TPU's way): on 2
-  replicas the checkpoint — tables, slots and the index's ids, rows and
-  counters — is the one-replica tensorcore reference's, and the index
-  really evicted (reused rows reset)."""
+  """tensorcore and tpu_embedding_v0 (TF's V0 itself, on CPU) with a
+  dynamic table map each batch on the host before strategy.run (a TPU's
+  way): on 2 replicas the checkpoint — tables, slots and the index's ids,
+  rows and counters — is the one-replica tensorcore reference's. The
+  index of "+dynamic" evicted (reused rows reset); that of
+  "+dynamic_kept" (what tpu_embedding takes) never did, its unknown ids
+  reading the unknown row."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   tf_v0_on_cpu.allow(monkeypatch)
+  vocabulary = tpu_smoke._vocabulary(run_name)
+  reference = tpu_smoke._reference(run_name)
 
-  def run(strategy, out, replicas=None, backend="tensorcore"):
+  def run(strategy, out, backend, replicas=None):
     path = tpu_smoke.train_and_save(
       strategy,
       backend,
@@ -131,16 +138,27 @@ def test_dynamic_run_on_two_replicas_equals_the_joined_cpu_reference(
       per_replica_batch=24,
       out=str(tmp_path / out),
       replicas=replicas,
-      dynamic=True,
+      dynamic=vocabulary,
     )
     return tpu_smoke.read_checkpoint(path)
 
-  two = run(mirrored_strategy(2), "two", backend=backend)
-  one = run(tf.distribute.get_strategy(), "one", replicas=2)
-  evictions = "embedding/vocabularies/tables/users/evictions"
-  assert int(one[evictions + "/.ATTRIBUTES/VARIABLE_VALUE"]) > 0
+  two = run(mirrored_strategy(2), "two", tpu_smoke._backend_of(run_name))
+  one = run(
+    tf.distribute.get_strategy(),
+    "one",
+    tpu_smoke._backend_of(reference),
+    replicas=2,
+  )
+  counter = "embedding/vocabularies/tables/users/{}/.ATTRIBUTES/VARIABLE_VALUE"
+  if run_name.endswith("_kept"):
+    assert reference == "tensorcore+dynamic_kept@cpu"
+    assert int(one[counter.format("evictions")]) == 0
+    assert int(one[counter.format("default_hits")]) > 0
+  else:
+    assert reference == "tensorcore+dynamic@cpu"
+    assert int(one[counter.format("evictions")]) > 0
   ok, worst = tpu_smoke.compare(two, one, rtol=1e-5, atol=1e-6)
   assert ok, worst
   moved = dict(one)
-  moved[evictions + "/.ATTRIBUTES/VARIABLE_VALUE"] += 1
+  moved[counter.format("evictions")] += 1
   assert not tpu_smoke.compare(two, moved, rtol=1e-5, atol=1e-6)[0]

@@ -19,8 +19,9 @@ Dynamic-vocabulary tables (`layouts=` with a `vocabulary`): the raw ids are
 mapped to rows on the host before the replica step (`map_ids`, the
 Trainer's loop), so V0's tables stay static; a row given to a new id is
 reset, with every slot, in each replica's copy of TF's variables; a
-"zeros" table's ids without a row are left out of their bags (a dense
-id's activation is zeros) and train nothing.
+"zeros" table's ids without a row are left out of their bags (weight 0,
+which every combiner leaves out, the shapes unchanged; a dense id's
+activation is zeros) and train nothing.
 
 `backend="auto"` never picks this backend: the project's `tensorcore`
 implements the same design with static shapes, de-duplicated gathers, input
@@ -28,10 +29,11 @@ validation and row-only exchange between replicas, and runs under every
 strategy; choose `tpu_embedding_v0` by name to get TF's class itself.
 
 No TPU was reachable where this was written: this backend has only been
-checked on CPU, with TF's own `TPUEmbeddingV0` there (its TPUStrategy
-check redirected, `tests/backends/test_tpu_embedding_v0.py`): its
-refusals, its gradient bookkeeping, and its training of static and
-dynamic tables against `tensorcore` on 1 and 2 replicas.
+checked on CPU: its refusals and gradient bookkeeping, and with TF's own
+`TPUEmbeddingV0` there (its TPUStrategy check redirected,
+`tests/backends/tf_v0_on_cpu.py`) its training of dynamic tables (the
+lookups and updates a static table takes too) against NumPy and
+`tensorcore`, on 1 and 2 replicas.
 """
 
 from collections.abc import Mapping
@@ -150,16 +152,16 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
   def _without_unknown_ids(
     self, flat_ids: list[Any], flat_weights: list[Any]
   ) -> tuple[list[Any], list[Any], list[Any]]:
-    """The bags of "zeros" tables without their -1 ids: `(ids, weights,
-    masks)`, `masks[i]` a dense feature's `ids >= 0` (its -1 reads row 0,
-    then zeros), else None."""
+    """The bags of "zeros" tables without their -1 ids (`_left_out`):
+    `(ids, weights, masks)`, `masks[i]` a dense feature's `ids >= 0`
+    (its -1 reads row 0, then zeros), else None."""
     ids_out, weights_out, masks = [], [], []
     for (_, feature), ids, weights in zip(
       self._flat_features, flat_ids, flat_weights
     ):
       mask = None
       if self.table_name(feature.table) in self._zeros:
-        ids, weights, mask = _drop_negative(ids, weights)
+        ids, weights, mask = _left_out(ids, weights)
       ids_out.append(ids)
       weights_out.append(weights)
       masks.append(mask)
@@ -167,7 +169,7 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
 
   def _v0_lookup(self, features: Any, weights: Any) -> tuple[Any, list[Any]]:
     """TF's V0 lookup of `features`, "zeros" tables' -1 ids left out:
-    `(activations, the flat ids looked up)`."""
+    `(activations, the flat ids as given)`."""
     flat = self._flatten_like_config(features, "features")
     if not self._zeros:
       return self._mid.embedding_lookup(features, weights), flat
@@ -176,8 +178,8 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
       if weights is not None
       else [None] * len(flat)
     )
-    flat, flat_weights, masks = self._without_unknown_ids(flat, flat_weights)
-    packed, packed_weights = self._pack_inputs(flat, flat_weights)
+    ids, flat_weights, masks = self._without_unknown_ids(flat, flat_weights)
+    packed, packed_weights = self._pack_inputs(ids, flat_weights)
     activations = tf.nest.flatten(
       self._mid.embedding_lookup(packed, packed_weights)
     )
@@ -185,10 +187,7 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
       a if m is None else a * tf.cast(m, a.dtype)[..., tf.newaxis]
       for a, m in zip(activations, masks)
     ]
-    touched = [
-      i if m is None else tf.boolean_mask(i, m) for i, m in zip(flat, masks)
-    ]
-    return tf.nest.pack_sequence_as(self._feature_config, activations), touched
+    return tf.nest.pack_sequence_as(self._feature_config, activations), flat
 
   def lookup(
     self, features: Any, weights: Any | None = None, training: bool = False
@@ -255,25 +254,35 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
     return tf.distribute.InputOptions(experimental_fetch_to_device=False)
 
 
-def _drop_negative(ids: Any, weights: Any) -> tuple[Any, Any, Any]:
-  """A bag's ids without the negative ones (and their weights): `(ids,
-  weights, None)`; dense ids (one per position, no bag to leave them out
-  of) keep their positions: `(ids with 0 for each negative, weights, ids
-  >= 0)`, the caller zeroing those positions' activations."""
-  if isinstance(ids, tf.SparseTensor):
-    keep = ids.values >= 0
-    kept = tf.sparse.retain(ids, keep)
-    return (
-      kept,
-      None if weights is None else tf.sparse.retain(weights, keep),
-      None,
+def _left_out(ids: Any, weights: Any) -> tuple[Any, Any, Any]:
+  """A bag's negative ids left out, the shapes kept: in a sparse or ragged
+  bag as row 0 with weight 0, which every combiner leaves out ("sum" adds
+  nothing, "mean" and "sqrtn" count weights): `(ids, weights, None)`;
+  dense ids (one per position: TF's V0 takes no weights for them) as row
+  0: `(ids, weights, ids >= 0)`, the caller zeroing those activations."""
+  if isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
+    values = ids.values if isinstance(ids, tf.SparseTensor) else ids.flat_values
+    keep = values >= 0
+    given = (
+      tf.ones_like(values, tf.float32)
+      if weights is None
+      else (
+        weights.values
+        if isinstance(weights, tf.SparseTensor)
+        else weights.flat_values
+      )
     )
-  if isinstance(ids, tf.RaggedTensor):
-    keep = ids >= 0
-    kept = tf.ragged.boolean_mask(ids, keep)
+    kept_ids = tf.where(keep, values, tf.zeros_like(values))
+    kept_weights = tf.where(keep, given, tf.zeros_like(given))
+    if isinstance(ids, tf.SparseTensor):
+      return (
+        tf.SparseTensor(ids.indices, kept_ids, ids.dense_shape),
+        tf.SparseTensor(ids.indices, kept_weights, ids.dense_shape),
+        None,
+      )
     return (
-      kept,
-      None if weights is None else tf.ragged.boolean_mask(weights, keep),
+      ids.with_flat_values(kept_ids),
+      ids.with_flat_values(kept_weights),
       None,
     )
   ids = tf.convert_to_tensor(ids)
@@ -299,12 +308,12 @@ def touched_ids(
   table_names: list[str],
   name_of,
 ) -> list[tf.Tensor]:
-  """Unique int64 ids `[U]` each table's lookup reads, in table order."""
+  """Unique int64 ids `[U]` each table's lookup reads, in table order: a
+  dynamic "zeros" table's -1 (no row) reads none."""
   per_table: dict[str, list[tf.Tensor]] = {name: [] for name in table_names}
   for (_, feature), ids in zip(flat_features, flat_ids):
-    per_table[name_of(feature.table)].append(
-      tf.cast(_feature_ids(feature, ids), tf.int64)
-    )
+    ids = tf.cast(_feature_ids(feature, ids), tf.int64)
+    per_table[name_of(feature.table)].append(tf.boolean_mask(ids, ids >= 0))
   return [tf.unique(tf.concat(per_table[name], 0))[0] for name in table_names]
 
 

@@ -385,12 +385,13 @@ def _start_users_row_keyed(emb) -> None:
   table = next(t for t in emb.tables if t.name == "users")
   rows = tf.range(table.vocabulary_size, dtype=tf.int64)
   values = reset.starting_values(table, None, rows)["parameters"]
-  if emb.name == "tpu_embedding":
-    variables = _tf_internal.mid_level_variables(emb.mid_level)
-    variables["users"]["parameters"].assign(values)
-    emb.load_onto_tpu()
-  else:
+  load_onto_tpu = getattr(emb, "load_onto_tpu", None)
+  if load_onto_tpu is None:  # the tables are variables here
     emb.embedding_tables[table].assign(values)
+    return
+  variables = _tf_internal.mid_level_variables(emb.mid_level)
+  variables["users"]["parameters"].assign(values)
+  load_onto_tpu()
 
 
 # -- the comparison (the parent process, CPU only) -----------------------------

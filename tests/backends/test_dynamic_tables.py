@@ -49,9 +49,10 @@ def _tables(
   placement=Placement.REPLICATED,
   strategy=None,
   fused_kernels=True,
+  combiner="sum",
 ):
   table = embedding.TableConfig(
-    vocabulary_size=CAPACITY, dim=DIM, name="t", combiner="sum"
+    vocabulary_size=CAPACITY, dim=DIM, name="t", combiner=combiner
   )
   emb = TensorCoreEmbedding(
     {"f": embedding.FeatureConfig(table=table)},
@@ -416,11 +417,13 @@ def v0_on_cpu(monkeypatch):
   return tf_v0_on_cpu.allow(monkeypatch)
 
 
-def _v0_tables(v0_class, optimizer, policy, strategy=None, build=True):
+def _v0_tables(
+  v0_class, optimizer, policy, strategy=None, build=True, combiner="sum"
+):
   """The V0 backend with `_tables`' table, its values those of the
   row-keyed initializer `_tables` gives (TF's V0 draws its own)."""
   table = embedding.TableConfig(
-    vocabulary_size=CAPACITY, dim=DIM, name="t", combiner="sum"
+    vocabulary_size=CAPACITY, dim=DIM, name="t", combiner=combiner
   )
   emb = v0_class(
     {"f": embedding.FeatureConfig(table=table)},
@@ -509,24 +512,39 @@ def test_tf_v0_on_two_replicas_equals_one_and_resumes_from_a_checkpoint(
     np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("kind", ["ragged", "sparse"])
+@pytest.mark.parametrize(
+  "kind,combiner,weighted",
+  [
+    ("ragged", "mean", True),
+    ("sparse", "sqrtn", False),
+    ("ragged", "sum", False),
+    ("sparse", "mean", True),
+  ],
+)
 def test_tf_v0_leaves_unknown_ids_out_of_bags_as_tensorcore_does(
-  v0_on_cpu, kind
+  v0_on_cpu, kind, combiner, weighted
 ):
   """Bags of a "zeros" table: the ids without a row (admitted after their
-  second occurrence) are left out of the bag, with their weights, on TF's
-  V0 as on tensorcore: the same activations and the same training."""
+  second occurrence) are left out of the bag, with their weights (V0: as
+  weight 0, which every combiner leaves out), on TF's V0 as on
+  tensorcore: the same activations and the same training."""
   policy = DynamicVocabulary(admit_after=2)
   bags = [
     [[5, 7], [7], [9, 5, 11]],
     [[7, 13], [5, 5], [11]],
-    [[13], [9, 7, 5], [21, 23]],
+    [[13], [9, 13], [21, 23]],  # not 5 or 7: their rows are not read
   ]
   raw = [np.array(b, dtype=object) for b in bags]
   built = {}
   for name, make in {
-    "tensorcore": lambda: _tables(embedding.Adagrad(0.25), policy),
-    "v0": lambda: _v0_tables(v0_on_cpu, embedding.Adagrad(0.25), policy),
+    # Adam: an update of a row the step did not read (a left-out id's
+    # row 0, with zero gradient) would still move it.
+    "tensorcore": lambda: _tables(
+      embedding.Adam(0.25), policy, combiner=combiner
+    ),
+    "v0": lambda: _v0_tables(
+      v0_on_cpu, embedding.Adam(0.25), policy, combiner=combiner
+    ),
   }.items():
     emb, table = make()
     seen = []
@@ -538,7 +556,8 @@ def test_tf_v0_leaves_unknown_ids_out_of_bags_as_tensorcore_does(
       if kind == "sparse":
         ids, weights = ids.to_sparse(), weights.to_sparse()
       mapped = emb.map_ids({"f": ids}, training=True)
-      acts = emb.lookup(mapped, {"f": weights}, training=True)["f"]
+      given = {"f": weights} if weighted else None
+      acts = emb.lookup(mapped, given, training=True)["f"]
       seen.append(acts.numpy())
       emb.apply_gradients({"f": tf.constant(_cotangent(step, 3))})
     built[name] = (seen, _state(emb, table))

@@ -314,6 +314,20 @@ def every_table(
   return out
 
 
+def vocabularies(
+  names: Iterable[str],
+  layout: "TableLayout | Mapping[str, TableLayout] | None",
+) -> dict[str, Any]:
+  """Table name -> its layout's vocabulary, for the tables given one: what
+  a backend that places its tables itself reads of the planned layouts
+  (`every_table`'s refusals apply)."""
+  return {
+    name: held.vocabulary
+    for name, held in every_table(names, layout or {}).items()
+    if held.vocabulary is not None
+  }
+
+
 __all__ = [
   "Exchange",
   "LayoutSettingError",
@@ -322,6 +336,7 @@ __all__ = [
   "StorageDtype",
   "TableLayout",
   "every_table",
+  "vocabularies",
   "per_table",
   "refuse_unknown_tables",
   "value_of",

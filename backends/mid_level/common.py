@@ -129,14 +129,8 @@ class MidLevelBackend(base.EmbeddingBackend):
     """Reads the planned layouts' vocabularies (the only part of a layout
     a TF mid-level object can honour), checked against their tables
     before any work: `self._dynamic`."""
-    if isinstance(layouts, layout.TableLayout):  # one for every table
-      layouts = {self.table_name(t): layouts for t in self._tables}
-    self._dynamic = {
-      name: held.vocabulary
-      for name, held in (layouts or {}).items()
-      if held.vocabulary is not None
-    }
     tables = {self.table_name(t): t for t in self._tables}
+    self._dynamic = layout.vocabularies(tables, layouts)
     for name, vocabulary in self._dynamic.items():
       vocabulary.check(name, tables[name].vocabulary_size)
       problem = self.vocabulary_problem(name, vocabulary)

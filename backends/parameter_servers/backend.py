@@ -107,13 +107,9 @@ class ParameterServerEmbedding(composed.ComposedEmbedding):
       fused_kernels=False,
       static_shapes=False,
     )
-    if isinstance(layouts, layout.TableLayout):  # one for every table
-      layouts = {self.table_name(t): layouts for t in self._tables}
-    self._dynamic = {
-      name: held.vocabulary
-      for name, held in (layouts or {}).items()
-      if held.vocabulary is not None
-    }
+    self._dynamic = layout.vocabularies(
+      [self.table_name(t) for t in self._tables], layouts
+    )
     self._take_vocabularies(self._dynamic)
 
   @classmethod

@@ -157,6 +157,46 @@ def _state(emb, table):
   )
 
 
+def _assert_same_state(got, want, exact=False):
+  """Two `_state`s: tables and slots equal (bit for bit when `exact`, else
+  to float32 rounding), counters and the index's mapping exactly."""
+  same = (
+    np.testing.assert_array_equal
+    if exact
+    else lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+  )
+  same(got[0], want[0])
+  for k in want[1]:
+    same(got[1][k], want[1][k])
+  assert got[2] == want[2]
+  for a, b in zip(got[3], want[3]):
+    np.testing.assert_array_equal(a, b)
+
+
+def _assert_trains_as_numpy(emb, table, optimizer, policy) -> dict:
+  """`emb` on `_stream()` reads and trains as `_numpy_run` says; returns
+  its counters."""
+  stream = _stream()
+  want_values, want_slots, want_acts, want_index = _numpy_run(
+    stream, OPTIMIZERS[optimizer](), POLICIES[policy]
+  )
+  acts = _train(emb, stream)
+  values, slots, counters, mapping = _state(emb, table)
+  for got, want in zip(acts, want_acts):
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(values, want_values, rtol=1e-6, atol=1e-6)
+  for k in want_slots:
+    np.testing.assert_allclose(slots[k], want_slots[k], rtol=1e-6, atol=1e-6)
+  assert counters == {k: int(v) for k, v in want_index.counters().items()}
+  if policy == "hashed":  # the same rows as hashing them by hand
+    rows = want_index.lookup(tf.constant(np.concatenate(stream))).numpy()
+    assert rows.min() >= 0 and rows.max() < CAPACITY
+    return counters
+  for got, want in zip(mapping, want_index.mapping()):
+    np.testing.assert_array_equal(got, want.numpy())
+  return counters
+
+
 POLICIES = {
   "lru": DynamicVocabulary(),
   "lfu-unknown_row": DynamicVocabulary(eviction="lfu", unknown="unknown_row"),
@@ -178,26 +218,9 @@ def test_the_table_trains_as_numpy_on_the_rows_the_index_gives(
   """Raw ids read the rows the index assigns; a row given to a new id starts
   again from its initial values (table and slots); unknown ids read zeros
   or the unknown row and train nothing else."""
-  stream = _stream()
-  want_values, want_slots, want_acts, want_index = _numpy_run(
-    stream, OPTIMIZERS[optimizer](), POLICIES[policy]
-  )
   emb, table = _tables(OPTIMIZERS[optimizer](), POLICIES[policy])
-  acts = _train(emb, stream)
-  values, slots, counters, mapping = _state(emb, table)
-  for got, want in zip(acts, want_acts):
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(values, want_values, rtol=1e-6, atol=1e-6)
-  for k in want_slots:
-    np.testing.assert_allclose(slots[k], want_slots[k], rtol=1e-6, atol=1e-6)
-  assert counters == {k: int(v) for k, v in want_index.counters().items()}
-  if policy == "hashed":  # the same rows as hashing them by hand
-    rows = want_index.lookup(tf.constant(np.concatenate(stream))).numpy()
-    assert rows.min() >= 0 and rows.max() < CAPACITY
-    return
-  assert counters["evictions"] > 0 or policy == "none", counters
-  for got, want in zip(mapping, want_index.mapping()):
-    np.testing.assert_array_equal(got, want.numpy())
+  counters = _assert_trains_as_numpy(emb, table, optimizer, policy)
+  assert policy in ("none", "hashed") or counters["evictions"] > 0, counters
 
 
 @pytest.mark.parametrize(
@@ -227,12 +250,7 @@ def test_replicas_layouts_and_compiled_steps_equal_one_replica(
   got = _state(many, table)
   for a, b in zip(acts, want_acts):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
-  for k in want[1]:
-    np.testing.assert_allclose(got[1][k], want[1][k], rtol=1e-6, atol=1e-6)
-  assert got[2] == want[2]
-  for a, b in zip(got[3], want[3]):
-    np.testing.assert_array_equal(a, b)
+  _assert_same_state(got, want)
 
 
 def test_a_checkpoint_mid_stream_resumes_exactly(tmp_path):
@@ -250,12 +268,7 @@ def test_a_checkpoint_mid_stream_resumes_exactly(tmp_path):
   tf.train.Checkpoint(embedding=second).restore(path).assert_consumed()
   _train(second, stream[3:], first_step=3)
   want, got = _state(whole, table), _state(second, table2)
-  np.testing.assert_array_equal(got[0], want[0])
-  for k in want[1]:
-    np.testing.assert_array_equal(got[1][k], want[1][k])
-  assert got[2] == want[2]
-  for a, b in zip(got[3], want[3]):
-    np.testing.assert_array_equal(a, b)
+  _assert_same_state(got, want, exact=True)
 
 
 def test_a_training_mapping_inside_a_compiled_step_is_refused():
@@ -448,24 +461,11 @@ def test_tf_v0_trains_as_numpy_on_the_rows_the_index_gives(v0_on_cpu, policy):
   """The V0 backend maps raw ids with the same index, resets a reused row
   and its slots in TF's variables, and leaves a "zeros" table's unknown
   ids out (zeros, no training): the NumPy run of the tensorcore test."""
-  stream = _stream()
-  want_values, want_slots, want_acts, want_index = _numpy_run(
-    stream, OPTIMIZERS["adagrad"](), POLICIES[policy]
-  )
   emb, table = _v0_tables(v0_on_cpu, OPTIMIZERS["adagrad"](), POLICIES[policy])
-  acts = _train(emb, stream)
-  values, slots, counters, mapping = _state(emb, table)
-  for got, want in zip(acts, want_acts):
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(values, want_values, rtol=1e-6, atol=1e-6)
-  for k in want_slots:
-    np.testing.assert_allclose(slots[k], want_slots[k], rtol=1e-6, atol=1e-6)
-  assert counters == {k: int(v) for k, v in want_index.counters().items()}
+  counters = _assert_trains_as_numpy(emb, table, "adagrad", policy)
   assert counters["evictions"] > 0, counters
   if policy == "admit2-age":
     assert counters["default_hits"] > 0, counters
-  for got, want in zip(mapping, want_index.mapping()):
-    np.testing.assert_array_equal(got, want.numpy())
 
 
 def test_tf_v0_on_two_replicas_equals_one_and_resumes_from_a_checkpoint(
@@ -485,12 +485,7 @@ def test_tf_v0_on_two_replicas_equals_one_and_resumes_from_a_checkpoint(
   )
   _train(two, stream, replicas=2)
   got = _state(two, table2)
-  np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
-  for k in want[1]:
-    np.testing.assert_allclose(got[1][k], want[1][k], rtol=1e-6, atol=1e-6)
-  assert got[2] == want[2]
-  for a, b in zip(got[3], want[3]):
-    np.testing.assert_array_equal(a, b)
+  _assert_same_state(got, want)
 
   first, _ = _v0_tables(v0_on_cpu, embedding.Adagrad(0.25), policy)
   _train(first, stream[:3])
@@ -504,12 +499,7 @@ def test_tf_v0_on_two_replicas_equals_one_and_resumes_from_a_checkpoint(
   status.assert_consumed()
   _train(second, stream[3:], first_step=3)
   resumed = _state(second, table3)
-  np.testing.assert_array_equal(resumed[0], want[0])
-  for k in want[1]:
-    np.testing.assert_array_equal(resumed[1][k], want[1][k])
-  assert resumed[2] == want[2]
-  for a, b in zip(resumed[3], want[3]):
-    np.testing.assert_array_equal(a, b)
+  _assert_same_state(resumed, want, exact=True)
 
 
 @pytest.mark.parametrize(
@@ -566,7 +556,5 @@ def test_tf_v0_leaves_unknown_ids_out_of_bags_as_tensorcore_does(
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
   assert np.all(want_acts[2][2] == 0)  # 21 and 23 seen once: no row yet
   assert not np.all(want_acts[2][1] == 0)
-  np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
-  for k in want[1]:
-    np.testing.assert_allclose(got[1][k], want[1][k], rtol=1e-6, atol=1e-6)
-  assert got[2] == want[2] and got[2]["default_hits"] > 0
+  _assert_same_state(got, want)
+  assert got[2]["default_hits"] > 0

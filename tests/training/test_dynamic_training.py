@@ -14,6 +14,7 @@ index), served in a process that cannot import the project, admitted ids
 score as the trained model scores them and unknown ids as the default.
 """
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -26,10 +27,12 @@ from recsys.data.synthetic_ctr import SyntheticCTR
 from recsys.features import EmbeddingSettings
 from recsys.models import DLRM
 from recsys.planning import EmbeddingPlacement, PlacementSettingsError
+from recsys.run import evaluation
 from recsys.run.restored import RestoredRun
 from recsys.serving import export as export_lib
 from recsys.train_settings import TrainSettings
 from recsys.training import Trainer
+from tests.backends import tf_v0_on_cpu
 from tests.conftest import mirrored_strategy
 from tests.training.few_steps import few_steps
 from tests.training.test_trainer import assert_same_state, state
@@ -161,6 +164,36 @@ def test_a_stopped_run_resumes_bit_identical(plain, tmp_path):
   resumed.train()
   assert int(resumed.run.global_step.numpy()) == 12
   _assert_same_run(resumed.run, plain[0].run)
+
+
+def test_tf_v0_trains_under_the_trainer_and_its_checkpoint_moves_to_tensorcore(
+  plain, tmp_path, monkeypatch
+):
+  """tpu_embedding_v0 (TF's V0 itself, on CPU: tests/backends/
+  tf_v0_on_cpu.py) under the Trainer: each batch mapped on the host before
+  the replica step, its indices decide as tensorcore's do (ids, rows and
+  counters equal the plain run's; the tables differ, TF's V0 drawing its
+  own initial values), and its checkpoint, restored into tensorcore,
+  evaluates to what the run itself evaluated."""
+  tf_v0_on_cpu.allow(monkeypatch)
+  trainer = _trainer(tmp_path, backend="tpu_embedding_v0")
+  metrics = trainer.train()
+  assert trainer.run.backend_name == "tpu_embedding_v0"
+  got, want = _index_state(trainer.run), _index_state(plain[0].run)
+  assert got.keys() == want.keys()
+  for key, value in want.items():
+    np.testing.assert_array_equal(got[key], value, err_msg=key)
+  assert metrics["vocabulary/C1/evictions"] > 0
+  moved = RestoredRun(
+    trainer.run.model_dir,
+    _source(),
+    MODEL,
+    settings=dataclasses.replace(trainer.run.settings, backend="tensorcore"),
+  )
+  assert moved.backend_name == "tensorcore"
+  results, _ = evaluation.evaluate_restored(moved)
+  for key in ("eval/auc", "eval/loss"):
+    np.testing.assert_allclose(results[key], metrics[key], rtol=1e-6)
 
 
 def test_raw_ids_into_a_table_that_takes_rows_are_refused(tmp_path):

@@ -713,8 +713,9 @@ class EmbeddingBackend(_tf_internal.AutoTrackable, metaclass=abc.ABCMeta):
     """Dynamic-vocabulary table name -> its index
     (`backends.vocabulary.VocabularyIndex`); empty when every table's ids
     are its rows (the default)."""
-    if self._stage is None and self.capabilities.dynamic_vocabularies:
-      self._maybe_build()
+    if not self.capabilities.dynamic_vocabularies:
+      return {}
+    self._maybe_build()
     return dict(self._stage.indices) if self._stage is not None else {}
 
   def map_ids(self, features: Any, training: bool = False) -> Any:

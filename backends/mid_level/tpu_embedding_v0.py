@@ -210,6 +210,7 @@ class TPUEmbeddingV0Backend(mid_level.MidLevelBackend):
       flat,
       [self.table_name(t) for t in self._tables],
       self.table_name,
+      self._zeros,
     )
     self._pending.record((tape, tf.nest.flatten(activations), tables, touched))
     return activations
@@ -307,13 +308,17 @@ def touched_ids(
   flat_ids: list[Any],
   table_names: list[str],
   name_of,
+  zeros: frozenset[str] = frozenset(),
 ) -> list[tf.Tensor]:
-  """Unique int64 ids `[U]` each table's lookup reads, in table order: a
-  dynamic "zeros" table's -1 (no row) reads none."""
+  """Unique int64 ids `[U]` each table's lookup reads, in table order; of
+  the dynamic tables in `zeros`, not their -1 (no row: reads nothing)."""
   per_table: dict[str, list[tf.Tensor]] = {name: [] for name in table_names}
   for (_, feature), ids in zip(flat_features, flat_ids):
+    name = name_of(feature.table)
     ids = tf.cast(_feature_ids(feature, ids), tf.int64)
-    per_table[name_of(feature.table)].append(tf.boolean_mask(ids, ids >= 0))
+    if name in zeros:
+      ids = tf.boolean_mask(ids, ids >= 0)
+    per_table[name].append(ids)
   return [tf.unique(tf.concat(per_table[name], 0))[0] for name in table_names]
 
 

@@ -241,7 +241,7 @@ def _train_one(args, backend: str, optimizer: str, out: str) -> None:
 
   import recsys  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
 
-  dynamic = _vocabulary(backend)
+  vocabulary = _vocabulary(backend)
   if backend.endswith(ON_CPU):  # the TPU's global batches, one CPU replica
     path = train_and_save(
       tf.distribute.get_strategy(),
@@ -251,7 +251,7 @@ def _train_one(args, backend: str, optimizer: str, out: str) -> None:
       args.per_replica_batch,
       out,
       replicas=args.replicas,
-      dynamic=dynamic,
+      vocabulary=vocabulary,
     )
     print(json.dumps({"checkpoint": path}))
     return
@@ -266,7 +266,7 @@ def _train_one(args, backend: str, optimizer: str, out: str) -> None:
     args.steps,
     args.per_replica_batch,
     out,
-    dynamic=dynamic,
+    vocabulary=vocabulary,
   )
   print(json.dumps({"checkpoint": path}))
 
@@ -279,16 +279,16 @@ def train_and_save(
   per_replica_batch: int,
   out: str,
   replicas: int | None = None,
-  dynamic: Any = None,
+  vocabulary: Any = None,
 ) -> str:
   """Trains `steps` steps of `backend` under `strategy`; returns the checkpoint.
 
   `replicas`: on a one-replica strategy, train on the global batches that
   this many replicas would see (each step the replicas' batches joined).
-  `dynamic`: the `users` table takes raw ids through this vocabulary
-  (True: an evicting `DynamicVocabulary`), each batch mapped on the host
-  before `strategy.run`; it starts from its row-keyed initial values (TF's
-  V0 draws its own), those a reused row starts again from.
+  `vocabulary`: the `users` table takes raw ids through this vocabulary
+  (`_vocabulary`; None: static), each batch mapped on the host before
+  `strategy.run`; it starts from its row-keyed initial values (TF's V0
+  draws its own), those a reused row starts again from.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -304,7 +304,6 @@ def train_and_save(
   if "static_shapes" in declared:  # a static-shape engine pads the bags
     options["bag_widths"] = MAX_TAGS
   layouts = None
-  vocabulary = _vocabulary(DYNAMIC) if dynamic is True else dynamic or None
   dynamic = vocabulary is not None
   if dynamic:
     from backends.layout import TableLayout  # pylint: disable=g-import-not-at-top

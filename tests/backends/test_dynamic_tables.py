@@ -43,6 +43,12 @@ def _stream(steps: int = 6, batch: int = 8, seed: int = 0) -> list[np.ndarray]:
   return out
 
 
+def _table(combiner="sum"):
+  return embedding.TableConfig(
+    vocabulary_size=CAPACITY, dim=DIM, name="t", combiner=combiner
+  )
+
+
 def _tables(
   optimizer,
   policy,
@@ -51,9 +57,7 @@ def _tables(
   fused_kernels=True,
   combiner="sum",
 ):
-  table = embedding.TableConfig(
-    vocabulary_size=CAPACITY, dim=DIM, name="t", combiner=combiner
-  )
+  table = _table(combiner)
   emb = TensorCoreEmbedding(
     {"f": embedding.FeatureConfig(table=table)},
     optimizer,
@@ -435,9 +439,7 @@ def _v0_tables(
 ):
   """The V0 backend with `_tables`' table, its values those of the
   row-keyed initializer `_tables` gives (TF's V0 draws its own)."""
-  table = embedding.TableConfig(
-    vocabulary_size=CAPACITY, dim=DIM, name="t", combiner=combiner
-  )
+  table = _table(combiner)
   emb = v0_class(
     {"f": embedding.FeatureConfig(table=table)},
     optimizer,

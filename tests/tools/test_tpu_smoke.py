@@ -138,7 +138,7 @@ def test_dynamic_run_on_two_replicas_equals_the_joined_cpu_reference(
       per_replica_batch=24,
       out=str(tmp_path / out),
       replicas=replicas,
-      dynamic=vocabulary,
+      vocabulary=vocabulary,
     )
     return tpu_smoke.read_checkpoint(path)
 
